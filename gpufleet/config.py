@@ -1,0 +1,205 @@
+"""Typed settings for every gpufleet process, in one pydantic-settings model.
+
+Built by :func:`load_settings`, never at import time, so tests and the demo can
+point each process at their own database.  Environment variables use the
+prefix ``GPUFLEET_`` and ``__`` for nesting (``GPUFLEET_INGEST__MAX_BODY_BYTES``);
+a YAML file given with ``--config`` (or ``GPUFLEET_CONFIG``) fills what the
+environment leaves unset.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(ValueError):
+    """A settings file or variable is malformed; the message names it."""
+
+
+class IngestSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Largest request body accepted on the wire (compressed), bytes.
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    #: Largest body after decompression, bytes; guards against zip bombs.
+    max_decompressed_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    #: Most GPU + host samples in one batch.
+    max_samples_per_batch: int = Field(50_000, gt=0)
+    #: Samples stamped further than this in the future are refused, seconds.
+    future_grace_s: float = Field(300.0, ge=0)
+    #: Samples older than this are refused, seconds (the agent spool keeps
+    #: about this long, so a drained backlog still lands).
+    past_grace_s: float = Field(14 * 86400.0, ge=0)
+    #: Group commit: most rows gathered into one COPY transaction.
+    group_max_rows: int = Field(20_000, gt=0)
+    #: Group commit: how long the writer waits for more requests, seconds.
+    group_linger_s: float = Field(0.005, ge=0)
+    #: Rows waiting for the writer beyond which ingest answers 429.
+    queue_max_rows: int = Field(400_000, gt=0)
+    #: Concurrent writer connections.
+    writers: int = Field(2, ge=1, le=32)
+    #: Per-token request rate limit (requests/s, burst = 2 s worth); 0 = off.
+    rate_limit_per_s: float = Field(0.0, ge=0)
+    #: Seconds a client should wait after 429/503.
+    retry_after_s: int = Field(2, ge=1)
+    #: How long a batch id is remembered for de-duplication, days.
+    dedup_days: float = Field(21.0, gt=0)
+
+
+class StorageSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Raw samples kept this long (TimescaleDB retention policy / plain DELETE).
+    retention_days: int = Field(90, ge=1)
+    #: Rollups kept this long.
+    rollup_retention_days: int = Field(3 * 365, ge=1)
+    #: TimescaleDB chunks older than this are compressed.
+    compress_after_hours: int = Field(24, ge=1)
+    #: Use TimescaleDB when the extension is installable ("auto"), or insist.
+    timescale: Literal["auto", "on", "off"] = "auto"
+
+
+class AccountingSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Power integration does not bridge intervals longer than this, seconds.
+    max_gap_s: float = Field(60.0, gt=0)
+
+
+class DetectSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Detector sweep period, seconds.
+    sweep_interval_s: float = Field(5.0, gt=0)
+    #: Window of samples each sweep looks at, seconds.
+    window_s: float = Field(600.0, gt=0)
+    #: An incident resolves after being clear this long, seconds.
+    resolve_after_s: float = Field(120.0, ge=0)
+    #: Alertmanager base URL for direct pushes (None: export metrics only).
+    alertmanager_url: str | None = None
+
+
+class TLSSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    #: CA bundle for client certificates; set to require mTLS.
+    client_ca: Path | None = None
+    #: "optional" accepts clients without a certificate, "required" refuses them.
+    client_cert: Literal["none", "optional", "required"] = "none"
+
+
+class AgentSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    collector_url: str = "http://127.0.0.1:8410"
+    token: str | None = None
+    node: str | None = None
+    #: Sampling period of the GPU and host sources, seconds.
+    interval_s: float = Field(1.0, gt=0)
+    #: How often a spool segment is sealed and shipped, seconds.
+    ship_interval_s: float = Field(5.0, gt=0)
+    spool_dir: Path | None = None
+    spool_max_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    #: Sources to run, by registered name.
+    sources: list[str] = Field(default_factory=lambda: ["nvml", "host"])
+    #: Prometheus /metrics port of the agent itself; 0 disables it.
+    metrics_port: int = Field(9410, ge=0, le=65535)
+    #: A host power reading in watts when no RAPL/BMC source exists.
+    host_power_w: float | None = Field(None, ge=0)
+    #: dcgm-exporter URL for the ``dcgm_exporter`` source.
+    dcgm_exporter_url: str = "http://127.0.0.1:9400/metrics"
+    #: Directory of per-GPU job files a scheduler hook writes.
+    job_files_dir: Path | None = None
+    request_timeout_s: float = Field(10.0, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GPUFLEET_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    #: PostgreSQL URL (postgresql://...). Unset: an embedded server is started
+    #: in ``data_dir/pg``.
+    database_url: str | None = None
+    data_dir: Path = Path(".gpufleet")
+    collector_host: str = "127.0.0.1"
+    collector_port: int = Field(8410, ge=0, le=65535)
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8420, ge=0, le=65535)
+    #: "development" allows the demo's generated tokens; "production" refuses
+    #: to start without explicit configuration.
+    environment: Literal["development", "production"] = "development"
+    log_level: str = "INFO"
+
+    ingest: IngestSettings = IngestSettings()
+    storage: StorageSettings = StorageSettings()
+    accounting: AccountingSettings = AccountingSettings()
+    detect: DetectSettings = DetectSettings()
+    tls: TLSSettings = TLSSettings()
+    agent: AgentSettings = AgentSettings()
+
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            raise ValueError("must start with postgresql://")
+        if v is not None and v.startswith("postgresql+psycopg://"):
+            v = "postgresql://" + v.removeprefix("postgresql+psycopg://")
+        return v
+
+
+def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
+    """Build settings from (lowest first) a YAML file, the environment, overrides.
+
+    Raises :class:`ConfigError` naming the file and the offending key.
+    """
+    config_file = config_file or os.environ.get("GPUFLEET_CONFIG")
+    file_values: dict[str, Any] = {}
+    where = "environment"
+    if config_file:
+        path = Path(config_file)
+        where = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"{path}: no such config file") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of settings")
+        file_values = loaded
+    try:
+        env_settings = Settings(**overrides)
+        if not file_values:
+            return env_settings
+        # Environment and explicit overrides win over the file.
+        explicit = env_settings.model_dump(exclude_unset=True)
+        merged = _deep_merge(file_values, explicit)
+        return Settings.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, where)) from e
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _describe(e: ValidationError, where: str) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return f"invalid settings ({where}): " + "; ".join(parts)

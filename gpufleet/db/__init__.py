@@ -1,0 +1,1 @@
+"""Database access: URL resolution, the embedded server, migrations, rollups."""

@@ -1,0 +1,275 @@
+"""The gpufleet schema as SQLAlchemy Core metadata.
+
+This is the model the migrations must produce (a test compares them with
+Alembic's autogenerate).  Queries are written in SQL against these names;
+SQLAlchemy is used for the schema only, not as an ORM on the hot paths.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    REAL,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeEngine
+
+from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS, Field
+
+metadata = MetaData()
+
+_TYPES: dict[str, type[TypeEngine]] = {
+    "real": REAL,
+    "double": Double,
+    "smallint": SmallInteger,
+    "integer": Integer,
+    "bigint": BigInteger,
+    "text": Text,
+}
+
+
+def _tz(name: str, nullable: bool = False, **kw: object) -> Column:
+    return Column(name, DateTime(timezone=True), nullable=nullable, **kw)  # type: ignore[arg-type]
+
+
+def _catalog_columns(fields: tuple[Field, ...]) -> list[Column]:
+    return [Column(f.name, _TYPES[f.kind](), nullable=True, comment=f"{f.doc} [{f.unit}]" if f.unit else f.doc)
+            for f in fields]
+
+
+sites = Table(
+    "sites", metadata,
+    Column("site", Text, primary_key=True),
+    Column("pue", Double, nullable=False, server_default=text("1.0")),
+    Column("price_per_kwh", Double, nullable=False, server_default=text("0")),
+    Column("gpu_hour_price", Double, nullable=False, server_default=text("0")),
+    Column("currency", Text, nullable=False, server_default=text("'USD'")),
+    Column("carbon_region", Text, nullable=True),
+    Column("carbon_g_per_kwh", Double, nullable=True),
+    CheckConstraint("pue >= 1.0", name="sites_pue_ge_1"),
+    CheckConstraint("price_per_kwh >= 0 AND gpu_hour_price >= 0", name="sites_prices_nonneg"),
+)
+
+#: Time-of-use energy prices: a step function per site, like carbon intensity.
+site_prices = Table(
+    "site_prices", metadata,
+    Column("site", Text, ForeignKey("sites.site", ondelete="CASCADE"), nullable=False),
+    _tz("time"),
+    Column("price_per_kwh", Double, nullable=False),
+    PrimaryKeyConstraint("site", "time"),
+    CheckConstraint("price_per_kwh >= 0", name="site_prices_nonneg"),
+)
+
+carbon_intensity = Table(
+    "carbon_intensity", metadata,
+    Column("region", Text, nullable=False),
+    _tz("time"),
+    Column("g_co2e_per_kwh", Double, nullable=False),
+    PrimaryKeyConstraint("region", "time"),
+    CheckConstraint("g_co2e_per_kwh >= 0", name="carbon_nonneg"),
+)
+
+nodes = Table(
+    "nodes", metadata,
+    Column("node", Text, primary_key=True),
+    Column("site", Text, ForeignKey("sites.site", ondelete="SET NULL"), nullable=True),
+    _tz("first_seen", nullable=True),
+    _tz("last_seen", nullable=True),
+    Column("gpu_count", SmallInteger, nullable=True),
+    #: The agent's node facts (GPU model, driver, PCIe maxima, governor, cpu quota).
+    Column("facts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _tz("facts_time", nullable=True),
+    #: Samples refused for being outside the clock-skew grace window.
+    Column("rejected_skew", BigInteger, nullable=False, server_default=text("0")),
+)
+
+runs = Table(
+    "runs", metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("name", Text, nullable=True),
+    Column("site", Text, ForeignKey("sites.site", ondelete="RESTRICT"), nullable=True),
+    Column("team", Text, nullable=True),
+    _tz("start"),
+    _tz("end", nullable=True),
+    #: Model parameters, for MFU.
+    Column("params", BigInteger, nullable=True),
+    Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _tz("created_at", server_default=text("now()")),
+    CheckConstraint('"end" IS NULL OR "end" >= start', name="runs_end_after_start"),
+)
+Index("runs_start_idx", runs.c.start)
+
+run_allocations = Table(
+    "run_allocations", metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    PrimaryKeyConstraint("run_id", "node", "gpu"),
+)
+Index("run_allocations_node_gpu_idx", run_allocations.c.node, run_allocations.c.gpu)
+
+#: Progress a run reports (tokens or samples processed), cumulative.
+run_progress = Table(
+    "run_progress", metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    _tz("time"),
+    Column("tokens", Double, nullable=True),
+    Column("samples", Double, nullable=True),
+    PrimaryKeyConstraint("run_id", "time"),
+)
+
+incidents = Table(
+    "incidents", metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("kind", Text, nullable=False),
+    #: Stable identity of what the incident is about: kind + run/node/gpu.
+    Column("scope_key", Text, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("node", Text, nullable=True),
+    Column("gpu", SmallInteger, nullable=True),
+    Column("cause", Text, nullable=True),
+    Column("severity", Text, nullable=False, server_default=text("'warning'")),
+    Column("state", Text, nullable=False, server_default=text("'open'")),
+    _tz("start"),
+    _tz("end", nullable=True),
+    _tz("last_seen"),
+    Column("evidence", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    CheckConstraint("state IN ('open', 'resolved')", name="incidents_state"),
+)
+# At most one open incident per (kind, scope): the lifecycle relies on it.
+Index("incidents_open_scope_uq", incidents.c.scope_key, unique=True, postgresql_where=text("state = 'open'"))
+Index("incidents_run_idx", incidents.c.run_id)
+Index("incidents_state_kind_idx", incidents.c.state, incidents.c.kind)
+
+agent_tokens = Table(
+    "agent_tokens", metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    #: SHA-256 of the secret; the secret itself is never stored.
+    Column("token_hash", LargeBinary, nullable=False, unique=True),
+    Column("role", Text, nullable=False),
+    #: For role "node": the only node name this token may write.
+    Column("node", Text, nullable=True),
+    _tz("created_at", server_default=text("now()")),
+    _tz("revoked_at", nullable=True),
+    CheckConstraint("role IN ('node', 'finance', 'sre', 'admin')", name="agent_tokens_role"),
+    CheckConstraint("(role = 'node') = (node IS NOT NULL)", name="agent_tokens_node_role"),
+)
+
+#: Every acknowledged batch id, for idempotent retries.
+ingest_batches = Table(
+    "ingest_batches", metadata,
+    Column("batch_id", Text, primary_key=True),
+    Column("node", Text, nullable=False),
+    _tz("received_at", server_default=text("now()")),
+    Column("gpu_rows", Integer, nullable=False),
+    Column("host_rows", Integer, nullable=False),
+    _tz("t_min", nullable=True),
+    _tz("t_max", nullable=True),
+)
+Index("ingest_batches_received_idx", ingest_batches.c.received_at)
+
+#: Time ranges whose rollups must be recomputed; written in the ingest
+#: transaction, consumed by the rollup worker in its own.
+rollup_queue = Table(
+    "rollup_queue", metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("node", Text, nullable=False),
+    _tz("t_min"),
+    _tz("t_max"),
+)
+
+gpu_samples = Table(
+    "gpu_samples", metadata,
+    _tz("time"),
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    *_catalog_columns(GPU_FIELDS),
+)
+Index("gpu_samples_node_gpu_time_idx", gpu_samples.c.node, gpu_samples.c.gpu, gpu_samples.c.time)
+
+host_samples = Table(
+    "host_samples", metadata,
+    _tz("time"),
+    Column("node", Text, nullable=False),
+    *_catalog_columns(HOST_FIELDS),
+)
+Index("host_samples_node_time_idx", host_samples.c.node, host_samples.c.time)
+
+#: Exact per-minute energy per GPU, by the accounting definition (intervals
+#: spread evenly over the minutes they span).  Needs the previous sample of
+#: each GPU (a window function), which continuous aggregates cannot express,
+#: so the collector maintains it on both backends.
+gpu_energy_1m = Table(
+    "gpu_energy_1m", metadata,
+    _tz("bucket"),
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    Column("energy_j", Double, nullable=False),
+    Column("covered_s", Double, nullable=False),
+    PrimaryKeyConstraint("node", "gpu", "bucket"),
+)
+Index("gpu_energy_1m_bucket_idx", gpu_energy_1m.c.bucket)
+
+gpu_energy_1h = Table(
+    "gpu_energy_1h", metadata,
+    _tz("bucket"),
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    Column("energy_j", Double, nullable=False),
+    Column("covered_s", Double, nullable=False),
+    PrimaryKeyConstraint("node", "gpu", "bucket"),
+)
+Index("gpu_energy_1h_bucket_idx", gpu_energy_1h.c.bucket)
+
+host_energy_1m = Table(
+    "host_energy_1m", metadata,
+    _tz("bucket"),
+    Column("node", Text, nullable=False),
+    Column("energy_j", Double, nullable=False),
+    Column("covered_s", Double, nullable=False),
+    PrimaryKeyConstraint("node", "bucket"),
+)
+
+host_energy_1h = Table(
+    "host_energy_1h", metadata,
+    _tz("bucket"),
+    Column("node", Text, nullable=False),
+    Column("energy_j", Double, nullable=False),
+    Column("covered_s", Double, nullable=False),
+    PrimaryKeyConstraint("node", "bucket"),
+)
+
+#: Schema facts the code reads at start-up (backend, policies applied).
+gpufleet_meta = Table(
+    "gpufleet_meta", metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", JSONB, nullable=False),
+)
+
+# gpu_stats_1m / host_stats_1m are continuous aggregates on TimescaleDB and
+# collector-maintained tables on plain PostgreSQL; both have the columns in
+# ``gpufleet.db.rollups.GPU_STATS_COLUMNS``.  They are created in the
+# migration per backend and are deliberately not in this metadata.
+STATS_RELATIONS = ("gpu_stats_1m", "host_stats_1m")
+
+#: Indexes the migration creates per backend, outside this metadata.
+BACKEND_INDEXES = frozenset({
+    "gpu_samples_time_brin", "host_samples_time_brin", "gpu_samples_time_idx", "host_samples_time_idx",
+})
+

@@ -1,0 +1,1 @@
+"""Alembic migrations for the gpufleet schema (run with ``gpufleet db upgrade``)."""

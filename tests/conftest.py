@@ -1,0 +1,71 @@
+"""Shared fixtures: a real PostgreSQL database per test session, migrated.
+
+No database is mocked.  ``db_url`` is migrated once per session; ``db`` gives
+a test a clean slate by truncating the data tables (much faster than
+re-migrating), keeping the schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from gpufleet.config import Settings, load_settings
+from gpufleet.db import migrate
+from gpufleet.testing.pg import scratch_database, server_url
+
+REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+
+DATA_TABLES = (
+    "gpu_samples", "host_samples", "gpu_energy_1m", "gpu_energy_1h", "host_energy_1m", "host_energy_1h",
+    "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "runs", "nodes",
+    "site_prices", "sites", "carbon_intensity", "agent_tokens",
+)
+
+
+def realdata(*parts: str) -> Path:
+    """Path under ../shared/realdata; skips the test only when that folder is absent."""
+    if not REALDATA.is_dir():
+        pytest.skip(f"real captures not present at {REALDATA} (checkout outside the workspace)")
+    return REALDATA.joinpath(*parts)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return server_url(tmp_path_factory.mktemp("pg") / "data")
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return load_settings(data_dir=tmp_path_factory.mktemp("gpufleet"))
+
+
+@pytest.fixture(scope="session")
+def db_url(pg_server: str, settings: Settings) -> Iterator[str]:
+    with scratch_database(pg_server) as url:
+        migrate.upgrade(url, settings)
+        yield url
+
+
+def truncate_all(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE " + ", ".join(DATA_TABLES) + " RESTART IDENTITY CASCADE")
+        has_stats = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'gpu_stats_1m'").fetchone()
+        if has_stats and has_stats[0] == "r":
+            conn.execute("TRUNCATE gpu_stats_1m, host_stats_1m")
+
+
+@pytest.fixture
+def db(db_url: str) -> str:
+    """A migrated database with empty data tables."""
+    truncate_all(db_url)
+    return db_url
+
+
+@pytest.fixture
+def conn(db: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db, autocommit=True) as c:
+        yield c

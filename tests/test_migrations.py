@@ -1,0 +1,98 @@
+"""Migrations: upgrade from empty, downgrade to base, and agreement with the model."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, pool
+
+from gpufleet.catalog import gpu_columns, host_columns
+from gpufleet.config import Settings
+from gpufleet.db import migrate
+from gpufleet.db.connect import sqlalchemy_url
+from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
+from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
+from gpufleet.testing.pg import scratch_database, timescale_server_url
+
+
+def _tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND relkind IN ('r', 'v', 'm', 'p')"
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _columns(url: str, table: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum",
+            (table,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_upgrade_downgrade_roundtrip_plain(pg_server: str, settings: Settings) -> None:
+    plain = settings.model_copy(update={"storage": settings.storage.model_copy(update={"timescale": "off"})})
+    with scratch_database(pg_server) as url:
+        assert migrate.current(url) is None
+        assert migrate.upgrade(url, plain) is False
+        assert migrate.current(url) == "0001"
+        tables = _tables(url)
+        assert set(metadata.tables) <= tables
+        assert set(STATS_RELATIONS) <= tables
+        assert _columns(url, "gpu_samples") == list(gpu_columns())
+        assert _columns(url, "host_samples") == list(host_columns())
+        assert _columns(url, "gpu_stats_1m") == ["bucket", "node", "gpu", *[c for c, _, _ in GPU_STATS_V1]]
+        assert _columns(url, "host_stats_1m") == ["bucket", "node", *[c for c, _, _ in HOST_STATS_V1]]
+        migrate.downgrade(url)
+        assert migrate.current(url) is None
+        assert _tables(url) == {"alembic_version"}
+        # and up again from base
+        migrate.upgrade(url, plain)
+        assert migrate.current(url) == "0001"
+
+
+def test_migrations_match_model(db_url: str) -> None:
+    """Autogenerate finds nothing to change: migrations and model agree."""
+    engine = create_engine(sqlalchemy_url(db_url), poolclass=pool.NullPool)
+    with engine.connect() as conn:
+
+        def include(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
+            if type_ == "table":
+                return name not in STATS_RELATIONS and not (name or "").startswith("_")
+            if type_ == "index":
+                return name not in BACKEND_INDEXES
+            return True
+
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": include})
+        diff = compare_metadata(ctx, metadata)
+    engine.dispose()
+    diff = [d for d in diff if not (isinstance(d, tuple) and d[0] == "remove_table" and d[1].name == "alembic_version")]
+    assert diff == []
+
+
+def test_timescale_layout(settings: Settings) -> None:
+    """On a TimescaleDB server: hypertables, compression policies, continuous aggregates."""
+    server = timescale_server_url()
+    if server is None:
+        pytest.skip("no TimescaleDB-capable server (set GPUFLEET_TEST_TIMESCALE_URL); plain path tested above")
+    with scratch_database(server) as url:
+        assert migrate.upgrade(url, settings) is True
+        with psycopg.connect(url) as conn:
+            hyper = {r[0] for r in conn.execute("SELECT hypertable_name FROM timescaledb_information.hypertables")}
+            assert {"gpu_samples", "host_samples"} <= hyper
+            jobs = conn.execute(
+                "SELECT proc_name, hypertable_name FROM timescaledb_information.jobs WHERE hypertable_name IS NOT NULL"
+            ).fetchall()
+            assert ("policy_compression", "gpu_samples") in jobs
+            assert ("policy_compression", "host_samples") in jobs
+            assert ("policy_retention", "gpu_samples") in jobs
+            caggs = {r[0] for r in conn.execute("SELECT view_name FROM timescaledb_information.continuous_aggregates")}
+            assert {"gpu_stats_1m", "host_stats_1m"} <= caggs
+        migrate.downgrade(url)
+        assert migrate.current(url) is None
