@@ -1,0 +1,1 @@
+"""Telemetry sources: one module per source behind the ``Source`` protocol."""

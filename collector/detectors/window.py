@@ -1,0 +1,85 @@
+"""The data a detector sees: a window of samples, runs and node facts.
+
+Built by the live sweep from the database and by ``gpufleet replay`` from a
+trace bundle; detectors never touch either source directly.  Series hold
+float64 arrays with NaN for NULL, sorted by time (epoch seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+GpuKey = tuple[str, int]
+
+
+@dataclass
+class Series:
+    """Samples of one GPU (``gpu`` set) or one host (``gpu`` None)."""
+
+    node: str
+    gpu: int | None
+    t: np.ndarray
+    cols: dict[str, np.ndarray]
+    uuid: str | None = None
+
+    def get(self, name: str) -> np.ndarray:
+        """The column, or all-NaN when the source never reported it."""
+        col = self.cols.get(name)
+        if col is None:
+            return np.full(self.t.shape, np.nan)
+        return col
+
+    def has(self, name: str) -> bool:
+        col = self.cols.get(name)
+        return col is not None and bool(np.isfinite(col).any())
+
+    def __len__(self) -> int:
+        return int(self.t.shape[0])
+
+
+@dataclass
+class RunInfo:
+    run_id: str
+    start: float
+    end: float | None
+    allocations: list[GpuKey]
+    name: str | None = None
+    site: str | None = None
+
+
+@dataclass
+class Window:
+    """Everything a sweep at time ``t_end`` looks at, from ``t_start``."""
+
+    t_start: float
+    t_end: float
+    gpus: dict[GpuKey, Series] = field(default_factory=dict)
+    hosts: dict[str, Series] = field(default_factory=dict)
+    runs: list[RunInfo] = field(default_factory=list)
+    node_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Finding:
+    """One detector's verdict at the end of a window (contracts.md section 2)."""
+
+    kind: str
+    cause: str | None
+    severity: str
+    start: float
+    evidence: dict[str, Any]
+    run_id: str | None = None
+    node: str | None = None
+    gpu: int | None = None
+
+    @property
+    def scope_key(self) -> str:
+        """What an incident is about: one open incident per (kind, scope)."""
+        if self.gpu is not None:
+            return f"{self.kind}|gpu|{self.node}|{self.gpu}"
+        if self.run_id is not None:
+            return f"{self.kind}|run|{self.run_id}"
+        return f"{self.kind}|node|{self.node}"
