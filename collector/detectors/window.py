@@ -79,7 +79,7 @@ class Finding:
     def scope_key(self) -> str:
         """What an incident is about: one open incident per (kind, scope)."""
         if self.gpu is not None:
-            return f"{self.kind}|gpu|{self.node}|{self.gpu}"
+            return f"{self.kind}|gpu|{self.node}|{self.gpu}|{self.run_id or ''}"
         if self.run_id is not None:
             return f"{self.kind}|run|{self.run_id}"
         return f"{self.kind}|node|{self.node}"
