@@ -1,0 +1,132 @@
+"""The collector service: ingest, health, its own metrics, and the leader's work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from psycopg_pool import AsyncConnectionPool
+
+from collector.ingest import IngestHandler
+from collector.leader import DbMonitor, Leader, SweepFn
+from collector.metrics import CollectorMetrics
+from collector.writer import GroupWriter
+from gpufleet.auth import Principal
+from gpufleet.config import Settings
+from gpufleet.httpauth import Authenticator
+
+log = logging.getLogger(__name__)
+
+INGEST_DOC = """Store one batch of GPU and host samples from one node.
+
+Body: JSON (`application/json`) or msgpack (`application/msgpack`), optionally
+`Content-Encoding: gzip` or `zstd`.  See `gpufleet.wire` for the format.
+Answers 200 only after the batch is committed; a retried `batch_id` answers
+200 with `status: duplicate` and is not stored twice."""
+
+INGEST_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {
+                "type": "object",
+                "required": ["batch_id", "node"],
+                "additionalProperties": False,
+                "properties": {
+                    "batch_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+                    "node": {"type": "string"},
+                    "gpu": {"type": "object", "additionalProperties": {"type": "array"}},
+                    "host": {"type": "object", "additionalProperties": {"type": "array"}},
+                    "facts": {"type": "object"},
+                    "agent": {"type": "object"},
+                },
+            }},
+            "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
+        },
+    },
+    "responses": {
+        "200": {"description": "committed (or a duplicate of a committed batch)"},
+        "400": {"description": "unparseable body"},
+        "401": {"description": "missing, invalid or revoked token"},
+        "403": {"description": "token may not write this node"},
+        "413": {"description": "body, decompressed body or sample count too large"},
+        "422": {"description": "a sample is malformed; detail names the sample index and field"},
+        "429": {"description": "overloaded or rate limited; see Retry-After"},
+        "503": {"description": "database unavailable; see Retry-After"},
+    },
+}
+
+
+class CollectorState:
+    def __init__(self, url: str, settings: Settings, sweep: SweepFn | None) -> None:
+        self.url = url
+        self.settings = settings
+        self.metrics = CollectorMetrics()
+        ing = settings.ingest
+        self.writer = GroupWriter(url, max_rows=ing.group_max_rows, linger_s=ing.group_linger_s,
+                                  queue_max_rows=ing.queue_max_rows, threads=ing.writers)
+        self.pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, timeout=3,
+                                        kwargs={"autocommit": True, "application_name": "gpufleet-collector"})
+        self.auth = Authenticator(self.pool, retry_after_s=ing.retry_after_s)
+        self.ingest = IngestHandler(self.writer, ing, self.metrics)
+        self.leader = Leader(url, settings, self.metrics, sweep=sweep)
+        self.monitor = DbMonitor(url, self._db_changed)
+
+    def _db_changed(self, ok: bool) -> None:
+        self.writer.mark_db(ok)
+        self.metrics.db_up.set(1 if ok else 0)
+
+
+def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_leader: bool = True) -> FastAPI:
+    state = CollectorState(url, settings, sweep)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.pool.open(wait=False)
+        state.writer.start()
+        state.monitor.start()
+        if run_leader:
+            state.leader.start()
+        try:
+            yield
+        finally:
+            state.leader.stop()
+            state.monitor.stop()
+            state.writer.stop()
+            await state.pool.close()
+
+    app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
+    app.state.collector = state
+
+    async def principal(request: Request) -> Principal:
+        return await state.auth.principal(request)
+
+    @app.post("/v1/ingest", description=INGEST_DOC, openapi_extra=INGEST_OPENAPI, tags=["ingest"])
+    async def ingest(request: Request, who: Principal = Depends(principal)) -> JSONResponse:
+        return await state.ingest.handle(request, who)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        """Readiness: the database accepts writes (false within ~2 s of an outage)."""
+        ok = state.monitor.ok and state.writer.db_ok
+        body = {"ready": ok, "database": ok, "leader": state.leader.is_leader,
+                "queued_rows": state.writer.queued_rows}
+        return JSONResponse(body, status_code=200 if ok else 503,
+                            headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)})
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics() -> Response:
+        state.metrics.queue_rows.set(state.writer.queued_rows)
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,127 @@
+"""``POST /v1/ingest``: from request bytes to a committed batch.
+
+Order matters: authenticate before reading the body, cap the body while
+reading it, cap decompression, validate everything, authorise the node, then
+hand the batch to the group-commit writer and answer only after COMMIT.  Any
+refusal happens before a single row is written, so a batch lands whole or not
+at all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from collector.metrics import CollectorMetrics
+from collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded
+from gpufleet.auth import Principal
+from gpufleet.config import IngestSettings
+from gpufleet.httpauth import RateLimiter
+from gpufleet.wire import TooLarge, WireError, decompress, drop_skewed, parse, validate
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """Read at most ``max_bytes``; a larger body (declared or chunked) is a 413."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise WireError("Content-Length is not a number", ("Content-Length",), 400) from None
+        if n > max_bytes:
+            raise TooLarge(f"body of {n} bytes exceeds the {max_bytes}-byte limit")
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_bytes:
+            raise TooLarge(f"body exceeds the {max_bytes}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+class IngestHandler:
+    def __init__(self, writer: GroupWriter, settings: IngestSettings, metrics: CollectorMetrics) -> None:
+        self.writer = writer
+        self.settings = settings
+        self.metrics = metrics
+        self.limiter = RateLimiter(settings.rate_limit_per_s)
+
+    def _retry(self) -> dict[str, str]:
+        return {"Retry-After": str(self.settings.retry_after_s)}
+
+    async def handle(self, request: Request, principal: Principal) -> JSONResponse:
+        t0 = time.perf_counter()
+        resp = await self._handle(request, principal)
+        self.metrics.requests.labels(str(resp.status_code)).inc()
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        return resp
+
+    async def _handle(self, request: Request, principal: Principal) -> JSONResponse:
+        s = self.settings
+        if principal.role != "node":
+            self.metrics.errors.labels("forbidden").inc()
+            return _error(403, f"role '{principal.role}' may not ingest; use a node token")
+        if not self.limiter.allow(principal.token_id):
+            self.metrics.errors.labels("rate_limited").inc()
+            return _error(429, "rate limit exceeded for this token", self._retry())
+        if not self.writer.db_ok:
+            self.metrics.errors.labels("db_down").inc()
+            return _error(503, "database unavailable; retry later", self._retry())
+        try:
+            body = await read_body(request, s.max_body_bytes)
+            raw = decompress(body, request.headers.get("content-encoding"), s.max_decompressed_bytes)
+            del body
+            doc = parse(raw, request.headers.get("content-type"))
+            del raw
+            batch = validate(doc)
+        except WireError as e:
+            self.metrics.errors.labels("too_large" if e.status == 413 else "malformed").inc()
+            return _error(e.status, [e.detail()])
+        if batch.node != principal.node:
+            self.metrics.errors.labels("wrong_node").inc()
+            return _error(403, f"this token may write node {principal.node!r} only, not {batch.node!r}")
+        if batch.n_gpu + batch.n_host > s.max_samples_per_batch:
+            self.metrics.errors.labels("too_many_samples").inc()
+            return _error(413, f"{batch.n_gpu + batch.n_host} samples exceed the "
+                               f"{s.max_samples_per_batch}-sample batch limit")
+        drop_skewed(batch, time.time(), s.future_grace_s, s.past_grace_s)
+        if batch.rejected_skew:
+            self.metrics.rejected_skew.labels(batch.node).inc(batch.rejected_skew)
+        try:
+            fut = self.writer.submit(batch)
+        except Overloaded as e:
+            self.metrics.errors.labels("overloaded").inc()
+            return _error(429, f"collector busy: {e}; retry later", self._retry())
+        except DatabaseUnavailable:
+            self.metrics.errors.labels("db_down").inc()
+            return _error(503, "database unavailable; retry later", self._retry())
+        self.metrics.queue_rows.set(self.writer.queued_rows)
+        try:
+            outcome = await fut
+        except DatabaseUnavailable:
+            self.metrics.errors.labels("db_down").inc()
+            return _error(503, "database unavailable; the batch was not stored, retry later", self._retry())
+        except BatchRejected as e:
+            self.metrics.errors.labels("db_refused").inc()
+            return _error(422, [{"loc": ["body"], "msg": str(e)}])
+        if outcome.stored:
+            self.metrics.samples.labels("gpu").inc(outcome.gpu_rows)
+            self.metrics.samples.labels("host").inc(outcome.host_rows)
+        else:
+            self.metrics.duplicates.inc()
+        return JSONResponse({
+            "batch_id": batch.batch_id,
+            "status": "stored" if outcome.stored else "duplicate",
+            "gpu_rows": outcome.gpu_rows,
+            "host_rows": outcome.host_rows,
+            "rejected_skew": outcome.rejected_skew,
+        })
+

@@ -1,0 +1,28 @@
+"""The collector's own Prometheus metrics (one registry per collector instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class CollectorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gpufleet_ingest_requests", "Ingest requests by HTTP status", ["code"], registry=r)
+        self.samples = Counter("gpufleet_ingest_samples", "Samples committed", ["kind"], registry=r)
+        self.duplicates = Counter("gpufleet_ingest_duplicate_batches", "Retried batches acknowledged, not re-stored",
+                                  registry=r)
+        self.rejected_skew = Counter("gpufleet_ingest_rejected_skew_samples",
+                                     "Samples refused for clock skew, per node", ["node"], registry=r)
+        self.errors = Counter("gpufleet_ingest_errors", "Refused batches by reason", ["reason"], registry=r)
+        self.latency = Histogram("gpufleet_ingest_latency_seconds", "Request latency until commit",
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.queue_rows = Gauge("gpufleet_ingest_queue_rows", "Rows waiting for the writer", registry=r)
+        self.db_up = Gauge("gpufleet_database_up", "1 when the database accepts writes", registry=r)
+        self.leader = Gauge("gpufleet_leader", "1 on the replica running sweeps and rollups", registry=r)
+        self.sweep_seconds = Histogram("gpufleet_sweep_seconds", "Detector sweep duration",
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=r)
+        self.rollup_lag = Gauge("gpufleet_rollup_queue_rows", "Ranges waiting for the rollup worker", registry=r)
+        self.incident_open = Gauge("gpufleet_incident_open", "Open incidents (1 per incident)",
+                                   ["kind", "run_id", "node", "gpu", "cause", "severity"], registry=r)

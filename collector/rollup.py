@@ -1,0 +1,212 @@
+"""The rollup worker: keeps per-minute and per-hour energy (and, on plain
+PostgreSQL, per-minute stats) current as samples arrive.
+
+Ingest records each batch's (node, time range) in ``rollup_queue`` inside
+the batch's own transaction.  This worker claims queued ranges, recomputes the
+buckets they touch from raw samples and deletes the claimed rows, all in one
+transaction, so a crash at any point leaves either the old rollups plus the
+queue rows or the new rollups without them.  Late and out-of-order data is
+therefore handled: whichever buckets a new sample changes are recomputed.
+
+A new sample changes the intervals to its previous and next samples, so the
+recomputed minutes run from the minute of the previous sample to the minute
+of the next one; those minutes in turn need the samples just outside them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+
+from gpufleet.db import energy_sql as E
+from gpufleet.db import stats_sql
+
+log = logging.getLogger(__name__)
+
+CLAIM_SQL = """
+DELETE FROM rollup_queue WHERE id IN (
+  SELECT id FROM rollup_queue ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+) RETURNING node, t_min, t_max"""
+
+# One row per (node, gpu): the minute buckets to rebuild [b0, b1) and the
+# samples needed to rebuild them, [a, z].
+GPU_RANGES_SQL = f"""
+INSERT INTO _rollup_gpu (node, gpu, b0, b1, a, z)
+SELECT r.node, g.gpu, x.b0, x.b1,
+  COALESCE((SELECT s.time FROM gpu_samples s WHERE s.node = r.node AND s.gpu = g.gpu
+            AND s.mig_instance IS NULL AND s.time <= x.b0 ORDER BY s.time DESC LIMIT 1), x.b0),
+  COALESCE((SELECT s.time FROM gpu_samples s WHERE s.node = r.node AND s.gpu = g.gpu
+            AND s.mig_instance IS NULL AND s.time >= x.b1 ORDER BY s.time LIMIT 1), x.b1)
+FROM unnest(%(nodes)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS r(node, lo, hi)
+CROSS JOIN LATERAL (
+  SELECT DISTINCT s.gpu FROM gpu_samples s
+  WHERE s.node = r.node AND s.time >= r.lo AND s.time <= r.hi AND s.mig_instance IS NULL
+) g
+CROSS JOIN LATERAL (
+  SELECT
+    {E.minute("COALESCE((SELECT s.time FROM gpu_samples s WHERE s.node = r.node AND s.gpu = g.gpu AND s.mig_instance IS NULL AND s.time < r.lo ORDER BY s.time DESC LIMIT 1), r.lo)")} AS b0,
+    {E.minute("COALESCE((SELECT s.time FROM gpu_samples s WHERE s.node = r.node AND s.gpu = g.gpu AND s.mig_instance IS NULL AND s.time > r.hi ORDER BY s.time LIMIT 1), r.hi)")}
+      + INTERVAL '1 minute' AS b1
+) x"""
+
+GPU_SAMPLES_FOR_RANGES = """(
+  SELECT s.node, s.gpu, s.time, s.energy_mj, s.power_w
+  FROM _rollup_gpu rr JOIN gpu_samples s
+    ON s.node = rr.node AND s.gpu = rr.gpu AND s.time >= rr.a AND s.time <= rr.z
+  WHERE s.mig_instance IS NULL
+) smp"""
+
+GPU_REBUILD_1M_SQL = f"""
+WITH parts AS ({E.split_by_minute(E.gpu_interval_select(GPU_SAMPLES_FOR_RANGES), "node, gpu")})
+INSERT INTO gpu_energy_1m (bucket, node, gpu, energy_j, covered_s)
+SELECT p.bucket, p.node, p.gpu, sum(p.part_j), sum(p.part_s)
+FROM parts p JOIN _rollup_gpu rr ON rr.node = p.node AND rr.gpu = p.gpu
+WHERE p.bucket >= rr.b0 AND p.bucket < rr.b1
+GROUP BY p.bucket, p.node, p.gpu"""
+
+GPU_DELETE_1M_SQL = """
+DELETE FROM gpu_energy_1m e USING _rollup_gpu rr
+WHERE e.node = rr.node AND e.gpu = rr.gpu AND e.bucket >= rr.b0 AND e.bucket < rr.b1"""
+
+GPU_DELETE_1H_SQL = f"""
+DELETE FROM gpu_energy_1h e USING _rollup_gpu rr
+WHERE e.node = rr.node AND e.gpu = rr.gpu AND e.bucket >= {E.hour("rr.b0")} AND e.bucket < {E.hour("rr.b1 - INTERVAL '1 microsecond'")} + INTERVAL '1 hour'"""
+
+GPU_REBUILD_1H_SQL = f"""
+INSERT INTO gpu_energy_1h (bucket, node, gpu, energy_j, covered_s)
+SELECT {E.hour("m.bucket")}, m.node, m.gpu, sum(m.energy_j), sum(m.covered_s)
+FROM gpu_energy_1m m JOIN _rollup_gpu rr ON m.node = rr.node AND m.gpu = rr.gpu
+WHERE m.bucket >= {E.hour("rr.b0")} AND m.bucket < {E.hour("rr.b1 - INTERVAL '1 microsecond'")} + INTERVAL '1 hour'
+GROUP BY 1, m.node, m.gpu"""
+
+HOST_RANGES_SQL = f"""
+INSERT INTO _rollup_host (node, b0, b1, a, z)
+SELECT r.node, x.b0, x.b1,
+  COALESCE((SELECT s.time FROM host_samples s WHERE s.node = r.node AND s.time <= x.b0 ORDER BY s.time DESC LIMIT 1), x.b0),
+  COALESCE((SELECT s.time FROM host_samples s WHERE s.node = r.node AND s.time >= x.b1 ORDER BY s.time LIMIT 1), x.b1)
+FROM unnest(%(nodes)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS r(node, lo, hi)
+CROSS JOIN LATERAL (
+  SELECT
+    {E.minute("COALESCE((SELECT s.time FROM host_samples s WHERE s.node = r.node AND s.time < r.lo ORDER BY s.time DESC LIMIT 1), r.lo)")} AS b0,
+    {E.minute("COALESCE((SELECT s.time FROM host_samples s WHERE s.node = r.node AND s.time > r.hi ORDER BY s.time LIMIT 1), r.hi)")}
+      + INTERVAL '1 minute' AS b1
+) x
+WHERE EXISTS (SELECT 1 FROM host_samples s WHERE s.node = r.node AND s.time >= r.lo AND s.time <= r.hi)"""
+
+HOST_SAMPLES_FOR_RANGES = """(
+  SELECT s.node, s.time, s.host_power_w
+  FROM _rollup_host rr JOIN host_samples s ON s.node = rr.node AND s.time >= rr.a AND s.time <= rr.z
+) smp"""
+
+HOST_REBUILD_1M_SQL = f"""
+WITH parts AS ({E.split_by_minute(E.host_interval_select(HOST_SAMPLES_FOR_RANGES), "node")})
+INSERT INTO host_energy_1m (bucket, node, energy_j, covered_s)
+SELECT p.bucket, p.node, sum(p.part_j), sum(p.part_s)
+FROM parts p JOIN _rollup_host rr ON rr.node = p.node
+WHERE p.bucket >= rr.b0 AND p.bucket < rr.b1
+GROUP BY p.bucket, p.node"""
+
+HOST_DELETE_1M_SQL = """
+DELETE FROM host_energy_1m e USING _rollup_host rr
+WHERE e.node = rr.node AND e.bucket >= rr.b0 AND e.bucket < rr.b1"""
+
+HOST_DELETE_1H_SQL = f"""
+DELETE FROM host_energy_1h e USING _rollup_host rr
+WHERE e.node = rr.node AND e.bucket >= {E.hour("rr.b0")} AND e.bucket < {E.hour("rr.b1 - INTERVAL '1 microsecond'")} + INTERVAL '1 hour'"""
+
+HOST_REBUILD_1H_SQL = f"""
+INSERT INTO host_energy_1h (bucket, node, energy_j, covered_s)
+SELECT {E.hour("m.bucket")}, m.node, sum(m.energy_j), sum(m.covered_s)
+FROM host_energy_1m m JOIN _rollup_host rr ON m.node = rr.node
+WHERE m.bucket >= {E.hour("rr.b0")} AND m.bucket < {E.hour("rr.b1 - INTERVAL '1 microsecond'")} + INTERVAL '1 hour'
+GROUP BY 1, m.node"""
+
+TEMP_TABLES_SQL = """
+CREATE TEMP TABLE IF NOT EXISTS _rollup_gpu (node text, gpu smallint, b0 timestamptz, b1 timestamptz,
+  a timestamptz, z timestamptz) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS _rollup_host (node text, b0 timestamptz, b1 timestamptz,
+  a timestamptz, z timestamptz) ON COMMIT DELETE ROWS"""
+
+
+def _stats_sql(kind: str) -> tuple[str, str]:
+    """Plain-PostgreSQL refresh of gpu_stats_1m / host_stats_1m for the ranges."""
+    rng = "unnest(%(nodes)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS r(node, lo, hi)"
+    lo, hi = E.minute("r.lo"), E.minute("r.hi") + " + INTERVAL '1 minute'"
+    table = f"{kind}_stats_1m"
+    samples = f"{kind}_samples"
+    delete = f"DELETE FROM {table} t USING {rng} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
+    where = (f"EXISTS (SELECT 1 FROM {rng} WHERE {samples}.node = r.node AND {samples}.time >= {lo} "
+             f"AND {samples}.time < {hi})")
+    select = (stats_sql.gpu_stats_select if kind == "gpu" else stats_sql.host_stats_select)(E.minute("time"), where)
+    return delete, f"INSERT INTO {table} {select}"
+
+
+@dataclass
+class RollupResult:
+    ranges: int = 0
+    gpu_buckets: int = 0
+    host_buckets: int = 0
+
+
+def merge_ranges(rows: list[tuple[str, datetime, datetime]]) -> dict[str, tuple[datetime, datetime]]:
+    """One [lo, hi] per node covering all its claimed ranges."""
+    out: dict[str, tuple[datetime, datetime]] = {}
+    for node, lo, hi in rows:
+        if lo is None or hi is None:
+            continue
+        if node in out:
+            a, b = out[node]
+            out[node] = (min(a, lo), max(b, hi))
+        else:
+            out[node] = (lo, hi)
+    return out
+
+
+def rebuild(conn: psycopg.Connection, ranges: dict[str, tuple[datetime, datetime]], max_gap_s: float,
+            plain_stats: bool) -> RollupResult:
+    """Recompute every rollup touched by ``ranges`` (within the caller's transaction)."""
+    res = RollupResult(ranges=len(ranges))
+    if not ranges:
+        return res
+    nodes = sorted(ranges)
+    params = {"nodes": nodes, "lo": [ranges[n][0] for n in nodes], "hi": [ranges[n][1] for n in nodes],
+              "max_gap_s": max_gap_s}
+    for stmt in TEMP_TABLES_SQL.split(";"):
+        conn.execute(stmt)
+    conn.execute("TRUNCATE _rollup_gpu, _rollup_host")
+    conn.execute(GPU_RANGES_SQL, params)
+    conn.execute(GPU_DELETE_1M_SQL)
+    res.gpu_buckets = conn.execute(GPU_REBUILD_1M_SQL, params).rowcount
+    conn.execute(GPU_DELETE_1H_SQL)
+    conn.execute(GPU_REBUILD_1H_SQL)
+    conn.execute(HOST_RANGES_SQL, params)
+    conn.execute(HOST_DELETE_1M_SQL)
+    res.host_buckets = conn.execute(HOST_REBUILD_1M_SQL, params).rowcount
+    conn.execute(HOST_DELETE_1H_SQL)
+    conn.execute(HOST_REBUILD_1H_SQL)
+    if plain_stats:
+        for kind in ("gpu", "host"):
+            delete, insert = _stats_sql(kind)
+            conn.execute(delete, params)
+            conn.execute(insert, params)
+    return res
+
+
+def run_once(conn: psycopg.Connection, max_gap_s: float, plain_stats: bool, limit: int = 20_000) -> RollupResult:
+    """Claim up to ``limit`` queued ranges and rebuild them, in one transaction."""
+    with conn.transaction():
+        rows = conn.execute(CLAIM_SQL, {"limit": limit}).fetchall()
+        return rebuild(conn, merge_ranges(rows), max_gap_s, plain_stats)
+
+
+def drain(conn: psycopg.Connection, max_gap_s: float, plain_stats: bool) -> int:
+    """Run until the queue is empty (replay, tests, benchmarks). Returns ranges done."""
+    done = 0
+    while True:
+        r = run_once(conn, max_gap_s, plain_stats)
+        if r.ranges == 0:
+            return done
+        done += r.ranges

@@ -1,0 +1,384 @@
+"""Group commit: many small ingest requests, one COPY transaction.
+
+One node sends ~80 rows every few seconds; a COPY transaction per request
+would spend its time on commits.  Requests are queued here, a writer thread
+gathers whatever is waiting (up to ``group_max_rows``, lingering a few ms),
+writes it all with binary COPY in one transaction and only then resolves each
+request's future, so a 2xx always means committed.
+
+Idempotency: every batch id goes into ``ingest_batches`` in the same
+transaction (``ON CONFLICT DO NOTHING``); rows are copied only for the ids
+that were new, so a retried batch is acknowledged without being stored twice,
+whatever has happened to its chunk since (compression included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from gpufleet.catalog import GPU_BY_NAME, GPU_FIELDS, HOST_BY_NAME, HOST_FIELDS
+from gpufleet.wire import Batch
+
+log = logging.getLogger(__name__)
+
+_PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
+             "text": "text"}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class Overloaded(Exception):
+    """Too many rows already waiting: answer 429 with Retry-After."""
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot take writes now: answer 503 with Retry-After."""
+
+
+class BatchRejected(Exception):
+    """The database refused this batch's content (answer 422)."""
+
+
+@dataclass
+class Outcome:
+    stored: bool  # False: a duplicate of an already committed batch
+    gpu_rows: int
+    host_rows: int
+    rejected_skew: int
+
+
+@dataclass
+class _Item:
+    batch: Batch
+    loop: asyncio.AbstractEventLoop
+    fut: asyncio.Future[Outcome]
+    rows: int
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class WriterStats:
+    def __init__(self) -> None:
+        self.transactions = 0
+        self.batches_stored = 0
+        self.batches_duplicate = 0
+        self.gpu_rows = 0
+        self.host_rows = 0
+        self.db_errors = 0
+        self.last_commit_s = 0.0
+
+
+class GroupWriter:
+    """Owns ``threads`` writer connections and the queue in front of them."""
+
+    def __init__(self, url: str, *, max_rows: int = 20_000, linger_s: float = 0.005,
+                 queue_max_rows: int = 400_000, threads: int = 2, node_touch_s: float = 10.0) -> None:
+        self.url = url
+        self.max_rows = max_rows
+        self.linger_s = linger_s
+        self.queue_max_rows = queue_max_rows
+        self.threads = threads
+        self.node_touch_s = node_touch_s
+        self.stats = WriterStats()
+        self._q: deque[_Item] = deque()
+        self._queued_rows = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._db_ok = True
+        self._workers: list[threading.Thread] = []
+        self._node_touched: dict[str, float] = {}
+
+    # -- producer side (event loop) -------------------------------------------
+
+    @property
+    def db_ok(self) -> bool:
+        return self._db_ok
+
+    def mark_db(self, ok: bool) -> None:
+        """Set by the health monitor: while down, requests get 503 at once."""
+        self._db_ok = ok
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
+    def submit(self, batch: Batch) -> asyncio.Future[Outcome]:
+        if not self._db_ok:
+            raise DatabaseUnavailable("database unavailable")
+        rows = batch.n_gpu + batch.n_host + 1
+        loop = asyncio.get_running_loop()
+        with self._cv:
+            if self._queued_rows + rows > self.queue_max_rows and self._queued_rows > 0:
+                raise Overloaded(f"{self._queued_rows} rows already waiting for the database")
+            item = _Item(batch, loop, loop.create_future(), rows)
+            self._q.append(item)
+            self._queued_rows += rows
+            self._cv.notify()
+        return item.fut
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop = False
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, name=f"gpufleet-writer-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Drain what is queued, then stop the threads."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for t in self._workers:
+            t.join(timeout)
+        self._workers.clear()
+
+    # -- consumer side (writer threads) ----------------------------------------
+
+    def _take(self) -> list[_Item]:
+        with self._cv:
+            while not self._q and not self._stop:
+                self._cv.wait(0.5)
+            if not self._q:
+                return []
+            if self.linger_s and len(self._q) < 4 and not self._stop:
+                self._cv.wait(self.linger_s)
+            items: list[_Item] = []
+            rows = 0
+            while self._q and (not items or rows + self._q[0].rows <= self.max_rows):
+                it = self._q.popleft()
+                items.append(it)
+                rows += it.rows
+            self._queued_rows -= rows
+            return items
+
+    def _connect(self) -> psycopg.Connection | None:
+        try:
+            conn = psycopg.connect(self.url, connect_timeout=3, application_name="gpufleet-writer")
+            conn.execute("SET synchronous_commit = on")
+            conn.commit()
+            self._db_ok = True
+            return conn
+        except psycopg.Error as e:
+            self._db_ok = False
+            log.warning("writer cannot reach the database: %s", e.__class__.__name__)
+            return None
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        while True:
+            if conn is None or conn.closed:
+                conn = self._connect()
+                if conn is None:
+                    self._fail_waiting(DatabaseUnavailable("database unavailable"))
+                    if self._stop:
+                        return
+                    time.sleep(0.5)
+                    continue
+            items = self._take()
+            if not items:
+                if self._stop:
+                    conn.close()
+                    return
+                continue
+            try:
+                outcomes = self._write(conn, items)
+            except psycopg.OperationalError as e:
+                self.stats.db_errors += 1
+                log.warning("database write failed (%s); answering 503", e.__class__.__name__)
+                self._db_ok = False
+                self._resolve(items, exc=DatabaseUnavailable("database unavailable"))
+                try:
+                    conn.close()
+                except psycopg.Error:
+                    pass
+                conn = None
+                continue
+            except psycopg.Error as e:
+                # Content the database refused despite validation: isolate it by
+                # writing batches one at a time so the others still land.
+                self.stats.db_errors += 1
+                log.error("group write failed: %s; retrying batches one by one", e.__class__.__name__)
+                conn.rollback()
+                self._write_singly(conn, items)
+                continue
+            self._resolve(items, outcomes=outcomes)
+
+    def _write_singly(self, conn: psycopg.Connection, items: list[_Item]) -> None:
+        for it in items:
+            try:
+                out = self._write(conn, [it])
+                self._resolve([it], outcomes=out)
+            except psycopg.OperationalError:
+                self._db_ok = False
+                self._resolve([it], exc=DatabaseUnavailable("database unavailable"))
+            except psycopg.Error as e:
+                conn.rollback()
+                diag = getattr(e, "diag", None)
+                detail = getattr(diag, "message_primary", None) or e.__class__.__name__
+                self._resolve([it], exc=BatchRejected(f"database refused the batch: {detail}"))
+
+    def _fail_waiting(self, exc: Exception) -> None:
+        with self._cv:
+            items = list(self._q)
+            self._q.clear()
+            self._queued_rows = 0
+        self._resolve(items, exc=exc)
+
+    @staticmethod
+    def _resolve(items: list[_Item], outcomes: list[Outcome] | None = None, exc: Exception | None = None) -> None:
+        for i, it in enumerate(items):
+            if exc is not None:
+                it.loop.call_soon_threadsafe(_set_exc, it.fut, exc)
+            else:
+                assert outcomes is not None
+                it.loop.call_soon_threadsafe(_set_result, it.fut, outcomes[i])
+
+    def _write(self, conn: psycopg.Connection, items: list[_Item]) -> list[Outcome]:
+        t0 = time.perf_counter()
+        # Within one group the first copy of a batch id wins.
+        first: dict[str, _Item] = {}
+        for it in items:
+            first.setdefault(it.batch.batch_id, it)
+        batches = [it.batch for it in first.values()]
+        with conn.transaction():
+            ids, nodes, g, h, tmin, tmax = [], [], [], [], [], []
+            span: dict[str, tuple[datetime, datetime]] = {}
+            for b in batches:
+                rng = b.time_range()
+                ids.append(b.batch_id)
+                nodes.append(b.node)
+                g.append(b.n_gpu)
+                h.append(b.n_host)
+                tmin.append(_ts(rng[0]) if rng else None)
+                tmax.append(_ts(rng[1]) if rng else None)
+                if rng:
+                    span[b.batch_id] = (_ts(rng[0]), _ts(rng[1]))
+            cur = conn.execute(
+                "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::int[], %s::timestamptz[], "
+                "%s::timestamptz[]) ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
+                (ids, nodes, g, h, tmin, tmax),
+            )
+            new_ids = {r[0] for r in cur.fetchall()}
+            new = [b for b in batches if b.batch_id in new_ids]
+            if any(b.n_gpu for b in new):
+                _copy(conn, "gpu_samples", ("time", "node", "gpu"), GPU_FIELDS, GPU_BY_NAME,
+                      [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
+            if any(b.n_host for b in new):
+                _copy(conn, "host_samples", ("time", "node"), HOST_FIELDS, HOST_BY_NAME,
+                      [(b.node, b.host, b.n_host) for b in new if b.n_host])
+            ranges = [(b.node, *span[b.batch_id]) for b in new if b.batch_id in span]
+            if ranges:
+                conn.execute(
+                    "INSERT INTO rollup_queue (node, t_min, t_max) SELECT * FROM unnest(%s::text[], "
+                    "%s::timestamptz[], %s::timestamptz[])",
+                    ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges]),
+                )
+            self._touch_nodes(conn, new)
+        self.stats.transactions += 1
+        self.stats.batches_stored += len(new)
+        self.stats.batches_duplicate += len(items) - len(new)
+        self.stats.gpu_rows += sum(b.n_gpu for b in new)
+        self.stats.host_rows += sum(b.n_host for b in new)
+        self.stats.last_commit_s = time.perf_counter() - t0
+        seen: set[str] = set()
+        out = []
+        for it in items:
+            b = it.batch
+            stored = b.batch_id in new_ids and b.batch_id not in seen
+            seen.add(b.batch_id)
+            out.append(Outcome(stored, b.n_gpu, b.n_host, b.rejected_skew))
+        return out
+
+    def _touch_nodes(self, conn: psycopg.Connection, batches: list[Batch]) -> None:
+        """Keep ``nodes`` current without an UPDATE per request."""
+        now = time.monotonic()
+        per_node: dict[str, dict[str, Any]] = {}
+        for b in batches:
+            d = per_node.setdefault(b.node, {"gpus": 0, "facts": None, "skew": 0, "t": None})
+            if b.n_gpu:
+                d["gpus"] = max(d["gpus"], len({g for g, m in zip(b.gpu["gpu"], b.gpu.get("mig_instance") or
+                                                                  [None] * b.n_gpu, strict=True) if m is None}))
+            if b.facts:
+                d["facts"] = b.facts
+            d["skew"] += b.rejected_skew
+            rng = b.time_range()
+            if rng:
+                d["t"] = max(d["t"] or rng[1], rng[1])
+        rows = []
+        # Sorted so that concurrent writers lock node rows in one order (no deadlocks).
+        for node in sorted(per_node):
+            d = per_node[node]
+            if d["facts"] is None and not d["skew"] and now - self._node_touched.get(node, -1e9) < self.node_touch_s:
+                continue
+            self._node_touched[node] = now
+            rows.append((node, d["gpus"] or None, _json(d["facts"]), d["skew"], _ts(d["t"]) if d["t"] else None))
+        if not rows:
+            return
+        conn.execute(
+            "INSERT INTO nodes AS n (node, first_seen, last_seen, gpu_count, facts, facts_time, rejected_skew) "
+            "SELECT u.node, now(), now(), u.gpus, COALESCE(u.facts, '{}'::jsonb), "
+            "CASE WHEN u.facts IS NULL THEN NULL ELSE now() END, u.skew "
+            "FROM unnest(%s::text[], %s::int[], %s::jsonb[], %s::bigint[]) AS u(node, gpus, facts, skew) "
+            "ON CONFLICT (node) DO UPDATE SET last_seen = now(), "
+            "gpu_count = COALESCE(GREATEST(EXCLUDED.gpu_count, n.gpu_count), n.gpu_count), "
+            "facts = CASE WHEN EXCLUDED.facts_time IS NULL THEN n.facts ELSE EXCLUDED.facts END, "
+            "facts_time = COALESCE(EXCLUDED.facts_time, n.facts_time), "
+            "rejected_skew = n.rejected_skew + EXCLUDED.rejected_skew",
+            ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]),
+        )
+
+
+def _json(obj: Any) -> Any:
+    if obj is None:
+        return None
+    from psycopg.types.json import Jsonb
+
+    return Jsonb(obj)
+
+
+def _ts(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def _set_result(fut: asyncio.Future[Outcome], value: Outcome) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exc(fut: asyncio.Future[Outcome], exc: Exception) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def _copy(conn: psycopg.Connection, table: str, key: tuple[str, ...], fields: tuple[Any, ...],
+          by_name: dict[str, Any], parts: list[tuple[str, dict[str, list[Any]], int]]) -> None:
+    """Binary COPY of columnar parts; columns no part carries are left out."""
+    present = [f.name for f in fields if any(f.name in cols for _, cols, _ in parts)]
+    names = list(key) + present
+    types = ["timestamptz", "text"] + (["int2"] if "gpu" in key else []) + [_PG_TYPES[by_name[n].kind] for n in present]
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, names))
+    )
+    fromts = datetime.fromtimestamp
+    with conn.cursor().copy(stmt) as cp:
+        cp.set_types(types)
+        for node, cols, n in parts:
+            times = [fromts(t, UTC) for t in cols["time"]]
+            column_lists: list[Any] = [times, [node] * n]
+            if "gpu" in key:
+                column_lists.append(cols["gpu"])
+            none = [None] * n
+            column_lists.extend(cols.get(name, none) for name in present)
+            for row in zip(*column_lists, strict=True):
+                cp.write_row(row)

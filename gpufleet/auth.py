@@ -1,0 +1,138 @@
+"""Bearer tokens: issued once, stored hashed, checked in constant time.
+
+Roles: ``node`` (ingest for exactly one node name, reads nothing), ``finance``
+(accounting and reports), ``sre`` (everything read-only), ``admin`` (sites,
+prices, tokens, runs).  The secret is shown only when the token is created;
+the database keeps its SHA-256, and neither appears in logs or error bodies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import psycopg
+
+Role = Literal["node", "finance", "sre", "admin"]
+ROLES: tuple[Role, ...] = ("node", "finance", "sre", "admin")
+PREFIX = "gpf_"
+
+#: What each role may do; routes ask for a capability, not a role.
+CAPABILITIES: dict[str, frozenset[Role]] = {
+    "ingest": frozenset({"node"}),
+    "read": frozenset({"sre", "admin"}),
+    "read_accounting": frozenset({"finance", "sre", "admin"}),
+    "write_runs": frozenset({"admin", "node"}),
+    "admin": frozenset({"admin"}),
+}
+
+
+class AuthError(Exception):
+    """401: no usable credentials.  The message never contains the token."""
+
+
+class Forbidden(Exception):
+    """403: authenticated, but not allowed to do this."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: int
+    name: str
+    role: Role
+    node: str | None
+
+    def require(self, capability: str) -> None:
+        if self.role not in CAPABILITIES[capability]:
+            raise Forbidden(f"role '{self.role}' may not {capability.replace('_', ' ')}")
+
+
+def new_secret() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8")).digest()
+
+
+def parse_bearer(header: str | None) -> str:
+    if not header:
+        raise AuthError("missing Authorization: Bearer token")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise AuthError("Authorization header must be 'Bearer <token>'")
+    value = value.strip()
+    if len(value) > 200 or not value.isascii() or not value.isprintable():
+        raise AuthError("malformed bearer token")
+    return value
+
+
+def create_token(conn: psycopg.Connection, name: str, role: Role, node: str | None = None) -> str:
+    """Insert a token and return its secret (the only time it is visible)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}")
+    if (role == "node") != (node is not None):
+        raise ValueError("a node token needs --node; other roles must not have one")
+    secret = new_secret()
+    conn.execute(
+        "INSERT INTO agent_tokens (name, token_hash, role, node) VALUES (%s, %s, %s, %s)",
+        (name, hash_secret(secret), role, node),
+    )
+    return secret
+
+
+def revoke_token(conn: psycopg.Connection, name: str) -> bool:
+    cur = conn.execute("UPDATE agent_tokens SET revoked_at = now() WHERE name = %s AND revoked_at IS NULL", (name,))
+    return cur.rowcount > 0
+
+
+#: (token_hash, id, name, role, revoked_at, node)
+TokenRow = tuple[bytes, int, str, Role, object, str | None]
+
+_MISS = object()
+
+
+class TokenCache:
+    """Maps secret digests to principals (or None for unknown/revoked) for ``ttl_s``.
+
+    Lookups are by hash, so the secret itself is never compared with a
+    stored value; the found hash is still checked with ``hmac.compare_digest``.
+    A revocation is honoured within ``ttl_s``.
+    """
+
+    def __init__(self, ttl_s: float = 5.0) -> None:
+        self.ttl_s = ttl_s
+        self._cache: dict[bytes, tuple[float, Principal | None]] = {}
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def get(self, digest: bytes) -> Principal | object | None:
+        """The cached principal, None if known-bad, or ``MISS``."""
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is None or time.monotonic() - hit[0] > self.ttl_s:
+            return _MISS
+        return hit[1]
+
+    def put(self, digest: bytes, row: TokenRow | None) -> Principal | None:
+        principal = None
+        if row is not None and hmac.compare_digest(bytes(row[0]), digest) and row[4] is None:
+            principal = Principal(token_id=row[1], name=row[2], role=row[3], node=row[5])
+        with self._lock:
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[digest] = (time.monotonic(), principal)
+        return principal
+
+
+MISS = _MISS
+
+LOOKUP_SQL = "SELECT token_hash, id, name, role, revoked_at, node FROM agent_tokens WHERE token_hash = %s"

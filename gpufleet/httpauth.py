@@ -1,0 +1,76 @@
+"""Bearer-token authentication for the FastAPI apps (collector and API).
+
+Lookups go through a short-lived cache so a busy collector does not query
+``agent_tokens`` per request; a database outage while a token is not cached
+answers 503 (try again), never 401 (which agents treat as final).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+from fastapi import HTTPException, Request
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from gpufleet.auth import (
+    LOOKUP_SQL,
+    MISS,
+    AuthError,
+    Principal,
+    TokenCache,
+    TokenRow,
+    hash_secret,
+    parse_bearer,
+)
+
+
+class Authenticator:
+    def __init__(self, pool: AsyncConnectionPool, ttl_s: float = 5.0, retry_after_s: int = 2) -> None:
+        self.pool = pool
+        self.cache = TokenCache(ttl_s)
+        self.retry_after_s = retry_after_s
+
+    async def principal(self, request: Request) -> Principal:
+        try:
+            secret = parse_bearer(request.headers.get("authorization"))
+        except AuthError as e:
+            raise HTTPException(401, str(e), headers={"WWW-Authenticate": "Bearer"}) from None
+        digest = hash_secret(secret)
+        hit = self.cache.get(digest)
+        if hit is MISS:
+            hit = self.cache.put(digest, await self._fetch(digest))
+        if not isinstance(hit, Principal):
+            raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
+        return hit
+
+    async def _fetch(self, digest: bytes) -> TokenRow | None:
+        try:
+            async with asyncio.timeout(3), self.pool.connection() as conn:
+                cur = await conn.execute(LOOKUP_SQL, (digest,))
+                return await cur.fetchone()  # type: ignore[return-value]
+        except (psycopg.Error, PoolTimeout, TimeoutError, OSError) as e:
+            raise HTTPException(503, "database unavailable; retry later",
+                                headers={"Retry-After": str(self.retry_after_s)}) from e
+
+
+class RateLimiter:
+    """Token bucket per principal: ``rate`` requests/s, bursts of 2 s worth."""
+
+    def __init__(self, rate_per_s: float) -> None:
+        self.rate = rate_per_s
+        self.burst = max(1.0, 2 * rate_per_s)
+        self._buckets: dict[int, tuple[float, float]] = {}
+
+    def allow(self, key: int) -> bool:
+        if self.rate <= 0:
+            return True
+        now = time.monotonic()
+        tokens, last = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            return False
+        self._buckets[key] = (tokens - 1.0, now)
+        return True
