@@ -448,12 +448,12 @@ def host_rates(prev: HostSnapshot | None, curr: HostSnapshot) -> HostRow:
 
     rx = tx = 0
     counted = False
-    for name, c in curr.nets.items():
-        p = prev.nets.get(name)
-        if p is None:
+    for nic, now in curr.nets.items():
+        before = prev.nets.get(nic)
+        if before is None:
             continue
-        drx = _net_delta(p.rx_bytes, c.rx_bytes, p.rx_packets, c.rx_packets)
-        dtx = _net_delta(p.tx_bytes, c.tx_bytes, p.tx_packets, c.tx_packets)
+        drx = _net_delta(before.rx_bytes, now.rx_bytes, before.rx_packets, now.rx_packets)
+        dtx = _net_delta(before.tx_bytes, now.tx_bytes, before.tx_packets, now.tx_packets)
         if drx is None or dtx is None:
             continue
         rx += drx

@@ -1,0 +1,157 @@
+"""Every detector threshold in one place, with the reasoning behind each default.
+
+Durations are seconds of wall-clock time, never sample counts: fleets sample
+anywhere from every 100 ms to every 30 s.  "Activity" is the 0-1 busy signal of
+:mod:`collector.detectors.frame`: ``max(sm_active, dram_active)`` where DCGM
+profiling fields exist, else ``min(util, power-derived activity)`` on
+NVML-only GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    # --- activity signal --------------------------------------------------
+    #: Activity at or above this counts as busy (a kernel workload is running).
+    busy_activity: float = 0.3
+    #: Activity at or below this counts as idle.  Between the two the previous
+    #: state holds (hysteresis), so noise around one level is not a cycle.
+    idle_activity: float = 0.15
+    #: NVML-only GPUs: board power as a fraction of the enforced limit that
+    #: maps to activity 0 (an idle H100 draws ~70 W of 700 W, an A100 ~55 of 400).
+    power_idle_frac: float = 0.15
+    #: ... and to activity 1.  ``util_pct`` is capped by this power activity,
+    #: because GPU-Util stays at 100 % while collective kernels merely spin.
+    power_busy_frac: float = 0.6
+    #: An interval longer than this many typical sampling intervals is a gap:
+    #: it is not counted as time of either state and breaks phases.
+    gap_factor: float = 3.0
+    #: Sampling interval assumed for a series with a single sample, seconds.
+    fallback_dt_s: float = 1.0
+    #: A GPU-scoped condition is reported only while seen this recently
+    #: (or within three sampling intervals, whichever is longer), seconds.
+    active_within_s: float = 60.0
+
+    # --- runs ---------------------------------------------------------------
+    #: Run start-up (model load, compilation, first batches) is ignored for at
+    #: most this long after the run starts, seconds ...
+    warmup_max_s: float = 300.0
+    #: ... or until a GPU has been busy continuously this long, seconds.
+    warmup_busy_s: float = 30.0
+
+    # --- starvation ---------------------------------------------------------
+    #: Oscillation needs at least this many complete idle phases in a row.
+    starve_min_cycles: int = 3
+    #: Longest cycle still called starvation, seconds.  Slower periodic pauses
+    #: are checkpoints or evaluations, not a data pipeline falling behind.
+    starve_max_period_s: float = 90.0
+    #: Highest busy share (duty cycle) of an oscillating GPU still starving;
+    #: short evaluation pauses leave the duty cycle above it.
+    starve_max_duty: float = 0.8
+    #: Smallest busy-minus-idle activity difference of an oscillation.
+    starve_min_depth: float = 0.3
+    #: Cycle lengths may vary by this much (median absolute deviation over
+    #: median) and still count as one oscillation.
+    starve_max_period_cv: float = 0.5
+    #: Smallest share of GPU time lost to idling worth reporting.
+    starve_min_lost_share: float = 0.2
+    #: Steady pattern: activity below this counts as starved ...
+    starve_low_activity: float = 0.5
+    #: ... for at least this share of the time since the episode began ...
+    starve_low_share: float = 0.8
+    #: ... lasting at least this long, seconds.  Without a saturated host a
+    #: steady low-activity job is simply a small job and is not reported.
+    starve_min_duration_s: float = 120.0
+    #: Share of the run's GPUs that must show the pattern.
+    starve_min_gpu_share: float = 0.75
+    #: A GPU of the run busy at least this share of the time holds the others
+    #: back (straggler) rather than all of them waiting for input.
+    starve_busy_gpu_share: float = 0.9
+    #: Reference activity of a well-fed GPU, for ``gpu_time_lost_share``.
+    nominal_activity: float = 0.8
+
+    # --- host pressure (starvation cause) ----------------------------------
+    #: All-CPU user time at or above this is a saturated CPU, percent.
+    cpu_saturated_pct: float = 80.0
+    #: iowait at or above this is an I/O-bound host, percent.
+    iowait_high_pct: float = 15.0
+    #: Busiest disk %util at or above this ...
+    disk_util_high_pct: float = 80.0
+    #: ... together with await at or above this is a saturated disk, ms.
+    disk_await_high_ms: float = 20.0
+
+    # --- checkpoint stall -----------------------------------------------------
+    #: Shortest job-wide pause counted, seconds.
+    ckpt_min_pause_s: float = 5.0
+    #: Pauses needed to call them periodic (the period must fit the window).
+    ckpt_min_pauses: int = 2
+    #: Share of the run's GPUs that must be idle together for a job-wide pause.
+    ckpt_min_gpu_share: float = 0.75
+    #: Write rate during pauses at least this many times the rate while busy ...
+    ckpt_write_ratio: float = 3.0
+    #: ... and at least this high, bytes/s.
+    ckpt_min_write_bytes_s: float = 20e6
+    #: Pause spacing may vary by this much (MAD over median).
+    ckpt_max_period_cv: float = 0.35
+    #: Smallest share of the run's time lost to pauses worth reporting.
+    ckpt_min_lost_share: float = 0.03
+
+    # --- straggler ------------------------------------------------------------
+    #: Features are compared over the last this many seconds of the run.
+    straggler_eval_s: float = 180.0
+    #: The GPU must have been busy at least this long in that span, seconds.
+    straggler_min_busy_s: float = 60.0
+    #: Robust z-score (median / 1.4826 MAD of the run's GPUs) of an outlier.
+    straggler_z: float = 3.5
+    #: ... and the relative gap to the peers' median it must also reach
+    #: (power limit, SM clock), so silicon variation is not flagged.
+    straggler_min_rel: float = 0.07
+    #: Peers are waiting when the straggler's activity or power fraction
+    #: exceeds theirs by at least this much.
+    straggler_wait_gap: float = 0.1
+    #: Unexplained straggler: activity above the peers' by at least this much.
+    straggler_unknown_gap: float = 0.25
+    #: Share of busy time with thermal bits that marks a hot GPU.
+    straggler_thermal_share: float = 0.2
+    #: A mean temperature at or above this (and robustly above peers) is hot, degC.
+    straggler_hot_temp_c: float = 80.0
+
+    # --- throttling -----------------------------------------------------------
+    #: SM clock below this fraction of the maximum counts as held down.
+    throttle_clock_ratio: float = 0.9
+    #: Share of busy time since the episode began that must be throttled.
+    throttle_min_share: float = 0.5
+    #: Throttled busy time needed to report, seconds.
+    throttle_min_s: float = 60.0
+    #: Without a reason bitmask: power within this fraction of the limit is a
+    #: power cap ...
+    throttle_infer_power_frac: float = 0.95
+    #: ... and a temperature at or above this a thermal limit, degC.
+    throttle_infer_temp_c: float = 85.0
+
+    # --- PCIe -------------------------------------------------------------------
+    #: Share of busy time since the episode began with a degraded link.
+    pcie_min_share: float = 0.5
+    #: Degraded busy time needed to report, seconds.
+    pcie_min_s: float = 60.0
+
+    # --- host misconfiguration ------------------------------------------------
+    #: CPU frequency governors that cap a training host.
+    bad_governors: tuple[str, ...] = ("powersave",)
+    #: CPU cores of quota needed per GPU on the node.
+    min_cores_per_gpu: float = 1.0
+    #: XID events on a node's GPUs within the window that count as repeated.
+    xid_min_events: int = 3
+    #: XID codes never counted.
+    xid_ignore: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_activity < self.busy_activity <= 1:
+            raise ValueError("DetectorConfig: need 0 <= idle_activity < busy_activity <= 1")
+        if not 0 <= self.power_idle_frac < self.power_busy_frac:
+            raise ValueError("DetectorConfig: need 0 <= power_idle_frac < power_busy_frac")
+        if self.gap_factor <= 1:
+            raise ValueError("DetectorConfig: gap_factor must exceed 1")
