@@ -12,7 +12,8 @@ import time
 
 import psycopg
 from fastapi import HTTPException, Request
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from fastapi.concurrency import run_in_threadpool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from gpufleet.auth import (
     LOOKUP_SQL,
@@ -27,7 +28,9 @@ from gpufleet.auth import (
 
 
 class Authenticator:
-    def __init__(self, pool: AsyncConnectionPool, ttl_s: float = 5.0, retry_after_s: int = 2) -> None:
+    """Works over an async pool (collector) or a sync one (API, via a thread)."""
+
+    def __init__(self, pool: AsyncConnectionPool | ConnectionPool, ttl_s: float = 5.0, retry_after_s: int = 2) -> None:
         self.pool = pool
         self.cache = TokenCache(ttl_s)
         self.retry_after_s = retry_after_s
@@ -47,12 +50,22 @@ class Authenticator:
 
     async def _fetch(self, digest: bytes) -> TokenRow | None:
         try:
+            if isinstance(self.pool, ConnectionPool):
+                return await run_in_threadpool(self._fetch_sync, digest)
             async with asyncio.timeout(3), self.pool.connection() as conn:
                 cur = await conn.execute(LOOKUP_SQL, (digest,))
                 return await cur.fetchone()  # type: ignore[return-value]
         except (psycopg.Error, PoolTimeout, TimeoutError, OSError) as e:
             raise HTTPException(503, "database unavailable; retry later",
                                 headers={"Retry-After": str(self.retry_after_s)}) from e
+
+    def _fetch_sync(self, digest: bytes) -> TokenRow | None:
+        assert isinstance(self.pool, ConnectionPool)
+        with self.pool.connection(timeout=3) as conn:
+            row = conn.execute(LOOKUP_SQL, (digest,)).fetchone()
+        if isinstance(row, dict):
+            return tuple(row.values())  # type: ignore[return-value]
+        return row  # type: ignore[return-value]
 
 
 class RateLimiter:

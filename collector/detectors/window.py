@@ -74,6 +74,10 @@ class Finding:
     run_id: str | None = None
     node: str | None = None
     gpu: int | None = None
+    #: Time of the last sample showing the condition (epoch seconds); the
+    #: incident lifecycle ends an incident there, not at the sweep that
+    #: noticed the recovery.  None: the sweep time.
+    last_active: float | None = None
 
     @property
     def scope_key(self) -> str:

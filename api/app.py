@@ -1,0 +1,46 @@
+"""The read/write API: runs, sites, carbon, nodes, tokens, incidents, accounting."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from api.deps import ApiState
+from api.routes import incidents, runs, sites, tokens
+from gpufleet.config import Settings
+
+
+def create_app(url: str, settings: Settings) -> FastAPI:
+    st = ApiState(url, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        st.pool.open(wait=False)
+        try:
+            yield
+        finally:
+            st.pool.close()
+
+    app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan,
+                  description="Runs, incidents and per-run energy, cost and CO2e accounting.")
+    app.state.api = st
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Name the field; never echo the input back (it may hold secrets).
+        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "invalid"), "type": e.get("type")}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    for r in (runs.router, sites.router, tokens.router, incidents.router):
+        app.include_router(r)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,67 @@
+"""Shared dependencies: the database pool, the principal, and role checks.
+
+Routes are plain functions (FastAPI runs them in its thread pool) over the
+same synchronous store functions the CLI and replay use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, HTTPException, Request
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from gpufleet.auth import Forbidden, Principal
+from gpufleet.config import Settings
+from gpufleet.httpauth import Authenticator
+
+
+class ApiState:
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
+        self.settings = settings
+        self.pool = ConnectionPool(url, min_size=1, max_size=8, open=False, timeout=5,
+                                   kwargs={"autocommit": True, "application_name": "gpufleet-api"})
+        self.auth = Authenticator(self.pool, retry_after_s=settings.ingest.retry_after_s)
+
+
+def state(request: Request) -> ApiState:
+    return request.app.state.api  # type: ignore[no-any-return]
+
+
+StateDep = Annotated[ApiState, Depends(state)]
+
+
+async def principal(request: Request) -> Principal:
+    return await state(request).auth.principal(request)
+
+
+PrincipalDep = Annotated[Principal, Depends(principal)]
+
+
+def allowed(capability: str) -> Callable[..., Coroutine[Any, Any, Principal]]:
+    async def check(who: PrincipalDep) -> Principal:
+        try:
+            who.require(capability)
+        except Forbidden as e:
+            raise HTTPException(403, str(e)) from None
+        return who
+
+    return check
+
+
+def connection(s: StateDep) -> Iterator[psycopg.Connection]:
+    try:
+        with s.pool.connection() as conn:
+            yield conn
+    except (psycopg.OperationalError, PoolTimeout) as e:
+        raise HTTPException(503, "database unavailable; retry later", headers={"Retry-After": "2"}) from e
+
+
+ConnDep = Annotated[psycopg.Connection, Depends(connection)]
+Reader = Annotated[Principal, Depends(allowed("read"))]
+AccountingReader = Annotated[Principal, Depends(allowed("read_accounting"))]
+Admin = Annotated[Principal, Depends(allowed("admin"))]
+RunWriter = Annotated[Principal, Depends(allowed("write_runs"))]

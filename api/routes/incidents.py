@@ -1,0 +1,32 @@
+"""Incidents the detector sweep opened and resolved."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, Query
+
+from api.deps import ConnDep, Reader
+from api.schemas import IncidentPublic
+from gpufleet.store import runs as run_store
+from gpufleet.store.incidents import list_incidents
+from gpufleet.store.runs import NotFound
+
+router = APIRouter(tags=["incidents"])
+
+
+@router.get("/v1/incidents", response_model=list[IncidentPublic])
+def incidents(conn: ConnDep, _: Reader, state: Literal["open", "resolved"] | None = None,
+              kind: str | None = None, run_id: str | None = None, node: str | None = None,
+              limit: int = Query(500, ge=1, le=5000), offset: int = Query(0, ge=0)) -> list[dict]:
+    return list_incidents(conn, state, kind, run_id, node, limit, offset)
+
+
+@router.get("/v1/runs/{run_id}/incidents", response_model=list[IncidentPublic])
+def run_incidents(run_id: str, conn: ConnDep, _: Reader,
+                  state: Literal["open", "resolved"] | None = None) -> list[dict]:
+    try:
+        run_store.get_run(conn, run_id)
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from None
+    return list_incidents(conn, state, None, run_id)

@@ -1,0 +1,79 @@
+"""Runs: register, list, end, allocate GPUs, report progress."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException, Query, Response
+
+from api.deps import ConnDep, Reader, RunWriter
+from api.schemas import Progress, RunCreate, RunPublic, RunUpdate
+from gpufleet.auth import Principal
+from gpufleet.store import runs as store
+from gpufleet.store.runs import Conflict, NotFound
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+def _own_node_only(who: Principal, allocations: list | None) -> None:
+    """A node token (a scheduler hook on that node) may allocate its own GPUs only."""
+    if who.role == "node" and allocations:
+        bad = [a.node for a in allocations if a.node != who.node]
+        if bad:
+            raise HTTPException(403, f"a node token may allocate GPUs of node {who.node!r} only, not {bad[0]!r}")
+
+
+@router.get("", response_model=list[RunPublic])
+def list_runs(conn: ConnDep, _: Reader, state: Literal["running", "ended"] | None = None,
+              site: str | None = None, since: datetime | None = Query(None, alias="from"),
+              until: datetime | None = Query(None, alias="to"), limit: int = Query(100, ge=1, le=1000),
+              offset: int = Query(0, ge=0)) -> list[dict]:
+    for name, t in (("from", since), ("to", until)):
+        if t is not None and t.tzinfo is None:
+            raise HTTPException(422, f"'{name}' needs a UTC offset (e.g. 2026-12-01T00:00:00Z)")
+    return store.list_runs(conn, state, site, since, until, limit, offset)
+
+
+@router.get("/{run_id}", response_model=RunPublic)
+def get_run(run_id: str, conn: ConnDep, _: Reader) -> dict:
+    try:
+        return store.get_run(conn, run_id)
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from None
+
+
+@router.post("", response_model=RunPublic, status_code=201)
+def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Response) -> dict:
+    _own_node_only(who, body.allocations)
+    try:
+        run, created = store.create_run(conn, body.model_dump())
+    except NotFound as e:
+        raise HTTPException(422, str(e)) from None
+    except Conflict as e:
+        raise HTTPException(409, str(e)) from None
+    if not created:
+        response.status_code = 200
+    return run
+
+
+@router.patch("/{run_id}", response_model=RunPublic)
+def update_run(run_id: str, body: RunUpdate, conn: ConnDep, who: RunWriter) -> dict:
+    _own_node_only(who, body.allocations)
+    try:
+        return store.update_run(conn, run_id, body.model_dump(exclude_unset=True))
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from None
+    except Conflict as e:
+        raise HTTPException(409, str(e)) from None
+
+
+@router.post("/{run_id}/progress", status_code=204)
+def progress(run_id: str, body: Progress, conn: ConnDep, _: RunWriter) -> Response:
+    if body.tokens is None and body.samples is None:
+        raise HTTPException(422, "give 'tokens' or 'samples' (cumulative counts)")
+    try:
+        store.record_progress(conn, run_id, body.time or datetime.now(UTC), body.tokens, body.samples)
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from None
+    return Response(status_code=204)
