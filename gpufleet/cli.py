@@ -1,0 +1,288 @@
+"""The ``gpufleet`` command line.
+
+Every command builds its settings with :func:`gpufleet.config.load_settings`
+(``--config FILE`` and ``GPUFLEET_*`` variables); with no database URL the
+embedded PostgreSQL in ``data_dir`` is used.  Errors print one line naming
+what is wrong and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import psycopg
+import typer
+
+from gpufleet.config import ConfigError, Settings, load_settings
+
+app = typer.Typer(help="gpufleet: GPU fleet telemetry, detectors and per-run accounting.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+token_app = typer.Typer(help="Bearer tokens for agents and readers.", no_args_is_help=True)
+site_app = typer.Typer(help="Sites: PUE, prices, carbon region.", no_args_is_help=True)
+carbon_app = typer.Typer(help="Carbon-intensity series.", no_args_is_help=True)
+run_app = typer.Typer(help="Runs and their GPU allocations.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+app.add_typer(site_app, name="site")
+app.add_typer(carbon_app, name="carbon")
+app.add_typer(run_app, name="run")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file", envvar="GPUFLEET_CONFIG")]
+DbOpt = Annotated[str | None, typer.Option("--db", help="PostgreSQL URL (default: settings, else embedded)")]
+
+
+def fail(msg: str, code: int = 2) -> NoReturn:
+    typer.echo(f"gpufleet: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_from(config: Path | None, db: str | None = None, **overrides: Any) -> Settings:
+    try:
+        if db:
+            overrides["database_url"] = db
+        return load_settings(config, **overrides)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def setup_logging(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def database(settings: Settings) -> str:
+    from gpufleet.db.connect import database_url
+
+    try:
+        return database_url(settings)
+    except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as e:
+        # the embedded server reports start-up failures in all of these
+        fail(f"cannot start or reach the database: {e}")
+
+
+def connect(settings: Settings) -> psycopg.Connection:
+    url = database(settings)
+    try:
+        return psycopg.connect(url, autocommit=True)
+    except psycopg.OperationalError as e:
+        fail(f"cannot connect to the database: {str(e).strip().splitlines()[0]}")
+
+
+def parse_when(value: str | None, name: str) -> datetime | None:
+    from gpufleet.timeparse import TimeParseError, parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except TimeParseError as e:
+        fail(f"--{name}: {e}")
+
+
+# ---------------------------------------------------------------- db
+
+
+@db_app.command("upgrade")
+def db_upgrade(config: ConfigOpt = None, db: DbOpt = None,
+               revision: Annotated[str, typer.Option(help="target revision")] = "head") -> None:
+    """Create or upgrade the schema (TimescaleDB layout when the server can load it)."""
+    from gpufleet.db import migrate
+
+    s = settings_from(config, db)
+    url = database(s)
+    try:
+        ts = migrate.upgrade(url, s, revision)
+    except (RuntimeError, psycopg.Error) as e:
+        fail(f"migration failed: {e}")
+    typer.echo(f"schema at {migrate.current(url)} ({'TimescaleDB' if ts else 'plain PostgreSQL'})")
+
+
+@db_app.command("downgrade")
+def db_downgrade(config: ConfigOpt = None, db: DbOpt = None,
+                 revision: Annotated[str, typer.Option(help="target revision")] = "base") -> None:
+    """Downgrade the schema (``base`` drops every gpufleet table)."""
+    from gpufleet.db import migrate
+
+    s = settings_from(config, db)
+    migrate.downgrade(database(s), revision)
+    typer.echo(f"schema at {migrate.current(database(s)) or 'base'}")
+
+
+# ---------------------------------------------------------------- services
+
+
+def _ssl(s: Settings) -> dict[str, Any]:
+    import ssl
+
+    if not s.tls.certfile:
+        return {}
+    kw: dict[str, Any] = {"ssl_certfile": str(s.tls.certfile), "ssl_keyfile": str(s.tls.keyfile or s.tls.certfile)}
+    if s.tls.client_ca:
+        kw["ssl_ca_certs"] = str(s.tls.client_ca)
+        kw["ssl_cert_reqs"] = ssl.CERT_REQUIRED if s.tls.client_cert == "required" else ssl.CERT_OPTIONAL
+    return kw
+
+
+@app.command()
+def collector(config: ConfigOpt = None, db: DbOpt = None,
+              host: Annotated[str | None, typer.Option(help="listen address")] = None,
+              port: Annotated[int | None, typer.Option(help="listen port")] = None) -> None:
+    """Run the collector: ingest, rollups, detector sweeps (one leader), /metrics."""
+    import uvicorn
+
+    from collector.service import build_collector
+
+    s = settings_from(config, db)
+    setup_logging(s)
+    url = database(s)
+    uvicorn.run(build_collector(url, s), host=host or s.collector_host, port=port or s.collector_port,
+                log_level=s.log_level.lower(), access_log=False, **_ssl(s))
+
+
+@app.command()
+def api(config: ConfigOpt = None, db: DbOpt = None,
+        host: Annotated[str | None, typer.Option(help="listen address")] = None,
+        port: Annotated[int | None, typer.Option(help="listen port")] = None) -> None:
+    """Run the API (runs, incidents, accounting, reports, web view)."""
+    import uvicorn
+
+    from api.app import create_app
+
+    s = settings_from(config, db)
+    setup_logging(s)
+    uvicorn.run(create_app(database(s), s), host=host or s.api_host, port=port or s.api_port,
+                log_level=s.log_level.lower(), access_log=False, **_ssl(s))
+
+
+# ---------------------------------------------------------------- tokens
+
+
+@token_app.command("create")
+def token_create(name: str, role: Annotated[str, typer.Option(help="node | finance | sre | admin")],
+                 node: Annotated[str | None, typer.Option(help="node name (role node only)")] = None,
+                 config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Create a token and print its secret (shown only now)."""
+    from gpufleet.auth import create_token
+
+    with connect(settings_from(config, db)) as conn:
+        try:
+            secret = create_token(conn, name, role, node)  # type: ignore[arg-type]
+        except ValueError as e:
+            fail(str(e))
+        except psycopg.errors.UniqueViolation:
+            fail(f"a token named {name!r} exists")
+    typer.echo(secret)
+
+
+@token_app.command("revoke")
+def token_revoke(name: str, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Revoke a token by name (refused within seconds everywhere)."""
+    from gpufleet.auth import revoke_token
+
+    with connect(settings_from(config, db)) as conn:
+        if not revoke_token(conn, name):
+            fail(f"no active token named {name!r}")
+    typer.echo(f"revoked {name}")
+
+
+# ---------------------------------------------------------------- sites, carbon, runs
+
+
+@site_app.command("set")
+def site_set(site: str,
+             pue: Annotated[float, typer.Option(help="power usage effectiveness (>= 1)")] = 1.0,
+             price_per_kwh: Annotated[float, typer.Option(help="energy price per kWh")] = 0.0,
+             gpu_hour_price: Annotated[float, typer.Option(help="price per GPU-hour")] = 0.0,
+             currency: Annotated[str, typer.Option(help="ISO 4217 code")] = "USD",
+             carbon_region: Annotated[str | None, typer.Option(help="carbon series region")] = None,
+             carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
+             config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Create or update a site."""
+    from pydantic import ValidationError
+
+    from api.schemas import SiteUpsert
+    from gpufleet.store.sites import upsert_site
+
+    try:
+        values = SiteUpsert(pue=pue, price_per_kwh=price_per_kwh, gpu_hour_price=gpu_hour_price,
+                            currency=currency, carbon_region=carbon_region, carbon_g_per_kwh=carbon_g_per_kwh)
+    except ValidationError as e:
+        fail("; ".join(f"--{'-'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}"
+                       for err in e.errors()))
+    with connect(settings_from(config, db)) as conn:
+        typer.echo(json.dumps(upsert_site(conn, site, values.model_dump()), default=str))
+
+
+@carbon_app.command("load")
+def carbon_load(region: str, file: Path, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Load a carbon-intensity CSV (time, g_co2e_per_kwh) for REGION."""
+    from gpufleet.store.sites import CsvError, parse_carbon_csv, set_carbon
+
+    try:
+        points = parse_carbon_csv(file, region)
+    except FileNotFoundError:
+        fail(f"{file}: no such file")
+    except CsvError as e:
+        fail(str(e))
+    with connect(settings_from(config, db)) as conn:
+        n = set_carbon(conn, region, points)
+    typer.echo(f"loaded {n} points for {region}")
+
+
+@run_app.command("create")
+def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generated if omitted)")] = None,
+               name: Annotated[str | None, typer.Option()] = None,
+               site: Annotated[str | None, typer.Option()] = None,
+               team: Annotated[str | None, typer.Option()] = None,
+               start: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
+               alloc: Annotated[list[str] | None, typer.Option(help="NODE:GPU,GPU,... (repeatable)")] = None,
+               config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Register a run and its GPUs."""
+    from gpufleet.store.runs import Conflict, NotFound, create_run
+
+    allocations = []
+    for a in alloc or []:
+        node, _, gpus = a.partition(":")
+        try:
+            allocations.append({"node": node, "gpus": sorted({int(g) for g in gpus.split(",") if g})})
+        except ValueError:
+            fail(f"--alloc {a!r}: expected NODE:GPU,GPU,...")
+    spec = {"run_id": run_id, "name": name, "site": site, "team": team, "start": parse_when(start, "start"),
+            "allocations": allocations}
+    with connect(settings_from(config, db)) as conn:
+        try:
+            run, _ = create_run(conn, spec)
+        except (NotFound, Conflict) as e:
+            fail(str(e))
+    typer.echo(json.dumps(run, default=str))
+
+
+@run_app.command("end")
+def run_end(run_id: str, end: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
+            config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Mark a run ended."""
+    from gpufleet.store.runs import Conflict, NotFound, update_run
+
+    with connect(settings_from(config, db)) as conn:
+        try:
+            run = update_run(conn, run_id, {"end": parse_when(end, "end") or datetime.now(UTC)})
+        except (NotFound, Conflict) as e:
+            fail(str(e))
+    typer.echo(json.dumps(run, default=str))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
