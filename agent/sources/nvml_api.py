@@ -59,6 +59,10 @@ class GpuLost(NvmlError):
     """The GPU fell off the bus (NVML_ERROR_GPU_IS_LOST)."""
 
 
+class NvmlUnavailable(NvmlError, SourceUnavailable):
+    """NVML's library or kernel driver is missing: the source cannot run here."""
+
+
 class Clock(enum.IntEnum):
     """NVML clock domains (``nvmlClockType_t``)."""
 
@@ -216,7 +220,7 @@ class PynvmlApi:
         if code == nv.NVML_ERROR_GPU_IS_LOST:
             return GpuLost(f"nvml: {what}: GPU is lost")
         if code in (nv.NVML_ERROR_LIBRARY_NOT_FOUND, nv.NVML_ERROR_DRIVER_NOT_LOADED):
-            return SourceUnavailableNvml(f"nvml: {what}: {e}")
+            return NvmlUnavailable(f"nvml: {what}: {e}")
         return NvmlError(f"nvml: {what}: {e}")
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
@@ -399,10 +403,6 @@ class PynvmlApi:
         return int(self._call("nvmlDeviceGetNumaNodeId", self.nv.nvmlDeviceGetNumaNodeId, handle))
 
 
-class SourceUnavailableNvml(NvmlError, SourceUnavailable):
-    """NVML's library or kernel driver is missing: the source cannot run here."""
-
-
 def _field_value(nv: ModuleType, fv: Any) -> float | int:
     """The number in an ``nvmlFieldValue_t`` union, by its value type."""
     kind = fv.valueType
@@ -417,6 +417,8 @@ def _field_value(nv: ModuleType, fv: Any) -> float | int:
         return int(v.ullVal)
     if kind == nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
         return int(v.sllVal)
-    if kind == getattr(nv, "NVML_VALUE_TYPE_SIGNED_INT", -1):
+    if kind == nv.NVML_VALUE_TYPE_SIGNED_INT:
         return int(v.siVal)
-    return int(v.uiVal)
+    if kind == nv.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return int(v.usVal)
+    raise NvmlError(f"nvml: field value of unknown type {kind}")
