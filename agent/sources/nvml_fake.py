@@ -123,7 +123,7 @@ L40S = GpuProfile(
     pci_bus_id="00000000:01:00.0", cpu_affinity="0-7", numa_node=0,
     idle_power_w=119.88, idle_sm_clock_mhz=2520, idle_temp_c=64, idle_mem_temp_c=None,
     idle_pcie_tx_kb_s=585, idle_pcie_rx_kb_s=244,
-    load_util_pct=9, load_power_w=110.01, load_temp_c=54, load_mem_temp_c=None, load_mem_used_mib=0,
+    load_util_pct=9, load_power_w=110.01, load_temp_c=54, load_mem_temp_c=None, load_mem_used_mib=1235,
     mig_capable=False,
 )
 
