@@ -99,6 +99,7 @@ def parse_exposition(text: str) -> ExpositionParse:
                 if labels.get(src):
                     info.setdefault(dst, labels[src])
             if family.name == XID_COUNT_SERIES:
+                out.row((gpu, None), uuid)
                 xid = _int_label(labels, "xid")
                 if xid is not None:
                     out.xid_counts.setdefault(gpu, {})[xid] = float(sample.value)
@@ -107,6 +108,7 @@ def parse_exposition(text: str) -> ExpositionParse:
             if field is None:
                 continue
             if field.column == "xid":
+                out.row((gpu, None), uuid)
                 kind = blank_kind(sample.value, "int64")
                 out.xid_gauge[gpu] = int(sample.value) if kind == "value" else (None if kind == "not_supported" else 0)
                 continue
