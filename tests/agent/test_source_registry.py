@@ -1,0 +1,73 @@
+"""Sources by name from the agent's settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agent.sources import registry
+from agent.sources.base import Reading, Source
+from agent.sources.dcgm import DcgmSource
+from agent.sources.dcgm_exporter import DcgmExporterSource
+from agent.sources.host import HostSource
+from agent.sources.nvml import NvmlSource
+from gpufleet.config import AgentSettings
+
+
+def agent_settings(**values: object) -> AgentSettings:
+    """Settings validated the way the config loader does (defaults filled by pydantic)."""
+    return AgentSettings.model_validate(values)
+
+
+@pytest.fixture
+def scratch_name() -> Iterator[str]:
+    yield "test_only_source"
+    registry.unregister("test_only_source")
+
+
+def test_builtins_are_registered() -> None:
+    assert {"nvml", "dcgm", "dcgm_exporter", "host"} <= set(registry.registered())
+
+
+def test_default_settings_build_nvml_and_host_without_touching_hardware() -> None:
+    sources = registry.build_sources(agent_settings())
+    assert [type(s) for s in sources] == [NvmlSource, HostSource]
+    assert all(isinstance(s, Source) for s in sources)
+
+
+def test_settings_reach_the_sources() -> None:
+    settings = agent_settings(sources=["dcgm_exporter", "host", "dcgm"], host_power_w=420.0,
+                              dcgm_exporter_url="http://10.0.0.1:9400/metrics", interval_s=2.0)
+    exporter, host, dcgm = registry.build_sources(settings)
+    assert isinstance(exporter, DcgmExporterSource) and exporter.url == "http://10.0.0.1:9400/metrics"
+    assert isinstance(host, HostSource) and host.host_power_w == 420.0
+    assert isinstance(dcgm, DcgmSource) and dcgm.update_interval_s == 2.0
+    exporter.close()
+
+
+def test_unknown_and_duplicate_names_fail_loudly(scratch_name: str) -> None:
+    with pytest.raises(registry.UnknownSource, match="nvml"):
+        registry.build_source("nvlm", agent_settings())
+    with pytest.raises(registry.DuplicateSource):
+        registry.build_sources(agent_settings(sources=["host", "host"]))
+    with pytest.raises(registry.DuplicateSource):
+        registry.register("host", lambda s: HostSource())
+
+
+def test_plugins_register_themselves(scratch_name: str) -> None:
+    class Dummy:
+        name = scratch_name
+
+        def collect(self) -> Reading:
+            return Reading()
+
+    registry.register(scratch_name, lambda settings: Dummy())
+    built = registry.build_sources(agent_settings(sources=[scratch_name]))
+    assert isinstance(built[0], Dummy)
+
+
+def test_plugin_module_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.PLUGIN_MODULES, "ghost", "agent.no_such_module")
+    with pytest.raises(registry.UnknownSource, match="cannot import"):
+        registry.build_source("ghost", agent_settings())
