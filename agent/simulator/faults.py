@@ -99,16 +99,16 @@ class PowerCap(_GpuTarget):
     kind: Literal["power_cap"]
     #: Limit in W; when absent, ``limit_fraction`` of the board TDP.
     limit_w: Range | None = None
-    limit_fraction: Range = (0.5, 0.7)
+    limit_fraction: Range = (0.4, 0.6)
 
 
 class Thermal(_GpuTarget):
     """Cooling fault: inlet/heatsink temperature raised, clocks pulled down."""
 
     kind: Literal["thermal"]
-    #: Rise of the temperature the GPU settles at, degC.  Above about 45 the
+    #: Rise of the temperature the GPU settles at, degC.  Above about 48 the
     #: SW controller cannot hold the limit and HW thermal slowdown engages.
-    temp_rise_c: Range = (18.0, 30.0)
+    temp_rise_c: Range = (30.0, 42.0)
 
 
 class HwSlowdown(_GpuTarget):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class GpuProfile:
@@ -147,3 +149,7 @@ PCIE_LANE_BYTES_S: dict[int, float] = {
 def pcie_link_bytes_s(gen: int, width: int) -> float:
     """Payload bandwidth of a link per direction, bytes/s."""
     return PCIE_LANE_BYTES_S[gen] * width
+
+
+#: ``PCIE_LANE_BYTES_S`` as an array indexed by generation (0 unused), for vectorised lookups.
+PCIE_LANE_TABLE = np.array([0.0] + [PCIE_LANE_BYTES_S[g] for g in range(1, 7)])

@@ -21,7 +21,7 @@ from agent.simulator.profiles import PROFILES
 from agent.simulator.ranges import Range
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-DEFAULT_START = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
+DEFAULT_START = datetime(2026, 12, 1, 9, 30, 0, tzinfo=UTC)
 
 
 class ScenarioError(ValueError):
@@ -114,9 +114,9 @@ class WorkloadSpec(_Strict):
     pcie_share: Range = (0.06, 0.15)
     #: Share of the compute bound by memory rather than SM clock.
     mem_bound_share: Range = (0.1, 0.25)
-    sm_active: Range = (0.82, 0.95)
-    tensor_active: Range = (0.35, 0.65)
-    dram_active: Range = (0.3, 0.55)
+    sm_active: Range = (0.8, 0.92)
+    tensor_active: Range = (0.35, 0.6)
+    dram_active: Range = (0.3, 0.5)
     mem_used_fraction: Range = (0.7, 0.93)
     #: Host CPU the data loader uses when keeping up, % of all CPUs.
     loader_cpu_pct: Range = (8.0, 25.0)

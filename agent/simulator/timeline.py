@@ -9,6 +9,7 @@ the fleet is sampled.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 class IntervalSet:
     """Disjoint, sorted closed-open intervals ``[start, end)`` in epoch seconds."""
 
-    __slots__ = ("_cum", "ends", "starts")
+    __slots__ = ("_cum", "_cum_l", "_ends_l", "_starts_l", "ends", "starts")
 
     def __init__(self, pairs: Iterable[tuple[float, float]] = ()) -> None:
         merged: list[list[float]] = []
@@ -30,6 +31,10 @@ class IntervalSet:
         self.ends = np.array([m[1] for m in merged], dtype=np.float64)
         #: Covered length before each interval, for O(log n) coverage queries.
         self._cum = np.concatenate(([0.0], np.cumsum(self.ends - self.starts)))
+        # Plain lists for the scalar queries a tick makes (much cheaper than numpy on one value).
+        self._starts_l = self.starts.tolist()
+        self._ends_l = self.ends.tolist()
+        self._cum_l = self._cum.tolist()
 
     @classmethod
     def periodic(cls, start: float, end: float, period_s: float, on_s: float, first: float) -> IntervalSet:
@@ -65,6 +70,18 @@ class IntervalSet:
     def covered(self, a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
         """Covered length in ``(a, b]``."""
         return self.covered_until(b) - self.covered_until(a)
+
+    def covered_in(self, a: float, b: float) -> float:
+        """Covered length in ``(a, b]`` for scalar bounds."""
+        if not self._starts_l or b <= self._starts_l[0] or a >= self._ends_l[-1]:
+            return 0.0
+        return self._until(b) - self._until(a)
+
+    def _until(self, x: float) -> float:
+        j = bisect_right(self._starts_l, x) - 1
+        if j < 0:
+            return 0.0
+        return self._cum_l[j] + min(max(x - self._starts_l[j], 0.0), self._ends_l[j] - self._starts_l[j])
 
     def contains(self, x: float) -> bool:
         j = int(np.searchsorted(self.starts, x, side="right")) - 1

@@ -1,0 +1,30 @@
+"""A simulated GPU fleet for the live demo, the tests, detector scoring and benchmarks.
+
+Scenarios (``scenarios/*.yaml``) describe nodes, runs and injected faults;
+:class:`Fleet` simulates them tick by tick, deterministically under a seed;
+:func:`write_bundle` writes a trace bundle (contracts.md section 1) with
+``labels.json``, the ground truth of what was injected.
+"""
+
+from agent.simulator.bundle import write_bundle
+from agent.simulator.fleet import Fleet
+from agent.simulator.labels import Event, HardNegative, Incident, Labels
+from agent.simulator.profiles import PROFILES, GpuProfile
+from agent.simulator.realtime import RealtimeDriver
+from agent.simulator.scenario import Scenario, ScenarioError, load_scenario, scenario_names
+
+__all__ = [
+    "PROFILES",
+    "Event",
+    "Fleet",
+    "GpuProfile",
+    "HardNegative",
+    "Incident",
+    "Labels",
+    "RealtimeDriver",
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "scenario_names",
+    "write_bundle",
+]

@@ -1,0 +1,305 @@
+"""The fleet's state and its advance by one tick, vectorised over all GPUs.
+
+A tick ``(a, b]`` goes: faults in force at ``b`` -> each GPU's clock limits
+(power cap, thermal controller, HW slowdown, power brake, locked clocks)
+-> each run lays out its GPUs' time over the states -> power, clocks,
+throttle reasons, temperature and counters.  The energy counter integrates
+the reported power exactly (trapezoid over the tick), so accounting can be
+checked against it to the millijoule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agent.simulator import states as st
+from agent.simulator.host import HostModel
+from agent.simulator.physics import (
+    CLOCK_POWER_EXPONENT,
+    activity_index,
+    board_power_w,
+    clock_ratio_for_limit,
+    dynamic_power_w,
+    target_temp_c,
+    temperature_step,
+    thermal_limit_power_w,
+)
+from agent.simulator.plan import FleetPlan, GpuFaultPlan
+from agent.simulator.profiles import PCIE_LANE_TABLE, pcie_link_bytes_s
+from agent.simulator.workload import PCIE_EFFICIENCY, GpuTick, HostLoad, RunTickInputs, lay_out_run
+from gpufleet.catalog import (
+    THROTTLE_GPU_IDLE,
+    THROTTLE_HW_POWER_BRAKE,
+    THROTTLE_HW_SLOWDOWN,
+    THROTTLE_HW_THERMAL,
+    THROTTLE_SW_POWER_CAP,
+    THROTTLE_SW_THERMAL,
+)
+
+#: Below this clock ratio the SW thermal controller gives up and HW thermal
+#: slowdown (clocks halved or worse) takes over.
+HW_THERMAL_RATIO = 0.5
+#: The thermal controller engages this close to its limit, and lets go only
+#: once the GPU has cooled this far below it (hysteresis).
+THERMAL_ENGAGE_MARGIN_C = 0.5
+THERMAL_RELEASE_MARGIN_C = 5.0
+#: A throttle reason is reported when its condition held this share of the tick.
+REASON_SHARE = 0.5
+#: Power sensor noise: relative and absolute standard deviations.
+POWER_NOISE_REL = 0.008
+POWER_NOISE_W = 1.5
+#: The XID that comes with a double-bit ECC error.
+XID_DBE = 48
+
+
+class FleetEngine:
+    """Holds per-GPU and per-node state; :meth:`step` advances it one tick."""
+
+    def __init__(self, plan: FleetPlan) -> None:
+        self.plan = plan
+        gp = plan.gpus
+        self.n_gpus = len(gp)
+        self.node_names = list(plan.nodes)
+        self.node_index = {n: k for k, n in enumerate(self.node_names)}
+        self.gpu_node = np.array([self.node_index[g.node] for g in gp], dtype=np.intp)
+
+        def arr(f: object) -> np.ndarray:
+            return np.array([f(g) for g in gp], dtype=np.float64)  # type: ignore[operator]
+
+        self.tdp_w = arr(lambda g: g.profile.tdp_w)
+        self.idle_w = arr(lambda g: g.profile.idle_w)
+        self.efficiency = arr(lambda g: g.efficiency)
+        self.clock_max = arr(lambda g: g.profile.sm_clock_max_mhz)
+        self.clock_idle = arr(lambda g: g.profile.sm_clock_idle_mhz)
+        self.ratio_min = arr(lambda g: g.profile.sm_clock_min_mhz / g.profile.sm_clock_max_mhz)
+        self.mem_clock = arr(lambda g: g.profile.mem_clock_mhz)
+        self.mem_total = arr(lambda g: g.profile.mem_total_mib)
+        self.gen_max = arr(lambda g: g.profile.pcie_gen_max)
+        self.width_max = arr(lambda g: g.profile.pcie_width_max)
+        self.r_th = arr(lambda g: g.profile.thermal_resistance_c_per_w)
+        self.tau = arr(lambda g: g.profile.thermal_tau_s)
+        self.t_sw = arr(lambda g: g.profile.temp_sw_limit_c)
+        self.inlet = arr(lambda g: g.inlet_c)
+        self.nvlink_max = arr(lambda g: g.profile.nvlink_bytes_s_max)
+        self.link_max = np.array([pcie_link_bytes_s(int(g.profile.pcie_gen_max), int(g.profile.pcie_width_max))
+                                  for g in gp])
+        self.node_plans = [plan.nodes[n] for n in self.node_names]
+        self.host_model = HostModel(self.node_plans)
+        self._idle_state = np.isin(np.arange(st.N_STATES), st.IDLE_STATES)[None, :]
+
+        self._noise = np.random.default_rng(np.random.SeedSequence([plan.seed & 0xFFFFFFFF, 0x5EED]))
+        self.t = plan.t0 - plan.interval_s
+        self.temp_c = self.inlet + self.r_th * self.idle_w
+        self.power_w = self.idle_w.copy()
+        self.energy_mj = np.array([g.energy0_mj for g in gp])
+        self.ecc_dbe = np.zeros(self.n_gpus)
+        self.thermal_on = np.zeros(self.n_gpus, dtype=bool)
+        self.last_xid_time = np.full(self.n_gpus, -np.inf)
+        self.last_xid_code = np.zeros(self.n_gpus, dtype=np.int64)
+        self._xid_next = 0
+        self._reset_next = 0
+        self.run_steps = {r.run_id: 0.0 for r in plan.runs}
+        self.gpu: dict[str, np.ndarray] = {}
+        self.host: dict[str, np.ndarray] = {}
+        #: Which GPUs / nodes report a sample at ``self.t``.
+        self.gpu_present = np.ones(self.n_gpus, dtype=bool)
+        self.host_present = np.ones(len(self.node_names), dtype=bool)
+        self._starv_by_run = {r.run_id: [s for s in plan.starvations if s.run_id == r.run_id] for r in plan.runs}
+
+    # -- faults -------------------------------------------------------------------------------
+    def _faults_at(self, t: float) -> list[GpuFaultPlan]:
+        return [f for f in self.plan.gpu_faults if f.start <= t < f.end]
+
+    def step(self, t: float) -> None:
+        """Advance to ``t`` (> current time): one tick of length ``t - self.t``."""
+        a, b = self.t, float(t)
+        dt = b - a
+        if dt <= 0:
+            raise ValueError(f"step to {b} is not after the current time {a}")
+        g = self.n_gpus
+        z = self._noise.standard_normal((g, 6))
+        zh = self._noise.standard_normal((len(self.node_names), 8))
+
+        cap = self.tdp_w.copy()
+        rise = np.zeros(g)
+        hw = np.ones(g)
+        brake = np.ones(g)
+        lock = np.ones(g)
+        gen = self.gen_max.copy()
+        width = self.width_max.copy()
+        hw_on = np.zeros(g, dtype=bool)
+        brake_on = np.zeros(g, dtype=bool)
+        for f in self._faults_at(b):
+            i = f.gpu_idx
+            p = f.params
+            if f.kind == "power_cap":
+                cap[i] = np.minimum(cap[i], p["limit_w"])
+            elif f.kind == "thermal":
+                rise[i] = np.maximum(rise[i], p["temp_rise_c"])
+            elif f.kind == "hw_slowdown":
+                hw[i] = np.minimum(hw[i], p["clock_factor"])
+                hw_on[i] = True
+            elif f.kind == "power_brake":
+                brake[i] = np.minimum(brake[i], p["clock_factor"])
+                brake_on[i] = True
+            elif f.kind == "clock_lock":
+                lock[i] = np.minimum(lock[i], p["clock_fraction"])
+            elif f.kind == "pcie_degraded":
+                if p["gen"] is not None:
+                    gen[i] = np.minimum(gen[i], p["gen"])
+                if p["width"] is not None:
+                    width[i] = np.minimum(width[i], p["width"])
+
+        # Activity levels of every state, with each run's workload on its GPUs.
+        util_l, sm_l, tensor_l, dram_l = st.fixed_levels(g)
+        active = [r for r in self.plan.runs if r.start < b and (r.end is None or r.end > a)]
+        for r in active:
+            w = r.workload
+            i = r.gpu_idx
+            sm_l[i, st.COMPUTE], tensor_l[i, st.COMPUTE], dram_l[i, st.COMPUTE] = w.sm_active, w.tensor_active, w.dram_active
+            for col, scale in ((st.EVAL, st.EVAL_SCALE), (st.RAMP, st.RAMP_SCALE)):
+                sm_l[i, col] = scale[0] * w.sm_active
+                tensor_l[i, col] = scale[1] * w.tensor_active
+                dram_l[i, col] = scale[2] * w.dram_active
+        dyn = dynamic_power_w(self.tdp_w[:, None], self.idle_w[:, None], self.efficiency[:, None],
+                              activity_index(sm_l, tensor_l, dram_l))
+
+        # Clock limits that hold whatever the GPU does, then the power cap per state.
+        fixed = np.minimum(np.minimum(hw, brake), lock)
+        thermal_ratio, sw_th, hw_th = self._thermal(dyn[:, st.COMPUTE], fixed, cap, rise)
+        persist = np.maximum(np.minimum(fixed, thermal_ratio), self.ratio_min)
+        dyn_at = dyn * np.power(persist, CLOCK_POWER_EXPONENT)[:, None]
+        cap_ratio = clock_ratio_for_limit(cap[:, None], self.idle_w[:, None], dyn_at)
+        ratio = np.maximum(persist[:, None] * cap_ratio, self.ratio_min[:, None])
+        capped = cap_ratio < 0.999
+        p_state = board_power_w(self.idle_w[:, None], dyn, ratio)
+
+        # Lay out each run's time over the states.
+        link_now = PCIE_LANE_TABLE[gen.astype(np.intp)] * width
+        inputs = RunTickInputs(
+            compute_clock_ratio=ratio[:, st.COMPUTE], pcie_bw_ratio=link_now / self.link_max,
+            pcie_bw_bytes_s=PCIE_EFFICIENCY * link_now, pcie_bw_max_bytes_s=self.link_max,
+            nvlink_max_bytes_s=self.nvlink_max, mem_total_mib=self.mem_total, jitter=z[:, 0],
+        )
+        tick = GpuTick(g)
+        load = HostLoad(len(self.node_names))
+        for r in active:
+            self.run_steps[r.run_id] += lay_out_run(self.plan, r, self._starv_by_run[r.run_id], a, b, inputs, tick,
+                                                    load, self.node_index, self.gpu_node)
+        frac = tick.frac
+        frac[:, st.FREE] = np.clip(1.0 - frac[:, : st.FREE].sum(axis=1), 0.0, 1.0)
+
+        self._gpu_outputs(a, b, frac, util_l, sm_l, tensor_l, dram_l, ratio, capped, p_state, cap, rise, z,
+                          sw_th, hw_th, hw_on, brake_on, gen, width, tick)
+        self.host = self.host_model.metrics(load, zh)
+        self.t = b
+        self._presence(b)
+
+    def _thermal(self, dyn_busy: np.ndarray, fixed: np.ndarray, cap: np.ndarray,
+                 rise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Clock ratio the thermal controller allows, and the SW/HW thermal flags.
+
+        The controller holds the die at its limit: the clock is set so that
+        the busy power settles the temperature exactly there.  Below
+        ``HW_THERMAL_RATIO`` it cannot, and HW slowdown halves the clocks.
+        """
+        p_busy = np.minimum(board_power_w(self.idle_w, dyn_busy, fixed), cap)
+        hot = (rise > 0) & (target_temp_c(self.inlet, self.r_th, p_busy, rise) > self.t_sw)
+        engage = hot & (self.temp_c >= self.t_sw - THERMAL_ENGAGE_MARGIN_C)
+        hold = hot & self.thermal_on & (self.temp_c >= self.t_sw - THERMAL_RELEASE_MARGIN_C)
+        self.thermal_on = engage | hold
+        allowed = thermal_limit_power_w(self.t_sw, self.inlet, self.r_th, rise)
+        ratio = clock_ratio_for_limit(allowed, self.idle_w, dyn_busy)
+        hw = self.thermal_on & (ratio < HW_THERMAL_RATIO)
+        ratio = np.where(hw, np.minimum(ratio, HW_THERMAL_RATIO), ratio)
+        return np.where(self.thermal_on, ratio, 1.0), self.thermal_on.copy(), hw
+
+    def _gpu_outputs(self, a: float, b: float, frac: np.ndarray, util_l: np.ndarray, sm_l: np.ndarray,
+                     tensor_l: np.ndarray, dram_l: np.ndarray, ratio: np.ndarray, capped: np.ndarray,
+                     p_state: np.ndarray, cap: np.ndarray, rise: np.ndarray, z: np.ndarray, sw_th: np.ndarray,
+                     hw_th: np.ndarray, hw_on: np.ndarray, brake_on: np.ndarray, gen: np.ndarray,
+                     width: np.ndarray, tick: GpuTick) -> None:
+        dt = b - a
+        idle_share = frac[:, st.IDLE] + frac[:, st.FREE]
+        power = (frac * p_state).sum(axis=1)
+        power = power * (1.0 + POWER_NOISE_REL * z[:, 1]) + POWER_NOISE_W * z[:, 2]
+        power = np.clip(power, 0.6 * self.idle_w, cap)
+        power = np.round(power, 2)
+        clock_state = np.where(self._idle_state,
+                               self.clock_idle[:, None], ratio * self.clock_max[:, None])
+        clock = np.rint((frac * clock_state).sum(axis=1))
+
+        reasons = np.zeros(self.n_gpus, dtype=np.int64)
+        reasons |= np.where(idle_share >= REASON_SHARE, THROTTLE_GPU_IDLE, 0)
+        reasons |= np.where((frac * capped).sum(axis=1) >= REASON_SHARE, THROTTLE_SW_POWER_CAP, 0)
+        reasons |= np.where(hw_on, THROTTLE_HW_SLOWDOWN, 0)
+        reasons |= np.where(sw_th, THROTTLE_SW_THERMAL, 0)
+        reasons |= np.where(hw_th, THROTTLE_HW_THERMAL, 0)
+        reasons |= np.where(brake_on, THROTTLE_HW_POWER_BRAKE, 0)
+
+        # Energy: trapezoid of the reported power; a driver reload restarts the counter.
+        inc = 0.5 * (self.power_w + power) * dt * 1000.0
+        self.energy_mj = self.energy_mj + inc
+        while self._reset_next < len(self.plan.resets) and self.plan.resets[self._reset_next].time <= b:
+            ev = self.plan.resets[self._reset_next]
+            if ev.time > a:
+                self.energy_mj[ev.gpu_idx] = inc[ev.gpu_idx] * (b - ev.time) / dt
+                self.ecc_dbe[ev.gpu_idx] = 0
+            self._reset_next += 1
+        self.power_w = power
+
+        xid = np.zeros(self.n_gpus, dtype=np.int64)
+        while self._xid_next < len(self.plan.xids) and self.plan.xids[self._xid_next].time <= b:
+            x = self.plan.xids[self._xid_next]
+            if x.time > a:
+                xid[x.gpu_idx] = x.code
+                self.last_xid_time[x.gpu_idx] = x.time
+                self.last_xid_code[x.gpu_idx] = x.code
+                if x.code == XID_DBE:
+                    self.ecc_dbe[x.gpu_idx] += 1
+            self._xid_next += 1
+
+        target = target_temp_c(self.inlet, self.r_th, power, rise)
+        self.temp_c = temperature_step(self.temp_c, target, dt, self.tau)
+        temp = np.rint(self.temp_c + 0.3 * z[:, 3])
+        util = (frac * util_l).sum(axis=1)
+        sm = (frac * sm_l).sum(axis=1)
+        dram = (frac * dram_l).sum(axis=1)
+        busy = 1.0 - idle_share
+        self.gpu = {
+            "util_pct": np.rint(np.clip(util + 0.5 * busy * z[:, 4], 0.0, 100.0)),
+            "sm_active": np.round(np.clip(sm * (1.0 + 0.01 * z[:, 5]), 0.0, 1.0), 4),
+            "tensor_active": np.round(np.clip((frac * tensor_l).sum(axis=1), 0.0, 1.0), 4),
+            "dram_active": np.round(np.clip(dram, 0.0, 1.0), 4),
+            "mem_used_mib": np.round(tick.mem_used_mib),
+            "mem_total_mib": self.mem_total,
+            "power_w": power,
+            "energy_mj": np.floor(self.energy_mj),
+            "power_limit_w": cap,
+            "sm_clock_mhz": clock,
+            "sm_clock_max_mhz": self.clock_max,
+            "mem_clock_mhz": self.mem_clock,
+            "temp_c": temp,
+            "mem_temp_c": np.rint(self.temp_c + 4.0 + 10.0 * dram),
+            "throttle_reasons": reasons.astype(np.float64),
+            "pcie_tx_bytes_s": np.round(tick.pcie_tx_bytes_s + 2e4 * np.abs(z[:, 4])),
+            "pcie_rx_bytes_s": np.round(tick.pcie_rx_bytes_s + 5e4 * np.abs(z[:, 5])),
+            "pcie_gen": gen,
+            "pcie_gen_max": self.gen_max,
+            "pcie_width": width,
+            "pcie_width_max": self.width_max,
+            "nvlink_tx_bytes_s": np.round(tick.nvlink_bytes_s),
+            "nvlink_rx_bytes_s": np.round(tick.nvlink_bytes_s),
+            "ecc_dbe": self.ecc_dbe.copy(),
+            "xid": xid.astype(np.float64),
+        }
+
+    def _presence(self, t: float) -> None:
+        plan = self.plan
+        for k, name in enumerate(self.node_names):
+            gaps = plan.node_gaps.get(name)
+            self.host_present[k] = not (gaps is not None and gaps.contains(t))
+        self.gpu_present = self.host_present[self.gpu_node].copy()
+        for gi, gaps in plan.gpu_gaps.items():
+            if gaps.contains(t):
+                self.gpu_present[gi] = False

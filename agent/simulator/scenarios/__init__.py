@@ -1,0 +1,1 @@
+"""Shipped scenario files (YAML); a package only so they install as package data."""

@@ -1,0 +1,197 @@
+"""One run over one tick: how its GPUs split their time, and what it asks of hosts.
+
+Training runs are synchronous data-parallel: each step lasts as long as the
+slowest GPU's compute plus the all-reduce, so a slow GPU makes every peer
+wait in the collective (``WAIT``: util stays ~100 %, SM activity and power
+drop).  Input starvation makes the starved nodes' GPUs idle outright while
+the others wait for them; warm-up, checkpoint stalls and evaluation pauses
+follow the run's timeline.  Serving runs are steady and lightly loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent.simulator import states as st
+from agent.simulator.physics import compute_time_factor
+from agent.simulator.plan import FleetPlan, RunPlan, StarvationPlan
+
+#: Relative per-GPU jitter of a step's compute time (kernels, clocks, data).
+STEP_JITTER = 0.008
+#: GPUDirect RDMA traffic through PCIe during the all-reduce of a
+#: multi-node run, as a share of the link's maximum bandwidth.
+RDMA_LINK_SHARE = 0.35
+#: NVLink use during the all-reduce, as a share of the maximum.
+NVLINK_COMM_SHARE = 0.45
+#: Usable share of a PCIe link's payload bandwidth.
+PCIE_EFFICIENCY = 0.8
+#: Share of a GPU's used memory a checkpoint copies to the host.
+CHECKPOINT_STATE_SHARE = 0.5
+#: Host CPU (% of all CPUs) and iowait used while a run loads its model.
+LOAD_CPU_PCT = 35.0
+LOAD_IOWAIT_PCT = 4.0
+MIB = 1024.0 * 1024.0
+
+
+@dataclass
+class HostLoad:
+    """What the runs on each node asked of it this tick (arrays over nodes)."""
+
+    n: int
+    user_pct: np.ndarray = field(init=False)
+    system_pct: np.ndarray = field(init=False)
+    iowait_pct: np.ndarray = field(init=False)
+    disk_read_bytes_s: np.ndarray = field(init=False)
+    disk_write_bytes_s: np.ndarray = field(init=False)
+    net_rx_bytes_s: np.ndarray = field(init=False)
+    net_tx_bytes_s: np.ndarray = field(init=False)
+    #: Share of the tick the node's storage was busy writing a checkpoint.
+    ckpt_share: np.ndarray = field(init=False)
+    #: Starvation in force: the drawn host-side parameters, by node index.
+    starving: dict[int, StarvationPlan] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("user_pct", "system_pct", "iowait_pct", "disk_read_bytes_s", "disk_write_bytes_s",
+                     "net_rx_bytes_s", "net_tx_bytes_s", "ckpt_share"):
+            setattr(self, name, np.zeros(self.n))
+
+
+@dataclass
+class GpuTick:
+    """Per-GPU arrays a tick accumulates while each run is laid out."""
+
+    g: int
+    #: Share of the tick in each state, (G, N_STATES).
+    frac: np.ndarray = field(init=False)
+    pcie_rx_bytes_s: np.ndarray = field(init=False)
+    pcie_tx_bytes_s: np.ndarray = field(init=False)
+    nvlink_bytes_s: np.ndarray = field(init=False)
+    mem_used_mib: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frac = np.zeros((self.g, st.N_STATES))
+        self.pcie_rx_bytes_s = np.zeros(self.g)
+        self.pcie_tx_bytes_s = np.zeros(self.g)
+        self.nvlink_bytes_s = np.zeros(self.g)
+        self.mem_used_mib = np.zeros(self.g)
+
+
+@dataclass
+class RunTickInputs:
+    """Fleet-wide state a run's layout depends on."""
+
+    #: SM clock ratio of each GPU while computing (after every limit).
+    compute_clock_ratio: np.ndarray
+    #: Current over maximum PCIe bandwidth of each GPU's link.
+    pcie_bw_ratio: np.ndarray
+    #: Current usable PCIe bandwidth, bytes/s.
+    pcie_bw_bytes_s: np.ndarray
+    pcie_bw_max_bytes_s: np.ndarray
+    nvlink_max_bytes_s: np.ndarray
+    mem_total_mib: np.ndarray
+    #: Standard normal draws, one per GPU, for step jitter.
+    jitter: np.ndarray
+
+
+def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], a: float, b: float,
+                inp: RunTickInputs, out: GpuTick, host: HostLoad, node_index: dict[str, int],
+                gpu_node: np.ndarray) -> float:
+    """Fill ``out`` and ``host`` for ``run`` over the tick ``(a, b]``; return steps done."""
+    dt = b - a
+    end = run.end_or(float("inf"))
+    f_in = max(0.0, min(b, end) - max(a, run.start)) / dt
+    if f_in <= 0.0:
+        return 0.0
+    idx = run.gpu_idx
+    wl = run.workload
+    f_load = run.load.covered_in(a, b) / dt
+    f_ramp = run.ramp.covered_in(a, b) / dt
+    f_ckpt = run.stalls.covered_in(a, b) / dt
+    f_eval = run.evals.covered_in(a, b) / dt
+    # Input waits: starved GPUs idle, the others of the run wait in the collective.
+    starved_idle = np.zeros(idx.shape[0])
+    f_starve = 0.0
+    for s in starvations:
+        w = s.waits.covered_in(a, b) / dt
+        if w > 0.0:
+            starved_idle += w * np.isin(idx, s.gpu_idx)
+            f_starve += w
+    f_starve = min(f_starve, 1.0)
+    starved_idle = np.minimum(starved_idle, f_starve)
+    f_train = max(0.0, f_in - f_load - f_ramp - f_ckpt - f_eval - f_starve)
+
+    frac = out.frac
+    frac[idx, st.IDLE] += f_load + f_ckpt + starved_idle
+    frac[idx, st.WAIT] += f_starve - starved_idle
+    frac[idx, st.RAMP] += f_ramp
+    frac[idx, st.EVAL] += f_eval
+
+    link = inp.pcie_bw_bytes_s[idx]
+    n_nodes = len(run.nodes)
+    per_node = max(1, idx.shape[0] // n_nodes)
+    input_rx = 1.5 * wl.disk_read_bytes_s / per_node
+    steps = 0.0
+    if wl.kind == "training":
+        comm_s = wl.step_s * wl.comm_share / (1.0 - wl.comm_share)
+        factor = compute_time_factor(inp.compute_clock_ratio[idx], wl.mem_bound_share, wl.pcie_share,
+                                     inp.pcie_bw_ratio[idx])
+        compute_s = wl.step_s * factor * (1.0 + STEP_JITTER * inp.jitter[idx])
+        step_s = float(compute_s.max()) + comm_s
+        c_share, m_share = compute_s / step_s, comm_s / step_s
+        frac[idx, st.COMPUTE] += f_train * c_share
+        frac[idx, st.COMM] += f_train * m_share
+        frac[idx, st.WAIT] += f_train * (1.0 - c_share - m_share)
+        steps = f_train * dt / step_s
+        rdma = RDMA_LINK_SHARE * inp.pcie_bw_max_bytes_s[idx] if n_nodes > 1 else 0.0
+        comm_pcie = np.minimum(rdma, link)
+        out.pcie_rx_bytes_s[idx] += f_train * (c_share * np.minimum(input_rx, link) + m_share * comm_pcie)
+        out.pcie_tx_bytes_s[idx] += f_train * (c_share * 0.05 * input_rx + m_share * comm_pcie)
+        nvl = NVLINK_COMM_SHARE * inp.nvlink_max_bytes_s[idx] if len(idx) > 1 else 0.0
+        out.nvlink_bytes_s[idx] += f_train * (m_share * nvl + c_share * 0.01 * inp.nvlink_max_bytes_s[idx])
+    else:
+        busy = np.clip(wl.busy_fraction * (1.0 + 0.05 * inp.jitter[idx]), 0.0, 1.0)
+        frac[idx, st.COMPUTE] += f_train * busy
+        frac[idx, st.IDLE] += f_train * (1.0 - busy)
+        out.pcie_rx_bytes_s[idx] += f_train * busy * np.minimum(0.2 * input_rx, link)
+        out.pcie_tx_bytes_s[idx] += f_train * busy * np.minimum(0.1 * input_rx, link)
+
+    mem_target = wl.mem_used_fraction * inp.mem_total_mib[idx]
+    load_len = run.load.total()
+    loaded = 1.0 if load_len <= 0 else min(1.0, max(0.0, (b - run.start) / load_len))
+    out.mem_used_mib[idx] = np.where(b > run.start, np.maximum(mem_target * loaded, 500.0), 0.0)
+    if f_load > 0 and load_len > 0:
+        out.pcie_rx_bytes_s[idx] += f_load * np.minimum(mem_target * MIB / load_len, link)
+    if f_ckpt > 0:
+        ckpt_rate = CHECKPOINT_STATE_SHARE * mem_target * MIB / max(run.stalls.total() / max(len(run.stalls), 1), 1.0)
+        out.pcie_tx_bytes_s[idx] += f_ckpt * np.minimum(ckpt_rate, link)
+    out.pcie_rx_bytes_s[idx] += f_eval * np.minimum(0.5 * input_rx, link)
+
+    _host_side(plan, run, starvations, b, f_train, f_load, f_ramp, f_ckpt, f_eval, host, node_index, gpu_node)
+    return steps
+
+
+def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], b: float, f_train: float,
+               f_load: float, f_ramp: float, f_ckpt: float, f_eval: float, host: HostLoad,
+               node_index: dict[str, int], gpu_node: np.ndarray) -> None:
+    wl = run.workload
+    ckpts = [c for c in plan.checkpoints if c.run_id == run.run_id]
+    for name in run.nodes:
+        k = node_index[name]
+        node = plan.nodes[name]
+        share = float(np.count_nonzero(gpu_node[run.gpu_idx] == k)) / len(node.gpu_idx)
+        gov = 1.25 if node.cpu_governor == "powersave" else 1.0
+        busy = f_train + 0.5 * f_eval + 0.5 * f_ramp
+        host.user_pct[k] += share * (gov * wl.loader_cpu_pct * busy + LOAD_CPU_PCT * f_load)
+        host.system_pct[k] += share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
+        host.iowait_pct[k] += share * LOAD_IOWAIT_PCT * f_load
+        host.disk_read_bytes_s[k] += share * (wl.disk_read_bytes_s * (f_train + 0.3 * f_eval)
+                                              + 0.6 * node.disk_read_bytes_s_max * f_load)
+        for c in ckpts:
+            host.disk_write_bytes_s[k] += share * f_ckpt * c.disk_write_bytes_s
+            host.net_tx_bytes_s[k] += share * f_ckpt * c.net_tx_bytes_s
+        host.ckpt_share[k] = max(host.ckpt_share[k], f_ckpt)
+        for s in starvations:
+            if name in s.nodes and s.start <= b < s.end:
+                host.starving[k] = s
