@@ -2,3 +2,29 @@
 
 The live sweep, ``gpufleet replay`` and the tests run the same code.
 """
+
+from collector.detectors.config import DetectorConfig
+from collector.detectors.registry import (
+    DETECTORS,
+    Detector,
+    DetectorFailure,
+    SweepResult,
+    detect_all,
+    run_detectors,
+)
+from collector.detectors.window import Finding, GpuKey, RunInfo, Series, Window
+
+__all__ = [
+    "DETECTORS",
+    "Detector",
+    "DetectorConfig",
+    "DetectorFailure",
+    "Finding",
+    "GpuKey",
+    "RunInfo",
+    "Series",
+    "SweepResult",
+    "Window",
+    "detect_all",
+    "run_detectors",
+]

@@ -51,6 +51,9 @@ class DetectorConfig:
     #: Highest busy share (duty cycle) of an oscillating GPU still starving;
     #: short evaluation pauses leave the duty cycle above it.
     starve_max_duty: float = 0.8
+    #: Lowest duty cycle of an oscillation: below it the GPUs are mostly idle
+    #: with brief bursts, which is reported only as a steady-low pattern.
+    starve_min_duty: float = 0.1
     #: Smallest busy-minus-idle activity difference of an oscillation.
     starve_min_depth: float = 0.3
     #: Cycle lengths may vary by this much (median absolute deviation over

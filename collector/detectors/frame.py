@@ -1,10 +1,14 @@
 """The window's GPU samples as flat arrays, shared by every detector of a sweep.
 
 All GPU series are concatenated into one flat array per column (row-major: the
-samples of GPU row 0, then row 1, ...), so that per-sample work is a handful of
-numpy operations over the whole fleet and per-GPU reductions are ``bincount``
-calls.  A 10,000-GPU window never loops over samples or GPUs in Python except
-to gather the arrays.
+samples of GPU row 0, then row 1, ...), so per-sample work is a handful of
+numpy operations over the whole fleet and per-GPU reductions are
+``np.add.reduceat`` over each row's contiguous segment.  A 10,000-GPU window
+never loops over samples in Python; loops over GPUs only gather arrays or
+examine the few GPUs a cheap vectorised screen has singled out.
+
+Per-sample arrays are float32 (time stays float64): half the memory traffic,
+and arrays small enough for the allocator to reuse.
 
 Time, not sample counts: each sample carries a weight in seconds (the interval
 to the next sample).  An interval longer than ``gap_factor`` typical intervals
@@ -30,7 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from collector.detectors.config import DetectorConfig
-from collector.detectors.stats import first_per_group, last_per_group
+from collector.detectors.stats import last_per_group
 from collector.detectors.window import GpuKey, RunInfo, Window
 from gpufleet.catalog import (
     THROTTLE_HW_POWER_BRAKE,
@@ -39,6 +43,8 @@ from gpufleet.catalog import (
     THROTTLE_SW_POWER_CAP,
     THROTTLE_SW_THERMAL,
 )
+
+F32 = np.float32
 
 #: Reason bits that mean "held down", in the order a cause is preferred when
 #: several are set (HW Slowdown 0x8 is the umbrella of HW thermal and brake).
@@ -99,117 +105,188 @@ class Frame:
         self.lengths = np.fromiter((len(s) for s in self.series), dtype=np.int64, count=g)
         self.offsets = np.zeros(g + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
+        self.starts = self.offsets[:-1]
         self.size = n = int(self.offsets[-1])
         self._cols: dict[str, np.ndarray] = {}
-        if n == 0:
-            self.t = np.zeros(0)
-        else:
-            self.t = np.concatenate([np.asarray(s.t, dtype=np.float64) for s in self.series])
-        self.row = np.repeat(np.arange(g, dtype=np.int64), self.lengths)
+        self.t = np.concatenate([s.t for s in self.series]).astype(np.float64, copy=False) if n else np.zeros(0)
         first = np.zeros(n, dtype=bool)
-        first[self.offsets[:-1][self.lengths > 0]] = True
+        first[self.starts] = True
         self.first = first
         self._timing()
 
-    # --- columns --------------------------------------------------------------
+    # --- layout -----------------------------------------------------------------
 
-    def col(self, name: str) -> np.ndarray:
-        """The flat column (float64, NaN for NULL or never reported)."""
-        got = self._cols.get(name)
-        if got is None:
-            parts = [s.cols.get(name) for s in self.series]
-            if all(p is None for p in parts):
-                got = np.full(self.size, np.nan)
-            else:
-                got = np.concatenate([
-                    np.full(len(s), np.nan) if p is None else np.asarray(p, dtype=np.float64)
-                    for s, p in zip(self.series, parts, strict=True)
-                ]) if self.size else np.zeros(0)
-            self._cols[name] = got
-        return got
+    def row_of(self, idx: np.ndarray) -> np.ndarray:
+        """Row of each flat index."""
+        return np.searchsorted(self.offsets, idx, side="right") - 1
 
-    def has(self, name: str) -> bool:
-        return any(s.cols.get(name) is not None for s in self.series)
+    def per_sample(self, per_row: np.ndarray) -> np.ndarray:
+        """A per-row value repeated over the row's samples."""
+        return np.repeat(per_row, self.lengths)
 
     def row_sum(self, x: np.ndarray) -> np.ndarray:
-        return np.bincount(self.row, weights=x, minlength=self.rows)
-
-    def row_mean(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        """Weighted mean of the finite values of ``x`` per row (NaN where none)."""
-        ok = np.isfinite(x)
-        wx = np.where(ok, weight, 0.0)
-        den = self.row_sum(wx)
-        num = self.row_sum(np.where(ok, x, 0.0) * wx)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-
-    def first_time(self, mask: np.ndarray) -> np.ndarray:
-        idx = np.flatnonzero(mask)
-        return first_per_group(self.row[idx], self.t[idx], self.rows)
-
-    def last_time(self, mask: np.ndarray) -> np.ndarray:
-        idx = np.flatnonzero(mask)
-        return last_per_group(self.row[idx], self.t[idx], self.rows)
+        """Sum of ``x`` over each row (float64)."""
+        if self.size == 0:
+            return np.zeros(self.rows)
+        return np.add.reduceat(x, self.starts, dtype=np.float64)
 
     def row_slice(self, r: int) -> slice:
         return slice(int(self.offsets[r]), int(self.offsets[r + 1]))
 
-    # --- time -----------------------------------------------------------------
+    def last_time(self, mask: np.ndarray) -> np.ndarray:
+        idx = np.flatnonzero(mask)
+        return last_per_group(self.row_of(idx), self.t[idx], self.rows)
+
+    def take(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Flat indexes of the ranges ``[a[r], b[r])`` of every row, concatenated."""
+        n = np.maximum(b - a, 0)
+        tot = int(n.sum())
+        if tot == 0:
+            return np.zeros(0, dtype=np.int64)
+        it = np.int32 if self.size < 2**31 else np.int64
+        before = np.cumsum(n) - n
+        return np.repeat((a - before).astype(it), n) + np.arange(tot, dtype=it)
+
+    def range_mask(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Boolean mask of the ranges ``[a[r], b[r])`` of every row."""
+        d = np.zeros(self.size + 1, dtype=np.int8)
+        ok = b > a
+        np.add.at(d, a[ok], 1)
+        np.add.at(d, b[ok], -1)
+        return np.cumsum(d[:-1], dtype=np.int8).view(bool)
+
+    def index_at(self, at: np.ndarray, side: str = "left") -> np.ndarray:
+        """Per row, the flat index of the first sample at or after ``at``
+        (``side="right"``: after); NaN ``at`` gives the row's end."""
+        g = self.rows
+        out = np.empty(g, dtype=np.int64)
+        if g == 0:
+            return out
+        t0 = self.t[self.starts]
+        t1 = self.t[self.offsets[1:] - 1]
+        before = (at < t0) | ((side == "left") & (at == t0))
+        after = ~(at < t1) if side == "right" else ~(at <= t1)
+        out[:] = np.where(before, self.starts, self.offsets[1:])
+        inner = np.flatnonzero(~before & ~after & np.isfinite(at))
+        if inner.size:
+            # Vectorised bisection over the rows' own segments.
+            lo = self.offsets[inner].copy()
+            hi = self.offsets[inner + 1].copy()
+            target = at[inner]
+            while True:
+                open_ = lo < hi
+                if not open_.any():
+                    break
+                mid = (lo + hi) // 2
+                tm = self.t[np.minimum(mid, self.size - 1)]
+                go_right = (tm <= target) if side == "right" else (tm < target)
+                lo = np.where(open_ & go_right, mid + 1, lo)
+                hi = np.where(open_ & ~go_right, mid, hi)
+            out[inner] = lo
+        return out
+
+    # --- columns ----------------------------------------------------------------
+
+    def col(self, name: str) -> np.ndarray:
+        """The flat column (float32, NaN for NULL or never reported)."""
+        got = self._cols.get(name)
+        if got is None:
+            parts = [s.cols.get(name) for s in self.series]
+            if not self.size or all(p is None for p in parts):
+                got = np.full(self.size, np.nan, dtype=F32)
+            else:
+                got = np.concatenate(
+                    [np.full(len(s), np.nan) if p is None else p for s, p in zip(self.series, parts, strict=True)],
+                    dtype=F32, casting="same_kind",
+                )
+            self._cols[name] = got
+        return got
+
+    def at(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """Column ``name`` at ascending flat indexes ``idx`` without building
+        the whole column when few rows are involved."""
+        got = self._cols.get(name)
+        if got is not None or idx.size * 4 > self.size:
+            return self.col(name)[idx]
+        out = np.full(idx.size, np.nan, dtype=F32)
+        if idx.size == 0:
+            return out
+        rows = self.row_of(idx)
+        cut = np.flatnonzero(rows[1:] != rows[:-1]) + 1
+        bounds = np.concatenate([[0], cut, [idx.size]])
+        for i in range(bounds.size - 1):
+            a, b = int(bounds[i]), int(bounds[i + 1])
+            r = int(rows[a])
+            arr = self.series[r].cols.get(name)
+            if arr is not None:
+                out[a:b] = arr[idx[a:b] - self.offsets[r]]
+        return out
+
+    def series_col(self, r: int, name: str) -> np.ndarray:
+        """Row ``r``'s own float64 array of ``name`` (NaN when never reported)."""
+        return np.asarray(self.series[r].get(name), dtype=np.float64)
+
+    def has(self, name: str) -> bool:
+        return any(s.cols.get(name) is not None for s in self.series)
+
+    # --- time -------------------------------------------------------------------
 
     def _timing(self) -> None:
         cfg = self.config
         n, g = self.size, self.rows
-        dt_prev = np.zeros(n)
+        dt_prev = np.zeros(n, dtype=F32)
         if n > 1:
-            np.subtract(self.t[1:], self.t[:-1], out=dt_prev[1:])
-        dt_prev[self.first] = 0.0
-        np.maximum(dt_prev, 0.0, out=dt_prev)
-        intervals = np.maximum(self.lengths - 1, 0)
-        # Typical interval: a mean that drops outliers (gaps) twice over, so a
-        # long gap does not inflate it; cheaper than a per-row median.
+            np.subtract(self.t[1:], self.t[:-1], out=dt_prev[1:], casting="same_kind")
+            dt_prev[self.starts] = 0.0
+            np.maximum(dt_prev, 0.0, out=dt_prev)
+        intervals = self.lengths - 1
+        span = self.t[self.offsets[1:] - 1] - self.t[self.starts] if g else np.zeros(0)
+        # Typical interval: the mean, then the mean without the gaps it finds,
+        # so one long gap does not hide the others (cheaper than a median).
         with np.errstate(invalid="ignore", divide="ignore"):
-            typ = self.row_sum(dt_prev) / intervals
-            for _ in range(2):
-                keep = dt_prev <= 3.0 * typ[self.row]
-                keep &= ~self.first
-                cnt = np.bincount(self.row, weights=keep, minlength=g)
-                typ = np.where(cnt > 0, self.row_sum(dt_prev * keep) / np.where(cnt > 0, cnt, 1), typ)
+            typ = span / intervals
+            gap = dt_prev > self.per_sample((cfg.gap_factor * typ).astype(F32))
+            gi = np.flatnonzero(gap)
+            if gi.size:
+                gr = self.row_of(gi)
+                gsum = np.bincount(gr, weights=dt_prev[gi], minlength=g)
+                gcnt = np.bincount(gr, minlength=g)
+                rest = intervals - gcnt
+                typ = np.where((gcnt > 0) & (rest > 0), (span - gsum) / np.maximum(rest, 1), typ)
+                gap = dt_prev > self.per_sample((cfg.gap_factor * typ).astype(F32))
         typ = np.where(np.isfinite(typ) & (typ > 0), typ, cfg.fallback_dt_s)
         self.dt = typ
-        typ_s = typ[self.row]
-        gap = self.first | (dt_prev > cfg.gap_factor * typ_s)
-        w = np.empty(n)
+        gap |= self.first
+        w = np.empty(n, dtype=F32)
         if n:
             w[:-1] = dt_prev[1:]
-            nxt_gap = np.ones(n, dtype=bool)
-            nxt_gap[:-1] = gap[1:]
-            np.copyto(w, typ_s, where=nxt_gap)
+            nxt = np.flatnonzero(gap[1:])
+            w[nxt] = typ[self.row_of(nxt)]
+            w[self.offsets[1:] - 1] = typ
         self.gap = gap
         self.w_all = w
 
     # --- activity ---------------------------------------------------------------
 
-    @cached_property
-    def power_frac(self) -> np.ndarray:
-        """Board power over the enforced limit (NaN where either is missing)."""
-        lim = self.col("power_limit_w")
+    def power_frac(self, idx: np.ndarray) -> np.ndarray:
+        """Board power over the enforced limit at flat indexes ``idx`` (NaN
+        where either is missing)."""
+        lim = self.at("power_limit_w", idx)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(lim > 0, self.col("power_w") / np.where(lim > 0, lim, 1.0), np.nan)
+            pf = self.at("power_w", idx) / lim
+        pf[~(lim > 0)] = np.nan
+        return pf
 
     @cached_property
     def activity(self) -> np.ndarray:
         cfg = self.config
         sm = self.col("sm_active")
-        if self.has("dram_active"):
-            sm = np.fmax(sm, np.where(np.isfinite(sm), self.col("dram_active"), np.nan))
-        act = sm.copy()
-        need = np.flatnonzero(~np.isfinite(sm))
+        act = np.fmax(sm, self.col("dram_active")) if self.has("dram_active") else sm.copy()
+        need = np.flatnonzero(np.isnan(sm))
         if need.size:
-            util = self.col("util_pct")[need] / 100.0
-            pf = self.power_frac[need]
-            pa = np.clip((pf - cfg.power_idle_frac) / (cfg.power_busy_frac - cfg.power_idle_frac), 0.0, 1.0)
-            fb = np.fmin(np.clip(util, 0.0, 1.0), pa)
-            act[need] = fb
+            util = self.at("util_pct", need) / F32(100.0)
+            pa = (self.power_frac(need) - cfg.power_idle_frac) / (cfg.power_busy_frac - cfg.power_idle_frac)
+            act[need] = np.fmin(np.clip(util, 0.0, 1.0), np.clip(pa, 0.0, 1.0))
         return act
 
     @cached_property
@@ -226,23 +303,26 @@ class Frame:
         return out
 
     @cached_property
+    def all_valid(self) -> bool:
+        return not bool(np.isnan(self.activity).any())
+
+    @cached_property
     def valid(self) -> np.ndarray:
-        return np.isfinite(self.activity)
+        return ~np.isnan(self.activity)
 
     @cached_property
     def w(self) -> np.ndarray:
         """Sample weights in seconds; zero where activity is unknown."""
-        v = self.valid
-        return self.w_all if v.all() else np.where(v, self.w_all, 0.0)
+        return self.w_all if self.all_valid else self.w_all * self.valid
 
     @cached_property
     def seg_start(self) -> np.ndarray:
         """Sample starts a stretch of contiguous, readable data."""
-        v = self.valid
-        if v.all():
+        if self.all_valid:
             return self.gap
-        s = self.gap | ~v
-        s[1:] |= ~v[:-1]
+        inv = ~self.valid
+        s = self.gap | inv
+        s[1:] |= inv[:-1]
         return s
 
     @cached_property
@@ -250,21 +330,30 @@ class Frame:
         return self.activity >= self.config.busy_activity
 
     @cached_property
+    def w_busy(self) -> np.ndarray:
+        """Sample weights of busy samples, zero for the others."""
+        return self.w * self.busy
+
+    @cached_property
     def state(self) -> np.ndarray:
-        """Busy (1) / idle (0) with hysteresis: between the thresholds the
+        """Busy (True) / idle with hysteresis: between the thresholds the
         previous state holds; a stretch of data starts from the nearer one."""
         cfg = self.config
         act = self.activity
-        n = self.size
-        s = np.full(n, -1, dtype=np.int8)
-        s[act >= cfg.busy_activity] = 1
-        s[act <= cfg.idle_activity] = 0
-        need = self.seg_start & (s < 0)
         mid = 0.5 * (cfg.busy_activity + cfg.idle_activity)
-        s[need] = act[need] >= mid
-        idx = np.where(s >= 0, np.arange(n), 0)
-        np.maximum.accumulate(idx, out=idx)
-        return s[idx]
+        st = act >= mid
+        amb = np.flatnonzero((act > cfg.idle_activity) & (act < cfg.busy_activity))
+        if amb.size:
+            seg = self.seg_start[amb]
+            new = np.ones(amb.size, dtype=bool)
+            new[1:] = amb[1:] - amb[:-1] != 1
+            new |= seg
+            heads = amb[new]
+            # A run of in-between samples keeps the state before it, unless
+            # it opens a stretch of data (then the nearer threshold decides).
+            fill = np.where(self.seg_start[heads], st[heads], st[np.maximum(heads - 1, 0)])
+            st[amb] = fill[np.cumsum(new) - 1]
+        return st
 
     @cached_property
     def phases(self) -> Phases:
@@ -278,48 +367,51 @@ class Frame:
         if starts.size:
             ends[:-1] = starts[1:] - 1
             ends[-1] = n - 1
-        w = self.w
-        cw = np.zeros(n + 1)
-        np.cumsum(w, out=cw[1:])
-        cwa = np.zeros(n + 1)
-        np.cumsum(w * np.nan_to_num(self.activity), out=cwa[1:])
-        dur = cw[ends + 1] - cw[starts]
+            w = self.w
+            dur = np.add.reduceat(w, starts, dtype=np.float64)
+            wa = w * (self.activity if self.all_valid else np.nan_to_num(self.activity))
+            asum = np.add.reduceat(wa, starts, dtype=np.float64)
+        else:
+            dur = asum = np.zeros(0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            act = np.where(dur > 0, (cwa[ends + 1] - cwa[starts]) / np.where(dur > 0, dur, 1.0), np.nan)
+            act = np.where(dur > 0, asum / np.where(dur > 0, dur, 1.0), np.nan)
         open_start = self.seg_start[starts]
         open_end = np.ones(starts.size, dtype=bool)
         if starts.size:
             open_end[:-1] = self.seg_start[starts[1:]]
-        prow = self.row[starts]
+        prow = self.row_of(starts)
         offsets = np.searchsorted(prow, np.arange(self.rows + 1))
         return Phases(
-            row=prow, state=st[starts], t0=self.t[starts], t1=self.t[ends] + self.w_all[ends], dur=dur,
-            act=act, open_start=open_start, open_end=open_end, offsets=offsets,
+            row=prow, state=st[starts].astype(np.int8), t0=self.t[starts],
+            t1=self.t[ends] + self.w_all[ends], dur=dur, act=act, open_start=open_start, open_end=open_end,
+            offsets=offsets,
         )
 
     # --- derived hardware signals -------------------------------------------------
 
-    @cached_property
-    def clock_ratio(self) -> np.ndarray:
-        """SM clock over its maximum; the GPU's highest clock in the window
-        stands in for a missing maximum."""
-        clk = self.col("sm_clock_mhz")
-        mx = self.col("sm_clock_max_mhz")
+    def clock_ratio(self, idx: np.ndarray) -> np.ndarray:
+        """SM clock over its maximum at flat indexes ``idx`` (NaN if unknown);
+        the GPU's highest clock in the window stands in for a missing maximum."""
+        clk = self.at("sm_clock_mhz", idx)
+        mx = self.at("sm_clock_max_mhz", idx)
         miss = ~(mx > 0) & np.isfinite(clk)
-        if miss.any() and self.size:
-            seen = np.fmax.reduceat(np.where(np.isfinite(clk), clk, -np.inf), self.offsets[:-1][self.lengths > 0])
-            row_max = np.full(self.rows, np.nan)
-            row_max[self.lengths > 0] = seen
-            mx = np.where(miss, row_max[self.row], mx)
+        if miss.any():
+            rows = self.row_of(idx[miss])
+            seen = {int(r): float(np.nanmax(self.series_col(int(r), "sm_clock_mhz"))) for r in np.unique(rows)}
+            mx[miss] = [seen[int(r)] for r in rows]
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(mx > 0, clk / np.where(mx > 0, mx, 1.0), np.nan)
+            ratio = clk / mx
+        ratio[~(mx > 0)] = np.nan
+        return ratio
 
     @cached_property
     def throttle_bits(self) -> np.ndarray:
-        """Reason bits of interest (int64, 0 where none or not reported)."""
+        """Reason bits of interest (int16, 0 where none or not reported)."""
         raw = self.col("throttle_reasons")
-        bits = np.where(np.isfinite(raw), raw, 0).astype(np.int64)
-        return bits & THROTTLE_MASK
+        out = np.zeros(self.size, dtype=np.int16)
+        nz = np.flatnonzero(raw > 0)
+        out[nz] = raw[nz].astype(np.int64) & THROTTLE_MASK
+        return out
 
     @cached_property
     def pcie_degraded(self) -> np.ndarray:
@@ -329,13 +421,11 @@ class Frame:
         return (gen < self._max_or_seen(gen, gen_max)) | (wid < self._max_or_seen(wid, wid_max))
 
     def _max_or_seen(self, cur: np.ndarray, mx: np.ndarray) -> np.ndarray:
-        miss = ~np.isfinite(mx) & np.isfinite(cur)
+        miss = ~(mx > 0) & np.isfinite(cur)
         if not miss.any():
             return mx
-        seen = np.fmax.reduceat(np.where(np.isfinite(cur), cur, -np.inf), self.offsets[:-1][self.lengths > 0])
-        row_max = np.full(self.rows, np.nan)
-        row_max[self.lengths > 0] = seen
-        return np.where(miss, row_max[self.row], mx)
+        seen = np.fmax.reduceat(cur, self.starts)
+        return np.where(miss, self.per_sample(seen), mx)
 
     # --- runs -------------------------------------------------------------------
 
@@ -375,9 +465,6 @@ class Frame:
                 best = run
         return best.run_id if best else None
 
-    def run(self, i: int) -> RunInfo:
-        return self.window.runs[i]
-
     @cached_property
     def run_rows(self) -> dict[int, np.ndarray]:
         """Rows of each run that has data in the window."""
@@ -406,23 +493,37 @@ class Frame:
         rstart = np.full(self.rows, np.nan)
         rend = np.full(self.rows, np.nan)
         runs = w.runs
-        starts = np.array([r.start for r in runs], dtype=np.float64) if runs else np.zeros(0)
-        ends = np.array([w.t_end if r.end is None else r.end for r in runs], dtype=np.float64) if runs else np.zeros(0)
-        rstart[has] = starts[ror[has]]
-        rend[has] = np.minimum(ends[ror[has]], w.t_end)
+        if runs and has.any():
+            starts = np.array([r.start for r in runs], dtype=np.float64)
+            ends = np.array([w.t_end if r.end is None else r.end for r in runs], dtype=np.float64)
+            rstart[has] = starts[ror[has]]
+            rend[has] = np.minimum(ends[ror[has]], w.t_end)
         ph = self.phases
         sustained = (ph.state == 1) & (ph.dur >= cfg.warmup_busy_s) & (ph.t1 > rstart[ph.row])
         idx = np.flatnonzero(sustained)
-        first_busy = first_per_group(ph.row[idx], ph.t0[idx], self.rows)
+        first_busy = np.full(self.rows, np.nan)
+        if idx.size:
+            rows = ph.row[idx]
+            head = np.ones(idx.size, dtype=bool)
+            head[1:] = rows[1:] != rows[:-1]
+            first_busy[rows[head]] = ph.t0[idx[head]]
         warm_end = np.fmin(rstart + cfg.warmup_max_s, np.fmax(first_busy, rstart))
         lo = np.fmax(np.fmax(rstart, warm_end), w.t_start)
         lo[~has] = np.nan
         return lo, rend
 
     @cached_property
-    def in_region(self) -> np.ndarray:
+    def region_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the flat index range ``[a, b)`` of :attr:`region`."""
         lo, hi = self.region
-        return (self.t >= lo[self.row]) & (self.t <= hi[self.row])
+        a = self.index_at(lo, "left")
+        b = self.index_at(hi, "right")
+        return a, np.maximum(a, b)
+
+    @cached_property
+    def w_region(self) -> np.ndarray:
+        """Sample weights inside each row's run region, zero elsewhere."""
+        return self.w * self.range_mask(*self.region_index)
 
     # --- episodes -----------------------------------------------------------------
 
@@ -434,36 +535,52 @@ class Frame:
         the row, the condition's share is at least ``min_share``; ``seconds``
         the condition's weight from there; ``last`` the latest sample with
         ``ind``.  A condition that began inside the window is thus dated from
-        its real start, and one that ended long ago is diluted away.
+        its real start, and one that ended long ago is diluted away.  Only
+        rows where ``ind`` ever holds are computed.
         """
         g = self.rows
         onset = np.full(g, np.nan)
         secs = np.full(g, np.nan)
         share = np.full(g, np.nan)
-        if self.size == 0:
-            return Episode(onset, secs, share, np.full(g, np.nan))
-        wi = np.where(ind, weight, 0.0)
-        cw = np.cumsum(weight)
-        ci = np.cumsum(wi)
-        end = self.offsets[1:] - 1
-        ok_rows = self.lengths > 0
-        row_cw = np.zeros(g)
-        row_ci = np.zeros(g)
-        row_cw[ok_rows] = cw[end[ok_rows]]
-        row_ci[ok_rows] = ci[end[ok_rows]]
-        tail_w = row_cw[self.row] - cw + weight
-        tail_i = row_ci[self.row] - ci + wi
-        cond = ind & (weight > 0) & (tail_i >= min_share * tail_w - 1e-9)
-        idx = np.flatnonzero(cond)
-        if idx.size:
-            head = np.ones(idx.size, dtype=bool)
-            head[1:] = self.row[idx[1:]] != self.row[idx[:-1]]
-            sel = idx[head]
-            r = self.row[sel]
-            onset[r] = self.t[sel]
-            secs[r] = tail_i[sel]
-            share[r] = tail_i[sel] / np.where(tail_w[sel] > 0, tail_w[sel], 1.0)
-        return Episode(onset, secs, share, self.last_time(ind & (weight > 0)))
+        hit = np.flatnonzero(ind & (weight > 0))
+        hrow = self.row_of(hit)
+        last = last_per_group(hrow, self.t[hit], g)
+        if hit.size == 0:
+            return Episode(onset, secs, share, last)
+        head = np.ones(hrow.size, dtype=bool)
+        head[1:] = hrow[1:] != hrow[:-1]
+        rows = hrow[head]
+        n = self.lengths[rows]
+        if rows.size == g:
+            idx = None
+            wt = weight.astype(np.float64)
+            on = ind & (weight > 0)
+        else:
+            idx = self.take(self.offsets[rows], self.offsets[rows + 1])
+            wt = weight[idx].astype(np.float64)
+            on = ind[idx] & (wt > 0)
+        wi = wt * on
+        x = wi - min_share * wt
+        d = np.cumsum(x)
+        c = np.cumsum(wi)
+        ends = np.cumsum(n) - 1
+        # From each sample to its row's end: condition weight minus share * weight.
+        excess = np.repeat(d[ends], n) - d + x
+        cond = np.flatnonzero(on & (excess >= -1e-6))
+        if cond.size:
+            local = np.searchsorted(ends, cond)
+            first = np.ones(cond.size, dtype=bool)
+            first[1:] = local[1:] != local[:-1]
+            sel = cond[first]
+            ls = local[first]
+            r = rows[ls]
+            tail_i = c[ends[ls]] - c[sel] + wi[sel]
+            tail_w = (tail_i - excess[sel]) / min_share if min_share > 0 else np.full(sel.size, np.nan)
+            onset[r] = self.t[sel if idx is None else idx[sel]]
+            secs[r] = tail_i
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share[r] = np.where(tail_w > 0, tail_i / np.where(tail_w > 0, tail_w, 1.0), 1.0)
+        return Episode(onset, secs, share, last)
 
     def recent_enough(self, last: np.ndarray) -> np.ndarray:
         """``last`` lies within ``active_within_s`` (or three sampling
@@ -471,3 +588,25 @@ class Frame:
         horizon = np.maximum(self.config.active_within_s, 3.0 * self.dt)
         return last >= self.window.t_end - horizon
 
+    def region_phases(self, r: int) -> Phases:
+        """Row ``r``'s phases clipped to its run region (see :attr:`region`).
+
+        A phase cut by the region's start is marked ``open_start``; one cut by
+        its end ``open_end``.  Phases without readable data are dropped.
+        """
+        ph = self.phases
+        a, b = int(ph.offsets[r]), int(ph.offsets[r + 1])
+        lo, hi = self.region[0][r], self.region[1][r]
+        t0 = ph.t0[a:b]
+        t1 = ph.t1[a:b]
+        c0 = np.fmax(t0, lo)
+        c1 = np.fmin(t1, hi)
+        keep = (c1 > c0) & (ph.dur[a:b] > 0)
+        span = np.where(t1 > t0, t1 - t0, 1.0)
+        dur = ph.dur[a:b] * np.clip((c1 - c0) / span, 0.0, 1.0)
+        k = np.flatnonzero(keep)
+        return Phases(
+            row=ph.row[a:b][k], state=ph.state[a:b][k], t0=c0[k], t1=c1[k], dur=dur[k], act=ph.act[a:b][k],
+            open_start=(ph.open_start[a:b] | (t0 < lo))[k], open_end=(ph.open_end[a:b] | (t1 > hi))[k],
+            offsets=np.array([0, k.size]),
+        )

@@ -132,7 +132,7 @@ def num(x: Any, digits: int = 3) -> float | None:
         return None
     if f == 0:
         return 0.0
-    return round(f, max(digits, digits - int(math.floor(math.log10(abs(f)))) - 1))
+    return round(f, max(digits, digits - math.floor(math.log10(abs(f))) - 1))
 
 
 def median_of(values: np.ndarray, mask: np.ndarray | None = None) -> float:
@@ -143,3 +143,16 @@ def median_of(values: np.ndarray, mask: np.ndarray | None = None) -> float:
     if not ok.any():
         return math.nan
     return float(np.median(values[ok]))
+
+
+def trailing_onset(t: np.ndarray, weight: np.ndarray, ind: np.ndarray, min_share: float) -> float:
+    """Earliest time with ``ind`` from which ``ind`` holds for at least
+    ``min_share`` of the remaining ``weight``; NaN when never.
+
+    One series' version of :meth:`collector.detectors.frame.Frame.trailing_episode`.
+    """
+    wi = np.where(ind, weight, 0.0)
+    tail_w = np.cumsum(weight[::-1])[::-1]
+    tail_i = np.cumsum(wi[::-1])[::-1]
+    ok = np.flatnonzero(ind & (weight > 0) & (tail_i >= min_share * tail_w - 1e-9))
+    return float(t[ok[0]]) if ok.size else math.nan

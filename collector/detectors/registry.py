@@ -1,0 +1,83 @@
+"""Every detector by name, and the sweep that runs them all over one window.
+
+A detector is ``detect(window, config, frame=None) -> list[Finding]``: a pure
+function of the window.  The sweep builds the shared :class:`Frame` once and
+runs each detector on its own; one that raises is logged and reported in the
+result, and the others still run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from collector.detectors import (
+    checkpoint_stall,
+    host_misconfig,
+    pcie_degraded,
+    starvation,
+    straggler,
+    throttling,
+)
+from collector.detectors.config import DetectorConfig
+from collector.detectors.frame import Frame
+from collector.detectors.window import Finding, Window
+
+log = logging.getLogger(__name__)
+
+
+class Detector(Protocol):
+    def __call__(self, window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]: ...
+
+
+DETECTORS: Mapping[str, Detector] = {
+    starvation.KIND: starvation.detect,
+    straggler.KIND: straggler.detect,
+    checkpoint_stall.KIND: checkpoint_stall.detect,
+    throttling.KIND: throttling.detect,
+    pcie_degraded.KIND: pcie_degraded.detect,
+    host_misconfig.KIND: host_misconfig.detect,
+}
+
+
+@dataclass
+class DetectorFailure:
+    """A detector that raised during a sweep (``error`` is its repr)."""
+
+    detector: str
+    error: str
+
+
+@dataclass
+class SweepResult:
+    findings: list[Finding] = field(default_factory=list)
+    failures: list[DetectorFailure] = field(default_factory=list)
+
+
+def run_detectors(
+    window: Window, config: DetectorConfig | None = None, detectors: Mapping[str, Detector] | None = None
+) -> SweepResult:
+    """Run every detector (or ``detectors``) over ``window``, isolating failures."""
+    cfg = config or DetectorConfig()
+    result = SweepResult()
+    frame: Frame | None
+    try:
+        frame = Frame(window, cfg)
+    except Exception as e:
+        log.exception("detector sweep: building the sample frame failed")
+        result.failures.append(DetectorFailure("frame", repr(e)))
+        frame = None
+    for name, det in (detectors or DETECTORS).items():
+        try:
+            result.findings.extend(det(window, cfg, frame))
+        except Exception as e:
+            log.exception("detector %s failed", name)
+            result.failures.append(DetectorFailure(name, repr(e)))
+    return result
+
+
+def detect_all(window: Window, config: DetectorConfig | None = None) -> list[Finding]:
+    """Findings of every detector; a failing detector is logged and skipped."""
+    return run_detectors(window, config).findings

@@ -1,0 +1,223 @@
+"""Input starvation: a run's GPUs wait for their input instead of computing.
+
+Run-scoped.  Two patterns, each judged per GPU over the run's span in the
+window after warm-up (see :attr:`Frame.region`), then across the run:
+
+* **oscillating** — busy and idle phases alternate (zero crossings of the
+  activity signal with hysteresis): at least ``starve_min_cycles`` complete
+  idle phases in a row, spaced regularly (MAD / median of the spacing at most
+  ``starve_max_period_cv``) with a period up to ``starve_max_period_s``, a busy
+  share (duty cycle) between ``starve_min_duty`` and ``starve_max_duty``, and a
+  depth (busy-phase minus idle-phase activity) of ``starve_min_depth``.
+  Reported whatever the hosts show (cause ``unknown`` without host data or an
+  idle host), unless the idle phases coincide with write bursts: that is a
+  checkpoint stall, left to its own detector.
+* **steady low** — activity below ``starve_low_activity`` for at least
+  ``starve_low_share`` of the time since the episode began, for at least
+  ``starve_min_duration_s``.  Reported only when a host of the run is saturated
+  (cause ``cpu`` or ``io``): a steady low-activity job on idle hosts is a small
+  job, not a starving one.
+
+Either needs ``starve_min_gpu_share`` of the run's GPUs, and no GPU of the run
+busy ``starve_busy_gpu_share`` of the time at a normal activity level (one
+GPU working while the others wait is a straggler).  Warm-up, short evaluation pauses (duty cycle above the
+maximum, too few cycles) and slow periodic pauses (checkpoints) are excluded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from collector.detectors.config import DetectorConfig
+from collector.detectors.frame import Frame
+from collector.detectors.hosts import HostPressure, host_pressure, write_burst
+from collector.detectors.stats import num
+from collector.detectors.window import Finding, Window
+
+KIND = "starvation"
+
+
+@dataclass
+class Oscillation:
+    onset: float
+    last_onset: float
+    period_s: float
+    duty: float
+    depth: float
+    lost: float
+    cycles: int
+    idle: list[tuple[float, float]]
+
+
+def oscillation(fr: Frame, r: int) -> Oscillation | None:
+    """The regular busy/idle alternation at the end of row ``r``'s region, if any."""
+    cfg = fr.config
+    ph = fr.region_phases(r)
+    k = np.flatnonzero((ph.state == 0) & ~ph.open_start & ~ph.open_end)
+    if k.size < cfg.starve_min_cycles:
+        return None
+    on = ph.t0[k]
+    d = np.diff(on)
+    contiguous = np.diff(k) == 2
+    m = cfg.starve_min_cycles - 1
+    if not contiguous[-m:].all():
+        return None
+    period = float(np.median(d[-m:]))
+    if not period > 0:
+        return None
+    j = d.size - m
+    while j > 0 and contiguous[j - 1] and 0.5 * period <= d[j - 1] <= 2.0 * period:
+        j -= 1
+    chain = d[j:]
+    period = float(np.median(chain))
+    cv = float(np.median(np.abs(chain - period))) / period
+    if period > cfg.starve_max_period_s or cv > cfg.starve_max_period_cv:
+        return None
+    onset = float(on[j])
+    last_onset = float(on[-1])
+    if fr.window.t_end - last_onset > max(2.0 * period, cfg.active_within_s):
+        return None
+    sel = ph.t1 > onset
+    dur = np.where(sel, ph.dur, 0.0)
+    busy_s = float(dur[ph.state == 1].sum())
+    idle_s = float(dur[ph.state == 0].sum())
+    total = busy_s + idle_s
+    if total <= 0:
+        return None
+    duty = busy_s / total
+    busy_act = float(np.average(ph.act[ph.state == 1], weights=dur[ph.state == 1])) if busy_s > 0 else 0.0
+    idle_act = float(np.average(ph.act[ph.state == 0], weights=dur[ph.state == 0])) if idle_s > 0 else 0.0
+    depth = busy_act - idle_act
+    if not (cfg.starve_min_duty <= duty <= cfg.starve_max_duty) or depth < cfg.starve_min_depth:
+        return None
+    mean_act = (busy_act * busy_s + idle_act * idle_s) / total
+    ref = max(busy_act, cfg.nominal_activity)
+    lost = float(np.clip(1.0 - mean_act / ref, 0.0, 1.0))
+    if lost < cfg.starve_min_lost_share:
+        return None
+    idle = [(float(a), float(b)) for a, b, s in zip(ph.t0, ph.t1, ph.state, strict=True) if s == 0 and b > onset]
+    return Oscillation(onset, last_onset, period, duty, depth, lost, len(chain) + 1, idle)
+
+
+def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
+    fr = frame if frame is not None else Frame(window, config)
+    if fr.rows == 0 or not window.runs:
+        return []
+    cfg = config
+    ph = fr.phases
+    lo, hi = fr.region
+    # Screen every GPU at once; only runs with a candidate are examined further.
+    complete_idle = (
+        (ph.state == 0) & ~ph.open_start & ~ph.open_end & (ph.dur > 0)
+        & (ph.t0 >= lo[ph.row]) & (ph.t1 <= hi[ph.row] + fr.dt[ph.row])
+    )
+    n_idle = np.bincount(ph.row[complete_idle], minlength=fr.rows)
+    wreg = fr.w_region
+    ep = fr.trailing_episode(wreg, fr.activity < cfg.starve_low_activity, cfg.starve_low_share)
+    low = (ep.seconds >= cfg.starve_min_duration_s) & fr.recent_enough(ep.last)
+    cand = ((n_idle >= cfg.starve_min_cycles) | low) & (fr.run_of_row >= 0)
+    if not cand.any():
+        return []
+    reg_s = fr.row_sum(wreg)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        busy_share = fr.row_sum(wreg * fr.busy) / reg_s
+    out = []
+    for ri in sorted(set(fr.run_of_row[cand].tolist())):
+        rows = fr.run_rows[ri]
+        rows = rows[reg_s[rows] > 0]
+        # A GPU that keeps working at a normal level holds the others back.
+        holding = (busy_share[rows] >= cfg.starve_busy_gpu_share) & ~low[rows]
+        if rows.size == 0 or holding.any():
+            continue
+        f = _judge_run(fr, ri, rows, low, ep.onset, ep.last)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _judge_run(
+    fr: Frame, ri: int, rows: np.ndarray, low: np.ndarray, low_onset: np.ndarray, low_last: np.ndarray
+) -> Finding | None:
+    cfg = fr.config
+    window = fr.window
+    run = window.runs[ri]
+    need = cfg.starve_min_gpu_share * rows.size
+    nodes = sorted({fr.keys[r][0] for r in rows})
+    sources = sorted({fr.activity_source[r] for r in rows})
+    oscs = [o for o in (oscillation(fr, int(r)) for r in rows) if o is not None]
+    if oscs and len(oscs) >= need:
+        onset = float(np.median([o.onset for o in oscs]))
+        pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
+        idle = sorted(iv for o in oscs for iv in o.idle)
+        wb = write_burst(window, nodes, _merge(idle), onset, window.t_end)
+        if wb is not None and wb.is_burst(cfg):
+            return None
+        lost = float(np.mean([o.lost for o in oscs]))
+        evidence = {
+            "pattern": "oscillating",
+            "period_s": num(np.median([o.period_s for o in oscs])),
+            "duty_cycle": num(np.median([o.duty for o in oscs])),
+            "depth": num(np.median([o.depth for o in oscs])),
+            "cycles": int(np.median([o.cycles for o in oscs])),
+            **_host_evidence(pressure),
+            "gpu_time_lost_share": num(lost),
+            "gpus_affected": len(oscs),
+            "gpu_count": int(rows.size),
+            "activity_source": ",".join(sources),
+        }
+        last = max(o.last_onset for o in oscs)
+        return _finding(run.run_id, pressure.cause, lost, onset, last, evidence)
+    lows = rows[low[rows]]
+    if lows.size == 0 or lows.size < need:
+        return None
+    onset = float(np.median(low_onset[lows]))
+    pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
+    if pressure.cause not in ("cpu", "io"):
+        return None
+    sl = [fr.row_slice(int(r)) for r in lows]
+    acts = np.concatenate([fr.activity[s][fr.t[s] >= onset] for s in sl])
+    wts = np.concatenate([fr.w[s][fr.t[s] >= onset] for s in sl])
+    fin = np.isfinite(acts) & (wts > 0)
+    mean_act = float(np.average(acts[fin], weights=wts[fin])) if fin.any() else math.nan
+    lost = float(np.clip(1.0 - mean_act / cfg.nominal_activity, 0.0, 1.0)) if math.isfinite(mean_act) else math.nan
+    evidence = {
+        "pattern": "steady_low",
+        "period_s": None,
+        "duty_cycle": None,
+        "depth": None,
+        "mean_activity": num(mean_act),
+        **_host_evidence(pressure),
+        "gpu_time_lost_share": num(lost),
+        "gpus_affected": int(lows.size),
+        "gpu_count": int(rows.size),
+        "activity_source": ",".join(sources),
+    }
+    return _finding(run.run_id, pressure.cause, lost, onset, float(np.max(low_last[lows])), evidence)
+
+
+def _finding(run_id: str, cause: str, lost: float, start: float, last: float, evidence: dict) -> Finding:
+    severity = "critical" if lost >= 0.5 else "warning"
+    return Finding(KIND, cause, severity, start, evidence, run_id=run_id, last_active=last)
+
+
+def _host_evidence(p: HostPressure) -> dict:
+    return {
+        "cpu_user_pct": num(p.cpu_user_pct),
+        "iowait_pct": num(p.iowait_pct),
+        "disk_util_pct": num(p.disk_util_pct),
+        "disk_await_ms": num(p.disk_await_ms),
+        "host": p.node,
+    }
+
+
+def _merge(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in iv:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -1,0 +1,219 @@
+"""Stragglers: the GPU of a synchronous run that holds the others back.
+
+GPU-scoped, within runs of two GPUs or more.  Over the last
+``straggler_eval_s`` of each run's span (after warm-up) every GPU gets a few
+features, compared with its peers in the same run by robust z-scores: the
+peers' median (leaving the GPU itself out, so a two-GPU run compares each GPU
+with the other) and ``1.4826 * MAD`` of the run, floored so identical peers
+do not make a tiny difference infinite.
+
+A GPU is a straggler when it was busy at least ``straggler_min_busy_s``,
+its peers show waiting — its activity or its power as a fraction of its own
+limit exceeds theirs by ``straggler_wait_gap`` (peers idle at a barrier:
+activity and power down, GPU-Util kept up by collective kernels) — and it
+has a reason to be slow, tried in this order:
+
+* ``pcie_degraded``: link below its maximum for half its busy time, peers not;
+* ``thermal``: thermal reason bits for ``straggler_thermal_share`` of busy time
+  (peers hardly ever), or hotter than peers (z >= ``straggler_z``, at least
+  ``straggler_hot_temp_c``) with a lower clock;
+* ``power_cap``: enforced power limit an outlier below the peers (z <=
+  -``straggler_z`` and ``straggler_min_rel`` lower), or power-cap reason bits
+  the peers do not share, with a lower clock;
+* ``clocks``: SM clock while busy an outlier below the peers;
+* ``unknown``: none of these, but busier than the peers by
+  ``straggler_unknown_gap`` with z >= ``straggler_z``.
+
+The same power cap on every GPU of a run makes no GPU an outlier: no straggler.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from collector.detectors.config import DetectorConfig
+from collector.detectors.frame import Frame
+from collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
+from collector.detectors.window import Finding, Window
+from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
+
+KIND = "straggler"
+THERMAL_BITS = THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL
+
+
+def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
+    fr = frame if frame is not None else Frame(window, config)
+    if fr.rows == 0 or not window.runs:
+        return []
+    cfg = config
+    ror = fr.run_of_row
+    per_run = np.bincount(ror[ror >= 0], minlength=len(window.runs))
+    multi = (ror >= 0) & (per_run[np.maximum(ror, 0)] >= 2)
+    if not multi.any():
+        return []
+    lo, hi = fr.region
+    a = fr.index_at(np.fmax(lo, hi - cfg.straggler_eval_s), "left")
+    b = np.where(multi, fr.index_at(hi, "right"), a)
+    idx = fr.take(a, b)
+    if idx.size == 0:
+        return []
+    # Per-row sums over the span: reduceat over each row's range of ``idx``.
+    cnt = (b - a)[multi]
+    rows = np.flatnonzero(multi)
+    n = rows.size
+    seg = np.cumsum(cnt) - cnt
+    nonempty = cnt > 0
+
+    def sums(x: np.ndarray) -> np.ndarray:
+        out = np.zeros(n)
+        out[nonempty] = np.add.reduceat(x, seg[nonempty], dtype=np.float64)
+        return out
+
+    w = fr.w[idx]
+    wb = fr.w_busy[idx]
+    dens = {id(w): sums(w), id(wb): sums(wb)}
+
+    def mean(x: np.ndarray, wt: np.ndarray) -> np.ndarray:
+        """Weighted mean per row of the finite values of ``x``."""
+        den = dens[id(wt)]
+        s = sums(x * wt)
+        if not np.isfinite(s).all():
+            ok = np.isfinite(x)
+            wx = wt * ok
+            den = sums(wx)
+            s = sums(np.where(ok, x, 0.0) * wx)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, s / np.where(den > 0, den, 1.0), np.nan)
+
+    bits = fr.throttle_bits[idx]
+    f = {
+        "span_s": dens[id(w)],
+        "busy_s": dens[id(wb)],
+        "act": mean(fr.activity[idx], w),
+        "pf": mean(fr.power_frac(idx), w),
+        "lim": mean(fr.col("power_limit_w")[idx], w),
+        "clk": mean(fr.col("sm_clock_mhz")[idx], wb),
+        "temp": mean(fr.col("temp_c")[idx], wb),
+        "therm": mean((bits & THERMAL_BITS) != 0, wb),
+        "pcap": mean((bits & THROTTLE_SW_POWER_CAP) != 0, wb),
+        "pcie": mean(fr.pcie_degraded[idx], wb),
+    }
+    has = f["span_s"] > 0
+    grp = np.where(has, ror[rows], -1)
+    # Compact group labels over rows with data; rows without data are nobody's peers.
+    ug, gl = np.unique(grp[has], return_inverse=True)
+    g = np.full(n, -1, dtype=np.int64)
+    g[has] = gl
+    ng = ug.size
+    sub = np.flatnonzero(has)
+    gs = g[sub]
+
+    def z(name: str, rel_floor: float, abs_floor: float) -> tuple[np.ndarray, np.ndarray]:
+        zz, ref = robust_z(f[name][sub], gs, ng, rel_floor=rel_floor, abs_floor=abs_floor)
+        return zz, ref
+
+    def ref(name: str) -> np.ndarray:
+        return group_loo_median(f[name][sub], gs, ng)
+
+    z_lim, r_lim = z("lim", 0.02, 1.0)
+    z_clk, r_clk = z("clk", 0.02, 10.0)
+    z_temp, r_temp = z("temp", 0.0, 2.0)
+    z_act, r_act = z("act", 0.0, 0.05)
+    r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
+    v = {k: a[sub] for k, a in f.items()}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel_lim = v["lim"] / r_lim - 1.0
+        rel_clk = v["clk"] / r_clk - 1.0
+    act_gap = v["act"] - r_act
+    pf_gap = v["pf"] - r_pf
+    waiting = (act_gap >= cfg.straggler_wait_gap) | (pf_gap >= cfg.straggler_wait_gap)
+    slow_clk = rel_clk <= -cfg.straggler_min_rel
+    causes = {
+        "pcie_degraded": (v["pcie"] >= 0.5) & ~(r_pcie >= 0.5),
+        "thermal": ((v["therm"] >= cfg.straggler_thermal_share) & ~(r_therm >= 0.05))
+        | ((z_temp >= cfg.straggler_z) & (v["temp"] >= cfg.straggler_hot_temp_c) & slow_clk),
+        "power_cap": ((z_lim <= -cfg.straggler_z) & (rel_lim <= -cfg.straggler_min_rel))
+        | ((v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= 0.05) & slow_clk),
+        "clocks": (z_clk <= -cfg.straggler_z) & slow_clk,
+        "unknown": (z_act >= cfg.straggler_z) & (act_gap >= cfg.straggler_unknown_gap),
+    }
+    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & waiting
+    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf}
+    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act}
+    out = []
+    for k in np.flatnonzero(eligible):
+        cause = next((c for c, m in causes.items() if m[k]), None)
+        if cause is None:
+            continue
+        r = int(rows[sub[k]])
+        out.append(_finding(fr, r, cause, {n_: a[k] for n_, a in v.items()},
+                            {n_: a[k] for n_, a in refs.items()}, {n_: a[k] for n_, a in zs.items()},
+                            int(np.count_nonzero(gs == gs[k])) - 1))
+    return out
+
+
+def _finding(
+    fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int
+) -> Finding:
+    cfg = fr.config
+    sl = fr.row_slice(r)
+    t = fr.t[sl]
+    w = np.where(t >= fr.region[0][r], fr.w[sl], 0.0)
+    busy = fr.busy[sl]
+    bits = fr.throttle_bits[sl]
+    clk = fr.series_col(r, "sm_clock_mhz")
+    slow = clk < ref["clk"] * (1.0 - cfg.straggler_min_rel)
+    wb = np.where(busy, w, 0.0)
+    if cause == "pcie_degraded":
+        ind, wt, feat = busy & fr.pcie_degraded[sl], wb, None
+    elif cause == "thermal":
+        ind, wt, feat = busy & (((bits & THERMAL_BITS) != 0) | slow), wb, "temp"
+    elif cause == "power_cap":
+        lim = fr.series_col(r, "power_limit_w")
+        by_limit = math.isfinite(z["lim"]) and z["lim"] <= -cfg.straggler_z
+        if by_limit:
+            ind, wt = lim < ref["lim"] * (1.0 - cfg.straggler_min_rel), w
+        else:
+            ind, wt = busy & ((bits & THROTTLE_SW_POWER_CAP) != 0) & slow, wb
+        feat = "lim"
+    elif cause == "clocks":
+        ind, wt, feat = busy & slow, wb, "clk"
+    else:
+        ind, wt, feat = fr.activity[sl] >= ref["act"] + cfg.straggler_unknown_gap, w, "act"
+    onset = trailing_onset(t, wt, ind, 0.5)
+    hits = np.flatnonzero(ind & (wt > 0))
+    last = float(t[hits[-1]]) if hits.size else float(t[-1])
+    if not math.isfinite(onset):
+        onset = float(max(fr.region[0][r], t[0]))
+    act_gap = v["act"] - ref["act"]
+    pf_gap = v["pf"] - ref["pf"]
+    evidence = {
+        "z": num(z[feat]) if feat in z else None,
+        "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity"}.get(
+            feat or "", "pcie_degraded_share"),
+        "peers": peers,
+        "activity": num(v["act"]),
+        "peer_activity": num(ref["act"]),
+        "power_frac": num(v["pf"]),
+        "peer_power_frac": num(ref["pf"]),
+        "power_limit_w": num(v["lim"]),
+        "peer_power_limit_w": num(ref["lim"]),
+        "sm_clock_mhz": num(v["clk"]),
+        "peer_sm_clock_mhz": num(ref["clk"]),
+        "temp_c": num(v["temp"]),
+        "peer_temp_c": num(ref["temp"]),
+        "thermal_share": num(v["therm"]),
+        "power_cap_share": num(v["pcap"]),
+        "pcie_degraded_share": num(v["pcie"]),
+        "z_power_limit": num(z["lim"]),
+        "z_sm_clock": num(z["clk"]),
+        "z_temp": num(z["temp"]),
+        "z_activity": num(z["act"]),
+    }
+    gaps = [x for x in (act_gap, pf_gap) if math.isfinite(x)]
+    severity = "critical" if gaps and max(gaps) >= 0.3 else "warning"
+    key = fr.keys[r]
+    run_id = fr.window.runs[int(fr.run_of_row[r])].run_id
+    return Finding(KIND, cause, severity, onset, evidence, run_id=run_id, node=key[0], gpu=key[1], last_active=last)

@@ -1,0 +1,113 @@
+"""Throttling: a busy GPU whose clocks are held down, and why.
+
+GPU-scoped.  A busy sample is throttled when its SM clock is below
+``throttle_clock_ratio`` of the maximum (or the clock is not reported) and a
+clocks-event reason bit says why: SW power cap (0x4) -> ``power_cap``, SW/HW
+thermal (0x20, 0x40) -> ``thermal``, HW power brake (0x80) -> ``power_brake``,
+HW slowdown (0x8) -> ``hw_slowdown``.  Where a GPU reports no bitmask at all,
+the reason is inferred: power within ``throttle_infer_power_frac`` of the limit
+is a power cap, a temperature at ``throttle_infer_temp_c`` thermal.
+
+Idle GPUs are never throttled: they carry the idle bit and drop their clocks
+by design.  Reported when, since the episode began, at least
+``throttle_min_share`` of busy time was throttled, for ``throttle_min_s``, and
+the condition was seen within ``active_within_s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collector.detectors.config import DetectorConfig
+from collector.detectors.frame import THROTTLE_CAUSES, Frame
+from collector.detectors.stats import median_of, num
+from collector.detectors.window import Finding, Window
+
+KIND = "throttling"
+#: Causes whose slowdown is severe by nature (the hardware protecting itself).
+SEVERE = frozenset({"power_brake", "hw_slowdown"})
+
+
+def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
+    fr = frame if frame is not None else Frame(window, config)
+    if fr.rows == 0:
+        return []
+    cfg = config
+    busy = fr.busy
+    reason = fr.throttle_bits != 0
+    raw = fr.col("throttle_reasons")
+    unreported = np.flatnonzero(np.isnan(raw) & busy)
+    if unreported.size:
+        reason[unreported] = _inferred(fr, cfg, unreported)
+    cand = np.flatnonzero(busy & reason)
+    # Clock unknown: the reason bit alone decides.
+    held = ~(fr.clock_ratio(cand) >= cfg.throttle_clock_ratio)
+    ind = np.zeros(fr.size, dtype=bool)
+    ind[cand[held]] = True
+    wb = fr.w_busy
+    ep = fr.trailing_episode(wb, ind, cfg.throttle_min_share)
+    hit = (ep.seconds >= cfg.throttle_min_s) & (ep.share >= cfg.throttle_min_share) & fr.recent_enough(ep.last)
+    out = []
+    for r in np.flatnonzero(hit):
+        out.append(_finding(fr, int(r), float(ep.onset[r]), float(ep.seconds[r]), float(ep.share[r]),
+                            float(ep.last[r]), ind, wb))
+    return out
+
+
+def _inferred(fr: Frame, cfg: DetectorConfig, idx: np.ndarray) -> np.ndarray:
+    """Reason inferred where no bitmask is reported: at the power limit, or hot."""
+    hot = fr.at("temp_c", idx) >= cfg.throttle_infer_temp_c
+    return (fr.power_frac(idx) >= cfg.throttle_infer_power_frac) | hot
+
+
+def _finding(
+    fr: Frame, r: int, onset: float, secs: float, share: float, last: float, ind: np.ndarray, wb: np.ndarray
+) -> Finding:
+    cfg = fr.config
+    sl = fr.row_slice(r)
+    ix = np.arange(sl.start, sl.stop)
+    t = fr.t[sl]
+    since = t >= onset
+    hit = ind[sl] & since
+    w = fr.w[sl]
+    bits = fr.throttle_bits[sl]
+    raw = fr.series_col(r, "throttle_reasons")
+    inferred = not np.isfinite(raw[hit]).any()
+    shares: dict[str, float] = {}
+    if inferred:
+        pf = fr.power_frac(ix)[hit]
+        temp = fr.series_col(r, "temp_c")[hit]
+        ww = w[hit]
+        tot = max(float(ww.sum()), 1e-9)
+        shares["thermal"] = float(ww[temp >= cfg.throttle_infer_temp_c].sum()) / tot
+        shares["power_cap"] = float(ww[pf >= cfg.throttle_infer_power_frac].sum()) / tot
+    else:
+        tot = max(float(w[hit].sum()), 1e-9)
+        for name, mask in THROTTLE_CAUSES:
+            shares[name] = float(w[hit & ((bits & mask) != 0)].sum()) / tot
+    order = [name for name, _ in THROTTLE_CAUSES]
+    cause = max(order, key=lambda c: (shares.get(c, 0.0), -order.index(c)))
+    seen = int(np.bitwise_or.reduce(bits[hit])) if hit.any() else 0
+    ratio = median_of(fr.clock_ratio(ix), hit)
+    temp_hit = fr.series_col(r, "temp_c")[hit]
+    busy_s = float(wb[sl][since].sum())
+    evidence = {
+        "throttled_share": num(share),
+        "throttled_s": num(secs),
+        "busy_s": num(busy_s),
+        "clock_ratio": num(ratio),
+        "sm_clock_mhz": num(median_of(fr.series_col(r, "sm_clock_mhz"), hit)),
+        "sm_clock_max_mhz": num(median_of(fr.series_col(r, "sm_clock_max_mhz"), hit)),
+        "reasons": [name for name, mask in THROTTLE_CAUSES if seen & mask] if not inferred else [cause],
+        "reasons_mask": hex(seen),
+        "reason_source": "inferred" if inferred else "bitmask",
+        "cause_share": num(shares.get(cause, 0.0)),
+        "temp_c_max": num(np.max(temp_hit[np.isfinite(temp_hit)]) if np.isfinite(temp_hit).any() else None),
+        "power_frac": num(median_of(fr.power_frac(ix), hit)),
+    }
+    severe = cause in SEVERE or (np.isfinite(ratio) and ratio < 0.6)
+    key = fr.keys[r]
+    return Finding(
+        KIND, cause, "critical" if severe else "warning", onset, evidence,
+        run_id=fr.run_id_at(r, last), node=key[0], gpu=key[1], last_active=last,
+    )
