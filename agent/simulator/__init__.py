@@ -11,6 +11,7 @@ from agent.simulator.fleet import Fleet
 from agent.simulator.labels import Event, HardNegative, Incident, Labels
 from agent.simulator.profiles import PROFILES, GpuProfile
 from agent.simulator.realtime import RealtimeDriver
+from agent.simulator.record import Trace, record
 from agent.simulator.scenario import Scenario, ScenarioError, load_scenario, scenario_names
 
 __all__ = [
@@ -24,7 +25,9 @@ __all__ = [
     "RealtimeDriver",
     "Scenario",
     "ScenarioError",
+    "Trace",
     "load_scenario",
+    "record",
     "scenario_names",
     "write_bundle",
 ]

@@ -26,7 +26,14 @@ from agent.simulator.physics import (
 )
 from agent.simulator.plan import FleetPlan, GpuFaultPlan
 from agent.simulator.profiles import PCIE_LANE_TABLE, pcie_link_bytes_s
-from agent.simulator.workload import PCIE_EFFICIENCY, GpuTick, HostLoad, RunTickInputs, lay_out_run
+from agent.simulator.workload import (
+    PCIE_EFFICIENCY,
+    GpuTick,
+    HostLoad,
+    RunTickInputs,
+    StepTiming,
+    lay_out_run,
+)
 from gpufleet.catalog import (
     THROTTLE_GPU_IDLE,
     THROTTLE_HW_POWER_BRAKE,
@@ -99,6 +106,8 @@ class FleetEngine:
         self._xid_next = 0
         self._reset_next = 0
         self.run_steps = {r.run_id: 0.0 for r in plan.runs}
+        #: The last tick's step timing of each training run that was on.
+        self.step_timing: dict[str, StepTiming] = {}
         self.gpu: dict[str, np.ndarray] = {}
         self.host: dict[str, np.ndarray] = {}
         #: Which GPUs / nodes report a sample at ``self.t``.
@@ -183,9 +192,13 @@ class FleetEngine:
         )
         tick = GpuTick(g)
         load = HostLoad(len(self.node_names))
+        self.step_timing = {}
         for r in active:
-            self.run_steps[r.run_id] += lay_out_run(self.plan, r, self._starv_by_run[r.run_id], a, b, inputs, tick,
-                                                    load, self.node_index, self.gpu_node)
+            timing = lay_out_run(self.plan, r, self._starv_by_run[r.run_id], a, b, inputs, tick, load,
+                                 self.node_index, self.gpu_node)
+            if timing is not None:
+                self.run_steps[r.run_id] += timing.steps
+                self.step_timing[r.run_id] = timing
         frac = tick.frac
         frac[:, st.FREE] = np.clip(1.0 - frac[:, : st.FREE].sum(axis=1), 0.0, 1.0)
 

@@ -21,6 +21,7 @@ from agent.simulator.engine import FleetEngine
 from agent.simulator.labels import Labels, derive_labels
 from agent.simulator.plan import FleetPlan, build_plan
 from agent.simulator.scenario import Scenario, load_scenario
+from agent.simulator.workload import StepTiming
 from agent.sources.base import GpuRow, HostRow, Source
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 
@@ -190,6 +191,7 @@ class Fleet:
             })
         return {
             "hostname": node,
+            "kernel": "simulated",
             "simulated": True,
             "site": n.site,
             "gpu_model": prof.name,
@@ -220,6 +222,11 @@ class Fleet:
                 tokens = steps * r.workload.tokens_per_step
                 out[r.run_id] = {"steps": steps, "tokens": tokens, "flops": tokens * r.workload.flops_per_token}
         return out
+
+    def step_timing(self, run_id: str) -> StepTiming | None:
+        """The last tick's step timing of a training run (None when it was not training)."""
+        with self._lock:
+            return self.engine.step_timing.get(run_id)
 
     def gpu_array(self, name: str) -> np.ndarray:
         """The current values of one GPU column over all GPUs (fleet order), a copy."""

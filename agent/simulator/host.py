@@ -64,13 +64,14 @@ def host_metrics(model: HostModel, load: HostLoad, z: np.ndarray) -> dict[str, n
                 # The loader is held to its quota: host-wide CPU stays low.
                 target = min(target, 100.0 * quota / nodes[k].cpu_count + BASE_USER_PCT)
             user[k] = max(user[k], target)
-            system[k] = max(system[k], 2.5 + 0.3 * abs(z[k, 1]))
+            system[k] = min(max(system[k], 2.0 + 0.3 * abs(z[k, 1])), max(0.0, 100.0 - user[k] - iowait[k]))
         else:
+            # Small random reads keep the device busy: %util near 100 and long
+            # queues at modest throughput (what the GPUs end up consuming).
             iowait[k] = s.params["cpu_iowait_pct"] * (1.0 + 0.05 * z[k, 2])
-            user[k] = max(user[k], 8.0)
+            user[k] = min(max(user[k], 8.0), max(0.0, 100.0 - iowait[k] - system[k]))
             util[k] = min(100.0, s.params["disk_util_pct"] + 0.5 * z[k, 3])
             awaits[k] = s.params["disk_await_ms"] * (1.0 + 0.08 * z[k, 7])
-            read[k] = disk_max[k] * (0.97 + 0.02 * z[k, 3])
     user, system, iowait = _fit_100(np.maximum(user, 0), np.maximum(system, 0), np.maximum(iowait, 0))
     idle = np.clip(100.0 - user - system - iowait, 0.0, 100.0)
     power = model.host_idle + model.host_cpu * model.governor * (user + system) / 100.0 + 4.0 * z[:, 7]

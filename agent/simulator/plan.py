@@ -138,7 +138,7 @@ class CheckpointPlan:
 
 @dataclass
 class GpuFaultPlan:
-    """A fault acting on GPU state for ``[start, end)``."""
+    """A fault acting on GPU state for ``[start, end)`` (``end`` may be ``inf``)."""
 
     index: int
     kind: str
@@ -277,9 +277,9 @@ def _build_run(sc: Scenario, r: RunSpec, seed: int, t0: float, t_end: float,
 
 
 def _window(plan: FleetPlan, f: fs._Fault) -> tuple[float, float]:
+    """Absolute window; a fault without ``end_s`` lasts as long as the fleet runs (``inf``)."""
     start = plan.t0 + f.start_s
-    end = plan.t0 + f.end_s if f.end_s is not None else plan.t_end
-    return start, min(end, plan.t_end)
+    return start, plan.t0 + f.end_s if f.end_s is not None else float("inf")
 
 
 def _target_gpus(plan: FleetPlan, f: fs._GpuTarget, by_run: dict[str, RunPlan], rng: np.random.Generator) -> np.ndarray:
@@ -302,11 +302,12 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
     elif isinstance(f, fs.CheckpointStall):
         _add_checkpoint(plan, f, by_run[f.run_id], rng, start, end)
     elif isinstance(f, fs.SampleGap):
+        end = min(end, plan.t_end)
         plan.node_gaps[f.node] = plan.node_gaps.get(f.node, IntervalSet()).union(IntervalSet([(start, end)]))
     elif isinstance(f, fs.Xid):
         idx = _target_gpus(plan, f, by_run, rng)
         for _ in range(draw_int(rng, f.count)):
-            plan.xids.append(XidEvent(float(rng.uniform(start, end)), int(rng.choice(idx)),
+            plan.xids.append(XidEvent(float(rng.uniform(start, min(end, plan.t_end))), int(rng.choice(idx)),
                                       int(rng.choice(f.codes)), i))
         plan.xids.sort(key=lambda x: x.time)
         plan.gpu_faults.append(GpuFaultPlan(i, f.kind, start, end, idx, {"codes": list(f.codes)}, f.run_id, f.note))

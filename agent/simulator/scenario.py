@@ -77,8 +77,8 @@ class NodeGroupSpec(_Strict):
     host_cpu_w: Range = (350.0, 500.0)
     #: Inlet air temperature of the GPUs, degC.
     inlet_temp_c: Range = (24.0, 30.0)
-    #: What the node's storage delivers when saturated, bytes/s.
-    disk_read_bytes_s_max: Range = (0.6e9, 2.0e9)
+    #: Sequential bandwidth of the node's local storage, bytes/s.
+    disk_read_bytes_s_max: Range = (1.5e9, 6.0e9)
     #: Background network traffic (monitoring, logging, remote data), bytes/s.
     net_rx_bytes_s: Range = (20e6, 150e6)
     net_tx_bytes_s: Range = (5e6, 40e6)

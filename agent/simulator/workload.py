@@ -95,15 +95,32 @@ class RunTickInputs:
     jitter: np.ndarray
 
 
+@dataclass
+class StepTiming:
+    """A training run's step this tick: every GPU's compute time and the step's length."""
+
+    #: Steps completed during the tick (fractional).
+    steps: float
+    #: Compute time of one step on each of the run's GPUs (``run.gpu_idx`` order), s.
+    compute_s: np.ndarray
+    comm_s: float
+    #: Length of a step: the slowest GPU's compute plus the all-reduce, s.
+    step_s: float
+
+
 def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], a: float, b: float,
                 inp: RunTickInputs, out: GpuTick, host: HostLoad, node_index: dict[str, int],
-                gpu_node: np.ndarray) -> float:
-    """Fill ``out`` and ``host`` for ``run`` over the tick ``(a, b]``; return steps done."""
+                gpu_node: np.ndarray) -> StepTiming | None:
+    """Fill ``out`` and ``host`` for ``run`` over the tick ``(a, b]``.
+
+    Returns the step timing of a training run (None for serving or when the
+    run is not on during the tick).
+    """
     dt = b - a
     end = run.end_or(float("inf"))
     f_in = max(0.0, min(b, end) - max(a, run.start)) / dt
     if f_in <= 0.0:
-        return 0.0
+        return None
     idx = run.gpu_idx
     wl = run.workload
     f_load = run.load.covered_in(a, b) / dt
@@ -132,7 +149,7 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
     n_nodes = len(run.nodes)
     per_node = max(1, idx.shape[0] // n_nodes)
     input_rx = 1.5 * wl.disk_read_bytes_s / per_node
-    steps = 0.0
+    timing = None
     if wl.kind == "training":
         comm_s = wl.step_s * wl.comm_share / (1.0 - wl.comm_share)
         factor = compute_time_factor(inp.compute_clock_ratio[idx], wl.mem_bound_share, wl.pcie_share,
@@ -143,7 +160,7 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         frac[idx, st.COMPUTE] += f_train * c_share
         frac[idx, st.COMM] += f_train * m_share
         frac[idx, st.WAIT] += f_train * (1.0 - c_share - m_share)
-        steps = f_train * dt / step_s
+        timing = StepTiming(f_train * dt / step_s, compute_s, comm_s, step_s)
         rdma = RDMA_LINK_SHARE * inp.pcie_bw_max_bytes_s[idx] if n_nodes > 1 else 0.0
         comm_pcie = np.minimum(rdma, link)
         out.pcie_rx_bytes_s[idx] += f_train * (c_share * np.minimum(input_rx, link) + m_share * comm_pcie)
@@ -168,13 +185,21 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         out.pcie_tx_bytes_s[idx] += f_ckpt * np.minimum(ckpt_rate, link)
     out.pcie_rx_bytes_s[idx] += f_eval * np.minimum(0.5 * input_rx, link)
 
-    _host_side(plan, run, starvations, b, f_train, f_load, f_ramp, f_ckpt, f_eval, host, node_index, gpu_node)
-    return steps
+    _host_side(plan, run, starvations, b, f_train + f_starve, f_load, f_ramp, f_ckpt, f_eval, host, node_index,
+               gpu_node)
+    return timing
 
 
-def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], b: float, f_train: float,
+def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], b: float, f_loader: float,
                f_load: float, f_ramp: float, f_ckpt: float, f_eval: float, host: HostLoad,
                node_index: dict[str, int], gpu_node: np.ndarray) -> None:
+    """The run's demands on its nodes.
+
+    ``f_loader`` is the share of the tick the data loader works (training
+    plus waits for input): a starved loader reads steadily at the rate the
+    GPUs end up consuming (``duty`` of the demand), it does not follow the
+    GPUs' sawtooth.
+    """
     wl = run.workload
     ckpts = [c for c in plan.checkpoints if c.run_id == run.run_id]
     for name in run.nodes:
@@ -182,16 +207,20 @@ def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan],
         node = plan.nodes[name]
         share = float(np.count_nonzero(gpu_node[run.gpu_idx] == k)) / len(node.gpu_idx)
         gov = 1.25 if node.cpu_governor == "powersave" else 1.0
-        busy = f_train + 0.5 * f_eval + 0.5 * f_ramp
+        starving = next((s for s in starvations if name in s.nodes and s.start <= b < s.end), None)
+        duty = starving.duty if starving is not None else 1.0
+        busy = f_loader + 0.5 * f_eval + 0.5 * f_ramp
+        if wl.kind == "serving":
+            # Requests arrive over the network; the host mostly idles.
+            busy, duty = busy * wl.busy_fraction, 0.05
         host.user_pct[k] += share * (gov * wl.loader_cpu_pct * busy + LOAD_CPU_PCT * f_load)
         host.system_pct[k] += share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
         host.iowait_pct[k] += share * LOAD_IOWAIT_PCT * f_load
-        host.disk_read_bytes_s[k] += share * (wl.disk_read_bytes_s * (f_train + 0.3 * f_eval)
+        host.disk_read_bytes_s[k] += share * (wl.disk_read_bytes_s * (duty * f_loader + 0.3 * f_eval)
                                               + 0.6 * node.disk_read_bytes_s_max * f_load)
         for c in ckpts:
             host.disk_write_bytes_s[k] += share * f_ckpt * c.disk_write_bytes_s
             host.net_tx_bytes_s[k] += share * f_ckpt * c.net_tx_bytes_s
         host.ckpt_share[k] = max(host.ckpt_share[k], f_ckpt)
-        for s in starvations:
-            if name in s.nodes and s.start <= b < s.end:
-                host.starving[k] = s
+        if starving is not None:
+            host.starving[k] = starving
