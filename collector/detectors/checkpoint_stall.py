@@ -4,11 +4,13 @@ Run-scoped.  A job-wide pause is a stretch of at least ``ckpt_min_pause_s``
 during which at least ``ckpt_min_gpu_share`` of the run's GPUs are idle
 together (intervals of the idle phases intersected with a sweep line, so
 GPUs sampled on different clocks still line up).  Reported when there are at
-least ``ckpt_min_pauses`` such pauses, regularly spaced (MAD / median spacing
-at most ``ckpt_max_period_cv``), costing at least ``ckpt_min_lost_share`` of
-the run's time (median pause / period), and a host of the run writes in
-bursts during them: disk or network write rate at least ``ckpt_write_ratio``
-times the rate while busy and at least ``ckpt_min_write_bytes_s``.
+least ``ckpt_min_pauses`` such pauses, regularly spaced when there are
+several (MAD / median spacing at most ``ckpt_max_period_cv``), costing at
+least ``ckpt_min_lost_share`` of the run's time (median pause / period, or
+the pause's share of the window when only one is in view: checkpoints are
+often further apart than a window), and a host of the run writes in bursts
+during them: disk or network write rate at least ``ckpt_write_ratio`` times
+the rate while busy and at least ``ckpt_min_write_bytes_s``.
 
 Without host write rates nothing is reported: a periodic pause alone may be
 an evaluation, and the write burst is what makes it a checkpoint.
@@ -95,24 +97,30 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
         (a, b) for a, b in job_wide_idle(fr, rows, need)
         if b - a >= cfg.ckpt_min_pause_s and a > lo + edge
     ]
-    if len(pauses) < max(cfg.ckpt_min_pauses, 2):
+    if not pauses or len(pauses) < cfg.ckpt_min_pauses:
         return None
     starts = np.array([p[0] for p in pauses])
     lengths = np.array([p[1] - p[0] for p in pauses])
-    spacing = np.diff(starts)
-    period = float(np.median(spacing))
-    if not period > 0:
-        return None
-    cv = float(np.median(np.abs(spacing - period))) / period
-    if cv > cfg.ckpt_max_period_cv:
-        return None
     # A pause still under way at the window's end has no known length yet.
     done = np.array([b < hi - edge for _, b in pauses])
     pause_s = float(np.median(lengths[done] if done.any() else lengths))
-    lost = min(pause_s / period, 1.0)
+    period: float | None = None
+    if len(pauses) >= 2:
+        spacing = np.diff(starts)
+        period = float(np.median(spacing))
+        if not period > 0:
+            return None
+        cv = float(np.median(np.abs(spacing - period))) / period
+        if cv > cfg.ckpt_max_period_cv:
+            return None
+        if window.t_end - float(starts[-1]) > max(1.5 * period + pause_s, cfg.active_within_s):
+            return None
+        lost = min(pause_s / period, 1.0)
+    else:
+        # One pause in view (checkpoints further apart than the window): its
+        # share of the run's time in the window.
+        lost = min(float(lengths.sum()) / max(hi - lo, 1e-9), 1.0)
     if lost < cfg.ckpt_min_lost_share:
-        return None
-    if window.t_end - float(starts[-1]) > max(1.5 * period + pause_s, cfg.active_within_s):
         return None
     nodes = sorted({fr.keys[int(r)][0] for r in rows})
     wb = write_burst(window, nodes, pauses, lo, hi)
@@ -131,4 +139,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     }
     severity = "critical" if lost >= 0.25 else "warning"
     last = float(pauses[-1][1])
-    return Finding(KIND, None, severity, float(starts[0]), evidence, run_id=window.runs[ri].run_id, last_active=last)
+    # The next checkpoint may be a period away, or out of view of this window.
+    hold = 1.5 * period if period is not None else window.t_end - window.t_start
+    return Finding(KIND, None, severity, float(starts[0]), evidence, run_id=window.runs[ri].run_id,
+                   last_active=last, hold_s=hold)

@@ -89,8 +89,10 @@ class DetectorConfig:
     # --- checkpoint stall -----------------------------------------------------
     #: Shortest job-wide pause counted, seconds.
     ckpt_min_pause_s: float = 5.0
-    #: Pauses needed to call them periodic (the period must fit the window).
-    ckpt_min_pauses: int = 2
+    #: Job-wide pauses with a write burst needed in the window.  One suffices
+    #: by default: checkpoints every 10-30 min rarely show twice in a window,
+    #: and the write burst is what tells them from evaluation pauses.
+    ckpt_min_pauses: int = 1
     #: Share of the run's GPUs that must be idle together for a job-wide pause.
     ckpt_min_gpu_share: float = 0.75
     #: Write rate during pauses at least this many times the rate while busy ...
@@ -114,7 +116,7 @@ class DetectorConfig:
     straggler_min_rel: float = 0.07
     #: Peers are waiting when the straggler's activity or power fraction
     #: exceeds theirs by at least this much.
-    straggler_wait_gap: float = 0.1
+    straggler_wait_gap: float = 0.05
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: float = 0.25
     #: Share of busy time with thermal bits that marks a hot GPU.
@@ -146,8 +148,8 @@ class DetectorConfig:
     bad_governors: tuple[str, ...] = ("powersave",)
     #: CPU cores of quota needed per GPU on the node.
     min_cores_per_gpu: float = 1.0
-    #: XID events on a node's GPUs within the window that count as repeated.
-    xid_min_events: int = 3
+    #: XID events on one GPU within the window that count as repeated.
+    xid_min_events: int = 2
     #: XID codes never counted.
     xid_ignore: tuple[int, ...] = field(default=())
 

@@ -507,7 +507,8 @@ class Frame:
             head = np.ones(idx.size, dtype=bool)
             head[1:] = rows[1:] != rows[:-1]
             first_busy[rows[head]] = ph.t0[idx[head]]
-        warm_end = np.fmin(rstart + cfg.warmup_max_s, np.fmax(first_busy, rstart))
+        busy_from = np.where(np.isnan(first_busy), np.inf, np.maximum(first_busy, rstart))
+        warm_end = np.minimum(rstart + cfg.warmup_max_s, busy_from)
         lo = np.fmax(np.fmax(rstart, warm_end), w.t_start)
         lo[~has] = np.nan
         return lo, rend

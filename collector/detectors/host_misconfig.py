@@ -1,19 +1,22 @@
-"""Host misconfiguration: node settings that hold its GPUs back.
+"""Host misconfiguration: node settings and GPU faults that hold a node back.
 
-Node-scoped, one finding per node listing every issue; ``cause`` is the most
-serious one (``xid`` > ``cpu_quota`` > ``cpu_governor``):
+Node settings give one node-scoped finding per node listing every issue;
+``cause`` is the more serious one (``cpu_quota`` > ``cpu_governor``):
 
 * ``cpu_governor``: a CPU frequency governor in ``bad_governors``
   (``powersave``) — the data pipeline runs at the lowest clocks;
-* ``cpu_quota``: a CPU quota below ``min_cores_per_gpu`` cores per GPU;
-* ``xid``: at least ``xid_min_events`` XID events on the node's GPUs in the
-  window (the ``xid`` column holds the last XID of each interval, 0 if none;
-  codes in ``xid_ignore`` are skipped).
+* ``cpu_quota``: a CPU quota below ``min_cores_per_gpu`` cores per GPU.
+
+Repeated XID errors give a GPU-scoped finding (cause ``repeated_xid``) on each
+GPU of the node with at least ``xid_min_events`` XIDs in the window, from the
+first to the last of them: the ``xid`` column holds the last XID of each
+interval, 0 if none; codes in ``xid_ignore`` are skipped.
 
 Node facts (``Window.node_facts[node]``, as reported by the agent) read:
 
-* governor: ``cpu_governor`` (or ``scaling_governor``, ``governor``) — a
-  string, or a list / mapping of per-CPU strings;
+* governor: ``cpu_governors`` (``{"performance": 64}``), else
+  ``cpu_governor`` (or ``scaling_governor``, ``governor``) — one name,
+  ``"mixed: ondemand=2,performance=6"``, or a list / mapping of names;
 * quota: ``cpu_quota_cores`` (cores; None or <= 0 unlimited), or
   ``cpu_quota_us`` with ``cpu_period_us`` (cgroup v1), or ``cpu_max``
   (cgroup v2 ``"max 100000"`` / ``"200000 100000"``);
@@ -37,12 +40,20 @@ GOVERNOR_KEYS = ("cpu_governor", "scaling_governor", "governor")
 
 
 def governors(facts: dict[str, Any]) -> set[str]:
+    """The CPU frequency governors the node reports, lower case."""
+    counts = facts.get("cpu_governors")
+    if isinstance(counts, dict) and counts:
+        return {str(k).strip().lower() for k, v in counts.items() if v}
     for key in GOVERNOR_KEYS:
         val = facts.get(key)
         if val is None:
             continue
         if isinstance(val, str):
-            return {val.strip().lower()}
+            text = val.strip().lower()
+            if text.startswith("mixed:"):
+                # "mixed: ondemand=2,performance=6"
+                return {part.split("=")[0].strip() for part in text[6:].split(",") if part.strip()}
+            return {text}
         items = val.values() if isinstance(val, dict) else val
         return {str(x).strip().lower() for x in items if x is not None}
     return set()
@@ -76,15 +87,11 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     for node, h in window.hosts.items():
         if len(h):
             first_seen[node] = min(first_seen.get(node, math.inf), float(h.t[0]))
-    xids = _xid_events(fr, cfg)
-    nodes = sorted(set(window.node_facts) | set(gpus_of) | set(xids))
     out = []
-    for node in nodes:
+    for node in sorted(set(window.node_facts) | set(gpus_of)):
         facts = window.node_facts.get(node) or {}
         issues: list[str] = []
         evidence: dict[str, Any] = {}
-        start = max(first_seen.get(node, window.t_start), window.t_start)
-        last = window.t_end
         gov = governors(facts)
         if gov:
             evidence["cpu_governor"] = sorted(gov)
@@ -94,41 +101,43 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         quota = quota_cores(facts)
         evidence["cpu_quota_cores"] = quota
         evidence["gpu_count"] = int(ngpu) if ngpu else None
+        evidence["cpu_count"] = facts.get("cpu_count")
         if quota is not None and ngpu and quota < cfg.min_cores_per_gpu * float(ngpu):
             issues.append("cpu_quota")
-        ev = xids.get(node)
-        if ev is not None:
-            times, codes, gpus = ev
-            evidence["xid_events"] = len(times)
-            evidence["xid_codes"] = sorted(set(codes))
-            evidence["xid_gpus"] = sorted(set(gpus))
-            if len(times) >= cfg.xid_min_events:
-                if not issues:
-                    start, last = min(times), max(times)
-                issues.append("xid")
         if not issues:
             continue
-        cause = next(c for c in ("xid", "cpu_quota", "cpu_governor") if c in issues)
         evidence["issues"] = issues
-        severity = "critical" if "xid" in issues else "warning"
-        out.append(Finding(KIND, cause, severity, start, evidence, node=node, last_active=last))
+        cause = "cpu_quota" if "cpu_quota" in issues else "cpu_governor"
+        start = max(first_seen.get(node, window.t_start), window.t_start)
+        out.append(Finding(KIND, cause, "warning", start, evidence, node=node, last_active=window.t_end))
+    out.extend(_xid_findings(fr, cfg))
     return out
 
 
-def _xid_events(fr: Frame, cfg: DetectorConfig) -> dict[str, tuple[list[float], list[int], list[int]]]:
-    """Per node: times, codes and GPU indexes of the XID events in the window."""
-    out: dict[str, tuple[list[float], list[int], list[int]]] = {}
+def _xid_findings(fr: Frame, cfg: DetectorConfig) -> list[Finding]:
+    """One finding per GPU with at least ``xid_min_events`` XIDs in the window."""
     if fr.rows == 0 or not fr.has("xid"):
-        return out
+        return []
     x = fr.col("xid")
     hit = x > 0
     if cfg.xid_ignore:
-        hit &= ~np.isin(x, np.asarray(cfg.xid_ignore, dtype=np.float64))
+        hit &= ~np.isin(x, np.asarray(cfg.xid_ignore, dtype=x.dtype))
     idx = np.flatnonzero(hit)
-    for i, r in zip(idx.tolist(), fr.row_of(idx).tolist(), strict=True):
+    rows = fr.row_of(idx)
+    out = []
+    for r in np.unique(rows).tolist():
+        mine = idx[rows == r]
+        if mine.size < cfg.xid_min_events:
+            continue
+        times = fr.t[mine]
+        codes = sorted({int(c) for c in x[mine].tolist()})
         node, gpu = fr.keys[r]
-        ev = out.setdefault(node, ([], [], []))
-        ev[0].append(float(fr.t[i]))
-        ev[1].append(int(x[i]))
-        ev[2].append(int(gpu))
+        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[mine[-1]])}
+        last = float(times[-1])
+        out.append(Finding(
+            KIND, "repeated_xid", "critical", float(times[0]), evidence,
+            run_id=fr.run_id_at(r, last), node=node, gpu=gpu, last_active=last,
+            # XIDs come sparsely: the next may be a window away.
+            hold_s=fr.window.t_end - fr.window.t_start,
+        ))
     return out

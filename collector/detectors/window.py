@@ -78,6 +78,10 @@ class Finding:
     #: incident lifecycle ends an incident there, not at the sweep that
     #: noticed the recovery.  None: the sweep time.
     last_active: float | None = None
+    #: How long an intermittent condition (periodic pauses, sparse XIDs) may
+    #: go unseen before its incident counts as over, seconds; None: the
+    #: lifecycle's own hold-off alone.
+    hold_s: float | None = None
 
     @property
     def scope_key(self) -> str:
