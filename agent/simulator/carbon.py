@@ -17,18 +17,23 @@ HOUR_S = 3600.0
 
 
 def hourly_series(spec: CarbonSpec, seed: int, start: float, end: float) -> list[tuple[float, float]]:
-    """``(hour start, g CO2e/kWh)`` for every hour touching ``[start, end]``."""
+    """``(hour start, g CO2e/kWh)`` from the hour containing ``start`` to the first hour at or after ``end``.
+
+    The value after ``end`` closes the step function, so every hour the trace
+    touches has an explicit end.
+    """
     rng = stream(seed, "carbon", spec.region)
     first = math.floor(start / HOUR_S) * HOUR_S
-    out = []
+    out: list[tuple[float, float]] = []
     t = first
-    while t <= end:
+    while True:
         hour = (t / HOUR_S) % 24.0
         daily = math.cos(2.0 * math.pi * (hour - spec.peak_hour_utc) / 24.0)
         noise = float(rng.normal(0.0, spec.noise))
         out.append((t, round(max(1.0, spec.mean_g_per_kwh * (1.0 + spec.daily_swing * daily + noise)), 1)))
+        if t >= end:
+            return out
         t += HOUR_S
-    return out
 
 
 def scenario_series(sc: Scenario, seed: int, start: float, end: float) -> dict[str, list[tuple[float, float]]]:

@@ -120,7 +120,8 @@ def _check_faults(
         if pick is not None:
             if run_id is not None:
                 r = run_nodes[run_id]
-                avail = len(r.nodes) * len(r.gpus) if r.gpus is not None else sum(nodes[n].gpus for n in r.nodes)
+                known = [n for n in r.nodes if n in nodes]  # unknown ones are reported with the run
+                avail = len(known) * len(r.gpus) if r.gpus is not None else sum(nodes[n].gpus for n in known)
             else:
                 assert node is not None
                 avail = nodes[node].gpus
@@ -129,6 +130,8 @@ def _check_faults(
         if f.kind == "pcie_degraded":
             targets = [node] if node is not None else run_nodes[run_id].nodes if run_id else []
             for n in targets:
+                if n not in nodes:
+                    continue
                 prof = PROFILES[nodes[n].gpu_model]
                 if f.gen is not None and f.gen >= prof.pcie_gen_max:
                     problems.append((f"{key}.gen", f"gen {f.gen} is not below {n}'s maximum {prof.pcie_gen_max}"))
