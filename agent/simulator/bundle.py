@@ -162,7 +162,7 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
                 next_progress += PROGRESS_EVERY_S
     end = fleet.t
     _static_files(fleet, out, start, end, time_format)
-    labels = fleet.labels()
+    labels = fleet.labels().clip(start, end)
     labels.write(out / "labels.json")
     return BundleInfo(out, start, end, n_gpu, n_host, labels)
 

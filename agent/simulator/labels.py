@@ -18,7 +18,7 @@ lasts to the end of the trace.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -181,6 +181,38 @@ class Labels:
             events=[Event(**times(e)) for e in d["events"]],
             runs=[times(r) for r in d["runs"]],
         )
+
+    def clip(self, start: float, end: float) -> Labels:
+        """The labels of the part ``[start, end]`` of the timeline (what a shorter bundle holds).
+
+        Items wholly outside are dropped, the others cut to the window; the
+        episode lists of checkpoint stalls and evaluation pauses keep the
+        episodes that begin inside it.
+        """
+
+        def cut(items: list[Any]) -> list[Any]:
+            out = []
+            for it in items:
+                it_end = it.end if it.end is not None else end
+                if it.start > end or it_end < start or (it.end is not None and it.start >= end):
+                    continue
+                c = replace(it, start=max(it.start, start), end=min(it_end, end))
+                for key in ("stalls", "pauses"):
+                    bag = c.evidence if isinstance(c, Incident) else c.detail if isinstance(c, HardNegative) else None
+                    if bag is not None and key in bag:
+                        bag = dict(bag)
+                        bag[key] = [p for p in bag[key] if start <= (parse_time(p[0]) or 0.0) < end]
+                        if isinstance(c, Incident):
+                            c.evidence = bag
+                        else:
+                            c.detail = bag
+                out.append(c)
+            return out
+
+        events = [e for e in self.events if start <= e.start <= end]
+        runs = [r for r in self.runs if r["start"] <= end]
+        return Labels(self.scenario, self.seed, start, end, self.sample_interval_s, cut(self.incidents),
+                      cut(self.hard_negatives), events, runs)
 
     def of_kind(self, kind: str) -> list[Incident]:
         return [i for i in self.incidents if i.kind == kind]

@@ -151,8 +151,17 @@ def test_labels_json_round_trips(demo_bundle: Path) -> None:
         assert inc["start"].endswith("Z")
     lab = Labels.load(demo_bundle / "labels.json")
     assert lab.to_dict() == raw
-    fresh = Fleet.from_scenario("demo").labels().to_dict()
+    fleet = Fleet.from_scenario("demo")
+    full = fleet.labels()
+    fresh = full.clip(fleet.t0, fleet.t0 + 900).to_dict()
     assert json.loads(json.dumps(fresh)) == raw
+    # Only what the 900 s written hold, cut to them.
+    assert lab.end == fleet.t0 + 900 and all(i.end is not None and i.end <= lab.end for i in lab.incidents)
+    assert len(lab.incidents) < len(full.incidents) or any(i.end != j.end for i, j in
+                                                            zip(lab.incidents, full.incidents, strict=False))
+    assert not [i for i in lab.incidents if i.start >= lab.end]
+    (ckpt,) = lab.of_kind("checkpoint_stall")
+    assert all(fleet.t0 <= parse_time(a) < fleet.t0 + 900 for a, _ in ckpt.evidence["stalls"])
 
 
 def test_epoch_times(tmp_path: Path) -> None:
