@@ -1,0 +1,122 @@
+"""Stragglers: the GPU holding a synchronous run back, and why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collector.detectors import DetectorConfig
+from collector.detectors.straggler import detect
+from tests.detectors.builders import T0, GpuSpec, noisy, run_window, steady, times
+
+CFG = DetectorConfig()
+#: Peers waiting at the barrier: activity down (collectives keep util up).
+PEER = 0.6
+SLOW = 0.9
+
+
+def peers(n: int = 8, **kw: object) -> list[GpuSpec]:
+    return [GpuSpec(noisy(steady(PEER), sd=0.02, seed=i), **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+CASES = {
+    "power_cap": dict(power_limit_w=400.0, throttle=0x4, throttle_clock=0.75),
+    "thermal": dict(throttle=0x20, throttle_clock=0.7, temp_busy_c=92.0),
+    "pcie_degraded": dict(pcie_width=8),
+    "clocks": dict(clock_busy=0.7),
+}
+
+
+@pytest.mark.parametrize("cause", sorted(CASES))
+@pytest.mark.parametrize("dcgm", [True, False])
+def test_straggler_and_its_cause(cause: str, dcgm: bool) -> None:
+    specs = peers(8, dcgm=dcgm)
+    specs[5] = GpuSpec(steady(SLOW), dcgm=dcgm, **CASES[cause])  # type: ignore[arg-type]
+    fs = detect(run_window(specs), CFG)
+    assert len(fs) == 1, fs
+    f = fs[0]
+    assert (f.kind, f.node, f.gpu, f.run_id, f.cause) == ("straggler", "n0", 5, "r1", cause)
+    ev = f.evidence
+    assert ev["peers"] == 7
+    assert ev["activity"] > ev["peer_activity"]
+
+
+def test_power_cap_evidence_names_the_limits() -> None:
+    specs = peers()
+    specs[2] = GpuSpec(steady(SLOW), **CASES["power_cap"])  # type: ignore[arg-type]
+    f = detect(run_window(specs), CFG)[0]
+    assert f.evidence["power_limit_w"] == pytest.approx(400)
+    assert f.evidence["peer_power_limit_w"] == pytest.approx(700)
+    assert f.evidence["z"] < -CFG.straggler_z
+    assert f.evidence["feature"] == "power_limit_w"
+
+
+def test_uniform_power_cap_is_not_a_straggler() -> None:
+    specs = [GpuSpec(noisy(steady(SLOW), seed=i), **CASES["power_cap"]) for i in range(8)]  # type: ignore[arg-type]
+    assert detect(run_window(specs), CFG) == []
+
+
+def test_identical_healthy_gpus_have_no_straggler() -> None:
+    assert detect(run_window(peers(16)), CFG) == []
+
+
+def test_slow_hardware_without_waiting_peers_is_not_a_straggler() -> None:
+    # Lower power limit, but the job never hits it and nobody waits.
+    specs = peers()
+    specs[1] = GpuSpec(noisy(steady(PEER), seed=9), power_limit_w=400.0)
+    assert detect(run_window(specs), CFG) == []
+
+
+def test_two_gpu_run_compares_each_with_the_other() -> None:
+    specs = [GpuSpec(steady(PEER)), GpuSpec(steady(SLOW), **CASES["power_cap"])]  # type: ignore[arg-type]
+    fs = detect(run_window(specs), CFG)
+    assert [(f.gpu, f.cause) for f in fs] == [(1, "power_cap")]
+
+
+def test_single_gpu_runs_have_no_peers() -> None:
+    w = run_window([GpuSpec(steady(SLOW), **CASES["power_cap"])])  # type: ignore[arg-type]
+    assert detect(w, CFG) == []
+
+
+def test_straggler_across_nodes() -> None:
+    specs = peers(16)
+    specs[12] = GpuSpec(steady(SLOW), **CASES["thermal"])  # type: ignore[arg-type]
+    f = detect(run_window(specs, gpus_per_node=8), CFG)[0]
+    assert (f.node, f.gpu, f.cause) == ("n1", 4, "thermal")
+
+
+def slowed_from(at: float, until: float = float("inf")) -> GpuSpec:
+    """Application clocks lowered (reason 0x2, not a throttle) from ``at``."""
+    during = lambda t: (t >= at) & (t < until)  # noqa: E731
+    return GpuSpec(lambda t: np.where(during(t), SLOW, PEER), throttle=0x2, throttle_when=during, throttle_clock=0.7)
+
+
+def test_onset_is_dated_from_when_the_clocks_dropped() -> None:
+    specs = peers()
+    specs[3] = slowed_from(T0 + 420)
+    fs = detect(run_window(specs), CFG)
+    assert [(f.gpu, f.cause) for f in fs] == [(3, "clocks")]
+    assert fs[0].start == pytest.approx(T0 + 420, abs=2)
+
+
+def test_unexplained_straggler_has_cause_unknown() -> None:
+    specs = peers()
+    specs[6] = GpuSpec(steady(0.95))
+    fs = detect(run_window(specs), CFG)
+    assert [(f.gpu, f.cause) for f in fs] == [(6, "unknown")]
+
+
+@pytest.mark.parametrize("dt", [0.1, 30.0])
+def test_sampling_rates(dt: float) -> None:
+    specs = peers()
+    specs[4] = GpuSpec(steady(SLOW), **CASES["clocks"])  # type: ignore[arg-type]
+    fs = detect(run_window(specs, t=times(600, dt, jitter=0.05)), CFG)
+    assert [(f.gpu, f.cause) for f in fs] == [(4, "clocks")]
+
+
+def test_recovered_straggler_is_no_longer_reported() -> None:
+    specs = peers()
+    specs[4] = slowed_from(T0 - 100, until=T0 + 300)
+    assert detect(run_window(specs), CFG) == []
+    specs[4] = slowed_from(T0 - 100, until=T0 + 500)
+    assert [f.gpu for f in detect(run_window(specs), CFG)] == [4]
