@@ -10,6 +10,8 @@ checked against it to the millijoule.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from agent.simulator import states as st
@@ -24,7 +26,7 @@ from agent.simulator.physics import (
     temperature_step,
     thermal_limit_power_w,
 )
-from agent.simulator.plan import FleetPlan, GpuFaultPlan
+from agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan
 from agent.simulator.profiles import PCIE_LANE_TABLE, pcie_link_bytes_s
 from agent.simulator.workload import (
     PCIE_EFFICIENCY,
@@ -70,8 +72,8 @@ class FleetEngine:
         self.node_index = {n: k for k, n in enumerate(self.node_names)}
         self.gpu_node = np.array([self.node_index[g.node] for g in gp], dtype=np.intp)
 
-        def arr(f: object) -> np.ndarray:
-            return np.array([f(g) for g in gp], dtype=np.float64)  # type: ignore[operator]
+        def arr(f: Callable[[GpuPlan], float]) -> np.ndarray:
+            return np.array([f(g) for g in gp], dtype=np.float64)
 
         self.tdp_w = arr(lambda g: g.profile.tdp_w)
         self.idle_w = arr(lambda g: g.profile.idle_w)
