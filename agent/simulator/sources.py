@@ -9,9 +9,13 @@ fleet catch up with the clock it follows, if any.
 
 from __future__ import annotations
 
+import importlib
+import os
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from agent.sources.base import Reading, SourceError
+from agent.sources.base import Reading, Source, SourceError
 
 if TYPE_CHECKING:
     from agent.simulator.fleet import Fleet
@@ -60,3 +64,72 @@ class SimHostSource:
         if row is None:
             raise SourceError(f"simulated node {self.node} is not reporting (scenario sample gap)")
         return Reading(host=row)
+
+
+class SimNodeSource:
+    """GPU rows and the host row of one simulated node in one reading.
+
+    What the agent's ``sim`` source name builds: one name stands in for
+    ``nvml`` + ``host`` on a node that only exists in the simulation.
+    """
+
+    name = "sim"
+
+    def __init__(self, fleet: Fleet, node: str) -> None:
+        self.gpu = SimGpuSource(fleet, node)
+        self.host = SimHostSource(fleet, node)
+
+    def collect(self) -> Reading:
+        reading = self.gpu.collect()
+        reading.host = self.host.collect().host
+        return reading
+
+    def facts(self) -> dict[str, Any]:
+        return self.gpu.facts()
+
+
+_attached: Fleet | None = None
+_attach_lock = threading.Lock()
+
+
+def attach(fleet: Fleet | None) -> None:
+    """Make ``fleet`` the one ``sim`` sources of this process read (None: forget it).
+
+    The demo attaches its fleet (with its realtime driver) before starting
+    agents.  Without one, the first ``sim`` source builds the scenario named
+    by ``GPUFLEET_SIM_SCENARIO`` (default ``demo``; ``GPUFLEET_SIM_SEED``,
+    ``GPUFLEET_SIM_SPEED``) starting now and following the wall clock.
+    """
+    global _attached
+    with _attach_lock:
+        _attached = fleet
+
+
+def attached_fleet() -> Fleet:
+    global _attached
+    with _attach_lock:
+        if _attached is None:
+            from agent.simulator.fleet import Fleet
+            from agent.simulator.realtime import RealtimeDriver
+
+            seed = os.environ.get("GPUFLEET_SIM_SEED")
+            fleet = Fleet.from_scenario(os.environ.get("GPUFLEET_SIM_SCENARIO", "demo"),
+                                        seed=int(seed) if seed else None, start_time=time.time())
+            RealtimeDriver(fleet, speed=float(os.environ.get("GPUFLEET_SIM_SPEED", "1")))
+            _attached = fleet
+        return _attached
+
+
+def _sim_factory(settings: Any) -> Source:
+    """Build the ``sim`` source from the agent's settings (``AgentSettings``: its ``node``)."""
+    fleet = attached_fleet()
+    node = settings.node or fleet.nodes[0]
+    if node not in fleet.nodes:
+        raise SourceError(f"sim source: node {node!r} is not in scenario {fleet.scenario.name!r} "
+                          f"(nodes: {', '.join(fleet.nodes)})")
+    return SimNodeSource(fleet, node)
+
+
+# The registry (and the settings module behind it) is looked up at run time so
+# that the simulator stays importable, and type-checkable, on its own.
+importlib.import_module("agent.sources.registry").register("sim", _sim_factory, replace=True)

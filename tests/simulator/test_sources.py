@@ -118,3 +118,23 @@ def test_steps_must_move_forward() -> None:
     fleet = Fleet.from_scenario("healthy")
     with pytest.raises(ValueError, match="not after"):
         fleet.step(fleet.t)
+
+
+def test_the_agent_builds_a_sim_source_by_name() -> None:
+    from agent.simulator import sources as sim_sources
+    from agent.sources.registry import build_source
+    from gpufleet.config import AgentSettings
+
+    fleet = Fleet.from_scenario("healthy")
+    sim_sources.attach(fleet)
+    try:
+        src = build_source("sim", AgentSettings(node="h100-02"))
+        assert src.name == "sim" and isinstance(src, FactsSource)
+        fleet.advance_to(fleet.t0 + 200)
+        reading = src.collect()
+        assert len(reading.gpus) == 8 and reading.host is not None
+        assert src.facts()["hostname"] == "h100-02"
+        with pytest.raises(SourceError, match="not in scenario"):
+            build_source("sim", AgentSettings(node="elsewhere"))
+    finally:
+        sim_sources.attach(None)
