@@ -9,4 +9,4 @@ from gpufleet.config import Settings
 
 
 def build_collector(url: str, settings: Settings) -> FastAPI:
-    return create_app(url, settings, sweep=None)
+    return create_app(url, settings, sweep=None, run_leader=settings.leader)

@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import psycopg
 from psycopg import sql
 
-from gpufleet.catalog import GPU_BY_NAME, GPU_FIELDS, HOST_BY_NAME, HOST_FIELDS
-from gpufleet.wire import Batch
+from collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
+from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
+from gpufleet.wire import Batch, Column
 
 log = logging.getLogger(__name__)
 
 _PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
              "text": "text"}
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Overloaded(Exception):
@@ -251,39 +252,17 @@ class GroupWriter:
             first.setdefault(it.batch.batch_id, it)
         batches = [it.batch for it in first.values()]
         with conn.transaction():
-            ids, nodes, g, h, tmin, tmax = [], [], [], [], [], []
-            span: dict[str, tuple[datetime, datetime]] = {}
+            rows = []
             for b in batches:
                 rng = b.time_range()
-                ids.append(b.batch_id)
-                nodes.append(b.node)
-                g.append(b.n_gpu)
-                h.append(b.n_host)
-                tmin.append(_ts(rng[0]) if rng else None)
-                tmax.append(_ts(rng[1]) if rng else None)
-                if rng:
-                    span[b.batch_id] = (_ts(rng[0]), _ts(rng[1]))
-            cur = conn.execute(
-                "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
-                "SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::int[], %s::timestamptz[], "
-                "%s::timestamptz[]) ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
-                (ids, nodes, g, h, tmin, tmax),
-            )
+                rows.append((b.batch_id, b.node, b.n_gpu, b.n_host, rng[0] if rng else None, rng[1] if rng else None))
+            cur = conn.execute(REGISTER_SQL, _register_params(rows))
             new_ids = {r[0] for r in cur.fetchall()}
             new = [b for b in batches if b.batch_id in new_ids]
             if any(b.n_gpu for b in new):
-                _copy(conn, "gpu_samples", ("time", "node", "gpu"), GPU_FIELDS, GPU_BY_NAME,
-                      [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
+                _copy(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
             if any(b.n_host for b in new):
-                _copy(conn, "host_samples", ("time", "node"), HOST_FIELDS, HOST_BY_NAME,
-                      [(b.node, b.host, b.n_host) for b in new if b.n_host])
-            ranges = [(b.node, *span[b.batch_id]) for b in new if b.batch_id in span]
-            if ranges:
-                conn.execute(
-                    "INSERT INTO rollup_queue (node, t_min, t_max) SELECT * FROM unnest(%s::text[], "
-                    "%s::timestamptz[], %s::timestamptz[])",
-                    ([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges]),
-                )
+                _copy(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in new if b.n_host])
             self._touch_nodes(conn, new)
         self.stats.transactions += 1
         self.stats.batches_stored += len(new)
@@ -307,8 +286,11 @@ class GroupWriter:
         for b in batches:
             d = per_node.setdefault(b.node, {"gpus": 0, "facts": None, "skew": 0, "t": None})
             if b.n_gpu:
-                d["gpus"] = max(d["gpus"], len({g for g, m in zip(b.gpu["gpu"], b.gpu.get("mig_instance") or
-                                                                  [None] * b.n_gpu, strict=True) if m is None}))
+                gpus = b.gpu["gpu"].values
+                mig = b.gpu.get("mig_instance")
+                if mig is not None:
+                    gpus = gpus[mig.null] if mig.null is not None else gpus[:0]
+                d["gpus"] = max(d["gpus"], len(np.unique(gpus)))
             if b.facts:
                 d["facts"] = b.facts
             d["skew"] += b.rejected_skew
@@ -339,6 +321,39 @@ class GroupWriter:
         )
 
 
+#: Registers batch ids (new ones only) and queues their time ranges for the
+#: rollup worker, in one round trip.  Arrays travel as text literals: batch
+#: ids and node names are validated to a quote-free alphabet, and psycopg's
+#: per-element array adaptation costs more than the COPY itself.
+REGISTER_SQL = """
+WITH b AS (
+  SELECT * FROM unnest(%(ids)s::text[], %(nodes)s::text[], %(g)s::int[], %(h)s::int[],
+                       %(t0)s::float8[], %(t1)s::float8[]) AS u(batch_id, node, g, h, t0, t1)
+), new AS (
+  INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max)
+  SELECT batch_id, node, g, h, to_timestamp(t0), to_timestamp(t1) FROM b
+  ON CONFLICT (batch_id) DO NOTHING
+  RETURNING batch_id, node, t_min, t_max
+), queued AS (
+  INSERT INTO rollup_queue (node, t_min, t_max)
+  SELECT node, t_min, t_max FROM new WHERE t_min IS NOT NULL
+)
+SELECT batch_id FROM new"""
+
+
+def _array(values: list[Any]) -> str:
+    """A PostgreSQL array literal of safe strings or numbers (NULL for None)."""
+    return "{" + ",".join("NULL" if v is None else (f'"{v}"' if isinstance(v, str) else repr(float(v)))
+                          for v in values) + "}"
+
+
+def _register_params(rows: list[tuple[str, str, int, int, float | None, float | None]]) -> dict[str, str]:
+    cols = list(zip(*rows, strict=True))
+    return {"ids": _array(list(cols[0])), "nodes": _array(list(cols[1])),
+            "g": "{" + ",".join(map(str, cols[2])) + "}", "h": "{" + ",".join(map(str, cols[3])) + "}",
+            "t0": _array(list(cols[4])), "t1": _array(list(cols[5]))}
+
+
 def _json(obj: Any) -> Any:
     if obj is None:
         return None
@@ -361,24 +376,41 @@ def _set_exc(fut: asyncio.Future[Outcome], exc: Exception) -> None:
         fut.set_exception(exc)
 
 
-def _copy(conn: psycopg.Connection, table: str, key: tuple[str, ...], fields: tuple[Any, ...],
-          by_name: dict[str, Any], parts: list[tuple[str, dict[str, list[Any]], int]]) -> None:
+def table_specs(key: tuple[str, ...], fields: tuple[Any, ...]) -> list[Spec]:
+    specs = [Spec("time", "timestamptz"), Spec("node", "text")]
+    if "gpu" in key:
+        specs.append(Spec("gpu", "int2"))
+    specs.extend(Spec(f.name, _PG_TYPES[f.kind]) for f in fields)
+    return specs
+
+
+GPU_SPECS = table_specs(("time", "node", "gpu"), GPU_FIELDS)
+HOST_SPECS = table_specs(("time", "node"), HOST_FIELDS)
+
+
+def _copy(conn: psycopg.Connection, table: str, specs: list[Spec],
+          parts: list[tuple[str, dict[str, Column], int]]) -> None:
     """Binary COPY of columnar parts; columns no part carries are left out."""
-    present = [f.name for f in fields if any(f.name in cols for _, cols, _ in parts)]
-    names = list(key) + present
-    types = ["timestamptz", "text"] + (["int2"] if "gpu" in key else []) + [_PG_TYPES[by_name[n].kind] for n in present]
+    present = [sp for sp in specs if sp.name in ("time", "node", "gpu")
+               or any(sp.name in cols for _, cols, _ in parts)]
     stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, names))
+        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(sp.name) for sp in present)
     )
-    fromts = datetime.fromtimestamp
+    # Parts with the same layout are merged and encoded in one pass; the
+    # layout signature is only a grouping hint (encode_rows re-checks).
+    groups: dict[tuple[Any, ...], list[tuple[str, dict[str, Column], int]]] = {}
+    for part in parts:
+        groups.setdefault(_layout_hint(present, part), []).append(part)
+    chunks = [HEADER]
+    for group in groups.values():
+        merged, n = concat_parts(present, group)
+        chunks.append(encode_rows(present, merged, n))
+    chunks.append(TRAILER)
     with conn.cursor().copy(stmt) as cp:
-        cp.set_types(types)
-        for node, cols, n in parts:
-            times = [fromts(t, UTC) for t in cols["time"]]
-            column_lists: list[Any] = [times, [node] * n]
-            if "gpu" in key:
-                column_lists.append(cols["gpu"])
-            none = [None] * n
-            column_lists.extend(cols.get(name, none) for name in present)
-            for row in zip(*column_lists, strict=True):
-                cp.write_row(row)
+        cp.write(b"".join(chunks))
+
+
+def _layout_hint(specs: list[Spec], part: tuple[str, dict[str, Column], int]) -> tuple[Any, ...]:
+    node, cols, _ = part
+    return (len(node), *((name, c.null is not None, len(c.values[0] or "") if isinstance(c.values, list) and c.values
+                          else 0) for name, c in cols.items()))

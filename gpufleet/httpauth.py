@@ -26,20 +26,30 @@ from gpufleet.auth import (
     parse_bearer,
 )
 
+GENERATION_SQL = "SELECT count(*), max(id), max(revoked_at) FROM agent_tokens"
+
 
 class Authenticator:
     """Works over an async pool (collector) or a sync one (API, via a thread)."""
 
-    def __init__(self, pool: AsyncConnectionPool | ConnectionPool, ttl_s: float = 5.0, retry_after_s: int = 2) -> None:
+    def __init__(self, pool: AsyncConnectionPool | ConnectionPool, ttl_s: float = 300.0, retry_after_s: int = 2,
+                 revocation_check_s: float = 2.0) -> None:
         self.pool = pool
         self.cache = TokenCache(ttl_s)
         self.retry_after_s = retry_after_s
+        # Hits are cached for minutes (agents post every few seconds, each with
+        # its own token); a cheap check of the token table's state every few
+        # seconds drops the cache when anything was revoked or added.
+        self.revocation_check_s = revocation_check_s
+        self._generation: tuple[object, ...] | None = None
+        self._checked = 0.0
 
     async def principal(self, request: Request) -> Principal:
         try:
             secret = parse_bearer(request.headers.get("authorization"))
         except AuthError as e:
             raise HTTPException(401, str(e), headers={"WWW-Authenticate": "Bearer"}) from None
+        await self._check_generation()
         digest = hash_secret(secret)
         hit = self.cache.get(digest)
         if hit is MISS:
@@ -47,6 +57,33 @@ class Authenticator:
         if not isinstance(hit, Principal):
             raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
         return hit
+
+    async def _check_generation(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.revocation_check_s:
+            return
+        self._checked = now
+        try:
+            if isinstance(self.pool, ConnectionPool):
+                gen = await run_in_threadpool(self._generation_sync)
+            else:
+                async with asyncio.timeout(3), self.pool.connection() as conn:
+                    cur = await conn.execute(GENERATION_SQL)
+                    gen = await cur.fetchone()
+        except (psycopg.Error, PoolTimeout, TimeoutError, OSError):
+            # Cannot tell: forget cached tokens rather than trust a stale view.
+            self.cache.clear()
+            self._generation = None
+            return
+        gen = tuple(gen.values()) if isinstance(gen, dict) else tuple(gen or ())
+        if gen != self._generation:
+            self.cache.clear()
+            self._generation = gen
+
+    def _generation_sync(self) -> object:
+        assert isinstance(self.pool, ConnectionPool)
+        with self.pool.connection(timeout=3) as conn:
+            return conn.execute(GENERATION_SQL).fetchone()
 
     async def _fetch(self, digest: bytes) -> TokenRow | None:
         try:

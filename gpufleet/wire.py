@@ -19,8 +19,10 @@ from __future__ import annotations
 import gzip
 import math
 import re
+import threading
 import zlib
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import msgpack
@@ -68,9 +70,9 @@ class TooLarge(WireError):
 class Batch:
     batch_id: str
     node: str
-    #: Columnar samples; every list has the same length (``n_gpu``/``n_host``).
-    gpu: dict[str, list[Any]] = field(default_factory=dict)
-    host: dict[str, list[Any]] = field(default_factory=dict)
+    #: Validated columns; every column has ``n_gpu``/``n_host`` values.
+    gpu: dict[str, Column] = field(default_factory=dict)
+    host: dict[str, Column] = field(default_factory=dict)
     facts: dict[str, Any] | None = None
     n_gpu: int = 0
     n_host: int = 0
@@ -78,10 +80,10 @@ class Batch:
     rejected_skew: int = 0
 
     def time_range(self) -> tuple[float, float] | None:
-        ts = [*self.gpu.get("time", ()), *self.host.get("time", ())]
-        if not ts:
+        parts = [c["time"].values for c in (self.gpu, self.host) if c]
+        if not parts:
             return None
-        return min(ts), max(ts)
+        return float(min(p.min() for p in parts)), float(max(p.max() for p in parts))
 
 
 # ----------------------------------------------------------------------------
@@ -113,6 +115,18 @@ def encode(batch: dict[str, Any], fmt: str = "msgpack", compression: str | None 
 # Decompression with an output cap (decompression bombs stop at the cap)
 
 
+_local = threading.local()
+
+
+def _zstd() -> zstandard.ZstdDecompressor:
+    """A decompression context per thread: creating one maps fresh memory,
+    which costs far more than decoding a batch."""
+    d = getattr(_local, "zstd", None)
+    if d is None:
+        d = _local.zstd = zstandard.ZstdDecompressor()
+    return d
+
+
 def decompress(body: bytes, encoding: str | None, max_out: int) -> bytes:
     enc = (encoding or "identity").strip().lower()
     if enc in ("identity", ""):
@@ -131,7 +145,26 @@ def decompress(body: bytes, encoding: str | None, max_out: int) -> bytes:
             raise WireError("gzip body is truncated", ("body",), 400)
         return out
     if enc == "zstd":
-        dctx = zstandard.ZstdDecompressor()
+        dctx = _zstd()
+        try:
+            declared = zstandard.frame_content_size(body)
+        except zstandard.ZstdError as e:
+            raise WireError(f"zstd body is corrupt: {e}", ("body",), 400) from e
+        if declared > max_out:
+            raise TooLarge(f"zstd body declares {declared} bytes, beyond the {max_out}-byte limit")
+        if declared >= 0:
+            # A frame that declares its size cannot produce more than that
+            # (zstd refuses a mismatch), so one-shot decoding is bounded.
+            dobj = dctx.decompressobj()
+            try:
+                out = dobj.decompress(body)
+            except zstandard.ZstdError as e:
+                raise WireError(f"zstd body is corrupt: {e}", ("body",), 400) from e
+            if dobj.unused_data:
+                raise WireError("zstd body has data after its frame; send one frame", ("body",), 400)
+            if len(out) > max_out:
+                raise TooLarge(f"zstd body expands beyond the {max_out}-byte limit")
+            return out
         try:
             reader = dctx.stream_reader(body, read_across_frames=True)
             out = reader.read(max_out + 1)
@@ -160,10 +193,45 @@ def parse(raw: bytes, content_type: str | None) -> Any:
 
 # ----------------------------------------------------------------------------
 # Validation
+#
+# Columns are checked as whole numpy arrays: one type scan, one conversion,
+# one range comparison per column.  Only when something is wrong does a slow
+# pass look for the first offending sample, to name it.
 
-
-_NUMERIC = (int, float)
 _NONE = type(None)
+_NUMERIC_TYPES = frozenset({int, float, _NONE})
+_NP_INT = {"smallint": np.int64, "integer": np.int64, "bigint": np.int64}
+
+
+class Column:
+    """One validated column: ``values`` (float64 or int64 ndarray, or a list of
+    str/None for text) and ``null`` (bool ndarray, or None when nothing is null)."""
+
+    __slots__ = ("lengths", "null", "values")
+
+    def __init__(self, values: Any, null: np.ndarray | None = None, lengths: np.ndarray | None = None) -> None:
+        self.values = values
+        self.null = null
+        #: For text encoded as a numpy bytes array: each value's byte length.
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def take(self, idx: np.ndarray) -> Column:
+        if isinstance(self.values, list):
+            return Column([self.values[i] for i in idx.tolist()], None if self.null is None else self.null[idx])
+        return Column(self.values[idx], None if self.null is None else self.null[idx])
+
+    def tolist(self) -> list[Any]:
+        """Python values with None for NULL (tests, replay, detectors)."""
+        if isinstance(self.values, list):
+            return list(self.values)
+        vals = self.values.tolist()
+        if self.null is not None:
+            for i in np.flatnonzero(self.null).tolist():
+                vals[i] = None
+        return vals
 
 
 def _columns(obj: Any, section: str, known: dict[str, Field], key: tuple[str, ...]) -> tuple[dict[str, list[Any]], int]:
@@ -199,69 +267,142 @@ def _columns(obj: Any, section: str, known: dict[str, Field], key: tuple[str, ..
     raise WireError("must be a list of samples or an object of columns", (section,))
 
 
-def _bad_index(col: list[Any], pred: Any) -> int:
+def _first(col: list[Any], pred: Any) -> int:
     for i, v in enumerate(col):
         if pred(v):
             return i
     return -1
 
 
-def _check_numeric(section: str, name: str, col: list[Any], kind: str, lo: float | None, hi: float | None,
-                   required: bool) -> list[Any]:
+def _numeric(section: str, name: str, col: list[Any], kind: str, lo: float | None, hi: float | None,
+             required: bool) -> Column:
     types = set(map(type, col))
-    if not types <= {int, float, _NONE}:
-        i = _bad_index(col, lambda v: type(v) not in (int, float, _NONE))
+    if not types <= _NUMERIC_TYPES:
+        i = _first(col, lambda v: type(v) not in _NUMERIC_TYPES)
         raise WireError(f"must be a number or null, got {type(col[i]).__name__}", (section, i, name))
-    if required and _NONE in types:
+    has_none = _NONE in types
+    if required and has_none:
         raise WireError("is required", (section, col.index(None), name))
-    if not col:
-        return col
     if kind in INT_RANGES:
         ilo, ihi = INT_RANGES[kind]
         lo = ilo if lo is None else max(lo, ilo)
         hi = ihi if hi is None else min(hi, ihi)
         if float in types:
-            def not_integral(v: Any) -> bool:
-                return type(v) is float and (not math.isfinite(v) or v != int(v))
-            i = _bad_index(col, not_integral)
+            i = _first(col, lambda v: type(v) is float and (not math.isfinite(v) or v != int(v)))
             if i >= 0:
                 raise WireError(f"must be an integer, got {col[i]!r}", (section, i, name))
-            col = [None if v is None else int(v) for v in col]
-        if lo is not None or hi is not None:
+        null = None
+        src = col
+        if has_none:
+            null = np.fromiter((v is None for v in col), dtype=bool, count=len(col))
+            src = [0 if v is None else v for v in col]
+        try:
+            arr = np.array(src, dtype=np.int64) if float not in types else np.array(src, dtype=np.float64).astype(np.int64)
+        except OverflowError:
+            arr = None
+        if arr is None or (len(arr) and (arr.min() < lo or arr.max() > hi)):
             def out(v: Any) -> bool:
-                return v is not None and ((lo is not None and v < lo) or (hi is not None and v > hi))
-            i = _bad_index(col, out)
-            if i >= 0:
-                raise WireError(f"{col[i]} is outside [{lo}, {hi}]", (section, i, name))
-        return col
+                return v is not None and not (lo <= v <= hi)
+            i = _first(col, out)
+            raise WireError(f"{col[i]} is outside [{lo}, {hi}]", (section, i, name))
+        if null is not None and null.any() and len(arr):
+            arr[null] = 0
+        return Column(arr, null if (null is not None and null.any()) else None)
     arr = np.array(col, dtype=np.float64)  # None -> NaN
-    nones = col.count(None) if _NONE in types else 0
     finite = np.isfinite(arr)
-    if int((~finite).sum()) != nones:
-        i = _bad_index(col, lambda v: type(v) is float and not math.isfinite(v))
+    nones = col.count(None) if has_none else 0
+    if len(arr) - int(finite.sum()) != nones:
+        i = _first(col, lambda v: type(v) is float and not math.isfinite(v))
         raise WireError(f"{col[i]!r} is not allowed (use null for a missing value)", (section, i, name))
     if lo is not None or hi is not None:
-        vals = arr[finite]
-        if vals.size and ((lo is not None and vals.min() < lo) or (hi is not None and vals.max() > hi)):
-            def out(v: Any) -> bool:
-                return v is not None and ((lo is not None and v < lo) or (hi is not None and v > hi))
-            i = _bad_index(col, out)
+        bad = np.zeros(len(arr), dtype=bool)
+        with np.errstate(invalid="ignore"):
+            if lo is not None:
+                bad |= arr < lo
+            if hi is not None:
+                bad |= arr > hi
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
             raise WireError(f"{col[i]} is outside [{lo}, {hi}]", (section, i, name))
-    return col
+    return Column(arr, ~finite if nones else None)
 
 
-def _check_text(section: str, name: str, col: list[Any]) -> None:
-    for i, v in enumerate(col):
-        if v is None:
-            continue
-        if type(v) is not str:
-            raise WireError(f"must be a string or null, got {type(v).__name__}", (section, i, name))
-        if len(v) > MAX_TEXT or "\x00" in v:
-            raise WireError(f"must be at most {MAX_TEXT} characters without NUL", (section, i, name))
+def _text(section: str, name: str, col: list[Any]) -> Column:
+    types = set(map(type, col))
+    if not types <= {str, _NONE}:
+        i = _first(col, lambda v: v is not None and type(v) is not str)
+        raise WireError(f"must be a string or null, got {type(col[i]).__name__}", (section, i, name))
+    present = col if _NONE not in types else [v for v in col if v is not None]
+    if present and (max(map(len, present)) > MAX_TEXT or "\x00" in "".join(present)):
+        i = _first(col, lambda v: v is not None and (len(v) > MAX_TEXT or "\x00" in v))
+        raise WireError(f"must be at most {MAX_TEXT} characters without NUL", (section, i, name))
+    null = None
+    if _NONE in types:
+        null = np.fromiter((v is None for v in col), dtype=bool, count=len(col))
+    return Column(col, null)
+
+
+_FLOAT_KINDS = frozenset({"real", "double"})
+
+
+def _fast_group(section: str, names: list[str], cols: dict[str, list[Any]], known: dict[str, Field],
+                as_int: bool) -> dict[str, Column] | None:
+    """Validate same-kind columns without NULLs as one 2-D array.
+
+    Returns None when anything is unusual (a type, a bound, an overflow); the
+    caller then checks column by column, which names the offending sample.
+    """
+    if not names:
+        return {}
+    lists = [cols[n] for n in names]
+    types = set(map(type, chain.from_iterable(lists)))
+    if not types <= ({int} if as_int else {int, float}):
+        return None
+    try:
+        m = np.array(lists, dtype=np.int64 if as_int else np.float64)
+    except (OverflowError, ValueError):
+        return None
+    lo, hi = _bounds(tuple(names), known, as_int)
+    if as_int:
+        ok = bool(((m >= lo) & (m <= hi)).all())
+    else:
+        ok = bool((np.isfinite(m) & (m >= lo) & (m <= hi)).all())
+    if not ok:
+        return None
+    return {n: Column(m[i]) for i, n in enumerate(names)}
+
+
+_BOUNDS: dict[tuple[tuple[str, ...], bool], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _bounds(names: tuple[str, ...], known: dict[str, Field], as_int: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column (lo, hi) as column vectors, cached per column set."""
+    hit = _BOUNDS.get((names, as_int))
+    if hit is None:
+        dt = np.int64 if as_int else np.float64
+        hit = (np.array([_lo(known[n]) for n in names], dtype=dt)[:, None],
+               np.array([_hi(known[n]) for n in names], dtype=dt)[:, None])
+        if len(_BOUNDS) < 4096:
+            _BOUNDS[(names, as_int)] = hit
+    return hit
+
+
+def _lo(f: Field) -> float:
+    base = INT_RANGES[f.kind][0] if f.kind in INT_RANGES else -np.inf
+    return base if f.lo is None else max(f.lo, base)
+
+
+def _hi(f: Field) -> float:
+    base = INT_RANGES[f.kind][1] if f.kind in INT_RANGES else np.inf
+    return base if f.hi is None else min(f.hi, base)
+
+
+_TIME = Field("time", "double", "s", "sample time", lo=0, hi=4102444800.0)
+_GPU = Field("gpu", "smallint", "", "GPU index", lo=0)
 
 
 def _check_section(section: str, cols: dict[str, list[Any]], n: int, node: str, known: dict[str, Field],
-                   key: tuple[str, ...]) -> dict[str, list[Any]]:
+                   key: tuple[str, ...]) -> dict[str, Column]:
     if n == 0:
         return {}
     for k in key:
@@ -269,22 +410,36 @@ def _check_section(section: str, cols: dict[str, list[Any]], n: int, node: str, 
             raise WireError("is required", (section, 0, k))
     node_col = cols.pop("node", None)
     if node_col is not None:
-        i = _bad_index(node_col, lambda v: v != node)
+        i = _first(node_col, lambda v: v != node)
         if i >= 0:
             raise WireError(f"sample names node {node_col[i]!r}, batch is for {node!r}", (section, i, "node"), 403)
-    out: dict[str, list[Any]] = {}
-    out["time"] = _check_numeric(section, "time", cols["time"], "double", 0, 4102444800.0, True)
-    if "gpu" in key:
-        out["gpu"] = _check_numeric(section, "gpu", cols["gpu"], "smallint", 0, None, True)
-    for name, col in cols.items():
-        if name in key:
-            continue
-        f = known[name]
+    fields = {"time": _TIME, **({"gpu": _GPU} if "gpu" in key else {})}
+    for name in cols:
+        if name not in fields:
+            fields[name] = known[name]
+    out: dict[str, Column] = {}
+    floats, ints = [], []
+    for name, f in fields.items():
+        col = cols[name]
         if f.kind == "text":
-            _check_text(section, name, col)
-            out[name] = col
+            out[name] = _text(section, name, col)
+            continue
+        nulls = col.count(None)
+        if nulls == n and name not in key:
+            out[name] = Column(np.zeros(n, dtype=np.float64 if f.kind in _FLOAT_KINDS else np.int64),
+                               np.ones(n, dtype=bool))
+        elif nulls:
+            out[name] = _numeric(section, name, col, f.kind, f.lo, f.hi, name in key)
+        elif f.kind in _FLOAT_KINDS:
+            floats.append(name)
         else:
-            out[name] = _check_numeric(section, name, col, f.kind, f.lo, f.hi, False)
+            ints.append(name)
+    for group, as_int in ((floats, False), (ints, True)):
+        fast = _fast_group(section, group, cols, fields, as_int)
+        if fast is None:
+            fast = {n: _numeric(section, n, cols[n], fields[n].kind, fields[n].lo, fields[n].hi, n in key)
+                    for n in group}
+        out.update(fast)
     return out
 
 
@@ -316,17 +471,16 @@ def drop_skewed(batch: Batch, now: float, future_s: float, past_s: float) -> Bat
     lo, hi = now - past_s, now + future_s
     rejected = 0
     for section in ("gpu", "host"):
-        cols = getattr(batch, section)
+        cols: dict[str, Column] = getattr(batch, section)
         if not cols:
             continue
-        t = np.asarray(cols["time"], dtype=np.float64)
+        t = cols["time"].values
         keep = (t >= lo) & (t <= hi)
         if keep.all():
             continue
         rejected += int((~keep).sum())
-        idx = np.flatnonzero(keep).tolist()
-        new = {k: [v[i] for i in idx] for k, v in cols.items()}
-        setattr(batch, section, new if idx else {})
+        idx = np.flatnonzero(keep)
+        setattr(batch, section, {k: c.take(idx) for k, c in cols.items()} if len(idx) else {})
         setattr(batch, f"n_{section}", len(idx))
     batch.rejected_skew = rejected
     return batch

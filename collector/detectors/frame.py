@@ -91,6 +91,15 @@ class Episode:
     last: np.ndarray
 
 
+def segment_sums(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums of ``x`` over the segments beginning at ``starts`` (non-empty,
+    increasing), as float64.  Accumulates in ``x``'s own float type: casting
+    a whole float32 array to float64 first costs more than it is worth."""
+    if x.dtype.kind != "f":
+        x = x.astype(F32)
+    return np.add.reduceat(x, starts).astype(np.float64)
+
+
 class Frame:
     """Flat arrays over every GPU series of a window (see the module doc)."""
 
@@ -128,7 +137,7 @@ class Frame:
         """Sum of ``x`` over each row (float64)."""
         if self.size == 0:
             return np.zeros(self.rows)
-        return np.add.reduceat(x, self.starts, dtype=np.float64)
+        return segment_sums(x, self.starts)
 
     def row_slice(self, r: int) -> slice:
         return slice(int(self.offsets[r]), int(self.offsets[r + 1]))
@@ -221,6 +230,23 @@ class Frame:
             if arr is not None:
                 out[a:b] = arr[idx[a:b] - self.offsets[r]]
         return out
+
+    def at_ranges(self, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Column ``name`` over the ranges of :meth:`take` (same order),
+        copied from the series without building the whole column."""
+        got = self._cols.get(name)
+        if got is not None:
+            return got[self.take(a, b)]
+        rows = np.flatnonzero(b > a).tolist()
+        lo = (a - self.starts).tolist()
+        hi = (b - self.starts).tolist()
+        parts = []
+        for r in rows:
+            arr = self.series[r].cols.get(name)
+            parts.append(np.full(hi[r] - lo[r], np.nan, dtype=F32) if arr is None else arr[lo[r]:hi[r]])
+        if not parts:
+            return np.zeros(0, dtype=F32)
+        return np.concatenate(parts, dtype=F32, casting="same_kind")
 
     def series_col(self, r: int, name: str) -> np.ndarray:
         """Row ``r``'s own float64 array of ``name`` (NaN when never reported)."""
@@ -368,9 +394,9 @@ class Frame:
             ends[:-1] = starts[1:] - 1
             ends[-1] = n - 1
             w = self.w
-            dur = np.add.reduceat(w, starts, dtype=np.float64)
+            dur = segment_sums(w, starts)
             wa = w * (self.activity if self.all_valid else np.nan_to_num(self.activity))
-            asum = np.add.reduceat(wa, starts, dtype=np.float64)
+            asum = segment_sums(wa, starts)
         else:
             dur = asum = np.zeros(0)
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from collector.detectors.config import DetectorConfig
-from collector.detectors.frame import Frame
+from collector.detectors.frame import Frame, segment_sums
 from collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
 from collector.detectors.window import Finding, Window
 from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
@@ -68,7 +68,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
 
     def sums(x: np.ndarray) -> np.ndarray:
         out = np.zeros(n)
-        out[nonempty] = np.add.reduceat(x, seg[nonempty], dtype=np.float64)
+        out[nonempty] = segment_sums(x, seg[nonempty])
         return out
 
     w = fr.w[idx]
@@ -88,14 +88,17 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             return np.where(den > 0, s / np.where(den > 0, den, 1.0), np.nan)
 
     bits = fr.throttle_bits[idx]
+    lim = fr.at_ranges("power_limit_w", a, b)
+    lim[~(lim > 0)] = np.nan
+    power = fr.at_ranges("power_w", a, b)
     f = {
         "span_s": dens[id(w)],
         "busy_s": dens[id(wb)],
         "act": mean(fr.activity[idx], w),
-        "pf": mean(fr.power_frac(idx), w),
-        "lim": mean(fr.col("power_limit_w")[idx], w),
-        "clk": mean(fr.col("sm_clock_mhz")[idx], wb),
-        "temp": mean(fr.col("temp_c")[idx], wb),
+        "pf": mean(power / lim, w),
+        "lim": mean(lim, w),
+        "clk": mean(fr.at_ranges("sm_clock_mhz", a, b), wb),
+        "temp": mean(fr.at_ranges("temp_c", a, b), wb),
         "therm": mean((bits & THERMAL_BITS) != 0, wb),
         "pcap": mean((bits & THROTTLE_SW_POWER_CAP) != 0, wb),
         "pcie": mean(fr.pcie_degraded[idx], wb),

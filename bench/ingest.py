@@ -1,0 +1,255 @@
+"""Ingest throughput: many nodes posting through HTTP vs raw COPY of the same rows.
+
+    python bench/ingest.py [--nodes 2000] [--seconds 20] [--connections 64]
+
+Starts a collector process on loopback against a scratch database, posts
+realistic batches (8 GPUs x 10 s = 80 GPU rows + 10 host rows per request,
+msgpack + zstd) from ``--nodes`` node identities as fast as the collector
+acknowledges them, and in the same run measures psycopg binary COPY of the
+same rows in 10k-row batches into the same table.  Prints both rates, their
+ratio and the stored bytes per GPU sample; on a TimescaleDB server
+(GPUFLEET_TEST_TIMESCALE_URL) also the bytes per sample after compression.
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpufleet.auth import hash_secret, new_secret
+from gpufleet.catalog import GPU_BY_NAME, gpu_columns
+from gpufleet.config import load_settings
+from gpufleet.db import migrate
+from gpufleet.testing import loadgen
+from gpufleet.testing.pg import scratch_database, server_url, timescale_server_url
+from gpufleet.testing.servers import free_port
+from gpufleet.wire import encode
+
+TEMPLATES = 64
+
+
+def make_tokens(url: str, nodes: list[str]) -> list[str]:
+    secrets_ = [new_secret() for _ in nodes]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_tokens (name, token_hash, role, node) SELECT n, h, 'node', n "
+            "FROM unnest(%s::text[], %s::bytea[]) AS u(n, h)",
+            (nodes, [hash_secret(s) for s in secrets_]),
+        )
+    return secrets_
+
+
+def build_requests(nodes: list[str], tokens: list[str], count: int, t0: float) -> list[loadgen.Request]:
+    templates = [loadgen.batch_doc("tmpl", i, 0, t0 + 10 * i) for i in range(TEMPLATES)]
+    reqs = []
+    for k in range(count):
+        i = k % len(nodes)
+        doc = dict(templates[k % TEMPLATES])
+        doc["node"] = nodes[i]
+        doc["batch_id"] = f"{nodes[i]}:{k}"
+        body, headers = encode(doc, "msgpack", "zstd")
+        headers["Authorization"] = f"Bearer {tokens[i]}"
+        reqs.append(loadgen.Request(body, headers, len(doc["gpu"]["time"])))
+    return reqs
+
+
+PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
+            "text": "text"}
+
+
+def psycopg_copy(conn: psycopg.Connection, rows: list[tuple], names: list[str]) -> None:
+    """The standard psycopg way: binary COPY, one write_row per row."""
+    types = ["timestamptz", "text", "int2"] + [PG_TYPES[GPU_BY_NAME[n].kind] for n in names[3:]]
+    with conn.cursor().copy(f"COPY gpu_samples ({', '.join(names)}) FROM STDIN (FORMAT BINARY)") as cp:
+        cp.set_types(types)
+        for row in rows:
+            cp.write_row(row)
+
+
+def template_rows(t0: float, node: str, index: int) -> tuple[list[str], list[tuple]]:
+    cols = loadgen.batch_doc(node, index, 0, t0 + 10 * index)["gpu"]
+    names = [n for n in gpu_columns() if n == "node" or n in cols]
+    cols = dict(cols, time=[datetime.fromtimestamp(t, UTC) for t in cols["time"]], node=[node] * len(cols["time"]))
+    return names, list(zip(*(cols[n] for n in names), strict=True))
+
+
+def copy_baseline(url: str, rows_total: int, t0: float) -> float:
+    """psycopg binary COPY of the same wide rows, 10k rows per transaction."""
+    templates = [template_rows(t0, f"copy-{i}", i) for i in range(TEMPLATES)]
+    names = templates[0][0]
+    rows = [r for _, rs in templates for r in rs]
+    batches = [(rows * (10_000 // len(rows) + 1))[:10_000] for _ in range(rows_total // 10_000)]
+    with psycopg.connect(url) as conn:
+        start = time.perf_counter()
+        for b in batches:
+            with conn.transaction():
+                psycopg_copy(conn, b, names)
+        elapsed = time.perf_counter() - start
+        conn.execute("TRUNCATE gpu_samples")
+        conn.commit()
+    return len(batches) * 10_000 / elapsed
+
+
+def start_collector(url: str, port: int, leader: bool, profile: str | None = None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, GPUFLEET_DATABASE_URL=url, GPUFLEET_COLLECTOR_PORT=str(port),
+               GPUFLEET_LOG_LEVEL="WARNING", GPUFLEET_LEADER="true" if leader else "false")
+    cmd = [sys.executable, "-m", "gpufleet.cli", "collector"]
+    if profile:  # py-spy flame data of the collector, for finding where time goes
+        cmd = ["py-spy", "record", "--format", "raw", "-o", profile, "--gil", "--threads", "--", *cmd]
+    proc = subprocess.Popen(cmd, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("collector did not become ready")
+
+
+def cpu_seconds(collector_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by the collector, PostgreSQL and this load generator."""
+    import psutil
+
+    def total(p: psutil.Process) -> float:
+        t = p.cpu_times()
+        return t.user + t.system
+
+    out = {"collector": 0.0, "collector_sys": 0.0, "postgres": 0.0, "loadgen": total(psutil.Process())}
+    try:
+        out["collector"] = total(psutil.Process(collector_pid))
+        out["collector_sys"] = psutil.Process(collector_pid).cpu_times().system
+    except psutil.Error:
+        pass
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] == "postgres":
+            try:
+                out["postgres"] += total(p)
+            except psutil.Error:
+                pass
+    return out
+
+
+def bytes_per_sample(url: str) -> float:
+    with psycopg.connect(url) as conn:
+        n = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+        size = conn.execute("SELECT pg_total_relation_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+    return size / max(n, 1)
+
+
+def timescale_compressed_bytes(t0: float) -> float | None:
+    """Load 1 day of 64 GPUs at 1 Hz into a TimescaleDB hypertable, compress, measure."""
+    server = timescale_server_url()
+    if server is None:
+        return None
+    settings = load_settings()
+    with scratch_database(server, "gpufleet_bench") as url:
+        migrate.upgrade(url, settings)
+        day0 = float(int(t0 // 86400 - 3) * 86400)
+        with psycopg.connect(url) as conn:
+            for node_index in range(8):
+                node = f"n{node_index}"
+                for k in range(0, 86400, 3600):
+                    doc = loadgen.batch_doc(node, node_index, k, day0 + k, seconds=3600)["gpu"]
+                    names = [n for n in gpu_columns() if n == "node" or n in doc]
+                    doc = dict(doc, time=[datetime.fromtimestamp(t, UTC) for t in doc["time"]],
+                               node=[node] * len(doc["time"]))
+                    with conn.transaction():
+                        psycopg_copy(conn, list(zip(*(doc[n] for n in names), strict=True)), names)
+            n = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+            conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
+            conn.commit()
+            size = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+        return float(size) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of the timed phase")
+    ap.add_argument("--connections", type=int, default=64)
+    ap.add_argument("--rate-guess", type=float, default=120_000, help="GPU samples/s to prepare requests for")
+    ap.add_argument("--leader", action="store_true", help="also run rollups in the collector during the test")
+    ap.add_argument("--profile", help="write a py-spy profile of the collector to this file")
+    args = ap.parse_args()
+
+    t0 = time.time() - 3600
+    settings = load_settings()
+    with scratch_database(server_url(), "gpufleet_bench") as url:
+        migrate.upgrade(url, settings)
+        nodes = [f"node-{i:05d}" for i in range(args.nodes)]
+        tokens = make_tokens(url, nodes)
+        total_requests = int(args.rate_guess * args.seconds / 80) + 500
+        print(f"preparing {total_requests} requests from {args.nodes} nodes ...", flush=True)
+        reqs = build_requests(nodes, tokens, total_requests, t0)
+        copy_rate = copy_baseline(url, 400_000, t0)
+        print(f"raw COPY (10k-row batches): {copy_rate:,.0f} GPU samples/s", flush=True)
+
+        port = free_port()
+        proc = start_collector(url, port, args.leader, args.profile)
+        try:
+            warm = asyncio.Queue()  # type: asyncio.Queue[loadgen.Request]
+            for r in reqs[:300]:
+                warm.put_nowait(r)
+            asyncio.run(loadgen.drive("127.0.0.1", port, warm, 16, loadgen.Stats(), time.monotonic() + 60))
+            q: asyncio.Queue[loadgen.Request] = asyncio.Queue()
+            for r in reqs[300:]:
+                q.put_nowait(r)
+            stats = loadgen.Stats()
+            cpu0 = cpu_seconds(proc.pid)
+            start = time.perf_counter()
+            asyncio.run(loadgen.drive("127.0.0.1", port, q, args.connections, stats,
+                                      time.monotonic() + args.seconds))
+            elapsed = time.perf_counter() - start
+            cpu1 = cpu_seconds(proc.pid)
+        finally:
+            proc.send_signal(2 if args.profile else 15)
+            proc.wait(60)
+        rate = stats.gpu_rows / elapsed
+        lat = sorted(stats.latencies)
+        p50 = lat[len(lat) // 2] * 1000 if lat else float("nan")
+        p99 = lat[int(len(lat) * 0.99)] * 1000 if lat else float("nan")
+        with psycopg.connect(url) as conn:
+            stored = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+        bps = bytes_per_sample(url)
+    ts_bps = timescale_compressed_bytes(t0)
+    print(f"HTTP ingest: {rate:,.0f} GPU samples/s over {elapsed:.1f} s ({stats.ok} requests, "
+          f"statuses {stats.by_status}, p50 {p50:.1f} ms, p99 {p99:.1f} ms); {stored} rows stored")
+    print(f"ratio to raw COPY: {rate / copy_rate:.2f}")
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    print("CPU per request (us): " + ", ".join(f"{k} {v / max(stats.ok, 1) * 1e6:.0f}" for k, v in cpu.items())
+          + "; CPU share of the run: " + ", ".join(f"{k} {v / elapsed:.2f} cores" for k, v in cpu.items()))
+    print(f"stored bytes per GPU sample (plain PostgreSQL, heap + indexes): {bps:.1f}")
+    if ts_bps is not None:
+        print(f"stored bytes per GPU sample (TimescaleDB, compressed): {ts_bps:.1f}")
+    print(json.dumps({
+        "name": "ingest", "value": round(rate), "unit": "gpu_samples_per_s",
+        "samples_per_s": round(rate), "copy_samples_per_s": round(copy_rate),
+        "ratio_to_copy": round(rate / copy_rate, 3), "bytes_per_sample": round(ts_bps if ts_bps else bps, 1),
+        "bytes_per_sample_plain": round(bps, 1), "bytes_per_sample_timescale_compressed":
+            None if ts_bps is None else round(ts_bps, 1),
+        "p50_ms": round(p50, 1), "p99_ms": round(p99, 1),
+        "collector_cpu_us_per_request": round(cpu["collector"] / max(stats.ok, 1) * 1e6), "nodes": args.nodes, "connections": args.connections,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+    }))
+
+
+if __name__ == "__main__":
+    random.seed(1)
+    main()
