@@ -28,7 +28,8 @@ class ApiState:
 
 
 def state(request: Request) -> ApiState:
-    return request.app.state.api  # type: ignore[no-any-return]
+    st: ApiState = request.app.state.api
+    return st
 
 
 StateDep = Annotated[ApiState, Depends(state)]

@@ -12,7 +12,7 @@ are grouped by layout first.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +102,7 @@ def _ascii_array(values: list[str | None]) -> tuple[np.ndarray, np.ndarray] | No
     return np.array(present, dtype=f"S{max(int(lengths.max()) if len(lengths) else 1, 1)}"), lengths
 
 
-def encode_rows(specs: Sequence[Spec], cols: dict[str, Column | str | None], n: int) -> bytes:
+def encode_rows(specs: Sequence[Spec], cols: Mapping[str, Column | str | None], n: int) -> bytes:
     """COPY BINARY tuples (no header/trailer) for ``n`` rows of ``cols``."""
     if n == 0:
         return b""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import psycopg
 from fastapi import HTTPException, Request
@@ -25,6 +26,13 @@ from gpufleet.auth import (
     hash_secret,
     parse_bearer,
 )
+
+
+def _as_tuple(row: Any) -> tuple[Any, ...]:
+    if row is None:
+        return ()
+    return tuple(row.values()) if isinstance(row, dict) else tuple(row)
+
 
 GENERATION_SQL = "SELECT count(*), max(id), max(revoked_at) FROM agent_tokens"
 
@@ -75,7 +83,7 @@ class Authenticator:
             self.cache.clear()
             self._generation = None
             return
-        gen = tuple(gen.values()) if isinstance(gen, dict) else tuple(gen or ())
+        gen = _as_tuple(gen)
         if gen != self._generation:
             self.cache.clear()
             self._generation = gen
@@ -91,7 +99,7 @@ class Authenticator:
                 return await run_in_threadpool(self._fetch_sync, digest)
             async with asyncio.timeout(3), self.pool.connection() as conn:
                 cur = await conn.execute(LOOKUP_SQL, (digest,))
-                return await cur.fetchone()  # type: ignore[return-value]
+                return await cur.fetchone()
         except (psycopg.Error, PoolTimeout, TimeoutError, OSError) as e:
             raise HTTPException(503, "database unavailable; retry later",
                                 headers={"Retry-After": str(self.retry_after_s)}) from e
@@ -101,8 +109,8 @@ class Authenticator:
         with self.pool.connection(timeout=3) as conn:
             row = conn.execute(LOOKUP_SQL, (digest,)).fetchone()
         if isinstance(row, dict):
-            return tuple(row.values())  # type: ignore[return-value]
-        return row  # type: ignore[return-value]
+            return tuple(row.values())
+        return row
 
 
 class RateLimiter:

@@ -8,6 +8,7 @@ the choice is passed in the Alembic config and recorded in ``gpufleet_meta``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -44,7 +45,7 @@ def want_timescale(url: str, mode: str) -> bool:
     return available
 
 
-def _run(url: str, timescale: bool, fn, *args: str) -> None:  # type: ignore[no-untyped-def]
+def _run(url: str, timescale: bool, fn: Any, *args: str) -> None:
     cfg = alembic_config(url, timescale)
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     with engine.connect() as conn:

@@ -45,7 +45,8 @@ def list_runs(conn: psycopg.Connection, state: str | None = None, site: str | No
               since: datetime | None = None, until: datetime | None = None, limit: int = 100,
               offset: int = 0) -> list[dict[str, Any]]:
     """Runs overlapping [since, until), newest first."""
-    where, params = ["TRUE"], []
+    where: list[str] = ["TRUE"]
+    params: list[Any] = []
     if state == "running":
         where.append('(r."end" IS NULL OR r."end" > now())')
     elif state == "ended":

@@ -1,0 +1,38 @@
+# Two commands on a fresh machine (see README):
+#   make demo   - set everything up and run the live demo
+#   make test   - set everything up and run lint, type checks and the tests
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: demo test lint typecheck unit reliability bench install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpufleet demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+reliability: $(STAMP)
+	$(BIN)/pytest -q tests/reliability
+
+clean:
+	rm -rf $(VENV) .gpufleet .pytest_cache .mypy_cache .ruff_cache
