@@ -11,10 +11,12 @@ checked against it to the millijoule.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from agent.simulator import states as st
+from agent.simulator.fault_state import FaultState, faults_in_force
 from agent.simulator.host import HostModel
 from agent.simulator.physics import (
     CLOCK_POWER_EXPONENT,
@@ -26,7 +28,7 @@ from agent.simulator.physics import (
     temperature_step,
     thermal_limit_power_w,
 )
-from agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan
+from agent.simulator.plan import FleetPlan, GpuPlan, RunPlan
 from agent.simulator.profiles import PCIE_LANE_TABLE, pcie_link_bytes_s
 from agent.simulator.workload import (
     PCIE_EFFICIENCY,
@@ -59,6 +61,30 @@ POWER_NOISE_REL = 0.008
 POWER_NOISE_W = 1.5
 #: The XID that comes with a double-bit ECC error.
 XID_DBE = 48
+
+
+@dataclass
+class Levels:
+    """Per-GPU, per-state activity (GPU count x N_STATES) and the dynamic power it asks for."""
+
+    util_pct: np.ndarray
+    sm: np.ndarray
+    tensor: np.ndarray
+    dram: np.ndarray
+    #: Power above idle at full clock, W.
+    dyn_w: np.ndarray
+
+
+@dataclass
+class Clocks:
+    """Per-GPU, per-state clock ratio after every limit, and the power at it."""
+
+    ratio: np.ndarray
+    #: Whether the power cap (not another limit) set the clock in that state.
+    capped: np.ndarray
+    power_w: np.ndarray
+    sw_thermal: np.ndarray
+    hw_thermal: np.ndarray
 
 
 class FleetEngine:
@@ -117,82 +143,59 @@ class FleetEngine:
         self.host_present = np.ones(len(self.node_names), dtype=bool)
         self._starv_by_run = {r.run_id: [s for s in plan.starvations if s.run_id == r.run_id] for r in plan.runs}
 
-    # -- faults -------------------------------------------------------------------------------
-    def _faults_at(self, t: float) -> list[GpuFaultPlan]:
-        return [f for f in self.plan.gpu_faults if f.start <= t < f.end]
-
     def step(self, t: float) -> None:
         """Advance to ``t`` (> current time): one tick of length ``t - self.t``."""
         a, b = self.t, float(t)
-        dt = b - a
-        if dt <= 0:
+        if b <= a:
             raise ValueError(f"step to {b} is not after the current time {a}")
-        g = self.n_gpus
-        z = self._noise.standard_normal((g, 6))
+        z = self._noise.standard_normal((self.n_gpus, 6))
         zh = self._noise.standard_normal((len(self.node_names), 8))
-
-        cap = self.tdp_w.copy()
-        rise = np.zeros(g)
-        hw = np.ones(g)
-        brake = np.ones(g)
-        lock = np.ones(g)
-        gen = self.gen_max.copy()
-        width = self.width_max.copy()
-        hw_on = np.zeros(g, dtype=bool)
-        brake_on = np.zeros(g, dtype=bool)
-        for f in self._faults_at(b):
-            i = f.gpu_idx
-            p = f.params
-            if f.kind == "power_cap":
-                cap[i] = np.minimum(cap[i], p["limit_w"])
-            elif f.kind == "thermal":
-                rise[i] = np.maximum(rise[i], p["temp_rise_c"])
-            elif f.kind == "hw_slowdown":
-                hw[i] = np.minimum(hw[i], p["clock_factor"])
-                hw_on[i] = True
-            elif f.kind == "power_brake":
-                brake[i] = np.minimum(brake[i], p["clock_factor"])
-                brake_on[i] = True
-            elif f.kind == "clock_lock":
-                lock[i] = np.minimum(lock[i], p["clock_fraction"])
-            elif f.kind == "pcie_degraded":
-                if p["gen"] is not None:
-                    gen[i] = np.minimum(gen[i], p["gen"])
-                if p["width"] is not None:
-                    width[i] = np.minimum(width[i], p["width"])
-
-        # Activity levels of every state, with each run's workload on its GPUs.
-        util_l, sm_l, tensor_l, dram_l = st.fixed_levels(g)
+        faults = faults_in_force(self.plan.gpu_faults, b, self.tdp_w, self.gen_max, self.width_max)
         active = [r for r in self.plan.runs if r.start < b and (r.end is None or r.end > a)]
+        levels = self._levels(active)
+        clocks = self._clocks(levels, faults)
+        tick, load = self._lay_out(active, a, b, clocks, faults, z)
+        self._gpu_outputs(a, b, tick, levels, clocks, faults, z)
+        self.host = self.host_model.metrics(load, zh)
+        self.t = b
+        self._presence(b)
+
+    def _levels(self, active: list[RunPlan]) -> Levels:
+        """Activity of every GPU in every state, with each run's workload on its GPUs."""
+        util, sm, tensor, dram = st.fixed_levels(self.n_gpus)
         for r in active:
-            w = r.workload
-            i = r.gpu_idx
-            sm_l[i, st.COMPUTE], tensor_l[i, st.COMPUTE], dram_l[i, st.COMPUTE] = w.sm_active, w.tensor_active, w.dram_active
+            w, i = r.workload, r.gpu_idx
+            sm[i, st.COMPUTE], tensor[i, st.COMPUTE], dram[i, st.COMPUTE] = w.sm_active, w.tensor_active, w.dram_active
             for col, scale in ((st.EVAL, st.EVAL_SCALE), (st.RAMP, st.RAMP_SCALE)):
-                sm_l[i, col] = scale[0] * w.sm_active
-                tensor_l[i, col] = scale[1] * w.tensor_active
-                dram_l[i, col] = scale[2] * w.dram_active
+                sm[i, col] = scale[0] * w.sm_active
+                tensor[i, col] = scale[1] * w.tensor_active
+                dram[i, col] = scale[2] * w.dram_active
         dyn = dynamic_power_w(self.tdp_w[:, None], self.idle_w[:, None], self.efficiency[:, None],
-                              activity_index(sm_l, tensor_l, dram_l))
+                              activity_index(sm, tensor, dram))
+        return Levels(util, sm, tensor, dram, dyn)
 
-        # Clock limits that hold whatever the GPU does, then the power cap per state.
-        fixed = np.minimum(np.minimum(hw, brake), lock)
-        thermal_ratio, sw_th, hw_th = self._thermal(dyn[:, st.COMPUTE], fixed, cap, rise)
+    def _clocks(self, lv: Levels, faults: FaultState) -> Clocks:
+        """Clock limits that hold whatever the GPU does, then the power cap in each state."""
+        fixed = faults.fixed_clock_ratio
+        thermal_ratio, sw_th, hw_th = self._thermal(lv.dyn_w[:, st.COMPUTE], fixed, faults.cap_w, faults.rise_c)
         persist = np.maximum(np.minimum(fixed, thermal_ratio), self.ratio_min)
-        dyn_at = dyn * np.power(persist, CLOCK_POWER_EXPONENT)[:, None]
-        cap_ratio = clock_ratio_for_limit(cap[:, None], self.idle_w[:, None], dyn_at)
+        dyn_at = lv.dyn_w * np.power(persist, CLOCK_POWER_EXPONENT)[:, None]
+        cap_ratio = clock_ratio_for_limit(faults.cap_w[:, None], self.idle_w[:, None], dyn_at)
         ratio = np.maximum(persist[:, None] * cap_ratio, self.ratio_min[:, None])
-        capped = cap_ratio < 0.999
-        p_state = board_power_w(self.idle_w[:, None], dyn, ratio)
+        return Clocks(ratio=ratio, capped=cap_ratio < 0.999,
+                      power_w=board_power_w(self.idle_w[:, None], lv.dyn_w, ratio),
+                      sw_thermal=sw_th, hw_thermal=hw_th)
 
-        # Lay out each run's time over the states.
-        link_now = PCIE_LANE_TABLE[gen.astype(np.intp)] * width
+    def _lay_out(self, active: list[RunPlan], a: float, b: float, clocks: Clocks, faults: FaultState,
+                 z: np.ndarray) -> tuple[GpuTick, HostLoad]:
+        """Each run splits its GPUs' tick over the states; what is left is unallocated time."""
+        link_now = PCIE_LANE_TABLE[faults.pcie_gen.astype(np.intp)] * faults.pcie_width
         inputs = RunTickInputs(
-            compute_clock_ratio=ratio[:, st.COMPUTE], pcie_bw_ratio=link_now / self.link_max,
+            compute_clock_ratio=clocks.ratio[:, st.COMPUTE], pcie_bw_ratio=link_now / self.link_max,
             pcie_bw_bytes_s=PCIE_EFFICIENCY * link_now, pcie_bw_max_bytes_s=self.link_max,
             nvlink_max_bytes_s=self.nvlink_max, mem_total_mib=self.mem_total, jitter=z[:, 0],
         )
-        tick = GpuTick(g)
+        tick = GpuTick(self.n_gpus)
         load = HostLoad(len(self.node_names))
         self.step_timing = {}
         for r in active:
@@ -201,14 +204,8 @@ class FleetEngine:
             if timing is not None:
                 self.run_steps[r.run_id] += timing.steps
                 self.step_timing[r.run_id] = timing
-        frac = tick.frac
-        frac[:, st.FREE] = np.clip(1.0 - frac[:, : st.FREE].sum(axis=1), 0.0, 1.0)
-
-        self._gpu_outputs(a, b, frac, util_l, sm_l, tensor_l, dram_l, ratio, capped, p_state, cap, rise, z,
-                          sw_th, hw_th, hw_on, brake_on, gen, width, tick)
-        self.host = self.host_model.metrics(load, zh)
-        self.t = b
-        self._presence(b)
+        tick.frac[:, st.FREE] = np.clip(1.0 - tick.frac[:, : st.FREE].sum(axis=1), 0.0, 1.0)
+        return tick, load
 
     def _thermal(self, dyn_busy: np.ndarray, fixed: np.ndarray, cap: np.ndarray,
                  rise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -229,28 +226,27 @@ class FleetEngine:
         ratio = np.where(hw, np.minimum(ratio, HW_THERMAL_RATIO), ratio)
         return np.where(self.thermal_on, ratio, 1.0), self.thermal_on.copy(), hw
 
-    def _gpu_outputs(self, a: float, b: float, frac: np.ndarray, util_l: np.ndarray, sm_l: np.ndarray,
-                     tensor_l: np.ndarray, dram_l: np.ndarray, ratio: np.ndarray, capped: np.ndarray,
-                     p_state: np.ndarray, cap: np.ndarray, rise: np.ndarray, z: np.ndarray, sw_th: np.ndarray,
-                     hw_th: np.ndarray, hw_on: np.ndarray, brake_on: np.ndarray, gen: np.ndarray,
-                     width: np.ndarray, tick: GpuTick) -> None:
+    def _gpu_outputs(self, a: float, b: float, tick: GpuTick, lv: Levels, clocks: Clocks, faults: FaultState,
+                     z: np.ndarray) -> None:
+        """Power, clocks, reasons, counters and temperature reported for the tick."""
+        frac = tick.frac
         dt = b - a
         idle_share = frac[:, st.IDLE] + frac[:, st.FREE]
-        power = (frac * p_state).sum(axis=1)
+        power = (frac * clocks.power_w).sum(axis=1)
         power = power * (1.0 + POWER_NOISE_REL * z[:, 1]) + POWER_NOISE_W * z[:, 2]
-        power = np.clip(power, 0.6 * self.idle_w, cap)
+        power = np.clip(power, 0.6 * self.idle_w, faults.cap_w)
         power = np.round(power, 2)
         clock_state = np.where(self._idle_state,
-                               self.clock_idle[:, None], ratio * self.clock_max[:, None])
+                               self.clock_idle[:, None], clocks.ratio * self.clock_max[:, None])
         clock = np.rint((frac * clock_state).sum(axis=1))
 
         reasons = np.zeros(self.n_gpus, dtype=np.int64)
         reasons |= np.where(idle_share >= REASON_SHARE, THROTTLE_GPU_IDLE, 0)
-        reasons |= np.where((frac * capped).sum(axis=1) >= REASON_SHARE, THROTTLE_SW_POWER_CAP, 0)
-        reasons |= np.where(hw_on, THROTTLE_HW_SLOWDOWN, 0)
-        reasons |= np.where(sw_th, THROTTLE_SW_THERMAL, 0)
-        reasons |= np.where(hw_th, THROTTLE_HW_THERMAL, 0)
-        reasons |= np.where(brake_on, THROTTLE_HW_POWER_BRAKE, 0)
+        reasons |= np.where((frac * clocks.capped).sum(axis=1) >= REASON_SHARE, THROTTLE_SW_POWER_CAP, 0)
+        reasons |= np.where(faults.hw_slowdown_on, THROTTLE_HW_SLOWDOWN, 0)
+        reasons |= np.where(clocks.sw_thermal, THROTTLE_SW_THERMAL, 0)
+        reasons |= np.where(clocks.hw_thermal, THROTTLE_HW_THERMAL, 0)
+        reasons |= np.where(faults.power_brake_on, THROTTLE_HW_POWER_BRAKE, 0)
 
         # Energy: trapezoid of the reported power; a driver reload restarts the counter.
         inc = 0.5 * (self.power_w + power) * dt * 1000.0
@@ -274,23 +270,23 @@ class FleetEngine:
                     self.ecc_dbe[x.gpu_idx] += 1
             self._xid_next += 1
 
-        target = target_temp_c(self.inlet, self.r_th, power, rise)
+        target = target_temp_c(self.inlet, self.r_th, power, faults.rise_c)
         self.temp_c = temperature_step(self.temp_c, target, dt, self.tau)
         temp = np.rint(self.temp_c + 0.3 * z[:, 3])
-        util = (frac * util_l).sum(axis=1)
-        sm = (frac * sm_l).sum(axis=1)
-        dram = (frac * dram_l).sum(axis=1)
+        util = (frac * lv.util_pct).sum(axis=1)
+        sm = (frac * lv.sm).sum(axis=1)
+        dram = (frac * lv.dram).sum(axis=1)
         busy = 1.0 - idle_share
         self.gpu = {
             "util_pct": np.rint(np.clip(util + 0.5 * busy * z[:, 4], 0.0, 100.0)),
             "sm_active": np.round(np.clip(sm * (1.0 + 0.01 * z[:, 5]), 0.0, 1.0), 4),
-            "tensor_active": np.round(np.clip((frac * tensor_l).sum(axis=1), 0.0, 1.0), 4),
+            "tensor_active": np.round(np.clip((frac * lv.tensor).sum(axis=1), 0.0, 1.0), 4),
             "dram_active": np.round(np.clip(dram, 0.0, 1.0), 4),
             "mem_used_mib": np.round(tick.mem_used_mib),
             "mem_total_mib": self.mem_total,
             "power_w": power,
             "energy_mj": np.floor(self.energy_mj),
-            "power_limit_w": cap,
+            "power_limit_w": faults.cap_w,
             "sm_clock_mhz": clock,
             "sm_clock_max_mhz": self.clock_max,
             "mem_clock_mhz": self.mem_clock,
@@ -299,9 +295,9 @@ class FleetEngine:
             "throttle_reasons": reasons.astype(np.float64),
             "pcie_tx_bytes_s": np.round(tick.pcie_tx_bytes_s + 2e4 * np.abs(z[:, 4])),
             "pcie_rx_bytes_s": np.round(tick.pcie_rx_bytes_s + 5e4 * np.abs(z[:, 5])),
-            "pcie_gen": gen,
+            "pcie_gen": faults.pcie_gen,
             "pcie_gen_max": self.gen_max,
-            "pcie_width": width,
+            "pcie_width": faults.pcie_width,
             "pcie_width_max": self.width_max,
             "nvlink_tx_bytes_s": np.round(tick.nvlink_bytes_s),
             "nvlink_rx_bytes_s": np.round(tick.nvlink_bytes_s),
