@@ -116,14 +116,28 @@ class Frame:
         np.cumsum(self.lengths, out=self.offsets[1:])
         self.starts = self.offsets[:-1]
         self.size = n = int(self.offsets[-1])
-        self._cols: dict[str, np.ndarray] = {}
-        self.t = np.concatenate([s.t for s in self.series]).astype(np.float64, copy=False) if n else np.zeros(0)
-        first = np.zeros(n, dtype=bool)
-        first[self.starts] = True
-        self.first = first
+        #: Times are float32 seconds since ``base`` (sub-millisecond over a
+        #: day); :meth:`time` gives epoch seconds back.
+        self.base = min((float(s.t[0]) for s in self.series), default=0.0)
+        self.t = (
+            np.concatenate([s.t - self.base for s in self.series], dtype=F32, casting="same_kind")
+            if n else np.zeros(0, dtype=F32)
+        )
         self._timing()
 
     # --- layout -----------------------------------------------------------------
+
+    def time(self, idx: np.ndarray | slice | int) -> np.ndarray:
+        """Epoch seconds (float64) of flat samples."""
+        return self.base + np.asarray(self.t[idx], dtype=np.float64)
+
+    def rel(self, at: np.ndarray | float) -> np.ndarray:
+        """Epoch seconds as this frame's relative float32 time."""
+        return np.asarray(np.asarray(at, dtype=np.float64) - self.base, dtype=F32)
+
+    def row_times(self, r: int) -> np.ndarray:
+        """Row ``r``'s own epoch times (float64)."""
+        return np.asarray(self.series[r].t, dtype=np.float64)
 
     def row_of(self, idx: np.ndarray) -> np.ndarray:
         """Row of each flat index."""
@@ -144,7 +158,7 @@ class Frame:
 
     def last_time(self, mask: np.ndarray) -> np.ndarray:
         idx = np.flatnonzero(mask)
-        return last_per_group(self.row_of(idx), self.t[idx], self.rows)
+        return last_per_group(self.row_of(idx), self.time(idx), self.rows)
 
     def take(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Flat indexes of the ranges ``[a[r], b[r])`` of every row, concatenated."""
@@ -171,6 +185,7 @@ class Frame:
         out = np.empty(g, dtype=np.int64)
         if g == 0:
             return out
+        at = self.rel(at)
         t0 = self.t[self.starts]
         t1 = self.t[self.offsets[1:] - 1]
         before = (at < t0) | ((side == "left") & (at == t0))
@@ -196,35 +211,46 @@ class Frame:
 
     # --- columns ----------------------------------------------------------------
 
-    def col(self, name: str) -> np.ndarray:
-        """The flat column (float32, NaN for NULL or never reported)."""
-        got = self._cols.get(name)
-        if got is None:
-            parts = [s.cols.get(name) for s in self.series]
-            if not self.size or all(p is None for p in parts):
-                got = np.full(self.size, np.nan, dtype=F32)
-            else:
-                got = np.concatenate(
-                    [np.full(len(s), np.nan) if p is None else p for s, p in zip(self.series, parts, strict=True)],
-                    dtype=F32, casting="same_kind",
-                )
-            self._cols[name] = got
-        return got
+    def col(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The flat column (float32, NaN for NULL or never reported), into
+        ``out`` when given.
+
+        Not cached: callers derive what they need and let it go, and the
+        frame's own transient columns go into two reused scratch buffers, so a
+        sweep's memory stays small (fresh memory is what costs most here)."""
+        if out is None:
+            out = np.empty(self.size, dtype=F32)
+        parts = [s.cols.get(name) for s in self.series]
+        if not self.size or all(p is None for p in parts):
+            out.fill(np.nan)
+            return out
+        return np.concatenate(
+            [np.full(len(s), np.nan) if p is None else p for s, p in zip(self.series, parts, strict=True)],
+            out=out, casting="same_kind",
+        )
+
+    def transient(self, name: str) -> np.ndarray:
+        """:meth:`col` into a reused buffer: valid until the frame's next use
+        of it (any other column access), so consume it at once."""
+        return self.col(name, out=self._scratch[0])
+
+    @cached_property
+    def _scratch(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.empty(self.size, dtype=F32), np.empty(self.size, dtype=F32)
 
     def at(self, name: str, idx: np.ndarray) -> np.ndarray:
         """Column ``name`` at ascending flat indexes ``idx`` without building
         the whole column when few rows are involved."""
-        got = self._cols.get(name)
-        if got is not None or idx.size * 4 > self.size:
-            return self.col(name)[idx]
+        if idx.size * 4 > self.size:
+            return self.col(name, out=self._scratch[0])[idx]
         out = np.full(idx.size, np.nan, dtype=F32)
         if idx.size == 0:
             return out
         rows = self.row_of(idx)
         cut = np.flatnonzero(rows[1:] != rows[:-1]) + 1
-        bounds = np.concatenate([[0], cut, [idx.size]])
-        for i in range(bounds.size - 1):
-            a, b = int(bounds[i]), int(bounds[i + 1])
+        bounds = np.concatenate([[0], cut, [idx.size]]).tolist()
+        for i in range(len(bounds) - 1):
+            a, b = bounds[i], bounds[i + 1]
             r = int(rows[a])
             arr = self.series[r].cols.get(name)
             if arr is not None:
@@ -234,9 +260,6 @@ class Frame:
     def at_ranges(self, name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Column ``name`` over the ranges of :meth:`take` (same order),
         copied from the series without building the whole column."""
-        got = self._cols.get(name)
-        if got is not None:
-            return got[self.take(a, b)]
         rows = np.flatnonzero(b > a).tolist()
         lo = (a - self.starts).tolist()
         hi = (b - self.starts).tolist()
@@ -260,13 +283,17 @@ class Frame:
     def _timing(self) -> None:
         cfg = self.config
         n, g = self.size, self.rows
+        first = np.zeros(n, dtype=bool)
+        first[self.starts] = True
         dt_prev = np.zeros(n, dtype=F32)
         if n > 1:
-            np.subtract(self.t[1:], self.t[:-1], out=dt_prev[1:], casting="same_kind")
+            np.subtract(self.t[1:], self.t[:-1], out=dt_prev[1:])
             dt_prev[self.starts] = 0.0
             np.maximum(dt_prev, 0.0, out=dt_prev)
         intervals = self.lengths - 1
-        span = self.t[self.offsets[1:] - 1] - self.t[self.starts] if g else np.zeros(0)
+        span = (
+            np.array([s.t[-1] - s.t[0] for s in self.series], dtype=np.float64) if g else np.zeros(0)
+        )
         # Typical interval: the mean, then the mean without the gaps it finds,
         # so one long gap does not hide the others (cheaper than a median).
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -282,10 +309,11 @@ class Frame:
                 gap = dt_prev > self.per_sample((cfg.gap_factor * typ).astype(F32))
         typ = np.where(np.isfinite(typ) & (typ > 0), typ, cfg.fallback_dt_s)
         self.dt = typ
-        gap |= self.first
-        w = np.empty(n, dtype=F32)
+        gap |= first
+        del first
+        w = dt_prev  # reused in place: the interval to the next sample
         if n:
-            w[:-1] = dt_prev[1:]
+            w[:-1] = w[1:]
             nxt = np.flatnonzero(gap[1:])
             w[nxt] = typ[self.row_of(nxt)]
             w[self.offsets[1:] - 1] = typ
@@ -306,9 +334,10 @@ class Frame:
     @cached_property
     def activity(self) -> np.ndarray:
         cfg = self.config
-        sm = self.col("sm_active")
-        act = np.fmax(sm, self.col("dram_active")) if self.has("dram_active") else sm.copy()
-        need = np.flatnonzero(np.isnan(sm))
+        act = self.col("sm_active")
+        if self.has("dram_active"):
+            np.fmax(act, self.col("dram_active", out=self._scratch[1]), out=act, where=~np.isnan(act))
+        need = np.flatnonzero(np.isnan(act))
         if need.size:
             util = self.at("util_pct", need) / F32(100.0)
             pa = (self.power_frac(need) - cfg.power_idle_frac) / (cfg.power_busy_frac - cfg.power_idle_frac)
@@ -408,8 +437,8 @@ class Frame:
         prow = self.row_of(starts)
         offsets = np.searchsorted(prow, np.arange(self.rows + 1))
         return Phases(
-            row=prow, state=st[starts].astype(np.int8), t0=self.t[starts],
-            t1=self.t[ends] + self.w_all[ends], dur=dur, act=act, open_start=open_start, open_end=open_end,
+            row=prow, state=st[starts].astype(np.int8), t0=self.time(starts),
+            t1=self.time(ends) + self.w_all[ends], dur=dur, act=act, open_start=open_start, open_end=open_end,
             offsets=offsets,
         )
 
@@ -432,19 +461,22 @@ class Frame:
 
     @cached_property
     def throttle_bits(self) -> np.ndarray:
-        """Reason bits of interest (int16, 0 where none or not reported)."""
-        raw = self.col("throttle_reasons")
+        """Reason bits of interest (int16): 0 where none, -1 where no bitmask
+        was reported."""
+        raw = self.col("throttle_reasons", out=self._scratch[0])
         out = np.zeros(self.size, dtype=np.int16)
-        nz = np.flatnonzero(raw > 0)
-        out[nz] = raw[nz].astype(np.int64) & THROTTLE_MASK
+        nz = np.flatnonzero(~(raw <= 0))
+        val = raw[nz]
+        out[nz] = np.where(np.isnan(val), -1, np.nan_to_num(val).astype(np.int64) & THROTTLE_MASK)
         return out
 
     @cached_property
     def pcie_degraded(self) -> np.ndarray:
         """Link generation or width below its maximum (False where unknown)."""
-        gen, gen_max = self.col("pcie_gen"), self.col("pcie_gen_max")
-        wid, wid_max = self.col("pcie_width"), self.col("pcie_width_max")
-        return (gen < self._max_or_seen(gen, gen_max)) | (wid < self._max_or_seen(wid, wid_max))
+        a, b = self._scratch
+        deg = self.col("pcie_gen", out=a) < self._max_or_seen(a, self.col("pcie_gen_max", out=b))
+        deg |= self.col("pcie_width", out=a) < self._max_or_seen(a, self.col("pcie_width_max", out=b))
+        return deg
 
     def _max_or_seen(self, cur: np.ndarray, mx: np.ndarray) -> np.ndarray:
         miss = ~(mx > 0) & np.isfinite(cur)
@@ -547,8 +579,7 @@ class Frame:
         b = self.index_at(hi, "right")
         return a, np.maximum(a, b)
 
-    @cached_property
-    def w_region(self) -> np.ndarray:
+    def region_weights(self) -> np.ndarray:
         """Sample weights inside each row's run region, zero elsewhere."""
         return self.w * self.range_mask(*self.region_index)
 
@@ -571,7 +602,7 @@ class Frame:
         share = np.full(g, np.nan)
         hit = np.flatnonzero(ind & (weight > 0))
         hrow = self.row_of(hit)
-        last = last_per_group(hrow, self.t[hit], g)
+        last = last_per_group(hrow, self.time(hit), g)
         if hit.size == 0:
             return Episode(onset, secs, share, last)
         head = np.ones(hrow.size, dtype=bool)
@@ -603,7 +634,7 @@ class Frame:
             r = rows[ls]
             tail_i = c[ends[ls]] - c[sel] + wi[sel]
             tail_w = (tail_i - excess[sel]) / min_share if min_share > 0 else np.full(sel.size, np.nan)
-            onset[r] = self.t[sel if idx is None else idx[sel]]
+            onset[r] = self.time(sel if idx is None else idx[sel])
             secs[r] = tail_i
             with np.errstate(invalid="ignore", divide="ignore"):
                 share[r] = np.where(tail_w > 0, tail_i / np.where(tail_w > 0, tail_w, 1.0), 1.0)

@@ -79,7 +79,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     cfg = config
     gpus_of: dict[str, set[int]] = defaultdict(set)
     first_seen: dict[str, float] = {}
-    t_first = fr.t[fr.starts]
+    t_first = fr.time(fr.starts)
     for (node, gpu), t0 in zip(fr.keys, t_first.tolist(), strict=True):
         gpus_of[node].add(int(gpu))
         if t0 < first_seen.get(node, math.inf):
@@ -118,21 +118,23 @@ def _xid_findings(fr: Frame, cfg: DetectorConfig) -> list[Finding]:
     """One finding per GPU with at least ``xid_min_events`` XIDs in the window."""
     if fr.rows == 0 or not fr.has("xid"):
         return []
-    x = fr.col("xid")
+    x = fr.transient("xid")
     hit = x > 0
     if cfg.xid_ignore:
         hit &= ~np.isin(x, np.asarray(cfg.xid_ignore, dtype=x.dtype))
     idx = np.flatnonzero(hit)
+    x = x[idx]
     rows = fr.row_of(idx)
     out = []
     for r in np.unique(rows).tolist():
-        mine = idx[rows == r]
+        sel = rows == r
+        mine = idx[sel]
         if mine.size < cfg.xid_min_events:
             continue
-        times = fr.t[mine]
-        codes = sorted({int(c) for c in x[mine].tolist()})
+        times = fr.time(mine)
+        codes = sorted({int(c) for c in x[sel].tolist()})
         node, gpu = fr.keys[r]
-        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[mine[-1]])}
+        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1])}
         last = float(times[-1])
         out.append(Finding(
             KIND, "repeated_xid", "critical", float(times[0]), evidence,

@@ -34,7 +34,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     for r in (int(i) for i in np.flatnonzero(hit)):
         sl = fr.row_slice(r)
         onset, last = float(ep.onset[r]), float(ep.last[r])
-        m = ind[sl] & (fr.t[sl] >= onset)
+        m = ind[sl] & (fr.row_times(r) >= onset)
         gen, gen_max = median_of(fr.series_col(r, "pcie_gen"), m), median_of(fr.series_col(r, "pcie_gen_max"), m)
         wid, wid_max = median_of(fr.series_col(r, "pcie_width"), m), median_of(fr.series_col(r, "pcie_width_max"), m)
         evidence = {

@@ -115,7 +115,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         & (ph.t0 >= lo[ph.row]) & (ph.t1 <= hi[ph.row] + fr.dt[ph.row])
     )
     n_idle = np.bincount(ph.row[complete_idle], minlength=fr.rows)
-    wreg = fr.w_region
+    wreg = fr.region_weights()
     ep = fr.trailing_episode(wreg, fr.activity < cfg.starve_low_activity, cfg.starve_low_share)
     low = (ep.seconds >= cfg.starve_min_duration_s) & fr.recent_enough(ep.last)
     cand = ((n_idle >= cfg.starve_min_cycles) | low) & (fr.run_of_row >= 0)
@@ -177,9 +177,9 @@ def _judge_run(
     pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
     if pressure.cause not in ("cpu", "io"):
         return None
-    sl = [fr.row_slice(int(r)) for r in lows]
-    acts = np.concatenate([fr.activity[s][fr.t[s] >= onset] for s in sl])
-    wts = np.concatenate([fr.w[s][fr.t[s] >= onset] for s in sl])
+    since = [(fr.row_slice(int(r)), fr.row_times(int(r)) >= onset) for r in lows]
+    acts = np.concatenate([fr.activity[s][m] for s, m in since])
+    wts = np.concatenate([fr.w[s][m] for s, m in since])
     fin = np.isfinite(acts) & (wts > 0)
     mean_act = float(np.average(acts[fin], weights=wts[fin])) if fin.any() else math.nan
     lost = float(np.clip(1.0 - mean_act / cfg.nominal_activity, 0.0, 1.0)) if math.isfinite(mean_act) else math.nan

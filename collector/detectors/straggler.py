@@ -87,7 +87,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(den > 0, s / np.where(den > 0, den, 1.0), np.nan)
 
-    bits = fr.throttle_bits[idx]
+    bits = np.maximum(fr.throttle_bits[idx], 0)
     lim = fr.at_ranges("power_limit_w", a, b)
     lim[~(lim > 0)] = np.nan
     power = fr.at_ranges("power_w", a, b)
@@ -162,10 +162,10 @@ def _finding(
 ) -> Finding:
     cfg = fr.config
     sl = fr.row_slice(r)
-    t = fr.t[sl]
+    t = fr.row_times(r)
     w = np.where(t >= fr.region[0][r], fr.w[sl], 0.0)
     busy = fr.busy[sl]
-    bits = fr.throttle_bits[sl]
+    bits = np.maximum(fr.throttle_bits[sl], 0)
     clk = fr.series_col(r, "sm_clock_mhz")
     slow = clk < ref["clk"] * (1.0 - cfg.straggler_min_rel)
     wb = np.where(busy, w, 0.0)

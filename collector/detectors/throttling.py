@@ -34,9 +34,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         return []
     cfg = config
     busy = fr.busy
-    reason = fr.throttle_bits != 0
-    raw = fr.col("throttle_reasons")
-    unreported = np.flatnonzero(np.isnan(raw) & busy)
+    bits = fr.throttle_bits
+    reason = bits > 0
+    unreported = np.flatnonzero((bits < 0) & busy)
     if unreported.size:
         reason[unreported] = _inferred(fr, cfg, unreported)
     cand = np.flatnonzero(busy & reason)
@@ -66,11 +66,11 @@ def _finding(
     cfg = fr.config
     sl = fr.row_slice(r)
     ix = np.arange(sl.start, sl.stop)
-    t = fr.t[sl]
+    t = fr.row_times(r)
     since = t >= onset
     hit = ind[sl] & since
     w = fr.w[sl]
-    bits = fr.throttle_bits[sl]
+    bits = np.maximum(fr.throttle_bits[sl], 0)
     raw = fr.series_col(r, "throttle_reasons")
     inferred = not np.isfinite(raw[hit]).any()
     shares: dict[str, float] = {}
