@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--duration", type=float, default=None, help="seconds (default: the whole scenario)")
     b.add_argument("--seed", type=int, default=None)
     b.add_argument("--start", type=float, default=None, help="start time, epoch seconds")
+    b.add_argument("--interval", type=float, default=None, help="sampling interval, s (0.1-30)")
     b.add_argument("--epoch", action="store_true", help="write times as epoch seconds, not RFC 3339")
     b.add_argument("--overwrite", action="store_true")
     lab = sub.add_parser("labels", help="print the ground truth of a scenario as JSON")
@@ -39,12 +40,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {desc}")
         elif args.cmd == "bundle":
             info = write_bundle(args.scenario, args.out_dir, args.duration, seed=args.seed, start_time=args.start,
+                                sample_interval_s=args.interval,
                                 time_format="epoch" if args.epoch else "rfc3339", overwrite=args.overwrite)
             print(f"{info.path}: {info.gpu_rows} GPU rows, {info.host_rows} host rows, "
                   f"{len(info.labels.incidents)} labelled incidents")
         else:
             print(json.dumps(Fleet.from_scenario(args.scenario, seed=args.seed).labels().to_dict(), indent=1))
-    except (ScenarioError, FileExistsError) as e:
+    except (ScenarioError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -82,20 +82,22 @@ def write_bundle(
     *,
     seed: int | None = None,
     start_time: float | datetime | None = None,
+    sample_interval_s: float | None = None,
     time_format: Literal["rfc3339", "epoch"] = "rfc3339",
     overwrite: bool = False,
 ) -> BundleInfo:
     """Simulate and write a complete bundle into ``out_dir``.
 
     ``fleet_or_scenario``: a :class:`Fleet` (written from its current time
-    on), or what :meth:`Fleet.from_scenario` accepts (then ``seed`` and
-    ``start_time`` apply).  ``duration_s`` defaults to the rest of the
+    on), or what :meth:`Fleet.from_scenario` accepts (then ``seed``,
+    ``start_time`` and ``sample_interval_s`` apply).  ``duration_s`` defaults to the rest of the
     scenario; samples are at the start, every interval, and at the end.
     """
     if isinstance(fleet_or_scenario, Fleet):
         fleet = fleet_or_scenario
     else:
-        fleet = Fleet.from_scenario(fleet_or_scenario, seed=seed, start_time=start_time)
+        fleet = Fleet.from_scenario(fleet_or_scenario, seed=seed, start_time=start_time,
+                                    sample_interval_s=sample_interval_s)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out}: not empty (pass overwrite=True to replace it)")

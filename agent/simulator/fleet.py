@@ -20,7 +20,7 @@ import numpy as np
 from agent.simulator.engine import FleetEngine
 from agent.simulator.labels import Labels, derive_labels
 from agent.simulator.plan import FleetPlan, build_plan
-from agent.simulator.scenario import Scenario, load_scenario
+from agent.simulator.scenario import MAX_INTERVAL_S, MIN_INTERVAL_S, Scenario, load_scenario
 from agent.simulator.workload import StepTiming
 from agent.sources.base import GpuRow, HostRow, Source
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
@@ -45,13 +45,19 @@ class Fleet:
 
     @classmethod
     def from_scenario(cls, path_or_name: str | Path | Scenario, seed: int | None = None,
-                      start_time: float | datetime | None = None) -> Fleet:
+                      start_time: float | datetime | None = None, sample_interval_s: float | None = None) -> Fleet:
         """Load a scenario (a path, a shipped name, or a parsed :class:`Scenario`).
 
         ``seed`` overrides the file's seed; ``start_time`` (epoch seconds or an
-        aware datetime) overrides its start, e.g. "now" for a live demo.
+        aware datetime) overrides its start, e.g. "now" for a live demo;
+        ``sample_interval_s`` (0.1-30 s) overrides its sampling interval.
         """
         sc = path_or_name if isinstance(path_or_name, Scenario) else load_scenario(path_or_name)
+        if sample_interval_s is not None:
+            if not MIN_INTERVAL_S <= sample_interval_s <= MAX_INTERVAL_S:
+                raise ValueError(f"sample_interval_s must be within {MIN_INTERVAL_S}-{MAX_INTERVAL_S} s, "
+                                 f"not {sample_interval_s}")
+            sc = sc.model_copy(update={"sample_interval_s": float(sample_interval_s)})
         if isinstance(start_time, datetime):
             start_time = start_time.timestamp()
         return cls(build_plan(sc, seed, start_time))

@@ -22,6 +22,9 @@ from agent.simulator.ranges import Range
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 DEFAULT_START = datetime(2026, 12, 1, 9, 30, 0, tzinfo=UTC)
+#: Sampling intervals the simulator supports, s (real fleets: 100 ms to 30 s).
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 30.0
 
 
 class ScenarioError(ValueError):
@@ -154,7 +157,7 @@ class Scenario(_Strict):
     seed: int = 0
     start_time: datetime = DEFAULT_START
     duration_s: float = Field(3600.0, gt=0)
-    sample_interval_s: float = Field(1.0, ge=0.1, le=30.0)
+    sample_interval_s: float = Field(1.0, ge=MIN_INTERVAL_S, le=MAX_INTERVAL_S)
     sites: list[SiteSpec] = Field(min_length=1)
     carbon: list[CarbonSpec] = Field(default_factory=list)
     nodes: list[NodeGroupSpec] = Field(min_length=1)

@@ -229,3 +229,12 @@ def test_four_nodes_of_eight_gpus_for_an_hour_at_1hz_is_quick(tmp_path: Path) ->
     assert info.gpu_rows == 32 * 3601
     # A few seconds on a quiet machine; generous for a loaded CI runner.
     assert elapsed < 30, elapsed
+
+
+def test_sampling_interval_override(tmp_path: Path) -> None:
+    info = write_bundle("healthy", tmp_path / "b", duration_s=60, sample_interval_s=0.5)
+    assert info.gpu_rows == 32 * 121 and info.labels.sample_interval_s == 0.5
+    _, rows = read_csv(tmp_path / "b" / "gpu.csv")
+    assert rows[32][0].endswith(".500Z")
+    with pytest.raises(ValueError, match="sample_interval_s"):
+        write_bundle("healthy", tmp_path / "c", duration_s=60, sample_interval_s=0.05)
