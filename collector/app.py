@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
+from collector.alerting import IncidentMetrics
 from collector.ingest import IngestHandler
 from collector.leader import DbMonitor, Leader, SweepFn
 from collector.metrics import CollectorMetrics
@@ -126,6 +127,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
 
     app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
     app.state.collector = state
+    state.metrics.registry.register(IncidentMetrics(url))
 
     async def principal(request: Request) -> Principal:
         return await state.auth.principal(request)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from typing import Any
 
 from collector.app import create_app
+from collector.sweep import Sweeper
 from gpufleet.config import Settings
 
 
-def build_collector(url: str, settings: Settings) -> FastAPI:
-    return create_app(url, settings, sweep=None, run_leader=settings.leader)
+def build_collector(url: str, settings: Settings) -> Any:
+    """The collector ASGI app with the leader's detector sweep wired in."""
+    return create_app(url, settings, sweep=Sweeper(settings), run_leader=settings.leader)

@@ -277,6 +277,46 @@ def run_end(run_id: str, end: Annotated[str | None, typer.Option(help="RFC 3339 
     typer.echo(json.dumps(run, default=str))
 
 
+@app.command()
+def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (contracts.md section 1)")],
+           findings: Annotated[Path, typer.Option("--findings", help="FINDINGS.jsonl to write")],
+           accounting: Annotated[Path, typer.Option("--accounting", help="ACCOUNTING.json to write")],
+           db: DbOpt = None, config: ConfigOpt = None,
+           quiet: Annotated[bool, typer.Option(help="no progress lines")] = False) -> None:
+    """Run ingest, every detector and accounting over a recorded trace bundle.
+
+    Without --db the bundle is loaded into a temporary database on the
+    configured (or embedded) server, dropped afterwards.
+    """
+    import contextlib
+
+    from collector.bundle import BundleError
+    from collector.replay import findings_jsonl, write_atomic
+    from collector.replay import replay as run_replay
+    from gpufleet.db import migrate
+    from gpufleet.db.connect import with_database
+    from gpufleet.testing.pg import scratch_database
+
+    s = settings_from(config)
+    say = (lambda _m: None) if quiet else (lambda m: typer.echo(f"replay: {m}", err=True))
+    with contextlib.ExitStack() as stack:
+        if db:
+            url = db
+        else:
+            server = database(s)
+            url = stack.enter_context(scratch_database(with_database(server, "postgres"), "gpufleet_replay"))
+        try:
+            migrate.upgrade(url, s)
+            result = run_replay(url, bundle, s, say)
+        except BundleError as e:
+            fail(str(e))
+        except psycopg.OperationalError as e:
+            fail(f"database: {str(e).strip().splitlines()[0]}")
+    write_atomic(findings, findings_jsonl(result.findings))
+    write_atomic(accounting, json.dumps(result.accounting, indent=2, default=str) + "\n")
+    say(f"wrote {len(result.findings)} findings to {findings} and {len(result.accounting)} runs to {accounting}")
+
+
 def main() -> None:
     try:
         app()

@@ -148,6 +148,10 @@ incidents = Table(
     _tz("start"),
     _tz("end", nullable=True),
     _tz("last_seen"),
+    #: Last time the condition itself was active (may precede last_seen).
+    _tz("last_active", nullable=True),
+    #: Hold-off the detector asked for before resolving, seconds.
+    Column("hold_s", Double, nullable=True),
     Column("evidence", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     CheckConstraint("state IN ('open', 'resolved')", name="incidents_state"),
 )

@@ -201,6 +201,8 @@ def upgrade() -> None:
         sa.Column("start", sa.DateTime(timezone=True), nullable=False),
         sa.Column("end", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("last_active", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("hold_s", sa.Double(), nullable=True),
         sa.Column(
             "evidence",
             postgresql.JSONB(astext_type=sa.Text()),

@@ -1,0 +1,124 @@
+"""Open incidents as alerts: Prometheus metrics and Alertmanager's v2 API.
+
+Every replica exports the open incidents it reads from the database (not from
+the leader's memory), so a scrape of any collector gives the same answer.
+The leader also pushes alerts straight to Alertmanager: open incidents are
+re-sent each sweep (Alertmanager expires alerts that stop arriving), and a
+resolved incident is sent once more with its ``endsAt``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import psycopg
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+OPEN_INCIDENTS_SQL = (
+    "SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence FROM incidents WHERE state = 'open'"
+)
+
+
+def _label(v: Any) -> str:
+    return "" if v is None else str(v)
+
+
+class IncidentMetrics(Collector):
+    """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident."""
+
+    def __init__(self, url: str, cache_s: float = 5.0) -> None:
+        self.url = url
+        self.cache_s = cache_s
+        self._at = 0.0
+        self._rows: list[tuple[Any, ...]] = []
+        self._up = 1.0
+
+    def _rows_now(self) -> list[tuple[Any, ...]]:
+        if time.monotonic() - self._at > self.cache_s:
+            try:
+                with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
+                    self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
+                self._up = 1.0
+            except psycopg.Error:
+                self._up = 0.0  # keep the last known set; report that it is stale
+            self._at = time.monotonic()
+        return self._rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self._rows_now()
+        g = GaugeMetricFamily("gpufleet_incident_open", "Open incidents (one series per incident, value 1)",
+                              labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
+        for _id, kind, run_id, node, gpu, cause, severity, *_ in rows:
+            g.add_metric([kind, _label(run_id), _label(node), _label(gpu), _label(cause), severity], 1.0)
+        yield g
+        yield GaugeMetricFamily("gpufleet_incidents_fresh", "1 when the open-incident set was read from the database "
+                                "on the last scrape", value=self._up)
+
+
+def alertname(kind: str) -> str:
+    return "Gpufleet" + "".join(p.capitalize() for p in kind.split("_"))
+
+
+def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, Any]:
+    labels = {"alertname": alertname(row["kind"]), "kind": row["kind"], "severity": row["severity"],
+              "source": "gpufleet"}
+    for k in ("run_id", "node", "gpu", "cause"):
+        if row.get(k) is not None:
+            labels[k] = str(row[k])
+    scope = row.get("run_id") or f"{row.get('node')}/{row.get('gpu')}"
+    alert: dict[str, Any] = {
+        "labels": labels,
+        "annotations": {
+            "summary": f"{row['kind'].replace('_', ' ')} on {scope}" + (f" (cause: {row['cause']})" if row.get("cause")
+                                                                           else ""),
+            "evidence": json.dumps(row.get("evidence") or {}, sort_keys=True, default=str),
+            "incident_id": str(row["id"]),
+        },
+        "startsAt": row["start"].astimezone(UTC).isoformat(),
+    }
+    if ends_at is not None:
+        alert["endsAt"] = ends_at.astimezone(UTC).isoformat()
+    return alert
+
+
+class AlertmanagerPusher:
+    def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
+        self.url = base_url.rstrip("/") + "/api/v2/alerts"
+        self.client = httpx.Client(timeout=timeout_s)
+        self.failures = 0
+
+    def push(self, alerts: list[dict[str, Any]]) -> bool:
+        if not alerts:
+            return True
+        try:
+            r = self.client.post(self.url, json=alerts)
+            r.raise_for_status()
+            return True
+        except httpx.HTTPError as e:
+            self.failures += 1
+            log.warning("Alertmanager push failed: %s", e)
+            return False
+
+    def sync(self, conn: psycopg.Connection, resolved_ids: Iterable[int]) -> bool:
+        """Send every open incident, and the ones just resolved with endsAt."""
+        cols = ["id", "kind", "run_id", "node", "gpu", "cause", "severity", "start", "evidence"]
+        alerts = [to_alert(dict(zip(cols, r, strict=True))) for r in conn.execute(OPEN_INCIDENTS_SQL).fetchall()]
+        ids = list(resolved_ids)
+        if ids:
+            rows = conn.execute(
+                'SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence, "end" FROM incidents '
+                "WHERE id = ANY(%s)", (ids,)).fetchall()
+            alerts += [to_alert(dict(zip(cols, r[:-1], strict=True)), ends_at=r[-1]) for r in rows]
+        return self.push(alerts)
+
+    def close(self) -> None:
+        self.client.close()

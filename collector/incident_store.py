@@ -1,0 +1,90 @@
+"""Incidents in the database: applies the lifecycle's plans transactionally.
+
+The lifecycle (``collector.incidents``) decides; this module only stores.
+A partial unique index allows one open incident per scope, so even two
+sweepers racing (a leadership hand-over) cannot open a scope twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+from collector.detectors.window import Finding
+from collector.incidents import OPEN, Incident, Plan, plan_sweep
+
+
+def _ts(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC)
+
+
+def clean_json(obj: Any) -> Any:
+    """Evidence as strict JSON: numpy scalars to Python, NaN/inf to null."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def load_open(conn: psycopg.Connection) -> list[Incident]:
+    rows = conn.execute(
+        "SELECT id, kind, scope_key, cause, severity, extract(epoch FROM start)::float8, "
+        "extract(epoch FROM last_seen)::float8, evidence, run_id, node, gpu, "
+        "extract(epoch FROM last_active)::float8, hold_s FROM incidents WHERE state = 'open'"
+    ).fetchall()
+    return [Incident(id=r[0], kind=r[1], scope_key=r[2], cause=r[3], severity=r[4], start=r[5], last_seen=r[6],
+                     evidence=r[7], run_id=r[8], node=r[9], gpu=r[10], last_active=r[11], hold_s=r[12], state=OPEN)
+            for r in rows]
+
+
+def last_ends(conn: psycopg.Connection, scope_keys: Iterable[str]) -> dict[str, float]:
+    keys = sorted(set(scope_keys))
+    if not keys:
+        return {}
+    rows = conn.execute(
+        "SELECT scope_key, extract(epoch FROM max(\"end\"))::float8 FROM incidents "
+        "WHERE state = 'resolved' AND scope_key = ANY(%s) GROUP BY scope_key", (keys,)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def apply(conn: psycopg.Connection, plan: Plan) -> None:
+    """Apply resolves, updates, then opens (the order the plan asks for)."""
+    for r in plan.resolves:
+        conn.execute("UPDATE incidents SET state = 'resolved', \"end\" = %s WHERE scope_key = %s AND state = 'open'",
+                     (_ts(r.end), r.scope_key))
+    for u in plan.updates:
+        conn.execute(
+            "UPDATE incidents SET cause = %s, severity = %s, evidence = %s, last_seen = %s, last_active = %s, "
+            "start = %s, hold_s = %s WHERE scope_key = %s AND state = 'open'",
+            (u.cause, u.severity, Jsonb(clean_json(u.evidence)), _ts(u.last_seen), _ts(u.last_active),
+             _ts(u.start), u.hold_s, u.scope_key))
+    for o in plan.opens:
+        i = o.incident
+        conn.execute(
+            'INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, state, start, last_seen, '
+            "last_active, hold_s, evidence) VALUES (%s, %s, %s, %s, %s, %s, %s, 'open', %s, %s, %s, %s, %s) "
+            "ON CONFLICT (scope_key) WHERE state = 'open' DO NOTHING",
+            (i.kind, i.scope_key, i.run_id, i.node, i.gpu, i.cause, i.severity, _ts(i.start), _ts(i.last_seen),
+             _ts(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
+
+
+def sweep(conn: psycopg.Connection, findings: list[Finding], now: float, resolve_after_s: float) -> Plan:
+    """Plan against the stored state and apply, in one transaction."""
+    with conn.transaction():
+        current = load_open(conn)
+        plan = plan_sweep(current, findings, now, resolve_after_s,
+                          last_ends(conn, (f.scope_key for f in findings)))
+        apply(conn, plan)
+    return plan

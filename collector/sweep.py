@@ -1,0 +1,48 @@
+"""The live detector sweep: window cache -> detectors -> incidents -> alerts."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import psycopg
+
+from collector import incident_store
+from collector.alerting import AlertmanagerPusher
+from collector.detectors.config import DetectorConfig
+from collector.detectors.registry import run_detectors
+from collector.window_cache import WindowCache, load_facts, load_runs
+from gpufleet.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Sweeper:
+    """Called by the leader every ``detect.sweep_interval_s`` with a connection and the time."""
+
+    def __init__(self, settings: Settings, config: DetectorConfig | None = None) -> None:
+        self.settings = settings
+        self.config = config or DetectorConfig()
+        self.cache = WindowCache(settings.detect.window_s)
+        url = settings.detect.alertmanager_url
+        self.alerts = AlertmanagerPusher(url) if url else None
+        self.last: dict[str, float] = {}
+
+    def __call__(self, conn: psycopg.Connection, now: float) -> None:
+        t0 = time.perf_counter()
+        fetched = self.cache.refresh(conn, now)
+        t1 = time.perf_counter()
+        window = self.cache.window(now, load_runs(conn, now - self.cache.window_s, now), load_facts(conn))
+        result = run_detectors(window, self.config)
+        t2 = time.perf_counter()
+        plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s)
+        if self.alerts is not None:
+            resolved = [r[0] for r in conn.execute(
+                "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
+                ([r.scope_key for r in plan.resolves],)).fetchall()] if plan.resolves else []
+            self.alerts.sync(conn, resolved)
+        self.last = {"fetched_rows": fetched, "refresh_s": t1 - t0, "detect_s": t2 - t1,
+                     "store_s": time.perf_counter() - t2, "gpus": len(window.gpus),
+                     "findings": len(result.findings), "failures": len(result.failures)}
+        if result.failures:
+            log.warning("detectors failed this sweep: %s", result.failures)
