@@ -8,9 +8,9 @@ production, :class:`MemoryIncidentStore` in replay and tests.
 Rules:
 
 * one open incident per ``(kind, scope)`` (:attr:`Finding.scope_key`): a
-  finding whose scope is open updates it (evidence, cause, severity,
-  ``last_seen``), otherwise it opens a new incident starting at the finding's
-  ``start``;
+  finding whose scope is open updates it (evidence, severity, ``last_seen``;
+  the cause only from ``unknown`` or with a higher severity), otherwise it
+  opens a new incident starting at the finding's ``start``;
 * an open incident whose scope had no finding this sweep stays open until it
   has been clear for ``resolve_after_s`` since it was last seen (hold-off), so
   a finding that blinks off for a sweep or two neither resolves nor reopens;
@@ -135,6 +135,15 @@ def _dedupe(findings: Iterable[Finding]) -> dict[str, Finding]:
     return best
 
 
+def _cause(inc: Incident, f: Finding) -> str | None:
+    """An incident keeps the cause it was opened with (a recovering GPU's
+    symptoms drift: a cooling straggler is "clocks" after being "thermal"),
+    unless that was unknown or the new finding is more severe."""
+    if inc.cause in (None, "unknown") or _SEVERITY_RANK.get(f.severity, 1) > _SEVERITY_RANK.get(inc.severity, 1):
+        return f.cause
+    return inc.cause
+
+
 def plan_sweep(
     open_incidents: Iterable[Incident],
     findings: Iterable[Finding],
@@ -168,7 +177,7 @@ def plan_sweep(
             )))
         else:
             plan.updates.append(Update(
-                scope_key=key, id=inc.id, cause=f.cause, severity=f.severity, evidence=dict(f.evidence),
+                scope_key=key, id=inc.id, cause=_cause(inc, f), severity=f.severity, evidence=dict(f.evidence),
                 last_seen=max(now, inc.last_seen),
                 last_active=max(last_active, inc.last_active) if inc.last_active is not None else last_active,
                 start=min(inc.start, f.start), hold_s=f.hold_s,

@@ -25,6 +25,8 @@ has a reason to be slow, tried in this order:
   ``straggler_unknown_gap`` with z >= ``straggler_z``.
 
 The same power cap on every GPU of a run makes no GPU an outlier: no straggler.
+A straggler whose slowness was last seen more than ``active_within_s`` ago
+has recovered and is no longer reported.
 """
 
 from __future__ import annotations
@@ -151,15 +153,16 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         if cause is None:
             continue
         r = int(rows[sub[k]])
-        out.append(_finding(fr, r, cause, {n_: a[k] for n_, a in v.items()},
-                            {n_: a[k] for n_, a in refs.items()}, {n_: a[k] for n_, a in zs.items()},
-                            int(np.count_nonzero(gs == gs[k])) - 1))
+        found = _finding(fr, r, cause, {n_: a[k] for n_, a in v.items()}, {n_: a[k] for n_, a in refs.items()},
+                         {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1)
+        if found is not None:
+            out.append(found)
     return out
 
 
 def _finding(
     fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int
-) -> Finding:
+) -> Finding | None:
     cfg = fr.config
     sl = fr.row_slice(r)
     t = fr.row_times(r)
@@ -187,7 +190,10 @@ def _finding(
         ind, wt, feat = fr.activity[sl] >= ref["act"] + cfg.straggler_unknown_gap, w, "act"
     onset = trailing_onset(t, wt, ind, 0.5)
     hits = np.flatnonzero(ind & (wt > 0))
-    last = float(t[hits[-1]]) if hits.size else float(t[-1])
+    if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(cfg.active_within_s, 3.0 * float(fr.dt[r])):
+        # Recovered: the slowness is no longer seen, only averaged in.
+        return None
+    last = float(t[hits[-1]])
     if not math.isfinite(onset):
         onset = float(max(fr.region[0][r], t[0]))
     act_gap = v["act"] - ref["act"]

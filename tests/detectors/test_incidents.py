@@ -40,6 +40,20 @@ def test_open_once_then_update() -> None:
     assert inc.id == 1
 
 
+def test_cause_is_kept_unless_it_was_unknown_or_it_got_worse() -> None:
+    store = MemoryIncidentStore()
+    store.sweep([thr(cause="thermal")], T, HOLD)
+    store.sweep([thr(cause="power_cap")], T + 5, HOLD)
+    assert store.open_incidents()[0].cause == "thermal"
+    store.sweep([thr(cause="power_brake", severity="critical")], T + 10, HOLD)
+    assert store.open_incidents()[0].cause == "power_brake"
+    s2 = MemoryIncidentStore()
+    f = Finding("starvation", "unknown", "warning", T, {}, run_id="r1")
+    s2.sweep([f], T, HOLD)
+    s2.sweep([Finding("starvation", "cpu", "warning", T, {}, run_id="r1")], T + 5, HOLD)
+    assert s2.open_incidents()[0].cause == "cpu"
+
+
 def test_one_incident_per_scope_even_with_duplicate_findings() -> None:
     plan = plan_sweep([], [thr(T - 10), thr(T - 20, severity="critical"), thr(T - 5, gpu=1)], T, HOLD)
     assert len(plan.opens) == 2
