@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck unit reliability bench install clean
+.PHONY: demo test lint typecheck unit reliability bench install clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+system-deps:
+	@tools/system-deps.sh
+
+unit: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -1,0 +1,66 @@
+"""Alerts pushed to a real Alertmanager started on loopback (v2 API), resolutions too."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from collector import incident_store
+from collector.alerting import AlertmanagerPusher
+from collector.detectors.window import Finding
+from gpufleet.testing import alertmanager as am
+
+
+@pytest.fixture
+def alertmanager_url(tmp_path: Path):  # type: ignore[no-untyped-def]
+    if am.binary() is None:
+        pytest.skip("Alertmanager binary missing: `make test` installs Debian's prometheus-alertmanager when run "
+                    "as root; install it to run this test")
+    with am.alertmanager(tmp_path) as url:
+        yield url
+
+
+def alerts(url: str, active: bool = True) -> list[dict]:
+    r = httpx.get(url + "/api/v2/alerts", params={"active": str(active).lower(), "silenced": "false",
+                                                   "inhibited": "false", "unprocessed": "true"})
+    r.raise_for_status()
+    return [a for a in r.json() if a["labels"].get("source") == "gpufleet"]
+
+
+def test_open_and_resolved_incidents_reach_alertmanager(conn: psycopg.Connection, alertmanager_url: str) -> None:
+    pusher = AlertmanagerPusher(alertmanager_url)
+    now = time.time()
+    f = Finding(kind="starvation", cause="io", severity="warning", start=now - 120,
+                evidence={"period_s": 30.0, "duty_cycle": 0.4}, run_id="llm-1")
+    incident_store.sweep(conn, [f], now, resolve_after_s=10)
+    assert pusher.sync(conn, [])
+    got = alerts(alertmanager_url)
+    assert len(got) == 1
+    a = got[0]
+    assert a["labels"]["alertname"] == "GpufleetStarvation"
+    assert a["labels"]["run_id"] == "llm-1" and a["labels"]["cause"] == "io"
+    assert '"period_s": 30.0' in a["annotations"]["evidence"]
+    # resolve: clear for longer than the hold-off
+    plan = incident_store.sweep(conn, [], now + 20, resolve_after_s=10)
+    assert plan.resolves
+    ids = [r[0] for r in conn.execute("SELECT id FROM incidents WHERE state = 'resolved'").fetchall()]
+    assert pusher.sync(conn, ids)
+    deadline = time.monotonic() + 10
+    while alerts(alertmanager_url) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alerts(alertmanager_url) == []
+    pusher.close()
+
+
+def test_unreachable_alertmanager_is_counted_not_fatal(conn: psycopg.Connection) -> None:
+    from gpufleet.testing.servers import free_port
+
+    pusher = AlertmanagerPusher(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    f = Finding(kind="throttling", cause="thermal", severity="warning", start=time.time(), evidence={}, node="n", gpu=1)
+    incident_store.sweep(conn, [f], time.time(), resolve_after_s=10)
+    assert pusher.sync(conn, []) is False
+    assert pusher.failures == 1

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Debian packages some tests drive for real: promtool (prometheus), Alertmanager
+# and Chromium.  Installed only when missing, and only where apt-get can run
+# as root; elsewhere the tests that need them say what to install.
+set -u
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "note: not installing ${need[*]} (needs root and apt-get); tests using them will say so" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 || {
+  apt-get update -qq >/dev/null 2>&1
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 ||
+    echo "note: could not install ${need[*]}; tests using them will say so" >&2
+}
+exit 0
