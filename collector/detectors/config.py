@@ -61,13 +61,14 @@ class DetectorConfig:
     starve_max_period_cv: float = 0.5
     #: Smallest share of GPU time lost to idling worth reporting.
     starve_min_lost_share: float = 0.2
-    #: Steady pattern: activity below this counts as starved ...
+    #: Steady pattern: mean activity at or below this counts as starved ...
     starve_low_activity: float = 0.5
-    #: ... for at least this share of the time since the episode began ...
-    starve_low_share: float = 0.8
-    #: ... lasting at least this long, seconds.  Without a saturated host a
+    #: ... over at least this long, seconds.  Without a saturated host a
     #: steady low-activity job is simply a small job and is not reported.
     starve_min_duration_s: float = 120.0
+    #: The episode is dated from the earliest time after which activity was
+    #: below ``starve_low_activity`` for this share of the time.
+    starve_low_share: float = 0.6
     #: Share of the run's GPUs that must show the pattern.
     starve_min_gpu_share: float = 0.75
     #: A GPU of the run busy at least this share of the time holds the others

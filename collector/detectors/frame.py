@@ -91,6 +91,24 @@ class Episode:
     last: np.ndarray
 
 
+def hysteresis(act: np.ndarray, seg_start: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Busy (True) / idle with hysteresis: at or above ``hi`` busy, at or
+    below ``lo`` idle, in between the previous state holds; a stretch of data
+    (``seg_start``) starts from the nearer threshold."""
+    st = act >= 0.5 * (lo + hi)
+    amb = np.flatnonzero((act > lo) & (act < hi))
+    if amb.size:
+        new = np.ones(amb.size, dtype=bool)
+        new[1:] = amb[1:] - amb[:-1] != 1
+        new |= seg_start[amb]
+        heads = amb[new]
+        # A run of in-between samples keeps the state before it, unless it
+        # opens a stretch of data (then the nearer threshold decides).
+        fill = np.where(seg_start[heads], st[heads], st[np.maximum(heads - 1, 0)])
+        st[amb] = fill[np.cumsum(new) - 1]
+    return st
+
+
 def segment_sums(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sums of ``x`` over the segments beginning at ``starts`` (non-empty,
     increasing), as float64.  Accumulates in ``x``'s own float type: casting
@@ -391,24 +409,8 @@ class Frame:
 
     @cached_property
     def state(self) -> np.ndarray:
-        """Busy (True) / idle with hysteresis: between the thresholds the
-        previous state holds; a stretch of data starts from the nearer one."""
-        cfg = self.config
-        act = self.activity
-        mid = 0.5 * (cfg.busy_activity + cfg.idle_activity)
-        st = act >= mid
-        amb = np.flatnonzero((act > cfg.idle_activity) & (act < cfg.busy_activity))
-        if amb.size:
-            seg = self.seg_start[amb]
-            new = np.ones(amb.size, dtype=bool)
-            new[1:] = amb[1:] - amb[:-1] != 1
-            new |= seg
-            heads = amb[new]
-            # A run of in-between samples keeps the state before it, unless
-            # it opens a stretch of data (then the nearer threshold decides).
-            fill = np.where(self.seg_start[heads], st[heads], st[np.maximum(heads - 1, 0)])
-            st[amb] = fill[np.cumsum(new) - 1]
-        return st
+        """Busy (True) / idle per sample, with hysteresis (:func:`hysteresis`)."""
+        return hysteresis(self.activity, self.seg_start, self.config.idle_activity, self.config.busy_activity)
 
     @cached_property
     def phases(self) -> Phases:
@@ -645,6 +647,41 @@ class Frame:
         intervals) of the window's end."""
         horizon = np.maximum(self.config.active_within_s, 3.0 * self.dt)
         return last >= self.window.t_end - horizon
+
+    def row_phases(self, r: int, lo: float, hi: float) -> Phases:
+        """Row ``r``'s phases inside its run region, with its own hysteresis
+        thresholds ``lo`` / ``hi`` (activity)."""
+        a0, b0 = self.region_index
+        a, b = int(a0[r]), int(b0[r])
+        act = self.activity[a:b]
+        seg = self.seg_start[a:b].copy()
+        if seg.size:
+            seg[0] = True
+        st = hysteresis(act, seg, lo, hi)
+        bnd = seg.copy()
+        bnd[1:] |= st[1:] != st[:-1]
+        starts = np.flatnonzero(bnd)
+        ends = np.empty_like(starts)
+        if starts.size:
+            ends[:-1] = starts[1:] - 1
+            ends[-1] = st.size - 1
+        w = self.w[a:b]
+        cw = np.zeros(w.size + 1)
+        np.cumsum(w, out=cw[1:])
+        cwa = np.zeros(w.size + 1)
+        np.cumsum(w * np.nan_to_num(act), out=cwa[1:])
+        dur = cw[ends + 1] - cw[starts]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(dur > 0, (cwa[ends + 1] - cwa[starts]) / np.where(dur > 0, dur, 1.0), np.nan)
+        open_end = np.ones(starts.size, dtype=bool)
+        if starts.size:
+            open_end[:-1] = seg[starts[1:]]
+        keep = dur > 0
+        return Phases(
+            row=np.full(int(keep.sum()), r), state=st[starts][keep].astype(np.int8), t0=self.time(a + starts)[keep],
+            t1=(self.time(a + ends) + self.w_all[a + ends])[keep], dur=dur[keep], act=mean[keep],
+            open_start=seg[starts][keep], open_end=open_end[keep], offsets=np.array([0, int(keep.sum())]),
+        )
 
     def region_phases(self, r: int) -> Phases:
         """Row ``r``'s phases clipped to its run region (see :attr:`region`).

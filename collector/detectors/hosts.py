@@ -92,10 +92,11 @@ class WriteBurst:
     busy_bytes_s: float
 
     def is_burst(self, cfg: DetectorConfig) -> bool:
-        if not self.pause_bytes_s >= cfg.ckpt_min_write_bytes_s:
+        """Writes during pauses are high, and a multiple of those while busy
+        (no busy-time sample to compare with: no evidence of a burst)."""
+        if not self.pause_bytes_s >= cfg.ckpt_min_write_bytes_s or not math.isfinite(self.busy_bytes_s):
             return False
-        busy = self.busy_bytes_s if math.isfinite(self.busy_bytes_s) else 0.0
-        return self.pause_bytes_s >= cfg.ckpt_write_ratio * busy
+        return self.pause_bytes_s >= cfg.ckpt_write_ratio * self.busy_bytes_s
 
 
 def write_burst(

@@ -12,9 +12,9 @@ window after warm-up (see :attr:`Frame.region`), then across the run:
   Reported whatever the hosts show (cause ``unknown`` without host data or an
   idle host), unless the idle phases coincide with write bursts: that is a
   checkpoint stall, left to its own detector.
-* **steady low** — activity below ``starve_low_activity`` for at least
-  ``starve_low_share`` of the time since the episode began, for at least
-  ``starve_min_duration_s``.  Reported only when a host of the run is saturated
+* **steady low** — mean activity at most ``starve_low_activity`` over the
+  last ``starve_min_duration_s`` and since the episode began (dated from when
+  activity went below that level for ``starve_low_share`` of the time).  Reported only when a host of the run is saturated
   (cause ``cpu`` or ``io``): a steady low-activity job on idle hosts is a small
   job, not a starving one.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collector.detectors.config import DetectorConfig
-from collector.detectors.frame import Frame
+from collector.detectors.frame import Frame, segment_sums
 from collector.detectors.hosts import HostPressure, host_pressure, write_burst
 from collector.detectors.stats import num
 from collector.detectors.window import Finding, Window
@@ -53,9 +53,22 @@ class Oscillation:
 
 
 def oscillation(fr: Frame, r: int) -> Oscillation | None:
-    """The regular busy/idle alternation at the end of row ``r``'s region, if any."""
+    """The regular busy/idle alternation at the end of row ``r``'s region, if any.
+
+    Busy and idle are relative to the GPU's own range (5th to 95th percentile
+    of activity): coarse samples average a short idle phase with busy time,
+    so an idle sample at 10 s may read 0.2, not 0.
+    """
     cfg = fr.config
-    ph = fr.region_phases(r)
+    a, b = fr.region_index
+    act = fr.activity[int(a[r]):int(b[r])]
+    act = act[~np.isnan(act)]
+    if act.size < 2 * cfg.starve_min_cycles:
+        return None
+    p5, p95 = (float(x) for x in np.percentile(act, [5, 95]))
+    if p95 - p5 < cfg.starve_min_depth:
+        return None
+    ph = fr.row_phases(r, p5 + 0.3 * (p95 - p5), p5 + 0.7 * (p95 - p5))
     k = np.flatnonzero((ph.state == 0) & ~ph.open_start & ~ph.open_end)
     if k.size < cfg.starve_min_cycles:
         return None
@@ -107,21 +120,40 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     if fr.rows == 0 or not window.runs:
         return []
     cfg = config
-    ph = fr.phases
-    lo, hi = fr.region
     # Screen every GPU at once; only runs with a candidate are examined further.
-    complete_idle = (
-        (ph.state == 0) & ~ph.open_start & ~ph.open_end & (ph.dur > 0)
-        & (ph.t0 >= lo[ph.row]) & (ph.t1 <= hi[ph.row] + fr.dt[ph.row])
-    )
-    n_idle = np.bincount(ph.row[complete_idle], minlength=fr.rows)
     wreg = fr.region_weights()
+    act = fr.activity if fr.all_valid else np.nan_to_num(fr.activity)
+    reg_s = fr.row_sum(wreg)
+    wa = wreg * act
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = fr.row_sum(wa) / reg_s
+        var = fr.row_sum(wa * act) / reg_s - mean * mean
+    # A square wave between idle and busy of depth d has a standard deviation
+    # near d/2 for any duty cycle worth reporting.
+    swinging = var >= (0.3 * cfg.starve_min_depth) ** 2
+    # Steady low: mean activity over the last starve_min_duration_s of the
+    # region below the low level (a mean, so that coarse samples averaging
+    # short busy bursts with idle time still count) ...
+    lo, hi = fr.region
+    a = fr.index_at(hi - cfg.starve_min_duration_s, "left")
+    b = fr.region_index[1]
+    full = (hi - lo >= cfg.starve_min_duration_s) & (b > a)
+    recent = fr.take(np.where(full, a, b), b)
+    cnt = np.where(full, b - a, 0)
+    seg = np.cumsum(cnt) - cnt
+    rs = np.zeros(fr.rows)
+    rw = np.zeros(fr.rows)
+    if recent.size:
+        w_recent = wreg[recent]
+        rs[cnt > 0] = segment_sums(w_recent * act[recent], seg[cnt > 0])
+        rw[cnt > 0] = segment_sums(w_recent, seg[cnt > 0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = full & (rw >= 0.5 * cfg.starve_min_duration_s) & (rs / rw <= cfg.starve_low_activity)
+    # ... dated from when activity went low for most of the time.
     ep = fr.trailing_episode(wreg, fr.activity < cfg.starve_low_activity, cfg.starve_low_share)
-    low = (ep.seconds >= cfg.starve_min_duration_s) & fr.recent_enough(ep.last)
-    cand = ((n_idle >= cfg.starve_min_cycles) | low) & (fr.run_of_row >= 0)
+    cand = (swinging | low) & (fr.run_of_row >= 0)
     if not cand.any():
         return []
-    reg_s = fr.row_sum(wreg)
     with np.errstate(invalid="ignore", divide="ignore"):
         busy_share = fr.row_sum(wreg * fr.busy) / reg_s
     out = []
@@ -147,7 +179,16 @@ def _judge_run(
     need = cfg.starve_min_gpu_share * rows.size
     nodes = sorted({fr.keys[r][0] for r in rows})
     sources = sorted({fr.activity_source[r] for r in rows})
-    oscs = [o for o in (oscillation(fr, int(r)) for r in rows) if o is not None]
+    oscs: list[Oscillation] = []
+    misses = 0
+    for r in rows.tolist():
+        o = oscillation(fr, r)
+        if o is None:
+            misses += 1
+            if rows.size - misses < need:
+                break
+        else:
+            oscs.append(o)
     if oscs and len(oscs) >= need:
         onset = float(np.median([o.onset for o in oscs]))
         pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
@@ -173,7 +214,9 @@ def _judge_run(
     lows = rows[low[rows]]
     if lows.size == 0 or lows.size < need:
         return None
-    onset = float(np.median(low_onset[lows]))
+    onsets = low_onset[lows]
+    fallback = fr.window.t_end - cfg.starve_min_duration_s
+    onset = float(np.median(np.where(np.isnan(onsets), fallback, np.minimum(onsets, fallback))))
     pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
     if pressure.cause not in ("cpu", "io"):
         return None
@@ -195,7 +238,11 @@ def _judge_run(
         "gpu_count": int(rows.size),
         "activity_source": ",".join(sources),
     }
-    return _finding(run.run_id, pressure.cause, lost, onset, float(np.max(low_last[lows])), evidence)
+    if not mean_act <= cfg.starve_low_activity:
+        return None
+    last = low_last[lows]
+    return _finding(run.run_id, pressure.cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
+                    else fr.window.t_end, evidence)
 
 
 def _finding(run_id: str, cause: str, lost: float, start: float, last: float, evidence: dict) -> Finding:

@@ -62,6 +62,12 @@ def switch(at: float, before: Profile, after: Profile) -> Profile:
     return lambda t: np.where(t < at, before(t), after(t))
 
 
+def averaged(p: Profile, dt: float, steps: int = 50) -> Profile:
+    """What an averaging counter (DCGM, NVML power) reports every ``dt``: the
+    mean of ``p`` over the interval ending at each sample."""
+    return lambda t: np.mean([p(t - dt * k / steps) for k in range(steps)], axis=0)
+
+
 def noisy(p: Profile, sd: float = 0.03, seed: int = 1) -> Profile:
     rng = np.random.default_rng(seed)
     return lambda t: np.clip(p(t) + rng.normal(0.0, sd, t.shape), 0.0, 1.0)

@@ -10,6 +10,7 @@ from collector.detectors.starvation import detect
 from tests.detectors.builders import (
     T0,
     GpuSpec,
+    averaged,
     noisy,
     pauses,
     ramp_after,
@@ -70,6 +71,23 @@ def test_sampling_rates(dt: float, period: float) -> None:
                    t=times(600, dt, jitter=0.05), host=CPU_BUSY)
     f = one(detect(w, CFG))
     assert f.evidence["period_s"] == pytest.approx(period, rel=0.1)
+
+
+def test_coarse_averaged_samples_of_a_fast_cycle() -> None:
+    # A 30 s busy/idle cycle seen through 10 s averages: 0.9, 0.54, 0.2 ...
+    prof = averaged(square(30, 0.6), 10.0)
+    w = run_window([GpuSpec(prof) for _ in range(8)], t=times(600, 10.0), host=IO_BUSY)
+    f = one(detect(w, CFG))
+    assert f.cause == "io"
+    assert f.evidence["period_s"] == pytest.approx(30, abs=1)
+
+
+def test_cycle_averaged_away_leaves_a_low_mean() -> None:
+    # Sampled once per cycle, only the mean remains: steady, and low.
+    prof = averaged(square(30, 0.4, hi=0.95), 30.0)
+    w = run_window([GpuSpec(prof) for _ in range(8)], t=times(600, 30.0), host=CPU_BUSY)
+    f = one(detect(w, CFG))
+    assert (f.cause, f.evidence["pattern"]) == ("cpu", "steady_low")
 
 
 def test_onset_inside_the_window_is_dated_from_the_first_idle_phase() -> None:
