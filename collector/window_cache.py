@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.pq import Format
 
 from collector.detectors.window import RunInfo, Series, Window
+from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,26 @@ GPU_COLUMNS = ("util_pct", "sm_active", "tensor_active", "dram_active", "power_w
 HOST_COLUMNS = ("cpu_user_pct", "cpu_system_pct", "cpu_iowait_pct", "cpu_idle_pct", "cpu_count",
                 "disk_read_bytes_s", "disk_write_bytes_s", "disk_util_pct", "disk_await_ms",
                 "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w")
+
+#: Array type OIDs (pg_type) of the column kinds, and timestamptz[].
+_PG_ARRAY = {"real": 1021, "double": 1022, "smallint": 1005, "integer": 1007, "bigint": 1016}
+TIMESTAMPTZ_ARRAY = 1185
+
+
+class _RawLoader(Loader):
+    """Leave a binary array as bytes for :func:`parse_array`."""
+
+    format = Format.BINARY
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+#: Nodes per query of a cold load, to bound the server's aggregation memory.
+NODES_PER_QUERY = 250
+
+_GPU_KINDS = [GPU_BY_NAME[c].kind for c in GPU_COLUMNS]
+_HOST_KINDS = [HOST_BY_NAME[c].kind for c in HOST_COLUMNS]
 
 #: Commits can land slightly out of ``received_at`` order; batches this much
 #: older than the watermark are looked at again (and skipped if already seen).
@@ -52,33 +77,45 @@ WITH RECURSIVE g AS (
 SELECT n FROM g WHERE n IS NOT NULL UNION SELECT n FROM h WHERE n IS NOT NULL"""
 
 
-def _row_dtype(ncols: int, gpu: bool) -> np.dtype:
-    fields: list[tuple[str, str]] = [("nf", ">i2"), ("lt", ">i4"), ("t", ">f8"), ("ln", ">i4"), ("node", ">i4")]
-    if gpu:
-        fields += [("lg", ">i4"), ("gpu", ">i2")]
-    for j in range(ncols):
-        fields += [(f"l{j}", ">i4"), (f"c{j}", ">f4")]
-    return np.dtype(fields)
-
-
 def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str) -> str:
-    vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in cols)
-    key = "array_position(%(nodes)s::text[], s.node) AS node_idx" + (", s.gpu" if gpu else "")
+    """One row per GPU (or host): each column's samples as one native array.
+
+    No ORDER BY is needed: every aggregate of a group sees the rows in the
+    same order, and times are sorted on arrival."""
+    vals = ", ".join(f"array_agg({c})" for c in cols)
+    key = "s.node" + (", s.gpu" if gpu else "")
     mig = " AND s.mig_instance IS NULL" if gpu else ""
-    return (f"SELECT extract(epoch FROM s.time)::float8, {key}, {vals} FROM {table} s "
-            f"WHERE {where}{mig}")
+    return f"SELECT {key}, array_agg(s.time), {vals} FROM {table} s WHERE {where}{mig} GROUP BY {key}"
 
 
-def _copy_rows(conn: psycopg.Connection, query: str, params: dict[str, Any], dtype: np.dtype) -> np.ndarray:
-    chunks = []
-    with conn.cursor().copy(f"COPY ({query}) TO STDOUT (FORMAT BINARY)", params) as cp:
-        for block in cp:
-            chunks.append(bytes(block))
-    data = b"".join(chunks)
-    if len(data) < 21:
-        return np.zeros(0, dtype=dtype)
-    body = data[19:-2]  # header (19 bytes incl. flags/extension) and trailer (-1)
-    return np.frombuffer(body, dtype=dtype)
+_ELEM = {"real": ">f4", "double": ">f8", "smallint": ">i2", "integer": ">i4", "bigint": ">i8", "time": ">i8"}
+PG_EPOCH_US = 946684800 * 1_000_000
+
+
+def parse_array(raw: bytes, n: int, kind: str) -> np.ndarray:
+    """A 1-D PostgreSQL binary array of fixed-size elements as float64 (NULL -> NaN).
+
+    Without NULLs every element is a 4-byte length and a value, a fixed
+    stride numpy reads in one go; an all-NULL array is only lengths; a mixed
+    one (rare: a field that came and went) is walked element by element.
+    """
+    dt = np.dtype(_ELEM[kind])
+    hasnull = int.from_bytes(raw[4:8], "big")
+    body = memoryview(raw)[20:]
+    if not hasnull:
+        rec = np.frombuffer(body, dtype=np.dtype([("l", ">i4"), ("v", dt)]), count=n)
+        return rec["v"].astype(np.float64)
+    if len(body) == 4 * n:
+        return np.full(n, np.nan)
+    out = np.full(n, np.nan)
+    pos = 0
+    for i in range(n):
+        ln = int.from_bytes(body[pos:pos + 4], "big", signed=True)
+        pos += 4
+        if ln >= 0:
+            out[i] = np.frombuffer(body[pos:pos + ln], dtype=dt)[0]
+            pos += ln
+    return out
 
 
 @dataclass
@@ -121,53 +158,48 @@ class WindowCache:
     # -- loading ---------------------------------------------------------------
 
     def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any]) -> int:
-        if not nodes:
-            return 0
-        p = {**params, "nodes": nodes}
-        gdt = _row_dtype(len(GPU_COLUMNS), True)
-        rows = _copy_rows(conn, _select("gpu_samples", GPU_COLUMNS, True, where), p, gdt)
-        n = len(rows)
-        if n:
-            node_idx = rows["node"].astype(np.int64) - 1
-            gpu = rows["gpu"].astype(np.int64)
-            t = rows["t"].astype(np.float64)
-            cols = np.vstack([rows[f"c{j}"].astype(np.float32) for j in range(len(GPU_COLUMNS))])
-            key = node_idx * 65536 + gpu
-            order = np.lexsort((t, key))
-            key, t, cols = key[order], t[order], cols[:, order]
-            bounds = np.flatnonzero(np.diff(key)) + 1
-            for s, e in zip(np.r_[0, bounds], np.r_[bounds, len(key)], strict=True):
-                k = int(key[s])
-                gk = (nodes[k // 65536], k % 65536)
-                buf = self.gpus.get(gk)
-                if buf is None:
-                    self.gpus[gk] = _Buf(t[s:e].copy(), cols[:, s:e].copy())
-                else:
-                    buf.merge(t[s:e], cols[:, s:e])
-        hdt = _row_dtype(len(HOST_COLUMNS), False)
-        hrows = _copy_rows(conn, _select("host_samples", HOST_COLUMNS, False, where), p, hdt)
-        if len(hrows):
-            node_idx = hrows["node"].astype(np.int64) - 1
-            t = hrows["t"].astype(np.float64)
-            cols = np.vstack([hrows[f"c{j}"].astype(np.float32) for j in range(len(HOST_COLUMNS))])
-            order = np.lexsort((t, node_idx))
-            node_idx, t, cols = node_idx[order], t[order], cols[:, order]
-            bounds = np.flatnonzero(np.diff(node_idx)) + 1
-            for s, e in zip(np.r_[0, bounds], np.r_[bounds, len(node_idx)], strict=True):
-                name = nodes[int(node_idx[s])]
-                buf = self.hosts.get(name)
-                if buf is None:
-                    self.hosts[name] = _Buf(t[s:e].copy(), cols[:, s:e].copy())
-                else:
-                    buf.merge(t[s:e], cols[:, s:e])
-        return n + len(hrows)
+        n = 0
+        for k in range(0, len(nodes), NODES_PER_QUERY):
+            p = {**params, "nodes": nodes[k:k + NODES_PER_QUERY]}
+            with conn.cursor(binary=True) as cur:
+                # Arrays arrive as raw bytes (parsed with numpy), not as lists.
+                cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
+                for name in {f.kind for f in GPU_BY_NAME.values()} | {f.kind for f in HOST_BY_NAME.values()}:
+                    if name in _PG_ARRAY:
+                        cur.adapters.register_loader(_PG_ARRAY[name], _RawLoader)
+                for node, gpu, t, *cols in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
+                    n += self._merge(self.gpus, (node, int(gpu)), t, cols, _GPU_KINDS)
+                for node, t, *cols in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
+                    n += self._merge(self.hosts, node, t, cols, _HOST_KINDS)
+        return n
+
+    @staticmethod
+    def _merge(bufs: dict[Any, _Buf], key: Any, t_raw: bytes, cols_raw: list[bytes], kinds: Sequence[str]) -> int:
+        hasnull = int.from_bytes(t_raw[4:8], "big")
+        count = int.from_bytes(t_raw[12:16], "big")
+        if hasnull:
+            raise ValueError("a sample time is NULL")  # the schema forbids it
+        t = (parse_array(t_raw, count, "time") + PG_EPOCH_US) / 1e6
+        cols = np.empty((len(cols_raw), len(t)), dtype=np.float32)
+        for j, raw in enumerate(cols_raw):
+            cols[j] = parse_array(raw, count, kinds[j])
+        order = np.argsort(t, kind="stable")
+        if (np.diff(order) != 1).any():
+            t, cols = t[order], cols[:, order]
+        buf = bufs.get(key)
+        if buf is None:
+            bufs[key] = _Buf(t, cols)
+        else:
+            buf.merge(t, cols)
+        return len(t)
 
     def load(self, conn: psycopg.Connection, t_start: float, t_end: float) -> int:
         """Cold load of every sample in [t_start, t_end]."""
         lo, hi = datetime.fromtimestamp(t_start, UTC), datetime.fromtimestamp(t_end, UTC)
         nodes = [r[0] for r in conn.execute(DISTINCT_NODES_SQL).fetchall()]
         self.watermark = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-        n = self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s", {"lo": lo, "hi": hi})
+        n = self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+                         {"lo": lo, "hi": hi})
         self.loaded = True
         return n
 

@@ -1,0 +1,162 @@
+"""Detector sweep over a large fleet: 10,000 GPUs, last 10 minutes at 1 Hz.
+
+    python bench/sweep.py [--gpus 10000] [--minutes 10]
+
+Fills a scratch database with ``--gpus`` GPUs (8 per node, in synchronous
+runs of 64 GPUs, a few with injected faults) for ``--minutes`` at 1 Hz, plus
+host samples, written with binary COPY.  Then, in the same run:
+
+* ``select_s``: a plain ``SELECT`` of the window's detector columns through
+  psycopg (the baseline);
+* ``cold_sweep_s``: the first sweep of a new leader (load the whole window,
+  run every detector, store incidents);
+* ``sweep_s``: a steady-state sweep after 5 more seconds of data arrived as
+  ingest batches (fetch what is new, run every detector, store incidents).
+
+The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
+from collector.sweep import Sweeper
+from collector.window_cache import GPU_COLUMNS
+from collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
+from gpufleet.config import load_settings
+from gpufleet.db import migrate
+from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.wire import Column
+
+
+def gpu_block(node_idx: int, t: np.ndarray, rng: np.random.Generator, fault: str | None) -> dict[str, Column]:
+    """8 GPUs x len(t) samples of a healthy (or faulty) synchronous training job."""
+    n = len(t) * 8
+    tt = np.repeat(t, 8)
+    gpu = np.tile(np.arange(8), len(t))
+    busy = np.clip(0.9 + 0.03 * rng.standard_normal(n), 0, 1)
+    clock = np.full(n, 1980.0)
+    power = 120 + 560 * busy
+    limit = np.full(n, 700.0)
+    throttle = np.zeros(n)
+    if fault == "straggler":
+        sel = gpu == 3
+        limit[sel], power[sel], clock[sel], throttle[sel] = 350.0, 345.0, 1300.0, 4
+        busy[~sel] *= 0.6
+    elif fault == "starvation":
+        phase = (tt % 30) < 12
+        busy = np.where(phase, 0.05, busy)
+        power = 120 + 560 * busy
+    cols = {
+        "time": tt, "gpu": gpu.astype(np.int64), "util_pct": np.minimum(100, busy * 105), "sm_active": busy,
+        "tensor_active": busy * 0.7, "dram_active": busy * 0.4, "power_w": power, "power_limit_w": limit,
+        "sm_clock_mhz": clock.astype(np.int64), "sm_clock_max_mhz": np.full(n, 1980, dtype=np.int64),
+        "temp_c": (55 + 20 * busy).astype(np.int64), "throttle_reasons": throttle.astype(np.int64),
+        "pcie_gen": np.full(n, 5, dtype=np.int64), "pcie_gen_max": np.full(n, 5, dtype=np.int64),
+        "pcie_width": np.full(n, 16, dtype=np.int64), "pcie_width_max": np.full(n, 16, dtype=np.int64),
+        "energy_mj": (1e9 + np.cumsum(power) * 1000).astype(np.int64),
+        "xid": np.zeros(n, dtype=np.int64),
+    }
+    return {k: Column(v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in cols.items()}
+
+
+def host_block(t: np.ndarray, rng: np.random.Generator) -> dict[str, Column]:
+    m = len(t)
+    return {"time": Column(t.astype(np.float64)),
+            "cpu_user_pct": Column(20 + 5 * rng.random(m)), "cpu_system_pct": Column(3 + rng.random(m)),
+            "cpu_iowait_pct": Column(rng.random(m)), "cpu_idle_pct": Column(70 + 5 * rng.random(m)),
+            "cpu_count": Column(np.full(m, 192, dtype=np.int64)),
+            "disk_write_bytes_s": Column(1e7 * rng.random(m)), "disk_util_pct": Column(10 * rng.random(m)),
+            "net_tx_bytes_s": Column(1e8 * rng.random(m)), "host_power_w": Column(900 + 50 * rng.random(m))}
+
+
+def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dict[int, str], seed: int,
+          batches: bool) -> None:
+    rng = np.random.default_rng(seed)
+    gparts, hparts = [], []
+    for i, node in enumerate(nodes):
+        g, h = gpu_block(i, t, rng, faults.get(i)), host_block(t, rng)
+        gparts.append((node, g, len(t) * 8))
+        hparts.append((node, h, len(t)))
+    with conn.transaction():
+        for table, specs, parts in (("gpu_samples", GPU_SPECS, gparts), ("host_samples", HOST_SPECS, hparts)):
+            present = [sp for sp in specs if sp.name in ("time", "node", "gpu") or sp.name in parts[0][1]]
+            names = ", ".join(sp.name for sp in present)
+            for k in range(0, len(parts), 50):
+                merged, n = concat_parts(present, parts[k:k + 50])
+                with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as cp:
+                    cp.write(HEADER + encode_rows(present, merged, n) + TRAILER)
+        if batches:
+            rows = [(f"bench:{node}:{int(t[0])}", node, len(t) * 8, len(t), float(t[0]), float(t[-1])) for node in nodes]
+            conn.execute(REGISTER_SQL, _register_params(rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=10_000)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    args = ap.parse_args()
+    settings = load_settings()
+    nodes = [f"node-{i:05d}" for i in range(args.gpus // 8)]
+    now = float(int(time.time()))
+    window = args.minutes * 60
+    t = np.arange(now - window, now, 1.0)
+    faults = {i: ("straggler" if (i // 20) % 2 else "starvation") for i in range(0, len(nodes), 20)}
+    with scratch_database(server_url(), "gpufleet_bench") as url:
+        migrate.upgrade(url, settings)
+        with psycopg.connect(url, autocommit=True) as conn:
+            start = time.perf_counter()
+            for k in range(0, len(t), 60):
+                write(conn, nodes, t[k:k + 60], faults, k, batches=False)
+            conn.execute("INSERT INTO nodes (node, gpu_count) SELECT unnest(%s::text[]), 8", (nodes,))
+            # Synchronous runs of 64 GPUs (8 nodes each).
+            for r in range(0, len(nodes), 8):
+                conn.execute("INSERT INTO runs (run_id, start) VALUES (%s, to_timestamp(%s))", (f"run-{r}", now - 7200))
+                conn.execute("INSERT INTO run_allocations SELECT %s, n, g FROM unnest(%s::text[]) n, "
+                             "generate_series(0, 7) g", (f"run-{r}", nodes[r:r + 8]))
+            conn.execute("VACUUM ANALYZE gpu_samples")
+            conn.execute("VACUUM ANALYZE host_samples")
+            rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+            print(f"loaded {rows:,} GPU samples of {len(nodes) * 8} GPUs in {time.perf_counter() - start:.1f} s",
+                  flush=True)
+
+            cols = ", ".join(GPU_COLUMNS)
+            t0 = time.perf_counter()
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT time, node, gpu, {cols} FROM gpu_samples WHERE time > to_timestamp(%s) "
+                            "AND time <= to_timestamp(%s)", (now - window, now))
+                fetched = len(cur.fetchall())
+            select_s = time.perf_counter() - t0
+            print(f"plain SELECT of the window: {select_s:.2f} s ({fetched:,} rows)", flush=True)
+
+            sweeper = Sweeper(settings)
+            t0 = time.perf_counter()
+            sweeper(conn, now)
+            cold_s = time.perf_counter() - t0
+            print(f"cold sweep (new leader loads the window): {cold_s:.2f} s; {sweeper.last}", flush=True)
+
+            write(conn, nodes, np.arange(now, now + 5, 1.0), faults, 99, batches=True)
+            t0 = time.perf_counter()
+            sweeper(conn, now + 5)
+            warm_s = time.perf_counter() - t0
+            print(f"steady-state sweep: {warm_s:.2f} s; {sweeper.last}", flush=True)
+            incidents = conn.execute("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind").fetchall()
+            print(f"incidents: {incidents}")
+    print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold)")
+    print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
+                      "sweep_s": round(warm_s, 3), "cold_sweep_s": round(cold_s, 3), "select_s": round(select_s, 3),
+                      "ratio_to_select": round(warm_s / select_s, 3), "samples": rows}))
+
+
+if __name__ == "__main__":
+    main()
