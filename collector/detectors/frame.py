@@ -666,13 +666,13 @@ class Frame:
             ends[:-1] = starts[1:] - 1
             ends[-1] = st.size - 1
         w = self.w[a:b]
-        cw = np.zeros(w.size + 1)
-        np.cumsum(w, out=cw[1:])
-        cwa = np.zeros(w.size + 1)
-        np.cumsum(w * np.nan_to_num(act), out=cwa[1:])
-        dur = cw[ends + 1] - cw[starts]
+        if starts.size:
+            dur = segment_sums(w, starts)
+            asum = segment_sums(w * (act if self.all_valid else np.nan_to_num(act)), starts)
+        else:
+            dur = asum = np.zeros(0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(dur > 0, (cwa[ends + 1] - cwa[starts]) / np.where(dur > 0, dur, 1.0), np.nan)
+            mean = asum / dur
         open_end = np.ones(starts.size, dtype=bool)
         if starts.size:
             open_end[:-1] = seg[starts[1:]]

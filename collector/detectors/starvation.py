@@ -34,7 +34,7 @@ import numpy as np
 from collector.detectors.config import DetectorConfig
 from collector.detectors.frame import Frame, segment_sums
 from collector.detectors.hosts import HostPressure, host_pressure, write_burst
-from collector.detectors.stats import num
+from collector.detectors.stats import num, small_median
 from collector.detectors.window import Finding, Window
 
 KIND = "starvation"
@@ -62,10 +62,14 @@ def oscillation(fr: Frame, r: int) -> Oscillation | None:
     cfg = fr.config
     a, b = fr.region_index
     act = fr.activity[int(a[r]):int(b[r])]
-    act = act[~np.isnan(act)]
-    if act.size < 2 * cfg.starve_min_cycles:
+    if not fr.all_valid:
+        act = act[~np.isnan(act)]
+    n = act.size
+    if n < 2 * cfg.starve_min_cycles:
         return None
-    p5, p95 = (float(x) for x in np.percentile(act, [5, 95]))
+    k5, k95 = int(0.05 * (n - 1)), int(np.ceil(0.95 * (n - 1)))
+    part = np.partition(act, (k5, k95))
+    p5, p95 = float(part[k5]), float(part[k95])
     if p95 - p5 < cfg.starve_min_depth:
         return None
     ph = fr.row_phases(r, p5 + 0.3 * (p95 - p5), p5 + 0.7 * (p95 - p5))
@@ -78,31 +82,31 @@ def oscillation(fr: Frame, r: int) -> Oscillation | None:
     m = cfg.starve_min_cycles - 1
     if not contiguous[-m:].all():
         return None
-    period = float(np.median(d[-m:]))
+    period = small_median(d[-m:])
     if not period > 0:
         return None
     j = d.size - m
     while j > 0 and contiguous[j - 1] and 0.5 * period <= d[j - 1] <= 2.0 * period:
         j -= 1
     chain = d[j:]
-    period = float(np.median(chain))
-    cv = float(np.median(np.abs(chain - period))) / period
+    period = small_median(chain)
+    cv = small_median(np.abs(chain - period)) / period
     if period > cfg.starve_max_period_s or cv > cfg.starve_max_period_cv:
         return None
     onset = float(on[j])
     last_onset = float(on[-1])
     if fr.window.t_end - last_onset > max(2.0 * period, cfg.active_within_s):
         return None
-    sel = ph.t1 > onset
-    dur = np.where(sel, ph.dur, 0.0)
-    busy_s = float(dur[ph.state == 1].sum())
-    idle_s = float(dur[ph.state == 0].sum())
+    dur = ph.dur * (ph.t1 > onset)
+    bz = ph.state == 1
+    busy_s = float(dur[bz].sum())
+    idle_s = float(dur[~bz].sum())
     total = busy_s + idle_s
     if total <= 0:
         return None
     duty = busy_s / total
-    busy_act = float(np.average(ph.act[ph.state == 1], weights=dur[ph.state == 1])) if busy_s > 0 else 0.0
-    idle_act = float(np.average(ph.act[ph.state == 0], weights=dur[ph.state == 0])) if idle_s > 0 else 0.0
+    busy_act = float(dur[bz] @ ph.act[bz]) / busy_s if busy_s > 0 else 0.0
+    idle_act = float(dur[~bz] @ ph.act[~bz]) / idle_s if idle_s > 0 else 0.0
     depth = busy_act - idle_act
     if not (cfg.starve_min_duty <= duty <= cfg.starve_max_duty) or depth < cfg.starve_min_depth:
         return None
@@ -111,7 +115,8 @@ def oscillation(fr: Frame, r: int) -> Oscillation | None:
     lost = float(np.clip(1.0 - mean_act / ref, 0.0, 1.0))
     if lost < cfg.starve_min_lost_share:
         return None
-    idle = [(float(a), float(b)) for a, b, s in zip(ph.t0, ph.t1, ph.state, strict=True) if s == 0 and b > onset]
+    keep = ~bz & (ph.t1 > onset)
+    idle = list(zip(ph.t0[keep].tolist(), ph.t1[keep].tolist(), strict=True))
     return Oscillation(onset, last_onset, period, duty, depth, lost, len(chain) + 1, idle)
 
 
@@ -150,7 +155,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     with np.errstate(invalid="ignore", divide="ignore"):
         low = full & (rw >= 0.5 * cfg.starve_min_duration_s) & (rs / rw <= cfg.starve_low_activity)
     # ... dated from when activity went low for most of the time.
-    ep = fr.trailing_episode(wreg, fr.activity < cfg.starve_low_activity, cfg.starve_low_share)
+    below = fr.activity < cfg.starve_low_activity
+    below &= fr.per_sample(low)
+    ep = fr.trailing_episode(wreg, below, cfg.starve_low_share)
     cand = (swinging | low) & (fr.run_of_row >= 0)
     if not cand.any():
         return []
