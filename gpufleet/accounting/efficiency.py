@@ -1,0 +1,164 @@
+"""Efficiency beside cost: tokens per energy, MFU and goodput of a run.
+
+Progress (``run_progress``) is cumulative and counts from the run's start:
+the work done in a window [lo, hi) is the last report at or before ``hi``
+minus the last report at or before ``lo`` (zero at the run's start), and the
+rate divides it by the time between those two reports.  An ended run's final
+report may come after its end; ``count_after_end`` takes it.
+
+MFU = 6 × params × tokens_per_s ÷ Σ peak BF16 dense FLOP/s of the run's GPUs
+(the "6N" training FLOPs per token).  A GPU's model is the ``name`` of its
+entry in ``nodes.facts["gpus"]`` (the NVML and dcgm-exporter sources report
+it there), else ``nodes.facts["gpu_model"]``; a numeric
+``nodes.facts["bf16_dense_peak_flops"]`` overrides the table.  MFU is null
+when any GPU's model is unknown or the run has no ``params``.
+
+Goodput = share of the run's GPU time not lost to ``starvation`` or
+``checkpoint_stall`` incidents.  An incident loses its overlap with the
+window times the share its evidence reports (``gpu_time_lost_share``, else
+``run_time_lost_share``, else 1 − ``duty_cycle``, else all of it), on one GPU
+when it names one, on the run's GPUs of a node when it names a node, else on
+all the run's GPUs.  An incident still open counts until the window's end.
+Overlapping incidents add up (capped at all of the run's GPU time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+#: Peak dense BF16 tensor FLOP/s per GPU (vendor datasheets, without sparsity).
+#: Matched in order against the model name, case-insensitively; first hit wins.
+PEAK_BF16_DENSE_FLOPS: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("h200",), 989e12),
+    (("h100", "pcie"), 756e12),
+    (("h100",), 989e12),  # SXM5 / "80GB HBM3"
+    (("a100",), 312e12),
+    (("l40s",), 362e12),
+)
+
+LOST_TIME_KINDS = ("starvation", "checkpoint_stall")
+
+
+def peak_flops(model: str | None) -> float | None:
+    """Peak dense BF16 FLOP/s of a GPU model name, or None when not in the table."""
+    if not model:
+        return None
+    name = model.lower()
+    for words, peak in PEAK_BF16_DENSE_FLOPS:
+        if all(w in name for w in words):
+            return peak
+    return None
+
+
+def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]]
+               ) -> dict[tuple[str, int], tuple[str | None, float | None]]:
+    """(model name, peak FLOP/s) of each allocated GPU, from the nodes' facts."""
+    nodes = sorted({n for n, _ in allocations})
+    facts: dict[str, Any] = {n: f for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
+                                                            (nodes,)).fetchall()}
+    out: dict[tuple[str, int], tuple[str | None, float | None]] = {}
+    for node, gpu in allocations:
+        f: Mapping[str, Any] = facts.get(node) or {}
+        model = None
+        for entry in f.get("gpus") or []:
+            if isinstance(entry, Mapping) and entry.get("gpu") == gpu and entry.get("name"):
+                model = str(entry["name"])
+        model = model or (str(f["gpu_model"]) if f.get("gpu_model") else None)
+        override = f.get("bf16_dense_peak_flops")
+        peak = float(override) if isinstance(override, int | float) and override > 0 else peak_flops(model)
+        out[(node, gpu)] = (model, peak)
+    return out
+
+
+def _progress_at(conn: psycopg.Connection, run_id: str, t: datetime | None, column: str
+                 ) -> tuple[datetime, float] | None:
+    """The last report of ``column`` at or before ``t`` (any time when None)."""
+    sql = f"SELECT time, {column} FROM run_progress WHERE run_id = %s AND {column} IS NOT NULL"
+    params: list[Any] = [run_id]
+    if t is not None:
+        sql += " AND time <= %s"
+        params.append(t)
+    row = conn.execute(sql + " ORDER BY time DESC LIMIT 1", params).fetchone()
+    return (row[0], float(row[1])) if row else None
+
+
+def progress(conn: psycopg.Connection, run_id: str, run_start: datetime, lo: datetime, hi: datetime,
+             count_after_end: bool) -> dict[str, float | None]:
+    """Tokens and samples done in [lo, hi), and the token rate over the reports that bound them."""
+    out: dict[str, float | None] = {"tokens": None, "samples": None, "tokens_per_s": None}
+    for column in ("tokens", "samples"):
+        end = _progress_at(conn, run_id, None if count_after_end else hi, column)
+        if end is None:
+            continue
+        begin = _progress_at(conn, run_id, lo, column) if lo > run_start else None
+        t0, v0 = begin if begin is not None else (run_start, 0.0)
+        done = max(end[1] - v0, 0.0)
+        out[column] = done
+        if column == "tokens":
+            span_s = (end[0] - t0).total_seconds()
+            out["tokens_per_s"] = done / span_s if span_s > 0 else None
+    return out
+
+
+def _lost_share(evidence: Mapping[str, Any]) -> float:
+    for key in ("gpu_time_lost_share", "run_time_lost_share"):
+        v = evidence.get(key)
+        if isinstance(v, int | float):
+            return min(max(float(v), 0.0), 1.0)
+    duty = evidence.get("duty_cycle")
+    if isinstance(duty, int | float):
+        return min(max(1.0 - float(duty), 0.0), 1.0)
+    return 1.0
+
+
+def lost_gpu_s(conn: psycopg.Connection, run_id: str, lo: datetime, hi: datetime,
+               gpus_per_node: Mapping[str, int], gpu_count: int) -> float:
+    """GPU-seconds of [lo, hi) lost to starvation and checkpoint stalls, by the incidents' evidence."""
+    rows = conn.execute(
+        'SELECT node, gpu, greatest(start, %(lo)s), least(COALESCE("end", %(hi)s), %(hi)s), evidence '
+        'FROM incidents WHERE run_id = %(run)s AND kind = ANY(%(kinds)s) AND start < %(hi)s '
+        'AND COALESCE("end", %(hi)s) > %(lo)s',
+        {"run": run_id, "lo": lo, "hi": hi, "kinds": list(LOST_TIME_KINDS)},
+    ).fetchall()
+    lost = 0.0
+    for node, gpu, a, b, evidence in rows:
+        gpus = 1 if gpu is not None else gpus_per_node.get(node, 0) if node is not None else gpu_count
+        lost += max((b - a).total_seconds(), 0.0) * _lost_share(evidence or {}) * gpus
+    return min(lost, gpu_count * max((hi - lo).total_seconds(), 0.0))
+
+
+def efficiency(conn: psycopg.Connection, run: Mapping[str, Any], lo: datetime, hi: datetime,
+               allocations: Sequence[tuple[str, int]], it_kwh: float, count_after_end: bool) -> dict[str, Any]:
+    """The ``efficiency`` block of a run's accounting."""
+    done = progress(conn, run["run_id"], run["start"], lo, hi, count_after_end)
+    tokens, samples, rate = done["tokens"], done["samples"], done["tokens_per_s"]
+    it_j = it_kwh * 3.6e6
+    models = gpu_models(conn, allocations)
+    names = sorted({m for m, _ in models.values() if m})
+    peaks = [p for _, p in models.values()]
+    total_peak = sum(p for p in peaks if p is not None) if peaks and all(p is not None for p in peaks) else None
+    params = run.get("params")
+    mfu = (6.0 * params * rate / total_peak) if params and rate is not None and total_peak else None
+    per_node: dict[str, int] = {}
+    for node, _ in allocations:
+        per_node[node] = per_node.get(node, 0) + 1
+    gpu_s = len(allocations) * max((hi - lo).total_seconds(), 0.0)
+    lost = lost_gpu_s(conn, run["run_id"], lo, hi, per_node, len(allocations))
+    return {
+        "tokens": tokens,
+        "samples": samples,
+        "tokens_per_s": rate,
+        "tokens_per_joule": tokens / it_j if tokens is not None and it_j > 0 else None,
+        "tokens_per_kwh": tokens / it_kwh if tokens is not None and it_kwh > 0 else None,
+        "samples_per_kwh": samples / it_kwh if samples is not None and it_kwh > 0 else None,
+        "params": params,
+        "gpu_model": names[0] if len(names) == 1 else ("mixed" if names else None),
+        "peak_flops": total_peak,
+        "mfu": mfu,
+        "lost_gpu_hours": lost / 3600.0,
+        "goodput": 1.0 - lost / gpu_s if gpu_s > 0 else None,
+    }

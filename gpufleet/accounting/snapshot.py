@@ -1,0 +1,26 @@
+"""One consistent view of samples, rollups and the rollup queue for one answer."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+
+@contextlib.contextmanager
+def snapshot(conn: psycopg.Connection) -> Iterator[None]:
+    """A read-only REPEATABLE READ transaction when ``conn`` is idle in autocommit.
+
+    The rollup worker deletes queue rows and rewrites rollups in one
+    transaction; reading both in one snapshot means a range is either still
+    queued (answered from raw samples) or already rebuilt, never neither.
+    A caller already in a transaction keeps its own.
+    """
+    if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        yield
+        return
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
