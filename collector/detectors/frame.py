@@ -7,8 +7,10 @@ numpy operations over the whole fleet and per-GPU reductions are
 never loops over samples in Python; loops over GPUs only gather arrays or
 examine the few GPUs a cheap vectorised screen has singled out.
 
-Per-sample arrays are float32 (time stays float64): half the memory traffic,
-and arrays small enough for the allocator to reuse.
+Per-sample arrays are float32, times included (seconds since the earliest
+sample: sub-millisecond over a day; :meth:`Frame.time` gives epoch seconds
+back): half the memory traffic, and a sweep's fresh memory, which is what
+costs most at 10,000 GPUs, stays small.
 
 Time, not sample counts: each sample carries a weight in seconds (the interval
 to the next sample).  An interval longer than ``gap_factor`` typical intervals

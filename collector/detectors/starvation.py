@@ -245,8 +245,6 @@ def _judge_run(
         "gpu_count": int(rows.size),
         "activity_source": ",".join(sources),
     }
-    if not mean_act <= cfg.starve_low_activity:
-        return None
     last = low_last[lows]
     return _finding(run.run_id, pressure.cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
                     else fr.window.t_end, evidence)

@@ -59,6 +59,17 @@ def test_every_detector_runs_and_findings_follow_the_contract() -> None:
         assert 1_800_000_000 <= f.start <= (f.last_active or f.start)
 
 
+def test_float32_and_integer_columns_give_the_same_findings() -> None:
+    """The window cache hands over float32 columns; bundles may carry integers."""
+    w = mixed()
+    ref = sorted((f.kind, f.cause, f.node, f.gpu) for f in detect_all(w, CFG))
+    for s in w.gpus.values():
+        s.cols = {k: v.astype(np.float32) for k, v in s.cols.items()}
+        for k in ("throttle_reasons", "pcie_gen", "pcie_width", "xid"):
+            s.cols[k] = s.cols[k].astype(np.int64)
+    assert sorted((f.kind, f.cause, f.node, f.gpu) for f in detect_all(w, CFG)) == ref
+
+
 def test_a_failing_detector_is_reported_and_the_others_still_run() -> None:
     def broken(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list:
         raise RuntimeError("boom")
