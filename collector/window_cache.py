@@ -118,32 +118,64 @@ def parse_array(raw: bytes, n: int, kind: str) -> np.ndarray:
     return out
 
 
-@dataclass
 class _Buf:
-    """Samples of one GPU or host: times and columns, sorted by time."""
+    """Samples of one GPU or host, sorted by time, with room to append.
 
-    t: np.ndarray
-    cols: np.ndarray  # (ncols, n) float32
+    New samples usually come after the last ones: they are written into
+    spare capacity, and old ones are dropped by moving the start, so a
+    steady-state sweep copies only what arrived, not the whole window.
+    """
+
+    __slots__ = ("_c", "_t", "a", "b")
+
+    def __init__(self, t: np.ndarray, cols: np.ndarray) -> None:
+        cap = max(16, 2 * len(t))
+        self._t = np.empty(cap, dtype=np.float64)
+        self._c = np.empty((cols.shape[0], cap), dtype=np.float32)
+        self.a, self.b = 0, len(t)
+        self._t[:self.b] = t
+        self._c[:, :self.b] = cols
+
+    @property
+    def t(self) -> np.ndarray:
+        return self._t[self.a:self.b]
+
+    @property
+    def cols(self) -> np.ndarray:
+        return self._c[:, self.a:self.b]
+
+    def _reserve(self, extra: int) -> None:
+        n = self.b - self.a
+        if self.b + extra <= len(self._t):
+            return
+        cap = max(len(self._t), 2 * (n + extra))
+        t, c = np.empty(cap, dtype=np.float64), np.empty((self._c.shape[0], cap), dtype=np.float32)
+        t[:n], c[:, :n] = self._t[self.a:self.b], self._c[:, self.a:self.b]
+        self._t, self._c, self.a, self.b = t, c, 0, n
 
     def merge(self, t: np.ndarray, cols: np.ndarray) -> None:
         if len(t) == 0:
             return
-        if len(self.t) and t.min() > self.t[-1]:
-            self.t = np.concatenate([self.t, t])
-            self.cols = np.concatenate([self.cols, cols], axis=1)
+        if self.b == self.a or t[0] > self._t[self.b - 1]:
+            self._reserve(len(t))
+            self._t[self.b:self.b + len(t)] = t
+            self._c[:, self.b:self.b + len(t)] = cols
+            self.b += len(t)
             return
+        # Out of order or overlapping (a re-fetch, a back-fill): merge and de-duplicate.
         allt = np.concatenate([self.t, t])
         allc = np.concatenate([self.cols, cols], axis=1)
         order = np.argsort(allt, kind="stable")
         allt, allc = allt[order], allc[:, order]
         keep = np.ones(len(allt), dtype=bool)
-        keep[1:] = allt[1:] != allt[:-1]  # a re-fetched sample replaces nothing
-        self.t, self.cols = allt[keep], allc[:, keep]
+        keep[1:] = allt[1:] != allt[:-1]
+        self.__init__(allt[keep], allc[:, keep])  # type: ignore[misc]
 
     def trim(self, t_min: float) -> None:
-        i = int(np.searchsorted(self.t, t_min, side="left"))
-        if i:
-            self.t, self.cols = self.t[i:], self.cols[:, i:]
+        self.a += int(np.searchsorted(self._t[self.a:self.b], t_min, side="left"))
+
+    def __len__(self) -> int:
+        return self.b - self.a
 
 
 @dataclass
@@ -242,11 +274,11 @@ class WindowCache:
     def trim(self, t_min: float) -> None:
         for gk in list(self.gpus):
             self.gpus[gk].trim(t_min)
-            if len(self.gpus[gk].t) == 0:
+            if len(self.gpus[gk]) == 0:
                 del self.gpus[gk]
         for hk in list(self.hosts):
             self.hosts[hk].trim(t_min)
-            if len(self.hosts[hk].t) == 0:
+            if len(self.hosts[hk]) == 0:
                 del self.hosts[hk]
 
     # -- views -----------------------------------------------------------------

@@ -1,0 +1,42 @@
+"""The in-memory window: appends, back-fills, trims; arrays read from PostgreSQL as numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import psycopg
+
+from collector.window_cache import _Buf, parse_array
+
+
+def buf(ts: list[float]) -> _Buf:
+    t = np.array(ts, dtype=np.float64)
+    return _Buf(t, np.vstack([t.astype(np.float32), -t.astype(np.float32)]))
+
+
+def test_append_trim_and_backfill() -> None:
+    b = buf([1, 2, 3])
+    for k in range(4, 200):
+        b.merge(np.array([float(k)]), np.array([[k], [-k]], dtype=np.float32))
+        b.trim(k - 50)
+    assert b.t.tolist() == [float(x) for x in range(149, 200)]
+    assert b.cols[1].tolist() == [-float(x) for x in range(149, 200)]
+    # a back-filled sample lands in order; a re-fetched one is not duplicated
+    b.merge(np.array([150.5, 160.0]), np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32))
+    assert len(b) == 52 and np.all(np.diff(b.t) > 0)
+    assert b.t[2] == 150.5
+    b.trim(1e9)
+    assert len(b) == 0
+
+
+def test_parse_array_matches_postgres(conn: psycopg.Connection) -> None:
+    for typ, kind in (("real", "real"), ("smallint", "smallint"), ("integer", "integer"), ("bigint", "bigint"),
+                      ("double precision", "double")):
+        for values in ([1, 2, 3], [None, None], [None, 5, None, 7], []):
+            with conn.cursor(binary=True) as cur:
+                from collector.window_cache import _PG_ARRAY, _RawLoader
+
+                cur.adapters.register_loader(_PG_ARRAY[kind], _RawLoader)
+                raw = cur.execute(f"SELECT %s::{typ}[]", (values,)).fetchone()[0]  # type: ignore[index]
+            got = parse_array(raw, len(values), kind) if values else np.zeros(0)
+            expected = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+            assert np.array_equal(got, expected, equal_nan=True), (typ, values, got)
