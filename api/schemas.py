@@ -60,7 +60,7 @@ class RunPublic(BaseModel):
     team: str | None
     start: AwareDatetime
     end: AwareDatetime | None
-    state: Literal["running", "ended"]
+    state: Literal["pending", "running", "ended"]
     params: int | None
     labels: dict[str, Any]
     gpu_count: int

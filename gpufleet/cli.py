@@ -160,6 +160,50 @@ def api(config: ConfigOpt = None, db: DbOpt = None,
                 log_level=s.log_level.lower(), access_log=False, **_ssl(s))
 
 
+@app.command()
+def agent(config: ConfigOpt = None,
+          node: Annotated[str | None, typer.Option(help="node name the samples are filed under (default: host name)")] = None,
+          collector_url: Annotated[str | None, typer.Option(help="collector base URL")] = None,
+          token: Annotated[str | None, typer.Option(help="node token (prefer GPUFLEET_AGENT__TOKEN or --token-file)")] = None,
+          token_file: Annotated[Path | None, typer.Option(help="file holding the node token")] = None,
+          source: Annotated[list[str] | None, typer.Option(help="source to run (repeatable; default: settings)")] = None,
+          spool_dir: Annotated[Path | None, typer.Option(help="spool directory")] = None,
+          interval: Annotated[float | None, typer.Option(help="sampling interval, seconds")] = None,
+          ship_interval: Annotated[float | None, typer.Option(help="seal-and-ship interval, seconds")] = None,
+          metrics_port: Annotated[int | None, typer.Option(help="/metrics port (0 disables)")] = None,
+          sim: Annotated[str | None, typer.Option(help="run a simulated node of this scenario instead of real sources")] = None,
+          fake_nvml: Annotated[int | None, typer.Option(hidden=True, help="fake H100s instead of NVML (tests)")] = None) -> None:
+    """Run the node agent: sample GPUs and host, spool to disk, ship to the collector."""
+    from pydantic import ValidationError
+
+    from agent.main import AgentError, run
+    from gpufleet.config import AgentSettings
+
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            fail(f"--token-file {token_file}: {e.strerror or e}")
+    options = {"node": ("--node", node), "collector_url": ("--collector-url", collector_url),
+               "token": ("--token", token), "sources": ("--source", source), "spool_dir": ("--spool-dir", spool_dir),
+               "interval_s": ("--interval", interval), "ship_interval_s": ("--ship-interval", ship_interval),
+               "metrics_port": ("--metrics-port", metrics_port)}
+    overrides = {key: value for key, (_, value) in options.items() if value is not None}
+    s = settings_from(config)
+    if overrides:
+        try:
+            s = s.model_copy(update={"agent": AgentSettings.model_validate({**s.agent.model_dump(), **overrides})})
+        except ValidationError as e:
+            fail("; ".join(f"{options.get(str(err['loc'][0]), (str(err['loc'][0]),))[0]}: {err['msg']}"
+                           for err in e.errors()))
+    setup_logging(s)
+    try:
+        code = run(s, fake_nvml=fake_nvml, sim=sim)
+    except AgentError as e:
+        fail(str(e))
+    raise typer.Exit(code)
+
+
 # ---------------------------------------------------------------- tokens
 
 
@@ -315,6 +359,53 @@ def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (
     write_atomic(findings, findings_jsonl(result.findings))
     write_atomic(accounting, json.dumps(result.accounting, indent=2, default=str) + "\n")
     say(f"wrote {len(result.findings)} findings to {findings} and {len(result.accounting)} runs to {accounting}")
+
+
+@app.command()
+def demo(config: ConfigOpt = None, db: DbOpt = None,
+         scenario: Annotated[str, typer.Option(help="simulator scenario (name or YAML path)")] = "demo",
+         seed: Annotated[int | None, typer.Option(help="scenario seed")] = None,
+         backfill_minutes: Annotated[float, typer.Option(help="telemetry to back-fill before going live")] = 15.0,
+         duration: Annotated[float | None, typer.Option(help="stop after this many seconds (default: Ctrl-C)")] = None,
+         api_port: Annotated[int, typer.Option(help="API port (0: any free port)")] = 8420,
+         collector_port: Annotated[int, typer.Option(help="collector port (0: any free port)")] = 8410) -> None:
+    """The live demo: database, collector, API and agents on a simulated fleet."""
+    import signal
+    import threading
+
+    from gpufleet.db.connect import with_database
+    from gpufleet.demo import DemoOptions, run_demo
+    from gpufleet.testing.servers import free_port
+
+    s = settings_from(config, db, log_level="WARNING")
+    setup_logging(s)
+    server = with_database(database(s), "postgres")
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def port(p: int) -> int:
+        import socket
+
+        if p == 0:
+            return free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", p))
+            except OSError:
+                typer.echo(f"gpufleet: port {p} is busy; using a free one", err=True)
+                return free_port()
+        return p
+
+    opts = DemoOptions(scenario=scenario, seed=seed, backfill_s=backfill_minutes * 60, duration_s=duration,
+                       api_port=port(api_port), collector_port=port(collector_port))
+    try:
+        run_demo(s, server, opts, lambda m: typer.echo(m), stop)
+    except FileNotFoundError as e:
+        fail(str(e))
+    except psycopg.OperationalError as e:
+        fail(f"database: {str(e).strip().splitlines()[0]}")
+    typer.echo("demo stopped")
 
 
 def main() -> None:

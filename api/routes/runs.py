@@ -25,7 +25,7 @@ def _own_node_only(who: Principal, allocations: list | None) -> None:
 
 
 @router.get("", response_model=list[RunPublic])
-def list_runs(conn: ConnDep, _: Reader, state: Literal["running", "ended"] | None = None,
+def list_runs(conn: ConnDep, _: Reader, state: Literal["pending", "running", "ended"] | None = None,
               site: str | None = None, since: datetime | None = Query(None, alias="from"),
               until: datetime | None = Query(None, alias="to"), limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0)) -> list[dict]:

@@ -21,7 +21,8 @@ class Conflict(ValueError):
 
 RUN_SELECT = """
 SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params, r.labels,
-  CASE WHEN r."end" IS NULL OR r."end" > now() THEN 'running' ELSE 'ended' END AS state,
+  CASE WHEN r.start > now() THEN 'pending' WHEN r."end" IS NULL OR r."end" > now() THEN 'running'
+       ELSE 'ended' END AS state,
   COALESCE((SELECT json_agg(json_build_object('node', a.node, 'gpus', a.gpus) ORDER BY a.node)
             FROM (SELECT node, array_agg(gpu ORDER BY gpu) AS gpus FROM run_allocations
                   WHERE run_id = r.run_id GROUP BY node) a), '[]'::json) AS allocations,
@@ -48,7 +49,9 @@ def list_runs(conn: psycopg.Connection, state: str | None = None, site: str | No
     where: list[str] = ["TRUE"]
     params: list[Any] = []
     if state == "running":
-        where.append('(r."end" IS NULL OR r."end" > now())')
+        where.append('r.start <= now() AND (r."end" IS NULL OR r."end" > now())')
+    elif state == "pending":
+        where.append("r.start > now()")
     elif state == "ended":
         where.append('r."end" <= now()')
     if site:

@@ -37,7 +37,7 @@ def alertmanager(workdir: Path) -> Iterator[str]:
     proc = subprocess.Popen(
         [exe, f"--config.file={cfg}", f"--storage.path={workdir / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}",
-         "--cluster.advertise-address=127.0.0.1:%d" % cluster, "--log.level=warn"],
+         f"--cluster.advertise-address=127.0.0.1:{cluster}", "--log.level=warn"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
