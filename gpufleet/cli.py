@@ -368,7 +368,9 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
          backfill_minutes: Annotated[float, typer.Option(help="telemetry to back-fill before going live")] = 15.0,
          duration: Annotated[float | None, typer.Option(help="stop after this many seconds (default: Ctrl-C)")] = None,
          api_port: Annotated[int, typer.Option(help="API port (0: any free port)")] = 8420,
-         collector_port: Annotated[int, typer.Option(help="collector port (0: any free port)")] = 8410) -> None:
+         collector_port: Annotated[int, typer.Option(help="collector port (0: any free port)")] = 8410,
+         database_name: Annotated[str, typer.Option(help="demo database (dropped and recreated)")] = "gpufleet_demo",
+         ) -> None:
     """The live demo: database, collector, API and agents on a simulated fleet."""
     import signal
     import threading
@@ -398,7 +400,7 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
         return p
 
     opts = DemoOptions(scenario=scenario, seed=seed, backfill_s=backfill_minutes * 60, duration_s=duration,
-                       api_port=port(api_port), collector_port=port(collector_port))
+                       api_port=port(api_port), collector_port=port(collector_port), database=database_name)
     try:
         run_demo(s, server, opts, lambda m: typer.echo(m), stop)
     except FileNotFoundError as e:

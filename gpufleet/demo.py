@@ -28,8 +28,6 @@ from psycopg import sql
 from gpufleet.config import AgentSettings, Settings
 from gpufleet.db.connect import with_database
 
-DEMO_DB = "gpufleet_demo"
-
 
 @dataclass
 class DemoOptions:
@@ -40,6 +38,7 @@ class DemoOptions:
     collector_port: int = 0
     api_port: int = 0
     refresh_s: float = 5.0
+    database: str = "gpufleet_demo"
 
 
 @dataclass
@@ -50,12 +49,12 @@ class DemoState:
     seen_open: dict[int, str] = field(default_factory=dict)
 
 
-def fresh_database(server_url: str) -> str:
+def fresh_database(server_url: str, name: str) -> str:
     """Drop and recreate the demo database so every demo starts clean."""
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DEMO_DB)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DB)))
-    return with_database(server_url, DEMO_DB)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return with_database(server_url, name)
 
 
 def _ts(t: float) -> str:
@@ -209,7 +208,7 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
     from gpufleet.db import migrate
 
     st = DemoState()
-    url = fresh_database(server_url)
+    url = fresh_database(server_url, opts.database)
     migrate.upgrade(url, settings)
     fleet = Fleet.from_scenario(opts.scenario, seed=opts.seed, start_time=time.time() - opts.backfill_s)
     with psycopg.connect(url, autocommit=True) as conn:
