@@ -111,7 +111,14 @@ def main() -> None:
     now = float(int(time.time()))
     window = args.minutes * 60
     t = np.arange(now - window, now, 1.0)
-    faults = {i: ("straggler" if (i // 20) % 2 else "starvation") for i in range(0, len(nodes), 20)}
+    # Faults per 64-GPU run (8 nodes): every 10th run input-starved on all
+    # its nodes, every 10th (offset 5) with one power-capped straggler.
+    faults: dict[int, str] = {}
+    for r in range(0, len(nodes) // 8):
+        if r % 10 == 0:
+            faults.update({8 * r + k: "starvation" for k in range(8)})
+        elif r % 10 == 5:
+            faults[8 * r] = "straggler"
     with scratch_database(server_url(), "gpufleet_bench") as url:
         migrate.upgrade(url, settings)
         with psycopg.connect(url, autocommit=True) as conn:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,7 +26,6 @@ from psycopg.adapt import Loader
 from psycopg.pq import Format
 
 from collector.detectors.window import RunInfo, Series, Window
-from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +54,6 @@ class _RawLoader(Loader):
 #: Nodes per query of a cold load, to bound the server's aggregation memory.
 NODES_PER_QUERY = 250
 
-_GPU_KINDS = [GPU_BY_NAME[c].kind for c in GPU_COLUMNS]
-_HOST_KINDS = [HOST_BY_NAME[c].kind for c in HOST_COLUMNS]
-
 #: Commits can land slightly out of ``received_at`` order; batches this much
 #: older than the watermark are looked at again (and skipped if already seen).
 COMMIT_SLACK_S = 60.0
@@ -78,14 +73,24 @@ SELECT n FROM g WHERE n IS NOT NULL UNION SELECT n FROM h WHERE n IS NOT NULL"""
 
 
 def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str) -> str:
-    """One row per GPU (or host): each column's samples as one native array.
+    """One row per GPU (or host): its sample times, and all its columns packed
+    into one 2-D float4 array (samples x columns, NULL as NaN) that numpy reads
+    in a single call.
 
-    No ORDER BY is needed: every aggregate of a group sees the rows in the
+    No ORDER BY is needed: both aggregates of a group see the rows in the
     same order, and times are sorted on arrival."""
-    vals = ", ".join(f"array_agg({c})" for c in cols)
+    vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in cols)
     key = "s.node" + (", s.gpu" if gpu else "")
     mig = " AND s.mig_instance IS NULL" if gpu else ""
-    return f"SELECT {key}, array_agg(s.time), {vals} FROM {table} s WHERE {where}{mig} GROUP BY {key}"
+    return (f"SELECT {key}, array_agg(s.time), array_agg(ARRAY[{vals}]) FROM {table} s "
+            f"WHERE {where}{mig} GROUP BY {key}")
+
+
+def parse_matrix(raw: bytes, rows: int, cols: int) -> np.ndarray:
+    """A 2-D float4 array without NULLs as a (cols, rows) float32 matrix."""
+    body = memoryview(raw)[28:]  # ndim, hasnull, elemtype, 2 x (size, lbound)
+    rec = np.frombuffer(body, dtype=np.dtype([("l", ">i4"), ("v", ">f4")]), count=rows * cols)
+    return rec["v"].astype(np.float32).reshape(rows, cols).T
 
 
 _ELEM = {"real": ">f4", "double": ">f8", "smallint": ">i2", "integer": ">i4", "bigint": ">i8", "time": ">i8"}
@@ -196,25 +201,21 @@ class WindowCache:
             with conn.cursor(binary=True) as cur:
                 # Arrays arrive as raw bytes (parsed with numpy), not as lists.
                 cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
-                for name in {f.kind for f in GPU_BY_NAME.values()} | {f.kind for f in HOST_BY_NAME.values()}:
-                    if name in _PG_ARRAY:
-                        cur.adapters.register_loader(_PG_ARRAY[name], _RawLoader)
-                for node, gpu, t, *cols in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
-                    n += self._merge(self.gpus, (node, int(gpu)), t, cols, _GPU_KINDS)
-                for node, t, *cols in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
-                    n += self._merge(self.hosts, node, t, cols, _HOST_KINDS)
+                cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+                for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
+                    n += self._merge(self.gpus, (node, int(gpu)), t, m, len(GPU_COLUMNS))
+                for node, t, m in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
+                    n += self._merge(self.hosts, node, t, m, len(HOST_COLUMNS))
         return n
 
     @staticmethod
-    def _merge(bufs: dict[Any, _Buf], key: Any, t_raw: bytes, cols_raw: list[bytes], kinds: Sequence[str]) -> int:
+    def _merge(bufs: dict[Any, _Buf], key: Any, t_raw: bytes, m_raw: bytes, ncols: int) -> int:
         hasnull = int.from_bytes(t_raw[4:8], "big")
         count = int.from_bytes(t_raw[12:16], "big")
         if hasnull:
             raise ValueError("a sample time is NULL")  # the schema forbids it
         t = (parse_array(t_raw, count, "time") + PG_EPOCH_US) / 1e6
-        cols = np.empty((len(cols_raw), len(t)), dtype=np.float32)
-        for j, raw in enumerate(cols_raw):
-            cols[j] = parse_array(raw, count, kinds[j])
+        cols = parse_matrix(m_raw, count, ncols)
         order = np.argsort(t, kind="stable")
         if (np.diff(order) != 1).any():
             t, cols = t[order], cols[:, order]
