@@ -84,14 +84,15 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
 
 
 def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
-                   config: DetectorConfig | None = None) -> tuple[MemoryIncidentStore, int]:
+                   config: DetectorConfig | None = None,
+                   store: MemoryIncidentStore | None = None) -> tuple[MemoryIncidentStore, int]:
     """Every sweep the live collector would have made over the trace."""
     det = settings.detect
     cfg = config or DetectorConfig()
     cache = WindowCache(det.window_s)
     cache.load(conn, bundle.t_min - det.window_s, bundle.t_max)
     runs = load_runs(conn, bundle.t_min - det.window_s, bundle.t_max + det.sweep_interval_s)
-    store = MemoryIncidentStore()
+    store = store if store is not None else MemoryIncidentStore()
     times = np.arange(bundle.t_min + det.sweep_interval_s, bundle.t_max + det.sweep_interval_s,
                       det.sweep_interval_s)
     for now in times.tolist():

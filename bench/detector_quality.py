@@ -1,0 +1,117 @@
+"""Detector quality on the labelled scenario set: precision, recall, cause
+accuracy and detection latency per kind, and hard negatives that raised something.
+
+    python bench/detector_quality.py [--scenarios a,b,...] [--duration 3600] [--interval 1]
+
+Each scenario of the simulator is written as a trace bundle, replayed exactly
+as ``gpufleet replay`` does (ingest path, rollups, every sweep of the
+timeline) and its findings scored against the scenario's labels.  The
+baseline is the same scoring of an empty finding set (recall 0).  The last
+line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent.simulator import scenario_names, write_bundle
+from collector import rollup
+from collector.bundle import read_bundle
+from collector.incidents import MemoryIncidentStore, Plan
+from collector.replay import load, sweep_timeline
+from collector.scoring import Score, score
+from gpufleet.config import load_settings
+from gpufleet.db import migrate
+from gpufleet.db.policies import backend_of
+from gpufleet.testing.pg import scratch_database, server_url
+
+
+class TimedStore(MemoryIncidentStore):
+    """Remembers the sweep time each incident was first opened (for latency)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened_at: dict[int, float] = {}
+
+    def apply(self, plan: Plan) -> None:
+        first = self._next_id
+        super().apply(plan)
+        for k in range(len(plan.opens)):
+            self.opened_at[first + k] = plan.now
+
+
+def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir: Path) -> tuple[Score, float]:
+    settings = load_settings()
+    out = workdir / name
+    info = write_bundle(name, out, duration_s=duration_s, sample_interval_s=interval_s, overwrite=True)
+    labels = json.loads((out / "labels.json").read_text())
+    bundle = read_bundle(out)
+    t0 = time.perf_counter()
+    with scratch_database(server_url(), "gpufleet_quality") as url:
+        migrate.upgrade(url, settings)
+        with psycopg.connect(url, autocommit=True) as conn:
+            load(conn, bundle)
+            rollup.drain(conn, settings.accounting.max_gap_s, backend_of(conn) != "timescaledb")
+            store = TimedStore()
+            sweep_timeline(conn, bundle, settings, store=store)
+    incidents = store.incidents()
+    findings = [i.record() for i in incidents]
+    first_open = {k: store.opened_at[i.id] for k, i in enumerate(incidents) if i.id in store.opened_at}
+    del info
+    return score(findings, labels, first_open), time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", help="comma-separated; default: every shipped scenario but the 24 h demo")
+    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--interval", type=float, default=None, help="sampling interval override, seconds")
+    args = ap.parse_args()
+    names = args.scenarios.split(",") if args.scenarios else [n for n in scenario_names() if n != "demo"]
+    total = Score()
+    per: dict[str, dict[str, object]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            s, secs = run_scenario(name, args.duration, args.interval, Path(tmp))
+            total.add(s)
+            per[name] = {"violations": len(s.negative_violations), "missed": len(s.missed_labels),
+                         "unmatched": len(s.unmatched_findings), "seconds": round(secs, 1)}
+            print(f"{name:<22} missed {len(s.missed_labels):>2}  false {len(s.unmatched_findings):>2}  "
+                  f"hard-negative hits {len(s.negative_violations):>2}  ({secs:.0f} s)", flush=True)
+            for m in s.missed_labels:
+                print(f"    missed: {m['kind']} {m.get('run_id')} {m.get('node')}/{m.get('gpu')} cause={m.get('cause')}")
+            for f in s.unmatched_findings:
+                print(f"    false:  {f['kind']} {f.get('run_id')} {f.get('node')}/{f.get('gpu')} cause={f.get('cause')}")
+            for v in s.negative_violations:
+                print(f"    hard negative {v['negative']['reason']}: {v['finding']['kind']}")
+    summary = total.summary()
+    print(f"{'kind':<18}{'precision':>10}{'recall':>8}{'cause':>8}{'latency s':>11}{'labels':>8}")
+    for kind, s in summary.items():
+        print(f"{kind:<18}{s['precision']:>10}{s['recall']:>8}{s['cause_accuracy']:>8}"
+              f"{s['median_latency_s']!s:>11}{s['labels']:>8}")
+    baseline = score([], {"incidents": [{"kind": k, "start": 0.0, "end": 1.0} for k, v in summary.items()
+                                        for _ in range(v["labels"])]})
+    worst_p = min((v["precision"] for v in summary.values()), default=1.0)
+    worst_r = min((v["recall"] for v in summary.values()), default=1.0)
+    worst_c = min((v["cause_accuracy"] for v in summary.values()), default=1.0)
+    lat = [x for k in total.kinds.values() for x in k.latencies_s]
+    print(f"baseline (no detector): recall {min((k.recall for k in baseline.kinds.values()), default=0):.2f}")
+    print(json.dumps({"name": "detector_quality", "value": worst_r, "unit": "min_recall",
+                      "min_precision": worst_p, "min_recall": worst_r, "min_cause_accuracy": worst_c,
+                      "median_latency_s": round(statistics.median(lat), 1) if lat else None,
+                      "hard_negative_hits": len(total.negative_violations), "scenarios": per, "kinds": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
