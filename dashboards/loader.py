@@ -1,0 +1,22 @@
+"""The dashboards as shipped: the JSON files next to this module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DIR = Path(__file__).resolve().parent
+
+
+def files() -> list[Path]:
+    return sorted(DIR.glob("*.json"))
+
+
+def load_all() -> dict[str, dict[str, Any]]:
+    """Dashboards by uid, read from the JSON files (what Grafana is given)."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in files():
+        d = json.loads(path.read_text())
+        out[d["uid"]] = d
+    return out
