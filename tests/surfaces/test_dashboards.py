@@ -1,0 +1,211 @@
+"""The Grafana dashboards: structure, and every query run as Grafana would against a simulated fleet."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from dashboards import build
+from dashboards.dryrun import QueryResult, panels, run_dashboard, shape_problems
+from dashboards.loader import load_all
+from dashboards.macros import TimeRange, expand
+from dashboards.model import DS_REF
+from dashboards.validate import validate, validate_all
+from tests.surfaces.fleetdb import FilledFleet
+
+UIDS = {"gpufleet-fleet", "gpufleet-run", "gpufleet-starvation", "gpufleet-energy"}
+#: Picks for single-value variables (multi-value ones stay at All).
+PICKS: dict[str, dict[str, Any]] = {"gpufleet-run": {"run": "demo-pretrain"}}
+
+
+def _results(fleet: FilledFleet, uid: str, mode: str, picks: dict[str, Any] | None = None) -> list[QueryResult]:
+    d = load_all()[uid]
+    rng = TimeRange(fleet.start, fleet.end)
+    interval = None
+    if mode == "rollup":  # the interval of a longer range or a narrower panel
+        interval = 60_000
+    elif mode == "long":  # three days: hourly energy, rollups everywhere
+        rng = TimeRange(fleet.start - timedelta(days=3), fleet.end)
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        return run_dashboard(conn, d, rng, picks if picks is not None else PICKS.get(uid),
+                             interval_ms=interval, timescaledb=fleet.backend == "timescaledb")
+
+
+def _one(results: list[QueryResult], title: str) -> QueryResult:
+    hits = [r for r in results if r.title == title]
+    assert len(hits) == 1, f"{title!r}: {[r.title for r in results]}"
+    return hits[0]
+
+
+def _rows(r: QueryResult) -> list[dict[str, Any]]:
+    names = r.names()
+    return [dict(zip(names, row, strict=True)) for row in r.rows]
+
+
+def test_json_files_are_built_from_the_definitions() -> None:
+    assert build.stale() == [], "run: python -m dashboards.build"
+
+
+def test_dashboards_are_valid() -> None:
+    boards = load_all()
+    assert set(boards) == UIDS
+    assert validate_all(boards) == []
+    for d in boards.values():
+        assert sum(1 for p in panels(d) if p["type"] not in ("row", "text")) >= 6
+
+
+@pytest.mark.parametrize(("mutate", "expect"), [
+    (lambda d: d["panels"][2].__setitem__("id", d["panels"][1]["id"]), "panel id"),
+    (lambda d: d["panels"][1].__setitem__("datasource", {"type": "grafana-postgresql-datasource", "uid": "P1"}),
+     "datasource must be"),
+    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", ""), "needs rawSql"),
+    (lambda d: d["panels"][1].__setitem__("description", "see http://grafana.internal:3000/d/x"), "a URL"),
+    (lambda d: d["panels"][1].__setitem__("description", "db at 10.1.2.3"), "an IP address"),
+    (lambda d: d["panels"][1].__setitem__("description", "pg on db-01:5432"), "host:port"),
+    (lambda d: d.pop("schemaVersion"), "schemaVersion"),
+    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT 1 WHERE x = '$nosuch'"),
+     "not a dashboard variable"),
+    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT 1 WHERE s IN ($site)"),
+     "sqlstring"),
+    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT $__timeBucket(t)"), "unknown macro"),
+    (lambda d: d["panels"][1]["gridPos"].__setitem__("x", 20), "outside the 24-column grid"),
+    (lambda d: d["panels"][2].__setitem__("gridPos", dict(d["panels"][1]["gridPos"])), "overlap"),
+    (lambda d: d["templating"]["list"].pop(0), "'datasource' variable"),
+    (lambda d: d.__setitem__("id", 7), "id must be null"),
+])
+def test_validator_catches(mutate: Any, expect: str) -> None:
+    d = copy.deepcopy(load_all()["gpufleet-fleet"])
+    mutate(d)
+    problems = validate(d)
+    assert any(expect in p for p in problems), problems
+
+
+@pytest.mark.parametrize("mode", ["raw", "rollup", "long"])
+@pytest.mark.parametrize("uid", sorted(UIDS))
+def test_every_query_runs_with_the_columns_its_panel_needs(fleet: FilledFleet, uid: str, mode: str) -> None:
+    results = _results(fleet, uid, mode)
+    problems = [p for r in results for p in shape_problems(r)]
+    assert problems == []
+    assert all("$__" not in r.sql for r in results), "a macro survived expansion"
+    empty = [r.where for r in results if not r.rows]
+    assert empty == [], "the demo fleet guarantees data for every panel"
+    assert len(results) >= 8
+
+
+def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
+    """Per-minute averages read from samples and from gpu_stats_1m are the same numbers."""
+    def fleet_activity(mode: str) -> dict[Any, float]:
+        r = _one(_results(fleet, "gpufleet-fleet", mode), "Fleet activity")
+        return {row[0]: row[1] for row in r.rows}
+
+    d = load_all()["gpufleet-fleet"]
+    sql = next(t["rawSql"] for p in panels(d) if p.get("title") == "Fleet activity" for t in p["targets"])
+    rng = TimeRange(fleet.start, fleet.end)
+    variables = {}
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        from dashboards.dryrun import resolve_variables
+
+        variables = resolve_variables(conn, d, rng)
+        # A one-minute bucket read from raw samples (interval just under the switch) ...
+        raw_sql = expand(sql.replace("$__interval_ms <", "0 <").replace("$__interval_ms >=", "0 >="), rng,
+                         variables, interval_ms=60_000)
+        raw = {row[0]: row[1] for row in conn.execute(raw_sql.encode()).fetchall()}
+    rolled = fleet_activity("rollup")
+    common = sorted(set(raw) & set(rolled))
+    assert len(common) >= 14
+    for t in common:
+        assert rolled[t] == pytest.approx(raw[t], rel=1e-6, abs=1e-6)
+
+
+def test_run_detail_shows_each_gpu_of_each_run(fleet: FilledFleet) -> None:
+    with psycopg.connect(fleet.url) as conn:
+        held: dict[str, int] = dict(conn.execute("SELECT run_id, count(*) FROM run_allocations GROUP BY 1").fetchall())
+    for run_id in fleet.runs:
+        results = _results(fleet, "gpufleet-run", "raw", {"run": run_id})
+        assert [p for r in results for p in shape_problems(r)] == []
+        for title in ("GPU-Util per GPU", "Power per GPU", "GPU temperature"):
+            series = {row[1] for row in _one(results, title).rows}
+            assert len(series) == held[run_id], (run_id, title)
+        summary = _rows(_one(results, "Run"))[0]
+        assert summary["Run"] == run_id and summary["GPUs"] == held[run_id]
+        so_far = _rows(_one(results, "So far"))[0]
+        assert so_far["Facility energy"] >= so_far["IT energy"] > 0
+        assert so_far["Currency"] == "EUR" and so_far["Total cost"] > 0 and so_far["CO2e"] > 0
+
+
+def test_one_node_narrows_the_run_detail(fleet: FilledFleet) -> None:
+    results = _results(fleet, "gpufleet-run", "raw", {"run": "demo-pretrain", "node": ["h100-02"]})
+    series = {row[1] for row in _one(results, "GPU-Util per GPU").rows}
+    assert series == {f"h100-02/{g}" for g in range(8)}
+    assert {row[1].split()[0] for row in _one(results, "CPU").rows} == {"h100-02"}
+
+
+def test_hostile_variable_values_stay_literals(fleet: FilledFleet) -> None:
+    picks = {"run": "x'); DROP TABLE runs; --", "node": ["a'b", "c\\'d"]}
+    results = _results(fleet, "gpufleet-run", "raw", picks)
+    assert [r.error for r in results if r.error] == []
+    assert all(not r.rows for r in results if r.kind in ("timeseries", "heatmap"))
+    results = _results(fleet, "gpufleet-energy", "raw", {"site": ["lab-'a"], "team": ["--"]})
+    assert [r.error for r in results if r.error] == []
+    with psycopg.connect(fleet.url) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (len(fleet.runs),)
+
+
+def test_site_filter_keeps_to_the_site(fleet: FilledFleet) -> None:
+    results = _results(fleet, "gpufleet-fleet", "raw", {"site": ["lab-b"]})
+    assert [p for r in results for p in shape_problems(r)] == []
+    assert {row[1] for row in _one(results, "GPU power by site").rows} == {"lab-b"}
+    gpus = _rows(_one(results, "GPUs"))[0]
+    assert gpus["Reporting"] == 16  # the two A100 nodes
+
+
+def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
+    results = _results(fleet, "gpufleet-fleet", "raw")
+    gpus = _rows(_one(results, "GPUs"))[0]
+    with psycopg.connect(fleet.url) as conn:
+        starved = conn.execute(
+            "SELECT count(DISTINCT (a.node, a.gpu)) FROM incidents i JOIN run_allocations a USING (run_id) "
+            "WHERE i.kind = 'starvation' AND i.state = 'open'").fetchone()
+        open_by_kind: dict[str, int] = dict(conn.execute(
+            "SELECT kind, count(*) FROM incidents WHERE state = 'open' GROUP BY 1").fetchall())
+    assert gpus["Reporting"] == 64
+    assert gpus["Starved"] == starved[0] > 0  # type: ignore[index]
+    assert gpus["Busy"] + gpus["Idle"] + gpus["Starved"] == 64
+    assert dict(_one(results, "Open incidents by kind").rows) == open_by_kind
+
+
+def test_starvation_board_ranks_the_starved_runs_with_their_cause(fleet: FilledFleet) -> None:
+    ranked = _rows(_one(_results(fleet, "gpufleet-starvation", "raw"), "Runs by GPU time lost"))
+    found = {(r["Run"], r["Kind"], r["Cause"]) for r in ranked}
+    assert {("demo-vision", "starvation", "cpu"), ("demo-audio", "starvation", "io"),
+            ("demo-pretrain", "checkpoint_stall", "")} <= found
+    lost = [r["GPU-hours lost"] for r in ranked]
+    assert lost == sorted(lost, reverse=True) and all(x > 0 for x in lost)
+
+
+def test_energy_per_run_agrees_with_the_accounting_module(fleet: FilledFleet) -> None:
+    accounting = pytest.importorskip("gpufleet.accounting")
+    per_run = {r["Run"]: r for r in _rows(_one(_results(fleet, "gpufleet-energy", "raw"), "Runs"))}
+    assert set(per_run) == set(fleet.runs)
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        exact = {a["run_id"]: a for a in accounting.account_runs(
+            conn, accounting.load_runs(conn, list(fleet.runs)), now=fleet.end, since=fleet.start,
+            until=fleet.end)}
+    for run_id, row in per_run.items():
+        # Whole edge minutes against exact interval spreading: within a few percent.
+        a = exact[run_id]
+        for col, key in (("GPU kWh", "gpu_kwh"), ("Host kWh", "host_kwh"), ("Facility kWh", "facility_kwh"),
+                         ("CO2e kg", "co2e_kg"), ("Total cost", "total_cost")):
+            assert row[col] == pytest.approx(a[key], rel=0.05), (run_id, col)
+        assert float(row["GPU-hours"]) == pytest.approx(exact[run_id]["gpu_hours"], rel=1e-6), run_id
+
+
+def test_panels_and_variables_use_the_datasource_variable() -> None:
+    for d in load_all().values():
+        for p in panels(d):
+            if p["type"] not in ("row", "text"):
+                assert p["datasource"] == DS_REF
