@@ -410,6 +410,77 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
     typer.echo("demo stopped")
 
 
+# ---------------------------------------------------------------- dashboards (Grafana)
+
+dashboards_app = typer.Typer(help="Grafana dashboards: push them to a Grafana, check them against the database.",
+                             no_args_is_help=True)
+app.add_typer(dashboards_app, name="dashboards")
+
+
+@dashboards_app.command("push")
+def dashboards_push(
+        grafana_url: Annotated[str, typer.Option("--grafana-url", envvar="GRAFANA_URL",
+                                                 help="Grafana base URL, e.g. https://grafana.example.org")],
+        token: Annotated[str, typer.Option("--token", envvar="GRAFANA_TOKEN", show_default=False,
+                                           help="Grafana service-account token (Editor or Admin)")],
+        datasource_url: Annotated[str | None, typer.Option(
+            help="postgresql://user@host:port/database as Grafana reaches it (default: the configured database)")]
+        = None,
+        datasource_password_file: Annotated[Path | None, typer.Option(
+            help="file holding the data source password (else the URL's)")] = None,
+        sslmode: Annotated[str, typer.Option(help="disable | require | verify-ca | verify-full")] = "require",
+        timescaledb: Annotated[bool, typer.Option(help="turn on Grafana's TimescaleDB option")] = False,
+        folder: Annotated[str, typer.Option(help="uid of the Grafana folder (created if missing)")] = "gpufleet",
+        config: ConfigOpt = None) -> None:
+    """Create or update the gpufleet data source and import every dashboard, overwriting older copies."""
+    from dashboards.loader import load_all
+    from dashboards.provision import DataSource, ProvisionError, connect, push
+
+    url = datasource_url or settings_from(config).database_url
+    if not url:
+        fail("--datasource-url is needed: no database_url is configured")
+    password = None
+    if datasource_password_file is not None:
+        try:
+            password = datasource_password_file.read_text().rstrip("\r\n")
+        except OSError as e:
+            fail(f"--datasource-password-file: {e.strerror}")
+    try:
+        ds = DataSource.from_url(url, password, sslmode=sslmode, timescaledb=timescaledb)
+        result = push(connect(grafana_url, token), ds, load_all().values(), folder_uid=folder)
+    except ProvisionError as e:
+        fail(str(e))
+    typer.echo(f"data source {ds.uid} {result.datasource}; folder {folder} {result.folder}; "
+               f"dashboards imported: {', '.join(result.dashboards)}")
+
+
+@dashboards_app.command("check")
+def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
+                     hours: Annotated[float, typer.Option(help="length of the range, ending now")] = 6.0) -> None:
+    """Validate the dashboards and run every query against the database, as Grafana would expand it."""
+    from datetime import timedelta
+
+    from dashboards.dryrun import run_dashboard, shape_problems
+    from dashboards.loader import load_all
+    from dashboards.macros import TimeRange
+    from dashboards.validate import validate_all
+
+    boards = load_all()
+    problems = validate_all(boards)
+    end = datetime.now(UTC)
+    queries = 0
+    with connect(settings_from(config, db)) as conn:
+        for d in boards.values():
+            for r in run_dashboard(conn, d, TimeRange(end - timedelta(hours=hours), end)):
+                queries += 1
+                problems += shape_problems(r)
+    for p in problems:
+        typer.echo(p, err=True)
+    typer.echo(f"{len(boards)} dashboards, {queries} queries, {len(problems)} problems")
+    if problems:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     try:
         app()
