@@ -9,6 +9,7 @@ ingest validation, so a bundle is held to exactly what an agent would be.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class Bundle:
     allocations: list[tuple[str, str, int]] = field(default_factory=list)
     sites: list[dict[str, Any]] = field(default_factory=list)
     carbon: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)
+    #: Optional ``nodes.json``: node facts as agents report them.
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     t_min: float = math.inf
     t_max: float = -math.inf
     gpu_rows: int = 0
@@ -199,6 +202,14 @@ def read_bundle(directory: Path) -> Bundle:
             if g is None or g < 0:
                 raise BundleError(f"{p.name}: line {lineno}, column 'g_co2e_per_kwh': expected a non-negative number")
             b.carbon.setdefault(row["region"], []).append((t, float(g)))
+    if (d / "nodes.json").is_file():
+        try:
+            facts = json.loads((d / "nodes.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BundleError(f"nodes.json: not valid JSON: {e}") from None
+        if not isinstance(facts, dict) or not all(isinstance(v, dict) for v in facts.values()):
+            raise BundleError("nodes.json: must be an object mapping node names to fact objects")
+        b.facts = facts
     if b.gpu_rows == 0:
         raise BundleError(f"{d / 'gpu.csv'}: no samples")
     return b

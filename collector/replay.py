@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg.types.json import Jsonb
 
 from collector import rollup
 from collector.bundle import Bundle, read_bundle
@@ -74,6 +75,9 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
             items = [_Item(b, loop, loop.create_future(), b.n_gpu + b.n_host) for b in bundle.batches]
             for k in range(0, len(items), 8):
                 writer._write(conn, items[k:k + 8])
+            for node, facts in bundle.facts.items():
+                conn.execute("INSERT INTO nodes (node, facts, facts_time) VALUES (%s, %s, now()) ON CONFLICT (node) "
+                             "DO UPDATE SET facts = EXCLUDED.facts, facts_time = now()", (node, Jsonb(facts)))
             # Node sizes, as agents would report them, for host-energy shares.
             conn.execute(
                 "INSERT INTO nodes (node, gpu_count) SELECT node, count(DISTINCT gpu) FROM gpu_samples "
@@ -97,7 +101,7 @@ def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
                       det.sweep_interval_s)
     for now in times.tolist():
         active = [r for r in runs if r.start <= now and (r.end is None or r.end >= now - det.window_s)]
-        window = cache.window(now, active, {})
+        window = cache.window(now, active, bundle.facts)
         store.sweep(run_detectors(window, cfg).findings, now, det.resolve_after_s)
     return store, len(times)
 

@@ -11,6 +11,7 @@ at the end, so a failure leaves nothing partial behind.
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -164,6 +165,9 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
                 next_progress += PROGRESS_EVERY_S
     end = fleet.t
     _static_files(fleet, out, start, end, time_format)
+    # Optional extension of the bundle: each node's facts as its agent reports
+    # them (GPU models, CPU governor, CPU quota), for node-scoped detectors.
+    (out / "nodes.json").write_text(json.dumps({n: fleet.facts(n) for n in fleet.nodes}, indent=1, default=str) + "\n")
     labels = fleet.labels().clip(start, end)
     labels.write(out / "labels.json")
     return BundleInfo(out, start, end, n_gpu, n_host, labels)
