@@ -35,6 +35,8 @@ class Bundle:
     allocations: list[tuple[str, str, int]] = field(default_factory=list)
     sites: list[dict[str, Any]] = field(default_factory=list)
     carbon: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)
+    #: Optional ``progress.csv``: (run_id, time, tokens, samples), cumulative.
+    progress: list[tuple[str, Any, float | None, float | None]] = field(default_factory=list)
     #: Optional ``nodes.json``: node facts as agents report them.
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     t_min: float = math.inf
@@ -202,6 +204,17 @@ def read_bundle(directory: Path) -> Bundle:
             if g is None or g < 0:
                 raise BundleError(f"{p.name}: line {lineno}, column 'g_co2e_per_kwh': expected a non-negative number")
             b.carbon.setdefault(row["region"], []).append((t, float(g)))
+    if (d / "progress.csv").is_file():
+        p = d / "progress.csv"
+        header, rows = _rows(p)
+        _require(p, header, ("run_id", "time"))
+        for lineno, row in rows:
+            if row["run_id"] not in run_ids:
+                raise BundleError(f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} is not in runs.csv")
+            t = parse_time(str(_time(p, lineno, "time", row["time"])))
+            tokens = _number(p, lineno, "tokens", row.get("tokens", ""), False)
+            samples = _number(p, lineno, "samples", row.get("samples", ""), False)
+            b.progress.append((row["run_id"], t, tokens, samples))
     if (d / "nodes.json").is_file():
         try:
             facts = json.loads((d / "nodes.json").read_text(encoding="utf-8"))

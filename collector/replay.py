@@ -72,6 +72,8 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
                     "start": datetime.fromtimestamp(r["start"], UTC),
                     "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
                     "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()]})
+            for run_id, t, tokens, samples in bundle.progress:
+                run_store.record_progress(conn, run_id, t, tokens, samples)
             items = [_Item(b, loop, loop.create_future(), b.n_gpu + b.n_host) for b in bundle.batches]
             for k in range(0, len(items), 8):
                 writer._write(conn, items[k:k + 8])

@@ -1,0 +1,85 @@
+"""`gpufleet replay` as contracts.md section 2 defines it: outputs, and malformed bundles."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.simulator import write_bundle
+
+CONTRACT_KEYS = ["run_id", "start", "end", "gpu_count", "gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "pue",
+                 "facility_kwh", "co2e_kg", "energy_cost", "compute_cost", "total_cost", "currency", "coverage"]
+FINDING_KEYS = {"kind", "run_id", "node", "gpu", "start", "end", "cause", "severity", "evidence"}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    write_bundle("straggler_power_cap", out, duration_s=900)
+    return out
+
+
+def replay(bundle: Path, tmp: Path, pg_server: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, GPUFLEET_DATABASE_URL=pg_server, GPUFLEET_DATA_DIR=str(tmp))
+    return subprocess.run([sys.executable, "-m", "gpufleet.cli", "replay", str(bundle),
+                           "--findings", str(tmp / "findings.jsonl"), "--accounting", str(tmp / "accounting.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_replay_writes_findings_and_accounting(bundle: Path, tmp_path: Path, pg_server: str) -> None:
+    proc = replay(bundle, tmp_path, pg_server)
+    assert proc.returncode == 0, proc.stderr
+    findings = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
+    labels = json.loads((bundle / "labels.json").read_text())["incidents"]
+    assert {(f["kind"], f["node"], f["gpu"], f["cause"]) for f in findings} == {
+        (i["kind"], i["node"], i["gpu"], i["cause"]) for i in labels}
+    for f in findings:
+        assert set(f) == FINDING_KEYS
+        assert f["start"].endswith("Z")
+    accounting = json.loads((tmp_path / "accounting.json").read_text())
+    runs = {line.split(",")[0] for line in (bundle / "runs.csv").read_text().splitlines()[1:]}
+    assert {a["run_id"] for a in accounting} == runs
+    for a in accounting:
+        assert list(a)[:len(CONTRACT_KEYS)] == CONTRACT_KEYS
+        assert a["coverage"] > 0.99 and a["gpu_kwh"] > 0 and a["co2e_kg"] > 0
+        assert a["total_cost"] == pytest.approx(a["energy_cost"] + a["compute_cost"])
+
+
+@pytest.mark.parametrize("file,edit,expect", [
+    ("gpu.csv", lambda t: t.replace("\n", "\nnot-a-time,h100-01,0,\n", 1), "gpu.csv: line 2, column 'time'"),
+    ("gpu.csv", lambda t: _set_field(t, 5, "power_w", "NaN"), "gpu.csv: line 5, column 'power_w'"),
+    ("gpu.csv", lambda t: _set_field(t, 7, "util_pct", "250"), "gpu.csv: line 7, column 'util_pct'"),
+    ("gpu.csv", lambda t: _set_field(t, 3, "temp_c", "hot"), "gpu.csv: line 3, column 'temp_c'"),
+    ("allocations.csv", lambda t: t + "ghost-run,h100-01,0\n", "allocations.csv: line"),
+    ("runs.csv", lambda t: t.replace("run_id", "id", 1), "runs.csv: line 1: missing required column(s) run_id"),
+])
+def test_malformed_bundle_names_file_line_column_and_writes_nothing(
+        bundle: Path, tmp_path: Path, pg_server: str, file: str, edit, expect: str) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    (bad / file).write_text(edit((bad / file).read_text()))
+    proc = replay(bad, tmp_path, pg_server)
+    assert proc.returncode != 0
+    assert expect in proc.stderr, proc.stderr
+    assert not (tmp_path / "findings.jsonl").exists() and not (tmp_path / "accounting.json").exists()
+
+
+def test_missing_gpu_csv(tmp_path: Path, pg_server: str) -> None:
+    (tmp_path / "empty").mkdir()
+    proc = replay(tmp_path / "empty", tmp_path, pg_server)
+    assert proc.returncode != 0 and "gpu.csv is missing" in proc.stderr
+
+
+def _set_field(text: str, line: int, column: str, value: str) -> str:
+    lines = text.splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    cells = lines[line - 1].rstrip("\n").split(",")
+    cells[header.index(column)] = value
+    lines[line - 1] = ",".join(cells) + "\n"
+    return "".join(lines)
