@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from api.deps import ApiState
-from api.routes import incidents, runs, sites, tokens
+from api.routes import accounting, incidents, reports, runs, sites, tokens
 from gpufleet.config import Settings
 
 
@@ -38,6 +38,8 @@ def create_app(url: str, settings: Settings) -> FastAPI:
 
     for r in (runs.router, sites.router, tokens.router, incidents.router):
         app.include_router(r)
+    app.include_router(accounting.router)
+    app.include_router(reports.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -152,3 +152,112 @@ class Progress(Strict):
     time: AwareDatetime | None = Field(None, description="defaults to now")
     tokens: float | None = Field(None, ge=0, description="cumulative tokens processed")
     samples: float | None = Field(None, ge=0, description="cumulative samples processed")
+
+
+# ---------------------------------------------------------------- accounting (contracts.md section 3)
+
+def _time(description: str) -> Any:
+    return Field(description=description + " (RFC 3339 UTC)", json_schema_extra={"format": "date-time"})
+
+
+class Efficiency(BaseModel):
+    tokens: float | None = Field(description="tokens processed in the window (cumulative progress reports)")
+    samples: float | None = Field(description="samples processed in the window")
+    tokens_per_s: float | None = Field(description="tokens ÷ seconds between the reports that bound the window")
+    tokens_per_joule: float | None = Field(description="tokens per joule of IT energy (GPU + host share)")
+    tokens_per_kwh: float | None = Field(description="tokens per kWh of IT energy")
+    samples_per_kwh: float | None
+    params: int | None = Field(description="model parameters (runs.params)")
+    gpu_model: str | None = Field(description="GPU model from node facts; 'mixed' when the run's GPUs differ")
+    peak_flops: float | None = Field(description="sum of the run's GPUs' peak dense BF16 FLOP/s")
+    mfu: float | None = Field(description="6 × params × tokens_per_s ÷ peak_flops")
+    lost_gpu_hours: float = Field(description="GPU-hours lost to starvation and checkpoint stalls (incidents)")
+    goodput: float | None = Field(description="share of the run's GPU time not lost")
+
+
+class AccountingSegment(BaseModel):
+    start: str = _time("segment start")
+    end: str = _time("segment end")
+    gpu_kwh: float
+    host_kwh: float
+    facility_kwh: float
+    g_co2e_per_kwh: float | None
+    price_per_kwh: float
+    co2e_kg: float | None
+    energy_cost: float
+
+
+class RunAccounting(BaseModel):
+    """Per-run accounting; the first fields are the contract's, in its order."""
+
+    run_id: str
+    start: str = _time("run start")
+    end: str | None = _time("run end; null while running")
+    gpu_count: int
+    gpu_hours: float = Field(description="wall-clock duration of the window × gpu_count")
+    gpu_kwh: float
+    host_kwh: float = Field(description="host energy × GPUs held ÷ GPUs the node reports")
+    it_kwh: float
+    pue: float
+    facility_kwh: float
+    co2e_kg: float | None = Field(description="null when the site has no carbon intensity (or the run no site)")
+    energy_cost: float
+    compute_cost: float
+    total_cost: float
+    currency: str | None = Field(description="the site's currency; null for a run without a site")
+    coverage: float = Field(description="share of allocated GPU-seconds inside counted intervals, 0-1")
+    name: str | None
+    site: str | None
+    team: str | None
+    state: Literal["running", "ended"]
+    window_start: str = _time("start of the accounted window")
+    window_end: str = _time("end of the accounted window (now for a running run)")
+    source: Literal["rollup", "raw", "mixed"] = Field(
+        description="rollups (with raw partial minutes), raw samples, or both (data pending in the rollup queue)")
+    max_gap_s: float
+    carbon_source: Literal["series", "site_constant", "none"]
+    price_source: Literal["time_of_use", "flat", "none"]
+    gpu_hour_price: float
+    efficiency: Efficiency
+    segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
+
+
+class CurrencyCost(BaseModel):
+    energy_cost: float
+    compute_cost: float
+    total_cost: float
+
+
+class FleetBlock(BaseModel):
+    runs: int
+    gpu_hours: float
+    gpu_kwh: float
+    host_kwh: float
+    it_kwh: float
+    facility_kwh: float
+    co2e_kg: float = Field(description="CO2e of the energy whose carbon intensity is known")
+    co2e_unknown_kwh: float = Field(description="facility energy with no known carbon intensity")
+    energy_cost: float | None = Field(description="null when the block mixes currencies")
+    compute_cost: float | None
+    total_cost: float | None
+    currency: str | None
+    costs_by_currency: dict[str, CurrencyCost]
+    coverage: float
+
+
+class FleetGroup(FleetBlock):
+    key: str | None = Field(description="site, team or run id; null for runs without one")
+
+
+class FleetAccounting(BaseModel):
+    from_: str = Field(alias="from", description="period start (RFC 3339 UTC)",
+                       json_schema_extra={"format": "date-time"})
+    to: str = _time("period end")
+    window_end: str = _time("end of the accounted period (now, when the period reaches into the future)")
+    group_by: Literal["site", "team", "run"]
+    source: Literal["rollup", "raw", "mixed"]
+    max_gap_s: float
+    groups: list[FleetGroup]
+    runs: FleetBlock = Field(description="all runs in the period (the groups together)")
+    unallocated: FleetBlock = Field(description="GPUs while no run held them, and the hosts' idle share")
+    total: FleetBlock = Field(description="every GPU and host of the fleet in the period")

@@ -33,3 +33,7 @@ def account(conn: psycopg.Connection) -> Account:
         return raw
 
     return go
+
+
+# The API on loopback with a token per role, shared with tests/api.
+from tests.api.conftest import api  # noqa: E402, F401
