@@ -1,0 +1,222 @@
+"""A loopback TCP proxy that injects network faults (tests and benchmarks).
+
+Put it between two processes (agent and collector, collector and
+PostgreSQL) and switch its mode while traffic flows:
+
+* ``pass``: forward bytes, optionally ``latency_s`` later in each direction
+  (every chunk is delayed, throughput is not limited, order is kept);
+* ``reset``: new connections are accepted and reset at once (RST), and
+  :meth:`FaultProxy.reset_all` resets the ones already open;
+* ``blackhole``: connections are accepted, their bytes read and dropped,
+  nothing ever comes back (what a dead route or a hung peer looks like);
+* ``refuse``: the listening socket is closed (connection refused) until the
+  mode changes, on the same port.
+
+With several upstreams it is a round-robin load balancer that skips an
+upstream it cannot connect to, which is what a health-checked LB does for a
+replica that died.  It only ever listens on and connects to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any, Literal, TypeVar
+
+from gpufleet.testing.servers import free_port
+
+Mode = Literal["pass", "reset", "blackhole", "refuse"]
+LOOPBACK = "127.0.0.1"
+T = TypeVar("T")
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Close with RST instead of FIN, as a crashed peer or a middlebox reset would."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+class FaultProxy:
+    def __init__(self, upstreams: list[int] | int, port: int | None = None) -> None:
+        self.upstreams = [upstreams] if isinstance(upstreams, int) else list(upstreams)
+        self.port = port or free_port()
+        self.mode: Mode = "pass"
+        self.latency_s = 0.0
+        self.connections_total = 0
+        self.resets = 0
+        self._rr = 0
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._open: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"faultproxy-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    # -- control (any thread) ----------------------------------------------------------------
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        self._call(self._listen())
+        return self
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            self._call(self._shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def set_mode(self, mode: Mode, latency_s: float | None = None) -> None:
+        """Switch the fault; ``refuse`` closes the listener, any other mode reopens it."""
+        if latency_s is not None:
+            self.latency_s = latency_s
+        self.mode = mode
+        if mode == "refuse":
+            self._call(self._close_listener())
+        else:
+            self._call(self._listen())
+        if mode in ("reset", "refuse"):
+            self.reset_all()
+
+    def reset_all(self) -> int:
+        """Reset every open connection (both sides); returns how many there were."""
+        return self._call(self._reset_all())
+
+    def set_upstreams(self, ports: list[int]) -> None:
+        self.upstreams = list(ports)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- inside the loop ---------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        if self._server is not None:
+            return
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._server = await asyncio.start_server(self._client, LOOPBACK, self.port, reuse_address=True)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+    async def _close_listener(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def _shutdown(self) -> None:
+        await self._close_listener()
+        await self._reset_all()
+
+    async def _reset_all(self) -> int:
+        n = len(self._open)
+        for down, up in list(self._open):
+            _abort(down)
+            if up is not None:
+                _abort(up)
+        self._open.clear()
+        self.resets += n
+        return n
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        ups = list(self.upstreams)
+        for i in range(len(ups)):
+            port = ups[(self._rr + i) % len(ups)]
+            try:
+                conn = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), 2)
+            except (OSError, TimeoutError):
+                continue
+            self._rr = (self._rr + i + 1) % len(ups)
+            return conn
+        return None
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections_total += 1
+        if self.mode == "reset":
+            self.resets += 1
+            _abort(writer)
+            return
+        if self.mode == "blackhole":
+            await self._swallow(reader, writer)
+            return
+        up = await self._connect_upstream()
+        if up is None:
+            _abort(writer)
+            return
+        ureader, uwriter = up
+        pair = (writer, uwriter)
+        self._open.add(pair)
+        try:
+            await asyncio.gather(self._pipe(reader, uwriter), self._pipe(ureader, writer))
+        finally:
+            self._open.discard(pair)
+            for w in (writer, uwriter):
+                w.close()
+
+    async def _swallow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pair = (writer, None)
+        self._open.add(pair)
+        try:
+            while await reader.read(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            self._open.discard(pair)
+            writer.close()
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        """Copy one direction; each chunk leaves ``latency_s`` after it arrived, in order."""
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    return
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                while self.mode == "blackhole":
+                    await asyncio.sleep(0.05)
+                dst.write(data)
+                await dst.drain()
+
+        sender = asyncio.ensure_future(deliver())
+        try:
+            while True:
+                data = await src.read(65536)
+                queue.put_nowait((time.monotonic() + self.latency_s, data))
+                if not data:
+                    break
+            await sender
+            if dst.can_write_eof():
+                dst.write_eof()
+        except (OSError, asyncio.IncompleteReadError):
+            sender.cancel()
+            _abort(dst)
+
+
+@contextlib.contextmanager
+def fault_proxy(upstreams: list[int] | int) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(upstreams).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
