@@ -97,29 +97,79 @@ class TLSSettings(BaseModel):
     client_cert: Literal["none", "optional", "required"] = "none"
 
 
+class SourceSchedule(BaseModel):
+    """How often one source is read and how long a read may take (unset: the agent-wide values)."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Sampling period of this source, seconds; rounded to a whole number of agent ticks.
+    interval_s: float | None = Field(None, gt=0)
+    #: A read running longer than this is counted as a timeout and its result discarded, seconds.
+    timeout_s: float | None = Field(None, gt=0)
+
+
 class AgentSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
     collector_url: str = "http://127.0.0.1:8410"
     token: str | None = None
+    #: Host name the samples are filed under (unset: this machine's short host name).
     node: str | None = None
-    #: Sampling period of the GPU and host sources, seconds.
+    #: Sampling period of the GPU and host sources, seconds (the agent's tick).
     interval_s: float = Field(1.0, gt=0)
+    #: Longest a source read may take before it is counted as a timeout, seconds
+    #: (unset: half the source's interval, so a tick is never late by more than that).
+    collect_timeout_s: float | None = Field(None, gt=0)
+    #: Per-source interval and timeout by source name, e.g. ``{"dcgm": {"interval_s": 5}}``.
+    source_schedules: dict[str, SourceSchedule] = Field(default_factory=dict)
+    #: The first tick waits a random share of this, seconds (unset: one interval), so a
+    #: fleet started together does not sample and ship in lockstep.
+    start_jitter_s: float | None = Field(None, ge=0)
+    #: How often node facts (GPU models, driver, governor...) are re-read; they are
+    #: sent with the first batch and again only when they change, seconds.
+    facts_interval_s: float = Field(300.0, gt=0)
     #: How often a spool segment is sealed and shipped, seconds.
     ship_interval_s: float = Field(5.0, gt=0)
+    #: Spool directory (unset: ``<data_dir>/agent-spool``).
     spool_dir: Path | None = None
+    #: Spool size cap, bytes; beyond it the oldest sealed segments are dropped (and counted).
     spool_max_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    #: A segment is sealed early once it holds this many samples (keeps a batch
+    #: under the collector's per-batch limit whatever the GPU count).
+    segment_max_samples: int = Field(10_000, gt=0)
+    #: fsync every spooled record: survives power loss, not just a killed agent,
+    #: at the price of one disk flush per tick.
+    spool_fsync: bool = False
+    #: Cap of the dead-letter folder (batches the collector refused), bytes; oldest go first.
+    dead_letter_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
     #: Sources to run, by registered name.
     sources: list[str] = Field(default_factory=lambda: ["nvml", "host"])
     #: Prometheus /metrics port of the agent itself; 0 disables it.
     metrics_port: int = Field(9410, ge=0, le=65535)
+    #: Address the agent's /metrics listens on.
+    metrics_host: str = "0.0.0.0"
     #: A host power reading in watts when no RAPL/BMC source exists.
     host_power_w: float | None = Field(None, ge=0)
     #: dcgm-exporter URL for the ``dcgm_exporter`` source.
     dcgm_exporter_url: str = "http://127.0.0.1:9400/metrics"
     #: Directory of per-GPU job files a scheduler hook writes.
     job_files_dir: Path | None = None
+    #: Label GPU rows with the run of the processes on the GPU (environment or pod cgroup).
+    attribute_processes: bool = True
+    #: Where the host's /proc and /sys are (a container mounts them elsewhere).
+    proc_root: Path = Path("/proc")
+    sys_root: Path = Path("/sys")
     request_timeout_s: float = Field(10.0, gt=0)
+    #: Retries wait a random time up to ``retry_base_s * 2**attempt``, capped here, seconds.
+    retry_base_s: float = Field(0.5, gt=0)
+    retry_max_s: float = Field(60.0, gt=0)
+    #: On SIGTERM the agent seals its spool and ships for at most this long, seconds.
+    shutdown_ship_s: float = Field(5.0, ge=0)
+    #: CA bundle to verify the collector's certificate (unset: the system store).
+    ca_file: Path | None = None
+    #: Client certificate (and key, if not in the same file) for mTLS.
+    client_cert: Path | None = None
+    client_key: Path | None = None
 
 
 class Settings(BaseSettings):
