@@ -481,6 +481,43 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
         raise typer.Exit(1)
 
 
+# ---------------------------------------------------------------- reports
+
+
+@app.command()
+def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or epoch")],
+           until: Annotated[str, typer.Option("--to", help="period end: RFC 3339 with offset, or epoch")],
+           fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
+           output: Annotated[Path | None, typer.Option("--output", "-o", help="file (default: stdout)")] = None,
+           source: Annotated[str, typer.Option(help="auto | rollup | raw")] = "auto",
+           config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Per-run energy, cost and CO2e for finance: one row per run overlapping [--from, --to), clipped to it.
+
+    CSV has the columns of GET /v1/reports/runs.csv; JSON is a list of
+    GET /v1/runs/{id}/accounting bodies.
+    """
+    from gpufleet.accounting import report_csv, runs_report
+    from gpufleet.accounting.energy import SOURCES
+
+    lo, hi = parse_when(since, "from"), parse_when(until, "to")
+    assert lo is not None and hi is not None
+    if hi <= lo:
+        fail("--to: must be after --from")
+    if fmt not in ("csv", "json"):
+        fail(f"--format: must be csv or json, not {fmt!r}")
+    if source not in SOURCES:
+        fail(f"--source: must be one of {', '.join(SOURCES)}, not {source!r}")
+    s = settings_from(config, db)
+    with connect(s) as conn:
+        rows = runs_report(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source)
+    text = report_csv(rows) if fmt == "csv" else json.dumps(rows, indent=2) + "\n"
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {len(rows)} runs to {output}", err=True)
+
+
 def main() -> None:
     try:
         app()
