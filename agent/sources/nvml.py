@@ -270,6 +270,27 @@ class NvmlSource:
         row.update({"gpu": gpu.index, "uuid": gpu.uuid, "mig_instance": None, "xid": XID_FALLEN_OFF_BUS})
         return row
 
+    # -- processes (for run attribution) -------------------------------------------------
+
+    def processes(self) -> dict[int, list[int]]:
+        """PIDs running compute work on each GPU (index -> PIDs), for the agent's run attribution.
+
+        Uses the API's ``compute_processes(handle)`` when it has one, else
+        ``nvmlDeviceGetComputeRunningProcesses``; GPUs that cannot list
+        processes (or are lost) are left out.
+        """
+        out: dict[int, list[int]] = {}
+        for gpu in self._start():
+            if gpu.handle is None or gpu.lost:
+                continue
+            try:
+                pids = self._optional(gpu, "processes", _compute_pids, self.api, gpu.handle)
+            except GpuLost:
+                continue
+            if pids is not None:
+                out[gpu.index] = pids
+        return out
+
     # -- facts ---------------------------------------------------------------------------
 
     def facts(self) -> dict[str, Any]:
@@ -319,6 +340,16 @@ class NvmlSource:
             return None
         path = self.sys_root / "bus" / "pci" / "devices" / sysfs_bus_id(bus_id)
         return path if path.exists() else None
+
+
+def _compute_pids(api: NvmlApi, handle: Handle) -> list[int]:
+    lister = getattr(api, "compute_processes", None)
+    if lister is not None:
+        return sorted({int(p) for p in lister(handle)})
+    if isinstance(api, PynvmlApi):
+        procs = api._call("nvmlDeviceGetComputeRunningProcesses", api.nv.nvmlDeviceGetComputeRunningProcesses, handle)
+        return sorted({int(p.pid) for p in procs})
+    raise NotSupported("nvml: this NVML binding cannot list processes")
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
