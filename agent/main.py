@@ -1,0 +1,121 @@
+"""Start an agent from settings: what ``gpufleet agent`` runs.
+
+Resolves the node name and the spool directory, builds the sources (the
+configured ones, a simulated node with ``sim``, or fake GPUs for tests and
+benchmarks), runs the loop until SIGTERM or SIGINT, then seals the spool and
+ships what it can within ``shutdown_ship_s``.  Problems a person must fix
+(bad node name, missing token, spool in use) raise :class:`AgentError` with a
+one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+
+from agent.runtime import Agent
+from agent.sources.base import Source, SourceError
+from agent.sources.registry import UnknownSource, build_source
+from agent.spool import SpoolLocked
+from gpufleet.config import AgentSettings, Settings
+
+log = logging.getLogger(__name__)
+
+NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$")
+
+
+class AgentError(RuntimeError):
+    """The agent cannot start; the message says what to fix."""
+
+
+def resolve_node(settings: AgentSettings) -> str:
+    """The configured node name, else this machine's short host name."""
+    node = settings.node or socket.gethostname().split(".")[0]
+    if not NODE_RE.match(node):
+        raise AgentError(f"node name {node!r} is not valid (letters, digits, '.', '_', '-'); set agent.node")
+    return node
+
+
+def spool_dir(settings: Settings) -> Path:
+    return settings.agent.spool_dir or settings.data_dir / "agent-spool"
+
+
+def fake_nvml_source(gpus: int, call_latency_s: float = 0.0, loaded: bool = True) -> Source:
+    """An ``nvml`` source over :class:`FakeNvml` H100s (tests, benchmarks, demos without GPUs)."""
+    from agent.sources.nvml import NvmlSource
+    from agent.sources.nvml_fake import H100_SXM, FakeNvml
+
+    fake = FakeNvml([H100_SXM] * gpus, call_latency_s=call_latency_s)
+    if loaded:
+        for g in fake.gpus:
+            g.load()
+    return NvmlSource(api=fake)
+
+
+def make_sources(settings: AgentSettings, *, fake_nvml: int | None = None, sim: str | None = None) -> list[Source]:
+    """The configured sources; ``sim`` replaces them with one simulated node, ``fake_nvml`` swaps NVML for a fake."""
+    names = ["sim"] if sim is not None else list(settings.sources)
+    if sim is not None:
+        # The simulator's ``sim`` source builds the scenario named here on first use.
+        os.environ["GPUFLEET_SIM_SCENARIO"] = sim
+    if fake_nvml and "nvml" not in names:
+        names.insert(0, "nvml")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AgentError(f"sources listed more than once: {', '.join(dup)}")
+    if not names:
+        raise AgentError("no sources configured (agent.sources is empty)")
+    built = []
+    for name in names:
+        if fake_nvml and name == "nvml":
+            built.append(fake_nvml_source(fake_nvml))
+            continue
+        try:
+            built.append(build_source(name, settings))
+        except (UnknownSource, SourceError) as e:
+            raise AgentError(str(e)) from e
+        except ValueError as e:  # a malformed simulator scenario, a bad source option
+            raise AgentError(f"source {name!r}: {e}") from e
+    return built
+
+
+def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | None = None) -> Agent:
+    a = settings.agent
+    if not a.token:
+        raise AgentError("no node token: set agent.token (or GPUFLEET_AGENT__TOKEN, or --token)")
+    node = resolve_node(a)
+    sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
+    return Agent(a, sources, node=node, spool_dir=spool_dir(settings))
+
+
+def run(settings: Settings, *, fake_nvml: int | None = None, sim: str | None = None,
+        stop: threading.Event | None = None) -> int:
+    """Run an agent until SIGTERM/SIGINT (or ``stop``); 0 when it stopped cleanly."""
+    agent = build_agent(settings, fake_nvml=fake_nvml, sim=sim)
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("agent: %s received; sealing the spool and shipping for up to %.0f s",
+                 signal.Signals(signum).name, settings.agent.shutdown_ship_s)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent.start()
+    except SpoolLocked as e:
+        raise AgentError(str(e)) from e
+    except OSError as e:
+        raise AgentError(f"cannot start: {e}") from e
+    try:
+        agent.run(stop)
+    finally:
+        agent.shutdown()
+    return 0
