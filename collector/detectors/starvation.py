@@ -16,7 +16,8 @@ window after warm-up (see :attr:`Frame.region`), then across the run:
   last ``starve_min_duration_s`` and since the episode began (dated from when
   activity went below that level for ``starve_low_share`` of the time).  Reported only when a host of the run is saturated
   (cause ``cpu`` or ``io``): a steady low-activity job on idle hosts is a small
-  job, not a starving one.
+  job, not a starving one; nor when the saturated host is the one an
+  oscillating-starved run's loader is saturating (a neighbour, not the cause).
 
 Either needs ``starve_min_gpu_share`` of the run's GPUs, and no GPU of the run
 busy ``starve_busy_gpu_share`` of the time at a normal activity level (one
@@ -174,7 +175,11 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         f = _judge_run(fr, ri, rows, low, ep.onset, ep.last)
         if f is not None:
             out.append(f)
-    return out
+    # A steady low-activity run on a host whose pressure comes from another
+    # run's starving input pipeline is a neighbour, not the culprit: the
+    # loader that saturates the host belongs to the oscillating run.
+    loaders = {f.evidence.get("host") for f in out if f.evidence.get("pattern") == "oscillating"}
+    return [f for f in out if f.evidence.get("pattern") != "steady_low" or f.evidence.get("host") not in loaders]
 
 
 def _judge_run(

@@ -50,7 +50,7 @@ def LABELS_T(hms: str) -> float:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("scenario", ["straggler_thermal", "starvation_cpu", "checkpoint_stalls", "uniform_power_cap"])
+@pytest.mark.parametrize("scenario", ["straggler_thermal", "starvation_cpu", "checkpoint_stalls", "uniform_power_cap", "demo"])
 def test_quality_gate_on_labelled_scenarios(scenario: str, tmp_path: Path, pg_server: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import detector_quality
