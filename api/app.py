@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from api import web
 from api.deps import ApiState
 from api.routes import accounting, incidents, reports, runs, sites, tokens
 from gpufleet.config import Settings
@@ -40,6 +41,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         app.include_router(r)
     app.include_router(accounting.router)
     app.include_router(reports.router)
+    app.include_router(web.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -1,0 +1,154 @@
+"""Browser sign-in with the same bearer tokens the API uses.
+
+A browser cannot attach ``Authorization: Bearer`` to page loads, so the login
+form posts the token once and gets it back as a cookie that scripts cannot
+read (HttpOnly), that other sites' pages cannot make the browser send
+(SameSite=Strict) and, over HTTPS, that is never sent in clear (Secure).
+The token is checked by the API's own authenticator (cache, revocation), so a
+revoked token stops working in the browser within seconds too.  It never
+appears in a URL, a page or a log line.  A request that carries an
+``Authorization`` header is judged by that header alone.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, quote, urlsplit
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from api.deps import state
+from api.web.html import Markup, h, page
+from gpufleet.auth import CAPABILITIES, Principal
+
+COOKIE = "gpufleet_token"
+COOKIE_MAX_AGE_S = 12 * 3600
+MAX_FORM_BYTES = 4096
+#: Applied to every web response.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+                                "frame-ancestors 'none'; base-uri 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",  # "no-referrer" would make form posts say Origin: null
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(include_in_schema=False)
+
+
+def secure(response: Response) -> Response:
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def html(body: str, status: int = 200) -> HTMLResponse:
+    return secure(HTMLResponse(body, status_code=status))  # type: ignore[return-value]
+
+
+def capabilities(who: Principal) -> list[str]:
+    return [c for c, roles in CAPABILITIES.items() if who.role in roles]
+
+
+async def _principal_for(request: Request, token: str) -> Principal | None:
+    """The principal of ``token`` through the API's authenticator; None when invalid or revoked."""
+    if not token or len(token) > 200 or not token.isascii() or not token.isprintable():
+        return None
+    scope = dict(request.scope)
+    scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"authorization"]
+    scope["headers"].append((b"authorization", b"Bearer " + token.encode("ascii")))
+    try:
+        return await state(request).auth.principal(Request(scope))
+    except HTTPException as e:
+        if e.status_code == 401:
+            return None
+        raise
+
+
+async def viewer(request: Request) -> Principal | None:
+    """Who is asking: the Authorization header if present (401 when bad), else the cookie."""
+    if request.headers.get("authorization"):
+        return await state(request).auth.principal(request)
+    return await _principal_for(request, request.cookies.get(COOKIE, ""))
+
+
+def _safe_next(target: str | None, default: str) -> str:
+    """Only paths on this site: no scheme, no host, no protocol-relative ``//``."""
+    if not target:
+        return default
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return default
+    return target
+
+
+def landing(who: Principal) -> str:
+    return "/" if who.role in CAPABILITIES["read"] else "/accounting"
+
+
+async def gate(request: Request, capability: str) -> Principal | Response:
+    """The viewer if allowed; else the login page (no credentials) or a 403 page."""
+    who = await viewer(request)
+    if who is None:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        response = secure(RedirectResponse("/login?next=" + quote(target, safe=""), status_code=303))
+        if COOKIE in request.cookies:
+            response.delete_cookie(COOKIE, path="/")
+        return response
+    if who.role not in CAPABILITIES[capability]:
+        body = h('<p>Your role ({}) may not open this page.</p><p><a href="{}">Go to what you can see</a></p>',
+                 who.role, landing(who))
+        return html(page("Not allowed", body, who=who, allowed=capabilities(who)), 403)
+    return who
+
+
+def _login_form(next_path: str, error: str | None = None) -> str:
+    err = h('<p class="error" role="alert">{}</p>', error) if error else Markup("")
+    body = h('{}<form method="post" action="/login" class="login">'
+             '<label for="token">API token</label>'
+             '<input id="token" name="token" type="password" autocomplete="current-password" required '
+             'spellcheck="false">'
+             '<input type="hidden" name="next" value="{}">'
+             '<button type="submit">Sign in</button></form>'
+             '<p class="hint">Use a token of role sre, admin or finance (<code>gpufleet token create</code>). '
+             "It is kept in an HttpOnly cookie for 12 hours.</p>", err, next_path)
+    return page("Sign in", body)
+
+
+@router.get("/login")
+async def login_form(request: Request, next: str | None = None) -> Response:
+    return html(_login_form(_safe_next(next, "")))
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    parts = urlsplit(origin)
+    return parts.netloc == request.headers.get("host", "")
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    if not _same_origin(request):
+        return html(page("Sign in", h('<p class="error">Cross-site sign-in refused.</p>')), 403)
+    raw = await request.body()
+    if len(raw) > MAX_FORM_BYTES:
+        return html(_login_form("", "The form is too large."), 413)
+    form = parse_qs(raw.decode("utf-8", "replace"), max_num_fields=10)
+    token = (form.get("token") or [""])[0].strip()
+    who = await _principal_for(request, token)
+    next_path = _safe_next((form.get("next") or [""])[0], "")
+    if who is None or who.role == "node":
+        return html(_login_form(next_path, "That token is not valid (unknown, revoked, or a node token)."), 401)
+    response = secure(RedirectResponse(next_path or landing(who), status_code=303))
+    response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/logout")
+async def logout() -> Response:
+    response = secure(RedirectResponse("/login", status_code=303))
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
