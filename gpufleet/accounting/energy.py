@@ -101,9 +101,12 @@ WITH c AS (
   -- Overlapping ranges of one GPU repeat samples; a repeated sample only adds
   -- a zero-length pair, which the interval select drops.  Consecutive samples
   -- of different ranges form a pair that lies outside every claim.
-  SELECT s.node, s.gpu, s.time, s.energy_mj, s.power_w
-  FROM r JOIN gpu_samples s ON s.node = r.node AND s.gpu = r.gpu AND s.time >= r.a AND s.time <= r.z
-  WHERE s.mig_instance IS NULL
+  -- OFFSET 0 keeps the lateral subquery a per-claim index range scan: the
+  -- planner cannot see how narrow [a, z] is and would rather scan the table.
+  SELECT s.* FROM r CROSS JOIN LATERAL (
+    SELECT s.node, s.gpu, s.time, s.energy_mj, s.power_w FROM gpu_samples s
+    WHERE s.node = r.node AND s.gpu = r.gpu AND s.time >= r.a AND s.time <= r.z AND s.mig_instance IS NULL
+    OFFSET 0) s
 ), parts AS ({E.split_by_edges(E.gpu_interval_select("smp"), "node, gpu")})
 SELECT c.grp, width_bucket((%(edges)s::timestamptz[])[p.seg], %(tariff)s::timestamptz[]) AS tseg,
        sum(p.part_j), sum(p.part_s), 0.0::float8
@@ -123,8 +126,9 @@ WITH c AS (
               ORDER BY s.time LIMIT 1), c.hi) AS z
   FROM c
 ), smp AS (
-  SELECT s.node, s.time, s.host_power_w
-  FROM r JOIN host_samples s ON s.node = r.node AND s.time >= r.a AND s.time <= r.z
+  SELECT s.* FROM r CROSS JOIN LATERAL (
+    SELECT s.node, s.time, s.host_power_w FROM host_samples s
+    WHERE s.node = r.node AND s.time >= r.a AND s.time <= r.z OFFSET 0) s
 ), parts AS ({E.split_by_edges(E.host_interval_select("smp"), "node")})
 SELECT c.grp, width_bucket((%(edges)s::timestamptz[])[p.seg], %(tariff)s::timestamptz[]) AS tseg,
        0.0::float8, 0.0::float8, sum(p.part_j * c.share)
@@ -172,7 +176,8 @@ def _gpu_rollup_sql(table: str, n: str) -> str:
 SELECT r.grp, width_bucket(e.bucket, %(tariff)s::timestamptz[]), sum(e.energy_j), sum(e.covered_s), 0.0::float8
 FROM unnest(%(grp{n})s::int[], %(node{n})s::text[], %(gpu{n})s::smallint[], %(lo{n})s::timestamptz[],
             %(hi{n})s::timestamptz[]) AS r(grp, node, gpu, lo, hi)
-JOIN {table} e ON e.node = r.node AND e.gpu = r.gpu AND e.bucket >= r.lo AND e.bucket < r.hi
+CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j, e.covered_s FROM {table} e
+  WHERE e.node = r.node AND e.gpu = r.gpu AND e.bucket >= r.lo AND e.bucket < r.hi OFFSET 0) e
 GROUP BY 1, 2"""
 
 
@@ -182,7 +187,8 @@ SELECT r.grp, width_bucket(e.bucket, %(tariff)s::timestamptz[]), 0.0::float8, 0.
        sum(e.energy_j * r.share)
 FROM unnest(%(grp{n})s::int[], %(node{n})s::text[], %(lo{n})s::timestamptz[], %(hi{n})s::timestamptz[],
             %(share{n})s::float8[]) AS r(grp, node, lo, hi, share)
-JOIN {table} e ON e.node = r.node AND e.bucket >= r.lo AND e.bucket < r.hi
+CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j FROM {table} e
+  WHERE e.node = r.node AND e.bucket >= r.lo AND e.bucket < r.hi OFFSET 0) e
 GROUP BY 1, 2"""
 
 

@@ -1,0 +1,235 @@
+"""Per-run accounting latency: rollups vs raw samples for one large run.
+
+    python bench/accounting.py [--gpus 512] [--days 7] [--interval-s 10] [--repeat 5]
+
+Creates a scratch database (``gpufleet.testing.pg.scratch_database``, dropped
+afterwards), writes one run's telemetry straight into it with binary COPY
+(``--gpus`` GPUs, 8 per node, sampled every ``--interval-s`` for ``--days``
+days: 512 x 7 d x 10 s is about 31 M GPU samples, plus host power), a site
+with an hourly carbon series and a time-of-use price step at an unaligned
+time, and builds the energy rollups node by node.  Then it times the run's
+accounting from rollups (``source="auto"`` with an empty queue, and
+``"rollup"``) and from raw samples, and compares them.  The run starts and
+ends off the minute grid, the power varies, the counters jitter and reset
+once a day, so the rollup answer needs raw partial minutes as in production.
+
+Refuses to start when the database's disk has less free space than about
+twice the estimated size; scale down with ``--gpus``/``--days``.  The last
+line is JSON with ``latency_ms`` (auto), ``rollup_latency_ms``,
+``raw_latency_ms``, ``ratio`` and ``max_rel_err``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collector import rollup
+from gpufleet.accounting import run_accounting
+from gpufleet.config import load_settings
+from gpufleet.db import migrate
+from gpufleet.testing.pg import scratch_database, server_url
+
+T0 = datetime(2026, 11, 2, 0, 0, 0, tzinfo=UTC)
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+GPUS_PER_NODE = 8
+#: Stored bytes per GPU sample (heap row with a wide NULL bitmap, (node, gpu, time) index,
+#: BRIN/time index) plus its share of the minute rollups; measured on PostgreSQL 15.
+BYTES_PER_SAMPLE = 160
+KEYS = ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "energy_cost", "compute_cost", "coverage")
+
+
+def _gpu_dtype(node_len: int) -> np.dtype:
+    return np.dtype([("n", ">i2"), ("lt", ">i4"), ("t", ">i8"), ("ln", ">i4"), ("node", f"S{node_len}"),
+                     ("lg", ">i4"), ("g", ">i2"), ("lp", ">i4"), ("p", ">f4"), ("le", ">i4"), ("e", ">i8")])
+
+
+def _host_dtype(node_len: int) -> np.dtype:
+    return np.dtype([("n", ">i2"), ("lt", ">i4"), ("t", ">i8"), ("ln", ">i4"), ("node", f"S{node_len}"),
+                     ("lp", ">i4"), ("p", ">f4")])
+
+
+HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
+TRAILER = b"\xff\xff"
+CHUNK_BYTES = 8 << 20
+
+
+def node_gpu_rows(node: str, gpus: int, lo_s: float, hi_s: float, step_s: float, rng: np.random.Generator
+                  ) -> bytes:
+    """Binary COPY rows (time, node, gpu, power_w, energy_mj) of one node's GPUs."""
+    base = np.arange(lo_s, hi_s + step_s, step_s)
+    n = len(base)
+    blocks = []
+    for g in range(gpus):
+        t = base + rng.uniform(-0.4, 0.4, n)  # jittered sampling, never on the grid
+        p = (450 + 200 * np.sin(t / (3600 * (1 + g % 5))) + rng.normal(0, 15, n)).clip(60, 700)
+        e = np.concatenate([[0.0], np.cumsum((p[1:] + p[:-1]) / 2 * np.diff(t) * 1000)])
+        e += 5e9 + g * 1e8
+        for reset in range(int(86_400 / step_s), n, int(86_400 / step_s)):  # a driver reload a day
+            e[reset:] -= e[reset] - rng.uniform(0, 1e6)
+        a = np.zeros(n, dtype=_gpu_dtype(len(node)))
+        a["n"], a["lt"], a["ln"], a["lg"], a["lp"], a["le"] = 5, 8, len(node), 2, 4, 8
+        a["t"] = np.round((T0 - PG_EPOCH).total_seconds() * 1e6 + t * 1e6).astype(np.int64)
+        a["node"] = node.encode()
+        a["g"] = g
+        a["p"] = p.astype(np.float32)
+        a["e"] = np.round(e).astype(np.int64)
+        blocks.append(a.tobytes())
+    return b"".join(blocks)
+
+
+def node_host_rows(node: str, lo_s: float, hi_s: float, step_s: float, rng: np.random.Generator) -> bytes:
+    t = np.arange(lo_s, hi_s + step_s, step_s) + rng.uniform(-0.4, 0.4)
+    a = np.zeros(len(t), dtype=_host_dtype(len(node)))
+    a["n"], a["lt"], a["ln"], a["lp"] = 3, 8, len(node), 4
+    a["t"] = np.round((T0 - PG_EPOCH).total_seconds() * 1e6 + t * 1e6).astype(np.int64)
+    a["node"] = node.encode()
+    a["p"] = (900 + rng.normal(0, 20, len(t))).astype(np.float32)
+    return a.tobytes()
+
+
+def copy(conn: psycopg.Connection, table_cols: str, payload: bytes) -> None:
+    with conn.cursor().copy(f"COPY {table_cols} FROM STDIN (FORMAT BINARY)") as cp:
+        cp.write(HEADER)
+        for i in range(0, len(payload), CHUNK_BYTES):
+            cp.write(payload[i:i + CHUNK_BYTES])
+        cp.write(TRAILER)
+
+
+def free_bytes(conn: psycopg.Connection) -> tuple[str, int]:
+    """Free space where the server keeps its data (the local root when that is not visible here)."""
+    try:
+        path = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
+    except psycopg.Error:
+        path = "/"
+    while not Path(path).exists():
+        path = str(Path(path).parent)
+    return path, shutil.disk_usage(path).free
+
+
+def load(url: str, args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, int]:
+    nodes = [f"node{i:04d}" for i in range((args.gpus + GPUS_PER_NODE - 1) // GPUS_PER_NODE)]
+    span_s = args.days * 86_400
+    rng = np.random.default_rng(7)
+    run_start = T0 + timedelta(seconds=13.7)
+    run_end = T0 + timedelta(seconds=span_s - 21.3)
+    t = time.perf_counter()
+    gpu_rows = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO sites (site, pue, price_per_kwh, gpu_hour_price, currency, carbon_region) "
+                     "VALUES ('bench', 1.18, 0.12, 2.5, 'EUR', 'BENCH')")
+        hours = int(span_s // 3600) + 2
+        conn.execute("INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) SELECT 'BENCH', "
+                     "%s + make_interval(hours => h), 250 + 150 * sin(h / 4.0) FROM generate_series(-1, %s) h",
+                     (T0, hours))
+        conn.execute("INSERT INTO site_prices (site, time, price_per_kwh) VALUES ('bench', %s, 0.31)",
+                     (T0 + timedelta(seconds=span_s / 2 + 7.25),))
+        conn.execute('INSERT INTO runs (run_id, name, site, team, start, "end", params) '
+                     "VALUES ('bench', 'bench', 'bench', 'bench', %s, %s, 70000000000)", (run_start, run_end))
+        left = args.gpus
+        for node in nodes:
+            count = min(GPUS_PER_NODE, left)
+            left -= count
+            conn.execute("INSERT INTO nodes (node, site, gpu_count) VALUES (%s, 'bench', %s)", (node, count))
+            conn.execute("INSERT INTO run_allocations (run_id, node, gpu) SELECT 'bench', %s, g "
+                         "FROM generate_series(0, %s) g", (node, count - 1))
+            payload = node_gpu_rows(node, count, -60.0, span_s + 60.0, args.interval_s, rng)
+            gpu_rows += len(payload) // _gpu_dtype(len(node)).itemsize
+            copy(conn, "gpu_samples (time, node, gpu, power_w, energy_mj)", payload)
+            copy(conn, "host_samples (time, node, host_power_w)",
+                 node_host_rows(node, -60.0, span_s + 60.0, args.interval_s, rng))
+        say(f"loaded {gpu_rows:,} GPU samples on {len(nodes)} nodes in {time.perf_counter() - t:.0f} s")
+        t = time.perf_counter()
+        conn.execute("VACUUM ANALYZE gpu_samples")
+        conn.execute("VACUUM ANALYZE host_samples")
+        say(f"vacuum analyze {time.perf_counter() - t:.0f} s")
+    # Rollups node by node, a day at a time, each in its own transaction (as the worker would).
+    t = time.perf_counter()
+    with psycopg.connect(url) as conn:
+        for day in range(int(np.ceil(span_s / 86_400))):
+            lo = T0 + timedelta(days=day, seconds=-60 if day == 0 else 0)
+            hi = min(T0 + timedelta(days=day + 1), T0 + timedelta(seconds=span_s + 60))
+            for node in nodes:
+                with conn.transaction():
+                    rollup.rebuild(conn, {node: (lo, hi)}, args.max_gap_s, plain_stats=False)
+        conn.commit()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE gpu_energy_1m, gpu_energy_1h, host_energy_1m, host_energy_1h")
+    say(f"rollups built in {time.perf_counter() - t:.0f} s")
+    return {"gpu_samples": gpu_rows, "nodes": len(nodes)}
+
+
+def timed(conn: psycopg.Connection, source: str, repeat: int, max_gap_s: float) -> tuple[float, dict[str, Any]]:
+    times: list[float] = []
+    body: dict[str, Any] = {}
+    for _ in range(repeat):
+        t = time.perf_counter()
+        body = run_accounting(conn, "bench", source=source, max_gap_s=max_gap_s)  # type: ignore[arg-type]
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times), body
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=512)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--interval-s", type=float, default=10.0)
+    ap.add_argument("--repeat", type=int, default=5, help="timed repetitions of the rollup answer")
+    ap.add_argument("--raw-repeat", type=int, default=1, help="timed repetitions of the raw answer")
+    ap.add_argument("--max-gap-s", type=float, default=60.0)
+    ap.add_argument("--server", default=None, help="maintenance-database URL (default: the test server)")
+    args = ap.parse_args()
+
+    def say(msg: str) -> None:
+        print(msg, flush=True)
+
+    server = args.server or server_url()
+    samples = int(args.gpus * args.days * 86_400 / args.interval_s)
+    need = samples * BYTES_PER_SAMPLE * 2 + (2 << 30)
+    with psycopg.connect(server, autocommit=True) as conn:
+        where, free = free_bytes(conn)
+    if free < need:
+        sys.exit(f"bench/accounting.py: {free / 1e9:.1f} GB free at {where}, about {need / 1e9:.1f} GB needed "
+                 f"for {samples:,} samples; use --gpus or --days to scale down")
+    say(f"{args.gpus} GPUs x {args.days:g} days at {args.interval_s:g} s: ~{samples:,} GPU samples "
+        f"({free / 1e9:.0f} GB free at {where})")
+    with scratch_database(server, "gpufleet_bench_acct") as url:
+        migrate.upgrade(url, load_settings(database_url=url))
+        info = load(url, args, say)
+        with psycopg.connect(url, autocommit=True) as conn:
+            size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]
+            auto_ms, auto = timed(conn, "auto", args.repeat, args.max_gap_s)
+            rollup_ms, rolled = timed(conn, "rollup", args.repeat, args.max_gap_s)
+            raw_ms, raw = timed(conn, "raw", args.raw_repeat, args.max_gap_s)
+    errs = {k: abs(auto[k] - raw[k]) / abs(raw[k]) if raw[k] else abs(auto[k]) for k in KEYS}
+    max_err = max(errs.values())
+    say(f"database {size / 1e9:.2f} GB; run: {raw['gpu_kwh']:.1f} GPU kWh, {raw['facility_kwh']:.1f} facility kWh, "
+        f"{raw['co2e_kg']:.1f} kg CO2e, {raw['total_cost']:.2f} {raw['currency']}, coverage {raw['coverage']:.4f}")
+    say(f"accounting from rollups: {auto_ms:.1f} ms (auto, source={auto['source']}), {rollup_ms:.1f} ms (rollup); "
+        f"from raw samples: {raw_ms:.0f} ms; raw/rollup {raw_ms / auto_ms:.0f}x; "
+        f"max relative difference {max_err:.2e} ({max(errs, key=errs.__getitem__)})")
+    say("target: < 300 ms and rollup == raw within 0.1%: "
+        + ("met" if auto_ms < 300 and max_err < 1e-3 else "NOT met"))
+    print(json.dumps({
+        "gpus": args.gpus, "days": args.days, "interval_s": args.interval_s, **info, "db_bytes": size,
+        "latency_ms": round(auto_ms, 2), "rollup_latency_ms": round(rollup_ms, 2), "raw_latency_ms": round(raw_ms, 1),
+        "ratio": round(raw_ms / auto_ms, 1), "max_rel_err": max_err, "source": auto["source"],
+        "rolled_equal": all(rolled[k] == auto[k] for k in KEYS),
+    }))
+
+
+if __name__ == "__main__":
+    main()
