@@ -59,6 +59,12 @@ def connection(s: StateDep) -> Iterator[psycopg.Connection]:
             yield conn
     except (psycopg.OperationalError, PoolTimeout) as e:
         raise HTTPException(503, "database unavailable; retry later", headers={"Retry-After": "2"}) from e
+    except psycopg.DataError as e:
+        # A value the request schema let through but PostgreSQL cannot hold (a NUL
+        # in text, a UTC offset beyond +-15:59, a year outside its range) is the
+        # client's error, not the server's.  The input is not echoed back.
+        raise HTTPException(422, "a value in the request cannot be stored: text with a NUL character, "
+                                 "or a time or number outside the database's range") from e
 
 
 ConnDep = Annotated[psycopg.Connection, Depends(connection)]
