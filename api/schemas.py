@@ -90,12 +90,32 @@ class CarbonPoint(Strict):
     g_co2e_per_kwh: float = Field(ge=0, le=5000)
 
 
+def _distinct_times(points: list[Any]) -> list[Any]:
+    """One value per instant: the upsert cannot set one row twice (same instant, any UTC offset)."""
+    seen: set[Any] = set()
+    for i, p in enumerate(points):
+        if p.time in seen:
+            raise ValueError(f"points[{i}]: time {p.time.isoformat()} is given more than once")
+        seen.add(p.time)
+    return points
+
+
 class CarbonSeries(Strict):
     points: list[CarbonPoint] = Field(min_length=1, max_length=100_000)
+
+    @field_validator("points")
+    @classmethod
+    def _distinct(cls, v: list[CarbonPoint]) -> list[CarbonPoint]:
+        return _distinct_times(v)
 
 
 class PriceSeries(Strict):
     points: list[PricePoint] = Field(min_length=1, max_length=100_000)
+
+    @field_validator("points")
+    @classmethod
+    def _distinct(cls, v: list[PricePoint]) -> list[PricePoint]:
+        return _distinct_times(v)
 
 
 class TokenCreate(Strict):
