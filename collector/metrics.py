@@ -24,5 +24,6 @@ class CollectorMetrics:
         self.sweep_seconds = Histogram("gpufleet_sweep_seconds", "Detector sweep duration",
                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=r)
         self.rollup_lag = Gauge("gpufleet_rollup_queue_rows", "Ranges waiting for the rollup worker", registry=r)
-        self.incident_open = Gauge("gpufleet_incident_open", "Open incidents (1 per incident)",
-                                   ["kind", "run_id", "node", "gpu", "cause", "severity"], registry=r)
+        # gpufleet_incident_open comes from collector.alerting.IncidentMetrics (read from the
+        # database by every replica); a second family of that name here would make the whole
+        # exposition unparseable ("second HELP line").
