@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 OPEN_INCIDENTS_SQL = (
     "SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence FROM incidents WHERE state = 'open'"
 )
+#: Per node: when its last batch arrived (the "agent silent" alert) and samples refused for clock skew.
+NODES_SQL = "SELECT node, extract(epoch FROM last_seen), rejected_skew FROM nodes WHERE last_seen IS NOT NULL"
+#: Numeric evidence exported per open incident, so alert rules can threshold it
+#: (e.g. checkpoint stalls costing more than a share of run time).
+EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_share", "degraded_share")
 
 
 def _label(v: Any) -> str:
@@ -40,6 +45,7 @@ class IncidentMetrics(Collector):
         self.cache_s = cache_s
         self._at = 0.0
         self._rows: list[tuple[Any, ...]] = []
+        self._nodes: list[tuple[Any, ...]] = []
         self._up = 1.0
 
     def _rows_now(self) -> list[tuple[Any, ...]]:
@@ -47,19 +53,36 @@ class IncidentMetrics(Collector):
             try:
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
                     self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
+                    self._nodes = conn.execute(NODES_SQL).fetchall()
                 self._up = 1.0
             except psycopg.Error:
                 self._up = 0.0  # keep the last known set; report that it is stale
             self._at = time.monotonic()
         return self._rows
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         rows = self._rows_now()
         g = GaugeMetricFamily("gpufleet_incident_open", "Open incidents (one series per incident, value 1)",
                               labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
-        for _id, kind, run_id, node, gpu, cause, severity, *_ in rows:
+        ev = GaugeMetricFamily("gpufleet_incident_evidence", "Numeric evidence of open incidents, by field",
+                               labels=["kind", "run_id", "node", "gpu", "field"])
+        for _id, kind, run_id, node, gpu, cause, severity, _start, evidence in rows:
             g.add_metric([kind, _label(run_id), _label(node), _label(gpu), _label(cause), severity], 1.0)
+            for f in EVIDENCE_FIELDS:
+                v = (evidence or {}).get(f)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    ev.add_metric([kind, _label(run_id), _label(node), _label(gpu), f], float(v))
         yield g
+        yield ev
+        seen = GaugeMetricFamily("gpufleet_node_last_seen_timestamp_seconds",
+                                 "When the collector last stored a batch from the node (any replica)", labels=["node"])
+        skew = CounterMetricFamily("gpufleet_node_rejected_skew_samples",
+                                   "Samples of the node refused for clock skew, all replicas", labels=["node"])
+        for node, last_seen, rejected in self._nodes:
+            seen.add_metric([node], float(last_seen))
+            skew.add_metric([node], float(rejected))
+        yield seen
+        yield skew
         yield GaugeMetricFamily("gpufleet_incidents_fresh", "1 when the open-incident set was read from the database "
                                 "on the last scrape", value=self._up)
 
