@@ -336,3 +336,31 @@ def test_metrics_endpoint(tmp_path: Path) -> None:
                  "gpufleet_agent_samples_dropped_total", "gpufleet_agent_last_ship_success_timestamp_seconds"):
         assert name in text, name
     agent.shutdown(ship_s=0)
+
+
+# --------------------------------------------------------------------------- shipped configuration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "agent"
+
+
+def test_example_config_and_daemonset_config_are_valid_settings(tmp_path: Path) -> None:
+    import yaml
+
+    from gpufleet.config import load_settings
+
+    s = load_settings(DEPLOY / "agent.yaml")
+    assert s.agent.sources == ["nvml", "host"] and s.agent.job_files_dir == Path("/run/gpufleet/jobs")
+    assert s.agent.source_schedules["dcgm_exporter"].interval_s == 5.0
+    docs = list(yaml.safe_load_all((DEPLOY / "daemonset.yaml").read_text()))
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (path := tmp_path / "agent.yaml").write_text(cm["data"]["agent.yaml"])
+    k8s = load_settings(path)
+    assert k8s.agent.proc_root == Path("/host/proc") and k8s.agent.sys_root == Path("/host/sys")
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["/host/proc"]["readOnly"] and mounts["/host/sys"]["readOnly"]
+    # It reads every GPU without allocating one away from the jobs.
+    resources = pod["containers"][0]["resources"]
+    assert "nvidia.com/gpu" not in {**resources.get("limits", {}), **resources.get("requests", {})}
