@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from collector.metrics import CollectorMetrics
+from collector.tls import client_cert_names
 from collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded
 from gpufleet.auth import Principal
 from gpufleet.config import IngestSettings
@@ -69,6 +70,12 @@ class IngestHandler:
         if principal.role != "node":
             self.metrics.errors.labels("forbidden").inc()
             return _error(403, f"role '{principal.role}' may not ingest; use a node token")
+        cert_names = client_cert_names(request.scope)
+        if cert_names is not None and principal.node not in cert_names:
+            # mTLS: a stolen token is useless without the node's own certificate.
+            self.metrics.errors.labels("wrong_certificate").inc()
+            return _error(403, f"the client certificate is for {', '.join(cert_names) or 'no node name'}, "
+                               f"not for node {principal.node!r} of this token")
         if not self.limiter.allow(principal.token_id):
             self.metrics.errors.labels("rate_limited").inc()
             return _error(429, "rate limit exceeded for this token", self._retry())
