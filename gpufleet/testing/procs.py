@@ -104,14 +104,14 @@ def flatten(prefix: str, values: dict[str, Any]) -> dict[str, str]:
 
 
 class CollectorProc(Proc):
-    """``gpufleet collector`` on its own port; restarts keep the port."""
+    """``gpufleet collector`` (or ``service="api"``) on its own port; restarts keep the port."""
 
     def __init__(self, db_url: str, workdir: Path, settings: dict[str, Any] | None = None,
-                 port: int | None = None, name: str = "collector") -> None:
+                 port: int | None = None, name: str = "collector", service: str = "collector") -> None:
         self.port = port or free_port()
         self.tls = bool((settings or {}).get("tls", {}).get("certfile"))
         values = {"log_level": "WARNING", "data_dir": str(workdir / name), **(settings or {})}
-        argv = [sys.executable, "-m", "gpufleet.cli", "collector", "--db", db_url, "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "gpufleet.cli", service, "--db", db_url, "--host", "127.0.0.1",
                 "--port", str(self.port)]
         super().__init__(argv, child_env(flatten("", values)), workdir / f"{name}.log")
 
@@ -120,7 +120,7 @@ class CollectorProc(Proc):
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def wait_up(self, timeout: float = 60.0, **client: Any) -> None:
-        """Until /healthz answers (the app and its lifespan are up)."""
+        """Until /healthz answers (the app and its lifespan are up); ``client``: httpx options (TLS)."""
         deadline = time.monotonic() + timeout
         while True:
             if not self.alive():
