@@ -89,9 +89,13 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
     a = settings.agent
     if not a.token:
         raise AgentError("no node token: set agent.token (or GPUFLEET_AGENT__TOKEN, or --token)")
-    node = resolve_node(a)
     sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
-    return Agent(a, sources, node=node, spool_dir=spool_dir(settings))
+    if sim is not None and a.node is None:
+        # A simulated node is named by its scenario: file its samples under that name.
+        from agent.simulator.sources import attached_fleet
+
+        a = a.model_copy(update={"node": attached_fleet().nodes[0]})
+    return Agent(a, sources, node=resolve_node(a), spool_dir=spool_dir(settings))
 
 
 def run(settings: Settings, *, fake_nvml: int | None = None, sim: str | None = None,
