@@ -4,6 +4,7 @@ Layout of the spool directory::
 
     agent_id                      random id of this agent, made once
     next_seq                      segment numbers reserved so far (never reused)
+    lock                          flock'ed by the running agent: a second one refuses to start
     0000000000001025.open         the open segment: appended once per tick
     0000000000001024-450.seg      sealed segments: <seq>-<samples>.seg
     dead/                         batches the collector refused for good (+ .json why)

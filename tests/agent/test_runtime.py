@@ -364,3 +364,28 @@ def test_example_config_and_daemonset_config_are_valid_settings(tmp_path: Path) 
     # It reads every GPU without allocating one away from the jobs.
     resources = pod["containers"][0]["resources"]
     assert "nvidia.com/gpu" not in {**resources.get("limits", {}), **resources.get("requests", {})}
+
+
+# --------------------------------------------------------------------------- the entry point
+
+
+def test_entry_point_refuses_what_a_person_must_fix(tmp_path: Path) -> None:
+    from agent.main import AgentError, build_agent, make_sources, resolve_node
+    from gpufleet.config import Settings
+
+    base = Settings(data_dir=tmp_path)
+    with pytest.raises(AgentError, match="no node token"):
+        build_agent(base)
+    with pytest.raises(AgentError, match="not valid"):
+        resolve_node(AgentSettings(node="bad node!"))
+    with pytest.raises(AgentError, match="unknown source 'nope'"):
+        make_sources(AgentSettings(sources=["host", "nope"]))
+    with pytest.raises(AgentError, match="more than once"):
+        make_sources(AgentSettings(sources=["host", "host"]))
+    with pytest.raises(AgentError, match="no sources"):
+        make_sources(AgentSettings(sources=[]))
+    # Fake GPUs stand in for NVML, in its place in the list.
+    srcs = make_sources(AgentSettings(sources=["host", "nvml"]), fake_nvml=3)
+    assert [s.name for s in srcs] == ["host", "nvml"] and len(srcs[1].collect().gpus) == 3
+    agent = build_agent(base.model_copy(update={"agent": AgentSettings(token="t", node="n-1", sources=["host"])}))
+    assert agent.node == "n-1" and agent.spool.dir == tmp_path / "agent-spool"
