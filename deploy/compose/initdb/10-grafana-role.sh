@@ -1,0 +1,9 @@
+#!/bin/sh
+# Runs once, when the database volume is first initialised: a read-only role for
+# Grafana's data source, its password from the grafana_db_password secret.
+set -eu
+psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
+     -v pw="$(cat /run/secrets/grafana_db_password)" <<'SQL'
+CREATE ROLE grafana_ro LOGIN PASSWORD :'pw';
+GRANT pg_read_all_data TO grafana_ro;
+SQL
