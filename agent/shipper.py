@@ -154,10 +154,11 @@ class Shipper:
         detail = "" if verdict is Verdict.DELIVERED else resp.text[:2000]
         if verdict is Verdict.DELIVERED:
             try:
-                status = str(resp.json().get("status", "stored"))
+                doc = resp.json()
             except ValueError:
-                status = "stored"
-            return Attempt(verdict, status)
+                doc = None
+            status = doc.get("status") if isinstance(doc, dict) else None
+            return Attempt(verdict, status if status in ("stored", "duplicate") else "stored")
         return Attempt(verdict, str(resp.status_code), detail, parse_retry_after(resp.headers.get("retry-after")))
 
     def ship_one(self, timeout_s: float | None = None) -> Attempt | None:
@@ -182,8 +183,9 @@ class Shipper:
             self.metrics.batches_sent.labels(attempt.status).inc()
             self.metrics.last_ship_success.set(self._wall())
         elif attempt.verdict is Verdict.DEAD:
-            log.error("shipper: collector refused batch %s (%d samples) with %s: %s; moved to dead letters",
-                      seg.batch_id, seg.samples, attempt.status, attempt.detail[:300])
+            self._ratelog.log(logging.ERROR, f"dead:{attempt.status}", "shipper: collector refused batch %s "
+                              "(%d samples) with %s: %s; moved to dead letters", seg.batch_id, seg.samples,
+                              attempt.status, attempt.detail[:300])
             self.spool.dead_letter(seg, attempt.status, attempt.detail)
         else:
             self.spool.release(seg)
