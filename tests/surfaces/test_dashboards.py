@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -209,3 +210,13 @@ def test_panels_and_variables_use_the_datasource_variable() -> None:
         for p in panels(d):
             if p["type"] not in ("row", "text"):
                 assert p["datasource"] == DS_REF
+
+
+def test_cli_check_runs_every_query_against_the_database(fleet: FilledFleet) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli import app
+
+    out = CliRunner().invoke(app, ["dashboards", "check", "--db", fleet.url, "--hours", "1"])
+    assert out.exit_code == 0, out.output
+    assert re.search(r"4 dashboards, \d+ queries, 0 problems", out.output), out.output
