@@ -16,7 +16,7 @@ import pytest
 
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database
+from gpufleet.testing.pg import scratch_database, timescale_server_url
 from tests.surfaces.fleetdb import FilledFleet, fill
 
 FLEET_SECONDS = 900.0
@@ -28,3 +28,17 @@ def fleet(pg_server: str, settings: Settings) -> Iterator[FilledFleet]:
         migrate.upgrade(url, settings)
         start = math.floor((time.time() - FLEET_SECONDS) / 60.0) * 60.0
         yield fill(url, settings, "demo", FLEET_SECONDS, start_time=start)
+
+
+@pytest.fixture(scope="session")
+def timescale_fleet(settings: Settings) -> Iterator[FilledFleet]:
+    """The same fleet on TimescaleDB (hypertables, continuous aggregates), where a server can load it."""
+    server = timescale_server_url()
+    if server is None:
+        pytest.skip("no TimescaleDB server (set GPUFLEET_TEST_TIMESCALE_URL)")
+    with scratch_database(server, "gpufleet_surfaces_ts") as url:
+        migrate.upgrade(url, settings)
+        start = math.floor((time.time() - FLEET_SECONDS) / 60.0) * 60.0
+        filled = fill(url, settings, "demo", FLEET_SECONDS, start_time=start)
+        assert filled.backend == "timescaledb"
+        yield filled

@@ -97,6 +97,18 @@ def test_every_query_runs_with_the_columns_its_panel_needs(fleet: FilledFleet, u
     assert len(results) >= 8
 
 
+@pytest.mark.parametrize("time_bucket", [False, True], ids=["floor", "time_bucket"])
+def test_every_query_on_timescaledb(timescale_fleet: FilledFleet, time_bucket: bool) -> None:
+    """Continuous aggregates instead of tables, and Grafana's TimescaleDB option ($__timeGroup as time_bucket)."""
+    rng = TimeRange(timescale_fleet.start, timescale_fleet.end)
+    with psycopg.connect(timescale_fleet.url, autocommit=True) as conn:
+        for uid, d in load_all().items():
+            for interval in (None, 60_000):
+                results = run_dashboard(conn, d, rng, PICKS.get(uid), interval_ms=interval, timescaledb=time_bucket)
+                assert [p for r in results for p in shape_problems(r)] == []
+                assert [r.where for r in results if not r.rows] == []
+
+
 def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
     """Per-minute averages read from samples and from gpu_stats_1m are the same numbers."""
     def fleet_activity(mode: str) -> dict[Any, float]:
