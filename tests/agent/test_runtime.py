@@ -159,8 +159,13 @@ def test_slow_source_within_its_timeout_joins_the_next_tick() -> None:
         seen.append([o.source for o in sched.tick(n).outcomes if o.reading])
         time.sleep(0.1)
     w_slow = sched.workers[1]
+    deadline = time.monotonic() + 2
+    while w_slow.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    leftover = w_slow.harvest()
     assert w_slow.every_ticks == 3 and w_slow.stats.timeouts == 0 and w_slow.stats.skipped == 0
-    assert sum("slow" in s for s in seen) == slow.calls - (1 if w_slow.busy() else 0)
+    # Each read outlasts its own tick's gathering (0.05 s) and lands in a later tick; none is lost.
+    assert slow.calls >= 2 and sum("slow" in s for s in seen) + len(leftover) == slow.calls
     assert all("steady" in s for s in seen)
     sched.stop()
 
