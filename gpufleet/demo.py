@@ -213,7 +213,7 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
     fleet = Fleet.from_scenario(opts.scenario, seed=opts.seed, start_time=time.time() - opts.backfill_s)
     with psycopg.connect(url, autocommit=True) as conn:
         for role in ("admin", "sre", "finance"):
-            st.tokens[role] = create_token(conn, f"demo-{role}", role)  # type: ignore[arg-type]
+            st.tokens[role] = create_token(conn, f"demo-{role}", role)
         for node in fleet.nodes:
             st.tokens[node] = create_token(conn, f"agent-{node}", "node", node)
     spool_root = settings.data_dir / "demo-spool"
