@@ -83,7 +83,12 @@ def _page(browser: Any, watch: Watch) -> Any:
 
     page.on("console", console)
     page.on("pageerror", lambda e: watch.problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: watch.problems.append(f"failed: {r.url}"))
+    def failed(r: Any) -> None:
+        # A load cut short by navigating on (the previous page's icon) is not a fault of the page.
+        if r.failure != "net::ERR_ABORTED":
+            watch.problems.append(f"failed: {r.url} ({r.failure})")
+
+    page.on("requestfailed", failed)
     page.on("request", lambda r: watch.urls.append(r.url))
     page.on("dialog", dialog)
     return page
