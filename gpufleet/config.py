@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -202,6 +202,15 @@ class Settings(BaseSettings):
     detect: DetectSettings = DetectSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
+
+    @model_validator(mode="after")
+    def _production(self) -> Settings:
+        # Defaults that suit a laptop must not silently carry a deployment:
+        # no embedded database in production.
+        if self.environment == "production" and not self.database_url:
+            raise ValueError("environment is 'production' but database_url is not set "
+                             "(the embedded PostgreSQL is for development and the demo only)")
+        return self
 
     @field_validator("database_url")
     @classmethod
