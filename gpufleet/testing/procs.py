@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import psutil
@@ -34,7 +34,7 @@ class Proc:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self) -> Proc:
+    def start(self) -> Self:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
