@@ -24,6 +24,7 @@ the same board and its power.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,54 +87,61 @@ class Measured:
 
 # ------------------------------------------------------------------ raw
 
+# The samples a claim needs: the last at or before lo, those inside, the first at
+# or after hi (so that intervals straddling the claim's ends are included).
+# Three index probes in a lateral subquery, which the planner cannot flatten
+# into a table scan: it cannot see how narrow [lo, hi] is.
+_GPU_PROBES = """
+  (SELECT s.gpu, s.time, s.energy_mj, s.power_w FROM gpu_samples s
+   WHERE s.node = c.node AND s.gpu = c.gpu AND s.mig_instance IS NULL AND s.time <= c.lo
+   ORDER BY s.time DESC LIMIT 1)
+  UNION ALL
+  (SELECT s.gpu, s.time, s.energy_mj, s.power_w FROM gpu_samples s
+   WHERE s.node = c.node AND s.gpu = c.gpu AND s.mig_instance IS NULL AND s.time > c.lo AND s.time < c.hi)
+  UNION ALL
+  (SELECT s.gpu, s.time, s.energy_mj, s.power_w FROM gpu_samples s
+   WHERE s.node = c.node AND s.gpu = c.gpu AND s.mig_instance IS NULL AND s.time >= c.hi
+   ORDER BY s.time LIMIT 1)"""
+
+_HOST_PROBES = """
+  (SELECT s.time, s.host_power_w FROM host_samples s
+   WHERE s.node = c.node AND s.time <= c.lo ORDER BY s.time DESC LIMIT 1)
+  UNION ALL
+  (SELECT s.time, s.host_power_w FROM host_samples s
+   WHERE s.node = c.node AND s.time > c.lo AND s.time < c.hi)
+  UNION ALL
+  (SELECT s.time, s.host_power_w FROM host_samples s
+   WHERE s.node = c.node AND s.time >= c.hi ORDER BY s.time LIMIT 1)"""
+
+# The interval select pairs consecutive samples per (node, gpu); each claim's
+# samples are given the claim's number as their "node", so that every claim is
+# a sequence of its own (claims of one GPU may share samples) and its parts
+# join back to it by equality.  Parts outside the claim's [lo, hi) (the shares
+# of the straddling intervals) are dropped.
 _GPU_RAW_SQL = f"""
 WITH c AS (
   SELECT * FROM unnest(%(grp)s::int[], %(node)s::text[], %(gpu)s::smallint[], %(lo)s::timestamptz[],
-                       %(hi)s::timestamptz[]) AS c(grp, node, gpu, lo, hi)
-), r AS (
-  SELECT DISTINCT c.node, c.gpu,
-    COALESCE((SELECT s.time FROM gpu_samples s WHERE s.node = c.node AND s.gpu = c.gpu
-              AND s.mig_instance IS NULL AND s.time <= c.lo ORDER BY s.time DESC LIMIT 1), c.lo) AS a,
-    COALESCE((SELECT s.time FROM gpu_samples s WHERE s.node = c.node AND s.gpu = c.gpu
-              AND s.mig_instance IS NULL AND s.time >= c.hi ORDER BY s.time LIMIT 1), c.hi) AS z
-  FROM c
+                       %(hi)s::timestamptz[]) WITH ORDINALITY AS c(grp, node, gpu, lo, hi, k)
 ), smp AS (
-  -- Overlapping ranges of one GPU repeat samples; a repeated sample only adds
-  -- a zero-length pair, which the interval select drops.  Consecutive samples
-  -- of different ranges form a pair that lies outside every claim.
-  -- OFFSET 0 keeps the lateral subquery a per-claim index range scan: the
-  -- planner cannot see how narrow [a, z] is and would rather scan the table.
-  SELECT s.* FROM r CROSS JOIN LATERAL (
-    SELECT s.node, s.gpu, s.time, s.energy_mj, s.power_w FROM gpu_samples s
-    WHERE s.node = r.node AND s.gpu = r.gpu AND s.time >= r.a AND s.time <= r.z AND s.mig_instance IS NULL
-    OFFSET 0) s
-), parts AS ({E.split_by_edges(E.gpu_interval_select("smp"), "node, gpu")})
+  SELECT c.k::text AS node, s.* FROM c CROSS JOIN LATERAL ({_GPU_PROBES}) s
+), parts AS ({E.split_by_edges(E.gpu_interval_select("smp"), "node")})
 SELECT c.grp, width_bucket((%(edges)s::timestamptz[])[p.seg], %(tariff)s::timestamptz[]) AS tseg,
        sum(p.part_j), sum(p.part_s), 0.0::float8
-FROM parts p JOIN c ON c.node = p.node AND c.gpu = p.gpu
-  AND (%(edges)s::timestamptz[])[p.seg] >= c.lo AND (%(edges)s::timestamptz[])[p.seg + 1] <= c.hi
+FROM parts p JOIN c ON c.k = p.node::bigint
+WHERE (%(edges)s::timestamptz[])[p.seg] >= c.lo AND (%(edges)s::timestamptz[])[p.seg + 1] <= c.hi
 GROUP BY 1, 2"""
 
 _HOST_RAW_SQL = f"""
 WITH c AS (
   SELECT * FROM unnest(%(grp)s::int[], %(node)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[],
-                       %(share)s::float8[]) AS c(grp, node, lo, hi, share)
-), r AS (
-  SELECT DISTINCT c.node,
-    COALESCE((SELECT s.time FROM host_samples s WHERE s.node = c.node AND s.time <= c.lo
-              ORDER BY s.time DESC LIMIT 1), c.lo) AS a,
-    COALESCE((SELECT s.time FROM host_samples s WHERE s.node = c.node AND s.time >= c.hi
-              ORDER BY s.time LIMIT 1), c.hi) AS z
-  FROM c
+                       %(share)s::float8[]) WITH ORDINALITY AS c(grp, node, lo, hi, share, k)
 ), smp AS (
-  SELECT s.* FROM r CROSS JOIN LATERAL (
-    SELECT s.node, s.time, s.host_power_w FROM host_samples s
-    WHERE s.node = r.node AND s.time >= r.a AND s.time <= r.z OFFSET 0) s
+  SELECT c.k::text AS node, s.* FROM c CROSS JOIN LATERAL ({_HOST_PROBES}) s
 ), parts AS ({E.split_by_edges(E.host_interval_select("smp"), "node")})
 SELECT c.grp, width_bucket((%(edges)s::timestamptz[])[p.seg], %(tariff)s::timestamptz[]) AS tseg,
        0.0::float8, 0.0::float8, sum(p.part_j * c.share)
-FROM parts p JOIN c ON c.node = p.node
-  AND (%(edges)s::timestamptz[])[p.seg] >= c.lo AND (%(edges)s::timestamptz[])[p.seg + 1] <= c.hi
+FROM parts p JOIN c ON c.k = p.node::bigint
+WHERE (%(edges)s::timestamptz[])[p.seg] >= c.lo AND (%(edges)s::timestamptz[])[p.seg + 1] <= c.hi
 GROUP BY 1, 2"""
 
 
@@ -171,11 +179,14 @@ def _raw(conn: psycopg.Connection, tariff: Sequence[datetime], gpus: Sequence[Gp
 
 # ------------------------------------------------------------------ rollups
 
+_SEGMENT = "CASE WHEN r.seg > 0 THEN r.seg ELSE width_bucket(e.bucket, %(tariff)s::timestamptz[]) END"
+
+
 def _gpu_rollup_sql(table: str, n: str) -> str:
     return f"""
-SELECT r.grp, width_bucket(e.bucket, %(tariff)s::timestamptz[]), sum(e.energy_j), sum(e.covered_s), 0.0::float8
+SELECT r.grp, {_SEGMENT}, sum(r.sign * e.energy_j), sum(r.sign * e.covered_s), 0.0::float8
 FROM unnest(%(grp{n})s::int[], %(node{n})s::text[], %(gpu{n})s::smallint[], %(lo{n})s::timestamptz[],
-            %(hi{n})s::timestamptz[]) AS r(grp, node, gpu, lo, hi)
+            %(hi{n})s::timestamptz[], %(sign{n})s::int[], %(seg{n})s::int[]) AS r(grp, node, gpu, lo, hi, sign, seg)
 CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j, e.covered_s FROM {table} e
   WHERE e.node = r.node AND e.gpu = r.gpu AND e.bucket >= r.lo AND e.bucket < r.hi OFFSET 0) e
 GROUP BY 1, 2"""
@@ -183,10 +194,9 @@ GROUP BY 1, 2"""
 
 def _host_rollup_sql(table: str, n: str) -> str:
     return f"""
-SELECT r.grp, width_bucket(e.bucket, %(tariff)s::timestamptz[]), 0.0::float8, 0.0::float8,
-       sum(e.energy_j * r.share)
+SELECT r.grp, {_SEGMENT}, 0.0::float8, 0.0::float8, sum(r.sign * e.energy_j * r.share)
 FROM unnest(%(grp{n})s::int[], %(node{n})s::text[], %(lo{n})s::timestamptz[], %(hi{n})s::timestamptz[],
-            %(share{n})s::float8[]) AS r(grp, node, lo, hi, share)
+            %(share{n})s::float8[], %(sign{n})s::int[], %(seg{n})s::int[]) AS r(grp, node, lo, hi, share, sign, seg)
 CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j FROM {table} e
   WHERE e.node = r.node AND e.bucket >= r.lo AND e.bucket < r.hi OFFSET 0) e
 GROUP BY 1, 2"""
@@ -203,32 +213,51 @@ def _rollup(conn: psycopg.Connection, tariff: Sequence[datetime], gpus: Sequence
             stale_gpu: Mapping[tuple[str, int], datetime], stale_host: Mapping[str, datetime],
             into: dict[Key, Sums]) -> bool:
     """Answer from rollups where they are current; returns whether any raw work was for stale data."""
-    buckets: dict[str, list[GpuClaim]] = {"1h": [], "1m": []}
-    host_buckets: dict[str, list[HostClaim]] = {"1h": [], "1m": []}
+    buckets: dict[str, list[tuple[GpuClaim, Piece]]] = {"1h": [], "1m": []}
+    host_buckets: dict[str, list[tuple[HostClaim, Piece]]] = {"1h": [], "1m": []}
     raw_gpus: list[GpuClaim] = []
     raw_hosts: list[HostClaim] = []
     stale_used = False
+    plans: dict[tuple[datetime, datetime, datetime | None], list[Piece]] = {}
+
+    def plan(lo: datetime, hi: datetime, stale: datetime | None) -> list[Piece]:
+        # claims of one run share their window: plan it once
+        key = (lo, hi, stale)
+        if key not in plans:
+            plans[key] = plan_pieces(lo, hi, tariff, stale)
+        return plans[key]
+
     for c in gpus:
         stale = stale_gpu.get((c.node, c.gpu))
         stale_used |= stale is not None and stale < c.hi
-        for p in plan_pieces(c.lo, c.hi, tariff, stale):
-            piece = GpuClaim(c.group, c.node, c.gpu, p.lo, p.hi)
-            (raw_gpus if p.kind == "raw" else buckets[p.kind]).append(piece)
+        for p in plan(c.lo, c.hi, stale):
+            if p.kind == "raw":
+                raw_gpus.append(GpuClaim(c.group, c.node, c.gpu, p.lo, p.hi))
+            else:
+                buckets[p.kind].append((c, p))
     for h in hosts:
         stale = stale_host.get(h.node)
         stale_used |= stale is not None and stale < h.hi
-        for p in plan_pieces(h.lo, h.hi, tariff, stale):
-            hp = HostClaim(h.group, h.node, p.lo, p.hi, h.share)
-            (raw_hosts if p.kind == "raw" else host_buckets[p.kind]).append(hp)
+        for p in plan(h.lo, h.hi, stale):
+            if p.kind == "raw":
+                raw_hosts.append(HostClaim(h.group, h.node, p.lo, p.hi, h.share))
+            else:
+                host_buckets[p.kind].append((h, p))
+
+    def seg(p: Piece) -> int:
+        return 0 if p.seg_at is None else bisect.bisect_right(tariff, p.seg_at)  # as width_bucket
+
     params: dict[str, object] = {"tariff": list(tariff)}
     for n, claims in (("h", buckets["1h"]), ("m", buckets["1m"])):
-        params |= {f"grp{n}": [index[c.group] for c in claims], f"node{n}": [c.node for c in claims],
-                   f"gpu{n}": [c.gpu for c in claims], f"lo{n}": [c.lo for c in claims],
-                   f"hi{n}": [c.hi for c in claims]}
+        params |= {f"grp{n}": [index[c.group] for c, _ in claims], f"node{n}": [c.node for c, _ in claims],
+                   f"gpu{n}": [c.gpu for c, _ in claims], f"lo{n}": [p.lo for _, p in claims],
+                   f"hi{n}": [p.hi for _, p in claims], f"sign{n}": [p.sign for _, p in claims],
+                   f"seg{n}": [seg(p) for _, p in claims]}
     for n, hclaims in (("hh", host_buckets["1h"]), ("hm", host_buckets["1m"])):
-        params |= {f"grp{n}": [index[c.group] for c in hclaims], f"node{n}": [c.node for c in hclaims],
-                   f"lo{n}": [c.lo for c in hclaims], f"hi{n}": [c.hi for c in hclaims],
-                   f"share{n}": [c.share for c in hclaims]}
+        params |= {f"grp{n}": [index[c.group] for c, _ in hclaims], f"node{n}": [c.node for c, _ in hclaims],
+                   f"lo{n}": [p.lo for _, p in hclaims], f"hi{n}": [p.hi for _, p in hclaims],
+                   f"share{n}": [c.share for c, _ in hclaims], f"sign{n}": [p.sign for _, p in hclaims],
+                   f"seg{n}": [seg(p) for _, p in hclaims]}
     _collect(conn.execute(_ROLLUP_SQL, params).fetchall(), names, into)
     _raw(conn, tariff, raw_gpus, raw_hosts, names, index, max_gap_s, into)
     return stale_used

@@ -17,10 +17,15 @@ def snapshot(conn: psycopg.Connection) -> Iterator[None]:
     transaction; reading both in one snapshot means a range is either still
     queued (answered from raw samples) or already rebuilt, never neither.
     A caller already in a transaction keeps its own.
+
+    JIT is off inside it: the raw-sample fallbacks inflate cost estimates
+    past ``jit_above_cost`` and compiling then costs more than the
+    millisecond queries it would speed up.
     """
     if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
         yield
         return
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        conn.execute("SET LOCAL jit = off")
         yield
