@@ -411,6 +411,8 @@ def _copy(conn: psycopg.Connection, table: str, specs: list[Spec],
 
 
 def _layout_hint(specs: list[Spec], part: tuple[str, dict[str, Column], int]) -> tuple[Any, ...]:
+    """Which columns a part carries and which hold NULLs: parts alike in this
+    are usually alike in byte layout (text lengths aside, which encode_rows
+    re-checks), so they are merged and encoded together."""
     node, cols, _ = part
-    return (len(node), *((name, c.null is not None, len(c.values[0] or "") if isinstance(c.values, list) and c.values
-                          else 0) for name, c in cols.items()))
+    return len(node), tuple(cols), tuple([c.null is None for c in cols.values()])
