@@ -24,7 +24,7 @@ def period_error(since: AwareDatetime | None, until: AwareDatetime | None) -> No
         raise HTTPException(422, [{"loc": ["query", "to"], "msg": "must be after 'from'", "type": "value_error"}])
 
 
-@router.get("/v1/runs/{run_id}/accounting", response_model=RunAccounting, response_model_exclude_none=False,
+@router.get("/v1/runs/{run_id}/accounting", response_model=RunAccounting, response_model_exclude_unset=True,
             responses={404: {"description": "unknown run"}})
 def get_run_accounting(
     run_id: str, conn: ConnDep, s: StateDep, _: AccountingReader,
