@@ -135,6 +135,25 @@ class CollectorProc(Proc):
             time.sleep(0.1)
 
 
+class AgentProc(Proc):
+    """``gpufleet agent`` on ``gpus`` fake H100s and the host source, through
+    :mod:`gpufleet.testing.agentproc` (which records what it produced and what
+    was acknowledged); restarts keep the spool, as a node's agent would."""
+
+    def __init__(self, url: str, token: str, node: str, workdir: Path, *, gpus: int = 2,
+                 settings: dict[str, Any] | None = None, name: str = "agent") -> None:
+        self.node = node
+        self.spool_dir = workdir / f"{name}-spool"
+        self.produced = workdir / f"{name}.produced.jsonl"
+        self.acked = workdir / f"{name}.acked.jsonl"
+        agent = {"collector_url": url, "token": token, "node": node, "spool_dir": str(self.spool_dir),
+                 "metrics_port": 0, "attribute_processes": False, **(settings or {})}
+        values = {"log_level": "INFO", "data_dir": str(workdir / name), "agent": agent}
+        argv = [sys.executable, "-m", "gpufleet.testing.agentproc", str(self.produced), str(self.acked),
+                "agent", "--fake-nvml", str(gpus)]
+        super().__init__(argv, child_env(flatten("", values)), workdir / f"{name}.log")
+
+
 @contextlib.contextmanager
 def running(*procs: Proc) -> Iterator[None]:
     """Kill every listed process on the way out, whatever happened."""
