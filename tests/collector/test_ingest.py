@@ -40,8 +40,9 @@ def count(db: str, table: str = "gpu_samples") -> int:
         return c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
 
 
-def post(c: Collector, doc: dict, who: str = "node-a", fmt: str = "msgpack", comp: str | None = "zstd") -> httpx.Response:
-    body, headers = encode(doc, fmt, comp)
+def post(c: Collector, doc: dict, who: str = "node-a", fmt: str = "msgpack", comp: str | None = "zstd",
+         typed: bool = True) -> httpx.Response:
+    body, headers = encode(doc, fmt, comp, typed=typed)
     return httpx.post(c.url + "/v1/ingest", content=body, headers={**headers, **c.headers(who)}, timeout=10)
 
 
@@ -214,3 +215,38 @@ def test_msgpack_nan_and_bool_rejected(collector: Collector) -> None:
 def test_readiness(collector: Collector) -> None:
     r = httpx.get(collector.url + "/readyz")
     assert r.status_code == 200 and r.json()["ready"] is True
+
+
+def test_typed_array_columns(collector: Collector) -> None:
+    """Agents send numeric columns as typed arrays; they are checked like lists."""
+    import numpy as np
+
+    from gpufleet.wire import typed_column
+
+    doc = batch("a:typed")
+    doc["gpu"]["power_w"] = typed_column([500.5] * 7 + [None], "f4")
+    doc["gpu"]["energy_mj"] = typed_column(doc["gpu"]["energy_mj"], "i8")
+    r = post(collector, doc, comp=None)
+    assert r.status_code == 200, r.text
+    with psycopg.connect(collector.db) as c:
+        rows = c.execute("SELECT gpu, power_w, energy_mj FROM gpu_samples ORDER BY gpu").fetchall()
+    assert rows[0] == (0, 500.5, 1_000_000) and rows[7] == (7, None, 1_000_007)
+    bad = batch("a:typed-nan")
+    bad["gpu"]["power_w"] = {"dtype": "f8", "data": np.array([1.0, 2.0, np.nan] + [3.0] * 5).tobytes()}
+    r = post(collector, bad, comp=None)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["gpu", 2, "power_w"]
+    for col, loc in (({"dtype": "f8", "data": b"\0" * 7}, ["gpu", "power_w"]),
+                     ({"dtype": "x9", "data": b""}, ["gpu", "power_w"]),
+                     ({"dtype": ["f8"], "data": b""}, ["gpu", "power_w"]),
+                     ({"dtype": "f8", "data": np.zeros(8).tobytes(), "nulls": b"\0\0"}, ["gpu", "power_w"]),
+                     ({"dtype": "f8", "data": np.zeros(8).tobytes(), "extra": 1}, ["gpu", "power_w"])):
+        bad = batch("a:typed-bad")
+        bad["gpu"]["power_w"] = col
+        r = post(collector, bad, comp=None, typed=False)
+        assert r.status_code == 422, (col, r.text)
+        assert r.json()["detail"][0]["loc"] == loc
+    bad = batch("a:typed-int")
+    bad["gpu"]["temp_c"] = {"dtype": "f8", "data": np.array([60.5] * 8).tobytes()}
+    r = post(collector, bad, comp=None, typed=False)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["gpu", 0, "temp_c"]
+    assert count(collector.db) == 8
