@@ -8,6 +8,24 @@ Entry points:
 - :func:`fleet_accounting` — ``GET /v1/accounting``: runs grouped by site,
   team or run, the GPUs no run held, and the fleet total;
 - :func:`runs_report` / :func:`report_csv` — the finance export.
+
+Where the contract is silent, this package decides (each module says why):
+
+- window: [start, end), up to ``now`` while the run is running (no end, or
+  an end in the future); ``end`` stays the run's own (null while running) and
+  ``window_start``/``window_end`` say what was accounted.  Periods (the
+  report, the fleet view, ``since``/``until``) clip it, so consecutive
+  periods add up to the whole run;
+- a run is priced at its own site; a run without one has PUE 1, prices 0,
+  currency null and CO2e null (unknown, not zero);
+- before the first point of a price series the site's flat price applies;
+  before the first carbon point the site's constant, else the first point;
+- host share = GPUs held ÷ GPUs the node reports (``nodes.gpu_count``, else
+  the whole GPUs seen in its rollups, else in its samples), at most 1;
+- MIG rows (``mig_instance`` set) never count; only whole-GPU rows do;
+- tokens per joule / kWh are against IT energy (GPU + host share);
+- a GPU held by two runs at once is counted for both (an allocation error
+  the data has to fix; coverage is capped at 1).
 """
 
 from gpufleet.accounting.fleet import fleet_accounting
