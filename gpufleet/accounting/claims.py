@@ -56,3 +56,39 @@ Row = tuple[int, int, float, float, float]
 def collect(rows: Iterable[Row], into: dict[Key, Sums]) -> None:
     for grp, seg, gpu_j, gpu_s, host_j in rows:
         into.setdefault((grp, int(seg)), Sums()).add(gpu_j or 0.0, gpu_s or 0.0, host_j or 0.0)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One GPU (or host, ``gpu`` 0) of a batch, with the group it is accounted to."""
+
+    grp: int
+    node: str
+    gpu: int = 0
+    share: float = 1.0
+
+
+@dataclass
+class Batch:
+    """Claims that share their time ranges: every range applies to every member.
+
+    A run's GPUs share one window, so its claims travel as a few ranges and
+    one member list instead of ranges × GPUs rows.  ``sign`` -1 subtracts a
+    range; ``seg`` > 0 sends its buckets to that tariff segment instead of
+    the segment of each bucket's start (rollups only).
+    """
+
+    ranges: list[tuple[datetime, datetime, int, int]]  # (lo, hi, sign, seg)
+    members: list[Member]
+
+
+def batches(claims: Iterable[GpuClaim | HostClaim], groups: dict[str, int]) -> list[Batch]:
+    """Claims grouped by their time range."""
+    by_window: dict[tuple[datetime, datetime], Batch] = {}
+    for c in claims:
+        b = by_window.setdefault((c.lo, c.hi), Batch([(c.lo, c.hi, 1, 0)], []))
+        if isinstance(c, GpuClaim):
+            b.members.append(Member(groups[c.group], c.node, c.gpu))
+        else:
+            b.members.append(Member(groups[c.group], c.node, 0, c.share))
+    return list(by_window.values())

@@ -24,7 +24,7 @@ from itertools import pairwise
 
 import psycopg
 
-from gpufleet.accounting.claims import SOURCES, GpuClaim, HostClaim, Key, Source, Sums
+from gpufleet.accounting.claims import SOURCES, GpuClaim, HostClaim, Key, Source, Sums, batches
 from gpufleet.accounting.raw import raw_sums
 from gpufleet.accounting.rollups import rollup_sums, stale_from
 
@@ -63,7 +63,7 @@ def measure(conn: psycopg.Connection, tariff_edges: Sequence[datetime], gpus: Se
     sums: dict[Key, Sums] = {}
     used: str = source
     if source == "raw":
-        raw_sums(conn, edges, gpus, hosts, groups, max_gap_s, sums)
+        raw_sums(conn, edges, batches(gpus, groups), batches(hosts, groups), max_gap_s, sums)
     else:
         stale_gpu: dict[tuple[str, int], datetime] = {}
         stale_host: dict[str, datetime] = {}

@@ -18,13 +18,14 @@ table scan (it cannot see how narrow each range is).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 
-from gpufleet.accounting.claims import GpuClaim, HostClaim, Key, Sums, collect
+from gpufleet.accounting.claims import Batch, Key, Sums, collect
+from gpufleet.accounting.sqlarrays import float_array, int_array, text_array, time_array
 from gpufleet.db import energy_sql as E
 
 
@@ -32,85 +33,73 @@ from gpufleet.db import energy_sql as E
 class _Table:
     """How to read one kind of samples."""
 
-    claims: str  # unnest(...) AS c(grp, node, [gpu,] lo, hi, share, k)
+    name: str
     select: str  # sample columns, node excluded
     match: str  # the claim's rows of the table
     intervals: Callable[[str], str]
+    energy: str  # the three sums: GPU joules, covered GPU-seconds, host joules
 
 
-_GPU = _Table(
-    claims="unnest(%(grp)s::int[], %(node)s::text[], %(gpu)s::smallint[], %(lo)s::timestamptz[], "
-           "%(hi)s::timestamptz[], %(share)s::float8[]) WITH ORDINALITY AS c(grp, node, gpu, lo, hi, share, k)",
-    select="s.gpu, s.time, s.energy_mj, s.power_w",
-    match="s.node = c.node AND s.gpu = c.gpu AND s.mig_instance IS NULL",
-    intervals=E.gpu_interval_select,
-)
-_HOST = _Table(
-    claims="unnest(%(grp)s::int[], %(node)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[], "
-           "%(share)s::float8[]) WITH ORDINALITY AS c(grp, node, lo, hi, share, k)",
-    select="s.time, s.host_power_w",
-    match="s.node = c.node",
-    intervals=E.host_interval_select,
-)
+_GPU = _Table("gpu_samples", "s.gpu, s.time, s.energy_mj, s.power_w",
+              "s.node = c.node AND s.gpu = c.gpu AND s.mig_instance IS NULL", E.gpu_interval_select,
+              "sum(p.part_j), sum(p.part_s), 0.0::float8")
+_HOST = _Table("host_samples", "s.time, s.host_power_w", "s.node = c.node", E.host_interval_select,
+               "0.0::float8, 0.0::float8, sum(p.part_j * c.share)")
+
+# Claims = ranges × members of their batch (pid), numbered k.
+_CLAIMS = """
+c AS (
+  SELECT m.grp, m.node, m.gpu, m.share, p.lo, p.hi, row_number() OVER () AS k
+  FROM unnest(%(pid)s::int[], %(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS p(pid, lo, hi)
+  JOIN unnest(%(mpid)s::int[], %(grp)s::int[], %(node)s::text[], %(gpu)s::smallint[], %(share)s::float8[])
+    AS m(pid, grp, node, gpu, share) ON m.pid = p.pid
+)"""
 
 
-def _probes(t: _Table, table: str) -> str:
+def _probes(t: _Table) -> str:
     """The last sample at or before lo, those inside, the first at or after hi."""
     return f"""
-  (SELECT {t.select} FROM {table} s WHERE {t.match} AND s.time <= c.lo ORDER BY s.time DESC LIMIT 1)
+  (SELECT {t.select} FROM {t.name} s WHERE {t.match} AND s.time <= c.lo ORDER BY s.time DESC LIMIT 1)
   UNION ALL
-  (SELECT {t.select} FROM {table} s WHERE {t.match} AND s.time > c.lo AND s.time < c.hi)
+  (SELECT {t.select} FROM {t.name} s WHERE {t.match} AND s.time > c.lo AND s.time < c.hi)
   UNION ALL
-  (SELECT {t.select} FROM {table} s WHERE {t.match} AND s.time >= c.hi ORDER BY s.time LIMIT 1)"""
+  (SELECT {t.select} FROM {t.name} s WHERE {t.match} AND s.time >= c.hi ORDER BY s.time LIMIT 1)"""
 
 
-def _sql(t: _Table, table: str, energy: str) -> str:
+def _sql(t: _Table) -> str:
     """Each claim's samples made into intervals, split, summed per (group, tariff segment)."""
     edge = "(%(edges)s::timestamptz[])"
     return f"""
-WITH c AS (SELECT * FROM {t.claims}),
-smp AS (SELECT c.k::text AS node, s.* FROM c CROSS JOIN LATERAL ({_probes(t, table)}) s)
-SELECT c.grp, width_bucket({edge}[p.seg], %(tariff)s::timestamptz[]), {energy}
+WITH {_CLAIMS},
+smp AS (SELECT c.k::text AS node, s.* FROM c CROSS JOIN LATERAL ({_probes(t)}) s)
+SELECT c.grp, width_bucket({edge}[p.seg], %(tariff)s::timestamptz[]), {t.energy}
 FROM ({E.split_by_edges(t.intervals("smp"), "node")}) p JOIN c ON c.k = p.node::bigint
 WHERE {edge}[p.seg] >= c.lo AND {edge}[p.seg + 1] <= c.hi
 GROUP BY 1, 2"""
 
 
-_GPU_ENERGY = "sum(p.part_j), sum(p.part_s), 0.0::float8"
-_HOST_ENERGY = "0.0::float8, 0.0::float8, sum(p.part_j * c.share)"
-_SQL = {"gpu": _sql(_GPU, "gpu_samples", _GPU_ENERGY), "host": _sql(_HOST, "host_samples", _HOST_ENERGY)}
+_SQL = {"gpu": _sql(_GPU), "host": _sql(_HOST)}
 
 
-def _cut_edges(tariff: Sequence[datetime], claims: Iterable[GpuClaim | HostClaim]) -> list[datetime]:
-    """Tariff edges plus every claim end, so each split part lies in one claim and one segment."""
-    out = set(tariff)
-    for c in claims:
-        out.add(c.lo)
-        out.add(c.hi)
-    return sorted(out)
-
-
-def _params(tariff: Sequence[datetime], claims: Sequence[GpuClaim] | Sequence[HostClaim], groups: dict[str, int],
-            max_gap_s: float) -> dict[str, object]:
+def _params(tariff: Sequence[datetime], batches: Sequence[Batch], max_gap_s: float) -> dict[str, object]:
+    ranges = [(pid, lo, hi) for pid, b in enumerate(batches) for lo, hi, _, _ in b.ranges]
+    members = [(pid, m) for pid, b in enumerate(batches) for m in b.members]
+    # every claim end is an edge too, so each split part lies in one claim and one segment
+    edges = sorted({*tariff, *(r[1] for r in ranges), *(r[2] for r in ranges)})
     return {
-        "grp": [groups[c.group] for c in claims], "node": [c.node for c in claims],
-        "gpu": [c.gpu if isinstance(c, GpuClaim) else 0 for c in claims],
-        "lo": [c.lo for c in claims], "hi": [c.hi for c in claims],
-        "share": [c.share if isinstance(c, HostClaim) else 1.0 for c in claims],
-        "edges": _cut_edges(tariff, claims), "tariff": list(tariff), "max_gap_s": max_gap_s,
+        "pid": int_array(r[0] for r in ranges), "lo": time_array(r[1] for r in ranges),
+        "hi": time_array(r[2] for r in ranges),
+        "mpid": int_array(pid for pid, _ in members), "grp": int_array(m.grp for _, m in members),
+        "node": text_array(m.node for _, m in members), "gpu": int_array(m.gpu for _, m in members),
+        "share": float_array(m.share for _, m in members),
+        "edges": time_array(edges), "tariff": time_array(tariff), "max_gap_s": max_gap_s,
     }
 
 
-def _one_kind(conn: psycopg.Connection, kind: str, tariff: Sequence[datetime],
-              claims: Sequence[GpuClaim] | Sequence[HostClaim], groups: dict[str, int], max_gap_s: float,
-              into: dict[Key, Sums]) -> None:
-    if not claims:
-        return
-    collect(conn.execute(_SQL[kind], _params(tariff, claims, groups, max_gap_s)).fetchall(), into)
-
-
-def raw_sums(conn: psycopg.Connection, tariff: Sequence[datetime], gpus: Sequence[GpuClaim],
-             hosts: Sequence[HostClaim], groups: dict[str, int], max_gap_s: float, into: dict[Key, Sums]) -> None:
-    """Add the raw-sample energy of ``gpus`` and ``hosts`` to ``into`` per (group number, tariff segment)."""
-    _one_kind(conn, "gpu", tariff, gpus, groups, max_gap_s, into)
-    _one_kind(conn, "host", tariff, hosts, groups, max_gap_s, into)
+def raw_sums(conn: psycopg.Connection, tariff: Sequence[datetime], gpus: Sequence[Batch],
+             hosts: Sequence[Batch], max_gap_s: float, into: dict[Key, Sums]) -> None:
+    """Add the raw-sample energy of the GPU and host batches to ``into`` per (group number, tariff segment)."""
+    for kind, batches in (("gpu", gpus), ("host", hosts)):
+        batches = [b for b in batches if b.ranges and b.members]
+        if batches:
+            collect(conn.execute(_SQL[kind], _params(tariff, batches, max_gap_s)).fetchall(), into)

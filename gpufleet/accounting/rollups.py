@@ -1,51 +1,61 @@
 """Claim energy from the hour and minute rollups, with raw samples for what they cannot answer.
 
-Each claim is planned into pieces (``timegrid.plan_pieces``): whole hours
-from ``gpu_energy_1h``/``host_energy_1h``, whole minutes from the ``_1m``
-tables, and raw samples for partial minutes at unaligned edges and for
-everything from where a pending rollup-queue row may still change the
-rollups (``stale_from``).  A bucket's energy goes to the tariff segment of
-its start (or of the piece's ``seg_at``); a subtracted piece counts negative.
+Each batch's window is planned into pieces (``timegrid.plan_pieces``):
+whole hours from ``gpu_energy_1h``/``host_energy_1h``, whole minutes from
+the ``_1m`` tables, and raw samples for partial minutes at unaligned edges
+and for everything from where a pending rollup-queue row may still change
+the rollups (``stale_from``).  A bucket's energy goes to the tariff segment
+of its start (or of the piece's ``seg_at``); a subtracted piece counts
+negative.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
-from gpufleet.accounting.claims import GpuClaim, HostClaim, Key, Sums, collect
+from gpufleet.accounting.claims import Batch, GpuClaim, HostClaim, Key, Member, Sums, collect
 from gpufleet.accounting.raw import raw_sums
+from gpufleet.accounting.sqlarrays import float_array, int_array, text_array, time_array
 from gpufleet.accounting.timegrid import Piece, plan_pieces
 from gpufleet.db import energy_sql as E
 
-_SEGMENT = "CASE WHEN r.seg > 0 THEN r.seg ELSE width_bucket(e.bucket, %(tariff)s::timestamptz[]) END"
+_SEGMENT = "CASE WHEN p.seg > 0 THEN p.seg ELSE width_bucket(e.bucket, %(tariff)s::timestamptz[]) END"
+
+
+def _ranges(n: str) -> str:
+    return (f"unnest(%(pid{n})s::int[], %(lo{n})s::timestamptz[], %(hi{n})s::timestamptz[], %(sign{n})s::int[], "
+            f"%(seg{n})s::int[]) AS p(pid, lo, hi, sign, seg)")
 
 
 def _gpu_sql(table: str, n: str) -> str:
     return f"""
-SELECT r.grp, {_SEGMENT}, sum(r.sign * e.energy_j), sum(r.sign * e.covered_s), 0.0::float8
-FROM unnest(%(grp{n})s::int[], %(node{n})s::text[], %(gpu{n})s::smallint[], %(lo{n})s::timestamptz[],
-            %(hi{n})s::timestamptz[], %(sign{n})s::int[], %(seg{n})s::int[]) AS r(grp, node, gpu, lo, hi, sign, seg)
+SELECT m.grp, {_SEGMENT}, sum(p.sign * e.energy_j), sum(p.sign * e.covered_s), 0.0::float8
+FROM {_ranges(n)}
+JOIN unnest(%(gmpid)s::int[], %(ggrp)s::int[], %(gnode)s::text[], %(ggpu)s::smallint[])
+  AS m(pid, grp, node, gpu) ON m.pid = p.pid
 CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j, e.covered_s FROM {table} e
-  WHERE e.node = r.node AND e.gpu = r.gpu AND e.bucket >= r.lo AND e.bucket < r.hi OFFSET 0) e
+  WHERE e.node = m.node AND e.gpu = m.gpu AND e.bucket >= p.lo AND e.bucket < p.hi OFFSET 0) e
 GROUP BY 1, 2"""
 
 
 def _host_sql(table: str, n: str) -> str:
     return f"""
-SELECT r.grp, {_SEGMENT}, 0.0::float8, 0.0::float8, sum(r.sign * e.energy_j * r.share)
-FROM unnest(%(grp{n})s::int[], %(node{n})s::text[], %(lo{n})s::timestamptz[], %(hi{n})s::timestamptz[],
-            %(share{n})s::float8[], %(sign{n})s::int[], %(seg{n})s::int[]) AS r(grp, node, lo, hi, share, sign, seg)
+SELECT m.grp, {_SEGMENT}, 0.0::float8, 0.0::float8, sum(p.sign * e.energy_j * m.share)
+FROM {_ranges(n)}
+JOIN unnest(%(hmpid)s::int[], %(hgrp)s::int[], %(hnode)s::text[], %(hshare)s::float8[])
+  AS m(pid, grp, node, share) ON m.pid = p.pid
 CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j FROM {table} e
-  WHERE e.node = r.node AND e.bucket >= r.lo AND e.bucket < r.hi OFFSET 0) e
+  WHERE e.node = m.node AND e.bucket >= p.lo AND e.bucket < p.hi OFFSET 0) e
 GROUP BY 1, 2"""
 
 
 _ROLLUP_SQL = " UNION ALL ".join([
-    _gpu_sql("gpu_energy_1h", "h"), _gpu_sql("gpu_energy_1m", "m"),
+    _gpu_sql("gpu_energy_1h", "gh"), _gpu_sql("gpu_energy_1m", "gm"),
     _host_sql("host_energy_1h", "hh"), _host_sql("host_energy_1m", "hm"),
 ])
 
@@ -73,9 +83,13 @@ def stale_from(conn: psycopg.Connection, gpus: Iterable[tuple[str, int]], nodes:
     node_list = sorted({n for n, _ in gpu_list} | set(nodes))
     if not node_list:
         return {}, {}
-    rows = conn.execute(_STALE_GPU_SQL, {"nodes": node_list, "cnode": [g[0] for g in gpu_list],
-                                         "cgpu": [g[1] for g in gpu_list]}).fetchall()
-    host_rows = conn.execute(_STALE_HOST_SQL, {"nodes": node_list}).fetchall()
+    queued = conn.execute("SELECT 1 FROM rollup_queue WHERE node = ANY(%s::text[]) LIMIT 1",
+                          (text_array(node_list),)).fetchone()
+    if queued is None:
+        return {}, {}
+    rows = conn.execute(_STALE_GPU_SQL, {"nodes": text_array(node_list), "cnode": text_array(g[0] for g in gpu_list),
+                                         "cgpu": int_array(g[1] for g in gpu_list)}).fetchall()
+    host_rows = conn.execute(_STALE_HOST_SQL, {"nodes": text_array(node_list)}).fetchall()
     return {(n, int(g)): t for n, g, t in rows}, {n: t for n, t in host_rows}
 
 
@@ -87,59 +101,60 @@ def _hash_aggregates(conn: psycopg.Connection, on: bool) -> None:
     conn.execute("SELECT set_config('enable_sort', %s, true)", ("off" if on else "on",))
 
 
+def _plan(claims: Iterable[GpuClaim | HostClaim], groups: dict[str, int], tariff: Sequence[datetime],
+          stale: Mapping[Any, datetime]) -> tuple[dict[str, list[Batch]], bool]:
+    """Batches of claims with one window and staleness, their pieces sorted by kind."""
+    by_key: dict[tuple[datetime, datetime, datetime | None], list[Member]] = {}
+    stale_used = False
+    for c in claims:
+        s = stale.get((c.node, c.gpu) if isinstance(c, GpuClaim) else c.node)
+        stale_used |= s is not None and s < c.hi
+        member = (Member(groups[c.group], c.node, c.gpu) if isinstance(c, GpuClaim)
+                  else Member(groups[c.group], c.node, 0, c.share))
+        by_key.setdefault((c.lo, c.hi, s), []).append(member)
+
+    def seg(p: Piece) -> int:
+        return 0 if p.seg_at is None else bisect.bisect_right(tariff, p.seg_at)  # as width_bucket
+
+    out: dict[str, list[Batch]] = {"1h": [], "1m": [], "raw": []}
+    for (lo, hi, s), members in by_key.items():
+        pieces = plan_pieces(lo, hi, tariff, s)  # the claims of one run share their window: planned once
+        for kind in out:
+            ranges = [(p.lo, p.hi, p.sign, seg(p)) for p in pieces if p.kind == kind]
+            out[kind].append(Batch(ranges, members))
+    return out, stale_used
+
+
+def _bucket_params(n: str, batches: list[Batch]) -> dict[str, str]:
+    ranges = [(pid, r) for pid, b in enumerate(batches) for r in b.ranges]
+    return {f"pid{n}": int_array(pid for pid, _ in ranges), f"lo{n}": time_array(r[0] for _, r in ranges),
+            f"hi{n}": time_array(r[1] for _, r in ranges), f"sign{n}": int_array(r[2] for _, r in ranges),
+            f"seg{n}": int_array(r[3] for _, r in ranges)}
+
+
+def _member_params(prefix: str, batches: list[Batch]) -> dict[str, str]:
+    members = [(pid, m) for pid, b in enumerate(batches) for m in b.members]
+    return {f"{prefix}mpid": int_array(pid for pid, _ in members), f"{prefix}grp": int_array(m.grp for _, m in members),
+            f"{prefix}node": text_array(m.node for _, m in members), f"{prefix}gpu": int_array(m.gpu for _, m in members),
+            f"{prefix}share": float_array(m.share for _, m in members)}
+
+
 def rollup_sums(conn: psycopg.Connection, tariff: Sequence[datetime], gpus: Sequence[GpuClaim],
                 hosts: Sequence[HostClaim], groups: dict[str, int], max_gap_s: float,
                 stale_gpu: dict[tuple[str, int], datetime], stale_host: dict[str, datetime],
                 into: dict[Key, Sums]) -> bool:
     """Add the energy of the claims to ``into``; returns whether stale rollups made any of it raw."""
-    plans: dict[tuple[datetime, datetime, datetime | None], list[Piece]] = {}
-
-    def plan(lo: datetime, hi: datetime, stale: datetime | None) -> list[Piece]:
-        # the claims of one run share their window: plan it once
-        key = (lo, hi, stale)
-        if key not in plans:
-            plans[key] = plan_pieces(lo, hi, tariff, stale)
-        return plans[key]
-
-    def seg(p: Piece) -> int:
-        return 0 if p.seg_at is None else bisect.bisect_right(tariff, p.seg_at)  # as width_bucket
-
-    gpu_buckets: dict[str, list[tuple[GpuClaim, Piece]]] = {"1h": [], "1m": []}
-    host_buckets: dict[str, list[tuple[HostClaim, Piece]]] = {"1h": [], "1m": []}
-    raw_gpus: list[GpuClaim] = []
-    raw_hosts: list[HostClaim] = []
-    stale_used = False
-    for c in gpus:
-        stale = stale_gpu.get((c.node, c.gpu))
-        stale_used |= stale is not None and stale < c.hi
-        for p in plan(c.lo, c.hi, stale):
-            if p.kind == "raw":
-                raw_gpus.append(GpuClaim(c.group, c.node, c.gpu, p.lo, p.hi))
-            else:
-                gpu_buckets[p.kind].append((c, p))
-    for h in hosts:
-        stale = stale_host.get(h.node)
-        stale_used |= stale is not None and stale < h.hi
-        for p in plan(h.lo, h.hi, stale):
-            if p.kind == "raw":
-                raw_hosts.append(HostClaim(h.group, h.node, p.lo, p.hi, h.share))
-            else:
-                host_buckets[p.kind].append((h, p))
-    params: dict[str, object] = {"tariff": list(tariff)}
-    for n, claims in (("h", gpu_buckets["1h"]), ("m", gpu_buckets["1m"])):
-        params |= {f"grp{n}": [groups[c.group] for c, _ in claims], f"node{n}": [c.node for c, _ in claims],
-                   f"gpu{n}": [c.gpu for c, _ in claims], f"lo{n}": [p.lo for _, p in claims],
-                   f"hi{n}": [p.hi for _, p in claims], f"sign{n}": [p.sign for _, p in claims],
-                   f"seg{n}": [seg(p) for _, p in claims]}
-    for n, hclaims in (("hh", host_buckets["1h"]), ("hm", host_buckets["1m"])):
-        params |= {f"grp{n}": [groups[c.group] for c, _ in hclaims], f"node{n}": [c.node for c, _ in hclaims],
-                   f"lo{n}": [p.lo for _, p in hclaims], f"hi{n}": [p.hi for _, p in hclaims],
-                   f"share{n}": [c.share for c, _ in hclaims], f"sign{n}": [p.sign for _, p in hclaims],
-                   f"seg{n}": [seg(p) for _, p in hclaims]}
+    gpu_plan, gpu_stale = _plan(gpus, groups, tariff, stale_gpu)
+    host_plan, host_stale = _plan(hosts, groups, tariff, stale_host)
+    # The members of a window are the same for its hours and its minutes (same batch order).
+    params: dict[str, object] = {"tariff": time_array(tariff),
+                                 **_member_params("g", gpu_plan["1h"]), **_member_params("h", host_plan["1h"]),
+                                 **_bucket_params("gh", gpu_plan["1h"]), **_bucket_params("gm", gpu_plan["1m"]),
+                                 **_bucket_params("hh", host_plan["1h"]), **_bucket_params("hm", host_plan["1m"])}
     _hash_aggregates(conn, True)
     try:
         collect(conn.execute(_ROLLUP_SQL, params).fetchall(), into)
     finally:
         _hash_aggregates(conn, False)
-    raw_sums(conn, tariff, raw_gpus, raw_hosts, groups, max_gap_s, into)
-    return stale_used
+    raw_sums(conn, tariff, gpu_plan["raw"], host_plan["raw"], max_gap_s, into)
+    return gpu_stale or host_stale
