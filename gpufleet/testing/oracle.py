@@ -42,6 +42,15 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return doc
 
 
+def column(values: Any) -> list[Any]:
+    """A wire column as a list: a plain list, or a typed array (``{"dtype", "data"}``, see
+    :mod:`gpufleet.wire`, which the agents send).  Key columns (time, gpu) are never NULL."""
+    if isinstance(values, dict):
+        out: list[Any] = np.frombuffer(values["data"], dtype="<" + values["dtype"]).tolist()
+        return out
+    return list(values)
+
+
 def micros(times: Iterable[float]) -> np.ndarray:
     """Sample times as the collector stores them: microseconds since 2000-01-01, rounded."""
     return np.round((np.asarray(list(times), dtype=np.float64) - PG_EPOCH_S) * 1e6).astype(np.int64)
@@ -59,10 +68,10 @@ class Acked:
         keys: list[tuple[int, int]] = []
         gpu = doc.get("gpu") or {}
         if gpu:
-            keys.extend(zip(gpu["gpu"], micros(gpu["time"]).tolist(), strict=True))
+            keys.extend(zip(column(gpu["gpu"]), micros(column(gpu["time"])).tolist(), strict=True))
         host = doc.get("host") or {}
         if host:
-            keys.extend((HOST, us) for us in micros(host["time"]).tolist())
+            keys.extend((HOST, us) for us in micros(column(host["time"])).tolist())
         return cls(doc["batch_id"], doc["node"], keys)
 
 
