@@ -154,29 +154,30 @@ def bytes_per_sample(url: str) -> float:
 
 
 def timescale_compressed_bytes(t0: float) -> float | None:
-    """Load 1 day of 64 GPUs at 1 Hz into a TimescaleDB hypertable, compress, measure."""
+    """Bytes per GPU sample on TimescaleDB after compression, for realistic
+    telemetry: an hour of the simulator's mixed fleet (80 GPUs at 1 Hz; random
+    numbers, unlike real telemetry, would not compress and measure nothing)."""
     server = timescale_server_url()
     if server is None:
         return None
+    from agent.simulator import Fleet
+    from gpufleet.testing.simfeed import SimFeed
+
     settings = load_settings()
     with scratch_database(server, "gpufleet_bench") as url:
         migrate.upgrade(url, settings)
-        day0 = float(int(t0 // 86400 - 3) * 86400)
-        with psycopg.connect(url) as conn:
-            for node_index in range(8):
-                node = f"n{node_index}"
-                for k in range(0, 86400, 3600):
-                    doc = loadgen.batch_doc(node, node_index, k, day0 + k, seconds=3600)["gpu"]
-                    names = [n for n in gpu_columns() if n == "node" or n in doc]
-                    doc = dict(doc, time=[datetime.fromtimestamp(t, UTC) for t in doc["time"]],
-                               node=[node] * len(doc["time"]))
-                    with conn.transaction():
-                        psycopg_copy(conn, list(zip(*(doc[n] for n in names), strict=True)), names)
+        with psycopg.connect(url, autocommit=True) as conn:
+            # Inside one daily chunk, days back so a policy never races us.
+            day = float(int(t0 // 86400 - 3) * 86400)
+            fleet = Fleet.from_scenario("mixed_fleet", seed=1, start_time=day + 3600)
+            feed = SimFeed(conn, fleet, ship_every_s=60)
+            feed.run_until(fleet.t0 + 3600)
+            feed.ship()
+            feed.close()
             n = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
             conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
-            conn.commit()
             size = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
-        return float(size) / n
+    return float(size) / n
 
 
 def main() -> None:
