@@ -31,7 +31,8 @@ def list_runs(conn: ConnDep, _: Reader, state: Literal["pending", "running", "en
               offset: int = Query(0, ge=0)) -> list[dict]:
     for name, t in (("from", since), ("to", until)):
         if t is not None and t.tzinfo is None:
-            raise HTTPException(422, f"'{name}' needs a UTC offset (e.g. 2026-12-01T00:00:00Z)")
+            raise HTTPException(422, [{"loc": ["query", name], "msg": "needs a UTC offset (e.g. 2026-12-01T00:00:00Z)",
+                                       "type": "timezone_aware"}])
     return store.list_runs(conn, state, site, since, until, limit, offset)
 
 
