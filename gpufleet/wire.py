@@ -348,8 +348,7 @@ def _typed(section: str, name: str, col: dict[str, Any]) -> Typed:
         raise WireError(f"typed array dtype must be one of {', '.join(_TYPED_DTYPES)}", (section, name))
     if not isinstance(data, bytes) or len(data) % np.dtype(dtype).itemsize:
         raise WireError(f"typed array data must be bytes, a multiple of {np.dtype(dtype).itemsize}", (section, name))
-    raw = np.frombuffer(data, dtype=dtype)
-    values = raw.astype(np.float64 if dtype[1] == "f" else np.int64)
+    values = np.frombuffer(data, dtype=dtype)
     null = None
     nulls = col.get("nulls")
     if nulls is not None:
@@ -363,7 +362,7 @@ def _typed(section: str, name: str, col: dict[str, Any]) -> Typed:
 
 def _check_typed(section: str, name: str, col: Typed, kind: str, lo: float | None, hi: float | None,
                  required: bool) -> Column:
-    v, null = col.values, col.null
+    v, null = col.values.astype(np.float64 if col.values.dtype.kind == "f" else np.int64), col.null
     if required and null is not None:
         raise WireError("is required", (section, int(np.flatnonzero(null)[0]), name))
     valid = np.ones(len(v), dtype=bool) if null is None else ~null
@@ -473,6 +472,19 @@ def _text(section: str, name: str, col: list[Any]) -> Column:
 _FLOAT_KINDS = frozenset({"real", "double"})
 
 
+def _typed_group(names: list[str], cols: dict[str, Any], known: dict[str, Field], as_int: bool
+                 ) -> dict[str, Column] | None:
+    """Typed columns without NULLs, checked as one 2-D array (None: look closer)."""
+    if not names:
+        return {}
+    m = np.vstack([cols[n].values for n in names]).astype(np.int64 if as_int else np.float64, copy=False)
+    lo, hi = _bounds(tuple(names), known, as_int)
+    ok = ((m >= lo) & (m <= hi)).all() if as_int else (np.isfinite(m) & (m >= lo) & (m <= hi)).all()
+    if not ok:
+        return None
+    return {n: Column(m[i]) for i, n in enumerate(names)}
+
+
 def _fast_group(section: str, names: list[str], cols: dict[str, list[Any]], known: dict[str, Field],
                 as_int: bool) -> dict[str, Column] | None:
     """Validate same-kind columns without NULLs as one 2-D array.
@@ -549,12 +561,19 @@ def _check_section(section: str, cols: dict[str, Any], n: int, node: str, known:
             fields[name] = known[name]
     out: dict[str, Column] = {}
     floats, ints = [], []
+    typed_floats: list[str] = []
+    typed_ints: list[str] = []
     for name, f in fields.items():
         col = cols[name]
         if isinstance(col, Typed):
             if f.kind == "text":
                 raise WireError("a text column cannot be a typed array", (section, name))
-            out[name] = _check_typed(section, name, col, f.kind, f.lo, f.hi, name in key)
+            if col.null is None and f.kind in _FLOAT_KINDS:
+                typed_floats.append(name)
+            elif col.null is None and col.values.dtype.kind != "f":
+                typed_ints.append(name)
+            else:
+                out[name] = _check_typed(section, name, col, f.kind, f.lo, f.hi, name in key)
             continue
         if f.kind == "text":
             out[name] = _text(section, name, col)
@@ -569,6 +588,12 @@ def _check_section(section: str, cols: dict[str, Any], n: int, node: str, known:
             floats.append(name)
         else:
             ints.append(name)
+    for group, as_int in ((typed_floats, False), (typed_ints, True)):
+        checked = _typed_group(group, cols, fields, as_int)
+        if checked is None:
+            checked = {n: _check_typed(section, n, cols[n], fields[n].kind, fields[n].lo, fields[n].hi, n in key)
+                       for n in group}
+        out.update(checked)
     for group, as_int in ((floats, False), (ints, True)):
         fast = _fast_group(section, group, cols, fields, as_int)
         if fast is None:
