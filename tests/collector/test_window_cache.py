@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import psycopg
 
-from collector.window_cache import _Buf, parse_array
+from collector.window_cache import WindowCache, _Buf, parse_array
 
 
 def buf(ts: list[float]) -> _Buf:
@@ -40,3 +42,16 @@ def test_parse_array_matches_postgres(conn: psycopg.Connection) -> None:
             got = parse_array(raw, len(values), kind) if values else np.zeros(0)
             expected = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
             assert np.array_equal(got, expected, equal_nan=True), (typ, values, got)
+
+
+def test_refresh_forgets_batch_ids_it_cannot_read_again(conn: psycopg.Connection) -> None:
+    """Only ids received within the re-read slack are kept: the set does not grow with uptime."""
+    conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max, received_at) "
+                 "SELECT id, 'n', 0, 1, now() - age, now() - age, now() - age FROM (VALUES "
+                 "('a:1', interval '10 min'), ('a:2', interval '30 s')) AS v(id, age)")
+    cache = WindowCache(3600.0, loaded=True)
+    cache.watermark = conn.execute("SELECT now() - interval '20 min'").fetchone()[0]  # type: ignore[index]
+    cache.refresh(conn, time.time())
+    assert set(cache.seen) == {"a:1", "a:2"}
+    cache.refresh(conn, time.time())  # re-reads from 60 s before the previous refresh
+    assert set(cache.seen) == {"a:2"}
