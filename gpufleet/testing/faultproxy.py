@@ -15,17 +15,23 @@ PostgreSQL) and switch its mode while traffic flows:
 With several upstreams it is a round-robin load balancer that skips an
 upstream it cannot connect to, which is what a health-checked LB does for a
 replica that died.  It only ever listens on and connects to 127.0.0.1.
+
+:class:`ProxyProcess` runs one in a process of its own, for a caller whose
+own threads would otherwise delay every forwarded chunk (a load generator
+running a fleet of agents in one interpreter).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import socket
 import struct
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from multiprocessing.connection import Connection
 from typing import Any, Literal, TypeVar
 
 from gpufleet.testing.servers import free_port
@@ -216,6 +222,92 @@ class FaultProxy:
 @contextlib.contextmanager
 def fault_proxy(upstreams: list[int] | int) -> Iterator[FaultProxy]:
     proxy = FaultProxy(upstreams).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+class ProxyProcess:
+    """A :class:`FaultProxy` in a child process, switched from this one (same methods).
+
+    A proxy thread needs its interpreter's GIL for every chunk it forwards.
+    Inside a process that also runs 50 agents, each of the collector's
+    database round trips and each agent request waited for that GIL, so the
+    load generator's own contention showed up as collector latency; a child
+    process has a GIL of its own.
+    """
+
+    def __init__(self, upstreams: list[int] | int, port: int | None = None) -> None:
+        self.port = port or free_port()
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_proxy, args=(child, upstreams, self.port),
+                                 name=f"faultproxy-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> ProxyProcess:
+        self._proc.start()
+        if not self._conn.poll(30):
+            raise TimeoutError("the proxy process did not start")
+        self._conn.recv()
+        return self
+
+    def _call(self, name: str, *args: Any) -> Any:
+        self._conn.send((name, args))
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"proxy {name}: {value}")
+        return value
+
+    def set_mode(self, mode: Mode, latency_s: float | None = None) -> None:
+        self._call("set_mode", mode, latency_s)
+
+    def reset_all(self) -> int:
+        n: int = self._call("reset_all")
+        return n
+
+    def set_upstreams(self, ports: list[int]) -> None:
+        self._call("set_upstreams", ports)
+
+    def stop(self) -> None:
+        if self._proc.is_alive():
+            with contextlib.suppress(OSError, EOFError, RuntimeError):
+                self._call("stop")
+            self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        self._conn.close()
+
+
+def _serve_proxy(conn: Connection, upstreams: list[int] | int, port: int) -> None:
+    """The child's side: run the proxy, apply each call, answer ``(ok, value)``; ``stop`` ends it."""
+    proxy = FaultProxy(upstreams, port).start()
+    conn.send(proxy.port)
+    try:
+        while True:
+            try:
+                name, args = conn.recv()
+            except EOFError:  # the parent is gone
+                return
+            if name == "stop":
+                conn.send((True, None))
+                return
+            try:
+                conn.send((True, getattr(proxy, name)(*args)))
+            except (OSError, RuntimeError, TimeoutError, ValueError) as e:
+                conn.send((False, f"{type(e).__name__}: {e}"))
+    finally:
+        proxy.stop()
+
+
+@contextlib.contextmanager
+def proxy_process(upstreams: list[int] | int) -> Iterator[ProxyProcess]:
+    proxy = ProxyProcess(upstreams).start()
     try:
         yield proxy
     finally:
