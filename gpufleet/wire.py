@@ -157,6 +157,21 @@ def _typed_section(cols: dict[str, Any], known: dict[str, Field]) -> dict[str, A
     return out
 
 
+def as_lists(doc: dict[str, Any]) -> dict[str, Any]:
+    """A decoded batch document with its typed arrays turned back into plain lists.
+
+    For readers that want the batch as a document (tests, debugging a spool
+    segment); the collector never needs it, it validates typed arrays directly.
+    """
+    out = dict(doc)
+    for section in ("gpu", "host"):
+        cols = doc.get(section)
+        if isinstance(cols, dict):
+            out[section] = {name: (_typed(section, name, col).tolist() if isinstance(col, dict) else col)
+                            for name, col in cols.items()}
+    return out
+
+
 # ----------------------------------------------------------------------------
 # Decompression with an output cap (decompression bombs stop at the cap)
 

@@ -25,6 +25,7 @@ from agent.sources.nvml import NvmlSource
 from agent.sources.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.config import AgentSettings, SourceSchedule
 from gpufleet.testing.servers import free_port
+from gpufleet.wire import as_lists
 
 
 class Steady:
@@ -222,7 +223,7 @@ def decode_segments(spool_dir: Path) -> list[dict[str, Any]]:
     out = []
     for path in sorted(spool_dir.glob("*.seg")):
         body = path.read_bytes()[12:]
-        out.append(msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False))
+        out.append(as_lists(msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False)))
     return out
 
 
@@ -250,7 +251,7 @@ def test_agent_ticks_merge_stamp_and_seal(tmp_path: Path) -> None:
     assert n == 8 and g["gpu"] == [0, 1] * 4
     assert g["time"][0::2] == g["time"][1::2]  # one stamp per tick
     assert g["power_w"] == [pytest.approx(588.39)] * n  # NVML first...
-    assert g["sm_active"] == [0.9] * n  # ...DCGM fills what NVML cannot measure
+    assert g["sm_active"] == [pytest.approx(0.9)] * n  # ...DCGM fills what NVML cannot measure (float4 on the wire)
     assert batch["host"]["cpu_user_pct"] == [12.5] * 4
     facts = batch["facts"]
     assert facts["hostname"] == "n1" and facts["driver_version"] == "590.48.01" and facts["gpu_count"] == 2

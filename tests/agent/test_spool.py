@@ -12,6 +12,7 @@ import zstandard
 
 from agent.batch import encode_batch, record_samples, tick_record, to_batch
 from agent.spool import SEQ_BLOCK, CorruptSegment, Spool, SpoolLocked
+from gpufleet.wire import as_lists
 
 
 def encoder(records: list[dict[str, Any]], batch_id: str) -> bytes:
@@ -29,7 +30,7 @@ def rec(t: float, gpus: int = 2, host: bool = True) -> dict[str, Any]:
 
 
 def decode(body: bytes) -> dict[str, Any]:
-    return msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False)
+    return as_lists(msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False))
 
 
 def drain(spool: Spool) -> list[dict[str, Any]]:

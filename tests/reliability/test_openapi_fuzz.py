@@ -38,7 +38,15 @@ def _send(client: httpx.Client, kw: dict[str, Any]) -> httpx.Response:
         args["content" if isinstance(data, bytes | str) else "data"] = data
     for k in ("cookies", "timeout", "verify", "allow_redirects"):
         kw.pop(k, None)
-    return client.request(kw.pop("method"), kw.pop("url"), **args)
+    method, url = kw.pop("method"), kw.pop("url")
+    try:
+        return client.request(method, url, **args)
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        # A pooled keep-alive connection the server closed for idleness while the
+        # client reused it (a race on a slow machine, not the request's fault): one
+        # retry on a fresh connection.  A server that drops the request again fails.
+        with httpx.Client(timeout=client.timeout) as fresh:
+            return fresh.request(method, url, **args)
 
 
 def _operations(base: str) -> list[Any]:
