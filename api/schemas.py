@@ -6,9 +6,23 @@ instead of being silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+
+def _utc(v: datetime) -> datetime:
+    """Any offset Python accepts (up to +-23:59) as UTC; PostgreSQL refuses offsets past
+    +-15:59, so a time must not reach it with one."""
+    try:
+        return v.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("falls outside the years 1..9999 once converted to UTC") from None
+
+
+#: A time with a UTC offset, normalised to UTC (request input).
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/\-]{0,127}$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$"
@@ -37,8 +51,8 @@ class RunCreate(Strict):
     name: str | None = Field(None, max_length=256)
     site: str | None = Field(None, pattern=NAME_PATTERN)
     team: str | None = Field(None, max_length=128)
-    start: AwareDatetime | None = Field(None, description="defaults to now")
-    end: AwareDatetime | None = None
+    start: UtcDatetime | None = Field(None, description="defaults to now")
+    end: UtcDatetime | None = None
     params: int | None = Field(None, ge=1, description="model parameters, for MFU")
     labels: dict[str, str] = Field(default_factory=dict)
     allocations: list[Allocation] = Field(default_factory=list)
@@ -47,7 +61,7 @@ class RunCreate(Strict):
 class RunUpdate(Strict):
     name: str | None = Field(None, max_length=256)
     team: str | None = Field(None, max_length=128)
-    end: AwareDatetime | None = None
+    end: UtcDatetime | None = None
     params: int | None = Field(None, ge=1)
     labels: dict[str, str] | None = None
     allocations: list[Allocation] | None = Field(None, description="added to the run's allocations")
@@ -81,12 +95,12 @@ class SitePublic(SiteUpsert):
 
 
 class PricePoint(Strict):
-    time: AwareDatetime
+    time: UtcDatetime
     price_per_kwh: float = Field(ge=0)
 
 
 class CarbonPoint(Strict):
-    time: AwareDatetime
+    time: UtcDatetime
     g_co2e_per_kwh: float = Field(ge=0, le=5000)
 
 
@@ -169,7 +183,7 @@ class IncidentPublic(BaseModel):
 
 
 class Progress(Strict):
-    time: AwareDatetime | None = Field(None, description="defaults to now")
+    time: UtcDatetime | None = Field(None, description="defaults to now")
     tokens: float | None = Field(None, ge=0, description="cumulative tokens processed")
     samples: float | None = Field(None, ge=0, description="cumulative samples processed")
 

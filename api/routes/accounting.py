@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import AwareDatetime
 
 from api.deps import AccountingReader, ConnDep, StateDep
-from api.schemas import FleetAccounting, RunAccounting
+from api.schemas import FleetAccounting, RunAccounting, UtcDatetime
 from gpufleet.accounting import fleet_accounting, run_accounting
 from gpufleet.store.runs import NotFound
 
@@ -18,7 +17,7 @@ SourceParam = Query("auto", description="auto: rollups where current, raw sample
                                         "rollup or raw to force one")
 
 
-def period_error(since: AwareDatetime | None, until: AwareDatetime | None) -> None:
+def period_error(since: UtcDatetime | None, until: UtcDatetime | None) -> None:
     """422 naming 'to' when the period is empty or reversed."""
     if since is not None and until is not None and until <= since:
         raise HTTPException(422, [{"loc": ["query", "to"], "msg": "must be after 'from'", "type": "value_error"}])
@@ -30,8 +29,8 @@ def get_run_accounting(
     run_id: str, conn: ConnDep, s: StateDep, _: AccountingReader,
     source: Literal["auto", "rollup", "raw"] = SourceParam,
     segments: bool = Query(False, description="include energy, CO2e and cost per tariff segment"),
-    since: AwareDatetime | None = Query(None, alias="from", description="clip the run to this period start"),
-    until: AwareDatetime | None = Query(None, alias="to", description="clip the run to this period end"),
+    since: Annotated[UtcDatetime | None, Query(alias="from", description="clip the run to this period start")] = None,
+    until: Annotated[UtcDatetime | None, Query(alias="to", description="clip the run to this period end")] = None,
 ) -> dict[str, Any]:
     """Energy, cost and CO2e of one run (contracts.md section 3); a running run up to now."""
     period_error(since, until)
@@ -46,8 +45,8 @@ def get_run_accounting(
 @router.get("/v1/accounting", response_model=FleetAccounting, response_model_by_alias=True)
 def get_fleet_accounting(
     conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: AwareDatetime = Query(alias="from", description="period start, with a UTC offset"),
-    until: AwareDatetime = Query(alias="to", description="period end, with a UTC offset"),
+    since: Annotated[UtcDatetime, Query(alias="from", description="period start, with a UTC offset")],
+    until: Annotated[UtcDatetime, Query(alias="to", description="period end, with a UTC offset")],
     group_by: Literal["site", "team", "run"] = Query("site", description="how runs are grouped"),
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> dict[str, Any]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
-from pydantic import AwareDatetime
 
 from api.deps import AccountingReader, ConnDep, StateDep
 from api.routes.accounting import SourceParam, period_error
+from api.schemas import UtcDatetime
 from gpufleet.accounting import CSV_COLUMNS, report_csv, runs_report
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
@@ -20,8 +20,8 @@ router = APIRouter(prefix="/v1/reports", tags=["reports"])
 }})
 def runs_csv(
     conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: AwareDatetime = Query(alias="from", description="period start, with a UTC offset"),
-    until: AwareDatetime = Query(alias="to", description="period end, with a UTC offset"),
+    since: Annotated[UtcDatetime, Query(alias="from", description="period start, with a UTC offset")],
+    until: Annotated[UtcDatetime, Query(alias="to", description="period end, with a UTC offset")],
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> Response:
     """Per-run accounting for finance: the contract's fields in order, then extras; RFC 3339 UTC times,

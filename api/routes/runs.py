@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
 from api.deps import ConnDep, Reader, RunWriter
-from api.schemas import Progress, RunCreate, RunPublic, RunUpdate
+from api.schemas import Progress, RunCreate, RunPublic, RunUpdate, UtcDatetime
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
 from gpufleet.store.runs import Conflict, NotFound
@@ -26,13 +26,9 @@ def _own_node_only(who: Principal, allocations: list | None) -> None:
 
 @router.get("", response_model=list[RunPublic])
 def list_runs(conn: ConnDep, _: Reader, state: Literal["pending", "running", "ended"] | None = None,
-              site: str | None = None, since: datetime | None = Query(None, alias="from"),
-              until: datetime | None = Query(None, alias="to"), limit: int = Query(100, ge=1, le=1000),
+              site: str | None = None, since: Annotated[UtcDatetime | None, Query(alias="from")] = None,
+              until: Annotated[UtcDatetime | None, Query(alias="to")] = None, limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0)) -> list[dict]:
-    for name, t in (("from", since), ("to", until)):
-        if t is not None and t.tzinfo is None:
-            raise HTTPException(422, [{"loc": ["query", name], "msg": "needs a UTC offset (e.g. 2026-12-01T00:00:00Z)",
-                                       "type": "timezone_aware"}])
     return store.list_runs(conn, state, site, since, until, limit, offset)
 
 

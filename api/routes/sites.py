@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
 from api.deps import AccountingReader, Admin, ConnDep, Reader
-from api.schemas import CarbonSeries, NodePublic, NodeUpdate, PriceSeries, SitePublic, SiteUpsert
+from api.schemas import CarbonSeries, NodePublic, NodeUpdate, PriceSeries, SitePublic, SiteUpsert, UtcDatetime
 from gpufleet.store import nodes as node_store
 from gpufleet.store import sites as store
 from gpufleet.store.runs import NotFound
@@ -44,8 +44,8 @@ def put_prices(site: str, body: PriceSeries, conn: ConnDep, _: Admin) -> dict:
 
 
 @router.get("/v1/carbon/{region}")
-def get_carbon(region: str, conn: ConnDep, _: AccountingReader, since: datetime | None = Query(None, alias="from"),
-               until: datetime | None = Query(None, alias="to")) -> dict:
+def get_carbon(region: str, conn: ConnDep, _: AccountingReader, since: Annotated[UtcDatetime | None, Query(alias="from")] = None,
+               until: Annotated[UtcDatetime | None, Query(alias="to")] = None) -> dict:
     return {"region": region, "points": store.get_carbon(conn, region, since, until)}
 
 

@@ -54,6 +54,23 @@ def test_validation_names_the_field(api: Api) -> None:
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "pue"]
 
 
+def test_any_offset_python_accepts_is_taken_as_utc_and_out_of_range_times_are_422(api: Api) -> None:
+    """PostgreSQL refuses offsets past +-15:59; times reach it in UTC, or are refused naming the field."""
+    make_site(api)
+    with api.client("admin") as c:
+        r = c.post("/v1/runs", json={**RUN, "start": "2026-12-01T10:00:00-23:25"})
+        assert r.status_code == 201, r.text
+        assert r.json()["start"].startswith("2026-12-02T09:25:00")
+        assert c.get("/v1/runs", params={"to": "2026-12-01T09:00:00-23:25"}).json() == []
+        assert len(c.get("/v1/runs", params={"to": "2026-12-01T10:30:00-23:25"}).json()) == 1
+        r = c.get("/v1/accounting", params={"from": "0071-01-19T02:14:14-23:25", "to": "0071-01-20T02:14:15-02:18"})
+        assert r.status_code == 200, r.text
+        r = c.get("/v1/accounting", params={"from": "0001-01-01T00:00:00+05:00", "to": "2026-12-01T00:00:00Z"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "from"]
+        r = c.get("/v1/carbon/DE", params={"from": "2026-12-01T00:00:00"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "from"]
+
+
 @pytest.mark.parametrize("role,method,path,body,expected", [
     ("finance", "put", "/v1/sites/x", {"pue": 1.1}, 403),
     ("finance", "post", "/v1/tokens", {"name": "t", "role": "sre"}, 403),
