@@ -1,6 +1,6 @@
 """Ingest throughput: many nodes posting through HTTP vs raw COPY of the same rows.
 
-    python bench/ingest.py [--nodes 2000] [--seconds 20] [--connections 64]
+    python bench/ingest.py [--nodes 2000] [--seconds 20] [--connections 64] [--collectors 1]
 
 Starts a collector process on loopback against a scratch database, posts
 realistic batches (8 GPUs x 10 s = 80 GPU rows + 10 host rows per request,
@@ -9,7 +9,9 @@ acknowledges them, and in the same run measures psycopg binary COPY of the
 same rows in 10k-row batches into the same table.  Prints both rates, their
 ratio and the stored bytes per GPU sample; on a TimescaleDB server
 (GPUFLEET_TEST_TIMESCALE_URL) also the bytes per sample after compression.
-The last line is JSON.
+``--collectors N`` runs N collector processes (replicas behind a balancer;
+the connections are spread over them), since one process is bound by the
+interpreter lock well before PostgreSQL is.  The last line is JSON.
 """
 
 from __future__ import annotations
@@ -123,8 +125,15 @@ def start_collector(url: str, port: int, leader: bool, profile: str | None = Non
     raise RuntimeError("collector did not become ready")
 
 
-def cpu_seconds(collector_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by the collector, PostgreSQL and this load generator."""
+async def drive_all(ports: list[int], q: asyncio.Queue[loadgen.Request], connections: int, stats: loadgen.Stats,
+                    deadline: float) -> None:
+    """The connections spread evenly over the collectors, all taking from one queue."""
+    share = max(1, connections // len(ports))
+    await asyncio.gather(*(loadgen.drive("127.0.0.1", port, q, share, stats, deadline) for port in ports))
+
+
+def cpu_seconds(collector_pids: list[int]) -> dict[str, float]:
+    """CPU seconds used so far by the collectors, PostgreSQL and this load generator."""
     import psutil
 
     def total(p: psutil.Process) -> float:
@@ -132,11 +141,12 @@ def cpu_seconds(collector_pid: int) -> dict[str, float]:
         return t.user + t.system
 
     out = {"collector": 0.0, "collector_sys": 0.0, "postgres": 0.0, "loadgen": total(psutil.Process())}
-    try:
-        out["collector"] = total(psutil.Process(collector_pid))
-        out["collector_sys"] = psutil.Process(collector_pid).cpu_times().system
-    except psutil.Error:
-        pass
+    for pid in collector_pids:
+        try:
+            out["collector"] += total(psutil.Process(pid))
+            out["collector_sys"] += psutil.Process(pid).cpu_times().system
+        except psutil.Error:
+            pass
     for p in psutil.process_iter(["name"]):
         if p.info["name"] == "postgres":
             try:
@@ -186,6 +196,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the timed phase")
     ap.add_argument("--connections", type=int, default=64)
+    ap.add_argument("--collectors", type=int, default=1, help="collector processes (replicas)")
     ap.add_argument("--rate-guess", type=float, default=120_000, help="GPU samples/s to prepare requests for")
     ap.add_argument("--leader", action="store_true", help="also run rollups in the collector during the test")
     ap.add_argument("--profile", help="write a py-spy profile of the collector to this file")
@@ -197,32 +208,37 @@ def main() -> None:
         migrate.upgrade(url, settings)
         nodes = [f"node-{i:05d}" for i in range(args.nodes)]
         tokens = make_tokens(url, nodes)
-        total_requests = int(args.rate_guess * args.seconds / 80) + 500
+        total_requests = int(args.rate_guess * max(1, args.collectors) * args.seconds / 80) + 500
         print(f"preparing {total_requests} requests from {args.nodes} nodes ...", flush=True)
         reqs = build_requests(nodes, tokens, total_requests, t0)
         copy_rate = copy_baseline(url, 400_000, t0)
         print(f"raw COPY (10k-row batches): {copy_rate:,.0f} GPU samples/s", flush=True)
 
-        port = free_port()
-        proc = start_collector(url, port, args.leader, args.profile)
+        ports: list[int] = []
+        procs: list[subprocess.Popen[bytes]] = []
         try:
-            warm = asyncio.Queue()  # type: asyncio.Queue[loadgen.Request]
-            for r in reqs[:300]:
-                warm.put_nowait(r)
-            asyncio.run(loadgen.drive("127.0.0.1", port, warm, 16, loadgen.Stats(), time.monotonic() + 60))
+            for i in range(max(1, args.collectors)):
+                ports.append(free_port())
+                procs.append(start_collector(url, ports[-1], args.leader and i == 0, args.profile if i == 0 else None))
+            for port in ports:
+                warm = asyncio.Queue()  # type: asyncio.Queue[loadgen.Request]
+                for r in reqs[:300]:
+                    warm.put_nowait(r)
+                asyncio.run(loadgen.drive("127.0.0.1", port, warm, 16, loadgen.Stats(), time.monotonic() + 60))
             q: asyncio.Queue[loadgen.Request] = asyncio.Queue()
             for r in reqs[300:]:
                 q.put_nowait(r)
             stats = loadgen.Stats()
-            cpu0 = cpu_seconds(proc.pid)
+            cpu0 = cpu_seconds([p.pid for p in procs])
             start = time.perf_counter()
-            asyncio.run(loadgen.drive("127.0.0.1", port, q, args.connections, stats,
-                                      time.monotonic() + args.seconds))
+            asyncio.run(drive_all(ports, q, args.connections, stats, time.monotonic() + args.seconds))
             elapsed = time.perf_counter() - start
-            cpu1 = cpu_seconds(proc.pid)
+            cpu1 = cpu_seconds([p.pid for p in procs])
         finally:
-            proc.send_signal(2 if args.profile else 15)
-            proc.wait(60)
+            for proc in procs:
+                proc.send_signal(2 if args.profile else 15)
+            for proc in procs:
+                proc.wait(60)
         rate = stats.gpu_rows / elapsed
         lat = sorted(stats.latencies)
         p50 = lat[len(lat) // 2] * 1000 if lat else float("nan")
@@ -248,6 +264,7 @@ def main() -> None:
             None if ts_bps is None else round(ts_bps, 1),
         "p50_ms": round(p50, 1), "p99_ms": round(p99, 1),
         "collector_cpu_us_per_request": round(cpu["collector"] / max(stats.ok, 1) * 1e6), "nodes": args.nodes, "connections": args.connections,
+        "collectors": max(1, args.collectors),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
     }))
 
