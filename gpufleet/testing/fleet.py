@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ def agent_settings(url: str, token: str, **kw: Any) -> AgentSettings:
     return AgentSettings(**values)
 
 
+def _facts(facts: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    return lambda: dict(facts)
+
+
 @dataclass
 class Totals:
     spooled: int
@@ -42,7 +47,9 @@ class Totals:
 
 class Fleet:
     def __init__(self, tokens: dict[str, str], url: str, spool_root: Path, *, gpus: int = 8, host: bool = True,
-                 **settings: Any) -> None:
+                 facts: dict[str, dict[str, Any]] | None = None, **settings: Any) -> None:
+        """``facts``: node facts to report for some nodes (e.g. a ``powersave``
+        governor, so the detectors have something to open incidents on)."""
         self.oracle = Oracle()
         self.agents: list[Agent] = []
         self._stop = threading.Event()
@@ -52,7 +59,8 @@ class Fleet:
             sources = [fake_nvml_source(gpus)]
             if host:
                 sources.append(build_source("host", s))
-            a = Agent(s, sources, node=node, spool_dir=spool_root / node, facts_of_node=lambda: {"fleet": "test"})
+            node_facts = {"fleet": "test", **(facts or {}).get(node, {})}
+            a = Agent(s, sources, node=node, spool_dir=spool_root / node, facts_of_node=_facts(node_facts))
             self.agents.append(a)
 
     def start(self) -> Fleet:

@@ -102,6 +102,13 @@ def test_slow_database_bounded_memory_and_no_loss(fresh_db: str, tmp_path: Path,
     assert result.ok and tot.dropped == 0 and tot.delivered == tot.spooled == result.acked_samples
 
 
+def _open_incidents(db: str) -> dict[int, str]:
+    """Open host_misconfig incidents: id -> node."""
+    with psycopg.connect(db) as c:
+        rows = c.execute("SELECT id, node FROM incidents WHERE state = 'open' AND kind = 'host_misconfig'").fetchall()
+    return {int(i): str(n) for i, n in rows}
+
+
 def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc],
                                         figures: dict[str, Any]) -> None:
     n_agents = int(knob("s14_agents", 8, 50))
@@ -111,15 +118,24 @@ def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collector
     a.start().wait_up()
     time.sleep(2)  # a takes the leader lock first
     b.start().wait_up()
+    # Every other node runs a powersave governor: the leader opens a host_misconfig
+    # incident per such node, and the survivor must update those, not open them again.
+    misconfigured = sorted(tokens)[::2]
     with fault_proxy([a.port, b.port]) as lb:
         fleet = Fleet(tokens, lb.url, tmp_path / "spools", interval_s=0.1, ship_interval_s=0.5,
-                      retry_base_s=0.1, retry_max_s=1.0)
+                      retry_base_s=0.1, retry_max_s=1.0,
+                      facts={n: {"cpu_governor": "powersave"} for n in misconfigured})
         try:
             leaders = {p.port: httpx.get(p.url + "/readyz").json()["leader"] for p in (a, b)}
             leader, survivor = (a, b) if leaders[a.port] else (b, a)
             fleet.start()
             time.sleep(run_s / 2)
             sweeps_leader = _metric(leader.url, "gpufleet_sweep_seconds_count")
+            before_kill = _open_incidents(fresh_db)
+            wait_until = time.monotonic() + 30  # a slow machine: let the leader open them all first
+            while len(before_kill) < len(misconfigured) and time.monotonic() < wait_until:
+                time.sleep(0.5)
+                before_kill = _open_incidents(fresh_db)
             leader.kill()
             t_kill = time.monotonic()
             t_take = None
@@ -140,16 +156,22 @@ def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collector
                     "SELECT count(*) FROM (SELECT kind, node, gpu, run_id FROM incidents WHERE state = 'open' "
                     "GROUP BY 1, 2, 3, 4 HAVING count(*) > 1) d").fetchone()
                 incidents = c.execute("SELECT count(*) FROM incidents").fetchone()
+            after = _open_incidents(fresh_db)
         finally:
             fleet.close()
     figures.update(agents=n_agents, leader_sweeps_before_kill=sweeps_leader,
                    takeover_s=None if t_take is None else round(t_take, 1),
                    survivor_sweeps_after_takeover=sweeps_1 - sweeps_0, incidents=incidents[0] if incidents else None,
-                   duplicate_open_incidents=dup_incidents[0] if dup_incidents else None, drain_s=round(drain_s, 1),
+                   duplicate_open_incidents=dup_incidents[0] if dup_incidents else None,
+                   open_before_kill=len(before_kill), open_after=len(after), drain_s=round(drain_s, 1),
                    spooled=tot.spooled, delivered=tot.delivered, lb_connections=lb.connections_total,
                    **result.as_dict())
     assert sweeps_leader > 0
     assert t_take is not None and t_take <= 10
     assert sweeps_1 - sweeps_0 >= 2
     assert dup_incidents == (0,)
+    # The leader had opened one incident per misconfigured node; after the takeover the
+    # same incidents (same ids) are the open ones, and nothing else was opened.
+    assert sorted(before_kill.values()) == misconfigured, before_kill
+    assert after == before_kill and incidents == (len(misconfigured),)
     assert result.ok and tot.dropped == 0 and tot.delivered == tot.spooled == result.acked_samples
