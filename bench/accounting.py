@@ -223,6 +223,7 @@ def main() -> None:
     say("target: < 300 ms and rollup == raw within 0.1%: "
         + ("met" if auto_ms < 300 and max_err < 1e-3 else "NOT met"))
     print(json.dumps({
+        "name": "accounting", "value": round(auto_ms, 2), "unit": "ms",
         "gpus": args.gpus, "days": args.days, "interval_s": args.interval_s, **info, "db_bytes": size,
         "latency_ms": round(auto_ms, 2), "rollup_latency_ms": round(rollup_ms, 2), "raw_latency_ms": round(raw_ms, 1),
         "ratio": round(raw_ms / auto_ms, 1), "max_rel_err": max_err, "source": auto["source"],

@@ -158,6 +158,7 @@ def main() -> None:
           f"({100 * agent['nvml_cpu_s'] / max(agent['cpu_s'], 1e-9):.0f} % of the agent's CPU)")
     ok = frac < TARGET_CPU_FRACTION and agent["peak_rss_mb"] < TARGET_RSS_MB
     print(json.dumps({
+        "name": "agent_overhead", "value": round(frac, 5), "unit": "fraction_of_core",
         "seconds": args.seconds, "gpus": args.gpus, "nvml_latency_us": args.nvml_latency_us,
         "samples": agent["samples"], "delivered": agent["delivered"],
         "cpu_s": round(agent["cpu_s"], 4), "baseline_cpu_s": round(base["cpu_s"], 4),

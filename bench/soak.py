@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     run_hist = latency.histogram(t_start, t_start + duration, windows)
     col_base, col_run = quantile(base_hist, 0.99), quantile(run_hist, 0.99)
     out = {
+        "name": "soak", "value": round(1000 * col_run, 1), "unit": "p99_ms_outside_faults",
         "agents": args.agents, "gpus": args.gpus, "interval_s": args.interval, "minutes": args.minutes,
         "faults": len(windows), "acked_samples": result.acked_samples, "missing_samples": result.missing_samples,
         "missing_batches": result.missing_batches, "duplicate_rows": result.duplicate_rows,
