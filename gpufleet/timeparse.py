@@ -11,7 +11,20 @@ class TimeParseError(ValueError):
 
 
 def parse_time(value: str | float | int) -> datetime:
-    """Parse RFC 3339 (offset required) or epoch seconds into an aware UTC datetime."""
+    """Parse RFC 3339 (offset required) or epoch seconds into an aware UTC datetime.
+
+    Every refusal is a :class:`TimeParseError`, including times that leave
+    the years 1..9999 once in UTC, so callers report one kind of error.
+    """
+    try:
+        return _parse(value)
+    except (OverflowError, OSError, ValueError) as e:
+        if isinstance(e, TimeParseError):
+            raise
+        raise TimeParseError(f"{value!r} falls outside the years 1..9999 (UTC)") from None
+
+
+def _parse(value: str | float | int) -> datetime:
     if isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
             raise TimeParseError(f"{value!r} is not a time")
