@@ -16,6 +16,7 @@ from collections.abc import Callable
 import psycopg
 
 from collector import rollup
+from collector.heap import release_free_memory
 from collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of, enforce_retention_plain
@@ -106,6 +107,7 @@ class Leader:
                         log.exception("detector sweep failed")
                     self.sweeps += 1
                     self.metrics.sweep_seconds.observe(time.perf_counter() - t0)
+                    release_free_memory()
                 if plain and now >= next_retention:
                     next_retention = now + 3600.0
                     enforce_retention_plain(work, self.settings)
