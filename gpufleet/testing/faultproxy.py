@@ -130,6 +130,12 @@ class FaultProxy:
     async def _shutdown(self) -> None:
         await self._close_listener()
         await self._reset_all()
+        # Let the connection handlers end before the loop stops, rather than be
+        # destroyed pending (a warning per connection at interpreter exit).
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _reset_all(self) -> int:
         n = len(self._open)
