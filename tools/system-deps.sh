@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Debian packages some tests drive for real: promtool (prometheus), Alertmanager,
-# Chromium and kubectl (kustomize of the manifests).  Installed only when missing, and only where apt-get can run
-# as root; elsewhere the tests that need them say what to install.
+# Chromium, kubectl (kustomize of the manifests) and systemd-analyze (unit files).  Installed only when missing,
+# and only where apt-get can run as root; `make test` then requires them (tests/system_tools.py), a bare
+# pytest elsewhere skips those tests naming the package.
 set -u
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "note: not installing ${need[*]} (needs root and apt-get); tests using them will say so" >&2

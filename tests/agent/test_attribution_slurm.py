@@ -9,7 +9,6 @@ from datetime import datetime
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from agent.attribution import Attributor
 from gpufleet.auth import create_token
@@ -17,7 +16,6 @@ from tests.api.conftest import Api, api  # noqa: F401  (the fixture)
 
 HOOKS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
 
-pytestmark = pytest.mark.skipif(not HOOKS.joinpath("prolog.sh").exists(), reason="deploy/slurm not present")
 
 
 def hook(name: str, tmp_path: Path, url: str, token: str, node: str, **env: str) -> subprocess.CompletedProcess[str]:

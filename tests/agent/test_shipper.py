@@ -10,9 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import shutil
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ import zstandard
 from agent.batch import encode_batch, tick_record, to_batch
 from agent.shipper import Backoff, Shipper, Verdict, classify, parse_retry_after, tls_context
 from agent.spool import Spool
+from gpufleet.testing.certs import TestCA
 from gpufleet.testing.servers import free_port
 
 
@@ -260,39 +259,22 @@ def test_drain_respects_its_deadline_with_a_hung_collector(tmp_path: Path, scrip
     sh.close()
 
 
-def _certs(d: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=gpufleet test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-                      ("client", "extendedKeyUsage=clientAuth")):
-        (d / f"{name}.ext").write_text(ext + "\nauthorityKeyIdentifier=keyid\n")
-        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext")
-    return {n: d / n for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_with_our_ca_and_a_client_certificate(tmp_path: Path, script: list[ScriptedCollector]) -> None:
-    certs = _certs(tmp_path)
+    ca = TestCA(tmp_path / "ca")
+    server, client = ca.server(), ca.client("client")
     srv = serve(script, Reply(200))
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(certs["ca.pem"]))
-    server_ctx.load_cert_chain(str(certs["server.pem"]), str(certs["server.key"]))
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.pem))
+    server_ctx.load_cert_chain(str(server.cert), str(server.key))
     server_ctx.verify_mode = ssl.CERT_REQUIRED  # mTLS: no client certificate, no connection
     srv.server.socket = server_ctx.wrap_socket(srv.server.socket, server_side=True)
     url = srv.url.replace("http://", "https://")
     spool = spool_with(tmp_path / "spool", 2)
     # Without our client certificate the handshake fails: a retry, never a dead letter.
-    no_cert = shipper(spool, url, verify=tls_context(certs["ca.pem"], None, None))
+    no_cert = shipper(spool, url, verify=tls_context(ca.pem, None, None))
     attempt = no_cert.ship_one()
     assert attempt is not None and attempt.verdict is Verdict.RETRY
     no_cert.close()
-    sh = shipper(spool, url, verify=tls_context(certs["ca.pem"], certs["client.pem"], certs["client.key"]))
+    sh = shipper(spool, url, verify=tls_context(ca.pem, client.cert, client.key))
     while sh.ship_one() is not None:
         pass
     assert spool.sealed_count == 0 and len(srv.seen) == 2

@@ -13,13 +13,13 @@ from collector import incident_store
 from collector.alerting import AlertmanagerPusher
 from collector.detectors.window import Finding
 from gpufleet.testing import alertmanager as am
+from tests.system_tools import unavailable
 
 
 @pytest.fixture
 def alertmanager_url(tmp_path: Path):  # type: ignore[no-untyped-def]
     if am.binary() is None:
-        pytest.skip("Alertmanager binary missing: `make test` installs Debian's prometheus-alertmanager when run "
-                    "as root; install it to run this test")
+        unavailable("Alertmanager", "prometheus-alertmanager")
     with am.alertmanager(tmp_path) as url:
         yield url
 

@@ -201,7 +201,7 @@ def test_starvation_board_ranks_the_starved_runs_with_their_cause(fleet: FilledF
 
 
 def test_energy_per_run_agrees_with_the_accounting_module(fleet: FilledFleet) -> None:
-    accounting = pytest.importorskip("gpufleet.accounting")
+    from gpufleet import accounting
     per_run = {r["Run"]: r for r in _rows(_one(_results(fleet, "gpufleet-energy", "raw"), "Runs"))}
     assert set(per_run) == set(fleet.runs)
     with psycopg.connect(fleet.url, autocommit=True) as conn:

@@ -22,6 +22,7 @@ from collector.app import create_app as create_collector
 from dashboards.model import DS_TYPE
 from dashboards.provision import DEFAULT_DS_NAME, DEFAULT_DS_UID, DEFAULT_FOLDER_UID, DataSource
 from gpufleet.config import ConfigError, Settings, load_settings
+from tests.system_tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -243,9 +244,7 @@ def _containers(resources: list[dict[str, Any]]) -> list[tuple[str, dict[str, An
 def test_k8s_files_parse_and_kustomize_builds() -> None:
     for path in K8S.rglob("*.yaml"):
         assert docs(path), path
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed; kustomize build not checked")
+    kubectl = tool("kubectl", "kubernetes-client")
     for d in (K8S, K8S / "monitoring"):
         r = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False)
         assert r.returncode == 0, r.stderr
@@ -361,9 +360,7 @@ def test_systemd_units(unit: str, command: str, tmp_path: Path, monkeypatch: pyt
     assert urlsplit(example["GPUFLEET_DATABASE_URL"]).password is None
     gpufleet_env = {k: v for k, v in {**env, **example}.items() if k.startswith("GPUFLEET_")}
     assert_valid_settings(gpufleet_env, monkeypatch, unit)
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze not installed")
+    analyze = tool("systemd-analyze", "systemd")
     exe = shutil.which("gpufleet") or str(ROOT / ".venv" / "bin" / "gpufleet")
     local = tmp_path / unit
     local.write_text((SYSTEMD / unit).read_text().replace("/opt/gpufleet/bin/gpufleet", exe))

@@ -25,6 +25,7 @@ from collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
 from gpufleet.testing.servers import free_port, serve
 from tests.surfaces.fleetdb import FilledFleet
+from tests.system_tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy" / "prometheus"
@@ -40,10 +41,7 @@ PROMQL_WORDS = frozenset({
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed (Debian package prometheus / prometheus-alertmanager)")
-    return path
+    return tool(name, "prometheus-alertmanager" if name == "amtool" else "prometheus")
 
 
 def _run(*args: str, cwd: Path = PROM) -> subprocess.CompletedProcess[str]:

@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from playwright import sync_api
 
 from api.app import create_app
 from gpufleet.auth import create_token, revoke_token
 from gpufleet.config import Settings
 from gpufleet.testing.servers import serve
 from tests.surfaces.fleetdb import FilledFleet
-
-sync_api = pytest.importorskip("playwright.sync_api")
+from tests.system_tools import unavailable
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -60,7 +60,7 @@ def web(fleet: FilledFleet, settings: Settings) -> Iterator[Web]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
+        unavailable("Chromium", "chromium")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
