@@ -167,9 +167,13 @@ def as_lists(doc: dict[str, Any]) -> dict[str, Any]:
     for section in ("gpu", "host"):
         cols = doc.get(section)
         if isinstance(cols, dict):
-            out[section] = {name: (_typed(section, name, col).tolist() if isinstance(col, dict) else col)
-                            for name, col in cols.items()}
+            out[section] = {name: column_list(section, name, col) for name, col in cols.items()}
     return out
+
+
+def column_list(section: str, name: str, col: Any) -> list[Any]:
+    """One wire column as a list, whether it travelled as a list or as a typed array."""
+    return _typed(section, name, col).tolist() if isinstance(col, dict) else list(col)
 
 
 # ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import psycopg
 import zstandard
 
 from collector.copy_binary import PG_EPOCH_S
+from gpufleet.wire import column_list
 
 #: ``gpu`` value standing for the host row in the oracle's sample keys.
 HOST = -1
@@ -43,12 +44,8 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 
 def column(values: Any) -> list[Any]:
-    """A wire column as a list: a plain list, or a typed array (``{"dtype", "data"}``, see
-    :mod:`gpufleet.wire`, which the agents send).  Key columns (time, gpu) are never NULL."""
-    if isinstance(values, dict):
-        out: list[Any] = np.frombuffer(values["data"], dtype="<" + values["dtype"]).tolist()
-        return out
-    return list(values)
+    """A wire column as a list: a plain list, or a typed array as the agents send it."""
+    return column_list("batch", "column", values)
 
 
 def micros(times: Iterable[float]) -> np.ndarray:
