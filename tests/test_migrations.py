@@ -80,7 +80,8 @@ def test_timescale_layout(settings: Settings) -> None:
     """On a TimescaleDB server: hypertables, compression policies, continuous aggregates."""
     server = timescale_server_url()
     if server is None:
-        pytest.skip("no TimescaleDB-capable server (set GPUFLEET_TEST_TIMESCALE_URL); plain path tested above")
+        pytest.skip("no TimescaleDB server (the extension is not on PyPI or Debian; set GPUFLEET_TEST_TIMESCALE_URL "
+                    "to a TimescaleDB 2.x server); the plain path is tested above")
     with scratch_database(server) as url:
         assert migrate.upgrade(url, settings) is True
         with psycopg.connect(url) as conn:

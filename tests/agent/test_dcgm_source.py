@@ -339,7 +339,8 @@ def test_missing_bindings_mean_unavailable() -> None:
 
 
 def test_real_bindings_expose_the_surface_used() -> None:
-    pytest.importorskip("pydcgm", reason="DCGM bindings are not installed on this machine")
+    pytest.importorskip("pydcgm", reason="DCGM bindings (pydcgm) not installed: they ship with NVIDIA's "
+                        "datacenter-gpu-manager, not PyPI")
     b = load_bindings()
     assert hasattr(b.pydcgm, "DcgmHandle") and hasattr(b.pydcgm, "DcgmFieldGroup")
     assert hasattr(b.dcgm_agent, "dcgmGetGpuInstanceHierarchy")

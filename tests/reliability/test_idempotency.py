@@ -76,7 +76,8 @@ def test_three_sends_store_once(fresh_db: str, served: str, concurrent: bool, fi
 def test_resend_after_chunk_compression_stores_nothing(settings: Settings, figures: dict[str, Any]) -> None:
     server = timescale_server_url()
     if server is None:
-        pytest.skip("no TimescaleDB server (set GPUFLEET_TEST_TIMESCALE_URL, e.g. the one on 127.0.0.1:5433)")
+        pytest.skip("no TimescaleDB server (the extension is not on PyPI or Debian; set GPUFLEET_TEST_TIMESCALE_URL to a "
+                    "TimescaleDB 2.x server to run this)")
     with scratch_database(server, "gpufleet_rel_ts") as url:
         assert migrate.upgrade(url, settings), "TimescaleDB layout expected"
         token = node_tokens(url, ["ts-node"])["ts-node"]

@@ -35,7 +35,8 @@ def timescale_fleet(settings: Settings) -> Iterator[FilledFleet]:
     """The same fleet on TimescaleDB (hypertables, continuous aggregates), where a server can load it."""
     server = timescale_server_url()
     if server is None:
-        pytest.skip("no TimescaleDB server (set GPUFLEET_TEST_TIMESCALE_URL)")
+        pytest.skip("no TimescaleDB server (the extension is not on PyPI or Debian; set "
+                    "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to run this)")
     with scratch_database(server, "gpufleet_surfaces_ts") as url:
         migrate.upgrade(url, settings)
         start = math.floor((time.time() - FLEET_SECONDS) / 60.0) * 60.0
