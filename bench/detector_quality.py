@@ -2,10 +2,15 @@
 accuracy and detection latency per kind, and hard negatives that raised something.
 
     python bench/detector_quality.py [--scenarios a,b,...] [--duration 3600] [--interval 1]
+                                     [--degrade full|nvsmi|nohost|bare|dcgm|all]
 
 Each scenario of the simulator is written as a trace bundle, replayed exactly
 as ``gpufleet replay`` does (ingest path, rollups, every sweep of the
-timeline) and its findings scored against the scenario's labels.  The
+timeline) and its findings scored against the scenario's labels.
+``--degrade`` first cuts each bundle down to a form real fleets send
+(:mod:`agent.simulator.degrade`: nvidia-smi fields only, no host agent,
+both, or DCGM without GPU-Util), with the labels the cut data can still
+show; ``all`` runs the full form and every cut, a table each.  The
 baseline is the same scoring of an empty finding set (recall 0).  The last
 line is JSON.
 """
@@ -25,6 +30,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.simulator import scenario_names, write_bundle
+from agent.simulator.degrade import FORMS, degrade_bundle
 from collector import rollup
 from collector.bundle import read_bundle
 from collector.incidents import MemoryIncidentStore, Plan
@@ -50,11 +56,12 @@ class TimedStore(MemoryIncidentStore):
             self.opened_at[first + k] = plan.now
 
 
-def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir: Path) -> tuple[Score, float]:
+def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir: Path,
+                 form: str = "full") -> tuple[Score, float, dict]:
     settings = load_settings()
-    out = workdir / name
+    out = workdir / f"{name}-{form}"
     info = write_bundle(name, out, duration_s=duration_s, sample_interval_s=interval_s, overwrite=True)
-    labels = json.loads((out / "labels.json").read_text())
+    labels = degrade_bundle(out, form)
     bundle = read_bundle(out)
     t0 = time.perf_counter()
     with scratch_database(server_url(), "gpufleet_quality") as url:
@@ -68,22 +75,19 @@ def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir
     findings = [i.record() for i in incidents]
     first_open = {k: store.opened_at[i.id] for k, i in enumerate(incidents) if i.id in store.opened_at}
     del info
-    return score(findings, labels, first_open), time.perf_counter() - t0
+    return score(findings, labels, first_open), time.perf_counter() - t0, labels
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", help="comma-separated; default: every shipped scenario but the 24 h demo")
-    ap.add_argument("--duration", type=float, default=3600.0)
-    ap.add_argument("--interval", type=float, default=None, help="sampling interval override, seconds")
-    args = ap.parse_args()
-    names = args.scenarios.split(",") if args.scenarios else [n for n in scenario_names() if n != "demo"]
+def run_form(names: list[str], form: str, duration_s: float, interval_s: float | None) -> dict[str, object]:
+    """Score every scenario in one form; print its table; return its figures."""
     total = Score()
+    baseline = Score()
     per: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            s, secs = run_scenario(name, args.duration, args.interval, Path(tmp))
+            s, secs, labels = run_scenario(name, duration_s, interval_s, Path(tmp), form)
             total.add(s)
+            baseline.add(score([], labels))
             per[name] = {"violations": len(s.negative_violations), "missed": len(s.missed_labels),
                          "unmatched": len(s.unmatched_findings), "seconds": round(secs, 1)}
             print(f"{name:<22} missed {len(s.missed_labels):>2}  false {len(s.unmatched_findings):>2}  "
@@ -95,21 +99,46 @@ def main() -> int:
             for v in s.negative_violations:
                 print(f"    hard negative {v['negative']['reason']}: {v['finding']['kind']}")
     summary = total.summary()
-    print(f"{'kind':<18}{'precision':>10}{'recall':>8}{'cause':>8}{'latency s':>11}{'labels':>8}")
-    for kind, s in summary.items():
-        print(f"{kind:<18}{s['precision']:>10}{s['recall']:>8}{s['cause_accuracy']:>8}"
-              f"{s['median_latency_s']!s:>11}{s['labels']:>8}")
-    baseline = score([], {"incidents": [{"kind": k, "start": 0.0, "end": 1.0} for k, v in summary.items()
-                                        for _ in range(v["labels"])]})
-    worst_p = min((v["precision"] for v in summary.values()), default=1.0)
-    worst_r = min((v["recall"] for v in summary.values()), default=1.0)
-    worst_c = min((v["cause_accuracy"] for v in summary.values()), default=1.0)
+    print(f"{'kind':<18}{'precision':>10}{'recall':>8}{'cause':>8}{'latency s':>11}{'labels':>8}   [{form}]")
+    for kind, k in summary.items():
+        print(f"{kind:<18}{k['precision']:>10}{k['recall']:>8}{k['cause_accuracy']:>8}"
+              f"{k['median_latency_s']!s:>11}{k['labels']:>8}")
     lat = [x for k in total.kinds.values() for x in k.latencies_s]
-    print(f"baseline (no detector): recall {min((k.recall for k in baseline.kinds.values()), default=0):.2f}")
-    print(json.dumps({"name": "detector_quality", "value": worst_r, "unit": "min_recall",
-                      "min_precision": worst_p, "min_recall": worst_r, "min_cause_accuracy": worst_c,
-                      "median_latency_s": round(statistics.median(lat), 1) if lat else None,
-                      "hard_negative_hits": len(total.negative_violations), "scenarios": per, "kinds": summary}))
+    base_recall = min((k.recall for k in baseline.kinds.values() if k.labels), default=0.0)
+    print(f"baseline (no detector): recall {base_recall:.2f}   [{form}]")
+    return {
+        "baseline_recall": base_recall,
+        "min_precision": min((v["precision"] for v in summary.values()), default=1.0),
+        "min_recall": min((v["recall"] for v in summary.values()), default=1.0),
+        "min_cause_accuracy": min((v["cause_accuracy"] for v in summary.values()), default=1.0),
+        "median_latency_s": round(statistics.median(lat), 1) if lat else None,
+        "hard_negative_hits": len(total.negative_violations), "scenarios": per, "kinds": summary,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", help="comma-separated; default: every shipped scenario but the 24 h demo")
+    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--interval", type=float, default=None, help="sampling interval override, seconds")
+    ap.add_argument("--degrade", choices=(*FORMS, "all"), default="full",
+                    help="cut the bundles to a form real fleets send (default: every field)")
+    args = ap.parse_args()
+    names = args.scenarios.split(",") if args.scenarios else [n for n in scenario_names() if n != "demo"]
+    forms = list(FORMS) if args.degrade == "all" else [args.degrade]
+    results = {}
+    for form in forms:
+        print(f"== form {form}", flush=True)
+        results[form] = run_form(names, form, args.duration, args.interval)
+    worst = {k: min(r[k] for r in results.values() if r[k] is not None) for k in
+             ("min_precision", "min_recall", "min_cause_accuracy")}
+    hits = sum(r["hard_negative_hits"] for r in results.values())
+    print(json.dumps({"name": "detector_quality", "value": worst["min_recall"], "unit": "min_recall",
+                      **worst, "hard_negative_hits": hits,
+                      "baseline_recall": max(float(r["baseline_recall"]) for r in results.values()),
+                      "forms": results if len(forms) > 1 else None,
+                      **({} if len(forms) > 1 else {k: v for k, v in results[forms[0]].items()
+                                                     if k not in worst})}))
     return 0
 
 
