@@ -253,12 +253,16 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
             lab.incidents.append(Incident(
                 STARVATION, s.cause, s.start, s.end, run_id=s.run_id, fault=f"starvation_{s.cause}",
                 evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params}))
+    runs = {r.run_id: r for r in plan.runs}
     for c in plan.checkpoints:
         if c.stalls:
             pairs = c.stalls.pairs()
+            run = runs.get(c.run_id)
+            writer = plan.gpus[int(run.gpu_idx[0])] if run is not None and run.gpu_idx.size else None
             lab.incidents.append(Incident(
                 CHECKPOINT_STALL, None, pairs[0][0], pairs[-1][1], run_id=c.run_id, fault="checkpoint_stall",
                 evidence={"period_s": c.period_s, "duration_s": c.duration_s,
+                          "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None else None,
                           "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
 
 

@@ -4,8 +4,9 @@ Training runs are synchronous data-parallel: each step lasts as long as the
 slowest GPU's compute plus the all-reduce, so a slow GPU makes every peer
 wait in the collective (``WAIT``: util stays ~100 %, SM activity and power
 drop).  Input starvation makes the starved nodes' GPUs idle outright while
-the others wait for them; warm-up, checkpoint stalls and evaluation pauses
-follow the run's timeline.  Serving runs are steady and lightly loaded.
+the others wait for them; during a checkpoint rank 0 writes (idle) while
+the others wait in the collective; warm-up, checkpoint stalls and evaluation
+pauses follow the run's timeline.  Serving runs are steady and lightly loaded.
 """
 
 from __future__ import annotations
@@ -140,8 +141,14 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
     f_train = max(0.0, f_in - f_load - f_ramp - f_ckpt - f_eval - f_starve)
 
     frac = out.frac
-    frac[idx, st.IDLE] += f_load + f_ckpt + starved_idle
+    frac[idx, st.IDLE] += f_load + starved_idle
     frac[idx, st.WAIT] += f_starve - starved_idle
+    # A checkpoint is written by rank 0 while the other ranks spin in the
+    # next collective, waiting for it: the blocked-rank signature of real
+    # synchronous jobs (writer idle; peers at ~100 % GPU-Util, idle power).
+    if f_ckpt > 0.0:
+        frac[idx[:1], st.IDLE] += f_ckpt
+        frac[idx[1:], st.WAIT] += f_ckpt
     frac[idx, st.RAMP] += f_ramp
     frac[idx, st.EVAL] += f_eval
 
