@@ -21,11 +21,19 @@ class DetectorConfig:
     #: state holds (hysteresis), so noise around one level is not a cycle.
     idle_activity: float = 0.15
     #: NVML-only GPUs: board power as a fraction of the enforced limit that
-    #: maps to activity 0 (an idle H100 draws ~70 W of 700 W, an A100 ~55 of 400).
-    power_idle_frac: float = 0.15
+    #: maps to activity 0.  An idle H100 draws ~70 W of 700 W with no context,
+    #: but ~145 W with a job's memory resident and ~150-160 W while NCCL spins
+    #: waiting for a peer (measured on 8xH100 DDP traces): still no work.
+    power_idle_frac: float = 0.2
     #: ... and to activity 1.  ``util_pct`` is capped by this power activity,
     #: because GPU-Util stays at 100 % while collective kernels merely spin.
     power_busy_frac: float = 0.6
+    #: Without an enforced limit or a known model, a GPU's reference power is
+    #: this percentile of its power in the window (median over its run's GPUs).
+    power_ref_percentile: float = 98.0
+    #: ... trusted only when it is at least this many times the idle level
+    #: (5th percentile): power that never rose cannot tell spinning from work.
+    power_ref_min_ratio: float = 1.8
     #: An interval longer than this many typical sampling intervals is a gap:
     #: it is not counted as time of either state and breaks phases.
     gap_factor: float = 3.0
@@ -94,8 +102,22 @@ class DetectorConfig:
     #: by default: checkpoints every 10-30 min rarely show twice in a window,
     #: and the write burst is what tells them from evaluation pauses.
     ckpt_min_pauses: int = 1
-    #: Share of the run's GPUs that must be idle together for a job-wide pause.
+    #: Share of the run's GPUs that must be paused together for a job-wide pause.
     ckpt_min_gpu_share: float = 0.75
+    #: A GPU at or below this activity is paused (idle, or spinning in a
+    #: collective: NCCL keeps ~0.18 of the SMs "active" doing no work).
+    ckpt_pause_activity: float = 0.25
+    #: Busy share of the run's time between pauses: a job that mostly idles
+    #: has no checkpoint stalls to find.
+    ckpt_min_busy_share: float = 0.5
+    #: Blocked-rank signature: a kernel is resident at GPU-Util at least this ...
+    ckpt_spin_util_pct: float = 50.0
+    #: ... or, without GPU-Util, SM activity at least this.
+    ckpt_spin_sm_active: float = 0.05
+    #: At most this share of the run's ranks may block (one at least) ...
+    ckpt_max_blocker_share: float = 0.25
+    #: ... and the same rank must block in this share of the pauses.
+    ckpt_min_same_writer: float = 0.6
     #: Write rate during pauses at least this many times the rate while busy ...
     ckpt_write_ratio: float = 3.0
     #: ... and at least this high, bytes/s.
@@ -118,6 +140,9 @@ class DetectorConfig:
     #: Peers are waiting when the straggler's activity or power fraction
     #: exceeds theirs by at least this much.
     straggler_wait_gap: float = 0.05
+    #: Without an enforced limit, a GPU's busy power plateau is this
+    #: percentile of its power while busy; a cap shows as a lower plateau.
+    straggler_plateau_percentile: float = 90.0
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: float = 0.25
     #: Share of busy time with thermal bits that marks a hot GPU.

@@ -22,9 +22,11 @@ Activity (0-1), per sample:
 
 * ``max(sm_active, dram_active)`` where DCGM profiling fields are reported;
 * otherwise ``min(util_pct / 100, power activity)``, power activity being
-  ``power_w / power_limit_w`` mapped linearly from ``power_idle_frac`` (0) to
-  ``power_busy_frac`` (1): GPU-Util says a kernel was resident, not that the
-  GPU did work, and spinning collective kernels keep it at 100 %;
+  ``power_w`` over the enforced limit (or, where none is reported, the
+  model's board power or the run's own power history:
+  :attr:`Frame.power_reference`) mapped linearly from ``power_idle_frac``
+  (0) to ``power_busy_frac`` (1): GPU-Util says a kernel was resident, not
+  that the GPU did work, and spinning collective kernels keep it at 100 %;
 * ``util_pct / 100`` alone, or power activity alone, when only one exists.
 """
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +48,7 @@ from gpufleet.catalog import (
     THROTTLE_SW_POWER_CAP,
     THROTTLE_SW_THERMAL,
 )
+from gpufleet.gpu_models import board_power_w, gpu_model_names
 
 F32 = np.float32
 
@@ -139,6 +143,9 @@ class Frame:
         #: Times are float32 seconds since ``base`` (sub-millisecond over a
         #: day); :meth:`time` gives epoch seconds back.
         self.base = min((float(s.t[0]) for s in self.series), default=0.0)
+        #: Results detectors share within one sweep (e.g. which runs the
+        #: checkpoint detector claims, so starvation does not claim them too).
+        self.memo: dict[str, Any] = {}
         self.t = (
             np.concatenate([s.t - self.base for s in self.series], dtype=F32, casting="same_kind")
             if n else np.zeros(0, dtype=F32)
@@ -342,14 +349,104 @@ class Frame:
 
     # --- activity ---------------------------------------------------------------
 
-    def power_frac(self, idx: np.ndarray) -> np.ndarray:
-        """Board power over the enforced limit at flat indexes ``idx`` (NaN
-        where either is missing)."""
+    def power_frac(self, idx: np.ndarray, history: bool = True) -> np.ndarray:
+        """Board power over the GPU's reference power at flat indexes ``idx``
+        (NaN where either is missing): the enforced limit where reported,
+        else :attr:`power_reference`.  ``history=False`` leaves out a
+        reference taken from the power itself, for judgements that would be
+        circular with it ("at its limit")."""
         lim = self.at("power_limit_w", idx)
+        miss = ~(lim > 0)
+        if miss.any():
+            ref, basis = self.power_reference
+            if not history:
+                ref = np.where(np.array([b == "history" for b in basis], dtype=bool), np.nan, ref)
+            lim[miss] = ref[self.row_of(idx[miss])]
         with np.errstate(invalid="ignore", divide="ignore"):
             pf = self.at("power_w", idx) / lim
         pf[~(lim > 0)] = np.nan
         return pf
+
+    @cached_property
+    def power_reference(self) -> tuple[np.ndarray, list[str]]:
+        """Per row, the power that stands for "fully busy" where no enforced
+        limit is reported, and its basis.
+
+        Basis, per row: ``limit`` (the GPU reports its enforced limit: the
+        reference is unused); ``model`` (the default board power of the
+        product name in the node's facts, :mod:`gpufleet.gpu_models`);
+        ``history`` (the median over the GPU's run, else its node, of each
+        GPU's ``power_ref_percentile`` of power in the window: peers share
+        one reference, so a GPU capped to a lower plateau reads as less busy
+        than its peers, not as busy as them); ``none`` (no power, or power
+        that never rose to ``power_ref_min_ratio`` times its idle level, which
+        tells busy from idle no better than GPU-Util does).
+        """
+        cfg = self.config
+        ref = np.full(self.rows, np.nan)
+        basis = ["limit"] * self.rows
+        need = [r for r, s in enumerate(self.series) if not s.has("power_limit_w")]
+        if not need:
+            return ref, basis
+        models = {node: gpu_model_names(self.window.node_facts.get(node))
+                  for node in {self.keys[r][0] for r in need}}
+        hist: list[int] = []
+        for r in need:
+            node, gpu = self.keys[r]
+            names = models[node]
+            watts = board_power_w(names.get(gpu, names.get(-1)))
+            if watts is not None:
+                ref[r], basis[r] = watts, "model"
+            else:
+                hist.append(r)
+        if not hist:
+            return ref, basis
+        hi = np.full(self.rows, np.nan)
+        lo = np.full(self.rows, np.nan)
+        for r in hist:
+            p = self.series[r].get("power_w")
+            p = p[np.isfinite(p)]
+            if p.size:
+                lo[r], hi[r] = np.percentile(p, (5.0, cfg.power_ref_percentile))
+        ror = self.run_of_row
+        groups: dict[object, list[int]] = {}
+        for r in hist:
+            groups.setdefault(("run", int(ror[r])) if ror[r] >= 0 else ("node", self.keys[r][0]), []).append(r)
+        for rows in groups.values():
+            h, q = hi[rows], lo[rows]
+            if not np.isfinite(h).any():
+                for r in rows:
+                    basis[r] = "none"
+                continue
+            href, qref = float(np.nanmedian(h)), float(np.nanmedian(q))
+            ok = href >= cfg.power_ref_min_ratio * max(qref, 1.0)
+            for r in rows:
+                if ok:
+                    ref[r], basis[r] = href, "history"
+                else:
+                    basis[r] = "none"
+        return ref, basis
+
+    def activity_basis(self, rows: np.ndarray | list[int]) -> str:
+        """How the activity of ``rows`` was judged, for a finding's evidence:
+        ``sm_active`` (DCGM profiling), ``util+power_limit``,
+        ``util+model_power``, ``util+power_history``, ``util`` (GPU-Util
+        alone: power could not tell spinning from computing) or ``power``
+        (no GPU-Util); several joined by commas."""
+        src = self.activity_source
+        basis = self.power_reference[1]
+        out = set()
+        for r in (int(x) for x in rows):
+            if src[r] == "dcgm":
+                out.add("sm_active")
+                continue
+            pw = {"limit": "power_limit", "model": "model_power", "history": "power_history"}.get(basis[r])
+            has_util = self.series[r].has("util_pct")
+            if pw is None or not self.series[r].has("power_w"):
+                out.add("util" if has_util else "none")
+            else:
+                out.add(f"util+{pw}" if has_util else f"power+{pw}")
+        return ",".join(sorted(out))
 
     @cached_property
     def activity(self) -> np.ndarray:
@@ -376,6 +473,30 @@ class Frame:
             else:
                 out.append("none")
         return out
+
+    @cached_property
+    def paused(self) -> np.ndarray:
+        """Activity at most ``ckpt_pause_activity``: no useful work, whether
+        no kernel runs or a collective merely spins (False where unknown)."""
+        return self.activity <= self.config.ckpt_pause_activity
+
+    def kernel_resident(self, r: int) -> np.ndarray:
+        """Per sample of row ``r``: 1 where a kernel was resident (GPU-Util at
+        least ``ckpt_spin_util_pct``, or without GPU-Util SM activity at least
+        ``ckpt_spin_sm_active``), 0 where none, NaN where neither is known.
+        Tells a rank that blocks (no kernel) from peers spinning in a
+        collective (kernel resident, no work)."""
+        cfg = self.config
+        s = self.series[r]
+        if s.has("util_pct"):
+            x = self.series_col(r, "util_pct")
+            thr = cfg.ckpt_spin_util_pct
+        elif s.has("sm_active"):
+            x = self.series_col(r, "sm_active")
+            thr = cfg.ckpt_spin_sm_active
+        else:
+            return np.full(len(s), np.nan)
+        return np.where(np.isfinite(x), (x >= thr).astype(np.float64), np.nan)
 
     @cached_property
     def all_valid(self) -> bool:

@@ -8,8 +8,8 @@ with the other) and ``1.4826 * MAD`` of the run, floored so identical peers
 do not make a tiny difference infinite.
 
 A GPU is a straggler when it was busy at least ``straggler_min_busy_s``,
-its peers show waiting — its activity or its power as a fraction of its own
-limit exceeds theirs by ``straggler_wait_gap`` (peers idle at a barrier:
+its peers show waiting — its activity or its power as a fraction of its
+limit (or of the reference of :attr:`Frame.power_reference`) exceeds theirs by ``straggler_wait_gap`` (peers idle at a barrier:
 activity and power down, GPU-Util kept up by collective kernels) — and it
 has a reason to be slow, tried in this order:
 
@@ -18,8 +18,9 @@ has a reason to be slow, tried in this order:
   (peers hardly ever), or hotter than peers (z >= ``straggler_z``, at least
   ``straggler_hot_temp_c``) with a lower clock;
 * ``power_cap``: enforced power limit an outlier below the peers (z <=
-  -``straggler_z`` and ``straggler_min_rel`` lower), or power-cap reason bits
-  the peers do not share, with a lower clock;
+  -``straggler_z`` and ``straggler_min_rel`` lower); where no limit is
+  exported, busy power at a plateau that low below the peers'; or power-cap
+  reason bits the peers do not share, with a lower clock;
 * ``clocks``: SM clock while busy an outlier below the peers;
 * ``unknown``: none of these, but busier than the peers by
   ``straggler_unknown_gap`` with z >= ``straggler_z``.
@@ -57,7 +58,8 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         return []
     lo, hi = fr.region
     a = fr.index_at(np.fmax(lo, hi - cfg.straggler_eval_s), "left")
-    b = np.where(multi, fr.index_at(hi, "right"), a)
+    # A region that warm-up leaves empty (lo past hi) is an empty span, not a negative one.
+    b = np.maximum(np.where(multi, fr.index_at(hi, "right"), a), a)
     idx = fr.take(a, b)
     if idx.size == 0:
         return []
@@ -97,7 +99,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "span_s": dens[id(w)],
         "busy_s": dens[id(wb)],
         "act": mean(fr.activity[idx], w),
-        "pf": mean(power / lim, w),
+        "pf": mean(fr.power_frac(idx), w),
         "lim": mean(lim, w),
         "clk": mean(fr.at_ranges("sm_clock_mhz", a, b), wb),
         "temp": mean(fr.at_ranges("temp_c", a, b), wb),
@@ -105,6 +107,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "pcap": mean((bits & THROTTLE_SW_POWER_CAP) != 0, wb),
         "pcie": mean(fr.pcie_degraded[idx], wb),
     }
+    f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
     has = f["span_s"] > 0
     grp = np.where(has, ror[rows], -1)
     # Compact group labels over rows with data; rows without data are nobody's peers.
@@ -126,11 +129,13 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_clk, r_clk = z("clk", 0.02, 10.0)
     z_temp, r_temp = z("temp", 0.0, 2.0)
     z_act, r_act = z("act", 0.0, 0.05)
+    z_plat, r_plat = z("plat", 0.02, 5.0)
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
     v = {k: a[sub] for k, a in f.items()}
     with np.errstate(invalid="ignore", divide="ignore"):
         rel_lim = v["lim"] / r_lim - 1.0
         rel_clk = v["clk"] / r_clk - 1.0
+        rel_plat = v["plat"] / r_plat - 1.0
     act_gap = v["act"] - r_act
     pf_gap = v["pf"] - r_pf
     waiting = (act_gap >= cfg.straggler_wait_gap) | (pf_gap >= cfg.straggler_wait_gap)
@@ -140,13 +145,14 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "thermal": ((v["therm"] >= cfg.straggler_thermal_share) & ~(r_therm >= 0.05))
         | ((z_temp >= cfg.straggler_z) & (v["temp"] >= cfg.straggler_hot_temp_c) & slow_clk),
         "power_cap": ((z_lim <= -cfg.straggler_z) & (rel_lim <= -cfg.straggler_min_rel))
+        | (~np.isfinite(v["lim"]) & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel))
         | ((v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= 0.05) & slow_clk),
         "clocks": (z_clk <= -cfg.straggler_z) & slow_clk,
         "unknown": (z_act >= cfg.straggler_z) & (act_gap >= cfg.straggler_unknown_gap),
     }
     eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & waiting
-    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf}
-    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act}
+    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat}
+    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat}
     out = []
     for k in np.flatnonzero(eligible):
         cause = next((c for c, m in causes.items() if m[k]), None)
@@ -179,11 +185,16 @@ def _finding(
     elif cause == "power_cap":
         lim = fr.series_col(r, "power_limit_w")
         by_limit = math.isfinite(z["lim"]) and z["lim"] <= -cfg.straggler_z
+        by_plateau = not math.isfinite(v["lim"]) and math.isfinite(z["plat"]) and z["plat"] <= -cfg.straggler_z
+        feat = "lim"
         if by_limit:
             ind, wt = lim < ref["lim"] * (1.0 - cfg.straggler_min_rel), w
+        elif by_plateau:
+            # No limit reported: busy at a power plateau below the peers'.
+            power = fr.series_col(r, "power_w")
+            ind, wt, feat = busy & (power < ref["plat"] * (1.0 - cfg.straggler_min_rel)), wb, "plat"
         else:
             ind, wt = busy & ((bits & THROTTLE_SW_POWER_CAP) != 0) & slow, wb
-        feat = "lim"
     elif cause == "clocks":
         ind, wt, feat = busy & slow, wb, "clk"
     else:
@@ -200,7 +211,8 @@ def _finding(
     pf_gap = v["pf"] - ref["pf"]
     evidence = {
         "z": num(z[feat]) if feat in z else None,
-        "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity"}.get(
+        "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity",
+                    "plat": "power_plateau_w"}.get(
             feat or "", "pcie_degraded_share"),
         "peers": peers,
         "activity": num(v["act"]),
@@ -220,9 +232,34 @@ def _finding(
         "z_sm_clock": num(z["clk"]),
         "z_temp": num(z["temp"]),
         "z_activity": num(z["act"]),
+        "power_plateau_w": num(v["plat"]),
+        "peer_power_plateau_w": num(ref["plat"]),
+        "z_power_plateau": num(z["plat"]),
+        "activity_basis": fr.activity_basis([r]),
     }
     gaps = [x for x in (act_gap, pf_gap) if math.isfinite(x)]
     severity = "critical" if gaps and max(gaps) >= 0.3 else "warning"
     key = fr.keys[r]
     run_id = fr.window.runs[int(fr.run_of_row[r])].run_id
     return Finding(KIND, cause, severity, onset, evidence, run_id=run_id, node=key[0], gpu=key[1], last_active=last)
+
+
+def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cnt: np.ndarray,
+              lim: np.ndarray) -> np.ndarray:
+    """Per row, the ``straggler_plateau_percentile`` of power while busy over
+    the span, for rows that report no enforced limit (NaN otherwise): a GPU
+    capped below its peers computes at a lower plateau, which is what shows
+    the cap when the limit itself is not exported."""
+    out = np.full(cnt.size, np.nan)
+    need = np.flatnonzero(~np.isfinite(lim) & (cnt > 0))
+    if need.size == 0:
+        return out
+    busy = fr.busy[idx]
+    q = fr.config.straggler_plateau_percentile
+    for k in need.tolist():
+        sl = slice(int(seg[k]), int(seg[k] + cnt[k]))
+        p = power[sl][busy[sl]]
+        p = p[np.isfinite(p)]
+        if p.size >= 5:
+            out[k] = float(np.percentile(p, q))
+    return out

@@ -6,7 +6,8 @@ clocks-event reason bit says why: SW power cap (0x4) -> ``power_cap``, SW/HW
 thermal (0x20, 0x40) -> ``thermal``, HW power brake (0x80) -> ``power_brake``,
 HW slowdown (0x8) -> ``hw_slowdown``.  Where a GPU reports no bitmask at all,
 the reason is inferred: power within ``throttle_infer_power_frac`` of the limit
-is a power cap, a temperature at ``throttle_infer_temp_c`` thermal.
+(enforced, else the model's board power; never one taken from the power's
+own history, which the power would meet by construction) is a power cap, a temperature at ``throttle_infer_temp_c`` thermal.
 
 Idle GPUs are never throttled: they carry the idle bit and drop their clocks
 by design.  Reported when, since the episode began, at least
@@ -57,7 +58,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
 def _inferred(fr: Frame, cfg: DetectorConfig, idx: np.ndarray) -> np.ndarray:
     """Reason inferred where no bitmask is reported: at the power limit, or hot."""
     hot = fr.at("temp_c", idx) >= cfg.throttle_infer_temp_c
-    return (fr.power_frac(idx) >= cfg.throttle_infer_power_frac) | hot
+    return (fr.power_frac(idx, history=False) >= cfg.throttle_infer_power_frac) | hot
 
 
 def _finding(
@@ -75,7 +76,7 @@ def _finding(
     inferred = not np.isfinite(raw[hit]).any()
     shares: dict[str, float] = {}
     if inferred:
-        pf = fr.power_frac(ix)[hit]
+        pf = fr.power_frac(ix, history=False)[hit]
         temp = fr.series_col(r, "temp_c")[hit]
         ww = w[hit]
         tot = max(float(ww.sum()), 1e-9)

@@ -55,7 +55,7 @@ def test_activity_prefers_profiling_fields_and_caps_util_by_power() -> None:
     fr = Frame(_window(dcgm, nvml, util_only, nothing), CFG)
     act = fr.activity.reshape(4, 10)[:, 0]
     assert act[0] == pytest.approx(0.7)
-    assert act[1] == pytest.approx((0.3 - 0.15) / (0.6 - 0.15), rel=1e-3)
+    assert act[1] == pytest.approx((0.3 - CFG.power_idle_frac) / (CFG.power_busy_frac - CFG.power_idle_frac), rel=1e-3)
     assert act[2] == pytest.approx(0.4)
     assert np.isnan(act[3])
     assert fr.activity_source == ["dcgm", "nvml", "nvml", "none"]
