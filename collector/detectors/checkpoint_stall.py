@@ -1,24 +1,40 @@
-"""Checkpoint stalls: periodic job-wide pauses while the job writes its state.
+"""Checkpoint stalls: long job-wide pauses while one rank writes the job's state.
 
-Run-scoped.  A job-wide pause is a stretch of at least ``ckpt_min_pause_s``
-during which at least ``ckpt_min_gpu_share`` of the run's GPUs are idle
-together (intervals of the idle phases intersected with a sweep line, so
-GPUs sampled on different clocks still line up).  Reported when there are at
-least ``ckpt_min_pauses`` such pauses, regularly spaced when there are
-several (MAD / median spacing at most ``ckpt_max_period_cv``), costing at
-least ``ckpt_min_lost_share`` of the run's time (median pause / period, or
-the pause's share of the window when only one is in view: checkpoints are
-often further apart than a window), and a host of the run writes in bursts
-during them: disk or network write rate at least ``ckpt_write_ratio`` times
-the rate while busy and at least ``ckpt_min_write_bytes_s``.
+Run-scoped.  A GPU is *paused* while its activity is at most
+``ckpt_pause_activity``; a job-wide pause is a stretch of at least
+``ckpt_min_pause_s`` during which at least ``ckpt_min_gpu_share`` of the
+run's GPUs are paused together (per-GPU paused stretches intersected with a
+sweep line, so GPUs sampled on different clocks still line up).  Between
+pauses the job must be working (``ckpt_min_busy_share`` of the rest busy).
 
-Without host write rates nothing is reported: a periodic pause alone may be
-an evaluation, and the write burst is what makes it a checkpoint.
+What makes a pause a checkpoint, strongest first:
+
+* ``basis = "gpu+host"`` — a host of the run writes in bursts during the
+  pauses: disk or network write rate at least ``ckpt_write_ratio`` times the
+  rate while busy and at least ``ckpt_min_write_bytes_s``.  Host write rates
+  that show *no* burst rule a checkpoint out: that is an evaluation pause.
+* ``basis = "gpu_only"`` — no host write rates at all (nvidia-smi or DCGM
+  exports without a host agent), but the blocked-rank signature of a
+  synchronous job: during the pauses one or a few ranks (at most
+  ``ckpt_max_blocker_share`` of the run) run no kernel at all (GPU-Util
+  about 0, or no SM activity), while the others keep a kernel resident at
+  idle-level power (GPU-Util ~100 %: NCCL spinning in the next collective,
+  waiting for them), and it is the same rank in ``ckpt_min_same_writer`` of
+  the pauses: the writer, commonly rank 0.  Evaluation pauses and input
+  waits leave no such rank.
+
+Pauses are reported one or periodic: regularly spaced when there are several
+(MAD / median spacing at most ``ckpt_max_period_cv``), costing at least
+``ckpt_min_lost_share`` of the run's time (median pause / period, or the
+pause's share of the window when only one is in view: checkpoints are often
+further apart than a window).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,39 +49,63 @@ KIND = "checkpoint_stall"
 
 def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
     fr = frame if frame is not None else Frame(window, config)
-    if fr.rows == 0 or not window.runs:
-        return []
-    cfg = config
-    ph = fr.phases
+    return [f for f in run_findings(fr).values() if f is not None]
+
+
+def run_findings(fr: Frame) -> dict[int, Finding | None]:
+    """The checkpoint finding of every run with data (None: no stall),
+    computed once per frame: starvation asks it too, so that a pattern is
+    claimed by one detector only."""
+    memo = fr.memo.get(KIND)
+    if memo is not None:
+        return memo
+    out: dict[int, Finding | None] = {}
+    fr.memo[KIND] = out
+    if fr.rows == 0 or not fr.window.runs:
+        return out
+    cfg = fr.config
+    paused = fr.paused
+    wreg = fr.region_weights()
+    paused_s = fr.row_sum(wreg * paused)
     lo, hi = fr.region
-    c0 = np.fmax(ph.t0, lo[ph.row])
-    c1 = np.fmin(ph.t1, hi[ph.row])
-    long_idle = (ph.state == 0) & (ph.dur > 0) & (c1 - c0 >= cfg.ckpt_min_pause_s) & (ph.t0 >= lo[ph.row])
-    n_long = np.bincount(ph.row[long_idle], minlength=fr.rows)
-    cand = (n_long >= cfg.ckpt_min_pauses) & (fr.run_of_row >= 0)
-    out = []
-    for ri in sorted(set(fr.run_of_row[cand].tolist())):
-        rows = fr.run_rows[ri]
+    for ri, rows in sorted(fr.run_rows.items()):
         rows = rows[np.isfinite(lo[rows]) & (hi[rows] > lo[rows])]
         need = max(1, math.ceil(cfg.ckpt_min_gpu_share * rows.size - 1e-9))
-        if rows.size == 0 or int(cand[rows].sum()) < need:
+        if rows.size == 0 or int((paused_s[rows] >= cfg.ckpt_min_pause_s).sum()) < need:
             continue
-        f = _judge_run(fr, ri, rows, need)
-        if f is not None:
-            out.append(f)
+        out[ri] = _judge_run(fr, ri, rows, need)
     return out
 
 
-def job_wide_idle(fr: Frame, rows: np.ndarray, need: int) -> list[tuple[float, float]]:
-    """Stretches during which at least ``need`` of ``rows`` are idle together."""
-    starts, ends = [], []
-    for r in rows:
-        ph = fr.region_phases(int(r))
-        idle = ph.state == 0
-        starts.append(ph.t0[idle])
-        ends.append(ph.t1[idle])
-    t0 = np.concatenate(starts) if starts else np.zeros(0)
-    t1 = np.concatenate(ends) if ends else np.zeros(0)
+def paused_spans(fr: Frame, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row ``r``'s maximal paused stretches inside its run region, as
+    ``(t0, t1)`` arrays (a gap in the data ends a stretch)."""
+    a0, b0 = fr.region_index
+    a, b = int(a0[r]), int(b0[r])
+    if b <= a:
+        return np.zeros(0), np.zeros(0)
+    p = fr.paused[a:b]
+    seg = fr.seg_start[a:b].copy()
+    seg[0] = True
+    head = p & (seg | np.concatenate([[True], ~p[:-1]]))
+    starts = np.flatnonzero(head)
+    if starts.size == 0:
+        return np.zeros(0), np.zeros(0)
+    # Each stretch ends at its last paused sample before a non-paused one or a new segment.
+    nxt_break = np.flatnonzero(~p | seg)
+    j = np.searchsorted(nxt_break, starts, side="right")
+    ends = np.where(j < nxt_break.size, nxt_break[np.minimum(j, max(nxt_break.size - 1, 0))] - 1, p.size - 1) \
+        if nxt_break.size else np.full(starts.size, p.size - 1)
+    t = fr.time(a + np.arange(p.size))
+    w = fr.w_all[a:b]
+    return t[starts], t[ends] + w[ends]
+
+
+def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int) -> list[tuple[float, float]]:
+    """Stretches during which at least ``need`` of ``rows`` are paused together."""
+    parts = [paused_spans(fr, int(r)) for r in rows]
+    t0 = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+    t1 = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
     if t0.size == 0:
         return []
     tt = np.concatenate([t0, t1])
@@ -73,8 +113,9 @@ def job_wide_idle(fr: Frame, rows: np.ndarray, need: int) -> list[tuple[float, f
     order = np.lexsort((dd, tt))
     tt, dd = tt[order], dd[order]
     cover = np.cumsum(dd)
-    up = np.flatnonzero((cover >= need) & (np.concatenate([[0], cover[:-1]]) < need))
-    down = np.flatnonzero((cover < need) & (np.concatenate([[0], cover[:-1]]) >= need))
+    prev = np.concatenate([[0], cover[:-1]])
+    up = np.flatnonzero((cover >= need) & (prev < need))
+    down = np.flatnonzero((cover < need) & (prev >= need))
     spans = [(float(tt[u]), float(tt[d])) for u, d in zip(up, down, strict=False)]
     # Unsynchronised sampling splits one pause into slivers; join them.
     tol = 2.0 * float(np.max(fr.dt[rows]))
@@ -87,6 +128,54 @@ def job_wide_idle(fr: Frame, rows: np.ndarray, need: int) -> list[tuple[float, f
     return merged
 
 
+@dataclass
+class Blocking:
+    """The blocked-rank signature over a run's pauses."""
+
+    #: Row of the rank that blocked most often (None: no signature).
+    writer: int | None
+    #: Share of the pauses in which the writer blocked while peers spun.
+    same_share: float
+    #: Rows that blocked in at least half of the pauses.
+    blockers: list[int]
+    #: Median number of ranks spinning in a pause.
+    spinning: float
+
+
+def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> Blocking:
+    """Which ranks ran no kernel at all during each pause while the others
+    kept one resident (see the module doc)."""
+    cfg = fr.config
+    max_block = max(1, math.floor(cfg.ckpt_max_blocker_share * rows.size + 1e-9))
+    counts: Counter[int] = Counter()
+    spinning: list[int] = []
+    signed = 0
+    resident = {int(r): fr.kernel_resident(int(r)) for r in rows}
+    for a, b in pauses:
+        blk, spin = [], 0
+        for r in rows.tolist():
+            t = fr.row_times(r)
+            m = (t >= a) & (t < b)
+            res = resident[r][m]
+            res = res[np.isfinite(res)]
+            if res.size == 0:
+                continue
+            share = float(res.mean())
+            if share < 0.5:
+                blk.append(r)
+            else:
+                spin += 1
+        spinning.append(spin)
+        if 1 <= len(blk) <= max_block and spin >= 1:
+            signed += 1
+            counts.update(blk)
+    if not counts or not pauses:
+        return Blocking(None, 0.0, [], float(np.median(spinning)) if spinning else 0.0)
+    writer, hits = counts.most_common(1)[0]
+    blockers = sorted(r for r, c in counts.items() if c >= 0.5 * len(pauses))
+    return Blocking(writer, hits / len(pauses), blockers, float(np.median(spinning)))
+
+
 def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | None:
     cfg = fr.config
     window = fr.window
@@ -94,10 +183,12 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     hi = float(np.max(fr.region[1][rows]))
     edge = float(np.max(fr.dt[rows]))
     pauses = [
-        (a, b) for a, b in job_wide_idle(fr, rows, need)
+        (a, b) for a, b in job_wide_pauses(fr, rows, need)
         if b - a >= cfg.ckpt_min_pause_s and a > lo + edge
     ]
     if not pauses or len(pauses) < cfg.ckpt_min_pauses:
+        return None
+    if _busy_share_between(fr, rows, pauses) < cfg.ckpt_min_busy_share:
         return None
     starts = np.array([p[0] for p in pauses])
     lengths = np.array([p[1] - p[0] for p in pauses])
@@ -123,19 +214,35 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     if lost < cfg.ckpt_min_lost_share:
         return None
     nodes = sorted({fr.keys[int(r)][0] for r in rows})
+    blk = blocking(fr, rows, pauses)
     wb = write_burst(window, nodes, pauses, lo, hi)
-    if wb is None or not wb.is_burst(cfg):
+    if wb is not None:
+        # Host write rates exist: they decide.  No burst: an evaluation pause.
+        if not wb.is_burst(cfg):
+            return None
+        basis = "gpu+host"
+    elif rows.size >= 2 and blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer:
+        basis = "gpu_only"
+    else:
         return None
+    writer = _gpu_name(fr, blk.writer) if blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer \
+        else None
     evidence = {
+        "basis": basis,
         "period_s": num(period),
         "pause_s": num(pause_s),
         "pauses": len(pauses),
         "run_time_lost_share": num(lost),
-        "write_bytes_s": num(wb.pause_bytes_s),
-        "write_bytes_s_busy": num(wb.busy_bytes_s),
-        "write_path": wb.path,
-        "host": wb.node,
+        "writer_gpu": writer,
+        "blocking_gpus": [_gpu_name(fr, r) for r in blk.blockers] if writer else [],
+        "writer_same_share": num(blk.same_share),
+        "spinning_gpus": num(blk.spinning),
+        "write_bytes_s": num(wb.pause_bytes_s) if wb else None,
+        "write_bytes_s_busy": num(wb.busy_bytes_s) if wb else None,
+        "write_path": wb.path if wb else None,
+        "host": wb.node if wb else None,
         "gpu_count": int(rows.size),
+        "activity_basis": fr.activity_basis(rows),
     }
     severity = "critical" if lost >= 0.25 else "warning"
     last = float(pauses[-1][1])
@@ -143,3 +250,26 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     hold = 1.5 * period if period is not None else window.t_end - window.t_start
     return Finding(KIND, None, severity, float(starts[0]), evidence, run_id=window.runs[ri].run_id,
                    last_active=last, hold_s=hold)
+
+
+def _busy_share_between(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> float:
+    """Busy share of the run's GPU time outside the pauses: a job that
+    mostly idles has no checkpoint stalls, only idleness."""
+    busy = tot = 0.0
+    p0 = np.array([p[0] for p in pauses])
+    p1 = np.array([p[1] for p in pauses])
+    a0, b0 = fr.region_index
+    for r in rows.tolist():
+        a, b = int(a0[r]), int(b0[r])
+        t = fr.time(slice(a, b))
+        i = np.searchsorted(p0, t, side="right") - 1
+        out = ~((i >= 0) & (t < p1[np.maximum(i, 0)]))
+        w = fr.w[a:b] * out
+        tot += float(w.sum())
+        busy += float((w * fr.busy[a:b]).sum())
+    return busy / tot if tot > 0 else 0.0
+
+
+def _gpu_name(fr: Frame, r: int) -> str:
+    node, gpu = fr.keys[r]
+    return f"{node}/{gpu}"

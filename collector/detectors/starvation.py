@@ -19,7 +19,9 @@ window after warm-up (see :attr:`Frame.region`), then across the run:
   job, not a starving one; nor when the saturated host is the one an
   oscillating-starved run's loader is saturating (a neighbour, not the cause).
 
-Either needs ``starve_min_gpu_share`` of the run's GPUs, and no GPU of the run
+A run whose pauses the checkpoint detector explains (a write burst, or one
+rank blocking while its peers spin) is left to it: one pattern, one
+diagnosis.  Either needs ``starve_min_gpu_share`` of the run's GPUs, and no GPU of the run
 busy ``starve_busy_gpu_share`` of the time at a normal activity level (one
 GPU working while the others wait is a straggler).  Warm-up, short evaluation pauses (duty cycle above the
 maximum, too few cycles) and slow periodic pauses (checkpoints) are excluded.
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collector.detectors import checkpoint_stall
 from collector.detectors.config import DetectorConfig
 from collector.detectors.frame import Frame, segment_sums
 from collector.detectors.hosts import HostPressure, host_pressure, write_burst
@@ -164,8 +167,10 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         return []
     with np.errstate(invalid="ignore", divide="ignore"):
         busy_share = fr.row_sum(wreg * fr.busy) / reg_s
+    # Long job-wide pauses that a checkpoint explains are claimed there.
+    claimed = {ri for ri, f in checkpoint_stall.run_findings(fr).items() if f is not None}
     out = []
-    for ri in sorted(set(fr.run_of_row[cand].tolist())):
+    for ri in sorted(set(fr.run_of_row[cand].tolist()) - claimed):
         rows = fr.run_rows[ri]
         rows = rows[reg_s[rows] > 0]
         # A GPU that keeps working at a normal level holds the others back.
@@ -220,6 +225,7 @@ def _judge_run(
             "gpus_affected": len(oscs),
             "gpu_count": int(rows.size),
             "activity_source": ",".join(sources),
+            "activity_basis": fr.activity_basis(rows),
         }
         last = max(o.last_onset for o in oscs)
         return _finding(run.run_id, pressure.cause, lost, onset, last, evidence)
@@ -249,6 +255,7 @@ def _judge_run(
         "gpus_affected": int(lows.size),
         "gpu_count": int(rows.size),
         "activity_source": ",".join(sources),
+        "activity_basis": fr.activity_basis(rows),
     }
     last = low_last[lows]
     return _finding(run.run_id, pressure.cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
