@@ -24,7 +24,8 @@ def _utc(v: datetime) -> datetime:
 #: A time with a UTC offset, normalised to UTC (request input).
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/\-]{0,127}$"
+#: Run ids: one path segment of /v1/runs/{run_id}, so no '/' (gpufleet.store.runs.RUN_ID_RE).
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$"
 
 

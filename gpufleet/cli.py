@@ -293,7 +293,7 @@ def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generate
                alloc: Annotated[list[str] | None, typer.Option(help="NODE:GPU,GPU,... (repeatable)")] = None,
                config: ConfigOpt = None, db: DbOpt = None) -> None:
     """Register a run and its GPUs."""
-    from gpufleet.store.runs import Conflict, NotFound, create_run
+    from gpufleet.store.runs import Conflict, Invalid, NotFound, create_run
 
     allocations = []
     for a in alloc or []:
@@ -307,6 +307,8 @@ def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generate
     with connect(settings_from(config, db)) as conn:
         try:
             run, _ = create_run(conn, spec)
+        except Invalid as e:
+            fail(f"--{e.field.replace('_', '-')} {e}".replace(f"{e.field}: ", "", 1))
         except (NotFound, Conflict) as e:
             fail(str(e))
     typer.echo(json.dumps(run, default=str))

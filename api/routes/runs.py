@@ -1,4 +1,10 @@
-"""Runs: register, list, end, allocate GPUs, report progress."""
+"""Runs: register, list, end, allocate GPUs, report progress.
+
+A node token's powers are narrower than an admin's (see gpufleet.store.runs):
+its own GPUs, runs of the same scheduler job, start/end near now, never team,
+name or labels of an existing run.  An allocation overlapping another run's
+answers 409 naming that run, the node and the GPU.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +17,14 @@ from api.deps import ConnDep, Reader, RunWriter
 from api.schemas import Progress, RunCreate, RunPublic, RunUpdate, UtcDatetime
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
-from gpufleet.store.runs import Conflict, NotFound
+from gpufleet.store.runs import Conflict, Forbidden, Invalid, NotFound
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
 
-def _own_node_only(who: Principal, allocations: list | None) -> None:
-    """A node token (a scheduler hook on that node) may allocate its own GPUs only."""
-    if who.role == "node" and allocations:
-        bad = [a.node for a in allocations if a.node != who.node]
-        if bad:
-            raise HTTPException(403, f"a node token may allocate GPUs of node {who.node!r} only, not {bad[0]!r}")
+def _as_node(who: Principal) -> str | None:
+    """The node a node token speaks for; None for roles that keep every power over runs."""
+    return who.node if who.role == "node" else None
 
 
 @router.get("", response_model=list[RunPublic])
@@ -42,11 +45,12 @@ def get_run(run_id: str, conn: ConnDep, _: Reader) -> dict:
 
 @router.post("", response_model=RunPublic, status_code=201)
 def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Response) -> dict:
-    _own_node_only(who, body.allocations)
     try:
-        run, created = store.create_run(conn, body.model_dump())
-    except NotFound as e:
+        run, created = store.create_run(conn, body.model_dump(), as_node=_as_node(who))
+    except (NotFound, Invalid) as e:
         raise HTTPException(422, str(e)) from None
+    except Forbidden as e:
+        raise HTTPException(403, str(e)) from None
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
     if not created:
@@ -56,21 +60,25 @@ def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Respons
 
 @router.patch("/{run_id}", response_model=RunPublic)
 def update_run(run_id: str, body: RunUpdate, conn: ConnDep, who: RunWriter) -> dict:
-    _own_node_only(who, body.allocations)
     try:
-        return store.update_run(conn, run_id, body.model_dump(exclude_unset=True))
+        return store.update_run(conn, run_id, body.model_dump(exclude_unset=True), as_node=_as_node(who))
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
+    except Forbidden as e:
+        raise HTTPException(403, str(e)) from None
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
 
 
 @router.post("/{run_id}/progress", status_code=204)
-def progress(run_id: str, body: Progress, conn: ConnDep, _: RunWriter) -> Response:
+def progress(run_id: str, body: Progress, conn: ConnDep, who: RunWriter) -> Response:
     if body.tokens is None and body.samples is None:
         raise HTTPException(422, "give 'tokens' or 'samples' (cumulative counts)")
     try:
-        store.record_progress(conn, run_id, body.time or datetime.now(UTC), body.tokens, body.samples)
+        store.record_progress(conn, run_id, body.time or datetime.now(UTC), body.tokens, body.samples,
+                              as_node=_as_node(who))
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
+    except Forbidden as e:
+        raise HTTPException(403, str(e)) from None
     return Response(status_code=204)
