@@ -37,9 +37,11 @@ import orjson
 import zstandard
 
 from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME, INT_RANGES, Field
+from gpufleet.facts import FactsError, check_facts, plain_json
 
-BATCH_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$")
+#: Matched with ``fullmatch``: ``$`` would let a trailing newline through.
+BATCH_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,252}")
 MAX_TEXT = 256
 TOP_LEVEL = frozenset({"batch_id", "node", "gpu", "host", "facts", "agent"})
 
@@ -241,17 +243,76 @@ def decompress(body: bytes, encoding: str | None, max_out: int) -> bytes:
     raise WireError(f"unsupported Content-Encoding {encoding!r} (use gzip, zstd or none)", ("Content-Encoding",), 415)
 
 
-def parse(raw: bytes, content_type: str | None) -> Any:
+#: Parse bounds (see :func:`parse`).  Nesting: both parsers stop at 1024
+#: levels on their own (msgpack's and orjson's fixed stacks); ``facts`` and
+#: ``agent``, the only free-form parts, are then held to 16 by validation.
+MAX_MAP_LEN = 20_000
+#: Containers (objects and arrays) beyond the row-form samples themselves.
+CONTAINER_SLACK = 25_000
+#: Values per sample a legal batch can hold (every GPU field in row form), for the element bound.
+FIELDS_PER_SAMPLE = max(len(GPU_BY_NAME), len(HOST_BY_NAME)) + 4
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    """How much structure one body may hold, whatever its byte size: a 1 KB zstd
+    body can expand to 32 MiB of empty maps, each a Python object of 64 bytes."""
+
+    #: Longest array (a column, or the rows of a section, has one value per sample).
+    max_array_len: int = 50_001
+    #: Most entries in one object.
+    max_map_len: int = MAX_MAP_LEN
+    #: Most objects and arrays in the whole body.
+    max_containers: int = 50_001 + CONTAINER_SLACK
+    #: Most values (array elements and object entries) in the whole body.
+    max_elements: int = 50_001 * FIELDS_PER_SAMPLE + CONTAINER_SLACK
+
+    @classmethod
+    def for_samples(cls, max_samples: int) -> ParseLimits:
+        n = max_samples + 1
+        return cls(max_array_len=max(n, 1024), max_containers=n + CONTAINER_SLACK,
+                   max_elements=n * FIELDS_PER_SAMPLE + CONTAINER_SLACK)
+
+
+DEFAULT_LIMITS = ParseLimits()
+
+
+def parse(raw: bytes, content_type: str | None, limits: ParseLimits = DEFAULT_LIMITS) -> Any:
+    """Decode a body, refusing (413) one that holds more structure than ``limits``
+    before building it: JSON is counted on its bytes first (brackets and commas,
+    an upper bound), msgpack as it is unpacked (array/map headers are checked
+    before their memory is allocated, containers as they complete)."""
     ctype = (content_type or JSON).split(";")[0].strip().lower()
     if ctype in (JSON, "text/json"):
+        containers = raw.count(b"{") + raw.count(b"[")
+        if containers > limits.max_containers:
+            raise TooLarge(f"body holds over {limits.max_containers} objects and arrays")
+        if raw.count(b",") > limits.max_elements:
+            raise TooLarge(f"body holds over {limits.max_elements} values")
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise WireError(f"body is not valid JSON: {e}", ("body",), 400) from e
     if ctype in (MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
+        count = [0, 0]  # containers, elements
+
+        def seen(obj: Any) -> Any:
+            count[0] += 1
+            count[1] += len(obj)
+            if count[0] > limits.max_containers:
+                raise TooLarge(f"body holds over {limits.max_containers} objects and arrays")
+            if count[1] > limits.max_elements:
+                raise TooLarge(f"body holds over {limits.max_elements} values")
+            return obj
+
         try:
-            return msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True, object_hook=seen, list_hook=seen,
+                                   max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
+        except WireError:
+            raise
         except (msgpack.UnpackException, ValueError, TypeError) as e:
+            if "exceeds max_" in str(e):
+                raise TooLarge(f"body holds a longer array or object than allowed: {e}") from e
             raise WireError(f"body is not valid msgpack: {e}", ("body",), 400) from e
     raise WireError(f"unsupported Content-Type {content_type!r} (use {JSON} or {MSGPACK})", ("Content-Type",), 415)
 
@@ -379,8 +440,20 @@ def _typed(section: str, name: str, col: dict[str, Any]) -> Typed:
     return Typed(values, null)
 
 
+#: The largest finite float4: a larger value in a ``real`` column would be stored as infinity.
+FLOAT4_MAX = float(np.finfo(np.float32).max)
+
+
+def _real_bounds(kind: str, lo: float | None, hi: float | None) -> tuple[float | None, float | None]:
+    """``real`` columns also bound by float4's finite range (1e300 must not become inf)."""
+    if kind != "real":
+        return lo, hi
+    return (-FLOAT4_MAX if lo is None else max(lo, -FLOAT4_MAX)), (FLOAT4_MAX if hi is None else min(hi, FLOAT4_MAX))
+
+
 def _check_typed(section: str, name: str, col: Typed, kind: str, lo: float | None, hi: float | None,
                  required: bool) -> Column:
+    lo, hi = _real_bounds(kind, lo, hi)
     v, null = col.values.astype(np.float64 if col.values.dtype.kind == "f" else np.int64), col.null
     if required and null is not None:
         raise WireError("is required", (section, int(np.flatnonzero(null)[0]), name))
@@ -422,6 +495,7 @@ def _first(col: list[Any], pred: Any) -> int:
 
 def _numeric(section: str, name: str, col: list[Any], kind: str, lo: float | None, hi: float | None,
              required: bool) -> Column:
+    lo, hi = _real_bounds(kind, lo, hi)
     types = set(map(type, col))
     if not types <= _NUMERIC_TYPES:
         i = _first(col, lambda v: type(v) not in _NUMERIC_TYPES)
@@ -547,12 +621,12 @@ def _bounds(names: tuple[str, ...], known: dict[str, Field], as_int: bool) -> tu
 
 
 def _lo(f: Field) -> float:
-    base = INT_RANGES[f.kind][0] if f.kind in INT_RANGES else -np.inf
+    base = INT_RANGES[f.kind][0] if f.kind in INT_RANGES else -FLOAT4_MAX if f.kind == "real" else -np.inf
     return base if f.lo is None else max(f.lo, base)
 
 
 def _hi(f: Field) -> float:
-    base = INT_RANGES[f.kind][1] if f.kind in INT_RANGES else np.inf
+    base = INT_RANGES[f.kind][1] if f.kind in INT_RANGES else FLOAT4_MAX if f.kind == "real" else np.inf
     return base if f.hi is None else min(f.hi, base)
 
 
@@ -630,19 +704,35 @@ def validate(doc: Any) -> Batch:
         if k not in TOP_LEVEL:
             raise WireError("unknown field", (k,))
     batch_id = doc.get("batch_id")
-    if not isinstance(batch_id, str) or not BATCH_ID_RE.match(batch_id):
+    if not isinstance(batch_id, str) or not BATCH_ID_RE.fullmatch(batch_id):
         raise WireError("is required: 1-128 characters of [A-Za-z0-9._:-]", ("batch_id",))
     node = doc.get("node")
-    if not isinstance(node, str) or not NODE_RE.match(node):
+    if not isinstance(node, str) or not NODE_RE.fullmatch(node):
         raise WireError("is required: a host name of [A-Za-z0-9._-]", ("node",))
     facts = doc.get("facts")
-    if facts is not None and not isinstance(facts, dict):
-        raise WireError("must be an object", ("facts",))
+    if facts is not None:
+        try:
+            check_facts(facts)
+        except FactsError as e:
+            raise WireError(e.msg, e.loc) from None
+    _check_agent(doc.get("agent"))
     gcols, ng = _columns(doc.get("gpu"), "gpu", GPU_BY_NAME, ("time", "gpu"))
     hcols, nh = _columns(doc.get("host"), "host", HOST_BY_NAME, ("time",))
     gpu = _check_section("gpu", gcols, ng, node, GPU_BY_NAME, ("time", "gpu"))
     host = _check_section("host", hcols, nh, node, HOST_BY_NAME, ("time",))
     return Batch(batch_id=batch_id, node=node, gpu=gpu, host=host, facts=facts, n_gpu=ng, n_host=nh)
+
+
+def _check_agent(agent: Any) -> None:
+    """``agent`` (the sender's own counters) is not stored, but is bounded like facts."""
+    if agent is None:
+        return
+    if not isinstance(agent, dict):
+        raise WireError("must be an object", ("agent",))
+    try:
+        plain_json(agent, "agent")
+    except FactsError as e:
+        raise WireError(e.msg, e.loc) from None
 
 
 def drop_skewed(batch: Batch, now: float, future_s: float, past_s: float) -> Batch:

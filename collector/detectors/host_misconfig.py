@@ -21,12 +21,18 @@ Node facts (``Window.node_facts[node]``, as reported by the agent) read:
   ``cpu_quota_us`` with ``cpu_period_us`` (cgroup v1), or ``cpu_max``
   (cgroup v2 ``"max 100000"`` / ``"200000 100000"``);
 * GPUs: ``gpu_count``, else the GPUs of the node seen in the window.
+
+They are read through :class:`gpufleet.facts.NodeFacts`: a node whose facts
+do not fit (``"cpu_quota_cores": "lots"`` stored before ingest checked them)
+reads as not reporting that fact, so it fails at most its own finding, never
+the sweep of the fleet.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,18 +40,20 @@ import numpy as np
 from collector.detectors.config import DetectorConfig
 from collector.detectors.frame import Frame
 from collector.detectors.window import Finding, Window
+from gpufleet.facts import NodeFacts
 
 KIND = "host_misconfig"
 GOVERNOR_KEYS = ("cpu_governor", "scaling_governor", "governor")
 
 
-def governors(facts: dict[str, Any]) -> set[str]:
+def governors(facts: NodeFacts | Mapping[str, Any]) -> set[str]:
     """The CPU frequency governors the node reports, lower case."""
-    counts = facts.get("cpu_governors")
-    if isinstance(counts, dict) and counts:
+    f = NodeFacts.read(facts)
+    counts = f.cpu_governors
+    if counts:
         return {str(k).strip().lower() for k, v in counts.items() if v}
     for key in GOVERNOR_KEYS:
-        val = facts.get(key)
+        val = getattr(f, key)
         if val is None:
             continue
         if isinstance(val, str):
@@ -59,14 +67,15 @@ def governors(facts: dict[str, Any]) -> set[str]:
     return set()
 
 
-def quota_cores(facts: dict[str, Any]) -> float | None:
+def quota_cores(facts: NodeFacts | Mapping[str, Any]) -> float | None:
     """CPU quota in cores, None when unlimited or not reported."""
-    val = facts.get("cpu_quota_cores")
-    if val is None and facts.get("cpu_quota_us") is not None and facts.get("cpu_period_us"):
-        val = float(facts["cpu_quota_us"]) / float(facts["cpu_period_us"])
-    if val is None and isinstance(facts.get("cpu_max"), str):
-        parts = facts["cpu_max"].split()
-        if parts and parts[0] != "max":
+    f = NodeFacts.read(facts)
+    val = f.cpu_quota_cores
+    if val is None and f.cpu_quota_us is not None and f.cpu_period_us:
+        val = f.cpu_quota_us / f.cpu_period_us
+    if val is None and f.cpu_max is not None:
+        parts = f.cpu_max.split()
+        if parts and parts[0] != "max" and (len(parts) == 1 or float(parts[1]) > 0):
             val = float(parts[0]) / float(parts[1] if len(parts) > 1 else 100000)
     if val is None:
         return None
@@ -89,7 +98,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             first_seen[node] = min(first_seen.get(node, math.inf), float(h.t[0]))
     out = []
     for node in sorted(set(window.node_facts) | set(gpus_of)):
-        facts = window.node_facts.get(node) or {}
+        facts = NodeFacts.read(window.node_facts.get(node))
         issues: list[str] = []
         evidence: dict[str, Any] = {}
         gov = governors(facts)
@@ -97,11 +106,11 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             evidence["cpu_governor"] = sorted(gov)
         if gov & set(cfg.bad_governors):
             issues.append("cpu_governor")
-        ngpu = facts.get("gpu_count") or len(gpus_of.get(node, ()))
+        ngpu = facts.gpu_count or len(gpus_of.get(node, ()))
         quota = quota_cores(facts)
         evidence["cpu_quota_cores"] = quota
         evidence["gpu_count"] = int(ngpu) if ngpu else None
-        evidence["cpu_count"] = facts.get("cpu_count")
+        evidence["cpu_count"] = facts.cpu_count
         if quota is not None and ngpu and quota < cfg.min_cores_per_gpu * float(ngpu):
             issues.append("cpu_quota")
         if not issues:

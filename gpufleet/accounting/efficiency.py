@@ -11,7 +11,10 @@ MFU = 6 × params × tokens_per_s ÷ Σ peak BF16 dense FLOP/s of the run's GPUs
 entry in ``nodes.facts["gpus"]`` (the NVML and dcgm-exporter sources report
 it there), else ``nodes.facts["gpu_model"]``; a numeric
 ``nodes.facts["bf16_dense_peak_flops"]`` overrides the table.  MFU is null
-when any GPU's model is unknown or the run has no ``params``.
+when any GPU's model is unknown or the run has no ``params``.  Facts are
+read through :class:`gpufleet.facts.NodeFacts`, so one node's malformed facts
+leave that node's GPUs without a model (MFU null for its runs), never fail the
+accounting of the fleet.
 
 Goodput = share of the run's GPU time not lost to ``starvation`` or
 ``checkpoint_stall`` incidents.  An incident loses its overlap with the
@@ -29,6 +32,8 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+
+from gpufleet.facts import NodeFacts
 
 #: Peak dense BF16 tensor FLOP/s per GPU (vendor datasheets, without sparsity).
 #: Matched in order against the model name, case-insensitively; first hit wins.
@@ -58,18 +63,15 @@ def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]]
                ) -> dict[tuple[str, int], tuple[str | None, float | None]]:
     """(model name, peak FLOP/s) of each allocated GPU, from the nodes' facts."""
     nodes = sorted({n for n, _ in allocations})
-    facts: dict[str, Any] = {n: f for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
+    facts = {n: NodeFacts.read(f) for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
                                                             (nodes,)).fetchall()}
     out: dict[tuple[str, int], tuple[str | None, float | None]] = {}
+    none = NodeFacts()
     for node, gpu in allocations:
-        f: Mapping[str, Any] = facts.get(node) or {}
-        model = None
-        for entry in f.get("gpus") or []:
-            if isinstance(entry, Mapping) and entry.get("gpu") == gpu and entry.get("name"):
-                model = str(entry["name"])
-        model = model or (str(f["gpu_model"]) if f.get("gpu_model") else None)
-        override = f.get("bf16_dense_peak_flops")
-        peak = float(override) if isinstance(override, int | float) and override > 0 else peak_flops(model)
+        f = facts.get(node, none)
+        model = f.gpu_model_of(gpu)
+        override = f.bf16_dense_peak_flops
+        peak = override if override is not None else peak_flops(model)
         out[(node, gpu)] = (model, peak)
     return out
 

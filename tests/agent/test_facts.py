@@ -82,3 +82,53 @@ def test_node_facts_bundle(tmp_path: Path) -> None:
     assert facts["cpu_governor"] == "ondemand"
     assert facts["cpu_quota_cores"] is None
     assert facts["hostname"] and facts["kernel"]
+
+
+# -- what the agent sends fits the collector's facts schema -----------------------------
+
+
+def test_node_facts_fit_the_schema(tmp_path: Path) -> None:
+    from gpufleet.facts import NodeFacts, check_facts
+
+    make_cpus(tmp_path, ["powersave"] * 2, "0-1")
+    (tmp_path / "fs" / "cgroup").mkdir(parents=True)
+    (tmp_path / "fs" / "cgroup" / "cpu.max").write_text("150000 100000\n")
+    facts = node_facts(tmp_path)
+    assert check_facts(facts) is facts
+    f = NodeFacts.read(facts)
+    assert f.cpu_quota_cores == 1.5 and f.cpu_governors == {"powersave": 2} and f.cpu_count == 2
+    # and the machine's own
+    assert check_facts(node_facts()) is not None
+
+
+@pytest.mark.parametrize("profiles", [("h100",) * 8, ("h100-mig", "h200", "l40s")])
+def test_nvml_facts_fit_the_schema(profiles: tuple[str, ...]) -> None:
+    from agent.sources.nvml import NvmlSource
+    from agent.sources.nvml_fake import PROFILES, FakeNvml
+    from gpufleet.facts import NodeFacts, check_facts
+
+    src = NvmlSource(FakeNvml([PROFILES[k] for k in profiles]), sys_root="/nonexistent")
+    facts = src.facts()
+    check_facts(facts)
+    f = NodeFacts.read(facts)
+    assert f.gpu_count == len(profiles) and f.gpus is not None
+    assert f.gpu_model_of(0) == facts["gpus"][0]["name"]
+
+
+def test_dcgm_exporter_facts_fit_the_schema() -> None:
+    from agent.sources.dcgm_exporter import parse_exposition
+    from gpufleet.facts import check_facts
+    from tests.agent.test_dcgm_exporter_source import real_lines
+
+    parsed = parse_exposition("\n".join(real_lines()) + "\n")
+    check_facts({"dcgm_exporter_url": "http://127.0.0.1:9400/metrics",
+                 "gpus": [parsed.gpus[g] for g in sorted(parsed.gpus)]})
+
+
+def test_simulated_fleet_facts_fit_the_schema() -> None:
+    from agent.simulator.fleet import Fleet
+    from gpufleet.facts import check_facts
+
+    fleet = Fleet.from_scenario("mixed_fleet")
+    for node in fleet.nodes:
+        check_facts(fleet.facts(node))
