@@ -27,8 +27,8 @@ INGEST_DOC = """Store one batch of GPU and host samples from one node.
 
 Body: JSON (`application/json`) or msgpack (`application/msgpack`), optionally
 `Content-Encoding: gzip` or `zstd`.  See `gpufleet.wire` for the format.
-Answers 200 only after the batch is committed; a retried `batch_id` answers
-200 with `status: duplicate` and is not stored twice."""
+Answers 200 only after the batch is committed; a retried `batch_id` (from the
+same node) answers 200 with `status: duplicate` and is not stored twice."""
 
 INGEST_OPENAPI: dict[str, Any] = {
     "requestBody": {
@@ -43,7 +43,7 @@ INGEST_OPENAPI: dict[str, Any] = {
                     "node": {"type": "string"},
                     "gpu": {"type": "object", "additionalProperties": {"type": "array"}},
                     "host": {"type": "object", "additionalProperties": {"type": "array"}},
-                    "facts": {"type": "object"},
+                    "facts": {"type": "object", "description": "node facts; see gpufleet.facts.NodeFacts"},
                     "agent": {"type": "object"},
                 },
             }},
@@ -58,7 +58,8 @@ INGEST_OPENAPI: dict[str, Any] = {
         "413": {"description": "body, decompressed body or sample count too large"},
         "422": {"description": "a sample is malformed; detail names the sample index and field"},
         "429": {"description": "overloaded or rate limited; see Retry-After"},
-        "503": {"description": "database unavailable; see Retry-After"},
+        "500": {"description": "the batch could not be written (it alone); not stored"},
+        "503": {"description": "database or writer unavailable; see Retry-After"},
     },
 }
 
@@ -143,9 +144,12 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        """Readiness: the database accepts writes (false within ~2 s of an outage)."""
-        ok = state.monitor.ok and state.writer.db_ok
-        body = {"ready": ok, "database": ok, "leader": state.leader.is_leader,
+        """Readiness: the database accepts writes (false within ~2 s of an outage)
+        and every writer thread is alive (false from a writer's crash to its restart)."""
+        db = state.monitor.ok and state.writer.db_ok
+        writer = state.writer.healthy
+        ok = db and writer
+        body = {"ready": ok, "database": db, "writer": writer, "leader": state.leader.is_leader,
                 "queued_rows": state.writer.queued_rows}
         return JSONResponse(body, status_code=200 if ok else 503,
                             headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)})

@@ -5,10 +5,18 @@ reading it, cap decompression, validate everything, authorise the node, then
 hand the batch to the group-commit writer and answer only after COMMIT.  Any
 refusal happens before a single row is written, so a batch lands whole or not
 at all.
+
+Whatever one request contains fails that request alone: a parser or
+validator error the wire module did not foresee answers 422 (it is the
+input's fault), a write that fails answers 500 or 503, and an answer never
+waits longer than ``write_wait_s`` for the writer (503 then: the batch may or
+may not have landed, and a retry is harmless since batch ids are idempotent).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
@@ -17,11 +25,13 @@ from fastapi.responses import JSONResponse
 
 from collector.metrics import CollectorMetrics
 from collector.tls import client_cert_names
-from collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded
+from collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded, WriteFailed
 from gpufleet.auth import Principal
 from gpufleet.config import IngestSettings
 from gpufleet.httpauth import RateLimiter
-from gpufleet.wire import TooLarge, WireError, decompress, drop_skewed, parse, validate
+from gpufleet.wire import ParseLimits, TooLarge, WireError, decompress, drop_skewed, parse, validate
+
+log = logging.getLogger(__name__)
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -49,11 +59,16 @@ def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> J
 
 
 class IngestHandler:
+    #: Longest a request waits for the writer's answer, seconds.  Bounds how
+    #: long a stopping collector (SIGTERM) can be held by in-flight requests.
+    write_wait_s = 30.0
+
     def __init__(self, writer: GroupWriter, settings: IngestSettings, metrics: CollectorMetrics) -> None:
         self.writer = writer
         self.settings = settings
         self.metrics = metrics
         self.limiter = RateLimiter(settings.rate_limit_per_s)
+        self.limits = ParseLimits.for_samples(settings.max_samples_per_batch)
 
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.settings.retry_after_s)}
@@ -86,12 +101,17 @@ class IngestHandler:
             body = await read_body(request, s.max_body_bytes)
             raw = decompress(body, request.headers.get("content-encoding"), s.max_decompressed_bytes)
             del body
-            doc = parse(raw, request.headers.get("content-type"))
+            doc = parse(raw, request.headers.get("content-type"), self.limits)
             del raw
             batch = validate(doc)
         except WireError as e:
             self.metrics.errors.labels("too_large" if e.status == 413 else "malformed").inc()
             return _error(e.status, [e.detail()])
+        except (RecursionError, MemoryError, TypeError, ValueError, OverflowError, KeyError, IndexError) as e:
+            # A shape the validator did not foresee: still the input's fault.
+            log.warning("ingest: unexpected %s while validating a batch: %s", e.__class__.__name__, e)
+            self.metrics.errors.labels("malformed").inc()
+            return _error(422, [{"loc": ["body"], "msg": f"batch could not be validated ({e.__class__.__name__})"}])
         if batch.node != principal.node:
             self.metrics.errors.labels("wrong_node").inc()
             return _error(403, f"this token may write node {principal.node!r} only, not {batch.node!r}")
@@ -112,7 +132,14 @@ class IngestHandler:
             return _error(503, "database unavailable; retry later", self._retry())
         self.metrics.queue_rows.set(self.writer.queued_rows)
         try:
-            outcome = await fut
+            outcome = await asyncio.wait_for(asyncio.shield(fut), self.write_wait_s)
+        except TimeoutError:
+            self.metrics.errors.labels("db_down").inc()
+            return _error(503, f"the batch was not confirmed within {self.write_wait_s:g} s; retry later "
+                               "(a retry is never stored twice)", self._retry())
+        except WriteFailed as e:
+            self.metrics.errors.labels("write_failed").inc()
+            return _error(500, f"{e}; the batch was not stored")
         except DatabaseUnavailable:
             self.metrics.errors.labels("db_down").inc()
             return _error(503, "database unavailable; the batch was not stored, retry later", self._retry())

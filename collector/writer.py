@@ -6,15 +6,26 @@ gathers whatever is waiting (up to ``group_max_rows``, lingering a few ms),
 writes it all with binary COPY in one transaction and only then resolves each
 request's future, so a 2xx always means committed.
 
-Idempotency: every batch id goes into ``ingest_batches`` in the same
+Idempotency: every (node, batch id) goes into ``ingest_batches`` in the same
 transaction (``ON CONFLICT DO NOTHING``); rows are copied only for the ids
 that were new, so a retried batch is acknowledged without being stored twice,
-whatever has happened to its chunk since (compression included).
+whatever has happened to its chunk since (compression included).  The key
+includes the node: another node sending the same id (a cloned agent, or a
+token of another node) must not turn this node's batch into a "duplicate".
+
+Isolation: whatever goes wrong while encoding or writing one batch fails
+that batch alone.  A group that fails is retried batch by batch; a batch that
+still fails answers 422 when the database refused its content and 500 for
+anything else, and the writer carries on.  A writer thread that dies anyway
+is restarted by a supervisor (``healthy`` is False until it is), the batches
+it held answer 503, and ``stop`` drains within a bounded time, failing with
+503 whatever it could not write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -49,6 +60,11 @@ class BatchRejected(Exception):
     """The database refused this batch's content (answer 422)."""
 
 
+class WriteFailed(Exception):
+    """Writing this batch failed for a reason other than its content or the
+    database being down (answer 500); the writer itself carries on."""
+
+
 @dataclass
 class Outcome:
     stored: bool  # False: a duplicate of an already committed batch
@@ -57,7 +73,7 @@ class Outcome:
     rejected_skew: int
 
 
-@dataclass
+@dataclass(eq=False)
 class _Item:
     batch: Batch
     loop: asyncio.AbstractEventLoop
@@ -74,6 +90,8 @@ class WriterStats:
         self.gpu_rows = 0
         self.host_rows = 0
         self.db_errors = 0
+        self.write_errors = 0
+        self.restarts = 0
         self.last_commit_s = 0.0
 
 
@@ -95,6 +113,9 @@ class GroupWriter:
         self._stop = False
         self._db_ok = True
         self._workers: list[threading.Thread] = []
+        self._supervisor: threading.Thread | None = None
+        #: Items each worker thread has taken and not yet resolved, by thread.
+        self._held: dict[int, dict[int, _Item]] = {}
         self._node_touched: dict[str, float] = {}
 
     # -- producer side (event loop) -------------------------------------------
@@ -127,20 +148,61 @@ class GroupWriter:
 
     # -- lifecycle -------------------------------------------------------------
 
+    #: How often the supervisor looks for dead writer threads, seconds.
+    supervise_s = 0.2
+
     def start(self) -> None:
         self._stop = False
-        for i in range(self.threads):
-            t = threading.Thread(target=self._run, name=f"gpufleet-writer-{i}", daemon=True)
-            t.start()
-            self._workers.append(t)
+        self._workers = [self._spawn(i) for i in range(self.threads)]
+        self._supervisor = threading.Thread(target=self._supervise, name="gpufleet-writer-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _spawn(self, i: int) -> threading.Thread:
+        t = threading.Thread(target=self._run, name=f"gpufleet-writer-{i}", daemon=True)
+        t.start()
+        return t
+
+    @property
+    def healthy(self) -> bool:
+        """Every writer thread is alive (False between a crash and its restart)."""
+        return bool(self._workers) and all(t.is_alive() for t in self._workers)
+
+    def _supervise(self) -> None:
+        while not self._stop:
+            time.sleep(self.supervise_s)
+            for i, t in enumerate(list(self._workers)):
+                if t.is_alive() or self._stop:
+                    continue
+                self.stats.restarts += 1
+                held = list(self._held.pop(t.ident or -1, {}).values())
+                log.error("writer thread %s died; restarting it (%d batches it held answer 503)", t.name, len(held))
+                self._resolve(held, exc=DatabaseUnavailable("the writer failed; the batch was not stored"))
+                self._workers[i] = self._spawn(i)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Drain what is queued, then stop the threads."""
+        """Drain what is queued, then stop the threads; within ``timeout`` in all.
+
+        Whatever is still queued or held after that answers 503 (not stored,
+        retry), so no request waits on a writer that is gone.
+        """
+        deadline = time.monotonic() + timeout
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+        if self._supervisor is not None:
+            self._supervisor.join(max(deadline - time.monotonic(), 0.0))
+            self._supervisor = None
         for t in self._workers:
-            t.join(timeout)
+            t.join(max(deadline - time.monotonic(), 0.0))
+        unavailable = DatabaseUnavailable("the collector is stopping; the batch was not stored")
+        self._fail_waiting(unavailable)
+        for t in self._workers:
+            if not t.is_alive():
+                self._resolve(list(self._held.pop(t.ident or -1, {}).values()), exc=unavailable)
+            else:
+                # Stuck in the database: its items may still commit; answer
+                # them 503 now (a retry is harmless: batch ids are idempotent).
+                self._resolve(list(self._held.get(t.ident or -1, {}).values()), exc=unavailable)
         self._workers.clear()
 
     # -- consumer side (writer threads) ----------------------------------------
@@ -160,6 +222,7 @@ class GroupWriter:
                 items.append(it)
                 rows += it.rows
             self._queued_rows -= rows
+            self._held[threading.get_ident()] = {id(it): it for it in items}
             return items
 
     def _connect(self) -> psycopg.Connection | None:
@@ -169,7 +232,7 @@ class GroupWriter:
             conn.commit()
             self._db_ok = True
             return conn
-        except psycopg.Error as e:
+        except (psycopg.Error, OSError) as e:
             self._db_ok = False
             log.warning("writer cannot reach the database: %s", e.__class__.__name__)
             return None
@@ -204,29 +267,41 @@ class GroupWriter:
                     pass
                 conn = None
                 continue
-            except psycopg.Error as e:
-                # Content the database refused despite validation: isolate it by
+            except Exception as e:  # noqa: BLE001 - one batch's failure must not end the writer
+                # Content the database refused despite validation, or anything
+                # else one batch's encoding or write raised: isolate it by
                 # writing batches one at a time so the others still land.
-                self.stats.db_errors += 1
+                self.stats.db_errors += isinstance(e, psycopg.Error)
                 log.error("group write failed: %s; retrying batches one by one", e.__class__.__name__)
-                conn.rollback()
-                self._write_singly(conn, items)
+                conn = self._write_singly(_rolled_back(conn), items)
                 continue
             self._resolve(items, outcomes=outcomes)
 
-    def _write_singly(self, conn: psycopg.Connection, items: list[_Item]) -> None:
+    def _write_singly(self, conn: psycopg.Connection | None, items: list[_Item]) -> psycopg.Connection | None:
+        """Write ``items`` one by one, each failing alone; returns the connection
+        to go on with (None when it was lost)."""
         for it in items:
+            if conn is None or conn.closed:
+                self._resolve([it], exc=DatabaseUnavailable("database unavailable"))
+                continue
             try:
                 out = self._write(conn, [it])
                 self._resolve([it], outcomes=out)
             except psycopg.OperationalError:
                 self._db_ok = False
                 self._resolve([it], exc=DatabaseUnavailable("database unavailable"))
+                conn = _rolled_back(conn)
             except psycopg.Error as e:
-                conn.rollback()
+                conn = _rolled_back(conn)
                 diag = getattr(e, "diag", None)
                 detail = getattr(diag, "message_primary", None) or e.__class__.__name__
                 self._resolve([it], exc=BatchRejected(f"database refused the batch: {detail}"))
+            except Exception as e:
+                conn = _rolled_back(conn)
+                self.stats.write_errors += 1
+                log.exception("writing batch %r of node %r failed", it.batch.batch_id, it.batch.node)
+                self._resolve([it], exc=WriteFailed(f"the batch could not be written ({e.__class__.__name__})"))
+        return conn
 
     def _fail_waiting(self, exc: Exception) -> None:
         with self._cv:
@@ -235,21 +310,27 @@ class GroupWriter:
             self._queued_rows = 0
         self._resolve(items, exc=exc)
 
-    @staticmethod
-    def _resolve(items: list[_Item], outcomes: list[Outcome] | None = None, exc: Exception | None = None) -> None:
+    def _resolve(self, items: list[_Item], outcomes: list[Outcome] | None = None,
+                 exc: Exception | None = None) -> None:
+        held = self._held.get(threading.get_ident())
         for i, it in enumerate(items):
-            if exc is not None:
-                it.loop.call_soon_threadsafe(_set_exc, it.fut, exc)
-            else:
-                assert outcomes is not None
-                it.loop.call_soon_threadsafe(_set_result, it.fut, outcomes[i])
+            try:
+                if exc is not None:
+                    it.loop.call_soon_threadsafe(_set_exc, it.fut, exc)
+                else:
+                    assert outcomes is not None
+                    it.loop.call_soon_threadsafe(_set_result, it.fut, outcomes[i])
+            except RuntimeError:  # that request's event loop is closed: nobody waits
+                pass
+            if held is not None:
+                held.pop(id(it), None)
 
     def _write(self, conn: psycopg.Connection, items: list[_Item]) -> list[Outcome]:
         t0 = time.perf_counter()
-        # Within one group the first copy of a batch id wins.
-        first: dict[str, _Item] = {}
+        # Within one group the first copy of a (node, batch id) wins.
+        first: dict[tuple[str, str], _Item] = {}
         for it in items:
-            first.setdefault(it.batch.batch_id, it)
+            first.setdefault((it.batch.node, it.batch.batch_id), it)
         batches = [it.batch for it in first.values()]
         with conn.transaction():
             rows = []
@@ -257,8 +338,8 @@ class GroupWriter:
                 rng = b.time_range()
                 rows.append((b.batch_id, b.node, b.n_gpu, b.n_host, rng[0] if rng else None, rng[1] if rng else None))
             cur = conn.execute(REGISTER_SQL, _register_params(rows))
-            new_ids = {r[0] for r in cur.fetchall()}
-            new = [b for b in batches if b.batch_id in new_ids]
+            new_ids = {(r[1], r[0]) for r in cur.fetchall()}
+            new = [b for b in batches if (b.node, b.batch_id) in new_ids]
             if any(b.n_gpu for b in new):
                 _copy(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
             if any(b.n_host for b in new):
@@ -270,12 +351,13 @@ class GroupWriter:
         self.stats.gpu_rows += sum(b.n_gpu for b in new)
         self.stats.host_rows += sum(b.n_host for b in new)
         self.stats.last_commit_s = time.perf_counter() - t0
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         out = []
         for it in items:
             b = it.batch
-            stored = b.batch_id in new_ids and b.batch_id not in seen
-            seen.add(b.batch_id)
+            key = (b.node, b.batch_id)
+            stored = key in new_ids and key not in seen
+            seen.add(key)
             out.append(Outcome(stored, b.n_gpu, b.n_host, b.rejected_skew))
         return out
 
@@ -332,13 +414,13 @@ WITH b AS (
 ), new AS (
   INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max)
   SELECT batch_id, node, g, h, to_timestamp(t0), to_timestamp(t1) FROM b
-  ON CONFLICT (batch_id) DO NOTHING
+  ON CONFLICT (node, batch_id) DO NOTHING
   RETURNING batch_id, node, t_min, t_max
 ), queued AS (
   INSERT INTO rollup_queue (node, t_min, t_max)
   SELECT node, t_min, t_max FROM new WHERE t_min IS NOT NULL
 )
-SELECT batch_id FROM new"""
+SELECT batch_id, node FROM new"""
 
 
 def _array(values: list[Any]) -> str:
@@ -360,6 +442,17 @@ def _json(obj: Any) -> Any:
     from psycopg.types.json import Jsonb
 
     return Jsonb(obj)
+
+
+def _rolled_back(conn: psycopg.Connection) -> psycopg.Connection | None:
+    """``conn`` after a rollback, or None (closed) when even that fails."""
+    try:
+        conn.rollback()
+        return conn
+    except psycopg.Error:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+        return None
 
 
 def _ts(t: float) -> datetime:

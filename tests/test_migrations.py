@@ -16,6 +16,9 @@ from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
 from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
 from gpufleet.testing.pg import scratch_database, timescale_server_url
 
+#: The newest revision in migrations/versions.
+HEAD = "0002"
+
 
 def _tables(url: str) -> set[str]:
     with psycopg.connect(url) as conn:
@@ -41,7 +44,7 @@ def test_upgrade_downgrade_roundtrip_plain(pg_server: str, settings: Settings) -
     with scratch_database(pg_server) as url:
         assert migrate.current(url) is None
         assert migrate.upgrade(url, plain) is False
-        assert migrate.current(url) == "0001"
+        assert migrate.current(url) == HEAD
         tables = _tables(url)
         assert set(metadata.tables) <= tables
         assert set(STATS_RELATIONS) <= tables
@@ -54,7 +57,7 @@ def test_upgrade_downgrade_roundtrip_plain(pg_server: str, settings: Settings) -
         assert _tables(url) == {"alembic_version"}
         # and up again from base
         migrate.upgrade(url, plain)
-        assert migrate.current(url) == "0001"
+        assert migrate.current(url) == HEAD
 
 
 def test_migrations_match_model(db_url: str) -> None:

@@ -175,16 +175,18 @@ agent_tokens = Table(
     CheckConstraint("(role = 'node') = (node IS NOT NULL)", name="agent_tokens_node_role"),
 )
 
-#: Every acknowledged batch id, for idempotent retries.
+#: Every acknowledged (node, batch id), for idempotent retries.  Keyed per
+#: node: another node's batch with the same id is not a duplicate of this one's.
 ingest_batches = Table(
     "ingest_batches", metadata,
-    Column("batch_id", Text, primary_key=True),
+    Column("batch_id", Text, nullable=False),
     Column("node", Text, nullable=False),
     _tz("received_at", server_default=text("now()")),
     Column("gpu_rows", Integer, nullable=False),
     Column("host_rows", Integer, nullable=False),
     _tz("t_min", nullable=True),
     _tz("t_max", nullable=True),
+    PrimaryKeyConstraint("node", "batch_id", name="ingest_batches_pkey"),
 )
 Index("ingest_batches_received_idx", ingest_batches.c.received_at)
 
