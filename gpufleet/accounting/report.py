@@ -4,7 +4,7 @@ Each row is the run's accounting clipped to the period [since, until), so
 consecutive periods add up to the whole run and no run is billed twice.
 Columns: the contract's fields in the contract's order, then extras; times
 are RFC 3339 UTC, numbers plain decimals (never exponent notation), unknown
-values empty.
+values empty; text cells (team, name, ...) never start a spreadsheet formula.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import psycopg
 
 from gpufleet.accounting.energy import Source
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs
+from gpufleet.csvsafe import safe_text
 
 #: Extra columns after the contract's, from the body (or its ``efficiency`` block).
 CSV_EXTRAS: tuple[str, ...] = (
@@ -37,7 +38,8 @@ def runs_report(conn: psycopg.Connection, since: datetime, until: datetime, *, n
 
 
 def plain(value: Any) -> str:
-    """A CSV cell: empty for unknown, plain decimal for numbers."""
+    """A CSV cell: empty for unknown, plain decimal for numbers, text that
+    could start a formula neutralised (:mod:`gpufleet.csvsafe`)."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -47,7 +49,7 @@ def plain(value: Any) -> str:
     if isinstance(value, float):
         text = format(Decimal(repr(value)), "f")
         return text[:-2] if text.endswith(".0") else text
-    return str(value)
+    return safe_text(str(value))
 
 
 def _cell(body: Mapping[str, Any], column: str) -> str:
