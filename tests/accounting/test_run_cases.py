@@ -66,11 +66,12 @@ def test_counter_wins_and_a_reset_falls_back_to_power(conn: psycopg.Connection, 
 
 def test_power_does_not_bridge_a_long_gap_but_the_counter_does(conn: psycopg.Connection, account: Account) -> None:
     times = [*range(0, 301, 10), *range(400, 601, 10)]  # a 100 s hole after 300 s
-    gpu_samples(conn, [(float(s), "n1", 0, 100.0, None) for s in times])
-    gpu_samples(conn, [(float(s), "n1", 1, 999.0, 100.0 * s * 1000) for s in times])
+    for n in ("n1", "n2"):  # n2 is a copy of n1, for the run holding both kinds (one run per GPU)
+        gpu_samples(conn, [(float(s), n, 0, 100.0, None) for s in times])
+        gpu_samples(conn, [(float(s), n, 1, 999.0, 100.0 * s * 1000) for s in times])
     run(conn, "power", 0, 600, {"n1": [0]})
     run(conn, "counter", 0, 600, {"n1": [1]})
-    run(conn, "both", 0, 600, {"n1": [0, 1]})
+    run(conn, "both", 0, 600, {"n2": [0, 1]})
     p = account("power", now=at(1000))
     assert approx(p["gpu_kwh"], 100 * 500 / KWH) and approx(p["coverage"], 500 / 600)
     c = account("counter", now=at(1000))
@@ -162,8 +163,9 @@ def test_run_without_allocations_or_site(conn: psycopg.Connection, account: Acco
 
 def test_still_running_run_is_accounted_up_to_now(conn: psycopg.Connection, account: Account) -> None:
     gpu_samples(conn, constant_power("n1", [0], 200.0, 0, 1200))
+    gpu_samples(conn, constant_power("n2", [0], 200.0, 0, 1200))  # a copy: one run per GPU
     run(conn, "open", 0, None, {"n1": [0]})
-    run(conn, "later", 0, 99_999, {"n1": [0]})  # an end in the future: running too
+    run(conn, "later", 0, 99_999, {"n2": [0]})  # an end in the future: running too
     for rid in ("open", "later"):
         a = account(rid, now=at(1205))
         assert a["state"] == "running" and a["window_end"] == "2026-12-01T10:20:05Z"
