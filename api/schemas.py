@@ -91,6 +91,25 @@ class SiteUpsert(Strict):
     carbon_g_per_kwh: float | None = Field(None, ge=0, le=5000)
 
 
+class SiteUpdate(Strict):
+    """PATCH: only the fields given change.  ``carbon_region`` and ``carbon_g_per_kwh`` may be set
+    to null (no series, no constant); the other fields cannot be null."""
+
+    pue: float | None = Field(None, ge=1.0, le=5.0)
+    price_per_kwh: float | None = Field(None, ge=0)
+    gpu_hour_price: float | None = Field(None, ge=0)
+    currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")
+    carbon_region: str | None = Field(None, max_length=128)
+    carbon_g_per_kwh: float | None = Field(None, ge=0, le=5000)
+
+    @field_validator("pue", "price_per_kwh", "gpu_hour_price", "currency", mode="before")
+    @classmethod
+    def _not_null(cls, v: Any) -> Any:
+        if v is None:
+            raise ValueError("cannot be null; leave the field out to keep its value")
+        return v
+
+
 class SitePublic(SiteUpsert):
     site: str
 

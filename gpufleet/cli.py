@@ -245,27 +245,43 @@ def token_revoke(name: str, config: ConfigOpt = None, db: DbOpt = None) -> None:
 
 @site_app.command("set")
 def site_set(site: str,
-             pue: Annotated[float, typer.Option(help="power usage effectiveness (>= 1)")] = 1.0,
-             price_per_kwh: Annotated[float, typer.Option(help="energy price per kWh")] = 0.0,
-             gpu_hour_price: Annotated[float, typer.Option(help="price per GPU-hour")] = 0.0,
-             currency: Annotated[str, typer.Option(help="ISO 4217 code")] = "USD",
-             carbon_region: Annotated[str | None, typer.Option(help="carbon series region")] = None,
+             pue: Annotated[float | None, typer.Option(help="power usage effectiveness (>= 1)")] = None,
+             price_per_kwh: Annotated[float | None, typer.Option(help="energy price per kWh")] = None,
+             gpu_hour_price: Annotated[float | None, typer.Option(help="price per GPU-hour")] = None,
+             currency: Annotated[str | None, typer.Option(help="ISO 4217 code")] = None,
+             carbon_region: Annotated[str | None, typer.Option(help="carbon series region ('' clears it)")] = None,
              carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
+             clear_carbon_g_per_kwh: Annotated[bool, typer.Option(help="remove the constant fallback")] = False,
              config: ConfigOpt = None, db: DbOpt = None) -> None:
-    """Create or update a site."""
+    """Create a site, or change only the settings given (the others keep their values).
+
+    A new site takes pue 1.0, prices 0, currency USD and no carbon region for what is not given.
+    """
     from pydantic import ValidationError
 
-    from api.schemas import SiteUpsert
-    from gpufleet.store.sites import upsert_site
+    from api.schemas import SiteUpdate
+    from gpufleet.store.sites import patch_site
 
+    given: dict[str, Any] = {k: v for k, v in (("pue", pue), ("price_per_kwh", price_per_kwh),
+                                               ("gpu_hour_price", gpu_hour_price), ("currency", currency),
+                                               ("carbon_region", carbon_region),
+                                               ("carbon_g_per_kwh", carbon_g_per_kwh)) if v is not None}
+    if given.get("carbon_region") == "":
+        given["carbon_region"] = None
+    if clear_carbon_g_per_kwh:
+        if carbon_g_per_kwh is not None:
+            fail("give --carbon-g-per-kwh or --clear-carbon-g-per-kwh, not both")
+        given["carbon_g_per_kwh"] = None
     try:
-        values = SiteUpsert(pue=pue, price_per_kwh=price_per_kwh, gpu_hour_price=gpu_hour_price,
-                            currency=currency, carbon_region=carbon_region, carbon_g_per_kwh=carbon_g_per_kwh)
+        changes = SiteUpdate.model_validate(given).model_dump(exclude_unset=True)
     except ValidationError as e:
         fail("; ".join(f"--{'-'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}"
                        for err in e.errors()))
     with connect(settings_from(config, db)) as conn:
-        typer.echo(json.dumps(upsert_site(conn, site, values.model_dump()), default=str))
+        row, created = patch_site(conn, site, changes, create=True)
+    if not created and not changes:
+        typer.echo(f"gpufleet: nothing to change for site {site!r} (give an option)", err=True)
+    typer.echo(json.dumps(row, default=str))
 
 
 @carbon_app.command("load")

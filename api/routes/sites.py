@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 
 from api.deps import AccountingReader, Admin, ConnDep, Reader
-from api.schemas import CarbonSeries, NodePublic, NodeUpdate, PriceSeries, SitePublic, SiteUpsert, UtcDatetime
+from api.schemas import (
+    CarbonSeries,
+    NodePublic,
+    NodeUpdate,
+    PriceSeries,
+    SitePublic,
+    SiteUpdate,
+    SiteUpsert,
+    UtcDatetime,
+)
 from gpufleet.store import nodes as node_store
 from gpufleet.store import sites as store
 from gpufleet.store.runs import NotFound
@@ -29,9 +38,30 @@ def get_site(site: str, conn: ConnDep, _: AccountingReader) -> dict:
         raise HTTPException(404, str(e)) from None
 
 
-@router.put("/v1/sites/{site}", response_model=SitePublic)
-def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, site: str = Path(..., pattern=NAME)) -> dict:
+#: Response header of PUT naming the fields the request left out, which PUT set to their defaults.
+DEFAULTED_HEADER = "Gpufleet-Defaulted-Fields"
+
+
+@router.put("/v1/sites/{site}", response_model=SitePublic,
+            description="Replaces the **whole** site: a field left out takes its default (pue 1.0, prices 0, "
+                        "currency USD, no carbon region or constant), whatever it was before; the response "
+                        f"header `{DEFAULTED_HEADER}` names those fields.  To change some fields only, use PATCH.")
+def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, response: Response,
+             site: str = Path(..., pattern=NAME)) -> dict:
+    defaulted = [f for f in store.SITE_COLUMNS if f not in body.model_fields_set]
+    if defaulted:
+        response.headers[DEFAULTED_HEADER] = ",".join(defaulted)
     return store.upsert_site(conn, site, body.model_dump())
+
+
+@router.patch("/v1/sites/{site}", response_model=SitePublic,
+              description="Changes only the fields given; the others keep their values.  404 for a site "
+                          "that does not exist (create it with PUT).")
+def patch_site(body: SiteUpdate, conn: ConnDep, _: Admin, site: str = Path(..., pattern=NAME)) -> dict:
+    try:
+        return store.patch_site(conn, site, body.model_dump(exclude_unset=True))[0]
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from None
 
 
 @router.put("/v1/sites/{site}/prices")

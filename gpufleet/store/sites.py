@@ -17,7 +17,14 @@ from gpufleet.timeparse import TimeParseError, parse_time
 SITE_COLUMNS = ("pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region", "carbon_g_per_kwh")
 
 
+#: What a column is when a site is created (or replaced by PUT) without it.
+SITE_DEFAULTS: dict[str, Any] = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "currency": "USD",
+                                 "carbon_region": None, "carbon_g_per_kwh": None}
+
+
 def upsert_site(conn: psycopg.Connection, site: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Create or replace the whole site: a column missing from ``values`` is NULL / its default
+    (PUT semantics; :func:`patch_site` changes only the columns given)."""
     cols = ", ".join(SITE_COLUMNS)
     conn.execute(
         f"INSERT INTO sites (site, {cols}) VALUES (%s, {', '.join(['%s'] * len(SITE_COLUMNS))}) "
@@ -25,6 +32,32 @@ def upsert_site(conn: psycopg.Connection, site: str, values: dict[str, Any]) -> 
         (site, *(values.get(c) for c in SITE_COLUMNS)),
     )
     return get_site(conn, site)
+
+
+def patch_site(conn: psycopg.Connection, site: str, changes: dict[str, Any], *,
+               create: bool = False) -> tuple[dict[str, Any], bool]:
+    """Change only the columns in ``changes``; the others keep their values.
+
+    A site that does not exist is :class:`NotFound`, or with ``create`` is created with
+    :data:`SITE_DEFAULTS` for the columns not given.  Returns (site, created).
+    """
+    unknown = set(changes) - set(SITE_COLUMNS)
+    if unknown:
+        raise ValueError(f"not a site setting: {', '.join(sorted(unknown))}")
+    with conn.transaction():
+        created = False
+        if create:
+            created = conn.execute(
+                "INSERT INTO sites (site) VALUES (%s) ON CONFLICT (site) DO NOTHING RETURNING site", (site,)
+            ).fetchone() is not None
+        if changes:
+            cur = conn.execute(
+                "UPDATE sites SET " + ", ".join(f"{c} = %s" for c in changes) + " WHERE site = %s RETURNING site",
+                (*changes.values(), site),
+            )
+            if cur.fetchone() is None:
+                raise NotFound(f"site {site!r} not found; create it with PUT /v1/sites/{site}")
+        return get_site(conn, site), created
 
 
 def get_site(conn: psycopg.Connection, site: str) -> dict[str, Any]:
