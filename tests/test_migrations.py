@@ -6,6 +6,7 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
 from gpufleet.catalog import gpu_columns, host_columns
@@ -16,8 +17,8 @@ from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
 from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
 from gpufleet.testing.pg import scratch_database, timescale_server_url
 
-#: The newest revision in migrations/versions.
-HEAD = "0002"
+#: The newest revision in migrations/versions (read, so a new revision needs no edit here).
+HEAD = ScriptDirectory.from_config(migrate.alembic_config("", False)).get_current_head()
 
 
 def _tables(url: str) -> set[str]:
