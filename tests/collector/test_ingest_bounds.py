@@ -152,3 +152,16 @@ def test_deeply_nested_agent_block_is_refused(collector: Collector) -> None:
                    headers={"Content-Type": JSON, **collector.headers()}, timeout=10)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"][:2] == ["agent", "x"]
+
+
+@pytest.mark.parametrize("raw,ctype", [
+    (b"[" * 5000 + b"]" * 5000, JSON),
+    (b"\x91" * 5000 + b"\x90", MSGPACK),
+    (b"\x81\xa1x" * 5000 + b"\x80", MSGPACK),
+])
+def test_nesting_beyond_the_parsers_stack_is_400_and_ingest_goes_on(collector: Collector, raw: bytes,
+                                                                    ctype: str) -> None:
+    r = httpx.post(collector.url + "/v1/ingest", content=raw,
+                   headers={"Content-Type": ctype, **collector.headers()}, timeout=10)
+    assert r.status_code == 400, r.text
+    assert post(collector, batch("a:after")).status_code == 200
