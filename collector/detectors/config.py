@@ -143,6 +143,11 @@ class DetectorConfig:
     #: Without an enforced limit, a GPU's busy power plateau is this
     #: percentile of its power while busy; a cap shows as a lower plateau.
     straggler_plateau_percentile: float = 90.0
+    #: A plateau at least this much below the peers', at GPU-Util within
+    #: ``straggler_same_util_pct`` of theirs, is a capped straggler even
+    #: where the peers' waits do not show (coarse samples average them away).
+    straggler_plateau_min_rel: float = 0.1
+    straggler_same_util_pct: float = 5.0
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: float = 0.25
     #: Share of busy time with thermal bits that marks a hot GPU.

@@ -23,7 +23,15 @@ has a reason to be slow, tried in this order:
   reason bits the peers do not share, with a lower clock;
 * ``clocks``: SM clock while busy an outlier below the peers;
 * ``unknown``: none of these, but busier than the peers by
-  ``straggler_unknown_gap`` with z >= ``straggler_z``.
+  ``straggler_unknown_gap`` with z >= ``straggler_z``, or (no limit
+  exported) at a busy power plateau that far above the peers'.
+
+Without clocks, reasons or limits (an nvidia-smi loop of util, power and
+memory), the power plateau alone tells: at the same GPU-Util as its peers,
+a plateau ``straggler_plateau_min_rel`` below theirs is ``power_cap`` (the
+same work under a lower cap), one as far above is ``unknown`` (it computes
+while they wait); coarse samples average the peers' waits away, so these
+need no visible waiting.
 
 The same power cap on every GPU of a run makes no GPU an outlier: no straggler.
 A straggler whose slowness was last seen more than ``active_within_s`` ago
@@ -100,6 +108,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "busy_s": dens[id(wb)],
         "act": mean(fr.activity[idx], w),
         "pf": mean(fr.power_frac(idx), w),
+        "util": mean(fr.at_ranges("util_pct", a, b), w),
         "lim": mean(lim, w),
         "clk": mean(fr.at_ranges("sm_clock_mhz", a, b), wb),
         "temp": mean(fr.at_ranges("temp_c", a, b), wb),
@@ -130,6 +139,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_temp, r_temp = z("temp", 0.0, 2.0)
     z_act, r_act = z("act", 0.0, 0.05)
     z_plat, r_plat = z("plat", 0.02, 5.0)
+    r_util = ref("util")
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
     v = {k: a[sub] for k, a in f.items()}
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -150,7 +160,15 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "clocks": (z_clk <= -cfg.straggler_z) & slow_clk,
         "unknown": (z_act >= cfg.straggler_z) & (act_gap >= cfg.straggler_unknown_gap),
     }
-    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & waiting
+    # No limit exported, the same GPU-Util as its peers but a power plateau
+    # well below theirs: the same work at a lower cap (coarse samples average
+    # the peers' waits away, so they need not show waiting).
+    # A plateau well above theirs: it keeps computing while they wait.
+    same_util = ~(np.abs(v["util"] - r_util) > cfg.straggler_same_util_pct) & ~np.isfinite(v["lim"])
+    capped_plateau = same_util & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_plateau_min_rel)
+    busier_plateau = same_util & (z_plat >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
+    causes["unknown"] = causes["unknown"] | busier_plateau
+    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau)
     refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat}
     zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat}
     out = []
@@ -197,6 +215,9 @@ def _finding(
             ind, wt = busy & ((bits & THROTTLE_SW_POWER_CAP) != 0) & slow, wb
     elif cause == "clocks":
         ind, wt, feat = busy & slow, wb, "clk"
+    elif math.isfinite(z["plat"]) and z["plat"] >= cfg.straggler_z and not math.isfinite(v["lim"]):
+        power = fr.series_col(r, "power_w")
+        ind, wt, feat = busy & (power > ref["plat"] * (1.0 + cfg.straggler_plateau_min_rel)), wb, "plat"
     else:
         ind, wt, feat = fr.activity[sl] >= ref["act"] + cfg.straggler_unknown_gap, w, "act"
     onset = trailing_onset(t, wt, ind, 0.5)

@@ -55,7 +55,7 @@ def test_quality_gate_on_labelled_scenarios(scenario: str, tmp_path: Path, pg_se
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import detector_quality
 
-    s, _ = detector_quality.run_scenario(scenario, 1500.0, None, tmp_path)
+    s, _, _ = detector_quality.run_scenario(scenario, 1500.0, None, tmp_path)
     assert s.negative_violations == []
     assert s.missed_labels == []
     assert s.unmatched_findings == []

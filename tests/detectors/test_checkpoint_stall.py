@@ -82,3 +82,46 @@ def test_sampling_rates(dt: float) -> None:
                    host={"disk_write_bytes_s": writes_during(prof)})
     f = detect(w, CFG)[0]
     assert f.evidence["period_s"] == pytest.approx(200, abs=dt + 1)
+
+
+def _blocked_rank(period: float = 150, pause: float = 30, n: int = 8, writer: int = 0) -> list[GpuSpec]:
+    """nvidia-smi fields only: during each pause the writer runs no kernel
+    while its peers spin in the collective at 100 % GPU-Util, idle power."""
+    prof = pauses(period, pause, start=T0 + 20)
+    spin = {"util_pct": lambda t: np.where(prof(t) < 0.1, 100.0, 99.0)}
+    drop = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle_reasons",
+            "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "xid")
+    return [GpuSpec(prof, dcgm=False, idle_w=150.0, drop=drop, extra={} if i == writer else spin)
+            for i in range(n)]
+
+
+def test_blocked_rank_pauses_are_checkpoints_without_host_data() -> None:
+    w = run_window(_blocked_rank(writer=3), no_host=True)
+    (f,) = detect(w, CFG)
+    ev = f.evidence
+    assert ev["basis"] == "gpu_only"
+    assert ev["writer_gpu"] == "n0/3"
+    assert ev["period_s"] == pytest.approx(150, abs=3)
+    assert ev["pause_s"] == pytest.approx(30, abs=3)
+    assert ev["run_time_lost_share"] == pytest.approx(0.2, abs=0.03)
+    assert ev["activity_basis"] == "util+power_history"
+
+
+def test_blocked_rank_pauses_are_not_starvation() -> None:
+    from collector.detectors.registry import run_detectors
+
+    w = run_window(_blocked_rank(period=40, pause=15), no_host=True)
+    found = sorted(f.kind for f in run_detectors(w, CFG).findings)
+    assert found == ["checkpoint_stall"]
+
+
+def test_host_data_without_a_write_burst_rules_the_blocked_rank_out() -> None:
+    w = run_window(_blocked_rank())  # host data, flat write rate: an evaluation pause
+    assert detect(w, CFG) == []
+
+
+def test_all_ranks_idle_together_without_host_data_is_no_checkpoint() -> None:
+    specs = _blocked_rank()
+    for s in specs:
+        s.extra = {}
+    assert detect(run_window(specs, no_host=True), CFG) == []

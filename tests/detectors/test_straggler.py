@@ -125,3 +125,29 @@ def test_recovered_straggler_is_no_longer_reported() -> None:
     fs = detect(run_window(specs), CFG)
     assert [f.gpu for f in fs] == [4]
     assert fs[0].last_active == pytest.approx(T0 + 559, abs=1)
+
+
+def test_power_capped_straggler_from_util_and_power_alone() -> None:
+    """nvidia-smi fields only, 1 s samples averaging the steps: every GPU at
+    ~100 % GPU-Util, the capped one at a lower power plateau."""
+
+    keep = ("util_pct", "power_w", "mem_used_mib")
+    specs = [GpuSpec(steady(0.62 + 0.01 * (i % 3)), dcgm=False) for i in range(8)]
+    specs[5] = GpuSpec(steady(0.5), dcgm=False)
+    w = run_window(specs, no_host=True)
+    for s in w.gpus.values():
+        s.cols = {k: v for k, v in s.cols.items() if k in keep}
+        s.cols["util_pct"] = s.cols["util_pct"] * 0 + 99.0
+    fs = detect(w, CFG)
+    assert [(f.node, f.gpu, f.cause) for f in fs] == [("n0", 5, "power_cap")]
+    assert fs[0].evidence["feature"] == "power_plateau_w"
+
+
+def test_silicon_spread_of_power_is_no_straggler() -> None:
+
+    specs = [GpuSpec(steady(0.6 + 0.015 * (i % 4)), dcgm=False) for i in range(8)]
+    w = run_window(specs, no_host=True)
+    for s in w.gpus.values():
+        s.cols = {k: v for k, v in s.cols.items() if k in ("util_pct", "power_w")}
+        s.cols["util_pct"] = s.cols["util_pct"] * 0 + 99.0
+    assert detect(w, CFG) == []
