@@ -270,7 +270,7 @@ def test_io_starvation_saturates_the_disk_not_the_cpu(trace: TraceFn) -> None:
     assert tr.host_col("cpu_idle_pct", "h100-03")[busy].mean() > 85
 
 
-def test_checkpoint_stalls_idle_every_gpu_together_while_the_host_writes(trace: TraceFn) -> None:
+def test_checkpoint_stalls_block_the_writer_while_its_peers_spin_and_the_host_writes(trace: TraceFn) -> None:
     tr = trace("checkpoint_stalls")
     c = tr.fleet.plan.checkpoints[0]
     run = next(r for r in tr.fleet.plan.runs if r.run_id == c.run_id)
@@ -285,7 +285,14 @@ def test_checkpoint_stalls_idle_every_gpu_together_while_the_host_writes(trace: 
     for a, b in itertools.pairwise(stalls):
         assert b[0] - a[0] == pytest.approx(c.period_s)
     idx = run.gpu_idx.tolist()
-    assert np.all(tr.gpu["util_pct"][inside][:, idx] == 0)
+    # Rank 0 writes: no kernel at all.  Its peers wait in the next
+    # collective: GPU-Util ~100 % at idle-level power, no SM activity.
+    writer, peers = idx[0], idx[1:]
+    assert np.all(tr.gpu["util_pct"][inside][:, writer] == 0)
+    assert tr.gpu["util_pct"][inside][:, peers].min() >= 90
+    assert tr.gpu["sm_active"][inside][:, peers].max() < 0.3
+    busy_power = np.median(tr.gpu["power_w"][training][:, peers])
+    assert np.median(tr.gpu["power_w"][inside][:, peers]) < 0.5 * busy_power
     for node in run.nodes:
         w = tr.host_col("disk_write_bytes_s", node)
         assert w[inside].min() > 0.3e9
