@@ -94,7 +94,7 @@ def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
                    store: MemoryIncidentStore | None = None) -> tuple[MemoryIncidentStore, int]:
     """Every sweep the live collector would have made over the trace."""
     det = settings.detect
-    cfg = config or DetectorConfig()
+    cfg = config if config is not None else settings.detect
     cache = WindowCache(det.window_s)
     cache.load(conn, bundle.t_min - det.window_s, bundle.t_max)
     runs = load_runs(conn, bundle.t_min - det.window_s, bundle.t_max + det.sweep_interval_s)

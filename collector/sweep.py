@@ -22,7 +22,8 @@ class Sweeper:
 
     def __init__(self, settings: Settings, config: DetectorConfig | None = None) -> None:
         self.settings = settings
-        self.config = config or DetectorConfig()
+        # The deployment's thresholds (settings ``detect``), unless a caller overrides them.
+        self.config = config if config is not None else settings.detect
         self.cache = WindowCache(settings.detect.window_s)
         url = settings.detect.alertmanager_url
         self.alerts = AlertmanagerPusher(url) if url else None

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from collector.detectors.config import DetectorConfig
 
 
 class ConfigError(ValueError):
@@ -76,8 +78,11 @@ class AccountingSettings(BaseModel):
     max_gap_s: float = Field(60.0, gt=0)
 
 
-class DetectSettings(BaseModel):
-    model_config = {"extra": "forbid"}
+class DetectSettings(DetectorConfig):
+    """The sweep's cadence plus every detector threshold (inherited from
+    :class:`DetectorConfig`, where each one's reasoning is documented)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     #: Detector sweep period, seconds.
     sweep_interval_s: float = Field(5.0, gt=0)

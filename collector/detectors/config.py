@@ -5,189 +5,214 @@ anywhere from every 100 ms to every 30 s.  "Activity" is the 0-1 busy signal of
 :mod:`collector.detectors.frame`: ``max(sm_active, dram_active)`` where DCGM
 profiling fields exist, else ``min(util, power-derived activity)`` on
 NVML-only GPUs.
+
+Every field is a setting of the one settings model
+(:class:`gpufleet.config.DetectSettings` extends this class), so a deployment
+sets any threshold in its YAML under ``detect:`` or as
+``GPUFLEET_DETECT__<FIELD>``, checked at start with an error naming the field;
+the live sweep and ``gpufleet replay --config`` use the same values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: A share or fraction, 0-1.
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+#: A strictly positive amount (seconds, MHz, bytes/s, a ratio above zero).
+Positive = Annotated[float, Field(gt=0.0)]
+#: A non-negative amount.
+NonNegative = Annotated[float, Field(ge=0.0)]
+#: A percentage, 0-100.
+Percent = Annotated[float, Field(ge=0.0, le=100.0)]
+Count = Annotated[int, Field(ge=1)]
 
 
-@dataclass(frozen=True)
-class DetectorConfig:
+class DetectorConfig(BaseModel):
+    """Detector thresholds (immutable: one instance serves a whole sweep)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     # --- activity signal --------------------------------------------------
     #: Activity at or above this counts as busy (a kernel workload is running).
-    busy_activity: float = 0.3
+    busy_activity: Share = 0.3
     #: Activity at or below this counts as idle.  Between the two the previous
     #: state holds (hysteresis), so noise around one level is not a cycle.
-    idle_activity: float = 0.15
+    idle_activity: Share = 0.15
     #: NVML-only GPUs: board power as a fraction of the enforced limit that
     #: maps to activity 0.  An idle H100 draws ~70 W of 700 W with no context,
     #: but ~145 W with a job's memory resident and ~150-160 W while NCCL spins
     #: waiting for a peer (measured on 8xH100 DDP traces): still no work.
-    power_idle_frac: float = 0.2
+    power_idle_frac: Share = 0.2
     #: ... and to activity 1.  ``util_pct`` is capped by this power activity,
     #: because GPU-Util stays at 100 % while collective kernels merely spin.
-    power_busy_frac: float = 0.6
+    power_busy_frac: Share = 0.6
     #: Without an enforced limit or a known model, a GPU's reference power is
     #: this percentile of its power in the window (median over its run's GPUs).
-    power_ref_percentile: float = 98.0
+    power_ref_percentile: Percent = 98.0
     #: ... trusted only when it is at least this many times the idle level
     #: (5th percentile): power that never rose cannot tell spinning from work.
-    power_ref_min_ratio: float = 1.8
+    power_ref_min_ratio: Positive = 1.8
     #: An interval longer than this many typical sampling intervals is a gap:
     #: it is not counted as time of either state and breaks phases.
-    gap_factor: float = 3.0
+    gap_factor: Positive = 3.0
     #: Sampling interval assumed for a series with a single sample, seconds.
-    fallback_dt_s: float = 1.0
+    fallback_dt_s: Positive = 1.0
     #: A GPU-scoped condition is reported only while seen this recently
     #: (or within three sampling intervals, whichever is longer), seconds.
-    active_within_s: float = 60.0
+    active_within_s: Positive = 60.0
 
     # --- runs ---------------------------------------------------------------
     #: Run start-up (model load, compilation, first batches) is ignored for at
     #: most this long after the run starts, seconds ...
-    warmup_max_s: float = 300.0
+    warmup_max_s: NonNegative = 300.0
     #: ... or until a GPU has been busy continuously this long, seconds.
-    warmup_busy_s: float = 30.0
+    warmup_busy_s: Positive = 30.0
 
     # --- starvation ---------------------------------------------------------
     #: Oscillation needs at least this many complete idle phases in a row.
-    starve_min_cycles: int = 3
+    starve_min_cycles: Count = 3
     #: Longest cycle still called starvation, seconds.  Slower periodic pauses
     #: are checkpoints or evaluations, not a data pipeline falling behind.
-    starve_max_period_s: float = 90.0
+    starve_max_period_s: Positive = 90.0
     #: Highest busy share (duty cycle) of an oscillating GPU still starving;
     #: short evaluation pauses leave the duty cycle above it.
-    starve_max_duty: float = 0.8
+    starve_max_duty: Share = 0.8
     #: Lowest duty cycle of an oscillation: below it the GPUs are mostly idle
     #: with brief bursts, which is reported only as a steady-low pattern.
-    starve_min_duty: float = 0.1
+    starve_min_duty: Share = 0.1
     #: Smallest busy-minus-idle activity difference of an oscillation.
-    starve_min_depth: float = 0.3
+    starve_min_depth: Share = 0.3
     #: Cycle lengths may vary by this much (median absolute deviation over
     #: median) and still count as one oscillation.
-    starve_max_period_cv: float = 0.5
+    starve_max_period_cv: Positive = 0.5
     #: Smallest share of GPU time lost to idling worth reporting.
-    starve_min_lost_share: float = 0.2
+    starve_min_lost_share: Share = 0.2
     #: Steady pattern: mean activity at or below this counts as starved ...
-    starve_low_activity: float = 0.5
+    starve_low_activity: Share = 0.5
     #: ... over at least this long, seconds.  Without a saturated host a
     #: steady low-activity job is simply a small job and is not reported.
-    starve_min_duration_s: float = 120.0
+    starve_min_duration_s: Positive = 120.0
     #: The episode is dated from the earliest time after which activity was
     #: below ``starve_low_activity`` for this share of the time.
-    starve_low_share: float = 0.6
+    starve_low_share: Share = 0.6
     #: Share of the run's GPUs that must show the pattern.
-    starve_min_gpu_share: float = 0.75
+    starve_min_gpu_share: Share = 0.75
     #: A GPU of the run busy at least this share of the time holds the others
     #: back (straggler) rather than all of them waiting for input.
-    starve_busy_gpu_share: float = 0.9
+    starve_busy_gpu_share: Share = 0.9
     #: Reference activity of a well-fed GPU, for ``gpu_time_lost_share``.
-    nominal_activity: float = 0.8
+    nominal_activity: Share = 0.8
 
     # --- host pressure (starvation cause) ----------------------------------
     #: All-CPU user time at or above this is a saturated CPU, percent.
-    cpu_saturated_pct: float = 80.0
+    cpu_saturated_pct: Percent = 80.0
     #: iowait at or above this is an I/O-bound host, percent.
-    iowait_high_pct: float = 15.0
+    iowait_high_pct: Percent = 15.0
     #: Busiest disk %util at or above this ...
-    disk_util_high_pct: float = 80.0
+    disk_util_high_pct: Percent = 80.0
     #: ... together with await at or above this is a saturated disk, ms.
-    disk_await_high_ms: float = 20.0
+    disk_await_high_ms: NonNegative = 20.0
 
     # --- checkpoint stall -----------------------------------------------------
     #: Shortest job-wide pause counted, seconds.
-    ckpt_min_pause_s: float = 5.0
+    ckpt_min_pause_s: Positive = 5.0
     #: Job-wide pauses with a write burst needed in the window.  One suffices
     #: by default: checkpoints every 10-30 min rarely show twice in a window,
     #: and the write burst is what tells them from evaluation pauses.
-    ckpt_min_pauses: int = 1
+    ckpt_min_pauses: Count = 1
     #: Share of the run's GPUs that must be paused together for a job-wide pause.
-    ckpt_min_gpu_share: float = 0.75
+    ckpt_min_gpu_share: Share = 0.75
     #: A GPU at or below this activity is paused (idle, or spinning in a
     #: collective: NCCL keeps ~0.18 of the SMs "active" doing no work).
-    ckpt_pause_activity: float = 0.25
+    ckpt_pause_activity: Share = 0.25
     #: Busy share of the run's time between pauses: a job that mostly idles
     #: has no checkpoint stalls to find.
-    ckpt_min_busy_share: float = 0.5
+    ckpt_min_busy_share: Share = 0.5
     #: Blocked-rank signature: a kernel is resident at GPU-Util at least this ...
-    ckpt_spin_util_pct: float = 50.0
+    ckpt_spin_util_pct: Percent = 50.0
     #: ... or, without GPU-Util, SM activity at least this.
-    ckpt_spin_sm_active: float = 0.05
+    ckpt_spin_sm_active: Share = 0.05
     #: At most this share of the run's ranks may block (one at least) ...
-    ckpt_max_blocker_share: float = 0.25
+    ckpt_max_blocker_share: Share = 0.25
     #: ... and the same rank must block in this share of the pauses.
-    ckpt_min_same_writer: float = 0.6
+    ckpt_min_same_writer: Share = 0.6
     #: Write rate during pauses at least this many times the rate while busy ...
-    ckpt_write_ratio: float = 3.0
+    ckpt_write_ratio: Positive = 3.0
     #: ... and at least this high, bytes/s.
-    ckpt_min_write_bytes_s: float = 20e6
+    ckpt_min_write_bytes_s: NonNegative = 20e6
     #: Pause spacing may vary by this much (MAD over median).
-    ckpt_max_period_cv: float = 0.35
+    ckpt_max_period_cv: Positive = 0.35
     #: Smallest share of the run's time lost to pauses worth reporting.
-    ckpt_min_lost_share: float = 0.03
+    ckpt_min_lost_share: Share = 0.03
 
     # --- straggler ------------------------------------------------------------
     #: Features are compared over the last this many seconds of the run.
-    straggler_eval_s: float = 180.0
+    straggler_eval_s: Positive = 180.0
     #: The GPU must have been busy at least this long in that span, seconds.
-    straggler_min_busy_s: float = 60.0
+    straggler_min_busy_s: NonNegative = 60.0
     #: Robust z-score (median / 1.4826 MAD of the run's GPUs) of an outlier.
-    straggler_z: float = 3.5
+    straggler_z: Positive = 3.5
     #: ... and the relative gap to the peers' median it must also reach
     #: (power limit, SM clock), so silicon variation is not flagged.
-    straggler_min_rel: float = 0.07
+    straggler_min_rel: Share = 0.07
     #: Peers are waiting when the straggler's activity or power fraction
     #: exceeds theirs by at least this much.
-    straggler_wait_gap: float = 0.05
+    straggler_wait_gap: Share = 0.05
     #: Without an enforced limit, a GPU's busy power plateau is this
     #: percentile of its power while busy; a cap shows as a lower plateau.
-    straggler_plateau_percentile: float = 90.0
+    straggler_plateau_percentile: Percent = 90.0
     #: A plateau at least this much below the peers', at GPU-Util within
     #: ``straggler_same_util_pct`` of theirs, is a capped straggler even
     #: where the peers' waits do not show (coarse samples average them away).
-    straggler_plateau_min_rel: float = 0.1
-    straggler_same_util_pct: float = 5.0
+    straggler_plateau_min_rel: Share = 0.1
+    straggler_same_util_pct: Percent = 5.0
     #: Unexplained straggler: activity above the peers' by at least this much.
-    straggler_unknown_gap: float = 0.25
+    straggler_unknown_gap: Share = 0.25
     #: Share of busy time with thermal bits that marks a hot GPU.
-    straggler_thermal_share: float = 0.2
+    straggler_thermal_share: Share = 0.2
     #: A mean temperature at or above this (and robustly above peers) is hot, degC.
-    straggler_hot_temp_c: float = 80.0
+    straggler_hot_temp_c: NonNegative = 80.0
 
     # --- throttling -----------------------------------------------------------
     #: SM clock below this fraction of the maximum counts as held down.
-    throttle_clock_ratio: float = 0.9
+    throttle_clock_ratio: Share = 0.9
     #: Share of busy time since the episode began that must be throttled.
-    throttle_min_share: float = 0.5
+    throttle_min_share: Share = 0.5
     #: Throttled busy time needed to report, seconds.
-    throttle_min_s: float = 60.0
+    throttle_min_s: Positive = 60.0
     #: Without a reason bitmask: power within this fraction of the limit is a
     #: power cap ...
-    throttle_infer_power_frac: float = 0.95
+    throttle_infer_power_frac: Share = 0.95
     #: ... and a temperature at or above this a thermal limit, degC.
-    throttle_infer_temp_c: float = 85.0
+    throttle_infer_temp_c: NonNegative = 85.0
 
     # --- PCIe -------------------------------------------------------------------
     #: Share of busy time since the episode began with a degraded link.
-    pcie_min_share: float = 0.5
+    pcie_min_share: Share = 0.5
     #: Degraded busy time needed to report, seconds.
-    pcie_min_s: float = 60.0
+    pcie_min_s: Positive = 60.0
 
     # --- host misconfiguration ------------------------------------------------
     #: CPU frequency governors that cap a training host.
     bad_governors: tuple[str, ...] = ("powersave",)
     #: CPU cores of quota needed per GPU on the node.
-    min_cores_per_gpu: float = 1.0
+    min_cores_per_gpu: NonNegative = 1.0
     #: XID events on one GPU within the window that count as repeated.
-    xid_min_events: int = 2
+    xid_min_events: Count = 2
     #: XID codes never counted.
-    xid_ignore: tuple[int, ...] = field(default=())
+    xid_ignore: tuple[int, ...] = ()
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.idle_activity < self.busy_activity <= 1:
-            raise ValueError("DetectorConfig: need 0 <= idle_activity < busy_activity <= 1")
-        if not 0 <= self.power_idle_frac < self.power_busy_frac:
-            raise ValueError("DetectorConfig: need 0 <= power_idle_frac < power_busy_frac")
+    @model_validator(mode="after")
+    def _ordered(self) -> DetectorConfig:
+        if not self.idle_activity < self.busy_activity:
+            raise ValueError("idle_activity must be below busy_activity (the hysteresis band)")
+        if not self.power_idle_frac < self.power_busy_frac:
+            raise ValueError("power_idle_frac must be below power_busy_frac")
         if self.gap_factor <= 1:
-            raise ValueError("DetectorConfig: gap_factor must exceed 1")
+            raise ValueError("gap_factor must exceed 1 (a gap is longer than the typical interval)")
+        if not self.starve_min_duty < self.starve_max_duty:
+            raise ValueError("starve_min_duty must be below starve_max_duty")
+        return self

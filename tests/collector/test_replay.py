@@ -83,3 +83,27 @@ def _set_field(text: str, line: int, column: str, value: str) -> str:
     cells[header.index(column)] = value
     lines[line - 1] = ",".join(cells) + "\n"
     return "".join(lines)
+
+
+def test_replay_uses_the_detector_thresholds_of_its_config(bundle: Path, tmp_path: Path, pg_server: str) -> None:
+    """The same settings model as the live sweep: a threshold set in the
+    file given with --config changes what replay finds."""
+    strict = tmp_path / "strict.yaml"
+    # No GPU can be busy this long inside a 180 s evaluation span: no straggler.
+    strict.write_text("detect:\n  straggler_min_busy_s: 100000\n")
+    env = dict(os.environ, GPUFLEET_DATABASE_URL=pg_server, GPUFLEET_DATA_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "gpufleet.cli", "replay", str(bundle), "--config", str(strict),
+                           "--findings", str(tmp_path / "f.jsonl"), "--accounting", str(tmp_path / "a.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    kinds = {json.loads(line)["kind"] for line in (tmp_path / "f.jsonl").read_text().splitlines()}
+    labels = {i["kind"] for i in json.loads((bundle / "labels.json").read_text())["incidents"]}
+    assert "straggler" in labels and "straggler" not in kinds
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("detect:\n  straggler_z: -1\n")
+    proc = subprocess.run([sys.executable, "-m", "gpufleet.cli", "replay", str(bundle), "--config", str(bad),
+                           "--findings", str(tmp_path / "g.jsonl"), "--accounting", str(tmp_path / "b.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "detect.straggler_z" in proc.stderr
+    assert not (tmp_path / "g.jsonl").exists()
