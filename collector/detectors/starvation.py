@@ -16,8 +16,9 @@ window after warm-up (see :attr:`Frame.region`), then across the run:
   last ``starve_min_duration_s`` and since the episode began (dated from when
   activity went below that level for ``starve_low_share`` of the time).  Reported only when a host of the run is saturated
   (cause ``cpu`` or ``io``): a steady low-activity job on idle hosts is a small
-  job, not a starving one; nor when the saturated host is the one an
-  oscillating-starved run's loader is saturating (a neighbour, not the cause).
+  job, not a starving one; nor when another run's GPUs on that host are
+  working or swinging (node-wide counters cannot tell whose load saturates a
+  shared host: the neighbour may be the cause).
 
 A run whose pauses the checkpoint detector explains (a write burst, or one
 rank blocking while its peers spin) is left to it: one pattern, one
@@ -178,13 +179,31 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         if rows.size == 0 or holding.any():
             continue
         f = _judge_run(fr, ri, rows, low, ep.onset, ep.last)
-        if f is not None:
+        if f is not None and not (f.evidence.get("pattern") == "steady_low"
+                                  and _neighbour_at_work(fr, ri, f.evidence.get("host"), swinging)):
             out.append(f)
-    # A steady low-activity run on a host whose pressure comes from another
-    # run's starving input pipeline is a neighbour, not the culprit: the
-    # loader that saturates the host belongs to the oscillating run.
-    loaders = {f.evidence.get("host") for f in out if f.evidence.get("pattern") == "oscillating"}
-    return [f for f in out if f.evidence.get("pattern") != "steady_low" or f.evidence.get("host") not in loaders]
+    return out
+
+
+def _neighbour_at_work(fr: Frame, ri: int, host: object, swinging: np.ndarray) -> bool:
+    """Whether another run's GPU on ``host`` is working or swinging in this window.
+
+    Node-wide CPU and I/O counters cannot say whose loader saturates a
+    shared host: a lightly loaded serving job beside an I/O-bound trainer
+    sees the trainer's iowait.  A steady low-activity run is blamed on the
+    host only when no neighbour there could be the source.  Decided from the
+    window's data alone, never from what else one sweep happened to report,
+    so that every sweep over the same data, live or replayed, decides alike.
+    """
+    rows = np.flatnonzero((fr.run_of_row >= 0) & (fr.run_of_row != ri))
+    rows = rows[[fr.keys[int(r)][0] == host for r in rows]] if rows.size else rows
+    if rows.size == 0:
+        return False
+    w = fr.w
+    act = fr.activity if fr.all_valid else np.nan_to_num(fr.activity)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = fr.row_sum(w * act)[rows] / fr.row_sum(w)[rows]
+    return bool(np.any(swinging[rows] | (mean >= fr.config.starve_low_activity)))
 
 
 def _judge_run(

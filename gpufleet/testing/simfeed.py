@@ -18,7 +18,8 @@ from gpufleet.wire import validate
 
 
 class SimFeed:
-    def __init__(self, conn: psycopg.Connection, fleet: Fleet, ship_every_s: float = 5.0) -> None:
+    def __init__(self, conn: psycopg.Connection, fleet: Fleet, ship_every_s: float = 5.0,
+                 send_facts: bool = False) -> None:
         self.conn = conn
         self.fleet = fleet
         self.ship_every_s = ship_every_s
@@ -27,22 +28,32 @@ class SimFeed:
         self._pending: dict[str, dict[str, list[dict[str, Any]]]] = {n: {"gpu": [], "host": []} for n in fleet.nodes}
         self._seq = 0
         self._last_ship = fleet.t
+        self._started = False
+        #: Nodes whose facts still go with their next batch (agents send them with the first).
+        self._facts_due = set(fleet.nodes) if send_facts else set()
 
     def run_until(self, t: float) -> None:
         """Tick the fleet to ``t``, shipping a batch per node every ``ship_every_s``."""
+        if not self._started:
+            # An agent's first tick reads the state it starts in, as a bundle's first row does.
+            self._started = True
+            self._record(self.fleet.t)
         while self.fleet.t < t:
             now = self.fleet.step()
-            for node in self.fleet.nodes:
-                if not self.fleet.node_up(node):
-                    continue
-                for row in self.fleet.gpu_rows(node):
-                    self._pending[node]["gpu"].append({**row, "time": now})
-                host = self.fleet.host_row(node)
-                if host is not None:
-                    self._pending[node]["host"].append({**host, "time": now})
+            self._record(now)
             if now - self._last_ship >= self.ship_every_s:
                 self.ship()
                 self._last_ship = now
+
+    def _record(self, now: float) -> None:
+        for node in self.fleet.nodes:
+            if not self.fleet.node_up(node):
+                continue
+            for row in self.fleet.gpu_rows(node):
+                self._pending[node]["gpu"].append({**row, "time": now})
+            host = self.fleet.host_row(node)
+            if host is not None:
+                self._pending[node]["host"].append({**host, "time": now})
 
     def ship(self) -> None:
         items = []
@@ -52,6 +63,9 @@ class SimFeed:
             self._seq += 1
             doc = {"batch_id": f"sim:{node}:{self._seq}", "node": node,
                    "gpu": rows["gpu"] or None, "host": rows["host"] or None}
+            if node in self._facts_due:
+                doc["facts"] = self.fleet.facts(node)
+                self._facts_due.discard(node)
             b = validate(doc)
             items.append(_Item(b, self._loop, self._loop.create_future(), b.n_gpu + b.n_host))
             rows["gpu"], rows["host"] = [], []

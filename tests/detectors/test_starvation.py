@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.detectors import DetectorConfig
+from collector.detectors import DetectorConfig, RunInfo
 from collector.detectors.starvation import detect
 from tests.detectors.builders import (
     T0,
@@ -109,6 +109,35 @@ def test_steady_low_activity_with_a_saturated_host_is(host: dict, cause: str) ->
     assert f.cause == cause
     assert f.evidence["pattern"] == "steady_low"
     assert f.evidence["mean_activity"] == pytest.approx(0.25, abs=0.03)
+
+
+def _shared_node(neighbour: GpuSpec) -> object:
+    """A serving run on GPUs 4-7 of a node whose GPUs 0-3 belong to another
+    run, with the node's iowait high (the demo's h100-04)."""
+    w = run_window([neighbour] * 4 + [GpuSpec(noisy(steady(0.25), seed=i)) for i in range(4)], host=IO_BUSY,
+                   run_id="trainer")
+    trainer = w.runs[0]
+    keys = trainer.allocations
+    w.runs[:] = [RunInfo("trainer", trainer.start, None, keys[:4]), RunInfo("serve", trainer.start, None, keys[4:])]
+    return w
+
+
+@pytest.mark.parametrize("neighbour", [
+    GpuSpec(noisy(steady(0.9))),                   # a busy trainer
+    GpuSpec(square(period=20, duty=0.5)),         # a trainer whose own loader starves it
+])
+def test_steady_low_run_is_not_blamed_for_a_neighbours_host_pressure(neighbour: GpuSpec) -> None:
+    """Node-wide iowait cannot say whose I/O it is: with another run working
+    or swinging on the node, the lightly loaded run is not called starved,
+    whatever else the same sweep reports (live and replay decide alike)."""
+    w = _shared_node(neighbour)
+    assert [f.run_id for f in detect(w, CFG) if f.evidence["pattern"] == "steady_low"] == []
+
+
+def test_steady_low_runs_alone_on_a_saturated_shared_node_are_still_starved() -> None:
+    w = _shared_node(GpuSpec(noisy(steady(0.2), seed=9)))
+    assert {(f.run_id, f.cause, f.evidence["pattern"]) for f in detect(w, CFG)} == {
+        ("trainer", "io", "steady_low"), ("serve", "io", "steady_low")}
 
 
 def test_steady_low_without_host_data_is_not_reported() -> None:
