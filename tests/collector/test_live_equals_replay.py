@@ -32,10 +32,13 @@ SCENARIO = "demo"
 DURATION_S = 1200.0
 
 
+def _iso(d: datetime | None) -> str | None:
+    return None if d is None else d.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def _key(kind: str, run_id: str | None, node: str | None, gpu: int | None, cause: str | None,
          severity: str, start: datetime, end: datetime | None) -> tuple:
-    iso = (lambda d: None if d is None else d.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    return kind, run_id, node, gpu, cause, severity, iso(start), iso(end)
+    return kind, run_id, node, gpu, cause, severity, _iso(start), _iso(end)
 
 
 def _parse(s: str | None) -> datetime | None:
