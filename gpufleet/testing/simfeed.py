@@ -61,7 +61,7 @@ class SimFeed:
             if not rows["gpu"] and not rows["host"]:
                 continue
             self._seq += 1
-            doc = {"batch_id": f"sim:{node}:{self._seq}", "node": node,
+            doc: dict[str, Any] = {"batch_id": f"sim:{node}:{self._seq}", "node": node,
                    "gpu": rows["gpu"] or None, "host": rows["host"] or None}
             if node in self._facts_due:
                 doc["facts"] = self.fleet.facts(node)
