@@ -362,6 +362,7 @@ def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (
     from collector.replay import replay as run_replay
     from gpufleet.db import migrate
     from gpufleet.db.connect import with_database
+    from gpufleet.store.runs import Conflict
     from gpufleet.testing.pg import scratch_database
 
     s = settings_from(config)
@@ -377,6 +378,10 @@ def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (
             result = run_replay(url, bundle, s, say)
         except BundleError as e:
             fail(str(e))
+        except Conflict as e:
+            # Only a database given with --db can already hold the bundle's runs.
+            fail(f"--db: {e}: the database already holds this bundle's run (or another on its GPUs); replay into "
+                 "a fresh database (or leave out --db for a temporary one)")
         except psycopg.OperationalError as e:
             fail(f"database: {str(e).strip().splitlines()[0]}")
     write_atomic(findings, findings_jsonl(result.findings))
