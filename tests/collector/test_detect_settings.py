@@ -58,7 +58,7 @@ def test_bad_thresholds_are_refused_naming_the_field(tmp_path: Path, body: str, 
 
 def test_bad_threshold_from_the_environment_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUFLEET_DETECT__STRAGGLER_Z", "-3")
-    with pytest.raises(ConfigError, match="detect.straggler_z"):
+    with pytest.raises(ConfigError, match=r"detect\.straggler_z"):
         load_settings()
 
 
