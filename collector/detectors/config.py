@@ -168,6 +168,10 @@ class DetectorConfig(BaseModel):
     #: ``straggler_same_util_pct`` of theirs, is a capped straggler even
     #: where the peers' waits do not show (coarse samples average them away).
     straggler_plateau_min_rel: Share = 0.1
+    #: ... and only while at most this share of the run's GPUs (one at least)
+    #: sits at such a low plateau: many low GPUs are the run's spread (a node
+    #: throttled as a whole, the faster GPUs waiting), not one capped GPU.
+    straggler_plateau_max_share: Share = 0.2
     straggler_same_util_pct: Percent = 5.0
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: Share = 0.25

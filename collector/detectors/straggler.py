@@ -150,12 +150,20 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     pf_gap = v["pf"] - r_pf
     waiting = (act_gap >= cfg.straggler_wait_gap) | (pf_gap >= cfg.straggler_wait_gap)
     slow_clk = rel_clk <= -cfg.straggler_min_rel
+    # A straggler is an outlier: where many of a run's GPUs sit at a lower
+    # busy plateau (a node throttled as a whole, mixed silicon, the waits of
+    # the faster GPUs behind a slow one), no one of them is the capped GPU.
+    low_plat = ~np.isfinite(v["lim"]) & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel)
+    crowd = np.bincount(gs[low_plat], minlength=ng)
+    size = np.bincount(gs, minlength=ng)
+    lone = crowd <= np.maximum(1, np.floor(cfg.straggler_plateau_max_share * size + 1e-9))
+    low_plat &= lone[gs]
     causes = {
         "pcie_degraded": (v["pcie"] >= 0.5) & ~(r_pcie >= 0.5),
         "thermal": ((v["therm"] >= cfg.straggler_thermal_share) & ~(r_therm >= 0.05))
         | ((z_temp >= cfg.straggler_z) & (v["temp"] >= cfg.straggler_hot_temp_c) & slow_clk),
         "power_cap": ((z_lim <= -cfg.straggler_z) & (rel_lim <= -cfg.straggler_min_rel))
-        | (~np.isfinite(v["lim"]) & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel))
+        | low_plat
         | ((v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= 0.05) & slow_clk),
         "clocks": (z_clk <= -cfg.straggler_z) & slow_clk,
         "unknown": (z_act >= cfg.straggler_z) & (act_gap >= cfg.straggler_unknown_gap),
@@ -165,7 +173,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # the peers' waits away, so they need not show waiting).
     # A plateau well above theirs: it keeps computing while they wait.
     same_util = ~(np.abs(v["util"] - r_util) > cfg.straggler_same_util_pct) & ~np.isfinite(v["lim"])
-    capped_plateau = same_util & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_plateau_min_rel)
+    capped_plateau = same_util & low_plat & (rel_plat <= -cfg.straggler_plateau_min_rel)
     busier_plateau = same_util & (z_plat >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
     causes["unknown"] = causes["unknown"] | busier_plateau
     eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau)

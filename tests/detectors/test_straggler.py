@@ -143,6 +143,20 @@ def test_power_capped_straggler_from_util_and_power_alone() -> None:
     assert fs[0].evidence["feature"] == "power_plateau_w"
 
 
+def test_many_gpus_at_a_lower_plateau_are_the_runs_spread_not_a_capped_straggler() -> None:
+    """A node throttled as a whole leaves several GPUs of the run at lower
+    plateaus than the rest: no one of them holds the job back alone."""
+    keep = ("util_pct", "power_w", "mem_used_mib")
+    specs = [GpuSpec(steady(0.62 + 0.01 * (i % 3)), dcgm=False) for i in range(16)]
+    for i in (2, 5, 9, 13):
+        specs[i] = GpuSpec(steady(0.5), dcgm=False)
+    w = run_window(specs, no_host=True)
+    for s in w.gpus.values():
+        s.cols = {k: v for k, v in s.cols.items() if k in keep}
+        s.cols["util_pct"] = s.cols["util_pct"] * 0 + 99.0
+    assert detect(w, CFG) == []
+
+
 def test_silicon_spread_of_power_is_no_straggler() -> None:
 
     specs = [GpuSpec(steady(0.6 + 0.015 * (i % 4)), dcgm=False) for i in range(8)]
