@@ -95,6 +95,12 @@ HOST_KEY = ("time", "node")
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}
 HOST_BY_NAME = {f.name: f for f in HOST_FIELDS}
 
+#: contracts.md section 1: the columns of a bundle's gpu.csv and host.csv, in
+#: order (the catalog's, less the collector's own MIG and run attribution).
+GPU_CSV_COLUMNS: tuple[str, ...] = (
+    "time", "node", "gpu", *(f.name for f in GPU_FIELDS if f.name not in ("mig_instance", "run_id")))
+HOST_CSV_COLUMNS: tuple[str, ...] = ("time", "node", *(f.name for f in HOST_FIELDS))
+
 #: Columns that may be NULL on a MIG instance row because they belong to the
 #: physical GPU row.
 WHOLE_GPU_FIELDS = frozenset(f.name for f in GPU_FIELDS if f.whole_gpu)

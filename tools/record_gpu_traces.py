@@ -101,22 +101,10 @@ from agent.sources.facts import node_facts  # noqa: E402
 from agent.sources.host import HostSource  # noqa: E402
 from agent.sources.nvml import NvmlSource, _compute_pids  # noqa: E402
 from agent.sources.nvml_api import GpuLost, NotSupported, NvmlApi, NvmlError, NvmlUnavailable, PynvmlApi  # noqa: E402
+from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS  # noqa: E402
 
 FORMAT_VERSION = 1
 
-#: contracts.md section 1, in order.
-GPU_CSV_COLUMNS = (
-    "time", "node", "gpu", "uuid", "util_pct", "sm_active", "tensor_active", "dram_active",
-    "mem_used_mib", "mem_total_mib", "power_w", "energy_mj", "power_limit_w",
-    "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "temp_c", "mem_temp_c", "throttle_reasons",
-    "pcie_tx_bytes_s", "pcie_rx_bytes_s", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
-    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ecc_dbe", "xid",
-)
-HOST_CSV_COLUMNS = (
-    "time", "node", "cpu_user_pct", "cpu_system_pct", "cpu_iowait_pct", "cpu_idle_pct", "cpu_count",
-    "disk_read_bytes_s", "disk_write_bytes_s", "disk_util_pct", "disk_await_ms",
-    "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w",
-)
 
 #: Label vocabulary (agent/simulator/labels.py).
 STARVATION = "starvation"

@@ -25,20 +25,8 @@ from agent.simulator.carbon import scenario_series
 from agent.simulator.fleet import Fleet
 from agent.simulator.labels import Labels, rfc3339
 from agent.simulator.scenario import Scenario
+from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS
 
-#: contracts.md section 1, in order.
-GPU_CSV_COLUMNS = (
-    "time", "node", "gpu", "uuid", "util_pct", "sm_active", "tensor_active", "dram_active",
-    "mem_used_mib", "mem_total_mib", "power_w", "energy_mj", "power_limit_w",
-    "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "temp_c", "mem_temp_c", "throttle_reasons",
-    "pcie_tx_bytes_s", "pcie_rx_bytes_s", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
-    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "ecc_dbe", "xid",
-)
-HOST_CSV_COLUMNS = (
-    "time", "node", "cpu_user_pct", "cpu_system_pct", "cpu_iowait_pct", "cpu_idle_pct", "cpu_count",
-    "disk_read_bytes_s", "disk_write_bytes_s", "disk_util_pct", "disk_await_ms",
-    "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w",
-)
 RUNS_CSV_COLUMNS = ("run_id", "name", "site", "start", "end")
 ALLOCATIONS_CSV_COLUMNS = ("run_id", "node", "gpu")
 SITES_CSV_COLUMNS = ("site", "pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region",
