@@ -628,6 +628,14 @@ class Frame:
         return out
 
     @cached_property
+    def rows_by_node(self) -> dict[str, np.ndarray]:
+        """Rows of each node's GPUs."""
+        out: dict[str, list[int]] = {}
+        for r, (node, _gpu) in enumerate(self.keys):
+            out.setdefault(node, []).append(r)
+        return {n: np.array(rs, dtype=np.int64) for n, rs in out.items()}
+
+    @cached_property
     def run_of_row(self) -> np.ndarray:
         """Index into ``window.runs`` of the run each GPU row worked for (-1: none).
 

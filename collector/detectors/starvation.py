@@ -195,15 +195,18 @@ def _neighbour_at_work(fr: Frame, ri: int, host: object, swinging: np.ndarray) -
     window's data alone, never from what else one sweep happened to report,
     so that every sweep over the same data, live or replayed, decides alike.
     """
-    rows = np.flatnonzero((fr.run_of_row >= 0) & (fr.run_of_row != ri))
-    rows = rows[[fr.keys[int(r)][0] == host for r in rows]] if rows.size else rows
+    rows = fr.rows_by_node.get(str(host), np.zeros(0, dtype=np.int64))
+    rows = rows[(fr.run_of_row[rows] >= 0) & (fr.run_of_row[rows] != ri)]
     if rows.size == 0:
         return False
-    w = fr.w
-    act = fr.activity if fr.all_valid else np.nan_to_num(fr.activity)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = fr.row_sum(w * act)[rows] / fr.row_sum(w)[rows]
-    return bool(np.any(swinging[rows] | (mean >= fr.config.starve_low_activity)))
+    low = fr.config.starve_low_activity
+    for r in rows.tolist():
+        sl = fr.row_slice(r)
+        w, act = fr.w[sl], np.nan_to_num(fr.activity[sl])
+        tot = float(w.sum())
+        if swinging[r] or (tot > 0 and float(w @ act) / tot >= low):
+            return True
+    return False
 
 
 def _judge_run(
