@@ -327,6 +327,20 @@ class Sampler(threading.Thread):
 # --------------------------------------------------------------------------- training backends
 
 
+def timed_write(path: Path, write: Callable[[Any], None], fsync: bool) -> dict[str, Any]:
+    """A checkpoint write as a training job makes it: serialise and write,
+    then (optionally) wait for the disk; each part timed."""
+    t0 = time.monotonic()
+    with path.open("wb") as f:
+        write(f)
+        f.flush()
+        t1 = time.monotonic()
+        if fsync:
+            os.fsync(f.fileno())
+    t2 = time.monotonic()
+    return {"bytes": path.stat().st_size, "serialize_write_s": round(t1 - t0, 3), "fsync_s": round(t2 - t1, 3)}
+
+
 class TorchBackend:
     """bf16 MLP training on ``cuda:0`` with a pinned-memory input pipeline."""
 
@@ -417,15 +431,7 @@ class TorchBackend:
         torch = self.torch
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "shards": {f"shard{i}": t for i, t in enumerate(self.extra)}}
-        t0 = time.monotonic()
-        with path.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            t1 = time.monotonic()
-            if fsync:
-                os.fsync(f.fileno())
-        t2 = time.monotonic()
-        return {"bytes": path.stat().st_size, "serialize_write_s": round(t1 - t0, 3), "fsync_s": round(t2 - t1, 3)}
+        return timed_write(path, lambda f: torch.save(state, f), fsync)
 
     def describe(self) -> dict[str, Any]:
         torch = self.torch
@@ -482,19 +488,16 @@ class CpuBackend:
         self.extra_bytes = 0
 
     def save(self, path: Path, fsync: bool) -> dict[str, Any]:
-        t0 = time.monotonic()
         block = os.urandom(1 << 20)
-        left = self.state_bytes()
-        with path.open("wb") as f:
+        total = self.state_bytes()
+
+        def write(f: Any) -> None:
+            left = total
             while left > 0:
                 f.write(block[:left])
                 left -= len(block)
-            f.flush()
-            t1 = time.monotonic()
-            if fsync:
-                os.fsync(f.fileno())
-        t2 = time.monotonic()
-        return {"bytes": path.stat().st_size, "serialize_write_s": round(t1 - t0, 3), "fsync_s": round(t2 - t1, 3)}
+
+        return timed_write(path, write, fsync)
 
     def describe(self) -> dict[str, Any]:
         return {"step_s": self.step_s, "fake_gpus": "FakeNvml H200 profile"}
