@@ -347,7 +347,7 @@ def run_end(run_id: str, end: Annotated[str | None, typer.Option(help="RFC 3339 
 
 
 @app.command()
-def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (contracts.md section 1)")],
+def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (docs/contracts.md section 1)")],
            findings: Annotated[Path, typer.Option("--findings", help="FINDINGS.jsonl to write")],
            accounting: Annotated[Path, typer.Option("--accounting", help="ACCOUNTING.json to write")],
            db: DbOpt = None, config: ConfigOpt = None,

@@ -17,7 +17,7 @@ from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.testing.pg import scratch_database, server_url
 
-REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
 
 DATA_TABLES = (
     "gpu_samples", "host_samples", "gpu_energy_1m", "gpu_energy_1h", "host_energy_1m", "host_energy_1h",
@@ -27,10 +27,14 @@ DATA_TABLES = (
 
 
 def realdata(*parts: str) -> Path:
-    """Path under ../shared/realdata; skips the test only when that folder is absent."""
-    if not REALDATA.is_dir():
-        pytest.skip(f"real captures not present at {REALDATA} (checkout outside the workspace)")
-    return REALDATA.joinpath(*parts)
+    """Path of a real capture committed under tests/fixtures/realdata (provenance in its SOURCES.md).
+
+    A missing file fails the test: a capture that is not there is a broken
+    checkout, never a reason to run fewer checks.
+    """
+    path = REALDATA.joinpath(*parts)
+    assert path.exists(), f"real capture missing: {path} (see tests/fixtures/realdata/SOURCES.md)"
+    return path
 
 
 @pytest.fixture(scope="session")
