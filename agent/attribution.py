@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.ratelog import RateLimitedLog
-from agent.sources.base import GpuRow
+from gpufleet.agent.ratelog import RateLimitedLog
+from gpufleet.agent.sources.base import GpuRow
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from agent.runtime import Agent
-from agent.sources.base import Source, SourceError
-from agent.sources.registry import UnknownSource, build_source
-from agent.spool import SpoolLocked
+from gpufleet.agent.runtime import Agent
+from gpufleet.agent.sources.base import Source, SourceError
+from gpufleet.agent.sources.registry import UnknownSource, build_source
+from gpufleet.agent.spool import SpoolLocked
 from gpufleet.config import AgentSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ def spool_dir(settings: Settings) -> Path:
 
 def fake_nvml_source(gpus: int, call_latency_s: float = 0.0, loaded: bool = True) -> Source:
     """An ``nvml`` source over :class:`FakeNvml` H100s (tests, benchmarks, demos without GPUs)."""
-    from agent.sources.nvml import NvmlSource
-    from agent.sources.nvml_fake import H100_SXM, FakeNvml
+    from gpufleet.agent.sources.nvml import NvmlSource
+    from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
 
     fake = FakeNvml([H100_SXM] * gpus, call_latency_s=call_latency_s)
     if loaded:
@@ -92,7 +92,7 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
     sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
     if sim is not None and a.node is None:
         # A simulated node is named by its scenario: file its samples under that name.
-        from agent.simulator.sources import attached_fleet
+        from gpufleet.agent.simulator.sources import attached_fleet
 
         a = a.model_copy(update={"node": attached_fleet().nodes[0]})
     return Agent(a, sources, node=resolve_node(a), spool_dir=spool_dir(settings))

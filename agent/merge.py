@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from agent.sources.base import GpuRow, HostRow, Reading
+from gpufleet.agent.sources.base import GpuRow, HostRow, Reading
 
 GpuKey = tuple[int, int | None]
 

@@ -4,15 +4,15 @@ Each tick (``interval_s``, started after a random share of ``start_jitter_s``
 so a fleet does not tick in lockstep):
 
 1. the scheduler starts the sources that are due and gathers what finished
-   (:mod:`agent.scheduler`: per-source threads, intervals, timeouts);
+   (:mod:`gpufleet.agent.scheduler`: per-source threads, intervals, timeouts);
 2. their readings are merged into one row per ``(gpu, mig_instance)`` and one
-   host row (:mod:`agent.merge`), labelled with ``run_id``
-   (:mod:`agent.attribution`) and made acceptable to the collector
-   (:mod:`agent.sanitize`);
+   host row (:mod:`gpufleet.agent.merge`), labelled with ``run_id``
+   (:mod:`gpufleet.agent.attribution`) and made acceptable to the collector
+   (:mod:`gpufleet.agent.sanitize`);
 3. the tick record -- stamped with the tick's wall-clock ``time`` -- is appended
-   to the spool (:mod:`agent.spool`), with the node facts when they changed;
+   to the spool (:mod:`gpufleet.agent.spool`), with the node facts when they changed;
 4. every ``ship_interval_s`` the open segment is sealed into an immutable
-   batch, which the shipper thread (:mod:`agent.shipper`) delivers.
+   batch, which the shipper thread (:mod:`gpufleet.agent.shipper`) delivers.
 
 Nothing a source does can stop the loop: errors, hangs and malformed rows are
 counted per source and logged at a limited rate.
@@ -29,18 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.attribution import Attributor
-from agent.batch import encode_batch, tick_record, to_batch
-from agent.merge import merge_readings, valid_key
-from agent.metrics import AgentMetrics
-from agent.ratelog import RateLimitedLog
-from agent.sanitize import Sanitizer
-from agent.scheduler import FIRST_READ_TIMEOUT_S, Scheduler
-from agent.shipper import Shipper, tls_context
-from agent.sources.base import Closeable, Source
-from agent.sources.facts import node_facts
-from agent.spool import Spool
 from gpufleet import __version__
+from gpufleet.agent.attribution import Attributor
+from gpufleet.agent.batch import encode_batch, tick_record, to_batch
+from gpufleet.agent.merge import merge_readings, valid_key
+from gpufleet.agent.metrics import AgentMetrics
+from gpufleet.agent.ratelog import RateLimitedLog
+from gpufleet.agent.sanitize import Sanitizer
+from gpufleet.agent.scheduler import FIRST_READ_TIMEOUT_S, Scheduler
+from gpufleet.agent.shipper import Shipper, tls_context
+from gpufleet.agent.sources.base import Closeable, Source
+from gpufleet.agent.sources.facts import node_facts
+from gpufleet.agent.spool import Spool
 from gpufleet.config import AgentSettings
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.metrics import AgentMetrics
-from agent.ratelog import RateLimitedLog
-from agent.sources.base import FactsSource, Reading, Source, SourceError
+from gpufleet.agent.metrics import AgentMetrics
+from gpufleet.agent.ratelog import RateLimitedLog
+from gpufleet.agent.sources.base import FactsSource, Reading, Source, SourceError
 
 log = logging.getLogger(__name__)
 

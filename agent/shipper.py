@@ -32,10 +32,10 @@ from pathlib import Path
 
 import httpx
 
-from agent.batch import BODY_HEADERS
-from agent.metrics import AgentMetrics
-from agent.ratelog import RateLimitedLog
-from agent.spool import CorruptSegment, Segment, Spool
+from gpufleet.agent.batch import BODY_HEADERS
+from gpufleet.agent.metrics import AgentMetrics
+from gpufleet.agent.ratelog import RateLimitedLog
+from gpufleet.agent.spool import CorruptSegment, Segment, Spool
 
 log = logging.getLogger(__name__)
 

@@ -50,8 +50,8 @@ from typing import Any
 
 import msgpack
 
-from agent.batch import record_samples
-from agent.metrics import AgentMetrics
+from gpufleet.agent.batch import record_samples
+from gpufleet.agent.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 

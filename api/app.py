@@ -9,9 +9,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from api import web
-from api.deps import ApiState
-from api.routes import accounting, incidents, reports, runs, sites, tokens
+from gpufleet.api import web
+from gpufleet.api.deps import ApiState
+from gpufleet.api.routes import accounting, incidents, reports, runs, sites, tokens
 from gpufleet.config import Settings
 
 

@@ -37,8 +37,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collector import rollup
 from gpufleet.accounting import run_accounting
+from gpufleet.collector import rollup
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.testing.pg import scratch_database, server_url

@@ -4,7 +4,7 @@
 
 Runs two child processes for the same time, one after the other:
 
-* ``agent``: the production :class:`agent.runtime.Agent` -- scheduler threads,
+* ``agent``: the production :class:`gpufleet.agent.runtime.Agent` -- scheduler threads,
   merge, attribution, spool on disk, shipper, /metrics -- over fake NVML GPUs
   (each NVML call charged ``--nvml-latency-us`` of busy CPU, as a driver call
   costs) plus the real host source reading this machine's /proc, sampling at
@@ -46,10 +46,10 @@ def _peak_rss_mb() -> float:
 
 def _imports() -> None:
     """What both children load, so the baseline's memory includes the same libraries."""
-    import agent.runtime
-    import agent.sources.host
-    import agent.sources.nvml
-    import agent.sources.nvml_fake  # noqa: F401
+    import gpufleet.agent.runtime
+    import gpufleet.agent.sources.host
+    import gpufleet.agent.sources.nvml
+    import gpufleet.agent.sources.nvml_fake  # noqa: F401
 
 
 def child_baseline(seconds: float) -> dict[str, Any]:
@@ -66,10 +66,10 @@ def child_baseline(seconds: float) -> dict[str, Any]:
 
 def child_agent(seconds: float, gpus: int, latency_us: float, url: str) -> dict[str, Any]:
     _imports()
-    from agent.runtime import Agent
-    from agent.sources.host import HostSource
-    from agent.sources.nvml import NvmlSource
-    from agent.sources.nvml_fake import H100_SXM, FakeNvml
+    from gpufleet.agent.runtime import Agent
+    from gpufleet.agent.sources.host import HostSource
+    from gpufleet.agent.sources.nvml import NvmlSource
+    from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
     from gpufleet.config import AgentSettings
     from gpufleet.testing.servers import free_port
 

@@ -8,7 +8,7 @@ Each scenario of the simulator is written as a trace bundle, replayed exactly
 as ``gpufleet replay`` does (ingest path, rollups, every sweep of the
 timeline) and its findings scored against the scenario's labels.
 ``--degrade`` first cuts each bundle down to a form real fleets send
-(:mod:`agent.simulator.degrade`: nvidia-smi fields only, no host agent,
+(:mod:`gpufleet.agent.simulator.degrade`: nvidia-smi fields only, no host agent,
 both, or DCGM without GPU-Util), with the labels the cut data can still
 show; ``all`` runs the full form and every cut, a table each.  The
 baseline is the same scoring of an empty finding set (recall 0).  The last
@@ -29,13 +29,13 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.simulator import scenario_names, write_bundle
-from agent.simulator.degrade import FORMS, degrade_bundle
-from collector import rollup
-from collector.bundle import read_bundle
-from collector.incidents import MemoryIncidentStore, Plan
-from collector.replay import load, sweep_timeline
-from collector.scoring import Score, score
+from gpufleet.agent.simulator import scenario_names, write_bundle
+from gpufleet.agent.simulator.degrade import FORMS, degrade_bundle
+from gpufleet.collector import rollup
+from gpufleet.collector.bundle import read_bundle
+from gpufleet.collector.incidents import MemoryIncidentStore, Plan
+from gpufleet.collector.replay import load, sweep_timeline
+from gpufleet.collector.scoring import Score, score
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.policies import backend_of

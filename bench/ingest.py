@@ -170,7 +170,7 @@ def timescale_compressed_bytes(t0: float) -> float | None:
     server = timescale_server_url()
     if server is None:
         return None
-    from agent.simulator import Fleet
+    from gpufleet.agent.simulator import Fleet
     from gpufleet.testing.simfeed import SimFeed
 
     settings = load_settings()

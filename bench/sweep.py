@@ -29,10 +29,10 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
-from collector.sweep import Sweeper
-from collector.window_cache import GPU_COLUMNS
-from collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
+from gpufleet.collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
+from gpufleet.collector.sweep import Sweeper
+from gpufleet.collector.window_cache import GPU_COLUMNS
+from gpufleet.collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.testing.pg import scratch_database, server_url

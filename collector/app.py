@@ -12,12 +12,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
-from collector.alerting import IncidentMetrics
-from collector.ingest import IngestHandler
-from collector.leader import DbMonitor, Leader, SweepFn
-from collector.metrics import CollectorMetrics
-from collector.writer import GroupWriter
 from gpufleet.auth import Principal
+from gpufleet.collector.alerting import IncidentMetrics
+from gpufleet.collector.ingest import IngestHandler
+from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
+from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
 from gpufleet.httpauth import Authenticator
 

@@ -16,8 +16,8 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
-from collector.detectors.window import Finding
-from collector.incidents import OPEN, Incident, Plan, plan_sweep
+from gpufleet.collector.detectors.window import Finding
+from gpufleet.collector.incidents import OPEN, Incident, Plan, plan_sweep
 
 
 def _ts(t: float | None) -> datetime | None:

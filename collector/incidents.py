@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from collector.detectors.window import Finding
+from gpufleet.collector.detectors.window import Finding
 
 OPEN = "open"
 RESOLVED = "resolved"

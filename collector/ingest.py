@@ -23,10 +23,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from collector.metrics import CollectorMetrics
-from collector.tls import client_cert_names
-from collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded, WriteFailed
 from gpufleet.auth import Principal
+from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.tls import client_cert_names
+from gpufleet.collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded, WriteFailed
 from gpufleet.config import IngestSettings
 from gpufleet.httpauth import RateLimiter
 from gpufleet.wire import ParseLimits, TooLarge, WireError, decompress, drop_skewed, parse, validate

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import psycopg
 
-from collector import rollup
-from collector.heap import release_free_memory
-from collector.metrics import CollectorMetrics
+from gpufleet.collector import rollup
+from gpufleet.collector.heap import release_free_memory
+from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of, enforce_retention_plain
 

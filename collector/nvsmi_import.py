@@ -36,9 +36,9 @@ lets a plain ``power.draw,utilization.gpu`` log tell a GPU that computes from
 one that spins in a collective.
 
 Every value is checked before anything is written, and a refusal is a
-:class:`collector.bundle.BundleError` naming the file, the line and the
+:class:`gpufleet.collector.bundle.BundleError` naming the file, the line and the
 column.  The bundle is written into a temporary directory beside ``out``,
-read back with :func:`collector.bundle.read_bundle`, and only then renamed
+read back with :func:`gpufleet.collector.bundle.read_bundle`, and only then renamed
 into place, so an error leaves nothing behind.
 """
 
@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from collector.bundle import BundleError, read_bundle
 from gpufleet.catalog import GPU_BY_NAME, GPU_FIELDS, INT_RANGES
+from gpufleet.collector.bundle import BundleError, read_bundle
 from gpufleet.facts import FactsError, check_facts
 from gpufleet.gpu_models import board_power_w
 from gpufleet.wire import NODE_RE

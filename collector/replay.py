@@ -24,14 +24,14 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
-from collector import rollup
-from collector.bundle import Bundle, read_bundle
-from collector.detectors.config import DetectorConfig
-from collector.detectors.registry import run_detectors
-from collector.incident_store import clean_json
-from collector.incidents import MemoryIncidentStore
-from collector.window_cache import WindowCache, load_runs
-from collector.writer import GroupWriter, _Item
+from gpufleet.collector import rollup
+from gpufleet.collector.bundle import Bundle, read_bundle
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.incident_store import clean_json
+from gpufleet.collector.incidents import MemoryIncidentStore
+from gpufleet.collector.window_cache import WindowCache, load_runs
+from gpufleet.collector.writer import GroupWriter, _Item
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of
 from gpufleet.store import runs as run_store

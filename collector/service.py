@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.app import create_app
-from collector.sweep import Sweeper
+from gpufleet.collector.app import create_app
+from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 
 

@@ -7,11 +7,11 @@ import time
 
 import psycopg
 
-from collector import incident_store
-from collector.alerting import AlertmanagerPusher
-from collector.detectors.config import DetectorConfig
-from collector.detectors.registry import run_detectors
-from collector.window_cache import WindowCache, load_facts, load_runs
+from gpufleet.collector import incident_store
+from gpufleet.collector.alerting import AlertmanagerPusher
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
 from gpufleet.config import Settings
 
 log = logging.getLogger(__name__)

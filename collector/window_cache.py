@@ -24,7 +24,7 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
-from collector.detectors.window import RunInfo, Series, Window
+from gpufleet.collector.detectors.window import RunInfo, Series, Window
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
+from gpufleet.collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
 from gpufleet.wire import Batch, Column
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ dashboards push``); the Python modules are where they are edited, so SQL is
 readable and shared fragments stay in one place.  ``--check`` fails when a
 file is out of date (the tests run it).
 
-    python -m dashboards.build [--check]
+    python -m gpufleet.dashboards.build [--check]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dashboards import energy_cost, fleet_overview, run_detail, starvation
+from gpufleet.dashboards import energy_cost, fleet_overview, run_detail, starvation
 
 DIR = Path(__file__).resolve().parent
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         bad = stale()
         for p in bad:
-            print(f"{p.name} is out of date: run python -m dashboards.build", file=sys.stderr)
+            print(f"{p.name} is out of date: run python -m gpufleet.dashboards.build", file=sys.stderr)
         return 1 if bad else 0
     for path, text in expected().items():
         path.write_text(text)

@@ -2,12 +2,12 @@
 
 Variables are resolved in order (each query variable's own SQL is expanded
 and run, "All" picked for multi-value ones unless told otherwise), every
-panel target and annotation is expanded with :mod:`dashboards.macros` at the
+panel target and annotation is expanded with :mod:`gpufleet.dashboards.macros` at the
 interval Grafana would choose, and the rows are checked against what the
 panel type needs to draw (a ``time`` column and numbers for a time series,
 a category and numbers for a bar chart, the columns field overrides name...).
 
-Used by the tests, and by operators (``python -m dashboards.dryrun URL``) to
+Used by the tests, and by operators (``python -m gpufleet.dashboards.dryrun URL``) to
 check the dashboards against their own database without a Grafana.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from dashboards.macros import ALL, TimeRange, Variable, expand, query_interval_ms
+from gpufleet.dashboards.macros import ALL, TimeRange, Variable, expand, query_interval_ms
 
 #: Panel width Grafana uses as maxDataPoints when a panel sets none (a wide panel, in px).
 DEFAULT_MAX_DATA_POINTS = 1000
@@ -206,7 +206,7 @@ def shape_problems(r: QueryResult) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dashboards.loader import load_all
+    from gpufleet.dashboards.loader import load_all
 
     ap = argparse.ArgumentParser(description="Run every dashboard query against a gpufleet database.")
     ap.add_argument("url", help="PostgreSQL URL of the gpufleet database")

@@ -1,7 +1,7 @@
 """Energy and cost: kWh, money and CO2e by site, team and run; tokens per joule.
 
 Fleet-wide energy comes from the exact per-GPU energy rollups (every GPU,
-allocated or not); per-run figures from :func:`dashboards.sql.run_energy_ctes`
+allocated or not); per-run figures from :func:`gpufleet.dashboards.sql.run_energy_ctes`
 (GPU energy of the run's allocation plus its share of host energy, times PUE,
 priced and carbon-weighted per bucket).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.fleet_overview import SITE_VAR
-from dashboards.model import Board, bars, query_variable, stat, table, timeseries
-from dashboards.sql import (
+from gpufleet.dashboards.fleet_overview import SITE_VAR
+from gpufleet.dashboards.model import Board, bars, query_variable, stat, table, timeseries
+from gpufleet.dashboards.sql import (
     RANGE_FROM,
     RANGE_TO,
     all_or,
@@ -20,7 +20,7 @@ from dashboards.sql import (
     run_energy_ctes,
     tokens_in_window,
 )
-from dashboards.starvation import TEAM_VAR
+from gpufleet.dashboards.starvation import TEAM_VAR
 
 UID = "gpufleet-energy"
 #: Energy per time bucket switches from per-minute to hourly rollups at this interval.

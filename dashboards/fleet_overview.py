@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.model import Board, bars, heatmap, query_variable, sql_annotation, stat, table, timeseries
-from dashboards.sql import (
+from gpufleet.dashboards.model import (
+    Board,
+    bars,
+    heatmap,
+    query_variable,
+    sql_annotation,
+    stat,
+    table,
+    timeseries,
+)
+from gpufleet.dashboards.sql import (
     RANGE_FROM,
     RANGE_TO,
     incident_in_site,

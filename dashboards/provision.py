@@ -20,7 +20,7 @@ import niquests
 from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException
 
-from dashboards.model import DS_TYPE
+from gpufleet.dashboards.model import DS_TYPE
 
 DEFAULT_DS_NAME = "gpufleet"
 DEFAULT_DS_UID = "gpufleet-pg"

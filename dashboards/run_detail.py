@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.model import (
+from gpufleet.dashboards.model import (
     Board,
     Panel,
     heatmap,
@@ -19,7 +19,7 @@ from dashboards.model import (
     text,
     timeseries,
 )
-from dashboards.sql import (
+from gpufleet.dashboards.sql import (
     RANGE_FROM,
     RANGE_TO,
     all_or,

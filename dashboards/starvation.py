@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.fleet_overview import SITE_VAR
-from dashboards.model import Board, bars, query_variable, table, timeseries
-from dashboards.sql import RANGE_FROM, RANGE_TO, all_or, ev_num, incident_in_site, raw_or_rollup, weighted
+from gpufleet.dashboards.fleet_overview import SITE_VAR
+from gpufleet.dashboards.model import Board, bars, query_variable, table, timeseries
+from gpufleet.dashboards.sql import (
+    RANGE_FROM,
+    RANGE_TO,
+    all_or,
+    ev_num,
+    incident_in_site,
+    raw_or_rollup,
+    weighted,
+)
 
 UID = "gpufleet-starvation"
 KINDS = "('starvation', 'checkpoint_stall')"

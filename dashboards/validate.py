@@ -2,7 +2,7 @@
 
 Each check returns readable problems instead of raising, so one run lists
 them all.  What the queries *return* is checked separately, against a
-database (:mod:`dashboards.dryrun`).
+database (:mod:`gpufleet.dashboards.dryrun`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dashboards.dryrun import panels
-from dashboards.model import DS_REF, DS_TYPE
+from gpufleet.dashboards.dryrun import panels
+from gpufleet.dashboards.model import DS_REF, DS_TYPE
 
 #: Macros of the PostgreSQL data source and the global variables Grafana substitutes.
 MACROS = frozenset({"__time", "__timeEpoch", "__timeFilter", "__timeFrom", "__timeTo", "__timeGroup",
@@ -170,7 +170,7 @@ def validate_all(dashboards: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def main() -> int:
-    from dashboards.loader import load_all
+    from gpufleet.dashboards.loader import load_all
 
     problems = validate_all(load_all())
     for p in problems:

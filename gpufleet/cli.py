@@ -126,7 +126,7 @@ def _ssl(s: Settings) -> dict[str, Any]:
         return {}
     kw: dict[str, Any] = {"ssl_certfile": str(s.tls.certfile), "ssl_keyfile": str(s.tls.keyfile or s.tls.certfile)}
     if s.tls.client_ca:
-        from collector.tls import protocol_class
+        from gpufleet.collector.tls import protocol_class
 
         kw["ssl_ca_certs"] = str(s.tls.client_ca)
         kw["ssl_cert_reqs"] = ssl.CERT_REQUIRED if s.tls.client_cert == "required" else ssl.CERT_OPTIONAL
@@ -143,7 +143,7 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
     """Run the collector: ingest, rollups, detector sweeps (one leader), /metrics."""
     import uvicorn
 
-    from collector.service import build_collector
+    from gpufleet.collector.service import build_collector
 
     s = settings_from(config, db)
     setup_logging(s)
@@ -159,7 +159,7 @@ def api(config: ConfigOpt = None, db: DbOpt = None,
     """Run the API (runs, incidents, accounting, reports, web view)."""
     import uvicorn
 
-    from api.app import create_app
+    from gpufleet.api.app import create_app
 
     s = settings_from(config, db)
     setup_logging(s)
@@ -183,7 +183,7 @@ def agent(config: ConfigOpt = None,
     """Run the node agent: sample GPUs and host, spool to disk, ship to the collector."""
     from pydantic import ValidationError
 
-    from agent.main import AgentError, run
+    from gpufleet.agent.main import AgentError, run
     from gpufleet.config import AgentSettings
 
     if token_file is not None:
@@ -261,7 +261,7 @@ def site_set(site: str,
     """
     from pydantic import ValidationError
 
-    from api.schemas import SiteUpdate
+    from gpufleet.api.schemas import SiteUpdate
     from gpufleet.store.sites import patch_site
 
     given: dict[str, Any] = {k: v for k, v in (("pue", pue), ("price_per_kwh", price_per_kwh),
@@ -359,9 +359,9 @@ def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (
     """
     import contextlib
 
-    from collector.bundle import BundleError
-    from collector.replay import findings_jsonl, write_atomic
-    from collector.replay import replay as run_replay
+    from gpufleet.collector.bundle import BundleError
+    from gpufleet.collector.replay import findings_jsonl, write_atomic
+    from gpufleet.collector.replay import replay as run_replay
     from gpufleet.db import migrate
     from gpufleet.db.connect import with_database
     from gpufleet.store.runs import Conflict
@@ -408,8 +408,8 @@ def bundle_import_nvidia_smi(
     Reads --format=csv (units, [N/A]) and csv,noheader,nounits logs behind a
     header line; prints one summary line.  Nothing is written on an error.
     """
-    from collector.bundle import BundleError
-    from collector.nvsmi_import import import_nvidia_smi, parse_timestamp, parse_zone
+    from gpufleet.collector.bundle import BundleError
+    from gpufleet.collector.nvsmi_import import import_nvidia_smi, parse_timestamp, parse_zone
 
     try:
         zone = parse_zone(tz)
@@ -501,8 +501,8 @@ def dashboards_push(
         folder: Annotated[str, typer.Option(help="uid of the Grafana folder (created if missing)")] = "gpufleet",
         config: ConfigOpt = None) -> None:
     """Create or update the gpufleet data source and import every dashboard, overwriting older copies."""
-    from dashboards.loader import load_all
-    from dashboards.provision import DataSource, ProvisionError, connect, push
+    from gpufleet.dashboards.loader import load_all
+    from gpufleet.dashboards.provision import DataSource, ProvisionError, connect, push
 
     url = datasource_url or settings_from(config).database_url
     if not url:
@@ -528,10 +528,10 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
     """Validate the dashboards and run every query against the database, as Grafana would expand it."""
     from datetime import timedelta
 
-    from dashboards.dryrun import run_dashboard, shape_problems
-    from dashboards.loader import load_all
-    from dashboards.macros import TimeRange
-    from dashboards.validate import validate_all
+    from gpufleet.dashboards.dryrun import run_dashboard, shape_problems
+    from gpufleet.dashboards.loader import load_all
+    from gpufleet.dashboards.macros import TimeRange
+    from gpufleet.dashboards.validate import validate_all
 
     boards = load_all()
     problems = validate_all(boards)

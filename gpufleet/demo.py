@@ -63,7 +63,7 @@ def _ts(t: float) -> str:
 
 def register_fleet(client: httpx.Client, fleet: Any) -> None:
     """Sites, carbon series and runs of the scenario, through the API (as an operator would)."""
-    from agent.simulator.carbon import scenario_series
+    from gpufleet.agent.simulator.carbon import scenario_series
 
     sc = fleet.scenario
     for s in sc.sites:
@@ -187,8 +187,8 @@ def _fmt(v: Any) -> str:
 
 @contextlib.contextmanager
 def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple[str, str]]:
-    from api.app import create_app as create_api
-    from collector.service import build_collector
+    from gpufleet.api.app import create_app as create_api
+    from gpufleet.collector.service import build_collector
     from gpufleet.testing.servers import ServerThread
 
     col = ServerThread(build_collector(url, settings), port=opts.collector_port or None).start()
@@ -202,8 +202,8 @@ def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple
 
 def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callable[[str], None],
              stop: threading.Event) -> DemoState:
-    from agent.runtime import Agent
-    from agent.simulator import Fleet
+    from gpufleet.agent.runtime import Agent
+    from gpufleet.agent.simulator import Fleet
     from gpufleet.auth import create_token
     from gpufleet.db import migrate
 

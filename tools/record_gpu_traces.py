@@ -4,9 +4,9 @@
 Runs a bf16 PyTorch training loop on GPU 0 through three scenarios, injecting
 timed events from inside the training process, while two sampler threads read
 the GPU and the host at two intervals (1 s and 100 ms by default) exactly the
-way the agent does: one :class:`agent.sources.nvml.NvmlSource` over
-:class:`agent.sources.nvml_api.PynvmlApi` and one
-:class:`agent.sources.host.HostSource` per sampler, each tick stamped with the
+way the agent does: one :class:`gpufleet.agent.sources.nvml.NvmlSource` over
+:class:`gpufleet.agent.sources.nvml_api.PynvmlApi` and one
+:class:`gpufleet.agent.sources.host.HostSource` per sampler, each tick stamped with the
 wall-clock time taken just before the read (as ``agent.runtime`` stamps
 ticks).  Node facts are ``agent.sources.facts.node_facts()`` merged with
 ``NvmlSource.facts()``, as the agent merges them.
@@ -96,11 +96,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agent.sources.base import GpuRow, HostRow, SourceError  # noqa: E402
-from agent.sources.facts import node_facts  # noqa: E402
-from agent.sources.host import HostSource  # noqa: E402
-from agent.sources.nvml import NvmlSource, _compute_pids  # noqa: E402
-from agent.sources.nvml_api import GpuLost, NotSupported, NvmlApi, NvmlError, NvmlUnavailable, PynvmlApi  # noqa: E402
+from gpufleet.agent.sources.base import GpuRow, HostRow, SourceError  # noqa: E402
+from gpufleet.agent.sources.facts import node_facts  # noqa: E402
+from gpufleet.agent.sources.host import HostSource  # noqa: E402
+from gpufleet.agent.sources.nvml import NvmlSource, _compute_pids  # noqa: E402
+from gpufleet.agent.sources.nvml_api import (  # noqa: E402
+    GpuLost,
+    NotSupported,
+    NvmlApi,
+    NvmlError,
+    NvmlUnavailable,
+    PynvmlApi,
+)
 from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS  # noqa: E402
 
 FORMAT_VERSION = 1
@@ -667,7 +674,7 @@ class Recorder:
     # -- setup -------------------------------------------------------------------------
 
     def _fake_api(self) -> Any:
-        from agent.sources.nvml_fake import H200, FakeNvml
+        from gpufleet.agent.sources.nvml_fake import H200, FakeNvml
 
         fake = FakeNvml([H200] * self.args.dry_gpus, energy_mj=5.0e9)
         if self.fakes and self.fakes[0].gpu(0).util_pct:

@@ -6,13 +6,13 @@ Scenarios (``scenarios/*.yaml``) describe nodes, runs and injected faults;
 ``labels.json``, the ground truth of what was injected.
 """
 
-from agent.simulator.bundle import write_bundle
-from agent.simulator.fleet import Fleet
-from agent.simulator.labels import Event, HardNegative, Incident, Labels
-from agent.simulator.profiles import PROFILES, GpuProfile
-from agent.simulator.realtime import RealtimeDriver
-from agent.simulator.record import Trace, record
-from agent.simulator.scenario import Scenario, ScenarioError, load_scenario, scenario_names
+from gpufleet.agent.simulator.bundle import write_bundle
+from gpufleet.agent.simulator.fleet import Fleet
+from gpufleet.agent.simulator.labels import Event, HardNegative, Incident, Labels
+from gpufleet.agent.simulator.profiles import PROFILES, GpuProfile
+from gpufleet.agent.simulator.realtime import RealtimeDriver
+from gpufleet.agent.simulator.record import Trace, record
+from gpufleet.agent.simulator.scenario import Scenario, ScenarioError, load_scenario, scenario_names
 
 __all__ = [
     "PROFILES",

@@ -1,8 +1,8 @@
 """Command line: list scenarios, write a trace bundle, print a scenario's labels.
 
-    python -m agent.simulator list
-    python -m agent.simulator bundle demo out/demo --duration 3600 [--seed 7] [--epoch]
-    python -m agent.simulator labels straggler_power_cap [--seed 7]
+    python -m gpufleet.agent.simulator list
+    python -m gpufleet.agent.simulator bundle demo out/demo --duration 3600 [--seed 7] [--epoch]
+    python -m gpufleet.agent.simulator labels straggler_power_cap [--seed 7]
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import argparse
 import json
 import sys
 
-from agent.simulator.bundle import write_bundle
-from agent.simulator.fleet import Fleet
-from agent.simulator.scenario import ScenarioError, load_scenario, scenario_names
+from gpufleet.agent.simulator.bundle import write_bundle
+from gpufleet.agent.simulator.fleet import Fleet
+from gpufleet.agent.simulator.scenario import ScenarioError, load_scenario, scenario_names
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.simulator", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gpufleet.agent.simulator", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="shipped scenarios and what they contain")
     b = sub.add_parser("bundle", help="simulate a scenario and write a trace bundle with labels.json")

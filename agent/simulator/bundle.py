@@ -21,10 +21,10 @@ from typing import Literal
 
 import numpy as np
 
-from agent.simulator.carbon import scenario_series
-from agent.simulator.fleet import Fleet
-from agent.simulator.labels import Labels, rfc3339
-from agent.simulator.scenario import Scenario
+from gpufleet.agent.simulator.carbon import scenario_series
+from gpufleet.agent.simulator.fleet import Fleet
+from gpufleet.agent.simulator.labels import Labels, rfc3339
+from gpufleet.agent.simulator.scenario import Scenario
 from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS
 
 RUNS_CSV_COLUMNS = ("run_id", "name", "site", "start", "end")

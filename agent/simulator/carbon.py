@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from agent.simulator.ranges import stream
-from agent.simulator.scenario import CarbonSpec, Scenario
+from gpufleet.agent.simulator.ranges import stream
+from gpufleet.agent.simulator.scenario import CarbonSpec, Scenario
 
 HOUR_S = 3600.0
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.simulator.profiles import PROFILES
+from gpufleet.agent.simulator.profiles import PROFILES
 
 if TYPE_CHECKING:
-    from agent.simulator.scenario import NodeGroupSpec, Scenario
+    from gpufleet.agent.simulator.scenario import NodeGroupSpec, Scenario
 
 Problem = tuple[str, str]
 

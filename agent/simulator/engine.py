@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.simulator import states as st
-from agent.simulator.fault_state import FaultState, faults_in_force
-from agent.simulator.host import HostModel
-from agent.simulator.physics import (
+from gpufleet.agent.simulator import states as st
+from gpufleet.agent.simulator.fault_state import FaultState, faults_in_force
+from gpufleet.agent.simulator.host import HostModel
+from gpufleet.agent.simulator.physics import (
     CLOCK_POWER_EXPONENT,
     activity_index,
     board_power_w,
@@ -28,9 +28,9 @@ from agent.simulator.physics import (
     temperature_step,
     thermal_limit_power_w,
 )
-from agent.simulator.plan import FleetPlan, GpuPlan, RunPlan
-from agent.simulator.profiles import PCIE_LANE_TABLE, pcie_link_bytes_s
-from agent.simulator.workload import (
+from gpufleet.agent.simulator.plan import FleetPlan, GpuPlan, RunPlan
+from gpufleet.agent.simulator.profiles import PCIE_LANE_TABLE, pcie_link_bytes_s
+from gpufleet.agent.simulator.workload import (
     PCIE_EFFICIENCY,
     GpuTick,
     HostLoad,

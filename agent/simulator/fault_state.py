@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.simulator.plan import GpuFaultPlan
+from gpufleet.agent.simulator.plan import GpuFaultPlan
 
 
 @dataclass

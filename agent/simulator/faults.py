@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent.simulator.ranges import Range
+from gpufleet.agent.simulator.ranges import Range
 
 
 class _Fault(BaseModel):

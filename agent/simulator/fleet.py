@@ -3,7 +3,7 @@
 ``Fleet.from_scenario("demo")`` resolves a scenario under a seed and puts
 the fleet at its start time with a first sample taken.  It then moves by
 ticks (:meth:`Fleet.step`, :meth:`Fleet.ticks`) or follows a clock
-(:meth:`Fleet.follow`), and hands out :class:`~agent.sources.base.Source`
+(:meth:`Fleet.follow`), and hands out :class:`~gpufleet.agent.sources.base.Source`
 objects per node so the real agent runtime can run on a simulated node.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.simulator.engine import FleetEngine
-from agent.simulator.labels import Labels, derive_labels
-from agent.simulator.plan import FleetPlan, build_plan
-from agent.simulator.scenario import MAX_INTERVAL_S, MIN_INTERVAL_S, Scenario, load_scenario
-from agent.simulator.workload import StepTiming
-from agent.sources.base import GpuRow, HostRow, Source
+from gpufleet.agent.simulator.engine import FleetEngine
+from gpufleet.agent.simulator.labels import Labels, derive_labels
+from gpufleet.agent.simulator.plan import FleetPlan, build_plan
+from gpufleet.agent.simulator.scenario import MAX_INTERVAL_S, MIN_INTERVAL_S, Scenario, load_scenario
+from gpufleet.agent.simulator.workload import StepTiming
+from gpufleet.agent.sources.base import GpuRow, HostRow, Source
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 
 #: Columns whose values are whole numbers in NVML (written without a decimal part).
@@ -175,7 +175,7 @@ class Fleet:
 
     def sources_for(self, node: str) -> list[Source]:
         """Sources implementing the agent's Source protocol, reading this node."""
-        from agent.simulator.sources import SimGpuSource, SimHostSource
+        from gpufleet.agent.simulator.sources import SimGpuSource, SimHostSource
 
         if node not in self.plan.nodes:
             raise KeyError(f"unknown node {node!r}; nodes: {', '.join(self.nodes)}")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.simulator.plan import NodePlan
-from agent.simulator.workload import HostLoad
+from gpufleet.agent.simulator.plan import NodePlan
+from gpufleet.agent.simulator.workload import HostLoad
 
 #: OS background load, % of all CPUs.
 BASE_USER_PCT = 1.0

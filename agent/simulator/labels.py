@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.simulator.physics import (
+from gpufleet.agent.simulator.physics import (
     activity_index,
     clock_ratio_for_limit,
     compute_time_factor,
@@ -33,9 +33,9 @@ from agent.simulator.physics import (
     target_temp_c,
     thermal_limit_power_w,
 )
-from agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan
-from agent.simulator.profiles import pcie_link_bytes_s
-from agent.simulator.timeline import IntervalSet
+from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan
+from gpufleet.agent.simulator.profiles import pcie_link_bytes_s
+from gpufleet.agent.simulator.timeline import IntervalSet
 
 STARVATION = "starvation"
 STRAGGLER = "straggler"

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from agent.simulator import faults as fs
-from agent.simulator.profiles import GpuProfile, profile
-from agent.simulator.ranges import draw, draw_int, stream
-from agent.simulator.scenario import RunSpec, Scenario, WorkloadSpec
-from agent.simulator.timeline import IntervalSet
+from gpufleet.agent.simulator import faults as fs
+from gpufleet.agent.simulator.profiles import GpuProfile, profile
+from gpufleet.agent.simulator.ranges import draw, draw_int, stream
+from gpufleet.agent.simulator.scenario import RunSpec, Scenario, WorkloadSpec
+from gpufleet.agent.simulator.timeline import IntervalSet
 
 #: Share of a run's warm-up spent loading (GPU idle); the rest ramps up.
 WARMUP_LOAD_SHARE = 0.6

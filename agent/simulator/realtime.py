@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.simulator.fleet import Fleet
+from gpufleet.agent.simulator.fleet import Fleet
 
 
 class RealtimeDriver:

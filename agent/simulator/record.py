@@ -3,7 +3,7 @@
 Tests, benchmarks and the detector scoring often want the telemetry without
 the round trip through CSV files: a :class:`Trace` holds every column as a
 (ticks x GPUs) array with NaN where a sample is missing (a gap), and
-:meth:`Trace.window` builds the :class:`collector.detectors.window.Window`
+:meth:`Trace.window` builds the :class:`gpufleet.collector.detectors.window.Window`
 the detectors consume, exactly as replay would from a bundle.
 """
 
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agent.simulator.fleet import GPU_METRICS, HOST_METRICS, Fleet
+from gpufleet.agent.simulator.fleet import GPU_METRICS, HOST_METRICS, Fleet
 
 if TYPE_CHECKING:
-    from collector.detectors.window import Window
+    from gpufleet.collector.detectors.window import Window
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Trace:
 
     def window(self, t_start: float | None = None, t_end: float | None = None) -> Window:
         """The detector window over ``[t_start, t_end]`` (default: everything)."""
-        from collector.detectors.window import RunInfo, Series, Window
+        from gpufleet.collector.detectors.window import RunInfo, Series, Window
 
         lo = self.t[0] if t_start is None else t_start
         hi = self.t[-1] if t_end is None else t_end

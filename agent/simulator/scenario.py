@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from agent.simulator.faults import FaultSpec
-from agent.simulator.profiles import PROFILES
-from agent.simulator.ranges import Range
+from gpufleet.agent.simulator.faults import FaultSpec
+from gpufleet.agent.simulator.profiles import PROFILES
+from gpufleet.agent.simulator.ranges import Range
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 DEFAULT_START = datetime(2026, 12, 1, 9, 30, 0, tzinfo=UTC)
@@ -217,7 +217,7 @@ def parse_scenario(raw: dict[str, Any], source: str = "<memory>") -> Scenario:
     except ValidationError as e:
         raise ScenarioError(_describe(e, raw, source)) from e
     sc._source = source
-    from agent.simulator.crosscheck import crosscheck
+    from gpufleet.agent.simulator.crosscheck import crosscheck
 
     problems = crosscheck(sc)
     if problems:

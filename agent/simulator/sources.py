@@ -1,6 +1,6 @@
 """Sources that read a simulated node, so the real agent runtime can run on one.
 
-They implement :class:`agent.sources.base.Source` (and ``FactsSource``) just
+They implement :class:`gpufleet.agent.sources.base.Source` (and ``FactsSource``) just
 like the NVML and host sources: rows keyed by catalog names, ``SourceError``
 when there is nothing to read (the node's agent is "down" in the scenario,
 or its GPUs are gone during a driver reload).  Before each read they let the
@@ -15,10 +15,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from agent.sources.base import Reading, Source, SourceError
+from gpufleet.agent.sources.base import Reading, Source, SourceError
 
 if TYPE_CHECKING:
-    from agent.simulator.fleet import Fleet
+    from gpufleet.agent.simulator.fleet import Fleet
 
 
 class SimGpuSource:
@@ -109,8 +109,8 @@ def attached_fleet() -> Fleet:
     global _attached
     with _attach_lock:
         if _attached is None:
-            from agent.simulator.fleet import Fleet
-            from agent.simulator.realtime import RealtimeDriver
+            from gpufleet.agent.simulator.fleet import Fleet
+            from gpufleet.agent.simulator.realtime import RealtimeDriver
 
             seed = os.environ.get("GPUFLEET_SIM_SEED")
             fleet = Fleet.from_scenario(os.environ.get("GPUFLEET_SIM_SCENARIO", "demo"),
@@ -132,4 +132,4 @@ def _sim_factory(settings: Any) -> Source:
 
 # The registry (and the settings module behind it) is looked up at run time so
 # that the simulator stays importable, and type-checkable, on its own.
-importlib.import_module("agent.sources.registry").register("sim", _sim_factory, replace=True)
+importlib.import_module("gpufleet.agent.sources.registry").register("sim", _sim_factory, replace=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.simulator import states as st
-from agent.simulator.physics import compute_time_factor
-from agent.simulator.plan import FleetPlan, RunPlan, StarvationPlan
+from gpufleet.agent.simulator import states as st
+from gpufleet.agent.simulator.physics import compute_time_factor
+from gpufleet.agent.simulator.plan import FleetPlan, RunPlan, StarvationPlan
 
 #: Relative per-GPU jitter of a step's compute time (kernels, clocks, data).
 STEP_JITTER = 0.008

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
-from agent.sources.base import GpuRow, Reading, SourceError, SourceUnavailable
+from gpufleet.agent.sources.base import GpuRow, Reading, SourceError, SourceUnavailable
 from gpufleet.catalog import GPU_BY_NAME, WHOLE_GPU_FIELDS
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Clusters that already run NVIDIA's dcgm-exporter (the GPU Operator deploys it)
 can feed gpufleet without a second DCGM client.  Series are recognised by every
 name dcgm-exporter has printed for a field (canonical, legacy alias, 1.x
-``dcgm_<tag>``), through the mapping shared with :mod:`agent.sources.dcgm`, so
+``dcgm_<tag>``), through the mapping shared with :mod:`gpufleet.agent.sources.dcgm`, so
 units and blank sentinels are handled the same way.
 
 Labels: ``gpu`` gives the GPU index, ``UUID`` the GPU UUID, ``GPU_I_ID`` the
@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.sources.base import GpuRow, Reading, SourceError
-from agent.sources.dcgm import (
+from gpufleet.agent.sources.base import GpuRow, Reading, SourceError
+from gpufleet.agent.sources.dcgm import (
     FIELD_BY_NAME,
     DcgmField,
     blank_kind,

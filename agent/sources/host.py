@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.sources.base import HostRow, Reading, SourceError
+from gpufleet.agent.sources.base import HostRow, Reading, SourceError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The ``nvml`` source: every ``gpu.csv`` field NVML offers, one row per GPU (and per MIG instance).
 
-It talks only to :class:`agent.sources.nvml_api.NvmlApi`, so the same code runs
+It talks only to :class:`gpufleet.agent.sources.nvml_api.NvmlApi`, so the same code runs
 on the driver (:class:`PynvmlApi`) and on the faithful fake in tests and
 benchmarks.  Units are converted here, once: mW -> W, bytes -> MiB,
 KB/s -> bytes/s.
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.sources.base import GpuRow, Reading
-from agent.sources.facts import parse_cpu_list
-from agent.sources.nvml_api import (
+from gpufleet.agent.sources.base import GpuRow, Reading
+from gpufleet.agent.sources.facts import parse_cpu_list
+from gpufleet.agent.sources.nvml_api import (
     XID_FALLEN_OFF_BUS,
     Clock,
     GpuLost,

@@ -2,7 +2,7 @@
 
 :class:`NvmlApi` lists exactly the NVML entry points the ``nvml`` source uses,
 each stating its unit, so the source never touches ``pynvml`` and tests and
-benchmarks swap in :class:`agent.sources.nvml_fake.FakeNvml`.  :class:`PynvmlApi`
+benchmarks swap in :class:`gpufleet.agent.sources.nvml_fake.FakeNvml`.  :class:`PynvmlApi`
 is the real implementation over ``pynvml`` (package ``nvidia-ml-py``), imported
 lazily so nodes without a driver can still import the agent.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, Protocol, TypeVar
 
-from agent.sources.base import SourceError, SourceUnavailable
+from gpufleet.agent.sources.base import SourceError, SourceUnavailable
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""A faithful fake of :class:`agent.sources.nvml_api.NvmlApi` for tests and benchmarks.
+"""A faithful fake of :class:`gpufleet.agent.sources.nvml_api.NvmlApi` for tests and benchmarks.
 
 Each :class:`GpuProfile` is transcribed from a real ``nvidia-smi -q`` capture
 (``realdata/nvidia_gpu_exporter/captures``, named in ``capture``): model name,
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from agent.sources.nvml_api import (
+from gpufleet.agent.sources.nvml_api import (
     XID_FALLEN_OFF_BUS,
     Clock,
     GpuLost,

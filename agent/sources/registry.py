@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.sources.base import Source
+from gpufleet.agent.sources.base import Source
 from gpufleet.config import AgentSettings
 
 #: Builds a source from the agent's settings.
@@ -26,7 +26,7 @@ SourceFactory = Callable[[AgentSettings], Source]
 _FACTORIES: dict[str, SourceFactory] = {}
 
 #: Names whose factory is registered by importing a module outside this package.
-PLUGIN_MODULES: dict[str, str] = {"sim": "agent.simulator.sources"}
+PLUGIN_MODULES: dict[str, str] = {"sim": "gpufleet.agent.simulator.sources"}
 
 
 class UnknownSource(ValueError):
@@ -79,25 +79,25 @@ def build_sources(settings: AgentSettings) -> list[Source]:
 
 
 def _nvml(settings: AgentSettings) -> Source:
-    from agent.sources.nvml import NvmlSource
+    from gpufleet.agent.sources.nvml import NvmlSource
 
     return NvmlSource()
 
 
 def _dcgm(settings: AgentSettings) -> Source:
-    from agent.sources.dcgm import DcgmSource
+    from gpufleet.agent.sources.dcgm import DcgmSource
 
     return DcgmSource(update_interval_s=settings.interval_s)
 
 
 def _dcgm_exporter(settings: AgentSettings) -> Source:
-    from agent.sources.dcgm_exporter import DcgmExporterSource
+    from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource
 
     return DcgmExporterSource(settings.dcgm_exporter_url, timeout_s=settings.request_timeout_s)
 
 
 def _host(settings: AgentSettings) -> Source:
-    from agent.sources.host import HostSource
+    from gpufleet.agent.sources.host import HostSource
 
     return HostSource(proc_root=Path("/proc"), sys_root=Path("/sys"), host_power_w=settings.host_power_w)
 

@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 
-from api.deps import AccountingReader, ConnDep, StateDep
-from api.schemas import FleetAccounting, RunAccounting, UtcDatetime
 from gpufleet.accounting import fleet_accounting, run_accounting
+from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
+from gpufleet.api.schemas import FleetAccounting, RunAccounting, UtcDatetime
 from gpufleet.store.runs import NotFound
 
 router = APIRouter(tags=["accounting"])

@@ -6,8 +6,8 @@ from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Query
 
-from api.deps import ConnDep, Reader
-from api.schemas import IncidentPublic
+from gpufleet.api.deps import ConnDep, Reader
+from gpufleet.api.schemas import IncidentPublic
 from gpufleet.store import runs as run_store
 from gpufleet.store.incidents import list_incidents
 from gpufleet.store.runs import NotFound

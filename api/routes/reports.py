@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import AccountingReader, ConnDep, StateDep
-from api.routes.accounting import SourceParam, period_error
-from api.schemas import UtcDatetime
 from gpufleet.accounting import CSV_COLUMNS, report_csv, runs_report
+from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
+from gpufleet.api.routes.accounting import SourceParam, period_error
+from gpufleet.api.schemas import UtcDatetime
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
 

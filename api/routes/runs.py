@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from api.deps import ConnDep, Reader, RunWriter
-from api.schemas import Progress, RunCreate, RunPublic, RunUpdate, UtcDatetime
+from gpufleet.api.deps import ConnDep, Reader, RunWriter
+from gpufleet.api.schemas import Progress, RunCreate, RunPublic, RunUpdate, UtcDatetime
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
 from gpufleet.store.runs import Conflict, Forbidden, Invalid, NotFound

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 
-from api.deps import AccountingReader, Admin, ConnDep, Reader
-from api.schemas import (
+from gpufleet.api.deps import AccountingReader, Admin, ConnDep, Reader
+from gpufleet.api.schemas import (
     CarbonSeries,
     NodePublic,
     NodeUpdate,

@@ -6,8 +6,8 @@ from fastapi import APIRouter, HTTPException, Response
 from psycopg import errors
 from psycopg.rows import dict_row
 
-from api.deps import Admin, ConnDep
-from api.schemas import TokenCreate, TokenCreated, TokenPublic
+from gpufleet.api.deps import Admin, ConnDep
+from gpufleet.api.schemas import TokenCreate, TokenCreated, TokenPublic
 from gpufleet.auth import create_token, revoke_token
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])

@@ -4,15 +4,15 @@ Server-rendered HTML with SVG charts drawn on the server: no JavaScript, no
 external assets, a strict Content-Security-Policy.  Pages: fleet overview,
 runs with live accounting, a run with per-GPU utilisation and power,
 incidents, and accounting (the only page the finance role sees).  Browsers
-sign in with an API token (:mod:`api.web.session`).  Also carries the API's
-``/readyz`` (:mod:`api.web.readiness`).
+sign in with an API token (:mod:`gpufleet.api.web.session`).  Also carries the API's
+``/readyz`` (:mod:`gpufleet.api.web.readiness`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.web import assets, pages, readiness, session
+from gpufleet.api.web import assets, pages, readiness, session
 
 router = APIRouter()
 for _r in (session.router, pages.router, assets.router, readiness.router):

@@ -1,7 +1,7 @@
 """HTML built from Python with escaping by default, and the page layout.
 
 Every value put into a page goes through :func:`esc` unless it is already
-:class:`Markup` (HTML this module or :mod:`api.web.svg` built), so data from
+:class:`Markup` (HTML this module or :mod:`gpufleet.api.web.svg` built), so data from
 the database -- run names, node names, incident evidence -- can never become
 markup.  Small enough to read in one sitting; no template engine needed.
 """

@@ -19,12 +19,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from psycopg_pool import PoolTimeout
 
-from api.deps import ApiState, state
-from api.web import queries
-from api.web.costs import Costs, run_costs
-from api.web.html import Markup, ago, badge, esc, h, join, link, num, page, table, when
-from api.web.session import capabilities, gate, html
-from api.web.svg import Series, line_chart
+from gpufleet.api.deps import ApiState, state
+from gpufleet.api.web import queries
+from gpufleet.api.web.costs import Costs, run_costs
+from gpufleet.api.web.html import Markup, ago, badge, esc, h, join, link, num, page, table, when
+from gpufleet.api.web.session import capabilities, gate, html
+from gpufleet.api.web.svg import Series, line_chart
 from gpufleet.auth import Principal
 
 router = APIRouter(include_in_schema=False)

@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from psycopg_pool import PoolTimeout
 
-from api.deps import ApiState, state
+from gpufleet.api.deps import ApiState, state
 
 router = APIRouter(tags=["health"])
 

@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from api.deps import state
-from api.web.html import Markup, h, page
+from gpufleet.api.deps import state
+from gpufleet.api.web.html import Markup, h, page
 from gpufleet.auth import CAPABILITIES, Principal
 
 COOKIE = "gpufleet_token"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from api.web.html import Markup, esc, h
+from gpufleet.api.web.html import Markup, esc, h
 
 #: Distinguishable on white, in order (Tableau 10 and a few more).
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",

@@ -3,8 +3,8 @@
 The live sweep, ``gpufleet replay`` and the tests run the same code.
 """
 
-from collector.detectors.config import DetectorConfig
-from collector.detectors.registry import (
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.registry import (
     DETECTORS,
     Detector,
     DetectorFailure,
@@ -12,7 +12,7 @@ from collector.detectors.registry import (
     detect_all,
     run_detectors,
 )
-from collector.detectors.window import Finding, GpuKey, RunInfo, Series, Window
+from gpufleet.collector.detectors.window import Finding, GpuKey, RunInfo, Series, Window
 
 __all__ = [
     "DETECTORS",

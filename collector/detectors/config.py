@@ -2,7 +2,7 @@
 
 Durations are seconds of wall-clock time, never sample counts: fleets sample
 anywhere from every 100 ms to every 30 s.  "Activity" is the 0-1 busy signal of
-:mod:`collector.detectors.frame`: ``max(sm_active, dram_active)`` where DCGM
+:mod:`gpufleet.collector.detectors.frame`: ``max(sm_active, dram_active)`` where DCGM
 profiling fields exist, else ``min(util, power-derived activity)`` on
 NVML-only GPUs.
 

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from collector.detectors.config import DetectorConfig
-from collector.detectors.frame import Frame
-from collector.detectors.window import Finding, Window
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.facts import NodeFacts
 
 KIND = "host_misconfig"

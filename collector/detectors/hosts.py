@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collector.detectors.config import DetectorConfig
-from collector.detectors.window import Series, Window
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.window import Series, Window
 
 
 def _mean(x: np.ndarray) -> float:

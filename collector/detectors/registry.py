@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collector.detectors import (
+from gpufleet.collector.detectors import (
     checkpoint_stall,
     host_misconfig,
     pcie_degraded,
@@ -21,9 +21,9 @@ from collector.detectors import (
     straggler,
     throttling,
 )
-from collector.detectors.config import DetectorConfig
-from collector.detectors.frame import Frame
-from collector.detectors.window import Finding, Window
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.detectors.window import Finding, Window
 
 log = logging.getLogger(__name__)
 

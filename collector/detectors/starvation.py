@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collector.detectors import checkpoint_stall
-from collector.detectors.config import DetectorConfig
-from collector.detectors.frame import Frame, segment_sums
-from collector.detectors.hosts import HostPressure, host_pressure, write_burst
-from collector.detectors.stats import num, small_median
-from collector.detectors.window import Finding, Window
+from gpufleet.collector.detectors import checkpoint_stall
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.frame import Frame, segment_sums
+from gpufleet.collector.detectors.hosts import HostPressure, host_pressure, write_burst
+from gpufleet.collector.detectors.stats import num, small_median
+from gpufleet.collector.detectors.window import Finding, Window
 
 KIND = "starvation"
 

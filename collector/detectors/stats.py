@@ -158,7 +158,7 @@ def trailing_onset(t: np.ndarray, weight: np.ndarray, ind: np.ndarray, min_share
     """Earliest time with ``ind`` from which ``ind`` holds for at least
     ``min_share`` of the remaining ``weight``; NaN when never.
 
-    One series' version of :meth:`collector.detectors.frame.Frame.trailing_episode`.
+    One series' version of :meth:`gpufleet.collector.detectors.frame.Frame.trailing_episode`.
     """
     wi = np.where(ind, weight, 0.0)
     tail_w = np.cumsum(weight[::-1])[::-1]

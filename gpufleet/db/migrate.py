@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, pool
 
-import migrations
+from gpufleet import migrations
 from gpufleet.config import Settings
 from gpufleet.db.connect import sqlalchemy_url, timescale_available
 

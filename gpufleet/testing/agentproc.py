@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import agent.main as agent_main
-from agent.batch import record_samples
-from agent.runtime import Agent
+import gpufleet.agent.main as agent_main
 from gpufleet import cli
+from gpufleet.agent.batch import record_samples
+from gpufleet.agent.runtime import Agent
 from gpufleet.config import Settings
 from gpufleet.testing.oracle import Oracle, append_line
 

@@ -1,6 +1,6 @@
 """A fleet of real agents on fake GPUs, in this process, shipping to a collector.
 
-Every agent is the production :class:`agent.runtime.Agent` (scheduler,
+Every agent is the production :class:`gpufleet.agent.runtime.Agent` (scheduler,
 spool, shipper, backoff) over the fake NVML H100s and the real host source;
 only the tick is faster than in production so that a test moves many
 samples in little time.  The :class:`~gpufleet.testing.oracle.Oracle` sees
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.main import fake_nvml_source
-from agent.runtime import Agent
-from agent.sources.registry import build_source
+from gpufleet.agent.main import fake_nvml_source
+from gpufleet.agent.runtime import Agent
+from gpufleet.agent.sources.registry import build_source
 from gpufleet.config import AgentSettings
 from gpufleet.testing.oracle import Oracle
 

@@ -29,7 +29,7 @@ import numpy as np
 import psycopg
 import zstandard
 
-from collector.copy_binary import PG_EPOCH_S
+from gpufleet.collector.copy_binary import PG_EPOCH_S
 from gpufleet.wire import column_list
 
 #: ``gpu`` value standing for the host row in the oracle's sample keys.

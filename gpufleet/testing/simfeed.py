@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from agent.simulator import Fleet
-from collector.writer import GroupWriter, _Item
+from gpufleet.agent.simulator import Fleet
+from gpufleet.collector.writer import GroupWriter, _Item
 from gpufleet.wire import validate
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from collector import rollup
+from gpufleet.collector import rollup
 from gpufleet.db.policies import backend_of
 
 T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)

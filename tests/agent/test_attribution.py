@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.attribution import Attributor, pick_run, pod_uid_from_cgroup, read_job_files, run_from_environ
-from agent.sources.nvml import NvmlSource
-from agent.sources.nvml_fake import H100_SXM, FakeHandle, FakeNvml
+from gpufleet.agent.attribution import (
+    Attributor,
+    pick_run,
+    pod_uid_from_cgroup,
+    read_job_files,
+    run_from_environ,
+)
+from gpufleet.agent.sources.nvml import NvmlSource
+from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 
 POD = "5f0c2c5e-9c1b-4b7e-8f55-0e6cbb1e2a10"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-from agent.attribution import Attributor
+from gpufleet.agent.attribution import Attributor
 from gpufleet.auth import create_token
 from tests.api.conftest import Api, api  # noqa: F401  (the fixture)
 

@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agent.sources.base import SourceError
-from agent.sources.dcgm import DCGM_FP64_BLANK, DCGM_INT64_BLANK
-from agent.sources.dcgm_exporter import DcgmExporterSource, parse_exposition
+from gpufleet.agent.sources.base import SourceError
+from gpufleet.agent.sources.dcgm import DCGM_FP64_BLANK, DCGM_INT64_BLANK
+from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource, parse_exposition
 from gpufleet.catalog import WHOLE_GPU_FIELDS
 from tests.conftest import realdata
 

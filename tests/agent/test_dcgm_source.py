@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.sources.base import SourceError, SourceUnavailable
-from agent.sources.dcgm import (
+from gpufleet.agent.sources.base import SourceError, SourceUnavailable
+from gpufleet.agent.sources.dcgm import (
     DCGM_FIELDS,
     DCGM_FP64_BLANK,
     DCGM_INT64_BLANK,

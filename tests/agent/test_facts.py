@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sources.facts import (
+from gpufleet.agent.sources.facts import (
     cpu_governors,
     cpu_quota_cores,
     node_facts,
@@ -103,8 +103,8 @@ def test_node_facts_fit_the_schema(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("profiles", [("h100",) * 8, ("h100-mig", "h200", "l40s")])
 def test_nvml_facts_fit_the_schema(profiles: tuple[str, ...]) -> None:
-    from agent.sources.nvml import NvmlSource
-    from agent.sources.nvml_fake import PROFILES, FakeNvml
+    from gpufleet.agent.sources.nvml import NvmlSource
+    from gpufleet.agent.sources.nvml_fake import PROFILES, FakeNvml
     from gpufleet.facts import NodeFacts, check_facts
 
     src = NvmlSource(FakeNvml([PROFILES[k] for k in profiles]), sys_root="/nonexistent")
@@ -116,7 +116,7 @@ def test_nvml_facts_fit_the_schema(profiles: tuple[str, ...]) -> None:
 
 
 def test_dcgm_exporter_facts_fit_the_schema() -> None:
-    from agent.sources.dcgm_exporter import parse_exposition
+    from gpufleet.agent.sources.dcgm_exporter import parse_exposition
     from gpufleet.facts import check_facts
     from tests.agent.test_dcgm_exporter_source import real_lines
 
@@ -126,7 +126,7 @@ def test_dcgm_exporter_facts_fit_the_schema() -> None:
 
 
 def test_simulated_fleet_facts_fit_the_schema() -> None:
-    from agent.simulator.fleet import Fleet
+    from gpufleet.agent.simulator.fleet import Fleet
     from gpufleet.facts import check_facts
 
     fleet = Fleet.from_scenario("mixed_fleet")

@@ -4,7 +4,7 @@
 and ``iostat`` output sysstat's test suite computed from them (``iostat -x 1 2``
 and ``mpstat -T -P ALL 1 2`` start at root1 and move one root per sample; the
 first report is "since boot").  Feeding the same snapshots through
-:mod:`agent.sources.host` must give the same numbers within print rounding.
+:mod:`gpufleet.agent.sources.host` must give the same numbers within print rounding.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sources.base import SourceError
-from agent.sources.host import (
+from gpufleet.agent.sources.base import SourceError
+from gpufleet.agent.sources.host import (
     CpuTimes,
     DiskCounters,
     HostSnapshot,

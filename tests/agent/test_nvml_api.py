@@ -13,8 +13,8 @@ from unittest import mock
 import pynvml
 import pytest
 
-from agent.sources.base import SourceError, SourceUnavailable
-from agent.sources.nvml_api import (
+from gpufleet.agent.sources.base import SourceError, SourceUnavailable
+from gpufleet.agent.sources.nvml_api import (
     Clock,
     GpuLost,
     NotPermitted,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from agent.sources.nvml_api import Clock, GpuLost, NotSupported, NvmlError
-from agent.sources.nvml_fake import PROFILES, FakeNvml, GpuProfile
+from gpufleet.agent.sources.nvml_api import Clock, GpuLost, NotSupported, NvmlError
+from gpufleet.agent.sources.nvml_fake import PROFILES, FakeNvml, GpuProfile
 from tests.conftest import realdata
 
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from agent.simulator.labels import CAUSES, KINDS, Labels
-from agent.sources.nvml_api import NvmlError
-from agent.sources.nvml_fake import H200, FakeNvml
-from collector.bundle import read_bundle
+from gpufleet.agent.simulator.labels import CAUSES, KINDS, Labels
+from gpufleet.agent.sources.nvml_api import NvmlError
+from gpufleet.agent.sources.nvml_fake import H200, FakeNvml
+from gpufleet.collector.bundle import read_bundle
 from gpufleet.facts import check_facts
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "record_gpu_traces.py"

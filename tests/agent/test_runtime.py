@@ -15,14 +15,14 @@ import msgpack
 import pytest
 import zstandard
 
-from agent import scheduler as scheduler_mod
-from agent.merge import merge_readings
-from agent.metrics import AgentMetrics
-from agent.runtime import Agent
-from agent.scheduler import Scheduler
-from agent.sources.base import Reading, SourceError
-from agent.sources.nvml import NvmlSource
-from agent.sources.nvml_fake import H100_SXM, FakeNvml
+from gpufleet.agent import scheduler as scheduler_mod
+from gpufleet.agent.merge import merge_readings
+from gpufleet.agent.metrics import AgentMetrics
+from gpufleet.agent.runtime import Agent
+from gpufleet.agent.scheduler import Scheduler
+from gpufleet.agent.sources.base import Reading, SourceError
+from gpufleet.agent.sources.nvml import NvmlSource
+from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.config import AgentSettings, SourceSchedule
 from gpufleet.testing.servers import free_port
 from gpufleet.wire import as_lists
@@ -376,7 +376,7 @@ def test_example_config_and_daemonset_config_are_valid_settings(tmp_path: Path) 
 
 
 def test_entry_point_refuses_what_a_person_must_fix(tmp_path: Path) -> None:
-    from agent.main import AgentError, build_agent, make_sources, resolve_node
+    from gpufleet.agent.main import AgentError, build_agent, make_sources, resolve_node
     from gpufleet.config import Settings
 
     base = Settings(data_dir=tmp_path)

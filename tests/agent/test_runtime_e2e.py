@@ -10,12 +10,12 @@ from typing import Any
 
 import psycopg
 
-from agent.runtime import Agent
-from agent.shipper import Verdict
-from agent.sources.base import Source
-from agent.sources.host import HostSource
-from agent.sources.nvml import NvmlSource
-from agent.sources.nvml_fake import H100_SXM, FakeNvml
+from gpufleet.agent.runtime import Agent
+from gpufleet.agent.shipper import Verdict
+from gpufleet.agent.sources.base import Source
+from gpufleet.agent.sources.host import HostSource
+from gpufleet.agent.sources.nvml import NvmlSource
+from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.config import AgentSettings
 from tests.collector.conftest import Collector, collector  # noqa: F401  (the fixture)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from agent.spool import read_records
+from gpufleet.agent.spool import read_records
 from tests.collector.conftest import Collector, collector  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,9 +23,9 @@ import msgpack
 import pytest
 import zstandard
 
-from agent.batch import encode_batch, tick_record, to_batch
-from agent.shipper import Backoff, Shipper, Verdict, classify, parse_retry_after, tls_context
-from agent.spool import Spool
+from gpufleet.agent.batch import encode_batch, tick_record, to_batch
+from gpufleet.agent.shipper import Backoff, Shipper, Verdict, classify, parse_retry_after, tls_context
+from gpufleet.agent.spool import Spool
 from gpufleet.testing.certs import TestCA
 from gpufleet.testing.servers import free_port
 

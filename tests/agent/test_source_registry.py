@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.sources import registry
-from agent.sources.base import Reading, Source
-from agent.sources.dcgm import DcgmSource
-from agent.sources.dcgm_exporter import DcgmExporterSource
-from agent.sources.host import HostSource
-from agent.sources.nvml import NvmlSource
+from gpufleet.agent.sources import registry
+from gpufleet.agent.sources.base import Reading, Source
+from gpufleet.agent.sources.dcgm import DcgmSource
+from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource
+from gpufleet.agent.sources.host import HostSource
+from gpufleet.agent.sources.nvml import NvmlSource
 from gpufleet.config import AgentSettings
 
 
@@ -68,6 +68,6 @@ def test_plugins_register_themselves(scratch_name: str) -> None:
 
 
 def test_plugin_module_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry.PLUGIN_MODULES, "ghost", "agent.no_such_module")
+    monkeypatch.setitem(registry.PLUGIN_MODULES, "ghost", "gpufleet.agent.no_such_module")
     with pytest.raises(registry.UnknownSource, match="cannot import"):
         registry.build_source("ghost", agent_settings())

@@ -10,8 +10,8 @@ import msgpack
 import pytest
 import zstandard
 
-from agent.batch import encode_batch, record_samples, tick_record, to_batch
-from agent.spool import SEQ_BLOCK, CorruptSegment, Spool, SpoolLocked
+from gpufleet.agent.batch import encode_batch, record_samples, tick_record, to_batch
+from gpufleet.agent.spool import SEQ_BLOCK, CorruptSegment, Spool, SpoolLocked
 from gpufleet.wire import as_lists
 
 

@@ -7,7 +7,7 @@ import httpx
 import psycopg
 import pytest
 
-from api.app import create_app
+from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.testing.servers import serve

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from collector.app import create_app
 from gpufleet.auth import create_token
+from gpufleet.collector.app import create_app
 from gpufleet.config import Settings
 from gpufleet.testing.servers import ServerThread, serve
 

@@ -9,9 +9,9 @@ import httpx
 import psycopg
 import pytest
 
-from collector import incident_store
-from collector.alerting import AlertmanagerPusher
-from collector.detectors.window import Finding
+from gpufleet.collector import incident_store
+from gpufleet.collector.alerting import AlertmanagerPusher
+from gpufleet.collector.detectors.window import Finding
 from gpufleet.testing import alertmanager as am
 from tests.system_tools import unavailable
 

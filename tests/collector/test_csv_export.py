@@ -11,8 +11,8 @@ import httpx
 import psycopg
 import pytest
 
-from api.app import create_app as create_api
 from gpufleet.accounting import CSV_COLUMNS, report_csv
+from gpufleet.api.app import create_app as create_api
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.csvsafe import FORMULA_STARTS, safe_text

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.detectors.config import DetectorConfig
-from collector.sweep import Sweeper
+from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import ConfigError, load_settings
 
 

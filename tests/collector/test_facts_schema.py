@@ -14,11 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from api.app import create_app as create_api
-from collector.detectors import DetectorConfig
-from collector.detectors.host_misconfig import detect
 from gpufleet.accounting.efficiency import gpu_models
+from gpufleet.api.app import create_app as create_api
 from gpufleet.auth import create_token
+from gpufleet.collector.detectors import DetectorConfig
+from gpufleet.collector.detectors.host_misconfig import detect
 from gpufleet.config import Settings
 from gpufleet.facts import NodeFacts
 from gpufleet.testing.servers import serve

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from collector.heap import _malloc_trim
+from gpufleet.collector.heap import _malloc_trim
 
 PROBE = r"""
 import psutil, numpy as np
-from collector.heap import release_free_memory
+from gpufleet.collector.heap import release_free_memory
 rss = lambda: psutil.Process().memory_info().rss / 2**20
 # 1,000 arrays of 100 KB (below glibc's mmap threshold, so on the heap); all
 # but the newest freed: the heap top stays in use, so free() alone keeps the pages.

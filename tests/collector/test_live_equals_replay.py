@@ -18,10 +18,10 @@ from pathlib import Path
 
 import psycopg
 
-from agent.simulator import Fleet, write_bundle
-from collector.bundle import read_bundle
-from collector.replay import replay
-from collector.sweep import Sweeper
+from gpufleet.agent.simulator import Fleet, write_bundle
+from gpufleet.collector.bundle import read_bundle
+from gpufleet.collector.replay import replay
+from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.testing.pg import scratch_database

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.bundle import BundleError, read_bundle
-from collector.nvsmi_import import import_nvidia_smi, parse_timestamp, parse_zone
+from gpufleet.collector.bundle import BundleError, read_bundle
+from gpufleet.collector.nvsmi_import import import_nvidia_smi, parse_timestamp, parse_zone
 from gpufleet.gpu_models import board_power_w
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulator import write_bundle
+from gpufleet.agent.simulator import write_bundle
 
 CONTRACT_KEYS = ["run_id", "start", "end", "gpu_count", "gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "pue",
                  "facility_kwh", "co2e_kg", "energy_cost", "compute_cost", "total_cost", "currency", "coverage"]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from collector import rollup
+from gpufleet.collector import rollup
 from gpufleet.db.policies import backend_of
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.scoring import score
+from gpufleet.collector.scoring import score
 
 LABELS = {
     "end": "2026-12-01T11:00:00Z",

@@ -8,12 +8,12 @@ import time
 import psycopg
 import pytest
 
-from agent.simulator import Fleet
-from collector import incident_store
-from collector.alerting import IncidentMetrics
-from collector.leader import Leader
-from collector.metrics import CollectorMetrics
-from collector.sweep import Sweeper
+from gpufleet.agent.simulator import Fleet
+from gpufleet.collector import incident_store
+from gpufleet.collector.alerting import IncidentMetrics
+from gpufleet.collector.leader import Leader
+from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.store import runs as run_store
 from gpufleet.testing.simfeed import SimFeed
@@ -60,7 +60,7 @@ def test_live_sweep_opens_incidents_in_the_database(conn: psycopg.Connection, se
 
 
 def test_incident_store_resolves_after_hold_off(conn: psycopg.Connection) -> None:
-    from collector.detectors.window import Finding
+    from gpufleet.collector.detectors.window import Finding
 
     f = Finding(kind="throttling", cause="thermal", severity="warning", start=1000.0, evidence={"x": 1.5},
                 run_id="r1", node="n1", gpu=2)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import psycopg
 
-from collector.window_cache import WindowCache, _Buf, parse_array
+from gpufleet.collector.window_cache import WindowCache, _Buf, parse_array
 
 
 def buf(ts: list[float]) -> _Buf:
@@ -35,7 +35,7 @@ def test_parse_array_matches_postgres(conn: psycopg.Connection) -> None:
                       ("double precision", "double")):
         for values in ([1, 2, 3], [None, None], [None, 5, None, 7], []):
             with conn.cursor(binary=True) as cur:
-                from collector.window_cache import _PG_ARRAY, _RawLoader
+                from gpufleet.collector.window_cache import _PG_ARRAY, _RawLoader
 
                 cur.adapters.register_loader(_PG_ARRAY[kind], _RawLoader)
                 raw = cur.execute(f"SELECT %s::{typ}[]", (values,)).fetchone()[0]  # type: ignore[index]

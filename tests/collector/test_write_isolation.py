@@ -15,7 +15,7 @@ import orjson
 import psycopg
 import pytest
 
-from collector.writer import DatabaseUnavailable, GroupWriter, Outcome, WriteFailed
+from gpufleet.collector.writer import DatabaseUnavailable, GroupWriter, Outcome, WriteFailed
 from gpufleet.wire import encode, validate
 from tests.collector.conftest import Collector
 from tests.collector.test_ingest import batch, count, post

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from collector.detectors.window import RunInfo, Series, Window
+from gpufleet.collector.detectors.window import RunInfo, Series, Window
 
 T0 = 1_800_000_000.0
 Profile = Callable[[np.ndarray], np.ndarray]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.detectors import DetectorConfig
-from collector.detectors.checkpoint_stall import detect
+from gpufleet.collector.detectors import DetectorConfig
+from gpufleet.collector.detectors.checkpoint_stall import detect
 from tests.detectors.builders import T0, GpuSpec, Profile, pauses, run_window, steady, times
 
 CFG = DetectorConfig()
@@ -108,7 +108,7 @@ def test_blocked_rank_pauses_are_checkpoints_without_host_data() -> None:
 
 
 def test_blocked_rank_pauses_are_not_starvation() -> None:
-    from collector.detectors.registry import run_detectors
+    from gpufleet.collector.detectors.registry import run_detectors
 
     w = run_window(_blocked_rank(period=40, pause=15), no_host=True)
     found = sorted(f.kind for f in run_detectors(w, CFG).findings)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.detectors import DetectorConfig, RunInfo, Series, Window
-from collector.detectors.frame import Frame
-from collector.detectors.stats import group_loo_median, group_median, robust_z, trailing_onset
+from gpufleet.collector.detectors import DetectorConfig, RunInfo, Series, Window
+from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.detectors.stats import group_loo_median, group_median, robust_z, trailing_onset
 from tests.detectors.builders import T0, GpuSpec, gpu_series, run_window, square, steady, times
 
 CFG = DetectorConfig()

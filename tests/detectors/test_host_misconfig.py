@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.detectors import DetectorConfig
-from collector.detectors.host_misconfig import detect, governors, quota_cores
+from gpufleet.collector.detectors import DetectorConfig
+from gpufleet.collector.detectors.host_misconfig import detect, governors, quota_cores
 from tests.detectors.builders import T0, GpuSpec, run_window, steady
 
 CFG = DetectorConfig()

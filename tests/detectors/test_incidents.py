@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from collector.detectors import Finding
-from collector.incidents import MemoryIncidentStore, Open, Resolve, Update, plan_sweep, rfc3339
+from gpufleet.collector.detectors import Finding
+from gpufleet.collector.incidents import MemoryIncidentStore, Open, Resolve, Update, plan_sweep, rfc3339
 
 T = 1_800_000_000.0
 HOLD = 120.0

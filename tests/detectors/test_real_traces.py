@@ -2,8 +2,8 @@
 
 The excerpts under ``tests/fixtures/realtraces/`` are nvidia-smi logs of real
 machines (provenance and labels in that folder's SOURCES.md and each
-``labels.json``).  Each is imported with :func:`collector.nvsmi_import.
-import_nvidia_smi` and replayed by :func:`collector.replay.replay`: the
+``labels.json``).  Each is imported with :func:`gpufleet.collector.nvsmi_import.
+import_nvidia_smi` and replayed by :func:`gpufleet.collector.replay.replay`: the
 collector's ingest path, every sweep of the timeline with every detector,
 and the accounting, on a real PostgreSQL database.
 
@@ -32,11 +32,11 @@ import numpy as np
 import psycopg
 import pytest
 
-from collector.bundle import read_bundle
-from collector.detectors.frame import Frame
-from collector.nvsmi_import import import_nvidia_smi
-from collector.replay import ReplayResult, replay
-from collector.window_cache import WindowCache, load_runs
+from gpufleet.collector.bundle import read_bundle
+from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.nvsmi_import import import_nvidia_smi
+from gpufleet.collector.replay import ReplayResult, replay
+from gpufleet.collector.window_cache import WindowCache, load_runs
 from gpufleet.config import Settings
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "realtraces"

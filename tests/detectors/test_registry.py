@@ -10,8 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collector.detectors import DETECTORS, DetectorConfig, RunInfo, Series, Window, detect_all, run_detectors
-from collector.detectors.frame import Frame
+from gpufleet.collector.detectors import (
+    DETECTORS,
+    DetectorConfig,
+    RunInfo,
+    Series,
+    Window,
+    detect_all,
+    run_detectors,
+)
+from gpufleet.collector.detectors.frame import Frame
 from tests.detectors.builders import GpuSpec, run_window, square, steady, times
 
 CFG = DetectorConfig()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.detectors import DetectorConfig, RunInfo
-from collector.detectors.starvation import detect
+from gpufleet.collector.detectors import DetectorConfig, RunInfo
+from gpufleet.collector.detectors.starvation import detect
 from tests.detectors.builders import (
     T0,
     GpuSpec,

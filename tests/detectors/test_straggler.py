@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.detectors import DetectorConfig
-from collector.detectors.straggler import detect
+from gpufleet.collector.detectors import DetectorConfig
+from gpufleet.collector.detectors.straggler import detect
 from tests.detectors.builders import T0, GpuSpec, noisy, run_window, steady, times
 
 CFG = DetectorConfig()

@@ -36,8 +36,8 @@ import httpx
 import psycopg
 import pytest
 
-from agent.spool import OPEN_MAGIC, read_records
-from collector.copy_binary import PG_EPOCH_S
+from gpufleet.agent.spool import OPEN_MAGIC, read_records
+from gpufleet.collector.copy_binary import PG_EPOCH_S
 from gpufleet.testing.oracle import Oracle, integrity, micros
 from gpufleet.testing.procs import AgentProc, CollectorProc
 from tests.reliability.conftest import knob, node_tokens

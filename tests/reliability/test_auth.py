@@ -17,9 +17,9 @@ import httpx
 import psycopg
 import pytest
 
-from api.app import create_app as create_api
-from collector.app import create_app as create_collector
 from gpufleet import auth
+from gpufleet.api.app import create_app as create_api
+from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import Settings
 from gpufleet.testing.servers import serve
 from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token

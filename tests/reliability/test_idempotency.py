@@ -18,7 +18,7 @@ import httpx
 import psycopg
 import pytest
 
-from collector.app import create_app
+from gpufleet.collector.app import create_app
 from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.testing.oracle import duplicate_rows, row_counts

@@ -22,8 +22,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hsettings
 
-from api.app import create_app as create_api
-from collector.app import create_app as create_collector
+from gpufleet.api.app import create_app as create_api
+from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import Settings
 from gpufleet.testing.servers import serve
 from tests.reliability.conftest import knob, node_tokens, role_token

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.simulator import Fleet, Trace, record
+from gpufleet.agent.simulator import Fleet, Trace, record
 
 _CACHE: dict[tuple[str, float | None, int | None], Trace] = {}
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.simulator import Fleet, Labels, write_bundle
-from agent.simulator.bundle import (
+from gpufleet.agent.simulator import Fleet, Labels, write_bundle
+from gpufleet.agent.simulator.bundle import (
     ALLOCATIONS_CSV_COLUMNS,
     CARBON_CSV_COLUMNS,
     GPU_CSV_COLUMNS,
@@ -23,7 +23,7 @@ from agent.simulator.bundle import (
     RUNS_CSV_COLUMNS,
     SITES_CSV_COLUMNS,
 )
-from agent.simulator.scenario import load_scenario, parse_scenario
+from gpufleet.agent.simulator.scenario import load_scenario, parse_scenario
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from agent.simulator import Fleet, scenario_names
-from agent.simulator.labels import CAUSES, KINDS
+from gpufleet.agent.simulator import Fleet, scenario_names
+from gpufleet.agent.simulator.labels import CAUSES, KINDS
 
 GPU_SCOPED = {"straggler", "throttling", "pcie_degraded"}
 RUN_SCOPED = {"starvation", "checkpoint_stall"}

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from agent.simulator import Fleet, Trace, record
-from agent.simulator.profiles import PROFILES
-from agent.simulator.scenario import load_scenario, parse_scenario
+from gpufleet.agent.simulator import Fleet, Trace, record
+from gpufleet.agent.simulator.profiles import PROFILES
+from gpufleet.agent.simulator.scenario import load_scenario, parse_scenario
 from gpufleet.catalog import (
     THROTTLE_GPU_IDLE,
     THROTTLE_HW_POWER_BRAKE,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.simulator import Fleet, ScenarioError, load_scenario, scenario_names
+from gpufleet.agent.simulator import Fleet, ScenarioError, load_scenario, scenario_names
 
 REQUIRED = {
     "healthy", "starvation_cpu", "starvation_io", "straggler_power_cap", "straggler_thermal", "straggler_pcie",

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulator import Fleet, RealtimeDriver
-from agent.simulator.fleet import GPU_METRICS, HOST_METRICS
-from agent.sources.base import Closeable, FactsSource, Source, SourceError
-from agent.sources.facts import node_facts
+from gpufleet.agent.simulator import Fleet, RealtimeDriver
+from gpufleet.agent.simulator.fleet import GPU_METRICS, HOST_METRICS
+from gpufleet.agent.sources.base import Closeable, FactsSource, Source, SourceError
+from gpufleet.agent.sources.facts import node_facts
 from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME
 
 
@@ -121,8 +121,8 @@ def test_steps_must_move_forward() -> None:
 
 
 def test_the_agent_builds_a_sim_source_by_name() -> None:
-    from agent.simulator import sources as sim_sources
-    from agent.sources.registry import build_source
+    from gpufleet.agent.simulator import sources as sim_sources
+    from gpufleet.agent.sources.registry import build_source
     from gpufleet.config import AgentSettings
 
     fleet = Fleet.from_scenario("healthy")

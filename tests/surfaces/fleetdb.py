@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from agent.simulator import Fleet
-from agent.simulator.carbon import scenario_series
-from collector import rollup
-from collector.sweep import Sweeper
+from gpufleet.agent.simulator import Fleet
+from gpufleet.agent.simulator.carbon import scenario_series
+from gpufleet.collector import rollup
+from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of
 from gpufleet.store import nodes as node_store

@@ -10,12 +10,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from dashboards import build
-from dashboards.dryrun import QueryResult, panels, run_dashboard, shape_problems
-from dashboards.loader import load_all
-from dashboards.macros import TimeRange, expand
-from dashboards.model import DS_REF
-from dashboards.validate import validate, validate_all
+from gpufleet.dashboards import build
+from gpufleet.dashboards.dryrun import QueryResult, panels, run_dashboard, shape_problems
+from gpufleet.dashboards.loader import load_all
+from gpufleet.dashboards.macros import TimeRange, expand
+from gpufleet.dashboards.model import DS_REF
+from gpufleet.dashboards.validate import validate, validate_all
 from tests.surfaces.fleetdb import FilledFleet
 
 UIDS = {"gpufleet-fleet", "gpufleet-run", "gpufleet-starvation", "gpufleet-energy"}
@@ -48,7 +48,7 @@ def _rows(r: QueryResult) -> list[dict[str, Any]]:
 
 
 def test_json_files_are_built_from_the_definitions() -> None:
-    assert build.stale() == [], "run: python -m dashboards.build"
+    assert build.stale() == [], "run: python -m gpufleet.dashboards.build"
 
 
 def test_dashboards_are_valid() -> None:
@@ -120,7 +120,7 @@ def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
     rng = TimeRange(fleet.start, fleet.end)
     variables = {}
     with psycopg.connect(fleet.url, autocommit=True) as conn:
-        from dashboards.dryrun import resolve_variables
+        from gpufleet.dashboards.dryrun import resolve_variables
 
         variables = resolve_variables(conn, d, rng)
         # A one-minute bucket read from raw samples (interval just under the switch) ...

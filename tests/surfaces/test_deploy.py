@@ -17,11 +17,11 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from api.app import create_app as create_api
-from collector.app import create_app as create_collector
-from dashboards.model import DS_TYPE
-from dashboards.provision import DEFAULT_DS_NAME, DEFAULT_DS_UID, DEFAULT_FOLDER_UID, DataSource
+from gpufleet.api.app import create_app as create_api
+from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import ConfigError, Settings, load_settings
+from gpufleet.dashboards.model import DS_TYPE
+from gpufleet.dashboards.provision import DEFAULT_DS_NAME, DEFAULT_DS_UID, DEFAULT_FOLDER_UID, DataSource
 from tests.system_tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]

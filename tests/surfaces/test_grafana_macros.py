@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dashboards.macros import (
+from gpufleet.dashboards.macros import (
     ALL,
     ExpansionError,
     TimeRange,

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dashboards.loader import load_all
-from dashboards.model import DS_TYPE
-from dashboards.provision import DataSource, ProvisionError, connect, push
 from gpufleet.cli import app
+from gpufleet.dashboards.loader import load_all
+from gpufleet.dashboards.model import DS_TYPE
+from gpufleet.dashboards.provision import DataSource, ProvisionError, connect, push
 from tests.surfaces.fake_grafana import FakeGrafana
 
 TOKEN = "glsa_test_0123456789"

@@ -18,10 +18,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import AgentMetrics
-from collector.alerting import IncidentMetrics
-from collector.app import create_app as create_collector
-from collector.metrics import CollectorMetrics
+from gpufleet.agent.metrics import AgentMetrics
+from gpufleet.collector.alerting import IncidentMetrics
+from gpufleet.collector.app import create_app as create_collector
+from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
 from gpufleet.testing.servers import free_port, serve
 from tests.surfaces.fleetdb import FilledFleet

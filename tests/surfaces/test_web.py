@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from playwright import sync_api
 
-from api.app import create_app
+from gpufleet.api.app import create_app
 from gpufleet.auth import create_token, revoke_token
 from gpufleet.config import Settings
 from gpufleet.testing.servers import serve

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from api.web.html import Markup, esc, h, num, table
-from api.web.session import _safe_next
-from api.web.svg import Series, line_chart
+from gpufleet.api.web.html import Markup, esc, h, num, table
+from gpufleet.api.web.session import _safe_next
+from gpufleet.api.web.svg import Series, line_chart
 
 
 def test_values_are_escaped_unless_already_markup() -> None:
