@@ -49,7 +49,7 @@ MIG changes; the GPU is only read.
 
 Dependencies: the script runs from a repository checkout without the
 package installed; it puts the repository root on ``sys.path`` and imports
-only ``agent.sources.{base,nvml,nvml_api,host,facts}`` and
+only ``gpufleet.agent.sources.{base,nvml,nvml_api,host,facts}`` and
 ``gpufleet.catalog``, which use the standard library alone (``pynvml`` is
 imported by ``PynvmlApi`` on first use).  Beyond those: ``torch`` (real run)
 and ``numpy`` (loader decode, dry run).  No pydantic, msgpack, orjson or
