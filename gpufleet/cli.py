@@ -76,6 +76,24 @@ def connect(settings: Settings) -> psycopg.Connection:
         fail(f"cannot connect to the database: {str(e).strip().splitlines()[0]}")
 
 
+def parse_query_time(value: str, name: str) -> datetime:
+    """A period bound: RFC 3339 with an offset, or a bare date read as UTC midnight."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpufleet.api.schemas import QueryTime
+
+    try:
+        return TypeAdapter(QueryTime).validate_python(value)
+    except ValidationError as e:
+        fail(f"--{name} {value!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
+
+
+def iso_text(t: datetime) -> str:
+    from gpufleet.timeparse import iso
+
+    return iso(t) or ""
+
+
 def parse_when(value: str | None, name: str) -> datetime | None:
     from gpufleet.timeparse import TimeParseError, parse_time
 
@@ -245,23 +263,45 @@ def token_revoke(name: str, config: ConfigOpt = None, db: DbOpt = None) -> None:
 # ---------------------------------------------------------------- sites, carbon, runs
 
 
+def _model_prices(values: list[str] | None) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for v in values or []:
+        model, sep, price = v.partition("=")
+        if not sep or not model.strip():
+            fail(f"--gpu-model-price {v!r}: expected MODEL=PRICE (e.g. H100=3.1) or MODEL= to end it")
+        try:
+            out[model.strip()] = None if price.strip() == "" else float(price)
+        except ValueError:
+            fail(f"--gpu-model-price {v!r}: {price!r} is not a number")
+    return out
+
+
 @site_app.command("set")
 def site_set(site: str,
              pue: Annotated[float | None, typer.Option(help="power usage effectiveness (>= 1)")] = None,
              price_per_kwh: Annotated[float | None, typer.Option(help="energy price per kWh")] = None,
-             gpu_hour_price: Annotated[float | None, typer.Option(help="price per GPU-hour")] = None,
-             currency: Annotated[str | None, typer.Option(help="ISO 4217 code")] = None,
+             gpu_hour_price: Annotated[float | None, typer.Option(help="default price per GPU-hour")] = None,
+             gpu_model_price: Annotated[list[str] | None, typer.Option(
+                 help="GPU-hour price of GPUs whose model contains MODEL: MODEL=PRICE (repeatable; MODEL= ends "
+                      "it)")] = None,
+             currency: Annotated[str | None, typer.Option(help="ISO 4217 code (only while no run uses the site)")]
+             = None,
              carbon_region: Annotated[str | None, typer.Option(help="carbon series region ('' clears it)")] = None,
              carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
              clear_carbon_g_per_kwh: Annotated[bool, typer.Option(help="remove the constant fallback")] = False,
+             since: Annotated[str | None, typer.Option(
+                 "--from", help="when the change takes effect (default now; a new site: from the beginning); "
+                                "a past time dates it back on purpose")] = None,
              config: ConfigOpt = None, db: DbOpt = None) -> None:
-    """Create a site, or change only the settings given (the others keep their values).
+    """Create a site, or change only the settings given, from a time (default now).
 
-    A new site takes pue 1.0, prices 0, currency USD and no carbon region for what is not given.
+    Accounting before that time keeps the values that were in force.  A new site
+    takes pue 1.0, prices 0, currency USD and no carbon region for what is not given.
     """
     from pydantic import ValidationError
 
     from gpufleet.api.schemas import SiteUpdate
+    from gpufleet.store.runs import Conflict
     from gpufleet.store.sites import patch_site
 
     given: dict[str, Any] = {k: v for k, v in (("pue", pue), ("price_per_kwh", price_per_kwh),
@@ -274,16 +314,63 @@ def site_set(site: str,
         if carbon_g_per_kwh is not None:
             fail("give --carbon-g-per-kwh or --clear-carbon-g-per-kwh, not both")
         given["carbon_g_per_kwh"] = None
+    models = _model_prices(gpu_model_price)
+    if models:
+        given["gpu_hour_prices"] = models
     try:
         changes = SiteUpdate.model_validate(given).model_dump(exclude_unset=True)
     except ValidationError as e:
-        fail("; ".join(f"--{'-'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}"
-                       for err in e.errors()))
+        fail("; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+    changes.pop("gpu_hour_prices", None)
+    when = parse_query_time(since, "from") if since is not None else None
     with connect(settings_from(config, db)) as conn:
-        row, created = patch_site(conn, site, changes, create=True)
-    if not created and not changes:
+        try:
+            w = patch_site(conn, site, changes, valid_from=when, gpu_hour_prices=models, create=True)
+        except Conflict as e:
+            fail(str(e))
+    if not w.created and not changes and not models:
         typer.echo(f"gpufleet: nothing to change for site {site!r} (give an option)", err=True)
-    typer.echo(json.dumps(row, default=str))
+    elif not w.created:
+        typer.echo(f"gpufleet: site {site!r} changed from {'now' if when is None else iso_text(when)}; "
+                   "accounting before that keeps the values in force then", err=True)
+    typer.echo(json.dumps(w.site, default=str))
+
+
+@site_app.command("show")
+def site_show(site: str, at: Annotated[str | None, typer.Option(help="values in force at (default now)")] = None,
+              history: Annotated[bool, typer.Option(help="every dated value instead")] = False,
+              config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """A site's settings in force (or with --history, every dated change)."""
+    from gpufleet.store.runs import NotFound
+    from gpufleet.store.sites import get_site, site_history
+
+    with connect(settings_from(config, db)) as conn:
+        try:
+            out: Any = site_history(conn, site) if history else get_site(
+                conn, site, parse_query_time(at, "at") if at else None)
+        except NotFound as e:
+            fail(str(e))
+    typer.echo(json.dumps(out, default=str))
+
+
+@site_app.command("pue-load")
+def site_pue_load(site: str, file: Path, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Load measured or monthly PUE for SITE from a CSV (time, pue): each value holds until the next."""
+    from gpufleet.store.runs import NotFound
+    from gpufleet.store.sites import CsvError, parse_pue_csv, set_series
+
+    try:
+        points = parse_pue_csv(file)
+    except FileNotFoundError:
+        fail(f"{file}: no such file")
+    except CsvError as e:
+        fail(str(e))
+    with connect(settings_from(config, db)) as conn:
+        try:
+            n = set_series(conn, site, "pue", points)
+        except NotFound as e:
+            fail(str(e))
+    typer.echo(f"loaded {n} PUE points for {site}")
 
 
 @carbon_app.command("load")
@@ -565,7 +652,7 @@ def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 
     GET /v1/runs/{id}/accounting bodies.
     """
     from gpufleet.accounting import report_csv, runs_report
-    from gpufleet.accounting.energy import SOURCES
+    from gpufleet.accounting.lines import SOURCES
 
     lo, hi = parse_when(since, "from"), parse_when(until, "to")
     assert lo is not None and hi is not None

@@ -22,7 +22,7 @@ REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
 DATA_TABLES = (
     "gpu_samples", "host_samples", "gpu_energy_1m", "gpu_energy_1h", "host_energy_1m", "host_energy_1h",
     "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "runs", "nodes",
-    "site_prices", "sites", "carbon_intensity", "agent_tokens",
+    "site_settings", "sites", "carbon_intensity", "agent_tokens",
 )
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 from gpufleet.accounting import CSV_COLUMNS, report_csv, runs_report
 from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
 from gpufleet.api.routes.accounting import SourceParam, period_error
-from gpufleet.api.schemas import UtcDatetime
+from gpufleet.api.schemas import QueryTime
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
 
@@ -20,8 +20,8 @@ router = APIRouter(prefix="/v1/reports", tags=["reports"])
 }})
 def runs_csv(
     conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: Annotated[UtcDatetime, Query(alias="from", description="period start, with a UTC offset")],
-    until: Annotated[UtcDatetime, Query(alias="to", description="period end, with a UTC offset")],
+    since: Annotated[QueryTime, Query(alias="from", description="period start, with a UTC offset")],
+    until: Annotated[QueryTime, Query(alias="to", description="period end, with a UTC offset")],
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> Response:
     """Per-run accounting for finance: the contract's fields in order, then extras; RFC 3339 UTC times,

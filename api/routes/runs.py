@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Response
 
 from gpufleet.api.deps import ConnDep, Reader, RunWriter
-from gpufleet.api.schemas import Progress, RunCreate, RunPublic, RunUpdate, UtcDatetime
+from gpufleet.api.schemas import Progress, QueryTime, RunCreate, RunPublic, RunUpdate
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
 from gpufleet.store.runs import Conflict, Forbidden, Invalid, NotFound
@@ -29,8 +29,8 @@ def _as_node(who: Principal) -> str | None:
 
 @router.get("", response_model=list[RunPublic])
 def list_runs(conn: ConnDep, _: Reader, state: Literal["pending", "running", "ended"] | None = None,
-              site: str | None = None, since: Annotated[UtcDatetime | None, Query(alias="from")] = None,
-              until: Annotated[UtcDatetime | None, Query(alias="to")] = None, limit: int = Query(100, ge=1, le=1000),
+              site: str | None = None, since: Annotated[QueryTime | None, Query(alias="from")] = None,
+              until: Annotated[QueryTime | None, Query(alias="to")] = None, limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0)) -> list[dict]:
     return store.list_runs(conn, state, site, since, until, limit, offset)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from gpufleet.accounting.energy import Source
+from gpufleet.accounting.lines import Source
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs
 from gpufleet.csvsafe import safe_text
 

@@ -44,8 +44,12 @@ def test_runs_plus_unallocated_is_the_fleet_total(conn: psycopg.Connection, sour
     f = fleet_accounting(conn, at(300.5), at(3300), group_by="team", now=at(3400), source=source)  # type: ignore[arg-type]
     runs, idle, total = f["runs"], f["unallocated"], f["total"]
     assert runs["runs"] == 3 and total["gpu_kwh"] > 0 and idle["gpu_kwh"] > 0 and idle["host_kwh"] > 0
-    for k in ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "gpu_hours"):
+    for k in ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg"):
         assert close(runs[k] + idle[k], total[k]), (k, runs[k], idle[k], total[k])
+    # GPU time no run held splits into time with telemetry (unallocated) and without (the hole on n2)
+    dark = f["no_telemetry"]
+    assert close(runs["gpu_hours"] + idle["gpu_hours"] + dark["gpu_hours"], total["gpu_hours"])
+    assert dark["gpu_kwh"] == 0 and dark["coverage"] == 0 and idle["coverage"] == 1.0 and dark["gpu_hours"] > 0
     assert 0 < total["coverage"] < 1
     # per-currency energy cost adds up too
     for cur in ("USD", "EUR"):
