@@ -27,7 +27,7 @@ then null).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -36,7 +36,7 @@ from typing import Any, Literal
 import psycopg
 
 from gpufleet.accounting.lines import ZERO, Line, Source, lines
-from gpufleet.accounting.money import number, rounded
+from gpufleet.accounting.money import number
 from gpufleet.accounting.run import bodies as run_bodies
 from gpufleet.accounting.run import load_runs, used_source
 from gpufleet.accounting.snapshot import snapshot
@@ -49,13 +49,15 @@ GROUP_BY: tuple[GroupBy, ...] = ("site", "team", "run")
 
 @dataclass
 class Block:
-    """Summable totals of a set of runs or GPU time."""
+    """Summable totals of a set of runs or GPU time (hours, energies and money as the lines round them)."""
 
     runs: int = 0
+    gpu_hours: Decimal = ZERO
     gpu_s: float = 0.0
     covered_s: float = 0.0
     gpu_kwh: Decimal = ZERO
     host_kwh: Decimal = ZERO
+    it_kwh: Decimal = ZERO
     facility_kwh: Decimal = ZERO
     co2e_kg: Decimal = ZERO
     co2e_unknown_kwh: Decimal = ZERO
@@ -71,22 +73,22 @@ class Block:
     def add_energy(self, ln: Line) -> None:
         self.gpu_kwh += ln.gpu_kwh
         self.host_kwh += ln.host_kwh
+        self.it_kwh += ln.it_kwh
         self.facility_kwh += ln.facility_kwh
         self.co2e_kg += ln.co2e_kg
         self.co2e_unknown_kwh += ln.co2e_unknown_kwh
 
-    def add_line(self, ln: Line, gpu_s: float, covered_s: float, with_money: bool = True) -> None:
+    def add_time(self, hours: Decimal, gpu_s: float, covered_s: float) -> None:
+        self.gpu_hours += hours
         self.gpu_s += gpu_s
         self.covered_s += covered_s
-        self.add_energy(ln)
-        if with_money:
-            self.add_cost(ln.currency, ln.energy_cost, ln.compute_cost or ZERO)
 
     def merge(self, other: Block) -> None:
         self.runs += other.runs
+        self.gpu_hours += other.gpu_hours
         self.gpu_s += other.gpu_s
         self.covered_s += other.covered_s
-        for name in ("gpu_kwh", "host_kwh", "facility_kwh", "co2e_kg", "co2e_unknown_kwh"):
+        for name in ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "co2e_unknown_kwh"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for cur, (e, c) in other.costs.items():
             self.add_cost(cur, e, c)
@@ -104,10 +106,10 @@ class Block:
         energy, compute, single = self.money()
         return {
             "runs": self.runs,
-            "gpu_hours": rounded(self.gpu_s / 3600.0, 9),
+            "gpu_hours": number(self.gpu_hours),
             "gpu_kwh": number(self.gpu_kwh),
             "host_kwh": number(self.host_kwh),
-            "it_kwh": number(self.gpu_kwh + self.host_kwh),
+            "it_kwh": number(self.it_kwh),
             "facility_kwh": number(self.facility_kwh),
             "co2e_kg": number(self.co2e_kg),
             "co2e_unknown_kwh": number(self.co2e_unknown_kwh),
@@ -122,10 +124,12 @@ class Block:
         }
 
 
-def run_block(body: Mapping[str, Any], ln: Line) -> Block:
+def run_block(ln: Line) -> Block:
     b = Block(runs=1)
     gpu_s = ln.gpu_s or 0.0
-    b.add_line(ln, gpu_s, min(ln.covered_s, gpu_s))
+    b.add_time(ln.gpu_hours or ZERO, gpu_s, min(ln.covered_s, gpu_s))
+    b.add_energy(ln)
+    b.add_cost(ln.currency, ln.energy_cost, ln.compute_cost or ZERO)
     return b
 
 
@@ -154,7 +158,7 @@ def fleet_blocks(conn: psycopg.Connection, since: datetime, until: datetime, *, 
     groups: dict[str | None, Block] = defaultdict(Block)
     allocated, idle, dark, total = Block(), Block(), Block(), Block()
     for body in bodies:
-        blk = run_block(body, run_lines[body["run_id"]])
+        blk = run_block(run_lines[body["run_id"]])
         groups[body[key]].merge(blk)
         allocated.merge(blk)
     total.runs = allocated.runs
@@ -162,10 +166,13 @@ def fleet_blocks(conn: psycopg.Connection, since: datetime, until: datetime, *, 
         if ln.line == "unallocated":
             gpu_s = ln.gpu_s or 0.0
             covered = min(ln.covered_s, gpu_s)
-            idle.add_line(ln, covered, covered)
-            dark.gpu_s += gpu_s - covered
+            idle.add_time(ln.covered_hours or ZERO, covered, covered)
+            idle.add_energy(ln)
+            idle.add_cost(ln.currency, ln.energy_cost, ZERO)
+            dark.add_time((ln.gpu_hours or ZERO) - (ln.covered_hours or ZERO), gpu_s - covered, 0.0)
         elif ln.line == "total":
-            total.add_line(ln, ln.gpu_s or 0.0, ln.covered_s, with_money=False)
+            total.add_time(ln.gpu_hours or ZERO, ln.gpu_s or 0.0, ln.covered_s)
+            total.add_energy(ln)
     # the total's money is the sum of the lines above it, to the cent
     for part in (allocated, idle):
         for cur, (e, c) in part.costs.items():

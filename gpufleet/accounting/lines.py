@@ -41,6 +41,11 @@ class Line:
     gpu_s: float | None
     #: of those, inside counted intervals
     covered_s: float
+    #: gpu_s and covered_s in hours, rounded to 1e-9 h
+    gpu_hours: Decimal | None
+    covered_hours: Decimal | None
+    #: covered ÷ accounted GPU-seconds (0 without any)
+    coverage: float
     gpu_kwh: Decimal
     host_kwh: Decimal
     it_kwh: Decimal

@@ -125,8 +125,7 @@ def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: dateti
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
           segments: list[Line] | None) -> dict[str, Any]:
     lo, hi = run_window(run, now, since, until)
-    gpu_s = line.gpu_s or 0.0
-    gpu_hours = rounded(gpu_s / 3600.0, 9) or 0.0
+    gpu_hours = number(line.gpu_hours) or 0.0
     compute = line.compute_cost
     carbon_known = line.carbon_source not in (None, "none")
     rates, model_prices = _rates(conn, run["site"], lo, hi, [m for m in models if m["model"]])
@@ -149,7 +148,7 @@ def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: dateti
         "compute_cost": number(compute) or 0.0,
         "total_cost": number(line.total_cost),
         "currency": line.currency,
-        "coverage": min(line.covered_s / gpu_s, 1.0) if gpu_s > 0 else 0.0,
+        "coverage": line.coverage,
         # extras
         "name": run.get("name"),
         "site": run["site"],

@@ -698,7 +698,8 @@ lines_out AS (
   LEFT JOIN sites st ON st.site = nullif(l.sk, '')
 )
 SELECT o.line, o.run_id, nullif(o.sk, ''), o.part_start, o.part_end, o.gpu_count, o.gpu_equivalents,
-  o.gpu_s, o.cs,
+  o.gpu_s, o.cs, round((o.gpu_s / 3600.0)::numeric, 9), round((least(o.cs, o.gpu_s) / 3600.0)::numeric, 9),
+  CASE WHEN o.gpu_s > 0 THEN least(o.cs / o.gpu_s, 1.0) ELSE 0.0 END,
   round(coalesce(o.gpu_kwh, 0)::numeric, 9), round(coalesce(o.host_kwh, 0)::numeric, 9),
   round(o.it::numeric, 9), round(coalesce(o.fac, 0)::numeric, 9),
   round((CASE WHEN o.it > 0 THEN o.fac / o.it
@@ -738,7 +739,7 @@ CREATE FUNCTION gpufleet_accounting(
 RETURNS TABLE (
   line text, run_id text, site text, part_start timestamptz, part_end timestamptz,
   gpu_count integer, gpu_equivalents double precision, gpu_s double precision, covered_s double precision,
-  gpu_kwh numeric, host_kwh numeric, it_kwh numeric, facility_kwh numeric, pue numeric,
+  gpu_hours numeric, covered_hours numeric, coverage double precision, gpu_kwh numeric, host_kwh numeric, it_kwh numeric, facility_kwh numeric, pue numeric,
   co2e_kg numeric, co2e_unknown_kwh numeric, carbon_source text, g_co2e_per_kwh double precision,
   price_source text, price_per_kwh double precision, currency text, minor_units integer,
   energy_cost numeric, compute_cost numeric, total_cost numeric, stale boolean)
