@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_validator,
 )
 
 
@@ -67,8 +68,19 @@ class Strict(BaseModel):
 
 
 class Allocation(Strict):
+    """GPUs of one node a run holds: alone (``exclusive``, the default), or shared as declared."""
+
     node: str = Field(pattern=NAME_PATTERN)
     gpus: list[int] = Field(min_length=1, max_length=1024)
+    sharing: Literal["exclusive", "time_slice", "mps", "mig"] = Field(
+        "exclusive", description="exclusive: the whole GPU; time_slice / mps: a declared share of it; mig: one MIG "
+                                 "instance of it. Runs may hold one GPU at once only when all declare sharing of one "
+                                 "kind and the shares stay within the whole GPU")
+    share: float | None = Field(None, gt=0, le=1, description="share of the GPU's energy and hours (time_slice, "
+                                                              "mps: required; mig: default the profile's compute "
+                                                              "slices of 7)")
+    mig_profile: str | None = Field(None, pattern=r"^[1-8]g\.\d{1,3}gb(\+me)?$", description="e.g. 3g.40gb")
+    mig_instance: int | None = Field(None, ge=0, le=32767, description="GPU-instance id of the MIG instance")
 
     @field_validator("gpus")
     @classmethod
@@ -78,6 +90,19 @@ class Allocation(Strict):
         if len(set(v)) != len(v):
             raise ValueError("GPU indexes must be unique")
         return sorted(v)
+
+    @model_validator(mode="after")
+    def _sharing(self) -> Allocation:
+        if self.sharing == "exclusive" and (self.share not in (None, 1.0) or self.mig_profile or
+                                            self.mig_instance is not None):
+            raise ValueError("an exclusive allocation takes the whole GPU; declare sharing to give a share")
+        if self.sharing in ("time_slice", "mps") and self.share is None:
+            raise ValueError(f"{self.sharing} needs 'share', the part of the GPU the run declares (0 < share <= 1)")
+        if self.sharing == "mig" and (self.mig_profile is None or self.mig_instance is None):
+            raise ValueError("a MIG allocation needs 'mig_profile' (e.g. 3g.40gb) and 'mig_instance'")
+        if self.sharing != "mig" and (self.mig_profile is not None or self.mig_instance is not None):
+            raise ValueError("'mig_profile' and 'mig_instance' are for sharing 'mig'")
+        return self
 
 
 class RunCreate(Strict):
@@ -112,7 +137,10 @@ class RunPublic(BaseModel):
     params: int | None
     labels: dict[str, Any]
     gpu_count: int
+    gpu_equivalents: float = Field(description="GPUs' worth held: the sum of the allocations' shares")
     allocations: list[Allocation]
+    warnings: list[str] = Field(default_factory=list, description="what was accepted but may be a mistake "
+                                                                  "(e.g. a node that never reported)")
 
 
 _MODEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,63}$"
