@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -110,8 +111,8 @@ def site_history(conn: psycopg.Connection, site: str) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             "SELECT setting, nullif(gpu_model, '') AS gpu_model, CASE WHEN valid_from > '-infinity' THEN valid_from END "
-            "AS valid_from, num, txt, set_at FROM site_settings "
-            "WHERE site = %s ORDER BY setting, gpu_model, valid_from", (site,)).fetchall()
+            "AS valid_from, num, txt, set_at FROM site_settings s "
+            "WHERE site = %s ORDER BY s.setting, s.gpu_model, s.valid_from", (site,)).fetchall()
     return [{"setting": r["setting"], "gpu_model": r["gpu_model"],
              "valid_from": r["valid_from"],
              "value": r["txt"] if r["setting"] in _TEXT else r["num"], "set_at": r["set_at"]} for r in rows]
@@ -277,7 +278,7 @@ def parse_series_csv(path: Path, value_cols: tuple[str, ...], check: Callable[[f
             continue
         t: datetime | None = None
         try:
-            t = parse_time(row.get("time", ""))
+            t = _series_time(row.get("time", ""))
         except TimeParseError as e:
             problems.append(f"line {lineno}, column 'time': {e}")
         raw = row.get(value_col, "")
@@ -306,6 +307,19 @@ def parse_series_csv(path: Path, value_cols: tuple[str, ...], check: Callable[[f
     if not out:
         raise CsvError(f"{path}: no data rows" + (f" for region {region!r}" if region else ""))
     return out
+
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _series_time(text: str) -> datetime:
+    """RFC 3339 with an offset, epoch seconds, or a bare date read as 00:00 UTC (monthly PUE, daily prices)."""
+    if _DATE.fullmatch(text.strip()):
+        try:
+            return datetime.fromisoformat(text.strip()).replace(tzinfo=UTC)
+        except ValueError:
+            raise TimeParseError(f"{text!r} is not a date") from None
+    return parse_time(text)
 
 
 def _carbon_check(g: float) -> str | None:
