@@ -656,37 +656,47 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
 
 
 @app.command()
-def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or epoch")],
-           until: Annotated[str, typer.Option("--to", help="period end: RFC 3339 with offset, or epoch")],
+def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or a date (UTC)")],
+           until: Annotated[str, typer.Option("--to", help="period end (exclusive): RFC 3339 with offset, or a date")],
            fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
+           group_by: Annotated[str, typer.Option(help="rows per run | site | team")] = "run",
+           runs_only: Annotated[bool, typer.Option("--runs", help="one row per run, as GET /v1/reports/runs.csv "
+                                                                  "(json: the accounting bodies)")] = False,
            output: Annotated[Path | None, typer.Option("--output", "-o", help="file (default: stdout)")] = None,
            source: Annotated[str, typer.Option(help="auto | rollup | raw")] = "auto",
            config: ConfigOpt = None, db: DbOpt = None) -> None:
-    """Per-run energy, cost and CO2e for finance: one row per run overlapping [--from, --to), clipped to it.
-
-    CSV has the columns of GET /v1/reports/runs.csv; JSON is a list of
-    GET /v1/runs/{id}/accounting bodies.
+    """The finance report of [--from, --to): a row per run (or site or team) and currency, the GPU time no run
+    held, and a total per currency, as GET /v1/reports/finance.csv and finance.json.
     """
     from gpufleet.accounting import report_csv, runs_report
     from gpufleet.accounting.lines import SOURCES
+    from gpufleet.accounting.report import finance_csv, finance_report
 
-    lo, hi = parse_when(since, "from"), parse_when(until, "to")
-    assert lo is not None and hi is not None
+    lo, hi = parse_query_time(since, "from"), parse_query_time(until, "to")
     if hi <= lo:
         fail("--to: must be after --from")
     if fmt not in ("csv", "json"):
         fail(f"--format: must be csv or json, not {fmt!r}")
     if source not in SOURCES:
         fail(f"--source: must be one of {', '.join(SOURCES)}, not {source!r}")
+    if group_by not in ("run", "site", "team"):
+        fail(f"--group-by: must be run, site or team, not {group_by!r}")
     s = settings_from(config, db)
     with connect(s) as conn:
-        rows = runs_report(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source)
-    text = report_csv(rows) if fmt == "csv" else json.dumps(rows, indent=2) + "\n"
+        if runs_only:
+            rows = runs_report(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source)
+            text = report_csv(rows) if fmt == "csv" else json.dumps(rows, indent=2) + "\n"
+            count = len(rows)
+        else:
+            rep = finance_report(conn, lo, hi, group_by=group_by, max_gap_s=s.accounting.max_gap_s,  # type: ignore[arg-type]
+                                 source=source)
+            text = finance_csv(rep) if fmt == "csv" else json.dumps(rep.body(), indent=2) + "\n"
+            count = len(rep.rows)
     if output is None:
         typer.echo(text, nl=False)
     else:
         output.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {len(rows)} runs to {output}", err=True)
+        typer.echo(f"wrote {count} rows to {output}", err=True)
 
 
 def main() -> None:
