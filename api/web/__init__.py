@@ -3,7 +3,8 @@
 Server-rendered HTML with SVG charts drawn on the server: no JavaScript, no
 external assets, a strict Content-Security-Policy.  Pages: fleet overview,
 runs with live accounting, a run with per-GPU utilisation and power,
-incidents, and accounting (the only page the finance role sees).  Browsers
+incidents, accounting, and the finance page (:mod:`gpufleet.api.web.finance`: periods, totals,
+per-day charts, report downloads), where the finance role lands.  Browsers
 sign in with an API token (:mod:`gpufleet.api.web.session`).  Also carries the API's
 ``/readyz`` (:mod:`gpufleet.api.web.readiness`).
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.web import assets, pages, readiness, session
+from gpufleet.api.web import assets, finance, pages, readiness, session
 
 router = APIRouter()
-for _r in (session.router, pages.router, assets.router, readiness.router):
+for _r in (session.router, pages.router, finance.router, assets.router, readiness.router):
     router.include_router(_r)
