@@ -91,9 +91,13 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
 
 
 def assign_node_sites(conn: psycopg.Connection) -> None:
-    """Nodes without a site join the site of the runs on them (the earliest such run's, if runs of two
-    sites share a node), so GPU time no run held is priced like the runs around it and the fleet
-    total reconciles with them: facility kWh, CO2e and cost."""
+    """Nodes without a site join the site their facts name (``nodes.json``: ``site``) when the bundle has
+    it, else the site of the runs on them (the earliest such run's, if runs of two sites share a node), so
+    GPU time no run held is priced like the runs around it and the fleet total reconciles with them:
+    facility kWh, CO2e and cost."""
+    conn.execute("""
+UPDATE nodes n SET site = n.facts ->> 'site' FROM sites s
+WHERE n.site IS NULL AND jsonb_typeof(n.facts -> 'site') = 'string' AND s.site = n.facts ->> 'site'""")
     conn.execute("""
 INSERT INTO nodes (node, site)
 SELECT DISTINCT ON (a.node) a.node, r.site FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
