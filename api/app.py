@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from gpufleet.api import web
 from gpufleet.api.deps import ApiState
-from gpufleet.api.routes import accounting, incidents, reports, runs, sites, tokens
+from gpufleet.api.routes import accounting, docs, incidents, reports, runs, sites, tokens
 from gpufleet.config import Settings
 
 
@@ -26,7 +26,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         finally:
             st.pool.close()
 
-    app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan,
+    app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Runs, incidents and per-run energy, cost and CO2e accounting.")
     app.state.api = st
 
@@ -42,6 +42,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
     app.include_router(accounting.router)
     app.include_router(reports.router)
     app.include_router(web.router)
+    app.include_router(docs.router)  # /docs with its assets served here (offline)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -60,7 +60,14 @@ def setup_logging(settings: Settings) -> None:
 
 def database(settings: Settings) -> str:
     from gpufleet.db.connect import database_url
+    from gpufleet.demo import demo_database
 
+    if not settings.database_url:
+        demo = demo_database(settings)
+        if demo:
+            typer.echo(f"gpufleet: using the running demo's database ({demo}); set GPUFLEET_DATABASE_URL or --db "
+                       "for another", err=True)
+            return demo
     try:
         return database_url(settings)
     except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as e:
@@ -69,11 +76,18 @@ def database(settings: Settings) -> str:
 
 
 def connect(settings: Settings) -> psycopg.Connection:
+    from gpufleet.db.schema_check import schema_problem
+
     url = database(settings)
     try:
-        return psycopg.connect(url, autocommit=True)
+        conn = psycopg.connect(url, autocommit=True)
     except psycopg.OperationalError as e:
         fail(f"cannot connect to the database: {str(e).strip().splitlines()[0]}")
+    problem = schema_problem(conn)
+    if problem:
+        conn.close()
+        fail(problem)
+    return conn
 
 
 def parse_query_time(value: str, name: str) -> datetime:
