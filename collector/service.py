@@ -31,4 +31,7 @@ def check_schema(url: str) -> str | None:
 def build_collector(url: str, settings: Settings) -> Any:
     """The collector ASGI app with the leader's detector sweep wired in."""
     check_schema(url)
+    from gpufleet.carbon import schedule
+
+    schedule.start(url, settings.carbon)  # carbon intensity from the configured services, if any
     return create_app(url, settings, sweep=Sweeper(settings), run_leader=settings.leader)

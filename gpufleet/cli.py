@@ -403,6 +403,37 @@ def carbon_load(region: str, file: Path, config: ConfigOpt = None, db: DbOpt = N
     typer.echo(f"loaded {n} points for {region}")
 
 
+@carbon_app.command("fetch")
+def carbon_fetch(region: str,
+                 provider: Annotated[str, typer.Option(help="electricitymaps | watttime")],
+                 token_file: Annotated[Path, typer.Option(help="file with the API token (watttime: user:password)")],
+                 zone: Annotated[str | None, typer.Option(help="the provider's zone or region (default: REGION)")]
+                 = None,
+                 since: Annotated[str | None, typer.Option("--from", help="start (default: 2 days ago)")] = None,
+                 until: Annotated[str | None, typer.Option("--to", help="end (default: now)")] = None,
+                 base_url: Annotated[str | None, typer.Option(help="the service's base URL")] = None,
+                 config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Fetch carbon intensity for REGION from Electricity Maps or WattTime into its step series."""
+    from datetime import timedelta
+
+    from gpufleet.carbon import CarbonFetchError, fetch_into, make_provider
+
+    end = parse_query_time(until, "to") if until else datetime.now(UTC)
+    start = parse_query_time(since, "from") if since else end - timedelta(days=2)
+    if end <= start:
+        fail("--to: must be after --from")
+    try:
+        p = make_provider(provider, token_file, base_url)
+    except CarbonFetchError as e:
+        fail(str(e))
+    with connect(settings_from(config, db)) as conn:
+        try:
+            n = fetch_into(conn, p, zone or region, region, start, end)
+        except CarbonFetchError as e:
+            fail(str(e))
+    typer.echo(f"stored {n} points for {region} from {provider}")
+
+
 @run_app.command("create")
 def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generated if omitted)")] = None,
                name: Annotated[str | None, typer.Option()] = None,
