@@ -86,3 +86,24 @@ def test_empty_fleet(conn: psycopg.Connection) -> None:
     assert f["groups"] == [] and f["total"]["gpu_kwh"] == 0.0 and f["total"]["coverage"] == 0.0
     with pytest.raises(ValueError, match="group_by"):
         fleet_accounting(conn, at(0), at(3600), group_by="colour")  # type: ignore[arg-type]
+
+
+def test_a_day_with_minutes_of_telemetry_says_what_it_knows(conn: psycopg.Connection) -> None:
+    """The issue's day: 17 minutes of telemetry, six runs. Runs overlapping the day count, the GPU time no
+    sample covers is a line of its own (not "unallocated"), and every figure carries its coverage."""
+    site(conn, "s", pue=1.2, price=0.3, gpu_hour=2.0, currency="EUR", carbon=300.0)
+    node(conn, "n1", 8, "s")
+    day = (at(-10 * 3600), at(14 * 3600))  # 00:00 to 24:00 of the day of T0 (10:00)
+    gpu_samples(conn, [(float(t), "n1", g, 400.0, None) for g in range(8) for t in range(0, 17 * 60 + 1, 10)])
+    for k in range(6):  # runs that overlap the day, one of them from the day before, one into the next
+        run(conn, f"r{k}", -11 * 3600 if k == 0 else k * 600, 20 * 3600 if k == 5 else k * 600 + 300,
+            {"n1": [k]}, site_name="s")
+    f = fleet_accounting(conn, *day, now=at(30 * 3600), source="raw")
+    assert f["runs"]["runs"] == 6 and f["total"]["runs"] == 6
+    idle, dark, total = f["unallocated"], f["no_telemetry"], f["total"]
+    assert idle["coverage"] == 1.0 and dark["coverage"] == 0.0 and dark["gpu_kwh"] == 0.0
+    assert idle["gpu_hours"] < 8 * 17 / 60 and dark["gpu_hours"] > 150  # most of the day is unknown, said so
+    assert close(f["runs"]["gpu_hours"] + idle["gpu_hours"] + dark["gpu_hours"], total["gpu_hours"], 1e-9)
+    assert close(total["gpu_hours"], 8 * 24.0, 1e-9) and 0 < total["coverage"] < 0.02
+    for g in f["groups"]:
+        assert "coverage" in g
