@@ -15,7 +15,8 @@ Entry points:
 - :func:`fleet_accounting` — ``GET /v1/accounting``: runs grouped by site,
   team or run, the GPU time no run held (with and without telemetry), and
   the fleet total;
-- :func:`finance_report` / :func:`report_csv` — the finance export.
+- :func:`finance_report` / :func:`finance_csv` — the finance report (rows per run, site or team and
+  currency, the GPU time no run held, totals); :func:`runs_report` / :func:`report_csv` — runs.csv.
 
 Where the contract is silent, this package decides (each module says why):
 
@@ -47,10 +48,10 @@ Where the contract is silent, this package decides (each module says why):
 """
 
 from gpufleet.accounting.fleet import fleet_accounting
-from gpufleet.accounting.report import CSV_COLUMNS, report_csv, runs_report
+from gpufleet.accounting.report import CSV_COLUMNS, finance_csv, finance_report, report_csv, runs_report
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs, run_accounting
 
 __all__ = [
-    "CONTRACT_FIELDS", "CSV_COLUMNS", "account_runs", "fleet_accounting", "load_runs", "report_csv",
-    "run_accounting", "runs_report",
+    "CONTRACT_FIELDS", "CSV_COLUMNS", "account_runs", "finance_csv", "finance_report", "fleet_accounting",
+    "load_runs", "report_csv", "run_accounting", "runs_report",
 ]
