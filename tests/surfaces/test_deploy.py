@@ -381,3 +381,14 @@ def test_grafana_file_provisioning_matches_the_api_push() -> None:
     (provider,) = yaml.safe_load((GRAFANA / "dashboards" / "gpufleet.yaml").read_text())["providers"]
     assert provider["type"] == "file" and provider["folderUid"] == DEFAULT_FOLDER_UID
     assert provider["allowUiUpdates"] is False
+
+
+def test_dcgm_exporter_counters_configmap_builds() -> None:
+    kubectl = tool("kubectl", "kubernetes-client")
+    d = DEPLOY / "dcgm-exporter"
+    r = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    (cm,) = [x for x in yaml.safe_load_all(r.stdout) if x]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "gpufleet-dcgm-exporter-counters"
+    # The file the exporter reads is the shipped field list, byte for byte.
+    assert cm["data"]["dcgm-metrics.csv"] == (d / "counters.csv").read_text()
