@@ -78,6 +78,18 @@ class AccountingSettings(BaseModel):
     max_gap_s: float = Field(60.0, gt=0)
 
 
+class RunsSettings(BaseModel):
+    """Runs the collector registers from the runs agents attribute to GPU samples (gpufleet.store.inferred)."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Register a run (``source: inferred``) and its GPUs when samples name a run nobody registered.
+    infer: bool = True
+    #: An inferred run ends at its last sample once no GPU has shown it for this long, seconds:
+    #: longer than a pod restart or a rescheduled worker, shorter than the gap between two jobs.
+    inferred_end_grace_s: float = Field(300.0, gt=0)
+
+
 class DetectSettings(DetectorConfig):
     """The sweep's cadence plus every detector threshold (inherited from
     :class:`DetectorConfig`, where each one's reasoning is documented)."""
@@ -204,6 +216,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     storage: StorageSettings = StorageSettings()
     accounting: AccountingSettings = AccountingSettings()
+    runs: RunsSettings = RunsSettings()
     detect: DetectSettings = DetectSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
