@@ -78,6 +78,8 @@ class KubernetesAttribution:
         self.clock = clock
         self.errors: Counter[str] = Counter()
         self._lock = threading.Lock()
+        #: One refresh at a time (the thread's, a test's, a wanted pod's).
+        self._refreshing = threading.Lock()
         self._snap: Snapshot | None = None
         self._meta: dict[tuple[str, str], ObjectInfo] = {}
         self._meta_at = -1e18
@@ -125,6 +127,10 @@ class KubernetesAttribution:
         False when that cannot be done (no snapshot, ``Get`` not served, the
         kubelet failing): the caller lists instead.
         """
+        with self._refreshing:
+            return self._refresh_wanted()
+
+    def _refresh_wanted(self) -> bool:
         with self._lock:
             wanted, self._wanted = self._wanted, set()
             snap = self._snap
@@ -147,6 +153,7 @@ class KubernetesAttribution:
                 continue
             ids = tuple(d.device_id for d in pod.devices if self._gpu_resource(d.resource))
             if ids:
+                self._first_seen.setdefault((ns, name), self.clock())
                 self._metadata_for([(ns, name)])
                 run = self._run_of(ns, name)
                 if run is not None:
@@ -161,6 +168,10 @@ class KubernetesAttribution:
 
     def refresh(self) -> bool:
         """Read the kubelet (and pod metadata when needed) once; False when the kubelet did not answer."""
+        with self._refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> bool:
         try:
             pods = self.lister.list()
         except KubeletError as e:
@@ -170,6 +181,9 @@ class KubernetesAttribution:
         gpu_pods = [(p, tuple(d.device_id for d in p.devices if self._gpu_resource(d.resource))) for p in pods]
         gpu_pods = [(p, ids) for p, ids in gpu_pods if ids]
         self._forget_except({(p.namespace, p.name) for p, _ in gpu_pods})
+        now = self.clock()
+        for p, _ in gpu_pods:
+            self._first_seen.setdefault((p.namespace, p.name), now)
         self._metadata_for([(p.namespace, p.name) for p, _ in gpu_pods])
         snap = Snapshot(self.clock())
         for p, ids in gpu_pods:
@@ -200,7 +214,6 @@ class KubernetesAttribution:
         stale = now - self._meta_at >= self.metadata_refresh_s
         if not stale and not (missing and now - self._meta_at >= self.refresh_s):
             return
-        self._meta_at = now
         try:
             self._meta = self.metadata.pods_on_node(self.node)
             self._meta_ok = True
@@ -209,6 +222,8 @@ class KubernetesAttribution:
             self.errors["api"] += 1
             self._ratelog.log(logging.WARNING, "api", "kubernetes attribution: pod metadata unavailable, pods "
                               "are their own runs meanwhile: %s", e)
+        # When the answer (or the failure) came: pods first seen before it are in it, or missing.
+        self._meta_at = self.clock()
 
     def _owner(self, namespace: str, ref: OwnerRef) -> ObjectInfo | None:
         key = (namespace, ref.uid or f"{ref.kind}/{ref.name}")
@@ -230,6 +245,8 @@ class KubernetesAttribution:
     def _run_of(self, namespace: str, name: str) -> K8sRun | None:
         """The pod's run; None while the pod is newer than the last metadata list."""
         first = self._first_seen.setdefault((namespace, name), self.clock())
+        # Missing from a list older than the pod: wait for the next list.  Missing from a newer
+        # one (or no list can be had): the pod is its own run.
         info = self._meta.get((namespace, name))
         if info is None and self.metadata is not None and self._meta_ok and self._meta_at < first:
             return None
