@@ -11,15 +11,24 @@ physical GPU, since allocations are of physical GPUs.
 Nothing here can refuse a batch: the upsert has no constraint a valid sample
 could break, and rows are sorted by key so that two writer threads never
 lock two sightings in opposite orders.
+
+Cost: :class:`SightingCache` remembers what each writer last stored, so a
+sighting is written again only when it moved by ``step_s`` (15 s) or its
+first sample moved earlier; most batches of a running job write none.  The
+stored ``last_seen`` may thus lag the newest sample by up to ``step_s``; the
+leader reads the exact last sample from ``gpu_samples`` when it ends a run.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import psycopg
 
+from gpufleet.collector.copy_binary import PG_EPOCH_S
 from gpufleet.wire import Batch
 
 #: (run_id, node, gpu) -> (first, last) sample time, epoch seconds.
@@ -54,14 +63,53 @@ def collect(batches: Iterable[Batch]) -> Seen:
     return seen
 
 
-def record(conn: psycopg.Connection, batches: Iterable[Batch]) -> int:
-    """Upsert the sightings of ``batches`` (inside the caller's transaction); returns how many keys."""
+class SightingCache:
+    """What one writer last stored per sighting, to skip writes that would change (almost) nothing.
+
+    Thread-safe; :meth:`due` picks what to write, :meth:`stored` records it
+    only once the transaction committed (a rolled-back write is due again).
+    """
+
+    def __init__(self, step_s: float = 15.0, max_keys: int = 200_000) -> None:
+        self.step_s = step_s
+        self.max_keys = max_keys
+        self._stored: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def due(self, seen: Seen) -> Seen:
+        with self._lock:
+            out: Seen = {}
+            for key, (first, last) in seen.items():
+                held = self._stored.get(key)
+                if held is None or first < held[0] or last >= held[1] + self.step_s:
+                    out[key] = (min(first, held[0]) if held else first, max(last, held[1]) if held else last)
+            return out
+
+    def stored(self, written: Seen) -> None:
+        with self._lock:
+            if len(self._stored) + len(written) > self.max_keys:
+                self._stored.clear()  # a cold cache only costs writes
+            self._stored.update(written)
+
+
+def record(conn: psycopg.Connection, batches: Iterable[Batch], cache: SightingCache | None = None) -> Seen:
+    """Upsert the sightings of ``batches`` (inside the caller's transaction); returns what was written,
+    for ``cache.stored`` once the transaction has committed."""
     seen = collect(batches)
+    if cache is not None and seen:
+        seen = cache.due(seen)
     if not seen:
-        return 0
+        return {}
     keys = sorted(seen)
     conn.execute(UPSERT_SQL, (
         [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
-        [datetime.fromtimestamp(seen[k][0], UTC) for k in keys],
-        [datetime.fromtimestamp(seen[k][1], UTC) for k in keys]))
-    return len(keys)
+        [_ts(seen[k][0]) for k in keys], [_ts(seen[k][1]) for k in keys]))
+    return seen
+
+
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def _ts(t: float) -> datetime:
+    """Epoch seconds as the sample's own COPY stores them (same rounding), so sightings and samples agree."""
+    return _PG_EPOCH + timedelta(microseconds=int(np.round((t - PG_EPOCH_S) * 1e6)))

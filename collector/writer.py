@@ -121,6 +121,7 @@ class GroupWriter:
         #: Items each worker thread has taken and not yet resolved, by thread.
         self._held: dict[int, dict[int, _Item]] = {}
         self._node_touched: dict[str, float] = {}
+        self.sightings = sightings.SightingCache()
 
     # -- producer side (event loop) -------------------------------------------
 
@@ -348,8 +349,9 @@ class GroupWriter:
                 _copy(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
             if any(b.n_host for b in new):
                 _copy(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in new if b.n_host])
-            sightings.record(conn, new)
+            written = sightings.record(conn, new, self.sightings)
             self._touch_nodes(conn, new)
+        self.sightings.stored(written)
         self.stats.transactions += 1
         self.stats.batches_stored += len(new)
         self.stats.batches_duplicate += len(items) - len(new)

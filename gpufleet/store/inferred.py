@@ -85,6 +85,21 @@ def run_meta(conn: psycopg.Connection, run_id: str, nodes: Sequence[str]) -> dic
     return {"name": _text(meta.get("name")), "team": _text(meta.get("team")), "labels": labels}
 
 
+#: Ingest stores a sighting's ``last_seen`` again only once it moved this far (collector.sightings).
+SIGHTING_LAG = timedelta(seconds=60)
+
+
+def last_sample(conn: psycopg.Connection, run_id: str, last_seen: datetime) -> datetime:
+    """The exact time of the run's last GPU sample: ``last_seen`` of its sightings lags by up to the
+    writers' step, so the samples just after it are read (index on node, GPU, time)."""
+    row = conn.execute(
+        "SELECT max(t) FROM run_sightings s CROSS JOIN LATERAL (SELECT max(g.time) AS t FROM gpu_samples g "
+        "WHERE g.node = s.node AND g.gpu = s.gpu AND g.run_id = s.run_id AND g.time >= s.last_seen "
+        "AND g.time < s.last_seen + %s) m WHERE s.run_id = %s AND s.status = 'allocated'",
+        (SIGHTING_LAG, run_id)).fetchone()
+    return max(last_seen, row[0]) if row and row[0] is not None else last_seen
+
+
 def _conflict_message(e: psycopg.Error) -> str:
     diag = getattr(e, "diag", None)
     return (getattr(diag, "message_primary", None) or str(e)).strip()
@@ -179,6 +194,15 @@ class Inferrer:
                     self._mark(conn, run_id, [(node, gpu)], "conflict", _conflict_message(e))
                     self._conflict(out, run_id, e)
             out.allocated += ok
+            if created and ok and now - last > self.grace:
+                # Registered after the fact (a backlog): it ended at its last sample, exactly.
+                ended_at = last_sample(conn, run_id, last)
+                if ended_at != last:
+                    try:
+                        with conn.transaction():
+                            conn.execute('UPDATE runs SET "end" = %s WHERE run_id = %s', (ended_at, run_id))
+                    except psycopg.errors.ExclusionViolation as e:
+                        self._conflict(out, run_id, e)
             if created and ok == 0:
                 # Every GPU it showed on belongs to another run then: no run of its own.
                 conn.execute("DELETE FROM runs WHERE run_id = %s", (run_id,))
@@ -203,7 +227,12 @@ class Inferrer:
             'AND (r."end" IS NULL OR s.last_seen > r."end" OR r."end" > %s) '
             'GROUP BY r.run_id, r."end"', (ENDED_BY, now - self.grace)).fetchall()
         for run_id, end, last in rows:
-            want = None if now - last <= self.grace else last
+            if now - last <= self.grace:
+                want = None
+            elif end is not None and end >= last:
+                continue  # ended at (or after) the last sighting already
+            else:
+                want = last_sample(conn, run_id, last)
             if want == end or (run_id, want) in self._refused:
                 continue
             try:

@@ -222,3 +222,32 @@ def test_leader_registers_inferred_runs_before_its_sweep(db: str, settings: Any)
         leader.stop()
     assert swept, "the sweep never saw the inferred run"
     assert metrics.registry.get_sample_value("gpufleet_inferred_runs_total") == 1
+
+
+def test_a_sighting_is_rewritten_only_when_it_moved_and_the_end_is_still_the_exact_last_sample(
+        collector: Collector) -> None:
+    t0 = time.time() - 1000
+    post(collector, samples("node-a", t0, 5, {0: "short"}))
+    post(collector, samples("node-a", t0 + 5, 5, {0: "short"}))  # 5 s later: not worth a write
+    with psycopg.connect(collector.db) as c:
+        stored = c.execute("SELECT last_seen FROM run_sightings WHERE run_id = 'short'").fetchone()[0]
+    assert stored == at(t0 + 4)
+    with psycopg.connect(collector.db, autocommit=True) as conn:
+        res = Inferrer(GRACE_S).run_once(conn, at(t0 + 9 + GRACE_S + 1))
+        assert res.created == ["short"]
+        assert store.get_run(conn, "short")["end"] == at(t0 + 9)  # from the samples themselves
+
+
+def test_sighting_cache_forgets_what_a_rolled_back_write_would_have_stored() -> None:
+    from gpufleet.collector.sightings import SightingCache
+
+    cache = SightingCache(step_s=15)
+    key = ("r", "n", 0)
+    due = cache.due({key: (100.0, 104.0)})
+    assert due == {key: (100.0, 104.0)}
+    # Not stored (the transaction rolled back): still due.
+    assert cache.due({key: (100.0, 105.0)}) == {key: (100.0, 105.0)}
+    cache.stored(due)
+    assert cache.due({key: (105.0, 110.0)}) == {}
+    assert cache.due({key: (105.0, 119.0)}) == {key: (100.0, 119.0)}
+    assert cache.due({key: (90.0, 91.0)}) == {key: (90.0, 104.0)}  # an earlier first sample
