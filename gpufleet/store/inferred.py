@@ -9,9 +9,14 @@ run.  :class:`Inferrer` runs on the collector's leader each sweep interval:
   with the name, team and labels the agent reported in its node facts
   (``facts["runs"][run_id]``: a Kubernetes job's name, namespace and team);
   each (node, GPU) that showed it becomes an allocation;
-* an inferred run ends at its last sighting once no GPU has shown it for
+* an inferred run ends at its last sample once no GPU has shown it for
   ``grace_s``; a sighting after that (samples shipped late, pods back after
-  a restart) moves the end again, or reopens it while still recent.
+  a restart) moves the end again, or reopens it while still recent;
+* a running inferred run registered before its node's facts arrived takes
+  their name, team and labels when they do.
+
+Changing an inferred run's ``end`` through the API (an admin's PATCH) makes
+it a registered run: from then on whoever changed it ends it.
 
 Explicit registrations win.  A run id that an API call, the CLI, a Slurm
 hook or a bundle registered is never touched (its sightings are marked
@@ -130,7 +135,21 @@ class Inferrer:
             except psycopg.Error as e:  # one run's trouble must not stop the others
                 log.error("inferred runs: registering %r failed: %s", run_id, _conflict_message(e))
         self._end_or_extend(conn, now, out)
+        self._late_meta(conn)
         return out
+
+    def _late_meta(self, conn: psycopg.Connection) -> None:
+        """Name, team and labels of running inferred runs registered before their node's facts came."""
+        rows = conn.execute(
+            "SELECT r.run_id, array_agg(DISTINCT a.node) FROM runs r JOIN run_allocations a ON a.run_id = r.run_id "
+            "WHERE r.source = 'inferred' AND r.name IS NULL AND r.\"end\" IS NULL GROUP BY r.run_id").fetchall()
+        for run_id, nodes in rows:
+            meta = run_meta(conn, run_id, sorted(nodes))
+            if meta["name"] is None:
+                continue
+            conn.execute("UPDATE runs SET name = %s, team = COALESCE(team, %s), labels = %s || labels "
+                         "WHERE run_id = %s AND name IS NULL", (meta["name"], meta["team"], Jsonb(meta["labels"]),
+                                                                run_id))
 
     # -- registration ------------------------------------------------------------------
 
@@ -224,8 +243,8 @@ class Inferrer:
             'SELECT r.run_id, r."end", max(s.last_seen) FROM runs r '
             "JOIN run_sightings s ON s.run_id = r.run_id AND s.status = 'allocated' "
             "WHERE r.source = 'inferred' AND NOT r.labels ? %s "
-            'AND (r."end" IS NULL OR s.last_seen > r."end" OR r."end" > %s) '
-            'GROUP BY r.run_id, r."end"', (ENDED_BY, now - self.grace)).fetchall()
+            'AND (r."end" IS NULL OR s.last_seen > r."end") '
+            'GROUP BY r.run_id, r."end"', (ENDED_BY,)).fetchall()
         for run_id, end, last in rows:
             if now - last <= self.grace:
                 want = None

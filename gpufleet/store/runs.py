@@ -287,6 +287,9 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
             if changes.get("labels") is not None:
                 sets.append("labels = labels || %s")
                 params.append(Jsonb(changes["labels"]))
+            if existing["source"] == "inferred" and "end" in changes:
+                # Someone ends (or reopens) it by hand: theirs to end from now on, not the grace rule's.
+                sets.append("source = 'registered'")
             if existing["source"] == "registered" and ("end" in changes or changes.get("allocations")):
                 held = [(a["node"], g) for a in existing["allocations"] for g in a["gpus"]]
                 inferred.yield_to(conn, run_id, existing["start"], changes.get("end", existing["end"]),

@@ -88,7 +88,9 @@ def test_samples_naming_a_run_register_it_with_its_gpus_and_end_it_after_the_gra
     with psycopg.connect(collector.db, autocommit=True) as conn:
         inf.run_once(conn, at(t0 + 69 + GRACE_S + 1))
         assert store.get_run(conn, "ml:llm:3f2a9c1d")["end"] == at(t0 + 69)
-        res = inf.run_once(conn, at(t0 + 80))
+    post(collector, samples("node-a", t0 + 500, 3, {0: "ml:llm:3f2a9c1d"}))
+    with psycopg.connect(collector.db, autocommit=True) as conn:
+        res = inf.run_once(conn, at(t0 + 510))
     assert res.reopened == ["ml:llm:3f2a9c1d"] and run_of(collector.db, "ml:llm:3f2a9c1d")["end"] is None
 
 
@@ -251,3 +253,23 @@ def test_sighting_cache_forgets_what_a_rolled_back_write_would_have_stored() -> 
     assert cache.due({key: (105.0, 110.0)}) == {}
     assert cache.due({key: (105.0, 119.0)}) == {key: (100.0, 119.0)}
     assert cache.due({key: (90.0, 91.0)}) == {key: (90.0, 104.0)}  # an earlier first sample
+
+
+def test_late_facts_name_a_running_run_and_a_patched_end_makes_it_registered(collector: Collector) -> None:
+    t0 = time.time() - 100
+    post(collector, samples("node-a", t0, 5, {0: "ns:late:12345678"}))
+    inf = Inferrer(GRACE_S)
+    with psycopg.connect(collector.db, autocommit=True) as conn:
+        inf.run_once(conn, at(t0 + 5))
+        assert store.get_run(conn, "ns:late:12345678")["name"] is None
+    facts = {"runs": {"ns:late:12345678": {"source": "kubernetes", "name": "late", "team": "t1",
+                                           "labels": {"k8s.kind": "Job"}}}}
+    post(collector, samples("node-a", t0 + 5, 2, {0: "ns:late:12345678"}, facts=facts))
+    with psycopg.connect(collector.db, autocommit=True) as conn:
+        inf.run_once(conn, at(t0 + 7))
+        run = store.get_run(conn, "ns:late:12345678")
+        assert (run["name"], run["team"], run["labels"]["k8s.kind"]) == ("late", "t1", "Job")
+        run = store.update_run(conn, "ns:late:12345678", {"end": at(t0 + 6)})
+        assert run["source"] == "registered"
+        inf.run_once(conn, at(t0 + 7))
+        assert store.get_run(conn, "ns:late:12345678")["end"] == at(t0 + 6)
