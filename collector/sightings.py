@@ -13,7 +13,7 @@ could break, and rows are sorted by key so that two writer threads never
 lock two sightings in opposite orders.
 
 Cost: :class:`SightingCache` remembers what each writer last stored, so a
-sighting is written again only when it moved by ``step_s`` (15 s) or its
+sighting is written again only when it moved by ``step_s`` (30 s) or its
 first sample moved earlier; most batches of a running job write none.  The
 stored ``last_seen`` may thus lag the newest sample by up to ``step_s``; the
 leader reads the exact last sample from ``gpu_samples`` when it ends a run.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -34,9 +33,13 @@ from gpufleet.wire import Batch
 #: (run_id, node, gpu) -> (first, last) sample time, epoch seconds.
 Seen = dict[tuple[str, str, int], tuple[float, float]]
 
+#: Arrays travel as text literals and times as microseconds since 2000-01-01 (the samples' COPY
+#: rounding): psycopg's per-element adaptation of five lists cost more than the statement itself.
 UPSERT_SQL = """
 INSERT INTO run_sightings AS s (run_id, node, gpu, first_seen, last_seen)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::int2[], %s::timestamptz[], %s::timestamptz[])
+SELECT r, n, g, timestamptz '2000-01-01 00:00:00+00' + f * interval '1 microsecond',
+       timestamptz '2000-01-01 00:00:00+00' + l * interval '1 microsecond'
+FROM unnest(%s::text[], %s::text[], %s::int2[], %s::int8[], %s::int8[]) AS u(r, n, g, f, l)
 ON CONFLICT (run_id, node, gpu) DO UPDATE
   SET first_seen = LEAST(s.first_seen, EXCLUDED.first_seen), last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen)
   WHERE EXCLUDED.first_seen < s.first_seen OR EXCLUDED.last_seen > s.last_seen"""
@@ -70,7 +73,7 @@ class SightingCache:
     only once the transaction committed (a rolled-back write is due again).
     """
 
-    def __init__(self, step_s: float = 15.0, max_keys: int = 200_000) -> None:
+    def __init__(self, step_s: float = 30.0, max_keys: int = 200_000) -> None:
         self.step_s = step_s
         self.max_keys = max_keys
         self._stored: dict[tuple[str, str, int], tuple[float, float]] = {}
@@ -101,15 +104,14 @@ def record(conn: psycopg.Connection, batches: Iterable[Batch], cache: SightingCa
     if not seen:
         return {}
     keys = sorted(seen)
+    times = np.round((np.array([seen[k] for k in keys], dtype=np.float64) - PG_EPOCH_S) * 1e6).astype(np.int64)
     conn.execute(UPSERT_SQL, (
-        [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
-        [_ts(seen[k][0]) for k in keys], [_ts(seen[k][1]) for k in keys]))
+        _text_array(k[0] for k in keys), _text_array(k[1] for k in keys),
+        "{" + ",".join(str(k[2]) for k in keys) + "}",
+        "{" + ",".join(map(str, times[:, 0].tolist())) + "}", "{" + ",".join(map(str, times[:, 1].tolist())) + "}"))
     return seen
 
 
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def _ts(t: float) -> datetime:
-    """Epoch seconds as the sample's own COPY stores them (same rounding), so sightings and samples agree."""
-    return _PG_EPOCH + timedelta(microseconds=int(np.round((t - PG_EPOCH_S) * 1e6)))
+def _text_array(values: Iterable[str]) -> str:
+    """A PostgreSQL text[] literal: every element quoted, backslash and double quote escaped."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"

@@ -273,3 +273,15 @@ def test_late_facts_name_a_running_run_and_a_patched_end_makes_it_registered(col
         assert run["source"] == "registered"
         inf.run_once(conn, at(t0 + 7))
         assert store.get_run(conn, "ns:late:12345678")["end"] == at(t0 + 6)
+
+
+def test_any_run_id_text_is_kept_exactly(collector: Collector) -> None:
+    t0 = time.time() - 100
+    odd = 'we"ird\\\\,{x} y'
+    post(collector, samples("node-a", t0, 2, {0: odd, 1: "plain"}))
+    got = sightings(collector.db)
+    assert set(got) == {(odd, "node-a", 0), ("plain", "node-a", 1)}
+    with psycopg.connect(collector.db) as c:
+        first, last = c.execute("SELECT first_seen, last_seen FROM run_sightings WHERE run_id = %s", (odd,)).fetchone()
+        samples_at = c.execute("SELECT min(time), max(time) FROM gpu_samples WHERE run_id = %s", (odd,)).fetchone()
+    assert (first, last) == samples_at  # the same instants as the samples, to the microsecond
