@@ -94,6 +94,9 @@ def _strs(v: Any) -> dict[str, str]:
 class ApiServer:
     """A small read-only client of the API server (in-cluster: its env, token and CA by default)."""
 
+    #: Pods per list request (``limit``; the rest follows with ``continue``).
+    page_size = 500
+
     def __init__(self, url: str | None = None, token_file: Path | None = None, ca_file: Path | None = None,
                  timeout_s: float = 5.0, client: httpx.Client | None = None) -> None:
         if url is None:
@@ -131,7 +134,7 @@ class ApiServer:
     def pods_on_node(self, node: str) -> dict[tuple[str, str], ObjectInfo]:
         """Every pod scheduled on ``node``, by (namespace, name); follows ``continue`` pages."""
         out: dict[tuple[str, str], ObjectInfo] = {}
-        params = {"fieldSelector": f"spec.nodeName={node}", "limit": "500"}
+        params = {"fieldSelector": f"spec.nodeName={node}", "limit": str(self.page_size)}
         for _ in range(100):
             doc = self._get("api/v1/pods", params)
             for item in doc.get("items") or ():

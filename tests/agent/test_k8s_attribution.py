@@ -266,3 +266,39 @@ def test_dcgm_exporter_pod_labels_and_process_pod_uids_name_runs(
     plain = Attributor(use_processes=False)
     got = plain.label([{"gpu": 0, "labels": {"pod": "p", "namespace": "ns", "pod_uid": ""}}], None)
     assert got[0]["run_id"] == "ns:p" and plain.runs["ns:p"].kind == "Pod"
+
+
+def test_api_server_lists_the_nodes_pods_page_by_page_and_reads_owners(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("sa-token")
+    pods = [pod_json("ns", f"p{i}", f"u{i}", node="node-a" if i % 2 == 0 else "node-b") for i in range(7)]
+    job = {"metadata": {"namespace": "ns", "name": "j", "uid": "ju"}}
+    with FakeApiServer(pods, {"/apis/batch/v1/namespaces/ns/jobs/j": job}, forbidden=["rayclusters"]) as api:
+        client = ApiServer(api.url, token_file=token)
+        client.page_size = 2
+        got = client.pods_on_node("node-a")
+        assert sorted(got) == [("ns", "p0"), ("ns", "p2"), ("ns", "p4"), ("ns", "p6")]
+        assert sum("/api/v1/pods" in r for r in api.requests) == 2
+        owner = client.owner("ns", OwnerRef("Job", "j", "ju", "batch/v1"))
+        assert owner is not None and owner.uid == "ju"
+        assert client.owner("ns", OwnerRef("PyTorchJob", "x", "u", "kubeflow.org/v1")) is None  # not followed
+        from gpufleet.agent.k8s.pods import ApiError
+
+        with pytest.raises(ApiError, match="HTTP 403") as e:
+            client.owner("ns", OwnerRef("RayCluster", "rc", "u", "ray.io/v1"))
+        assert e.value.status == 403
+        client.close()
+
+
+def test_the_agent_builds_kubernetes_attribution_from_its_settings(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpufleet.agent.main import kubernetes_attribution
+    from gpufleet.config import AgentSettings, KubernetesSettings
+
+    assert kubernetes_attribution(AgentSettings(), "n") is None
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    k = kubernetes_attribution(AgentSettings(kubernetes=KubernetesSettings(
+        enabled=True, pod_resources_socket=tmp_path / "none.sock", timeout_s=0.5, team_labels=["owner"])), "n")
+    # Outside a pod there is no API server: attribution runs on the kubelet alone (pods are runs).
+    assert k is not None and k.metadata is None and list(k.resolver.team_labels) == ["owner"]
+    assert k.refresh() is False and k.errors["kubelet"] == 1
