@@ -5,7 +5,9 @@ Kubernetes pod's job, a process environment, a job file).  In the same
 transaction as the samples, the writer keeps one row per (run, node, GPU) in
 ``run_sightings`` with the first and last sample time that showed it; the
 leader turns those into runs and allocations
-(:mod:`gpufleet.store.inferred`).  A MIG instance row counts for its
+(:mod:`gpufleet.store.inferred`).  A sighting already allocated that moves
+becomes ``moved``, so the leader looks again only at runs whose samples
+moved, not at every run ever seen.  A MIG instance row counts for its
 physical GPU, since allocations are of physical GPUs.
 
 Nothing here can refuse a batch: the upsert has no constraint a valid sample
@@ -41,7 +43,8 @@ SELECT r, n, g, timestamptz '2000-01-01 00:00:00+00' + f * interval '1 microseco
        timestamptz '2000-01-01 00:00:00+00' + l * interval '1 microsecond'
 FROM unnest(%s::text[], %s::text[], %s::int2[], %s::int8[], %s::int8[]) AS u(r, n, g, f, l)
 ON CONFLICT (run_id, node, gpu) DO UPDATE
-  SET first_seen = LEAST(s.first_seen, EXCLUDED.first_seen), last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen)
+  SET first_seen = LEAST(s.first_seen, EXCLUDED.first_seen), last_seen = GREATEST(s.last_seen, EXCLUDED.last_seen),
+      status = CASE WHEN s.status = 'allocated' THEN 'moved' ELSE s.status END
   WHERE EXCLUDED.first_seen < s.first_seen OR EXCLUDED.last_seen > s.last_seen"""
 
 

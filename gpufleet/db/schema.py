@@ -152,10 +152,12 @@ run_sightings = Table(
     #: Why a sighting was not allocated (the conflicting run, the bad run id).
     Column("detail", Text, nullable=True),
     PrimaryKeyConstraint("run_id", "node", "gpu"),
-    CheckConstraint("status IN ('pending', 'allocated', 'explicit', 'conflict', 'yielded', 'invalid')",
+    CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid')",
                     name="run_sightings_status"),
 )
 Index("run_sightings_status_idx", run_sightings.c.status)
+#: The running inferred runs, which the leader checks every sweep interval.
+Index("runs_inferred_open_idx", runs.c.run_id, postgresql_where=text("source = 'inferred' AND \"end\" IS NULL"))
 
 incidents = Table(
     "incidents", metadata,

@@ -100,7 +100,7 @@ def last_sample(conn: psycopg.Connection, run_id: str, last_seen: datetime) -> d
     row = conn.execute(
         "SELECT max(t) FROM run_sightings s CROSS JOIN LATERAL (SELECT max(g.time) AS t FROM gpu_samples g "
         "WHERE g.node = s.node AND g.gpu = s.gpu AND g.run_id = s.run_id AND g.time >= s.last_seen "
-        "AND g.time < s.last_seen + %s) m WHERE s.run_id = %s AND s.status = 'allocated'",
+        "AND g.time < s.last_seen + %s) m WHERE s.run_id = %s AND s.status IN ('allocated', 'moved')",
         (SIGHTING_LAG, run_id)).fetchone()
     return max(last_seen, row[0]) if row and row[0] is not None else last_seen
 
@@ -239,12 +239,19 @@ class Inferrer:
     # -- ends --------------------------------------------------------------------------
 
     def _end_or_extend(self, conn: psycopg.Connection, now: datetime, out: InferResult) -> None:
+        """Running inferred runs (few, by a partial index) and ended ones whose sightings moved since
+        (ingest marks them ``moved``): never a scan of every run ever inferred."""
         rows = conn.execute(
             'SELECT r.run_id, r."end", max(s.last_seen) FROM runs r '
-            "JOIN run_sightings s ON s.run_id = r.run_id AND s.status = 'allocated' "
-            "WHERE r.source = 'inferred' AND NOT r.labels ? %s "
-            'AND (r."end" IS NULL OR s.last_seen > r."end") '
-            'GROUP BY r.run_id, r."end"', (ENDED_BY,)).fetchall()
+            "JOIN run_sightings s ON s.run_id = r.run_id AND s.status IN ('allocated', 'moved') "
+            "WHERE r.source = 'inferred' AND r.\"end\" IS NULL AND NOT r.labels ? %s GROUP BY r.run_id, r.\"end\" "
+            "UNION ALL "
+            'SELECT r.run_id, r."end", m.last FROM (SELECT run_id, max(last_seen) AS last FROM run_sightings '
+            "WHERE status = 'moved' GROUP BY run_id) m JOIN runs r ON r.run_id = m.run_id "
+            "WHERE r.source = 'inferred' AND r.\"end\" IS NOT NULL AND NOT r.labels ? %s",
+            (ENDED_BY, ENDED_BY)).fetchall()
+        conn.execute("UPDATE run_sightings SET status = 'allocated' WHERE status = 'moved' AND run_id = ANY(%s)",
+                     ([r[0] for r in rows],))
         for run_id, end, last in rows:
             if now - last <= self.grace:
                 want = None

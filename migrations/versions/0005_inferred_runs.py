@@ -8,7 +8,9 @@
   that run on that GPU, written in the ingest transaction; the collector's
   leader registers inferred runs and their allocations from it and ends them
   after a grace period without a sighting.  ``status`` records what became of
-  each sighting (``pending`` until the leader has looked at it).
+  each sighting (``pending`` until the leader has looked at it, ``moved`` when
+  an allocated one saw newer samples); a partial index finds the running
+  inferred runs.
 * ``run_progress.steps``: optimizer steps, cumulative, beside tokens and samples.
 * new ``gpu_samples`` columns from the catalog (graphics-engine activity,
   memory-copy utilisation, NVLink throughput, ECC, row-remap and PCIe replay
@@ -61,11 +63,14 @@ def upgrade() -> None:
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("status", sa.Text(), server_default=sa.text("'pending'"), nullable=False),
         sa.Column("detail", sa.Text(), nullable=True),
-        sa.CheckConstraint("status IN ('pending', 'allocated', 'explicit', 'conflict', 'yielded', 'invalid')",
+        sa.CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', "
+                           "'invalid')",
                            name="run_sightings_status"),
         sa.PrimaryKeyConstraint("run_id", "node", "gpu"),
     )
     op.create_index("run_sightings_status_idx", "run_sightings", ["status"], unique=False)
+    op.create_index("runs_inferred_open_idx", "runs", ["run_id"], unique=False,
+                    postgresql_where=sa.text("source = 'inferred' AND \"end\" IS NULL"))
     for name, type_, comment in NEW_GPU_COLUMNS:
         op.add_column("gpu_samples", sa.Column(name, type_, nullable=True, comment=comment))
 
@@ -73,6 +78,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     for name, _, _ in reversed(NEW_GPU_COLUMNS):
         op.drop_column("gpu_samples", name)
+    op.drop_index("runs_inferred_open_idx", table_name="runs")
     op.drop_index("run_sightings_status_idx", table_name="run_sightings")
     op.drop_table("run_sightings")
     op.drop_column("run_progress", "steps")
