@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from gpufleet.agent.k8s.attribution import KubernetesAttribution
 from gpufleet.agent.runtime import Agent
 from gpufleet.agent.sources.base import Source, SourceError
 from gpufleet.agent.sources.registry import UnknownSource, build_source
@@ -95,7 +96,32 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
         from gpufleet.agent.simulator.sources import attached_fleet
 
         a = a.model_copy(update={"node": attached_fleet().nodes[0]})
-    return Agent(a, sources, node=resolve_node(a), spool_dir=spool_dir(settings))
+    node = resolve_node(a)
+    return Agent(a, sources, node=node, spool_dir=spool_dir(settings), kubernetes=kubernetes_attribution(a, node))
+
+
+def kubernetes_attribution(settings: AgentSettings, node: str) -> KubernetesAttribution | None:
+    """The Kubernetes attribution the settings ask for (None when off).
+
+    Pod metadata that cannot be set up (not in a pod, no API server) is
+    logged and left out: pods are then their own runs.
+    """
+    k = settings.kubernetes
+    if not k.enabled:
+        return None
+    from gpufleet.agent.k8s.podresources import PodResourcesClient
+    from gpufleet.agent.k8s.pods import ApiError, ApiServer
+    from gpufleet.agent.k8s.runs import RunResolver
+
+    metadata = None
+    if k.pod_metadata:
+        try:
+            metadata = ApiServer(k.api_server, k.token_file, k.ca_file, timeout_s=k.timeout_s)
+        except ApiError as e:
+            log.warning("kubernetes attribution without pod metadata (pods are their own runs): %s", e)
+    resolver = RunResolver(k.run_id_key, tuple(k.run_kinds), tuple(k.team_labels), k.team_from_namespace)
+    return KubernetesAttribution(node, PodResourcesClient(k.pod_resources_socket, k.timeout_s), metadata, resolver,
+                                 tuple(k.gpu_resources), k.refresh_s, k.metadata_refresh_s)
 
 
 def run(settings: Settings, *, fake_nvml: int | None = None, sim: str | None = None,

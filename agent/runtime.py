@@ -7,7 +7,7 @@ so a fleet does not tick in lockstep):
    (:mod:`gpufleet.agent.scheduler`: per-source threads, intervals, timeouts);
 2. their readings are merged into one row per ``(gpu, mig_instance)`` and one
    host row (:mod:`gpufleet.agent.merge`), labelled with ``run_id``
-   (:mod:`gpufleet.agent.attribution`) and made acceptable to the collector
+   (:mod:`gpufleet.agent.attribution`, Kubernetes included) and made acceptable to the collector
    (:mod:`gpufleet.agent.sanitize`);
 3. the tick record -- stamped with the tick's wall-clock ``time`` -- is appended
    to the spool (:mod:`gpufleet.agent.spool`), with the node facts when they changed;
@@ -32,6 +32,7 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.agent.attribution import Attributor
 from gpufleet.agent.batch import encode_batch, tick_record, to_batch
+from gpufleet.agent.k8s.attribution import KubernetesAttribution, runs_facts
 from gpufleet.agent.merge import merge_readings, valid_key
 from gpufleet.agent.metrics import AgentMetrics
 from gpufleet.agent.ratelog import RateLimitedLog
@@ -66,7 +67,8 @@ class Agent:
     def __init__(self, settings: AgentSettings, sources: list[Source], *, node: str, spool_dir: Path,
                  metrics: AgentMetrics | None = None, rng: random.Random | None = None,
                  wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
-                 facts_of_node: Callable[[], dict[str, Any]] | None = None) -> None:
+                 facts_of_node: Callable[[], dict[str, Any]] | None = None,
+                 kubernetes: KubernetesAttribution | None = None) -> None:
         self.settings = settings
         self.sources = sources
         self.node = node
@@ -79,7 +81,9 @@ class Agent:
             sources, interval_s=settings.interval_s, schedules=settings.source_schedules,
             default_timeout_s=settings.collect_timeout_s, metrics=self.metrics,
             want_processes=settings.attribute_processes, rng=self.rng, mono=mono)
-        self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes)
+        self.kubernetes = kubernetes
+        self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes,
+                                     kubernetes=kubernetes)
         self.sanitizer = Sanitizer()
         self.spool = Spool(spool_dir, self._encode, max_bytes=settings.spool_max_bytes,
                            segment_max_samples=settings.segment_max_samples, fsync=settings.spool_fsync,
@@ -92,6 +96,7 @@ class Agent:
         self._node_facts: dict[str, Any] = {}
         self._facts_next = 0.0
         self._facts_wait_until = 0.0
+        self._source_facts: dict[str, Any] = {}
 
     def _encode(self, records: list[dict[str, Any]], batch_id: str) -> bytes:
         agent = {"id": self.spool.agent_id, "version": __version__}
@@ -108,6 +113,8 @@ class Agent:
                                verify=tls_context(s.ca_file, s.client_cert, s.client_key),
                                metrics=self.metrics, rng=self.rng, wall=self._wall, mono=self._mono)
         self.scheduler.start()
+        if self.kubernetes is not None:
+            self.kubernetes.start()
         self._facts_wait_until = self._mono() + FIRST_READ_TIMEOUT_S
         if ship:
             self.shipper.start()
@@ -144,6 +151,8 @@ class Agent:
         sealed in the spool for the next start.
         """
         stuck = self.scheduler.stop(timeout_s=1.0)
+        if self.kubernetes is not None:
+            self.kubernetes.stop()
         if stuck:
             log.warning("agent: sources still inside a read at shutdown: %s", ", ".join(stuck))
         self.spool.seal()
@@ -184,7 +193,7 @@ class Agent:
                                   "without an integer 'gpu'; left out", o.source, bad)
             readings.append(o.reading)
         gpus, host = merge_readings(readings)
-        self.attributor.label(gpus, result.processes)
+        self.attributor.label(gpus, result.processes, self._source_facts)
         for row in gpus:
             self.sanitizer.gpu(row)
         if host is not None:
@@ -217,9 +226,12 @@ class Agent:
     def _facts_update(self) -> dict[str, Any] | None:
         """The node facts when they are new or changed (or were lost with a dropped batch), else None."""
         ready, from_sources = self.scheduler.facts()
+        self._source_facts = from_sources
         if not ready and self._mono() < self._facts_wait_until:
             return None
         facts = {**self._node_facts, **from_sources}
+        if self.attributor.runs:
+            facts["runs"] = runs_facts(self.attributor.runs)
         if facts == self._facts_sent and not self.spool.facts_lost.is_set():
             return None
         self.spool.facts_lost.clear()

@@ -78,6 +78,8 @@ class RunPublic(BaseModel):
     state: Literal["pending", "running", "ended"]
     params: int | None
     labels: dict[str, Any]
+    source: Literal["registered", "inferred"] = Field(
+        "registered", description="'inferred': registered by the collector from the runs agents saw on GPUs")
     gpu_count: int
     allocations: list[Allocation]
 
@@ -206,6 +208,7 @@ class Progress(Strict):
     time: UtcDatetime | None = Field(None, description="defaults to now")
     tokens: float | None = Field(None, ge=0, description="cumulative tokens processed")
     samples: float | None = Field(None, ge=0, description="cumulative samples processed")
+    steps: float | None = Field(None, ge=0, description="cumulative optimizer steps")
 
 
 # ---------------------------------------------------------------- accounting (contracts.md section 3)

@@ -36,6 +36,10 @@ class Field:
     #: Inclusive sanity bounds; values outside are refused at ingest.
     lo: float | None = None
     hi: float | None = None
+    #: A column of a trace bundle's gpu.csv (contracts.md section 1).  Project
+    #: extensions beyond the contract are stored and ingested but not written
+    #: to bundles, whose columns stay exactly the contract's.
+    bundle: bool = True
 
 
 GPU_FIELDS: tuple[Field, ...] = (
@@ -71,6 +75,30 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("mig_instance", "smallint", "", "MIG GPU-instance id; NULL for a whole physical GPU", "nvmlDeviceGetGpuInstanceId",
           lo=0, hi=1000),
     Field("run_id", "text", "", "run the GPU worked for, from attribution", ""),
+    # From dcgm-exporter's field list (deploy/dcgm-exporter/counters.csv) and DCGM (migration 0005:
+    # appended, so they follow run_id in the table's column order too).
+    Field("gr_engine_active", "real", "ratio", "graphics/compute engine activity 0-1", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+          lo=0, hi=1, bundle=False),
+    Field("mem_copy_util_pct", "real", "%", "memory copy utilisation (framebuffer interface busy)",
+          "DCGM_FI_DEV_MEM_COPY_UTIL", True, lo=0, hi=100, bundle=False),
+    Field("nvlink_bandwidth_mb_s", "real", "MB/s", "NVLink throughput over all links, as DCGM reports it",
+          "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", True, lo=0, bundle=False),
+    Field("ecc_sbe_vol", "bigint", "count", "volatile single-bit ECC errors, cumulative",
+          "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", True, lo=0, bundle=False),
+    Field("ecc_sbe_agg", "bigint", "count", "aggregate (persistent) single-bit ECC errors, cumulative",
+          "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", True, lo=0, bundle=False),
+    Field("ecc_dbe_agg", "bigint", "count", "aggregate (persistent) double-bit ECC errors, cumulative",
+          "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", True, lo=0, bundle=False),
+    Field("remapped_rows_correctable", "bigint", "count", "memory rows remapped for correctable errors",
+          "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", True, lo=0, bundle=False),
+    Field("remapped_rows_uncorrectable", "bigint", "count", "memory rows remapped for uncorrectable errors",
+          "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", True, lo=0, bundle=False),
+    Field("remapped_rows_pending", "smallint", "flag", "1 while a row remap waits for a GPU reset",
+          "DCGM_FI_DEV_ROW_REMAP_PENDING", True, lo=0, hi=1, bundle=False),
+    Field("remapped_rows_failed", "smallint", "flag", "1 when a row remap has failed",
+          "DCGM_FI_DEV_ROW_REMAP_FAILURE", True, lo=0, hi=1, bundle=False),
+    Field("pcie_replay_count", "bigint", "count", "PCIe replays (link-level retries), cumulative",
+          "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", True, lo=0, bundle=False),
 )
 
 HOST_FIELDS: tuple[Field, ...] = (
@@ -98,7 +126,7 @@ HOST_BY_NAME = {f.name: f for f in HOST_FIELDS}
 #: contracts.md section 1: the columns of a bundle's gpu.csv and host.csv, in
 #: order (the catalog's, less the collector's own MIG and run attribution).
 GPU_CSV_COLUMNS: tuple[str, ...] = (
-    "time", "node", "gpu", *(f.name for f in GPU_FIELDS if f.name not in ("mig_instance", "run_id")))
+    "time", "node", "gpu", *(f.name for f in GPU_FIELDS if f.bundle and f.name not in ("mig_instance", "run_id")))
 HOST_CSV_COLUMNS: tuple[str, ...] = ("time", "node", *(f.name for f in HOST_FIELDS))
 
 #: Columns that may be NULL on a MIG instance row because they belong to the

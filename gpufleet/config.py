@@ -78,6 +78,18 @@ class AccountingSettings(BaseModel):
     max_gap_s: float = Field(60.0, gt=0)
 
 
+class RunsSettings(BaseModel):
+    """Runs the collector registers from the runs agents attribute to GPU samples (gpufleet.store.inferred)."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Register a run (``source: inferred``) and its GPUs when samples name a run nobody registered.
+    infer: bool = True
+    #: An inferred run ends at its last sample once no GPU has shown it for this long, seconds:
+    #: longer than a pod restart or a rescheduled worker, shorter than the gap between two jobs.
+    inferred_end_grace_s: float = Field(300.0, gt=0)
+
+
 class DetectSettings(DetectorConfig):
     """The sweep's cadence plus every detector threshold (inherited from
     :class:`DetectorConfig`, where each one's reasoning is documented)."""
@@ -114,6 +126,41 @@ class SourceSchedule(BaseModel):
     interval_s: float | None = Field(None, gt=0)
     #: A read running longer than this is counted as a timeout and its result discarded, seconds.
     timeout_s: float | None = Field(None, gt=0)
+
+
+class KubernetesSettings(BaseModel):
+    """Kubernetes attribution on the node (gpufleet.agent.k8s): which pod holds which GPU, and its run."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Ask the kubelet's pod-resources API which container holds which GPU.
+    enabled: bool = False
+    #: The kubelet's pod-resources socket (mounted read-only into the agent's pod).
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    #: Extended resources that are GPUs (shell patterns): whole GPUs, shared replicas, MIG devices.
+    gpu_resources: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/gpu.shared",
+                                                              "nvidia.com/mig-*"])
+    #: A pod annotation (or label) whose value is the run id, verbatim.
+    run_id_key: str = "gpufleet.io/run-id"
+    #: Owner kinds that are runs; the topmost in a pod's owner chain names the run (else the pod).
+    run_kinds: list[str] = Field(default_factory=lambda: [
+        "TrainJob", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "JobSet", "RayJob", "Job"])
+    #: Labels naming the team, first found on the pod or its owners wins.
+    team_labels: list[str] = Field(default_factory=lambda: ["gpufleet.io/team", "team"])
+    #: Without a team label, the namespace is the team.
+    team_from_namespace: bool = True
+    #: Read pod labels, annotations and owners from the API server (the agent's service account).
+    pod_metadata: bool = True
+    #: API server URL (unset: in-cluster, from KUBERNETES_SERVICE_HOST/PORT).
+    api_server: str | None = None
+    token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    #: How often the kubelet is asked, seconds (it limits this API's request rate; a few seconds is light).
+    refresh_s: float = Field(5.0, gt=0)
+    #: How often the node's pod metadata is re-listed (new pods are read when first seen), seconds.
+    metadata_refresh_s: float = Field(60.0, gt=0)
+    #: Longest a kubelet or API server request may take, seconds.
+    timeout_s: float = Field(2.0, gt=0)
 
 
 class AgentSettings(BaseModel):
@@ -164,6 +211,8 @@ class AgentSettings(BaseModel):
     job_files_dir: Path | None = None
     #: Label GPU rows with the run of the processes on the GPU (environment or pod cgroup).
     attribute_processes: bool = True
+    #: Kubernetes attribution from the kubelet's pod-resources API (off unless enabled).
+    kubernetes: KubernetesSettings = KubernetesSettings()
     #: Where the host's /proc and /sys are (a container mounts them elsewhere).
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
@@ -204,6 +253,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     storage: StorageSettings = StorageSettings()
     accounting: AccountingSettings = AccountingSettings()
+    runs: RunsSettings = RunsSettings()
     detect: DetectSettings = DetectSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()

@@ -19,7 +19,8 @@ Two rules keep one node's facts from hurting anyone else:
 The known keys are what the agent's sources report: ``agent/sources/facts.py``
 (hostname, kernel, cpu_*), the NVML source (driver and CUDA versions,
 ``gpu_count``, ``gpus``), dcgm-exporter (``gpus``, ``dcgm_exporter_url``),
-DCGM (``dcgm_gpus``, ``dcgm_mig_instances``) and the simulator (``gpu_model``,
+DCGM (``dcgm_gpus``, ``dcgm_mig_instances``), attribution (``runs``: the
+runs on the node's GPUs with name, team and labels) and the simulator (``gpu_model``,
 ``bf16_dense_peak_flops``, ...); ``host_misconfig`` also reads the cgroup
 spellings ``cpu_quota_us``/``cpu_period_us``/``cpu_max`` and the governor
 aliases ``scaling_governor``/``governor``.
@@ -87,6 +88,16 @@ class GpuFacts(_Base):
         return self.gpu if self.gpu is not None else self.index
 
 
+class RunFacts(_Base):
+    """A run the agent's attribution found on this node's GPUs (``facts["runs"][run_id]``), for the
+    collector to register it with a name, team and labels (gpufleet.store.inferred)."""
+
+    source: str | None = None
+    name: str | None = None
+    team: str | None = None
+    labels: dict[str, str] | None = None
+
+
 class NodeFacts(_Base):
     """The facts of one node; unknown keys are kept (``model_extra``)."""
 
@@ -118,6 +129,7 @@ class NodeFacts(_Base):
     dcgm_exporter_url: str | None = None
     dcgm_gpus: list[GpuFacts] | None = None
     dcgm_mig_instances: list[MigInstanceFacts] | None = None
+    runs: dict[str, RunFacts] | None = None
 
     # -- reading -----------------------------------------------------------------
 

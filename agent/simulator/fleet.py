@@ -28,8 +28,9 @@ from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 #: Columns whose values are whole numbers in NVML (written without a decimal part).
 INT_GPU_FIELDS = frozenset(f.name for f in GPU_FIELDS if f.kind in ("smallint", "integer", "bigint")) | {"util_pct"}
 INT_HOST_FIELDS = frozenset(f.name for f in HOST_FIELDS if f.kind in ("smallint", "integer", "bigint"))
-#: Simulated GPU columns, in catalog order (every catalog field the NVML/DCGM side has).
-GPU_METRICS = tuple(f.name for f in GPU_FIELDS if f.name not in ("uuid", "mig_instance", "run_id"))
+#: Simulated GPU columns, in catalog order: every trace-bundle field the NVML/DCGM side has
+#: (the catalog's project extensions, such as ECC and row-remap counters, are not simulated).
+GPU_METRICS = tuple(f.name for f in GPU_FIELDS if f.bundle and f.name not in ("uuid", "mig_instance", "run_id"))
 HOST_METRICS = tuple(f.name for f in HOST_FIELDS)
 
 

@@ -110,7 +110,11 @@ runs = Table(
     Column("params", BigInteger, nullable=True),
     Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _tz("created_at", server_default=text("now()")),
+    #: "registered" (API, CLI, scheduler hook, replay) or "inferred" (from the
+    #: run_id agents attribute to GPU samples; gpufleet.store.inferred).
+    Column("source", Text, nullable=False, server_default=text("'registered'")),
     CheckConstraint('"end" IS NULL OR "end" >= start', name="runs_end_after_start"),
+    CheckConstraint("source IN ('registered', 'inferred')", name="runs_source"),
 )
 Index("runs_start_idx", runs.c.start)
 
@@ -130,8 +134,30 @@ run_progress = Table(
     _tz("time"),
     Column("tokens", Double, nullable=True),
     Column("samples", Double, nullable=True),
+    Column("steps", Double, nullable=True),
     PrimaryKeyConstraint("run_id", "time"),
 )
+
+#: Where samples showed a run on a GPU (``gpu_samples.run_id``): first and last
+#: sample time per (run, node, GPU), kept by ingest; the leader registers
+#: inferred runs from it (gpufleet.store.inferred), ``status`` says with what outcome.
+run_sightings = Table(
+    "run_sightings", metadata,
+    Column("run_id", Text, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    _tz("first_seen"),
+    _tz("last_seen"),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    #: Why a sighting was not allocated (the conflicting run, the bad run id).
+    Column("detail", Text, nullable=True),
+    PrimaryKeyConstraint("run_id", "node", "gpu"),
+    CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid')",
+                    name="run_sightings_status"),
+)
+Index("run_sightings_status_idx", run_sightings.c.status)
+#: The running inferred runs, which the leader checks every sweep interval.
+Index("runs_inferred_open_idx", runs.c.run_id, postgresql_where=text("source = 'inferred' AND \"end\" IS NULL"))
 
 incidents = Table(
     "incidents", metadata,
