@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -24,10 +23,10 @@ from gpufleet.agent.sources.base import Source, SourceError
 from gpufleet.agent.sources.registry import UnknownSource, build_source
 from gpufleet.agent.spool import SpoolLocked
 from gpufleet.config import AgentSettings, Settings
+from gpufleet.names import is_node_name
 
 log = logging.getLogger(__name__)
 
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$")
 
 
 class AgentError(RuntimeError):
@@ -37,7 +36,7 @@ class AgentError(RuntimeError):
 def resolve_node(settings: AgentSettings) -> str:
     """The configured node name, else this machine's short host name."""
     node = settings.node or socket.gethostname().split(".")[0]
-    if not NODE_RE.match(node):
+    if not is_node_name(node):
         raise AgentError(f"node name {node!r} is not valid (letters, digits, '.', '_', '-'); set agent.node")
     return node
 

@@ -30,7 +30,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields and non-finite numbers (``Infinity``, ``NaN``, ``1e999``) are refused, naming
+    the field: a price or a count of infinity would be stored and turn every sum it enters into
+    infinity or null."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Allocation(Strict):
