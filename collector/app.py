@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
 from gpufleet.auth import Principal
+from gpufleet.bodylimit import BodyLimit
 from gpufleet.collector.alerting import IncidentMetrics
 from gpufleet.collector.ingest import IngestHandler
 from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
@@ -64,6 +65,10 @@ INGEST_OPENAPI: dict[str, Any] = {
 }
 
 
+#: Largest body any collector route other than ingest accepts (they take none), bytes.
+OTHER_BODY_MAX = 64 * 1024
+
+
 class CollectorState:
     def __init__(self, url: str, settings: Settings, sweep: SweepFn | None) -> None:
         self.url = url
@@ -92,8 +97,15 @@ class IngestFastPath:
     def __init__(self, app: FastAPI, state: CollectorState) -> None:
         self.app = app
         self.state = state
+        # Bodies are bounded before anything reads them: ingest at its own limit, every other
+        # route (they take no body) at a few KiB.
+        self._bounded = BodyLimit(self._dispatch, default=OTHER_BODY_MAX,
+                                  limits=[("/v1/ingest", state.settings.ingest.max_body_bytes)])
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self._bounded(scope, receive, send)
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/v1/ingest" and scope["method"] == "POST":
             request = Request(scope, receive)
             try:

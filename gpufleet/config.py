@@ -58,6 +58,15 @@ class IngestSettings(BaseModel):
     dedup_days: float = Field(21.0, gt=0)
 
 
+class ApiSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Largest request body of any /v1 route, bytes (the biggest legal one is a carbon or price
+    #: series of 100,000 points, about 7 MiB).  Checked before the body is read, and bodies are
+    #: read only after the token is checked; the web view's forms have limits of their own.
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+
+
 class StorageSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -202,6 +211,7 @@ class Settings(BaseSettings):
     leader: bool = True
 
     ingest: IngestSettings = IngestSettings()
+    api: ApiSettings = ApiSettings()
     storage: StorageSettings = StorageSettings()
     accounting: AccountingSettings = AccountingSettings()
     detect: DetectSettings = DetectSettings()
