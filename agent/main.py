@@ -23,6 +23,7 @@ from gpufleet.agent.sources.base import Source, SourceError
 from gpufleet.agent.sources.registry import UnknownSource, build_source
 from gpufleet.agent.spool import SpoolLocked
 from gpufleet.config import AgentSettings, Settings
+from gpufleet.metricsauth import MetricsAuthError, read_token
 from gpufleet.names import is_node_name
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,12 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
     a = settings.agent
     if not a.token:
         raise AgentError("no node token: set agent.token (or GPUFLEET_AGENT__TOKEN, or --token)")
+    try:
+        read_token(a.metrics_token, a.metrics_token_file, "agent.metrics_token")
+    except MetricsAuthError as e:
+        raise AgentError(str(e)) from e
+    if a.metrics_client_ca is not None and a.metrics_certfile is None:
+        raise AgentError("agent.metrics_client_ca needs agent.metrics_certfile: client certificates need TLS")
     sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
     if sim is not None and a.node is None:
         # A simulated node is named by its scenario: file its samples under that name.

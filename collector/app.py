@@ -18,9 +18,11 @@ from gpufleet.collector.alerting import IncidentMetrics
 from gpufleet.collector.ingest import IngestHandler
 from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
 from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
 from gpufleet.httpauth import Authenticator
+from gpufleet.metricsauth import MetricsGuard, read_token
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +142,9 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
 
     app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
     app.state.collector = state
-    state.metrics.registry.register(IncidentMetrics(url))
+    m = settings.metrics
+    guard = MetricsGuard(read_token(m.token, m.token_file, "metrics"), tuple(m.client_names))
+    state.metrics.registry.register(IncidentMetrics(url, redact=m.redact))
 
     async def principal(request: Request) -> Principal:
         return await state.auth.principal(request)
@@ -167,7 +171,12 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
                             headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)})
 
     @app.get("/metrics", tags=["health"])
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        """Prometheus exposition; a bearer token and/or a client certificate when ``metrics`` says so."""
+        refused = guard.refusal(request.headers.get("authorization"), client_cert_names(request.scope))
+        if refused is not None:
+            status, detail, headers = refused
+            return JSONResponse({"detail": detail}, status_code=status, headers=headers)
         state.metrics.queue_rows.set(state.writer.queued_rows)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
