@@ -19,7 +19,7 @@ from gpufleet.collector import rollup
 from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
-from gpufleet.db.policies import backend_of, enforce_retention_plain
+from gpufleet.db.policies import backend_of, enforce_retention_plain, enforce_span_retention
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,12 @@ class Leader:
                     self.sweeps += 1
                     self.metrics.sweep_seconds.observe(time.perf_counter() - t0)
                     release_free_memory()
-                if plain and now >= next_retention:
+                if now >= next_retention:
                     next_retention = now + 3600.0
-                    enforce_retention_plain(work, self.settings)
+                    if plain:
+                        enforce_retention_plain(work, self.settings)
+                    else:  # TimescaleDB's policies keep the rollups; spans are an ordinary table
+                        enforce_span_retention(work, self.settings)
                 if res.ranges == 0:
                     self._stop.wait(self.rollup_interval_s)
 

@@ -11,6 +11,11 @@ therefore handled: whichever buckets a new sample changes are recomputed.
 A new sample changes the intervals to its previous and next samples, so the
 recomputed minutes run from the minute of the previous sample to the minute
 of the next one; those minutes in turn need the samples just outside them.
+
+An interval longer than the gap rule (``max_gap_s``) is counted only from the
+energy counter, which bridges gaps of any length; it is stored as one row of
+``gpu_energy_spans`` and never spread over the minutes it covers, so a few
+samples days apart write a few rows, not one per GPU per minute.
 """
 
 from __future__ import annotations
@@ -59,8 +64,36 @@ GPU_SAMPLES_FOR_RANGES = """(
   WHERE s.mig_instance IS NULL
 ) smp"""
 
-GPU_REBUILD_1M_SQL = f"""
-WITH parts AS ({E.split_by_minute(E.gpu_interval_select(GPU_SAMPLES_FOR_RANGES), "node, gpu")})
+# Spans (counter intervals longer than max_gap_s) overlapping the rebuilt buckets are replaced;
+# the ones removed are remembered so that an interval reaching outside [b0, b1) keeps the form
+# it was stored in (see GPU_REBUILD_SQL).
+GPU_DELETE_SPANS_SQL = """
+WITH d AS (DELETE FROM gpu_energy_spans e USING _rollup_gpu rr
+           WHERE e.node = rr.node AND e.gpu = rr.gpu AND e.t1 > rr.b0 AND e.t0 < rr.b1
+           RETURNING e.node, e.gpu, e.t0)
+INSERT INTO _rollup_span_old SELECT * FROM d"""
+
+# Every interval of the range's samples, once (a CTE read twice is materialised once).  A counted
+# interval longer than max_gap_s (the counter bridging a gap) becomes one gpu_energy_spans row
+# instead of one row per minute it covers; the others are spread over minutes as before.  An
+# interval that reaches outside [b0, b1) is a span only if it was one (rows written before spans
+# existed stay minute rows: its minutes outside the range are not rewritten here).
+GPU_REBUILD_SQL = f"""
+WITH iv AS (
+  SELECT i.node, i.gpu, i.t0, i.t1, i.dt, i.j, rr.b0, rr.b1,
+    (i.j IS NOT NULL AND i.dt > %(max_gap_s)s
+     AND ((i.t0 >= rr.b0 AND i.t1 <= rr.b1)
+          OR EXISTS (SELECT 1 FROM _rollup_span_old o WHERE o.node = i.node AND o.gpu = i.gpu AND o.t0 = i.t0)))
+      AS span
+  FROM ({E.gpu_interval_select(GPU_SAMPLES_FOR_RANGES)}) i
+  JOIN _rollup_gpu rr ON rr.node = i.node AND rr.gpu = i.gpu
+),
+spans AS (
+  INSERT INTO gpu_energy_spans (node, gpu, t0, t1, energy_j)
+  SELECT node, gpu, t0, t1, j FROM iv WHERE span AND t1 > b0 AND t0 < b1
+  RETURNING 1
+),
+parts AS ({E.split_by_minute("SELECT node, gpu, t0, t1, dt, j FROM iv WHERE NOT span", "node, gpu")})
 INSERT INTO gpu_energy_1m (bucket, node, gpu, energy_j, covered_s)
 SELECT p.bucket, p.node, p.gpu, sum(p.part_j), sum(p.part_s)
 FROM parts p JOIN _rollup_gpu rr ON rr.node = p.node AND rr.gpu = p.gpu
@@ -128,7 +161,8 @@ TEMP_TABLES_SQL = """
 CREATE TEMP TABLE IF NOT EXISTS _rollup_gpu (node text, gpu smallint, b0 timestamptz, b1 timestamptz,
   a timestamptz, z timestamptz) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS _rollup_host (node text, b0 timestamptz, b1 timestamptz,
-  a timestamptz, z timestamptz) ON COMMIT DELETE ROWS"""
+  a timestamptz, z timestamptz) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS _rollup_span_old (node text, gpu smallint, t0 timestamptz) ON COMMIT DELETE ROWS"""
 
 
 def _stats_sql(kind: str) -> tuple[str, str]:
@@ -176,10 +210,11 @@ def rebuild(conn: psycopg.Connection, ranges: dict[str, tuple[datetime, datetime
               "max_gap_s": max_gap_s}
     for stmt in TEMP_TABLES_SQL.split(";"):
         conn.execute(stmt)
-    conn.execute("TRUNCATE _rollup_gpu, _rollup_host")
+    conn.execute("TRUNCATE _rollup_gpu, _rollup_host, _rollup_span_old")
     conn.execute(GPU_RANGES_SQL, params)
     conn.execute(GPU_DELETE_1M_SQL)
-    res.gpu_buckets = conn.execute(GPU_REBUILD_1M_SQL, params).rowcount
+    conn.execute(GPU_DELETE_SPANS_SQL)
+    res.gpu_buckets = conn.execute(GPU_REBUILD_SQL, params).rowcount
     conn.execute(GPU_DELETE_1H_SQL)
     conn.execute(GPU_REBUILD_1H_SQL)
     conn.execute(HOST_RANGES_SQL, params)
