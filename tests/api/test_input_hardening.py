@@ -162,3 +162,10 @@ def test_api_token_create_refuses_a_node_name_with_a_newline(api: Api) -> None:
     with api.client("admin") as c:
         r = c.post("/v1/tokens", json={"name": "t1", "role": "node", "node": "node-01\n"})
     assert r.status_code == 422
+
+
+@pytest.mark.parametrize("method,path", [("POST", "/v1/runs"), ("PATCH", "/v1/runs/web-run")])
+def test_params_beyond_bigint_is_422_naming_the_field(api: Api, run_id: str, method: str, path: str) -> None:
+    with api.client("admin") as c:
+        r = c.request(method, path, json={"params": 2**63, **({"run_id": "big"} if method == "POST" else {})})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "params", r.text
