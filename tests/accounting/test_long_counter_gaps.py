@@ -118,11 +118,27 @@ def test_minute_rows_of_a_long_interval_written_before_spans_are_not_counted_twi
         conn: psycopg.Connection, account: Account) -> None:
     # Rollups built with a gap rule wider than the gap stand for what earlier versions wrote: the
     # long interval spread over its minutes.  A later rebuild at its end must keep that form.
-    rows = [(s, "n1", 0, 100.0, 1e9 + 100.0 * s * 1000) for s in (0.0, 10.0, 20.0, 7200.0)]
+    # The long interval ends at 7230 s, inside the minute [7200, 7260) that the late sample's rebuild
+    # starts from, so the rebuild reads it whole but rewrites only its last minute.
+    rows = [(s, "n1", 0, 100.0, 1e9 + 100.0 * s * 1000) for s in (0.0, 10.0, 20.0, 7230.0)]
     gpu_samples(conn, rows)
     drain(conn, max_gap_s=1e9)
     assert _rows(conn)["gpu_energy_spans"] == 0
-    gpu_samples(conn, [(7210.0, "n1", 0, 100.0, 1e9 + 100.0 * 7210 * 1000)])
+    gpu_samples(conn, [(7240.0, "n1", 0, 100.0, 1e9 + 100.0 * 7240 * 1000)])
     run(conn, "r", 0, 7300, {"n1": [0]})
     a = account("r", now=at(9000))
-    assert approx(a["gpu_kwh"], 100.0 * 7210 / KWH, rel=1e-9)
+    assert approx(a["gpu_kwh"], 100.0 * 7240 / KWH, rel=1e-9)
+    assert _rows(conn)["gpu_energy_spans"] == 0
+
+
+def test_a_span_reaching_into_a_later_rebuild_is_kept(conn: psycopg.Connection, account: Account) -> None:
+    # A span (10 s .. 7230 s) ends inside the minute that the next batch's rebuild starts from: the
+    # rebuild reads it whole, must write it back as the span it was and not spread its last minute.
+    gpu_samples(conn, [(s, "n1", 0, 100.0, 1e9 + 100.0 * s * 1000) for s in (0.0, 10.0, 7230.0)])
+    drain(conn)
+    assert _rows(conn)["gpu_energy_spans"] == 1
+    gpu_samples(conn, [(7240.0, "n1", 0, 100.0, 1e9 + 100.0 * 7240 * 1000)])
+    run(conn, "r", 0, 7300, {"n1": [0]})
+    a = account("r", now=at(9000))
+    assert approx(a["gpu_kwh"], 100.0 * 7240 / KWH, rel=1e-9)
+    assert conn.execute("SELECT t0, t1 FROM gpu_energy_spans").fetchall() == [(at(10), at(7230))]
