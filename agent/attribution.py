@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 #: Environment variables naming the run, most specific first.
 RUN_ENV_VARS = ("GPUFLEET_RUN_ID", "SLURM_JOB_ID")
 #: Run ids as the API accepts them (``api.schemas.ID_PATTERN``).
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/\-]{0,127}$")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/\-]{0,127}")  # fullmatch: "$" passes a final newline
 #: A pod UID inside a cgroup path: cgroupfs ``.../pod<uid>/...`` or systemd
 #: ``...-pod<uid with _ for ->.slice``.
 _POD_RE = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
@@ -84,7 +84,7 @@ def read_job_files(directory: Path) -> dict[int, str]:
             log.warning("attribution: cannot read %s: %s", path, e)
             continue
         run_id = next((line.strip() for line in text.splitlines() if line.strip()), "")
-        if RUN_ID_RE.match(run_id):
+        if RUN_ID_RE.fullmatch(run_id):
             out[int(path.name)] = run_id
     return out
 
@@ -98,7 +98,7 @@ def run_from_environ(data: bytes) -> str | None:
             env[key.decode()] = value.decode(errors="replace")
     for var in RUN_ENV_VARS:
         v = env.get(var, "").strip()
-        if v and RUN_ID_RE.match(v):
+        if v and RUN_ID_RE.fullmatch(v):
             return v
     return None
 

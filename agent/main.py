@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -25,10 +24,11 @@ from gpufleet.agent.sources.base import Source, SourceError
 from gpufleet.agent.sources.registry import UnknownSource, build_source
 from gpufleet.agent.spool import SpoolLocked
 from gpufleet.config import AgentSettings, Settings
+from gpufleet.metricsauth import MetricsAuthError, read_token
+from gpufleet.names import is_node_name
 
 log = logging.getLogger(__name__)
 
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$")
 
 
 class AgentError(RuntimeError):
@@ -38,7 +38,7 @@ class AgentError(RuntimeError):
 def resolve_node(settings: AgentSettings) -> str:
     """The configured node name, else this machine's short host name."""
     node = settings.node or socket.gethostname().split(".")[0]
-    if not NODE_RE.match(node):
+    if not is_node_name(node):
         raise AgentError(f"node name {node!r} is not valid (letters, digits, '.', '_', '-'); set agent.node")
     return node
 
@@ -90,6 +90,12 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
     a = settings.agent
     if not a.token:
         raise AgentError("no node token: set agent.token (or GPUFLEET_AGENT__TOKEN, or --token)")
+    try:
+        read_token(a.metrics_token, a.metrics_token_file, "agent.metrics_token")
+    except MetricsAuthError as e:
+        raise AgentError(str(e)) from e
+    if a.metrics_client_ca is not None and a.metrics_certfile is None:
+        raise AgentError("agent.metrics_client_ca needs agent.metrics_certfile: client certificates need TLS")
     sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
     if sim is not None and a.node is None:
         # A simulated node is named by its scenario: file its samples under that name.

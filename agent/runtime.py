@@ -43,6 +43,7 @@ from gpufleet.agent.sources.base import Closeable, Source
 from gpufleet.agent.sources.facts import node_facts
 from gpufleet.agent.spool import Spool
 from gpufleet.config import AgentSettings
+from gpufleet.metricsauth import MetricsGuard, read_token
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,9 @@ class Agent:
         if ship:
             self.shipper.start()
         if serve_metrics:
-            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host)
+            guard = MetricsGuard(read_token(s.metrics_token, s.metrics_token_file, "agent.metrics_token"))
+            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host, guard, s.metrics_certfile,
+                                                   s.metrics_keyfile, s.metrics_client_ca)
         log.info("agent %s for node %s: %d sources (%s), spool %s, collector %s", self.spool.agent_id, self.node,
                  len(self.sources), ", ".join(src.name for src in self.sources), self.spool.dir, s.collector_url)
         return self

@@ -40,9 +40,12 @@ def _label(v: Any) -> str:
 class IncidentMetrics(Collector):
     """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident."""
 
-    def __init__(self, url: str, cache_s: float = 5.0) -> None:
+    def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False) -> None:
         self.url = url
         self.cache_s = cache_s
+        #: Leave run ids and evidence out: ``run_id`` is empty (series that then coincide are one,
+        #: value 1) and no ``gpufleet_incident_evidence`` is exported.
+        self.redact = redact
         self._at = 0.0
         self._rows: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[Any, ...]] = []
@@ -66,14 +69,21 @@ class IncidentMetrics(Collector):
                               labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
         ev = GaugeMetricFamily("gpufleet_incident_evidence", "Numeric evidence of open incidents, by field",
                                labels=["kind", "run_id", "node", "gpu", "field"])
+        shown: set[tuple[str, ...]] = set()
         for _id, kind, run_id, node, gpu, cause, severity, _start, evidence in rows:
-            g.add_metric([kind, _label(run_id), _label(node), _label(gpu), _label(cause), severity], 1.0)
+            labels = (kind, "" if self.redact else _label(run_id), _label(node), _label(gpu), _label(cause), severity)
+            if labels not in shown:
+                shown.add(labels)
+                g.add_metric(list(labels), 1.0)
+            if self.redact:
+                continue
             for f in EVIDENCE_FIELDS:
                 v = (evidence or {}).get(f)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     ev.add_metric([kind, _label(run_id), _label(node), _label(gpu), f], float(v))
         yield g
-        yield ev
+        if not self.redact:
+            yield ev
         seen = GaugeMetricFamily("gpufleet_node_last_seen_timestamp_seconds",
                                  "When the collector last stored a batch from the node (any replica)", labels=["node"])
         skew = CounterMetricFamily("gpufleet_node_rejected_skew_samples",

@@ -24,7 +24,7 @@ from gpufleet.collector import rollup
 from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
-from gpufleet.db.policies import backend_of, enforce_retention_plain
+from gpufleet.db.policies import backend_of, enforce_retention_plain, enforce_span_retention
 from gpufleet.store.inferred import Inferrer
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,12 @@ class Leader:
                     self.sweeps += 1
                     self.metrics.sweep_seconds.observe(time.perf_counter() - t0)
                     release_free_memory()
-                if plain and now >= next_retention:
+                if now >= next_retention:
                     next_retention = now + 3600.0
-                    enforce_retention_plain(work, self.settings)
+                    if plain:
+                        enforce_retention_plain(work, self.settings)
+                    else:  # TimescaleDB's policies keep the rollups; spans are an ordinary table
+                        enforce_span_retention(work, self.settings)
                 if self.sweep is None and now >= next_sweep:
                     next_sweep = now + self.settings.detect.sweep_interval_s
                 if res.ranges == 0:

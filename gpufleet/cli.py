@@ -144,11 +144,16 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
     import uvicorn
 
     from gpufleet.collector.service import build_collector
+    from gpufleet.metricsauth import MetricsAuthError
 
     s = settings_from(config, db)
     setup_logging(s)
     url = database(s)
-    uvicorn.run(build_collector(url, s), host=host or s.collector_host, port=port or s.collector_port,
+    try:
+        service = build_collector(url, s)
+    except MetricsAuthError as e:
+        fail(str(e))
+    uvicorn.run(service, host=host or s.collector_host, port=port or s.collector_port,
                 log_level=s.log_level.lower(), access_log=False, **_ssl(s))
 
 

@@ -58,6 +58,37 @@ class IngestSettings(BaseModel):
     dedup_days: float = Field(21.0, gt=0)
 
 
+class ApiSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Largest request body of any /v1 route, bytes (the biggest legal one is a carbon or price
+    #: series of 100,000 points, about 7 MiB).  Checked before the body is read, and bodies are
+    #: read only after the token is checked; the web view's forms have limits of their own.
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+
+
+class MetricsSettings(BaseModel):
+    """Who may read the collector's ``/metrics``, and what it shows.
+
+    By default it is open, as Prometheus endpoints usually are, but it names nodes, run ids and
+    incident evidence; set a token (Prometheus ``authorization: credentials_file``) and/or client
+    certificate names (mTLS, with ``tls.client_ca``), and ``redact`` to leave run ids and evidence out.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    #: Bearer token a scrape must present (prefer ``token_file``; never logged).
+    token: str | None = Field(None, min_length=16)
+    #: File holding that token (first line), read at start.
+    token_file: Path | None = None
+    #: When set, a scrape must come with a verified client certificate whose CN or DNS name is one of
+    #: these (needs ``tls.client_ca`` and ``tls.client_cert`` optional or required).
+    client_names: list[str] = Field(default_factory=list)
+    #: Leave run ids (the label is empty) and incident evidence out of ``/metrics``; alerts that need
+    #: them then come from the Alertmanager push (``detect.alertmanager_url``).
+    redact: bool = False
+
+
 class StorageSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -203,6 +234,14 @@ class AgentSettings(BaseModel):
     metrics_port: int = Field(9410, ge=0, le=65535)
     #: Address the agent's /metrics listens on.
     metrics_host: str = "0.0.0.0"
+    #: Bearer token a scrape of the agent's /metrics must present (prefer ``metrics_token_file``).
+    metrics_token: str | None = Field(None, min_length=16)
+    metrics_token_file: Path | None = None
+    #: Serve /metrics over TLS with this certificate and key.
+    metrics_certfile: Path | None = None
+    metrics_keyfile: Path | None = None
+    #: With TLS: require a client certificate signed by this CA (mTLS).
+    metrics_client_ca: Path | None = None
     #: A host power reading in watts when no RAPL/BMC source exists.
     host_power_w: float | None = Field(None, ge=0)
     #: dcgm-exporter URL for the ``dcgm_exporter`` source.
@@ -251,6 +290,8 @@ class Settings(BaseSettings):
     leader: bool = True
 
     ingest: IngestSettings = IngestSettings()
+    api: ApiSettings = ApiSettings()
+    metrics: MetricsSettings = MetricsSettings()
     storage: StorageSettings = StorageSettings()
     accounting: AccountingSettings = AccountingSettings()
     runs: RunsSettings = RunsSettings()
@@ -265,6 +306,13 @@ class Settings(BaseSettings):
         if self.environment == "production" and not self.database_url:
             raise ValueError("environment is 'production' but database_url is not set "
                              "(the embedded PostgreSQL is for development and the demo only)")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_mtls(self) -> Settings:
+        if self.metrics.client_names and not self.tls.client_ca:
+            raise ValueError("metrics.client_names needs tls.client_ca (and tls.client_cert optional or required): "
+                             "only a verified client certificate has names")
         return self
 
     @field_validator("database_url")

@@ -8,6 +8,7 @@ handler checks the viewer, then reads the database in the thread pool.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -31,6 +32,8 @@ router = APIRouter(include_in_schema=False)
 T = TypeVar("T")
 
 RUNS_LIMIT = 100
+#: Longest run id the API registers (gpufleet.store.runs.RUN_ID_RE).
+MAX_RUN_ID = 128
 WINDOWS_H = (1.0, 6.0, 24.0, 168.0)
 
 
@@ -45,6 +48,9 @@ async def _read(request: Request, fn: Callable[..., T], *args: Any) -> T | Respo
         return await run_in_threadpool(work)
     except (psycopg.OperationalError, PoolTimeout):
         return html(page("Database unavailable", h("<p>The database does not answer; retry in a moment.</p>")), 503)
+    except psycopg.DataError:
+        # A value PostgreSQL cannot hold (a NUL in text, a time out of range) is the request's fault.
+        return html(page("Bad request", h("<p>The address holds a value that cannot be looked up.</p>")), 400)
 
 
 def _render(who: Principal, title: str, body: Markup, active: str, refresh_s: int | None = None) -> Response:
@@ -226,17 +232,30 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
              _note(costs), facts, acc, charts, incs)
 
 
+def _span_hours(hours: str | None) -> float | None:
+    """The chart window from ``?hours=``: None for ``all``, else hours clamped to [0.05, 366 days].
+
+    Raises ValueError for anything that is not a finite number (``nan`` would reach timedelta)."""
+    if hours == "all":
+        return None
+    value = float(hours or 1)
+    if not math.isfinite(value):
+        raise ValueError(hours)
+    return min(max(value, 0.05), 24.0 * 366)
+
+
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str, hours: str | None = "1") -> Response:
     who = await gate(request, "read")
     if isinstance(who, Response):
         return who
-    span: float | None
     try:
-        span = None if hours == "all" else min(max(float(hours or 1), 0.05), 24.0 * 366)
+        span = _span_hours(hours)
     except ValueError:
-        span = 1.0
-    body = await _read(request, _run_page, run_id, span)
+        return html(page("Bad request", h("<p>hours must be a number of hours or 'all'.</p>"), who=who,
+                         allowed=capabilities(who)), 400)
+    # An id no run can have (longer than any registered one) is not looked up; a NUL is a 400 (_read).
+    body = await _read(request, _run_page, run_id, span) if len(run_id) <= MAX_RUN_ID else None
     if isinstance(body, Response):
         return body
     if body is None:

@@ -139,6 +139,9 @@ def _fleet_gpus(conn: psycopg.Connection, lo: datetime, hi: datetime, source: So
         gpus.update((node, g) for g in range(count or 0))
     sql = "SELECT DISTINCT node, gpu FROM gpu_energy_1h WHERE bucket >= %s AND bucket < %s"
     gpus.update((n, int(g)) for n, g in conn.execute(sql, (floor_to(lo, HOUR_US), hi)).fetchall())
+    # a GPU whose only energy in the period is a long counter interval has no rollup bucket there
+    sql = "SELECT DISTINCT node, gpu FROM gpu_energy_spans WHERE t0 < %s AND t1 > %s"
+    gpus.update((n, int(g)) for n, g in conn.execute(sql, (hi, lo)).fetchall())
     if source == "raw":
         sql = "SELECT DISTINCT node, gpu FROM gpu_samples WHERE time >= %s AND time < %s AND mig_instance IS NULL"
         gpus.update((n, int(g)) for n, g in conn.execute(sql, (lo, hi)).fetchall())

@@ -4,7 +4,9 @@ Each batch's window is planned into pieces (``timegrid.plan_pieces``):
 whole hours from ``gpu_energy_1h``/``host_energy_1h``, whole minutes from
 the ``_1m`` tables, and raw samples for partial minutes at unaligned edges
 and for everything from where a pending rollup-queue row may still change
-the rollups (``stale_from``).  A bucket's energy goes to the tariff segment
+the rollups (``stale_from``).  Counter intervals longer than the gap rule are
+not in the minute rows but in ``gpu_energy_spans``; their share inside the
+hour and minute pieces is added as the buckets would have held it.  A bucket's energy goes to the tariff segment
 of its start (or of the piece's ``seg_at``); a subtracted piece counts
 negative.
 """
@@ -54,8 +56,36 @@ CROSS JOIN LATERAL (SELECT e.bucket, e.energy_j FROM {table} e
 GROUP BY 1, 2"""
 
 
+_TARIFF = "%(tariff)s::timestamptz[]"
+
+
+def _span_sql(n: str) -> str:
+    """The share of each long counter interval (``gpu_energy_spans``) inside the rollup pieces: what
+    its minute buckets would have held, split at the tariff edges inside a piece (they lie on its
+    bucket boundaries, where each bucket would go to the segment of its start)."""
+    return f"""
+SELECT m.grp, x.seg, sum(p.sign * sp.energy_j * x.part_s / sp.dt), sum(p.sign * x.part_s), 0.0::float8
+FROM {_ranges(n)}
+JOIN unnest(%(gmpid)s::int[], %(ggrp)s::int[], %(gnode)s::text[], %(ggpu)s::smallint[])
+  AS m(pid, grp, node, gpu) ON m.pid = p.pid
+CROSS JOIN LATERAL (SELECT greatest(e.t0, p.lo) AS a, least(e.t1, p.hi) AS b, e.energy_j,
+                           extract(epoch FROM e.t1 - e.t0)::float8 AS dt
+  FROM gpu_energy_spans e WHERE e.node = m.node AND e.gpu = m.gpu AND e.t0 < p.hi AND e.t1 > p.lo OFFSET 0) sp
+CROSS JOIN LATERAL (
+  SELECT k AS seg, extract(epoch FROM least(sp.b, COALESCE(({_TARIFF})[k + 1], 'infinity'::timestamptz))
+                                     - greatest(sp.a, COALESCE(({_TARIFF})[k], '-infinity'::timestamptz)))::float8
+    AS part_s
+  FROM generate_series(width_bucket(sp.a, {_TARIFF}), width_bucket(sp.b - INTERVAL '1 microsecond', {_TARIFF})) AS k
+  WHERE p.seg <= 0
+  UNION ALL
+  SELECT p.seg, extract(epoch FROM sp.b - sp.a)::float8 WHERE p.seg > 0
+) x
+GROUP BY 1, 2"""
+
+
 _ROLLUP_SQL = " UNION ALL ".join([
     _gpu_sql("gpu_energy_1h", "gh"), _gpu_sql("gpu_energy_1m", "gm"),
+    _span_sql("gh"), _span_sql("gm"),
     _host_sql("host_energy_1h", "hh"), _host_sql("host_energy_1m", "hm"),
 ])
 

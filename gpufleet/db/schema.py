@@ -269,6 +269,20 @@ gpu_energy_1h = Table(
 )
 Index("gpu_energy_1h_bucket_idx", gpu_energy_1h.c.bucket)
 
+#: Counter intervals longer than the gap rule (accounting.max_gap_s), one row each instead of one
+#: per minute they cover (collector.rollup); rollup-based accounting adds their share (migration 0009).
+gpu_energy_spans = Table(
+    "gpu_energy_spans", metadata,
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    _tz("t0"),
+    _tz("t1"),
+    Column("energy_j", Double, nullable=False),
+    CheckConstraint("t1 > t0", name="gpu_energy_spans_order"),
+    PrimaryKeyConstraint("node", "gpu", "t0"),
+)
+Index("gpu_energy_spans_t1_idx", gpu_energy_spans.c.node, gpu_energy_spans.c.gpu, gpu_energy_spans.c.t1)
+
 host_energy_1m = Table(
     "host_energy_1m", metadata,
     _tz("bucket"),
