@@ -95,7 +95,7 @@ SELECT DISTINCT ON (s.node, s.gpu)
        s.pcie_width_max AS "max width", s.power_limit_w AS "Power limit",
        s.sm_clock_mhz AS "SM clock", s.sm_clock_max_mhz AS "max SM clock",
        '0x' || to_hex(coalesce(s.throttle_reasons, 0)) AS "Throttle reasons",
-       s.xid AS "Last XID", s.ecc_dbe AS "ECC DBE"
+       s.xid AS "Last XID", s.ecc_dbe_vol AS "ECC DBE"
 FROM gpu_samples s
 WHERE s.time BETWEEN {RANGE_TO} - interval '2 minutes' AND {RANGE_TO} AND s.mig_instance IS NULL
   AND {GPU_WHERE.replace("@", "s")}
