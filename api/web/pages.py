@@ -19,6 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from psycopg_pool import PoolTimeout
 
+from gpufleet import xid
 from gpufleet.api.deps import ApiState, state
 from gpufleet.api.web import queries
 from gpufleet.api.web.costs import Costs, run_costs
@@ -69,7 +70,25 @@ def _evidence(ev: dict[str, Any] | None) -> Markup:
     scalars = [(k, v) for k, v in ev.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
     short = join((h("{}={}", k, f"{v:.3g}" if isinstance(v, float) else v) for k, v in scalars[:6]), " ")
     full = json.dumps(ev, sort_keys=True, indent=1, default=str)
-    return h('<details><summary>{}</summary><pre>{}</pre></details>', short or "details", full)
+    return h('<details><summary>{}</summary>{}<pre>{}</pre></details>', short or "details", _xid_lines(ev), full)
+
+
+def _xid_lines(ev: dict[str, Any]) -> Markup:
+    """The XIDs an incident names, decoded (gpufleet.xid): what each means and what to do."""
+    codes: set[int] = set()
+    for key in ("xid_codes", "xids"):
+        if isinstance(ev.get(key), list):
+            codes.update(int(c) for c in ev[key] if isinstance(c, int) and not isinstance(c, bool))
+    if isinstance(ev.get("last_xid"), int) and ev["last_xid"] > 0:
+        codes.add(int(ev["last_xid"]))
+    if not codes:
+        return Markup("")
+    items = []
+    for c in sorted(codes):
+        info = xid.describe(c)
+        items.append(h("<li>{} &mdash; {} (first action: {})</li>", xid.label(c), info.meaning,
+                       info.action.replace("_", " ")) if info else h("<li>{}</li>", xid.label(c)))
+    return h('<ul class="xids">{}</ul>', join(items, ""))
 
 
 def _where(i: dict[str, Any]) -> Markup:
