@@ -73,6 +73,16 @@ def _evidence(ev: dict[str, Any] | None) -> Markup:
     return h('<details><summary>{}</summary>{}<pre>{}</pre></details>', short or "details", _xid_lines(ev), full)
 
 
+def _actions(actions: list[dict[str, Any]] | None) -> Markup:
+    """What the quarantine hooks did about the incident (drain, cordon, dry run), newest last."""
+    items = [a for a in actions or [] if isinstance(a, dict)]
+    if not items:
+        return Markup("")
+    lines = join((h("<li>{} {} {}: <strong>{}</strong> {}</li>", a.get("time", ""), a.get("action", ""),
+                    a.get("target", ""), a.get("result", ""), a.get("detail", "")) for a in items), "")
+    return h('<ul class="actions" aria-label="quarantine actions">{}</ul>', lines)
+
+
 def _xid_lines(ev: dict[str, Any]) -> Markup:
     """The XIDs an incident names, decoded (gpufleet.xid): what each means and what to do."""
     codes: set[int] = set()
@@ -104,7 +114,8 @@ def _incident_rows(rows: list[dict[str, Any]], can_read: bool) -> list[list[obje
             (i["run_id"] or "")
         out.append([esc(i["kind"].replace("_", " ")), _severity(i["severity"]),
                     badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
-                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]), _evidence(i["evidence"])])
+                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]),
+                    join((_evidence(i["evidence"]), _actions(i.get("actions"))))])
     return out
 
 
