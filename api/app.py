@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from gpufleet.api import web
 from gpufleet.api.deps import ApiState
-from gpufleet.api.routes import accounting, incidents, reports, runs, sites, tokens
+from gpufleet.api.routes import accounting, advisor, incidents, reports, runs, sites, tokens
 from gpufleet.config import Settings
 
 
@@ -41,6 +41,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         app.include_router(r)
     app.include_router(accounting.router)
     app.include_router(reports.router)
+    app.include_router(advisor.router)
     app.include_router(web.router)
 
     @app.get("/healthz", tags=["health"])
