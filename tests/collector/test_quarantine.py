@@ -307,6 +307,8 @@ def test_incident_api_returns_the_actions(conn: psycopg.Connection, slurm: FakeS
     from gpufleet.auth import create_token
 
     inc = incident(conn, "n8")
+    incident(conn, "n9", kind="host_misconfig", cause="repeated_xid", severity="warning",
+             evidence={"xid_codes": [48, 63, 999], "last_xid": 63})
     slurm_hooks().run(conn, NOW)
     token = create_token(conn, "sre-q", "sre")
     with serve(create_app(conn.info.dsn, settings)) as srv:
@@ -315,6 +317,10 @@ def test_incident_api_returns_the_actions(conn: psycopg.Connection, slurm: FakeS
     (one,) = [i for i in got if i["id"] == inc]
     assert [a["result"] for a in one["actions"]] == ["done"] and one["actions"][0]["action"] == "slurm_drain"
     assert "slurm_drain n8: <strong>done</strong>" in page
+    # XIDs decoded in the web view: what each means and the first action.
+    assert "XID 48: double-bit ECC error" in page and "first action: reset gpu" in page
+    assert "XID 63: row remap or page retirement recorded" in page
+    assert "XID 999: not in gpufleet&#x27;s table" in page
 
 
 def test_the_live_sweep_drains_the_node_of_an_uncorrectable_error(db: str, settings: Settings,
