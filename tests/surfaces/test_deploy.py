@@ -381,3 +381,18 @@ def test_grafana_file_provisioning_matches_the_api_push() -> None:
     (provider,) = yaml.safe_load((GRAFANA / "dashboards" / "gpufleet.yaml").read_text())["providers"]
     assert provider["type"] == "file" and provider["folderUid"] == DEFAULT_FOLDER_UID
     assert provider["allowUiUpdates"] is False
+
+
+def test_k8s_quarantine_rbac_grants_only_node_get_and_patch() -> None:
+    """The opt-in RBAC of the Kubernetes quarantine hook: the collector's account may read and patch
+    Nodes (a cordon), nothing more."""
+    kubectl = tool("kubectl", "kubernetes-client")
+    r = subprocess.run([kubectl, "kustomize", str(K8S / "quarantine")], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    built = {x["kind"]: x for x in yaml.safe_load_all(r.stdout) if x}
+    assert set(built) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert built["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    (subject,) = built["ClusterRoleBinding"]["subjects"]
+    assert (subject["name"], subject["namespace"]) == (built["ServiceAccount"]["metadata"]["name"], "gpufleet")
+    assert built["ClusterRoleBinding"]["roleRef"]["name"] == built["ClusterRole"]["metadata"]["name"]
