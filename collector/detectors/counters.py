@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.collector.detectors.frame import Frame
-from gpufleet.collector.detectors.stats import first_per_group, last_per_group
 
 
 @dataclass(eq=False)
@@ -43,28 +42,44 @@ class Rise:
 
 
 def rises(fr: Frame, name: str) -> Rise:
-    """How counter ``name`` rose on every row of the frame."""
+    """How counter ``name`` rose on every row of the frame.
+
+    The readings are gathered once (NULL samples dropped: agents read these
+    counters every few samples), compared with the previous reading of the same
+    row and summed per row with ``reduceat``; only rows that rose are looked at
+    one by one, for the times of their first and last rise."""
     n = fr.rows
-    nan = np.full(n, np.nan)
-    if n == 0 or not fr.has(name):
-        return Rise(np.zeros(n), nan, nan.copy(), nan.copy(), np.zeros(n), nan.copy())
-    x = fr.transient(name)
-    idx = np.flatnonzero(np.isfinite(x))
-    v = x[idx].astype(np.float64)
-    rows = fr.row_of(idx)
-    t = fr.time(idx)
-    readings = np.bincount(rows, minlength=n).astype(np.float64)
     total = np.zeros(n)
-    first, last = nan.copy(), nan.copy()
-    if idx.size > 1:
-        same = rows[1:] == rows[:-1]
-        d = np.where(same, v[1:] - v[:-1], 0.0)
-        up = d > 0
-        total = np.bincount(rows[1:][up], weights=d[up], minlength=n).astype(np.float64)
-        first = first_per_group(rows[1:][up], t[1:][up], n)
-        last = last_per_group(rows[1:][up], t[1:][up], n)
-    span = last_per_group(rows, t, n) - first_per_group(rows, t, n)
-    return Rise(total, first, last, span, readings, last_per_group(rows, v, n))
+    first, last, span, latest = (np.full(n, np.nan) for _ in range(4))
+    readings = np.zeros(n)
+    if n == 0 or not fr.has(name):
+        return Rise(total, first, last, span, readings, latest)
+    x = fr.transient(name)
+    fin = np.isfinite(x)
+    counts = np.add.reduceat(fin, fr.starts, dtype=np.int64)
+    if not counts.any():
+        return Rise(total, first, last, span, readings, latest)
+    idx = np.flatnonzero(fin)
+    v = x[idx]
+    has = np.flatnonzero(counts > 0)
+    c = counts[has]
+    cstart = np.cumsum(c) - c  # each row's first reading in ``v``
+    d = np.zeros(v.size, dtype=np.float32)
+    d[1:] = v[1:] - v[:-1]
+    d[cstart] = 0.0  # no step across rows
+    up = d > 0
+    total[has] = np.add.reduceat(np.where(up, d, np.float32(0.0)), cstart, dtype=np.float64)
+    readings[has] = c
+    lo, hi = idx[cstart], idx[cstart + c - 1]
+    span[has] = fr.time(hi) - fr.time(lo)
+    latest[has] = v[cstart + c - 1]
+    for k in np.flatnonzero(total[has] > 0).tolist():
+        seg = slice(int(cstart[k]), int(cstart[k] + c[k]))
+        u = np.flatnonzero(up[seg])
+        r = int(has[k])
+        first[r] = float(fr.time(int(idx[seg.start + int(u[0])])))
+        last[r] = float(fr.time(int(idx[seg.start + int(u[-1])])))
+    return Rise(total, first, last, span, readings, latest)
 
 
 def trailing_on(t: np.ndarray, flag: np.ndarray) -> float:

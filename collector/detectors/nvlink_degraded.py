@@ -53,8 +53,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     if fr.rows == 0 or not any(fr.has(c) for c in COLUMNS):
         return []
     found: dict[int, dict[str, _Issue]] = {}
-    _links_down(fr, config, found)
-    _fallback(fr, config, found)
+    links = _LinkCounts(fr)
+    _links_down(fr, config, found, links)
+    _fallback(fr, config, found, links)
     _errors(fr, config, found)
     out = []
     for r, issues in sorted(found.items()):
@@ -72,24 +73,37 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     return out
 
 
-def _expected_links(fr: Frame) -> np.ndarray:
-    """Links each GPU has: its reported maximum, else the most any GPU of its node showed up."""
-    up_max = np.fmax.reduceat(fr.col("nvlink_links_up"), fr.starts).astype(np.float64)
-    mx = (np.fmax.reduceat(fr.col("nvlink_links_max"), fr.starts).astype(np.float64)
-          if fr.has("nvlink_links_max") else np.full(fr.rows, np.nan))
-    node_max = np.full(fr.rows, np.nan)
-    for rows in fr.rows_by_node.values():
-        vals = up_max[rows]
-        if np.isfinite(vals).any():
-            node_max[rows] = np.nanmax(vals)
-    return np.where(np.isfinite(mx), mx, node_max)
+class _LinkCounts:
+    """Per row: the fewest and most links seen up and the most reported present (NaN: never read)."""
+
+    def __init__(self, fr: Frame) -> None:
+        nan = np.full(fr.rows, np.nan)
+        self.up_min, self.up_max, self.max = nan, nan.copy(), nan.copy()
+        if fr.rows and fr.has("nvlink_links_up"):
+            up = fr.transient("nvlink_links_up")
+            self.up_min = np.fmin.reduceat(up, fr.starts).astype(np.float64)
+            self.up_max = np.fmax.reduceat(up, fr.starts).astype(np.float64)
+        if fr.rows and fr.has("nvlink_links_max"):
+            self.max = np.fmax.reduceat(fr.transient("nvlink_links_max"), fr.starts).astype(np.float64)
+
+    def expected(self, fr: Frame) -> np.ndarray:
+        """Links each GPU has: its reported maximum, else the most any GPU of its node showed up."""
+        node_max = np.full(fr.rows, np.nan)
+        for rows in fr.rows_by_node.values():
+            vals = self.up_max[rows]
+            if np.isfinite(vals).any():
+                node_max[rows] = np.nanmax(vals)
+        return np.where(np.isfinite(self.max), self.max, node_max)
+
+    def present(self) -> np.ndarray:
+        return (self.max > 0) | (self.up_max > 0)
 
 
-def _links_down(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]]) -> None:
-    if not fr.has("nvlink_links_up"):
+def _links_down(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]], links: _LinkCounts) -> None:
+    if not np.isfinite(links.up_min).any():
         return
-    expected = _expected_links(fr)
-    low = np.fmin.reduceat(fr.col("nvlink_links_up"), fr.starts).astype(np.float64)
+    expected = links.expected(fr)
+    low = links.up_min
     horizon = fr.window.t_end - np.maximum(cfg.active_within_s, 3.0 * fr.dt)
     for r in np.flatnonzero((expected > 0) & (low < expected)).tolist():
         t = fr.row_times(r)
@@ -125,14 +139,16 @@ def _mean_over(fr: Frame, name: str, w: np.ndarray) -> np.ndarray:
 
 
 def _nvlink_rate(fr: Frame) -> np.ndarray:
-    """Per sample, NVLink bytes/s: transmit and receive averaged (either alone where one is missing)."""
-    tx = fr.col("nvlink_tx_bytes_s").astype(np.float64)
-    rx = fr.col("nvlink_rx_bytes_s").astype(np.float64)
+    """Per sample, NVLink bytes/s (float32): transmit and receive averaged, either alone where one is missing."""
+    tx = fr.col("nvlink_tx_bytes_s")
+    rx = fr.col("nvlink_rx_bytes_s")
     both = np.isfinite(tx) & np.isfinite(rx)
-    return np.where(both, 0.5 * (tx + rx), np.fmax(tx, rx))
+    mean = np.add(tx, rx, out=tx, where=both)
+    mean *= np.where(both, np.float32(0.5), np.float32(1.0))
+    return np.where(both, mean, np.fmax(tx, rx))
 
 
-def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]]) -> None:
+def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]], links: _LinkCounts) -> None:
     if not (fr.has("nvlink_tx_bytes_s") or fr.has("nvlink_rx_bytes_s")) or not fr.has("pcie_tx_bytes_s"):
         return
     ror = fr.run_of_row
@@ -148,17 +164,20 @@ def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]
     if not (group >= 0).any():
         return
     nv = _nvlink_rate(fr)
-    wb = fr.w_busy * fr.range_mask(*fr.region_index) * np.isfinite(nv)
+    seen = np.isfinite(nv)
+    if not seen.any():
+        return
+    # Only GPUs of such runs, inside their run region, while busy.
+    in_group = fr.per_sample(group >= 0)
+    wb = fr.w_busy * (fr.range_mask(*fr.region_index) & seen & in_group)
     busy_s = fr.row_sum(wb)
+    nv[~seen] = 0.0
     with np.errstate(invalid="ignore", divide="ignore"):
-        nv_mean = np.where(busy_s > 0, fr.row_sum(wb * np.nan_to_num(nv)) / np.where(busy_s > 0, busy_s, 1.0),
-                           np.nan)
+        nv_mean = np.where(busy_s > 0, fr.row_sum(wb * nv) / np.where(busy_s > 0, busy_s, 1.0), np.nan)
+    nv[~seen] = np.nan
     tx = _mean_over(fr, "pcie_tx_bytes_s", wb)
     rx = _mean_over(fr, "pcie_rx_bytes_s", wb)
-    has_links = np.zeros(fr.rows, dtype=bool)
-    for name in ("nvlink_links_max", "nvlink_links_up"):
-        if fr.has(name):
-            has_links |= np.fmax.reduceat(fr.col(name), fr.starts) > 0
+    has_links = links.present()
     node_traffic = np.zeros(fr.rows, dtype=bool)
     for node_rows in fr.rows_by_node.values():
         node_traffic[node_rows] = bool(np.nanmax(np.append(nv_mean[node_rows], -1.0)) > cfg.nvlink_floor_bytes_s)
