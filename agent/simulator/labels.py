@@ -225,6 +225,11 @@ class Labels:
                             c.evidence = bag
                         else:
                             c.detail = bag
+                if isinstance(c, Incident) and c.kind == GPU_HEALTH and "xid_events" in c.evidence:
+                    # What the cut data can show: the events up to its end (a remap
+                    # failure or an uncorrectable error after it is not in the bundle).
+                    seen = [int(code) for at, code in c.evidence["xid_events"] if (parse_time(at) or 0.0) <= end]
+                    c = replace(c, cause=memory_cause(set(seen)))
                 out.append(c)
             return out
 
@@ -404,9 +409,12 @@ def _memory_events(plan: FleetPlan, lab: Labels) -> None:
     from the first such event while a remap is pending (until a driver reload)
     or a failure is flagged (for good), with the most serious cause."""
     per_gpu: dict[int, list[tuple[float, int]]] = {}
+    first_fault: dict[int, int] = {}
     for x in plan.xids:
         if x.code in XID_UNCORRECTABLE or x.code in (XID_ROW_REMAP, XID_REMAP_FAILURE):
             per_gpu.setdefault(x.gpu_idx, []).append((x.time, x.code))
+            first_fault.setdefault(x.gpu_idx, x.fault_index)
+    kinds = {f.index: f.kind for f in plan.gpu_faults}
     for gi, events in sorted(per_gpu.items()):
         gp = plan.gpus[gi]
         t0 = min(t for t, _ in events)
@@ -414,10 +422,18 @@ def _memory_events(plan: FleetPlan, lab: Labels) -> None:
         failed = XID_REMAP_FAILURE in codes
         resets = sorted(ev.time for ev in plan.resets if gi in ev.gpu_idx.tolist() and ev.time > t0)
         end = plan.t_end if failed or not resets else resets[0]
-        cause = ("row_remap_failed" if failed else "uncorrectable_ecc" if codes & set(XID_UNCORRECTABLE)
-                 else "row_remap_pending")
-        lab.incidents.append(Incident(GPU_HEALTH, cause, t0, end, node=gp.node, gpu=gp.gpu, fault="xid",
-                                      evidence={"xids": sorted(codes), "events": len(events)}))
+        fi = first_fault[gi]
+        lab.incidents.append(Incident(GPU_HEALTH, memory_cause(codes), t0, end, node=gp.node, gpu=gp.gpu,
+                                      fault=kinds.get(fi, "xid"), fault_index=fi, evidence={"xids": sorted(codes), "events": len(events),
+                                                             "xid_events": [[rfc3339(t), c] for t, c in
+                                                                            sorted(events)]}))
+
+
+def memory_cause(codes: set[int]) -> str:
+    """The most serious GPU-health cause the memory XIDs logged so far imply."""
+    if XID_REMAP_FAILURE in codes:
+        return "row_remap_failed"
+    return "uncorrectable_ecc" if codes & set(XID_UNCORRECTABLE) else "row_remap_pending"
 
 
 def _node_settings(plan: FleetPlan, lab: Labels) -> None:
