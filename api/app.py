@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from gpufleet.api import web
 from gpufleet.api.deps import ApiState
-from gpufleet.api.routes import accounting, incidents, reports, runs, sites, tokens
+from gpufleet.api.routes import accounting, advisor, incidents, reports, runs, sites, tokens
 from gpufleet.api.web.session import MAX_FORM_BYTES
 from gpufleet.bodylimit import BodyLimit, Refusal
 from gpufleet.config import Settings
@@ -47,6 +47,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         app.include_router(r)
     app.include_router(accounting.router)
     app.include_router(reports.router)
+    app.include_router(advisor.router)
     app.include_router(web.router)
 
     async def token_first(scope: dict[str, Any]) -> Refusal | None:

@@ -208,6 +208,10 @@ class IncidentPublic(BaseModel):
     end: AwareDatetime | None
     last_seen: AwareDatetime
     evidence: dict[str, Any]
+    actions: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="what the quarantine hooks did: action (slurm_drain, k8s_cordon), target node, time, result "
+                    "(done, dry_run, failed, skipped, rate_limited) and detail")
 
 
 class Progress(Strict):

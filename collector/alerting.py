@@ -30,7 +30,15 @@ OPEN_INCIDENTS_SQL = (
 NODES_SQL = "SELECT node, extract(epoch FROM last_seen), rejected_skew FROM nodes WHERE last_seen IS NOT NULL"
 #: Numeric evidence exported per open incident, so alert rules can threshold it
 #: (e.g. checkpoint stalls costing more than a share of run time).
-EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_share", "degraded_share")
+EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_share", "degraded_share",
+                   "links_down", "errors_per_min", "sbe_per_h", "pcie_replays_per_min")
+#: The latest quarantine attempt of each action on each open incident (``incidents.actions``).
+QUARANTINE_SQL = (
+    "SELECT DISTINCT ON (i.id, a->>'action') i.kind, i.node, a->>'action', a->>'result' "
+    "FROM incidents i CROSS JOIN LATERAL jsonb_array_elements(i.actions) a "
+    "WHERE i.state = 'open' AND jsonb_typeof(i.actions) = 'array' "
+    "ORDER BY i.id, a->>'action', a->>'time' DESC"
+)
 
 
 def _label(v: Any) -> str:
@@ -49,6 +57,7 @@ class IncidentMetrics(Collector):
         self._at = 0.0
         self._rows: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[Any, ...]] = []
+        self._quarantine: list[tuple[Any, ...]] = []
         self._up = 1.0
 
     def _rows_now(self) -> list[tuple[Any, ...]]:
@@ -57,6 +66,7 @@ class IncidentMetrics(Collector):
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
                     self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
                     self._nodes = conn.execute(NODES_SQL).fetchall()
+                    self._quarantine = conn.execute(QUARANTINE_SQL).fetchall()
                 self._up = 1.0
             except psycopg.Error:
                 self._up = 0.0  # keep the last known set; report that it is stale
@@ -84,6 +94,12 @@ class IncidentMetrics(Collector):
         yield g
         if not self.redact:
             yield ev
+        q = GaugeMetricFamily("gpufleet_incident_quarantine",
+                              "Latest quarantine action on a node for an open incident (value 1; result done, "
+                              "dry_run or failed)", labels=["kind", "node", "action", "result"])
+        for kind, node, action, result in self._quarantine:
+            q.add_metric([kind, _label(node), _label(action), _label(result)], 1.0)
+        yield q
         seen = GaugeMetricFamily("gpufleet_node_last_seen_timestamp_seconds",
                                  "When the collector last stored a batch from the node (any replica)", labels=["node"])
         skew = CounterMetricFamily("gpufleet_node_rejected_skew_samples",

@@ -137,6 +137,44 @@ class DetectSettings(DetectorConfig):
     alertmanager_url: str | None = None
 
 
+class QuarantineSettings(BaseModel):
+    """Take a node out of scheduling when it has a critical hardware incident (off by default).
+
+    The leader, after each sweep, drains the node in Slurm (``scontrol update
+    nodename=N state=drain reason=...``) or cordons it in Kubernetes (a PATCH of
+    the Node's ``spec.unschedulable``), once per incident, and records what it
+    did, when and with what result on the incident (``incidents.actions``).
+    GPU-scoped warnings never quarantine; neither do XIDs the application
+    causes.  Turn it on with ``dry_run`` first: the action is then only logged
+    and recorded."""
+
+    model_config = {"extra": "forbid"}
+
+    enabled: bool = False
+    backend: Literal["slurm", "kubernetes"] = "slurm"
+    #: Log and record the action without running it.
+    dry_run: bool = False
+    #: Incident kinds whose critical incidents quarantine their node.  A
+    #: repeated-XID ``host_misconfig`` counts only when an XID points at the
+    #: hardware (gpufleet.xid); node settings (governor, quota) never do.
+    kinds: tuple[str, ...] = ("gpu_health", "nvlink_degraded", "host_misconfig")
+    #: At most this many nodes quarantined per hour, fleet-wide: a fault that
+    #: hits everything at once (a bad driver roll-out) must not drain the fleet.
+    max_nodes_per_hour: int = Field(3, ge=1)
+    #: A failed action is retried after this long, at most ``max_attempts`` times per incident.
+    retry_after_s: float = Field(300.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    #: The scontrol binary (a name on PATH or a path) and how long it may take, seconds.
+    scontrol: str = "scontrol"
+    command_timeout_s: float = Field(30.0, gt=0)
+    #: Kubernetes API server and the service account's token and CA (the in-cluster defaults).
+    k8s_api_url: str = "https://kubernetes.default.svc"
+    k8s_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    k8s_ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    #: gpufleet node name -> scheduler node name, where they differ (default: the same name).
+    node_names: dict[str, str] = Field(default_factory=dict)
+
+
 class TLSSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -296,6 +334,7 @@ class Settings(BaseSettings):
     accounting: AccountingSettings = AccountingSettings()
     runs: RunsSettings = RunsSettings()
     detect: DetectSettings = DetectSettings()
+    quarantine: QuarantineSettings = QuarantineSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
 

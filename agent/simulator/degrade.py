@@ -13,8 +13,9 @@ that carries everything:
 
 The truth stays the same, except what the data cannot show: without host
 data no starvation cause is scored; without reason bits, clocks or link
-fields there is no throttling, PCIe or thermal truth, and without facts no
-host misconfiguration.  Labels dropped that way move to ``labels.json``'s
+fields there is no throttling, PCIe or thermal truth, without NVLink fields
+or health counters no NVLink or GPU-health truth, and without facts no host
+misconfiguration.  Labels dropped that way move to ``labels.json``'s
 ``cut_labels`` list, so a reader sees what was removed and why.
 """
 
@@ -76,6 +77,10 @@ def _unshowable(label: dict[str, Any], gpu_only: bool) -> str | None:
         return "no PCIe link fields"
     if kind == "host_misconfig":
         return "no node facts"
+    if kind == "nvlink_degraded":
+        return "no NVLink fields"
+    if kind == "gpu_health":
+        return "no ECC, row-remap or PCIe replay counters"
     return None
 
 

@@ -148,7 +148,8 @@ class Fleet:
                 row: GpuRow = {"gpu": gp.gpu, "uuid": gp.uuid, "mig_instance": None}
                 for name in GPU_METRICS:
                     v = float(eng.gpu[name][gi])
-                    row[name] = int(v) if name in INT_GPU_FIELDS else v
+                    # NaN: a reading the board does not offer (NVLink on a PCIe card) is NULL.
+                    row[name] = None if v != v else int(v) if name in INT_GPU_FIELDS else v
                 rows.append(row)
             return rows
 

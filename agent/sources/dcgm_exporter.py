@@ -63,18 +63,6 @@ EXPORTER_FIELDS: tuple[DcgmField, ...] = (
     DcgmField(204, "DCGM_FI_DEV_MEM_COPY_UTIL", (), "mem_copy_utilization", "int64", "mem_copy_util_pct"),
     DcgmField(449, "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",),
               "nvlink_throughput_total", "int64", "nvlink_bandwidth_mb_s"),
-    DcgmField(310, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", (), "ecc_sbe_volatile_total", "int64", "ecc_sbe_vol"),
-    DcgmField(312, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", (), "ecc_sbe_aggregate_total", "int64", "ecc_sbe_agg"),
-    DcgmField(313, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", (), "ecc_dbe_aggregate_total", "int64", "ecc_dbe_agg"),
-    DcgmField(394, "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",),
-              "correctable_remapped_rows", "int64", "remapped_rows_correctable"),
-    DcgmField(393, "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",),
-              "uncorrectable_remapped_rows", "int64", "remapped_rows_uncorrectable"),
-    DcgmField(396, "DCGM_FI_DEV_ROW_REMAP_PENDING", (), "row_remap_pending", "int64", "remapped_rows_pending"),
-    DcgmField(395, "DCGM_FI_DEV_ROW_REMAP_FAILED", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "row_remap_failure", "int64",
-              "remapped_rows_failed"),
-    DcgmField(202, "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), "pcie_replay_counter",
-              "int64", "pcie_replay_count"),
 )
 
 #: Every series name the source recognises: the shared table first, then the

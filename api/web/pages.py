@@ -20,6 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from psycopg_pool import PoolTimeout
 
+from gpufleet import xid
 from gpufleet.api.deps import ApiState, state
 from gpufleet.api.web import queries
 from gpufleet.api.web.costs import Costs, run_costs
@@ -75,7 +76,35 @@ def _evidence(ev: dict[str, Any] | None) -> Markup:
     scalars = [(k, v) for k, v in ev.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
     short = join((h("{}={}", k, f"{v:.3g}" if isinstance(v, float) else v) for k, v in scalars[:6]), " ")
     full = json.dumps(ev, sort_keys=True, indent=1, default=str)
-    return h('<details><summary>{}</summary><pre>{}</pre></details>', short or "details", full)
+    return h('<details><summary>{}</summary>{}<pre>{}</pre></details>', short or "details", _xid_lines(ev), full)
+
+
+def _actions(actions: list[dict[str, Any]] | None) -> Markup:
+    """What the quarantine hooks did about the incident (drain, cordon, dry run), newest last."""
+    items = [a for a in actions or [] if isinstance(a, dict)]
+    if not items:
+        return Markup("")
+    lines = join((h("<li>{} {} {}: <strong>{}</strong> {}</li>", a.get("time", ""), a.get("action", ""),
+                    a.get("target", ""), a.get("result", ""), a.get("detail", "")) for a in items), "")
+    return h('<ul class="actions" aria-label="quarantine actions">{}</ul>', lines)
+
+
+def _xid_lines(ev: dict[str, Any]) -> Markup:
+    """The XIDs an incident names, decoded (gpufleet.xid): what each means and what to do."""
+    codes: set[int] = set()
+    for key in ("xid_codes", "xids"):
+        if isinstance(ev.get(key), list):
+            codes.update(int(c) for c in ev[key] if isinstance(c, int) and not isinstance(c, bool))
+    if isinstance(ev.get("last_xid"), int) and ev["last_xid"] > 0:
+        codes.add(int(ev["last_xid"]))
+    if not codes:
+        return Markup("")
+    items = []
+    for c in sorted(codes):
+        info = xid.describe(c)
+        items.append(h("<li>{} &mdash; {} (first action: {})</li>", xid.label(c), info.meaning,
+                       info.action.replace("_", " ")) if info else h("<li>{}</li>", xid.label(c)))
+    return h('<ul class="xids">{}</ul>', join(items, ""))
 
 
 def _where(i: dict[str, Any]) -> Markup:
@@ -91,7 +120,8 @@ def _incident_rows(rows: list[dict[str, Any]], can_read: bool) -> list[list[obje
             (i["run_id"] or "")
         out.append([esc(i["kind"].replace("_", " ")), _severity(i["severity"]),
                     badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
-                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]), _evidence(i["evidence"])])
+                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]),
+                    join((_evidence(i["evidence"]), _actions(i.get("actions"))))])
     return out
 
 

@@ -125,7 +125,8 @@ def incidents(conn: psycopg.Connection, *, state: str | None = None, run_id: str
         where.append("i.run_id = %s")
         params.append(run_id)
     return _dicts(conn, f"""
-SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence
+SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence,
+       i.actions
 FROM incidents i WHERE {" AND ".join(where)}
 ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 END, i.start DESC
 LIMIT %s""", [*params, limit])

@@ -41,6 +41,7 @@ from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.facts import NodeFacts
+from gpufleet.xid import meanings as xid_meanings
 
 KIND = "host_misconfig"
 GOVERNOR_KEYS = ("cpu_governor", "scaling_governor", "governor")
@@ -143,7 +144,8 @@ def _xid_findings(fr: Frame, cfg: DetectorConfig) -> list[Finding]:
         times = fr.time(mine)
         codes = sorted({int(c) for c in x[sel].tolist()})
         node, gpu = fr.keys[r]
-        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1])}
+        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1]),
+                    "xid_meanings": xid_meanings(codes)}
         last = float(times[-1])
         out.append(Finding(
             KIND, "repeated_xid", "critical", float(times[0]), evidence,

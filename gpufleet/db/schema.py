@@ -179,6 +179,8 @@ incidents = Table(
     #: Hold-off the detector asked for before resolving, seconds.
     Column("hold_s", Double, nullable=True),
     Column("evidence", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    #: What the quarantine hooks did about it: ``[{"action", "target", "time", "ok", "detail", ...}]``.
+    Column("actions", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     CheckConstraint("state IN ('open', 'resolved')", name="incidents_state"),
 )
 # At most one open incident per (kind, scope): the lifecycle relies on it.

@@ -427,3 +427,18 @@ def test_agent_daemonset_builds_and_mounts_the_kubelet_socket_read_only(tmp_path
     assert binding["roleRef"]["name"] == "gpufleet-agent"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-agent",
                                     "namespace": ds["metadata"]["namespace"]}]
+
+
+def test_k8s_quarantine_rbac_grants_only_node_get_and_patch() -> None:
+    """The opt-in RBAC of the Kubernetes quarantine hook: the collector's account may read and patch
+    Nodes (a cordon), nothing more."""
+    kubectl = tool("kubectl", "kubernetes-client")
+    r = subprocess.run([kubectl, "kustomize", str(K8S / "quarantine")], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    built = {x["kind"]: x for x in yaml.safe_load_all(r.stdout) if x}
+    assert set(built) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert built["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    (subject,) = built["ClusterRoleBinding"]["subjects"]
+    assert (subject["name"], subject["namespace"]) == (built["ServiceAccount"]["metadata"]["name"], "gpufleet")
+    assert built["ClusterRoleBinding"]["roleRef"]["name"] == built["ClusterRole"]["metadata"]["name"]
