@@ -42,7 +42,12 @@ _GPU_FORMATS = {
     "throttle_reasons": "%d", "pcie_tx_bytes_s": "%d", "pcie_rx_bytes_s": "%d", "pcie_gen": "%d",
     "pcie_gen_max": "%d", "pcie_width": "%d", "pcie_width_max": "%d", "nvlink_tx_bytes_s": "%d",
     "nvlink_rx_bytes_s": "%d", "ecc_dbe": "%d", "xid": "%d",
+    # NULL (empty) where no job's cgroup feeds the GPU.
+    "job_cpu_cores": "%.3f", "job_cpu_quota_cores": "%.3f", "job_cpu_throttled_share": "%.4f",
+    "job_cpu_pressure_pct": "%.2f", "job_io_pressure_pct": "%.2f",
 }
+#: Metric columns that may be NULL in the simulation, written as empty fields.
+_NULLABLE = frozenset(c for c in _GPU_FORMATS if c.startswith("job_"))
 _HOST_FORMATS = {
     "cpu_user_pct": "%.2f", "cpu_system_pct": "%.2f", "cpu_iowait_pct": "%.2f", "cpu_idle_pct": "%.2f",
     "cpu_count": "%d", "disk_read_bytes_s": "%d", "disk_write_bytes_s": "%d", "disk_util_pct": "%.2f",
@@ -104,6 +109,14 @@ def write_bundle(
     return info
 
 
+def _nullable(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Values formatted with ``fmt``, NaN as an empty field (an object array)."""
+    out = np.full(x.shape, "", dtype=object)
+    ok = np.isfinite(x)
+    out[ok] = [fmt % v for v in x[ok].tolist()]
+    return out
+
+
 def _fmt_time(t: float, time_format: str) -> str:
     if time_format == "epoch":
         return f"{t:.3f}".rstrip("0").rstrip(".")
@@ -115,7 +128,7 @@ def _fmt_time(t: float, time_format: str) -> str:
 def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) -> BundleInfo:
     plan = fleet.plan
     start = fleet.t
-    gpu_fmt = ",".join(_GPU_FORMATS[c] for c in GPU_CSV_COLUMNS[4:])
+    gpu_fmt = ",".join("%s" if c in _NULLABLE else _GPU_FORMATS[c] for c in GPU_CSV_COLUMNS[4:])
     host_fmt = ",".join(_HOST_FORMATS[c] for c in HOST_CSV_COLUMNS[2:])
     gpu_keys = [f"{g.node},{g.gpu},{g.uuid}," for g in plan.gpus]
     node_keys = [f"{n}," for n in fleet.nodes]
@@ -134,7 +147,8 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
             eng = fleet.engine
             present = np.flatnonzero(eng.gpu_present)
             if present.size:
-                block = np.column_stack([eng.gpu[c][present] for c in metric_cols]).tolist()
+                block = np.column_stack([_nullable(eng.gpu[c][present], _GPU_FORMATS[c]) if c in _NULLABLE
+                                         else eng.gpu[c][present] for c in metric_cols]).tolist()
                 gf.write("".join(f"{ts},{gpu_keys[i]}{gpu_fmt % tuple(row)}\n"
                                  for i, row in zip(present.tolist(), block, strict=True)))
                 n_gpu += present.size

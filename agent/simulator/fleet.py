@@ -9,6 +9,7 @@ objects per node so the real agent runtime can run on a simulated node.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -147,7 +148,10 @@ class Fleet:
                 row: GpuRow = {"gpu": gp.gpu, "uuid": gp.uuid, "mig_instance": None}
                 for name in GPU_METRICS:
                     v = float(eng.gpu[name][gi])
-                    row[name] = int(v) if name in INT_GPU_FIELDS else v
+                    if math.isnan(v):
+                        row[name] = None  # e.g. no job's cgroup on an unallocated GPU: NULL, never 0
+                    else:
+                        row[name] = int(v) if name in INT_GPU_FIELDS else v
                 rows.append(row)
             return rows
 
