@@ -7,8 +7,9 @@ so a fleet does not tick in lockstep):
    (:mod:`gpufleet.agent.scheduler`: per-source threads, intervals, timeouts);
 2. their readings are merged into one row per ``(gpu, mig_instance)`` and one
    host row (:mod:`gpufleet.agent.merge`), labelled with ``run_id``
-   (:mod:`gpufleet.agent.attribution`) and made acceptable to the collector
-   (:mod:`gpufleet.agent.sanitize`);
+   (:mod:`gpufleet.agent.attribution`), given the figures of the job's own
+   cgroup (:mod:`gpufleet.agent.jobstats`) and made acceptable to the
+   collector (:mod:`gpufleet.agent.sanitize`);
 3. the tick record -- stamped with the tick's wall-clock ``time`` -- is appended
    to the spool (:mod:`gpufleet.agent.spool`), with the node facts when they changed;
 4. every ``ship_interval_s`` the open segment is sealed into an immutable
@@ -32,6 +33,7 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.agent.attribution import Attributor
 from gpufleet.agent.batch import encode_batch, tick_record, to_batch
+from gpufleet.agent.jobstats import JobCgroups
 from gpufleet.agent.merge import merge_readings, valid_key
 from gpufleet.agent.metrics import AgentMetrics
 from gpufleet.agent.ratelog import RateLimitedLog
@@ -78,8 +80,9 @@ class Agent:
         self.scheduler = Scheduler.build(
             sources, interval_s=settings.interval_s, schedules=settings.source_schedules,
             default_timeout_s=settings.collect_timeout_s, metrics=self.metrics,
-            want_processes=settings.attribute_processes, rng=self.rng, mono=mono)
+            want_processes=settings.attribute_processes or settings.job_cgroups, rng=self.rng, mono=mono)
         self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes)
+        self.job_cgroups = JobCgroups(settings.proc_root, settings.sys_root, mono) if settings.job_cgroups else None
         self.sanitizer = Sanitizer()
         self.spool = Spool(spool_dir, self._encode, max_bytes=settings.spool_max_bytes,
                            segment_max_samples=settings.segment_max_samples, fsync=settings.spool_fsync,
@@ -185,6 +188,11 @@ class Agent:
             readings.append(o.reading)
         gpus, host = merge_readings(readings)
         self.attributor.label(gpus, result.processes)
+        if self.job_cgroups is not None:
+            try:
+                self.job_cgroups.label(gpus, result.processes)
+            except (OSError, ValueError) as e:
+                self._ratelog.log(logging.WARNING, "job-cgroups", "agent: job cgroup figures left out: %s", e)
         for row in gpus:
             self.sanitizer.gpu(row)
         if host is not None:

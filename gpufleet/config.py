@@ -164,6 +164,9 @@ class AgentSettings(BaseModel):
     job_files_dir: Path | None = None
     #: Label GPU rows with the run of the processes on the GPU (environment or pod cgroup).
     attribute_processes: bool = True
+    #: Put the cgroup figures of the processes on each GPU (CPU used, quota, throttling,
+    #: CPU and I/O pressure: the ``job_*`` columns) on the GPU's rows.
+    job_cgroups: bool = True
     #: Where the host's /proc and /sys are (a container mounts them elsewhere).
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
