@@ -110,8 +110,8 @@ class JobCgroups:
         for row in rows:
             if row.get("mig_instance") is not None:
                 continue
-            place = places.get(row["gpu"])
-            values = figures.get(place.key) if place is not None else None
+            mine = places.get(row["gpu"])
+            values = figures.get(mine.key) if mine is not None else None
             for name in JOB_FIELDS:
                 if row.get(name) is None:
                     row[name] = values.get(name) if values is not None else None

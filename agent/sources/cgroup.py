@@ -362,10 +362,10 @@ class CgroupReader:
         v2 = next((x for x in lines if x.hierarchy == 0 and not x.controllers), None)
         if unified is None or v2 is None:
             return None
-        d = resolve_path(unified, v2.path)
-        if d is None:
+        leaf = resolve_path(unified, v2.path)
+        if leaf is None:
             return None
-        return CgroupPlace(2, v2.path, d, unified)
+        return CgroupPlace(2, v2.path, leaf, unified)
 
     # -- reading -------------------------------------------------------------------------
 
