@@ -45,6 +45,7 @@ from gpufleet.catalog import (
     THROTTLE_SYNC_BOOST,
 )
 from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.host_misconfig import nfs_verdict
 from gpufleet.gpu_models import board_power_w
 
 Status = Literal["ok", "warn", "fail", "unknown"]
@@ -344,24 +345,11 @@ def check_iowait(view: NodeView, cfg: DetectorConfig) -> Check:
     return Check("iowait", "node", "ok", f"{iow:.1f} % iowait", round(iow, 2), "%", "", ev)
 
 
-def nfs_verdict(ops: int | None, retrans: int | None, timeouts: int | None, queue_ms: float | None,
-                rtt_ms: float | None, cfg: DetectorConfig) -> tuple[Status, str]:
-    """The status of one mount's figures and why (shared with the ``host_misconfig`` detector)."""
-    if (retrans or 0) > 0 or (timeouts or 0) > 0:
-        return "fail", f"{retrans or 0} retransmissions, {timeouts or 0} major timeouts"
-    if ops is None or ops < cfg.nfs_min_ops:
-        return "ok", f"{ops or 0} RPCs: too few to judge latency"
-    if queue_ms is not None and queue_ms >= cfg.nfs_stall_queue_ms:
-        return "fail", f"RPCs wait {queue_ms:.1f} ms in the backlog before being sent"
-    if rtt_ms is not None and rtt_ms >= cfg.nfs_stall_rtt_ms:
-        return "warn", f"round trip {rtt_ms:.1f} ms per RPC"
-    return "ok", f"{ops} RPCs, backlog wait {queue_ms or 0:.2f} ms, round trip {rtt_ms or 0:.2f} ms"
-
-
 def check_nfs(view: NodeView, cfg: DetectorConfig) -> list[Check]:
     out = []
     for m in view.nfs:
-        status, why = nfs_verdict(m.ops, m.retrans, m.timeouts, m.queue_ms, m.rtt_ms, cfg)
+        verdict, why = nfs_verdict(m.ops, m.retrans, m.timeouts, m.queue_ms, m.rtt_ms, cfg)
+        status: Status = "fail" if verdict == "fail" else "warn" if verdict == "warn" else "ok"
         span = "since mount" if m.since_mount else f"over {m.interval_s:.0f} s" if m.interval_s else ""
         ev = {"device": m.device, "ops": m.ops, "retrans": m.retrans, "timeouts": m.timeouts, "errors": m.errors,
               "queue_ms": m.queue_ms, "rtt_ms": m.rtt_ms, "execute_ms": m.execute_ms, "backlog": m.backlog,
