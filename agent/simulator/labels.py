@@ -52,7 +52,7 @@ CAUSES: dict[str, tuple[str | None, ...]] = {
     STRAGGLER: ("power_cap", "thermal", "pcie_degraded", "clocks", "unknown"),
     CHECKPOINT_STALL: (None,),
     PCIE_DEGRADED: (None,),
-    HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "repeated_xid"),
+    HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "numa_affinity", "nfs_stall", "repeated_xid"),
 }
 
 #: A GPU this much slower than its peers (step compute time) is a straggler.
@@ -362,10 +362,21 @@ def _node_settings(plan: FleetPlan, lab: Labels) -> None:
         if n.cpu_governor == "powersave":
             lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_governor", plan.t0, plan.t_end, node=n.name,
                                           fault="cpu_governor", evidence={"cpu_governor": n.cpu_governor}))
-        if n.cpu_quota_cores is not None and n.cpu_quota_cores < len(n.gpu_idx):
+        # The quota of each job's cgroup against the GPUs it feeds on this node (one core per GPU);
+        # a node no run uses is judged as a whole.
+        held = [[gi for gi in r.gpu_idx.tolist() if plan.gpus[gi].node == n.name] for r in plan.runs]
+        held = [h for h in held if h]
+        short = [len(h) for h in held] if held else [len(n.gpu_idx)]
+        if n.cpu_quota_cores is not None and any(n.cpu_quota_cores < k for k in short):
             lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_quota", plan.t0, plan.t_end, node=n.name,
                                           fault="cpu_quota",
-                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": len(n.gpu_idx)}))
+                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": max(short)}))
+        if n.job_cpus == "remote" and held:
+            lab.incidents.append(Incident(HOST_MISCONFIG, "numa_affinity", plan.t0, plan.t_end, node=n.name,
+                                          fault="numa_affinity", evidence={"job_cpus": n.job_cpus}))
+        if n.nfs == "stalled":
+            lab.incidents.append(Incident(HOST_MISCONFIG, "nfs_stall", plan.t0, plan.t_end, node=n.name,
+                                          fault="nfs_stall", evidence={"nfs": n.nfs}))
 
 
 def _negatives(plan: FleetPlan, lab: Labels) -> None:
