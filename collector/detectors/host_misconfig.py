@@ -57,6 +57,7 @@ import numpy as np
 
 from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.detectors.stats import last_per_group
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.facts import NodeFacts
 
@@ -172,29 +173,43 @@ def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[dict[str, A
     if listed:
         return [{"job": j.cgroup, "gpus": sorted(j.gpus or []), "cpu_quota_cores": j.cpu_quota_cores}
                 for j in listed], "job_cgroup"
+    has_job, quota = _job_columns(fr)
     rows = fr.rows_by_node.get(node)
-    if rows is None or not fr.has("job_cpu_cores"):
+    if rows is None:
+        return [], None
+    rows = rows[has_job[rows]]
+    if rows.size == 0:
         return [], None
     by_run: dict[str, dict[str, Any]] = {}
     for r in rows.tolist():
-        s = fr.series[r]
-        seen = [s.cols.get(c) for c in ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_pressure_pct")]
-        if not any(c is not None and bool(np.isfinite(c).any()) for c in seen):
-            continue  # no process on this GPU: no job's cgroup
-        q = s.cols.get("job_cpu_quota_cores")
-        fin = np.flatnonzero(np.isfinite(q)) if q is not None else np.zeros(0, dtype=np.int64)
-        quota = float(q[fin[-1]]) if q is not None and fin.size else None
         ri = int(fr.run_of_row[r])
-        run = fr.window.runs[ri].run_id if ri >= 0 else None
-        job = by_run.setdefault(f"run {run}" if run else "no run", {"job": f"run {run}" if run else "no run",
-                                                                     "gpus": [], "cpu_quota_cores": None})
+        name = f"run {fr.window.runs[ri].run_id}" if ri >= 0 else "no run"
+        job = by_run.setdefault(name, {"job": name, "gpus": [], "cpu_quota_cores": None})
         job["gpus"].append(fr.keys[r][1])
-        if quota is not None and quota > 0:
+        q = float(quota[r])
+        if q > 0:
             have = job["cpu_quota_cores"]
-            job["cpu_quota_cores"] = quota if have is None else min(have, quota)
-    if not by_run:
-        return [], None
+            job["cpu_quota_cores"] = q if have is None else min(have, q)
     return [dict(j, gpus=sorted(j["gpus"])) for _, j in sorted(by_run.items())], "job_columns"
+
+
+def _job_columns(fr: Frame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: whether any sample carries the job's cgroup (a process used the GPU), and the
+    row's last reported quota (NaN: none, unlimited).  Once per frame, vectorised."""
+    hit = fr.memo.get("host_misconfig.job")
+    if hit is not None:
+        return hit
+    has = np.zeros(fr.rows, dtype=bool)
+    quota = np.full(fr.rows, np.nan)
+    if fr.rows and fr.has("job_cpu_cores"):
+        seen = np.isfinite(fr.transient("job_cpu_cores"))
+        if seen.any():
+            has = fr.row_sum(seen) > 0
+            q = fr.col("job_cpu_quota_cores")
+            fin = np.flatnonzero(np.isfinite(q))
+            quota = last_per_group(fr.row_of(fin), q[fin].astype(np.float64), fr.rows)
+    fr.memo["host_misconfig.job"] = (has, quota)
+    return has, quota
 
 
 def numa_misplaced(facts: NodeFacts) -> list[dict[str, Any]]:
