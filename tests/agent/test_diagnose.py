@@ -294,3 +294,22 @@ def test_json_document_shape() -> None:
     doc = document(checks, view, "n1", "2026-12-01T10:00:00Z")
     assert doc == {"host": "n1", "time": "2026-12-01T10:00:00Z", "interval_s": 2.0, "gpu_source": None,
                    "status": "ok", "counts": {"ok": 1}, "checks": [checks[0].to_dict()]}
+
+
+def test_nvlink_against_pcie_and_governors_short_of_performance() -> None:
+    from gpufleet.agent.diagnose.checks import check_governor, check_nvlink
+    from gpufleet.agent.diagnose.view import GpuView
+
+    on_pcie = GpuView(0, row={"util_pct": 97, "nvlink_tx_bytes_s": 2e8, "nvlink_rx_bytes_s": 2e8,
+                              "pcie_tx_bytes_s": 9e9, "pcie_rx_bytes_s": 9e9})
+    on_nvlink = GpuView(1, row={"util_pct": 97, "nvlink_tx_bytes_s": 150e9, "nvlink_rx_bytes_s": 150e9,
+                                "pcie_tx_bytes_s": 2e9, "pcie_rx_bytes_s": 2e9})
+    idle = GpuView(2, row={"util_pct": 0, "nvlink_tx_bytes_s": 0.0, "pcie_tx_bytes_s": 1e6})
+    c = check_nvlink(on_pcie)
+    assert c.status == "warn" and c.value == pytest.approx(0.4) and "NCCL_P2P_DISABLE" in c.decision
+    assert check_nvlink(on_nvlink).status == "ok" and check_nvlink(idle).status == "ok"
+    cfg = DetectorConfig()
+    assert check_governor(NodeView(governors={"ondemand": 4, "performance": 60}), cfg).status == "warn"
+    assert check_governor(NodeView(governors={"performance": 64}), cfg).status == "ok"
+    assert check_governor(NodeView(governors={"powersave": 2, "performance": 62}), cfg).finding == \
+        "2 of 64 CPUs run powersave"
