@@ -33,7 +33,7 @@ from gpufleet.agent.simulator.physics import (
     target_temp_c,
     thermal_limit_power_w,
 )
-from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan
+from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan, StarvationPlan
 from gpufleet.agent.simulator.profiles import pcie_link_bytes_s
 from gpufleet.agent.simulator.timeline import IntervalSet
 
@@ -252,7 +252,8 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
         if s.end > s.start and s.waits:
             lab.incidents.append(Incident(
                 STARVATION, s.cause, s.start, s.end, run_id=s.run_id, fault=f"starvation_{s.cause}",
-                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params}))
+                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params,
+                          "host_shows_cause": _host_shows_cause(plan, s)}))
     runs = {r.run_id: r for r in plan.runs}
     for c in plan.checkpoints:
         if c.stalls:
@@ -264,6 +265,22 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
                 evidence={"period_s": c.period_s, "duration_s": c.duration_s,
                           "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None else None,
                           "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
+
+
+#: Host-wide user CPU at which a host counts as CPU-saturated (the detectors' default).
+HOST_CPU_SATURATED_PCT = 80.0
+
+
+def _host_shows_cause(plan: FleetPlan, s: StarvationPlan) -> bool:
+    """Whether the host-wide figures show the cause, or only the job's own cgroup does: a CPU-bound
+    loader held to a container quota leaves the host's CPUs mostly idle."""
+    if s.cause != "cpu":
+        return True
+    for name in s.nodes:
+        n = plan.nodes[name]
+        if n.cpu_quota_cores is not None and 100.0 * n.cpu_quota_cores / n.cpu_count + 1.0 < HOST_CPU_SATURATED_PCT:
+            return False
+    return True
 
 
 def _busy_windows(plan: FleetPlan, gi: int, start: float, end: float) -> list[tuple[RunPlan, float, float]]:
