@@ -116,6 +116,19 @@ GPU_FIELDS: tuple[Field, ...] = (
           lo=0, hi=64),
     Field("nvlink_links_max", "smallint", "links", "NVLink links the GPU has (active or not)",
           "nvmlDeviceGetNvLinkState", True, lo=0, hi=64),
+    # The job's own cgroup (the processes on this GPU): the cause of a
+    # starvation is judged from what the job may use, not from the whole host.
+    # The same figures appear on every GPU the cgroup feeds.
+    Field("job_cpu_cores", "real", "cores", "CPU the job's cgroup used (cpu.stat usage_usec per second)",
+          "cgroup cpu.stat / cpuacct.usage", lo=0, hi=100000),
+    Field("job_cpu_quota_cores", "real", "cores", "CPU quota of the job's cgroup, tightest on its path; NULL unlimited",
+          "cgroup cpu.max / cpu.cfs_quota_us", lo=0, hi=100000),
+    Field("job_cpu_throttled_share", "real", "ratio", "share of CFS periods the job's cgroup was throttled",
+          "cgroup cpu.stat nr_throttled / nr_periods", lo=0, hi=1),
+    Field("job_cpu_pressure_pct", "real", "%", "share of time some task of the job waited for CPU",
+          "cgroup cpu.pressure some", lo=0, hi=100),
+    Field("job_io_pressure_pct", "real", "%", "share of time some task of the job waited for I/O",
+          "cgroup io.pressure some", lo=0, hi=100),
 )
 
 HOST_FIELDS: tuple[Field, ...] = (

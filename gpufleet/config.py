@@ -290,6 +290,11 @@ class AgentSettings(BaseModel):
     attribute_processes: bool = True
     #: Kubernetes attribution from the kubelet's pod-resources API (off unless enabled).
     kubernetes: KubernetesSettings = KubernetesSettings()
+    #: Put the cgroup figures of the processes on each GPU (CPU used, quota, throttling,
+    #: CPU and I/O pressure: the ``job_*`` columns) on the GPU's rows.
+    job_cgroups: bool = True
+    #: Run the node checks (``gpufleet diagnose``) at each facts refresh and send them as facts.
+    node_checks: bool = True
     #: Where the host's /proc and /sys are (a container mounts them elsewhere).
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")

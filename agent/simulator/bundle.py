@@ -46,6 +46,9 @@ _GPU_FORMATS = {
     "remapped_rows_uncorrectable": "%d", "remapped_rows_pending": "%d", "remapped_rows_failed": "%d",
     "pcie_replay_count": "%d", "nvlink_crc_errors": "%d", "nvlink_replay_errors": "%d",
     "nvlink_recovery_errors": "%d", "nvlink_links_up": "%d", "nvlink_links_max": "%d",
+    # NULL (empty) where no job's cgroup feeds the GPU.
+    "job_cpu_cores": "%.3f", "job_cpu_quota_cores": "%.3f", "job_cpu_throttled_share": "%.4f",
+    "job_cpu_pressure_pct": "%.2f", "job_io_pressure_pct": "%.2f",
 }
 _HOST_FORMATS = {
     "cpu_user_pct": "%.2f", "cpu_system_pct": "%.2f", "cpu_iowait_pct": "%.2f", "cpu_idle_pct": "%.2f",

@@ -12,7 +12,9 @@ that carries everything:
 * ``dcgm`` — a DCGM profile without GPU-Util (``util_pct`` dropped).
 
 The truth stays the same, except what the data cannot show: without host
-data no starvation cause is scored; without reason bits, clocks or link
+data no starvation cause is scored, nor, without the ``job_*`` columns, a
+cause only the job's own cgroup shows (a loader held to its quota on a big
+host); without reason bits, clocks or link
 fields there is no throttling, PCIe or thermal truth, without NVLink fields
 or health counters no NVLink or GPU-health truth, and without facts no host
 misconfiguration.  Labels dropped that way move to ``labels.json``'s
@@ -57,6 +59,9 @@ def degrade_bundle(directory: str | Path, form: str) -> dict[str, Any]:
             continue
         if no_host and lab["kind"] == "starvation" and lab.get("cause") is not None:
             lab = {**lab, "cause": None, "cause_cut_because": "no host data"}
+        if (gpu_only and lab["kind"] == "starvation" and lab.get("cause") is not None
+                and lab.get("evidence", {}).get("host_shows_cause") is False):
+            lab = {**lab, "cause": None, "cause_cut_because": "only the job's cgroup shows it (no job_* columns)"}
         if gpu_only and lab["kind"] == "straggler" and lab.get("cause") not in (None, "power_cap", "unknown"):
             lab = {**lab, "cause": None, "cause_cut_because": "no clocks, temperatures or link fields"}
         kept.append(lab)

@@ -18,6 +18,7 @@ import numpy as np
 from gpufleet.agent.simulator import states as st
 from gpufleet.agent.simulator.fault_state import FaultState, faults_in_force
 from gpufleet.agent.simulator.host import HostModel
+from gpufleet.agent.simulator.jobs import JobModel
 from gpufleet.agent.simulator.physics import (
     CLOCK_POWER_EXPONENT,
     activity_index,
@@ -128,6 +129,7 @@ class FleetEngine:
                                   for g in gp])
         self.node_plans = [plan.nodes[n] for n in self.node_names]
         self.host_model = HostModel(self.node_plans)
+        self.job_model = JobModel(self.node_plans, plan.seed)
         self._idle_state = np.isin(np.arange(st.N_STATES), st.IDLE_STATES)[None, :]
 
         self._noise = np.random.default_rng(np.random.SeedSequence([plan.seed & 0xFFFFFFFF, 0x5EED]))
@@ -166,6 +168,7 @@ class FleetEngine:
         tick, load = self._lay_out(active, a, b, clocks, faults, z)
         self._gpu_outputs(a, b, tick, levels, clocks, faults, z)
         self.host = self.host_model.metrics(load, zh)
+        self.gpu.update(self.job_model.metrics(load.jobs, self.n_gpus))
         self.t = b
         self._presence(b)
 

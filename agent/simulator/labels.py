@@ -33,7 +33,7 @@ from gpufleet.agent.simulator.physics import (
     target_temp_c,
     thermal_limit_power_w,
 )
-from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan
+from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan, StarvationPlan
 from gpufleet.agent.simulator.profiles import pcie_link_bytes_s
 from gpufleet.agent.simulator.timeline import IntervalSet
 
@@ -55,7 +55,7 @@ CAUSES: dict[str, tuple[str | None, ...]] = {
     STRAGGLER: ("power_cap", "thermal", "pcie_degraded", "clocks", "unknown"),
     CHECKPOINT_STALL: (None,),
     PCIE_DEGRADED: (None,),
-    HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "repeated_xid"),
+    HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "numa_affinity", "nfs_stall", "repeated_xid"),
     NVLINK_DEGRADED: ("links_down", "pcie_fallback", "link_errors"),
     GPU_HEALTH: ("row_remap_failed", "uncorrectable_ecc", "row_remap_pending", "correctable_ecc", "pcie_replay"),
 }
@@ -277,7 +277,8 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
         if s.end > s.start and s.waits:
             lab.incidents.append(Incident(
                 STARVATION, s.cause, s.start, s.end, run_id=s.run_id, fault=f"starvation_{s.cause}",
-                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params}))
+                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params,
+                          "host_shows_cause": _host_shows_cause(plan, s)}))
     runs = {r.run_id: r for r in plan.runs}
     for c in plan.checkpoints:
         if c.stalls:
@@ -289,6 +290,22 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
                 evidence={"period_s": c.period_s, "duration_s": c.duration_s,
                           "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None else None,
                           "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
+
+
+#: Host-wide user CPU at which a host counts as CPU-saturated (the detectors' default).
+HOST_CPU_SATURATED_PCT = 80.0
+
+
+def _host_shows_cause(plan: FleetPlan, s: StarvationPlan) -> bool:
+    """Whether the host-wide figures show the cause, or only the job's own cgroup does: a CPU-bound
+    loader held to a container quota leaves the host's CPUs mostly idle."""
+    if s.cause != "cpu":
+        return True
+    for name in s.nodes:
+        n = plan.nodes[name]
+        if n.cpu_quota_cores is not None and 100.0 * n.cpu_quota_cores / n.cpu_count + 1.0 < HOST_CPU_SATURATED_PCT:
+            return False
+    return True
 
 
 def _busy_windows(plan: FleetPlan, gi: int, start: float, end: float) -> list[tuple[RunPlan, float, float]]:
@@ -441,10 +458,21 @@ def _node_settings(plan: FleetPlan, lab: Labels) -> None:
         if n.cpu_governor == "powersave":
             lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_governor", plan.t0, plan.t_end, node=n.name,
                                           fault="cpu_governor", evidence={"cpu_governor": n.cpu_governor}))
-        if n.cpu_quota_cores is not None and n.cpu_quota_cores < len(n.gpu_idx):
+        # The quota of each job's cgroup against the GPUs it feeds on this node (one core per GPU);
+        # a node no run uses is judged as a whole.
+        held = [[gi for gi in r.gpu_idx.tolist() if plan.gpus[gi].node == n.name] for r in plan.runs]
+        held = [h for h in held if h]
+        short = [len(h) for h in held] if held else [len(n.gpu_idx)]
+        if n.cpu_quota_cores is not None and any(n.cpu_quota_cores < k for k in short):
             lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_quota", plan.t0, plan.t_end, node=n.name,
                                           fault="cpu_quota",
-                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": len(n.gpu_idx)}))
+                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": max(short)}))
+        if n.job_cpus == "remote" and held:
+            lab.incidents.append(Incident(HOST_MISCONFIG, "numa_affinity", plan.t0, plan.t_end, node=n.name,
+                                          fault="numa_affinity", evidence={"job_cpus": n.job_cpus}))
+        if n.nfs == "stalled":
+            lab.incidents.append(Incident(HOST_MISCONFIG, "nfs_stall", plan.t0, plan.t_end, node=n.name,
+                                          fault="nfs_stall", evidence={"nfs": n.nfs}))
 
 
 def _negatives(plan: FleetPlan, lab: Labels) -> None:

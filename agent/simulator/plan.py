@@ -62,6 +62,8 @@ class NodePlan:
     disk_read_bytes_s_max: float
     net_rx_bytes_s: float
     net_tx_bytes_s: float
+    job_cpus: str = "all"
+    nfs: str = "none"
 
 
 @dataclass
@@ -238,6 +240,7 @@ def _build_nodes(sc: Scenario, seed: int) -> tuple[list[GpuPlan], dict[str, Node
                 host_idle_w=draw(rng, g.host_idle_w), host_cpu_w=draw(rng, g.host_cpu_w),
                 disk_read_bytes_s_max=draw(rng, g.disk_read_bytes_s_max),
                 net_rx_bytes_s=draw(rng, g.net_rx_bytes_s), net_tx_bytes_s=draw(rng, g.net_tx_bytes_s),
+                job_cpus=g.job_cpus, nfs=g.nfs,
             )
     return gpus, nodes
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.agent.simulator import states as st
+from gpufleet.agent.simulator.jobs import JobDemand
 from gpufleet.agent.simulator.physics import compute_time_factor
 from gpufleet.agent.simulator.plan import FleetPlan, RunPlan, StarvationPlan
 
@@ -56,6 +57,8 @@ class HostLoad:
     ckpt_share: np.ndarray = field(init=False)
     #: Starvation in force: the drawn host-side parameters, by node index.
     starving: dict[int, StarvationPlan] = field(default_factory=dict)
+    #: What each run asked of each of its nodes (its cgroup there).
+    jobs: list[JobDemand] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("user_pct", "system_pct", "iowait_pct", "disk_read_bytes_s", "disk_write_bytes_s",
@@ -261,8 +264,14 @@ def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan],
         if wl.kind == "serving":
             # Requests arrive over the network; the host mostly idles.
             busy, duty = busy * wl.busy_fraction, 0.05
-        host.user_pct[k] += share * (gov * wl.loader_cpu_pct * busy + LOAD_CPU_PCT * f_load)
-        host.system_pct[k] += share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
+        user = share * (gov * wl.loader_cpu_pct * busy + LOAD_CPU_PCT * f_load)
+        system = share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
+        host.user_pct[k] += user
+        host.system_pct[k] += system
+        host.jobs.append(JobDemand(
+            k, run.gpu_idx[gpu_node[run.gpu_idx] == k], (user + system) / 100.0 * node.cpu_count,
+            starving.cause if starving is not None else None,
+            starving.params.get("cpu_iowait_pct", 0.0) if starving is not None else 0.0, f_ckpt))
         host.iowait_pct[k] += share * LOAD_IOWAIT_PCT * f_load
         host.disk_read_bytes_s[k] += share * (wl.disk_read_bytes_s * (duty * f_loader + 0.3 * f_eval)
                                               + 0.6 * node.disk_read_bytes_s_max * f_load)

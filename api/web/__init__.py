@@ -2,18 +2,19 @@
 
 Server-rendered HTML with SVG charts drawn on the server: no JavaScript, no
 external assets, a strict Content-Security-Policy.  Pages: fleet overview,
-runs with live accounting, a run with per-GPU utilisation and power,
-incidents, and accounting (the only page the finance role sees).  Browsers
-sign in with an API token (:mod:`gpufleet.api.web.session`).  Also carries the API's
-``/readyz`` (:mod:`gpufleet.api.web.readiness`).
+runs with live accounting, a run with per-GPU utilisation and power, a node
+with its checks (:mod:`gpufleet.api.web.nodes`), incidents, and accounting
+(the only page the finance role sees).  Browsers sign in with an API token
+(:mod:`gpufleet.api.web.session`).  Also carries the API's ``/readyz``
+(:mod:`gpufleet.api.web.readiness`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.web import assets, pages, readiness, session
+from gpufleet.api.web import assets, nodes, pages, readiness, session
 
 router = APIRouter()
-for _r in (session.router, pages.router, assets.router, readiness.router):
+for _r in (session.router, pages.router, nodes.router, assets.router, readiness.router):
     router.include_router(_r)

@@ -175,7 +175,8 @@ def _fleet(conn: psycopg.Connection, st: ApiState) -> Markup:
                   ([link("/incidents", k.replace("_", " ")), n, c] for k, n, c in f.open_by_kind),
                   numeric=(1, 2), empty="No open incidents.")
     nodes = table(("Node", "Site", "GPUs", "Busy", "Starved", "GPU-Util", "Power", "Last batch"),
-                  ([n["node"], n["site"] or "", n.get("gpus", 0), n.get("busy", 0), n.get("starved", 0),
+                  ([link("/nodes/" + quote(n["node"], safe=""), n["node"]), n["site"] or "", n.get("gpus", 0),
+                    n.get("busy", 0), n.get("starved", 0),
                     num(n.get("util_pct"), 0, "%"), num(n.get("power_w"), 0, "W"),
                     h("{} ago", ago(n["silent_s"])) if n["silent_s"] is not None else Markup("&mdash;")]
                    for n in f.nodes), numeric=(2, 3, 4, 5, 6), empty="No node has reported yet.")

@@ -116,8 +116,11 @@ FROM runs r WHERE r.run_id = %s""", (run_id,))
 
 
 def incidents(conn: psycopg.Connection, *, state: str | None = None, run_id: str | None = None,
-              limit: int = 200) -> list[dict[str, Any]]:
+              node: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
     where, params = ["TRUE"], []
+    if node:
+        where.append("i.node = %s")
+        params.append(node)
     if state:
         where.append("i.state = %s")
         params.append(state)

@@ -116,6 +116,16 @@ class DetectorConfig(BaseModel):
     #: ... together with await at or above this is a saturated disk, ms.
     disk_await_high_ms: NonNegative = 20.0
 
+    # --- the job's own cgroup (starvation cause, before the host-wide figures) --
+    #: CPU used at or above this share of the job's quota is a loader at its quota.
+    job_at_quota_share: Share = 0.9
+    #: Throttled in at least this share of CFS periods: the quota holds the job back.
+    job_throttled_high_share: Share = 0.25
+    #: Some task of the job waiting for CPU at least this share of the time, percent.
+    job_cpu_pressure_high_pct: Percent = 30.0
+    #: Some task of the job waiting for I/O at least this share of the time, percent.
+    job_io_pressure_high_pct: Percent = 20.0
+
     # --- checkpoint stall -----------------------------------------------------
     #: Shortest job-wide pause counted, seconds.
     ckpt_min_pause_s: Positive = 5.0
@@ -253,6 +263,13 @@ class DetectorConfig(BaseModel):
     bad_governors: tuple[str, ...] = ("powersave",)
     #: CPU cores of quota needed per GPU on the node.
     min_cores_per_gpu: NonNegative = 1.0
+    #: NFS: an RPC retransmitted or timed out (a TCP mount waits ``timeo``, 60 s, for each),
+    #: or a mean backlog wait per RPC at least this long, is a stalling mount, ms ...
+    nfs_stall_queue_ms: NonNegative = 50.0
+    #: ... or a mean round trip at least this long, ms ...
+    nfs_stall_rtt_ms: NonNegative = 100.0
+    #: ... judged only over an interval with at least this many RPCs.
+    nfs_min_ops: Count = 10
     #: XID events on one GPU within the window that count as repeated.
     xid_min_events: Count = 2
     #: XID codes never counted.

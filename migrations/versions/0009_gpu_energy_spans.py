@@ -13,7 +13,7 @@ holds one row per long gap, not per sample or minute, so it needs no chunks;
 old spans are deleted by the leader with the rollups' retention.
 
 Revision ID: 0009
-Revises: 0003
+Revises: 0005
 """
 
 from __future__ import annotations

@@ -17,10 +17,12 @@ from gpufleet.catalog import GPU_BY_NAME, WHOLE_GPU_FIELDS
 from gpufleet.collector.window_cache import GPU_COLUMNS as WINDOW_COLUMNS
 from tests.conftest import realdata
 
-#: NVLink link state comes from DCGM's link-status call (the dcgm source), not
-#: from a field dcgm-exporter can print; every other column the detectors read
-#: must come from the shipped field list.
-GPU_COLUMNS = tuple(c for c in WINDOW_COLUMNS if c not in ("nvlink_links_up", "nvlink_links_max"))
+#: NVLink link state comes from DCGM's link-status call (the dcgm source) and
+#: the job_* columns from the agent's own cgroup reader, not from fields
+#: dcgm-exporter can print; every other column the detectors read must come
+#: from the shipped field list.
+GPU_COLUMNS = tuple(c for c in WINDOW_COLUMNS
+                    if c not in ("nvlink_links_up", "nvlink_links_max") and not c.startswith("job_"))
 
 
 def real_lines() -> list[str]:
