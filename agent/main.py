@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import socket
 import threading
 from pathlib import Path
 from types import FrameType
 
+from gpufleet.agent.k8s.attribution import KubernetesAttribution
 from gpufleet.agent.runtime import Agent
 from gpufleet.agent.sources.base import Source, SourceError
 from gpufleet.agent.sources.registry import UnknownSource, build_source
 from gpufleet.agent.spool import SpoolLocked
 from gpufleet.config import AgentSettings, Settings
+from gpufleet.metricsauth import MetricsAuthError, read_token
+from gpufleet.names import is_node_name
 
 log = logging.getLogger(__name__)
 
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$")
 
 
 class AgentError(RuntimeError):
@@ -37,7 +38,7 @@ class AgentError(RuntimeError):
 def resolve_node(settings: AgentSettings) -> str:
     """The configured node name, else this machine's short host name."""
     node = settings.node or socket.gethostname().split(".")[0]
-    if not NODE_RE.match(node):
+    if not is_node_name(node):
         raise AgentError(f"node name {node!r} is not valid (letters, digits, '.', '_', '-'); set agent.node")
     return node
 
@@ -89,13 +90,44 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
     a = settings.agent
     if not a.token:
         raise AgentError("no node token: set agent.token (or GPUFLEET_AGENT__TOKEN, or --token)")
+    try:
+        read_token(a.metrics_token, a.metrics_token_file, "agent.metrics_token")
+    except MetricsAuthError as e:
+        raise AgentError(str(e)) from e
+    if a.metrics_client_ca is not None and a.metrics_certfile is None:
+        raise AgentError("agent.metrics_client_ca needs agent.metrics_certfile: client certificates need TLS")
     sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
     if sim is not None and a.node is None:
         # A simulated node is named by its scenario: file its samples under that name.
         from gpufleet.agent.simulator.sources import attached_fleet
 
         a = a.model_copy(update={"node": attached_fleet().nodes[0]})
-    return Agent(a, sources, node=resolve_node(a), spool_dir=spool_dir(settings))
+    node = resolve_node(a)
+    return Agent(a, sources, node=node, spool_dir=spool_dir(settings), kubernetes=kubernetes_attribution(a, node))
+
+
+def kubernetes_attribution(settings: AgentSettings, node: str) -> KubernetesAttribution | None:
+    """The Kubernetes attribution the settings ask for (None when off).
+
+    Pod metadata that cannot be set up (not in a pod, no API server) is
+    logged and left out: pods are then their own runs.
+    """
+    k = settings.kubernetes
+    if not k.enabled:
+        return None
+    from gpufleet.agent.k8s.podresources import PodResourcesClient
+    from gpufleet.agent.k8s.pods import ApiError, ApiServer
+    from gpufleet.agent.k8s.runs import RunResolver
+
+    metadata = None
+    if k.pod_metadata:
+        try:
+            metadata = ApiServer(k.api_server, k.token_file, k.ca_file, timeout_s=k.timeout_s)
+        except ApiError as e:
+            log.warning("kubernetes attribution without pod metadata (pods are their own runs): %s", e)
+    resolver = RunResolver(k.run_id_key, tuple(k.run_kinds), tuple(k.team_labels), k.team_from_namespace)
+    return KubernetesAttribution(node, PodResourcesClient(k.pod_resources_socket, k.timeout_s), metadata, resolver,
+                                 tuple(k.gpu_resources), k.refresh_s, k.metadata_refresh_s)
 
 
 def run(settings: Settings, *, fake_nvml: int | None = None, sim: str | None = None,

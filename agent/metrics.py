@@ -9,9 +9,13 @@ spool``, so an operator can tell a quiet node from one losing data.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpufleet.agent import metrics_http
+from gpufleet.metricsauth import MetricsGuard
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +60,15 @@ class AgentMetrics:
             registry=r)
         self._server: Any = None
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Serve /metrics on ``port`` (0 disables); returns the port bound (0 when off)."""
+    def serve(self, port: int, host: str = "0.0.0.0", guard: MetricsGuard | None = None,
+              certfile: Path | None = None, keyfile: Path | None = None, client_ca: Path | None = None) -> int:
+        """Serve /metrics on ``port`` (0 disables); returns the port bound (0 when off).
+
+        ``guard`` asks for a bearer token; ``certfile`` serves TLS, ``client_ca`` then requires a
+        client certificate it signed (see :mod:`gpufleet.agent.metrics_http`)."""
         if port == 0:
             return 0
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        server = metrics_http.serve(self.registry, port, host, guard, certfile, keyfile, client_ca)
         self._server = server
         return int(server.server_address[1])
 

@@ -7,10 +7,13 @@ so a fleet does not tick in lockstep):
    (:mod:`gpufleet.agent.scheduler`: per-source threads, intervals, timeouts);
 2. their readings are merged into one row per ``(gpu, mig_instance)`` and one
    host row (:mod:`gpufleet.agent.merge`), labelled with ``run_id``
-   (:mod:`gpufleet.agent.attribution`) and made acceptable to the collector
-   (:mod:`gpufleet.agent.sanitize`);
+   (:mod:`gpufleet.agent.attribution`, Kubernetes included), given the figures of the job's own
+   cgroup (:mod:`gpufleet.agent.jobstats`) and made acceptable to the
+   collector (:mod:`gpufleet.agent.sanitize`);
 3. the tick record -- stamped with the tick's wall-clock ``time`` -- is appended
-   to the spool (:mod:`gpufleet.agent.spool`), with the node facts when they changed;
+   to the spool (:mod:`gpufleet.agent.spool`), with the node facts when they
+   changed (the node checks of :mod:`gpufleet.agent.diagnose` among them, run
+   at each facts refresh);
 4. every ``ship_interval_s`` the open segment is sealed into an immutable
    batch, which the shipper thread (:mod:`gpufleet.agent.shipper`) delivers.
 
@@ -32,6 +35,9 @@ from typing import Any
 from gpufleet import __version__
 from gpufleet.agent.attribution import Attributor
 from gpufleet.agent.batch import encode_batch, tick_record, to_batch
+from gpufleet.agent.diagnose.agentfacts import NodeChecks
+from gpufleet.agent.jobstats import JobCgroups
+from gpufleet.agent.k8s.attribution import KubernetesAttribution, runs_facts
 from gpufleet.agent.merge import merge_readings, valid_key
 from gpufleet.agent.metrics import AgentMetrics
 from gpufleet.agent.ratelog import RateLimitedLog
@@ -42,6 +48,7 @@ from gpufleet.agent.sources.base import Closeable, Source
 from gpufleet.agent.sources.facts import node_facts
 from gpufleet.agent.spool import Spool
 from gpufleet.config import AgentSettings
+from gpufleet.metricsauth import MetricsGuard, read_token
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +73,8 @@ class Agent:
     def __init__(self, settings: AgentSettings, sources: list[Source], *, node: str, spool_dir: Path,
                  metrics: AgentMetrics | None = None, rng: random.Random | None = None,
                  wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
-                 facts_of_node: Callable[[], dict[str, Any]] | None = None) -> None:
+                 facts_of_node: Callable[[], dict[str, Any]] | None = None,
+                 kubernetes: KubernetesAttribution | None = None) -> None:
         self.settings = settings
         self.sources = sources
         self.node = node
@@ -78,8 +86,13 @@ class Agent:
         self.scheduler = Scheduler.build(
             sources, interval_s=settings.interval_s, schedules=settings.source_schedules,
             default_timeout_s=settings.collect_timeout_s, metrics=self.metrics,
-            want_processes=settings.attribute_processes, rng=self.rng, mono=mono)
-        self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes)
+            want_processes=settings.attribute_processes or settings.job_cgroups, rng=self.rng, mono=mono)
+        self.kubernetes = kubernetes
+        self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes,
+                                     kubernetes=kubernetes)
+        self.job_cgroups = JobCgroups(settings.proc_root, settings.sys_root, mono) if settings.job_cgroups else None
+        self.node_checks = NodeChecks(settings.proc_root, settings.sys_root, clock=mono) if settings.node_checks \
+            else None
         self.sanitizer = Sanitizer()
         self.spool = Spool(spool_dir, self._encode, max_bytes=settings.spool_max_bytes,
                            segment_max_samples=settings.segment_max_samples, fsync=settings.spool_fsync,
@@ -92,6 +105,9 @@ class Agent:
         self._node_facts: dict[str, Any] = {}
         self._facts_next = 0.0
         self._facts_wait_until = 0.0
+        self._source_facts: dict[str, Any] = {}
+        self._checks_due = False
+        self._check_facts: dict[str, Any] = {}
 
     def _encode(self, records: list[dict[str, Any]], batch_id: str) -> bytes:
         agent = {"id": self.spool.agent_id, "version": __version__}
@@ -108,11 +124,20 @@ class Agent:
                                verify=tls_context(s.ca_file, s.client_cert, s.client_key),
                                metrics=self.metrics, rng=self.rng, wall=self._wall, mono=self._mono)
         self.scheduler.start()
+        if self.kubernetes is not None:
+            self.kubernetes.start()
         self._facts_wait_until = self._mono() + FIRST_READ_TIMEOUT_S
+        if self.node_checks is not None:
+            try:
+                self.node_checks.prime()
+            except OSError as e:
+                log.warning("agent: node checks: first reading failed: %s", e)
         if ship:
             self.shipper.start()
         if serve_metrics:
-            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host)
+            guard = MetricsGuard(read_token(s.metrics_token, s.metrics_token_file, "agent.metrics_token"))
+            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host, guard, s.metrics_certfile,
+                                                   s.metrics_keyfile, s.metrics_client_ca)
         log.info("agent %s for node %s: %d sources (%s), spool %s, collector %s", self.spool.agent_id, self.node,
                  len(self.sources), ", ".join(src.name for src in self.sources), self.spool.dir, s.collector_url)
         return self
@@ -144,6 +169,8 @@ class Agent:
         sealed in the spool for the next start.
         """
         stuck = self.scheduler.stop(timeout_s=1.0)
+        if self.kubernetes is not None:
+            self.kubernetes.stop()
         if stuck:
             log.warning("agent: sources still inside a read at shutdown: %s", ", ".join(stuck))
         self.spool.seal()
@@ -184,12 +211,17 @@ class Agent:
                                   "without an integer 'gpu'; left out", o.source, bad)
             readings.append(o.reading)
         gpus, host = merge_readings(readings)
-        self.attributor.label(gpus, result.processes)
+        self.attributor.label(gpus, result.processes, self._source_facts)
+        if self.job_cgroups is not None:
+            try:
+                self.job_cgroups.label(gpus, result.processes)
+            except (OSError, ValueError) as e:
+                self._ratelog.log(logging.WARNING, "job-cgroups", "agent: job cgroup figures left out: %s", e)
         for row in gpus:
             self.sanitizer.gpu(row)
         if host is not None:
             self.sanitizer.host(host)
-        facts = self._facts_update()
+        facts = self._facts_update(gpus, result.processes)
         stats = TickStats(len(gpus), 1 if host is not None else 0, facts is not None)
         # Seal before appending, with half a tick of slack, so a segment holds
         # ship_interval_s / interval_s ticks whatever the timing jitter.
@@ -209,17 +241,27 @@ class Agent:
             return
         self._facts_next = now + self.settings.facts_interval_s
         self.scheduler.request_facts()
+        self._checks_due = self.node_checks is not None
         try:
             self._node_facts = self._facts_of_node()
         except OSError as e:
             self._ratelog.log(logging.WARNING, "node-facts", "agent: cannot read node facts: %s", e)
 
-    def _facts_update(self) -> dict[str, Any] | None:
+    def _facts_update(self, gpus: list[dict[str, Any]], processes: dict[int, list[int]]) -> dict[str, Any] | None:
         """The node facts when they are new or changed (or were lost with a dropped batch), else None."""
         ready, from_sources = self.scheduler.facts()
+        self._source_facts = from_sources
         if not ready and self._mono() < self._facts_wait_until:
             return None
-        facts = {**self._node_facts, **from_sources}
+        if self._checks_due and self.node_checks is not None:
+            self._checks_due = False
+            try:
+                self._check_facts = self.node_checks.facts(gpus, from_sources, processes)
+            except (OSError, ValueError) as e:
+                self._ratelog.log(logging.WARNING, "node-checks", "agent: node checks failed: %s", e)
+        facts = {**self._node_facts, **from_sources, **self._check_facts}
+        if self.attributor.runs:
+            facts["runs"] = runs_facts(self.attributor.runs)
         if facts == self._facts_sent and not self.spool.facts_lost.is_set():
             return None
         self.spool.facts_lost.clear()

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from gpufleet.api import web
 from gpufleet.api.deps import ApiState
-from gpufleet.api.routes import accounting, docs, incidents, reports, runs, sites, tokens
+from gpufleet.api.routes import accounting, advisor, docs, incidents, reports, runs, sites, tokens
+from gpufleet.api.web.session import MAX_FORM_BYTES
+from gpufleet.bodylimit import BodyLimit, Refusal
 from gpufleet.config import Settings
+
+#: Largest body of a route outside /v1 other than the sign-in form (web pages take none), bytes.
+OTHER_BODY_MAX = 64 * 1024
 
 
 def create_app(url: str, settings: Settings) -> FastAPI:
@@ -41,8 +47,23 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         app.include_router(r)
     app.include_router(accounting.router)
     app.include_router(reports.router)
+    app.include_router(advisor.router)
     app.include_router(web.router)
     app.include_router(docs.router)  # /docs with its assets served here (offline)
+
+    async def token_first(scope: dict[str, Any]) -> Refusal | None:
+        """/v1 bodies are read only for a valid token (the route checks its role as before)."""
+        if not scope.get("path", "").startswith("/v1/"):
+            return None
+        try:
+            await st.auth.principal(Request(scope))
+        except HTTPException as e:
+            return e.status_code, e.detail, dict(e.headers or {})
+        return None
+
+    app.add_middleware(BodyLimit, default=OTHER_BODY_MAX, precheck=token_first,
+                       limits=[("/v1/", settings.api.max_body_bytes), ("/login", MAX_FORM_BYTES),
+                               ("/logout", MAX_FORM_BYTES)])
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

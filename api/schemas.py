@@ -61,10 +61,16 @@ QueryTime = Annotated[AwareDatetime, BeforeValidator(_query_time), AfterValidato
 #: Run ids: one path segment of /v1/runs/{run_id}, so no '/' (gpufleet.store.runs.RUN_ID_RE).
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$"
+#: runs.params is a bigint: a larger count is refused naming the field, not stored as an error.
+BIGINT_MAX = 2**63 - 1
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown fields and non-finite numbers (``Infinity``, ``NaN``, ``1e999``) are refused, naming
+    the field: a price or a count of infinity would be stored and turn every sum it enters into
+    infinity or null."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Allocation(Strict):
@@ -112,7 +118,7 @@ class RunCreate(Strict):
     team: str | None = Field(None, max_length=128)
     start: UtcDatetime | None = Field(None, description="defaults to now")
     end: UtcDatetime | None = None
-    params: int | None = Field(None, ge=1, description="model parameters, for MFU")
+    params: int | None = Field(None, ge=1, le=BIGINT_MAX, description="model parameters, for MFU")
     labels: dict[str, str] = Field(default_factory=dict)
     allocations: list[Allocation] = Field(default_factory=list)
 
@@ -121,7 +127,7 @@ class RunUpdate(Strict):
     name: str | None = Field(None, max_length=256)
     team: str | None = Field(None, max_length=128)
     end: UtcDatetime | None = None
-    params: int | None = Field(None, ge=1)
+    params: int | None = Field(None, ge=1, le=BIGINT_MAX)
     labels: dict[str, str] | None = None
     allocations: list[Allocation] | None = Field(None, description="added to the run's allocations")
 
@@ -136,6 +142,8 @@ class RunPublic(BaseModel):
     state: Literal["pending", "running", "ended"]
     params: int | None
     labels: dict[str, Any]
+    source: Literal["registered", "inferred"] = Field(
+        "registered", description="'inferred': registered by the collector from the runs agents saw on GPUs")
     gpu_count: int
     gpu_equivalents: float = Field(description="GPUs' worth held: the sum of the allocations' shares")
     allocations: list[Allocation]
@@ -325,12 +333,17 @@ class IncidentPublic(BaseModel):
     end: AwareDatetime | None
     last_seen: AwareDatetime
     evidence: dict[str, Any]
+    actions: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="what the quarantine hooks did: action (slurm_drain, k8s_cordon), target node, time, result "
+                    "(done, dry_run, failed, skipped, rate_limited) and detail")
 
 
 class Progress(Strict):
     time: UtcDatetime | None = Field(None, description="defaults to now")
     tokens: float | None = Field(None, ge=0, description="cumulative tokens processed")
     samples: float | None = Field(None, ge=0, description="cumulative samples processed")
+    steps: float | None = Field(None, ge=0, description="cumulative optimizer steps")
 
 
 # ---------------------------------------------------------------- accounting (contracts.md section 3)

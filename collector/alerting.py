@@ -30,7 +30,15 @@ OPEN_INCIDENTS_SQL = (
 NODES_SQL = "SELECT node, extract(epoch FROM last_seen), rejected_skew FROM nodes WHERE last_seen IS NOT NULL"
 #: Numeric evidence exported per open incident, so alert rules can threshold it
 #: (e.g. checkpoint stalls costing more than a share of run time).
-EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_share", "degraded_share")
+EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_share", "degraded_share",
+                   "links_down", "errors_per_min", "sbe_per_h", "pcie_replays_per_min")
+#: The latest quarantine attempt of each action on each open incident (``incidents.actions``).
+QUARANTINE_SQL = (
+    "SELECT DISTINCT ON (i.id, a->>'action') i.kind, i.node, a->>'action', a->>'result' "
+    "FROM incidents i CROSS JOIN LATERAL jsonb_array_elements(i.actions) a "
+    "WHERE i.state = 'open' AND jsonb_typeof(i.actions) = 'array' "
+    "ORDER BY i.id, a->>'action', a->>'time' DESC"
+)
 
 
 def _label(v: Any) -> str:
@@ -40,12 +48,16 @@ def _label(v: Any) -> str:
 class IncidentMetrics(Collector):
     """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident."""
 
-    def __init__(self, url: str, cache_s: float = 5.0) -> None:
+    def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False) -> None:
         self.url = url
         self.cache_s = cache_s
+        #: Leave run ids and evidence out: ``run_id`` is empty (series that then coincide are one,
+        #: value 1) and no ``gpufleet_incident_evidence`` is exported.
+        self.redact = redact
         self._at = 0.0
         self._rows: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[Any, ...]] = []
+        self._quarantine: list[tuple[Any, ...]] = []
         self._up = 1.0
 
     def _rows_now(self) -> list[tuple[Any, ...]]:
@@ -54,6 +66,7 @@ class IncidentMetrics(Collector):
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
                     self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
                     self._nodes = conn.execute(NODES_SQL).fetchall()
+                    self._quarantine = conn.execute(QUARANTINE_SQL).fetchall()
                 self._up = 1.0
             except psycopg.Error:
                 self._up = 0.0  # keep the last known set; report that it is stale
@@ -66,14 +79,27 @@ class IncidentMetrics(Collector):
                               labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
         ev = GaugeMetricFamily("gpufleet_incident_evidence", "Numeric evidence of open incidents, by field",
                                labels=["kind", "run_id", "node", "gpu", "field"])
+        shown: set[tuple[str, ...]] = set()
         for _id, kind, run_id, node, gpu, cause, severity, _start, evidence in rows:
-            g.add_metric([kind, _label(run_id), _label(node), _label(gpu), _label(cause), severity], 1.0)
+            labels = (kind, "" if self.redact else _label(run_id), _label(node), _label(gpu), _label(cause), severity)
+            if labels not in shown:
+                shown.add(labels)
+                g.add_metric(list(labels), 1.0)
+            if self.redact:
+                continue
             for f in EVIDENCE_FIELDS:
                 v = (evidence or {}).get(f)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     ev.add_metric([kind, _label(run_id), _label(node), _label(gpu), f], float(v))
         yield g
-        yield ev
+        if not self.redact:
+            yield ev
+        q = GaugeMetricFamily("gpufleet_incident_quarantine",
+                              "Latest quarantine action on a node for an open incident (value 1; result done, "
+                              "dry_run or failed)", labels=["kind", "node", "action", "result"])
+        for kind, node, action, result in self._quarantine:
+            q.add_metric([kind, _label(node), _label(action), _label(result)], 1.0)
+        yield q
         seen = GaugeMetricFamily("gpufleet_node_last_seen_timestamp_seconds",
                                  "When the collector last stored a batch from the node (any replica)", labels=["node"])
         skew = CounterMetricFamily("gpufleet_node_rejected_skew_samples",

@@ -13,13 +13,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
 from gpufleet.auth import Principal
+from gpufleet.bodylimit import BodyLimit
 from gpufleet.collector.alerting import IncidentMetrics
 from gpufleet.collector.ingest import IngestHandler
 from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
 from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
 from gpufleet.httpauth import Authenticator
+from gpufleet.metricsauth import MetricsGuard, read_token
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,10 @@ INGEST_OPENAPI: dict[str, Any] = {
 }
 
 
+#: Largest body any collector route other than ingest accepts (they take none), bytes.
+OTHER_BODY_MAX = 64 * 1024
+
+
 class CollectorState:
     def __init__(self, url: str, settings: Settings, sweep: SweepFn | None) -> None:
         self.url = url
@@ -92,8 +99,15 @@ class IngestFastPath:
     def __init__(self, app: FastAPI, state: CollectorState) -> None:
         self.app = app
         self.state = state
+        # Bodies are bounded before anything reads them: ingest at its own limit, every other
+        # route (they take no body) at a few KiB.
+        self._bounded = BodyLimit(self._dispatch, default=OTHER_BODY_MAX,
+                                  limits=[("/v1/ingest", state.settings.ingest.max_body_bytes)])
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self._bounded(scope, receive, send)
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/v1/ingest" and scope["method"] == "POST":
             request = Request(scope, receive)
             try:
@@ -128,7 +142,9 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
 
     app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
     app.state.collector = state
-    state.metrics.registry.register(IncidentMetrics(url))
+    m = settings.metrics
+    guard = MetricsGuard(read_token(m.token, m.token_file, "metrics"), tuple(m.client_names))
+    state.metrics.registry.register(IncidentMetrics(url, redact=m.redact))
 
     async def principal(request: Request) -> Principal:
         return await state.auth.principal(request)
@@ -155,7 +171,12 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
                             headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)})
 
     @app.get("/metrics", tags=["health"])
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        """Prometheus exposition; a bearer token and/or a client certificate when ``metrics`` says so."""
+        refused = guard.refusal(request.headers.get("authorization"), client_cert_names(request.scope))
+        if refused is not None:
+            status, detail, headers = refused
+            return JSONResponse({"detail": detail}, status_code=status, headers=headers)
         state.metrics.queue_rows.set(state.writer.queued_rows)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

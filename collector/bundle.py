@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME, INT_RANGES
+from gpufleet.catalog import GPU_ALIASES, GPU_BY_NAME, HOST_BY_NAME, INT_RANGES
 from gpufleet.store.runs import RUN_ID_RE
 from gpufleet.timeparse import TimeParseError, parse_time
 from gpufleet.wire import Batch, WireError, validate
@@ -100,7 +100,13 @@ def _samples(path: Path, gpu: bool, bundle: Bundle) -> None:
     key = ("time", "node", "gpu") if gpu else ("time", "node")
     _require(path, header, key)
     catalog = GPU_BY_NAME if gpu else HOST_BY_NAME
-    known = [c for c in header if c in catalog]
+    # contracts.md names the volatile DBE counter ``ecc_dbe``; the catalog calls it ecc_dbe_vol.
+    rename = {old: new for old, new in GPU_ALIASES.items() if gpu and old in header}
+    both = [old for old, new in rename.items() if new in header]
+    if both:
+        raise BundleError(f"{path.name}: line 1: columns {both[0]!r} and {rename[both[0]]!r} are one counter "
+                          "under its old and new name: keep one")
+    known = [c for c in header if c in catalog or c in rename]
     by_node: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for lineno, row in rows:
         node = row["node"]
@@ -113,9 +119,9 @@ def _samples(path: Path, gpu: bool, bundle: Bundle) -> None:
                 raise BundleError(f"{path.name}: line {lineno}, column 'gpu': empty")
             rec["gpu"] = g
         for c in known:
-            f = catalog[c]
+            f = catalog[rename.get(c, c)]
             v = row[c]
-            rec[c] = (v or None) if f.kind == "text" else _number(path, lineno, c, v, f.kind in INT_RANGES)
+            rec[f.name] = (v or None) if f.kind == "text" else _number(path, lineno, c, v, f.kind in INT_RANGES)
         by_node[node].append((lineno, rec))
     section = "gpu" if gpu else "host"
     for node, recs in sorted(by_node.items()):

@@ -88,3 +88,21 @@ def sweep(conn: psycopg.Connection, findings: list[Finding], now: float, resolve
                           last_ends(conn, (f.scope_key for f in findings)))
         apply(conn, plan)
     return plan
+
+
+def store_all(conn: psycopg.Connection, incidents: Iterable[Incident]) -> int:
+    """Write incidents that a lifecycle kept elsewhere (replay's memory store), open and resolved.
+
+    Replay then reads them as the live collector reads its own: per-run
+    accounting takes the time starvation and checkpoint stalls lost from
+    ``incidents`` (goodput), whatever store decided them.
+    """
+    n = 0
+    for i in incidents:
+        conn.execute(
+            'INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, state, start, "end", '
+            "last_seen, last_active, hold_s, evidence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (i.kind, i.scope_key, i.run_id, i.node, i.gpu, i.cause, i.severity, i.state, _ts(i.start), _ts(i.end),
+             _ts(i.last_seen), _ts(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
+        n += 1
+    return n

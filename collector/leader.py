@@ -1,4 +1,8 @@
-"""Work that exactly one collector replica does: rollups, detector sweeps, retention.
+"""Work that exactly one collector replica does: rollups, inferred runs, detector sweeps, retention.
+
+Each sweep interval, runs are first registered from what agents saw on the
+GPUs (:class:`gpufleet.store.inferred.Inferrer`, when ``runs.infer``), so
+the sweep that follows covers them.
 
 Leadership is a PostgreSQL session advisory lock held on a dedicated
 connection.  When the leader dies its connection closes and the lock is
@@ -12,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import psycopg
 
@@ -19,7 +24,8 @@ from gpufleet.collector import rollup
 from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
-from gpufleet.db.policies import backend_of, enforce_retention_plain
+from gpufleet.db.policies import backend_of, enforce_retention_plain, enforce_span_retention
+from gpufleet.store.inferred import Inferrer
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,7 @@ class Leader:
         self.last_sweep_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.inferrer = Inferrer(settings.runs.inferred_end_grace_s) if settings.runs.infer else None
 
     def start(self) -> None:
         self._stop.clear()
@@ -94,6 +101,8 @@ class Leader:
                 backlog = work.execute("SELECT count(*) FROM rollup_queue").fetchone()
                 self.metrics.rollup_lag.set(backlog[0] if backlog else 0)
                 now = time.monotonic()
+                if now >= next_sweep:
+                    self._infer(work)
                 if self.sweep is not None and now >= next_sweep:
                     next_sweep = now + self.settings.detect.sweep_interval_s
                     t0 = time.perf_counter()
@@ -108,11 +117,30 @@ class Leader:
                     self.sweeps += 1
                     self.metrics.sweep_seconds.observe(time.perf_counter() - t0)
                     release_free_memory()
-                if plain and now >= next_retention:
+                if now >= next_retention:
                     next_retention = now + 3600.0
-                    enforce_retention_plain(work, self.settings)
+                    if plain:
+                        enforce_retention_plain(work, self.settings)
+                    else:  # TimescaleDB's policies keep the rollups; spans are an ordinary table
+                        enforce_span_retention(work, self.settings)
+                if self.sweep is None and now >= next_sweep:
+                    next_sweep = now + self.settings.detect.sweep_interval_s
                 if res.ranges == 0:
                     self._stop.wait(self.rollup_interval_s)
+
+    def _infer(self, work: psycopg.Connection) -> None:
+        """Register, allocate and end inferred runs; a failure is logged and never stops the leader's work."""
+        if self.inferrer is None:
+            return
+        try:
+            res = self.inferrer.run_once(work, datetime.now(UTC))
+        except psycopg.OperationalError:
+            raise
+        except Exception:  # a bug here must not stop rollups or sweeps
+            log.exception("inferring runs failed")
+            return
+        self.metrics.inferred_runs.inc(len(res.created))
+        self.metrics.inferred_conflicts.inc(len(res.conflicts))
 
 
 class DbMonitor:

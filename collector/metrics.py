@@ -24,6 +24,12 @@ class CollectorMetrics:
         self.sweep_seconds = Histogram("gpufleet_sweep_seconds", "Detector sweep duration",
                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=r)
         self.rollup_lag = Gauge("gpufleet_rollup_queue_rows", "Ranges waiting for the rollup worker", registry=r)
+        self.inferred_runs = Counter("gpufleet_inferred_runs", "Runs registered from the runs agents saw on GPUs",
+                                     registry=r)
+        self.inferred_conflicts = Counter(
+            "gpufleet_inferred_run_conflicts",
+            "Inferred allocations or run windows the one-run-per-GPU rule refused (samples still stored)",
+            registry=r)
         # gpufleet_incident_open comes from collector.alerting.IncidentMetrics (read from the
         # database by every replica); a second family of that name here would make the whole
         # exposition unparseable ("second HELP line").

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gpufleet.catalog import GPU_BY_NAME, GPU_FIELDS, INT_RANGES
+from gpufleet.catalog import GPU_BY_NAME, GPU_CSV_NAMES, GPU_FIELDS, INT_RANGES
 from gpufleet.collector.bundle import BundleError, read_bundle
 from gpufleet.facts import FactsError, check_facts
 from gpufleet.gpu_models import board_power_w
@@ -90,7 +90,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "pcie_gen_max": ("pcie.link.gen.max", "pcie_gen_max"),
     "pcie_width": ("pcie.link.width.current", "pcie_width"),
     "pcie_width_max": ("pcie.link.width.max", "pcie_width_max"),
-    "ecc_dbe": ("ecc.errors.uncorrected.volatile.total", "ecc_dbe"),
+    "ecc_dbe_vol": ("ecc.errors.uncorrected.volatile.total", "ecc_dbe", "ecc_dbe_vol"),
+    "ecc_sbe_vol": ("ecc.errors.corrected.volatile.total", "ecc_sbe_vol"),
+    "ecc_sbe_agg": ("ecc.errors.corrected.aggregate.total", "ecc_sbe_agg"),
+    "ecc_dbe_agg": ("ecc.errors.uncorrected.aggregate.total", "ecc_dbe_agg"),
+    "remapped_rows_correctable": ("remapped_rows.correctable", "remapped_rows_correctable"),
+    "remapped_rows_uncorrectable": ("remapped_rows.uncorrectable", "remapped_rows_uncorrectable"),
+    "remapped_rows_pending": ("remapped_rows.pending", "remapped_rows_pending"),
+    "remapped_rows_failed": ("remapped_rows.failure", "remapped_rows_failed"),
 }
 
 #: The sample time.
@@ -124,6 +131,10 @@ UNITS: dict[str, str] = {
     "util_pct": "%", "power_w": "W", "power_limit_w": "W", "mem_used_mib": "MiB", "mem_total_mib": "MiB",
     "temp_c": "C", "mem_temp_c": "C", "sm_clock_mhz": "MHz", "sm_clock_max_mhz": "MHz", "mem_clock_mhz": "MHz",
 }
+
+#: Yes/No columns (``remapped_rows.pending``, ``remapped_rows.failure``) stored as 1/0.
+FLAG_COLUMNS = frozenset({"remapped_rows_pending", "remapped_rows_failed"})
+FLAG_WORDS = {"yes": 1, "no": 0, "true": 1, "false": 0, "1": 1, "0": 0}
 
 #: Values that mean "no reading" (besides anything in square brackets).
 MISSING = frozenset({"", "-", "n/a", "na", "nan", "none"})
@@ -508,6 +519,10 @@ def _value(where: str, target: str, cell: str, header_unit: str | None) -> Any:
         return None
     if target == "uuid":
         return raw
+    if target in FLAG_COLUMNS:
+        flag = FLAG_WORDS.get(raw.lower())
+        if flag is not None:
+            return flag
     if target == "throttle_reasons" and raw.lower().startswith("0x"):
         try:
             v: float | int = int(raw, 16)
@@ -601,7 +616,7 @@ def _facts(seen: dict[tuple[str, int], dict[str, str]], samples: list[_Sample],
 
 
 def _gpu_csv(samples: list[_Sample], targets: list[str]) -> str:
-    lines = [",".join(["time", "node", "gpu", *targets])]
+    lines = [",".join(["time", "node", "gpu", *(GPU_CSV_NAMES.get(t, t) for t in targets)])]
     for s in samples:
         cells = [_iso(_dt(s.t_us)), s.node, str(s.gpu)]
         for t in targets:

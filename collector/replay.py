@@ -4,7 +4,9 @@ contracts.md section 2: the bundle is loaded through the collector's ingest
 path (validation and the group-commit writer), rollups are built, every
 detector runs over the timeline exactly as the live sweep would (same code,
 a simulated clock stepping by the sweep interval) and incidents follow the
-same lifecycle.  Outputs are written only when everything succeeded, each
+same lifecycle; the incidents are then stored as the live collector stores
+them, so the accounting's goodput counts the time they lost.  Outputs are
+written only when everything succeeded, each
 through a temporary file and a rename, so nothing partial is ever left.
 """
 
@@ -28,7 +30,7 @@ from gpufleet.collector import rollup
 from gpufleet.collector.bundle import Bundle, read_bundle
 from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.registry import run_detectors
-from gpufleet.collector.incident_store import clean_json
+from gpufleet.collector.incident_store import clean_json, store_all
 from gpufleet.collector.incidents import MemoryIncidentStore
 from gpufleet.collector.window_cache import WindowCache, load_runs
 from gpufleet.collector.writer import GroupWriter, _Item
@@ -142,6 +144,9 @@ def replay(url: str, bundle_dir: Path, settings: Settings,
         rollup.drain(conn, settings.accounting.max_gap_s, backend_of(conn) != "timescaledb")
         store, sweeps = sweep_timeline(conn, bundle, settings)
         say(f"{sweeps} sweeps, {len(store.incidents())} incidents")
+        # The incidents feed the accounting's goodput as the live store's do.
+        with conn.transaction():
+            store_all(conn, store.incidents())
         accounting = accounting_for(conn, bundle, settings)
     return ReplayResult(store.records(), accounting, sweeps, bundle.gpu_rows, bundle.host_rows)
 

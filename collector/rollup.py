@@ -11,6 +11,11 @@ therefore handled: whichever buckets a new sample changes are recomputed.
 A new sample changes the intervals to its previous and next samples, so the
 recomputed minutes run from the minute of the previous sample to the minute
 of the next one; those minutes in turn need the samples just outside them.
+
+An interval longer than the gap rule (``max_gap_s``) is counted only from the
+energy counter, which bridges gaps of any length; it is stored as one row of
+``gpu_energy_spans`` and never spread over the minutes it covers, so a few
+samples days apart write a few rows, not one per GPU per minute.
 """
 
 from __future__ import annotations
@@ -59,8 +64,37 @@ GPU_SAMPLES_FOR_RANGES = """(
   WHERE s.mig_instance IS NULL
 ) smp"""
 
+# Spans (counter intervals longer than max_gap_s) overlapping the rebuilt buckets are replaced;
+# the ones removed are remembered so that an interval reaching outside [b0, b1) keeps the form
+# it was stored in (see GPU_INTERVALS_SQL).
+GPU_DELETE_SPANS_SQL = """
+WITH d AS (DELETE FROM gpu_energy_spans e USING _rollup_gpu rr
+           WHERE e.node = rr.node AND e.gpu = rr.gpu AND e.t1 > rr.b0 AND e.t0 < rr.b1
+           RETURNING e.node, e.gpu, e.t0)
+INSERT INTO _rollup_span_old SELECT * FROM d"""
+
+# Every interval of the range's samples, computed once into _rollup_iv.  A counted interval longer
+# than max_gap_s (the counter bridging a gap) becomes one gpu_energy_spans row instead of one row per
+# minute it covers; the others are spread over minutes as before.  An interval that reaches outside
+# [b0, b1) is a span only if it was one: rows written before spans existed stay minute rows, since
+# its minutes outside the range are not rewritten here.
+GPU_INTERVALS_SQL = f"""
+INSERT INTO _rollup_iv (node, gpu, t0, t1, dt, j, span)
+SELECT i.node, i.gpu, i.t0, i.t1, i.dt, i.j,
+  (i.j IS NOT NULL AND i.dt > %(max_gap_s)s
+   AND ((i.t0 >= rr.b0 AND i.t1 <= rr.b1)
+        OR EXISTS (SELECT 1 FROM _rollup_span_old o WHERE o.node = i.node AND o.gpu = i.gpu AND o.t0 = i.t0)))
+FROM ({E.gpu_interval_select(GPU_SAMPLES_FOR_RANGES)}) i
+JOIN _rollup_gpu rr ON rr.node = i.node AND rr.gpu = i.gpu"""
+
+GPU_REBUILD_SPANS_SQL = """
+INSERT INTO gpu_energy_spans (node, gpu, t0, t1, energy_j)
+SELECT iv.node, iv.gpu, iv.t0, iv.t1, iv.j
+FROM _rollup_iv iv JOIN _rollup_gpu rr ON rr.node = iv.node AND rr.gpu = iv.gpu
+WHERE iv.span AND iv.t1 > rr.b0 AND iv.t0 < rr.b1"""
+
 GPU_REBUILD_1M_SQL = f"""
-WITH parts AS ({E.split_by_minute(E.gpu_interval_select(GPU_SAMPLES_FOR_RANGES), "node, gpu")})
+WITH parts AS ({E.split_by_minute("SELECT node, gpu, t0, t1, dt, j FROM _rollup_iv WHERE NOT span", "node, gpu")})
 INSERT INTO gpu_energy_1m (bucket, node, gpu, energy_j, covered_s)
 SELECT p.bucket, p.node, p.gpu, sum(p.part_j), sum(p.part_s)
 FROM parts p JOIN _rollup_gpu rr ON rr.node = p.node AND rr.gpu = p.gpu
@@ -128,7 +162,10 @@ TEMP_TABLES_SQL = """
 CREATE TEMP TABLE IF NOT EXISTS _rollup_gpu (node text, gpu smallint, b0 timestamptz, b1 timestamptz,
   a timestamptz, z timestamptz) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS _rollup_host (node text, b0 timestamptz, b1 timestamptz,
-  a timestamptz, z timestamptz) ON COMMIT DELETE ROWS"""
+  a timestamptz, z timestamptz) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS _rollup_span_old (node text, gpu smallint, t0 timestamptz) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS _rollup_iv (node text, gpu smallint, t0 timestamptz, t1 timestamptz, dt float8,
+  j float8, span bool) ON COMMIT DELETE ROWS"""
 
 
 def _stats_sql(kind: str) -> tuple[str, str]:
@@ -148,6 +185,8 @@ def _stats_sql(kind: str) -> tuple[str, str]:
 class RollupResult:
     ranges: int = 0
     gpu_buckets: int = 0
+    #: Counter intervals longer than the gap rule written as one row each.
+    gpu_spans: int = 0
     host_buckets: int = 0
 
 
@@ -176,10 +215,13 @@ def rebuild(conn: psycopg.Connection, ranges: dict[str, tuple[datetime, datetime
               "max_gap_s": max_gap_s}
     for stmt in TEMP_TABLES_SQL.split(";"):
         conn.execute(stmt)
-    conn.execute("TRUNCATE _rollup_gpu, _rollup_host")
+    conn.execute("TRUNCATE _rollup_gpu, _rollup_host, _rollup_span_old, _rollup_iv")
     conn.execute(GPU_RANGES_SQL, params)
     conn.execute(GPU_DELETE_1M_SQL)
-    res.gpu_buckets = conn.execute(GPU_REBUILD_1M_SQL, params).rowcount
+    conn.execute(GPU_DELETE_SPANS_SQL)
+    conn.execute(GPU_INTERVALS_SQL, params)
+    res.gpu_spans = conn.execute(GPU_REBUILD_SPANS_SQL).rowcount
+    res.gpu_buckets = conn.execute(GPU_REBUILD_1M_SQL).rowcount
     conn.execute(GPU_DELETE_1H_SQL)
     conn.execute(GPU_REBUILD_1H_SQL)
     conn.execute(HOST_RANGES_SQL, params)

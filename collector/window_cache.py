@@ -31,7 +31,12 @@ log = logging.getLogger(__name__)
 #: GPU columns the detectors read (see collector/detectors).
 GPU_COLUMNS = ("util_pct", "sm_active", "tensor_active", "dram_active", "power_w", "power_limit_w",
                "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle_reasons", "pcie_gen", "pcie_gen_max",
-               "pcie_width", "pcie_width_max", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "xid")
+               "pcie_width", "pcie_width_max", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "xid",
+               "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_links_up", "nvlink_links_max", "nvlink_crc_errors",
+               "nvlink_replay_errors", "nvlink_recovery_errors", "ecc_sbe_vol", "ecc_dbe_vol",
+               "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failed", "pcie_replay_count",
+               "job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
+               "job_io_pressure_pct")
 HOST_COLUMNS = ("cpu_user_pct", "cpu_system_pct", "cpu_iowait_pct", "cpu_idle_pct", "cpu_count",
                 "disk_read_bytes_s", "disk_write_bytes_s", "disk_util_pct", "disk_await_ms",
                 "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w")

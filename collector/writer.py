@@ -13,6 +13,9 @@ whatever has happened to its chunk since (compression included).  The key
 includes the node: another node sending the same id (a cloned agent, or a
 token of another node) must not turn this node's batch into a "duplicate".
 
+Runs: the (run, node, GPU) sightings of the samples' ``run_id`` are kept in
+the same transaction (:mod:`gpufleet.collector.sightings`), for inferred runs.
+
 Isolation: whatever goes wrong while encoding or writing one batch fails
 that batch alone.  A group that fails is retried batch by batch; a batch that
 still fails answers 422 when the database refused its content and 500 for
@@ -39,6 +42,7 @@ import psycopg
 from psycopg import sql
 
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
+from gpufleet.collector import sightings
 from gpufleet.collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
 from gpufleet.wire import Batch, Column
 
@@ -117,6 +121,7 @@ class GroupWriter:
         #: Items each worker thread has taken and not yet resolved, by thread.
         self._held: dict[int, dict[int, _Item]] = {}
         self._node_touched: dict[str, float] = {}
+        self.sightings = sightings.SightingCache()
 
     # -- producer side (event loop) -------------------------------------------
 
@@ -344,7 +349,9 @@ class GroupWriter:
                 _copy(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
             if any(b.n_host for b in new):
                 _copy(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in new if b.n_host])
+            written = sightings.record(conn, new, self.sightings)
             self._touch_nodes(conn, new)
+        self.sightings.stored(written)
         self.stats.transactions += 1
         self.stats.batches_stored += len(new)
         self.stats.batches_duplicate += len(items) - len(new)

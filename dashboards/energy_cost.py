@@ -109,6 +109,42 @@ ORDER BY 1, 2
 """
 
 
+#: The power-cap advisor's view (gpufleet.advisor.power_cap) at minute resolution: per model, GPU model
+#: and power limit, tokens per joule and per second per GPU, over minutes where every GPU of a run ran
+#: at one limit.  Tokens count in the minute of the report that brought them; the API's
+#: /v1/advisor/power-cap interpolates and names its advice.
+POWER_CAP = """
+WITH m AS (
+  SELECT a.run_id, st.bucket, min(st.power_limit_w) AS lo, max(st.power_limit_w) AS hi, count(*) AS gpus,
+         sum(e.energy_j) AS joules, min(coalesce(n.facts->>'gpu_model', n.facts->'gpus'->0->>'name', '')) AS gpu_model
+  FROM run_allocations a
+  JOIN gpu_stats_1m st ON st.node = a.node AND st.gpu = a.gpu
+  JOIN gpu_energy_1m e ON e.node = st.node AND e.gpu = st.gpu AND e.bucket = st.bucket
+  LEFT JOIN nodes n ON n.node = a.node
+  WHERE $__timeFilter(st.bucket) AND a.run_id IN (SELECT DISTINCT run_id FROM run_progress WHERE tokens IS NOT NULL)
+  GROUP BY 1, 2
+), p AS (
+  SELECT q.run_id, date_trunc('minute', q.time) AS bucket, sum(greatest(q.tokens - q.prev, 0)) AS tokens
+  FROM (SELECT run_id, time, tokens, lag(tokens) OVER (PARTITION BY run_id ORDER BY time) AS prev
+        FROM run_progress
+        WHERE tokens IS NOT NULL AND time BETWEEN $__timeFrom()::timestamptz - interval '10 minutes'
+                                               AND $__timeTo()::timestamptz) q
+  WHERE q.prev IS NOT NULL
+  GROUP BY 1, 2
+)
+SELECT coalesce(r.labels->>'model', r.name, r.run_id) AS "Model", m.gpu_model AS "GPU model",
+       round(m.lo::numeric) AS "Power limit", count(DISTINCT m.run_id) AS "Runs", count(*) AS "Minutes",
+       sum(coalesce(p.tokens, 0)) / nullif(sum(m.joules), 0) AS "Tokens per joule",
+       sum(coalesce(p.tokens, 0)) / nullif(sum(m.gpus) * 60.0, 0) AS "Tokens/s per GPU",
+       sum(m.joules) / nullif(sum(m.gpus) * 60.0, 0) AS "Power per GPU"
+FROM m JOIN runs r ON r.run_id = m.run_id
+LEFT JOIN p ON p.run_id = m.run_id AND p.bucket = m.bucket
+WHERE m.hi - m.lo <= 0.5
+GROUP BY 1, 2, 3
+ORDER BY 1, 2, 3 DESC
+"""
+
+
 def build() -> dict[str, Any]:
     b = Board(UID, "gpufleet / Energy and cost",
               "kWh, cost and CO2e by site, team and run over the range, exactly as the API accounts them; GPU "
@@ -146,4 +182,11 @@ def build() -> dict[str, Any]:
                      "Tokens processed per joule (GPU + host share) of each run that reports progress, per step.",
                      "short", w=24, fill=0))
     b.panels[-2]["fieldConfig"]["defaults"]["custom"]["lineInterpolation"] = "stepAfter"
+    b.add(table("Power limit vs tokens per joule", POWER_CAP,
+                "Per model, GPU model and enforced power limit: tokens per joule of GPU energy and tokens per "
+                "second per GPU, over the minutes every GPU of a run ran at that limit. A lower limit that keeps "
+                "most of the throughput and raises tokens per joule is energy saved; GET /v1/advisor/power-cap "
+                "names the limit within a throughput budget, with the points used (or says the data is too thin).",
+                h=8, units={"Power limit": "watt", "Power per GPU": "watt", "Tokens per joule": "short",
+                            "Tokens/s per GPU": "short"}))
     return b.to_json()

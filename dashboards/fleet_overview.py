@@ -200,6 +200,22 @@ ORDER BY 1
 """
 
 
+#: Hardware health over the range: NVLink, memory and bus incidents, and repeated XIDs, worst first.
+HEALTH_INCIDENTS = f"""
+SELECT i.node AS "Node", i.gpu AS "GPU", i.kind AS "Kind", i.cause AS "Cause", i.severity AS "Severity",
+       i.state AS "State", i.start AS "Since",
+       coalesce(i.evidence->>'links_down', i.evidence->>'errors_per_min', i.evidence->>'sbe_per_h',
+                i.evidence->>'pcie_replays_per_min', i.evidence->>'dbe_errors',
+                i.evidence->>'xid_codes', '') AS "Figure",
+       jsonb_array_length(CASE WHEN jsonb_typeof(i.actions) = 'array' THEN i.actions ELSE '[]' END)
+         AS "Quarantine actions"
+FROM incidents i
+WHERE (i.kind IN ('nvlink_degraded', 'gpu_health') OR (i.kind = 'host_misconfig' AND i.cause = 'repeated_xid'))
+  AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM} AND {incident_in_site()}
+ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 END, i.start DESC
+"""
+
+
 def build() -> dict[str, Any]:
     b = Board(UID, "gpufleet / Fleet overview",
               "GPUs busy, idle and starved; power and energy; open incidents. 'Now' is the end of the range.")
@@ -218,6 +234,12 @@ def build() -> dict[str, Any]:
                w=8, h=8),
           table("Open incidents", OPEN_INCIDENTS, "Open at the end of the range, critical first.",
                 w=16, h=8, units={"Open for": "s", "Since": "dateTimeAsIso"}))
+    b.add(table("GPU hardware health", HEALTH_INCIDENTS,
+                "NVLink degradation (links down, collectives over PCIe, link errors), GPU memory and bus health "
+                "(uncorrectable ECC, row remaps, correctable-error storms, PCIe replays) and repeated XIDs over "
+                "the range, open and critical first; the figure is the incident's headline number, the "
+                "incident's evidence has the rest and decodes the XIDs. Quarantine actions: drains or cordons "
+                "recorded on it.", h=8, units={"Since": "dateTimeAsIso"}))
     b.row("Over time")
     b.add(timeseries("GPU states", GPU_STATES_OVER_TIME,
                      "GPUs per state in each interval (average GPU-Util of the interval).", "none",

@@ -84,11 +84,52 @@ SELECT DISTINCT ON (s.node, s.gpu)
        s.pcie_width_max AS "max width", s.power_limit_w AS "Power limit",
        s.sm_clock_mhz AS "SM clock", s.sm_clock_max_mhz AS "max SM clock",
        '0x' || to_hex(coalesce(s.throttle_reasons, 0)) AS "Throttle reasons",
-       s.xid AS "Last XID", s.ecc_dbe AS "ECC DBE"
+       s.xid AS "Last XID", s.ecc_dbe_vol AS "ECC DBE"
 FROM gpu_samples s
 WHERE s.time BETWEEN {RANGE_TO} - interval '2 minutes' AND {RANGE_TO} AND s.mig_instance IS NULL
   AND {GPU_WHERE.replace("@", "s")}
 ORDER BY s.node, s.gpu, s.time DESC
+"""
+
+#: NVLink traffic per GPU (transmit and receive averaged).  From raw samples on both backends:
+#: the minute rollups carry no NVLink columns, so a long range reads more rows here.
+NVLINK = f"""
+SELECT $__timeGroupAlias(s.time, $__interval), s.node || '/' || s.gpu AS metric,
+       avg((coalesce(s.nvlink_tx_bytes_s, s.nvlink_rx_bytes_s) + coalesce(s.nvlink_rx_bytes_s, s.nvlink_tx_bytes_s))
+           / 2.0) AS value
+FROM gpu_samples s
+WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {GPU_WHERE.replace("@", "s")}
+  AND (s.nvlink_tx_bytes_s IS NOT NULL OR s.nvlink_rx_bytes_s IS NOT NULL)
+GROUP BY 1, 2
+ORDER BY 1, 2
+"""
+
+#: Per GPU over the range: NVLink links, and how much each error counter rose (a counter that
+#: restarted, after a driver reload, counts from its restart).
+HEALTH = f"""
+WITH s AS (
+  SELECT s.node, s.gpu, s.time, s.nvlink_links_up, s.nvlink_links_max, s.remapped_rows_pending,
+         s.remapped_rows_failed,
+         s.nvlink_crc_errors + coalesce(s.nvlink_replay_errors, 0) AS nvl_err, s.ecc_sbe_vol, s.ecc_dbe_vol,
+         s.pcie_replay_count
+  FROM gpu_samples s
+  WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {GPU_WHERE.replace("@", "s")}
+), d AS (
+  SELECT s.*, nvl_err - lag(nvl_err) OVER w AS d_nvl, ecc_sbe_vol - lag(ecc_sbe_vol) OVER w AS d_sbe,
+         ecc_dbe_vol - lag(ecc_dbe_vol) OVER w AS d_dbe, pcie_replay_count - lag(pcie_replay_count) OVER w AS d_rep
+  FROM s WINDOW w AS (PARTITION BY node, gpu ORDER BY time)
+)
+SELECT node AS "Node", gpu AS "GPU",
+       min(nvlink_links_up) AS "NVLink links up (min)", max(nvlink_links_max) AS "NVLink links",
+       coalesce(sum(d_nvl) FILTER (WHERE d_nvl > 0), 0) AS "NVLink CRC+replay errors",
+       coalesce(sum(d_sbe) FILTER (WHERE d_sbe > 0), 0) AS "ECC single-bit",
+       coalesce(sum(d_dbe) FILTER (WHERE d_dbe > 0), 0) AS "ECC double-bit",
+       coalesce(max(remapped_rows_pending), 0) AS "Remap pending",
+       coalesce(max(remapped_rows_failed), 0) AS "Remap failed",
+       coalesce(sum(d_rep) FILTER (WHERE d_rep > 0), 0) AS "PCIe replays"
+FROM d
+GROUP BY 1, 2
+ORDER BY 3 NULLS LAST, 5 DESC, 7 DESC, 1, 2
 """
 
 CPU = per_node_series({
@@ -192,6 +233,14 @@ def build() -> dict[str, Any]:
                 "Latest sample of each GPU (last 2 minutes of the range): PCIe link against its maximum, "
                 "power limit, clocks, throttle-reason bitmask, last XID.", h=8,
                 units={"Last sample": "dateTimeAsIso", "Power limit": "watt", "SM clock": "rothz"}))
+    b.add(_gpu_ts("NVLink traffic per GPU", NVLINK,
+                  "NVLink bytes/s per GPU, transmit and receive averaged. Healthy data-parallel training shows "
+                  "tens of GB/s on every GPU of a node; one GPU near zero while its PCIe traffic rises, or every "
+                  "GPU near zero with NVLink present, is the nvlink_degraded detector's pcie_fallback.", "Bps"),
+          table("NVLink and memory health", HEALTH,
+                "Per GPU over the range: NVLink links up against the links it has, and what the error "
+                "counters added (NVLink CRC and replay errors, ECC single- and double-bit errors, PCIe "
+                "replays); remap pending or failed flags. GPUs with links down or errors first.", w=12, h=8))
     b.row("Hosts")
     b.add(timeseries("CPU", CPU, "All-CPU user, system and iowait per node (mpstat 'all').", "percent",
                      fill=0),

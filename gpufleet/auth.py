@@ -18,6 +18,8 @@ from typing import Literal
 
 import psycopg
 
+from gpufleet.names import is_node_name
+
 Role = Literal["node", "finance", "sre", "admin"]
 ROLES: tuple[Role, ...] = ("node", "finance", "sre", "admin")
 PREFIX = "gpf_"
@@ -78,6 +80,9 @@ def create_token(conn: psycopg.Connection, name: str, role: Role, node: str | No
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     if (role == "node") != (node is not None):
         raise ValueError("a node token needs --node; other roles must not have one")
+    if node is not None and not is_node_name(node):
+        raise ValueError(f"--node {node!r} is not a node name agents can send: 1-253 characters of "
+                         "[A-Za-z0-9._-], starting with a letter or digit")
     secret = new_secret()
     conn.execute(
         "INSERT INTO agent_tokens (name, token_hash, role, node) VALUES (%s, %s, %s, %s)",

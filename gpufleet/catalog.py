@@ -36,6 +36,10 @@ class Field:
     #: Inclusive sanity bounds; values outside are refused at ingest.
     lo: float | None = None
     hi: float | None = None
+    #: A column of a trace bundle's gpu.csv (contracts.md section 1).  Project
+    #: extensions beyond the contract are stored and ingested but not written
+    #: to bundles, whose columns stay exactly the contract's.
+    bundle: bool = True
 
 
 GPU_FIELDS: tuple[Field, ...] = (
@@ -65,12 +69,66 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("pcie_width_max", "smallint", "lanes", "maximum PCIe link width", "nvmlDeviceGetMaxPcieLinkWidth", True, lo=0, hi=64),
     Field("nvlink_tx_bytes_s", "real", "B/s", "NVLink transmit rate", "DCGM_FI_PROF_NVLINK_TX_BYTES", lo=0),
     Field("nvlink_rx_bytes_s", "real", "B/s", "NVLink receive rate", "DCGM_FI_PROF_NVLINK_RX_BYTES", lo=0),
-    Field("ecc_dbe", "bigint", "count", "volatile double-bit ECC errors, cumulative", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", True, lo=0),
+    # Named ``ecc_dbe`` in contracts.md section 1; that name is still read everywhere
+    # (:data:`GPU_ALIASES`) and written as the bundle column.
+    Field("ecc_dbe_vol", "bigint", "count", "volatile double-bit (uncorrected) ECC errors since the driver loaded",
+          "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", True, lo=0),
     Field("xid", "integer", "code", "last XID error in the interval, 0 if none", "DCGM_FI_DEV_XID_ERRORS", True, lo=0),
     # Project extensions (contracts.md allows new optional columns).
     Field("mig_instance", "smallint", "", "MIG GPU-instance id; NULL for a whole physical GPU", "nvmlDeviceGetGpuInstanceId",
           lo=0, hi=1000),
     Field("run_id", "text", "", "run the GPU worked for, from attribution", ""),
+    # From dcgm-exporter's field list (deploy/dcgm-exporter/counters.csv) and DCGM: stored and
+    # ingested, outside trace bundles.
+    Field("gr_engine_active", "real", "ratio", "graphics/compute engine activity 0-1", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+          lo=0, hi=1, bundle=False),
+    Field("mem_copy_util_pct", "real", "%", "memory copy utilisation (framebuffer interface busy)",
+          "DCGM_FI_DEV_MEM_COPY_UTIL", True, lo=0, hi=100, bundle=False),
+    Field("nvlink_bandwidth_mb_s", "real", "MB/s", "NVLink throughput over all links, as DCGM reports it",
+          "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", True, lo=0, bundle=False),
+    # Memory, bus and NVLink health (contracts.md section 1, optional columns; stored
+    # after the columns above, in the order they were added).  Counters
+    # are cumulative; the volatile ones restart at a driver reload, the
+    # aggregate ones persist in the InfoROM for the board's life.
+    Field("ecc_sbe_vol", "bigint", "count", "volatile single-bit (corrected) ECC errors since the driver loaded",
+          "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", True, lo=0),
+    Field("ecc_sbe_agg", "bigint", "count", "single-bit (corrected) ECC errors over the board's life",
+          "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", True, lo=0),
+    Field("ecc_dbe_agg", "bigint", "count", "double-bit (uncorrected) ECC errors over the board's life",
+          "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", True, lo=0),
+    Field("remapped_rows_correctable", "bigint", "rows", "memory rows remapped after correctable errors",
+          "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", True, lo=0),
+    Field("remapped_rows_uncorrectable", "bigint", "rows", "memory rows remapped after uncorrectable errors",
+          "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", True, lo=0),
+    Field("remapped_rows_pending", "smallint", "flag", "1 when a row remap waits for a GPU reset to take effect",
+          "DCGM_FI_DEV_ROW_REMAP_PENDING", True, lo=0, hi=1),
+    Field("remapped_rows_failed", "smallint", "flag", "1 when a row remap failed (no spare row left)",
+          "DCGM_FI_DEV_ROW_REMAP_FAILED", True, lo=0, hi=1),
+    Field("pcie_replay_count", "bigint", "count", "PCIe link-level replays (retransmissions), cumulative",
+          "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", True, lo=0),
+    Field("nvlink_crc_errors", "bigint", "count", "NVLink flow-control (FLIT) CRC errors over all links, cumulative",
+          "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", True, lo=0),
+    Field("nvlink_replay_errors", "bigint", "count", "NVLink data-link replays over all links, cumulative",
+          "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL", True, lo=0),
+    Field("nvlink_recovery_errors", "bigint", "count", "NVLink link recoveries over all links, cumulative",
+          "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL", True, lo=0),
+    Field("nvlink_links_up", "smallint", "links", "NVLink links active now", "nvmlDeviceGetNvLinkState", True,
+          lo=0, hi=64),
+    Field("nvlink_links_max", "smallint", "links", "NVLink links the GPU has (active or not)",
+          "nvmlDeviceGetNvLinkState", True, lo=0, hi=64),
+    # The job's own cgroup (the processes on this GPU): the cause of a
+    # starvation is judged from what the job may use, not from the whole host.
+    # The same figures appear on every GPU the cgroup feeds.
+    Field("job_cpu_cores", "real", "cores", "CPU the job's cgroup used (cpu.stat usage_usec per second)",
+          "cgroup cpu.stat / cpuacct.usage", lo=0, hi=100000),
+    Field("job_cpu_quota_cores", "real", "cores", "CPU quota of the job's cgroup, tightest on its path; NULL unlimited",
+          "cgroup cpu.max / cpu.cfs_quota_us", lo=0, hi=100000),
+    Field("job_cpu_throttled_share", "real", "ratio", "share of CFS periods the job's cgroup was throttled",
+          "cgroup cpu.stat nr_throttled / nr_periods", lo=0, hi=1),
+    Field("job_cpu_pressure_pct", "real", "%", "share of time some task of the job waited for CPU",
+          "cgroup cpu.pressure some", lo=0, hi=100),
+    Field("job_io_pressure_pct", "real", "%", "share of time some task of the job waited for I/O",
+          "cgroup io.pressure some", lo=0, hi=100),
 )
 
 HOST_FIELDS: tuple[Field, ...] = (
@@ -95,10 +153,19 @@ HOST_KEY = ("time", "node")
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}
 HOST_BY_NAME = {f.name: f for f in HOST_FIELDS}
 
+#: Older names of GPU catalog columns, still accepted wherever samples enter
+#: (ingest, bundles) and mapped to the current name: ``ecc_dbe`` is the name
+#: contracts.md section 1 fixed for the volatile double-bit ECC counter.
+GPU_ALIASES: dict[str, str] = {"ecc_dbe": "ecc_dbe_vol"}
+#: Bundle (gpu.csv) column names that differ from the catalog's: the contract's
+#: own name is written, so tools that read bundles keep finding it.
+GPU_CSV_NAMES: dict[str, str] = {"ecc_dbe_vol": "ecc_dbe"}
+
 #: contracts.md section 1: the columns of a bundle's gpu.csv and host.csv, in
 #: order (the catalog's, less the collector's own MIG and run attribution).
 GPU_CSV_COLUMNS: tuple[str, ...] = (
-    "time", "node", "gpu", *(f.name for f in GPU_FIELDS if f.name not in ("mig_instance", "run_id")))
+    "time", "node", "gpu",
+    *(GPU_CSV_NAMES.get(f.name, f.name) for f in GPU_FIELDS if f.bundle and f.name not in ("mig_instance", "run_id")))
 HOST_CSV_COLUMNS: tuple[str, ...] = ("time", "node", *(f.name for f in HOST_FIELDS))
 
 #: Columns that may be NULL on a MIG instance row because they belong to the
@@ -134,3 +201,11 @@ def validate_catalog() -> None:
         dup = {n for n in names if names.count(n) > 1} | (set(names) & set(key))
         if dup:
             raise ValueError(f"metric catalog: duplicate or reserved field names {sorted(dup)}")
+    clash = set(GPU_ALIASES) & set(GPU_BY_NAME)
+    if clash or not set(GPU_ALIASES.values()) <= set(GPU_BY_NAME):
+        raise ValueError(f"metric catalog: aliases must name no current field and map to one: {sorted(clash)}")
+
+
+def canonical_gpu_name(name: str) -> str:
+    """The catalog name of a GPU column given by its current or an older name."""
+    return GPU_ALIASES.get(name, name)

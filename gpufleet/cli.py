@@ -176,11 +176,16 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
     import uvicorn
 
     from gpufleet.collector.service import build_collector
+    from gpufleet.metricsauth import MetricsAuthError
 
     s = settings_from(config, db)
     setup_logging(s)
     url = database(s)
-    uvicorn.run(build_collector(url, s), host=host or s.collector_host, port=port or s.collector_port,
+    try:
+        service = build_collector(url, s)
+    except MetricsAuthError as e:
+        fail(str(e))
+    uvicorn.run(service, host=host or s.collector_host, port=port or s.collector_port,
                 log_level=s.log_level.lower(), access_log=False, **_ssl(s))
 
 
@@ -624,6 +629,62 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
     except psycopg.OperationalError as e:
         fail(f"database: {str(e).strip().splitlines()[0]}")
     typer.echo("demo stopped")
+
+
+# ---------------------------------------------------------------- node diagnosis
+
+
+@app.command()
+def diagnose(
+        config: ConfigOpt = None,
+        source: Annotated[str, typer.Option(help="GPU source: auto | nvml | dcgm | dcgm_exporter | none")] = "auto",
+        as_json: Annotated[bool, typer.Option("--json", help="print the checks as one JSON document")] = False,
+        sample: Annotated[float, typer.Option(help="seconds between the two readings rates are taken over")] = 2.0,
+        proc_root: Annotated[Path | None, typer.Option(help="the host's /proc (default: agent.proc_root)")] = None,
+        sys_root: Annotated[Path | None, typer.Option(help="the host's /sys (default: agent.sys_root)")] = None,
+        fake_nvml: Annotated[int | None, typer.Option(hidden=True, help="fake H100s instead of NVML (tests)")] = None,
+) -> None:
+    """Run the SRE checklist on this node; exit 1 when a check fails.
+
+    PCIe link against its maximum, clocks-event reasons, CPU governor, the
+    job's CPU quota against the cores its GPUs need, GPU NUMA node against the
+    CPUs its processes may run on, iowait, NFS RPC stalls, NVLink against PCIe
+    traffic: each with its finding, the number behind it and the decision.
+    """
+    import socket
+
+    from gpufleet.agent.diagnose import report
+    from gpufleet.agent.diagnose.run import diagnose as run_diagnose
+    from gpufleet.agent.sources.base import Source, SourceError
+
+    if source not in ("auto", "nvml", "dcgm", "dcgm_exporter", "none"):
+        fail(f"--source: must be auto, nvml, dcgm, dcgm_exporter or none, not {source!r}")
+    if not 0 <= sample <= 60:
+        fail("--sample: must be within 0-60 s")
+    s = settings_from(config)
+    gpu: Source | None = None
+    if fake_nvml:
+        from gpufleet.agent.main import fake_nvml_source
+
+        gpu = fake_nvml_source(fake_nvml)
+    elif source != "none":
+        from gpufleet.agent.sources.registry import UnknownSource, build_source
+
+        try:
+            gpu = build_source("nvml" if source == "auto" else source, s.agent)
+        except (UnknownSource, SourceError, ValueError) as e:
+            fail(f"--source {source}: {e}")
+    view, checks = run_diagnose(gpu, proc_root or s.agent.proc_root, sys_root or s.agent.sys_root, sample,
+                                s.detect)
+    host = socket.gethostname()
+    if as_json:
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        typer.echo(json.dumps(report.document(checks, view, host, now), indent=1, default=str))
+    else:
+        typer.echo(report.summary_line(checks, host, view.interval_s))
+        typer.echo(report.table(checks))
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------- dashboards (Grafana)

@@ -58,6 +58,37 @@ class IngestSettings(BaseModel):
     dedup_days: float = Field(21.0, gt=0)
 
 
+class ApiSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    #: Largest request body of any /v1 route, bytes (the biggest legal one is a carbon or price
+    #: series of 100,000 points, about 7 MiB).  Checked before the body is read, and bodies are
+    #: read only after the token is checked; the web view's forms have limits of their own.
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+
+
+class MetricsSettings(BaseModel):
+    """Who may read the collector's ``/metrics``, and what it shows.
+
+    By default it is open, as Prometheus endpoints usually are, but it names nodes, run ids and
+    incident evidence; set a token (Prometheus ``authorization: credentials_file``) and/or client
+    certificate names (mTLS, with ``tls.client_ca``), and ``redact`` to leave run ids and evidence out.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    #: Bearer token a scrape must present (prefer ``token_file``; never logged).
+    token: str | None = Field(None, min_length=16)
+    #: File holding that token (first line), read at start.
+    token_file: Path | None = None
+    #: When set, a scrape must come with a verified client certificate whose CN or DNS name is one of
+    #: these (needs ``tls.client_ca`` and ``tls.client_cert`` optional or required).
+    client_names: list[str] = Field(default_factory=list)
+    #: Leave run ids (the label is empty) and incident evidence out of ``/metrics``; alerts that need
+    #: them then come from the Alertmanager push (``detect.alertmanager_url``).
+    redact: bool = False
+
+
 class StorageSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -98,6 +129,18 @@ class CarbonSettings(BaseModel):
     sources: list[CarbonSource] = Field(default_factory=list)
 
 
+class RunsSettings(BaseModel):
+    """Runs the collector registers from the runs agents attribute to GPU samples (gpufleet.store.inferred)."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Register a run (``source: inferred``) and its GPUs when samples name a run nobody registered.
+    infer: bool = True
+    #: An inferred run ends at its last sample once no GPU has shown it for this long, seconds:
+    #: longer than a pod restart or a rescheduled worker, shorter than the gap between two jobs.
+    inferred_end_grace_s: float = Field(300.0, gt=0)
+
+
 class DetectSettings(DetectorConfig):
     """The sweep's cadence plus every detector threshold (inherited from
     :class:`DetectorConfig`, where each one's reasoning is documented)."""
@@ -112,6 +155,44 @@ class DetectSettings(DetectorConfig):
     resolve_after_s: float = Field(120.0, ge=0)
     #: Alertmanager base URL for direct pushes (None: export metrics only).
     alertmanager_url: str | None = None
+
+
+class QuarantineSettings(BaseModel):
+    """Take a node out of scheduling when it has a critical hardware incident (off by default).
+
+    The leader, after each sweep, drains the node in Slurm (``scontrol update
+    nodename=N state=drain reason=...``) or cordons it in Kubernetes (a PATCH of
+    the Node's ``spec.unschedulable``), once per incident, and records what it
+    did, when and with what result on the incident (``incidents.actions``).
+    GPU-scoped warnings never quarantine; neither do XIDs the application
+    causes.  Turn it on with ``dry_run`` first: the action is then only logged
+    and recorded."""
+
+    model_config = {"extra": "forbid"}
+
+    enabled: bool = False
+    backend: Literal["slurm", "kubernetes"] = "slurm"
+    #: Log and record the action without running it.
+    dry_run: bool = False
+    #: Incident kinds whose critical incidents quarantine their node.  A
+    #: repeated-XID ``host_misconfig`` counts only when an XID points at the
+    #: hardware (gpufleet.xid); node settings (governor, quota) never do.
+    kinds: tuple[str, ...] = ("gpu_health", "nvlink_degraded", "host_misconfig")
+    #: At most this many nodes quarantined per hour, fleet-wide: a fault that
+    #: hits everything at once (a bad driver roll-out) must not drain the fleet.
+    max_nodes_per_hour: int = Field(3, ge=1)
+    #: A failed action is retried after this long, at most ``max_attempts`` times per incident.
+    retry_after_s: float = Field(300.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    #: The scontrol binary (a name on PATH or a path) and how long it may take, seconds.
+    scontrol: str = "scontrol"
+    command_timeout_s: float = Field(30.0, gt=0)
+    #: Kubernetes API server and the service account's token and CA (the in-cluster defaults).
+    k8s_api_url: str = "https://kubernetes.default.svc"
+    k8s_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    k8s_ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    #: gpufleet node name -> scheduler node name, where they differ (default: the same name).
+    node_names: dict[str, str] = Field(default_factory=dict)
 
 
 class TLSSettings(BaseModel):
@@ -134,6 +215,41 @@ class SourceSchedule(BaseModel):
     interval_s: float | None = Field(None, gt=0)
     #: A read running longer than this is counted as a timeout and its result discarded, seconds.
     timeout_s: float | None = Field(None, gt=0)
+
+
+class KubernetesSettings(BaseModel):
+    """Kubernetes attribution on the node (gpufleet.agent.k8s): which pod holds which GPU, and its run."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Ask the kubelet's pod-resources API which container holds which GPU.
+    enabled: bool = False
+    #: The kubelet's pod-resources socket (mounted read-only into the agent's pod).
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    #: Extended resources that are GPUs (shell patterns): whole GPUs, shared replicas, MIG devices.
+    gpu_resources: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/gpu.shared",
+                                                              "nvidia.com/mig-*"])
+    #: A pod annotation (or label) whose value is the run id, verbatim.
+    run_id_key: str = "gpufleet.io/run-id"
+    #: Owner kinds that are runs; the topmost in a pod's owner chain names the run (else the pod).
+    run_kinds: list[str] = Field(default_factory=lambda: [
+        "TrainJob", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "JobSet", "RayJob", "Job"])
+    #: Labels naming the team, first found on the pod or its owners wins.
+    team_labels: list[str] = Field(default_factory=lambda: ["gpufleet.io/team", "team"])
+    #: Without a team label, the namespace is the team.
+    team_from_namespace: bool = True
+    #: Read pod labels, annotations and owners from the API server (the agent's service account).
+    pod_metadata: bool = True
+    #: API server URL (unset: in-cluster, from KUBERNETES_SERVICE_HOST/PORT).
+    api_server: str | None = None
+    token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    #: How often the kubelet is asked, seconds (it limits this API's request rate; a few seconds is light).
+    refresh_s: float = Field(5.0, gt=0)
+    #: How often the node's pod metadata is re-listed (new pods are read when first seen), seconds.
+    metadata_refresh_s: float = Field(60.0, gt=0)
+    #: Longest a kubelet or API server request may take, seconds.
+    timeout_s: float = Field(2.0, gt=0)
 
 
 class AgentSettings(BaseModel):
@@ -176,6 +292,14 @@ class AgentSettings(BaseModel):
     metrics_port: int = Field(9410, ge=0, le=65535)
     #: Address the agent's /metrics listens on.
     metrics_host: str = "0.0.0.0"
+    #: Bearer token a scrape of the agent's /metrics must present (prefer ``metrics_token_file``).
+    metrics_token: str | None = Field(None, min_length=16)
+    metrics_token_file: Path | None = None
+    #: Serve /metrics over TLS with this certificate and key.
+    metrics_certfile: Path | None = None
+    metrics_keyfile: Path | None = None
+    #: With TLS: require a client certificate signed by this CA (mTLS).
+    metrics_client_ca: Path | None = None
     #: A host power reading in watts when no RAPL/BMC source exists.
     host_power_w: float | None = Field(None, ge=0)
     #: dcgm-exporter URL for the ``dcgm_exporter`` source.
@@ -184,6 +308,13 @@ class AgentSettings(BaseModel):
     job_files_dir: Path | None = None
     #: Label GPU rows with the run of the processes on the GPU (environment or pod cgroup).
     attribute_processes: bool = True
+    #: Kubernetes attribution from the kubelet's pod-resources API (off unless enabled).
+    kubernetes: KubernetesSettings = KubernetesSettings()
+    #: Put the cgroup figures of the processes on each GPU (CPU used, quota, throttling,
+    #: CPU and I/O pressure: the ``job_*`` columns) on the GPU's rows.
+    job_cgroups: bool = True
+    #: Run the node checks (``gpufleet diagnose``) at each facts refresh and send them as facts.
+    node_checks: bool = True
     #: Where the host's /proc and /sys are (a container mounts them elsewhere).
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
@@ -222,9 +353,13 @@ class Settings(BaseSettings):
     leader: bool = True
 
     ingest: IngestSettings = IngestSettings()
+    api: ApiSettings = ApiSettings()
+    metrics: MetricsSettings = MetricsSettings()
     storage: StorageSettings = StorageSettings()
     accounting: AccountingSettings = AccountingSettings()
+    runs: RunsSettings = RunsSettings()
     detect: DetectSettings = DetectSettings()
+    quarantine: QuarantineSettings = QuarantineSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
     carbon: CarbonSettings = CarbonSettings()
@@ -236,6 +371,13 @@ class Settings(BaseSettings):
         if self.environment == "production" and not self.database_url:
             raise ValueError("environment is 'production' but database_url is not set "
                              "(the embedded PostgreSQL is for development and the demo only)")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_mtls(self) -> Settings:
+        if self.metrics.client_names and not self.tls.client_ca:
+            raise ValueError("metrics.client_names needs tls.client_ca (and tls.client_cert optional or required): "
+                             "only a verified client certificate has names")
         return self
 
     @field_validator("database_url")

@@ -19,10 +19,19 @@ Two rules keep one node's facts from hurting anyone else:
 The known keys are what the agent's sources report: ``agent/sources/facts.py``
 (hostname, kernel, cpu_*), the NVML source (driver and CUDA versions,
 ``gpu_count``, ``gpus``), dcgm-exporter (``gpus``, ``dcgm_exporter_url``),
-DCGM (``dcgm_gpus``, ``dcgm_mig_instances``) and the simulator (``gpu_model``,
+DCGM (``dcgm_gpus``, ``dcgm_mig_instances``), attribution (``runs``: the
+runs on the node's GPUs with name, team and labels) and the simulator (``gpu_model``,
 ``bf16_dense_peak_flops``, ...); ``host_misconfig`` also reads the cgroup
 spellings ``cpu_quota_us``/``cpu_period_us``/``cpu_max`` and the governor
 aliases ``scaling_governor``/``governor``.
+
+The node checks (``gpufleet diagnose``, :mod:`gpufleet.agent.diagnose`) add
+``checks`` (each check's status, finding, value and decision, for the node
+page), ``checks_status`` (the worst), and the placement they judged, which
+``host_misconfig`` reads: ``job_cgroups`` (each cgroup feeding GPUs, its CPU
+quota and throttling), ``gpu_processes`` (each GPU's NUMA node and the CPUs
+its processes may run on) and ``nfs_mounts`` (RPC retransmissions, backlog
+wait and round trip of each NFS mount).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -87,6 +96,77 @@ class GpuFacts(_Base):
         return self.gpu if self.gpu is not None else self.index
 
 
+class RunFacts(_Base):
+    """A run the agent's attribution found on this node's GPUs (``facts["runs"][run_id]``), for the
+    collector to register it with a name, team and labels (gpufleet.store.inferred)."""
+
+    source: str | None = None
+    name: str | None = None
+    team: str | None = None
+    labels: dict[str, str] | None = None
+_Status = Literal["ok", "warn", "fail", "unknown"]
+_Big = Annotated[int, Field(ge=0, lt=2**63)]
+_Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+_Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+_GpuIndex = Annotated[int, Field(ge=0, le=32767)]
+
+
+class CheckFacts(_Base):
+    """One node check (:class:`gpufleet.agent.diagnose.checks.Check`) as the node page shows it."""
+
+    check: str
+    status: _Status
+    subject: str | None = None
+    value: _Finite | str | None = None
+    unit: str | None = None
+    finding: str | None = None
+    decision: str | None = None
+
+
+class JobCgroupFacts(_Base):
+    """A cgroup feeding GPUs: the job's container, with what CPU it may use."""
+
+    cgroup: str | None = None
+    cgroup_version: Annotated[int, Field(ge=1, le=2)] | None = None
+    gpus: list[_GpuIndex] | None = None
+    pids: _Big | None = None
+    #: Cores; None when nothing narrower than the host applies.
+    cpu_quota_cores: _NonNeg | None = None
+    #: ``cfs`` (cpu.max / cfs_quota_us) or ``cpuset``.
+    quota_kind: str | None = None
+    cpu_cores: _NonNeg | None = None
+    cpu_throttled_share: _Share | None = None
+    cpu_pressure_pct: _Pct | None = None
+    io_pressure_pct: _Pct | None = None
+
+
+class GpuProcessFacts(_Base):
+    """Where the processes on one GPU may run, against the GPU's NUMA node."""
+
+    gpu: _GpuIndex
+    pids: _Big | None = None
+    gpu_numa_node: _Small | None = None
+    #: Kernel CPU list (``"0-15,32-47"``) the processes may run on together.
+    cpus_allowed: str | None = None
+    numa_nodes: list[_Small] | None = None
+
+
+class NfsMountFacts(_Base):
+    """One NFS mount's RPC figures over the last interval (or since it was mounted)."""
+
+    mountpoint: str
+    device: str | None = None
+    interval_s: _NonNeg | None = None
+    since_mount: bool | None = None
+    ops: _Big | None = None
+    retrans: _Big | None = None
+    timeouts: _Big | None = None
+    queue_ms: _NonNeg | None = None
+    rtt_ms: _NonNeg | None = None
+    execute_ms: _NonNeg | None = None
+    backlog: _NonNeg | None = None
+
+
 class NodeFacts(_Base):
     """The facts of one node; unknown keys are kept (``model_extra``)."""
 
@@ -118,6 +198,12 @@ class NodeFacts(_Base):
     dcgm_exporter_url: str | None = None
     dcgm_gpus: list[GpuFacts] | None = None
     dcgm_mig_instances: list[MigInstanceFacts] | None = None
+    runs: dict[str, RunFacts] | None = None
+    checks: list[CheckFacts] | None = None
+    checks_status: _Status | None = None
+    job_cgroups: list[JobCgroupFacts] | None = None
+    gpu_processes: list[GpuProcessFacts] | None = None
+    nfs_mounts: list[NfsMountFacts] | None = None
 
     # -- reading -----------------------------------------------------------------
 

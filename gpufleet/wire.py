@@ -36,7 +36,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME, INT_RANGES, Field
+from gpufleet.catalog import GPU_ALIASES, GPU_BY_NAME, HOST_BY_NAME, INT_RANGES, Field
 from gpufleet.facts import FactsError, check_facts, plain_json
 
 #: Matched with ``fullmatch``: ``$`` would let a trailing newline through.
@@ -361,9 +361,24 @@ class Column:
 
 
 def _columns(obj: Any, section: str, known: dict[str, Field], key: tuple[str, ...]) -> tuple[dict[str, Any], int]:
-    """Normalise a section (columns or rows) to columns, checking names and lengths."""
+    """Normalise a section (columns or rows) to columns, checking names and lengths; a
+    column sent under an older catalog name (``catalog.GPU_ALIASES``) takes its current one."""
+    cols, n = _raw_columns(obj, section, known, key)
+    if section == "gpu":
+        for old, new in GPU_ALIASES.items():
+            if old in cols:
+                if new in cols:
+                    raise WireError(f"also sent as {new!r}: give one of the two names", (section, old))
+                cols[new] = cols.pop(old)
+    return cols, n
+
+
+def _raw_columns(obj: Any, section: str, known: dict[str, Field],
+                 key: tuple[str, ...]) -> tuple[dict[str, Any], int]:
     if obj is None:
         return {}, 0
+    if section == "gpu":
+        known = {**known, **{old: known[new] for old, new in GPU_ALIASES.items()}}
     if isinstance(obj, list):
         cols: dict[str, list[Any]] = {}
         n = len(obj)

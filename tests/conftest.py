@@ -20,8 +20,10 @@ from gpufleet.testing.pg import scratch_database, server_url
 REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
 
 DATA_TABLES = (
-    "gpu_samples", "host_samples", "gpu_energy_1m", "gpu_energy_1h", "host_energy_1m", "host_energy_1h",
-    "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "runs", "nodes",
+    "gpu_samples", "host_samples", "gpu_energy_1m", "gpu_energy_1h", "gpu_energy_spans", "host_energy_1m",
+    "host_energy_1h",
+    "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "run_sightings", "runs",
+    "nodes",
     "site_settings", "sites", "carbon_intensity", "agent_tokens",
 )
 

@@ -108,7 +108,7 @@ from gpufleet.agent.sources.nvml_api import (  # noqa: E402
     NvmlUnavailable,
     PynvmlApi,
 )
-from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS  # noqa: E402
+from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS, canonical_gpu_name  # noqa: E402
 
 FORMAT_VERSION = 1
 
@@ -955,7 +955,7 @@ class Recorder:
             for t in ticks:
                 ts = rfc3339(t.time)
                 for r in t.gpus:
-                    w.writerow([ts, node] + [cell(r.get(c)) for c in gpu_cols[2:]])
+                    w.writerow([ts, node] + [cell(r.get(canonical_gpu_name(c))) for c in gpu_cols[2:]])
                     gpu_rows += 1
         if self.host_ok:
             with (d / "host.csv").open("w", newline="", encoding="utf-8") as f:

@@ -25,7 +25,7 @@ from gpufleet.agent.simulator.carbon import scenario_series
 from gpufleet.agent.simulator.fleet import Fleet
 from gpufleet.agent.simulator.labels import Labels, rfc3339
 from gpufleet.agent.simulator.scenario import Scenario
-from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS
+from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS, canonical_gpu_name
 
 RUNS_CSV_COLUMNS = ("run_id", "name", "site", "start", "end")
 ALLOCATIONS_CSV_COLUMNS = ("run_id", "node", "gpu")
@@ -41,7 +41,14 @@ _GPU_FORMATS = {
     "sm_clock_mhz": "%d", "sm_clock_max_mhz": "%d", "mem_clock_mhz": "%d", "temp_c": "%d", "mem_temp_c": "%d",
     "throttle_reasons": "%d", "pcie_tx_bytes_s": "%d", "pcie_rx_bytes_s": "%d", "pcie_gen": "%d",
     "pcie_gen_max": "%d", "pcie_width": "%d", "pcie_width_max": "%d", "nvlink_tx_bytes_s": "%d",
-    "nvlink_rx_bytes_s": "%d", "ecc_dbe": "%d", "xid": "%d",
+    "nvlink_rx_bytes_s": "%d", "ecc_dbe_vol": "%d", "xid": "%d",
+    "ecc_sbe_vol": "%d", "ecc_sbe_agg": "%d", "ecc_dbe_agg": "%d", "remapped_rows_correctable": "%d",
+    "remapped_rows_uncorrectable": "%d", "remapped_rows_pending": "%d", "remapped_rows_failed": "%d",
+    "pcie_replay_count": "%d", "nvlink_crc_errors": "%d", "nvlink_replay_errors": "%d",
+    "nvlink_recovery_errors": "%d", "nvlink_links_up": "%d", "nvlink_links_max": "%d",
+    # NULL (empty) where no job's cgroup feeds the GPU.
+    "job_cpu_cores": "%.3f", "job_cpu_quota_cores": "%.3f", "job_cpu_throttled_share": "%.4f",
+    "job_cpu_pressure_pct": "%.2f", "job_io_pressure_pct": "%.2f",
 }
 _HOST_FORMATS = {
     "cpu_user_pct": "%.2f", "cpu_system_pct": "%.2f", "cpu_iowait_pct": "%.2f", "cpu_idle_pct": "%.2f",
@@ -104,6 +111,11 @@ def write_bundle(
     return info
 
 
+def _cells(formats: list[str], row: list[float]) -> str:
+    """One row's metric cells, a reading the board does not offer (NaN) left empty."""
+    return ",".join("" if v != v else f % v for f, v in zip(formats, row, strict=True))
+
+
 def _fmt_time(t: float, time_format: str) -> str:
     if time_format == "epoch":
         return f"{t:.3f}".rstrip("0").rstrip(".")
@@ -115,11 +127,12 @@ def _fmt_time(t: float, time_format: str) -> str:
 def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) -> BundleInfo:
     plan = fleet.plan
     start = fleet.t
-    gpu_fmt = ",".join(_GPU_FORMATS[c] for c in GPU_CSV_COLUMNS[4:])
+    metric_cols = [canonical_gpu_name(c) for c in GPU_CSV_COLUMNS[4:]]
+    gpu_fmt = ",".join(_GPU_FORMATS[c] for c in metric_cols)
+    formats = [_GPU_FORMATS[c] for c in metric_cols]
     host_fmt = ",".join(_HOST_FORMATS[c] for c in HOST_CSV_COLUMNS[2:])
     gpu_keys = [f"{g.node},{g.gpu},{g.uuid}," for g in plan.gpus]
     node_keys = [f"{n}," for n in fleet.nodes]
-    metric_cols = GPU_CSV_COLUMNS[4:]
     host_cols = HOST_CSV_COLUMNS[2:]
     n_gpu = n_host = 0
     runs = plan.runs
@@ -134,9 +147,12 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
             eng = fleet.engine
             present = np.flatnonzero(eng.gpu_present)
             if present.size:
-                block = np.column_stack([eng.gpu[c][present] for c in metric_cols]).tolist()
-                gf.write("".join(f"{ts},{gpu_keys[i]}{gpu_fmt % tuple(row)}\n"
-                                 for i, row in zip(present.tolist(), block, strict=True)))
+                arr = np.column_stack([eng.gpu[c][present] for c in metric_cols])
+                gaps = np.isnan(arr).any(axis=1).tolist()
+                block = arr.tolist()
+                gf.write("".join(
+                    f"{ts},{gpu_keys[i]}{_cells(formats, row) if gap else gpu_fmt % tuple(row)}\n"
+                    for i, row, gap in zip(present.tolist(), block, gaps, strict=True)))
                 n_gpu += present.size
             up = np.flatnonzero(eng.host_present)
             if up.size:

@@ -137,3 +137,8 @@ def _check_faults(
                     problems.append((f"{key}.gen", f"gen {f.gen} is not below {n}'s maximum {prof.pcie_gen_max}"))
                 if f.width is not None and f.width >= prof.pcie_width_max:
                     problems.append((f"{key}.width", f"x{f.width} is not below {n}'s maximum x{prof.pcie_width_max}"))
+        if f.kind in ("nvlink_down", "nvlink_fallback", "nvlink_errors"):
+            targets = [node] if node is not None else run_nodes[run_id].nodes if run_id else []
+            for n in targets:
+                if n in nodes and PROFILES[nodes[n].gpu_model].nvlink_links == 0:
+                    problems.append((f"{key}.kind", f"{n}'s {nodes[n].gpu_model} has no NVLink"))

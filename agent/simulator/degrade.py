@@ -12,9 +12,12 @@ that carries everything:
 * ``dcgm`` — a DCGM profile without GPU-Util (``util_pct`` dropped).
 
 The truth stays the same, except what the data cannot show: without host
-data no starvation cause is scored; without reason bits, clocks or link
-fields there is no throttling, PCIe or thermal truth, and without facts no
-host misconfiguration.  Labels dropped that way move to ``labels.json``'s
+data no starvation cause is scored, nor, without the ``job_*`` columns, a
+cause only the job's own cgroup shows (a loader held to its quota on a big
+host); without reason bits, clocks or link
+fields there is no throttling, PCIe or thermal truth, without NVLink fields
+or health counters no NVLink or GPU-health truth, and without facts no host
+misconfiguration.  Labels dropped that way move to ``labels.json``'s
 ``cut_labels`` list, so a reader sees what was removed and why.
 """
 
@@ -56,6 +59,9 @@ def degrade_bundle(directory: str | Path, form: str) -> dict[str, Any]:
             continue
         if no_host and lab["kind"] == "starvation" and lab.get("cause") is not None:
             lab = {**lab, "cause": None, "cause_cut_because": "no host data"}
+        if (gpu_only and lab["kind"] == "starvation" and lab.get("cause") is not None
+                and lab.get("evidence", {}).get("host_shows_cause") is False):
+            lab = {**lab, "cause": None, "cause_cut_because": "only the job's cgroup shows it (no job_* columns)"}
         if gpu_only and lab["kind"] == "straggler" and lab.get("cause") not in (None, "power_cap", "unknown"):
             lab = {**lab, "cause": None, "cause_cut_because": "no clocks, temperatures or link fields"}
         kept.append(lab)
@@ -76,6 +82,10 @@ def _unshowable(label: dict[str, Any], gpu_only: bool) -> str | None:
         return "no PCIe link fields"
     if kind == "host_misconfig":
         return "no node facts"
+    if kind == "nvlink_degraded":
+        return "no NVLink fields"
+    if kind == "gpu_health":
+        return "no ECC, row-remap or PCIe replay counters"
     return None
 
 

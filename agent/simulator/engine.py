@@ -18,6 +18,7 @@ import numpy as np
 from gpufleet.agent.simulator import states as st
 from gpufleet.agent.simulator.fault_state import FaultState, faults_in_force
 from gpufleet.agent.simulator.host import HostModel
+from gpufleet.agent.simulator.jobs import JobModel
 from gpufleet.agent.simulator.physics import (
     CLOCK_POWER_EXPONENT,
     activity_index,
@@ -61,6 +62,13 @@ POWER_NOISE_REL = 0.008
 POWER_NOISE_W = 1.5
 #: The XID that comes with a double-bit ECC error.
 XID_DBE = 48
+#: XIDs of an uncorrectable ECC error (48 double-bit; 94 contained, 95 uncontained on
+#: Ampere and later), of a row remap being recorded (63) and of a remap failing (64).
+XID_UNCORRECTABLE = (48, 94, 95)
+XID_ROW_REMAP = 63
+XID_REMAP_FAILURE = 64
+#: Healthy boards' rare PCIe replays, per second (a few a day).
+BACKGROUND_PCIE_REPLAY_PER_S = 1.0 / 7200.0
 
 
 @dataclass
@@ -116,10 +124,12 @@ class FleetEngine:
         self.t_sw = arr(lambda g: g.profile.temp_sw_limit_c)
         self.inlet = arr(lambda g: g.inlet_c)
         self.nvlink_max = arr(lambda g: g.profile.nvlink_bytes_s_max)
+        self.nvlink_links = arr(lambda g: g.profile.nvlink_links)
         self.link_max = np.array([pcie_link_bytes_s(int(g.profile.pcie_gen_max), int(g.profile.pcie_width_max))
                                   for g in gp])
         self.node_plans = [plan.nodes[n] for n in self.node_names]
         self.host_model = HostModel(self.node_plans)
+        self.job_model = JobModel(self.node_plans, plan.seed)
         self._idle_state = np.isin(np.arange(st.N_STATES), st.IDLE_STATES)[None, :]
 
         self._noise = np.random.default_rng(np.random.SeedSequence([plan.seed & 0xFFFFFFFF, 0x5EED]))
@@ -128,6 +138,7 @@ class FleetEngine:
         self.power_w = self.idle_w.copy()
         self.energy_mj = np.array([g.energy0_mj for g in gp])
         self.ecc_dbe = np.zeros(self.n_gpus)
+        self._health_init(plan)
         self.thermal_on = np.zeros(self.n_gpus, dtype=bool)
         self.last_xid_time = np.full(self.n_gpus, -np.inf)
         self.last_xid_code = np.zeros(self.n_gpus, dtype=np.int64)
@@ -150,13 +161,14 @@ class FleetEngine:
             raise ValueError(f"step to {b} is not after the current time {a}")
         z = self._noise.standard_normal((self.n_gpus, 6))
         zh = self._noise.standard_normal((len(self.node_names), 8))
-        faults = faults_in_force(self.plan.gpu_faults, b, self.tdp_w, self.gen_max, self.width_max)
+        faults = faults_in_force(self.plan.gpu_faults, b, self.tdp_w, self.gen_max, self.width_max, self.nvlink_links)
         active = [r for r in self.plan.runs if r.start < b and (r.end is None or r.end > a)]
         levels = self._levels(active)
         clocks = self._clocks(levels, faults)
         tick, load = self._lay_out(active, a, b, clocks, faults, z)
         self._gpu_outputs(a, b, tick, levels, clocks, faults, z)
         self.host = self.host_model.metrics(load, zh)
+        self.gpu.update(self.job_model.metrics(load.jobs, self.n_gpus))
         self.t = b
         self._presence(b)
 
@@ -194,6 +206,7 @@ class FleetEngine:
             compute_clock_ratio=clocks.ratio[:, st.COMPUTE], pcie_bw_ratio=link_now / self.link_max,
             pcie_bw_bytes_s=PCIE_EFFICIENCY * link_now, pcie_bw_max_bytes_s=self.link_max,
             nvlink_max_bytes_s=self.nvlink_max, mem_total_mib=self.mem_total, jitter=z[:, 0],
+            nvlink_bw_ratio=faults.nvlink_bw_ratio,
         )
         tick = GpuTick(self.n_gpus)
         load = HostLoad(len(self.node_names))
@@ -256,6 +269,7 @@ class FleetEngine:
             if ev.time > a:
                 self.energy_mj[ev.gpu_idx] = inc[ev.gpu_idx] * (b - ev.time) / dt
                 self.ecc_dbe[ev.gpu_idx] = 0
+                self._health_reset(ev.gpu_idx)
             self._reset_next += 1
         self.power_w = power
 
@@ -266,9 +280,9 @@ class FleetEngine:
                 xid[x.gpu_idx] = x.code
                 self.last_xid_time[x.gpu_idx] = x.time
                 self.last_xid_code[x.gpu_idx] = x.code
-                if x.code == XID_DBE:
-                    self.ecc_dbe[x.gpu_idx] += 1
+                self._health_xid(x.gpu_idx, x.code)
             self._xid_next += 1
+        self._health_step(dt, faults)
 
         target = target_temp_c(self.inlet, self.r_th, power, faults.rise_c)
         self.temp_c = temperature_step(self.temp_c, target, dt, self.tau)
@@ -301,8 +315,75 @@ class FleetEngine:
             "pcie_width_max": self.width_max,
             "nvlink_tx_bytes_s": np.round(tick.nvlink_bytes_s),
             "nvlink_rx_bytes_s": np.round(tick.nvlink_bytes_s),
-            "ecc_dbe": self.ecc_dbe.copy(),
+            "ecc_dbe_vol": self.ecc_dbe.copy(),
             "xid": xid.astype(np.float64),
+            **self._health_outputs(faults),
+        }
+
+    # --- memory, bus and NVLink health ----------------------------------------------------
+
+    def _health_init(self, plan: FleetPlan) -> None:
+        """Counters as boards carry them: some history in the aggregate (InfoROM)
+        counters and in correctable row remaps, volatile ones from zero.  Drawn
+        from a stream of their own so that adding them changed no other number."""
+        n = self.n_gpus
+        self._health_rng = np.random.default_rng(np.random.SeedSequence([plan.seed & 0xFFFFFFFF, 0x4EA17]))
+        rng = self._health_rng
+        self.sbe_vol = np.zeros(n)
+        self.sbe_agg = np.where(rng.random(n) < 0.3, rng.integers(1, 40, n), 0).astype(np.float64)
+        self.dbe_agg = np.zeros(n)
+        self.remap_cor = np.where(rng.random(n) < 0.2, rng.integers(1, 4, n), 0).astype(np.float64)
+        self.remap_unc = np.zeros(n)
+        self.remap_pending = np.zeros(n)
+        self.remap_failed = np.zeros(n)
+        self.pcie_replay = rng.integers(0, 200, n).astype(np.float64)
+        self.nvl_crc = np.zeros(n)
+        self.nvl_replay = np.zeros(n)
+        self.nvl_recovery = np.zeros(n)
+
+    def _health_xid(self, gi: int, code: int) -> None:
+        if code in XID_UNCORRECTABLE:
+            self.ecc_dbe[gi] += 1
+            self.dbe_agg[gi] += 1
+            self.remap_unc[gi] += 1
+            self.remap_pending[gi] = 1
+        elif code == XID_ROW_REMAP:
+            self.remap_pending[gi] = 1
+        elif code == XID_REMAP_FAILURE:
+            self.remap_failed[gi] = 1
+
+    def _health_reset(self, gi: np.ndarray) -> None:
+        """A driver reload (GPU reset): volatile counters restart; a pending remap takes effect."""
+        for arr in (self.sbe_vol, self.nvl_crc, self.nvl_replay, self.nvl_recovery, self.remap_pending):
+            arr[gi] = 0
+
+    def _health_step(self, dt: float, faults: FaultState) -> None:
+        rng = self._health_rng
+        sbe = rng.poisson(faults.sbe_per_s * dt)
+        self.sbe_vol += sbe
+        self.sbe_agg += sbe
+        self.pcie_replay += rng.poisson((faults.pcie_replay_per_s + BACKGROUND_PCIE_REPLAY_PER_S) * dt)
+        self.nvl_crc += rng.poisson(faults.nvlink_crc_per_s * dt)
+        self.nvl_replay += rng.poisson(faults.nvlink_replay_per_s * dt)
+        self.nvl_recovery += rng.poisson(faults.nvlink_recovery_per_s * dt)
+
+    def _health_outputs(self, faults: FaultState) -> dict[str, np.ndarray]:
+        """The health columns; NVLink ones are NULL on boards without NVLink (NVML answers NotSupported)."""
+        has = np.where(self.nvlink_links > 0, 1.0, np.nan)
+        return {
+            "ecc_sbe_vol": self.sbe_vol.copy(),
+            "ecc_sbe_agg": self.sbe_agg.copy(),
+            "ecc_dbe_agg": self.dbe_agg.copy(),
+            "remapped_rows_correctable": self.remap_cor.copy(),
+            "remapped_rows_uncorrectable": self.remap_unc.copy(),
+            "remapped_rows_pending": self.remap_pending.copy(),
+            "remapped_rows_failed": self.remap_failed.copy(),
+            "pcie_replay_count": self.pcie_replay.copy(),
+            "nvlink_crc_errors": self.nvl_crc * has,
+            "nvlink_replay_errors": self.nvl_replay * has,
+            "nvlink_recovery_errors": self.nvl_recovery * has,
+            "nvlink_links_up": faults.nvlink_up * has,
+            "nvlink_links_max": self.nvlink_links * has,
         }
 
     def _presence(self, t: float) -> None:

@@ -149,6 +149,64 @@ class Xid(_GpuTarget):
     count: Range = (3.0, 8.0)
 
 
+class NvlinkDown(_GpuTarget):
+    """NVLink links of a GPU go down (a bad cable/bridge, a link that failed
+    training).  The collective's ring is paced by the slowest GPU, so the
+    whole run's all-reduce slows by the share of bandwidth lost; with every
+    link down the GPU's collectives cross PCIe."""
+
+    kind: Literal["nvlink_down"]
+    #: Links down; at or above the board's link count: all of them.
+    links_down: Range = (2.0, 8.0)
+
+
+class NvlinkFallback(_GpuTarget):
+    """Links stay up but carry no traffic: NVLink peer access is unavailable
+    (the fabric manager is not running, P2P disabled), so NCCL moves the
+    collectives over PCIe and through host memory."""
+
+    kind: Literal["nvlink_fallback"]
+
+
+class NvlinkErrors(_GpuTarget):
+    """A marginal link: CRC errors and the replays they cause keep rising
+    (links stay up; a retraining recovery now and then)."""
+
+    kind: Literal["nvlink_errors"]
+    crc_per_s: Range = (0.5, 20.0)
+    replay_per_s: Range = (0.1, 4.0)
+    recovery_per_h: Range = (0.0, 2.0)
+
+
+class EccSbe(_GpuTarget):
+    """Degrading HBM: correctable (single-bit) ECC errors at a high rate."""
+
+    kind: Literal["ecc_sbe"]
+    sbe_per_h: Range = (300.0, 3000.0)
+
+
+class EccDbe(_GpuTarget):
+    """Uncorrectable (double-bit) ECC errors at ``count`` moments: each
+    raises the volatile and aggregate DBE counters, remaps a row (pending
+    until the GPU is reset) and logs XID 48 then XID 63."""
+
+    kind: Literal["ecc_dbe"]
+    count: Range = (1.0, 3.0)
+
+
+class RowRemapFailure(_GpuTarget):
+    """A remap finds no spare row left: the failure flag is set (XID 64)."""
+
+    kind: Literal["row_remap_failure"]
+
+
+class PcieReplay(_GpuTarget):
+    """A marginal PCIe link: the replay (retransmission) counter climbs."""
+
+    kind: Literal["pcie_replay"]
+    replays_per_min: Range = (20.0, 300.0)
+
+
 class CounterReset(_GpuTarget):
     """Driver reload at ``start_s``: energy and ECC counters restart from 0.
 
@@ -168,9 +226,13 @@ class SampleGap(_Fault):
 
 FaultSpec = Annotated[
     StarvationCpu | StarvationIo | CheckpointStall | PowerCap | Thermal | HwSlowdown | PowerBrake | ClockLock
-    | PcieDegraded | Xid | CounterReset | SampleGap,
+    | PcieDegraded | Xid | CounterReset | SampleGap | NvlinkDown | NvlinkFallback | NvlinkErrors | EccSbe | EccDbe
+    | RowRemapFailure | PcieReplay,
     Field(discriminator="kind"),
 ]
 
 #: Faults that act on GPU clocks (a subset of a synchronous run => straggler).
 CLOCK_FAULTS = ("power_cap", "thermal", "hw_slowdown", "power_brake", "clock_lock")
+#: Faults on NVLink and on memory/bus health (GPU-scoped, timeline-independent of runs).
+NVLINK_FAULTS = ("nvlink_down", "nvlink_fallback", "nvlink_errors")
+HEALTH_FAULTS = ("ecc_sbe", "ecc_dbe", "row_remap_failure", "pcie_replay")

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpufleet.agent.simulator.engine import FleetEngine
 from gpufleet.agent.simulator.labels import Labels, derive_labels
+from gpufleet.agent.simulator.nodechecks import gpu_numa_node, node_check_facts
 from gpufleet.agent.simulator.plan import FleetPlan, build_plan
 from gpufleet.agent.simulator.scenario import MAX_INTERVAL_S, MIN_INTERVAL_S, Scenario, load_scenario
 from gpufleet.agent.simulator.workload import StepTiming
@@ -28,8 +29,9 @@ from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 #: Columns whose values are whole numbers in NVML (written without a decimal part).
 INT_GPU_FIELDS = frozenset(f.name for f in GPU_FIELDS if f.kind in ("smallint", "integer", "bigint")) | {"util_pct"}
 INT_HOST_FIELDS = frozenset(f.name for f in HOST_FIELDS if f.kind in ("smallint", "integer", "bigint"))
-#: Simulated GPU columns, in catalog order (every catalog field the NVML/DCGM side has).
-GPU_METRICS = tuple(f.name for f in GPU_FIELDS if f.name not in ("uuid", "mig_instance", "run_id"))
+#: Simulated GPU columns, in catalog order: every trace-bundle field the NVML/DCGM side has
+#: (the catalog's project extensions, such as ECC and row-remap counters, are not simulated).
+GPU_METRICS = tuple(f.name for f in GPU_FIELDS if f.bundle and f.name not in ("uuid", "mig_instance", "run_id"))
 HOST_METRICS = tuple(f.name for f in HOST_FIELDS)
 
 
@@ -147,7 +149,9 @@ class Fleet:
                 row: GpuRow = {"gpu": gp.gpu, "uuid": gp.uuid, "mig_instance": None}
                 for name in GPU_METRICS:
                     v = float(eng.gpu[name][gi])
-                    row[name] = int(v) if name in INT_GPU_FIELDS else v
+                    # NaN: a reading the board does not offer (NVLink on a PCIe card), or no job's
+                    # cgroup on an unallocated GPU, is NULL, never 0.
+                    row[name] = None if v != v else int(v) if name in INT_GPU_FIELDS else v
                 rows.append(row)
             return rows
 
@@ -193,7 +197,7 @@ class Fleet:
                 "pci_bus_id": f"00000000:{0x18 + 0x10 * gp.gpu:02X}:00.0",
                 "sm_clock_max_mhz": prof.sm_clock_max_mhz,
                 "pcie_gen_max": prof.pcie_gen_max, "pcie_width_max": prof.pcie_width_max,
-                "numa_node": 0 if gp.gpu < len(n.gpu_idx) // 2 else 1, "mig_enabled": False,
+                "numa_node": gpu_numa_node(n, gp.gpu), "mig_enabled": False,
             })
         return {
             "hostname": node,
@@ -213,6 +217,8 @@ class Fleet:
             "mem_total_mib": prof.mem_total_mib,
             "power_limit_default_w": prof.tdp_w,
             "bf16_dense_peak_flops": prof.bf16_dense_peak_flops,
+            # The node checks as the agent reports them (gpufleet.agent.diagnose), from the plan.
+            **node_check_facts(self.plan, node),
         }
 
     def labels(self) -> Labels:

@@ -33,7 +33,7 @@ from gpufleet.agent.simulator.physics import (
     target_temp_c,
     thermal_limit_power_w,
 )
-from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan
+from gpufleet.agent.simulator.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan, StarvationPlan
 from gpufleet.agent.simulator.profiles import pcie_link_bytes_s
 from gpufleet.agent.simulator.timeline import IntervalSet
 
@@ -43,7 +43,10 @@ CHECKPOINT_STALL = "checkpoint_stall"
 THROTTLING = "throttling"
 PCIE_DEGRADED = "pcie_degraded"
 HOST_MISCONFIG = "host_misconfig"
-KINDS = (STARVATION, STRAGGLER, CHECKPOINT_STALL, THROTTLING, PCIE_DEGRADED, HOST_MISCONFIG)
+NVLINK_DEGRADED = "nvlink_degraded"
+GPU_HEALTH = "gpu_health"
+KINDS = (STARVATION, STRAGGLER, CHECKPOINT_STALL, THROTTLING, PCIE_DEGRADED, HOST_MISCONFIG, NVLINK_DEGRADED,
+         GPU_HEALTH)
 
 #: Allowed causes per kind (contracts.md section 2; host_misconfig is ours).
 CAUSES: dict[str, tuple[str | None, ...]] = {
@@ -52,7 +55,23 @@ CAUSES: dict[str, tuple[str | None, ...]] = {
     STRAGGLER: ("power_cap", "thermal", "pcie_degraded", "clocks", "unknown"),
     CHECKPOINT_STALL: (None,),
     PCIE_DEGRADED: (None,),
-    HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "repeated_xid"),
+    HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "numa_affinity", "nfs_stall", "repeated_xid"),
+    NVLINK_DEGRADED: ("links_down", "pcie_fallback", "link_errors"),
+    GPU_HEALTH: ("row_remap_failed", "uncorrectable_ecc", "row_remap_pending", "correctable_ecc", "pcie_replay"),
+}
+
+#: XIDs that mean an uncorrectable ECC error, a row remap recorded (pending a
+#: reset), and a remap that failed (the simulator's engine acts on the same).
+XID_UNCORRECTABLE = (48, 94, 95)
+XID_ROW_REMAP = 63
+XID_REMAP_FAILURE = 64
+#: Causes of each health fault kind.
+_HEALTH_CAUSES: dict[str, tuple[str, str]] = {
+    "nvlink_down": (NVLINK_DEGRADED, "links_down"),
+    "nvlink_fallback": (NVLINK_DEGRADED, "pcie_fallback"),
+    "nvlink_errors": (NVLINK_DEGRADED, "link_errors"),
+    "ecc_sbe": (GPU_HEALTH, "correctable_ecc"),
+    "pcie_replay": (GPU_HEALTH, "pcie_replay"),
 }
 
 #: A GPU this much slower than its peers (step compute time) is a straggler.
@@ -206,6 +225,11 @@ class Labels:
                             c.evidence = bag
                         else:
                             c.detail = bag
+                if isinstance(c, Incident) and c.kind == GPU_HEALTH and "xid_events" in c.evidence:
+                    # What the cut data can show: the events up to its end (a remap
+                    # failure or an uncorrectable error after it is not in the bundle).
+                    seen = [int(code) for at, code in c.evidence["xid_events"] if (parse_time(at) or 0.0) <= end]
+                    c = replace(c, cause=memory_cause(set(seen)))
                 out.append(c)
             return out
 
@@ -233,6 +257,7 @@ def derive_labels(plan: FleetPlan) -> Labels:
     _run_scoped(plan, lab)
     _gpu_faults(plan, lab)
     _node_settings(plan, lab)
+    _memory_events(plan, lab)
     _negatives(plan, lab)
     _events(plan, lab)
     for r in plan.runs:
@@ -252,7 +277,8 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
         if s.end > s.start and s.waits:
             lab.incidents.append(Incident(
                 STARVATION, s.cause, s.start, s.end, run_id=s.run_id, fault=f"starvation_{s.cause}",
-                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params}))
+                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params,
+                          "host_shows_cause": _host_shows_cause(plan, s)}))
     runs = {r.run_id: r for r in plan.runs}
     for c in plan.checkpoints:
         if c.stalls:
@@ -264,6 +290,22 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
                 evidence={"period_s": c.period_s, "duration_s": c.duration_s,
                           "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None else None,
                           "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
+
+
+#: Host-wide user CPU at which a host counts as CPU-saturated (the detectors' default).
+HOST_CPU_SATURATED_PCT = 80.0
+
+
+def _host_shows_cause(plan: FleetPlan, s: StarvationPlan) -> bool:
+    """Whether the host-wide figures show the cause, or only the job's own cgroup does: a CPU-bound
+    loader held to a container quota leaves the host's CPUs mostly idle."""
+    if s.cause != "cpu":
+        return True
+    for name in s.nodes:
+        n = plan.nodes[name]
+        if n.cpu_quota_cores is not None and 100.0 * n.cpu_quota_cores / n.cpu_count + 1.0 < HOST_CPU_SATURATED_PCT:
+            return False
+    return True
 
 
 def _busy_windows(plan: FleetPlan, gi: int, start: float, end: float) -> list[tuple[RunPlan, float, float]]:
@@ -313,8 +355,11 @@ def slowdown(plan: FleetPlan, f: GpuFaultPlan, gp: GpuPlan, r: RunPlan) -> tuple
 
 def _gpu_faults(plan: FleetPlan, lab: Labels) -> None:
     for f in plan.gpu_faults:
-        if f.kind == "xid":
+        if f.kind in ("xid", "ecc_dbe", "row_remap_failure"):
             _xids(plan, lab, f)
+            continue
+        if f.kind in _HEALTH_CAUSES:
+            _health_fault(plan, lab, f)
             continue
         causes = _CLOCK_CAUSES[f.kind]
         targeted = set(f.gpu_idx.tolist())
@@ -357,15 +402,77 @@ def _xids(plan: FleetPlan, lab: Labels, f: GpuFaultPlan) -> None:
                                           evidence={"count": len(times), "codes": codes}))
 
 
+def _health_fault(plan: FleetPlan, lab: Labels, f: GpuFaultPlan) -> None:
+    """NVLink and memory/bus faults: GPU-scoped, whatever runs on the GPU, for the
+    fault's window; a fallback to PCIe shows only while a multi-GPU run trains."""
+    kind, cause = _HEALTH_CAUSES[f.kind]
+    evidence = {k: v for k, v in f.params.items() if v is not None}
+    end = min(f.end, plan.t_end)
+    for gi in f.gpu_idx.tolist():
+        gp = plan.gpus[gi]
+        if f.kind == "nvlink_fallback":
+            for r, s, e in _busy_windows(plan, gi, f.start, f.end):
+                if np.count_nonzero(np.isin(r.gpu_idx, plan.nodes[gp.node].gpu_idx)) > 1:
+                    lab.incidents.append(Incident(kind, cause, s, e, run_id=r.run_id, node=gp.node, gpu=gp.gpu,
+                                                  fault=f.kind, fault_index=f.index, evidence=dict(evidence)))
+            continue
+        lab.incidents.append(Incident(kind, cause, f.start, end, node=gp.node, gpu=gp.gpu, fault=f.kind,
+                                      fault_index=f.index, evidence=dict(evidence)))
+
+
+def _memory_events(plan: FleetPlan, lab: Labels) -> None:
+    """Uncorrectable ECC errors, remaps and remap failures from the XIDs that
+    carry them, whichever fault logged them: one ``gpu_health`` incident per GPU
+    from the first such event while a remap is pending (until a driver reload)
+    or a failure is flagged (for good), with the most serious cause."""
+    per_gpu: dict[int, list[tuple[float, int]]] = {}
+    first_fault: dict[int, int] = {}
+    for x in plan.xids:
+        if x.code in XID_UNCORRECTABLE or x.code in (XID_ROW_REMAP, XID_REMAP_FAILURE):
+            per_gpu.setdefault(x.gpu_idx, []).append((x.time, x.code))
+            first_fault.setdefault(x.gpu_idx, x.fault_index)
+    kinds = {f.index: f.kind for f in plan.gpu_faults}
+    for gi, events in sorted(per_gpu.items()):
+        gp = plan.gpus[gi]
+        t0 = min(t for t, _ in events)
+        codes = {c for _, c in events}
+        failed = XID_REMAP_FAILURE in codes
+        resets = sorted(ev.time for ev in plan.resets if gi in ev.gpu_idx.tolist() and ev.time > t0)
+        end = plan.t_end if failed or not resets else resets[0]
+        fi = first_fault[gi]
+        lab.incidents.append(Incident(GPU_HEALTH, memory_cause(codes), t0, end, node=gp.node, gpu=gp.gpu,
+                                      fault=kinds.get(fi, "xid"), fault_index=fi, evidence={"xids": sorted(codes), "events": len(events),
+                                                             "xid_events": [[rfc3339(t), c] for t, c in
+                                                                            sorted(events)]}))
+
+
+def memory_cause(codes: set[int]) -> str:
+    """The most serious GPU-health cause the memory XIDs logged so far imply."""
+    if XID_REMAP_FAILURE in codes:
+        return "row_remap_failed"
+    return "uncorrectable_ecc" if codes & set(XID_UNCORRECTABLE) else "row_remap_pending"
+
+
 def _node_settings(plan: FleetPlan, lab: Labels) -> None:
     for n in plan.nodes.values():
         if n.cpu_governor == "powersave":
             lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_governor", plan.t0, plan.t_end, node=n.name,
                                           fault="cpu_governor", evidence={"cpu_governor": n.cpu_governor}))
-        if n.cpu_quota_cores is not None and n.cpu_quota_cores < len(n.gpu_idx):
+        # The quota of each job's cgroup against the GPUs it feeds on this node (one core per GPU);
+        # a node no run uses is judged as a whole.
+        held = [[gi for gi in r.gpu_idx.tolist() if plan.gpus[gi].node == n.name] for r in plan.runs]
+        held = [h for h in held if h]
+        short = [len(h) for h in held] if held else [len(n.gpu_idx)]
+        if n.cpu_quota_cores is not None and any(n.cpu_quota_cores < k for k in short):
             lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_quota", plan.t0, plan.t_end, node=n.name,
                                           fault="cpu_quota",
-                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": len(n.gpu_idx)}))
+                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": max(short)}))
+        if n.job_cpus == "remote" and held:
+            lab.incidents.append(Incident(HOST_MISCONFIG, "numa_affinity", plan.t0, plan.t_end, node=n.name,
+                                          fault="numa_affinity", evidence={"job_cpus": n.job_cpus}))
+        if n.nfs == "stalled":
+            lab.incidents.append(Incident(HOST_MISCONFIG, "nfs_stall", plan.t0, plan.t_end, node=n.name,
+                                          fault="nfs_stall", evidence={"nfs": n.nfs}))
 
 
 def _negatives(plan: FleetPlan, lab: Labels) -> None:
@@ -385,6 +492,16 @@ def _negatives(plan: FleetPlan, lab: Labels) -> None:
             lab.hard_negatives.append(HardNegative(
                 "steady_low_utilisation", [STARVATION, STRAGGLER], r.train_start, end, run_id=r.run_id,
                 detail={"busy_fraction": r.workload.busy_fraction}))
+        prof = plan.gpus[int(r.gpu_idx[0])].profile if r.gpu_idx.size else None
+        if prof is not None and len(r.gpu_idx) > 1:
+            # Collectives over PCIe on a board without NVLink are how it works, not a fault;
+            # GPUs that serve independently move nothing over NVLink.
+            if prof.nvlink_links == 0:
+                lab.hard_negatives.append(HardNegative("no_nvlink", [NVLINK_DEGRADED], r.start, end,
+                                                       run_id=r.run_id, detail={"gpu_model": prof.key}))
+            elif r.workload.kind == "serving":
+                lab.hard_negatives.append(HardNegative("no_collectives", [NVLINK_DEGRADED], r.start, end,
+                                                       run_id=r.run_id))
     for gp in plan.gpus:
         held = IntervalSet((r.start, r.end_or(plan.t_end)) for r in plan.runs if gp.idx in r.gpu_idx)
         for s, e in IntervalSet([(plan.t0, plan.t_end)]).minus(held).pairs():

@@ -20,6 +20,11 @@ from gpufleet.agent.simulator.ranges import draw, draw_int, stream
 from gpufleet.agent.simulator.scenario import RunSpec, Scenario, WorkloadSpec
 from gpufleet.agent.simulator.timeline import IntervalSet
 
+#: XIDs the driver logs for an uncorrectable ECC error, the row remap it records,
+#: and a remap that failed (see gpufleet.xid).
+XID_DBE = 48
+XID_ROW_REMAP = 63
+XID_REMAP_FAILURE = 64
 #: Share of a run's warm-up spent loading (GPU idle); the rest ramps up.
 WARMUP_LOAD_SHARE = 0.6
 #: Relative jitter of each checkpoint stall's length around the drawn one.
@@ -57,6 +62,8 @@ class NodePlan:
     disk_read_bytes_s_max: float
     net_rx_bytes_s: float
     net_tx_bytes_s: float
+    job_cpus: str = "all"
+    nfs: str = "none"
 
 
 @dataclass
@@ -233,6 +240,7 @@ def _build_nodes(sc: Scenario, seed: int) -> tuple[list[GpuPlan], dict[str, Node
                 host_idle_w=draw(rng, g.host_idle_w), host_cpu_w=draw(rng, g.host_cpu_w),
                 disk_read_bytes_s_max=draw(rng, g.disk_read_bytes_s_max),
                 net_rx_bytes_s=draw(rng, g.net_rx_bytes_s), net_tx_bytes_s=draw(rng, g.net_tx_bytes_s),
+                job_cpus=g.job_cpus, nfs=g.nfs,
             )
     return gpus, nodes
 
@@ -311,6 +319,20 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
                                       int(rng.choice(f.codes)), i))
         plan.xids.sort(key=lambda x: x.time)
         plan.gpu_faults.append(GpuFaultPlan(i, f.kind, start, end, idx, {"codes": list(f.codes)}, f.run_id, f.note))
+    elif isinstance(f, fs.EccDbe | fs.RowRemapFailure):
+        # Discrete events: an uncorrectable error (XID 48, then the remap's XID 63),
+        # or a remap that failed (XID 64); the engine sets the counters and flags.
+        idx = _target_gpus(plan, f, by_run, rng)
+        n = draw_int(rng, f.count) if isinstance(f, fs.EccDbe) else 1
+        codes = (XID_DBE, XID_ROW_REMAP) if isinstance(f, fs.EccDbe) else (XID_REMAP_FAILURE,)
+        for _ in range(n):
+            t = float(rng.uniform(start, min(end, plan.t_end)))
+            g = int(rng.choice(idx))
+            # The remap's XID follows two samples later, so both are seen.
+            for k, code in enumerate(codes):
+                plan.xids.append(XidEvent(t + 2.0 * plan.interval_s * k, g, code, i))
+        plan.xids.sort(key=lambda x: x.time)
+        plan.gpu_faults.append(GpuFaultPlan(i, f.kind, start, end, idx, {}, f.run_id, f.note))
     elif isinstance(f, fs.CounterReset):
         idx = _target_gpus(plan, f, by_run, rng)
         gap = draw(rng, f.gap_s)
@@ -334,6 +356,19 @@ def _gpu_params(f: Any, idx: np.ndarray, plan: FleetPlan, rng: np.random.Generat
         return {"clock_factor": draw(rng, f.clock_factor)}
     if isinstance(f, fs.ClockLock):
         return {"clock_fraction": draw(rng, f.clock_fraction)}
+    if isinstance(f, fs.NvlinkDown):
+        return {"links_down": min(draw_int(rng, f.links_down), prof.nvlink_links), "links_max": prof.nvlink_links}
+    if isinstance(f, fs.NvlinkFallback):
+        return {}
+    if isinstance(f, fs.NvlinkErrors):
+        return {"crc_per_s": draw(rng, f.crc_per_s), "replay_per_s": draw(rng, f.replay_per_s),
+                "recovery_per_h": draw(rng, f.recovery_per_h)}
+    if isinstance(f, fs.EccSbe):
+        return {"sbe_per_h": draw(rng, f.sbe_per_h)}
+    if isinstance(f, fs.RowRemapFailure):
+        return {}
+    if isinstance(f, fs.PcieReplay):
+        return {"replays_per_min": draw(rng, f.replays_per_min)}
     if isinstance(f, fs.PcieDegraded):
         gen: int | None = f.gen
         width: int | None = f.width

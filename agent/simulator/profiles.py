@@ -48,9 +48,11 @@ class GpuProfile:
     thermal_tau_s: float
     #: BF16 dense (no sparsity) tensor peak, FLOP/s, for MFU.
     bf16_dense_peak_flops: float
-    #: Peak NVLink bandwidth per direction, bytes/s.
+    #: Peak NVLink bandwidth per direction, bytes/s (0: a PCIe-only board).
     nvlink_bytes_s_max: float
     sm_count: int
+    #: NVLink links of the board (0: none; NVML then answers NotSupported).
+    nvlink_links: int = 0
 
 
 PROFILES: dict[str, GpuProfile] = {
@@ -77,6 +79,7 @@ PROFILES: dict[str, GpuProfile] = {
             bf16_dense_peak_flops=989e12,
             nvlink_bytes_s_max=450e9,
             sm_count=132,
+            nvlink_links=18,
         ),
         GpuProfile(
             key="a100_sxm_80gb",
@@ -99,6 +102,7 @@ PROFILES: dict[str, GpuProfile] = {
             bf16_dense_peak_flops=312e12,
             nvlink_bytes_s_max=300e9,
             sm_count=108,
+            nvlink_links=12,
         ),
         GpuProfile(
             key="h200_sxm_141gb",
@@ -121,6 +125,34 @@ PROFILES: dict[str, GpuProfile] = {
             bf16_dense_peak_flops=989e12,
             nvlink_bytes_s_max=450e9,
             sm_count=132,
+            nvlink_links=18,
+        ),
+        # A PCIe-only board: no NVLink, collectives between GPUs cross PCIe
+        # (and the CPU root complex).  Datasheet: 350 W, 48 GB GDDR6, Gen4 x16,
+        # 362 TFLOPS dense BF16; idle and clocks from the L40S capture of
+        # realdata/nvidia_gpu_exporter.
+        GpuProfile(
+            key="l40s_pcie_48gb",
+            name="NVIDIA L40S",
+            tdp_w=350.0,
+            idle_w=60.0,
+            min_power_limit_w=100.0,
+            sm_clock_max_mhz=2520,
+            sm_clock_idle_mhz=210,
+            sm_clock_min_mhz=210,
+            mem_clock_mhz=9001,
+            mem_total_mib=46068.0,
+            pcie_gen_max=4,
+            pcie_width_max=16,
+            temp_sw_limit_c=86.0,
+            temp_slowdown_c=89.0,
+            temp_shutdown_c=92.0,
+            thermal_resistance_c_per_w=0.11,
+            thermal_tau_s=30.0,
+            bf16_dense_peak_flops=362e12,
+            nvlink_bytes_s_max=0.0,
+            sm_count=142,
+            nvlink_links=0,
         ),
     )
 }

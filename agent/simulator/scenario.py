@@ -72,6 +72,12 @@ class NodeGroupSpec(_Strict):
     cpu_governor: Literal["performance", "powersave", "schedutil", "ondemand"] = "performance"
     #: Container/cgroup CPU quota in cores; None = no quota.
     cpu_quota_cores: float | None = Field(None, gt=0)
+    #: CPUs the jobs' processes may run on: every CPU, only their GPU's NUMA node's, or only
+    #: the other node's (a loader pinned to the wrong socket).
+    job_cpus: Literal["all", "local", "remote"] = "all"
+    #: An NFS mount holding the data sets: none, one that keeps up, or one that stalls
+    #: (retransmissions, long backlog waits), as the agent's node checks would report it.
+    nfs: Literal["none", "healthy", "stalled"] = "none"
     driver_version: str = "550.90.07"
     cuda_version: str = "12.4"
     #: Host power without GPUs at idle, W.

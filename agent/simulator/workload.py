@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.agent.simulator import states as st
+from gpufleet.agent.simulator.jobs import JobDemand
 from gpufleet.agent.simulator.physics import compute_time_factor
 from gpufleet.agent.simulator.plan import FleetPlan, RunPlan, StarvationPlan
 
@@ -28,6 +29,10 @@ RDMA_LINK_SHARE = 0.35
 NVLINK_COMM_SHARE = 0.45
 #: Usable share of a PCIe link's payload bandwidth.
 PCIE_EFFICIENCY = 0.8
+#: Share of a PCIe link's maximum a collective reaches when it crosses PCIe
+#: (peer-to-peer through the root complex, or staged in host memory): on a
+#: PCIe-only board, or where NVLink cannot be used.
+PCIE_COLLECTIVE_SHARE = 0.6
 #: Share of a GPU's used memory a checkpoint copies to the host.
 CHECKPOINT_STATE_SHARE = 0.5
 #: Host CPU (% of all CPUs) and iowait used while a run loads its model.
@@ -52,6 +57,8 @@ class HostLoad:
     ckpt_share: np.ndarray = field(init=False)
     #: Starvation in force: the drawn host-side parameters, by node index.
     starving: dict[int, StarvationPlan] = field(default_factory=dict)
+    #: What each run asked of each of its nodes (its cgroup there).
+    jobs: list[JobDemand] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("user_pct", "system_pct", "iowait_pct", "disk_read_bytes_s", "disk_write_bytes_s",
@@ -94,6 +101,8 @@ class RunTickInputs:
     mem_total_mib: np.ndarray
     #: Standard normal draws, one per GPU, for step jitter.
     jitter: np.ndarray
+    #: Usable share of each GPU's NVLink bandwidth (links up, peer access on); None: all of it.
+    nvlink_bw_ratio: np.ndarray | None = None
 
 
 @dataclass
@@ -159,6 +168,8 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
     timing = None
     if wl.kind == "training":
         comm_s = wl.step_s * wl.comm_share / (1.0 - wl.comm_share)
+        nvl_rate, pcie_coll, slow = _collective_paths(inp, idx, link)
+        comm_s *= slow
         factor = compute_time_factor(inp.compute_clock_ratio[idx], wl.mem_bound_share, wl.pcie_share,
                                      inp.pcie_bw_ratio[idx])
         compute_s = wl.step_s * factor * (1.0 + STEP_JITTER * inp.jitter[idx])
@@ -169,11 +180,11 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         frac[idx, st.WAIT] += f_train * (1.0 - c_share - m_share)
         timing = StepTiming(f_train * dt / step_s, compute_s, comm_s, step_s)
         rdma = RDMA_LINK_SHARE * inp.pcie_bw_max_bytes_s[idx] if n_nodes > 1 else 0.0
-        comm_pcie = np.minimum(rdma, link)
+        comm_pcie = np.minimum(rdma + pcie_coll, link)
         out.pcie_rx_bytes_s[idx] += f_train * (c_share * np.minimum(input_rx, link) + m_share * comm_pcie)
         out.pcie_tx_bytes_s[idx] += f_train * (c_share * 0.05 * input_rx + m_share * comm_pcie)
-        nvl = NVLINK_COMM_SHARE * inp.nvlink_max_bytes_s[idx] if len(idx) > 1 else 0.0
-        out.nvlink_bytes_s[idx] += f_train * (m_share * nvl + c_share * 0.01 * inp.nvlink_max_bytes_s[idx])
+        ratio = _nvlink_ratio(inp, idx)
+        out.nvlink_bytes_s[idx] += f_train * (m_share * nvl_rate + c_share * 0.01 * inp.nvlink_max_bytes_s[idx] * ratio)
     else:
         busy = np.clip(wl.busy_fraction * (1.0 + 0.05 * inp.jitter[idx]), 0.0, 1.0)
         frac[idx, st.COMPUTE] += f_train * busy
@@ -195,6 +206,39 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
     _host_side(plan, run, starvations, b, f_train + f_starve, f_load, f_ramp, f_ckpt, f_eval, host, node_index,
                gpu_node)
     return timing
+
+
+def _nvlink_ratio(inp: RunTickInputs, idx: np.ndarray) -> np.ndarray:
+    return np.ones(idx.shape[0]) if inp.nvlink_bw_ratio is None else inp.nvlink_bw_ratio[idx]
+
+
+def _collective_paths(inp: RunTickInputs, idx: np.ndarray, link: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per GPU of a training run: NVLink and PCIe rates while in the all-reduce,
+    and how much longer the all-reduce takes than on healthy NVLink.
+
+    Every GPU moves the same volume per step and the ring goes at the pace of
+    its slowest member: with links down on one GPU every GPU's all-reduce slows
+    by the bandwidth lost; where a GPU cannot use NVLink at all its share
+    crosses PCIe (and the others wait for it).  Boards without NVLink run
+    their collectives over PCIe from the start (their ``comm_share`` says how
+    long that takes)."""
+    n = idx.shape[0]
+    if n <= 1:
+        return np.zeros(n), np.zeros(n), 1.0
+    nvmax = inp.nvlink_max_bytes_s[idx]
+    ratio = _nvlink_ratio(inp, idx)
+    has = nvmax > 0
+    if not has.any():
+        return np.zeros(n), PCIE_COLLECTIVE_SHARE * link, 1.0
+    nominal = NVLINK_COMM_SHARE * float(nvmax[has].max())
+    usable = has & (ratio > 0)
+    # Rate each GPU could sustain: its NVLink share, or PCIe where NVLink is unusable.
+    own = np.where(usable, nominal * ratio, PCIE_COLLECTIVE_SHARE * link)
+    pace = float(own.min())
+    slow = max(1.0, nominal / max(pace, 1.0))
+    nvl = np.where(usable, pace, 0.0)
+    pcie = np.where(usable, 0.0, pace)
+    return nvl, pcie, slow
 
 
 def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], b: float, f_loader: float,
@@ -220,8 +264,14 @@ def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan],
         if wl.kind == "serving":
             # Requests arrive over the network; the host mostly idles.
             busy, duty = busy * wl.busy_fraction, 0.05
-        host.user_pct[k] += share * (gov * wl.loader_cpu_pct * busy + LOAD_CPU_PCT * f_load)
-        host.system_pct[k] += share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
+        user = share * (gov * wl.loader_cpu_pct * busy + LOAD_CPU_PCT * f_load)
+        system = share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
+        host.user_pct[k] += user
+        host.system_pct[k] += system
+        host.jobs.append(JobDemand(
+            k, run.gpu_idx[gpu_node[run.gpu_idx] == k], (user + system) / 100.0 * node.cpu_count,
+            starving.cause if starving is not None else None,
+            starving.params.get("cpu_iowait_pct", 0.0) if starving is not None else 0.0, f_ckpt))
         host.iowait_pct[k] += share * LOAD_IOWAIT_PCT * f_load
         host.disk_read_bytes_s[k] += share * (wl.disk_read_bytes_s * (duty * f_loader + 0.3 * f_eval)
                                               + 0.6 * node.disk_read_bytes_s_max * f_load)

@@ -105,9 +105,41 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField(236, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", (), "pcie_max_link_width", "int64", "pcie_width_max"),
     DcgmField(1011, "DCGM_FI_PROF_NVLINK_TX_BYTES", (), "nvlink_tx_bytes", "int64", "nvlink_tx_bytes_s"),
     DcgmField(1012, "DCGM_FI_PROF_NVLINK_RX_BYTES", (), "nvlink_rx_bytes", "int64", "nvlink_rx_bytes_s"),
-    DcgmField(311, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", (), "ecc_dbe_volatile_total", "int64", "ecc_dbe"),
+    DcgmField(311, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", (), "ecc_dbe_volatile_total", "int64", "ecc_dbe_vol"),
     DcgmField(230, "DCGM_FI_DEV_XID_ERROR", ("DCGM_FI_DEV_XID_ERRORS",), "xid_errors", "int64", "xid"),
+    # Memory, bus and NVLink health.  DCGM 4 names first, the older names dcgm-exporter
+    # configurations still use as aliases; where a newer GPU family reports a
+    # counter under a newer id (497-499) that id fills the column only when the
+    # classic one has no value.
+    DcgmField(310, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", (), "ecc_sbe_volatile_total", "int64", "ecc_sbe_vol"),
+    DcgmField(312, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", (), "ecc_sbe_aggregate_total", "int64", "ecc_sbe_agg"),
+    DcgmField(313, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", (), "ecc_dbe_aggregate_total", "int64", "ecc_dbe_agg"),
+    DcgmField(393, "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",),
+              "uncorrectable_remapped_rows", "int64", "remapped_rows_uncorrectable"),
+    DcgmField(394, "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",),
+              "correctable_remapped_rows", "int64", "remapped_rows_correctable"),
+    DcgmField(395, "DCGM_FI_DEV_ROW_REMAP_FAILED", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "row_remap_failure", "int64",
+              "remapped_rows_failed"),
+    DcgmField(396, "DCGM_FI_DEV_ROW_REMAP_PENDING", (), "row_remap_pending", "int64", "remapped_rows_pending"),
+    DcgmField(202, "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), "pcie_replay_counter",
+              "int64", "pcie_replay_count"),
+    DcgmField(409, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",),
+              "nvlink_flit_crc_error_count_total", "int64", "nvlink_crc_errors"),
+    DcgmField(497, "DCGM_FI_DEV_NVLINK_CRC_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_ERROR_DL_CRC",), "nvlink_crc_err",
+              "int64", "nvlink_crc_errors", priority=1),
+    DcgmField(429, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",),
+              "nvlink_replay_error_count_total", "int64", "nvlink_replay_errors"),
+    DcgmField(499, "DCGM_FI_DEV_NVLINK_REPLAY_TOTAL", ("DCGM_FI_DEV_NVLINK_ERROR_DL_REPLAY",), "nvlink_replay_err",
+              "int64", "nvlink_replay_errors", priority=1),
+    DcgmField(439, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",),
+              "nvlink_recovery_error_count_total", "int64", "nvlink_recovery_errors"),
+    DcgmField(498, "DCGM_FI_DEV_NVLINK_RECOVERY_TOTAL", ("DCGM_FI_DEV_NVLINK_ERROR_DL_RECOVERY",),
+              "nvlink_recovery_err", "int64", "nvlink_recovery_errors", priority=1),
 )
+
+#: NvLink link states of ``dcgmGetNvLinkLinkStatus`` (dcgm_structs: DcgmNvLinkLinkState*).
+LINK_NOT_SUPPORTED = 0
+LINK_UP = 3
 
 FIELD_BY_ID: dict[int, DcgmField] = {f.field_id: f for f in DCGM_FIELDS}
 #: Every series name (canonical, legacy, lower-case, 1.x) -> field.
@@ -215,6 +247,8 @@ class DcgmSource:
         self._uuids: dict[int, str] = {}
         self._instances: list[_Instance] = []
         self._xid_ts: dict[tuple[int, int], int] = {}
+        #: False once dcgmGetNvLinkLinkStatus proved unavailable (links up/max stay NULL).
+        self._link_status_ok = True
 
     @property
     def b(self) -> DcgmBindings:
@@ -290,9 +324,12 @@ class DcgmSource:
             raise self._dcgm_error("reading latest values", e) from e
         rows: list[GpuRow] = []
         gpu_group, inst_group = b.dcgm_fields.DCGM_FE_GPU, b.dcgm_fields.DCGM_FE_GPU_I
+        links = self._links()
         for g in self._gpus:
             row: GpuRow = {"gpu": g, "mig_instance": None, "uuid": self._uuids.get(g)}
             self._fill(row, (values.get(gpu_group, {}).get(g, {}) for values in latest), (gpu_group, g))
+            if g in links:
+                row["nvlink_links_up"], row["nvlink_links_max"] = links[g]
             rows.append(row)
         for inst in self._instances:
             row = {"gpu": inst.gpu, "mig_instance": inst.gpu_instance_id, "uuid": self._uuids.get(inst.gpu)}
@@ -301,6 +338,28 @@ class DcgmSource:
             null_whole_gpu_fields(row)
             rows.append(row)
         return Reading(gpus=rows)
+
+    def _links(self) -> dict[int, tuple[int, int]]:
+        """Per GPU id: (NVLink links up, links present), from dcgmGetNvLinkLinkStatus.
+
+        Link state is no watched field in DCGM, hence the separate call.  A GPU
+        whose every link is "not supported" has no NVLink and is left out (NULL)."""
+        fn = getattr(self.b.dcgm_agent, "dcgmGetNvLinkLinkStatus", None)
+        if fn is None or not self._link_status_ok:
+            return {}
+        try:
+            status = fn(self._handle.handle)
+        except self.b.dcgm_structs.DCGMError as e:
+            log.warning("dcgm: NVLink link status unavailable (%s); links up stay NULL", e)
+            self._link_status_ok = False
+            return {}
+        out: dict[int, tuple[int, int]] = {}
+        for i in range(int(status.numGpus)):
+            entry = status.gpus[i]
+            present = [int(st) for st in entry.linkState if int(st) != LINK_NOT_SUPPORTED]
+            if present:
+                out[int(entry.entityId)] = (sum(1 for st in present if st == LINK_UP), len(present))
+        return out
 
     def _fill(self, row: GpuRow, per_group: Iterable[Mapping[int, Any]], entity: tuple[int, int]) -> None:
         sources: dict[str, int] = {}

@@ -10,8 +10,17 @@ Labels: ``gpu`` gives the GPU index, ``UUID`` the GPU UUID, ``GPU_I_ID`` the
 MIG GPU instance.  dcgm-exporter repeats device-level fields (power, energy,
 clocks...) on every MIG instance series; those go to the physical GPU's row
 once and are NULL on instance rows, so energy is not counted per instance.
-Kubernetes attribution labels (``pod``, ``namespace``, ``container``) are kept
-under the row key ``"labels"`` when present, for the attribution step.
+Kubernetes attribution labels (``pod``, ``namespace``, ``container``,
+``pod_uid``) are kept under the row key ``"labels"`` when present; the
+attribution step (:mod:`gpufleet.agent.attribution`) turns them into the
+row's ``run_id`` and removes them before the row is spooled.
+
+Beyond the fields the ``dcgm`` source watches, the exporter's own field list
+(``deploy/dcgm-exporter/counters.csv``, the one gpufleet ships) carries
+health and utilisation counters: graphics-engine activity, memory-copy
+utilisation, NVLink throughput, ECC and row-remap counters and PCIe replays.
+:data:`EXPORTER_FIELDS` maps them; the shared table of
+:mod:`gpufleet.agent.sources.dcgm` wins where both name a series.
 
 ``DCGM_FI_DEV_XID_ERRORS`` is a gauge holding the last XID ever seen, so an
 XID is reported when that value changes between scrapes (0 otherwise); where
@@ -42,15 +51,34 @@ from gpufleet.catalog import WHOLE_GPU_FIELDS
 log = logging.getLogger(__name__)
 
 #: Labels that attribute a GPU to a workload; passed through under "labels".
-ATTRIBUTION_LABELS = ("pod", "namespace", "container", "exported_pod", "exported_namespace", "exported_container")
+ATTRIBUTION_LABELS = ("pod", "namespace", "container", "pod_uid", "exported_pod", "exported_namespace",
+                      "exported_container")
 XID_COUNT_SERIES = "DCGM_EXP_XID_ERRORS_COUNT"
+
+#: Fields the exporter can print that the ``dcgm`` source's table does not map
+#: (id, canonical DCGM 4 name, older names, tag and type from dcgm_fields.h).
+EXPORTER_FIELDS: tuple[DcgmField, ...] = (
+    DcgmField(1001, "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", ("DCGM_FI_PROF_GR_ENGINE_ACTIVE",), "gr_engine_active",
+              "double", "gr_engine_active"),
+    DcgmField(204, "DCGM_FI_DEV_MEM_COPY_UTIL", (), "mem_copy_utilization", "int64", "mem_copy_util_pct"),
+    DcgmField(449, "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",),
+              "nvlink_throughput_total", "int64", "nvlink_bandwidth_mb_s"),
+)
+
+#: Every series name the source recognises: the shared table first, then the
+#: exporter's own fields, then the one 1.x name that is not ``dcgm_<tag>``.
+SERIES: dict[str, DcgmField] = {
+    **{n: f for f in EXPORTER_FIELDS for n in f.names()},
+    "dcgm_nvlink_bandwidth_total": EXPORTER_FIELDS[2],
+    **FIELD_BY_NAME,
+}
 
 Key = tuple[int, int | None]
 
 
 def _field_for(family_name: str, sample_name: str) -> DcgmField | None:
     for name in (family_name, sample_name, sample_name.removesuffix("_total")):
-        f = FIELD_BY_NAME.get(name)
+        f = SERIES.get(name)
         if f is not None:
             return f
     return None

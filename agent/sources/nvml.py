@@ -9,9 +9,16 @@ Rules the rows follow:
 
 * A reading the GPU does not offer is ``None`` (NULL), never 0; the source
   remembers it and stops asking, which also keeps a collect cheap.
-* Profiling ratios (``sm_active``, ``tensor_active``, ``dram_active``) and
-  NVLink rates need DCGM; NVML rows leave those keys out so that, when both
-  sources run, DCGM's values are not overwritten by NULLs.
+* Profiling ratios (``sm_active``, ``tensor_active``, ``dram_active``) need
+  DCGM; NVML rows leave those keys out.  NVLink rates come from NVML's
+  cumulative throughput counters (field values, all links): the difference
+  since the previous collect over the time between them, NULL on the first
+  collect and after a counter restart; GPUs without NVLink leave the keys out.
+* Memory, bus and NVLink health (ECC counts, remapped rows, PCIe replays,
+  NVLink link states and error counters) changes rarely and costs about one
+  NVML call per link and counter, so it is read on every ``health_every``-th
+  collect only (every 10 s at 1 Hz); rows in between leave those keys out
+  (NULL, a gap, never a repeated value).
 * MIG: the physical GPU's row (``mig_instance`` NULL) carries every
   whole-board quantity (power, energy, clocks, temperatures, throttle, PCIe,
   ECC, XID) exactly once; each GPU instance gets its own row with
@@ -28,6 +35,7 @@ Rules the rows follow:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +68,13 @@ NVML_FIELDS = (
     "uuid", "util_pct", "mem_used_mib", "mem_total_mib", "power_w", "energy_mj", "power_limit_w",
     "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "temp_c", "mem_temp_c", "throttle_reasons",
     "pcie_tx_bytes_s", "pcie_rx_bytes_s", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
-    "ecc_dbe", "xid", "mig_instance",
+    "ecc_dbe_vol", "xid", "mig_instance", "ecc_sbe_vol", "ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable",
+    "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failed", "pcie_replay_count",
+    "nvlink_crc_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_links_up", "nvlink_links_max",
+    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s",
 )
+#: Health fields read every ``health_every``-th collect.
+HEALTH_FIELDS = NVML_FIELDS[NVML_FIELDS.index("ecc_sbe_vol"):NVML_FIELDS.index("nvlink_tx_bytes_s")]
 
 
 @dataclass
@@ -80,6 +93,8 @@ class _Gpu:
     unsupported: set[str] = field(default_factory=set)
     xid_capable: bool = False
     lost: bool = False
+    #: (monotonic time, tx KiB, rx KiB) of the previous NVLink throughput reading.
+    nvlink_prev: tuple[float, int, int] | None = None
 
 
 class NvmlSource:
@@ -87,11 +102,17 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, api: NvmlApi | None = None, sys_root: Path | str = "/sys") -> None:
+    def __init__(self, api: NvmlApi | None = None, sys_root: Path | str = "/sys", health_every: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if health_every < 1:
+            raise ValueError("health_every must be at least 1 (read the health counters every n-th collect)")
         self.api: NvmlApi = api if api is not None else PynvmlApi()
         self.sys_root = Path(sys_root)
+        self.health_every = health_every
+        self.clock = clock
         self._gpus: list[_Gpu] | None = None
         self._event_set: Any = None
+        self._collects = 0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -156,10 +177,12 @@ class NvmlSource:
     def collect(self) -> Reading:
         gpus = self._start()
         xids = self._drain_xids(gpus)
+        health = self._collects % self.health_every == 0
+        self._collects += 1
         rows: list[GpuRow] = []
         for gpu in gpus:
             try:
-                rows.extend(self._read(gpu, xids))
+                rows.extend(self._read(gpu, xids, health))
                 gpu.lost = False
             except GpuLost:
                 if not gpu.lost:
@@ -194,7 +217,7 @@ class NvmlSource:
             gpu.unsupported.add(what)
             return None
 
-    def _read(self, gpu: _Gpu, xids: dict[int, int]) -> list[GpuRow]:
+    def _read(self, gpu: _Gpu, xids: dict[int, int], health: bool = False) -> list[GpuRow]:
         if gpu.handle is None:
             # Lost before we could open it: try again, it may be back after a reset.
             reopened = self._open(gpu.index)
@@ -231,13 +254,59 @@ class NvmlSource:
             "pcie_gen_max": gpu.static.get("pcie_gen_max"),
             "pcie_width": opt(gpu, "pcie_width", api.pcie_link_width, h),
             "pcie_width_max": gpu.static.get("pcie_width_max"),
-            "ecc_dbe": opt(gpu, "ecc_dbe", api.ecc_dbe_volatile_total, h),
+            "ecc_dbe_vol": opt(gpu, "ecc_dbe", api.ecc_dbe_volatile_total, h),
             "xid": xids.get(gpu.index, 0) if gpu.xid_capable else None,
         }
+        self._nvlink_rates(gpu, row)
+        if health:
+            self._health(gpu, row)
         rows = [row]
         if mig:
             rows.extend(self._mig_rows(gpu))
         return rows
+
+    def _nvlink_rates(self, gpu: _Gpu, row: GpuRow) -> None:
+        """NVLink bytes/s from the cumulative KiB counters (keys left out without NVLink)."""
+        kib = self._optional(gpu, "nvlink_throughput", self.api.nvlink_throughput_kib, gpu.handle)
+        if kib is None:
+            return
+        now = self.clock()
+        prev, gpu.nvlink_prev = gpu.nvlink_prev, (now, kib[0], kib[1])
+        tx = rx = None
+        if prev is not None and now > prev[0] and kib[0] >= prev[1] and kib[1] >= prev[2]:
+            dt = now - prev[0]
+            tx, rx = (kib[0] - prev[1]) * 1024.0 / dt, (kib[1] - prev[2]) * 1024.0 / dt
+        row["nvlink_tx_bytes_s"], row["nvlink_rx_bytes_s"] = tx, rx
+
+    def _health(self, gpu: _Gpu, row: GpuRow) -> None:
+        """ECC counts, remapped rows, PCIe replays, NVLink link states and error counters."""
+        api, h, opt = self.api, gpu.handle, self._optional
+        row["ecc_sbe_vol"] = opt(gpu, "ecc_sbe_vol", api.ecc_error_total, h, False, False)
+        row["ecc_sbe_agg"] = opt(gpu, "ecc_sbe_agg", api.ecc_error_total, h, False, True)
+        row["ecc_dbe_agg"] = opt(gpu, "ecc_dbe_agg", api.ecc_error_total, h, True, True)
+        rr = opt(gpu, "remapped_rows", api.remapped_rows, h)
+        row["remapped_rows_correctable"] = rr.correctable if rr else None
+        row["remapped_rows_uncorrectable"] = rr.uncorrectable if rr else None
+        row["remapped_rows_pending"] = int(rr.pending) if rr else None
+        row["remapped_rows_failed"] = int(rr.failed) if rr else None
+        row["pcie_replay_count"] = opt(gpu, "pcie_replay", api.pcie_replay_count, h)
+        states = opt(gpu, "nvlink_states", api.nvlink_states, h)
+        if states is None:
+            return
+        row["nvlink_links_max"], row["nvlink_links_up"] = len(states), sum(states)
+        totals = [0, 0, 0]
+        read = 0
+        for link in range(len(states)):
+            try:
+                e = api.nvlink_errors(h, link)
+            except NotSupported:
+                continue  # this link keeps no counters (inactive on some drivers)
+            totals[0] += e.crc_flit
+            totals[1] += e.replay
+            totals[2] += e.recovery
+            read += 1
+        if read:
+            row["nvlink_crc_errors"], row["nvlink_replay_errors"], row["nvlink_recovery_errors"] = totals
 
     def _mig_rows(self, gpu: _Gpu) -> list[GpuRow]:
         api = self.api

@@ -81,6 +81,26 @@ class MemoryInfo:
 
 
 @dataclass(frozen=True)
+class RemappedRows:
+    """``nvmlDeviceGetRemappedRows``: rows remapped after correctable / uncorrectable
+    errors (counts), a remap waiting for a GPU reset, a remap that failed."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
+class NvLinkErrors:
+    """Data-link error counters of one NVLink link since the driver loaded (counts)."""
+
+    crc_flit: int
+    replay: int
+    recovery: int
+
+
+@dataclass(frozen=True)
 class XidEvent:
     """One critical XID event: the device it came from and the XID code."""
 
@@ -165,6 +185,27 @@ class NvmlApi(Protocol):
 
     def ecc_dbe_volatile_total(self, handle: Handle) -> int:
         """Uncorrected (double-bit) ECC errors since the driver loaded, count."""
+
+    def ecc_error_total(self, handle: Handle, uncorrected: bool, aggregate: bool) -> int:
+        """ECC errors, count: corrected (single-bit) or uncorrected (double-bit), since
+        the driver loaded (volatile) or over the board's life (aggregate)."""
+
+    def remapped_rows(self, handle: Handle) -> RemappedRows:
+        """Row-remapper state (Ampere and later)."""
+
+    def pcie_replay_count(self, handle: Handle) -> int:
+        """PCIe replays (link-level retransmissions) since the driver loaded, count."""
+
+    def nvlink_states(self, handle: Handle) -> list[bool]:
+        """One entry per NVLink link the GPU has: True while the link is active.
+        NotSupported on a GPU without NVLink."""
+
+    def nvlink_errors(self, handle: Handle, link: int) -> NvLinkErrors:
+        """CRC (FLIT), replay and recovery counters of one link, counts."""
+
+    def nvlink_throughput_kib(self, handle: Handle) -> tuple[int, int]:
+        """NVLink data transmitted and received over all links since the driver loaded,
+        KiB (cumulative counters: rates come from differences)."""
 
     def mig_enabled(self, handle: Handle) -> bool:
         """True when MIG mode is currently on (NotSupported on GPUs without MIG)."""
@@ -347,9 +388,59 @@ class PynvmlApi:
         return int(self._call("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, handle, counter))
 
     def ecc_dbe_volatile_total(self, handle: Handle) -> int:
+        return self.ecc_error_total(handle, uncorrected=True, aggregate=False)
+
+    def ecc_error_total(self, handle: Handle, uncorrected: bool, aggregate: bool) -> int:
         nv = self.nv
-        return int(self._call("nvmlDeviceGetTotalEccErrors", nv.nvmlDeviceGetTotalEccErrors, handle,
-                              nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+        kind = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        counter = nv.NVML_AGGREGATE_ECC if aggregate else nv.NVML_VOLATILE_ECC
+        return int(self._call("nvmlDeviceGetTotalEccErrors", nv.nvmlDeviceGetTotalEccErrors, handle, kind, counter))
+
+    def remapped_rows(self, handle: Handle) -> RemappedRows:
+        cor, unc, pending, failed = self._call("nvmlDeviceGetRemappedRows", self.nv.nvmlDeviceGetRemappedRows,
+                                               handle)
+        return RemappedRows(int(cor), int(unc), bool(pending), bool(failed))
+
+    def pcie_replay_count(self, handle: Handle) -> int:
+        return int(self._call("nvmlDeviceGetPcieReplayCounter", self.nv.nvmlDeviceGetPcieReplayCounter, handle))
+
+    def nvlink_states(self, handle: Handle) -> list[bool]:
+        nv = self.nv
+        states: list[bool] = []
+        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                states.append(nv.nvmlDeviceGetNvLinkState(handle, link) == nv.NVML_FEATURE_ENABLED)
+            except nv.NVMLError as e:
+                code = getattr(e, "value", None)
+                # Past the GPU's last link NVML answers INVALID_ARGUMENT (or NOT_SUPPORTED).
+                if states and code in (nv.NVML_ERROR_INVALID_ARGUMENT, nv.NVML_ERROR_NOT_SUPPORTED):
+                    break
+                raise self._translate(f"nvmlDeviceGetNvLinkState(link {link})", e) from e
+        return states
+
+    def nvlink_errors(self, handle: Handle, link: int) -> NvLinkErrors:
+        nv = self.nv
+        fn = nv.nvmlDeviceGetNvLinkErrorCounter
+
+        def read(counter: int) -> int:
+            return int(self._call(f"nvmlDeviceGetNvLinkErrorCounter(link {link})", fn, handle, link, counter))
+
+        return NvLinkErrors(read(nv.NVML_NVLINK_ERROR_DL_CRC_FLIT), read(nv.NVML_NVLINK_ERROR_DL_REPLAY),
+                            read(nv.NVML_NVLINK_ERROR_DL_RECOVERY))
+
+    def nvlink_throughput_kib(self, handle: Handle) -> tuple[int, int]:
+        nv = self.nv
+        all_links = 0xFFFFFFFF  # scopeId UINT_MAX: summed over every link
+        values = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle,
+                            [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, all_links),
+                             (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, all_links)])
+        out = []
+        for fv, what in zip(values, ("TX", "RX"), strict=True):
+            if fv.nvmlReturn != nv.NVML_SUCCESS:
+                raise self._translate(f"nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA_{what})",
+                                      nv.NVMLError(fv.nvmlReturn))
+            out.append(int(_field_value(nv, fv)))
+        return out[0], out[1]
 
     def mig_enabled(self, handle: Handle) -> bool:
         nv = self.nv

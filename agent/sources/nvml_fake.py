@@ -30,7 +30,9 @@ from gpufleet.agent.sources.nvml_api import (
     GpuLost,
     MemoryInfo,
     NotSupported,
+    NvLinkErrors,
     NvmlError,
+    RemappedRows,
     XidEvent,
 )
 from gpufleet.catalog import THROTTLE_GPU_IDLE
@@ -83,6 +85,10 @@ class GpuProfile:
     mig_capable: bool = True
     #: Non-empty: MIG mode is on with these GPU instances.
     mig: tuple[MigSlice, ...] = ()
+    #: "Replays Since Reset" of the PCIe section.
+    pcie_replays: int = 0
+    #: NVLink links of the board (datasheet: 18 on H100/H200 SXM; 0: none, NVML answers NotSupported).
+    nvlink_links: int = 0
 
 
 H100_SXM = GpuProfile(
@@ -94,6 +100,7 @@ H100_SXM = GpuProfile(
     idle_power_w=69.62, idle_sm_clock_mhz=345, idle_temp_c=41, idle_mem_temp_c=48,
     idle_pcie_tx_kb_s=352, idle_pcie_rx_kb_s=329,
     load_util_pct=100, load_power_w=588.39, load_temp_c=59, load_mem_temp_c=55, load_mem_used_mib=19818,
+    pcie_replays=9, nvlink_links=18,
 )
 
 H100_MIG = replace(
@@ -113,6 +120,7 @@ H200 = GpuProfile(
     idle_power_w=77.88, idle_sm_clock_mhz=345, idle_temp_c=28, idle_mem_temp_c=32,
     idle_pcie_tx_kb_s=371, idle_pcie_rx_kb_s=337,
     load_util_pct=100, load_power_w=625.24, load_temp_c=52, load_mem_temp_c=41, load_mem_used_mib=32362,
+    pcie_replays=0, nvlink_links=18,
 )
 
 L40S = GpuProfile(
@@ -180,6 +188,20 @@ class FakeGpu:
         self.pcie_tx_kb_s = profile.idle_pcie_tx_kb_s
         self.pcie_rx_kb_s = profile.idle_pcie_rx_kb_s
         self.ecc_dbe = 0
+        self.ecc_sbe = 0
+        self.ecc_sbe_agg = 0
+        self.ecc_dbe_agg = 0
+        self.remapped_correctable = 0
+        self.remapped_uncorrectable = 0
+        self.remap_pending = False
+        self.remap_failed = False
+        self.pcie_replays = profile.pcie_replays
+        #: Per link: active?  Error counters per link: [crc_flit, replay, recovery].
+        self.nvlink_up = [True] * profile.nvlink_links
+        self.nvlink_counters = [[0, 0, 0] for _ in range(profile.nvlink_links)]
+        #: NVLink data rates, bytes/s, integrated into the KiB counters over the fake clock.
+        self._nvlink_rate = (0.0, 0.0)
+        self._nvlink_kib = [0.0, 0.0]
         self.lost = False
         #: NvmlApi method names that answer NotSupported on this GPU.
         self.unsupported: set[str] = set()
@@ -202,6 +224,22 @@ class FakeGpu:
         self._integrate()
         return int(self._energy_mj)
 
+    @property
+    def nvlink_bytes_s(self) -> tuple[float, float]:
+        return self._nvlink_rate
+
+    @nvlink_bytes_s.setter
+    def nvlink_bytes_s(self, tx_rx: tuple[float, float]) -> None:
+        """Set the NVLink (transmit, receive) rates, bytes/s, from now on."""
+        self._integrate()
+        self._nvlink_rate = (float(tx_rx[0]), float(tx_rx[1]))
+
+    @property
+    def nvlink_kib(self) -> tuple[int, int]:
+        """Cumulative NVLink data transmitted and received, KiB."""
+        self._integrate()
+        return int(self._nvlink_kib[0]), int(self._nvlink_kib[1])
+
     def reset_energy(self) -> None:
         """What a driver reload does to the counter."""
         self._integrate()
@@ -209,7 +247,11 @@ class FakeGpu:
 
     def _integrate(self) -> None:
         now = self._clock()
-        self._energy_mj += self._power_w * max(0.0, now - self._t) * 1000.0
+        dt = max(0.0, now - self._t)
+        self._energy_mj += self._power_w * dt * 1000.0
+        if dt and hasattr(self, "_nvlink_kib"):
+            self._nvlink_kib[0] += self._nvlink_rate[0] * dt / 1024.0
+            self._nvlink_kib[1] += self._nvlink_rate[1] * dt / 1024.0
         self._t = now
 
     def set(self, **state: float | int | None) -> FakeGpu:
@@ -410,6 +452,45 @@ class FakeNvml:
 
     def ecc_dbe_volatile_total(self, handle: FakeHandle) -> int:
         return int(self._whole("ecc_dbe_volatile_total", handle).ecc_dbe)
+
+    def ecc_error_total(self, handle: FakeHandle, uncorrected: bool, aggregate: bool) -> int:
+        gpu = self._whole("ecc_error_total", handle)
+        if uncorrected:
+            return int(gpu.ecc_dbe_agg if aggregate else gpu.ecc_dbe)
+        return int(gpu.ecc_sbe_agg if aggregate else gpu.ecc_sbe)
+
+    def remapped_rows(self, handle: FakeHandle) -> RemappedRows:
+        gpu = self._whole("remapped_rows", handle)
+        if gpu.mig:
+            raise NotSupported("nvml: remapped_rows: not reported while MIG is enabled")
+        return RemappedRows(gpu.remapped_correctable, gpu.remapped_uncorrectable, gpu.remap_pending,
+                            gpu.remap_failed)
+
+    def pcie_replay_count(self, handle: FakeHandle) -> int:
+        return int(self._whole("pcie_replay_count", handle).pcie_replays)
+
+    def _nvlink(self, what: str, handle: FakeHandle) -> FakeGpu:
+        gpu = self._whole(what, handle)
+        if not gpu.profile.nvlink_links:
+            raise NotSupported(f"nvml: {what}: GPU has no NVLink")
+        return gpu
+
+    def nvlink_states(self, handle: FakeHandle) -> list[bool]:
+        gpu = self._nvlink("nvlink_states", handle)
+        # ``calls`` counts driver calls: the real binding asks once per link (nvmlDeviceGetNvLinkState).
+        self.calls["nvlink_states"] += len(gpu.nvlink_up) - 1
+        return list(gpu.nvlink_up)
+
+    def nvlink_errors(self, handle: FakeHandle, link: int) -> NvLinkErrors:
+        gpu = self._nvlink("nvlink_errors", handle)
+        if not 0 <= link < len(gpu.nvlink_counters):
+            raise NvmlError(f"nvml: nvlink_errors: no link {link}")
+        self.calls["nvlink_errors"] += 2  # one nvmlDeviceGetNvLinkErrorCounter call per counter
+        crc, replay, recovery = gpu.nvlink_counters[link]
+        return NvLinkErrors(crc, replay, recovery)
+
+    def nvlink_throughput_kib(self, handle: FakeHandle) -> tuple[int, int]:
+        return self._nvlink("nvlink_throughput_kib", handle).nvlink_kib
 
     def mig_enabled(self, handle: FakeHandle) -> bool:
         gpu = self._whole("mig_enabled", handle)

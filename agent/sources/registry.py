@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from pathlib import Path
 
 from gpufleet.agent.sources.base import Source
 from gpufleet.config import AgentSettings
@@ -81,7 +80,7 @@ def build_sources(settings: AgentSettings) -> list[Source]:
 def _nvml(settings: AgentSettings) -> Source:
     from gpufleet.agent.sources.nvml import NvmlSource
 
-    return NvmlSource()
+    return NvmlSource(sys_root=settings.sys_root)
 
 
 def _dcgm(settings: AgentSettings) -> Source:
@@ -99,7 +98,8 @@ def _dcgm_exporter(settings: AgentSettings) -> Source:
 def _host(settings: AgentSettings) -> Source:
     from gpufleet.agent.sources.host import HostSource
 
-    return HostSource(proc_root=Path("/proc"), sys_root=Path("/sys"), host_power_w=settings.host_power_w)
+    # The host's /proc and /sys where the agent sees them (a DaemonSet mounts them at /host/proc, /host/sys).
+    return HostSource(proc_root=settings.proc_root, sys_root=settings.sys_root, host_power_w=settings.host_power_w)
 
 
 for _name, _factory in (("nvml", _nvml), ("dcgm", _dcgm), ("dcgm_exporter", _dcgm_exporter), ("host", _host)):

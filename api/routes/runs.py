@@ -74,11 +74,11 @@ def update_run(run_id: str, body: RunUpdate, conn: ConnDep, who: RunWriter) -> d
 
 @router.post("/{run_id}/progress", status_code=204)
 def progress(run_id: str, body: Progress, conn: ConnDep, who: RunWriter) -> Response:
-    if body.tokens is None and body.samples is None:
-        raise HTTPException(422, "give 'tokens' or 'samples' (cumulative counts)")
+    if body.tokens is None and body.samples is None and body.steps is None:
+        raise HTTPException(422, "give 'tokens', 'samples' or 'steps' (cumulative counts)")
     try:
         store.record_progress(conn, run_id, body.time or datetime.now(UTC), body.tokens, body.samples,
-                              as_node=_as_node(who))
+                              as_node=_as_node(who), steps=body.steps)
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
     except Forbidden as e:

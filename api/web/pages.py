@@ -8,6 +8,7 @@ handler checks the viewer, then reads the database in the thread pool.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from psycopg_pool import PoolTimeout
 
+from gpufleet import xid
 from gpufleet.api.deps import ApiState, state
 from gpufleet.api.web import queries
 from gpufleet.api.web.costs import Costs, run_costs
@@ -31,6 +33,8 @@ router = APIRouter(include_in_schema=False)
 T = TypeVar("T")
 
 RUNS_LIMIT = 100
+#: Longest run id the API registers (gpufleet.store.runs.RUN_ID_RE).
+MAX_RUN_ID = 128
 WINDOWS_H = (1.0, 6.0, 24.0, 168.0)
 
 
@@ -45,6 +49,9 @@ async def _read(request: Request, fn: Callable[..., T], *args: Any) -> T | Respo
         return await run_in_threadpool(work)
     except (psycopg.OperationalError, PoolTimeout):
         return html(page("Database unavailable", h("<p>The database does not answer; retry in a moment.</p>")), 503)
+    except psycopg.DataError:
+        # A value PostgreSQL cannot hold (a NUL in text, a time out of range) is the request's fault.
+        return html(page("Bad request", h("<p>The address holds a value that cannot be looked up.</p>")), 400)
 
 
 def _render(who: Principal, title: str, body: Markup, active: str, refresh_s: int | None = None) -> Response:
@@ -69,7 +76,35 @@ def _evidence(ev: dict[str, Any] | None) -> Markup:
     scalars = [(k, v) for k, v in ev.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
     short = join((h("{}={}", k, f"{v:.3g}" if isinstance(v, float) else v) for k, v in scalars[:6]), " ")
     full = json.dumps(ev, sort_keys=True, indent=1, default=str)
-    return h('<details><summary>{}</summary><pre>{}</pre></details>', short or "details", full)
+    return h('<details><summary>{}</summary>{}<pre>{}</pre></details>', short or "details", _xid_lines(ev), full)
+
+
+def _actions(actions: list[dict[str, Any]] | None) -> Markup:
+    """What the quarantine hooks did about the incident (drain, cordon, dry run), newest last."""
+    items = [a for a in actions or [] if isinstance(a, dict)]
+    if not items:
+        return Markup("")
+    lines = join((h("<li>{} {} {}: <strong>{}</strong> {}</li>", a.get("time", ""), a.get("action", ""),
+                    a.get("target", ""), a.get("result", ""), a.get("detail", "")) for a in items), "")
+    return h('<ul class="actions" aria-label="quarantine actions">{}</ul>', lines)
+
+
+def _xid_lines(ev: dict[str, Any]) -> Markup:
+    """The XIDs an incident names, decoded (gpufleet.xid): what each means and what to do."""
+    codes: set[int] = set()
+    for key in ("xid_codes", "xids"):
+        if isinstance(ev.get(key), list):
+            codes.update(int(c) for c in ev[key] if isinstance(c, int) and not isinstance(c, bool))
+    if isinstance(ev.get("last_xid"), int) and ev["last_xid"] > 0:
+        codes.add(int(ev["last_xid"]))
+    if not codes:
+        return Markup("")
+    items = []
+    for c in sorted(codes):
+        info = xid.describe(c)
+        items.append(h("<li>{} &mdash; {} (first action: {})</li>", xid.label(c), info.meaning,
+                       info.action.replace("_", " ")) if info else h("<li>{}</li>", xid.label(c)))
+    return h('<ul class="xids">{}</ul>', join(items, ""))
 
 
 def _where(i: dict[str, Any]) -> Markup:
@@ -85,7 +120,8 @@ def _incident_rows(rows: list[dict[str, Any]], can_read: bool) -> list[list[obje
             (i["run_id"] or "")
         out.append([esc(i["kind"].replace("_", " ")), _severity(i["severity"]),
                     badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
-                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]), _evidence(i["evidence"])])
+                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]),
+                    join((_evidence(i["evidence"]), _actions(i.get("actions"))))])
     return out
 
 
@@ -139,7 +175,8 @@ def _fleet(conn: psycopg.Connection, st: ApiState) -> Markup:
                   ([link("/incidents", k.replace("_", " ")), n, c] for k, n, c in f.open_by_kind),
                   numeric=(1, 2), empty="No open incidents.")
     nodes = table(("Node", "Site", "GPUs", "Busy", "Starved", "GPU-Util", "Power", "Last batch"),
-                  ([n["node"], n["site"] or "", n.get("gpus", 0), n.get("busy", 0), n.get("starved", 0),
+                  ([link("/nodes/" + quote(n["node"], safe=""), n["node"]), n["site"] or "", n.get("gpus", 0),
+                    n.get("busy", 0), n.get("starved", 0),
                     num(n.get("util_pct"), 0, "%"), num(n.get("power_w"), 0, "W"),
                     h("{} ago", ago(n["silent_s"])) if n["silent_s"] is not None else Markup("&mdash;")]
                    for n in f.nodes), numeric=(2, 3, 4, 5, 6), empty="No node has reported yet.")
@@ -226,17 +263,30 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
              _note(costs), facts, acc, charts, incs)
 
 
+def _span_hours(hours: str | None) -> float | None:
+    """The chart window from ``?hours=``: None for ``all``, else hours clamped to [0.05, 366 days].
+
+    Raises ValueError for anything that is not a finite number (``nan`` would reach timedelta)."""
+    if hours == "all":
+        return None
+    value = float(hours or 1)
+    if not math.isfinite(value):
+        raise ValueError(hours)
+    return min(max(value, 0.05), 24.0 * 366)
+
+
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: str, hours: str | None = "1") -> Response:
     who = await gate(request, "read")
     if isinstance(who, Response):
         return who
-    span: float | None
     try:
-        span = None if hours == "all" else min(max(float(hours or 1), 0.05), 24.0 * 366)
+        span = _span_hours(hours)
     except ValueError:
-        span = 1.0
-    body = await _read(request, _run_page, run_id, span)
+        return html(page("Bad request", h("<p>hours must be a number of hours or 'all'.</p>"), who=who,
+                         allowed=capabilities(who)), 400)
+    # An id no run can have (longer than any registered one) is not looked up; a NUL is a 400 (_read).
+    body = await _read(request, _run_page, run_id, span) if len(run_id) <= MAX_RUN_ID else None
     if isinstance(body, Response):
         return body
     if body is None:

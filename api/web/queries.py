@@ -116,8 +116,11 @@ FROM runs r WHERE r.run_id = %s""", (run_id,))
 
 
 def incidents(conn: psycopg.Connection, *, state: str | None = None, run_id: str | None = None,
-              limit: int = 200) -> list[dict[str, Any]]:
+              node: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
     where, params = ["TRUE"], []
+    if node:
+        where.append("i.node = %s")
+        params.append(node)
     if state:
         where.append("i.state = %s")
         params.append(state)
@@ -125,7 +128,8 @@ def incidents(conn: psycopg.Connection, *, state: str | None = None, run_id: str
         where.append("i.run_id = %s")
         params.append(run_id)
     return _dicts(conn, f"""
-SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence
+SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence,
+       i.actions
 FROM incidents i WHERE {" AND ".join(where)}
 ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 END, i.start DESC
 LIMIT %s""", [*params, limit])

@@ -24,6 +24,8 @@ from gpufleet.auth import CAPABILITIES, Principal
 COOKIE = "gpufleet_token"
 COOKIE_MAX_AGE_S = 12 * 3600
 MAX_FORM_BYTES = 4096
+#: The sign-in form has two fields (token, next); a few more are tolerated (browsers add none).
+MAX_FORM_FIELDS = 10
 #: Applied to every web response.
 SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -132,10 +134,15 @@ def _same_origin(request: Request) -> bool:
 async def login(request: Request) -> Response:
     if not _same_origin(request):
         return html(page("Sign in", h('<p class="error">Cross-site sign-in refused.</p>')), 403)
-    raw = await request.body()
+    raw = await request.body()  # at most MAX_FORM_BYTES: gpufleet.bodylimit caps /login before it gets here
     if len(raw) > MAX_FORM_BYTES:
         return html(_login_form("", "The form is too large."), 413)
-    form = parse_qs(raw.decode("utf-8", "replace"), max_num_fields=10)
+    try:
+        form = parse_qs(raw.decode("utf-8", "replace"), max_num_fields=MAX_FORM_FIELDS)
+    except ValueError:  # more fields than max_num_fields
+        return html(_login_form("", f"The form has more than {MAX_FORM_FIELDS} fields."), 400)
+    if any(len(v) > 1 for v in form.values()):
+        return html(_login_form("", "A form field is given more than once."), 400)
     token = (form.get("token") or [""])[0].strip()
     who = await _principal_for(request, token)
     next_path = _safe_next((form.get("next") or [""])[0], "")

@@ -116,6 +116,16 @@ class DetectorConfig(BaseModel):
     #: ... together with await at or above this is a saturated disk, ms.
     disk_await_high_ms: NonNegative = 20.0
 
+    # --- the job's own cgroup (starvation cause, before the host-wide figures) --
+    #: CPU used at or above this share of the job's quota is a loader at its quota.
+    job_at_quota_share: Share = 0.9
+    #: Throttled in at least this share of CFS periods: the quota holds the job back.
+    job_throttled_high_share: Share = 0.25
+    #: Some task of the job waiting for CPU at least this share of the time, percent.
+    job_cpu_pressure_high_pct: Percent = 30.0
+    #: Some task of the job waiting for I/O at least this share of the time, percent.
+    job_io_pressure_high_pct: Percent = 20.0
+
     # --- checkpoint stall -----------------------------------------------------
     #: Shortest job-wide pause counted, seconds.
     ckpt_min_pause_s: Positive = 5.0
@@ -199,11 +209,67 @@ class DetectorConfig(BaseModel):
     #: Degraded busy time needed to report, seconds.
     pcie_min_s: Positive = 60.0
 
+    # --- NVLink -----------------------------------------------------------------
+    #: Links counted down: fewer up than the GPU has (``nvlink_links_max``; without
+    #: it, than the most any GPU of its node shows) for at least this long, seconds.
+    #: A link that retrains after an error is back within seconds; one down for a
+    #: minute stays down until someone resets or reseats it.
+    nvlink_down_min_s: Positive = 60.0
+    #: ... and for at least this share of the time since the episode began.
+    nvlink_down_min_share: Share = 0.5
+    #: A busy GPU of a multi-GPU run whose NVLink traffic averages at most this
+    #: (bytes/s, transmit and receive averaged) moves next to nothing over NVLink.
+    #: Healthy data-parallel training on H100/A100 averages tens of GB/s per GPU
+    #: even at a 5 % communication share; 1 GB/s is ten times below the lowest
+    #: healthy level and far above the idle trickle.
+    nvlink_floor_bytes_s: NonNegative = 1e9
+    #: ... or at most this share of its run peers' on the same node (median).
+    nvlink_peer_ratio: Share = 0.2
+    #: Either counts only while its PCIe carries collective-like traffic, transmit
+    #: AND receive each averaging at least this (bytes/s): an all-reduce moves as
+    #: much in as out, several GB/s when it crosses PCIe, while input loading
+    #: (mostly receive) and checkpoints (mostly transmit) are one-sided and far
+    #: slower.  Without it, GPUs that simply do not talk (inference replicas)
+    #: would read as a broken fabric.
+    nvlink_fallback_pcie_bytes_s: NonNegative = 1e9
+    #: Busy time in the run region needed for the bandwidth judgement, seconds.
+    nvlink_min_busy_s: Positive = 120.0
+    #: NVLink CRC plus replay errors per minute (over the window's readings) that
+    #: mark a marginal link: healthy links count none for days ...
+    nvlink_errors_per_min: Positive = 1.0
+    #: ... and at least this many in the window, so one burst is not a trend.
+    nvlink_min_errors: Count = 10
+    #: Link recoveries (a link retrained under traffic) in the window that count on their own.
+    nvlink_min_recoveries: Count = 1
+
+    # --- GPU memory and bus health -----------------------------------------------
+    #: Correctable (single-bit) ECC errors per hour that mark degrading memory.
+    #: Healthy HBM logs a handful a month; the driver's own "high single-bit
+    #: error rate" event (XID 92) fires far above this.
+    ecc_sbe_per_h: Positive = 60.0
+    #: ... and at least this many in the window.
+    ecc_sbe_min_errors: Count = 10
+    #: PCIe replays per minute that mark a marginal link (DCGM's PCIe health
+    #: watch uses 8 per minute) ...
+    pcie_replay_per_min: Positive = 8.0
+    #: ... and at least this many in the window (two minutes at that rate).
+    pcie_replay_min_count: Count = 16
+    #: An uncorrectable error keeps its incident open this long after the last
+    #: one, seconds: the counter rises once, the board stays suspect.
+    uncorrectable_hold_s: NonNegative = 3600.0
+
     # --- host misconfiguration ------------------------------------------------
     #: CPU frequency governors that cap a training host.
     bad_governors: tuple[str, ...] = ("powersave",)
     #: CPU cores of quota needed per GPU on the node.
     min_cores_per_gpu: NonNegative = 1.0
+    #: NFS: an RPC retransmitted or timed out (a TCP mount waits ``timeo``, 60 s, for each),
+    #: or a mean backlog wait per RPC at least this long, is a stalling mount, ms ...
+    nfs_stall_queue_ms: NonNegative = 50.0
+    #: ... or a mean round trip at least this long, ms ...
+    nfs_stall_rtt_ms: NonNegative = 100.0
+    #: ... judged only over an interval with at least this many RPCs.
+    nfs_min_ops: Count = 10
     #: XID events on one GPU within the window that count as repeated.
     xid_min_events: Count = 2
     #: XID codes never counted.

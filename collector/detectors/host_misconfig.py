@@ -1,26 +1,44 @@
 """Host misconfiguration: node settings and GPU faults that hold a node back.
 
 Node settings give one node-scoped finding per node listing every issue;
-``cause`` is the more serious one (``cpu_quota`` > ``cpu_governor``):
+``cause`` is the most serious one (``cpu_quota`` > ``numa_affinity`` >
+``nfs_stall`` > ``cpu_governor``):
 
+* ``cpu_quota``: a job's cgroup (the processes on its GPUs) may use fewer
+  than ``min_cores_per_gpu`` cores per GPU it feeds;
+* ``numa_affinity``: the processes on a GPU may run only on CPUs of other
+  NUMA nodes than the GPU's: every batch crosses the inter-socket link;
+* ``nfs_stall``: an NFS mount retransmitted or timed out RPCs, or its RPCs
+  wait ``nfs_stall_queue_ms`` in the backlog (or round trips take
+  ``nfs_stall_rtt_ms``), over the agent's last interval;
 * ``cpu_governor``: a CPU frequency governor in ``bad_governors``
-  (``powersave``) — the data pipeline runs at the lowest clocks;
-* ``cpu_quota``: a CPU quota below ``min_cores_per_gpu`` cores per GPU.
+  (``powersave``) — the data pipeline runs at the lowest clocks.
 
 Repeated XID errors give a GPU-scoped finding (cause ``repeated_xid``) on each
 GPU of the node with at least ``xid_min_events`` XIDs in the window, from the
 first to the last of them: the ``xid`` column holds the last XID of each
 interval, 0 if none; codes in ``xid_ignore`` are skipped.
 
-Node facts (``Window.node_facts[node]``, as reported by the agent) read:
+Where each comes from (``Window.node_facts[node]``, as the agent reports
+them, and the window's GPU rows):
 
+* quota, first choice: the job cgroups the agent's node checks list
+  (``job_cgroups``: cgroup, GPUs fed, ``cpu_quota_cores``); else the GPU
+  rows' ``job_cpu_quota_cores`` (the job's cgroup read each tick), the GPUs of
+  one run on the node counted together; only where no job's cgroup is
+  reported at all, the node-level facts ``cpu_quota_cores`` (cores; None or
+  <= 0 unlimited), ``cpu_quota_us`` with ``cpu_period_us`` (cgroup v1) or
+  ``cpu_max`` (v2 ``"max 100000"`` / ``"200000 100000"``) against the node's
+  GPUs (``gpu_count``, else those seen in the window).  The agent's own cgroup
+  says nothing about a job's (on cgroup v2 its root has no ``cpu.max`` at
+  all), so it is never the basis;
+* NUMA: ``gpu_processes`` (``gpu_numa_node`` against ``numa_nodes`` of the
+  CPUs the processes may run on);
+* NFS: ``nfs_mounts`` over an interval (figures counted since the mount say
+  nothing about now and are left out);
 * governor: ``cpu_governors`` (``{"performance": 64}``), else
   ``cpu_governor`` (or ``scaling_governor``, ``governor``) — one name,
-  ``"mixed: ondemand=2,performance=6"``, or a list / mapping of names;
-* quota: ``cpu_quota_cores`` (cores; None or <= 0 unlimited), or
-  ``cpu_quota_us`` with ``cpu_period_us`` (cgroup v1), or ``cpu_max``
-  (cgroup v2 ``"max 100000"`` / ``"200000 100000"``);
-* GPUs: ``gpu_count``, else the GPUs of the node seen in the window.
+  ``"mixed: ondemand=2,performance=6"``, or a list / mapping of names.
 
 They are read through :class:`gpufleet.facts.NodeFacts`: a node whose facts
 do not fit (``"cpu_quota_cores": "lots"`` stored before ingest checked them)
@@ -39,8 +57,10 @@ import numpy as np
 
 from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.detectors.stats import last_per_group
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.facts import NodeFacts
+from gpufleet.xid import meanings as xid_meanings
 
 KIND = "host_misconfig"
 GOVERNOR_KEYS = ("cpu_governor", "scaling_governor", "governor")
@@ -107,19 +127,131 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         if gov & set(cfg.bad_governors):
             issues.append("cpu_governor")
         ngpu = facts.gpu_count or len(gpus_of.get(node, ()))
-        quota = quota_cores(facts)
-        evidence["cpu_quota_cores"] = quota
+        jobs, basis = job_quotas(fr, node, facts)
         evidence["gpu_count"] = int(ngpu) if ngpu else None
         evidence["cpu_count"] = facts.cpu_count
-        if quota is not None and ngpu and quota < cfg.min_cores_per_gpu * float(ngpu):
-            issues.append("cpu_quota")
+        evidence["quota_basis"] = basis
+        if basis is not None:
+            short = [j for j in jobs if j["cpu_quota_cores"] is not None and j["gpus"]
+                     and j["cpu_quota_cores"] < cfg.min_cores_per_gpu * len(j["gpus"])]
+            limited = [j["cpu_quota_cores"] for j in (short or jobs) if j["cpu_quota_cores"] is not None]
+            evidence["cpu_quota_cores"] = min(limited) if limited else None
+            evidence["jobs"] = jobs
+            if short:
+                issues.append("cpu_quota")
+                evidence["jobs_short"] = [j["job"] for j in short]
+        else:
+            quota = quota_cores(facts)
+            evidence["cpu_quota_cores"] = quota
+            if quota is not None and ngpu and quota < cfg.min_cores_per_gpu * float(ngpu):
+                issues.append("cpu_quota")
+        misplaced = numa_misplaced(facts)
+        if misplaced:
+            issues.append("numa_affinity")
+            evidence["numa_misplaced"] = misplaced
+        stalls = nfs_stalls(facts, cfg)
+        if stalls:
+            issues.append("nfs_stall")
+            evidence["nfs_stalls"] = stalls
         if not issues:
             continue
         evidence["issues"] = issues
-        cause = "cpu_quota" if "cpu_quota" in issues else "cpu_governor"
+        cause = next(c for c in CAUSE_ORDER if c in issues)
         start = max(first_seen.get(node, window.t_start), window.t_start)
         out.append(Finding(KIND, cause, "warning", start, evidence, node=node, last_active=window.t_end))
     out.extend(_xid_findings(fr, cfg))
+    return out
+
+
+#: The node-setting causes, most serious first.
+CAUSE_ORDER = ("cpu_quota", "numa_affinity", "nfs_stall", "cpu_governor")
+
+
+def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[dict[str, Any]], str | None]:
+    """The CPU quota of each job's cgroup on ``node`` and the GPUs it feeds, and where that was read:
+    ``job_cgroup`` (the agent's node checks), ``job_columns`` (the GPU rows), or None (no job reported)."""
+    listed = [j for j in facts.job_cgroups or () if j.gpus]
+    if listed:
+        return [{"job": j.cgroup, "gpus": sorted(j.gpus or []), "cpu_quota_cores": j.cpu_quota_cores}
+                for j in listed], "job_cgroup"
+    has_job, quota = _job_columns(fr)
+    rows = fr.rows_by_node.get(node)
+    if rows is None:
+        return [], None
+    rows = rows[has_job[rows]]
+    if rows.size == 0:
+        return [], None
+    by_run: dict[str, dict[str, Any]] = {}
+    for r in rows.tolist():
+        ri = int(fr.run_of_row[r])
+        name = f"run {fr.window.runs[ri].run_id}" if ri >= 0 else "no run"
+        job = by_run.setdefault(name, {"job": name, "gpus": [], "cpu_quota_cores": None})
+        job["gpus"].append(fr.keys[r][1])
+        q = float(quota[r])
+        if q > 0:
+            have = job["cpu_quota_cores"]
+            job["cpu_quota_cores"] = q if have is None else min(have, q)
+    return [dict(j, gpus=sorted(j["gpus"])) for _, j in sorted(by_run.items())], "job_columns"
+
+
+def _job_columns(fr: Frame) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: whether any sample carries the job's cgroup (a process used the GPU), and the
+    row's last reported quota (NaN: none, unlimited).  Once per frame, vectorised."""
+    hit = fr.memo.get("host_misconfig.job")
+    if hit is not None:
+        return hit
+    has = np.zeros(fr.rows, dtype=bool)
+    quota = np.full(fr.rows, np.nan)
+    if fr.rows and fr.has("job_cpu_cores"):
+        seen = np.isfinite(fr.transient("job_cpu_cores"))
+        if seen.any():
+            has = fr.row_sum(seen) > 0
+            q = fr.col("job_cpu_quota_cores")
+            fin = np.flatnonzero(np.isfinite(q))
+            quota = last_per_group(fr.row_of(fin), q[fin].astype(np.float64), fr.rows)
+    fr.memo["host_misconfig.job"] = (has, quota)
+    return has, quota
+
+
+def numa_misplaced(facts: NodeFacts) -> list[dict[str, Any]]:
+    """GPUs whose processes may run only on CPUs of NUMA nodes other than the GPU's."""
+    out = []
+    for p in facts.gpu_processes or ():
+        if p.gpu_numa_node is None or p.numa_nodes is None or not p.numa_nodes:
+            continue
+        if p.gpu_numa_node not in p.numa_nodes:
+            out.append({"gpu": p.gpu, "gpu_numa_node": p.gpu_numa_node, "numa_nodes": list(p.numa_nodes),
+                        "cpus_allowed": p.cpus_allowed})
+    return out
+
+
+def nfs_verdict(ops: int | None, retrans: int | None, timeouts: int | None, queue_ms: float | None,
+                rtt_ms: float | None, cfg: DetectorConfig) -> tuple[str, str]:
+    """The status (``ok``, ``warn``, ``fail``) of one NFS mount's figures over an interval, and why.
+
+    Shared with the node checks (``gpufleet diagnose``), so both judge alike.
+    """
+    if (retrans or 0) > 0 or (timeouts or 0) > 0:
+        return "fail", f"{retrans or 0} retransmissions, {timeouts or 0} major timeouts"
+    if ops is None or ops < cfg.nfs_min_ops:
+        return "ok", f"{ops or 0} RPCs: too few to judge latency"
+    if queue_ms is not None and queue_ms >= cfg.nfs_stall_queue_ms:
+        return "fail", f"RPCs wait {queue_ms:.1f} ms in the backlog before being sent"
+    if rtt_ms is not None and rtt_ms >= cfg.nfs_stall_rtt_ms:
+        return "warn", f"round trip {rtt_ms:.1f} ms per RPC"
+    return "ok", f"{ops} RPCs, backlog wait {queue_ms or 0:.2f} ms, round trip {rtt_ms or 0:.2f} ms"
+
+
+def nfs_stalls(facts: NodeFacts, cfg: DetectorConfig) -> list[dict[str, Any]]:
+    """NFS mounts that stalled over the agent's last interval (``fail`` or ``warn``)."""
+    out = []
+    for m in facts.nfs_mounts or ():
+        if m.since_mount:
+            continue
+        status, why = nfs_verdict(m.ops, m.retrans, m.timeouts, m.queue_ms, m.rtt_ms, cfg)
+        if status != "ok":
+            out.append({"mountpoint": m.mountpoint, "device": m.device, "why": why, "ops": m.ops,
+                        "retrans": m.retrans, "timeouts": m.timeouts, "queue_ms": m.queue_ms, "rtt_ms": m.rtt_ms})
     return out
 
 
@@ -143,7 +275,8 @@ def _xid_findings(fr: Frame, cfg: DetectorConfig) -> list[Finding]:
         times = fr.time(mine)
         codes = sorted({int(c) for c in x[sel].tolist()})
         node, gpu = fr.keys[r]
-        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1])}
+        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1]),
+                    "xid_meanings": xid_meanings(codes)}
         last = float(times[-1])
         out.append(Finding(
             KIND, "repeated_xid", "critical", float(times[0]), evidence,

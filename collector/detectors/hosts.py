@@ -2,6 +2,13 @@
 
 Host series are per node (``window.hosts``), sampled on their own clock; a
 rate sample at time ``t`` describes the interval that ends at ``t``.
+
+The job's own cgroup on each of those hosts (the GPU rows' ``job_*``
+columns: the processes on the GPU) says more than the host does: a loader
+starving eight GPUs on a 192-core host saturates its quota, never 80 % of the
+host.  :func:`job_pressure` reads it; the host-wide thresholds of
+:func:`host_pressure` are the fallback where the job's cgroup is not
+reported or shows no shortage.
 """
 
 from __future__ import annotations
@@ -13,7 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.collector.detectors.frame import Frame
+from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Series, Window
+
+#: The GPU columns of the job's cgroup (the same figures on every GPU it feeds).
+JOB_COLUMNS = ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
+               "job_io_pressure_pct")
 
 
 def _mean(x: np.ndarray) -> float:
@@ -79,6 +92,98 @@ def host_pressure(window: Window, nodes: Iterable[str], t0: float, t1: float, cf
             cause = "cpu" if cpu_score >= io_score else "io"
         best = HostPressure(cause, node, cpu, iow, du, aw)
     return best
+
+
+@dataclass
+class JobPressure:
+    """The most pressured of a run's job cgroups (one per node) over a time span."""
+
+    #: ``cpu`` (at its quota, throttled or waiting for CPU), ``io`` (waiting for I/O) or ``unknown``.
+    cause: str
+    #: Node whose cgroup is reported (None: no job cgroup figures at all).
+    node: str | None = None
+    cpu_cores: float = math.nan
+    quota_cores: float = math.nan
+    throttled_share: float = math.nan
+    cpu_pressure_pct: float = math.nan
+    io_pressure_pct: float = math.nan
+    #: Which figure decided: ``quota``, ``throttled``, ``cpu_pressure``, ``io_pressure`` (None: nothing did).
+    basis: str | None = None
+
+    @property
+    def covered(self) -> bool:
+        return self.node is not None
+
+    def evidence(self) -> dict[str, object]:
+        return {
+            "job_node": self.node,
+            "job_cpu_cores": num(self.cpu_cores),
+            "job_cpu_quota_cores": num(self.quota_cores),
+            "job_cpu_throttled_share": num(self.throttled_share),
+            "job_cpu_pressure_pct": num(self.cpu_pressure_pct),
+            "job_io_pressure_pct": num(self.io_pressure_pct),
+        }
+
+
+def job_pressure(fr: Frame, rows: Iterable[int], t0: float, t1: float, cfg: DetectorConfig) -> JobPressure:
+    """Mean figures of the job's cgroup on each node of ``rows`` over ``[t0, t1]``; the worst node wins.
+
+    ``cpu``: CPU used at ``job_at_quota_share`` of the quota or more, or
+    throttled in ``job_throttled_high_share`` of the CFS periods, or CPU
+    pressure at ``job_cpu_pressure_high_pct``.  ``io``: I/O pressure at
+    ``job_io_pressure_high_pct``.  The larger of the two (each relative to its
+    threshold) decides when both are reached.
+    """
+    by_node: dict[str, list[int]] = {}
+    for r in rows:
+        by_node.setdefault(fr.keys[int(r)][0], []).append(int(r))
+    best = JobPressure("unknown")
+    best_score = -math.inf
+    for node, node_rows in sorted(by_node.items()):
+        sums = {c: [0.0, 0] for c in JOB_COLUMNS}
+        for r in node_rows:
+            s = fr.series[r]
+            if not any(c in s.cols for c in JOB_COLUMNS):
+                continue
+            m = _span(s, t0, t1)
+            if not m.any():
+                continue
+            for c in JOB_COLUMNS:
+                col = s.cols.get(c)
+                if col is None:
+                    continue
+                x = np.asarray(col[m], dtype=np.float64)
+                x = x[np.isfinite(x)]
+                sums[c][0] += float(x.sum())
+                sums[c][1] += int(x.size)
+        mean = {c: (v[0] / v[1] if v[1] else math.nan) for c, v in sums.items()}
+        if all(math.isnan(v) for v in mean.values()):
+            continue
+        used, quota = mean["job_cpu_cores"], mean["job_cpu_quota_cores"]
+        cpu_parts = {
+            "quota": used / (cfg.job_at_quota_share * quota) if quota > 0 and not math.isnan(used) else 0.0,
+            "throttled": _ratio(mean["job_cpu_throttled_share"], cfg.job_throttled_high_share),
+            "cpu_pressure": _ratio(mean["job_cpu_pressure_pct"], cfg.job_cpu_pressure_high_pct),
+        }
+        io_score = _ratio(mean["job_io_pressure_pct"], cfg.job_io_pressure_high_pct)
+        cpu_basis = max(cpu_parts, key=lambda k: cpu_parts[k])
+        cpu_score = cpu_parts[cpu_basis]
+        score = max(cpu_score, io_score)
+        if score <= best_score:
+            continue
+        best_score = score
+        cause, basis = "unknown", None
+        if score >= 1.0:
+            cause, basis = ("cpu", cpu_basis) if cpu_score >= io_score else ("io", "io_pressure")
+        best = JobPressure(cause, node, used, quota, mean["job_cpu_throttled_share"], mean["job_cpu_pressure_pct"],
+                           mean["job_io_pressure_pct"], basis)
+    return best
+
+
+def _ratio(x: float, threshold: float) -> float:
+    if math.isnan(x):
+        return 0.0
+    return x / threshold if threshold > 0 else (math.inf if x > 0 else 0.0)
 
 
 @dataclass

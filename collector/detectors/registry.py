@@ -15,7 +15,9 @@ from typing import Protocol
 
 from gpufleet.collector.detectors import (
     checkpoint_stall,
+    gpu_health,
     host_misconfig,
+    nvlink_degraded,
     pcie_degraded,
     starvation,
     straggler,
@@ -39,6 +41,8 @@ DETECTORS: Mapping[str, Detector] = {
     throttling.KIND: throttling.detect,
     pcie_degraded.KIND: pcie_degraded.detect,
     host_misconfig.KIND: host_misconfig.detect,
+    nvlink_degraded.KIND: nvlink_degraded.detect,
+    gpu_health.KIND: gpu_health.detect,
 }
 
 

@@ -20,6 +20,16 @@ window after warm-up (see :attr:`Frame.region`), then across the run:
   working or swinging (node-wide counters cannot tell whose load saturates a
   shared host: the neighbour may be the cause).
 
+The cause comes first from the job's own cgroup on its hosts (the GPU rows'
+``job_*`` columns, :func:`~gpufleet.collector.detectors.hosts.job_pressure`):
+``cpu`` when the job's CPU sits at its quota, is throttled or waits for CPU,
+``io`` when it waits for I/O -- a loader starving eight GPUs on a 192-core host
+saturates its own quota, never 80 % of the host.  Where the job's cgroup is
+not reported or shows no shortage, the host-wide figures decide
+(``evidence.cause_basis`` says which: ``job_cgroup`` or ``host``).  A cause
+read from the job's own cgroup is the job's, so the neighbour rule above does
+not apply to it.
+
 A run whose pauses the checkpoint detector explains (a write burst, or one
 rank blocking while its peers spin) is left to it: one pattern, one
 diagnosis.  Either needs ``starve_min_gpu_share`` of the run's GPUs, and no GPU of the run
@@ -38,7 +48,13 @@ import numpy as np
 from gpufleet.collector.detectors import checkpoint_stall
 from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame, segment_sums
-from gpufleet.collector.detectors.hosts import HostPressure, host_pressure, write_burst
+from gpufleet.collector.detectors.hosts import (
+    HostPressure,
+    JobPressure,
+    host_pressure,
+    job_pressure,
+    write_burst,
+)
 from gpufleet.collector.detectors.stats import num, small_median
 from gpufleet.collector.detectors.window import Finding, Window
 
@@ -180,6 +196,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             continue
         f = _judge_run(fr, ri, rows, low, ep.onset, ep.last)
         if f is not None and not (f.evidence.get("pattern") == "steady_low"
+                                  and f.evidence.get("cause_basis") != "job_cgroup"
                                   and _neighbour_at_work(fr, ri, f.evidence.get("host"), swinging)):
             out.append(f)
     return out
@@ -231,6 +248,8 @@ def _judge_run(
     if oscs and len(oscs) >= need:
         onset = float(np.median([o.onset for o in oscs]))
         pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
+        job = job_pressure(fr, rows.tolist(), onset, window.t_end, cfg)
+        cause, basis = _cause(job, pressure)
         idle = sorted(iv for o in oscs for iv in o.idle)
         wb = write_burst(window, nodes, _merge(idle), onset, window.t_end)
         if wb is not None and wb.is_burst(cfg):
@@ -243,6 +262,9 @@ def _judge_run(
             "depth": num(np.median([o.depth for o in oscs])),
             "cycles": int(np.median([o.cycles for o in oscs])),
             **_host_evidence(pressure),
+            **job.evidence(),
+            "cause_basis": basis,
+            "job_cause_basis": job.basis,
             "gpu_time_lost_share": num(lost),
             "gpus_affected": len(oscs),
             "gpu_count": int(rows.size),
@@ -250,7 +272,7 @@ def _judge_run(
             "activity_basis": fr.activity_basis(rows),
         }
         last = max(o.last_onset for o in oscs)
-        return _finding(run.run_id, pressure.cause, lost, onset, last, evidence)
+        return _finding(run.run_id, cause, lost, onset, last, evidence)
     lows = rows[low[rows]]
     if lows.size == 0 or lows.size < need:
         return None
@@ -258,7 +280,9 @@ def _judge_run(
     fallback = fr.window.t_end - cfg.starve_min_duration_s
     onset = float(np.median(np.where(np.isnan(onsets), fallback, np.minimum(onsets, fallback))))
     pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
-    if pressure.cause not in ("cpu", "io"):
+    job = job_pressure(fr, lows.tolist(), onset, window.t_end, cfg)
+    cause, basis = _cause(job, pressure)
+    if cause not in ("cpu", "io"):
         return None
     since = [(fr.row_slice(int(r)), fr.row_times(int(r)) >= onset) for r in lows]
     acts = np.concatenate([fr.activity[s][m] for s, m in since])
@@ -273,6 +297,9 @@ def _judge_run(
         "depth": None,
         "mean_activity": num(mean_act),
         **_host_evidence(pressure),
+        **job.evidence(),
+        "cause_basis": basis,
+        "job_cause_basis": job.basis,
         "gpu_time_lost_share": num(lost),
         "gpus_affected": int(lows.size),
         "gpu_count": int(rows.size),
@@ -280,8 +307,17 @@ def _judge_run(
         "activity_basis": fr.activity_basis(rows),
     }
     last = low_last[lows]
-    return _finding(run.run_id, pressure.cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
+    return _finding(run.run_id, cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
                     else fr.window.t_end, evidence)
+
+
+def _cause(job: JobPressure, host: HostPressure) -> tuple[str, str | None]:
+    """The job's own cgroup first, the host-wide figures as the fallback; and which one decided."""
+    if job.cause in ("cpu", "io"):
+        return job.cause, "job_cgroup"
+    if host.cause in ("cpu", "io"):
+        return host.cause, "host"
+    return "unknown", None
 
 
 def _finding(run_id: str, cause: str, lost: float, start: float, last: float, evidence: dict) -> Finding:

@@ -2,8 +2,9 @@
 the web view and the Grafana energy board all read (contracts.md section 3).
 
 Migration 0004 installs these functions on both backends (they read only
-ordinary relations: samples, the energy rollups, runs, allocations, sites
-and their dated settings, carbon series).  Python never re-computes a
+ordinary relations: samples, the energy rollups and long counter intervals
+(``gpu_energy_spans``, migration 0009), runs, allocations, sites and their
+dated settings, carbon series).  Python never re-computes a
 figure: ``gpufleet.accounting`` calls :data:`ACCOUNTING` and formats what it
 returns, and the dashboards select from the same function, so the two
 cannot disagree.  Versioned names keep migrations frozen: a change adds a
@@ -19,8 +20,9 @@ The functions, bottom up:
     ``gpufleet.db.energy_sql``, the rollups' own text): counter differences,
     else trapezoidal power within ``max_gap_s``, spread evenly over the
     interval.  ``source``: ``raw`` reads samples only; ``rollup`` reads whole
-    hours and minutes from the energy rollups and samples for partial
-    minutes; ``auto`` is ``rollup`` up to where a pending rollup-queue row can
+    hours and minutes from the energy rollups, with the share of every long
+    counter interval (``gpu_energy_spans``) inside them, and samples for
+    partial minutes; ``auto`` is ``rollup`` up to where a pending rollup-queue row can
     still change the rollups, raw samples from there (``stale`` says so).
     An edge on the hour grid cuts no bucket; any other edge cuts the range
     into pieces whose partial minutes come from samples.
@@ -166,6 +168,31 @@ def _buckets(table: str, kind: str, host: bool) -> str:
   WHERE p.kind = '{kind}' AND {cond}"""
 
 
+def _long_intervals() -> str:
+    """Energy of the long counter intervals (``gpu_energy_spans``: intervals longer than the gap rule,
+    which the rollup worker stores as one row instead of spreading them over minutes) inside each
+    claim's rollup pieces ``cp``: each span's share, spread evenly over it as its minute buckets would
+    have held it.  A piece with ``seg_at`` belongs to that one segment (no edge lies inside it);
+    otherwise its edges lie on its bucket boundaries, so cutting the span at them gives each segment
+    what its buckets would have held.  Covered seconds count as the buckets' ``covered_s`` would."""
+    part_s = "extract(epoch FROM least(sp.b, coalesce(p.segs[k + 1], 'infinity')) - greatest(sp.a, p.segs[k]))::float8"
+    return f"""
+  SELECT p.grp, x.seg_start, p.sign * p.share * sp.energy_j * x.part_s / sp.dt AS gj,
+         p.sign * p.share * x.part_s AS gs, 0::float8 AS hj
+  FROM cp p CROSS JOIN LATERAL (
+    SELECT greatest(e.t0, p.lo) AS a, least(e.t1, p.hi) AS b, e.energy_j,
+           extract(epoch FROM e.t1 - e.t0)::float8 AS dt
+    FROM gpu_energy_spans e WHERE e.node = p.node AND e.gpu = p.gpu AND e.t0 < p.hi AND e.t1 > p.lo OFFSET 0) sp
+  CROSS JOIN LATERAL (
+    SELECT p.segs[k] AS seg_start, {part_s} AS part_s
+    FROM generate_series(width_bucket(sp.a, p.segs), width_bucket(sp.b - INTERVAL '1 microsecond', p.segs)) k
+    WHERE p.seg_at IS NULL
+    UNION ALL
+    SELECT p.segs[width_bucket(p.seg_at, p.segs)], extract(epoch FROM sp.b - sp.a)::float8 WHERE p.seg_at IS NOT NULL
+  ) x
+  WHERE p.gpu IS NOT NULL"""
+
+
 _PREV_GPU = ("coalesce((SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu "
              "AND s.mig_instance IS NULL AND s.time < q.t ORDER BY s.time DESC LIMIT 1), q.t)")
 _PREV_HOST = ("coalesce((SELECT s.time FROM host_samples s WHERE s.node = q.node AND s.time < q.t "
@@ -275,6 +302,7 @@ parts AS (
   UNION ALL {_buckets("gpu_energy_1m", "1m", False)}
   UNION ALL {_buckets("host_energy_1h", "1h", True)}
   UNION ALL {_buckets("host_energy_1m", "1m", True)}
+  UNION ALL {_long_intervals()}
   UNION ALL {_partial("gpu")}
   UNION ALL {_partial("host")}
   UNION ALL {_span("gpu")}
@@ -434,6 +462,8 @@ fleet_gpu AS MATERIALIZED (
     UNION ALL SELECT alloc.node, alloc.gpu FROM alloc
     UNION ALL SELECT e.node, e.gpu FROM gpu_energy_1h e, win
       WHERE e.bucket >= {_floor("win.f", "hour")} AND e.bucket < win.t
+    -- a GPU whose only energy in the period is a long counter interval has no rollup bucket there
+    UNION ALL SELECT e.node, e.gpu FROM gpu_energy_spans e, win WHERE e.t0 < win.t AND e.t1 > win.f
     UNION ALL SELECT s.node, s.gpu FROM gpu_samples s, win
       WHERE p_source = 'raw' AND s.time >= win.f AND s.time < win.t AND s.mig_instance IS NULL
   ) x WHERE p_fleet AND (SELECT f < t FROM win)
@@ -442,8 +472,11 @@ fleet_gpu AS MATERIALIZED (
 node_info AS MATERIALIZED (
   SELECT x.node, coalesce(nd.site, '') AS sk,
     coalesce(nd.gpu_count::integer,
-      (SELECT nullif(count(DISTINCT e.gpu), 0)::integer FROM gpu_energy_1h e, span
-       WHERE e.node = x.node AND e.bucket >= {_floor("span.lo", "hour")} AND e.bucket < span.hi),
+      (SELECT nullif(count(DISTINCT g.gpu), 0)::integer FROM (
+         SELECT e.gpu FROM gpu_energy_1h e, span
+         WHERE e.node = x.node AND e.bucket >= {_floor("span.lo", "hour")} AND e.bucket < span.hi
+         UNION SELECT e.gpu FROM gpu_energy_spans e, span WHERE e.node = x.node AND e.t0 < span.hi AND e.t1 > span.lo
+       ) g),
       (SELECT nullif(count(DISTINCT s.gpu), 0)::integer FROM gpu_samples s, span
        WHERE s.node = x.node AND s.time >= span.lo AND s.time <= span.hi AND s.mig_instance IS NULL), 0) AS reported
   FROM (SELECT DISTINCT alloc.node FROM alloc

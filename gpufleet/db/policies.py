@@ -66,8 +66,17 @@ def enforce_retention_plain(conn: psycopg.Connection, settings: Settings) -> int
         deleted += cur.rowcount
     for rel in (*ROLLUP_TABLES, *CAGGS):
         conn.execute(f"DELETE FROM {rel} WHERE bucket < now() - make_interval(days => %s)", (st.rollup_retention_days,))
+    enforce_span_retention(conn, settings)
     conn.execute(
         "DELETE FROM ingest_batches WHERE received_at < now() - make_interval(secs => %s)",
         (settings.ingest.dedup_days * 86400,),
     )
     return deleted
+
+
+def enforce_span_retention(conn: psycopg.Connection, settings: Settings) -> int:
+    """Long counter intervals (``gpu_energy_spans``, an ordinary table on both layouts) are kept as
+    long as the rollups; returns the rows deleted."""
+    cur = conn.execute("DELETE FROM gpu_energy_spans WHERE t1 < now() - make_interval(days => %s)",
+                       (settings.storage.rollup_retention_days,))
+    return cur.rowcount

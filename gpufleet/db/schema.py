@@ -112,7 +112,11 @@ runs = Table(
     Column("params", BigInteger, nullable=True),
     Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _tz("created_at", server_default=text("now()")),
+    #: "registered" (API, CLI, scheduler hook, replay) or "inferred" (from the
+    #: run_id agents attribute to GPU samples; gpufleet.store.inferred).
+    Column("source", Text, nullable=False, server_default=text("'registered'")),
     CheckConstraint('"end" IS NULL OR "end" >= start', name="runs_end_after_start"),
+    CheckConstraint("source IN ('registered', 'inferred')", name="runs_source"),
 )
 Index("runs_start_idx", runs.c.start)
 
@@ -138,8 +142,30 @@ run_progress = Table(
     _tz("time"),
     Column("tokens", Double, nullable=True),
     Column("samples", Double, nullable=True),
+    Column("steps", Double, nullable=True),
     PrimaryKeyConstraint("run_id", "time"),
 )
+
+#: Where samples showed a run on a GPU (``gpu_samples.run_id``): first and last
+#: sample time per (run, node, GPU), kept by ingest; the leader registers
+#: inferred runs from it (gpufleet.store.inferred), ``status`` says with what outcome.
+run_sightings = Table(
+    "run_sightings", metadata,
+    Column("run_id", Text, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    _tz("first_seen"),
+    _tz("last_seen"),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    #: Why a sighting was not allocated (the conflicting run, the bad run id).
+    Column("detail", Text, nullable=True),
+    PrimaryKeyConstraint("run_id", "node", "gpu"),
+    CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid')",
+                    name="run_sightings_status"),
+)
+Index("run_sightings_status_idx", run_sightings.c.status)
+#: The running inferred runs, which the leader checks every sweep interval.
+Index("runs_inferred_open_idx", runs.c.run_id, postgresql_where=text("source = 'inferred' AND \"end\" IS NULL"))
 
 incidents = Table(
     "incidents", metadata,
@@ -161,6 +187,8 @@ incidents = Table(
     #: Hold-off the detector asked for before resolving, seconds.
     Column("hold_s", Double, nullable=True),
     Column("evidence", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    #: What the quarantine hooks did about it: ``[{"action", "target", "time", "ok", "detail", ...}]``.
+    Column("actions", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     CheckConstraint("state IN ('open', 'resolved')", name="incidents_state"),
 )
 # At most one open incident per (kind, scope): the lifecycle relies on it.
@@ -250,6 +278,20 @@ gpu_energy_1h = Table(
     PrimaryKeyConstraint("node", "gpu", "bucket"),
 )
 Index("gpu_energy_1h_bucket_idx", gpu_energy_1h.c.bucket)
+
+#: Counter intervals longer than the gap rule (accounting.max_gap_s), one row each instead of one
+#: per minute they cover (collector.rollup); rollup-based accounting adds their share (migration 0009).
+gpu_energy_spans = Table(
+    "gpu_energy_spans", metadata,
+    Column("node", Text, nullable=False),
+    Column("gpu", SmallInteger, nullable=False),
+    _tz("t0"),
+    _tz("t1"),
+    Column("energy_j", Double, nullable=False),
+    CheckConstraint("t1 > t0", name="gpu_energy_spans_order"),
+    PrimaryKeyConstraint("node", "gpu", "t0"),
+)
+Index("gpu_energy_spans_t1_idx", gpu_energy_spans.c.node, gpu_energy_spans.c.gpu, gpu_energy_spans.c.t1)
 
 host_energy_1m = Table(
     "host_energy_1m", metadata,

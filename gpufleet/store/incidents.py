@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-COLUMNS = 'id, kind, run_id, node, gpu, cause, severity, state, start, "end", last_seen, evidence'
+COLUMNS = 'id, kind, run_id, node, gpu, cause, severity, state, start, "end", last_seen, evidence, actions'
 
 
 def list_incidents(conn: psycopg.Connection, state: str | None = None, kind: str | None = None,

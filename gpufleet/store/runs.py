@@ -25,6 +25,12 @@ for admin, the CLI and replay, which keep every power):
 
 A node-registered run carries the label :data:`REGISTERED_BY` =
 ``node:<node>`` (set by the server; node tokens cannot set labels).
+
+Runs the collector inferred from GPU samples (``source = 'inferred'``,
+:mod:`gpufleet.store.inferred`) give way to registrations: a registered run
+that takes their GPUs ends them or takes those GPUs from them, and
+registering an inferred run's own id adopts it (a node token may adopt one
+that holds a GPU of its node).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+from gpufleet.store import inferred
 
 
 class NotFound(LookupError):
@@ -71,7 +79,7 @@ REGISTERED_BY = "gpufleet.registered_by"
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}")
 
 RUN_SELECT = """
-SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params, r.labels,
+SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params, r.labels, r.source,
   CASE WHEN r.start > now() THEN 'pending' WHEN r."end" IS NULL OR r."end" > now() THEN 'running'
        ELSE 'ended' END AS state,
   COALESCE((SELECT json_agg(CASE WHEN a.sharing = 'exclusive' THEN json_build_object('node', a.node, 'gpus', a.gpus)
@@ -202,6 +210,11 @@ def _node_may_touch(run: dict[str, Any], as_node: str) -> None:
                         "only runs on its own GPUs")
 
 
+def _pairs(allocations: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """(node, gpu) of every GPU of the allocations, each entry checked as :func:`allocation_rows` does."""
+    return [(r[0], r[1]) for r in allocation_rows(allocations)]
+
+
 def add_allocations(conn: psycopg.Connection, run_id: str, allocations: list[dict[str, Any]]) -> list[str]:
     """Insert the allocations; returns warnings (a node that has never reported is accepted, and said so)."""
     rows = allocation_rows(allocations)
@@ -273,12 +286,20 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
             created = cur.fetchone() is not None
             if not created:
                 existing = get_run(conn, run_id)
-                if as_node is not None:
-                    _node_may_join(existing, spec, as_node, now)
-                if spec.get("start") is not None and existing["start"] != spec["start"]:
-                    raise Conflict(f"run {run_id!r} exists with start {existing['start'].isoformat()}")
-                if spec.get("site") is not None and existing["site"] != spec["site"]:
-                    raise Conflict(f"run {run_id!r} exists at site {existing['site']!r}")
+                if existing["source"] == "inferred":
+                    if as_node is not None:
+                        _node_may_touch(existing, as_node)
+                    inferred.adopt(conn, run_id, {**spec, "start": spec.get("start")}, labels)
+                    existing = get_run(conn, run_id)
+                else:
+                    if as_node is not None:
+                        _node_may_join(existing, spec, as_node, now)
+                    if spec.get("start") is not None and existing["start"] != spec["start"]:
+                        raise Conflict(f"run {run_id!r} exists with start {existing['start'].isoformat()}")
+                    if spec.get("site") is not None and existing["site"] != spec["site"]:
+                        raise Conflict(f"run {run_id!r} exists at site {existing['site']!r}")
+                start, end = existing["start"], existing["end"]
+            inferred.yield_to(conn, run_id, start, end, _pairs(allocations))
             warnings = add_allocations(conn, run_id, allocations)
     except psycopg.errors.ExclusionViolation as e:
         raise Conflict(e.diag.message_primary or str(e)) from None
@@ -334,6 +355,13 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
             if changes.get("labels") is not None:
                 sets.append("labels = labels || %s")
                 params.append(Jsonb(changes["labels"]))
+            if existing["source"] == "inferred" and "end" in changes:
+                # Someone ends (or reopens) it by hand: theirs to end from now on, not the grace rule's.
+                sets.append("source = 'registered'")
+            if existing["source"] == "registered" and ("end" in changes or changes.get("allocations")):
+                held = [(a["node"], g) for a in existing["allocations"] for g in a["gpus"]]
+                inferred.yield_to(conn, run_id, existing["start"], changes.get("end", existing["end"]),
+                                  held + _pairs(changes.get("allocations") or []))
             if sets:
                 conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = %s", [*params, run_id])
             warnings = add_allocations(conn, run_id, changes["allocations"]) if changes.get("allocations") else []
@@ -346,13 +374,15 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
 
 
 def record_progress(conn: psycopg.Connection, run_id: str, time: datetime, tokens: float | None,
-                    samples: float | None, *, as_node: str | None = None, now: datetime | None = None) -> None:
+                    samples: float | None, *, as_node: str | None = None, now: datetime | None = None,
+                    steps: float | None = None) -> None:
     run = get_run(conn, run_id)
     if as_node is not None:
         _node_may_touch(run, as_node)
         _near_now("time", time, now or datetime.now(UTC))
     conn.execute(
-        "INSERT INTO run_progress (run_id, time, tokens, samples) VALUES (%s, %s, %s, %s) "
-        "ON CONFLICT (run_id, time) DO UPDATE SET tokens = EXCLUDED.tokens, samples = EXCLUDED.samples",
-        (run_id, time, tokens, samples),
+        "INSERT INTO run_progress (run_id, time, tokens, samples, steps) VALUES (%s, %s, %s, %s, %s) "
+        "ON CONFLICT (run_id, time) DO UPDATE SET tokens = EXCLUDED.tokens, samples = EXCLUDED.samples, "
+        "steps = EXCLUDED.steps",
+        (run_id, time, tokens, samples, steps),
     )

@@ -50,7 +50,7 @@ def gpu_columns(node_index: int, t0: float, seconds: int, gpus: int = GPUS_PER_N
         "pcie_width_max": [16] * n,
         "nvlink_tx_bytes_s": [3e10 * b for b in busy],
         "nvlink_rx_bytes_s": [3e10 * b for b in busy],
-        "ecc_dbe": [0] * n,
+        "ecc_dbe_vol": [0] * n,
         "xid": [0] * n,
     }
 

@@ -22,8 +22,12 @@
 Everything here touches ordinary tables and functions, identical on plain
 PostgreSQL and TimescaleDB.
 
+It runs after 0008 (the last of 0005, 0009, 0006, 0008): the accounting
+reads ``gpu_energy_spans`` (0009), and allocations of inferred runs (0005)
+take the default sharing (``exclusive``, share 1).
+
 Revision ID: 0004
-Revises: 0003
+Revises: 0008
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from alembic import op
 from gpufleet.db import accounting_sql
 
 revision: str = "0004"
-down_revision: str | None = "0003"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -6,14 +6,23 @@ import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from gpufleet.agent.sources.base import SourceError
-from gpufleet.agent.sources.dcgm import DCGM_FP64_BLANK, DCGM_INT64_BLANK
-from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource, parse_exposition
-from gpufleet.catalog import WHOLE_GPU_FIELDS
+from gpufleet.agent.sources.dcgm import DCGM_FP64_BLANK, DCGM_INT64_BLANK, FIELD_BY_ID
+from gpufleet.agent.sources.dcgm_exporter import EXPORTER_FIELDS, SERIES, DcgmExporterSource, parse_exposition
+from gpufleet.catalog import GPU_BY_NAME, WHOLE_GPU_FIELDS
+from gpufleet.collector.window_cache import GPU_COLUMNS as WINDOW_COLUMNS
 from tests.conftest import realdata
+
+#: NVLink link state comes from DCGM's link-status call (the dcgm source) and
+#: the job_* columns from the agent's own cgroup reader, not from fields
+#: dcgm-exporter can print; every other column the detectors read must come
+#: from the shipped field list.
+GPU_COLUMNS = tuple(c for c in WINDOW_COLUMNS
+                    if c not in ("nvlink_links_up", "nvlink_links_max") and not c.startswith("job_"))
 
 
 def real_lines() -> list[str]:
@@ -205,3 +214,97 @@ def test_xid_window_count_wins_over_the_gauge() -> None:
 def test_malformed_exposition_is_a_source_error() -> None:
     with pytest.raises(SourceError, match="malformed"):
         parse_exposition('DCGM_FI_DEV_GPU_TEMP{gpu="0" 30\n')
+
+
+# ---------------------------------------------------------------- gpufleet's own field list
+
+SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "dcgm-exporter" / "counters.csv"
+CONSTRUCTED = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm_exporter" / "shipped_counters_2xh100.prom"
+
+
+def counters(path: Path) -> list[tuple[str, str, str]]:
+    """(field, Prometheus type, help) of each enabled line of a dcgm-exporter field list."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, typ, help_ = (p.strip() for p in line.split(",", 2))
+        out.append((name, typ, help_))
+    return out
+
+
+def test_shipped_counters_file_is_in_the_exporters_format_and_every_field_maps() -> None:
+    fields = counters(SHIPPED)
+    names = [f[0] for f in fields]
+    assert len(names) == len(set(names))
+    real_types = {n: t for n, t, _ in counters(realdata("dcgm-exporter", "default-counters.csv"))}
+    for name, typ, help_ in fields:
+        assert typ in ("gauge", "counter", "label"), name
+        assert help_, name
+        # Where the stock file enables the same field, the type agrees with it.
+        assert real_types.get(name, typ) == typ, name
+        if typ != "label":
+            field = SERIES.get(name)
+            assert field is not None, f"{name} is in counters.csv but the source does not map it"
+            assert field.column in GPU_BY_NAME, name
+    columns = {SERIES[n].column for n, t, _ in fields if t != "label"}
+    # Every column the detectors read, and the accounting's energy and power.
+    assert set(GPU_COLUMNS) | {"energy_mj", "power_w"} <= columns
+    # The fields the issue names on top of those.
+    assert {"gr_engine_active", "nvlink_bandwidth_mb_s", "mem_copy_util_pct", "ecc_sbe_vol", "ecc_dbe_vol",
+            "ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+            "remapped_rows_pending", "remapped_rows_failed", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s",
+            "pcie_replay_count", "mem_used_mib", "mem_total_mib", "mem_clock_mhz", "mem_temp_c"} <= columns
+
+
+def test_exporter_fields_agree_with_dcgm_field_definitions() -> None:
+    import csv
+
+    with realdata("dcgm", "dcgm_field_ids.csv").open() as f:
+        rows = {int(r["field_id"]): r for r in csv.DictReader(f)}
+    for fld in EXPORTER_FIELDS:
+        row = rows[fld.field_id]
+        assert row["name"] == fld.name, fld
+        assert set(fld.aliases) <= set(filter(None, row["legacy_aliases"].split(";"))), fld
+        assert row["tag"] == fld.tag, fld
+        assert row["type"] == {"int64": "DCGM_FT_INT64", "double": "DCGM_FT_DOUBLE"}[fld.dcgm_type], fld
+        assert fld.field_id not in FIELD_BY_ID, f"{fld.name} is already in the shared DCGM table"
+
+
+def test_constructed_scrape_of_the_shipped_file_fills_every_detector_column(server: Server) -> None:
+    body = CONSTRUCTED.read_text()
+    # The constructed output is consistent with the shipped file: each field once, its HELP and TYPE.
+    for name, typ, help_ in counters(SHIPPED):
+        if typ == "label":
+            assert f'{name}="580.105.08"' in body
+            continue
+        assert f"# HELP {name} {help_}\n# TYPE {name} {typ}\n" in body, name
+    server.body = body
+    src = DcgmExporterSource(server.url, timeout_s=5)
+    try:
+        reading = src.collect()
+    finally:
+        src.close()
+    by_gpu = {r["gpu"]: r for r in reading.gpus}
+    assert sorted(by_gpu) == [0, 1]
+    for gpu, row in by_gpu.items():
+        for column in (*GPU_COLUMNS, "energy_mj", "power_w"):
+            assert row.get(column) is not None, (gpu, column)
+    g1 = by_gpu[1]
+    assert g1["throttle_reasons"] == 4 and g1["sm_clock_mhz"] == 1755 and g1["sm_clock_max_mhz"] == 1980
+    assert g1["power_limit_w"] == pytest.approx(700.0) and g1["energy_mj"] == 8412097310
+    assert (g1["pcie_gen"], g1["pcie_gen_max"], g1["pcie_width"], g1["pcie_width_max"]) == (5, 5, 16, 16)
+    assert (g1["ecc_sbe_vol"], g1["ecc_sbe_agg"], g1["remapped_rows_correctable"], g1["pcie_replay_count"]) == \
+        (2, 17, 1, 3)
+    assert g1["gr_engine_active"] == pytest.approx(0.998201) and g1["mem_copy_util_pct"] == 41
+    assert g1["nvlink_bandwidth_mb_s"] == 182011 and g1["xid"] == 0
+    # The pod labels stay on the row for attribution.
+    assert g1["labels"] == {"pod": "llm-pretrain-worker-0", "namespace": "ml-research", "container": "pytorch"}
+
+
+def test_every_series_of_the_real_capture_maps_or_is_known_unmapped() -> None:
+    # The real 8xH100 capture: every DCGM field it shows is one the source maps.
+    names = {ln.split("{")[0] for ln in real_lines()}
+    assert names and all(SERIES.get(n) is not None for n in names), sorted(n for n in names if n not in SERIES)
+    row = parse_exposition("\n".join(real_lines()) + "\n").rows[(0, None)]
+    assert row["mem_copy_util_pct"] == 0

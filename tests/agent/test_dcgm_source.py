@@ -44,9 +44,13 @@ def test_mapping_agrees_with_dcgm_field_definitions() -> None:
 
 
 def test_every_dcgm_sourced_catalog_column_is_mapped() -> None:
+    # The shared DCGM table, or for the exporter's extra counters its own table.
+    from gpufleet.agent.sources.dcgm_exporter import SERIES
+
     for col in GPU_FIELDS:
         if col.source.startswith("DCGM_FI_"):
-            assert FIELD_BY_NAME[col.source].column == col.name, col.name
+            field = FIELD_BY_NAME.get(col.source) or SERIES[col.source]
+            assert field.column == col.name, col.name
 
 
 def exporter_names(filename: str) -> list[str]:
@@ -150,6 +154,8 @@ class FakeEngine:
     read_fails: bool = False
     connections: int = 0
     deleted: list[str] = field(default_factory=list)
+    #: Per GPU id: dcgmGetNvLinkLinkStatus link states (0 not supported, 2 down, 3 up); None: call fails.
+    links: dict[int, list[int]] | None = field(default_factory=dict)
 
 
 def fake_bindings(engine: FakeEngine) -> DcgmBindings:
@@ -219,8 +225,15 @@ def fake_bindings(engine: FakeEngine) -> DcgmBindings:
                    for eid, parent, gi in engine.instances]
         return SimpleNamespace(count=len(entries), entityList=entries)
 
+    def link_status(handle: object) -> Any:
+        if engine.links is None:
+            raise FakeDCGMError("DCGM_ST_NOT_SUPPORTED")
+        gpus = [SimpleNamespace(entityId=g, linkState=states) for g, states in engine.links.items()]
+        return SimpleNamespace(numGpus=len(gpus), gpus=gpus)
+
     agent = ModuleType("dcgm_agent")
     agent.dcgmGetGpuInstanceHierarchy = hierarchy  # type: ignore[attr-defined]
+    agent.dcgmGetNvLinkLinkStatus = link_status  # type: ignore[attr-defined]
     return DcgmBindings(pydcgm, structs, fields_mod, agent)
 
 
@@ -343,5 +356,29 @@ def test_real_bindings_expose_the_surface_used() -> None:
                         "datacenter-gpu-manager, not PyPI")
     b = load_bindings()
     assert hasattr(b.pydcgm, "DcgmHandle") and hasattr(b.pydcgm, "DcgmFieldGroup")
-    assert hasattr(b.dcgm_agent, "dcgmGetGpuInstanceHierarchy")
+    assert hasattr(b.dcgm_agent, "dcgmGetGpuInstanceHierarchy") and hasattr(b.dcgm_agent, "dcgmGetNvLinkLinkStatus")
     assert hasattr(b.dcgm_fields, "DCGM_FE_GPU_I")
+
+
+def test_health_counters_map_and_links_come_from_link_status() -> None:
+    engine = mig_engine()
+    engine.values[(GPU, 0)].update({310: Sample(12), 312: Sample(40), 313: Sample(1), 393: Sample(1),
+                                    394: Sample(2), 395: Sample(0), 396: Sample(1), 202: Sample(9),
+                                    409: Sample(150), 429: Sample(5), 439: Sample(DCGM_INT64_BLANK + 2),
+                                    498: Sample(3)})
+    engine.links = {0: [3] * 16 + [2, 2] + [0] * 6, 1: [0] * 24}
+    row = rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]
+    assert (row["ecc_sbe_vol"], row["ecc_sbe_agg"], row["ecc_dbe_vol"], row["ecc_dbe_agg"]) == (12, 40, 0, 1)
+    assert (row["remapped_rows_uncorrectable"], row["remapped_rows_correctable"]) == (1, 2)
+    assert (row["remapped_rows_failed"], row["remapped_rows_pending"]) == (0, 1)
+    assert row["pcie_replay_count"] == 9
+    assert (row["nvlink_crc_errors"], row["nvlink_replay_errors"]) == (150, 5)
+    # 439 says NOT_SUPPORTED: the newer id 498 fills the column.
+    assert row["nvlink_recovery_errors"] == 3
+    assert (row["nvlink_links_up"], row["nvlink_links_max"]) == (16, 18)
+    other = rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(1, None)]
+    assert other.get("nvlink_links_max") is None  # every link "not supported": no NVLink, NULL
+    engine.links = None
+    src = DcgmSource(bindings=fake_bindings(engine))
+    assert rows_by_key(src)[(0, None)].get("nvlink_links_up") is None
+    assert rows_by_key(src)[(0, None)]["pcie_replay_count"] == 9  # the rest still flows

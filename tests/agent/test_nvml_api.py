@@ -164,3 +164,94 @@ def test_cpu_affinity_masks_become_cpu_numbers() -> None:
     masks = (ctypes.c_ulonglong * 2)(0b1011, 1)
     with mock.patch.object(pynvml, "nvmlDeviceGetCpuAffinity", autospec=True, return_value=masks):
         assert PynvmlApi().cpu_affinity(HANDLE)[:4] == [0, 1, 3, 64]
+
+
+# -- memory, bus and NVLink health -------------------------------------------------------
+
+
+def test_ecc_totals_ask_nvml_for_the_right_type_and_counter() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def totals(handle: object, kind: int, counter: int) -> int:
+        seen.append((kind, counter))
+        return {(0, 0): 11, (0, 1): 40, (1, 0): 1, (1, 1): 2}[(kind, counter)]
+
+    api = PynvmlApi()
+    with mock.patch.object(pynvml, "nvmlDeviceGetTotalEccErrors", autospec=True, side_effect=totals):
+        assert api.ecc_error_total(HANDLE, uncorrected=False, aggregate=False) == 11
+        assert api.ecc_error_total(HANDLE, uncorrected=False, aggregate=True) == 40
+        assert api.ecc_error_total(HANDLE, uncorrected=True, aggregate=True) == 2
+        assert api.ecc_dbe_volatile_total(HANDLE) == 1
+    assert seen == [(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+                    (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+                    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+                    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)]
+
+
+def test_remapped_rows_and_pcie_replays() -> None:
+    api = PynvmlApi()
+    with (
+        mock.patch.object(pynvml, "nvmlDeviceGetRemappedRows", autospec=True, return_value=(3, 1, 1, 0)),
+        mock.patch.object(pynvml, "nvmlDeviceGetPcieReplayCounter", autospec=True, return_value=9),
+    ):
+        rows = api.remapped_rows(HANDLE)
+        assert (rows.correctable, rows.uncorrectable, rows.pending, rows.failed) == (3, 1, True, False)
+        assert api.pcie_replay_count(HANDLE) == 9
+    with (
+        mock.patch.object(pynvml, "nvmlDeviceGetRemappedRows", autospec=True,
+                          side_effect=nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+        pytest.raises(NotSupported, match="nvmlDeviceGetRemappedRows"),
+    ):
+        api.remapped_rows(HANDLE)
+
+
+def test_nvlink_states_walk_the_links_until_nvml_says_there_are_no_more() -> None:
+    def state(handle: object, link: int) -> int:
+        if link >= 18:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_DISABLED if link in (4, 11) else pynvml.NVML_FEATURE_ENABLED
+
+    with mock.patch.object(pynvml, "nvmlDeviceGetNvLinkState", autospec=True, side_effect=state):
+        states = PynvmlApi().nvlink_states(HANDLE)
+    assert len(states) == 18 and sum(states) == 16 and not states[4] and not states[11]
+    # A GPU without NVLink: NotSupported on the first link, never an empty list of links.
+    with (
+        mock.patch.object(pynvml, "nvmlDeviceGetNvLinkState", autospec=True,
+                          side_effect=nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+        pytest.raises(NotSupported),
+    ):
+        PynvmlApi().nvlink_states(HANDLE)
+
+
+def test_nvlink_error_counters_per_link() -> None:
+    values = {pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 70, pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 5,
+              pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 1}
+    calls: list[tuple[int, int]] = []
+
+    def counter(handle: object, link: int, which: int) -> int:
+        calls.append((link, which))
+        return values[which]
+
+    with mock.patch.object(pynvml, "nvmlDeviceGetNvLinkErrorCounter", autospec=True, side_effect=counter):
+        e = PynvmlApi().nvlink_errors(HANDLE, 3)
+    assert (e.crc_flit, e.replay, e.recovery) == (70, 5, 1)
+    assert {link for link, _ in calls} == {3} and len(calls) == 3
+
+
+def test_nvlink_throughput_reads_all_links_from_field_values() -> None:
+    values = (pynvml.c_nvmlFieldValue_t * 2)()
+    for i, v in enumerate((123456, 654321)):
+        values[i].nvmlReturn = pynvml.NVML_SUCCESS
+        values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        values[i].value.ullVal = v
+    with mock.patch.object(pynvml, "nvmlDeviceGetFieldValues", autospec=True, return_value=values) as fv:
+        assert PynvmlApi().nvlink_throughput_kib(HANDLE) == (123456, 654321)
+    asked = fv.call_args.args[1]
+    assert asked == [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),
+                     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF)]
+    values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    with (
+        mock.patch.object(pynvml, "nvmlDeviceGetFieldValues", autospec=True, return_value=values),
+        pytest.raises(NotSupported),
+    ):
+        PynvmlApi().nvlink_throughput_kib(HANDLE)

@@ -87,6 +87,23 @@ def test_profile_matches_its_capture(key: str) -> None:
     mig_mode = field(idle, "MIG Mode", "Current")
     assert (mig_mode != "N/A") == p.mig_capable
     assert (mig_mode == "Enabled") == bool(p.mig)
+    assert number(field(idle, "Replays Since Reset")) == p.pcie_replays
+    # Healthy boards: no DRAM ECC errors, no remapped rows; the fake starts there too.
+    fake = FakeNvml([p])
+    fake.init()
+    h = fake.device_handle(0)
+    assert number(field(idle, "ECC Errors", "Volatile", "DRAM Correctable")) == fake.ecc_error_total(h, False, False)
+    assert number(field(idle, "ECC Errors", "Aggregate", "DRAM Uncorrectable")) == fake.ecc_error_total(h, True, True)
+    remap_line = next(ln for ln in idle if ln.split(":")[0].strip() == "Remapped Rows")
+    if remap_line.rstrip().endswith("N/A"):  # not reported while MIG is on
+        with pytest.raises(NotSupported):
+            fake.remapped_rows(h)
+    else:
+        rows = fake.remapped_rows(h)
+        assert number(field(idle, "Remapped Rows", "Correctable Error")) == rows.correctable
+        assert number(field(idle, "Remapped Rows", "Uncorrectable Error")) == rows.uncorrectable
+        assert field(idle, "Remapped Rows", "Pending") == ("Yes" if rows.pending else "No")
+    assert fake.pcie_replay_count(h) == p.pcie_replays
     topo = cap.sections["capabilities :: topo -m"]
     gpu0 = next(ln for ln in topo if ln.startswith("GPU0"))
     assert gpu0.split("\t")[2].strip() == p.cpu_affinity
@@ -180,3 +197,27 @@ def test_call_latency_is_charged_per_call() -> None:
         nv.gpu_temperature_c(h)
     assert time.perf_counter() - t0 >= 20 * 200e-6
     assert nv.calls["gpu_temperature_c"] == 20
+
+
+def test_health_counters_nvlink_state_and_throughput() -> None:
+    clock = ManualClock()
+    nv = FakeNvml([PROFILES["h100"], PROFILES["l40s"]], clock=clock)
+    nv.init()
+    h100, l40s = nv.device_handle(0), nv.device_handle(1)
+    g = nv.gpu(0)
+    g.set(ecc_sbe=12, ecc_sbe_agg=40, remap_pending=True, remapped_uncorrectable=1)
+    assert nv.ecc_error_total(h100, False, False) == 12 and nv.ecc_error_total(h100, False, True) == 40
+    assert nv.remapped_rows(h100).pending and nv.remapped_rows(h100).uncorrectable == 1
+    g.nvlink_up[5] = False
+    g.nvlink_counters[5] = [120, 7, 1]
+    states = nv.nvlink_states(h100)
+    assert len(states) == 18 and sum(states) == 17
+    assert nv.nvlink_errors(h100, 5).crc_flit == 120
+    g.nvlink_bytes_s = (2048.0 * 1024, 1024.0 * 1024)
+    before = nv.nvlink_throughput_kib(h100)
+    clock.t += 10.0
+    after = nv.nvlink_throughput_kib(h100)
+    assert (after[0] - before[0], after[1] - before[1]) == (20480, 10240)
+    for call in (nv.nvlink_states, nv.nvlink_throughput_kib):
+        with pytest.raises(NotSupported):
+            call(l40s)

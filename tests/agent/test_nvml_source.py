@@ -49,12 +49,14 @@ def test_h100_row_in_catalog_units() -> None:
     assert row["temp_c"] == 59 and row["mem_temp_c"] == 55
     assert row["pcie_gen"] == 5 and row["pcie_gen_max"] == 5 and row["pcie_width"] == row["pcie_width_max"] == 16
     assert row["pcie_tx_bytes_s"] == 352 * 1024 and row["pcie_rx_bytes_s"] == 329 * 1024
-    assert row["throttle_reasons"] == 0 and row["ecc_dbe"] == 0 and row["xid"] == 0
+    assert row["throttle_reasons"] == 0 and row["ecc_dbe_vol"] == 0 and row["xid"] == 0
     assert set(row) <= set(NVML_FIELDS) | {"gpu"}
     assert all(name in GPU_BY_NAME for name in row if name != "gpu")
-    # NVML cannot measure profiling ratios or NVLink rates: the keys are absent, not 0.
-    for absent in ("sm_active", "tensor_active", "dram_active", "nvlink_tx_bytes_s"):
+    # NVML cannot measure profiling ratios: the keys are absent, not 0.
+    for absent in ("sm_active", "tensor_active", "dram_active"):
         assert absent not in row
+    # NVLink rates need two readings of the cumulative counters: NULL on the first collect.
+    assert row["nvlink_tx_bytes_s"] is None and row["nvlink_rx_bytes_s"] is None
 
 
 def test_unsupported_reading_is_null_and_not_asked_again() -> None:
@@ -199,7 +201,16 @@ def test_steady_state_collect_cost_per_gpu() -> None:
     fake.calls.clear()
     src.collect()
     per_gpu = (sum(fake.calls.values()) - fake.calls["wait_xid"]) / 2
-    assert per_gpu <= 16
+    # 16 readings plus one NVLink throughput read (field values) per collect ...
+    assert per_gpu <= 17
+    # ... and, on every 10th, the health counters: 3 ECC totals, remapped rows, PCIe replays,
+    # one state call per NVLink link and three error counters per link (18 links on an H100).
+    fake.calls.clear()
+    for _ in range(src.health_every):
+        src.collect()
+    nvml_calls = sum(fake.calls.values()) - fake.calls["wait_xid"]
+    per_gpu_avg = nvml_calls / 2 / src.health_every
+    assert per_gpu_avg <= 17 + (5 + 18 + 3 * 18) / src.health_every
 
 
 def test_helpers() -> None:
@@ -207,3 +218,66 @@ def test_helpers() -> None:
     assert sysfs_bus_id("00000001:0A:00.0") == "0001:0a:00.0"
     assert format_cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert isinstance(NotSupported("x"), SourceError)
+
+
+def test_nvlink_rates_from_counter_differences() -> None:
+    clock = ManualClock()
+    fake = FakeNvml([PROFILES["h100"], PROFILES["l40s"]], clock=clock)
+    src = NvmlSource(fake, sys_root="/nonexistent", clock=clock)
+    fake.gpu(0).nvlink_bytes_s = (20e9, 18e9)
+    src.collect()
+    clock.t += 2.0
+    rows = by_key(src.collect())
+    assert rows[(0, None)]["nvlink_tx_bytes_s"] == pytest.approx(20e9, rel=1e-6)
+    assert rows[(0, None)]["nvlink_rx_bytes_s"] == pytest.approx(18e9, rel=1e-6)
+    # A board without NVLink leaves the keys out (NotSupported), never 0 B/s.
+    assert "nvlink_tx_bytes_s" not in rows[(1, None)]
+    # A counter that went backwards (driver reload) gives no rate for that interval.
+    fake.gpu(0)._nvlink_kib = [0.0, 0.0]
+    clock.t += 1.0
+    assert by_key(src.collect())[(0, None)]["nvlink_tx_bytes_s"] is None
+
+
+def test_health_counters_every_nth_collect() -> None:
+    src, fake = make("h100", "l40s")
+    src = NvmlSource(fake, sys_root="/nonexistent", health_every=3)
+    g = fake.gpu(0)
+    g.set(ecc_sbe=7, ecc_sbe_agg=31, ecc_dbe_agg=1, remapped_correctable=2, remapped_uncorrectable=1,
+          remap_pending=True, pcie_replays=42)
+    g.nvlink_up[3] = False
+    g.nvlink_counters[0] = [100, 4, 0]
+    g.nvlink_counters[3] = [50, 1, 1]
+    first = by_key(src.collect())
+    row = first[(0, None)]
+    assert (row["ecc_sbe_vol"], row["ecc_sbe_agg"], row["ecc_dbe_agg"]) == (7, 31, 1)
+    assert (row["remapped_rows_correctable"], row["remapped_rows_uncorrectable"]) == (2, 1)
+    assert (row["remapped_rows_pending"], row["remapped_rows_failed"]) == (1, 0)
+    assert row["pcie_replay_count"] == 42
+    assert (row["nvlink_links_max"], row["nvlink_links_up"]) == (18, 17)
+    assert (row["nvlink_crc_errors"], row["nvlink_replay_errors"], row["nvlink_recovery_errors"]) == (150, 5, 1)
+    l40s = first[(1, None)]
+    assert l40s["pcie_replay_count"] == 0 and l40s["remapped_rows_pending"] == 0
+    # No NVLink on the L40S: link counts and counters are NULL (the keys left out), never 0.
+    assert l40s.get("nvlink_links_max") is None and l40s.get("nvlink_crc_errors") is None
+    calls = fake.calls["nvlink_states"]
+    assert calls == 18 + 1  # one driver call per H100 link, one NotSupported answer for the L40S
+    second, third = by_key(src.collect()), by_key(src.collect())
+    for rows in (second, third):
+        assert "ecc_sbe_vol" not in rows[(0, None)] and "nvlink_links_up" not in rows[(0, None)]
+    assert fake.calls["nvlink_states"] == calls
+    assert by_key(src.collect())[(0, None)]["ecc_sbe_vol"] == 7
+    assert set(row) <= set(NVML_FIELDS) | {"gpu"}
+
+
+def test_health_fields_are_null_on_mig_instances_and_lost_gpus() -> None:
+    src, fake = make("h100-mig", "h100")
+    rows = by_key(src.collect())
+    parent = rows[(0, None)]
+    assert parent["remapped_rows_pending"] is None  # NVML reports no remapping while MIG is on
+    assert parent["ecc_sbe_vol"] == 0
+    for key, row in rows.items():
+        if key[1] is not None:
+            assert row["ecc_sbe_vol"] is None and row["nvlink_links_up"] is None, key
+    fake.lose_gpu(1)
+    lost = by_key(src.collect())[(1, None)]
+    assert lost["xid"] == 79 and lost["pcie_replay_count"] is None and lost["nvlink_links_up"] is None

@@ -260,7 +260,9 @@ def test_agent_ticks_merge_stamp_and_seal(tmp_path: Path) -> None:
 
 def test_facts_go_in_the_first_batch_and_again_only_on_change(tmp_path: Path) -> None:
     node_facts = {"hostname": "n1", "cpu_governor": "performance"}
-    agent = Agent(settings(facts_interval_s=0.25), [Steady()], node="node-a", spool_dir=tmp_path,
+    # Node checks off: they read this machine's live counters, which change between refreshes
+    # (tests/agent/test_agentfacts.py covers them on a fixed tree).
+    agent = Agent(settings(facts_interval_s=0.25, node_checks=False), [Steady()], node="node-a", spool_dir=tmp_path,
                   facts_of_node=lambda: dict(node_facts))
     agent.start(ship=False, serve_metrics=False)
     with_facts = []
@@ -278,7 +280,7 @@ def test_facts_go_in_the_first_batch_and_again_only_on_change(tmp_path: Path) ->
 
 
 def test_unusable_values_become_null_not_a_refused_batch(tmp_path: Path) -> None:
-    weird = Steady("weird", gpus=1, power_w=math.nan, util_pct=140.0, temp_c=55.0, ecc_dbe=True,
+    weird = Steady("weird", gpus=1, power_w=math.nan, util_pct=140.0, temp_c=55.0, ecc_dbe_vol=True,
                    made_up_field=3, xid=2**40)
     weird_host = Steady("weirdhost", gpus=0)
     weird_host.collect = lambda: Reading(host={"cpu_user_pct": -1.0, "cpu_count": 8})  # type: ignore[method-assign]
@@ -290,7 +292,7 @@ def test_unusable_values_become_null_not_a_refused_batch(tmp_path: Path) -> None
     (batch,) = decode_segments(tmp_path)
     g = batch["gpu"]
     assert g["power_w"] == [None] and g["util_pct"] == [None] and g["xid"] == [None]
-    assert g["temp_c"] == [55] and g["ecc_dbe"] == [1]
+    assert g["temp_c"] == [55] and g["ecc_dbe_vol"] == [1]
     assert "made_up_field" not in g
     assert batch["host"]["cpu_user_pct"] == [None] and batch["host"]["cpu_count"] == [8]
     assert agent.sanitizer.nulled["power_w"] == 1 and agent.sanitizer.unknown["made_up_field"] == 1

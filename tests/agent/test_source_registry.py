@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource
 from gpufleet.agent.sources.host import HostSource
 from gpufleet.agent.sources.nvml import NvmlSource
 from gpufleet.config import AgentSettings
+from tests.conftest import realdata
 
 
 def agent_settings(**values: object) -> AgentSettings:
@@ -71,3 +73,23 @@ def test_plugin_module_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(registry.PLUGIN_MODULES, "ghost", "gpufleet.agent.no_such_module")
     with pytest.raises(registry.UnknownSource, match="cannot import"):
         registry.build_source("ghost", agent_settings())
+
+
+def test_host_source_reads_the_configured_proc_root(tmp_path: Path) -> None:
+    # A checked-in /proc tree (sysstat's test root1: 9 CPU lines, up 7192.55 s) given as proc_root,
+    # as the DaemonSet gives /host/proc: the registry's HostSource must read it, not this machine's.
+    proc = realdata("sysstat", "root1", "proc")
+    sys_root = tmp_path / "sys"
+    sys_root.mkdir()
+    (host,) = registry.build_sources(agent_settings(sources=["host"], proc_root=str(proc), sys_root=str(sys_root)))
+    assert isinstance(host, HostSource)
+    assert host.proc_root == proc and host.sys_root == sys_root
+    row = host.collect().host
+    assert row is not None and row["cpu_count"] == 9
+    assert host._prev is not None and host._prev.uptime_s == 7192.55
+    assert len(host._prev.cpus) == 9
+
+
+def test_nvml_source_gets_the_configured_sys_root(tmp_path: Path) -> None:
+    (nvml,) = registry.build_sources(agent_settings(sources=["nvml"], sys_root=str(tmp_path)))
+    assert isinstance(nvml, NvmlSource) and nvml.sys_root == tmp_path

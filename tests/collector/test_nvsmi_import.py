@@ -56,7 +56,11 @@ def test_h100_capture_maps_every_field_the_bundle_has(tmp_path: Path) -> None:
     assert (idle["mem_used_mib"], load["mem_used_mib"], idle["mem_total_mib"]) == ("0", "19818", "81559")
     assert (idle["temp_c"], idle["mem_temp_c"], load["temp_c"], load["mem_temp_c"]) == ("41", "48", "59", "54")
     assert idle["uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
-    assert idle["ecc_dbe"] == "0"
+    assert idle["ecc_dbe"] == "0"  # the contract's name for the catalog's ecc_dbe_vol
+    # Memory health of the same query: ECC totals and the row remapper (Yes/No flags as 1/0).
+    assert (idle["ecc_sbe_vol"], idle["ecc_sbe_agg"], idle["ecc_dbe_agg"]) == ("0", "0", "0")
+    assert (idle["remapped_rows_correctable"], idle["remapped_rows_uncorrectable"]) == ("0", "0")
+    assert (idle["remapped_rows_pending"], idle["remapped_rows_failed"]) == ("0", "0")
     # power.draw first, its average and instant forms only as fallbacks; the enforced limit before power.limit
     assert s.columns["power_w"] == ["power.draw [W]", "power.draw.average [W]", "power.draw.instant [W]"]
     assert s.columns["power_limit_w"] == ["enforced.power.limit [W]", "power.limit [W]"]

@@ -107,3 +107,38 @@ def test_replay_uses_the_detector_thresholds_of_its_config(bundle: Path, tmp_pat
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "detect.straggler_z" in proc.stderr
     assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_replay_incidents_feed_goodput_as_the_live_stores_do(tmp_path: Path, pg_server: str) -> None:
+    from datetime import datetime
+
+    from gpufleet.collector.replay import replay as run_replay
+    from gpufleet.config import load_settings
+    from gpufleet.db import migrate
+    from gpufleet.testing.pg import scratch_database
+
+    out = tmp_path / "starved"
+    write_bundle("starvation_cpu", out, duration_s=1200)
+    settings = load_settings(data_dir=tmp_path)
+    with scratch_database(pg_server, "gpufleet_replay_goodput") as url:
+        migrate.upgrade(url, settings)
+        res = run_replay(url, out, settings)
+    acc = {a["run_id"]: a for a in res.accounting}
+    starved = [f for f in res.findings if f["kind"] == "starvation"]
+    assert {f["run_id"] for f in starved} == {"cpu-starved"}
+    # The GPU time the findings say was lost, computed here from FINDINGS.jsonl alone.
+    run = acc["cpu-starved"]
+
+    def t(s: str) -> float:
+        return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+    from gpufleet.collector.bundle import read_bundle
+
+    # An open run is accounted up to the end of the trace.
+    lo, hi = t(run["start"]), t(run["end"]) if run["end"] else read_bundle(out).t_max
+    lost_s = sum(max(0.0, min(t(f["end"]) if f["end"] else hi, hi) - max(t(f["start"]), lo))
+                 * f["evidence"]["gpu_time_lost_share"] * run["gpu_count"] for f in starved)
+    eff = run["efficiency"]
+    assert lost_s > 0 and eff["lost_gpu_hours"] == pytest.approx(lost_s / 3600, rel=1e-6)
+    assert eff["goodput"] == pytest.approx(1 - lost_s / (run["gpu_count"] * (hi - lo)), rel=1e-6) and eff["goodput"] < 1
+    assert acc["cpu-control"]["efficiency"]["lost_gpu_hours"] == 0 and acc["cpu-control"]["efficiency"]["goodput"] == 1

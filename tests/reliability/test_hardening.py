@@ -4,11 +4,13 @@ full queue ends within a bounded time with every request answered."""
 
 from __future__ import annotations
 
+import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -69,7 +71,8 @@ def test_sigterm_with_a_full_queue_ends_bounded_with_every_request_answered(
         fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]) -> None:
     nodes = [f"node-{i:02d}" for i in range(20)]
     tokens = node_tokens(fresh_db, nodes)
-    c = collectors(fresh_db)
+    # a queue of 5 batches' rows: 20 senders keep it full (429s) when SIGTERM comes
+    c = collectors(fresh_db, {"ingest": {"queue_max_rows": 4000, "group_max_rows": 2000}})
     c.start()
     c.wait_up()
     # A poison batch first (it used to kill the writer, after which SIGTERM waited forever).
@@ -116,3 +119,65 @@ def test_sigterm_with_a_full_queue_ends_bounded_with_every_request_answered(
     assert sent_before > 20
     # every HTTP answer is a success or a retryable refusal: nothing hangs, nothing is a 500
     assert {a for a in answers if isinstance(a, int)} <= {200, 429, 503}
+    assert answers.count(429) > 0, "the queue was never full"
+
+
+def _send_unread(url: str, head: str, total: int) -> tuple[int | None, int]:
+    """Send a request of ``total`` body bytes (announced in ``head``) as fast as the server takes them;
+    returns the status it answered with and how many body bytes went out before it did."""
+    u = urlsplit(url)
+    sent = 0
+    chunk = b" " * 65536
+    if "chunked" in head:
+        chunk = b"10000\r\n" + chunk + b"\r\n"
+    with socket.create_connection((u.hostname or "127.0.0.1", u.port or 80), timeout=30) as s:
+        s.sendall(head.encode())
+        s.setblocking(False)
+        reply = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and b"\r\n" not in reply:
+            try:
+                reply += s.recv(4096)
+                if not reply:
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+            if sent < total:
+                try:
+                    sent += s.send(chunk[: total - sent])
+                except BlockingIOError:
+                    time.sleep(0.001)
+                except OSError:  # the server answered and closed
+                    time.sleep(0.05)
+        status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/") else None
+    return status, sent
+
+
+def test_api_memory_is_flat_under_huge_unauthenticated_bodies(
+        fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]) -> None:
+    # The issue's numbers: a 200 MB POST /v1/runs without a token took the API to 668 MiB before
+    # its 401; POST /login read 150 MB before its 413.
+    api = collectors(fresh_db, name="api", service="api")
+    api.start()
+    api.wait_up()
+    assert httpx.get(api.url + "/login", timeout=10).status_code == 200
+    base = _peak_rss(api.pid)
+    cases = {
+        "runs_no_token_declared": ("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                   f"Content-Length: {200 * 2**20}\r\n\r\n", 200 * 2**20),
+        "runs_no_token_chunked": ("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                  "Transfer-Encoding: chunked\r\n\r\n", 200 * 2**20),
+        "login_declared": ("POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded"
+                           f"\r\nContent-Length: {150 * 2**20}\r\n\r\n", 150 * 2**20),
+    }
+    for name, (head, total) in cases.items():
+        status, sent = _send_unread(api.url, head, total)
+        figures[name] = {"status": status, "body_bytes_sent_before_answer": sent}
+        assert status in (401, 413), (name, status)
+    growth = _peak_rss(api.pid) - base
+    figures["api_rss_base_mb"] = round(base / 2**20, 1)
+    figures["api_peak_rss_growth_mb"] = round(growth / 2**20, 1)
+    assert growth < 30 * 2**20, f"API peak RSS grew by {growth / 2**20:.0f} MiB"
+    assert httpx.get(api.url + "/healthz", timeout=10).status_code == 200

@@ -27,6 +27,7 @@ from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import Settings
 from gpufleet.testing.servers import serve
 from tests.reliability.conftest import knob, node_tokens, role_token
+from tests.reliability.web_schema import WEB_SCHEMA, crowded_form_schema, known_schema
 
 
 def _send(client: httpx.Client, kw: dict[str, Any]) -> httpx.Response:
@@ -49,8 +50,10 @@ def _send(client: httpx.Client, kw: dict[str, Any]) -> httpx.Response:
             return fresh.request(method, url, **args)
 
 
-def _operations(base: str) -> list[Any]:
-    return [r.ok() for r in schemathesis.openapi.from_url(base + "/openapi.json").get_all_operations()]
+def _operations(base: str, schema: dict[str, Any] | None = None) -> list[Any]:
+    loaded = schemathesis.openapi.from_url(base + "/openapi.json") if schema is None else \
+        schemathesis.openapi.from_dict(schema)
+    return [r.ok() for r in loaded.get_all_operations()]
 
 
 def _has_inputs(op: Any) -> bool:
@@ -75,18 +78,21 @@ def _runner(client: httpx.Client, base: str, token: str, op: Any, examples: int,
     return run
 
 
-def _fuzz(targets: list[tuple[str, str]], budget: int) -> tuple[dict[str, Counter[int]], list[str]]:
-    """Spread ``budget`` requests over every operation of every (base URL, token); statuses per operation."""
-    ops = [(base, token, op) for base, token in targets for op in _operations(base)]
+def _fuzz(targets: list[tuple[str, str]], budget: int, schema: dict[str, Any] | None = None
+          ) -> tuple[dict[str, Counter[int]], list[str]]:
+    """Spread ``budget`` requests over every operation of every (base URL, token); statuses per operation.
+    The operations are the target's own OpenAPI description, or ``schema`` when given."""
+    ops = [(f"{i}:{base}", token, op) for i, (base, token) in enumerate(targets) for op in _operations(base, schema)]
     per_op = max(1, budget // max(1, sum(_has_inputs(op) for _, _, op in ops)))
     by_op: dict[str, Counter[int]] = {}
     failures: list[str] = []
     derandomize = os.environ.get("GPUFLEET_REL_S8_RANDOM", "") in ("", "0")
-    with httpx.Client(timeout=30) as client:
-        for base, token, op in ops:
+    with httpx.Client(timeout=30, follow_redirects=False) as client:
+        for key, token, op in ops:
+            i, base = key.split(":", 1)
             seen: Counter[int] = Counter()
             _runner(client, base, token, op, per_op, derandomize, seen, failures)()
-            by_op[f"{base.rsplit(':', 1)[-1]} {op.label}"] = seen
+            by_op[f"{base.rsplit(':', 1)[-1]}#{i} {op.label}"] = seen
     return by_op, failures
 
 
@@ -114,3 +120,33 @@ def test_generated_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, str]
     assert not failures, "\n".join(failures)
     # the requests must mostly get past authentication, or this tested little
     assert total[401] < 0.05 * sum(total.values())
+
+
+@pytest.mark.timeout(900)
+def test_generated_web_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, str], figures: dict[str, Any]) -> None:
+    """The web view's pages and forms (outside the OpenAPI, tests/reliability/web_schema.py describes
+    them): generated paths, query strings and sign-in forms, as an admin and with a node token (whose
+    pages answer 403), never get a 5xx."""
+    budget = int(knob("s8_web_requests", 1500, 10_000))
+    _, api_url = apps
+    admin = role_token(fresh_db, "fuzz-web-admin", "admin")
+    node = node_tokens(fresh_db, ["fuzz-web-node"])["fuzz-web-node"]
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as c:
+        assert c.post("/v1/runs", json={"run_id": "fuzz-run", "allocations": [{"node": "n1", "gpus": [0]}]}
+                      ).status_code == 201
+    by_op, failures = _fuzz([(api_url, admin), (api_url, node)], budget * 4 // 5, WEB_SCHEMA)
+    known = known_schema("fuzz-run", [admin, role_token(fresh_db, "fuzz-web-finance", "finance"), node])
+    more, more_failures = _fuzz([(api_url, admin)], budget // 6, known)
+    by_op.update({f"known {k}": v for k, v in more.items()})
+    crowded, crowded_failures = _fuzz([(api_url, admin)], budget // 30, crowded_form_schema())
+    by_op.update({f"crowded {k}": v for k, v in crowded.items()})
+    failures += more_failures + crowded_failures
+    total: Counter[int] = Counter()
+    for seen in by_op.values():
+        total.update(seen)
+    figures.update(requests=sum(total.values()), operations=len(by_op), statuses=dict(sorted(total.items())),
+                   fivexx=sum(n for s, n in total.items() if s >= 500),
+                   per_operation={k: dict(sorted(v.items())) for k, v in by_op.items()})
+    assert not failures, "\n".join(failures)
+    assert total[200] > 0 and total[403] > 0  # admins see pages, node tokens are refused them
+    assert total[303] > 1 and total[400] > 0  # signed in; and a bad hours/run id/form refused

@@ -68,9 +68,15 @@ def test_causes_per_scenario() -> None:
     assert kinds("straggler_pcie") == Counter({("straggler", "pcie_degraded"): 1, ("pcie_degraded", None): 1})
     assert kinds("uniform_power_cap") == Counter({("throttling", "power_cap"): 16})
     assert kinds("checkpoint_stalls") == Counter({("checkpoint_stall", None): 1})
+    # The repeated XIDs include 48 (a double-bit ECC error): the GPU's memory health is a finding too.
     assert kinds("host_misconfig") == Counter({("host_misconfig", "cpu_governor"): 1,
                                                ("host_misconfig", "cpu_quota"): 1,
-                                               ("host_misconfig", "repeated_xid"): 1})
+                                               ("host_misconfig", "repeated_xid"): 1,
+                                               ("gpu_health", "uncorrectable_ecc"): 1})
+    assert kinds("gpu_health") == Counter({("gpu_health", "correctable_ecc"): 1, ("gpu_health", "uncorrectable_ecc"): 1,
+                                           ("gpu_health", "pcie_replay"): 1, ("gpu_health", "row_remap_failed"): 1,
+                                           ("host_misconfig", "repeated_xid"): 1})
+    assert kinds("pcie_box") == Counter()
     hw = kinds("hw_throttling")
     assert hw[("throttling", "power_brake")] == 8 and hw[("throttling", "hw_slowdown")] == 1
     assert hw[("straggler", "clocks")] == 1

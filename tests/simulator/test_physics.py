@@ -323,7 +323,7 @@ def test_xids_and_double_bit_ecc(trace: TraceFn) -> None:
         assert tr.col("xid", gp.node, gp.gpu)[k] == x.code
     dbe = sum(1 for x in plan.xids if x.code == 48)
     gi = plan.xids[0].gpu_idx
-    assert tr.gpu["ecc_dbe"][-1, gi] == dbe
+    assert tr.gpu["ecc_dbe_vol"][-1, gi] == dbe
     assert np.count_nonzero(tr.gpu["xid"]) == len({(x.gpu_idx, int(np.searchsorted(tr.t, x.time))) for x in plan.xids})
 
 

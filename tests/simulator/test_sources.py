@@ -31,7 +31,10 @@ def test_sources_implement_the_protocol_and_return_catalog_rows() -> None:
     assert [r["gpu"] for r in reading.gpus] == list(range(8)) and reading.host is None
     for row in reading.gpus:
         assert set(row) - {"gpu"} <= set(GPU_BY_NAME)
-        assert all(row[c] is not None for c in GPU_METRICS)
+        assert all(row[c] is not None for c in GPU_METRICS if not c.startswith("job_"))
+        # The job's cgroup: CPU used and pressure are read; no quota on this node, so none and no throttling.
+        assert row["job_cpu_cores"] > 0 and row["job_cpu_pressure_pct"] is not None
+        assert row["job_cpu_quota_cores"] is None and row["job_cpu_throttled_share"] is None
         assert isinstance(row["energy_mj"], int) and isinstance(row["throttle_reasons"], int)
     host = host_src.collect().host
     assert host is not None and set(host) == set(HOST_METRICS) <= set(HOST_BY_NAME)

@@ -51,8 +51,9 @@ def _ts(t: float) -> datetime:
 
 def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 900.0,
          sweep_every_s: float = 15.0, progress_every_s: float = 30.0,
-         start_time: float | None = None) -> FilledFleet:
-    """Simulate ``seconds`` of ``scenario`` from ``start_time`` (default: the scenario's own start)."""
+         start_time: float | None = None, send_facts: bool = False) -> FilledFleet:
+    """Simulate ``seconds`` of ``scenario`` from ``start_time`` (default: the scenario's own start);
+    ``send_facts``: the agents send their node facts (GPU models...) with their first batch."""
     fleet = Fleet.from_scenario(scenario, start_time=start_time)
     t_end = fleet.t0 + seconds
     with psycopg.connect(url, autocommit=True) as conn:
@@ -76,7 +77,7 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
         for node in fleet.nodes:
             node_store.set_node_site(conn, node, fleet.plan.nodes[node].site)
 
-        feed = SimFeed(conn, fleet)
+        feed = SimFeed(conn, fleet, send_facts=send_facts)
         sweeper = Sweeper(settings)
         t = fleet.t0 + sweep_every_s
         next_progress = fleet.t0 + progress_every_s

@@ -381,3 +381,64 @@ def test_grafana_file_provisioning_matches_the_api_push() -> None:
     (provider,) = yaml.safe_load((GRAFANA / "dashboards" / "gpufleet.yaml").read_text())["providers"]
     assert provider["type"] == "file" and provider["folderUid"] == DEFAULT_FOLDER_UID
     assert provider["allowUiUpdates"] is False
+
+
+def test_dcgm_exporter_counters_configmap_builds() -> None:
+    kubectl = tool("kubectl", "kubernetes-client")
+    d = DEPLOY / "dcgm-exporter"
+    r = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    (cm,) = [x for x in yaml.safe_load_all(r.stdout) if x]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "gpufleet-dcgm-exporter-counters"
+    # The file the exporter reads is the shipped field list, byte for byte.
+    assert cm["data"]["dcgm-metrics.csv"] == (d / "counters.csv").read_text()
+
+
+def test_agent_daemonset_builds_and_mounts_the_kubelet_socket_read_only(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    kubectl = tool("kubectl", "kubernetes-client")
+    r = subprocess.run([kubectl, "kustomize", str(DEPLOY / "agent")], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    built = {(x["kind"], x["metadata"]["name"]): x for x in yaml.safe_load_all(r.stdout) if x}
+    ds = built[("DaemonSet", "gpufleet-agent")]
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pinned(c["image"])
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    pr = mounts["pod-resources"]
+    assert pr["readOnly"] is True and vols["pod-resources"]["hostPath"]["path"] == pr["mountPath"]
+    # The agent's settings point at that socket, with Kubernetes attribution on.
+    (path := tmp_path / "agent.yaml").write_text(built[("ConfigMap", "gpufleet-agent")]["data"]["agent.yaml"])
+    k8s = load_settings(path).agent.kubernetes
+    assert k8s.enabled and str(k8s.pod_resources_socket).startswith(pr["mountPath"] + "/")
+    # The service account reads pods and the job owners above them, and nothing else.
+    assert pod["serviceAccountName"] == "gpufleet-agent"
+    role = built[("ClusterRole", "gpufleet-agent")]
+    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch"}
+    resources = {(g, res) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]}
+    assert resources == {("", "pods"), ("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("ray.io", "rayclusters")}
+    from gpufleet.agent.k8s.pods import OWNER_PATHS
+
+    assert {res for _, res in OWNER_PATHS.values()} == {res for _, res in resources} - {"pods"}
+    binding = built[("ClusterRoleBinding", "gpufleet-agent")]
+    assert binding["roleRef"]["name"] == "gpufleet-agent"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-agent",
+                                    "namespace": ds["metadata"]["namespace"]}]
+
+
+def test_k8s_quarantine_rbac_grants_only_node_get_and_patch() -> None:
+    """The opt-in RBAC of the Kubernetes quarantine hook: the collector's account may read and patch
+    Nodes (a cordon), nothing more."""
+    kubectl = tool("kubectl", "kubernetes-client")
+    r = subprocess.run([kubectl, "kustomize", str(K8S / "quarantine")], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    built = {x["kind"]: x for x in yaml.safe_load_all(r.stdout) if x}
+    assert set(built) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert built["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    (subject,) = built["ClusterRoleBinding"]["subjects"]
+    assert (subject["name"], subject["namespace"]) == (built["ServiceAccount"]["metadata"]["name"], "gpufleet")
+    assert built["ClusterRoleBinding"]["roleRef"]["name"] == built["ClusterRole"]["metadata"]["name"]

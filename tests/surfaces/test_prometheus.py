@@ -72,6 +72,11 @@ def test_rule_unit_tests_pass() -> None:
     ("(gpufleet_node_last_seen_timestamp_seconds)) > 120", "(gpufleet_node_last_seen_timestamp_seconds)) > 600"),
     ('max by (run_id, cause, severity) (gpufleet_incident_open{kind="starvation"})',
      'gpufleet_incident_open{kind="starvation"}'),  # no de-duplication across replicas
+    ('cause=~"uncorrectable_ecc|row_remap_failed"', 'cause="row_remap_failed"'),  # DBE no longer alerts
+    ('(gpufleet_incident_open{kind="host_misconfig", cause=~"cpu_governor|cpu_quota"}) == 1\n        for: 15m',
+     '(gpufleet_incident_open{kind="host_misconfig", cause=~"cpu_governor|cpu_quota"}) == 1\n        for: 1m'),
+    ('gpufleet_incident_open{kind="nvlink_degraded"}', 'gpufleet_incident_open{kind="nvlink"}'),
+    ('(gpufleet_incident_quarantine{result="failed"})', '(gpufleet_incident_quarantine{result="error"})'),
 ])
 def test_rule_unit_tests_catch_a_broken_rule(tmp_path: Path, old: str, new: str) -> None:
     text = RULES.read_text()
@@ -82,6 +87,43 @@ def test_rule_unit_tests_catch_a_broken_rule(tmp_path: Path, old: str, new: str)
     shutil.copy(RULE_TESTS, tmp_path / "tests" / RULE_TESTS.name)
     r = _run(_tool("promtool"), "test", "rules", str(tmp_path / "tests" / RULE_TESTS.name), cwd=tmp_path)
     assert r.returncode != 0 and "FAILED" in r.stdout + r.stderr
+
+
+def test_every_incident_kind_raises_an_alert() -> None:
+    """Each detector's kind (host_misconfig included) is matched by at least one alert rule."""
+    from gpufleet.collector.detectors.registry import DETECTORS
+
+    exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    for kind in DETECTORS:
+        assert any(f'kind="{kind}"' in e for e in exprs), kind
+    # Every cause of the health kinds is covered: by a rule without a cause filter, or one naming it.
+    for kind, causes in (("gpu_health", ("uncorrectable_ecc", "row_remap_failed", "row_remap_pending",
+                                         "correctable_ecc", "pcie_replay")),
+                         ("host_misconfig", ("cpu_governor", "cpu_quota", "repeated_xid"))):
+        for cause in causes:
+            assert any(f'kind="{kind}"' in e and cause in e for e in exprs), (kind, cause)
+
+
+def test_collector_exports_quarantine_actions_and_health_evidence(db: str) -> None:
+    from gpufleet.collector.alerting import IncidentMetrics
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO incidents (kind, scope_key, node, gpu, cause, severity, start, last_seen, evidence, actions) "
+            "VALUES ('gpu_health', 'k1', 'n8', 1, 'uncorrectable_ecc', 'critical', now(), now(), "
+            "'{\"sbe_per_h\": 120.5}', '[{\"action\": \"slurm_drain\", \"result\": \"failed\", "
+            "\"time\": \"2026-01-01T00:00:00Z\"}, {\"action\": \"slurm_drain\", \"result\": \"done\", "
+            "\"time\": \"2026-01-01T00:05:00Z\"}]')")
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    reg.register(IncidentMetrics(db, cache_s=0))
+    text = generate_latest(reg).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    (q,) = fams["gpufleet_incident_quarantine"].samples
+    assert q.labels == {"kind": "gpu_health", "node": "n8", "action": "slurm_drain", "result": "done"}  # the latest
+    ev = {s.labels["field"]: s.value for s in fams["gpufleet_incident_evidence"].samples}
+    assert ev == {"sbe_per_h": 120.5}
 
 
 def _exported_names(fleet_url: str) -> set[str]:
@@ -223,7 +265,7 @@ def test_real_prometheus_scrapes_collector_and_agent_and_evaluates_the_rules(
         return rules if rules and all(r["lastEvaluation"] > "2000" for r in rules) else None
 
     rules = _until(rules_evaluated, 30, "every rule evaluated")
-    assert len(rules) == 20
+    assert len(rules) == 28
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
     def starved_alerts() -> set[str] | None:

@@ -1,0 +1,294 @@
+"""Quarantine hooks: take a node with a critical hardware incident out of scheduling.
+
+Off by default (settings ``quarantine``).  After each sweep the leader looks
+at the open incidents and, for each critical one of the configured kinds on a
+node, drains the node in Slurm (``scontrol update nodename=N state=drain
+reason=...``) or cordons it in Kubernetes (a strategic-merge PATCH of the
+Node: ``spec.unschedulable: true`` plus an annotation with the reason, with
+the service account's token and CA).  In dry-run mode the action is only
+logged.  Either way what was done, when and with what result is appended to
+the incident's ``actions``; that record, in the database, is what makes the
+hook idempotent across sweeps and leader changes:
+
+* an incident whose node was drained or cordoned (or dry-run) is not acted on
+  again; another incident on a node already quarantined is recorded as
+  ``skipped`` once;
+* a failed action is retried after ``retry_after_s``, at most ``max_attempts``
+  times;
+* at most ``max_nodes_per_hour`` nodes are quarantined per hour fleet-wide:
+  beyond that the incident is recorded ``rate_limited`` (once) and acted on
+  when the budget allows.
+
+Never acted on: warnings (GPU-scoped or not), kinds not configured, and a
+repeated-XID ``host_misconfig`` whose XIDs are all the application's own
+(:func:`gpufleet.xid.hardware`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from gpufleet.config import QuarantineSettings
+from gpufleet.wire import NODE_RE
+from gpufleet.xid import hardware
+
+log = logging.getLogger(__name__)
+
+#: Results recorded on an incident.  ``done`` and ``dry_run`` count as quarantined.
+DONE, DRY_RUN, FAILED, SKIPPED, RATE_LIMITED = "done", "dry_run", "failed", "skipped", "rate_limited"
+QUARANTINED = (DONE, DRY_RUN)
+#: How much of a command's or server's reply is kept in the record.
+DETAIL_CHARS = 500
+#: Annotation a cordon sets on the Node with the reason.
+K8S_ANNOTATION = "gpufleet.io/quarantine-reason"
+
+CANDIDATES_SQL = """
+SELECT id, kind, node, gpu, run_id, cause, severity, evidence, actions
+FROM incidents
+WHERE state = 'open' AND severity = 'critical' AND node IS NOT NULL AND kind = ANY(%s)
+ORDER BY start, id
+"""
+
+#: Nodes quarantined (or dry-run) since a time, from every incident's record: the rate budget.
+RECENT_SQL = """
+SELECT DISTINCT a->>'target'
+FROM incidents i CROSS JOIN LATERAL jsonb_array_elements(i.actions) a
+WHERE jsonb_typeof(i.actions) = 'array' AND a->>'action' = %s AND a->>'result' = ANY(%s)
+  AND (a->>'time')::timestamptz >= %s
+"""
+
+#: Nodes an open incident has quarantined: another incident there has nothing to add.  A
+#: resolved incident's quarantine does not count (the node may be back in service).
+HELD_SQL = """
+SELECT a->>'target', min(i.id)
+FROM incidents i CROSS JOIN LATERAL jsonb_array_elements(i.actions) a
+WHERE i.state = 'open' AND jsonb_typeof(i.actions) = 'array' AND a->>'action' = %s AND a->>'result' = ANY(%s)
+GROUP BY 1
+"""
+
+
+@dataclass
+class Outcome:
+    result: str
+    detail: str
+    #: What was (or would have been) run: a command line, or the request.
+    call: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    #: Name of the action in the incident's record (``slurm_drain``, ``k8s_cordon``).
+    action: str
+
+    def call(self, node: str, reason: str) -> dict[str, Any]:
+        """What ``apply`` would do, for the record and for dry runs."""
+
+    def apply(self, node: str, reason: str) -> Outcome: ...
+
+
+class SlurmDrain:
+    """``scontrol update nodename=N state=drain reason=R``: running jobs finish, no new ones start."""
+
+    action = "slurm_drain"
+
+    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
+        self.scontrol = scontrol
+        self.timeout_s = timeout_s
+
+    def command(self, node: str, reason: str) -> list[str]:
+        return [self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+
+    def call(self, node: str, reason: str) -> dict[str, Any]:
+        return {"command": self.command(node, reason)}
+
+    def apply(self, node: str, reason: str) -> Outcome:
+        cmd = self.command(node, reason)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, check=False)
+        except FileNotFoundError:
+            return Outcome(FAILED, f"{self.scontrol}: not found (is this collector on a Slurm login/controller "
+                                   "host, or is quarantine.scontrol the full path?)", self.call(node, reason))
+        except subprocess.TimeoutExpired:
+            return Outcome(FAILED, f"scontrol did not finish in {self.timeout_s:g} s", self.call(node, reason))
+        except OSError as e:
+            return Outcome(FAILED, f"{self.scontrol}: {e}", self.call(node, reason))
+        out = (p.stdout + p.stderr).strip()[-DETAIL_CHARS:]
+        if p.returncode != 0:
+            return Outcome(FAILED, f"scontrol exited {p.returncode}: {out or '(no output)'}", self.call(node, reason))
+        return Outcome(DONE, out or "drained", self.call(node, reason))
+
+
+class KubernetesCordon:
+    """PATCH the Node: ``spec.unschedulable: true`` (what ``kubectl cordon`` does), with the reason."""
+
+    action = "k8s_cordon"
+
+    def __init__(self, api_url: str, token_file: Path, ca_file: Path | None, timeout_s: float = 30.0,
+                 client: httpx.Client | None = None) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.token_file = token_file
+        self.ca_file = ca_file
+        self.timeout_s = timeout_s
+        self._client = client
+
+    def url(self, node: str) -> str:
+        return f"{self.api_url}/api/v1/nodes/{quote(node, safe='')}"
+
+    @staticmethod
+    def body(reason: str) -> dict[str, Any]:
+        return {"spec": {"unschedulable": True}, "metadata": {"annotations": {K8S_ANNOTATION: reason}}}
+
+    def call(self, node: str, reason: str) -> dict[str, Any]:
+        return {"request": f"PATCH {self.url(node)}", "body": self.body(reason)}
+
+    def apply(self, node: str, reason: str) -> Outcome:
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as e:
+            return Outcome(FAILED, f"cannot read the service account token {self.token_file}: {e.strerror or e}",
+                           self.call(node, reason))
+        if not token:
+            return Outcome(FAILED, f"the service account token {self.token_file} is empty", self.call(node, reason))
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/strategic-merge-patch+json",
+                   "Accept": "application/json"}
+        try:
+            if self._client is not None:
+                r = self._client.patch(self.url(node), json=self.body(reason), headers=headers,
+                                       timeout=self.timeout_s)
+            else:
+                try:
+                    verify = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+                except (OSError, ssl.SSLError) as e:
+                    return Outcome(FAILED, f"cannot load the CA {self.ca_file}: {e}", self.call(node, reason))
+                with httpx.Client(verify=verify, timeout=self.timeout_s) as c:
+                    r = c.patch(self.url(node), json=self.body(reason), headers=headers)
+        except (httpx.HTTPError, ssl.SSLError) as e:
+            return Outcome(FAILED, f"API server unreachable: {type(e).__name__}: {e}"[:DETAIL_CHARS],
+                           self.call(node, reason))
+        if r.status_code != 200:
+            try:
+                msg = str(r.json().get("message") or r.text)
+            except ValueError:
+                msg = r.text
+            return Outcome(FAILED, f"HTTP {r.status_code}: {msg}"[:DETAIL_CHARS], self.call(node, reason))
+        return Outcome(DONE, "cordoned (spec.unschedulable = true)", self.call(node, reason))
+
+
+def backend_for(settings: QuarantineSettings) -> Backend:
+    if settings.backend == "slurm":
+        return SlurmDrain(settings.scontrol, settings.command_timeout_s)
+    return KubernetesCordon(settings.k8s_api_url, settings.k8s_token_file, settings.k8s_ca_file,
+                            settings.command_timeout_s)
+
+
+def qualifies(incident: dict[str, Any], kinds: Sequence[str]) -> bool:
+    """A critical incident of a configured kind on a node, caused by the hardware."""
+    if incident["severity"] != "critical" or incident["kind"] not in kinds or not incident["node"]:
+        return False
+    if incident["kind"] == "host_misconfig":
+        ev = incident.get("evidence") or {}
+        codes = ev.get("xid_codes") if isinstance(ev, dict) else None
+        return incident["cause"] == "repeated_xid" and isinstance(codes, list) and any(
+            isinstance(c, int) and hardware(c) for c in codes)
+    return True
+
+
+def reason_for(incident: dict[str, Any]) -> str:
+    where = f" GPU {incident['gpu']}" if incident.get("gpu") is not None else ""
+    return f"gpufleet {incident['kind']} {incident['cause'] or ''}{where} (incident {incident['id']})".replace("  ", " ")
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+class Quarantine:
+    """Applies the hooks after a sweep; see the module docstring for the rules."""
+
+    def __init__(self, settings: QuarantineSettings, backend: Backend | None = None) -> None:
+        self.settings = settings
+        self.backend = backend if backend is not None else backend_for(settings)
+
+    def run(self, conn: psycopg.Connection, now: float) -> list[dict[str, Any]]:
+        """Act on the open incidents at sweep time ``now``; returns the records appended."""
+        s = self.settings
+        action = self.backend.action
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(CANDIDATES_SQL, (list(s.kinds),)).fetchall()
+        rows = [r for r in rows if qualifies(r, s.kinds)]
+        if not rows:
+            return []
+        since = datetime.fromtimestamp(now - 3600.0, UTC)
+        nodes_this_hour = {r[0] for r in conn.execute(RECENT_SQL, (action, list(QUARANTINED), since)).fetchall()}
+        quarantined_by = {n: i for n, i in conn.execute(HELD_SQL, (action, list(QUARANTINED))).fetchall()}
+        out = []
+        for inc in rows:
+            mine = [a for a in inc["actions"] or [] if isinstance(a, dict) and a.get("action") == action]
+            if any(a.get("result") in QUARANTINED for a in mine):
+                continue
+            node = str(s.node_names.get(inc["node"], inc["node"]))
+            record = self._decide(inc, node, mine, now, nodes_this_hour, quarantined_by)
+            if record is None:
+                continue
+            conn.execute("UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([record]), inc["id"]))
+            out.append(record)
+            if record["result"] in QUARANTINED:
+                nodes_this_hour.add(node)
+                quarantined_by[node] = inc["id"]
+        return out
+
+    def _decide(self, inc: dict[str, Any], node: str, mine: list[dict[str, Any]], now: float,
+                nodes_this_hour: set[str], quarantined_by: dict[str, int]) -> dict[str, Any] | None:
+        s = self.settings
+        base = {"action": self.backend.action, "target": node, "time": _iso(now), "dry_run": s.dry_run}
+        last = mine[-1] if mine else None
+        if node in quarantined_by:
+            if last is not None and last.get("result") == SKIPPED:
+                return None
+            return {**base, "result": SKIPPED,
+                    "detail": f"node {node} already quarantined for incident {quarantined_by[node]}"}
+        if not NODE_RE.fullmatch(node):
+            if last is not None and last.get("result") == FAILED:
+                return None
+            return {**base, "result": FAILED, "detail": f"node name {node!r} is not a host name; not passed on"}
+        failures = [a for a in mine if a.get("result") == FAILED]
+        if len(failures) >= s.max_attempts:
+            return None
+        if failures and now - _epoch(failures[-1].get("time")) < s.retry_after_s:
+            return None
+        if len(nodes_this_hour) >= s.max_nodes_per_hour:
+            if last is not None and last.get("result") == RATE_LIMITED:
+                return None
+            return {**base, "result": RATE_LIMITED,
+                    "detail": f"{len(nodes_this_hour)} nodes quarantined in the last hour "
+                              f"(max_nodes_per_hour {s.max_nodes_per_hour}); retried when the budget allows"}
+        reason = reason_for(inc)
+        if s.dry_run:
+            call = self.backend.call(node, reason)
+            log.warning("quarantine (dry run): would %s %s: %s; %s", self.backend.action, node, reason, call)
+            return {**base, "result": DRY_RUN, "detail": f"dry run: would {self.backend.action} {node}",
+                    "reason": reason, **call}
+        outcome = self.backend.apply(node, reason)
+        (log.warning if outcome.result == DONE else log.error)(
+            "quarantine: %s %s for incident %s: %s (%s)", self.backend.action, node, inc["id"], outcome.result,
+            outcome.detail)
+        return {**base, "result": outcome.result, "detail": outcome.detail, "reason": reason, **outcome.call}
+
+
+def _epoch(text: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,1 @@
+"""Advice computed from the fleet's own data (see each module)."""

@@ -1,0 +1,305 @@
+"""Power-cap advisor: the power limit that gives the most tokens per joule within a throughput budget.
+
+From fleet data alone.  For every run of one GPU model that reports progress
+(``run_progress``, cumulative tokens), each minute of the run is put at the
+power limit its GPUs ran under (``gpu_stats_1m.power_limit_w``, the enforced
+limit of every sample) with its exact energy (``gpu_energy_1m``, the
+accounting's per-minute energy) and its tokens (the progress reports
+interpolated linearly at the minute's edges).  Stretches of minutes at one
+limit are the *points*: a run that never saw its limit change gives one
+point, a run whose limit was changed gives one per limit.  Minutes are left
+out, and the reason counted, where the run's GPUs ran at different limits,
+where the limit changed in that minute or the next, where energy coverage is
+incomplete, outside the reports, or in the run's first ``warmup_s``.
+
+Points of one model (``runs.labels.model``, else the run's name) at one
+limit (rounded to ``level_step_w``) pool into a *level*: tokens per joule =
+tokens / joules, tokens per second per GPU = tokens / GPU-seconds.  The
+reference is the level with the highest throughput; the advice is the level
+with the most tokens per joule whose throughput is within
+``max_throughput_loss`` of it.  Only limits actually observed are advised
+(nothing is interpolated between them), and a level needs at least
+``min_level_s`` of counted time.  Where the data cannot support an answer
+(no progress, one limit only, too little time at a limit) the advice says
+``enough_data: false`` and lists why.
+
+Runs of different sizes compare through per-GPU throughput; runs of the same
+model whose batch size or sequence length differ do not compare, which the
+advisor cannot see: the points are in the answer so that an operator can.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from gpufleet.gpu_models import gpu_model_names
+
+RUNS_SQL = """
+SELECT r.run_id, r.name, r.labels->>'model', extract(epoch FROM r.start)::float8,
+       extract(epoch FROM r."end")::float8,
+       array_agg(a.node ORDER BY a.node, a.gpu), array_agg(a.gpu ORDER BY a.node, a.gpu)
+FROM runs r JOIN run_allocations a ON a.run_id = r.run_id
+WHERE EXISTS (SELECT 1 FROM run_progress p WHERE p.run_id = r.run_id AND p.tokens IS NOT NULL)
+  AND coalesce(r."end", 'infinity') > %s AND r.start < %s
+GROUP BY r.run_id
+ORDER BY r.start, r.run_id
+"""
+
+#: Per minute of one run: the limit range over its GPUs, GPUs reporting, exact energy and coverage.
+MINUTES_SQL = """
+SELECT extract(epoch FROM st.bucket)::float8, min(st.power_limit_w)::float8, max(st.power_limit_w)::float8,
+       count(*), coalesce(sum(e.energy_j), 0)::float8, coalesce(sum(e.covered_s), 0)::float8
+FROM run_allocations a
+JOIN gpu_stats_1m st ON st.node = a.node AND st.gpu = a.gpu
+LEFT JOIN gpu_energy_1m e ON e.node = st.node AND e.gpu = st.gpu AND e.bucket = st.bucket
+WHERE a.run_id = %s AND st.bucket >= %s AND st.bucket < %s
+GROUP BY st.bucket ORDER BY st.bucket
+"""
+
+PROGRESS_SQL = """
+SELECT extract(epoch FROM time)::float8, tokens FROM run_progress
+WHERE run_id = %s AND tokens IS NOT NULL ORDER BY time
+"""
+
+
+@dataclass(frozen=True)
+class AdvisorSettings:
+    """How the advisor reads the data (defaults suit minute rollups and runs of hours)."""
+
+    #: Start-up of each run (load, compile, first steps) left out, seconds.
+    warmup_s: float = 600.0
+    #: Shortest stretch at one limit counted as a point, seconds.
+    min_segment_s: float = 300.0
+    #: Counted time a level needs before it is compared, seconds.
+    min_level_s: float = 900.0
+    #: Limits this close pool into one level, W.
+    level_step_w: float = 5.0
+    #: Share of a minute's GPU-seconds the energy rollup must cover.
+    min_coverage: float = 0.95
+    #: How far back runs are looked at.
+    lookback: timedelta = timedelta(days=30)
+
+
+@dataclass
+class Point:
+    run_id: str
+    model: str
+    power_limit_w: float
+    start: str
+    end: str
+    seconds: float
+    gpus: int
+    tokens: float
+    joules: float
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.seconds * self.gpus
+
+
+@dataclass
+class Level:
+    power_limit_w: float
+    runs: list[str]
+    points: int
+    seconds: float
+    gpu_seconds: float
+    tokens: float
+    joules: float
+    tokens_per_joule: float
+    tokens_per_s_per_gpu: float
+    power_w_per_gpu: float
+    enough: bool
+
+
+@dataclass
+class ModelAdvice:
+    model: str
+    enough_data: bool
+    reasons: list[str] = field(default_factory=list)
+    recommendation: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None
+    levels: list[dict[str, Any]] = field(default_factory=list)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    excluded_minutes: dict[str, int] = field(default_factory=dict)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _level_of(limit: float, step: float) -> float:
+    return round(limit / step) * step
+
+
+def run_points(conn: psycopg.Connection, run_id: str, model: str, start: float, end: float | None, gpus: int,
+               cfg: AdvisorSettings, now: float) -> tuple[list[Point], dict[str, int]]:
+    """The stretches of one run at one limit, and the minutes left out by reason."""
+    progress = conn.execute(PROGRESS_SQL, (run_id,)).fetchall()
+    excluded: dict[str, int] = defaultdict(int)
+    if len(progress) < 2:
+        return [], {"fewer than two progress reports": 1}
+    pt = np.array([p[0] for p in progress])
+    pk = np.array([float(p[1]) for p in progress])
+    hi = min(end if end is not None else now, float(pt[-1]))
+    lo = max(start + cfg.warmup_s, float(pt[0]))
+    rows = conn.execute(MINUTES_SQL, (run_id, datetime.fromtimestamp(start, UTC),
+                                      datetime.fromtimestamp(end if end is not None else now, UTC))).fetchall()
+    minutes: list[tuple[float, float, float]] = []  # (bucket, level, joules) of clean minutes
+    levels = {}
+    for b, cmin, cmax, n, _joules, _covered in rows:
+        if cmin is not None and cmax is not None and n == gpus and cmax - cmin <= 0.5:
+            levels[b] = _level_of(cmin, cfg.level_step_w)
+    for b, cmin, cmax, n, joules, covered in rows:
+        if b < lo or b + 60.0 > hi:
+            excluded["outside the progress reports or in warm-up"] += 1
+            continue
+        if cmin is None or n != gpus:
+            excluded["not every GPU of the run reported"] += 1
+            continue
+        if cmax - cmin > 0.5:
+            excluded["GPUs of the run at different limits"] += 1
+            continue
+        lvl = levels[b]
+        if levels.get(b - 60.0) != lvl or levels.get(b + 60.0) != lvl:
+            excluded["the limit changed in this minute or the next"] += 1
+            continue
+        if covered < cfg.min_coverage * 60.0 * gpus:
+            excluded["energy of the minute not fully covered"] += 1
+            continue
+        minutes.append((b, lvl, joules))
+    points: list[Point] = []
+    k = 0
+    while k < len(minutes):
+        j = k
+        while j + 1 < len(minutes) and minutes[j + 1][1] == minutes[k][1] and minutes[j + 1][0] == minutes[j][0] + 60:
+            j += 1
+        t0, t1 = minutes[k][0], minutes[j][0] + 60.0
+        seconds = t1 - t0
+        if seconds >= cfg.min_segment_s:
+            tokens = float(np.interp(t1, pt, pk) - np.interp(t0, pt, pk))
+            joules = sum(m[2] for m in minutes[k:j + 1])
+            points.append(Point(run_id, model, minutes[k][1], _iso(t0), _iso(t1), seconds, gpus, tokens, joules))
+        else:
+            excluded["stretch at one limit shorter than min_segment_s"] += j - k + 1
+        k = j + 1
+    return points, dict(excluded)
+
+
+def _levels(points: Iterable[Point], cfg: AdvisorSettings) -> list[Level]:
+    by: dict[float, list[Point]] = defaultdict(list)
+    for p in points:
+        by[p.power_limit_w].append(p)
+    out = []
+    for limit, ps in sorted(by.items()):
+        seconds = sum(p.seconds for p in ps)
+        gs = sum(p.gpu_seconds for p in ps)
+        tokens = sum(p.tokens for p in ps)
+        joules = sum(p.joules for p in ps)
+        out.append(Level(
+            power_limit_w=limit, runs=sorted({p.run_id for p in ps}), points=len(ps), seconds=seconds,
+            gpu_seconds=gs, tokens=tokens, joules=joules,
+            tokens_per_joule=tokens / joules if joules > 0 else math.nan,
+            tokens_per_s_per_gpu=tokens / gs if gs > 0 else math.nan,
+            power_w_per_gpu=joules / gs if gs > 0 else math.nan,
+            enough=seconds >= cfg.min_level_s and joules > 0 and tokens > 0))
+    return out
+
+
+def _round(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in d.items()}
+
+
+def advise_model(model: str, points: list[Point], excluded: dict[str, int], max_loss: float,
+                 cfg: AdvisorSettings) -> ModelAdvice:
+    levels = _levels(points, cfg)
+    adv = ModelAdvice(model=model, enough_data=False, excluded_minutes=dict(sorted(excluded.items())),
+                      levels=[_round(asdict(lv)) for lv in levels],
+                      points=[_round({**asdict(p), "tokens_per_joule": p.tokens / p.joules if p.joules else None,
+                                      "tokens_per_s_per_gpu": p.tokens / p.gpu_seconds if p.gpu_seconds else None})
+                              for p in points])
+    usable = [lv for lv in levels if lv.enough]
+    if not points:
+        adv.reasons.append("no stretch of at least min_segment_s at one power limit with progress and full energy "
+                           "coverage" + (f" (minutes left out: {dict(sorted(excluded.items()))})" if excluded else ""))
+        return adv
+    thin = [lv.power_limit_w for lv in levels if not lv.enough]
+    if thin:
+        adv.reasons.append(f"limits {', '.join(f'{x:g} W' for x in thin)} have less than {cfg.min_level_s:g} s of "
+                           "counted time and are not compared")
+    if len(usable) < 2:
+        only = f" ({usable[0].power_limit_w:g} W)" if usable else ""
+        adv.reasons.append(f"data at one power limit only{only}: nothing to compare; run a job of this model at "
+                           "another limit (nvidia-smi -pl) or change the limit of one mid-run")
+        return adv
+    ref = max(usable, key=lambda lv: lv.tokens_per_s_per_gpu)
+    ok = [lv for lv in usable if lv.tokens_per_s_per_gpu >= (1.0 - max_loss) * ref.tokens_per_s_per_gpu]
+    best = max(ok, key=lambda lv: lv.tokens_per_joule)
+    adv.enough_data = True
+    adv.reference = _round({"power_limit_w": ref.power_limit_w, "tokens_per_joule": ref.tokens_per_joule,
+                            "tokens_per_s_per_gpu": ref.tokens_per_s_per_gpu})
+    adv.recommendation = _round({
+        "power_limit_w": best.power_limit_w, "tokens_per_joule": best.tokens_per_joule,
+        "tokens_per_s_per_gpu": best.tokens_per_s_per_gpu,
+        "throughput_loss": 1.0 - best.tokens_per_s_per_gpu / ref.tokens_per_s_per_gpu,
+        "energy_per_token_saving": 1.0 - ref.tokens_per_joule / best.tokens_per_joule,
+        "runs": best.runs,
+    })
+    return adv
+
+
+def _model_of(name: str | None, label: str | None, run_id: str) -> str:
+    return label or name or run_id
+
+
+def power_cap_advice(conn: psycopg.Connection, gpu_model: str, max_throughput_loss: float = 0.05,
+                     model: str | None = None, now: datetime | None = None,
+                     settings: AdvisorSettings | None = None) -> dict[str, Any]:
+    """The advice for every model trained on ``gpu_model`` GPUs (or only ``model``)."""
+    if not 0.0 <= max_throughput_loss < 1.0:
+        raise ValueError("max_throughput_loss must be in [0, 1)")
+    cfg = settings or AdvisorSettings()
+    t_now = (now or datetime.now(UTC)).timestamp()
+    since = datetime.fromtimestamp(t_now, UTC) - cfg.lookback
+    facts = {n: f for n, f in conn.execute("SELECT node, facts FROM nodes").fetchall()}
+    names = {n: gpu_model_names(f) for n, f in facts.items()}
+    want = gpu_model.strip().lower()
+    seen_models: set[str] = set()
+    per_model: dict[str, tuple[list[Point], dict[str, int], list[str]]] = {}
+    for run_id, name, label, start, end, nodes, gpus in conn.execute(
+            RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))).fetchall():
+        kinds = {(names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "") for n, g in zip(nodes, gpus,
+                                                                                                  strict=True)}
+        seen_models.update(k for k in kinds if k)
+        if {k.lower() for k in kinds} != {want}:
+            continue
+        m = _model_of(name, label, run_id)
+        if model is not None and m != model:
+            continue
+        pts, excl = run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now)
+        bucket = per_model.setdefault(m, ([], defaultdict(int), []))
+        bucket[0].extend(pts)
+        for k, v in excl.items():
+            bucket[1][k] += v
+        bucket[2].append(run_id)
+    advice = [advise_model(m, pts, dict(excl), max_throughput_loss, cfg) for m, (pts, excl, _) in
+              sorted(per_model.items())]
+    out: dict[str, Any] = {"gpu_model": gpu_model, "max_throughput_loss": max_throughput_loss,
+                           "model": model, "since": _iso(since.timestamp()), "until": _iso(t_now),
+                           "models": [asdict(a) for a in advice]}
+    if not advice:
+        why = (f"no run on {gpu_model!r} GPUs reported progress (POST /v1/runs/{{id}}/progress) since "
+               f"{_iso(since.timestamp())}")
+        if model is not None:
+            why += f" for model {model!r}"
+        out["reasons"] = [why + (f"; GPU models with runs that did: {', '.join(sorted(seen_models))}"
+                                 if seen_models else "")]
+    return out

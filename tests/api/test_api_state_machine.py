@@ -1,0 +1,258 @@
+"""Sequences of API calls with random roles (issue 11, "every route answers 4xx for bad input"): a
+hypothesis rule-based state machine drives the real API on loopback as admin, sre, finance, three
+node tokens, no token and a bad token, registering, changing and ending runs, reporting progress,
+setting sites (non-finite values included) and reading everything.  After every step:
+
+* no answer is a 5xx;
+* a refused request changed nothing (the database is as before it);
+* nothing non-finite (Infinity, NaN) is stored;
+* a node token's accepted write touched its own node only: new allocations on its node, no other
+  run changed, no team, name, labels or params of an existing run changed;
+* runs + unallocated = fleet total, in GPU-hours and GPU kWh, over the fleet's telemetry period.
+
+Size: ``GPUFLEET_STATEFUL_EXAMPLES`` sequences (default 8) of up to ``GPUFLEET_STATEFUL_STEPS`` steps
+(default 12); ``GPUFLEET_STATEFUL_REPORT=path`` appends the counts as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from gpufleet.api.app import create_app
+from gpufleet.auth import create_token
+from gpufleet.config import Settings
+from gpufleet.store.runs import REGISTERED_BY
+from gpufleet.testing.servers import serve
+
+NODES = ("n1", "n2", "n3")
+GPUS = 2
+ROLES = ("admin", "sre", "finance", "n1", "n2", "n3", "anon", "bad")
+RUN_IDS = ("job-1", "job-2", "job-3", "ml-7", "x/y")
+HISTORY_H = 6
+EXAMPLES = int(os.environ.get("GPUFLEET_STATEFUL_EXAMPLES", "8"))
+STEPS = int(os.environ.get("GPUFLEET_STATEFUL_STEPS", "12"))
+
+
+class Env:
+    """The API under test, its tokens, its database, and what the runs have counted so far."""
+
+    def __init__(self, url: str, db: str, tokens: dict[str, str]) -> None:
+        self.url = url
+        self.db = db
+        self.tokens = tokens
+        self.client = httpx.Client(base_url=url, timeout=60)
+        self.conn = psycopg.connect(db, autocommit=True)
+        self.statuses: Counter[int] = Counter()
+        self.steps = 0
+        self.sequences = 0
+
+    def call(self, who: str, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = dict(kw.pop("headers", {}))
+        if who == "bad":
+            headers["Authorization"] = "Bearer gpf_not-a-real-token"
+        elif who != "anon":
+            headers["Authorization"] = f"Bearer {self.tokens[who]}"
+        r = self.client.request(method, path, headers=headers, **kw)
+        self.statuses[r.status_code] += 1
+        assert r.status_code < 500, f"{r.status_code} {method} {path} {kw} as {who}: {r.text[:300]}"
+        return r
+
+    def snapshot(self) -> dict[str, Any]:
+        c = self.conn
+        runs = {r[0]: r[1:] for r in c.execute(
+            'SELECT run_id, name, team, labels::text, start, "end", params, site FROM runs').fetchall()}
+        allocs = {tuple(r) for r in c.execute("SELECT run_id, node, gpu FROM run_allocations").fetchall()}
+        progress = {tuple(r) for r in c.execute("SELECT run_id, time, tokens, samples FROM run_progress").fetchall()}
+        sites = {tuple(r) for r in c.execute("SELECT * FROM sites").fetchall()}
+        return {"runs": runs, "allocs": allocs, "progress": progress, "sites": sites}
+
+
+def _iso(minutes: float) -> str:
+    return (datetime.now(UTC) + timedelta(minutes=minutes)).isoformat()
+
+
+#: Writers (admin, node tokens) are drawn more often than the roles that can only be refused.
+roles = st.one_of(st.sampled_from(("admin", "n1", "n2", "n3")), st.sampled_from(ROLES))
+run_ids = st.sampled_from(RUN_IDS)
+offsets = st.one_of(st.integers(-5000, 300), st.sampled_from([-1441, -1439, 0, 1439, 1441]))
+numbers = st.one_of(st.sampled_from([math.inf, -math.inf, math.nan, 1e308, 1.0, 2.5, -1.0]),
+                    st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10**12))
+
+
+class ApiMachine(RuleBasedStateMachine):
+    env: Env
+
+    def __init__(self) -> None:
+        super().__init__()
+        e = self.env
+        e.sequences += 1
+        e.conn.execute("DELETE FROM run_progress; DELETE FROM run_allocations; DELETE FROM runs")
+
+    # -------------------------------------------------------------- the checks around every write
+
+    def _write(self, who: str, method: str, path: str, **kw: Any) -> httpx.Response:
+        before = self.env.snapshot()
+        r = self.env.call(who, method, path, **kw)
+        after = self.env.snapshot()
+        self.env.steps += 1
+        if r.status_code >= 300:
+            assert after == before, f"refused {method} {path} as {who} ({r.status_code}) changed the database"
+        elif who in NODES:
+            self._node_wrote_only_its_own(who, before, after, method, path)
+        return r
+
+    @staticmethod
+    def _node_wrote_only_its_own(node: str, before: dict[str, Any], after: dict[str, Any], method: str,
+                                 path: str) -> None:
+        where = f"{method} {path} as node {node}"
+        assert after["sites"] == before["sites"], where
+        new_allocs = after["allocs"] - before["allocs"]
+        assert before["allocs"] <= after["allocs"], where  # nothing taken away
+        assert all(n == node for _, n, _ in new_allocs), (where, new_allocs)
+        held_before = {r for r, n, _ in before["allocs"] if n == node}
+        for run_id, row in before["runs"].items():
+            now_row = after["runs"][run_id]
+            name, team, labels, start, _end, params, site = row
+            # never name, team, labels, params, start or site of an existing run
+            assert (now_row[0], now_row[1], now_row[2], now_row[3], now_row[5], now_row[6]) == \
+                (name, team, labels, start, params, site), where
+            if run_id not in held_before:
+                assert now_row == row, (where, run_id)  # not this node's run: its end is unchanged too
+        for run_id in set(after["runs"]) - set(before["runs"]):
+            _name, team, labels, *_ = after["runs"][run_id]
+            assert team is None and json.loads(labels) == {REGISTERED_BY: f"node:{node}"}, where
+            assert {n for r, n, _ in after["allocs"] if r == run_id} <= {node}, where
+        for run_id, *_ in after["progress"] - before["progress"]:
+            assert run_id in held_before, (where, run_id)
+
+    # -------------------------------------------------------------- rules
+
+    @rule(who=roles, run_id=st.one_of(st.none(), run_ids), node=st.sampled_from(NODES),
+          gpus=st.sets(st.integers(0, GPUS - 1), min_size=1), start=offsets,
+          length=st.one_of(st.none(), st.integers(-10, 5000)), name=st.sampled_from([None, "pretrain", "eval"]),
+          team=st.sampled_from([None, "teamA", "=HYPERLINK(1)"]), labels=st.sampled_from([None, {"cc": "A"}]))
+    def create_run(self, who: str, run_id: str | None, node: str, gpus: set[int], start: int, length: int | None,
+                   name: str | None, team: str | None, labels: dict[str, str] | None) -> None:
+        body: dict[str, Any] = {"allocations": [{"node": node, "gpus": sorted(gpus)}], "start": _iso(start)}
+        if run_id is not None:
+            body["run_id"] = run_id
+        if length is not None:
+            body["end"] = _iso(start + length)
+        for k, v in (("name", name), ("team", team), ("labels", labels)):
+            if v is not None:
+                body[k] = v
+        self._write(who, "POST", "/v1/runs", json=body)
+
+    @rule(who=roles, run_id=run_ids, change=st.one_of(
+        st.fixed_dictionaries({"end": st.one_of(st.none(), offsets.map(_iso))}),
+        st.fixed_dictionaries({"team": st.sampled_from(["teamB", "@SUM(1)"])}),
+        st.fixed_dictionaries({"name": st.just("renamed")}),
+        st.fixed_dictionaries({"labels": st.just({"x": "y"})}),
+        st.fixed_dictionaries({"params": st.integers(1, 10**9)}),
+        st.fixed_dictionaries({"allocations": st.tuples(st.sampled_from(NODES), st.integers(0, GPUS - 1)).map(
+            lambda a: [{"node": a[0], "gpus": [a[1]]}])})))
+    def patch_run(self, who: str, run_id: str, change: dict[str, Any]) -> None:
+        self._write(who, "PATCH", f"/v1/runs/{run_id}", json=change)
+
+    @rule(who=st.one_of(st.just("admin"), roles), run_id=run_ids, tokens=numbers, at=st.one_of(st.none(), offsets))
+    def progress(self, who: str, run_id: str, tokens: float, at: int | None) -> None:
+        body = json.dumps({"tokens": tokens, **({} if at is None else {"time": _iso(at)})}, allow_nan=True)
+        self._write(who, "POST", f"/v1/runs/{run_id}/progress", content=body,
+                    headers={"Content-Type": "application/json"})
+
+    @rule(who=st.one_of(st.just("admin"), roles), method=st.sampled_from(["PUT", "PATCH"]),
+          field=st.sampled_from(["pue", "price_per_kwh", "gpu_hour_price", "carbon_g_per_kwh"]), value=numbers)
+    def site(self, who: str, method: str, field: str, value: float) -> None:
+        body = json.dumps({field: value}, allow_nan=True)
+        self._write(who, method, "/v1/sites/eu1", content=body, headers={"Content-Type": "application/json"})
+
+    @rule(who=roles, run_id=run_ids, what=st.sampled_from(
+        ["/v1/runs", "/v1/runs/{}", "/v1/runs/{}/accounting", "/v1/runs/{}/incidents", "/v1/incidents",
+         "/v1/reports/runs.csv", "/v1/accounting", "/v1/nodes", "/runs/{}", "/accounting", "/v1/sites"]))
+    def read(self, who: str, run_id: str, what: str) -> None:
+        path = what.format(run_id)
+        params = {}
+        if what in ("/v1/reports/runs.csv", "/v1/accounting"):
+            params = {"from": _iso(-60 * HISTORY_H), "to": _iso(60)}
+        self.env.call(who, "GET", path, params=params)
+        self.env.steps += 1
+
+    # -------------------------------------------------------------- after every step
+
+    @invariant()
+    def nothing_non_finite_is_stored(self) -> None:
+        bad = "IN ('Infinity'::float8, '-Infinity'::float8, 'NaN'::float8)"
+        row = self.env.conn.execute(
+            f"SELECT (SELECT count(*) FROM sites WHERE pue {bad} OR price_per_kwh {bad} OR gpu_hour_price {bad} "
+            f"OR carbon_g_per_kwh {bad}), (SELECT count(*) FROM run_progress WHERE tokens {bad} OR samples {bad})"
+        ).fetchone()
+        assert row == (0, 0), row
+
+    @invariant()
+    def runs_plus_unallocated_is_the_total(self) -> None:
+        r = self.env.call("finance", "GET", "/v1/accounting", params={
+            "from": _iso(-60 * HISTORY_H), "to": _iso(-1), "group_by": "run", "source": "raw"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        runs, idle, total = body["runs"], body["unallocated"], body["total"]
+        assert math.isclose(total["gpu_hours"], len(NODES) * GPUS * (HISTORY_H - 1 / 60), rel_tol=1e-3), total
+        for k in ("gpu_hours", "gpu_kwh"):
+            assert abs(runs[k] + idle[k] - total[k]) <= 1e-9 * max(1.0, total[k]), (k, runs[k], idle[k], total[k])
+        assert total["gpu_kwh"] > 0
+
+
+@pytest.fixture
+def env(db: str, settings: Settings) -> Iterator[Env]:
+    now = datetime.now(UTC)
+    with psycopg.connect(db, autocommit=True) as c:
+        tokens = {r: create_token(c, r, r) for r in ("admin", "sre", "finance")}
+        tokens.update({n: create_token(c, f"node-{n}", "node", n) for n in NODES})
+        c.execute("INSERT INTO sites (site) VALUES ('eu1')")
+        for n in NODES:
+            c.execute("INSERT INTO nodes (node, site, gpu_count) VALUES (%s, 'eu1', %s)", (n, GPUS))
+        with c.cursor().copy("COPY gpu_samples (time, node, gpu, power_w, energy_mj) FROM STDIN") as cp:
+            for n in NODES:
+                for g in range(GPUS):
+                    for k in range(HISTORY_H * 60 + 120):
+                        t = now - timedelta(hours=HISTORY_H, minutes=5) + timedelta(seconds=30 * k)
+                        cp.write_row((t, n, g, 200.0 + 10 * g, None if n == "n3" else round(3e5 * k)))
+    with serve(create_app(db, settings)) as srv:
+        e = Env(srv.url, db, tokens)
+        try:
+            yield e
+        finally:
+            e.client.close()
+            e.conn.close()
+
+
+@pytest.mark.timeout(3600)
+def test_random_role_sequences_keep_the_fleet_whole(env: Env) -> None:
+    ApiMachine.env = env
+    run_state_machine_as_test(ApiMachine, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
+        derandomize=os.environ.get("GPUFLEET_STATEFUL_RANDOM", "") in ("", "0"),
+        suppress_health_check=list(HealthCheck)))
+    requests = sum(env.statuses.values())
+    fivexx = sum(n for s, n in env.statuses.items() if s >= 500)
+    report = {"test": "api_state_machine", "sequences": env.sequences, "steps": env.steps, "requests": requests,
+              "fivexx": fivexx, "statuses": dict(sorted(env.statuses.items()))}
+    print(json.dumps(report))
+    if os.environ.get("GPUFLEET_STATEFUL_REPORT"):
+        with open(os.environ["GPUFLEET_STATEFUL_REPORT"], "a") as f:
+            f.write(json.dumps(report) + "\n")
+    assert fivexx == 0
+    # the sequences got past authentication and did accept writes, or this tested little
+    assert env.statuses[201] > 0 and env.statuses[403] > 0 and env.statuses[422] > 0
