@@ -29,7 +29,7 @@ from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
           "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico"}
 #: Browser pages: without any credentials they send the browser to the sign-in form.
-WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting"}
+WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting", "/nodes/{node}"}
 
 
 def routes(app: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
