@@ -30,8 +30,8 @@ PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oa
           "/redoc",
           "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico"}
 #: Browser pages: without any credentials they send the browser to the sign-in form.
-WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting", "/finance", "/finance/report.csv",
-             "/finance/report.json"}
+WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting", "/nodes/{node}", "/finance",
+             "/finance/report.csv", "/finance/report.json"}
 
 
 def routes(app: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
