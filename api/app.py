@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from gpufleet.api import web
 from gpufleet.api.deps import ApiState
-from gpufleet.api.routes import accounting, advisor, incidents, reports, runs, sites, tokens
+from gpufleet.api.routes import accounting, advisor, docs, incidents, reports, runs, sites, tokens
 from gpufleet.api.web.session import MAX_FORM_BYTES
 from gpufleet.bodylimit import BodyLimit, Refusal
 from gpufleet.config import Settings
@@ -32,7 +32,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         finally:
             st.pool.close()
 
-    app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan,
+    app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Runs, incidents and per-run energy, cost and CO2e accounting.")
     app.state.api = st
 
@@ -49,6 +49,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
     app.include_router(reports.router)
     app.include_router(advisor.router)
     app.include_router(web.router)
+    app.include_router(docs.router)  # /docs with its assets served here (offline)
 
     async def token_first(scope: dict[str, Any]) -> Refusal | None:
         """/v1 bodies are read only for a valid token (the route checks its role as before)."""

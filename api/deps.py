@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from gpufleet.auth import Forbidden, Principal
 from gpufleet.config import Settings
+from gpufleet.db.schema_check import UPGRADE
 from gpufleet.httpauth import Authenticator
 
 
@@ -59,6 +60,10 @@ def connection(s: StateDep) -> Iterator[psycopg.Connection]:
             yield conn
     except (psycopg.OperationalError, PoolTimeout) as e:
         raise HTTPException(503, "database unavailable; retry later", headers={"Retry-After": "2"}) from e
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn) as e:
+        # an empty or older database: say the one command that fixes it
+        raise HTTPException(503, f"the database has no (or an older) gpufleet schema: {UPGRADE}",
+                            headers={"Retry-After": "30"}) from e
     except psycopg.DataError as e:
         # A value the request schema let through but PostgreSQL cannot hold (a NUL
         # in text, a UTC offset beyond +-15:59, a year outside its range) is the

@@ -6,10 +6,20 @@ instead of being silently ignored.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 
 def _utc(v: datetime) -> datetime:
@@ -23,6 +33,30 @@ def _utc(v: datetime) -> datetime:
 
 #: A time with a UTC offset, normalised to UTC (request input).
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+QUERY_TIME_FORMAT = ("RFC 3339 with a UTC offset (2026-12-01T10:00:00Z, 2026-12-01T11:00:00+01:00) or a bare date "
+                     "(2026-12-01, read as 00:00 UTC)")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _query_time(v: Any) -> Any:
+    """A period bound in a query string: RFC 3339 with an offset, or a bare date as UTC midnight."""
+    if not isinstance(v, str):
+        return v
+    text = v.strip()
+    try:
+        if _DATE.fullmatch(text):
+            return datetime.fromisoformat(text).replace(tzinfo=UTC)
+        t = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"expected {QUERY_TIME_FORMAT}") from None
+    if t.tzinfo is None:
+        raise ValueError(f"has no UTC offset; expected {QUERY_TIME_FORMAT}")
+    return t
+
+
+#: A period bound of a query string (``from``, ``to``, ``at``): RFC 3339 with offset or a bare UTC date.
+QueryTime = Annotated[AwareDatetime, BeforeValidator(_query_time), AfterValidator(_utc)]
 
 #: Run ids: one path segment of /v1/runs/{run_id}, so no '/' (gpufleet.store.runs.RUN_ID_RE).
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}$"
@@ -40,8 +74,19 @@ class Strict(BaseModel):
 
 
 class Allocation(Strict):
+    """GPUs of one node a run holds: alone (``exclusive``, the default), or shared as declared."""
+
     node: str = Field(pattern=NAME_PATTERN)
     gpus: list[int] = Field(min_length=1, max_length=1024)
+    sharing: Literal["exclusive", "time_slice", "mps", "mig"] = Field(
+        "exclusive", description="exclusive: the whole GPU; time_slice / mps: a declared share of it; mig: one MIG "
+                                 "instance of it. Runs may hold one GPU at once only when all declare sharing of one "
+                                 "kind and the shares stay within the whole GPU")
+    share: float | None = Field(None, gt=0, le=1, description="share of the GPU's energy and hours (time_slice, "
+                                                              "mps: required; mig: default the profile's compute "
+                                                              "slices of 7)")
+    mig_profile: str | None = Field(None, pattern=r"^[1-8]g\.\d{1,3}gb(\+me)?$", description="e.g. 3g.40gb")
+    mig_instance: int | None = Field(None, ge=0, le=32767, description="GPU-instance id of the MIG instance")
 
     @field_validator("gpus")
     @classmethod
@@ -51,6 +96,19 @@ class Allocation(Strict):
         if len(set(v)) != len(v):
             raise ValueError("GPU indexes must be unique")
         return sorted(v)
+
+    @model_validator(mode="after")
+    def _sharing(self) -> Allocation:
+        if self.sharing == "exclusive" and (self.share not in (None, 1.0) or self.mig_profile or
+                                            self.mig_instance is not None):
+            raise ValueError("an exclusive allocation takes the whole GPU; declare sharing to give a share")
+        if self.sharing in ("time_slice", "mps") and self.share is None:
+            raise ValueError(f"{self.sharing} needs 'share', the part of the GPU the run declares (0 < share <= 1)")
+        if self.sharing == "mig" and (self.mig_profile is None or self.mig_instance is None):
+            raise ValueError("a MIG allocation needs 'mig_profile' (e.g. 3g.40gb) and 'mig_instance'")
+        if self.sharing != "mig" and (self.mig_profile is not None or self.mig_instance is not None):
+            raise ValueError("'mig_profile' and 'mig_instance' are for sharing 'mig'")
+        return self
 
 
 class RunCreate(Strict):
@@ -87,21 +145,49 @@ class RunPublic(BaseModel):
     source: Literal["registered", "inferred"] = Field(
         "registered", description="'inferred': registered by the collector from the runs agents saw on GPUs")
     gpu_count: int
+    gpu_equivalents: float = Field(description="GPUs' worth held: the sum of the allocations' shares")
     allocations: list[Allocation]
+    warnings: list[str] = Field(default_factory=list, description="what was accepted but may be a mistake "
+                                                                  "(e.g. a node that never reported)")
+
+
+_MODEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,63}$"
+
+
+def _model_prices(v: dict[str, float | None] | None) -> dict[str, float | None] | None:
+    if v is None:
+        return v
+    for key, price in v.items():
+        if not re.fullmatch(_MODEL_KEY, key):
+            raise ValueError(f"GPU model key {key!r} must match {_MODEL_KEY} (e.g. 'H100', 'A100 80GB')")
+        if price is not None and price < 0:
+            raise ValueError(f"GPU-hour price of {key!r} must be >= 0")
+    return v
 
 
 class SiteUpsert(Strict):
     pue: float = Field(1.0, ge=1.0, le=5.0)
     price_per_kwh: float = Field(0.0, ge=0)
-    gpu_hour_price: float = Field(0.0, ge=0)
+    gpu_hour_price: float = Field(0.0, ge=0, description="default price of a GPU-hour")
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
     carbon_region: str | None = Field(None, max_length=128)
     carbon_g_per_kwh: float | None = Field(None, ge=0, le=5000)
+    gpu_hour_prices: dict[str, float] = Field(
+        default_factory=dict, max_length=64,
+        description="GPU-hour price per GPU model: a key matches GPUs whose model name contains it "
+                    "(case-insensitive; the longest key wins), e.g. {\"H100\": 3.1, \"A100\": 1.9}")
+
+    @field_validator("gpu_hour_prices")
+    @classmethod
+    def _models(cls, v: dict[str, float]) -> dict[str, float]:
+        _model_prices(v)  # type: ignore[arg-type]
+        return v
 
 
 class SiteUpdate(Strict):
     """PATCH: only the fields given change.  ``carbon_region`` and ``carbon_g_per_kwh`` may be set
-    to null (no series, no constant); the other fields cannot be null."""
+    to null (no series, no constant); the other fields cannot be null.  In ``gpu_hour_prices`` a
+    null ends that model's own price (the default applies again)."""
 
     pue: float | None = Field(None, ge=1.0, le=5.0)
     price_per_kwh: float | None = Field(None, ge=0)
@@ -109,17 +195,47 @@ class SiteUpdate(Strict):
     currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")
     carbon_region: str | None = Field(None, max_length=128)
     carbon_g_per_kwh: float | None = Field(None, ge=0, le=5000)
+    gpu_hour_prices: dict[str, float | None] | None = Field(None, max_length=64)
 
-    @field_validator("pue", "price_per_kwh", "gpu_hour_price", "currency", mode="before")
+    @field_validator("pue", "price_per_kwh", "gpu_hour_price", "currency", "gpu_hour_prices", mode="before")
     @classmethod
     def _not_null(cls, v: Any) -> Any:
         if v is None:
             raise ValueError("cannot be null; leave the field out to keep its value")
         return v
 
+    @field_validator("gpu_hour_prices")
+    @classmethod
+    def _models(cls, v: dict[str, float | None] | None) -> dict[str, float | None] | None:
+        return _model_prices(v)
 
-class SitePublic(SiteUpsert):
+
+class SitePublic(BaseModel):
+    """A site's settings in force at ``as_of`` (dated changes: ``GET /v1/sites/{site}/history``)."""
+
     site: str
+    pue: float
+    price_per_kwh: float
+    gpu_hour_price: float
+    currency: str
+    carbon_region: str | None
+    carbon_g_per_kwh: float | None
+    gpu_hour_prices: dict[str, float] = Field(description="GPU-model prices in force (model key -> price)")
+    as_of: AwareDatetime = Field(description="the time these values are in force at")
+
+
+class SiteSettingPoint(BaseModel):
+    setting: Literal["pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh"]
+    gpu_model: str | None = Field(description="for a GPU-hour price of one GPU model")
+    valid_from: AwareDatetime | None = Field(description="in force from this time until the next change of the "
+                                                         "setting; null: from the beginning")
+    value: float | str | None
+    set_at: AwareDatetime = Field(description="when the change was made")
+
+
+class PuePoint(Strict):
+    time: UtcDatetime
+    pue: float = Field(ge=1.0, le=5.0)
 
 
 class PricePoint(Strict):
@@ -148,6 +264,15 @@ class CarbonSeries(Strict):
     @field_validator("points")
     @classmethod
     def _distinct(cls, v: list[CarbonPoint]) -> list[CarbonPoint]:
+        return _distinct_times(v)
+
+
+class PueSeries(Strict):
+    points: list[PuePoint] = Field(min_length=1, max_length=100_000)
+
+    @field_validator("points")
+    @classmethod
+    def _distinct(cls, v: list[PuePoint]) -> list[PuePoint]:
         return _distinct_times(v)
 
 
@@ -254,6 +379,32 @@ class AccountingSegment(BaseModel):
     energy_cost: float
 
 
+class RatePeriod(BaseModel):
+    """Site settings in force over one period of the window (a dated change starts a new period)."""
+
+    from_: str = Field(alias="from", description="period start (RFC 3339 UTC)", json_schema_extra={"format": "date-time"})
+    to: str = _time("period end")
+    pue: float
+    price_per_kwh: float
+    gpu_hour_price: float = Field(description="the site's default GPU-hour price")
+    carbon_region: str | None
+    carbon_g_per_kwh: float | None = Field(description="the site's constant intensity (used without a series)")
+
+
+class ModelPrice(BaseModel):
+    gpu_model: str = Field(description="model key of the site's price (matched inside the GPU model name)")
+    from_: str = Field(alias="from", json_schema_extra={"format": "date-time"})
+    to: str = _time("period end")
+    gpu_hour_price: float
+
+
+class GpuModelCount(BaseModel):
+    model: str | None = Field(description="GPU model from node facts (null: unknown)")
+    gpus: int
+    sharing: Literal["exclusive", "time_slice", "mps", "mig"]
+    shares: float = Field(description="GPUs' worth held: the sum of the allocations' shares")
+
+
 class RunAccounting(BaseModel):
     """Per-run accounting; the first fields are the contract's, in its order."""
 
@@ -276,15 +427,22 @@ class RunAccounting(BaseModel):
     name: str | None
     site: str | None
     team: str | None
-    state: Literal["running", "ended"]
+    state: Literal["pending", "running", "ended"] = Field(description="as GET /v1/runs/{id} says it")
     window_start: str = _time("start of the accounted window")
     window_end: str = _time("end of the accounted window (now for a running run)")
     source: Literal["rollup", "raw", "mixed"] = Field(
         description="rollups (with raw partial minutes), raw samples, or both (data pending in the rollup queue)")
     max_gap_s: float
-    carbon_source: Literal["series", "site_constant", "none"]
+    carbon_source: Literal["series", "site_constant", "none", "mixed"]
     price_source: Literal["time_of_use", "flat", "none"]
-    gpu_hour_price: float
+    gpu_hour_price: float = Field(description="compute_cost ÷ gpu_hours (the price in force when no hours)")
+    gpu_equivalents: float = Field(description="GPUs' worth held: Σ shares (gpu_count without declared sharing)")
+    gpu_models: list[GpuModelCount]
+    co2e_unknown_kwh: float = Field(description="facility energy with no known carbon intensity")
+    g_co2e_per_kwh: float | None = Field(description="energy-weighted carbon intensity used (co2e ÷ facility kWh)")
+    minor_units: int = Field(description="decimal places of the currency's money (2 for EUR, 0 for JPY)")
+    rates: list[RatePeriod] = Field(description="the site's settings in force during the window, per period")
+    gpu_model_prices: list[ModelPrice] = Field(description="GPU-model prices in force for the run's GPUs")
     efficiency: Efficiency
     segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
 
@@ -326,5 +484,8 @@ class FleetAccounting(BaseModel):
     max_gap_s: float
     groups: list[FleetGroup]
     runs: FleetBlock = Field(description="all runs in the period (the groups together)")
-    unallocated: FleetBlock = Field(description="GPUs while no run held them, and the hosts' idle share")
-    total: FleetBlock = Field(description="every GPU and host of the fleet in the period")
+    unallocated: FleetBlock = Field(description="GPU time no run held, inside sample intervals (with telemetry), "
+                                                "and the hosts' idle share")
+    no_telemetry: FleetBlock = Field(description="GPU time no run held and no sample covers: no energy is known")
+    total: FleetBlock = Field(description="every GPU and host of the fleet in the period; its money is runs + "
+                                          "unallocated")

@@ -6,8 +6,9 @@ Creates a scratch database (``gpufleet.testing.pg.scratch_database``, dropped
 afterwards), writes one run's telemetry straight into it with binary COPY
 (``--gpus`` GPUs, 8 per node, sampled every ``--interval-s`` for ``--days``
 days: 512 x 7 d x 10 s is about 31 M GPU samples, plus host power), a site
-with an hourly carbon series and a time-of-use price step at an unaligned
-time, and builds the energy rollups node by node (``collector.rollup.rebuild``).  Then it times the run's
+with an hourly carbon series and dated settings in force during the run (a
+PUE per day, an energy price change at an unaligned time, a GPU-hour price
+change and an H100 price of its own), and builds the energy rollups node by node (``collector.rollup.rebuild``).  Then it times the run's
 accounting from rollups (``source="auto"`` with an empty queue, and
 ``"rollup"``) and from raw samples, and compares them.  The run starts and
 ends off the minute grid, the power varies, the counters jitter and reset
@@ -129,21 +130,33 @@ def load(url: str, args: argparse.Namespace, say: Callable[[str], None]) -> dict
     t = time.perf_counter()
     gpu_rows = 0
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("INSERT INTO sites (site, pue, price_per_kwh, gpu_hour_price, currency, carbon_region) "
-                     "VALUES ('bench', 1.18, 0.12, 2.5, 'EUR', 'BENCH')")
+        conn.execute("INSERT INTO sites (site, currency) VALUES ('bench', 'EUR')")
+        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num, txt) VALUES "
+                     "('bench', 'pue', '-infinity', 1.18, NULL), ('bench', 'price_per_kwh', '-infinity', 0.12, NULL), "
+                     "('bench', 'gpu_hour_price', '-infinity', 2.5, NULL), "
+                     "('bench', 'carbon_region', '-infinity', NULL, 'BENCH')")
         hours = int(span_s // 3600) + 2
         conn.execute("INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) SELECT 'BENCH', "
                      "%s + make_interval(hours => h), 250 + 150 * sin(h / 4.0) FROM generate_series(-1, %s) h",
                      (T0, hours))
-        conn.execute("INSERT INTO site_prices (site, time, price_per_kwh) VALUES ('bench', %s, 0.31)",
-                     (T0 + timedelta(seconds=span_s / 2 + 7.25),))
+        # Dated settings in force during the run: a measured PUE per day (loaded like carbon), an energy
+        # price change at an unaligned time, a GPU-hour price change, and an H100 price of its own.
+        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num) SELECT 'bench', 'pue', "
+                     "%s + make_interval(days => d), 1.12 + 0.04 * (d %% 3) FROM generate_series(0, %s) d",
+                     (T0, int(args.days) + 1))
+        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num) VALUES ('bench', 'price_per_kwh', "
+                     "%s, 0.31), ('bench', 'gpu_hour_price', %s, 2.75)",
+                     (T0 + timedelta(seconds=span_s / 2 + 7.25), T0 + timedelta(seconds=span_s / 3)))
+        conn.execute("INSERT INTO site_settings (site, setting, gpu_model, valid_from, num) VALUES "
+                     "('bench', 'gpu_hour_price', 'H100', '-infinity', 3.1)")
         conn.execute('INSERT INTO runs (run_id, name, site, team, start, "end", params) '
                      "VALUES ('bench', 'bench', 'bench', 'bench', %s, %s, 70000000000)", (run_start, run_end))
         left = args.gpus
         for node in nodes:
             count = min(GPUS_PER_NODE, left)
             left -= count
-            conn.execute("INSERT INTO nodes (node, site, gpu_count) VALUES (%s, 'bench', %s)", (node, count))
+            conn.execute("INSERT INTO nodes (node, site, gpu_count, facts) VALUES (%s, 'bench', %s, "
+                         "'{\"gpu_model\": \"NVIDIA H100 80GB HBM3\"}')", (node, count))
             conn.execute("INSERT INTO run_allocations (run_id, node, gpu) SELECT 'bench', %s, g "
                          "FROM generate_series(0, %s) g", (node, count - 1))
             payload = node_gpu_rows(node, count, -60.0, span_s + 60.0, args.interval_s, rng)

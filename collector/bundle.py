@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.catalog import GPU_ALIASES, GPU_BY_NAME, HOST_BY_NAME, INT_RANGES
+from gpufleet.store.runs import RUN_ID_RE
 from gpufleet.timeparse import TimeParseError, parse_time
 from gpufleet.wire import Batch, WireError, validate
 
@@ -179,6 +180,9 @@ def read_bundle(directory: Path) -> Bundle:
         for lineno, row in rows:
             if not row["run_id"]:
                 raise BundleError(f"{p.name}: line {lineno}, column 'run_id': empty")
+            if not RUN_ID_RE.fullmatch(row["run_id"]):
+                raise BundleError(f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} must match "
+                                  f"{RUN_ID_RE.pattern} (one path segment of /v1/runs/{{run_id}}: no '/')")
             site_name = row.get("site") or None
             if site_name and site_name not in known_sites:
                 raise BundleError(f"{p.name}: line {lineno}, column 'site': {site_name!r} is not in sites.csv")

@@ -56,10 +56,10 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
     try:
         with conn.transaction():
             for s in bundle.sites:
-                site_store.upsert_site(conn, s["site"], {
-                    "pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
-                    "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"],
-                    "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]})
+                values = {"pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
+                          "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"] or "USD",
+                          "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]}
+                site_store.put_site(conn, s["site"], values, given=values)
             for region, points in bundle.carbon.items():
                 site_store.set_carbon(conn, region, points)
             allocs: dict[str, list[tuple[str, int]]] = {}
@@ -87,8 +87,24 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
                 "INSERT INTO nodes (node, gpu_count) SELECT node, count(DISTINCT gpu) FROM gpu_samples "
                 "WHERE mig_instance IS NULL GROUP BY node ON CONFLICT (node) DO UPDATE SET gpu_count = "
                 "EXCLUDED.gpu_count")
+            assign_node_sites(conn)
     finally:
         loop.close()
+
+
+def assign_node_sites(conn: psycopg.Connection) -> None:
+    """Nodes without a site join the site their facts name (``nodes.json``: ``site``) when the bundle has
+    it, else the site of the runs on them (the earliest such run's, if runs of two sites share a node), so
+    GPU time no run held is priced like the runs around it and the fleet total reconciles with them:
+    facility kWh, CO2e and cost."""
+    conn.execute("""
+UPDATE nodes n SET site = n.facts ->> 'site' FROM sites s
+WHERE n.site IS NULL AND jsonb_typeof(n.facts -> 'site') = 'string' AND s.site = n.facts ->> 'site'""")
+    conn.execute("""
+INSERT INTO nodes (node, site)
+SELECT DISTINCT ON (a.node) a.node, r.site FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
+WHERE r.site IS NOT NULL ORDER BY a.node, r.start, r.run_id
+ON CONFLICT (node) DO UPDATE SET site = EXCLUDED.site WHERE nodes.site IS NULL""")
 
 
 def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,

@@ -21,6 +21,8 @@ from gpufleet.dashboards.model import (
 from gpufleet.dashboards.sql import (
     RANGE_FROM,
     RANGE_TO,
+    accounting,
+    all_or,
     incident_in_site,
     node_in_site,
     open_at,
@@ -110,13 +112,10 @@ ORDER BY 1, 2
 """
 
 ENERGY_TODAY = f"""
-SELECT sum(e.energy_j) / 3.6e6 AS "GPU energy today",
-       sum(e.energy_j * coalesce(st.pue, 1)) / 3.6e6 AS "Facility energy today (GPU x PUE)"
-FROM gpu_energy_1m e
-LEFT JOIN nodes n ON n.node = e.node
-LEFT JOIN sites st ON st.site = n.site
-WHERE e.bucket >= date_trunc('day', {RANGE_TO}, 'UTC') AND e.bucket < {RANGE_TO}
-  AND {node_in_site("e.node")}
+SELECT coalesce(sum(a.gpu_kwh), 0) AS "GPU energy today",
+       coalesce(sum(a.facility_kwh), 0) AS "Facility energy today"
+FROM {accounting(fleet=True, since=f"date_trunc('day', {RANGE_TO}, 'UTC')")} a
+WHERE a.line = 'total' AND {all_or("site", "a.site")}
 """
 
 POWER_NOW = f"""
@@ -229,8 +228,8 @@ def build() -> dict[str, Any]:
           stat("Power now", POWER_NOW, "Board power of every reporting GPU, latest sample in the last 2 minutes.",
                "kwatt", w=4, decimals=1),
           stat("Energy today", ENERGY_TODAY,
-               "GPU energy since 00:00 UTC of the range's end day, from the exact per-minute rollup; "
-               "facility energy applies each site's PUE.", "kwatth", w=10, decimals=1))
+               "Energy of every GPU (and host) since 00:00 UTC of the range's end day, as the API accounts it; "
+               "facility energy applies the PUE in force at each site.", "kwatth", w=10, decimals=1))
     b.add(bars("Open incidents by kind", OPEN_BY_KIND, "Incidents open at the end of the range.", "none",
                w=8, h=8),
           table("Open incidents", OPEN_INCIDENTS, "Open at the end of the range, critical first.",

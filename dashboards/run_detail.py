@@ -22,10 +22,10 @@ from gpufleet.dashboards.model import (
 from gpufleet.dashboards.sql import (
     RANGE_FROM,
     RANGE_TO,
+    accounting,
     all_or,
     per_gpu_series,
     per_node_series,
-    run_energy_ctes,
     weighted,
 )
 
@@ -59,26 +59,15 @@ FROM runs r WHERE r.run_id = {RUN}
 """
 
 ACCOUNTING = f"""
-WITH {run_energy_ctes(f"r.run_id = {RUN}", from_run_start=True)},
-totals AS (
-  SELECT sum(it_kwh) AS it_kwh, sum(facility_kwh) AS facility_kwh, sum(energy_cost) AS energy_cost,
-         sum(co2e_kg) AS co2e_kg FROM priced
-)
-SELECT w.gpus * extract(epoch FROM w.t1 - r.start) / 3600.0 AS "GPU-hours",
-       coalesce(t.it_kwh, 0) AS "IT energy",
-       coalesce(t.facility_kwh, 0) AS "Facility energy",
-       coalesce(t.energy_cost, 0) + w.gpus * extract(epoch FROM w.t1 - r.start) / 3600.0
-         * coalesce(s.gpu_hour_price, 0) AS "Total cost",
-       coalesce(s.currency, '') AS "Currency",
-       coalesce(t.co2e_kg, 0) AS "CO2e"
-FROM run_win w JOIN runs r ON r.run_id = w.run_id LEFT JOIN sites s ON s.site = r.site, totals t
+SELECT a.gpu_hours AS "GPU-hours", a.it_kwh AS "IT energy", a.facility_kwh AS "Facility energy",
+       a.total_cost AS "Total cost", coalesce(a.currency, '') AS "Currency",
+       CASE WHEN a.carbon_source = 'none' THEN NULL ELSE a.co2e_kg END AS "CO2e"
+FROM {accounting(runs=f"ARRAY[{RUN}]", since="NULL")} a WHERE a.line = 'run'
 """
 
 ACCOUNTING_NOTE = (
-    "Energy, cost and CO2e from the run's start to the end of the range, summed per minute of the exact "
-    "energy rollups with the price and carbon intensity in force. The authoritative figures, which spread "
-    "every sample interval exactly, are `GET /v1/runs/<run>/accounting` on the gpufleet API and the "
-    "built-in web view's run page.")
+    "Energy, cost and CO2e from the run's start to the end of the range (or now), exactly as "
+    "`GET /v1/runs/<run>/accounting?to=` on the gpufleet API reports them: the same database function.")
 
 UTIL = per_gpu_series("avg(s.util_pct)", weighted("util_pct"), GPU_WHERE)
 SM_ACTIVE = per_gpu_series("avg(s.sm_active) * 100", weighted("sm_active") + " * 100", GPU_WHERE)

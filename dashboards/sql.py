@@ -11,13 +11,9 @@ from __future__ import annotations
 #: Up to this query interval panels read raw samples; from it on, the 1-minute
 #: rollups (a bucket of a minute or more gains nothing from raw rows).
 ROLLUP_FROM_MS = 60_000
-#: Ranges longer than this read hourly energy instead of per-minute energy.
-HOURLY_ENERGY_AFTER = "interval '2 days'"
 
 RANGE_FROM = "$__timeFrom()::timestamptz"
 RANGE_TO = "$__timeTo()::timestamptz"
-RANGE_IS_LONG = f"({RANGE_TO} - {RANGE_FROM} > {HOURLY_ENERGY_AFTER})"
-RANGE_IS_SHORT = f"({RANGE_TO} - {RANGE_FROM} <= {HOURLY_ENERGY_AFTER})"
 
 
 def all_or(var: str, expr: str) -> str:
@@ -96,67 +92,18 @@ def weighted(col: str, alias: str = "r") -> str:
     return f"sum({alias}.{col} * {alias}.samples) / nullif(sum({alias}.samples), 0)"
 
 
-def run_energy_ctes(runs_where: str, from_run_start: bool = False) -> str:
-    """CTEs ``run_win``, ``energy`` and ``priced`` for the runs matching ``runs_where`` (over ``r.``).
+#: Hourly steps at least: a step edge on the hour grid costs the accounting no raw samples.
+STEP = "greatest(make_interval(secs => $__interval_ms / 1000.0), interval '1 hour')"
 
-    - ``run_win(run_id, name, team, site, gpus, t0, t1)``: each run's window
-      clipped to the dashboard range (only its end, with ``from_run_start``:
-      "so far" figures).
-    - ``energy(run_id, site, bucket, gpu_j, host_j)``: per minute (hour for
-      ranges over two days) from the exact energy rollups; host energy is the
-      run's share of each node (GPUs held / GPUs the node reports).
-    - ``priced``: IT and facility kWh, energy cost and kg CO2e per bucket, with
-      the time-of-use price and carbon intensity in force at the bucket's start
-      (the site's constants where no series covers it).
 
-    Buckets are whole minutes (hours), so edge buckets count fully; the API's
-    ``/v1/runs/{id}/accounting`` spreads each sample interval exactly.
-    """
-    def energy(table: str, unit: str, cond: str) -> str:
-        return f"""
-  SELECT w.run_id, w.site, e.bucket, sum(e.energy_j) AS gpu_j, 0::float8 AS host_j
-  FROM run_win w JOIN run_allocations a ON a.run_id = w.run_id
-  JOIN gpu_{table} e ON e.node = a.node AND e.gpu = a.gpu
-   AND e.bucket >= date_trunc('{unit}', w.t0) AND e.bucket < w.t1
-  WHERE {cond}
-  GROUP BY 1, 2, 3
-  UNION ALL
-  SELECT w.run_id, w.site, e.bucket, 0::float8, sum(e.energy_j * held.n / greatest(coalesce(nd.gpu_count, held.n), held.n))
-  FROM run_win w
-  JOIN (SELECT run_id, node, count(*) AS n FROM run_allocations GROUP BY 1, 2) held ON held.run_id = w.run_id
-  LEFT JOIN nodes nd ON nd.node = held.node
-  JOIN host_{table} e ON e.node = held.node AND e.bucket >= date_trunc('{unit}', w.t0) AND e.bucket < w.t1
-  WHERE {cond}
-  GROUP BY 1, 2, 3"""
-
-    ends_after = f"coalesce(r.\"end\", 'infinity') > {RANGE_FROM}"
-    return f"""run_win AS (
-  SELECT r.run_id, r.name, r.team, r.site,
-         (SELECT count(*) FROM run_allocations a WHERE a.run_id = r.run_id) AS gpus,
-         {"r.start" if from_run_start else f"greatest(r.start, {RANGE_FROM})"} AS t0,
-         least(coalesce(r."end", 'infinity'), {RANGE_TO}) AS t1
-  FROM runs r
-  WHERE r.start < {RANGE_TO} AND {"TRUE" if from_run_start else ends_after} AND {runs_where}
-),
-energy_parts AS ({energy("energy_1m", "minute", RANGE_IS_SHORT)}
-  UNION ALL{energy("energy_1h", "hour", RANGE_IS_LONG)}
-),
-energy AS (
-  SELECT run_id, site, bucket, sum(gpu_j) AS gpu_j, sum(host_j) AS host_j FROM energy_parts GROUP BY 1, 2, 3
-),
-priced AS (
-  SELECT e.run_id, e.site, e.bucket, e.gpu_j, e.host_j,
-         (e.gpu_j + e.host_j) / 3.6e6 AS it_kwh,
-         (e.gpu_j + e.host_j) / 3.6e6 * coalesce(s.pue, 1) AS facility_kwh,
-         (e.gpu_j + e.host_j) / 3.6e6 * coalesce(s.pue, 1) * coalesce(p.price, s.price_per_kwh, 0) AS energy_cost,
-         (e.gpu_j + e.host_j) / 3.6e6 * coalesce(s.pue, 1) * coalesce(c.g, s.carbon_g_per_kwh, 0) / 1000.0 AS co2e_kg
-  FROM energy e
-  LEFT JOIN sites s ON s.site = e.site
-  LEFT JOIN LATERAL (SELECT sp.price_per_kwh AS price FROM site_prices sp
-                     WHERE sp.site = e.site AND sp.time <= e.bucket ORDER BY sp.time DESC LIMIT 1) p ON true
-  LEFT JOIN LATERAL (SELECT ci.g_co2e_per_kwh AS g FROM carbon_intensity ci
-                     WHERE ci.region = s.carbon_region AND ci.time <= e.bucket ORDER BY ci.time DESC LIMIT 1) c ON true
-)"""
+def accounting(fleet: bool = False, runs: str = "NULL", detail: str = "line", step: str = "NULL",
+               since: str = RANGE_FROM) -> str:
+    """The API's own accounting lines for the dashboard range (``gpufleet_accounting``, the one SQL
+    definition the API, CLI and web view read): runs clipped to the range (and to now), with
+    ``fleet`` the unallocated and total lines.  ``detail``: line | segment | step (``step``: an
+    interval expression)."""
+    return (f"gpufleet_accounting({since}, {RANGE_TO}, now(), {runs}, {'true' if fleet else 'false'}, 60, "
+            f"'auto', '{detail}', {step})")
 
 
 def tokens_in_window(run_col: str, t0: str, t1: str) -> str:

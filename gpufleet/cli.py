@@ -60,7 +60,14 @@ def setup_logging(settings: Settings) -> None:
 
 def database(settings: Settings) -> str:
     from gpufleet.db.connect import database_url
+    from gpufleet.demo import demo_database
 
+    if not settings.database_url:
+        demo = demo_database(settings)
+        if demo:
+            typer.echo(f"gpufleet: using the running demo's database ({demo}); set GPUFLEET_DATABASE_URL or --db "
+                       "for another", err=True)
+            return demo
     try:
         return database_url(settings)
     except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as e:
@@ -69,11 +76,36 @@ def database(settings: Settings) -> str:
 
 
 def connect(settings: Settings) -> psycopg.Connection:
+    from gpufleet.db.schema_check import schema_problem
+
     url = database(settings)
     try:
-        return psycopg.connect(url, autocommit=True)
+        conn = psycopg.connect(url, autocommit=True)
     except psycopg.OperationalError as e:
         fail(f"cannot connect to the database: {str(e).strip().splitlines()[0]}")
+    problem = schema_problem(conn)
+    if problem:
+        conn.close()
+        fail(problem)
+    return conn
+
+
+def parse_query_time(value: str, name: str) -> datetime:
+    """A period bound: RFC 3339 with an offset, or a bare date read as UTC midnight."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpufleet.api.schemas import QueryTime
+
+    try:
+        return TypeAdapter(QueryTime).validate_python(value)
+    except ValidationError as e:
+        fail(f"--{name} {value!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}")
+
+
+def iso_text(t: datetime) -> str:
+    from gpufleet.timeparse import iso
+
+    return iso(t) or ""
 
 
 def parse_when(value: str | None, name: str) -> datetime | None:
@@ -250,23 +282,45 @@ def token_revoke(name: str, config: ConfigOpt = None, db: DbOpt = None) -> None:
 # ---------------------------------------------------------------- sites, carbon, runs
 
 
+def _model_prices(values: list[str] | None) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for v in values or []:
+        model, sep, price = v.partition("=")
+        if not sep or not model.strip():
+            fail(f"--gpu-model-price {v!r}: expected MODEL=PRICE (e.g. H100=3.1) or MODEL= to end it")
+        try:
+            out[model.strip()] = None if price.strip() == "" else float(price)
+        except ValueError:
+            fail(f"--gpu-model-price {v!r}: {price!r} is not a number")
+    return out
+
+
 @site_app.command("set")
 def site_set(site: str,
              pue: Annotated[float | None, typer.Option(help="power usage effectiveness (>= 1)")] = None,
              price_per_kwh: Annotated[float | None, typer.Option(help="energy price per kWh")] = None,
-             gpu_hour_price: Annotated[float | None, typer.Option(help="price per GPU-hour")] = None,
-             currency: Annotated[str | None, typer.Option(help="ISO 4217 code")] = None,
+             gpu_hour_price: Annotated[float | None, typer.Option(help="default price per GPU-hour")] = None,
+             gpu_model_price: Annotated[list[str] | None, typer.Option(
+                 help="GPU-hour price of GPUs whose model contains MODEL: MODEL=PRICE (repeatable; MODEL= ends "
+                      "it)")] = None,
+             currency: Annotated[str | None, typer.Option(help="ISO 4217 code (only while no run uses the site)")]
+             = None,
              carbon_region: Annotated[str | None, typer.Option(help="carbon series region ('' clears it)")] = None,
              carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
              clear_carbon_g_per_kwh: Annotated[bool, typer.Option(help="remove the constant fallback")] = False,
+             since: Annotated[str | None, typer.Option(
+                 "--from", help="when the change takes effect (default now; a new site: from the beginning); "
+                                "a past time dates it back on purpose")] = None,
              config: ConfigOpt = None, db: DbOpt = None) -> None:
-    """Create a site, or change only the settings given (the others keep their values).
+    """Create a site, or change only the settings given, from a time (default now).
 
-    A new site takes pue 1.0, prices 0, currency USD and no carbon region for what is not given.
+    Accounting before that time keeps the values that were in force.  A new site
+    takes pue 1.0, prices 0, currency USD and no carbon region for what is not given.
     """
     from pydantic import ValidationError
 
     from gpufleet.api.schemas import SiteUpdate
+    from gpufleet.store.runs import Conflict
     from gpufleet.store.sites import patch_site
 
     given: dict[str, Any] = {k: v for k, v in (("pue", pue), ("price_per_kwh", price_per_kwh),
@@ -279,16 +333,63 @@ def site_set(site: str,
         if carbon_g_per_kwh is not None:
             fail("give --carbon-g-per-kwh or --clear-carbon-g-per-kwh, not both")
         given["carbon_g_per_kwh"] = None
+    models = _model_prices(gpu_model_price)
+    if models:
+        given["gpu_hour_prices"] = models
     try:
         changes = SiteUpdate.model_validate(given).model_dump(exclude_unset=True)
     except ValidationError as e:
-        fail("; ".join(f"--{'-'.join(str(x) for x in err['loc']).replace('_', '-')}: {err['msg']}"
-                       for err in e.errors()))
+        fail("; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+    changes.pop("gpu_hour_prices", None)
+    when = parse_query_time(since, "from") if since is not None else None
     with connect(settings_from(config, db)) as conn:
-        row, created = patch_site(conn, site, changes, create=True)
-    if not created and not changes:
+        try:
+            w = patch_site(conn, site, changes, valid_from=when, gpu_hour_prices=models, create=True)
+        except Conflict as e:
+            fail(str(e))
+    if not w.created and not changes and not models:
         typer.echo(f"gpufleet: nothing to change for site {site!r} (give an option)", err=True)
-    typer.echo(json.dumps(row, default=str))
+    elif not w.created:
+        typer.echo(f"gpufleet: site {site!r} changed from {'now' if when is None else iso_text(when)}; "
+                   "accounting before that keeps the values in force then", err=True)
+    typer.echo(json.dumps(w.site, default=str))
+
+
+@site_app.command("show")
+def site_show(site: str, at: Annotated[str | None, typer.Option(help="values in force at (default now)")] = None,
+              history: Annotated[bool, typer.Option(help="every dated value instead")] = False,
+              config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """A site's settings in force (or with --history, every dated change)."""
+    from gpufleet.store.runs import NotFound
+    from gpufleet.store.sites import get_site, site_history
+
+    with connect(settings_from(config, db)) as conn:
+        try:
+            out: Any = site_history(conn, site) if history else get_site(
+                conn, site, parse_query_time(at, "at") if at else None)
+        except NotFound as e:
+            fail(str(e))
+    typer.echo(json.dumps(out, default=str))
+
+
+@site_app.command("pue-load")
+def site_pue_load(site: str, file: Path, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Load measured or monthly PUE for SITE from a CSV (time, pue): each value holds until the next."""
+    from gpufleet.store.runs import NotFound
+    from gpufleet.store.sites import CsvError, parse_pue_csv, set_series
+
+    try:
+        points = parse_pue_csv(file)
+    except FileNotFoundError:
+        fail(f"{file}: no such file")
+    except CsvError as e:
+        fail(str(e))
+    with connect(settings_from(config, db)) as conn:
+        try:
+            n = set_series(conn, site, "pue", points)
+        except NotFound as e:
+            fail(str(e))
+    typer.echo(f"loaded {n} PUE points for {site}")
 
 
 @carbon_app.command("load")
@@ -307,6 +408,37 @@ def carbon_load(region: str, file: Path, config: ConfigOpt = None, db: DbOpt = N
     typer.echo(f"loaded {n} points for {region}")
 
 
+@carbon_app.command("fetch")
+def carbon_fetch(region: str,
+                 provider: Annotated[str, typer.Option(help="electricitymaps | watttime")],
+                 token_file: Annotated[Path, typer.Option(help="file with the API token (watttime: user:password)")],
+                 zone: Annotated[str | None, typer.Option(help="the provider's zone or region (default: REGION)")]
+                 = None,
+                 since: Annotated[str | None, typer.Option("--from", help="start (default: 2 days ago)")] = None,
+                 until: Annotated[str | None, typer.Option("--to", help="end (default: now)")] = None,
+                 base_url: Annotated[str | None, typer.Option(help="the service's base URL")] = None,
+                 config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Fetch carbon intensity for REGION from Electricity Maps or WattTime into its step series."""
+    from datetime import timedelta
+
+    from gpufleet.carbon import CarbonFetchError, fetch_into, make_provider
+
+    end = parse_query_time(until, "to") if until else datetime.now(UTC)
+    start = parse_query_time(since, "from") if since else end - timedelta(days=2)
+    if end <= start:
+        fail("--to: must be after --from")
+    try:
+        p = make_provider(provider, token_file, base_url)
+    except CarbonFetchError as e:
+        fail(str(e))
+    with connect(settings_from(config, db)) as conn:
+        try:
+            n = fetch_into(conn, p, zone or region, region, start, end)
+        except CarbonFetchError as e:
+            fail(str(e))
+    typer.echo(f"stored {n} points for {region} from {provider}")
+
+
 @run_app.command("create")
 def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generated if omitted)")] = None,
                name: Annotated[str | None, typer.Option()] = None,
@@ -314,26 +446,42 @@ def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generate
                team: Annotated[str | None, typer.Option()] = None,
                start: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
                alloc: Annotated[list[str] | None, typer.Option(help="NODE:GPU,GPU,... (repeatable)")] = None,
+               sharing: Annotated[str, typer.Option(
+                   help="exclusive | time_slice | mps | mig: how the run holds the --alloc GPUs")] = "exclusive",
+               share: Annotated[float | None, typer.Option(
+                   help="share of each GPU (time_slice, mps; mig: default the profile's slices of 7)")] = None,
+               mig_profile: Annotated[str | None, typer.Option(help="MIG profile, e.g. 3g.40gb")] = None,
+               mig_instance: Annotated[int | None, typer.Option(help="MIG GPU-instance id")] = None,
                config: ConfigOpt = None, db: DbOpt = None) -> None:
-    """Register a run and its GPUs."""
+    """Register a run and its GPUs (whole, or declared shared: time-slicing, MPS, a MIG instance)."""
     from gpufleet.store.runs import Conflict, Invalid, NotFound, create_run
 
     allocations = []
     for a in alloc or []:
-        node, _, gpus = a.partition(":")
+        node, colon, gpus = a.partition(":")
         try:
-            allocations.append({"node": node, "gpus": sorted({int(g) for g in gpus.split(",") if g})})
+            listed = sorted({int(g) for g in gpus.split(",") if g.strip()})
         except ValueError:
             fail(f"--alloc {a!r}: expected NODE:GPU,GPU,...")
+        if not node or not colon or not listed:
+            fail(f"--alloc {a!r}: expected NODE:GPU,GPU,... (name the GPUs the run holds)")
+        entry: dict[str, Any] = {"node": node, "gpus": listed, "sharing": sharing}
+        for key, value in (("share", share), ("mig_profile", mig_profile), ("mig_instance", mig_instance)):
+            if value is not None:
+                entry[key] = value
+        allocations.append(entry)
     spec = {"run_id": run_id, "name": name, "site": site, "team": team, "start": parse_when(start, "start"),
             "allocations": allocations}
     with connect(settings_from(config, db)) as conn:
         try:
             run, _ = create_run(conn, spec)
         except Invalid as e:
-            fail(f"--{e.field.replace('_', '-')} {e}".replace(f"{e.field}: ", "", 1))
+            flag = "alloc" if e.field == "allocations" else e.field.replace("_", "-")
+            fail(f"--{flag} {e}".replace(f"{e.field}: ", "", 1))
         except (NotFound, Conflict) as e:
             fail(str(e))
+    for w in run.pop("warnings", []):
+        typer.echo(f"gpufleet: warning: {w}", err=True)
     typer.echo(json.dumps(run, default=str))
 
 
@@ -614,37 +762,47 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
 
 
 @app.command()
-def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or epoch")],
-           until: Annotated[str, typer.Option("--to", help="period end: RFC 3339 with offset, or epoch")],
+def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or a date (UTC)")],
+           until: Annotated[str, typer.Option("--to", help="period end (exclusive): RFC 3339 with offset, or a date")],
            fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
+           group_by: Annotated[str, typer.Option(help="rows per run | site | team")] = "run",
+           runs_only: Annotated[bool, typer.Option("--runs", help="one row per run, as GET /v1/reports/runs.csv "
+                                                                  "(json: the accounting bodies)")] = False,
            output: Annotated[Path | None, typer.Option("--output", "-o", help="file (default: stdout)")] = None,
            source: Annotated[str, typer.Option(help="auto | rollup | raw")] = "auto",
            config: ConfigOpt = None, db: DbOpt = None) -> None:
-    """Per-run energy, cost and CO2e for finance: one row per run overlapping [--from, --to), clipped to it.
-
-    CSV has the columns of GET /v1/reports/runs.csv; JSON is a list of
-    GET /v1/runs/{id}/accounting bodies.
+    """The finance report of [--from, --to): a row per run (or site or team) and currency, the GPU time no run
+    held, and a total per currency, as GET /v1/reports/finance.csv and finance.json.
     """
     from gpufleet.accounting import report_csv, runs_report
-    from gpufleet.accounting.energy import SOURCES
+    from gpufleet.accounting.lines import SOURCES
+    from gpufleet.accounting.report import finance_csv, finance_report
 
-    lo, hi = parse_when(since, "from"), parse_when(until, "to")
-    assert lo is not None and hi is not None
+    lo, hi = parse_query_time(since, "from"), parse_query_time(until, "to")
     if hi <= lo:
         fail("--to: must be after --from")
     if fmt not in ("csv", "json"):
         fail(f"--format: must be csv or json, not {fmt!r}")
     if source not in SOURCES:
         fail(f"--source: must be one of {', '.join(SOURCES)}, not {source!r}")
+    if group_by not in ("run", "site", "team"):
+        fail(f"--group-by: must be run, site or team, not {group_by!r}")
     s = settings_from(config, db)
     with connect(s) as conn:
-        rows = runs_report(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source)
-    text = report_csv(rows) if fmt == "csv" else json.dumps(rows, indent=2) + "\n"
+        if runs_only:
+            rows = runs_report(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source)
+            text = report_csv(rows) if fmt == "csv" else json.dumps(rows, indent=2) + "\n"
+            count = len(rows)
+        else:
+            rep = finance_report(conn, lo, hi, group_by=group_by, max_gap_s=s.accounting.max_gap_s,  # type: ignore[arg-type]
+                                 source=source)
+            text = finance_csv(rep) if fmt == "csv" else json.dumps(rep.body(), indent=2) + "\n"
+            count = len(rep.rows)
     if output is None:
         typer.echo(text, nl=False)
     else:
         output.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {len(rows)} runs to {output}", err=True)
+        typer.echo(f"wrote {count} rows to {output}", err=True)
 
 
 def main() -> None:

@@ -109,6 +109,26 @@ class AccountingSettings(BaseModel):
     max_gap_s: float = Field(60.0, gt=0)
 
 
+class CarbonSource(BaseModel):
+    """One carbon-intensity source the collector fetches on a schedule (gpufleet.carbon)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    region: str = Field(min_length=1, max_length=128, description="carbon region the points are stored under")
+    provider: Literal["electricitymaps", "watttime"]
+    zone: str | None = Field(None, description="the provider's zone or region id (default: region)")
+    token_file: Path = Field(description="file with the API token (watttime: 'username:password')")
+    base_url: str | None = Field(None, description="the service's base URL (default: its public one)")
+    every_s: float = Field(3600.0, ge=60.0, description="fetch interval")
+    lookback_s: float = Field(2 * 86400.0, ge=3600.0, description="each fetch asks for this much history")
+
+
+class CarbonSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[CarbonSource] = Field(default_factory=list)
+
+
 class RunsSettings(BaseModel):
     """Runs the collector registers from the runs agents attribute to GPU samples (gpufleet.store.inferred)."""
 
@@ -342,6 +362,7 @@ class Settings(BaseSettings):
     quarantine: QuarantineSettings = QuarantineSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
+    carbon: CarbonSettings = CarbonSettings()
 
     @model_validator(mode="after")
     def _production(self) -> Settings:

@@ -12,6 +12,7 @@ they open and resolve, and energy so far.  Ctrl-C stops everything.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -59,6 +60,24 @@ def fresh_database(server_url: str, name: str) -> str:
 
 def _ts(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+#: Where a running demo leaves its database URL (and pid) for the CLI: ``gpufleet run create``, ``site set``
+#: or ``report`` without ``--db`` then talk to the demo's database, as the demo prints.
+DEMO_URL_FILE = "demo-database-url"
+
+
+def demo_database(settings: Settings) -> str | None:
+    """The database of a demo running on this machine with these settings, or None."""
+    import os
+
+    path = settings.data_dir / DEMO_URL_FILE
+    try:
+        url, pid = path.read_text(encoding="utf-8").split("\n")[:2]
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return None
+    return url
 
 
 def register_fleet(client: httpx.Client, fleet: Any) -> None:
@@ -162,7 +181,7 @@ class Summary:
             runs = self.client.get("/v1/runs", params={"state": "running"}).json()
         except httpx.HTTPError:
             return
-        self.say(f"{'run':<22}{'GPUs':>5}{'kWh':>9}{'cost':>10}{'kg CO2e':>9}  open incidents")
+        self.say(f"{'run':<22}{'GPUs':>5}{'kWh':>9}{'cost':>14}{'kg CO2e':>9}  open incidents")
         for r in runs:
             acc: dict[str, Any] = {}
             with contextlib.suppress(httpx.HTTPError, ValueError):
@@ -171,10 +190,18 @@ class Summary:
                     acc = resp.json()
             kinds = sorted({i["kind"] for i in self.open.values() if i["run_id"] == r["run_id"]})
             self.say(f"{r['run_id']:<22}{r['gpu_count']:>5}{_fmt(acc.get('facility_kwh')):>9}"
-                     f"{_fmt(acc.get('total_cost')):>10}{_fmt(acc.get('co2e_kg')):>9}  {', '.join(kinds) or '-'}")
+                     f"{_money(acc):>14}{_fmt(acc.get('co2e_kg')):>9}  {', '.join(kinds) or '-'}")
 
     def close(self) -> None:
         self.client.close()
+
+
+def _money(acc: dict[str, Any]) -> str:
+    """Total cost with its currency, in the currency's minor units (``12.30 EUR``)."""
+    if acc.get("total_cost") is None:
+        return "-"
+    places = int(acc.get("minor_units", 2))
+    return f"{acc['total_cost']:,.{places}f} {acc.get('currency') or ''}".rstrip()
 
 
 def _fmt(v: Any) -> str:
@@ -230,6 +257,10 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
         say(f"  read token Authorization: Bearer {st.tokens['sre']}")
         say(f"  finance    Authorization: Bearer {st.tokens['finance']}")
         say(f"  e.g.       curl -H 'Authorization: Bearer {st.tokens['sre']}' {api_url}/v1/incidents?state=open")
+        say(f"  CLI        export GPUFLEET_DATABASE_URL='{url}'   (gpufleet commands here use it while the demo runs)")
+        marker = settings.data_dir / DEMO_URL_FILE
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{url}\n{os.getpid()}\n", encoding="utf-8")
         n = backfill(collector_url, st.tokens, fleet, time.time())
         say(f"back-filled {n} GPU samples ({opts.backfill_s / 60:.0f} min); starting one agent per node")
         fleet.follow(time.time)
@@ -255,6 +286,7 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
         finally:
             stop.set()
             summary.close()
+            marker.unlink(missing_ok=True)
             for agent, th in agents:
                 th.join(5)
                 agent.shutdown(ship_s=3.0)

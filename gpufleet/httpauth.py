@@ -100,6 +100,11 @@ class Authenticator:
             async with asyncio.timeout(3), self.pool.connection() as conn:
                 cur = await conn.execute(LOOKUP_SQL, (digest,))
                 return await cur.fetchone()
+        except psycopg.errors.UndefinedTable as e:
+            from gpufleet.db.schema_check import UPGRADE
+
+            raise HTTPException(503, f"the database has no (or an older) gpufleet schema: {UPGRADE}",
+                                headers={"Retry-After": "30"}) from e
         except (psycopg.Error, PoolTimeout, TimeoutError, OSError) as e:
             raise HTTPException(503, "database unavailable; retry later",
                                 headers={"Retry-After": str(self.retry_after_s)}) from e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -32,3 +33,7 @@ def test_demo_runs_and_shows_incidents(pg_server: str, tmp_path: Path) -> None:
     for kind in ("starvation", "straggler", "checkpoint_stall", "throttling", "pcie_degraded", "host_misconfig"):
         assert f"+ {kind}" in out, f"no {kind} incident shown:\n{out}"
     assert "demo stopped" in out
+    # money with its currency in the terminal table, the database line for the CLI, and no stale marker
+    assert re.search(r"\d+\.\d\d EUR", out), out
+    assert "export GPUFLEET_DATABASE_URL='" in out and name in out
+    assert not (tmp_path / "demo-database-url").exists()

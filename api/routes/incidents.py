@@ -9,24 +9,36 @@ from fastapi import APIRouter, HTTPException, Query
 from gpufleet.api.deps import ConnDep, Reader
 from gpufleet.api.schemas import IncidentPublic
 from gpufleet.store import runs as run_store
-from gpufleet.store.incidents import list_incidents
+from gpufleet.store.incidents import get_incident, list_incidents
 from gpufleet.store.runs import NotFound
 
 router = APIRouter(tags=["incidents"])
 
 
+StateParam = Query(None, description="open, resolved, or all (the default: both)")
+
+
 @router.get("/v1/incidents", response_model=list[IncidentPublic])
-def incidents(conn: ConnDep, _: Reader, state: Literal["open", "resolved"] | None = None,
+def incidents(conn: ConnDep, _: Reader, state: Literal["open", "resolved", "all"] | None = StateParam,
               kind: str | None = None, run_id: str | None = None, node: str | None = None,
               limit: int = Query(500, ge=1, le=5000), offset: int = Query(0, ge=0)) -> list[dict]:
-    return list_incidents(conn, state, kind, run_id, node, limit, offset)
+    return list_incidents(conn, None if state == "all" else state, kind, run_id, node, limit, offset)
+
+
+@router.get("/v1/incidents/{incident_id}", response_model=IncidentPublic,
+            responses={404: {"description": "no incident with this id"}})
+def incident(incident_id: int, conn: ConnDep, _: Reader) -> dict:
+    row = get_incident(conn, incident_id)
+    if row is None:
+        raise HTTPException(404, f"incident {incident_id} not found")
+    return row
 
 
 @router.get("/v1/runs/{run_id}/incidents", response_model=list[IncidentPublic])
 def run_incidents(run_id: str, conn: ConnDep, _: Reader,
-                  state: Literal["open", "resolved"] | None = None) -> list[dict]:
+                  state: Literal["open", "resolved", "all"] | None = StateParam) -> list[dict]:
     try:
         run_store.get_run(conn, run_id)
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
-    return list_incidents(conn, state, None, run_id)
+    return list_incidents(conn, None if state == "all" else state, None, run_id)

@@ -1,17 +1,28 @@
-"""Finance exports: one row per run overlapping a period, clipped to it."""
+"""Finance exports: the per-run CSV of the contract, and the finance report with its totals."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 
 from gpufleet.accounting import CSV_COLUMNS, report_csv, runs_report
+from gpufleet.accounting.report import FINANCE_COLUMNS, finance_csv, finance_report
 from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
 from gpufleet.api.routes.accounting import SourceParam, period_error
-from gpufleet.api.schemas import UtcDatetime
+from gpufleet.api.schemas import QUERY_TIME_FORMAT, QueryTime
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
+
+FromQuery = Query(alias="from", description=f"period start: {QUERY_TIME_FORMAT}")
+ToQuery = Query(alias="to", description=f"period end (exclusive): {QUERY_TIME_FORMAT}")
+GroupQuery = Query("run", description="rows per run, site or team (then unallocated, no_telemetry and total)")
+COLUMN_DOCS = "; ".join(f"`{k}`: {v}" for k, v in FINANCE_COLUMNS.items())
+
+
+def _name(prefix: str, since: datetime, until: datetime, ext: str) -> str:
+    return f'attachment; filename="{prefix}_{since:%Y%m%dT%H%M%S}_{until:%Y%m%dT%H%M%S}.{ext}"'
 
 
 @router.get("/runs.csv", response_class=Response, responses={200: {
@@ -20,14 +31,46 @@ router = APIRouter(prefix="/v1/reports", tags=["reports"])
 }})
 def runs_csv(
     conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: Annotated[UtcDatetime, Query(alias="from", description="period start, with a UTC offset")],
-    until: Annotated[UtcDatetime, Query(alias="to", description="period end, with a UTC offset")],
+    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> Response:
-    """Per-run accounting for finance: the contract's fields in order, then extras; RFC 3339 UTC times,
-    plain decimal numbers, empty cells for unknown values."""
+    """Per-run accounting for finance (contracts.md section 3): one row per run overlapping the period, clipped
+    to it; the contract's fields in order, then extras; RFC 3339 UTC times, plain decimal numbers, money in the
+    currency's minor units, empty cells for unknown values."""
     period_error(since, until)
     rows = runs_report(conn, since, until, max_gap_s=s.settings.accounting.max_gap_s, source=source)
-    name = f"runs_{since:%Y%m%dT%H%M%S}_{until:%Y%m%dT%H%M%S}.csv"
     return Response(report_csv(rows), media_type="text/csv; charset=utf-8",
-                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
+                    headers={"Content-Disposition": _name("runs", since, until, "csv")})
+
+
+@router.get("/finance.csv", response_class=Response, responses={200: {
+    "content": {"text/csv": {"schema": {"type": "string"}}},
+    "description": "header row: " + ",".join(FINANCE_COLUMNS) + ". Columns: " + COLUMN_DOCS,
+}})
+def finance_report_csv(
+    conn: ConnDep, s: StateDep, _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
+    group_by: Literal["run", "site", "team"] = GroupQuery,
+    source: Literal["auto", "rollup", "raw"] = SourceParam,
+) -> Response:
+    """The finance report: one row per run (or site or team) and currency, the GPU time no run held (with and
+    without telemetry) and a total per currency whose money is the sum of the rows to the cent."""
+    period_error(since, until)
+    rep = finance_report(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
+                         source=source)
+    return Response(finance_csv(rep), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": _name(f"finance_{group_by}", since, until, "csv")})
+
+
+@router.get("/finance.json", description="The finance report as JSON: `columns` documents each column, `rows` "
+                                         "are those of finance.csv (money as numbers in minor units). Columns: "
+                                         + COLUMN_DOCS)
+def finance_report_json(
+    conn: ConnDep, s: StateDep, _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
+    group_by: Literal["run", "site", "team"] = GroupQuery,
+    source: Literal["auto", "rollup", "raw"] = SourceParam,
+) -> dict[str, Any]:
+    period_error(since, until)
+    return finance_report(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
+                          source=source).body()

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Response
 
 from gpufleet.api.deps import ConnDep, Reader, RunWriter
-from gpufleet.api.schemas import Progress, RunCreate, RunPublic, RunUpdate, UtcDatetime
+from gpufleet.api.schemas import Progress, QueryTime, RunCreate, RunPublic, RunUpdate
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
 from gpufleet.store.runs import Conflict, Forbidden, Invalid, NotFound
@@ -27,15 +27,15 @@ def _as_node(who: Principal) -> str | None:
     return who.node if who.role == "node" else None
 
 
-@router.get("", response_model=list[RunPublic])
+@router.get("", response_model=list[RunPublic], response_model_exclude_unset=True)
 def list_runs(conn: ConnDep, _: Reader, state: Literal["pending", "running", "ended"] | None = None,
-              site: str | None = None, since: Annotated[UtcDatetime | None, Query(alias="from")] = None,
-              until: Annotated[UtcDatetime | None, Query(alias="to")] = None, limit: int = Query(100, ge=1, le=1000),
+              site: str | None = None, since: Annotated[QueryTime | None, Query(alias="from")] = None,
+              until: Annotated[QueryTime | None, Query(alias="to")] = None, limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0)) -> list[dict]:
     return store.list_runs(conn, state, site, since, until, limit, offset)
 
 
-@router.get("/{run_id}", response_model=RunPublic)
+@router.get("/{run_id}", response_model=RunPublic, response_model_exclude_unset=True)
 def get_run(run_id: str, conn: ConnDep, _: Reader) -> dict:
     try:
         return store.get_run(conn, run_id)
@@ -43,10 +43,10 @@ def get_run(run_id: str, conn: ConnDep, _: Reader) -> dict:
         raise HTTPException(404, str(e)) from None
 
 
-@router.post("", response_model=RunPublic, status_code=201)
+@router.post("", response_model=RunPublic, status_code=201, response_model_exclude_unset=True)
 def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Response) -> dict:
     try:
-        run, created = store.create_run(conn, body.model_dump(), as_node=_as_node(who))
+        run, created = store.create_run(conn, body.model_dump(exclude_unset=True), as_node=_as_node(who))
     except (NotFound, Invalid) as e:
         raise HTTPException(422, str(e)) from None
     except Forbidden as e:
@@ -58,12 +58,14 @@ def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Respons
     return run
 
 
-@router.patch("/{run_id}", response_model=RunPublic)
+@router.patch("/{run_id}", response_model=RunPublic, response_model_exclude_unset=True)
 def update_run(run_id: str, body: RunUpdate, conn: ConnDep, who: RunWriter) -> dict:
     try:
         return store.update_run(conn, run_id, body.model_dump(exclude_unset=True), as_node=_as_node(who))
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
+    except Invalid as e:
+        raise HTTPException(422, str(e)) from None
     except Forbidden as e:
         raise HTTPException(403, str(e)) from None
     except Conflict as e:

@@ -3,18 +3,19 @@
 Server-rendered HTML with SVG charts drawn on the server: no JavaScript, no
 external assets, a strict Content-Security-Policy.  Pages: fleet overview,
 runs with live accounting, a run with per-GPU utilisation and power, a node
-with its checks (:mod:`gpufleet.api.web.nodes`), incidents, and accounting
-(the only page the finance role sees).  Browsers sign in with an API token
-(:mod:`gpufleet.api.web.session`).  Also carries the API's ``/readyz``
-(:mod:`gpufleet.api.web.readiness`).
+with its checks (:mod:`gpufleet.api.web.nodes`), incidents, accounting, and
+the finance page (:mod:`gpufleet.api.web.finance`: periods, totals, per-day
+charts, report downloads), where the finance role lands.  Browsers sign in
+with an API token (:mod:`gpufleet.api.web.session`).  Also carries the API's
+``/readyz`` (:mod:`gpufleet.api.web.readiness`).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.web import assets, nodes, pages, readiness, session
+from gpufleet.api.web import assets, finance, nodes, pages, readiness, session
 
 router = APIRouter()
-for _r in (session.router, pages.router, nodes.router, assets.router, readiness.router):
+for _r in (session.router, pages.router, finance.router, nodes.router, assets.router, readiness.router):
     router.include_router(_r)

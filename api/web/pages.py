@@ -328,8 +328,8 @@ def _accounting(conn: psycopg.Connection, st: ApiState, can_read: bool) -> Marku
           r["team"] or "", r["site"] or "", _run_state(r, now), when(r["start"]), when(r["end"]), r["gpus"],
           *_accounting_cells(costs.by_run.get(r["run_id"]))] for r in rows),
         numeric=range(7, 16), empty="No runs registered.")
-    return h("{}{}<p class=\"hint\">Up to now; the finance export is <code>GET /v1/reports/runs.csv</code> on the "
-             "API (bearer token).</p>", _note(costs), body)
+    return h("{}{}<p class=\"hint\">Up to now. Periods, totals and the finance report's CSV are on the "
+             "<a href=\"/finance\">Finance</a> page.</p>", _note(costs), body)
 
 
 @router.get("/accounting")

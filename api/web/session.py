@@ -85,7 +85,7 @@ def _safe_next(target: str | None, default: str) -> str:
 
 
 def landing(who: Principal) -> str:
-    return "/" if who.role in CAPABILITIES["read"] else "/accounting"
+    return "/" if who.role in CAPABILITIES["read"] else "/finance"
 
 
 async def gate(request: Request, capability: str) -> Principal | Response:

@@ -107,3 +107,51 @@ def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float 
            f'<rect class="frame" x="{left}" y="{top}" width="{pw}" height="{ph}"/>{"".join(parts)}</svg>')
     return Markup(f'<figure class="chart"><figcaption>{esc(title)}</figcaption>{svg}'
                   f'<ul class="legend">{"".join(legend)}</ul></figure>')
+
+
+def bar_chart(title: str, categories: Sequence[str], series: Sequence[tuple[str, Sequence[float]]], unit: str, *,
+              width: int = 760, height: int = 240) -> Markup:
+    """Stacked bars: one bar per category (e.g. a day), one colour per series (e.g. a team), legend under it.
+
+    ``series``: (name, one value per category); negative values are drawn as zero.
+    """
+    totals = [sum(max(v[i], 0.0) for _, v in series if i < len(v) and math.isfinite(v[i]))
+              for i in range(len(categories))]
+    if not categories or not series or max(totals, default=0.0) <= 0:
+        return h('<figure class="chart"><figcaption>{}</figcaption><p class="empty">Nothing in this range.</p>'
+                 "</figure>", title)
+    left, right, top, bottom = 56, 12, 10, 26
+    pw, ph = width - left - right, height - top - bottom
+    ymax = _nice_max(max(totals))
+    slot = pw / len(categories)
+    bar = max(1.0, slot * 0.7)
+    parts: list[str] = []
+    for i in range(5):
+        level = ymax * i / 4
+        yy = top + ph - level / ymax * ph
+        parts.append(f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
+        parts.append(f'<text class="tick" x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{esc(_label(level))}</text>')
+    every = max(1, math.ceil(len(categories) / 12))
+    for i, cat in enumerate(categories):
+        x0 = left + i * slot + (slot - bar) / 2
+        base = float(top + ph)
+        for k, (name, values) in enumerate(series):
+            v = values[i] if i < len(values) else 0.0
+            if not math.isfinite(v) or v <= 0:
+                continue
+            hh = v / ymax * ph
+            base -= hh
+            parts.append(f'<rect class="bar" x="{x0:.1f}" y="{base:.1f}" width="{bar:.1f}" height="{hh:.1f}" '
+                         f'fill="{PALETTE[k % len(PALETTE)]}"><title>{esc(f"{name} {cat}: {v:,.2f} {unit}")}</title>'
+                         "</rect>")
+        if i % every == 0:
+            parts.append(f'<text class="tick" x="{x0 + bar / 2:.1f}" y="{height - 8}" text-anchor="middle">'
+                         f"{esc(cat)}</text>")
+    parts.append(f'<text class="unit" x="4" y="{top + 10}">{esc(unit)}</text>')
+    legend = "".join(f'<li><svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
+                     f'fill="{PALETTE[k % len(PALETTE)]}"/></svg>{esc(name)}</li>' for k, (name, _) in enumerate(series))
+    svg = (f'<svg class="plot" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+           f'aria-label="{esc(title)}"><title>{esc(title)}</title>'
+           f'<rect class="frame" x="{left}" y="{top}" width="{pw}" height="{ph}"/>{"".join(parts)}</svg>')
+    return Markup(f'<figure class="chart"><figcaption>{esc(title)}</figcaption>{svg}'
+                  f'<ul class="legend">{legend}</ul></figure>')

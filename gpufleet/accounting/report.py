@@ -1,33 +1,97 @@
-"""The finance export: one row per run overlapping a period, as CSV or JSON.
+"""Finance exports: the per-run CSV of the contract, and the finance report with its totals.
 
-Each row is the run's accounting clipped to the period [since, until), so
-consecutive periods add up to the whole run and no run is billed twice.
-Columns: the contract's fields in the contract's order, then extras; times
-are RFC 3339 UTC, numbers plain decimals (never exponent notation), unknown
-values empty; text cells (team, name, ...) never start a spreadsheet formula.
+``GET /v1/reports/runs.csv`` (contracts.md section 3): one row per run
+overlapping a period, clipped to it, so consecutive periods add up to the whole
+run and no run is billed twice.  Columns: the contract's fields in the
+contract's order, then extras.
+
+``GET /v1/reports/finance.csv`` / ``.json`` and ``gpufleet report``: the
+report finance reconciles against (compare CodeCarbon's ``emissions.csv``,
+which has one row per run and no totals): one row per run (or per site or
+team with ``group_by``) and currency, then a row for the GPU time no run held
+(``unallocated``), one for GPU time without telemetry (``no_telemetry``) and a
+``total`` per currency; :data:`FINANCE_COLUMNS` documents every column.  Money
+is in the currency's minor units and each block's money is the sum of its
+rows', so the total row adds up to the cent.
+
+Writing: times RFC 3339 UTC, numbers plain decimals (never exponent notation),
+money with every minor digit (``12.30``), unknown values empty; text cells
+(team, name, ...) never start a spreadsheet formula (:mod:`gpufleet.csvsafe`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 
-from gpufleet.accounting.energy import Source
+from gpufleet.accounting.fleet import GROUP_BY, Block, GroupBy, run_block
+from gpufleet.accounting.lines import ZERO, Line, Source, lines
+from gpufleet.accounting.money import money_text, number, rounded
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs
+from gpufleet.accounting.run import bodies as run_bodies
+from gpufleet.accounting.snapshot import snapshot
+from gpufleet.config import AccountingSettings
 from gpufleet.csvsafe import safe_text
+from gpufleet.timeparse import iso
 
-#: Extra columns after the contract's, from the body (or its ``efficiency`` block).
+#: Extra columns of runs.csv after the contract's, from the body (or its ``efficiency`` block).
 CSV_EXTRAS: tuple[str, ...] = (
-    "name", "site", "team", "state", "window_start", "window_end", "source", "carbon_source", "price_source",
-    "tokens", "samples", "tokens_per_kwh", "mfu", "goodput",
+    "name", "site", "team", "state", "window_start", "window_end", "duration_s", "gpu_models", "gpu_equivalents",
+    "carbon_regions", "g_co2e_per_kwh", "co2e_unknown_kwh", "lost_gpu_hours", "source", "carbon_source",
+    "price_source", "tokens", "samples", "tokens_per_kwh", "mfu", "goodput",
 )
 CSV_COLUMNS: tuple[str, ...] = CONTRACT_FIELDS + CSV_EXTRAS
+MONEY = ("energy_cost", "compute_cost", "total_cost")
+#: Ratios written with six decimals (a share of 1e-6 is far below what any input is known to).
+RATIOS = ("coverage", "pue", "g_co2e_per_kwh", "gpu_equivalents", "mfu", "goodput")
+
+#: The finance report's columns and what each one means.
+FINANCE_COLUMNS: dict[str, str] = {
+    "row_type": "run, site or team (the rows of group_by); unallocated: GPU time no run held, with telemetry; "
+                "no_telemetry: GPU time no run held and no sample covers; total: the fleet, per currency",
+    "key": "run id, site or team of the row (empty for a run without a site or team); the row type otherwise; "
+           "'all' on the total of the whole fleet (every currency, and GPU time at nodes without a site), "
+           "which has energies and hours but no money",
+    "name": "run name (run rows)",
+    "team": "team (run rows; team rows: the team)",
+    "site": "site the row is priced at (run rows: the run's site)",
+    "state": "pending, running or ended at the time of the report, as GET /v1/runs says it (run rows)",
+    "start": "run start, RFC 3339 UTC (run rows)",
+    "end": "run end; empty while running (run rows)",
+    "window_start": "start of the accounted window: the run's start clipped to the period",
+    "window_end": "end of the accounted window: the run's end (or now) clipped to the period",
+    "duration_s": "window_end - window_start, seconds",
+    "runs": "runs in the row",
+    "gpu_models": "GPU model(s) from node facts, '; '-separated (unknown: empty)",
+    "gpu_count": "GPUs held (run rows)",
+    "gpu_equivalents": "GPUs' worth held: the sum of declared shares (= gpu_count without sharing)",
+    "gpu_hours": "GPU-hours: window duration x shares held (unallocated: hours with telemetry; no_telemetry: "
+                 "hours without)",
+    "gpu_kwh": "GPU energy, kWh (counter differences, else integrated power)",
+    "host_kwh": "host energy times the share of the node's GPUs the row held, kWh",
+    "it_kwh": "gpu_kwh + host_kwh",
+    "pue": "facility_kwh / it_kwh: the PUE in force, energy-weighted",
+    "facility_kwh": "IT energy x the PUE in force at each time, kWh",
+    "carbon_regions": "grid region(s) whose carbon intensity applied, '; '-separated",
+    "g_co2e_per_kwh": "carbon intensity used, energy-weighted: co2e_kg x 1000 / facility kWh of known intensity",
+    "co2e_kg": "facility energy x the carbon intensity in force, kg CO2e; empty when no intensity is known",
+    "co2e_unknown_kwh": "facility energy with no known carbon intensity, kWh",
+    "energy_cost": "facility energy x the energy price in force, in the row's currency",
+    "compute_cost": "GPU-hours x the GPU-hour price in force (per GPU model where the site gives one)",
+    "total_cost": "energy_cost + compute_cost",
+    "currency": "ISO 4217 code of the row's money (a row never mixes currencies)",
+    "coverage": "share (0-1) of the row's GPU-seconds inside counted sample intervals",
+    "lost_gpu_hours": "GPU-hours lost to starvation and checkpoint stalls (incidents)",
+}
+FINANCE_COLUMN_NAMES: tuple[str, ...] = tuple(FINANCE_COLUMNS)
 
 
 def runs_report(conn: psycopg.Connection, since: datetime, until: datetime, *, now: datetime | None = None,
@@ -46,23 +110,212 @@ def plain(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, Decimal):
+        return format(value.normalize() if value != value.to_integral() else value.quantize(Decimal(1)), "f")
     if isinstance(value, float):
         text = format(Decimal(repr(value)), "f")
         return text[:-2] if text.endswith(".0") else text
+    if isinstance(value, list | tuple):
+        return safe_text("; ".join(str(v) for v in value))
     return safe_text(str(value))
 
 
+def _run_extras(body: Mapping[str, Any]) -> dict[str, Any]:
+    eff = body.get("efficiency") or {}
+    start, end = body.get("window_start"), body.get("window_end")
+    duration = (datetime.fromisoformat(end.replace("Z", "+00:00")) - datetime.fromisoformat(
+        start.replace("Z", "+00:00"))).total_seconds() if start and end else None
+    return {
+        "duration_s": duration,
+        "gpu_models": sorted({m["model"] for m in body.get("gpu_models") or [] if m.get("model")}),
+        "carbon_regions": sorted({p["carbon_region"] for p in body.get("rates") or [] if p.get("carbon_region")}),
+        "lost_gpu_hours": eff.get("lost_gpu_hours"),
+    }
+
+
+def _text(column: str, value: Any, minor_units: int) -> str:
+    if value is None:
+        return ""
+    if column in MONEY:
+        return money_text(value, minor_units)
+    if column in RATIOS and isinstance(value, float):
+        return plain(rounded(value, 6))
+    return plain(value)
+
+
 def _cell(body: Mapping[str, Any], column: str) -> str:
+    if column in MONEY or column in RATIOS:
+        if column in body:
+            return _text(column, body[column], int(body.get("minor_units", 2)))
+        return _text(column, (body.get("efficiency") or {}).get(column), 2)
     if column in body:
         return plain(body[column])
+    extras = _run_extras(body)
+    if column in extras:
+        return plain(extras[column])
     return plain((body.get("efficiency") or {}).get(column))
 
 
 def report_csv(bodies: Iterable[Mapping[str, Any]]) -> str:
-    """CSV text with a header row of :data:`CSV_COLUMNS`."""
+    """runs.csv text with a header row of :data:`CSV_COLUMNS`."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for body in bodies:
         w.writerow([_cell(body, c) for c in CSV_COLUMNS])
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- the finance report
+
+
+@dataclass
+class _Group:
+    block: Block = field(default_factory=Block)
+    names: set[str] = field(default_factory=set)
+    teams: set[str] = field(default_factory=set)
+    sites: set[str] = field(default_factory=set)
+    models: set[str] = field(default_factory=set)
+    regions: set[str] = field(default_factory=set)
+    gpu_count: int = 0
+    gpu_equivalents: float = 0.0
+    lost_gpu_hours: float = 0.0
+    minor_units: int = 2
+    body: Mapping[str, Any] | None = None  # a run row's own body
+
+
+def _row(row_type: str, key: str | None, currency: str | None, g: _Group) -> dict[str, Any]:
+    b = g.block
+    e, c = (b.costs.get(currency or "", [ZERO, ZERO]) if currency else (ZERO, ZERO))
+    known = b.facility_kwh - b.co2e_unknown_kwh
+    body = g.body or {}
+    out: dict[str, Any] = {
+        "row_type": row_type, "key": key, "name": body.get("name"),
+        "team": body.get("team") if g.body else (key if row_type == "team" else None),
+        "site": body.get("site") if g.body else (key if row_type == "site" else None),
+        "state": body.get("state"), "start": body.get("start"), "end": body.get("end"),
+        "window_start": body.get("window_start"), "window_end": body.get("window_end"),
+        "duration_s": _run_extras(body)["duration_s"] if g.body else None,
+        "runs": b.runs, "gpu_models": sorted(g.models), "gpu_count": g.gpu_count if row_type != "total" else None,
+        "gpu_equivalents": g.gpu_equivalents if g.body or row_type in ("site", "team") else None,
+        "gpu_hours": number(b.gpu_hours), "gpu_kwh": number(b.gpu_kwh), "host_kwh": number(b.host_kwh),
+        "it_kwh": number(b.it_kwh),
+        "pue": rounded(float(b.facility_kwh / b.it_kwh), 6) if b.it_kwh > 0 else None,
+        "facility_kwh": number(b.facility_kwh), "carbon_regions": sorted(g.regions),
+        "g_co2e_per_kwh": rounded(float(b.co2e_kg * 1000 / known), 6) if known > 0 else None,
+        "co2e_kg": number(b.co2e_kg) if known > 0 or row_type == "no_telemetry" else (
+            None if b.facility_kwh > 0 else 0.0),
+        "co2e_unknown_kwh": number(b.co2e_unknown_kwh),
+        "energy_cost": number(e) if currency else (0.0 if row_type != "total" else None),
+        "compute_cost": number(c) if currency else (0.0 if row_type != "total" else None),
+        "total_cost": number(e + c) if currency else (0.0 if row_type != "total" else None),
+        "currency": currency,
+        "coverage": min(b.covered_s / b.gpu_s, 1.0) if b.gpu_s > 0 else 0.0,
+        "lost_gpu_hours": g.lost_gpu_hours,
+    }
+    if g.body:
+        out["pue"] = body.get("pue")
+        out["g_co2e_per_kwh"] = body.get("g_co2e_per_kwh")
+        out["co2e_kg"] = body.get("co2e_kg")
+    out["minor_units"] = g.minor_units
+    return out
+
+
+@dataclass(frozen=True)
+class FinanceReport:
+    since: datetime
+    until: datetime
+    window_end: datetime
+    group_by: GroupBy
+    rows: list[dict[str, Any]]
+
+    def body(self) -> dict[str, Any]:
+        return {"from": iso(self.since), "to": iso(self.until), "window_end": iso(self.window_end),
+                "group_by": self.group_by, "columns": FINANCE_COLUMNS,
+                "rows": [{k: v for k, v in r.items() if k != "minor_units"} for r in self.rows]}
+
+
+def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *, group_by: GroupBy = "run",
+                   now: datetime | None = None, max_gap_s: float | None = None,
+                   source: Source = "auto") -> FinanceReport:
+    """The rows of the period [since, until): per run (or site or team) and currency, then unallocated,
+    no telemetry, and the total per currency."""
+    if group_by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, not {group_by!r}")
+    now = now or datetime.now(UTC)
+    gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
+    with snapshot(conn):
+        rows = lines(conn, since, until, now, fleet=True, max_gap_s=gap, source=source)
+        run_lines: dict[str | None, Line] = {ln.run_id: ln for ln in rows if ln.line == "run"}
+        runs = load_runs(conn, sorted(k for k in run_lines if k is not None))
+        bodies = run_bodies(conn, runs, run_lines, now=now, max_gap_s=gap, source=source, since=since, until=until)
+    groups: dict[tuple[str | None, str | None], _Group] = defaultdict(_Group)
+    totals: dict[str | None, _Group] = defaultdict(_Group)
+    key = {"site": "site", "team": "team", "run": "run_id"}[group_by]
+    for body in bodies:
+        ln = run_lines[body["run_id"]]
+        g = groups[(body[key], body["currency"])]
+        g.block.merge(run_block(ln))
+        extras = _run_extras(body)
+        g.models.update(extras["gpu_models"])
+        g.regions.update(extras["carbon_regions"])
+        g.gpu_count += body["gpu_count"]
+        g.gpu_equivalents += body["gpu_equivalents"]
+        g.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
+        g.minor_units = ln.minor_units
+        if group_by == "run":
+            g.body = body
+        t = totals[body["currency"]]
+        t.block.add_cost(ln.currency, ln.energy_cost, ln.compute_cost or ZERO)
+        t.block.runs += 1
+        t.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
+        t.models.update(extras["gpu_models"])
+        t.regions.update(extras["carbon_regions"])
+    idle: dict[str | None, _Group] = defaultdict(_Group)
+    dark = _Group()
+    for ln in rows:
+        if ln.line == "unallocated":
+            gpu_s = ln.gpu_s or 0.0
+            covered = min(ln.covered_s, gpu_s)
+            u = idle[ln.currency]
+            u.block.add_time(ln.covered_hours or ZERO, covered, covered)
+            u.block.add_energy(ln)
+            u.block.add_cost(ln.currency, ln.energy_cost, ZERO)
+            u.minor_units = ln.minor_units
+            totals[ln.currency].block.add_cost(ln.currency, ln.energy_cost, ZERO)
+            dark.block.add_time((ln.gpu_hours or ZERO) - (ln.covered_hours or ZERO), gpu_s - covered, 0.0)
+        elif ln.line == "total":
+            t = totals[ln.currency]
+            t.block.add_time(ln.gpu_hours or ZERO, ln.gpu_s or 0.0, ln.covered_s)
+            t.block.add_energy(ln)
+            t.minor_units = ln.minor_units
+    out: list[dict[str, Any]] = []
+    for (k, cur), g in sorted(groups.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or "", kv[0][1] or "")):
+        out.append(_row(group_by, k, cur, g))
+    for cur, g in sorted(idle.items(), key=lambda kv: kv[0] or ""):
+        out.append(_row("unallocated", "unallocated", cur, g))
+    out.append(_row("no_telemetry", "no_telemetry", None, dark))
+    priced = {cur: g for cur, g in totals.items() if cur is not None}
+    for cur, g in sorted(priced.items()):
+        out.append(_row("total", "total", cur, g))
+    if len(totals) != 1 or not priced:
+        # more than one currency, or GPU time priced nowhere (nodes without a site): the whole fleet
+        every = _Group()
+        for g in totals.values():
+            every.block.merge(g.block)
+            every.models |= g.models
+            every.regions |= g.regions
+            every.lost_gpu_hours += g.lost_gpu_hours
+        every.block.costs = {}
+        out.append(_row("total", "all", None, every))
+    return FinanceReport(since, until, max(since, min(until, now)), group_by, out)
+
+
+def finance_csv(report: FinanceReport) -> str:
+    """The finance report as CSV: a header of :data:`FINANCE_COLUMN_NAMES`, then its rows."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(FINANCE_COLUMN_NAMES)
+    for r in report.rows:
+        w.writerow([_text(c, r[c], r["minor_units"]) for c in FINANCE_COLUMN_NAMES])
     return buf.getvalue()

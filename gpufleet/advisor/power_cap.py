@@ -10,7 +10,10 @@ limit are the *points*: a run that never saw its limit change gives one
 point, a run whose limit was changed gives one per limit.  Minutes are left
 out, and the reason counted, where the run's GPUs ran at different limits,
 where the limit changed in that minute or the next, where energy coverage is
-incomplete, outside the reports, or in the run's first ``warmup_s``.
+incomplete, outside the reports, or in the run's first ``warmup_s``.  A run
+that holds a GPU with declared sharing is left out whole (counted under
+:data:`SHARED`): the limit and the energy are the GPU's, its tokens only
+one tenant's.
 
 Points of one model (``runs.labels.model``, else the run's name) at one
 limit (rounded to ``level_step_w``) pool into a *level*: tokens per joule =
@@ -45,7 +48,8 @@ from gpufleet.gpu_models import gpu_model_names
 RUNS_SQL = """
 SELECT r.run_id, r.name, r.labels->>'model', extract(epoch FROM r.start)::float8,
        extract(epoch FROM r."end")::float8,
-       array_agg(a.node ORDER BY a.node, a.gpu), array_agg(a.gpu ORDER BY a.node, a.gpu)
+       array_agg(a.node ORDER BY a.node, a.gpu), array_agg(a.gpu ORDER BY a.node, a.gpu),
+       bool_or(a.sharing <> 'exclusive')
 FROM runs r JOIN run_allocations a ON a.run_id = r.run_id
 WHERE EXISTS (SELECT 1 FROM run_progress p WHERE p.run_id = r.run_id AND p.tokens IS NOT NULL)
   AND coalesce(r."end", 'infinity') > %s AND r.start < %s
@@ -63,6 +67,10 @@ LEFT JOIN gpu_energy_1m e ON e.node = st.node AND e.gpu = st.gpu AND e.bucket = 
 WHERE a.run_id = %s AND st.bucket >= %s AND st.bucket < %s
 GROUP BY st.bucket ORDER BY st.bucket
 """
+
+#: Why a run on a declared-shared GPU (time-slicing, MPS, a MIG instance) is left out: the power limit
+#: and the energy counter are the whole GPU's, shared with runs whose tokens are not this run's.
+SHARED = "run on a shared GPU (its limit and energy are the whole GPU's)"
 
 PROGRESS_SQL = """
 SELECT extract(epoch FROM time)::float8, tokens FROM run_progress
@@ -274,7 +282,7 @@ def power_cap_advice(conn: psycopg.Connection, gpu_model: str, max_throughput_lo
     want = gpu_model.strip().lower()
     seen_models: set[str] = set()
     per_model: dict[str, tuple[list[Point], dict[str, int], list[str]]] = {}
-    for run_id, name, label, start, end, nodes, gpus in conn.execute(
+    for run_id, name, label, start, end, nodes, gpus, shared in conn.execute(
             RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))).fetchall():
         kinds = {(names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "") for n, g in zip(nodes, gpus,
                                                                                                   strict=True)}
@@ -284,7 +292,8 @@ def power_cap_advice(conn: psycopg.Connection, gpu_model: str, max_throughput_lo
         m = _model_of(name, label, run_id)
         if model is not None and m != model:
             continue
-        pts, excl = run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now)
+        pts, excl = (([], {SHARED: 1}) if shared
+                     else run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now))
         bucket = per_model.setdefault(m, ([], defaultdict(int), []))
         bucket[0].extend(pts)
         for k, v in excl.items():

@@ -55,24 +55,26 @@ def _catalog_columns(fields: tuple[Field, ...]) -> list[Column]:
 sites = Table(
     "sites", metadata,
     Column("site", Text, primary_key=True),
-    Column("pue", Double, nullable=False, server_default=text("1.0")),
-    Column("price_per_kwh", Double, nullable=False, server_default=text("0")),
-    Column("gpu_hour_price", Double, nullable=False, server_default=text("0")),
+    #: Money of every price of the site (ISO 4217); prices are never converted.
     Column("currency", Text, nullable=False, server_default=text("'USD'")),
-    Column("carbon_region", Text, nullable=True),
-    Column("carbon_g_per_kwh", Double, nullable=True),
-    CheckConstraint("pue >= 1.0", name="sites_pue_ge_1"),
-    CheckConstraint("price_per_kwh >= 0 AND gpu_hour_price >= 0", name="sites_prices_nonneg"),
 )
 
-#: Time-of-use energy prices: a step function per site, like carbon intensity.
-site_prices = Table(
-    "site_prices", metadata,
+#: Dated site settings (migration 0004): each value holds from ``valid_from`` (``-infinity``: from the
+#: beginning) until the next of the same (site, setting, gpu_model).  ``gpu_model`` is non-empty only for
+#: a GPU-hour price of one GPU model (NULL ``num`` there: the site's default price applies again).
+site_settings = Table(
+    "site_settings", metadata,
     Column("site", Text, ForeignKey("sites.site", ondelete="CASCADE"), nullable=False),
-    _tz("time"),
-    Column("price_per_kwh", Double, nullable=False),
-    PrimaryKeyConstraint("site", "time"),
-    CheckConstraint("price_per_kwh >= 0", name="site_prices_nonneg"),
+    Column("setting", Text, nullable=False),
+    Column("gpu_model", Text, nullable=False, server_default=text("''")),
+    _tz("valid_from"),
+    Column("num", Double, nullable=True),
+    Column("txt", Text, nullable=True),
+    _tz("set_at", server_default=text("now()")),
+    PrimaryKeyConstraint("site", "setting", "gpu_model", "valid_from", name="site_settings_pkey"),
+    CheckConstraint("setting IN ('pue', 'price_per_kwh', 'gpu_hour_price', 'carbon_region', 'carbon_g_per_kwh')",
+                    name="site_settings_setting"),
+    CheckConstraint("gpu_model = '' OR setting = 'gpu_hour_price'", name="site_settings_model_price"),
 )
 
 carbon_intensity = Table(
@@ -123,7 +125,13 @@ run_allocations = Table(
     Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
+    #: Declared sharing (0004): exclusive, time_slice, mps or mig; ``share`` of the GPU's energy and hours.
+    Column("sharing", Text, nullable=False, server_default=text("'exclusive'")),
+    Column("share", Double, nullable=False, server_default=text("1")),
+    Column("mig_profile", Text, nullable=True),
+    Column("mig_instance", SmallInteger, nullable=True),
     PrimaryKeyConstraint("run_id", "node", "gpu"),
+    CheckConstraint("sharing IN ('exclusive', 'time_slice', 'mps', 'mig')", name="run_allocations_sharing"),
 )
 Index("run_allocations_node_gpu_idx", run_allocations.c.node, run_allocations.c.gpu)
 

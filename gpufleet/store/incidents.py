@@ -22,3 +22,8 @@ def list_incidents(conn: psycopg.Connection, state: str | None = None, kind: str
            "ORDER BY (state = 'open') DESC, start DESC, id DESC LIMIT %s OFFSET %s")
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(sql, [*params, limit, offset]).fetchall()
+
+
+def get_incident(conn: psycopg.Connection, incident_id: int) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(f"SELECT {COLUMNS} FROM incidents WHERE id = %s", (incident_id,)).fetchone()

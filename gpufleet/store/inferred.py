@@ -32,8 +32,11 @@ samples are already stored): the sighting is marked ``conflict`` with the
 database's message naming the other run, logged and counted.  Such a
 conflict is final for that (run, node, GPU), so one clash is reported once,
 not once a sweep.  Allocations are of whole physical GPUs for a run's whole
-duration, so MIG instances or time-sliced replicas of one GPU used by two
-runs at once are such a conflict: the first run keeps the GPU.
+duration (``sharing = 'exclusive'``: sharing is declared only by a
+registration), so MIG instances or time-sliced replicas of one GPU used by
+two runs at once are such a conflict: the first run keeps the GPU.  A
+registered run that declares sharing of a GPU an inferred run holds takes
+it as any registration does (:func:`yield_to`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """Runs and their GPU allocations.
 
-A GPU belongs to at most one run at any instant: the database refuses an
-allocation, or a change of a run's start or end, that would make two runs
-hold one GPU at once (migration 0003); :class:`Conflict` carries its message,
-which names the other run, the node and the GPU.
+A GPU belongs to at most one run at any instant unless sharing is declared:
+the database refuses an allocation, or a change of a run's start or end, that
+would make two runs hold one GPU at once (migrations 0003 and 0004), except
+when every run holding it declares sharing of one kind (time-slicing or MPS
+with a share of the GPU, or distinct MIG instances) and the shares never add
+up to more than the whole GPU; :class:`Conflict` carries its message, which
+names the other run, the node and the GPU.  Accounting splits a shared GPU's
+energy and GPU-hours by those shares, so nothing is counted twice.
 
 Who may do what (``as_node``: the node a node token was issued for; ``None``
 for admin, the CLI and replay, which keep every power):
@@ -78,11 +82,67 @@ RUN_SELECT = """
 SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params, r.labels, r.source,
   CASE WHEN r.start > now() THEN 'pending' WHEN r."end" IS NULL OR r."end" > now() THEN 'running'
        ELSE 'ended' END AS state,
-  COALESCE((SELECT json_agg(json_build_object('node', a.node, 'gpus', a.gpus) ORDER BY a.node)
-            FROM (SELECT node, array_agg(gpu ORDER BY gpu) AS gpus FROM run_allocations
-                  WHERE run_id = r.run_id GROUP BY node) a), '[]'::json) AS allocations,
-  (SELECT count(*) FROM run_allocations WHERE run_id = r.run_id)::int AS gpu_count
+  COALESCE((SELECT json_agg(CASE WHEN a.sharing = 'exclusive' THEN json_build_object('node', a.node, 'gpus', a.gpus)
+                                 ELSE json_build_object('node', a.node, 'gpus', a.gpus, 'sharing', a.sharing,
+                                                        'share', a.share, 'mig_profile', a.mig_profile,
+                                                        'mig_instance', a.mig_instance) END
+                            ORDER BY a.node, a.gpus[1])
+            FROM (SELECT node, sharing, share, mig_profile, mig_instance, array_agg(gpu ORDER BY gpu) AS gpus
+                  FROM run_allocations WHERE run_id = r.run_id
+                  GROUP BY node, sharing, share, mig_profile, mig_instance) a), '[]'::json) AS allocations,
+  (SELECT count(*) FROM run_allocations WHERE run_id = r.run_id)::int AS gpu_count,
+  (SELECT coalesce(sum(share), 0) FROM run_allocations WHERE run_id = r.run_id)::float8 AS gpu_equivalents
 FROM runs r"""
+
+#: How a run holds a GPU: alone, or declared shared (time-slicing, MPS, a MIG instance).
+SHARING = ("exclusive", "time_slice", "mps", "mig")
+#: Compute slices of a whole GPU in MIG mode (A100, H100, H200, B200; an A30 has 4: give ``share``).
+MIG_SLICES = 7
+MIG_PROFILE_RE = re.compile(r"([1-8])g\.(\d{1,3})gb(\+me)?")
+
+
+def mig_share(profile: str, slices: int = MIG_SLICES) -> float:
+    """The share of a GPU a MIG instance of ``profile`` (``3g.40gb``) is: its compute slices of ``slices``."""
+    m = MIG_PROFILE_RE.fullmatch(profile.strip().lower())
+    if m is None or int(m.group(1)) > slices:
+        raise Invalid("mig_profile", f"{profile!r} is not a MIG profile such as '1g.10gb' or '3g.40gb'")
+    return int(m.group(1)) / slices
+
+
+def allocation_rows(allocations: list[dict[str, Any]]) -> list[tuple[str, int, str, float, str | None, int | None]]:
+    """(node, gpu, sharing, share, mig_profile, mig_instance) of every GPU, each entry checked: a GPU list,
+    a known sharing, a share in (0, 1] for time-slicing and MPS (1 when exclusive), a MIG profile and
+    instance for MIG (its share the profile's slices of the GPU unless given)."""
+    rows = []
+    for i, a in enumerate(allocations):
+        where = f"allocations[{i}] (node {a.get('node')!r})"
+        gpus = a.get("gpus") or []
+        if not gpus:
+            raise Invalid("allocations", f"{where}: no GPUs given; name them, e.g. NODE:0,1")
+        sharing = a.get("sharing") or "exclusive"
+        share = a.get("share")
+        profile, instance = a.get("mig_profile"), a.get("mig_instance")
+        if sharing not in SHARING:
+            raise Invalid("allocations", f"{where}: sharing must be one of {', '.join(SHARING)}, not {sharing!r}")
+        if sharing == "exclusive":
+            if share not in (None, 1, 1.0) or profile is not None or instance is not None:
+                raise Invalid("allocations", f"{where}: an exclusive allocation takes the whole GPU; declare "
+                                             "sharing (time_slice, mps or mig) to give a share")
+            share = 1.0
+        elif sharing == "mig":
+            if profile is None or instance is None:
+                raise Invalid("allocations", f"{where}: a MIG allocation needs mig_profile and mig_instance")
+            share = mig_share(profile) if share is None else share
+        elif share is None:
+            raise Invalid("allocations", f"{where}: {sharing} needs the share of the GPU the run declares "
+                                         "(0 < share <= 1)")
+        if not 0 < float(share) <= 1:
+            raise Invalid("allocations", f"{where}: share must be in (0, 1], not {share}")
+        if sharing != "mig" and (profile is not None or instance is not None):
+            raise Invalid("allocations", f"{where}: mig_profile and mig_instance are for sharing 'mig'")
+        for g in gpus:
+            rows.append((a["node"], int(g), sharing, float(share), profile, instance))
+    return rows
 
 
 def new_run_id() -> str:
@@ -151,21 +211,26 @@ def _node_may_touch(run: dict[str, Any], as_node: str) -> None:
 
 
 def _pairs(allocations: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return [(a["node"], int(g)) for a in allocations for g in a["gpus"]]
+    """(node, gpu) of every GPU of the allocations, each entry checked as :func:`allocation_rows` does."""
+    return [(r[0], r[1]) for r in allocation_rows(allocations)]
 
 
-def add_allocations(conn: psycopg.Connection, run_id: str, allocations: list[dict[str, Any]]) -> None:
-    nodes, gpus = [], []
-    for a in allocations:
-        for g in a["gpus"]:
-            nodes.append(a["node"])
-            gpus.append(g)
-    if nodes:
-        conn.execute(
-            "INSERT INTO run_allocations (run_id, node, gpu) SELECT %s, n, g FROM unnest(%s::text[], %s::int[]) "
-            "AS u(n, g) ON CONFLICT DO NOTHING",
-            (run_id, nodes, gpus),
-        )
+def add_allocations(conn: psycopg.Connection, run_id: str, allocations: list[dict[str, Any]]) -> list[str]:
+    """Insert the allocations; returns warnings (a node that has never reported is accepted, and said so)."""
+    rows = allocation_rows(allocations)
+    if not rows:
+        return []
+    conn.execute(
+        "INSERT INTO run_allocations (run_id, node, gpu, sharing, share, mig_profile, mig_instance) "
+        "SELECT %s, n, g, sh, s, mp, mi FROM unnest(%s::text[], %s::int[], %s::text[], %s::float8[], %s::text[], "
+        "%s::int[]) AS u(n, g, sh, s, mp, mi) ON CONFLICT DO NOTHING",
+        (run_id, *([r[k] for r in rows] for k in range(6))),
+    )
+    nodes = sorted({r[0] for r in rows})
+    seen = {n for (n,) in conn.execute("SELECT node FROM nodes WHERE node = ANY(%s) AND (last_seen IS NOT NULL "
+                                       "OR gpu_count IS NOT NULL)", (nodes,)).fetchall()}
+    return [f"node {n!r} has never reported telemetry: the allocation is kept, but its GPUs have no energy until "
+            "an agent on that node (by that name) sends samples; check the node name" for n in nodes if n not in seen]
 
 
 def check_run_id(run_id: str) -> None:
@@ -235,10 +300,13 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
                         raise Conflict(f"run {run_id!r} exists at site {existing['site']!r}")
                 start, end = existing["start"], existing["end"]
             inferred.yield_to(conn, run_id, start, end, _pairs(allocations))
-            add_allocations(conn, run_id, allocations)
+            warnings = add_allocations(conn, run_id, allocations)
     except psycopg.errors.ExclusionViolation as e:
         raise Conflict(e.diag.message_primary or str(e)) from None
-    return get_run(conn, run_id), created
+    run = get_run(conn, run_id)
+    if warnings:
+        run["warnings"] = warnings
+    return run, created
 
 
 def _node_may_join(existing: dict[str, Any], spec: dict[str, Any], as_node: str, now: datetime) -> None:
@@ -296,11 +364,13 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
                                   held + _pairs(changes.get("allocations") or []))
             if sets:
                 conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = %s", [*params, run_id])
-            if changes.get("allocations"):
-                add_allocations(conn, run_id, changes["allocations"])
+            warnings = add_allocations(conn, run_id, changes["allocations"]) if changes.get("allocations") else []
     except psycopg.errors.ExclusionViolation as e:
         raise Conflict(e.diag.message_primary or str(e)) from None
-    return get_run(conn, run_id)
+    run = get_run(conn, run_id)
+    if warnings:
+        run["warnings"] = warnings
+    return run
 
 
 def record_progress(conn: psycopg.Connection, run_id: str, time: datetime, tokens: float | None,

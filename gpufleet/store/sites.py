@@ -1,87 +1,225 @@
-"""Sites (PUE, prices, carbon region), time-of-use prices and carbon series."""
+"""Sites and their dated settings, time-of-use prices, PUE and carbon series.
+
+A site's PUE, energy price, GPU-hour price (per GPU model where given),
+carbon region and constant carbon intensity are step series in
+``site_settings`` (migration 0004): each value holds from its
+``valid_from`` until the next change of the same setting.  Changes take
+effect from a time, *now* unless told otherwise, so the accounting of the
+past never moves unless a change is dated back on purpose; the values of a
+new site hold from the beginning (``-infinity``).
+
+* :func:`patch_site` (``site set``, ``PATCH``) changes only the settings
+  given, from a time;
+* :func:`put_site` (``PUT``) replaces the whole site from a time: every
+  setting not given takes its default and later scheduled changes are
+  dropped; it reports which settings it defaulted;
+* :func:`set_series` loads many points of one setting (PUE per month,
+  time-of-use prices), like carbon series.
+
+The currency is not dated: a site's amounts are never converted, so its
+currency can change only while no run or node uses the site.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from gpufleet.store.runs import NotFound
+from gpufleet.store.runs import Conflict, NotFound
 from gpufleet.timeparse import TimeParseError, parse_time
 
+#: The dated settings, in the order the API and CLI show them.
+SETTINGS = ("pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh")
 SITE_COLUMNS = ("pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region", "carbon_g_per_kwh")
 
-
-#: What a column is when a site is created (or replaced by PUT) without it.
+#: What a setting is when a site is created (or replaced by PUT) without it.
 SITE_DEFAULTS: dict[str, Any] = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "currency": "USD",
                                  "carbon_region": None, "carbon_g_per_kwh": None}
 
+#: ``valid_from`` of the values a site starts with.
+BEGINNING = "-infinity"
 
-def upsert_site(conn: psycopg.Connection, site: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Create or replace the whole site: a column missing from ``values`` is NULL / its default
-    (PUT semantics; :func:`patch_site` changes only the columns given)."""
-    cols = ", ".join(SITE_COLUMNS)
+_TEXT = {"carbon_region"}
+
+_IN_FORCE = """
+SELECT DISTINCT ON (s.setting, s.gpu_model) s.setting, s.gpu_model, s.num, s.txt
+FROM site_settings s WHERE s.site = %s AND s.valid_from <= %s
+ORDER BY s.setting, s.gpu_model, s.valid_from DESC"""
+
+
+@dataclass(frozen=True)
+class SiteWrite:
+    """What a write did: the site as now in force, whether it was created, what PUT defaulted."""
+
+    site: dict[str, Any]
+    created: bool
+    valid_from: datetime | None
+    defaulted: tuple[str, ...] = ()
+
+
+def _point(setting: str, value: Any) -> tuple[float | None, str | None]:
+    return (None, value) if setting in _TEXT else (None if value is None else float(value), None)
+
+
+def _upsert(conn: psycopg.Connection, site: str, setting: str, model: str, valid_from: datetime | str,
+            value: Any) -> None:
+    num, txt = _point(setting, value)
     conn.execute(
-        f"INSERT INTO sites (site, {cols}) VALUES (%s, {', '.join(['%s'] * len(SITE_COLUMNS))}) "
-        f"ON CONFLICT (site) DO UPDATE SET " + ", ".join(f"{c} = EXCLUDED.{c}" for c in SITE_COLUMNS),
-        (site, *(values.get(c) for c in SITE_COLUMNS)),
-    )
-    return get_site(conn, site)
+        "INSERT INTO site_settings (site, setting, gpu_model, valid_from, num, txt) VALUES (%s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (site, setting, gpu_model, valid_from) DO UPDATE SET num = EXCLUDED.num, txt = EXCLUDED.txt, "
+        "set_at = now()", (site, setting, model, valid_from, num, txt))
 
 
-def patch_site(conn: psycopg.Connection, site: str, changes: dict[str, Any], *,
-               create: bool = False) -> tuple[dict[str, Any], bool]:
-    """Change only the columns in ``changes``; the others keep their values.
+def get_site(conn: psycopg.Connection, site: str, at: datetime | None = None) -> dict[str, Any]:
+    """The site's settings in force at ``at`` (default now), with its GPU-model prices."""
+    at = at or datetime.now(UTC)
+    row = conn.execute("SELECT currency FROM sites WHERE site = %s", (site,)).fetchone()
+    if row is None:
+        raise NotFound(f"site {site!r} not found")
+    out: dict[str, Any] = {"site": site, **{k: SITE_DEFAULTS[k] for k in SETTINGS}, "currency": row[0]}
+    models: dict[str, float] = {}
+    for setting, model, num, txt in conn.execute(_IN_FORCE, (site, at)).fetchall():
+        value = txt if setting in _TEXT else num
+        if model:
+            if value is not None:
+                models[model] = value
+        else:
+            out[setting] = value if value is not None or setting in ("carbon_region", "carbon_g_per_kwh") \
+                else SITE_DEFAULTS[setting]
+    out["gpu_hour_prices"] = dict(sorted(models.items()))
+    out["as_of"] = at
+    return {"site": out["site"], **{k: out[k] for k in SITE_COLUMNS}, "gpu_hour_prices": out["gpu_hour_prices"],
+            "as_of": at}
+
+
+def list_sites(conn: psycopg.Connection, at: datetime | None = None) -> list[dict[str, Any]]:
+    return [get_site(conn, s, at) for (s,) in conn.execute("SELECT site FROM sites ORDER BY site").fetchall()]
+
+
+def site_history(conn: psycopg.Connection, site: str) -> list[dict[str, Any]]:
+    """Every dated value of the site, by setting and time: what was (or will be) in force from when."""
+    get_site(conn, site)
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "SELECT setting, nullif(gpu_model, '') AS gpu_model, CASE WHEN valid_from > '-infinity' THEN valid_from END "
+            "AS valid_from, num, txt, set_at FROM site_settings s "
+            "WHERE site = %s ORDER BY s.setting, s.gpu_model, s.valid_from", (site,)).fetchall()
+    return [{"setting": r["setting"], "gpu_model": r["gpu_model"],
+             "valid_from": r["valid_from"],
+             "value": r["txt"] if r["setting"] in _TEXT else r["num"], "set_at": r["set_at"]} for r in rows]
+
+
+def _check_currency(conn: psycopg.Connection, site: str, currency: str) -> None:
+    row = conn.execute("SELECT currency FROM sites WHERE site = %s", (site,)).fetchone()
+    if row is None or row[0] == currency:
+        return
+    used = conn.execute(
+        "(SELECT 'run ' || quote_literal(run_id) FROM runs WHERE site = %s ORDER BY start LIMIT 1) UNION ALL "
+        "(SELECT 'node ' || quote_literal(node) FROM nodes WHERE site = %s ORDER BY node LIMIT 1) LIMIT 1",
+        (site, site)).fetchone()
+    if used is not None:
+        raise Conflict(f"site {site!r} prices in {row[0]} and is used ({used[0]}); changing its currency to "
+                       f"{currency} would relabel those amounts without converting them: register a new site "
+                       f"for {currency}")
+
+
+def _create(conn: psycopg.Connection, site: str, currency: str) -> bool:
+    created = conn.execute("INSERT INTO sites (site, currency) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING "
+                           "RETURNING site", (site, currency)).fetchone() is not None
+    if created:
+        for setting in SETTINGS:
+            _upsert(conn, site, setting, "", BEGINNING, SITE_DEFAULTS[setting])
+    return created
+
+
+def patch_site(conn: psycopg.Connection, site: str, changes: Mapping[str, Any], *, valid_from: datetime | None = None,
+               gpu_hour_prices: Mapping[str, float | None] | None = None, create: bool = False,
+               now: datetime | None = None) -> SiteWrite:
+    """Change only the settings in ``changes`` (and the GPU-model prices given; None ends one), from
+    ``valid_from`` (default now; a new site's values hold from the beginning).
 
     A site that does not exist is :class:`NotFound`, or with ``create`` is created with
-    :data:`SITE_DEFAULTS` for the columns not given.  Returns (site, created).
+    :data:`SITE_DEFAULTS` for the settings not given.
     """
     unknown = set(changes) - set(SITE_COLUMNS)
     if unknown:
         raise ValueError(f"not a site setting: {', '.join(sorted(unknown))}")
+    now = now or datetime.now(UTC)
     with conn.transaction():
         created = False
         if create:
-            created = conn.execute(
-                "INSERT INTO sites (site) VALUES (%s) ON CONFLICT (site) DO NOTHING RETURNING site", (site,)
-            ).fetchone() is not None
-        if changes:
-            cur = conn.execute(
-                "UPDATE sites SET " + ", ".join(f"{c} = %s" for c in changes) + " WHERE site = %s RETURNING site",
-                (*changes.values(), site),
-            )
-            if cur.fetchone() is None:
-                raise NotFound(f"site {site!r} not found; create it with PUT /v1/sites/{site}")
-        return get_site(conn, site), created
+            created = _create(conn, site, changes.get("currency") or SITE_DEFAULTS["currency"])
+        elif conn.execute("SELECT 1 FROM sites WHERE site = %s", (site,)).fetchone() is None:
+            raise NotFound(f"site {site!r} not found; create it with PUT /v1/sites/{site}")
+        when: datetime | str = BEGINNING if created and valid_from is None else (valid_from or now)
+        if "currency" in changes and not created:
+            _check_currency(conn, site, changes["currency"])
+            conn.execute("UPDATE sites SET currency = %s WHERE site = %s", (changes["currency"], site))
+        for setting in SETTINGS:
+            if setting in changes:
+                _upsert(conn, site, setting, "", when, changes[setting])
+        for model, price in (gpu_hour_prices or {}).items():
+            _upsert(conn, site, "gpu_hour_price", model, when, price)
+        return SiteWrite(get_site(conn, site, now), created, None if when == BEGINNING else when)  # type: ignore[arg-type]
 
 
-def get_site(conn: psycopg.Connection, site: str) -> dict[str, Any]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(f"SELECT site, {', '.join(SITE_COLUMNS)} FROM sites WHERE site = %s", (site,)).fetchone()
-    if row is None:
-        raise NotFound(f"site {site!r} not found")
-    return row
+def put_site(conn: psycopg.Connection, site: str, values: Mapping[str, Any], *, given: Iterable[str],
+             valid_from: datetime | None = None, gpu_hour_prices: Mapping[str, float] | None = None,
+             now: datetime | None = None) -> SiteWrite:
+    """Replace the whole site from ``valid_from`` (default now; a new site: from the beginning).
+
+    Every setting takes its value in ``values``, the ones not ``given`` their default; GPU-model prices
+    not in ``gpu_hour_prices`` end; changes scheduled after ``valid_from`` are dropped.
+    """
+    now = now or datetime.now(UTC)
+    given = set(given)
+    defaulted = tuple(f for f in SETTINGS if f not in given)
+    currency = values.get("currency") or SITE_DEFAULTS["currency"]
+    with conn.transaction():
+        created = _create(conn, site, currency)
+        when: datetime | str = BEGINNING if created and valid_from is None else (valid_from or now)
+        if not created:
+            _check_currency(conn, site, currency)
+            conn.execute("UPDATE sites SET currency = %s WHERE site = %s", (currency, site))
+            if when != BEGINNING:
+                conn.execute("DELETE FROM site_settings WHERE site = %s AND valid_from > %s", (site, when))
+        for setting in SETTINGS:
+            _upsert(conn, site, setting, "", when, values.get(setting, SITE_DEFAULTS[setting])
+                    if setting in given else SITE_DEFAULTS[setting])
+        prices = dict(gpu_hour_prices or {})
+        models = {m for (m,) in conn.execute("SELECT DISTINCT gpu_model FROM site_settings WHERE site = %s AND "
+                                             "gpu_model <> ''", (site,)).fetchall()}
+        for model in sorted(models | set(prices)):
+            _upsert(conn, site, "gpu_hour_price", model, when, prices.get(model))
+        return SiteWrite(get_site(conn, site, now), created, None if when == BEGINNING else when,  # type: ignore[arg-type]
+                         defaulted)
 
 
-def list_sites(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(f"SELECT site, {', '.join(SITE_COLUMNS)} FROM sites ORDER BY site").fetchall()
+def set_series(conn: psycopg.Connection, site: str, setting: str, points: list[tuple[datetime, Any]],
+               gpu_model: str = "") -> int:
+    """Upsert dated values of one setting (a PUE per month, time-of-use prices, ...)."""
+    if setting not in SETTINGS:
+        raise ValueError(f"not a site setting: {setting}")
+    with conn.transaction():
+        if conn.execute("SELECT 1 FROM sites WHERE site = %s", (site,)).fetchone() is None:
+            raise NotFound(f"site {site!r} not found")
+        for t, v in points:
+            _upsert(conn, site, setting, gpu_model, t, v)
+    return len(points)
 
 
 def set_prices(conn: psycopg.Connection, site: str, points: list[tuple[datetime, float]]) -> int:
-    get_site(conn, site)
-    with conn.transaction():
-        conn.execute(
-            "INSERT INTO site_prices (site, time, price_per_kwh) SELECT %s, t, p FROM unnest(%s::timestamptz[], "
-            "%s::float8[]) AS u(t, p) ON CONFLICT (site, time) DO UPDATE SET price_per_kwh = EXCLUDED.price_per_kwh",
-            (site, [p[0] for p in points], [p[1] for p in points]),
-        )
-    return len(points)
+    """Time-of-use energy prices: points of the site's ``price_per_kwh`` series."""
+    return set_series(conn, site, "price_per_kwh", points)
 
 
 def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetime, float]]) -> int:
@@ -111,36 +249,92 @@ def get_carbon(conn: psycopg.Connection, region: str, since: datetime | None = N
 
 
 class CsvError(ValueError):
-    """A CSV file is malformed; the message names the file, line and column."""
+    """A CSV file is malformed; the message names the file and every bad line and column."""
 
 
-def parse_carbon_csv(path: Path, region: str | None = None) -> list[tuple[datetime, float]]:
-    """Read ``time, g_co2e_per_kwh`` rows (an optional ``region`` column must
-    match ``region`` when given).  Nothing is returned unless every row parses."""
+#: At most this many problems are listed; the message says how many more there were.
+MAX_LISTED = 50
+
+
+def parse_series_csv(path: Path, value_cols: tuple[str, ...], check: Callable[[float], str | None],
+                     region: str | None = None) -> list[tuple[datetime, float]]:
+    """Read ``time, <value>`` rows: every bad row (time, number, range, a time given twice) is
+    reported in one :class:`CsvError`; nothing is returned unless every row parses.  An optional
+    ``region`` column must match ``region`` when given (other regions' rows are skipped)."""
     text = path.read_text(encoding="utf-8-sig")
     reader = csv.DictReader(io.StringIO(text))
     if reader.fieldnames is None:
-        raise CsvError(f"{path}: empty file, expected a header 'time,g_co2e_per_kwh'")
+        raise CsvError(f"{path}: empty file, expected a header 'time,{value_cols[0]}'")
     cols = [c.strip() for c in reader.fieldnames]
-    value_col = next((c for c in ("g_co2e_per_kwh", "carbon_intensity", "g_per_kwh") if c in cols), None)
+    value_col = next((c for c in value_cols if c in cols), None)
     if "time" not in cols or value_col is None:
-        raise CsvError(f"{path}: line 1: header must have 'time' and 'g_co2e_per_kwh' columns, has {cols}")
+        raise CsvError(f"{path}: line 1: header must have 'time' and '{value_cols[0]}' columns, has {cols}")
     out: list[tuple[datetime, float]] = []
+    problems: list[str] = []
+    seen: dict[datetime, int] = {}
     for lineno, row in enumerate(reader, start=2):
-        row = {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+        row = {(k or "").strip(): (v or "").strip() for k, v in row.items() if isinstance(v, str) or v is None}
         if region is not None and row.get("region") and row["region"] != region:
             continue
+        t: datetime | None = None
         try:
-            t = parse_time(row["time"])
+            t = _series_time(row.get("time", ""))
         except TimeParseError as e:
-            raise CsvError(f"{path}: line {lineno}, column 'time': {e}") from None
+            problems.append(f"line {lineno}, column 'time': {e}")
+        raw = row.get(value_col, "")
         try:
-            g = float(row[value_col])
+            v = float(raw)
         except ValueError:
-            raise CsvError(f"{path}: line {lineno}, column '{value_col}': not a number: {row[value_col]!r}") from None
-        if not (0 <= g <= 5000):
-            raise CsvError(f"{path}: line {lineno}, column '{value_col}': {g} is outside 0..5000 g/kWh")
-        out.append((t, g))
+            problems.append(f"line {lineno}, column '{value_col}': not a number: {raw!r}")
+            continue
+        bad = check(v)
+        if bad:
+            problems.append(f"line {lineno}, column '{value_col}': {bad}")
+            continue
+        if t is None:
+            continue
+        if t in seen:
+            problems.append(f"line {lineno}, column 'time': {row['time']} is also on line {seen[t]} "
+                            "(one value per time)")
+            continue
+        seen[t] = lineno
+        out.append((t, v))
+    if problems:
+        listed = problems[:MAX_LISTED]
+        more = f"; and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+        raise CsvError(f"{path}: {len(problems)} bad row{'s' if len(problems) != 1 else ''}, nothing loaded: "
+                       + "; ".join(listed) + more)
     if not out:
         raise CsvError(f"{path}: no data rows" + (f" for region {region!r}" if region else ""))
     return out
+
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _series_time(text: str) -> datetime:
+    """RFC 3339 with an offset, epoch seconds, or a bare date read as 00:00 UTC (monthly PUE, daily prices)."""
+    if _DATE.fullmatch(text.strip()):
+        try:
+            return datetime.fromisoformat(text.strip()).replace(tzinfo=UTC)
+        except ValueError:
+            raise TimeParseError(f"{text!r} is not a date") from None
+    return parse_time(text)
+
+
+def _carbon_check(g: float) -> str | None:
+    return None if 0 <= g <= 5000 else f"{g} is outside 0..5000 g/kWh"
+
+
+def _pue_check(p: float) -> str | None:
+    return None if 1.0 <= p <= 5.0 else f"{p} is outside 1..5 (a PUE is at least 1)"
+
+
+def parse_carbon_csv(path: Path, region: str | None = None) -> list[tuple[datetime, float]]:
+    """``time, g_co2e_per_kwh`` rows (also ``carbon_intensity`` or ``g_per_kwh``)."""
+    return parse_series_csv(path, ("g_co2e_per_kwh", "carbon_intensity", "g_per_kwh"), _carbon_check, region)
+
+
+def parse_pue_csv(path: Path) -> list[tuple[datetime, float]]:
+    """``time, pue`` rows: measured or monthly PUE, each value holding until the next."""
+    return parse_series_csv(path, ("pue",), _pue_check)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import psycopg
@@ -22,9 +23,22 @@ def at(seconds: float) -> datetime:
 
 def site(conn: psycopg.Connection, name: str, *, pue: float = 1.0, price: float = 0.0, gpu_hour: float = 0.0,
          currency: str = "USD", region: str | None = None, carbon: float | None = None) -> None:
-    conn.execute("INSERT INTO sites (site, pue, price_per_kwh, gpu_hour_price, currency, carbon_region, "
-                 "carbon_g_per_kwh) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                 (name, pue, price, gpu_hour, currency, region, carbon))
+    """A site whose settings hold from the beginning (``-infinity``), as ``PUT /v1/sites`` creates one."""
+    conn.execute("INSERT INTO sites (site, currency) VALUES (%s, %s)", (name, currency))
+    for setting, num, txt in (("pue", pue, None), ("price_per_kwh", price, None), ("gpu_hour_price", gpu_hour, None),
+                              ("carbon_region", None, region), ("carbon_g_per_kwh", carbon, None)):
+        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num, txt) "
+                     "VALUES (%s, %s, '-infinity', %s, %s)", (name, setting, num, txt))
+
+
+def setting(conn: psycopg.Connection, site_name: str, name: str, from_s: float | None, value: float | str | None,
+            gpu_model: str = "") -> None:
+    """One dated change of a site setting (``from_s`` None: from the beginning)."""
+    num, txt = (None, value) if name == "carbon_region" else (value, None)
+    conn.execute("INSERT INTO site_settings (site, setting, gpu_model, valid_from, num, txt) VALUES "
+                 "(%s, %s, %s, %s, %s, %s) ON CONFLICT (site, setting, gpu_model, valid_from) DO UPDATE "
+                 "SET num = EXCLUDED.num, txt = EXCLUDED.txt",
+                 (site_name, name, gpu_model, "-infinity" if from_s is None else at(from_s), num, txt))
 
 
 def carbon(conn: psycopg.Connection, region: str, points: Iterable[tuple[float, float]]) -> None:
@@ -34,9 +48,9 @@ def carbon(conn: psycopg.Connection, region: str, points: Iterable[tuple[float, 
 
 
 def prices(conn: psycopg.Connection, site_name: str, points: Iterable[tuple[float, float]]) -> None:
+    """Time-of-use energy prices: points of the site's ``price_per_kwh`` series."""
     for s, p in points:
-        conn.execute("INSERT INTO site_prices (site, time, price_per_kwh) VALUES (%s, %s, %s)",
-                     (site_name, at(s), p))
+        setting(conn, site_name, "price_per_kwh", s, p)
 
 
 def node(conn: psycopg.Connection, name: str, gpu_count: int | None = 8, site_name: str | None = None,
@@ -97,6 +111,11 @@ def constant_power(node_name: str, gpus: Iterable[int], power_w: float, t0_s: fl
 
 def drain(conn: psycopg.Connection, max_gap_s: float = 60.0) -> None:
     rollup.drain(conn, max_gap_s, plain_stats=backend_of(conn) != "timescaledb")
+
+
+def cents(x: float, places: int = 2) -> float:
+    """``x`` rounded to minor units as the database rounds money (half away from zero)."""
+    return float(Decimal(repr(x)).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP))
 
 
 def approx(a: float | None, b: float, rel: float = 1e-9, abs_: float = 1e-9) -> bool:

@@ -27,17 +27,33 @@ def fill(db: str) -> None:
 def test_report_csv_and_json(db: str, tmp_path: Path) -> None:
     fill(db)
     runner = CliRunner()
-    r = runner.invoke(app, ["report", *PERIOD, "--db", db])
+    r = runner.invoke(app, ["report", *PERIOD, "--runs", "--db", db])
     assert r.exit_code == 0, r.output
     rows = list(csv.reader(io.StringIO(r.stdout)))
     assert tuple(rows[0]) == CSV_COLUMNS and rows[1][0] == "r1"
-    assert approx(float(rows[1][CSV_COLUMNS.index("energy_cost")]), 0.5)
+    assert rows[1][CSV_COLUMNS.index("energy_cost")] == "0.50"  # money with its minor digits
     out = tmp_path / "report.json"
-    r = runner.invoke(app, ["report", *PERIOD, "--format", "json", "--source", "raw", "--db", db, "-o", str(out)])
+    r = runner.invoke(app, ["report", *PERIOD, "--runs", "--format", "json", "--source", "raw", "--db", db,
+                            "-o", str(out)])
     assert r.exit_code == 0, r.output
     body = json.loads(out.read_text())
     assert [b["run_id"] for b in body] == ["r1"] and approx(body[0]["gpu_kwh"], 3.6e6 / KWH)
     assert body[0]["source"] == "raw"
+    # the finance report: the run, the GPU time no run held, the total; bare dates as UTC midnight
+    r = runner.invoke(app, ["report", "--from", "2026-12-01", "--to", "2026-12-02", "--db", db])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    # n1 has no site: its idle hours are priced nowhere, so the whole fleet gets a row of its own
+    assert [(x["row_type"], x["key"], x["currency"]) for x in rows] == [
+        ("run", "r1", "EUR"), ("unallocated", "unallocated", ""), ("no_telemetry", "no_telemetry", ""),
+        ("total", "total", "EUR"), ("total", "all", "")]
+    assert rows[0]["total_cost"] == "0.50" and rows[3]["total_cost"] == "0.50" and rows[4]["total_cost"] == ""
+    assert rows[2]["gpu_hours"] == "23" and rows[4]["gpu_hours"] == "24" and rows[0]["state"] == "ended"
+    r = runner.invoke(app, ["report", "--from", "2026-12-01", "--to", "2026-12-02", "--group-by", "site",
+                            "--format", "json", "--db", db])
+    assert r.exit_code == 0, r.output
+    body = json.loads(r.stdout)
+    assert body["rows"][0]["row_type"] == "site" and body["rows"][0]["key"] == "s" and "coverage" in body["columns"]
 
 
 def test_report_refuses_bad_options(db: str) -> None:
@@ -47,6 +63,8 @@ def test_report_refuses_bad_options(db: str) -> None:
         (["--from", "2026-12-01T12:00:00Z", "--to", "2026-12-01T10:00:00Z"], "--to"),
         ([*PERIOD, "--format", "xml"], "--format"),
         ([*PERIOD, "--source", "cache"], "--source"),
+        ([*PERIOD, "--group-by", "colour"], "--group-by"),
+        (["--from", "1 Dec", "--to", "2026-12-02"], "--from"),
     ):
         r = runner.invoke(app, ["report", *args, "--db", db])
         assert r.exit_code == 2 and msg in r.output, r.output

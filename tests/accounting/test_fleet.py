@@ -44,8 +44,12 @@ def test_runs_plus_unallocated_is_the_fleet_total(conn: psycopg.Connection, sour
     f = fleet_accounting(conn, at(300.5), at(3300), group_by="team", now=at(3400), source=source)  # type: ignore[arg-type]
     runs, idle, total = f["runs"], f["unallocated"], f["total"]
     assert runs["runs"] == 3 and total["gpu_kwh"] > 0 and idle["gpu_kwh"] > 0 and idle["host_kwh"] > 0
-    for k in ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "gpu_hours"):
+    for k in ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg"):
         assert close(runs[k] + idle[k], total[k]), (k, runs[k], idle[k], total[k])
+    # GPU time no run held splits into time with telemetry (unallocated) and without (the hole on n2)
+    dark = f["no_telemetry"]
+    assert close(runs["gpu_hours"] + idle["gpu_hours"] + dark["gpu_hours"], total["gpu_hours"])
+    assert dark["gpu_kwh"] == 0 and dark["coverage"] == 0 and idle["coverage"] == 1.0 and dark["gpu_hours"] > 0
     assert 0 < total["coverage"] < 1
     # per-currency energy cost adds up too
     for cur in ("USD", "EUR"):
@@ -82,3 +86,24 @@ def test_empty_fleet(conn: psycopg.Connection) -> None:
     assert f["groups"] == [] and f["total"]["gpu_kwh"] == 0.0 and f["total"]["coverage"] == 0.0
     with pytest.raises(ValueError, match="group_by"):
         fleet_accounting(conn, at(0), at(3600), group_by="colour")  # type: ignore[arg-type]
+
+
+def test_a_day_with_minutes_of_telemetry_says_what_it_knows(conn: psycopg.Connection) -> None:
+    """The issue's day: 17 minutes of telemetry, six runs. Runs overlapping the day count, the GPU time no
+    sample covers is a line of its own (not "unallocated"), and every figure carries its coverage."""
+    site(conn, "s", pue=1.2, price=0.3, gpu_hour=2.0, currency="EUR", carbon=300.0)
+    node(conn, "n1", 8, "s")
+    day = (at(-10 * 3600), at(14 * 3600))  # 00:00 to 24:00 of the day of T0 (10:00)
+    gpu_samples(conn, [(float(t), "n1", g, 400.0, None) for g in range(8) for t in range(0, 17 * 60 + 1, 10)])
+    for k in range(6):  # runs that overlap the day, one of them from the day before, one into the next
+        run(conn, f"r{k}", -11 * 3600 if k == 0 else k * 600, 20 * 3600 if k == 5 else k * 600 + 300,
+            {"n1": [k]}, site_name="s")
+    f = fleet_accounting(conn, *day, now=at(30 * 3600), source="raw")
+    assert f["runs"]["runs"] == 6 and f["total"]["runs"] == 6
+    idle, dark, total = f["unallocated"], f["no_telemetry"], f["total"]
+    assert idle["coverage"] == 1.0 and dark["coverage"] == 0.0 and dark["gpu_kwh"] == 0.0
+    assert idle["gpu_hours"] < 8 * 17 / 60 and dark["gpu_hours"] > 150  # most of the day is unknown, said so
+    assert close(f["runs"]["gpu_hours"] + idle["gpu_hours"] + dark["gpu_hours"], total["gpu_hours"], 1e-9)
+    assert close(total["gpu_hours"], 8 * 24.0, 1e-9) and 0 < total["coverage"] < 0.02
+    for g in f["groups"]:
+        assert "coverage" in g

@@ -3,18 +3,31 @@
 
 A counted interval longer than the gap rule can only come from the energy counter, which bridges
 gaps of any length by contract; it is now one ``gpu_energy_spans`` row, and rollup-based accounting
-adds its share of the hours and minutes it reads, split at the tariff edges as raw accounting splits
-it: the ``account`` fixture checks raw, pending and rolled-up answers agree to 1e-9.
+(the database's ``gpufleet_accounting``) adds its share of the hours and minutes it reads, split at the
+tariff and carbon edges as raw accounting splits it: the ``account`` fixture checks raw, pending and rolled-up answers agree to 1e-9.
 """
 
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 
 import psycopg
 
 from gpufleet.accounting import fleet_accounting, run_accounting
-from tests.accounting.builders import KWH, approx, at, carbon, drain, gpu_samples, node, prices, run, site
+from tests.accounting.builders import (
+    KWH,
+    approx,
+    at,
+    carbon,
+    cents,
+    drain,
+    gpu_samples,
+    node,
+    prices,
+    run,
+    site,
+)
 from tests.accounting.conftest import Account
 
 DAY = 86400.0
@@ -142,3 +155,36 @@ def test_a_span_reaching_into_a_later_rebuild_is_kept(conn: psycopg.Connection, 
     a = account("r", now=at(9000))
     assert approx(a["gpu_kwh"], 100.0 * 7240 / KWH, rel=1e-9)
     assert conn.execute("SELECT t0, t1 FROM gpu_energy_spans").fetchall() == [(at(10), at(7230))]
+
+
+def test_price_and_carbon_changes_inside_the_gap_split_the_span(conn: psycopg.Connection, account: Account) -> None:
+    # A priced run inside the gap: the span's share of every hour and minute goes to the price and
+    # carbon in force there (edges on the hour grid cut its hours, edges off it its minutes), as the
+    # raw samples say; figures checked against the 250 W the counter shows across the gap.
+    _fleet_with_a_gap(conn)
+    lo, hi = DAY + 33.3, 2 * DAY + 100.7
+    run(conn, "priced", lo, hi, {"n1": [0]}, site_name="eu")
+    a = account("priced", now=at(5 * DAY))
+    edges = [lo, DAY + 1800.5, DAY + 7200, 2 * DAY, 2 * DAY + 61, 2 * DAY + 90.25, hi]
+    g_per_kwh = [300.0, 100.0, 100.0, 50.0, 70.0, 70.0]
+    price = [0.3, 0.3, 0.1, 0.1, 0.1, 0.05]
+    kwh = [250.0 * (b - t) / KWH for t, b in pairwise(edges)]
+    assert approx(a["gpu_kwh"], sum(kwh), rel=1e-9)
+    assert approx(a["co2e_kg"], sum(k * g / 1000.0 for k, g in zip(kwh, g_per_kwh, strict=True)), rel=1e-9)
+    assert a["energy_cost"] == cents(sum(k * p for k, p in zip(kwh, price, strict=True)))
+    assert a["price_source"] == "time_of_use"
+    # the fleet around it reconciles to the same figures, rolled up or raw
+    raw = fleet_accounting(conn, at(DAY / 2), at(3 * DAY), group_by="run", now=at(5 * DAY), source="raw")
+    rolled = fleet_accounting(conn, at(DAY / 2), at(3 * DAY), group_by="run", now=at(5 * DAY))
+    assert rolled["source"] == "rollup"
+    for block in ("runs", "unallocated", "total"):
+        for k in ("gpu_kwh", "co2e_kg", "coverage"):
+            assert approx(rolled[block][k], raw[block][k], rel=1e-9, abs_=1e-12), (block, k)
+    assert approx(rolled["runs"]["co2e_kg"], a["co2e_kg"], rel=1e-9)
+    # runs + unallocated (+ the GPU time no sample covers, GPU 1 in the gap) = the fleet
+    for k in ("gpu_kwh", "co2e_kg"):
+        assert approx(rolled["runs"][k] + rolled["unallocated"][k], rolled["total"][k], rel=1e-9), k
+    dark = rolled["no_telemetry"]
+    assert dark["gpu_hours"] > 0 and dark["gpu_kwh"] == 0
+    assert approx(rolled["runs"]["gpu_hours"] + rolled["unallocated"]["gpu_hours"] + dark["gpu_hours"],
+                  rolled["total"]["gpu_hours"], rel=1e-9)

@@ -21,7 +21,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from gpufleet.advisor.power_cap import AdvisorSettings, power_cap_advice
+from gpufleet.advisor.power_cap import SHARED, AdvisorSettings, power_cap_advice
 from gpufleet.agent.simulator import Fleet
 from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
@@ -151,6 +151,23 @@ def test_too_little_data_says_so_and_why(sweep_db: FilledFleet) -> None:
         none = power_cap_advice(conn, "NVIDIA A100-SXM4-80GB", 0.05, now=sweep_db.end, settings=CFG)
     assert none["models"] == [] and "no run on 'NVIDIA A100-SXM4-80GB' GPUs reported progress" in none["reasons"][0]
     assert H100 in none["reasons"][0]  # it names the GPU models that do have data
+
+
+def test_a_run_on_a_shared_gpu_is_left_out(sweep_db: FilledFleet) -> None:
+    # Declared sharing: the GPU's limit and energy are its tenants' together, the tokens one run's.
+    with psycopg.connect(sweep_db.url) as conn:
+        conn.execute("UPDATE run_allocations SET sharing = 'time_slice', share = 0.5 WHERE run_id = 'cap-400'")
+        try:
+            (m,) = power_cap_advice(conn, H100, 0.05, model="llama-13b-pretrain", now=sweep_db.end,
+                                    settings=CFG)["models"]
+        finally:
+            conn.rollback()
+    levels = {lv["power_limit_w"]: lv for lv in m["levels"]}
+    assert 400.0 not in levels and sorted(levels) == [350.0, 450.0, 500.0, 700.0]
+    assert all(p["run_id"] != "cap-400" for p in m["points"])
+    assert m["excluded_minutes"][SHARED] == 1
+    (again,) = _advice(sweep_db, 0.05, model="llama-13b-pretrain")["models"]
+    assert 400.0 in {lv["power_limit_w"] for lv in again["levels"]} and SHARED not in again["excluded_minutes"]
 
 
 def test_the_endpoint_serves_the_advice(sweep_db: FilledFleet, settings: Settings) -> None:

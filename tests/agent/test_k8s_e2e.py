@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,21 @@ def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(stac
         assert body["gpu_count"] == gpus and body["gpu_kwh"] > 0 and body["coverage"] > 0.9, body
     lost = client.get(f"/v1/runs/{STARVED}/accounting").json()["efficiency"]
     assert lost["lost_gpu_hours"] > 0 and lost["goodput"] < 1.0
+    # the finance report has the inferred runs as rows like any run's, and its rows make up the fleet
+    began = datetime.fromtimestamp(clock[0] - SECONDS - 60, UTC)
+    period = {"from": began.isoformat(), "to": (datetime.now(UTC) + timedelta(minutes=1)).isoformat()}
+    rep = client.get("/v1/reports/finance.json", params=period)
+    assert rep.status_code == 200, rep.text
+    rows = rep.json()["rows"]
+    by_run = {r["key"]: r for r in rows if r["row_type"] == "run"}
+    assert set(by_run) == {STARVED, STEADY}
+    assert (by_run[STARVED]["team"], by_run[STARVED]["gpu_count"], by_run[STEADY]["team"],
+            by_run[STEADY]["gpu_count"]) == ("llm", 4, "research", 1)
+    assert by_run[STARVED]["lost_gpu_hours"] > 0 and by_run[STEADY]["gpu_kwh"] > 0
+    (total,) = [r for r in rows if r["row_type"] == "total"]
+    for k in ("gpu_hours", "gpu_kwh"):
+        parts = sum(float(r[k]) for r in rows if r["row_type"] in ("run", "unallocated", "no_telemetry"))
+        assert parts == pytest.approx(float(total[k]), rel=1e-9, abs=1e-9), k
     with psycopg.connect(stack.db) as c:
         assert c.execute("SELECT count(*) FROM run_progress").fetchone()[0] == 0  # no POST by hand
         assert c.execute("SELECT count(*) FROM run_sightings WHERE status NOT IN ('allocated', 'moved')").fetchone()[0] == 0

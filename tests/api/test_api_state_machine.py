@@ -8,7 +8,8 @@ setting sites (non-finite values included) and reading everything.  After every 
 * nothing non-finite (Infinity, NaN) is stored;
 * a node token's accepted write touched its own node only: new allocations on its node, no other
   run changed, no team, name, labels or params of an existing run changed;
-* runs + unallocated = fleet total, in GPU-hours and GPU kWh, over the fleet's telemetry period.
+* runs + unallocated (+ GPU time without telemetry) = fleet total, in GPU-hours and GPU kWh, over
+  the fleet's telemetry period.
 
 Size: ``GPUFLEET_STATEFUL_EXAMPLES`` sequences (default 8) of up to ``GPUFLEET_STATEFUL_STEPS`` steps
 (default 12); ``GPUFLEET_STATEFUL_REPORT=path`` appends the counts as one JSON line.
@@ -77,7 +78,8 @@ class Env:
         allocs = {tuple(r) for r in c.execute("SELECT run_id, node, gpu FROM run_allocations").fetchall()}
         progress = {tuple(r) for r in c.execute("SELECT run_id, time, tokens, samples FROM run_progress").fetchall()}
         sites = {tuple(r) for r in c.execute("SELECT * FROM sites").fetchall()}
-        return {"runs": runs, "allocs": allocs, "progress": progress, "sites": sites}
+        settings = {tuple(r) for r in c.execute("SELECT * FROM site_settings").fetchall()}  # the dated values
+        return {"runs": runs, "allocs": allocs, "progress": progress, "sites": sites, "site_settings": settings}
 
 
 def _iso(minutes: float) -> str:
@@ -118,7 +120,7 @@ class ApiMachine(RuleBasedStateMachine):
     def _node_wrote_only_its_own(node: str, before: dict[str, Any], after: dict[str, Any], method: str,
                                  path: str) -> None:
         where = f"{method} {path} as node {node}"
-        assert after["sites"] == before["sites"], where
+        assert after["sites"] == before["sites"] and after["site_settings"] == before["site_settings"], where
         new_allocs = after["allocs"] - before["allocs"]
         assert before["allocs"] <= after["allocs"], where  # nothing taken away
         assert all(n == node for _, n, _ in new_allocs), (where, new_allocs)
@@ -196,8 +198,8 @@ class ApiMachine(RuleBasedStateMachine):
     def nothing_non_finite_is_stored(self) -> None:
         bad = "IN ('Infinity'::float8, '-Infinity'::float8, 'NaN'::float8)"
         row = self.env.conn.execute(
-            f"SELECT (SELECT count(*) FROM sites WHERE pue {bad} OR price_per_kwh {bad} OR gpu_hour_price {bad} "
-            f"OR carbon_g_per_kwh {bad}), (SELECT count(*) FROM run_progress WHERE tokens {bad} OR samples {bad})"
+            f"SELECT (SELECT count(*) FROM site_settings WHERE num {bad}), "
+            f"(SELECT count(*) FROM run_progress WHERE tokens {bad} OR samples {bad})"
         ).fetchone()
         assert row == (0, 0), row
 
@@ -207,10 +209,12 @@ class ApiMachine(RuleBasedStateMachine):
             "from": _iso(-60 * HISTORY_H), "to": _iso(-1), "group_by": "run", "source": "raw"})
         assert r.status_code == 200, r.text
         body = r.json()
-        runs, idle, total = body["runs"], body["unallocated"], body["total"]
+        runs, idle, dark, total = body["runs"], body["unallocated"], body["no_telemetry"], body["total"]
         assert math.isclose(total["gpu_hours"], len(NODES) * GPUS * (HISTORY_H - 1 / 60), rel_tol=1e-3), total
+        # GPU time no run held is the unallocated line where samples cover it, no_telemetry where none do
         for k in ("gpu_hours", "gpu_kwh"):
-            assert abs(runs[k] + idle[k] - total[k]) <= 1e-9 * max(1.0, total[k]), (k, runs[k], idle[k], total[k])
+            parts = runs[k] + idle[k] + dark[k]
+            assert abs(parts - total[k]) <= 1e-9 * max(1.0, total[k]), (k, runs[k], idle[k], dark[k], total[k])
         assert total["gpu_kwh"] > 0
 
 

@@ -26,10 +26,12 @@ from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
 
 #: Public by design: liveness/readiness probes, Prometheus scrapes, the API's
 #: self-description, the sign-in form and static assets of the web view.
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/assets/{name}",
+          "/redoc",
           "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico"}
 #: Browser pages: without any credentials they send the browser to the sign-in form.
-WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting", "/nodes/{node}"}
+WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting", "/nodes/{node}", "/finance",
+             "/finance/report.csv", "/finance/report.json"}
 
 
 def routes(app: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -36,6 +36,13 @@ _HOURS = {"name": "hours", "in": "query", "required": False, "schema": _TEXT}
 TRICKY_HOURS = ["nan", "NaN", "-nan", "inf", "-Infinity", "1e400", "1e-400", "-1", "0", "0.01", "1", "6", "all",
                 "ALL", "", " ", "1_0", "0x10", "abc"]
 
+#: Period bounds of the finance page and its downloads: dates and times it reads, and others around them.
+TRICKY_PERIODS = ["2026-12-01", "2026-12-01T10:00:00Z", "2026-12-01T10:00:00+05:30", "2026-12-01T10:00:00",
+                  "2026-02-30", "0001-01-01", "9999-12-31", "1970-01-01T00:00:00Z", "nan", "", " ", "today",
+                  "2026-12-01T25:00:00Z", "2026-12-01T10:00:00+24:00", "20261201", "1e400"]
+_PERIOD = [{"name": k, "in": "query", "required": False, "schema": {"enum": TRICKY_PERIODS}} for k in ("from", "to")]
+_GROUP = {"name": "group_by", "in": "query", "required": False, "schema": {"enum": ["run", "site", "team", "x", ""]}}
+
 #: Every web route with anything in its path, query and form.
 WEB_SCHEMA: dict[str, Any] = {
     "openapi": "3.0.3",
@@ -46,6 +53,12 @@ WEB_SCHEMA: dict[str, Any] = {
         "/runs/{run_id}": _get({"name": "run_id", "in": "path", "required": True, "schema": _TEXT}, _HOURS),
         "/incidents": _get(_query("state")),
         "/accounting": _get(),
+        "/finance": _get(_query("from"), _query("to"), _query("group_by")),
+        "/finance/report.csv": _get(_query("from"), _query("to"), _query("group_by")),
+        "/finance/report.json": _get(_query("from"), _query("to"), _query("group_by")),
+        "/nodes/{node}": _get({"name": "node", "in": "path", "required": True, "schema": _TEXT}),
+        "/docs": _get(),
+        "/docs/assets/{name}": _get({"name": "name", "in": "path", "required": True, "schema": _TEXT}),
         "/readyz": _get(),
         "/static/web.css": _get(),
         "/favicon.ico": _get(),
@@ -56,13 +69,16 @@ WEB_SCHEMA: dict[str, Any] = {
 
 
 def known_schema(run_id: str, tokens: list[str]) -> dict[str, Any]:
-    """The routes past their 404 and 401: an existing run's page with any ``hours``, and the sign-in
-    form with a valid token and anything else (generated values never hit those by chance)."""
+    """The routes past their 404 and 401: an existing run's page with any ``hours``, the finance page
+    and its download with dates around the ones they read, and the sign-in form with a valid token and
+    anything else (generated values never hit those by chance)."""
     return {
         "openapi": "3.0.3",
         "info": {"title": "gpufleet web view, known values", "version": "1"},
         "paths": {
             f"/runs/{run_id}": _get({**_HOURS, "schema": {"enum": TRICKY_HOURS}}),
+            "/finance": _get(*_PERIOD, _GROUP),
+            "/finance/report.csv": _get(*_PERIOD, _GROUP),
             "/login": {"post": _login_post({"enum": tokens})},
         },
     }

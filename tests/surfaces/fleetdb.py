@@ -58,9 +58,10 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
     t_end = fleet.t0 + seconds
     with psycopg.connect(url, autocommit=True) as conn:
         for s in fleet.scenario.sites:
-            site_store.upsert_site(conn, s.site, {
-                "pue": s.pue, "price_per_kwh": s.price_per_kwh, "gpu_hour_price": s.gpu_hour_price,
-                "currency": s.currency, "carbon_region": s.carbon_region, "carbon_g_per_kwh": s.carbon_g_per_kwh})
+            values = {"pue": s.pue, "price_per_kwh": s.price_per_kwh, "gpu_hour_price": s.gpu_hour_price,
+                      "currency": s.currency, "carbon_region": s.carbon_region,
+                      "carbon_g_per_kwh": s.carbon_g_per_kwh}
+            site_store.put_site(conn, s.site, values, given=values)
         for region, points in scenario_series(fleet.scenario, fleet.seed, fleet.t0, t_end).items():
             site_store.set_carbon(conn, region, [(_ts(t), g) for t, g in points])
         runs = [r for r in fleet.plan.runs if r.start < t_end]

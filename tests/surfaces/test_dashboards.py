@@ -200,21 +200,66 @@ def test_starvation_board_ranks_the_starved_runs_with_their_cause(fleet: FilledF
     assert lost == sorted(lost, reverse=True) and all(x > 0 for x in lost)
 
 
-def test_energy_per_run_agrees_with_the_accounting_module(fleet: FilledFleet) -> None:
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def test_energy_board_shows_exactly_the_apis_figures(fleet: FilledFleet) -> None:
+    """One definition: the board's per-run table, totals, currencies, teams and fleet figures are the API's."""
+    from datetime import UTC, datetime
+
     from gpufleet import accounting
-    per_run = {r["Run"]: r for r in _rows(_one(_results(fleet, "gpufleet-energy", "raw"), "Runs"))}
+
+    results = _results(fleet, "gpufleet-energy", "raw")
+    per_run = {r["Run"]: r for r in _rows(_one(results, "Runs"))}
     assert set(per_run) == set(fleet.runs)
+    now = datetime.now(UTC)
     with psycopg.connect(fleet.url, autocommit=True) as conn:
         exact = {a["run_id"]: a for a in accounting.account_runs(
-            conn, accounting.load_runs(conn, list(fleet.runs)), now=fleet.end, since=fleet.start,
-            until=fleet.end)}
+            conn, accounting.load_runs(conn, list(fleet.runs)), now=now, since=fleet.start, until=fleet.end)}
+        view = accounting.fleet_accounting(conn, fleet.start, fleet.end, group_by="team", now=now)
+    columns = (("GPU-hours", "gpu_hours"), ("GPU kWh", "gpu_kwh"), ("Host kWh", "host_kwh"), ("PUE", "pue"),
+               ("Facility kWh", "facility_kwh"), ("CO2e kg", "co2e_kg"), ("Energy cost", "energy_cost"),
+               ("Compute cost", "compute_cost"), ("Total cost", "total_cost"), ("Coverage", "coverage"),
+               ("GPUs", "gpu_count"))
     for run_id, row in per_run.items():
-        # Whole edge minutes against exact interval spreading: within a few percent.
-        a = exact[run_id]
-        for col, key in (("GPU kWh", "gpu_kwh"), ("Host kWh", "host_kwh"), ("Facility kWh", "facility_kwh"),
-                         ("CO2e kg", "co2e_kg"), ("Total cost", "total_cost")):
-            assert row[col] == pytest.approx(a[key], rel=0.05), (run_id, col)
-        assert float(row["GPU-hours"]) == pytest.approx(exact[run_id]["gpu_hours"], rel=1e-6), run_id
+        for col, key in columns:
+            assert _num(row[col]) == exact[run_id][key], (run_id, col, row[col], exact[run_id][key])
+        assert row["Currency"] == exact[run_id]["currency"]
+        assert exact[run_id]["gpu_kwh"] > 0 and exact[run_id]["total_cost"] > 0
+    totals = _rows(_one(results, "Runs in range"))[0]
+    runs = view["runs"]
+    assert (_num(totals["IT energy"]), _num(totals["Facility energy"]), _num(totals["CO2e"])) == \
+        (runs["it_kwh"], runs["facility_kwh"], runs["co2e_kg"])
+    currencies = {r["Currency"]: r for r in _rows(_one(results, "Cost by currency"))}
+    for cur, c in runs["costs_by_currency"].items():
+        assert (_num(currencies[cur]["Energy cost"]), _num(currencies[cur]["Compute cost"]),
+                _num(currencies[cur]["Total cost"])) == (c["energy_cost"], c["compute_cost"], c["total_cost"])
+    teams = {r["Team"]: r for r in _rows(_one(results, "Energy and CO2e by team"))}
+    for g in view["groups"]:
+        assert _num(teams[g["key"] or "no team"]["Facility kWh"]) == g["facility_kwh"], g["key"]
+    f = _rows(_one(results, "Fleet"))[0]
+    assert _num(f["GPU energy, all GPUs"]) == view["total"]["gpu_kwh"]
+    assert _num(f["Facility energy, all GPUs"]) == view["total"]["facility_kwh"]
+    assert _num(f["Facility energy, no run"]) == view["unallocated"]["facility_kwh"]
+    assert _num(f["GPU-hours, no run"]) == view["unallocated"]["gpu_hours"]
+    assert _num(f["GPU-hours, no telemetry"]) == view["no_telemetry"]["gpu_hours"]
+    # the time series is the same accounting per step: its steps add up to the fleet total
+    series = _rows(_one(results, "Facility energy by site"))
+    assert sum(float(r["value"]) for r in series) == pytest.approx(view["total"]["facility_kwh"], abs=1e-8 * len(series))
+
+
+def test_run_detail_accounting_is_the_apis(fleet: FilledFleet) -> None:
+    from datetime import UTC, datetime
+
+    from gpufleet.accounting import run_accounting
+
+    row = _rows(_one(_results(fleet, "gpufleet-run", "raw"), "So far"))[0]
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        a = run_accounting(conn, "demo-pretrain", now=datetime.now(UTC), until=fleet.end)
+    assert (_num(row["GPU-hours"]), _num(row["IT energy"]), _num(row["Facility energy"]), _num(row["Total cost"]),
+            _num(row["CO2e"]), row["Currency"]) == (a["gpu_hours"], a["it_kwh"], a["facility_kwh"], a["total_cost"],
+                                                    a["co2e_kg"], a["currency"])
 
 
 def test_panels_and_variables_use_the_datasource_variable() -> None:

@@ -115,7 +115,7 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
     with psycopg.connect(web.db) as conn:
         open_n = conn.execute("SELECT count(*) FROM incidents WHERE state = 'open'").fetchone()[0]  # type: ignore[index]
     assert cards["open incidents"] == str(open_n)
-    assert page.locator("nav a").all_inner_texts() == ["Fleet", "Runs", "Incidents", "Accounting"]
+    assert page.locator("nav a").all_inner_texts() == ["Fleet", "Runs", "Incidents", "Accounting", "Finance"]
     assert sorted(page.locator("section:has(h2:text('Nodes')) tbody tr td:first-child").all_inner_texts()) == \
         sorted(fleet.nodes)
 
@@ -148,12 +148,13 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
     assert not any(web.tokens["sre"] in u for u in watch.urls)
 
 
-def test_finance_sees_the_accounting_page_only(web: Web, browser: Any, fleet: FilledFleet) -> None:
+def test_finance_lands_on_the_finance_page_and_sees_accounting_only(web: Web, browser: Any, fleet: FilledFleet) -> None:
     watch = Watch()
     page = _page(browser, watch)
     _login(page, web, "finance")
-    assert page.url == web.url + "/accounting"
-    assert page.locator("nav a").all_inner_texts() == ["Accounting"]
+    assert page.url == web.url + "/finance"
+    assert page.locator("nav a").all_inner_texts() == ["Accounting", "Finance"]
+    page.click("nav >> text=Accounting")
     assert page.locator("tbody tr").count() == len(fleet.runs)
     assert page.locator("tbody a").count() == 0  # run pages are not theirs to open
     assert "EUR" in page.locator("tbody").inner_text()
@@ -163,6 +164,61 @@ def test_finance_sees_the_accounting_page_only(web: Web, browser: Any, fleet: Fi
         assert "may not open" in page.inner_text("main")
     # the 403 responses above are the only expected console noise
     assert [p for p in watch.problems if "403" not in p] == []
+
+
+def test_finance_page_periods_groups_totals_charts_and_downloads(web: Web, browser: Any, fleet: FilledFleet,
+                                                                 tmp_path: Path) -> None:
+    watch = Watch()
+    page = _page(browser, watch)
+    _login(page, web, "finance")
+    assert page.title() == "Finance - gpufleet"
+    assert page.locator("#group_by").input_value() == "team"
+    teams = page.locator("section:has(h2:text('By team')) tbody tr td:first-child").all_inner_texts()
+    with psycopg.connect(web.db) as conn:
+        expected = sorted({t or "no team" for (t,) in conn.execute("SELECT DISTINCT team FROM runs").fetchall()})
+    assert sorted(t.replace("no team", "no team") for t in teams) == expected, teams
+    others = page.locator("section:has(h2:text('totals')) tbody").inner_text()
+    assert "No run (with telemetry)" in others and "No run, no telemetry" in others and "Total" in others
+    assert "EUR" in others
+    charts = page.locator("figure.chart")
+    assert charts.count() == 2 and page.locator("figure.chart rect.bar").count() > 0
+    assert "per team" in charts.nth(0).inner_text()
+    # the page shows what the API reports for the same period (running runs cost more every second: the
+    # page's figure lies between the API's just before and just after it)
+    day_from, day_to = page.locator("#from").input_value(), page.locator("#to").input_value()
+
+    def api_eur() -> float:
+        with httpx.Client(base_url=web.url, headers={"Authorization": f"Bearer {web.tokens['finance']}"}) as c:
+            body = c.get("/v1/reports/finance.json", params={"from": day_from, "to": day_to}).json()
+        return next(r["total_cost"] for r in body["rows"] if r["row_type"] == "total" and r["currency"] == "EUR")
+
+    before = api_eur()
+    page.reload()
+    shown = float(page.locator(".card .value").first.inner_text().replace(" EUR", "").replace(",", ""))
+    after = api_eur()
+    assert before <= shown <= after, (before, shown, after)
+    # the CSV downloads with the browser's session (the cookie), no bearer token
+    with page.expect_download() as dl:
+        page.click("text=CSV")
+    path = tmp_path / "finance.csv"
+    dl.value.save_as(path)
+    text = path.read_text()
+    assert text.startswith("row_type,key,name,team,site,state,") and "\ntotal,total," in text
+    assert dl.value.suggested_filename.startswith("finance_team_")
+    # another grouping through the form
+    page.select_option("#group_by", "site")
+    with page.expect_navigation():
+        page.click("form.period button")
+    assert "group_by=site" in page.url
+    sites = page.locator("section:has(h2:text('By site')) tbody tr td:first-child").all_inner_texts()
+    assert sites and all(s for s in sites)
+    # a bad date says what it expects
+    response = page.goto(web.url + "/finance?from=yesterday")
+    assert response.status == 422 and "YYYY-MM-DD" in page.inner_text("main")
+    assert [p for p in watch.problems if "422" not in p] == []
+    with httpx.Client(base_url=web.url) as c:  # no session: the download is not open to anyone
+        r = c.get("/finance/report.csv", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/login")
 
 
 def test_sign_in_flow_and_refusals(web: Web, browser: Any) -> None:

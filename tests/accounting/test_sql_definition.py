@@ -1,0 +1,27 @@
+"""The accounting functions in the database are exactly the text of gpufleet.db.accounting_sql.
+
+Migration 0004 installs them from that module; a change to the module without a migration that
+replaces them (a ``_V2``) would leave databases on the old definition while the code reads the new
+one, so the installed bodies are compared with the module's.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from gpufleet.db import accounting_sql
+
+
+def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
+    want = {}
+    for stmt in accounting_sql.INSTALL_V1:
+        m = re.search(r"CREATE FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", stmt, re.S)
+        if m:
+            want[m.group(1)] = m.group(2)
+    assert set(want) == {"gpufleet_minor_units", "gpufleet_claim_energy", "gpufleet_site_periods",
+                         "gpufleet_energy_rates", "gpufleet_gpu_hour_prices", "gpufleet_accounting"}
+    got = dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall())
+    for name, body in want.items():
+        assert got.get(name) == body, f"{name}: the database's definition differs from accounting_sql (migrate)"
