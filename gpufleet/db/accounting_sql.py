@@ -348,6 +348,16 @@ $fn$
 """
 
 
+def _negligible(expr: str) -> str:
+    """A rate below 1e-9 (g/kWh or money per kWh) priced as zero.
+
+    PostgreSQL refuses a float product that underflows to zero ("value out of
+    range: underflow"), so one stored intensity of 5e-324 would make every
+    report over its region fail; no real rate is that small.
+    """
+    return f"(CASE WHEN abs({expr}) < 1e-9 THEN 0.0 ELSE {expr} END)"
+
+
 def _steps(lo: str, hi: str) -> str:
     """Multiples of p_step (from the origin) strictly inside (lo, hi); none without a step."""
     return (f"SELECT g FROM generate_series(date_bin(p_step, {lo}, {ORIGIN}) + p_step, {hi}, p_step) g "
@@ -376,8 +386,8 @@ x AS (
          cut.carbon_g_per_kwh
   FROM cut ORDER BY cut.t
 )
-SELECT x.t, coalesce(lead(x.t) OVER (ORDER BY x.t), p_hi), x.pue, x.price_per_kwh, x.carbon_region,
-  coalesce(lp.g, x.carbon_g_per_kwh, fp.g),
+SELECT x.t, coalesce(lead(x.t) OVER (ORDER BY x.t), p_hi), x.pue, {_negligible("x.price_per_kwh")}, x.carbon_region,
+  {_negligible("coalesce(lp.g, x.carbon_g_per_kwh, fp.g)")},
   CASE WHEN lp.g IS NOT NULL THEN 'series' WHEN x.carbon_g_per_kwh IS NOT NULL THEN 'site_constant'
        WHEN fp.g IS NOT NULL THEN 'series' ELSE 'none' END
 FROM x
@@ -388,6 +398,10 @@ LEFT JOIN LATERAL (SELECT ci.g_co2e_per_kwh AS g FROM carbon_intensity ci
 END
 $fn$
 """
+
+_GPU_HOUR_PRICE = _negligible(
+    f"coalesce(CASE WHEN key.k <> '' THEN {_setting('gpu_hour_price', 'num', 'b.t0', model='key.k')} END, "
+    f"{_setting('gpu_hour_price', 'num', 'b.t0')}, 0.0)")
 
 GPU_HOUR_PRICES_V1 = f"""
 CREATE FUNCTION gpufleet_gpu_hour_prices(p_site text, p_model text, p_lo timestamptz, p_hi timestamptz,
@@ -412,9 +426,7 @@ t AS (
   UNION
   {_steps("p_lo", "p_hi")}
 )
-SELECT b.t0, b.t1, key.k,
-  coalesce(CASE WHEN key.k <> '' THEN {_setting("gpu_hour_price", "num", "b.t0", model="key.k")} END,
-           {_setting("gpu_hour_price", "num", "b.t0")}, 0.0)
+SELECT b.t0, b.t1, key.k, {_GPU_HOUR_PRICE}
 FROM (SELECT t.t AS t0, coalesce(lead(t.t) OVER (ORDER BY t.t), p_hi) AS t1 FROM t) b, key;
 END
 $fn$

@@ -197,3 +197,15 @@ def test_period_clipping(conn: psycopg.Connection, account: Account) -> None:
     a = account("r", now=at(9999), since=at(1800), until=at(3000))
     assert a["start"] == "2026-12-01T10:00:00Z" and a["window_start"] == "2026-12-01T10:30:00Z"
     assert approx(a["gpu_hours"], 1200 / 3600) and approx(a["gpu_kwh"], 100 * 1200 / KWH)
+
+
+def test_a_vanishing_rate_is_priced_as_zero_not_an_error(conn: psycopg.Connection, account: Account) -> None:
+    # float products that underflow to zero are an error in PostgreSQL: one stored intensity or price of
+    # 5e-324 must not make every report over its site fail
+    site(conn, "de", region="DE", price=5e-324, gpu_hour=5e-324)
+    carbon(conn, "DE", [(0, 5e-324), (1800, 100.0)])
+    run(conn, "r", 0, 3600, {"n1": [0]}, site_name="de")
+    gpu_samples(conn, constant_power("n1", [0], 0.001, 0, 3600, step_s=0.5))
+    a = account("r", now=at(10_000))
+    assert approx(a["co2e_kg"], 1800 * 0.001 / KWH * 0.100, abs_=1e-15)
+    assert a["energy_cost"] == 0 and a["compute_cost"] == 0
