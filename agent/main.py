@@ -11,7 +11,6 @@ one-line message.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import threading
@@ -20,7 +19,7 @@ from types import FrameType
 
 from gpufleet.agent.k8s.attribution import KubernetesAttribution
 from gpufleet.agent.runtime import Agent
-from gpufleet.agent.sources.base import Source, SourceError
+from gpufleet.agent.sources.base import NamesNode, Source, SourceError
 from gpufleet.agent.sources.registry import UnknownSource, build_source
 from gpufleet.agent.spool import SpoolLocked
 from gpufleet.config import AgentSettings, Settings
@@ -47,26 +46,20 @@ def spool_dir(settings: Settings) -> Path:
     return settings.agent.spool_dir or settings.data_dir / "agent-spool"
 
 
-def fake_nvml_source(gpus: int, call_latency_s: float = 0.0, loaded: bool = True) -> Source:
-    """An ``nvml`` source over :class:`FakeNvml` H100s (tests, benchmarks, demos without GPUs)."""
-    from gpufleet.agent.sources.nvml import NvmlSource
-    from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
-
-    fake = FakeNvml([H100_SXM] * gpus, call_latency_s=call_latency_s)
-    if loaded:
-        for g in fake.gpus:
-            g.load()
-    return NvmlSource(api=fake)
-
-
 def make_sources(settings: AgentSettings, *, fake_nvml: int | None = None, sim: str | None = None) -> list[Source]:
-    """The configured sources; ``sim`` replaces them with one simulated node, ``fake_nvml`` swaps NVML for a fake."""
+    """The configured sources; ``sim`` replaces them with one simulated node, ``fake_nvml`` swaps NVML for a fake.
+
+    Both are sources of :mod:`gpufleet.sim` that the registry knows by name
+    (``sim``, ``fake-nvml``); the agent only fills in their settings.
+    """
     names = ["sim"] if sim is not None else list(settings.sources)
     if sim is not None:
-        # The simulator's ``sim`` source builds the scenario named here on first use.
-        os.environ["GPUFLEET_SIM_SCENARIO"] = sim
-    if fake_nvml and "nvml" not in names:
-        names.insert(0, "nvml")
+        settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"scenario": sim})})
+    if fake_nvml:
+        settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"fake_nvml_gpus": fake_nvml})})
+        names = ["fake-nvml" if n == "nvml" else n for n in names]
+        if "fake-nvml" not in names:
+            names.insert(0, "fake-nvml")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise AgentError(f"sources listed more than once: {', '.join(dup)}")
@@ -74,9 +67,6 @@ def make_sources(settings: AgentSettings, *, fake_nvml: int | None = None, sim: 
         raise AgentError("no sources configured (agent.sources is empty)")
     built = []
     for name in names:
-        if fake_nvml and name == "nvml":
-            built.append(fake_nvml_source(fake_nvml))
-            continue
         try:
             built.append(build_source(name, settings))
         except (UnknownSource, SourceError) as e:
@@ -97,11 +87,10 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
     if a.metrics_client_ca is not None and a.metrics_certfile is None:
         raise AgentError("agent.metrics_client_ca needs agent.metrics_certfile: client certificates need TLS")
     sources = make_sources(a, fake_nvml=fake_nvml, sim=sim)
-    if sim is not None and a.node is None:
+    named = [s.node_name for s in sources if isinstance(s, NamesNode)]
+    if named and a.node is None:
         # A simulated node is named by its scenario: file its samples under that name.
-        from gpufleet.agent.simulator.sources import attached_fleet
-
-        a = a.model_copy(update={"node": attached_fleet().nodes[0]})
+        a = a.model_copy(update={"node": named[0]})
     node = resolve_node(a)
     return Agent(a, sources, node=node, spool_dir=spool_dir(settings), kubernetes=kubernetes_attribution(a, node))
 

@@ -42,7 +42,8 @@ from gpufleet.accounting import run_accounting
 from gpufleet.collector import rollup
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.db.scratch import scratch_database
+from gpufleet.testing.pg import server_url
 
 T0 = datetime(2026, 11, 2, 0, 0, 0, tzinfo=UTC)
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

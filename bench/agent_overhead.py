@@ -49,7 +49,7 @@ def _imports() -> None:
     import gpufleet.agent.runtime
     import gpufleet.agent.sources.host
     import gpufleet.agent.sources.nvml
-    import gpufleet.agent.sources.nvml_fake  # noqa: F401
+    import gpufleet.sim.nvml_fake  # noqa: F401
 
 
 def child_baseline(seconds: float) -> dict[str, Any]:
@@ -69,9 +69,9 @@ def child_agent(seconds: float, gpus: int, latency_us: float, url: str) -> dict[
     from gpufleet.agent.runtime import Agent
     from gpufleet.agent.sources.host import HostSource
     from gpufleet.agent.sources.nvml import NvmlSource
-    from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
     from gpufleet.config import AgentSettings
-    from gpufleet.testing.servers import free_port
+    from gpufleet.serverthread import free_port
+    from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
 
     fake = FakeNvml([H100_SXM] * gpus, call_latency_s=latency_us / 1e6)
     for g in fake.gpus:

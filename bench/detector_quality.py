@@ -8,7 +8,7 @@ Each scenario of the simulator is written as a trace bundle, replayed exactly
 as ``gpufleet replay`` does (ingest path, rollups, every sweep of the
 timeline) and its findings scored against the scenario's labels.
 ``--degrade`` first cuts each bundle down to a form real fleets send
-(:mod:`gpufleet.agent.simulator.degrade`: nvidia-smi fields only, no host agent,
+(:mod:`gpufleet.sim.degrade`: nvidia-smi fields only, no host agent,
 both, or DCGM without GPU-Util), with the labels the cut data can still
 show; ``all`` runs the full form and every cut, a table each.  The
 baseline is the same scoring of an empty finding set (recall 0).  The last
@@ -29,8 +29,6 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpufleet.agent.simulator import scenario_names, write_bundle
-from gpufleet.agent.simulator.degrade import FORMS, degrade_bundle
 from gpufleet.collector import rollup
 from gpufleet.collector.bundle import read_bundle
 from gpufleet.collector.incidents import MemoryIncidentStore, Plan
@@ -39,7 +37,10 @@ from gpufleet.collector.scoring import Score, score
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.policies import backend_of
-from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.db.scratch import scratch_database
+from gpufleet.sim import scenario_names, write_bundle
+from gpufleet.sim.degrade import FORMS, degrade_bundle
+from gpufleet.testing.pg import server_url
 
 
 class TimedStore(MemoryIncidentStore):

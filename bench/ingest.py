@@ -36,9 +36,10 @@ from gpufleet.auth import hash_secret, new_secret
 from gpufleet.catalog import GPU_BY_NAME, gpu_columns
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
+from gpufleet.db.scratch import scratch_database
+from gpufleet.serverthread import free_port
 from gpufleet.testing import loadgen
-from gpufleet.testing.pg import scratch_database, server_url, timescale_server_url
-from gpufleet.testing.servers import free_port
+from gpufleet.testing.pg import server_url, timescale_server_url
 from gpufleet.wire import encode
 
 TEMPLATES = 64
@@ -170,7 +171,7 @@ def timescale_compressed_bytes(t0: float) -> float | None:
     server = timescale_server_url()
     if server is None:
         return None
-    from gpufleet.agent.simulator import Fleet
+    from gpufleet.sim import Fleet
     from gpufleet.testing.simfeed import SimFeed
 
     settings = load_settings()

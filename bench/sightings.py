@@ -36,8 +36,9 @@ from gpufleet.collector import sightings
 from gpufleet.collector.writer import GroupWriter, _Item
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
+from gpufleet.db.scratch import scratch_database
 from gpufleet.testing.loadgen import gpu_columns
-from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.testing.pg import server_url
 from gpufleet.wire import Batch, validate
 
 SECONDS = 5

@@ -55,10 +55,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.auth import create_token
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
+from gpufleet.db.scratch import scratch_database
 from gpufleet.testing.faultproxy import proxy_process
 from gpufleet.testing.fleet import Fleet
 from gpufleet.testing.oracle import integrity
-from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.testing.pg import server_url
 from gpufleet.testing.procs import CollectorProc
 
 FAULTS = ("collector_kill", "db_slow", "network_reset")

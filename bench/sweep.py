@@ -35,7 +35,8 @@ from gpufleet.collector.window_cache import GPU_COLUMNS
 from gpufleet.collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.db.scratch import scratch_database
+from gpufleet.testing.pg import server_url
 from gpufleet.wire import Column
 
 

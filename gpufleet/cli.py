@@ -60,7 +60,7 @@ def setup_logging(settings: Settings) -> None:
 
 def database(settings: Settings) -> str:
     from gpufleet.db.connect import database_url
-    from gpufleet.demo import demo_database
+    from gpufleet.demofile import demo_database
 
     if not settings.database_url:
         demo = demo_database(settings)
@@ -517,8 +517,8 @@ def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (
     from gpufleet.collector.replay import replay as run_replay
     from gpufleet.db import migrate
     from gpufleet.db.connect import with_database
+    from gpufleet.db.scratch import scratch_database
     from gpufleet.store.runs import Conflict
-    from gpufleet.testing.pg import scratch_database
 
     s = settings_from(config)
     say = (lambda _m: None) if quiet else (lambda m: typer.echo(f"replay: {m}", err=True))
@@ -597,8 +597,8 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
     import threading
 
     from gpufleet.db.connect import with_database
-    from gpufleet.demo import DemoOptions, run_demo
-    from gpufleet.testing.servers import free_port
+    from gpufleet.serverthread import free_port
+    from gpufleet.sim.demo import DemoOptions, run_demo
 
     s = settings_from(config, db, log_level="WARNING")
     setup_logging(s)
@@ -663,15 +663,14 @@ def diagnose(
         fail("--sample: must be within 0-60 s")
     s = settings_from(config)
     gpu: Source | None = None
-    if fake_nvml:
-        from gpufleet.agent.main import fake_nvml_source
-
-        gpu = fake_nvml_source(fake_nvml)
-    elif source != "none":
+    if fake_nvml or source != "none":
         from gpufleet.agent.sources.registry import UnknownSource, build_source
 
+        agent = s.agent.model_copy(update={"sim": s.agent.sim.model_copy(update={"fake_nvml_gpus": fake_nvml})}) \
+            if fake_nvml else s.agent
+        name = "fake-nvml" if fake_nvml else "nvml" if source == "auto" else source
         try:
-            gpu = build_source("nvml" if source == "auto" else source, s.agent)
+            gpu = build_source(name, agent)
         except (UnknownSource, SourceError, ValueError) as e:
             fail(f"--source {source}: {e}")
     view, checks = run_diagnose(gpu, proc_root or s.agent.proc_root, sys_root or s.agent.sys_root, sample,

@@ -252,6 +252,25 @@ class KubernetesSettings(BaseModel):
     timeout_s: float = Field(2.0, gt=0)
 
 
+class SimSettings(BaseModel):
+    """The simulated fleet the ``sim`` and ``fake-nvml`` sources read (demo, tests, benchmarks).
+
+    Those sources are plug-ins of :mod:`gpufleet.sim`; the agent knows them by
+    name only, so these settings are all it holds of the simulator.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    #: Scenario the ``sim`` source plays when no fleet was attached in-process (a name or a YAML path).
+    scenario: str = "demo"
+    #: Seed of that scenario (unset: the scenario's own).
+    seed: int | None = None
+    #: Simulated seconds per wall-clock second.
+    speed: float = Field(1.0, gt=0)
+    #: H100s the ``fake-nvml`` source presents.
+    fake_nvml_gpus: int = Field(8, ge=1, le=64)
+
+
 class AgentSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -288,6 +307,8 @@ class AgentSettings(BaseModel):
     dead_letter_max_bytes: int = Field(64 * 1024 * 1024, ge=0)
     #: Sources to run, by registered name.
     sources: list[str] = Field(default_factory=lambda: ["nvml", "host"])
+    #: The simulated fleet behind the ``sim`` and ``fake-nvml`` sources.
+    sim: SimSettings = Field(default_factory=SimSettings)
     #: Prometheus /metrics port of the agent itself; 0 disables it.
     metrics_port: int = Field(9410, ge=0, le=65535)
     #: Address the agent's /metrics listens on.

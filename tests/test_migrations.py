@@ -14,8 +14,9 @@ from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.db.connect import sqlalchemy_url
 from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
+from gpufleet.db.scratch import scratch_database
 from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
-from gpufleet.testing.pg import scratch_database, timescale_server_url
+from gpufleet.testing.pg import timescale_server_url
 
 #: The newest revision in migrations/versions (read, so a new revision needs no edit here).
 HEAD = ScriptDirectory.from_config(migrate.alembic_config("", False)).get_current_head()

@@ -34,7 +34,7 @@ def test_wheel_installs_one_top_level_name_and_runs_without_the_checkout(tmp_pat
         assert f"gpufleet/{c}/__init__.py" in names, c
     # Data the product reads at run time travels too.
     assert "gpufleet/migrations/env.py" in names
-    assert any(n.startswith("gpufleet/agent/simulator/scenarios/") and n.endswith(".yaml") for n in names)
+    assert any(n.startswith("gpufleet/sim/scenarios/") and n.endswith(".yaml") for n in names)
     assert any(n.startswith("gpufleet/dashboards/") and n.endswith(".json") for n in names)
 
     # Import every module from the unpacked wheel, away from the checkout:

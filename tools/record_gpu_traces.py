@@ -33,7 +33,7 @@ Scenarios (``--scenarios``):
 Each scenario and interval becomes a trace bundle (contracts.md section 1:
 ``gpu.csv``, ``host.csv``, ``runs.csv``, ``allocations.csv``, ``nodes.json``)
 plus ``labels.json`` (the simulator's label layout and vocabulary, see
-``agent/simulator/labels.py``) and ``nvml_readings.jsonl``: one JSON line per
+``gpufleet/sim/labels.py``) and ``nvml_readings.jsonl``: one JSON line per
 tick per GPU holding the row the NVML source returned, unchanged, so tests
 can replay the source's output.  Each scenario also keeps ``events.jsonl``,
 the training process's own log of what it injected and when;
@@ -113,7 +113,7 @@ from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS, canonical_gpu_na
 FORMAT_VERSION = 1
 
 
-#: Label vocabulary (agent/simulator/labels.py).
+#: Label vocabulary (gpufleet/sim/labels.py).
 STARVATION = "starvation"
 CHECKPOINT_STALL = "checkpoint_stall"
 STRAGGLER = "straggler"
@@ -674,7 +674,7 @@ class Recorder:
     # -- setup -------------------------------------------------------------------------
 
     def _fake_api(self) -> Any:
-        from gpufleet.agent.sources.nvml_fake import H200, FakeNvml
+        from gpufleet.sim.nvml_fake import H200, FakeNvml
 
         fake = FakeNvml([H200] * self.args.dry_gpus, energy_mj=5.0e9)
         if self.fakes and self.fakes[0].gpu(0).util_pct:

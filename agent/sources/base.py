@@ -52,6 +52,13 @@ class FactsSource(Protocol):
 
 
 @runtime_checkable
+class NamesNode(Protocol):
+    """A source that is a node of its own (a simulated one): the agent files samples under its name."""
+
+    node_name: str
+
+
+@runtime_checkable
 class Closeable(Protocol):
     """Optional ability: release handles (NVML shutdown, sockets)."""
 

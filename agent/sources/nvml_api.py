@@ -2,7 +2,7 @@
 
 :class:`NvmlApi` lists exactly the NVML entry points the ``nvml`` source uses,
 each stating its unit, so the source never touches ``pynvml`` and tests and
-benchmarks swap in :class:`gpufleet.agent.sources.nvml_fake.FakeNvml`.  :class:`PynvmlApi`
+benchmarks swap in :class:`gpufleet.sim.nvml_fake.FakeNvml`.  :class:`PynvmlApi`
 is the real implementation over ``pynvml`` (package ``nvidia-ml-py``), imported
 lazily so nodes without a driver can still import the agent.
 

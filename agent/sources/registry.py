@@ -6,15 +6,17 @@ two plug-ins can never silently shadow each other.  Building never touches
 hardware: sources open NVML, DCGM or HTTP on their first ``collect``, so the
 runtime's per-source error handling covers a missing driver too.
 
-Sources that live elsewhere register themselves when their module is imported;
-:data:`PLUGIN_MODULES` names the module to import for such a name (the
-simulator's ``sim`` source), so the registry needs no import of it up front.
+Sources that live elsewhere register themselves when their module is imported.
+Installed packages name those modules under the ``gpufleet.sources`` entry-point
+group (the simulator's ``sim`` and ``fake-nvml``); the registry imports one only
+when its name is asked for, so the agent never depends on the simulator.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from gpufleet.agent.sources.base import Source
 from gpufleet.config import AgentSettings
@@ -24,8 +26,16 @@ SourceFactory = Callable[[AgentSettings], Source]
 
 _FACTORIES: dict[str, SourceFactory] = {}
 
-#: Names whose factory is registered by importing a module outside this package.
-PLUGIN_MODULES: dict[str, str] = {"sim": "gpufleet.agent.simulator.sources"}
+#: Entry-point group naming, for each plug-in source, the module that registers it.
+ENTRY_POINT_GROUP = "gpufleet.sources"
+
+#: Plug-in modules by source name besides the installed entry points (these win).
+PLUGIN_MODULES: dict[str, str] = {}
+
+
+def plugin_modules() -> dict[str, str]:
+    """Source name -> module that registers it, for sources outside this package."""
+    return {**{ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}, **PLUGIN_MODULES}
 
 
 class UnknownSource(ValueError):
@@ -54,14 +64,15 @@ def registered() -> list[str]:
 
 def build_source(name: str, settings: AgentSettings) -> Source:
     """The source registered as ``name``, configured from ``settings``."""
-    if name not in _FACTORIES and name in PLUGIN_MODULES:
+    plugins = plugin_modules() if name not in _FACTORIES else {}
+    if name in plugins:
         try:
-            importlib.import_module(PLUGIN_MODULES[name])
+            importlib.import_module(plugins[name])
         except ImportError as e:
-            raise UnknownSource(f"source {name!r}: cannot import {PLUGIN_MODULES[name]}: {e}") from e
+            raise UnknownSource(f"source {name!r}: cannot import {plugins[name]}: {e}") from e
     factory = _FACTORIES.get(name)
     if factory is None:
-        known = ", ".join(sorted({*_FACTORIES, *PLUGIN_MODULES}))
+        known = ", ".join(sorted({*_FACTORIES, *plugin_modules()}))
         raise UnknownSource(f"unknown source {name!r} (known: {known})")
     return factory(settings)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from gpufleet.testing.servers import free_port
+from gpufleet.serverthread import free_port
 
 CONFIG = """
 route:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
-from gpufleet.testing.servers import free_port
+from gpufleet.serverthread import free_port
 
 Mode = Literal["pass", "reset", "blackhole", "refuse"]
 LOOPBACK = "127.0.0.1"

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.agent.main import fake_nvml_source
 from gpufleet.agent.runtime import Agent
+from gpufleet.agent.sources.base import Source
 from gpufleet.agent.sources.registry import build_source
 from gpufleet.config import AgentSettings
+from gpufleet.sim.nvml_fake import fake_nvml_source
 from gpufleet.testing.oracle import Oracle
 
 
@@ -56,7 +57,7 @@ class Fleet:
         self._threads: list[threading.Thread] = []
         for node, token in tokens.items():
             s = agent_settings(url, token, **settings)
-            sources = [fake_nvml_source(gpus)]
+            sources: list[Source] = [fake_nvml_source(gpus)]
             if host:
                 sources.append(build_source("host", s))
             node_facts = {"fleet": "test", **(facts or {}).get(node, {})}

@@ -3,21 +3,16 @@
 Order: ``GPUFLEET_TEST_DATABASE_URL``; the machine's server on
 127.0.0.1:5432 when it answers; else the embedded server in a data directory
 of its own.  Each caller gets a database of its own, created here and dropped
-afterwards, so no other database on the server is touched.
+afterwards (:func:`gpufleet.db.scratch.scratch_database`), so no other
+database on the server is touched.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
-
-from gpufleet.db.connect import with_database
 
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -53,16 +48,3 @@ def timescale_server_url() -> str | None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         return url if timescale_available(conn) else None
-
-
-@contextlib.contextmanager
-def scratch_database(server: str, prefix: str = "gpufleet_test") -> Iterator[str]:
-    """Create a uniquely named database, yield its URL, drop it afterwards."""
-    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield with_database(server, name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from gpufleet.testing.servers import free_port
+from gpufleet.serverthread import free_port
 
 OS_USER = "embedded_postgres"
 

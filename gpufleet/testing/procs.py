@@ -21,7 +21,7 @@ from typing import Any, Self
 import httpx
 import psutil
 
-from gpufleet.testing.servers import free_port
+from gpufleet.serverthread import free_port
 
 
 class Proc:

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from gpufleet.agent.simulator import Fleet
 from gpufleet.collector.writer import GroupWriter, _Item
+from gpufleet.sim import Fleet
 from gpufleet.wire import validate
 
 

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 
 from gpufleet.accounting import fleet_accounting
-from gpufleet.agent.simulator import scenario_names, write_bundle
 from gpufleet.collector import rollup
 from gpufleet.collector.bundle import read_bundle
 from gpufleet.collector.replay import accounting_for, load
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of
+from gpufleet.sim import scenario_names, write_bundle
 from tests.conftest import truncate_all
 from tests.independent import Fleet, cents
 

@@ -22,13 +22,13 @@ import psycopg
 import pytest
 
 from gpufleet.advisor.power_cap import SHARED, AdvisorSettings, power_cap_advice
-from gpufleet.agent.simulator import Fleet
 from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database
-from gpufleet.testing.servers import serve
+from gpufleet.db.scratch import scratch_database
+from gpufleet.serverthread import serve
+from gpufleet.sim import Fleet
 from tests.surfaces.fleetdb import FilledFleet, fill
 
 SCENARIO = str(Path(__file__).resolve().parents[1] / "fixtures" / "scenarios" / "power_cap_sweep.yaml")

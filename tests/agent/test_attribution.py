@@ -12,7 +12,7 @@ from gpufleet.agent.attribution import (
     run_from_environ,
 )
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeHandle, FakeNvml
+from gpufleet.sim.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 
 POD = "5f0c2c5e-9c1b-4b7e-8f55-0e6cbb1e2a10"
 

@@ -26,12 +26,12 @@ from gpufleet.agent.diagnose.run import diagnose
 from gpufleet.agent.diagnose.view import NodeView
 from gpufleet.agent.sources.mountstats import nfs_rates, parse_mountstats
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from gpufleet.agent.sources.placement import cpus_allowed, numa_nodes, pci_device, pcie_gen
 from gpufleet.catalog import THROTTLE_HW_SLOWDOWN, THROTTLE_SW_POWER_CAP
 from gpufleet.cli import app
 from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.facts import NodeFacts, check_facts
+from gpufleet.sim.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from tests.conftest import realdata
 
 HOSTFS = Path(__file__).resolve().parents[1] / "fixtures" / "hostfs"

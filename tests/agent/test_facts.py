@@ -104,8 +104,8 @@ def test_node_facts_fit_the_schema(tmp_path: Path) -> None:
 @pytest.mark.parametrize("profiles", [("h100",) * 8, ("h100-mig", "h200", "l40s")])
 def test_nvml_facts_fit_the_schema(profiles: tuple[str, ...]) -> None:
     from gpufleet.agent.sources.nvml import NvmlSource
-    from gpufleet.agent.sources.nvml_fake import PROFILES, FakeNvml
     from gpufleet.facts import NodeFacts, check_facts
+    from gpufleet.sim.nvml_fake import PROFILES, FakeNvml
 
     src = NvmlSource(FakeNvml([PROFILES[k] for k in profiles]), sys_root="/nonexistent")
     facts = src.facts()
@@ -126,8 +126,8 @@ def test_dcgm_exporter_facts_fit_the_schema() -> None:
 
 
 def test_simulated_fleet_facts_fit_the_schema() -> None:
-    from gpufleet.agent.simulator.fleet import Fleet
     from gpufleet.facts import check_facts
+    from gpufleet.sim.fleet import Fleet
 
     fleet = Fleet.from_scenario("mixed_fleet")
     for node in fleet.nodes:

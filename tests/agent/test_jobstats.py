@@ -12,9 +12,9 @@ from gpufleet.agent import scheduler as scheduler_mod
 from gpufleet.agent.jobstats import JOB_FIELDS, JobCgroups
 from gpufleet.agent.runtime import Agent
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from gpufleet.catalog import GPU_BY_NAME
 from gpufleet.config import AgentSettings
+from gpufleet.sim.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from tests.agent.test_runtime import decode_segments
 
 HOSTFS = Path(__file__).resolve().parents[1] / "fixtures" / "hostfs"

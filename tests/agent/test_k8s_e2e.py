@@ -29,14 +29,14 @@ from gpufleet.agent.main import kubernetes_attribution
 from gpufleet.agent.runtime import Agent
 from gpufleet.agent.sources.base import Reading, Source
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.api.app import create_app as create_api
 from gpufleet.auth import create_token
 from gpufleet.collector.app import create_app as create_collector
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import AgentSettings, KubernetesSettings, Settings
+from gpufleet.serverthread import serve
+from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.testing.kubelet import FakeApiServer, FakeKubelet, pod_json
-from gpufleet.testing.servers import serve
 
 PTJ = ("kubeflow.org/v1", "PyTorchJob", "llm-pretrain", "7d1e5a90-1111-4222-8333-944455556666")
 EVAL = ("batch/v1", "Job", "eval-nightly", "e7a10000-2222-4333-8444-555566667777")

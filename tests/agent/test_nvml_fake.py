@@ -7,7 +7,7 @@ import re
 import pytest
 
 from gpufleet.agent.sources.nvml_api import Clock, GpuLost, NotSupported, NvmlError
-from gpufleet.agent.sources.nvml_fake import PROFILES, FakeNvml, GpuProfile
+from gpufleet.sim.nvml_fake import PROFILES, FakeNvml, GpuProfile
 from tests.conftest import realdata
 
 

@@ -9,8 +9,8 @@ import pytest
 from gpufleet.agent.sources.base import FactsSource, Reading, Source, SourceError
 from gpufleet.agent.sources.nvml import NVML_FIELDS, NvmlSource, format_cpu_list, sysfs_bus_id
 from gpufleet.agent.sources.nvml_api import NotSupported, NvmlError
-from gpufleet.agent.sources.nvml_fake import PROFILES, FakeNvml
 from gpufleet.catalog import GPU_BY_NAME, THROTTLE_SW_POWER_CAP, WHOLE_GPU_FIELDS
+from gpufleet.sim.nvml_fake import PROFILES, FakeNvml
 
 
 class ManualClock:

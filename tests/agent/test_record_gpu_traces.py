@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from gpufleet.agent.simulator.labels import CAUSES, KINDS, Labels
 from gpufleet.agent.sources.nvml_api import NvmlError
-from gpufleet.agent.sources.nvml_fake import H200, FakeNvml
 from gpufleet.collector.bundle import read_bundle
 from gpufleet.facts import check_facts
+from gpufleet.sim.labels import CAUSES, KINDS, Labels
+from gpufleet.sim.nvml_fake import H200, FakeNvml
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "record_gpu_traces.py"
 NAME = "dry"

@@ -22,9 +22,9 @@ from gpufleet.agent.runtime import Agent
 from gpufleet.agent.scheduler import Scheduler
 from gpufleet.agent.sources.base import Reading, SourceError
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.config import AgentSettings, SourceSchedule
-from gpufleet.testing.servers import free_port
+from gpufleet.serverthread import free_port
+from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.wire import as_lists
 
 

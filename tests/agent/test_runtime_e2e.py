@@ -15,8 +15,8 @@ from gpufleet.agent.shipper import Verdict
 from gpufleet.agent.sources.base import Source
 from gpufleet.agent.sources.host import HostSource
 from gpufleet.agent.sources.nvml import NvmlSource
-from gpufleet.agent.sources.nvml_fake import H100_SXM, FakeNvml
 from gpufleet.config import AgentSettings
+from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
 from tests.collector.conftest import Collector, collector  # noqa: F401  (the fixture)
 
 

@@ -10,7 +10,7 @@ import pytest
 from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 
 
 @dataclass

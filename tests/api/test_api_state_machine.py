@@ -35,8 +35,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
+from gpufleet.serverthread import serve
 from gpufleet.store.runs import REGISTERED_BY
-from gpufleet.testing.servers import serve
 
 NODES = ("n1", "n2", "n3")
 GPUS = 2

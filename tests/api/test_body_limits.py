@@ -20,7 +20,7 @@ from gpufleet.api.app import create_app as create_api
 from gpufleet.auth import create_token
 from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import Settings
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 from tests.api.conftest import Api
 
 API_CAP = 200_000

@@ -18,9 +18,9 @@ from gpufleet.auth import create_token
 from gpufleet.cli import app
 from gpufleet.collector.service import check_schema
 from gpufleet.config import Settings
-from gpufleet.demo import DEMO_URL_FILE
-from gpufleet.testing.pg import scratch_database
-from gpufleet.testing.servers import serve
+from gpufleet.db.scratch import scratch_database
+from gpufleet.demofile import DEMO_URL_FILE
+from gpufleet.serverthread import serve
 from tests.api.conftest import Api
 
 
@@ -93,6 +93,6 @@ def test_the_cli_finds_a_running_demos_database(db: str, tmp_path: Path) -> None
         assert conn.execute("SELECT count(*) FROM sites WHERE site = 'from-demo'").fetchone() == (1,)
     (tmp_path / DEMO_URL_FILE).write_text(f"{db}\n999999999\n")  # a demo that is gone is not used
     from gpufleet.config import load_settings
-    from gpufleet.demo import demo_database
+    from gpufleet.demofile import demo_database
 
     assert demo_database(load_settings(data_dir=tmp_path)) is None

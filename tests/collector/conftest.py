@@ -9,7 +9,7 @@ import pytest
 from gpufleet.auth import create_token
 from gpufleet.collector.app import create_app
 from gpufleet.config import Settings
-from gpufleet.testing.servers import ServerThread, serve
+from gpufleet.serverthread import ServerThread, serve
 
 
 @dataclass

@@ -57,7 +57,7 @@ def test_open_and_resolved_incidents_reach_alertmanager(conn: psycopg.Connection
 
 
 def test_unreachable_alertmanager_is_counted_not_fatal(conn: psycopg.Connection) -> None:
-    from gpufleet.testing.servers import free_port
+    from gpufleet.serverthread import free_port
 
     pusher = AlertmanagerPusher(f"http://127.0.0.1:{free_port()}", timeout_s=1)
     f = Finding(kind="throttling", cause="thermal", severity="warning", start=time.time(), evidence={}, node="n", gpu=1)

@@ -23,7 +23,7 @@ from gpufleet.carbon import CarbonFetchError, fetch_into, make_provider
 from gpufleet.carbon.schedule import fetch_round
 from gpufleet.cli import app
 from gpufleet.config import CarbonSource
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "carbon"
 EM_TOKEN = "em-secret-token"

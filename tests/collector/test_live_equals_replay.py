@@ -18,13 +18,13 @@ from pathlib import Path
 
 import psycopg
 
-from gpufleet.agent.simulator import Fleet, write_bundle
 from gpufleet.collector.bundle import read_bundle
 from gpufleet.collector.replay import replay
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database
+from gpufleet.db.scratch import scratch_database
+from gpufleet.sim import Fleet, write_bundle
 from gpufleet.testing.simfeed import SimFeed
 from tests.collector.test_sweep import register_runs
 

@@ -18,8 +18,8 @@ from gpufleet.collector.app import create_app
 from gpufleet.collector.tls import protocol_class
 from gpufleet.config import ConfigError, Settings, load_settings
 from gpufleet.metricsauth import MetricsAuthError, MetricsGuard
+from gpufleet.serverthread import free_port, serve
 from gpufleet.testing.certs import Pair, TestCA
-from gpufleet.testing.servers import free_port, serve
 
 TOKEN = "scrape-token-0123456789abcdef"
 

@@ -26,8 +26,8 @@ from starlette.routing import Route
 from gpufleet.collector.quarantine import K8S_ANNOTATION, KubernetesCordon, Quarantine, SlurmDrain
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import QuarantineSettings, Settings
+from gpufleet.serverthread import serve
 from gpufleet.testing.certs import TestCA
-from gpufleet.testing.servers import serve
 
 NOW = 1_800_000_000.0
 

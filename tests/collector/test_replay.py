@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.agent.simulator import write_bundle
+from gpufleet.sim import write_bundle
 
 CONTRACT_KEYS = ["run_id", "start", "end", "gpu_count", "gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "pue",
                  "facility_kwh", "co2e_kg", "energy_cost", "compute_cost", "total_cost", "currency", "coverage"]
@@ -115,7 +115,7 @@ def test_replay_incidents_feed_goodput_as_the_live_stores_do(tmp_path: Path, pg_
     from gpufleet.collector.replay import replay as run_replay
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
-    from gpufleet.testing.pg import scratch_database
+    from gpufleet.db.scratch import scratch_database
 
     out = tmp_path / "starved"
     write_bundle("starvation_cpu", out, duration_s=1200)

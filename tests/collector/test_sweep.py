@@ -8,13 +8,13 @@ import time
 import psycopg
 import pytest
 
-from gpufleet.agent.simulator import Fleet
 from gpufleet.collector import incident_store
 from gpufleet.collector.alerting import IncidentMetrics
 from gpufleet.collector.leader import Leader
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
+from gpufleet.sim import Fleet
 from gpufleet.store import runs as run_store
 from gpufleet.testing.simfeed import SimFeed
 

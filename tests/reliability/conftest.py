@@ -24,7 +24,7 @@ import pytest
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database
+from gpufleet.db.scratch import scratch_database
 from gpufleet.testing.procs import CollectorProc
 from gpufleet.wire import encode
 

@@ -21,10 +21,10 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from gpufleet.serverthread import serve
 from gpufleet.testing.faultproxy import fault_proxy
 from gpufleet.testing.fleet import Fleet
 from gpufleet.testing.oracle import decode_body
-from gpufleet.testing.servers import serve
 from tests.reliability.conftest import knob
 
 

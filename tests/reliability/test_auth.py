@@ -21,7 +21,7 @@ from gpufleet import auth
 from gpufleet.api.app import create_app as create_api
 from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import Settings
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
 
 #: Public by design: liveness/readiness probes, Prometheus scrapes, the API's

@@ -21,9 +21,10 @@ import pytest
 from gpufleet.collector.app import create_app
 from gpufleet.config import Settings
 from gpufleet.db import migrate
+from gpufleet.db.scratch import scratch_database
+from gpufleet.serverthread import serve
 from gpufleet.testing.oracle import duplicate_rows, row_counts
-from gpufleet.testing.pg import scratch_database, timescale_server_url
-from gpufleet.testing.servers import serve
+from gpufleet.testing.pg import timescale_server_url
 from gpufleet.wire import encode
 from tests.reliability.conftest import gpu_batch, knob, node_tokens
 

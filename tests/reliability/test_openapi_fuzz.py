@@ -25,7 +25,7 @@ from hypothesis import settings as hsettings
 from gpufleet.api.app import create_app as create_api
 from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import Settings
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 from tests.reliability.conftest import knob, node_tokens, role_token
 from tests.reliability.web_schema import WEB_SCHEMA, crowded_form_schema, known_schema
 

@@ -16,7 +16,8 @@ import pytest
 
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database, timescale_server_url
+from gpufleet.db.scratch import scratch_database
+from gpufleet.testing.pg import timescale_server_url
 from tests.surfaces.fleetdb import FilledFleet, fill
 
 FLEET_SECONDS = 900.0

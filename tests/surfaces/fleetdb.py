@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from gpufleet.agent.simulator import Fleet
-from gpufleet.agent.simulator.carbon import scenario_series
 from gpufleet.collector import rollup
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of
+from gpufleet.sim import Fleet
+from gpufleet.sim.carbon import scenario_series
 from gpufleet.store import nodes as node_store
 from gpufleet.store import runs as run_store
 from gpufleet.store import sites as site_store

@@ -23,7 +23,7 @@ from gpufleet.collector.alerting import IncidentMetrics
 from gpufleet.collector.app import create_app as create_collector
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
-from gpufleet.testing.servers import free_port, serve
+from gpufleet.serverthread import free_port, serve
 from tests.surfaces.fleetdb import FilledFleet
 from tests.system_tools import tool
 

@@ -21,8 +21,8 @@ from gpufleet.collector.app import create_app as create_collector
 from gpufleet.collector.tls import protocol_class
 from gpufleet.config import Settings
 from gpufleet.metricsauth import MetricsGuard
+from gpufleet.serverthread import free_port, serve
 from gpufleet.testing.certs import TestCA
-from gpufleet.testing.servers import free_port, serve
 from tests.system_tools import tool
 
 PROM = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"

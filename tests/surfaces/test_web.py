@@ -20,7 +20,7 @@ from playwright import sync_api
 from gpufleet.api.app import create_app
 from gpufleet.auth import create_token, revoke_token
 from gpufleet.config import Settings
-from gpufleet.testing.servers import serve
+from gpufleet.serverthread import serve
 from tests.surfaces.fleetdb import FilledFleet
 from tests.system_tools import unavailable
 

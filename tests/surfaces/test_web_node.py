@@ -22,8 +22,8 @@ from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database
-from gpufleet.testing.servers import serve
+from gpufleet.db.scratch import scratch_database
+from gpufleet.serverthread import serve
 from tests.surfaces.fleetdb import FilledFleet, fill
 from tests.surfaces.test_web import Watch, Web, _login, _page
 from tests.surfaces.test_web import browser as browser  # the shared Chromium fixture

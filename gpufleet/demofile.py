@@ -1,0 +1,26 @@
+"""The file a running ``gpufleet demo`` leaves behind, so the CLI can find its database.
+
+The demo itself (:mod:`gpufleet.sim.demo`) runs the simulator; the CLI's other
+commands only need to know where its database is, without importing it.
+"""
+
+from __future__ import annotations
+
+from gpufleet.config import Settings
+
+#: Where a running demo leaves its database URL (and pid) for the CLI: ``gpufleet run create``, ``site set``
+#: or ``report`` without ``--db`` then talk to the demo's database, as the demo prints.
+DEMO_URL_FILE = "demo-database-url"
+
+
+def demo_database(settings: Settings) -> str | None:
+    """The database of a demo running on this machine with these settings, or None."""
+    import os
+
+    path = settings.data_dir / DEMO_URL_FILE
+    try:
+        url, pid = path.read_text(encoding="utf-8").split("\n")[:2]
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return None
+    return url

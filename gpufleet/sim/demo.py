@@ -1,0 +1,280 @@
+"""``gpufleet demo``: the whole system, live, on one machine.
+
+Starts (or uses) the database, migrates a fresh demo database, runs the
+collector and the API on loopback, registers the simulated fleet's sites,
+carbon series and runs through the API, back-fills the last minutes of
+telemetry through the collector's ingest so findings show at once, then runs
+one real agent per simulated node (real scheduler, spool and shipper) against
+a fleet that follows the wall clock.  The terminal shows runs, incidents as
+they open and resolve, and energy so far.  Ctrl-C stops everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg import sql
+
+from gpufleet.config import AgentSettings, Settings
+from gpufleet.db.connect import with_database
+from gpufleet.demofile import DEMO_URL_FILE
+
+
+@dataclass
+class DemoOptions:
+    scenario: str = "demo"
+    seed: int | None = None
+    backfill_s: float = 900.0
+    duration_s: float | None = None
+    collector_port: int = 0
+    api_port: int = 0
+    refresh_s: float = 5.0
+    database: str = "gpufleet_demo"
+
+
+@dataclass
+class DemoState:
+    api_url: str = ""
+    collector_url: str = ""
+    tokens: dict[str, str] = field(default_factory=dict)
+    seen_open: dict[int, str] = field(default_factory=dict)
+
+
+def fresh_database(server_url: str, name: str) -> str:
+    """Drop and recreate the demo database so every demo starts clean."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return with_database(server_url, name)
+
+
+def _ts(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def register_fleet(client: httpx.Client, fleet: Any) -> None:
+    """Sites, carbon series and runs of the scenario, through the API (as an operator would)."""
+    from gpufleet.sim.carbon import scenario_series
+
+    sc = fleet.scenario
+    for s in sc.sites:
+        body = {k: getattr(s, k) for k in ("pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region",
+                                            "carbon_g_per_kwh")}
+        client.put(f"/v1/sites/{s.site}", json=body).raise_for_status()
+    for region, points in scenario_series(sc, fleet.plan.seed, fleet.t0 - 86400, fleet.plan.t_end).items():
+        client.put(f"/v1/carbon/{region}", json={
+            "points": [{"time": _ts(t), "g_co2e_per_kwh": g} for t, g in points]}).raise_for_status()
+    for node, plan in fleet.plan.nodes.items():
+        client.patch(f"/v1/nodes/{node}", json={"site": plan.site}).raise_for_status()
+    for r in fleet.plan.runs:
+        allocs: dict[str, list[int]] = {}
+        for gi in r.gpu_idx.tolist():
+            gp = fleet.plan.gpus[gi]
+            allocs.setdefault(gp.node, []).append(gp.gpu)
+        body = {"run_id": r.run_id, "name": r.name, "site": r.site, "team": r.team, "start": _ts(r.start),
+                "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()]}
+        if r.end is not None:
+            body["end"] = _ts(r.end)
+        client.post("/v1/runs", json=body).raise_for_status()
+
+
+def backfill(collector_url: str, tokens: dict[str, str], fleet: Any, until: float, every_s: float = 30.0) -> int:
+    """Ship the fleet's past telemetry through real ingest, as agents would have."""
+    from gpufleet.wire import encode
+
+    pending: dict[str, dict[str, list[dict[str, Any]]]] = {n: {"gpu": [], "host": []} for n in fleet.nodes}
+    seq = 0
+    sent = 0
+    last = fleet.t
+    with httpx.Client(base_url=collector_url, timeout=30) as client:
+        def ship() -> None:
+            nonlocal seq, sent
+            for node, rows in pending.items():
+                if not rows["gpu"] and not rows["host"]:
+                    continue
+                seq += 1
+                body, headers = encode({"batch_id": f"demo-backfill:{node}:{seq}", "node": node,
+                                        "gpu": rows["gpu"] or None, "host": rows["host"] or None,
+                                        "facts": fleet.facts(node)})
+                headers["Authorization"] = f"Bearer {tokens[node]}"
+                client.post("/v1/ingest", content=body, headers=headers).raise_for_status()
+                sent += len(rows["gpu"])
+                rows["gpu"], rows["host"] = [], []
+
+        while fleet.t < until:
+            now = fleet.step()
+            for node in fleet.nodes:
+                if not fleet.node_up(node):
+                    continue
+                pending[node]["gpu"].extend({**row, "time": now} for row in fleet.gpu_rows(node))
+                host = fleet.host_row(node)
+                if host is not None:
+                    pending[node]["host"].append({**host, "time": now})
+            if now - last >= every_s:
+                ship()
+                last = now
+        ship()
+    return sent
+
+
+class Summary:
+    """The terminal view: incidents as they open/resolve, and a table of runs now and then."""
+
+    def __init__(self, api_url: str, token: str, say: Callable[[str], None]) -> None:
+        self.client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        self.say = say
+        self.open: dict[int, dict[str, Any]] = {}
+        self.last_table = 0.0
+
+    def poll(self, table_every_s: float = 30.0) -> None:
+        try:
+            incidents = self.client.get("/v1/incidents", params={"state": "open"}).json()
+        except httpx.HTTPError as e:
+            self.say(f"(API not answering: {e})")
+            return
+        now_open = {i["id"]: i for i in incidents}
+        for iid, i in sorted(now_open.items()):
+            if iid not in self.open:
+                scope = i["run_id"] or ""
+                if i["node"] is not None:
+                    scope += ("/" if scope else "") + f"{i['node']}" + (f"/gpu{i['gpu']}" if i["gpu"] is not None else "")
+                ev = ", ".join(f"{k}={_fmt(v)}" for k, v in list(i["evidence"].items())[:4])
+                self.say(f"  + {i['kind']:<16} {scope:<32} cause={i['cause'] or '-':<14} {ev}")
+        for iid, i in self.open.items():
+            if iid not in now_open:
+                self.say(f"  - resolved {i['kind']} {i['run_id'] or ''} {i['node'] or ''}")
+        self.open = now_open
+        if time.monotonic() - self.last_table >= table_every_s:
+            self.last_table = time.monotonic()
+            self.table()
+
+    def table(self) -> None:
+        try:
+            runs = self.client.get("/v1/runs", params={"state": "running"}).json()
+        except httpx.HTTPError:
+            return
+        self.say(f"{'run':<22}{'GPUs':>5}{'kWh':>9}{'cost':>14}{'kg CO2e':>9}  open incidents")
+        for r in runs:
+            acc: dict[str, Any] = {}
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                resp = self.client.get(f"/v1/runs/{r['run_id']}/accounting")
+                if resp.status_code == 200:
+                    acc = resp.json()
+            kinds = sorted({i["kind"] for i in self.open.values() if i["run_id"] == r["run_id"]})
+            self.say(f"{r['run_id']:<22}{r['gpu_count']:>5}{_fmt(acc.get('facility_kwh')):>9}"
+                     f"{_money(acc):>14}{_fmt(acc.get('co2e_kg')):>9}  {', '.join(kinds) or '-'}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _money(acc: dict[str, Any]) -> str:
+    """Total cost with its currency, in the currency's minor units (``12.30 EUR``)."""
+    if acc.get("total_cost") is None:
+        return "-"
+    places = int(acc.get("minor_units", 2))
+    return f"{acc['total_cost']:,.{places}f} {acc.get('currency') or ''}".rstrip()
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+@contextlib.contextmanager
+def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple[str, str]]:
+    from gpufleet.api.app import create_app as create_api
+    from gpufleet.collector.service import build_collector
+    from gpufleet.serverthread import ServerThread
+
+    col = ServerThread(build_collector(url, settings), port=opts.collector_port or None).start()
+    api = ServerThread(create_api(url, settings), port=opts.api_port or None).start()
+    try:
+        yield col.url, api.url
+    finally:
+        api.stop()
+        col.stop()
+
+
+def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callable[[str], None],
+             stop: threading.Event) -> DemoState:
+    from gpufleet.agent.runtime import Agent
+    from gpufleet.auth import create_token
+    from gpufleet.db import migrate
+    from gpufleet.sim import Fleet
+
+    st = DemoState()
+    url = fresh_database(server_url, opts.database)
+    migrate.upgrade(url, settings)
+    fleet = Fleet.from_scenario(opts.scenario, seed=opts.seed, start_time=time.time() - opts.backfill_s)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for role in ("admin", "sre", "finance"):
+            st.tokens[role] = create_token(conn, f"demo-{role}", role)
+        for node in fleet.nodes:
+            st.tokens[node] = create_token(conn, f"agent-{node}", "node", node)
+    spool_root = settings.data_dir / "demo-spool"
+    shutil.rmtree(spool_root, ignore_errors=True)
+    with _services(url, settings, opts) as (collector_url, api_url):
+        st.collector_url, st.api_url = collector_url, api_url
+        with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"},
+                          timeout=30) as admin:
+            register_fleet(admin, fleet)
+        say(f"gpufleet demo: {len(fleet.nodes)} simulated nodes, {sum(len(n.gpu_idx) for n in fleet.plan.nodes.values())}"
+            f" GPUs, {len(fleet.plan.runs)} runs (scenario '{opts.scenario}')")
+        say(f"  API        {api_url}/docs      web view {api_url}/")
+        say(f"  collector  {collector_url}/metrics")
+        say(f"  read token Authorization: Bearer {st.tokens['sre']}")
+        say(f"  finance    Authorization: Bearer {st.tokens['finance']}")
+        say(f"  e.g.       curl -H 'Authorization: Bearer {st.tokens['sre']}' {api_url}/v1/incidents?state=open")
+        say(f"  CLI        export GPUFLEET_DATABASE_URL='{url}'   (gpufleet commands here use it while the demo runs)")
+        marker = settings.data_dir / DEMO_URL_FILE
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{url}\n{os.getpid()}\n", encoding="utf-8")
+        n = backfill(collector_url, st.tokens, fleet, time.time())
+        say(f"back-filled {n} GPU samples ({opts.backfill_s / 60:.0f} min); starting one agent per node")
+        fleet.follow(time.time)
+        agents = []
+        for node in fleet.nodes:
+            a = AgentSettings(collector_url=collector_url, token=st.tokens[node], node=node, interval_s=1.0,
+                              ship_interval_s=5.0, metrics_port=0, sources=["sim"])
+            agent = Agent(a, fleet.sources_for(node), node=node, spool_dir=spool_root / node,
+                          facts_of_node=lambda node=node: fleet.facts(node))  # type: ignore[misc]
+            agent.start(serve_metrics=False)
+            th = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}", daemon=True)
+            th.start()
+            agents.append((agent, th))
+        say("incidents as they open (+) and resolve (-); a table of running runs every 30 s; Ctrl-C stops")
+        summary = Summary(api_url, st.tokens["sre"], say)
+        deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
+        try:
+            while not stop.is_set():
+                summary.poll()
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                stop.wait(opts.refresh_s)
+        finally:
+            stop.set()
+            summary.close()
+            marker.unlink(missing_ok=True)
+            for agent, th in agents:
+                th.join(5)
+                agent.shutdown(ship_s=3.0)
+    return st
+
+
+def default_data_dir(settings: Settings) -> Path:
+    return settings.data_dir
