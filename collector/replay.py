@@ -28,7 +28,6 @@ from psycopg.types.json import Jsonb
 
 from gpufleet.collector import rollup
 from gpufleet.collector.bundle import Bundle, read_bundle
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.incident_store import clean_json, store_all
 from gpufleet.collector.incidents import MemoryIncidentStore
@@ -36,6 +35,7 @@ from gpufleet.collector.window_cache import WindowCache, load_runs
 from gpufleet.collector.writer import GroupWriter, _Item
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of
+from gpufleet.detectconfig import DetectorConfig
 from gpufleet.store import runs as run_store
 from gpufleet.store import sites as site_store
 

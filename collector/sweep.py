@@ -9,11 +9,11 @@ import psycopg
 
 from gpufleet.collector import incident_store
 from gpufleet.collector.alerting import AlertmanagerPusher
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.quarantine import Quarantine
 from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
 from gpufleet.config import Settings
+from gpufleet.detectconfig import DetectorConfig
 
 log = logging.getLogger(__name__)
 

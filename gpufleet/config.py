@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.detectconfig import DetectorConfig
 
 
 class ConfigError(ValueError):

@@ -21,7 +21,7 @@ from typing import Any
 from gpufleet.agent.diagnose.checks import run_checks
 from gpufleet.agent.diagnose.report import node_facts
 from gpufleet.agent.diagnose.view import NodeSampler, gpu_inputs
-from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.detectconfig import DetectorConfig
 
 log = logging.getLogger(__name__)
 

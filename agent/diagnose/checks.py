@@ -3,7 +3,7 @@
 Every :class:`Check` has a status (``ok``, ``warn``, ``fail``, ``unknown``
 when the data is not there), the number behind it with its unit, a sentence
 saying what was found, and the decision it implies.  Thresholds are those of
-the detectors (:class:`gpufleet.collector.detectors.config.DetectorConfig`),
+the detectors (:class:`gpufleet.detectconfig.DetectorConfig`),
 so the node page, ``gpufleet diagnose`` and the ``host_misconfig`` detector
 agree on what counts as wrong.
 
@@ -44,9 +44,9 @@ from gpufleet.catalog import (
     THROTTLE_SW_THERMAL,
     THROTTLE_SYNC_BOOST,
 )
-from gpufleet.collector.detectors.config import DetectorConfig
-from gpufleet.collector.detectors.host_misconfig import nfs_verdict
+from gpufleet.detectconfig import DetectorConfig
 from gpufleet.gpu_models import board_power_w
+from gpufleet.nfs import nfs_verdict
 
 Status = Literal["ok", "warn", "fail", "unknown"]
 #: Worst first, for the overall status and for sorting.

@@ -17,7 +17,7 @@ from typing import Any
 from gpufleet.agent.diagnose.checks import Check, run_checks
 from gpufleet.agent.diagnose.view import GpuInput, NodeSampler, NodeView, gpu_inputs
 from gpufleet.agent.sources.base import Closeable, FactsSource, Source, SourceError
-from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.detectconfig import DetectorConfig
 
 
 def read_gpus(source: Source | None) -> tuple[list[GpuInput], str | None]:

@@ -3,7 +3,6 @@
 The live sweep, ``gpufleet replay`` and the tests run the same code.
 """
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.registry import (
     DETECTORS,
     Detector,
@@ -13,6 +12,7 @@ from gpufleet.collector.detectors.registry import (
     run_detectors,
 )
 from gpufleet.collector.detectors.window import Finding, GpuKey, RunInfo, Series, Window
+from gpufleet.detectconfig import DetectorConfig
 
 __all__ = [
     "DETECTORS",

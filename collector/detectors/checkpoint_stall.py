@@ -38,11 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.hosts import write_burst
 from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 
 KIND = "checkpoint_stall"
 

@@ -45,9 +45,9 @@ from gpufleet.catalog import (
     THROTTLE_SW_POWER_CAP,
     THROTTLE_SW_THERMAL,
 )
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.stats import last_per_group
 from gpufleet.collector.detectors.window import GpuKey, RunInfo, Window
+from gpufleet.detectconfig import DetectorConfig
 from gpufleet.gpu_models import board_power_w, gpu_model_names
 
 F32 = np.float32

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.counters import rises, trailing_on
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 from gpufleet.xid import meanings
 
 KIND = "gpu_health"

@@ -55,11 +55,12 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import last_per_group
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 from gpufleet.facts import NodeFacts
+from gpufleet.nfs import nfs_verdict
 from gpufleet.xid import meanings as xid_meanings
 
 KIND = "host_misconfig"
@@ -223,23 +224,6 @@ def numa_misplaced(facts: NodeFacts) -> list[dict[str, Any]]:
             out.append({"gpu": p.gpu, "gpu_numa_node": p.gpu_numa_node, "numa_nodes": list(p.numa_nodes),
                         "cpus_allowed": p.cpus_allowed})
     return out
-
-
-def nfs_verdict(ops: int | None, retrans: int | None, timeouts: int | None, queue_ms: float | None,
-                rtt_ms: float | None, cfg: DetectorConfig) -> tuple[str, str]:
-    """The status (``ok``, ``warn``, ``fail``) of one NFS mount's figures over an interval, and why.
-
-    Shared with the node checks (``gpufleet diagnose``), so both judge alike.
-    """
-    if (retrans or 0) > 0 or (timeouts or 0) > 0:
-        return "fail", f"{retrans or 0} retransmissions, {timeouts or 0} major timeouts"
-    if ops is None or ops < cfg.nfs_min_ops:
-        return "ok", f"{ops or 0} RPCs: too few to judge latency"
-    if queue_ms is not None and queue_ms >= cfg.nfs_stall_queue_ms:
-        return "fail", f"RPCs wait {queue_ms:.1f} ms in the backlog before being sent"
-    if rtt_ms is not None and rtt_ms >= cfg.nfs_stall_rtt_ms:
-        return "warn", f"round trip {rtt_ms:.1f} ms per RPC"
-    return "ok", f"{ops} RPCs, backlog wait {queue_ms or 0:.2f} ms, round trip {rtt_ms or 0:.2f} ms"
 
 
 def nfs_stalls(facts: NodeFacts, cfg: DetectorConfig) -> list[dict[str, Any]]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Series, Window
+from gpufleet.detectconfig import DetectorConfig
 
 #: The GPU columns of the job's cgroup (the same figures on every GPU it feeds).
 JOB_COLUMNS = ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.counters import forward_fill, rises
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import group_loo_median, num, trailing_onset
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 
 KIND = "nvlink_degraded"
 COLUMNS = ("nvlink_links_up", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_crc_errors",

@@ -23,9 +23,9 @@ from gpufleet.collector.detectors import (
     straggler,
     throttling,
 )
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.collector.detectors import checkpoint_stall
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame, segment_sums
 from gpufleet.collector.detectors.hosts import (
     HostPressure,
@@ -57,6 +56,7 @@ from gpufleet.collector.detectors.hosts import (
 )
 from gpufleet.collector.detectors.stats import num, small_median
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 
 KIND = "starvation"
 

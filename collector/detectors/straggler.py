@@ -45,10 +45,10 @@ import math
 import numpy as np
 
 from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import Frame, segment_sums
 from gpufleet.collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 
 KIND = "straggler"
 THERMAL_BITS = THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL

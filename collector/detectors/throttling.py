@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.frame import THROTTLE_CAUSES, Frame
 from gpufleet.collector.detectors.stats import median_of, num
 from gpufleet.collector.detectors.window import Finding, Window
+from gpufleet.detectconfig import DetectorConfig
 
 KIND = "throttling"
 #: Causes whose slowdown is severe by nature (the hardware protecting itself).

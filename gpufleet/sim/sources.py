@@ -98,9 +98,9 @@ def attach(fleet: Fleet | None) -> None:
     """Make ``fleet`` the one ``sim`` sources of this process read (None: forget it).
 
     The demo attaches its fleet (with its realtime driver) before starting
-    agents.  Without one, the first ``sim`` source builds the scenario named
-    by ``GPUFLEET_SIM_SCENARIO`` (default ``demo``; ``GPUFLEET_SIM_SEED``,
-    ``GPUFLEET_SIM_SPEED``) starting now and following the wall clock.
+    agents.  Without one, the first ``sim`` source builds the scenario the
+    agent's ``sim`` settings name (scenario, seed, speed) starting now and
+    following the wall clock.
     """
     global _attached
     with _attach_lock:

@@ -29,7 +29,7 @@ from gpufleet.agent.sources.nvml import NvmlSource
 from gpufleet.agent.sources.placement import cpus_allowed, numa_nodes, pci_device, pcie_gen
 from gpufleet.catalog import THROTTLE_HW_SLOWDOWN, THROTTLE_SW_POWER_CAP
 from gpufleet.cli import app
-from gpufleet.collector.detectors.config import DetectorConfig
+from gpufleet.detectconfig import DetectorConfig
 from gpufleet.facts import NodeFacts, check_facts
 from gpufleet.sim.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from tests.conftest import realdata

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import ConfigError, load_settings
+from gpufleet.detectconfig import DetectorConfig
 
 
 def _yaml(tmp_path: Path, text: str) -> Path:

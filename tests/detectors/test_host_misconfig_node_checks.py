@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gpufleet.collector.detectors import DetectorConfig, RunInfo
-from gpufleet.collector.detectors.host_misconfig import detect, nfs_verdict
+from gpufleet.collector.detectors.host_misconfig import detect
+from gpufleet.nfs import nfs_verdict
 from tests.detectors.builders import GpuSpec, run_window, steady
 
 CFG = DetectorConfig()
