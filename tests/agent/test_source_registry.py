@@ -93,3 +93,18 @@ def test_host_source_reads_the_configured_proc_root(tmp_path: Path) -> None:
 def test_nvml_source_gets_the_configured_sys_root(tmp_path: Path) -> None:
     (nvml,) = registry.build_sources(agent_settings(sources=["nvml"], sys_root=str(tmp_path)))
     assert isinstance(nvml, NvmlSource) and nvml.sys_root == tmp_path
+
+
+def test_simulator_sources_come_from_entry_points_and_the_sim_settings() -> None:
+    # the agent names them only: the installed gpufleet.sources entry points say which module registers them
+    assert {"sim", "fake-nvml"} <= set(registry.plugin_modules())
+    (fake,) = registry.build_sources(agent_settings(sources=["fake-nvml"], sim={"fake_nvml_gpus": 3}))
+    assert isinstance(fake, NvmlSource)
+    assert sorted(r["gpu"] for r in fake.collect().gpus) == [0, 1, 2]
+
+
+def test_sim_settings_are_checked_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"sim\.speed"):
+        AgentSettings.model_validate({"sim": {"speed": 0}})
+    with pytest.raises(ValueError, match=r"sim\.scenery"):
+        AgentSettings.model_validate({"sim": {"scenery": "demo"}})
