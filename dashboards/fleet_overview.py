@@ -29,31 +29,20 @@ from gpufleet.dashboards.sql import (
     raw_or_rollup,
     weighted,
 )
+from gpufleet.store.gpu_states import BUSY_UTIL_PCT, gpu_state, gpu_states_at
 
 UID = "gpufleet-fleet"
-BUSY_UTIL_PCT = 10
 
 SITE_VAR = query_variable("site", "Site", "SELECT site FROM sites ORDER BY 1", refresh=1,
                           description="Sites from the sites table; All includes nodes without a site.")
 
-_STARVED_GPUS = f"""
-  SELECT DISTINCT a.node, a.gpu FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id
-  WHERE i.kind = 'starvation' AND {open_at(RANGE_TO)}"""
-
+#: Busy, starved and idle GPUs at the end of the range, by the one definition the web view counts with.
 GPU_STATES_NOW = f"""
-WITH latest AS (
-  SELECT DISTINCT ON (s.node, s.gpu) s.node, s.gpu, s.util_pct
-  FROM gpu_samples s
-  WHERE s.time BETWEEN {RANGE_TO} - interval '2 minutes' AND {RANGE_TO}
-    AND s.mig_instance IS NULL AND {node_in_site("s.node")}
-  ORDER BY s.node, s.gpu, s.time DESC
-), starved AS ({_STARVED_GPUS}
-)
-SELECT count(*) FILTER (WHERE st.node IS NULL AND coalesce(l.util_pct, 0) >= {BUSY_UTIL_PCT}) AS "Busy",
-       count(*) FILTER (WHERE st.node IS NOT NULL) AS "Starved",
-       count(*) FILTER (WHERE st.node IS NULL AND coalesce(l.util_pct, 0) < {BUSY_UTIL_PCT}) AS "Idle",
+SELECT count(*) FILTER (WHERE g.state = 'busy') AS "Busy",
+       count(*) FILTER (WHERE g.state = 'starved') AS "Starved",
+       count(*) FILTER (WHERE g.state = 'idle') AS "Idle",
        count(*) AS "Reporting"
-FROM latest l LEFT JOIN starved st ON st.node = l.node AND st.gpu = l.gpu
+FROM ({gpu_states_at(RANGE_TO, "interval '2 minutes'", node_in_site("s.node"))}) g
 """
 
 _STATE_BUCKETS = raw_or_rollup(
@@ -68,6 +57,9 @@ FROM gpu_stats_1m r
 WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
 GROUP BY 1, 3, 4""")
 
+_STARVED_IN_BUCKET = ("EXISTS (SELECT 1 FROM starved x WHERE x.node = g.node AND x.gpu = g.gpu "
+                      "AND g.first_t >= x.start AND g.first_t < x.stop)")
+
 GPU_STATES_OVER_TIME = f"""
 WITH g AS (
 {_STATE_BUCKETS}
@@ -76,15 +68,13 @@ WITH g AS (
   FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id
   WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
 ), classified AS (
-  SELECT g.bucket, g.util,
-         EXISTS (SELECT 1 FROM starved x WHERE x.node = g.node AND x.gpu = g.gpu
-                 AND g.first_t >= x.start AND g.first_t < x.stop) AS is_starved
+  SELECT g.bucket, {gpu_state("g.util", _STARVED_IN_BUCKET)} AS state
   FROM g
 )
 SELECT bucket AS "time",
-       count(*) FILTER (WHERE NOT is_starved AND coalesce(util, 0) >= {BUSY_UTIL_PCT}) AS "busy",
-       count(*) FILTER (WHERE is_starved) AS "starved",
-       count(*) FILTER (WHERE NOT is_starved AND coalesce(util, 0) < {BUSY_UTIL_PCT}) AS "idle"
+       count(*) FILTER (WHERE state = 'busy') AS "busy",
+       count(*) FILTER (WHERE state = 'starved') AS "starved",
+       count(*) FILTER (WHERE state = 'idle') AS "idle"
 FROM classified
 GROUP BY 1
 ORDER BY 1
@@ -223,7 +213,7 @@ def build() -> dict[str, Any]:
     b.annotations.append(sql_annotation("Critical incidents", INCIDENT_ANNOTATIONS))
     b.row("Now")
     b.add(stat("GPUs", GPU_STATES_NOW,
-               f"GPUs reporting in the last 2 minutes of the range: busy (GPU-Util >= {BUSY_UTIL_PCT} %), "
+               f"GPUs reporting in the last 2 minutes of the range: busy (GPU-Util >= {BUSY_UTIL_PCT:g} %), "
                "starved (held by a run with an open starvation incident) or idle.", w=10, color_mode="none"),
           stat("Power now", POWER_NOW, "Board power of every reporting GPU, latest sample in the last 2 minutes.",
                "kwatt", w=4, decimals=1),

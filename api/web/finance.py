@@ -26,6 +26,7 @@ from gpufleet.api.web.pages import _read
 from gpufleet.api.web.session import capabilities, gate, html, secure
 from gpufleet.api.web.svg import bar_chart
 from gpufleet.auth import Principal
+from gpufleet.store import views
 
 router = APIRouter(include_in_schema=False)
 
@@ -101,8 +102,7 @@ def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, n
     index = {d: i for i, d in enumerate(days)}
     rows = lines(conn, lo, hi, now, fleet=True, max_gap_s=st.settings.accounting.max_gap_s, detail="step",
                  step=timedelta(days=1))
-    teams: dict[str, str | None] = dict(conn.execute("SELECT run_id, team FROM runs WHERE run_id = ANY(%s)",
-                              ([r.run_id for r in rows if r.run_id],)).fetchall())
+    teams = views.teams(conn, [r.run_id for r in rows if r.run_id])
     kwh: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
     cost: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
     for ln in rows:

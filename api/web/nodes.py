@@ -19,14 +19,13 @@ from urllib.parse import quote
 import psycopg
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from psycopg.rows import dict_row
 
 from gpufleet.api.deps import ApiState
-from gpufleet.api.web import queries
 from gpufleet.api.web.html import Markup, ago, badge, h, num, page, table, when
 from gpufleet.api.web.pages import INCIDENT_HEADERS, _incident_rows, _read, _render
 from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.facts import NodeFacts
+from gpufleet.store import views as queries
 
 router = APIRouter(include_in_schema=False)
 
@@ -35,16 +34,6 @@ STATUS_BADGE = {"fail": "critical", "warn": "warning", "ok": "ok", "unknown": "m
 #: The newest sample of a GPU counts as current within this of the node's newest.
 FRESH = timedelta(minutes=2)
 
-#: The newest sample of each GPU of the node (one index probe per GPU, on both layouts).
-_JOB_NOW = """
-SELECT l.* FROM generate_series(0, %(n)s - 1) AS g(gpu)
-CROSS JOIN LATERAL (
-  SELECT s.gpu, s.time, s.run_id, s.job_cpu_cores, s.job_cpu_quota_cores, s.job_cpu_throttled_share,
-         s.job_cpu_pressure_pct, s.job_io_pressure_pct
-  FROM gpu_samples s WHERE s.node = %(node)s AND s.gpu = g.gpu AND s.mig_instance IS NULL
-  ORDER BY s.time DESC LIMIT 1) l
-ORDER BY l.gpu
-"""
 #: GPUs probed when the node reports no GPU count.
 DEFAULT_GPUS = 16
 
@@ -66,15 +55,12 @@ def _value(v: Any, unit: str | None) -> Markup:
 
 
 def _node_page(conn: psycopg.Connection, st: ApiState, name: str) -> Markup | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("SELECT node, site, gpu_count, last_seen, facts, facts_time, "
-                          "extract(epoch FROM now() - last_seen) AS silent_s FROM nodes WHERE node = %s",
-                          (name,)).fetchone()
-        if row is None:
-            return None
-        facts = NodeFacts.read(row["facts"])
-        n = min(max(int(row["gpu_count"] or facts.gpu_count or DEFAULT_GPUS), 1), 1024)
-        jobs_now = cur.execute(_JOB_NOW, {"node": name, "n": n}).fetchall()
+    row = queries.node(conn, name)
+    if row is None:
+        return None
+    facts = NodeFacts.read(row["facts"])
+    n = min(max(int(row["gpu_count"] or facts.gpu_count or DEFAULT_GPUS), 1), 1024)
+    jobs_now = queries.newest_job_samples(conn, name, n)
     if jobs_now:
         newest = max(r["time"] for r in jobs_now)
         jobs_now = [r for r in jobs_now if r["time"] >= newest - FRESH]

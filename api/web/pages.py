@@ -22,12 +22,12 @@ from psycopg_pool import PoolTimeout
 
 from gpufleet import xid
 from gpufleet.api.deps import ApiState, state
-from gpufleet.api.web import queries
 from gpufleet.api.web.costs import Costs, run_costs
 from gpufleet.api.web.html import Markup, ago, badge, esc, h, join, link, num, page, table, when
 from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.api.web.svg import Series, line_chart
 from gpufleet.auth import Principal
+from gpufleet.store import views as queries
 
 router = APIRouter(include_in_schema=False)
 T = TypeVar("T")

@@ -191,6 +191,20 @@ def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
     assert dict(_one(results, "Open incidents by kind").rows) == open_by_kind
 
 
+def test_fleet_board_and_web_view_count_gpus_alike(fleet: FilledFleet) -> None:
+    # one definition of busy / idle / starved (gpufleet.store.gpu_states): the board at the end of the range
+    # and the web view at the newest sample (the same moment here) must give the same counts
+    from gpufleet.store import views
+
+    gpus = _rows(_one(_results(fleet, "gpufleet-fleet", "raw"), "GPUs"))[0]
+    with psycopg.connect(fleet.url) as conn:
+        now = views.fleet_now(conn)
+    assert now.as_of is not None and abs((now.as_of - fleet.end).total_seconds()) < 1.0
+    assert (now.busy, now.idle, now.starved, now.gpus) == (gpus["Busy"], gpus["Idle"], gpus["Starved"],
+                                                           gpus["Reporting"])
+    assert now.starved > 0 and now.busy > 0
+
+
 def test_starvation_board_ranks_the_starved_runs_with_their_cause(fleet: FilledFleet) -> None:
     ranked = _rows(_one(_results(fleet, "gpufleet-starvation", "raw"), "Runs by GPU time lost"))
     found = {(r["Run"], r["Kind"], r["Cause"]) for r in ranked}

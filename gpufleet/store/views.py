@@ -1,4 +1,4 @@
-"""The reads behind the web pages, as plain SQL over the gpufleet schema.
+"""The reads behind the web pages (fleet, runs, incidents, nodes), as plain SQL over the gpufleet schema.
 
 "Now" for the fleet's state is the newest sample the collector has stored
 (so a silent fleet shows its last known state, labelled with its time, not
@@ -8,16 +8,14 @@ an empty page); accounting uses the wall clock, as the API does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-#: GPU-Util at or above which a GPU counts as busy.
-BUSY_UTIL_PCT = 10.0
-#: A GPU's latest sample must be this recent (before the newest data) to count as reporting.
-FRESH = timedelta(minutes=2)
+from gpufleet.store.gpu_states import FRESH, gpu_states_at
+
 #: Points per chart series, about.
 CHART_POINTS = 240
 
@@ -35,23 +33,14 @@ def newest_sample_time(conn: psycopg.Connection) -> datetime | None:
     return row[0] if row else None
 
 
-_GPU_NOW = """
-WITH latest AS (
-  SELECT DISTINCT ON (s.node, s.gpu) s.node, s.gpu, s.util_pct, s.power_w
-  FROM gpu_samples s
-  WHERE s.time BETWEEN %(t)s - %(fresh)s AND %(t)s AND s.mig_instance IS NULL
-  ORDER BY s.node, s.gpu, s.time DESC
-), starved AS (
-  SELECT DISTINCT a.node, a.gpu FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id
-  WHERE i.kind = 'starvation' AND i.state = 'open'
-)
-SELECT l.node, count(*) AS gpus,
-       count(*) FILTER (WHERE st.node IS NOT NULL) AS starved,
-       count(*) FILTER (WHERE st.node IS NULL AND coalesce(l.util_pct, 0) >= %(busy)s) AS busy,
-       count(*) FILTER (WHERE st.node IS NULL AND coalesce(l.util_pct, 0) < %(busy)s) AS idle,
-       avg(l.util_pct) AS util_pct, sum(l.power_w) AS power_w
-FROM latest l LEFT JOIN starved st ON st.node = l.node AND st.gpu = l.gpu
-GROUP BY l.node
+_GPU_NOW = f"""
+SELECT g.node, count(*) AS gpus,
+       count(*) FILTER (WHERE g.state = 'starved') AS starved,
+       count(*) FILTER (WHERE g.state = 'busy') AS busy,
+       count(*) FILTER (WHERE g.state = 'idle') AS idle,
+       avg(g.util_pct) AS util_pct, sum(g.power_w) AS power_w
+FROM ({gpu_states_at("%(t)s", "%(fresh)s")}) g
+GROUP BY g.node
 """
 
 
@@ -72,7 +61,7 @@ def fleet_now(conn: psycopg.Connection) -> FleetNow:
     as_of = newest_sample_time(conn)
     per_node: dict[str, dict[str, Any]] = {}
     if as_of is not None:
-        for r in _dicts(conn, _GPU_NOW, {"t": as_of, "fresh": FRESH, "busy": BUSY_UTIL_PCT}):
+        for r in _dicts(conn, _GPU_NOW, {"t": as_of, "fresh": FRESH}):
             per_node[r["node"]] = r
     nodes = _dicts(conn, "SELECT node, site, gpu_count, last_seen, extract(epoch FROM now() - last_seen) AS silent_s "
                          "FROM nodes ORDER BY node")
@@ -170,3 +159,31 @@ GROUP BY 1, 2, 3 ORDER BY 2, 3, 1"""
         out.setdefault((node, int(gpu)), []).append(
             (float(t), None if util is None else float(util), None if power is None else float(power)))
     return GpuSeries(step, out)
+
+
+def node(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
+    """A node's row, with ``silent_s``: seconds since its last batch."""
+    rows = _dicts(conn, "SELECT node, site, gpu_count, last_seen, facts, facts_time, "
+                        "extract(epoch FROM now() - last_seen) AS silent_s FROM nodes WHERE node = %s", (name,))
+    return rows[0] if rows else None
+
+
+#: The newest sample of each GPU of the node (one index probe per GPU, on both layouts).
+_JOB_NOW = """
+SELECT l.* FROM generate_series(0, %(n)s - 1) AS g(gpu)
+CROSS JOIN LATERAL (
+  SELECT s.gpu, s.time, s.run_id, s.job_cpu_cores, s.job_cpu_quota_cores, s.job_cpu_throttled_share,
+         s.job_cpu_pressure_pct, s.job_io_pressure_pct
+  FROM gpu_samples s WHERE s.node = %(node)s AND s.gpu = g.gpu AND s.mig_instance IS NULL
+  ORDER BY s.time DESC LIMIT 1) l
+ORDER BY l.gpu
+"""
+
+def newest_job_samples(conn: psycopg.Connection, name: str, gpus: int) -> list[dict[str, Any]]:
+    """The newest sample of each of the node's first ``gpus`` GPUs, with its job's cgroup figures."""
+    return _dicts(conn, _JOB_NOW, {"node": name, "n": gpus})
+
+
+def teams(conn: psycopg.Connection, run_ids: list[str]) -> dict[str, str | None]:
+    """Each run's team."""
+    return dict(conn.execute("SELECT run_id, team FROM runs WHERE run_id = ANY(%s)", (run_ids,)).fetchall())
