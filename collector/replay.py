@@ -120,7 +120,7 @@ def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
     times = np.arange(bundle.t_min + det.sweep_interval_s, bundle.t_max + det.sweep_interval_s,
                       det.sweep_interval_s)
     for now in times.tolist():
-        active = [r for r in runs if r.start <= now and (r.end is None or r.end >= now - det.window_s)]
+        active = [r for r in runs if r.overlaps(now - det.window_s, now)]
         window = cache.window(now, active, bundle.facts)
         store.sweep(run_detectors(window, cfg).findings, now, det.resolve_after_s)
     return store, len(times)

@@ -25,6 +25,7 @@ from psycopg.adapt import Loader
 from psycopg.pq import Format
 
 from gpufleet.collector.detectors.window import RunInfo, Series, Window
+from gpufleet.store import run_model
 
 log = logging.getLogger(__name__)
 
@@ -315,15 +316,9 @@ class WindowCache:
 
 
 def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[RunInfo]:
-    rows = conn.execute(
-        'SELECT r.run_id, r.name, r.site, extract(epoch FROM r.start)::float8, extract(epoch FROM r."end")::float8, '
-        "COALESCE(array_agg(a.node ORDER BY a.node, a.gpu) FILTER (WHERE a.node IS NOT NULL), '{}'), "
-        "COALESCE(array_agg(a.gpu ORDER BY a.node, a.gpu) FILTER (WHERE a.node IS NOT NULL), '{}') "
-        "FROM runs r LEFT JOIN run_allocations a ON a.run_id = r.run_id "
-        'WHERE r.start <= to_timestamp(%s) AND (r."end" IS NULL OR r."end" >= to_timestamp(%s)) '
-        "GROUP BY r.run_id", (t_end, t_start)).fetchall()
-    return [RunInfo(run_id=r[0], name=r[1], site=r[2], start=r[3], end=r[4],
-                    allocations=[(n, int(g)) for n, g in zip(r[5], r[6], strict=True)]) for r in rows]
+    """Runs overlapping [t_start, t_end) (epoch seconds), on the detectors' clock."""
+    return [RunInfo.of(r) for r in run_model.load_runs(conn, since=datetime.fromtimestamp(t_start, UTC),
+                                                         until=datetime.fromtimestamp(t_end, UTC))]
 
 
 def load_facts(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:

@@ -28,6 +28,7 @@ from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.api.web.svg import Series, line_chart
 from gpufleet.auth import Principal
 from gpufleet.store import views as queries
+from gpufleet.store.run_model import state_at
 
 router = APIRouter(include_in_schema=False)
 T = TypeVar("T")
@@ -59,11 +60,8 @@ def _render(who: Principal, title: str, body: Markup, active: str, refresh_s: in
 
 
 def _run_state(run: dict[str, Any], now: datetime) -> Markup:
-    if run["start"] > now:
-        return badge("pending", "muted")
-    if run["end"] is not None and run["end"] <= now:
-        return badge("ended", "muted")
-    return badge("running", "ok")
+    state = state_at(run["start"], run["end"], now)
+    return badge(state, "ok" if state == "running" else "muted")
 
 
 def _severity(sev: str) -> Markup:

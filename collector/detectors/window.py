@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufleet.store.run_model import Run, overlaps
+
 GpuKey = tuple[str, int]
 
 
@@ -42,12 +44,23 @@ class Series:
 
 @dataclass
 class RunInfo:
+    """A run on the detectors' clock (epoch seconds); the rules of :mod:`gpufleet.store.run_model` apply."""
+
     run_id: str
     start: float
     end: float | None
     allocations: list[GpuKey]
     name: str | None = None
     site: str | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> RunInfo:
+        return cls(run_id=run.run_id, start=run.start.timestamp(),
+                   end=None if run.end is None else run.end.timestamp(), allocations=list(run.allocations),
+                   name=run.name, site=run.site)
+
+    def overlaps(self, lo: float, hi: float) -> bool:
+        return overlaps(self.start, self.end, lo, hi)
 
 
 @dataclass

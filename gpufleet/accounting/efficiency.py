@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 
 from gpufleet.facts import NodeFacts
+from gpufleet.store.run_model import Run
 
 #: Peak dense BF16 tensor FLOP/s per GPU (vendor datasheets, without sparsity).
 #: Matched in order against the model name, case-insensitively; first hit wins.
@@ -133,23 +134,23 @@ def lost_gpu_s(conn: psycopg.Connection, run_id: str, lo: datetime, hi: datetime
     return min(lost, gpu_count * max((hi - lo).total_seconds(), 0.0))
 
 
-def efficiency(conn: psycopg.Connection, run: Mapping[str, Any], lo: datetime, hi: datetime,
+def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
                allocations: Sequence[tuple[str, int]], it_kwh: float, count_after_end: bool) -> dict[str, Any]:
     """The ``efficiency`` block of a run's accounting."""
-    done = progress(conn, run["run_id"], run["start"], lo, hi, count_after_end)
+    done = progress(conn, run.run_id, run.start, lo, hi, count_after_end)
     tokens, samples, rate = done["tokens"], done["samples"], done["tokens_per_s"]
     it_j = it_kwh * 3.6e6
     models = gpu_models(conn, allocations)
     names = sorted({m for m, _ in models.values() if m})
     peaks = [p for _, p in models.values()]
     total_peak = sum(p for p in peaks if p is not None) if peaks and all(p is not None for p in peaks) else None
-    params = run.get("params")
+    params = run.params
     mfu = (6.0 * params * rate / total_peak) if params and rate is not None and total_peak else None
     per_node: dict[str, int] = {}
     for node, _ in allocations:
         per_node[node] = per_node.get(node, 0) + 1
     gpu_s = len(allocations) * max((hi - lo).total_seconds(), 0.0)
-    lost = lost_gpu_s(conn, run["run_id"], lo, hi, per_node, len(allocations))
+    lost = lost_gpu_s(conn, run.run_id, lo, hi, per_node, len(allocations))
     return {
         "tokens": tokens,
         "samples": samples,

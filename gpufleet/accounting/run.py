@@ -28,6 +28,7 @@ from gpufleet.accounting.money import number, rounded
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.db.accounting_sql import GPU_MODEL_EXPR
+from gpufleet.store.run_model import Run, load_runs
 from gpufleet.store.runs import NotFound
 from gpufleet.timeparse import iso
 
@@ -36,14 +37,6 @@ CONTRACT_FIELDS: tuple[str, ...] = (
     "run_id", "start", "end", "gpu_count", "gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "pue", "facility_kwh",
     "co2e_kg", "energy_cost", "compute_cost", "total_cost", "currency", "coverage",
 )
-
-_RUNS_SQL = """
-SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params,
-  COALESCE((SELECT array_agg(a.node ORDER BY a.node, a.gpu) FROM run_allocations a WHERE a.run_id = r.run_id),
-           '{}') AS nodes,
-  COALESCE((SELECT array_agg(a.gpu ORDER BY a.node, a.gpu) FROM run_allocations a WHERE a.run_id = r.run_id),
-           '{}') AS gpus
-FROM runs r"""
 
 _MODELS_SQL = f"""
 SELECT a.run_id, a.sharing, {GPU_MODEL_EXPR} AS model, count(*) AS gpus, sum(a.share) AS shares
@@ -56,45 +49,6 @@ FROM gpufleet_site_periods(%s, %s, %s)"""
 
 _MODEL_PRICES_SQL = """
 SELECT t0, t1, gpu_model_key, price FROM gpufleet_gpu_hour_prices(%s, %s, %s, %s) WHERE gpu_model_key <> ''"""
-
-
-def load_runs(conn: psycopg.Connection, run_ids: Sequence[str] | None = None, since: datetime | None = None,
-              until: datetime | None = None) -> list[dict[str, Any]]:
-    """Runs (with ``allocations`` as (node, gpu) pairs) by id, or those overlapping [since, until)."""
-    where: list[str] = ["TRUE"]
-    params: list[Any] = []
-    if run_ids is not None:
-        where.append("r.run_id = ANY(%s)")
-        params.append(list(run_ids))
-    if since is not None:
-        where.append('(r."end" IS NULL OR r."end" > %s)')
-        params.append(since)
-    if until is not None:
-        where.append("r.start < %s")
-        params.append(until)
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(_RUNS_SQL + " WHERE " + " AND ".join(where) + " ORDER BY r.start, r.run_id",
-                           params).fetchall()
-    for r in rows:
-        r["allocations"] = list(zip(r.pop("nodes"), (int(g) for g in r.pop("gpus")), strict=True))
-    return rows
-
-
-def run_state(start: datetime, end: datetime | None, now: datetime) -> str:
-    """As ``GET /v1/runs`` says it: pending before its start, running until its end, then ended."""
-    if start > now:
-        return "pending"
-    return "running" if end is None or end > now else "ended"
-
-
-def run_window(run: dict[str, Any], now: datetime, since: datetime | None = None,
-               until: datetime | None = None) -> tuple[datetime, datetime]:
-    """[lo, hi) accounted for ``run``: its [start, end) up to ``now``, clipped to [since, until)."""
-    hi = now if run["end"] is None else min(run["end"], now)
-    lo = run["start"] if since is None else max(run["start"], since)
-    if until is not None:
-        hi = min(hi, until)
-    return lo, max(lo, hi)
 
 
 def used_source(source: Source, stale: bool) -> str:
@@ -121,22 +75,22 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
     return periods, by_model
 
 
-def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: datetime, max_gap_s: float,
+def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
           segments: list[Line] | None) -> dict[str, Any]:
-    lo, hi = run_window(run, now, since, until)
+    lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
     compute = line.compute_cost
     carbon_known = line.carbon_source not in (None, "none")
-    rates, model_prices = _rates(conn, run["site"], lo, hi, [m for m in models if m["model"]])
+    rates, model_prices = _rates(conn, run.site, lo, hi, [m for m in models if m["model"]])
     effective_price = (float(compute) / gpu_hours if compute is not None and gpu_hours > 0
                        else (rates[0]["gpu_hour_price"] if rates else 0.0))
     fac = float(line.facility_kwh)
     body: dict[str, Any] = {
-        "run_id": run["run_id"],
-        "start": iso(run["start"]),
-        "end": iso(run["end"]),
-        "gpu_count": line.gpu_count or len(run["allocations"]),
+        "run_id": run.run_id,
+        "start": iso(run.start),
+        "end": iso(run.end),
+        "gpu_count": line.gpu_count or len(run.allocations),
         "gpu_hours": gpu_hours,
         "gpu_kwh": number(line.gpu_kwh),
         "host_kwh": number(line.host_kwh),
@@ -150,10 +104,10 @@ def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: dateti
         "currency": line.currency,
         "coverage": line.coverage,
         # extras
-        "name": run.get("name"),
-        "site": run["site"],
-        "team": run.get("team"),
-        "state": run_state(run["start"], run["end"], now),
+        "name": run.name,
+        "site": run.site,
+        "team": run.team,
+        "state": run.state_at(now),
         "window_start": iso(lo),
         "window_end": iso(hi),
         "source": used_source(source, line.stale),
@@ -170,8 +124,8 @@ def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: dateti
         "minor_units": line.minor_units,
         "rates": rates,
         "gpu_model_prices": model_prices,
-        "efficiency": efficiency(conn, run, lo, hi, run["allocations"], float(line.it_kwh),
-                                 count_after_end=run["end"] is not None and run["end"] <= now and until is None),
+        "efficiency": efficiency(conn, run, lo, hi, run.allocations, float(line.it_kwh),
+                                 count_after_end=run.end is not None and run.end <= now and until is None),
     }
     if segments is not None:
         body["segments"] = [{
@@ -184,16 +138,16 @@ def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: dateti
     return body
 
 
-def account_runs(conn: psycopg.Connection, runs: Iterable[dict[str, Any]], *, now: datetime | None = None,
+def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime | None = None,
                  max_gap_s: float | None = None, source: Source = "auto", since: datetime | None = None,
                  until: datetime | None = None, segments: bool = False) -> list[dict[str, Any]]:
-    """Accounting bodies of ``runs`` (rows of :func:`load_runs`), all in one consistent snapshot."""
+    """Accounting bodies of ``runs``, all in one consistent snapshot."""
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
     runs = list(runs)
     if not runs:
         return []
-    ids = [r["run_id"] for r in runs]
+    ids = [r.run_id for r in runs]
     with snapshot(conn):
         by_run = {ln.run_id: ln for ln in lines(conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source)
                   if ln.line == "run"}
@@ -207,19 +161,19 @@ def account_runs(conn: psycopg.Connection, runs: Iterable[dict[str, Any]], *, no
                       segments=segs)
 
 
-def bodies(conn: psycopg.Connection, runs: Sequence[dict[str, Any]], by_run: Mapping[str | None, Line], *,
+def bodies(conn: psycopg.Connection, runs: Sequence[Run], by_run: Mapping[str | None, Line], *,
            now: datetime, max_gap_s: float, source: Source, since: datetime | None, until: datetime | None,
            segments: Mapping[str, list[Line]] | None = None) -> list[dict[str, Any]]:
     """Bodies of ``runs`` from their accounting lines (in the caller's snapshot)."""
     models: dict[str, list[dict[str, Any]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
-        for m in cur.execute(_MODELS_SQL, ([r["run_id"] for r in runs],)).fetchall():
+        for m in cur.execute(_MODELS_SQL, ([r.run_id for r in runs],)).fetchall():
             models.setdefault(m.pop("run_id"), []).append(m)
     out = []
     for r in runs:
-        segs = None if segments is None else sorted(segments.get(r["run_id"], []), key=_start)
-        out.append(_body(conn, r, by_run[r["run_id"]], now, max_gap_s, source, since, until,
-                         models.get(r["run_id"], []), segs))
+        segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
+        out.append(_body(conn, r, by_run[r.run_id], now, max_gap_s, source, since, until,
+                         models.get(r.run_id, []), segs))
     return out
 
 

@@ -45,6 +45,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from gpufleet.store import inferred
+from gpufleet.store.run_model import overlaps_sql, state_sql
 
 
 class NotFound(LookupError):
@@ -78,10 +79,9 @@ REGISTERED_BY = "gpufleet.registered_by"
 #: Run ids: what the API accepts (no '/': a run id is one path segment of /v1/runs/{run_id}).
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}")
 
-RUN_SELECT = """
+RUN_SELECT = f"""
 SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params, r.labels, r.source,
-  CASE WHEN r.start > now() THEN 'pending' WHEN r."end" IS NULL OR r."end" > now() THEN 'running'
-       ELSE 'ended' END AS state,
+  {state_sql("r", "now()")} AS state,
   COALESCE((SELECT json_agg(CASE WHEN a.sharing = 'exclusive' THEN json_build_object('node', a.node, 'gpus', a.gpus)
                                  ELSE json_build_object('node', a.node, 'gpus', a.gpus, 'sharing', a.sharing,
                                                         'share', a.share, 'mig_profile', a.mig_profile,
@@ -163,20 +163,17 @@ def list_runs(conn: psycopg.Connection, state: str | None = None, site: str | No
     """Runs overlapping [since, until), newest first."""
     where: list[str] = ["TRUE"]
     params: list[Any] = []
-    if state == "running":
-        where.append('r.start <= now() AND (r."end" IS NULL OR r."end" > now())')
-    elif state == "pending":
-        where.append("r.start > now()")
-    elif state == "ended":
-        where.append('r."end" <= now()')
+    if state is not None:
+        where.append(f"{state_sql('r', 'now()')} = %s")
+        params.append(state)
     if site:
         where.append("r.site = %s")
         params.append(site)
     if since:
-        where.append('(r."end" IS NULL OR r."end" > %s)')
+        where.append(overlaps_sql("r", lo="%s"))
         params.append(since)
     if until:
-        where.append("r.start < %s")
+        where.append(overlaps_sql("r", hi="%s"))
         params.append(until)
     sql = RUN_SELECT + " WHERE " + " AND ".join(where) + " ORDER BY r.start DESC, r.run_id LIMIT %s OFFSET %s"
     with conn.cursor(row_factory=dict_row) as cur:

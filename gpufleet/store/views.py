@@ -15,6 +15,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from gpufleet.store.gpu_states import FRESH, gpu_states_at
+from gpufleet.store.run_model import state_sql
 
 #: Points per chart series, about.
 CHART_POINTS = 240
@@ -67,8 +68,7 @@ def fleet_now(conn: psycopg.Connection) -> FleetNow:
                          "FROM nodes ORDER BY node")
     for n in nodes:
         n.update({k: v for k, v in per_node.get(n["node"], {}).items() if k != "node"})
-    running = conn.execute('SELECT count(*) FROM runs WHERE start <= now() AND ("end" IS NULL OR "end" > now())'
-                           ).fetchone()
+    running = conn.execute(f"SELECT count(*) FROM runs r WHERE {state_sql('r', 'now()')} = 'running'").fetchone()
     kinds = conn.execute("SELECT kind, count(*), count(*) FILTER (WHERE severity = 'critical') FROM incidents "
                          "WHERE state = 'open' GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()
     return FleetNow(
