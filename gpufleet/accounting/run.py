@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from gpufleet.accounting.efficiency import efficiency
+from gpufleet.accounting.incidents import lost_to_incidents
 from gpufleet.accounting.lines import Line, Source, lines
 from gpufleet.accounting.money import number, rounded
 from gpufleet.accounting.snapshot import snapshot
@@ -123,7 +124,7 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
 
 def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
-          segments: list[Line] | None) -> dict[str, Any]:
+          segments: list[Line] | None, lost: dict[str, Any]) -> dict[str, Any]:
     lo, hi = run_window(run, now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
     compute = line.compute_cost
@@ -172,6 +173,8 @@ def _body(conn: psycopg.Connection, run: dict[str, Any], line: Line, now: dateti
         "gpu_model_prices": model_prices,
         "efficiency": efficiency(conn, run, lo, hi, run["allocations"], float(line.it_kwh),
                                  count_after_end=run["end"] is not None and run["end"] <= now and until is None),
+        "lost_to_incidents": {**lost, "currency": line.currency, "minor_units": line.minor_units}
+        if lost.get("currency") is None else lost,
     }
     if segments is not None:
         body["segments"] = [{
@@ -215,11 +218,13 @@ def bodies(conn: psycopg.Connection, runs: Sequence[dict[str, Any]], by_run: Map
     with conn.cursor(row_factory=dict_row) as cur:
         for m in cur.execute(_MODELS_SQL, ([r["run_id"] for r in runs],)).fetchall():
             models.setdefault(m.pop("run_id"), []).append(m)
+    lost = lost_to_incidents(conn, runs, {r["run_id"]: run_window(r, now, since, until) for r in runs}, now=now,
+                             max_gap_s=max_gap_s, source=source)
     out = []
     for r in runs:
         segs = None if segments is None else sorted(segments.get(r["run_id"], []), key=_start)
         out.append(_body(conn, r, by_run[r["run_id"]], now, max_gap_s, source, since, until,
-                         models.get(r["run_id"], []), segs))
+                         models.get(r["run_id"], []), segs, lost[r["run_id"]]))
     return out
 
 
