@@ -39,6 +39,7 @@ from tests.accounting.builders import (
     setting,
     site,
 )
+from tests.api.conftest import Api
 
 
 def incident(conn: psycopg.Connection, kind: str, start_s: float, end_s: float | None, evidence: dict[str, Any],
@@ -194,3 +195,30 @@ def test_union_takes_the_largest_share_never_the_sum() -> None:
     # gaps stay gaps
     assert union([Piece("r", "n", 0, t[0], t[1], 1.0), Piece("r", "n", 0, t[2], t[3], 1.0)]) == [
         Piece("r", "n", 0, t[0], t[1], 1.0), Piece("r", "n", 0, t[2], t[3], 1.0)]
+
+
+def test_api_incidents_and_run_accounting_carry_the_cost(api: Api) -> None:
+    with psycopg.connect(api.db, autocommit=True) as conn:
+        fleet(conn)
+        a, b = stall_and_throttle(conn)
+        node_only = incident(conn, "host_misconfig", 0, 100, {}, run_id=None, node_name="n1")  # type: ignore[arg-type]
+    with api.client("sre") as c:
+        listed = {i["id"]: i for i in c.get("/v1/incidents").json()}
+        one = c.get(f"/v1/incidents/{b}").json()
+        of_run = {i["id"]: i for i in c.get("/v1/runs/r/incidents").json()}
+        body = c.get("/v1/runs/r/accounting").json()
+    assert listed[node_only]["lost"] is None
+    expect(listed[a]["lost"], 1200.0)
+    assert listed[a]["lost"]["total_cost"] == 0.71
+    assert one["lost"] == listed[b]["lost"] == of_run[b]["lost"]
+    expect(one["lost"], 900.0)
+    assert one["lost"]["total_cost"] == 0.53 and one["lost"]["gpus"] == 2
+    expect(body["lost_to_incidents"], 1800.0)
+    assert body["lost_to_incidents"]["total_cost"] == 1.06 and body["lost_to_incidents"]["incidents"] == 2
+
+
+def test_a_run_without_incidents_loses_nothing_in_its_currency(conn: psycopg.Connection) -> None:
+    fleet(conn)
+    lost = run_accounting(conn, "r", now=at(10_000), source="raw")["lost_to_incidents"]
+    assert lost["gpu_hours"] == 0.0 and lost["total_cost"] == 0.0 and lost["incidents"] == 0
+    assert lost["currency"] == "USD" and lost["minor_units"] == 2
