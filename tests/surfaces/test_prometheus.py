@@ -3,6 +3,7 @@ Prometheus scraping a real collector and agent on loopback and evaluating the ru
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -124,6 +125,35 @@ def test_collector_exports_quarantine_actions_and_health_evidence(db: str) -> No
     assert q.labels == {"kind": "gpu_health", "node": "n8", "action": "slurm_drain", "result": "done"}  # the latest
     ev = {s.labels["field"]: s.value for s in fams["gpufleet_incident_evidence"].samples}
     assert ev == {"sbe_per_h": 120.5}
+
+
+def test_a_throttle_listing_gpus_is_a_series_per_gpu(db: str) -> None:
+    """One incident for a run's GPUs throttled for one reason still raises GpufleetGpuThrottled per GPU."""
+    from prometheus_client import CollectorRegistry
+
+    from gpufleet.collector.alerting import IncidentMetrics, to_alert
+
+    ev = {"throttled_share": 0.9, "gpus": [{"node": "n1", "gpu": 0, "throttled_share": 1.0},
+                                             {"node": "n1", "gpu": 3, "throttled_share": 0.8}]}
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, start, last_seen, evidence) "
+            "VALUES ('throttling', 'throttling|run|r1|thermal', 'r1', 'n1', NULL, 'thermal', 'warning', now(), now(), "
+            "%s)", (json.dumps(ev),))
+        row = conn.execute("SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence FROM incidents"
+                           ).fetchone()
+    reg = CollectorRegistry()
+    reg.register(IncidentMetrics(db, cache_s=0))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    opened = sorted((s.labels["node"], s.labels["gpu"], s.labels["cause"]) for s in fams["gpufleet_incident_open"].samples)
+    assert opened == [("n1", "0", "thermal"), ("n1", "3", "thermal")]
+    shares = {s.labels["gpu"]: s.value for s in fams["gpufleet_incident_evidence"].samples
+              if s.labels["field"] == "throttled_share"}
+    assert shares == {"0": 1.0, "3": 0.8}  # each GPU's own
+    assert row is not None
+    alert = to_alert(dict(zip(("id", "kind", "run_id", "node", "gpu", "cause", "severity", "start", "evidence"), row,
+                              strict=True)))
+    assert alert["annotations"]["gpus"] == "n1/0, n1/3" and "gpu" not in alert["labels"]
 
 
 def _exported_names(fleet_url: str) -> set[str]:
