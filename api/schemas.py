@@ -321,7 +321,7 @@ class NodeUpdate(Strict):
 
 
 class LostCost(BaseModel):
-    """GPU-time lost to incidents and what it cost, at the run's prices (contracts.md section 3.8)."""
+    """GPU-time lost to incidents and what it cost, at the run's prices (contracts.md section 3.2)."""
 
     gpu_hours: float = Field(description="lost GPU-hours: Σ lost share × allocation share × hours of the claim")
     gpu_kwh: float
@@ -479,7 +479,7 @@ class RunAccounting(BaseModel):
     gpu_model_prices: list[ModelPrice] = Field(description="GPU-model prices in force for the run's GPUs")
     efficiency: Efficiency
     lost_to_incidents: LostToIncidents = Field(
-        description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.8)")
+        description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.2)")
     segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
 
 

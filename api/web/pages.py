@@ -124,7 +124,7 @@ def _where(i: dict[str, Any]) -> Markup:
 
 
 def _lost(i: dict[str, Any]) -> object:
-    """What a run-scoped incident lost: GPU-hours and total cost (contracts.md section 3.8)."""
+    """What a run-scoped incident lost: GPU-hours and total cost (contracts.md section 3.2)."""
     lost = i.get("lost")
     if not lost:
         return Markup("&mdash;")

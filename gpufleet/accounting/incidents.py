@@ -1,6 +1,6 @@
 """What incidents cost: the GPU-hours a run-scoped incident lost, and their kWh, CO2e and money.
 
-contracts.md section 3.8 is the definition; in short:
+contracts.md section 3.2 is the definition; in short:
 
 * an incident's **claim** is GPU-time of its run: the incident's GPUs over the
   incident's span ([start, end), an open incident up to ``now``, clipped to the
