@@ -47,9 +47,12 @@ def test_live_sweep_opens_incidents_in_the_database(conn: psycopg.Connection, se
         t += settings.detect.sweep_interval_s
     feed.close()
     assert sweeper.last["fetched_rows"] < 40 * 10 * 2  # incremental: only the last few seconds were read
-    rows = conn.execute("SELECT kind, node, gpu, cause, state FROM incidents ORDER BY kind").fetchall()
+    rows = conn.execute("SELECT kind, node, gpu, cause, state, evidence FROM incidents ORDER BY kind").fetchall()
     expected = {(i.kind, i.node, i.gpu, i.cause) for i in labels}
-    assert {(k, n, g, c) for k, n, g, c, s in rows if s == "open"} == expected
+    # a run's throttled GPUs are one incident listing them (evidence.gpus)
+    per_gpu = {(k, g["node"], g["gpu"], c) if gpu is None and "gpus" in ev else (k, n, gpu, c)
+               for k, n, gpu, c, s, ev in rows if s == "open" for g in (ev.get("gpus") or [None])}
+    assert per_gpu == expected
     # once per scope: re-sweeping the same state neither duplicates nor resolves
     sweeper(conn, fleet.t)
     assert conn.execute("SELECT count(*) FROM incidents").fetchone()[0] == len(rows)  # type: ignore[index]
