@@ -20,6 +20,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -222,3 +223,19 @@ def test_a_run_without_incidents_loses_nothing_in_its_currency(conn: psycopg.Con
     lost = run_accounting(conn, "r", now=at(10_000), source="raw")["lost_to_incidents"]
     assert lost["gpu_hours"] == 0.0 and lost["total_cost"] == 0.0 and lost["incidents"] == 0
     assert lost["currency"] == "USD" and lost["minor_units"] == 2
+
+
+def test_pages_show_what_incidents_lost(api: Api) -> None:
+    with psycopg.connect(api.db, autocommit=True) as conn:
+        fleet(conn)
+        stall_and_throttle(conn)
+    with httpx.Client(base_url=api.url, cookies={"gpufleet_token": api.tokens["sre"]}, timeout=30) as c:
+        run_page = c.get("/runs/r?hours=all")
+        listing = c.get("/incidents?state=all")
+    assert run_page.status_code == 200 and listing.status_code == 200
+    # the run's lost line: 0.5 GPU-h, 1.06 USD of its 8.xx USD
+    assert "Lost to incidents (2 incidents, overlaps counted once): 0.50 GPU-hours" in run_page.text
+    assert "1.06 USD" in run_page.text
+    # each incident's own: 0.33 GPU-h / 0.71 USD and 0.25 GPU-h / 0.53 USD; the throttle names its GPUs
+    assert "0.33 GPU-h, 0.71 USD" in listing.text and "0.25 GPU-h, 0.53 USD" in listing.text
+    assert "n1/0,1" in listing.text
