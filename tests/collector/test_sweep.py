@@ -76,6 +76,27 @@ def test_incident_store_resolves_after_hold_off(conn: psycopg.Connection) -> Non
     assert conn.execute("SELECT count(*) FROM incidents WHERE state = 'open'").fetchone() == (1,)
 
 
+def test_stored_group_follows_its_gpus_node(conn: psycopg.Connection) -> None:
+    from gpufleet.collector.detectors.window import Finding
+
+    def group(node: str | None, gpus: list[tuple[str, int]]) -> Finding:
+        return Finding(kind="throttling", cause="thermal", severity="warning", start=1000.0,
+                       evidence={"gpus": [{"node": n, "gpu": g} for n, g in gpus]}, run_id="r1", node=node,
+                       qualifier="thermal")
+
+    incident_store.sweep(conn, [group("n1", [("n1", 0)])], 1010.0, resolve_after_s=60)
+    incident_store.sweep(conn, [group(None, [("n1", 0), ("n2", 5)])], 1020.0, resolve_after_s=60)
+    rows = conn.execute("SELECT scope_key, node, gpu, evidence FROM incidents").fetchall()
+    assert len(rows) == 1 and rows[0][:3] == ("throttling|run|r1|thermal", None, None)
+    assert [g["node"] for g in rows[0][3]["gpus"]] == ["n1", "n2"]
+    # a GPU-scoped incident's node is its own and never changes
+    gpu_scoped = Finding(kind="pcie_degraded", cause=None, severity="warning", start=1000.0, evidence={},
+                         run_id="r1", node="n3", gpu=1)
+    incident_store.sweep(conn, [gpu_scoped], 1030.0, resolve_after_s=60)
+    incident_store.sweep(conn, [gpu_scoped], 1040.0, resolve_after_s=60)
+    assert conn.execute("SELECT node FROM incidents WHERE kind = 'pcie_degraded'").fetchone() == ("n3",)
+
+
 @pytest.mark.timeout(120)
 def test_one_leader_and_fast_takeover(db: str, settings: Settings) -> None:
     s = settings.model_copy(update={"detect": settings.detect.model_copy(update={"sweep_interval_s": 0.5})})

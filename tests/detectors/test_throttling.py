@@ -140,3 +140,15 @@ def test_the_group_is_one_incident_that_follows_its_gpus() -> None:
     assert not plan.opens and len(plan.updates) == 1  # a third GPU joins the same incident
     (inc,) = store.open_incidents()
     assert inc.scope_key == "throttling|run|r1|power_cap" and len(inc.evidence["gpus"]) == 3
+
+
+def test_the_group_takes_the_node_of_its_gpus_as_they_change() -> None:
+    from gpufleet.collector.incidents import MemoryIncidentStore
+
+    store = MemoryIncidentStore()
+    hot = GpuSpec(steady(0.9), throttle=0x20, throttle_clock=0.7)
+    store.sweep(detect(run_window([hot, GpuSpec(steady(0.9))], gpus_per_node=1), CFG), T0 + 600, 120)
+    assert store.open_incidents()[0].node == "n0"
+    store.sweep(detect(run_window([hot, hot], gpus_per_node=1), CFG), T0 + 660, 120)
+    (inc,) = store.open_incidents()
+    assert inc.node is None and [g["node"] for g in inc.evidence["gpus"]] == ["n0", "n1"]
