@@ -320,6 +320,38 @@ class NodeUpdate(Strict):
     site: str | None = Field(None, pattern=NAME_PATTERN)
 
 
+class LostCost(BaseModel):
+    """GPU-time lost to incidents and what it cost, at the run's prices (contracts.md section 3.2)."""
+
+    gpu_hours: float = Field(description="lost GPU-hours: Σ lost share × allocation share × hours of the claim")
+    gpu_kwh: float
+    host_kwh: float = Field(description="host energy × lost GPU shares ÷ GPUs the node reports")
+    it_kwh: float
+    facility_kwh: float = Field(description="IT energy × the PUE in force")
+    co2e_kg: float | None = Field(description="null when the site has no carbon intensity (or the run no site)")
+    energy_cost: float
+    compute_cost: float = Field(description="lost GPU-hours × the GPU-hour price in force")
+    total_cost: float
+    currency: str | None = Field(description="the run's site's currency; money in its minor units")
+    minor_units: int
+
+
+class IncidentLost(LostCost):
+    """What one run-scoped incident lost: its GPUs over its span, at its kind's lost share."""
+
+    gpus: int = Field(description="GPUs of the run the incident holds back")
+    span_s: float = Field(description="seconds of the incident inside the run's window (open: up to now)")
+    lost_share: float = Field(description="mean lost share (0-1) of its GPUs over the span")
+    basis: str = Field(description="what the lost share rests on: an evidence field, a formula, whole_span or "
+                                   "not_estimated (a kind without a loss model: nothing counted as lost)")
+
+
+class LostToIncidents(LostCost):
+    """The run's GPU-time lost to its incidents in the window, overlaps counted once."""
+
+    incidents: int = Field(description="incidents of the run with GPU-time in the window")
+
+
 class IncidentPublic(BaseModel):
     id: int
     kind: str
@@ -333,6 +365,8 @@ class IncidentPublic(BaseModel):
     end: AwareDatetime | None
     last_seen: AwareDatetime
     evidence: dict[str, Any]
+    lost: IncidentLost | None = Field(None, description="run-scoped incidents: the GPU-time they lost and its cost "
+                                                        "at the run's prices; null for node-scoped ones")
     actions: list[dict[str, Any]] = Field(
         default_factory=list,
         description="what the quarantine hooks did: action (slurm_drain, k8s_cordon), target node, time, result "
@@ -444,6 +478,8 @@ class RunAccounting(BaseModel):
     rates: list[RatePeriod] = Field(description="the site's settings in force during the window, per period")
     gpu_model_prices: list[ModelPrice] = Field(description="GPU-model prices in force for the run's GPUs")
     efficiency: Efficiency
+    lost_to_incidents: LostToIncidents = Field(
+        description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.2)")
     segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
 
 

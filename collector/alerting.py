@@ -45,8 +45,21 @@ def _label(v: Any) -> str:
     return "" if v is None else str(v)
 
 
+def listed_gpus(node: Any, gpu: Any, evidence: Any) -> list[tuple[Any, Any, dict[str, Any]]]:
+    """(node, gpu, evidence) per GPU an incident is about: each GPU its ``evidence.gpus`` lists (with
+    that GPU's own evidence), else the incident's own node and GPU."""
+    ev = evidence if isinstance(evidence, dict) else {}
+    gpus = ev.get("gpus") if gpu is None else None
+    if isinstance(gpus, list):
+        out = [(g.get("node"), g.get("gpu"), g) for g in gpus if isinstance(g, dict)]
+        if out:
+            return out
+    return [(node, gpu, ev)]
+
+
 class IncidentMetrics(Collector):
-    """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident."""
+    """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident (per GPU of one
+    that lists its GPUs in ``evidence.gpus``)."""
 
     def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False) -> None:
         self.url = url
@@ -81,16 +94,20 @@ class IncidentMetrics(Collector):
                                labels=["kind", "run_id", "node", "gpu", "field"])
         shown: set[tuple[str, ...]] = set()
         for _id, kind, run_id, node, gpu, cause, severity, _start, evidence in rows:
-            labels = (kind, "" if self.redact else _label(run_id), _label(node), _label(gpu), _label(cause), severity)
-            if labels not in shown:
-                shown.add(labels)
-                g.add_metric(list(labels), 1.0)
-            if self.redact:
-                continue
-            for f in EVIDENCE_FIELDS:
-                v = (evidence or {}).get(f)
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    ev.add_metric([kind, _label(run_id), _label(node), _label(gpu), f], float(v))
+            # an incident listing GPUs (a run's GPUs throttled for one reason) is a series per GPU, so rules
+            # and boards that read node and gpu keep seeing each one
+            for node_, gpu_, ev_ in listed_gpus(node, gpu, evidence):
+                labels = (kind, "" if self.redact else _label(run_id), _label(node_), _label(gpu_), _label(cause),
+                          severity)
+                if labels not in shown:
+                    shown.add(labels)
+                    g.add_metric(list(labels), 1.0)
+                if self.redact:
+                    continue
+                for f in EVIDENCE_FIELDS:
+                    v = ev_.get(f)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        ev.add_metric([kind, _label(run_id), _label(node_), _label(gpu_), f], float(v))
         yield g
         if not self.redact:
             yield ev
@@ -124,9 +141,13 @@ def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, 
         if row.get(k) is not None:
             labels[k] = str(row[k])
     scope = row.get("run_id") or f"{row.get('node')}/{row.get('gpu')}"
+    listed = listed_gpus(row.get("node"), row.get("gpu"), row.get("evidence"))
+    lists = listed[0][2] is not row.get("evidence")  # the incident names its GPUs in evidence.gpus
+    gpus = {"gpus": ", ".join(f"{n}/{g}" for n, g, _ in listed)} if lists else {}
     alert: dict[str, Any] = {
         "labels": labels,
         "annotations": {
+            **gpus,
             "summary": f"{row['kind'].replace('_', ' ')} on {scope}" + (f" (cause: {row['cause']})" if row.get("cause")
                                                                            else ""),
             "evidence": json.dumps(row.get("evidence") or {}, sort_keys=True, default=str),

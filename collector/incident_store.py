@@ -67,9 +67,10 @@ def apply(conn: psycopg.Connection, plan: Plan) -> None:
     for u in plan.updates:
         conn.execute(
             "UPDATE incidents SET cause = %s, severity = %s, evidence = %s, last_seen = %s, last_active = %s, "
-            "start = %s, hold_s = %s WHERE scope_key = %s AND state = 'open'",
+            "start = %s, hold_s = %s, node = CASE WHEN %s THEN %s ELSE node END "
+            "WHERE scope_key = %s AND state = 'open'",
             (u.cause, u.severity, Jsonb(clean_json(u.evidence)), _ts(u.last_seen), _ts(u.last_active),
-             _ts(u.start), u.hold_s, u.scope_key))
+             _ts(u.start), u.hold_s, u.renode, u.node, u.scope_key))
     for o in plan.opens:
         i = o.incident
         conn.execute(

@@ -95,6 +95,10 @@ class Update:
     #: condition's onset further back; never later.
     start: float
     hold_s: float | None = None
+    #: An incident whose GPUs may change (a run's GPUs throttled for one reason, ``Finding.qualifier``)
+    #: takes the node of its latest finding: set when they are all on one node, else None.
+    node: str | None = None
+    renode: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ def plan_sweep(
                 scope_key=key, id=inc.id, cause=_cause(inc, f), severity=f.severity, evidence=dict(f.evidence),
                 last_seen=max(now, inc.last_seen),
                 last_active=max(last_active, inc.last_active) if inc.last_active is not None else last_active,
-                start=min(inc.start, f.start), hold_s=f.hold_s,
+                start=min(inc.start, f.start), hold_s=f.hold_s, node=f.node, renode=f.qualifier is not None,
             ))
     for key, inc in current.items():
         if key in seen:
@@ -220,6 +224,8 @@ class MemoryIncidentStore:
             inc.last_active = u.last_active
             inc.start = u.start
             inc.hold_s = u.hold_s
+            if u.renode:
+                inc.node = u.node
         for o in plan.opens:
             if o.incident.scope_key in self.open:
                 raise ValueError(f"incident already open for {o.incident.scope_key}")

@@ -4,8 +4,9 @@ Labels come from the simulator (``labels.json``) or from any other source in
 the same shape: expected incidents ``{kind, cause, run_id, node, gpu, start,
 end}`` and hard negatives ``{reason, not_kinds, run_id, node, gpu, start,
 end}``.  A finding matches a label of the same kind whose scope agrees (run
-for run-scoped kinds, node and GPU for GPU-scoped ones; fields the label
-leaves empty match anything) and whose time span overlaps.  Precision,
+for run-scoped kinds, node and GPU for GPU-scoped ones, any GPU a finding
+lists in ``evidence.gpus``; fields the label leaves empty match anything) and
+whose time span overlaps.  Precision,
 recall and cause accuracy are per kind; detection latency is the time from a
 label's start to the first sweep at which a matching incident was open.
 """
@@ -29,7 +30,24 @@ def _t(v: Any, default: float) -> float:
     return parse_time(v).timestamp()
 
 
+def _listed(f: Mapping[str, Any]) -> list[tuple[Any, Any]] | None:
+    """The GPUs a finding lists (``evidence.gpus``: a run's GPUs throttled for one reason), if any."""
+    ev = f.get("evidence")
+    gpus = ev.get("gpus") if isinstance(ev, Mapping) and f.get("gpu") is None else None
+    if not isinstance(gpus, list):
+        return None
+    return [(g.get("node"), g.get("gpu")) for g in gpus if isinstance(g, Mapping)]
+
+
 def _scope_ok(label: Mapping[str, Any], f: Mapping[str, Any]) -> bool:
+    listed = _listed(f)
+    if listed is not None:
+        # one finding for several GPUs: it covers a label of any of them
+        lr = label.get("run_id")
+        if lr is not None and f.get("run_id") is not None and lr != f.get("run_id"):
+            return False
+        return any((label.get("node") is None or label.get("node") == n)
+                   and (label.get("gpu") is None or label.get("gpu") == g) for n, g in listed)
     for k in ("run_id", "node", "gpu"):
         lv = label.get(k)
         if lv is not None and f.get(k) is not None and lv != f.get(k):

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 
 from gpufleet.api.deps import ApiState
 from gpufleet.api.web.html import Markup, ago, badge, h, num, page, table, when
-from gpufleet.api.web.pages import INCIDENT_HEADERS, _incident_rows, _read, _render
+from gpufleet.api.web.pages import INCIDENT_HEADERS, _incident_rows, _read, _render, costed
 from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.facts import NodeFacts
 from gpufleet.store import views as queries
@@ -101,7 +101,7 @@ def _node_page(conn: psycopg.Connection, st: ApiState, name: str) -> Markup | No
                   m.timeouts if m.timeouts is not None else "", num(m.queue_ms, 2, "ms"), num(m.rtt_ms, 2, "ms"),
                   num(m.execute_ms, 1, "ms")] for m in facts.nfs_mounts or []),
                 numeric=(3, 4, 5, 6, 7, 8), empty="No NFS mount reported.")
-    incidents = table(INCIDENT_HEADERS, _incident_rows(queries.incidents(conn, node=name), True),
+    incidents = table(INCIDENT_HEADERS, _incident_rows(costed(conn, st, queries.incidents(conn, node=name)), True),
                       empty="No incidents on this node.")
     return h("<section>{}</section><section><h2>Checks</h2>{}{}</section>"
              "<section><h2>Job cgroups</h2>{}<h3>Newest samples</h3>{}</section>"

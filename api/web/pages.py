@@ -8,6 +8,7 @@ handler checks the viewer, then reads the database in the thread pool.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,7 @@ from gpufleet.store.run_model import state_at
 
 router = APIRouter(include_in_schema=False)
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 RUNS_LIMIT = 100
 #: Longest run id the API registers (gpufleet.store.runs.RUN_ID_RE).
@@ -106,9 +108,40 @@ def _xid_lines(ev: dict[str, Any]) -> Markup:
 
 
 def _where(i: dict[str, Any]) -> Markup:
+    gpus = (i.get("evidence") or {}).get("gpus")
+    if isinstance(gpus, list) and gpus and all(isinstance(g, dict) for g in gpus):
+        by_node: dict[str, list[str]] = {}
+        for g in gpus:
+            by_node.setdefault(str(g.get("node")), []).append(str(g.get("gpu")))
+        return esc("; ".join(f"{n}/{','.join(gs)}" for n, gs in sorted(by_node.items())))
     if i["node"] is None:
         return Markup("whole run")
+    if i["gpu"] is None:
+        return esc(f"{i['node']}")
     return esc(f"{i['node']}/{i['gpu']}")
+
+
+def _lost(i: dict[str, Any]) -> object:
+    """What a run-scoped incident lost: GPU-hours and total cost (contracts.md section 3.2)."""
+    lost = i.get("lost")
+    if not lost:
+        return Markup("&mdash;")
+    return h("{} GPU-h, {}", num(lost.get("gpu_hours"), 2), num(lost.get("total_cost"), lost.get("minor_units", 2),
+                                                              lost.get("currency") or ""))
+
+
+def costed(conn: psycopg.Connection, st: ApiState, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Incidents with what each lost (``lost``); without it where accounting fails (the page still renders)."""
+    try:
+        from gpufleet.accounting.incidents import incident_costs
+
+        lost = incident_costs(conn, rows, now=datetime.now(UTC), max_gap_s=st.settings.accounting.max_gap_s)
+    except (ImportError, psycopg.Error) as e:
+        log.warning("incident costs for the web view failed: %s", type(e).__name__)
+        return rows
+    for r in rows:
+        r["lost"] = lost.get(r["id"])
+    return rows
 
 
 def _incident_rows(rows: list[dict[str, Any]], can_read: bool) -> list[list[object]]:
@@ -118,12 +151,12 @@ def _incident_rows(rows: list[dict[str, Any]], can_read: bool) -> list[list[obje
             (i["run_id"] or "")
         out.append([esc(i["kind"].replace("_", " ")), _severity(i["severity"]),
                     badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
-                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]),
+                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]), _lost(i),
                     join((_evidence(i["evidence"]), _actions(i.get("actions"))))])
     return out
 
 
-INCIDENT_HEADERS = ("Kind", "Severity", "State", "Run", "Where", "Cause", "Start", "End", "Evidence")
+INCIDENT_HEADERS = ("Kind", "Severity", "State", "Run", "Where", "Cause", "Start", "End", "Lost", "Evidence")
 
 
 def _q(run_id: str) -> str:
@@ -243,6 +276,14 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
                 [[num(a.get("gpu_kwh"), 3, "kWh"), num(a.get("host_kwh"), 3, "kWh"), num(a.get("pue"), 2),
                   *_accounting_cells(a)]] if a else [], empty="No accounting figures.",
                 numeric=range(11))
+    lost = (a or {}).get("lost_to_incidents")
+    if lost:
+        acc = join((acc, h("<p class=\"lost\">Lost to incidents ({} incidents, overlaps counted once): {} GPU-hours, "
+                           "{} facility, {} &mdash; {} of the run's cost.</p>", lost["incidents"],
+                           num(lost["gpu_hours"], 2), num(lost["facility_kwh"], 3, "kWh"),
+                           num(lost["total_cost"], lost.get("minor_units", 2), lost.get("currency") or ""),
+                           num(100.0 * lost["total_cost"] / a["total_cost"], 1, "%")
+                           if a and a.get("total_cost") else Markup("&mdash;"))))
     lo, hi = _window(run, queries.newest_sample_time(conn), hours)
     series = queries.run_gpu_series(conn, run_id, lo, hi)
     names = {k: f"{k[0]}/{k[1]}" for k in series.points}
@@ -254,7 +295,7 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
                link(f"/runs/{_q(run_id)}?hours=all", "whole run"),
                line_chart("GPU-Util per GPU", util, "%", y_max=100.0, step_s=series.step_s),
                line_chart("Board power per GPU", power, "W", step_s=series.step_s))
-    incs = table(INCIDENT_HEADERS, _incident_rows(queries.incidents(conn, run_id=run_id), True),
+    incs = table(INCIDENT_HEADERS, _incident_rows(costed(conn, st, queries.incidents(conn, run_id=run_id)), True),
                  empty="No incidents for this run.")
     return h("{}<section>{}</section><section><h2>Accounting so far</h2>{}</section>"
              "<section><h2>GPUs</h2>{}</section><section><h2>Incidents</h2>{}</section>",
@@ -297,7 +338,7 @@ async def run_page(request: Request, run_id: str, hours: str | None = "1") -> Re
 
 
 def _incidents(conn: psycopg.Connection, st: ApiState, which: str) -> Markup:
-    rows = queries.incidents(conn, state=None if which == "all" else which)
+    rows = costed(conn, st, queries.incidents(conn, state=None if which == "all" else which))
     tabs = join((link(f"/incidents?state={s}", s) if s != which else h("<strong>{}</strong>", s)
                  for s in ("open", "resolved", "all")), " | ")
     return h('<p class="tabs">{}</p>{}', tabs,

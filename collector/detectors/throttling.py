@@ -13,9 +13,20 @@ Idle GPUs are never throttled: they carry the idle bit and drop their clocks
 by design.  Reported when, since the episode began, at least
 ``throttle_min_share`` of busy time was throttled, for ``throttle_min_s``, and
 the condition was seen within ``active_within_s``.
+
+GPUs of one run throttled for one reason are one finding, run-scoped with the
+reason in its scope (``throttling|run|<run>|<cause>``): ``evidence.gpus``
+lists each GPU (``node``, ``gpu`` and that GPU's own evidence), the top-level
+evidence summarises them (medians of shares, ratios and clocks; the longest
+throttled and busy time; the hottest temperature; the union of reasons),
+``node`` is set when they are all on one node and ``gpu`` is null.  A run's
+GPUs throttled for different reasons are one finding per reason.  GPUs no run
+holds stay one finding each, GPU-scoped.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -23,6 +34,11 @@ from gpufleet.collector.detectors.frame import THROTTLE_CAUSES, Frame
 from gpufleet.collector.detectors.stats import median_of, num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+#: Evidence summarised over a group's GPUs by their median, and by their maximum.
+_MEDIAN = ("throttled_share", "clock_ratio", "sm_clock_mhz", "sm_clock_max_mhz", "cause_share", "power_frac")
+_MAX = ("throttled_s", "busy_s", "temp_c_max")
 
 KIND = "throttling"
 #: Causes whose slowdown is severe by nature (the hardware protecting itself).
@@ -52,7 +68,58 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     for r in np.flatnonzero(hit):
         out.append(_finding(fr, int(r), float(ep.onset[r]), float(ep.seconds[r]), float(ep.share[r]),
                             float(ep.last[r]), ind, wb))
+    return group(out)
+
+
+def group(findings: list[Finding]) -> list[Finding]:
+    """One finding per (run, reason) listing its GPUs; GPUs without a run stay one finding each."""
+    by: dict[tuple[str, str | None], list[Finding]] = {}
+    out: list[Finding] = []
+    for f in findings:
+        if f.run_id is None:
+            out.append(f)
+        else:
+            by.setdefault((f.run_id, f.cause), []).append(f)
+    for (run_id, cause), fs in by.items():
+        fs.sort(key=lambda f: (f.node or "", f.gpu if f.gpu is not None else -1))
+        nodes = {f.node for f in fs}
+        evidence: dict[str, object] = {
+            "gpu_count": len(fs),
+            "gpus": [{"node": f.node, "gpu": f.gpu, **f.evidence} for f in fs],
+        }
+        for key in _MEDIAN:
+            vals = [float(v) for f in fs if isinstance(v := f.evidence.get(key), int | float)]
+            evidence[key] = num(float(np.median(vals))) if vals else None
+        for key in _MAX:
+            vals = [float(v) for f in fs if isinstance(v := f.evidence.get(key), int | float)]
+            evidence[key] = num(max(vals)) if vals else None
+        reasons: list[str] = []
+        for f in fs:
+            reasons += [r for r in f.evidence.get("reasons", []) if r not in reasons]
+        order = [name for name, _ in THROTTLE_CAUSES]
+        evidence["reasons"] = sorted(reasons, key=lambda r: order.index(r) if r in order else len(order))
+        evidence["reasons_mask"] = hex(_or_masks(f.evidence.get("reasons_mask") for f in fs))
+        sources = {f.evidence.get("reason_source") for f in fs}
+        evidence["reason_source"] = sources.pop() if len(sources) == 1 else "mixed"
+        worst = max(fs, key=lambda f: _SEVERITY_RANK.get(f.severity, 1))
+        lasts = [f.last_active for f in fs if f.last_active is not None]
+        out.append(Finding(
+            KIND, cause, worst.severity, min(f.start for f in fs), evidence, run_id=run_id,
+            node=next(iter(nodes)) if len(nodes) == 1 else None, gpu=None,
+            last_active=max(lasts) if lasts else None, qualifier=cause or "unknown",
+        ))
     return out
+
+
+def _or_masks(masks: Iterable[object]) -> int:
+    seen = 0
+    for m in masks:
+        if isinstance(m, str):
+            try:
+                seen |= int(m, 16)
+            except ValueError:
+                continue
+    return seen
 
 
 def _inferred(fr: Frame, cfg: DetectorConfig, idx: np.ndarray) -> np.ndarray:

@@ -95,10 +95,15 @@ class Finding:
     #: go unseen before its incident counts as over, seconds; None: the
     #: lifecycle's own hold-off alone.
     hold_s: float | None = None
+    #: What else sets incidents of one run apart (a run-scoped finding only): throttling of a run's GPUs
+    #: is one incident per reason, so its reason is part of the scope.
+    qualifier: str | None = None
 
     @property
     def scope_key(self) -> str:
         """What an incident is about: one open incident per (kind, scope)."""
+        if self.qualifier is not None and self.run_id is not None and self.gpu is None:
+            return f"{self.kind}|run|{self.run_id}|{self.qualifier}"
         if self.gpu is not None:
             return f"{self.kind}|gpu|{self.node}|{self.gpu}|{self.run_id or ''}"
         if self.run_id is not None:

@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from gpufleet.accounting.efficiency import efficiency
+from gpufleet.accounting.incidents import lost_to_incidents
 from gpufleet.accounting.lines import Line, Source, lines
 from gpufleet.accounting.money import number, rounded
 from gpufleet.accounting.snapshot import snapshot
@@ -77,7 +78,7 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
 
 def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
-          segments: list[Line] | None) -> dict[str, Any]:
+          segments: list[Line] | None, lost: dict[str, Any]) -> dict[str, Any]:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
     compute = line.compute_cost
@@ -126,6 +127,8 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
         "gpu_model_prices": model_prices,
         "efficiency": efficiency(conn, run, lo, hi, run.allocations, float(line.it_kwh),
                                  count_after_end=run.end is not None and run.end <= now and until is None),
+        "lost_to_incidents": {**lost, "currency": line.currency, "minor_units": line.minor_units}
+        if lost.get("currency") is None else lost,
     }
     if segments is not None:
         body["segments"] = [{
@@ -169,11 +172,13 @@ def bodies(conn: psycopg.Connection, runs: Sequence[Run], by_run: Mapping[str | 
     with conn.cursor(row_factory=dict_row) as cur:
         for m in cur.execute(_MODELS_SQL, ([r.run_id for r in runs],)).fetchall():
             models.setdefault(m.pop("run_id"), []).append(m)
+    lost = lost_to_incidents(conn, runs, {r.run_id: r.window(now, since, until) for r in runs}, now=now,
+                             max_gap_s=max_gap_s, source=source)
     out = []
     for r in runs:
         segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
         out.append(_body(conn, r, by_run[r.run_id], now, max_gap_s, source, since, until,
-                         models.get(r.run_id, []), segs))
+                         models.get(r.run_id, []), segs, lost[r.run_id]))
     return out
 
 

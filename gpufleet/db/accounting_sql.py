@@ -53,6 +53,15 @@ The functions, bottom up:
     ``detail``: ``line`` (one row per line and pricing site), ``segment``
     (per tariff segment, energy only) or ``step`` (per ``step`` bucket from
     2000-01-01 UTC, e.g. a day, for charts).
+
+``gpufleet_incident_accounting(keys, run_ids, nodes, gpus, los, his, weights, now, max_gap_s, source)``
+    The run accounting of ``gpufleet_accounting`` over pieces of runs' GPU-time instead of whole runs:
+    piece *i* is GPU (``nodes[i]``, ``gpus[i]``) of run ``run_ids[i]`` over [``los[i]``, ``his[i]``)
+    (clipped to the run's window and to ``now``), weighted by ``weights[i]`` (0-1, times the
+    allocation's share).  One line per key (``run_id`` holds the key), priced at the run's site
+    exactly as the run's own line is: GPU energy, host share, PUE, carbon, energy and GPU-hour prices
+    in force, money rounded to minor units.  A key's pieces must belong to one run; pieces of one
+    key should not overlap (the caller takes their union: ``gpufleet.accounting.incidents``); migration 0010.
 """
 
 from __future__ import annotations
@@ -815,4 +824,83 @@ DROP_V1: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS gpufleet_claim_energy(gpufleet_claim[], double precision, text)",
     "DROP FUNCTION IF EXISTS gpufleet_minor_units(text)",
     "DROP TYPE IF EXISTS gpufleet_claim",
+)
+
+
+# ---------------------------------------------------------------------------------------------------- incidents
+
+#: The claims of ``gpufleet_incident_accounting``: GPU-time of runs' allocations, each weighted and keyed.
+_INCIDENT_CLAIMS = """ic AS MATERIALIZED (
+  SELECT x.key, x.run_id, x.node, x.gpu, greatest(x.lo, r.start) AS lo,
+         least(x.hi, coalesce(r."end", p_now), p_now) AS hi, x.weight, r.site
+  FROM unnest(p_keys, p_run_ids, p_nodes, p_gpus, p_los, p_his, p_weights) x(key, run_id, node, gpu, lo, hi, weight)
+  JOIN runs r ON r.run_id = x.run_id
+  WHERE x.weight >= 0 AND greatest(x.lo, r.start) < least(x.hi, coalesce(r."end", p_now), p_now)
+),
+run_w AS MATERIALIZED (
+  SELECT c.key AS run_id, min(c.site) AS site, coalesce(min(c.site), '') AS sk, min(c.lo) AS lo, max(c.hi) AS hi
+  FROM ic c GROUP BY c.key
+),
+alloc AS MATERIALIZED (
+  SELECT c.key AS run_id, c.site, coalesce(c.site, '') AS sk, c.lo, c.hi, a.node, a.gpu::integer AS gpu,
+         a.share * least(c.weight, 1.0) AS share
+  FROM ic c JOIN run_allocations a ON a.run_id = c.run_id AND a.node = c.node AND a.gpu = c.gpu
+),
+"""
+
+
+def _incident_query() -> str:
+    """``_QUERY`` (without the fleet lines) over weighted claims instead of runs' whole allocations.
+
+    Only the claims differ: the runs' windows and allocations (``run_w``, ``alloc``) become the
+    caller's keyed pieces of GPU-time, and each claim keeps the tariff edges inside its own range
+    (the run query's claims all span their run's window, so there every edge is inside).
+    Energy, PUE, carbon, energy and GPU-hour prices and rounding are the run query's text.
+    """
+    q = _variant(_QUERY, False)
+    i, j = q.index("run_w AS MATERIALIZED ("), q.index("span AS MATERIALIZED (")
+    q = q[:i] + _INCIDENT_CLAIMS + q[j:]
+    swaps = (("a.share, e.edges\n    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id",
+              "a.share, ARRAY(SELECT x FROM unnest(e.edges) x WHERE x > a.lo AND x < a.hi) AS edges\n"
+              "    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id"),
+             ("h.held / greatest(n.reported, h.held), e.edges",
+              "h.held / greatest(n.reported, h.held), ARRAY(SELECT x FROM unnest(e.edges) x WHERE x > h.lo AND x < h.hi)"))
+    for old, new in swaps:
+        if q.count(old) != 1:
+            raise AssertionError(f"accounting query changed: {old!r}")
+        q = q.replace(old, new)
+    return q
+
+
+INCIDENT_ACCOUNTING_V1 = f"""
+CREATE FUNCTION gpufleet_incident_accounting(
+  p_keys text[], p_run_ids text[], p_nodes text[], p_gpus integer[], p_los timestamptz[], p_his timestamptz[],
+  p_weights double precision[], p_now timestamptz DEFAULT now(), p_max_gap_s double precision DEFAULT 60,
+  p_source text DEFAULT 'auto')
+RETURNS TABLE (
+  line text, run_id text, site text, part_start timestamptz, part_end timestamptz,
+  gpu_count integer, gpu_equivalents double precision, gpu_s double precision, covered_s double precision,
+  gpu_hours numeric, covered_hours numeric, coverage double precision, gpu_kwh numeric, host_kwh numeric, it_kwh numeric, facility_kwh numeric, pue numeric,
+  co2e_kg numeric, co2e_unknown_kwh numeric, carbon_source text, g_co2e_per_kwh double precision,
+  price_source text, price_per_kwh double precision, currency text, minor_units integer,
+  energy_cost numeric, compute_cost numeric, total_cost numeric, stale boolean)
+LANGUAGE plpgsql STABLE SET jit = off AS $fn$
+#variable_conflict use_column
+DECLARE
+  p_from timestamptz := NULL;
+  p_to timestamptz := NULL;
+  p_fleet boolean := false;
+  p_detail text := 'line';
+  p_step interval := NULL;
+BEGIN
+RETURN QUERY
+{_incident_query()};
+END
+$fn$
+"""
+#: What migration 0010 runs to install incident accounting (after INSTALL_V1), and its undoing.
+INSTALL_INCIDENTS_V1: tuple[str, ...] = (INCIDENT_ACCOUNTING_V1,)
+DROP_INCIDENTS_V1: tuple[str, ...] = (
+    "DROP FUNCTION IF EXISTS gpufleet_incident_accounting(text[], text[], text[], integer[], timestamptz[], "
+    "timestamptz[], double precision[], timestamptz, double precision, text)",
 )

@@ -25,3 +25,16 @@ def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
     got = dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall())
     for name, body in want.items():
         assert got.get(name) == body, f"{name}: the database's definition differs from accounting_sql (migrate)"
+
+
+def test_installed_incident_accounting_is_the_modules(conn: psycopg.Connection) -> None:
+    """Migration 0010's function is the module's text: the run query over incidents' pieces."""
+    (stmt,) = accounting_sql.INSTALL_INCIDENTS_V1
+    m = re.search(r"CREATE FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", stmt, re.S)
+    assert m and m.group(1) == "gpufleet_incident_accounting"
+    got = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (m.group(1),)).fetchone()
+    assert got is not None and got[0] == m.group(2), "the database's definition differs from accounting_sql (migrate)"
+    # the priced part is the run query's own text, not a copy: everything from the claims on is shared
+    run_q = accounting_sql._variant(accounting_sql._QUERY, False)
+    tail = run_q[run_q.index("-- claims summed together"):]
+    assert tail in m.group(2)

@@ -37,7 +37,10 @@ def test_replay_writes_findings_and_accounting(bundle: Path, tmp_path: Path, pg_
     assert proc.returncode == 0, proc.stderr
     findings = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
     labels = json.loads((bundle / "labels.json").read_text())["incidents"]
-    assert {(f["kind"], f["node"], f["gpu"], f["cause"]) for f in findings} == {
+    # a run's throttled GPUs are one finding listing them (evidence.gpus)
+    assert {(f["kind"], g["node"], g["gpu"], f["cause"]) if f["gpu"] is None and "gpus" in f["evidence"]
+            else (f["kind"], f["node"], f["gpu"], f["cause"])
+            for f in findings for g in (f["evidence"].get("gpus") or [None])} == {
         (i["kind"], i["node"], i["gpu"], i["cause"]) for i in labels}
     for f in findings:
         assert set(f) == FINDING_KEYS
@@ -49,6 +52,10 @@ def test_replay_writes_findings_and_accounting(bundle: Path, tmp_path: Path, pg_
         assert list(a)[:len(CONTRACT_KEYS)] == CONTRACT_KEYS
         assert a["coverage"] > 0.99 and a["gpu_kwh"] > 0 and a["co2e_kg"] > 0
         assert a["total_cost"] == pytest.approx(a["energy_cost"] + a["compute_cost"])
+        # replay's incidents are priced as the live collector's: a straggler run loses GPU-time
+        lost = a["lost_to_incidents"]
+        assert 0 <= lost["gpu_hours"] <= a["gpu_hours"] and lost["total_cost"] <= a["total_cost"]
+        assert lost["currency"] == a["currency"]
 
 
 @pytest.mark.parametrize("file,edit,expect", [

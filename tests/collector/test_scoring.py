@@ -43,6 +43,23 @@ def test_matching_precision_recall_cause_and_negatives() -> None:
     assert score([], LABELS).kinds["straggler"].recall == 0.0
 
 
+def test_a_finding_listing_gpus_matches_a_label_of_each() -> None:
+    labels = {"end": "2026-12-01T11:00:00Z", "incidents": [
+        {"kind": "throttling", "cause": "thermal", "run_id": "r1", "node": "n1", "gpu": g,
+         "start": "2026-12-01T10:10:00Z", "end": "2026-12-01T10:40:00Z"} for g in (2, 3, 7)],
+        "hard_negatives": [{"reason": "healthy", "not_kinds": ["throttling"], "run_id": None, "node": "n2", "gpu": 0,
+                            "start": "2026-12-01T10:00:00Z", "end": "2026-12-01T11:00:00Z"}]}
+    one = {**f("throttling", "2026-12-01T10:11:00Z", cause="thermal", run_id="r1", node="n1"),
+           "evidence": {"gpus": [{"node": "n1", "gpu": 2}, {"node": "n1", "gpu": 3}]}}
+    s = score([one], labels)
+    th = s.kinds["throttling"]
+    assert (th.labels, th.matched_labels, th.findings, th.matched_findings) == (3, 2, 1, 1)
+    assert [m["gpu"] for m in s.missed_labels] == [7] and s.negative_violations == []
+    stray = {**f("throttling", "2026-12-01T10:11:00Z", cause="thermal", run_id="r9"),
+             "evidence": {"gpus": [{"node": "n2", "gpu": 0}]}}
+    assert len(score([stray], labels).negative_violations) == 1
+
+
 def LABELS_T(hms: str) -> float:
     from gpufleet.timeparse import parse_time
 

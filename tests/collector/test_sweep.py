@@ -47,9 +47,12 @@ def test_live_sweep_opens_incidents_in_the_database(conn: psycopg.Connection, se
         t += settings.detect.sweep_interval_s
     feed.close()
     assert sweeper.last["fetched_rows"] < 40 * 10 * 2  # incremental: only the last few seconds were read
-    rows = conn.execute("SELECT kind, node, gpu, cause, state FROM incidents ORDER BY kind").fetchall()
+    rows = conn.execute("SELECT kind, node, gpu, cause, state, evidence FROM incidents ORDER BY kind").fetchall()
     expected = {(i.kind, i.node, i.gpu, i.cause) for i in labels}
-    assert {(k, n, g, c) for k, n, g, c, s in rows if s == "open"} == expected
+    # a run's throttled GPUs are one incident listing them (evidence.gpus)
+    per_gpu = {(k, g["node"], g["gpu"], c) if gpu is None and "gpus" in ev else (k, n, gpu, c)
+               for k, n, gpu, c, s, ev in rows if s == "open" for g in (ev.get("gpus") or [None])}
+    assert per_gpu == expected
     # once per scope: re-sweeping the same state neither duplicates nor resolves
     sweeper(conn, fleet.t)
     assert conn.execute("SELECT count(*) FROM incidents").fetchone()[0] == len(rows)  # type: ignore[index]
@@ -71,6 +74,27 @@ def test_incident_store_resolves_after_hold_off(conn: psycopg.Connection) -> Non
     assert conn.execute("SELECT state, extract(epoch FROM \"end\") FROM incidents").fetchall() == [("resolved", 1010.0)]
     incident_store.sweep(conn, [f], 1200.0, resolve_after_s=60)  # a real recurrence opens a new incident
     assert conn.execute("SELECT count(*) FROM incidents WHERE state = 'open'").fetchone() == (1,)
+
+
+def test_stored_group_follows_its_gpus_node(conn: psycopg.Connection) -> None:
+    from gpufleet.collector.detectors.window import Finding
+
+    def group(node: str | None, gpus: list[tuple[str, int]]) -> Finding:
+        return Finding(kind="throttling", cause="thermal", severity="warning", start=1000.0,
+                       evidence={"gpus": [{"node": n, "gpu": g} for n, g in gpus]}, run_id="r1", node=node,
+                       qualifier="thermal")
+
+    incident_store.sweep(conn, [group("n1", [("n1", 0)])], 1010.0, resolve_after_s=60)
+    incident_store.sweep(conn, [group(None, [("n1", 0), ("n2", 5)])], 1020.0, resolve_after_s=60)
+    rows = conn.execute("SELECT scope_key, node, gpu, evidence FROM incidents").fetchall()
+    assert len(rows) == 1 and rows[0][:3] == ("throttling|run|r1|thermal", None, None)
+    assert [g["node"] for g in rows[0][3]["gpus"]] == ["n1", "n2"]
+    # a GPU-scoped incident's node is its own and never changes
+    gpu_scoped = Finding(kind="pcie_degraded", cause=None, severity="warning", start=1000.0, evidence={},
+                         run_id="r1", node="n3", gpu=1)
+    incident_store.sweep(conn, [gpu_scoped], 1030.0, resolve_after_s=60)
+    incident_store.sweep(conn, [gpu_scoped], 1040.0, resolve_after_s=60)
+    assert conn.execute("SELECT node FROM incidents WHERE kind = 'pcie_degraded'").fetchone() == ("n3",)
 
 
 @pytest.mark.timeout(120)

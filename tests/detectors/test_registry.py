@@ -57,8 +57,10 @@ def test_every_detector_runs_and_findings_follow_the_contract() -> None:
         ("starvation", "cpu", "r2", None, None),
         ("straggler", "pcie_degraded", "r1", "n1", 1),
         ("straggler", "power_cap", "r1", "n0", 3),
-        ("throttling", "power_cap", "r1", "n0", 3),
+        ("throttling", "power_cap", "r1", "n0", None),  # a run's throttle lists its GPUs
     ]
+    (th,) = (f for f in fs if f.kind == "throttling")
+    assert [(g["node"], g["gpu"]) for g in th.evidence["gpus"]] == [("n0", 3)]
     for f in fs:
         assert f.cause in CONTRACT_CAUSES[f.kind]
         assert f.severity in ("warning", "critical")

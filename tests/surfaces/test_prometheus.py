@@ -3,6 +3,7 @@ Prometheus scraping a real collector and agent on loopback and evaluating the ru
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.agent.metrics import AgentMetrics
-from gpufleet.collector.alerting import IncidentMetrics
+from gpufleet.collector.alerting import IncidentMetrics, listed_gpus
 from gpufleet.collector.app import create_app as create_collector
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.config import Settings
@@ -124,6 +125,35 @@ def test_collector_exports_quarantine_actions_and_health_evidence(db: str) -> No
     assert q.labels == {"kind": "gpu_health", "node": "n8", "action": "slurm_drain", "result": "done"}  # the latest
     ev = {s.labels["field"]: s.value for s in fams["gpufleet_incident_evidence"].samples}
     assert ev == {"sbe_per_h": 120.5}
+
+
+def test_a_throttle_listing_gpus_is_a_series_per_gpu(db: str) -> None:
+    """One incident for a run's GPUs throttled for one reason still raises GpufleetGpuThrottled per GPU."""
+    from prometheus_client import CollectorRegistry
+
+    from gpufleet.collector.alerting import IncidentMetrics, to_alert
+
+    ev = {"throttled_share": 0.9, "gpus": [{"node": "n1", "gpu": 0, "throttled_share": 1.0},
+                                             {"node": "n1", "gpu": 3, "throttled_share": 0.8}]}
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, start, last_seen, evidence) "
+            "VALUES ('throttling', 'throttling|run|r1|thermal', 'r1', 'n1', NULL, 'thermal', 'warning', now(), now(), "
+            "%s)", (json.dumps(ev),))
+        row = conn.execute("SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence FROM incidents"
+                           ).fetchone()
+    reg = CollectorRegistry()
+    reg.register(IncidentMetrics(db, cache_s=0))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    opened = sorted((s.labels["node"], s.labels["gpu"], s.labels["cause"]) for s in fams["gpufleet_incident_open"].samples)
+    assert opened == [("n1", "0", "thermal"), ("n1", "3", "thermal")]
+    shares = {s.labels["gpu"]: s.value for s in fams["gpufleet_incident_evidence"].samples
+              if s.labels["field"] == "throttled_share"}
+    assert shares == {"0": 1.0, "3": 0.8}  # each GPU's own
+    assert row is not None
+    alert = to_alert(dict(zip(("id", "kind", "run_id", "node", "gpu", "cause", "severity", "start", "evidence"), row,
+                              strict=True)))
+    assert alert["annotations"]["gpus"] == "n1/0, n1/3" and "gpu" not in alert["labels"]
 
 
 def _exported_names(fleet_url: str) -> set[str]:
@@ -252,7 +282,9 @@ def test_real_prometheus_scrapes_collector_and_agent_and_evaluates_the_rules(
     assert agent_target["labels"]["node"] == "127.0.0.1"  # relabelled from the address
 
     with psycopg.connect(fleet.url) as conn:
-        open_n = conn.execute("SELECT count(*) FROM incidents WHERE state = 'open'").fetchone()[0]  # type: ignore[index]
+        # one series per GPU an open incident is about (a run's throttle incident lists its GPUs)
+        open_n = sum(len(listed_gpus(n, g, ev)) for n, g, ev in conn.execute(
+            "SELECT node, gpu, evidence FROM incidents WHERE state = 'open'").fetchall())
         starved = {r[0] for r in conn.execute(
             "SELECT run_id FROM incidents WHERE state = 'open' AND kind = 'starvation'").fetchall()}
     assert int(_until(lambda: query("count(gpufleet_incident_open)"), 20, "incident series")[0]["value"][1]) \
