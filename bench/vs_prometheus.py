@@ -216,7 +216,7 @@ def serve_exporter(port: int) -> None:
                 if not line:
                     return
                 path = line.split(b" ")[1] if line.count(b" ") >= 2 else b"/"
-                while (h := await reader.readline()) not in (b"\r\n", b""):
+                while await reader.readline() not in (b"\r\n", b""):
                     pass
                 parts = path.split(b"/")  # /n/<node>/metrics
                 node = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else 0
@@ -321,6 +321,14 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("prometheus did not become ready")
             time.sleep(0.2)
+        # Discovered targets reach the scrape manager in 5-s steps: wait for
+        # every target to have been scraped, then warm up.
+        while time.monotonic() < deadline + 30:
+            r = httpx.get(f"{api}/query", params={"query": 'count(up{job="dcgm"})'}, timeout=30)
+            got = r.json()["data"]["result"]
+            if got and int(float(got[0]["value"][1])) >= nodes:
+                break
+            time.sleep(0.5)
         time.sleep(warm_s)
         c0, e0, t0 = cpu_s(proc.pid), cpu_s(exporter_pid), time.time()
         time.sleep(window_s)
@@ -345,7 +353,9 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
         step.cpu_cores = (c1 - c0) / (t1 - t0)
         step.cpu_us_per_gpu_sample = (c1 - c0) / max(gpu_samples, 1) * 1e6
         step.helper_cores = (e1 - e0) / (t1 - t0)
-        appended = float(query("prometheus_tsdb_head_samples_appended_total")[0]["value"][1])
+        own = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        appended = sum(float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
+                       if line.startswith("prometheus_tsdb_head_samples_appended_total"))
         r = httpx.post(f"{api}/admin/tsdb/snapshot", params={"skip_head": "false"}, timeout=120)
         r.raise_for_status()
         snap = tmp / "data" / "snapshots" / r.json()["data"]["name"]
@@ -363,6 +373,50 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
             proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     return step
+
+
+def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, float]:
+    """Bytes per GPU-sample of a persisted Prometheus block holding ``hours`` of
+    ``nodes`` nodes at 1 Hz: the same exposition (series, labels, values) written
+    as OpenMetrics with timestamps and turned into a block by ``promtool tsdb
+    create-blocks-from openmetrics`` (Prometheus's own backfill), so each series
+    holds a full block's samples as it would in production, not the few
+    seconds a bounded run can scrape."""
+    model = value_model()
+    fields = dcgm_fields()
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-block-"))
+    try:
+        seconds = int(hours * 3600)
+        t0 = (int(time.time()) // 7200 - 2) * 7200
+        src = tmp / "samples.om"
+        with src.open("w") as f:
+            for name, _kind, help_ in fields:
+                f.write(f"# HELP {name} {help_}\n# TYPE {name} gauge\n")
+                vals = model[DCGM_TO_FIELD[name]]
+                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                for i in range(nodes):
+                    k = i % TEMPLATES
+                    for g in range(GPUS_PER_NODE):
+                        lab = (f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",'
+                               f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
+                               f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-{i:05d}",'
+                               f'DCGM_FI_DRIVER_VERSION="580.105.08",container="main",namespace="ml-research",'
+                               f'pod="llm-pretrain-worker-{i:05d}-{g}",pod_uid="",instance="gpu-node-{i:05d}:9400",'
+                               f'job="dcgm"')
+                        series = vals[k, :, g]
+                        text = [f"{int(v)}" if ints else f"{v:.6f}" for v in series]
+                        f.writelines(f"{name}{{{lab}}} {text[s % VARIANTS]} {t0 + s}\n" for s in range(seconds))
+            f.write("# EOF\n")
+        out = tmp / "blocks"
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+        gpu_samples = nodes * GPUS_PER_NODE * seconds
+        chunks = sum(p.stat().st_size for p in out.rglob("chunks/*"))
+        index = sum(p.stat().st_size for p in out.rglob("index"))
+        return {"bytes_per_gpu_sample": tree_size(out) / gpu_samples, "chunk_bytes_per_gpu_sample": chunks / gpu_samples,
+                "index_bytes_per_gpu_sample": index / gpu_samples, "hours": hours, "nodes": nodes}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------
@@ -432,12 +486,15 @@ async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str,
             writer.close()
 
     workers = [asyncio.create_task(worker()) for _ in range(connections)]
-    for tick in sorted(due):
-        delay = tick - time.time()
+    # Agents' clocks are not aligned: each node ships at its own offset in the
+    # second (as Prometheus spreads its scrapes over the interval).
+    schedule = sorted((tick + (i * 0.6180339887) % 1.0, tick, body, headers)
+                      for tick, items in due.items() for i, body, headers in items)
+    for when, tick, body, headers in schedule:
+        delay = when - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        for _i, body, headers in due[tick]:
-            q.put_nowait((float(tick), tick, Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)))
+        q.put_nowait((when, tick, Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)))
     # Grace for the last batches, then stop the workers.
     end = time.time() + 3
     while not q.empty() and time.time() < end:
@@ -483,7 +540,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
             due = gpufleet_bodies(model, nodes, tokens, start + 2, ticks)
             first = min(due)
             window = (first + int(warm_s), first + int(warm_s) + int(window_s))
-            dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+            dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
             me = os.getpid()
             readings: dict[str, Any] = {}
 
@@ -538,7 +595,7 @@ def show(side: str, s: Step) -> None:
     print(f"  {side:10s} {s.gpus:6d} GPUs: {'keeps up' if s.kept_up else 'FALLS BEHIND':12s} "
           f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {s.cpu_us_per_gpu_sample:6.1f} us "
           f"per GPU-sample ({s.cpu_cores:.2f} cores); memory {s.rss_mib:7.1f} MiB; "
-          f"{s.bytes_per_gpu_sample:6.1f} B per stored GPU-sample; helper {s.helper_cores:.2f} cores", flush=True)
+          f"{s.bytes_per_gpu_sample:6.1f} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores", flush=True)
 
 
 def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
@@ -554,11 +611,11 @@ def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fleets", default="1000,2000,4000,8000,16000",
+    ap.add_argument("--fleets", default="1000,2000,4000,8000,16000,32000",
                     help="GPU counts to try, smallest first; each side stops at its first failure")
     ap.add_argument("--window", type=float, default=15.0, help="steady seconds measured at each size")
     ap.add_argument("--warm", type=float, default=6.0, help="seconds before measuring at each size")
-    ap.add_argument("--quick", action="store_true", help="800, 3200 and 8000 GPUs, 8-s windows")
+    ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_exporter:
@@ -566,7 +623,7 @@ def main() -> None:
         return
     if shutil.which("prometheus") is None:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
-    fleets = [800, 3200, 8000] if args.quick else [int(x) for x in args.fleets.split(",")]
+    fleets = [1000, 4000, 8000, 16000] if args.quick else [int(x) for x in args.fleets.split(",")]
     window, warm = (8.0, 5.0) if args.quick else (args.window, args.warm)
     from gpufleet.testing.pg import server_url
 
@@ -591,6 +648,12 @@ def main() -> None:
     finally:
         exporter.terminate()
         exporter.wait(10)
+    hours = 1.0 if args.quick else 2.0
+    block = prometheus_block_bytes(1, hours)
+    print(f"Prometheus block storage ({hours:g} h of one node backfilled by promtool): "
+          f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
+          f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
+          "per series and overstate it", flush=True)
     server = server_url()
     print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
     fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
@@ -608,7 +671,7 @@ def main() -> None:
         f = next(s for s in fleet if s.gpus == ref)
         ratios = {"cpu": p.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample,
                   "memory": p.rss_mib / f.rss_mib,
-                  "storage": p.bytes_per_gpu_sample / f.bytes_per_gpu_sample}
+                  "storage": block["bytes_per_gpu_sample"] / f.bytes_per_gpu_sample}
     lp, lf = largest(prom), largest(fleet)
     capped = lf == max(fleets)
     fleet_ratio = lf / lp if lp else None
@@ -624,7 +687,7 @@ def main() -> None:
         return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": round(s.done_frac, 4),
                 "p99_ms": round(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": round(s.cpu_us_per_gpu_sample, 2),
                 "cpu_cores": round(s.cpu_cores, 3), "memory_mib": round(s.rss_mib, 1),
-                "bytes_per_gpu_sample": round(s.bytes_per_gpu_sample, 1), "helper_cores": round(s.helper_cores, 3),
+                "stored_bytes_per_gpu_sample_this_run": round(s.bytes_per_gpu_sample, 1), "helper_cores": round(s.helper_cores, 3),
                 **s.detail}
 
     print(json.dumps({
@@ -633,6 +696,9 @@ def main() -> None:
         "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
         "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
         "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
+        "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
+        "gpufleet_bytes_per_gpu_sample_plain_postgres": None if ref is None else round(
+            next(s for s in fleet if s.gpus == ref).bytes_per_gpu_sample, 1),
         "largest_fleet_prometheus": lp, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
         "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
         "prometheus": [rounded(s) for s in prom], "gpufleet": [rounded(s) for s in fleet],
