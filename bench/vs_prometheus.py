@@ -55,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,23 +90,23 @@ DCGM_TO_FIELD = {
     "DCGM_FI_DEV_GPU_TEMP": "temp_c",
     "DCGM_FI_DEV_POWER_USAGE": "power_w",
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "energy_mj",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_gen",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay_count",
     "DCGM_FI_DEV_GPU_UTIL": "util_pct",
-    "DCGM_FI_DEV_MEM_COPY_UTIL": "dram_active",
-    "DCGM_FI_DEV_ENC_UTIL": "pcie_gen_max",
-    "DCGM_FI_DEV_DEC_UTIL": "pcie_width_max",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "mem_copy_util_pct",
+    "DCGM_FI_DEV_ENC_UTIL": "pcie_gen",  # no encoder field: the agent sends the PCIe generation
+    "DCGM_FI_DEV_DEC_UTIL": "pcie_width",  # no decoder field: the PCIe width
     "DCGM_FI_DEV_XID_ERRORS": "xid",
-    "DCGM_FI_DEV_FB_FREE": "mem_total_mib",
+    "DCGM_FI_DEV_FB_FREE": "mem_total_mib",  # free = total - used
     "DCGM_FI_DEV_FB_USED": "mem_used_mib",
-    "DCGM_FI_DEV_FB_RESERVED": "sm_clock_max_mhz",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_tx_bytes_s",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "pcie_width",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "ecc_dbe_vol",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "throttle_reasons",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "power_limit_w",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "sm_active",
+    "DCGM_FI_DEV_FB_RESERVED": "sm_clock_max_mhz",  # no reserved field: the clock ceiling
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_bandwidth_mb_s",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "power_limit_w",  # no licence field: the power limit
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "remapped_rows_uncorrectable",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "remapped_rows_correctable",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "remapped_rows_failed",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_engine_active",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "nvlink_rx_bytes_s",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
     "DCGM_FI_PROF_PCIE_TX_BYTES": "pcie_tx_bytes_s",
     "DCGM_FI_PROF_PCIE_RX_BYTES": "pcie_rx_bytes_s",
 }
@@ -148,23 +148,23 @@ def value_model(seed: int = 1) -> dict[str, np.ndarray]:
         "temp_c": np.round(55 + 12 * busy),
         "power_w": power,
         "energy_mj": np.round(energy),
-        "pcie_gen": 0 * ones,  # replay counter: no retries
+        "pcie_replay_count": 0 * ones,
         "util_pct": np.round(100 * busy),
-        "dram_active": np.round(0.4 * busy, 2),  # mem copy util
-        "pcie_gen_max": 0 * ones,  # encoder util
-        "pcie_width_max": 0 * ones,  # decoder util
+        "mem_copy_util_pct": np.round(40 * busy),
+        "pcie_gen": 5 * ones,
+        "pcie_width": 16 * ones,
         "xid": 0 * ones,
-        "mem_total_mib": 81559 - np.round(61234 + 40 * busy),  # FB free
+        "mem_total_mib": 81559 - np.round(61234 + 40 * busy),
         "mem_used_mib": np.round(61234 + 40 * busy),
-        "sm_clock_max_mhz": 0 * ones,  # FB reserved
-        "nvlink_tx_bytes_s": np.round(3e10 * busy),
-        "pcie_width": 0 * ones,  # vGPU licence status
-        "ecc_dbe_vol": 0 * ones,
-        "throttle_reasons": 0 * ones,
-        "power_limit_w": 0 * ones,  # row remap failure
-        "sm_active": np.round(busy * 0.97, 6),
+        "sm_clock_max_mhz": 1980 * ones,
+        "nvlink_bandwidth_mb_s": np.round(30000 * busy),
+        "power_limit_w": 700 * ones,
+        "remapped_rows_uncorrectable": 0 * ones,
+        "remapped_rows_correctable": 0 * ones,
+        "remapped_rows_failed": 0 * ones,
+        "gr_engine_active": np.round(busy * 0.97, 6),
         "tensor_active": np.round(busy * 0.45, 6),
-        "nvlink_rx_bytes_s": np.round(busy * 0.55, 6) * 1e10,
+        "dram_active": np.round(busy * 0.55, 6),
         "pcie_tx_bytes_s": np.round(1.2e9 * busy),
         "pcie_rx_bytes_s": np.round(2.1e9 * busy),
     }
@@ -548,10 +548,12 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                 async def sample() -> None:
                     await asyncio.sleep(max(0.0, window[0] - time.time()))
                     pids = postgres_pids(url, dbname)
-                    readings["c0"] = cpu_s(proc.pid) + sum(cpu_s(p) for p in pids)
+                    readings["k0"], readings["p0"] = cpu_s(proc.pid), sum(cpu_s(p) for p in pids)
+                    readings["c0"] = readings["k0"] + readings["p0"]
                     readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
                     await asyncio.sleep(max(0.0, window[1] - time.time()))
-                    readings["c1"] = cpu_s(proc.pid) + sum(cpu_s(p) for p in pids)
+                    readings["k1"], readings["p1"] = cpu_s(proc.pid), sum(cpu_s(p) for p in pids)
+                    readings["c1"] = readings["k1"] + readings["p1"]
                     readings["d1"], readings["t1"] = cpu_s(me), time.time()
                     readings["rss"] = rss_bytes(proc.pid)
                     readings["pss"] = sum(pss_bytes(p) for p in pids)
@@ -581,7 +583,9 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
     step.rss_mib = (readings["rss"] + readings["pss"]) / 2**20
     step.helper_cores = (readings["d1"] - readings["d0"]) / elapsed
     step.bytes_per_gpu_sample = size / max(rows, 1)
-    step.detail = {"collector_rss_mib": round(readings["rss"] / 2**20, 1),
+    step.detail = {"collector_cpu_us_per_gpu_sample": round((readings["k1"] - readings["k0"]) / max(gpu_samples, 1) * 1e6, 2),
+                   "postgres_cpu_us_per_gpu_sample": round((readings["p1"] - readings["p0"]) / max(gpu_samples, 1) * 1e6, 2),
+                   "collector_rss_mib": round(readings["rss"] / 2**20, 1),
                    "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
                    "statuses": out["statuses"], "rows_stored": rows}
@@ -616,6 +620,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=15.0, help="steady seconds measured at each size")
     ap.add_argument("--warm", type=float, default=6.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
+    ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_exporter:
@@ -628,6 +633,12 @@ def main() -> None:
     from gpufleet.testing.pg import server_url
 
     started = time.monotonic()
+    if args.only == "gpufleet":
+        server = server_url()
+        print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
+        fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
+        print(json.dumps({"name": "vs_prometheus_gpufleet_only", "gpufleet": [asdict(s) for s in fleet]}))
+        return
     exporter_port = free_port()
     exporter = subprocess.Popen([sys.executable, __file__, "--serve-exporter", str(exporter_port)])
     try:
@@ -648,6 +659,9 @@ def main() -> None:
     finally:
         exporter.terminate()
         exporter.wait(10)
+    if args.only == "prometheus":
+        print(json.dumps({"name": "vs_prometheus_prometheus_only", "prometheus": [asdict(s) for s in prom]}))
+        return
     hours = 1.0 if args.quick else 2.0
     block = prometheus_block_bytes(1, hours)
     print(f"Prometheus block storage ({hours:g} h of one node backfilled by promtool): "
