@@ -6,8 +6,9 @@ Starts a collector process on loopback against a scratch database, posts
 realistic batches (8 GPUs x 10 s = 80 GPU rows + 10 host rows per request,
 msgpack + zstd) from ``--nodes`` node identities as fast as the collector
 acknowledges them, and in the same run measures psycopg binary COPY of the
-same rows in 10k-row batches into the same table.  Prints both rates, their
-ratio and the stored bytes per GPU sample; on a TimescaleDB server
+same rows in 10k-row batches into the same table, before and after the HTTP
+phase (on a shared host the database's speed drifts; the ratio is to the
+mean of the two).  Prints the rates, their ratio and the stored bytes per GPU sample; on a TimescaleDB server
 (GPUFLEET_TEST_TIMESCALE_URL) also the bytes per sample after compression.
 ``--collectors N`` runs N collector processes (replicas behind a balancer;
 the connections are spread over them), since one process is bound by the
