@@ -1,6 +1,8 @@
 """gpufleet beside Prometheus: one simulated fleet, both stacks, one run.
 
-    python bench/vs_prometheus.py [--quick] [--fleets 1000,2000,4000,8000] [--window 15]
+    python bench/vs_prometheus.py [--quick] [--fleets 1000,4000,8000,16000,32000] [--window 12]
+
+About 7 minutes with the defaults on 2 cores, under 5 with ``--quick``.
 
 The same fleet (8 GPUs a node, 25 values per GPU a second) is offered to
 both sides, one side after the other so they never compete for the CPU:
@@ -345,7 +347,8 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
         ups = query(f'up{{job="dcgm"}}[{w}s]')
         durs = query(f'scrape_duration_seconds{{job="dcgm"}}[{w}s]')
         done = sum(sum(1 for _, v in s["values"] if v == "1") for s in ups)
-        step.done_frac = done / max(nodes * w, 1)
+        # A target that caught up after a late scrape can show w + 1 in the window.
+        step.done_frac = min(1.0, done / max(nodes * w, 1))
         dur = np.array([float(v) for s in durs for _, v in s["values"]]) if durs else np.array([np.inf])
         step.p99_s = float(np.quantile(dur, 0.99))
         step.kept_up = step.done_frac >= 0.99 and step.p99_s < 0.5
@@ -615,10 +618,10 @@ def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fleets", default="1000,2000,4000,8000,16000,32000",
+    ap.add_argument("--fleets", default="1000,4000,8000,16000,32000",
                     help="GPU counts to try, smallest first; each side stops at its first failure")
-    ap.add_argument("--window", type=float, default=15.0, help="steady seconds measured at each size")
-    ap.add_argument("--warm", type=float, default=6.0, help="seconds before measuring at each size")
+    ap.add_argument("--window", type=float, default=12.0, help="steady seconds measured at each size")
+    ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
     ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
