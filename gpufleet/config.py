@@ -43,13 +43,18 @@ class IngestSettings(BaseModel):
     past_grace_s: float = Field(14 * 86400.0, ge=0)
     #: Group commit: most rows gathered into one COPY transaction.
     group_max_rows: int = Field(20_000, gt=0)
-    #: Group commit: how long the writer waits for more requests, seconds.
-    group_linger_s: float = Field(0.005, ge=0)
+    #: Group commit: how long the writer waits for more requests, seconds
+    #: (less when a quarter of ``group_max_rows`` is already waiting).  Agents
+    #: ship every few seconds, so 50 ms of latency is nothing to them, and at
+    #: moderate rates it gathers a dozen requests into each transaction.
+    group_linger_s: float = Field(0.05, ge=0)
     #: Rows waiting for the writer beyond which ingest answers 429.
     queue_max_rows: int = Field(400_000, gt=0)
-    #: Writer connections.  One is enough for well over 100k rows/s and makes
-    #: bigger groups (fewer commits, less per-transaction overhead).
-    writers: int = Field(1, ge=1, le=32)
+    #: Writer connections.  Two keep the database busy: while one waits for
+    #: its COPY and commit, the other encodes the next group.  With one, every
+    #: request waits for the whole serial cycle and, on a loaded database
+    #: host, one process ingests about half as much (bench/ingest.py).
+    writers: int = Field(2, ge=1, le=32)
     #: Per-token request rate limit (requests/s, burst = 2 s worth); 0 = off.
     rate_limit_per_s: float = Field(0.0, ge=0)
     #: Seconds a client should wait after 429/503.

@@ -191,3 +191,33 @@ def test_every_request_is_answered_after_a_poison_batch(collector: Collector, fm
         t.join(20)
     assert results == [200] * 10
     assert count(collector.db) == 80
+
+
+def test_requests_trickling_in_share_one_transaction(db: str) -> None:
+    # A request every 20 ms: each one's arrival used to end the linger, so every
+    # request paid for a transaction of its own.  Within one linger interval
+    # they now share one; a quarter group already waiting is written at once.
+    writer = GroupWriter(db, linger_s=0.5, threads=1)
+    writer.start()
+
+    async def trickle() -> list[Any]:
+        futs = []
+        for i in range(6):
+            futs.append(writer.submit(_valid(f"t:{i}")))
+            await asyncio.sleep(0.02)
+        return await asyncio.wait_for(asyncio.gather(*futs), 10)
+
+    try:
+        t0 = time.monotonic()
+        results = asyncio.run(trickle())
+        assert all(r.stored for r in results)
+        assert writer.stats.transactions == 1, writer.stats.transactions
+        assert time.monotonic() - t0 < 2.0
+        # A full quarter group does not wait for the linger.
+        writer.max_rows = 8 * 4
+        t0 = time.monotonic()
+        assert asyncio.run(_gather(writer, [_valid("t:big")]))[0].stored
+        assert time.monotonic() - t0 < 0.4
+    finally:
+        writer.stop()
+    assert count(db) == 7 * 8

@@ -1,0 +1,729 @@
+"""gpufleet beside Prometheus: one simulated fleet, both stacks, one run.
+
+    python bench/vs_prometheus.py [--quick] [--fleets 1000,4000,8000,16000,32000] [--window 12]
+
+About 7 minutes with the defaults on 2 cores, under 5 with ``--quick``.
+
+The same fleet (8 GPUs a node, 25 values per GPU a second) is offered to
+both sides, one side after the other so they never compete for the CPU:
+
+* **Prometheus** (the Debian package's binary, own config, storage in a
+  temporary directory, loopback only) scrapes every node's dcgm-exporter
+  ``/metrics`` at 1 s.  The endpoints are simulated by one exporter process
+  serving the exposition dcgm-exporter prints: the 25 fields of its shipped
+  ``default-counters.csv`` (``tests/fixtures/realdata/dcgm-exporter``), with
+  the label set of the real 8xH100 capture in
+  ``tests/fixtures/realdata/dcgm-exporter-output-samples`` (gpu, UUID,
+  pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, container,
+  namespace, pod, pod_uid), integers for integer fields and six decimals for
+  ratios and watts.
+* **gpufleet**: every node ships its 10-s batch of the same values (the
+  agents' wire format: msgpack, typed columns, zstd) to one collector
+  process, which stores them in PostgreSQL; node ship times are spread over
+  the 10 s.
+
+Measured for each side at each fleet size, over a steady window after a
+warm-up: CPU per GPU-sample of everything the side runs (Prometheus; the
+collector and the PostgreSQL processes serving its database plus the WAL
+writer, checkpointer and background writer, read from /proc), resident
+memory, and whether it keeps up at 1 Hz.  Prometheus keeps up when at least
+99 % of the scrapes due in the window were done and the p99 scrape duration
+is under half the interval; gpufleet when at least 99 % of the batches due
+were acknowledged as stored and the p99 time from a batch being due to its
+acknowledgement is under half the interval.  Stored bytes per GPU-sample:
+Prometheus's TSDB as persisted blocks (an admin-API snapshot that writes the
+head out as a block: chunks and index), gpufleet's ``gpu_samples`` table
+with its indexes (plain PostgreSQL; on TimescaleDB compression changes this,
+see bench/ingest.py).  The node side (exporters, agents) is left out on both
+sides: it runs on the GPU nodes.  The exporter simulator's and the load
+driver's CPU are printed so a reader can see they did not starve either side.
+
+Ratios (Prometheus / gpufleet) are printed at the largest fleet both kept up
+with, and of the largest fleets.  The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import numpy as np
+import psycopg
+import zstandard
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpufleet.testing.servers import free_port  # noqa: E402
+
+GPUS_PER_NODE = 8
+SHIP_EVERY_S = 10
+#: Seconds of distinct values per node template (the bodies cycle through them).
+VARIANTS = 60
+TEMPLATES = 16
+COUNTERS_CSV = ROOT / "tests/fixtures/realdata/dcgm-exporter/default-counters.csv"
+
+# The 25 fields of dcgm-exporter's default-counters.csv, in its order, and the
+# gpufleet catalog field each one's value model follows (and that the agent
+# sends in its place: gpufleet's agent reads NVML/DCGM and names the fields
+# by its own catalog).
+DCGM_TO_FIELD = {
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
+    "DCGM_FI_DEV_MEM_CLOCK": "mem_clock_mhz",
+    "DCGM_FI_DEV_MEMORY_TEMP": "mem_temp_c",
+    "DCGM_FI_DEV_GPU_TEMP": "temp_c",
+    "DCGM_FI_DEV_POWER_USAGE": "power_w",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "energy_mj",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "pcie_replay_count",
+    "DCGM_FI_DEV_GPU_UTIL": "util_pct",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "mem_copy_util_pct",
+    "DCGM_FI_DEV_ENC_UTIL": "pcie_gen",  # no encoder field: the agent sends the PCIe generation
+    "DCGM_FI_DEV_DEC_UTIL": "pcie_width",  # no decoder field: the PCIe width
+    "DCGM_FI_DEV_XID_ERRORS": "xid",
+    "DCGM_FI_DEV_FB_FREE": "mem_total_mib",  # free = total - used
+    "DCGM_FI_DEV_FB_USED": "mem_used_mib",
+    "DCGM_FI_DEV_FB_RESERVED": "sm_clock_max_mhz",  # no reserved field: the clock ceiling
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_bandwidth_mb_s",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "power_limit_w",  # no licence field: the power limit
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "remapped_rows_uncorrectable",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "remapped_rows_correctable",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "remapped_rows_failed",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_engine_active",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "pcie_tx_bytes_s",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "pcie_rx_bytes_s",
+}
+
+
+def dcgm_fields() -> list[tuple[str, str, str]]:
+    """(name, Prometheus type, help) of the shipped default counters, labels left out."""
+    out = []
+    with COUNTERS_CSV.open() as f:
+        for row in csv.reader(f):
+            if not row or row[0].lstrip().startswith("#") or len(row) < 3:
+                continue
+            name, kind, help_ = row[0].strip(), row[1].strip(), ",".join(row[2:]).strip()
+            if kind != "label":
+                out.append((name, kind, help_))
+    assert [n for n, _, _ in out] == list(DCGM_TO_FIELD), "default-counters.csv changed"
+    return out
+
+
+# ----------------------------------------------------------------------------
+# One value model for both sides
+
+
+def value_model(seed: int = 1) -> dict[str, np.ndarray]:
+    """Per field: values[template, second, gpu], shaped like real telemetry
+    (a slowly moving load per GPU, constants that stay constant, a counter)."""
+    rng = np.random.default_rng(seed)
+    shape = (TEMPLATES, VARIANTS, GPUS_PER_NODE)
+    steps = rng.normal(0, 0.02, shape)
+    busy = np.clip(0.8 + np.cumsum(steps, axis=1), 0.05, 0.99)
+    busy = np.round(busy, 3)
+    ones = np.ones(shape)
+    power = np.round(90 + 600 * busy, 3)
+    energy = 1e9 + np.cumsum(power * 1000, axis=1)
+    return {
+        "sm_clock_mhz": np.where(busy > 0.95, 1755, 1980) * ones,
+        "mem_clock_mhz": 2619 * ones,
+        "mem_temp_c": np.round(70 + 6 * busy),
+        "temp_c": np.round(55 + 12 * busy),
+        "power_w": power,
+        "energy_mj": np.round(energy),
+        "pcie_replay_count": 0 * ones,
+        "util_pct": np.round(100 * busy),
+        "mem_copy_util_pct": np.round(40 * busy),
+        "pcie_gen": 5 * ones,
+        "pcie_width": 16 * ones,
+        "xid": 0 * ones,
+        "mem_total_mib": 81559 - np.round(61234 + 40 * busy),
+        "mem_used_mib": np.round(61234 + 40 * busy),
+        "sm_clock_max_mhz": 1980 * ones,
+        "nvlink_bandwidth_mb_s": np.round(30000 * busy),
+        "power_limit_w": 700 * ones,
+        "remapped_rows_uncorrectable": 0 * ones,
+        "remapped_rows_correctable": 0 * ones,
+        "remapped_rows_failed": 0 * ones,
+        "gr_engine_active": np.round(busy * 0.97, 6),
+        "tensor_active": np.round(busy * 0.45, 6),
+        "dram_active": np.round(busy * 0.55, 6),
+        "pcie_tx_bytes_s": np.round(1.2e9 * busy),
+        "pcie_rx_bytes_s": np.round(2.1e9 * busy),
+    }
+
+
+NODE_MARK = b"#####"  # five characters: the node number, so every body keeps its length
+
+
+def exposition_bodies(model: dict[str, np.ndarray]) -> list[list[bytes]]:
+    """bodies[template][second]: dcgm-exporter's text, the node number left as NODE_MARK."""
+    fields = dcgm_fields()
+    out: list[list[bytes]] = []
+    for k in range(TEMPLATES):
+        per_second = []
+        labels = [
+            f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-#####{g:07d}",'
+            f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
+            f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-#####",DCGM_FI_DRIVER_VERSION="580.105.08",'
+            f'container="main",namespace="ml-research",pod="llm-pretrain-worker-#####-{g}",pod_uid=""'
+            for g in range(GPUS_PER_NODE)
+        ]
+        for s in range(VARIANTS):
+            lines = []
+            for name, kind, help_ in fields:
+                lines.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n")
+                vals = model[DCGM_TO_FIELD[name]][k, s]
+                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                for g in range(GPUS_PER_NODE):
+                    v = f"{int(vals[g])}" if ints else f"{vals[g]:.6f}"
+                    lines.append(f"{name}{{{labels[g]}}} {v}\n")
+            per_second.append("".join(lines).encode())
+        out.append(per_second)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# The exporter simulator (its own process: --serve-exporter)
+
+
+def serve_exporter(port: int) -> None:
+    model = value_model()
+    bodies = exposition_bodies(model)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: "
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                path = line.split(b" ")[1] if line.count(b" ") >= 2 else b"/"
+                while await reader.readline() not in (b"\r\n", b""):
+                    pass
+                parts = path.split(b"/")  # /n/<node>/metrics
+                node = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else 0
+                body = bodies[node % TEMPLATES][int(time.time()) % VARIANTS].replace(NODE_MARK, b"%05d" % node)
+                writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# ----------------------------------------------------------------------------
+# /proc readings
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: shared memory (PostgreSQL's buffers) counted once over its sharers."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ----------------------------------------------------------------------------
+# Prometheus side
+
+
+@dataclass
+class Step:
+    gpus: int
+    cpu_us_per_gpu_sample: float = float("nan")
+    cpu_cores: float = float("nan")
+    rss_mib: float = float("nan")
+    bytes_per_gpu_sample: float = float("nan")
+    kept_up: bool = False
+    done_frac: float = 0.0
+    p99_s: float = float("nan")
+    helper_cores: float = float("nan")  # the exporter simulator or the load driver
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, window_s: float) -> Step:
+    nodes = gpus // GPUS_PER_NODE
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-"))
+    port = free_port()
+    targets = [{"targets": [f"127.0.0.1:{exporter_port}"],
+                "labels": {"__metrics_path__": f"/n/{i}/metrics", "instance": f"gpu-node-{i:05d}:9400"}}
+               for i in range(nodes)]
+    (tmp / "targets.json").write_text(json.dumps(targets))
+    (tmp / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: dcgm\n    file_sd_configs:\n"
+        f"      - files: ['{tmp / 'targets.json'}']\n")
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-admin-api", "--log.level=warn",
+         "--storage.tsdb.retention.time=1d"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/api/v1"
+    step = Step(gpus)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("prometheus did not become ready")
+            time.sleep(0.2)
+        # Discovered targets reach the scrape manager in 5-s steps: wait for
+        # every target to have been scraped, then warm up.
+        while time.monotonic() < deadline + 30:
+            r = httpx.get(f"{api}/query", params={"query": 'count(up{job="dcgm"})'}, timeout=30)
+            got = r.json()["data"]["result"]
+            if got and int(float(got[0]["value"][1])) >= nodes:
+                break
+            time.sleep(0.5)
+        time.sleep(warm_s)
+        c0, e0, t0 = cpu_s(proc.pid), cpu_s(exporter_pid), time.time()
+        time.sleep(window_s)
+        c1, e1, t1 = cpu_s(proc.pid), cpu_s(exporter_pid), time.time()
+        step.rss_mib = rss_bytes(proc.pid) / 2**20
+        time.sleep(2.5)  # let the last scrapes of the window land
+        w = int(t1 - t0)
+
+        def query(q: str) -> list[dict[str, Any]]:
+            r = httpx.get(f"{api}/query", params={"query": q, "time": f"{t1:.3f}"}, timeout=60)
+            r.raise_for_status()
+            return r.json()["data"]["result"]
+
+        ups = query(f'up{{job="dcgm"}}[{w}s]')
+        durs = query(f'scrape_duration_seconds{{job="dcgm"}}[{w}s]')
+        done = sum(sum(1 for _, v in s["values"] if v == "1") for s in ups)
+        # A target that caught up after a late scrape can show w + 1 in the window.
+        step.done_frac = min(1.0, done / max(nodes * w, 1))
+        dur = np.array([float(v) for s in durs for _, v in s["values"]]) if durs else np.array([np.inf])
+        step.p99_s = float(np.quantile(dur, 0.99))
+        step.kept_up = step.done_frac >= 0.99 and step.p99_s < 0.5
+        gpu_samples = done * GPUS_PER_NODE
+        step.cpu_cores = (c1 - c0) / (t1 - t0)
+        step.cpu_us_per_gpu_sample = (c1 - c0) / max(gpu_samples, 1) * 1e6
+        step.helper_cores = (e1 - e0) / (t1 - t0)
+        own = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        appended = sum(float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
+                       if line.startswith("prometheus_tsdb_head_samples_appended_total"))
+        r = httpx.post(f"{api}/admin/tsdb/snapshot", params={"skip_head": "false"}, timeout=120)
+        r.raise_for_status()
+        snap = tmp / "data" / "snapshots" / r.json()["data"]["name"]
+        per_scrape = 25 * GPUS_PER_NODE
+        dcgm_samples = appended * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
+        step.bytes_per_gpu_sample = tree_size(snap) / max(dcgm_samples / 25, 1)
+        step.detail = {"wal_bytes_per_gpu_sample": round(tree_size(tmp / "data" / "wal") / max(dcgm_samples / 25, 1), 1),
+                       "scrapes_due": nodes * w, "scrapes_done": done}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return step
+
+
+def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, float]:
+    """Bytes per GPU-sample of a persisted Prometheus block holding ``hours`` of
+    ``nodes`` nodes at 1 Hz: the same exposition (series, labels, values) written
+    as OpenMetrics with timestamps and turned into a block by ``promtool tsdb
+    create-blocks-from openmetrics`` (Prometheus's own backfill), so each series
+    holds a full block's samples as it would in production, not the few
+    seconds a bounded run can scrape."""
+    model = value_model()
+    fields = dcgm_fields()
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-block-"))
+    try:
+        seconds = int(hours * 3600)
+        t0 = (int(time.time()) // 7200 - 2) * 7200
+        src = tmp / "samples.om"
+        with src.open("w") as f:
+            for name, _kind, help_ in fields:
+                f.write(f"# HELP {name} {help_}\n# TYPE {name} gauge\n")
+                vals = model[DCGM_TO_FIELD[name]]
+                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                for i in range(nodes):
+                    k = i % TEMPLATES
+                    for g in range(GPUS_PER_NODE):
+                        lab = (f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",'
+                               f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
+                               f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-{i:05d}",'
+                               f'DCGM_FI_DRIVER_VERSION="580.105.08",container="main",namespace="ml-research",'
+                               f'pod="llm-pretrain-worker-{i:05d}-{g}",pod_uid="",instance="gpu-node-{i:05d}:9400",'
+                               f'job="dcgm"')
+                        series = vals[k, :, g]
+                        text = [f"{int(v)}" if ints else f"{v:.6f}" for v in series]
+                        f.writelines(f"{name}{{{lab}}} {text[s % VARIANTS]} {t0 + s}\n" for s in range(seconds))
+            f.write("# EOF\n")
+        out = tmp / "blocks"
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+        gpu_samples = nodes * GPUS_PER_NODE * seconds
+        chunks = sum(p.stat().st_size for p in out.rglob("chunks/*"))
+        index = sum(p.stat().st_size for p in out.rglob("index"))
+        return {"bytes_per_gpu_sample": tree_size(out) / gpu_samples, "chunk_bytes_per_gpu_sample": chunks / gpu_samples,
+                "index_bytes_per_gpu_sample": index / gpu_samples, "hours": hours, "nodes": nodes}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------
+# gpufleet side
+
+
+def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str], first_tick: int,
+                    ticks: int) -> dict[int, list[tuple[int, bytes, dict[str, str]]]]:
+    """Per tick (second): the batches due then, each node once every SHIP_EVERY_S."""
+    cctx = zstandard.ZstdCompressor(level=3)
+    names = list(DCGM_TO_FIELD.values())
+    from gpufleet.catalog import GPU_BY_NAME
+    from gpufleet.wire import _KIND_DTYPE, _TYPED_DTYPES
+
+    dtypes = {n: _KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
+    due: dict[int, list[tuple[int, bytes, dict[str, str]]]] = {}
+    gpu_col = np.tile(np.arange(GPUS_PER_NODE, dtype="<i2"), SHIP_EVERY_S)
+    for tick in range(first_tick, first_tick + ticks):
+        for i in range(tick % SHIP_EVERY_S, nodes, SHIP_EVERY_S):
+            k = i % TEMPLATES
+            secs = np.arange(tick - SHIP_EVERY_S, tick)
+            t = np.repeat(secs.astype("<f8"), GPUS_PER_NODE)
+            idx = secs % VARIANTS
+            cols: dict[str, Any] = {"time": {"dtype": "f8", "data": t.tobytes()},
+                                    "gpu": {"dtype": "i2", "data": gpu_col.tobytes()},
+                                    "uuid": [f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
+                                             for _ in secs for g in range(GPUS_PER_NODE)]}
+            for n in names:
+                v = model[n][k, idx].reshape(-1)
+                cols[n] = {"dtype": dtypes[n], "data": v.astype(_TYPED_DTYPES[dtypes[n]]).tobytes()}
+            doc = {"batch_id": f"vsprom:{i}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols}
+            body = cctx.compress(msgpack.packb(doc, use_bin_type=True))
+            headers = {"Content-Type": "application/msgpack", "Content-Encoding": "zstd",
+                       "Authorization": f"Bearer {tokens[i]}"}
+            due.setdefault(tick, []).append((i, body, headers))
+    return due
+
+
+async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str, str]]]], connections: int,
+                      window: tuple[int, int]) -> dict[str, Any]:
+    """Send each tick's batches at that wall-clock second; latency counts from then."""
+    from gpufleet.testing.loadgen import Request, _send
+
+    q: asyncio.Queue[tuple[float, int, Request]] = asyncio.Queue()
+    lat: list[float] = []
+    ok_in_window = [0]
+    statuses: dict[int, int] = {}
+    stop = [False]
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while True:
+                when, tick, req = await q.get()
+                if stop[0] and when < 0:
+                    return
+                status, _ = await _send(reader, writer, f"127.0.0.1:{port}", req)
+                statuses[status] = statuses.get(status, 0) + 1
+                if 200 <= status < 300:
+                    if window[0] <= tick < window[1]:
+                        ok_in_window[0] += 1
+                        lat.append(time.time() - when)
+                else:
+                    q.put_nowait((when, tick, req))
+                    await asyncio.sleep(0.05)
+        finally:
+            writer.close()
+
+    workers = [asyncio.create_task(worker()) for _ in range(connections)]
+    # Agents' clocks are not aligned: each node ships at its own offset in the
+    # second (as Prometheus spreads its scrapes over the interval).
+    schedule = sorted((tick + (i * 0.6180339887) % 1.0, tick, body, headers)
+                      for tick, items in due.items() for i, body, headers in items)
+    for when, tick, body, headers in schedule:
+        delay = when - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        q.put_nowait((when, tick, Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)))
+    # Grace for the last batches, then stop the workers.
+    end = time.time() + 3
+    while not q.empty() and time.time() < end:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(max(0.0, min(1.0, end - time.time())))
+    stop[0] = True
+    for _ in workers:
+        q.put_nowait((-1.0, -1, Request(b"", {}, 0)))
+    await asyncio.wait(workers, timeout=10)
+    for w in workers:
+        w.cancel()
+    return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses}
+
+
+def postgres_pids(url: str, dbname: str) -> list[int]:
+    """The backends serving ``dbname`` and the shared WAL writer, checkpointer and background writer."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+            "OR backend_type IN ('walwriter', 'checkpointer', 'background writer')", (dbname,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Step:
+    import ingest as ingest_bench  # bench/ingest.py
+
+    from gpufleet.config import load_settings
+    from gpufleet.db import migrate
+    from gpufleet.testing.pg import scratch_database
+
+    nodes = gpus // GPUS_PER_NODE
+    step = Step(gpus)
+    model = value_model()
+    with scratch_database(server, "gpufleet_vsprom") as url:
+        migrate.upgrade(url, load_settings())
+        names = [f"gpu-node-{i:05d}" for i in range(nodes)]
+        tokens = ingest_bench.make_tokens(url, names)
+        port = free_port()
+        proc = ingest_bench.start_collector(url, port, leader=False)
+        try:
+            start = int(time.time()) + 2
+            ticks = int(warm_s + window_s) + 1
+            due = gpufleet_bodies(model, nodes, tokens, start + 2, ticks)
+            first = min(due)
+            window = (first + int(warm_s), first + int(warm_s) + int(window_s))
+            dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+            me = os.getpid()
+            readings: dict[str, Any] = {}
+
+            async def run() -> dict[str, Any]:
+                async def sample() -> None:
+                    await asyncio.sleep(max(0.0, window[0] - time.time()))
+                    pids = postgres_pids(url, dbname)
+                    readings["k0"], readings["p0"] = cpu_s(proc.pid), sum(cpu_s(p) for p in pids)
+                    readings["c0"] = readings["k0"] + readings["p0"]
+                    readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
+                    await asyncio.sleep(max(0.0, window[1] - time.time()))
+                    readings["k1"], readings["p1"] = cpu_s(proc.pid), sum(cpu_s(p) for p in pids)
+                    readings["c1"] = readings["k1"] + readings["p1"]
+                    readings["d1"], readings["t1"] = cpu_s(me), time.time()
+                    readings["rss"] = rss_bytes(proc.pid)
+                    readings["pss"] = sum(pss_bytes(p) for p in pids)
+
+                sampler = asyncio.create_task(sample())
+                out = await drive_paced(port, due, min(64, max(8, nodes // 10)), window)
+                await sampler
+                return out
+
+            out = asyncio.run(run())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        with psycopg.connect(url) as conn:
+            rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+            size = conn.execute("SELECT pg_total_relation_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+    elapsed = readings["t1"] - readings["t0"]
+    due_in_window = sum(len(v) for t, v in due.items() if window[0] <= t < window[1])
+    step.done_frac = out["ok_in_window"] / max(due_in_window, 1)
+    lat = np.array(out["latencies"]) if out["latencies"] else np.array([np.inf])
+    step.p99_s = float(np.quantile(lat, 0.99))
+    step.kept_up = step.done_frac >= 0.99 and step.p99_s < 0.5
+    gpu_samples = out["ok_in_window"] * SHIP_EVERY_S * GPUS_PER_NODE
+    cpu = readings["c1"] - readings["c0"]
+    step.cpu_cores = cpu / elapsed
+    step.cpu_us_per_gpu_sample = cpu / max(gpu_samples, 1) * 1e6
+    step.rss_mib = (readings["rss"] + readings["pss"]) / 2**20
+    step.helper_cores = (readings["d1"] - readings["d0"]) / elapsed
+    step.bytes_per_gpu_sample = size / max(rows, 1)
+    step.detail = {"collector_cpu_us_per_gpu_sample": round((readings["k1"] - readings["k0"]) / max(gpu_samples, 1) * 1e6, 2),
+                   "postgres_cpu_us_per_gpu_sample": round((readings["p1"] - readings["p0"]) / max(gpu_samples, 1) * 1e6, 2),
+                   "collector_rss_mib": round(readings["rss"] / 2**20, 1),
+                   "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
+                   "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
+                   "statuses": out["statuses"], "rows_stored": rows}
+    return step
+
+
+# ----------------------------------------------------------------------------
+
+
+def show(side: str, s: Step) -> None:
+    print(f"  {side:10s} {s.gpus:6d} GPUs: {'keeps up' if s.kept_up else 'FALLS BEHIND':12s} "
+          f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {s.cpu_us_per_gpu_sample:6.1f} us "
+          f"per GPU-sample ({s.cpu_cores:.2f} cores); memory {s.rss_mib:7.1f} MiB; "
+          f"{s.bytes_per_gpu_sample:6.1f} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores", flush=True)
+
+
+def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
+    steps: list[Step] = []
+    for gpus in fleets:
+        s = fn(gpus)
+        show(side, s)
+        steps.append(s)
+        if not s.kept_up:
+            break
+    return steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fleets", default="1000,4000,8000,16000,32000",
+                    help="GPU counts to try, smallest first; each side stops at its first failure")
+    ap.add_argument("--window", type=float, default=12.0, help="steady seconds measured at each size")
+    ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
+    ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
+    ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
+    ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_exporter:
+        serve_exporter(args.serve_exporter)
+        return
+    if shutil.which("prometheus") is None:
+        sys.exit("prometheus is not installed (apt-get install prometheus)")
+    fleets = [1000, 4000, 8000, 16000] if args.quick else [int(x) for x in args.fleets.split(",")]
+    window, warm = (8.0, 5.0) if args.quick else (args.window, args.warm)
+    from gpufleet.testing.pg import server_url
+
+    started = time.monotonic()
+    if args.only == "gpufleet":
+        server = server_url()
+        print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
+        fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
+        print(json.dumps({"name": "vs_prometheus_gpufleet_only", "gpufleet": [asdict(s) for s in fleet]}))
+        return
+    exporter_port = free_port()
+    exporter = subprocess.Popen([sys.executable, __file__, "--serve-exporter", str(exporter_port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{exporter_port}/n/1/metrics", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("exporter simulator did not start")
+            time.sleep(0.2)
+        sample = httpx.get(f"http://127.0.0.1:{exporter_port}/n/1/metrics").text
+        series = sum(1 for line in sample.splitlines() if line.startswith("DCGM_"))
+        print(f"exporter: {series} series per node ({series // GPUS_PER_NODE} per GPU), "
+              f"{len(sample)} bytes per scrape", flush=True)
+        print("Prometheus (scraping at 1 s):", flush=True)
+        prom = ramp("prometheus", fleets, lambda g: prometheus_step(g, exporter_port, exporter.pid, warm, window))
+    finally:
+        exporter.terminate()
+        exporter.wait(10)
+    if args.only == "prometheus":
+        print(json.dumps({"name": "vs_prometheus_prometheus_only", "prometheus": [asdict(s) for s in prom]}))
+        return
+    hours = 1.0 if args.quick else 2.0
+    block = prometheus_block_bytes(1, hours)
+    print(f"Prometheus block storage ({hours:g} h of one node backfilled by promtool): "
+          f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
+          f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
+          "per series and overstate it", flush=True)
+    server = server_url()
+    print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
+    fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
+
+    def largest(steps: list[Step]) -> int:
+        ok = [s.gpus for s in steps if s.kept_up]
+        return max(ok) if ok else 0
+
+    both = [g for g in fleets if any(s.gpus == g and s.kept_up for s in prom)
+            and any(s.gpus == g and s.kept_up for s in fleet)]
+    ref = max(both) if both else None
+    ratios: dict[str, float | None] = {"cpu": None, "memory": None, "storage": None}
+    if ref is not None:
+        p = next(s for s in prom if s.gpus == ref)
+        f = next(s for s in fleet if s.gpus == ref)
+        ratios = {"cpu": p.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample,
+                  "memory": p.rss_mib / f.rss_mib,
+                  "storage": block["bytes_per_gpu_sample"] / f.bytes_per_gpu_sample}
+    lp, lf = largest(prom), largest(fleet)
+    capped = lf == max(fleets)
+    fleet_ratio = lf / lp if lp else None
+    print(f"at {ref} GPUs (largest both keep up with), Prometheus / gpufleet: "
+          + (", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None) if ref else "n/a"))
+    print(f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}{' (the largest tried)' if capped else ''}"
+          f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else
+          f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}")
+    print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); "
+          "TimescaleDB compression is measured by bench/ingest.py where a TimescaleDB server is set")
+
+    def rounded(s: Step) -> dict[str, Any]:
+        return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": round(s.done_frac, 4),
+                "p99_ms": round(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": round(s.cpu_us_per_gpu_sample, 2),
+                "cpu_cores": round(s.cpu_cores, 3), "memory_mib": round(s.rss_mib, 1),
+                "stored_bytes_per_gpu_sample_this_run": round(s.bytes_per_gpu_sample, 1), "helper_cores": round(s.helper_cores, 3),
+                **s.detail}
+
+    print(json.dumps({
+        "name": "vs_prometheus", "value": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
+        "unit": "prometheus_cpu_per_gpu_sample_over_gpufleet", "reference_gpus": ref,
+        "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
+        "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
+        "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
+        "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
+        "gpufleet_bytes_per_gpu_sample_plain_postgres": None if ref is None else round(
+            next(s for s in fleet if s.gpus == ref).bytes_per_gpu_sample, 1),
+        "largest_fleet_prometheus": lp, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
+        "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
+        "prometheus": [rounded(s) for s in prom], "gpufleet": [rounded(s) for s in fleet],
+        "window_s": window, "quick": args.quick, "seconds": round(time.monotonic() - started, 1),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+    }))
+
+
+if __name__ == "__main__":
+    random.seed(1)
+    main()
