@@ -35,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database, server_url, timescale_server_url
+from gpufleet.db.scratch import scratch_database
+from gpufleet.testing.pg import server_url, timescale_server_url
 
 
 def load_hour(url: str, minutes: float, timescale: bool) -> int:
-    from gpufleet.agent.simulator import Fleet
+    from gpufleet.sim import Fleet
     from gpufleet.testing.simfeed import SimFeed
 
     with psycopg.connect(url, autocommit=True) as conn:

@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpufleet.testing.servers import free_port  # noqa: E402
+from gpufleet.serverthread import free_port  # noqa: E402
 
 GPUS_PER_NODE = 8
 SHIP_EVERY_S = 10
@@ -526,7 +526,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
 
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
-    from gpufleet.testing.pg import scratch_database
+    from gpufleet.db.scratch import scratch_database
 
     nodes = gpus // GPUS_PER_NODE
     step = Step(gpus)

@@ -56,7 +56,7 @@ and ``numpy`` (loader decode, dry run).  No pydantic, msgpack, orjson or
 zstandard is imported: ``recording.json`` lists the top-level modules loaded
 so a test can check that.
 
-``--dry-run`` replaces the GPU by ``agent.sources.nvml_fake.FakeNvml`` (an
+``--dry-run`` replaces the GPU by ``gpufleet.sim.nvml_fake.FakeNvml`` (an
 H200 profile, loaded while the stand-in trains) and the training step by a
 small numpy product plus a sleep; the schedule, samplers, loader, event log,
 bundles, labels and archive are the same code.
