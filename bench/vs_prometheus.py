@@ -432,9 +432,9 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
     cctx = zstandard.ZstdCompressor(level=3)
     names = list(DCGM_TO_FIELD.values())
     from gpufleet.catalog import GPU_BY_NAME
-    from gpufleet.wire import _KIND_DTYPE, _TYPED_DTYPES
+    from gpufleet.wire import KIND_DTYPE, TYPED_DTYPES
 
-    dtypes = {n: _KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
+    dtypes = {n: KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
     due: dict[int, list[tuple[int, bytes, dict[str, str]]]] = {}
     gpu_col = np.tile(np.arange(GPUS_PER_NODE, dtype="<i2"), SHIP_EVERY_S)
     for tick in range(first_tick, first_tick + ticks):
@@ -449,7 +449,7 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
                                              for _ in secs for g in range(GPUS_PER_NODE)]}
             for n in names:
                 v = model[n][k, idx].reshape(-1)
-                cols[n] = {"dtype": dtypes[n], "data": v.astype(_TYPED_DTYPES[dtypes[n]]).tobytes()}
+                cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
             doc = {"batch_id": f"vsprom:{i}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols}
             body = cctx.compress(msgpack.packb(doc, use_bin_type=True))
             headers = {"Content-Type": "application/msgpack", "Content-Encoding": "zstd",

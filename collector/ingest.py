@@ -29,9 +29,21 @@ from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded, WriteFailed
 from gpufleet.config import IngestSettings
 from gpufleet.httpauth import RateLimiter
-from gpufleet.wire import ParseLimits, TooLarge, WireError, decompress, drop_skewed, parse, validate
+from gpufleet.wire import (
+    ParseLimits,
+    TooLarge,
+    Unreadable,
+    WireError,
+    decompress,
+    drop_skewed,
+    parse,
+    validate,
+)
 
 log = logging.getLogger(__name__)
+
+#: The answer to each kind of refused batch (:attr:`gpufleet.wire.WireError.kind`).
+STATUS = {"invalid": 422, "unreadable": 400, "unsupported": 415, "too_large": 413, "wrong_node": 403}
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -41,7 +53,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         try:
             n = int(declared)
         except ValueError:
-            raise WireError("Content-Length is not a number", ("Content-Length",), 400) from None
+            raise Unreadable("Content-Length is not a number", ("Content-Length",)) from None
         if n > max_bytes:
             raise TooLarge(f"body of {n} bytes exceeds the {max_bytes}-byte limit")
     chunks: list[bytes] = []
@@ -105,8 +117,8 @@ class IngestHandler:
             del raw
             batch = validate(doc)
         except WireError as e:
-            self.metrics.errors.labels("too_large" if e.status == 413 else "malformed").inc()
-            return _error(e.status, [e.detail()])
+            self.metrics.errors.labels("too_large" if e.kind == "too_large" else "malformed").inc()
+            return _error(STATUS[e.kind], [e.detail()])
         except (RecursionError, MemoryError, TypeError, ValueError, OverflowError, KeyError, IndexError) as e:
             # A shape the validator did not foresee: still the input's fault.
             log.warning("ingest: unexpected %s while validating a batch: %s", e.__class__.__name__, e)

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import gpufleet.wire as wire
+import gpufleet.wire.validation as wire_validate
+from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME
 from gpufleet.testing import loadgen
 from gpufleet.wire import WireError, as_lists, encode, parse, validate
 
@@ -24,19 +26,19 @@ def _doc(seed: int) -> dict[str, Any]:
 
 
 def _slow(doc: dict[str, Any]) -> Any:
-    saved = wire._typed_section_fast
-    wire._typed_section_fast = lambda *a: None  # type: ignore[assignment]
+    saved = wire_validate._typed_section_fast
+    wire_validate._typed_section_fast = lambda *a: None  # type: ignore[assignment]
     try:
         return _outcome(doc)
     finally:
-        wire._typed_section_fast = saved
+        wire_validate._typed_section_fast = saved
 
 
 def _outcome(doc: dict[str, Any]) -> Any:
     try:
         b = validate(copy.deepcopy(doc))
     except WireError as e:
-        return ("error", e.status, e.detail())
+        return ("error", e.kind, e.detail())
     out: dict[str, Any] = {"n": (b.n_gpu, b.n_host)}
     for section in ("gpu", "host"):
         cols = getattr(b, section)
@@ -46,7 +48,7 @@ def _outcome(doc: dict[str, Any]) -> Any:
 
 
 def _typed(values: list[Any], dtype: str, nulls: list[bool] | None = None) -> dict[str, Any]:
-    col: dict[str, Any] = {"dtype": dtype, "data": np.array(values, dtype=wire._TYPED_DTYPES[dtype]).tobytes()}
+    col: dict[str, Any] = {"dtype": dtype, "data": np.array(values, dtype=wire.TYPED_DTYPES[dtype]).tobytes()}
     if nulls is not None:
         col["nulls"] = np.packbits(np.array(nulls, dtype=bool)).tobytes()
     return col
@@ -54,8 +56,8 @@ def _typed(values: list[Any], dtype: str, nulls: list[bool] | None = None) -> di
 
 def test_agent_batches_take_the_fast_path_and_match_the_slow_one() -> None:
     doc = _doc(3)
-    assert wire._typed_section_fast("gpu", doc["gpu"], wire.GPU_BY_NAME, ("time", "gpu")) is not None
-    assert wire._typed_section_fast("host", doc["host"], wire.HOST_BY_NAME, ("time",)) is not None
+    assert wire_validate._typed_section_fast("gpu", doc["gpu"], GPU_BY_NAME, ("time", "gpu")) is not None
+    assert wire_validate._typed_section_fast("host", doc["host"], HOST_BY_NAME, ("time",)) is not None
     fast = _outcome(doc)
     assert fast == _slow(doc)
     assert fast["gpu"]["power_w"][1] == "<f8" and fast["gpu"]["energy_mj"][1] == "<i8"

@@ -1,369 +1,27 @@
-"""The ingest wire format shared by agents and the collector.
+"""Validation: one checked path from a parsed document to typed columns.
 
-A batch is one object, JSON or msgpack, optionally gzip- or zstd-compressed::
-
-    {"batch_id": "<agent-id>:<seq>",        # idempotency key, [A-Za-z0-9._:-]{1,128}
-     "node": "gpu-node-01",                  # the sending node (must match its token)
-     "gpu":  {"time": [...], "gpu": [...], "power_w": [...], ...},   # columnar
-     "host": {"time": [...], "cpu_user_pct": [...], ...},            # columnar
-     "facts": {...}}                          # optional node facts
-
-``gpu`` and ``host`` may also be lists of row objects.  Times are epoch
-seconds (numbers).  Columns are named by the metric catalog; ``null`` is a
-missing value.
-
-In msgpack, a numeric column may also be a typed array: ``{"dtype": "f8",
-"data": <bin>, "nulls": <bin>}`` with ``dtype`` one of f4, f8, i1, i2, i4,
-i8, u1, u2, u4 (little-endian) and ``nulls`` an optional bitmap (numpy
-``packbits`` order, 1 = NULL).  The collector reads such a column with one
-``frombuffer`` and no Python object per value, which is what keeps ingest
-near the database's COPY rate; the agents send this form.
+Columns are checked as whole numpy arrays: one type scan, one conversion, one
+range comparison per column.  Only when something is wrong does a slow pass
+look for the first offending sample, to name it.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
-import re
-import threading
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import msgpack
 import numpy as np
-import orjson
-import zstandard
 
 from gpufleet.catalog import GPU_ALIASES, GPU_BY_NAME, HOST_BY_NAME, INT_RANGES, Field
 from gpufleet.facts import FactsError, check_facts, plain_json
-
-#: Matched with ``fullmatch``: ``$`` would let a trailing newline through.
-BATCH_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,252}")
-MAX_TEXT = 256
-TOP_LEVEL = frozenset({"batch_id", "node", "gpu", "host", "facts", "agent"})
-
-JSON = "application/json"
-MSGPACK = "application/msgpack"
-
-
-class WireError(ValueError):
-    """A batch is malformed.  ``loc`` names where (e.g. ("gpu", 17, "power_w"))."""
-
-    def __init__(self, msg: str, loc: tuple[Any, ...] = (), status: int = 422) -> None:
-        super().__init__(msg)
-        self.msg = msg
-        self.loc = loc
-        self.status = status
-
-    def detail(self) -> dict[str, Any]:
-        where = ""
-        if len(self.loc) >= 3 and isinstance(self.loc[1], int):
-            where = f"{self.loc[0]} sample {self.loc[1]}, field '{self.loc[2]}': "
-        elif len(self.loc) >= 2:
-            where = f"{self.loc[0]} field '{self.loc[1]}': "
-        elif self.loc:
-            where = f"'{self.loc[0]}': "
-        return {"loc": list(self.loc), "msg": where + self.msg}
-
-
-class TooLarge(WireError):
-    def __init__(self, msg: str) -> None:
-        super().__init__(msg, (), 413)
-
-
-@dataclass
-class Batch:
-    batch_id: str
-    node: str
-    #: Validated columns; every column has ``n_gpu``/``n_host`` values.
-    gpu: dict[str, Column] = field(default_factory=dict)
-    host: dict[str, Column] = field(default_factory=dict)
-    facts: dict[str, Any] | None = None
-    n_gpu: int = 0
-    n_host: int = 0
-    #: Samples refused by the clock-skew check, counted per node.
-    rejected_skew: int = 0
-
-    def time_range(self) -> tuple[float, float] | None:
-        parts = [c["time"].values for c in (self.gpu, self.host) if c]
-        if not parts:
-            return None
-        return float(min(p.min() for p in parts)), float(max(p.max() for p in parts))
-
-
-# ----------------------------------------------------------------------------
-# Encoding (agent side)
-
-
-def encode(batch: dict[str, Any], fmt: str = "msgpack", compression: str | None = "zstd",
-           typed: bool = True) -> tuple[bytes, dict[str, str]]:
-    """Serialise a batch dict; returns body and the HTTP headers describing it.
-
-    With msgpack and ``typed``, numeric columns travel as typed arrays.
-    """
-    if fmt == "msgpack":
-        if typed:
-            batch = {k: (_typed_section(v, GPU_BY_NAME if k == "gpu" else HOST_BY_NAME)
-                         if k in ("gpu", "host") and isinstance(v, dict) else v) for k, v in batch.items()}
-        body = msgpack.packb(batch, use_bin_type=True)
-        headers = {"Content-Type": MSGPACK}
-    elif fmt == "json":
-        body = orjson.dumps(batch)
-        headers = {"Content-Type": JSON}
-    else:
-        raise ValueError(f"unknown format {fmt!r}")
-    if compression == "zstd":
-        body = zstandard.ZstdCompressor(level=3).compress(body)
-        headers["Content-Encoding"] = "zstd"
-    elif compression == "gzip":
-        body = gzip.compress(body, 5)
-        headers["Content-Encoding"] = "gzip"
-    elif compression is not None:
-        raise ValueError(f"unknown compression {compression!r}")
-    return body, headers
-
-
-_TYPED_DTYPES = {"f4": "<f4", "f8": "<f8", "i1": "<i1", "i2": "<i2", "i4": "<i4", "i8": "<i8",
-                 "u1": "<u1", "u2": "<u2", "u4": "<u4"}
-_KIND_DTYPE = {"real": "f4", "double": "f8", "smallint": "i2", "integer": "i4", "bigint": "i8"}
-
-
-def typed_column(values: list[Any], dtype: str) -> dict[str, Any] | list[Any]:
-    """A numeric list as a typed array (the list itself if it does not fit)."""
-    try:
-        if None in values:
-            nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
-            arr = np.array([0 if v is None else v for v in values], dtype=_TYPED_DTYPES[dtype])
-            return {"dtype": dtype, "data": arr.tobytes(), "nulls": np.packbits(nulls).tobytes()}
-        return {"dtype": dtype, "data": np.array(values, dtype=_TYPED_DTYPES[dtype]).tobytes()}
-    except (TypeError, ValueError, OverflowError):
-        return values
-
-
-def _typed_section(cols: dict[str, Any], known: dict[str, Field]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, values in cols.items():
-        if not isinstance(values, list):
-            out[name] = values
-        elif name == "time":
-            out[name] = typed_column(values, "f8")
-        elif name == "gpu":
-            out[name] = typed_column(values, "i2")
-        elif name in known and known[name].kind in _KIND_DTYPE and not any(isinstance(v, bool) for v in values):
-            out[name] = typed_column(values, _KIND_DTYPE[known[name].kind])
-        else:
-            out[name] = values
-    return out
-
-
-def as_lists(doc: dict[str, Any]) -> dict[str, Any]:
-    """A decoded batch document with its typed arrays turned back into plain lists.
-
-    For readers that want the batch as a document (tests, debugging a spool
-    segment); the collector never needs it, it validates typed arrays directly.
-    """
-    out = dict(doc)
-    for section in ("gpu", "host"):
-        cols = doc.get(section)
-        if isinstance(cols, dict):
-            out[section] = {name: column_list(section, name, col) for name, col in cols.items()}
-    return out
-
-
-def column_list(section: str, name: str, col: Any) -> list[Any]:
-    """One wire column as a list, whether it travelled as a list or as a typed array."""
-    return _typed(section, name, col).tolist() if isinstance(col, dict) else list(col)
-
-
-# ----------------------------------------------------------------------------
-# Decompression with an output cap (decompression bombs stop at the cap)
-
-
-_local = threading.local()
-
-
-def _zstd() -> zstandard.ZstdDecompressor:
-    """A decompression context per thread: creating one maps fresh memory,
-    which costs far more than decoding a batch."""
-    d = getattr(_local, "zstd", None)
-    if d is None:
-        d = _local.zstd = zstandard.ZstdDecompressor()
-    return d
-
-
-def decompress(body: bytes, encoding: str | None, max_out: int) -> bytes:
-    enc = (encoding or "identity").strip().lower()
-    if enc in ("identity", ""):
-        if len(body) > max_out:
-            raise TooLarge(f"body of {len(body)} bytes exceeds the {max_out}-byte limit")
-        return body
-    if enc == "gzip":
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = d.decompress(body, max_out + 1)
-        except zlib.error as e:
-            raise WireError(f"gzip body is corrupt: {e}", ("body",), 400) from e
-        if len(out) > max_out or d.unconsumed_tail:
-            raise TooLarge(f"gzip body expands beyond the {max_out}-byte limit")
-        if not d.eof:
-            raise WireError("gzip body is truncated", ("body",), 400)
-        return out
-    if enc == "zstd":
-        dctx = _zstd()
-        try:
-            declared = zstandard.frame_content_size(body)
-        except zstandard.ZstdError as e:
-            raise WireError(f"zstd body is corrupt: {e}", ("body",), 400) from e
-        if declared > max_out:
-            raise TooLarge(f"zstd body declares {declared} bytes, beyond the {max_out}-byte limit")
-        if declared >= 0:
-            # A frame that declares its size cannot produce more than that
-            # (zstd refuses a mismatch), so one-shot decoding is bounded.
-            dobj = dctx.decompressobj()
-            try:
-                out = dobj.decompress(body)
-            except zstandard.ZstdError as e:
-                raise WireError(f"zstd body is corrupt: {e}", ("body",), 400) from e
-            if dobj.unused_data:
-                raise WireError("zstd body has data after its frame; send one frame", ("body",), 400)
-            if len(out) > max_out:
-                raise TooLarge(f"zstd body expands beyond the {max_out}-byte limit")
-            return out
-        try:
-            reader = dctx.stream_reader(body, read_across_frames=True)
-            out = reader.read(max_out + 1)
-        except zstandard.ZstdError as e:
-            raise WireError(f"zstd body is corrupt: {e}", ("body",), 400) from e
-        if len(out) > max_out:
-            raise TooLarge(f"zstd body expands beyond the {max_out}-byte limit")
-        return out
-    raise WireError(f"unsupported Content-Encoding {encoding!r} (use gzip, zstd or none)", ("Content-Encoding",), 415)
-
-
-#: Parse bounds (see :func:`parse`).  Nesting: both parsers stop at 1024
-#: levels on their own (msgpack's and orjson's fixed stacks); ``facts`` and
-#: ``agent``, the only free-form parts, are then held to 16 by validation.
-MAX_MAP_LEN = 20_000
-#: Containers (objects and arrays) beyond the row-form samples themselves.
-CONTAINER_SLACK = 25_000
-#: Values per sample a legal batch can hold (every GPU field in row form), for the element bound.
-FIELDS_PER_SAMPLE = max(len(GPU_BY_NAME), len(HOST_BY_NAME)) + 4
-
-
-@dataclass(frozen=True)
-class ParseLimits:
-    """How much structure one body may hold, whatever its byte size: a 1 KB zstd
-    body can expand to 32 MiB of empty maps, each a Python object of 64 bytes."""
-
-    #: Longest array (a column, or the rows of a section, has one value per sample).
-    max_array_len: int = 50_001
-    #: Most entries in one object.
-    max_map_len: int = MAX_MAP_LEN
-    #: Most objects and arrays in the whole body.
-    max_containers: int = 50_001 + CONTAINER_SLACK
-    #: Most values (array elements and object entries) in the whole body.
-    max_elements: int = 50_001 * FIELDS_PER_SAMPLE + CONTAINER_SLACK
-
-    @classmethod
-    def for_samples(cls, max_samples: int) -> ParseLimits:
-        n = max_samples + 1
-        return cls(max_array_len=max(n, 1024), max_containers=n + CONTAINER_SLACK,
-                   max_elements=n * FIELDS_PER_SAMPLE + CONTAINER_SLACK)
-
-
-DEFAULT_LIMITS = ParseLimits()
-
-
-def parse(raw: bytes, content_type: str | None, limits: ParseLimits = DEFAULT_LIMITS) -> Any:
-    """Decode a body, refusing (413) one that holds more structure than ``limits``
-    before building it: JSON is counted on its bytes first (brackets and commas,
-    an upper bound), msgpack as it is unpacked (array/map headers are checked
-    before their memory is allocated, containers as they complete)."""
-    ctype = (content_type or JSON).split(";")[0].strip().lower()
-    if ctype in (JSON, "text/json"):
-        containers = raw.count(b"{") + raw.count(b"[")
-        if containers > limits.max_containers:
-            raise TooLarge(f"body holds over {limits.max_containers} objects and arrays")
-        if raw.count(b",") > limits.max_elements:
-            raise TooLarge(f"body holds over {limits.max_elements} values")
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise WireError(f"body is not valid JSON: {e}", ("body",), 400) from e
-    if ctype in (MSGPACK, "application/x-msgpack", "application/vnd.msgpack"):
-        count = [0, 0]  # containers, elements
-
-        def seen(obj: Any) -> Any:
-            count[0] += 1
-            count[1] += len(obj)
-            if count[0] > limits.max_containers:
-                raise TooLarge(f"body holds over {limits.max_containers} objects and arrays")
-            if count[1] > limits.max_elements:
-                raise TooLarge(f"body holds over {limits.max_elements} values")
-            return obj
-
-        try:
-            if len(raw) <= min(limits.max_containers, limits.max_elements):
-                # Every msgpack object and every value takes at least a byte: a
-                # body this short cannot exceed the structure bounds, so nothing
-                # needs counting as it is unpacked.
-                return msgpack.unpackb(raw, raw=False, strict_map_key=True,
-                                       max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
-            return msgpack.unpackb(raw, raw=False, strict_map_key=True, object_hook=seen, list_hook=seen,
-                                   max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
-        except WireError:
-            raise
-        except (msgpack.UnpackException, ValueError, TypeError) as e:
-            if "exceeds max_" in str(e):
-                raise TooLarge(f"body holds a longer array or object than allowed: {e}") from e
-            raise WireError(f"body is not valid msgpack: {e}", ("body",), 400) from e
-    raise WireError(f"unsupported Content-Type {content_type!r} (use {JSON} or {MSGPACK})", ("Content-Type",), 415)
-
-
-# ----------------------------------------------------------------------------
-# Validation
-#
-# Columns are checked as whole numpy arrays: one type scan, one conversion,
-# one range comparison per column.  Only when something is wrong does a slow
-# pass look for the first offending sample, to name it.
+from gpufleet.wire.encoding import TYPED_DTYPES
+from gpufleet.wire.types import BATCH_ID_RE, MAX_TEXT, NODE_RE, TOP_LEVEL, Batch, Column, WireError, WrongNode
 
 _NONE = type(None)
 _NUMERIC_TYPES = frozenset({int, float, _NONE})
 _NP_INT = {"smallint": np.int64, "integer": np.int64, "bigint": np.int64}
-
-
-class Column:
-    """One validated column: ``values`` (float64 or int64 ndarray, or a list of
-    str/None for text) and ``null`` (bool ndarray, or None when nothing is null)."""
-
-    __slots__ = ("lengths", "null", "values")
-
-    def __init__(self, values: Any, null: np.ndarray | None = None, lengths: np.ndarray | None = None) -> None:
-        self.values = values
-        self.null = null
-        #: For text encoded as a numpy bytes array: each value's byte length.
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def take(self, idx: np.ndarray) -> Column:
-        if isinstance(self.values, list):
-            return Column([self.values[i] for i in idx.tolist()], None if self.null is None else self.null[idx])
-        return Column(self.values[idx], None if self.null is None else self.null[idx])
-
-    def tolist(self) -> list[Any]:
-        """Python values with None for NULL (tests, replay, detectors)."""
-        if isinstance(self.values, list):
-            return list(self.values)
-        vals = self.values.tolist()
-        if self.null is not None:
-            for i in np.flatnonzero(self.null).tolist():
-                vals[i] = None
-        return vals
 
 
 def _columns(obj: Any, section: str, known: dict[str, Field], key: tuple[str, ...]) -> tuple[dict[str, Any], int]:
@@ -443,10 +101,10 @@ def _typed(section: str, name: str, col: dict[str, Any]) -> Typed:
     if extra:
         raise WireError(f"typed array has unknown keys {sorted(extra)}", (section, name))
     dt = col.get("dtype")
-    dtype = _TYPED_DTYPES.get(dt) if isinstance(dt, str) else None
+    dtype = TYPED_DTYPES.get(dt) if isinstance(dt, str) else None
     data = col.get("data")
     if dtype is None:
-        raise WireError(f"typed array dtype must be one of {', '.join(_TYPED_DTYPES)}", (section, name))
+        raise WireError(f"typed array dtype must be one of {', '.join(TYPED_DTYPES)}", (section, name))
     if not isinstance(data, bytes) or len(data) % np.dtype(dtype).itemsize:
         raise WireError(f"typed array data must be bytes, a multiple of {np.dtype(dtype).itemsize}", (section, name))
     values = np.frombuffer(data, dtype=dtype)
@@ -668,7 +326,7 @@ def _check_section(section: str, cols: dict[str, Any], n: int, node: str, known:
     if node_col is not None:
         i = _first(node_col, lambda v: v != node)
         if i >= 0:
-            raise WireError(f"sample names node {node_col[i]!r}, batch is for {node!r}", (section, i, "node"), 403)
+            raise WrongNode(f"sample names node {node_col[i]!r}, batch is for {node!r}", (section, i, "node"))
     fields = {"time": _TIME, **({"gpu": _GPU} if "gpu" in key else {})}
     for name in cols:
         if name not in fields:
@@ -875,7 +533,7 @@ def _typed_section_fast(section: str, obj: Any, known: dict[str, Field],
     if n <= 0:
         return None
     for (dt, as_int), (onames, datas) in groups.items():
-        mat = np.frombuffer(b"".join(datas), dtype=_TYPED_DTYPES[dt]).reshape(len(onames), n)
+        mat = np.frombuffer(b"".join(datas), dtype=TYPED_DTYPES[dt]).reshape(len(onames), n)
         mat = mat.astype(np.int64 if as_int else np.float64)
         lo, hi = _section_bounds(section, tuple(onames), as_int)
         if as_int:
@@ -908,5 +566,24 @@ def _section_bounds(section: str, names: tuple[str, ...], as_int: bool) -> tuple
     return hit
 
 
-_ITEMSIZE = {k: np.dtype(v).itemsize for k, v in _TYPED_DTYPES.items()}
+_ITEMSIZE = {k: np.dtype(v).itemsize for k, v in TYPED_DTYPES.items()}
 _FAST_KNOWN = {"gpu": {**GPU_BY_NAME, "time": _TIME, "gpu": _GPU}, "host": {**HOST_BY_NAME, "time": _TIME}}
+
+
+def as_lists(doc: dict[str, Any]) -> dict[str, Any]:
+    """A decoded batch document with its typed arrays turned back into plain lists.
+
+    For readers that want the batch as a document (tests, debugging a spool
+    segment); the collector never needs it, it validates typed arrays directly.
+    """
+    out = dict(doc)
+    for section in ("gpu", "host"):
+        cols = doc.get(section)
+        if isinstance(cols, dict):
+            out[section] = {name: column_list(section, name, col) for name, col in cols.items()}
+    return out
+
+
+def column_list(section: str, name: str, col: Any) -> list[Any]:
+    """One wire column as a list, whether it travelled as a list or as a typed array."""
+    return _typed(section, name, col).tolist() if isinstance(col, dict) else list(col)
