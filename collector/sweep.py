@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -13,19 +14,28 @@ from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.quarantine import Quarantine
 from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
+from gpufleet.collector.window_snapshot import WindowSnapshots
 from gpufleet.config import Settings
 
 log = logging.getLogger(__name__)
 
 
 class Sweeper:
-    """Called by the leader every ``detect.sweep_interval_s`` with a connection and the time."""
+    """Called by the leader every ``detect.sweep_interval_s`` with a connection and the time.
 
-    def __init__(self, settings: Settings, config: DetectorConfig | None = None) -> None:
+    Its first call restores the window its shard's previous owner persisted
+    (:mod:`gpufleet.collector.window_snapshot`) and reads only the raw tail;
+    without one it loads the window from the sample tables.  Every call then
+    persists the segments of the window that aged (``snapshots=False``: never).
+    """
+
+    def __init__(self, settings: Settings, config: DetectorConfig | None = None, *, shard: int = 0,
+                 shards: int = 1, node_filter: Callable[[str], bool] | None = None, snapshots: bool = True) -> None:
         self.settings = settings
         # The deployment's thresholds (settings ``detect``), unless a caller overrides them.
         self.config = config if config is not None else settings.detect
-        self.cache = WindowCache(settings.detect.window_s)
+        self.cache = WindowCache(settings.detect.window_s, node_filter=node_filter)
+        self.snapshots = WindowSnapshots(shard, shards) if snapshots else None
         url = settings.detect.alertmanager_url
         self.alerts = AlertmanagerPusher(url) if url else None
         self.quarantine = Quarantine(settings.quarantine) if settings.quarantine.enabled else None
@@ -33,7 +43,10 @@ class Sweeper:
 
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
         t0 = time.perf_counter()
-        fetched = self.cache.refresh(conn, now)
+        restored = None
+        if not self.cache.loaded and self.snapshots is not None:
+            restored = self.snapshots.restore(conn, self.cache, now)
+        fetched = restored if restored is not None else self.cache.refresh(conn, now)
         t1 = time.perf_counter()
         window = self.cache.window(now, load_runs(conn, now - self.cache.window_s, now), load_facts(conn))
         result = run_detectors(window, self.config)
@@ -52,9 +65,19 @@ class Sweeper:
                 "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
                 ([r.scope_key for r in plan.resolves],)).fetchall()] if plan.resolves else []
             self.alerts.sync(conn, resolved)
+        t3 = time.perf_counter()
+        saved = 0
+        if self.snapshots is not None:
+            try:
+                saved = self.snapshots.save(conn, self.cache, now)
+            except psycopg.OperationalError:
+                raise
+            except Exception:  # a new owner then reads more raw samples; detection goes on
+                log.exception("persisting the detector window failed")
         self.last = {"fetched_rows": fetched, "refresh_s": t1 - t0, "detect_s": t2 - t1,
                      "store_s": time.perf_counter() - t2, "gpus": len(window.gpus),
                      "findings": len(result.findings), "failures": len(result.failures),
-                     "quarantine_actions": quarantined}
+                     "quarantine_actions": quarantined, "restored": restored is not None,
+                     "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}
         if result.failures:
             log.warning("detectors failed this sweep: %s", result.failures)
