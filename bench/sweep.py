@@ -8,10 +8,18 @@ host samples, written with binary COPY.  Then, in the same run:
 
 * ``select_s``: a plain ``SELECT`` of the window's detector columns through
   psycopg (the baseline);
-* ``cold_sweep_s``: the first sweep of a new leader (load the whole window,
-  run every detector, store incidents);
+* ``first_sweep_s``: the first sweep of the first leader, with no persisted
+  window (load the whole window from the sample tables, run every detector,
+  store incidents; then persist the window's segments, ``first_save_s``);
 * ``sweep_s``: a steady-state sweep after 5 more seconds of data arrived as
-  ingest batches (fetch what is new, run every detector, store incidents).
+  ingest batches (fetch what is new, run every detector, store incidents,
+  persist the segment that aged);
+* ``cold_sweep_s``: the first sweep of a new leader taking over at that
+  moment (restore the persisted window, read the raw tail, run every
+  detector, store incidents); its findings are checked equal to the warm
+  leader's at the same instant; ``cold_raw_s`` is the same takeover without
+  a persisted window (the whole window from the sample tables), measured
+  in the same run as the baseline.
 
 The last line is JSON.
 """
@@ -30,8 +38,10 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
+from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.incident_store import clean_json
 from gpufleet.collector.sweep import Sweeper
-from gpufleet.collector.window_cache import GPU_COLUMNS
+from gpufleet.collector.window_cache import GPU_COLUMNS, load_facts, load_runs
 from gpufleet.collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
@@ -101,6 +111,14 @@ def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dic
             conn.execute(REGISTER_SQL, _register_params(rows))
 
 
+def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tuple[object, ...]]:
+    """What every detector finds on the sweeper's window at ``now``, comparable across sweepers."""
+    w = sweeper.cache.window(now, load_runs(conn, now - sweeper.cache.window_s, now), load_facts(conn))
+    res = run_detectors(w, sweeper.config)
+    return sorted((f.scope_key, f.cause, f.severity, f.start, f.last_active, repr(clean_json(f.evidence)))
+                  for f in res.findings)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=10_000)
@@ -149,8 +167,10 @@ def main() -> None:
             sweeper = Sweeper(settings)
             t0 = time.perf_counter()
             sweeper(conn, now)
-            cold_s = time.perf_counter() - t0
-            print(f"cold sweep (new leader loads the window): {cold_s:.2f} s; {sweeper.last}", flush=True)
+            first_s = time.perf_counter() - t0
+            first_save_s = sweeper.last["snapshot_s"]
+            print(f"first sweep (first leader, no persisted window): {first_s:.2f} s, of which persisting the "
+                  f"window {first_save_s:.2f} s; {sweeper.last}", flush=True)
 
             write(conn, nodes, np.arange(now, now + 5, 1.0), faults, 99, batches=True)
             t0 = time.perf_counter()
@@ -159,9 +179,32 @@ def main() -> None:
             print(f"steady-state sweep: {warm_s:.2f} s; {sweeper.last}", flush=True)
             incidents = conn.execute("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind").fetchall()
             print(f"incidents: {incidents}")
-    print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold)")
+            snap_mb = conn.execute("SELECT sum(octet_length(blob)) FROM sweep_snapshots").fetchone()[0] / 1e6  # type: ignore[index]
+
+            expected = findings(sweeper, conn, now + 5)
+            raw = Sweeper(settings, snapshots=False)  # the baseline: a takeover reading the window's raw samples
+            t0 = time.perf_counter()
+            raw(conn, now + 5)
+            cold_raw_s = time.perf_counter() - t0
+            print(f"takeover without a persisted window (baseline): {cold_raw_s:.2f} s; {raw.last}", flush=True)
+            same_raw = findings(raw, conn, now + 5) == expected
+            del raw
+            taker = Sweeper(settings)
+            t0 = time.perf_counter()
+            taker(conn, now + 5)
+            cold_s = time.perf_counter() - t0
+            print(f"cold sweep (new leader restores the persisted window): {cold_s:.2f} s; {taker.last}", flush=True)
+            same = findings(taker, conn, now + 5) == expected
+            print(f"findings equal to the warm leader's: restored {same}, raw {same_raw} ({len(expected)} findings); "
+                  f"persisted window {snap_mb:.0f} MB", flush=True)
+            if not (same and same_raw):
+                raise SystemExit("a takeover found something else than the warm leader")
+    print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold); "
+          f"cold takeover / without a persisted window: {cold_s / cold_raw_s:.3f}")
     print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
-                      "sweep_s": round(warm_s, 3), "cold_sweep_s": round(cold_s, 3), "select_s": round(select_s, 3),
+                      "sweep_s": round(warm_s, 3), "cold_sweep_s": round(cold_s, 3), "cold_raw_s": round(cold_raw_s, 3),
+                      "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
+                      "snapshot_mb": round(snap_mb, 1), "select_s": round(select_s, 3),
                       "ratio_to_select": round(warm_s / select_s, 3), "samples": rows}))
 
 

@@ -75,7 +75,7 @@ class Sweeper:
             except Exception:  # a new owner then reads more raw samples; detection goes on
                 log.exception("persisting the detector window failed")
         self.last = {"fetched_rows": fetched, "refresh_s": t1 - t0, "detect_s": t2 - t1,
-                     "store_s": time.perf_counter() - t2, "gpus": len(window.gpus),
+                     "store_s": t3 - t2, "gpus": len(window.gpus),
                      "findings": len(result.findings), "failures": len(result.failures),
                      "quarantine_actions": quarantined, "restored": restored is not None,
                      "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}

@@ -150,10 +150,10 @@ class _Buf:
         self._c[:, :self.b] = cols
 
     @classmethod
-    def adopt(cls, t: np.ndarray, cols: np.ndarray) -> _Buf:
-        """Take sorted arrays as they are (no copy, no spare room: the first append reallocates)."""
+    def adopt(cls, t: np.ndarray, cols: np.ndarray, n: int) -> _Buf:
+        """Take arrays as they are (no copy): their first ``n`` samples, sorted, and spare room after."""
         b = cls.__new__(cls)
-        b._t, b._c, b.a, b.b = t, cols, 0, len(t)
+        b._t, b._c, b.a, b.b = t, cols, 0, n
         return b
 
     @property

@@ -78,8 +78,8 @@ def encode_segment(cache: WindowCache, lo: float, hi: float, level: int = 1) -> 
     """Every sample of the cache in [lo, hi) as one compressed blob."""
     gk, gn, gt, gc = _pack_block(cache.gpus, lo, hi, len(GPU_COLUMNS))
     hk, hn, ht, hc = _pack_block(cache.hosts, lo, hi, len(HOST_COLUMNS))
-    head = json.dumps({"v": _FORMAT, "gcols": GPU_COLUMNS, "hcols": HOST_COLUMNS, "gk": gk, "gn": gn,
-                       "hk": hk, "hn": hn}).encode()
+    head = json.dumps({"v": _FORMAT, "gcols": GPU_COLUMNS, "hcols": HOST_COLUMNS, "gnode": [k[0] for k in gk],
+                       "ggpu": [k[1] for k in gk], "gn": gn, "hk": hk, "hn": hn}).encode()
     body = b"".join((struct.pack("<I", len(head)), head, gt, gc, ht, hc))
     return zstandard.ZstdCompressor(level=level).compress(body)
 
@@ -111,35 +111,58 @@ def decode_segment(blob: bytes) -> _Decoded | None:
         c = np.frombuffer(body, dtype="<f4", count=n * ncols, offset=pos).reshape(ncols, n)
         pos += 4 * n * ncols
         out += [t, c]
-    return _Decoded([(str(k[0]), int(k[1])) for k in head["gk"]], np.asarray(head["gn"], dtype=np.int64),
+    return _Decoded(list(zip(head["gnode"], head["ggpu"], strict=True)), np.asarray(head["gn"], dtype=np.int64),
                     out[0], out[1], [str(k) for k in head["hk"]], np.asarray(head["hn"], dtype=np.int64),
                     out[2], out[3])
 
 
 def _assemble(parts: list[tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]], ncols: int) -> dict[Any, _Buf]:
-    """Per-key buffers from segments in time order: one stable sort by key of all samples, one gather."""
+    """Per-key buffers from segments in time order.
+
+    Every sample is gathered once into one array laid out key after key with
+    room after each key's samples (a quarter more, at least 32), so the next
+    sweeps' samples append without a copy."""
     if not parts:
         return {}
     ids: dict[Any, int] = {}
-    kid = np.concatenate([np.repeat(np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64,
-                                                count=len(keys)), counts) for keys, counts, _, _ in parts])
-    t = np.concatenate([p[2] for p in parts])
-    c = np.concatenate([p[3] for p in parts], axis=1) if len(parts) > 1 else parts[0][3]
+    kids: list[np.ndarray] = []
+    prev: tuple[list[Any] | None, np.ndarray] = (None, np.zeros(0, dtype=np.int64))
+    for keys, counts, _, _ in parts:
+        if keys != prev[0]:  # most segments list the same keys as the one before
+            prev = (keys, np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys)))
+        kids.append(np.repeat(prev[1], counts))
+    kid = np.concatenate(kids)
+    n_k = np.bincount(kid, minlength=len(ids))
+    cap_k = n_k + np.maximum(n_k // 4, 32)
+    base = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(cap_k, out=base[1:])
+    first = np.zeros(len(ids), dtype=np.int64)
+    np.cumsum(n_k[:-1], out=first[1:])
     order = np.argsort(kid, kind="stable")
-    t, c = t[order], np.take(c, order, axis=1)
-    ends = np.cumsum(np.bincount(kid, minlength=len(ids)))
+    dest = np.empty(len(kid), dtype=np.int64)
+    dest[order] = base[:-1][kid[order]] + (np.arange(len(kid)) - first[kid[order]])
+    # One gather into the layout with room (the room's contents are never read).
+    src = np.zeros(int(base[-1]), dtype=np.int64)
+    src[dest] = np.arange(len(kid))
+    t = np.concatenate([p[2] for p in parts])[src]
+    c = np.take(np.concatenate([p[3] for p in parts], axis=1) if len(parts) > 1 else parts[0][3], src, axis=1)
+    # Times must rise within each key (segments never overlap); a key where they do not is rebuilt by merging.
+    ts = t[dest[order]]
+    bad = np.zeros(len(ids), dtype=bool)
+    if len(ts) > 1:
+        steps = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
+        steps = steps[~np.isin(steps, first)]
+        bad[kid[order][steps]] = True
     out: dict[Any, _Buf] = {}
-    a = 0
     for k, i in ids.items():
-        z = int(ends[i])
-        tk = t[a:z]
-        if len(tk) > 1 and (np.diff(tk) <= 0).any():  # overlapping segments (never written so): sort, de-duplicate
-            b = _Buf(tk[:1], c[:, a:a + 1])
-            b.merge(tk[1:], c[:, a + 1:z])
-            out[k] = b
+        a, z = int(base[i]), int(base[i + 1])
+        if bad[i]:
+            n = int(n_k[i])
+            buf = _Buf(t[a:a + 1], c[:, a:a + 1])
+            buf.merge(t[a + 1:a + n], c[:, a + 1:a + n])
+            out[k] = buf
         else:
-            out[k] = _Buf.adopt(tk, c[:, a:z])
-        a = z
+            out[k] = _Buf.adopt(t[a:z], c[:, a:z], int(n_k[i]))
     return out
 
 
@@ -230,10 +253,11 @@ class WindowSnapshots:
             watermark, upto, since, seen_raw = st
             if since > t_lo or upto < t_lo:
                 return None
-            rows = conn.execute("SELECT seg, blob FROM sweep_snapshots WHERE shards = %s AND shard = %s "
-                                "AND seg >= %s AND seg < %s ORDER BY seg",
-                                (self.shards, self.shard, seg_of(t_lo), upto)).fetchall()
-            decoded = [decode_segment(bytes(b)) for _, b in rows]
+            with conn.cursor(binary=True) as cur:
+                rows = cur.execute("SELECT seg, blob FROM sweep_snapshots WHERE shards = %s AND shard = %s "
+                                   "AND seg >= %s AND seg < %s ORDER BY seg",
+                                   (self.shards, self.shard, seg_of(t_lo), upto)).fetchall()
+            decoded = [decode_segment(b) for _, b in rows]
             if any(d is None for d in decoded):
                 return None
             segs = [d for d in decoded if d is not None]
