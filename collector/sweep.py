@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import psycopg
 
@@ -12,7 +11,9 @@ from gpufleet.collector import incident_store
 from gpufleet.collector.alerting import AlertmanagerPusher
 from gpufleet.collector.detectors.config import DetectorConfig
 from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.detectors.window import Finding
 from gpufleet.collector.quarantine import Quarantine
+from gpufleet.collector.shards import ShardScope
 from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
 from gpufleet.collector.window_snapshot import WindowSnapshots
 from gpufleet.config import Settings
@@ -27,31 +28,59 @@ class Sweeper:
     (:mod:`gpufleet.collector.window_snapshot`) and reads only the raw tail;
     without one it loads the window from the sample tables.  Every call then
     persists the segments of the window that aged (``snapshots=False``: never).
+
+    With ``shards`` > 1 it sweeps one shard (:mod:`gpufleet.collector.shards`):
+    it reads the nodes hashed to the shard and every node of the runs hashed
+    to it, and reports and resolves only what the shard owns.  Quarantine
+    hooks, which act fleet-wide, run on shard 0's sweeper.
     """
 
     def __init__(self, settings: Settings, config: DetectorConfig | None = None, *, shard: int = 0,
-                 shards: int = 1, node_filter: Callable[[str], bool] | None = None, snapshots: bool = True) -> None:
+                 shards: int = 1, snapshots: bool = True) -> None:
         self.settings = settings
         # The deployment's thresholds (settings ``detect``), unless a caller overrides them.
         self.config = config if config is not None else settings.detect
-        self.cache = WindowCache(settings.detect.window_s, node_filter=node_filter)
+        self.scope = ShardScope(shard, shards) if shards > 1 else None
+        self.cache = WindowCache(settings.detect.window_s, node_filter=self.scope.reads if self.scope else None)
         self.snapshots = WindowSnapshots(shard, shards) if snapshots else None
         url = settings.detect.alertmanager_url
         self.alerts = AlertmanagerPusher(url) if url else None
-        self.quarantine = Quarantine(settings.quarantine) if settings.quarantine.enabled else None
+        self.quarantine = (Quarantine(settings.quarantine) if settings.quarantine.enabled and shard == 0
+                           else None)
         self.last: dict[str, float] = {}
+        #: What the last sweep found (and, sharded, owns).
+        self.findings: list[Finding] = []
 
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
         t0 = time.perf_counter()
+        runs = load_runs(conn, now - self.cache.window_s, now)
+        moved = self.scope.update(runs) if self.scope is not None else set()
         restored = None
         if not self.cache.loaded and self.snapshots is not None:
             restored = self.snapshots.restore(conn, self.cache, now)
-        fetched = restored if restored is not None else self.cache.refresh(conn, now)
+        if restored is not None:
+            fetched = restored
+            if self.scope is not None:  # the snapshot's owner may have held other runs' nodes
+                self.cache.drop_nodes(self.scope.reads)
+                have = {k[0] for k in self.cache.gpus} | set(self.cache.hosts)
+                fetched += self.cache.add_nodes(
+                    conn, {n for n in self.scope.run_nodes if n not in have and not self.scope.owns_node(n)}, now)
+        elif not self.cache.loaded:
+            fetched = self.cache.refresh(conn, now)
+        else:
+            if self.scope is not None:
+                self.cache.drop_nodes(self.scope.reads)
+            # nodes a run of this shard just reached: their window first, then what is new everywhere
+            fetched = self.cache.add_nodes(conn, moved, now) + self.cache.refresh(conn, now)
         t1 = time.perf_counter()
-        window = self.cache.window(now, load_runs(conn, now - self.cache.window_s, now), load_facts(conn))
+        window = self.cache.window(now, runs, load_facts(conn))
         result = run_detectors(window, self.config)
+        if self.scope is not None:
+            result.findings = [f for f in result.findings if self.scope.owns_finding(f)]
+        self.findings = result.findings
         t2 = time.perf_counter()
-        plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s)
+        plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s,
+                                    owns=self.scope.owns_incident if self.scope is not None else None)
         quarantined = 0
         if self.quarantine is not None:
             try:

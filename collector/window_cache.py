@@ -265,6 +265,25 @@ class WindowCache:
         self.last_fresh = []
         return n
 
+    def add_nodes(self, conn: psycopg.Connection, nodes: set[str], now: float) -> int:
+        """Read the window of nodes the cache starts to hold (a sweep shard's run moved onto them).
+
+        Their batches were skipped by earlier refreshes (they were filtered
+        out, so never remembered as merged); those read here are read again
+        by the next refresh and de-duplicated on merge."""
+        if not nodes:
+            return 0
+        return self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+                            {"lo": datetime.fromtimestamp(now - self.window_s, UTC),
+                             "hi": datetime.fromtimestamp(now + 3600, UTC)})
+
+    def drop_nodes(self, keep: Callable[[str], bool]) -> None:
+        """Forget the samples of nodes the cache no longer holds."""
+        for gk in [k for k in self.gpus if not keep(k[0])]:
+            del self.gpus[gk]
+        for hk in [k for k in self.hosts if not keep(k)]:
+            del self.hosts[hk]
+
     def _batches_since(self, conn: psycopg.Connection) -> tuple[datetime, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """(database time, every batch received since the watermark less the slack, those not merged yet);
         the listed ones are remembered as merged."""
