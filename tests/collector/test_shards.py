@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from gpufleet.agent.simulator import Fleet
 from gpufleet.collector.detectors.window import Finding
 from gpufleet.collector.incident_store import clean_json
-from gpufleet.collector.shards import ShardScope, shard_of, shard_sql
+from gpufleet.collector.leader import Leader
+from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.shards import SHARD_LOCK_BASE, ShardScope, shard_of, shard_sql
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.testing.simfeed import SimFeed
@@ -68,3 +77,76 @@ def test_sharded_sweeps_find_what_one_sweep_finds(conn: psycopg.Connection, sett
     # the incidents are each shard's, opened once: the same set the single sweep keeps
     open_ = conn.execute("SELECT scope_key FROM incidents WHERE state = 'open' ORDER BY 1").fetchall()
     assert [r[0] for r in open_] == sorted({f.scope_key for f in one.findings})
+
+
+REPLICA = """
+import sys, threading
+from gpufleet.collector.leader import Leader
+from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.config import load_settings
+s = load_settings(data_dir=sys.argv[2])
+s = s.model_copy(update={"detect": s.detect.model_copy(update={"sweep_interval_s": 0.5, "shards": 4})})
+Leader(sys.argv[1], s, CollectorMetrics(), shard_sweep=lambda k: (lambda conn, now: None),
+       rollup_interval_s=0.1, balance_interval_s=0.2).start()
+print("started", flush=True)
+threading.Event().wait()
+"""
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``cond`` until true; the seconds it took.  Fails after ``timeout``."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def shard_locks(conn: psycopg.Connection) -> dict[int, int]:
+    """Shard -> pid of the session holding its lock."""
+    rows = conn.execute("SELECT (classid::bigint << 32) | objid::bigint, pid FROM pg_locks "
+                        "WHERE locktype = 'advisory' AND granted AND objsubid = 1").fetchall()
+    return {int(k) - SHARD_LOCK_BASE: pid for k, pid in rows if 0 <= int(k) - SHARD_LOCK_BASE < 1000}
+
+
+@pytest.mark.timeout(180)
+def test_a_dead_replicas_shards_move(db: str, settings: Settings, tmp_path: Path) -> None:
+    s = settings.model_copy(update={"detect": settings.detect.model_copy(update={"sweep_interval_s": 0.5,
+                                                                                 "shards": 4})})
+    swept: dict[int, list[float]] = {}
+    lock = threading.Lock()
+
+    def shard_sweep(k: int) -> Callable[[psycopg.Connection, float], None]:
+        def sweep(conn: psycopg.Connection, now: float) -> None:
+            with lock:
+                swept.setdefault(k, []).append(time.monotonic())
+        return sweep
+
+    other = subprocess.Popen([sys.executable, "-c", REPLICA, db, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    b = Leader(db, s, CollectorMetrics(), shard_sweep=shard_sweep, rollup_interval_s=0.1, balance_interval_s=0.2)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "started"
+        with psycopg.connect(db, autocommit=True) as conn:
+            wait_until(lambda: len(shard_locks(conn)) == 4, 60, "the other replica holds every shard")
+            b.start()
+            # the newcomer gets its share: two shards each, each shard held once
+            wait_until(lambda: len(b.held) == 2 and len(shard_locks(conn)) == 4, 60, "the shards are shared")
+            locks = shard_locks(conn)
+            theirs = {k for k, pid in locks.items() if pid != b.lock_pid}
+            assert len(theirs) == 2 and not theirs & set(b.held)
+            wait_until(lambda: all(swept.get(k) for k in b.held), 30, "the newcomer sweeps its shards")
+            other.kill()  # SIGKILL: no goodbye, the database notices the session end
+            killed = time.monotonic()
+            other.wait(10)
+
+            def moved() -> bool:
+                with lock:
+                    return all(any(t > killed for t in swept.get(k, [])) for k in theirs)
+            took = wait_until(moved, 30, "the dead replica's shards are swept by the survivor")
+            assert set(b.held) == {0, 1, 2, 3} and set(shard_locks(conn).values()) == {b.lock_pid}
+            # within a balancing tick and a sweep, with room for a loaded machine
+            assert took < s.detect.sweep_interval_s + 0.2 + 5.0, took
+    finally:
+        other.kill()
+        b.stop()
