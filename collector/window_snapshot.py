@@ -49,14 +49,16 @@ SEG_S = 10
 #: A segment is written once its last second is this old (most batches have landed).
 SETTLE_S = 5.0
 
-_FORMAT = 1
+_FORMAT = 2
 
 
 def seg_of(t: float) -> int:
     return math.floor(t / SEG_S) * SEG_S
 
 
-def _pack_block(bufs: dict[Any, _Buf], lo: float, hi: float, ncols: int) -> tuple[list[Any], list[int], bytes, bytes]:
+def _pack_block(bufs: dict[Any, _Buf], lo: float, hi: float,
+                ncols: int) -> tuple[list[Any], list[int], list[int], bytes, bytes]:
+    """(keys, sample counts, the columns holding any value, times, those columns' values)."""
     keys: list[Any] = []
     counts: list[int] = []
     ts: list[np.ndarray] = []
@@ -71,32 +73,47 @@ def _pack_block(bufs: dict[Any, _Buf], lo: float, hi: float, ncols: int) -> tupl
             cs.append(b.cols[:, a:z])
     tt = np.concatenate(ts) if ts else np.zeros(0, dtype=np.float64)
     cc = np.concatenate(cs, axis=1) if cs else np.zeros((ncols, 0), dtype=np.float32)
-    return keys, counts, tt.astype("<f8").tobytes(), np.ascontiguousarray(cc, dtype="<f4").tobytes()
+    # A column no source reported in these seconds is all NaN: left out, restored as NaN.
+    present = np.flatnonzero(~np.isnan(cc).all(axis=1)) if cc.shape[1] else np.zeros(0, dtype=np.int64)
+    return (keys, counts, present.tolist(), tt.astype("<f8").tobytes(),
+            np.ascontiguousarray(cc[present], dtype="<f4").tobytes())
 
 
 def encode_segment(cache: WindowCache, lo: float, hi: float, level: int = 1) -> bytes:
     """Every sample of the cache in [lo, hi) as one compressed blob."""
-    gk, gn, gt, gc = _pack_block(cache.gpus, lo, hi, len(GPU_COLUMNS))
-    hk, hn, ht, hc = _pack_block(cache.hosts, lo, hi, len(HOST_COLUMNS))
+    gk, gn, gp, gt, gc = _pack_block(cache.gpus, lo, hi, len(GPU_COLUMNS))
+    hk, hn, hp, ht, hc = _pack_block(cache.hosts, lo, hi, len(HOST_COLUMNS))
     head = json.dumps({"v": _FORMAT, "gcols": GPU_COLUMNS, "hcols": HOST_COLUMNS, "gnode": [k[0] for k in gk],
-                       "ggpu": [k[1] for k in gk], "gn": gn, "hk": hk, "hn": hn}).encode()
+                       "ggpu": [k[1] for k in gk], "gn": gn, "gp": gp, "hk": hk, "hn": hn, "hp": hp}).encode()
     body = b"".join((struct.pack("<I", len(head)), head, gt, gc, ht, hc))
     return zstandard.ZstdCompressor(level=level).compress(body)
 
 
 @dataclass
-class _Decoded:
-    gk: list[tuple[str, int]]
-    gn: np.ndarray
-    gt: np.ndarray
-    gc: np.ndarray
-    hk: list[str]
-    hn: np.ndarray
-    ht: np.ndarray
-    hc: np.ndarray
+class Block:
+    """One table's samples of a segment: keys, their sample counts, times, and the present columns."""
+
+    keys: list[Any]
+    counts: np.ndarray
+    t: np.ndarray
+    present: list[int]
+    #: (len(present), samples) float32.
+    cols: np.ndarray
+
+    def full(self, ncols: int) -> np.ndarray:
+        """Every column, NaN where not present."""
+        out = np.full((ncols, len(self.t)), np.nan, dtype=np.float32)
+        out[self.present] = self.cols
+        return out
 
 
-def decode_segment(blob: bytes) -> _Decoded | None:
+@dataclass
+class Decoded:
+    gpus: Block
+    hosts: Block
+
+
+def decode_segment(blob: bytes) -> Decoded | None:
     """A segment's samples, or None when it was written for other columns (then nothing is restored)."""
     body = memoryview(zstandard.ZstdDecompressor().decompress(blob))
     (hl,) = struct.unpack_from("<I", body, 0)
@@ -104,65 +121,93 @@ def decode_segment(blob: bytes) -> _Decoded | None:
     if head.get("v") != _FORMAT or tuple(head["gcols"]) != GPU_COLUMNS or tuple(head["hcols"]) != HOST_COLUMNS:
         return None
     pos = 4 + hl
-    out: list[np.ndarray] = []
-    for n, ncols in ((sum(head["gn"]), len(GPU_COLUMNS)), (sum(head["hn"]), len(HOST_COLUMNS))):
+    out: list[Block] = []
+    for keys, counts, present in ((list(zip(head["gnode"], head["ggpu"], strict=True)), head["gn"], head["gp"]),
+                                  (head["hk"], head["hn"], head["hp"])):
+        n = sum(counts)
         t = np.frombuffer(body, dtype="<f8", count=n, offset=pos)
         pos += 8 * n
-        c = np.frombuffer(body, dtype="<f4", count=n * ncols, offset=pos).reshape(ncols, n)
-        pos += 4 * n * ncols
-        out += [t, c]
-    return _Decoded(list(zip(head["gnode"], head["ggpu"], strict=True)), np.asarray(head["gn"], dtype=np.int64),
-                    out[0], out[1], [str(k) for k in head["hk"]], np.asarray(head["hn"], dtype=np.int64),
-                    out[2], out[3])
+        c = np.frombuffer(body, dtype="<f4", count=n * len(present), offset=pos).reshape(len(present), n)
+        pos += 4 * n * len(present)
+        out.append(Block(keys, np.asarray(counts, dtype=np.int64), t, present, c))
+    return Decoded(out[0], out[1])
 
 
-def _assemble(parts: list[tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]], ncols: int) -> dict[Any, _Buf]:
-    """Per-key buffers from segments in time order.
+def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
+    """Per-key buffers from one table's blocks, in time order.
 
     Every sample is gathered once into one array laid out key after key with
     room after each key's samples (a quarter more, at least 32), so the next
-    sweeps' samples append without a copy."""
-    if not parts:
+    sweeps' samples append without a copy; only columns some segment holds
+    are gathered, the others are NaN."""
+    if not blocks:
         return {}
     ids: dict[Any, int] = {}
-    kids: list[np.ndarray] = []
+    kid_of: list[np.ndarray] = []
     prev: tuple[list[Any] | None, np.ndarray] = (None, np.zeros(0, dtype=np.int64))
-    for keys, counts, _, _ in parts:
-        if keys != prev[0]:  # most segments list the same keys as the one before
-            prev = (keys, np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys)))
-        kids.append(np.repeat(prev[1], counts))
-    kid = np.concatenate(kids)
-    n_k = np.bincount(kid, minlength=len(ids))
+    for bl in blocks:
+        if bl.keys != prev[0]:  # most segments list the same keys as the one before
+            prev = (bl.keys, np.fromiter((ids.setdefault(k, len(ids)) for k in bl.keys), dtype=np.int64,
+                                         count=len(bl.keys)))
+        kid_of.append(prev[1])
+    nkeys = len(ids)
+    n_k = np.zeros(nkeys, dtype=np.int64)
+    for bl, kid in zip(blocks, kid_of, strict=True):
+        n_k += np.bincount(kid, weights=bl.counts, minlength=nkeys).astype(np.int64)
     cap_k = n_k + np.maximum(n_k // 4, 32)
-    base = np.zeros(len(ids) + 1, dtype=np.int64)
+    base = np.zeros(nkeys + 1, dtype=np.int64)
     np.cumsum(cap_k, out=base[1:])
-    first = np.zeros(len(ids), dtype=np.int64)
-    np.cumsum(n_k[:-1], out=first[1:])
-    order = np.argsort(kid, kind="stable")
-    dest = np.empty(len(kid), dtype=np.int64)
-    dest[order] = base[:-1][kid[order]] + (np.arange(len(kid)) - first[kid[order]])
-    # One gather into the layout with room (the room's contents are never read).
+    total = int(sum(len(bl.t) for bl in blocks))
+    # Where each sample goes: its key's slot, after the key's samples of earlier segments.
     src = np.zeros(int(base[-1]), dtype=np.int64)
-    src[dest] = np.arange(len(kid))
-    t = np.concatenate([p[2] for p in parts])[src]
-    c = np.take(np.concatenate([p[3] for p in parts], axis=1) if len(parts) > 1 else parts[0][3], src, axis=1)
-    # Times must rise within each key (segments never overlap); a key where they do not is rebuilt by merging.
-    ts = t[dest[order]]
-    bad = np.zeros(len(ids), dtype=bool)
-    if len(ts) > 1:
-        steps = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
-        steps = steps[~np.isin(steps, first)]
-        bad[kid[order][steps]] = True
-    out: dict[Any, _Buf] = {}
-    for k, i in ids.items():
-        a, z = int(base[i]), int(base[i + 1])
-        if bad[i]:
-            n = int(n_k[i])
-            buf = _Buf(t[a:a + 1], c[:, a:a + 1])
-            buf.merge(t[a + 1:a + n], c[:, a + 1:a + n])
-            out[k] = buf
+    filled = base[:-1].copy()
+    pos = 0
+    for bl, kid in zip(blocks, kid_of, strict=True):
+        n = len(bl.t)
+        piece = np.zeros(len(kid) + 1, dtype=np.int64)
+        np.cumsum(bl.counts, out=piece[1:])
+        dest = np.repeat(filled[kid] - piece[:-1], bl.counts) + np.arange(n)
+        src[dest] = np.arange(pos, pos + n)
+        filled[kid] += bl.counts
+        pos += n
+    assert pos == total
+    present = sorted({j for bl in blocks for j in bl.present})
+    row = {j: r for r, j in enumerate(present)}
+    cat = np.empty((len(present), total), dtype=np.float32)
+    pos = 0
+    for bl in blocks:
+        n = len(bl.t)
+        if len(bl.present) == len(present):
+            cat[:, pos:pos + n] = bl.cols
         else:
-            out[k] = _Buf.adopt(t[a:z], c[:, a:z], int(n_k[i]))
+            cat[:, pos:pos + n] = np.nan
+            cat[[row[j] for j in bl.present], pos:pos + n] = bl.cols
+        pos += n
+    t = np.concatenate([bl.t for bl in blocks])[src]
+    c = np.full((ncols, int(base[-1])), np.nan, dtype=np.float32)
+    if present:
+        c[present] = np.take(cat, src, axis=1)
+    del cat
+    # Times must rise within each key (segments never overlap); a key where they do not is rebuilt by merging.
+    out: dict[Any, _Buf] = {}
+    starts = base[:-1]
+    ends = starts + n_k
+    ok = np.ones(nkeys, dtype=bool)
+    if total > 1:
+        rise = np.ones(len(t), dtype=bool)
+        rise[1:] = t[1:] > t[:-1]
+        rise[starts] = True
+        bad_pos = np.flatnonzero(~rise)
+        if bad_pos.size:
+            owner = np.searchsorted(starts, bad_pos, side="right") - 1
+            ok[owner[bad_pos < ends[owner]]] = False
+    for k, i in ids.items():
+        a, z, n = int(starts[i]), int(base[i + 1]), int(n_k[i])
+        if ok[i]:
+            out[k] = _Buf.adopt(t[a:z], c[:, a:z], n)
+        else:  # sorted, the first of equal times kept
+            _, first = np.unique(t[a:a + n], return_index=True)
+            out[k] = _Buf(t[a:a + n][first], c[:, a:a + n][:, first])
     return out
 
 
@@ -261,9 +306,9 @@ class WindowSnapshots:
             if any(d is None for d in decoded):
                 return None
             segs = [d for d in decoded if d is not None]
-            cache.gpus = _assemble([(d.gk, d.gn, d.gt, d.gc) for d in segs], len(GPU_COLUMNS))
-            cache.hosts = _assemble([(d.hk, d.hn, d.ht, d.hc) for d in segs], len(HOST_COLUMNS))
-            restored = int(sum(len(d.gt) + len(d.ht) for d in segs))
+            cache.gpus = _assemble([d.gpus for d in segs], len(GPU_COLUMNS))
+            cache.hosts = _assemble([d.hosts for d in segs], len(HOST_COLUMNS))
+            restored = int(sum(len(d.gpus.t) + len(d.hosts.t) for d in segs))
             cache.seen = _seen_load(seen_raw, watermark.tzinfo)
             cache.watermark = watermark
             nodes = {k[0] for k in cache.gpus} | set(cache.hosts)
