@@ -63,15 +63,21 @@ class Sweeper:
             if self.scope is not None:  # the snapshot's owner may have held other runs' nodes
                 self.cache.drop_nodes(self.scope.reads)
                 have = {k[0] for k in self.cache.gpus} | set(self.cache.hosts)
-                fetched += self.cache.add_nodes(
-                    conn, {n for n in self.scope.run_nodes if n not in have and not self.scope.owns_node(n)}, now)
+                missing = {n for n in self.scope.run_nodes if n not in have and not self.scope.owns_node(n)}
+                added = self.cache.add_nodes(conn, missing, now)
+                fetched += added
+                if added and self.snapshots is not None:
+                    self.snapshots.invalidate()
         elif not self.cache.loaded:
             fetched = self.cache.refresh(conn, now)
         else:
             if self.scope is not None:
                 self.cache.drop_nodes(self.scope.reads)
             # nodes a run of this shard just reached: their window first, then what is new everywhere
-            fetched = self.cache.add_nodes(conn, moved, now) + self.cache.refresh(conn, now)
+            added = self.cache.add_nodes(conn, moved, now)
+            fetched = added + self.cache.refresh(conn, now)
+            if added and self.snapshots is not None:
+                self.snapshots.invalidate()
         t1 = time.perf_counter()
         window = self.cache.window(now, runs, load_facts(conn))
         result = run_detectors(window, self.config)

@@ -237,6 +237,11 @@ class WindowSnapshots:
     restored_samples: int = 0
     last: dict[str, float] = field(default_factory=dict)
 
+    def invalidate(self) -> None:
+        """Every segment written is to be written again (the cache took in the whole window of more nodes)."""
+        if self.upto is not None:
+            self.dirty.update(range(seg_of(self.since), int(self.upto), SEG_S))
+
     def note_fresh(self, cache: WindowCache) -> None:
         """Segments already written that the last refresh merged new samples into."""
         if self.upto is None:

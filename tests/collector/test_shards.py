@@ -48,25 +48,32 @@ def test_sharded_sweeps_find_what_one_sweep_finds(conn: psycopg.Connection, sett
     feed = SimFeed(conn, fleet)
     one = Sweeper(settings)
     parts = [Sweeper(settings, shard=k, shards=shards) for k in range(shards)]
-    t = fleet.t0 + 60
+    # Runs start between 0 and 90 s: sweeps from 15 s see runs reach nodes hashed to other shards (those
+    # nodes' windows are read then, and the shard's persisted segments rewritten).  Two owners die: shard 1's
+    # soon after (its successor's window must include what the moved nodes did before they moved) and
+    # shard 0's later.
+    t = fleet.t0 + 15
     kinds: set[str] = set()
-    took_over = False
+    takeovers = {1: fleet.t0 + 120, 0: fleet.t0 + 1000}
+    done: list[int] = []
     while t < fleet.t0 + 1500:
         feed.run_until(t)
-        if not took_over and t > fleet.t0 + 1000:
-            # shard 1's owner dies; its successor restores the shard's window
-            parts[1] = Sweeper(settings, shard=1, shards=shards)
-            took_over = True
+        for k, at in takeovers.items():
+            if k not in done and t > at:
+                parts[k] = Sweeper(settings, shard=k, shards=shards)
+                done.append(k)
         one(conn, fleet.t)
         for p in parts:
             p(conn, fleet.t)
-        if t > fleet.t0 + 1000 and parts[1].last.get("restored"):
-            assert parts[1].last["fetched_rows"] < 0.25 * sum(len(b) for b in parts[1].cache.gpus.values())
+        for k in done:
+            if parts[k].last.get("restored"):  # the takeover sweep itself read only the raw tail
+                assert parts[k].last["fetched_rows"] < 0.25 * sum(len(b) for b in parts[k].cache.gpus.values())
         assert key([f for p in parts for f in p.findings]) == key(one.findings), t - fleet.t0
         # every finding comes from exactly one shard
         assert sum(len(p.findings) for p in parts) == len(one.findings)
         kinds |= {f.kind for f in one.findings}
         t += 60
+    took_over = done == [1, 0] and all(p.snapshots is not None for p in parts)
     feed.close()
     assert took_over and kinds >= {"straggler", "throttling", "pcie_degraded", "checkpoint_stall", "starvation"}
     # a shard reads its nodes and its runs' nodes, not the fleet
