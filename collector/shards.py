@@ -1,14 +1,18 @@
 """Sweep shards: detection and rollups split over the collector replicas.
 
-A fleet is cut into ``detect.shards`` shards.  Nodes are hashed to shards
-(:func:`shard_of`), and so are runs, by their id.  The owner of a shard
+A fleet is cut into ``detect.shards`` shards.  Runs are hashed to shards
+(:func:`shard_of`) by their id; a node sits with its run, and a node in no
+run is hashed by its name.  The owner of a shard
 
 * reports the findings about its runs (a run's straggler, starvation,
   checkpoint stall: ``run_id`` set), computed over every node the run has,
   wherever those nodes hash: the run's data is whole in its shard;
-* reports the findings about its nodes and their GPUs that belong to no run;
+* reports the findings about the nodes and GPUs that belong to no run: the
+  nodes its runs run on (of the smallest run id, when a node hosts several)
+  and, among the nodes in no run, those hashed to it;
 * resolves only the incidents it owns by the same rule;
-* rebuilds the rollups of its nodes.
+* rebuilds the rollups of the nodes hashed to it (by name alone: rollups
+  need no run's data together).
 
 So each finding is computed by exactly one shard, on the same samples the
 unsharded sweep sees for it, and the union over shards is the unsharded
@@ -53,11 +57,18 @@ class ShardScope:
 
     shard: int
     shards: int
-    #: Nodes of the runs this shard owns (their samples are read wherever the nodes hash).
+    #: Nodes of the runs this shard owns (their samples are read wherever the nodes live).
     run_nodes: set[str] = field(default_factory=set)
+    #: Node -> the shard of the run it runs (of the smallest run id when several): a node's own
+    #: findings go with its run's, so a shard mostly reads only its runs' nodes.  Nodes in no run hash.
+    node_home: dict[str, int] = field(default_factory=dict)
+
+    def _home(self, node: str, home: dict[str, int]) -> int:
+        h = home.get(node)
+        return shard_of(node, self.shards) if h is None else h
 
     def owns_node(self, node: str) -> bool:
-        return shard_of(node, self.shards) == self.shard
+        return self._home(node, self.node_home) == self.shard
 
     def owns_run(self, run_id: str) -> bool:
         return shard_of(run_id, self.shards) == self.shard
@@ -67,11 +78,19 @@ class ShardScope:
         return node in self.run_nodes or self.owns_node(node)
 
     def update(self, runs: Iterable[RunInfo]) -> set[str]:
-        """Take the runs of this sweep; returns the nodes newly read for them (not hashed here)."""
-        nodes = {n for r in runs if self.owns_run(r.run_id) for n, _ in r.allocations}
-        new = {n for n in nodes - self.run_nodes if not self.owns_node(n)}
-        self.run_nodes = nodes
-        return new
+        """Take the runs of this sweep; returns the nodes it reads now and did not read before."""
+        runs = sorted(runs, key=lambda r: r.run_id)
+        old_nodes, old_home = self.run_nodes, self.node_home
+        home: dict[str, int] = {}
+        for r in runs:
+            k = shard_of(r.run_id, self.shards)
+            for n, _ in r.allocations:
+                home.setdefault(n, k)
+        self.node_home = home
+        self.run_nodes = {n for r in runs if self.owns_run(r.run_id) for n, _ in r.allocations}
+        # only nodes in a run now or before can change hands
+        return {n for n in self.run_nodes | set(old_home) | set(home)
+                if self.reads(n) and not (n in old_nodes or self._home(n, old_home) == self.shard)}
 
     def _owns(self, run_id: str | None, node: str | None) -> bool:
         if run_id is not None:

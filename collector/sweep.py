@@ -63,7 +63,8 @@ class Sweeper:
             if self.scope is not None:  # the snapshot's owner may have held other runs' nodes
                 self.cache.drop_nodes(self.scope.reads)
                 have = {k[0] for k in self.cache.gpus} | set(self.cache.hosts)
-                missing = {n for n in self.scope.run_nodes if n not in have and not self.scope.owns_node(n)}
+                missing = {n for n in self.scope.run_nodes | set(self.scope.node_home)
+                           if n not in have and self.scope.reads(n)}
                 added = self.cache.add_nodes(conn, missing, now)
                 fetched += added
                 if added and self.snapshots is not None:

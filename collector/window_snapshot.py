@@ -235,6 +235,8 @@ class WindowSnapshots:
     rewritten: int = 0
     #: Samples the last restore took from the snapshot (not from the sample tables).
     restored_samples: int = 0
+    #: ``upto`` of the snapshot the last restore read: the raw tail starts there.
+    restored_upto: float = 0.0
     last: dict[str, float] = field(default_factory=dict)
 
     def invalidate(self) -> None:
@@ -321,6 +323,6 @@ class WindowSnapshots:
         cache.loaded, cache.loaded_from = True, since
         self.upto, self.since = upto, since
         self.dirty.clear()
-        self.restored_samples = restored
+        self.restored_samples, self.restored_upto = restored, float(upto)
         return n
 
