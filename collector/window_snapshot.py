@@ -184,7 +184,10 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
             cat[[row[j] for j in bl.present], pos:pos + n] = bl.cols
         pos += n
     t = np.concatenate([bl.t for bl in blocks])[src]
-    c = np.full((ncols, int(base[-1])), np.nan, dtype=np.float32)
+    c = np.empty((ncols, int(base[-1])), dtype=np.float32)  # each row written once
+    absent = [j for j in range(ncols) if j not in row]
+    if absent:
+        c[absent] = np.nan
     if present:
         c[present] = np.take(cat, src, axis=1)
     del cat
