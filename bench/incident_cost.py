@@ -42,7 +42,8 @@ from gpufleet.accounting.lines import lines
 from gpufleet.accounting.run import load_runs, run_window
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
-from gpufleet.testing.pg import scratch_database, server_url
+from gpufleet.db.scratch import scratch_database
+from gpufleet.testing.pg import server_url
 
 
 def add_incidents(conn: psycopg.Connection, span_s: float, nodes: int) -> int:

@@ -8,10 +8,18 @@ host samples, written with binary COPY.  Then, in the same run:
 
 * ``select_s``: a plain ``SELECT`` of the window's detector columns through
   psycopg (the baseline);
-* ``cold_sweep_s``: the first sweep of a new leader (load the whole window,
-  run every detector, store incidents);
+* ``first_sweep_s``: the first sweep of the first leader, with no persisted
+  window (load the whole window from the sample tables, run every detector,
+  store incidents; then persist the window's segments, ``first_save_s``);
 * ``sweep_s``: a steady-state sweep after 5 more seconds of data arrived as
-  ingest batches (fetch what is new, run every detector, store incidents).
+  ingest batches (fetch what is new, run every detector, store incidents,
+  persist the segment that aged);
+* ``cold_sweep_s``: the first sweep of a new leader taking over at that
+  moment (restore the persisted window, read the raw tail, run every
+  detector, store incidents); its findings are checked equal to the warm
+  leader's at the same instant; ``cold_raw_s`` is the same takeover without
+  a persisted window (the whole window from the sample tables), measured
+  in the same run as the baseline.
 
 The last line is JSON.
 """
@@ -30,10 +38,15 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
+from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.incident_store import clean_json
+from gpufleet.collector.leader import REPLICA_APP, Leader
+from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.shards import SHARD_LOCK_BASE
 from gpufleet.collector.sweep import Sweeper
-from gpufleet.collector.window_cache import GPU_COLUMNS
+from gpufleet.collector.window_cache import GPU_COLUMNS, load_facts, load_runs
 from gpufleet.collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
-from gpufleet.config import load_settings
+from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.testing.pg import server_url
@@ -102,10 +115,134 @@ def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dic
             conn.execute(REGISTER_SQL, _register_params(rows))
 
 
+def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tuple[object, ...]]:
+    """What every detector finds on the sweeper's window at ``now``, comparable across sweepers."""
+    w = sweeper.cache.window(now, load_runs(conn, now - sweeper.cache.window_s, now), load_facts(conn))
+    res = run_detectors(w, sweeper.config)
+    return sorted((f.scope_key, f.cause, f.severity, f.start, f.last_active, repr(clean_json(f.evidence)))
+                  for f in res.findings)
+
+
+def fill(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dict[int, str], now: float) -> int:
+    """The window's samples, the nodes, and synchronous runs of 64 GPUs (8 nodes each)."""
+    start = time.perf_counter()
+    for k in range(0, len(t), 60):
+        write(conn, nodes, t[k:k + 60], faults, k, batches=False)
+    conn.execute("INSERT INTO nodes (node, gpu_count) SELECT unnest(%s::text[]), 8", (nodes,))
+    for r in range(0, len(nodes), 8):
+        conn.execute("INSERT INTO runs (run_id, start) VALUES (%s, to_timestamp(%s))", (f"run-{r}", now - 7200))
+        conn.execute("INSERT INTO run_allocations SELECT %s, n, g FROM unnest(%s::text[]) n, "
+                     "generate_series(0, 7) g", (f"run-{r}", nodes[r:r + 8]))
+    conn.execute("VACUUM ANALYZE gpu_samples")
+    conn.execute("VACUUM ANALYZE host_samples")
+    rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+    print(f"loaded {rows:,} GPU samples of {len(nodes) * 8} GPUs in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    return int(rows)
+
+
+def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes: list[str], faults: dict[int, str],
+                   now: float, args: argparse.Namespace, rows: int) -> None:
+    """Sharded sweeps: each replica's steady sweep of its shards, and a dead replica's shards moving.
+
+    Replica r holds shards r, r + N, ... (what balancing converges to).  On
+    this two-core machine the replicas' sweeps run one after another in this
+    process; each replica's figure is the time its own shards take, which is
+    what must fit in the sweep interval on the replica's own cores.  The
+    baseline, in the same run, is one unsharded sweep of the whole fleet."""
+    n_rep, shards = args.replicas, args.shards or 2 * args.replicas
+    interval = settings.detect.sweep_interval_s
+    owners = {r: [k for k in range(shards) if k % n_rep == r] for r in range(n_rep)}
+    sweepers = {k: Sweeper(settings, shard=k, shards=shards) for k in range(shards)}
+    t0 = time.perf_counter()
+    for sw in sweepers.values():
+        sw(conn, now)
+    print(f"first sweep of every shard (no persisted window): {time.perf_counter() - t0:.1f} s", flush=True)
+    one = Sweeper(settings, snapshots=False)
+    t0 = time.perf_counter()
+    one(conn, now)
+    print(f"first unsharded sweep: {time.perf_counter() - t0:.1f} s", flush=True)
+
+    write(conn, nodes, np.arange(now, now + 5, 1.0), faults, 99, batches=True)
+    t0 = time.perf_counter()
+    one(conn, now + 5)
+    one_s = time.perf_counter() - t0
+    print(f"unsharded steady sweep (baseline): {one_s:.2f} s; {one.last}", flush=True)
+    per_shard: dict[int, float] = {}
+    for k, sw in sweepers.items():
+        t0 = time.perf_counter()
+        sw(conn, now + 5)
+        per_shard[k] = time.perf_counter() - t0
+    per_rep = {r: sum(per_shard[k] for k in ks) for r, ks in owners.items()}
+    for r, ks in owners.items():
+        gpus = sum(sweepers[k].last["gpus"] for k in ks)
+        print(f"replica {r}: shards {ks}, {gpus} GPUs read, steady sweep {per_rep[r]:.2f} s "
+              f"({'within' if per_rep[r] < interval else 'NOT within'} the {interval:g} s interval)", flush=True)
+    union = sorted(f.scope_key for sw in sweepers.values() for f in sw.findings)
+    same = union == sorted(f.scope_key for f in one.findings)
+    print(f"sharded findings equal to the unsharded sweep's: {same} ({len(union)} findings)", flush=True)
+    del one
+
+    # Replica 0 dies: its lock session ends; replica 1 (a real Leader's balancing) takes the shards on its
+    # next tick and sweeps each once, restoring its window from the shard's snapshot.
+    dead = psycopg.connect(url, autocommit=True, application_name=REPLICA_APP)
+    for k in owners[0]:
+        dead.execute("SELECT pg_advisory_lock(%s)", (SHARD_LOCK_BASE + k,))
+    others = []
+    for r in range(2, n_rep):
+        c = psycopg.connect(url, autocommit=True, application_name=REPLICA_APP)
+        for k in owners[r]:
+            c.execute("SELECT pg_advisory_lock(%s)", (SHARD_LOCK_BASE + k,))
+        others.append(c)
+    tick = 1.0
+    survivor = Leader(url, settings, CollectorMetrics(), shards=shards, balance_interval_s=tick,
+                      shard_sweep=lambda k: Sweeper(settings, shard=k, shards=shards))
+    with psycopg.connect(url, autocommit=True, application_name=REPLICA_APP) as lock_conn:
+        for k in owners[1]:
+            lock_conn.execute("SELECT pg_advisory_lock(%s)", (SHARD_LOCK_BASE + k,))
+            survivor.held[k] = sweepers[k]
+        for k in owners[0]:
+            sweepers.pop(k)  # the dead replica's memory is gone
+        # the survivor's balancing ticks run on their own clock: the first one after the death comes
+        # at a random point of its tick
+        first_tick = float(np.random.default_rng(int(now)).uniform(0, tick))
+        killed = time.perf_counter()
+        conn.execute("SELECT pg_terminate_backend(%s)", (dead.info.backend_pid,))
+        time.sleep(first_tick)
+        while not set(survivor.held) - set(owners[1]):
+            survivor._balance(lock_conn)
+            if not set(survivor.held) - set(owners[1]):
+                time.sleep(tick)
+        handover_s = time.perf_counter() - killed
+        moved = sorted(set(survivor.held) - set(owners[1]))
+        failover: dict[int, float] = {}
+        for k in moved:
+            survivor.held[k](conn, now + 5)
+            failover[k] = time.perf_counter() - killed
+            sw = survivor.held[k]
+            assert isinstance(sw, Sweeper)
+            print(f"shard {k} moved: swept {failover[k]:.2f} s after its owner died; {sw.last}", flush=True)
+    for c in others:
+        c.close()
+    dead.close()
+    worst = max(failover.values())
+    print(f"failover: lock handover {handover_s:.2f} s (balancing tick {tick:g} s), "
+          f"last moved shard swept {worst:.2f} s after the owner died")
+    print(json.dumps({"name": "sweep_sharded", "value": round(max(per_rep.values()), 3), "unit": "s",
+                      "gpus": len(nodes) * 8, "replicas": n_rep, "shards": shards, "interval_s": interval,
+                      "replica_sweep_s": {str(r): round(v, 3) for r, v in per_rep.items()},
+                      "unsharded_sweep_s": round(one_s, 3), "findings_equal": same,
+                      "handover_s": round(handover_s, 3), "failover_s": round(worst, 3),
+                      "moved_shards": moved, "samples": rows}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=10_000)
     ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--replicas", type=int, default=0,
+                    help="sweep sharded over this many replicas (each replica's sweep, a shard's failover)")
+    ap.add_argument("--shards", type=int, default=0, help="sweep shards (default: 2 per replica)")
     args = ap.parse_args()
     settings = load_settings()
     nodes = [f"node-{i:05d}" for i in range(args.gpus // 8)]
@@ -123,20 +260,10 @@ def main() -> None:
     with scratch_database(server_url(), "gpufleet_bench") as url:
         migrate.upgrade(url, settings)
         with psycopg.connect(url, autocommit=True) as conn:
-            start = time.perf_counter()
-            for k in range(0, len(t), 60):
-                write(conn, nodes, t[k:k + 60], faults, k, batches=False)
-            conn.execute("INSERT INTO nodes (node, gpu_count) SELECT unnest(%s::text[]), 8", (nodes,))
-            # Synchronous runs of 64 GPUs (8 nodes each).
-            for r in range(0, len(nodes), 8):
-                conn.execute("INSERT INTO runs (run_id, start) VALUES (%s, to_timestamp(%s))", (f"run-{r}", now - 7200))
-                conn.execute("INSERT INTO run_allocations SELECT %s, n, g FROM unnest(%s::text[]) n, "
-                             "generate_series(0, 7) g", (f"run-{r}", nodes[r:r + 8]))
-            conn.execute("VACUUM ANALYZE gpu_samples")
-            conn.execute("VACUUM ANALYZE host_samples")
-            rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
-            print(f"loaded {rows:,} GPU samples of {len(nodes) * 8} GPUs in {time.perf_counter() - start:.1f} s",
-                  flush=True)
+            rows = fill(conn, nodes, t, faults, now)
+            if args.replicas:
+                replicas_bench(conn, url, settings, nodes, faults, now, args, rows)
+                return
 
             cols = ", ".join(GPU_COLUMNS)
             t0 = time.perf_counter()
@@ -150,8 +277,10 @@ def main() -> None:
             sweeper = Sweeper(settings)
             t0 = time.perf_counter()
             sweeper(conn, now)
-            cold_s = time.perf_counter() - t0
-            print(f"cold sweep (new leader loads the window): {cold_s:.2f} s; {sweeper.last}", flush=True)
+            first_s = time.perf_counter() - t0
+            first_save_s = sweeper.last["snapshot_s"]
+            print(f"first sweep (first leader, no persisted window): {first_s:.2f} s, of which persisting the "
+                  f"window {first_save_s:.2f} s; {sweeper.last}", flush=True)
 
             write(conn, nodes, np.arange(now, now + 5, 1.0), faults, 99, batches=True)
             t0 = time.perf_counter()
@@ -160,9 +289,32 @@ def main() -> None:
             print(f"steady-state sweep: {warm_s:.2f} s; {sweeper.last}", flush=True)
             incidents = conn.execute("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind").fetchall()
             print(f"incidents: {incidents}")
-    print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold)")
+            snap_mb = conn.execute("SELECT sum(octet_length(blob)) FROM sweep_snapshots").fetchone()[0] / 1e6  # type: ignore[index]
+
+            expected = findings(sweeper, conn, now + 5)
+            raw = Sweeper(settings, snapshots=False)  # the baseline: a takeover reading the window's raw samples
+            t0 = time.perf_counter()
+            raw(conn, now + 5)
+            cold_raw_s = time.perf_counter() - t0
+            print(f"takeover without a persisted window (baseline): {cold_raw_s:.2f} s; {raw.last}", flush=True)
+            same_raw = findings(raw, conn, now + 5) == expected
+            del raw
+            taker = Sweeper(settings)
+            t0 = time.perf_counter()
+            taker(conn, now + 5)
+            cold_s = time.perf_counter() - t0
+            print(f"cold sweep (new leader restores the persisted window): {cold_s:.2f} s; {taker.last}", flush=True)
+            same = findings(taker, conn, now + 5) == expected
+            print(f"findings equal to the warm leader's: restored {same}, raw {same_raw} ({len(expected)} findings); "
+                  f"persisted window {snap_mb:.0f} MB", flush=True)
+            if not (same and same_raw):
+                raise SystemExit("a takeover found something else than the warm leader")
+    print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold); "
+          f"cold takeover / without a persisted window: {cold_s / cold_raw_s:.3f}")
     print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
-                      "sweep_s": round(warm_s, 3), "cold_sweep_s": round(cold_s, 3), "select_s": round(select_s, 3),
+                      "sweep_s": round(warm_s, 3), "cold_sweep_s": round(cold_s, 3), "cold_raw_s": round(cold_raw_s, 3),
+                      "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
+                      "snapshot_mb": round(snap_mb, 1), "select_s": round(select_s, 3),
                       "ratio_to_select": round(warm_s / select_s, 3), "samples": rows}))
 
 

@@ -83,7 +83,14 @@ class CollectorState:
                                         kwargs={"autocommit": True, "application_name": "gpufleet-collector"})
         self.auth = Authenticator(self.pool, retry_after_s=ing.retry_after_s)
         self.ingest = IngestHandler(self.writer, ing, self.metrics)
-        self.leader = Leader(url, settings, self.metrics, sweep=sweep)
+        shards = settings.detect.shards
+        if shards > 1 and sweep is not None:  # every replica sweeps its share of the shards
+            from gpufleet.collector.sweep import Sweeper
+
+            self.leader = Leader(url, settings, self.metrics,
+                                 shard_sweep=lambda k: Sweeper(settings, shard=k, shards=shards))
+        else:
+            self.leader = Leader(url, settings, self.metrics, sweep=sweep)
         self.monitor = DbMonitor(url, self._db_changed)
 
     def _db_changed(self, ok: bool) -> None:

@@ -8,7 +8,7 @@ sweepers racing (a leadership hand-over) cannot open a scope twice.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -81,10 +81,16 @@ def apply(conn: psycopg.Connection, plan: Plan) -> None:
              _ts(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
 
 
-def sweep(conn: psycopg.Connection, findings: list[Finding], now: float, resolve_after_s: float) -> Plan:
-    """Plan against the stored state and apply, in one transaction."""
+def sweep(conn: psycopg.Connection, findings: list[Finding], now: float, resolve_after_s: float,
+          owns: Callable[[Incident], bool] | None = None) -> Plan:
+    """Plan against the stored state and apply, in one transaction.
+
+    ``owns``: the open incidents this sweep answers for (a sweep shard's);
+    the others are neither updated nor resolved.  None: all of them."""
     with conn.transaction():
         current = load_open(conn)
+        if owns is not None:
+            current = [i for i in current if owns(i)]
         plan = plan_sweep(current, findings, now, resolve_after_s,
                           last_ends(conn, (f.scope_key for f in findings)))
         apply(conn, plan)

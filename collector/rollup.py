@@ -26,6 +26,7 @@ from datetime import datetime
 
 import psycopg
 
+from gpufleet.collector.shards import shard_sql
 from gpufleet.db import energy_sql as E
 from gpufleet.db import stats_sql
 
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 CLAIM_SQL = """
 DELETE FROM rollup_queue WHERE id IN (
   SELECT id FROM rollup_queue ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+) RETURNING node, t_min, t_max"""
+
+CLAIM_SHARDS_SQL = """
+DELETE FROM rollup_queue WHERE id IN (
+  SELECT id FROM rollup_queue WHERE {shard} = ANY(%(mine)s) ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ) RETURNING node, t_min, t_max"""
 
 # One row per (node, gpu): the minute buckets to rebuild [b0, b1) and the
@@ -237,10 +243,18 @@ def rebuild(conn: psycopg.Connection, ranges: dict[str, tuple[datetime, datetime
     return res
 
 
-def run_once(conn: psycopg.Connection, max_gap_s: float, plain_stats: bool, limit: int = 20_000) -> RollupResult:
-    """Claim up to ``limit`` queued ranges and rebuild them, in one transaction."""
+def run_once(conn: psycopg.Connection, max_gap_s: float, plain_stats: bool, limit: int = 20_000,
+             shards: tuple[int, list[int]] | None = None) -> RollupResult:
+    """Claim up to ``limit`` queued ranges and rebuild them, in one transaction.
+
+    ``shards``: (shard count, the shards held): only the ranges of nodes
+    hashed to those shards (a sharded replica rebuilds its own nodes)."""
     with conn.transaction():
-        rows = conn.execute(CLAIM_SQL, {"limit": limit}).fetchall()
+        if shards is None:
+            rows = conn.execute(CLAIM_SQL, {"limit": limit}).fetchall()
+        else:
+            rows = conn.execute(CLAIM_SHARDS_SQL.format(shard=shard_sql("node", shards[0])),
+                                {"limit": limit, "mine": shards[1]}).fetchall()
         return rebuild(conn, merge_ranges(rows), max_gap_s, plain_stats)
 
 

@@ -10,8 +10,11 @@ import psycopg
 from gpufleet.collector import incident_store
 from gpufleet.collector.alerting import AlertmanagerPusher
 from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.detectors.window import Finding
 from gpufleet.collector.quarantine import Quarantine
+from gpufleet.collector.shards import ShardScope
 from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
+from gpufleet.collector.window_snapshot import WindowSnapshots
 from gpufleet.config import Settings
 from gpufleet.detectconfig import DetectorConfig
 
@@ -19,26 +22,72 @@ log = logging.getLogger(__name__)
 
 
 class Sweeper:
-    """Called by the leader every ``detect.sweep_interval_s`` with a connection and the time."""
+    """Called by the leader every ``detect.sweep_interval_s`` with a connection and the time.
 
-    def __init__(self, settings: Settings, config: DetectorConfig | None = None) -> None:
+    Its first call restores the window its shard's previous owner persisted
+    (:mod:`gpufleet.collector.window_snapshot`) and reads only the raw tail;
+    without one it loads the window from the sample tables.  Every call then
+    persists the segments of the window that aged (``snapshots=False``: never).
+
+    With ``shards`` > 1 it sweeps one shard (:mod:`gpufleet.collector.shards`):
+    it reads the nodes hashed to the shard and every node of the runs hashed
+    to it, and reports and resolves only what the shard owns.  Quarantine
+    hooks, which act fleet-wide, run on shard 0's sweeper.
+    """
+
+    def __init__(self, settings: Settings, config: DetectorConfig | None = None, *, shard: int = 0,
+                 shards: int = 1, snapshots: bool = True) -> None:
         self.settings = settings
         # The deployment's thresholds (settings ``detect``), unless a caller overrides them.
         self.config = config if config is not None else settings.detect
-        self.cache = WindowCache(settings.detect.window_s)
+        self.scope = ShardScope(shard, shards) if shards > 1 else None
+        self.cache = WindowCache(settings.detect.window_s, node_filter=self.scope.reads if self.scope else None)
+        self.snapshots = WindowSnapshots(shard, shards) if snapshots else None
         url = settings.detect.alertmanager_url
         self.alerts = AlertmanagerPusher(url) if url else None
-        self.quarantine = Quarantine(settings.quarantine) if settings.quarantine.enabled else None
+        self.quarantine = (Quarantine(settings.quarantine) if settings.quarantine.enabled and shard == 0
+                           else None)
         self.last: dict[str, float] = {}
+        #: What the last sweep found (and, sharded, owns).
+        self.findings: list[Finding] = []
 
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
         t0 = time.perf_counter()
-        fetched = self.cache.refresh(conn, now)
+        runs = load_runs(conn, now - self.cache.window_s, now)
+        moved = self.scope.update(runs) if self.scope is not None else set()
+        restored = None
+        if not self.cache.loaded and self.snapshots is not None:
+            restored = self.snapshots.restore(conn, self.cache, now)
+        if restored is not None:
+            fetched = restored
+            if self.scope is not None:  # the snapshot's owner may have held other runs' nodes
+                self.cache.drop_nodes(self.scope.reads)
+                have = {k[0] for k in self.cache.gpus} | set(self.cache.hosts)
+                missing = {n for n in self.scope.run_nodes | set(self.scope.node_home)
+                           if n not in have and self.scope.reads(n)}
+                added = self.cache.add_nodes(conn, missing, now)
+                fetched += added
+                if added and self.snapshots is not None:
+                    self.snapshots.invalidate()
+        elif not self.cache.loaded:
+            fetched = self.cache.refresh(conn, now)
+        else:
+            if self.scope is not None:
+                self.cache.drop_nodes(self.scope.reads)
+            # nodes a run of this shard just reached: their window first, then what is new everywhere
+            added = self.cache.add_nodes(conn, moved, now)
+            fetched = added + self.cache.refresh(conn, now)
+            if added and self.snapshots is not None:
+                self.snapshots.invalidate()
         t1 = time.perf_counter()
-        window = self.cache.window(now, load_runs(conn, now - self.cache.window_s, now), load_facts(conn))
+        window = self.cache.window(now, runs, load_facts(conn))
         result = run_detectors(window, self.config)
+        if self.scope is not None:
+            result.findings = [f for f in result.findings if self.scope.owns_finding(f)]
+        self.findings = result.findings
         t2 = time.perf_counter()
-        plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s)
+        plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s,
+                                    owns=self.scope.owns_incident if self.scope is not None else None)
         quarantined = 0
         if self.quarantine is not None:
             try:
@@ -52,9 +101,19 @@ class Sweeper:
                 "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
                 ([r.scope_key for r in plan.resolves],)).fetchall()] if plan.resolves else []
             self.alerts.sync(conn, resolved)
+        t3 = time.perf_counter()
+        saved = 0
+        if self.snapshots is not None:
+            try:
+                saved = self.snapshots.save(conn, self.cache, now)
+            except psycopg.OperationalError:
+                raise
+            except Exception:  # a new owner then reads more raw samples; detection goes on
+                log.exception("persisting the detector window failed")
         self.last = {"fetched_rows": fetched, "refresh_s": t1 - t0, "detect_s": t2 - t1,
-                     "store_s": time.perf_counter() - t2, "gpus": len(window.gpus),
+                     "store_s": t3 - t2, "gpus": len(window.gpus),
                      "findings": len(result.findings), "failures": len(result.failures),
-                     "quarantine_actions": quarantined}
+                     "quarantine_actions": quarantined, "restored": restored is not None,
+                     "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}
         if result.failures:
             log.warning("detectors failed this sweep: %s", result.failures)

@@ -14,6 +14,7 @@ columns (NULL as NaN, nodes as small integers), which numpy parses in one
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -149,6 +150,13 @@ class _Buf:
         self._t[:self.b] = t
         self._c[:, :self.b] = cols
 
+    @classmethod
+    def adopt(cls, t: np.ndarray, cols: np.ndarray, n: int) -> _Buf:
+        """Take arrays as they are (no copy): their first ``n`` samples, sorted, and spare room after."""
+        b = cls.__new__(cls)
+        b._t, b._c, b.a, b.b = t, cols, 0, n
+        return b
+
     @property
     def t(self) -> np.ndarray:
         return self._t[self.a:self.b]
@@ -204,6 +212,12 @@ class WindowCache:
     #: hours: ~28 MB at 50 nodes after 5.5 h).
     seen: dict[str, datetime] = field(default_factory=dict)
     loaded: bool = False
+    #: From when the cache holds every sample (the start of its first load), epoch seconds.
+    loaded_from: float | None = None
+    #: Only nodes this accepts are read (a sweep shard's nodes); None: every node.
+    node_filter: Callable[[str], bool] | None = None
+    #: (node, t_min, t_max) of the batches the last refresh merged, epoch seconds.
+    last_fresh: list[tuple[str, float, float]] = field(default_factory=list)
 
     # -- loading ---------------------------------------------------------------
 
@@ -243,35 +257,60 @@ class WindowCache:
         """Cold load of every sample in [t_start, t_end]."""
         lo, hi = datetime.fromtimestamp(t_start, UTC), datetime.fromtimestamp(t_end, UTC)
         nodes = [r[0] for r in conn.execute(DISTINCT_NODES_SQL).fetchall()]
+        if self.node_filter is not None:
+            nodes = [x for x in nodes if self.node_filter(x)]
         self.watermark = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
         n = self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
                          {"lo": lo, "hi": hi})
-        self.loaded = True
+        self.loaded, self.loaded_from = True, t_start
+        self.last_fresh = []
         return n
 
-    def refresh(self, conn: psycopg.Connection, now: float) -> int:
-        """Fetch what was committed since the last call; drop what fell out of the window."""
-        if not self.loaded or self.watermark is None:
-            return self.load(conn, now - self.window_s, now + 3600)
+    def add_nodes(self, conn: psycopg.Connection, nodes: set[str], now: float) -> int:
+        """Read the window of nodes the cache starts to hold (a sweep shard's run moved onto them).
+
+        Their batches were skipped by earlier refreshes (they were filtered
+        out, so never remembered as merged); those read here are read again
+        by the next refresh and de-duplicated on merge."""
+        if not nodes:
+            return 0
+        return self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+                            {"lo": datetime.fromtimestamp(now - self.window_s, UTC),
+                             "hi": datetime.fromtimestamp(now + 3600, UTC)})
+
+    def drop_nodes(self, keep: Callable[[str], bool]) -> None:
+        """Forget the samples of nodes the cache no longer holds."""
+        for gk in [k for k in self.gpus if not keep(k[0])]:
+            del self.gpus[gk]
+        for hk in [k for k in self.hosts if not keep(k)]:
+            del self.hosts[hk]
+
+    def _batches_since(self, conn: psycopg.Connection) -> tuple[datetime, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """(database time, every batch received since the watermark less the slack, those not merged yet);
+        the listed ones are remembered as merged."""
+        assert self.watermark is not None
         since = self.watermark - timedelta(seconds=COMMIT_SLACK_S)
         db_now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
         batches = conn.execute(
             "SELECT batch_id, node, t_min, t_max, received_at FROM ingest_batches "
             "WHERE received_at >= %s AND t_min IS NOT NULL", (since,)).fetchall()
+        if self.node_filter is not None:
+            batches = [b for b in batches if self.node_filter(b[1])]
         self.seen = {bid: at for bid, at in self.seen.items() if at >= since}
         fresh = [b for b in batches if b[0] not in self.seen]
         for b in fresh:
             self.seen[b[0]] = b[4]
         while len(self.seen) > MAX_SEEN:  # a backlog drained all at once; a re-read is only wasted work
             del self.seen[next(iter(self.seen))]
-        self.watermark = db_now
-        lo_keep = now - self.window_s
-        n = 0
+        return db_now, batches, fresh
+
+    def _fetch(self, conn: psycopg.Connection, fresh: list[tuple[Any, ...]], lo_keep: float) -> int:
         # Fresh batches cluster in time (usually the last few seconds); each
         # cluster is one time-range scan filtered by node, which the time
         # index serves however long the retention.  Re-fetched samples are
         # de-duplicated on merge.
         spans = sorted((t0, t1, node) for _, node, t0, t1, _ in fresh if t1.timestamp() >= lo_keep)
+        self.last_fresh = [(node, t0.timestamp(), t1.timestamp()) for t0, t1, node in spans]
         clusters: list[tuple[datetime, datetime, set[str]]] = []
         for t0, t1, node in spans:
             if clusters and (t0 - clusters[-1][1]).total_seconds() <= 60:
@@ -280,9 +319,39 @@ class WindowCache:
                 clusters[-1] = (lo, max(hi, t1), names)
             else:
                 clusters.append((t0, t1, {node}))
+        n = 0
         for lo, hi, names in clusters:
             n += self._ingest(conn, sorted(names), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
                               {"lo": lo, "hi": hi})
+        return n
+
+    def catch_up(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str]) -> int:
+        """After a restore of every sample before ``upto`` as of the watermark: merge the batches
+        committed since that reach before ``upto``, and read every sample from ``upto`` on (run in the
+        same REPEATABLE READ transaction as the restore, so nothing falls between the two)."""
+        db_now, batches, fresh = self._batches_since(conn)
+        for b in batches:  # all of them are merged below or lie in the tail read below
+            self.seen[b[0]] = b[4]
+        lo_keep = now - self.window_s
+        upto_dt = datetime.fromtimestamp(upto, UTC)
+        n = self._fetch(conn, [b for b in fresh if b[2] < upto_dt], lo_keep)
+        late = self.last_fresh
+        tail = sorted(nodes | {b[1] for b in batches if b[3] >= upto_dt})
+        n += self._ingest(conn, tail, "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)})
+        self.last_fresh = late
+        self.watermark = db_now
+        self.trim(lo_keep)
+        return n
+
+    def refresh(self, conn: psycopg.Connection, now: float) -> int:
+        """Fetch what was committed since the last call; drop what fell out of the window."""
+        if not self.loaded or self.watermark is None:
+            return self.load(conn, now - self.window_s, now + 3600)
+        db_now, _, fresh = self._batches_since(conn)
+        self.watermark = db_now
+        lo_keep = now - self.window_s
+        n = self._fetch(conn, fresh, lo_keep)
         self.trim(lo_keep)
         return n
 

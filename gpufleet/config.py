@@ -156,6 +156,10 @@ class DetectSettings(DetectorConfig):
     sweep_interval_s: float = Field(5.0, gt=0)
     #: Window of samples each sweep looks at, seconds.
     window_s: float = Field(600.0, gt=0)
+    #: Sweep shards spread over the collector replicas (nodes and runs hashed to
+    #: shards, one advisory lock each; rollups follow the nodes).  1: the leader
+    #: sweeps the whole fleet.
+    shards: int = Field(1, ge=1)
     #: An incident resolves after being clear this long, seconds.
     resolve_after_s: float = Field(120.0, ge=0)
     #: Alertmanager base URL for direct pushes (None: export metrics only).

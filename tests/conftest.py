@@ -25,7 +25,7 @@ DATA_TABLES = (
     "host_energy_1h",
     "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "run_sightings", "runs",
     "nodes",
-    "site_settings", "sites", "carbon_intensity", "agent_tokens",
+    "site_settings", "sites", "carbon_intensity", "agent_tokens", "sweep_snapshots", "sweep_snapshot_state",
 )
 
 

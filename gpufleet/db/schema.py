@@ -293,6 +293,28 @@ gpu_energy_spans = Table(
 )
 Index("gpu_energy_spans_t1_idx", gpu_energy_spans.c.node, gpu_energy_spans.c.gpu, gpu_energy_spans.c.t1)
 
+#: The detector window of each sweep shard, written by its owner in time segments so a new owner
+#: does not re-read the window's raw samples (collector.window_snapshot, migration 0010).
+sweep_snapshots = Table(
+    "sweep_snapshots", metadata,
+    Column("shards", Integer, nullable=False),
+    Column("shard", Integer, nullable=False),
+    Column("seg", BigInteger, nullable=False),
+    Column("blob", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("shards", "shard", "seg"),
+)
+sweep_snapshot_state = Table(
+    "sweep_snapshot_state", metadata,
+    Column("shards", Integer, nullable=False),
+    Column("shard", Integer, nullable=False),
+    _tz("watermark"),
+    Column("upto", Double, nullable=False),
+    Column("since", Double, nullable=False),
+    Column("seen", LargeBinary, nullable=False),
+    _tz("written_at", server_default=text("now()")),
+    PrimaryKeyConstraint("shards", "shard"),
+)
+
 host_energy_1m = Table(
     "host_energy_1m", metadata,
     _tz("bucket"),

@@ -1,0 +1,160 @@
+"""A new owner of the sweep restores the persisted window and finds exactly what the warm owner finds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from gpufleet.collector.detectors.registry import run_detectors
+from gpufleet.collector.detectors.window import Window
+from gpufleet.collector.incident_store import clean_json
+from gpufleet.collector.sweep import Sweeper
+from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
+from gpufleet.collector.window_snapshot import SEG_S, decode_segment, encode_segment
+from gpufleet.config import Settings
+from gpufleet.sim import Fleet
+from gpufleet.testing.simfeed import SimFeed
+from tests.collector.test_sweep import register_runs
+
+
+class LateFeed(SimFeed):
+    """Agents of ``held`` nodes keep their samples until released (a network partition, a slow agent)."""
+
+    held: set[str]
+
+    def ship(self) -> None:
+        held = getattr(self, "held", set())
+        kept = {n: self._pending[n] for n in held}
+        for n in held:
+            self._pending[n] = {"gpu": [], "host": []}
+        super().ship()
+        for n, rows in kept.items():
+            self._pending[n] = {k: rows[k] + self._pending[n][k] for k in ("gpu", "host")}
+
+
+def window_of(conn: psycopg.Connection, cache: WindowCache, now: float) -> Window:
+    return cache.window(now, load_runs(conn, now - cache.window_s, now), load_facts(conn))
+
+
+def same_window(a: Window, b: Window) -> None:
+    for name in ("gpus", "hosts"):
+        wa, wb = getattr(a, name), getattr(b, name)
+        assert set(wa) == set(wb), name
+        for k in wa:
+            assert np.array_equal(wa[k].t, wb[k].t), (name, k)
+            for c in wa[k].cols:
+                assert np.array_equal(wa[k].cols[c], wb[k].cols[c], equal_nan=True), (name, k, c)
+
+
+def findings(w: Window, settings: Settings) -> list[tuple[Any, ...]]:
+    res = run_detectors(w, settings.detect)
+    assert not res.failures
+    return sorted((f.scope_key, f.cause, f.severity, f.start, f.last_active, f.hold_s,
+                   repr(clean_json(f.evidence))) for f in res.findings)
+
+
+def test_segment_round_trip() -> None:
+    cache = WindowCache(600.0)
+    t = np.arange(100.0, 130.0)
+    from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, _Buf
+
+    rng = np.random.default_rng(1)
+    cache.gpus[("n1", 0)] = _Buf(t, rng.random((len(GPU_COLUMNS), len(t)), dtype=np.float32))
+    cache.gpus[("n1", 1)] = _Buf(t[5:], np.full((len(GPU_COLUMNS), len(t) - 5), np.nan, dtype=np.float32))
+    cache.hosts["n1"] = _Buf(t, rng.random((len(HOST_COLUMNS), len(t)), dtype=np.float32))
+    cache.gpus[("n1", 0)].cols[3] = np.nan  # a field nobody reports: left out of the segment
+    d = decode_segment(encode_segment(cache, 100.0, 110.0))
+    assert d is not None
+    assert d.gpus.keys == [("n1", 0), ("n1", 1)] and d.gpus.counts.tolist() == [10, 5] and d.hosts.keys == ["n1"]
+    assert 3 not in d.gpus.present and len(d.gpus.present) == len(GPU_COLUMNS) - 1
+    g = d.gpus.full(len(GPU_COLUMNS))
+    assert np.array_equal(d.gpus.t[:10], t[:10])
+    assert np.array_equal(g[:, :10], cache.gpus[("n1", 0)].cols[:, :10], equal_nan=True)
+    assert np.isnan(g[:, 10:]).all()
+
+
+def test_cold_takeover_finds_what_the_warm_leader_finds(conn: psycopg.Connection, settings: Settings) -> None:
+    fleet = Fleet.from_scenario("straggler_power_cap", seed=3)
+    register_runs(conn, fleet)
+    fault_start = min(i.start for i in fleet.labels().incidents if i.kind in ("straggler", "throttling"))
+    feed = LateFeed(conn, fleet)
+    feed.held = set()
+    warm = Sweeper(settings)
+    late_node = fleet.nodes[1]
+    t = fleet.t0 + 60
+    end = fault_start + 300
+    while t < end:
+        # One node's agent is cut off for 40 s twice: its samples land in segments already written,
+        # once before the warm leader's last save (rewritten segments), once after it (the new
+        # owner's catch-up).
+        feed.held = {late_node} if end - 200 < t < end - 160 or t > end - 40 else set()
+        feed.run_until(t)
+        warm(conn, fleet.t)
+        t += settings.detect.sweep_interval_s
+    assert warm.last["snapshot_segments"] >= 1 and not warm.last["restored"]
+    feed.held = set()
+    feed.ship()  # the second partition heals after the warm leader's last sweep
+    now = fleet.t
+    feed.close()
+    # segments cover the window (and one before it); late samples made some be written again
+    segs = [r[0] for r in conn.execute("SELECT seg FROM sweep_snapshots ORDER BY seg").fetchall()]
+    assert segs == list(range(segs[0], segs[-1] + SEG_S, SEG_S))
+    assert segs[0] <= now - settings.detect.window_s and len(segs) <= settings.detect.window_s / SEG_S + 2
+    assert warm.snapshots is not None and warm.snapshots.rewritten >= 1
+
+    taker = Sweeper(settings)
+    taker(conn, now)
+    assert taker.last["restored"]
+    assert taker.cache.last_fresh and {n for n, _, _ in taker.cache.last_fresh} == {late_node}
+    # only the raw tail and the late batch were read from the sample tables, not the window
+    assert taker.snapshots is not None
+    restored = taker.snapshots.restored_samples
+    assert 0 < taker.last["fetched_rows"] < 0.2 * restored
+
+    warm.cache.refresh(conn, now)
+    cold = WindowCache(settings.detect.window_s)  # the old way: every raw sample of the window
+    cold.refresh(conn, now)
+    wa, wb, wc = (window_of(conn, c, now) for c in (warm.cache, taker.cache, cold))
+    same_window(wa, wb)
+    same_window(wa, wc)
+    fa = findings(wa, settings)
+    assert {k[0].split("|")[0] for k in fa} >= {"straggler"}
+    assert fa == findings(wb, settings) == findings(wc, settings)
+
+
+
+def test_segments_reassemble_into_the_cache() -> None:
+    """Keys that come and go between segments, a column present in one segment only, gaps."""
+    from gpufleet.collector.window_cache import GPU_COLUMNS, _Buf
+    from gpufleet.collector.window_snapshot import _assemble
+
+    rng = np.random.default_rng(2)
+    cache = WindowCache(600.0)
+    for i, t in enumerate([np.arange(100.0, 160.0), np.arange(125.0, 131.0), np.r_[101.5, 139.0, 155.0]]):
+        c = rng.random((len(GPU_COLUMNS), len(t)), dtype=np.float32)
+        c[5] = np.where(t >= 140, c[5], np.nan)
+        c[7] = np.nan
+        cache.gpus[("n", i)] = _Buf(t, c)
+    blocks = []
+    for lo in range(100, 160, 10):
+        d = decode_segment(encode_segment(cache, float(lo), float(lo + 10)))
+        assert d is not None
+        blocks.append(d.gpus)
+    assert 5 not in blocks[0].present and 5 in blocks[-1].present
+    got = _assemble(blocks, len(GPU_COLUMNS))
+    assert set(got) == set(cache.gpus)
+    for k, b in cache.gpus.items():
+        assert np.array_equal(got[k].t, b.t)
+        assert np.array_equal(got[k].cols, b.cols, equal_nan=True)
+    # room after each key's samples: appending does not reallocate
+    before = got[("n", 0)]._t
+    got[("n", 0)].merge(np.array([200.0]), np.zeros((len(GPU_COLUMNS), 1), dtype=np.float32))
+    assert got[("n", 0)]._t is before and got[("n", 0)].t[-1] == 200.0
+    assert np.array_equal(got[("n", 1)].t, cache.gpus[("n", 1)].t)  # the neighbour's samples are intact
+    # a segment read twice (never written so, but harmless): samples sorted and de-duplicated
+    twice = _assemble([*blocks, blocks[2]], len(GPU_COLUMNS))
+    for k, b in cache.gpus.items():
+        assert np.array_equal(twice[k].t, b.t)
+        assert np.array_equal(twice[k].cols, b.cols, equal_nan=True)
