@@ -21,7 +21,6 @@ no sightings), ``unlabelled`` and ``overhead_pct`` (value vs baseline).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
@@ -33,7 +32,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.collector import sightings
-from gpufleet.collector.writer import GroupWriter, _Item
+from gpufleet.collector.batch_store import NodeTouch, write_batches
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
@@ -61,18 +60,13 @@ class _NoSightings(sightings.SightingCache):
 
 
 def write(conn: psycopg.Connection, items: list[Batch], keep_sightings: bool) -> float:
-    writer = GroupWriter("")
-    if not keep_sightings:
-        writer.sightings = _NoSightings()
-    loop = asyncio.new_event_loop()
-    try:
-        its = [_Item(b, loop, loop.create_future(), b.n_gpu) for b in items]
-        t = time.perf_counter()
-        for k in range(0, len(its), 8):
-            writer._write(conn, its[k:k + 8])
-        return time.perf_counter() - t
-    finally:
-        loop.close()
+    cache = sightings.SightingCache() if keep_sightings else _NoSightings()
+    t = time.perf_counter()
+    for k in range(0, len(items), 8):
+        with conn.transaction():
+            done = write_batches(conn, items[k:k + 8], sightings_cache=cache, touch=NodeTouch(10.0))
+        cache.stored(done.sightings)
+    return time.perf_counter() - t
 
 
 def main() -> int:

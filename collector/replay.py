@@ -12,7 +12,6 @@ through a temporary file and a rename, so nothing partial is ever left.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
@@ -27,12 +26,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from gpufleet.collector import rollup
+from gpufleet.collector.batch_store import write_batches
 from gpufleet.collector.bundle import Bundle, read_bundle
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.incident_store import clean_json, store_all
 from gpufleet.collector.incidents import MemoryIncidentStore
 from gpufleet.collector.window_cache import WindowCache, load_runs
-from gpufleet.collector.writer import GroupWriter, _Item
 from gpufleet.config import Settings
 from gpufleet.db.policies import backend_of
 from gpufleet.detectconfig import DetectorConfig
@@ -50,46 +49,40 @@ class ReplayResult:
 
 
 def load(conn: psycopg.Connection, bundle: Bundle) -> None:
-    """Write the bundle in one transaction through the collector's writer."""
-    writer = GroupWriter("")  # only its write path is used, on our connection
-    loop = asyncio.new_event_loop()
-    try:
-        with conn.transaction():
-            for s in bundle.sites:
-                values = {"pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
-                          "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"] or "USD",
-                          "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]}
-                site_store.put_site(conn, s["site"], values, given=values)
-            for region, points in bundle.carbon.items():
-                site_store.set_carbon(conn, region, points)
-            allocs: dict[str, list[tuple[str, int]]] = {}
-            for run_id, node, gpu in bundle.allocations:
-                allocs.setdefault(run_id, []).append((node, gpu))
-            for r in bundle.runs:
-                by_node: dict[str, list[int]] = {}
-                for node, gpu in allocs.get(r["run_id"], []):
-                    by_node.setdefault(node, []).append(gpu)
-                run_store.create_run(conn, {
-                    "run_id": r["run_id"], "name": r["name"], "site": r["site"],
-                    "start": datetime.fromtimestamp(r["start"], UTC),
-                    "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
-                    "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()]})
-            for run_id, t, tokens, samples in bundle.progress:
-                run_store.record_progress(conn, run_id, t, tokens, samples)
-            items = [_Item(b, loop, loop.create_future(), b.n_gpu + b.n_host) for b in bundle.batches]
-            for k in range(0, len(items), 8):
-                writer._write(conn, items[k:k + 8])
-            for node, facts in bundle.facts.items():
-                conn.execute("INSERT INTO nodes (node, facts, facts_time) VALUES (%s, %s, now()) ON CONFLICT (node) "
-                             "DO UPDATE SET facts = EXCLUDED.facts, facts_time = now()", (node, Jsonb(facts)))
-            # Node sizes, as agents would report them, for host-energy shares.
-            conn.execute(
-                "INSERT INTO nodes (node, gpu_count) SELECT node, count(DISTINCT gpu) FROM gpu_samples "
-                "WHERE mig_instance IS NULL GROUP BY node ON CONFLICT (node) DO UPDATE SET gpu_count = "
-                "EXCLUDED.gpu_count")
-            assign_node_sites(conn)
-    finally:
-        loop.close()
+    """Write the bundle in one transaction, storing its batches as the collector's writer does."""
+    with conn.transaction():
+        for s in bundle.sites:
+            values = {"pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
+                      "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"] or "USD",
+                      "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]}
+            site_store.put_site(conn, s["site"], values, given=values)
+        for region, points in bundle.carbon.items():
+            site_store.set_carbon(conn, region, points)
+        allocs: dict[str, list[tuple[str, int]]] = {}
+        for run_id, node, gpu in bundle.allocations:
+            allocs.setdefault(run_id, []).append((node, gpu))
+        for r in bundle.runs:
+            by_node: dict[str, list[int]] = {}
+            for node, gpu in allocs.get(r["run_id"], []):
+                by_node.setdefault(node, []).append(gpu)
+            run_store.create_run(conn, {
+                "run_id": r["run_id"], "name": r["name"], "site": r["site"],
+                "start": datetime.fromtimestamp(r["start"], UTC),
+                "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
+                "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()]})
+        for run_id, t, tokens, samples in bundle.progress:
+            run_store.record_progress(conn, run_id, t, tokens, samples)
+        for k in range(0, len(bundle.batches), 8):
+            write_batches(conn, bundle.batches[k:k + 8])
+        for node, facts in bundle.facts.items():
+            conn.execute("INSERT INTO nodes (node, facts, facts_time) VALUES (%s, %s, now()) ON CONFLICT (node) "
+                         "DO UPDATE SET facts = EXCLUDED.facts, facts_time = now()", (node, Jsonb(facts)))
+        # Node sizes, as agents would report them, for host-energy shares.
+        conn.execute(
+            "INSERT INTO nodes (node, gpu_count) SELECT node, count(DISTINCT gpu) FROM gpu_samples "
+            "WHERE mig_instance IS NULL GROUP BY node ON CONFLICT (node) DO UPDATE SET gpu_count = "
+            "EXCLUDED.gpu_count")
+        assign_node_sites(conn)
 
 
 def assign_node_sites(conn: psycopg.Connection) -> None:

@@ -35,21 +35,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
-import numpy as np
 import psycopg
-from psycopg import sql
 
-from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 from gpufleet.collector import sightings
-from gpufleet.collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
-from gpufleet.wire import Batch, Column
+from gpufleet.collector.batch_store import NodeTouch, write_batches
+from gpufleet.wire import Batch
 
 log = logging.getLogger(__name__)
-
-_PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
-             "text": "text"}
 
 
 class Overloaded(Exception):
@@ -120,7 +113,7 @@ class GroupWriter:
         self._supervisor: threading.Thread | None = None
         #: Items each worker thread has taken and not yet resolved, by thread.
         self._held: dict[int, dict[int, _Item]] = {}
-        self._node_touched: dict[str, float] = {}
+        self._touch = NodeTouch(node_touch_s)
         self.sightings = sightings.SightingCache()
 
     # -- producer side (event loop) -------------------------------------------
@@ -348,22 +341,11 @@ class GroupWriter:
         first: dict[tuple[str, str], _Item] = {}
         for it in items:
             first.setdefault((it.batch.node, it.batch.batch_id), it)
-        batches = [it.batch for it in first.values()]
         with conn.transaction():
-            rows = []
-            for b in batches:
-                rng = b.time_range()
-                rows.append((b.batch_id, b.node, b.n_gpu, b.n_host, rng[0] if rng else None, rng[1] if rng else None))
-            cur = conn.execute(REGISTER_SQL, _register_params(rows))
-            new_ids = {(r[1], r[0]) for r in cur.fetchall()}
-            new = [b for b in batches if (b.node, b.batch_id) in new_ids]
-            if any(b.n_gpu for b in new):
-                _copy(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in new if b.n_gpu])
-            if any(b.n_host for b in new):
-                _copy(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in new if b.n_host])
-            written = sightings.record(conn, new, self.sightings)
-            self._touch_nodes(conn, new)
-        self.sightings.stored(written)
+            done = write_batches(conn, [it.batch for it in first.values()], sightings_cache=self.sightings,
+                                 touch=self._touch)
+        self.sightings.stored(done.sightings)
+        new = [b for b in (it.batch for it in first.values()) if (b.node, b.batch_id) in done.new]
         self.stats.transactions += 1
         self.stats.batches_stored += len(new)
         self.stats.batches_duplicate += len(items) - len(new)
@@ -375,92 +357,11 @@ class GroupWriter:
         for it in items:
             b = it.batch
             key = (b.node, b.batch_id)
-            stored = key in new_ids and key not in seen
+            stored = key in done.new and key not in seen
             seen.add(key)
             out.append(Outcome(stored, b.n_gpu, b.n_host, b.rejected_skew))
         return out
 
-    def _touch_nodes(self, conn: psycopg.Connection, batches: list[Batch]) -> None:
-        """Keep ``nodes`` current without an UPDATE per request."""
-        now = time.monotonic()
-        per_node: dict[str, dict[str, Any]] = {}
-        for b in batches:
-            d = per_node.setdefault(b.node, {"gpus": 0, "facts": None, "skew": 0, "t": None})
-            if b.n_gpu:
-                gpus = b.gpu["gpu"].values
-                mig = b.gpu.get("mig_instance")
-                if mig is not None:
-                    gpus = gpus[mig.null] if mig.null is not None else gpus[:0]
-                d["gpus"] = max(d["gpus"], len(np.unique(gpus)))
-            if b.facts:
-                d["facts"] = b.facts
-            d["skew"] += b.rejected_skew
-            rng = b.time_range()
-            if rng:
-                d["t"] = max(d["t"] or rng[1], rng[1])
-        rows = []
-        # Sorted so that concurrent writers lock node rows in one order (no deadlocks).
-        for node in sorted(per_node):
-            d = per_node[node]
-            if d["facts"] is None and not d["skew"] and now - self._node_touched.get(node, -1e9) < self.node_touch_s:
-                continue
-            self._node_touched[node] = now
-            rows.append((node, d["gpus"] or None, _json(d["facts"]), d["skew"], _ts(d["t"]) if d["t"] else None))
-        if not rows:
-            return
-        conn.execute(
-            "INSERT INTO nodes AS n (node, first_seen, last_seen, gpu_count, facts, facts_time, rejected_skew) "
-            "SELECT u.node, now(), now(), u.gpus, COALESCE(u.facts, '{}'::jsonb), "
-            "CASE WHEN u.facts IS NULL THEN NULL ELSE now() END, u.skew "
-            "FROM unnest(%s::text[], %s::int[], %s::jsonb[], %s::bigint[]) AS u(node, gpus, facts, skew) "
-            "ON CONFLICT (node) DO UPDATE SET last_seen = now(), "
-            "gpu_count = COALESCE(GREATEST(EXCLUDED.gpu_count, n.gpu_count), n.gpu_count), "
-            "facts = CASE WHEN EXCLUDED.facts_time IS NULL THEN n.facts ELSE EXCLUDED.facts END, "
-            "facts_time = COALESCE(EXCLUDED.facts_time, n.facts_time), "
-            "rejected_skew = n.rejected_skew + EXCLUDED.rejected_skew",
-            ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]),
-        )
-
-
-#: Registers batch ids (new ones only) and queues their time ranges for the
-#: rollup worker, in one round trip.  Arrays travel as text literals: batch
-#: ids and node names are validated to a quote-free alphabet, and psycopg's
-#: per-element array adaptation costs more than the COPY itself.
-REGISTER_SQL = """
-WITH b AS (
-  SELECT * FROM unnest(%(ids)s::text[], %(nodes)s::text[], %(g)s::int[], %(h)s::int[],
-                       %(t0)s::float8[], %(t1)s::float8[]) AS u(batch_id, node, g, h, t0, t1)
-), new AS (
-  INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max)
-  SELECT batch_id, node, g, h, to_timestamp(t0), to_timestamp(t1) FROM b
-  ON CONFLICT (node, batch_id) DO NOTHING
-  RETURNING batch_id, node, t_min, t_max
-), queued AS (
-  INSERT INTO rollup_queue (node, t_min, t_max)
-  SELECT node, t_min, t_max FROM new WHERE t_min IS NOT NULL
-)
-SELECT batch_id, node FROM new"""
-
-
-def _array(values: list[Any]) -> str:
-    """A PostgreSQL array literal of safe strings or numbers (NULL for None)."""
-    return "{" + ",".join("NULL" if v is None else (f'"{v}"' if isinstance(v, str) else repr(float(v)))
-                          for v in values) + "}"
-
-
-def _register_params(rows: list[tuple[str, str, int, int, float | None, float | None]]) -> dict[str, str]:
-    cols = list(zip(*rows, strict=True))
-    return {"ids": _array(list(cols[0])), "nodes": _array(list(cols[1])),
-            "g": "{" + ",".join(map(str, cols[2])) + "}", "h": "{" + ",".join(map(str, cols[3])) + "}",
-            "t0": _array(list(cols[4])), "t1": _array(list(cols[5]))}
-
-
-def _json(obj: Any) -> Any:
-    if obj is None:
-        return None
-    from psycopg.types.json import Jsonb
-
-    return Jsonb(obj)
 
 
 def _rolled_back(conn: psycopg.Connection) -> psycopg.Connection | None:
@@ -488,43 +389,3 @@ def _set_exc(fut: asyncio.Future[Outcome], exc: Exception) -> None:
         fut.set_exception(exc)
 
 
-def table_specs(key: tuple[str, ...], fields: tuple[Any, ...]) -> list[Spec]:
-    specs = [Spec("time", "timestamptz"), Spec("node", "text")]
-    if "gpu" in key:
-        specs.append(Spec("gpu", "int2"))
-    specs.extend(Spec(f.name, _PG_TYPES[f.kind]) for f in fields)
-    return specs
-
-
-GPU_SPECS = table_specs(("time", "node", "gpu"), GPU_FIELDS)
-HOST_SPECS = table_specs(("time", "node"), HOST_FIELDS)
-
-
-def _copy(conn: psycopg.Connection, table: str, specs: list[Spec],
-          parts: list[tuple[str, dict[str, Column], int]]) -> None:
-    """Binary COPY of columnar parts; columns no part carries are left out."""
-    present = [sp for sp in specs if sp.name in ("time", "node", "gpu")
-               or any(sp.name in cols for _, cols, _ in parts)]
-    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(sp.name) for sp in present)
-    )
-    # Parts with the same layout are merged and encoded in one pass; the
-    # layout signature is only a grouping hint (encode_rows re-checks).
-    groups: dict[tuple[Any, ...], list[tuple[str, dict[str, Column], int]]] = {}
-    for part in parts:
-        groups.setdefault(_layout_hint(present, part), []).append(part)
-    chunks = [HEADER]
-    for group in groups.values():
-        merged, n = concat_parts(present, group)
-        chunks.append(encode_rows(present, merged, n))
-    chunks.append(TRAILER)
-    with conn.cursor().copy(stmt) as cp:
-        cp.write(b"".join(chunks))
-
-
-def _layout_hint(specs: list[Spec], part: tuple[str, dict[str, Column], int]) -> tuple[Any, ...]:
-    """Which columns a part carries and which hold NULLs: parts alike in this
-    are usually alike in byte layout (text lengths aside, which encode_rows
-    re-checks), so they are merged and encoded together."""
-    node, cols, _ = part
-    return len(node), tuple(cols), tuple([c.null is None for c in cols.values()])

@@ -7,12 +7,12 @@ and accounting can be exercised against realistic data quickly.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import psycopg
 
-from gpufleet.collector.writer import GroupWriter, _Item
+from gpufleet.collector.batch_store import NodeTouch, write_batches
+from gpufleet.collector.sightings import SightingCache
 from gpufleet.sim import Fleet
 from gpufleet.wire import validate
 
@@ -23,8 +23,8 @@ class SimFeed:
         self.conn = conn
         self.fleet = fleet
         self.ship_every_s = ship_every_s
-        self.writer = GroupWriter("")
-        self._loop = asyncio.new_event_loop()
+        self._sightings = SightingCache()
+        self._touch = NodeTouch(10.0)
         self._pending: dict[str, dict[str, list[dict[str, Any]]]] = {n: {"gpu": [], "host": []} for n in fleet.nodes}
         self._seq = 0
         self._last_ship = fleet.t
@@ -67,10 +67,12 @@ class SimFeed:
                 doc["facts"] = self.fleet.facts(node)
                 self._facts_due.discard(node)
             b = validate(doc)
-            items.append(_Item(b, self._loop, self._loop.create_future(), b.n_gpu + b.n_host))
+            items.append(b)
             rows["gpu"], rows["host"] = [], []
         if items:
-            self.writer._write(self.conn, items)
+            with self.conn.transaction():
+                done = write_batches(self.conn, items, sightings_cache=self._sightings, touch=self._touch)
+            self._sightings.stored(done.sightings)
 
     def close(self) -> None:
-        self._loop.close()
+        """Nothing to release: the connection is the caller's."""

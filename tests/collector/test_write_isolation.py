@@ -221,3 +221,21 @@ def test_requests_trickling_in_share_one_transaction(db: str) -> None:
     finally:
         writer.stop()
     assert count(db) == 7 * 8
+
+
+def test_write_batches_stores_each_node_and_batch_id_once(db: str) -> None:
+    # the writer's own storing step, public for replay and the feeds: the first copy of a (node, batch id)
+    # is stored, a repeat (in the same call or a later one) copies nothing, another node's same id is its own
+    from gpufleet.collector.batch_store import write_batches
+
+    a1, a1_again = validate(batch("a:1", n=8)), validate(batch("a:1", n=16))
+    b1 = validate(batch("a:1", node="node-b", n=8))
+    with psycopg.connect(db) as conn:
+        with conn.transaction():
+            done = write_batches(conn, [a1, a1_again, b1])
+        assert done.new == {("node-a", "a:1"), ("node-b", "a:1")}
+        with conn.transaction():
+            assert write_batches(conn, [a1_again]).new == set()
+    assert count(db) == 16
+    with psycopg.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM nodes WHERE node IN ('node-a', 'node-b')").fetchone() == (2,)
