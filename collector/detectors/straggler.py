@@ -115,6 +115,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "therm": mean((bits & THERMAL_BITS) != 0, wb),
         "pcap": mean((bits & THROTTLE_SW_POWER_CAP) != 0, wb),
         "pcie": mean(fr.pcie_degraded[idx], wb),
+        "pw": mean(power, w),
     }
     f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
     has = f["span_s"] > 0
@@ -139,6 +140,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_temp, r_temp = z("temp", 0.0, 2.0)
     z_act, r_act = z("act", 0.0, 0.05)
     z_plat, r_plat = z("plat", 0.02, 5.0)
+    z_pw, r_pw = z("pw", 0.01, 2.0)
     r_util = ref("util")
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
     v = {k: a[sub] for k, a in f.items()}
@@ -175,10 +177,25 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     same_util = ~(np.abs(v["util"] - r_util) > cfg.straggler_same_util_pct) & ~np.isfinite(v["lim"])
     capped_plateau = same_util & low_plat & (rel_plat <= -cfg.straggler_plateau_min_rel)
     busier_plateau = same_util & (z_plat >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
-    causes["unknown"] = causes["unknown"] | busier_plateau
-    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau)
-    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat}
-    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat}
+    # Power above the peers' but within the silicon spread's reach: it is
+    # the straggler when the peers wait together and it does not (their
+    # power moves as one, set by how long each step waits for it).
+    corr = np.full(sub.size, np.nan)
+    peer_corr = np.full(sub.size, np.nan)
+    screen = (z_pw >= cfg.straggler_decoupled_z) & (v["pw"] > r_pw)
+    for gi in np.unique(gs[screen]).tolist():
+        members = np.flatnonzero(gs == gi)
+        if members.size >= 3:
+            c = _peer_correlation(fr, rows[sub[members]], a[rows[sub[members]]], b[rows[sub[members]]])
+            corr[members] = c
+            peer_corr[members] = group_loo_median(c, np.zeros(members.size, dtype=np.int64), 1)
+    decoupled = screen & (peer_corr >= cfg.straggler_peer_corr) & (corr <= peer_corr - cfg.straggler_corr_gap)
+    causes["unknown"] = causes["unknown"] | busier_plateau | decoupled
+    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled)
+    v["corr"] = corr
+    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat, "pw": r_pw,
+            "corr": peer_corr}
+    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat, "pw": z_pw}
     out = []
     for k in np.flatnonzero(eligible):
         cause = next((c for c, m in causes.items() if m[k]), None)
@@ -226,8 +243,12 @@ def _finding(
     elif math.isfinite(z["plat"]) and z["plat"] >= cfg.straggler_z and not math.isfinite(v["lim"]):
         power = fr.series_col(r, "power_w")
         ind, wt, feat = busy & (power > ref["plat"] * (1.0 + cfg.straggler_plateau_min_rel)), wb, "plat"
-    else:
+    elif math.isfinite(z["act"]) and z["act"] >= cfg.straggler_z and v["act"] - ref["act"] >= cfg.straggler_unknown_gap:
         ind, wt, feat = fr.activity[sl] >= ref["act"] + cfg.straggler_unknown_gap, w, "act"
+    else:
+        # Out of the peers' wait rhythm: busy above the peers' mean power.
+        power = fr.series_col(r, "power_w")
+        ind, wt, feat = busy & (power > ref["pw"]), wb, "pw"
     onset = trailing_onset(t, wt, ind, 0.5)
     hits = np.flatnonzero(ind & (wt > 0))
     if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(cfg.active_within_s, 3.0 * float(fr.dt[r])):
@@ -241,7 +262,7 @@ def _finding(
     evidence = {
         "z": num(z[feat]) if feat in z else None,
         "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity",
-                    "plat": "power_plateau_w"}.get(
+                    "plat": "power_plateau_w", "pw": "power_w"}.get(
             feat or "", "pcie_degraded_share"),
         "peers": peers,
         "activity": num(v["act"]),
@@ -264,6 +285,11 @@ def _finding(
         "power_plateau_w": num(v["plat"]),
         "peer_power_plateau_w": num(ref["plat"]),
         "z_power_plateau": num(z["plat"]),
+        "power_w": num(v["pw"]),
+        "peer_power_w": num(ref["pw"]),
+        "z_power": num(z["pw"]),
+        "power_correlation": num(v["corr"]),
+        "peer_power_correlation": num(ref["corr"]),
         "activity_basis": fr.activity_basis([r]),
     }
     gaps = [x for x in (act_gap, pf_gap) if math.isfinite(x)]
@@ -291,4 +317,37 @@ def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cn
         p = p[np.isfinite(p)]
         if p.size >= 5:
             out[k] = float(np.percentile(p, q))
+    return out
+
+
+def _peer_correlation(fr: Frame, rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of one run, the correlation of its power over ``[a, b)``
+    with the mean power of the others, on a common grid at the run's
+    coarsest interval (GPUs of different nodes are sampled on different
+    clocks).  NaN where a row has too little power data or no variation."""
+    out = np.full(rows.size, np.nan)
+    t0 = max(float(fr.time(int(x))) for x in a)
+    t1 = min(float(fr.time(int(y) - 1)) for y in b) if (b > a).all() else t0
+    step = float(np.max(fr.dt[rows]))
+    if not t1 - t0 >= 10.0 * step:
+        return out
+    grid = np.arange(t0, t1, step)
+    series = np.full((rows.size, grid.size), np.nan)
+    for k, (r, i, j) in enumerate(zip(rows.tolist(), a.tolist(), b.tolist(), strict=True)):
+        t = fr.time(slice(i, j))
+        p = fr.series_col(r, "power_w")[i - int(fr.offsets[r]):j - int(fr.offsets[r])]
+        ok = np.isfinite(p)
+        if ok.sum() >= 10:
+            series[k] = np.interp(grid, t[ok], p[ok])
+    good = np.isfinite(series).all(axis=1)
+    if good.sum() < 3:
+        return out
+    x = series[good] - series[good].mean(axis=1, keepdims=True)
+    total = x.sum(axis=0)
+    n = x.shape[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        others = (total[None, :] - x) / (n - 1)
+        num_ = (x * others).sum(axis=1)
+        den = np.sqrt((x * x).sum(axis=1) * (others * others).sum(axis=1))
+        out[good] = np.where(den > 0, num_ / den, np.nan)
     return out
