@@ -118,6 +118,8 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "pw": mean(power, w),
     }
     f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
+    f["plat_a"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=0)
+    f["plat_b"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=1)
     has = f["span_s"] > 0
     grp = np.where(has, ror[rows], -1)
     # Compact group labels over rows with data; rows without data are nobody's peers.
@@ -140,6 +142,12 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_temp, r_temp = z("temp", 0.0, 2.0)
     z_act, r_act = z("act", 0.0, 0.05)
     z_plat, r_plat = z("plat", 0.02, 5.0)
+    # A plateau is a steady level: it must stand out in each half of the
+    # span, not only where the GPUs of a node throttle one after another.
+    z_plat_a, _ = z("plat_a", 0.02, 5.0)
+    z_plat_b, _ = z("plat_b", 0.02, 5.0)
+    z_plat_lo = np.fmax(z_plat, np.fmax(z_plat_a, z_plat_b))
+    z_plat_hi = np.fmin(z_plat, np.fmin(z_plat_a, z_plat_b))
     z_pw, r_pw = z("pw", 0.01, 2.0)
     r_util = ref("util")
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
@@ -155,7 +163,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # A straggler is an outlier: where many of a run's GPUs sit at a lower
     # busy plateau (a node throttled as a whole, mixed silicon, the waits of
     # the faster GPUs behind a slow one), no one of them is the capped GPU.
-    low_plat = ~np.isfinite(v["lim"]) & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel)
+    low_plat = ~np.isfinite(v["lim"]) & (z_plat_lo <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel)
     crowd = np.bincount(gs[low_plat], minlength=ng)
     size = np.bincount(gs, minlength=ng)
     lone = crowd <= np.maximum(1, np.floor(cfg.straggler_plateau_max_share * size + 1e-9))
@@ -176,7 +184,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # A plateau well above theirs: it keeps computing while they wait.
     same_util = ~(np.abs(v["util"] - r_util) > cfg.straggler_same_util_pct) & ~np.isfinite(v["lim"])
     capped_plateau = same_util & low_plat & (rel_plat <= -cfg.straggler_plateau_min_rel)
-    busier_plateau = same_util & (z_plat >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
+    busier_plateau = same_util & (z_plat_hi >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
     # Power above the peers' but within the silicon spread's reach: it is
     # the straggler when the peers wait together and it does not (their
     # power moves as one, set by how long each step waits for it).
@@ -300,11 +308,12 @@ def _finding(
 
 
 def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cnt: np.ndarray,
-              lim: np.ndarray) -> np.ndarray:
+              lim: np.ndarray, half: int | None = None) -> np.ndarray:
     """Per row, the ``straggler_plateau_percentile`` of power while busy over
     the span, for rows that report no enforced limit (NaN otherwise): a GPU
     capped below its peers computes at a lower plateau, which is what shows
-    the cap when the limit itself is not exported."""
+    the cap when the limit itself is not exported.  ``half`` 0 or 1: over
+    that half of the span's samples only."""
     out = np.full(cnt.size, np.nan)
     need = np.flatnonzero(~np.isfinite(lim) & (cnt > 0))
     if need.size == 0:
@@ -312,7 +321,8 @@ def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cn
     busy = fr.busy[idx]
     q = fr.config.straggler_plateau_percentile
     for k in need.tolist():
-        sl = slice(int(seg[k]), int(seg[k] + cnt[k]))
+        a, n = int(seg[k]), int(cnt[k])
+        sl = slice(a, a + n) if half is None else slice(a + half * (n // 2), a + (n // 2) + half * (n - n // 2))
         p = power[sl][busy[sl]]
         p = p[np.isfinite(p)]
         if p.size >= 5:
