@@ -197,7 +197,10 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             c = _peer_correlation(fr, rows[sub[members]], a[rows[sub[members]]], b[rows[sub[members]]])
             corr[members] = c
             peer_corr[members] = group_loo_median(c, np.zeros(members.size, dtype=np.int64), 1)
-    decoupled = screen & (peer_corr >= cfg.straggler_peer_corr) & (corr <= peer_corr - cfg.straggler_corr_gap)
+    decoupled = screen & (peer_corr >= cfg.straggler_peer_corr) & (corr <= peer_corr - cfg.straggler_corr_gap) \
+        & (corr <= cfg.straggler_max_corr)
+    # Which reading shows an unexplained straggler, strongest first.
+    unknown_by = np.where(busier_plateau, "plat", np.where(causes["unknown"], "act", "pw"))
     causes["unknown"] = causes["unknown"] | busier_plateau | decoupled
     eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled)
     v["corr"] = corr
@@ -211,14 +214,16 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             continue
         r = int(rows[sub[k]])
         found = _finding(fr, r, cause, {n_: a[k] for n_, a in v.items()}, {n_: a[k] for n_, a in refs.items()},
-                         {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1)
+                         {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1,
+                         str(unknown_by[k]))
         if found is not None:
             out.append(found)
     return out
 
 
 def _finding(
-    fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int
+    fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int,
+    unknown_by: str = "act",
 ) -> Finding | None:
     cfg = fr.config
     sl = fr.row_slice(r)
@@ -248,10 +253,10 @@ def _finding(
             ind, wt = busy & ((bits & THROTTLE_SW_POWER_CAP) != 0) & slow, wb
     elif cause == "clocks":
         ind, wt, feat = busy & slow, wb, "clk"
-    elif math.isfinite(z["plat"]) and z["plat"] >= cfg.straggler_z and not math.isfinite(v["lim"]):
+    elif unknown_by == "plat":
         power = fr.series_col(r, "power_w")
         ind, wt, feat = busy & (power > ref["plat"] * (1.0 + cfg.straggler_plateau_min_rel)), wb, "plat"
-    elif math.isfinite(z["act"]) and z["act"] >= cfg.straggler_z and v["act"] - ref["act"] >= cfg.straggler_unknown_gap:
+    elif unknown_by == "act":
         ind, wt, feat = fr.activity[sl] >= ref["act"] + cfg.straggler_unknown_gap, w, "act"
     else:
         # Out of the peers' wait rhythm: busy above the peers' mean power.
