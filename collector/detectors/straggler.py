@@ -190,7 +190,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # power moves as one, set by how long each step waits for it).
     corr = np.full(sub.size, np.nan)
     peer_corr = np.full(sub.size, np.nan)
-    screen = (z_pw >= cfg.straggler_decoupled_z) & (v["pw"] > r_pw)
+    screen = (z_pw >= cfg.straggler_decoupled_z) & (v["pw"] > r_pw) & (v["busy_s"] >= cfg.straggler_min_busy_s)
     for gi in np.unique(gs[screen]).tolist():
         members = np.flatnonzero(gs == gi)
         if members.size >= 3:
@@ -350,7 +350,10 @@ def _peer_correlation(fr: Frame, rows: np.ndarray, a: np.ndarray, b: np.ndarray)
     series = np.full((rows.size, grid.size), np.nan)
     for k, (r, i, j) in enumerate(zip(rows.tolist(), a.tolist(), b.tolist(), strict=True)):
         t = fr.time(slice(i, j))
-        p = fr.series_col(r, "power_w")[i - int(fr.offsets[r]):j - int(fr.offsets[r])]
+        col = fr.series[r].cols.get("power_w")
+        if col is None:
+            continue
+        p = col[i - int(fr.offsets[r]):j - int(fr.offsets[r])]
         ok = np.isfinite(p)
         if ok.sum() >= 10:
             series[k] = np.interp(grid, t[ok], p[ok])
