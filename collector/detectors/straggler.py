@@ -31,7 +31,20 @@ memory), the power plateau alone tells: at the same GPU-Util as its peers,
 a plateau ``straggler_plateau_min_rel`` below theirs is ``power_cap`` (the
 same work under a lower cap), one as far above is ``unknown`` (it computes
 while they wait); coarse samples average the peers' waits away, so these
-need no visible waiting.
+need no visible waiting.  A plateau is a steady level: it must stand out in
+each half of the span too (the GPUs of a thermally failing node throttle
+one after another, and for a while one of them sits below the others).
+
+Where the waits are shorter than a sample, the straggler's mean power is
+only a little above its peers', within reach of the silicon spread.  The
+timing tells then: the peers all wait on it, for as long as each step takes,
+so their power moves together (median correlation of each peer's power with
+the others' mean at least ``straggler_peer_corr``), while its own does not
+move with theirs (at most ``straggler_max_corr``, and ``straggler_corr_gap``
+below theirs).  With mean power ``straggler_decoupled_z`` above the peers'
+that is an ``unknown`` straggler.  In a healthy run who waits changes from
+step to step, so the peers share no rhythm; and a rank that swings with
+the whole run at a higher power (extra work of its own) is not out of it.
 
 The same power cap on every GPU of a run makes no GPU an outlier: no straggler.
 A straggler whose slowness was last seen more than ``active_within_s`` ago
