@@ -131,8 +131,6 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "pw": mean(power, w),
     }
     f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
-    f["plat_a"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=0)
-    f["plat_b"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=1)
     has = f["span_s"] > 0
     grp = np.where(has, ror[rows], -1)
     # Compact group labels over rows with data; rows without data are nobody's peers.
@@ -156,7 +154,13 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_act, r_act = z("act", 0.0, 0.05)
     z_plat, r_plat = z("plat", 0.02, 5.0)
     # A plateau is a steady level: it must stand out in each half of the
-    # span, not only where the GPUs of a node throttle one after another.
+    # span, not only where the GPUs of a node throttle one after another
+    # (judged in the runs where some plateau stands out at all).
+    odd = np.isin(gs, np.unique(gs[np.abs(z_plat) >= cfg.straggler_z]))
+    only = np.zeros(n, dtype=bool)
+    only[sub[odd]] = True
+    f["plat_a"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=0, only=only)
+    f["plat_b"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=1, only=only)
     z_plat_a, _ = z("plat_a", 0.02, 5.0)
     z_plat_b, _ = z("plat_b", 0.02, 5.0)
     z_plat_lo = np.fmax(z_plat, np.fmax(z_plat_a, z_plat_b))
@@ -326,14 +330,15 @@ def _finding(
 
 
 def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cnt: np.ndarray,
-              lim: np.ndarray, half: int | None = None) -> np.ndarray:
+              lim: np.ndarray, half: int | None = None, only: np.ndarray | None = None) -> np.ndarray:
     """Per row, the ``straggler_plateau_percentile`` of power while busy over
     the span, for rows that report no enforced limit (NaN otherwise): a GPU
     capped below its peers computes at a lower plateau, which is what shows
     the cap when the limit itself is not exported.  ``half`` 0 or 1: over
-    that half of the span's samples only."""
+    that half of the span's samples only; ``only``: for those rows alone."""
     out = np.full(cnt.size, np.nan)
-    need = np.flatnonzero(~np.isfinite(lim) & (cnt > 0))
+    ok = ~np.isfinite(lim) & (cnt > 0)
+    need = np.flatnonzero(ok if only is None else ok & only)
     if need.size == 0:
         return out
     busy = fr.busy[idx]
