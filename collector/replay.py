@@ -51,25 +51,7 @@ class ReplayResult:
 def load(conn: psycopg.Connection, bundle: Bundle) -> None:
     """Write the bundle in one transaction, storing its batches as the collector's writer does."""
     with conn.transaction():
-        for s in bundle.sites:
-            values = {"pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
-                      "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"] or "USD",
-                      "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]}
-            site_store.put_site(conn, s["site"], values, given=values)
-        for region, points in bundle.carbon.items():
-            site_store.set_carbon(conn, region, points)
-        allocs: dict[str, list[tuple[str, int]]] = {}
-        for run_id, node, gpu in bundle.allocations:
-            allocs.setdefault(run_id, []).append((node, gpu))
-        for r in bundle.runs:
-            by_node: dict[str, list[int]] = {}
-            for node, gpu in allocs.get(r["run_id"], []):
-                by_node.setdefault(node, []).append(gpu)
-            run_store.create_run(conn, {
-                "run_id": r["run_id"], "name": r["name"], "site": r["site"],
-                "start": datetime.fromtimestamp(r["start"], UTC),
-                "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
-                "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()]})
+        register_bundle(conn, bundle)
         for run_id, t, tokens, samples in bundle.progress:
             run_store.record_progress(conn, run_id, t, tokens, samples)
         for k in range(0, len(bundle.batches), 8):
@@ -83,6 +65,29 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
             "WHERE mig_instance IS NULL GROUP BY node ON CONFLICT (node) DO UPDATE SET gpu_count = "
             "EXCLUDED.gpu_count")
         assign_node_sites(conn)
+
+
+def register_bundle(conn: psycopg.Connection, bundle: Bundle) -> None:
+    """The bundle's sites, carbon series and runs with their allocations, as operators and schedulers declare them."""
+    for s in bundle.sites:
+        values = {"pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
+                  "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"] or "USD",
+                  "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]}
+        site_store.put_site(conn, s["site"], values, given=values)
+    for region, points in bundle.carbon.items():
+        site_store.set_carbon(conn, region, points)
+    allocs: dict[str, list[tuple[str, int]]] = {}
+    for run_id, node, gpu in bundle.allocations:
+        allocs.setdefault(run_id, []).append((node, gpu))
+    for r in bundle.runs:
+        by_node: dict[str, list[int]] = {}
+        for node, gpu in allocs.get(r["run_id"], []):
+            by_node.setdefault(node, []).append(gpu)
+        run_store.create_run(conn, {
+            "run_id": r["run_id"], "name": r["name"], "site": r["site"],
+            "start": datetime.fromtimestamp(r["start"], UTC),
+            "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
+            "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()]})
 
 
 def assign_node_sites(conn: psycopg.Connection) -> None:

@@ -185,6 +185,18 @@ class DetectorConfig(BaseModel):
     straggler_same_util_pct: Percent = 5.0
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: Share = 0.25
+    #: Out of the peers' wait rhythm: mean power this robust z above the
+    #: peers' (a weaker outlier than ``straggler_z``, confirmed by timing) ...
+    straggler_decoupled_z: Positive = 2.0
+    #: ... while the peers' power moves together (median correlation of each
+    #: peer with the mean of the others at least this: they all wait on one
+    #: GPU, for as long as it takes) ...
+    straggler_peer_corr: Share = 0.25
+    #: ... and the GPU's own correlation with them at least this much lower
+    #: and at most ``straggler_max_corr``: it does not move with them (a
+    #: GPU swinging with the whole run, only less deeply, is not out of it).
+    straggler_corr_gap: Share = 0.25
+    straggler_max_corr: Share = 0.15
     #: Share of busy time with thermal bits that marks a hot GPU.
     straggler_thermal_share: Share = 0.2
     #: A mean temperature at or above this (and robustly above peers) is hot, degC.

@@ -619,7 +619,7 @@ class Frame:
         out: list[list[int]] = [[] for _ in range(self.rows)]
         w = self.window
         for i, run in enumerate(w.runs):
-            if run.start > w.t_end or (run.end is not None and run.end < w.t_start):
+            if not run.overlaps(w.t_start, w.t_end):
                 continue
             for key in run.allocations:
                 r = self.index.get((key[0], int(key[1])))
@@ -652,7 +652,7 @@ class Frame:
         best: RunInfo | None = None
         for i in self.runs_of_row[r]:
             run = self.window.runs[i]
-            if run.start <= at and (run.end is None or run.end >= at) and (best is None or run.start > best.start):
+            if run.state_at(at) == "running" and (best is None or run.start > best.start):
                 best = run
         return best.run_id if best else None
 

@@ -31,7 +31,20 @@ memory), the power plateau alone tells: at the same GPU-Util as its peers,
 a plateau ``straggler_plateau_min_rel`` below theirs is ``power_cap`` (the
 same work under a lower cap), one as far above is ``unknown`` (it computes
 while they wait); coarse samples average the peers' waits away, so these
-need no visible waiting.
+need no visible waiting.  A plateau is a steady level: it must stand out in
+each half of the span too (the GPUs of a thermally failing node throttle
+one after another, and for a while one of them sits below the others).
+
+Where the waits are shorter than a sample, the straggler's mean power is
+only a little above its peers', within reach of the silicon spread.  The
+timing tells then: the peers all wait on it, for as long as each step takes,
+so their power moves together (median correlation of each peer's power with
+the others' mean at least ``straggler_peer_corr``), while its own does not
+move with theirs (at most ``straggler_max_corr``, and ``straggler_corr_gap``
+below theirs).  With mean power ``straggler_decoupled_z`` above the peers'
+that is an ``unknown`` straggler.  In a healthy run who waits changes from
+step to step, so the peers share no rhythm; and a rank that swings with
+the whole run at a higher power (extra work of its own) is not out of it.
 
 The same power cap on every GPU of a run makes no GPU an outlier: no straggler.
 A straggler whose slowness was last seen more than ``active_within_s`` ago
@@ -115,6 +128,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "therm": mean((bits & THERMAL_BITS) != 0, wb),
         "pcap": mean((bits & THROTTLE_SW_POWER_CAP) != 0, wb),
         "pcie": mean(fr.pcie_degraded[idx], wb),
+        "pw": mean(power, w),
     }
     f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
     has = f["span_s"] > 0
@@ -139,6 +153,19 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_temp, r_temp = z("temp", 0.0, 2.0)
     z_act, r_act = z("act", 0.0, 0.05)
     z_plat, r_plat = z("plat", 0.02, 5.0)
+    # A plateau is a steady level: it must stand out in each half of the
+    # span, not only where the GPUs of a node throttle one after another
+    # (judged in the runs where some plateau stands out at all).
+    odd = np.isin(gs, np.unique(gs[np.abs(z_plat) >= cfg.straggler_z]))
+    only = np.zeros(n, dtype=bool)
+    only[sub[odd]] = True
+    f["plat_a"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=0, only=only)
+    f["plat_b"] = _plateaus(fr, idx, power, seg, cnt, f["lim"], half=1, only=only)
+    z_plat_a, _ = z("plat_a", 0.02, 5.0)
+    z_plat_b, _ = z("plat_b", 0.02, 5.0)
+    z_plat_lo = np.fmax(z_plat, np.fmax(z_plat_a, z_plat_b))
+    z_plat_hi = np.fmin(z_plat, np.fmin(z_plat_a, z_plat_b))
+    z_pw, r_pw = z("pw", 0.01, 2.0)
     r_util = ref("util")
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
     v = {k: a[sub] for k, a in f.items()}
@@ -153,7 +180,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # A straggler is an outlier: where many of a run's GPUs sit at a lower
     # busy plateau (a node throttled as a whole, mixed silicon, the waits of
     # the faster GPUs behind a slow one), no one of them is the capped GPU.
-    low_plat = ~np.isfinite(v["lim"]) & (z_plat <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel)
+    low_plat = ~np.isfinite(v["lim"]) & (z_plat_lo <= -cfg.straggler_z) & (rel_plat <= -cfg.straggler_min_rel)
     crowd = np.bincount(gs[low_plat], minlength=ng)
     size = np.bincount(gs, minlength=ng)
     lone = crowd <= np.maximum(1, np.floor(cfg.straggler_plateau_max_share * size + 1e-9))
@@ -174,11 +201,29 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # A plateau well above theirs: it keeps computing while they wait.
     same_util = ~(np.abs(v["util"] - r_util) > cfg.straggler_same_util_pct) & ~np.isfinite(v["lim"])
     capped_plateau = same_util & low_plat & (rel_plat <= -cfg.straggler_plateau_min_rel)
-    busier_plateau = same_util & (z_plat >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
-    causes["unknown"] = causes["unknown"] | busier_plateau
-    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau)
-    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat}
-    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat}
+    busier_plateau = same_util & (z_plat_hi >= cfg.straggler_z) & (rel_plat >= cfg.straggler_plateau_min_rel)
+    # Power above the peers' but within the silicon spread's reach: it is
+    # the straggler when the peers wait together and it does not (their
+    # power moves as one, set by how long each step waits for it).
+    corr = np.full(sub.size, np.nan)
+    peer_corr = np.full(sub.size, np.nan)
+    screen = (z_pw >= cfg.straggler_decoupled_z) & (v["pw"] > r_pw) & (v["busy_s"] >= cfg.straggler_min_busy_s)
+    for gi in np.unique(gs[screen]).tolist():
+        members = np.flatnonzero(gs == gi)
+        if members.size >= 3:
+            c = _peer_correlation(fr, rows[sub[members]], a[rows[sub[members]]], b[rows[sub[members]]])
+            corr[members] = c
+            peer_corr[members] = group_loo_median(c, np.zeros(members.size, dtype=np.int64), 1)
+    decoupled = screen & (peer_corr >= cfg.straggler_peer_corr) & (corr <= peer_corr - cfg.straggler_corr_gap) \
+        & (corr <= cfg.straggler_max_corr)
+    # Which reading shows an unexplained straggler, strongest first.
+    unknown_by = np.where(busier_plateau, "plat", np.where(causes["unknown"], "act", "pw"))
+    causes["unknown"] = causes["unknown"] | busier_plateau | decoupled
+    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled)
+    v["corr"] = corr
+    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat, "pw": r_pw,
+            "corr": peer_corr}
+    zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat, "pw": z_pw}
     out = []
     for k in np.flatnonzero(eligible):
         cause = next((c for c, m in causes.items() if m[k]), None)
@@ -186,14 +231,16 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             continue
         r = int(rows[sub[k]])
         found = _finding(fr, r, cause, {n_: a[k] for n_, a in v.items()}, {n_: a[k] for n_, a in refs.items()},
-                         {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1)
+                         {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1,
+                         str(unknown_by[k]))
         if found is not None:
             out.append(found)
     return out
 
 
 def _finding(
-    fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int
+    fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int,
+    unknown_by: str = "act",
 ) -> Finding | None:
     cfg = fr.config
     sl = fr.row_slice(r)
@@ -223,11 +270,15 @@ def _finding(
             ind, wt = busy & ((bits & THROTTLE_SW_POWER_CAP) != 0) & slow, wb
     elif cause == "clocks":
         ind, wt, feat = busy & slow, wb, "clk"
-    elif math.isfinite(z["plat"]) and z["plat"] >= cfg.straggler_z and not math.isfinite(v["lim"]):
+    elif unknown_by == "plat":
         power = fr.series_col(r, "power_w")
         ind, wt, feat = busy & (power > ref["plat"] * (1.0 + cfg.straggler_plateau_min_rel)), wb, "plat"
-    else:
+    elif unknown_by == "act":
         ind, wt, feat = fr.activity[sl] >= ref["act"] + cfg.straggler_unknown_gap, w, "act"
+    else:
+        # Out of the peers' wait rhythm: busy above the peers' mean power.
+        power = fr.series_col(r, "power_w")
+        ind, wt, feat = busy & (power > ref["pw"]), wb, "pw"
     onset = trailing_onset(t, wt, ind, 0.5)
     hits = np.flatnonzero(ind & (wt > 0))
     if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(cfg.active_within_s, 3.0 * float(fr.dt[r])):
@@ -241,7 +292,7 @@ def _finding(
     evidence = {
         "z": num(z[feat]) if feat in z else None,
         "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity",
-                    "plat": "power_plateau_w"}.get(
+                    "plat": "power_plateau_w", "pw": "power_w"}.get(
             feat or "", "pcie_degraded_share"),
         "peers": peers,
         "activity": num(v["act"]),
@@ -264,6 +315,11 @@ def _finding(
         "power_plateau_w": num(v["plat"]),
         "peer_power_plateau_w": num(ref["plat"]),
         "z_power_plateau": num(z["plat"]),
+        "power_w": num(v["pw"]),
+        "peer_power_w": num(ref["pw"]),
+        "z_power": num(z["pw"]),
+        "power_correlation": num(v["corr"]),
+        "peer_power_correlation": num(ref["corr"]),
         "activity_basis": fr.activity_basis([r]),
     }
     gaps = [x for x in (act_gap, pf_gap) if math.isfinite(x)]
@@ -274,21 +330,60 @@ def _finding(
 
 
 def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cnt: np.ndarray,
-              lim: np.ndarray) -> np.ndarray:
+              lim: np.ndarray, half: int | None = None, only: np.ndarray | None = None) -> np.ndarray:
     """Per row, the ``straggler_plateau_percentile`` of power while busy over
     the span, for rows that report no enforced limit (NaN otherwise): a GPU
     capped below its peers computes at a lower plateau, which is what shows
-    the cap when the limit itself is not exported."""
+    the cap when the limit itself is not exported.  ``half`` 0 or 1: over
+    that half of the span's samples only; ``only``: for those rows alone."""
     out = np.full(cnt.size, np.nan)
-    need = np.flatnonzero(~np.isfinite(lim) & (cnt > 0))
+    ok = ~np.isfinite(lim) & (cnt > 0)
+    need = np.flatnonzero(ok if only is None else ok & only)
     if need.size == 0:
         return out
     busy = fr.busy[idx]
     q = fr.config.straggler_plateau_percentile
     for k in need.tolist():
-        sl = slice(int(seg[k]), int(seg[k] + cnt[k]))
+        a, n = int(seg[k]), int(cnt[k])
+        sl = slice(a, a + n) if half is None else slice(a + half * (n // 2), a + (n // 2) + half * (n - n // 2))
         p = power[sl][busy[sl]]
         p = p[np.isfinite(p)]
         if p.size >= 5:
             out[k] = float(np.percentile(p, q))
+    return out
+
+
+def _peer_correlation(fr: Frame, rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of one run, the correlation of its power over ``[a, b)``
+    with the mean power of the others, on a common grid at the run's
+    coarsest interval (GPUs of different nodes are sampled on different
+    clocks).  NaN where a row has too little power data or no variation."""
+    out = np.full(rows.size, np.nan)
+    t0 = max(float(fr.time(int(x))) for x in a)
+    t1 = min(float(fr.time(int(y) - 1)) for y in b) if (b > a).all() else t0
+    step = float(np.max(fr.dt[rows]))
+    if not t1 - t0 >= 10.0 * step:
+        return out
+    grid = np.arange(t0, t1, step)
+    series = np.full((rows.size, grid.size), np.nan)
+    for k, (r, i, j) in enumerate(zip(rows.tolist(), a.tolist(), b.tolist(), strict=True)):
+        t = fr.time(slice(i, j))
+        col = fr.series[r].cols.get("power_w")
+        if col is None:
+            continue
+        p = col[i - int(fr.offsets[r]):j - int(fr.offsets[r])]
+        ok = np.isfinite(p)
+        if ok.sum() >= 10:
+            series[k] = np.interp(grid, t[ok], p[ok])
+    good = np.isfinite(series).all(axis=1)
+    if good.sum() < 3:
+        return out
+    x = series[good] - series[good].mean(axis=1, keepdims=True)
+    total = x.sum(axis=0)
+    n = x.shape[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        others = (total[None, :] - x) / (n - 1)
+        num_ = (x * others).sum(axis=1)
+        den = np.sqrt((x * x).sum(axis=1) * (others * others).sum(axis=1))
+        out[good] = np.where(den > 0, num_ / den, np.nan)
     return out

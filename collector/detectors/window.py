@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gpufleet.store.run_model import Run, overlaps
+from gpufleet.store.run_model import Run, RunState, overlaps, state_at
 
 GpuKey = tuple[str, int]
 
@@ -61,6 +61,9 @@ class RunInfo:
 
     def overlaps(self, lo: float, hi: float) -> bool:
         return overlaps(self.start, self.end, lo, hi)
+
+    def state_at(self, t: float) -> RunState:
+        return state_at(self.start, self.end, t)
 
 
 @dataclass

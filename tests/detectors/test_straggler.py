@@ -165,3 +165,53 @@ def test_silicon_spread_of_power_is_no_straggler() -> None:
         s.cols = {k: v for k, v in s.cols.items() if k in ("util_pct", "power_w")}
         s.cols["util_pct"] = s.cols["util_pct"] * 0 + 99.0
     assert detect(w, CFG) == []
+
+
+def _rhythm_run(straggler: int | None, common_sd: float, own_sd: float, eff: dict[int, float],
+                n: int = 16, seed: int = 4) -> list[GpuSpec]:
+    """1 s samples of util and power only, every GPU at ~100 % GPU-Util.
+
+    Each sample, the peers computed for a share of it set by how long the
+    step waited for the straggler (``common_sd``: the same for every peer),
+    their own jitter on top (``own_sd``); the straggler computed throughout.
+    ``eff``: silicon efficiency of some GPUs (dynamic power x eff)."""
+    rng = np.random.default_rng(seed)
+    t = times(600, 1.0)
+    common = 0.88 + common_sd * rng.standard_normal(t.size)
+    specs = []
+    for i in range(n):
+        share = np.ones(t.size) if i == straggler else common + own_sd * rng.standard_normal(t.size)
+        e = eff.get(i, 1.0 + 0.01 * ((i * 7) % 5 - 2))
+        power = 70.0 + 560.0 * e * np.clip(share, 0.0, 1.0) + 3.0 * rng.standard_normal(t.size)
+        specs.append(GpuSpec(steady(0.9), dcgm=False,
+                             extra={"power_w": lambda _t, p=power: p, "util_pct": lambda tt: np.full(tt.shape, 100.0)}))
+    return specs
+
+
+def _nvsmi(specs: list[GpuSpec]) -> list:
+    w = run_window(specs, no_host=True)
+    for s in w.gpus.values():
+        s.cols = {k: v for k, v in s.cols.items() if k in ("util_pct", "power_w", "mem_used_mib")}
+    return detect(w, CFG)
+
+
+def test_straggler_out_of_its_peers_wait_rhythm() -> None:
+    """Its mean power only ~8 % above the peers' (within reach of silicon
+    spread), but the peers' power moves together, waiting on it, and its
+    own does not."""
+    fs = _nvsmi(_rhythm_run(straggler=9, common_sd=0.01, own_sd=0.002, eff={9: 0.96}))
+    assert [(f.node, f.gpu, f.cause) for f in fs] == [("n1", 1, "unknown")]
+    ev = fs[0].evidence
+    assert ev["feature"] == "power_w"
+    assert ev["power_correlation"] < 0.15 < ev["peer_power_correlation"]
+
+
+def test_high_power_silicon_without_a_wait_rhythm_is_no_straggler() -> None:
+    # Who waits varies from step to step: no common rhythm among the others.
+    assert _nvsmi(_rhythm_run(straggler=None, common_sd=0.0, own_sd=0.01, eff={9: 1.08})) == []
+
+
+def test_a_gpu_that_swings_with_the_run_is_not_out_of_its_rhythm() -> None:
+    # Every GPU moves with the run's common rhythm, one at higher power (more work per step): no straggler.
+    specs = _rhythm_run(straggler=None, common_sd=0.01, own_sd=0.002, eff={9: 1.08})
+    assert _nvsmi(specs) == []
