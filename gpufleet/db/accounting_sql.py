@@ -785,18 +785,23 @@ def _variant(query: str, fleet: bool) -> str:
     return "\n".join(out)
 
 
+#: The rows every accounting function returns (one line per run, unallocated, no-telemetry, total; or parts).
+_LINE_TABLE = """RETURNS TABLE (
+  line text, run_id text, site text, part_start timestamptz, part_end timestamptz,
+  gpu_count integer, gpu_equivalents double precision, gpu_s double precision, covered_s double precision,
+  gpu_hours numeric, covered_hours numeric, coverage double precision, gpu_kwh numeric, host_kwh numeric, it_kwh numeric,
+  facility_kwh numeric, pue numeric,
+  co2e_kg numeric, co2e_unknown_kwh numeric, carbon_source text, g_co2e_per_kwh double precision,
+  price_source text, price_per_kwh double precision, currency text, minor_units integer,
+  energy_cost numeric, compute_cost numeric, total_cost numeric, stale boolean)"""
+
+
 ACCOUNTING_V1 = f"""
 CREATE FUNCTION gpufleet_accounting(
   p_from timestamptz, p_to timestamptz, p_now timestamptz DEFAULT now(), p_runs text[] DEFAULT NULL,
   p_fleet boolean DEFAULT true, p_max_gap_s double precision DEFAULT 60, p_source text DEFAULT 'auto',
   p_detail text DEFAULT 'line', p_step interval DEFAULT NULL)
-RETURNS TABLE (
-  line text, run_id text, site text, part_start timestamptz, part_end timestamptz,
-  gpu_count integer, gpu_equivalents double precision, gpu_s double precision, covered_s double precision,
-  gpu_hours numeric, covered_hours numeric, coverage double precision, gpu_kwh numeric, host_kwh numeric, it_kwh numeric, facility_kwh numeric, pue numeric,
-  co2e_kg numeric, co2e_unknown_kwh numeric, carbon_source text, g_co2e_per_kwh double precision,
-  price_source text, price_per_kwh double precision, currency text, minor_units integer,
-  energy_cost numeric, compute_cost numeric, total_cost numeric, stale boolean)
+{_LINE_TABLE}
 LANGUAGE plpgsql STABLE SET jit = off AS $fn$
 #variable_conflict use_column
 BEGIN
@@ -877,13 +882,7 @@ CREATE FUNCTION gpufleet_incident_accounting(
   p_keys text[], p_run_ids text[], p_nodes text[], p_gpus integer[], p_los timestamptz[], p_his timestamptz[],
   p_weights double precision[], p_now timestamptz DEFAULT now(), p_max_gap_s double precision DEFAULT 60,
   p_source text DEFAULT 'auto')
-RETURNS TABLE (
-  line text, run_id text, site text, part_start timestamptz, part_end timestamptz,
-  gpu_count integer, gpu_equivalents double precision, gpu_s double precision, covered_s double precision,
-  gpu_hours numeric, covered_hours numeric, coverage double precision, gpu_kwh numeric, host_kwh numeric, it_kwh numeric, facility_kwh numeric, pue numeric,
-  co2e_kg numeric, co2e_unknown_kwh numeric, carbon_source text, g_co2e_per_kwh double precision,
-  price_source text, price_per_kwh double precision, currency text, minor_units integer,
-  energy_cost numeric, compute_cost numeric, total_cost numeric, stale boolean)
+{_LINE_TABLE}
 LANGUAGE plpgsql STABLE SET jit = off AS $fn$
 #variable_conflict use_column
 DECLARE
