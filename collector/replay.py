@@ -25,6 +25,7 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
+from gpufleet.accounting.result import AccountingBody
 from gpufleet.collector import rollup
 from gpufleet.collector.batch_store import write_batches
 from gpufleet.collector.bundle import Bundle, read_bundle
@@ -42,7 +43,7 @@ from gpufleet.store import sites as site_store
 @dataclass
 class ReplayResult:
     findings: list[dict[str, Any]]
-    accounting: list[dict[str, Any]]
+    accounting: list[AccountingBody]
     sweeps: int
     gpu_rows: int
     host_rows: int
@@ -124,7 +125,7 @@ def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
     return store, len(times)
 
 
-def accounting_for(conn: psycopg.Connection, bundle: Bundle, settings: Settings) -> list[dict[str, Any]]:
+def accounting_for(conn: psycopg.Connection, bundle: Bundle, settings: Settings) -> list[AccountingBody]:
     from gpufleet.accounting import run_accounting
 
     now = datetime.fromtimestamp(bundle.t_max, UTC)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query
 
 from gpufleet.accounting import fleet_accounting, run_accounting
+from gpufleet.accounting.result import AccountingBody
 from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
 from gpufleet.api.schemas import FleetAccounting, QueryTime, RunAccounting
 from gpufleet.store.runs import NotFound
@@ -33,7 +34,7 @@ def get_run_accounting(
     segments: bool = Query(False, description="include energy, CO2e and cost per tariff segment"),
     since: Annotated[QueryTime | None, Query(alias="from", description="clip the run to this period start")] = None,
     until: Annotated[QueryTime | None, Query(alias="to", description="clip the run to this period end")] = None,
-) -> dict[str, Any]:
+) -> AccountingBody:
     """Energy, cost and CO2e of one run (contracts.md section 3); a running run up to now."""
     period_error(since, until)
     try:

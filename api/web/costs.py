@@ -12,16 +12,17 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
+
+from gpufleet.accounting.result import AccountingBody
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Costs:
-    by_run: dict[str, dict[str, Any]] = field(default_factory=dict)
+    by_run: dict[str, AccountingBody] = field(default_factory=dict)
     #: Why there are no figures, for the reader (None when there are).
     note: str | None = None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from psycopg_pool import PoolTimeout
 
 from gpufleet import xid
+from gpufleet.accounting.result import AccountingBody
 from gpufleet.api.deps import ApiState, state
 from gpufleet.api.web.costs import Costs, run_costs
 from gpufleet.api.web.html import Markup, ago, badge, esc, h, join, link, num, page, table, when
@@ -169,11 +170,11 @@ ACCOUNTING_HEADERS = ("GPU-hours", "IT kWh", "Facility kWh", "Energy cost", "Com
                       "CO2e kg", "Coverage")
 
 
-def _money(a: dict[str, Any], key: str) -> Markup:
+def _money(a: Mapping[str, Any], key: str) -> Markup:
     return num(a.get(key), 2, a.get("currency") or "")
 
 
-def _accounting_cells(a: dict[str, Any] | None) -> list[object]:
+def _accounting_cells(a: AccountingBody | None) -> list[object]:
     if a is None:
         return [Markup("&mdash;")] * len(ACCOUNTING_HEADERS)
     cov = a.get("coverage")
@@ -276,8 +277,8 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
                 [[num(a.get("gpu_kwh"), 3, "kWh"), num(a.get("host_kwh"), 3, "kWh"), num(a.get("pue"), 2),
                   *_accounting_cells(a)]] if a else [], empty="No accounting figures.",
                 numeric=range(11))
-    lost = (a or {}).get("lost_to_incidents")
-    if lost:
+    lost = a["lost_to_incidents"] if a else None
+    if lost and a:
         acc = join((acc, h("<p class=\"lost\">Lost to incidents ({} incidents, overlaps counted once): {} GPU-hours, "
                            "{} facility, {} &mdash; {} of the run's cost.</p>", lost["incidents"],
                            num(lost["gpu_hours"], 2), num(lost["facility_kwh"], 3, "kWh"),

@@ -37,6 +37,7 @@ import psycopg
 
 from gpufleet.accounting.lines import ZERO, Line, Source, lines
 from gpufleet.accounting.money import number
+from gpufleet.accounting.result import AccountingBody, group_value
 from gpufleet.accounting.run import bodies as run_bodies
 from gpufleet.accounting.run import load_runs, used_source
 from gpufleet.accounting.snapshot import snapshot
@@ -142,7 +143,7 @@ class FleetBlocks:
     unallocated: Block
     no_telemetry: Block
     total: Block
-    bodies: list[dict[str, Any]]
+    bodies: list[AccountingBody]
     sources: set[str]
 
 
@@ -154,12 +155,11 @@ def fleet_blocks(conn: psycopg.Connection, since: datetime, until: datetime, *, 
         runs = load_runs(conn, sorted(k for k in run_lines if k is not None))
         bodies = run_bodies(conn, runs, run_lines, now=now, max_gap_s=max_gap_s, source=source, since=since,
                             until=until)
-    key = {"site": "site", "team": "team", "run": "run_id"}[group_by]
     groups: dict[str | None, Block] = defaultdict(Block)
     allocated, idle, dark, total = Block(), Block(), Block(), Block()
     for body in bodies:
         blk = run_block(run_lines[body["run_id"]])
-        groups[body[key]].merge(blk)
+        groups[group_value(body, group_by)].merge(blk)
         allocated.merge(blk)
     total.runs = allocated.runs
     for ln in rows:

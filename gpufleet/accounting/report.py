@@ -35,6 +35,7 @@ import psycopg
 from gpufleet.accounting.fleet import GROUP_BY, Block, GroupBy, run_block
 from gpufleet.accounting.lines import ZERO, Line, Source, lines
 from gpufleet.accounting.money import money_text, number, rounded
+from gpufleet.accounting.result import AccountingBody, group_value
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs
 from gpufleet.accounting.run import bodies as run_bodies
 from gpufleet.accounting.snapshot import snapshot
@@ -95,7 +96,7 @@ FINANCE_COLUMN_NAMES: tuple[str, ...] = tuple(FINANCE_COLUMNS)
 
 
 def runs_report(conn: psycopg.Connection, since: datetime, until: datetime, *, now: datetime | None = None,
-                max_gap_s: float | None = None, source: Source = "auto") -> list[dict[str, Any]]:
+                max_gap_s: float | None = None, source: Source = "auto") -> list[AccountingBody]:
     """Accounting bodies of every run overlapping [since, until), clipped to it, by start then id."""
     runs = load_runs(conn, since=since, until=until)
     return account_runs(conn, runs, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until)
@@ -251,10 +252,9 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
         bodies = run_bodies(conn, runs, run_lines, now=now, max_gap_s=gap, source=source, since=since, until=until)
     groups: dict[tuple[str | None, str | None], _Group] = defaultdict(_Group)
     totals: dict[str | None, _Group] = defaultdict(_Group)
-    key = {"site": "site", "team": "team", "run": "run_id"}[group_by]
     for body in bodies:
         ln = run_lines[body["run_id"]]
-        g = groups[(body[key], body["currency"])]
+        g = groups[(group_value(body, group_by), body["currency"])]
         g.block.merge(run_block(ln))
         extras = _run_extras(body)
         g.models.update(extras["gpu_models"])

@@ -26,6 +26,7 @@ from gpufleet.accounting.efficiency import efficiency
 from gpufleet.accounting.incidents import lost_to_incidents
 from gpufleet.accounting.lines import Line, Source, lines
 from gpufleet.accounting.money import number, rounded
+from gpufleet.accounting.result import AccountingBody
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.db.accounting_sql import GPU_MODEL_EXPR
@@ -78,7 +79,7 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
 
 def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
-          segments: list[Line] | None, lost: dict[str, Any]) -> dict[str, Any]:
+          segments: list[Line] | None, lost: dict[str, Any]) -> AccountingBody:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
     compute = line.compute_cost
@@ -87,7 +88,7 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
     effective_price = (float(compute) / gpu_hours if compute is not None and gpu_hours > 0
                        else (rates[0]["gpu_hour_price"] if rates else 0.0))
     fac = float(line.facility_kwh)
-    body: dict[str, Any] = {
+    body: AccountingBody = {
         "run_id": run.run_id,
         "start": iso(run.start),
         "end": iso(run.end),
@@ -143,7 +144,7 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
 
 def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime | None = None,
                  max_gap_s: float | None = None, source: Source = "auto", since: datetime | None = None,
-                 until: datetime | None = None, segments: bool = False) -> list[dict[str, Any]]:
+                 until: datetime | None = None, segments: bool = False) -> list[AccountingBody]:
     """Accounting bodies of ``runs``, all in one consistent snapshot."""
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
@@ -166,7 +167,7 @@ def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime
 
 def bodies(conn: psycopg.Connection, runs: Sequence[Run], by_run: Mapping[str | None, Line], *,
            now: datetime, max_gap_s: float, source: Source, since: datetime | None, until: datetime | None,
-           segments: Mapping[str, list[Line]] | None = None) -> list[dict[str, Any]]:
+           segments: Mapping[str, list[Line]] | None = None) -> list[AccountingBody]:
     """Bodies of ``runs`` from their accounting lines (in the caller's snapshot)."""
     models: dict[str, list[dict[str, Any]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
@@ -189,7 +190,7 @@ def _start(ln: Line) -> datetime:
 
 def run_accounting(conn: psycopg.Connection, run_id: str, *, now: datetime | None = None,
                    max_gap_s: float | None = None, source: Source = "auto", since: datetime | None = None,
-                   until: datetime | None = None, segments: bool = False) -> dict[str, Any]:
+                   until: datetime | None = None, segments: bool = False) -> AccountingBody:
     """The accounting of one run, exactly the body of ``GET /v1/runs/{run_id}/accounting``.
 
     ``now``: the clock (replay passes its simulated one); ``max_gap_s``:

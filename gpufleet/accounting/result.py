@@ -1,0 +1,72 @@
+"""The shape of a run's accounting, as the API answers it (contracts.md section 3).
+
+A ``TypedDict``: the body stays the JSON object callers serialise, and every
+reader that indexes a field gets its type checked.  The contract's own fields
+come first (:data:`gpufleet.accounting.run.CONTRACT_FIELDS`), then the extras.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class Segment(TypedDict):
+    """One stretch of constant prices and carbon intensity within the window (``segments=true``)."""
+
+    start: str | None
+    end: str | None
+    gpu_kwh: float | None
+    host_kwh: float | None
+    facility_kwh: float | None
+    g_co2e_per_kwh: float | None
+    price_per_kwh: float
+    co2e_kg: float | None
+    energy_cost: float | None
+
+
+class AccountingBody(TypedDict):
+    """``GET /v1/runs/{run_id}/accounting``."""
+
+    run_id: str
+    start: str | None
+    end: str | None
+    gpu_count: int
+    gpu_hours: float
+    gpu_kwh: float | None
+    host_kwh: float | None
+    it_kwh: float | None
+    pue: float | None
+    facility_kwh: float
+    co2e_kg: float | None
+    energy_cost: float | None
+    compute_cost: float
+    total_cost: float | None
+    currency: str | None
+    coverage: float | None
+    # extras
+    name: str | None
+    site: str | None
+    team: str | None
+    state: str
+    window_start: str | None
+    window_end: str | None
+    source: str
+    max_gap_s: float
+    carbon_source: str
+    price_source: str
+    gpu_hour_price: float | None
+    gpu_equivalents: float
+    gpu_models: list[dict[str, Any]]
+    co2e_unknown_kwh: float | None
+    g_co2e_per_kwh: float | None
+    minor_units: int | None
+    rates: list[dict[str, Any]]
+    gpu_model_prices: list[dict[str, Any]]
+    efficiency: dict[str, Any]
+    lost_to_incidents: dict[str, Any]
+    segments: NotRequired[list[Segment]]
+
+
+def group_value(body: AccountingBody, group_by: str) -> str | None:
+    """The value of a report's grouping (``site``, ``team`` or ``run``) for one run's body."""
+    return {"site": body["site"], "team": body["team"], "run": body["run_id"]}[group_by]
