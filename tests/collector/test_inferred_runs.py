@@ -60,7 +60,7 @@ def run_of(db: str, run_id: str) -> dict[str, Any]:
 
 
 def test_samples_naming_a_run_register_it_with_its_gpus_and_end_it_after_the_grace(collector: Collector) -> None:
-    t0 = time.time() - 600
+    t0 = float(int(time.time()) - 600)  # whole seconds: stored and expected times round alike
     facts = {"runs": {"ml:llm:3f2a9c1d": {"source": "kubernetes", "name": "llm", "team": "research",
                                           "labels": {"k8s.namespace": "ml", "k8s.kind": "PyTorchJob"}}}}
     post(collector, samples("node-a", t0, 30, {0: "ml:llm:3f2a9c1d", 1: "ml:llm:3f2a9c1d", 2: None}, facts=facts))
@@ -95,7 +95,7 @@ def test_samples_naming_a_run_register_it_with_its_gpus_and_end_it_after_the_gra
 
 
 def test_two_runs_on_one_gpu_at_once_are_a_counted_conflict_and_ingest_goes_on(collector: Collector) -> None:
-    t0 = time.time() - 300
+    t0 = float(int(time.time()) - 300)  # whole seconds: stored and expected times round alike
     # Two MIG instances of GPU 0 worked for two runs at once: allocations are of whole GPUs.
     doc = samples("node-a", t0, 10, {0: "job-a"}, mig={0: 1})
     other = samples("node-a", t0 + 2, 10, {0: "job-b"}, mig={0: 2})
@@ -119,7 +119,7 @@ def test_two_runs_on_one_gpu_at_once_are_a_counted_conflict_and_ingest_goes_on(c
 
 
 def test_registered_runs_win(collector: Collector) -> None:
-    t0 = time.time() - 900
+    t0 = float(int(time.time()) - 900)  # whole seconds: stored and expected times round alike
     inf = Inferrer(GRACE_S)
     with psycopg.connect(collector.db, autocommit=True) as conn:
         # A Slurm job registered by its prolog, then seen in the samples by its SLURM_JOB_ID.
@@ -164,7 +164,7 @@ def test_registered_runs_win(collector: Collector) -> None:
 
 
 def test_a_node_token_may_adopt_only_inferred_runs_on_its_gpus(collector: Collector) -> None:
-    t0 = time.time() - 100
+    t0 = float(int(time.time()) - 100)  # whole seconds: stored and expected times round alike
     post(collector, samples("node-b", t0, 5, {0: "77"}), who="node-b")
     with psycopg.connect(collector.db, autocommit=True) as conn:
         Inferrer(GRACE_S).run_once(conn, at(t0 + 5))
@@ -177,7 +177,7 @@ def test_a_node_token_may_adopt_only_inferred_runs_on_its_gpus(collector: Collec
 
 
 def test_run_ids_the_api_refuses_are_not_registered(collector: Collector) -> None:
-    t0 = time.time() - 100
+    t0 = float(int(time.time()) - 100)  # whole seconds: stored and expected times round alike
     post(collector, samples("node-a", t0, 3, {0: "ns/pod"}))
     with psycopg.connect(collector.db, autocommit=True) as conn:
         res = Inferrer(GRACE_S).run_once(conn, at(t0 + 3))
@@ -188,7 +188,7 @@ def test_run_ids_the_api_refuses_are_not_registered(collector: Collector) -> Non
 def test_a_backlog_of_runs_on_one_gpu_registers_in_time_order(collector: Collector) -> None:
     # A node back after an outage ships two jobs that used GPU 0 one after the other; the later
     # one's id sorts first.  Both register, each ended at its last sample, without a conflict.
-    t0 = time.time() - 3000
+    t0 = float(int(time.time()) - 3000)  # whole seconds: stored and expected times round alike
     post(collector, samples("node-a", t0 + 400, 10, {0: "a-second"}))
     post(collector, samples("node-a", t0, 10, {0: "z-first"}))
     with psycopg.connect(collector.db, autocommit=True) as conn:
@@ -202,7 +202,7 @@ def test_leader_registers_inferred_runs_before_its_sweep(db: str, settings: Any)
     from gpufleet.collector.leader import Leader
     from gpufleet.collector.metrics import CollectorMetrics
 
-    t0 = time.time() - 60
+    t0 = float(int(time.time()) - 60)  # whole seconds: stored and expected times round alike
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("INSERT INTO run_sightings (run_id, node, gpu, first_seen, last_seen) VALUES "
                      "('lead-1', 'n', 0, %s, %s)", (at(t0), at(t0 + 50)))
@@ -228,7 +228,7 @@ def test_leader_registers_inferred_runs_before_its_sweep(db: str, settings: Any)
 
 def test_a_sighting_is_rewritten_only_when_it_moved_and_the_end_is_still_the_exact_last_sample(
         collector: Collector) -> None:
-    t0 = time.time() - 1000
+    t0 = float(int(time.time()) - 1000)  # whole seconds: stored and expected times round alike
     post(collector, samples("node-a", t0, 5, {0: "short"}))
     post(collector, samples("node-a", t0 + 5, 5, {0: "short"}))  # 5 s later: not worth a write
     with psycopg.connect(collector.db) as c:
@@ -256,7 +256,7 @@ def test_sighting_cache_forgets_what_a_rolled_back_write_would_have_stored() -> 
 
 
 def test_late_facts_name_a_running_run_and_a_patched_end_makes_it_registered(collector: Collector) -> None:
-    t0 = time.time() - 100
+    t0 = float(int(time.time()) - 100)  # whole seconds: stored and expected times round alike
     post(collector, samples("node-a", t0, 5, {0: "ns:late:12345678"}))
     inf = Inferrer(GRACE_S)
     with psycopg.connect(collector.db, autocommit=True) as conn:
@@ -276,7 +276,7 @@ def test_late_facts_name_a_running_run_and_a_patched_end_makes_it_registered(col
 
 
 def test_any_run_id_text_is_kept_exactly(collector: Collector) -> None:
-    t0 = time.time() - 100
+    t0 = float(int(time.time()) - 100)  # whole seconds: stored and expected times round alike
     odd = 'we"ird\\\\,{x} y'
     post(collector, samples("node-a", t0, 2, {0: odd, 1: "plain"}))
     got = sightings(collector.db)
