@@ -39,10 +39,10 @@ from accounting import GPUS_PER_NODE, T0, load
 
 from gpufleet.accounting.incidents import incident_costs, lost_to_incidents
 from gpufleet.accounting.lines import lines
-from gpufleet.accounting.run import load_runs, run_window
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
+from gpufleet.store.run_model import load_runs
 from gpufleet.testing.pg import server_url
 
 
@@ -100,7 +100,7 @@ def main() -> None:
             n = add_incidents(conn, span_s, info["nodes"])
             now = datetime.now(UTC)
             runs = load_runs(conn, ["bench"])
-            window = {"bench": run_window(runs[0], now)}
+            window = {"bench": runs[0].window(now)}
             cols = ("id", "kind", "run_id", "node", "gpu", "start", "end", "evidence")
             incs = [dict(zip(cols, r, strict=True)) for r in conn.execute(
                 'SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents').fetchall()]

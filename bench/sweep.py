@@ -37,6 +37,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpufleet.collector.batch_store import GPU_SPECS, HOST_SPECS, REGISTER_SQL, register_params
 from gpufleet.collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.incident_store import clean_json
@@ -45,7 +46,6 @@ from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.shards import SHARD_LOCK_BASE
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.collector.window_cache import GPU_COLUMNS, load_facts, load_runs
-from gpufleet.collector.writer import GPU_SPECS, HOST_SPECS, REGISTER_SQL, _register_params
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
@@ -112,7 +112,7 @@ def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dic
                     cp.write(HEADER + encode_rows(present, merged, n) + TRAILER)
         if batches:
             rows = [(f"bench:{node}:{int(t[0])}", node, len(t) * 8, len(t), float(t[0]), float(t[-1])) for node in nodes]
-            conn.execute(REGISTER_SQL, _register_params(rows))
+            conn.execute(REGISTER_SQL, register_params(rows))
 
 
 def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tuple[object, ...]]:

@@ -63,7 +63,7 @@ def write_batches(conn: psycopg.Connection, batches: list[Batch], *,
     for b in batches:
         rng = b.time_range()
         rows.append((b.batch_id, b.node, b.n_gpu, b.n_host, rng[0] if rng else None, rng[1] if rng else None))
-    cur = conn.execute(REGISTER_SQL, _register_params(rows))
+    cur = conn.execute(REGISTER_SQL, register_params(rows))
     new_ids = {(r[1], r[0]) for r in cur.fetchall()}
     new = [b for b in batches if (b.node, b.batch_id) in new_ids]
     if any(b.n_gpu for b in new):
@@ -148,7 +148,7 @@ def _array(values: list[Any]) -> str:
                           for v in values) + "}"
 
 
-def _register_params(rows: list[tuple[str, str, int, int, float | None, float | None]]) -> dict[str, str]:
+def register_params(rows: list[tuple[str, str, int, int, float | None, float | None]]) -> dict[str, str]:
     cols = list(zip(*rows, strict=True))
     return {"ids": _array(list(cols[0])), "nodes": _array(list(cols[1])),
             "g": "{" + ",".join(map(str, cols[2])) + "}", "h": "{" + ",".join(map(str, cols[3])) + "}",
