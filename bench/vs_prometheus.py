@@ -17,10 +17,11 @@ both sides, one side after the other so they never compete for the CPU:
   pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, container,
   namespace, pod, pod_uid), integers for integer fields and six decimals for
   ratios and watts.
-* **gpufleet**: every node ships its 10-s batch of the same values (the
-  agents' wire format: msgpack, typed columns, zstd) to one collector
+* **gpufleet**: every node ships its batch of the same values every
+  ``ship_interval_s`` (the agent's default, 5 s; the agents' wire format:
+  msgpack, typed columns, zstd, with the agent's id and version) to one collector
   process, which stores them in PostgreSQL; node ship times are spread over
-  the 10 s.
+  the interval.
 
 Measured for each side at each fleet size, over a steady window after a
 warm-up: CPU per GPU-sample of everything the side runs (Prometheus; the
@@ -72,10 +73,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpufleet import __version__  # noqa: E402
+from gpufleet.config import AgentSettings  # noqa: E402
 from gpufleet.serverthread import free_port  # noqa: E402
 
 GPUS_PER_NODE = 8
-SHIP_EVERY_S = 10
+#: Seconds of samples in each node's batch: the agent's default ``ship_interval_s``
+#: (a longer interval would spread each request's fixed cost over more samples
+#: than a fleet running the defaults does).
+SHIP_EVERY_S = round(AgentSettings().ship_interval_s)
 #: Seconds of distinct values per node template (the bodies cycle through them).
 VARIANTS = 60
 TEMPLATES = 16
@@ -450,7 +456,8 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
             for n in names:
                 v = model[n][k, idx].reshape(-1)
                 cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
-            doc = {"batch_id": f"vsprom:{i}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols}
+            doc = {"batch_id": f"vsprom-{i:05d}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols,
+                   "agent": {"id": f"vsprom-{i:05d}", "version": __version__}}
             body = cctx.compress(msgpack.packb(doc, use_bin_type=True))
             headers = {"Content-Type": "application/msgpack", "Content-Encoding": "zstd",
                        "Authorization": f"Bearer {tokens[i]}"}
