@@ -21,7 +21,8 @@ both sides, one side after the other so they never compete for the CPU:
   ``ship_interval_s`` (the agent's default, 5 s; the agents' wire format:
   msgpack, typed columns, zstd, with the agent's id and version) to one collector
   process, which stores them in PostgreSQL; node ship times are spread over
-  the interval.
+  the interval, and each node sends over a connection of its own, kept alive
+  between shipments as long as the collector keeps it open.
 
 Measured for each side at each fleet size, over a steady window after a
 warm-up: CPU per GPU-sample of everything the side runs (Prometheus; the
@@ -465,58 +466,62 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
     return due
 
 
-async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str, str]]]], connections: int,
+async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str, str]]]],
                       window: tuple[int, int]) -> dict[str, Any]:
-    """Send each tick's batches at that wall-clock second; latency counts from then."""
+    """Every node sends its batches at their wall-clock second over a connection
+    of its own, kept alive between shipments, as an agent's HTTP client does: a
+    connection the collector closed while idle is opened again for the next
+    batch.  Latency counts from the due time."""
     from gpufleet.testing.loadgen import Request, _send
 
-    q: asyncio.Queue[tuple[float, int, Request]] = asyncio.Queue()
     lat: list[float] = []
     ok_in_window = [0]
     statuses: dict[int, int] = {}
-    stop = [False]
+    opened_in_window = [0]
+    per_node: dict[int, list[tuple[float, int, bytes, dict[str, str]]]] = {}
+    for tick, items in due.items():
+        for i, body, headers in items:
+            # Agents' clocks are not aligned: each node ships at its own offset in
+            # the second (as Prometheus spreads its scrapes over the interval).
+            per_node.setdefault(i, []).append((tick + (i * 0.6180339887) % 1.0, tick, body, headers))
+    end = max(due) + 4.0
 
-    async def worker() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def agent(items: list[tuple[float, int, bytes, dict[str, str]]]) -> None:
+        reader: asyncio.StreamReader | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
-            while True:
-                when, tick, req = await q.get()
-                if stop[0] and when < 0:
-                    return
-                status, _ = await _send(reader, writer, f"127.0.0.1:{port}", req)
-                statuses[status] = statuses.get(status, 0) + 1
-                if 200 <= status < 300:
-                    if window[0] <= tick < window[1]:
-                        ok_in_window[0] += 1
-                        lat.append(time.time() - when)
-                else:
-                    q.put_nowait((when, tick, req))
+            for when, tick, body, headers in sorted(items, key=lambda x: x[0]):
+                delay = when - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                req = Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)
+                while time.time() < end:
+                    if writer is None or reader is None or reader.at_eof():
+                        if writer is not None:
+                            writer.close()
+                        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                        if window[0] <= tick < window[1]:
+                            opened_in_window[0] += 1
+                    try:
+                        status, _ = await _send(reader, writer, f"127.0.0.1:{port}", req)
+                    except (ConnectionError, asyncio.IncompleteReadError):
+                        writer.close()
+                        writer = None
+                        continue
+                    statuses[status] = statuses.get(status, 0) + 1
+                    if 200 <= status < 300:
+                        if window[0] <= tick < window[1]:
+                            ok_in_window[0] += 1
+                            lat.append(time.time() - when)
+                        break
                     await asyncio.sleep(0.05)
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
 
-    workers = [asyncio.create_task(worker()) for _ in range(connections)]
-    # Agents' clocks are not aligned: each node ships at its own offset in the
-    # second (as Prometheus spreads its scrapes over the interval).
-    schedule = sorted((tick + (i * 0.6180339887) % 1.0, tick, body, headers)
-                      for tick, items in due.items() for i, body, headers in items)
-    for when, tick, body, headers in schedule:
-        delay = when - time.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        q.put_nowait((when, tick, Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)))
-    # Grace for the last batches, then stop the workers.
-    end = time.time() + 3
-    while not q.empty() and time.time() < end:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(max(0.0, min(1.0, end - time.time())))
-    stop[0] = True
-    for _ in workers:
-        q.put_nowait((-1.0, -1, Request(b"", {}, 0)))
-    await asyncio.wait(workers, timeout=10)
-    for w in workers:
-        w.cancel()
-    return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses}
+    await asyncio.gather(*(agent(items) for items in per_node.values()))
+    return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses,
+            "connections_opened_in_window": opened_in_window[0]}
 
 
 def postgres_pids(url: str, dbname: str) -> list[int]:
@@ -569,7 +574,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                     readings["pss"] = sum(pss_bytes(p) for p in pids)
 
                 sampler = asyncio.create_task(sample())
-                out = await drive_paced(port, due, min(64, max(8, nodes // 10)), window)
+                out = await drive_paced(port, due, window)
                 await sampler
                 return out
 
@@ -598,7 +603,8 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                    "collector_rss_mib": round(readings["rss"] / 2**20, 1),
                    "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
-                   "statuses": out["statuses"], "rows_stored": rows}
+                   "statuses": out["statuses"], "rows_stored": rows,
+                   "connections_opened_in_window": out["connections_opened_in_window"]}
     return step
 
 
