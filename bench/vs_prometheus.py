@@ -42,6 +42,11 @@ driver's CPU are printed so a reader can see they did not starve either side.
 
 Ratios (Prometheus / gpufleet) are printed at the largest fleet both kept up
 with, and of the largest fleets.  The last line is JSON.
+
+``--http-floor`` measures, under the same load, the HTTP server alone (uvicorn
+as the collector runs it, an app that stores nothing): the CPU a request costs
+before any ingest work, which no change inside the collector's ingest path
+can go below at the agents' batch size.
 """
 
 from __future__ import annotations
@@ -608,6 +613,73 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
     return step
 
 
+def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]:
+    """CPU of the HTTP server alone under the gpufleet side's load: uvicorn as the
+    collector runs it (loopback, no access log) serving an ASGI app that reads
+    each body and answers a stored-like JSON, storing nothing.  What one
+    process pays per request before any ingest work, the floor under
+    gpufleet's collector figure at this batch size."""
+    nodes = gpus // GPUS_PER_NODE
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-null", str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.post(f"http://127.0.0.1:{port}/v1/ingest", content=b"x", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the null HTTP server did not start")
+            time.sleep(0.2)
+        start = int(time.time()) + 2
+        due = gpufleet_bodies(value_model(), nodes, ["null"] * nodes, start + 2, int(warm_s + window_s) + 1)
+        first = min(due)
+        window = (first + int(warm_s), first + int(warm_s) + int(window_s))
+        readings: dict[str, float] = {}
+
+        async def run() -> dict[str, Any]:
+            async def sample() -> None:
+                await asyncio.sleep(max(0.0, window[0] - time.time()))
+                readings["c0"], readings["t0"] = cpu_s(proc.pid), time.time()
+                await asyncio.sleep(max(0.0, window[1] - time.time()))
+                readings["c1"], readings["t1"] = cpu_s(proc.pid), time.time()
+
+            sampler = asyncio.create_task(sample())
+            out = await drive_paced(port, due, window)
+            await sampler
+            return out
+
+        out = asyncio.run(run())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    n = max(out["ok_in_window"], 1)
+    cpu = readings["c1"] - readings["c0"]
+    return {"gpus": gpus, "requests": out["ok_in_window"], "cpu_us_per_request": round(cpu / n * 1e6, 1),
+            "cpu_us_per_gpu_sample": round(cpu / (n * SHIP_EVERY_S * GPUS_PER_NODE) * 1e6, 2),
+            "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3)}
+
+
+def serve_null(port: int) -> None:
+    import uvicorn
+
+    answer = json.dumps({"batch_id": "x", "status": "stored", "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
+                         "host_rows": 0, "rejected_skew": 0}).encode()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off")
+
+
 # ----------------------------------------------------------------------------
 
 
@@ -637,10 +709,17 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
     ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
+    ap.add_argument("--http-floor", action="store_true",
+                    help="only the HTTP server's own CPU under the gpufleet side's load (uvicorn, an app that "
+                         "stores nothing): the floor under the collector's figure")
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-null", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_exporter:
         serve_exporter(args.serve_exporter)
+        return
+    if args.serve_null:
+        serve_null(args.serve_null)
         return
     if shutil.which("prometheus") is None:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
@@ -649,6 +728,15 @@ def main() -> None:
     from gpufleet.testing.pg import server_url
 
     started = time.monotonic()
+    if args.http_floor:
+        floor = []
+        for gpus in fleets:
+            f = http_floor_step(gpus, warm, window)
+            print(f"  http floor {gpus:6d} GPUs: {f['cpu_us_per_request']:.0f} us per request, "
+                  f"{f['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({f['cpu_cores']:.2f} cores)", flush=True)
+            floor.append(f)
+        print(json.dumps({"name": "vs_prometheus_http_floor", "http_floor": floor}))
+        return
     if args.only == "gpufleet":
         server = server_url()
         print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
