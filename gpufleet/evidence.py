@@ -22,14 +22,12 @@ Shared core: imported by the detectors (the collector), the accounting, the
 store, the API and the alerting alike, so it imports none of them.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: ``TypedDict`` reads ``NotRequired`` off evaluated annotations
+# only (with string annotations Python 3.11 counts every key as required in ``__required_keys__``).
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict, Union, is_typeddict, overload
-
-from gpufleet.xid import XidMeaning
 
 STARVATION = "starvation"
 CHECKPOINT_STALL = "checkpoint_stall"
@@ -205,6 +203,18 @@ class NfsStall(TypedDict):
     timeouts: int | None
     queue_ms: float | None
     rtt_ms: float | None
+
+
+class XidMeaning(TypedDict):
+    """What one XID code means (:func:`gpufleet.xid.meanings`); a code not in its table has no cause or
+    action."""
+
+    name: str
+    meaning: str
+    #: :data:`gpufleet.xid.Cause`
+    cause: NotRequired[str]
+    #: :data:`gpufleet.xid.Action`
+    action: NotRequired[str]
 
 
 class HostSettingsEvidence(TypedDict):

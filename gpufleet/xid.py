@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal
+
+from gpufleet.evidence import XidMeaning
 
 Cause = Literal["application", "driver", "firmware", "memory", "interconnect", "hardware"]
 Action = Literal["restart_app", "reset_gpu", "drain_node"]
@@ -112,15 +114,6 @@ def label(code: int) -> str:
     """``"XID 48: double-bit ECC error"``, or ``"XID 200: not in gpufleet's table"``."""
     info = describe(code)
     return info.short() if info else f"XID {int(code)}: not in gpufleet's table (see NVIDIA's XID catalog)"
-
-
-class XidMeaning(TypedDict):
-    """An evidence entry of one code (``xid_meanings``); a code not in the table has no cause or action."""
-
-    name: str
-    meaning: str
-    cause: NotRequired[Cause]
-    action: NotRequired[Action]
 
 
 def meanings(codes: Iterable[int]) -> dict[str, XidMeaning]:
