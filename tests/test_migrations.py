@@ -12,8 +12,8 @@ from sqlalchemy import create_engine, pool
 from gpufleet.catalog import gpu_columns, host_columns
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.db.policies import BATCH_GUC
 from gpufleet.db.connect import sqlalchemy_url
+from gpufleet.db.policies import BATCH_GUC
 from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
 from gpufleet.db.scratch import scratch_database
 from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
