@@ -35,8 +35,11 @@ were acknowledged as stored and the p99 time from a batch being due to its
 acknowledgement is under half the interval.  Stored bytes per GPU-sample:
 Prometheus's TSDB as persisted blocks (an admin-API snapshot that writes the
 head out as a block: chunks and index), gpufleet's ``gpu_samples`` table
-with its indexes (plain PostgreSQL; on TimescaleDB compression changes this,
-see bench/ingest.py).  The node side (exporters, agents) is left out on both
+with its indexes (plain PostgreSQL).  The storage ratio compares two hours
+of four nodes' values as each side keeps them for good: a Prometheus block
+made by promtool's backfill, and, where ``GPUFLEET_TEST_TIMESCALE_URL``
+names a TimescaleDB 2.x server, the same values stored through gpufleet's
+storing step and compressed.  The node side (exporters, agents) is left out on both
 sides: it runs on the GPU nodes.  The exporter simulator's and the load
 driver's CPU are printed so a reader can see they did not starve either side.
 
@@ -182,6 +185,17 @@ def value_model(seed: int = 1) -> dict[str, np.ndarray]:
         "pcie_tx_bytes_s": np.round(1.2e9 * busy),
         "pcie_rx_bytes_s": np.round(2.1e9 * busy),
     }
+
+
+def stored_series(model: dict[str, np.ndarray], name: str, k: int, secs: np.ndarray) -> np.ndarray:
+    """values[second, gpu] of node template ``k`` at absolute seconds ``secs``, for the storage
+    comparison: the values cycle through the model's seconds, except the energy counter, which
+    keeps counting up as a real one does (the live runs' bodies cycle it too, harmless for
+    CPU, but a counter falling back every minute would cost both sides' compression)."""
+    if name != "energy_mj":
+        return model[name][k, secs % VARIANTS]
+    step = np.round(model["power_w"][k, secs % VARIANTS] * 1000)
+    return 1e9 + np.cumsum(step, axis=0)
 
 
 NODE_MARK = b"#####"  # five characters: the node number, so every body keeps its length
@@ -411,6 +425,7 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
                 ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
                 for i in range(nodes):
                     k = i % TEMPLATES
+                    per_s = stored_series(model, DCGM_TO_FIELD[name], k, np.arange(seconds))
                     for g in range(GPUS_PER_NODE):
                         lab = (f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",'
                                f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
@@ -418,9 +433,8 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
                                f'DCGM_FI_DRIVER_VERSION="580.105.08",container="main",namespace="ml-research",'
                                f'pod="llm-pretrain-worker-{i:05d}-{g}",pod_uid="",instance="gpu-node-{i:05d}:9400",'
                                f'job="dcgm"')
-                        series = vals[k, :, g]
-                        text = [f"{int(v)}" if ints else f"{v:.6f}" for v in series]
-                        f.writelines(f"{name}{{{lab}}} {text[s % VARIANTS]} {t0 + s}\n" for s in range(seconds))
+                        text = [f"{int(v)}" if ints else f"{v:.6f}" for v in per_s[:, g]]
+                        f.writelines(f"{name}{{{lab}}} {text[s]} {t0 + s}\n" for s in range(seconds))
             f.write("# EOF\n")
         out = tmp / "blocks"
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(out)],
@@ -436,6 +450,54 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
 
 # ----------------------------------------------------------------------------
 # gpufleet side
+
+
+def gpufleet_timescale_bytes(server: str, nodes: int = 1, hours: float = 2.0) -> dict[str, float]:
+    """Bytes per GPU-sample of the same ``hours`` of ``nodes`` nodes stored by
+    gpufleet on TimescaleDB and compressed, the counterpart of
+    :func:`prometheus_block_bytes`: the values the agents send (the same
+    value model, one 10-s batch a node), stored through the collector's own
+    storing step, every chunk compressed with the project's settings."""
+    from gpufleet.catalog import GPU_BY_NAME
+    from gpufleet.collector.batch_store import write_batches
+    from gpufleet.config import load_settings
+    from gpufleet.db import migrate
+    from gpufleet.db.scratch import scratch_database
+    from gpufleet.wire import KIND_DTYPE, TYPED_DTYPES, validate
+
+    model = value_model()
+    names = list(DCGM_TO_FIELD.values())
+    dtypes = {n: KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
+    seconds = int(hours * 3600)
+    t0 = (int(time.time()) // 86400 - 3) * 86400 + 3600
+    gpu_col = np.tile(np.arange(GPUS_PER_NODE, dtype="<i2"), SHIP_EVERY_S)
+    with scratch_database(server, "gpufleet_vsprom_ts") as url:
+        migrate.upgrade(url, load_settings())
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT remove_compression_policy('gpu_samples', if_exists => true)")
+            for start in range(0, seconds, 600):
+                batches = []
+                for i in range(nodes):
+                    k = i % TEMPLATES
+                    series = {n: stored_series(model, n, k, np.arange(seconds)) for n in names}
+                    for b in range(start, min(start + 600, seconds), SHIP_EVERY_S):
+                        secs = np.arange(b, b + SHIP_EVERY_S)
+                        cols: dict[str, Any] = {
+                            "time": {"dtype": "f8", "data": np.repeat((t0 + secs).astype("<f8"), GPUS_PER_NODE).tobytes()},
+                            "gpu": {"dtype": "i2", "data": gpu_col.tobytes()},
+                            "uuid": [f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
+                                     for _ in secs for g in range(GPUS_PER_NODE)]}
+                        for n in names:
+                            v = series[n][b:b + SHIP_EVERY_S].reshape(-1)
+                            cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
+                        batches.append(validate({"batch_id": f"ts:{i}:{b}", "node": f"gpu-node-{i:05d}", "gpu": cols}))
+                with conn.transaction():
+                    write_batches(conn, batches)
+            rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+            conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
+            size = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+    return {"bytes_per_gpu_sample": float(size) / max(int(rows), 1), "samples": float(rows), "hours": hours,
+            "nodes": nodes}
 
 
 def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str], first_tick: int,
@@ -767,11 +829,19 @@ def main() -> None:
         print(json.dumps({"name": "vs_prometheus_prometheus_only", "prometheus": [asdict(s) for s in prom]}))
         return
     hours = 1.0 if args.quick else 2.0
-    block = prometheus_block_bytes(1, hours)
-    print(f"Prometheus block storage ({hours:g} h of one node backfilled by promtool): "
+    block_nodes = 4
+    block = prometheus_block_bytes(block_nodes, hours)
+    print(f"Prometheus block storage ({hours:g} h of {block_nodes} nodes backfilled by promtool): "
           f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
           f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
           "per series and overstate it", flush=True)
+    from gpufleet.testing.pg import timescale_server_url
+
+    ts_server = timescale_server_url()
+    ts_block = None if ts_server is None else gpufleet_timescale_bytes(ts_server, block_nodes, hours)
+    if ts_block is not None:
+        print(f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
+              f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
     server = server_url()
     print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
     fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
@@ -798,8 +868,12 @@ def main() -> None:
     print(f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}{' (the largest tried)' if capped else ''}"
           f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else
           f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}")
-    print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); "
-          "TimescaleDB compression is measured by bench/ingest.py where a TimescaleDB server is set")
+    ts_ratio = None if ts_block is None else block["bytes_per_gpu_sample"] / ts_block["bytes_per_gpu_sample"]
+    if ts_ratio is not None:
+        print(f"storage, Prometheus block / gpufleet on TimescaleDB (same hours, same values): {ts_ratio:.2f}x")
+    else:
+        print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); set "
+              "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to compare compressed storage")
 
     def rounded(s: Step) -> dict[str, Any]:
         return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": round(s.done_frac, 4),
@@ -814,6 +888,9 @@ def main() -> None:
         "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
         "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
         "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
+        "storage_ratio_timescale": None if ts_ratio is None else round(ts_ratio, 2),
+        "gpufleet_bytes_per_gpu_sample_timescale": None if ts_block is None else round(
+            ts_block["bytes_per_gpu_sample"], 2),
         "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
         "gpufleet_bytes_per_gpu_sample_plain_postgres": None if ref is None else round(
             next(s for s in fleet if s.gpus == ref).bytes_per_gpu_sample, 1),
