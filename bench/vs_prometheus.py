@@ -793,10 +793,10 @@ def main() -> None:
     if args.http_floor:
         floor = []
         for gpus in fleets:
-            f = http_floor_step(gpus, warm, window)
-            print(f"  http floor {gpus:6d} GPUs: {f['cpu_us_per_request']:.0f} us per request, "
-                  f"{f['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({f['cpu_cores']:.2f} cores)", flush=True)
-            floor.append(f)
+            step = http_floor_step(gpus, warm, window)
+            print(f"  http floor {gpus:6d} GPUs: {step['cpu_us_per_request']:.0f} us per request, "
+                  f"{step['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({step['cpu_cores']:.2f} cores)", flush=True)
+            floor.append(step)
         print(json.dumps({"name": "vs_prometheus_http_floor", "http_floor": floor}))
         return
     if args.only == "gpufleet":
