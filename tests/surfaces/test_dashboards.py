@@ -125,7 +125,7 @@ def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
         variables = resolve_variables(conn, d, rng)
         # A one-minute bucket read from raw samples (interval just under the switch) ...
         raw_sql = expand(sql.replace("$__interval_ms <", "0 <").replace("$__interval_ms >=", "0 >="), rng,
-                         variables, interval_ms=60_000)
+                         variables, interval_ms=60_000, timescaledb=fleet.backend == "timescaledb")
         raw = {row[0]: row[1] for row in conn.execute(raw_sql.encode()).fetchall()}
     rolled = fleet_activity("rollup")
     common = sorted(set(raw) & set(rolled))
