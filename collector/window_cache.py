@@ -135,26 +135,37 @@ def parse_array(raw: bytes, n: int, kind: str) -> np.ndarray:
 class _Buf:
     """Samples of one GPU or host, sorted by time, with room to append.
 
+    Only the columns that ever held a value are stored (``rows``, indexes
+    into the table's columns, with their values in ``_c``); the others read
+    as NaN.  Most fleets report well under half the detector columns (no
+    DCGM profiling, no NVLink, no job cgroup), so this is most of the
+    window's memory, and of what a new owner rebuilds.
+
     New samples usually come after the last ones: they are written into
     spare capacity, and old ones are dropped by moving the start, so a
     steady-state sweep copies only what arrived, not the whole window.
     """
 
-    __slots__ = ("_c", "_t", "a", "b")
+    __slots__ = ("_c", "_t", "a", "absent", "b", "ncols", "rows")
 
     def __init__(self, t: np.ndarray, cols: np.ndarray) -> None:
+        """From every column (``cols``: columns x samples, NaN where none)."""
+        empty = np.isnan(cols).all(axis=1)
+        self.rows, self.absent, self.ncols = np.flatnonzero(~empty), np.flatnonzero(empty), cols.shape[0]
         cap = max(16, 2 * len(t))
         self._t = np.empty(cap, dtype=np.float64)
-        self._c = np.empty((cols.shape[0], cap), dtype=np.float32)
+        self._c = np.empty((len(self.rows), cap), dtype=np.float32)
         self.a, self.b = 0, len(t)
         self._t[:self.b] = t
-        self._c[:, :self.b] = cols
+        self._c[:, :self.b] = cols[self.rows]
 
     @classmethod
-    def adopt(cls, t: np.ndarray, cols: np.ndarray, n: int) -> _Buf:
-        """Take arrays as they are (no copy): their first ``n`` samples, sorted, and spare room after."""
+    def adopt(cls, t: np.ndarray, vals: np.ndarray, n: int, rows: np.ndarray, absent: np.ndarray) -> _Buf:
+        """Take arrays as they are (no copy): their first ``n`` samples, sorted, and spare room after;
+        ``vals`` holds the columns ``rows``, ``absent`` lists the others (buffers may share both)."""
         b = cls.__new__(cls)
-        b._t, b._c, b.a, b.b = t, cols, 0, n
+        b._t, b._c, b.a, b.b, b.rows, b.absent = t, vals, 0, n, rows, absent
+        b.ncols = len(rows) + len(absent)
         return b
 
     @property
@@ -162,8 +173,16 @@ class _Buf:
         return self._t[self.a:self.b]
 
     @property
-    def cols(self) -> np.ndarray:
+    def vals(self) -> np.ndarray:
+        """The stored columns' samples (len(rows) x samples, a view)."""
         return self._c[:, self.a:self.b]
+
+    @property
+    def cols(self) -> np.ndarray:
+        """Every column (columns x samples, NaN for those not stored): a copy."""
+        out = np.full((self.ncols, self.b - self.a), np.nan, dtype=np.float32)
+        out[self.rows] = self.vals
+        return out
 
     def _reserve(self, extra: int) -> None:
         n = self.b - self.a
@@ -174,13 +193,26 @@ class _Buf:
         t[:n], c[:, :n] = self._t[self.a:self.b], self._c[:, self.a:self.b]
         self._t, self._c, self.a, self.b = t, c, 0, n
 
+    def _widen(self, rows: np.ndarray) -> None:
+        """Store columns ``rows`` too (NaN for the samples held so far)."""
+        keep = np.union1d(self.rows, rows)
+        c = np.full((len(keep), len(self._t)), np.nan, dtype=np.float32)
+        c[np.searchsorted(keep, self.rows), self.a:self.b] = self._c[:, self.a:self.b]
+        self._c, self.rows = c, keep
+        self.absent = np.setdiff1d(np.arange(self.ncols), keep)
+
     def merge(self, t: np.ndarray, cols: np.ndarray) -> None:
+        """Add samples (``cols``: every column x samples, NaN where none)."""
         if len(t) == 0:
             return
         if self.b == self.a or t[0] > self._t[self.b - 1]:
+            if len(self.absent):
+                new = ~np.isnan(cols[self.absent]).all(axis=1)
+                if new.any():
+                    self._widen(self.absent[new])
             self._reserve(len(t))
             self._t[self.b:self.b + len(t)] = t
-            self._c[:, self.b:self.b + len(t)] = cols
+            self._c[:, self.b:self.b + len(t)] = cols[self.rows]
             self.b += len(t)
             return
         # Out of order or overlapping (a re-fetch, a back-fill): merge and de-duplicate.
@@ -372,16 +404,25 @@ class WindowCache:
         t_start = t_end - self.window_s
         w = Window(t_start=t_start, t_end=t_end, runs=runs, node_facts=node_facts)
         for (node, gpu), buf in self.gpus.items():
-            a, b = np.searchsorted(buf.t, [t_start, t_end], side="right")
-            if b > a:
-                w.gpus[(node, gpu)] = Series(node, gpu, buf.t[a:b],
-                                             {c: buf.cols[j, a:b] for j, c in enumerate(GPU_COLUMNS)})
+            ser = _series(buf, GPU_COLUMNS, t_start, t_end, node, gpu)
+            if ser is not None:
+                w.gpus[(node, gpu)] = ser
         for node, buf in self.hosts.items():
-            a, b = np.searchsorted(buf.t, [t_start, t_end], side="right")
-            if b > a:
-                w.hosts[node] = Series(node, None, buf.t[a:b],
-                                       {c: buf.cols[j, a:b] for j, c in enumerate(HOST_COLUMNS)})
+            ser = _series(buf, HOST_COLUMNS, t_start, t_end, node, None)
+            if ser is not None:
+                w.hosts[node] = ser
         return w
+
+
+def _series(buf: _Buf, names: tuple[str, ...], t_start: float, t_end: float, node: str,
+            gpu: int | None) -> Series | None:
+    """A buffer's samples in (t_start, t_end] as views; columns it does not store are left out
+    (a series reads them as NaN)."""
+    t = buf.t
+    a, b = t.searchsorted((t_start, t_end), side="right").tolist()
+    if b <= a:
+        return None
+    return Series(node, gpu, t[a:b], dict(zip([names[j] for j in buf.rows.tolist()], buf.vals[:, a:b], strict=True)))
 
 
 def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[RunInfo]:
