@@ -57,7 +57,10 @@ class _RawLoader(Loader):
         return bytes(data)
 
 
-#: Nodes per query of a cold load, to bound the server's aggregation memory.
+#: Nodes per query of a cold load, to bound the server's aggregation memory.  A read of a
+#: shorter span takes proportionally more nodes per query (the same samples at most): each
+#: query scans the span's rows of every node, so a steady sweep's few seconds of a large
+#: fleet are one query, not one per 250 nodes.
 NODES_PER_QUERY = 250
 
 #: Commits can land slightly out of ``received_at`` order; batches this much
@@ -253,10 +256,14 @@ class WindowCache:
 
     # -- loading ---------------------------------------------------------------
 
-    def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any]) -> int:
+    def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any],
+                span_s: float | None = None) -> int:
+        """Merge the rows ``where`` selects of ``nodes``, which lie in ``span_s`` seconds (None: a window)."""
         n = 0
-        for k in range(0, len(nodes), NODES_PER_QUERY):
-            p = {**params, "nodes": nodes[k:k + NODES_PER_QUERY]}
+        span = self.window_s if span_s is None else max(span_s, 1.0)
+        per_query = int(NODES_PER_QUERY * max(1.0, self.window_s / span))
+        for k in range(0, len(nodes), per_query):
+            p = {**params, "nodes": nodes[k:k + per_query]}
             with conn.cursor(binary=True) as cur:
                 # Arrays arrive as raw bytes (parsed with numpy), not as lists.
                 cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
@@ -275,8 +282,8 @@ class WindowCache:
             raise ValueError("a sample time is NULL")  # the schema forbids it
         t = (parse_array(t_raw, count, "time") + PG_EPOCH_US) / 1e6
         cols = parse_matrix(m_raw, count, ncols)
-        order = np.argsort(t, kind="stable")
-        if (np.diff(order) != 1).any():
+        if count > 1 and not (t[1:] >= t[:-1]).all():
+            order = np.argsort(t, kind="stable")
             t, cols = t[order], cols[:, order]
         buf = bufs.get(key)
         if buf is None:
@@ -354,7 +361,7 @@ class WindowCache:
         n = 0
         for lo, hi, names in clusters:
             n += self._ingest(conn, sorted(names), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                              {"lo": lo, "hi": hi})
+                              {"lo": lo, "hi": hi}, (hi - lo).total_seconds())
         return n
 
     def catch_up(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str]) -> int:
@@ -370,7 +377,7 @@ class WindowCache:
         late = self.last_fresh
         tail = sorted(nodes | {b[1] for b in batches if b[3] >= upto_dt})
         n += self._ingest(conn, tail, "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)})
+                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)}, now - upto)
         self.last_fresh = late
         self.watermark = db_now
         self.trim(lo_keep)

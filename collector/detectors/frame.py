@@ -146,10 +146,12 @@ class Frame:
         #: Results detectors share within one sweep (e.g. which runs the
         #: checkpoint detector claims, so starvation does not claim them too).
         self.memo: dict[str, Any] = {}
-        self.t = (
-            np.concatenate([s.t - self.base for s in self.series], dtype=F32, casting="same_kind")
-            if n else np.zeros(0, dtype=F32)
-        )
+        self.t = np.empty(n, dtype=F32)
+        # In slices of rows: one float64 copy of a slice at a time, not one temporary per row.
+        for k in range(0, g, 1024):
+            part = np.concatenate([s.t for s in self.series[k:k + 1024]])
+            np.subtract(part, self.base, out=part)
+            self.t[self.offsets[k]:self.offsets[min(k + 1024, g)]] = part
         self._timing()
 
     # --- layout -----------------------------------------------------------------
