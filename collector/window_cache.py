@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -133,6 +133,15 @@ def parse_array(raw: bytes, n: int, kind: str) -> np.ndarray:
             out[i] = np.frombuffer(body[pos:pos + ln], dtype=dt)[0]
             pos += ln
     return out
+
+
+class Pending(NamedTuple):
+    """One GPU's (``gpu``) or host's row of a read, still as PostgreSQL sent its arrays."""
+
+    gpu: bool
+    key: Any
+    t: bytes
+    m: bytes
 
 
 class _Buf:
@@ -257,8 +266,9 @@ class WindowCache:
     # -- loading ---------------------------------------------------------------
 
     def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any],
-                span_s: float | None = None) -> int:
-        """Merge the rows ``where`` selects of ``nodes``, which lie in ``span_s`` seconds (None: a window)."""
+                span_s: float | None = None, defer: list[Pending] | None = None) -> int:
+        """Merge the rows ``where`` selects of ``nodes``, which lie in ``span_s`` seconds (None: a window);
+        with ``defer``, append them there unparsed instead (for :meth:`merge_pending`)."""
         n = 0
         span = self.window_s if span_s is None else max(span_s, 1.0)
         per_query = int(NODES_PER_QUERY * max(1.0, self.window_s / span))
@@ -268,10 +278,28 @@ class WindowCache:
                 # Arrays arrive as raw bytes (parsed with numpy), not as lists.
                 cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
                 cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+                if defer is not None:
+                    for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
+                        defer.append(Pending(True, (node, int(gpu)), t, m))
+                        n += int.from_bytes(t[12:16], "big")
+                    for node, t, m in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
+                        defer.append(Pending(False, node, t, m))
+                        n += int.from_bytes(t[12:16], "big")
+                    continue
                 for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
                     n += self._merge(self.gpus, (node, int(gpu)), t, m, len(GPU_COLUMNS))
                 for node, t, m in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
                     n += self._merge(self.hosts, node, t, m, len(HOST_COLUMNS))
+        return n
+
+    def merge_pending(self, rows: list[Pending]) -> int:
+        """Merge rows an earlier read deferred, in their order."""
+        n = 0
+        for r in rows:
+            if r.gpu:
+                n += self._merge(self.gpus, r.key, r.t, r.m, len(GPU_COLUMNS))
+            else:
+                n += self._merge(self.hosts, r.key, r.t, r.m, len(HOST_COLUMNS))
         return n
 
     @staticmethod
@@ -343,7 +371,8 @@ class WindowCache:
             del self.seen[next(iter(self.seen))]
         return db_now, batches, fresh
 
-    def _fetch(self, conn: psycopg.Connection, fresh: list[tuple[Any, ...]], lo_keep: float) -> int:
+    def _fetch(self, conn: psycopg.Connection, fresh: list[tuple[Any, ...]], lo_keep: float,
+               defer: list[Pending] | None = None) -> int:
         # Fresh batches cluster in time (usually the last few seconds); each
         # cluster is one time-range scan filtered by node, which the time
         # index serves however long the retention.  Re-fetched samples are
@@ -361,26 +390,35 @@ class WindowCache:
         n = 0
         for lo, hi, names in clusters:
             n += self._ingest(conn, sorted(names), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                              {"lo": lo, "hi": hi}, (hi - lo).total_seconds())
+                              {"lo": lo, "hi": hi}, (hi - lo).total_seconds(), defer)
         return n
 
     def catch_up(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str]) -> int:
         """After a restore of every sample before ``upto`` as of the watermark: merge the batches
         committed since that reach before ``upto``, and read every sample from ``upto`` on (run in the
         same REPEATABLE READ transaction as the restore, so nothing falls between the two)."""
+        rows: list[Pending] = []
+        self.read_tail(conn, now, upto, nodes, rows)
+        n = self.merge_pending(rows)
+        self.trim(now - self.window_s)
+        return n
+
+    def read_tail(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str],
+                  rows: list[Pending]) -> int:
+        """The reads of :meth:`catch_up`, their rows appended to ``rows`` (not merged): they touch
+        neither the buffers nor what a restore assembles meanwhile; returns the samples read."""
         db_now, batches, fresh = self._batches_since(conn)
         for b in batches:  # all of them are merged below or lie in the tail read below
             self.seen[b[0]] = b[4]
         lo_keep = now - self.window_s
         upto_dt = datetime.fromtimestamp(upto, UTC)
-        n = self._fetch(conn, [b for b in fresh if b[2] < upto_dt], lo_keep)
+        n = self._fetch(conn, [b for b in fresh if b[2] < upto_dt], lo_keep, rows)
         late = self.last_fresh
         tail = sorted(nodes | {b[1] for b in batches if b[3] >= upto_dt})
         n += self._ingest(conn, tail, "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)}, now - upto)
+                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)}, now - upto, rows)
         self.last_fresh = late
         self.watermark = db_now
-        self.trim(lo_keep)
         return n
 
     def refresh(self, conn: psycopg.Connection, now: float) -> int:
@@ -410,26 +448,36 @@ class WindowCache:
         """The Window detectors see at ``t_end`` (samples in (t_end - window_s, t_end])."""
         t_start = t_end - self.window_s
         w = Window(t_start=t_start, t_end=t_end, runs=runs, node_facts=node_facts)
+        names: dict[bytes, list[str]] = {}  # the column names of each stored-column list, looked up once
         for (node, gpu), buf in self.gpus.items():
-            ser = _series(buf, GPU_COLUMNS, t_start, t_end, node, gpu)
+            ser = _series(buf, GPU_COLUMNS, names, t_start, t_end, node, gpu)
             if ser is not None:
                 w.gpus[(node, gpu)] = ser
+        names = {}
         for node, buf in self.hosts.items():
-            ser = _series(buf, HOST_COLUMNS, t_start, t_end, node, None)
+            ser = _series(buf, HOST_COLUMNS, names, t_start, t_end, node, None)
             if ser is not None:
                 w.hosts[node] = ser
         return w
 
 
-def _series(buf: _Buf, names: tuple[str, ...], t_start: float, t_end: float, node: str,
-            gpu: int | None) -> Series | None:
+def _series(buf: _Buf, columns: tuple[str, ...], names: dict[bytes, list[str]], t_start: float, t_end: float,
+            node: str, gpu: int | None) -> Series | None:
     """A buffer's samples in (t_start, t_end] as views; columns it does not store are left out
     (a series reads them as NaN)."""
     t = buf.t
-    a, b = t.searchsorted((t_start, t_end), side="right").tolist()
+    if not len(t):
+        return None
+    # Usually the whole buffer lies in the window (it is trimmed to it): no search.
+    a = 0 if t[0] > t_start else int(t.searchsorted(t_start, side="right"))
+    b = len(t) if t[-1] <= t_end else int(t.searchsorted(t_end, side="right"))
     if b <= a:
         return None
-    return Series(node, gpu, t[a:b], dict(zip([names[j] for j in buf.rows.tolist()], buf.vals[:, a:b], strict=True)))
+    key = buf.rows.tobytes()
+    cols = names.get(key)
+    if cols is None:
+        cols = names[key] = [columns[j] for j in buf.rows.tolist()]
+    return Series(node, gpu, t[a:b], dict(zip(cols, buf.vals[:, a:b], strict=True)))
 
 
 def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[RunInfo]:

@@ -30,6 +30,7 @@ import logging
 import math
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 import psycopg
 import zstandard
 
-from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, WindowCache, _Buf
+from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, Pending, WindowCache, _Buf
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +185,8 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
         if len(bl.present) == len(present):
             c[:, dest] = bl.cols
         else:
-            have = [row[j] for j in bl.present]
-            c[np.ix_([r for r in range(len(present)) if r not in set(have)], dest)] = np.nan
+            have = np.array([row[j] for j in bl.present], dtype=np.int64)
+            c[np.ix_(np.setdiff1d(np.arange(len(present)), have), dest)] = np.nan
             c[np.ix_(have, dest)] = bl.cols
     # Times must rise within each key (segments never overlap); a key where they do not is rebuilt by merging.
     out: dict[Any, _Buf] = {}
@@ -314,13 +315,21 @@ class WindowSnapshots:
             if any(d is None for d in decoded):
                 return None
             segs = [d for d in decoded if d is not None]
-            cache.gpus = _assemble([d.gpus for d in segs], len(GPU_COLUMNS))
-            cache.hosts = _assemble([d.hosts for d in segs], len(HOST_COLUMNS))
-            restored = int(sum(len(d.gpus.t) + len(d.hosts.t) for d in segs))
             cache.seen = _seen_load(seen_raw, watermark.tzinfo)
             cache.watermark = watermark
-            nodes = {k[0] for k in cache.gpus} | set(cache.hosts)
-            n = cache.catch_up(conn, now, upto, nodes)
+            nodes = {k[0] for d in segs for k in d.gpus.keys} | {k for d in segs for k in d.hosts.keys}
+            # The database reads the late batches and the raw tail while the window is assembled
+            # here (the reads touch no buffer); their rows are merged after it, as catch_up would.
+            pending: list[Pending] = []
+            with ThreadPoolExecutor(1) as pool:
+                reading = pool.submit(cache.read_tail, conn, now, upto, nodes, pending)
+                gpus = _assemble([d.gpus for d in segs], len(GPU_COLUMNS))
+                hosts = _assemble([d.hosts for d in segs], len(HOST_COLUMNS))
+                reading.result()
+            cache.gpus, cache.hosts = gpus, hosts
+            restored = int(sum(len(d.gpus.t) + len(d.hosts.t) for d in segs))
+            n = cache.merge_pending(pending)
+            cache.trim(now - cache.window_s)
         cache.loaded, cache.loaded_from = True, since
         self.upto, self.since = upto, since
         self.dirty.clear()
