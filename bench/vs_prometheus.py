@@ -17,10 +17,12 @@ both sides, one side after the other so they never compete for the CPU:
   pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, container,
   namespace, pod, pod_uid), integers for integer fields and six decimals for
   ratios and watts.
-* **gpufleet**: every node ships its 10-s batch of the same values (the
-  agents' wire format: msgpack, typed columns, zstd) to one collector
+* **gpufleet**: every node ships its batch of the same values every
+  ``ship_interval_s`` (the agent's default, 5 s; the agents' wire format:
+  msgpack, typed columns, zstd, with the agent's id and version) to one collector
   process, which stores them in PostgreSQL; node ship times are spread over
-  the 10 s.
+  the interval, and each node sends over a connection of its own, kept alive
+  between shipments as long as the collector keeps it open.
 
 Measured for each side at each fleet size, over a steady window after a
 warm-up: CPU per GPU-sample of everything the side runs (Prometheus; the
@@ -33,13 +35,21 @@ were acknowledged as stored and the p99 time from a batch being due to its
 acknowledgement is under half the interval.  Stored bytes per GPU-sample:
 Prometheus's TSDB as persisted blocks (an admin-API snapshot that writes the
 head out as a block: chunks and index), gpufleet's ``gpu_samples`` table
-with its indexes (plain PostgreSQL; on TimescaleDB compression changes this,
-see bench/ingest.py).  The node side (exporters, agents) is left out on both
+with its indexes (plain PostgreSQL).  The storage ratio compares two hours
+of four nodes' values as each side keeps them for good: a Prometheus block
+made by promtool's backfill, and, where ``GPUFLEET_TEST_TIMESCALE_URL``
+names a TimescaleDB 2.x server, the same values stored through gpufleet's
+storing step and compressed.  The node side (exporters, agents) is left out on both
 sides: it runs on the GPU nodes.  The exporter simulator's and the load
 driver's CPU are printed so a reader can see they did not starve either side.
 
 Ratios (Prometheus / gpufleet) are printed at the largest fleet both kept up
 with, and of the largest fleets.  The last line is JSON.
+
+``--http-floor`` measures, under the same load, the HTTP server alone (uvicorn
+as the collector runs it, an app that stores nothing): the CPU a request costs
+before any ingest work, which no change inside the collector's ingest path
+can go below at the agents' batch size.
 """
 
 from __future__ import annotations
@@ -72,10 +82,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpufleet import __version__  # noqa: E402
+from gpufleet.config import AgentSettings  # noqa: E402
 from gpufleet.serverthread import free_port  # noqa: E402
 
 GPUS_PER_NODE = 8
-SHIP_EVERY_S = 10
+#: Seconds of samples in each node's batch: the agent's default ``ship_interval_s``
+#: (a longer interval would spread each request's fixed cost over more samples
+#: than a fleet running the defaults does).
+SHIP_EVERY_S = round(AgentSettings().ship_interval_s)
 #: Seconds of distinct values per node template (the bodies cycle through them).
 VARIANTS = 60
 TEMPLATES = 16
@@ -170,6 +185,17 @@ def value_model(seed: int = 1) -> dict[str, np.ndarray]:
         "pcie_tx_bytes_s": np.round(1.2e9 * busy),
         "pcie_rx_bytes_s": np.round(2.1e9 * busy),
     }
+
+
+def stored_series(model: dict[str, np.ndarray], name: str, k: int, secs: np.ndarray) -> np.ndarray:
+    """values[second, gpu] of node template ``k`` at absolute seconds ``secs``, for the storage
+    comparison: the values cycle through the model's seconds, except the energy counter, which
+    keeps counting up as a real one does (the live runs' bodies cycle it too, harmless for
+    CPU, but a counter falling back every minute would cost both sides' compression)."""
+    if name != "energy_mj":
+        return model[name][k, secs % VARIANTS]
+    step = np.round(model["power_w"][k, secs % VARIANTS] * 1000)
+    return 1e9 + np.cumsum(step, axis=0)
 
 
 NODE_MARK = b"#####"  # five characters: the node number, so every body keeps its length
@@ -399,6 +425,7 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
                 ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
                 for i in range(nodes):
                     k = i % TEMPLATES
+                    per_s = stored_series(model, DCGM_TO_FIELD[name], k, np.arange(seconds))
                     for g in range(GPUS_PER_NODE):
                         lab = (f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",'
                                f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
@@ -406,9 +433,8 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
                                f'DCGM_FI_DRIVER_VERSION="580.105.08",container="main",namespace="ml-research",'
                                f'pod="llm-pretrain-worker-{i:05d}-{g}",pod_uid="",instance="gpu-node-{i:05d}:9400",'
                                f'job="dcgm"')
-                        series = vals[k, :, g]
-                        text = [f"{int(v)}" if ints else f"{v:.6f}" for v in series]
-                        f.writelines(f"{name}{{{lab}}} {text[s % VARIANTS]} {t0 + s}\n" for s in range(seconds))
+                        text = [f"{int(v)}" if ints else f"{v:.6f}" for v in per_s[:, g]]
+                        f.writelines(f"{name}{{{lab}}} {text[s]} {t0 + s}\n" for s in range(seconds))
             f.write("# EOF\n")
         out = tmp / "blocks"
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(out)],
@@ -424,6 +450,54 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
 
 # ----------------------------------------------------------------------------
 # gpufleet side
+
+
+def gpufleet_timescale_bytes(server: str, nodes: int = 1, hours: float = 2.0) -> dict[str, float]:
+    """Bytes per GPU-sample of the same ``hours`` of ``nodes`` nodes stored by
+    gpufleet on TimescaleDB and compressed, the counterpart of
+    :func:`prometheus_block_bytes`: the values the agents send (the same
+    value model, one 10-s batch a node), stored through the collector's own
+    storing step, every chunk compressed with the project's settings."""
+    from gpufleet.catalog import GPU_BY_NAME
+    from gpufleet.collector.batch_store import write_batches
+    from gpufleet.config import load_settings
+    from gpufleet.db import migrate
+    from gpufleet.db.scratch import scratch_database
+    from gpufleet.wire import KIND_DTYPE, TYPED_DTYPES, validate
+
+    model = value_model()
+    names = list(DCGM_TO_FIELD.values())
+    dtypes = {n: KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
+    seconds = int(hours * 3600)
+    t0 = (int(time.time()) // 86400 - 3) * 86400 + 3600
+    gpu_col = np.tile(np.arange(GPUS_PER_NODE, dtype="<i2"), SHIP_EVERY_S)
+    with scratch_database(server, "gpufleet_vsprom_ts") as url:
+        migrate.upgrade(url, load_settings())
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT remove_compression_policy('gpu_samples', if_exists => true)")
+            for start in range(0, seconds, 600):
+                batches = []
+                for i in range(nodes):
+                    k = i % TEMPLATES
+                    series = {n: stored_series(model, n, k, np.arange(seconds)) for n in names}
+                    for b in range(start, min(start + 600, seconds), SHIP_EVERY_S):
+                        secs = np.arange(b, b + SHIP_EVERY_S)
+                        cols: dict[str, Any] = {
+                            "time": {"dtype": "f8", "data": np.repeat((t0 + secs).astype("<f8"), GPUS_PER_NODE).tobytes()},
+                            "gpu": {"dtype": "i2", "data": gpu_col.tobytes()},
+                            "uuid": [f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
+                                     for _ in secs for g in range(GPUS_PER_NODE)]}
+                        for n in names:
+                            v = series[n][b:b + SHIP_EVERY_S].reshape(-1)
+                            cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
+                        batches.append(validate({"batch_id": f"ts:{i}:{b}", "node": f"gpu-node-{i:05d}", "gpu": cols}))
+                with conn.transaction():
+                    write_batches(conn, batches)
+            rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
+            conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
+            size = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+    return {"bytes_per_gpu_sample": float(size) / max(int(rows), 1), "samples": float(rows), "hours": hours,
+            "nodes": nodes}
 
 
 def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str], first_tick: int,
@@ -450,7 +524,8 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
             for n in names:
                 v = model[n][k, idx].reshape(-1)
                 cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
-            doc = {"batch_id": f"vsprom:{i}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols}
+            doc = {"batch_id": f"vsprom-{i:05d}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols,
+                   "agent": {"id": f"vsprom-{i:05d}", "version": __version__}}
             body = cctx.compress(msgpack.packb(doc, use_bin_type=True))
             headers = {"Content-Type": "application/msgpack", "Content-Encoding": "zstd",
                        "Authorization": f"Bearer {tokens[i]}"}
@@ -458,58 +533,62 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
     return due
 
 
-async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str, str]]]], connections: int,
+async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str, str]]]],
                       window: tuple[int, int]) -> dict[str, Any]:
-    """Send each tick's batches at that wall-clock second; latency counts from then."""
+    """Every node sends its batches at their wall-clock second over a connection
+    of its own, kept alive between shipments, as an agent's HTTP client does: a
+    connection the collector closed while idle is opened again for the next
+    batch.  Latency counts from the due time."""
     from gpufleet.testing.loadgen import Request, _send
 
-    q: asyncio.Queue[tuple[float, int, Request]] = asyncio.Queue()
     lat: list[float] = []
     ok_in_window = [0]
     statuses: dict[int, int] = {}
-    stop = [False]
+    opened_in_window = [0]
+    per_node: dict[int, list[tuple[float, int, bytes, dict[str, str]]]] = {}
+    for tick, items in due.items():
+        for i, body, headers in items:
+            # Agents' clocks are not aligned: each node ships at its own offset in
+            # the second (as Prometheus spreads its scrapes over the interval).
+            per_node.setdefault(i, []).append((tick + (i * 0.6180339887) % 1.0, tick, body, headers))
+    end = max(due) + 4.0
 
-    async def worker() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def agent(items: list[tuple[float, int, bytes, dict[str, str]]]) -> None:
+        reader: asyncio.StreamReader | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
-            while True:
-                when, tick, req = await q.get()
-                if stop[0] and when < 0:
-                    return
-                status, _ = await _send(reader, writer, f"127.0.0.1:{port}", req)
-                statuses[status] = statuses.get(status, 0) + 1
-                if 200 <= status < 300:
-                    if window[0] <= tick < window[1]:
-                        ok_in_window[0] += 1
-                        lat.append(time.time() - when)
-                else:
-                    q.put_nowait((when, tick, req))
+            for when, tick, body, headers in sorted(items, key=lambda x: x[0]):
+                delay = when - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                req = Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)
+                while time.time() < end:
+                    if writer is None or reader is None or reader.at_eof():
+                        if writer is not None:
+                            writer.close()
+                        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                        if window[0] <= tick < window[1]:
+                            opened_in_window[0] += 1
+                    try:
+                        status, _ = await _send(reader, writer, f"127.0.0.1:{port}", req)
+                    except (ConnectionError, asyncio.IncompleteReadError):
+                        writer.close()
+                        writer = None
+                        continue
+                    statuses[status] = statuses.get(status, 0) + 1
+                    if 200 <= status < 300:
+                        if window[0] <= tick < window[1]:
+                            ok_in_window[0] += 1
+                            lat.append(time.time() - when)
+                        break
                     await asyncio.sleep(0.05)
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
 
-    workers = [asyncio.create_task(worker()) for _ in range(connections)]
-    # Agents' clocks are not aligned: each node ships at its own offset in the
-    # second (as Prometheus spreads its scrapes over the interval).
-    schedule = sorted((tick + (i * 0.6180339887) % 1.0, tick, body, headers)
-                      for tick, items in due.items() for i, body, headers in items)
-    for when, tick, body, headers in schedule:
-        delay = when - time.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        q.put_nowait((when, tick, Request(body, headers, SHIP_EVERY_S * GPUS_PER_NODE)))
-    # Grace for the last batches, then stop the workers.
-    end = time.time() + 3
-    while not q.empty() and time.time() < end:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(max(0.0, min(1.0, end - time.time())))
-    stop[0] = True
-    for _ in workers:
-        q.put_nowait((-1.0, -1, Request(b"", {}, 0)))
-    await asyncio.wait(workers, timeout=10)
-    for w in workers:
-        w.cancel()
-    return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses}
+    await asyncio.gather(*(agent(items) for items in per_node.values()))
+    return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses,
+            "connections_opened_in_window": opened_in_window[0]}
 
 
 def postgres_pids(url: str, dbname: str) -> list[int]:
@@ -562,7 +641,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                     readings["pss"] = sum(pss_bytes(p) for p in pids)
 
                 sampler = asyncio.create_task(sample())
-                out = await drive_paced(port, due, min(64, max(8, nodes // 10)), window)
+                out = await drive_paced(port, due, window)
                 await sampler
                 return out
 
@@ -591,8 +670,76 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                    "collector_rss_mib": round(readings["rss"] / 2**20, 1),
                    "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
-                   "statuses": out["statuses"], "rows_stored": rows}
+                   "statuses": out["statuses"], "rows_stored": rows,
+                   "connections_opened_in_window": out["connections_opened_in_window"]}
     return step
+
+
+def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]:
+    """CPU of the HTTP server alone under the gpufleet side's load: uvicorn as the
+    collector runs it (loopback, no access log) serving an ASGI app that reads
+    each body and answers a stored-like JSON, storing nothing.  What one
+    process pays per request before any ingest work, the floor under
+    gpufleet's collector figure at this batch size."""
+    nodes = gpus // GPUS_PER_NODE
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-null", str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.post(f"http://127.0.0.1:{port}/v1/ingest", content=b"x", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the null HTTP server did not start")
+            time.sleep(0.2)
+        start = int(time.time()) + 2
+        due = gpufleet_bodies(value_model(), nodes, ["null"] * nodes, start + 2, int(warm_s + window_s) + 1)
+        first = min(due)
+        window = (first + int(warm_s), first + int(warm_s) + int(window_s))
+        readings: dict[str, float] = {}
+
+        async def run() -> dict[str, Any]:
+            async def sample() -> None:
+                await asyncio.sleep(max(0.0, window[0] - time.time()))
+                readings["c0"], readings["t0"] = cpu_s(proc.pid), time.time()
+                await asyncio.sleep(max(0.0, window[1] - time.time()))
+                readings["c1"], readings["t1"] = cpu_s(proc.pid), time.time()
+
+            sampler = asyncio.create_task(sample())
+            out = await drive_paced(port, due, window)
+            await sampler
+            return out
+
+        out = asyncio.run(run())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    n = max(out["ok_in_window"], 1)
+    cpu = readings["c1"] - readings["c0"]
+    return {"gpus": gpus, "requests": out["ok_in_window"], "cpu_us_per_request": round(cpu / n * 1e6, 1),
+            "cpu_us_per_gpu_sample": round(cpu / (n * SHIP_EVERY_S * GPUS_PER_NODE) * 1e6, 2),
+            "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3)}
+
+
+def serve_null(port: int) -> None:
+    import uvicorn
+
+    answer = json.dumps({"batch_id": "x", "status": "stored", "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
+                         "host_rows": 0, "rejected_skew": 0}).encode()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off")
 
 
 # ----------------------------------------------------------------------------
@@ -624,10 +771,17 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
     ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
+    ap.add_argument("--http-floor", action="store_true",
+                    help="only the HTTP server's own CPU under the gpufleet side's load (uvicorn, an app that "
+                         "stores nothing): the floor under the collector's figure")
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-null", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_exporter:
         serve_exporter(args.serve_exporter)
+        return
+    if args.serve_null:
+        serve_null(args.serve_null)
         return
     if shutil.which("prometheus") is None:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
@@ -636,6 +790,15 @@ def main() -> None:
     from gpufleet.testing.pg import server_url
 
     started = time.monotonic()
+    if args.http_floor:
+        floor = []
+        for gpus in fleets:
+            step = http_floor_step(gpus, warm, window)
+            print(f"  http floor {gpus:6d} GPUs: {step['cpu_us_per_request']:.0f} us per request, "
+                  f"{step['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({step['cpu_cores']:.2f} cores)", flush=True)
+            floor.append(step)
+        print(json.dumps({"name": "vs_prometheus_http_floor", "http_floor": floor}))
+        return
     if args.only == "gpufleet":
         server = server_url()
         print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
@@ -666,11 +829,19 @@ def main() -> None:
         print(json.dumps({"name": "vs_prometheus_prometheus_only", "prometheus": [asdict(s) for s in prom]}))
         return
     hours = 1.0 if args.quick else 2.0
-    block = prometheus_block_bytes(1, hours)
-    print(f"Prometheus block storage ({hours:g} h of one node backfilled by promtool): "
+    block_nodes = 4
+    block = prometheus_block_bytes(block_nodes, hours)
+    print(f"Prometheus block storage ({hours:g} h of {block_nodes} nodes backfilled by promtool): "
           f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
           f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
           "per series and overstate it", flush=True)
+    from gpufleet.testing.pg import timescale_server_url
+
+    ts_server = timescale_server_url()
+    ts_block = None if ts_server is None else gpufleet_timescale_bytes(ts_server, block_nodes, hours)
+    if ts_block is not None:
+        print(f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
+              f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
     server = server_url()
     print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
     fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
@@ -697,8 +868,12 @@ def main() -> None:
     print(f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}{' (the largest tried)' if capped else ''}"
           f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else
           f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}")
-    print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); "
-          "TimescaleDB compression is measured by bench/ingest.py where a TimescaleDB server is set")
+    ts_ratio = None if ts_block is None else block["bytes_per_gpu_sample"] / ts_block["bytes_per_gpu_sample"]
+    if ts_ratio is not None:
+        print(f"storage, Prometheus block / gpufleet on TimescaleDB (same hours, same values): {ts_ratio:.2f}x")
+    else:
+        print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); set "
+              "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to compare compressed storage")
 
     def rounded(s: Step) -> dict[str, Any]:
         return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": round(s.done_frac, 4),
@@ -713,6 +888,9 @@ def main() -> None:
         "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
         "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
         "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
+        "storage_ratio_timescale": None if ts_ratio is None else round(ts_ratio, 2),
+        "gpufleet_bytes_per_gpu_sample_timescale": None if ts_block is None else round(
+            ts_block["bytes_per_gpu_sample"], 2),
         "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
         "gpufleet_bytes_per_gpu_sample_plain_postgres": None if ref is None else round(
             next(s for s in fleet if s.gpus == ref).bytes_per_gpu_sample, 1),

@@ -171,7 +171,7 @@ def table_specs(key: tuple[str, ...], fields: tuple[Any, ...]) -> list[Spec]:
     specs = [Spec("time", "timestamptz"), Spec("node", "text")]
     if "gpu" in key:
         specs.append(Spec("gpu", "int2"))
-    specs.extend(Spec(f.name, _PG_TYPES[f.kind]) for f in fields)
+    specs.extend(Spec(f.name, _PG_TYPES[f.kind], f.bits if f.kind == "real" else None) for f in fields)
     return specs
 
 

@@ -31,6 +31,27 @@ FIXED = {"timestamptz": ">i8", "float4": ">f4", "float8": ">f8", "int2": ">i2", 
 class Spec:
     name: str
     pgtype: str  # one of FIXED or "text"
+    #: float4 only: mantissa bits kept (gpufleet.catalog.Field.bits); None keeps all.
+    bits: int | None = None
+
+
+def round_mantissa(values: np.ndarray, bits: int) -> np.ndarray:
+    """``values`` as float32 rounded to nearest with ``bits`` mantissa bits.
+
+    Done on the bit pattern: adding half of the dropped part and clearing it
+    rounds the magnitude (a carry into the exponent is the next power of
+    two, as it should be); zero, the sign and values already that short stay
+    as they are.  A value that would round past float4's range keeps its
+    own bits.
+    """
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    drop = 23 - bits
+    if drop <= 0:
+        return v
+    u = v.view(np.uint32)
+    mask = np.uint32((1 << drop) - 1)
+    r = ((u + np.uint32(1 << (drop - 1))) & ~mask).view(np.float32)
+    return np.where(np.isfinite(r), r, v)
 
 
 def _prepare(spec: Spec, col: Column | str | None, n: int) -> tuple[Any, np.ndarray | None, np.ndarray | None]:
@@ -49,6 +70,8 @@ def _prepare(spec: Spec, col: Column | str | None, n: int) -> tuple[Any, np.ndar
     v = col.values
     if spec.pgtype == "timestamptz":
         v = np.round((v - PG_EPOCH_S) * 1e6).astype(np.int64)
+    elif spec.bits is not None:
+        v = round_mantissa(v, spec.bits)
     return v, col.null, None
 
 

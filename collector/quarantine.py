@@ -42,6 +42,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from gpufleet.config import QuarantineSettings
+from gpufleet.evidence import read_evidence
 from gpufleet.wire import NODE_RE
 from gpufleet.xid import hardware
 
@@ -198,10 +199,8 @@ def qualifies(incident: dict[str, Any], kinds: Sequence[str]) -> bool:
     if incident["severity"] != "critical" or incident["kind"] not in kinds or not incident["node"]:
         return False
     if incident["kind"] == "host_misconfig":
-        ev = incident.get("evidence") or {}
-        codes = ev.get("xid_codes") if isinstance(ev, dict) else None
-        return incident["cause"] == "repeated_xid" and isinstance(codes, list) and any(
-            isinstance(c, int) and hardware(c) for c in codes)
+        codes = read_evidence("host_misconfig", incident.get("evidence")).get("xid_codes") or []
+        return incident["cause"] == "repeated_xid" and any(hardware(c) for c in codes)
     return True
 
 

@@ -106,7 +106,13 @@ class GroupWriter:
         self.stats = WriterStats()
         self._q: deque[_Item] = deque()
         self._queued_rows = 0
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        #: Idle writers wait here for work; the one lingering writer waits on
+        #: ``_linger_cv`` and is woken only when its group is full enough, so a
+        #: request arriving during a linger costs no thread wake-up.
+        self._cv = threading.Condition(lock)
+        self._linger_cv = threading.Condition(lock)
+        self._lingering = False
         self._stop = False
         self._db_ok = True
         self._workers: list[threading.Thread] = []
@@ -141,7 +147,10 @@ class GroupWriter:
             item = _Item(batch, loop, loop.create_future(), rows)
             self._q.append(item)
             self._queued_rows += rows
-            self._cv.notify()
+            if not self._lingering:
+                self._cv.notify()
+            elif len(self._q) >= self.linger_batches or self._queued_rows >= self.max_rows // 4:
+                self._linger_cv.notify()
         return item.fut
 
     # -- lifecycle -------------------------------------------------------------
@@ -187,6 +196,7 @@ class GroupWriter:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+            self._linger_cv.notify_all()
         if self._supervisor is not None:
             self._supervisor.join(max(deadline - time.monotonic(), 0.0))
             self._supervisor = None
@@ -205,26 +215,36 @@ class GroupWriter:
 
     # -- consumer side (writer threads) ----------------------------------------
 
+    #: A lingering writer stops waiting once this many requests are queued.
+    linger_batches = 16
+
     def _take(self) -> list[_Item]:
         with self._cv:
-            while not self._q and not self._stop:
+            # While another writer lingers, the queue is its group: wait for it to take it.
+            while (not self._q or self._lingering) and not self._stop:
                 self._cv.wait(0.5)
             if not self._q:
                 return []
             if self.linger_s and len(self._q) < 4 and not self._stop:
-                # Few waiting: linger for the interval (each request's notify
-                # would otherwise end it at once) until a handful of requests or
-                # a quarter group is in.  At a few hundred requests a second this
-                # turns one transaction per request into one per several, the
-                # larger part of the CPU per sample at moderate fleet sizes
-                # (bench/vs_prometheus.py); under load the queue is never short
+                # Few waiting: linger for the interval until a group's worth of
+                # requests (``linger_batches``) or a quarter group of rows is in.
+                # One writer lingers at a time and arrivals do not wake it, so
+                # at a few hundred requests a second each transaction gathers a
+                # dozen requests, not one (transactions and their commits are
+                # the larger part of the CPU per sample at moderate fleet sizes,
+                # bench/vs_prometheus.py); under load the queue is never short
                 # and nothing lingers.
-                deadline = time.monotonic() + self.linger_s
-                while len(self._q) < 16 and self._queued_rows < self.max_rows // 4 and not self._stop:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
+                self._lingering = True
+                try:
+                    deadline = time.monotonic() + self.linger_s
+                    while (len(self._q) < self.linger_batches and self._queued_rows < self.max_rows // 4
+                           and not self._stop):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._linger_cv.wait(left)
+                finally:
+                    self._lingering = False
             items: list[_Item] = []
             rows = 0
             while self._q and (not items or rows + self._q[0].rows <= self.max_rows):
@@ -233,6 +253,8 @@ class GroupWriter:
                 rows += it.rows
             self._queued_rows -= rows
             self._held[threading.get_ident()] = {id(it): it for it in items}
+            if self._q:
+                self._cv.notify()  # more than one group waiting: another writer takes the rest
             return items
 
     def _connect(self) -> psycopg.Connection | None:
@@ -322,18 +344,19 @@ class GroupWriter:
 
     def _resolve(self, items: list[_Item], outcomes: list[Outcome] | None = None,
                  exc: Exception | None = None) -> None:
+        """Answer ``items``: one call into each waiting event loop for the whole group."""
         held = self._held.get(threading.get_ident())
+        per_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Outcome], Outcome | None]]] = {}
         for i, it in enumerate(items):
-            try:
-                if exc is not None:
-                    it.loop.call_soon_threadsafe(_set_exc, it.fut, exc)
-                else:
-                    assert outcomes is not None
-                    it.loop.call_soon_threadsafe(_set_result, it.fut, outcomes[i])
-            except RuntimeError:  # that request's event loop is closed: nobody waits
-                pass
+            per_loop.setdefault(it.loop, []).append((it.fut, None if outcomes is None else outcomes[i]))
             if held is not None:
                 held.pop(id(it), None)
+        assert exc is not None or outcomes is not None
+        for loop, answers in per_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, answers, exc)
+            except RuntimeError:  # that event loop is closed: nobody waits
+                pass
 
     def _write(self, conn: psycopg.Connection, items: list[_Item]) -> list[Outcome]:
         t0 = time.perf_counter()
@@ -379,13 +402,12 @@ def _ts(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
-def _set_result(fut: asyncio.Future[Outcome], value: Outcome) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exc(fut: asyncio.Future[Outcome], exc: Exception) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
-
-
+def _settle(answers: list[tuple[asyncio.Future[Outcome], Outcome | None]], exc: Exception | None) -> None:
+    for fut, value in answers:
+        if fut.done():
+            continue
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            assert value is not None
+            fut.set_result(value)

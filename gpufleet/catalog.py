@@ -40,17 +40,33 @@ class Field:
     #: extensions beyond the contract are stored and ingested but not written
     #: to bundles, whose columns stay exactly the contract's.
     bundle: bool = True
+    #: Mantissa bits a ``real`` value keeps when stored, after its leading
+    #: one (None: all 23 of float4).  Compressed storage spends its bytes on the mantissa bits that
+    #: change from one sample to the next; a sampled ratio or rate carries no
+    #: information in its last bits, so they are rounded off before storing
+    #: (to nearest, relative error at most 2**-(bits+1)).  See
+    #: docs/capacity.md, "Storage".
+    bits: int | None = None
 
+
+#: Stored precision of the sampled ratios and rates (activity, bus and link
+#: rates, the job's CPU and pressure): 2**-11 = 0.05 % of the value at most,
+#: far below what the sampling itself varies by.
+RATE_BITS = 10
+#: Board power keeps more: at 700 W a step of 1/32 W (NVML reads in mW, but
+#: its stated accuracy is a few watts), so energy integrated from power where
+#: no counter is sent moves by less than 0.01 %.
+POWER_BITS = 14
 
 GPU_FIELDS: tuple[Field, ...] = (
     Field("uuid", "text", "", "GPU UUID", "nvmlDeviceGetUUID"),
     Field("util_pct", "real", "%", "GPU-Util: share of time a kernel ran", "DCGM_FI_DEV_GPU_UTIL", lo=0, hi=100),
-    Field("sm_active", "real", "ratio", "SM activity 0-1", "DCGM_FI_PROF_SM_ACTIVE", lo=0, hi=1),
-    Field("tensor_active", "real", "ratio", "tensor pipe activity 0-1", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", lo=0, hi=1),
-    Field("dram_active", "real", "ratio", "DRAM activity 0-1", "DCGM_FI_PROF_DRAM_ACTIVE", lo=0, hi=1),
+    Field("sm_active", "real", "ratio", "SM activity 0-1", "DCGM_FI_PROF_SM_ACTIVE", lo=0, hi=1, bits=RATE_BITS),
+    Field("tensor_active", "real", "ratio", "tensor pipe activity 0-1", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", lo=0, hi=1, bits=RATE_BITS),
+    Field("dram_active", "real", "ratio", "DRAM activity 0-1", "DCGM_FI_PROF_DRAM_ACTIVE", lo=0, hi=1, bits=RATE_BITS),
     Field("mem_used_mib", "real", "MiB", "framebuffer used", "DCGM_FI_DEV_FB_USED", lo=0),
     Field("mem_total_mib", "real", "MiB", "framebuffer total", "DCGM_FI_DEV_FB_TOTAL", lo=0),
-    Field("power_w", "real", "W", "board power draw", "DCGM_FI_DEV_POWER_USAGE", True, lo=0, hi=10000),
+    Field("power_w", "real", "W", "board power draw", "DCGM_FI_DEV_POWER_USAGE", True, lo=0, hi=10000, bits=POWER_BITS),
     Field("energy_mj", "bigint", "mJ", "cumulative energy counter; may reset",
           "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", True, lo=0),
     Field("power_limit_w", "real", "W", "enforced power limit", "nvmlDeviceGetEnforcedPowerLimit", True, lo=0, hi=10000),
@@ -61,14 +77,14 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("mem_temp_c", "smallint", "degC", "memory temperature", "DCGM_FI_DEV_MEMORY_TEMP", True, lo=-100, hi=300),
     Field("throttle_reasons", "bigint", "bitmask", "NVML clocks-event reasons",
           "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", True, lo=0),
-    Field("pcie_tx_bytes_s", "real", "B/s", "PCIe transmit rate", "DCGM_FI_PROF_PCIE_TX_BYTES", lo=0),
-    Field("pcie_rx_bytes_s", "real", "B/s", "PCIe receive rate", "DCGM_FI_PROF_PCIE_RX_BYTES", lo=0),
+    Field("pcie_tx_bytes_s", "real", "B/s", "PCIe transmit rate", "DCGM_FI_PROF_PCIE_TX_BYTES", lo=0, bits=RATE_BITS),
+    Field("pcie_rx_bytes_s", "real", "B/s", "PCIe receive rate", "DCGM_FI_PROF_PCIE_RX_BYTES", lo=0, bits=RATE_BITS),
     Field("pcie_gen", "smallint", "", "current PCIe link generation", "nvmlDeviceGetCurrPcieLinkGeneration", True, lo=0, hi=64),
     Field("pcie_gen_max", "smallint", "", "maximum PCIe link generation", "nvmlDeviceGetMaxPcieLinkGeneration", True, lo=0, hi=64),
     Field("pcie_width", "smallint", "lanes", "current PCIe link width", "nvmlDeviceGetCurrPcieLinkWidth", True, lo=0, hi=64),
     Field("pcie_width_max", "smallint", "lanes", "maximum PCIe link width", "nvmlDeviceGetMaxPcieLinkWidth", True, lo=0, hi=64),
-    Field("nvlink_tx_bytes_s", "real", "B/s", "NVLink transmit rate", "DCGM_FI_PROF_NVLINK_TX_BYTES", lo=0),
-    Field("nvlink_rx_bytes_s", "real", "B/s", "NVLink receive rate", "DCGM_FI_PROF_NVLINK_RX_BYTES", lo=0),
+    Field("nvlink_tx_bytes_s", "real", "B/s", "NVLink transmit rate", "DCGM_FI_PROF_NVLINK_TX_BYTES", lo=0, bits=RATE_BITS),
+    Field("nvlink_rx_bytes_s", "real", "B/s", "NVLink receive rate", "DCGM_FI_PROF_NVLINK_RX_BYTES", lo=0, bits=RATE_BITS),
     # Named ``ecc_dbe`` in contracts.md section 1; that name is still read everywhere
     # (:data:`GPU_ALIASES`) and written as the bundle column.
     Field("ecc_dbe_vol", "bigint", "count", "volatile double-bit (uncorrected) ECC errors since the driver loaded",
@@ -81,11 +97,11 @@ GPU_FIELDS: tuple[Field, ...] = (
     # From dcgm-exporter's field list (deploy/dcgm-exporter/counters.csv) and DCGM: stored and
     # ingested, outside trace bundles.
     Field("gr_engine_active", "real", "ratio", "graphics/compute engine activity 0-1", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-          lo=0, hi=1, bundle=False),
+          lo=0, hi=1, bundle=False, bits=RATE_BITS),
     Field("mem_copy_util_pct", "real", "%", "memory copy utilisation (framebuffer interface busy)",
-          "DCGM_FI_DEV_MEM_COPY_UTIL", True, lo=0, hi=100, bundle=False),
+          "DCGM_FI_DEV_MEM_COPY_UTIL", True, lo=0, hi=100, bundle=False, bits=RATE_BITS),
     Field("nvlink_bandwidth_mb_s", "real", "MB/s", "NVLink throughput over all links, as DCGM reports it",
-          "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", True, lo=0, bundle=False),
+          "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", True, lo=0, bundle=False, bits=RATE_BITS),
     # Memory, bus and NVLink health (contracts.md section 1, optional columns; stored
     # after the columns above, in the order they were added).  Counters
     # are cumulative; the volatile ones restart at a driver reload, the
@@ -120,15 +136,15 @@ GPU_FIELDS: tuple[Field, ...] = (
     # starvation is judged from what the job may use, not from the whole host.
     # The same figures appear on every GPU the cgroup feeds.
     Field("job_cpu_cores", "real", "cores", "CPU the job's cgroup used (cpu.stat usage_usec per second)",
-          "cgroup cpu.stat / cpuacct.usage", lo=0, hi=100000),
+          "cgroup cpu.stat / cpuacct.usage", lo=0, hi=100000, bits=RATE_BITS),
     Field("job_cpu_quota_cores", "real", "cores", "CPU quota of the job's cgroup, tightest on its path; NULL unlimited",
           "cgroup cpu.max / cpu.cfs_quota_us", lo=0, hi=100000),
     Field("job_cpu_throttled_share", "real", "ratio", "share of CFS periods the job's cgroup was throttled",
           "cgroup cpu.stat nr_throttled / nr_periods", lo=0, hi=1),
     Field("job_cpu_pressure_pct", "real", "%", "share of time some task of the job waited for CPU",
-          "cgroup cpu.pressure some", lo=0, hi=100),
+          "cgroup cpu.pressure some", lo=0, hi=100, bits=RATE_BITS),
     Field("job_io_pressure_pct", "real", "%", "share of time some task of the job waited for I/O",
-          "cgroup io.pressure some", lo=0, hi=100),
+          "cgroup io.pressure some", lo=0, hi=100, bits=RATE_BITS),
 )
 
 HOST_FIELDS: tuple[Field, ...] = (

@@ -17,8 +17,10 @@ the node).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
+
+from gpufleet.evidence import XidMeaning
 
 Cause = Literal["application", "driver", "firmware", "memory", "interconnect", "hardware"]
 Action = Literal["restart_app", "reset_gpu", "drain_node"]
@@ -114,13 +116,14 @@ def label(code: int) -> str:
     return info.short() if info else f"XID {int(code)}: not in gpufleet's table (see NVIDIA's XID catalog)"
 
 
-def meanings(codes: Iterable[int]) -> dict[str, dict[str, Any]]:
+def meanings(codes: Iterable[int]) -> dict[str, XidMeaning]:
     """Evidence entries for ``codes``: name, meaning, cause and first action per code."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, XidMeaning] = {}
     for c in sorted({int(x) for x in codes}):
         info = describe(c)
-        out[str(c)] = ({k: v for k, v in asdict(info).items() if k != "code"} if info
-                       else {"name": "unknown", "meaning": "not in gpufleet's table (see NVIDIA's XID catalog)"})
+        out[str(c)] = ({"name": info.name, "meaning": info.meaning, "cause": info.cause, "action": info.action}
+                       if info else {"name": "unknown",
+                                     "meaning": "not in gpufleet's table (see NVIDIA's XID catalog)"})
     return out
 
 

@@ -13,6 +13,7 @@ from gpufleet.catalog import gpu_columns, host_columns
 from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.db.connect import sqlalchemy_url
+from gpufleet.db.policies import BATCH_GUC
 from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
 from gpufleet.db.scratch import scratch_database
 from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
@@ -100,5 +101,25 @@ def test_timescale_layout(settings: Settings) -> None:
             assert ("policy_retention", "gpu_samples") in jobs
             caggs = {r[0] for r in conn.execute("SELECT view_name FROM timescaledb_information.continuous_aggregates")}
             assert {"gpu_stats_1m", "host_stats_1m"} <= caggs
+            # the compression policy runs as a background job: the batch size must be the database's own
+            # setting, seen by every new session (TimescaleDB 2.20 and later have it)
+            if conn.execute("SELECT 1 FROM pg_settings WHERE name = %s", (BATCH_GUC,)).fetchone() is not None:
+                (rows,) = conn.execute(f"SHOW {BATCH_GUC}").fetchone()  # type: ignore[misc]
+                assert int(rows) == settings.storage.compress_batch_rows
+        with psycopg.connect(url) as conn:
+            if conn.execute("SELECT 1 FROM pg_settings WHERE name = %s", (BATCH_GUC,)).fetchone() is not None:
+                conn.execute("SELECT remove_compression_policy('gpu_samples')")
+                t0 = 1_700_000_000.0
+                conn.execute(
+                    "INSERT INTO gpu_samples (time, node, gpu, power_w) "
+                    "SELECT to_timestamp(%s + i), 'n', 0, 300 + i %% 7 FROM generate_series(0, 4999) i", (t0,))
+                conn.execute("SELECT compress_chunk(c) FROM show_chunks('gpu_samples') c")
+                conn.commit()
+                chunks = conn.execute(
+                    "SELECT format('%I.%I', cc.schema_name, cc.table_name) FROM _timescaledb_catalog.chunk c "
+                    "JOIN _timescaledb_catalog.chunk cc ON cc.id = c.compressed_chunk_id").fetchall()
+                batches = sum(conn.execute(f"SELECT count(*) FROM {c}").fetchone()[0]  # type: ignore[index]
+                              for (c,) in chunks)
+                assert batches == 1, "5,000 rows of one GPU in one chunk are one compressed batch"
         migrate.downgrade(url)
         assert migrate.current(url) is None

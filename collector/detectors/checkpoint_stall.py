@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from gpufleet.collector.detectors.hosts import write_burst
 from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import CheckpointStallEvidence
 
 KIND = "checkpoint_stall"
 
@@ -221,6 +223,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     nodes = sorted({fr.keys[int(r)][0] for r in rows})
     blk = blocking(fr, rows, pauses)
     wb = write_burst(window, nodes, pauses, lo, hi)
+    basis: Literal["gpu+host", "gpu_only"]
     if wb is not None:
         # Host write rates exist: they decide.  No burst: an evaluation pause.
         if not wb.is_burst(cfg):
@@ -232,7 +235,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
         return None
     writer = _gpu_name(fr, blk.writer) if blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer \
         else None
-    evidence = {
+    evidence: CheckpointStallEvidence = {
         "basis": basis,
         "period_s": num(period),
         "pause_s": num(pause_s),

@@ -27,7 +27,8 @@ evidence (:mod:`gpufleet.xid`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import GpuHealthEvidence
 from gpufleet.xid import meanings
 
 KIND = "gpu_health"
@@ -48,24 +50,66 @@ CAUSES: tuple[tuple[str, str], ...] = (
 )
 
 
+class _RemapFailed(TypedDict):
+    remapped_rows_failed: int
+
+
+class _RemapPending(TypedDict):
+    remapped_rows_pending: int
+
+
+class _Uncorrectable(TypedDict):
+    dbe_errors: int
+    dbe_total: float | None
+    uncorrectable_remaps: int
+
+
+class _Correctable(TypedDict):
+    sbe_errors: int
+    sbe_per_h: float | None
+    sbe_total: float | None
+
+
+class _PcieReplay(TypedDict):
+    pcie_replays: int
+    pcie_replays_per_min: float | None
+    pcie_replay_total: float | None
+
+
+_Part = _RemapFailed | _RemapPending | _Uncorrectable | _Correctable | _PcieReplay
+_FLAGS: tuple[tuple[str, str, _Part], ...] = (
+    ("remapped_rows_failed", "row_remap_failed", _RemapFailed(remapped_rows_failed=1)),
+    ("remapped_rows_pending", "row_remap_pending", _RemapPending(remapped_rows_pending=1)),
+)
+
+
+@dataclass
+class _Issue:
+    """One cause on one GPU: its first and last sign and its evidence."""
+
+    start: float
+    last: float
+    evidence: _Part
+
+
 def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
     fr = frame if frame is not None else Frame(window, config)
     if fr.rows == 0 or not any(fr.has(c) for c in COLUMNS):
         return []
     cfg = config
-    found: dict[int, dict[str, dict[str, Any]]] = {}
+    found: dict[int, dict[str, _Issue]] = {}
 
-    def add(r: int, cause: str, start: float, last: float, evidence: dict[str, Any]) -> None:
-        found.setdefault(r, {})[cause] = {"start": start, "last": last, "evidence": evidence}
+    def add(r: int, cause: str, start: float, last: float, evidence: _Part) -> None:
+        found.setdefault(r, {})[cause] = _Issue(start, last, evidence)
 
     t_end = fr.window.t_end
-    for flag, cause in (("remapped_rows_failed", "row_remap_failed"), ("remapped_rows_pending", "row_remap_pending")):
+    for flag, cause, part in _FLAGS:
         if not fr.has(flag):
             continue
         state = rises(fr, flag)
         for r in np.flatnonzero(state.latest >= 0.5).tolist():
             start = trailing_on(fr.row_times(r), fr.series_col(r, flag))
-            add(r, cause, start if math.isfinite(start) else fr.window.t_start, t_end, {flag: 1})
+            add(r, cause, start if math.isfinite(start) else fr.window.t_start, t_end, part)
 
     dbe, unc = rises(fr, "ecc_dbe_vol"), rises(fr, "remapped_rows_uncorrectable")
     for r in np.flatnonzero((dbe.total > 0) | (unc.total > 0)).tolist():
@@ -92,21 +136,21 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     for r, issues in sorted(found.items()):
         # A rise seen long ago in the window still counts for an uncorrectable error (held), not for a rate.
         live = {c: i for c, i in issues.items() if c in ("uncorrectable_ecc", "row_remap_failed",
-                                                        "row_remap_pending") or i["last"] >= horizon[r]}
+                                                        "row_remap_pending") or i.last >= horizon[r]}
         if not live:
             continue
         cause, severity = next((c, s) for c, s in CAUSES if c in live)
-        evidence: dict[str, Any] = {"issues": [c for c, _ in CAUSES if c in live]}
+        evidence: GpuHealthEvidence = {"issues": [c for c, _ in CAUSES if c in live]}
         for c, _ in CAUSES:
             if c in live:
-                evidence.update(live[c]["evidence"])
+                evidence.update(live[c].evidence)
         codes = _xids(fr, r)
         if codes:
             evidence["xid_codes"] = codes
             evidence["xid_meanings"] = meanings(codes)
         node, gpu = fr.keys[r]
-        start = min(i["start"] for i in live.values())
-        last = max(i["last"] for i in live.values())
+        start = min(i.start for i in live.values())
+        last = max(i.last for i in live.values())
         out.append(Finding(KIND, cause, severity, start, evidence, run_id=fr.run_id_at(r, min(last, t_end)),
                            node=node, gpu=gpu, last_active=last,
                            hold_s=max((hold.get(c, 0.0) for c in live), default=0.0) or None))

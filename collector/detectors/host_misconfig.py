@@ -59,6 +59,7 @@ from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import last_per_group
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import HostSettingsEvidence, JobQuota, NfsStall, NumaMisplaced, RepeatedXidEvidence
 from gpufleet.facts import NodeFacts
 from gpufleet.nfs import nfs_verdict
 from gpufleet.xid import meanings as xid_meanings
@@ -121,42 +122,44 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     for node in sorted(set(window.node_facts) | set(gpus_of)):
         facts = NodeFacts.read(window.node_facts.get(node))
         issues: list[str] = []
-        evidence: dict[str, Any] = {}
         gov = governors(facts)
-        if gov:
-            evidence["cpu_governor"] = sorted(gov)
         if gov & set(cfg.bad_governors):
             issues.append("cpu_governor")
         ngpu = facts.gpu_count or len(gpus_of.get(node, ()))
         jobs, basis = job_quotas(fr, node, facts)
-        evidence["gpu_count"] = int(ngpu) if ngpu else None
-        evidence["cpu_count"] = facts.cpu_count
-        evidence["quota_basis"] = basis
+        short: list[JobQuota] = []
+        quota: float | None
         if basis is not None:
             short = [j for j in jobs if j["cpu_quota_cores"] is not None and j["gpus"]
                      and j["cpu_quota_cores"] < cfg.min_cores_per_gpu * len(j["gpus"])]
-            limited = [j["cpu_quota_cores"] for j in (short or jobs) if j["cpu_quota_cores"] is not None]
-            evidence["cpu_quota_cores"] = min(limited) if limited else None
-            evidence["jobs"] = jobs
+            limited = [q for j in (short or jobs) if (q := j["cpu_quota_cores"]) is not None]
+            quota = min(limited) if limited else None
             if short:
                 issues.append("cpu_quota")
-                evidence["jobs_short"] = [j["job"] for j in short]
         else:
             quota = quota_cores(facts)
-            evidence["cpu_quota_cores"] = quota
             if quota is not None and ngpu and quota < cfg.min_cores_per_gpu * float(ngpu):
                 issues.append("cpu_quota")
         misplaced = numa_misplaced(facts)
         if misplaced:
             issues.append("numa_affinity")
-            evidence["numa_misplaced"] = misplaced
         stalls = nfs_stalls(facts, cfg)
         if stalls:
             issues.append("nfs_stall")
-            evidence["nfs_stalls"] = stalls
         if not issues:
             continue
-        evidence["issues"] = issues
+        evidence: HostSettingsEvidence = {"gpu_count": int(ngpu) if ngpu else None, "cpu_count": facts.cpu_count,
+                                          "quota_basis": basis, "cpu_quota_cores": quota, "issues": issues}
+        if gov:
+            evidence["cpu_governor"] = sorted(gov)
+        if basis is not None:
+            evidence["jobs"] = jobs
+        if short:
+            evidence["jobs_short"] = [j["job"] for j in short]
+        if misplaced:
+            evidence["numa_misplaced"] = misplaced
+        if stalls:
+            evidence["nfs_stalls"] = stalls
         cause = next(c for c in CAUSE_ORDER if c in issues)
         start = max(first_seen.get(node, window.t_start), window.t_start)
         out.append(Finding(KIND, cause, "warning", start, evidence, node=node, last_active=window.t_end))
@@ -168,7 +171,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
 CAUSE_ORDER = ("cpu_quota", "numa_affinity", "nfs_stall", "cpu_governor")
 
 
-def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[dict[str, Any]], str | None]:
+def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[JobQuota], str | None]:
     """The CPU quota of each job's cgroup on ``node`` and the GPUs it feeds, and where that was read:
     ``job_cgroup`` (the agent's node checks), ``job_columns`` (the GPU rows), or None (no job reported)."""
     listed = [j for j in facts.job_cgroups or () if j.gpus]
@@ -182,7 +185,7 @@ def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[dict[str, A
     rows = rows[has_job[rows]]
     if rows.size == 0:
         return [], None
-    by_run: dict[str, dict[str, Any]] = {}
+    by_run: dict[str, JobQuota] = {}
     for r in rows.tolist():
         ri = int(fr.run_of_row[r])
         name = f"run {fr.window.runs[ri].run_id}" if ri >= 0 else "no run"
@@ -192,7 +195,7 @@ def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[dict[str, A
         if q > 0:
             have = job["cpu_quota_cores"]
             job["cpu_quota_cores"] = q if have is None else min(have, q)
-    return [dict(j, gpus=sorted(j["gpus"])) for _, j in sorted(by_run.items())], "job_columns"
+    return [{**j, "gpus": sorted(j["gpus"])} for _, j in sorted(by_run.items())], "job_columns"
 
 
 def _job_columns(fr: Frame) -> tuple[np.ndarray, np.ndarray]:
@@ -214,9 +217,9 @@ def _job_columns(fr: Frame) -> tuple[np.ndarray, np.ndarray]:
     return has, quota
 
 
-def numa_misplaced(facts: NodeFacts) -> list[dict[str, Any]]:
+def numa_misplaced(facts: NodeFacts) -> list[NumaMisplaced]:
     """GPUs whose processes may run only on CPUs of NUMA nodes other than the GPU's."""
-    out = []
+    out: list[NumaMisplaced] = []
     for p in facts.gpu_processes or ():
         if p.gpu_numa_node is None or p.numa_nodes is None or not p.numa_nodes:
             continue
@@ -226,9 +229,9 @@ def numa_misplaced(facts: NodeFacts) -> list[dict[str, Any]]:
     return out
 
 
-def nfs_stalls(facts: NodeFacts, cfg: DetectorConfig) -> list[dict[str, Any]]:
+def nfs_stalls(facts: NodeFacts, cfg: DetectorConfig) -> list[NfsStall]:
     """NFS mounts that stalled over the agent's last interval (``fail`` or ``warn``)."""
-    out = []
+    out: list[NfsStall] = []
     for m in facts.nfs_mounts or ():
         if m.since_mount:
             continue
@@ -259,7 +262,7 @@ def _xid_findings(fr: Frame, cfg: DetectorConfig) -> list[Finding]:
         times = fr.time(mine)
         codes = sorted({int(c) for c in x[sel].tolist()})
         node, gpu = fr.keys[r]
-        evidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1]),
+        evidence: RepeatedXidEvidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1]),
                     "xid_meanings": xid_meanings(codes)}
         last = float(times[-1])
         out.append(Finding(

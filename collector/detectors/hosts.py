@@ -23,6 +23,7 @@ from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import num
 from gpufleet.collector.detectors.window import Series, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import JobEvidence
 
 #: The GPU columns of the job's cgroup (the same figures on every GPU it feeds).
 JOB_COLUMNS = ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
@@ -114,7 +115,7 @@ class JobPressure:
     def covered(self) -> bool:
         return self.node is not None
 
-    def evidence(self) -> dict[str, object]:
+    def evidence(self) -> JobEvidence:
         return {
             "job_node": self.node,
             "job_cpu_cores": num(self.cpu_cores),

@@ -27,7 +27,8 @@ the most serious one:
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import group_loo_median, num, trailing_onset
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import NvlinkDegradedEvidence
 
 KIND = "nvlink_degraded"
 COLUMNS = ("nvlink_links_up", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_crc_errors",
@@ -44,8 +46,38 @@ COLUMNS = ("nvlink_links_up", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_
 CAUSES = ("links_down", "pcie_fallback", "link_errors")
 
 
-class _Issue(dict[str, Any]):
+class _LinksDown(TypedDict):
+    links_up: int
+    links_expected: int
+    links_down: int
+    down_s: float | None
+
+
+class _PcieFallback(TypedDict):
+    nvlink_bytes_s: float | None
+    peers_nvlink_bytes_s: float | None
+    pcie_tx_bytes_s: float | None
+    pcie_rx_bytes_s: float | None
+    busy_s: float | None
+    nvlink_threshold_bytes_s: float | None
+
+
+class _LinkErrors(TypedDict):
+    crc_errors: int
+    replay_errors: int
+    recoveries: int
+    errors_per_min: float | None
+    crc_errors_total: float | None
+
+
+@dataclass
+class _Issue:
     """One cause on one GPU: start, last, severity and its evidence."""
+
+    start: float
+    last: float
+    severity: str
+    evidence: _LinksDown | _PcieFallback | _LinkErrors
 
 
 def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
@@ -60,13 +92,13 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     out = []
     for r, issues in sorted(found.items()):
         cause = next(c for c in CAUSES if c in issues)
-        evidence: dict[str, Any] = {"issues": [c for c in CAUSES if c in issues]}
+        evidence: NvlinkDegradedEvidence = {"issues": [c for c in CAUSES if c in issues]}
         for c in CAUSES:
             if c in issues:
-                evidence.update(issues[c]["evidence"])
-        severity = "critical" if any(i["severity"] == "critical" for i in issues.values()) else "warning"
-        start = min(i["start"] for i in issues.values())
-        last = max(i["last"] for i in issues.values())
+                evidence.update(issues[c].evidence)
+        severity = "critical" if any(i.severity == "critical" for i in issues.values()) else "warning"
+        start = min(i.start for i in issues.values())
+        last = max(i.last for i in issues.values())
         node, gpu = fr.keys[r]
         out.append(Finding(KIND, cause, severity, start, evidence, run_id=fr.run_id_at(r, last), node=node,
                            gpu=gpu, last_active=last))

@@ -17,6 +17,7 @@ from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.stats import median_of, num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import PcieDegradedEvidence
 
 KIND = "pcie_degraded"
 
@@ -37,7 +38,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         m = ind[sl] & (fr.row_times(r) >= onset)
         gen, gen_max = median_of(fr.series_col(r, "pcie_gen"), m), median_of(fr.series_col(r, "pcie_gen_max"), m)
         wid, wid_max = median_of(fr.series_col(r, "pcie_width"), m), median_of(fr.series_col(r, "pcie_width_max"), m)
-        evidence = {
+        evidence: PcieDegradedEvidence = {
             "pcie_gen": num(gen),
             "pcie_gen_max": num(gen_max),
             "pcie_width": num(wid),

@@ -57,6 +57,7 @@ from gpufleet.collector.detectors.hosts import (
 from gpufleet.collector.detectors.stats import num, small_median
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import HostEvidence, StarvationEvidence
 
 KIND = "starvation"
 
@@ -255,7 +256,7 @@ def _judge_run(
         if wb is not None and wb.is_burst(cfg):
             return None
         lost = float(np.mean([o.lost for o in oscs]))
-        evidence = {
+        evidence: StarvationEvidence = {
             "pattern": "oscillating",
             "period_s": num(np.median([o.period_s for o in oscs])),
             "duty_cycle": num(np.median([o.duty for o in oscs])),
@@ -320,12 +321,13 @@ def _cause(job: JobPressure, host: HostPressure) -> tuple[str, str | None]:
     return "unknown", None
 
 
-def _finding(run_id: str, cause: str, lost: float, start: float, last: float, evidence: dict) -> Finding:
+def _finding(run_id: str, cause: str, lost: float, start: float, last: float,
+             evidence: StarvationEvidence) -> Finding:
     severity = "critical" if lost >= 0.5 else "warning"
     return Finding(KIND, cause, severity, start, evidence, run_id=run_id, last_active=last)
 
 
-def _host_evidence(p: HostPressure) -> dict:
+def _host_evidence(p: HostPressure) -> HostEvidence:
     return {
         "cpu_user_pct": num(p.cpu_user_pct),
         "iowait_pct": num(p.iowait_pct),

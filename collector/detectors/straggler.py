@@ -62,6 +62,7 @@ from gpufleet.collector.detectors.frame import Frame, segment_sums
 from gpufleet.collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import StragglerEvidence
 
 KIND = "straggler"
 THERMAL_BITS = THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL
@@ -289,7 +290,7 @@ def _finding(
         onset = float(max(fr.region[0][r], t[0]))
     act_gap = v["act"] - ref["act"]
     pf_gap = v["pf"] - ref["pf"]
-    evidence = {
+    evidence: StragglerEvidence = {
         "z": num(z[feat]) if feat in z else None,
         "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity",
                     "plat": "power_plateau_w", "pw": "power_w"}.get(

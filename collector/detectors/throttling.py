@@ -27,6 +27,7 @@ holds stay one finding each, GPU-scoped.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 import numpy as np
 
@@ -34,11 +35,12 @@ from gpufleet.collector.detectors.frame import THROTTLE_CAUSES, Frame
 from gpufleet.collector.detectors.stats import median_of, num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
+from gpufleet.evidence import ThrottledGpu, ThrottlingEvidence, ThrottlingGpuEvidence
 
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: Evidence summarised over a group's GPUs by their median, and by their maximum.
-_MEDIAN = ("throttled_share", "clock_ratio", "sm_clock_mhz", "sm_clock_max_mhz", "cause_share", "power_frac")
-_MAX = ("throttled_s", "busy_s", "temp_c_max")
+_Median = Literal["throttled_share", "clock_ratio", "sm_clock_mhz", "sm_clock_max_mhz", "cause_share", "power_frac"]
+_Max = Literal["throttled_s", "busy_s", "temp_c_max"]
 
 KIND = "throttling"
 #: Causes whose slowdown is severe by nature (the hardware protecting itself).
@@ -64,43 +66,51 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     wb = fr.w_busy
     ep = fr.trailing_episode(wb, ind, cfg.throttle_min_share)
     hit = (ep.seconds >= cfg.throttle_min_s) & (ep.share >= cfg.throttle_min_share) & fr.recent_enough(ep.last)
-    out = []
+    out: list[tuple[Finding, ThrottlingGpuEvidence]] = []
     for r in np.flatnonzero(hit):
         out.append(_finding(fr, int(r), float(ep.onset[r]), float(ep.seconds[r]), float(ep.share[r]),
                             float(ep.last[r]), ind, wb))
     return group(out)
 
 
-def group(findings: list[Finding]) -> list[Finding]:
-    """One finding per (run, reason) listing its GPUs; GPUs without a run stay one finding each."""
-    by: dict[tuple[str, str | None], list[Finding]] = {}
+def group(findings: list[tuple[Finding, ThrottlingGpuEvidence]]) -> list[Finding]:
+    """One finding per (run, reason) listing its GPUs; GPUs without a run stay one finding each.
+
+    ``findings``: each GPU's finding with its own evidence (the finding's, as this module built it)."""
+    by: dict[tuple[str, str | None], list[tuple[Finding, ThrottlingGpuEvidence]]] = {}
     out: list[Finding] = []
-    for f in findings:
+    for f, ev in findings:
         if f.run_id is None:
             out.append(f)
         else:
-            by.setdefault((f.run_id, f.cause), []).append(f)
-    for (run_id, cause), fs in by.items():
-        fs.sort(key=lambda f: (f.node or "", f.gpu if f.gpu is not None else -1))
+            by.setdefault((f.run_id, f.cause), []).append((f, ev))
+    for (run_id, cause), pairs in by.items():
+        pairs.sort(key=lambda p: (p[0].node or "", p[0].gpu if p[0].gpu is not None else -1))
+        fs = [f for f, _ in pairs]
+        evs = [ev for _, ev in pairs]
         nodes = {f.node for f in fs}
-        evidence: dict[str, object] = {
-            "gpu_count": len(fs),
-            "gpus": [{"node": f.node, "gpu": f.gpu, **f.evidence} for f in fs],
-        }
-        for key in _MEDIAN:
-            vals = [float(v) for f in fs if isinstance(v := f.evidence.get(key), int | float)]
-            evidence[key] = num(float(np.median(vals))) if vals else None
-        for key in _MAX:
-            vals = [float(v) for f in fs if isinstance(v := f.evidence.get(key), int | float)]
-            evidence[key] = num(max(vals)) if vals else None
+        gpus: list[ThrottledGpu] = [{"node": f.node, "gpu": f.gpu, **ev} for f, ev in pairs]
         reasons: list[str] = []
-        for f in fs:
-            reasons += [r for r in f.evidence.get("reasons", []) if r not in reasons]
+        for ev in evs:
+            reasons += [r for r in ev["reasons"] if r not in reasons]
         order = [name for name, _ in THROTTLE_CAUSES]
-        evidence["reasons"] = sorted(reasons, key=lambda r: order.index(r) if r in order else len(order))
-        evidence["reasons_mask"] = hex(_or_masks(f.evidence.get("reasons_mask") for f in fs))
-        sources = {f.evidence.get("reason_source") for f in fs}
-        evidence["reason_source"] = sources.pop() if len(sources) == 1 else "mixed"
+        sources = {ev["reason_source"] for ev in evs}
+        evidence: ThrottlingEvidence = {
+            "gpu_count": len(fs),
+            "gpus": gpus,
+            "throttled_share": _median(evs, "throttled_share"),
+            "clock_ratio": _median(evs, "clock_ratio"),
+            "sm_clock_mhz": _median(evs, "sm_clock_mhz"),
+            "sm_clock_max_mhz": _median(evs, "sm_clock_max_mhz"),
+            "cause_share": _median(evs, "cause_share"),
+            "power_frac": _median(evs, "power_frac"),
+            "throttled_s": _max(evs, "throttled_s"),
+            "busy_s": _max(evs, "busy_s"),
+            "temp_c_max": _max(evs, "temp_c_max"),
+            "reasons": sorted(reasons, key=lambda r: order.index(r) if r in order else len(order)),
+            "reasons_mask": hex(_or_masks(ev["reasons_mask"] for ev in evs)),
+            "reason_source": sources.pop() if len(sources) == 1 else "mixed",
+        }
         worst = max(fs, key=lambda f: _SEVERITY_RANK.get(f.severity, 1))
         lasts = [f.last_active for f in fs if f.last_active is not None]
         out.append(Finding(
@@ -109,6 +119,16 @@ def group(findings: list[Finding]) -> list[Finding]:
             last_active=max(lasts) if lasts else None, qualifier=cause or "unknown",
         ))
     return out
+
+
+def _median(evs: list[ThrottlingGpuEvidence], key: _Median) -> float | None:
+    vals = [float(v) for ev in evs if (v := ev[key]) is not None]
+    return num(float(np.median(vals))) if vals else None
+
+
+def _max(evs: list[ThrottlingGpuEvidence], key: _Max) -> float | None:
+    vals = [float(v) for ev in evs if (v := ev[key]) is not None]
+    return num(max(vals)) if vals else None
 
 
 def _or_masks(masks: Iterable[object]) -> int:
@@ -130,7 +150,8 @@ def _inferred(fr: Frame, cfg: DetectorConfig, idx: np.ndarray) -> np.ndarray:
 
 def _finding(
     fr: Frame, r: int, onset: float, secs: float, share: float, last: float, ind: np.ndarray, wb: np.ndarray
-) -> Finding:
+) -> tuple[Finding, ThrottlingGpuEvidence]:
+    """One GPU's finding, and its evidence (the same object, as its own type)."""
     cfg = fr.config
     sl = fr.row_slice(r)
     ix = np.arange(sl.start, sl.stop)
@@ -159,7 +180,7 @@ def _finding(
     ratio = median_of(fr.clock_ratio(ix), hit)
     temp_hit = fr.series_col(r, "temp_c")[hit]
     busy_s = float(wb[sl][since].sum())
-    evidence = {
+    evidence: ThrottlingGpuEvidence = {
         "throttled_share": num(share),
         "throttled_s": num(secs),
         "busy_s": num(busy_s),
@@ -178,4 +199,4 @@ def _finding(
     return Finding(
         KIND, cause, "critical" if severe else "warning", onset, evidence,
         run_id=fr.run_id_at(r, last), node=key[0], gpu=key[1], last_active=last,
-    )
+    ), evidence

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from gpufleet.evidence import Evidence
 from gpufleet.store.run_model import Run, RunState, overlaps, state_at
 
 GpuKey = tuple[str, int]
@@ -86,7 +87,8 @@ class Finding:
     cause: str | None
     severity: str
     start: float
-    evidence: dict[str, Any]
+    #: The kind's own figures (:mod:`gpufleet.evidence` declares each kind's keys).
+    evidence: Evidence
     run_id: str | None = None
     node: str | None = None
     gpu: int | None = None

@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 
+from gpufleet.evidence import read_lost_time
 from gpufleet.facts import NodeFacts
 from gpufleet.store.run_model import Run
 
@@ -107,13 +108,14 @@ def progress(conn: psycopg.Connection, run_id: str, run_start: datetime, lo: dat
     return out
 
 
-def _lost_share(evidence: Mapping[str, Any]) -> float:
-    for key in ("gpu_time_lost_share", "run_time_lost_share"):
-        v = evidence.get(key)
-        if isinstance(v, int | float):
+def _lost_share(evidence: object) -> float:
+    """The lost share of a ``starvation`` or ``checkpoint_stall`` incident, from its stored evidence."""
+    ev = read_lost_time(evidence)
+    for v in (ev.get("gpu_time_lost_share"), ev.get("run_time_lost_share")):
+        if v is not None:
             return min(max(float(v), 0.0), 1.0)
-    duty = evidence.get("duty_cycle")
-    if isinstance(duty, int | float):
+    duty = ev.get("duty_cycle")
+    if duty is not None:
         return min(max(1.0 - float(duty), 0.0), 1.0)
     return 1.0
 

@@ -32,6 +32,7 @@ import psycopg
 from gpufleet.accounting.efficiency import LOST_TIME_KINDS, _lost_share
 from gpufleet.accounting.lines import Line, Source
 from gpufleet.accounting.money import number
+from gpufleet.evidence import StoredThrottledGpu, StoredThrottling, read_as, read_evidence, read_lost_time
 from gpufleet.store.run_model import Run, load_runs
 
 #: Kinds whose incident slows every GPU of the run (a synchronous job waits for its slowest rank).
@@ -60,8 +61,8 @@ def _clip01(v: float) -> float:
     return min(max(v, 0.0), 1.0)
 
 
-def _throttle_loss(ev: Mapping[str, Any]) -> tuple[float, str]:
-    share, ratio = _num(ev.get("throttled_share")), _num(ev.get("clock_ratio"))
+def _throttle_loss(ev: StoredThrottling | StoredThrottledGpu) -> tuple[float, str]:
+    share, ratio = ev.get("throttled_share"), ev.get("clock_ratio")
     if share is None or ratio is None:
         return 0.0, "not_estimated"
     return _clip01(share) * _clip01(1.0 - ratio), "throttled_share*(1-clock_ratio)"
@@ -70,19 +71,23 @@ def _throttle_loss(ev: Mapping[str, Any]) -> tuple[float, str]:
 def loss_model(kind: str, evidence: Mapping[str, Any]) -> tuple[float, str]:
     """(lost share, basis) of an incident of ``kind`` with ``evidence`` (per GPU for throttling)."""
     if kind in LOST_TIME_KINDS:
-        for key in ("gpu_time_lost_share", "run_time_lost_share"):
-            if _num(evidence.get(key)) is not None:
-                return _lost_share(evidence), key
-        if _num(evidence.get("duty_cycle")) is not None:
+        lost = read_lost_time(evidence)
+        if lost.get("gpu_time_lost_share") is not None:
+            return _lost_share(evidence), "gpu_time_lost_share"
+        if lost.get("run_time_lost_share") is not None:
+            return _lost_share(evidence), "run_time_lost_share"
+        if lost.get("duty_cycle") is not None:
             return _lost_share(evidence), "1-duty_cycle"
         return 1.0, "whole_span"
     if kind == "throttling":
-        return _throttle_loss(evidence)
+        return _throttle_loss(read_evidence("throttling", evidence))
     if kind == "straggler":
-        a, pa = _num(evidence.get("activity")), _num(evidence.get("peer_activity"))
+        ev = read_evidence("straggler", evidence)
+        a, pa = ev.get("activity"), ev.get("peer_activity")
         if a is not None and pa is not None and max(a, pa) > 0:
             return _clip01(1.0 - min(a, pa) / max(a, pa)), "activity_gap"
         return 0.0, "not_estimated"
+    # a kind without a loss model of its own (one added later): the share its evidence reports, if any
     v = _num(evidence.get("gpu_time_lost_share"))
     if v is not None:
         return _clip01(v), "gpu_time_lost_share"
@@ -98,6 +103,12 @@ def _listed_gpus(evidence: Mapping[str, Any]) -> list[tuple[str, int, Mapping[st
         if isinstance(g, Mapping) and isinstance(g.get("node"), str) and isinstance(g.get("gpu"), int):
             out.append((g["node"], int(g["gpu"]), g))
     return out
+
+
+def _throttled_gpu(entry: Mapping[str, Any]) -> StoredThrottledGpu:
+    """An entry of a throttling incident's ``evidence.gpus``, read as stored."""
+    got: StoredThrottledGpu = read_as(StoredThrottledGpu, entry)
+    return got
 
 
 def claim(incident: Mapping[str, Any], run: Run, now: datetime, lo: datetime | None = None,
@@ -120,7 +131,7 @@ def claim(incident: Mapping[str, Any], run: Run, now: datetime, lo: datetime | N
         gpus = [(n, g) for n, g, _ in listed if (n, g) in held]
         if kind == "throttling":
             for n, g, per in listed:
-                w, basis_g = _throttle_loss(per) if "throttled_share" in per else (share, basis)
+                w, basis_g = _throttle_loss(_throttled_gpu(per)) if "throttled_share" in per else (share, basis)
                 weights[(n, g)] = w
                 basis = basis_g if basis_g != "not_estimated" else basis
     elif incident.get("gpu") is not None:

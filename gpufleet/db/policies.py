@@ -8,6 +8,7 @@ policy without a new schema revision.
 from __future__ import annotations
 
 import psycopg
+from psycopg import sql
 
 from gpufleet.config import Settings
 
@@ -39,6 +40,7 @@ def apply_policies(conn: psycopg.Connection, settings: Settings) -> None:
             conn.execute(
                 "SELECT add_retention_policy(%s::regclass, make_interval(days => %s))", (table, st.retention_days)
             )
+        _set_compress_batch_rows(conn, st.compress_batch_rows)
         for rel in ROLLUP_TABLES + CAGGS:
             conn.execute("SELECT remove_retention_policy(%s::regclass, if_exists => true)", (rel,))
             conn.execute(
@@ -50,6 +52,26 @@ def apply_policies(conn: psycopg.Connection, settings: Settings) -> None:
         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
         (st.model_dump_json(),),
     )
+
+
+BATCH_GUC = "timescaledb.compression_batch_size_limit"
+
+
+def _set_compress_batch_rows(conn: psycopg.Connection, rows: int) -> bool:
+    """Set the compressed batch size for every session of this database.
+
+    TimescaleDB reads it in the session that compresses, which for the
+    compression policy is a background job: only a database-level setting
+    reaches it.  Before 2.20 the setting does not exist (batches stay at
+    1,000 rows); returns whether it was set.
+    """
+    if conn.execute("SELECT 1 FROM pg_settings WHERE name = %s", (BATCH_GUC,)).fetchone() is None:
+        return False
+    db = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+    conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+        sql.Identifier(db), sql.SQL(BATCH_GUC), sql.Literal(rows)))
+    conn.execute(sql.SQL("SET {} = {}").format(sql.SQL(BATCH_GUC), sql.Literal(rows)))
+    return True
 
 
 def enforce_retention_plain(conn: psycopg.Connection, settings: Settings) -> int:
