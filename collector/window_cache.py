@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -57,7 +57,10 @@ class _RawLoader(Loader):
         return bytes(data)
 
 
-#: Nodes per query of a cold load, to bound the server's aggregation memory.
+#: Nodes per query of a cold load, to bound the server's aggregation memory.  A read of a
+#: shorter span takes proportionally more nodes per query (the same samples at most): each
+#: query scans the span's rows of every node, so a steady sweep's few seconds of a large
+#: fleet are one query, not one per 250 nodes.
 NODES_PER_QUERY = 250
 
 #: Commits can land slightly out of ``received_at`` order; batches this much
@@ -132,29 +135,49 @@ def parse_array(raw: bytes, n: int, kind: str) -> np.ndarray:
     return out
 
 
+class Pending(NamedTuple):
+    """One GPU's (``gpu``) or host's row of a read, still as PostgreSQL sent its arrays."""
+
+    gpu: bool
+    key: Any
+    t: bytes
+    m: bytes
+
+
 class _Buf:
     """Samples of one GPU or host, sorted by time, with room to append.
+
+    Only the columns that ever held a value are stored (``rows``, indexes
+    into the table's columns, with their values in ``_c``); the others read
+    as NaN.  Most fleets report well under half the detector columns (no
+    DCGM profiling, no NVLink, no job cgroup), so this is most of the
+    window's memory, and of what a new owner rebuilds.
 
     New samples usually come after the last ones: they are written into
     spare capacity, and old ones are dropped by moving the start, so a
     steady-state sweep copies only what arrived, not the whole window.
     """
 
-    __slots__ = ("_c", "_t", "a", "b")
+    __slots__ = ("_c", "_t", "a", "absent", "b", "ncols", "rows")
 
     def __init__(self, t: np.ndarray, cols: np.ndarray) -> None:
+        """From every column (``cols``: columns x samples, NaN where none)."""
+        empty = np.isnan(cols).all(axis=1)
+        self.rows, self.absent, self.ncols = np.flatnonzero(~empty), np.flatnonzero(empty), cols.shape[0]
         cap = max(16, 2 * len(t))
         self._t = np.empty(cap, dtype=np.float64)
-        self._c = np.empty((cols.shape[0], cap), dtype=np.float32)
+        self._c = np.empty((len(self.rows), cap), dtype=np.float32)
         self.a, self.b = 0, len(t)
         self._t[:self.b] = t
-        self._c[:, :self.b] = cols
+        self._c[:, :self.b] = cols[self.rows]
 
     @classmethod
-    def adopt(cls, t: np.ndarray, cols: np.ndarray, n: int) -> _Buf:
-        """Take arrays as they are (no copy): their first ``n`` samples, sorted, and spare room after."""
+    def adopt(cls, t: np.ndarray, vals: np.ndarray, n: int, rows: np.ndarray, absent: np.ndarray) -> _Buf:
+        """Take arrays as they are (no copy): their first ``n`` samples, sorted, and spare room after;
+        ``vals`` holds the columns ``rows``, ``absent`` lists the others (buffers may share both)."""
         b = cls.__new__(cls)
-        b._t, b._c, b.a, b.b = t, cols, 0, n
+        b._t, b._c, b.a, b.b, b.rows, b.absent = t, vals, 0, n, rows, absent
+        b.ncols = len(rows) + len(absent)
         return b
 
     @property
@@ -162,8 +185,16 @@ class _Buf:
         return self._t[self.a:self.b]
 
     @property
-    def cols(self) -> np.ndarray:
+    def vals(self) -> np.ndarray:
+        """The stored columns' samples (len(rows) x samples, a view)."""
         return self._c[:, self.a:self.b]
+
+    @property
+    def cols(self) -> np.ndarray:
+        """Every column (columns x samples, NaN for those not stored): a copy."""
+        out = np.full((self.ncols, self.b - self.a), np.nan, dtype=np.float32)
+        out[self.rows] = self.vals
+        return out
 
     def _reserve(self, extra: int) -> None:
         n = self.b - self.a
@@ -174,13 +205,26 @@ class _Buf:
         t[:n], c[:, :n] = self._t[self.a:self.b], self._c[:, self.a:self.b]
         self._t, self._c, self.a, self.b = t, c, 0, n
 
+    def _widen(self, rows: np.ndarray) -> None:
+        """Store columns ``rows`` too (NaN for the samples held so far)."""
+        keep = np.union1d(self.rows, rows)
+        c = np.full((len(keep), len(self._t)), np.nan, dtype=np.float32)
+        c[np.searchsorted(keep, self.rows), self.a:self.b] = self._c[:, self.a:self.b]
+        self._c, self.rows = c, keep
+        self.absent = np.setdiff1d(np.arange(self.ncols), keep)
+
     def merge(self, t: np.ndarray, cols: np.ndarray) -> None:
+        """Add samples (``cols``: every column x samples, NaN where none)."""
         if len(t) == 0:
             return
         if self.b == self.a or t[0] > self._t[self.b - 1]:
+            if len(self.absent):
+                new = ~np.isnan(cols[self.absent]).all(axis=1)
+                if new.any():
+                    self._widen(self.absent[new])
             self._reserve(len(t))
             self._t[self.b:self.b + len(t)] = t
-            self._c[:, self.b:self.b + len(t)] = cols
+            self._c[:, self.b:self.b + len(t)] = cols[self.rows]
             self.b += len(t)
             return
         # Out of order or overlapping (a re-fetch, a back-fill): merge and de-duplicate.
@@ -221,18 +265,41 @@ class WindowCache:
 
     # -- loading ---------------------------------------------------------------
 
-    def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any]) -> int:
+    def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any],
+                span_s: float | None = None, defer: list[Pending] | None = None) -> int:
+        """Merge the rows ``where`` selects of ``nodes``, which lie in ``span_s`` seconds (None: a window);
+        with ``defer``, append them there unparsed instead (for :meth:`merge_pending`)."""
         n = 0
-        for k in range(0, len(nodes), NODES_PER_QUERY):
-            p = {**params, "nodes": nodes[k:k + NODES_PER_QUERY]}
+        span = self.window_s if span_s is None else max(span_s, 1.0)
+        per_query = int(NODES_PER_QUERY * max(1.0, self.window_s / span))
+        for k in range(0, len(nodes), per_query):
+            p = {**params, "nodes": nodes[k:k + per_query]}
             with conn.cursor(binary=True) as cur:
                 # Arrays arrive as raw bytes (parsed with numpy), not as lists.
                 cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
                 cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+                if defer is not None:
+                    for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
+                        defer.append(Pending(True, (node, int(gpu)), t, m))
+                        n += int.from_bytes(t[12:16], "big")
+                    for node, t, m in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
+                        defer.append(Pending(False, node, t, m))
+                        n += int.from_bytes(t[12:16], "big")
+                    continue
                 for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p):
                     n += self._merge(self.gpus, (node, int(gpu)), t, m, len(GPU_COLUMNS))
                 for node, t, m in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p):
                     n += self._merge(self.hosts, node, t, m, len(HOST_COLUMNS))
+        return n
+
+    def merge_pending(self, rows: list[Pending]) -> int:
+        """Merge rows an earlier read deferred, in their order."""
+        n = 0
+        for r in rows:
+            if r.gpu:
+                n += self._merge(self.gpus, r.key, r.t, r.m, len(GPU_COLUMNS))
+            else:
+                n += self._merge(self.hosts, r.key, r.t, r.m, len(HOST_COLUMNS))
         return n
 
     @staticmethod
@@ -243,8 +310,8 @@ class WindowCache:
             raise ValueError("a sample time is NULL")  # the schema forbids it
         t = (parse_array(t_raw, count, "time") + PG_EPOCH_US) / 1e6
         cols = parse_matrix(m_raw, count, ncols)
-        order = np.argsort(t, kind="stable")
-        if (np.diff(order) != 1).any():
+        if count > 1 and not (t[1:] >= t[:-1]).all():
+            order = np.argsort(t, kind="stable")
             t, cols = t[order], cols[:, order]
         buf = bufs.get(key)
         if buf is None:
@@ -304,7 +371,8 @@ class WindowCache:
             del self.seen[next(iter(self.seen))]
         return db_now, batches, fresh
 
-    def _fetch(self, conn: psycopg.Connection, fresh: list[tuple[Any, ...]], lo_keep: float) -> int:
+    def _fetch(self, conn: psycopg.Connection, fresh: list[tuple[Any, ...]], lo_keep: float,
+               defer: list[Pending] | None = None) -> int:
         # Fresh batches cluster in time (usually the last few seconds); each
         # cluster is one time-range scan filtered by node, which the time
         # index serves however long the retention.  Re-fetched samples are
@@ -322,26 +390,35 @@ class WindowCache:
         n = 0
         for lo, hi, names in clusters:
             n += self._ingest(conn, sorted(names), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                              {"lo": lo, "hi": hi})
+                              {"lo": lo, "hi": hi}, (hi - lo).total_seconds(), defer)
         return n
 
     def catch_up(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str]) -> int:
         """After a restore of every sample before ``upto`` as of the watermark: merge the batches
         committed since that reach before ``upto``, and read every sample from ``upto`` on (run in the
         same REPEATABLE READ transaction as the restore, so nothing falls between the two)."""
+        rows: list[Pending] = []
+        self.read_tail(conn, now, upto, nodes, rows)
+        n = self.merge_pending(rows)
+        self.trim(now - self.window_s)
+        return n
+
+    def read_tail(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str],
+                  rows: list[Pending]) -> int:
+        """The reads of :meth:`catch_up`, their rows appended to ``rows`` (not merged): they touch
+        neither the buffers nor what a restore assembles meanwhile; returns the samples read."""
         db_now, batches, fresh = self._batches_since(conn)
         for b in batches:  # all of them are merged below or lie in the tail read below
             self.seen[b[0]] = b[4]
         lo_keep = now - self.window_s
         upto_dt = datetime.fromtimestamp(upto, UTC)
-        n = self._fetch(conn, [b for b in fresh if b[2] < upto_dt], lo_keep)
+        n = self._fetch(conn, [b for b in fresh if b[2] < upto_dt], lo_keep, rows)
         late = self.last_fresh
         tail = sorted(nodes | {b[1] for b in batches if b[3] >= upto_dt})
         n += self._ingest(conn, tail, "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)})
+                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)}, now - upto, rows)
         self.last_fresh = late
         self.watermark = db_now
-        self.trim(lo_keep)
         return n
 
     def refresh(self, conn: psycopg.Connection, now: float) -> int:
@@ -371,17 +448,36 @@ class WindowCache:
         """The Window detectors see at ``t_end`` (samples in (t_end - window_s, t_end])."""
         t_start = t_end - self.window_s
         w = Window(t_start=t_start, t_end=t_end, runs=runs, node_facts=node_facts)
+        names: dict[bytes, list[str]] = {}  # the column names of each stored-column list, looked up once
         for (node, gpu), buf in self.gpus.items():
-            a, b = np.searchsorted(buf.t, [t_start, t_end], side="right")
-            if b > a:
-                w.gpus[(node, gpu)] = Series(node, gpu, buf.t[a:b],
-                                             {c: buf.cols[j, a:b] for j, c in enumerate(GPU_COLUMNS)})
+            ser = _series(buf, GPU_COLUMNS, names, t_start, t_end, node, gpu)
+            if ser is not None:
+                w.gpus[(node, gpu)] = ser
+        names = {}
         for node, buf in self.hosts.items():
-            a, b = np.searchsorted(buf.t, [t_start, t_end], side="right")
-            if b > a:
-                w.hosts[node] = Series(node, None, buf.t[a:b],
-                                       {c: buf.cols[j, a:b] for j, c in enumerate(HOST_COLUMNS)})
+            ser = _series(buf, HOST_COLUMNS, names, t_start, t_end, node, None)
+            if ser is not None:
+                w.hosts[node] = ser
         return w
+
+
+def _series(buf: _Buf, columns: tuple[str, ...], names: dict[bytes, list[str]], t_start: float, t_end: float,
+            node: str, gpu: int | None) -> Series | None:
+    """A buffer's samples in (t_start, t_end] as views; columns it does not store are left out
+    (a series reads them as NaN)."""
+    t = buf.t
+    if not len(t):
+        return None
+    # Usually the whole buffer lies in the window (it is trimmed to it): no search.
+    a = 0 if t[0] > t_start else int(t.searchsorted(t_start, side="right"))
+    b = len(t) if t[-1] <= t_end else int(t.searchsorted(t_end, side="right"))
+    if b <= a:
+        return None
+    key = buf.rows.tobytes()
+    cols = names.get(key)
+    if cols is None:
+        cols = names[key] = [columns[j] for j in buf.rows.tolist()]
+    return Series(node, gpu, t[a:b], dict(zip(cols, buf.vals[:, a:b], strict=True)))
 
 
 def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[RunInfo]:

@@ -30,6 +30,7 @@ import logging
 import math
 import struct
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 import psycopg
 import zstandard
 
-from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, WindowCache, _Buf
+from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, Pending, WindowCache, _Buf
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +63,26 @@ def _pack_block(bufs: dict[Any, _Buf], lo: float, hi: float,
     keys: list[Any] = []
     counts: list[int] = []
     ts: list[np.ndarray] = []
-    cs: list[np.ndarray] = []
+    # Runs of consecutive keys storing the same columns: (those columns, their values per key).
+    runs: list[tuple[np.ndarray, list[np.ndarray]]] = []
     for k, b in bufs.items():
         t = b.t
-        a, z = np.searchsorted(t, (lo, hi), side="left")
+        a, z = t.searchsorted((lo, hi), side="left").tolist()
         if z > a:
             keys.append(k)
-            counts.append(int(z - a))
+            counts.append(z - a)
             ts.append(t[a:z])
-            cs.append(b.cols[:, a:z])
+            if not runs or not (runs[-1][0] is b.rows or np.array_equal(runs[-1][0], b.rows)):
+                runs.append((b.rows, []))
+            runs[-1][1].append(b.vals[:, a:z])
     tt = np.concatenate(ts) if ts else np.zeros(0, dtype=np.float64)
-    cc = np.concatenate(cs, axis=1) if cs else np.zeros((ncols, 0), dtype=np.float32)
+    cc = np.full((ncols, len(tt)), np.nan, dtype=np.float32)
+    pos = 0
+    for rows, vals in runs:
+        n = sum(v.shape[1] for v in vals)
+        if len(rows):
+            cc[rows, pos:pos + n] = np.concatenate(vals, axis=1)
+        pos += n
     # A column no source reported in these seconds is all NaN: left out, restored as NaN.
     present = np.flatnonzero(~np.isnan(cc).all(axis=1)) if cc.shape[1] else np.zeros(0, dtype=np.int64)
     return (keys, counts, present.tolist(), tt.astype("<f8").tobytes(),
@@ -136,10 +146,11 @@ def decode_segment(blob: bytes) -> Decoded | None:
 def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
     """Per-key buffers from one table's blocks, in time order.
 
-    Every sample is gathered once into one array laid out key after key with
-    room after each key's samples (a quarter more, at least 32), so the next
-    sweeps' samples append without a copy; only columns some segment holds
-    are gathered, the others are NaN."""
+    Every sample is written once, straight from its segment, into one array
+    laid out key after key with room after each key's samples (a quarter
+    more, at least 32), so the next sweeps' samples append without a copy.
+    Only the columns some segment holds are stored (the buffers share that
+    list); the others read as NaN."""
     if not blocks:
         return {}
     ids: dict[Any, int] = {}
@@ -157,46 +168,32 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
     cap_k = n_k + np.maximum(n_k // 4, 32)
     base = np.zeros(nkeys + 1, dtype=np.int64)
     np.cumsum(cap_k, out=base[1:])
-    total = int(sum(len(bl.t) for bl in blocks))
-    # Where each sample goes: its key's slot, after the key's samples of earlier segments.
-    src = np.zeros(int(base[-1]), dtype=np.int64)
+    present = np.array(sorted({j for bl in blocks for j in bl.present}), dtype=np.int64)
+    row = {j: r for r, j in enumerate(present.tolist())}
+    absent = np.array([j for j in range(ncols) if j not in row], dtype=np.int64)
+    t = np.empty(int(base[-1]), dtype=np.float64)
+    c = np.empty((len(present), int(base[-1])), dtype=np.float32)
+    # Each sample goes to its key's slot, after the key's samples of earlier segments.
     filled = base[:-1].copy()
-    pos = 0
     for bl, kid in zip(blocks, kid_of, strict=True):
         n = len(bl.t)
         piece = np.zeros(len(kid) + 1, dtype=np.int64)
         np.cumsum(bl.counts, out=piece[1:])
         dest = np.repeat(filled[kid] - piece[:-1], bl.counts) + np.arange(n)
-        src[dest] = np.arange(pos, pos + n)
         filled[kid] += bl.counts
-        pos += n
-    assert pos == total
-    present = sorted({j for bl in blocks for j in bl.present})
-    row = {j: r for r, j in enumerate(present)}
-    cat = np.empty((len(present), total), dtype=np.float32)
-    pos = 0
-    for bl in blocks:
-        n = len(bl.t)
+        t[dest] = bl.t
         if len(bl.present) == len(present):
-            cat[:, pos:pos + n] = bl.cols
+            c[:, dest] = bl.cols
         else:
-            cat[:, pos:pos + n] = np.nan
-            cat[[row[j] for j in bl.present], pos:pos + n] = bl.cols
-        pos += n
-    t = np.concatenate([bl.t for bl in blocks])[src]
-    c = np.empty((ncols, int(base[-1])), dtype=np.float32)  # each row written once
-    absent = [j for j in range(ncols) if j not in row]
-    if absent:
-        c[absent] = np.nan
-    if present:
-        c[present] = np.take(cat, src, axis=1)
-    del cat
+            have = np.array([row[j] for j in bl.present], dtype=np.int64)
+            c[np.ix_(np.setdiff1d(np.arange(len(present)), have), dest)] = np.nan
+            c[np.ix_(have, dest)] = bl.cols
     # Times must rise within each key (segments never overlap); a key where they do not is rebuilt by merging.
     out: dict[Any, _Buf] = {}
     starts = base[:-1]
     ends = starts + n_k
     ok = np.ones(nkeys, dtype=bool)
-    if total > 1:
+    if int(n_k.sum()) > 1:
         rise = np.ones(len(t), dtype=bool)
         rise[1:] = t[1:] > t[:-1]
         rise[starts] = True
@@ -207,10 +204,12 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
     for k, i in ids.items():
         a, z, n = int(starts[i]), int(base[i + 1]), int(n_k[i])
         if ok[i]:
-            out[k] = _Buf.adopt(t[a:z], c[:, a:z], n)
+            out[k] = _Buf.adopt(t[a:z], c[:, a:z], n, present, absent)
         else:  # sorted, the first of equal times kept
             _, first = np.unique(t[a:a + n], return_index=True)
-            out[k] = _Buf(t[a:a + n][first], c[:, a:a + n][:, first])
+            full = np.full((ncols, len(first)), np.nan, dtype=np.float32)
+            full[present] = c[:, a:a + n][:, first]
+            out[k] = _Buf(t[a:a + n][first], full)
     return out
 
 
@@ -316,13 +315,21 @@ class WindowSnapshots:
             if any(d is None for d in decoded):
                 return None
             segs = [d for d in decoded if d is not None]
-            cache.gpus = _assemble([d.gpus for d in segs], len(GPU_COLUMNS))
-            cache.hosts = _assemble([d.hosts for d in segs], len(HOST_COLUMNS))
-            restored = int(sum(len(d.gpus.t) + len(d.hosts.t) for d in segs))
             cache.seen = _seen_load(seen_raw, watermark.tzinfo)
             cache.watermark = watermark
-            nodes = {k[0] for k in cache.gpus} | set(cache.hosts)
-            n = cache.catch_up(conn, now, upto, nodes)
+            nodes = {k[0] for d in segs for k in d.gpus.keys} | {k for d in segs for k in d.hosts.keys}
+            # The database reads the late batches and the raw tail while the window is assembled
+            # here (the reads touch no buffer); their rows are merged after it, as catch_up would.
+            pending: list[Pending] = []
+            with ThreadPoolExecutor(1) as pool:
+                reading = pool.submit(cache.read_tail, conn, now, upto, nodes, pending)
+                gpus = _assemble([d.gpus for d in segs], len(GPU_COLUMNS))
+                hosts = _assemble([d.hosts for d in segs], len(HOST_COLUMNS))
+                reading.result()
+            cache.gpus, cache.hosts = gpus, hosts
+            restored = int(sum(len(d.gpus.t) + len(d.hosts.t) for d in segs))
+            n = cache.merge_pending(pending)
+            cache.trim(now - cache.window_s)
         cache.loaded, cache.loaded_from = True, since
         self.upto, self.since = upto, since
         self.dirty.clear()

@@ -152,21 +152,26 @@ def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> 
     counts: Counter[int] = Counter()
     spinning: list[int] = []
     signed = 0
-    resident = {int(r): fr.kernel_resident(int(r)) for r in rows}
-    for a, b in pauses:
-        blk, spin = [], 0
-        for r in rows.tolist():
-            t = fr.row_times(r)
-            m = (t >= a) & (t < b)
-            res = resident[r][m]
-            res = res[np.isfinite(res)]
-            if res.size == 0:
-                continue
-            share = float(res.mean())
-            if share < 0.5:
-                blk.append(r)
-            else:
-                spin += 1
+    rl = rows.tolist()
+    # Per pause and rank, the share of its readable samples in [a, b) with a kernel resident
+    # (NaN: none readable), from running sums: the readings are 0 or 1, so the sums are exact.
+    lo = np.array([a for a, _ in pauses], dtype=np.float64)
+    hi = np.array([b for _, b in pauses], dtype=np.float64)
+    share = np.full((len(pauses), len(rl)), np.nan)
+    for k, r in enumerate(rl):
+        t = fr.row_times(r)
+        res = fr.kernel_resident(r)
+        ok = np.isfinite(res)
+        ones = np.concatenate([[0.0], np.cumsum(np.where(ok, res, 0.0))])
+        seen = np.concatenate([[0], np.cumsum(ok)])
+        ia, ib = np.searchsorted(t, lo, side="left"), np.searchsorted(t, hi, side="left")
+        ib = np.maximum(ia, ib)
+        cnt = seen[ib] - seen[ia]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share[:, k] = np.where(cnt > 0, (ones[ib] - ones[ia]) / cnt, np.nan)
+    for p in range(len(pauses)):
+        blk = [rl[k] for k in np.flatnonzero(share[p] < 0.5).tolist()]
+        spin = int((share[p] >= 0.5).sum())
         spinning.append(spin)
         if 1 <= len(blk) <= max_block and spin >= 1:
             signed += 1

@@ -146,10 +146,13 @@ class Frame:
         #: Results detectors share within one sweep (e.g. which runs the
         #: checkpoint detector claims, so starvation does not claim them too).
         self.memo: dict[str, Any] = {}
-        self.t = (
-            np.concatenate([s.t - self.base for s in self.series], dtype=F32, casting="same_kind")
-            if n else np.zeros(0, dtype=F32)
-        )
+        self._has: dict[str, bool] = {}
+        self.t = np.empty(n, dtype=F32)
+        # In slices of rows: one float64 copy of a slice at a time, not one temporary per row.
+        for k in range(0, g, 1024):
+            part = np.concatenate([s.t for s in self.series[k:k + 1024]])
+            np.subtract(part, self.base, out=part)
+            self.t[self.offsets[k]:self.offsets[min(k + 1024, g)]] = part
         self._timing()
 
     # --- layout -----------------------------------------------------------------
@@ -303,7 +306,11 @@ class Frame:
         return np.asarray(self.series[r].get(name), dtype=np.float64)
 
     def has(self, name: str) -> bool:
-        return any(s.cols.get(name) is not None for s in self.series)
+        """Some series holds column ``name`` (asked once per name and frame: detectors ask often)."""
+        known = self._has.get(name)
+        if known is None:
+            known = self._has[name] = any(s.cols.get(name) is not None for s in self.series)
+        return known
 
     # --- time -------------------------------------------------------------------
 

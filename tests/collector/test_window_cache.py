@@ -30,6 +30,27 @@ def test_append_trim_and_backfill() -> None:
     assert len(b) == 0
 
 
+def test_only_columns_with_values_are_stored() -> None:
+    """A column without any value is not stored and reads as NaN; one that starts reporting is stored
+    from then on, NaN before; out-of-order samples keep the same values."""
+    nan = np.nan
+    b = _Buf(np.array([1.0, 2.0]), np.array([[1, 2], [nan, nan], [nan, nan]], dtype=np.float32))
+    assert b.rows.tolist() == [0] and b.vals.shape == (1, 2)
+    b.merge(np.array([3.0]), np.array([[3], [nan], [nan]], dtype=np.float32))
+    assert b.rows.tolist() == [0]
+    b.merge(np.array([4.0, 5.0]), np.array([[4, 5], [nan, nan], [nan, 50]], dtype=np.float32))
+    assert b.rows.tolist() == [0, 2]
+    full = np.array([[1, 2, 3, 4, 5], [nan] * 5, [nan, nan, nan, nan, 50]], dtype=np.float32)
+    assert np.array_equal(b.cols, full, equal_nan=True)
+    b.merge(np.array([2.5]), np.array([[9], [7], [nan]], dtype=np.float32))
+    assert b.rows.tolist() == [0, 1, 2] and b.t.tolist() == [1, 2, 2.5, 3, 4, 5]
+    assert np.array_equal(b.cols, np.insert(full, 2, [9, 7, nan], axis=1), equal_nan=True)
+    w = WindowCache(10.0, gpus={("n", 0): b}).window(5.0, [], {})
+    s = w.gpus[("n", 0)]
+    assert set(s.cols) == {"util_pct", "sm_active", "tensor_active"} and not s.has("dram_active")
+    assert np.isnan(s.get("dram_active")).all() and s.get("tensor_active")[-1] == 50
+
+
 def test_parse_array_matches_postgres(conn: psycopg.Connection) -> None:
     for typ, kind in (("real", "real"), ("smallint", "smallint"), ("integer", "integer"), ("bigint", "bigint"),
                       ("double precision", "double")):

@@ -44,8 +44,9 @@ def same_window(a: Window, b: Window) -> None:
         assert set(wa) == set(wb), name
         for k in wa:
             assert np.array_equal(wa[k].t, wb[k].t), (name, k)
-            for c in wa[k].cols:
-                assert np.array_equal(wa[k].cols[c], wb[k].cols[c], equal_nan=True), (name, k, c)
+            # a column one cache does not store reads as NaN there
+            for c in set(wa[k].cols) | set(wb[k].cols):
+                assert np.array_equal(wa[k].get(c), wb[k].get(c), equal_nan=True), (name, k, c)
 
 
 def findings(w: Window, settings: Settings) -> list[tuple[Any, ...]]:
@@ -61,14 +62,20 @@ def test_segment_round_trip() -> None:
     from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, _Buf
 
     rng = np.random.default_rng(1)
-    cache.gpus[("n1", 0)] = _Buf(t, rng.random((len(GPU_COLUMNS), len(t)), dtype=np.float32))
+    g0 = rng.random((len(GPU_COLUMNS), len(t)), dtype=np.float32)
+    g0[3] = np.nan  # a field nobody reports: neither stored nor in the segment
+    g0[4, 10:] = np.nan  # a field reported before the segment's seconds only: in the cache, not in the segment
+    cache.gpus[("n1", 0)] = _Buf(t, g0)
     cache.gpus[("n1", 1)] = _Buf(t[5:], np.full((len(GPU_COLUMNS), len(t) - 5), np.nan, dtype=np.float32))
     cache.hosts["n1"] = _Buf(t, rng.random((len(HOST_COLUMNS), len(t)), dtype=np.float32))
-    cache.gpus[("n1", 0)].cols[3] = np.nan  # a field nobody reports: left out of the segment
+    assert 3 not in cache.gpus[("n1", 0)].rows and 4 in cache.gpus[("n1", 0)].rows
+    assert len(cache.gpus[("n1", 1)].rows) == 0
+    d = decode_segment(encode_segment(cache, 110.0, 120.0))
+    assert d is not None and 3 not in d.gpus.present and 4 not in d.gpus.present
     d = decode_segment(encode_segment(cache, 100.0, 110.0))
     assert d is not None
     assert d.gpus.keys == [("n1", 0), ("n1", 1)] and d.gpus.counts.tolist() == [10, 5] and d.hosts.keys == ["n1"]
-    assert 3 not in d.gpus.present and len(d.gpus.present) == len(GPU_COLUMNS) - 1
+    assert 3 not in d.gpus.present and len(d.gpus.present) == len(GPU_COLUMNS) - 1 and 4 in d.gpus.present
     g = d.gpus.full(len(GPU_COLUMNS))
     assert np.array_equal(d.gpus.t[:10], t[:10])
     assert np.array_equal(g[:, :10], cache.gpus[("n1", 0)].cols[:, :10], equal_nan=True)
