@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import psycopg
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -17,7 +16,7 @@ from gpufleet.db.policies import BATCH_GUC
 from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
 from gpufleet.db.scratch import scratch_database
 from gpufleet.db.stats_sql import GPU_STATS_V1, HOST_STATS_V1
-from gpufleet.testing.pg import timescale_server_url
+from tests.timescale import timescale_server
 
 #: The newest revision in migrations/versions (read, so a new revision needs no edit here).
 HEAD = ScriptDirectory.from_config(migrate.alembic_config("", False)).get_current_head()
@@ -84,10 +83,7 @@ def test_migrations_match_model(db_url: str) -> None:
 
 def test_timescale_layout(settings: Settings) -> None:
     """On a TimescaleDB server: hypertables, compression policies, continuous aggregates."""
-    server = timescale_server_url()
-    if server is None:
-        pytest.skip("no TimescaleDB server (the extension is not on PyPI or Debian; set GPUFLEET_TEST_TIMESCALE_URL "
-                    "to a TimescaleDB 2.x server); the plain path is tested above")
+    server = timescale_server()
     with scratch_database(server) as url:
         assert migrate.upgrade(url, settings) is True
         with psycopg.connect(url) as conn:

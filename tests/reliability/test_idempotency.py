@@ -24,9 +24,9 @@ from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.serverthread import serve
 from gpufleet.testing.oracle import duplicate_rows, row_counts
-from gpufleet.testing.pg import timescale_server_url
 from gpufleet.wire import encode
 from tests.reliability.conftest import gpu_batch, knob, node_tokens
+from tests.timescale import timescale_server
 
 
 def _bodies(node: str, prefix: str, n: int, t0: float) -> list[tuple[bytes, dict[str, str]]]:
@@ -75,10 +75,7 @@ def test_three_sends_store_once(fresh_db: str, served: str, concurrent: bool, fi
 
 
 def test_resend_after_chunk_compression_stores_nothing(settings: Settings, figures: dict[str, Any]) -> None:
-    server = timescale_server_url()
-    if server is None:
-        pytest.skip("no TimescaleDB server (the extension is not on PyPI or Debian; set GPUFLEET_TEST_TIMESCALE_URL to a "
-                    "TimescaleDB 2.x server to run this)")
+    server = timescale_server()
     with scratch_database(server, "gpufleet_rel_ts") as url:
         assert migrate.upgrade(url, settings), "TimescaleDB layout expected"
         token = node_tokens(url, ["ts-node"])["ts-node"]

@@ -17,8 +17,8 @@ import pytest
 from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.pg import timescale_server_url
 from tests.surfaces.fleetdb import FilledFleet, fill
+from tests.timescale import timescale_server
 
 FLEET_SECONDS = 900.0
 
@@ -34,10 +34,7 @@ def fleet(pg_server: str, settings: Settings) -> Iterator[FilledFleet]:
 @pytest.fixture(scope="session")
 def timescale_fleet(settings: Settings) -> Iterator[FilledFleet]:
     """The same fleet on TimescaleDB (hypertables, continuous aggregates), where a server can load it."""
-    server = timescale_server_url()
-    if server is None:
-        pytest.skip("no TimescaleDB server (the extension is not on PyPI or Debian; set "
-                    "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to run this)")
+    server = timescale_server()
     with scratch_database(server, "gpufleet_surfaces_ts") as url:
         migrate.upgrade(url, settings)
         start = math.floor((time.time() - FLEET_SECONDS) / 60.0) * 60.0
