@@ -14,8 +14,10 @@ on the same node, and replay did not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -64,6 +66,23 @@ def _check(want: set[tuple], got: set[tuple]) -> None:
     assert got == want, (f"live only: {sorted(got - want)}\nreplay only: {sorted(want - got)}")
 
 
+def _swept_live(conn: psycopg.Connection, settings: Settings, bundle: Any, feed_until: Callable[[float], Any],
+                ship: Callable[[], Any] | None) -> set[tuple[Any, ...]]:
+    """Feed up to each sweep time and sweep as the leader does, every sweep interval over the
+    bundle's span; the incidents stored."""
+    sweeper = Sweeper(settings)
+    step = settings.detect.sweep_interval_s
+    now = bundle.t_min + step
+    while now < bundle.t_max + step:
+        feed_until(min(now, bundle.t_max))
+        if ship is not None:
+            ship()
+        sweeper(conn, now)
+        now += step
+    rows = conn.execute("SELECT kind, run_id, node, gpu, cause, severity, start, \"end\" FROM incidents").fetchall()
+    return {_key(*r) for r in rows}
+
+
 def test_the_bundle_live_and_replayed_gives_the_same_incidents(pg_server: str, settings: Settings,
                                                                 tmp_path: Path) -> None:
     out = tmp_path / "bundle"
@@ -76,17 +95,9 @@ def test_the_bundle_live_and_replayed_gives_the_same_incidents(pg_server: str, s
         with psycopg.connect(url, autocommit=True) as conn:
             feed = BundleFeed(conn, bundle)
             feed.register()
-            sweeper = Sweeper(settings)
-            step = settings.detect.sweep_interval_s
-            now = bundle.t_min + step
-            while now < bundle.t_max + step:
-                feed.run_until(min(now, bundle.t_max))
-                sweeper(conn, now)
-                now += step
+            got = _swept_live(conn, settings, bundle, feed.run_until, None)
             feed.close()
-            rows = conn.execute("SELECT kind, run_id, node, gpu, cause, severity, start, \"end\" FROM incidents"
-                                ).fetchall()
-    _check(want, {_key(*r) for r in rows})
+    _check(want, got)
 
 
 def test_live_sweeps_and_replay_find_the_same_incidents(pg_server: str, settings: Settings, tmp_path: Path) -> None:
@@ -101,18 +112,9 @@ def test_live_sweeps_and_replay_find_the_same_incidents(pg_server: str, settings
             fleet = Fleet.from_scenario(SCENARIO)
             register_runs(conn, fleet)
             feed = SimFeed(conn, fleet, send_facts=True)
-            sweeper = Sweeper(settings)
-            step = settings.detect.sweep_interval_s
-            now = bundle.t_min + step
-            while now < bundle.t_max + step:
-                feed.run_until(min(now, bundle.t_max))
-                feed.ship()
-                sweeper(conn, now)
-                now += step
+            got = _swept_live(conn, settings, bundle, feed.run_until, feed.ship)
             feed.close()
-            rows = conn.execute("SELECT kind, run_id, node, gpu, cause, severity, start, \"end\" FROM incidents"
-                                ).fetchall()
-    _check(want, {_key(*r) for r in rows})
+    _check(want, got)
 
 
 def test_sweeps_while_a_backlog_arrives_do_not_blame_a_neighbours_host_pressure(

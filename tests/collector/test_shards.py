@@ -25,7 +25,7 @@ from gpufleet.collector.window_cache import load_runs
 from gpufleet.config import Settings
 from gpufleet.sim import Fleet
 from gpufleet.testing.simfeed import SimFeed
-from tests.collector.test_sweep import register_runs
+from tests.collector.test_sweep import register_runs, wait_until
 
 
 def key(fs: list[Finding]) -> list[tuple[Any, ...]]:
@@ -123,16 +123,6 @@ Leader(sys.argv[1], s, CollectorMetrics(), shard_sweep=lambda k: (lambda conn, n
 print("started", flush=True)
 threading.Event().wait()
 """
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``cond`` until true; the seconds it took.  Fails after ``timeout``."""
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def shard_locks(conn: psycopg.Connection) -> dict[int, int]:
