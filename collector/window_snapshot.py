@@ -143,6 +143,18 @@ def decode_segment(blob: bytes) -> Decoded | None:
     return Decoded(out[0], out[1])
 
 
+def _uniform(blocks: list[Block], ncols: int) -> bool:
+    """The blocks list the same keys in the same order, each with one count for all its keys,
+    and store the same ``ncols`` columns."""
+    first = blocks[0].keys
+    for bl in blocks:
+        if len(bl.present) != ncols or not (bl.keys is first or bl.keys == first):
+            return False
+        if len(bl.counts) and not (bl.counts == bl.counts[0]).all():
+            return False
+    return True
+
+
 def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
     """Per-key buffers from one table's blocks, in time order.
 
@@ -173,6 +185,19 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
     absent = np.array([j for j in range(ncols) if j not in row], dtype=np.int64)
     t = np.empty(int(base[-1]), dtype=np.float64)
     c = np.empty((len(present), int(base[-1])), dtype=np.float32)
+    if nkeys and _uniform(blocks, len(present)):
+        # Every segment lists the same keys with as many samples each (a fleet whose GPUs all
+        # report at one rate): every key's slots are one row of a (keys x capacity) view, and
+        # each segment is copied in as one strided block instead of scattered sample by sample.
+        t2 = t.reshape(nkeys, -1)
+        c3 = c.reshape(len(present), nkeys, -1)
+        at = 0
+        for bl in blocks:
+            k = int(bl.counts[0])
+            t2[:, at:at + k] = bl.t.reshape(nkeys, k)
+            c3[:, :, at:at + k] = bl.cols.reshape(len(present), nkeys, k)
+            at += k
+        blocks, kid_of = [], []
     # Each sample goes to its key's slot, after the key's samples of earlier segments.
     filled = base[:-1].copy()
     for bl, kid in zip(blocks, kid_of, strict=True):

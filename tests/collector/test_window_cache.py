@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 import psycopg
+import pytest
 
-from gpufleet.collector.window_cache import WindowCache, _Buf, parse_array
+from gpufleet.collector.window_cache import WindowCache, _Buf
 
 
 def buf(ts: list[float]) -> _Buf:
@@ -51,18 +52,57 @@ def test_only_columns_with_values_are_stored() -> None:
     assert np.isnan(s.get("dram_active")).all() and s.get("tensor_active")[-1] == 50
 
 
-def test_parse_array_matches_postgres(conn: psycopg.Connection) -> None:
-    for typ, kind in (("real", "real"), ("smallint", "smallint"), ("integer", "integer"), ("bigint", "bigint"),
-                      ("double precision", "double")):
-        for values in ([1, 2, 3], [None, None], [None, 5, None, 7], []):
-            with conn.cursor(binary=True) as cur:
-                from gpufleet.collector.window_cache import _PG_ARRAY, _RawLoader
+def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float | None]]]) -> list[tuple[object, ...]]:
+    """(key, times, values) as _select's query sends them for ``samples`` (key, epoch time, 3 values)."""
+    from gpufleet.collector.window_cache import _PG_ARRAY, TIMESTAMPTZ_ARRAY, _RawLoader
 
-                cur.adapters.register_loader(_PG_ARRAY[kind], _RawLoader)
-                raw = cur.execute(f"SELECT %s::{typ}[]", (values,)).fetchone()[0]  # type: ignore[index]
-            got = parse_array(raw, len(values), kind) if values else np.zeros(0)
-            expected = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-            assert np.array_equal(got, expected, equal_nan=True), (typ, values, got)
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS s (k text, time timestamptz, a real, b real, c real)")
+    conn.execute("TRUNCATE s")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO s VALUES (%s, to_timestamp(%s), %s, %s, %s)",
+                        [(k, t, *v) for k, t, v in samples])
+    with conn.cursor(binary=True) as cur:
+        cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
+        cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+        vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in "abc")
+        # Each key's rows in insertion order (array_agg follows the scan), as the sample tables send them.
+        return cur.execute(f"SELECT k, array_agg(time ORDER BY ctid), array_agg(ARRAY[{vals}] ORDER BY ctid) "
+                           "FROM s GROUP BY k ORDER BY k").fetchall()
+
+
+def test_merge_rows_reads_postgres_arrays(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows parsed together land in each key's buffer as they would one by one: times to the
+    microsecond, NULL as NaN, times out of order within a row sorted, a column that starts
+    reporting stored from then on, an existing buffer appended to; the same whatever the chunking."""
+    from gpufleet.collector import window_cache
+
+    nan = np.nan
+    t0 = 1_700_000_000.0
+    samples: list[tuple[str, float, list[float | None]]] = [
+        ("a", t0 + 0.25, [1.0, None, 3.0]), ("a", t0 + 1.5, [2.0, None, None]),
+        ("b", t0 + 3.0, [5.0, None, None]), ("b", t0 + 1.0, [4.0, None, None]),  # out of order
+        ("c", t0 + 2.0, [None, None, None]),
+        *[("d", t0 + i, [float(i), float(-i), None]) for i in range(40)],
+    ]
+    rows = _rows(conn, samples)
+    for chunk in (262_144, 5, 1):
+        monkeypatch.setattr(window_cache, "MERGE_CHUNK_SAMPLES", chunk)
+        bufs: dict[object, _Buf] = {"b": _Buf(np.array([t0 - 5.0]), np.array([[9], [nan], [nan]], dtype=np.float32))}
+        n = window_cache.merge_rows(bufs, rows, 3)  # type: ignore[arg-type]
+        assert n == len(samples)
+        for key in "abcd":
+            mine = sorted((t, v) for k, t, v in samples if k == key)
+            if key == "b":
+                mine = [(t0 - 5.0, [9.0, None, None]), *mine]
+            b = bufs[key]
+            assert b.t.tolist() == [t for t, _ in mine], (chunk, key)
+            want = np.array([[nan if x is None else x for x in v] for _, v in mine], dtype=np.float32).T
+            assert np.array_equal(b.cols, want, equal_nan=True), (chunk, key, b.cols, want)
+        assert bufs["a"].rows.tolist() == [0, 2] and bufs["b"].rows.tolist() == [0]
+        assert bufs["c"].rows.tolist() == [] and bufs["d"].rows.tolist() == [0, 1]
+    # Rows again (a re-fetch) change nothing.
+    again = window_cache.merge_rows(bufs, rows, 3)  # type: ignore[arg-type]
+    assert again == len(samples) and len(bufs["d"]) == 40 and len(bufs["b"]) == 3
 
 
 def test_refresh_forgets_batch_ids_it_cannot_read_again(conn: psycopg.Connection) -> None:

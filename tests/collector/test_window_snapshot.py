@@ -165,3 +165,43 @@ def test_segments_reassemble_into_the_cache() -> None:
     for k, b in cache.gpus.items():
         assert np.array_equal(twice[k].t, b.t)
         assert np.array_equal(twice[k].cols, b.cols, equal_nan=True)
+
+
+def test_a_uniform_fleet_reassembles_alike(monkeypatch: Any) -> None:
+    """Every GPU reporting every second (segments alike in keys, counts and columns) takes the
+    strided copy; it builds what the sample-by-sample path builds, room after each key included,
+    and a segment read twice still comes out sorted and de-duplicated."""
+    from gpufleet.collector import window_snapshot
+    from gpufleet.collector.window_cache import GPU_COLUMNS, _Buf
+
+    rng = np.random.default_rng(3)
+    cache = WindowCache(600.0)
+    t = np.arange(100.0, 160.0) + 0.25
+    for i in range(5):
+        c = rng.random((len(GPU_COLUMNS), len(t)), dtype=np.float32)
+        c[4:] = np.nan
+        c[2, ::7] = np.nan  # a NULL now and then stays a NULL
+        cache.gpus[("n", i)] = _Buf(t, c)
+    blocks = []
+    for lo in range(100, 160, 10):
+        d = decode_segment(encode_segment(cache, float(lo), float(lo + 10)))
+        assert d is not None
+        blocks.append(d.gpus)
+    assert window_snapshot._uniform(blocks, 4)
+    for case in (blocks, [*blocks, blocks[3]]):
+        fast = window_snapshot._assemble(case, len(GPU_COLUMNS))
+        with monkeypatch.context() as m:
+            m.setattr(window_snapshot, "_uniform", lambda *_: False)
+            slow = window_snapshot._assemble(case, len(GPU_COLUMNS))
+        assert set(fast) == set(slow) == set(cache.gpus)
+        for k, b in cache.gpus.items():
+            assert np.array_equal(fast[k].t, b.t) and np.array_equal(slow[k].t, b.t)
+            assert np.array_equal(fast[k].cols, b.cols, equal_nan=True)
+            assert np.array_equal(slow[k].cols, b.cols, equal_nan=True)
+            assert len(fast[k]._t) == len(slow[k]._t)  # the same room to append into
+    # Segments of different lengths still are; keys that differ between segments are not.
+    short = decode_segment(encode_segment(cache, 100.0, 105.0))
+    assert short is not None and window_snapshot._uniform([blocks[0], short.gpus], 4)
+    del cache.gpus[("n", 2)]
+    fewer = decode_segment(encode_segment(cache, 100.0, 110.0))
+    assert fewer is not None and not window_snapshot._uniform([blocks[0], fewer.gpus], 4)
