@@ -13,6 +13,7 @@ columns (NULL as NaN, nodes as small integers), which numpy parses in one
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,16 @@ def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str) -> str:
 PG_EPOCH_US = 946684800 * 1_000_000
 
 
+_STAGGER = itertools.count()
+
+
+def stagger(n: int) -> int:
+    """Extra room for a new buffer of ``n`` samples, 0 to n/2 and different from one buffer to the
+    next (golden-ratio steps; on average twice ``n`` in all with the 7/4 n every buffer has): buffers filled at one pace would otherwise all run out of room in
+    the same sweep, and that sweep would copy the whole window."""
+    return int((next(_STAGGER) * 0.6180339887498949) % 1.0 * (n // 2 + 1))
+
+
 class Pending(NamedTuple):
     """One GPU's (``gpu``) or host's row of a read, still as PostgreSQL sent its arrays."""
 
@@ -130,7 +141,7 @@ class _Buf:
         """From every column (``cols``: columns x samples, NaN where none)."""
         empty = np.isnan(cols).all(axis=1)
         self.rows, self.absent, self.ncols = np.flatnonzero(~empty), np.flatnonzero(empty), cols.shape[0]
-        cap = max(16, 2 * len(t))
+        cap = max(16, 7 * len(t) // 4 + stagger(len(t)))
         self._t = np.empty(cap, dtype=np.float64)
         self._c = np.empty((len(self.rows), cap), dtype=np.float32)
         self.a, self.b = 0, len(t)
@@ -166,7 +177,15 @@ class _Buf:
         n = self.b - self.a
         if self.b + extra <= len(self._t):
             return
-        cap = max(len(self._t), 2 * (n + extra))
+        if len(self._t) - (n + extra) >= max(n // 8, 16):
+            # The room trimmed off the front is enough: move the samples back to the start of the
+            # arrays they are in.  A window that slides at a steady pace lives in the same memory
+            # for good, instead of every buffer asking for twice its size at once.
+            self._t[:n] = self._t[self.a:self.b]
+            self._c[:, :n] = self._c[:, self.a:self.b]
+            self.a, self.b = 0, n
+            return
+        cap = max(len(self._t), 7 * (n + extra) // 4 + stagger(n + extra))
         t, c = np.empty(cap, dtype=np.float64), np.empty((self._c.shape[0], cap), dtype=np.float32)
         t[:n], c[:, :n] = self._t[self.a:self.b], self._c[:, self.a:self.b]
         self._t, self._c, self.a, self.b = t, c, 0, n

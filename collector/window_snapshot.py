@@ -226,8 +226,12 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
         if bad_pos.size:
             owner = np.searchsorted(starts, bad_pos, side="right") - 1
             ok[owner[bad_pos < ends[owner]]] = False
+    # Each key uses between half and all of its room (golden-ratio steps), so that the restored
+    # buffers run out of room, and move their samples, over many sweeps rather than in one.
+    spare = cap_k - n_k
+    unused = ((np.arange(nkeys) * 0.6180339887498949) % 1.0 * (spare // 2)).astype(np.int64)
     for k, i in ids.items():
-        a, z, n = int(starts[i]), int(base[i + 1]), int(n_k[i])
+        a, z, n = int(starts[i]), int(base[i + 1] - unused[i]), int(n_k[i])
         if ok[i]:
             out[k] = _Buf.adopt(t[a:z], c[:, a:z], n, present, absent)
         else:  # sorted, the first of equal times kept
