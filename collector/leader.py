@@ -36,7 +36,7 @@ from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.shards import SHARD_LOCK_BASE
 from gpufleet.config import Settings
-from gpufleet.db.policies import backend_of, enforce_retention_plain, enforce_span_retention
+from gpufleet.db.policies import backend_of, enforce_retention
 from gpufleet.store.inferred import Inferrer
 
 log = logging.getLogger(__name__)
@@ -148,10 +148,7 @@ class Leader:
                     release_free_memory()
                 if now >= next_retention:
                     next_retention = now + 3600.0
-                    if plain:
-                        enforce_retention_plain(work, self.settings)
-                    else:  # TimescaleDB's policies keep the rollups; spans are an ordinary table
-                        enforce_span_retention(work, self.settings)
+                    enforce_retention(work, self.settings, plain)
                 if self.sweep is None and now >= next_sweep:
                     next_sweep = now + self.settings.detect.sweep_interval_s
                 if res.ranges == 0:
@@ -223,10 +220,7 @@ class Leader:
                     self._infer(work)
                 if now >= next_retention:
                     next_retention = now + 3600.0
-                    if plain:
-                        enforce_retention_plain(work, self.settings)
-                    else:
-                        enforce_span_retention(work, self.settings)
+                    enforce_retention(work, self.settings, plain)
             for k, fn in list(self.held.items()):
                 if self._stop.is_set() or k not in self.held:
                     break
