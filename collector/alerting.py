@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -178,10 +178,16 @@ class AlertmanagerPusher:
             log.warning("Alertmanager push failed: %s", e)
             return False
 
-    def sync(self, conn: psycopg.Connection, resolved_ids: Iterable[int]) -> bool:
-        """Send every open incident, and the ones just resolved with endsAt."""
+    def sync(self, conn: psycopg.Connection, resolved_ids: Iterable[int],
+             owns: Callable[[str | None, str | None], bool] | None = None) -> bool:
+        """Send every open incident, and the ones just resolved with endsAt.
+
+        ``owns(run_id, node)``: send only the open incidents it accepts (a sweep shard's: each
+        shard re-sends its own, so Alertmanager gets every alert once a sweep interval, not once
+        per shard)."""
         cols = ["id", "kind", "run_id", "node", "gpu", "cause", "severity", "start", "evidence"]
-        alerts = [to_alert(dict(zip(cols, r, strict=True))) for r in conn.execute(OPEN_INCIDENTS_SQL).fetchall()]
+        current = [dict(zip(cols, r, strict=True)) for r in conn.execute(OPEN_INCIDENTS_SQL).fetchall()]
+        alerts = [to_alert(r) for r in current if owns is None or owns(r["run_id"], r["node"])]
         ids = list(resolved_ids)
         if ids:
             rows = conn.execute(

@@ -92,7 +92,8 @@ class ShardScope:
         return {n for n in self.run_nodes | set(old_home) | set(home)
                 if self.reads(n) and not (n in old_nodes or self._home(n, old_home) == self.shard)}
 
-    def _owns(self, run_id: str | None, node: str | None) -> bool:
+    def owns(self, run_id: str | None, node: str | None) -> bool:
+        """Whether this shard answers for what is about ``run_id`` (or, in no run, ``node``)."""
         if run_id is not None:
             return self.owns_run(run_id)
         if node is not None:
@@ -100,7 +101,7 @@ class ShardScope:
         return self.shard == 0
 
     def owns_finding(self, f: Finding) -> bool:
-        return self._owns(f.run_id, f.node)
+        return self.owns(f.run_id, f.node)
 
     def owns_incident(self, i: Incident) -> bool:
-        return self._owns(i.run_id, i.node)
+        return self.owns(i.run_id, i.node)

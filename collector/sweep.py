@@ -100,7 +100,7 @@ class Sweeper:
             resolved = [r[0] for r in conn.execute(
                 "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
                 ([r.scope_key for r in plan.resolves],)).fetchall()] if plan.resolves else []
-            self.alerts.sync(conn, resolved)
+            self.alerts.sync(conn, resolved, owns=self.scope.owns if self.scope is not None else None)
         t3 = time.perf_counter()
         saved = 0
         if self.snapshots is not None:

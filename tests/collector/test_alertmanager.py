@@ -64,3 +64,48 @@ def test_unreachable_alertmanager_is_counted_not_fatal(conn: psycopg.Connection)
     incident_store.sweep(conn, [f], time.time(), resolve_after_s=10)
     assert pusher.sync(conn, []) is False
     assert pusher.failures == 1
+
+
+class _Recorded(AlertmanagerPusher):
+    """A pusher that keeps what it would send."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.sent: list[dict] = []
+
+    def push(self, alerts: list[dict]) -> bool:
+        self.sent += alerts
+        return True
+
+
+def test_sweep_shards_each_send_their_own_alerts(conn: psycopg.Connection) -> None:
+    """Sharded, every open incident is sent by exactly one shard each sweep (each shard sent them all,
+    so Alertmanager took every alert once per shard); unsharded, one pusher sends them all."""
+    from gpufleet.collector.detectors.window import RunInfo
+    from gpufleet.collector.shards import ShardScope
+
+    now = time.time()
+    runs = [RunInfo(f"run-{i}", now - 600, None, [(f"node-{i}", 0), (f"node-{i}", 1)]) for i in range(12)]
+    findings = [Finding(kind="starvation", cause="io", severity="warning", start=now - 120, evidence={},
+                        run_id=r.run_id) for r in runs]
+    findings += [Finding(kind="pcie_degraded", cause=None, severity="warning", start=now - 120, evidence={},
+                         node=f"spare-{i}", gpu=0) for i in range(12)]
+    findings.append(Finding(kind="host_misconfig", cause=None, severity="warning", start=now - 120, evidence={},
+                            node="node-3"))
+    incident_store.sweep(conn, findings, now, resolve_after_s=10)
+    scopes = [ShardScope(k, 4) for k in range(4)]
+    sent: list[list[dict]] = []
+    for sc in scopes:
+        sc.update(runs)
+        p = _Recorded()
+        assert p.sync(conn, [], owns=sc.owns)
+        sent.append(p.sent)
+    ids = sorted(a["annotations"]["incident_id"] for s in sent for a in s)
+    assert len(ids) == len(findings) == len(set(ids))
+    assert sum(1 for s in sent if s) >= 2  # the incidents are spread over the shards
+    # A node's own incident goes with the run on it.
+    (home,) = [k for k, s in enumerate(sent) if any(a["labels"].get("run_id") == "run-3" for a in s)]
+    assert any(a["labels"]["kind"] == "host_misconfig" for a in sent[home])
+    whole = _Recorded()
+    assert whole.sync(conn, [])
+    assert sorted(a["annotations"]["incident_id"] for a in whole.sent) == ids
