@@ -22,6 +22,12 @@ utilisation, NVLink throughput, ECC and row-remap counters and PCIe replays.
 :data:`EXPORTER_FIELDS` maps them; the shared table of
 :mod:`gpufleet.agent.sources.dcgm` wins where both name a series.
 
+dcgm-exporter's stock ``default-counters.csv`` prints free, used and reserved
+framebuffer memory but not the total, which the catalog keeps
+(``mem_total_mib``, DCGM's ``FB_TOTAL``): where the total is missing it is
+free + used + reserved, as DCGM and NVML account for a GPU's memory (free +
+used where the exporter predates the reserved field).
+
 ``DCGM_FI_DEV_XID_ERRORS`` is a gauge holding the last XID ever seen, so an
 XID is reported when that value changes between scrapes (0 otherwise); where
 dcgm-exporter exports ``DCGM_EXP_XID_ERRORS_COUNT`` (XIDs in its last window,
@@ -75,6 +81,10 @@ SERIES: dict[str, DcgmField] = {
 
 Key = tuple[int, int | None]
 
+#: The framebuffer series that add up to the total (``FB_TOTAL``) where the exporter does not print it.
+FB_PARTS = {"DCGM_FI_DEV_FB_FREE": "free", "dcgm_fb_free": "free",
+            "DCGM_FI_DEV_FB_RESERVED": "reserved", "dcgm_fb_resv": "reserved"}
+
 
 def _field_for(family_name: str, sample_name: str) -> DcgmField | None:
     for name in (family_name, sample_name, sample_name.removesuffix("_total")):
@@ -98,6 +108,8 @@ class ExpositionParse:
         self.xid_gauge: dict[int, int | None] = {}
         self.xid_counts: dict[int, dict[int, float]] = {}
         self.gpus: dict[int, dict[str, Any]] = {}
+        #: Free and reserved framebuffer MiB per row (:data:`FB_PARTS`).
+        self.fb: dict[Key, dict[str, float]] = {}
 
     def row(self, key: Key, uuid: str | None) -> GpuRow:
         if key not in self.rows:
@@ -132,6 +144,11 @@ def parse_exposition(text: str) -> ExpositionParse:
                 if xid is not None:
                     out.xid_counts.setdefault(gpu, {})[xid] = float(sample.value)
                 continue
+            part = FB_PARTS.get(family.name) or FB_PARTS.get(sample.name)
+            if part is not None:
+                if blank_kind(sample.value, "int64") == "value":
+                    out.fb.setdefault((gpu, mig), {})[part] = float(sample.value)
+                continue
             field = _field_for(family.name, sample.name)
             if field is None:
                 continue
@@ -155,6 +172,9 @@ def parse_exposition(text: str) -> ExpositionParse:
                 continue
             merge_field(row, out.priority[key], field, value)
     for key, row in out.rows.items():
+        fb = out.fb.get(key)
+        if fb and "free" in fb and row.get("mem_total_mib") is None and row.get("mem_used_mib") is not None:
+            row["mem_total_mib"] = fb["free"] + row["mem_used_mib"] + fb.get("reserved", 0.0)
         if key[1] is not None:
             null_whole_gpu_fields(row)
             for name in WHOLE_GPU_FIELDS:

@@ -308,3 +308,29 @@ def test_every_series_of_the_real_capture_maps_or_is_known_unmapped() -> None:
     assert names and all(SERIES.get(n) is not None for n in names), sorted(n for n in names if n not in SERIES)
     row = parse_exposition("\n".join(real_lines()) + "\n").rows[(0, None)]
     assert row["mem_copy_util_pct"] == 0
+
+
+def on_gpu(g: int, name: str, value: object) -> str:
+    return series(name, value).replace('gpu="0",UUID="GPU-a"', f'gpu="{g}",UUID="GPU-{g}"')
+
+
+def test_memory_total_from_the_stock_counters() -> None:
+    """The stock default-counters.csv prints free, used and reserved framebuffer memory, not the
+    total the catalog keeps: the total is their sum (free + used where the exporter has no reserved
+    field), an exported FB_TOTAL wins, and a blank free value leaves the total unknown."""
+    stock = [n.split(",")[0] for n in realdata("dcgm-exporter", "default-counters.csv").read_text().splitlines()
+             if n.startswith("DCGM_FI_DEV_FB_")]
+    assert stock == ["DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"]
+    text = "\n".join([
+        on_gpu(0, "DCGM_FI_DEV_FB_FREE", 20292), on_gpu(0, "DCGM_FI_DEV_FB_USED", 60742),
+        on_gpu(0, "DCGM_FI_DEV_FB_RESERVED", 525),
+        on_gpu(1, "dcgm_fb_free", 1000), on_gpu(1, "dcgm_fb_used", 79000),
+        on_gpu(2, "DCGM_FI_DEV_FB_FREE", 10), on_gpu(2, "DCGM_FI_DEV_FB_USED", 20),
+        on_gpu(2, "DCGM_FI_DEV_FB_TOTAL", 81559),
+        on_gpu(3, "DCGM_FI_DEV_FB_FREE", DCGM_INT64_BLANK), on_gpu(3, "DCGM_FI_DEV_FB_USED", 5),
+    ]) + "\n"
+    rows = parse_exposition(text).rows
+    assert rows[(0, None)]["mem_total_mib"] == 81559 and rows[(0, None)]["mem_used_mib"] == 60742
+    assert rows[(1, None)]["mem_total_mib"] == 80000
+    assert rows[(2, None)]["mem_total_mib"] == 81559
+    assert rows[(3, None)].get("mem_total_mib") is None
