@@ -97,9 +97,9 @@ TEMPLATES = 16
 COUNTERS_CSV = ROOT / "tests/fixtures/realdata/dcgm-exporter/default-counters.csv"
 
 # The 25 fields of dcgm-exporter's default-counters.csv, in its order, and the
-# gpufleet catalog field each one's value model follows (and that the agent
-# sends in its place: gpufleet's agent reads NVML/DCGM and names the fields
-# by its own catalog).
+# value model each one follows: a gpufleet catalog field, which the agent sends
+# in its place (gpufleet's agent reads NVML/DCGM and names the fields by its
+# own catalog), except free memory, which the catalog keeps as the total.
 DCGM_TO_FIELD = {
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
     "DCGM_FI_DEV_MEM_CLOCK": "mem_clock_mhz",
@@ -113,7 +113,7 @@ DCGM_TO_FIELD = {
     "DCGM_FI_DEV_ENC_UTIL": "pcie_gen",  # no encoder field: the agent sends the PCIe generation
     "DCGM_FI_DEV_DEC_UTIL": "pcie_width",  # no decoder field: the PCIe width
     "DCGM_FI_DEV_XID_ERRORS": "xid",
-    "DCGM_FI_DEV_FB_FREE": "mem_total_mib",  # free = total - used
+    "DCGM_FI_DEV_FB_FREE": "mem_free_mib",  # the exporter's free memory; gpufleet stores the total (GPUFLEET_FIELDS)
     "DCGM_FI_DEV_FB_USED": "mem_used_mib",
     "DCGM_FI_DEV_FB_RESERVED": "sm_clock_max_mhz",  # no reserved field: the clock ceiling
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "nvlink_bandwidth_mb_s",
@@ -127,6 +127,11 @@ DCGM_TO_FIELD = {
     "DCGM_FI_PROF_PCIE_TX_BYTES": "pcie_tx_bytes_s",
     "DCGM_FI_PROF_PCIE_RX_BYTES": "pcie_rx_bytes_s",
 }
+
+
+#: The 25 fields gpufleet's agent sends for them: the catalog has no free memory, but the total
+#: (DCGM_FI_DEV_FB_TOTAL, NVML's total), a constant from which free = total - used.
+GPUFLEET_FIELDS = tuple("mem_total_mib" if f == "mem_free_mib" else f for f in DCGM_TO_FIELD.values())
 
 
 def dcgm_fields() -> list[tuple[str, str, str]]:
@@ -171,7 +176,8 @@ def value_model(seed: int = 1) -> dict[str, np.ndarray]:
         "pcie_gen": 5 * ones,
         "pcie_width": 16 * ones,
         "xid": 0 * ones,
-        "mem_total_mib": 81559 - np.round(61234 + 40 * busy),
+        "mem_total_mib": 81559 * ones,
+        "mem_free_mib": 81559 - np.round(61234 + 40 * busy),
         "mem_used_mib": np.round(61234 + 40 * busy),
         "sm_clock_max_mhz": 1980 * ones,
         "nvlink_bandwidth_mb_s": np.round(30000 * busy),
@@ -466,7 +472,7 @@ def gpufleet_timescale_bytes(server: str, nodes: int = 1, hours: float = 2.0) ->
     from gpufleet.wire import KIND_DTYPE, TYPED_DTYPES, validate
 
     model = value_model()
-    names = list(DCGM_TO_FIELD.values())
+    names = list(GPUFLEET_FIELDS)
     dtypes = {n: KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
     seconds = int(hours * 3600)
     t0 = (int(time.time()) // 86400 - 3) * 86400 + 3600
@@ -504,7 +510,7 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
                     ticks: int) -> dict[int, list[tuple[int, bytes, dict[str, str]]]]:
     """Per tick (second): the batches due then, each node once every SHIP_EVERY_S."""
     cctx = zstandard.ZstdCompressor(level=3)
-    names = list(DCGM_TO_FIELD.values())
+    names = list(GPUFLEET_FIELDS)
     from gpufleet.catalog import GPU_BY_NAME
     from gpufleet.wire import KIND_DTYPE, TYPED_DTYPES
 
