@@ -25,17 +25,18 @@ same transaction, so the segments always agree with the state's watermark.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import struct
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import orjson
 import psycopg
 import zstandard
 
@@ -93,8 +94,8 @@ def encode_segment(cache: WindowCache, lo: float, hi: float, level: int = 1) -> 
     """Every sample of the cache in [lo, hi) as one compressed blob."""
     gk, gn, gp, gt, gc = _pack_block(cache.gpus, lo, hi, len(GPU_COLUMNS))
     hk, hn, hp, ht, hc = _pack_block(cache.hosts, lo, hi, len(HOST_COLUMNS))
-    head = json.dumps({"v": _FORMAT, "gcols": GPU_COLUMNS, "hcols": HOST_COLUMNS, "gnode": [k[0] for k in gk],
-                       "ggpu": [k[1] for k in gk], "gn": gn, "gp": gp, "hk": hk, "hn": hn, "hp": hp}).encode()
+    head = orjson.dumps({"v": _FORMAT, "gcols": GPU_COLUMNS, "hcols": HOST_COLUMNS, "gnode": [k[0] for k in gk],
+                         "ggpu": [k[1] for k in gk], "gn": gn, "gp": gp, "hk": hk, "hn": hn, "hp": hp})
     body = b"".join((struct.pack("<I", len(head)), head, gt, gc, ht, hc))
     return zstandard.ZstdCompressor(level=level).compress(body)
 
@@ -121,26 +122,120 @@ class Block:
 class Decoded:
     gpus: Block
     hosts: Block
+    #: The GPU keys' nodes and indexes as stored (to recognise the next segment's keys).
+    gnode: list[str] = field(default_factory=list)
+    ggpu: list[int] = field(default_factory=list)
 
 
-def decode_segment(blob: bytes) -> Decoded | None:
-    """A segment's samples, or None when it was written for other columns (then nothing is restored)."""
-    body = memoryview(zstandard.ZstdDecompressor().decompress(blob))
+def decode_segment(blob: bytes, prev: Decoded | None = None) -> Decoded | None:
+    """A segment's samples, or None when it was written for other columns (then nothing is restored).
+
+    With ``prev`` (the segment before), key lists equal to its own are shared rather than built
+    again: consecutive segments of a steady fleet list the same GPUs, and :func:`_assemble` then
+    recognises them by identity."""
+    return _decode_body(zstandard.ZstdDecompressor().decompress(blob), prev)
+
+
+def _decode_body(raw: bytes, prev: Decoded | None) -> Decoded | None:
+    body = memoryview(raw)
     (hl,) = struct.unpack_from("<I", body, 0)
-    head = json.loads(bytes(body[4:4 + hl]))
+    return _blocks_of(orjson.loads(body[4:4 + hl]), prev, body, 4 + hl)
+
+
+_NO_SAMPLES = np.zeros(0)
+
+
+def _blocks_of(head: dict[str, Any], prev: Decoded | None, body: memoryview | None, pos: int,
+               gkeys: list[Any] | None = None, hkeys: list[Any] | None = None) -> Decoded | None:
+    """A segment's blocks from its header and, from ``pos`` of ``body``, its samples (no body: the
+    blocks hold no samples yet).  Key lists equal to ``prev``'s are ``prev``'s own; ``gkeys`` and
+    ``hkeys``, when given, are the key lists to use."""
     if head.get("v") != _FORMAT or tuple(head["gcols"]) != GPU_COLUMNS or tuple(head["hcols"]) != HOST_COLUMNS:
         return None
-    pos = 4 + hl
+    gnode, ggpu = head["gnode"], head["ggpu"]
+    if gkeys is None:
+        if prev is not None and gnode == prev.gnode and ggpu == prev.ggpu:
+            gkeys, gnode, ggpu = prev.gpus.keys, prev.gnode, prev.ggpu
+        else:
+            gkeys = list(zip(gnode, ggpu, strict=True))
+    if hkeys is None:
+        hkeys = prev.hosts.keys if prev is not None and head["hk"] == prev.hosts.keys else head["hk"]
     out: list[Block] = []
-    for keys, counts, present in ((list(zip(head["gnode"], head["ggpu"], strict=True)), head["gn"], head["gp"]),
-                                  (head["hk"], head["hn"], head["hp"])):
+    for keys, counts, present in ((gkeys, head["gn"], head["gp"]), (hkeys, head["hn"], head["hp"])):
         n = sum(counts)
-        t = np.frombuffer(body, dtype="<f8", count=n, offset=pos)
-        pos += 8 * n
-        c = np.frombuffer(body, dtype="<f4", count=n * len(present), offset=pos).reshape(len(present), n)
-        pos += 4 * n * len(present)
+        if body is None:
+            t, c = _NO_SAMPLES, _NO_SAMPLES.reshape(0, 0)
+        else:
+            t = np.frombuffer(body, dtype="<f8", count=n, offset=pos)
+            pos += 8 * n
+            c = np.frombuffer(body, dtype="<f4", count=n * len(present), offset=pos).reshape(len(present), n)
+            pos += 4 * n * len(present)
         out.append(Block(keys, np.asarray(counts, dtype=np.int64), t, present, c))
-    return Decoded(out[0], out[1])
+    return Decoded(out[0], out[1], gnode, ggpu)
+
+
+class _Stream:
+    """The segments of one restore, their samples decompressed one segment at a time into one
+    reused buffer while the window is assembled from them.
+
+    Decompressing every segment first held the whole window twice: 400 MB of fresh memory
+    for 10,000 GPUs, which a new owner (a process that never held the window) pays for in
+    page faults before it assembles the window into another 450 MB.  Here the headers are read
+    first (:meth:`blocks`: keys, counts and columns, enough to lay the window out); then the GPU
+    assembly asks for each segment's samples in order (:meth:`gpu_data`), and the segment's host
+    samples, small, are copied out at the same time."""
+
+    def __init__(self, blobs: list[bytes]) -> None:
+        self.blobs = blobs
+        self.heads: list[tuple[int, dict[str, Any]]] = []
+        self.gpus: list[Block] = []
+        self.hosts: list[Block] = []
+        self._buf = bytearray()
+
+    def blocks(self) -> bool:
+        """Read every header into header-only blocks; False when one was written for other columns."""
+        prev: Decoded | None = None
+        for blob in self.blobs:
+            with zstandard.ZstdDecompressor().stream_reader(blob) as r:
+                (hl,) = struct.unpack("<I", _read_exactly(r, 4))
+                head = orjson.loads(_read_exactly(r, hl))
+            d = _blocks_of(head, prev, None, 0)
+            if d is None:
+                return False
+            self.heads.append((4 + hl, head))
+            self.gpus.append(d.gpus)
+            self.hosts.append(d.hosts)
+            prev = d
+        return True
+
+    def gpu_data(self, i: int, bl: Block) -> tuple[np.ndarray, np.ndarray]:
+        start, head = self.heads[i]
+        size = start + sum(sum(head[n]) * (8 + 4 * len(head[p])) for n, p in (("gn", "gp"), ("hn", "hp")))
+        if len(self._buf) < size:
+            self._buf = bytearray(max(size, len(self._buf) * 5 // 4))
+        view = memoryview(self._buf)[:size]
+        with zstandard.ZstdDecompressor().stream_reader(self.blobs[i]) as r:
+            got = 0
+            while got < size:
+                n = r.readinto(view[got:])
+                if not n:
+                    raise ValueError(f"snapshot segment {i} is shorter than its header says")
+                got += n
+        d = _blocks_of(head, None, view, start, gkeys=bl.keys, hkeys=self.hosts[i].keys)
+        assert d is not None
+        h = d.hosts
+        self.hosts[i] = Block(h.keys, h.counts, h.t.copy(), h.present, h.cols.copy())
+        return d.gpus.t, d.gpus.cols
+
+
+def _read_exactly(r: Any, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = r.read(n - len(out))
+        if not chunk:
+            raise ValueError("snapshot segment ends inside its header")
+        out += chunk
+    return out
 
 
 def _uniform(blocks: list[Block], ncols: int) -> bool:
@@ -155,14 +250,20 @@ def _uniform(blocks: list[Block], ncols: int) -> bool:
     return True
 
 
-def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
+def _own_data(i: int, bl: Block) -> tuple[np.ndarray, np.ndarray]:
+    return bl.t, bl.cols
+
+
+def _assemble(blocks: list[Block], ncols: int,
+              data: Callable[[int, Block], tuple[np.ndarray, np.ndarray]] = _own_data) -> dict[Any, _Buf]:
     """Per-key buffers from one table's blocks, in time order.
 
     Every sample is written once, straight from its segment, into one array
     laid out key after key with room after each key's samples (a quarter
     more, at least 32), so the next sweeps' samples append without a copy.
     Only the columns some segment holds are stored (the buffers share that
-    list); the others read as NaN."""
+    list); the others read as NaN.  ``data(i, block)`` gives block ``i``'s times and values,
+    asked once per block, in order (:class:`_Stream` decompresses them then)."""
     if not blocks:
         return {}
     ids: dict[Any, int] = {}
@@ -192,27 +293,29 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
         t2 = t.reshape(nkeys, -1)
         c3 = c.reshape(len(present), nkeys, -1)
         at = 0
-        for bl in blocks:
+        for i, bl in enumerate(blocks):
             k = int(bl.counts[0])
-            t2[:, at:at + k] = bl.t.reshape(nkeys, k)
-            c3[:, :, at:at + k] = bl.cols.reshape(len(present), nkeys, k)
+            bt, bc = data(i, bl)
+            t2[:, at:at + k] = bt.reshape(nkeys, k)
+            c3[:, :, at:at + k] = bc.reshape(len(present), nkeys, k)
             at += k
         blocks, kid_of = [], []
     # Each sample goes to its key's slot, after the key's samples of earlier segments.
     filled = base[:-1].copy()
-    for bl, kid in zip(blocks, kid_of, strict=True):
-        n = len(bl.t)
+    for i, (bl, kid) in enumerate(zip(blocks, kid_of, strict=True)):
+        bt, bc = data(i, bl)
+        n = len(bt)
         piece = np.zeros(len(kid) + 1, dtype=np.int64)
         np.cumsum(bl.counts, out=piece[1:])
         dest = np.repeat(filled[kid] - piece[:-1], bl.counts) + np.arange(n)
         filled[kid] += bl.counts
-        t[dest] = bl.t
+        t[dest] = bt
         if len(bl.present) == len(present):
-            c[:, dest] = bl.cols
+            c[:, dest] = bc
         else:
             have = np.array([row[j] for j in bl.present], dtype=np.int64)
             c[np.ix_(np.setdiff1d(np.arange(len(present)), have), dest)] = np.nan
-            c[np.ix_(have, dest)] = bl.cols
+            c[np.ix_(have, dest)] = bc
     # Times must rise within each key (segments never overlap); a key where they do not is rebuilt by merging.
     out: dict[Any, _Buf] = {}
     starts = base[:-1]
@@ -244,11 +347,11 @@ def _assemble(blocks: list[Block], ncols: int) -> dict[Any, _Buf]:
 
 def _seen_blob(seen: dict[str, datetime]) -> bytes:
     return zstandard.ZstdCompressor(level=1).compress(
-        json.dumps([[k, v.timestamp()] for k, v in seen.items()]).encode())
+        orjson.dumps([[k, v.timestamp()] for k, v in seen.items()]))
 
 
 def _seen_load(blob: bytes, tz: Any) -> dict[str, datetime]:
-    return {k: datetime.fromtimestamp(v, tz) for k, v in json.loads(zstandard.ZstdDecompressor().decompress(blob))}
+    return {k: datetime.fromtimestamp(v, tz) for k, v in orjson.loads(zstandard.ZstdDecompressor().decompress(blob))}
 
 
 @dataclass
@@ -340,23 +443,31 @@ class WindowSnapshots:
                 rows = cur.execute("SELECT seg, blob FROM sweep_snapshots WHERE shards = %s AND shard = %s "
                                    "AND seg >= %s AND seg < %s ORDER BY seg",
                                    (self.shards, self.shard, seg_of(t_lo), upto)).fetchall()
-            decoded = [decode_segment(b) for _, b in rows]
-            if any(d is None for d in decoded):
+            stream = _Stream([b for _, b in rows])
+            before = cache.seen, cache.watermark
+            try:
+                if not stream.blocks():
+                    return None
+                cache.seen = _seen_load(seen_raw, watermark.tzinfo)
+                cache.watermark = watermark
+                nodes = ({k[0] for bl in stream.gpus for k in bl.keys}
+                         | {k for bl in stream.hosts for k in bl.keys})
+                # The database reads the late batches and the raw tail while the window is assembled
+                # here (the reads touch no buffer); their rows are merged after it, as catch_up would.
+                pending: list[Pending] = []
+                with ThreadPoolExecutor(1) as pool:
+                    reading = pool.submit(cache.read_tail, conn, now, upto, nodes, pending)
+                    gpus = _assemble(stream.gpus, len(GPU_COLUMNS), stream.gpu_data)
+                    hosts = _assemble(stream.hosts, len(HOST_COLUMNS))
+                    reading.result()
+            except (ValueError, zstandard.ZstdError) as e:
+                # A damaged snapshot must not stop detection: this owner reads the raw samples.
+                log.warning("the persisted window of sweep shard %d of %d cannot be read (%s); reading the "
+                            "window from the sample tables instead", self.shard, self.shards, e)
+                cache.seen, cache.watermark = before
                 return None
-            segs = [d for d in decoded if d is not None]
-            cache.seen = _seen_load(seen_raw, watermark.tzinfo)
-            cache.watermark = watermark
-            nodes = {k[0] for d in segs for k in d.gpus.keys} | {k for d in segs for k in d.hosts.keys}
-            # The database reads the late batches and the raw tail while the window is assembled
-            # here (the reads touch no buffer); their rows are merged after it, as catch_up would.
-            pending: list[Pending] = []
-            with ThreadPoolExecutor(1) as pool:
-                reading = pool.submit(cache.read_tail, conn, now, upto, nodes, pending)
-                gpus = _assemble([d.gpus for d in segs], len(GPU_COLUMNS))
-                hosts = _assemble([d.hosts for d in segs], len(HOST_COLUMNS))
-                reading.result()
             cache.gpus, cache.hosts = gpus, hosts
-            restored = int(sum(len(d.gpus.t) + len(d.hosts.t) for d in segs))
+            restored = int(sum(int(bl.counts.sum()) for bl in stream.gpus + stream.hosts))
             n = cache.merge_pending(pending)
             cache.trim(now - cache.window_s)
         cache.loaded, cache.loaded_from = True, since

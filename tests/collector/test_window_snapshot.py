@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import pytest
 
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.detectors.window import Window
@@ -130,6 +131,13 @@ def test_cold_takeover_finds_what_the_warm_leader_finds(conn: psycopg.Connection
     assert {k[0].split("|")[0] for k in fa} >= {"straggler"}
     assert fa == findings(wb, settings) == findings(wc, settings)
 
+    # A damaged segment does not stop detection: the next owner reads the window's raw samples.
+    conn.execute("UPDATE sweep_snapshots SET blob = substring(blob FROM 1 FOR 40) WHERE seg = %s", (segs[-3],))
+    damaged = Sweeper(settings)
+    damaged(conn, now)
+    assert not damaged.last["restored"] and damaged.last["fetched_rows"] >= restored
+    same_window(wa, window_of(conn, damaged.cache, now))
+
 
 
 def test_segments_reassemble_into_the_cache() -> None:
@@ -253,3 +261,53 @@ def test_restored_buffers_move_their_samples_over_many_sweeps() -> None:
     assert max(moved_per_sweep) <= 0.25 * len(bufs), moved_per_sweep
     assert sum(moved_per_sweep) >= len(bufs)  # every buffer did run out of room at least once
     assert reallocated < 0.5 * sum(moved_per_sweep)
+
+
+def test_a_streamed_restore_assembles_what_decoded_segments_do() -> None:
+    """A restore reads the segments' headers first and decompresses each segment's samples into one
+    reused buffer while assembling: the buffers come out as from fully decoded segments, for a
+    uniform fleet and once a GPU stops reporting (the sample-by-sample path); consecutive headers
+    that list the same GPUs and hosts share one key list, one that lists others keeps its own."""
+    from gpufleet.collector.window_cache import GPU_COLUMNS, HOST_COLUMNS, _Buf
+    from gpufleet.collector.window_snapshot import _assemble, _Stream
+
+    rng = np.random.default_rng(7)
+    cache = WindowCache(600.0)
+    t = np.arange(100.0, 140.0)
+    for i in range(6):
+        c = np.full((len(GPU_COLUMNS), len(t)), np.nan, dtype=np.float32)
+        c[:2] = rng.random((2, len(t)), dtype=np.float32)
+        cache.gpus[(f"n{i // 2}", i % 2)] = _Buf(t, c)
+        h = np.full((len(HOST_COLUMNS), len(t)), np.nan, dtype=np.float32)
+        h[0] = rng.random(len(t), dtype=np.float32)
+        cache.hosts[f"n{i // 2}"] = _Buf(t, h)
+    uniform = [encode_segment(cache, 100.0, 110.0), encode_segment(cache, 110.0, 120.0)]
+    del cache.gpus[("n1", 0)]
+    mixed = [*uniform, encode_segment(cache, 120.0, 130.0), encode_segment(cache, 130.0, 140.0)]
+    for blobs in (uniform, mixed):
+        stream = _Stream(blobs)
+        assert stream.blocks()
+        decoded = [decode_segment(b) for b in blobs]
+        gpus = _assemble(stream.gpus, len(GPU_COLUMNS), stream.gpu_data)
+        hosts = _assemble(stream.hosts, len(HOST_COLUMNS))
+        for got, want in ((gpus, _assemble([d.gpus for d in decoded], len(GPU_COLUMNS))),  # type: ignore[union-attr]
+                          (hosts, _assemble([d.hosts for d in decoded], len(HOST_COLUMNS)))):  # type: ignore[union-attr]
+            assert list(got) == list(want)
+            for k, b in want.items():
+                assert np.array_equal(got[k].t, b.t) and np.array_equal(got[k].cols, b.cols, equal_nan=True)
+    a, b, c, d = stream.gpus
+    assert b.keys is a.keys and d.keys is c.keys and c.keys is not a.keys and ("n1", 0) not in c.keys
+    assert stream.hosts[1].keys is stream.hosts[0].keys
+    # A segment cut short is an error, not a window with holes.
+    import struct
+
+    import zstandard
+
+    body = zstandard.ZstdDecompressor().decompress(uniform[0])
+    (hl,) = struct.unpack_from("<I", body)
+    cut = _Stream([zstandard.ZstdCompressor().compress(body[:-100])])
+    assert cut.blocks()
+    with pytest.raises(ValueError, match="shorter than its header says"):
+        _assemble(cut.gpus, len(GPU_COLUMNS), cut.gpu_data)
+    with pytest.raises(ValueError, match="inside its header"):
+        _Stream([zstandard.ZstdCompressor().compress(body[:hl])]).blocks()
