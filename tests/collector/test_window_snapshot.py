@@ -57,6 +57,16 @@ def findings(w: Window, settings: Settings) -> list[tuple[Any, ...]]:
                    repr(clean_json(f.evidence))) for f in res.findings)
 
 
+def gpu_blocks(cache: WindowCache, lo: int, hi: int) -> list[Any]:
+    """The GPU blocks of the cache's 10-s segments in [lo, hi), each written and read back."""
+    out = []
+    for s in range(lo, hi, 10):
+        d = decode_segment(encode_segment(cache, float(s), float(s + 10)))
+        assert d is not None
+        out.append(d.gpus)
+    return out
+
+
 def test_segment_round_trip() -> None:
     cache = WindowCache(600.0)
     t = np.arange(100.0, 130.0)
@@ -152,11 +162,7 @@ def test_segments_reassemble_into_the_cache() -> None:
         c[5] = np.where(t >= 140, c[5], np.nan)
         c[7] = np.nan
         cache.gpus[("n", i)] = _Buf(t, c)
-    blocks = []
-    for lo in range(100, 160, 10):
-        d = decode_segment(encode_segment(cache, float(lo), float(lo + 10)))
-        assert d is not None
-        blocks.append(d.gpus)
+    blocks = gpu_blocks(cache, 100, 160)
     assert 5 not in blocks[0].present and 5 in blocks[-1].present
     got = _assemble(blocks, len(GPU_COLUMNS))
     assert set(got) == set(cache.gpus)
@@ -190,11 +196,7 @@ def test_a_uniform_fleet_reassembles_alike(monkeypatch: Any) -> None:
         c[4:] = np.nan
         c[2, ::7] = np.nan  # a NULL now and then stays a NULL
         cache.gpus[("n", i)] = _Buf(t, c)
-    blocks = []
-    for lo in range(100, 160, 10):
-        d = decode_segment(encode_segment(cache, float(lo), float(lo + 10)))
-        assert d is not None
-        blocks.append(d.gpus)
+    blocks = gpu_blocks(cache, 100, 160)
     assert window_snapshot._uniform(blocks, 4)
     for case in (blocks, [*blocks, blocks[3]]):
         fast = window_snapshot._assemble(case, len(GPU_COLUMNS))
@@ -232,11 +234,7 @@ def test_restored_buffers_move_their_samples_over_many_sweeps() -> None:
         c = np.full((len(GPU_COLUMNS), len(t)), np.nan, dtype=np.float32)
         c[:3] = rng.random((3, len(t)), dtype=np.float32)
         cache.gpus[("n", i)] = _Buf(t, c)
-    blocks = []
-    for lo in range(0, 600, 10):
-        d = decode_segment(encode_segment(cache, float(lo), float(lo + 10)))
-        assert d is not None
-        blocks.append(d.gpus)
+    blocks = gpu_blocks(cache, 0, 600)
     bufs = window_snapshot._assemble(blocks, len(GPU_COLUMNS))
     now, moved_per_sweep, reallocated = 600.0, [], 0
     for _ in range(240):  # 20 minutes of 5-s sweeps
