@@ -106,9 +106,10 @@ _STAGGER = itertools.count()
 
 
 def stagger(n: int) -> int:
-    """Extra room for a new buffer of ``n`` samples, 0 to n/2 and different from one buffer to the
-    next (golden-ratio steps; on average twice ``n`` in all with the 7/4 n every buffer has): buffers filled at one pace would otherwise all run out of room in
-    the same sweep, and that sweep would copy the whole window."""
+    """Extra room for a new buffer of ``n`` samples, 0 to n/2 and different from one buffer to
+    the next (golden-ratio steps; with the 7/4 n every buffer has, twice ``n`` on average):
+    buffers filled at one pace would otherwise all run out of room in the same sweep, and that
+    sweep would copy the whole window."""
     return int((next(_STAGGER) * 0.6180339887498949) % 1.0 * (n // 2 + 1))
 
 
