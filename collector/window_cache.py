@@ -6,9 +6,9 @@ each sweep fetches only the batches committed since the previous one (found
 through ``ingest_batches``, so late and back-filled data arrive too) and
 drops samples older than the window.
 
-Rows are read with ``COPY ... TO STDOUT (FORMAT BINARY)`` of fixed-width
-columns (NULL as NaN, nodes as small integers), which numpy parses in one
-``frombuffer``: no Python object per sample.
+Samples are read one row per GPU (or host): its times and all its columns as
+PostgreSQL binary arrays (NULL as NaN), which numpy parses a whole read at a
+time (:func:`merge_rows`): no Python object per sample.
 """
 
 from __future__ import annotations
