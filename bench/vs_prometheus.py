@@ -20,9 +20,11 @@ both sides, one side after the other so they never compete for the CPU:
 * **gpufleet**: every node ships its batch of the same values every
   ``ship_interval_s`` (the agent's default, 5 s; the agents' wire format:
   msgpack, typed columns, zstd, with the agent's id and version) to one collector
-  process, which stores them in PostgreSQL; node ship times are spread over
-  the interval, and each node sends over a connection of its own, kept alive
-  between shipments as long as the collector keeps it open.
+  process (``--collectors N``: N replicas, the nodes spread over them as a
+  balancer would, all their CPU and memory counted), which stores them in
+  PostgreSQL; node ship times are spread over the interval, and each node
+  sends over a connection of its own, kept alive between shipments as long
+  as the collector keeps it open.
 
 Measured for each side at each fleet size, over a steady window after a
 warm-up: CPU per GPU-sample of everything the side runs (Prometheus; the
@@ -539,12 +541,13 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
     return due
 
 
-async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str, str]]]],
+async def drive_paced(ports: list[int], due: dict[int, list[tuple[int, bytes, dict[str, str]]]],
                       window: tuple[int, int]) -> dict[str, Any]:
     """Every node sends its batches at their wall-clock second over a connection
     of its own, kept alive between shipments, as an agent's HTTP client does: a
     connection the collector closed while idle is opened again for the next
-    batch.  Latency counts from the due time."""
+    batch.  Node i ships to ``ports[i % len(ports)]`` (replicas behind a
+    balancer).  Latency counts from the due time."""
     from gpufleet.testing.loadgen import Request, _send
 
     lat: list[float] = []
@@ -559,7 +562,7 @@ async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str,
             per_node.setdefault(i, []).append((tick + (i * 0.6180339887) % 1.0, tick, body, headers))
     end = max(due) + 4.0
 
-    async def agent(items: list[tuple[float, int, bytes, dict[str, str]]]) -> None:
+    async def agent(port: int, items: list[tuple[float, int, bytes, dict[str, str]]]) -> None:
         reader: asyncio.StreamReader | None = None
         writer: asyncio.StreamWriter | None = None
         try:
@@ -592,7 +595,7 @@ async def drive_paced(port: int, due: dict[int, list[tuple[int, bytes, dict[str,
             if writer is not None:
                 writer.close()
 
-    await asyncio.gather(*(agent(items) for items in per_node.values()))
+    await asyncio.gather(*(agent(ports[i % len(ports)], items) for i, items in per_node.items()))
     return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses,
             "connections_opened_in_window": opened_in_window[0]}
 
@@ -606,7 +609,7 @@ def postgres_pids(url: str, dbname: str) -> list[int]:
     return [r[0] for r in rows]
 
 
-def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Step:
+def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collectors: int = 1) -> Step:
     import ingest as ingest_bench  # bench/ingest.py
 
     from gpufleet.config import load_settings
@@ -620,8 +623,11 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
         migrate.upgrade(url, load_settings())
         names = [f"gpu-node-{i:05d}" for i in range(nodes)]
         tokens = ingest_bench.make_tokens(url, names)
-        port = free_port()
-        proc = ingest_bench.start_collector(url, port, leader=False)
+        ports: list[int] = []
+        procs = []
+        for _ in range(collectors):
+            ports.append(free_port())
+            procs.append(ingest_bench.start_collector(url, ports[-1], leader=False))
         try:
             start = int(time.time()) + 2
             ticks = int(warm_s + window_s) + 1
@@ -636,25 +642,27 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                 async def sample() -> None:
                     await asyncio.sleep(max(0.0, window[0] - time.time()))
                     pids = postgres_pids(url, dbname)
-                    readings["k0"], readings["p0"] = cpu_s(proc.pid), sum(cpu_s(p) for p in pids)
+                    readings["k0"], readings["p0"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
                     readings["c0"] = readings["k0"] + readings["p0"]
                     readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
                     await asyncio.sleep(max(0.0, window[1] - time.time()))
-                    readings["k1"], readings["p1"] = cpu_s(proc.pid), sum(cpu_s(p) for p in pids)
+                    readings["k1"], readings["p1"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
                     readings["c1"] = readings["k1"] + readings["p1"]
                     readings["d1"], readings["t1"] = cpu_s(me), time.time()
-                    readings["rss"] = rss_bytes(proc.pid)
+                    readings["rss"] = sum(rss_bytes(c.pid) for c in procs)
                     readings["pss"] = sum(pss_bytes(p) for p in pids)
 
                 sampler = asyncio.create_task(sample())
-                out = await drive_paced(port, due, window)
+                out = await drive_paced(ports, due, window)
                 await sampler
                 return out
 
             out = asyncio.run(run())
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            for c in procs:
+                c.send_signal(signal.SIGTERM)
+            for c in procs:
+                c.wait(60)
         with psycopg.connect(url) as conn:
             rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
             size = conn.execute("SELECT pg_total_relation_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
@@ -677,7 +685,8 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float) -> Ste
                    "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
                    "statuses": out["statuses"], "rows_stored": rows,
-                   "connections_opened_in_window": out["connections_opened_in_window"]}
+                   "connections_opened_in_window": out["connections_opened_in_window"],
+                   "collectors": collectors}
     return step
 
 
@@ -713,7 +722,7 @@ def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]
                 readings["c1"], readings["t1"] = cpu_s(proc.pid), time.time()
 
             sampler = asyncio.create_task(sample())
-            out = await drive_paced(port, due, window)
+            out = await drive_paced([port], due, window)
             await sampler
             return out
 
@@ -777,6 +786,8 @@ def main() -> None:
     ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
     ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
+    ap.add_argument("--collectors", type=int, default=1,
+                    help="gpufleet collector processes (replicas; nodes spread over them), all counted")
     ap.add_argument("--http-floor", action="store_true",
                     help="only the HTTP server's own CPU under the gpufleet side's load (uvicorn, an app that "
                          "stores nothing): the floor under the collector's figure")
@@ -808,7 +819,7 @@ def main() -> None:
     if args.only == "gpufleet":
         server = server_url()
         print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
-        fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
+        fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
         print(json.dumps({"name": "vs_prometheus_gpufleet_only", "gpufleet": [asdict(s) for s in fleet]}))
         return
     exporter_port = free_port()
@@ -850,7 +861,7 @@ def main() -> None:
               f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
     server = server_url()
     print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
-    fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window))
+    fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
 
     def largest(steps: list[Step]) -> int:
         ok = [s.gpus for s in steps if s.kept_up]
