@@ -122,44 +122,28 @@ class Block:
 class Decoded:
     gpus: Block
     hosts: Block
-    #: The GPU keys' nodes and indexes as stored (to recognise the next segment's keys).
-    gnode: list[str] = field(default_factory=list)
-    ggpu: list[int] = field(default_factory=list)
 
 
-def decode_segment(blob: bytes, prev: Decoded | None = None) -> Decoded | None:
-    """A segment's samples, or None when it was written for other columns (then nothing is restored).
-
-    With ``prev`` (the segment before), key lists equal to its own are shared rather than built
-    again: consecutive segments of a steady fleet list the same GPUs, and :func:`_assemble` then
-    recognises them by identity."""
-    return _decode_body(zstandard.ZstdDecompressor().decompress(blob), prev)
-
-
-def _decode_body(raw: bytes, prev: Decoded | None) -> Decoded | None:
-    body = memoryview(raw)
+def decode_segment(blob: bytes) -> Decoded | None:
+    """A segment's samples, or None when it was written for other columns (then nothing is restored)."""
+    body = memoryview(zstandard.ZstdDecompressor().decompress(blob))
     (hl,) = struct.unpack_from("<I", body, 0)
-    return _blocks_of(orjson.loads(body[4:4 + hl]), prev, body, 4 + hl)
+    return _blocks_of(orjson.loads(body[4:4 + hl]), body, 4 + hl)
 
 
 _NO_SAMPLES = np.zeros(0)
 
 
-def _blocks_of(head: dict[str, Any], prev: Decoded | None, body: memoryview | None, pos: int,
+def _blocks_of(head: dict[str, Any], body: memoryview | None, pos: int,
                gkeys: list[Any] | None = None, hkeys: list[Any] | None = None) -> Decoded | None:
     """A segment's blocks from its header and, from ``pos`` of ``body``, its samples (no body: the
-    blocks hold no samples yet).  Key lists equal to ``prev``'s are ``prev``'s own; ``gkeys`` and
-    ``hkeys``, when given, are the key lists to use."""
+    blocks hold no samples yet); ``gkeys`` and ``hkeys``, when given, are the key lists to use."""
     if head.get("v") != _FORMAT or tuple(head["gcols"]) != GPU_COLUMNS or tuple(head["hcols"]) != HOST_COLUMNS:
         return None
-    gnode, ggpu = head["gnode"], head["ggpu"]
     if gkeys is None:
-        if prev is not None and gnode == prev.gnode and ggpu == prev.ggpu:
-            gkeys, gnode, ggpu = prev.gpus.keys, prev.gnode, prev.ggpu
-        else:
-            gkeys = list(zip(gnode, ggpu, strict=True))
+        gkeys = list(zip(head["gnode"], head["ggpu"], strict=True))
     if hkeys is None:
-        hkeys = prev.hosts.keys if prev is not None and head["hk"] == prev.hosts.keys else head["hk"]
+        hkeys = head["hk"]
     out: list[Block] = []
     for keys, counts, present in ((gkeys, head["gn"], head["gp"]), (hkeys, head["hn"], head["hp"])):
         n = sum(counts)
@@ -171,7 +155,7 @@ def _blocks_of(head: dict[str, Any], prev: Decoded | None, body: memoryview | No
             c = np.frombuffer(body, dtype="<f4", count=n * len(present), offset=pos).reshape(len(present), n)
             pos += 4 * n * len(present)
         out.append(Block(keys, np.asarray(counts, dtype=np.int64), t, present, c))
-    return Decoded(out[0], out[1], gnode, ggpu)
+    return Decoded(out[0], out[1])
 
 
 class _Stream:
@@ -193,19 +177,25 @@ class _Stream:
         self._buf = bytearray()
 
     def blocks(self) -> bool:
-        """Read every header into header-only blocks; False when one was written for other columns."""
-        prev: Decoded | None = None
+        """Read every header into header-only blocks; False when one was written for other columns.
+
+        A header listing the same GPUs (hosts) as the one before shares its key list: consecutive
+        segments of a steady fleet do, and :func:`_assemble` then recognises them by identity."""
+        prev: dict[str, Any] | None = None
         for blob in self.blobs:
             with zstandard.ZstdDecompressor().stream_reader(blob) as r:
                 (hl,) = struct.unpack("<I", _read_exactly(r, 4))
                 head = orjson.loads(_read_exactly(r, hl))
-            d = _blocks_of(head, prev, None, 0)
+            same_gpus = prev is not None and (head.get("gnode"), head.get("ggpu")) == (prev["gnode"], prev["ggpu"])
+            same_hosts = prev is not None and head.get("hk") == prev["hk"]
+            d = _blocks_of(head, None, 0, gkeys=self.gpus[-1].keys if same_gpus else None,
+                           hkeys=self.hosts[-1].keys if same_hosts else None)
             if d is None:
                 return False
             self.heads.append((4 + hl, head))
             self.gpus.append(d.gpus)
             self.hosts.append(d.hosts)
-            prev = d
+            prev = head
         return True
 
     def gpu_data(self, i: int, bl: Block) -> tuple[np.ndarray, np.ndarray]:
@@ -221,7 +211,7 @@ class _Stream:
                 if not n:
                     raise ValueError(f"snapshot segment {i} is shorter than its header says")
                 got += n
-        d = _blocks_of(head, None, view, start, gkeys=bl.keys, hkeys=self.hosts[i].keys)
+        d = _blocks_of(head, view, start, gkeys=bl.keys, hkeys=self.hosts[i].keys)
         assert d is not None
         h = d.hosts
         self.hosts[i] = Block(h.keys, h.counts, h.t.copy(), h.present, h.cols.copy())
