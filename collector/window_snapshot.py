@@ -245,7 +245,8 @@ def _own_data(i: int, bl: Block) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _assemble(blocks: list[Block], ncols: int,
-              data: Callable[[int, Block], tuple[np.ndarray, np.ndarray]] = _own_data) -> dict[Any, _Buf]:
+              data: Callable[[int, Block], tuple[np.ndarray, np.ndarray]] = _own_data,
+              staggered: bool = True) -> dict[Any, _Buf]:
     """Per-key buffers from one table's blocks, in time order.
 
     Every sample is written once, straight from its segment, into one array
@@ -253,7 +254,8 @@ def _assemble(blocks: list[Block], ncols: int,
     more, at least 32), so the next sweeps' samples append without a copy.
     Only the columns some segment holds are stored (the buffers share that
     list); the others read as NaN.  ``data(i, block)`` gives block ``i``'s times and values,
-    asked once per block, in order (:class:`_Stream` decompresses them then)."""
+    asked once per block, in order (:class:`_Stream` decompresses them then).  ``staggered=False``
+    gives every key all of its room (bench/window_slide.py's baseline)."""
     if not blocks:
         return {}
     ids: dict[Any, int] = {}
@@ -322,7 +324,7 @@ def _assemble(blocks: list[Block], ncols: int,
     # Each key uses between half and all of its room (golden-ratio steps), so that the restored
     # buffers run out of room, and move their samples, over many sweeps rather than in one.
     spare = cap_k - n_k
-    unused = ((np.arange(nkeys) * 0.6180339887498949) % 1.0 * (spare // 2)).astype(np.int64)
+    unused = ((np.arange(nkeys) * 0.6180339887498949) % 1.0 * (spare // 2)).astype(np.int64) * staggered
     for k, i in ids.items():
         a, z, n = int(starts[i]), int(base[i + 1] - unused[i]), int(n_k[i])
         if ok[i]:
