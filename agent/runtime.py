@@ -119,7 +119,11 @@ class Agent:
         """Recover the spool, start the source threads, the shipper and /metrics."""
         self.spool.open()
         s = self.settings
+        if s.keepalive_s <= s.ship_interval_s:
+            log.warning("agent: keepalive_s (%g s) is not longer than ship_interval_s (%g s): every shipment "
+                        "opens a new connection to the collector", s.keepalive_s, s.ship_interval_s)
         self.shipper = Shipper(self.spool, s.collector_url, s.token, timeout_s=s.request_timeout_s,
+                               keepalive_s=s.keepalive_s,
                                retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
                                verify=tls_context(s.ca_file, s.client_cert, s.client_key),
                                metrics=self.metrics, rng=self.rng, wall=self._wall, mono=self._mono)

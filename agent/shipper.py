@@ -120,6 +120,7 @@ class Shipper:
     """Drains the spool into ``POST {collector_url}/v1/ingest`` on its own thread."""
 
     def __init__(self, spool: Spool, collector_url: str, token: str | None, *, timeout_s: float = 10.0,
+                 keepalive_s: float = 20.0,
                  retry_base_s: float = 0.5, retry_max_s: float = 60.0, verify: ssl.SSLContext | bool = True,
                  metrics: AgentMetrics | None = None, rng: random.Random | None = None,
                  wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
@@ -133,7 +134,12 @@ class Shipper:
         headers = dict(BODY_HEADERS)
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self.client = httpx.Client(headers=headers, verify=verify, timeout=timeout_s, follow_redirects=False)
+        # One connection, kept between shipments: httpx's default 5-s idle expiry equals the
+        # ship interval, so without this about every shipment would open a connection (and
+        # over TLS do a handshake) or race the collector closing the old one.
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=keepalive_s)
+        self.client = httpx.Client(headers=headers, verify=verify, timeout=timeout_s, follow_redirects=False,
+                                   limits=limits)
         self._ratelog = RateLimitedLog(log)
         self._stop = threading.Event()
         self._drain_until: float | None = None

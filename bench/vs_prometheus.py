@@ -734,11 +734,15 @@ def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]
     cpu = readings["c1"] - readings["c0"]
     return {"gpus": gpus, "requests": out["ok_in_window"], "cpu_us_per_request": round(cpu / n * 1e6, 1),
             "cpu_us_per_gpu_sample": round(cpu / (n * SHIP_EVERY_S * GPUS_PER_NODE) * 1e6, 2),
-            "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3)}
+            "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3),
+            "connections_opened_in_window": out["connections_opened_in_window"]}
 
 
 def serve_null(port: int) -> None:
     import uvicorn
+
+    from gpufleet.collector.service import server_options
+    from gpufleet.config import Settings
 
     answer = json.dumps({"batch_id": "x", "status": "stored", "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
                          "host_rows": 0, "rejected_skew": 0}).encode()
@@ -754,7 +758,8 @@ def serve_null(port: int) -> None:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off",
+                **server_options(Settings()))
 
 
 # ----------------------------------------------------------------------------

@@ -28,6 +28,14 @@ def check_schema(url: str) -> str | None:
     return problem
 
 
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's settings for serving the collector (beside the address and TLS):
+    idle agent connections are held ``ingest.keep_alive_s``, past the agents'
+    ship interval, so each node keeps one connection instead of reconnecting
+    for every batch."""
+    return {"timeout_keep_alive": settings.ingest.keep_alive_s}
+
+
 def build_collector(url: str, settings: Settings) -> Any:
     """The collector ASGI app with the leader's detector sweep wired in."""
     check_schema(url)

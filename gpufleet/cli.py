@@ -175,7 +175,7 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
     """Run the collector: ingest, rollups, detector sweeps (one leader), /metrics."""
     import uvicorn
 
-    from gpufleet.collector.service import build_collector
+    from gpufleet.collector.service import build_collector, server_options
     from gpufleet.metricsauth import MetricsAuthError
 
     s = settings_from(config, db)
@@ -186,7 +186,7 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
     except MetricsAuthError as e:
         fail(str(e))
     uvicorn.run(service, host=host or s.collector_host, port=port or s.collector_port,
-                log_level=s.log_level.lower(), access_log=False, **_ssl(s))
+                log_level=s.log_level.lower(), access_log=False, **server_options(s), **_ssl(s))
 
 
 @app.command()

@@ -61,6 +61,13 @@ class IngestSettings(BaseModel):
     rate_limit_per_s: float = Field(0.0, ge=0)
     #: Seconds a client should wait after 429/503.
     retry_after_s: int = Field(2, ge=1)
+    #: How long an idle agent connection is held open for its next batch, seconds.
+    #: Longer than the agents' ``ship_interval_s`` (5 s) and their own
+    #: ``keepalive_s`` (20 s), so a node ships every batch over one connection,
+    #: and over TLS one handshake, instead of racing the server's timer each
+    #: time; at uvicorn's default of 5 s, equal to the ship interval, a share of
+    #: the shipments reconnected (bench/vs_prometheus.py's connection count).
+    keep_alive_s: int = Field(30, ge=1)
     #: How long a batch id is remembered for de-duplication, days.
     dedup_days: float = Field(21.0, gt=0)
 
@@ -359,6 +366,12 @@ class AgentSettings(BaseModel):
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
     request_timeout_s: float = Field(10.0, gt=0)
+    #: How long the idle connection to the collector is kept for the next
+    #: shipment, seconds.  Longer than ``ship_interval_s``, so shipments reuse
+    #: it (and its TLS session); shorter than the collector's
+    #: ``ingest.keep_alive_s`` (30 s), so the agent drops an idle connection
+    #: before the collector does and never sends a batch into one being closed.
+    keepalive_s: float = Field(20.0, gt=0)
     #: Retries wait a random time up to ``retry_base_s * 2**attempt``, capped here, seconds.
     retry_base_s: float = Field(0.5, gt=0)
     retry_max_s: float = Field(60.0, gt=0)

@@ -198,10 +198,11 @@ def _fmt(v: Any) -> str:
 @contextlib.contextmanager
 def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple[str, str]]:
     from gpufleet.api.app import create_app as create_api
-    from gpufleet.collector.service import build_collector
+    from gpufleet.collector.service import build_collector, server_options
     from gpufleet.serverthread import ServerThread
 
-    col = ServerThread(build_collector(url, settings), port=opts.collector_port or None).start()
+    col = ServerThread(build_collector(url, settings), port=opts.collector_port or None,
+                       **server_options(settings)).start()
     api = ServerThread(create_api(url, settings), port=opts.api_port or None).start()
     try:
         yield col.url, api.url

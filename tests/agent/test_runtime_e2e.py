@@ -116,3 +116,31 @@ def test_collector_outage_is_bridged_by_the_spool(collector: Collector, tmp_path
     s = agent.spool.stats
     n = rows(collector.db, "SELECT (SELECT count(*) FROM gpu_samples) + (SELECT count(*) FROM host_samples)")[0][0]
     assert n == s.spooled == s.delivered
+
+
+def test_shipments_a_ship_interval_apart_keep_one_connection(collector: Collector, tmp_path: Path) -> None:  # noqa: F811
+    """With both ends at their defaults, the agent's next batch, a ship interval
+    and then some later, goes over the connection the last one used: the
+    collector holds it (``ingest.keep_alive_s``) and so does the agent
+    (``keepalive_s``).  At httpx's and uvicorn's own 5-s defaults, equal to the
+    ship interval, the connection was gone by then and every shipment paid a
+    new connection (over TLS, a handshake)."""
+    agent = agent_for(collector, tmp_path / "spool", ship_interval_s=AgentSettings().ship_interval_s)
+    agent.start(ship=False, serve_metrics=False)
+    assert agent.shipper is not None
+    live = collector.server.server.server_state.connections
+
+    def ship() -> None:
+        agent.tick()
+        agent.seal()
+        assert agent.shipper is not None
+        attempt = agent.shipper.ship_one()
+        assert attempt is not None and attempt.verdict is Verdict.DELIVERED
+
+    ship()
+    first = set(live)
+    assert len(first) == 1
+    time.sleep(AgentSettings().ship_interval_s + 0.5)
+    ship()
+    assert set(live) == first
+    agent.shutdown(ship_s=1)

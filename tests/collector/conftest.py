@@ -8,6 +8,7 @@ import pytest
 
 from gpufleet.auth import create_token
 from gpufleet.collector.app import create_app
+from gpufleet.collector.service import server_options
 from gpufleet.config import Settings
 from gpufleet.serverthread import ServerThread, serve
 
@@ -36,5 +37,5 @@ def collector(db: str, settings: Settings) -> Iterator[Collector]:
             "admin": create_token(c, "admin", "admin"),
         }
     app = create_app(db, s, run_leader=False)
-    with serve(app) as srv:
+    with serve(app, **server_options(s)) as srv:
         yield Collector(srv.url, db, srv, tokens)
