@@ -13,7 +13,8 @@ host samples, written with binary COPY.  Then, in the same run:
   store incidents; then persist the window's segments, ``first_save_s``);
 * ``sweep_s``: a steady-state sweep after 5 more seconds of data arrived as
   ingest batches (fetch what is new, run every detector, store incidents,
-  persist the segment that aged);
+  persist the segment that aged), and ``sweep_stages_s``, its seconds by
+  stage and detector (the collector's ``gpufleet_sweep_stage_seconds``);
 * ``cold_sweep_s``: the first sweep of a new leader taking over at that
   moment (restore the persisted window, read the raw tail, run every
   detector, store incidents); its findings are checked equal to the warm
@@ -318,7 +319,9 @@ def main() -> None:
             t0 = time.perf_counter()
             sweeper(conn, now + 5)
             warm_s = time.perf_counter() - t0
+            stages = {k: round(v, 3) for k, v in sweeper.stages.items()}
             print(f"steady-state sweep: {warm_s:.2f} s; {sweeper.last}", flush=True)
+            print(f"  by stage (s): {stages}", flush=True)
             incidents = conn.execute("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind").fetchall()
             print(f"incidents: {incidents}")
             snap_mb = conn.execute("SELECT sum(octet_length(blob)) FROM sweep_snapshots").fetchone()[0] / 1e6  # type: ignore[index]
@@ -349,7 +352,7 @@ def main() -> None:
     print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold); "
           f"cold takeover / without a persisted window: {cold_s / cold_raw_s:.3f}")
     print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
-                      "sweep_s": round(warm_s, 3), "cold_sweep_s": round(cold_s, 3),
+                      "sweep_s": round(warm_s, 3), "sweep_stages_s": stages, "cold_sweep_s": round(cold_s, 3),
                       "cold_fresh_s": round(fresh["cold_s"], 3), "cold_raw_s": round(cold_raw_s, 3),
                       "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
                       "snapshot_mb": round(snap_mb, 1), "select_s": round(select_s, 3),

@@ -144,7 +144,7 @@ class Leader:
                         self.last_sweep_error = f"{e.__class__.__name__}: {e}"
                         log.exception("detector sweep failed")
                     self.sweeps += 1
-                    self.metrics.sweep_seconds.observe(time.perf_counter() - t0)
+                    self._observe(self.sweep, time.perf_counter() - t0)
                     release_free_memory()
                 if now >= next_retention:
                     next_retention = now + 3600.0
@@ -238,12 +238,19 @@ class Leader:
                     log.exception("detector sweep of shard %d failed", k)
                 self.sweeps += 1
                 self.shard_sweeps[k] = self.shard_sweeps.get(k, 0) + 1
-                self.metrics.sweep_seconds.observe(time.perf_counter() - t0)
+                self._observe(fn, time.perf_counter() - t0)
                 release_free_memory()
             for k in [k for k in next_sweep if k not in self.held]:
                 del next_sweep[k]
             if res is None or res.ranges == 0:
                 self._stop.wait(self.rollup_interval_s)
+
+    def _observe(self, fn: SweepFn, seconds: float) -> None:
+        """A sweep's duration, and its stages' when the sweep reports them (a Sweeper does)."""
+        self.metrics.sweep_seconds.observe(seconds)
+        stages: dict[str, float] = getattr(fn, "stages", {})
+        for stage, s in stages.items():
+            self.metrics.sweep_stage_seconds.labels(stage).observe(s)
 
     def _infer(self, work: psycopg.Connection) -> None:
         """Register, allocate and end inferred runs; a failure is logged and never stops the leader's work."""

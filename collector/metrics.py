@@ -23,6 +23,10 @@ class CollectorMetrics:
         self.leader = Gauge("gpufleet_leader", "1 on the replica running sweeps and rollups", registry=r)
         self.sweep_seconds = Histogram("gpufleet_sweep_seconds", "Detector sweep duration",
                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=r)
+        self.sweep_stage_seconds = Histogram(
+            "gpufleet_sweep_stage_seconds",
+            "Detector sweep duration by stage: refresh, window, frame, each detector by kind, store, snapshot",
+            ["stage"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5), registry=r)
         self.rollup_lag = Gauge("gpufleet_rollup_queue_rows", "Ranges waiting for the rollup worker", registry=r)
         self.inferred_runs = Counter("gpufleet_inferred_runs", "Runs registered from the runs agents saw on GPUs",
                                      registry=r)

@@ -48,11 +48,16 @@ class Sweeper:
         self.quarantine = (Quarantine(settings.quarantine) if settings.quarantine.enabled and shard == 0
                            else None)
         self.last: dict[str, float] = {}
+        #: Seconds of the last sweep by stage: ``refresh`` (new samples into the window),
+        #: ``window``, ``frame``, one per detector, ``store`` (incidents, alerts, quarantine)
+        #: and ``snapshot``; the leader exports them as ``gpufleet_sweep_stage_seconds``.
+        self.stages: dict[str, float] = {}
         #: What the last sweep found (and, sharded, owns).
         self.findings: list[Finding] = []
 
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
         t0 = time.perf_counter()
+        self.stages = {}  # a sweep that fails part-way reports no stages, not the last sweep's
         runs = load_runs(conn, now - self.cache.window_s, now)
         moved = self.scope.update(runs) if self.scope is not None else set()
         restored = None
@@ -81,6 +86,7 @@ class Sweeper:
                 self.snapshots.invalidate()
         t1 = time.perf_counter()
         window = self.cache.window(now, runs, load_facts(conn))
+        t_window = time.perf_counter()
         result = run_detectors(window, self.config)
         if self.scope is not None:
             result.findings = [f for f in result.findings if self.scope.owns_finding(f)]
@@ -115,5 +121,7 @@ class Sweeper:
                      "findings": len(result.findings), "failures": len(result.failures),
                      "quarantine_actions": quarantined, "restored": restored is not None,
                      "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}
+        self.stages = {"refresh": t1 - t0, "window": t_window - t1, **result.seconds, "store": t3 - t2,
+                       "snapshot": self.last["snapshot_s"]}
         if result.failures:
             log.warning("detectors failed this sweep: %s", result.failures)

@@ -9,6 +9,7 @@ result, and the others still run.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -58,6 +59,10 @@ class DetectorFailure:
 class SweepResult:
     findings: list[Finding] = field(default_factory=list)
     failures: list[DetectorFailure] = field(default_factory=list)
+    #: Seconds spent building the shared frame (``frame``) and in each detector, by name:
+    #: which detector a fleet's sweep time goes to (a detector may reuse work another
+    #: left in the frame, so the first to need it pays for it).
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def run_detectors(
@@ -67,18 +72,23 @@ def run_detectors(
     cfg = config or DetectorConfig()
     result = SweepResult()
     frame: Frame | None
+    t0 = time.perf_counter()
     try:
         frame = Frame(window, cfg)
     except Exception as e:
         log.exception("detector sweep: building the sample frame failed")
         result.failures.append(DetectorFailure("frame", repr(e)))
         frame = None
+    t1 = time.perf_counter()
+    result.seconds["frame"] = t1 - t0
     for name, det in (detectors or DETECTORS).items():
         try:
             result.findings.extend(det(window, cfg, frame))
         except Exception as e:
             log.exception("detector %s failed", name)
             result.failures.append(DetectorFailure(name, repr(e)))
+        t0, t1 = t1, time.perf_counter()
+        result.seconds[name] = t1 - t0
     return result
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from gpufleet.collector import incident_store
 from gpufleet.collector.alerting import IncidentMetrics
+from gpufleet.collector.detectors import DETECTORS
 from gpufleet.collector.leader import Leader
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.sweep import Sweeper
@@ -142,3 +143,38 @@ def test_one_leader_and_fast_takeover(db: str, settings: Settings) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_leader_exports_each_sweep_stage(db: str, settings: Settings) -> None:
+    """``gpufleet_sweep_stage_seconds`` has a series for every stage of a real
+    sweep and every detector, so an operator sees which one a fleet's sweep
+    time goes to; a sweep that failed part-way adds nothing to them."""
+    s = settings.model_copy(update={"detect": settings.detect.model_copy(update={"sweep_interval_s": 0.2})})
+    metrics = CollectorMetrics()
+    sweeper = Sweeper(s)
+    leader = Leader(db, s, metrics, sweep=sweeper, rollup_interval_s=0.1)
+    try:
+        leader.start()
+        wait_until(lambda: leader.sweeps >= 2, 60, "the leader sweeps")
+    finally:
+        leader.stop()
+
+    def counts() -> dict[str, float]:
+        return {smp.labels["stage"]: smp.value for fam in metrics.registry.collect()
+                if fam.name == "gpufleet_sweep_stage_seconds" for smp in fam.samples
+                if smp.name.endswith("_count")}
+
+    got = counts()
+    assert set(got) == {"refresh", "window", "frame", *DETECTORS, "store", "snapshot"}
+    assert set(got.values()) == {float(leader.sweeps)}
+    assert set(sweeper.stages) == set(got) and all(v >= 0 for v in sweeper.stages.values())
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("window lost")
+
+    sweeper.cache.window = broken  # type: ignore[method-assign, assignment]
+    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(RuntimeError):
+        sweeper(conn, time.time())
+    assert sweeper.stages == {}
+    leader._observe(sweeper, 0.1)
+    assert counts() == got

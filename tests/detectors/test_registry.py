@@ -88,6 +88,8 @@ def test_a_failing_detector_is_reported_and_the_others_still_run() -> None:
     assert [f.detector for f in res.failures] == ["broken"]
     assert "boom" in res.failures[0].error
     assert [f.kind for f in res.findings] == ["throttling"]
+    # each is timed, the failing one too, and the frame they share
+    assert list(res.seconds) == ["frame", "broken", "throttling"] and all(v >= 0 for v in res.seconds.values())
 
 
 def test_empty_window() -> None:
