@@ -51,7 +51,9 @@ with, and of the largest fleets.  The last line is JSON.
 ``--http-floor`` measures, under the same load, the HTTP server alone (uvicorn
 as the collector runs it, an app that stores nothing): the CPU a request costs
 before any ingest work, which no change inside the collector's ingest path
-can go below at the agents' batch size.
+can go below at the agents' batch size; beside it, in the same run, a bare
+asyncio protocol on uvloop with httptools' parser answering the same bytes,
+what a leaner Python front end could get down to.
 """
 
 from __future__ import annotations
@@ -690,7 +692,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
     return step
 
 
-def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]:
+def http_floor_step(gpus: int, warm_s: float, window_s: float, server: str = "uvicorn") -> dict[str, Any]:
     """CPU of the HTTP server alone under the gpufleet side's load: uvicorn as the
     collector runs it (loopback, no access log) serving an ASGI app that reads
     each body and answers a stored-like JSON, storing nothing.  What one
@@ -698,7 +700,7 @@ def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]
     gpufleet's collector figure at this batch size."""
     nodes = gpus // GPUS_PER_NODE
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-null", str(port)])
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-null", str(port), "--null-server", server])
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -732,10 +734,44 @@ def http_floor_step(gpus: int, warm_s: float, window_s: float) -> dict[str, Any]
         proc.wait(10)
     n = max(out["ok_in_window"], 1)
     cpu = readings["c1"] - readings["c0"]
-    return {"gpus": gpus, "requests": out["ok_in_window"], "cpu_us_per_request": round(cpu / n * 1e6, 1),
+    return {"server": server, "gpus": gpus, "requests": out["ok_in_window"],
+            "cpu_us_per_request": round(cpu / n * 1e6, 1),
             "cpu_us_per_gpu_sample": round(cpu / (n * SHIP_EVERY_S * GPUS_PER_NODE) * 1e6, 2),
             "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3),
             "connections_opened_in_window": out["connections_opened_in_window"]}
+
+
+def serve_protocol(port: int) -> None:
+    """The same answers from a bare asyncio protocol on uvloop with httptools' parser (what
+    uvicorn itself parses with), nothing per request but parsing and one write: what a Python
+    HTTP front end at its leanest costs, the baseline for uvicorn's figure."""
+    import httptools
+    import uvloop
+
+    answer = json.dumps({"batch_id": "x", "status": "stored", "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
+                         "host_rows": 0, "rejected_skew": 0}).encode()
+    reply = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+             + str(len(answer)).encode() + b"\r\n\r\n" + answer)
+
+    class Null(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.transport.close()
+
+        def on_message_complete(self) -> None:
+            self.transport.write(reply)  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Null, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(main())
 
 
 def serve_null(port: int) -> None:
@@ -798,12 +834,13 @@ def main() -> None:
                          "stores nothing): the floor under the collector's figure")
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-null", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--null-server", default="uvicorn", choices=["uvicorn", "protocol"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_exporter:
         serve_exporter(args.serve_exporter)
         return
     if args.serve_null:
-        serve_null(args.serve_null)
+        (serve_protocol if args.null_server == "protocol" else serve_null)(args.serve_null)
         return
     if shutil.which("prometheus") is None:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
@@ -815,11 +852,16 @@ def main() -> None:
     if args.http_floor:
         floor = []
         for gpus in fleets:
-            step = http_floor_step(gpus, warm, window)
-            print(f"  http floor {gpus:6d} GPUs: {step['cpu_us_per_request']:.0f} us per request, "
-                  f"{step['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({step['cpu_cores']:.2f} cores)", flush=True)
-            floor.append(step)
-        print(json.dumps({"name": "vs_prometheus_http_floor", "http_floor": floor}))
+            for kind in ("uvicorn", "protocol"):
+                step = http_floor_step(gpus, warm, window, kind)
+                print(f"  http floor, {kind:8s} {gpus:6d} GPUs: {step['cpu_us_per_request']:.0f} us per request, "
+                      f"{step['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({step['cpu_cores']:.2f} cores, "
+                      f"{step['connections_opened_in_window']} connections opened)", flush=True)
+                floor.append(step)
+        last = {s["server"]: s for s in floor if s["gpus"] == fleets[-1]}
+        print(json.dumps({"name": "vs_prometheus_http_floor", "value": last["uvicorn"]["cpu_us_per_gpu_sample"],
+                          "unit": "us per GPU-sample", "gpus": fleets[-1],
+                          "baseline_bare_protocol": last["protocol"]["cpu_us_per_gpu_sample"], "http_floor": floor}))
         return
     if args.only == "gpufleet":
         server = server_url()
