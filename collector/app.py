@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from gpufleet.auth import Principal
 from gpufleet.bodylimit import BodyLimit
 from gpufleet.collector.alerting import IncidentMetrics
+from gpufleet.collector.connection_age import ConnectionAges, closing
 from gpufleet.collector.ingest import IngestHandler
 from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
 from gpufleet.collector.metrics import CollectorMetrics
@@ -83,6 +84,7 @@ class CollectorState:
                                         kwargs={"autocommit": True, "application_name": "gpufleet-collector"})
         self.auth = Authenticator(self.pool, retry_after_s=ing.retry_after_s)
         self.ingest = IngestHandler(self.writer, ing, self.metrics)
+        self.connection_ages = ConnectionAges(ing.max_connection_age_s, ing.keep_alive_s)
         shards = settings.detect.shards
         if shards > 1 and sweep is not None:  # every replica sweeps its share of the shards
             from gpufleet.collector.sweep import Sweeper
@@ -116,6 +118,8 @@ class IngestFastPath:
 
     async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/v1/ingest" and scope["method"] == "POST":
+            if self.state.connection_ages.should_close(scope):
+                send = closing(send)
             request = Request(scope, receive)
             try:
                 who = await self.state.auth.principal(request)

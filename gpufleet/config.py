@@ -68,6 +68,12 @@ class IngestSettings(BaseModel):
     #: time; at uvicorn's default of 5 s, equal to the ship interval, a share of
     #: the shipments reconnected (bench/vs_prometheus.py's connection count).
     keep_alive_s: int = Field(30, ge=1)
+    #: A connection older than this (less up to a quarter, at random) is closed after its
+    #: next answer, seconds; 0 = never.  Agents then reconnect, so a connection-level
+    #: balancer in front of the replicas spreads them again after a scale-out or a
+    #: replica's restart instead of leaving them where they first landed
+    #: (gpufleet.collector.connection_age).
+    max_connection_age_s: float = Field(300.0, ge=0)
     #: How long a batch id is remembered for de-duplication, days.
     dedup_days: float = Field(21.0, gt=0)
 
