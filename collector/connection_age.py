@@ -43,9 +43,10 @@ class ConnectionAges:
         """Whether this request's answer should end its connection (and forget it)."""
         if self.max_age_s <= 0:
             return False
-        key = (scope.get("client"), scope.get("server"))
-        if key[0] is None:
+        client, server = scope.get("client"), scope.get("server")
+        if not client:
             return False
+        key = (tuple(client), tuple(server or ()))  # ASGI servers may give lists
         now = self._clock()
         if now >= self._next_prune:
             self._prune(now)
@@ -59,6 +60,8 @@ class ConnectionAges:
         return True
 
     def _prune(self, now: float) -> None:
+        # Past its deadline by more than an idle timeout, a connection is gone: a request
+        # after the deadline closed it, and without one the server closed it as idle.
         stale = now - self.idle_timeout_s - 1.0
         for key in [k for k, d in self._deadline.items() if d < stale]:
             del self._deadline[key]

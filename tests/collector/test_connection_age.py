@@ -44,6 +44,11 @@ def test_a_connection_is_closed_once_past_its_age_then_counts_as_new() -> None:
     assert not ages.should_close(scope(1))
     # no address (a test client, a Unix socket) or no limit: never
     assert not ages.should_close({"client": None, "server": None})
+    short = ConnectionAges(10.0, 30.0, clock=clock)
+    listed = {"client": ["10.0.0.8", 1], "server": ["10.0.0.1", 8410]}  # lists, as some servers give them
+    assert not short.should_close(listed)
+    clock.t += 10
+    assert short.should_close(listed)
     assert not ConnectionAges(0.0, 30.0, clock=clock).should_close(scope(2))
 
 
