@@ -119,6 +119,7 @@ class IngestFastPath:
     async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/v1/ingest" and scope["method"] == "POST":
             if self.state.connection_ages.should_close(scope):
+                self.state.metrics.connections_aged.inc()
                 send = closing(send)
             request = Request(scope, receive)
             try:

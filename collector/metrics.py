@@ -18,6 +18,9 @@ class CollectorMetrics:
         self.errors = Counter("gpufleet_ingest_errors", "Refused batches by reason", ["reason"], registry=r)
         self.latency = Histogram("gpufleet_ingest_latency_seconds", "Request latency until commit",
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.connections_aged = Counter(
+            "gpufleet_ingest_connections_aged", "Agent connections ended after ingest.max_connection_age_s "
+            "(the agent reconnects; a balancer places it afresh)", registry=r)
         self.queue_rows = Gauge("gpufleet_ingest_queue_rows", "Rows waiting for the writer", registry=r)
         self.db_up = Gauge("gpufleet_database_up", "1 when the database accepts writes", registry=r)
         self.leader = Gauge("gpufleet_leader", "1 on the replica running sweeps and rollups", registry=r)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from gpufleet.agent.runtime import Agent
 from gpufleet.agent.shipper import Verdict
@@ -144,3 +146,12 @@ def test_shipments_a_ship_interval_apart_keep_one_connection(collector: Collecto
     ship()
     assert set(live) == first
     agent.shutdown(ship_s=1)
+
+
+def test_a_keepalive_not_longer_than_the_ship_interval_is_warned_about(
+        collector: Collector, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    agent = agent_for(collector, tmp_path / "spool", ship_interval_s=5.0, keepalive_s=5.0)
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.runtime"):
+        agent.start(ship=False, serve_metrics=False)
+    agent.shutdown(ship_s=0.5)
+    assert "every shipment opens a new connection" in caplog.text

@@ -127,7 +127,10 @@ def test_a_replica_added_behind_a_balancer_gets_agents(db: str, settings: Settin
             for c in clients:
                 c.close()
     assert answered(app_a) + on_b == sent
+    aged = sum(app.state.metrics.registry.get_sample_value(  # type: ignore[attr-defined]
+        "gpufleet_ingest_connections_aged_total") or 0.0 for app in (app_a, app_b))
     if max_age_s:
         assert on_b >= sent / 10  # reconnected agents are spread over both replicas
+        assert aged >= len(nodes)  # every agent's first connection was ended, and counted
     else:
-        assert on_b == 0
+        assert on_b == 0 and aged == 0
