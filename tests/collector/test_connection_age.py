@@ -6,10 +6,8 @@ import random
 import time
 
 import httpx
-import psycopg
 import pytest
 
-from gpufleet.auth import create_token
 from gpufleet.collector.app import create_app
 from gpufleet.collector.connection_age import JITTER, ConnectionAges
 from gpufleet.collector.service import server_options
@@ -18,6 +16,7 @@ from gpufleet.serverthread import serve
 from gpufleet.testing.faultproxy import fault_proxy
 from gpufleet.wire import encode
 from tests.collector.test_ingest import batch
+from tests.reliability.conftest import node_tokens
 
 
 class Clock:
@@ -79,11 +78,6 @@ def test_entries_of_connections_that_went_away_are_forgotten() -> None:
     assert len(ages) == 1
 
 
-def _node_tokens(db: str, nodes: list[str]) -> dict[str, str]:
-    with psycopg.connect(db, autocommit=True) as c:
-        return {n: create_token(c, n, "node", n) for n in nodes}
-
-
 @pytest.mark.parametrize("max_age_s", [0.0, 1.0])
 def test_a_replica_added_behind_a_balancer_gets_agents(db: str, settings: Settings, max_age_s: float) -> None:
     """Agents hold their connections through a connection-level balancer (round robin over
@@ -93,7 +87,7 @@ def test_a_replica_added_behind_a_balancer_gets_agents(db: str, settings: Settin
     s = settings.model_copy(update={"ingest": settings.ingest.model_copy(
         update={"max_connection_age_s": max_age_s, "group_linger_s": 0.0})})
     nodes = [f"lb-node-{i}" for i in range(6)]
-    tokens = _node_tokens(db, nodes)
+    tokens = node_tokens(db, nodes)
     app_a, app_b = create_app(db, s, run_leader=False), create_app(db, s, run_leader=False)
 
     def answered(app: object) -> float:
