@@ -7,8 +7,11 @@ sample by sample, for the rest of its life (measured by ``bench/soak.py``).
 ``malloc_trim(0)`` returns free pages anywhere in the heap; it costs a few
 milliseconds when there are ~100 MB to hand back (``tests/collector/test_heap.py``'s
 probe: 6 ms) and next to nothing when there are none (median under 1 us,
-max 4 us over 50 calls beside 100 MB of live arrays), so the leader calls
-it after every sweep.  Elsewhere than glibc it does nothing.
+max 4 us over 50 calls beside 100 MB of live arrays).  The sweeper calls it
+after a sweep that loaded the window (:data:`gpufleet.collector.sweep.LOAD_SHARE`),
+not after every sweep: a steady sweep's scratch is the same from one sweep
+to the next, and pages handed back would only be faulted in again.
+Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations

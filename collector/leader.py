@@ -32,7 +32,6 @@ from datetime import UTC, datetime
 import psycopg
 
 from gpufleet.collector import rollup
-from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.shards import SHARD_LOCK_BASE
 from gpufleet.config import Settings
@@ -145,7 +144,6 @@ class Leader:
                         log.exception("detector sweep failed")
                     self.sweeps += 1
                     self._observe(self.sweep, time.perf_counter() - t0)
-                    release_free_memory()
                 if now >= next_retention:
                     next_retention = now + 3600.0
                     enforce_retention(work, self.settings, plain)
@@ -239,7 +237,6 @@ class Leader:
                 self.sweeps += 1
                 self.shard_sweeps[k] = self.shard_sweeps.get(k, 0) + 1
                 self._observe(fn, time.perf_counter() - t0)
-                release_free_memory()
             for k in [k for k in next_sweep if k not in self.held]:
                 del next_sweep[k]
             if res is None or res.ranges == 0:

@@ -477,6 +477,10 @@ class WindowCache:
             if len(self.hosts[hk]) == 0:
                 del self.hosts[hk]
 
+    def samples(self) -> int:
+        """Samples held, GPUs' and hosts'."""
+        return sum(len(b) for b in self.gpus.values()) + sum(len(b) for b in self.hosts.values())
+
     # -- views -----------------------------------------------------------------
 
     def window(self, t_end: float, runs: list[RunInfo], node_facts: dict[str, dict[str, Any]]) -> Window:

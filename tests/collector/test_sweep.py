@@ -178,3 +178,35 @@ def test_the_leader_exports_each_sweep_stage(db: str, settings: Settings) -> Non
     assert sweeper.stages == {}
     leader._observe(sweeper, 0.1)
     assert counts() == got
+
+
+def test_freed_memory_goes_back_after_a_load_not_after_a_steady_sweep(
+        conn: psycopg.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A steady sweep's scratch is reused by the next one: handing its pages back would only
+    have them faulted in again.  A load (the first sweep, a catch-up) leaves temporaries the
+    steady sweeps never reuse: those go back."""
+    import gpufleet.collector.sweep as sweep_mod
+
+    released: list[float] = []
+    monkeypatch.setattr(sweep_mod, "release_free_memory", lambda: released.append(fleet.t) or True)
+    fleet = Fleet.from_scenario("straggler_power_cap", seed=3)
+    register_runs(conn, fleet)
+    feed = SimFeed(conn, fleet)
+    sweeper = Sweeper(settings)
+    feed.run_until(fleet.t0 + 180)
+    sweeper(conn, fleet.t)
+    assert len(released) == 1  # the first sweep loaded the window
+    # The next refresh reads again the batches committed in the minute before the load (the
+    # commit slack): here, all of them.  From then on, only what is new.
+    feed.run_until(fleet.t + settings.detect.sweep_interval_s)
+    sweeper(conn, fleet.t)
+    released.clear()
+    for _ in range(4):
+        feed.run_until(fleet.t + settings.detect.sweep_interval_s)
+        sweeper(conn, fleet.t)
+        assert 0 < sweeper.last["fetched_rows"] < 0.1 * sweeper.cache.samples()
+    assert released == []  # steady sweeps: nothing handed back
+    feed.run_until(fleet.t + 120)  # the sweeps stopped for two minutes (an outage): a catch-up
+    sweeper(conn, fleet.t)
+    feed.close()
+    assert len(released) == 1
