@@ -720,7 +720,12 @@ class Frame:
         return a, np.maximum(a, b)
 
     def region_weights(self) -> np.ndarray:
-        """Sample weights inside each row's run region, zero elsewhere."""
+        """Sample weights inside each row's run region, zero elsewhere (shared: read, never write)."""
+        return self._region_weights
+
+    @cached_property
+    def _region_weights(self) -> np.ndarray:
+        # Starvation and the checkpoint analysis both weigh by it: built once per sweep.
         return self.w * self.range_mask(*self.region_index)
 
     # --- episodes -----------------------------------------------------------------
