@@ -85,18 +85,30 @@ WITH RECURSIVE g AS (
 SELECT n FROM g WHERE n IS NOT NULL UNION SELECT n FROM h WHERE n IS NOT NULL"""
 
 
-def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str) -> str:
-    """One row per GPU (or host): its sample times, and all its columns packed
+def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str, unread: tuple[str, ...] = ()) -> str:
+    """One row per GPU (or host): its sample times, and the columns ``cols`` packed
     into one 2-D float4 array (samples x columns, NULL as NaN) that numpy reads
-    in a single call.
+    in a single call; with ``unread``, a last field saying whether any of those
+    other columns holds a value in the group (:meth:`WindowCache._read_held`).
 
     No ORDER BY is needed: both aggregates of a group see the rows in the
     same order, and times are sorted on arrival."""
     vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in cols)
     key = "s.node" + (", s.gpu" if gpu else "")
     mig = " AND s.mig_instance IS NULL" if gpu else ""
-    return (f"SELECT {key}, array_agg(s.time), array_agg(ARRAY[{vals}]) FROM {table} s "
+    probe = (", bool_or(" + " OR ".join(f"s.{c} IS NOT NULL" for c in unread) + ")") if unread else ""
+    return (f"SELECT {key}, array_agg(s.time), array_agg(ARRAY[{vals}]){probe} FROM {table} s "
             f"WHERE {where}{mig} GROUP BY {key}")
+
+
+def held_columns(bufs: dict[Any, _Buf]) -> np.ndarray | None:
+    """Indexes of the columns some buffer stores (sorted), None for no buffer."""
+    if not bufs:
+        return None
+    layouts: dict[bytes, np.ndarray] = {}
+    for b in bufs.values():
+        layouts.setdefault(b.rows.tobytes(), b.rows)
+    return np.unique(np.concatenate(list(layouts.values())))
 
 
 PG_EPOCH_US = 946684800 * 1_000_000
@@ -237,9 +249,11 @@ _M_REC = np.dtype([("l", ">i4"), ("v", ">f4")])
 MERGE_CHUNK_SAMPLES = 262_144
 
 
-def merge_rows(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int) -> int:
+def merge_rows(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int,
+               cols: np.ndarray | None = None) -> int:
     """Merge rows of :func:`_select` (key, its times, its values, as PostgreSQL sent the arrays)
-    into ``bufs``, in order; returns the samples merged.
+    into ``bufs``, in order; returns the samples merged.  ``cols``: the indexes, among the
+    table's ``ncols`` columns, of those the rows hold (None: all); the others read as NaN.
 
     The rows are parsed together, one numpy read of all their times and one of all their
     values, not a few numpy calls per row: a steady sweep of 10,000 GPUs merges 11,000 rows of
@@ -251,12 +265,13 @@ def merge_rows(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncol
         chunk.append(r)
         size += int.from_bytes(r[1][12:16], "big")
         if size >= MERGE_CHUNK_SAMPLES:
-            n += _merge_chunk(bufs, chunk, ncols)
+            n += _merge_chunk(bufs, chunk, ncols, cols)
             chunk, size = [], 0
-    return n + _merge_chunk(bufs, chunk, ncols)
+    return n + _merge_chunk(bufs, chunk, ncols, cols)
 
 
-def _merge_chunk(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int) -> int:
+def _merge_chunk(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int,
+                 cols_read: np.ndarray | None = None) -> int:
     if not rows:
         return 0
     if any(int.from_bytes(t_raw[4:8], "big") for _, t_raw, _ in rows):
@@ -267,10 +282,15 @@ def _merge_chunk(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], nc
     # Headers off (1-D: 20 bytes, 2-D: 28); what is left is (length, value) records end to end.
     tb = b"".join([memoryview(t_raw)[20:] for _, t_raw, _ in rows])
     mb = b"".join([memoryview(m_raw)[28:] for _, _, m_raw in rows])
-    if len(tb) != _T_REC.itemsize * total or len(mb) != _M_REC.itemsize * total * ncols:
+    width = ncols if cols_read is None else len(cols_read)
+    if len(tb) != _T_REC.itemsize * total or len(mb) != _M_REC.itemsize * total * width:
         raise ValueError("sample arrays of an unexpected shape")  # _select makes neither
     t_all = (np.frombuffer(tb, dtype=_T_REC)["v"].astype(np.float64) + PG_EPOCH_US) / 1e6
-    m_all = np.frombuffer(mb, dtype=_M_REC)["v"].astype(np.float32).reshape(total, ncols)
+    m_all = np.frombuffer(mb, dtype=_M_REC)["v"].astype(np.float32).reshape(total, width)
+    if cols_read is not None:
+        full = np.full((total, ncols), np.nan, dtype=np.float32)
+        full[:, cols_read] = m_all
+        m_all = full
     del tb, mb
     starts = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
@@ -342,12 +362,44 @@ class WindowCache:
                         defer.append(Pending(False, node, t, m))
                         n += int.from_bytes(t[12:16], "big")
                     continue
-                grows = [((node, int(gpu)), t, m)
-                         for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p)]
-                n += merge_rows(self.gpus, grows, len(GPU_COLUMNS))
-                del grows
-                hrows = list(cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p))
-                n += merge_rows(self.hosts, hrows, len(HOST_COLUMNS))
+                n += self._read_held(cur, self.gpus, "gpu_samples", GPU_COLUMNS, where, p)
+                n += self._read_held(cur, self.hosts, "host_samples", HOST_COLUMNS, where, p)
+        return n
+
+    def _read_held(self, cur: psycopg.Cursor[Any], bufs: dict[Any, _Buf], table: str, columns: tuple[str, ...],
+                   where: str, p: dict[str, Any]) -> int:
+        """Read and merge the rows ``where`` selects, only the columns the buffers already store.
+
+        Most fleets report well under half the columns: the others cost PostgreSQL an array
+        element per sample and value to build and send, for nothing (a steady sweep at
+        10,000 GPUs reporting 15 of the 35 GPU columns: 0.17 s instead of 0.22 s for the read).
+        The same query says, per GPU or host, whether any other column holds a value; those
+        (a source that starts reporting a new field) are read again with every column, and
+        only then merged, so no value is ever dropped."""
+        gpu = table == "gpu_samples"
+
+        def key(r: tuple[Any, ...]) -> Any:
+            return (r[0], int(r[1])) if gpu else r[0]
+
+        held = held_columns(bufs)
+        if held is None or len(held) == len(columns):
+            rows = [(key(r), r[-2], r[-1]) for r in cur.execute(_select(table, columns, gpu, where), p)]
+            return merge_rows(bufs, rows, len(columns))
+        keep = set(held.tolist())
+        unread = tuple(c for j, c in enumerate(columns) if j not in keep)
+        narrow: list[tuple[Any, bytes, bytes]] = []
+        more: set[Any] = set()
+        for r in cur.execute(_select(table, tuple(columns[j] for j in held), gpu, where, unread), p):
+            if r[-1]:
+                more.add(key(r))
+            else:
+                narrow.append((key(r), r[-3], r[-2]))
+        n = merge_rows(bufs, narrow, len(columns), held)
+        if more:
+            nodes = sorted({k[0] for k in more} if gpu else more)
+            full = [(key(r), r[-2], r[-1]) for r in cur.execute(
+                _select(table, columns, gpu, f"({where}) AND s.node = ANY(%(more)s)"), {**p, "more": nodes})]
+            n += merge_rows(bufs, [r for r in full if r[0] in more], len(columns))
         return n
 
     def merge_pending(self, rows: list[Pending]) -> int:

@@ -116,3 +116,47 @@ def test_refresh_forgets_batch_ids_it_cannot_read_again(conn: psycopg.Connection
     assert set(cache.seen) == {"a:1", "a:2"}
     cache.refresh(conn, time.time())  # re-reads from 60 s before the previous refresh
     assert set(cache.seen) == {"a:2"}
+
+
+def test_refresh_reads_the_held_columns_and_a_new_one_where_it_starts(conn: psycopg.Connection) -> None:
+    """A refresh asks only for the columns the window stores; a GPU or host that starts to report
+    another one has it read in full, its earlier samples NaN there, its peers untouched."""
+    now = int(time.time())
+
+    def write(t0: int, t1: int, gpu_extra: dict[tuple[str, int], str], host_extra: dict[str, str]) -> None:
+        for node in ("n1", "n2"):
+            conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+                         "VALUES (%s, %s, 2, 1, to_timestamp(%s), to_timestamp(%s))",
+                         (f"{node}:{t0}", node, t0, t1 - 1))
+            for gpu in (0, 1):
+                extra = gpu_extra.get((node, gpu))
+                conn.execute(
+                    "INSERT INTO gpu_samples (time, node, gpu, util_pct, power_w"
+                    + (f", {extra}" if extra else "") + ") SELECT to_timestamp(t), %s, %s, 90, 500"
+                    + (", 0.5" if extra else "") + " FROM generate_series(%s::bigint, %s::bigint - 1) t",
+                    (node, gpu, t0, t1))
+            hx = host_extra.get(node)
+            conn.execute("INSERT INTO host_samples (time, node, cpu_user_pct" + (f", {hx}" if hx else "")
+                         + ") SELECT to_timestamp(t), %s, 20" + (", 3" if hx else "")
+                         + " FROM generate_series(%s::bigint, %s::bigint - 1) t", (node, t0, t1))
+
+    write(now - 60, now - 10, {}, {})
+    cache = WindowCache(600.0)
+    cache.refresh(conn, now - 10)  # the load
+    cache.refresh(conn, now - 10)  # reads again what was committed just before it (the slack)
+    assert {k: b.rows.tolist() for k, b in cache.gpus.items()} == {(n, g): [0, 4] for n in ("n1", "n2")
+                                                                    for g in (0, 1)}
+    # n1's GPU 1 starts to report SM activity, n2's host iowait.
+    write(now - 10, now, {("n1", 1): "sm_active"}, {"n2": "cpu_iowait_pct"})
+    assert cache.refresh(conn, now) == 4 * 10 + 2 * 10
+    w = cache.window(now, [], {})
+    sm = w.gpus[("n1", 1)].get("sm_active")
+    assert np.isnan(sm[:-10]).all() and (sm[-10:] == np.float32(0.5)).all() and len(sm) == 60
+    for key in (("n1", 0), ("n2", 0), ("n2", 1)):
+        assert "sm_active" not in w.gpus[key].cols and len(w.gpus[key]) == 60
+        assert (w.gpus[key].get("util_pct") == 90).all()
+    assert (w.hosts["n2"].get("cpu_iowait_pct")[-10:] == 3).all() and "cpu_iowait_pct" not in w.hosts["n1"].cols
+    # From now on the new columns are among those read for every GPU and host.
+    write(now, now + 5, {("n1", 1): "sm_active", ("n2", 0): "sm_active"}, {})
+    cache.refresh(conn, now + 5)
+    assert (cache.window(now + 5, [], {}).gpus[("n2", 0)].get("sm_active")[-5:] == np.float32(0.5)).all()
