@@ -7,6 +7,7 @@ float64 arrays with NaN for NULL, sorted by time (epoch seconds).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,11 @@ class Series:
 
     def has(self, name: str) -> bool:
         col = self.cols.get(name)
-        return col is not None and bool(np.isfinite(col).any())
+        if col is None or not col.shape[0]:
+            return False
+        # A reported column usually holds its latest sample: no scan of the whole series then
+        # (a sweep asks this about 20,000 times at 10,000 GPUs).
+        return math.isfinite(col[-1]) or bool(np.isfinite(col).any())
 
     def __len__(self) -> int:
         return int(self.t.shape[0])
