@@ -160,3 +160,18 @@ def test_refresh_reads_the_held_columns_and_a_new_one_where_it_starts(conn: psyc
     write(now, now + 5, {("n1", 1): "sm_active", ("n2", 0): "sm_active"}, {})
     cache.refresh(conn, now + 5)
     assert (cache.window(now + 5, [], {}).gpus[("n2", 0)].get("sm_active")[-5:] == np.float32(0.5)).all()
+
+
+def test_a_window_whose_hosts_report_no_detector_column_refreshes(conn: psycopg.Connection) -> None:
+    """Host rows without any column the detectors read make buffers that store no column: a read
+    then asks for every column, not for none."""
+    now = int(time.time())
+    cache = WindowCache(600.0)
+    for t0 in (now - 30, now - 20, now - 10):
+        conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+                     "VALUES (%s, 'n', 0, 10, to_timestamp(%s), to_timestamp(%s))", (f"n:{t0}", t0, t0 + 9))
+        conn.execute("INSERT INTO host_samples (time, node) SELECT to_timestamp(t), 'n' "
+                     "FROM generate_series(%s::bigint, %s::bigint) t", (t0, t0 + 9))
+        cache.refresh(conn, t0 + 10)
+    assert len(cache.hosts["n"]) == 30 and cache.hosts["n"].rows.tolist() == []
+
