@@ -19,7 +19,8 @@ host samples, written with binary COPY.  Then, in the same run:
   stage and detector (the collector's ``gpufleet_sweep_stage_seconds``);
   ``sweep_trim_each_s``, the median of as many more with freed memory
   handed back to the OS after every sweep (the former policy, measured in
-  the same run);
+  the same run); ``rss_steady_mb`` and ``rss_trim_each_mb``, the process's
+  resident memory after each of the two blocks;
 * ``cold_sweep_s``: the first sweep of a new leader taking over at that
   moment (restore the persisted window, read the raw tail, run every
   detector, store incidents); its findings are checked equal to the warm
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -325,8 +327,10 @@ def main() -> None:
             # Steady sweeps, 5 s of new data before each, as the leader runs them (the sweeper
             # hands freed memory back after a load only); then as many more, each followed by
             # malloc_trim as the leader used to do after every sweep (the baseline).
+            # The resident memory after each block is what the collector holds between sweeps.
             end = now
             runs: dict[str, list[float]] = {"steady": [], "trim_each": []}
+            rss_mb: dict[str, float] = {}
             per_stage: list[dict[str, float]] = []
             for policy in runs:
                 for _ in range(args.steady):
@@ -339,6 +343,10 @@ def main() -> None:
                         release_free_memory()
                     else:
                         per_stage.append(sweeper.stages)
+                rss_mb[policy] = psutil.Process().memory_info().rss / 1e6
+            t0 = time.perf_counter()
+            held = sweeper.cache.samples()
+            count_ms = (time.perf_counter() - t0) * 1e3
             warm_s = float(np.median(runs["steady"]))
             trim_s = float(np.median(runs["trim_each"]))
             mid = int(np.argsort(runs["steady"])[len(runs["steady"]) // 2])
@@ -348,6 +356,9 @@ def main() -> None:
             print(f"  by stage, the median sweep (s): {stages}", flush=True)
             print(f"  with freed memory handed back after every sweep (baseline): median {trim_s:.2f} s, "
                   f"max {max(runs['trim_each']):.2f} s", flush=True)
+            print(f"  resident memory between sweeps: {rss_mb['steady']:.0f} MB (scratch kept), "
+                  f"{rss_mb['trim_each']:.0f} MB (handed back after every sweep)", flush=True)
+            print(f"  counting the {held:,} samples held (whether a sweep was a load): {count_ms:.1f} ms", flush=True)
             incidents = conn.execute("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind").fetchall()
             print(f"incidents: {incidents}")
             snap_mb = conn.execute("SELECT sum(octet_length(blob)) FROM sweep_snapshots").fetchone()[0] / 1e6  # type: ignore[index]
@@ -380,6 +391,8 @@ def main() -> None:
     print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
                       "sweep_s": round(warm_s, 3), "sweep_first_s": round(runs["steady"][0], 3),
                       "sweep_max_s": round(max(runs["steady"]), 3), "sweep_trim_each_s": round(trim_s, 3),
+                      "rss_steady_mb": round(rss_mb["steady"]), "rss_trim_each_mb": round(rss_mb["trim_each"]),
+                      "count_samples_ms": round(count_ms, 2),
                       "sweep_stages_s": stages, "cold_sweep_s": round(cold_s, 3),
                       "cold_fresh_s": round(fresh["cold_s"], 3), "cold_raw_s": round(cold_raw_s, 3),
                       "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),

@@ -129,9 +129,9 @@ class Sweeper:
                      "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}
         if restored is not None or first or fetched >= LOAD_SHARE * self.cache.samples():
             # A load's temporaries are freed but their pages stay in the heap: hand them back
-            # once.  Not after every sweep: a steady sweep reuses the same ~200 MB of scratch
+            # once.  Not after every sweep: a steady sweep reuses the same ~150-200 MB of scratch
             # at 10,000 GPUs, and every page handed back is faulted in again by the next sweep
-            # (a quarter of its time; bench/sweep.py's steady figures).
+            # (about 0.25 s of it: bench/sweep.py's sweep_trim_each_s against sweep_s).
             release_free_memory()
         self.stages = {"refresh": t1 - t0, "window": t_window - t1, **result.seconds, "store": t3 - t2,
                        "snapshot": self.last["snapshot_s"]}
