@@ -381,10 +381,12 @@ class WindowCache:
         def key(r: tuple[Any, ...]) -> Any:
             return (r[0], int(r[1])) if gpu else r[0]
 
+        def every_column(where: str, p: dict[str, Any]) -> list[tuple[Any, bytes, bytes]]:
+            return [(key(r), r[-2], r[-1]) for r in cur.execute(_select(table, columns, gpu, where), p)]
+
         held = held_columns(bufs)
         if held is None or len(held) in (0, len(columns)):  # nothing to leave out, or nothing to ask for
-            rows = [(key(r), r[-2], r[-1]) for r in cur.execute(_select(table, columns, gpu, where), p)]
-            return merge_rows(bufs, rows, len(columns))
+            return merge_rows(bufs, every_column(where, p), len(columns))
         keep = set(held.tolist())
         unread = tuple(c for j, c in enumerate(columns) if j not in keep)
         narrow: list[tuple[Any, bytes, bytes]] = []
@@ -397,8 +399,7 @@ class WindowCache:
         n = merge_rows(bufs, narrow, len(columns), held)
         if more:
             nodes = sorted({k[0] for k in more} if gpu else more)
-            full = [(key(r), r[-2], r[-1]) for r in cur.execute(
-                _select(table, columns, gpu, f"({where}) AND s.node = ANY(%(more)s)"), {**p, "more": nodes})]
+            full = every_column(f"({where}) AND s.node = ANY(%(more)s)", {**p, "more": nodes})
             n += merge_rows(bufs, [r for r in full if r[0] in more], len(columns))
         return n
 
