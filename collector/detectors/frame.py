@@ -146,7 +146,6 @@ class Frame:
         #: Results detectors share within one sweep (e.g. which runs the
         #: checkpoint detector claims, so starvation does not claim them too).
         self.memo: dict[str, Any] = {}
-        self._has: dict[str, bool] = {}
         self.t = np.empty(n, dtype=F32)
         # In slices of rows: one float64 copy of a slice at a time, not one temporary per row.
         for k in range(0, g, 1024):
@@ -306,11 +305,14 @@ class Frame:
         return np.asarray(self.series[r].get(name), dtype=np.float64)
 
     def has(self, name: str) -> bool:
-        """Some series holds column ``name`` (asked once per name and frame: detectors ask often)."""
-        known = self._has.get(name)
-        if known is None:
-            known = self._has[name] = any(s.cols.get(name) is not None for s in self.series)
-        return known
+        """Some series holds column ``name``."""
+        return name in self._names
+
+    @cached_property
+    def _names(self) -> frozenset[str]:
+        # One pass over every series for all names: detectors ask about a dozen names, most
+        # of which no GPU of a fleet reports, and each such question scanned every series.
+        return frozenset().union(*(s.cols for s in self.series))
 
     # --- time -------------------------------------------------------------------
 
