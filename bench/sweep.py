@@ -19,7 +19,11 @@ host samples, written with binary COPY.  Then, in the same run:
   stage and detector (the collector's ``gpufleet_sweep_stage_seconds``);
   ``sweep_trim_each_s``, the median of as many more with freed memory
   handed back to the OS after every sweep (the former policy, measured in
-  the same run); ``rss_steady_mb`` and ``rss_trim_each_mb``, the process's
+  the same run); ``sweep_gc_unpaused_s``, as many more with Python's cyclic
+  garbage collector left on during each sweep (the former behaviour), with
+  ``gc_s`` and ``gc_unpaused_s``, the seconds per sweep spent collecting
+  inside the sweep, and ``gc_all_s`` / ``gc_unpaused_all_s``, the same with
+  the collections between sweeps; ``rss_steady_mb`` and ``rss_trim_each_mb``, the process's
   resident memory after each of the two blocks;
 * ``cold_sweep_s``: the first sweep of a new leader taking over at that
   moment (restore the persisted window, read the raw tail, run every
@@ -38,10 +42,13 @@ The last line is JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import subprocess
 import sys
 import time
+import unittest.mock
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpufleet.collector import cyclegc
 from gpufleet.collector.batch_store import GPU_SPECS, HOST_SPECS, REGISTER_SQL, register_params
 from gpufleet.collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
 from gpufleet.collector.detectors.registry import run_detectors
@@ -128,6 +136,32 @@ def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dic
         if batches:
             rows = [(f"bench:{node}:{int(t[0])}", node, len(t) * 8, len(t), float(t[0]), float(t[-1])) for node in nodes]
             conn.execute(REGISTER_SQL, register_params(rows))
+
+
+class GcClock:
+    """Seconds Python's cyclic collector spends while ``on`` (set around each sweep), and in all."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.seconds = 0.0
+        self.total = 0.0
+        self._t0 = 0.0
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        took = time.perf_counter() - self._t0
+        self.total += took
+        if self.on:
+            self.seconds += took
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
 
 
 def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tuple[object, ...]]:
@@ -328,21 +362,32 @@ def main() -> None:
             # hands freed memory back after a load only); then as many more, each followed by
             # malloc_trim as the leader used to do after every sweep (the baseline).
             # The resident memory after each block is what the collector holds between sweeps.
+            # A third block runs them with Python's cyclic collector left on during the sweep
+            # (the baseline of the pause, gpufleet.collector.cyclegc).
             end = now
-            runs: dict[str, list[float]] = {"steady": [], "trim_each": []}
+            runs: dict[str, list[float]] = {"steady": [], "trim_each": [], "gc_unpaused": []}
             rss_mb: dict[str, float] = {}
+            gc_s: dict[str, float] = {}
             per_stage: list[dict[str, float]] = []
             for policy in runs:
-                for _ in range(args.steady):
-                    write(conn, nodes, np.arange(end, end + 5, 1.0), faults, 99 + int(end - now), batches=True)
-                    end += 5
-                    t0 = time.perf_counter()
-                    sweeper(conn, end)
-                    runs[policy].append(time.perf_counter() - t0)
-                    if policy == "trim_each":
-                        release_free_memory()
-                    else:
-                        per_stage.append(sweeper.stages)
+                clock = GcClock()
+                with clock, contextlib.ExitStack() as stack:
+                    if policy == "gc_unpaused":
+                        stack.enter_context(unittest.mock.patch.object(cyclegc, "paused", contextlib.nullcontext))
+                    for _ in range(args.steady):
+                        write(conn, nodes, np.arange(end, end + 5, 1.0), faults, 99 + int(end - now), batches=True)
+                        end += 5
+                        t0 = time.perf_counter()
+                        clock.on = True
+                        sweeper(conn, end)
+                        clock.on = False
+                        runs[policy].append(time.perf_counter() - t0)
+                        if policy == "trim_each":
+                            release_free_memory()
+                        elif policy == "steady":
+                            per_stage.append(sweeper.stages)
+                gc_s[policy] = clock.seconds / args.steady
+                gc_s[policy + "_all"] = clock.total / args.steady
                 rss_mb[policy] = psutil.Process().memory_info().rss / 1e6
             t0 = time.perf_counter()
             held = sweeper.cache.samples()
@@ -356,6 +401,11 @@ def main() -> None:
             print(f"  by stage, the median sweep (s): {stages}", flush=True)
             print(f"  with freed memory handed back after every sweep (baseline): median {trim_s:.2f} s, "
                   f"max {max(runs['trim_each']):.2f} s", flush=True)
+            gc_off_s = float(np.median(runs["gc_unpaused"]))
+            print(f"  with cyclic garbage collection left on during the sweep (baseline): median {gc_off_s:.2f} s, "
+                  f"max {max(runs['gc_unpaused']):.2f} s; seconds collecting per sweep {gc_s['gc_unpaused']:.3f}, "
+                  f"against {gc_s['steady']:.3f} with the pause; in all, sweeps and ingest between them, "
+                  f"{gc_s['gc_unpaused_all']:.3f} against {gc_s['steady_all']:.3f}", flush=True)
             print(f"  resident memory between sweeps: {rss_mb['steady']:.0f} MB (scratch kept), "
                   f"{rss_mb['trim_each']:.0f} MB (handed back after every sweep)", flush=True)
             print(f"  counting the {held:,} samples held (whether a sweep was a load): {count_ms:.1f} ms", flush=True)
@@ -391,6 +441,9 @@ def main() -> None:
     print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
                       "sweep_s": round(warm_s, 3), "sweep_first_s": round(runs["steady"][0], 3),
                       "sweep_max_s": round(max(runs["steady"]), 3), "sweep_trim_each_s": round(trim_s, 3),
+                      "sweep_gc_unpaused_s": round(gc_off_s, 3), "gc_s": round(gc_s["steady"], 3),
+                      "gc_unpaused_s": round(gc_s["gc_unpaused"], 3), "gc_all_s": round(gc_s["steady_all"], 3),
+                      "gc_unpaused_all_s": round(gc_s["gc_unpaused_all"], 3),
                       "rss_steady_mb": round(rss_mb["steady"]), "rss_trim_each_mb": round(rss_mb["trim_each"]),
                       "count_samples_ms": round(count_ms, 2),
                       "sweep_stages_s": stages, "cold_sweep_s": round(cold_s, 3),

@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from gpufleet.collector import incident_store
+from gpufleet.collector import cyclegc, incident_store
 from gpufleet.collector.alerting import AlertmanagerPusher
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.detectors.window import Finding
@@ -61,6 +61,10 @@ class Sweeper:
         self.findings: list[Finding] = []
 
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
+        with cyclegc.paused():
+            self._sweep(conn, now)
+
+    def _sweep(self, conn: psycopg.Connection, now: float) -> None:
         t0 = time.perf_counter()
         self.stages = {}  # a sweep that fails part-way reports no stages, not the last sweep's
         runs = load_runs(conn, now - self.cache.window_s, now)
