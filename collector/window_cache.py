@@ -211,6 +211,18 @@ class _Buf:
         self._c, self.rows = c, keep
         self.absent = np.setdiff1d(np.arange(self.ncols), keep)
 
+    def appends_at(self, t0: float) -> bool:
+        """Samples from ``t0`` on come after every sample held (or none is held)."""
+        return self.b == self.a or t0 > self._t[self.b - 1]
+
+    def append(self, t: np.ndarray, vals: np.ndarray) -> None:
+        """Add samples after the last one (:meth:`appends_at`): ``vals`` holds the stored columns
+        (``rows``) alone; the caller has made sure the others hold no value."""
+        self._reserve(len(t))
+        self._t[self.b:self.b + len(t)] = t
+        self._c[:, self.b:self.b + len(t)] = vals
+        self.b += len(t)
+
     def merge(self, t: np.ndarray, cols: np.ndarray, present: np.ndarray | None = None) -> None:
         """Add samples (``cols``: every column x samples, NaN where none; ``present``, when the
         caller knows it: which columns hold any value)."""
@@ -286,37 +298,70 @@ def _merge_chunk(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], nc
     if len(tb) != _T_REC.itemsize * total or len(mb) != _M_REC.itemsize * total * width:
         raise ValueError("sample arrays of an unexpected shape")  # _select makes neither
     t_all = (np.frombuffer(tb, dtype=_T_REC)["v"].astype(np.float64) + PG_EPOCH_US) / 1e6
-    m_all = np.frombuffer(mb, dtype=_M_REC)["v"].astype(np.float32).reshape(total, width)
-    if cols_read is not None:
-        full = np.full((total, ncols), np.nan, dtype=np.float32)
-        full[:, cols_read] = m_all
-        m_all = full
+    # Column-major (columns x samples): each row's values are then a slice of it, as a buffer stores them.
+    vals = np.frombuffer(mb, dtype=_M_REC)["v"].reshape(total, width).T.astype(np.float32, order="C")
+    read = np.arange(ncols) if cols_read is None else np.asarray(cols_read, dtype=np.int64)
     del tb, mb
     starts = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     # Rows whose times fall somewhere (a fall at a row's first sample is only the row boundary).
     falls = np.flatnonzero(t_all[1:] < t_all[:-1]) + 1
     owner = np.searchsorted(starts, falls, side="right") - 1
-    unsorted = set(owner[falls != starts[owner]].tolist())
+    if (falls != starts[owner]).any():
+        # PostgreSQL aggregates a group's samples in the order it scanned them, which is often
+        # not time order: sort every row of the chunk at once (stable: equal times keep their
+        # order), so that each row is a slice that appends as it is.
+        row_of = np.repeat(np.arange(len(rows)), counts)
+        order = np.lexsort((t_all, row_of))
+        t_all, vals = t_all[order], vals[:, order]
     nonempty = np.flatnonzero(counts > 0)
-    present = np.zeros((len(rows), ncols), dtype=bool)
+    # Which of the read columns hold a value in each row (a buffer starts storing those it lacked).
+    present = np.zeros((len(rows), width), dtype=bool)
     if total:
-        present[nonempty] = np.logical_or.reduceat(~np.isnan(m_all), starts[nonempty], axis=0)
+        present[nonempty] = np.logical_or.reduceat(~np.isnan(vals), starts[nonempty], axis=1).T
     pos = starts.tolist()
+    first = t_all[np.minimum(starts[:-1], max(total - 1, 0))].tolist() if total else []
+    layouts: dict[bytes, tuple[np.ndarray | None, np.ndarray] | None] = {}
     for i, (key, _, _) in enumerate(rows):
         a, b = pos[i], pos[i + 1]
         if a == b:
             continue
-        t, cols = t_all[a:b], m_all[a:b].T
-        if i in unsorted:
-            order = np.argsort(t, kind="stable")
-            t, cols = t[order], cols[:, order]
         buf = bufs.get(key)
+        if buf is not None and buf.appends_at(first[i]):
+            # The usual case: samples after the buffer's last one.  Its stored columns are picked
+            # from the read ones, and the read ones it lacks are checked for a value: once per
+            # layout (buffers of a fleet share a few), not per row.
+            shape = buf.rows.tobytes()
+            lay = layouts[shape] if shape in layouts else layouts.setdefault(shape, _layout(buf, read))
+            if lay is not None and not (len(lay[1]) and present[i, lay[1]].any()):
+                buf.append(t_all[a:b], vals[:, a:b] if lay[0] is None else vals[lay[0], a:b])
+                continue
+        t, cols = t_all[a:b], _every_column(vals[:, a:b], read, ncols)
         if buf is None:
             bufs[key] = _Buf(t, cols)
         else:
-            buf.merge(t, cols, present[i])
+            buf.merge(t, cols)
     return total
+
+
+def _every_column(vals: np.ndarray, read: np.ndarray, ncols: int) -> np.ndarray:
+    """Values of the columns ``read`` as every column (the others NaN)."""
+    if len(read) == ncols:
+        return vals
+    out = np.full((ncols, vals.shape[1]), np.nan, dtype=np.float32)
+    out[read] = vals
+    return out
+
+
+def _layout(buf: _Buf, read: np.ndarray) -> tuple[np.ndarray | None, np.ndarray] | None:
+    """Where a buffer's stored columns lie among the ``read`` ones (None: all of them, in order),
+    and where the read columns it does not store lie; None when it stores one that was not read
+    (the general merge then gives that column NaN for the new samples)."""
+    at = np.searchsorted(read, buf.rows)
+    if len(buf.rows) and (at.max() >= len(read) or (read[np.minimum(at, len(read) - 1)] != buf.rows).any()):
+        return None
+    lacks = np.flatnonzero(~np.isin(read, buf.rows))
+    return (None if len(at) == len(read) else at), lacks
 
 
 @dataclass

@@ -52,8 +52,10 @@ def test_only_columns_with_values_are_stored() -> None:
     assert np.isnan(s.get("dram_active")).all() and s.get("tensor_active")[-1] == 50
 
 
-def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float | None]]]) -> list[tuple[object, ...]]:
-    """(key, times, values) as _select's query sends them for ``samples`` (key, epoch time, 3 values)."""
+def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float | None]]],
+          cols: str = "abc") -> list[tuple[object, ...]]:
+    """(key, times, values) as _select's query sends them for ``samples`` (key, epoch time, 3 values),
+    of the columns ``cols`` of the three."""
     from gpufleet.collector.window_cache import _PG_ARRAY, TIMESTAMPTZ_ARRAY, _RawLoader
 
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS s (k text, time timestamptz, a real, b real, c real)")
@@ -64,7 +66,7 @@ def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float |
     with conn.cursor(binary=True) as cur:
         cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
         cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
-        vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in "abc")
+        vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in cols)
         # Each key's rows in insertion order (array_agg follows the scan), as the sample tables send them.
         return cur.execute(f"SELECT k, array_agg(time ORDER BY ctid), array_agg(ARRAY[{vals}] ORDER BY ctid) "
                            "FROM s GROUP BY k ORDER BY k").fetchall()
@@ -103,6 +105,39 @@ def test_merge_rows_reads_postgres_arrays(conn: psycopg.Connection, monkeypatch:
     # Rows again (a re-fetch) change nothing.
     again = window_cache.merge_rows(bufs, rows, 3)  # type: ignore[arg-type]
     assert again == len(samples) and len(bufs["d"]) == 40 and len(bufs["b"]) == 3
+
+
+def test_merge_rows_appends_to_buffers_that_store_fewer_columns(conn: psycopg.Connection) -> None:
+    """A read of some columns appends each row to its buffer's own stored columns, times sorted
+    first (PostgreSQL aggregates in scan order); a read column a buffer lacked, now with a value,
+    is stored from then on, NaN before; one column a buffer stores but the read lacks reads NaN."""
+    from gpufleet.collector import window_cache
+
+    nan = np.nan
+    t0 = 1_700_000_000.0
+    samples: list[tuple[str, float, list[float | None]]] = [
+        ("x", t0 + 2.0, [2.0, None, 20.0]), ("x", t0 + 1.0, [1.0, None, 10.0]),  # out of order
+        ("y", t0 + 1.0, [3.0, None, None]),
+        ("z", t0 + 1.0, [4.0, 7.0, None]),  # starts reporting column 1
+        ("w", t0 + 1.0, [5.0, None, None]),
+    ]
+    def held(*cols: int) -> _Buf:
+        full = np.full((4, 1), nan, dtype=np.float32)
+        for c in cols:
+            full[c, 0] = 100 + c
+        return _Buf(np.array([t0]), full)
+
+    bufs = {"x": held(0), "y": held(0), "z": held(0), "w": held(0, 3)}
+    # A table of four columns, of which the read asks for the first two (a and b).
+    n = window_cache.merge_rows(bufs, _rows(conn, samples, cols="ab"), 4, np.array([0, 1]))  # type: ignore[arg-type]
+    assert n == len(samples)
+    assert bufs["x"].t.tolist() == [t0, t0 + 1, t0 + 2] and bufs["x"].rows.tolist() == [0]
+    assert np.array_equal(bufs["x"].cols[0], [100, 1, 2])
+    assert bufs["y"].t.tolist() == [t0, t0 + 1] and np.array_equal(bufs["y"].cols[0], [100, 3])
+    assert bufs["z"].rows.tolist() == [0, 1]
+    assert np.array_equal(bufs["z"].cols[:2], [[100, 4], [nan, 7]], equal_nan=True)
+    assert bufs["w"].rows.tolist() == [0, 3]
+    assert np.array_equal(bufs["w"].cols[[0, 3]], [[100, 5], [103, nan]], equal_nan=True)
 
 
 def test_refresh_forgets_batch_ids_it_cannot_read_again(conn: psycopg.Connection) -> None:
