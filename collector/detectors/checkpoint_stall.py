@@ -79,35 +79,33 @@ def run_findings(fr: Frame) -> dict[int, Finding | None]:
     return out
 
 
-def paused_spans(fr: Frame, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row ``r``'s maximal paused stretches inside its run region, as
-    ``(t0, t1)`` arrays (a gap in the data ends a stretch)."""
+def paused_spans(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The maximal paused stretches of ``rows`` inside their run regions, as ``(t0, t1)`` arrays
+    (a gap in the data or the end of a row ends a stretch), every row's at once."""
     a0, b0 = fr.region_index
-    a, b = int(a0[r]), int(b0[r])
-    if b <= a:
+    a, b = a0[rows], b0[rows]
+    idx = fr.take(a, b)
+    if idx.size == 0:
         return np.zeros(0), np.zeros(0)
-    p = fr.paused[a:b]
-    seg = fr.seg_start[a:b].copy()
-    seg[0] = True
-    head = p & (seg | np.concatenate([[True], ~p[:-1]]))
+    p = fr.paused[idx]
+    seg = fr.seg_start[idx]
+    n = np.maximum(b - a, 0)
+    seg[(np.cumsum(n) - n)[n > 0]] = True  # each row's region starts a stretch of its own
+    head = p.copy()
+    head[1:] &= seg[1:] | ~p[:-1]
     starts = np.flatnonzero(head)
     if starts.size == 0:
         return np.zeros(0), np.zeros(0)
     # Each stretch ends at its last paused sample before a non-paused one or a new segment.
-    nxt_break = np.flatnonzero(~p | seg)
-    j = np.searchsorted(nxt_break, starts, side="right")
-    ends = np.where(j < nxt_break.size, nxt_break[np.minimum(j, max(nxt_break.size - 1, 0))] - 1, p.size - 1) \
-        if nxt_break.size else np.full(starts.size, p.size - 1)
-    t = fr.time(a + np.arange(p.size))
-    w = fr.w_all[a:b]
-    return t[starts], t[ends] + w[ends]
+    brk = np.flatnonzero(~p | seg)
+    j = np.searchsorted(brk, starts, side="right")
+    ends = np.where(j < brk.size, brk[np.minimum(j, brk.size - 1)] - 1, p.size - 1)
+    return fr.time(idx[starts]), fr.time(idx[ends]) + fr.w_all[idx[ends]]
 
 
 def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int) -> list[tuple[float, float]]:
     """Stretches during which at least ``need`` of ``rows`` are paused together."""
-    parts = [paused_spans(fr, int(r)) for r in rows]
-    t0 = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
-    t1 = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    t0, t1 = paused_spans(fr, rows)
     if t0.size == 0:
         return []
     tt = np.concatenate([t0, t1])
@@ -221,13 +219,14 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     if lost < cfg.ckpt_min_lost_share:
         return None
     nodes = sorted({fr.keys[int(r)][0] for r in rows})
-    blk = blocking(fr, rows, pauses)
     wb = write_burst(window, nodes, pauses, lo, hi)
+    # Host write rates exist: they decide.  No burst: an evaluation pause (or an input stall),
+    # and the ranks' blocking, asked of every GPU of the run, need not be worked out.
+    if wb is not None and not wb.is_burst(cfg):
+        return None
+    blk = blocking(fr, rows, pauses)
     basis: Literal["gpu+host", "gpu_only"]
     if wb is not None:
-        # Host write rates exist: they decide.  No burst: an evaluation pause.
-        if not wb.is_burst(cfg):
-            return None
         basis = "gpu+host"
     elif rows.size >= 2 and blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer:
         basis = "gpu_only"
@@ -263,18 +262,15 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
 def _busy_share_between(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> float:
     """Busy share of the run's GPU time outside the pauses: a job that
     mostly idles has no checkpoint stalls, only idleness."""
-    busy = tot = 0.0
     p0 = np.array([p[0] for p in pauses])
     p1 = np.array([p[1] for p in pauses])
     a0, b0 = fr.region_index
-    for r in rows.tolist():
-        a, b = int(a0[r]), int(b0[r])
-        t = fr.time(slice(a, b))
-        i = np.searchsorted(p0, t, side="right") - 1
-        out = ~((i >= 0) & (t < p1[np.maximum(i, 0)]))
-        w = fr.w[a:b] * out
-        tot += float(w.sum())
-        busy += float((w * fr.busy[a:b]).sum())
+    idx = fr.take(a0[rows], b0[rows])
+    t = fr.time(idx)
+    i = np.searchsorted(p0, t, side="right") - 1
+    w = np.where((i >= 0) & (t < p1[np.maximum(i, 0)]), 0.0, fr.w[idx].astype(np.float64))
+    tot = float(w.sum())
+    busy = float(w[fr.busy[idx]].sum())
     return busy / tot if tot > 0 else 0.0
 
 
