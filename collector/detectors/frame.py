@@ -97,12 +97,14 @@ class Episode:
     last: np.ndarray
 
 
-def hysteresis(act: np.ndarray, seg_start: np.ndarray, lo: float, hi: float) -> np.ndarray:
+def hysteresis(act: np.ndarray, seg_start: np.ndarray, lo: float | np.ndarray, hi: float | np.ndarray) -> np.ndarray:
     """Busy (True) / idle with hysteresis: at or above ``hi`` busy, at or
     below ``lo`` idle, in between the previous state holds; a stretch of data
-    (``seg_start``) starts from the nearer threshold."""
-    st = act >= 0.5 * (lo + hi)
-    amb = np.flatnonzero((act > lo) & (act < hi))
+    (``seg_start``) starts from the nearer threshold.  ``lo`` and ``hi`` are
+    numbers or one per sample, compared in ``act``'s own float type either way."""
+    lo64, hi64 = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    st = act >= (0.5 * (lo64 + hi64)).astype(act.dtype)
+    amb = np.flatnonzero((act > lo64.astype(act.dtype)) & (act < hi64.astype(act.dtype)))
     if amb.size:
         new = np.ones(amb.size, dtype=bool)
         new[1:] = amb[1:] - amb[:-1] != 1
@@ -793,16 +795,19 @@ class Frame:
         horizon = np.maximum(self.config.active_within_s, 3.0 * self.dt)
         return last >= self.window.t_end - horizon
 
-    def row_phases(self, r: int, lo: float, hi: float) -> Phases:
-        """Row ``r``'s phases inside its run region, with its own hysteresis
-        thresholds ``lo`` / ``hi`` (activity)."""
+    def rows_phases(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Phases:
+        """The phases of ``rows`` inside their run regions, each row with its own hysteresis
+        thresholds ``lo[i]`` / ``hi[i]`` (activity); ``offsets`` index the phases of ``rows[i]``
+        (those without readable data are dropped)."""
         a0, b0 = self.region_index
-        a, b = int(a0[r]), int(b0[r])
-        act = self.activity[a:b]
-        seg = self.seg_start[a:b].copy()
-        if seg.size:
-            seg[0] = True
-        st = hysteresis(act, seg, lo, hi)
+        a, b = a0[rows], b0[rows]
+        n = np.maximum(b - a, 0)
+        idx = self.take(a, b)
+        first = (np.cumsum(n) - n)[n > 0]
+        act = self.activity[idx]
+        seg = self.seg_start[idx]
+        seg[first] = True
+        st = hysteresis(act, seg, np.repeat(lo, n), np.repeat(hi, n))
         bnd = seg.copy()
         bnd[1:] |= st[1:] != st[:-1]
         starts = np.flatnonzero(bnd)
@@ -810,8 +815,7 @@ class Frame:
         if starts.size:
             ends[:-1] = starts[1:] - 1
             ends[-1] = st.size - 1
-        w = self.w[a:b]
-        if starts.size:
+            w = self.w[idx]
             dur = segment_sums(w, starts)
             asum = segment_sums(w * (act if self.all_valid else np.nan_to_num(act)), starts)
         else:
@@ -821,11 +825,15 @@ class Frame:
         open_end = np.ones(starts.size, dtype=bool)
         if starts.size:
             open_end[:-1] = seg[starts[1:]]
-        keep = dur > 0
+        keep = np.flatnonzero(dur > 0)
+        k0, k1 = starts[keep], ends[keep]
+        # Which of ``rows`` each kept phase belongs to: rows' samples lie end to end in ``idx``.
+        owner = np.searchsorted(np.cumsum(n), k0, side="right")
         return Phases(
-            row=np.full(int(keep.sum()), r), state=st[starts][keep].astype(np.int8), t0=self.time(a + starts)[keep],
-            t1=(self.time(a + ends) + self.w_all[a + ends])[keep], dur=dur[keep], act=mean[keep],
-            open_start=seg[starts][keep], open_end=open_end[keep], offsets=np.array([0, int(keep.sum())]),
+            row=rows[owner], state=st[k0].astype(np.int8), t0=self.time(idx[k0]),
+            t1=self.time(idx[k1]) + self.w_all[idx[k1]], dur=dur[keep], act=mean[keep],
+            open_start=seg[k0], open_end=open_end[keep],
+            offsets=np.searchsorted(owner, np.arange(rows.size + 1)),
         )
 
     def region_phases(self, r: int) -> Phases:

@@ -74,31 +74,73 @@ class Oscillation:
     idle: list[tuple[float, float]]
 
 
-def oscillation(fr: Frame, r: int) -> Oscillation | None:
-    """The regular busy/idle alternation at the end of row ``r``'s region, if any.
+def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
+    """The regular busy/idle alternation at the end of each of ``rows``' regions, if any.
 
-    Busy and idle are relative to the GPU's own range (5th to 95th percentile
+    Busy and idle are relative to each GPU's own range (5th to 95th percentile
     of activity): coarse samples average a short idle phase with busy time,
-    so an idle sample at 10 s may read 0.2, not 0.
+    so an idle sample at 10 s may read 0.2, not 0.  The samples of every row
+    are worked on at once; only rows with enough complete idle phases are
+    examined one by one, on their phases.
     """
     cfg = fr.config
-    a, b = fr.region_index
-    act = fr.activity[int(a[r]):int(b[r])]
-    if not fr.all_valid:
+    out: list[Oscillation | None] = [None] * rows.size
+    p5, p95 = _activity_range(fr, rows)
+    deep = np.flatnonzero(p95 - p5 >= cfg.starve_min_depth)
+    if deep.size == 0:
+        return out
+    span = p95[deep] - p5[deep]
+    ph = fr.rows_phases(rows[deep], p5[deep] + 0.3 * span, p5[deep] + 0.7 * span)
+    closed = (ph.state == 0) & ~ph.open_start & ~ph.open_end
+    per_row = np.bincount(np.repeat(np.arange(deep.size), np.diff(ph.offsets))[closed], minlength=deep.size)
+    for j in np.flatnonzero(per_row >= cfg.starve_min_cycles).tolist():
+        i, k = int(ph.offsets[j]), int(ph.offsets[j + 1])
+        out[int(deep[j])] = _oscillation(fr, ph.state[i:k], ph.t0[i:k], ph.t1[i:k], ph.dur[i:k], ph.act[i:k],
+                                         np.flatnonzero(closed[i:k]))
+    return out
+
+
+def _activity_range(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the 5th and 95th percentile of its readable activity in its region (NaN for a
+    row with fewer than ``2 * starve_min_cycles`` readable samples).  Rows of one length with
+    every sample readable (most of a fleet) are partitioned together, as one 2-D array."""
+    cfg = fr.config
+    a0, b0 = fr.region_index
+    a, b = a0[rows], b0[rows]
+    n = np.maximum(b - a, 0)
+    p5 = np.full(rows.size, np.nan)
+    p95 = np.full(rows.size, np.nan)
+    whole = np.zeros(rows.size, dtype=bool)
+    if fr.all_valid:
+        whole[:] = True
+    else:
+        valid = fr.valid
+        whole = np.array([bool(valid[x:y].all()) for x, y in zip(a.tolist(), b.tolist(), strict=True)],
+                         dtype=bool) if rows.size else whole
+    for length in np.unique(n[whole]).tolist():
+        sel = np.flatnonzero(whole & (n == length))
+        if length < 2 * cfg.starve_min_cycles:
+            continue
+        k5, k95 = int(0.05 * (length - 1)), int(np.ceil(0.95 * (length - 1)))
+        part = np.partition(fr.activity[a[sel, None] + np.arange(length)], (k5, k95), axis=1)
+        p5[sel], p95[sel] = part[:, k5], part[:, k95]
+    for i in np.flatnonzero(~whole).tolist():
+        act = fr.activity[int(a[i]):int(b[i])]
         act = act[~np.isnan(act)]
-    n = act.size
-    if n < 2 * cfg.starve_min_cycles:
-        return None
-    k5, k95 = int(0.05 * (n - 1)), int(np.ceil(0.95 * (n - 1)))
-    part = np.partition(act, (k5, k95))
-    p5, p95 = float(part[k5]), float(part[k95])
-    if p95 - p5 < cfg.starve_min_depth:
-        return None
-    ph = fr.row_phases(r, p5 + 0.3 * (p95 - p5), p5 + 0.7 * (p95 - p5))
-    k = np.flatnonzero((ph.state == 0) & ~ph.open_start & ~ph.open_end)
-    if k.size < cfg.starve_min_cycles:
-        return None
-    on = ph.t0[k]
+        m = act.size
+        if m < 2 * cfg.starve_min_cycles:
+            continue
+        k5, k95 = int(0.05 * (m - 1)), int(np.ceil(0.95 * (m - 1)))
+        part = np.partition(act, (k5, k95))
+        p5[i], p95[i] = part[k5], part[k95]
+    return p5, p95
+
+
+def _oscillation(fr: Frame, state: np.ndarray, t0: np.ndarray, t1: np.ndarray, dur: np.ndarray, act: np.ndarray,
+                 k: np.ndarray) -> Oscillation | None:
+    """One row's alternation from its phases (``k``: its complete idle phases, enough of them)."""
+    cfg = fr.config
+    on = t0[k]
     d = np.diff(on)
     contiguous = np.diff(k) == 2
     m = cfg.starve_min_cycles - 1
@@ -119,16 +161,16 @@ def oscillation(fr: Frame, r: int) -> Oscillation | None:
     last_onset = float(on[-1])
     if fr.window.t_end - last_onset > max(2.0 * period, cfg.active_within_s):
         return None
-    dur = ph.dur * (ph.t1 > onset)
-    bz = ph.state == 1
+    dur = dur * (t1 > onset)
+    bz = state == 1
     busy_s = float(dur[bz].sum())
     idle_s = float(dur[~bz].sum())
     total = busy_s + idle_s
     if total <= 0:
         return None
     duty = busy_s / total
-    busy_act = float(dur[bz] @ ph.act[bz]) / busy_s if busy_s > 0 else 0.0
-    idle_act = float(dur[~bz] @ ph.act[~bz]) / idle_s if idle_s > 0 else 0.0
+    busy_act = float(dur[bz] @ act[bz]) / busy_s if busy_s > 0 else 0.0
+    idle_act = float(dur[~bz] @ act[~bz]) / idle_s if idle_s > 0 else 0.0
     depth = busy_act - idle_act
     if not (cfg.starve_min_duty <= duty <= cfg.starve_max_duty) or depth < cfg.starve_min_depth:
         return None
@@ -137,8 +179,8 @@ def oscillation(fr: Frame, r: int) -> Oscillation | None:
     lost = float(np.clip(1.0 - mean_act / ref, 0.0, 1.0))
     if lost < cfg.starve_min_lost_share:
         return None
-    keep = ~bz & (ph.t1 > onset)
-    idle = list(zip(ph.t0[keep].tolist(), ph.t1[keep].tolist(), strict=True))
+    keep = ~bz & (t1 > onset)
+    idle = list(zip(t0[keep].tolist(), t1[keep].tolist(), strict=True))
     return Oscillation(onset, last_onset, period, duty, depth, lost, len(chain) + 1, idle)
 
 
@@ -236,16 +278,7 @@ def _judge_run(
     need = cfg.starve_min_gpu_share * rows.size
     nodes = sorted({fr.keys[r][0] for r in rows})
     sources = sorted({fr.activity_source[r] for r in rows})
-    oscs: list[Oscillation] = []
-    misses = 0
-    for r in rows.tolist():
-        o = oscillation(fr, r)
-        if o is None:
-            misses += 1
-            if rows.size - misses < need:
-                break
-        else:
-            oscs.append(o)
+    oscs = [o for o in oscillations(fr, rows) if o is not None]
     if oscs and len(oscs) >= need:
         onset = float(np.median([o.onset for o in oscs]))
         pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
