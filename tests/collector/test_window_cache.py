@@ -210,3 +210,22 @@ def test_a_window_whose_hosts_report_no_detector_column_refreshes(conn: psycopg.
         cache.refresh(conn, t0 + 10)
     assert len(cache.hosts["n"]) == 30 and cache.hosts["n"].rows.tolist() == []
 
+
+
+def test_window_reads_are_never_prepared(conn: psycopg.Connection) -> None:
+    """The same read every sweep would be prepared by the driver after five, and PostgreSQL would
+    then plan it once for any time range: the steady reads stay unprepared, planned each time."""
+    now = int(time.time())
+    cache = WindowCache(600.0)
+    for k in range(8):
+        t0 = now - 80 + 5 * k
+        conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+                     "VALUES (%s, 'n1', 5, 5, to_timestamp(%s), to_timestamp(%s))", (f"n1:{t0}", t0, t0 + 4))
+        conn.execute("INSERT INTO gpu_samples (time, node, gpu, util_pct) SELECT to_timestamp(t), 'n1', 0, 90 "
+                     "FROM generate_series(%s::bigint, %s::bigint) t", (t0, t0 + 4))
+        conn.execute("INSERT INTO host_samples (time, node, cpu_user_pct) SELECT to_timestamp(t), 'n1', 20 "
+                     "FROM generate_series(%s::bigint, %s::bigint) t", (t0, t0 + 4))
+        cache.refresh(conn, t0 + 5)
+    assert len(cache.window(now - 35, [], {}).gpus[("n1", 0)]) == 40
+    prepared = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()]
+    assert not [q for q in prepared if "array_agg" in q], prepared
