@@ -251,12 +251,13 @@ class Frame:
         sweep's memory stays small (fresh memory is what costs most here)."""
         if out is None:
             out = np.empty(self.size, dtype=F32)
-        parts = [s.cols.get(name) for s in self.series]
-        if not self.size or all(p is None for p in parts):
+        if not self.size or name not in self._names:
             out.fill(np.nan)
             return out
+        if name in self._names_everywhere:  # most columns of most fleets: no gaps to fill
+            return np.concatenate([s.cols[name] for s in self.series], out=out, casting="same_kind")
         return np.concatenate(
-            [np.full(len(s), np.nan) if p is None else p for s, p in zip(self.series, parts, strict=True)],
+            [np.full(len(s), np.nan) if (p := s.cols.get(name)) is None else p for s in self.series],
             out=out, casting="same_kind",
         )
 
@@ -292,14 +293,16 @@ class Frame:
         """Column ``name`` over the ranges of :meth:`take` (same order),
         copied from the series without building the whole column."""
         rows = np.flatnonzero(b > a).tolist()
+        if not rows:
+            return np.zeros(0, dtype=F32)
         lo = (a - self.starts).tolist()
         hi = (b - self.starts).tolist()
-        parts = []
-        for r in rows:
-            arr = self.series[r].cols.get(name)
-            parts.append(np.full(hi[r] - lo[r], np.nan, dtype=F32) if arr is None else arr[lo[r]:hi[r]])
-        if not parts:
-            return np.zeros(0, dtype=F32)
+        series = self.series
+        if name in self._names_everywhere:
+            parts = [series[r].cols[name][lo[r]:hi[r]] for r in rows]
+        else:
+            parts = [np.full(hi[r] - lo[r], np.nan, dtype=F32) if (arr := series[r].cols.get(name)) is None
+                     else arr[lo[r]:hi[r]] for r in rows]
         return np.concatenate(parts, dtype=F32, casting="same_kind")
 
     def series_col(self, r: int, name: str) -> np.ndarray:
@@ -315,6 +318,12 @@ class Frame:
         # One pass over every series for all names: detectors ask about a dozen names, most
         # of which no GPU of a fleet reports, and each such question scanned every series.
         return frozenset().union(*(s.cols for s in self.series))
+
+    @cached_property
+    def _names_everywhere(self) -> frozenset[str]:
+        """Column names every series holds."""
+        return frozenset(self.series[0].cols).intersection(*(s.cols for s in self.series)) if self.series \
+            else frozenset()
 
     # --- time -------------------------------------------------------------------
 
