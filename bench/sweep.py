@@ -23,7 +23,10 @@ host samples, written with binary COPY.  Then, in the same run:
   garbage collector left on during each sweep (the former behaviour), with
   ``gc_s`` and ``gc_unpaused_s``, the seconds per sweep spent collecting
   inside the sweep, and ``gc_all_s`` / ``gc_unpaused_all_s``, the same with
-  the collections between sweeps; ``rss_steady_mb`` and ``rss_trim_each_mb``, the process's
+  the collections between sweeps; ``refresh_read_s``, the refresh's read
+  of the GPU samples as the window cache sends it (never prepared), and
+  ``refresh_read_prepared_s``, the same read prepared by the driver's
+  default after five (the baseline); ``rss_steady_mb`` and ``rss_trim_each_mb``, the process's
   resident memory after each of the two blocks;
 * ``cold_sweep_s``: the first sweep of a new leader taking over at that
   moment (restore the persisted window, read the raw tail, run every
@@ -49,6 +52,7 @@ import subprocess
 import sys
 import time
 import unittest.mock
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +72,16 @@ from gpufleet.collector.leader import REPLICA_APP, Leader
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.shards import SHARD_LOCK_BASE
 from gpufleet.collector.sweep import Sweeper
-from gpufleet.collector.window_cache import GPU_COLUMNS, load_facts, load_runs
+from gpufleet.collector.window_cache import (
+    _PG_ARRAY,
+    GPU_COLUMNS,
+    TIMESTAMPTZ_ARRAY,
+    _RawLoader,
+    _select,
+    held_columns,
+    load_facts,
+    load_runs,
+)
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
@@ -162,6 +175,34 @@ class GcClock:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self._cb)
+
+
+def read_plans(url: str, sweeper: Sweeper, nodes: list[str], end: float) -> dict[bool, float]:
+    """A steady refresh's read of the GPU samples (the last 5 s, the columns the window stores), sent
+    eight times on a connection of its own: unprepared, as the window cache sends it, and as the driver
+    sends a statement by default, prepared from the sixth time on (PostgreSQL may then plan it once
+    for any parameters).  The median of the last three of each, seconds: ``{prepared: s}``."""
+    held = held_columns(sweeper.cache.gpus)
+    assert held is not None
+    keep = set(held.tolist())
+    q = _select("gpu_samples", tuple(GPU_COLUMNS[j] for j in held), True,
+                "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+                tuple(c for j, c in enumerate(GPU_COLUMNS) if j not in keep))
+    p = {"lo": datetime.fromtimestamp(end - 5, UTC), "hi": datetime.fromtimestamp(end, UTC), "nodes": nodes}
+    out: dict[bool, float] = {}
+    with psycopg.connect(url, autocommit=True) as c:
+        for prepared in (False, True):
+            took = []
+            for _ in range(8):
+                with c.cursor(binary=True) as cur:
+                    cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
+                    cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+                    t0 = time.perf_counter()
+                    cur.execute(q, p, prepare=None if prepared else False)
+                    cur.fetchall()
+                    took.append(time.perf_counter() - t0)
+            out[prepared] = float(np.median(took[-3:]))
+    return out
 
 
 def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tuple[object, ...]]:
@@ -389,6 +430,9 @@ def main() -> None:
                 gc_s[policy] = clock.seconds / args.steady
                 gc_s[policy + "_all"] = clock.total / args.steady
                 rss_mb[policy] = psutil.Process().memory_info().rss / 1e6
+            plans = read_plans(url, sweeper, nodes, end)
+            print(f"  the refresh's read of the GPU samples: {plans[False]:.3f} s unprepared (as sent), "
+                  f"{plans[True]:.3f} s prepared by the driver's default (the baseline)", flush=True)
             t0 = time.perf_counter()
             held = sweeper.cache.samples()
             count_ms = (time.perf_counter() - t0) * 1e3
@@ -445,7 +489,8 @@ def main() -> None:
                       "gc_unpaused_s": round(gc_s["gc_unpaused"], 3), "gc_all_s": round(gc_s["steady_all"], 3),
                       "gc_unpaused_all_s": round(gc_s["gc_unpaused_all"], 3),
                       "rss_steady_mb": round(rss_mb["steady"]), "rss_trim_each_mb": round(rss_mb["trim_each"]),
-                      "count_samples_ms": round(count_ms, 2),
+                      "count_samples_ms": round(count_ms, 2), "refresh_read_s": round(plans[False], 3),
+                      "refresh_read_prepared_s": round(plans[True], 3),
                       "sweep_stages_s": stages, "cold_sweep_s": round(cold_s, 3),
                       "cold_fresh_s": round(fresh["cold_s"], 3), "cold_raw_s": round(cold_raw_s, 3),
                       "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
