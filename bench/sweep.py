@@ -73,14 +73,13 @@ from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.shards import SHARD_LOCK_BASE
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.collector.window_cache import (
-    _PG_ARRAY,
     GPU_COLUMNS,
-    TIMESTAMPTZ_ARRAY,
-    _RawLoader,
-    _select,
+    execute_read,
     held_columns,
+    held_select,
     load_facts,
     load_runs,
+    raw_cursor,
 )
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
@@ -184,21 +183,20 @@ def read_plans(url: str, sweeper: Sweeper, nodes: list[str], end: float) -> dict
     for any parameters).  The median of the last three of each, seconds: ``{prepared: s}``."""
     held = held_columns(sweeper.cache.gpus)
     assert held is not None
-    keep = set(held.tolist())
-    q = _select("gpu_samples", tuple(GPU_COLUMNS[j] for j in held), True,
-                "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                tuple(c for j, c in enumerate(GPU_COLUMNS) if j not in keep))
+    q = held_select("gpu_samples", GPU_COLUMNS, True,
+                    "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)", held)
     p = {"lo": datetime.fromtimestamp(end - 5, UTC), "hi": datetime.fromtimestamp(end, UTC), "nodes": nodes}
     out: dict[bool, float] = {}
     with psycopg.connect(url, autocommit=True) as c:
         for prepared in (False, True):
             took = []
             for _ in range(8):
-                with c.cursor(binary=True) as cur:
-                    cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
-                    cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+                with raw_cursor(c) as cur:
                     t0 = time.perf_counter()
-                    cur.execute(q, p, prepare=None if prepared else False)
+                    if prepared:
+                        cur.execute(q, p)  # the driver's default
+                    else:
+                        execute_read(cur, q, p)
                     cur.fetchall()
                     took.append(time.perf_counter() - t0)
             out[prepared] = float(np.median(took[-3:]))

@@ -58,11 +58,6 @@ class _RawLoader(Loader):
         return bytes(data)
 
 
-#: The window reads are never prepared (``prepare=False``).  A sweep sends the same read every
-#: few seconds, so the driver would prepare it after five, and PostgreSQL would then settle on
-#: a generic plan, made without knowing that the time range is the last few seconds: at 10,000
-#: GPUs it read a steady refresh in 0.5-0.7 s instead of 0.14 s, from the sixth sweep on.
-
 #: Nodes per query of a cold load, to bound the server's aggregation memory.  A read of a
 #: shorter span takes proportionally more nodes per query (the same samples at most): each
 #: query scans the span's rows of every node, so a steady sweep's few seconds of a large
@@ -104,6 +99,30 @@ def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str, unread: tu
     probe = (", bool_or(" + " OR ".join(f"s.{c} IS NOT NULL" for c in unread) + ")") if unread else ""
     return (f"SELECT {key}, array_agg(s.time), array_agg(ARRAY[{vals}]){probe} FROM {table} s "
             f"WHERE {where}{mig} GROUP BY {key}")
+
+
+def held_select(table: str, columns: tuple[str, ...], gpu: bool, where: str, held: np.ndarray) -> str:
+    """:func:`_select` of the columns ``held`` (indexes into ``columns``), probing the others."""
+    keep = set(held.tolist())
+    return _select(table, tuple(columns[j] for j in held), gpu, where,
+                   tuple(c for j, c in enumerate(columns) if j not in keep))
+
+
+def raw_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
+    """A binary cursor that leaves the sample arrays as PostgreSQL sent them, for :func:`merge_rows`."""
+    cur = conn.cursor(binary=True)
+    cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
+    cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+    return cur
+
+
+def execute_read(cur: psycopg.Cursor[Any], query: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
+    """Send a window read, never prepared.  A sweep sends the same read every few seconds, so the
+    driver would prepare it after five, and PostgreSQL would then settle on a generic plan, made
+    without knowing that the time range is the last few seconds: at 10,000 GPUs a steady refresh's
+    GPU read took 0.47 s instead of 0.20 s from the sixth sweep on (``bench/sweep.py``:
+    ``refresh_read_prepared_s`` against ``refresh_read_s``)."""
+    return cur.execute(query, params, prepare=False)
 
 
 def held_columns(bufs: dict[Any, _Buf]) -> np.ndarray | None:
@@ -337,7 +356,9 @@ def _merge_chunk(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], nc
             # from the read ones, and the read ones it lacks are checked for a value: once per
             # layout (buffers of a fleet share a few), not per row.
             shape = buf.rows.tobytes()
-            lay = layouts[shape] if shape in layouts else layouts.setdefault(shape, _layout(buf, read))
+            if shape not in layouts:
+                layouts[shape] = _layout(buf, read)
+            lay = layouts[shape]
             if lay is not None and not (len(lay[1]) and present[i, lay[1]].any()):
                 buf.append(t_all[a:b], vals[:, a:b] if lay[0] is None else vals[lay[0], a:b])
                 continue
@@ -400,15 +421,12 @@ class WindowCache:
         per_query = int(NODES_PER_QUERY * max(1.0, self.window_s / span))
         for k in range(0, len(nodes), per_query):
             p = {**params, "nodes": nodes[k:k + per_query]}
-            with conn.cursor(binary=True) as cur:
-                # Arrays arrive as raw bytes (parsed with numpy), not as lists.
-                cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
-                cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+            with raw_cursor(conn) as cur:
                 if defer is not None:
-                    for node, gpu, t, m in cur.execute(_select("gpu_samples", GPU_COLUMNS, True, where), p, prepare=False):
+                    for node, gpu, t, m in execute_read(cur, _select("gpu_samples", GPU_COLUMNS, True, where), p):
                         defer.append(Pending(True, (node, int(gpu)), t, m))
                         n += int.from_bytes(t[12:16], "big")
-                    for node, t, m in cur.execute(_select("host_samples", HOST_COLUMNS, False, where), p, prepare=False):
+                    for node, t, m in execute_read(cur, _select("host_samples", HOST_COLUMNS, False, where), p):
                         defer.append(Pending(False, node, t, m))
                         n += int.from_bytes(t[12:16], "big")
                     continue
@@ -432,17 +450,14 @@ class WindowCache:
             return (r[0], int(r[1])) if gpu else r[0]
 
         def every_column(where: str, p: dict[str, Any]) -> list[tuple[Any, bytes, bytes]]:
-            return [(key(r), r[-2], r[-1]) for r in cur.execute(_select(table, columns, gpu, where), p, prepare=False)]
+            return [(key(r), r[-2], r[-1]) for r in execute_read(cur, _select(table, columns, gpu, where), p)]
 
         held = held_columns(bufs)
         if held is None or len(held) in (0, len(columns)):  # nothing to leave out, or nothing to ask for
             return merge_rows(bufs, every_column(where, p), len(columns))
-        keep = set(held.tolist())
-        unread = tuple(c for j, c in enumerate(columns) if j not in keep)
         narrow: list[tuple[Any, bytes, bytes]] = []
         more: set[Any] = set()
-        for r in cur.execute(_select(table, tuple(columns[j] for j in held), gpu, where, unread), p,
-                             prepare=False):
+        for r in execute_read(cur, held_select(table, columns, gpu, where, held), p):
             if r[-1]:
                 more.add(key(r))
             else:

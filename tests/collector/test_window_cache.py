@@ -56,16 +56,14 @@ def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float |
           cols: str = "abc") -> list[tuple[object, ...]]:
     """(key, times, values) as _select's query sends them for ``samples`` (key, epoch time, 3 values),
     of the columns ``cols`` of the three."""
-    from gpufleet.collector.window_cache import _PG_ARRAY, TIMESTAMPTZ_ARRAY, _RawLoader
+    from gpufleet.collector.window_cache import raw_cursor
 
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS s (k text, time timestamptz, a real, b real, c real)")
     conn.execute("TRUNCATE s")
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO s VALUES (%s, to_timestamp(%s), %s, %s, %s)",
                         [(k, t, *v) for k, t, v in samples])
-    with conn.cursor(binary=True) as cur:
-        cur.adapters.register_loader(TIMESTAMPTZ_ARRAY, _RawLoader)
-        cur.adapters.register_loader(_PG_ARRAY["real"], _RawLoader)
+    with raw_cursor(conn) as cur:
         vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in cols)
         # Each key's rows in insertion order (array_agg follows the scan), as the sample tables send them.
         return cur.execute(f"SELECT k, array_agg(time ORDER BY ctid), array_agg(ARRAY[{vals}] ORDER BY ctid) "
