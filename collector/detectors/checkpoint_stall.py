@@ -82,15 +82,10 @@ def run_findings(fr: Frame) -> dict[int, Finding | None]:
 def paused_spans(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The maximal paused stretches of ``rows`` inside their run regions, as ``(t0, t1)`` arrays
     (a gap in the data or the end of a row ends a stretch), every row's at once."""
-    a0, b0 = fr.region_index
-    a, b = a0[rows], b0[rows]
-    idx = fr.take(a, b)
+    idx, seg, _ = fr.region_samples(rows)
     if idx.size == 0:
         return np.zeros(0), np.zeros(0)
     p = fr.paused[idx]
-    seg = fr.seg_start[idx]
-    n = np.maximum(b - a, 0)
-    seg[(np.cumsum(n) - n)[n > 0]] = True  # each row's region starts a stretch of its own
     head = p.copy()
     head[1:] &= seg[1:] | ~p[:-1]
     starts = np.flatnonzero(head)
@@ -264,8 +259,7 @@ def _busy_share_between(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, f
     mostly idles has no checkpoint stalls, only idleness."""
     p0 = np.array([p[0] for p in pauses])
     p1 = np.array([p[1] for p in pauses])
-    a0, b0 = fr.region_index
-    idx = fr.take(a0[rows], b0[rows])
+    idx, _, _ = fr.region_samples(rows)
     t = fr.time(idx)
     i = np.searchsorted(p0, t, side="right") - 1
     w = np.where((i >= 0) & (t < p1[np.maximum(i, 0)]), 0.0, fr.w[idx].astype(np.float64))

@@ -804,18 +804,24 @@ class Frame:
         horizon = np.maximum(self.config.active_within_s, 3.0 * self.dt)
         return last >= self.window.t_end - horizon
 
-    def rows_phases(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Phases:
-        """The phases of ``rows`` inside their run regions, each row with its own hysteresis
-        thresholds ``lo[i]`` / ``hi[i]`` (activity); ``offsets`` index the phases of ``rows[i]``
-        (those without readable data are dropped)."""
+    def region_samples(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The samples of ``rows``' run regions, end to end: their flat indexes, whether each
+        starts a stretch of contiguous data (a gap, an unreadable sample, or the start of a
+        row's region), and each row's count."""
         a0, b0 = self.region_index
         a, b = a0[rows], b0[rows]
         n = np.maximum(b - a, 0)
         idx = self.take(a, b)
-        first = (np.cumsum(n) - n)[n > 0]
-        act = self.activity[idx]
         seg = self.seg_start[idx]
-        seg[first] = True
+        seg[(np.cumsum(n) - n)[n > 0]] = True
+        return idx, seg, n
+
+    def rows_phases(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Phases:
+        """The phases of ``rows`` inside their run regions, each row with its own hysteresis
+        thresholds ``lo[i]`` / ``hi[i]`` (activity); ``offsets`` index the phases of ``rows[i]``
+        (those without readable data are dropped)."""
+        idx, seg, n = self.region_samples(rows)
+        act = self.activity[idx]
         st = hysteresis(act, seg, np.repeat(lo, n), np.repeat(hi, n))
         bnd = seg.copy()
         bnd[1:] |= st[1:] != st[:-1]

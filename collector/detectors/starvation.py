@@ -104,36 +104,30 @@ def _activity_range(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Per row, the 5th and 95th percentile of its readable activity in its region (NaN for a
     row with fewer than ``2 * starve_min_cycles`` readable samples).  Rows of one length with
     every sample readable (most of a fleet) are partitioned together, as one 2-D array."""
-    cfg = fr.config
+    least = 2 * fr.config.starve_min_cycles
     a0, b0 = fr.region_index
     a, b = a0[rows], b0[rows]
     n = np.maximum(b - a, 0)
     p5 = np.full(rows.size, np.nan)
     p95 = np.full(rows.size, np.nan)
-    whole = np.zeros(rows.size, dtype=bool)
-    if fr.all_valid:
-        whole[:] = True
-    else:
-        valid = fr.valid
-        whole = np.array([bool(valid[x:y].all()) for x, y in zip(a.tolist(), b.tolist(), strict=True)],
-                         dtype=bool) if rows.size else whole
+    whole = np.ones(rows.size, dtype=bool) if fr.all_valid else \
+        np.array([bool(fr.valid[x:y].all()) for x, y in zip(a.tolist(), b.tolist(), strict=True)], dtype=bool)
     for length in np.unique(n[whole]).tolist():
-        sel = np.flatnonzero(whole & (n == length))
-        if length < 2 * cfg.starve_min_cycles:
-            continue
-        k5, k95 = int(0.05 * (length - 1)), int(np.ceil(0.95 * (length - 1)))
-        part = np.partition(fr.activity[a[sel, None] + np.arange(length)], (k5, k95), axis=1)
-        p5[sel], p95[sel] = part[:, k5], part[:, k95]
+        if length >= least:
+            sel = np.flatnonzero(whole & (n == length))
+            part = np.partition(fr.activity[a[sel, None] + np.arange(length)], _ranks(length), axis=1)
+            p5[sel], p95[sel] = part[:, _ranks(length)].T
     for i in np.flatnonzero(~whole).tolist():
         act = fr.activity[int(a[i]):int(b[i])]
         act = act[~np.isnan(act)]
-        m = act.size
-        if m < 2 * cfg.starve_min_cycles:
-            continue
-        k5, k95 = int(0.05 * (m - 1)), int(np.ceil(0.95 * (m - 1)))
-        part = np.partition(act, (k5, k95))
-        p5[i], p95[i] = part[k5], part[k95]
+        if act.size >= least:
+            p5[i], p95[i] = np.partition(act, _ranks(act.size))[list(_ranks(act.size))]
     return p5, p95
+
+
+def _ranks(m: int) -> tuple[int, int]:
+    """Ranks of the 5th and 95th percentile among ``m`` sorted values."""
+    return int(0.05 * (m - 1)), int(np.ceil(0.95 * (m - 1)))
 
 
 def _oscillation(fr: Frame, state: np.ndarray, t0: np.ndarray, t1: np.ndarray, dur: np.ndarray, act: np.ndarray,
