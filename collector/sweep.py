@@ -135,7 +135,7 @@ class Sweeper:
             # A load's temporaries are freed but their pages stay in the heap: hand them back
             # once.  Not after every sweep: a steady sweep reuses the same ~150-200 MB of scratch
             # at 10,000 GPUs, and every page handed back is faulted in again by the next sweep
-            # (about 0.25 s of it: bench/sweep.py's sweep_trim_each_s against sweep_s).
+            # (0.08 to 0.19 s of it at 10,000 GPUs: bench/sweep.py's sweep_trim_each_s against sweep_s).
             release_free_memory()
         self.stages = {"refresh": t1 - t0, "window": t_window - t1, **result.seconds, "store": t3 - t2,
                        "snapshot": self.last["snapshot_s"]}
