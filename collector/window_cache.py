@@ -26,6 +26,7 @@ from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
+from gpufleet.collector.brin_tail import BrinTail
 from gpufleet.collector.detectors.window import RunInfo, Series, Window
 from gpufleet.store import run_model
 
@@ -409,6 +410,8 @@ class WindowCache:
     node_filter: Callable[[str], bool] | None = None
     #: (node, t_min, t_max) of the batches the last refresh merged, epoch seconds.
     last_fresh: list[tuple[str, float, float]] = field(default_factory=list)
+    #: The time indexes' newest ranges, summarized before each read (plain PostgreSQL).
+    brin: BrinTail = field(default_factory=BrinTail)
 
     # -- loading ---------------------------------------------------------------
 
@@ -477,6 +480,7 @@ class WindowCache:
     def load(self, conn: psycopg.Connection, t_start: float, t_end: float) -> int:
         """Cold load of every sample in [t_start, t_end]."""
         lo, hi = datetime.fromtimestamp(t_start, UTC), datetime.fromtimestamp(t_end, UTC)
+        self.brin.catch_up(conn)
         nodes = [r[0] for r in conn.execute(DISTINCT_NODES_SQL).fetchall()]
         if self.node_filter is not None:
             nodes = [x for x in nodes if self.node_filter(x)]
@@ -579,6 +583,7 @@ class WindowCache:
         """Fetch what was committed since the last call; drop what fell out of the window."""
         if not self.loaded or self.watermark is None:
             return self.load(conn, now - self.window_s, now + 3600)
+        self.brin.catch_up(conn)
         db_now, _, fresh = self._batches_since(conn)
         self.watermark = db_now
         lo_keep = now - self.window_s
