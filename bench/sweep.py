@@ -4,7 +4,14 @@
 
 Fills a scratch database with ``--gpus`` GPUs (8 per node, in synchronous
 runs of 64 GPUs, a few with injected faults) for ``--minutes`` at 1 Hz, plus
-host samples, written with binary COPY.  Then, in the same run:
+host samples, written with binary COPY.
+
+Every sweep runs on a thread of its own, as the collector's leader runs its
+sweeps (``gpufleet-leader``): glibc serves a thread from an arena of its own,
+and sweeps on the main thread's heap ran slower every other sweep (see
+"Detection" in docs/capacity.md); ``--main-thread`` measures them there.
+
+Then, in the same run:
 
 * ``select_s``: a plain ``SELECT`` of the window's detector columns through
   psycopg (the baseline);
@@ -26,7 +33,11 @@ host samples, written with binary COPY.  Then, in the same run:
   the collections between sweeps; ``refresh_read_s``, the refresh's read
   of the GPU samples as the window cache sends it (never prepared), and
   ``refresh_read_prepared_s``, the same read prepared by the driver's
-  default after five (the baseline); ``rss_steady_mb`` and ``rss_trim_each_mb``, the process's
+  default after five (the baseline), and ``refresh_read_unsummarized_s``,
+  the same read with the time index's ranges written since the fill left
+  unsummarized, as they were before the window cache summarized them (the
+  baseline; :mod:`gpufleet.collector.brin_tail`); ``rss_steady_mb`` and
+  ``rss_trim_each_mb``, the process's
   resident memory after each of the two blocks;
 * ``cold_sweep_s``: the first sweep of a new leader taking over at that
   moment (restore the persisted window, read the raw tail, run every
@@ -52,6 +63,8 @@ import subprocess
 import sys
 import time
 import unittest.mock
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -86,6 +99,17 @@ from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.testing.pg import server_url
 from gpufleet.wire import Column
+
+#: The thread every sweep runs on, as the collector's leader thread runs them (None: ``--main-thread``).
+_LEADER: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-leader")
+
+
+def on_leader(sweep: Callable[[psycopg.Connection, float], None], conn: psycopg.Connection, now: float) -> None:
+    """Run one sweep on the leader's thread and wait for it."""
+    if _LEADER is None:
+        sweep(conn, now)
+    else:
+        _LEADER.submit(sweep, conn, now).result()
 
 
 def gpu_block(node_idx: int, t: np.ndarray, rng: np.random.Generator, fault: str | None) -> dict[str, Column]:
@@ -176,30 +200,38 @@ class GcClock:
         gc.callbacks.remove(self._cb)
 
 
-def read_plans(url: str, sweeper: Sweeper, nodes: list[str], end: float) -> dict[bool, float]:
+def read_plans(url: str, sweeper: Sweeper, nodes: list[str], end: float, since_block: int) -> dict[str, float]:
     """A steady refresh's read of the GPU samples (the last 5 s, the columns the window stores), sent
-    eight times on a connection of its own: unprepared, as the window cache sends it, and as the driver
-    sends a statement by default, prepared from the sixth time on (PostgreSQL may then plan it once
-    for any parameters).  The median of the last three of each, seconds: ``{prepared: s}``."""
+    eight times on a connection of its own: ``unprepared``, as the window cache sends it; ``prepared``,
+    as the driver sends a statement by default, prepared from the sixth time on (PostgreSQL may then
+    plan it once for any parameters); ``unsummarized``, unprepared but with the time index's ranges
+    from ``since_block`` on left unsummarized, as they were before the window cache summarized them
+    (every range written since the fill's VACUUM: what a read scanned until autovacuum came by).
+    The median of the last three of each, seconds."""
     held = held_columns(sweeper.cache.gpus)
     assert held is not None
     q = held_select("gpu_samples", GPU_COLUMNS, True,
                     "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)", held)
     p = {"lo": datetime.fromtimestamp(end - 5, UTC), "hi": datetime.fromtimestamp(end, UTC), "nodes": nodes}
-    out: dict[bool, float] = {}
+    out: dict[str, float] = {}
     with psycopg.connect(url, autocommit=True) as c:
-        for prepared in (False, True):
+        for how in ("unprepared", "prepared", "unsummarized"):
+            if how == "unsummarized":
+                c.execute("SELECT brin_desummarize_range('gpu_samples_time_brin', b) FROM generate_series(%s::bigint, "
+                          "pg_relation_size('gpu_samples') / current_setting('block_size')::bigint - 1, 32) b",
+                          (since_block,))
             took = []
             for _ in range(8):
                 with raw_cursor(c) as cur:
                     t0 = time.perf_counter()
-                    if prepared:
+                    if how == "prepared":
                         cur.execute(q, p)  # the driver's default
                     else:
                         execute_read(cur, q, p)
                     cur.fetchall()
                     took.append(time.perf_counter() - t0)
-            out[prepared] = float(np.median(took[-3:]))
+            out[how] = float(np.median(took[-3:]))
+        c.execute("SELECT brin_summarize_new_values('gpu_samples_time_brin')")
     return out
 
 
@@ -215,13 +247,13 @@ _FRESH = """
 import json, sys, time
 sys.path[:0] = [sys.argv[3], sys.argv[4]]
 import psycopg
-from sweep import findings
+from sweep import findings, on_leader
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import load_settings
 with psycopg.connect(sys.argv[1], autocommit=True) as conn:
     taker = Sweeper(load_settings())
     t0 = time.perf_counter()
-    taker(conn, float(sys.argv[2]))
+    on_leader(taker, conn, float(sys.argv[2]))
     cold_s = time.perf_counter() - t0
     print(json.dumps({"cold_s": cold_s, "last": taker.last,
                       "findings": findings(taker, conn, float(sys.argv[2]))}, default=str))
@@ -270,22 +302,22 @@ def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes
     sweepers = {k: Sweeper(settings, shard=k, shards=shards) for k in range(shards)}
     t0 = time.perf_counter()
     for sw in sweepers.values():
-        sw(conn, now)
+        on_leader(sw, conn, now)
     print(f"first sweep of every shard (no persisted window): {time.perf_counter() - t0:.1f} s", flush=True)
     one = Sweeper(settings, snapshots=False)
     t0 = time.perf_counter()
-    one(conn, now)
+    on_leader(one, conn, now)
     print(f"first unsharded sweep: {time.perf_counter() - t0:.1f} s", flush=True)
 
     write(conn, nodes, np.arange(now, now + 5, 1.0), faults, 99, batches=True)
     t0 = time.perf_counter()
-    one(conn, now + 5)
+    on_leader(one, conn, now + 5)
     one_s = time.perf_counter() - t0
     print(f"unsharded steady sweep (baseline): {one_s:.2f} s; {one.last}", flush=True)
     per_shard: dict[int, float] = {}
     for k, sw in sweepers.items():
         t0 = time.perf_counter()
-        sw(conn, now + 5)
+        on_leader(sw, conn, now + 5)
         per_shard[k] = time.perf_counter() - t0
     per_rep = {r: sum(per_shard[k] for k in ks) for r, ks in owners.items()}
     for r, ks in owners.items():
@@ -331,11 +363,11 @@ def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes
         moved = sorted(set(survivor.held) - set(owners[1]))
         failover: dict[int, float] = {}
         for k in moved:
-            survivor.held[k](conn, now + 5)
+            on_leader(survivor.held[k], conn, now + 5)
             failover[k] = time.perf_counter() - killed
-            sw = survivor.held[k]
-            assert isinstance(sw, Sweeper)
-            print(f"shard {k} moved: swept {failover[k]:.2f} s after its owner died; {sw.last}", flush=True)
+            moved_sweep = survivor.held[k]
+            assert isinstance(moved_sweep, Sweeper)
+            print(f"shard {k} moved: swept {failover[k]:.2f} s after its owner died; {moved_sweep.last}", flush=True)
     for c in others:
         c.close()
     dead.close()
@@ -358,7 +390,12 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=0,
                     help="sweep sharded over this many replicas (each replica's sweep, a shard's failover)")
     ap.add_argument("--shards", type=int, default=0, help="sweep shards (default: 2 per replica)")
+    ap.add_argument("--main-thread", action="store_true",
+                    help="sweep on the main thread, as this bench did before (the baseline of the leader's thread)")
     args = ap.parse_args()
+    if args.main_thread:
+        global _LEADER
+        _LEADER = None
     settings = load_settings()
     nodes = [f"node-{i:05d}" for i in range(args.gpus // 8)]
     now = float(int(time.time()))
@@ -376,6 +413,9 @@ def main() -> None:
         migrate.upgrade(url, settings)
         with psycopg.connect(url, autocommit=True) as conn:
             rows = fill(conn, nodes, t, faults, now)
+            # Where the table ends after the fill's VACUUM: every range after it is written by the sweeps.
+            since_block = int(conn.execute("SELECT pg_relation_size('gpu_samples') / "  # type: ignore[index]
+                                           "current_setting('block_size')::bigint").fetchone()[0])
             if args.replicas:
                 replicas_bench(conn, url, settings, nodes, faults, now, args, rows)
                 return
@@ -391,7 +431,7 @@ def main() -> None:
 
             sweeper = Sweeper(settings)
             t0 = time.perf_counter()
-            sweeper(conn, now)
+            on_leader(sweeper, conn, now)
             first_s = time.perf_counter() - t0
             first_save_s = sweeper.last["snapshot_s"]
             print(f"first sweep (first leader, no persisted window): {first_s:.2f} s, of which persisting the "
@@ -418,7 +458,7 @@ def main() -> None:
                         end += 5
                         t0 = time.perf_counter()
                         clock.on = True
-                        sweeper(conn, end)
+                        on_leader(sweeper, conn, end)
                         clock.on = False
                         runs[policy].append(time.perf_counter() - t0)
                         if policy == "trim_each":
@@ -428,9 +468,11 @@ def main() -> None:
                 gc_s[policy] = clock.seconds / args.steady
                 gc_s[policy + "_all"] = clock.total / args.steady
                 rss_mb[policy] = psutil.Process().memory_info().rss / 1e6
-            plans = read_plans(url, sweeper, nodes, end)
-            print(f"  the refresh's read of the GPU samples: {plans[False]:.3f} s unprepared (as sent), "
-                  f"{plans[True]:.3f} s prepared by the driver's default (the baseline)", flush=True)
+            plans = read_plans(url, sweeper, nodes, end, since_block)
+            print(f"  the refresh's read of the GPU samples: {plans['unprepared']:.3f} s unprepared (as sent), "
+                  f"{plans['prepared']:.3f} s prepared by the driver's default (the baseline), "
+                  f"{plans['unsummarized']:.3f} s with the time index's new ranges unsummarized (the baseline)",
+                  flush=True)
             t0 = time.perf_counter()
             held = sweeper.cache.samples()
             count_ms = (time.perf_counter() - t0) * 1e3
@@ -458,14 +500,14 @@ def main() -> None:
             expected = findings(sweeper, conn, end)
             raw = Sweeper(settings, snapshots=False)  # the baseline: a takeover reading the window's raw samples
             t0 = time.perf_counter()
-            raw(conn, end)
+            on_leader(raw, conn, end)
             cold_raw_s = time.perf_counter() - t0
             print(f"takeover without a persisted window (baseline): {cold_raw_s:.2f} s; {raw.last}", flush=True)
             same_raw = findings(raw, conn, end) == expected
             del raw
             taker = Sweeper(settings)
             t0 = time.perf_counter()
-            taker(conn, end)
+            on_leader(taker, conn, end)
             cold_s = time.perf_counter() - t0
             print(f"cold sweep (new leader restores the persisted window): {cold_s:.2f} s; {taker.last}", flush=True)
             same = findings(taker, conn, end) == expected
@@ -487,8 +529,9 @@ def main() -> None:
                       "gc_unpaused_s": round(gc_s["gc_unpaused"], 3), "gc_all_s": round(gc_s["steady_all"], 3),
                       "gc_unpaused_all_s": round(gc_s["gc_unpaused_all"], 3),
                       "rss_steady_mb": round(rss_mb["steady"]), "rss_trim_each_mb": round(rss_mb["trim_each"]),
-                      "count_samples_ms": round(count_ms, 2), "refresh_read_s": round(plans[False], 3),
-                      "refresh_read_prepared_s": round(plans[True], 3),
+                      "count_samples_ms": round(count_ms, 2), "refresh_read_s": round(plans["unprepared"], 3),
+                      "refresh_read_prepared_s": round(plans["prepared"], 3),
+                      "refresh_read_unsummarized_s": round(plans["unsummarized"], 3),
                       "sweep_stages_s": stages, "cold_sweep_s": round(cold_s, 3),
                       "cold_fresh_s": round(fresh["cold_s"], 3), "cold_raw_s": round(cold_raw_s, 3),
                       "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
