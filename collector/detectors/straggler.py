@@ -115,13 +115,14 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
 
     bits = np.maximum(fr.throttle_bits[idx], 0)
     lim = fr.at_ranges("power_limit_w", a, b)
-    lim[~(lim > 0)] = np.nan
     power = fr.at_ranges("power_w", a, b)
+    pf = fr.power_frac(idx, power=power, limit=lim)
+    lim[~(lim > 0)] = np.nan
     f = {
         "span_s": dens[id(w)],
         "busy_s": dens[id(wb)],
         "act": mean(fr.activity[idx], w),
-        "pf": mean(fr.power_frac(idx), w),
+        "pf": mean(pf, w),
         "util": mean(fr.at_ranges("util_pct", a, b), w),
         "lim": mean(lim, w),
         "clk": mean(fr.at_ranges("sm_clock_mhz", a, b), wb),
