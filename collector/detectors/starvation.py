@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.collector.detectors import checkpoint_stall
-from gpufleet.collector.detectors.frame import Frame, segment_sums
+from gpufleet.collector.detectors.frame import Frame, Phases, segment_sums
 from gpufleet.collector.detectors.hosts import (
     HostPressure,
     JobPressure,
@@ -54,7 +54,7 @@ from gpufleet.collector.detectors.hosts import (
     job_pressure,
     write_burst,
 )
-from gpufleet.collector.detectors.stats import num, small_median
+from gpufleet.collector.detectors.stats import group_median, num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
 from gpufleet.evidence import HostEvidence, StarvationEvidence
@@ -92,11 +92,97 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
     span = p95[deep] - p5[deep]
     ph = fr.rows_phases(rows[deep], p5[deep] + 0.3 * span, p5[deep] + 0.7 * span)
     closed = (ph.state == 0) & ~ph.open_start & ~ph.open_end
-    per_row = np.bincount(np.repeat(np.arange(deep.size), np.diff(ph.offsets))[closed], minlength=deep.size)
-    for j in np.flatnonzero(per_row >= cfg.starve_min_cycles).tolist():
-        i, k = int(ph.offsets[j]), int(ph.offsets[j + 1])
-        out[int(deep[j])] = _oscillation(fr, ph.state[i:k], ph.t0[i:k], ph.t1[i:k], ph.dur[i:k], ph.act[i:k],
-                                         np.flatnonzero(closed[i:k]))
+    owner = np.repeat(np.arange(deep.size), np.diff(ph.offsets))
+    per_row = np.bincount(owner[closed], minlength=deep.size)
+    sel = np.flatnonzero(per_row >= cfg.starve_min_cycles)
+    for j, osc in zip(sel.tolist(), _alternations(fr, ph, closed, owner, sel), strict=True):
+        out[int(deep[j])] = osc
+    return out
+
+
+def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
+                  sel: np.ndarray) -> list[Oscillation | None]:
+    """The alternation of each row ``sel`` of ``ph`` (its owner index), from its complete idle
+    phases (``closed``, at least ``starve_min_cycles`` of them), every row at once.
+
+    A row's idle phases start ``d`` seconds apart.  Its last ``starve_min_cycles - 1`` starts
+    must follow one another (one busy phase between), and their median gap is the period.  The
+    chain of cycles reaches back while the starts follow one another at half to twice that
+    period; over the chain, the median gap is the period and the median deviation from it, over
+    the period, its irregularity.  Busy and idle time count from the chain's first idle phase."""
+    cfg = fr.config
+    nr = sel.size
+    if nr == 0:
+        return []
+    want = np.zeros(int(owner.max()) + 1 if owner.size else 0, dtype=bool)
+    want[sel] = True
+    k = np.flatnonzero(closed & want[owner])  # the rows' complete idle phases, row by row
+    rk = np.searchsorted(sel, owner[k])
+    cnt = np.bincount(rk, minlength=nr)
+    first = np.cumsum(cnt) - cnt
+    pos = np.arange(k.size) - first[rk]
+    n_gaps = cnt - 1
+    on = ph.t0[k]
+    # The gap ending at each idle phase (none at a row's first), and its index among the row's gaps.
+    has_gap = pos >= 1
+    gap = np.full(k.size, np.nan)
+    gap[1:] = on[1:] - on[:-1]
+    gap[~has_gap] = np.nan
+    gi = pos - 1
+    follows = np.zeros(k.size, dtype=bool)
+    follows[1:] = k[1:] - k[:-1] == 2
+    follows &= has_gap
+    m = cfg.starve_min_cycles - 1
+    # (With a single cycle asked for, "the last m gaps" are all of them, as a slice [-0:] reads.)
+    recent_from = np.where(m == 0, 0, n_gaps - m)
+    recent = has_gap & (gi >= recent_from[rk])
+    regular = np.bincount(rk[recent & ~follows], minlength=nr) == 0
+    p0 = group_median(gap[recent], rk[recent], nr)
+    with np.errstate(invalid="ignore"):
+        steady = follows & (0.5 * p0[rk] <= gap) & (gap <= 2.0 * p0[rk])
+    breaks = has_gap & (gi < recent_from[rk]) & ~steady
+    j = np.full(nr, -1, dtype=np.int64)
+    np.maximum.at(j, rk[breaks], gi[breaks])
+    j += 1  # the chain's first gap (and its first idle phase)
+    chain = has_gap & (gi >= j[rk])
+    period = group_median(gap[chain], rk[chain], nr)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cv = group_median(np.abs(gap - period[rk])[chain], rk[chain], nr) / period
+    onset = on[first + j]
+    last_onset = on[first + n_gaps]
+    with np.errstate(invalid="ignore"):
+        ok = regular & (p0 > 0) & ~(period > cfg.starve_max_period_s) & ~(cv > cfg.starve_max_period_cv)
+        ok &= ~(fr.window.t_end - last_onset > np.maximum(2.0 * period, cfg.active_within_s))
+    # Busy and idle time of every phase from the chain's first idle phase on.
+    pa, pb = ph.offsets[sel], ph.offsets[sel + 1]
+    pidx = fr.take(pa, pb)
+    prow = np.repeat(np.arange(nr), pb - pa)
+    after = ph.t1[pidx] > onset[prow]
+    dur = ph.dur[pidx] * after
+    busy = ph.state[pidx] == 1
+    act = ph.act[pidx]
+    busy_s = np.bincount(prow, weights=dur * busy, minlength=nr)
+    idle_s = np.bincount(prow, weights=dur * ~busy, minlength=nr)
+    total = busy_s + idle_s
+    with np.errstate(invalid="ignore", divide="ignore"):
+        busy_act = np.where(busy_s > 0, np.bincount(prow, weights=dur * busy * act, minlength=nr) / busy_s, 0.0)
+        idle_act = np.where(idle_s > 0, np.bincount(prow, weights=dur * ~busy * act, minlength=nr) / idle_s, 0.0)
+        duty = busy_s / total
+        depth = busy_act - idle_act
+        mean_act = (busy_act * busy_s + idle_act * idle_s) / total
+        lost = np.clip(1.0 - mean_act / np.maximum(busy_act, cfg.nominal_activity), 0.0, 1.0)
+        ok &= (total > 0) & (cfg.starve_min_duty <= duty) & (duty <= cfg.starve_max_duty)
+        ok &= ~(depth < cfg.starve_min_depth) & ~(lost < cfg.starve_min_lost_share)
+    idle_at = np.flatnonzero(~busy & after)
+    idle_row = prow[idle_at]
+    t0s, t1s = ph.t0[pidx[idle_at]].tolist(), ph.t1[pidx[idle_at]].tolist()
+    cut = np.searchsorted(idle_row, np.arange(nr + 1)).tolist()
+    out: list[Oscillation | None] = [None] * nr
+    for r in np.flatnonzero(ok).tolist():
+        a, b = cut[r], cut[r + 1]
+        out[r] = Oscillation(float(onset[r]), float(last_onset[r]), float(period[r]), float(duty[r]),
+                             float(depth[r]), float(lost[r]), int(n_gaps[r] - j[r]) + 1,
+                             list(zip(t0s[a:b], t1s[a:b], strict=True)))
     return out
 
 
@@ -128,54 +214,6 @@ def _activity_range(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def _ranks(m: int) -> tuple[int, int]:
     """Ranks of the 5th and 95th percentile among ``m`` sorted values."""
     return int(0.05 * (m - 1)), int(np.ceil(0.95 * (m - 1)))
-
-
-def _oscillation(fr: Frame, state: np.ndarray, t0: np.ndarray, t1: np.ndarray, dur: np.ndarray, act: np.ndarray,
-                 k: np.ndarray) -> Oscillation | None:
-    """One row's alternation from its phases (``k``: its complete idle phases, enough of them)."""
-    cfg = fr.config
-    on = t0[k]
-    d = np.diff(on)
-    contiguous = np.diff(k) == 2
-    m = cfg.starve_min_cycles - 1
-    if not contiguous[-m:].all():
-        return None
-    period = small_median(d[-m:])
-    if not period > 0:
-        return None
-    j = d.size - m
-    while j > 0 and contiguous[j - 1] and 0.5 * period <= d[j - 1] <= 2.0 * period:
-        j -= 1
-    chain = d[j:]
-    period = small_median(chain)
-    cv = small_median(np.abs(chain - period)) / period
-    if period > cfg.starve_max_period_s or cv > cfg.starve_max_period_cv:
-        return None
-    onset = float(on[j])
-    last_onset = float(on[-1])
-    if fr.window.t_end - last_onset > max(2.0 * period, cfg.active_within_s):
-        return None
-    dur = dur * (t1 > onset)
-    bz = state == 1
-    busy_s = float(dur[bz].sum())
-    idle_s = float(dur[~bz].sum())
-    total = busy_s + idle_s
-    if total <= 0:
-        return None
-    duty = busy_s / total
-    busy_act = float(dur[bz] @ act[bz]) / busy_s if busy_s > 0 else 0.0
-    idle_act = float(dur[~bz] @ act[~bz]) / idle_s if idle_s > 0 else 0.0
-    depth = busy_act - idle_act
-    if not (cfg.starve_min_duty <= duty <= cfg.starve_max_duty) or depth < cfg.starve_min_depth:
-        return None
-    mean_act = (busy_act * busy_s + idle_act * idle_s) / total
-    ref = max(busy_act, cfg.nominal_activity)
-    lost = float(np.clip(1.0 - mean_act / ref, 0.0, 1.0))
-    if lost < cfg.starve_min_lost_share:
-        return None
-    keep = ~bz & (t1 > onset)
-    idle = list(zip(t0[keep].tolist(), t1[keep].tolist(), strict=True))
-    return Oscillation(onset, last_onset, period, duty, depth, lost, len(chain) + 1, idle)
 
 
 def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:

@@ -135,15 +135,6 @@ def num(x: Any, digits: int = 3) -> float | None:
     return round(f, max(digits, digits - math.floor(math.log10(abs(f))) - 1))
 
 
-def small_median(x: np.ndarray) -> float:
-    """Median of a small finite array (cheaper than ``np.median``'s overhead)."""
-    v = np.sort(x)
-    n = v.size
-    if n == 0:
-        return math.nan
-    return float(v[n // 2]) if n % 2 else 0.5 * float(v[n // 2 - 1] + v[n // 2])
-
-
 def median_of(values: np.ndarray, mask: np.ndarray | None = None) -> float:
     """Median of the finite values (where ``mask`` holds, when given); NaN if none."""
     ok = np.isfinite(values)
