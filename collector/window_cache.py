@@ -273,7 +273,15 @@ class _Buf:
         self.__init__(allt[keep], allc[:, keep])  # type: ignore[misc]
 
     def trim(self, t_min: float) -> None:
-        self.a += int(np.searchsorted(self._t[self.a:self.b], t_min, side="left"))
+        # A steady sweep drops the few oldest samples: looked at as Python floats, that costs half
+        # of a search over the whole buffer (10 against 22 ms at 10,000 GPUs); more have aged only
+        # after a pause.
+        a = self.a
+        for k, v in enumerate(self._t[a:min(a + 8, self.b)].tolist()):
+            if v >= t_min:
+                self.a = a + k
+                return
+        self.a += int(np.searchsorted(self._t[a:self.b], t_min, side="left"))
 
     def __len__(self) -> int:
         return self.b - self.a

@@ -31,6 +31,17 @@ def test_append_trim_and_backfill() -> None:
     assert len(b) == 0
 
 
+def test_trim_drops_exactly_the_samples_before_the_cut() -> None:
+    """A few samples (a steady sweep), none, many (after a pause), a cut between samples, all."""
+    b = buf([float(x) for x in range(100)])
+    for cut, first in ((3.0, 3.0), (3.0, 3.0), (2.0, 3.0), (5.5, 6.0), (40.0, 40.0), (47.5, 48.0)):
+        b.trim(cut)
+        assert b.t[0] == first and b.cols[1][0] == -first
+        assert len(b) == 100 - int(first)
+    b.trim(1e9)
+    assert len(b) == 0
+
+
 def test_only_columns_with_values_are_stored() -> None:
     """A column without any value is not stored and reads as NaN; one that starts reporting is stored
     from then on, NaN before; out-of-order samples keep the same values."""
