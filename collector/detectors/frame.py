@@ -313,29 +313,6 @@ class Frame:
         """Some series holds column ``name``."""
         return name in self._names
 
-    def reports(self, name: str) -> np.ndarray:
-        """Per row, whether its series reports ``name`` (:meth:`Series.has`), for every row at once.
-
-        A reported column usually holds its latest sample, so only rows whose latest value is
-        missing are looked at further: 3 ms at 10,000 GPUs instead of 12 ms asking each series."""
-        got = self._reports.get(name)
-        if got is not None:
-            return got
-        got = np.zeros(self.rows, dtype=bool)
-        if name in self._names:
-            nan = np.float32(np.nan)
-            last = np.fromiter((nan if (c := s.cols.get(name)) is None or not c.shape[0] else c[-1]
-                                for s in self.series), dtype=F32, count=self.rows)
-            got = np.isfinite(last)
-            for r in np.flatnonzero(~got).tolist():
-                got[r] = self.series[r].has(name)
-        self._reports[name] = got
-        return got
-
-    @cached_property
-    def _reports(self) -> dict[str, np.ndarray]:
-        return {}
-
     @cached_property
     def _names(self) -> frozenset[str]:
         # One pass over every series for all names: detectors ask about a dozen names, most
@@ -431,7 +408,7 @@ class Frame:
         cfg = self.config
         ref = np.full(self.rows, np.nan)
         basis = ["limit"] * self.rows
-        need = np.flatnonzero(~self.reports("power_limit_w")).tolist()
+        need = [r for r, s in enumerate(self.series) if not s.has("power_limit_w")]
         if not need:
             return ref, basis
         models = {node: gpu_model_names(self.window.node_facts.get(node))
@@ -481,15 +458,14 @@ class Frame:
         (no GPU-Util); several joined by commas."""
         src = self.activity_source
         basis = self.power_reference[1]
-        util, power = self.reports("util_pct"), self.reports("power_w")
         out = set()
         for r in (int(x) for x in rows):
             if src[r] == "dcgm":
                 out.add("sm_active")
                 continue
             pw = {"limit": "power_limit", "model": "model_power", "history": "power_history"}.get(basis[r])
-            has_util = bool(util[r])
-            if pw is None or not power[r]:
+            has_util = self.series[r].has("util_pct")
+            if pw is None or not self.series[r].has("power_w"):
                 out.add("util" if has_util else "none")
             else:
                 out.add(f"util+{pw}" if has_util else f"power+{pw}")
@@ -511,9 +487,15 @@ class Frame:
     @cached_property
     def activity_source(self) -> list[str]:
         """Per row: ``dcgm`` (profiling fields), ``nvml`` (util/power) or ``none``."""
-        dcgm = self.reports("sm_active")
-        nvml = self.reports("util_pct") | self.reports("power_w")
-        return np.where(dcgm, "dcgm", np.where(nvml, "nvml", "none")).tolist()
+        out = []
+        for s in self.series:
+            if s.has("sm_active"):
+                out.append("dcgm")
+            elif s.has("util_pct") or s.has("power_w"):
+                out.append("nvml")
+            else:
+                out.append("none")
+        return out
 
     @cached_property
     def paused(self) -> np.ndarray:
