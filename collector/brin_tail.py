@@ -69,7 +69,7 @@ class BrinTail:
     """Which time BRIN indexes exist (looked up once), and how far each is summarized."""
 
     indexes: list[_Index] | None = None
-    #: Ranges summarized by this object, in all (for tests and logs).
+    #: Ranges summarized by this object, in all (what the tests check).
     summarized: int = 0
     _disabled: bool = field(default=False, repr=False)
 

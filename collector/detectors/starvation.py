@@ -80,8 +80,8 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
     Busy and idle are relative to each GPU's own range (5th to 95th percentile
     of activity): coarse samples average a short idle phase with busy time,
     so an idle sample at 10 s may read 0.2, not 0.  The samples of every row
-    are worked on at once; only rows with enough complete idle phases are
-    examined one by one, on their phases.
+    are worked on at once, and then the phases of the rows with enough
+    complete idle phases (:func:`_alternations`).
     """
     cfg = fr.config
     out: list[Oscillation | None] = [None] * rows.size
@@ -93,9 +93,9 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
     ph = fr.rows_phases(rows[deep], p5[deep] + 0.3 * span, p5[deep] + 0.7 * span)
     closed = (ph.state == 0) & ~ph.open_start & ~ph.open_end
     owner = np.repeat(np.arange(deep.size), np.diff(ph.offsets))
-    per_row = np.bincount(owner[closed], minlength=deep.size)
-    sel = np.flatnonzero(per_row >= cfg.starve_min_cycles)
-    for j, osc in zip(sel.tolist(), _alternations(fr, ph, closed, owner, sel), strict=True):
+    enough = np.bincount(owner[closed], minlength=deep.size) >= cfg.starve_min_cycles
+    sel = np.flatnonzero(enough)
+    for j, osc in zip(sel.tolist(), _alternations(fr, ph, closed & enough[owner], owner, sel), strict=True):
         out[int(deep[j])] = osc
     return out
 
@@ -103,7 +103,8 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
 def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
                   sel: np.ndarray) -> list[Oscillation | None]:
     """The alternation of each row ``sel`` of ``ph`` (its owner index), from its complete idle
-    phases (``closed``, at least ``starve_min_cycles`` of them), every row at once.
+    phases (``closed``: those of the rows ``sel``, at least ``starve_min_cycles`` each), every
+    row at once.
 
     A row's idle phases start ``d`` seconds apart.  Its last ``starve_min_cycles - 1`` starts
     must follow one another (one busy phase between), and their median gap is the period.  The
@@ -114,9 +115,7 @@ def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
     nr = sel.size
     if nr == 0:
         return []
-    want = np.zeros(int(owner.max()) + 1 if owner.size else 0, dtype=bool)
-    want[sel] = True
-    k = np.flatnonzero(closed & want[owner])  # the rows' complete idle phases, row by row
+    k = np.flatnonzero(closed)  # the rows' complete idle phases, row by row
     rk = np.searchsorted(sel, owner[k])
     cnt = np.bincount(rk, minlength=nr)
     first = np.cumsum(cnt) - cnt
