@@ -602,6 +602,21 @@ async def drive_paced(ports: list[int], due: dict[int, list[tuple[int, bytes, di
             "connections_opened_in_window": opened_in_window[0]}
 
 
+def gc_collections(ports: list[int]) -> list[int]:
+    """Garbage collections so far, per generation, summed over the collectors on ``ports``
+    (their ``python_gc_collections_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = [0, 0, 0]
+    for port in ports:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "python_gc_collections":
+                for smp in fam.samples:
+                    out[int(smp.labels["generation"])] += int(smp.value)
+    return out
+
+
 def postgres_pids(url: str, dbname: str) -> list[int]:
     """The backends serving ``dbname`` and the shared WAL writer, checkpointer and background writer."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -647,10 +662,12 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                     readings["k0"], readings["p0"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
                     readings["c0"] = readings["k0"] + readings["p0"]
                     readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
+                    readings["gc0"] = await asyncio.to_thread(gc_collections, ports)
                     await asyncio.sleep(max(0.0, window[1] - time.time()))
                     readings["k1"], readings["p1"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
                     readings["c1"] = readings["k1"] + readings["p1"]
                     readings["d1"], readings["t1"] = cpu_s(me), time.time()
+                    readings["gc1"] = await asyncio.to_thread(gc_collections, ports)
                     readings["rss"] = sum(rss_bytes(c.pid) for c in procs)
                     readings["pss"] = sum(pss_bytes(p) for p in pids)
 
@@ -688,6 +705,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
                    "statuses": out["statuses"], "rows_stored": rows,
                    "connections_opened_in_window": out["connections_opened_in_window"],
+                   "gc_collections_in_window": [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
                    "collectors": collectors}
     return step
 

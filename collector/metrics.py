@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.process_collector import ProcessCollector
 
 
 class CollectorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # The process's CPU, memory and descriptors, and its garbage collections by
+        # generation (``python_gc_collections_total``): what an operator sizing
+        # collectors reads, and what bench/vs_prometheus.py reads in its window.
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
         self.requests = Counter("gpufleet_ingest_requests", "Ingest requests by HTTP status", ["code"], registry=r)
         self.samples = Counter("gpufleet_ingest_samples", "Samples committed", ["kind"], registry=r)
         self.duplicates = Counter("gpufleet_ingest_duplicate_batches", "Retried batches acknowledged, not re-stored",

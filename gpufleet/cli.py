@@ -175,6 +175,7 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
     """Run the collector: ingest, rollups, detector sweeps (one leader), /metrics."""
     import uvicorn
 
+    from gpufleet.collector import cyclegc
     from gpufleet.collector.service import build_collector, server_options
     from gpufleet.metricsauth import MetricsAuthError
 
@@ -185,6 +186,7 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
         service = build_collector(url, s)
     except MetricsAuthError as e:
         fail(str(e))
+    cyclegc.settle(s.ingest.gc_young_threshold)
     uvicorn.run(service, host=host or s.collector_host, port=port or s.collector_port,
                 log_level=s.log_level.lower(), access_log=False, **server_options(s), **_ssl(s))
 
