@@ -826,6 +826,10 @@ def show(side: str, s: Step) -> None:
           f"{s.bytes_per_gpu_sample:6.1f} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores", flush=True)
 
 
+def _processes(collectors: int) -> str:
+    return "one collector process" if collectors == 1 else f"{collectors} collector processes"
+
+
 def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
     steps: list[Step] = []
     for gpus in fleets:
@@ -883,7 +887,7 @@ def main() -> None:
         return
     if args.only == "gpufleet":
         server = server_url()
-        print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
+        print(f"gpufleet (agents' batches, {_processes(args.collectors)}, PostgreSQL):", flush=True)
         fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
         print(json.dumps({"name": "vs_prometheus_gpufleet_only", "gpufleet": [asdict(s) for s in fleet]}))
         return
@@ -925,7 +929,7 @@ def main() -> None:
         print(f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
               f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
     server = server_url()
-    print("gpufleet (agents' batches, one collector process, PostgreSQL):", flush=True)
+    print(f"gpufleet (agents' batches, {_processes(args.collectors)}, PostgreSQL):", flush=True)
     fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
 
     def largest(steps: list[Step]) -> int:

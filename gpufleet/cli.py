@@ -186,7 +186,7 @@ def collector(config: ConfigOpt = None, db: DbOpt = None,
         service = build_collector(url, s)
     except MetricsAuthError as e:
         fail(str(e))
-    cyclegc.settle(s.ingest.gc_young_threshold)
+    cyclegc.settle(s.gc_young_threshold)
     uvicorn.run(service, host=host or s.collector_host, port=port or s.collector_port,
                 log_level=s.log_level.lower(), access_log=False, **server_options(s), **_ssl(s))
 
@@ -199,10 +199,13 @@ def api(config: ConfigOpt = None, db: DbOpt = None,
     import uvicorn
 
     from gpufleet.api.app import create_app
+    from gpufleet.collector import cyclegc
 
     s = settings_from(config, db)
     setup_logging(s)
-    uvicorn.run(create_app(database(s), s), host=host or s.api_host, port=port or s.api_port,
+    service = create_app(database(s), s)
+    cyclegc.settle(s.gc_young_threshold)
+    uvicorn.run(service, host=host or s.api_host, port=port or s.api_port,
                 log_level=s.log_level.lower(), access_log=False, **_ssl(s))
 
 

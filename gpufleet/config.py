@@ -76,15 +76,6 @@ class IngestSettings(BaseModel):
     max_connection_age_s: float = Field(300.0, ge=0)
     #: How long a batch id is remembered for de-duplication, days.
     dedup_days: float = Field(21.0, gt=0)
-    #: The collector process's young-generation threshold for Python's cyclic
-    #: garbage collector, set once the process has started, when everything
-    #: built at start-up is also frozen out of later collections; 0 keeps
-    #: Python's defaults (700, nothing frozen).  At 8,000 GPUs on the defaults
-    #: the collector collected about 400 times in 30 s, three of them full
-    #: collections that held the event loop about 0.1 s each; with this, once,
-    #: and its CPU per GPU-sample was 4 to 17 % lower in three paired runs
-    #: (bench/vs_prometheus.py, gpufleet.collector.cyclegc).
-    gc_young_threshold: int = Field(10_000, ge=0)
 
 
 class ApiSettings(BaseModel):
@@ -419,6 +410,14 @@ class Settings(BaseSettings):
     #: Whether this collector contends for leadership (rollups, sweeps).
     #: Turn off on ingest-only replicas.
     leader: bool = True
+    #: The collector's and the API's young-generation threshold for Python's
+    #: cyclic garbage collector, set once the process is built, when
+    #: everything built at start-up is also frozen out of later collections; 0
+    #: keeps Python's defaults (700, nothing frozen).  On the defaults a
+    #: collector taking 8,000 GPUs' batches collected about 400 times in 30 s,
+    #: three of them full collections that held its event loop about 0.1 s
+    #: each; with this, once (bench/vs_prometheus.py, gpufleet.collector.cyclegc).
+    gc_young_threshold: int = Field(10_000, ge=0)
 
     ingest: IngestSettings = IngestSettings()
     api: ApiSettings = ApiSettings()

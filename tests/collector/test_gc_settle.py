@@ -1,4 +1,4 @@
-"""The collector process settles Python's garbage collector once it has started."""
+"""The collector and API processes settle Python's garbage collector once built."""
 
 from __future__ import annotations
 
@@ -57,13 +57,14 @@ def test_zero_leaves_python_as_it_was() -> None:
     assert got["after"] == got["before"] and got["frozen"] == 0 and got["left"] >= got["tracked"] - 100
 
 
-def test_the_collector_command_settles_with_its_setting_before_it_serves(
-        monkeypatch: pytest.MonkeyPatch, db: str) -> None:
+@pytest.mark.parametrize("command", ["collector", "api"])
+def test_the_server_commands_settle_with_the_setting_before_they_serve(
+        command: str, monkeypatch: pytest.MonkeyPatch, db: str) -> None:
     calls: list[Any] = []
     monkeypatch.setattr(cyclegc, "settle", lambda n: calls.append(("settle", n)))
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append(("serve", gc.get_threshold()[0])))
-    monkeypatch.setenv("GPUFLEET_INGEST__GC_YOUNG_THRESHOLD", "1234")
-    r = CliRunner().invoke(app, ["collector", "--db", db, "--port", "0"])
+    monkeypatch.setenv("GPUFLEET_GC_YOUNG_THRESHOLD", "1234")
+    r = CliRunner().invoke(app, [command, "--db", db, "--port", "0"])
     assert r.exit_code == 0, r.output
     assert [c[0] for c in calls] == ["settle", "serve"]
     assert calls[0] == ("settle", 1234)
@@ -71,7 +72,7 @@ def test_the_collector_command_settles_with_its_setting_before_it_serves(
 
 def test_a_negative_threshold_is_refused_by_name(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("served with a bad setting"))
-    monkeypatch.setenv("GPUFLEET_INGEST__GC_YOUNG_THRESHOLD", "-1")
+    monkeypatch.setenv("GPUFLEET_GC_YOUNG_THRESHOLD", "-1")
     r = CliRunner().invoke(app, ["collector", "--db", db, "--port", "0"])
     assert r.exit_code != 0
     assert "gc_young_threshold" in r.output
