@@ -10,6 +10,9 @@ Every sweep runs on a thread of its own, as the collector's leader runs its
 sweeps (``gpufleet-leader``): glibc serves a thread from an arena of its own,
 and sweeps on the main thread's heap ran slower every other sweep (see
 "Detection" in docs/capacity.md); ``--main-thread`` measures them there.
+The process settles Python's garbage collector before the fill, as the
+collector does once built (:func:`gpufleet.collector.cyclegc.settle`);
+``--gc-defaults`` leaves it as Python starts it.
 
 Then, in the same run:
 
@@ -248,10 +251,13 @@ import json, sys, time
 sys.path[:0] = [sys.argv[3], sys.argv[4]]
 import psycopg
 from sweep import findings, on_leader
+from gpufleet.collector import cyclegc
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import load_settings
+settings = load_settings()
+cyclegc.settle(int(sys.argv[5]))  # as the collector settles before it serves
 with psycopg.connect(sys.argv[1], autocommit=True) as conn:
-    taker = Sweeper(load_settings())
+    taker = Sweeper(settings)
     t0 = time.perf_counter()
     on_leader(taker, conn, float(sys.argv[2]))
     cold_s = time.perf_counter() - t0
@@ -260,11 +266,12 @@ with psycopg.connect(sys.argv[1], autocommit=True) as conn:
 """
 
 
-def fresh_takeover(url: str, now: float) -> dict[str, Any]:
+def fresh_takeover(url: str, now: float, gc_young_threshold: int) -> dict[str, Any]:
     """The takeover in a process of its own, as a replica that becomes the owner runs it: its code is
     loaded, but it never held the window, so every buffer it restores is fresh memory."""
     here = Path(__file__).resolve()
-    out = subprocess.run([sys.executable, "-c", _FRESH, url, repr(now), str(here.parent), str(here.parents[1])],
+    out = subprocess.run([sys.executable, "-c", _FRESH, url, repr(now), str(here.parent), str(here.parents[1]),
+                          str(gc_young_threshold)],
                          capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -392,11 +399,17 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=0, help="sweep shards (default: 2 per replica)")
     ap.add_argument("--main-thread", action="store_true",
                     help="sweep on the main thread, as this bench did before (the baseline of the leader's thread)")
+    ap.add_argument("--gc-defaults", action="store_true",
+                    help="leave Python's garbage collector as it starts, not settled as the collector settles it "
+                         "(the baseline of gpufleet.collector.cyclegc.settle)")
     args = ap.parse_args()
     if args.main_thread:
         global _LEADER
         _LEADER = None
     settings = load_settings()
+    # The collector settles its garbage collector once built, before any data arrives.
+    gc_threshold = 0 if args.gc_defaults else settings.gc_young_threshold
+    cyclegc.settle(gc_threshold)
     nodes = [f"node-{i:05d}" for i in range(args.gpus // 8)]
     now = float(int(time.time()))
     window = args.minutes * 60
@@ -512,7 +525,7 @@ def main() -> None:
             print(f"cold sweep (new leader restores the persisted window): {cold_s:.2f} s; {taker.last}", flush=True)
             same = findings(taker, conn, end) == expected
             del taker
-            fresh = fresh_takeover(url, end)
+            fresh = fresh_takeover(url, end, gc_threshold)
             print(f"cold sweep in a process that never held the window: {fresh['cold_s']:.2f} s; {fresh['last']}",
                   flush=True)
             same_fresh = fresh["findings"] == [list(f) for f in expected]
@@ -536,7 +549,8 @@ def main() -> None:
                       "cold_fresh_s": round(fresh["cold_s"], 3), "cold_raw_s": round(cold_raw_s, 3),
                       "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
                       "snapshot_mb": round(snap_mb, 1), "select_s": round(select_s, 3),
-                      "ratio_to_select": round(warm_s / select_s, 3), "samples": rows}))
+                      "ratio_to_select": round(warm_s / select_s, 3), "samples": rows,
+                      "gc_young_threshold": gc_threshold}))
 
 
 if __name__ == "__main__":
