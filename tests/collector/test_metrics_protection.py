@@ -82,7 +82,13 @@ def test_redact_leaves_run_ids_and_evidence_out(incidents: str, settings: Settin
         r = httpx.get(srv.url + "/metrics", timeout=10)
     assert r.status_code == 200
     assert "secret-run" not in r.text
-    assert "0.4" not in r.text and "run_time_lost_share" not in r.text
+    assert "run_time_lost_share" not in r.text
+    # No series carries an evidence value, as its value or in a label (the process's own
+    # families, CPU seconds and the like, may hold any digits).
+    for fam in text_string_to_metric_families(r.text):
+        for smp in fam.samples:
+            assert not any("0.4" in v for v in smp.labels.values()), smp
+            assert not (fam.name.startswith("gpufleet_") and smp.value in (0.2, 0.3, 0.4)), smp
     fams = _families(r.text)
     assert "gpufleet_incident_evidence" not in fams
     # the two starvation incidents now share their labels: one series, value 1 (alert rules compare == 1)
