@@ -413,10 +413,8 @@ class Settings(BaseSettings):
     #: The collector's and the API's young-generation threshold for Python's
     #: cyclic garbage collector, set once the process is built, when
     #: everything built at start-up is also frozen out of later collections; 0
-    #: keeps Python's defaults (700, nothing frozen).  On the defaults a
-    #: collector taking 8,000 GPUs' batches collected about 400 times in 30 s,
-    #: three of them full collections that held its event loop about 0.1 s
-    #: each; with this, once (bench/vs_prometheus.py, gpufleet.collector.cyclegc).
+    #: keeps Python's defaults (700, nothing frozen).  Why, with the figures:
+    #: gpufleet.collector.cyclegc.
     gc_young_threshold: int = Field(10_000, ge=0)
 
     ingest: IngestSettings = IngestSettings()

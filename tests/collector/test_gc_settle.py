@@ -16,7 +16,7 @@ from gpufleet.collector import cyclegc
 
 PROBE = """
 import gc, json, sys
-import gpufleet.cli  # what the collector's command has imported by the time it settles
+import gpufleet.cli  # tens of thousands of objects for settle to freeze, as a built app has
 from gpufleet.collector import cyclegc
 before = gc.get_threshold()
 gc.collect()
