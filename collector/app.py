@@ -79,6 +79,7 @@ class CollectorState:
         self.metrics = CollectorMetrics()
         ing = settings.ingest
         self.writer = GroupWriter(url, max_rows=ing.group_max_rows, linger_s=ing.group_linger_s,
+                                  linger_batches=ing.group_linger_batches,
                                   queue_max_rows=ing.queue_max_rows, threads=ing.writers)
         self.pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, timeout=3,
                                         kwargs={"autocommit": True, "application_name": "gpufleet-collector"})

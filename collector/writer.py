@@ -96,10 +96,12 @@ class GroupWriter:
     """Owns ``threads`` writer connections and the queue in front of them."""
 
     def __init__(self, url: str, *, max_rows: int = 20_000, linger_s: float = 0.005,
-                 queue_max_rows: int = 400_000, threads: int = 2, node_touch_s: float = 10.0) -> None:
+                 linger_batches: int = 16, queue_max_rows: int = 400_000, threads: int = 2, node_touch_s: float = 10.0) -> None:
         self.url = url
         self.max_rows = max_rows
         self.linger_s = linger_s
+        #: A lingering writer stops waiting once this many requests are queued.
+        self.linger_batches = linger_batches
         self.queue_max_rows = queue_max_rows
         self.threads = threads
         self.node_touch_s = node_touch_s
@@ -214,9 +216,6 @@ class GroupWriter:
         self._workers.clear()
 
     # -- consumer side (writer threads) ----------------------------------------
-
-    #: A lingering writer stops waiting once this many requests are queued.
-    linger_batches = 16
 
     def _take(self) -> list[_Item]:
         with self._cv:

@@ -239,3 +239,34 @@ def test_write_batches_stores_each_node_and_batch_id_once(db: str) -> None:
     assert count(db) == 16
     with psycopg.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM nodes WHERE node IN ('node-a', 'node-b')").fetchone() == (2,)
+
+
+def test_a_lingering_writer_stops_waiting_at_linger_batches(db: str) -> None:
+    # The linger is long here (5 s): only reaching ``linger_batches`` requests
+    # can end it early, and then the three share one transaction.
+    writer = GroupWriter(db, linger_s=5.0, linger_batches=3, threads=1)
+    writer.start()
+
+    async def three() -> list[Any]:
+        first = writer.submit(_valid("l:0"))
+        await asyncio.sleep(0.1)  # the writer has taken up lingering for it
+        rest = [writer.submit(_valid(f"l:{i}")) for i in (1, 2)]
+        return await asyncio.wait_for(asyncio.gather(first, *rest), 10)
+
+    try:
+        t0 = time.monotonic()
+        results = asyncio.run(three())
+        assert time.monotonic() - t0 < 2.0
+        assert all(r.stored for r in results)
+        assert writer.stats.transactions == 1, writer.stats.transactions
+    finally:
+        writer.stop()
+    assert count(db) == 3 * 8
+
+
+def test_the_collector_groups_as_configured(db: str, settings: Any) -> None:
+    from gpufleet.collector.app import create_app
+
+    s = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"group_linger_batches": 7})})
+    app: Any = create_app(db, s, run_leader=False)
+    assert app.state.writer.linger_batches == 7
