@@ -18,7 +18,7 @@ both sides, one side after the other so they never compete for the CPU:
   namespace, pod, pod_uid), integers for integer fields and six decimals for
   ratios and watts.
 * **gpufleet**: every node ships its batch of the same values every
-  ``ship_interval_s`` (the agent's default, 5 s; the agents' wire format:
+  ``ship_interval_s`` (the agent's default, 5 s, or ``--ship-interval``; the agents' wire format:
   msgpack, typed columns, zstd, with the agent's id and version) to one collector
   process (``--collectors N``: N replicas, the nodes spread over them as a
   balancer would, all their CPU and memory counted), which stores them in
@@ -37,7 +37,9 @@ were acknowledged as stored and the p99 time from a batch being due to its
 acknowledgement is under half the interval.  Stored bytes per GPU-sample:
 Prometheus's TSDB as persisted blocks (an admin-API snapshot that writes the
 head out as a block: chunks and index), gpufleet's ``gpu_samples`` table
-with its indexes (plain PostgreSQL).  The storage ratio compares two hours
+with its indexes (plain PostgreSQL; with ``--timescale``, the gpufleet side
+runs on the TimescaleDB server ``GPUFLEET_TEST_TIMESCALE_URL`` names, the
+production layout, and this figure is its uncompressed chunks).  The storage ratio compares two hours
 of four nodes' values as each side keeps them for good: a Prometheus block
 made by promtool's backfill, and, where ``GPUFLEET_TEST_TIMESCALE_URL``
 names a TimescaleDB 2.x server, the same values stored through gpufleet's
@@ -684,7 +686,11 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                 c.wait(60)
         with psycopg.connect(url) as conn:
             rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
-            size = conn.execute("SELECT pg_total_relation_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+            hyper = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'timescaledb'").fetchone()
+            size = conn.execute(  # a hypertable's rows live in its chunks
+                "SELECT COALESCE(sum(total_bytes), 0) FROM hypertable_detailed_size('gpu_samples')" if hyper
+                else "SELECT pg_total_relation_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+            size = float(size)
     elapsed = readings["t1"] - readings["t0"]
     due_in_window = sum(len(v) for t, v in due.items() if window[0] <= t < window[1])
     step.done_frac = out["ok_in_window"] / max(due_in_window, 1)
@@ -842,6 +848,7 @@ def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
 
 
 def main() -> None:
+    global SHIP_EVERY_S  # --ship-interval sets it for the whole run
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleets", default="1000,4000,8000,16000,32000",
                     help="GPU counts to try, smallest first; each side stops at its first failure")
@@ -851,6 +858,12 @@ def main() -> None:
     ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
     ap.add_argument("--collectors", type=int, default=1,
                     help="gpufleet collector processes (replicas; nodes spread over them), all counted")
+    ap.add_argument("--ship-interval", type=int, default=SHIP_EVERY_S,
+                    help="seconds of samples in each node's batch (default: the agents' ship_interval_s, "
+                         "%(default)s); what a longer interval saves per GPU-sample")
+    ap.add_argument("--timescale", action="store_true",
+                    help="store gpufleet's side on the TimescaleDB server GPUFLEET_TEST_TIMESCALE_URL names "
+                         "(the production layout) instead of plain PostgreSQL")
     ap.add_argument("--http-floor", action="store_true",
                     help="only the HTTP server's own CPU under the gpufleet side's load (uvicorn, an app that "
                          "stores nothing): the floor under the collector's figure")
@@ -858,6 +871,9 @@ def main() -> None:
     ap.add_argument("--serve-null", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--null-server", default="uvicorn", choices=["uvicorn", "protocol"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ship_interval <= 0:
+        ap.error(f"--ship-interval must be a positive number of seconds, not {args.ship_interval}")
+    SHIP_EVERY_S = args.ship_interval
     if args.serve_exporter:
         serve_exporter(args.serve_exporter)
         return
@@ -868,6 +884,9 @@ def main() -> None:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
     fleets = [1000, 4000, 8000, 16000] if args.quick else [int(x) for x in args.fleets.split(",")]
     window, warm = (8.0, 5.0) if args.quick else (args.window, args.warm)
+    if warm < SHIP_EVERY_S + 1:  # else nodes' first shipments, and their new connections, fall in the window
+        warm = float(SHIP_EVERY_S + 1)
+        print(f"warm-up raised to {warm:g} s: every node ships once before the window", flush=True)
     from gpufleet.testing.pg import server_url
 
     started = time.monotonic()
@@ -885,11 +904,19 @@ def main() -> None:
                           "unit": "us per GPU-sample", "gpus": fleets[-1],
                           "baseline_bare_protocol": last["protocol"]["cpu_us_per_gpu_sample"], "http_floor": floor}))
         return
+    from gpufleet.testing.pg import timescale_server_url
+
+    ts_server = timescale_server_url()
+    if args.timescale and ts_server is None:
+        sys.exit("--timescale: set GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server "
+                 "(tools/timescale-server.sh builds and starts one)")
+    server = ts_server if args.timescale and ts_server else server_url()
+    db_name = "TimescaleDB" if args.timescale else "PostgreSQL"
     if args.only == "gpufleet":
-        server = server_url()
-        print(f"gpufleet (agents' batches, {_processes(args.collectors)}, PostgreSQL):", flush=True)
+        print(f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True)
         fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
-        print(json.dumps({"name": "vs_prometheus_gpufleet_only", "gpufleet": [asdict(s) for s in fleet]}))
+        print(json.dumps({"name": "vs_prometheus_gpufleet_only", "ship_interval_s": SHIP_EVERY_S,
+                          "gpufleet_database": db_name, "gpufleet": [asdict(s) for s in fleet]}))
         return
     exporter_port = free_port()
     exporter = subprocess.Popen([sys.executable, __file__, "--serve-exporter", str(exporter_port)])
@@ -921,15 +948,11 @@ def main() -> None:
           f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
           f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
           "per series and overstate it", flush=True)
-    from gpufleet.testing.pg import timescale_server_url
-
-    ts_server = timescale_server_url()
     ts_block = None if ts_server is None else gpufleet_timescale_bytes(ts_server, block_nodes, hours)
     if ts_block is not None:
         print(f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
               f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
-    server = server_url()
-    print(f"gpufleet (agents' batches, {_processes(args.collectors)}, PostgreSQL):", flush=True)
+    print(f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True)
     fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
 
     def largest(steps: list[Step]) -> int:
@@ -983,6 +1006,7 @@ def main() -> None:
         "largest_fleet_prometheus": lp, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
         "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
         "prometheus": [rounded(s) for s in prom], "gpufleet": [rounded(s) for s in fleet],
+        "ship_interval_s": SHIP_EVERY_S, "gpufleet_database": db_name,
         "window_s": window, "quick": args.quick, "seconds": round(time.monotonic() - started, 1),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
     }))
