@@ -44,11 +44,12 @@ class IngestSettings(BaseModel):
     #: Group commit: most rows gathered into one COPY transaction.
     group_max_rows: int = Field(20_000, gt=0)
     #: Group commit: how long the writer waits for more requests, seconds
-    #: (less when 16 requests or a quarter of ``group_max_rows`` are already
-    #: waiting).  Agents ship every 5 s, so 200 ms of latency is nothing to
-    #: them, and at a hundred requests a second (4,000 GPUs) it gathers 16 into
-    #: each transaction instead of 4 or 5: about a sixth less CPU per sample,
-    #: collector and PostgreSQL together (bench/vs_prometheus.py).
+    #: (less when ``group_linger_batches`` requests or a quarter of
+    #: ``group_max_rows`` are already waiting).  Agents ship every 10 s, so
+    #: 200 ms of latency is nothing to them, and at a hundred requests a second
+    #: it gathers about 20 into each transaction instead of 4 or 5: about a
+    #: sixth less CPU per sample, collector and PostgreSQL together, when it
+    #: was measured (bench/vs_prometheus.py, 4,000 GPUs shipping every 5 s).
     group_linger_s: float = Field(0.2, ge=0)
     #: Group commit: a lingering writer stops waiting once this many requests
     #: are queued.  Past a few hundred requests a second this, not the linger,
@@ -69,7 +70,7 @@ class IngestSettings(BaseModel):
     #: Seconds a client should wait after 429/503.
     retry_after_s: int = Field(2, ge=1)
     #: How long an idle agent connection is held open for its next batch, seconds.
-    #: Longer than the agents' ``ship_interval_s`` (5 s) and their own
+    #: Longer than the agents' ``ship_interval_s`` (10 s) and their own
     #: ``keepalive_s`` (20 s), so a node ships every batch over one connection,
     #: and over TLS one handshake, instead of racing the server's timer each
     #: time; at uvicorn's default of 5 s, equal to the ship interval, a share of
@@ -330,8 +331,16 @@ class AgentSettings(BaseModel):
     #: How often node facts (GPU models, driver, governor...) are re-read; they are
     #: sent with the first batch and again only when they change, seconds.
     facts_interval_s: float = Field(300.0, gt=0)
-    #: How often a spool segment is sealed and shipped, seconds.
-    ship_interval_s: float = Field(5.0, gt=0)
+    #: How often a spool segment is sealed and shipped, seconds.  Samples are
+    #: taken every ``interval_s`` whatever this is; it sets how late they reach
+    #: the collector (at most this long, plus the sweep) and how many a request
+    #: carries.  Each request costs the collector a fixed share (HTTP, auth,
+    #: decoding) whatever its size, so 10 s instead of 5 s takes about 30 % off
+    #: the CPU per GPU-sample of collector and PostgreSQL together at 24,000
+    #: GPUs, and 15 s about 40 % (bench/vs_prometheus.py --ship-interval;
+    #: docs/capacity.md, "Ship interval"), for 5 s more delay to dashboards and
+    #: alerts that wait a minute or more anyway.
+    ship_interval_s: float = Field(10.0, gt=0)
     #: Spool directory (unset: ``<data_dir>/agent-spool``).
     spool_dir: Path | None = None
     #: Spool size cap, bytes; beyond it the oldest sealed segments are dropped (and counted).
