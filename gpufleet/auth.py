@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import random
 import secrets
 import threading
 import time
@@ -108,22 +109,39 @@ class TokenCache:
     Lookups are by hash, so the secret itself is never compared with a
     stored value; the found hash is still checked with ``hmac.compare_digest``.
     A revocation is honoured within ``ttl_s``.
+
+    Each entry lives a random 75 to 100 % of ``ttl_s``: entries filled in one
+    burst (every node's first shipment after a start) would otherwise all
+    expire in the same second and send the whole fleet to the database at
+    once.  Past ``max_entries``, unknown tokens are forgotten before known
+    ones, so a flood of made-up tokens cannot push the fleet's tokens out.
     """
 
-    def __init__(self, ttl_s: float = 5.0) -> None:
+    def __init__(self, ttl_s: float = 5.0, max_entries: int = 100_000) -> None:
         self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        #: digest -> (expiry on the monotonic clock, principal or None)
         self._cache: dict[bytes, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
+        self._rng = random.Random()
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     def clear(self) -> None:
         with self._lock:
             self._cache.clear()
 
+    def forget_unknown(self) -> None:
+        """Drop the cached refusals (a token added since may be one of them), keep the principals."""
+        with self._lock:
+            self._cache = {d: e for d, e in self._cache.items() if e[1] is not None}
+
     def get(self, digest: bytes) -> Principal | object | None:
         """The cached principal, None if known-bad, or ``MISS``."""
         with self._lock:
             hit = self._cache.get(digest)
-        if hit is None or time.monotonic() - hit[0] > self.ttl_s:
+        if hit is None or time.monotonic() > hit[0]:
             return _MISS
         return hit[1]
 
@@ -131,13 +149,19 @@ class TokenCache:
         principal = None
         if row is not None and hmac.compare_digest(bytes(row[0]), digest) and row[4] is None:
             principal = Principal(token_id=row[1], name=row[2], role=row[3], node=row[5])
+        expiry = time.monotonic() + self.ttl_s * self._rng.uniform(0.75, 1.0)
         with self._lock:
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            self._cache[digest] = (time.monotonic(), principal)
+            if len(self._cache) >= self.max_entries and digest not in self._cache:
+                self._cache = {d: e for d, e in self._cache.items() if e[1] is not None}
+                if len(self._cache) >= self.max_entries:
+                    self._cache.clear()
+            self._cache[digest] = (expiry, principal)
         return principal
 
 
 MISS = _MISS
 
 LOOKUP_SQL = "SELECT token_hash, id, name, role, revoked_at, node FROM agent_tokens WHERE token_hash = %s"
+#: The same for many digests at once (the collector's coalesced lookups).
+LOOKUP_MANY_SQL = ("SELECT token_hash, id, name, role, revoked_at, node FROM agent_tokens "
+                   "WHERE token_hash = ANY(%s::bytea[])")
