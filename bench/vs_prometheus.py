@@ -604,14 +604,18 @@ async def drive_paced(ports: list[int], due: dict[int, list[tuple[int, bytes, di
             "connections_opened_in_window": opened_in_window[0]}
 
 
-def gc_collections(ports: list[int]) -> list[int]:
+def gc_collections(ports: list[int]) -> list[int] | None:
     """Garbage collections so far, per generation, summed over the collectors on ``ports``
-    (their ``python_gc_collections_total``)."""
+    (their ``python_gc_collections_total``); None when a collector too busy to
+    answer its ``/metrics`` within 10 s (past its capacity) leaves it unknown."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = [0, 0, 0]
     for port in ports:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            return None
         for fam in text_string_to_metric_families(text):
             if fam.name == "python_gc_collections":
                 for smp in fam.samples:
@@ -711,7 +715,8 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
                    "statuses": out["statuses"], "rows_stored": rows,
                    "connections_opened_in_window": out["connections_opened_in_window"],
-                   "gc_collections_in_window": [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
+                   "gc_collections_in_window": None if readings["gc0"] is None or readings["gc1"] is None
+                   else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
                    "collectors": collectors}
     return step
 
