@@ -113,37 +113,42 @@ class TokenCache:
     Each entry lives a random 75 to 100 % of ``ttl_s``: entries filled in one
     burst (every node's first shipment after a start) would otherwise all
     expire in the same second and send the whole fleet to the database at
-    once.  Past ``max_entries``, unknown tokens are forgotten before known
-    ones, so a flood of made-up tokens cannot push the fleet's tokens out.
+    once.  Refusals are kept apart from principals, each side bounded on its
+    own, so a flood of made-up tokens empties only the refusals and never
+    pushes the fleet's own tokens out.
     """
 
     def __init__(self, ttl_s: float = 5.0, max_entries: int = 100_000) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        #: digest -> (expiry on the monotonic clock, principal or None)
-        self._cache: dict[bytes, tuple[float, Principal | None]] = {}
+        #: digest -> (expiry on the monotonic clock, principal), and the refused digests' expiries
+        self._known: dict[bytes, tuple[float, Principal]] = {}
+        self._refused: dict[bytes, float] = {}
         self._lock = threading.Lock()
         self._rng = random.Random()
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self._known) + len(self._refused)
 
     def clear(self) -> None:
         with self._lock:
-            self._cache.clear()
+            self._known.clear()
+            self._refused.clear()
 
     def forget_unknown(self) -> None:
         """Drop the cached refusals (a token added since may be one of them), keep the principals."""
         with self._lock:
-            self._cache = {d: e for d, e in self._cache.items() if e[1] is not None}
+            self._refused.clear()
 
     def get(self, digest: bytes) -> Principal | object | None:
         """The cached principal, None if known-bad, or ``MISS``."""
+        now = time.monotonic()
         with self._lock:
-            hit = self._cache.get(digest)
-        if hit is None or time.monotonic() > hit[0]:
-            return _MISS
-        return hit[1]
+            hit = self._known.get(digest)
+            refused = self._refused.get(digest) if hit is None else None
+        if hit is not None:
+            return hit[1] if now <= hit[0] else _MISS
+        return None if refused is not None and now <= refused else _MISS
 
     def put(self, digest: bytes, row: TokenRow | None) -> Principal | None:
         principal = None
@@ -151,11 +156,16 @@ class TokenCache:
             principal = Principal(token_id=row[1], name=row[2], role=row[3], node=row[5])
         expiry = time.monotonic() + self.ttl_s * self._rng.uniform(0.75, 1.0)
         with self._lock:
-            if len(self._cache) >= self.max_entries and digest not in self._cache:
-                self._cache = {d: e for d, e in self._cache.items() if e[1] is not None}
-                if len(self._cache) >= self.max_entries:
-                    self._cache.clear()
-            self._cache[digest] = (expiry, principal)
+            if principal is None:
+                self._known.pop(digest, None)
+                if len(self._refused) >= self.max_entries:
+                    self._refused.clear()
+                self._refused[digest] = expiry
+            else:
+                self._refused.pop(digest, None)
+                if len(self._known) >= self.max_entries:
+                    self._known.clear()
+                self._known[digest] = (expiry, principal)
         return principal
 
 

@@ -135,7 +135,7 @@ def test_made_up_tokens_do_not_push_known_ones_out() -> None:
     for i in range(50):
         cache.put(hash_secret(f"made-up-{i}"), None)
     assert isinstance(cache.get(known), Principal)
-    assert len(cache) <= 10
+    assert len(cache) <= 11  # the one known, at most ten refused
 
 
 def test_entries_filled_together_do_not_expire_together(monkeypatch: pytest.MonkeyPatch) -> None:
