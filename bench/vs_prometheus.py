@@ -18,7 +18,7 @@ both sides, one side after the other so they never compete for the CPU:
   namespace, pod, pod_uid), integers for integer fields and six decimals for
   ratios and watts.
 * **gpufleet**: every node ships its batch of the same values every
-  ``ship_interval_s`` (the agent's default, 5 s, or ``--ship-interval``; the agents' wire format:
+  ``ship_interval_s`` (the agent's default, 10 s, or ``--ship-interval``; the agents' wire format:
   msgpack, typed columns, zstd, with the agent's id and version) to one collector
   process (``--collectors N``: N replicas, the nodes spread over them as a
   balancer would, all their CPU and memory counted), which stores them in

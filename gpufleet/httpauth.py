@@ -158,13 +158,13 @@ class Authenticator:
                 async with asyncio.timeout(3), self.pool.connection() as conn:
                     cur = await conn.execute(LOOKUP_MANY_SQL, (list(batch),))
                     outcome = {bytes(r[0]): r for r in map(_as_tuple, await cur.fetchall())}
-            except BaseException as e:  # every waiter is answered, whatever happened
+            except (psycopg.Error, PoolTimeout, TimeoutError, OSError) as e:
                 outcome = e
-                if not isinstance(e, (psycopg.Error, PoolTimeout, TimeoutError, OSError)):
-                    for f in batch.values():
-                        if not f.done():
-                            f.set_result(e)
-                    raise
+            except BaseException as e:  # cancelled, or unforeseen: answer every waiter, then let it go
+                for f in batch.values():
+                    if not f.done():
+                        f.set_result(e)
+                raise
             for d, f in batch.items():
                 if not f.done():
                     f.set_result(outcome if isinstance(outcome, BaseException) else outcome.get(d))
