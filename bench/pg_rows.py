@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -42,11 +41,6 @@ from gpufleet.testing.pg import server_url  # noqa: E402
 from gpufleet.wire import Batch, validate  # noqa: E402
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def batches(nodes: int, seconds: int) -> list[Batch]:
     due = vs_prometheus.gpufleet_bodies(vs_prometheus.value_model(), nodes, ["unused"] * nodes,
                                         int(time.time()) - 2 * seconds, seconds)
@@ -64,11 +58,11 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, btree: bool) 
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
             conn.commit()
             cache, touch = sightings.SightingCache(), NodeTouch(10.0)
-            c0, t0 = cpu_s(pid), time.perf_counter()
+            c0, t0 = vs_prometheus.cpu_s(pid), time.perf_counter()
             for i in range(0, len(todo), group):
                 with conn.transaction():
                     write_batches(conn, todo[i:i + group], sightings_cache=cache, touch=touch)
-            c1, wall = cpu_s(pid), time.perf_counter() - t0
+            c1, wall = vs_prometheus.cpu_s(pid), time.perf_counter() - t0
             rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
     return {"rows": rows, "backend_us_per_row": (c1 - c0) / rows * 1e6, "wall_us_per_row": wall / rows * 1e6}
 
