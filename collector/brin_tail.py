@@ -42,7 +42,8 @@ SELECT t.relname, i.relname, coalesce(
     (SELECT split_part(o, '=', 2)::bigint FROM unnest(i.reloptions) o WHERE o LIKE 'pages_per_range=%%'), 128)
 FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
 JOIN pg_am a ON a.oid = i.relam
-WHERE a.amname = 'brin' AND i.relname = ANY(%s) AND pg_table_is_visible(i.oid)"""
+WHERE a.amname = 'brin' AND i.relname = ANY(%s) AND pg_table_is_visible(i.oid)
+ORDER BY t.relname"""
 
 _TAIL_SQL = """
 WITH n AS (SELECT pg_relation_filenode(%(tbl)s::regclass) AS file,
