@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,13 @@ def test_script_answers_help(script: Path) -> None:
                          timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "usage" in res.stdout.lower()
+
+
+def test_request_cpu_times_both_validation_paths_on_the_same_requests() -> None:
+    res = subprocess.run([sys.executable, "bench/request_cpu.py", "--requests", "20", "--repeat", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["name"] == "request_cpu_validate" and last["requests"] == 20
+    assert last["gpu_samples_per_request"] == 80
+    assert last["value"] > 0 and last["baseline_column_by_column"] > 0 and last["encode"] > 0

@@ -8,7 +8,7 @@ look for the first offending sample, to name it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -460,6 +460,9 @@ class _Plan:
     name, field, kind code: 0 float, 1 integer, 2 text; is it a key column)."""
 
     items: tuple[tuple[str, str, Field, int, bool], ...]
+    #: Per tuple of wire dtypes (None: a column checked on its own), where its columns go
+    #: (None: not this path's to check).
+    layouts: dict[tuple[Any, ...], _Layout | None] = field(default_factory=dict, compare=False, hash=False)
 
 
 _PLANS: dict[tuple[str, tuple[str, ...]], _Plan | None] = {}
@@ -494,29 +497,29 @@ def _typed_section_fast(section: str, obj: Any, known: dict[str, Field],
     plan = _plan(section, tuple(obj), known, key)
     if plan is None:
         return None
-    n = -1
-    out: dict[str, Column] = {}
-    # (wire dtype, as integer) -> output names, their data
-    groups: dict[tuple[str, bool], tuple[list[str], list[bytes]]] = {}
-    itemsize = _ITEMSIZE
-    for name, oname, f, code, is_key in plan.items:
-        col = obj[name]
-        if type(col) is dict and len(col) == 2 and code != 2:
-            dt: str = col.get("dtype")  # type: ignore[assignment]  # checked just below
-            data = col.get("data")
-            size = itemsize.get(dt) if type(dt) is str else None
-            if size is None or type(data) is not bytes or (code == 1 and dt[0] == "f"):
-                return None
-            m = len(data) // size
-            if m * size != len(data) or (m != n and n != -1):
-                return None
-            n = m
-            g = groups.get((dt, code == 1))
-            if g is None:
-                g = groups[(dt, code == 1)] = ([], [])
-            g[0].append(oname)
-            g[1].append(data)
-            continue
+    cols = list(obj.values())  # in the plan's order: the plan is keyed by these names
+    # A typed column is a dict of exactly dtype and data; anything else (text, a
+    # column with NULLs, a malformed one) is checked on its own below.
+    dts = tuple([c.get("dtype") if type(c) is dict and len(c) == 2 else None for c in cols])
+    try:
+        lay = plan.layouts[dts]
+    except KeyError:
+        lay = _layout(plan, dts, key)
+    if lay is None:
+        return None
+    datas = [cols[i].get("data") for i in lay.typed]
+    if datas:
+        if not all([type(d) is bytes for d in datas]):
+            return None
+        n, rest = divmod(len(datas[0]), lay.itemsizes[0])
+        if rest or list(map(len, datas)) != [n * size for size in lay.itemsizes]:
+            return None
+    else:
+        n = -1
+    own: dict[str, Column] = {}
+    for i in lay.own:
+        name, oname, f, code, is_key = plan.items[i]
+        col = cols[i]
         try:
             if type(col) is list and code == 2:
                 checked = _text(section, name, col)
@@ -529,45 +532,91 @@ def _typed_section_fast(section: str, obj: Any, known: dict[str, Field],
         if n != -1 and len(checked) != n:
             return None
         n = len(checked)
-        out[oname] = checked
+        own[oname] = checked
     if n <= 0:
         return None
-    for (dt, as_int), (onames, datas) in groups.items():
-        mat = np.frombuffer(b"".join(datas), dtype=TYPED_DTYPES[dt]).reshape(len(onames), n)
-        mat = mat.astype(np.int64 if as_int else np.float64)
-        lo, hi = _section_bounds(section, tuple(onames), as_int)
-        if as_int:
-            ok = bool(((mat >= lo) & (mat <= hi)).all())
-        else:
-            ok = bool((np.isfinite(mat) & (mat >= lo) & (mat <= hi)).all())
-        if not ok:
-            return None
-        for i, oname in enumerate(onames):
-            out[oname] = Column(mat[i])
-    # The slow path's column order: the key first, then as sent.
-    first = {k: out.pop(k) for k in key}
-    first.update(out)
-    return first, n
+    floats = np.empty((lay.n_float, n), dtype=np.float64)
+    ints = np.empty((lay.n_int, n), dtype=np.int64)
+    for dtype, idx, as_int, a, b in lay.groups:
+        buf = b"".join([datas[j] for j in idx])
+        (ints if as_int else floats)[a:b] = np.frombuffer(buf, dtype=dtype).reshape(b - a, n)
+    # Bounds of unbounded floats are the largest finite double, so one pair of
+    # comparisons also refuses NaN and the infinities, as isfinite would.
+    if lay.n_float and not bool(((floats >= lay.float_lo) & (floats <= lay.float_hi)).all()):
+        return None
+    if lay.n_int and not bool(((ints >= lay.int_lo) & (ints <= lay.int_hi)).all()):
+        return None
+    rows = (list(floats), list(ints))
+    out = {oname: own[oname] if row < 0 else Column(rows[as_int][row]) for oname, as_int, row in lay.order}
+    return out, n
 
 
-_SECTION_BOUNDS: dict[tuple[str, tuple[str, ...], bool], tuple[np.ndarray, np.ndarray]] = {}
+@dataclass(frozen=True)
+class _Layout:
+    """Where a section's columns go, for one plan and one tuple of wire dtypes:
+    typed float columns become rows of one float64 matrix, typed integer columns
+    rows of one int64 matrix, each dtype's columns adjacent so they are copied
+    in one step; the other columns are checked one by one."""
+
+    #: Plan positions of the typed columns, and each one's bytes per value.
+    typed: tuple[int, ...]
+    itemsizes: tuple[int, ...]
+    #: Plan positions of the columns checked on their own.
+    own: tuple[int, ...]
+    #: (numpy dtype, positions in ``typed``, into the integer matrix?, first row, end row)
+    groups: tuple[tuple[str, tuple[int, ...], int, int, int], ...]
+    n_float: int
+    n_int: int
+    float_lo: np.ndarray
+    float_hi: np.ndarray
+    int_lo: np.ndarray
+    int_hi: np.ndarray
+    #: (output name, 1: the integer matrix, 0: the float one; row, -1 for a column checked on its own)
+    order: tuple[tuple[str, int, int], ...]
 
 
-def _section_bounds(section: str, names: tuple[str, ...], as_int: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per-column (lo, hi) column vectors of one section's fields, cached per column set."""
-    hit = _SECTION_BOUNDS.get((section, names, as_int))
-    if hit is None:
-        known = _FAST_KNOWN[section]
-        dt = np.int64 if as_int else np.float64
-        hit = (np.array([_lo(known[n]) for n in names], dtype=dt)[:, None],
-               np.array([_hi(known[n]) for n in names], dtype=dt)[:, None])
-        if len(_SECTION_BOUNDS) < 4096:
-            _SECTION_BOUNDS[(section, names, as_int)] = hit
-    return hit
+_DOUBLE_MAX = float(np.finfo(np.float64).max)
+
+
+def _layout(plan: _Plan, dts: tuple[Any, ...], key: tuple[str, ...]) -> _Layout | None:
+    """The layout for these dtypes, or None when one is unknown or wrong for its
+    column (an integer field sent as floats): the slow path names it."""
+    lay: _Layout | None = None
+    typed = [i for i, dt in enumerate(dts) if dt is not None]
+    if all(type(dts[i]) is str and dts[i] in TYPED_DTYPES and plan.items[i][3] != 2
+           and not (plan.items[i][3] == 1 and dts[i][0] == "f") for i in typed):
+        by_group: dict[tuple[str, bool], list[int]] = {}
+        for j, i in enumerate(typed):
+            by_group.setdefault((dts[i], plan.items[i][3] == 1), []).append(j)
+        groups = []
+        rows: dict[int, tuple[int, int]] = {}
+        bounds: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
+        for (dt, as_int), idx in by_group.items():
+            lo, hi = bounds[as_int]
+            a = len(lo)
+            for j in idx:
+                f = plan.items[typed[j]][2]
+                rows[typed[j]] = (int(as_int), len(lo))
+                lo.append(_lo(f) if as_int else max(_lo(f), -_DOUBLE_MAX))
+                hi.append(_hi(f) if as_int else min(_hi(f), _DOUBLE_MAX))
+            groups.append((TYPED_DTYPES[dt], tuple(idx), int(as_int), a, len(lo)))
+        wire_names = [item[0] for item in plan.items]
+        order = [*(wire_names.index(k) for k in key), *(i for i, item in enumerate(plan.items) if not item[4])]
+        lay = _Layout(
+            typed=tuple(typed), itemsizes=tuple(_ITEMSIZE[dts[i]] for i in typed),
+            own=tuple(i for i, dt in enumerate(dts) if dt is None),
+            groups=tuple(groups), n_float=len(bounds[False][0]), n_int=len(bounds[True][0]),
+            float_lo=np.array(bounds[False][0], dtype=np.float64)[:, None],
+            float_hi=np.array(bounds[False][1], dtype=np.float64)[:, None],
+            int_lo=np.array(bounds[True][0], dtype=np.int64)[:, None],
+            int_hi=np.array(bounds[True][1], dtype=np.int64)[:, None],
+            order=tuple((plan.items[i][1], *rows.get(i, (0, -1))) for i in order))
+    if len(plan.layouts) < 64:
+        plan.layouts[dts] = lay
+    return lay
 
 
 _ITEMSIZE = {k: np.dtype(v).itemsize for k, v in TYPED_DTYPES.items()}
-_FAST_KNOWN = {"gpu": {**GPU_BY_NAME, "time": _TIME, "gpu": _GPU}, "host": {**HOST_BY_NAME, "time": _TIME}}
 
 
 def as_lists(doc: dict[str, Any]) -> dict[str, Any]:

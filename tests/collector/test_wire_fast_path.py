@@ -69,9 +69,9 @@ def _mutations(doc: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     g = d["gpu"]
     name = rng.choice([k for k in g if k != "uuid"])
     n = len(as_lists({"gpu": {"time": g["time"]}})["gpu"]["time"])
-    kind = rng.randrange(12)
+    kind = rng.randrange(13)
     if kind == 0:  # out of range
-        g["sm_active"] = _typed([0.5] * (n - 1) + [1.5], "f4")
+        g["sm_active"] = _typed([0.5] * (n - 1) + [rng.choice([1.5, -0.5])], "f4")
     elif kind == 1:  # NaN / inf
         g["power_w"] = _typed([100.0] * (n - 1) + [rng.choice([float("nan"), float("inf")])], "f4")
     elif kind == 2:  # a short column
@@ -99,8 +99,13 @@ def _mutations(doc: dict[str, Any], rng: random.Random) -> dict[str, Any]:
             del g["gpu"]
     elif kind == 10:  # a plain list for a numeric column, with or without a NULL
         g[name] = [1] * (n - 1) + [rng.choice([None, 2])]
-    else:  # a negative GPU index, a smallint overflow
+    elif kind == 11:  # a negative GPU index, a smallint overflow
         g["gpu"] = _typed([0] * (n - 1) + [rng.choice([-1, 40000])], "i4")
+    else:  # values at and past the edges of a column's type, sent in a wider dtype than usual
+        col, dt, last = rng.choice([("energy_mj", "i8", 2**63 - 1), ("power_w", "f8", 3.4028234663852886e38),
+                                    ("power_w", "f8", 1e300), ("power_w", "f8", float("-inf")),
+                                    ("temp_c", "u4", 2**32 - 1), ("temp_c", "i8", -(2**63))])
+        g[col] = _typed([1] * (n - 1) + [last], dt)
     return d
 
 

@@ -1,0 +1,112 @@
+"""The collector's own CPU per ingest request, outside HTTP and the database.
+
+    python bench/request_cpu.py [--requests 640] [--repeat 5] [--group 64]
+
+Takes the batches ``bench/vs_prometheus.py`` ships (8 GPUs a node, 25 values
+a GPU and the UUID, the agents' 10-s batches: 80 GPU-samples a request,
+msgpack, zstd) and times, in this process, each step the collector runs on
+them: decoding (decompress and parse), validation, and the COPY encoding a
+group commit of ``--group`` requests does.  Validation is timed twice: as the
+collector runs it (a section at a time) and, as the baseline in the same run,
+column by column (the path that names a malformed sample; it was the only
+one before the section-at-a-time path).  Each figure is the best of
+``--repeat`` passes over all requests, per request and per GPU-sample.  The
+last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import vs_prometheus  # noqa: E402
+
+import gpufleet.wire.validation as wire_validation  # noqa: E402
+from gpufleet.collector.batch_store import GPU_SPECS, _layout_hint  # noqa: E402
+from gpufleet.collector.copy_binary import concat_parts, encode_rows  # noqa: E402
+from gpufleet.wire import ParseLimits, decompress, parse, validate  # noqa: E402
+
+
+def best_us(fn: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def column_by_column(doc: dict[str, Any]) -> Any:
+    saved = wire_validation._typed_section_fast
+    wire_validation._typed_section_fast = lambda *a: None
+    try:
+        return validate(doc)
+    finally:
+        wire_validation._typed_section_fast = saved
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=640)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--group", type=int, default=64)
+    args = ap.parse_args()
+    per_tick = max(1, args.requests // vs_prometheus.SHIP_EVERY_S)
+    due = vs_prometheus.gpufleet_bodies(vs_prometheus.value_model(), per_tick * vs_prometheus.SHIP_EVERY_S,
+                                        ["token"] * per_tick * vs_prometheus.SHIP_EVERY_S, int(time.time()),
+                                        vs_prometheus.SHIP_EVERY_S)
+    bodies = [body for items in due.values() for _, body, _ in items][:args.requests]
+    limits = ParseLimits.for_samples(100_000)
+    docs = [parse(decompress(b, "zstd", 1 << 26), "application/msgpack", limits) for b in bodies]
+    batches = [validate(d) for d in docs]
+    samples = sum(b.n_gpu for b in batches)
+    n = len(bodies)
+
+    def decode() -> None:
+        for b in bodies:
+            parse(decompress(b, "zstd", 1 << 26), "application/msgpack", limits)
+
+    def sections() -> None:
+        for d in docs:
+            validate(d)
+
+    def columns() -> None:
+        for d in docs:
+            column_by_column(d)
+
+    def encode() -> None:
+        for i in range(0, n, args.group):
+            parts = [(b.node, b.gpu, b.n_gpu) for b in batches[i:i + args.group]]
+            groups: dict[tuple[Any, ...], list[Any]] = {}
+            for part in parts:
+                groups.setdefault(_layout_hint(GPU_SPECS, part), []).append(part)
+            for group in groups.values():
+                merged, rows = concat_parts(GPU_SPECS, group)
+                encode_rows(GPU_SPECS, merged, rows)
+
+    out = {name: best_us(fn, args.repeat) / n for name, fn in
+           [("decode", decode), ("validate", sections), ("validate_column_by_column", columns),
+            ("encode", encode)]}
+    per_sample = samples / n
+    print(f"{n} requests of {per_sample:.0f} GPU-samples each (best of {args.repeat}):")
+    for name, us in out.items():
+        print(f"  {name:26s} {us:8.1f} us per request  {us / per_sample:6.2f} us per GPU-sample")
+    speedup = out["validate_column_by_column"] / out["validate"]
+    print(f"  validation a section at a time: {speedup:.2f}x less CPU than column by column")
+    print(json.dumps({"name": "request_cpu_validate", "value": round(out["validate"], 1), "unit": "us/request",
+                      "baseline_column_by_column": round(out["validate_column_by_column"], 1),
+                      "decode": round(out["decode"], 1), "encode": round(out["encode"], 1),
+                      "gpu_samples_per_request": per_sample, "requests": n}))
+
+
+if __name__ == "__main__":
+    main()
