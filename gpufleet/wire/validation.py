@@ -505,6 +505,8 @@ def _typed_section_fast(section: str, obj: Any, known: dict[str, Field],
         lay = plan.layouts[dts]
     except KeyError:
         lay = _layout(plan, dts, key)
+    except TypeError:
+        return None  # a dtype that is not even hashable (a list, a map): the slow path names it
     if lay is None:
         return None
     datas = [cols[i].get("data") for i in lay.typed]

@@ -83,7 +83,8 @@ def _mutations(doc: dict[str, Any], rng: random.Random) -> dict[str, Any]:
         dt = {"gpu": "i2", "power_w": "f4", "temp_c": "i4"}[col]
         g[col] = _typed([1] * n, dt, [i == 1 for i in range(n)])
     elif kind == 5:  # an unknown dtype, or data that is not bytes
-        g[name] = rng.choice([{"dtype": "f16", "data": b"\0" * 16 * n}, {"dtype": "f4", "data": "text"}])
+        g[name] = rng.choice([{"dtype": "f16", "data": b"\0" * 16 * n}, {"dtype": "f4", "data": "text"},
+                              {"dtype": ["f4"], "data": b"\0" * 4 * n}, {"dtype": 4, "data": b"\0" * 4 * n}])
     elif kind == 6:  # an unknown key in the typed map
         g[name] = dict(g[name], extra=1) if isinstance(g[name], dict) else g[name]
     elif kind == 7:  # an old name beside its new one, or alone
