@@ -61,9 +61,11 @@ class IncidentMetrics(Collector):
     """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident (per GPU of one
     that lists its GPUs in ``evidence.gpus``)."""
 
-    def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False) -> None:
+    def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False,
+                 statement_timeout_s: float = 5.0) -> None:
         self.url = url
         self.cache_s = cache_s
+        self.statement_timeout_s = statement_timeout_s
         #: Leave run ids and evidence out: ``run_id`` is empty (series that then coincide are one,
         #: value 1) and no ``gpufleet_incident_evidence`` is exported.
         self.redact = redact
@@ -77,6 +79,10 @@ class IncidentMetrics(Collector):
         if time.monotonic() - self._at > self.cache_s:
             try:
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
+                    # A scrape is answered within its timeout or not at all; a locked table
+                    # must not hold it (and the thread that renders /metrics) for good.
+                    conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                                 (f"{self.statement_timeout_s * 1000:.0f}",))
                     self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
                     self._nodes = conn.execute(NODES_SQL).fetchall()
                     self._quarantine = conn.execute(QUARANTINE_SQL).fetchall()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -95,6 +97,8 @@ class CollectorState:
         else:
             self.leader = Leader(url, settings, self.metrics, sweep=sweep)
         self.monitor = DbMonitor(url, self._db_changed)
+        #: Where ``/metrics`` is rendered (see the route).
+        self.scrapes = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-metrics")
 
     def _db_changed(self, ok: bool) -> None:
         self.writer.mark_db(ok)
@@ -151,6 +155,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
             state.leader.stop()
             state.monitor.stop()
             state.writer.stop()
+            state.scrapes.shutdown(wait=False, cancel_futures=True)
             await state.pool.close()
 
     app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
@@ -191,6 +196,11 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
             status, detail, headers = refused
             return JSONResponse({"detail": detail}, status_code=status, headers=headers)
         state.metrics.queue_rows.set(state.writer.queued_rows)
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # Off the event loop: the incident series are read from the database, and a scrape
+        # waiting on it must not hold every agent's shipment meanwhile.  One thread, so
+        # scrapes never overlap and a stuck database ties up that thread only.
+        body = await asyncio.get_running_loop().run_in_executor(state.scrapes, generate_latest,
+                                                                state.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return IngestFastPath(app, state)
