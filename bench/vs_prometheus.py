@@ -663,12 +663,15 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
 
             async def run() -> dict[str, Any]:
                 async def sample() -> None:
+                    # The collector's /metrics (read for its GC count) costs it and the
+                    # database a tenth of a second or more: read before the window, not in it.
+                    await asyncio.sleep(max(0.0, window[0] - 2.0 - time.time()))
+                    readings["gc0"] = await asyncio.to_thread(gc_collections, ports)
                     await asyncio.sleep(max(0.0, window[0] - time.time()))
                     pids = postgres_pids(url, dbname)
                     readings["k0"], readings["p0"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
                     readings["c0"] = readings["k0"] + readings["p0"]
                     readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
-                    readings["gc0"] = await asyncio.to_thread(gc_collections, ports)
                     await asyncio.sleep(max(0.0, window[1] - time.time()))
                     readings["k1"], readings["p1"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
                     readings["c1"] = readings["k1"] + readings["p1"]
