@@ -121,19 +121,33 @@ class IngestFastPath:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await self._bounded(scope, receive, send)
 
+    @property
+    def max_body_bytes(self) -> int:
+        return self.state.settings.ingest.max_body_bytes
+
+    def closes(self, scope: dict[str, Any]) -> bool:
+        """Whether this answer ends its connection (the connection has reached its age)."""
+        if self.state.connection_ages.should_close(scope):
+            self.state.metrics.connections_aged.inc()
+            return True
+        return False
+
+    async def answer(self, scope: dict[str, Any], receive: Any) -> Response:
+        """The answer to one shipment; also called by :mod:`gpufleet.collector.ingest_protocol`,
+        which reads plain shipments on the connection itself."""
+        request = Request(scope, receive)
+        try:
+            who = await self.state.auth.principal(request)
+        except HTTPException as e:
+            self.state.metrics.requests.labels(str(e.status_code)).inc()
+            return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
+        return await self.state.ingest.handle(request, who)
+
     async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/v1/ingest" and scope["method"] == "POST":
-            if self.state.connection_ages.should_close(scope):
-                self.state.metrics.connections_aged.inc()
+            if self.closes(scope):
                 send = closing(send)
-            request = Request(scope, receive)
-            try:
-                who = await self.state.auth.principal(request)
-            except HTTPException as e:
-                self.state.metrics.requests.labels(str(e.status_code)).inc()
-                response: Response = JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
-            else:
-                response = await self.state.ingest.handle(request, who)
+            response = await self.answer(scope, receive)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

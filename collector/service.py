@@ -32,8 +32,12 @@ def server_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's settings for serving the collector (beside the address and TLS):
     idle agent connections are held ``ingest.keep_alive_s``, past the agents'
     ship interval, so each node keeps one connection instead of reconnecting
-    for every batch."""
-    return {"timeout_keep_alive": settings.ingest.keep_alive_s}
+    for every batch; the protocol answers plain shipments itself, and passes
+    verified client certificates on where a client CA is configured."""
+    from gpufleet.collector.tls import protocol_class
+
+    return {"timeout_keep_alive": settings.ingest.keep_alive_s,
+            "http": protocol_class(client_certs=bool(settings.tls.client_ca))}
 
 
 def build_collector(url: str, settings: Settings) -> Any:

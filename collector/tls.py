@@ -74,11 +74,13 @@ def with_tls(app: ASGIApp, ext: dict[str, Any]) -> ASGIApp:
 
 class _PeerCertMixin:
     app: ASGIApp
+    tls_ext: dict[str, Any] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         ext = tls_extension(transport)
         if ext is not None:
+            self.tls_ext = ext
             self.app = with_tls(self.app, ext)
 
 
@@ -86,14 +88,18 @@ class TLSH11Protocol(_PeerCertMixin, H11Protocol):
     pass
 
 
-def protocol_class() -> type[asyncio.Protocol]:
-    """The HTTP protocol uvicorn's ``auto`` would use (httptools when installed), passing client certs on."""
+def protocol_class(client_certs: bool = True) -> type[asyncio.Protocol] | str:
+    """The collector's HTTP protocol: uvicorn's httptools protocol answering plain shipments on
+    the connection (:mod:`gpufleet.collector.ingest_protocol`), passing verified client
+    certificates on when ``client_certs``; h11 (or uvicorn's own choice) without httptools."""
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        from gpufleet.collector.ingest_protocol import IngestProtocol
     except ImportError:
-        return TLSH11Protocol
+        return TLSH11Protocol if client_certs else "auto"
+    if not client_certs:
+        return IngestProtocol
 
-    class TLSHttpToolsProtocol(_PeerCertMixin, HttpToolsProtocol):
+    class TLSIngestProtocol(_PeerCertMixin, IngestProtocol):
         pass
 
-    return TLSHttpToolsProtocol
+    return TLSIngestProtocol

@@ -158,13 +158,11 @@ def _ssl(s: Settings) -> dict[str, Any]:
         return {}
     kw: dict[str, Any] = {"ssl_certfile": str(s.tls.certfile), "ssl_keyfile": str(s.tls.keyfile or s.tls.certfile)}
     if s.tls.client_ca:
-        from gpufleet.collector.tls import protocol_class
-
         kw["ssl_ca_certs"] = str(s.tls.client_ca)
         kw["ssl_cert_reqs"] = ssl.CERT_REQUIRED if s.tls.client_cert == "required" else ssl.CERT_OPTIONAL
-        # uvicorn verifies the client certificate but does not pass it on; this protocol
-        # adds it to the ASGI scope, where ingest ties it to the token's node.
-        kw["http"] = protocol_class()
+        # uvicorn verifies the client certificate but does not pass it on; the collector's
+        # protocol (service.server_options) adds it to the scope, where ingest ties it to the
+        # token's node.
     return kw
 
 
