@@ -125,6 +125,11 @@ class IngestFastPath:
     def max_body_bytes(self) -> int:
         return self.state.settings.ingest.max_body_bytes
 
+    def admits(self, authorization: bytes | None) -> bool:
+        """Whether a shipment with this Authorization header may be read whole before its token
+        is checked again: the token is cached as a node's."""
+        return self.state.auth.cached_node(None if authorization is None else authorization.decode("latin-1"))
+
     def closes(self, scope: dict[str, Any]) -> bool:
         """Whether this answer ends its connection (the connection has reached its age)."""
         if self.state.connection_ages.should_close(scope):

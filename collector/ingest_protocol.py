@@ -11,10 +11,16 @@ A shipment this protocol can take whole is read here and handed to the
 collector's ingest handler with its headers and body, and the answer is
 written straight to the transport.  That is ``POST /v1/ingest`` with exactly
 one Content-Length within the ingest limit, no Transfer-Encoding, no
-``Expect: 100-continue``, no upgrade, and nothing else in flight on the
-connection.  Everything else (every other route, and every shipment that is
+``Expect: 100-continue``, no upgrade, nothing else in flight on the
+connection, and a bearer token already cached as a node's: the body is read
+before the handler checks the token again, so a client without one never
+has a body buffered here.  Everything else (every other route, every
+first shipment of a node, every refused token, and every shipment that is
 not plain) goes through uvicorn and the ASGI app as before, so body limits,
 errors, pipelining and the OpenAPI description keep one implementation each.
+Middleware between uvicorn and the collector's app (uvicorn's proxy headers)
+is not applied to these shipments: the handler reads the client's address
+only to tell connections apart, and the transport's is the one for that.
 While a shipment is in flight it stands in uvicorn's place for the current
 request, so a request pipelined behind it waits for its answer, a graceful
 shutdown lets it finish and closes the connection after it, and a lost
@@ -23,6 +29,7 @@ connection is noticed before anything is written.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any, Protocol
 
@@ -38,6 +45,8 @@ class ShipmentApp(Protocol):
 
     max_body_bytes: int
 
+    def admits(self, authorization: bytes | None) -> bool: ...
+
     def closes(self, scope: dict[str, Any]) -> bool: ...
 
     async def answer(self, scope: dict[str, Any], receive: Any) -> Any: ...
@@ -52,11 +61,12 @@ class _NoEvent:
 class Shipment:
     """A shipment read by this protocol, standing where uvicorn keeps its request cycle."""
 
-    __slots__ = ("body", "disconnected", "headers", "keep_alive", "response_complete")
+    __slots__ = ("body", "disconnected", "headers", "http_version", "keep_alive", "response_complete")
     message_event = _NoEvent  # uvicorn sets it when the connection is lost
 
-    def __init__(self, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> None:
+    def __init__(self, headers: list[tuple[bytes, bytes]], http_version: str, keep_alive: bool) -> None:
         self.headers = headers
+        self.http_version = http_version
         self.keep_alive = keep_alive
         self.body = bytearray()
         self.response_complete = False
@@ -96,18 +106,25 @@ class IngestProtocol(HttpToolsProtocol):
     def _plain_shipment(self, limit: int) -> Shipment | None:
         if self.parser.get_method() != b"POST" or self.parser.should_upgrade():
             return None
-        length = None
+        length = authorization = None
         for name, value in self.headers:
             if name == b"content-length":
                 if length is not None or not value.isdigit():
                     return None
                 length = int(value)
+            elif name == b"authorization":
+                if authorization is not None:
+                    return None
+                authorization = value
             elif name == b"transfer-encoding":
                 return None
-        if length is None or length > limit:
+        assert self.shipments is not None
+        # The body is read here before the handler checks the token, so only for a token
+        # known to be a node's; any other goes through the app, which checks it first.
+        if length is None or length > limit or not self.shipments.admits(authorization):
             return None
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        return Shipment(self.headers, keep_alive)
+        version = self.parser.get_http_version()
+        return Shipment(self.headers, version, version != "1.0" and self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
         if self.reading is not None:
@@ -121,14 +138,17 @@ class IngestProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         self.reading = None
-        task = self.loop.create_task(self._answer(shipment))
+        if getattr(self.config, "reset_contextvars", False):  # as uvicorn starts its own tasks
+            task = self.loop.create_task(self._answer(shipment), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(self._answer(shipment))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
     async def _answer(self, shipment: Shipment) -> None:
         assert self.shipments is not None
         scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": shipment.http_version,
             "method": "POST", "scheme": self.scheme, "path": "/v1/ingest", "raw_path": PATH,
             "root_path": self.root_path, "query_string": b"", "headers": shipment.headers,
             "client": self.client, "server": self.server, "state": self.app_state.copy(),
@@ -158,6 +178,11 @@ class IngestProtocol(HttpToolsProtocol):
             status, content = 500, b"Internal Server Error"
             headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")]
             shipment.keep_alive = False
+        if self.flow.write_paused and not shipment.disconnected:
+            # A client not reading its answers: wait, as uvicorn does.  Until this answer is
+            # written the shipment is not complete, so whatever the client sends next waits
+            # in uvicorn's queue with reading paused, instead of piling up here.
+            await self.flow.drain()
         shipment.response_complete = True
         if shipment.disconnected or self.transport.is_closing():
             return

@@ -1,10 +1,11 @@
 """Client certificates in the ASGI scope, so mTLS can be tied to a node token.
 
 uvicorn verifies a client certificate against ``ssl_ca_certs`` but does not
-hand it to the application.  The protocol classes here (the ones uvicorn
-would pick, plus one step in ``connection_made``) read the verified peer
-certificate from the connection's SSL object once per connection and add
-the ASGI TLS extension to the scope of every request on it::
+hand it to the application.  The protocol classes here (the collector's own,
+or h11's where httptools is missing, plus one step in ``connection_made``)
+read the verified peer certificate from the connection's SSL object once per
+connection and add the ASGI TLS extension to the scope of every request on
+it::
 
     scope["extensions"]["tls"] = {
         "client_cert_chain": [PEM of the peer certificate],
@@ -13,9 +14,10 @@ the ASGI TLS extension to the scope of every request on it::
         "client_cert_names": ["node-01", ...],   # CN and DNS names: what a node may be
     }
 
-``gpufleet collector`` and ``gpufleet api`` use them whenever a client CA is
-configured (:func:`protocol_class`); :func:`client_cert_names` is what the
-ingest path checks against the token's node.
+``gpufleet collector`` uses them whenever a client CA is configured
+(:func:`protocol_class`, through ``service.server_options``); the API reads
+no client certificate.  :func:`client_cert_names` is what the ingest path
+checks against the token's node.
 """
 
 from __future__ import annotations

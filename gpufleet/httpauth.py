@@ -88,6 +88,18 @@ class Authenticator:
             raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
         return hit
 
+    def cached_node(self, authorization: str | None) -> bool:
+        """Whether ``authorization`` carries a token cached as a node's, answered without a
+        query or a wait.  The collector's protocol reads a shipment's body on the connection
+        only then (:mod:`gpufleet.collector.ingest_protocol`); anyone else's body is read
+        after :meth:`principal` has accepted the token, as on every other path."""
+        try:
+            secret = parse_bearer(authorization)
+        except AuthError:
+            return False
+        hit = self.cache.get(hash_secret(secret))
+        return isinstance(hit, Principal) and hit.role == "node"
+
     async def _check_generation(self) -> None:
         now = time.monotonic()
         if now - self._checked < self.revocation_check_s:

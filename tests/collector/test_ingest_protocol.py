@@ -98,10 +98,12 @@ def test_plain_shipments_are_answered_on_their_kept_connection(collector: Collec
                             "rejected_skew": 0}
         assert a.headers["content-type"] == "application/json" and "connection" not in a.headers
         assert "date" in a.headers  # the server's own headers, as on every other answer
-    assert app_calls == []
+    # The node's first shipment went through the app, which checked its token before reading
+    # the body; the two after it were answered on the connection.
+    assert app_calls == ["/v1/ingest"]
     conn.sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: collector\r\n\r\n")
     assert conn.read().status == 200
-    assert app_calls == ["/healthz"]
+    assert app_calls == ["/v1/ingest", "/healthz"]
     assert count(collector.db) == 24
 
 
@@ -146,27 +148,37 @@ def test_shipments_that_are_not_plain_go_through_the_app(collector: Collector, a
     assert a.status == 400  # refused by the parser or the body limit, never read as a shipment
 
 
-def test_a_refused_shipment_is_answered_on_the_connection_too(collector: Collector, app_calls: list[str]) -> None:
+def test_a_body_is_read_on_the_connection_only_for_a_node_token_already_accepted(
+        collector: Collector, app_calls: list[str]) -> None:
     conn = Conn(collector)
-    shipment = conn.shipment("a:bad-token").replace(collector.tokens["node-a"].encode(), b"gf_not-a-real-token")
-    conn.sock.sendall(shipment)
-    a = conn.read()
-    assert a.status == 401 and "detail" in a.json()
-    conn.sock.sendall(conn.shipment("a:after-refusal"))
-    assert conn.read().status == 200  # the connection is still good
-    assert app_calls == []
+    junk = b"x" * 500_000
+    for token in (b"gpf_not-a-real-token", collector.tokens["sre"].encode()):
+        conn.sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: c\r\nContent-Type: application/msgpack\r\n"
+                          b"Authorization: Bearer " + token + b"\r\nContent-Length: %d\r\n\r\n" % len(junk) + junk)
+        a = conn.read()
+        assert a.status in (401, 403) and "detail" in a.json()
+    assert app_calls == ["/v1/ingest", "/v1/ingest"]  # checked by the app before it read the body
+    conn.sock.sendall(conn.shipment("a:first"))
+    assert conn.read().status == 200
+    conn.sock.sendall(conn.shipment("a:second"))
+    assert conn.read().status == 200
+    assert app_calls == ["/v1/ingest"] * 3  # the second one, its token now known, was read here
+    assert count(collector.db) == 16
 
 
 def test_a_shipment_whose_connection_is_gone_is_still_stored(collector: Collector) -> None:
     conn = Conn(collector)
+    conn.sock.sendall(conn.shipment("a:first"))
+    assert conn.read().status == 200  # the node's token is now known: the next body is read here
     conn.sock.sendall(conn.shipment("a:gone"))
     conn.sock.close()
     deadline = time.monotonic() + 10
-    while count(collector.db) < 8 and time.monotonic() < deadline:
+    while count(collector.db) < 16 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert count(collector.db) == 8
+    assert count(collector.db) == 16
     with psycopg.connect(collector.db) as c:
-        assert c.execute("SELECT batch_id FROM ingest_batches").fetchall() == [("a:gone",)]
+        assert c.execute("SELECT batch_id FROM ingest_batches ORDER BY batch_id").fetchall() == [
+            ("a:first",), ("a:gone",)]
     again = Conn(collector)
     again.sock.sendall(again.shipment("a:gone"))
     assert again.read().json()["status"] == "duplicate"  # the agent's retry is answered, not stored twice
