@@ -75,8 +75,8 @@ def _prepare(spec: Spec, col: Column | str | None, n: int) -> tuple[Any, np.ndar
     return v, col.null, None
 
 
-#: Per (fields, lengths): the structured dtype and its template row (field count and lengths filled in).
-_TEMPLATES: dict[tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]], tuple[np.dtype, np.ndarray]] = {}
+#: Per (fields, lengths): a one-row structured array with the field count and lengths filled in.
+_TEMPLATES: dict[tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]], np.ndarray] = {}
 
 
 def concat_parts(specs: Sequence[Spec], parts: Sequence[tuple[str, dict[str, Column], int]]) -> tuple[
@@ -186,17 +186,15 @@ def _encode_uniform(specs: Sequence[Spec], prepared: list[tuple[Any, np.ndarray 
             fills.append((f"v{j}", vals if idx is None else vals[idx], fmt))
             lens.append((f"l{j}", np.dtype(fmt).itemsize))
     key = (tuple(fields), tuple(lens))
-    hit = _TEMPLATES.get(key)
-    if hit is None:
-        dtype = np.dtype(fields)
-        row = np.zeros(1, dtype=dtype)
+    row = _TEMPLATES.get(key)
+    if row is None:
+        row = np.zeros(1, dtype=np.dtype(fields))
         row["nf"] = len(specs)
         for name, value in lens:
             row[name] = value
-        hit = (dtype, row)
         if len(_TEMPLATES) < 1024:
-            _TEMPLATES[key] = hit
-    arr = np.tile(hit[1], m)
+            _TEMPLATES[key] = row
+    arr = np.tile(row, m)
     for name, value, fmt in fills:
         arr[name] = np.asarray(value, dtype=fmt) if fmt[0] == ">" else value
     return arr.tobytes()

@@ -96,14 +96,14 @@ class IngestProtocol(HttpToolsProtocol):
         if (self.shipments is not None and self.url == PATH and not self.pipeline
                 and (self.cycle is None or self.cycle.response_complete)
                 and not self.expect_100_continue and self.limit_concurrency is None):
-            shipment = self._plain_shipment(self.shipments.max_body_bytes)
+            shipment = self._plain_shipment(self.shipments)
             if shipment is not None:
                 self.cycle = shipment  # type: ignore[assignment]
                 self.reading = shipment
                 return
         super().on_headers_complete()
 
-    def _plain_shipment(self, limit: int) -> Shipment | None:
+    def _plain_shipment(self, shipments: ShipmentApp) -> Shipment | None:
         if self.parser.get_method() != b"POST" or self.parser.should_upgrade():
             return None
         length = authorization = None
@@ -118,10 +118,9 @@ class IngestProtocol(HttpToolsProtocol):
                 authorization = value
             elif name == b"transfer-encoding":
                 return None
-        assert self.shipments is not None
         # The body is read here before the handler checks the token, so only for a token
         # known to be a node's; any other goes through the app, which checks it first.
-        if length is None or length > limit or not self.shipments.admits(authorization):
+        if length is None or length > shipments.max_body_bytes or not shipments.admits(authorization):
             return None
         version = self.parser.get_http_version()
         return Shipment(self.headers, version, version != "1.0" and self.parser.should_keep_alive())
