@@ -72,6 +72,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -661,26 +662,35 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
             me = os.getpid()
             readings: dict[str, Any] = {}
 
-            async def run() -> dict[str, Any]:
-                async def sample() -> None:
-                    # The collector's /metrics (read for its GC count) costs it and the
-                    # database a tenth of a second or more: read before the window, not in it.
-                    await asyncio.sleep(max(0.0, window[0] - 2.0 - time.time()))
-                    readings["gc0"] = await asyncio.to_thread(gc_collections, ports)
-                    await asyncio.sleep(max(0.0, window[0] - time.time()))
-                    pids = postgres_pids(url, dbname)
-                    readings["k0"], readings["p0"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
-                    readings["c0"] = readings["k0"] + readings["p0"]
-                    readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
-                    await asyncio.sleep(max(0.0, window[1] - time.time()))
-                    readings["k1"], readings["p1"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
-                    readings["c1"] = readings["k1"] + readings["p1"]
-                    readings["d1"], readings["t1"] = cpu_s(me), time.time()
-                    readings["gc1"] = await asyncio.to_thread(gc_collections, ports)
-                    readings["rss"] = sum(rss_bytes(c.pid) for c in procs)
-                    readings["pss"] = sum(pss_bytes(p) for p in pids)
+            def sample() -> None:
+                # On a thread of its own: the load driver's event loop runs late when the
+                # machine is saturated, and a reading taken late measures a shorter span
+                # than the batches counted in the window.  The collector's /metrics (read
+                # for its GC count) costs it and the database a tenth of a second or more,
+                # and answers in seconds when the collector is saturated: it is read on yet
+                # another thread, started before the window, so it delays no reading.
+                def read_gc0() -> None:
+                    readings["gc0"] = gc_collections(ports)
 
-                sampler = asyncio.create_task(sample())
+                gc_reader = threading.Thread(target=read_gc0, daemon=True)
+                time.sleep(max(0.0, window[0] - 2.0 - time.time()))
+                gc_reader.start()
+                pids = postgres_pids(url, dbname)
+                time.sleep(max(0.0, window[0] - time.time()))
+                readings["k0"], readings["p0"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
+                readings["c0"] = readings["k0"] + readings["p0"]
+                readings["d0"], readings["t0"], readings["pids"] = cpu_s(me), time.time(), pids
+                time.sleep(max(0.0, window[1] - time.time()))
+                readings["k1"], readings["p1"] = sum(cpu_s(c.pid) for c in procs), sum(cpu_s(p) for p in pids)
+                readings["c1"] = readings["k1"] + readings["p1"]
+                readings["d1"], readings["t1"] = cpu_s(me), time.time()
+                gc_reader.join()
+                readings["gc1"] = gc_collections(ports)
+                readings["rss"] = sum(rss_bytes(c.pid) for c in procs)
+                readings["pss"] = sum(pss_bytes(p) for p in pids)
+
+            async def run() -> dict[str, Any]:
+                sampler = asyncio.create_task(asyncio.to_thread(sample))
                 out = await drive_paced(ports, due, window)
                 await sampler
                 return out
@@ -720,7 +730,9 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                    "connections_opened_in_window": out["connections_opened_in_window"],
                    "gc_collections_in_window": None if readings["gc0"] is None or readings["gc1"] is None
                    else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
-                   "collectors": collectors}
+                   "collectors": collectors,
+                   # how late the window's CPU readings were taken (seconds): near 0 unless the host is saturated
+                   "readings_late_s": [round(readings["t0"] - window[0], 3), round(readings["t1"] - window[1], 3)]}
     return step
 
 
