@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from gpufleet.auth import Principal
 from gpufleet.collector.metrics import CollectorMetrics
@@ -116,6 +117,12 @@ class IngestHandler:
             doc = parse(raw, request.headers.get("content-type"), self.limits)
             del raw
             batch = validate(doc)
+        except ClientDisconnect:
+            # The node went away mid-upload (restarted, timed out, network cut): nothing
+            # was stored, and its agent sends the batch again. Counted, not logged as a
+            # crash of the app; the answer goes nowhere.
+            self.metrics.errors.labels("client_gone").inc()
+            return _error(400, "the client disconnected before its body was read; nothing was stored")
         except WireError as e:
             self.metrics.errors.labels("too_large" if e.kind == "too_large" else "malformed").inc()
             return _error(STATUS[e.kind], [e.detail()])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import math
+import socket
 import time
 
 import httpx
@@ -118,6 +120,40 @@ def test_unparseable_body_is_400(collector: Collector) -> None:
                    headers={"Content-Type": "application/json", **collector.headers()})
     assert r.status_code == 400
     assert "JSON" in r.json()["detail"][0]["msg"]
+
+
+def _client_gone(c: Collector) -> float:
+    for line in httpx.get(c.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith('gpufleet_ingest_errors_total{reason="client_gone"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_node_that_leaves_mid_upload_is_counted_not_logged_as_a_crash(collector: Collector) -> None:
+    """A node restarted or cut off while sending its body: nothing is stored, the collector
+    counts it and logs no traceback, and the node's next shipment is stored as usual."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(handler)
+    try:
+        body, headers = encode(batch("b:gone", node="node-b"), "msgpack", "zstd")
+        head = {**headers, **collector.headers("node-b"), "Content-Length": str(len(body) + 5000)}
+        host, port = collector.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: collector\r\n"
+                         + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + body)
+            time.sleep(0.2)  # the app is reading the body when the node goes
+        deadline = time.monotonic() + 10
+        while _client_gone(collector) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _client_gone(collector) == 1
+        assert post(collector, batch("b:next", node="node-b"), who="node-b").status_code == 200
+    finally:
+        uvicorn_log.removeHandler(handler)
+    assert count(collector.db) == 8
+    assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]
 
 
 def test_authentication(collector: Collector) -> None:
