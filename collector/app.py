@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
 from gpufleet.auth import Principal
@@ -181,7 +181,11 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     app.state.collector = state
     m = settings.metrics
     guard = MetricsGuard(read_token(m.token, m.token_file, "metrics"), tuple(m.client_names))
-    state.metrics.registry.register(IncidentMetrics(url, redact=m.redact))
+    #: The fleet-wide series (open incidents, nodes, quarantine actions): read from the database,
+    #: the same on every replica.  On ``/metrics`` unless ``metrics.fleet_on_metrics`` is off,
+    #: and always alone on ``/metrics/fleet``.
+    fleet = CollectorRegistry(auto_describe=False)
+    fleet.register(IncidentMetrics(url, redact=m.redact))
 
     async def principal(request: Request) -> Principal:
         return await state.auth.principal(request)
@@ -207,19 +211,33 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
         return JSONResponse(body, status_code=200 if ok else 503,
                             headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)})
 
-    @app.get("/metrics", tags=["health"])
-    async def metrics(request: Request) -> Response:
-        """Prometheus exposition; a bearer token and/or a client certificate when ``metrics`` says so."""
+    def page(*registries: CollectorRegistry) -> bytes:
+        return b"".join(generate_latest(r) for r in registries)
+
+    async def exposition(request: Request, *registries: CollectorRegistry) -> Response:
         refused = guard.refusal(request.headers.get("authorization"), client_cert_names(request.scope))
         if refused is not None:
             status, detail, headers = refused
             return JSONResponse({"detail": detail}, status_code=status, headers=headers)
-        state.metrics.queue_rows.set(state.writer.queued_rows)
-        # Off the event loop: the incident series are read from the database, and a scrape
+        # Off the event loop: the fleet's series are read from the database, and a scrape
         # waiting on it must not hold every agent's shipment meanwhile.  One thread, so
         # scrapes never overlap and a stuck database ties up that thread only.
-        body = await asyncio.get_running_loop().run_in_executor(state.scrapes, generate_latest,
-                                                                state.metrics.registry)
+        body = await asyncio.get_running_loop().run_in_executor(state.scrapes, page, *registries)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics(request: Request) -> Response:
+        """Prometheus exposition of this replica, with the fleet's series unless ``metrics.fleet_on_metrics``
+        is off; a bearer token and/or a client certificate when ``metrics`` says so."""
+        state.metrics.queue_rows.set(state.writer.queued_rows)
+        if m.fleet_on_metrics:
+            return await exposition(request, state.metrics.registry, fleet)
+        return await exposition(request, state.metrics.registry)
+
+    @app.get("/metrics/fleet", tags=["health"])
+    async def fleet_metrics(request: Request) -> Response:
+        """The fleet's series alone (open incidents, nodes last seen, skew refusals, quarantine actions):
+        the same from every replica, so one scrape through the balancer carries them for all."""
+        return await exposition(request, fleet)
 
     return IngestFastPath(app, state)

@@ -115,6 +115,13 @@ class MetricsSettings(BaseModel):
     #: Leave run ids (the label is empty) and incident evidence out of ``/metrics``; alerts that need
     #: them then come from the Alertmanager push (``detect.alertmanager_url``).
     redact: bool = False
+    #: Whether ``/metrics`` carries the fleet's series (open incidents, every node's last-seen time
+    #: and skew refusals, quarantine actions).  They are read from the database and are the same on
+    #: every replica, so each replica's page holds two series per node (1.9 MB at 12,000 nodes,
+    #: ``bench/metrics_scrape.py``) and Prometheus stores each once per replica.  ``/metrics/fleet``
+    #: always serves them alone: a large fleet turns this off and scrapes that path once, through
+    #: the replicas' balancer.
+    fleet_on_metrics: bool = True
 
 
 class StorageSettings(BaseModel):

@@ -190,3 +190,37 @@ def test_agent_metrics_mtls(agent_metrics: AgentMetrics, pki: TestCA, tmp_path: 
         c.get(url, headers=auth)
     with _client(pki, pki.client("prometheus")) as c:  # refused handshakes did not stop the listener
         assert c.get(url, headers=auth).status_code == 200
+
+
+#: Series of the replica itself (none of the fleet's, which are read from the database).
+OWN = "gpufleet_ingest_requests"
+FLEET = {"gpufleet_incident_open", "gpufleet_incident_evidence", "gpufleet_node_last_seen_timestamp_seconds",
+         "gpufleet_node_rejected_skew_samples", "gpufleet_incident_quarantine", "gpufleet_incidents_fresh"}
+
+
+def test_the_fleets_series_are_served_alone_on_their_own_path(incidents: str, settings: Settings) -> None:
+    """Every replica reads the same fleet series from the database: a large fleet scrapes them once,
+    on ``/metrics/fleet`` through the balancer, and leaves them off each replica's ``/metrics``."""
+    pages = {}
+    for on in (True, False):
+        with serve(create_app(incidents, _with(settings, fleet_on_metrics=on), run_leader=False)) as srv:
+            pages[on] = (httpx.get(srv.url + "/metrics", timeout=10), httpx.get(srv.url + "/metrics/fleet", timeout=10))
+    for on, (own, fleet) in pages.items():
+        assert own.status_code == fleet.status_code == 200
+        assert own.headers["content-type"].startswith("text/plain") and fleet.headers["content-type"] == \
+            own.headers["content-type"]
+        own_fams, fleet_fams = _families(own.text), _families(fleet.text)
+        assert set(fleet_fams) == FLEET, on
+        assert {s["node"] for s in fleet_fams["gpufleet_node_last_seen_timestamp_seconds"]} == {"node-a"}
+        assert {s["run_id"] for s in fleet_fams["gpufleet_incident_open"]} == {"secret-run-1", "secret-run-2"}
+        assert OWN in own_fams and OWN not in fleet_fams
+        assert (set(own_fams) >= FLEET) if on else not (FLEET & set(own_fams)), on
+
+
+def test_the_fleet_path_is_guarded_and_redacted_as_metrics_is(incidents: str, settings: Settings) -> None:
+    with serve(create_app(incidents, _with(settings, token=TOKEN, redact=True), run_leader=False)) as srv:
+        none = httpx.get(srv.url + "/metrics/fleet", timeout=10)
+        right = httpx.get(srv.url + "/metrics/fleet", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert none.status_code == 401 and "node-a" not in none.text
+    assert right.status_code == 200 and "node-a" in right.text
+    assert "secret-run" not in right.text and "gpufleet_incident_evidence" not in _families(right.text)
