@@ -18,7 +18,7 @@ from gpufleet.auth import Principal
 from gpufleet.bodylimit import BodyLimit
 from gpufleet.collector.alerting import IncidentMetrics
 from gpufleet.collector.connection_age import ConnectionAges, closing
-from gpufleet.collector.ingest import IngestHandler
+from gpufleet.collector.ingest import CLIENT_GONE, IngestHandler
 from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.tls import client_cert_names
@@ -129,6 +129,11 @@ class IngestFastPath:
         """Whether a shipment with this Authorization header may be read whole before its token
         is checked again: the token is cached as a node's."""
         return self.state.auth.cached_node(None if authorization is None else authorization.decode("latin-1"))
+
+    def client_gone(self) -> None:
+        """A shipment's client left before its body was whole: nothing was stored."""
+        self.state.metrics.client_gone.inc()
+        self.state.metrics.requests.labels(str(CLIENT_GONE)).inc()
 
     def closes(self, scope: dict[str, Any]) -> bool:
         """Whether this answer ends its connection (the connection has reached its age)."""

@@ -43,6 +43,9 @@ from gpufleet.wire import (
 
 log = logging.getLogger(__name__)
 
+#: The status recorded for a request whose client left before its body was whole (as nginx records it).
+CLIENT_GONE = 499
+
 #: The answer to each kind of refused batch (:attr:`gpufleet.wire.WireError.kind`).
 STATUS = {"invalid": 422, "unreadable": 400, "unsupported": 415, "too_large": 413, "wrong_node": 403}
 
@@ -118,11 +121,11 @@ class IngestHandler:
             del raw
             batch = validate(doc)
         except ClientDisconnect:
-            # The node went away mid-upload (restarted, timed out, network cut): nothing
-            # was stored, and its agent sends the batch again. Counted, not logged as a
-            # crash of the app; the answer goes nowhere.
-            self.metrics.errors.labels("client_gone").inc()
-            return _error(400, "the client disconnected before its body was read; nothing was stored")
+            # The node went away mid-upload (restarted, timed out, network cut): nothing was
+            # stored and its agent sends the batch again; not a refusal, and not a crash of
+            # the app. Answered with 499 (a client that closed its request), to nobody.
+            self.metrics.client_gone.inc()
+            return _error(CLIENT_GONE, "the client disconnected before its body was read; nothing was stored")
         except WireError as e:
             self.metrics.errors.labels("too_large" if e.kind == "too_large" else "malformed").inc()
             return _error(STATUS[e.kind], [e.detail()])

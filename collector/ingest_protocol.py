@@ -49,6 +49,8 @@ class ShipmentApp(Protocol):
 
     def closes(self, scope: dict[str, Any]) -> bool: ...
 
+    def client_gone(self) -> None: ...
+
     async def answer(self, scope: dict[str, Any], receive: Any) -> Any: ...
 
 
@@ -124,6 +126,13 @@ class IngestProtocol(HttpToolsProtocol):
             return None
         version = self.parser.get_http_version()
         return Shipment(self.headers, version, version != "1.0" and self.parser.should_keep_alive())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.reading is not None and self.shipments is not None:
+            # Gone mid-body: nothing is stored and the agent sends the batch again.
+            self.reading = None
+            self.shipments.client_gone()
+        super().connection_lost(exc)
 
     def on_body(self, body: bytes) -> None:
         if self.reading is not None:

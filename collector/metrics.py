@@ -23,6 +23,9 @@ class CollectorMetrics:
         self.rejected_skew = Counter("gpufleet_ingest_rejected_skew_samples",
                                      "Samples refused for clock skew, per node", ["node"], registry=r)
         self.errors = Counter("gpufleet_ingest_errors", "Refused batches by reason", ["reason"], registry=r)
+        self.client_gone = Counter(
+            "gpufleet_ingest_client_gone", "Shipments whose client left before the body was whole (nothing "
+            "stored; the agent sends the batch again; counted in gpufleet_ingest_requests as code 499)", registry=r)
         self.latency = Histogram("gpufleet_ingest_latency_seconds", "Request latency until commit",
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.connections_aged = Counter(

@@ -122,38 +122,55 @@ def test_unparseable_body_is_400(collector: Collector) -> None:
     assert "JSON" in r.json()["detail"][0]["msg"]
 
 
-def _client_gone(c: Collector) -> float:
+def metric(c: Collector, line_start: str) -> float:
+    """The value of the first ``/metrics`` sample whose line starts so (0 when there is none)."""
     for line in httpx.get(c.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith('gpufleet_ingest_errors_total{reason="client_gone"}'):
+        if line.startswith(line_start):
             return float(line.split()[-1])
     return 0.0
 
 
+GONE = "gpufleet_ingest_client_gone_total "
+GONE_CODE = 'gpufleet_ingest_requests_total{code="499"} '
+
+
+def leave_mid_body(c: Collector, who: str, batch_id: str) -> None:
+    """Send a shipment's headers and part of its body, then close the connection."""
+    body, headers = encode(batch(batch_id, node=who), "msgpack", "zstd")
+    head = {**headers, **c.headers(who), "Content-Length": str(len(body) + 5000)}
+    host, port = c.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: collector\r\n"
+                     + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + body)
+        time.sleep(0.2)  # the collector is reading the body when the node goes
+
+
+def wait_for(c: Collector, line_start: str, value: float) -> float:
+    deadline = time.monotonic() + 10
+    while (got := metric(c, line_start)) < value and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
 def test_a_node_that_leaves_mid_upload_is_counted_not_logged_as_a_crash(collector: Collector) -> None:
-    """A node restarted or cut off while sending its body: nothing is stored, the collector
-    counts it and logs no traceback, and the node's next shipment is stored as usual."""
+    """A node restarted or cut off while sending its body (here its first shipment, which the app
+    reads): nothing is stored, the collector counts it (not as a refusal) and logs no traceback, and
+    the node's next shipment is stored as usual."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.addHandler(handler)
     try:
-        body, headers = encode(batch("b:gone", node="node-b"), "msgpack", "zstd")
-        head = {**headers, **collector.headers("node-b"), "Content-Length": str(len(body) + 5000)}
-        host, port = collector.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: collector\r\n"
-                         + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + body)
-            time.sleep(0.2)  # the app is reading the body when the node goes
-        deadline = time.monotonic() + 10
-        while _client_gone(collector) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _client_gone(collector) == 1
+        leave_mid_body(collector, "node-b", "b:gone")
+        assert wait_for(collector, GONE, 1) == 1
+        assert metric(collector, GONE_CODE) == 1
         assert post(collector, batch("b:next", node="node-b"), who="node-b").status_code == 200
     finally:
         uvicorn_log.removeHandler(handler)
     assert count(collector.db) == 8
     assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]
+    assert metric(collector, "gpufleet_ingest_errors_total") == 0  # not a refused batch
 
 
 def test_authentication(collector: Collector) -> None:

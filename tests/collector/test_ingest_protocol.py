@@ -16,7 +16,7 @@ import pytest
 from gpufleet.bodylimit import BodyLimit
 from gpufleet.wire import encode
 from tests.collector.conftest import Collector
-from tests.collector.test_ingest import batch, count
+from tests.collector.test_ingest import GONE, GONE_CODE, batch, count, leave_mid_body, metric, wait_for
 
 
 class Answer:
@@ -182,3 +182,14 @@ def test_a_shipment_whose_connection_is_gone_is_still_stored(collector: Collecto
     again = Conn(collector)
     again.sock.sendall(again.shipment("a:gone"))
     assert again.read().json()["status"] == "duplicate"  # the agent's retry is answered, not stored twice
+
+
+def test_a_shipment_cut_off_mid_body_is_counted(collector: Collector, app_calls: list[str]) -> None:
+    conn = Conn(collector)
+    conn.sock.sendall(conn.shipment("a:first"))
+    assert conn.read().status == 200  # the node's token is now known: the next body is read here
+    leave_mid_body(collector, "node-a", "a:cut")
+    assert wait_for(collector, GONE, 1) == 1
+    assert metric(collector, GONE_CODE) == 1
+    assert app_calls.count("/v1/ingest") == 1  # the cut one never reached the app
+    assert count(collector.db) == 8
