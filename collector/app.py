@@ -188,9 +188,13 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     guard = MetricsGuard(read_token(m.token, m.token_file, "metrics"), tuple(m.client_names))
     #: The fleet-wide series (open incidents, nodes, quarantine actions): read from the database,
     #: the same on every replica.  On ``/metrics`` unless ``metrics.fleet_on_metrics`` is off,
-    #: and always alone on ``/metrics/fleet``.
+    #: and always alone on ``/metrics/fleet``.  That path is scraped through a balancer, each
+    #: scrape landing on any replica: it reads the database every time, so that a replica's
+    #: older cached read never follows a newer one and a counter never seems to go back.
     fleet = CollectorRegistry(auto_describe=False)
     fleet.register(IncidentMetrics(url, redact=m.redact))
+    fleet_fresh = CollectorRegistry(auto_describe=False)
+    fleet_fresh.register(IncidentMetrics(url, cache_s=0, redact=m.redact))
 
     async def principal(request: Request) -> Principal:
         return await state.auth.principal(request)
@@ -243,6 +247,6 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     async def fleet_metrics(request: Request) -> Response:
         """The fleet's series alone (open incidents, nodes last seen, skew refusals, quarantine actions):
         the same from every replica, so one scrape through the balancer carries them for all."""
-        return await exposition(request, fleet)
+        return await exposition(request, fleet_fresh)
 
     return IngestFastPath(app, state)

@@ -224,3 +224,22 @@ def test_the_fleet_path_is_guarded_and_redacted_as_metrics_is(incidents: str, se
     assert none.status_code == 401 and "node-a" not in none.text
     assert right.status_code == 200 and "node-a" in right.text
     assert "secret-run" not in right.text and "gpufleet_incident_evidence" not in _families(right.text)
+
+
+def test_the_fleet_path_reads_the_database_on_every_scrape(incidents: str, settings: Settings) -> None:
+    """Scraped through a balancer, successive scrapes land on any replica: a read cached by one
+    replica must never follow a newer one from another, or a counter would seem to go back."""
+
+    def skew(text: str) -> float:
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        return fams["gpufleet_node_rejected_skew_samples"].samples[0].value
+
+    with serve(create_app(incidents, settings, run_leader=False)) as srv:
+        before = httpx.get(srv.url + "/metrics/fleet", timeout=10).text
+        cached = httpx.get(srv.url + "/metrics", timeout=10).text
+        with psycopg.connect(incidents, autocommit=True) as c:
+            c.execute("UPDATE nodes SET rejected_skew = rejected_skew + 7 WHERE node = 'node-a'")
+        after = httpx.get(srv.url + "/metrics/fleet", timeout=10).text
+        still_cached = httpx.get(srv.url + "/metrics", timeout=10).text
+    assert skew(after) == skew(before) + 7
+    assert skew(still_cached) == skew(cached)  # /metrics keeps its 5-s cache, as before
