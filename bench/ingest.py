@@ -341,7 +341,7 @@ def main() -> None:
             None if ts_bps is None else round(ts_bps, 1),
         "p50_ms": round(best.p50_ms, 1), "p99_ms": round(best.p99_ms, 1),
         "collector_cpu_us_per_request": round(best.cpu_us_per_request()["collector"]), "nodes": args.nodes,
-        "connections": best.connections,
+        "connections": best.connections, "connections_tried": args.connections,
         "phases": [{"connections": ph.connections, "samples_per_s": round(ph.rate),
                     "ratio_to_copy": round(ph.rate / copy_rate, 3), "p99_ms": round(ph.p99_ms, 1),
                     "collector_cores": round(ph.cores()["collector"], 2)} for ph in phases],

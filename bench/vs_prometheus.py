@@ -633,6 +633,11 @@ def postgres_pids(url: str, dbname: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+#: How long before its window a step starts reading the collectors' GC count: their
+#: /metrics answered in up to 6 s near a collector's limit (docs/capacity.md).
+GC_READ_LEAD_S = 8.0
+
+
 def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collectors: int = 1) -> Step:
     import ingest as ingest_bench  # bench/ingest.py
 
@@ -668,12 +673,18 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                 # than the batches counted in the window.  The collector's /metrics (read
                 # for its GC count) costs it and the database a tenth of a second or more,
                 # and answers in seconds when the collector is saturated: it is read on yet
-                # another thread, started before the window, so it delays no reading.
+                # another thread, started well before the window, so it delays no reading,
+                # and the step says whether it was done before the window opened.
                 def read_gc0() -> None:
-                    readings["gc0"] = gc_collections(ports)
+                    try:
+                        readings["gc0"] = gc_collections(ports)
+                    except Exception as e:  # noqa: BLE001 - reported, not lost on this thread
+                        print(f"warning: reading the collectors' GC count failed: {e!r}", file=sys.stderr)
+                    readings["gc0_done"] = time.time()
 
+                readings["gc0"] = None
                 gc_reader = threading.Thread(target=read_gc0, daemon=True)
-                time.sleep(max(0.0, window[0] - 2.0 - time.time()))
+                time.sleep(max(0.0, window[0] - GC_READ_LEAD_S - time.time()))
                 gc_reader.start()
                 pids = postgres_pids(url, dbname)
                 time.sleep(max(0.0, window[0] - time.time()))
@@ -731,6 +742,8 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                    "gc_collections_in_window": None if readings["gc0"] is None or readings["gc1"] is None
                    else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
                    "collectors": collectors,
+                   # False: the GC read ran into the window (its cost counted in it, its count short)
+                   "gc_read_before_window": readings.get("gc0_done", float("inf")) <= window[0],
                    # how late the window's CPU readings were taken (seconds): near 0 unless the host is saturated
                    "readings_late_s": [round(readings["t0"] - window[0], 3), round(readings["t1"] - window[1], 3)]}
     return step
