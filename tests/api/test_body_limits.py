@@ -127,7 +127,7 @@ def test_collector_ingest_huge_declared_body_is_refused_unread(collector_url: tu
     assert headers_only(url, "POST", "/v1/ingest", {**h, "Authorization": f"Bearer {token}"}) == 413
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/fleet", "/healthz", "/readyz", "/openapi.json"])
 def test_collector_routes_without_a_body_refuse_a_large_one(collector_url: tuple[str, str], path: str) -> None:
     url, _ = collector_url
     assert headers_only(url, "GET", path, {"Content-Length": str(10 * 1024 * 1024)}) == 413

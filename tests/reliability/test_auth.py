@@ -24,9 +24,10 @@ from gpufleet.config import Settings
 from gpufleet.serverthread import serve
 from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
 
-#: Public by design: liveness/readiness probes, Prometheus scrapes, the API's
+#: Public by design: liveness/readiness probes, Prometheus scrapes (open unless ``metrics``
+#: sets a token or client names: tests/collector/test_metrics_protection.py), the API's
 #: self-description, the sign-in form and static assets of the web view.
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/assets/{name}",
+PUBLIC = {"/healthz", "/readyz", "/metrics", "/metrics/fleet", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/assets/{name}",
           "/redoc",
           "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico"}
 #: Browser pages: without any credentials they send the browser to the sign-in form.
