@@ -697,6 +697,7 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                 readings["d1"], readings["t1"] = cpu_s(me), time.time()
                 gc_reader.join()
                 readings["gc1"] = gc_collections(ports)
+                readings["gc1_done"] = time.time()
                 readings["rss"] = sum(rss_bytes(c.pid) for c in procs)
                 readings["pss"] = sum(pss_bytes(p) for p in pids)
 
@@ -739,8 +740,10 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
                    "statuses": out["statuses"], "rows_stored": rows,
                    "connections_opened_in_window": out["connections_opened_in_window"],
+                   # between the two GC reads, which span the window and more (gc_read_span_s)
                    "gc_collections_in_window": None if readings["gc0"] is None or readings["gc1"] is None
                    else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
+                   "gc_read_span_s": round(readings["gc1_done"] - readings.get("gc0_done", float("nan")), 1),
                    "collectors": collectors,
                    # False: the GC read ran into the window (its cost counted in it, its count short)
                    "gc_read_before_window": readings.get("gc0_done", float("inf")) <= window[0],
