@@ -17,6 +17,7 @@ import zstandard
 
 from gpufleet.wire import encode
 from tests.collector.conftest import Collector
+from tests.scrape import sample_value
 
 
 def batch(batch_id: str = "a:1", node: str = "node-a", n: int = 8, t0: float | None = None) -> dict:
@@ -122,16 +123,12 @@ def test_unparseable_body_is_400(collector: Collector) -> None:
     assert "JSON" in r.json()["detail"][0]["msg"]
 
 
-def metric(c: Collector, line_start: str) -> float:
-    """The value of the first ``/metrics`` sample whose line starts so (0 when there is none)."""
-    for line in httpx.get(c.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(line_start):
-            return float(line.split()[-1])
-    return 0.0
+GONE = "gpufleet_ingest_client_gone_total"
 
 
-GONE = "gpufleet_ingest_client_gone_total "
-GONE_CODE = 'gpufleet_ingest_requests_total{code="499"} '
+def gone_answers(c: Collector) -> float:
+    """Requests recorded with the status of a client that left (499)."""
+    return sample_value(c.url, "gpufleet_ingest_requests_total", code="499")
 
 
 def leave_mid_body(c: Collector, who: str, batch_id: str) -> None:
@@ -145,9 +142,9 @@ def leave_mid_body(c: Collector, who: str, batch_id: str) -> None:
         time.sleep(0.2)  # the collector is reading the body when the node goes
 
 
-def wait_for(c: Collector, line_start: str, value: float) -> float:
+def wait_for(c: Collector, name: str, value: float) -> float:
     deadline = time.monotonic() + 10
-    while (got := metric(c, line_start)) < value and time.monotonic() < deadline:
+    while (got := sample_value(c.url, name)) < value and time.monotonic() < deadline:
         time.sleep(0.05)
     return got
 
@@ -164,13 +161,13 @@ def test_a_node_that_leaves_mid_upload_is_counted_not_logged_as_a_crash(collecto
     try:
         leave_mid_body(collector, "node-b", "b:gone")
         assert wait_for(collector, GONE, 1) == 1
-        assert metric(collector, GONE_CODE) == 1
+        assert gone_answers(collector) == 1
         assert post(collector, batch("b:next", node="node-b"), who="node-b").status_code == 200
     finally:
         uvicorn_log.removeHandler(handler)
     assert count(collector.db) == 8
     assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]
-    assert metric(collector, "gpufleet_ingest_errors_total") == 0  # not a refused batch
+    assert sample_value(collector.url, "gpufleet_ingest_errors_total") == 0  # not a refused batch
 
 
 def test_authentication(collector: Collector) -> None:

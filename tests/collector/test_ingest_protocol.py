@@ -16,7 +16,7 @@ import pytest
 from gpufleet.bodylimit import BodyLimit
 from gpufleet.wire import encode
 from tests.collector.conftest import Collector
-from tests.collector.test_ingest import GONE, GONE_CODE, batch, count, leave_mid_body, metric, wait_for
+from tests.collector.test_ingest import GONE, batch, count, gone_answers, leave_mid_body, wait_for
 
 
 class Answer:
@@ -190,6 +190,6 @@ def test_a_shipment_cut_off_mid_body_is_counted(collector: Collector, app_calls:
     assert conn.read().status == 200  # the node's token is now known: the next body is read here
     leave_mid_body(collector, "node-a", "a:cut")
     assert wait_for(collector, GONE, 1) == 1
-    assert metric(collector, GONE_CODE) == 1
+    assert gone_answers(collector) == 1
     assert app_calls.count("/v1/ingest") == 1  # the cut one never reached the app
     assert count(collector.db) == 8

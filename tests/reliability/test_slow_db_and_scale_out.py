@@ -16,7 +16,6 @@ lock and keeps sweeping.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,17 +30,12 @@ from gpufleet.testing.fleet import Fleet
 from gpufleet.testing.oracle import integrity
 from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import knob, node_tokens
+from tests.scrape import sample_value
 
 
 def _via(url: str, port: int) -> str:
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, f"{parts.username}@127.0.0.1:{port}", parts.path, parts.query, ""))
-
-
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 def _commit_ms(url: str) -> float:
@@ -130,7 +124,7 @@ def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collector
             leader, survivor = (a, b) if leaders[a.port] else (b, a)
             fleet.start()
             time.sleep(run_s / 2)
-            sweeps_leader = _metric(leader.url, "gpufleet_sweep_seconds_count")
+            sweeps_leader = sample_value(leader.url, "gpufleet_sweep_seconds_count")
             before_kill = _open_incidents(fresh_db)
             wait_until = time.monotonic() + 30  # a slow machine: let the leader open them all first
             while len(before_kill) < len(misconfigured) and time.monotonic() < wait_until:
@@ -144,11 +138,11 @@ def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collector
                     t_take = time.monotonic() - t_kill
                     break
                 time.sleep(0.2)
-            sweeps_0 = _metric(survivor.url, "gpufleet_sweep_seconds_count")
+            sweeps_0 = sample_value(survivor.url, "gpufleet_sweep_seconds_count")
             time.sleep(run_s / 2)
             fleet.stop_sampling()
             drain_s = fleet.wait_drained(timeout=60)
-            sweeps_1 = _metric(survivor.url, "gpufleet_sweep_seconds_count")
+            sweeps_1 = sample_value(survivor.url, "gpufleet_sweep_seconds_count")
             tot = fleet.totals()
             result = integrity(fresh_db, fleet.oracle)
             with psycopg.connect(fresh_db) as c:
