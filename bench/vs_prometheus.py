@@ -743,10 +743,10 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
                    # between the two GC reads, which span the window and more (gc_read_span_s)
                    "gc_collections_in_window": None if readings["gc0"] is None or readings["gc1"] is None
                    else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
-                   "gc_read_span_s": round(readings["gc1_done"] - readings.get("gc0_done", float("nan")), 1),
+                   "gc_read_span_s": round(readings["gc1_done"] - readings["gc0_done"], 1),
                    "collectors": collectors,
                    # False: the GC read ran into the window (its cost counted in it, its count short)
-                   "gc_read_before_window": readings.get("gc0_done", float("inf")) <= window[0],
+                   "gc_read_before_window": readings["gc0_done"] <= window[0],
                    # how late the window's CPU readings were taken (seconds): near 0 unless the host is saturated
                    "readings_late_s": [round(readings["t0"] - window[0], 3), round(readings["t1"] - window[1], 3)]}
     return step

@@ -191,8 +191,11 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     #: and always alone on ``/metrics/fleet``.  That path is scraped through a balancer, each
     #: scrape landing on any replica: it reads the database every time, so that a replica's
     #: older cached read never follows a newer one and a counter never seems to go back.
-    fleet = CollectorRegistry(auto_describe=False)
-    fleet.register(IncidentMetrics(url, redact=m.redact))
+    own: tuple[CollectorRegistry, ...] = (state.metrics.registry,)
+    if m.fleet_on_metrics:
+        fleet = CollectorRegistry(auto_describe=False)
+        fleet.register(IncidentMetrics(url, redact=m.redact))
+        own += (fleet,)
     fleet_fresh = CollectorRegistry(auto_describe=False)
     fleet_fresh.register(IncidentMetrics(url, cache_s=0, redact=m.redact))
 
@@ -239,9 +242,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
         """Prometheus exposition of this replica, with the fleet's series unless ``metrics.fleet_on_metrics``
         is off; a bearer token and/or a client certificate when ``metrics`` says so."""
         state.metrics.queue_rows.set(state.writer.queued_rows)
-        if m.fleet_on_metrics:
-            return await exposition(request, state.metrics.registry, fleet)
-        return await exposition(request, state.metrics.registry)
+        return await exposition(request, *own)
 
     @app.get("/metrics/fleet", tags=["health"])
     async def fleet_metrics(request: Request) -> Response:
