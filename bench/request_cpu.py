@@ -9,7 +9,11 @@ them: decoding (decompress and parse), validation, and the COPY encoding a
 group commit of ``--group`` requests does.  Validation is timed twice: as the
 collector runs it (a section at a time) and, as the baseline in the same run,
 column by column (the path that names a malformed sample; it was the only
-one before the section-at-a-time path).  Each figure is the best of
+one before the section-at-a-time path).  Then the two steps of answering a
+request, each beside what it replaced: waiting for the writer's confirmation
+(``wait_at_most`` against ``asyncio.wait_for(asyncio.shield(...))``, on the
+event loop uvicorn runs: uvloop where installed) and formatting the answer
+(``stored_answer`` against starlette's ``JSONResponse``).  Each figure is the best of
 ``--repeat`` passes over all requests, per request and per GPU-sample.  The
 last line is JSON.
 """
@@ -17,6 +21,7 @@ last line is JSON.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -33,6 +38,7 @@ import vs_prometheus  # noqa: E402
 import gpufleet.wire.validation as wire_validation  # noqa: E402
 from gpufleet.collector.batch_store import GPU_SPECS, _layout_hint  # noqa: E402
 from gpufleet.collector.copy_binary import concat_parts, encode_rows  # noqa: E402
+from gpufleet.collector.ingest import stored_answer, wait_at_most  # noqa: E402
 from gpufleet.wire import ParseLimits, decompress, parse, validate  # noqa: E402
 
 
@@ -52,6 +58,46 @@ def column_by_column(doc: dict[str, Any]) -> Any:
         return validate(doc)
     finally:
         wire_validation._typed_section_fast = saved
+
+
+def waits_us(n: int, repeat: int) -> dict[str, float]:
+    """CPU of ``n`` waits for an already-scheduled confirmation, each way, per wait."""
+    async def waits(shielded: bool) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            fut: asyncio.Future[int] = loop.create_future()
+            loop.call_soon(fut.set_result, 1)
+            if shielded:
+                await asyncio.wait_for(asyncio.shield(fut), 30)
+            else:
+                await wait_at_most(fut, 30)
+
+    try:
+        import uvloop
+        new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    except ImportError:
+        new_loop = asyncio.new_event_loop
+    loop = new_loop()
+    try:
+        return {name: best_us(lambda s=shielded: loop.run_until_complete(waits(s)), repeat) / n
+                for name, shielded in (("wait", False), ("wait_for_shield", True))}
+    finally:
+        loop.close()
+
+
+def answers_us(n: int, repeat: int) -> dict[str, float]:
+    from starlette.responses import JSONResponse
+
+    def ours() -> None:
+        for i in range(n):
+            stored_answer(f"node-{i}:1", "stored", 80, 10, 0)
+
+    def theirs() -> None:
+        for i in range(n):
+            JSONResponse({"batch_id": f"node-{i}:1", "status": "stored", "gpu_rows": 80, "host_rows": 10,
+                          "rejected_skew": 0})
+
+    return {"answer": best_us(ours, repeat) / n, "answer_json_response": best_us(theirs, repeat) / n}
 
 
 def main() -> None:
@@ -102,9 +148,15 @@ def main() -> None:
         print(f"  {name:26s} {us:8.1f} us per request  {us / per_sample:6.2f} us per GPU-sample")
     speedup = out["validate_column_by_column"] / out["validate"]
     print(f"  validation a section at a time: {speedup:.2f}x less CPU than column by column")
+    answering = {**waits_us(max(n, 1000), args.repeat), **answers_us(max(n, 1000), args.repeat)}
+    print(f"  waiting for the writer       {answering['wait']:8.2f} us per request "
+          f"(asyncio.wait_for(shield()): {answering['wait_for_shield']:.2f})")
+    print(f"  formatting the answer        {answering['answer']:8.2f} us per request "
+          f"(JSONResponse: {answering['answer_json_response']:.2f})")
     print(json.dumps({"name": "request_cpu_validate", "value": round(out["validate"], 1), "unit": "us/request",
                       "baseline_column_by_column": round(out["validate_column_by_column"], 1),
                       "decode": round(out["decode"], 1), "encode": round(out["encode"], 1),
+                      **{k: round(v, 2) for k, v in answering.items()},
                       "gpu_samples_per_request": per_sample, "requests": n}))
 
 

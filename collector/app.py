@@ -203,7 +203,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
         return await state.auth.principal(request)
 
     @app.post("/v1/ingest", description=INGEST_DOC, openapi_extra=INGEST_OPENAPI, tags=["ingest"])
-    async def ingest(request: Request, who: Principal = Depends(principal)) -> JSONResponse:
+    async def ingest(request: Request, who: Principal = Depends(principal)) -> Response:
         return await state.ingest.handle(request, who)
 
     @app.get("/healthz", tags=["health"])

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from gpufleet.auth import Principal
@@ -42,6 +42,8 @@ from gpufleet.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: The status recorded for a request whose client left before its body was whole (as nginx records it).
 CLIENT_GONE = 499
@@ -70,6 +72,42 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+async def wait_at_most(fut: asyncio.Future[T], timeout: float) -> T:
+    """``fut``'s result, or TimeoutError after ``timeout`` seconds with ``fut`` left running.
+
+    What ``wait_for(shield(fut), timeout)`` does, without its wrapping future and
+    task machinery: every shipment waits this way, and on uvloop this costs 3.1 µs
+    against 5.3 (``bench/request_cpu.py`` prints both).  Cancelling the waiter leaves
+    ``fut`` alone, as shield does.
+    """
+    if not fut.done():
+        waiter = asyncio.get_running_loop().create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timer = waiter.get_loop().call_later(timeout, wake)
+        fut.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            fut.remove_done_callback(wake)
+        if not fut.done():
+            raise TimeoutError
+    return fut.result()
+
+
+def stored_answer(batch_id: str, status: str, gpu_rows: int, host_rows: int, rejected_skew: int) -> Response:
+    """The JSON answer to an accepted shipment, formatted directly: a batch id is
+    validated to ``[A-Za-z0-9._:-]``, which JSON needs no escape for, so this is
+    what ``JSONResponse`` would send, without its encoder on every shipment."""
+    return Response(b'{"batch_id":"%s","status":"%s","gpu_rows":%d,"host_rows":%d,"rejected_skew":%d}'
+                    % (batch_id.encode("ascii"), status.encode("ascii"), gpu_rows, host_rows, rejected_skew),
+                    media_type="application/json")
+
+
 def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
@@ -85,18 +123,23 @@ class IngestHandler:
         self.metrics = metrics
         self.limiter = RateLimiter(settings.rate_limit_per_s)
         self.limits = ParseLimits.for_samples(settings.max_samples_per_batch)
+        # The series every accepted shipment moves, looked up once (a labels() call costs
+        # four times the increment it precedes).
+        self._answered_ok = metrics.requests.labels("200")
+        self._gpu_samples = metrics.samples.labels("gpu")
+        self._host_samples = metrics.samples.labels("host")
 
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.settings.retry_after_s)}
 
-    async def handle(self, request: Request, principal: Principal) -> JSONResponse:
+    async def handle(self, request: Request, principal: Principal) -> Response:
         t0 = time.perf_counter()
         resp = await self._handle(request, principal)
-        self.metrics.requests.labels(str(resp.status_code)).inc()
+        (self._answered_ok if resp.status_code == 200 else self.metrics.requests.labels(str(resp.status_code))).inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
         return resp
 
-    async def _handle(self, request: Request, principal: Principal) -> JSONResponse:
+    async def _handle(self, request: Request, principal: Principal) -> Response:
         s = self.settings
         if principal.role != "node":
             self.metrics.errors.labels("forbidden").inc()
@@ -154,7 +197,7 @@ class IngestHandler:
             return _error(503, "database unavailable; retry later", self._retry())
         self.metrics.queue_rows.set(self.writer.queued_rows)
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(fut), self.write_wait_s)
+            outcome = await wait_at_most(fut, self.write_wait_s)
         except TimeoutError:
             self.metrics.errors.labels("db_down").inc()
             return _error(503, f"the batch was not confirmed within {self.write_wait_s:g} s; retry later "
@@ -169,15 +212,10 @@ class IngestHandler:
             self.metrics.errors.labels("db_refused").inc()
             return _error(422, [{"loc": ["body"], "msg": str(e)}])
         if outcome.stored:
-            self.metrics.samples.labels("gpu").inc(outcome.gpu_rows)
-            self.metrics.samples.labels("host").inc(outcome.host_rows)
+            self._gpu_samples.inc(outcome.gpu_rows)
+            self._host_samples.inc(outcome.host_rows)
         else:
             self.metrics.duplicates.inc()
-        return JSONResponse({
-            "batch_id": batch.batch_id,
-            "status": "stored" if outcome.stored else "duplicate",
-            "gpu_rows": outcome.gpu_rows,
-            "host_rows": outcome.host_rows,
-            "rejected_skew": outcome.rejected_skew,
-        })
+        return stored_answer(batch.batch_id, "stored" if outcome.stored else "duplicate",
+                             outcome.gpu_rows, outcome.host_rows, outcome.rejected_skew)
 
