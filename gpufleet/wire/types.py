@@ -85,8 +85,14 @@ class Batch:
     n_host: int = 0
     #: Samples refused by the clock-skew check, counted per node.
     rejected_skew: int = 0
+    #: The samples' first and last time as :func:`gpufleet.wire.drop_skewed` left
+    #: them (it reads every time anyway); whoever changes the columns after it sets
+    #: this back to None.  Unset, :meth:`time_range` reads the columns.
+    span: tuple[float, float] | None = field(default=None, repr=False, compare=False)
 
     def time_range(self) -> tuple[float, float] | None:
+        if self.span is not None:
+            return self.span
         parts = [c["time"].values for c in (self.gpu, self.host) if c]
         if not parts:
             return None

@@ -422,22 +422,31 @@ def _check_agent(agent: Any) -> None:
 
 
 def drop_skewed(batch: Batch, now: float, future_s: float, past_s: float) -> Batch:
-    """Remove samples outside [now - past_s, now + future_s]; count them."""
+    """Remove samples outside [now - past_s, now + future_s]; count them.
+
+    Every sample's time is read here anyway, so the range of those kept is noted
+    on the batch (:attr:`Batch.span`) for the writer, which needs it twice."""
     lo, hi = now - past_s, now + future_s
     rejected = 0
+    spans = []
     for section in ("gpu", "host"):
         cols: dict[str, Column] = getattr(batch, section)
         if not cols:
             continue
         t = cols["time"].values
-        keep = (t >= lo) & (t <= hi)
-        if keep.all():
+        first, last = float(t.min()), float(t.max())
+        if lo <= first and last <= hi:
+            spans.append((first, last))
             continue
+        keep = (t >= lo) & (t <= hi)
         rejected += int((~keep).sum())
         idx = np.flatnonzero(keep)
         setattr(batch, section, {k: c.take(idx) for k, c in cols.items()} if len(idx) else {})
         setattr(batch, f"n_{section}", len(idx))
+        if len(idx):
+            spans.append((float(t[idx].min()), float(t[idx].max())))
     batch.rejected_skew = rejected
+    batch.span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
     return batch
 
 
