@@ -84,13 +84,8 @@ def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch
     now = time.monotonic()
     per_node: dict[str, dict[str, Any]] = {}
     for b in batches:
-        d = per_node.setdefault(b.node, {"gpus": 0, "facts": None, "skew": 0, "t": None})
-        if b.n_gpu:
-            gpus = b.gpu["gpu"].values
-            mig = b.gpu.get("mig_instance")
-            if mig is not None:
-                gpus = gpus[mig.null] if mig.null is not None else gpus[:0]
-            d["gpus"] = max(d["gpus"], len(np.unique(gpus)))
+        d = per_node.setdefault(b.node, {"batches": [], "facts": None, "skew": 0, "t": None})
+        d["batches"].append(b)
         if b.facts:
             d["facts"] = b.facts
         d["skew"] += b.rejected_skew
@@ -103,9 +98,10 @@ def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch
         d = per_node[node]
         if touch is not None:
             if d["facts"] is None and not d["skew"] and not touch.due(node, now):
-                continue
+                continue  # nothing to write: its GPUs are not even counted
             touch.mark(node, now)
-        rows.append((node, d["gpus"] or None, _json(d["facts"]), d["skew"], _ts(d["t"]) if d["t"] else None))
+        gpus = max(_whole_gpus(b) for b in d["batches"])
+        rows.append((node, gpus or None, _json(d["facts"]), d["skew"], _ts(d["t"]) if d["t"] else None))
     if not rows:
         return
     conn.execute(
@@ -120,6 +116,17 @@ def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch
         "rejected_skew = n.rejected_skew + EXCLUDED.rejected_skew",
         ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]),
     )
+
+
+def _whole_gpus(b: Batch) -> int:
+    """How many whole GPUs (not MIG instances) the batch has samples of."""
+    if not b.n_gpu:
+        return 0
+    gpus = b.gpu["gpu"].values
+    mig = b.gpu.get("mig_instance")
+    if mig is not None:
+        gpus = gpus[mig.null] if mig.null is not None else gpus[:0]
+    return len(np.unique(gpus))
 
 
 #: Registers batch ids (new ones only) and queues their time ranges for the
