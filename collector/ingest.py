@@ -81,7 +81,7 @@ async def wait_at_most(fut: asyncio.Future[T], timeout: float) -> T:
     ``fut`` alone, as shield does.
     """
     if not fut.done():
-        waiter = asyncio.get_running_loop().create_future()
+        waiter = fut.get_loop().create_future()
 
         def wake(_: object = None) -> None:
             if not waiter.done():
