@@ -34,3 +34,20 @@ def test_request_cpu_times_both_validation_paths_on_the_same_requests() -> None:
     assert last["name"] == "request_cpu_validate" and last["requests"] == 20
     assert last["gpu_samples_per_request"] == 80
     assert last["value"] > 0 and last["baseline_column_by_column"] > 0 and last["encode"] > 0
+    assert min(last["wait"], last["wait_for_shield"], last["answer"], last["answer_json_response"]) > 0
+
+
+def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
+    res = subprocess.run([sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--variants"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["name"] == "pg_rows"
+    variants = last["variants"]
+    assert set(variants) == {"as_migrated", "no_btree", "btree_without_deduplication", "node_collated_c",
+                             "rows_sorted_by_gpu"}
+    assert {v["rows"] for v in variants.values()} == {20 * 8 * 10}
+    # Backend CPU is read in 10-ms ticks, which rows this few may not reach; WAL is exact.
+    assert all(v["backend_us_per_row"] >= 0 and v["wal_bytes_per_row"] > 0 for v in variants.values())
+    # Without the btree each row writes less WAL: its index entries are gone.
+    assert variants["no_btree"]["wal_bytes_per_row"] < variants["as_migrated"]["wal_bytes_per_row"]
