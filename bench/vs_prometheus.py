@@ -64,9 +64,12 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import errno
 import json
+import math
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -269,16 +272,49 @@ def serve_exporter(port: int) -> None:
         finally:
             writer.close()
 
+    refused = [0]
+
+    def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # Past the process's file descriptors (Prometheus far behind, reconnecting on
+        # every timed-out scrape) every refused accept would print a traceback: count them.
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            refused[0] += 1
+            return
+        loop.default_exception_handler(context)
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(5)
+            if refused[0]:
+                print(f"exporter simulator: {refused[0]} connections refused in the last 5 s, out of file "
+                      f"descriptors (limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); scrapes of this "
+                      "size are failing here, not in Prometheus", file=sys.stderr, flush=True)
+                refused[0] = 0
+
     async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(on_error)
+        reporter = asyncio.create_task(report())
         server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
         async with server:
             await server.serve_forever()
+        reporter.cancel()
 
     asyncio.run(main())
 
 
 # ----------------------------------------------------------------------------
 # /proc readings
+
+
+def per_sample(total: float, samples: float) -> float:
+    """``total`` per sample; NaN when no sample landed (printed "n/a", null in the JSON),
+    where dividing by one instead once printed 15,920,000 us per GPU-sample."""
+    return total / samples if samples > 0 else math.nan
+
+
+def none_if_nan(v: float, digits: int) -> float | None:
+    return None if math.isnan(v) else round(v, digits)
 
 
 def cpu_s(pid: int) -> float:
@@ -393,7 +429,7 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
         step.kept_up = step.done_frac >= 0.99 and step.p99_s < 0.5
         gpu_samples = done * GPUS_PER_NODE
         step.cpu_cores = (c1 - c0) / (t1 - t0)
-        step.cpu_us_per_gpu_sample = (c1 - c0) / max(gpu_samples, 1) * 1e6
+        step.cpu_us_per_gpu_sample = per_sample(c1 - c0, gpu_samples) * 1e6
         step.helper_cores = (e1 - e0) / (t1 - t0)
         own = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
         appended = sum(float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
@@ -403,8 +439,9 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
         snap = tmp / "data" / "snapshots" / r.json()["data"]["name"]
         per_scrape = 25 * GPUS_PER_NODE
         dcgm_samples = appended * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
-        step.bytes_per_gpu_sample = tree_size(snap) / max(dcgm_samples / 25, 1)
-        step.detail = {"wal_bytes_per_gpu_sample": round(tree_size(tmp / "data" / "wal") / max(dcgm_samples / 25, 1), 1),
+        step.bytes_per_gpu_sample = per_sample(tree_size(snap), dcgm_samples / 25)
+        step.detail = {"wal_bytes_per_gpu_sample": none_if_nan(per_sample(tree_size(tmp / "data" / "wal"),
+                                                                          dcgm_samples / 25), 1),
                        "scrapes_due": nodes * w, "scrapes_done": done}
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -729,12 +766,14 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
     gpu_samples = out["ok_in_window"] * SHIP_EVERY_S * GPUS_PER_NODE
     cpu = readings["c1"] - readings["c0"]
     step.cpu_cores = cpu / elapsed
-    step.cpu_us_per_gpu_sample = cpu / max(gpu_samples, 1) * 1e6
+    step.cpu_us_per_gpu_sample = per_sample(cpu, gpu_samples) * 1e6
     step.rss_mib = (readings["rss"] + readings["pss"]) / 2**20
     step.helper_cores = (readings["d1"] - readings["d0"]) / elapsed
-    step.bytes_per_gpu_sample = size / max(rows, 1)
-    step.detail = {"collector_cpu_us_per_gpu_sample": round((readings["k1"] - readings["k0"]) / max(gpu_samples, 1) * 1e6, 2),
-                   "postgres_cpu_us_per_gpu_sample": round((readings["p1"] - readings["p0"]) / max(gpu_samples, 1) * 1e6, 2),
+    step.bytes_per_gpu_sample = per_sample(size, rows)
+    step.detail = {"collector_cpu_us_per_gpu_sample": none_if_nan(per_sample(readings["k1"] - readings["k0"],
+                                                                             gpu_samples) * 1e6, 2),
+                   "postgres_cpu_us_per_gpu_sample": none_if_nan(per_sample(readings["p1"] - readings["p0"],
+                                                                            gpu_samples) * 1e6, 2),
                    "collector_rss_mib": round(readings["rss"] / 2**20, 1),
                    "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
                    "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
@@ -863,9 +902,14 @@ def serve_null(port: int) -> None:
 
 def show(side: str, s: Step) -> None:
     print(f"  {side:10s} {s.gpus:6d} GPUs: {'keeps up' if s.kept_up else 'FALLS BEHIND':12s} "
-          f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {s.cpu_us_per_gpu_sample:6.1f} us "
+          f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {_fig(s.cpu_us_per_gpu_sample)} us "
           f"per GPU-sample ({s.cpu_cores:.2f} cores); memory {s.rss_mib:7.1f} MiB; "
-          f"{s.bytes_per_gpu_sample:6.1f} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores", flush=True)
+          f"{_fig(s.bytes_per_gpu_sample)} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores",
+          flush=True)
+
+
+def _fig(v: float) -> str:
+    return "   n/a" if math.isnan(v) else f"{v:6.1f}"
 
 
 def _processes(collectors: int) -> str:
@@ -1022,9 +1066,10 @@ def main() -> None:
 
     def rounded(s: Step) -> dict[str, Any]:
         return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": round(s.done_frac, 4),
-                "p99_ms": round(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": round(s.cpu_us_per_gpu_sample, 2),
+                "p99_ms": round(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": none_if_nan(s.cpu_us_per_gpu_sample, 2),
                 "cpu_cores": round(s.cpu_cores, 3), "memory_mib": round(s.rss_mib, 1),
-                "stored_bytes_per_gpu_sample_this_run": round(s.bytes_per_gpu_sample, 1), "helper_cores": round(s.helper_cores, 3),
+                "stored_bytes_per_gpu_sample_this_run": none_if_nan(s.bytes_per_gpu_sample, 1),
+                "helper_cores": round(s.helper_cores, 3),
                 **s.detail}
 
     print(json.dumps({

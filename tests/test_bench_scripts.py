@@ -51,3 +51,58 @@ def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
     assert all(v["backend_us_per_row"] >= 0 and v["wal_bytes_per_row"] > 0 for v in variants.values())
     # Without the btree each row writes less WAL: its index entries are gone.
     assert variants["no_btree"]["wal_bytes_per_row"] < variants["as_migrated"]["wal_bytes_per_row"]
+
+
+def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import vs_prometheus
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert vs_prometheus.per_sample(3.0, 2) == 1.5
+    step = vs_prometheus.Step(112_000)
+    step.cpu_us_per_gpu_sample = vs_prometheus.per_sample(1.3, 0) * 1e6
+    step.bytes_per_gpu_sample = vs_prometheus.per_sample(4096, 0)
+    assert vs_prometheus.none_if_nan(step.cpu_us_per_gpu_sample, 2) is None
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        vs_prometheus.show("prometheus", step)
+    assert "CPU    n/a us per GPU-sample" in out.getvalue() and "   n/a B stored" in out.getvalue()
+
+
+def test_the_exporter_simulator_counts_refused_connections_instead_of_a_traceback_each() -> None:
+    import resource
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    proc = subprocess.Popen([sys.executable, "bench/vs_prometheus.py", "--serve-exporter", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=few_descriptors)
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the simulator did not start"
+                time.sleep(0.2)
+        for _ in range(120):  # more than its 64 descriptors: the kernel queues them, its accepts fail
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(6.5)  # past one 5-s report
+    finally:
+        for c in held:
+            c.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "connections refused in the last 5 s, out of file descriptors (limit 64)" in err
+    assert "Traceback" not in err
