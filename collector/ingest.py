@@ -76,8 +76,8 @@ async def wait_at_most(fut: asyncio.Future[T], timeout: float) -> T:
     """``fut``'s result, or TimeoutError after ``timeout`` seconds with ``fut`` left running.
 
     What ``wait_for(shield(fut), timeout)`` does, without its wrapping future and
-    task machinery: every shipment waits this way, and on uvloop this costs 3.1 µs
-    against 5.3 (``bench/request_cpu.py`` prints both).  Cancelling the waiter leaves
+    task machinery: every shipment waits this way, and on uvloop this costs 3.3 µs
+    against 5.5 (``bench/request_cpu.py`` prints both).  Cancelling the waiter leaves
     ``fut`` alone, as shield does.
     """
     if not fut.done():
