@@ -294,27 +294,15 @@ def serve_exporter(port: int) -> None:
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(on_error)
-        reporter = asyncio.create_task(report())
         server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
         async with server:
-            await server.serve_forever()
-        reporter.cancel()
+            await asyncio.gather(server.serve_forever(), report())
 
     asyncio.run(main())
 
 
 # ----------------------------------------------------------------------------
 # /proc readings
-
-
-def per_sample(total: float, samples: float) -> float:
-    """``total`` per sample; NaN when no sample landed (printed "n/a", null in the JSON),
-    where dividing by one instead once printed 15,920,000 us per GPU-sample."""
-    return total / samples if samples > 0 else math.nan
-
-
-def none_if_nan(v: float, digits: int) -> float | None:
-    return None if math.isnan(v) else round(v, digits)
 
 
 def cpu_s(pid: int) -> float:
@@ -898,6 +886,16 @@ def serve_null(port: int) -> None:
 
 
 # ----------------------------------------------------------------------------
+
+
+def per_sample(total: float, samples: float) -> float:
+    """``total`` per sample; NaN when no sample landed (printed "n/a", null in the JSON),
+    where dividing by one instead once printed 15,920,000 us per GPU-sample."""
+    return total / samples if samples > 0 else math.nan
+
+
+def none_if_nan(v: float, digits: int) -> float | None:
+    return None if math.isnan(v) else round(v, digits)
 
 
 def show(side: str, s: Step) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import resource
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,8 +69,6 @@ def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> N
     step.cpu_us_per_gpu_sample = vs_prometheus.per_sample(1.3, 0) * 1e6
     step.bytes_per_gpu_sample = vs_prometheus.per_sample(4096, 0)
     assert vs_prometheus.none_if_nan(step.cpu_us_per_gpu_sample, 2) is None
-    import contextlib
-    import io
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         vs_prometheus.show("prometheus", step)
@@ -73,10 +76,6 @@ def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> N
 
 
 def test_the_exporter_simulator_counts_refused_connections_instead_of_a_traceback_each() -> None:
-    import resource
-    import socket
-    import time
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
