@@ -18,7 +18,19 @@ into a scratch database of its own, all in the same run: the index without
 deduplication (its keys are all distinct), the node column collated "C"
 (byte comparisons instead of the locale's), and each request's rows sorted
 by GPU and time before the COPY (each GPU's rows into one leaf page in
-turn).  The last line is JSON.
+turn); and, to tell the heap from its indexes, the table without its time
+BRIN and without any index.
+
+``--shipment-rows`` measures two layouts the collector does not have, to size
+a redesign before making it: one row per GPU per shipment (a node's 10 s of
+one GPU) holding each field's values as a typed array, and the same holding
+each field's values as bytes (what PostgreSQL can store without looking at
+each value, and SQL then cannot read), both with the same
+``(node, gpu, time)`` btree and time BRIN, so a row and its index entry are
+paid once per ten samples.  The same batches, the same group size and the
+same bookkeeping (batch registry, nodes) as the other variants; its figure
+is per GPU-sample, like theirs, and it reports the bytes the table and its
+indexes take per GPU-sample.  The last line is JSON.
 """
 
 from __future__ import annotations
@@ -28,7 +40,9 @@ import dataclasses
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -42,7 +56,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import vs_prometheus  # noqa: E402
 
 from gpufleet.collector import sightings  # noqa: E402
-from gpufleet.collector.batch_store import NodeTouch, write_batches  # noqa: E402
+from gpufleet.collector.batch_store import GPU_SPECS, NodeTouch, write_batches  # noqa: E402
+from gpufleet.collector.copy_binary import Spec  # noqa: E402
 from gpufleet.config import load_settings  # noqa: E402
 from gpufleet.db import migrate  # noqa: E402
 from gpufleet.db.scratch import scratch_database  # noqa: E402
@@ -64,7 +79,76 @@ VARIANTS: dict[str, list[str]] = {
     "btree_without_deduplication": ["ALTER INDEX gpu_samples_node_gpu_time_idx SET (deduplicate_items = off)"],
     "node_collated_c": ['ALTER TABLE gpu_samples ALTER COLUMN node TYPE text COLLATE "C"'],
     "rows_sorted_by_gpu": [],
+    "no_brin": ["DROP INDEX gpu_samples_time_brin"],
+    "no_indexes": ["DROP INDEX gpu_samples_time_brin", "DROP INDEX gpu_samples_node_gpu_time_idx"],
 }
+
+#: Not changes to the migrated table: samples stored a GPU's shipment to a row (``--shipment-rows``),
+#: each field's values as a typed array, or as their bytes (the stored precision, little-endian).
+SHIPMENT_ARRAYS = "one_row_per_gpu_shipment"
+SHIPMENT_BYTES = "one_row_per_gpu_shipment_as_bytes"
+SHIPMENTS = (SHIPMENT_ARRAYS, SHIPMENT_BYTES)
+
+#: Column types stored as arrays of that type (``float4[]`` and so on, names both PostgreSQL and psycopg know).
+_ARRAY_TYPES = frozenset({"float4", "float8", "int2", "int4", "int8"})
+_LITTLE_ENDIAN = {"float4": "<f4", "float8": "<f8", "int2": "<i2", "int4": "<i4", "int8": "<i8"}
+
+
+def shipment_fields(b: Batch) -> list[Spec]:
+    """The value fields a batch carries, in the collector's COPY order (keys and text left out)."""
+    return [sp for sp in GPU_SPECS if sp.name in b.gpu and sp.pgtype in _ARRAY_TYPES and sp.name != "gpu"]
+
+
+def _value_type(sp: Spec, as_bytes: bool) -> str:
+    return "bytea" if as_bytes else f"{sp.pgtype}[]"
+
+
+def create_shipment_table(conn: psycopg.Connection, fields: list[Spec], as_bytes: bool) -> None:
+    """The shipment table, with the sample table's indexes: the per-GPU btree and the time BRIN.
+    As bytes, a NULL bitmap per row (all fields' bits, field after field) stands in for the arrays' NULLs."""
+    cols = ", ".join(f"{sp.name} {_value_type(sp, as_bytes)}" for sp in fields)
+    conn.execute(f"CREATE TABLE gpu_shipments (time timestamptz NOT NULL, node text NOT NULL, gpu smallint NOT NULL, "
+                 f"offsets_ms integer[] NOT NULL, uuid text, nulls bytea, {cols})")
+    conn.execute("CREATE INDEX gpu_shipments_node_gpu_time_idx ON gpu_shipments (node, gpu, time)")
+    conn.execute("CREATE INDEX gpu_shipments_time_brin ON gpu_shipments USING brin (time) WITH (pages_per_range = 32)")
+
+
+def shipment_rows(b: Batch, fields: list[Spec], as_bytes: bool) -> list[list[Any]]:
+    """One row per GPU of the batch: its first time, each sample's offset from it, each field's values."""
+    gpus = b.gpu["gpu"].values
+    t = b.gpu["time"].values
+    uuid = b.gpu["uuid"].values if "uuid" in b.gpu else None
+    out = []
+    for g in np.unique(gpus).tolist():
+        idx = np.flatnonzero(gpus == g)
+        idx = idx[np.argsort(t[idx], kind="stable")]
+        t0 = float(t[idx[0]])
+        row: list[Any] = [datetime.fromtimestamp(t0, UTC), b.node, g,
+                          np.round((t[idx] - t0) * 1000).astype(np.int64).tolist(),
+                          None if uuid is None else uuid[int(idx[0])]]
+        values: list[Any] = []
+        nulls = []
+        for sp in fields:
+            col = b.gpu[sp.name]
+            null = np.zeros(len(idx), dtype=bool) if col.null is None else col.null[idx]
+            if as_bytes:
+                values.append(np.asarray(col.values[idx], dtype=_LITTLE_ENDIAN[sp.pgtype]).tobytes())
+                nulls.append(null)
+            else:
+                values.append([None if n else v for v, n in zip(col.values[idx].tolist(), null.tolist(), strict=True)])
+        any_null = as_bytes and bool(np.concatenate(nulls).any())
+        row.append(np.packbits(np.concatenate(nulls)).tobytes() if any_null else None)
+        out.append(row + values)
+    return out
+
+
+def copy_shipments(conn: psycopg.Connection, rows: list[list[Any]], fields: list[Spec], as_bytes: bool) -> None:
+    names = ["time", "node", "gpu", "offsets_ms", "uuid", "nulls", *(sp.name for sp in fields)]
+    types = ["timestamptz", "text", "int2", "int4[]", "text", "bytea", *(_value_type(sp, as_bytes) for sp in fields)]
+    with conn.cursor().copy(f"COPY gpu_shipments ({', '.join(names)}) FROM STDIN (FORMAT BINARY)") as cp:
+        cp.set_types(types)
+        for row in rows:
+            cp.write_row(row)
 
 
 def sorted_by_gpu(b: Batch) -> Batch:
@@ -74,13 +158,23 @@ def sorted_by_gpu(b: Batch) -> Batch:
 
 
 def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str) -> dict[str, float]:
+    """The backend's CPU and WAL per GPU-sample stored (``rows``: GPU-samples, whatever the layout)."""
     if variant == "rows_sorted_by_gpu":
         todo = [sorted_by_gpu(b) for b in todo]
+    shipments, as_bytes = variant in SHIPMENTS, variant == SHIPMENT_BYTES
+    if shipments:
+        # Encoded before the clock starts: only the backend is measured, and the
+        # client's row-at-a-time encoding here is no model of the collector's.
+        fields = shipment_fields(todo[0])
+        encoded = [shipment_rows(b, fields, as_bytes) for b in todo]
+        todo = [dataclasses.replace(b, gpu={}, n_gpu=0) for b in todo]
     with scratch_database(server, "gpufleet_pgrows") as url:
         migrate.upgrade(url, load_settings())
         with psycopg.connect(url, autocommit=True) as c:
-            for stmt in VARIANTS[variant]:
+            for stmt in VARIANTS.get(variant, []):
                 c.execute(stmt)
+            if shipments:
+                create_shipment_table(c, fields, as_bytes)
         with psycopg.connect(url) as conn:
             pid, lsn = conn.execute("SELECT pg_backend_pid(), pg_current_wal_insert_lsn()").fetchone()  # type: ignore[misc]
             conn.commit()
@@ -89,11 +183,16 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
             for i in range(0, len(todo), group):
                 with conn.transaction():
                     write_batches(conn, todo[i:i + group], sightings_cache=cache, touch=touch)
+                    if shipments:
+                        copy_shipments(conn, [r for rows in encoded[i:i + group] for r in rows], fields, as_bytes)
             c1, wall = vs_prometheus.cpu_s(pid), time.perf_counter() - t0
             wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", (lsn,)).fetchone()[0]  # type: ignore[index]
-            rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
-    return {"rows": rows, "backend_us_per_row": (c1 - c0) / rows * 1e6, "wall_us_per_row": wall / rows * 1e6,
-            "wal_bytes_per_row": float(wal) / rows}
+            table = "gpu_shipments" if shipments else "gpu_samples"
+            count = "sum(cardinality(offsets_ms))" if shipments else "count(*)"
+            rows = conn.execute(f"SELECT {count} FROM {table}").fetchone()[0]  # type: ignore[index]
+            size = conn.execute(f"SELECT pg_total_relation_size('{table}')").fetchone()[0]  # type: ignore[index]
+    return {"rows": int(rows), "backend_us_per_row": (c1 - c0) / rows * 1e6, "wall_us_per_row": wall / rows * 1e6,
+            "wal_bytes_per_row": float(wal) / rows, "stored_bytes_per_row": float(size) / rows}
 
 
 def main() -> None:
@@ -102,20 +201,26 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=100, help="seconds of samples per node")
     ap.add_argument("--group", type=int, default=120, help="requests per transaction")
     ap.add_argument("--variants", action="store_true",
-                    help="also measure the btree without deduplication, node collated \"C\", and rows sorted by GPU")
+                    help="also measure the btree without deduplication, node collated \"C\", rows sorted by GPU, "
+                         "and the table without its BRIN and without any index")
+    ap.add_argument("--shipment-rows", action="store_true",
+                    help="also measure one row per GPU per shipment, each field's values as an array, "
+                         "and as bytes")
     args = ap.parse_args()
     if min(args.nodes, args.seconds, args.group) <= 0:
         ap.error("--nodes, --seconds and --group must be positive")
     todo = batches(args.nodes, args.seconds)
     server = server_url()
     names = list(VARIANTS) if args.variants else ["as_migrated", "no_btree"]
+    if args.shipment_rows:
+        names += SHIPMENTS
     got = {name: backend_us_per_row(server, todo, args.group, name) for name in names}
     with_btree, without = got["as_migrated"], got["no_btree"]
     print(f"{len(todo)} batches, {with_btree['rows']} GPU rows, {args.group} requests a transaction")
     labels = {"as_migrated": "as migrated (per-GPU btree)", "no_btree": "baseline, no per-GPU btree"}
     for name, r in got.items():
-        print(f"  {labels.get(name, name):30s} {r['backend_us_per_row']:5.2f} us of the backend per row, "
-              f"{r['wal_bytes_per_row']:5.0f} B of WAL")
+        print(f"  {labels.get(name, name):34s} {r['backend_us_per_row']:5.2f} us of the backend per GPU-sample, "
+              f"{r['wal_bytes_per_row']:5.0f} B of WAL, {r['stored_bytes_per_row']:5.0f} B stored")
     print(json.dumps({"name": "pg_rows", "value": round(with_btree["backend_us_per_row"], 2),
                       "unit": "backend us per GPU row", "baseline_without_btree": round(without["backend_us_per_row"], 2),
                       # None where the run was too short for the CPU clock's 10-ms ticks to see

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +51,54 @@ def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
     assert last["name"] == "pg_rows"
     variants = last["variants"]
     assert set(variants) == {"as_migrated", "no_btree", "btree_without_deduplication", "node_collated_c",
-                             "rows_sorted_by_gpu"}
+                             "rows_sorted_by_gpu", "no_brin", "no_indexes"}
     assert {v["rows"] for v in variants.values()} == {20 * 8 * 10}
     # Backend CPU is read in 10-ms ticks, which rows this few may not reach; WAL is exact.
     assert all(v["backend_us_per_row"] >= 0 and v["wal_bytes_per_row"] > 0 for v in variants.values())
     # Without the btree each row writes less WAL: its index entries are gone.
     assert variants["no_btree"]["wal_bytes_per_row"] < variants["as_migrated"]["wal_bytes_per_row"]
+    assert variants["no_indexes"]["stored_bytes_per_row"] < variants["no_btree"]["stored_bytes_per_row"]
+
+
+def test_pg_rows_shipment_layouts_store_every_sample() -> None:
+    """Both shipment layouts hold every GPU-sample of the same batches, and the bytes
+    layout each sample's values exactly as the sample table does."""
+    res = subprocess.run([sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--shipment-rows"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    variants = json.loads(res.stdout.strip().splitlines()[-1])["variants"]
+    assert set(variants) == {"as_migrated", "no_btree", "one_row_per_gpu_shipment",
+                             "one_row_per_gpu_shipment_as_bytes"}
+    assert {v["rows"] for v in variants.values()} == {20 * 8 * 10}
+    # A row per ten samples: less WAL per sample than a row per sample, and the bytes less again.
+    arrays, raw = variants["one_row_per_gpu_shipment"], variants["one_row_per_gpu_shipment_as_bytes"]
+    assert raw["wal_bytes_per_row"] < arrays["wal_bytes_per_row"] < variants["as_migrated"]["wal_bytes_per_row"]
+
+
+def test_shipment_rows_hold_each_gpus_values_in_time_order() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import pg_rows
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    b = pg_rows.batches(1, 10)[0]
+    fields = pg_rows.shipment_fields(b)
+    assert {sp.name for sp in fields} == set(b.gpu) - {"time", "gpu", "uuid"}
+    gpu, t = b.gpu["gpu"].values, b.gpu["time"].values
+    for as_bytes in (False, True):
+        rows = pg_rows.shipment_rows(b, fields, as_bytes)
+        assert [r[2] for r in rows] == sorted(set(gpu.tolist()))
+        for row in rows:
+            idx = np.flatnonzero(gpu == row[2])
+            idx = idx[np.argsort(t[idx])]
+            assert row[3] == [round((t[i] - t[idx[0]]) * 1000) for i in idx.tolist()]
+            for sp, got in zip(fields, row[6:], strict=True):
+                want = b.gpu[sp.name].values[idx]
+                if as_bytes:
+                    got = np.frombuffer(got, dtype=pg_rows._LITTLE_ENDIAN[sp.pgtype])
+                    assert np.array_equal(got, want.astype(got.dtype)), sp.name
+                else:
+                    assert got == want.tolist(), sp.name
 
 
 def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> None:
