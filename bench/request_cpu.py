@@ -36,8 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import vs_prometheus  # noqa: E402
 
 import gpufleet.wire.validation as wire_validation  # noqa: E402
-from gpufleet.collector.batch_store import GPU_SPECS, _layout_hint  # noqa: E402
-from gpufleet.collector.copy_binary import concat_parts, encode_rows  # noqa: E402
+from gpufleet.collector.batch_store import GPU_SPECS, copy_data  # noqa: E402
 from gpufleet.collector.ingest import stored_answer, wait_at_most  # noqa: E402
 from gpufleet.wire import ParseLimits, decompress, parse, validate  # noqa: E402
 
@@ -131,13 +130,7 @@ def main() -> None:
 
     def encode() -> None:
         for i in range(0, n, args.group):
-            parts = [(b.node, b.gpu, b.n_gpu) for b in batches[i:i + args.group]]
-            groups: dict[tuple[Any, ...], list[Any]] = {}
-            for part in parts:
-                groups.setdefault(_layout_hint(GPU_SPECS, part), []).append(part)
-            for group in groups.values():
-                merged, rows = concat_parts(GPU_SPECS, group)
-                encode_rows(GPU_SPECS, merged, rows)
+            copy_data(GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in batches[i:i + args.group]])
 
     out = {name: best_us(fn, args.repeat) / n for name, fn in
            [("decode", decode), ("validate", sections), ("validate_column_by_column", columns),

@@ -189,23 +189,34 @@ HOST_SPECS = table_specs(("time", "node"), HOST_FIELDS)
 def _copy(conn: psycopg.Connection, table: str, specs: list[Spec],
           parts: list[tuple[str, dict[str, Column], int]]) -> None:
     """Binary COPY of columnar parts; columns no part carries are left out."""
-    present = [sp for sp in specs if sp.name in ("time", "node", "gpu")
-               or any(sp.name in cols for _, cols, _ in parts)]
+    present, chunks = copy_data(specs, parts)
     stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
         sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(sp.name) for sp in present)
     )
+    with conn.cursor().copy(stmt) as cp:
+        # Each piece as it is: joining them would copy a group commit's rows once more.
+        for chunk in chunks:
+            cp.write(chunk)
+
+
+def copy_data(specs: list[Spec], parts: list[tuple[str, dict[str, Column], int]]
+              ) -> tuple[list[Spec], list[bytes | memoryview]]:
+    """The columns a COPY of ``parts`` names, and its data in pieces (header, rows, trailer)."""
+    carried: set[str] = {"time", "node", "gpu"}
+    for _, cols, _ in parts:
+        carried.update(cols)
+    present = [sp for sp in specs if sp.name in carried]
     # Parts with the same layout are merged and encoded in one pass; the
     # layout signature is only a grouping hint (encode_rows re-checks).
     groups: dict[tuple[Any, ...], list[tuple[str, dict[str, Column], int]]] = {}
     for part in parts:
         groups.setdefault(_layout_hint(present, part), []).append(part)
-    chunks = [HEADER]
+    chunks: list[bytes | memoryview] = [HEADER]
     for group in groups.values():
         merged, n = concat_parts(present, group)
         chunks.append(encode_rows(present, merged, n))
     chunks.append(TRAILER)
-    with conn.cursor().copy(stmt) as cp:
-        cp.write(b"".join(chunks))
+    return present, chunks
 
 
 def _layout_hint(specs: list[Spec], part: tuple[str, dict[str, Column], int]) -> tuple[Any, ...]:

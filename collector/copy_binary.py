@@ -14,7 +14,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 
@@ -83,38 +84,80 @@ def concat_parts(specs: Sequence[Spec], parts: Sequence[tuple[str, dict[str, Col
         dict[str, Column], int]:
     """Merge the columns of many batches (one node each) into one set of columns,
     so a whole group commit is encoded in one pass."""
-    total = sum(n for _, _, n in parts)
+    counts = [n for _, _, n in parts]
+    total = sum(counts)
     merged: dict[str, Column] = {}
+    from_blocks = _merged_blocks(parts)
     for spec in specs:
+        if spec.name in from_blocks:
+            merged[spec.name] = from_blocks[spec.name]
+            continue
         if spec.name == "node":
             names = [node.encode() for node, _, _ in parts]
-            counts = [n for _, _, n in parts]
             arr = np.repeat(np.array(names, dtype=f"S{max(map(len, names))}"), counts)
             merged["node"] = Column(arr, None, np.repeat(np.fromiter(map(len, names), np.int64, len(names)), counts))
             continue
         cols = [c.get(spec.name) for _, c, _ in parts]
-        if all(c is None for c in cols):
+        if None in cols:
+            if cols.count(None) == len(cols):
+                continue
+            _merge_sparse(spec, cols, counts, merged)
             continue
-        any_null = any(c is None or c.null is not None for c in cols)
-        nulls = []
-        if any_null:
-            for c, (_, _, n) in zip(cols, parts, strict=True):
-                nulls.append(np.ones(n, dtype=bool) if c is None else
-                             (c.null if c.null is not None else np.zeros(n, dtype=bool)))
+        # Every part carries the column (a group of one layout always does): no part to fill in.
+        carried = cast(list[Column], cols)
+        nulls = [c.null for c in carried]
+        null = None if all([m is None for m in nulls]) else np.concatenate(
+            [np.zeros(n, dtype=bool) if m is None else m for m, n in zip(nulls, counts, strict=True)])
         if spec.pgtype == "text":
-            values: Any = []
-            for c, (_, _, n) in zip(cols, parts, strict=True):
-                values.extend([None] * n if c is None else c.values)
+            values: Any = list(chain.from_iterable([c.values for c in carried]))
             packed = _ascii_array(values)
             if packed is not None:
-                merged[spec.name] = Column(packed[0], np.concatenate(nulls) if any_null else None, packed[1])
+                merged[spec.name] = Column(packed[0], null, packed[1])
                 continue
         else:
-            dt = next(c.values.dtype for c in cols if c is not None)
-            values = np.concatenate([np.zeros(n, dtype=dt) if c is None else c.values
-                                     for c, (_, _, n) in zip(cols, parts, strict=True)])
-        merged[spec.name] = Column(values, np.concatenate(nulls) if any_null else None)
+            values = np.concatenate([c.values for c in carried])
+        merged[spec.name] = Column(values, null)
     return merged, total
+
+
+def _merged_blocks(parts: Sequence[tuple[str, dict[str, Column], int]]) -> dict[str, Column]:
+    """The numeric columns of parts that all hold them as rows of matrices of one layout
+    (:class:`gpufleet.wire.Columns`, as validation leaves an agent's batch), merged a
+    matrix at a time: one concatenation per matrix instead of one per column."""
+    first = getattr(parts[0][1], "blocks", None) if parts else None
+    if not first:
+        return {}
+    for _, cols, _ in parts:
+        blocks = getattr(cols, "blocks", None)
+        if blocks is None or len(blocks) != len(first) or any(
+                names is not want for (_, names), (_, want) in zip(blocks, first, strict=True)):
+            return {}
+    out: dict[str, Column] = {}
+    for k, (_, names) in enumerate(first):
+        if names:
+            rows = np.concatenate([cols.blocks[k][0] for _, cols, _ in parts], axis=1)  # type: ignore[attr-defined]
+            out.update(zip(names, map(Column, rows), strict=True))
+    return out
+
+
+def _merge_sparse(spec: Spec, cols: list[Column | None], counts: list[int], merged: dict[str, Column]) -> None:
+    """One column that some parts lack: theirs are NULL."""
+    null = np.concatenate([np.ones(n, dtype=bool) if c is None else
+                           (c.null if c.null is not None else np.zeros(n, dtype=bool))
+                           for c, n in zip(cols, counts, strict=True)])
+    if spec.pgtype == "text":
+        values: Any = []
+        for c, n in zip(cols, counts, strict=True):
+            values.extend([None] * n if c is None else c.values)
+        packed = _ascii_array(values)
+        if packed is not None:
+            merged[spec.name] = Column(packed[0], null, packed[1])
+            return
+    else:
+        dt = next(c.values.dtype for c in cols if c is not None)
+        values = np.concatenate([np.zeros(n, dtype=dt) if c is None else c.values
+                                 for c, n in zip(cols, counts, strict=True)])
+    merged[spec.name] = Column(values, null)
 
 
 def _ascii_array(values: list[str | None]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -132,32 +175,37 @@ def _ascii_array(values: list[str | None]) -> tuple[np.ndarray, np.ndarray] | No
     return np.array(present, dtype=f"S{max(width, 1)}"), lengths
 
 
-def encode_rows(specs: Sequence[Spec], cols: Mapping[str, Column | str | None], n: int) -> bytes:
-    """COPY BINARY tuples (no header/trailer) for ``n`` rows of ``cols``."""
+def encode_rows(specs: Sequence[Spec], cols: Mapping[str, Column | str | None], n: int) -> bytes | memoryview:
+    """COPY BINARY tuples (no header/trailer) for ``n`` rows of ``cols``: the encoded
+    rows' own memory where they are of one layout (a group commit's rows are a
+    megabyte, and a copy of them costs as much as filling them), else bytes."""
     if n == 0:
         return b""
     prepared = [_prepare(s, cols.get(s.name), n) for s in specs]
-    key_parts = []
-    for _vals, null, lengths in prepared:
-        if null is not None:
-            key_parts.append(null.astype(np.int64))
-        if lengths is not None:
-            key_parts.append(lengths)
-    if key_parts:
-        key = np.column_stack(key_parts)
-        if not (key == key[0]).all():
-            _, inverse = np.unique(key, axis=0, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            out = []
-            for g in range(int(inverse.max()) + 1):
-                idx = np.flatnonzero(inverse == g)
-                out.append(_encode_uniform(specs, prepared, idx, len(idx)))
-            return b"".join(out)
+    if not all(_constant(null, lengths) for _vals, null, lengths in prepared):
+        # Rows of more than one layout (a NULL here, a longer text there): one pass per layout.
+        key = np.column_stack([part for _vals, null, lengths in prepared
+                               for part in (None if null is None else null.astype(np.int64), lengths)
+                               if part is not None])
+        _, inverse = np.unique(key, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        out = []
+        for g in range(int(inverse.max()) + 1):
+            idx = np.flatnonzero(inverse == g)
+            out.append(_encode_uniform(specs, prepared, idx, len(idx)))
+        return b"".join(out)
     return _encode_uniform(specs, prepared, None, n)
 
 
+def _constant(null: np.ndarray | None, lengths: np.ndarray | None) -> bool:
+    """Whether a column's layout is the same in every row: NULL in all or none, one byte length."""
+    if null is not None and null.any() and not null.all():
+        return False
+    return lengths is None or int(lengths.min()) == int(lengths.max())
+
+
 def _encode_uniform(specs: Sequence[Spec], prepared: list[tuple[Any, np.ndarray | None, np.ndarray | None]],
-                    idx: np.ndarray | None, m: int) -> bytes:
+                    idx: np.ndarray | None, m: int) -> memoryview:
     """Rows ``idx`` (all rows when None) share one layout: fill a structured array.
 
     The field count and every length are the same in each row, so they are
@@ -203,4 +251,4 @@ def _encode_uniform(specs: Sequence[Spec], prepared: list[tuple[Any, np.ndarray 
     arr = np.tile(row, m)
     for name, value, fmt in fills:
         arr[name] = np.asarray(value, dtype=fmt) if fmt[0] == ">" else value
-    return arr.tobytes()
+    return arr.view(np.uint8).data

@@ -101,6 +101,56 @@ class Batch:
 
 
 
+class Columns(dict[str, "Column"]):
+    """A section's columns as validation's fast path leaves them: each numeric
+    column a row of one float64 or int64 matrix, and :attr:`blocks` naming
+    those matrices and their rows' columns, so a group commit can merge the
+    matrices of many requests in one step each instead of merging column by
+    column (:func:`gpufleet.collector.copy_binary.concat_parts`).  Any change
+    made through the mapping forgets the blocks; a section built any other
+    way is a plain dict and has none."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, columns: dict[str, Column],
+                 blocks: tuple[tuple[np.ndarray, tuple[str, ...]], ...] | None = None) -> None:
+        super().__init__(columns)
+        #: (matrix, the column each of its rows is), per matrix; None once the columns changed.
+        self.blocks = blocks
+
+    def __setitem__(self, key: str, value: Column) -> None:
+        self.blocks = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.blocks = None
+        super().__delitem__(key)
+
+    def pop(self, *args: Any) -> Any:
+        self.blocks = None
+        return super().pop(*args)
+
+    def popitem(self) -> Any:
+        self.blocks = None
+        return super().popitem()
+
+    def setdefault(self, *args: Any) -> Any:
+        self.blocks = None
+        return super().setdefault(*args)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.blocks = None
+        super().update(*args, **kwargs)
+
+    def clear(self) -> None:
+        self.blocks = None
+        super().clear()
+
+    def __ior__(self, other: Any) -> Columns:  # type: ignore[override,misc]
+        self.blocks = None
+        return super().__ior__(other)
+
+
 class Column:
     """One validated column: ``values`` (float64 or int64 ndarray, or a list of
     str/None for text) and ``null`` (bool ndarray, or None when nothing is null)."""

@@ -17,7 +17,17 @@ import numpy as np
 from gpufleet.catalog import GPU_ALIASES, GPU_BY_NAME, HOST_BY_NAME, INT_RANGES, Field
 from gpufleet.facts import FactsError, check_facts, plain_json
 from gpufleet.wire.encoding import TYPED_DTYPES
-from gpufleet.wire.types import BATCH_ID_RE, MAX_TEXT, NODE_RE, TOP_LEVEL, Batch, Column, WireError, WrongNode
+from gpufleet.wire.types import (
+    BATCH_ID_RE,
+    MAX_TEXT,
+    NODE_RE,
+    TOP_LEVEL,
+    Batch,
+    Column,
+    Columns,
+    WireError,
+    WrongNode,
+)
 
 _NONE = type(None)
 _NUMERIC_TYPES = frozenset({int, float, _NONE})
@@ -559,7 +569,7 @@ def _typed_section_fast(section: str, obj: Any, known: dict[str, Field],
         return None
     rows = (list(floats), list(ints))
     out = {oname: own[oname] if row < 0 else Column(rows[as_int][row]) for oname, as_int, row in lay.order}
-    return out, n
+    return Columns(out, ((floats, lay.float_names), (ints, lay.int_names))), n
 
 
 @dataclass(frozen=True)
@@ -584,6 +594,9 @@ class _Layout:
     int_hi: np.ndarray
     #: (output name, 1: the integer matrix, 0: the float one; row, -1 for a column checked on its own)
     order: tuple[tuple[str, int, int], ...]
+    #: The output name of each row of the float matrix, and of the integer one.
+    float_names: tuple[str, ...]
+    int_names: tuple[str, ...]
 
 
 _DOUBLE_MAX = float(np.finfo(np.float64).max)
@@ -621,13 +634,20 @@ def _layout(plan: _Plan, dts: tuple[Any, ...], key: tuple[str, ...]) -> _Layout 
             float_hi=np.array(bounds[False][1], dtype=np.float64)[:, None],
             int_lo=np.array(bounds[True][0], dtype=np.int64)[:, None],
             int_hi=np.array(bounds[True][1], dtype=np.int64)[:, None],
-            order=tuple((plan.items[i][1], *rows.get(i, (0, -1))) for i in order))
+            order=tuple((plan.items[i][1], *rows.get(i, (0, -1))) for i in order),
+            float_names=_row_names(plan, rows, 0), int_names=_row_names(plan, rows, 1))
     if len(plan.layouts) < 64:
         plan.layouts[dts] = lay
     return lay
 
 
 _ITEMSIZE = {k: np.dtype(v).itemsize for k, v in TYPED_DTYPES.items()}
+
+
+def _row_names(plan: _Plan, rows: dict[int, tuple[int, int]], as_int: int) -> tuple[str, ...]:
+    """Which output column each row of one matrix is."""
+    placed = sorted((row, plan.items[i][1]) for i, (which, row) in rows.items() if which == as_int)
+    return tuple(name for _, name in placed)
 
 
 def as_lists(doc: dict[str, Any]) -> dict[str, Any]:
