@@ -898,6 +898,22 @@ def none_if_nan(v: float, digits: int) -> float | None:
     return None if math.isnan(v) else round(v, digits)
 
 
+def fleet_bounds(prom: list[Step], fleet: list[Step]) -> tuple[float | None, float | None]:
+    """The fleet ratio's bounds between the sizes tried: each side's edge lies between
+    the largest size it kept up with and the next it fell behind at, so the ratio lies
+    between (gpufleet kept) / (Prometheus fell) and (gpufleet fell) / (Prometheus kept);
+    None where that side's edge was not found (it kept up with every size, or none)."""
+    def edge(steps: list[Step]) -> tuple[int, int | None]:
+        kept = max((s.gpus for s in steps if s.kept_up), default=0)
+        fell = min((s.gpus for s in steps if not s.kept_up and s.gpus > kept), default=None)
+        return kept, fell
+
+    (pk, pf), (fk, ff) = edge(prom), edge(fleet)
+    low = fk / pf if pf and fk else None
+    high = ff / pk if ff and pk else None
+    return low, high
+
+
 def show(side: str, s: Step) -> None:
     print(f"  {side:10s} {s.gpus:6d} GPUs: {'keeps up' if s.kept_up else 'FALLS BEHIND':12s} "
           f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {_fig(s.cpu_us_per_gpu_sample)} us "
@@ -1055,6 +1071,13 @@ def main() -> None:
     print(f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}{' (the largest tried)' if capped else ''}"
           f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else
           f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}")
+    bounds = fleet_bounds(prom, fleet)
+    low = ("without a lower bound (Prometheus fell behind at none)" if bounds[0] is None
+           else f"at {bounds[0]:.2f} or more")
+    high = ("without an upper bound (gpufleet fell behind at none)" if bounds[1] is None
+            else f"at {bounds[1]:.2f} or less")
+    print(f"  each side's edge lies between the sizes tried, which puts the fleet ratio {low} and {high}; "
+          "sizes closer to both edges narrow it")
     ts_ratio = None if ts_block is None else block["bytes_per_gpu_sample"] / ts_block["bytes_per_gpu_sample"]
     if ts_ratio is not None:
         print(f"storage, Prometheus block / gpufleet on TimescaleDB (same hours, same values): {ts_ratio:.2f}x")
@@ -1084,6 +1107,7 @@ def main() -> None:
             next(s for s in fleet if s.gpus == ref).bytes_per_gpu_sample, 1),
         "largest_fleet_prometheus": lp, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
         "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
+        "fleet_ratio_bounds": [None if b is None else round(b, 2) for b in bounds],
         "prometheus": [rounded(s) for s in prom], "gpufleet": [rounded(s) for s in fleet],
         "ship_interval_s": SHIP_EVERY_S, "gpufleet_database": db_name,
         "window_s": window, "quick": args.quick, "seconds": round(time.monotonic() - started, 1),

@@ -119,6 +119,33 @@ def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> N
     assert "CPU    n/a us per GPU-sample" in out.getvalue() and "   n/a B stored" in out.getvalue()
 
 
+def test_the_fleet_ratio_is_bounded_by_both_sides_edges() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import vs_prometheus
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+    def steps(kept: dict[int, bool]) -> list[vs_prometheus.Step]:
+        out = []
+        for gpus, ok in kept.items():
+            s = vs_prometheus.Step(gpus)
+            s.kept_up = ok
+            out.append(s)
+        return out
+
+    prom = steps({16_000: True, 24_000: False})
+    # The ladder's ratio is 96,000 / 16,000 = 6; the edges allow 4 to 7.
+    assert vs_prometheus.fleet_bounds(prom, steps({24_000: True, 96_000: True, 112_000: False})) == (4.0, 7.0)
+    # gpufleet kept up with every size tried: no upper bound.
+    assert vs_prometheus.fleet_bounds(prom, steps({96_000: True})) == (4.0, None)
+    # Prometheus kept up with every size: no lower bound.
+    assert vs_prometheus.fleet_bounds(steps({16_000: True}), steps({96_000: True, 112_000: False})) == (None, 7.0)
+    # A size failed below the largest kept (noise) is not an edge.
+    assert vs_prometheus.fleet_bounds(steps({16_000: False, 18_000: True, 20_000: False}),
+                                      steps({90_000: True, 100_000: False})) == (4.5, 100_000 / 18_000)
+
+
 def test_the_exporter_simulator_counts_refused_connections_instead_of_a_traceback_each() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
