@@ -98,66 +98,70 @@ def concat_parts(specs: Sequence[Spec], parts: Sequence[tuple[str, dict[str, Col
             merged["node"] = Column(arr, None, np.repeat(np.fromiter(map(len, names), np.int64, len(names)), counts))
             continue
         cols = [c.get(spec.name) for _, c, _ in parts]
-        if None in cols:
-            if cols.count(None) == len(cols):
-                continue
-            _merge_sparse(spec, cols, counts, merged)
-            continue
-        # Every part carries the column (a group of one layout always does): no part to fill in.
-        carried = cast(list[Column], cols)
-        nulls = [c.null for c in carried]
-        null = None if all([m is None for m in nulls]) else np.concatenate(
-            [np.zeros(n, dtype=bool) if m is None else m for m, n in zip(nulls, counts, strict=True)])
-        if spec.pgtype == "text":
-            values: Any = list(chain.from_iterable([c.values for c in carried]))
-            packed = _ascii_array(values)
-            if packed is not None:
-                merged[spec.name] = Column(packed[0], null, packed[1])
-                continue
-        else:
-            values = np.concatenate([c.values for c in carried])
-        merged[spec.name] = Column(values, null)
+        if None not in cols:
+            # Every part carries the column (a group of one layout always does): none to fill in.
+            merged[spec.name] = _column(spec, *_merge_full(spec, cast(list[Column], cols), counts))
+        elif cols.count(None) != len(cols):
+            merged[spec.name] = _column(spec, *_merge_sparse(spec, cols, counts))
     return merged, total
 
 
 def _merged_blocks(parts: Sequence[tuple[str, dict[str, Column], int]]) -> dict[str, Column]:
     """The numeric columns of parts that all hold them as rows of matrices of one layout
     (:class:`gpufleet.wire.Columns`, as validation leaves an agent's batch), merged a
-    matrix at a time: one concatenation per matrix instead of one per column."""
-    first = getattr(parts[0][1], "blocks", None) if parts else None
+    matrix at a time: one concatenation per matrix instead of one per column.  Equal
+    row names are what make two parts' matrices one layout: a part's row ``i`` is then
+    the same column as every other part's."""
+    all_blocks = [getattr(cols, "blocks", None) for _, cols, _ in parts]
+    first = all_blocks[0] if all_blocks else None
     if not first:
         return {}
-    for _, cols, _ in parts:
-        blocks = getattr(cols, "blocks", None)
+    alike = []
+    for blocks in all_blocks:
         if blocks is None or len(blocks) != len(first) or any(
-                names is not want for (_, names), (_, want) in zip(blocks, first, strict=True)):
+                names != want for (_, names), (_, want) in zip(blocks, first, strict=True)):
             return {}
+        alike.append(blocks)
     out: dict[str, Column] = {}
     for k, (_, names) in enumerate(first):
         if names:
-            rows = np.concatenate([cols.blocks[k][0] for _, cols, _ in parts], axis=1)  # type: ignore[attr-defined]
+            rows = np.concatenate([blocks[k][0] for blocks in alike], axis=1)
             out.update(zip(names, map(Column, rows), strict=True))
     return out
 
 
-def _merge_sparse(spec: Spec, cols: list[Column | None], counts: list[int], merged: dict[str, Column]) -> None:
+def _merge_full(spec: Spec, cols: list[Column], counts: list[int]) -> tuple[Any, np.ndarray | None]:
+    """One column every part carries: its values end to end, and a NULL mask where any part has one."""
+    nulls = [c.null for c in cols]
+    null = None if all([m is None for m in nulls]) else np.concatenate(
+        [np.zeros(n, dtype=bool) if m is None else m for m, n in zip(nulls, counts, strict=True)])
+    if spec.pgtype == "text":
+        return list(chain.from_iterable([c.values for c in cols])), null
+    return np.concatenate([c.values for c in cols]), null
+
+
+def _merge_sparse(spec: Spec, cols: list[Column | None], counts: list[int]) -> tuple[Any, np.ndarray]:
     """One column that some parts lack: theirs are NULL."""
     null = np.concatenate([np.ones(n, dtype=bool) if c is None else
                            (c.null if c.null is not None else np.zeros(n, dtype=bool))
                            for c, n in zip(cols, counts, strict=True)])
     if spec.pgtype == "text":
-        values: Any = []
+        values: list[Any] = []
         for c, n in zip(cols, counts, strict=True):
             values.extend([None] * n if c is None else c.values)
+        return values, null
+    dt = next(c.values.dtype for c in cols if c is not None)
+    return np.concatenate([np.zeros(n, dtype=dt) if c is None else c.values
+                           for c, n in zip(cols, counts, strict=True)]), null
+
+
+def _column(spec: Spec, values: Any, null: np.ndarray | None) -> Column:
+    """A merged column; ASCII text packed for the COPY (other text stays a list, encoded row by row)."""
+    if spec.pgtype == "text":
         packed = _ascii_array(values)
         if packed is not None:
-            merged[spec.name] = Column(packed[0], null, packed[1])
-            return
-    else:
-        dt = next(c.values.dtype for c in cols if c is not None)
-        values = np.concatenate([np.zeros(n, dtype=dt) if c is None else c.values
-                                 for c, n in zip(cols, counts, strict=True)])
-    merged[spec.name] = Column(values, null)
+            return Column(packed[0], null, packed[1])
+    return Column(values, null)
 
 
 def _ascii_array(values: list[str | None]) -> tuple[np.ndarray, np.ndarray] | None:
