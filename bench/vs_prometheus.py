@@ -898,17 +898,20 @@ def none_if_nan(v: float, digits: int) -> float | None:
     return None if math.isnan(v) else round(v, digits)
 
 
+def ladder_edge(steps: list[Step]) -> tuple[int, int | None]:
+    """The largest size a side kept up with (0: none), and the smallest above it that it
+    fell behind at (None: none tried)."""
+    kept = max((s.gpus for s in steps if s.kept_up), default=0)
+    fell = min((s.gpus for s in steps if not s.kept_up and s.gpus > kept), default=None)
+    return kept, fell
+
+
 def fleet_bounds(prom: list[Step], fleet: list[Step]) -> tuple[float | None, float | None]:
     """The fleet ratio's bounds between the sizes tried: each side's edge lies between
     the largest size it kept up with and the next it fell behind at, so the ratio lies
     between (gpufleet kept) / (Prometheus fell) and (gpufleet fell) / (Prometheus kept);
     None where that side's edge was not found (it kept up with every size, or none)."""
-    def edge(steps: list[Step]) -> tuple[int, int | None]:
-        kept = max((s.gpus for s in steps if s.kept_up), default=0)
-        fell = min((s.gpus for s in steps if not s.kept_up and s.gpus > kept), default=None)
-        return kept, fell
-
-    (pk, pf), (fk, ff) = edge(prom), edge(fleet)
+    (pk, pf), (fk, ff) = ladder_edge(prom), ladder_edge(fleet)
     low = fk / pf if pf and fk else None
     high = ff / pk if ff and pk else None
     return low, high
@@ -1049,10 +1052,6 @@ def main() -> None:
     print(f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True)
     fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
 
-    def largest(steps: list[Step]) -> int:
-        ok = [s.gpus for s in steps if s.kept_up]
-        return max(ok) if ok else 0
-
     both = [g for g in fleets if any(s.gpus == g and s.kept_up for s in prom)
             and any(s.gpus == g and s.kept_up for s in fleet)]
     ref = max(both) if both else None
@@ -1063,7 +1062,7 @@ def main() -> None:
         ratios = {"cpu": p.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample,
                   "memory": p.rss_mib / f.rss_mib,
                   "storage": block["bytes_per_gpu_sample"] / f.bytes_per_gpu_sample}
-    lp, lf = largest(prom), largest(fleet)
+    lp, lf = ladder_edge(prom)[0], ladder_edge(fleet)[0]
     capped = lf == max(fleets)
     fleet_ratio = lf / lp if lp else None
     print(f"at {ref} GPUs (largest both keep up with), Prometheus / gpufleet: "
