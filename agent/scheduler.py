@@ -64,6 +64,8 @@ class _Job:
     facts: bool
     started: float | None = None
     timed_out: bool = False
+    #: The facts this job carries have been read (answered or failed).
+    facts_read: bool = False
 
 
 class SourceWorker:
@@ -132,14 +134,25 @@ class SourceWorker:
             return job
 
     def wait(self, job: _Job, until: float) -> None:
-        """Block until ``job`` finished, or ``min(until, its deadline)`` passed."""
+        """Block until ``job`` finished, its facts included, or ``min(until, its deadline)`` passed.
+
+        The facts are read after the collection, on the same thread: a tick that only waited for the
+        reading would see the facts a tick late, or (on a busy host) not before the first-read grace ran
+        out, so the first batch would go without them.
+        """
         end = min(until, job.deadline)
         with self._cond:
-            while not any(j is job for j, _ in self._done) and (self._pending is job or self._running is job):
+            while not self._finished(job):
                 left = end - self._mono()
                 if left <= 0:
                     return
                 self._cond.wait(left)
+
+    def _finished(self, job: _Job) -> bool:
+        """Under ``_cond``: ``job``'s reading is published (or it had none) and its facts are read."""
+        if job.facts and not job.facts_read:
+            return False
+        return any(j is job for j, _ in self._done) or not (self._pending is job or self._running is job)
 
     def harvest(self) -> list[Outcome]:
         """Outcomes finished in time since the last harvest; counts a timeout once for an overdue read."""
@@ -186,7 +199,7 @@ class SourceWorker:
             if job.collect:
                 self._finish(job, self._read(job))
             if job.facts:
-                self._read_facts()
+                self._read_facts(job)
             if not job.collect:
                 with self._cond:
                     self._running = None
@@ -243,7 +256,7 @@ class SourceWorker:
                           "%.2f s (timeout); its result will be discarded", self.name, job.seq,
                           now - (job.started if job.started is not None else now))
 
-    def _read_facts(self) -> None:
+    def _read_facts(self, job: _Job) -> None:
         facts: dict[str, Any] | None = None
         try:
             facts = self.source.facts()  # type: ignore[attr-defined]
@@ -254,8 +267,10 @@ class SourceWorker:
             log.error("source %s: facts() raised %s", self.name, type(e).__name__, exc_info=True)
         with self._cond:
             self._facts_answered = True
+            job.facts_read = True
             if facts is not None:
                 self._facts = facts
+            self._cond.notify_all()
 
 
 @dataclass
@@ -316,7 +331,7 @@ class Scheduler:
         jobs = []
         for w in self.workers:
             job = w.submit(collect=w.due(tick))
-            if job is not None and job.collect:
+            if job is not None:
                 jobs.append((w, job))
         until = started + self.gather_s
         for w, job in jobs:

@@ -184,6 +184,47 @@ def test_facts_are_read_on_the_source_thread_when_requested() -> None:
     sched.stop()
 
 
+class SlowFacts(WithFacts):
+    def __init__(self, facts_s: float) -> None:
+        super().__init__()
+        self.facts_s = facts_s
+
+    def facts(self) -> dict[str, Any]:
+        time.sleep(self.facts_s)
+        return super().facts()
+
+
+@pytest.mark.parametrize("due", [True, False], ids=["with-a-reading", "facts-only"])
+def test_the_tick_that_asks_for_facts_gathers_them_within_its_window(due: bool) -> None:
+    # The facts are read after the reading, on the source's thread: the tick waits for them too,
+    # or the first batch goes out without them on a busy host.
+    src = SlowFacts(0.05)
+    sched = build([src], interval_s=0.6, schedules={} if due else {"withfacts": SourceSchedule(interval_s=1.2)})
+    worker = sched.workers[0]
+    tick = worker.phase if due else 1 - worker.phase
+    sched.request_facts()
+    result = sched.tick(tick)
+    assert [o.source for o in result.outcomes if o.reading] == (["withfacts"] if due else [])
+    assert sched.facts() == (True, {"driver_version": "590.48.01", "gpu_count": 2})
+    sched.stop()
+
+
+def test_facts_slower_than_the_window_do_not_hold_the_tick() -> None:
+    src = SlowFacts(0.6)
+    sched = build([src], interval_s=0.2)  # gathers for 0.1 s
+    sched.request_facts()
+    t0 = time.monotonic()
+    result = sched.tick(0)
+    took = time.monotonic() - t0
+    assert took < 0.4 and [o.source for o in result.outcomes if o.reading] == ["withfacts"]
+    assert sched.facts() == (False, {})
+    deadline = time.monotonic() + 3
+    while not sched.facts()[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sched.facts()[0] is True
+    sched.stop()
+
+
 # --------------------------------------------------------------------------- merging
 
 
