@@ -356,6 +356,29 @@ class Step:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def stored_bytes(base: str, data: Path, detail: dict[str, Any], timeout_s: float = 120.0) -> tuple[float, float]:
+    """Bytes per GPU-sample in a snapshot of Prometheus's storage and in its WAL.
+
+    Far past its edge Prometheus can take minutes to answer, or not answer: the
+    step's figures are then NaN (printed "n/a") and ``detail["not_measured"]``
+    says why, instead of the run ending there and losing every figure before it.
+    """
+    try:
+        own = httpx.get(f"{base}/metrics", timeout=timeout_s).text
+        appended = sum(float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
+                       if line.startswith("prometheus_tsdb_head_samples_appended_total"))
+        r = httpx.post(f"{base}/api/v1/admin/tsdb/snapshot", params={"skip_head": "false"}, timeout=timeout_s)
+        r.raise_for_status()
+        snap = data / "snapshots" / r.json()["data"]["name"]
+    except (httpx.HTTPError, KeyError, ValueError) as e:
+        detail["not_measured"] = f"storage: Prometheus did not answer for its snapshot ({type(e).__name__}: {e})"
+        return math.nan, math.nan
+    per_scrape = 25 * GPUS_PER_NODE
+    dcgm_samples = appended * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
+    return (per_sample(tree_size(snap), dcgm_samples / 25),
+            per_sample(tree_size(data / "wal"), dcgm_samples / 25))
+
+
 def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, window_s: float) -> Step:
     nodes = gpus // GPUS_PER_NODE
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-"))
@@ -407,8 +430,19 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
             r.raise_for_status()
             return r.json()["data"]["result"]
 
-        ups = query(f'up{{job="dcgm"}}[{w}s]')
-        durs = query(f'scrape_duration_seconds{{job="dcgm"}}[{w}s]')
+        step.cpu_cores = (c1 - c0) / (t1 - t0)
+        step.helper_cores = (e1 - e0) / (t1 - t0)
+        try:
+            ups = query(f'up{{job="dcgm"}}[{w}s]')
+            durs = query(f'scrape_duration_seconds{{job="dcgm"}}[{w}s]')
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            # Not one minute to answer a query over its own window: not keeping up, whatever
+            # share of the scrapes it may have done.
+            step.done_frac = math.nan
+            step.detail = {"scrapes_due": nodes * w,
+                           "not_measured": f"scrapes: Prometheus did not answer a query over the window "
+                                           f"({type(e).__name__}: {e})"}
+            return step
         done = sum(sum(1 for _, v in s["values"] if v == "1") for s in ups)
         # A target that caught up after a late scrape can show w + 1 in the window.
         step.done_frac = min(1.0, done / max(nodes * w, 1))
@@ -416,21 +450,10 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
         step.p99_s = float(np.quantile(dur, 0.99))
         step.kept_up = step.done_frac >= 0.99 and step.p99_s < 0.5
         gpu_samples = done * GPUS_PER_NODE
-        step.cpu_cores = (c1 - c0) / (t1 - t0)
         step.cpu_us_per_gpu_sample = per_sample(c1 - c0, gpu_samples) * 1e6
-        step.helper_cores = (e1 - e0) / (t1 - t0)
-        own = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-        appended = sum(float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
-                       if line.startswith("prometheus_tsdb_head_samples_appended_total"))
-        r = httpx.post(f"{api}/admin/tsdb/snapshot", params={"skip_head": "false"}, timeout=120)
-        r.raise_for_status()
-        snap = tmp / "data" / "snapshots" / r.json()["data"]["name"]
-        per_scrape = 25 * GPUS_PER_NODE
-        dcgm_samples = appended * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
-        step.bytes_per_gpu_sample = per_sample(tree_size(snap), dcgm_samples / 25)
-        step.detail = {"wal_bytes_per_gpu_sample": none_if_nan(per_sample(tree_size(tmp / "data" / "wal"),
-                                                                          dcgm_samples / 25), 1),
-                       "scrapes_due": nodes * w, "scrapes_done": done}
+        step.detail = {"scrapes_due": nodes * w, "scrapes_done": done}
+        step.bytes_per_gpu_sample, wal = stored_bytes(f"http://127.0.0.1:{port}", tmp / "data", step.detail)
+        step.detail["wal_bytes_per_gpu_sample"] = none_if_nan(wal, 1)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -923,6 +946,8 @@ def show(side: str, s: Step) -> None:
           f"per GPU-sample ({s.cpu_cores:.2f} cores); memory {s.rss_mib:7.1f} MiB; "
           f"{_fig(s.bytes_per_gpu_sample)} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores",
           flush=True)
+    if "not_measured" in s.detail:
+        print(f"  {'':10s} {s.gpus:6d} GPUs: not measured: {s.detail['not_measured']}", flush=True)
 
 
 def _fig(v: float) -> str:
@@ -1085,8 +1110,8 @@ def main() -> None:
               "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to compare compressed storage")
 
     def rounded(s: Step) -> dict[str, Any]:
-        return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": round(s.done_frac, 4),
-                "p99_ms": round(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": none_if_nan(s.cpu_us_per_gpu_sample, 2),
+        return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": none_if_nan(s.done_frac, 4),
+                "p99_ms": none_if_nan(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": none_if_nan(s.cpu_us_per_gpu_sample, 2),
                 "cpu_cores": round(s.cpu_cores, 3), "memory_mib": round(s.rss_mib, 1),
                 "stored_bytes_per_gpu_sample_this_run": none_if_nan(s.bytes_per_gpu_sample, 1),
                 "helper_cores": round(s.helper_cores, 3),

@@ -176,3 +176,71 @@ def test_the_exporter_simulator_counts_refused_connections_instead_of_a_tracebac
         _, err = proc.communicate(timeout=30)
     assert "connections refused in the last 5 s, out of file descriptors (limit 64)" in err
     assert "Traceback" not in err
+
+
+def test_a_prometheus_too_far_behind_to_answer_leaves_its_storage_not_measured(tmp_path: Path) -> None:
+    # Far past its edge Prometheus took more than two minutes over its snapshot and the run ended
+    # there, losing every figure measured before; now that step's storage figures are "n/a".
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import vs_prometheus
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    with socket.socket() as silent:  # accepts (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        detail: dict[str, object] = {}
+        t0 = time.monotonic()
+        got = vs_prometheus.stored_bytes(f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path, detail,
+                                         timeout_s=0.3)
+        assert time.monotonic() - t0 < 5
+    assert all(np.isnan(v) for v in got)
+    assert str(detail["not_measured"]).startswith("storage: Prometheus did not answer for its snapshot (ReadTimeout")
+    step = vs_prometheus.Step(64_000, detail=detail)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        vs_prometheus.show("prometheus", step)
+    assert "64000 GPUs: not measured: storage: Prometheus did not answer" in out.getvalue()
+
+
+def test_stored_bytes_reads_the_snapshot_prometheus_names(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import vs_prometheus
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    (tmp_path / "snapshots" / "snap1").mkdir(parents=True)
+    (tmp_path / "snapshots" / "snap1" / "chunk").write_bytes(b"x" * 2050)
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "000001").write_bytes(b"y" * 4100)
+
+    class Prom(BaseHTTPRequestHandler):
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # /metrics: 205 samples appended, 200 of them the exporter's (8 GPUs x 25)
+            self._send(b"# TYPE prometheus_tsdb_head_samples_appended_total counter\n"
+                       b'prometheus_tsdb_head_samples_appended_total{type="float"} 205\n')
+
+        def do_POST(self) -> None:
+            self._send(json.dumps({"status": "success", "data": {"name": "snap1"}}).encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Prom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        detail: dict[str, object] = {}
+        stored, wal = vs_prometheus.stored_bytes(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, detail)
+    finally:
+        server.shutdown()
+    assert detail == {}
+    # 200 exporter samples are 8 GPU-samples: 2050 / 8 and 4100 / 8 bytes.
+    assert stored == pytest.approx(2050 / 8) and wal == pytest.approx(4100 / 8)
