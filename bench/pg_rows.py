@@ -30,7 +30,16 @@ each value, and SQL then cannot read), both with the same
 paid once per ten samples.  The same batches, the same group size and the
 same bookkeeping (batch registry, nodes) as the other variants; its figure
 is per GPU-sample, like theirs, and it reports the bytes the table and its
-indexes take per GPU-sample.  The last line is JSON.
+indexes take per GPU-sample.
+
+Each layout is then read the way the rollups read it every minute: every
+GPU's one-minute averages of every value field, over all the samples
+stored.  Rows and arrays are averaged in SQL (the arrays unnested in
+step); the bytes are fetched and averaged here with numpy, since SQL cannot
+read them.  The read's CPU is the backend's plus this process's (the client
+decodes the answer, and for the bytes does the averaging), per GPU-sample
+read: what a layout that is cheaper to write costs every reader.  The last
+line is JSON.
 """
 
 from __future__ import annotations
@@ -151,6 +160,65 @@ def copy_shipments(conn: psycopg.Connection, rows: list[list[Any]], fields: list
             cp.write_row(row)
 
 
+def minute_averages(conn: psycopg.Connection, variant: str, fields: list[Spec]) -> dict[tuple[str, int, int], np.ndarray]:
+    """Every (node, GPU, minute as epoch seconds)'s averages of ``fields`` (NaN where every value was NULL),
+    read from the layout ``variant`` wrote: what the rollups compute, each layout read as it can be."""
+    names = [sp.name for sp in fields]
+    avgs = ", ".join(f"avg({n})::float8" for n in names)
+    if variant not in SHIPMENTS:
+        cur = conn.execute(f"SELECT node, gpu, extract(epoch FROM date_trunc('minute', time))::bigint, {avgs} "
+                           "FROM gpu_samples GROUP BY 1, 2, 3")
+        return {(r[0], r[1], r[2]): np.array(r[3:], dtype=np.float64) for r in cur}
+    if variant == SHIPMENT_ARRAYS:
+        cols = ", ".join(f"s.{n}" for n in names)
+        cur = conn.execute(
+            "SELECT s.node, s.gpu, extract(epoch FROM date_trunc('minute', s.time + u.off * interval '1 ms'))::bigint, "
+            f"{', '.join(f'avg(u.{n})::float8' for n in names)} "
+            f"FROM gpu_shipments s, unnest(s.offsets_ms, {cols}) AS u(off, {', '.join(names)}) GROUP BY 1, 2, 3")
+        return {(r[0], r[1], r[2]): np.array([np.nan if v is None else v for v in r[3:]], dtype=np.float64)
+                for r in cur}
+    return _bytes_minute_averages(conn, fields)
+
+
+def _bytes_minute_averages(conn: psycopg.Connection, fields: list[Spec]) -> dict[tuple[str, int, int], np.ndarray]:
+    """The bytes layout's minute averages, decoded and grouped here: fetch every row, cut each field's
+    bytes into values, mask the NULLs, and sum per (node, GPU, minute) with one bincount per field."""
+    # Binary results: bytea as its bytes, not as hex text to decode.
+    cur = conn.cursor(binary=True).execute("SELECT extract(epoch FROM time)::float8, node, gpu, offsets_ms, nulls, "
+                                           f"{', '.join(sp.name for sp in fields)} FROM gpu_shipments")
+    got = cur.fetchall()
+    if not got:
+        return {}
+    by_column = list(zip(*got, strict=True))
+    lengths = np.fromiter(map(len, by_column[3]), dtype=np.int64, count=len(got))
+    n = int(lengths.sum())
+    t = np.repeat(np.array(by_column[0]), lengths) + np.concatenate(by_column[3]) / 1000.0
+    pairs = list(zip(by_column[1], by_column[2], strict=True))
+    series = {key: i for i, key in enumerate(dict.fromkeys(pairs))}
+    keys = list(series)
+    sid = np.repeat(np.array([series[p] for p in pairs], dtype=np.int64), lengths)
+    minute = np.floor(t / 60.0).astype(np.int64)
+    first, span = int(minute.min()), int(minute.max() - minute.min()) + 1
+    codes, inverse = np.unique(sid * span + (minute - first), return_inverse=True)
+    group = np.stack([codes // span, (codes % span + first) * 60])
+    inverse = inverse.reshape(-1)
+    null = np.zeros((len(fields), n), dtype=bool)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
+    for i in [i for i, bits in enumerate(by_column[4]) if bits is not None]:
+        k, start = int(lengths[i]), starts[i]
+        null[:, start:start + k] = np.unpackbits(np.frombuffer(by_column[4][i], dtype=np.uint8),
+                                                 count=len(fields) * k).reshape(len(fields), k).astype(bool)
+    out = np.empty((group.shape[1], len(fields)))
+    for j, sp in enumerate(fields):
+        v = np.frombuffer(b"".join(by_column[5 + j]), dtype=_LITTLE_ENDIAN[sp.pgtype]).astype(np.float64)
+        ok = ~null[j]
+        total = np.bincount(inverse, weights=np.where(ok, v, 0.0), minlength=group.shape[1])
+        count = np.bincount(inverse, weights=ok, minlength=group.shape[1])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[:, j] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return {(keys[int(s_)][0], keys[int(s_)][1], int(m)): out[i] for i, (s_, m) in enumerate(group.T.tolist())}
+
+
 def sorted_by_gpu(b: Batch) -> Batch:
     """The batch with its GPU rows in (gpu, time) order."""
     order = np.lexsort((b.gpu["time"].values, b.gpu["gpu"].values))
@@ -162,10 +230,10 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
     if variant == "rows_sorted_by_gpu":
         todo = [sorted_by_gpu(b) for b in todo]
     shipments, as_bytes = variant in SHIPMENTS, variant == SHIPMENT_BYTES
+    value_fields = fields = shipment_fields(todo[0])
     if shipments:
         # Encoded before the clock starts: only the backend is measured, and the
         # client's row-at-a-time encoding here is no model of the collector's.
-        fields = shipment_fields(todo[0])
         encoded = [shipment_rows(b, fields, as_bytes) for b in todo]
         todo = [dataclasses.replace(b, gpu={}, n_gpu=0) for b in todo]
     with scratch_database(server, "gpufleet_pgrows") as url:
@@ -191,8 +259,15 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
             count = "sum(cardinality(offsets_ms))" if shipments else "count(*)"
             rows = conn.execute(f"SELECT {count} FROM {table}").fetchone()[0]  # type: ignore[index]
             size = conn.execute(f"SELECT pg_total_relation_size('{table}')").fetchone()[0]  # type: ignore[index]
+            conn.commit()
+            r0, p0 = vs_prometheus.cpu_s(pid), time.process_time()
+            minutes = minute_averages(conn, variant, value_fields)
+            r1, p1 = vs_prometheus.cpu_s(pid), time.process_time()
+            conn.commit()
     return {"rows": int(rows), "backend_us_per_row": (c1 - c0) / rows * 1e6, "wall_us_per_row": wall / rows * 1e6,
-            "wal_bytes_per_row": float(wal) / rows, "stored_bytes_per_row": float(size) / rows}
+            "wal_bytes_per_row": float(wal) / rows, "stored_bytes_per_row": float(size) / rows,
+            "read_backend_us_per_row": (r1 - r0) / rows * 1e6, "read_client_us_per_row": (p1 - p0) / rows * 1e6,
+            "read_series_minutes": len(minutes)}
 
 
 def main() -> None:
@@ -220,7 +295,9 @@ def main() -> None:
     labels = {"as_migrated": "as migrated (per-GPU btree)", "no_btree": "baseline, no per-GPU btree"}
     for name, r in got.items():
         print(f"  {labels.get(name, name):34s} {r['backend_us_per_row']:5.2f} us of the backend per GPU-sample, "
-              f"{r['wal_bytes_per_row']:5.0f} B of WAL, {r['stored_bytes_per_row']:5.0f} B stored")
+              f"{r['wal_bytes_per_row']:5.0f} B of WAL, {r['stored_bytes_per_row']:5.0f} B stored; read as the "
+              f"rollups do: {r['read_backend_us_per_row']:5.2f} us backend + {r['read_client_us_per_row']:5.2f} "
+              "us client")
     print(json.dumps({"name": "pg_rows", "value": round(with_btree["backend_us_per_row"], 2),
                       "unit": "backend us per GPU row", "baseline_without_btree": round(without["backend_us_per_row"], 2),
                       # None where the run was too short for the CPU clock's 10-ms ticks to see

@@ -102,6 +102,86 @@ def test_shipment_rows_hold_each_gpus_values_in_time_order() -> None:
                     assert got == want.tolist(), sp.name
 
 
+def test_every_layout_reads_back_the_same_minute_averages() -> None:
+    """The rollups' read of each layout (SQL over rows, SQL over unnested arrays, numpy over
+    fetched bytes) gives every (node, GPU, minute) the averages of the batches' values, NULLs left out."""
+    import dataclasses
+
+    import psycopg
+
+    from gpufleet.collector.batch_store import write_batches
+    from gpufleet.config import load_settings
+    from gpufleet.db import migrate
+    from gpufleet.db.scratch import scratch_database
+    from gpufleet.testing.pg import server_url
+    from gpufleet.wire import Column
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import pg_rows
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    todo = pg_rows.batches(3, 130)  # 10-s batches over three minutes or so
+    fields = pg_rows.shipment_fields(todo[0])
+    # Shifted so that each node's 10-s shipments straddle the minutes' edges: a sample goes to its
+    # own minute, not to its shipment's.
+    shift = (55.0 - todo[0].gpu["time"].values.min() % 60) % 60
+    # NULLs: every third power reading of every batch, and the first node's GPU 0's utilisation
+    # throughout the first batch's minute (an average over no value is NULL, not 0).
+    minute0 = (todo[0].gpu["time"].values.min() + shift) // 60
+    for i, b in enumerate(todo):
+        gpu, t = b.gpu["gpu"].values, b.gpu["time"].values + shift
+        cols = dict(b.gpu)
+        cols["time"] = Column(t)
+        cols["power_w"] = Column(cols["power_w"].values, np.arange(len(gpu)) % 3 == 0)
+        if b.node == todo[0].node:
+            cols["util_pct"] = Column(cols["util_pct"].values, (gpu == 0) & (t // 60 == minute0))
+        todo[i] = dataclasses.replace(b, gpu=cols, span=None)
+    # The oracle: each (node, GPU, minute)'s mean of the values not NULL, from the batches themselves.
+    names = [sp.name for sp in fields]
+    want: dict[tuple[str, int, int], dict[str, list[float]]] = {}
+    for b in todo:
+        for j in range(b.n_gpu):
+            key = (b.node, int(b.gpu["gpu"].values[j]), int(b.gpu["time"].values[j] // 60 * 60))
+            per = want.setdefault(key, {n: [] for n in names})
+            for n in names:
+                col = b.gpu[n]
+                if col.null is None or not col.null[j]:
+                    per[n].append(float(col.values[j]))
+    got = {}
+    with scratch_database(server_url(), "gpufleet_pgrows_read") as url:
+        migrate.upgrade(url, load_settings())
+        with psycopg.connect(url, autocommit=True) as conn:
+            write_batches(conn, todo)
+            got["rows"] = pg_rows.minute_averages(conn, "as_migrated", fields)
+            for variant in pg_rows.SHIPMENTS:
+                as_bytes = variant == pg_rows.SHIPMENT_BYTES
+                conn.execute("DROP TABLE IF EXISTS gpu_shipments")
+                pg_rows.create_shipment_table(conn, fields, as_bytes)
+                pg_rows.copy_shipments(conn, [r for b in todo for r in pg_rows.shipment_rows(b, fields, as_bytes)],
+                                       fields, as_bytes)
+                got[variant] = pg_rows.minute_averages(conn, variant, fields)
+    assert len(want) >= 3 * 8 * 3
+    assert any(len({int(t // 60) for t in b.gpu["time"].values}) == 2 for b in todo)
+    # The sample table keeps some fields to fewer mantissa bits (``Spec.bits``); the shipment layouts
+    # here keep every float4 whole.
+    rtol = np.array([2.0 ** -sp.bits if sp.bits else 1e-6 for sp in fields])
+    p, u = names.index("power_w"), names.index("util_pct")
+    for layout, averages in got.items():
+        assert set(averages) == set(want), layout
+        for key, per in want.items():
+            for j in (p, u):
+                values = per[names[j]]
+                if not values:
+                    assert np.isnan(averages[key][j]), (layout, key, names[j])
+                else:
+                    assert averages[key][j] == pytest.approx(np.mean(values), rel=max(rtol[j], 1e-5)), \
+                        (layout, key, names[j])
+        for key in want:  # and every other field alike on every layout, to the rows' stored precision
+            assert np.allclose(averages[key], got["rows"][key], rtol=rtol, atol=0, equal_nan=True), (layout, key)
+    assert sum(np.isnan(v[u]) for v in got["rows"].values()) == 1
+
+
 def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     try:
