@@ -163,21 +163,20 @@ def copy_shipments(conn: psycopg.Connection, rows: list[list[Any]], fields: list
 def minute_averages(conn: psycopg.Connection, variant: str, fields: list[Spec]) -> dict[tuple[str, int, int], np.ndarray]:
     """Every (node, GPU, minute as epoch seconds)'s averages of ``fields`` (NaN where every value was NULL),
     read from the layout ``variant`` wrote: what the rollups compute, each layout read as it can be."""
+    if variant == SHIPMENT_BYTES:
+        return _bytes_minute_averages(conn, fields)
     names = [sp.name for sp in fields]
-    avgs = ", ".join(f"avg({n})::float8" for n in names)
-    if variant not in SHIPMENTS:
-        cur = conn.execute(f"SELECT node, gpu, extract(epoch FROM date_trunc('minute', time))::bigint, {avgs} "
-                           "FROM gpu_samples GROUP BY 1, 2, 3")
-        return {(r[0], r[1], r[2]): np.array(r[3:], dtype=np.float64) for r in cur}
-    if variant == SHIPMENT_ARRAYS:
-        cols = ", ".join(f"s.{n}" for n in names)
-        cur = conn.execute(
-            "SELECT s.node, s.gpu, extract(epoch FROM date_trunc('minute', s.time + u.off * interval '1 ms'))::bigint, "
-            f"{', '.join(f'avg(u.{n})::float8' for n in names)} "
-            f"FROM gpu_shipments s, unnest(s.offsets_ms, {cols}) AS u(off, {', '.join(names)}) GROUP BY 1, 2, 3")
-        return {(r[0], r[1], r[2]): np.array([np.nan if v is None else v for v in r[3:]], dtype=np.float64)
-                for r in cur}
-    return _bytes_minute_averages(conn, fields)
+    if variant == SHIPMENT_ARRAYS:  # each sample's values come from unnesting the arrays in step
+        source = (f"gpu_shipments s, unnest(s.offsets_ms, {', '.join(f's.{n}' for n in names)}) "
+                  f"AS u(off, {', '.join(names)})")
+        t, values = "s.time + u.off * interval '1 ms'", "u."
+    else:
+        source, t, values = "gpu_samples s", "s.time", "s."
+    avgs = ", ".join(f"avg({values}{n})::float8" for n in names)
+    cur = conn.execute(f"SELECT s.node, s.gpu, extract(epoch FROM date_trunc('minute', {t}))::bigint, {avgs} "
+                       f"FROM {source} GROUP BY 1, 2, 3")
+    # An average over no value comes back None, which float64 arrays take as NaN.
+    return {(r[0], r[1], r[2]): np.array(r[3:], dtype=np.float64) for r in cur}
 
 
 def _bytes_minute_averages(conn: psycopg.Connection, fields: list[Spec]) -> dict[tuple[str, int, int], np.ndarray]:
@@ -230,7 +229,7 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
     if variant == "rows_sorted_by_gpu":
         todo = [sorted_by_gpu(b) for b in todo]
     shipments, as_bytes = variant in SHIPMENTS, variant == SHIPMENT_BYTES
-    value_fields = fields = shipment_fields(todo[0])
+    fields = shipment_fields(todo[0])
     if shipments:
         # Encoded before the clock starts: only the backend is measured, and the
         # client's row-at-a-time encoding here is no model of the collector's.
@@ -261,7 +260,7 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
             size = conn.execute(f"SELECT pg_total_relation_size('{table}')").fetchone()[0]  # type: ignore[index]
             conn.commit()
             r0, p0 = vs_prometheus.cpu_s(pid), time.process_time()
-            minutes = minute_averages(conn, variant, value_fields)
+            minutes = minute_averages(conn, variant, fields)
             r1, p1 = vs_prometheus.cpu_s(pid), time.process_time()
             conn.commit()
     return {"rows": int(rows), "backend_us_per_row": (c1 - c0) / rows * 1e6, "wall_us_per_row": wall / rows * 1e6,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import resource
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +20,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: tools/gen_podresources.py takes no options (it rewrites the generated modules; its own test runs it).
 SCRIPTS = sorted([*ROOT.glob("bench/*.py"), ROOT / "tools" / "record_gpu_traces.py"])
+
+
+def bench_module(name: str) -> Any:
+    """A bench script imported as a module (they import each other by plain name, from bench/)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def test_there_are_scripts() -> None:
@@ -77,11 +88,7 @@ def test_pg_rows_shipment_layouts_store_every_sample() -> None:
 
 
 def test_shipment_rows_hold_each_gpus_values_in_time_order() -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import pg_rows
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    pg_rows = bench_module("pg_rows")
     b = pg_rows.batches(1, 10)[0]
     fields = pg_rows.shipment_fields(b)
     assert {sp.name for sp in fields} == set(b.gpu) - {"time", "gpu", "uuid"}
@@ -116,11 +123,7 @@ def test_every_layout_reads_back_the_same_minute_averages() -> None:
     from gpufleet.testing.pg import server_url
     from gpufleet.wire import Column
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import pg_rows
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    pg_rows = bench_module("pg_rows")
     todo = pg_rows.batches(3, 130)  # 10-s batches over three minutes or so
     fields = pg_rows.shipment_fields(todo[0])
     # Shifted so that each node's 10-s shipments straddle the minutes' edges: a sample goes to its
@@ -183,11 +186,7 @@ def test_every_layout_reads_back_the_same_minute_averages() -> None:
 
 
 def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import vs_prometheus
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    vs_prometheus = bench_module("vs_prometheus")
     assert vs_prometheus.per_sample(3.0, 2) == 1.5
     step = vs_prometheus.Step(112_000)
     step.cpu_us_per_gpu_sample = vs_prometheus.per_sample(1.3, 0) * 1e6
@@ -200,13 +199,9 @@ def test_vs_prometheus_prints_no_figure_per_sample_where_no_sample_landed() -> N
 
 
 def test_the_fleet_ratio_is_bounded_by_both_sides_edges() -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import vs_prometheus
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    vs_prometheus = bench_module("vs_prometheus")
 
-    def steps(kept: dict[int, bool]) -> list[vs_prometheus.Step]:
+    def steps(kept: dict[int, bool]) -> list[Any]:
         out = []
         for gpus, ok in kept.items():
             s = vs_prometheus.Step(gpus)
@@ -261,11 +256,7 @@ def test_the_exporter_simulator_counts_refused_connections_instead_of_a_tracebac
 def test_a_prometheus_too_far_behind_to_answer_leaves_its_storage_not_measured(tmp_path: Path) -> None:
     # Far past its edge Prometheus took more than two minutes over its snapshot and the run ended
     # there, losing every figure measured before; now that step's storage figures are "n/a".
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import vs_prometheus
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    vs_prometheus = bench_module("vs_prometheus")
     with socket.socket() as silent:  # accepts (the kernel's backlog) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
@@ -284,11 +275,7 @@ def test_a_prometheus_too_far_behind_to_answer_leaves_its_storage_not_measured(t
 
 
 def test_stored_bytes_reads_the_snapshot_prometheus_names(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import vs_prometheus
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    vs_prometheus = bench_module("vs_prometheus")
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
