@@ -67,6 +67,13 @@ async def _principal_for(request: Request, token: str) -> Principal | None:
         raise
 
 
+def bearer_secret(pasted: str) -> str:
+    """The token as people paste it: alone, or as the demo and the docs print it (``Bearer gpf_...``)."""
+    text = pasted.strip()
+    scheme, _, rest = text.partition(" ")
+    return rest.strip() if scheme.lower() == "bearer" and rest.strip() else text
+
+
 async def viewer(request: Request) -> Principal | None:
     """Who is asking: the Authorization header if present (401 when bad), else the cookie."""
     if request.headers.get("authorization"):
@@ -143,7 +150,7 @@ async def login(request: Request) -> Response:
         return html(_login_form("", f"The form has more than {MAX_FORM_FIELDS} fields."), 400)
     if any(len(v) > 1 for v in form.values()):
         return html(_login_form("", "A form field is given more than once."), 400)
-    token = (form.get("token") or [""])[0].strip()
+    token = bearer_secret((form.get("token") or [""])[0])
     who = await _principal_for(request, token)
     next_path = _safe_next((form.get("next") or [""])[0], "")
     if who is None or who.role == "node":
