@@ -73,8 +73,13 @@ def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir
             store = TimedStore()
             sweep_timeline(conn, bundle, settings, store=store)
     incidents = store.incidents()
-    findings = [i.record() for i in incidents]
-    first_open = {k: store.opened_at[i.id] for k, i in enumerate(incidents) if i.id in store.opened_at}
+    findings: list[dict] = []
+    first_open: dict[int, float] = {}
+    for i in incidents:
+        for row in i.records():
+            if i.id in store.opened_at:
+                first_open[len(findings)] = store.opened_at[i.id]
+            findings.append(row)
     del info
     return score(findings, labels, first_open), time.perf_counter() - t0, labels
 

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.collector.detectors.window import Finding
+from gpufleet.timeparse import rfc3339
+
+#: Kinds whose findings name one GPU (contracts.md section 2): ``node`` and ``gpu`` set.
+GPU_SCOPED_KINDS = frozenset({"straggler", "throttling", "pcie_degraded"})
 
 OPEN = "open"
 RESOLVED = "resolved"
@@ -62,8 +65,30 @@ class Incident:
     #: Store-assigned identity (database id); None until stored.
     id: int | None = None
 
+    def records(self) -> list[dict[str, Any]]:
+        """The FINDINGS.jsonl objects of this incident (contracts.md section 2).
+
+        GPU-scoped kinds are one row per GPU with ``node`` and ``gpu`` set, as the
+        contract says.  An incident that groups a run's GPUs (throttling for one
+        reason: ``evidence.gpus``, each GPU with its own evidence) is one incident
+        for people and alerts, and one row per GPU for outside tools: each row
+        carries that GPU's own evidence and onset, the incident's end and severity.
+        """
+        gpus = self.evidence.get("gpus") if self.gpu is None and self.kind in GPU_SCOPED_KINDS else None
+        if not isinstance(gpus, list) or not gpus:
+            return [self.record()]
+        rows = []
+        for g in gpus:
+            ev = {k: v for k, v in g.items() if k not in ("node", "gpu")}
+            since = g.get("since")
+            row = self.record()
+            row.update(node=g.get("node"), gpu=g.get("gpu"), evidence=ev,
+                       start=since if isinstance(since, str) else rfc3339(self.start))
+            rows.append(row)
+        return rows
+
     def record(self) -> dict[str, Any]:
-        """The FINDINGS.jsonl object (contracts.md section 2)."""
+        """This incident as one FINDINGS.jsonl object (a grouped incident's summary row)."""
         return {
             "kind": self.kind,
             "run_id": self.run_id,
@@ -245,13 +270,6 @@ class MemoryIncidentStore:
 
     def records(self) -> list[dict[str, Any]]:
         """FINDINGS.jsonl objects of every incident (open ones with ``end`` null)."""
-        return [i.record() for i in self.incidents()]
+        return [row for i in self.incidents() for row in i.records()]
 
 
-def rfc3339(t: float | None) -> str | None:
-    """Epoch seconds as RFC 3339 UTC (``2026-12-01T10:00:00Z``)."""
-    if t is None:
-        return None
-    s = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
-    s = s.replace("+00:00", "Z")
-    return s.replace(".000Z", "Z")

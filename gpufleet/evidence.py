@@ -160,6 +160,8 @@ class ThrottledGpu(ThrottlingGpuEvidence):
 
     node: str | None
     gpu: int | None
+    #: When this GPU's throttling began (RFC 3339): its own row's ``start`` in FINDINGS.jsonl.
+    since: NotRequired[str]
 
 
 class ThrottlingEvidence(ThrottlingGpuEvidence):
@@ -392,6 +394,7 @@ class StoredStraggler(TypedDict, total=False):
 class StoredThrottledGpu(TypedDict, total=False):
     node: str | None
     gpu: int | None
+    since: str
     throttled_share: float | None
     throttled_s: float | None
     busy_s: float | None

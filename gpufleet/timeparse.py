@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import overload
 
 
 class TimeParseError(ValueError):
@@ -59,3 +60,17 @@ def iso(dt: datetime | None) -> str | None:
         return None
     s = dt.astimezone(UTC).isoformat()
     return s.replace("+00:00", "Z")
+
+
+@overload
+def rfc3339(t: float) -> str: ...
+@overload
+def rfc3339(t: None) -> None: ...
+@overload
+def rfc3339(t: float | None) -> str | None: ...
+def rfc3339(t: float | None) -> str | None:
+    """Epoch seconds as RFC 3339 UTC to the millisecond (``2026-12-01T10:00:00Z``), as findings print times."""
+    if t is None:
+        return None
+    s = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+    return s.replace("+00:00", "Z").replace(".000Z", "Z")

@@ -36,6 +36,7 @@ from gpufleet.collector.detectors.stats import median_of, num
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
 from gpufleet.evidence import ThrottledGpu, ThrottlingEvidence, ThrottlingGpuEvidence
+from gpufleet.timeparse import rfc3339
 
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: Evidence summarised over a group's GPUs by their median, and by their maximum.
@@ -89,7 +90,7 @@ def group(findings: list[tuple[Finding, ThrottlingGpuEvidence]]) -> list[Finding
         fs = [f for f, _ in pairs]
         evs = [ev for _, ev in pairs]
         nodes = {f.node for f in fs}
-        gpus: list[ThrottledGpu] = [{"node": f.node, "gpu": f.gpu, **ev} for f, ev in pairs]
+        gpus: list[ThrottledGpu] = [{"node": f.node, "gpu": f.gpu, "since": rfc3339(f.start), **ev} for f, ev in pairs]
         reasons: list[str] = []
         for ev in evs:
             reasons += [r for r in ev["reasons"] if r not in reasons]

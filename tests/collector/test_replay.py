@@ -37,14 +37,15 @@ def test_replay_writes_findings_and_accounting(bundle: Path, tmp_path: Path, pg_
     assert proc.returncode == 0, proc.stderr
     findings = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
     labels = json.loads((bundle / "labels.json").read_text())["incidents"]
-    # a run's throttled GPUs are one finding listing them (evidence.gpus)
-    assert {(f["kind"], g["node"], g["gpu"], f["cause"]) if f["gpu"] is None and "gpus" in f["evidence"]
-            else (f["kind"], f["node"], f["gpu"], f["cause"])
-            for f in findings for g in (f["evidence"].get("gpus") or [None])} == {
+    # contracts.md section 2: GPU-scoped kinds are one row per GPU with node and gpu set, also
+    # where the incident groups a run's GPUs throttled for one reason
+    assert {(f["kind"], f["node"], f["gpu"], f["cause"]) for f in findings} == {
         (i["kind"], i["node"], i["gpu"], i["cause"]) for i in labels}
     for f in findings:
         assert set(f) == FINDING_KEYS
         assert f["start"].endswith("Z")
+        if f["kind"] in ("straggler", "throttling", "pcie_degraded"):
+            assert isinstance(f["node"], str) and isinstance(f["gpu"], int), f
     accounting = json.loads((tmp_path / "accounting.json").read_text())
     runs = {line.split(",")[0] for line in (bundle / "runs.csv").read_text().splitlines()[1:]}
     assert {a["run_id"] for a in accounting} == runs

@@ -142,3 +142,17 @@ def test_findings_format() -> None:
 def test_bad_hold_off() -> None:
     with pytest.raises(ValueError):
         plan_sweep([], [], T, -1)
+
+
+def test_a_grouped_throttling_incident_is_one_findings_row_per_gpu() -> None:
+    """contracts.md section 2: GPU-scoped kinds set node and gpu, whatever the incident groups."""
+    gpus = [{"node": "n0", "gpu": g, "since": rfc3339(T - 60 + g), "throttled_share": 0.5 + g / 10} for g in (0, 1, 2)]
+    grouped = Finding("throttling", "thermal", "warning", T - 60, {"gpu_count": 3, "gpus": gpus, "throttled_share": 0.6},
+                      run_id="r1", node="n0", gpu=None, last_active=T, qualifier="thermal")
+    store = MemoryIncidentStore()
+    store.sweep([grouped], T, HOLD)
+    assert len(store.incidents()) == 1
+    rows = store.records()
+    assert [(r["node"], r["gpu"], r["start"]) for r in rows] == [("n0", g, rfc3339(T - 60 + g)) for g in (0, 1, 2)]
+    assert [r["evidence"]["throttled_share"] for r in rows] == [0.5, 0.6, 0.7]
+    assert all(r["run_id"] == "r1" and r["kind"] == "throttling" and r["end"] is None for r in rows)
