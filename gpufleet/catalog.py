@@ -160,6 +160,41 @@ HOST_FIELDS: tuple[Field, ...] = (
     Field("net_rx_bytes_s", "real", "B/s", "receive rate over physical interfaces", lo=0),
     Field("net_tx_bytes_s", "real", "B/s", "transmit rate over physical interfaces", lo=0),
     Field("host_power_w", "real", "W", "whole-host power excluding GPUs (BMC/IPMI/RAPL)", lo=0, hi=100000),
+    # The fabric (project extensions, outside trace bundles): what a straggler or a slow
+    # collective caused by the network shows.  Error, drop and link-down figures are
+    # events counted in the interval since the node's previous host row.
+    Field("net_errors", "integer", "count", "receive and transmit errors on physical interfaces in the interval",
+          "/proc/net/dev errs", lo=0, bundle=False),
+    Field("net_drops", "integer", "count", "packets dropped by physical interfaces in the interval",
+          "/proc/net/dev drop", lo=0, bundle=False),
+    Field("net_link_bytes_s", "real", "B/s", "link speed summed over physical interfaces that are up",
+          "/sys/class/net/*/speed", lo=0, bundle=False),
+    Field("net_util_pct", "real", "%", "busiest physical interface: larger direction against its link speed",
+          "/proc/net/dev, /sys/class/net/*/speed", lo=0, hi=100, bundle=False, bits=RATE_BITS),
+    Field("ib_rx_bytes_s", "real", "B/s", "InfiniBand/RoCE data received over active ports",
+          "/sys/class/infiniband/*/ports/*/counters/port_rcv_data", lo=0, bundle=False, bits=RATE_BITS),
+    Field("ib_tx_bytes_s", "real", "B/s", "InfiniBand/RoCE data transmitted over active ports",
+          "/sys/class/infiniband/*/ports/*/counters/port_xmit_data", lo=0, bundle=False, bits=RATE_BITS),
+    Field("ib_rx_packets_s", "real", "packets/s", "InfiniBand/RoCE packets received over active ports",
+          "port_rcv_packets", lo=0, bundle=False, bits=RATE_BITS),
+    Field("ib_tx_packets_s", "real", "packets/s", "InfiniBand/RoCE packets transmitted over active ports",
+          "port_xmit_packets", lo=0, bundle=False, bits=RATE_BITS),
+    Field("ib_link_bytes_s", "real", "B/s", "link rate summed over active InfiniBand/RoCE ports",
+          "/sys/class/infiniband/*/ports/*/rate", lo=0, bundle=False),
+    Field("ib_util_pct", "real", "%", "busiest InfiniBand/RoCE port: larger direction against its link rate",
+          "port_rcv_data, port_xmit_data, rate", lo=0, hi=100, bundle=False, bits=RATE_BITS),
+    Field("ib_ports_down", "smallint", "ports", "InfiniBand/RoCE ports present but not ACTIVE",
+          "/sys/class/infiniband/*/ports/*/state", lo=0, hi=32767, bundle=False),
+    Field("ib_symbol_errors", "integer", "count", "physical-layer symbol errors on InfiniBand/RoCE ports in the "
+          "interval", "symbol_error", lo=0, bundle=False),
+    Field("ib_link_downed", "integer", "count", "InfiniBand/RoCE link-down events in the interval",
+          "link_downed", lo=0, bundle=False),
+    Field("ib_link_error_recovery", "integer", "count", "InfiniBand/RoCE link error recoveries in the interval",
+          "link_error_recovery", lo=0, bundle=False),
+    Field("ib_rx_errors", "integer", "count", "InfiniBand/RoCE packets received with errors in the interval",
+          "port_rcv_errors", lo=0, bundle=False),
+    Field("ib_tx_discards", "integer", "count", "InfiniBand/RoCE packets discarded on transmit in the interval",
+          "port_xmit_discards", lo=0, bundle=False),
 )
 
 #: Key columns of each sample table, in storage order, before the catalog fields.
@@ -182,7 +217,7 @@ GPU_CSV_NAMES: dict[str, str] = {"ecc_dbe_vol": "ecc_dbe"}
 GPU_CSV_COLUMNS: tuple[str, ...] = (
     "time", "node", "gpu",
     *(GPU_CSV_NAMES.get(f.name, f.name) for f in GPU_FIELDS if f.bundle and f.name not in ("mig_instance", "run_id")))
-HOST_CSV_COLUMNS: tuple[str, ...] = ("time", "node", *(f.name for f in HOST_FIELDS))
+HOST_CSV_COLUMNS: tuple[str, ...] = ("time", "node", *(f.name for f in HOST_FIELDS if f.bundle))
 
 #: Columns that may be NULL on a MIG instance row because they belong to the
 #: physical GPU row.

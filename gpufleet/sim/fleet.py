@@ -32,7 +32,7 @@ INT_HOST_FIELDS = frozenset(f.name for f in HOST_FIELDS if f.kind in ("smallint"
 #: Simulated GPU columns, in catalog order: every trace-bundle field the NVML/DCGM side has
 #: (the catalog's project extensions, such as ECC and row-remap counters, are not simulated).
 GPU_METRICS = tuple(f.name for f in GPU_FIELDS if f.bundle and f.name not in ("uuid", "mig_instance", "run_id"))
-HOST_METRICS = tuple(f.name for f in HOST_FIELDS)
+HOST_METRICS = tuple(f.name for f in HOST_FIELDS if f.bundle)
 
 
 class Fleet:
