@@ -2,9 +2,11 @@
 
 An interval is a pair of consecutive samples of one GPU (or host).  Its energy
 comes from the ``energy_mj`` counter difference when both ends have one and it
-did not go backwards (a reset), else from trapezoidal ``power_w`` integration
-when the interval is no longer than ``max_gap_s``; otherwise it is not
-counted and lowers coverage.  The energy is spread evenly over the interval,
+did not go backwards (a reset) nor forwards by more than any GPU can draw
+over the interval (:data:`GPU_POWER_CEILING_W`: a glitch, such as a counter
+read as 9e18), else from trapezoidal ``power_w`` integration when the
+interval is no longer than ``max_gap_s``; otherwise it is not counted and
+lowers coverage.  The energy is spread evenly over the interval,
 so splitting at any set of edges (minutes, hours, carbon or price steps, run
 start/end) gives each part its share.
 
@@ -16,7 +18,15 @@ session time zone.
 
 from __future__ import annotations
 
+from gpufleet.catalog import GPU_FIELDS
+
 ORIGIN = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
+
+#: The most power one GPU can draw, W: the catalog's upper bound of ``power_w`` (a reading above it is
+#: refused at ingest).  A counter difference above this times the interval is not energy.
+GPU_POWER_CEILING_W: float = next(f.hi for f in GPU_FIELDS if f.name == "power_w")  # type: ignore[assignment]
+#: The same in mJ per second, as the counter counts.
+_CEILING_MJ_S = int(GPU_POWER_CEILING_W * 1000)
 
 
 def minute(expr: str) -> str:
@@ -35,7 +45,8 @@ def gpu_interval_select(samples: str, gap_param: str = "%(max_gap_s)s") -> str:
     """
     return f"""
 SELECT node, gpu, t0, t1, extract(epoch FROM t1 - t0)::float8 AS dt,
-  CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 >= e0 THEN (e1 - e0) / 1000.0
+  CASE WHEN e0 IS NOT NULL AND e1 IS NOT NULL AND e1 >= e0
+            AND e1 - e0 <= {_CEILING_MJ_S}::float8 * extract(epoch FROM t1 - t0)::float8 THEN (e1 - e0) / 1000.0
        WHEN p0 IS NOT NULL AND p1 IS NOT NULL AND extract(epoch FROM t1 - t0) <= {gap_param}
          THEN (p0 + p1) / 2.0 * extract(epoch FROM t1 - t0)::float8
   END AS j

@@ -100,6 +100,16 @@ nodes = Table(
     Column("rejected_skew", BigInteger, nullable=False, server_default=text("0")),
 )
 
+#: The node facts that price or classify, one row per change, valid from when they were received
+#: (gpufleet.store.fact_history; migration 0013).
+node_facts_history = Table(
+    "node_facts_history", metadata,
+    Column("node", Text, ForeignKey("nodes.node", ondelete="CASCADE"), nullable=False),
+    _tz("valid_from"),
+    Column("facts", JSONB, nullable=False),
+    PrimaryKeyConstraint("node", "valid_from"),
+)
+
 runs = Table(
     "runs", metadata,
     Column("run_id", Text, primary_key=True),
@@ -160,8 +170,8 @@ run_sightings = Table(
     #: Why a sighting was not allocated (the conflicting run, the bad run id).
     Column("detail", Text, nullable=True),
     PrimaryKeyConstraint("run_id", "node", "gpu"),
-    CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid')",
-                    name="run_sightings_status"),
+    CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid', "
+                    "'refused')", name="run_sightings_status"),
 )
 Index("run_sightings_status_idx", run_sightings.c.status)
 #: The running inferred runs, which the leader checks every sweep interval.

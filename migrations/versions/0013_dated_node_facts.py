@@ -1,0 +1,68 @@
+"""dated node facts, counter glitches, refused sightings
+
+* ``node_facts_history``: the node facts that price or classify (GPU model,
+  per-GPU names and MIG layout, GPU count, site), one row per change, valid
+  from when the collector received it (``gpufleet.store.fact_history``).
+  Seeded with each node's current facts, valid since always, so nothing
+  read today changes; from now on a batch naming another GPU model prices
+  only what comes after it.
+* ``gpufleet_priced_facts(jsonb)`` and ``gpufleet_node_facts_at(node, at)``.
+* ``gpufleet_claim_energy`` is installed again from ``gpufleet.db.accounting_sql``:
+  an energy counter difference above what a GPU can draw over the interval
+  is a glitch, not energy (``gpufleet.db.energy_sql``, which the rollups read
+  too), so raw accounting and the rollups keep agreeing.
+* ``run_sightings.status`` gains ``refused``: a sighting a node's samples may
+  not turn into an allocation (a GPU shown on an existing run from before it
+  began, or long after), kept with the reason.
+
+Revision ID: 0013
+Revises: 0012
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+from gpufleet.db import accounting_sql
+from gpufleet.store import fact_history
+
+revision: str = "0013"
+down_revision: str | None = "0012"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_STATUSES = "'pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid'"
+
+
+def _install_claim_energy() -> None:
+    op.execute(accounting_sql.CLAIM_ENERGY_V1.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+
+
+def upgrade() -> None:
+    op.create_table(
+        "node_facts_history",
+        sa.Column("node", sa.Text(), nullable=False),
+        sa.Column("valid_from", postgresql.TIMESTAMP(timezone=True), nullable=False),
+        sa.Column("facts", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+        sa.ForeignKeyConstraint(["node"], ["nodes.node"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("node", "valid_from"),
+    )
+    op.execute(fact_history.PRICED_FACTS_FN)
+    op.execute(fact_history.FACTS_AT_FN)
+    op.execute(fact_history.SEED_SQL)
+    _install_claim_energy()
+    op.drop_constraint("run_sightings_status", "run_sightings", type_="check")
+    op.create_check_constraint("run_sightings_status", "run_sightings", f"status IN ({_STATUSES}, 'refused')")
+
+
+def downgrade() -> None:
+    op.execute("UPDATE run_sightings SET status = 'conflict' WHERE status = 'refused'")
+    op.drop_constraint("run_sightings_status", "run_sightings", type_="check")
+    op.create_check_constraint("run_sightings_status", "run_sightings", f"status IN ({_STATUSES})")
+    op.execute("DROP FUNCTION IF EXISTS gpufleet_node_facts_at(text, timestamptz)")
+    op.execute("DROP FUNCTION IF EXISTS gpufleet_priced_facts(jsonb)")
+    op.drop_table("node_facts_history")
