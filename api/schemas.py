@@ -397,8 +397,59 @@ class Efficiency(BaseModel):
     gpu_model: str | None = Field(description="GPU model from node facts; 'mixed' when the run's GPUs differ")
     peak_flops: float | None = Field(description="sum of the run's GPUs' peak dense BF16 FLOP/s")
     mfu: float | None = Field(description="6 × params × tokens_per_s ÷ peak_flops")
-    lost_gpu_hours: float = Field(description="GPU-hours lost to starvation and checkpoint stalls (incidents)")
-    goodput: float | None = Field(description="share of the run's GPU time not lost")
+    lost_gpu_hours: float = Field(description="GPU-hours the ledger puts in a state other than productive")
+    goodput: float | None = Field(description="the ledger's productive share of the run's GPU-hours")
+
+
+class LedgerState(BaseModel):
+    """One state of a run's ledger: its GPU-hours and what they drew and cost, at the run's prices."""
+
+    gpu_hours: float
+    gpu_kwh: float
+    facility_kwh: float = Field(description="IT energy (GPU and host share) × the PUE in force")
+    co2e_kg: float | None = Field(description="null when the run's CO2e is (no carbon intensity known)")
+    total_cost: float = Field(description="energy and compute cost of these GPU-hours, in the run's currency")
+
+
+class Ledger(BaseModel):
+    """Where every GPU-hour of the window went: mutually exclusive states adding up to the run's gpu_hours,
+    energies, CO2e and total_cost.  On each GPU at each instant the incident whose state comes first in
+    idle, hung, checkpoint, starved, straggler_wait, throttled takes its lost share; the rest is productive."""
+
+    productive: LedgerState = Field(description="GPU-time no incident explains as lost")
+    idle: LedgerState = Field(description="GPUs held that did no work (idle_allocation)")
+    hung: LedgerState = Field(description="a collective that hung: every GPU of the run (hung_collective)")
+    starved: LedgerState = Field(description="GPUs waiting on their input (starvation)")
+    checkpoint: LedgerState = Field(description="pauses spent writing checkpoints (checkpoint_stall)")
+    straggler_wait: LedgerState = Field(description="GPUs waiting on a slow peer (straggler)")
+    throttled: LedgerState = Field(description="clocks held down (throttling)")
+
+
+class LedgerSumState(BaseModel):
+    """A state (or the waste) of several runs' ledgers added up."""
+
+    gpu_hours: float
+    gpu_kwh: float
+    facility_kwh: float
+    co2e_kg: float = Field(description="CO2e of the energy whose carbon intensity is known")
+    total_cost: float | None = Field(description="null when the runs' currencies differ (see costs_by_currency)")
+    costs_by_currency: dict[str, float]
+
+
+class LedgerSum(BaseModel):
+    productive: LedgerSumState
+    idle: LedgerSumState
+    hung: LedgerSumState
+    starved: LedgerSumState
+    checkpoint: LedgerSumState
+    straggler_wait: LedgerSumState
+    throttled: LedgerSumState
+
+
+class WasteSum(LedgerSumState):
+    """Every state but productive."""
+
+    share: float = Field(description="waste GPU-hours ÷ the runs' GPU-hours (0 without any)")
 
 
 class AccountingSegment(BaseModel):
@@ -480,6 +531,7 @@ class RunAccounting(BaseModel):
     efficiency: Efficiency
     lost_to_incidents: LostToIncidents = Field(
         description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.2)")
+    ledger: Ledger | None = Field(None, description="where every GPU-hour of the window went (contracts.md section 3)")
     segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
 
 
@@ -504,6 +556,8 @@ class FleetBlock(BaseModel):
     currency: str | None
     costs_by_currency: dict[str, CurrencyCost]
     coverage: float
+    ledger: LedgerSum | None = Field(None, description="blocks of runs: their ledgers added up, per state")
+    waste: WasteSum | None = Field(None, description="blocks of runs: every state of their ledgers but productive")
 
 
 class FleetGroup(FleetBlock):

@@ -10,7 +10,8 @@ bodies, blocks and the finance report.
 Entry points:
 
 - :func:`run_accounting` — one run, exactly the body of
-  ``GET /v1/runs/{run_id}/accounting`` (``gpufleet replay`` writes a list of these);
+  ``GET /v1/runs/{run_id}/accounting`` (``gpufleet replay`` writes a list of these),
+  with its ledger (:mod:`~gpufleet.accounting.ledger`: where every GPU-hour went);
 - :func:`account_runs` / :func:`load_runs` — many runs at once;
 - :func:`fleet_accounting` — ``GET /v1/accounting``: runs grouped by site,
   team or run, the GPU time no run held (with and without telemetry), and

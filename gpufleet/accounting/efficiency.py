@@ -16,18 +16,16 @@ read through :class:`gpufleet.facts.NodeFacts`, so one node's malformed facts
 leave that node's GPUs without a model (MFU null for its runs), never fail the
 accounting of the fleet.
 
-Goodput = share of the run's GPU time not lost to ``starvation`` or
-``checkpoint_stall`` incidents.  An incident loses its overlap with the
-window times the share its evidence reports (``gpu_time_lost_share``, else
-``run_time_lost_share``, else 1 − ``duty_cycle``, else all of it), on one GPU
-when it names one, on the run's GPUs of a node when it names a node, else on
-all the run's GPUs.  An incident still open counts until the window's end.
-Overlapping incidents add up (capped at all of the run's GPU time).
+Goodput = the ``productive`` share of the run's GPU-hours in its ledger
+(:mod:`gpufleet.accounting.ledger`): the GPU-time no incident explains as idle, hung,
+checkpointing, starved, waiting on a straggler or throttled, by the one rule of
+:mod:`gpufleet.waste` (overlapping incidents count once, the most specific explaining).
+``lost_gpu_hours`` is the rest.  Without a ledger (a caller that asks for none) both are null.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -120,25 +118,10 @@ def _lost_share(evidence: object) -> float:
     return 1.0
 
 
-def lost_gpu_s(conn: psycopg.Connection, run_id: str, lo: datetime, hi: datetime,
-               gpus_per_node: Mapping[str, int], gpu_count: int) -> float:
-    """GPU-seconds of [lo, hi) lost to starvation and checkpoint stalls, by the incidents' evidence."""
-    rows = conn.execute(
-        'SELECT node, gpu, greatest(start, %(lo)s), least(COALESCE("end", %(hi)s), %(hi)s), evidence '
-        'FROM incidents WHERE run_id = %(run)s AND kind = ANY(%(kinds)s) AND start < %(hi)s '
-        'AND COALESCE("end", %(hi)s) > %(lo)s',
-        {"run": run_id, "lo": lo, "hi": hi, "kinds": list(LOST_TIME_KINDS)},
-    ).fetchall()
-    lost = 0.0
-    for node, gpu, a, b, evidence in rows:
-        gpus = 1 if gpu is not None else gpus_per_node.get(node, 0) if node is not None else gpu_count
-        lost += max((b - a).total_seconds(), 0.0) * _lost_share(evidence or {}) * gpus
-    return min(lost, gpu_count * max((hi - lo).total_seconds(), 0.0))
-
-
 def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
-               allocations: Sequence[tuple[str, int]], it_kwh: float, count_after_end: bool) -> dict[str, Any]:
-    """The ``efficiency`` block of a run's accounting."""
+               allocations: Sequence[tuple[str, int]], it_kwh: float, count_after_end: bool,
+               gpu_hours: float, productive_gpu_hours: float | None) -> dict[str, Any]:
+    """The ``efficiency`` block of a run's accounting; ``productive_gpu_hours`` from its ledger."""
     done = progress(conn, run.run_id, run.start, lo, hi, count_after_end)
     tokens, samples, rate = done["tokens"], done["samples"], done["tokens_per_s"]
     it_j = it_kwh * 3.6e6
@@ -148,11 +131,6 @@ def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
     total_peak = sum(p for p in peaks if p is not None) if peaks and all(p is not None for p in peaks) else None
     params = run.params
     mfu = (6.0 * params * rate / total_peak) if params and rate is not None and total_peak else None
-    per_node: dict[str, int] = {}
-    for node, _ in allocations:
-        per_node[node] = per_node.get(node, 0) + 1
-    gpu_s = len(allocations) * max((hi - lo).total_seconds(), 0.0)
-    lost = lost_gpu_s(conn, run.run_id, lo, hi, per_node, len(allocations))
     return {
         "tokens": tokens,
         "samples": samples,
@@ -164,6 +142,6 @@ def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
         "gpu_model": names[0] if len(names) == 1 else ("mixed" if names else None),
         "peak_flops": total_peak,
         "mfu": mfu,
-        "lost_gpu_hours": lost / 3600.0,
-        "goodput": 1.0 - lost / gpu_s if gpu_s > 0 else None,
+        "lost_gpu_hours": None if productive_gpu_hours is None else gpu_hours - productive_gpu_hours,
+        "goodput": productive_gpu_hours / gpu_hours if productive_gpu_hours is not None and gpu_hours > 0 else None,
     }

@@ -22,6 +22,10 @@ units, so figures add up to the cent (the total's money is runs +
 unallocated).  Costs are kept per currency: a block that mixes currencies
 reports them in ``costs_by_currency`` only (the single-currency fields are
 then null).
+
+Blocks of runs (the groups and ``runs``) also carry their runs' ledgers added
+up (:class:`gpufleet.accounting.ledger.LedgerSum`): GPU-hours, energy and money
+per state, and the waste, everything but ``productive``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any, Literal
 
 import psycopg
 
+from gpufleet.accounting.ledger import LedgerSum, from_body
 from gpufleet.accounting.lines import ZERO, Line, Source, lines
 from gpufleet.accounting.money import number
 from gpufleet.accounting.result import AccountingBody, group_value
@@ -63,6 +68,8 @@ class Block:
     co2e_kg: Decimal = ZERO
     co2e_unknown_kwh: Decimal = ZERO
     costs: dict[str, list[Decimal]] = field(default_factory=dict)  # currency -> [energy, compute]
+    #: the runs' ledgers added up (blocks of runs only)
+    ledger: LedgerSum | None = None
 
     def add_cost(self, currency: str | None, energy: Decimal, compute: Decimal) -> None:
         if currency is None:
@@ -93,6 +100,10 @@ class Block:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for cur, (e, c) in other.costs.items():
             self.add_cost(cur, e, c)
+        if other.ledger is not None:
+            if self.ledger is None:
+                self.ledger = LedgerSum()
+            self.ledger.merge(other.ledger)
 
     def money(self) -> tuple[Decimal | None, Decimal | None, str | None]:
         """(energy cost, compute cost, currency): zeros without a currency, None when currencies mix."""
@@ -105,6 +116,7 @@ class Block:
 
     def body(self) -> dict[str, Any]:
         energy, compute, single = self.money()
+        extra = self.ledger.body() if self.ledger is not None else {}
         return {
             "runs": self.runs,
             "gpu_hours": number(self.gpu_hours),
@@ -122,11 +134,16 @@ class Block:
                                         "total_cost": number(e + c)}
                                   for cur, (e, c) in sorted(self.costs.items())},
             "coverage": min(self.covered_s / self.gpu_s, 1.0) if self.gpu_s > 0 else 0.0,
+            **extra,
         }
 
 
-def run_block(ln: Line) -> Block:
+def run_block(ln: Line, body: AccountingBody | None = None) -> Block:
+    """A run's line as a block, with its ledger when ``body`` has one."""
     b = Block(runs=1)
+    if body is not None and "ledger" in body:
+        b.ledger = LedgerSum()
+        b.ledger.add(from_body(body["ledger"]), ln.currency)
     gpu_s = ln.gpu_s or 0.0
     b.add_time(ln.gpu_hours or ZERO, gpu_s, min(ln.covered_s, gpu_s))
     b.add_energy(ln)
@@ -158,7 +175,7 @@ def fleet_blocks(conn: psycopg.Connection, since: datetime, until: datetime, *, 
     groups: dict[str | None, Block] = defaultdict(Block)
     allocated, idle, dark, total = Block(), Block(), Block(), Block()
     for body in bodies:
-        blk = run_block(run_lines[body["run_id"]])
+        blk = run_block(run_lines[body["run_id"]], body)
         groups[group_value(body, group_by)].merge(blk)
         allocated.merge(blk)
     total.runs = allocated.runs

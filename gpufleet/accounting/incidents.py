@@ -35,8 +35,11 @@ from gpufleet.accounting.money import number
 from gpufleet.evidence import StoredThrottledGpu, StoredThrottling, read_as, read_evidence, read_lost_time
 from gpufleet.store.run_model import Run, load_runs
 
-#: Kinds whose incident slows every GPU of the run (a synchronous job waits for its slowest rank).
-JOB_WIDE_KINDS = frozenset({"straggler"})
+#: Kinds whose incident holds back every GPU of the run: a synchronous job waits for its slowest rank, and a
+#: collective that hangs stops every rank in it (the rank that died as much as the ones spinning on it).
+JOB_WIDE_KINDS = frozenset({"straggler", "hung_collective"})
+#: Kinds whose GPUs do no work at all over the incident: all of their time is lost.
+WHOLLY_LOST_KINDS = frozenset({"idle_allocation", "hung_collective"})
 
 _SQL = "SELECT * FROM gpufleet_incident_accounting(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
@@ -70,6 +73,8 @@ def _throttle_loss(ev: StoredThrottling | StoredThrottledGpu) -> tuple[float, st
 
 def loss_model(kind: str, evidence: Mapping[str, Any]) -> tuple[float, str]:
     """(lost share, basis) of an incident of ``kind`` with ``evidence`` (per GPU for throttling)."""
+    if kind in WHOLLY_LOST_KINDS:
+        return 1.0, "whole_span"
     if kind in LOST_TIME_KINDS:
         lost = read_lost_time(evidence)
         if lost.get("gpu_time_lost_share") is not None:
@@ -242,11 +247,9 @@ SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents
 WHERE run_id = ANY(%s) AND start < %s ORDER BY id"""
 
 
-def lost_to_incidents(conn: psycopg.Connection, runs: Sequence[Run],
-                      windows: Mapping[str, tuple[datetime, datetime]], *, now: datetime, max_gap_s: float = 60.0,
-                      source: Source = "auto") -> dict[str, dict[str, Any]]:
-    """The ``lost_to_incidents`` line of each run over its accounted window [lo, hi): the union of its
-    incidents' claims (overlaps counted once), priced as the run's own line."""
+def window_claims(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, tuple[datetime, datetime]],
+                  *, now: datetime) -> dict[str, list[tuple[str, list[Piece]]]]:
+    """(kind, pieces) of each incident of each run with GPU-time in the run's accounted window [lo, hi)."""
     if not runs:
         return {}
     hi_max = max(hi for _, hi in windows.values())
@@ -255,18 +258,29 @@ def lost_to_incidents(conn: psycopg.Connection, runs: Sequence[Run],
     for r in conn.execute(_RUN_INCIDENTS_SQL, ([r.run_id for r in runs], hi_max)).fetchall():
         inc = dict(zip(cols, r, strict=True))
         by_run.setdefault(inc["run_id"], []).append(inc)
-    keyed: dict[str, list[Piece]] = {}
-    counted: dict[str, int] = {}
+    out: dict[str, list[tuple[str, list[Piece]]]] = {}
     for run in runs:
         lo, hi = windows[run.run_id]
-        pieces: list[Piece] = []
-        n = 0
+        got: list[tuple[str, list[Piece]]] = []
         for inc in by_run.get(run.run_id, []):
             ps, _ = claim(inc, run, now, lo, hi)
             if ps:
-                n += 1
-                pieces += ps
-        keyed[run.run_id] = union(pieces)
-        counted[run.run_id] = n
+                got.append((inc["kind"], ps))
+        out[run.run_id] = got
+    return out
+
+
+def lost_pieces(claims: Sequence[tuple[str, list[Piece]]]) -> list[Piece]:
+    """The ``lost_to_incidents`` pieces of one run's claims: their union, overlaps counted once."""
+    return union(p for _, ps in claims for p in ps)
+
+
+def lost_to_incidents(conn: psycopg.Connection, runs: Sequence[Run],
+                      windows: Mapping[str, tuple[datetime, datetime]], *, now: datetime, max_gap_s: float = 60.0,
+                      source: Source = "auto") -> dict[str, dict[str, Any]]:
+    """The ``lost_to_incidents`` line of each run over its accounted window [lo, hi): the union of its
+    incidents' claims (overlaps counted once), priced as the run's own line."""
+    claims = window_claims(conn, runs, windows, now=now)
+    keyed = {run.run_id: lost_pieces(claims[run.run_id]) for run in runs}
     priced = price(conn, keyed, now, max_gap_s=max_gap_s, source=source)
-    return {rid: {"incidents": counted[rid], **figures(priced.get(rid))} for rid in keyed}
+    return {rid: {"incidents": len(claims[rid]), **figures(priced.get(rid))} for rid in keyed}

@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 
 from gpufleet.accounting.fleet import GROUP_BY, Block, GroupBy, run_block
+from gpufleet.accounting.ledger import LedgerSum, from_body
 from gpufleet.accounting.lines import ZERO, Line, Source, lines
 from gpufleet.accounting.money import money_text, number, rounded
 from gpufleet.accounting.result import AccountingBody, group_value
@@ -42,6 +43,7 @@ from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.csvsafe import safe_text
 from gpufleet.timeparse import iso
+from gpufleet.waste import STATES
 
 #: Extra columns of runs.csv after the contract's, from the body (or its ``efficiency`` block).
 CSV_EXTRAS: tuple[str, ...] = (
@@ -90,8 +92,19 @@ FINANCE_COLUMNS: dict[str, str] = {
     "total_cost": "energy_cost + compute_cost",
     "currency": "ISO 4217 code of the row's money (a row never mixes currencies)",
     "coverage": "share (0-1) of the row's GPU-seconds inside counted sample intervals",
-    "lost_gpu_hours": "GPU-hours lost to starvation and checkpoint stalls (incidents)",
+    "lost_gpu_hours": "GPU-hours the incidents lost: every state of the ledger but productive (= waste_gpu_hours)",
 }
+#: The ledger's columns (contracts.md section 3, ledger): GPU-hours and money per state, then the waste.
+LEDGER_COLUMNS: dict[str, str] = {
+    **{c: d for state in STATES for c, d in (
+        (f"{state}_gpu_hours", f"GPU-hours the ledger puts in state {state} (run rows and their sums)"),
+        (f"{state}_cost", f"total_cost of the {state} GPU-hours (their energy and compute) in the row's currency"))},
+    "waste_gpu_hours": "GPU-hours in every state but productive: idle, hung, checkpoint, starved, straggler_wait, "
+                       "throttled",
+    "waste_cost": "total_cost of the waste GPU-hours in the row's currency",
+}
+LEDGER_MONEY: tuple[str, ...] = tuple(c for c in LEDGER_COLUMNS if c.endswith("_cost"))
+FINANCE_COLUMNS.update(LEDGER_COLUMNS)
 FINANCE_COLUMN_NAMES: tuple[str, ...] = tuple(FINANCE_COLUMNS)
 
 
@@ -137,7 +150,7 @@ def _run_extras(body: Mapping[str, Any]) -> dict[str, Any]:
 def _text(column: str, value: Any, minor_units: int) -> str:
     if value is None:
         return ""
-    if column in MONEY:
+    if column in MONEY or column in LEDGER_MONEY:
         return money_text(value, minor_units)
     if column in RATIOS and isinstance(value, float):
         return plain(rounded(value, 6))
@@ -214,11 +227,33 @@ def _row(row_type: str, key: str | None, currency: str | None, g: _Group) -> dic
         "coverage": min(b.covered_s / b.gpu_s, 1.0) if b.gpu_s > 0 else 0.0,
         "lost_gpu_hours": g.lost_gpu_hours,
     }
+    out.update(_ledger_cells(row_type, currency, b.ledger))
     if g.body:
         out["pue"] = body.get("pue")
         out["g_co2e_per_kwh"] = body.get("g_co2e_per_kwh")
         out["co2e_kg"] = body.get("co2e_kg")
     out["minor_units"] = g.minor_units
+    return out
+
+
+def _ledger_cells(row_type: str, currency: str | None, led: LedgerSum | None) -> dict[str, Any]:
+    """The ledger columns of a row: its runs' ledgers added up (none for GPU time no run held); money in the
+    row's currency, none on the whole fleet's row (it mixes currencies)."""
+    if led is None and row_type == "total":
+        led = LedgerSum()
+    if led is None:
+        return dict.fromkeys(LEDGER_COLUMNS)
+    priced = currency is not None or row_type != "total"
+
+    def money(state: str | None) -> float | None:
+        return number(led.cost(state, currency) if currency else ZERO) if priced else None
+
+    out: dict[str, Any] = {}
+    for state in STATES:
+        out[f"{state}_gpu_hours"] = number(led.cells[state].gpu_hours)
+        out[f"{state}_cost"] = money(state)
+    out["waste_gpu_hours"] = number(led.waste().gpu_hours)
+    out["waste_cost"] = money(None)
     return out
 
 
@@ -255,7 +290,7 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
     for body in bodies:
         ln = run_lines[body["run_id"]]
         g = groups[(group_value(body, group_by), body["currency"])]
-        g.block.merge(run_block(ln))
+        g.block.merge(run_block(ln, body))
         extras = _run_extras(body)
         g.models.update(extras["gpu_models"])
         g.regions.update(extras["carbon_regions"])
@@ -267,6 +302,10 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
             g.body = body
         t = totals[body["currency"]]
         t.block.add_cost(ln.currency, ln.energy_cost, ln.compute_cost or ZERO)
+        if "ledger" in body:
+            if t.block.ledger is None:
+                t.block.ledger = LedgerSum()
+            t.block.ledger.add(from_body(body["ledger"]), ln.currency)
         t.block.runs += 1
         t.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
         t.models.update(extras["gpu_models"])

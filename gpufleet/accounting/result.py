@@ -64,6 +64,8 @@ class AccountingBody(TypedDict):
     gpu_model_prices: list[dict[str, Any]]
     efficiency: dict[str, Any]
     lost_to_incidents: dict[str, Any]
+    #: state -> {gpu_hours, gpu_kwh, facility_kwh, co2e_kg, total_cost} (gpufleet.accounting.ledger)
+    ledger: NotRequired[dict[str, dict[str, float | None]]]
     segments: NotRequired[list[Segment]]
 
 

@@ -23,7 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from gpufleet.accounting.efficiency import efficiency
-from gpufleet.accounting.incidents import lost_to_incidents
+from gpufleet.accounting.ledger import Ledger, ledger_body, losses
 from gpufleet.accounting.lines import Line, Source, lines
 from gpufleet.accounting.money import number, rounded
 from gpufleet.accounting.result import AccountingBody
@@ -79,7 +79,7 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
 
 def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
-          segments: list[Line] | None, lost: dict[str, Any]) -> AccountingBody:
+          segments: list[Line] | None, lost: dict[str, Any], ledger: Ledger | None) -> AccountingBody:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
     compute = line.compute_cost
@@ -127,10 +127,15 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
         "rates": rates,
         "gpu_model_prices": model_prices,
         "efficiency": efficiency(conn, run, lo, hi, run.allocations, float(line.it_kwh),
-                                 count_after_end=run.end is not None and run.end <= now and until is None),
+                                 count_after_end=run.end is not None and run.end <= now and until is None,
+                                 gpu_hours=gpu_hours,
+                                 productive_gpu_hours=None if ledger is None
+                                 else number(ledger["productive"].gpu_hours) or 0.0),
         "lost_to_incidents": {**lost, "currency": line.currency, "minor_units": line.minor_units}
         if lost.get("currency") is None else lost,
     }
+    if ledger is not None:
+        body["ledger"] = ledger_body(ledger, carbon_known)
     if segments is not None:
         body["segments"] = [{
             "start": iso(s.start), "end": iso(s.end), "gpu_kwh": number(s.gpu_kwh), "host_kwh": number(s.host_kwh),
@@ -144,8 +149,8 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
 
 def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime | None = None,
                  max_gap_s: float | None = None, source: Source = "auto", since: datetime | None = None,
-                 until: datetime | None = None, segments: bool = False) -> list[AccountingBody]:
-    """Accounting bodies of ``runs``, all in one consistent snapshot."""
+                 until: datetime | None = None, segments: bool = False, ledger: bool = True) -> list[AccountingBody]:
+    """Accounting bodies of ``runs``, all in one consistent snapshot (``ledger``: with each run's ledger)."""
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
     runs = list(runs)
@@ -162,24 +167,25 @@ def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime
                 if ln.line == "run" and ln.run_id is not None and ln.start is not None and ln.end is not None:
                     segs.setdefault(ln.run_id, []).append(ln)
         return bodies(conn, runs, by_run, now=now, max_gap_s=gap, source=source, since=since, until=until,
-                      segments=segs)
+                      segments=segs, ledger=ledger)
 
 
 def bodies(conn: psycopg.Connection, runs: Sequence[Run], by_run: Mapping[str | None, Line], *,
            now: datetime, max_gap_s: float, source: Source, since: datetime | None, until: datetime | None,
-           segments: Mapping[str, list[Line]] | None = None) -> list[AccountingBody]:
-    """Bodies of ``runs`` from their accounting lines (in the caller's snapshot)."""
+           segments: Mapping[str, list[Line]] | None = None, ledger: bool = True) -> list[AccountingBody]:
+    """Bodies of ``runs`` from their accounting lines (in the caller's snapshot), with (``ledger``) each
+    run's ledger and the goodput it gives."""
     models: dict[str, list[dict[str, Any]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
         for m in cur.execute(_MODELS_SQL, ([r.run_id for r in runs],)).fetchall():
             models.setdefault(m.pop("run_id"), []).append(m)
-    lost = lost_to_incidents(conn, runs, {r.run_id: r.window(now, since, until) for r in runs}, now=now,
-                             max_gap_s=max_gap_s, source=source)
+    lost, ledgers = losses(conn, runs, {r.run_id: r.window(now, since, until) for r in runs}, by_run, now=now,
+                           max_gap_s=max_gap_s, source=source, with_ledger=ledger)
     out = []
     for r in runs:
         segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
         out.append(_body(conn, r, by_run[r.run_id], now, max_gap_s, source, since, until,
-                         models.get(r.run_id, []), segs, lost[r.run_id]))
+                         models.get(r.run_id, []), segs, lost[r.run_id], ledgers.get(r.run_id)))
     return out
 
 
