@@ -13,6 +13,9 @@ tools read (``/proc/stat``, ``/proc/diskstats``, ``/proc/net/dev``,
   interval, ``await`` = (read + write + discard ticks) delta over the I/O count
   delta.  The interval is the ``/proc/uptime`` delta, exactly like sysstat.
 
+The fabric (NIC errors, drops and link utilisation, InfiniBand/RoCE ports) is
+read by :mod:`gpufleet.agent.sources.fabric` and folded into the same row.
+
 Where sysstat would print made-up numbers we return NULL instead: a counter
 that went backwards (device re-registered, interface re-created, CPU hot-plug,
 VM restore) is a reset, so that device (or CPU) sits out this interval and
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.agent.sources.base import HostRow, Reading, SourceError
+from gpufleet.agent.sources.fabric import IbPort, ib_rates, read_ib_ports, read_link_speeds
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +106,16 @@ class DiskCounters:
 
 @dataclass(frozen=True)
 class NetCounters:
-    """One ``/proc/net/dev`` line: cumulative bytes and packets."""
+    """One ``/proc/net/dev`` line: cumulative bytes, packets, errors and drops."""
 
     rx_bytes: int
     rx_packets: int
     tx_bytes: int
     tx_packets: int
+    rx_errs: int = 0
+    rx_drop: int = 0
+    tx_errs: int = 0
+    tx_drop: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,10 @@ class HostSnapshot:
     nets: Mapping[str, NetCounters] = field(default_factory=dict)
     #: RAPL zones by sysfs name; empty when unreadable or absent.
     rapl: Mapping[str, RaplZone] = field(default_factory=dict)
+    #: Link speed (bytes/s) of the physical interfaces whose link is up and reports one.
+    links: Mapping[str, float] = field(default_factory=dict)
+    #: InfiniBand/RoCE ports, ``<hca>/<port>``: None when not read (the fabric is off).
+    ib: Mapping[str, IbPort] | None = None
 
 
 # --------------------------------------------------------------------------- parsing
@@ -202,8 +214,10 @@ def parse_net_dev(text: str) -> dict[str, NetCounters]:
         if len(v) < 10:
             continue
         try:
-            nets[name.strip()] = NetCounters(int(v[0]), int(v[1]), int(v[8]), int(v[9]))
-        except ValueError:
+            nets[name.strip()] = NetCounters(int(v[0]), int(v[1]), int(v[8]), int(v[9]),
+                                             rx_errs=int(v[2]), rx_drop=int(v[3]), tx_errs=int(v[10]),
+                                             tx_drop=int(v[11]))
+        except (ValueError, IndexError):
             continue
     return nets
 
@@ -423,6 +437,11 @@ def host_rates(prev: HostSnapshot | None, curr: HostSnapshot) -> HostRow:
         "net_rx_bytes_s": None, "net_tx_bytes_s": None,
         "host_power_w": None,
     }
+    fabric = curr.ib is not None
+    if fabric:
+        row.update(net_errors=None, net_drops=None, net_util_pct=None,
+                   net_link_bytes_s=sum(curr.links.values()) if curr.links else None)
+        row.update(ib_rates({}, curr.ib or {}, 0.0))
     if prev is None:
         return row
     interval = curr.uptime_s - prev.uptime_s
@@ -446,8 +465,9 @@ def host_rates(prev: HostSnapshot | None, curr: HostSnapshot) -> HostRow:
         row["disk_util_pct"] = busiest.util_pct
         row["disk_await_ms"] = busiest.await_ms
 
-    rx = tx = 0
+    rx = tx = errors = drops = 0
     counted = False
+    busiest_nic: float | None = None
     for nic, now in curr.nets.items():
         before = prev.nets.get(nic)
         if before is None:
@@ -459,9 +479,22 @@ def host_rates(prev: HostSnapshot | None, curr: HostSnapshot) -> HostRow:
         rx += drx
         tx += dtx
         counted = True
+        # Error and drop counters are unsigned long like the byte counters; one that went
+        # backwards while the bytes did not is a 32-bit wrap, counted as none rather than guessed.
+        errors += max(0, now.rx_errs - before.rx_errs) + max(0, now.tx_errs - before.tx_errs)
+        drops += max(0, now.rx_drop - before.rx_drop) + max(0, now.tx_drop - before.tx_drop)
+        speed = curr.links.get(nic)
+        if speed:
+            busiest_nic = max(busiest_nic or 0.0, min(100.0, 100.0 * max(drx, dtx) / interval / speed))
     if counted:
         row["net_rx_bytes_s"] = rx / interval
         row["net_tx_bytes_s"] = tx / interval
+        if fabric:
+            row["net_errors"] = errors
+            row["net_drops"] = drops
+            row["net_util_pct"] = busiest_nic
+    if fabric and prev.ib is not None:
+        row.update(ib_rates(prev.ib, curr.ib or {}, interval))
 
     row["host_power_w"] = rapl_power_w(prev.rapl, curr.rapl, interval)
     return row
@@ -479,8 +512,9 @@ def _read(path: Path) -> str | None:
         raise SourceError(f"host: cannot read {path}: {e}") from e
 
 
-def read_snapshot(proc_root: Path, sys_root: Path | None, rapl: bool = True) -> HostSnapshot:
-    """Read one :class:`HostSnapshot` from a ``/proc`` tree (and ``/sys`` when given)."""
+def read_snapshot(proc_root: Path, sys_root: Path | None, rapl: bool = True, fabric: bool = False) -> HostSnapshot:
+    """Read one :class:`HostSnapshot` from a ``/proc`` tree (and ``/sys`` when given); ``fabric``
+    adds the link speeds and InfiniBand/RoCE ports (:mod:`gpufleet.agent.sources.fabric`)."""
     stat = _read(proc_root / "stat")
     uptime = _read(proc_root / "uptime")
     if stat is None or uptime is None:
@@ -499,7 +533,9 @@ def read_snapshot(proc_root: Path, sys_root: Path | None, rapl: bool = True) -> 
     netdev = _read(proc_root / "net" / "dev") or ""
     nets = {n: c for n, c in parse_net_dev(netdev).items() if is_physical_nic(n, sys_root)}
     return HostSnapshot(uptime_s=uptime_s, cpus=cpus, disks=disks, stacked_disks=stacked, nets=nets,
-                        rapl=read_rapl(sys_root) if rapl else {})
+                        rapl=read_rapl(sys_root) if rapl else {},
+                        links=read_link_speeds(sys_root, sorted(nets)) if fabric else {},
+                        ib=read_ib_ports(sys_root) if fabric else None)
 
 
 class HostSource:
@@ -514,15 +550,16 @@ class HostSource:
     name = "host"
 
     def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str | None = "/sys",
-                 host_power_w: float | None = None, rapl: bool = True) -> None:
+                 host_power_w: float | None = None, rapl: bool = True, fabric: bool = True) -> None:
         self.proc_root = Path(proc_root)
         self.sys_root = Path(sys_root) if sys_root is not None else None
         self.host_power_w = host_power_w
         self.rapl = rapl and host_power_w is None
+        self.fabric = fabric
         self._prev: HostSnapshot | None = None
 
     def collect(self) -> Reading:
-        snap = read_snapshot(self.proc_root, self.sys_root, rapl=self.rapl)
+        snap = read_snapshot(self.proc_root, self.sys_root, rapl=self.rapl, fabric=self.fabric)
         return Reading(host=self.update(snap))
 
     def update(self, snap: HostSnapshot) -> HostRow:
@@ -533,6 +570,6 @@ class HostSource:
         prev_cpus = self._prev.cpus if self._prev is not None else {}
         self._prev = HostSnapshot(
             uptime_s=snap.uptime_s, cpus=carry_offline_cpus(prev_cpus, snap.cpus), disks=snap.disks,
-            stacked_disks=snap.stacked_disks, nets=snap.nets, rapl=snap.rapl,
+            stacked_disks=snap.stacked_disks, nets=snap.nets, rapl=snap.rapl, links=snap.links, ib=snap.ib,
         )
         return row
