@@ -40,7 +40,17 @@ from gpufleet.accounting import run_accounting
 from gpufleet.accounting.incidents import Piece
 from gpufleet.accounting.ledger import FIELDS, explain
 from gpufleet.waste import PRECEDENCE, STATES, explaining_kind
-from tests.accounting.builders import KWH, T0, approx, at, constant_power, drain, gpu_samples, host_samples, node, run
+from tests.accounting.builders import (
+    KWH,
+    T0,
+    approx,
+    at,
+    constant_power,
+    drain,
+    gpu_samples,
+    node,
+    run,
+)
 from tests.accounting.builders import site as make_site
 from tests.accounting.test_incident_cost import fleet, incident
 
