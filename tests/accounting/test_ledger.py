@@ -140,7 +140,7 @@ def test_a_whole_run_idle_is_the_runs_own_line(conn: psycopg.Connection) -> None
     """Nothing but idle: the idle state is exactly the run's figures and productive is zero."""
     fleet(conn)
     incident(conn, "idle_allocation", -60, None, {"gpus": gpus(0, 1, 2, 3)})
-    body = run_accounting(conn, "r", now=at(10_000), source="raw")
+    body: dict[str, Any] = dict(run_accounting(conn, "r", now=at(10_000), source="raw"))
     idle, prod = body["ledger"]["idle"], body["ledger"]["productive"]
     for f in FIELDS:
         assert idle[f] == body[f], f
