@@ -1,6 +1,8 @@
 # Two commands on a fresh machine (see README):
 #   make demo   - set everything up and run the live demo
 #   make test   - set everything up and run lint, type checks and the tests
+# Both install the server extra (collector, API, database) beside the agent; a GPU node needs only
+# `pip install gpufleet`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +13,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

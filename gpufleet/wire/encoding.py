@@ -1,12 +1,19 @@
-"""Encoding a batch, agent side: typed numeric columns, msgpack or JSON, compression, and its headers."""
+"""Encoding a batch, agent side: typed numeric columns, msgpack or JSON, compression, and its headers.
+
+Typed arrays are packed with the standard library's :mod:`array`, not numpy:
+the agent runs from the light install (``pip install gpufleet``), which has no
+numpy; the collector reads what this writes with numpy's ``frombuffer``.
+"""
 
 from __future__ import annotations
 
 import gzip
+import operator
+import sys
+from array import array
 from typing import Any
 
 import msgpack
-import numpy as np
 import orjson
 import zstandard
 
@@ -47,14 +54,41 @@ TYPED_DTYPES = {"f4": "<f4", "f8": "<f8", "i1": "<i1", "i2": "<i2", "i4": "<i4",
 KIND_DTYPE = {"real": "f4", "double": "f8", "smallint": "i2", "integer": "i4", "bigint": "i8"}
 
 
+#: The :mod:`array` type code of each wire dtype (sizes checked below, where the module is loaded).
+_TYPECODES = {"f4": "f", "f8": "d", "i1": "b", "i2": "h", "i4": "i", "i8": "q", "u1": "B", "u2": "H", "u4": "I"}
+assert all(array(code).itemsize == int(dt[1]) for dt, code in _TYPECODES.items()), "unexpected C type sizes"
+
+
+def _packed(values: list[Any], dtype: str) -> bytes:
+    """Little-endian bytes of ``values`` as ``dtype``; TypeError or OverflowError when one does not fit
+    (a float in an integer column is not truncated)."""
+    code = _TYPECODES[dtype]
+    if code in "fd":
+        arr = array(code, [float(v) for v in values])
+    else:
+        arr = array(code, [operator.index(v) for v in values])
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def null_bitmap(nulls: list[bool]) -> bytes:
+    """One bit per value, 1 = NULL, first value in the high bit of the first byte (numpy ``packbits`` order)."""
+    out = bytearray((len(nulls) + 7) // 8)
+    for i, null in enumerate(nulls):
+        if null:
+            out[i >> 3] |= 0x80 >> (i & 7)
+    return bytes(out)
+
+
 def typed_column(values: list[Any], dtype: str) -> dict[str, Any] | list[Any]:
     """A numeric list as a typed array (the list itself if it does not fit)."""
     try:
         if None in values:
-            nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
-            arr = np.array([0 if v is None else v for v in values], dtype=TYPED_DTYPES[dtype])
-            return {"dtype": dtype, "data": arr.tobytes(), "nulls": np.packbits(nulls).tobytes()}
-        return {"dtype": dtype, "data": np.array(values, dtype=TYPED_DTYPES[dtype]).tobytes()}
+            nulls = [v is None for v in values]
+            data = _packed([0 if v is None else v for v in values], dtype)
+            return {"dtype": dtype, "data": data, "nulls": null_bitmap(nulls)}
+        return {"dtype": dtype, "data": _packed(values, dtype)}
     except (TypeError, ValueError, OverflowError):
         return values
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is the collector's; the agent imports this module from the light install
+    import numpy as np
 
 #: Matched with ``fullmatch``: ``$`` would let a trailing newline through.
 BATCH_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -177,6 +178,8 @@ class Column:
             return list(self.values)
         vals = self.values.tolist()
         if self.null is not None:
+            import numpy as np
+
             for i in np.flatnonzero(self.null).tolist():
                 vals[i] = None
         return vals
