@@ -88,11 +88,12 @@ def _row_cells(r: dict[str, Any]) -> list[object]:
         name = h("<strong>{}</strong>", LABELS[kind]) if kind == "total" else esc(LABELS[kind])
     return [name, r["runs"], num(r["gpu_hours"], 2), num(r["facility_kwh"], 3), num(r["co2e_kg"], 3),
             _money(r, "energy_cost"), _money(r, "compute_cost"), _money(r, "total_cost"), r.get("currency") or "",
-            num(None if r["coverage"] is None else 100.0 * float(r["coverage"]), 1, "%")]
+            num(None if r["coverage"] is None else 100.0 * float(r["coverage"]), 1, "%"),
+            num(r.get("waste_gpu_hours"), 2), _money(r, "waste_cost")]
 
 
 HEADERS = ("", "Runs", "GPU-hours", "Facility kWh", "kg CO2e", "Energy cost", "Compute cost", "Total", "Currency",
-           "Coverage")
+           "Coverage", "Wasted GPU-h", "Waste cost")
 
 
 def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, now: datetime
@@ -149,13 +150,15 @@ def _finance(conn: psycopg.Connection, st: ApiState, lo_d: date, hi_d: date, gro
         '<section><h2>Per day</h2>{}{}</section>'
         '<p class="hint">Money in each currency\'s minor units; totals are the sum of the rows above them to the '
         'cent. GPU time no run held is split by telemetry: hours with samples carry energy and cost, hours without '
-        'any are only counted. Up to {}.</p>',
+        'any are only counted. Wasted GPU-hours are those the runs\' ledgers put in any state but productive '
+        '(idle, hung, checkpoint, starved, straggler wait, throttled); the <a href="/waste">Waste</a> page ranks '
+        'them. Up to {}.</p>',
         lo_d.isoformat(), hi_d.isoformat(),
         join(h('<option value="{}"{}>{}</option>', g, Markup(" selected") if g == group_by else Markup(""), g)
              for g in GROUPS),
         query, query, cards, group_by,
-        table(HEADERS, (_row_cells(r) for r in groups), numeric=range(1, 10), empty="No runs in this period."),
-        table(HEADERS, (_row_cells(r) for r in others), numeric=range(1, 10)),
+        table(HEADERS, (_row_cells(r) for r in groups), numeric=range(1, 12), empty="No runs in this period."),
+        table(HEADERS, (_row_cells(r) for r in others), numeric=range(1, 12)),
         bar_chart("Facility energy per day, per team", labels, list(kwh.items()), "kWh"),
         bar_chart("Cost per day, per team", labels, list(cost.items()),
                   " / ".join(sorted({t["currency"] for t in totals if t["currency"]})) or "money"),

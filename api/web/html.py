@@ -91,7 +91,8 @@ def badge(text: str, kind: str) -> Markup:
 
 
 NAV = (("/", "Fleet", "read"), ("/runs", "Runs", "read"), ("/incidents", "Incidents", "read"),
-       ("/accounting", "Accounting", "read_accounting"), ("/finance", "Finance", "read_accounting"))
+       ("/accounting", "Accounting", "read_accounting"), ("/finance", "Finance", "read_accounting"),
+       ("/waste", "Waste", "read_accounting"))
 
 
 def page(title: str, body: Markup, *, who: Any = None, active: str = "", refresh_s: int | None = None,

@@ -153,7 +153,7 @@ def test_finance_lands_on_the_finance_page_and_sees_accounting_only(web: Web, br
     page = _page(browser, watch)
     _login(page, web, "finance")
     assert page.url == web.url + "/finance"
-    assert page.locator("nav a").all_inner_texts() == ["Accounting", "Finance"]
+    assert page.locator("nav a").all_inner_texts() == ["Accounting", "Finance", "Waste"]
     page.click("nav >> text=Accounting")
     assert page.locator("tbody tr").count() == len(fleet.runs)
     assert page.locator("tbody a").count() == 0  # run pages are not theirs to open
