@@ -17,6 +17,6 @@ from fastapi import APIRouter
 from gpufleet.api.web import assets, finance, nodes, pages, readiness, session, waste
 
 router = APIRouter()
-for _r in (session.router, pages.router, :finance.router, waste.router, nodes.router, assets.router,
-           readiness.router)::
+for _r in (session.router, pages.router, finance.router, waste.router, nodes.router, assets.router,
+           readiness.router):
     router.include_router(_r)
