@@ -14,7 +14,12 @@ wild:
 * ``--format=csv,noheader,nounits`` behind a header line the logging script
   wrote itself (``timestamp,memory.used,memory.total,utilization.gpu``);
 * hand-rolled column names (``gpu_index``, ``temperature_C``,
-  ``utilization_gpu_percent``, ``power_W``) and bundle names themselves.
+  ``utilization_gpu_percent``, ``power_W``) and bundle names themselves;
+* ``--format=csv,noheader`` logs with no header line at all, given the
+  ``--query-gpu`` field list as ``columns`` (the logging script's own list);
+* plain ``nvidia-smi`` screens logged in a loop (``nvidia-smi -l 60 >>
+  gpu.log``), recognised by the time line each screen starts with and read
+  by :mod:`gpufleet.collector.nvsmi_table`.
 
 Columns are mapped through :data:`ALIASES`, an explicit table; where several
 source columns feed one bundle column the first with a value in that row wins
@@ -63,6 +68,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpufleet.catalog import GPU_BY_NAME, GPU_CSV_NAMES, GPU_FIELDS, INT_RANGES
 from gpufleet.collector.bundle import BundleError, read_bundle
+from gpufleet.collector.nvsmi_table import CELLS, is_table, read_table
 from gpufleet.facts import FactsError, check_facts
 from gpufleet.gpu_models import board_power_w
 from gpufleet.wire import NODE_RE
@@ -272,15 +278,19 @@ def parse_timestamp(value: str, tz: tzinfo = UTC) -> datetime:
 
 def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str | Sequence[str],
                       run_id: str | None = None, run_start: datetime | float | None = None, tz: tzinfo = UTC,
-                      gpu_name: str | None = None, overwrite: bool = False) -> ImportSummary:
+                      gpu_name: str | None = None, overwrite: bool = False,
+                      columns: Sequence[str] | None = None) -> ImportSummary:
     """Read nvidia-smi CSV logs and write them as the trace bundle ``out``.
 
     ``node``: one host name for every file, or one per file.  ``run_id``:
     also write ``runs.csv`` and ``allocations.csv`` for one run holding every
     GPU seen, from ``run_start`` (default: the first sample) with no end.
     ``tz``: zone of times written without one.  ``gpu_name``: the GPU model
-    where the logs have no ``name`` column.  ``out`` must not exist or be
-    empty unless ``overwrite``.  Raises :class:`BundleError`.
+    where the logs have no ``name`` column.  ``columns``: the ``--query-gpu``
+    field list of logs written with ``--format=csv,noheader`` (no header
+    line): it names the columns of every file, whose first line must then be
+    data.  ``out`` must not exist or be empty unless ``overwrite``.  Raises
+    :class:`BundleError`.
     """
     files = [Path(p) for p in paths]
     if not files:
@@ -312,7 +322,7 @@ def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str
     facts_seen: dict[tuple[str, int], dict[str, str]] = defaultdict(dict)
     has_index = True
     for path, n in zip(files, nodes, strict=True):
-        cols, has_idx = _read_file(path, n, tz, samples, facts_seen)
+        cols, has_idx = _read_file(path, n, tz, samples, facts_seen, columns)
         has_index = has_index and has_idx
         for c in sorted(cols, key=lambda c: (c.reason_bit is not None, c.rank)):
             target = "throttle_reasons" if c.reason_bit is not None else c.target
@@ -375,7 +385,8 @@ def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str
 
 
 def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
-               facts_seen: dict[tuple[str, int], dict[str, str]]) -> tuple[list[_Column], bool]:
+               facts_seen: dict[tuple[str, int], dict[str, str]],
+               columns: Sequence[str] | None = None) -> tuple[list[_Column], bool]:
     """Append the file's samples; return its columns and whether it has a GPU index."""
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -389,15 +400,30 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
     if not lines:
         raise BundleError(f"{path}: line 1, column 1: empty file; a header row naming the --query-gpu fields "
                           "(timestamp, index, ...) is required")
-    head_no, head_line = lines[0]
-    header = _cells(head_line)
-    if _looks_like_time(header[0] if header else "", tz):
-        raise BundleError(f"{path}: line {head_no}: no header row; the first line is data (with "
-                          "--format=csv,noheader write the --query-gpu field list as the first line)")
-    cols = _columns(path, head_no, header)
+    if is_table(lines[0][1]):
+        if columns is not None:
+            raise BundleError(f"{path}: line {lines[0][0]}: an nvidia-smi screen log has no CSV columns to name")
+        return _read_table_file(path, text.splitlines(), node, tz, samples, facts_seen), True
+    if columns is not None:
+        head_no, header = 0, [c.strip() for c in columns]
+        first, ti = _cells(lines[0][1]), _time_index(header)
+        if ti >= 0 and len(first) == len(header) and not _looks_like_time(first[ti], tz):
+            raise BundleError(f"{path}: line {lines[0][0]}: the columns were given, but this line is not data "
+                              "(a header line?); give columns only for --format=csv,noheader logs")
+        data = lines
+    else:
+        head_no, head_line = lines[0]
+        header = _cells(head_line)
+        if _looks_like_time(header[0] if header else "", tz):
+            raise BundleError(f"{path}: line {head_no}: no header row; the first line is data (with "
+                              "--format=csv,noheader give the --query-gpu field list as the columns, or write it "
+                              "as the first line)")
+        data = lines[1:]
+    where_head = f"line {head_no}" if head_no else "the columns given"
+    cols = _columns(path, head_no, header, where_head)
     time_col = next((c for c in cols if c.is_time), None)
     if time_col is None:
-        raise BundleError(f"{path}: line {head_no}: no 'timestamp' column in the header "
+        raise BundleError(f"{path}: {where_head}: no 'timestamp' column in the header "
                           "(add timestamp to --query-gpu)")
     index_col = _best(cols, "gpu")
     by_target: dict[str, list[_Column]] = defaultdict(list)
@@ -409,7 +435,7 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
     bits = [c for c in cols if c.reason_bit is not None]
     fact_cols = [c for c in cols if c.fact is not None]
     norm_head = [h.strip() for h in header]
-    for lineno, raw in lines[1:]:
+    for lineno, raw in data:
         cells = _cells(raw)
         if [c.strip() for c in cells] == norm_head:
             continue  # the header again: the logging loop was restarted
@@ -457,6 +483,21 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
     return cols, index_col is not None
 
 
+def _read_table_file(path: Path, raw_lines: list[str], node: str, tz: tzinfo, samples: list[_Sample],
+                     facts_seen: dict[tuple[str, int], dict[str, str]]) -> list[_Column]:
+    """Append the samples of a log of plain nvidia-smi screens (:mod:`nvsmi_table`)."""
+    for ts in read_table(path, raw_lines, tz):
+        where = f"{path}: line {ts.line}"
+        values: dict[str, Any] = {}
+        for target, v in ts.values.items():
+            if v is not None:
+                values[target] = _checked(f"{where}, cell '{CELLS[target]}'", target, v)
+        facts_seen[(node, ts.gpu)].update(ts.facts)
+        us = (ts.time.astimezone(UTC) - _EPOCH) // timedelta(microseconds=1)
+        samples.append(_Sample(node, us, ts.gpu, values, where, "time line"))
+    return [_Column(i, cell, None, target=target) for i, (target, cell) in enumerate(CELLS.items())]
+
+
 def _looks_like_time(cell: str, tz: tzinfo) -> bool:
     try:
         parse_timestamp(cell, tz)
@@ -473,7 +514,13 @@ def _base(header: str) -> str:
     return _UNIT_SUFFIX.sub("", header.strip()).strip().lower()
 
 
-def _columns(path: Path, lineno: int, header: list[str]) -> list[_Column]:
+def _time_index(header: list[str]) -> int:
+    return next((i for i, h in enumerate(header) if _base(h) in TIME_COLUMNS), -1)
+
+
+def _columns(path: Path, lineno: int, header: list[str], where: str | None = None) -> list[_Column]:
+    """The header's columns; ``where`` names the header in errors (default ``line <lineno>``)."""
+    at = where or f"line {lineno}"
     cols = []
     seen: dict[str, str] = {}
     for i, raw in enumerate(header):
@@ -481,9 +528,9 @@ def _columns(path: Path, lineno: int, header: list[str]) -> list[_Column]:
         m = _UNIT_SUFFIX.search(h)
         base = _base(h)
         if not base:
-            raise BundleError(f"{path}: line {lineno}: column {i + 1} has no name")
+            raise BundleError(f"{path}: {at}: column {i + 1} has no name")
         if base in seen:
-            raise BundleError(f"{path}: line {lineno}, column '{h}': appears twice (also '{seen[base]}')")
+            raise BundleError(f"{path}: {at}, column '{h}': appears twice (also '{seen[base]}')")
         seen[base] = h
         c = _Column(i, h, m.group(1).strip() if m else None)
         if base in TIME_COLUMNS:
@@ -492,7 +539,7 @@ def _columns(path: Path, lineno: int, header: list[str]) -> list[_Column]:
             c.target, c.rank = _SOURCE_OF[base]
             want = UNITS.get(c.target)
             if c.unit and want and c.unit.lower() != want.lower():
-                raise BundleError(f"{path}: line {lineno}, column '{h}': unit {c.unit!r}, expected {want!r}")
+                raise BundleError(f"{path}: {at}, column '{h}': unit {c.unit!r}, expected {want!r}")
         elif base in _FACT_OF:
             c.fact = _FACT_OF[base]
         else:

@@ -1,0 +1,126 @@
+"""The other shapes nvidia-smi logs take in the wild: plain screens in a loop, and
+``--format=csv,noheader`` logs with no header line.  Both are real recordings of
+``tests/fixtures/realtraces/`` (provenance in its SOURCES.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from gpufleet.collector.bundle import BundleError
+from gpufleet.collector.nvsmi_import import import_nvidia_smi
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "realtraces"
+SCREENS = REAL / "aucurriculum_a40_60s" / "gpu_monitor.log"
+NOHEADER = REAL / "plato_yolop_20gb_5s" / "gpu_log.csv"
+PLATO_FIELDS = ["timestamp", "utilization.gpu", "utilization.memory", "memory.used", "memory.free",
+                "temperature.gpu", "power.draw"]
+
+
+def rows(bundle: Path) -> list[dict[str, str]]:
+    with (bundle / "gpu.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_screen_log_is_read_screen_by_screen(tmp_path: Path) -> None:
+    s = import_nvidia_smi([SCREENS], tmp_path / "b", node="alvis", tz=ZoneInfo("Europe/Stockholm"))
+    r = rows(tmp_path / "b")
+    assert s.rows == len(r) == 134 and s.median_interval_s == pytest.approx(60.0, abs=1.0)
+    # Screen 1: "|  0%   27C    P0             24W /  300W |       0MiB /  46068MiB |      0%      Default |"
+    assert r[0]["time"] == "2026-01-24T20:52:14.000Z"  # 21:52:14 in Stockholm (CET, +01:00)
+    assert (r[0]["util_pct"], r[0]["power_w"], r[0]["power_limit_w"]) == ("0", "24", "300")
+    assert (r[0]["mem_used_mib"], r[0]["mem_total_mib"], r[0]["temp_c"]) == ("0", "46068", "27")
+    # Screen 2: "|  0%   38C    P0             97W /  300W |    1835MiB /  46068MiB |     29%      Default |"
+    assert (r[1]["util_pct"], r[1]["power_w"], r[1]["mem_used_mib"], r[1]["temp_c"]) == ("29", "97", "1835", "38")
+    facts = json.loads((tmp_path / "b" / "nodes.json").read_text())["alvis"]
+    assert facts["gpu_model"] == "NVIDIA A40" and facts["driver_version"] == "580.95.05"
+    assert facts["gpus"] == [{"gpu": 0, "name": "NVIDIA A40", "pci_bus_id": "00000000:31:00.0"}]
+    assert s.ignored_columns == [] and s.columns["util_pct"] == ["GPU-Util"]
+
+
+SCREEN_8 = """Sun Feb 16 08:10:45 2025
++---------------------------------------------------------------------------------------+
+| NVIDIA-SMI 545.23.08              Driver Version: 545.23.08    CUDA Version: 12.3     |
+|-----------------------------------------+----------------------+----------------------+
+|   0  NVIDIA A100-SXM4-80GB          Off | 00000000:07:00.0 Off |                    0 |
+| N/A   29C    P0              71W / 400W |   5729MiB / 81920MiB |      0%      Default |
+|                                         |                      |             Disabled |
++-----------------------------------------+----------------------+----------------------+
+|   1  NVIDIA A100-SXM4-80GB          Off | 00000000:0B:00.0 Off |                    0 |
+| N/A   30C    P0             187W / 400W |  61245MiB / 81920MiB |     93%      Default |
+|                                         |                      |             Disabled |
++-----------------------------------------+----------------------+----------------------+
+|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |
+|    0   N/A  N/A   3242651      C   python                                     5716MiB |
+"""
+
+
+def test_older_driver_screen_with_several_gpus(tmp_path: Path) -> None:
+    """The 545 driver's layout (narrower cells, N/A fan) with two GPUs per screen."""
+    log = tmp_path / "smi.log"
+    log.write_text(SCREEN_8 + SCREEN_8.replace("08:10:45", "08:10:59"))
+    import_nvidia_smi([log], tmp_path / "b", node="a100")
+    r = rows(tmp_path / "b")
+    assert [(x["time"], x["gpu"], x["util_pct"], x["power_w"]) for x in r] == [
+        ("2025-02-16T08:10:45.000Z", "0", "0", "71"), ("2025-02-16T08:10:45.000Z", "1", "93", "187"),
+        ("2025-02-16T08:10:59.000Z", "0", "0", "71"), ("2025-02-16T08:10:59.000Z", "1", "93", "187")]
+
+
+@pytest.mark.parametrize("broken,line,words", [
+    # the state row of GPU 1 cut off: its first row is followed by the next screen's time
+    (SCREEN_8.replace("| N/A   30C    P0             187W / 400W |  61245MiB / 81920MiB |     93%      Default |\n",
+                      ""), 10, "expected the state row of GPU 1"),
+    # a state row whose power cell is not a number of watts
+    (SCREEN_8.replace("71W / 400W", "71kW / 400W"), 6, "expected the state row of GPU 0"),
+])
+def test_broken_screens_are_refused_with_the_line(tmp_path: Path, broken: str, line: int, words: str) -> None:
+    log = tmp_path / "smi.log"
+    log.write_text(broken + SCREEN_8.replace("08:10:45", "08:10:59"))
+    with pytest.raises(BundleError) as e:
+        import_nvidia_smi([log], tmp_path / "b", node="a100")
+    assert f"{log}: line {line}" in str(e.value) and words in str(e.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_screen_values_out_of_range_are_refused(tmp_path: Path) -> None:
+    log = tmp_path / "smi.log"
+    log.write_text(SCREEN_8.replace("|      0%      Default |", "|    140%      Default |"))
+    with pytest.raises(BundleError, match=r"line 5, cell 'GPU-Util': 140 is outside"):
+        import_nvidia_smi([log], tmp_path / "b", node="a100")
+
+
+def test_noheader_log_with_the_query_field_list(tmp_path: Path) -> None:
+    s = import_nvidia_smi([NOHEADER], tmp_path / "b", node="fl", columns=PLATO_FIELDS)
+    r = rows(tmp_path / "b")
+    assert s.rows == 1923 and s.median_interval_s == pytest.approx(5.0, abs=0.1)
+    # line 1: "2026/04/25 16:06:06.780, 0 %, 0 %, 2 MiB, 20146 MiB, 27, 11.64 W"
+    assert (r[0]["time"], r[0]["util_pct"], r[0]["mem_used_mib"], r[0]["temp_c"], r[0]["power_w"]) == (
+        "2026-04-25T16:06:06.780Z", "0", "2", "27", "11.64")
+    assert s.ignored_columns == ["utilization.memory", "memory.free"]
+
+
+def test_noheader_log_without_the_field_list_names_the_way_out(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"gpu_log.csv: line 1: no header row.*give the --query-gpu field list"):
+        import_nvidia_smi([NOHEADER], tmp_path / "b", node="fl")
+
+
+def test_field_list_for_a_log_that_has_a_header_is_refused(tmp_path: Path) -> None:
+    log = REAL / "qwen3asr_vllm_1gpu_100ms" / "gpu_log.csv"
+    with pytest.raises(BundleError, match=r"line 1: the columns were given, but this line is not data"):
+        import_nvidia_smi([log], tmp_path / "b", node="x",
+                          columns=["timestamp", "power.draw", "utilization.gpu", "utilization.memory",
+                                   "memory.used", "pcie.link.gen.current", "pcie.link.width.current"])
+
+
+def test_field_list_with_the_wrong_number_of_fields(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"gpu_log.csv: line 1: 7 values, the header has 6 columns"):
+        import_nvidia_smi([NOHEADER], tmp_path / "b", node="fl", columns=PLATO_FIELDS[:-1])
+
+
+def test_field_list_for_a_screen_log_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match=r"line 1: an nvidia-smi screen log has no CSV columns"):
+        import_nvidia_smi([SCREENS], tmp_path / "b", node="x", columns=PLATO_FIELDS)
