@@ -3,6 +3,7 @@ accuracy and detection latency per kind, and hard negatives that raised somethin
 
     python bench/detector_quality.py [--scenarios a,b,...] [--duration 3600] [--interval 1]
                                      [--degrade full|nvsmi|nohost|bare|dcgm|all]
+    python bench/detector_quality.py --real     (the real-recording corpus: bench/real_corpus.py)
 
 Each scenario of the simulator is written as a trace bundle, replayed exactly
 as ``gpufleet replay`` does (ingest path, rollups, every sweep of the
@@ -129,7 +130,13 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=None, help="sampling interval override, seconds")
     ap.add_argument("--degrade", choices=(*FORMS, "all"), default="full",
                     help="cut the bundles to a form real fleets send (default: every field)")
+    ap.add_argument("--real", action="store_true",
+                    help="score the real-recording corpus instead (bench/real_corpus.py)")
     args = ap.parse_args()
+    if args.real:
+        import real_corpus
+
+        return real_corpus.main()
     names = args.scenarios.split(",") if args.scenarios else [n for n in scenario_names() if n != "demo"]
     forms = list(FORMS) if args.degrade == "all" else [args.degrade]
     results = {}

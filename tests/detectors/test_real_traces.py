@@ -3,7 +3,7 @@
 The excerpts under ``tests/fixtures/realtraces/`` are nvidia-smi logs of real
 machines (provenance and labels in that folder's SOURCES.md and each
 ``labels.json``).  Each is imported with :func:`gpufleet.collector.nvsmi_import.
-import_nvidia_smi` and replayed by :func:`gpufleet.collector.replay.replay`: the
+import_nvidia_smi` as its labels say and replayed by :func:`gpufleet.collector.replay.replay`: the
 collector's ingest path, every sweep of the timeline with every detector,
 and the accounting, on a real PostgreSQL database.
 
@@ -16,14 +16,22 @@ and the accounting, on a real PostgreSQL database.
   cannot pass merely because nothing is ever found on these traces.
 * Accounting: the run's GPU energy equals a trapezoidal integration of the
   raw ``power_W`` column done here, independently of the importer.
+* Labelled events: every event a ``labels.json`` lists (from the recording's
+  own context, SOURCES.md) is a test case of its own, found when a finding of
+  its kind overlaps it; ``bench/detector_quality.py --real`` prints the same
+  scoring as a table.  The corpus is read and imported by
+  ``bench/real_corpus.py`` for both.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import importlib.util
 import itertools
 import json
 import random
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,12 +42,26 @@ import pytest
 
 from gpufleet.collector.bundle import read_bundle
 from gpufleet.collector.detectors.frame import Frame
-from gpufleet.collector.nvsmi_import import import_nvidia_smi
 from gpufleet.collector.replay import ReplayResult, replay
+from gpufleet.collector.scoring import score
 from gpufleet.collector.window_cache import WindowCache, load_runs
 from gpufleet.config import Settings
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "realtraces"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _corpus_module() -> Any:
+    """bench/real_corpus.py: how the corpus is read and imported, one place for the bench and the tests."""
+    spec = importlib.util.spec_from_file_location("real_corpus", BENCH / "real_corpus.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("real_corpus", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+corpus = _corpus_module()
 NANOGPT = REAL / "nanogpt_pr643_8xh100"
 GEMM = "gpu_metrics_0329-0331_gemm_periodic_dips.csv"
 CEILING = "gpu_metrics_0324-0325_power_ceiling.csv"
@@ -55,12 +77,11 @@ EXCERPTS = [(folder, name) for folder in sorted(p for p in REAL.iterdir() if p.i
 
 
 def import_excerpt(folder: Path, name: str, out: Path) -> dict[str, Any]:
-    """Import one excerpt as its labels.json says (node, model, run and its start); return that section."""
-    imp = labels(folder)["import"]
-    import_nvidia_smi([folder / name], out, node=imp["node"], run_id=imp["run_id"],
-                      run_start=datetime.fromisoformat(imp["run_start"].replace("Z", "+00:00")),
-                      gpu_name=imp["gpu_name"])
-    return dict(imp)
+    """Import one excerpt as its labels.json says (format, node, model, zone, run and its start);
+    return that section (the folder's, with the excerpt's own over it)."""
+    (ex,) = [e for e in corpus.excerpts(REAL) if e.folder == folder and e.name == name]
+    corpus.import_excerpt(ex, out)
+    return dict(ex.imp)
 
 
 Span = dict[tuple[str, str, int], tuple[float, float]]
@@ -104,7 +125,7 @@ def kinds(result: ReplayResult) -> list[str]:
 def test_hard_negative_raises_nothing_it_must_not(db: str, settings: Settings, tmp_path: Path,
                                                   folder: Path, name: str) -> None:
     label = labels(folder)["excerpts"][name]
-    assert label["label"] == "hard_negative"
+    assert label["label"] in ("hard_negative", "labelled") and label["must_not_raise"]
     imp = import_excerpt(folder, name, tmp_path / "b")
     result, spans = replay_bundle(db, tmp_path / "b", settings)
     # The detectors evaluated this run on every GPU, over all of the last window's samples:
@@ -211,10 +232,56 @@ def _raw_rows(bundle: Path) -> list[dict[str, str]]:
 
 
 def test_excerpts_are_byte_exact_copies_still() -> None:
-    """The excerpts stay as SOURCES.md describes them: header line first, untouched rows."""
+    """The excerpts stay as SOURCES.md describes them: untouched files (their sha256 where
+    labels.json records it, else the header line first)."""
     for folder, name in EXCERPTS:
-        text = (folder / name).read_text()
+        data = (folder / name).read_bytes()
+        text = data.decode()
         assert text.endswith("\n") and "\r" not in text
+        digest = labels(folder)["excerpts"][name].get("sha256")
+        if digest is not None:
+            assert hashlib.sha256(data).hexdigest() == digest, (folder.name, name)
+            continue
         header = text.split("\n", 1)[0]
         assert header in ("timestamp,gpu_index,temperature_C,utilization_gpu_percent,power_W",
                           "timestamp,memory.used,memory.total,utilization.gpu")
+
+
+def test_every_folder_names_its_licence_and_source() -> None:
+    """A recording is in the corpus only with the licence it was published under beside it
+    (or, for the first two sources, SOURCES.md's licence note) and its section in SOURCES.md."""
+    sources = (REAL / "SOURCES.md").read_text()
+    for folder in sorted(p for p in REAL.iterdir() if p.is_dir()):
+        assert f"`{folder.name}/`" in sources, folder.name
+        if folder.name not in ("nanogpt_pr643_8xh100", "rpf_fork_1gpu_60s"):
+            assert (folder / "LICENSE").is_file(), folder.name
+
+
+# -- labelled events: the corpus target is every one of them found ----------------------
+
+
+EVENTS = [(ex, i) for ex in corpus.excerpts(REAL) for i in range(len(ex.events))]
+
+
+def test_corpus_has_labelled_events() -> None:
+    """The event tests below are generated from the labels; an empty corpus would make them vacuous."""
+    assert EVENTS
+    for ex, i in EVENTS:
+        ev = ex.events[i]
+        assert {"kind", "start", "end", "reasoning"} <= set(ev), (ex.source, ex.name, i)
+        assert _epoch(ev["start"]) < _epoch(ev["end"]), (ex.source, ex.name, i)
+
+
+@pytest.mark.parametrize("ex,i", EVENTS, ids=[f"{ex.source}/{ex.events[i]['kind']}@{ex.events[i]['start']}"
+                                               for ex, i in EVENTS])
+def test_labelled_event_is_found(db: str, settings: Settings, tmp_path: Path, ex: Any, i: int) -> None:
+    """A finding of the event's kind overlaps its span (and names its GPU where it names one).
+    Expected to fail for the kinds the detectors do not report yet (the bench's table says which)."""
+    ev = ex.events[i]
+    corpus.import_excerpt(ex, tmp_path / "b")
+    result = replay(db, tmp_path / "b", settings)
+    lab = {"incidents": [{"kind": ev["kind"], "run_id": ex.imp["run_id"], "node": ev.get("node"),
+                          "gpu": ev.get("gpu"), "start": ev["start"], "end": ev["end"]}]}
+    s = score(result.findings, lab, slack_s=0.0)
+    assert not s.missed_labels, (f"{ev['kind']} {ev['start']}..{ev['end']} not found; findings: "
+                                 + json.dumps(result.findings, default=str))
