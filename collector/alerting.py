@@ -24,7 +24,8 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 OPEN_INCIDENTS_SQL = (
-    "SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence FROM incidents WHERE state = 'open'"
+    "SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence, "
+    "(SELECT r.team FROM runs r WHERE r.run_id = incidents.run_id) AS team FROM incidents WHERE state = 'open'"
 )
 #: Per node: when its last batch arrived (the "agent silent" alert) and samples refused for clock skew.
 NODES_SQL = "SELECT node, extract(epoch FROM last_seen), rejected_skew FROM nodes WHERE last_seen IS NOT NULL"
@@ -59,7 +60,8 @@ def listed_gpus(node: Any, gpu: Any, evidence: Any) -> list[tuple[Any, Any, dict
 
 class IncidentMetrics(Collector):
     """``gpufleet_incident_open{kind,run_id,node,gpu,cause,severity} 1`` per open incident (per GPU of one
-    that lists its GPUs in ``evidence.gpus``)."""
+    that lists its GPUs in ``evidence.gpus``), and ``gpufleet_incident_run{kind,incident_id,run_id,run_team,
+    cause,severity} 1`` once per open run-scoped incident, for alerts that name the incident and the run's team."""
 
     def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False,
                  statement_timeout_s: float = 5.0) -> None:
@@ -98,8 +100,15 @@ class IncidentMetrics(Collector):
                               labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
         ev = GaugeMetricFamily("gpufleet_incident_evidence", "Numeric evidence of open incidents, by field",
                                labels=["kind", "run_id", "node", "gpu", "field"])
+        # run-scoped incidents once each, with the run's team: the alerts that name a run, its team and its
+        # incident's page (deploy/prometheus/rules) read this one
+        per_run = GaugeMetricFamily("gpufleet_incident_run", "Open run-scoped incidents, one series per incident "
+                                    "(value 1), with the run's team", labels=["kind", "incident_id", "run_id",
+                                                                               "run_team", "cause", "severity"])
         shown: set[tuple[str, ...]] = set()
-        for _id, kind, run_id, node, gpu, cause, severity, _start, evidence in rows:
+        for id_, kind, run_id, node, gpu, cause, severity, _start, evidence, team in rows:
+            if run_id is not None and not self.redact:
+                per_run.add_metric([kind, str(id_), run_id, _label(team), _label(cause), severity], 1.0)
             # an incident listing GPUs (a run's GPUs throttled for one reason) is a series per GPU, so rules
             # and boards that read node and gpu keep seeing each one
             for node_, gpu_, ev_ in listed_gpus(node, gpu, evidence):
@@ -117,6 +126,7 @@ class IncidentMetrics(Collector):
         yield g
         if not self.redact:
             yield ev
+            yield per_run
         q = GaugeMetricFamily("gpufleet_incident_quarantine",
                               "Latest quarantine action on a node for an open incident (value 1; result done, "
                               "dry_run or failed)", labels=["kind", "node", "action", "result"])
@@ -146,6 +156,8 @@ def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, 
     for k in ("run_id", "node", "gpu", "cause"):
         if row.get(k) is not None:
             labels[k] = str(row[k])
+    if row.get("run_id") is not None and row.get("team") is not None:
+        labels["run_team"] = str(row["team"])
     scope = row.get("run_id") or f"{row.get('node')}/{row.get('gpu')}"
     listed = listed_gpus(row.get("node"), row.get("gpu"), row.get("evidence"))
     lists = listed[0][2] is not row.get("evidence")  # the incident names its GPUs in evidence.gpus
@@ -191,13 +203,14 @@ class AlertmanagerPusher:
         ``owns(run_id, node)``: send only the open incidents it accepts (a sweep shard's: each
         shard re-sends its own, so Alertmanager gets every alert once a sweep interval, not once
         per shard)."""
-        cols = ["id", "kind", "run_id", "node", "gpu", "cause", "severity", "start", "evidence"]
+        cols = ["id", "kind", "run_id", "node", "gpu", "cause", "severity", "start", "evidence", "team"]
         current = [dict(zip(cols, r, strict=True)) for r in conn.execute(OPEN_INCIDENTS_SQL).fetchall()]
         alerts = [to_alert(r) for r in current if owns is None or owns(r["run_id"], r["node"])]
         ids = list(resolved_ids)
         if ids:
             rows = conn.execute(
-                'SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence, "end" FROM incidents '
+                'SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence, '
+                '(SELECT r.team FROM runs r WHERE r.run_id = incidents.run_id), "end" FROM incidents '
                 "WHERE id = ANY(%s)", (ids,)).fetchall()
             alerts += [to_alert(dict(zip(cols, r[:-1], strict=True)), ends_at=r[-1]) for r in rows]
         return self.push(alerts)

@@ -297,7 +297,7 @@ def test_real_prometheus_scrapes_collector_and_agent_and_evaluates_the_rules(
         return rules if rules and all(r["lastEvaluation"] > "2000" for r in rules) else None
 
     rules = _until(rules_evaluated, 30, "every rule evaluated")
-    assert len(rules) == 29
+    assert len(rules) == 31
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
     def starved_alerts() -> set[str] | None:
