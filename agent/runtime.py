@@ -91,8 +91,7 @@ class Agent:
         self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes,
                                      kubernetes=kubernetes)
         self.job_cgroups = JobCgroups(settings.proc_root, settings.sys_root, mono) if settings.job_cgroups else None
-        self.node_checks = NodeChecks(settings.proc_root, settings.sys_root, clock=mono) if settings.node_checks \
-            else None
+        self.node_checks = NodeChecks.from_settings(settings, clock=mono) if settings.node_checks else None
         self.sanitizer = Sanitizer()
         self.spool = Spool(spool_dir, self._encode, max_bytes=settings.spool_max_bytes,
                            segment_max_samples=settings.segment_max_samples, fsync=settings.spool_fsync,

@@ -391,6 +391,16 @@ class AgentSettings(BaseModel):
     job_cgroups: bool = True
     #: Run the node checks (``gpufleet diagnose``) at each facts refresh and send them as facts.
     node_checks: bool = True
+    #: Run DCGM's own diagnostic (``dcgmi diag -r dcgm_diag_level``) this often where DCGM is
+    #: installed, and send its result with the node checks, seconds; 0 turns it off.  Level 1
+    #: (deployment checks, seconds) leaves the GPUs alone; levels 2 and 3 load them for minutes.
+    dcgm_diag_interval_s: float = Field(21600.0, ge=0)
+    dcgm_diag_level: int = Field(1, ge=1, le=4)
+    #: The newest DCGM diagnostic result: the agent's runs write it, and so does the Slurm
+    #: prolog's (deploy/slurm/prolog.sh, GPUFLEET_DCGM_DIAG_FILE); the node checks read it.
+    dcgm_diag_result_file: Path = Path("/var/lib/gpufleet/dcgm-diag.json")
+    #: The dcgmi binary (a name on PATH or a path).
+    dcgmi: str = "dcgmi"
     #: Where the host's /proc and /sys are (a container mounts them elsewhere).
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")

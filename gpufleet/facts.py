@@ -104,7 +104,7 @@ class RunFacts(_Base):
     name: str | None = None
     team: str | None = None
     labels: dict[str, str] | None = None
-_Status = Literal["ok", "warn", "fail", "unknown"]
+_Status = Literal["ok", "warn", "fail", "unknown", "skipped"]
 _Big = Annotated[int, Field(ge=0, lt=2**63)]
 _Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 _Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]

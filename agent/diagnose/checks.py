@@ -26,10 +26,16 @@ Judgement notes:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
+from gpufleet.agent.diagnose.dataset import check_dataset
+from gpufleet.agent.diagnose.dcgm_diag import check_dcgm_diag
+from gpufleet.agent.diagnose.kernel_log import check_hung_tasks, check_nfs_servers, check_xids
+from gpufleet.agent.diagnose.loaders import check_loaders
+from gpufleet.agent.diagnose.memory import check_hugepages, check_memory_available, check_swap
+from gpufleet.agent.diagnose.network import check_ib_ports, check_nics
+from gpufleet.agent.diagnose.result import Check, Status, skipped
 from gpufleet.agent.diagnose.view import GpuView, JobView, NodeView
 from gpufleet.agent.sources.facts import summarise_governors
 from gpufleet.agent.sources.nvml import format_cpu_list
@@ -48,9 +54,6 @@ from gpufleet.detectconfig import DetectorConfig
 from gpufleet.gpu_models import board_power_w
 from gpufleet.nfs import nfs_verdict
 
-Status = Literal["ok", "warn", "fail", "unknown"]
-#: Worst first, for the overall status and for sorting.
-RANK: dict[str, int] = {"fail": 0, "warn": 1, "unknown": 2, "ok": 3}
 #: Reason bits and their names as ``nvidia-smi -q -d PERFORMANCE`` prints them.
 REASONS = (
     (THROTTLE_GPU_IDLE, "idle"), (THROTTLE_APP_CLOCKS, "applications clocks setting"),
@@ -68,42 +71,42 @@ PCIE_OVER_NVLINK = 4.0
 PCIE_HEAVY_BYTES_S = 2e9
 
 
-@dataclass(frozen=True)
-class Check:
-    check: str
-    subject: str
-    status: Status
-    finding: str
-    value: float | str | None = None
-    unit: str = ""
-    decision: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+#: Every item of the checklist, in its order: each appears at least once in every run.
+CHECKLIST: tuple[str, ...] = (
+    "gpu_source", "pcie_link", "clocks_event_reasons", "nvlink", "cpu_governor", "cpu_quota", "numa_affinity",
+    "dataloader_workers", "iowait", "nfs", "small_files", "memory_available", "hugepages", "swap", "kernel_xid",
+    "hung_tasks", "nfs_server", "nic", "ib_port", "dcgm_diag",
+)
 
 
-def worst(checks: Iterable[Check]) -> Status:
-    ranked = sorted((c.status for c in checks), key=lambda s: RANK[s])
-    return ranked[0] if ranked else "unknown"
+def _per_gpu(view: NodeView, name: str, check: Callable[[GpuView], Check], unit: str = "") -> list[Check]:
+    if not view.gpus:
+        return [skipped(name, "gpus", f"no GPU readings: {view.gpu_error or 'no GPU on this node'}", unit)]
+    return [check(g) for g in view.gpus]
 
 
 def run_checks(view: NodeView, cfg: DetectorConfig | None = None) -> list[Check]:
-    """Every check, in checklist order."""
+    """Every item of :data:`CHECKLIST`, in order; one that cannot run here is ``skipped`` with the reason."""
     cfg = cfg or DetectorConfig()
-    out: list[Check] = []
-    out += check_gpu_source(view)
-    for g in view.gpus:
-        out.append(check_pcie(g))
-    for g in view.gpus:
-        out.append(check_clocks(g))
+    out: list[Check] = [check_gpu_source(view)]
+    out += _per_gpu(view, "pcie_link", check_pcie)
+    out += _per_gpu(view, "clocks_event_reasons", check_clocks)
+    out += _per_gpu(view, "nvlink", check_nvlink, "GB/s")
     out.append(check_governor(view, cfg))
-    out += check_cpu_quota(view, cfg)
-    out += check_numa(view)
+    out += check_cpu_quota(view, cfg) or [skipped("cpu_quota", "node", "no cgroup found for the GPU processes or "
+                                                  "for this process", "cores")]
+    out += check_numa(view) or [skipped("numa_affinity", "gpus", "no process runs on the GPUs" if view.gpus
+                                        else f"no GPU readings: {view.gpu_error or 'no GPU on this node'}")]
+    out += check_loaders(view)
     out.append(check_iowait(view, cfg))
-    out += check_nfs(view, cfg)
-    for g in view.gpus:
-        out.append(check_nvlink(g))
+    out += check_nfs(view, cfg) or [skipped("nfs", "node", "no NFS mount seen by the GPU processes or this "
+                                            "process", "ms")]
+    out.append(check_dataset(view))
+    out += [check_memory_available(view), check_hugepages(view), check_swap(view)]
+    out += [check_xids(view), check_hung_tasks(view), check_nfs_servers(view)]
+    out += check_nics(view)
+    out += check_ib_ports(view)
+    out.append(check_dcgm_diag(view))
     return out
 
 
@@ -129,11 +132,15 @@ def _loaded(g: GpuView) -> bool | None:
 # --------------------------------------------------------------------------- GPU side
 
 
-def check_gpu_source(view: NodeView) -> list[Check]:
-    if view.gpu_error is None:
-        return []
-    return [Check("gpu_source", "node", "unknown", f"no GPU readings: {view.gpu_error}", None, "",
-                  "run on a GPU node with the NVIDIA driver (NVML) or a DCGM host engine; the GPU checks are skipped")]
+def check_gpu_source(view: NodeView) -> Check:
+    if view.gpu_error is not None:
+        if view.gpu_source is None:
+            return skipped("gpu_source", "node", view.gpu_error, "GPUs")
+        return Check("gpu_source", "node", "unknown", f"no GPU readings: {view.gpu_error}", None, "GPUs",
+                     "run on a GPU node with the NVIDIA driver (NVML) or a DCGM host engine; the GPU checks are "
+                     "skipped")
+    return Check("gpu_source", "node", "ok", f"{view.gpu_source or 'GPU source'}: {len(view.gpus)} GPUs",
+                 len(view.gpus), "GPUs", "")
 
 
 def check_pcie(g: GpuView) -> Check:

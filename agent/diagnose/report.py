@@ -14,7 +14,7 @@ import textwrap
 from collections import Counter
 from typing import Any
 
-from gpufleet.agent.diagnose.checks import RANK, Check, worst
+from gpufleet.agent.diagnose.result import RANK, Check, worst
 from gpufleet.agent.diagnose.view import NodeView
 from gpufleet.agent.sources.nvml import format_cpu_list
 from gpufleet.agent.sources.placement import nodes_of
@@ -34,7 +34,7 @@ def _round(v: Any) -> Any:
 
 def summary_line(checks: list[Check], host: str, interval_s: float | None) -> str:
     counts = Counter(c.status for c in checks)
-    parts = [f"{counts[s]} {s}" for s in ("fail", "warn", "unknown") if counts[s]]
+    parts = [f"{counts[s]} {s}" for s in ("fail", "warn", "unknown", "skipped") if counts[s]]
     span = f", sampled over {interval_s:.1f} s" if interval_s else ""
     return f"gpufleet diagnose on {host}: {len(checks)} checks, {', '.join(parts) or 'all ok'}{span}"
 

@@ -16,8 +16,22 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import psutil
+
+from gpufleet.agent.diagnose.dataset import DatasetSample
+from gpufleet.agent.diagnose.dcgm_diag import DiagResult
+from gpufleet.agent.diagnose.kernel_log import (
+    DEFAULT_WINDOW_S,
+    KernelFindings,
+    KernelLog,
+    default_log,
+    kernel_view,
+)
+from gpufleet.agent.diagnose.loaders import LoaderView, TreeSample, loader_view, procfs, sample_tree
+from gpufleet.agent.diagnose.memory import MemorySample, MemoryView, memory_view, read_memory
+from gpufleet.agent.diagnose.network import IbPortView, NicView, ib_port_views, nic_views
 from gpufleet.agent.sources.base import SourceError
 from gpufleet.agent.sources.cgroup import CgroupPlace, CgroupRates, CgroupReader, CgroupStats, Quota, rates
 from gpufleet.agent.sources.facts import cpu_governors, online_cpu_count, parse_cpu_list
@@ -81,6 +95,21 @@ class NodeView:
     cpu: dict[str, float] | None = None
     nfs: list[NfsRates] = field(default_factory=list)
     interval_s: float | None = None
+    #: Seconds since boot at this reading (``/proc/uptime``).
+    uptime_s: float | None = None
+    memory: MemoryView | None = None
+    #: What the kernel log says (XIDs, hung tasks, NFS servers), or why it could not be read.
+    kernel: KernelFindings | None = None
+    #: Physical NICs and InfiniBand/RoCE ports over the interval; None when not readable.
+    nics: list[NicView] | None = None
+    ib_ports: list[IbPortView] | None = None
+    #: The process tree of each GPU process (data-loader workers).
+    loaders: list[LoaderView] = field(default_factory=list)
+    #: The data set sampled for the small-files item (``--dataset``), None when none was given.
+    dataset: DatasetSample | None = None
+    #: The newest DCGM diagnostic, or why there is none.
+    dcgm_diag: DiagResult | None = None
+    dcgm_diag_skip: str | None = None
 
 
 @dataclass
@@ -121,15 +150,23 @@ class NodeSampler:
     """Reads the host side of the checks and turns counters into rates between samples."""
 
     def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str = "/sys",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 kernel_log: KernelLog | Literal["auto"] | None = "auto", wall: Callable[[], float] = time.time,
+                 kernel_window_s: float = DEFAULT_WINDOW_S) -> None:
         self.proc_root = Path(proc_root)
         self.sys_root = Path(sys_root)
         self.cgroups = CgroupReader(proc_root, sys_root)
         self.clock = clock
+        self.wall = wall
+        #: The kernel log is the kernel's, not the /proc tree's: a container reads its host's.
+        self.kernel_log: KernelLog | None = default_log() if kernel_log == "auto" else kernel_log
+        self.kernel_window_s = kernel_window_s
         self._t: float | None = None
         self._host: HostSnapshot | None = None
         self._jobs: dict[str, CgroupStats] = {}
         self._nfs: dict[str, NfsMount] = {}
+        self._memory: MemorySample | None = None
+        self._trees: dict[int, TreeSample] = {}
 
     def sample(self, gpus: list[GpuInput], gpu_error: str | None = None, gpu_source: str | None = None) -> NodeView:
         now = self.clock()
@@ -145,21 +182,51 @@ class NodeSampler:
         self._processes(view)
         self._job_cgroups(view)
         self._mounts(view)
+        self._loaders(view)
+        self._memory_pressure(view)
+        view.kernel = kernel_view(self.kernel_log, view.uptime_s, self.wall, self.kernel_window_s)
         return view
 
     # -- parts ---------------------------------------------------------------------------
 
     def _host_cpu(self, view: NodeView) -> None:
         try:
-            snap = read_snapshot(self.proc_root, None, rapl=False)
+            snap = read_snapshot(self.proc_root, self.sys_root, rapl=False, fabric=True)
         except SourceError as e:
             log.debug("diagnose: %s", e)
             return
+        view.uptime_s = snap.uptime_s
         if view.cpu_count is None:
             view.cpu_count = len(snap.cpus)
-        if self._host is not None:
-            view.cpu = cpu_percentages(self._host.cpus, snap.cpus)
+        prev = self._host
+        if prev is not None:
+            view.cpu = cpu_percentages(prev.cpus, snap.cpus)
+        # Rates over the host's own clock (/proc/uptime), as the host row takes them.
+        interval = snap.uptime_s - prev.uptime_s if prev is not None else None
+        view.nics = nic_views(prev, snap, interval)
+        view.ib_ports = ib_port_views(prev.ib if prev is not None else None, snap.ib or {}, interval)
         self._host = snap
+
+    def _memory_pressure(self, view: NodeView) -> None:
+        curr = read_memory(self.proc_root)
+        view.memory = memory_view(self._memory, curr, view.interval_s)
+        self._memory = curr
+
+    def _loaders(self, view: NodeView) -> None:
+        trees: dict[int, TreeSample] = {}
+        with procfs(self.proc_root):
+            for g in view.gpus:
+                for pid in g.pids:
+                    try:
+                        tree = sample_tree(pid)
+                    except psutil.Error as e:
+                        why = "gone" if isinstance(e, psutil.NoSuchProcess) else "access denied" \
+                            if isinstance(e, psutil.AccessDenied) else type(e).__name__
+                        view.loaders.append(LoaderView(g.index, pid, "?", 0, error=why))
+                        continue
+                    trees[pid] = tree
+                    view.loaders.append(loader_view(g.index, self._trees.get(pid), tree, view.interval_s))
+        self._trees = trees
 
     def _gpu(self, g: GpuInput) -> GpuView:
         f = g.facts

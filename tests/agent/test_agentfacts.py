@@ -77,5 +77,5 @@ def test_checks_go_with_the_first_facts_and_again_only_on_change(tmp_path: Path)
 def test_simulated_nodes_carry_their_own_checks(tmp_path: Path) -> None:
     from gpufleet.agent.diagnose.agentfacts import NodeChecks
 
-    checks = NodeChecks(tmp_path / "proc", tmp_path / "sys")
+    checks = NodeChecks(tmp_path / "proc", tmp_path / "sys", kernel_log=None)
     assert checks.facts([], {"simulated": True}, {}) == {}

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gpufleet.agent.diagnose.checks import Check, check_iowait, check_nfs, run_checks, worst
+from gpufleet.agent.diagnose.checks import CHECKLIST, check_iowait, check_nfs, run_checks
 from gpufleet.agent.diagnose.report import document, node_facts, table
+from gpufleet.agent.diagnose.result import Check, worst
 from gpufleet.agent.diagnose.run import diagnose
 from gpufleet.agent.diagnose.view import NodeView
 from gpufleet.agent.sources.mountstats import nfs_rates, parse_mountstats
@@ -35,6 +36,8 @@ from gpufleet.sim.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from tests.conftest import realdata
 
 HOSTFS = Path(__file__).resolve().parents[1] / "fixtures" / "hostfs"
+#: The host tree is all these tests read: not this machine's kernel log or DCGM.
+HERMETIC: dict[str, Any] = {"kernel_log": None, "dcgm_level": 0}
 PID = 26231
 SCOPE = "sys/fs/cgroup/system.slice/docker-1c8fa019edd4b9d4b2856f4932c55929c5c118c808ed5faee9a135ca6e84b039.scope"
 
@@ -147,7 +150,8 @@ def test_diagnose_on_the_real_host_tree(tmp_path: Path) -> None:
     fake = loaded(GpusWithProcesses({0: [PID], 1: []}, ["00000000:01:00.0", "00000000:45:00.0"]))
     fake.gpus[0].set(pcie_gen=3, throttle_reasons=THROTTLE_HW_SLOWDOWN)
     source = NvmlSource(fake, sys_root=root / "sys")
-    view, checks = diagnose(source, root / "proc", root / "sys", 2.0, sleep=next_reading(root, retrans=3))
+    view, checks = diagnose(source, root / "proc", root / "sys", 2.0, sleep=next_reading(root, retrans=3),
+                            **HERMETIC)
     assert view.interval_s is not None and view.interval_s >= 0
     pcie = by(checks, "pcie_link", "gpu0")
     assert (pcie.status, pcie.value) == ("fail", "Gen3 x16")
@@ -176,7 +180,7 @@ def test_diagnose_on_the_real_host_tree(tmp_path: Path) -> None:
     text = table(checks, width=120)
     assert text.splitlines()[0].split() == ["STATUS", "CHECK", "SUBJECT", "VALUE", "FINDING"]
     statuses = [line.split()[0] for line in text.splitlines()[1:] if not line.startswith(" ")]
-    order = ["fail", "warn", "unknown", "ok"]
+    order = ["fail", "warn", "unknown", "ok", "skipped"]
     assert statuses == sorted(statuses, key=order.index) and statuses[0] == "fail"  # worst first
 
 
@@ -184,7 +188,7 @@ def test_backlog_alone_and_quiet_mounts(tmp_path: Path) -> None:
     root = host(tmp_path)
     fake = loaded(GpusWithProcesses({0: [PID]}, ["00000000:01:00.0"]))
     _, checks = diagnose(NvmlSource(fake, sys_root=root / "sys"), root / "proc", root / "sys", 1.0,
-                         sleep=next_reading(root))
+                         sleep=next_reading(root), **HERMETIC)
     nfs = by(checks, "nfs", "/mnt/nfs/test")
     assert nfs.status == "fail" and "backlog" in nfs.finding and "nconnect" in nfs.decision
     # Read once (the agent's first facts): counted since the mount, so a warning at most.
@@ -198,7 +202,7 @@ def test_a_throttled_job_below_one_core_per_gpu_fails(tmp_path: Path) -> None:
     fake = loaded(GpusWithProcesses({0: [PID], 1: [PID], 2: [PID]}, ["00000000:01:00.0", "00000000:45:00.0",
                                                                       "00000000:46:00.0"]))
     _, checks = diagnose(NvmlSource(fake, sys_root=root / "sys"), root / "proc", root / "sys", 1.0,
-                         sleep=next_reading(root, throttled=True))
+                         sleep=next_reading(root, throttled=True), **HERMETIC)
     quota = by(checks, "cpu_quota")
     assert quota.status == "fail" and quota.value == pytest.approx(2.0)
     # 16 of the 20 CFS periods since the first reading (4 of 1 then, 20 of 21 now) were throttled.
@@ -212,7 +216,7 @@ def test_processes_confined_to_another_numa_node_fail(tmp_path: Path) -> None:
     status.write_text(status.read_text().replace("Cpus_allowed_list:\t0-7", "Cpus_allowed_list:\t0-1"))
     fake = loaded(GpusWithProcesses({0: [PID]}, ["00000000:01:00.0"]))
     view, checks = diagnose(NvmlSource(fake, sys_root=root / "sys"), root / "proc", root / "sys", 0.0,
-                            sleep=next_reading(root))
+                            sleep=next_reading(root), **HERMETIC)
     numa = by(checks, "numa_affinity", "gpu0")
     assert numa.status == "fail" and numa.value == "node 0"
     assert "numactl --cpunodebind=1" in numa.decision
@@ -238,7 +242,7 @@ def test_sysfs_link_when_the_gpu_source_has_none(tmp_path: Path) -> None:
 
     fake = loaded(GpusWithProcesses({}, ["00000000:01:00.0"]))
     _, checks = diagnose(NoLink(fake, sys_root=root / "sys"), root / "proc", root / "sys", 0.0,
-                         sleep=next_reading(root))
+                         sleep=next_reading(root), **HERMETIC)
     pcie = by(checks, "pcie_link", "gpu0")
     assert (pcie.status, pcie.value, pcie.evidence["source"]) == ("fail", "Gen3 x4", "sysfs")
 
@@ -273,13 +277,17 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_a_failed_check(tmp_pa
     root = host(tmp_path)
     runner = CliRunner()
     res = runner.invoke(app, ["diagnose", "--fake-nvml", "2", "--proc-root", str(root / "proc"),
-                              "--sys-root", str(root / "sys"), "--sample", "0", "--json"])
+                              "--sys-root", str(root / "sys"), "--sample", "0", "--json", "--kernel-log", "none",
+                              "--dcgm-diag", "0"])
     assert res.exit_code == 1, res.output  # powersave governor
     doc = json.loads(res.stdout)
     assert doc["status"] == "fail" and doc["gpu_source"] == "nvml"
-    # The fake GPUs run no process and the tree has no /proc/self: no cgroup to judge.
-    assert {c["check"] for c in doc["checks"]} == {"pcie_link", "clocks_event_reasons", "cpu_governor", "iowait",
-                                                   "nvlink"}
+    # Every item is listed; the fake GPUs run no process and the tree has no /proc/self: nothing to judge there.
+    assert [c["check"] for c in doc["checks"]] == sorted((c["check"] for c in doc["checks"]), key=CHECKLIST.index)
+    assert {c["check"] for c in doc["checks"]} == set(CHECKLIST)
+    status = {c["check"]: c["status"] for c in doc["checks"]}
+    assert status["cpu_quota"] == status["numa_affinity"] == status["dataloader_workers"] == "skipped"
+    assert status["dcgm_diag"] == status["kernel_xid"] == status["small_files"] == "skipped"
     for c in doc["checks"]:
         assert set(c) == {"check", "subject", "status", "finding", "value", "unit", "decision", "evidence"}
     res = runner.invoke(app, ["diagnose", "--source", "none", "--proc-root", str(root / "proc"),
