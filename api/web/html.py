@@ -54,6 +54,15 @@ def when(t: datetime | None) -> Markup:
              t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
 
 
+def when_short(t: datetime | None) -> Markup:
+    """A time in a table cell: month-day and minutes (UTC), the full time on hover."""
+    if t is None:
+        return Markup("&mdash;")
+    u = t.astimezone(UTC)
+    return h('<time datetime="{}" title="{}">{}</time>', u.isoformat(), u.strftime("%Y-%m-%d %H:%M:%S UTC"),
+             u.strftime("%m-%d %H:%M"))
+
+
 def ago(seconds: float | None) -> Markup:
     if seconds is None or not math.isfinite(seconds):
         return Markup("&mdash;")

@@ -12,7 +12,7 @@ node whose stored facts do not fit shows what does, never an error page.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -21,8 +21,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gpufleet.api.deps import ApiState
-from gpufleet.api.web.html import Markup, ago, badge, h, num, page, table, when
-from gpufleet.api.web.pages import INCIDENT_HEADERS, _incident_rows, _read, _render, costed
+from gpufleet.api.web.charts import gpu_charts, incident_spans
+from gpufleet.api.web.common import LIVE_REFRESH_S, costed, read, render, run_href
+from gpufleet.api.web.html import Markup, ago, badge, h, join, link, num, page, table, when, when_short
+from gpufleet.api.web.incident_pages import incident_table
 from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.facts import NodeFacts
 from gpufleet.store import views as queries
@@ -36,6 +38,8 @@ FRESH = timedelta(minutes=2)
 
 #: GPUs probed when the node reports no GPU count.
 DEFAULT_GPUS = 16
+#: The node's charts: the last hour up to its newest sample.
+CHART_WINDOW = timedelta(hours=1)
 
 
 def node_href(node: str) -> str:
@@ -101,13 +105,24 @@ def _node_page(conn: psycopg.Connection, st: ApiState, name: str) -> Markup | No
                   m.timeouts if m.timeouts is not None else "", num(m.queue_ms, 2, "ms"), num(m.rtt_ms, 2, "ms"),
                   num(m.execute_ms, 1, "ms")] for m in facts.nfs_mounts or []),
                 numeric=(3, 4, 5, 6, 7, 8), empty="No NFS mount reported.")
-    incidents = table(INCIDENT_HEADERS, _incident_rows(costed(conn, st, queries.incidents(conn, node=name)), True),
-                      empty="No incidents on this node.")
-    return h("<section>{}</section><section><h2>Checks</h2>{}{}</section>"
+    incident_rows = costed(conn, st, queries.node_incidents(conn, name))
+    incidents = incident_table(incident_rows, "No incidents on this node or on the runs it holds.")
+    runs = table(("Run", "Name", "Team", "GPUs here", "Start", "End"),
+                 ([link(run_href(r["run_id"]), r["run_id"]), r["name"] or "", r["team"] or "",
+                   ",".join(str(g) for g in r["gpus"] or []), when_short(r["start"]), when_short(r["end"])]
+                  for r in queries.node_runs(conn, name)), empty="No run has held GPUs of this node.")
+    hi = min(datetime.now(UTC), row["last_seen"] or datetime.now(UTC))
+    lo = hi - CHART_WINDOW
+    series = queries.node_gpu_series(conn, name, lo, hi)
+    charts = join((h('<p class="window">The last hour to the newest sample ({} to {}). Shaded: incidents on this '
+                     "node or its runs (each links to its page).</p>", when(lo), when(hi)),
+                   gpu_charts(series, lo, hi, incident_spans(incident_rows, lo, hi)) if series.points else
+                   h('<p class="empty">No GPU samples in the last hour.</p>')))
+    return h("<section>{}</section><section><h2>Runs</h2>{}</section><section><h2>Incidents</h2>{}</section>"
+             "<section><h2>GPUs</h2>{}</section><section><h2>Checks</h2>{}{}</section>"
              "<section><h2>Job cgroups</h2>{}<h3>Newest samples</h3>{}</section>"
-             "<section><h2>NUMA placement</h2>{}</section><section><h2>NFS</h2>{}</section>"
-             "<section><h2>Incidents</h2>{}</section>",
-             summary, asof, checks, jobs, now, numa, nfs, incidents)
+             "<section><h2>NUMA placement</h2>{}</section><section><h2>NFS</h2>{}</section>",
+             summary, runs, incidents, charts, asof, checks, jobs, now, numa, nfs)
 
 
 @router.get("/nodes/{node}")
@@ -115,10 +130,10 @@ async def node_page(request: Request, node: str) -> Response:
     who = await gate(request, "read")
     if isinstance(who, Response):
         return who
-    body = await _read(request, _node_page, node)
+    body = await read(request, _node_page, node)
     if isinstance(body, Response):
         return body
     if body is None:
         return html(page("Node not found", h("<p>No node {} has reported.</p>", node), who=who,
                          allowed=capabilities(who)), 404)
-    return _render(who, f"Node {node}", body, "/")
+    return render(who, f"Node {node}", body, "/", refresh_s=LIVE_REFRESH_S, request=request)

@@ -1,190 +1,113 @@
-"""The pages: fleet overview, runs with live accounting, a run with its charts, incidents, accounting.
+"""The pages: fleet overview, runs with live accounting, a run with its charts, accounting.
 
 sre and admin see everything; finance sees the accounting page only (the
 roles' ``read`` and ``read_accounting`` capabilities, as in the API).  Each
 handler checks the viewer, then reads the database in the thread pool.
+Incidents have pages of their own (:mod:`gpufleet.api.web.incident_pages`);
+every page links to the runs, nodes and incidents it names.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
-from urllib.parse import quote
+from typing import Any
 
 import psycopg
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
-from psycopg_pool import PoolTimeout
 
-from gpufleet import xid
 from gpufleet.accounting.result import AccountingBody
-from gpufleet.api.deps import ApiState, state
+from gpufleet.api.deps import ApiState
+from gpufleet.api.web.cause import explain
+from gpufleet.api.web.charts import gpu_charts, incident_spans
+from gpufleet.api.web.common import (
+    LIVE_REFRESH_S,
+    costed,
+    incident_href,
+    node_href,
+    q,
+    read,
+    render,
+    run_href,
+    run_state,
+    severity_badge,
+)
 from gpufleet.api.web.costs import Costs, run_costs
-from gpufleet.api.web.html import Markup, ago, badge, esc, h, join, link, num, page, table, when
+from gpufleet.api.web.html import Markup, ago, esc, h, join, link, num, page, table, when, when_short
+from gpufleet.api.web.incident_pages import INCIDENT_HEADERS, incident_rows, incident_table
 from gpufleet.api.web.session import capabilities, gate, html
-from gpufleet.api.web.svg import Series, line_chart
 from gpufleet.auth import Principal
 from gpufleet.store import views as queries
-from gpufleet.store.run_model import state_at
 
 router = APIRouter(include_in_schema=False)
-T = TypeVar("T")
-log = logging.getLogger(__name__)
 
 RUNS_LIMIT = 100
 #: Longest run id the API registers (gpufleet.store.runs.RUN_ID_RE).
 MAX_RUN_ID = 128
 WINDOWS_H = (1.0, 6.0, 24.0, 168.0)
+#: Open incidents named on the fleet page, most severe first.
+FLEET_INCIDENTS = 12
 
-
-async def _read(request: Request, fn: Callable[..., T], *args: Any) -> T | Response:
-    st: ApiState = state(request)
-
-    def work() -> T:
-        with st.pool.connection() as conn:
-            return fn(conn, st, *args)
-
-    try:
-        return await run_in_threadpool(work)
-    except (psycopg.OperationalError, PoolTimeout):
-        return html(page("Database unavailable", h("<p>The database does not answer; retry in a moment.</p>")), 503)
-    except psycopg.DataError:
-        # A value PostgreSQL cannot hold (a NUL in text, a time out of range) is the request's fault.
-        return html(page("Bad request", h("<p>The address holds a value that cannot be looked up.</p>")), 400)
+# Names other page modules import from here.
+_read = read
+__all__ = ["INCIDENT_HEADERS", "_incident_rows", "_read", "_render", "costed", "router"]
 
 
 def _render(who: Principal, title: str, body: Markup, active: str, refresh_s: int | None = None) -> Response:
-    return html(page(title, body, who=who, active=active, refresh_s=refresh_s, allowed=capabilities(who)))
-
-
-def _run_state(run: dict[str, Any], now: datetime) -> Markup:
-    state = state_at(run["start"], run["end"], now)
-    return badge(state, "ok" if state == "running" else "muted")
-
-
-def _severity(sev: str) -> Markup:
-    return badge(sev, "critical" if sev == "critical" else "warning")
-
-
-def _evidence(ev: dict[str, Any] | None) -> Markup:
-    if not ev:
-        return Markup("")
-    scalars = [(k, v) for k, v in ev.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
-    short = join((h("{}={}", k, f"{v:.3g}" if isinstance(v, float) else v) for k, v in scalars[:6]), " ")
-    full = json.dumps(ev, sort_keys=True, indent=1, default=str)
-    return h('<details><summary>{}</summary>{}<pre>{}</pre></details>', short or "details", _xid_lines(ev), full)
-
-
-def _actions(actions: list[dict[str, Any]] | None) -> Markup:
-    """What the quarantine hooks did about the incident (drain, cordon, dry run), newest last."""
-    items = [a for a in actions or [] if isinstance(a, dict)]
-    if not items:
-        return Markup("")
-    lines = join((h("<li>{} {} {}: <strong>{}</strong> {}</li>", a.get("time", ""), a.get("action", ""),
-                    a.get("target", ""), a.get("result", ""), a.get("detail", "")) for a in items), "")
-    return h('<ul class="actions" aria-label="quarantine actions">{}</ul>', lines)
-
-
-def _xid_lines(ev: dict[str, Any]) -> Markup:
-    """The XIDs an incident names, decoded (gpufleet.xid): what each means and what to do."""
-    codes: set[int] = set()
-    for key in ("xid_codes", "xids"):
-        if isinstance(ev.get(key), list):
-            codes.update(int(c) for c in ev[key] if isinstance(c, int) and not isinstance(c, bool))
-    if isinstance(ev.get("last_xid"), int) and ev["last_xid"] > 0:
-        codes.add(int(ev["last_xid"]))
-    if not codes:
-        return Markup("")
-    items = []
-    for c in sorted(codes):
-        info = xid.describe(c)
-        items.append(h("<li>{} &mdash; {} (first action: {})</li>", xid.label(c), info.meaning,
-                       info.action.replace("_", " ")) if info else h("<li>{}</li>", xid.label(c)))
-    return h('<ul class="xids">{}</ul>', join(items, ""))
-
-
-def _where(i: dict[str, Any]) -> Markup:
-    gpus = (i.get("evidence") or {}).get("gpus")
-    if isinstance(gpus, list) and gpus and all(isinstance(g, dict) for g in gpus):
-        by_node: dict[str, list[str]] = {}
-        for g in gpus:
-            by_node.setdefault(str(g.get("node")), []).append(str(g.get("gpu")))
-        return esc("; ".join(f"{n}/{','.join(gs)}" for n, gs in sorted(by_node.items())))
-    if i["node"] is None:
-        return Markup("whole run")
-    if i["gpu"] is None:
-        return esc(f"{i['node']}")
-    return esc(f"{i['node']}/{i['gpu']}")
-
-
-def _lost(i: dict[str, Any]) -> object:
-    """What a run-scoped incident lost: GPU-hours and total cost (contracts.md section 3.2)."""
-    lost = i.get("lost")
-    if not lost:
-        return Markup("&mdash;")
-    return h("{} GPU-h, {}", num(lost.get("gpu_hours"), 2), num(lost.get("total_cost"), lost.get("minor_units", 2),
-                                                              lost.get("currency") or ""))
-
-
-def costed(conn: psycopg.Connection, st: ApiState, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Incidents with what each lost (``lost``); without it where accounting fails (the page still renders)."""
-    try:
-        from gpufleet.accounting.incidents import incident_costs
-
-        lost = incident_costs(conn, rows, now=datetime.now(UTC), max_gap_s=st.settings.accounting.max_gap_s)
-    except (ImportError, psycopg.Error) as e:
-        log.warning("incident costs for the web view failed: %s", type(e).__name__)
-        return rows
-    for r in rows:
-        r["lost"] = lost.get(r["id"])
-    return rows
+    return render(who, title, body, active, refresh_s)
 
 
 def _incident_rows(rows: list[dict[str, Any]], can_read: bool) -> list[list[object]]:
-    out: list[list[object]] = []
-    for i in rows:
-        run_cell: object = link(f"/runs/{_q(i['run_id'])}", i["run_id"]) if i["run_id"] and can_read else \
-            (i["run_id"] or "")
-        out.append([esc(i["kind"].replace("_", " ")), _severity(i["severity"]),
-                    badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
-                    run_cell, _where(i), i["cause"] or "", when(i["start"]), when(i["end"]), _lost(i),
-                    join((_evidence(i["evidence"]), _actions(i.get("actions"))))])
-    return out
-
-
-INCIDENT_HEADERS = ("Kind", "Severity", "State", "Run", "Where", "Cause", "Start", "End", "Lost", "Evidence")
+    return incident_rows(rows, can_read)
 
 
 def _q(run_id: str) -> str:
-    return quote(run_id, safe="")
+    return q(run_id)
 
 
 # ---------------------------------------------------------------- accounting columns
 
-ACCOUNTING_HEADERS = ("GPU-hours", "IT kWh", "Facility kWh", "Energy cost", "Compute cost", "Total cost",
-                      "CO2e kg", "Coverage")
+#: The run tables' accounting columns (the whole body is one click away, on the run's page).
+ACCOUNTING_HEADERS = ("GPU-hours", "Facility kWh", "Total cost", "CO2e kg", "Coverage")
+#: The accounting page's: energy and compute cost apart.
+ACCOUNTING_DETAIL_HEADERS = ("GPU-hours", "IT kWh", "Facility kWh", "Energy cost", "Compute cost", "Total cost",
+                             "CO2e kg", "Coverage")
 
 
 def _money(a: Mapping[str, Any], key: str) -> Markup:
-    return num(a.get(key), 2, a.get("currency") or "")
+    return num(a.get(key), int(a.get("minor_units", 2) or 2), a.get("currency") or "")
+
+
+def _coverage(a: Mapping[str, Any]) -> Markup:
+    cov = a.get("coverage")
+    return num(None if cov is None else 100.0 * float(cov), 1, "%")
 
 
 def _accounting_cells(a: AccountingBody | None) -> list[object]:
     if a is None:
         return [Markup("&mdash;")] * len(ACCOUNTING_HEADERS)
-    cov = a.get("coverage")
+    return [num(a.get("gpu_hours"), 2), num(a.get("facility_kwh"), 3), _money(a, "total_cost"),
+            num(a.get("co2e_kg"), 3), _coverage(a)]
+
+
+def _accounting_detail_cells(a: AccountingBody | None) -> list[object]:
+    if a is None:
+        return [Markup("&mdash;")] * len(ACCOUNTING_DETAIL_HEADERS)
     return [num(a.get("gpu_hours"), 2), num(a.get("it_kwh"), 3), num(a.get("facility_kwh"), 3),
             _money(a, "energy_cost"), _money(a, "compute_cost"), _money(a, "total_cost"), num(a.get("co2e_kg"), 3),
-            num(None if cov is None else 100.0 * float(cov), 1, "%")]
+            _coverage(a)]
 
 
 def _note(costs: Costs) -> Markup:
     return h('<p class="notice" role="status">{}</p>', costs.note) if costs.note else Markup("")
+
+
+def _run_cell(r: Mapping[str, Any], can_read: bool = True) -> Markup:
+    """A run's id (linked) with its name under it."""
+    ident = link(run_href(r["run_id"]), r["run_id"]) if can_read else esc(r["run_id"])
+    return h('{}<br><span class="sub">{}</span>', ident, r.get("name") or "") if r.get("name") else ident
 
 
 # ---------------------------------------------------------------- fleet
@@ -196,24 +119,33 @@ def _fleet(conn: psycopg.Connection, st: ApiState) -> Markup:
     if f.as_of is None:
         freshness = Markup('<p class="notice">No samples received yet.</p>')
     else:
-        freshness = h('<p class="asof">Latest readings as of {} ({} ago).</p>', when(f.as_of),
-                      ago((now - f.as_of).total_seconds()))
+        freshness = h('<p class="asof">Latest readings as of {} ({} ago). This page reloads every {} s.</p>',
+                      when(f.as_of), ago((now - f.as_of).total_seconds()), LIVE_REFRESH_S)
     cards = join(h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
                  for v, label in ((f.gpus, "GPUs reporting"), (f.busy, "busy"), (f.idle, "idle"),
                                   (f.starved, "starved"), (num(f.power_w / 1000.0, 1, "kW"), "GPU power now"),
                                   (f.running_runs, "runs running"),
                                   (sum(n for _, n, _ in f.open_by_kind), "open incidents")))
+    open_rows = costed(conn, st, queries.incidents(conn, state="open", limit=FLEET_INCIDENTS))
+    shown = len(open_rows)
+    total_open = sum(n for _, n, _ in f.open_by_kind)
+    more = h('<p class="hint">{} of {} open incidents, most severe first: {}.</p>', shown, total_open,
+             link("/incidents", "all of them")) if total_open > shown else Markup("")
     kinds = table(("Kind", "Open", "Critical"),
                   ([link("/incidents", k.replace("_", " ")), n, c] for k, n, c in f.open_by_kind),
                   numeric=(1, 2), empty="No open incidents.")
-    nodes = table(("Node", "Site", "GPUs", "Busy", "Starved", "GPU-Util", "Power", "Last batch"),
-                  ([link("/nodes/" + quote(n["node"], safe=""), n["node"]), n["site"] or "", n.get("gpus", 0),
-                    n.get("busy", 0), n.get("starved", 0),
+    on_node = queries.running_runs_by_node(conn)
+    nodes = table(("Node", "Site", "Runs now", "GPUs", "Busy", "Starved", "GPU-Util", "Power", "Last batch"),
+                  ([link(node_href(n["node"]), n["node"]), n["site"] or "",
+                    join((link(run_href(r["run_id"]), r["run_id"]) for r in on_node.get(n["node"], [])), ", ")
+                    or Markup("&mdash;"),
+                    n.get("gpus", 0), n.get("busy", 0), n.get("starved", 0),
                     num(n.get("util_pct"), 0, "%"), num(n.get("power_w"), 0, "W"),
                     h("{} ago", ago(n["silent_s"])) if n["silent_s"] is not None else Markup("&mdash;")]
-                   for n in f.nodes), numeric=(2, 3, 4, 5, 6), empty="No node has reported yet.")
-    return h('{}<section class="cards">{}</section><div class="cols"><section><h2>Open incidents</h2>{}'
-             '</section><section><h2>Nodes</h2>{}</section></div>', freshness, cards, kinds, nodes)
+                   for n in f.nodes), numeric=(3, 4, 5, 6, 7), empty="No node has reported yet.")
+    return h('{}<section class="cards">{}</section><section><h2>Open incidents</h2>{}{}</section>'
+             '<div class="cols"><section><h2>By kind</h2>{}</section><section><h2>Nodes</h2>{}</section></div>',
+             freshness, cards, incident_table(open_rows, "No open incidents."), more, kinds, nodes)
 
 
 @router.get("/")
@@ -221,28 +153,36 @@ async def fleet(request: Request) -> Response:
     who = await gate(request, "read")
     if isinstance(who, Response):
         return who
-    body = await _read(request, _fleet)
+    body = await read(request, _fleet)
     if isinstance(body, Response):
         return body
-    return _render(who, "Fleet", body, "/", refresh_s=30)
+    return render(who, "Fleet", body, "/", refresh_s=LIVE_REFRESH_S, request=request)
 
 
 # ---------------------------------------------------------------- runs
 
 
+def _open_links(conn_rows: list[dict[str, Any]], run_id: str) -> Markup:
+    mine = [i for i in conn_rows if i["run_id"] == run_id]
+    if not mine:
+        return Markup("0")
+    return join((h("{} {}", link(incident_href(i["id"]), f"#{i['id']} {i['kind'].replace('_', ' ')}"),
+                   severity_badge(i["severity"])) for i in mine), "<br>")
+
+
 def _runs(conn: psycopg.Connection, st: ApiState) -> Markup:
     rows = queries.runs(conn, RUNS_LIMIT)
     costs = run_costs(conn, [r["run_id"] for r in rows], st.settings.accounting.max_gap_s)
+    open_incidents = queries.incidents(conn, state="open", limit=1000)
     now = datetime.now(UTC)
     body = table(
-        ("Run", "Name", "Team", "Site", "State", "Start", "GPUs", "Open incidents", *ACCOUNTING_HEADERS),
-        ([link(f"/runs/{_q(r['run_id'])}", r["run_id"]), r["name"] or "", r["team"] or "", r["site"] or "",
-          _run_state(r, now), when(r["start"]), r["gpus"],
-          h("{} {}", r["open_incidents"], r["open_kinds"] or "") if r["open_incidents"] else 0,
-          *_accounting_cells(costs.by_run.get(r["run_id"]))] for r in rows),
-        numeric=(6, 8, 9, 10, 11, 12, 13, 14, 15), empty="No runs registered.")
+        ("Run", "Team", "Site", "State", "Start", "GPUs", "Open incidents", *ACCOUNTING_HEADERS),
+        ([_run_cell(r), r["team"] or "", r["site"] or "", run_state(r, now), when_short(r["start"]), r["gpus"],
+          _open_links(open_incidents, r["run_id"]), *_accounting_cells(costs.by_run.get(r["run_id"]))]
+         for r in rows),
+        numeric=(5, 7, 8, 9, 10, 11), empty="No runs registered.")
     return h("{}{}<p class=\"hint\">Energy, cost and CO2e up to now, as <code>GET /v1/runs/&lt;run&gt;/accounting"
-             "</code> reports them; newest {} runs.</p>", _note(costs), body, RUNS_LIMIT)
+             "</code> reports them; newest {} runs. Times are UTC.</p>", _note(costs), body, RUNS_LIMIT)
 
 
 @router.get("/runs")
@@ -250,10 +190,10 @@ async def runs(request: Request) -> Response:
     who = await gate(request, "read")
     if isinstance(who, Response):
         return who
-    body = await _read(request, _runs)
+    body = await read(request, _runs)
     if isinstance(body, Response):
         return body
-    return _render(who, "Runs", body, "/runs")
+    return render(who, "Runs", body, "/runs", request=request)
 
 
 def _window(run: dict[str, Any], newest: datetime | None, hours: float | None) -> tuple[datetime, datetime]:
@@ -270,12 +210,14 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
     now = datetime.now(UTC)
     costs = run_costs(conn, [run_id], st.settings.accounting.max_gap_s, now)
     a = costs.by_run.get(run_id)
-    facts = table(("Run", "Name", "Team", "Site", "State", "Start", "End", "GPUs", "Allocation"),
-                  [[run["run_id"], run["name"] or "", run["team"] or "", run["site"] or "", _run_state(run, now),
-                    when(run["start"]), when(run["end"]), run["gpus"], run["allocation"] or ""]])
-    acc = table(("Energy (GPU)", "Energy (host share)", "PUE", *ACCOUNTING_HEADERS),
+    nodes = queries.run_nodes(conn, run_id)
+    facts = table(("Run", "Name", "Team", "Site", "State", "Start", "End", "GPUs", "Nodes"),
+                  [[run["run_id"], run["name"] or "", run["team"] or "", run["site"] or "", run_state(run, now),
+                    when(run["start"]), when(run["end"]), run["gpus"],
+                    join((link(node_href(n), n) for n in nodes), ", ") or Markup("&mdash;")]])
+    acc = table(("Energy (GPU)", "Energy (host share)", "PUE", *ACCOUNTING_DETAIL_HEADERS),
                 [[num(a.get("gpu_kwh"), 3, "kWh"), num(a.get("host_kwh"), 3, "kWh"), num(a.get("pue"), 2),
-                  *_accounting_cells(a)]] if a else [], empty="No accounting figures.",
+                  *_accounting_detail_cells(a)]] if a else [], empty="No accounting figures.",
                 numeric=range(11))
     lost = a["lost_to_incidents"] if a else None
     if lost and a:
@@ -287,20 +229,23 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
                            if a and a.get("total_cost") else Markup("&mdash;"))))
     lo, hi = _window(run, queries.newest_sample_time(conn), hours)
     series = queries.run_gpu_series(conn, run_id, lo, hi)
-    names = {k: f"{k[0]}/{k[1]}" for k in series.points}
-    util = [Series(names[k], [(t, u) for t, u, _ in pts]) for k, pts in sorted(series.points.items())]
-    power = [Series(names[k], [(t, p) for t, _, p in pts]) for k, pts in sorted(series.points.items())]
+    run_incidents = costed(conn, st, queries.incidents(conn, run_id=run_id))
     span = "whole run" if hours is None else f"last {hours:g} h"
-    picks = join((link(f"/runs/{_q(run_id)}?hours={w:g}", f"{w:g} h") for w in WINDOWS_H), " ")
-    charts = h('<p class="window">Window: {} ({} to {}). Show: {} {}</p>{}{}', span, when(lo), when(hi), picks,
-               link(f"/runs/{_q(run_id)}?hours=all", "whole run"),
-               line_chart("GPU-Util per GPU", util, "%", y_max=100.0, step_s=series.step_s),
-               line_chart("Board power per GPU", power, "W", step_s=series.step_s))
-    incs = table(INCIDENT_HEADERS, _incident_rows(costed(conn, st, queries.incidents(conn, run_id=run_id)), True),
-                 empty="No incidents for this run.")
-    return h("{}<section>{}</section><section><h2>Accounting so far</h2>{}</section>"
+    picks = join((link(f"/runs/{q(run_id)}?hours={w:g}", f"{w:g} h") for w in WINDOWS_H), " ")
+    charts = h('<p class="window">Window: {} ({} to {}). Show: {} {}. Shaded: the run\'s incidents (each links to '
+               'its page).</p>{}', span, when(lo), when(hi), picks,
+               link(f"/runs/{q(run_id)}?hours=all", "whole run"),
+               gpu_charts(series, lo, hi, incident_spans(run_incidents, lo, hi)) if series.points else
+               h('<p class="empty">No samples in this window.</p>'))
+    open_now = [i for i in run_incidents if i["state"] == "open"]
+    why = join((h('<li>{} {}: {}</li>', link(incident_href(i["id"]), f"#{i['id']} {explain(i).title}"),
+                  severity_badge(i["severity"]), explain(i).sentence) for i in open_now), "")
+    headline = h('<section><h2>Why it is slow now</h2><ul class="whys">{}</ul></section>', why) if open_now else \
+        Markup("")
+    incs = incident_table(run_incidents, "No incidents for this run.")
+    return h("{}<section>{}</section>{}<section><h2>Accounting so far</h2>{}</section>"
              "<section><h2>GPUs</h2>{}</section><section><h2>Incidents</h2>{}</section>",
-             _note(costs), facts, acc, charts, incs)
+             _note(costs), facts, headline, acc, charts, incs)
 
 
 def _span_hours(hours: str | None) -> float | None:
@@ -325,37 +270,17 @@ async def run_page(request: Request, run_id: str, hours: str | None = "1") -> Re
     except ValueError:
         return html(page("Bad request", h("<p>hours must be a number of hours or 'all'.</p>"), who=who,
                          allowed=capabilities(who)), 400)
-    # An id no run can have (longer than any registered one) is not looked up; a NUL is a 400 (_read).
-    body = await _read(request, _run_page, run_id, span) if len(run_id) <= MAX_RUN_ID else None
+    # An id no run can have (longer than any registered one) is not looked up; a NUL is a 400 (read).
+    body = await read(request, _run_page, run_id, span) if len(run_id) <= MAX_RUN_ID else None
     if isinstance(body, Response):
         return body
     if body is None:
         return html(page("Run not found", h("<p>No run {} is registered.</p>", run_id), who=who,
                          allowed=capabilities(who)), 404)
-    return _render(who, f"Run {run_id}", body, "/runs")
+    return render(who, f"Run {run_id}", body, "/runs", request=request)
 
 
-# ---------------------------------------------------------------- incidents and accounting
-
-
-def _incidents(conn: psycopg.Connection, st: ApiState, which: str) -> Markup:
-    rows = costed(conn, st, queries.incidents(conn, state=None if which == "all" else which))
-    tabs = join((link(f"/incidents?state={s}", s) if s != which else h("<strong>{}</strong>", s)
-                 for s in ("open", "resolved", "all")), " | ")
-    return h('<p class="tabs">{}</p>{}', tabs,
-             table(INCIDENT_HEADERS, _incident_rows(rows, True), empty=f"No {which} incidents."))
-
-
-@router.get("/incidents")
-async def incidents(request: Request, state: str = "open") -> Response:
-    who = await gate(request, "read")
-    if isinstance(who, Response):
-        return who
-    which = state if state in ("open", "resolved", "all") else "open"
-    body = await _read(request, _incidents, which)
-    if isinstance(body, Response):
-        return body
-    return _render(who, "Incidents", body, "/incidents")
+# ---------------------------------------------------------------- accounting
 
 
 def _accounting(conn: psycopg.Connection, st: ApiState, can_read: bool) -> Markup:
@@ -363,13 +288,12 @@ def _accounting(conn: psycopg.Connection, st: ApiState, can_read: bool) -> Marku
     costs = run_costs(conn, [r["run_id"] for r in rows], st.settings.accounting.max_gap_s)
     now = datetime.now(UTC)
     body = table(
-        ("Run", "Name", "Team", "Site", "State", "Start", "End", "GPUs", *ACCOUNTING_HEADERS),
-        ([link(f"/runs/{_q(r['run_id'])}", r["run_id"]) if can_read else r["run_id"], r["name"] or "",
-          r["team"] or "", r["site"] or "", _run_state(r, now), when(r["start"]), when(r["end"]), r["gpus"],
-          *_accounting_cells(costs.by_run.get(r["run_id"]))] for r in rows),
-        numeric=range(7, 16), empty="No runs registered.")
-    return h("{}{}<p class=\"hint\">Up to now. Periods, totals and the finance report's CSV are on the "
-             "<a href=\"/finance\">Finance</a> page.</p>", _note(costs), body)
+        ("Run", "Team", "Site", "State", "Start", "End", "GPUs", *ACCOUNTING_DETAIL_HEADERS),
+        ([_run_cell(r, can_read), r["team"] or "", r["site"] or "", run_state(r, now), when_short(r["start"]),
+          when_short(r["end"]), r["gpus"], *_accounting_detail_cells(costs.by_run.get(r["run_id"]))] for r in rows),
+        numeric=range(6, 15), empty="No runs registered.")
+    return h("{}{}<p class=\"hint\">Up to now; times are UTC. Periods, totals and the finance report's CSV are on "
+             "the <a href=\"/finance\">Finance</a> page.</p>", _note(costs), body)
 
 
 @router.get("/accounting")
@@ -377,7 +301,7 @@ async def accounting(request: Request) -> Response:
     who = await gate(request, "read_accounting")
     if isinstance(who, Response):
         return who
-    body = await _read(request, _accounting, "read" in capabilities(who))
+    body = await read(request, _accounting, "read" in capabilities(who))
     if isinstance(body, Response):
         return body
-    return _render(who, "Accounting", body, "/accounting")
+    return render(who, "Accounting", body, "/accounting", request=request)

@@ -15,9 +15,14 @@ from datetime import UTC, datetime
 
 from gpufleet.api.web.html import Markup, esc, h
 
-#: Distinguishable on white, in order (Tableau 10 and a few more).
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-           "#9c755f", "#bab0ac", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
+#: Sixteen colours told apart on white and from each other (every pair at least 30 apart in CIELAB; a test
+#: checks it): one per GPU of a 16-GPU run.  More series than this are drawn as small multiples by the
+#: pages (a chart per node), never with a colour used twice in one chart.
+PALETTE = ("#1f77b4", "#ffa600", "#2ca02c", "#e6194b", "#000075", "#f032e6", "#42d4f4", "#9a6324",
+           "#bcbd22", "#7f7f7f", "#bc5090", "#1b9e77", "#4363d8", "#ff9896", "#dcbeff", "#000000")
+#: Round steps for time ticks, seconds.
+TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+              2 * 86400, 7 * 86400)
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,40 @@ class Series:
     name: str
     #: (epoch seconds, value or None for a gap), in time order.
     points: Sequence[tuple[float, float | None]]
+    #: Fixed colour (an index into :data:`PALETTE` decides it when None).
+    color: str | None = None
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of time to shade behind the lines: an incident from its start to its end (None: still open)."""
+
+    start: float
+    end: float | None
+    label: str
+    #: ``critical`` or ``warning``: the shade's class.
+    severity: str = "warning"
+    #: Where the shade links to (the incident's page).
+    href: str | None = None
+
+
+def time_ticks(t0: float, t1: float, most: int = 7) -> list[tuple[float, str]]:
+    """Ticks at round UTC times (every 1, 2, 5, 10, 15, 30 s or min, 1, 2, 3, 6, 12 h, days) between ``t0``
+    and ``t1``, at most ``most`` of them, labelled as precisely as the step needs."""
+    span = max(t1 - t0, 1e-9)
+    step = next((s for s in TICK_STEPS if span / s <= most), TICK_STEPS[-1])
+    while span / step > most:
+        step *= 2
+    first = math.ceil(t0 / step) * step
+    fmt = "%H:%M:%S" if step < 60 else ("%H:%M" if step < 86400 else "%m-%d")
+    if step < 86400 and span > 86400:
+        fmt = "%m-%d %H:%M"
+    out: list[tuple[float, str]] = []
+    t: float = first
+    while t <= t1 + 1e-9:
+        out.append((t, datetime.fromtimestamp(t, UTC).strftime(fmt)))
+        t += step
+    return out
 
 
 def _nice_max(v: float) -> float:
@@ -42,10 +81,13 @@ def _label(v: float) -> str:
 
 
 def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float | None = None,
-               width: int = 760, height: int = 240, step_s: float | None = None) -> Markup:
-    """An SVG line chart with a time axis (UTC) and a legend under it.
+               width: int = 760, height: int = 240, step_s: float | None = None,
+               spans: Sequence[Span] = (), t_range: tuple[float, float] | None = None) -> Markup:
+    """An SVG line chart with a time axis (UTC, ticks at round times), incident spans shaded behind the
+    lines, and a legend under it.
 
-    ``step_s``: the expected spacing of points; a longer gap breaks the line.
+    ``step_s``: the expected spacing of points; a longer gap breaks the line.  ``t_range``: the time axis
+    (default: the points' own).
     """
     pts = [(t, v) for s in series for t, v in s.points if v is not None and math.isfinite(v)]
     if not pts:
@@ -53,8 +95,8 @@ def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float 
                  "</p></figure>", title)
     left, right, top, bottom = 56, 12, 10, 26
     pw, ph = width - left - right, height - top - bottom
-    t0 = min(t for t, _ in pts)
-    t1 = max(t for t, _ in pts)
+    t0 = t_range[0] if t_range else min(t for t, _ in pts)
+    t1 = t_range[1] if t_range else max(t for t, _ in pts)
     if t1 <= t0:
         t1 = t0 + 1.0
     ymax = y_max if y_max is not None else _nice_max(max(v for _, v in pts))
@@ -72,17 +114,26 @@ def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float 
         yy = y(level)
         parts.append(f'<line class="grid" x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
         parts.append(f'<text class="tick" x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{esc(_label(level))}</text>')
-    for i in range(5):
-        at = t0 + (t1 - t0) * i / 4
+    for at, label in time_ticks(t0, t1):
         xx = x(at)
-        label = datetime.fromtimestamp(at, UTC).strftime("%H:%M" if t1 - t0 > 120 else "%H:%M:%S")
-        anchor = "start" if i == 0 else ("end" if i == 4 else "middle")
+        anchor = "start" if xx - left < 20 else ("end" if left + pw - xx < 20 else "middle")
+        parts.append(f'<line class="grid" x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}"/>')
         parts.append(f'<text class="tick" x="{xx:.1f}" y="{height - 8}" text-anchor="{anchor}">{esc(label)}</text>')
+    shades: list[str] = []
+    for sp in spans:
+        a, b = max(sp.start, t0), min(sp.end if sp.end is not None else t1, t1)
+        if b < a or sp.start > t1:
+            continue
+        xa, xb = x(a), max(x(b), x(a) + 2.0)
+        cls = "span critical" if sp.severity == "critical" else "span warning"
+        rect = (f'<rect class="{cls}" x="{xa:.1f}" y="{top}" width="{xb - xa:.1f}" height="{ph}">'
+                f"<title>{esc(sp.label)}</title></rect>")
+        shades.append(f'<a href="{esc(sp.href)}">{rect}</a>' if sp.href else rect)
     parts.append(f'<text class="unit" x="4" y="{top + 10}">{esc(unit)}</text>')
     gap = 3.0 * step_s if step_s else None
     legend: list[str] = []
     for k, s in enumerate(series):
-        color = PALETTE[k % len(PALETTE)]
+        color = s.color or PALETTE[k % len(PALETTE)]
         segments: list[list[str]] = [[]]
         last_t: float | None = None
         for t, v in s.points:
@@ -102,9 +153,17 @@ def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float 
                 parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.3" points="{" ".join(seg)}"/>')
         legend.append(f'<li><svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
                       f'fill="{color}"/></svg>{esc(s.name)}</li>')
+    for sp in spans:
+        if sp.start <= t1 and (sp.end is None or sp.end >= t0):
+            cls = "critical" if sp.severity == "critical" else "warning"
+            item = (f'<svg width="10" height="10" aria-hidden="true"><rect class="span {cls}" width="10" '
+                    f'height="10"/></svg>{esc(sp.label)}')
+            legend.append(f'<li class="span-key"><a href="{esc(sp.href)}">{item}</a></li>' if sp.href
+                          else f'<li class="span-key">{item}</li>')
     svg = (f'<svg class="plot" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
            f'aria-label="{esc(title)}"><title>{esc(title)}</title>'
-           f'<rect class="frame" x="{left}" y="{top}" width="{pw}" height="{ph}"/>{"".join(parts)}</svg>')
+           f'<rect class="frame" x="{left}" y="{top}" width="{pw}" height="{ph}"/>{"".join(shades)}'
+           f'{"".join(parts)}</svg>')
     return Markup(f'<figure class="chart"><figcaption>{esc(title)}</figcaption>{svg}'
                   f'<ul class="legend">{"".join(legend)}</ul></figure>')
 

@@ -187,3 +187,72 @@ def newest_job_samples(conn: psycopg.Connection, name: str, gpus: int) -> list[d
 def teams(conn: psycopg.Connection, run_ids: list[str]) -> dict[str, str | None]:
     """Each run's team."""
     return dict(conn.execute("SELECT run_id, team FROM runs WHERE run_id = ANY(%s)", (run_ids,)).fetchall())
+
+
+# ---------------------------------------------------------------- what connects pages: runs on nodes, node charts
+
+
+def running_runs_by_node(conn: psycopg.Connection) -> dict[str, list[dict[str, Any]]]:
+    """The runs running now on each node (run id, name, team), for the fleet page's links."""
+    rows = _dicts(conn, f"""
+SELECT DISTINCT a.node, r.run_id, r.name, r.team FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
+WHERE {state_sql('r', 'now()')} = 'running' ORDER BY a.node, r.run_id""")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["node"], []).append(r)
+    return out
+
+
+def node_runs(conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
+    """The runs that held GPUs of the node, newest first, with the GPUs they held there."""
+    return _dicts(conn, """
+SELECT r.run_id, r.name, r.team, r.start, r."end", array_agg(a.gpu ORDER BY a.gpu) AS gpus
+FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = %s
+GROUP BY r.run_id, r.name, r.team, r.start, r."end" ORDER BY r.start DESC, r.run_id LIMIT 50""", (name,))
+
+
+def node_incidents(conn: psycopg.Connection, name: str, limit: int = 200) -> list[dict[str, Any]]:
+    """Incidents that touch the node: on it, listing one of its GPUs, or of a run that held GPUs on it
+    (a run's starvation has no node of its own, yet its GPUs there wait)."""
+    return _dicts(conn, """
+SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence,
+       i.actions
+FROM incidents i
+WHERE i.node = %(node)s
+   OR (jsonb_typeof(i.evidence -> 'gpus') = 'array'
+       AND EXISTS (SELECT 1 FROM jsonb_array_elements(i.evidence -> 'gpus') g
+                   WHERE jsonb_typeof(g) = 'object' AND g ->> 'node' = %(node)s))
+   OR (i.node IS NULL AND i.run_id IN (SELECT a.run_id FROM run_allocations a WHERE a.node = %(node)s))
+ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 END, i.start DESC
+LIMIT %(limit)s""", {"node": name, "limit": limit})
+
+
+def node_gpu_series(conn: psycopg.Connection, name: str, lo: datetime, hi: datetime) -> GpuSeries:
+    """Per-GPU utilisation and power of one node in [lo, hi), as :func:`run_gpu_series` draws a run's."""
+    span = max((hi - lo).total_seconds(), 1.0)
+    step = max(1.0, round(span / CHART_POINTS))
+    if span > 3 * 3600:
+        step = max(60.0, round(step / 60.0) * 60.0)
+        sql = """
+SELECT extract(epoch FROM date_bin(make_interval(secs => %(step)s), r.bucket, %(lo)s)) AS t, r.node, r.gpu,
+       sum(r.util_pct * r.samples) / nullif(sum(r.samples), 0) AS util,
+       sum(r.power_w * r.samples) / nullif(sum(r.samples), 0) AS power
+FROM gpu_stats_1m r WHERE r.node = %(node)s AND r.bucket >= %(lo)s AND r.bucket < %(hi)s
+GROUP BY 1, 2, 3 ORDER BY 2, 3, 1"""
+    else:
+        sql = """
+SELECT extract(epoch FROM date_bin(make_interval(secs => %(step)s), s.time, %(lo)s)) AS t, s.node, s.gpu,
+       avg(s.util_pct) AS util, avg(s.power_w) AS power
+FROM gpu_samples s WHERE s.node = %(node)s AND s.time >= %(lo)s AND s.time < %(hi)s AND s.mig_instance IS NULL
+GROUP BY 1, 2, 3 ORDER BY 2, 3, 1"""
+    out: dict[tuple[str, int], list[tuple[float, float | None, float | None]]] = {}
+    for t, node, gpu, util, power in conn.execute(sql, {"step": step, "lo": lo, "hi": hi, "node": name}):
+        out.setdefault((node, int(gpu)), []).append(
+            (float(t), None if util is None else float(util), None if power is None else float(power)))
+    return GpuSeries(step, out)
+
+
+def run_nodes(conn: psycopg.Connection, run_id: str) -> list[str]:
+    """The nodes a run holds GPUs on."""
+    return [r[0] for r in conn.execute("SELECT DISTINCT node FROM run_allocations WHERE run_id = %s ORDER BY node",
+                                       (run_id,)).fetchall()]

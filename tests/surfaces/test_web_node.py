@@ -76,7 +76,7 @@ def test_the_node_page_shows_the_checks_and_their_decisions(site: Web, browser: 
     numa = page.locator("section:has(h2:text('NUMA placement')) tbody tr").first.locator("td").all_inner_texts()
     assert numa[0] == "0" and numa[2] == "0" and numa[4] == "1"
     incidents = page.locator("section:has(h2:text('Incidents')) tbody").inner_text()
-    assert "host misconfig" in incidents and "numa_affinity" in incidents
+    assert "Host misconfiguration (numa affinity)" in incidents and "NUMA node" in incidents
 
     page.goto(site.url + "/nodes/p-02")
     status, finding, decision = checks_of(page)[("nfs", "/datasets")]
@@ -98,7 +98,7 @@ def test_the_node_page_shows_the_checks_and_their_decisions(site: Web, browser: 
     page.goto(site.url + "/nodes/p-04")  # a 2-GPU job under the same 4 cores: enough
     checks = checks_of(page)
     assert [v[0] for (c, _), v in checks.items() if c == "cpu quota"] == ["ok"]
-    assert "No incidents on this node." in page.inner_text("section:has(h2:text('Incidents'))")
+    assert "No incidents on this node or on the runs it holds." in page.inner_text("section:has(h2:text('Incidents'))")
 
     response = page.goto(site.url + "/nodes/no-such-node")
     assert response.status == 404 and "No node no-such-node" in page.inner_text("main")
