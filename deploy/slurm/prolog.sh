@@ -7,9 +7,63 @@
 #     (read before the processes on the GPU are even started);
 #  2. POST /v1/runs {run_id, name, allocations: [{node, gpus}]} with this node's token.
 #
-# Always exits 0: telemetry must not keep a job from starting.
+# Before that, where DCGM is installed, it runs DCGM's diagnostic (dcgmi diag -r LEVEL -j) and saves
+# the result where the agent's node checks read it (agent.dcgm_diag_result_file): the node page and
+# the collector's quarantine see it like every other check.
+#   GPUFLEET_DCGM_DIAG_LEVEL      0 (off) or 1-4 (default 1: deployment checks, seconds, GPUs untouched)
+#   GPUFLEET_DCGM_DIAG_FILE       where the result goes (default /var/lib/gpufleet/dcgm-diag.json)
+#   GPUFLEET_DCGM_DIAG_TIMEOUT_S  longest the diagnostic may run, seconds (default 120)
+#   GPUFLEET_DCGM_DIAG_DRAIN      1: a failed test makes the prolog exit 1, so Slurm drains the node
+#                                 and requeues the job (default 0: recorded only)
+#
+# Otherwise always exits 0: telemetry must not keep a job from starting.
 
 . "$(dirname "$0")/gpufleet-hook.sh"
+
+GPUFLEET_DCGM_DIAG_FILE=${GPUFLEET_DCGM_DIAG_FILE:-/var/lib/gpufleet/dcgm-diag.json}
+GPUFLEET_DCGM_DIAG_TIMEOUT_S=${GPUFLEET_DCGM_DIAG_TIMEOUT_S:-120}
+
+# Runs dcgmi diag and saves its JSON; returns 1 only when a test failed and GPUFLEET_DCGM_DIAG_DRAIN=1.
+dcgm_diag() {
+    level=${GPUFLEET_DCGM_DIAG_LEVEL:-1}
+    case "$level" in
+        0) return 0 ;;
+        1|2|3|4) ;;
+        *) log "GPUFLEET_DCGM_DIAG_LEVEL=$level is not 0-4; DCGM diagnostic not run"; return 0 ;;
+    esac
+    if ! command -v dcgmi >/dev/null 2>&1; then
+        log "dcgmi not installed; DCGM diagnostic not run"
+        return 0
+    fi
+    dir=$(dirname "$GPUFLEET_DCGM_DIAG_FILE")
+    if ! mkdir -p "$dir" 2>/dev/null; then
+        log "cannot create $dir; DCGM diagnostic not run"
+        return 0
+    fi
+    tmp="$dir/.dcgm-diag.$$"
+    limit=""
+    command -v timeout >/dev/null 2>&1 && limit="timeout $GPUFLEET_DCGM_DIAG_TIMEOUT_S"
+    # dcgmi exits non-zero when a test fails and still prints its document: the document decides.
+    $limit dcgmi diag -r "$level" -j > "$tmp" 2>/dev/null
+    rc=$?
+    if [ "$(head -c 1 "$tmp" 2>/dev/null)" != "{" ]; then
+        log "dcgmi diag -r $level gave no result (exit status $rc)"
+        rm -f "$tmp"
+        return 0
+    fi
+    if ! mv -f "$tmp" "$GPUFLEET_DCGM_DIAG_FILE"; then
+        log "cannot write $GPUFLEET_DCGM_DIAG_FILE"
+        rm -f "$tmp"
+        return 0
+    fi
+    if grep -Eiq '"status"[[:space:]]*:[[:space:]]*"fail"' "$GPUFLEET_DCGM_DIAG_FILE"; then
+        log "dcgmi diag -r $level on $GPUFLEET_NODE: a test failed (see $GPUFLEET_DCGM_DIAG_FILE)"
+        [ "${GPUFLEET_DCGM_DIAG_DRAIN:-0}" = 1 ] && return 1
+    else
+        log "dcgmi diag -r $level on $GPUFLEET_NODE passed"
+    fi
+    return 0
+}
 
 main() {
     if [ -z "${SLURM_JOB_ID:-}" ] || ! valid_id "$RUN_ID"; then
@@ -45,5 +99,9 @@ main() {
     esac
 }
 
+if ! dcgm_diag; then
+    echo "gpufleet: DCGM diagnostic failed on $GPUFLEET_NODE (see $GPUFLEET_DCGM_DIAG_FILE); draining" >&2
+    exit 1
+fi
 main
 exit 0
