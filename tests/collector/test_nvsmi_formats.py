@@ -42,44 +42,45 @@ def test_screen_log_is_read_screen_by_screen(tmp_path: Path) -> None:
     assert s.ignored_columns == [] and s.columns["util_pct"] == ["GPU-Util"]
 
 
-SCREEN_8 = """Sun Feb 16 08:10:45 2025
+#: Two GPUs of an 8-GPU screen in the 545 driver's layout (narrower cells, N/A fan); values made up.
+SCREEN_8 = """Mon Mar 16 09:20:45 2026
 +---------------------------------------------------------------------------------------+
 | NVIDIA-SMI 545.23.08              Driver Version: 545.23.08    CUDA Version: 12.3     |
 |-----------------------------------------+----------------------+----------------------+
-|   0  NVIDIA A100-SXM4-80GB          Off | 00000000:07:00.0 Off |                    0 |
-| N/A   29C    P0              71W / 400W |   5729MiB / 81920MiB |      0%      Default |
+|   0  NVIDIA A100-SXM4-80GB          Off | 00000000:1A:00.0 Off |                    0 |
+| N/A   33C    P0              64W / 400W |   4012MiB / 81920MiB |      0%      Default |
 |                                         |                      |             Disabled |
 +-----------------------------------------+----------------------+----------------------+
-|   1  NVIDIA A100-SXM4-80GB          Off | 00000000:0B:00.0 Off |                    0 |
-| N/A   30C    P0             187W / 400W |  61245MiB / 81920MiB |     93%      Default |
+|   1  NVIDIA A100-SXM4-80GB          Off | 00000000:1B:00.0 Off |                    0 |
+| N/A   41C    P0             187W / 400W |  52210MiB / 81920MiB |     93%      Default |
 |                                         |                      |             Disabled |
 +-----------------------------------------+----------------------+----------------------+
 |  GPU   GI   CI        PID   Type   Process name                            GPU Memory |
-|    0   N/A  N/A   3242651      C   python                                     5716MiB |
+|    0   N/A  N/A     41207      C   python                                     4000MiB |
 """
 
 
 def test_older_driver_screen_with_several_gpus(tmp_path: Path) -> None:
-    """The 545 driver's layout (narrower cells, N/A fan) with two GPUs per screen."""
+    """The 545 driver's layout with two GPUs per screen, two screens."""
     log = tmp_path / "smi.log"
-    log.write_text(SCREEN_8 + SCREEN_8.replace("08:10:45", "08:10:59"))
+    log.write_text(SCREEN_8 + SCREEN_8.replace("09:20:45", "09:20:59"))
     import_nvidia_smi([log], tmp_path / "b", node="a100")
     r = rows(tmp_path / "b")
     assert [(x["time"], x["gpu"], x["util_pct"], x["power_w"]) for x in r] == [
-        ("2025-02-16T08:10:45.000Z", "0", "0", "71"), ("2025-02-16T08:10:45.000Z", "1", "93", "187"),
-        ("2025-02-16T08:10:59.000Z", "0", "0", "71"), ("2025-02-16T08:10:59.000Z", "1", "93", "187")]
+        ("2026-03-16T09:20:45.000Z", "0", "0", "64"), ("2026-03-16T09:20:45.000Z", "1", "93", "187"),
+        ("2026-03-16T09:20:59.000Z", "0", "0", "64"), ("2026-03-16T09:20:59.000Z", "1", "93", "187")]
 
 
 @pytest.mark.parametrize("broken,line,words", [
-    # the state row of GPU 1 cut off: its first row is followed by the next screen's time
-    (SCREEN_8.replace("| N/A   30C    P0             187W / 400W |  61245MiB / 81920MiB |     93%      Default |\n",
+    # the state row of GPU 1 missing: its first row is followed by the MIG row
+    (SCREEN_8.replace("| N/A   41C    P0             187W / 400W |  52210MiB / 81920MiB |     93%      Default |\n",
                       ""), 10, "expected the state row of GPU 1"),
     # a state row whose power cell is not a number of watts
-    (SCREEN_8.replace("71W / 400W", "71kW / 400W"), 6, "expected the state row of GPU 0"),
+    (SCREEN_8.replace("64W / 400W", "64kW / 400W"), 6, "expected the state row of GPU 0"),
 ])
 def test_broken_screens_are_refused_with_the_line(tmp_path: Path, broken: str, line: int, words: str) -> None:
     log = tmp_path / "smi.log"
-    log.write_text(broken + SCREEN_8.replace("08:10:45", "08:10:59"))
+    log.write_text(broken + SCREEN_8.replace("09:20:45", "09:20:59"))
     with pytest.raises(BundleError) as e:
         import_nvidia_smi([log], tmp_path / "b", node="a100")
     assert f"{log}: line {line}" in str(e.value) and words in str(e.value)
