@@ -85,6 +85,10 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField(156, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", (), "total_energy_consumption", "int64", "energy_mj"),
     DcgmField(164, "DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS", ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT",),
               "enforced_power_limit", "double", "power_limit_w"),
+    # The management limit (what ``nvidia-smi -pl`` sets): many counters files carry it and not
+    # the enforced one; it stands in where the enforced limit is missing or blank.
+    DcgmField(160, "DCGM_FI_DEV_BOARD_POWER_LIMIT_REQUESTED_WATTS", ("DCGM_FI_DEV_POWER_MGMT_LIMIT",),
+              "power_management_limit", "double", "power_limit_w", priority=1),
     DcgmField(100, "DCGM_FI_DEV_SM_CLOCK", (), "sm_clock", "int64", "sm_clock_mhz"),
     DcgmField(113, "DCGM_FI_DEV_MAX_SM_CLOCK", (), "sm_max_clock", "int64", "sm_clock_max_mhz"),
     DcgmField(101, "DCGM_FI_DEV_MEM_CLOCK", (), "memory_clock", "int64", "mem_clock_mhz"),

@@ -334,3 +334,24 @@ def test_memory_total_from_the_stock_counters() -> None:
     assert rows[(1, None)]["mem_total_mib"] == 80000
     assert rows[(2, None)]["mem_total_mib"] == 81559
     assert rows[(3, None)].get("mem_total_mib") is None
+
+
+def test_management_limit_stands_in_for_the_enforced_limit() -> None:
+    # A counters file with DCGM_FI_DEV_POWER_MGMT_LIMIT and not the enforced limit: the limit is still known.
+    mgmt_only = "\n".join([
+        "# HELP DCGM_FI_DEV_POWER_MGMT_LIMIT Power management limit (in W)",
+        "# TYPE DCGM_FI_DEV_POWER_MGMT_LIMIT gauge",
+        series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "500.000000"),
+        series("DCGM_FI_DEV_POWER_USAGE", "498.100000"),
+    ]) + "\n"
+    assert parse_exposition(mgmt_only).rows[(0, None)]["power_limit_w"] == pytest.approx(500.0)
+    # Both: the enforced limit (what the driver applies after every limiter) wins, in either order.
+    for lines in ([series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "700.000000"),
+                   series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "650.000000")],
+                  [series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "650.000000"),
+                   series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "700.000000")]):
+        assert parse_exposition("\n".join(lines) + "\n").rows[(0, None)]["power_limit_w"] == pytest.approx(650.0)
+    # An enforced limit DCGM cannot read (blank) leaves the management limit in place.
+    blank = "\n".join([series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", DCGM_FP64_BLANK),
+                       series("dcgm_power_management_limit", "400.000000")]) + "\n"
+    assert parse_exposition(blank).rows[(0, None)]["power_limit_w"] == pytest.approx(400.0)

@@ -382,3 +382,14 @@ def test_health_counters_map_and_links_come_from_link_status() -> None:
     src = DcgmSource(bindings=fake_bindings(engine))
     assert rows_by_key(src)[(0, None)].get("nvlink_links_up") is None
     assert rows_by_key(src)[(0, None)]["pcie_replay_count"] == 9  # the rest still flows
+
+
+def test_management_limit_is_the_fallback_of_the_enforced_limit() -> None:
+    engine = mig_engine()
+    engine.values[(GPU, 0)].pop(164, None)  # a DCGM that does not report the enforced limit
+    engine.values[(GPU, 0)].update({160: Sample(500.0)})
+    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]["power_limit_w"] == pytest.approx(500.0)
+    engine.values[(GPU, 0)].update({164: Sample(450.0)})
+    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]["power_limit_w"] == pytest.approx(450.0)
+    engine.values[(GPU, 0)].update({164: Sample(DCGM_FP64_BLANK)})
+    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]["power_limit_w"] == pytest.approx(500.0)
