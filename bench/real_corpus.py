@@ -12,7 +12,10 @@ training or job script, its logs, its README; SOURCES.md says which):
 * an **event** ``{kind, start, end, node?, gpu?}`` is found when a finding of
   its kind overlaps its span (and names its GPU where the event names one);
 * a finding of a kind the excerpt lists in ``must_not_raise`` is a **false
-  alarm**; other findings that match no event are counted as unlabelled.
+  alarm**; other findings that match no event are **unlabelled**: the
+  recording's context neither asks for them nor rules them out, so they
+  count against nothing.  Precision is events' findings over events'
+  findings and false alarms.
 
 The baseline beside each figure is the same scoring of an empty finding set
 (recall 0 wherever there is an event).  Kinds no detector reports (such as
@@ -151,8 +154,13 @@ class KindRow:
         return round(self.found / self.labelled, 3) if self.labelled else None
 
     @property
+    def unlabelled(self) -> int:
+        return self.findings - self.matched_findings - self.false_alarms
+
+    @property
     def precision(self) -> float | None:
-        return round(self.matched_findings / self.findings, 3) if self.findings else None
+        judged = self.matched_findings + self.false_alarms
+        return round(self.matched_findings / judged, 3) if judged else None
 
 
 def by_kind(results: list[ExcerptResult]) -> dict[str, KindRow]:
@@ -205,17 +213,16 @@ def report(results: list[ExcerptResult], out: Any = sys.stdout) -> dict[str, Any
         say(f"{src:<30}{s['excerpts']:>9}{events:>14}{s['findings']:>10}{s['false_alarms']:>14}")
     kinds = by_kind(results)
     say()
-    say(f"{'kind':<18}{'events':>8}{'found':>7}{'recall':>8}{'baseline':>9}{'findings':>9}{'precision':>10}"
-        f"{'false':>7}  detector")
+    say(f"{'kind':<18}{'events':>8}{'found':>7}{'recall':>8}{'baseline':>9}{'findings':>9}{'on events':>10}"
+        f"{'false':>7}{'unlabelled':>11}{'precision':>10}  detector")
     for kind, k in kinds.items():
         rec = "-" if k.recall is None else f"{k.recall:.2f}"
         prec = "-" if k.precision is None else f"{k.precision:.2f}"
         base = "-" if not k.labelled else "0.00"
-        say(f"{kind:<18}{k.labelled:>8}{k.found:>7}{rec:>8}{base:>9}{k.findings:>9}{prec:>10}{k.false_alarms:>7}"
-            f"  {'yes' if kind in DETECTORS else 'none reports this kind'}")
+        say(f"{kind:<18}{k.labelled:>8}{k.found:>7}{rec:>8}{base:>9}{k.findings:>9}{k.matched_findings:>10}"
+            f"{k.false_alarms:>7}{k.unlabelled:>11}{prec:>10}  {'yes' if kind in DETECTORS else 'none reports it'}")
     labelled = sum(k.labelled for k in kinds.values())
     found = sum(k.found for k in kinds.values())
-    findings = sum(k.findings for k in kinds.values())
     matched = sum(k.matched_findings for k in kinds.values())
     false_alarms = sum(k.false_alarms for k in kinds.values())
     recall = round(found / labelled, 3) if labelled else None
@@ -224,11 +231,12 @@ def report(results: list[ExcerptResult], out: Any = sys.stdout) -> dict[str, Any
     return {
         "name": "detector_quality_real", "value": recall, "unit": "event_recall",
         "events": labelled, "found": found, "false_alarms": false_alarms,
-        "precision": round(matched / findings, 3) if findings else None,
+        "precision": round(matched / (matched + false_alarms), 3) if matched + false_alarms else None,
         "baseline_recall": 0.0 if labelled else None,
         "sources": {k: dict(v) for k, v in sorted(per_source.items())},
         "kinds": {kind: {"events": k.labelled, "found": k.found, "recall": k.recall, "findings": k.findings,
-                         "precision": k.precision, "false_alarms": k.false_alarms,
+                         "on_events": k.matched_findings, "false_alarms": k.false_alarms,
+                         "unlabelled": k.unlabelled, "precision": k.precision,
                          "detector": kind in DETECTORS} for kind, k in kinds.items()},
     }
 
