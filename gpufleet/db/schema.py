@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import (
     REAL,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -205,6 +206,58 @@ incidents = Table(
 Index("incidents_open_scope_uq", incidents.c.scope_key, unique=True, postgresql_where=text("state = 'open'"))
 Index("incidents_run_idx", incidents.c.run_id)
 Index("incidents_state_kind_idx", incidents.c.state, incidents.c.kind)
+
+#: A power cap for every GPU of a run (migration 0016): the agents on the run's nodes apply it through
+#: NVML while the run holds the GPUs and the plan is active, and restore each GPU's limit after
+#: (gpufleet.advisor.plans, gpufleet.agent.sources.nvml_power_cap).  ``revision`` grows at each change.
+power_cap_plans = Table(
+    "power_cap_plans", metadata,
+    Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("limit_w", REAL, nullable=False),
+    Column("revision", BigInteger, nullable=False, server_default=text("1")),
+    Column("state", Text, nullable=False, server_default=text("'active'")),
+    Column("reason", Text, nullable=True),
+    Column("created_by", Text, nullable=True),
+    _tz("created_at", server_default=text("now()")),
+    _tz("updated_at", server_default=text("now()")),
+    CheckConstraint("limit_w > 0", name="power_cap_plans_limit"),
+    CheckConstraint("state IN ('active', 'withdrawn')", name="power_cap_plans_state"),
+)
+
+#: Nodes the quarantine hooks hold out of scheduling (migration 0017), and why
+#: (gpufleet.collector.quarantine): released after they pass again for the hold-down.
+node_quarantine = Table(
+    "node_quarantine", metadata,
+    Column("node", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("backend", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("reason", Text, nullable=True),
+    #: What holds it: ``[{"source": "incident"|"check", "kind", "id"|"subject", ...}]``.
+    Column("triggers", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    _tz("since"),
+    #: Since when no trigger holds (the hold-down runs from here); NULL while one does.
+    _tz("passing_since", nullable=True),
+    _tz("updated_at", server_default=text("now()")),
+    CheckConstraint("state IN ('quarantined', 'released')", name="node_quarantine_state"),
+)
+
+#: Every quarantine action taken, would have been taken (dry run) or failed (migration 0017).
+quarantine_log = Table(
+    "quarantine_log", metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("node", Text, nullable=False),
+    _tz("time"),
+    Column("action", Text, nullable=False),
+    Column("result", Text, nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("triggers", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("detail", Text, nullable=True),
+    Column("call", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)
+Index("quarantine_log_node_time_idx", quarantine_log.c.node, quarantine_log.c.time)
 
 agent_tokens = Table(
     "agent_tokens", metadata,
