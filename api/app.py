@@ -16,6 +16,8 @@ from gpufleet.api.routes import accounting, advisor, docs, incidents, reports, r
 from gpufleet.api.web.session import MAX_FORM_BYTES
 from gpufleet.bodylimit import BodyLimit, Refusal
 from gpufleet.config import Settings
+from gpufleet.connguard import ConnectionGuard, Limits
+from gpufleet.fairshare import FairShare
 
 #: Largest body of a route outside /v1 other than the sign-in form (web pages take none), bytes.
 OTHER_BODY_MAX = 64 * 1024
@@ -35,6 +37,8 @@ def create_app(url: str, settings: Settings) -> FastAPI:
     app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Runs, incidents and per-run energy, cost and CO2e accounting.")
     app.state.api = st
+    #: Slow clients are let go when served with gpufleet.connguard's protocol (``gpufleet api`` does).
+    app.connection_guard = ConnectionGuard(Limits.of(settings.api, settings.ingest.retry_after_s))  # type: ignore[attr-defined]
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -61,6 +65,10 @@ def create_app(url: str, settings: Settings) -> FastAPI:
             return e.status_code, e.detail, dict(e.headers or {})
         return None
 
+    # Inside the body limit (added after it): a request refused for its size is never counted.
+    app.add_middleware(FairShare, cache=st.auth.cache, per_token=settings.api.max_concurrent_per_token,
+                       per_role=st.per_role_limit(), wait_s=settings.api.concurrency_wait_s,
+                       retry_after_s=settings.ingest.retry_after_s, exempt=("/healthz", "/docs"))
     app.add_middleware(BodyLimit, default=OTHER_BODY_MAX, precheck=token_first,
                        limits=[("/v1/", settings.api.max_body_bytes), ("/login", MAX_FORM_BYTES),
                                ("/logout", MAX_FORM_BYTES)])

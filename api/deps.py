@@ -23,9 +23,21 @@ class ApiState:
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
         self.settings = settings
-        self.pool = ConnectionPool(url, min_size=1, max_size=8, open=False, timeout=5,
-                                   kwargs={"autocommit": True, "application_name": "gpufleet-api"})
+        self.statement_timeout_ms = max(1, round(settings.api.statement_timeout_s * 1000))
+        self.pool = ConnectionPool(url, min_size=1, max_size=settings.api.pool_size, open=False, timeout=5,
+                                   kwargs={"autocommit": True, "application_name": "gpufleet-api"},
+                                   configure=self._configure)
         self.auth = Authenticator(self.pool, retry_after_s=settings.ingest.retry_after_s)
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        """Every statement of the API is bounded in time: PostgreSQL cancels one that runs longer, so a
+        request that asks too much fails alone, and nothing keeps running after its client gave up."""
+        conn.execute(f"SET statement_timeout = {self.statement_timeout_ms}")
+
+    def per_role_limit(self) -> int:
+        """Requests one role may have in progress: by default half the pool, so the other roles always
+        find connections."""
+        return self.settings.api.max_concurrent_per_role or max(1, self.settings.api.pool_size // 2)
 
 
 def state(request: Request) -> ApiState:
@@ -58,6 +70,10 @@ def connection(s: StateDep) -> Iterator[psycopg.Connection]:
     try:
         with s.pool.connection() as conn:
             yield conn
+    except psycopg.errors.QueryCanceled as e:
+        raise HTTPException(503, f"the request ran past the API's {s.settings.api.statement_timeout_s:g}-second "
+                                 "statement limit (api.statement_timeout_s) and was cancelled; ask for a shorter "
+                                 "period or a coarser grouping", headers={"Retry-After": "30"}) from e
     except (psycopg.OperationalError, PoolTimeout) as e:
         raise HTTPException(503, "database unavailable; retry later", headers={"Retry-After": "2"}) from e
     except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn) as e:
@@ -77,3 +93,4 @@ Reader = Annotated[Principal, Depends(allowed("read"))]
 AccountingReader = Annotated[Principal, Depends(allowed("read_accounting"))]
 Admin = Annotated[Principal, Depends(allowed("admin"))]
 RunWriter = Annotated[Principal, Depends(allowed("write_runs"))]
+ProgressWriter = Annotated[Principal, Depends(allowed("report_progress"))]

@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from gpufleet.timeparse import period_bound
+
 
 def _utc(v: datetime) -> datetime:
     """Any offset Python accepts (up to +-23:59) as UTC; PostgreSQL refuses offsets past
@@ -46,13 +48,13 @@ def _query_time(v: Any) -> Any:
     text = v.strip()
     try:
         if _DATE.fullmatch(text):
-            return datetime.fromisoformat(text).replace(tzinfo=UTC)
+            return period_bound(datetime.fromisoformat(text).replace(tzinfo=UTC))
         t = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValueError(f"expected {QUERY_TIME_FORMAT}") from None
     if t.tzinfo is None:
         raise ValueError(f"has no UTC offset; expected {QUERY_TIME_FORMAT}")
-    return t
+    return period_bound(_utc(t))
 
 
 #: A period bound of a query string (``from``, ``to``, ``at``): RFC 3339 with offset or a bare UTC date.
@@ -287,8 +289,9 @@ class PriceSeries(Strict):
 
 class TokenCreate(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    role: Literal["node", "finance", "sre", "admin"]
-    node: str | None = Field(None, pattern=NAME_PATTERN)
+    role: Literal["node", "progress", "finance", "sre", "admin"]
+    node: str | None = Field(None, pattern=NAME_PATTERN,
+                             description="node: the node it writes (required); progress: only runs on this node")
 
 
 class TokenCreated(BaseModel):

@@ -24,6 +24,7 @@ from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
+from gpufleet.connguard import ConnectionGuard, Limits
 from gpufleet.httpauth import Authenticator
 from gpufleet.metricsauth import MetricsGuard, read_token
 
@@ -117,6 +118,10 @@ class IngestFastPath:
         # route (they take no body) at a few KiB.
         self._bounded = BodyLimit(self._dispatch, default=OTHER_BODY_MAX,
                                   limits=[("/v1/ingest", state.settings.ingest.max_body_bytes)])
+        #: Slow clients are let go (gpufleet.connguard; the collector's protocol finds this).
+        self.connection_guard = ConnectionGuard(
+            Limits.of(state.settings.ingest, state.settings.ingest.retry_after_s),
+            on_cut=lambda reason: state.metrics.connections_cut.labels(reason).inc())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await self._bounded(scope, receive, send)

@@ -23,6 +23,7 @@ from psycopg import sql
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
 from gpufleet.collector import sightings
 from gpufleet.collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
+from gpufleet.store import fact_history
 from gpufleet.wire import Batch, Column
 
 _PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
@@ -78,6 +79,12 @@ def write_batches(conn: psycopg.Connection, batches: list[Batch], *,
 def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch | None = None) -> None:
     """Keep ``nodes`` current: last seen, GPU count, facts, skew refusals.
 
+    The GPU count is what the node's facts say (``gpu_count``, else its
+    ``gpus`` list) whenever it sends facts; between facts, a batch showing more
+    GPUs than counted raises it until the next facts.  So one batch naming a
+    GPU index nobody has no longer makes the node that large for good.  The
+    priced part of the facts is dated (:mod:`gpufleet.store.fact_history`).
+
     With ``touch``, a node with nothing new to say is updated at most once per
     ``touch.every_s`` (an UPDATE per request would cost more than the COPY).
     """
@@ -101,21 +108,39 @@ def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch
                 continue  # nothing to write: its GPUs are not even counted
             touch.mark(node, now)
         gpus = max(_whole_gpus(b) for b in d["batches"])
-        rows.append((node, gpus or None, _json(d["facts"]), d["skew"], _ts(d["t"]) if d["t"] else None))
+        rows.append((node, gpus or None, _json(d["facts"]), d["skew"], facts_gpu_count(d["facts"])))
     if not rows:
         return
     conn.execute(
         "INSERT INTO nodes AS n (node, first_seen, last_seen, gpu_count, facts, facts_time, rejected_skew) "
-        "SELECT u.node, now(), now(), u.gpus, COALESCE(u.facts, '{}'::jsonb), "
+        "SELECT u.node, now(), now(), COALESCE(u.counted, u.gpus), COALESCE(u.facts, '{}'::jsonb), "
         "CASE WHEN u.facts IS NULL THEN NULL ELSE now() END, u.skew "
-        "FROM unnest(%s::text[], %s::int[], %s::jsonb[], %s::bigint[]) AS u(node, gpus, facts, skew) "
+        "FROM unnest(%s::text[], %s::int[], %s::jsonb[], %s::bigint[], %s::int[]) "
+        "AS u(node, gpus, facts, skew, counted) "
         "ON CONFLICT (node) DO UPDATE SET last_seen = now(), "
-        "gpu_count = COALESCE(GREATEST(EXCLUDED.gpu_count, n.gpu_count), n.gpu_count), "
+        "gpu_count = CASE WHEN EXCLUDED.facts_time IS NOT NULL AND (EXCLUDED.facts ? 'gpu_count' "
+        "OR EXCLUDED.facts ? 'gpus') THEN EXCLUDED.gpu_count "
+        "ELSE COALESCE(GREATEST(EXCLUDED.gpu_count, n.gpu_count), n.gpu_count) END, "
         "facts = CASE WHEN EXCLUDED.facts_time IS NULL THEN n.facts ELSE EXCLUDED.facts END, "
         "facts_time = COALESCE(EXCLUDED.facts_time, n.facts_time), "
         "rejected_skew = n.rejected_skew + EXCLUDED.rejected_skew",
-        ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]),
+        ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+         [r[4] for r in rows]),
     )
+    dated = [(r[0], r[2]) for r in rows if r[2] is not None]
+    if dated:
+        conn.execute(fact_history.RECORD_SQL, ([n for n, _ in dated], [f for _, f in dated]))
+
+
+def facts_gpu_count(facts: dict[str, Any] | None) -> int | None:
+    """The GPU count a node's facts state: ``gpu_count``, else the length of ``gpus``; None if neither."""
+    if not facts:
+        return None
+    n = facts.get("gpu_count")
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    gpus = facts.get("gpus")
+    return len(gpus) if isinstance(gpus, list) else None
 
 
 def _whole_gpus(b: Batch) -> int:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from gpufleet.auth import Principal
+from gpufleet.collector import ingest_bounds
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import BatchRejected, DatabaseUnavailable, GroupWriter, Overloaded, WriteFailed
@@ -184,6 +185,14 @@ class IngestHandler:
             self.metrics.errors.labels("too_many_samples").inc()
             return _error(413, f"{batch.n_gpu + batch.n_host} samples exceed the "
                                f"{s.max_samples_per_batch}-sample batch limit")
+        try:
+            ingest_bounds.check(batch, s.max_gpu_index, s.max_runs_per_batch)
+        except WireError as e:
+            self.metrics.errors.labels("out_of_bounds").inc()
+            return _error(STATUS[e.kind], [e.detail()])
+        glitches = ingest_bounds.energy_glitches(batch)
+        if glitches:
+            self.metrics.energy_glitches.labels(batch.node).inc(glitches)
         drop_skewed(batch, time.time(), s.future_grace_s, s.past_grace_s)
         if batch.rejected_skew:
             self.metrics.rejected_skew.labels(batch.node).inc(batch.rejected_skew)

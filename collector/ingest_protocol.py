@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gpufleet.connguard import GuardMixin
+
 log = logging.getLogger(__name__)
 
 PATH = b"/v1/ingest"
@@ -86,7 +88,7 @@ def shipment_app(app: Any) -> ShipmentApp | None:
     return None
 
 
-class IngestProtocol(HttpToolsProtocol):
+class ShipmentProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.shipments = shipment_app(self.app)
@@ -204,3 +206,9 @@ class IngestProtocol(HttpToolsProtocol):
         if not shipment.keep_alive:
             self.transport.close()
         self.on_response_complete()
+
+
+class IngestProtocol(GuardMixin, ShipmentProtocol):
+    """The collector's protocol: shipments answered on the connection, slow clients let go
+    (:mod:`gpufleet.connguard`: header and body timeouts, bodies in flight, connections per address
+    before headers; the limits are ``ingest.*``), on both paths."""

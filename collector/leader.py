@@ -262,6 +262,7 @@ class Leader:
             return
         self.metrics.inferred_runs.inc(len(res.created))
         self.metrics.inferred_conflicts.inc(len(res.conflicts))
+        self.metrics.inferred_refused.inc(res.refused)
 
 
 class DbMonitor:

@@ -23,6 +23,9 @@ class CollectorMetrics:
         self.rejected_skew = Counter("gpufleet_ingest_rejected_skew_samples",
                                      "Samples refused for clock skew, per node", ["node"], registry=r)
         self.errors = Counter("gpufleet_ingest_errors", "Refused batches by reason", ["reason"], registry=r)
+        self.energy_glitches = Counter(
+            "gpufleet_ingest_energy_glitches", "Energy counter jumps beyond what a GPU can draw over the interval, "
+            "per node (stored; accounting integrates power over those intervals instead)", ["node"], registry=r)
         self.client_gone = Counter(
             "gpufleet_ingest_client_gone", "Shipments whose client left before the body was whole (nothing "
             "stored; the agent sends the batch again; counted in gpufleet_ingest_requests as code 499)", registry=r)
@@ -31,6 +34,9 @@ class CollectorMetrics:
         self.connections_aged = Counter(
             "gpufleet_ingest_connections_aged", "Agent connections ended after ingest.max_connection_age_s "
             "(the agent reconnects; a balancer places it afresh)", registry=r)
+        self.connections_cut = Counter(
+            "gpufleet_http_connections_cut", "Connections closed for a slow or excess client, by reason: "
+            "header_timeout, body_timeout, bodies_in_flight (answered 503), pending_per_ip", ["reason"], registry=r)
         self.queue_rows = Gauge("gpufleet_ingest_queue_rows", "Rows waiting for the writer", registry=r)
         self.db_up = Gauge("gpufleet_database_up", "1 when the database accepts writes", registry=r)
         self.leader = Gauge("gpufleet_leader", "1 on the replica running sweeps and rollups", registry=r)
@@ -47,6 +53,10 @@ class CollectorMetrics:
             "gpufleet_inferred_run_conflicts",
             "Inferred allocations or run windows the one-run-per-GPU rule refused (samples still stored)",
             registry=r)
+        self.inferred_refused = Counter(
+            "gpufleet_inferred_sightings_refused",
+            "GPUs samples showed on an inferred run that did not become its allocations: shown from before the "
+            "run began or long after (samples still stored; run_sightings.detail says why)", registry=r)
         # gpufleet_incident_open comes from collector.alerting.IncidentMetrics (read from the
         # database by every replica); a second family of that name here would make the whole
         # exposition unparseable ("second HELP line").

@@ -1,9 +1,13 @@
 """Bearer tokens: issued once, stored hashed, checked in constant time.
 
-Roles: ``node`` (ingest for exactly one node name, reads nothing), ``finance``
+Roles: ``node`` (ingest for exactly one node name, and its scheduler hook's
+runs; reads nothing), ``progress`` (progress reports of runs from training
+code, optionally only of runs on one node; nothing else), ``finance``
 (accounting and reports), ``sre`` (everything read-only), ``admin`` (sites,
-prices, tokens, runs).  The secret is shown only when the token is created;
-the database keeps its SHA-256, and neither appears in logs or error bodies.
+prices, tokens, runs).  What a node or progress token may change about a run
+is decided in :mod:`gpufleet.store.authority`.  The secret is shown only when
+the token is created; the database keeps its SHA-256, and neither appears in
+logs or error bodies.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import psycopg
 
 from gpufleet.names import is_node_name
 
-Role = Literal["node", "finance", "sre", "admin"]
-ROLES: tuple[Role, ...] = ("node", "finance", "sre", "admin")
+Role = Literal["node", "progress", "finance", "sre", "admin"]
+ROLES: tuple[Role, ...] = ("node", "progress", "finance", "sre", "admin")
+#: Roles whose token names a node: required for ``node``, optional for ``progress``.
+NODE_ROLES: frozenset[Role] = frozenset({"node", "progress"})
 PREFIX = "gpf_"
 
 #: What each role may do; routes ask for a capability, not a role.
@@ -31,6 +37,7 @@ CAPABILITIES: dict[str, frozenset[Role]] = {
     "read": frozenset({"sre", "admin"}),
     "read_accounting": frozenset({"finance", "sre", "admin"}),
     "write_runs": frozenset({"admin", "node"}),
+    "report_progress": frozenset({"admin", "node", "progress"}),
     "admin": frozenset({"admin"}),
 }
 
@@ -79,8 +86,10 @@ def create_token(conn: psycopg.Connection, name: str, role: Role, node: str | No
     """Insert a token and return its secret (the only time it is visible)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
-    if (role == "node") != (node is not None):
-        raise ValueError("a node token needs --node; other roles must not have one")
+    if role == "node" and node is None:
+        raise ValueError("a node token needs --node")
+    if node is not None and role not in NODE_ROLES:
+        raise ValueError(f"--node is for roles node and progress, not {role}")
     if node is not None and not is_node_name(node):
         raise ValueError(f"--node {node!r} is not a node name agents can send: 1-253 characters of "
                          "[A-Za-z0-9._-], starting with a letter or digit")

@@ -217,12 +217,13 @@ def api(config: ConfigOpt = None, db: DbOpt = None,
 
     from gpufleet.api.app import create_app
     from gpufleet.collector import cyclegc
+    from gpufleet.connguard import guarded_protocol
 
     s = settings_from(config, db)
     setup_logging(s)
     service = create_app(database(s), s)
     cyclegc.settle(s.gc_young_threshold)
-    uvicorn.run(service, host=host or s.api_host, port=port or s.api_port,
+    uvicorn.run(service, host=host or s.api_host, port=port or s.api_port, http=guarded_protocol(),
                 log_level=s.log_level.lower(), access_log=False, **_ssl(s))
 
 
@@ -274,8 +275,9 @@ def agent(config: ConfigOpt = None,
 
 
 @token_app.command("create")
-def token_create(name: str, role: Annotated[str, typer.Option(help="node | finance | sre | admin")],
-                 node: Annotated[str | None, typer.Option(help="node name (role node only)")] = None,
+def token_create(name: str, role: Annotated[str, typer.Option(help="node | progress | finance | sre | admin")],
+                 node: Annotated[str | None, typer.Option(help="node name (role node: required; role progress: "
+                                                                 "only runs on that node)")] = None,
                  config: ConfigOpt = None, db: DbOpt = None) -> None:
     """Create a token and print its secret (shown only now)."""
     from gpufleet.auth import create_token

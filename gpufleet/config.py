@@ -84,6 +84,22 @@ class IngestSettings(BaseModel):
     max_connection_age_s: float = Field(300.0, ge=0)
     #: How long a batch id is remembered for de-duplication, days.
     dedup_days: float = Field(21.0, gt=0)
+    #: Highest GPU index a batch may name (far above any node built; each index a node sends is a GPU
+    #: its node is billed and reported for).
+    max_gpu_index: int = Field(255, ge=0, le=32767)
+    #: Most runs one batch may name (samples' ``run_id`` and facts' ``runs``): each new one becomes
+    #: an inferred run.  A node with 8 GPUs in 7 MIG instances runs 56 at once.
+    max_runs_per_batch: int = Field(256, ge=1)
+    #: A connection must send a request's headers within this long of its first byte, seconds.
+    header_timeout_s: float = Field(10.0, gt=0)
+    #: ... and its body within this long of its headers, seconds.
+    body_timeout_s: float = Field(60.0, gt=0)
+    #: Request bodies the collector holds at once, bytes; a request beyond it answers 503 at once
+    #: (agents retry) instead of growing the process.
+    max_body_bytes_in_flight: int = Field(128 * 1024 * 1024, gt=0)
+    #: Connections one client address may hold before its requests' headers are complete (the
+    #: part anyone can reach without a token); more are closed at once.
+    max_pending_connections_per_ip: int = Field(64, ge=1)
 
 
 class ApiSettings(BaseModel):
@@ -93,6 +109,24 @@ class ApiSettings(BaseModel):
     #: series of 100,000 points, about 7 MiB).  Checked before the body is read, and bodies are
     #: read only after the token is checked; the web view's forms have limits of their own.
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    #: Database connections of the API process.
+    pool_size: int = Field(8, ge=2, le=256)
+    #: Longest one statement of a request may run, seconds (PostgreSQL cancels it; the request
+    #: answers 503 naming the limit, and nothing keeps running after the client gave up).
+    statement_timeout_s: float = Field(30.0, gt=0)
+    #: Requests one token (or web session) may have in progress at once; more answer 429 with
+    #: Retry-After.
+    max_concurrent_per_token: int = Field(2, ge=1)
+    #: Requests of one role in progress at once: one role's expensive readers never hold the whole
+    #: pool, so the others are answered (default: half the pool).
+    max_concurrent_per_role: int | None = Field(None, ge=1)
+    #: How long a request waits for its token's or role's turn before answering 429, seconds.
+    concurrency_wait_s: float = Field(1.0, ge=0)
+    #: Connection hygiene, as for the collector (``ingest.header_timeout_s`` ...).
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    max_body_bytes_in_flight: int = Field(128 * 1024 * 1024, gt=0)
+    max_pending_connections_per_ip: int = Field(64, ge=1)
 
 
 class MetricsSettings(BaseModel):

@@ -6,6 +6,14 @@ import math
 from datetime import UTC, datetime
 from typing import overload
 
+#: The span a period bound (``from``, ``to``, ``at``) is held to: a year inside what a datetime holds
+#: at either end.  Nothing is measured that early or late, so a bound beyond it selects what the
+#: span's edge selects; inside it, every window the product derives from a bound (a lookback of
+#: months, a grace of days) stays a representable time, where ``to=0001-01-20`` minus a 30-day
+#: lookback was year 0 and an overflow.
+PERIOD_EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
+PERIOD_LATEST = datetime(9998, 1, 1, tzinfo=UTC)
+
 
 class TimeParseError(ValueError):
     pass
@@ -48,6 +56,16 @@ def _parse(value: str | float | int) -> datetime:
     if dt.tzinfo is None:
         raise TimeParseError(f"{s!r} has no UTC offset (write e.g. 2026-12-01T10:00:00Z)")
     return dt.astimezone(UTC)
+
+
+def period_bound(dt: datetime) -> datetime:
+    """A period bound held to [:data:`PERIOD_EARLIEST`, :data:`PERIOD_LATEST`] (an aware datetime in, the
+    same or the span's edge in UTC out); the comparison itself cannot overflow, whatever the offset."""
+    if dt < PERIOD_EARLIEST:
+        return PERIOD_EARLIEST
+    if dt > PERIOD_LATEST:
+        return PERIOD_LATEST
+    return dt
 
 
 def epoch(dt: datetime) -> float:

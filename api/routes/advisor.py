@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from gpufleet.advisor.power_cap import AdvisorSettings, power_cap_advice
 from gpufleet.api.deps import ConnDep, Reader
-from gpufleet.api.schemas import UtcDatetime
+from gpufleet.api.schemas import QueryTime
 
 router = APIRouter(tags=["advisor"])
 
@@ -46,9 +46,9 @@ def power_cap(conn: ConnDep, _: Reader,
               max_throughput_loss: float = Query(0.05, ge=0.0, lt=1.0,
                                                  description="largest share of throughput per GPU to give up"),
               model: str | None = Query(None, max_length=200, description="only this model (labels.model or name)"),
-              since: Annotated[UtcDatetime | None, Query(alias="from", description="runs since (default: 30 days "
+              since: Annotated[QueryTime | None, Query(alias="from", description="runs since (default: 30 days "
                                                                                      "before 'to')")] = None,
-              until: Annotated[UtcDatetime | None, Query(alias="to", description="as of (default: now)")] = None,
+              until: Annotated[QueryTime | None, Query(alias="to", description="as of (default: now)")] = None,
               ) -> dict[str, Any]:
     """The power limit that maximises tokens per joule for each model trained on ``gpu_model`` GPUs, within
     ``max_throughput_loss`` of the fastest limit observed, with the points used; ``enough_data: false`` and

@@ -1,9 +1,11 @@
 """Runs: register, list, end, allocate GPUs, report progress.
 
-A node token's powers are narrower than an admin's (see gpufleet.store.runs):
+A node token's powers are narrower than an admin's (gpufleet.store.authority):
 its own GPUs, runs of the same scheduler job, start/end near now, never team,
-name or labels of an existing run.  An allocation overlapping another run's
-answers 409 naming that run, the node and the GPU.
+name or labels of an existing run, never an end for a run no scheduler hook
+registered.  A progress token (training code) reports progress and nothing
+else.  An allocation overlapping another run's answers 409 naming that run,
+the node and the GPU.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from gpufleet.api.deps import ConnDep, Reader, RunWriter
+from gpufleet.api.deps import ConnDep, ProgressWriter, Reader, RunWriter
 from gpufleet.api.schemas import Progress, QueryTime, RunCreate, RunPublic, RunUpdate
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
+from gpufleet.store.authority import actor
 from gpufleet.store.runs import Conflict, Forbidden, Invalid, NotFound
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -73,12 +76,12 @@ def update_run(run_id: str, body: RunUpdate, conn: ConnDep, who: RunWriter) -> d
 
 
 @router.post("/{run_id}/progress", status_code=204)
-def progress(run_id: str, body: Progress, conn: ConnDep, who: RunWriter) -> Response:
+def progress(run_id: str, body: Progress, conn: ConnDep, who: ProgressWriter) -> Response:
     if body.tokens is None and body.samples is None and body.steps is None:
         raise HTTPException(422, "give 'tokens', 'samples' or 'steps' (cumulative counts)")
     try:
         store.record_progress(conn, run_id, body.time or datetime.now(UTC), body.tokens, body.samples,
-                              as_node=_as_node(who), steps=body.steps)
+                              who=actor(who.role, who.node), steps=body.steps)
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
     except Forbidden as e:

@@ -129,18 +129,32 @@ async def login_form(request: Request, next: str | None = None) -> Response:
     return html(_login_form(_safe_next(next, "")))
 
 
-def _same_origin(request: Request) -> bool:
+def same_origin(request: Request) -> bool:
+    """Whether a state-changing form post comes from this site's own pages.
+
+    The browser's ``Origin`` decides when it sends one (``null``, from a sandboxed or privacy-stripped
+    page, is refused); without it, ``Sec-Fetch-Site`` (``cross-site`` is refused) and then the
+    ``Referer``'s host.  A request with none of them (a script, curl) is not a browser's cross-site post.
+    """
+    host = request.headers.get("host", "")
     origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    parts = urlsplit(origin)
-    return parts.netloc == request.headers.get("host", "")
+    if origin is not None:
+        return origin != "null" and urlsplit(origin).netloc == host
+    if request.headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+        return False
+    referer = request.headers.get("referer")
+    return referer is None or urlsplit(referer).netloc == host
+
+
+def cross_site_refused(what: str) -> Response:
+    return html(page("Refused", h('<p class="error">Cross-site {} refused: post the form from this site\'s own '
+                                  "page.</p>", what)), 403)
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    if not _same_origin(request):
-        return html(page("Sign in", h('<p class="error">Cross-site sign-in refused.</p>')), 403)
+    if not same_origin(request):
+        return cross_site_refused("sign-in")
     raw = await request.body()  # at most MAX_FORM_BYTES: gpufleet.bodylimit caps /login before it gets here
     if len(raw) > MAX_FORM_BYTES:
         return html(_login_form("", "The form is too large."), 413)
@@ -162,7 +176,9 @@ async def login(request: Request) -> Response:
 
 
 @router.post("/logout")
-async def logout() -> Response:
+async def logout(request: Request) -> Response:
+    if not same_origin(request):
+        return cross_site_refused("sign-out")
     response = secure(RedirectResponse("/login", status_code=303))
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return response

@@ -266,12 +266,14 @@ agent_tokens = Table(
     #: SHA-256 of the secret; the secret itself is never stored.
     Column("token_hash", LargeBinary, nullable=False, unique=True),
     Column("role", Text, nullable=False),
-    #: For role "node": the only node name this token may write.
+    #: For role "node": the only node name this token may write; for "progress": the only node whose
+    #: runs it may report progress of (none: any run).
     Column("node", Text, nullable=True),
     _tz("created_at", server_default=text("now()")),
     _tz("revoked_at", nullable=True),
-    CheckConstraint("role IN ('node', 'finance', 'sre', 'admin')", name="agent_tokens_role"),
-    CheckConstraint("(role = 'node') = (node IS NOT NULL)", name="agent_tokens_node_role"),
+    CheckConstraint("role IN ('node', 'finance', 'sre', 'admin', 'progress')", name="agent_tokens_role"),
+    CheckConstraint("(role <> 'node' OR node IS NOT NULL) AND (node IS NULL OR role IN ('node', 'progress'))",
+                    name="agent_tokens_node_role"),
 )
 
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per

@@ -7,8 +7,15 @@ run.  :class:`Inferrer` runs on the collector's leader each sweep interval:
 * a run id seen for the first time becomes a run with ``source = 'inferred'``,
   starting at the first sample that showed it, at its first node's site,
   with the name, team and labels the agent reported in its node facts
-  (``facts["runs"][run_id]``: a Kubernetes job's name, namespace and team);
-  each (node, GPU) that showed it becomes an allocation;
+  (``facts["runs"][run_id]``: a Kubernetes job's name, namespace and team;
+  never a label the server owns, such as :data:`ENDED_BY`); each (node, GPU)
+  that showed it becomes an allocation;
+* a run only grows forward (:mod:`gpufleet.store.authority`): its start never
+  moves, and a GPU becomes one of its allocations only when samples showed it
+  from within ``SIGHTING_JOIN_WINDOW`` of that start (allocations hold for the
+  run's whole window).  Another node's old samples naming a running job, or a
+  GPU that turns up hours later, are ``refused`` with the reason, counted and
+  logged; a new run starts where most of its GPUs' first samples agree;
 * an inferred run ends at its last sample once no GPU has shown it for
   ``grace_s``; a sighting after that (samples shipped late, pods back after
   a restart) moves the end again, or reopens it while still recent;
@@ -51,6 +58,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from gpufleet.store.authority import densest_start, is_server_label, sighting_refusal
+
 log = logging.getLogger(__name__)
 
 #: Label of an inferred run that gave way to a registered one: that run's id.
@@ -71,6 +80,8 @@ class InferResult:
     conflicts: list[str] = field(default_factory=list)
     explicit: int = 0
     invalid: int = 0
+    #: Sightings refused: a GPU shown on an existing run from before it began, or long after.
+    refused: int = 0
     ended: list[str] = field(default_factory=list)
     reopened: list[str] = field(default_factory=list)
 
@@ -86,7 +97,7 @@ def run_meta(conn: psycopg.Connection, run_id: str, nodes: Sequence[str]) -> dic
     by_node = {r[0]: r[1] for r in rows if isinstance(r[1], Mapping)}
     meta = next((by_node[n] for n in nodes if n in by_node), {})
     labels = {str(k)[:MAX_META]: v[:MAX_META] for k, v in (meta.get("labels") or {}).items()
-              if isinstance(v, str)} if isinstance(meta.get("labels"), Mapping) else {}
+              if isinstance(v, str) and not is_server_label(str(k))} if isinstance(meta.get("labels"), Mapping) else {}
     source = _text(meta.get("source"))
     if source:
         labels[INFERRED_FROM] = source
@@ -168,8 +179,6 @@ class Inferrer:
         from gpufleet.store.runs import RUN_ID_RE
 
         keys = [(r[1], int(r[2])) for r in rows]
-        first = min(r[3] for r in rows)
-        last = max(r[4] for r in rows)
         with conn.transaction():
             if not RUN_ID_RE.fullmatch(run_id):
                 self._mark(conn, run_id, keys, "invalid", f"not a run id the API accepts ({RUN_ID_RE.pattern})")
@@ -180,6 +189,22 @@ class Inferrer:
             run = conn.execute('SELECT source, start, "end", labels FROM runs WHERE run_id = %s FOR UPDATE',
                                (run_id,)).fetchone()
             created = False
+            # Samples only ever add GPUs shown from the run's start (an existing run's, or for a new run
+            # the start most of its GPUs agree on); the others are refused, with the reason.
+            start = run[1] if run is not None else densest_start([r[3] for r in rows])
+            refused = [(r, why) for r in rows if (why := sighting_refusal(start, r[3])) is not None]
+            if refused and (run is None or run[0] == "inferred") and not (run and ENDED_BY in (run[3] or {})):
+                for r, why in refused:
+                    self._mark(conn, run_id, [(r[1], int(r[2]))], "refused", why)
+                    log.warning("inferred run %r: node %r GPU %s not allocated: %s", run_id, r[1], r[2], why)
+                out.refused += len(refused)
+                gone = {(r[1], int(r[2])) for r, _ in refused}
+                rows = [r for r in rows if (r[1], int(r[2])) not in gone]
+                keys = [k for k in keys if k not in gone]
+                if not rows:
+                    return
+            first = min(r[3] for r in rows)
+            last = max(r[4] for r in rows)
             if run is None:
                 nodes = list(dict.fromkeys(k[0] for k in keys))
                 meta = run_meta(conn, run_id, nodes)
@@ -198,12 +223,6 @@ class Inferrer:
             elif ENDED_BY in (run[3] or {}):
                 self._mark(conn, run_id, keys, "yielded", f"gave way to registered run {run[3][ENDED_BY]!r}")
                 return
-            elif first < run[1]:
-                try:
-                    with conn.transaction():
-                        conn.execute("UPDATE runs SET start = %s WHERE run_id = %s", (first, run_id))
-                except psycopg.errors.ExclusionViolation as e:
-                    self._conflict(out, run_id, e)
             ok = 0
             for node, gpu in keys:
                 try:

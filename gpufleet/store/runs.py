@@ -10,21 +10,8 @@ names the other run, the node and the GPU.  Accounting splits a shared GPU's
 energy and GPU-hours by those shares, so nothing is counted twice.
 
 Who may do what (``as_node``: the node a node token was issued for; ``None``
-for admin, the CLI and replay, which keep every power):
-
-* a node token registers runs on its own GPUs only, sets ``name`` (what the
-  Slurm prolog sends) but never ``team``, ``labels``, ``params`` or another
-  site than its node's, and a ``start`` / ``end`` within
-  :data:`NODE_TIME_BOUND` of now;
-* it adds its own GPUs to an existing run only when that run was registered by
-  a node token (a scheduler hook: the run id is the scheduler's job id, so the
-  prologs of every node of one multi-node job name the same run), with the
-  same name, while the run has not ended and started within the bound;
-* it ends, extends or reports progress only for runs that hold a GPU of its
-  node, never reopens an ended run, and never changes name, team or labels.
-
-A node-registered run carries the label :data:`REGISTERED_BY` =
-``node:<node>`` (set by the server; node tokens cannot set labels).
+for admin, the CLI and replay, which keep every power) is decided in one
+place, :mod:`gpufleet.store.authority`, which every write here asks first.
 
 Runs the collector inferred from GPU samples (``source = 'inferred'``,
 :mod:`gpufleet.store.inferred`) give way to registrations: a registered run
@@ -37,15 +24,18 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from gpufleet.store import inferred
+from gpufleet.store import authority, inferred
+from gpufleet.store.authority import NODE_TIME_BOUND, REGISTERED_BY, Actor, Forbidden
 from gpufleet.store.run_model import overlaps_sql, state_sql
+
+__all__ = ["NODE_TIME_BOUND", "REGISTERED_BY", "Conflict", "Forbidden", "Invalid", "NotFound"]
 
 
 class NotFound(LookupError):
@@ -56,10 +46,6 @@ class Conflict(ValueError):
     pass
 
 
-class Forbidden(PermissionError):
-    """A node token asked for something outside its node's powers (403)."""
-
-
 class Invalid(ValueError):
     """A value the API's schema would refuse, from a caller that bypasses it (the CLI); names the field."""
 
@@ -67,14 +53,6 @@ class Invalid(ValueError):
         super().__init__(f"{field}: {msg}")
         self.field = field
 
-
-#: How far from now (either way) a node token may set a run's start or end, or a progress time.
-#: A scheduler hook runs at the job's start and end, within seconds of it; a day covers clocks
-#: and queued retries, and bounds what a misbehaving node can bill (8 GPUs x 1 day = 192 GPU-hours).
-NODE_TIME_BOUND = timedelta(days=1)
-
-#: Label the server sets on a run registered by a node token: ``node:<node>``.
-REGISTERED_BY = "gpufleet.registered_by"
 
 #: Run ids: what the API accepts (no '/': a run id is one path segment of /v1/runs/{run_id}).
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}")
@@ -185,28 +163,6 @@ def _check_site(conn: psycopg.Connection, site: str | None) -> None:
         raise NotFound(f"site {site!r} is not registered; create it first")
 
 
-def _near_now(field: str, t: datetime | None, now: datetime) -> None:
-    if t is not None and abs(t - now) > NODE_TIME_BOUND:
-        raise Forbidden(f"a node token may set {field!r} only within {NODE_TIME_BOUND.days} day of now "
-                        f"({now.isoformat()}), not {t.isoformat()}")
-
-
-def _own_gpus_only(as_node: str, allocations: list[dict[str, Any]]) -> None:
-    for a in allocations:
-        if a["node"] != as_node:
-            raise Forbidden(f"a node token may allocate GPUs of node {as_node!r} only, not {a['node']!r}")
-
-
-def _holds_gpu_of(run: dict[str, Any], node: str) -> bool:
-    return any(a["node"] == node for a in run["allocations"])
-
-
-def _node_may_touch(run: dict[str, Any], as_node: str) -> None:
-    if not _holds_gpu_of(run, as_node):
-        raise Forbidden(f"run {run['run_id']!r} holds no GPU of node {as_node!r}; a node token may change "
-                        "only runs on its own GPUs")
-
-
 def _pairs(allocations: list[dict[str, Any]]) -> list[tuple[str, int]]:
     """(node, gpu) of every GPU of the allocations, each entry checked as :func:`allocation_rows` does."""
     return [(r[0], r[1]) for r in allocation_rows(allocations)]
@@ -243,9 +199,10 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
     site is a conflict (a scheduler hook on each node of a job registers the
     same run; they must agree).  An allocation that overlaps another run's is
     a conflict naming that run, the node and the GPU.  ``as_node``: the caller
-    is that node's token (see the module docstring).
+    is that node's token (:mod:`gpufleet.store.authority`).
     """
     now = now or datetime.now(UTC)
+    who = authority.as_node(as_node)
     run_id = spec.get("run_id") or new_run_id()
     check_run_id(run_id)
     start = spec.get("start") or now
@@ -254,25 +211,14 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
     labels = dict(spec.get("labels") or {})
     if end is not None and end < start:
         raise Conflict("end is before start")
-    if as_node is not None:
-        for f in ("team", "params"):
-            if spec.get(f) is not None:
-                raise Forbidden(f"a node token may not set {f!r}; an admin can (PATCH /v1/runs/{run_id})")
-        if labels:
-            raise Forbidden("a node token may not set 'labels'; an admin can")
-        if not allocations:
-            raise Forbidden("a node token registers a run with GPUs of its own node: 'allocations' is empty")
-        _own_gpus_only(as_node, allocations)
-        _near_now("start", start, now)
-        _near_now("end", end, now)
+    authority.check_create(who, {**spec, "run_id": run_id}, now)
+    if who.is_node:
         labels = {REGISTERED_BY: f"node:{as_node}"}
     try:
         with conn.transaction():
-            if as_node is not None and spec.get("site") is not None:
+            if who.is_node and spec.get("site") is not None:
                 row = conn.execute("SELECT site FROM nodes WHERE node = %s", (as_node,)).fetchone()
-                if row is None or row[0] != spec["site"]:
-                    raise Forbidden(f"a node token may register runs at its node's site only "
-                                    f"({row[0] if row else None!r}), not {spec['site']!r}")
+                authority.check_node_site(who, spec, row[0] if row else None)
             _check_site(conn, spec.get("site"))
             cur = conn.execute(
                 'INSERT INTO runs (run_id, name, site, team, start, "end", params, labels) '
@@ -282,15 +228,13 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
             )
             created = cur.fetchone() is not None
             if not created:
-                existing = get_run(conn, run_id)
+                existing = _locked(conn, run_id)
                 if existing["source"] == "inferred":
-                    if as_node is not None:
-                        _node_may_touch(existing, as_node)
+                    authority.check_adopt(who, existing, spec)
                     inferred.adopt(conn, run_id, {**spec, "start": spec.get("start")}, labels)
                     existing = get_run(conn, run_id)
                 else:
-                    if as_node is not None:
-                        _node_may_join(existing, spec, as_node, now)
+                    authority.check_join(who, existing, spec, now)
                     if spec.get("start") is not None and existing["start"] != spec["start"]:
                         raise Conflict(f"run {run_id!r} exists with start {existing['start'].isoformat()}")
                     if spec.get("site") is not None and existing["site"] != spec["site"]:
@@ -306,38 +250,21 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
     return run, created
 
 
-def _node_may_join(existing: dict[str, Any], spec: dict[str, Any], as_node: str, now: datetime) -> None:
-    """A node adds its GPUs to an existing run only for the same scheduler job (module docstring)."""
-    run_id = existing["run_id"]
-    if not str(existing["labels"].get(REGISTERED_BY, "")).startswith("node:"):
-        raise Forbidden(f"run {run_id!r} was not registered by a scheduler hook; a node token may add its GPUs "
-                        "only to runs another node's hook registered for the same job")
-    if spec.get("name") is not None and spec["name"] != existing["name"]:
-        raise Conflict(f"run {run_id!r} exists with name {existing['name']!r}, not {spec['name']!r}: "
-                       "not the same scheduler job")
-    if existing["end"] is not None and existing["end"] <= now:
-        raise Forbidden(f"run {run_id!r} ended at {existing['end'].isoformat()}; a node token cannot add GPUs to it")
-    _near_now("start", existing["start"], now)
+def _locked(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    """The run, its row locked until the caller's transaction ends: what authority is checked against is
+    what the write changes."""
+    conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
+    return get_run(conn, run_id)
 
 
 def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *, as_node: str | None = None,
                now: datetime | None = None) -> dict[str, Any]:
     now = now or datetime.now(UTC)
-    if as_node is not None:
-        for f in ("name", "team", "params", "labels"):
-            if f in changes:
-                raise Forbidden(f"a node token may not change {f!r}; an admin can")
-        if "end" in changes and changes["end"] is None:
-            raise Forbidden("a node token may not reopen a run (end: null)")
-        _near_now("end", changes.get("end"), now)
-        _own_gpus_only(as_node, changes.get("allocations") or [])
+    who = authority.as_node(as_node)
     try:
         with conn.transaction():
-            existing = get_run(conn, run_id)
-            if as_node is not None:
-                _node_may_touch(existing, as_node)
-                if changes.get("allocations"):
-                    _node_may_join(existing, {}, as_node, now)
+            existing = _locked(conn, run_id)
+            changes = authority.check_update(who, existing, changes, now)
             sets, params = [], []
             for col in ("name", "team", "params"):
                 if col in changes:
@@ -372,11 +299,10 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
 
 def record_progress(conn: psycopg.Connection, run_id: str, time: datetime, tokens: float | None,
                     samples: float | None, *, as_node: str | None = None, now: datetime | None = None,
-                    steps: float | None = None) -> None:
+                    steps: float | None = None, who: Actor | None = None) -> None:
+    """Store a progress report; ``who`` (else the actor of ``as_node``) must be allowed it."""
     run = get_run(conn, run_id)
-    if as_node is not None:
-        _node_may_touch(run, as_node)
-        _near_now("time", time, now or datetime.now(UTC))
+    authority.check_progress(who or authority.as_node(as_node), run, time, now or datetime.now(UTC))
     conn.execute(
         "INSERT INTO run_progress (run_id, time, tokens, samples, steps) VALUES (%s, %s, %s, %s, %s) "
         "ON CONFLICT (run_id, time) DO UPDATE SET tokens = EXCLUDED.tokens, samples = EXCLUDED.samples, "

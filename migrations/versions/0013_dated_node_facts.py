@@ -1,4 +1,4 @@
-"""dated node facts, counter glitches, refused sightings
+"""dated node facts, counter glitches, progress tokens, refused sightings
 
 * ``node_facts_history``: the node facts that price or classify (GPU model,
   per-GPU names and MIG layout, GPU count, site), one row per change, valid
@@ -11,6 +11,9 @@
   an energy counter difference above what a GPU can draw over the interval
   is a glitch, not energy (``gpufleet.db.energy_sql``, which the rollups read
   too), so raw accounting and the rollups keep agreeing.
+* ``agent_tokens.role`` gains ``progress``: training code's token, which
+  reports progress of runs and nothing else (``node`` optional: only runs on
+  that node).
 * ``run_sightings.status`` gains ``refused``: a sighting a node's samples may
   not turn into an allocation (a GPU shown on an existing run from before it
   began, or long after), kept with the reason.
@@ -35,6 +38,9 @@ down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+_ROLES = "'node', 'finance', 'sre', 'admin'"
+#: A node token names its node; a progress token may; no other role does.
+_NODE_ROLE = "(role <> 'node' OR node IS NOT NULL) AND (node IS NULL OR role IN ('node', 'progress'))"
 _STATUSES = "'pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid'"
 
 
@@ -57,9 +63,18 @@ def upgrade() -> None:
     _install_claim_energy()
     op.drop_constraint("run_sightings_status", "run_sightings", type_="check")
     op.create_check_constraint("run_sightings_status", "run_sightings", f"status IN ({_STATUSES}, 'refused')")
+    op.drop_constraint("agent_tokens_role", "agent_tokens", type_="check")
+    op.drop_constraint("agent_tokens_node_role", "agent_tokens", type_="check")
+    op.create_check_constraint("agent_tokens_role", "agent_tokens", f"role IN ({_ROLES}, 'progress')")
+    op.create_check_constraint("agent_tokens_node_role", "agent_tokens", _NODE_ROLE)
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM agent_tokens WHERE role = 'progress'")
+    op.drop_constraint("agent_tokens_role", "agent_tokens", type_="check")
+    op.drop_constraint("agent_tokens_node_role", "agent_tokens", type_="check")
+    op.create_check_constraint("agent_tokens_role", "agent_tokens", f"role IN ({_ROLES})")
+    op.create_check_constraint("agent_tokens_node_role", "agent_tokens", "(role = 'node') = (node IS NOT NULL)")
     op.execute("UPDATE run_sightings SET status = 'conflict' WHERE status = 'refused'")
     op.drop_constraint("run_sightings_status", "run_sightings", type_="check")
     op.create_check_constraint("run_sightings_status", "run_sightings", f"status IN ({_STATUSES})")

@@ -51,6 +51,9 @@ class Fleet:
 def fleet(api: Api) -> Iterator[Fleet]:
     with psycopg.connect(api.db, autocommit=True) as c:
         api.tokens["node2"] = create_token(c, "node-n2", "node", "n2")
+        api.tokens["progress"] = create_token(c, "trainer", "progress")
+        api.tokens["progress_n1"] = create_token(c, "trainer-n1", "progress", "n1")
+        api.tokens["progress_n2"] = create_token(c, "trainer-n2", "progress", "n2")
         c.execute("INSERT INTO sites (site) VALUES ('eu1'), ('us1')")
         c.execute("INSERT INTO nodes (node, site) VALUES ('n1', 'eu1'), ('n2', 'eu1')")
     f = Fleet(api)
@@ -67,7 +70,8 @@ def fleet(api: Api) -> Iterator[Fleet]:
 FAR_PAST = "0001-01-01T00:00:00Z"
 TWO_DAYS_AGO = iso(NOW - timedelta(days=2))
 IN_TWO_DAYS = iso(NOW + timedelta(days=2))
-SOON = iso(NOW + timedelta(minutes=5))
+SOON = iso(NOW + timedelta(minutes=4))
+IN_20_HOURS = iso(NOW + timedelta(hours=20))
 
 # (who, method, path, body, expected status, check of the stored state after the call)
 CASES: list[tuple[str, str, str, dict[str, Any] | None, int, str]] = [
@@ -101,16 +105,31 @@ CASES: list[tuple[str, str, str, dict[str, Any] | None, int, str]] = [
     ("node", "post", "/v1/runs", {"run_id": "job-42", "name": "other.sh", "allocations": [{"node": "n1", "gpus": [0]}]},
      409, "job42_alone"),
     ("node", "patch", "/v1/runs/job-42", {"allocations": [{"node": "n1", "gpus": [0]}]}, 403, "job42_alone"),
-    # --- node token on a run of its own node: end near now and progress, never name/team/labels/reopen
-    ("node2", "patch", "/v1/runs/teamA-run", {"end": SOON}, 200, "teamA_ends_soon"),
+    # --- node token on an admin's run of its own node: progress only, never its end, name, team or labels
+    ("node2", "patch", "/v1/runs/teamA-run", {"end": SOON}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"end": IN_TWO_DAYS}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"team": "teamB"}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"labels": {"cost_center": "B"}}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"allocations": [{"node": "n2", "gpus": [6]}]}, 403, "teamA_unchanged"),
     ("node2", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
     ("node2", "post", "/v1/runs/teamA-run/progress", {"tokens": 5, "time": FAR_PAST}, 403, "no_progress_teamA"),
+    # --- node token on its own hook's run: end near now (never far ahead, never reopen), add its GPUs at the start
     ("node2", "patch", "/v1/runs/job-42", {"end": None}, 403, "job42_alone"),
+    ("node2", "patch", "/v1/runs/job-42", {"end": SOON}, 200, "job42_ends"),
+    ("node2", "patch", "/v1/runs/job-42", {"end": IN_20_HOURS}, 403, "job42_alone"),
+    ("node", "patch", "/v1/runs/job-42", {"end": SOON}, 403, "job42_alone"),
     ("node2", "patch", "/v1/runs/job-42", {"allocations": [{"node": "n2", "gpus": [6]}]}, 200, "job42_has_n2_6"),
+    # --- a progress token: progress of any run, nothing else; bound to a node, only runs on that node
+    ("progress", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
+    ("progress", "post", "/v1/runs/teamA-run/progress", {"tokens": 5, "time": FAR_PAST}, 403, "no_progress_teamA"),
+    ("progress_n1", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 403, "no_progress_teamA"),
+    ("progress_n2", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
+    ("progress", "patch", "/v1/runs/teamA-run", {"end": SOON}, 403, "teamA_unchanged"),
+    ("progress", "post", "/v1/runs", {"run_id": "job-x", "allocations": [{"node": "n1", "gpus": [0]}]}, 403,
+     "no_job_x"),
+    ("progress", "get", "/v1/runs/teamA-run", None, 403, "teamA_unchanged"),
+    ("progress", "get", "/v1/accounting", None, 403, "teamA_unchanged"),
+    ("progress", "post", "/v1/tokens", {"name": "x", "role": "admin"}, 403, "teamA_unchanged"),
     # --- roles above node keep their powers
     ("admin", "patch", "/v1/runs/teamA-run", {"team": "teamB", "end": IN_TWO_DAYS}, 200, "teamA_admin_changed"),
     ("admin", "post", "/v1/runs", {"run_id": "old", "start": "2020-01-01T00:00:00Z", "end": "2020-01-02T00:00:00Z",
@@ -134,8 +153,6 @@ def _check(f: Fleet, what: str) -> None:
     if what == "teamA_unchanged":
         assert (a["team"], a["name"], a["labels"], a["end"], a["allocations"]) == (
             "teamA", "pretrain", {"cost_center": "A"}, None, [{"node": "n2", "gpus": [0, 1, 2, 3]}]), a
-    elif what == "teamA_ends_soon":
-        assert a["end"] is not None and a["team"] == "teamA"
     elif what == "teamA_admin_changed":
         assert a["team"] == "teamB" and a["end"] is not None
     elif what == "teamA_has_n1":
@@ -154,6 +171,8 @@ def _check(f: Fleet, what: str) -> None:
         assert j["labels"] == {REGISTERED_BY: "node:n2"} and j["name"] == "train.sh"
     elif what == "job42_alone":
         assert j["allocations"] == [{"node": "n2", "gpus": [4, 5]}] and j["end"] is None, j
+    elif what == "job42_ends":
+        assert j["end"] is not None and j["allocations"] == [{"node": "n2", "gpus": [4, 5]}], j
     elif what == "job42_has_n2_6":
         assert j["allocations"] == [{"node": "n2", "gpus": [4, 5, 6]}], j
     elif what == "old_exists":
