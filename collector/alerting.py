@@ -21,6 +21,8 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpufleet.collector.incident_series import IDENTITY, identity, incident_families
+
 log = logging.getLogger(__name__)
 
 OPEN_INCIDENTS_SQL = (
@@ -124,6 +126,7 @@ class IncidentMetrics(Collector):
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         ev.add_metric([kind, _label(run_id), _label(node_), _label(gpu_), f], float(v))
         yield g
+        yield from incident_families(rows, self.redact)
         if not self.redact:
             yield ev
             yield per_run
@@ -151,13 +154,13 @@ def alertname(kind: str) -> str:
 
 
 def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, Any]:
-    labels = {"alertname": alertname(row["kind"]), "kind": row["kind"], "severity": row["severity"],
-              "source": "gpufleet"}
-    for k in ("run_id", "node", "gpu", "cause"):
-        if row.get(k) is not None:
-            labels[k] = str(row[k])
-    if row.get("run_id") is not None and row.get("team") is not None:
-        labels["run_team"] = str(row["team"])
+    """The Alertmanager alert of an incident: labelled as the rules label theirs (what stays fixed while it is
+    open: id, kind, run, the run's team, node and GPU), so a severity or cause that moves never starts a new
+    alert; severity and cause are annotations."""
+    ident = identity(row["id"], row["kind"], row.get("run_id"), row.get("team"), row.get("node"), row.get("gpu"),
+                     row.get("evidence"))
+    labels = {"alertname": alertname(row["kind"]), "source": "gpufleet",
+              **{k: v for k, v in zip(IDENTITY, ident, strict=True) if v}}
     scope = row.get("run_id") or f"{row.get('node')}/{row.get('gpu')}"
     listed = listed_gpus(row.get("node"), row.get("gpu"), row.get("evidence"))
     lists = listed[0][2] is not row.get("evidence")  # the incident names its GPUs in evidence.gpus
@@ -170,6 +173,8 @@ def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, 
                                                                            else ""),
             "evidence": json.dumps(row.get("evidence") or {}, sort_keys=True, default=str),
             "incident_id": str(row["id"]),
+            "severity": str(row.get("severity") or "warning"),
+            **({"cause": str(row["cause"])} if row.get("cause") else {}),
         },
         "startsAt": row["start"].astimezone(UTC).isoformat(),
     }

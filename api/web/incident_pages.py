@@ -202,6 +202,7 @@ def _incident_page(conn: psycopg.Connection, st: ApiState, incident_id: int) -> 
     facts.append(h("Since {} ({} {})", when(i["start"]), ago(lasted), "so far" if i["end"] is None else "in all"))
     if i["end"] is not None:
         facts.append(h("Ended {}", when(i["end"])))
+    facts.append(link(f"/runbooks#{i['kind']}", "Runbook"))
     figures = table(("Figure", "Value"), ([label, value] for label, value in ex.figures), numeric=(1,),
                     empty="The detector recorded no figures.")
     lo = max(i["start"] - CHART_MARGIN, (i["end"] or now) - CHART_SPAN)

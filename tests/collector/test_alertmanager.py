@@ -42,7 +42,7 @@ def test_open_and_resolved_incidents_reach_alertmanager(conn: psycopg.Connection
     assert len(got) == 1
     a = got[0]
     assert a["labels"]["alertname"] == "GpufleetStarvation"
-    assert a["labels"]["run_id"] == "llm-1" and a["labels"]["cause"] == "io"
+    assert a["labels"]["run_id"] == "llm-1" and a["annotations"]["cause"] == "io" and "severity" not in a["labels"]
     assert '"period_s": 30.0' in a["annotations"]["evidence"]
     # resolve: clear for longer than the hold-off
     plan = incident_store.sweep(conn, [], now + 20, resolve_after_s=10)

@@ -38,6 +38,7 @@ PROMQL_WORDS = frozenset({
     "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
     "unless", "rate", "increase", "irate", "time", "clamp_min", "clamp_max", "abs", "absent", "bool", "offset",
     "histogram_quantile", "label_replace", "vector", "scalar", "topk", "bottomk", "delta", "deriv",
+    "min_over_time", "max_over_time",
 })
 
 
@@ -69,14 +70,30 @@ def test_rule_unit_tests_pass() -> None:
 
 
 @pytest.mark.parametrize(("old", "new"), [
-    ('field="run_time_lost_share"}) > 0.10', 'field="run_time_lost_share"}) > 0.20'),  # threshold moved
     ("(gpufleet_node_last_seen_timestamp_seconds)) > 120", "(gpufleet_node_last_seen_timestamp_seconds)) > 600"),
-    ('max by (run_id, cause, severity) (gpufleet_incident_open{kind="starvation"})',
-     'gpufleet_incident_open{kind="starvation"}'),  # no de-duplication across replicas
-    ('cause=~"uncorrectable_ecc|row_remap_failed"', 'cause="row_remap_failed"'),  # DBE no longer alerts
-    ('(gpufleet_incident_open{kind="host_misconfig", cause=~"cpu_governor|cpu_quota"}) == 1\n        for: 15m',
-     '(gpufleet_incident_open{kind="host_misconfig", cause=~"cpu_governor|cpu_quota"}) == 1\n        for: 1m'),
-    ('gpufleet_incident_open{kind="nvlink_degraded"}', 'gpufleet_incident_open{kind="nvlink"}'),
+    # no de-duplication across replicas: two alerts per incident
+    ("max by (incident_id, kind, run_id, run_team, node, gpu) (gpufleet_incident)", "gpufleet_incident"),
+    # no hysteresis: a critical incident that falls back reads warning at once
+    ("max_over_time(min_over_time(gpufleet:incident_severity:max[2m])[10m:])", "gpufleet:incident_severity:max"),
+    # escalation without hold: a severity flipping every minute reads critical
+    ("min_over_time(gpufleet:incident_severity:max[2m])", "max_over_time(gpufleet:incident_severity:max[2m])"),
+    # severity in the alert's identity: each flip would start a new alert
+    ('expr: gpufleet:incident_severity:held{kind="starvation"}',
+     'expr: gpufleet:incident_severity:held{kind="starvation"} * on (incident_id) group_left (severity) '
+     'max by (incident_id, severity) (gpufleet_incident_info)'),
+    # the run's team left out
+    ('team: "{{ if $labels.run_team }}{{ $labels.run_team }}{{ else }}ml-platform{{ end }}"\n        annotations:\n'
+     '          severity: "{{ if ge $value 2.0 }}critical{{ else }}warning{{ end }}"\n          summary: "{{ $cause := '
+     '\\"\\" }}{{ with printf \\"gpufleet_incident_info{incident_id=%q}\\" $labels.incident_id | query }}{{ with '
+     'first . }}{{ $cause = .Labels.cause }}{{ end }}{{ end }}Run {{ $labels.run_id }} is starved',
+     'team: ml-platform\n        annotations:\n'
+     '          severity: "{{ if ge $value 2.0 }}critical{{ else }}warning{{ end }}"\n          summary: "{{ $cause := '
+     '\\"\\" }}{{ with printf \\"gpufleet_incident_info{incident_id=%q}\\" $labels.incident_id | query }}{{ with '
+     'first . }}{{ $cause = .Labels.cause }}{{ end }}{{ end }}Run {{ $labels.run_id }} is starved'),
+    ('gpufleet:incident_severity:held{kind="nvlink_degraded"}', 'gpufleet:incident_severity:held{kind="nvlink"}'),
+    ('expr: gpufleet:incident_severity:held{kind="gpu_health"}\n        for: 0s',
+     'expr: gpufleet:incident_severity:held{kind="gpu_health"}\n        for: 5m'),
+    ('runbook_url: "{{ $externalLabels.gpufleet_web }}/runbooks#checkpoint_stall"', 'runbook_url: ""'),
     ('(gpufleet_incident_quarantine{result="failed"})', '(gpufleet_incident_quarantine{result="error"})'),
 ])
 def test_rule_unit_tests_catch_a_broken_rule(tmp_path: Path, old: str, new: str) -> None:
@@ -91,18 +108,21 @@ def test_rule_unit_tests_catch_a_broken_rule(tmp_path: Path, old: str, new: str)
 
 
 def test_every_incident_kind_raises_an_alert() -> None:
-    """Each detector's kind (host_misconfig included) is matched by at least one alert rule."""
+    """Each detector's kind is matched by an alert rule on the per-incident series, which raises every
+    incident the detector opens (its thresholds are the alert's: no second threshold on the evidence), with a
+    runbook and the incident's page."""
     from gpufleet.collector.detectors.registry import DETECTORS
 
-    exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    alerts = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
     for kind in DETECTORS:
-        assert any(f'kind="{kind}"' in e for e in exprs), kind
-    # Every cause of the health kinds is covered: by a rule without a cause filter, or one naming it.
-    for kind, causes in (("gpu_health", ("uncorrectable_ecc", "row_remap_failed", "row_remap_pending",
-                                         "correctable_ecc", "pcie_replay")),
-                         ("host_misconfig", ("cpu_governor", "cpu_quota", "repeated_xid"))):
-        for cause in causes:
-            assert any(f'kind="{kind}"' in e and cause in e for e in exprs), (kind, cause)
+        rules = [r for r in alerts if f'kind="{kind}"' in r["expr"]]
+        assert rules, kind
+        if kind in ("idle_allocation", "hung_collective"):
+            continue  # rules of their own (gpufleet_incident_run)
+        (rule,) = rules
+        assert rule["expr"] == f'gpufleet:incident_severity:held{{kind="{kind}"}}', rule["expr"]
+        assert "severity" not in rule.get("labels", {}), kind  # outside the alert's identity
+        assert {"severity", "summary", "runbook_url", "incident", "gpus"} <= set(rule["annotations"]), kind
 
 
 def test_collector_exports_quarantine_actions_and_health_evidence(db: str) -> None:
@@ -172,20 +192,23 @@ def _exported_names(fleet_url: str) -> set[str]:
 
 
 def _rule_metric_names() -> set[str]:
+    """Series the rules read, other than those they record themselves."""
     out: set[str] = set()
-    for group in yaml.safe_load(RULES.read_text())["groups"]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    for group in groups:
         for rule in group["rules"]:
             expr = re.sub(r'"[^"]*"', '""', rule["expr"])  # drop label values
             expr = re.sub(r"\{[^}]*\}", "{}", expr)  # and matchers
             expr = re.sub(r"\[[^\]]*\]", "[]", expr)  # and ranges
             expr = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", "", expr)  # and grouping labels
             out.update(w for w in re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", expr) if w not in PROMQL_WORDS)
-    return out
+    return out - recorded
 
 
 def test_rules_only_use_metrics_that_exist(fleet: FilledFleet) -> None:
     used = _rule_metric_names()
-    assert {"gpufleet_incident_open", "gpufleet_incident_evidence", "gpufleet_node_last_seen_timestamp_seconds",
+    assert {"gpufleet_incident", "gpufleet_node_last_seen_timestamp_seconds",
             "gpufleet_database_up", "gpufleet_ingest_errors_total"} <= used
     assert used - _exported_names(fleet.url) == set()
 
@@ -297,7 +320,7 @@ def test_real_prometheus_scrapes_collector_and_agent_and_evaluates_the_rules(
         return rules if rules and all(r["lastEvaluation"] > "2000" for r in rules) else None
 
     rules = _until(rules_evaluated, 30, "every rule evaluated")
-    assert len(rules) == 31
+    assert len(rules) == sum(len(g["rules"]) for g in yaml.safe_load(RULES.read_text())["groups"])
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
     def starved_alerts() -> set[str] | None:
@@ -305,4 +328,27 @@ def test_real_prometheus_scrapes_collector_and_agent_and_evaluates_the_rules(
         return got if got == starved else None
 
     assert _until(starved_alerts, 20, "starvation alerts pending")
+
+    # one alert per open incident, whatever number of GPUs it lists, each saying its severity, its GPUs,
+    # its page and its runbook
+    with psycopg.connect(fleet.url) as conn:
+        incidents = {str(i): k for i, k in conn.execute(
+            "SELECT id, kind FROM incidents WHERE state = 'open' AND kind <> ALL(%s)",
+            (["idle_allocation", "hung_collective"],)).fetchall()}
+
+    def incident_alerts() -> list[dict[str, Any]] | None:
+        alerts = [a for a in api.get("/api/v1/alerts").json()["data"]["alerts"] if "incident_id" in a["labels"]]
+        return alerts if {a["labels"]["incident_id"] for a in alerts} == set(incidents) else None
+
+    alerts = _until(incident_alerts, 30, "an alert for every open incident")
+    assert sorted(a["labels"]["incident_id"] for a in alerts) == sorted(incidents)  # one each
+    for a in alerts:
+        iid = a["labels"]["incident_id"]
+        assert a["labels"]["kind"] == incidents[iid] and "severity" not in a["labels"]
+        ann = a["annotations"]
+        assert ann["severity"] in ("warning", "critical") and ann["incident"].endswith(f"/incidents/{iid}"), a
+        assert "/runbooks#" in ann["runbook_url"] and "error expanding" not in " ".join(ann.values()), a
+    throttled = [a for a in alerts if a["labels"]["kind"] == "throttling" and a["labels"]["run_id"] == "demo-hot"]
+    assert len(throttled) == 1 and len(throttled[0]["annotations"]["gpus"].split(",")) == 8
+    assert {a["labels"]["team"] for a in alerts if a["labels"]["kind"] == "starvation"} == {"vision", "speech"}
     assert "error" not in prometheus_stack["log"].read_text().lower().replace("err=null", "")
