@@ -46,6 +46,7 @@ from gpufleet.agent.scheduler import FIRST_READ_TIMEOUT_S, Scheduler
 from gpufleet.agent.shipper import Shipper, tls_context
 from gpufleet.agent.sources.base import Closeable, Source
 from gpufleet.agent.sources.facts import node_facts
+from gpufleet.agent.sources.nvml_power_cap import follower_from_settings
 from gpufleet.agent.spool import Spool
 from gpufleet.config import AgentSettings
 from gpufleet.metricsauth import MetricsGuard, read_token
@@ -92,6 +93,7 @@ class Agent:
                                      kubernetes=kubernetes)
         self.job_cgroups = JobCgroups(settings.proc_root, settings.sys_root, mono) if settings.job_cgroups else None
         self.node_checks = NodeChecks.from_settings(settings, clock=mono) if settings.node_checks else None
+        self.power_caps = follower_from_settings(settings, self.node)
         self.sanitizer = Sanitizer()
         self.spool = Spool(spool_dir, self._encode, max_bytes=settings.spool_max_bytes,
                            segment_max_samples=settings.segment_max_samples, fsync=settings.spool_fsync,
@@ -130,6 +132,8 @@ class Agent:
         if self.kubernetes is not None:
             self.kubernetes.start()
         self._facts_wait_until = self._mono() + FIRST_READ_TIMEOUT_S
+        if self.power_caps is not None:
+            self.power_caps.start()
         if self.node_checks is not None:
             try:
                 self.node_checks.prime()
@@ -172,6 +176,8 @@ class Agent:
         sealed in the spool for the next start.
         """
         stuck = self.scheduler.stop(timeout_s=1.0)
+        if self.power_caps is not None:
+            self.power_caps.stop()  # caps stay on the GPUs: the run goes on without the agent
         if self.kubernetes is not None:
             self.kubernetes.stop()
         if stuck:
@@ -263,6 +269,8 @@ class Agent:
             except (OSError, ValueError) as e:
                 self._ratelog.log(logging.WARNING, "node-checks", "agent: node checks failed: %s", e)
         facts = {**self._node_facts, **from_sources, **self._check_facts}
+        if self.power_caps is not None:
+            facts.update(self.power_caps.facts())
         if self.attributor.runs:
             facts["runs"] = runs_facts(self.attributor.runs)
         if facts == self._facts_sent and not self.spool.facts_lost.is_set():

@@ -435,6 +435,14 @@ class AgentSettings(BaseModel):
     dcgm_diag_result_file: Path = Path("/var/lib/gpufleet/dcgm-diag.json")
     #: The dcgmi binary (a name on PATH or a path).
     dcgmi: str = "dcgmi"
+    #: Apply the power caps planned for runs on this node (``PUT /v1/runs/{id}/power-cap``) through
+    #: NVML, to every GPU of the run here or none, and restore each GPU's limit after; off by default.
+    #: Setting a limit needs root.  The plans are read from ``api_url`` with this node's token.
+    power_caps: bool = False
+    api_url: str | None = None
+    power_cap_poll_s: float = Field(60.0, gt=0)
+    #: The limits to restore, kept across agent restarts.
+    power_cap_state_file: Path = Path("/var/lib/gpufleet/power-caps.json")
     #: Where the host's /proc and /sys are (a container mounts them elsewhere).
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")

@@ -229,6 +229,9 @@ class NvmlSource:
         mem = opt(gpu, "memory_info", api.memory_info, h)
         power_mw = opt(gpu, "power", api.power_usage_mw, h)
         limit_mw = opt(gpu, "power_limit", api.enforced_power_limit_mw, h)
+        if limit_mw is None:
+            # Boards (and vGPU guests) without the enforced limit still report the one set on them.
+            limit_mw = opt(gpu, "power_mgmt_limit", api.power_management_limit_mw, h)
         tx = opt(gpu, "pcie_tx", api.pcie_throughput_kb_s, h, "tx")
         rx = opt(gpu, "pcie_rx", api.pcie_throughput_kb_s, h, "rx")
         row: GpuRow = {

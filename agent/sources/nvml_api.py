@@ -154,6 +154,16 @@ class NvmlApi(Protocol):
     def enforced_power_limit_mw(self, handle: Handle) -> int:
         """Power limit the driver enforces now, mW."""
 
+    def power_management_limit_mw(self, handle: Handle) -> int:
+        """Power limit set on the board (``nvidia-smi -pl``), mW; the enforced one may be lower."""
+
+    def power_limit_constraints_mw(self, handle: Handle) -> tuple[int, int]:
+        """Lowest and highest power limit the board accepts, mW."""
+
+    def set_power_management_limit_mw(self, handle: Handle, limit_mw: int) -> None:
+        """Set the board's power limit, mW (root only; NotPermitted otherwise). Lasts until changed or the
+        driver reloads."""
+
     def clock_mhz(self, handle: Handle, clock: Clock) -> int:
         """Current clock, MHz."""
 
@@ -333,6 +343,19 @@ class PynvmlApi:
 
     def enforced_power_limit_mw(self, handle: Handle) -> int:
         return int(self._call("nvmlDeviceGetEnforcedPowerLimit", self.nv.nvmlDeviceGetEnforcedPowerLimit, handle))
+
+    def power_management_limit_mw(self, handle: Handle) -> int:
+        return int(self._call("nvmlDeviceGetPowerManagementLimit", self.nv.nvmlDeviceGetPowerManagementLimit,
+                              handle))
+
+    def power_limit_constraints_mw(self, handle: Handle) -> tuple[int, int]:
+        lo, hi = self._call("nvmlDeviceGetPowerManagementLimitConstraints",
+                            self.nv.nvmlDeviceGetPowerManagementLimitConstraints, handle)
+        return int(lo), int(hi)
+
+    def set_power_management_limit_mw(self, handle: Handle, limit_mw: int) -> None:
+        self._call("nvmlDeviceSetPowerManagementLimit", self.nv.nvmlDeviceSetPowerManagementLimit, handle,
+                   int(limit_mw))
 
     def clock_mhz(self, handle: Handle, clock: Clock) -> int:
         return int(self._call("nvmlDeviceGetClockInfo", self.nv.nvmlDeviceGetClockInfo, handle, int(clock)))

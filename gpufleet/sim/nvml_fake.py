@@ -30,6 +30,7 @@ from gpufleet.agent.sources.nvml_api import (
     Clock,
     GpuLost,
     MemoryInfo,
+    NotPermitted,
     NotSupported,
     NvLinkErrors,
     NvmlError,
@@ -179,6 +180,8 @@ class FakeGpu:
         self.util_pct = 0
         self.mem_used_mib = 0.0
         self.power_limit_w = profile.power_limit_w
+        #: Lowest limit the board accepts (NVML's constraints; about 30 % of the default on data-center boards).
+        self.power_limit_min_w = round(0.3 * profile.power_limit_w)
         self.sm_clock_mhz = profile.idle_sm_clock_mhz
         self.mem_clock_mhz = profile.mem_clock_max_mhz
         self.temp_c = profile.idle_temp_c
@@ -296,6 +299,8 @@ class FakeNvml:
         self.call_latency_s = call_latency_s
         self.calls: Counter[str] = Counter()
         self.initialized = False
+        #: Whether the caller may set power limits (root, as the driver requires).
+        self.may_set_power_limit = True
         self._event_sets: list[FakeEventSet] = []
 
     # -- test controls -----------------------------------------------------------------
@@ -414,6 +419,22 @@ class FakeNvml:
 
     def enforced_power_limit_mw(self, handle: FakeHandle) -> int:
         return round(self._whole("enforced_power_limit_mw", handle).power_limit_w * 1000)
+
+    def power_management_limit_mw(self, handle: FakeHandle) -> int:
+        return round(self._whole("power_management_limit_mw", handle).power_limit_w * 1000)
+
+    def power_limit_constraints_mw(self, handle: FakeHandle) -> tuple[int, int]:
+        gpu = self._whole("power_limit_constraints_mw", handle)
+        return round(gpu.power_limit_min_w * 1000), round(gpu.profile.power_limit_w * 1000)
+
+    def set_power_management_limit_mw(self, handle: FakeHandle, limit_mw: int) -> None:
+        """As the driver does: only root may, only within the board's constraints."""
+        gpu = self._whole("set_power_management_limit_mw", handle)
+        if not self.may_set_power_limit:
+            raise NotPermitted("nvml: nvmlDeviceSetPowerManagementLimit: no permission")
+        if not gpu.power_limit_min_w * 1000 <= limit_mw <= gpu.profile.power_limit_w * 1000:
+            raise NvmlError(f"nvml: nvmlDeviceSetPowerManagementLimit: Invalid Argument ({limit_mw} mW)")
+        gpu.power_limit_w = limit_mw / 1000.0
 
     def clock_mhz(self, handle: FakeHandle, clock: Clock) -> int:
         gpu = self._whole("clock_mhz", handle)

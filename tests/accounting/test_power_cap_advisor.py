@@ -11,8 +11,9 @@ second, independent run of the simulation), and its choice against the choice th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,116 @@ def test_the_endpoint_serves_the_advice(sweep_db: FilledFleet, settings: Setting
         assert c.get("/v1/advisor/power-cap", params={"gpu_model": H100},
                      headers={"Authorization": f"Bearer {finance}"}).status_code == 403
         assert c.get("/v1/advisor/power-cap", params={"gpu_model": H100}).status_code == 401
+
+
+def _proposal(fleet: FilledFleet, run_id: str, loss: float = 0.05) -> dict[str, Any]:
+    from gpufleet.advisor.run_cap import RunCapSettings, propose_run_cap
+
+    with psycopg.connect(fleet.url) as conn:
+        return propose_run_cap(conn, run_id, loss, now=fleet.end, settings=RunCapSettings(advisor=CFG))
+
+
+def test_one_cap_for_a_run_with_its_saving_in_kwh_and_money(sweep_db: FilledFleet) -> None:
+    p = _proposal(sweep_db, "cap-700")
+    fleet_advice = _advice(sweep_db, 0.05, model="llama-13b-pretrain")["models"][0]
+    assert p["enough_data"] and p["action"] == "cap" and p["gpus"] == 4 and p["gpu_model"] == H100
+    assert p["current_limit_w"] == 700 and p["proposed_limit_w"] == fleet_advice["recommendation"]["power_limit_w"]
+    levels = {lv["power_limit_w"]: lv for lv in fleet_advice["levels"]}
+    share = 1 - levels[700.0]["tokens_per_joule"] / levels[p["proposed_limit_w"]]["tokens_per_joule"]
+    assert p["energy_per_token_saving"] == pytest.approx(share, abs=1e-6) and 0 < share < 0.5
+    assert p["throughput_loss_vs_now"] <= 0.05
+    # The daily saving from the run's own measured power over its last hour, at the site's PUE and price.
+    with psycopg.connect(sweep_db.url) as conn:
+        row = conn.execute("SELECT sum(e.energy_j), sum(e.covered_s) FROM gpu_energy_1m e JOIN run_allocations a "
+                           "ON a.node = e.node AND a.gpu = e.gpu WHERE a.run_id = 'cap-700' AND e.bucket >= %s "
+                           "AND e.bucket < %s", (sweep_db.end - timedelta(hours=1), sweep_db.end)).fetchone()
+    assert row is not None
+    j, s = row
+    kwh_day = j / s * 4 * 86400 / 3.6e6
+    exp = p["expected_saving"]
+    assert exp["gpu_kwh_per_day_now"] == pytest.approx(kwh_day, rel=1e-4)
+    assert exp["gpu_kwh_per_day_saved"] == pytest.approx(kwh_day * share, rel=1e-4)
+    assert exp["facility_kwh_per_day_saved"] == pytest.approx(kwh_day * share * 1.25, rel=1e-4)
+    assert exp["cost_per_day_saved"] == pytest.approx(kwh_day * share * 1.25 * 0.14, rel=1e-4)
+    assert exp["currency"] == "EUR"
+
+
+def test_a_run_already_capped_keeps_its_limit_and_one_without_data_says_why(sweep_db: FilledFleet) -> None:
+    low = _proposal(sweep_db, "cap-350")
+    assert low["enough_data"] and low["action"] == "keep" and low["current_limit_w"] == 350
+    other = _proposal(sweep_db, "other-model")
+    assert not other["enough_data"] and other["action"] == "none"
+    assert any("one power limit only" in r for r in other["reasons"])
+
+
+def test_a_cap_set_through_the_api_reaches_the_nodes_agents_and_comes_off(sweep_db: FilledFleet,
+                                                                          settings: Settings,
+                                                                          tmp_path: Path) -> None:
+    from gpufleet.agent.sources.nvml_power_cap import PlanFollower, PowerCapper, api_fetcher
+    from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
+
+    now = datetime.now(UTC)
+    with psycopg.connect(sweep_db.url, autocommit=True) as conn:
+        admin = create_token(conn, "caps-admin", "admin")
+        sre = create_token(conn, "caps-sre", "sre")
+        n1 = create_token(conn, "caps-n1", "node", "live-01")
+        n2 = create_token(conn, "caps-n2", "node", "live-02")
+    with serve(create_app(sweep_db.url, settings)) as srv:
+        c = httpx.Client(base_url=srv.url, timeout=60)
+        h = {"Authorization": f"Bearer {admin}"}
+        body = {"run_id": "live-run", "name": "llama-13b-pretrain", "start": (now - timedelta(hours=1)).isoformat(),
+                "end": (now + timedelta(days=1)).isoformat(),
+                "allocations": [{"node": "live-01", "gpus": [0, 1]}, {"node": "live-02", "gpus": [0, 1]}]}
+        assert c.post("/v1/runs", json=body, headers=h).status_code in (200, 201)
+        got = c.get("/v1/runs/live-run/power-cap", headers={"Authorization": f"Bearer {sre}"})
+        assert got.status_code == 200 and got.json()["plan"] is None
+        assert got.json()["proposal"]["action"] == "none"  # no facts name its GPUs: no comparable levels
+        # Without a proposal, a cap needs a limit; with one it is set.
+        assert c.put("/v1/runs/live-run/power-cap", json={}, headers=h).status_code == 409
+        assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": 450},
+                     headers={"Authorization": f"Bearer {sre}"}).status_code == 403
+        put = c.put("/v1/runs/live-run/power-cap", json={"limit_w": 450, "reason": "tokens/J sweep"}, headers=h)
+        assert put.status_code == 200, put.text
+        assert put.json()["plan"]["revision"] == 1 and put.json()["plan"]["state"] == "active"
+        assert c.put("/v1/runs/nope/power-cap", json={"limit_w": 450}, headers=h).status_code == 404
+        assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": -5}, headers=h).status_code == 422
+        # Each node reads its own plans with its own token, and only its own.
+        plans = c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n1}"}).json()["plans"]
+        assert plans == [{"run_id": "live-run", "limit_w": 450.0, "revision": 1, "gpus": [0, 1]}]
+        assert c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n2}"}).status_code == 403
+        # The agents apply it, through NVML, to every GPU the run holds on their node.
+        gpus = {n: FakeNvml([H100_SXM] * 4) for n in ("live-01", "live-02")}
+        followers = {}
+        for n, tok in (("live-01", n1), ("live-02", n2)):
+            gpus[n].init()
+            followers[n] = PlanFollower(PowerCapper(gpus[n], tmp_path / f"{n}.json"), api_fetcher(srv.url, n, tok))
+            followers[n].sync()
+            assert [g.power_limit_w for g in gpus[n].gpus] == [450.0, 450.0, 700.0, 700.0]
+        # One node cannot (no root there): it reports so in its facts, and the cap leaves every node.
+        with psycopg.connect(sweep_db.url, autocommit=True) as conn:
+            for n, f in followers.items():
+                if n == "live-02":
+                    f.reports["live-run"] = {"revision": 1, "state": "failed", "detail": "no permission"}
+                conn.execute("INSERT INTO nodes (node, facts) VALUES (%s, %s) ON CONFLICT (node) DO UPDATE "
+                             "SET facts = EXCLUDED.facts", (n, json.dumps(f.facts())))
+        state = c.get("/v1/runs/live-run/power-cap", headers=h).json()["plan"]
+        assert state["state"] == "failed" and state["failed_on"] == {"live-02": "no permission"}
+        assert state["nodes"]["live-01"]["state"] == "applied"
+        followers["live-01"].sync()
+        assert [g.power_limit_w for g in gpus["live-01"].gpus] == [700.0] * 4
+        # A new revision retries; withdrawing puts every limit back.
+        assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": 400}, headers=h).json()["plan"]["revision"] == 2
+        followers["live-01"].sync()
+        assert [g.power_limit_w for g in gpus["live-01"].gpus] == [400.0, 400.0, 700.0, 700.0]
+        gone = c.delete("/v1/runs/live-run/power-cap", headers=h)
+        assert gone.status_code == 200 and gone.json()["plan"]["state"] == "withdrawn"
+        followers["live-01"].sync()
+        assert [g.power_limit_w for g in gpus["live-01"].gpus] == [700.0] * 4
+        assert c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n1}"}).json()["plans"] == []
+        # At the run's end it is no longer handed out: the agents restore.
+        assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": 400}, headers=h).status_code == 200
+    from gpufleet.advisor.plans import plans_for_node
+
+    with psycopg.connect(sweep_db.url) as conn:
+        assert [p["revision"] for p in plans_for_node(conn, "live-01", now)] == [4]
+        assert plans_for_node(conn, "live-01", now + timedelta(days=2)) == []

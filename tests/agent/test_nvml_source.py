@@ -281,3 +281,15 @@ def test_health_fields_are_null_on_mig_instances_and_lost_gpus() -> None:
     fake.lose_gpu(1)
     lost = by_key(src.collect())[(1, None)]
     assert lost["xid"] == 79 and lost["pcie_replay_count"] is None and lost["nvlink_links_up"] is None
+
+
+def test_management_limit_stands_in_where_the_enforced_limit_is_not_offered() -> None:
+    src, fake = make("h100")
+    fake.gpu(0).unsupported.add("enforced_power_limit_mw")
+    fake.gpu(0).power_limit_w = 450.0  # set with nvidia-smi -pl
+    assert src.collect().gpus[0]["power_limit_w"] == pytest.approx(450.0)
+    src.collect()
+    assert fake.calls["enforced_power_limit_mw"] == 1 and fake.calls["power_management_limit_mw"] == 2
+    both, fake2 = make("h100")
+    assert both.collect().gpus[0]["power_limit_w"] == pytest.approx(700.0)
+    assert fake2.calls["power_management_limit_mw"] == 0
