@@ -289,7 +289,7 @@ class PriceSeries(Strict):
 
 class TokenCreate(Strict):
     name: str = Field(pattern=NAME_PATTERN)
-    role: Literal["node", "progress", "finance", "sre", "admin"]
+    role: Literal["node", "progress", "finance", "sre", "admin", "remote_write"]
     node: str | None = Field(None, pattern=NAME_PATTERN,
                              description="node: the node it writes (required); progress: only runs on this node")
 

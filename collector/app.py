@@ -21,6 +21,10 @@ from gpufleet.collector.connection_age import ConnectionAges, closing
 from gpufleet.collector.ingest import CLIENT_GONE, IngestHandler
 from gpufleet.collector.leader import DbMonitor, Leader, SweepFn
 from gpufleet.collector.metrics import CollectorMetrics
+from gpufleet.collector.remote_write import DOC as REMOTE_WRITE_DOC
+from gpufleet.collector.remote_write import OPENAPI as REMOTE_WRITE_OPENAPI
+from gpufleet.collector.remote_write import PATH as REMOTE_WRITE_PATH
+from gpufleet.collector.remote_write import RemoteWrite
 from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
@@ -98,6 +102,8 @@ class CollectorState:
         else:
             self.leader = Leader(url, settings, self.metrics, sweep=sweep)
         self.monitor = DbMonitor(url, self._db_changed)
+        #: Prometheus remote write (``POST /api/v1/write``) and, on a replica that may lead, its assembler.
+        self.remote_write = RemoteWrite(url, settings, self.metrics.registry, self.metrics.rejected_skew)
         #: Where ``/metrics`` is rendered (see the route).
         self.scrapes = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-metrics")
 
@@ -117,7 +123,8 @@ class IngestFastPath:
         # Bodies are bounded before anything reads them: ingest at its own limit, every other
         # route (they take no body) at a few KiB.
         self._bounded = BodyLimit(self._dispatch, default=OTHER_BODY_MAX,
-                                  limits=[("/v1/ingest", state.settings.ingest.max_body_bytes)])
+                                  limits=[("/v1/ingest", state.settings.ingest.max_body_bytes),
+                                          (REMOTE_WRITE_PATH, state.settings.ingest.max_body_bytes)])
         #: Slow clients are let go (gpufleet.connguard; the collector's protocol finds this).
         self.connection_guard = ConnectionGuard(
             Limits.of(state.settings.ingest, state.settings.ingest.retry_after_s),
@@ -165,7 +172,20 @@ class IngestFastPath:
             response = await self.answer(scope, receive)
             await response(scope, receive, send)
             return
+        if scope["type"] == "http" and scope["path"] == REMOTE_WRITE_PATH and scope["method"] == "POST":
+            response = await self.remote_write(scope, receive)
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def remote_write(self, scope: dict[str, Any], receive: Any) -> Response:
+        request = Request(scope, receive)
+        try:
+            who = await self.state.auth.principal(request)
+        except HTTPException as e:
+            self.state.remote_write.metrics.requests.labels(str(e.status_code)).inc()
+            return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
+        return await self.state.remote_write.handle(request, who)
 
 
 def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_leader: bool = True) -> Any:
@@ -174,6 +194,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.pool.open(wait=False)
+        await state.remote_write.open(assemble=settings.leader)
         state.writer.start()
         state.monitor.start()
         if run_leader:
@@ -185,6 +206,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
             state.monitor.stop()
             state.writer.stop()
             state.scrapes.shutdown(wait=False, cancel_futures=True)
+            await state.remote_write.close()
             await state.pool.close()
 
     app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
@@ -210,6 +232,11 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     @app.post("/v1/ingest", description=INGEST_DOC, openapi_extra=INGEST_OPENAPI, tags=["ingest"])
     async def ingest(request: Request, who: Principal = Depends(principal)) -> Response:
         return await state.ingest.handle(request, who)
+
+    @app.post(REMOTE_WRITE_PATH, description=REMOTE_WRITE_DOC, openapi_extra=REMOTE_WRITE_OPENAPI,
+              tags=["ingest"], status_code=204)
+    async def remote_write(request: Request, who: Principal = Depends(principal)) -> Response:
+        return await state.remote_write.handle(request, who)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

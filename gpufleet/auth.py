@@ -8,6 +8,8 @@ prices, tokens, runs).  What a node or progress token may change about a run
 is decided in :mod:`gpufleet.store.authority`.  The secret is shown only when
 the token is created; the database keeps its SHA-256, and neither appears in
 logs or error bodies.
+``remote_write`` is a Prometheus remote-writing the fleet's exporters: it may
+write samples of any node through ``/api/v1/write`` and do nothing else.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import psycopg
 
 from gpufleet.names import is_node_name
 
-Role = Literal["node", "progress", "finance", "sre", "admin"]
-ROLES: tuple[Role, ...] = ("node", "progress", "finance", "sre", "admin")
+Role = Literal["node", "progress", "finance", "sre", "admin", "remote_write"]
+ROLES: tuple[Role, ...] = ("node", "progress", "finance", "sre", "admin", "remote_write")
 #: Roles whose token names a node: required for ``node``, optional for ``progress``.
 NODE_ROLES: frozenset[Role] = frozenset({"node", "progress"})
 PREFIX = "gpf_"
@@ -39,6 +41,8 @@ CAPABILITIES: dict[str, frozenset[Role]] = {
     "write_runs": frozenset({"admin", "node"}),
     "report_progress": frozenset({"admin", "node", "progress"}),
     "admin": frozenset({"admin"}),
+    #: Prometheus remote write (``POST /api/v1/write``): samples of any node, nothing else.
+    "remote_write": frozenset({"remote_write"}),
 }
 
 

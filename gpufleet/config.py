@@ -206,6 +206,43 @@ class CarbonSettings(BaseModel):
     sources: list[CarbonSource] = Field(default_factory=list)
 
 
+class RemoteWriteSettings(BaseModel):
+    """Prometheus remote write into the collector (``POST /api/v1/write``, gpufleet.collector.remote_write)."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Labels naming the node a series is of, the first a series has wins; ``instance`` loses its
+    #: ``:port``.  dcgm-exporter labels its series ``Hostname``; node_exporter's have only ``instance``
+    #: unless a relabelling adds ``node`` (which is why it comes first).
+    node_labels: list[str] = Field(default_factory=lambda: ["node", "Hostname", "hostname", "instance"],
+                                   min_length=1)
+    #: A (node, time) is assembled into rows once its last piece is this old, seconds: the pieces of one
+    #: scrape arrive in several requests (Prometheus's shards and batches), within its
+    #: ``batch_send_deadline`` (5 s) and retry backoff.  A piece later than this is counted, not merged.
+    merge_delay_s: float = Field(10.0, ge=0, le=3600)
+    #: How often the assembling replica looks for whole groups, seconds.
+    assemble_every_s: float = Field(1.0, gt=0, le=60)
+    #: Pieces waiting beyond which remote write answers 503 (Prometheus retries): the assembler is behind.
+    max_pending_parts: int = Field(500_000, gt=0)
+
+
+class RunMetricsSettings(BaseModel):
+    """Per-run energy, cost, CO2e, GPU-hours and goodput on the collector's ``/metrics``
+    (gpufleet.collector.run_metrics): computed by the leader every ``refresh_s``, never per scrape."""
+
+    model_config = {"extra": "forbid"}
+
+    enabled: bool = True
+    #: How often the leader recomputes them, seconds.
+    refresh_s: float = Field(60.0, ge=5)
+    #: Runs ended longer ago than this leave the series, seconds (running runs are always in).
+    horizon_s: float = Field(86400.0, ge=0)
+    #: At most this many runs are exported (the most recent first); the rest are counted.
+    max_runs: int = Field(2000, ge=1)
+    #: Also export per GPU: the energy attributed to its run and whether an incident is open on it.
+    per_gpu: bool = False
+
+
 class RunsSettings(BaseModel):
     """Runs the collector registers from the runs agents attribute to GPU samples (gpufleet.store.inferred)."""
 
@@ -503,6 +540,8 @@ class Settings(BaseSettings):
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
     carbon: CarbonSettings = CarbonSettings()
+    remote_write: RemoteWriteSettings = RemoteWriteSettings()
+    run_metrics: RunMetricsSettings = RunMetricsSettings()
 
     @model_validator(mode="after")
     def _production(self) -> Settings:

@@ -271,9 +271,25 @@ agent_tokens = Table(
     Column("node", Text, nullable=True),
     _tz("created_at", server_default=text("now()")),
     _tz("revoked_at", nullable=True),
-    CheckConstraint("role IN ('node', 'finance', 'sre', 'admin', 'progress')", name="agent_tokens_role"),
+    CheckConstraint("role IN ('node', 'finance', 'sre', 'admin', 'progress', 'remote_write')", name="agent_tokens_role"),
     CheckConstraint("(role <> 'node' OR node IS NOT NULL) AND (node IS NULL OR role IN ('node', 'progress'))",
                     name="agent_tokens_node_role"),
+)
+
+#: What one remote-write request said of one node at one time, until the (node, time) is assembled
+#: into rows (gpufleet.collector.remote_write_store): only what is waiting, so a plain table.
+remote_write_parts = Table(
+    "remote_write_parts", metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("node", Text, nullable=False),
+    #: The samples' time, milliseconds since the epoch (remote write's own unit).
+    Column("t_ms", BigInteger, nullable=False),
+    _tz("received_at", server_default=text("clock_timestamp()")),
+    Column("gpu_samples", Integer, nullable=False),
+    Column("host_samples", Integer, nullable=False),
+    #: msgpack (gpufleet.collector.remote_write_pieces)
+    Column("body", LargeBinary, nullable=False),
+    Index("remote_write_parts_group_idx", "node", "t_ms"),
 )
 
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per
