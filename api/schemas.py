@@ -372,8 +372,10 @@ class IncidentPublic(BaseModel):
                                                         "at the run's prices; null for node-scoped ones")
     actions: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="what the quarantine hooks did: action (slurm_drain, k8s_cordon), target node, time, result "
-                    "(done, dry_run, failed, skipped, rate_limited) and detail")
+        description="what the quarantine hooks and the run actions did: action (slurm_drain, k8s_cordon; "
+                    "notify, slurm_requeue, slurm_cancel, k8s_annotate), target (node, job or object), time, "
+                    "result (done, dry_run, failed, skipped, rate_limited) and detail; run actions also say who "
+                    "decided (by), why (reason) and what allow-listed the run (allowed_by)")
 
 
 class Progress(Strict):

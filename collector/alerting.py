@@ -23,6 +23,9 @@ from prometheus_client.registry import Collector
 
 from gpufleet.collector.incident_series import IDENTITY, identity, incident_families
 
+from gpufleet.collector.actions import RUN_ACTIONS
+from gpufleet.collector.quarantine import QUARANTINE_ACTIONS
+
 log = logging.getLogger(__name__)
 
 OPEN_INCIDENTS_SQL = (
@@ -39,7 +42,14 @@ EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_shar
 QUARANTINE_SQL = (
     "SELECT DISTINCT ON (i.id, a->>'action') i.kind, i.node, a->>'action', a->>'result' "
     "FROM incidents i CROSS JOIN LATERAL jsonb_array_elements(i.actions) a "
-    "WHERE i.state = 'open' AND jsonb_typeof(i.actions) = 'array' "
+    "WHERE i.state = 'open' AND jsonb_typeof(i.actions) = 'array' AND a->>'action' = ANY(%s) "
+    "ORDER BY i.id, a->>'action', a->>'time' DESC"
+)
+#: The latest run action of each open incident (gpufleet.collector.actions).
+RUN_ACTIONS_SQL = (
+    "SELECT DISTINCT ON (i.id, a->>'action') i.kind, i.run_id, a->>'action', a->>'result' "
+    "FROM incidents i CROSS JOIN LATERAL jsonb_array_elements(i.actions) a "
+    "WHERE i.state = 'open' AND jsonb_typeof(i.actions) = 'array' AND a->>'action' = ANY(%s) "
     "ORDER BY i.id, a->>'action', a->>'time' DESC"
 )
 
@@ -77,6 +87,7 @@ class IncidentMetrics(Collector):
         self._rows: list[tuple[Any, ...]] = []
         self._nodes: list[tuple[Any, ...]] = []
         self._quarantine: list[tuple[Any, ...]] = []
+        self._run_actions: list[tuple[Any, ...]] = []
         self._up = 1.0
 
     def _rows_now(self) -> list[tuple[Any, ...]]:
@@ -89,7 +100,8 @@ class IncidentMetrics(Collector):
                                  (f"{self.statement_timeout_s * 1000:.0f}",))
                     self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
                     self._nodes = conn.execute(NODES_SQL).fetchall()
-                    self._quarantine = conn.execute(QUARANTINE_SQL).fetchall()
+                    self._quarantine = conn.execute(QUARANTINE_SQL, (list(QUARANTINE_ACTIONS),)).fetchall()
+                    self._run_actions = conn.execute(RUN_ACTIONS_SQL, (list(RUN_ACTIONS),)).fetchall()
                 self._up = 1.0
             except psycopg.Error:
                 self._up = 0.0  # keep the last known set; report that it is stale
@@ -136,6 +148,14 @@ class IncidentMetrics(Collector):
         for kind, node, action, result in self._quarantine:
             q.add_metric([kind, _label(node), _label(action), _label(result)], 1.0)
         yield q
+        if not self.redact:
+            ra = GaugeMetricFamily("gpufleet_incident_run_action",
+                                   "Latest run action (requeue, cancel, annotate, notify) for an open incident "
+                                   "(value 1; result done, dry_run, failed, skipped or rate_limited)",
+                                   labels=["kind", "run_id", "action", "result"])
+            for kind, run_id, action, result in self._run_actions:
+                ra.add_metric([kind, _label(run_id), _label(action), _label(result)], 1.0)
+            yield ra
         seen = GaugeMetricFamily("gpufleet_node_last_seen_timestamp_seconds",
                                  "When the collector last stored a batch from the node (any replica)", labels=["node"])
         skew = CounterMetricFamily("gpufleet_node_rejected_skew_samples",

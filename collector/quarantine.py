@@ -27,10 +27,7 @@ repeated-XID ``host_misconfig`` whose XIDs are all the application's own
 from __future__ import annotations
 
 import logging
-import ssl
-import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +38,20 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from gpufleet.collector.scheduler import (
+    ACTED,
+    DETAIL_CHARS,
+    DONE,
+    DRY_RUN,
+    FAILED,
+    RATE_LIMITED,
+    SKIPPED,
+    KubernetesApi,
+    Outcome,
+    iso,
+    retry_due,
+    run_command,
+)
 from gpufleet.config import QuarantineSettings
 from gpufleet.evidence import read_evidence
 from gpufleet.wire import NODE_RE
@@ -48,11 +59,25 @@ from gpufleet.xid import hardware
 
 log = logging.getLogger(__name__)
 
-#: Results recorded on an incident.  ``done`` and ``dry_run`` count as quarantined.
-DONE, DRY_RUN, FAILED, SKIPPED, RATE_LIMITED = "done", "dry_run", "failed", "skipped", "rate_limited"
-QUARANTINED = (DONE, DRY_RUN)
-#: How much of a command's or server's reply is kept in the record.
-DETAIL_CHARS = 500
+__all__ = [
+    "DETAIL_CHARS",
+    "DONE",
+    "DRY_RUN",
+    "FAILED",
+    "K8S_ANNOTATION",
+    "QUARANTINED",
+    "QUARANTINE_ACTIONS",
+    "RATE_LIMITED",
+    "SKIPPED",
+    "KubernetesCordon",
+    "Outcome",
+    "Quarantine",
+    "SlurmDrain",
+    "backend_for",
+]
+
+#: ``done`` and ``dry_run`` count as quarantined.
+QUARANTINED = ACTED
 #: Annotation a cordon sets on the Node with the reason.
 K8S_ANNOTATION = "gpufleet.io/quarantine-reason"
 
@@ -81,14 +106,6 @@ GROUP BY 1
 """
 
 
-@dataclass
-class Outcome:
-    result: str
-    detail: str
-    #: What was (or would have been) run: a command line, or the request.
-    call: dict[str, Any] = field(default_factory=dict)
-
-
 class Backend(Protocol):
     #: Name of the action in the incident's record (``slurm_drain``, ``k8s_cordon``).
     action: str
@@ -115,20 +132,7 @@ class SlurmDrain:
         return {"command": self.command(node, reason)}
 
     def apply(self, node: str, reason: str) -> Outcome:
-        cmd = self.command(node, reason)
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, check=False)
-        except FileNotFoundError:
-            return Outcome(FAILED, f"{self.scontrol}: not found (is this collector on a Slurm login/controller "
-                                   "host, or is quarantine.scontrol the full path?)", self.call(node, reason))
-        except subprocess.TimeoutExpired:
-            return Outcome(FAILED, f"scontrol did not finish in {self.timeout_s:g} s", self.call(node, reason))
-        except OSError as e:
-            return Outcome(FAILED, f"{self.scontrol}: {e}", self.call(node, reason))
-        out = (p.stdout + p.stderr).strip()[-DETAIL_CHARS:]
-        if p.returncode != 0:
-            return Outcome(FAILED, f"scontrol exited {p.returncode}: {out or '(no output)'}", self.call(node, reason))
-        return Outcome(DONE, out or "drained", self.call(node, reason))
+        return run_command(self.command(node, reason), self.timeout_s, "drained", "quarantine.scontrol")
 
 
 class KubernetesCordon:
@@ -138,14 +142,13 @@ class KubernetesCordon:
 
     def __init__(self, api_url: str, token_file: Path, ca_file: Path | None, timeout_s: float = 30.0,
                  client: httpx.Client | None = None) -> None:
-        self.api_url = api_url.rstrip("/")
-        self.token_file = token_file
-        self.ca_file = ca_file
-        self.timeout_s = timeout_s
-        self._client = client
+        self.api = KubernetesApi(api_url, token_file, ca_file, timeout_s, client)
+
+    def path(self, node: str) -> str:
+        return f"/api/v1/nodes/{quote(node, safe='')}"
 
     def url(self, node: str) -> str:
-        return f"{self.api_url}/api/v1/nodes/{quote(node, safe='')}"
+        return self.api.api_url + self.path(node)
 
     @staticmethod
     def body(reason: str) -> dict[str, Any]:
@@ -155,36 +158,12 @@ class KubernetesCordon:
         return {"request": f"PATCH {self.url(node)}", "body": self.body(reason)}
 
     def apply(self, node: str, reason: str) -> Outcome:
-        try:
-            token = self.token_file.read_text().strip()
-        except OSError as e:
-            return Outcome(FAILED, f"cannot read the service account token {self.token_file}: {e.strerror or e}",
-                           self.call(node, reason))
-        if not token:
-            return Outcome(FAILED, f"the service account token {self.token_file} is empty", self.call(node, reason))
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/strategic-merge-patch+json",
-                   "Accept": "application/json"}
-        try:
-            if self._client is not None:
-                r = self._client.patch(self.url(node), json=self.body(reason), headers=headers,
-                                       timeout=self.timeout_s)
-            else:
-                try:
-                    verify = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-                except (OSError, ssl.SSLError) as e:
-                    return Outcome(FAILED, f"cannot load the CA {self.ca_file}: {e}", self.call(node, reason))
-                with httpx.Client(verify=verify, timeout=self.timeout_s) as c:
-                    r = c.patch(self.url(node), json=self.body(reason), headers=headers)
-        except (httpx.HTTPError, ssl.SSLError) as e:
-            return Outcome(FAILED, f"API server unreachable: {type(e).__name__}: {e}"[:DETAIL_CHARS],
-                           self.call(node, reason))
-        if r.status_code != 200:
-            try:
-                msg = str(r.json().get("message") or r.text)
-            except ValueError:
-                msg = r.text
-            return Outcome(FAILED, f"HTTP {r.status_code}: {msg}"[:DETAIL_CHARS], self.call(node, reason))
-        return Outcome(DONE, "cordoned (spec.unschedulable = true)", self.call(node, reason))
+        return self.api.patch(self.path(node), self.body(reason), "application/strategic-merge-patch+json",
+                              "cordoned (spec.unschedulable = true)")
+
+
+#: The actions this hook records (the run actions of gpufleet.collector.actions record others).
+QUARANTINE_ACTIONS = (SlurmDrain.action, KubernetesCordon.action)
 
 
 def backend_for(settings: QuarantineSettings) -> Backend:
@@ -207,10 +186,6 @@ def qualifies(incident: dict[str, Any], kinds: Sequence[str]) -> bool:
 def reason_for(incident: dict[str, Any]) -> str:
     where = f" GPU {incident['gpu']}" if incident.get("gpu") is not None else ""
     return f"gpufleet {incident['kind']} {incident['cause'] or ''}{where} (incident {incident['id']})".replace("  ", " ")
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 class Quarantine:
@@ -251,7 +226,7 @@ class Quarantine:
     def _decide(self, inc: dict[str, Any], node: str, mine: list[dict[str, Any]], now: float,
                 nodes_this_hour: set[str], quarantined_by: dict[str, int]) -> dict[str, Any] | None:
         s = self.settings
-        base = {"action": self.backend.action, "target": node, "time": _iso(now), "dry_run": s.dry_run}
+        base = {"action": self.backend.action, "target": node, "time": iso(now), "dry_run": s.dry_run}
         last = mine[-1] if mine else None
         if node in quarantined_by:
             if last is not None and last.get("result") == SKIPPED:
@@ -262,10 +237,7 @@ class Quarantine:
             if last is not None and last.get("result") == FAILED:
                 return None
             return {**base, "result": FAILED, "detail": f"node name {node!r} is not a host name; not passed on"}
-        failures = [a for a in mine if a.get("result") == FAILED]
-        if len(failures) >= s.max_attempts:
-            return None
-        if failures and now - _epoch(failures[-1].get("time")) < s.retry_after_s:
+        if not retry_due(mine, now, s.retry_after_s, s.max_attempts):
             return None
         if len(nodes_this_hour) >= s.max_nodes_per_hour:
             if last is not None and last.get("result") == RATE_LIMITED:
@@ -285,9 +257,3 @@ class Quarantine:
             outcome.detail)
         return {**base, "result": outcome.result, "detail": outcome.detail, "reason": reason, **outcome.call}
 
-
-def _epoch(text: Any) -> float:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0

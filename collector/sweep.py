@@ -8,6 +8,7 @@ import time
 import psycopg
 
 from gpufleet.collector import cyclegc, incident_store
+from gpufleet.collector.actions import RunActions
 from gpufleet.collector.alerting import AlertmanagerPusher
 from gpufleet.collector.detectors.registry import run_detectors
 from gpufleet.collector.detectors.window import Finding
@@ -37,7 +38,7 @@ class Sweeper:
     With ``shards`` > 1 it sweeps one shard (:mod:`gpufleet.collector.shards`):
     it reads the nodes hashed to the shard and every node of the runs hashed
     to it, and reports and resolves only what the shard owns.  Quarantine
-    hooks, which act fleet-wide, run on shard 0's sweeper.
+    hooks and run actions, which act fleet-wide, run on shard 0's sweeper.
     """
 
     def __init__(self, settings: Settings, config: DetectorConfig | None = None, *, shard: int = 0,
@@ -52,6 +53,7 @@ class Sweeper:
         self.alerts = AlertmanagerPusher(url) if url else None
         self.quarantine = (Quarantine(settings.quarantine) if settings.quarantine.enabled and shard == 0
                            else None)
+        self.actions = RunActions(settings.actions) if settings.actions.enabled and shard == 0 else None
         self.last: dict[str, float] = {}
         #: Seconds of the last sweep by stage: ``refresh`` (new samples into the window),
         #: ``window``, ``frame``, one per detector, ``store`` (incidents, alerts, quarantine)
@@ -112,6 +114,14 @@ class Sweeper:
                 raise
             except Exception:  # a hook failure must not stop incidents and alerts
                 log.exception("quarantine hooks failed this sweep")
+        acted = 0
+        if self.actions is not None:
+            try:
+                acted = len(self.actions.run(conn, now))
+            except psycopg.OperationalError:
+                raise
+            except Exception:  # as the quarantine hooks: incidents and alerts go on
+                log.exception("run actions failed this sweep")
         if self.alerts is not None:
             resolved = [r[0] for r in conn.execute(
                 "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
@@ -129,7 +139,7 @@ class Sweeper:
         self.last = {"fetched_rows": fetched, "refresh_s": t1 - t0, "detect_s": t2 - t1,
                      "store_s": t3 - t2, "gpus": len(window.gpus),
                      "findings": len(result.findings), "failures": len(result.failures),
-                     "quarantine_actions": quarantined, "restored": restored is not None,
+                     "quarantine_actions": quarantined, "run_actions": acted, "restored": restored is not None,
                      "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}
         if restored is not None or first or fetched >= LOAD_SHARE * self.cache.samples():
             # A load's temporaries are freed but their pages stay in the heap: hand them back

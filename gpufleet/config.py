@@ -313,6 +313,69 @@ class QuarantineSettings(BaseModel):
     node_names: dict[str, str] = Field(default_factory=dict)
 
 
+RunActionKind = Literal["idle_allocation", "hung_collective"]
+RunAction = Literal["notify", "requeue", "cancel", "annotate"]
+
+
+def _notify_only() -> dict[RunActionKind, RunAction]:
+    return {"idle_allocation": "notify", "hung_collective": "notify"}
+
+
+class RunActionSettings(BaseModel):
+    """Act on runs that hold GPUs without using them: ``idle_allocation`` and ``hung_collective`` incidents
+    (off by default; gpufleet.collector.actions).
+
+    Per kind one action: ``notify`` (record only: the alert is the notification), Slurm ``requeue``
+    (``scontrol requeue``) or ``cancel`` (``scancel``), Kubernetes ``annotate`` (an annotation on the run's
+    owner: its PyTorchJob, JobSet, RayJob, Job... or its pod).  Only runs of the allow-listed ``teams`` or
+    (Slurm) ``partitions`` are acted on; with both lists empty, none.  ``dry_run`` (the default) records
+    and logs what would be done; turn it off once the records look right.  Every action is recorded on the
+    incident (``incidents.actions``) with who decided it and why."""
+
+    model_config = {"extra": "forbid"}
+
+    enabled: bool = False
+    backend: Literal["slurm", "kubernetes"] = "slurm"
+    #: Log and record the action without running it.
+    dry_run: bool = True
+    #: Incident kind -> action.  A kind not listed is not acted on.
+    kinds: dict[RunActionKind, RunAction] = Field(default_factory=_notify_only)
+    #: Runs of these teams may be acted on (the run's ``team``).
+    teams: list[str] = Field(default_factory=list)
+    #: Runs in these Slurm partitions may be acted on (the run's ``slurm.partition`` label, which the
+    #: deploy/slurm prolog sets).
+    partitions: list[str] = Field(default_factory=list)
+    #: An incident is acted on once it has been open this long, seconds (on top of the detector's own
+    #: ``idle_min_s`` / ``hung_min_s``): time for its owner to react to the alert first.
+    wait_s: float = Field(0.0, ge=0)
+    #: At most this many runs acted on per hour, fleet-wide (dry runs count).
+    max_per_hour: int = Field(10, ge=1)
+    #: A failed action is retried after this long, at most ``max_attempts`` times per incident.
+    retry_after_s: float = Field(300.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    #: Slurm binaries (a name on PATH or a path) and how long a command may take, seconds.
+    scontrol: str = "scontrol"
+    scancel: str = "scancel"
+    command_timeout_s: float = Field(30.0, gt=0)
+    #: Prefix the Slurm prolog puts before the job id in run ids (its GPUFLEET_RUN_PREFIX).
+    slurm_run_prefix: str = ""
+    #: Kubernetes API server and the service account's token and CA (the in-cluster defaults).
+    k8s_api_url: str = "https://kubernetes.default.svc"
+    k8s_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    k8s_ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    #: Owner kind -> "<group>/<version>/<plural>" (core: "v1/<plural>") for kinds beyond the built-in table.
+    k8s_resources: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fits_backend(self) -> RunActionSettings:
+        allowed = {"slurm": ("notify", "requeue", "cancel"), "kubernetes": ("notify", "annotate")}[self.backend]
+        bad = {k: a for k, a in self.kinds.items() if a not in allowed}
+        if bad:
+            raise ValueError(f"actions.kinds: {', '.join(f'{k}: {a}' for k, a in bad.items())} is not an action of "
+                             f"the {self.backend} backend (one of {', '.join(allowed)})")
+        return self
+
+
 class TLSSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -537,6 +600,7 @@ class Settings(BaseSettings):
     runs: RunsSettings = RunsSettings()
     detect: DetectSettings = DetectSettings()
     quarantine: QuarantineSettings = QuarantineSettings()
+    actions: RunActionSettings = RunActionSettings()
     tls: TLSSettings = TLSSettings()
     agent: AgentSettings = AgentSettings()
     carbon: CarbonSettings = CarbonSettings()

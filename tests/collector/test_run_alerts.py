@@ -82,6 +82,8 @@ def test_a_pushed_alert_names_the_runs_team(db: str) -> None:
      '/incidents/"\n          run_page: "{{ $externalLabels.gpufleet_web }}/runs/{{ '
      '$labels.run_id | urlquery }}"\n\n      - alert: GpufleetHungCollective'),
     ('(gpufleet_incident_run{kind="hung_collective"}) == 1', '(gpufleet_incident_run{kind="hung"}) == 1'),
+    # a failed run action no longer alerts
+    ('(gpufleet_incident_run_action{result="failed"})', '(gpufleet_incident_run_action{result="error"})'),
 ])
 def test_the_rule_tests_catch_a_broken_run_rule(tmp_path: Path, old: str, new: str) -> None:
     text = RULES.read_text()
