@@ -102,7 +102,7 @@ class CollectorState:
         else:
             self.leader = Leader(url, settings, self.metrics, sweep=sweep)
         self.monitor = DbMonitor(url, self._db_changed)
-        #: Prometheus remote write (``POST /api/v1/write``) and, on a replica that may lead, its assembler.
+        #: Prometheus remote write (``POST /api/v1/write``) and its assembler (``remote_write.assemble``).
         self.remote_write = RemoteWrite(url, settings, self.metrics.registry, self.metrics.rejected_skew)
         #: Where ``/metrics`` is rendered (see the route).
         self.scrapes = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-metrics")
@@ -194,7 +194,7 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.pool.open(wait=False)
-        await state.remote_write.open(assemble=settings.leader)
+        await state.remote_write.open(assemble=settings.remote_write.assemble)
         state.writer.start()
         state.monitor.start()
         if run_leader:

@@ -47,7 +47,8 @@ from gpufleet.agent.sources.host import (
 from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME, INT_RANGES, WHOLE_GPU_FIELDS
 from gpufleet.collector import ingest_bounds
 from gpufleet.collector.remote_write_pieces import ABSENT
-from gpufleet.collector.remote_write_series import FB_FREE, FB_RESERVED, XID_GAUGE
+from gpufleet.collector.remote_write_series import COLUMN_INDEX, COLUMNS, FB_FREE, FB_RESERVED, XID_GAUGE
+from gpufleet.facts import FactsError, check_facts
 from gpufleet.wire import Batch, WireError, validate
 
 log = logging.getLogger(__name__)
@@ -73,98 +74,128 @@ class NodeState:
 
 
 @dataclass
-class Merged:
-    """A (node, time)'s pieces merged: GPU rows by (gpu, mig), their cells and priorities by column."""
-
-    rows: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
-    xid_counts: dict[int, dict[int, float]] = field(default_factory=dict)
-    host: dict[str, float] = field(default_factory=dict)
-    gpus: dict[int, dict[str, str]] = field(default_factory=dict)
-    runs: dict[str, Any] = field(default_factory=dict)
-
-
-def merge(bodies: Iterable[bytes]) -> Merged:
+class Group:
     """The pieces of one (node, time), in the order they were stored."""
-    out = Merged()
-    for body in bodies:
-        doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        rows = doc.get("rows") or []
-        if rows:
-            cols = doc["cols"]
-            vals = np.frombuffer(doc["v"], dtype=np.float64).reshape(len(rows), len(cols))
-            prio = np.frombuffer(doc["p"], dtype=np.int8).reshape(len(rows), len(cols))
-            for i, (g, mig) in enumerate(rows):
-                row = out.rows.get((g, mig))
-                if row is None:
-                    row = out.rows[(g, mig)] = {"uuid": doc["uuid"][i], "run_id": doc["run"][i], "cells": {}}
-                else:
-                    row["uuid"] = row["uuid"] or doc["uuid"][i]
-                    row["run_id"] = row["run_id"] or doc["run"][i]
-                cells = row["cells"]
-                for c, name in enumerate(cols):
-                    p = int(prio[i, c])
-                    if p == ABSENT:
-                        continue
-                    held = cells.get(name)
-                    if held is None or p < held[1]:
-                        cells[name] = (float(vals[i, c]), p)
-            for g, facts in (doc.get("gpus") or {}).items():
-                known = out.gpus.setdefault(int(g), {})
-                for k, v in facts.items():
-                    known.setdefault(k, v)
-            out.runs.update(doc.get("runs") or {})
-        for g, xid, count in doc.get("xid") or ():
-            out.xid_counts.setdefault(int(g), {})[int(xid)] = float(count)
-        out.host.update(doc.get("host") or {})
-    return out
+
+    node: str
+    t_ms: int
+    bodies: list[bytes]
 
 
-def _xid(merged: Merged, gpu: int, state: NodeState, in_order: bool) -> int | None:
-    counts = merged.xid_counts.get(gpu)
+@dataclass
+class Assembled:
+    """What :func:`assemble_all` made of a cycle's groups."""
+
+    batches: list[Batch] = field(default_factory=list)
+    #: Groups with no row (nothing gpufleet stores), and groups whose rows did not validate (logged).
+    empty: int = 0
+    invalid: int = 0
+
+
+@dataclass
+class _Parts:
+    """Every GPU row of every piece of a cycle, full width (:data:`COLUMNS`), in storage order."""
+
+    group: list[np.ndarray] = field(default_factory=list)
+    keys: list[np.ndarray] = field(default_factory=list)
+    vals: list[np.ndarray] = field(default_factory=list)
+    prio: list[np.ndarray] = field(default_factory=list)
+    uuid: list[Any] = field(default_factory=list)
+    run: list[Any] = field(default_factory=list)
+
+
+_NC = len(COLUMNS)
+_NUMERIC = [(COLUMN_INDEX[f.name], f.name, f.kind in INT_RANGES, f.name in WHOLE_GPU_FIELDS)
+            for f in GPU_BY_NAME.values() if f.name in COLUMN_INDEX and f.name not in _PSEUDO]
+_FB_FREE, _FB_RES, _XIDG = COLUMN_INDEX[FB_FREE], COLUMN_INDEX[FB_RESERVED], COLUMN_INDEX[XID_GAUGE]
+_USED, _TOTAL = COLUMN_INDEX["mem_used_mib"], COLUMN_INDEX["mem_total_mib"]
+
+
+def _read_piece(gi: int, body: bytes, parts: _Parts, extras: dict[str, Any]) -> None:
+    doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    rows = doc.get("rows") or []
+    if rows:
+        n = len(rows)
+        idx = [COLUMN_INDEX.get(c, -1) for c in doc["cols"]]
+        keep = [i for i, c in enumerate(idx) if c >= 0]
+        v = np.frombuffer(doc["v"], dtype=np.float64).reshape(n, len(idx))
+        p = np.frombuffer(doc["p"], dtype=np.int8).reshape(n, len(idx))
+        vals = np.full((n, _NC), np.nan)
+        prio = np.full((n, _NC), ABSENT, dtype=np.int16)
+        cols = [idx[i] for i in keep]
+        vals[:, cols] = v[:, keep]
+        prio[:, cols] = p[:, keep]
+        keyed = np.asarray(rows, dtype=np.int64).reshape(n, 2)
+        parts.group.append(np.full(n, gi, dtype=np.int64))
+        # (gpu, mig) as one sortable key; a physical GPU's row (mig -1) before its instances.
+        parts.keys.append((keyed[:, 0] << 16) | (keyed[:, 1] + 1))
+        parts.vals.append(vals)
+        parts.prio.append(prio)
+        parts.uuid.extend(doc["uuid"])
+        parts.run.extend(doc["run"])
+        gpus = extras.setdefault("gpus", {})
+        for g, facts in (doc.get("gpus") or {}).items():
+            known = gpus.setdefault(int(g), {})
+            for k, val in facts.items():
+                known.setdefault(k, val)
+        extras.setdefault("runs", {}).update(doc.get("runs") or {})
+    for g, xid, count in doc.get("xid") or ():
+        extras.setdefault("xid", {}).setdefault(int(g), {})[int(xid)] = float(count)
+    if doc.get("host"):
+        extras.setdefault("host", {}).update(doc["host"])
+
+
+def _merge_cells(parts: _Parts) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[Any], list[Any]]:
+    """One row per (group, gpu, mig): each cell the value of the lowest priority, then the earliest
+    piece; (row group, row key, values, UUIDs, runs)."""
+    group = np.concatenate(parts.group)
+    keys = np.concatenate(parts.keys)
+    vals = np.concatenate(parts.vals)
+    prio = np.concatenate(parts.prio)
+    rowkey = (group << 40) | keys
+    uniq, inv = np.unique(rowkey, return_inverse=True)
+    merged = np.full((len(uniq), _NC), np.nan)
+    filled = prio != ABSENT
+    if filled.any():
+        r, c = np.nonzero(filled)
+        cell = inv[r] * _NC + c
+        order = np.lexsort((r, prio[r, c], cell))
+        cell_s = cell[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = cell_s[1:] != cell_s[:-1]
+        pick = order[first]
+        merged.flat[cell[pick]] = vals[r[pick], c[pick]]
+    uuid: list[Any] = [None] * len(uniq)
+    run: list[Any] = [None] * len(uniq)
+    for i, j in enumerate(inv.tolist()):  # the first piece that names them
+        if uuid[j] is None:
+            uuid[j] = parts.uuid[i]
+        if run[j] is None:
+            run[j] = parts.run[i]
+    return uniq >> 40, uniq & ((1 << 40) - 1), merged, uuid, run
+
+
+def _typed(values: np.ndarray, integral: bool) -> dict[str, Any]:
+    """A column as the wire's typed array (NULL where NaN)."""
+    null = np.isnan(values)
+    data = (np.where(null, 0, values).astype(np.int64) if integral else np.where(null, 0.0, values))
+    col: dict[str, Any] = {"dtype": "i8" if integral else "f8", "data": data.tobytes()}
+    if null.any():
+        col["nulls"] = np.packbits(null).tobytes()
+    return col
+
+
+def _xid(extras: dict[str, Any], gpu: int, gauge: float, state: NodeState, in_order: bool) -> int | None:
+    counts = extras.get("xid", {}).get(gpu)
     if counts is not None:
         seen = {x: n for x, n in counts.items() if n > 0}
         return max(seen, key=lambda x: seen[x]) if seen else 0
-    row = merged.rows.get((gpu, -1))
-    cell = row["cells"].get(XID_GAUGE) if row is not None else None
-    if cell is None:
+    if math.isnan(gauge):
         return None
-    now = int(cell[0])
+    now = int(gauge)
     if now == 0 or not in_order:
         return now if in_order else 0
     return now if state.xid_gauge.get(gpu) != now else 0
-
-
-def gpu_columns(merged: Merged, t_ms: int, state: NodeState, in_order: bool) -> dict[str, list[Any]]:
-    """The GPU section of the batch, as columns of plain values (None for NULL)."""
-    keys = sorted(merged.rows)
-    cols: dict[str, list[Any]] = {"time": [t_ms / 1000.0] * len(keys), "gpu": [g for g, _ in keys],
-                                  "mig_instance": [None if m < 0 else m for _, m in keys],
-                                  "uuid": [merged.rows[k]["uuid"] for k in keys],
-                                  "run_id": [merged.rows[k]["run_id"] for k in keys]}
-    names = sorted({name for k in keys for name in merged.rows[k]["cells"]} - set(_PSEUDO))
-    for name in names:
-        f = GPU_BY_NAME[name]
-        integral = f.kind in INT_RANGES
-        column: list[Any] = []
-        for k in keys:
-            if k[1] >= 0 and name in WHOLE_GPU_FIELDS:
-                column.append(None)
-                continue
-            cell = merged.rows[k]["cells"].get(name)
-            column.append(None if cell is None else (int(cell[0]) if integral else cell[0]))
-        cols[name] = column
-    # Framebuffer total where the exporter prints none: free + used + reserved, as DCGM and NVML count it.
-    total = cols.setdefault("mem_total_mib", [None] * len(keys))
-    for i, k in enumerate(keys):
-        cells = merged.rows[k]["cells"]
-        if total[i] is None and FB_FREE in cells and "mem_used_mib" in cells:
-            total[i] = cells[FB_FREE][0] + cells["mem_used_mib"][0] + cells.get(FB_RESERVED, (0.0, 0))[0]
-    if all(v is None for v in total):
-        del cols["mem_total_mib"]
-    xids = [_xid(merged, g, state, in_order) if m < 0 else None for g, m in keys]
-    if any(x is not None for x in xids):
-        cols["xid"] = xids
-    return cols
 
 
 def host_snapshot(counters: Mapping[str, float], t_ms: int) -> tuple[HostSnapshot | None, float | None]:
@@ -204,8 +235,8 @@ def host_snapshot(counters: Mapping[str, float], t_ms: int) -> tuple[HostSnapsho
 
 
 def host_columns(counters: Mapping[str, float], t_ms: int, state: NodeState,
-                 in_order: bool) -> dict[str, list[Any]] | None:
-    """The host section (one row), rates over the node's previous scrape; None without CPU counters."""
+                 in_order: bool) -> dict[str, Any] | None:
+    """The host row, rates over the node's previous scrape; None without CPU counters."""
     snap, boot = host_snapshot(counters, t_ms)
     if snap is None:
         return None
@@ -219,60 +250,174 @@ def host_columns(counters: Mapping[str, float], t_ms: int, state: NodeState,
                                   disks=snap.disks, stacked_disks=snap.stacked_disks, nets=snap.nets,
                                   links=snap.links, ib=snap.ib)
         state.boot = boot
-    cols: dict[str, list[Any]] = {"time": [t_ms / 1000.0]}
+    out: dict[str, Any] = {"time": t_ms / 1000.0}
     for name, value in row.items():
         if name in HOST_BY_NAME and not (isinstance(value, float) and not math.isfinite(value)):
-            cols[name] = [value]
-    return cols
+            out[name] = value
+    return out
 
 
-def facts_of(merged: Merged) -> dict[str, Any]:
+def facts_of(extras: dict[str, Any]) -> dict[str, Any]:
     """Node facts as the agent's dcgm_exporter source and attribution report them."""
     facts: dict[str, Any] = {}
-    if merged.gpus:
-        facts["gpus"] = [{"gpu": g, **merged.gpus[g]} for g in sorted(merged.gpus)]
-        facts["gpu_count"] = len(merged.gpus)
-        drivers = {v["driver_version"] for v in merged.gpus.values() if v.get("driver_version")}
+    gpus = extras.get("gpus")
+    if gpus:
+        facts["gpus"] = [{"gpu": g, **gpus[g]} for g in sorted(gpus)]
+        facts["gpu_count"] = len(gpus)
+        drivers = {v["driver_version"] for v in gpus.values() if v.get("driver_version")}
         if len(drivers) == 1:
             facts["driver_version"] = drivers.pop()
-    if merged.runs:
-        facts["runs"] = merged.runs
+    if extras.get("runs"):
+        facts["runs"] = extras["runs"]
     return facts
+
+
+def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_index: int = 32767,
+                 max_runs: int = 1 << 30) -> Assembled:
+    """The batches of a cycle's groups, one per (node, time), every value checked by one
+    :func:`gpufleet.wire.validate` of all their rows; a node's state moves on with each of its groups
+    newer than the last it saw (a late or retried one gets no rates and no XID change, and usually
+    is a duplicate anyway).  ``groups`` in time order per node."""
+    out = Assembled()
+    parts = _Parts()
+    extras: list[dict[str, Any]] = []
+    for gi, g in enumerate(groups):
+        ex: dict[str, Any] = {}
+        for body in g.bodies:
+            _read_piece(gi, body, parts, ex)
+        extras.append(ex)
+    in_order = []
+    for g in groups:
+        state = states.setdefault(g.node, NodeState())
+        in_order.append(g.t_ms > state.t_ms)
+        state.t_ms = max(state.t_ms, g.t_ms)
+    doc_gpu: dict[str, Any] = {}
+    row_group = np.empty(0, dtype=np.int64)
+    if parts.group:
+        row_group, keys, merged, uuid, run = _merge_cells(parts)
+        gpu = keys >> 16
+        mig = (keys & 0xFFFF) - 1
+        is_mig = mig >= 0
+        # Framebuffer total where the exporter prints none: free + used + reserved, as DCGM and NVML count it.
+        fill = np.isnan(merged[:, _TOTAL]) & ~np.isnan(merged[:, _FB_FREE]) & ~np.isnan(merged[:, _USED])
+        merged[fill, _TOTAL] = (merged[fill, _FB_FREE] + merged[fill, _USED]
+                                + np.nan_to_num(merged[fill, _FB_RES]))
+        t_s = np.asarray([groups[int(i)].t_ms for i in row_group.tolist()], dtype=np.float64) / 1000.0
+        doc_gpu = {"time": {"dtype": "f8", "data": t_s.tobytes()}, "gpu": {"dtype": "i2", "data": gpu.astype("<i2").tobytes()},
+                   "mig_instance": [None if m < 0 else m for m in mig.tolist()], "uuid": uuid, "run_id": run}
+        for c, name, integral, whole in _NUMERIC:
+            values = merged[:, c]
+            if whole and is_mig.any():
+                values = np.where(is_mig, np.nan, values)
+            if not np.isnan(values).all():
+                doc_gpu[name] = _typed(values, integral)
+        # Row by row in storage order (groups in time order per node), so that a node's second scrape
+        # in one cycle compares its XID gauge with its first.
+        xids: list[int | None] = []
+        gauges = merged[:, _XIDG].tolist()
+        for i, (gi, g_, m) in enumerate(zip(row_group.tolist(), gpu.tolist(), mig.tolist(), strict=True)):
+            if m >= 0:
+                xids.append(None)
+                continue
+            state = states[groups[gi].node]
+            xids.append(_xid(extras[gi], g_, gauges[i], state, in_order[gi]))
+            if in_order[gi] and not math.isnan(gauges[i]):
+                state.xid_gauge[g_] = int(gauges[i])
+        if any(x is not None for x in xids):
+            doc_gpu["xid"] = xids
+    host_rows: list[dict[str, Any]] = []
+    host_group: list[int] = []
+    for gi, g in enumerate(groups):
+        if extras[gi].get("host"):
+            row = host_columns(extras[gi]["host"], g.t_ms, states[g.node], in_order[gi])
+            if row is not None:
+                host_rows.append(row)
+                host_group.append(gi)
+    doc: dict[str, Any] = {"batch_id": "rw:cycle", "node": groups[0].node if groups else "none"}
+    if doc_gpu:
+        doc["gpu"] = doc_gpu
+    if host_rows:
+        doc["host"] = host_rows
+    if not doc_gpu and not host_rows:
+        out.empty = len(groups)
+        return out
+    try:
+        every = validate(doc)
+    except WireError as e:
+        # One group's rows refused: find which, by checking each alone.
+        log.warning("remote write: a cycle's rows do not validate (%s); checking group by group", e.detail()["msg"])
+        every = None
+    gpu_rows = np.asarray(row_group, dtype=np.int64)
+    host_idx = np.asarray(host_group, dtype=np.int64)
+    for gi, g in enumerate(groups):
+        rows = np.flatnonzero(gpu_rows == gi)
+        hrows = np.flatnonzero(host_idx == gi)
+        if not len(rows) and not len(hrows):
+            out.empty += 1
+            continue
+        state = states[g.node]
+        facts = facts_of(extras[gi])
+        batch = _group_batch(g, rows, hrows, every, doc, facts if facts and facts != state.facts else None)
+        if batch is None:
+            out.invalid += 1
+            continue
+        try:
+            ingest_bounds.check(batch, max_gpu_index, max_runs)
+        except WireError as e:
+            log.error("remote write: the rows of node %s at %d ms are refused (%s); not stored", g.node, g.t_ms,
+                      e.detail()["msg"])
+            out.invalid += 1
+            continue
+        if batch.facts is not None:
+            state.facts = facts
+        out.batches.append(batch)
+    return out
+
+
+def _group_batch(g: Group, rows: np.ndarray, hrows: np.ndarray, every: Batch | None, doc: dict[str, Any],
+                 facts: dict[str, Any] | None) -> Batch | None:
+    """One group's batch: its rows taken from the cycle's validated columns (or validated alone when
+    the cycle's did not validate, to name the group at fault)."""
+    if facts is not None:
+        try:
+            check_facts(facts)
+        except FactsError as e:
+            log.error("remote write: the facts of node %s at %d ms are refused (%s)", g.node, g.t_ms, e.msg)
+            facts = None
+    if every is not None:
+        gpu = {k: c.take(rows) for k, c in every.gpu.items()} if len(rows) else {}
+        host = {k: c.take(hrows) for k, c in every.host.items()} if len(hrows) else {}
+        return Batch(batch_id=batch_id(g.t_ms), node=g.node, gpu=gpu, host=host, facts=facts, n_gpu=len(rows),
+                     n_host=len(hrows))
+    alone: dict[str, Any] = {"batch_id": batch_id(g.t_ms), "node": g.node}
+    if len(rows):
+        alone["gpu"] = {k: _rows_of(v, rows) for k, v in doc["gpu"].items()}
+    if len(hrows):
+        alone["host"] = [doc["host"][i] for i in hrows.tolist()]
+    try:
+        return validate(alone)
+    except WireError as e:
+        log.error("remote write: the rows of node %s at %d ms do not validate (%s); not stored", g.node, g.t_ms,
+                  e.detail()["msg"])
+        return None
+
+
+def _rows_of(col: Any, rows: np.ndarray) -> Any:
+    if isinstance(col, list):
+        return [col[i] for i in rows.tolist()]
+    width = {"f8": 8, "i8": 8, "i2": 2}[col["dtype"]]
+    data = np.frombuffer(col["data"], dtype=f"<{col['dtype'][0]}{width}")[rows]
+    out = {"dtype": col["dtype"], "data": data.tobytes()}
+    if "nulls" in col:
+        null = np.unpackbits(np.frombuffer(col["nulls"], dtype=np.uint8), count=len(np.frombuffer(
+            col["data"], dtype=f"<{col['dtype'][0]}{width}"))).astype(bool)[rows]
+        if null.any():
+            out["nulls"] = np.packbits(null).tobytes()
+    return out
 
 
 def assemble(node: str, t_ms: int, bodies: Iterable[bytes], state: NodeState, max_gpu_index: int = 32767,
              max_runs: int = 1 << 30) -> Batch | None:
-    """The batch of one (node, time), checked as an agent's batch is; None when it holds no row.
-
-    ``state`` is the node's, and moves on only when this time is newer than the last it saw (a late
-    or retried scrape gets no rates and no XID change, and usually is a duplicate anyway)."""
-    merged = merge(bodies)
-    in_order = t_ms > state.t_ms
-    doc: dict[str, Any] = {"batch_id": batch_id(t_ms), "node": node}
-    if merged.rows:
-        doc["gpu"] = gpu_columns(merged, t_ms, state, in_order)
-    if merged.host:
-        host = host_columns(merged.host, t_ms, state, in_order)
-        if host is not None:
-            doc["host"] = host
-    facts = facts_of(merged)
-    if facts and facts != state.facts:
-        doc["facts"] = facts
-    if in_order:
-        state.t_ms = t_ms
-        for (g, m), row in merged.rows.items():
-            if m < 0 and XID_GAUGE in row["cells"]:
-                state.xid_gauge[g] = int(row["cells"][XID_GAUGE][0])
-    if "gpu" not in doc and "host" not in doc:
-        return None
-    try:
-        batch = validate(doc)
-        ingest_bounds.check(batch, max_gpu_index, max_runs)
-    except WireError as e:
-        # Every value was checked when its request came; what is left is a rule across pieces.
-        log.error("remote write: the rows of node %s at %d ms do not validate (%s); not stored", node, t_ms,
-                  e.detail()["msg"])
-        return None
-    if "facts" in doc:
-        state.facts = facts
-    return batch
+    """The batch of one (node, time) (:func:`assemble_all` of that group alone); None when it holds no row."""
+    done = assemble_all([Group(node, t_ms, list(bodies))], {node: state}, max_gpu_index, max_runs)
+    return done.batches[0] if done.batches else None

@@ -36,7 +36,7 @@ import psycopg
 from gpufleet.collector import sightings
 from gpufleet.collector.batch_store import NodeTouch, write_batches
 from gpufleet.collector.remote_write_pieces import Piece
-from gpufleet.collector.remote_write_rows import NodeState, assemble
+from gpufleet.collector.remote_write_rows import Assembled, Group, NodeState, assemble_all
 from gpufleet.wire import Batch
 
 log = logging.getLogger(__name__)
@@ -110,26 +110,22 @@ class Assembler:
         out = Cycle()
         with conn.transaction():
             taken = conn.execute(TAKE_SQL, {"delay": self.merge_delay_s, "limit": self.max_groups}).fetchall()
-            groups: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
+            pieces: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
             for pid, node, t_ms, body in taken:
-                groups[(node, t_ms)].append((pid, bytes(body)))
-            batches: list[Batch] = []
-            for (node, t_ms), parts in sorted(groups.items()):
-                parts.sort()
-                try:
-                    batch = assemble(node, t_ms, (b for _, b in parts), self.states.setdefault(node, NodeState()),
-                                     self.max_gpu_index, self.max_runs)
-                except (ValueError, KeyError, TypeError, IndexError, msgpack.UnpackException) as e:
-                    # Pieces are written by this module only; one that does not read is a defect, and
-                    # must not stop every group after it.
-                    log.error("remote write: the pieces of node %s at %d ms do not read (%s: %s); dropped",
-                              node, t_ms, e.__class__.__name__, e)
-                    out.failed += 1
-                    continue
-                if batch is None:
-                    out.empty += 1
-                else:
-                    batches.append(batch)
+                pieces[(node, t_ms)].append((pid, bytes(body)))
+            groups = [Group(node, t_ms, [b for _, b in sorted(parts)]) for (node, t_ms), parts in sorted(pieces.items())]
+            try:
+                done = assemble_all(groups, self.states, self.max_gpu_index, self.max_runs)
+            except (ValueError, KeyError, TypeError, IndexError, msgpack.UnpackException) as e:
+                # Pieces are written by this module only; ones that do not read are a defect, and must
+                # not stop every group after them: this cycle's are dropped, with the reason.
+                log.error("remote write: %d groups' pieces do not read (%s: %s); dropped", len(groups),
+                          e.__class__.__name__, e)
+                out.failed += len(groups)
+                done = Assembled()
+            batches = done.batches
+            out.empty += done.empty
+            out.failed += done.invalid
             out.groups = len(groups)
             if batches:
                 written = write_batches(conn, batches, sightings_cache=self.sightings, touch=self.touch)

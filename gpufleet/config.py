@@ -220,6 +220,9 @@ class RemoteWriteSettings(BaseModel):
     #: scrape arrive in several requests (Prometheus's shards and batches), within its
     #: ``batch_send_deadline`` (5 s) and retry backoff.  A piece later than this is counted, not merged.
     merge_delay_s: float = Field(10.0, ge=0, le=3600)
+    #: Whether this replica contends to assemble (one replica at a time does, whichever holds the lock;
+    #: independent of ``leader``).
+    assemble: bool = True
     #: How often the assembling replica looks for whole groups, seconds.
     assemble_every_s: float = Field(1.0, gt=0, le=60)
     #: Pieces waiting beyond which remote write answers 503 (Prometheus retries): the assembler is behind.

@@ -88,6 +88,8 @@ class Request:
     body: bytes
     headers: dict[str, str]
     gpu_rows: int
+    #: Where it is posted (remote write: ``/api/v1/write``).
+    path: str = "/v1/ingest"
 
 
 def prepared(node: str, node_index: int, token: str, seq: int, t0: float, seconds: int = 10) -> Request:
@@ -106,7 +108,7 @@ class Stats:
 
 async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
                 req: Request) -> tuple[int, bytes]:
-    head = [f"POST /v1/ingest HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(req.body)}\r\n"]
+    head = [f"POST {req.path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(req.body)}\r\n"]
     head.extend(f"{k}: {v}\r\n" for k, v in req.headers.items())
     head.append("\r\n")
     writer.write("".join(head).encode() + req.body)
