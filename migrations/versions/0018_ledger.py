@@ -1,0 +1,33 @@
+"""ledger: where every GPU-hour of a run went, as SQL for the Grafana energy board
+
+Installs ``gpufleet_ledger_pieces`` and ``gpufleet_ledger`` (``gpufleet.db.ledger_sql``): the runs'
+ledgers (productive, idle, hung, starved, checkpoint, straggler_wait, throttled) from their
+incidents, priced by ``gpufleet_incident_accounting``, the SQL twin of
+``gpufleet.accounting.ledger``.  No table changes.
+
+Revision ID: 0018
+Revises: 0017
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+from gpufleet.db import ledger_sql
+
+revision: str = "0018"
+down_revision: str | None = "0017"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    for stmt in ledger_sql.INSTALL_LEDGER_V1:
+        op.execute(stmt)
+
+
+def downgrade() -> None:
+    for stmt in ledger_sql.DROP_LEDGER_V1:
+        op.execute(stmt)
