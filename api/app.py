@@ -66,7 +66,7 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         return None
 
     # Inside the body limit (added after it): a request refused for its size is never counted.
-    app.add_middleware(FairShare, cache=st.auth.cache, per_token=settings.api.max_concurrent_per_token,
+    app.add_middleware(FairShare, lookup=st.auth.lookup, per_token=settings.api.max_concurrent_per_token,
                        per_role=st.per_role_limit(), wait_s=settings.api.concurrency_wait_s,
                        retry_after_s=settings.ingest.retry_after_s, exempt=("/healthz", "/docs"))
     app.add_middleware(BodyLimit, default=OTHER_BODY_MAX, precheck=token_first,

@@ -38,6 +38,9 @@ from typing import Any
 
 import orjson
 
+#: How long a connection answered 503 for the body budget is read (and what arrives dropped) before it
+#: is closed, seconds.
+LINGER_S = 2.0
 #: Why a connection was cut (the counters' keys).
 REASONS = ("header_timeout", "body_timeout", "bodies_in_flight", "pending_per_ip")
 
@@ -130,6 +133,8 @@ class GuardMixin:
         self._timer: asyncio.TimerHandle | None = None
         #: The current request was refused here: the parser's callbacks for it are ignored.
         self._refused = False
+        #: Answered and shut for writing: what the client still sends is dropped unread.
+        self._lingering = False
 
     # -- the connection -------------------------------------------------------------------------
 
@@ -243,14 +248,29 @@ class GuardMixin:
         super().on_response_complete()  # type: ignore[misc]
 
     def _refuse_busy(self, g: ConnectionGuard) -> None:
-        """503 on the connection itself, before any app sees the request, and close it."""
-        self._refused = True
+        """503 on the connection itself, before any app sees the request, then close it.
+
+        The client is likely still sending its body: closing at once with unread bytes makes the kernel
+        reset the connection, and the client would never read the answer.  So the write side is shut
+        after the answer and whatever still arrives is read and dropped (nothing is parsed or kept) for
+        at most :data:`LINGER_S`, as web servers' lingering close does."""
+        self._refused = self._lingering = True
         body = orjson.dumps({"detail": "the server is receiving as many request bodies as it holds at once; "
                                        f"retry in {g.limits.retry_after_s} s"})
         self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nretry-after: %d\r\nconnection: close\r\n\r\n%s"
                              % (len(body), g.limits.retry_after_s, body))
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._disarm()
+            self._timer = self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # after a refusal: read and dropped until the client closes or LINGER_S passes
+        super().data_received(data)  # type: ignore[misc]
 
 
 def guarded_protocol() -> type[asyncio.Protocol] | str:

@@ -8,9 +8,9 @@ requests each credential and each role have in progress:
 
 * a **credential** (the bearer token, else the web session's cookie, else the
   client address for requests with neither) has at most ``per_token`` at once;
-* a **role** (known from the authenticator's cache: the token's first request
-  is counted by credential only) has at most ``per_role`` at once, so the
-  other roles always find connections free.
+* a **role** (the credential's, through the authenticator and its cache) has
+  at most ``per_role`` at once, so the other roles always find connections
+  free.
 
 A request beyond either waits up to ``wait_s`` for its turn, then answers
 429 with ``Retry-After``: the caller that asks too much waits, not everyone
@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from gpufleet.auth import MISS, Principal, TokenCache, hash_secret
+from gpufleet.auth import Principal, hash_secret
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -60,10 +60,12 @@ def _credential(scope: Scope, cookie: str) -> tuple[bytes, str | None]:
 class FairShare:
     """ASGI middleware limiting requests in progress per credential and per role (module docstring)."""
 
-    def __init__(self, app: ASGIApp, cache: TokenCache, per_token: int, per_role: int, wait_s: float,
-                 retry_after_s: int = 1, cookie: str = "gpufleet_token", exempt: Iterable[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, lookup: Callable[[str], Awaitable[Principal | None]], per_token: int,
+                 per_role: int, wait_s: float, retry_after_s: int = 1, cookie: str = "gpufleet_token",
+                 exempt: Iterable[str] = ()) -> None:
         self.app = app
-        self.cache = cache
+        #: The principal of a bearer secret (the API's authenticator), None when it has none.
+        self.lookup = lookup
         self.per_token = per_token
         self.per_role = per_role
         self.wait_s = wait_s
@@ -80,11 +82,11 @@ class FairShare:
     def in_progress(self) -> tuple[dict[bytes, int], dict[str, int]]:
         return dict(self._by_key), dict(self._by_role)
 
-    def _role(self, secret: str | None) -> str | None:
-        if secret is None:
+    async def _role(self, secret: str | None) -> str | None:
+        if not secret or len(secret) > 200 or not secret.isascii() or not secret.isprintable():
             return None
-        hit = self.cache.get(hash_secret(secret))
-        return hit.role if hit is not MISS and isinstance(hit, Principal) else None
+        who = await self.lookup(secret)
+        return who.role if who is not None else None
 
     def _blocked(self, key: bytes, role: str | None) -> str | None:
         if self._by_key.get(key, 0) >= self.per_token:
@@ -98,7 +100,7 @@ class FairShare:
             await self.app(scope, receive, send)
             return
         key, secret = _credential(scope, self.cookie)
-        role = self._role(secret)
+        role = await self._role(secret)
         blocked = self._blocked(key, role)
         if blocked is not None:
             loop = asyncio.get_running_loop()

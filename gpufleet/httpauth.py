@@ -88,6 +88,18 @@ class Authenticator:
             raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
         return hit
 
+    async def lookup(self, secret: str) -> Principal | None:
+        """The principal of a bearer secret (cached, else looked up); None when unknown, revoked or
+        not answerable now (the route's own check answers for it)."""
+        digest = hash_secret(secret)
+        hit = self.cache.get(digest)
+        if hit is MISS:
+            try:
+                hit = self.cache.put(digest, await self._fetch(digest))
+            except HTTPException:
+                return None
+        return hit if isinstance(hit, Principal) else None
+
     def cached_node(self, authorization: str | None) -> bool:
         """Whether ``authorization`` carries a token cached as a node's, answered without a
         query or a wait.  The collector's protocol reads a shipment's body on the connection
