@@ -25,6 +25,7 @@ from gpufleet.collector.remote_write import DOC as REMOTE_WRITE_DOC
 from gpufleet.collector.remote_write import OPENAPI as REMOTE_WRITE_OPENAPI
 from gpufleet.collector.remote_write import PATH as REMOTE_WRITE_PATH
 from gpufleet.collector.remote_write import RemoteWrite
+from gpufleet.collector.run_metrics import RunMetrics, RunMetricsRefresher
 from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
@@ -104,6 +105,9 @@ class CollectorState:
         self.monitor = DbMonitor(url, self._db_changed)
         #: Prometheus remote write (``POST /api/v1/write``) and its assembler (``remote_write.assemble``).
         self.remote_write = RemoteWrite(url, settings, self.metrics.registry, self.metrics.rejected_skew)
+        #: The per-run figures (gpufleet_run_*): computed by the leader, served by every replica.
+        self.run_metrics = RunMetricsRefresher(url, settings.run_metrics, lambda: self.leader.is_leader,
+                                               settings.accounting.max_gap_s)
         #: Where ``/metrics`` is rendered (see the route).
         self.scrapes = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-metrics")
 
@@ -199,9 +203,12 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
         state.monitor.start()
         if run_leader:
             state.leader.start()
+            if settings.run_metrics.enabled:
+                state.run_metrics.start()
         try:
             yield
         finally:
+            state.run_metrics.stop()
             state.leader.stop()
             state.monitor.stop()
             state.writer.stop()
@@ -222,9 +229,13 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     if m.fleet_on_metrics:
         fleet = CollectorRegistry(auto_describe=False)
         fleet.register(IncidentMetrics(url, redact=m.redact))
+        if settings.run_metrics.enabled:
+            fleet.register(RunMetrics(url, redact=m.redact))
         own += (fleet,)
     fleet_fresh = CollectorRegistry(auto_describe=False)
     fleet_fresh.register(IncidentMetrics(url, cache_s=0, redact=m.redact))
+    if settings.run_metrics.enabled:
+        fleet_fresh.register(RunMetrics(url, redact=m.redact, cache_s=0))
 
     async def principal(request: Request) -> Principal:
         return await state.auth.principal(request)

@@ -292,6 +292,16 @@ remote_write_parts = Table(
     Index("remote_write_parts_group_idx", "node", "t_ms"),
 )
 
+#: The per-run figures the collectors' /metrics serve, as the leader last computed them
+#: (gpufleet.collector.run_metrics): one row.
+run_metrics_snapshot = Table(
+    "run_metrics_snapshot", metadata,
+    Column("id", SmallInteger, primary_key=True, server_default=text("1")),
+    _tz("computed_at"),
+    Column("body", JSONB, nullable=False),
+    CheckConstraint("id = 1", name="run_metrics_snapshot_one_row"),
+)
+
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per
 #: node: another node's batch with the same id is not a duplicate of this one's.
 ingest_batches = Table(
