@@ -615,8 +615,14 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
          api_port: Annotated[int, typer.Option(help="API port (0: any free port)")] = 8420,
          collector_port: Annotated[int, typer.Option(help="collector port (0: any free port)")] = 8410,
          database_name: Annotated[str, typer.Option(help="demo database (dropped and recreated)")] = "gpufleet_demo",
+         db_port: Annotated[int, typer.Option(
+             help="loopback TCP port of the embedded database, for Grafana (0: any free port)")] = 8432,
          ) -> None:
-    """The live demo: database, collector, API and agents on a simulated fleet."""
+    """The live demo: database, collector, API and agents on a simulated fleet.
+
+    Everything it starts stops with it: Ctrl-C, SIGTERM, or the end of --duration stop it in order, and
+    the embedded database's watchdog stops the database even when the demo is killed.
+    """
     import signal
     import threading
 
@@ -626,26 +632,33 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
 
     s = settings_from(config, db, log_level="WARNING")
     setup_logging(s)
-    server = with_database(database(s), "postgres")
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
-    def port(p: int) -> int:
-        import socket
-
+    def port(p: int, what: str) -> int:
         if p == 0:
             return free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", p))
-            except OSError:
-                typer.echo(f"gpufleet: port {p} is busy; using a free one", err=True)
-                return free_port()
+        if not port_free(p):
+            typer.echo(f"gpufleet: the {what} port {p} is in use by another program; using a free one", err=True)
+            return free_port()
         return p
 
+    if s.database_url:
+        server = with_database(database(s), "postgres")
+        reader = reader_url(server)
+    else:
+        from gpufleet.db.embedded import start_embedded
+
+        tcp = port(db_port, "database")
+        try:
+            server = start_embedded(s.data_dir / "pg", tcp_port=tcp)
+        except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as e:
+            fail(f"cannot start the embedded database: {e}")
+        reader = reader_url(server, tcp)
     opts = DemoOptions(scenario=scenario, seed=seed, backfill_s=backfill_minutes * 60, duration_s=duration,
-                       api_port=port(api_port), collector_port=port(collector_port), database=database_name)
+                       api_port=port(api_port, "API"), collector_port=port(collector_port, "collector"),
+                       database=database_name, reader_url=reader)
     try:
         run_demo(s, server, opts, lambda m: typer.echo(m), stop)
     except FileNotFoundError as e:
@@ -653,6 +666,36 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
     except psycopg.OperationalError as e:
         fail(f"database: {str(e).strip().splitlines()[0]}")
     typer.echo("demo stopped")
+
+
+def port_free(p: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``p`` now.  With SO_REUSEADDR, as the servers bind, so a port
+    whose last connections linger in TIME-WAIT (the demo's own, restarted) counts as free."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", p))
+        except OSError:
+            return False
+    return True
+
+
+def reader_url(server: str, tcp_port: int | None = None) -> str | None:
+    """Where Grafana reaches the demo's server over TCP, as the demo's read-only role (None: only over a
+    Unix socket)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from gpufleet.sim.demo import READER_ROLE
+
+    if tcp_port:
+        return f"postgresql://{READER_ROLE}@127.0.0.1:{tcp_port}/postgres"
+    parts = urlsplit(server)
+    socket_host = (parse_qs(parts.query).get("host") or [""])[0].startswith("/")
+    if not parts.hostname or socket_host:
+        return None
+    return f"postgresql://{READER_ROLE}@{parts.hostname}:{parts.port or 5432}/postgres"
 
 
 # ---------------------------------------------------------------- node diagnosis
@@ -758,17 +801,30 @@ def dashboards_push(
         = None,
         datasource_password_file: Annotated[Path | None, typer.Option(
             help="file holding the data source password (else the URL's)")] = None,
-        sslmode: Annotated[str, typer.Option(help="disable | require | verify-ca | verify-full")] = "require",
+        sslmode: Annotated[str | None, typer.Option(
+            help="disable | require | verify-ca | verify-full (default: require; disable for a loopback "
+                 "address, which never leaves the machine)")] = None,
         timescaledb: Annotated[bool, typer.Option(help="turn on Grafana's TimescaleDB option")] = False,
         folder: Annotated[str, typer.Option(help="uid of the Grafana folder (created if missing)")] = "gpufleet",
         config: ConfigOpt = None) -> None:
-    """Create or update the gpufleet data source and import every dashboard, overwriting older copies."""
+    """Create or update the gpufleet data source and import every dashboard, overwriting older copies.
+
+    Without --datasource-url: the configured database, else a running demo's (its read-only role on
+    loopback TCP).
+    """
+    from urllib.parse import urlsplit
+
     from gpufleet.dashboards.loader import load_all
     from gpufleet.dashboards.provision import DataSource, ProvisionError, connect, push
+    from gpufleet.demofile import demo_reader
 
-    url = datasource_url or settings_from(config).database_url
+    s = settings_from(config)
+    url = datasource_url or s.database_url or demo_reader(s)
     if not url:
-        fail("--datasource-url is needed: no database_url is configured")
+        fail("--datasource-url is needed: no database_url is configured and no demo is running "
+             "(`gpufleet demo` serves its database to Grafana on loopback TCP)")
+    if sslmode is None:
+        sslmode = "disable" if urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") else "require"
     password = None
     if datasource_password_file is not None:
         try:

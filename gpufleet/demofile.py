@@ -24,3 +24,16 @@ def demo_database(settings: Settings) -> str | None:
     except (OSError, ValueError):
         return None
     return url
+
+
+def demo_reader(settings: Settings) -> str | None:
+    """The read-only URL over loopback TCP of a running demo's database (Grafana's data source), or None."""
+    import os
+
+    path = settings.data_dir / DEMO_URL_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+        os.kill(int(lines[1]), 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return lines[2] if len(lines) > 2 and lines[2] else None

@@ -33,6 +33,9 @@ def test_demo_runs_and_shows_incidents(pg_server: str, tmp_path: Path) -> None:
     for kind in ("starvation", "straggler", "checkpoint_stall", "throttling", "pcie_degraded", "host_misconfig"):
         assert f"+ {kind}" in out, f"no {kind} incident shown:\n{out}"
     assert "demo stopped" in out
+    assert "Repeated XID errors" in out and "XID 48" in out, out  # the scenario's promise, decoded
+    assert max(len(line) for line in out.splitlines()) <= 200  # long lines cut to the terminal
+    assert "back-filling the last 12 min" in out
     # money with its currency in the terminal table, the database line for the CLI, and no stale marker
     assert re.search(r"\d+\.\d\d EUR", out), out
     assert "export GPUFLEET_DATABASE_URL='" in out and name in out

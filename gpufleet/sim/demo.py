@@ -41,6 +41,8 @@ class DemoOptions:
     api_port: int = 0
     refresh_s: float = 5.0
     database: str = "gpufleet_demo"
+    #: The URL Grafana reaches the demo's database at, as a read-only role (None: not reachable over TCP).
+    reader_url: str | None = None
 
 
 @dataclass
@@ -49,6 +51,34 @@ class DemoState:
     collector_url: str = ""
     tokens: dict[str, str] = field(default_factory=dict)
     seen_open: dict[int, str] = field(default_factory=dict)
+
+
+#: The read-only role the demo's database gives Grafana (and anyone reading it over loopback TCP).
+READER_ROLE = "gpufleet_reader"
+#: Longest line the terminal view prints when it cannot tell the terminal's width.
+DEFAULT_WIDTH = 120
+
+
+def cut(line: str, width: int | None = None) -> str:
+    """``line`` cut to the terminal's width (an ellipsis where it was cut)."""
+    w = width or shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    w = max(w, 40)
+    return line if len(line) <= w else line[: w - 1] + "\u2026"
+
+
+def reader_role(url: str) -> None:
+    """A login role that can read every table of the demo's database and write nothing (Grafana's)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {}) THEN "
+                             "CREATE ROLE {} LOGIN; END IF; END $$").format(sql.Literal(READER_ROLE),
+                                                                            sql.Identifier(READER_ROLE)))
+        role = sql.Identifier(READER_ROLE)
+        conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(role))
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname), role))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
+        conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(role))
+        conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {}").format(role))
 
 
 def fresh_database(server_url: str, name: str) -> str:
@@ -174,7 +204,7 @@ class Summary:
 
     def __init__(self, api_url: str, token: str, say: Callable[[str], None]) -> None:
         self.client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-        self.say = say
+        self.say = lambda line: say(cut(line))
         self.open: dict[int, dict[str, Any]] = {}
         self.last_table = 0.0
 
@@ -185,16 +215,15 @@ class Summary:
             self.say(f"(API not answering: {e})")
             return
         now_open = {i["id"]: i for i in incidents}
+        from gpufleet.api.web.cause import explain
+
         for iid, i in sorted(now_open.items()):
             if iid not in self.open:
-                scope = i["run_id"] or ""
-                if i["node"] is not None:
-                    scope += ("/" if scope else "") + f"{i['node']}" + (f"/gpu{i['gpu']}" if i["gpu"] is not None else "")
-                ev = ", ".join(f"{k}={_fmt(v)}" for k, v in list(i["evidence"].items())[:4])
-                self.say(f"  + {i['kind']:<16} {scope:<32} cause={i['cause'] or '-':<14} {ev}")
+                ex = explain(i)
+                self.say(f"  + {i['kind']:<16} #{iid} {ex.title}: {ex.sentence}")
         for iid, i in self.open.items():
             if iid not in now_open:
-                self.say(f"  - resolved {i['kind']} {i['run_id'] or ''} {i['node'] or ''}")
+                self.say(f"  - resolved {i['kind']} #{iid} {i['run_id'] or ''} {i['node'] or ''}")
         self.open = now_open
         if time.monotonic() - self.last_table >= table_every_s:
             self.last_table = time.monotonic()
@@ -237,16 +266,17 @@ def _fmt(v: Any) -> str:
 
 
 @contextlib.contextmanager
-def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple[str, str]]:
+def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple[str, str, Any]]:
     from gpufleet.api.app import create_app as create_api
     from gpufleet.collector.service import build_collector, server_options
     from gpufleet.serverthread import ServerThread
 
     col = ServerThread(build_collector(url, settings), port=opts.collector_port or None,
                        **server_options(settings)).start()
-    api = ServerThread(create_api(url, settings), port=opts.api_port or None).start()
+    api_app = create_api(url, settings)
+    api = ServerThread(api_app, port=opts.api_port or None).start()
     try:
-        yield col.url, api.url
+        yield col.url, api.url, api_app
     finally:
         api.stop()
         col.stop()
@@ -270,7 +300,11 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
             st.tokens[node] = create_token(conn, f"agent-{node}", "node", node)
     spool_root = settings.data_dir / "demo-spool"
     shutil.rmtree(spool_root, ignore_errors=True)
-    with _services(url, settings, opts) as (collector_url, api_url):
+    reader = None
+    if opts.reader_url:
+        reader_role(url)
+        reader = with_database(opts.reader_url, opts.database)
+    with _services(url, settings, opts) as (collector_url, api_url, api_app):
         st.collector_url, st.api_url = collector_url, api_url
         with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"},
                           timeout=30) as admin:
@@ -283,14 +317,23 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
         say(f"  finance    Authorization: Bearer {st.tokens['finance']}")
         say(f"  e.g.       curl -H 'Authorization: Bearer {st.tokens['sre']}' {api_url}/v1/incidents?state=open")
         say(f"  CLI        export GPUFLEET_DATABASE_URL='{url}'   (gpufleet commands here use it while the demo runs)")
+        if reader:
+            say("  Grafana    gpufleet dashboards push --grafana-url http://127.0.0.1:3000 --token <service token>")
+            say(f"             (data source {reader}: read-only, loopback only; docs/demo.md)")
         marker = settings.data_dir / DEMO_URL_FILE
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(f"{url}\n{os.getpid()}\n", encoding="utf-8")
+        marker.write_text(f"{url}\n{os.getpid()}\n{reader or ''}\n", encoding="utf-8")
+        minutes = opts.backfill_s / 60
+        api_app.state.web_notice = (f"The demo is back-filling the last {minutes:.0f} min of telemetry through "
+                                    "ingest: pages show it as it arrives, and the fleet goes live in about a minute.")
+        say(f"back-filling the last {minutes:.0f} min of telemetry through ingest (about a minute; the web view "
+            "says so meanwhile) ...")
         with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"},
                           timeout=30) as admin:
             n = backfill(collector_url, st.tokens, fleet, time.time(),
                          progress=lambda t: report_progress(admin, fleet, t))
-        say(f"back-filled {n} GPU samples ({opts.backfill_s / 60:.0f} min); starting one agent per node")
+        api_app.state.web_notice = None
+        say(f"back-filled {n} GPU samples ({minutes:.0f} min); starting one agent per node")
         fleet.follow(time.time)
         agents = []
         for node in fleet.nodes:
