@@ -54,6 +54,30 @@ app.add_typer(site_app, name="site")
 app.add_typer(carbon_app, name="carbon")
 app.add_typer(run_app, name="run")
 app.add_typer(bundle_app, name="bundle")
+runs_app = typer.Typer(help="Runs: list them, show one (with its accounting and incidents).", no_args_is_help=True)
+incidents_app = typer.Typer(help="Incidents: list them, show one with its cause in words.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+app.add_typer(incidents_app, name="incidents")
+# ``tokens`` is ``token`` as people also type it (list, create, revoke)
+app.add_typer(token_app, name="tokens")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("gpufleet")
+        except PackageNotFoundError:
+            from gpufleet import __version__ as v
+        typer.echo(f"gpufleet {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """gpufleet: GPU fleet telemetry, detectors and per-run accounting."""
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file", envvar="GPUFLEET_CONFIG")]
 DbOpt = Annotated[str | None, typer.Option("--db", help="PostgreSQL URL (default: settings, else embedded)")]
@@ -95,18 +119,64 @@ def database(settings: Settings) -> str:
 
 
 def connect(settings: Settings) -> psycopg.Connection:
-    from gpufleet.db.schema_check import schema_problem
+    from gpufleet.db.schema_check import UPGRADE, schema_problem
 
     url = database(settings)
     try:
-        conn = psycopg.connect(url, autocommit=True)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        fail(f"cannot connect to the database: {str(e).strip().splitlines()[0]}")
+        fail(f"the database at {redacted(url)} does not answer: is it running? ({str(e).strip().splitlines()[0]}). "
+             "A demo's database stops with the demo: start `gpufleet demo` again, or give --db another server")
     problem = schema_problem(conn)
     if problem:
+        elsewhere = gpufleet_databases(conn, url)
+        name = conn.info.dbname
         conn.close()
+        if elsewhere and "has no gpufleet schema" in problem:
+            demo = "gpufleet_demo" in elsewhere
+            target = "gpufleet_demo" if demo else elsewhere[0]
+            more = f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else ""
+            found = ("the demo's database 'gpufleet_demo' is on this server, but the demo is not running"
+                     if demo else f"{', '.join(repr(d) for d in elsewhere[:3])}{more} on this server hold gpufleet data")
+            fail(f"database {name!r} has no gpufleet schema: {found}; give --db {redacted(with_db(url, target))}, "
+                 f"or, to use {name!r}, {UPGRADE}")
         fail(problem)
     return conn
+
+
+def redacted(url: str) -> str:
+    """A database URL without its password."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{parts.username}:***@{host}")
+    return urlunsplit(parts)
+
+
+def with_db(url: str, name: str) -> str:
+    from gpufleet.db.connect import with_database
+
+    return with_database(url, name)
+
+
+def gpufleet_databases(conn: psycopg.Connection, url: str, most: int = 20) -> list[str]:
+    """Other databases of the server that hold a gpufleet schema (the ones a user may have meant)."""
+    from psycopg import sql
+
+    names = [r[0] for r in conn.execute(
+        "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate AND datname <> current_database() "
+        "ORDER BY datname = 'gpufleet_demo' DESC, datname LIMIT %s", (most,)).fetchall()]
+    found = []
+    for name in names:
+        try:
+            with psycopg.connect(with_db(url, name), autocommit=True, connect_timeout=5) as other:
+                if other.execute(sql.SQL("SELECT to_regclass('alembic_version') IS NOT NULL")).fetchone() == (True,):
+                    found.append(name)
+        except psycopg.Error:
+            continue
+    return found
 
 
 def parse_query_time(value: str, name: str) -> datetime:
@@ -523,6 +593,178 @@ def run_end(run_id: str, end: Annotated[str | None, typer.Option(help="RFC 3339 
     typer.echo(json.dumps(run, default=str))
 
 
+# ---------------------------------------------------------------- reading: runs, incidents, tokens
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of a table")]
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, datetime):
+        return iso_text(v)
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def print_table(headers: list[str], rows: list[list[Any]]) -> None:
+    """Columns padded to their widest cell, one line per row."""
+    cells = [[_text(c) for c in r] for r in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    for line in [headers, *cells]:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=1, default=lambda v: iso_text(v) if isinstance(v, datetime) else str(v)))
+
+
+STATES = ("pending", "running", "ended", "all")
+
+
+@runs_app.command("list")
+def runs_list(state: Annotated[str, typer.Option(help="pending | running | ended | all")] = "all",
+              site: Annotated[str | None, typer.Option(help="only runs of this site")] = None,
+              limit: Annotated[int, typer.Option(help="newest this many", min=1, max=10000)] = 100,
+              as_json: JsonOpt = False, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """The runs, newest first, with their GPUs and open incidents."""
+    from gpufleet.store.runs import list_runs
+
+    if state not in STATES:
+        fail(f"--state: must be one of {', '.join(STATES)}, not {state!r}")
+    with connect(settings_from(config, db)) as conn:
+        rows = list_runs(conn, None if state == "all" else state, site, limit=limit)
+        open_kinds: dict[str, str] = dict(conn.execute(
+            "SELECT run_id, string_agg(DISTINCT kind, ',') FROM incidents WHERE state = 'open' AND run_id = ANY(%s) "
+            "GROUP BY run_id", ([r["run_id"] for r in rows],)).fetchall())
+    if as_json:
+        print_json([{**r, "open_incidents": (open_kinds.get(r["run_id"]) or "").split(",") if open_kinds.get(
+            r["run_id"]) else []} for r in rows])
+        return
+    if not rows:
+        typer.echo("no runs" + ("" if state == "all" else f" {state}"))
+        return
+    print_table(["run", "name", "team", "site", "state", "start", "end", "GPUs", "open incidents"],
+                [[r["run_id"], r["name"], r["team"], r["site"], r["state"], r["start"], r["end"], r["gpu_count"],
+                  open_kinds.get(r["run_id"]) or "-"] for r in rows])
+
+
+@runs_app.command("show")
+def runs_show(run_id: str, as_json: JsonOpt = False, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """One run: its GPUs, its accounting up to now, and its incidents with their causes."""
+    from gpufleet.store.incidents import list_incidents
+    from gpufleet.store.runs import NotFound, get_run
+
+    s = settings_from(config, db)
+    with connect(s) as conn:
+        try:
+            run = get_run(conn, run_id)
+        except NotFound as e:
+            fail(str(e))
+        incidents = list_incidents(conn, run_id=run_id, limit=50)
+        accounting = _run_accounting(conn, s, run_id)
+    if as_json:
+        print_json({**run, "accounting": accounting, "incidents": incidents})
+        return
+    from gpufleet.api.web.cause import explain
+
+    typer.echo(f"run {run['run_id']}  {run['name'] or ''}  team {run['team'] or '-'}  site {run['site'] or '-'}  "
+               f"{run['state']}")
+    typer.echo(f"  from {_text(run['start'])} to {_text(run['end'])}; {run['gpu_count']} GPUs: "
+               + "; ".join(f"{a['node']}:{','.join(str(g) for g in a['gpus'])}" for a in run["allocations"]))
+    if accounting:
+        typer.echo(f"  so far: {_text(accounting.get('gpu_hours'))} GPU-hours, {_text(accounting.get('facility_kwh'))}"
+                   f" kWh, {_text(accounting.get('co2e_kg'))} kg CO2e, {_text(accounting.get('total_cost'))} "
+                   f"{accounting.get('currency') or ''}")
+    for i in incidents:
+        ex = explain(i)
+        typer.echo(f"  #{i['id']} {i['state']:<8} {i['severity']:<8} {ex.title}: {ex.sentence}")
+
+
+def _run_accounting(conn: psycopg.Connection, s: Settings, run_id: str) -> dict[str, Any] | None:
+    from gpufleet.accounting import account_runs, load_runs
+
+    rows = account_runs(conn, load_runs(conn, [run_id]), now=datetime.now(UTC), max_gap_s=s.accounting.max_gap_s)
+    return dict(rows[0]) if rows else None
+
+
+@incidents_app.command("list")
+def incidents_list(state: Annotated[str, typer.Option(help="open | resolved | all")] = "open",
+                   kind: Annotated[str | None, typer.Option(help="only this kind")] = None,
+                   run: Annotated[str | None, typer.Option(help="only this run's")] = None,
+                   node: Annotated[str | None, typer.Option(help="only this node's")] = None,
+                   limit: Annotated[int, typer.Option(help="at most this many", min=1, max=5000)] = 200,
+                   as_json: JsonOpt = False, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """Incidents (open by default), most recent first, each with its cause in one sentence."""
+    from gpufleet.api.web.cause import explain
+    from gpufleet.store.incidents import list_incidents
+
+    if state not in ("open", "resolved", "all"):
+        fail(f"--state: must be open, resolved or all, not {state!r}")
+    with connect(settings_from(config, db)) as conn:
+        rows = list_incidents(conn, None if state == "all" else state, kind, run, node, limit)
+    if as_json:
+        print_json([{**r, "cause_text": explain(r).sentence} for r in rows])
+        return
+    if not rows:
+        typer.echo(f"no {state if state != 'all' else ''} incidents".replace("  ", " "))
+        return
+    print_table(["id", "state", "severity", "kind", "run", "where", "since", "why"],
+                [[r["id"], r["state"], r["severity"], r["kind"], r["run_id"],
+                  f"{r['node']}/{r['gpu']}" if r["gpu"] is not None else r["node"], r["start"],
+                  explain(r).sentence] for r in rows])
+
+
+@incidents_app.command("show")
+def incidents_show(incident_id: int, as_json: JsonOpt = False, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """One incident: which job, why (the cause as a sentence and the numbers behind it), since when, and
+    what it cost."""
+    from gpufleet.accounting.incidents import incident_costs
+    from gpufleet.api.web.cause import explain
+    from gpufleet.store.incidents import get_incident
+
+    s = settings_from(config, db)
+    with connect(s) as conn:
+        row = get_incident(conn, incident_id)
+        if row is None:
+            fail(f"no incident {incident_id}")
+        lost = incident_costs(conn, [row], now=datetime.now(UTC), max_gap_s=s.accounting.max_gap_s).get(row["id"])
+    ex = explain(row)
+    if as_json:
+        print_json({**row, "lost": lost, "cause_text": ex.sentence, "figures": dict(ex.figures)})
+        return
+    typer.echo(f"#{row['id']} {ex.title} ({row['severity']}, {row['state']})")
+    typer.echo(f"  {ex.sentence}")
+    typer.echo(f"  run {row['run_id'] or '-'}; since {_text(row['start'])}"
+               + (f", ended {_text(row['end'])}" if row["end"] else ", still open"))
+    if lost:
+        typer.echo(f"  lost so far: {_text(lost.get('gpu_hours'))} GPU-hours, {_text(lost.get('facility_kwh'))} kWh, "
+                   f"{_text(lost.get('total_cost'))} {lost.get('currency') or ''}")
+    for label, value in ex.figures:
+        typer.echo(f"    {label}: {value}")
+
+
+@token_app.command("list")
+def token_list(all_: Annotated[bool, typer.Option("--all", help="revoked tokens too")] = False,
+               as_json: JsonOpt = False, config: ConfigOpt = None, db: DbOpt = None) -> None:
+    """The tokens by name and role (never their secrets), newest first."""
+    from psycopg.rows import dict_row
+
+    with connect(settings_from(config, db)) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute("SELECT name, role, node, created_at, revoked_at FROM agent_tokens "
+                           + ("" if all_ else "WHERE revoked_at IS NULL ") + "ORDER BY created_at DESC, name"
+                           ).fetchall()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo("no tokens" if all_ else "no active tokens (--all lists revoked ones too)")
+        return
+    print_table(["name", "role", "node", "created", "revoked"],
+                [[r["name"], r["role"], r["node"], r["created_at"], r["revoked_at"]] for r in rows])
+
+
 @app.command()
 def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (docs/contracts.md section 1)")],
            findings: Annotated[Path, typer.Option("--findings", help="FINDINGS.jsonl to write")],
@@ -842,7 +1084,9 @@ def dashboards_push(
 
 @dashboards_app.command("check")
 def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
-                     hours: Annotated[float, typer.Option(help="length of the range, ending now")] = 6.0) -> None:
+                     hours: Annotated[float, typer.Option(help="length of the range, ending now")] = 6.0,
+                     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False
+                     ) -> None:
     """Validate the dashboards and run every query against the database, as Grafana would expand it."""
     from datetime import timedelta
 
@@ -860,9 +1104,13 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
             for r in run_dashboard(conn, d, TimeRange(end - timedelta(hours=hours), end)):
                 queries += 1
                 problems += shape_problems(r)
-    for p in problems:
-        typer.echo(p, err=True)
-    typer.echo(f"{len(boards)} dashboards, {queries} queries, {len(problems)} problems")
+    if as_json:
+        typer.echo(json.dumps({"dashboards": len(boards), "queries": queries, "problems": [str(p) for p in problems]},
+                              indent=1))
+    else:
+        for p in problems:
+            typer.echo(p, err=True)
+        typer.echo(f"{len(boards)} dashboards, {queries} queries, {len(problems)} problems")
     if problems:
         raise typer.Exit(1)
 
@@ -874,7 +1122,7 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
 def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or a date (UTC)")],
            until: Annotated[str, typer.Option("--to", help="period end (exclusive): RFC 3339 with offset, or a date")],
            fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
-           group_by: Annotated[str, typer.Option(help="rows per run | site | team")] = "run",
+           group_by: Annotated[str | None, typer.Option(help="rows per run | site | team (default run)")] = None,
            runs_only: Annotated[bool, typer.Option("--runs", help="one row per run, as GET /v1/reports/runs.csv "
                                                                   "(json: the accounting bodies)")] = False,
            output: Annotated[Path | None, typer.Option("--output", "-o", help="file (default: stdout)")] = None,
@@ -894,6 +1142,10 @@ def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 
         fail(f"--format: must be csv or json, not {fmt!r}")
     if source not in SOURCES:
         fail(f"--source: must be one of {', '.join(SOURCES)}, not {source!r}")
+    if runs_only and group_by is not None:
+        fail("--runs and --group-by cannot go together: --runs is one row per run, as GET /v1/reports/runs.csv; "
+             "leave out --runs for the finance report grouped by run, site or team")
+    group_by = group_by or "run"
     if group_by not in ("run", "site", "team"):
         fail(f"--group-by: must be run, site or team, not {group_by!r}")
     s = settings_from(config, db)
