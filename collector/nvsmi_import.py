@@ -14,7 +14,9 @@ wild:
 * ``--format=csv,noheader,nounits`` behind a header line the logging script
   wrote itself (``timestamp,memory.used,memory.total,utilization.gpu``);
 * hand-rolled column names (``gpu_index``, ``temperature_C``,
-  ``utilization_gpu_percent``, ``power_W``) and bundle names themselves;
+  ``utilization_gpu_percent``, ``power_W``; ``gpu_usage``, ``gpu_memory_used``,
+  ``gpu_power_draw``, ``gpu_temperature`` over nvidia-smi's own values with
+  units, as energy-measurement datasets rename them) and bundle names themselves;
 * ``--format=csv,noheader`` logs with no header line at all, given the
   ``--query-gpu`` field list as ``columns`` (the logging script's own list);
 * plain ``nvidia-smi`` screens logged in a loop (``nvidia-smi -l 60 >>
@@ -79,14 +81,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "gpu": ("index", "gpu_index", "gpu.index", "gpu", "gpu_id"),
     "uuid": ("uuid", "gpu_uuid"),
     "util_pct": ("utilization.gpu", "utilization_gpu_percent", "utilization_gpu", "gpu_utilization",
-                 "gpu_util", "util_pct"),
+                 "gpu_util", "gpu_usage", "util_pct"),
     "power_w": ("power.draw", "power.draw.average", "gpu.power.draw.average", "power.draw.instant",
-                "gpu.power.draw.instant", "power_w", "power_draw_w"),
+                "gpu.power.draw.instant", "gpu_power_draw", "power_w", "power_draw_w"),
     "power_limit_w": ("enforced.power.limit", "gpu.power.current_limit", "power.limit",
                       "gpu.power.requested_limit", "power_limit_w"),
-    "mem_used_mib": ("memory.used", "memory_used_mib", "mem_used_mib"),
-    "mem_total_mib": ("memory.total", "memory_total_mib", "mem_total_mib"),
-    "temp_c": ("temperature.gpu", "temperature_c", "temp_c"),
+    "mem_used_mib": ("memory.used", "gpu_memory_used", "memory_used_mib", "mem_used_mib"),
+    "mem_total_mib": ("memory.total", "gpu_total_memory", "memory_total_mib", "mem_total_mib"),
+    "temp_c": ("temperature.gpu", "gpu_temperature", "temperature_c", "temp_c"),
     "mem_temp_c": ("temperature.memory", "memory_temperature_c", "mem_temp_c"),
     "sm_clock_mhz": ("clocks.current.sm", "clocks.sm", "sm_clock_mhz"),
     "sm_clock_max_mhz": ("clocks.max.sm", "sm_clock_max_mhz"),

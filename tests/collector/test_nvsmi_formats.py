@@ -125,3 +125,45 @@ def test_field_list_with_the_wrong_number_of_fields(tmp_path: Path) -> None:
 def test_field_list_for_a_screen_log_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"line 1: an nvidia-smi screen log has no CSV columns"):
         import_nvidia_smi([SCREENS], tmp_path / "b", node="x", columns=PLATO_FIELDS)
+
+
+# -- an energy dataset's renamed header over nvidia-smi's own values ----------------------
+
+RENAMED = REAL / "gaissa_ect_rtx3090_rtx3070_1s" / "cloud-mobilenet_v2-gpu-power-20221205T095541.csv"
+RENAMED_HEADER = ("timestamp,gpu_name,gpu_usage,gpu_memory_usage,gpu_total_memory,gpu_memory_used,"
+                  "gpu_power_draw,gpu_max_power,gpu_temperature\n")
+
+
+def test_renamed_header_maps_to_the_bundle_columns(tmp_path: Path) -> None:
+    """The dataset renamed nvidia-smi's header (utilization.gpu -> gpu_usage, power.draw ->
+    gpu_power_draw, ...) but kept its values with units and its name column."""
+    s = import_nvidia_smi([RENAMED], tmp_path / "b", node="cloud")
+    r = rows(tmp_path / "b")
+    assert s.rows == len(r) == 2649 and s.median_interval_s == pytest.approx(1.0, abs=0.01)
+    # line 2: "2022-12-05 09:55:42.535,NVIDIA GeForce RTX 3090,0 %,0 %,24268 MiB,23573 MiB,119.17 W,350.00 W,55"
+    assert (r[0]["time"], r[0]["util_pct"], r[0]["mem_total_mib"], r[0]["mem_used_mib"], r[0]["power_w"],
+            r[0]["temp_c"]) == ("2022-12-05T09:55:42.535Z", "0", "24268", "23573", "119.17", "55")
+    assert {k: s.columns[k] for k in ("util_pct", "mem_used_mib", "mem_total_mib", "power_w", "temp_c")} == {
+        "util_pct": ["gpu_usage"], "mem_used_mib": ["gpu_memory_used"], "mem_total_mib": ["gpu_total_memory"],
+        "power_w": ["gpu_power_draw"], "temp_c": ["gpu_temperature"]}
+    # Memory-controller load and the settable maximum are not bundle columns, as under their own names.
+    assert s.ignored_columns == ["gpu_memory_usage", "gpu_max_power"]
+    facts = json.loads((tmp_path / "b" / "nodes.json").read_text())["cloud"]
+    assert facts["gpu_model"] == "NVIDIA GeForce RTX 3090"
+
+
+@pytest.mark.parametrize("row,expect", [
+    ("2022-12-05 09:55:42.535,NVIDIA GeForce RTX 3090,0 %,0 %,24268 MiB,23573 MiB,119.17 kW,350.00 W,55\n",
+     "line 2, column 'gpu_power_draw': '119.17 kW' is in 'kW', expected 'W'"),
+    ("2022-12-05 09:55:42.535,NVIDIA GeForce RTX 3090,140 %,0 %,24268 MiB,23573 MiB,119.17 W,350.00 W,55\n",
+     "line 2, column 'gpu_usage': 140 is outside 0..100 for util_pct"),
+    ("2022-12-05 09:55:42.535,NVIDIA GeForce RTX 3090,0 %,0 %,24268 MiB,lots,119.17 W,350.00 W,55\n",
+     "line 2, column 'gpu_memory_used': expected a number, got 'lots'"),
+])
+def test_renamed_header_values_are_checked_like_the_originals(tmp_path: Path, row: str, expect: str) -> None:
+    log = tmp_path / "gpu-power.csv"
+    log.write_text(RENAMED_HEADER + row)
+    with pytest.raises(BundleError) as e:
+        import_nvidia_smi([log], tmp_path / "b", node="cloud")
+    assert str(e.value).startswith(f"{log}: ") and expect in str(e.value), str(e.value)
+    assert not (tmp_path / "b").exists()
