@@ -20,8 +20,11 @@ series they can graph, sum by team and alert on.  Per run (labels ``run``,
 Per GPU, with ``run_metrics.per_gpu`` (labels ``node``, ``gpu`` and ``UUID``,
 as dcgm-exporter's ``UUID``, to join its series): what dcgm-exporter does not
 say, ``gpufleet_gpu_run_energy_kwh_total{run}`` (the GPU's board energy inside
-the run's window, from the minute rollups: no host share, no PUE) and
-``gpufleet_gpu_incident_open{kind}`` (1 per open incident on the GPU).
+the run's window, from the minute rollups: no host share, no PUE),
+``gpufleet_gpu_incident_open{kind}`` (1 per open incident on the GPU), and
+``gpufleet_gpu_run_info{run,team}`` (1 while a running run holds the GPU), to
+put dcgm-exporter's series per run: ``DCGM_FI_DEV_GPU_UTIL * on(UUID)
+group_left(run, team) gpufleet_gpu_run_info``.
 
 They are figures of the accounting (``gpufleet.accounting``), which is far too
 slow to run per scrape: the leader computes them every
@@ -74,6 +77,11 @@ LEFT JOIN gpu_energy_1m e ON e.node = a.node AND e.gpu = a.gpu AND e.bucket >= r
      AND e.bucket < LEAST(COALESCE(r."end", %(now)s), %(now)s)
 WHERE a.run_id = ANY(%(runs)s)
 GROUP BY a.run_id, a.node, a.gpu"""
+
+#: The GPUs running runs hold now.
+GPU_RUNS_SQL = """
+SELECT a.run_id, coalesce(r.team, ''), a.node, a.gpu FROM run_allocations a JOIN runs r USING (run_id)
+WHERE r.start <= %(now)s AND (r."end" IS NULL OR r."end" > %(now)s) AND a.run_id = ANY(%(runs)s)"""
 
 #: Open incidents on one GPU, by kind.
 GPU_INCIDENTS_SQL = """
@@ -148,6 +156,8 @@ def compute(conn: psycopg.Connection, settings: RunMetricsSettings, now: datetim
                              for r, n, g, kwh in conn.execute(GPU_ENERGY_SQL, {"now": now, "runs": ids}).fetchall()]
         out["gpu_incidents"] = [{"node": n, "gpu": g, "uuid": uuids.get((n, g), ""), "kind": k, "open": int(c)}
                                 for n, g, k, c in conn.execute(GPU_INCIDENTS_SQL).fetchall()]
+        out["gpu_runs"] = [{"run": r, "team": t, "node": n, "gpu": g, "uuid": uuids.get((n, g), "")}
+                           for r, t, n, g in conn.execute(GPU_RUNS_SQL, {"now": now, "runs": ids}).fetchall()]
     return out
 
 
@@ -294,6 +304,11 @@ class RunMetrics(Collector):
             for i in snap.get("gpu_incidents") or []:
                 gi.add_metric([i["node"], str(i["gpu"]), i["uuid"], i["kind"]], i["open"])
             yield gi
+            held = GaugeMetricFamily("gpufleet_gpu_run_info", "1 while a running run holds the GPU (join "
+                                     "dcgm-exporter's series on UUID)", labels=[*gkeys, "run", "team"])
+            for h in snap.get("gpu_runs") or []:
+                held.add_metric([h["node"], str(h["gpu"]), h["uuid"], "" if self.redact else h["run"], h["team"]], 1)
+            yield held
 
 
 def _summed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

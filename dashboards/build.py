@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.dashboards import energy_cost, fleet_overview, run_detail, starvation
+from gpufleet.dashboards import energy_cost, fleet_overview, node_gpu, run_detail, starvation
 
 DIR = Path(__file__).resolve().parent
 
@@ -26,6 +26,7 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     run_detail.UID: run_detail.build,
     starvation.UID: starvation.build,
     energy_cost.UID: energy_cost.build,
+    node_gpu.UID: node_gpu.build,
 }
 
 

@@ -103,6 +103,10 @@ def test_per_gpu_energy_and_incidents_join_dcgm_exporter_by_uuid(filled: psycopg
     assert {dict(k)["gpu"] for k in energy if dict(k)["run"] == "live"} == {"4", "5"}
     assert samples(fams, "gpufleet_gpu_incident_open") == {
         (("UUID", "GPU-eee"), ("gpu", "4"), ("kind", "pcie_degraded"), ("node", "n1")): 1.0}
+    # Only the running run holds GPUs now.
+    assert samples(fams, "gpufleet_gpu_run_info") == {
+        (("UUID", "GPU-eee"), ("gpu", "4"), ("node", "n1"), ("run", "live"), ("team", "vision")): 1.0,
+        (("UUID", ""), ("gpu", "5"), ("node", "n1"), ("run", "live"), ("team", "vision")): 1.0}
     r = subprocess.run([tool("promtool", "prometheus"), "check", "metrics"], input=text, capture_output=True,
                        text=True, timeout=30, check=False)
     assert r.returncode == 0 and (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr

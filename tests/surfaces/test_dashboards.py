@@ -18,7 +18,7 @@ from gpufleet.dashboards.model import DS_REF
 from gpufleet.dashboards.validate import validate, validate_all
 from tests.surfaces.fleetdb import FilledFleet
 
-UIDS = {"gpufleet-fleet", "gpufleet-run", "gpufleet-starvation", "gpufleet-energy"}
+UIDS = {"gpufleet-fleet", "gpufleet-run", "gpufleet-starvation", "gpufleet-energy", "gpufleet-node"}
 #: Picks for single-value variables (multi-value ones stay at All).
 PICKS: dict[str, dict[str, Any]] = {"gpufleet-run": {"run": "demo-pretrain"}}
 
@@ -290,4 +290,4 @@ def test_cli_check_runs_every_query_against_the_database(fleet: FilledFleet) -> 
 
     out = CliRunner().invoke(app, ["dashboards", "check", "--db", fleet.url, "--hours", "1"])
     assert out.exit_code == 0, out.output
-    assert re.search(r"4 dashboards, \d+ queries, 0 problems", out.output), out.output
+    assert re.search(rf"{len(UIDS)} dashboards, \d+ queries, 0 problems", out.output), out.output
