@@ -9,6 +9,7 @@ view are then checked against this data rather than against hand-made rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -51,9 +52,11 @@ def _ts(t: float) -> datetime:
 
 def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 900.0,
          sweep_every_s: float = 15.0, progress_every_s: float = 30.0,
-         start_time: float | None = None, send_facts: bool = False) -> FilledFleet:
+         start_time: float | None = None, send_facts: bool = False,
+         after_sweep: Callable[[float], None] | None = None) -> FilledFleet:
     """Simulate ``seconds`` of ``scenario`` from ``start_time`` (default: the scenario's own start);
-    ``send_facts``: the agents send their node facts (GPU models...) with their first batch."""
+    ``send_facts``: the agents send their node facts (GPU models...) with their first batch;
+    ``after_sweep(t)``: called after each detector sweep with the simulated time (what a scrape would see then)."""
     fleet = Fleet.from_scenario(scenario, start_time=start_time)
     t_end = fleet.t0 + seconds
     with psycopg.connect(url, autocommit=True) as conn:
@@ -84,6 +87,8 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
         while t <= t_end:
             feed.run_until(t)
             sweeper(conn, fleet.t)
+            if after_sweep is not None:
+                after_sweep(fleet.t)
             if fleet.t >= next_progress:
                 done = fleet.run_progress()
                 for r in runs:
