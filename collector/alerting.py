@@ -21,9 +21,8 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpufleet.collector.incident_series import IDENTITY, identity, incident_families
-
 from gpufleet.collector.actions import RUN_ACTIONS
+from gpufleet.collector.incident_series import IDENTITY, identity, incident_families
 from gpufleet.collector.quarantine import QUARANTINE_ACTIONS
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.web import assets, finance, incident_pages, nodes, pages, readiness, runbooks, session, waste
+from gpufleet.api.web import (
+    assets,
+    finance,
+    incident_pages,
+    nodes,
+    pages,
+    readiness,
+    runbooks,
+    session,
+    waste,
+)
 
 router = APIRouter()
 for _r in (session.router, pages.router, incident_pages.router, finance.router, waste.router, nodes.router,
