@@ -279,30 +279,39 @@ class DetectSettings(DetectorConfig):
 
 
 class QuarantineSettings(BaseModel):
-    """Take a node out of scheduling when it has a critical hardware incident (off by default).
+    """Take a failing node out of scheduling and put it back once it passes (on, in dry run, by default).
 
     The leader, after each sweep, drains the node in Slurm (``scontrol update
-    nodename=N state=drain reason=...``) or cordons it in Kubernetes (a PATCH of
-    the Node's ``spec.unschedulable``), once per incident, and records what it
-    did, when and with what result on the incident (``incidents.actions``).
-    GPU-scoped warnings never quarantine; neither do XIDs the application
-    causes.  Turn it on with ``dry_run`` first: the action is then only logged
-    and recorded."""
+    nodename=N state=drain reason=...``) or cordons and taints it in Kubernetes,
+    for an open health incident of ``kinds`` (critical) or ``warning_kinds``
+    (any severity) or a failed node check of ``checks``; once nothing holds it,
+    it is resumed (uncordoned, untainted) after ``hold_down_s`` of passing.
+    Every action is logged (``quarantine_log``) and the triggering incident's
+    record says what was done.  XIDs the application causes and node settings
+    (governor, quota) never quarantine.  ``dry_run`` (the default) works out,
+    logs and records every action and takes none."""
 
     model_config = {"extra": "forbid"}
 
-    enabled: bool = False
+    enabled: bool = True
     backend: Literal["slurm", "kubernetes"] = "slurm"
     #: Log and record the action without running it.
-    dry_run: bool = False
+    dry_run: bool = True
     #: Incident kinds whose critical incidents quarantine their node.  A
     #: repeated-XID ``host_misconfig`` counts only when an XID points at the
     #: hardware (gpufleet.xid); node settings (governor, quota) never do.
-    kinds: tuple[str, ...] = ("gpu_health", "nvlink_degraded", "host_misconfig")
+    kinds: tuple[str, ...] = ("gpu_health", "nvlink_degraded", "host_misconfig", "pcie_degraded")
+    #: Kinds whose warnings quarantine too: a PCIe link trained below its maximum under load.
+    warning_kinds: tuple[str, ...] = ("pcie_degraded",)
+    #: Node checks (gpufleet diagnose, the agent's node facts) whose failure quarantines the node.
+    checks: tuple[str, ...] = ("pcie_link", "nvlink", "clocks_event_reasons", "kernel_xid", "dcgm_diag", "ib_port")
+    #: Put a node back once nothing has held it for ``hold_down_s`` seconds.
+    release: bool = True
+    hold_down_s: float = Field(1800.0, ge=0)
     #: At most this many nodes quarantined per hour, fleet-wide: a fault that
     #: hits everything at once (a bad driver roll-out) must not drain the fleet.
     max_nodes_per_hour: int = Field(3, ge=1)
-    #: A failed action is retried after this long, at most ``max_attempts`` times per incident.
+    #: A failed action is retried after this long, at most ``max_attempts`` times per episode.
     retry_after_s: float = Field(300.0, gt=0)
     max_attempts: int = Field(3, ge=1)
     #: The scontrol binary (a name on PATH or a path) and how long it may take, seconds.
@@ -312,6 +321,8 @@ class QuarantineSettings(BaseModel):
     k8s_api_url: str = "https://kubernetes.default.svc"
     k8s_token_file: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
     k8s_ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    #: Besides cordoning, taint the Node ``gpufleet.io/quarantine:NoSchedule`` (the other taints kept).
+    k8s_taint: bool = True
     #: gpufleet node name -> scheduler node name, where they differ (default: the same name).
     node_names: dict[str, str] = Field(default_factory=dict)
 

@@ -25,6 +25,7 @@ from gpufleet.api.web.charts import gpu_charts, incident_spans
 from gpufleet.api.web.common import LIVE_REFRESH_S, costed, read, render, run_href
 from gpufleet.api.web.html import Markup, ago, badge, h, join, link, num, page, table, when, when_short
 from gpufleet.api.web.incident_pages import incident_table
+from gpufleet.api.web.node_health import fabric_section, quarantine_section
 from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.facts import NodeFacts
 from gpufleet.store import views as queries
@@ -32,10 +33,12 @@ from gpufleet.store import views as queries
 router = APIRouter(include_in_schema=False)
 
 #: Check status -> badge style.
-STATUS_BADGE = {"fail": "critical", "warn": "warning", "ok": "ok", "unknown": "muted"}
+STATUS_BADGE = {"fail": "critical", "warn": "warning", "ok": "ok", "unknown": "muted", "skipped": "muted"}
 #: The newest sample of a GPU counts as current within this of the node's newest.
 FRESH = timedelta(minutes=2)
 
+#: Checks worst first (``skipped``: an item that cannot run on this node, with the reason).
+CHECK_ORDER = ("fail", "warn", "unknown", "ok", "skipped")
 #: GPUs probed when the node reports no GPU count.
 DEFAULT_GPUS = 16
 #: The node's charts: the last hour up to its newest sample.
@@ -77,7 +80,7 @@ def _node_page(conn: psycopg.Connection, st: ApiState, name: str) -> Markup | No
     checks = table(("Status", "Check", "Subject", "Value", "Finding", "Decision"),
                    ([_status(c.status), c.check.replace("_", " "), c.subject or "", _value(c.value, c.unit),
                      c.finding or "", c.decision or ""]
-                    for c in sorted(facts.checks or [], key=lambda c: ("fail", "warn", "unknown", "ok").index(c.status))),
+                    for c in sorted(facts.checks or [], key=lambda c: CHECK_ORDER.index(c.status))),
                    empty="The agent has not reported node checks (an older agent, or node_checks off).")
     asof = h('<p class="asof">As the agent last reported them: {}.</p>', when(row["facts_time"])) if facts.checks \
         else Markup("")
@@ -118,11 +121,14 @@ def _node_page(conn: psycopg.Connection, st: ApiState, name: str) -> Markup | No
                      "node or its runs (each links to its page).</p>", when(lo), when(hi)),
                    gpu_charts(series, lo, hi, incident_spans(incident_rows, lo, hi)) if series.points else
                    h('<p class="empty">No GPU samples in the last hour.</p>')))
+    fabric = fabric_section(conn, name, lo, hi, incident_spans(incident_rows, lo, hi))
     return h("<section>{}</section><section><h2>Runs</h2>{}</section><section><h2>Incidents</h2>{}</section>"
              "<section><h2>GPUs</h2>{}</section><section><h2>Checks</h2>{}{}</section>"
+             "<section><h2>Quarantine</h2>{}</section><section><h2>Fabric</h2>{}</section>"
              "<section><h2>Job cgroups</h2>{}<h3>Newest samples</h3>{}</section>"
              "<section><h2>NUMA placement</h2>{}</section><section><h2>NFS</h2>{}</section>",
-             summary, runs, incidents, charts, asof, checks, jobs, now, numa, nfs)
+             summary, runs, incidents, charts, asof, checks, quarantine_section(conn, name), fabric, jobs, now, numa,
+             nfs)
 
 
 @router.get("/nodes/{node}")
