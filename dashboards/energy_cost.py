@@ -22,6 +22,7 @@ from gpufleet.dashboards.sql import (
     tokens_in_window,
 )
 from gpufleet.dashboards.starvation import TEAM_VAR
+from gpufleet.waste import PRECEDENCE, STATES
 
 UID = "gpufleet-energy"
 
@@ -72,6 +73,52 @@ SELECT coalesce(r.team, 'no team') AS "Team", sum(a.facility_kwh) AS "Facility k
 FROM {RUN_LINES}
 GROUP BY 1
 ORDER BY 2 DESC
+"""
+
+#: The selected runs' ledgers (``gpufleet_ledger``, the SQL twin of the API's ``ledger``): one row per run
+#: and state, clipped to the range as the runs' accounting lines are.
+LEDGER = (f"gpufleet_ledger({RANGE_FROM}, {RANGE_TO}, now(), ARRAY(SELECT r.run_id FROM runs r "
+          f"WHERE r.start < {RANGE_TO} AND coalesce(r.\"end\", 'infinity') > {RANGE_FROM} AND {RUNS_WHERE}), "
+          "60, 'auto')")
+STATE_LABELS = {"productive": "Productive", "idle": "Idle", "hung": "Hung", "starved": "Starved",
+                "checkpoint": "Checkpoint", "straggler_wait": "Straggler wait", "throttled": "Throttled"}
+_WASTE = "l.state <> 'productive'"
+_PER_STATE = ",\n       ".join(
+    f"coalesce(sum(l.gpu_hours) FILTER (WHERE l.state = '{s}'), 0) AS \"{STATE_LABELS[s]} GPU-hours\""
+    for s in PRECEDENCE)
+_ORDER = "CASE l.state " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(STATES)) + " END"
+
+WASTE_TOTALS = f"""
+SELECT coalesce(sum(l.gpu_hours) FILTER (WHERE {_WASTE}), 0) AS "Wasted GPU-hours",
+       coalesce(sum(l.gpu_hours) FILTER (WHERE {_WASTE}) / nullif(sum(l.gpu_hours), 0), 0) AS "Waste share"
+FROM {LEDGER} l
+"""
+
+BY_STATE = f"""
+SELECT min(CASE l.state {" ".join(f"WHEN '{s}' THEN '{STATE_LABELS[s]}'" for s in STATES)} END) AS "State",
+       sum(l.gpu_hours) AS "GPU-hours", sum(l.facility_kwh) AS "Facility kWh"
+FROM {LEDGER} l
+GROUP BY l.state
+ORDER BY min({_ORDER})
+"""
+
+WASTE_PER_RUN = f"""
+SELECT l.run_id AS "Run", coalesce(r.team, '') AS "Team", coalesce(r.site, '') AS "Site",
+       sum(l.gpu_hours) AS "GPU-hours", coalesce(sum(l.gpu_hours) FILTER (WHERE {_WASTE}), 0) AS "Wasted GPU-hours",
+       coalesce(sum(l.gpu_hours) FILTER (WHERE {_WASTE}) / nullif(sum(l.gpu_hours), 0), 0) AS "Waste share",
+       {_PER_STATE},
+       coalesce(sum(l.total_cost) FILTER (WHERE {_WASTE}), 0) AS "Waste cost", coalesce(min(l.currency), '') AS "Currency"
+FROM {LEDGER} l JOIN runs r ON r.run_id = l.run_id
+GROUP BY 1, 2, 3
+ORDER BY "Wasted GPU-hours" DESC, 1
+"""
+
+WASTE_BY_TEAM = f"""
+SELECT coalesce(r.team, 'no team') AS "Team",
+       {_PER_STATE}
+FROM {LEDGER} l JOIN runs r ON r.run_id = l.run_id
+GROUP BY 1
+ORDER BY sum(l.gpu_hours) FILTER (WHERE {_WASTE}) DESC NULLS LAST, 1
 """
 
 FLEET = f"""
@@ -169,6 +216,23 @@ def build() -> dict[str, Any]:
                 sort_by="Total cost",
                 units={"GPU kWh": "kwatth", "Host kWh": "kwatth", "Facility kWh": "kwatth", "CO2e kg": "masskg",
                        "GPU-hours": "none", "Tokens": "short", "Coverage": "percentunit", "PUE": "none"}))
+    b.add(stat("Waste", WASTE_TOTALS,
+               "GPU-hours of the selected runs their ledgers put in a state other than productive (idle, hung, "
+               "checkpoint, starved, straggler wait, throttled), and their share of the runs' GPU-hours: "
+               "GET /v1/runs/<run>/accounting's ledger.", w=8, decimals=2),
+          bars("Where the GPU-hours went", BY_STATE,
+               "The selected runs' GPU-hours by ledger state: each GPU-second in one state, the most specific "
+               "explanation first (the API's ledger).", None, w=16, h=8))
+    b.panels[-2]["fieldConfig"]["overrides"].append(
+        {"matcher": {"id": "byName", "options": "Waste share"}, "properties": [{"id": "unit", "value": "percentunit"}]})
+    b.add(table("Runs that wasted most", WASTE_PER_RUN,
+                "Per run, inside the range: GPU-hours by ledger state and what the waste (every state but "
+                "productive) cost at the run's prices. The same numbers as GET /v1/runs/<run>/accounting?from=&to= "
+                "(ledger); the web view's Waste page ranks them too.", h=10, sort_by="Wasted GPU-hours",
+                units={"Waste share": "percentunit", "GPU-hours": "none", "Wasted GPU-hours": "none",
+                       **{f"{STATE_LABELS[s]} GPU-hours": "none" for s in PRECEDENCE}}),
+          bars("Waste by team", WASTE_BY_TEAM, "Wasted GPU-hours of the selected runs by team and ledger state.",
+               None, w=24, h=8))
     b.add(table("Cost by currency", COST_BY_CURRENCY, "Costs of the selected runs, per site currency.", w=8,
                 h=8),
           bars("Energy and CO2e by team", BY_TEAM, "Facility kWh and kg CO2e of the selected runs by team.",
