@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.dashboards import energy_cost, fleet_overview, node_gpu, run_detail, starvation
+from gpufleet.dashboards import energy_cost, fleet_overview, node_gpu, prom_runs, run_detail, starvation
 
 DIR = Path(__file__).resolve().parent
 
@@ -28,6 +28,12 @@ BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
     energy_cost.UID: energy_cost.build,
     node_gpu.UID: node_gpu.build,
 }
+#: Boards over Prometheus (not gpufleet's database), written to ``prometheus/`` so that the PostgreSQL
+#: checks (dashboards.validate, dashboards.dryrun, ``gpufleet dashboards check``) never see them.
+PROMETHEUS_BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
+    prom_runs.UID: prom_runs.build,
+}
+PROMETHEUS_DIR = DIR / "prometheus"
 
 
 def render(dashboard: dict[str, Any]) -> str:
@@ -35,7 +41,8 @@ def render(dashboard: dict[str, Any]) -> str:
 
 
 def expected() -> dict[Path, str]:
-    return {DIR / f"{uid}.json": render(build()) for uid, build in BUILDERS.items()}
+    return {**{DIR / f"{uid}.json": render(build()) for uid, build in BUILDERS.items()},
+            **{PROMETHEUS_DIR / f"{uid}.json": render(build()) for uid, build in PROMETHEUS_BUILDERS.items()}}
 
 
 def stale() -> list[Path]:
@@ -53,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p.name} is out of date: run python -m gpufleet.dashboards.build", file=sys.stderr)
         return 1 if bad else 0
     for path, text in expected().items():
+        path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         print(f"wrote {path.name}")
     return 0

@@ -20,3 +20,12 @@ def load_all() -> dict[str, dict[str, Any]]:
         d = json.loads(path.read_text())
         out[d["uid"]] = d
     return out
+
+
+def load_prometheus() -> dict[str, dict[str, Any]]:
+    """The boards over Prometheus (``prometheus/``), by uid."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted((DIR / "prometheus").glob("*.json")):
+        d = json.loads(path.read_text())
+        out[d["uid"]] = d
+    return out

@@ -93,6 +93,7 @@ def test_wheel_installs_one_top_level_name_and_runs_without_the_checkout(
     assert "gpufleet/migrations/env.py" in names
     assert any(n.startswith("gpufleet/sim/scenarios/") and n.endswith(".yaml") for n in names)
     assert any(n.startswith("gpufleet/dashboards/") and n.endswith(".json") for n in names)
+    assert "gpufleet/dashboards/prometheus/gpufleet-prom-runs.json" in names
 
     # Import every module from the unpacked wheel, away from the checkout:
     # none may reach for a top-level component name.
