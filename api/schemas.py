@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpufleet.accounting import bounds
 from gpufleet.timeparse import period_bound
 
 
@@ -162,18 +163,37 @@ def _model_prices(v: dict[str, float | None] | None) -> dict[str, float | None] 
     for key, price in v.items():
         if not re.fullmatch(_MODEL_KEY, key):
             raise ValueError(f"GPU model key {key!r} must match {_MODEL_KEY} (e.g. 'H100', 'A100 80GB')")
-        if price is not None and price < 0:
-            raise ValueError(f"GPU-hour price of {key!r} must be >= 0")
+        if price is not None and (why := bounds.problem("gpu_hour_price", price)) is not None:
+            raise ValueError(f"GPU-hour price of {key!r}: {why}")
     return v
 
 
+def _bounded(setting: str) -> Any:
+    """A validator of a numeric site setting against its bound (gpufleet.accounting.bounds), naming it."""
+
+    def check(v: float | None) -> float | None:
+        return bounds.check(setting, v)
+
+    return check
+
+
+_CURRENCY = Field(None, pattern=r"^[A-Z]{3}$",
+                  description="ISO 4217 code of every price of the site; required once it has a price (amounts are "
+                              "never assumed to be in one). A change holds from `from` like any setting: amounts "
+                              "before it stay in the old currency, and the prices in force then must be given "
+                              "again in the new one (they are not converted)")
+
+
 class SiteUpsert(Strict):
-    pue: float = Field(1.0, ge=1.0, le=5.0)
-    price_per_kwh: float = Field(0.0, ge=0)
-    gpu_hour_price: float = Field(0.0, ge=0, description="default price of a GPU-hour")
-    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    pue: Annotated[float, AfterValidator(_bounded("pue"))] = Field(1.0, description=bounds.PUE.text)
+    price_per_kwh: Annotated[float, AfterValidator(_bounded("price_per_kwh"))] = Field(
+        0.0, description=bounds.PRICE_PER_KWH.text)
+    gpu_hour_price: Annotated[float, AfterValidator(_bounded("gpu_hour_price"))] = Field(
+        0.0, description=f"default price of a GPU-hour: {bounds.GPU_HOUR_PRICE.text}")
+    currency: str | None = _CURRENCY
     carbon_region: str | None = Field(None, max_length=128)
-    carbon_g_per_kwh: float | None = Field(None, ge=0, le=5000)
+    carbon_g_per_kwh: Annotated[float | None, AfterValidator(_bounded("carbon_g_per_kwh"))] = Field(
+        None, description=bounds.CARBON_G_PER_KWH.text)
     gpu_hour_prices: dict[str, float] = Field(
         default_factory=dict, max_length=64,
         description="GPU-hour price per GPU model: a key matches GPUs whose model name contains it "
@@ -191,12 +211,15 @@ class SiteUpdate(Strict):
     to null (no series, no constant); the other fields cannot be null.  In ``gpu_hour_prices`` a
     null ends that model's own price (the default applies again)."""
 
-    pue: float | None = Field(None, ge=1.0, le=5.0)
-    price_per_kwh: float | None = Field(None, ge=0)
-    gpu_hour_price: float | None = Field(None, ge=0)
-    currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")
+    pue: Annotated[float | None, AfterValidator(_bounded("pue"))] = Field(None, description=bounds.PUE.text)
+    price_per_kwh: Annotated[float | None, AfterValidator(_bounded("price_per_kwh"))] = Field(
+        None, description=bounds.PRICE_PER_KWH.text)
+    gpu_hour_price: Annotated[float | None, AfterValidator(_bounded("gpu_hour_price"))] = Field(
+        None, description=bounds.GPU_HOUR_PRICE.text)
+    currency: str | None = _CURRENCY
     carbon_region: str | None = Field(None, max_length=128)
-    carbon_g_per_kwh: float | None = Field(None, ge=0, le=5000)
+    carbon_g_per_kwh: Annotated[float | None, AfterValidator(_bounded("carbon_g_per_kwh"))] = Field(
+        None, description=bounds.CARBON_G_PER_KWH.text)
     gpu_hour_prices: dict[str, float | None] | None = Field(None, max_length=64)
 
     @field_validator("pue", "price_per_kwh", "gpu_hour_price", "currency", "gpu_hour_prices", mode="before")
@@ -219,7 +242,8 @@ class SitePublic(BaseModel):
     pue: float
     price_per_kwh: float
     gpu_hour_price: float
-    currency: str
+    currency: str | None = Field(description="the currency in force; null for a site that has no prices and was "
+                                             "given none")
     carbon_region: str | None
     carbon_g_per_kwh: float | None
     gpu_hour_prices: dict[str, float] = Field(description="GPU-model prices in force (model key -> price)")
@@ -227,7 +251,7 @@ class SitePublic(BaseModel):
 
 
 class SiteSettingPoint(BaseModel):
-    setting: Literal["pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh"]
+    setting: Literal["pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh", "currency"]
     gpu_model: str | None = Field(description="for a GPU-hour price of one GPU model")
     valid_from: AwareDatetime | None = Field(description="in force from this time until the next change of the "
                                                          "setting; null: from the beginning")
@@ -237,17 +261,17 @@ class SiteSettingPoint(BaseModel):
 
 class PuePoint(Strict):
     time: UtcDatetime
-    pue: float = Field(ge=1.0, le=5.0)
+    pue: Annotated[float, AfterValidator(_bounded("pue"))]
 
 
 class PricePoint(Strict):
     time: UtcDatetime
-    price_per_kwh: float = Field(ge=0)
+    price_per_kwh: Annotated[float, AfterValidator(_bounded("price_per_kwh"))]
 
 
 class CarbonPoint(Strict):
     time: UtcDatetime
-    g_co2e_per_kwh: float = Field(ge=0, le=5000)
+    g_co2e_per_kwh: Annotated[float, AfterValidator(_bounded("carbon_g_per_kwh"))]
 
 
 def _distinct_times(points: list[Any]) -> list[Any]:
@@ -262,6 +286,12 @@ def _distinct_times(points: list[Any]) -> list[Any]:
 
 class CarbonSeries(Strict):
     points: list[CarbonPoint] = Field(min_length=1, max_length=100_000)
+    method: Literal["average", "marginal"] | None = Field(
+        None, description="what the intensities are: the grid mix's average (Electricity Maps, inventories) or the "
+                          "marginal generator's (WattTime's MOER); recorded for the region, 'average' when a "
+                          "region's first series says nothing")
+    name: str | None = Field(None, max_length=128, description="readable name of the region (country or grid), "
+                                                               "for reports")
 
     @field_validator("points")
     @classmethod
@@ -332,10 +362,10 @@ class LostCost(BaseModel):
     it_kwh: float
     facility_kwh: float = Field(description="IT energy × the PUE in force")
     co2e_kg: float | None = Field(description="null when the site has no carbon intensity (or the run no site)")
-    energy_cost: float
-    compute_cost: float = Field(description="lost GPU-hours × the GPU-hour price in force")
-    total_cost: float
-    currency: str | None = Field(description="the run's site's currency; money in its minor units")
+    energy_cost: float | None = Field(description="null when the run's money cannot be computed (its errors)")
+    compute_cost: float | None = Field(description="lost GPU-hours × the GPU-hour price in force")
+    total_cost: float | None
+    currency: str | None = Field(description="the run's site's currency (money as computed, to 1e-9)")
     minor_units: int
 
 
@@ -401,8 +431,15 @@ class Efficiency(BaseModel):
     params: int | None = Field(description="model parameters (runs.params)")
     gpu_model: str | None = Field(description="GPU model from node facts; 'mixed' when the run's GPUs differ")
     peak_flops: float | None = Field(description="sum of the run's GPUs' peak dense BF16 FLOP/s")
-    mfu: float | None = Field(description="6 × params × tokens_per_s ÷ peak_flops")
-    lost_gpu_hours: float = Field(description="GPU-hours the ledger puts in a state other than productive")
+    peak_dtype: str | None = Field(None, description="precision of the peaks: bf16 (fp16 on GPUs without BF16, such "
+                                                     "as V100); mixed when the run's GPUs differ")
+    peak_sources: list[str] = Field(default_factory=list, description="the datasheet (or node fact) of each peak")
+    mfu: float | None = Field(description="6 × params × tokens_per_s ÷ peak_flops; null when above 1 (see "
+                                          "mfu_problem)")
+    mfu_unchecked: float | None = Field(None, description="the MFU as computed, also when above 1")
+    mfu_problem: str | None = Field(None, description="why the MFU cannot be right (above 1: wrong params, token "
+                                                      "count or peak)")
+    lost_gpu_hours: float | None = Field(description="GPU-hours the ledger puts in a state other than productive")
     goodput: float | None = Field(description="the ledger's productive share of the run's GPU-hours")
 
 
@@ -413,7 +450,8 @@ class LedgerState(BaseModel):
     gpu_kwh: float
     facility_kwh: float = Field(description="IT energy (GPU and host share) × the PUE in force")
     co2e_kg: float | None = Field(description="null when the run's CO2e is (no carbon intensity known)")
-    total_cost: float = Field(description="energy and compute cost of these GPU-hours, in the run's currency")
+    total_cost: float | None = Field(description="energy and compute cost of these GPU-hours, in the run's currency "
+                                                 "(null when the run's money cannot be computed)")
 
 
 class Ledger(BaseModel):
@@ -466,7 +504,8 @@ class AccountingSegment(BaseModel):
     g_co2e_per_kwh: float | None
     price_per_kwh: float
     co2e_kg: float | None
-    energy_cost: float
+    energy_cost: float | None
+    currency: str | None = Field(None, description="the currency the segment is priced in")
 
 
 class RatePeriod(BaseModel):
@@ -479,6 +518,7 @@ class RatePeriod(BaseModel):
     gpu_hour_price: float = Field(description="the site's default GPU-hour price")
     carbon_region: str | None
     carbon_g_per_kwh: float | None = Field(description="the site's constant intensity (used without a series)")
+    currency: str | None = Field(None, description="the currency in force (a dated setting like the others)")
 
 
 class ModelPrice(BaseModel):
@@ -495,6 +535,18 @@ class GpuModelCount(BaseModel):
     shares: float = Field(description="GPUs' worth held: the sum of the allocations' shares")
 
 
+class CarbonRegionUsed(BaseModel):
+    region: str
+    method: Literal["average", "marginal"] | None = Field(description="as recorded for the series; null if never")
+    name: str | None = Field(description="country or region name, as recorded")
+
+
+class CurrencyCostOrNull(BaseModel):
+    energy_cost: float | None
+    compute_cost: float | None
+    total_cost: float | None
+
+
 class RunAccounting(BaseModel):
     """Per-run accounting; the first fields are the contract's, in its order."""
 
@@ -509,41 +561,59 @@ class RunAccounting(BaseModel):
     pue: float
     facility_kwh: float
     co2e_kg: float | None = Field(description="null when the site has no carbon intensity (or the run no site)")
-    energy_cost: float
-    compute_cost: float
-    total_cost: float
-    currency: str | None = Field(description="the site's currency; null for a run without a site")
+    energy_cost: float | None = Field(description="facility energy × the energy price in force, as computed (to 1e-9 "
+                                                  "of the currency; rounding to minor units is presentation); null "
+                                                  "when it cannot be computed (see errors) or the window crosses a "
+                                                  "currency change (see costs_by_currency)")
+    compute_cost: float | None = Field(description="gpu_hours × the GPU-hour price in force; null as energy_cost")
+    total_cost: float | None = Field(description="energy_cost + compute_cost; null as energy_cost")
+    currency: str | None = Field(description="the site's currency; null for a run without a site (or across a "
+                                             "currency change)")
     coverage: float = Field(description="share of allocated GPU-seconds inside counted intervals, 0-1")
     name: str | None
     site: str | None
     team: str | None
     state: Literal["pending", "running", "ended"] = Field(description="as GET /v1/runs/{id} says it")
+    planned_end: str | None = _time("the end a running run was registered with; null once it ended or without one")
     window_start: str = _time("start of the accounted window")
     window_end: str = _time("end of the accounted window (now for a running run)")
+    duration_s: float = Field(description="window_end - window_start, seconds")
     source: Literal["rollup", "raw", "mixed"] = Field(
         description="rollups (with raw partial minutes), raw samples, or both (data pending in the rollup queue)")
     max_gap_s: float
     carbon_source: Literal["series", "site_constant", "none", "mixed"]
+    carbon_method: Literal["average", "marginal", "mixed"] | None = Field(
+        description="carbon intensities used: grid average or marginal (as recorded for each series; a site's "
+                    "constant is an average factor); null when unknown")
+    carbon_series: list[CarbonRegionUsed] = Field(description="carbon regions in force during the window: their "
+                                                               "method and name as recorded")
     price_source: Literal["time_of_use", "flat", "none"]
-    gpu_hour_price: float = Field(description="compute_cost ÷ gpu_hours (the price in force when no hours)")
+    gpu_hour_price: float | None = Field(description="compute_cost ÷ gpu_hours (the price in force when no hours)")
     gpu_equivalents: float = Field(description="GPUs' worth held: Σ shares (gpu_count without declared sharing)")
     gpu_models: list[GpuModelCount]
     co2e_unknown_kwh: float = Field(description="facility energy with no known carbon intensity")
     g_co2e_per_kwh: float | None = Field(description="energy-weighted carbon intensity used (co2e ÷ facility kWh)")
-    minor_units: int = Field(description="decimal places of the currency's money (2 for EUR, 0 for JPY)")
+    gpu_power_w: float | None = Field(description="average power of the run's GPUs together over the window, W")
+    it_power_w: float | None = Field(description="average IT power (GPUs and their host share), W")
+    emissions_rate_kg_s: float | None = Field(description="co2e_kg ÷ duration_s (CodeCarbon's emissions_rate)")
+    minor_units: int = Field(description="decimal places of the currency's minor unit (2 for EUR, 0 for JPY), for "
+                                         "presentation")
+    costs_by_currency: dict[str, CurrencyCostOrNull] = Field(
+        description="money per currency the window was priced in (one, unless it crosses a currency change)")
     rates: list[RatePeriod] = Field(description="the site's settings in force during the window, per period")
     gpu_model_prices: list[ModelPrice] = Field(description="GPU-model prices in force for the run's GPUs")
     efficiency: Efficiency
     lost_to_incidents: LostToIncidents = Field(
         description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.2)")
     ledger: Ledger | None = Field(None, description="where every GPU-hour of the window went (contracts.md section 3)")
+    errors: list[str] = Field(description="figures that could not be computed and why (null above); empty when none")
     segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
 
 
 class CurrencyCost(BaseModel):
-    energy_cost: float
-    compute_cost: float
-    total_cost: float
+    energy_cost: float | None
+    compute_cost: float | None
+    total_cost: float | None
 
 
 class FleetBlock(BaseModel):
@@ -581,6 +651,12 @@ class FleetAccounting(BaseModel):
     runs: FleetBlock = Field(description="all runs in the period (the groups together)")
     unallocated: FleetBlock = Field(description="GPU time no run held, inside sample intervals (with telemetry), "
                                                 "and the hosts' idle share")
-    no_telemetry: FleetBlock = Field(description="GPU time no run held and no sample covers: no energy is known")
+    no_telemetry: FleetBlock = Field(description="GPU time no run held and no sample covers: no energy is known; "
+                                                 "a GPU counts from when it joined the fleet (first sample, first "
+                                                 "run, registration) until it left (silent past "
+                                                 "accounting.gone_after_s)")
     total: FleetBlock = Field(description="every GPU and host of the fleet in the period; its money is runs + "
                                           "unallocated")
+    errors: list[str] = Field(default_factory=list, description="lines whose money could not be computed and why "
+                                                                "(their currency's money is null in every block "
+                                                                "they are in)")

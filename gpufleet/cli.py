@@ -389,6 +389,11 @@ def _model_prices(values: list[str] | None) -> dict[str, float | None]:
     return out
 
 
+def _site_flag(field: str) -> str:
+    """The ``site set`` option of a site setting."""
+    return "--gpu-model-price" if field == "gpu_hour_prices" else "--" + field.replace("_", "-")
+
+
 @site_app.command("set")
 def site_set(site: str,
              pue: Annotated[float | None, typer.Option(help="power usage effectiveness (>= 1)")] = None,
@@ -397,7 +402,9 @@ def site_set(site: str,
              gpu_model_price: Annotated[list[str] | None, typer.Option(
                  help="GPU-hour price of GPUs whose model contains MODEL: MODEL=PRICE (repeatable; MODEL= ends "
                       "it)")] = None,
-             currency: Annotated[str | None, typer.Option(help="ISO 4217 code (only while no run uses the site)")]
+             currency: Annotated[str | None, typer.Option(
+                 help="ISO 4217 code of the site's prices (required once it has a price); a change holds from "
+                      "--from like the others and needs the prices in force given again in the new currency")]
              = None,
              carbon_region: Annotated[str | None, typer.Option(help="carbon series region ('' clears it)")] = None,
              carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
@@ -409,13 +416,14 @@ def site_set(site: str,
     """Create a site, or change only the settings given, from a time (default now).
 
     Accounting before that time keeps the values that were in force.  A new site
-    takes pue 1.0, prices 0, currency USD and no carbon region for what is not given.
+    takes pue 1.0, prices 0 and no carbon region for what is not given; a site with
+    a price needs --currency (there is no default currency).
     """
     from pydantic import ValidationError
 
     from gpufleet.api.schemas import SiteUpdate
     from gpufleet.store.runs import Conflict
-    from gpufleet.store.sites import patch_site
+    from gpufleet.store.sites import SiteError, patch_site
 
     given: dict[str, Any] = {k: v for k, v in (("pue", pue), ("price_per_kwh", price_per_kwh),
                                                ("gpu_hour_price", gpu_hour_price), ("currency", currency),
@@ -433,7 +441,7 @@ def site_set(site: str,
     try:
         changes = SiteUpdate.model_validate(given).model_dump(exclude_unset=True)
     except ValidationError as e:
-        fail("; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in e.errors()))
+        fail("; ".join(f"{_site_flag(str(err['loc'][0]))}: {err['msg']}" for err in e.errors()))
     changes.pop("gpu_hour_prices", None)
     when = parse_query_time(since, "from") if since is not None else None
     with connect(settings_from(config, db)) as conn:
@@ -441,6 +449,8 @@ def site_set(site: str,
             w = patch_site(conn, site, changes, valid_from=when, gpu_hour_prices=models, create=True)
         except Conflict as e:
             fail(str(e))
+        except SiteError as e:
+            fail(f"{_site_flag(e.field)}: {e}")
     if not w.created and not changes and not models:
         typer.echo(f"gpufleet: nothing to change for site {site!r} (give an option)", err=True)
     elif not w.created:
@@ -487,10 +497,19 @@ def site_pue_load(site: str, file: Path, config: ConfigOpt = None, db: DbOpt = N
 
 
 @carbon_app.command("load")
-def carbon_load(region: str, file: Path, config: ConfigOpt = None, db: DbOpt = None) -> None:
+def carbon_load(region: str, file: Path,
+                method: Annotated[str | None, typer.Option(
+                    help="average (the grid mix's intensity) or marginal (the generator answering a change in "
+                         "demand); recorded for the region and shown in reports (a first series without it: "
+                         "average)")] = None,
+                name: Annotated[str | None, typer.Option(help="readable name of the region for reports, e.g. "
+                                                              "Germany")] = None,
+                config: ConfigOpt = None, db: DbOpt = None) -> None:
     """Load a carbon-intensity CSV (time, g_co2e_per_kwh) for REGION."""
-    from gpufleet.store.sites import CsvError, parse_carbon_csv, set_carbon
+    from gpufleet.store.sites import CsvError, SiteError, parse_carbon_csv, set_carbon
 
+    if method is not None and method not in ("average", "marginal"):
+        fail(f"--method: must be average or marginal, not {method!r}")
     try:
         points = parse_carbon_csv(file, region)
     except FileNotFoundError:
@@ -498,7 +517,10 @@ def carbon_load(region: str, file: Path, config: ConfigOpt = None, db: DbOpt = N
     except CsvError as e:
         fail(str(e))
     with connect(settings_from(config, db)) as conn:
-        n = set_carbon(conn, region, points)
+        try:
+            n = set_carbon(conn, region, points, method=method, name=name, provider="file")
+        except SiteError as e:
+            fail(f"--{e.field}: {e}")
     typer.echo(f"loaded {n} points for {region}")
 
 
@@ -1121,7 +1143,8 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
 @app.command()
 def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 3339 with offset, or a date (UTC)")],
            until: Annotated[str, typer.Option("--to", help="period end (exclusive): RFC 3339 with offset, or a date")],
-           fmt: Annotated[str, typer.Option("--format", help="csv | json")] = "csv",
+           fmt: Annotated[str, typer.Option("--format", help="csv | json | focus (a FOCUS 1.1 cost export, as GET "
+                                                           "/v1/reports/focus.csv)")] = "csv",
            group_by: Annotated[str | None, typer.Option(help="rows per run | site | team (default run)")] = None,
            runs_only: Annotated[bool, typer.Option("--runs", help="one row per run, as GET /v1/reports/runs.csv "
                                                                   "(json: the accounting bodies)")] = False,
@@ -1129,7 +1152,8 @@ def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 
            source: Annotated[str, typer.Option(help="auto | rollup | raw")] = "auto",
            config: ConfigOpt = None, db: DbOpt = None) -> None:
     """The finance report of [--from, --to): a row per run (or site or team) and currency, the GPU time no run
-    held, and a total per currency, as GET /v1/reports/finance.csv and finance.json.
+    held, and a total per currency, as GET /v1/reports/finance.csv and finance.json (--format focus: the FOCUS
+    export of GET /v1/reports/focus.csv, a charge row per run per day).
     """
     from gpufleet.accounting import report_csv, runs_report
     from gpufleet.accounting.lines import SOURCES
@@ -1138,8 +1162,8 @@ def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 
     lo, hi = parse_query_time(since, "from"), parse_query_time(until, "to")
     if hi <= lo:
         fail("--to: must be after --from")
-    if fmt not in ("csv", "json"):
-        fail(f"--format: must be csv or json, not {fmt!r}")
+    if fmt not in ("csv", "json", "focus"):
+        fail(f"--format: must be csv, json or focus, not {fmt!r}")
     if source not in SOURCES:
         fail(f"--source: must be one of {', '.join(SOURCES)}, not {source!r}")
     if runs_only and group_by is not None:
@@ -1150,13 +1174,19 @@ def report(since: Annotated[str, typer.Option("--from", help="period start: RFC 
         fail(f"--group-by: must be run, site or team, not {group_by!r}")
     s = settings_from(config, db)
     with connect(s) as conn:
-        if runs_only:
+        if fmt == "focus":
+            from gpufleet.accounting.focus import focus_csv, focus_export
+
+            export = focus_export(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source,
+                                  gone_after_s=s.accounting.gone_after_s)
+            text, count = focus_csv(export), len(export.rows)
+        elif runs_only:
             rows = runs_report(conn, lo, hi, max_gap_s=s.accounting.max_gap_s, source=source)
             text = report_csv(rows) if fmt == "csv" else json.dumps(rows, indent=2) + "\n"
             count = len(rows)
         else:
             rep = finance_report(conn, lo, hi, group_by=group_by, max_gap_s=s.accounting.max_gap_s,  # type: ignore[arg-type]
-                                 source=source)
+                                 source=source, gone_after_s=s.accounting.gone_after_s)
             text = finance_csv(rep) if fmt == "csv" else json.dumps(rep.body(), indent=2) + "\n"
             count = len(rep.rows)
     if output is None:

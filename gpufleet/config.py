@@ -184,6 +184,9 @@ class AccountingSettings(BaseModel):
 
     #: Power integration does not bridge intervals longer than this, seconds.
     max_gap_s: float = Field(60.0, gt=0)
+    #: A GPU silent this long has left the fleet (retired, moved, its node taken down): its time after
+    #: that counts nowhere, instead of as GPU time without telemetry, seconds.
+    gone_after_s: float = Field(86400.0, gt=0)
 
 
 class CarbonSource(BaseModel):

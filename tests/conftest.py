@@ -25,7 +25,7 @@ DATA_TABLES = (
     "host_energy_1h",
     "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "run_sightings", "runs",
     "nodes",
-    "site_settings", "sites", "carbon_intensity", "agent_tokens", "sweep_snapshots", "sweep_snapshot_state",
+    "site_settings", "sites", "carbon_intensity", "carbon_regions", "agent_tokens", "sweep_snapshots", "sweep_snapshot_state",
     "remote_write_parts", "run_metrics_snapshot", "node_quarantine", "quarantine_log",
 )
 

@@ -53,7 +53,9 @@ def get_fleet_accounting(
     group_by: Literal["site", "team", "run"] = Query("site", description="how runs are grouped"),
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> dict[str, Any]:
-    """Runs grouped by site, team or run; GPUs no run held ("unallocated"); the fleet total."""
+    """Runs grouped by site, team or run; GPUs no run held ("unallocated", and "no_telemetry" from when each
+    GPU joined the fleet until it left); the fleet total.  Money as computed (not rounded); ``errors`` names
+    what could not be computed."""
     period_error(since, until)
     return fleet_accounting(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
-                            source=source)
+                            source=source, gone_after_s=s.settings.accounting.gone_after_s)

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Response
 
 from gpufleet.accounting import CSV_COLUMNS, report_csv, runs_report
+from gpufleet.accounting.focus import COLUMNS as FOCUS_COLUMNS
+from gpufleet.accounting.focus import focus_csv, focus_export
 from gpufleet.accounting.report import FINANCE_COLUMNS, finance_csv, finance_report
 from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
 from gpufleet.api.routes.accounting import SourceParam, period_error
@@ -36,7 +38,8 @@ def runs_csv(
 ) -> Response:
     """Per-run accounting for finance (contracts.md section 3): one row per run overlapping the period, clipped
     to it; the contract's fields in order, then extras; RFC 3339 UTC times, plain decimal numbers, money in the
-    currency's minor units, empty cells for unknown values."""
+    currency's minor units (energy and compute rounded by largest remainder so they add up to the total), empty
+    cells for unknown values (``end`` while a run is running; money that cannot be computed, with ``errors``)."""
     period_error(since, until)
     rows = runs_report(conn, since, until, max_gap_s=s.settings.accounting.max_gap_s, source=source)
     return Response(report_csv(rows), media_type="text/csv; charset=utf-8",
@@ -57,7 +60,7 @@ def finance_report_csv(
     without telemetry) and a total per currency whose money is the sum of the rows to the cent."""
     period_error(since, until)
     rep = finance_report(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
-                         source=source)
+                         source=source, gone_after_s=s.settings.accounting.gone_after_s)
     return Response(finance_csv(rep), media_type="text/csv; charset=utf-8",
                     headers={"Content-Disposition": _name(f"finance_{group_by}", since, until, "csv")})
 
@@ -73,4 +76,26 @@ def finance_report_json(
 ) -> dict[str, Any]:
     period_error(since, until)
     return finance_report(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
-                          source=source).body()
+                          source=source, gone_after_s=s.settings.accounting.gone_after_s).body()
+
+
+@router.get("/focus.csv", response_class=Response, responses={200: {
+    "content": {"text/csv": {"schema": {"type": "string"}}},
+    "description": "FOCUS 1.1 columns (FinOps Open Cost and Usage Specification), then x_ columns: "
+                   + ",".join(FOCUS_COLUMNS),
+}})
+def focus_report_csv(
+    conn: ConnDep, s: StateDep, _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
+    granularity: Literal["day", "run"] = Query("day", description="a charge row per run per day (as cloud "
+                                                                  "exports), or per run over its window"),
+    source: Literal["auto", "rollup", "raw"] = SourceParam,
+) -> Response:
+    """GPU run costs as a FOCUS export, so FinOps tools ingest them beside cloud bills (contracts.md section 5.3):
+    per run, a GPU-compute row (GPU-hours) and a GPU-energy row (facility kWh) per charge period, and the energy of
+    GPU time no run held; money as the accounting computes it; tags for run, team and site."""
+    period_error(since, until)
+    export = focus_export(conn, since, until, granularity=granularity, max_gap_s=s.settings.accounting.max_gap_s,
+                          source=source, gone_after_s=s.settings.accounting.gone_after_s)
+    return Response(focus_csv(export), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": _name("focus", since, until, "csv")})

@@ -22,6 +22,7 @@ from gpufleet.api.schemas import (
 from gpufleet.store import nodes as node_store
 from gpufleet.store import sites as store
 from gpufleet.store.runs import Conflict, NotFound
+from gpufleet.store.sites import SiteError
 from gpufleet.timeparse import iso
 
 router = APIRouter(tags=["sites"])
@@ -66,14 +67,20 @@ DEFAULTED_HEADER = "Gpufleet-Defaulted-Fields"
 REPLACED_HEADER = "Gpufleet-Replaced-From"
 
 
+def site_error(e: SiteError) -> HTTPException:
+    """422 naming the field a site write got wrong (a bound, a missing currency)."""
+    return HTTPException(422, [{"loc": ["body", e.field], "msg": str(e), "type": "value_error"}])
+
+
 @router.put("/v1/sites/{site}", response_model=SitePublic,
             description="Replaces the **whole** site from `from` (default now; a new site from the beginning): "
-                        "a field left out takes its default (pue 1.0, prices 0, currency USD, no carbon region or "
-                        "constant, no GPU-model prices), whatever it was before, and changes scheduled after "
-                        f"`from` are dropped; the response header `{DEFAULTED_HEADER}` names the defaulted fields "
-                        f"and `{REPLACED_HEADER}` the time the replacement holds from.  Accounting before that "
-                        "time is unchanged.  To change some fields only, use PATCH.",
-            responses={409: {"description": "a currency change on a site in use"}})
+                        "a field left out takes its default (pue 1.0, prices 0, no carbon region or constant, no "
+                        "GPU-model prices), whatever it was before, and changes scheduled after `from` are dropped; "
+                        f"the response header `{DEFAULTED_HEADER}` names the defaulted fields and "
+                        f"`{REPLACED_HEADER}` the time the replacement holds from.  Accounting before that time is "
+                        "unchanged.  A site with a price needs `currency` (there is no default); a different "
+                        "currency holds from `from`.  To change some fields only, use PATCH.",
+            responses={422: {"description": "a value outside its bound, or prices without a currency"}})
 def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, response: Response,
              site: str = Path(..., pattern=NAME),
              valid_from: Annotated[QueryTime | None, FromParam] = None) -> dict:
@@ -82,6 +89,8 @@ def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, response: Response,
                            gpu_hour_prices=body.gpu_hour_prices)
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
+    except SiteError as e:
+        raise site_error(e) from None
     if w.defaulted:
         response.headers[DEFAULTED_HEADER] = ",".join(w.defaulted)
     response.headers[REPLACED_HEADER] = "beginning" if w.valid_from is None else iso(w.valid_from) or ""
@@ -90,10 +99,12 @@ def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, response: Response,
 
 @router.patch("/v1/sites/{site}", response_model=SitePublic,
               description="Changes only the fields given, from `from` (default now); the others keep their "
-                          "values, and accounting before that time is unchanged.  404 for a site that does not "
-                          "exist (create it with PUT).",
-              responses={404: {"description": "unknown site"}, 409: {"description": "a currency change on a "
-                                                                                    "site in use"}})
+                          "values, and accounting before that time is unchanged.  A currency change is dated too: "
+                          "give the prices in force then in the new currency with it (amounts are never converted). "
+                          "404 for a site that does not exist (create it with PUT).",
+              responses={404: {"description": "unknown site"},
+                         422: {"description": "a value outside its bound, prices without a currency, or a currency "
+                                              "change without the prices in the new currency"}})
 def patch_site(body: SiteUpdate, conn: ConnDep, _: Admin, site: str = Path(..., pattern=NAME),
                valid_from: Annotated[QueryTime | None, FromParam] = None) -> dict:
     changes = body.model_dump(exclude_unset=True)
@@ -104,6 +115,8 @@ def patch_site(body: SiteUpdate, conn: ConnDep, _: Admin, site: str = Path(..., 
         raise HTTPException(404, str(e)) from None
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
+    except SiteError as e:
+        raise site_error(e) from None
 
 
 @router.put("/v1/sites/{site}/prices", description="Time-of-use energy prices: points of the site's dated "
@@ -113,6 +126,8 @@ def put_prices(site: str, body: PriceSeries, conn: ConnDep, _: Admin) -> dict:
         n = store.set_prices(conn, site, [(p.time, p.price_per_kwh) for p in body.points])
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
+    except SiteError as e:
+        raise site_error(e) from None
     return {"site": site, "points": n}
 
 
@@ -123,6 +138,8 @@ def put_pue(site: str, body: PueSeries, conn: ConnDep, _: Admin) -> dict:
         n = store.set_series(conn, site, "pue", [(p.time, p.pue) for p in body.points])
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
+    except SiteError as e:
+        raise site_error(e) from None
     return {"site": site, "points": n}
 
 
@@ -132,9 +149,15 @@ def get_carbon(region: str, conn: ConnDep, _: AccountingReader, since: Annotated
     return {"region": region, "points": store.get_carbon(conn, region, since, until)}
 
 
-@router.put("/v1/carbon/{region}")
+@router.put("/v1/carbon/{region}", description="Points of a region's carbon-intensity step series (each holds until "
+                                                "the next), with what the series is: `method` average or marginal, "
+                                                "and a readable `name`, recorded for reports.")
 def put_carbon(region: str, body: CarbonSeries, conn: ConnDep, _: Admin) -> dict:
-    n = store.set_carbon(conn, region, [(p.time, p.g_co2e_per_kwh) for p in body.points])
+    try:
+        n = store.set_carbon(conn, region, [(p.time, p.g_co2e_per_kwh) for p in body.points], method=body.method,
+                             name=body.name, provider="api")
+    except SiteError as e:
+        raise site_error(e) from None
     return {"region": region, "points": n}
 
 

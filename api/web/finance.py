@@ -18,6 +18,7 @@ import psycopg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gpufleet.accounting.line_errors import problems
 from gpufleet.accounting.lines import lines
 from gpufleet.accounting.report import finance_csv, finance_report
 from gpufleet.api.deps import ApiState
@@ -114,7 +115,8 @@ def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, n
             continue
         who = (teams.get(ln.run_id or "") or "no team") if ln.line == "run" else "no run"
         kwh[who][index[day]] += float(ln.facility_kwh)
-        if ln.currency:
+        if ln.currency and not problems([ln]).keys() & {"energy_cost", "compute_cost"}:
+            # a line a stored price makes meaningless is left out of the chart (the tables say why)
             cost[f"{who} ({ln.currency})"][index[day]] += float(ln.total_cost)
     return [d.strftime("%m-%d") for d in days], dict(sorted(kwh.items())), dict(sorted(cost.items()))
 
@@ -136,7 +138,9 @@ def _finance(conn: psycopg.Connection, st: ApiState, lo_d: date, hi_d: date, gro
                 (num(idle_h, 1, "h"), "GPU-hours no run held (with or without telemetry)")]
     cards = join(h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
                  for v, label in figures)
-    return h(
+    problems_seen = list(dict.fromkeys(e for r in rep.rows for e in r.get("errors") or []))
+    notice = join(h('<p class="error" role="alert">{}</p>', e) for e in problems_seen[:20])
+    return join([notice, h(
         '<form method="get" action="/finance" class="period">'
         '<label for="from">From (00:00 UTC)</label><input id="from" name="from" type="date" value="{}">'
         '<label for="to">To (exclusive)</label><input id="to" name="to" type="date" value="{}">'
@@ -162,7 +166,7 @@ def _finance(conn: psycopg.Connection, st: ApiState, lo_d: date, hi_d: date, gro
         bar_chart("Facility energy per day, per team", labels, list(kwh.items()), "kWh"),
         bar_chart("Cost per day, per team", labels, list(cost.items()),
                   " / ".join(sorted({t["currency"] for t in totals if t["currency"]})) or "money"),
-        rep.window_end.strftime("%Y-%m-%d %H:%M UTC"))
+        rep.window_end.strftime("%Y-%m-%d %H:%M UTC"))])
 
 
 def _render(who: Principal, body: Markup, status: int = 200) -> Response:

@@ -37,6 +37,7 @@ from gpufleet.api.web.common import (
 from gpufleet.api.web.costs import Costs, run_costs
 from gpufleet.api.web.html import Markup, ago, esc, h, join, link, num, page, table, when, when_short
 from gpufleet.api.web.incident_pages import INCIDENT_HEADERS, incident_rows, incident_table
+from gpufleet.api.web.landing import or_landing
 from gpufleet.api.web.session import capabilities, gate, html
 from gpufleet.auth import Principal
 from gpufleet.store import views as queries
@@ -152,7 +153,7 @@ def _fleet(conn: psycopg.Connection, st: ApiState) -> Markup:
 async def fleet(request: Request) -> Response:
     who = await gate(request, "read")
     if isinstance(who, Response):
-        return who
+        return await or_landing(request, who)
     body = await read(request, _fleet)
     if isinstance(body, Response):
         return body

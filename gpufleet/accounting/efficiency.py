@@ -10,8 +10,12 @@ MFU = 6 × params × tokens_per_s ÷ Σ peak BF16 dense FLOP/s of the run's GPUs
 (the "6N" training FLOPs per token).  A GPU's model is the ``name`` of its
 entry in ``nodes.facts["gpus"]`` (the NVML and dcgm-exporter sources report
 it there), else ``nodes.facts["gpu_model"]``; a numeric
-``nodes.facts["bf16_dense_peak_flops"]`` overrides the table.  MFU is null
-when any GPU's model is unknown or the run has no ``params``.  Facts are
+``nodes.facts["bf16_dense_peak_flops"]`` overrides the table
+(:mod:`gpufleet.accounting.peak_flops`: the precision and datasheet of each
+figure, reported as ``peak_dtype`` and ``peak_sources``).  MFU is null when
+any GPU's model is unknown or the run has no ``params``, and when it comes out
+above 1, which no GPU reaches: then ``mfu_problem`` says why (params, the
+tokens reported, the peak) and ``mfu_unchecked`` keeps the figure.  Facts are
 read through :class:`gpufleet.facts.NodeFacts`, so one node's malformed facts
 leave that node's GPUs without a model (MFU null for its runs), never fail the
 accounting of the fleet.
@@ -26,54 +30,64 @@ checkpointing, starved, waiting on a straggler or throttled, by the one rule of
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from gpufleet.accounting.peak_flops import peak_of
 from gpufleet.evidence import read_lost_time
 from gpufleet.facts import NodeFacts
 from gpufleet.store.run_model import Run
 
-#: Peak dense BF16 tensor FLOP/s per GPU (vendor datasheets, without sparsity).
-#: Matched in order against the model name, case-insensitively; first hit wins.
-PEAK_BF16_DENSE_FLOPS: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("h200",), 989e12),
-    (("h100", "pcie"), 756e12),
-    (("h100",), 989e12),  # SXM5 / "80GB HBM3"
-    (("a100",), 312e12),
-    (("l40s",), 362e12),
-)
-
 LOST_TIME_KINDS = ("starvation", "checkpoint_stall")
+
+#: Where a peak came from when a node's facts give it (``bf16_dense_peak_flops``) instead of the table.
+FACT_SOURCE = "node fact bf16_dense_peak_flops"
 
 
 def peak_flops(model: str | None) -> float | None:
-    """Peak dense BF16 FLOP/s of a GPU model name, or None when not in the table."""
-    if not model:
-        return None
-    name = model.lower()
-    for words, peak in PEAK_BF16_DENSE_FLOPS:
-        if all(w in name for w in words):
-            return peak
-    return None
+    """Peak dense tensor FLOP/s of a GPU model name (:mod:`gpufleet.accounting.peak_flops`), or None."""
+    p = peak_of(model)
+    return None if p is None else p.flops
 
 
-def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]]
-               ) -> dict[tuple[str, int], tuple[str | None, float | None]]:
-    """(model name, peak FLOP/s) of each allocated GPU, from the nodes' facts."""
+@dataclass(frozen=True)
+class GpuPeak:
+    model: str | None
+    flops: float | None
+    dtype: str | None
+    source: str | None
+
+
+def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]]) -> dict[tuple[str, int], GpuPeak]:
+    """Model name and peak (FLOP/s, precision, source) of each allocated GPU, from the nodes' facts."""
     nodes = sorted({n for n, _ in allocations})
     facts = {n: NodeFacts.read(f) for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
                                                             (nodes,)).fetchall()}
-    out: dict[tuple[str, int], tuple[str | None, float | None]] = {}
+    out: dict[tuple[str, int], GpuPeak] = {}
     none = NodeFacts()
     for node, gpu in allocations:
         f = facts.get(node, none)
         model = f.gpu_model_of(gpu)
         override = f.bf16_dense_peak_flops
-        peak = override if override is not None else peak_flops(model)
-        out[(node, gpu)] = (model, peak)
+        if override is not None:
+            out[(node, gpu)] = GpuPeak(model, override, "bf16", FACT_SOURCE)
+            continue
+        p = peak_of(model)
+        out[(node, gpu)] = GpuPeak(model, None, None, None) if p is None else GpuPeak(model, p.flops, p.dtype, p.source)
     return out
+
+
+def mfu_problem(mfu: float, params: int, tokens_per_s: float, peak: float, peaks: Sequence[GpuPeak]) -> str:
+    """Why an MFU above 1 cannot be (no GPU runs above its peak), and what to check."""
+    models = "; ".join(sorted({f"{p.model or 'unknown model'}: {p.flops / 1e12:g} TFLOP/s {p.dtype} ({p.source})"
+                               for p in peaks if p.flops is not None}))
+    return (f"MFU {mfu:.2f} is above 1, which no GPU reaches: 6 x params ({params:,}) x tokens per second "
+            f"({tokens_per_s:,.0f}) is {6 * params * tokens_per_s / 1e12:,.0f} TFLOP/s against a peak of "
+            f"{peak / 1e12:,.0f} TFLOP/s. Check the run's params, the tokens its progress reports (all ranks "
+            f"counted once, not per rank) and the GPUs' peak ({models})")
 
 
 def _progress_at(conn: psycopg.Connection, run_id: str, t: datetime | None, column: str
@@ -126,11 +140,16 @@ def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
     tokens, samples, rate = done["tokens"], done["samples"], done["tokens_per_s"]
     it_j = it_kwh * 3.6e6
     models = gpu_models(conn, allocations)
-    names = sorted({m for m, _ in models.values() if m})
-    peaks = [p for _, p in models.values()]
-    total_peak = sum(p for p in peaks if p is not None) if peaks and all(p is not None for p in peaks) else None
+    names = sorted({m.model for m in models.values() if m.model})
+    peaks = list(models.values())
+    known = bool(peaks) and all(p.flops is not None for p in peaks)
+    total_peak = sum(p.flops or 0.0 for p in peaks) if known else None
+    dtypes = sorted({p.dtype for p in peaks if p.dtype})
     params = run.params
     mfu = (6.0 * params * rate / total_peak) if params and rate is not None and total_peak else None
+    problem = None
+    if mfu is not None and mfu > 1.0 and params and rate is not None and total_peak:
+        problem = mfu_problem(mfu, params, rate, total_peak, peaks)
     return {
         "tokens": tokens,
         "samples": samples,
@@ -141,7 +160,12 @@ def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
         "params": params,
         "gpu_model": names[0] if len(names) == 1 else ("mixed" if names else None),
         "peak_flops": total_peak,
-        "mfu": mfu,
+        "peak_dtype": "mixed" if len(dtypes) > 1 else (dtypes[0] if dtypes and known else None),
+        "peak_sources": sorted({p.source for p in peaks if p.source}) if known else [],
+        # an MFU above 1 is not a figure but a sign of wrong inputs: not reported as MFU, and said why
+        "mfu": None if problem else mfu,
+        "mfu_unchecked": mfu,
+        "mfu_problem": problem,
         "lost_gpu_hours": None if productive_gpu_hours is None else gpu_hours - productive_gpu_hours,
         "goodput": productive_gpu_hours / gpu_hours if productive_gpu_hours is not None and gpu_hours > 0 else None,
     }

@@ -3,20 +3,27 @@
 Every figure the API, the CLI, replay, the web view and the Grafana energy
 board show comes from that one SQL function (``gpufleet.db.accounting_sql``
 documents it); this module calls it and hands its rows on as
-:class:`Line` values.  Money arrives rounded to the currency's minor units
-and energies to 1e-9 kWh, as :class:`~decimal.Decimal`, so sums made here
-are exact.
+:class:`Line` values.  Money arrives as the accounting computes it (to 1e-9
+of the currency) and energies to 1e-9 kWh, as :class:`~decimal.Decimal`, so
+sums made here are exact; rounding money to minor units is for people
+(:mod:`gpufleet.accounting.money`).
+
+A line is priced in one currency: a run whose window crosses a change of its
+site's currency has one line per currency (:func:`per_run` gathers them,
+:func:`combine` adds them up).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
 import psycopg
+
+from gpufleet.db.accounting_sql import GONE_AFTER_S
 
 Source = Literal["auto", "rollup", "raw"]
 SOURCES: tuple[Source, ...] = ("auto", "rollup", "raw")
@@ -63,19 +70,97 @@ class Line:
     compute_cost: Decimal | None
     total_cost: Decimal
     stale: bool
+    #: Currencies a combined line's money is in (:func:`combine`); empty: just ``currency``.  With more
+    #: than one, the money fields hold nothing meaningful and readers take ``costs`` instead.
+    currencies: tuple[str, ...] = ()
+    #: Money by currency of a combined line: currency -> (energy cost, compute cost).
+    costs: tuple[tuple[str, Decimal, Decimal], ...] = ()
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the line's money is in more than one currency (no single figure exists)."""
+        return len(self.currencies) > 1
+
+    def by_currency(self) -> dict[str, tuple[Decimal, Decimal]]:
+        """(energy cost, compute cost) per currency (none without a currency: prices are 0 there)."""
+        if self.costs:
+            return {c: (e, k) for c, e, k in self.costs}
+        if self.currency is None:
+            return {}
+        return {self.currency: (self.energy_cost, self.compute_cost or ZERO)}
 
 
 def lines(conn: psycopg.Connection, since: datetime | None, until: datetime | None, now: datetime, *,
           run_ids: Sequence[str] | None = None, fleet: bool = False, max_gap_s: float = 60.0,
-          source: Source = "auto", detail: Detail = "line", step: timedelta | None = None) -> list[Line]:
+          source: Source = "auto", detail: Detail = "line", step: timedelta | None = None,
+          gone_after_s: float = GONE_AFTER_S) -> list[Line]:
     """Rows of ``gpufleet_accounting``: runs overlapping [since, until) (or the runs ``run_ids``, each
-    clipped to the period when one is given), and with ``fleet`` the unallocated and total lines."""
+    clipped to the period when one is given), and with ``fleet`` the unallocated and total lines
+    (a fleet GPU counted from when it joined until it was silent for ``gone_after_s``)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
     if detail == "step" and step is None:
         raise ValueError("detail 'step' needs a step")
     rows = conn.execute(
-        "SELECT * FROM gpufleet_accounting(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (since, until, now, None if run_ids is None else list(run_ids), fleet, max_gap_s, source, detail, step),
+        "SELECT * FROM gpufleet_accounting(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (since, until, now, None if run_ids is None else list(run_ids), fleet, max_gap_s, source, detail, step,
+         gone_after_s),
     ).fetchall()
     return [Line(*r) for r in rows]
+
+
+def per_run(rows: Iterable[Line]) -> dict[str, list[Line]]:
+    """The run lines of ``rows`` by run id (one per currency the run's window was priced in)."""
+    out: dict[str, list[Line]] = {}
+    for ln in rows:
+        if ln.line == "run" and ln.run_id is not None:
+            out.setdefault(ln.run_id, []).append(ln)
+    return out
+
+
+def combine(parts: Sequence[Line]) -> Line:
+    """One run's lines as one: time, energies and CO2e added up, coverage and PUE of the sums, money
+    added up per currency (:attr:`Line.costs`); the money fields are the sums when there is one currency.
+
+    Lines of one run in several currencies cover disjoint parts of its window, so every figure but
+    money adds up; money in two currencies has no one figure.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        raise ValueError("no line to combine")
+    first = parts[0]
+
+    def total(name: str) -> Decimal:
+        return sum((getattr(p, name) or ZERO for p in parts), ZERO)
+
+    gpu_s = sum(p.gpu_s or 0.0 for p in parts)
+    covered = sum(p.covered_s for p in parts)
+    it, fac = total("it_kwh"), total("facility_kwh")
+    costs: dict[str, list[Decimal]] = {}
+    for p in parts:
+        for cur, (e, c) in p.by_currency().items():
+            acc = costs.setdefault(cur, [ZERO, ZERO])
+            acc[0] += e
+            acc[1] += c
+    currencies = tuple(sorted(costs))
+    single = costs[currencies[0]] if len(currencies) == 1 else None
+    sources = {p.carbon_source for p in parts}
+    prices = {p.price_source for p in parts}
+    return replace(
+        first, start=min((p.start for p in parts if p.start), default=None),
+        end=max((p.end for p in parts if p.end), default=None), gpu_s=gpu_s, covered_s=covered,
+        gpu_hours=total("gpu_hours"), covered_hours=total("covered_hours"),
+        coverage=min(covered / gpu_s, 1.0) if gpu_s > 0 else 0.0,
+        gpu_kwh=total("gpu_kwh"), host_kwh=total("host_kwh"), it_kwh=it, facility_kwh=fac,
+        pue=(fac / it).quantize(Decimal("1e-6")) if it > 0 else first.pue,
+        co2e_kg=total("co2e_kg"), co2e_unknown_kwh=total("co2e_unknown_kwh"),
+        carbon_source=sources.pop() if len(sources) == 1 else "mixed",
+        g_co2e_per_kwh=first.g_co2e_per_kwh if len({p.g_co2e_per_kwh for p in parts}) == 1 else None,
+        price_source=prices.pop() if len(prices) == 1 else "time_of_use",
+        price_per_kwh=first.price_per_kwh if len({p.price_per_kwh for p in parts}) == 1 else None,
+        currency=currencies[0] if len(currencies) == 1 else None,
+        energy_cost=single[0] if single else ZERO, compute_cost=single[1] if single else (None if currencies else ZERO),
+        total_cost=single[0] + single[1] if single else ZERO,
+        stale=any(p.stale for p in parts), currencies=currencies,
+        costs=tuple((c, e, k) for c, (e, k) in sorted(costs.items())))

@@ -10,13 +10,22 @@ report finance reconciles against (compare CodeCarbon's ``emissions.csv``,
 which has one row per run and no totals): one row per run (or per site or
 team with ``group_by``) and currency, then a row for the GPU time no run held
 (``unallocated``), one for GPU time without telemetry (``no_telemetry``) and a
-``total`` per currency; :data:`FINANCE_COLUMNS` documents every column.  Money
-is in the currency's minor units and each block's money is the sum of its
-rows', so the total row adds up to the cent.
+``total`` per currency; :data:`FINANCE_COLUMNS` documents every column.
+
+Both are presentation, for a spreadsheet and a person: money is in the
+currency's minor units, rounded by largest remainder
+(:func:`gpufleet.accounting.money.allocate`) so that what a reader adds up
+adds up: a run's energy and compute cost add up to its rounded total, and in
+the finance report each currency's rows add up to its total row, column by
+column, to the cent.  The accounting itself (the API's bodies, replay's
+ACCOUNTING.json, ``GET /v1/accounting``) carries money as computed.
 
 Writing: times RFC 3339 UTC, numbers plain decimals (never exponent notation),
-money with every minor digit (``12.30``), unknown values empty; text cells
-(team, name, ...) never start a spreadsheet formula (:mod:`gpufleet.csvsafe`).
+money with every minor digit (``12.30``), lists as ``; ``-separated names,
+unknown values empty (a running run's ``end`` too; its registered end is
+``planned_end``); text cells (team, name, ...) never start a spreadsheet
+formula (:mod:`gpufleet.csvsafe`).  A row whose money could not be computed
+has empty money cells and says why in ``errors``.
 """
 
 from __future__ import annotations
@@ -34,8 +43,9 @@ import psycopg
 
 from gpufleet.accounting.fleet import GROUP_BY, Block, GroupBy, run_block
 from gpufleet.accounting.ledger import LedgerSum, from_body
-from gpufleet.accounting.lines import ZERO, Line, Source, lines
-from gpufleet.accounting.money import money_text, number, rounded
+from gpufleet.accounting.line_errors import messages, problems
+from gpufleet.accounting.lines import ZERO, Source, lines, per_run
+from gpufleet.accounting.money import allocate, as_decimal, money_text, number, rounded
 from gpufleet.accounting.result import AccountingBody, group_value
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs
 from gpufleet.accounting.run import bodies as run_bodies
@@ -50,6 +60,9 @@ CSV_EXTRAS: tuple[str, ...] = (
     "name", "site", "team", "state", "window_start", "window_end", "duration_s", "gpu_models", "gpu_equivalents",
     "carbon_regions", "g_co2e_per_kwh", "co2e_unknown_kwh", "lost_gpu_hours", "source", "carbon_source",
     "price_source", "tokens", "samples", "tokens_per_kwh", "mfu", "goodput",
+    # CodeCarbon's emissions.csv has these too; then what a reader needs to trust the row
+    "planned_end", "gpu_power_w", "it_power_w", "emissions_rate_kg_s", "carbon_method", "carbon_region_names",
+    "mfu_problem", "errors",
 )
 CSV_COLUMNS: tuple[str, ...] = CONTRACT_FIELDS + CSV_EXTRAS
 MONEY = ("energy_cost", "compute_cost", "total_cost")
@@ -105,6 +118,17 @@ LEDGER_COLUMNS: dict[str, str] = {
 }
 LEDGER_MONEY: tuple[str, ...] = tuple(c for c in LEDGER_COLUMNS if c.endswith("_cost"))
 FINANCE_COLUMNS.update(LEDGER_COLUMNS)
+#: Columns added after the ledger's: the CodeCarbon-parity figures and what a reader needs to trust a row.
+FINANCE_COLUMNS.update({
+    "planned_end": "the end a running run was registered with (run rows; empty once it ended or without one)",
+    "gpu_power_w": "average power of the run's GPUs together over its window, W (run rows)",
+    "it_power_w": "average IT power of the run (GPUs and their host share), W (run rows)",
+    "emissions_rate_kg_s": "co2e_kg / duration_s, kg CO2e per second (run rows; CodeCarbon's emissions_rate)",
+    "carbon_method": "average or marginal carbon intensity (mixed: both) as recorded for the series used; a site's "
+                     "constant is an average factor",
+    "carbon_region_names": "readable names of carbon_regions as recorded (country or grid region), '; '-separated",
+    "errors": "what could not be computed in the row and why (its money cells are then empty)",
+})
 FINANCE_COLUMN_NAMES: tuple[str, ...] = tuple(FINANCE_COLUMNS)
 
 
@@ -129,8 +153,11 @@ def plain(value: Any) -> str:
     if isinstance(value, float):
         text = format(Decimal(repr(value)), "f")
         return text[:-2] if text.endswith(".0") else text
+    if isinstance(value, Mapping):
+        return safe_text("; ".join(f"{k}={plain(v)}" for k, v in value.items()))
     if isinstance(value, list | tuple):
-        return safe_text("; ".join(str(v) for v in value))
+        return safe_text("; ".join(plain(v) if isinstance(v, Mapping) else str(v) for v in value
+                                   if v is not None))
     return safe_text(str(value))
 
 
@@ -139,11 +166,15 @@ def _run_extras(body: Mapping[str, Any]) -> dict[str, Any]:
     start, end = body.get("window_start"), body.get("window_end")
     duration = (datetime.fromisoformat(end.replace("Z", "+00:00")) - datetime.fromisoformat(
         start.replace("Z", "+00:00"))).total_seconds() if start and end else None
+    series = body.get("carbon_series") or []
     return {
         "duration_s": duration,
         "gpu_models": sorted({m["model"] for m in body.get("gpu_models") or [] if m.get("model")}),
         "carbon_regions": sorted({p["carbon_region"] for p in body.get("rates") or [] if p.get("carbon_region")}),
+        "carbon_region_names": sorted({c["name"] for c in series if c.get("name")}),
         "lost_gpu_hours": eff.get("lost_gpu_hours"),
+        # a running run has no end yet (the one it was registered with is its planned_end)
+        "end": body.get("end") if body.get("state") == "ended" else None,
     }
 
 
@@ -157,16 +188,27 @@ def _text(column: str, value: Any, minor_units: int) -> str:
     return plain(value)
 
 
-def _cell(body: Mapping[str, Any], column: str) -> str:
-    if column in MONEY or column in RATIOS:
+def presented_money(body: Mapping[str, Any]) -> dict[str, Decimal | None]:
+    """A run's money in minor units as a person reads it: energy and compute rounded by largest remainder
+    so that they add up to the rounded total (None where the body has none)."""
+    e, c = body.get("energy_cost"), body.get("compute_cost")
+    if e is None or c is None:
+        return {k: None if body.get(k) is None else as_decimal(body[k]) for k in MONEY}
+    re, rc = allocate([as_decimal(e), as_decimal(c)], int(body.get("minor_units") or 2))
+    return {"energy_cost": re, "compute_cost": rc, "total_cost": re + rc}
+
+
+def _cell(body: Mapping[str, Any], column: str, extras: Mapping[str, Any], money: Mapping[str, Any]) -> str:
+    if column in MONEY:
+        return _text(column, money[column], int(body.get("minor_units") or 2))
+    if column in RATIOS:
         if column in body:
-            return _text(column, body[column], int(body.get("minor_units", 2)))
+            return _text(column, body[column], 2)
         return _text(column, (body.get("efficiency") or {}).get(column), 2)
-    if column in body:
-        return plain(body[column])
-    extras = _run_extras(body)
     if column in extras:
         return plain(extras[column])
+    if column in body:
+        return plain(body[column])
     return plain((body.get("efficiency") or {}).get(column))
 
 
@@ -176,7 +218,8 @@ def report_csv(bodies: Iterable[Mapping[str, Any]]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for body in bodies:
-        w.writerow([_cell(body, c) for c in CSV_COLUMNS])
+        extras, money = _run_extras(body), presented_money(body)
+        w.writerow([_cell(body, c, extras, money) for c in CSV_COLUMNS])
     return buf.getvalue()
 
 
@@ -196,20 +239,30 @@ class _Group:
     lost_gpu_hours: float = 0.0
     minor_units: int = 2
     body: Mapping[str, Any] | None = None  # a run row's own body
+    #: the run row is the run's only line (a run across a currency change has one row per currency)
+    whole: bool = True
+    methods: set[str] = field(default_factory=set)
+    names_of_regions: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
 
 
 def _row(row_type: str, key: str | None, currency: str | None, g: _Group) -> dict[str, Any]:
+    """A row with its money exact (:class:`~decimal.Decimal`; None where unknown); :func:`_present`
+    rounds it for people."""
     b = g.block
-    e, c = (b.costs.get(currency or "", [ZERO, ZERO]) if currency else (ZERO, ZERO))
+    money = b.cost_of(currency) if currency else (ZERO, ZERO)
+    e, c = money if money is not None else (None, None)
     known = b.facility_kwh - b.co2e_unknown_kwh
     body = g.body or {}
+    extras = _run_extras(body)
+    run_row = g.body is not None
     out: dict[str, Any] = {
         "row_type": row_type, "key": key, "name": body.get("name"),
         "team": body.get("team") if g.body else (key if row_type == "team" else None),
         "site": body.get("site") if g.body else (key if row_type == "site" else None),
-        "state": body.get("state"), "start": body.get("start"), "end": body.get("end"),
+        "state": body.get("state"), "start": body.get("start"), "end": extras["end"],
         "window_start": body.get("window_start"), "window_end": body.get("window_end"),
-        "duration_s": _run_extras(body)["duration_s"] if g.body else None,
+        "duration_s": extras["duration_s"] if g.body else None,
         "runs": b.runs, "gpu_models": sorted(g.models), "gpu_count": g.gpu_count if row_type != "total" else None,
         "gpu_equivalents": g.gpu_equivalents if g.body or row_type in ("site", "team") else None,
         "gpu_hours": number(b.gpu_hours), "gpu_kwh": number(b.gpu_kwh), "host_kwh": number(b.host_kwh),
@@ -220,20 +273,68 @@ def _row(row_type: str, key: str | None, currency: str | None, g: _Group) -> dic
         "co2e_kg": number(b.co2e_kg) if known > 0 or row_type == "no_telemetry" else (
             None if b.facility_kwh > 0 else 0.0),
         "co2e_unknown_kwh": number(b.co2e_unknown_kwh),
-        "energy_cost": number(e) if currency else (0.0 if row_type != "total" else None),
-        "compute_cost": number(c) if currency else (0.0 if row_type != "total" else None),
-        "total_cost": number(e + c) if currency else (0.0 if row_type != "total" else None),
+        "energy_cost": e if currency else (ZERO if row_type != "total" else None),
+        "compute_cost": c if currency else (ZERO if row_type != "total" else None),
+        "total_cost": (None if e is None or c is None else e + c) if currency else (
+            ZERO if row_type != "total" else None),
         "currency": currency,
         "coverage": min(b.covered_s / b.gpu_s, 1.0) if b.gpu_s > 0 else 0.0,
         "lost_gpu_hours": g.lost_gpu_hours,
     }
     out.update(_ledger_cells(row_type, currency, b.ledger))
-    if g.body:
+    if g.body and g.whole:
         out["pue"] = body.get("pue")
         out["g_co2e_per_kwh"] = body.get("g_co2e_per_kwh")
         out["co2e_kg"] = body.get("co2e_kg")
+    out.update({
+        "planned_end": body.get("planned_end"),
+        "gpu_power_w": body.get("gpu_power_w") if run_row and g.whole else None,
+        "it_power_w": body.get("it_power_w") if run_row and g.whole else None,
+        "emissions_rate_kg_s": body.get("emissions_rate_kg_s") if run_row and g.whole else None,
+        "carbon_method": (g.methods.copy().pop() if len(g.methods) == 1 else "mixed") if g.methods else None,
+        "carbon_region_names": sorted(g.names_of_regions),
+        "errors": list(dict.fromkeys(g.errors)),
+    })
     out["minor_units"] = g.minor_units
     return out
+
+
+_MONEY_ROWS = ("run", "site", "team", "unallocated")
+
+
+def _present(rows: list[dict[str, Any]]) -> None:
+    """Money of the rows in minor units, for people: per currency, each money column of the rows above its
+    total allocated by largest remainder so that the rows add up to the total row, and each row's
+    total_cost the sum of its energy and compute cost as shown."""
+    by_currency: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    totals: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        cur = r["currency"]
+        if cur is None:
+            continue
+        if r["row_type"] == "total":
+            totals[cur] = r
+        elif r["row_type"] in _MONEY_ROWS:
+            by_currency[cur].append(r)
+    for cur, members in by_currency.items():
+        mu = members[0]["minor_units"]
+        total = totals.get(cur)
+        complete = all(r["energy_cost"] is not None and r["compute_cost"] is not None for r in members)
+        for col in ("energy_cost", "compute_cost"):
+            known = [r for r in members if r[col] is not None]
+            for r, v in zip(known, allocate([r[col] for r in known], mu), strict=True):
+                r[col] = v
+            if total is not None:
+                total[col] = sum((r[col] for r in members), ZERO) if complete else None
+        for r in members:
+            r["total_cost"] = None if r["energy_cost"] is None or r["compute_cost"] is None \
+                else r["energy_cost"] + r["compute_cost"]
+        if total is not None:
+            total["total_cost"] = None if not complete else total["energy_cost"] + total["compute_cost"]
+    for r in rows:
+        for col in MONEY:
+            if isinstance(r[col], Decimal):
+                r[col] = number(r[col])
 
 
 def _ledger_cells(row_type: str, currency: str | None, led: LedgerSum | None) -> dict[str, Any]:
@@ -273,43 +374,56 @@ class FinanceReport:
 
 def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *, group_by: GroupBy = "run",
                    now: datetime | None = None, max_gap_s: float | None = None,
-                   source: Source = "auto") -> FinanceReport:
+                   source: Source = "auto", gone_after_s: float | None = None) -> FinanceReport:
     """The rows of the period [since, until): per run (or site or team) and currency, then unallocated,
-    no telemetry, and the total per currency."""
+    no telemetry, and the total per currency; money in minor units (:func:`_present`)."""
     if group_by not in GROUP_BY:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, not {group_by!r}")
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
+    gone = AccountingSettings().gone_after_s if gone_after_s is None else gone_after_s
     with snapshot(conn):
-        rows = lines(conn, since, until, now, fleet=True, max_gap_s=gap, source=source)
-        run_lines: dict[str | None, Line] = {ln.run_id: ln for ln in rows if ln.line == "run"}
-        runs = load_runs(conn, sorted(k for k in run_lines if k is not None))
-        bodies = run_bodies(conn, runs, run_lines, now=now, max_gap_s=gap, source=source, since=since, until=until)
+        rows = lines(conn, since, until, now, fleet=True, max_gap_s=gap, source=source, gone_after_s=gone)
+        parts = per_run(rows)
+        runs = load_runs(conn, sorted(parts))
+        bodies = run_bodies(conn, runs, parts, now=now, max_gap_s=gap, source=source, since=since, until=until)
+        idle_errors = {id(ln): messages(conn, ln.site, problems([ln]), "GPU time no run held")
+                       for ln in rows if ln.line == "unallocated"}
     groups: dict[tuple[str | None, str | None], _Group] = defaultdict(_Group)
     totals: dict[str | None, _Group] = defaultdict(_Group)
     for body in bodies:
-        ln = run_lines[body["run_id"]]
-        g = groups[(group_value(body, group_by), body["currency"])]
-        g.block.merge(run_block(ln, body))
+        mine = parts[body["run_id"]]
         extras = _run_extras(body)
-        g.models.update(extras["gpu_models"])
-        g.regions.update(extras["carbon_regions"])
-        g.gpu_count += body["gpu_count"]
-        g.gpu_equivalents += body["gpu_equivalents"]
-        g.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
-        g.minor_units = ln.minor_units
-        if group_by == "run":
-            g.body = body
-        t = totals[body["currency"]]
-        t.block.add_cost(ln.currency, ln.energy_cost, ln.compute_cost or ZERO)
-        if "ledger" in body:
-            if t.block.ledger is None:
-                t.block.ledger = LedgerSum()
-            t.block.ledger.add(from_body(body["ledger"]), ln.currency)
-        t.block.runs += 1
-        t.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
-        t.models.update(extras["gpu_models"])
-        t.regions.update(extras["carbon_regions"])
+        for ln in mine:
+            g = groups[(group_value(body, group_by), ln.currency)]
+            blk = run_block([ln], body if len(mine) == 1 else None)
+            g.block.merge(blk)
+            g.models.update(extras["gpu_models"])
+            g.regions.update(extras["carbon_regions"])
+            g.names_of_regions.update(extras["carbon_region_names"])
+            if body.get("carbon_method"):
+                g.methods.add(str(body["carbon_method"]))
+            g.gpu_count += body["gpu_count"]
+            g.gpu_equivalents += body["gpu_equivalents"]
+            g.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
+            g.minor_units = ln.minor_units
+            if group_by == "run":
+                g.body, g.whole = body, len(mine) == 1
+            line_errors = [e for e in body["errors"] if "not computed" in e] if blk.broken else []
+            g.errors += line_errors
+            t = totals[ln.currency]
+            t.block.add_cost(ln.currency, ln.energy_cost, ln.compute_cost or ZERO)
+            t.block.broken |= blk.broken
+            t.errors += line_errors
+            if "ledger" in body and len(mine) == 1:
+                if t.block.ledger is None:
+                    t.block.ledger = LedgerSum()
+                t.block.ledger.add(from_body(body["ledger"]), ln.currency)
+            t.block.runs += 1 if ln is mine[0] else 0
+            t.lost_gpu_hours += extras["lost_gpu_hours"] or 0.0
+            t.models.update(extras["gpu_models"])
+            t.regions.update(extras["carbon_regions"])
+            t.names_of_regions.update(extras["carbon_region_names"])
     idle: dict[str | None, _Group] = defaultdict(_Group)
     dark = _Group()
     for ln in rows:
@@ -322,6 +436,11 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
             u.block.add_cost(ln.currency, ln.energy_cost, ZERO)
             u.minor_units = ln.minor_units
             totals[ln.currency].block.add_cost(ln.currency, ln.energy_cost, ZERO)
+            if idle_errors[id(ln)] and ln.currency is not None:
+                u.block.broken.add(ln.currency)
+                totals[ln.currency].block.broken.add(ln.currency)
+                u.errors += idle_errors[id(ln)]
+                totals[ln.currency].errors += idle_errors[id(ln)]
             dark.block.add_time((ln.gpu_hours or ZERO) - (ln.covered_hours or ZERO), gpu_s - covered, 0.0)
         elif ln.line == "total":
             t = totals[ln.currency]
@@ -345,8 +464,10 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
             every.models |= g.models
             every.regions |= g.regions
             every.lost_gpu_hours += g.lost_gpu_hours
+            every.names_of_regions |= g.names_of_regions
         every.block.costs = {}
         out.append(_row("total", "all", None, every))
+    _present(out)
     return FinanceReport(since, until, max(since, min(until, now)), group_by, out)
 
 

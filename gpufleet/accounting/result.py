@@ -22,6 +22,7 @@ class Segment(TypedDict):
     price_per_kwh: float
     co2e_kg: float | None
     energy_cost: float | None
+    currency: str | None
 
 
 class AccountingBody(TypedDict):
@@ -39,7 +40,7 @@ class AccountingBody(TypedDict):
     facility_kwh: float
     co2e_kg: float | None
     energy_cost: float | None
-    compute_cost: float
+    compute_cost: float | None
     total_cost: float | None
     currency: str | None
     coverage: float | None
@@ -48,22 +49,40 @@ class AccountingBody(TypedDict):
     site: str | None
     team: str | None
     state: str
+    #: the end a running run was registered with (null once it ended, or without one)
+    planned_end: str | None
     window_start: str | None
     window_end: str | None
+    #: window_end - window_start, seconds
+    duration_s: float
     source: str
     max_gap_s: float
     carbon_source: str
+    #: average | marginal | mixed over the intensities used; null when unknown
+    carbon_method: str | None
+    #: {region, method, name} of each carbon region in force
+    carbon_series: list[dict[str, Any]]
     price_source: str
     gpu_hour_price: float | None
     gpu_equivalents: float
     gpu_models: list[dict[str, Any]]
     co2e_unknown_kwh: float | None
     g_co2e_per_kwh: float | None
+    #: average GPU power of the run's GPUs over the window (all of them together), W
+    gpu_power_w: float | None
+    #: average IT power (GPUs and their host share), W
+    it_power_w: float | None
+    #: co2e_kg per second of the window (CodeCarbon's emissions_rate), kg/s
+    emissions_rate_kg_s: float | None
     minor_units: int | None
+    #: currency -> {energy_cost, compute_cost, total_cost}: every currency the window was priced in
+    costs_by_currency: dict[str, dict[str, float | None]]
     rates: list[dict[str, Any]]
     gpu_model_prices: list[dict[str, Any]]
     efficiency: dict[str, Any]
     lost_to_incidents: dict[str, Any]
+    #: what could not be computed and why (a stored price outside its bounds, ...); empty when all is well
+    errors: list[str]
     #: state -> {gpu_hours, gpu_kwh, facility_kwh, co2e_kg, total_cost} (gpufleet.accounting.ledger)
     ledger: NotRequired[dict[str, dict[str, float | None]]]
     segments: NotRequired[list[Segment]]

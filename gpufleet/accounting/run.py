@@ -11,12 +11,20 @@ window further (reports for a period); ``gpu_hours``, energy and cost then
 cover only the clipped part, while ``start``/``end`` stay the run's own.
 With declared sharing a GPU counts with its share: ``gpu_hours`` is the
 window times the shares held (``gpu_equivalents``), ``gpu_count`` the GPUs.
+
+Money is the accounting's own figure (to 1e-9 of the currency), not rounded
+to minor units: that is for presentation.  A run whose window crosses a
+change of its site's currency has its money per currency in
+``costs_by_currency`` and no single ``currency`` (its money fields are null).
+A figure the stored settings make meaningless (a price above its bound, kept
+from before the bounds existed) is null, and ``errors`` says which and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -24,8 +32,9 @@ from psycopg.rows import dict_row
 
 from gpufleet.accounting.efficiency import efficiency
 from gpufleet.accounting.ledger import Ledger, ledger_body, losses
-from gpufleet.accounting.lines import Line, Source, lines
-from gpufleet.accounting.money import number, rounded
+from gpufleet.accounting.line_errors import NULLED, messages, problems
+from gpufleet.accounting.lines import Line, Source, combine, lines, per_run
+from gpufleet.accounting.money import number, quantized, rounded
 from gpufleet.accounting.result import AccountingBody
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
@@ -46,8 +55,10 @@ FROM run_allocations a LEFT JOIN nodes nd ON nd.node = a.node WHERE a.run_id = A
 GROUP BY 1, 2, 3 ORDER BY 1, 3 NULLS LAST, 2"""
 
 _RATES_SQL = """
-SELECT t0, t1, pue, price_per_kwh, gpu_hour_price, carbon_region, carbon_g_per_kwh
+SELECT t0, t1, pue, price_per_kwh, gpu_hour_price, carbon_region, carbon_g_per_kwh, currency
 FROM gpufleet_site_periods(%s, %s, %s)"""
+
+_REGIONS_SQL = "SELECT region, method, name FROM carbon_regions WHERE region = ANY(%s)"
 
 _MODEL_PRICES_SQL = """
 SELECT t0, t1, gpu_model_key, price FROM gpufleet_gpu_hour_prices(%s, %s, %s, %s) WHERE gpu_model_key <> ''"""
@@ -66,8 +77,9 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
         return [], []
     end = hi if hi > lo else lo + timedelta(microseconds=1)
     periods = [{"from": iso(t0), "to": iso(t1), "pue": pue, "price_per_kwh": price, "gpu_hour_price": ghp,
-                "carbon_region": region, "carbon_g_per_kwh": constant}
-               for t0, t1, pue, price, ghp, region, constant in conn.execute(_RATES_SQL, (site, lo, end)).fetchall()]
+                "carbon_region": region, "carbon_g_per_kwh": constant, "currency": currency}
+               for t0, t1, pue, price, ghp, region, constant, currency
+               in conn.execute(_RATES_SQL, (site, lo, end)).fetchall()]
     by_model: list[dict[str, Any]] = []
     for m in models:
         for t0, t1, key, price in conn.execute(_MODEL_PRICES_SQL, (site, m["model"], lo, end)).fetchall():
@@ -77,17 +89,58 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
     return periods, by_model
 
 
+def carbon_regions(conn: psycopg.Connection, rates: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    """region -> (method, name) of the carbon regions in force in ``rates`` that have a record."""
+    regions = sorted({p["carbon_region"] for p in rates if p.get("carbon_region")})
+    if not regions:
+        return {}
+    return {r: (m, n) for r, m, n in conn.execute(_REGIONS_SQL, (regions,)).fetchall()}
+
+
+def carbon_method(rates: Sequence[Mapping[str, Any]], regions: Mapping[str, tuple[str, str | None]],
+                  carbon_source: str) -> str | None:
+    """``average``, ``marginal`` or ``mixed`` over the intensities the window used; null when unknown.
+
+    A series' method is what was recorded when it was loaded or fetched (``carbon_regions``); a site's
+    constant is an average emission factor, as inventories publish them.
+    """
+    methods: set[str | None] = set()
+    if carbon_source in ("series", "mixed"):
+        methods |= {regions.get(p["carbon_region"], (None, None))[0] for p in rates if p.get("carbon_region")}
+    if carbon_source in ("site_constant", "mixed"):
+        methods.add("average")
+    methods.discard(None)
+    if not methods:
+        return None
+    return methods.pop() if len(methods) == 1 else "mixed"
+
+
+def _per_s(value: float | None, seconds: float, scale: float, places: int) -> float | None:
+    """``value`` × ``scale`` per second of ``seconds``, to ``places`` decimals (a mean power in W to the
+    mW, an emissions rate in kg/s to the µg/s: far below what the inputs are known to)."""
+    return rounded(value * scale / seconds, places) if value is not None and seconds > 0 else None
+
+
 def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
-          segments: list[Line] | None, lost: dict[str, Any], ledger: Ledger | None) -> AccountingBody:
+          segments: list[Line] | None, lost: dict[str, Any], ledger: Ledger | None,
+          found: Mapping[str, str]) -> AccountingBody:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
-    compute = line.compute_cost
-    carbon_known = line.carbon_source not in (None, "none")
+    nulled = {f for k in found for f in NULLED[k]} | ({"energy_cost", "compute_cost", "total_cost"}
+                                                       if line.mixed else set())
+    compute = None if "compute_cost" in nulled else line.compute_cost
+    carbon_known = line.carbon_source not in (None, "none") and "co2e_kg" not in nulled
     rates, model_prices = _rates(conn, run.site, lo, hi, [m for m in models if m["model"]])
-    effective_price = (float(compute) / gpu_hours if compute is not None and gpu_hours > 0
+    regions = carbon_regions(conn, rates)
+    hours = line.gpu_hours or Decimal(0)
+    effective_price = (number(quantized(compute / hours, 6)) if compute is not None and hours > 0
+                       else None if "compute_cost" in nulled
                        else (rates[0]["gpu_hour_price"] if rates else 0.0))
     fac = float(line.facility_kwh)
+    known = line.facility_kwh - line.co2e_unknown_kwh
+    duration_s = max((hi - lo).total_seconds(), 0.0)
+    co2e = number(line.co2e_kg) if carbon_known else None
     body: AccountingBody = {
         "run_id": run.run_id,
         "start": iso(run.start),
@@ -99,10 +152,10 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
         "it_kwh": number(line.it_kwh),
         "pue": number(line.pue) if line.pue is not None else 1.0,
         "facility_kwh": fac,
-        "co2e_kg": number(line.co2e_kg) if carbon_known else None,
-        "energy_cost": number(line.energy_cost),
-        "compute_cost": number(compute) or 0.0,
-        "total_cost": number(line.total_cost),
+        "co2e_kg": co2e,
+        "energy_cost": None if "energy_cost" in nulled else number(line.energy_cost),
+        "compute_cost": None if "compute_cost" in nulled else (number(compute) or 0.0),
+        "total_cost": None if "total_cost" in nulled else number(line.total_cost),
         "currency": line.currency,
         "coverage": line.coverage,
         # extras
@@ -110,20 +163,32 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
         "site": run.site,
         "team": run.team,
         "state": run.state_at(now),
+        "planned_end": iso(run.end) if run.end is not None and run.end > now else None,
         "window_start": iso(lo),
         "window_end": iso(hi),
+        "duration_s": duration_s,
         "source": used_source(source, line.stale),
         "max_gap_s": max_gap_s,
         "carbon_source": line.carbon_source or "none",
+        "carbon_method": carbon_method(rates, regions, line.carbon_source or "none") if carbon_known else None,
+        "carbon_series": [{"region": r, "method": regions.get(r, (None, None))[0], "name": regions.get(r, (None, None))[1]}
+                           for r in sorted({p["carbon_region"] for p in rates if p.get("carbon_region")})],
         "price_source": line.price_source or "none",
-        "gpu_hour_price": rounded(effective_price, 6),
+        "gpu_hour_price": effective_price,
         "gpu_equivalents": line.gpu_equivalents if line.gpu_equivalents is not None else 0.0,
         "gpu_models": [{"model": m["model"], "gpus": m["gpus"], "sharing": m["sharing"], "shares": m["shares"]}
                        for m in models],
         "co2e_unknown_kwh": number(line.co2e_unknown_kwh),
-        "g_co2e_per_kwh": (rounded(float(line.co2e_kg) * 1000.0 / (fac - float(line.co2e_unknown_kwh)), 6)
-                           if carbon_known and fac - float(line.co2e_unknown_kwh) > 0 else None),
+        "g_co2e_per_kwh": (number(quantized(line.co2e_kg * 1000 / known, 6)) if carbon_known and known > 0 else None),
+        "gpu_power_w": _per_s(number(line.gpu_kwh), duration_s, 3.6e6, 3),
+        "it_power_w": _per_s(number(line.it_kwh), duration_s, 3.6e6, 3),
+        "emissions_rate_kg_s": _per_s(co2e, duration_s, 1.0, 9),
         "minor_units": line.minor_units,
+        "costs_by_currency": {cur: {"energy_cost": None if "energy_cost" in found else number(e),
+                                    "compute_cost": None if "compute_cost" in found else number(c),
+                                    "total_cost": None if found.keys() & {"energy_cost", "compute_cost"}
+                                    else number(e + c)}
+                              for cur, (e, c) in sorted(line.by_currency().items())},
         "rates": rates,
         "gpu_model_prices": model_prices,
         "efficiency": efficiency(conn, run, lo, hi, run.allocations, float(line.it_kwh),
@@ -131,20 +196,38 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
                                  gpu_hours=gpu_hours,
                                  productive_gpu_hours=None if ledger is None
                                  else number(ledger["productive"].gpu_hours) or 0.0),
-        "lost_to_incidents": {**lost, "currency": line.currency, "minor_units": line.minor_units}
-        if lost.get("currency") is None else lost,
+        "lost_to_incidents": _lost(lost, line, nulled),
+        "errors": messages(conn, run.site, dict(found), f"run {run.run_id!r}"),
     }
+    if line.mixed:
+        body["errors"].append(f"run {run.run_id!r}: its window crosses a change of site {run.site!r}'s currency "
+                              f"({', '.join(line.currencies)}): energy_cost, compute_cost and total_cost are per "
+                              "currency in costs_by_currency")
     if ledger is not None:
         body["ledger"] = ledger_body(ledger, carbon_known)
+        if nulled & {"energy_cost", "compute_cost"}:
+            for cell in body["ledger"].values():
+                cell["total_cost"] = None
     if segments is not None:
         body["segments"] = [{
             "start": iso(s.start), "end": iso(s.end), "gpu_kwh": number(s.gpu_kwh), "host_kwh": number(s.host_kwh),
             "facility_kwh": number(s.facility_kwh), "g_co2e_per_kwh": s.g_co2e_per_kwh,
             "price_per_kwh": s.price_per_kwh if s.price_per_kwh is not None else 0.0,
-            "co2e_kg": None if s.g_co2e_per_kwh is None else number(s.co2e_kg),
-            "energy_cost": number(s.energy_cost),
+            "co2e_kg": None if s.g_co2e_per_kwh is None or "co2e_kg" in nulled else number(s.co2e_kg),
+            "energy_cost": None if "energy_cost" in found else number(s.energy_cost),
+            "currency": s.currency,
         } for s in segments]
     return body
+
+
+def _lost(lost: dict[str, Any], line: Line, nulled: set[str]) -> dict[str, Any]:
+    """The run's ``lost_to_incidents``, in its currency, without the money its errors leave unknown."""
+    out = {**lost, "currency": line.currency, "minor_units": line.minor_units} if lost.get("currency") is None \
+        else dict(lost)
+    for f in ("energy_cost", "compute_cost", "total_cost"):
+        if f in nulled:
+            out[f] = None
+    return out
 
 
 def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime | None = None,
@@ -158,23 +241,23 @@ def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime
         return []
     ids = [r.run_id for r in runs]
     with snapshot(conn):
-        by_run = {ln.run_id: ln for ln in lines(conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source)
-                  if ln.line == "run"}
+        parts = per_run(lines(conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source))
         segs: dict[str, list[Line]] | None = None
         if segments:
             segs = {}
             for ln in lines(conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source, detail="segment"):
                 if ln.line == "run" and ln.run_id is not None and ln.start is not None and ln.end is not None:
                     segs.setdefault(ln.run_id, []).append(ln)
-        return bodies(conn, runs, by_run, now=now, max_gap_s=gap, source=source, since=since, until=until,
+        return bodies(conn, runs, parts, now=now, max_gap_s=gap, source=source, since=since, until=until,
                       segments=segs, ledger=ledger)
 
 
-def bodies(conn: psycopg.Connection, runs: Sequence[Run], by_run: Mapping[str | None, Line], *,
+def bodies(conn: psycopg.Connection, runs: Sequence[Run], parts: Mapping[str, Sequence[Line]], *,
            now: datetime, max_gap_s: float, source: Source, since: datetime | None, until: datetime | None,
            segments: Mapping[str, list[Line]] | None = None, ledger: bool = True) -> list[AccountingBody]:
-    """Bodies of ``runs`` from their accounting lines (in the caller's snapshot), with (``ledger``) each
-    run's ledger and the goodput it gives."""
+    """Bodies of ``runs`` from their accounting lines (:func:`~gpufleet.accounting.lines.per_run`: one per
+    currency; in the caller's snapshot), with (``ledger``) each run's ledger and the goodput it gives."""
+    by_run: dict[str | None, Line] = {r.run_id: combine(parts[r.run_id]) for r in runs}
     models: dict[str, list[dict[str, Any]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
         for m in cur.execute(_MODELS_SQL, ([r.run_id for r in runs],)).fetchall():
@@ -185,7 +268,8 @@ def bodies(conn: psycopg.Connection, runs: Sequence[Run], by_run: Mapping[str | 
     for r in runs:
         segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
         out.append(_body(conn, r, by_run[r.run_id], now, max_gap_s, source, since, until,
-                         models.get(r.run_id, []), segs, lost[r.run_id], ledgers.get(r.run_id)))
+                         models.get(r.run_id, []), segs, lost[r.run_id], ledgers.get(r.run_id),
+                         problems(list(parts[r.run_id]))))
     return out
 
 

@@ -30,6 +30,8 @@ class CarbonFetchError(RuntimeError):
 
 class Provider(Protocol):
     name: str
+    #: what its intensities are: ``average`` (the grid mix) or ``marginal`` (the generator answering demand)
+    method: str
 
     def fetch(self, zone: str, start: datetime, end: datetime) -> Points: ...
 
@@ -68,7 +70,7 @@ def fetch_into(conn: psycopg.Connection, provider: Provider, zone: str, region: 
 
     points = provider.fetch(zone, start, end)
     if points:
-        set_carbon(conn, region, points)
+        set_carbon(conn, region, points, method=provider.method, provider=provider.name)
     return len(points)
 
 

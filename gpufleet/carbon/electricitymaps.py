@@ -46,6 +46,7 @@ def parse(body: object, key: str = "data") -> Points:
 
 class ElectricityMaps:
     name = "electricitymaps"
+    method = "average"
 
     def __init__(self, token: str, base_url: str | None = None, timeout_s: float = 30.0) -> None:
         self.token = token

@@ -49,6 +49,7 @@ def parse(body: object) -> Points:
 
 class WattTime:
     name = "watttime"
+    method = "marginal"
 
     def __init__(self, user: str, password: str, base_url: str | None = None, timeout_s: float = 30.0) -> None:
         self.user = user

@@ -331,10 +331,16 @@ def _setting(name: str, col: str, at: str, site: str = "p_site", model: str = "'
             f"AND s.gpu_model = {model} AND s.valid_from <= {at} ORDER BY s.valid_from DESC LIMIT 1)")
 
 
-SITE_PERIODS_V1 = f"""
+def _site_periods(v2: bool) -> str:
+    """``gpufleet_site_periods``; V2 adds the currency in force (a dated ``currency`` setting, else the
+    site's own) and so is cut where it changes too."""
+    cur_col = ", currency text" if v2 else ""
+    cur_val = (f",\n  coalesce({_setting('currency', 'txt', 'b.t0')}, "
+               "(SELECT st.currency FROM sites st WHERE st.site = p_site))") if v2 else ""
+    return f"""
 CREATE FUNCTION gpufleet_site_periods(p_site text, p_lo timestamptz, p_hi timestamptz)
 RETURNS TABLE (t0 timestamptz, t1 timestamptz, pue double precision, price_per_kwh double precision,
-               gpu_hour_price double precision, carbon_region text, carbon_g_per_kwh double precision)
+               gpu_hour_price double precision, carbon_region text, carbon_g_per_kwh double precision{cur_col})
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
 #variable_conflict use_column
 BEGIN
@@ -350,11 +356,15 @@ SELECT b.t0, b.t1,
   coalesce({_setting("price_per_kwh", "num", "b.t0")}, 0.0),
   coalesce({_setting("gpu_hour_price", "num", "b.t0")}, 0.0),
   {_setting("carbon_region", "txt", "b.t0")},
-  {_setting("carbon_g_per_kwh", "num", "b.t0")}
+  {_setting("carbon_g_per_kwh", "num", "b.t0")}{cur_val}
 FROM (SELECT t.t AS t0, coalesce(lead(t.t) OVER (ORDER BY t.t), p_hi) AS t1 FROM t) b;
 END
 $fn$
 """
+
+
+SITE_PERIODS_V1 = _site_periods(False)
+SITE_PERIODS_V2 = _site_periods(True)
 
 
 def _negligible(expr: str) -> str:
@@ -373,10 +383,13 @@ def _steps(lo: str, hi: str) -> str:
             f"WHERE p_step IS NOT NULL AND g > {lo} AND g < {hi}")
 
 
-ENERGY_RATES_V1 = f"""
+def _energy_rates(v2: bool) -> str:
+    """``gpufleet_energy_rates``; V2 carries the currency of each period on."""
+    cur_col, cur_x, cur_val = (", currency text", ",\n         cut.currency", ", x.currency") if v2 else ("", "", "")
+    return f"""
 CREATE FUNCTION gpufleet_energy_rates(p_site text, p_lo timestamptz, p_hi timestamptz, p_step interval DEFAULT NULL)
 RETURNS TABLE (t0 timestamptz, t1 timestamptz, pue double precision, price_per_kwh double precision,
-               carbon_region text, g_co2e_per_kwh double precision, carbon_source text)
+               carbon_region text, g_co2e_per_kwh double precision, carbon_source text{cur_col})
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
 #variable_conflict use_column
 BEGIN
@@ -392,13 +405,13 @@ cut AS (
 ),
 x AS (
   SELECT DISTINCT ON (cut.t) cut.t, cut.t1 AS period_end, cut.pue, cut.price_per_kwh, cut.carbon_region,
-         cut.carbon_g_per_kwh
+         cut.carbon_g_per_kwh{cur_x}
   FROM cut ORDER BY cut.t
 )
 SELECT x.t, coalesce(lead(x.t) OVER (ORDER BY x.t), p_hi), x.pue, {_negligible("x.price_per_kwh")}, x.carbon_region,
   {_negligible("coalesce(lp.g, x.carbon_g_per_kwh, fp.g)")},
   CASE WHEN lp.g IS NOT NULL THEN 'series' WHEN x.carbon_g_per_kwh IS NOT NULL THEN 'site_constant'
-       WHEN fp.g IS NOT NULL THEN 'series' ELSE 'none' END
+       WHEN fp.g IS NOT NULL THEN 'series' ELSE 'none' END{cur_val}
 FROM x
 LEFT JOIN LATERAL (SELECT ci.g_co2e_per_kwh AS g FROM carbon_intensity ci
                    WHERE ci.region = x.carbon_region AND ci.time <= x.t ORDER BY ci.time DESC LIMIT 1) lp ON true
@@ -408,14 +421,25 @@ END
 $fn$
 """
 
+
+ENERGY_RATES_V1 = _energy_rates(False)
+ENERGY_RATES_V2 = _energy_rates(True)
+
 _GPU_HOUR_PRICE = _negligible(
     f"coalesce(CASE WHEN key.k <> '' THEN {_setting('gpu_hour_price', 'num', 'b.t0', model='key.k')} END, "
     f"{_setting('gpu_hour_price', 'num', 'b.t0')}, 0.0)")
 
-GPU_HOUR_PRICES_V1 = f"""
+def _gpu_hour_prices(v2: bool) -> str:
+    """``gpufleet_gpu_hour_prices``; V2 adds the currency in force and is cut where it changes."""
+    cur_col = ", currency text" if v2 else ""
+    cur_cut = ("\n     OR (s.site = p_site AND s.setting = 'currency' AND s.gpu_model = ''\n"
+               "         AND s.valid_from > p_lo AND s.valid_from < p_hi)") if v2 else ""
+    cur_val = (f",\n  coalesce({_setting('currency', 'txt', 'b.t0')}, "
+               "(SELECT st.currency FROM sites st WHERE st.site = p_site))") if v2 else ""
+    return f"""
 CREATE FUNCTION gpufleet_gpu_hour_prices(p_site text, p_model text, p_lo timestamptz, p_hi timestamptz,
                                          p_step interval DEFAULT NULL)
-RETURNS TABLE (t0 timestamptz, t1 timestamptz, gpu_model_key text, price double precision)
+RETURNS TABLE (t0 timestamptz, t1 timestamptz, gpu_model_key text, price double precision{cur_col})
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $fn$
 #variable_conflict use_column
 BEGIN
@@ -431,15 +455,19 @@ t AS (
   UNION
   SELECT s.valid_from FROM site_settings s, key
   WHERE s.site = p_site AND s.setting = 'gpu_hour_price' AND s.gpu_model IN ('', key.k)
-    AND s.valid_from > p_lo AND s.valid_from < p_hi
+    AND s.valid_from > p_lo AND s.valid_from < p_hi{cur_cut}
   UNION
   {_steps("p_lo", "p_hi")}
 )
-SELECT b.t0, b.t1, key.k, {_GPU_HOUR_PRICE}
+SELECT b.t0, b.t1, key.k, {_GPU_HOUR_PRICE}{cur_val}
 FROM (SELECT t.t AS t0, coalesce(lead(t.t) OVER (ORDER BY t.t), p_hi) AS t1 FROM t) b, key;
 END
 $fn$
 """
+
+
+GPU_HOUR_PRICES_V1 = _gpu_hour_prices(False)
+GPU_HOUR_PRICES_V2 = _gpu_hour_prices(True)
 
 #: The GPU model of allocation ``a`` from its node's facts ``nd.facts`` (as gpufleet.facts reads them):
 #: the last ``gpus[]`` entry whose ``gpu`` (else ``index``) is the GPU, else ``gpu_model``.
@@ -455,7 +483,105 @@ GPU_MODEL_EXPR = """coalesce(
 _PART = ("CASE p_detail WHEN 'segment' THEN {t} WHEN 'step' THEN date_bin(p_step, {t}, " + ORIGIN
          + ") END")
 
-_QUERY = f"""
+#: Decimal places of money in V2's lines (V1 rounded to the currency's minor units): far below any
+#: minor unit, and sums of lines stay exact in ``numeric`` / :class:`~decimal.Decimal`.
+MONEY_PLACES = 9
+
+#: How long a GPU may stay silent before it has left the fleet (``p_gone_after_s``' default), seconds.
+GONE_AFTER_S = 86400.0
+
+
+def _membership() -> str:
+    """When each fleet GPU ``g`` joined and left, and the part of the period ``win`` in between.
+
+    Joined: the earliest of its node's registration (``nodes.first_seen``), its first sample (its first
+    hour of energy rollups where retention took the samples of that hour), its first long counter
+    interval, and the start of the first run that held it.  Left: ``p_gone_after_s`` after the last of
+    those (its last sample, the end of the last run that held it, up to now), once that is in the past;
+    a GPU heard from since is still in the fleet.  Silence shorter than that is GPU time without
+    telemetry; longer, the GPU is gone (retired, moved, a node taken down) and counts nowhere.  Every
+    probe is one index lookup.
+    """
+    held = "FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = g.node AND a.gpu = g.gpu"
+    smp = "FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time"
+    e1h = "FROM gpu_energy_1h e WHERE e.node = g.node AND e.gpu = g.gpu"
+    spn = "FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu"
+    horizon = "make_interval(secs => p_gone_after_s)"
+    return f"""  LEFT JOIN nodes nd ON nd.node = g.node
+  CROSS JOIN LATERAL (
+    SELECT (SELECT s.time {smp} LIMIT 1) AS s0, (SELECT s.time {smp} DESC LIMIT 1) AS s1,
+           (SELECT min(e.bucket) {e1h}) AS h0, (SELECT max(e.bucket) + INTERVAL '1 hour' {e1h}) AS h1
+  ) o
+  CROSS JOIN LATERAL (
+    SELECT least(nd.first_seen, CASE WHEN o.s0 IS NULL OR o.h0 + INTERVAL '1 hour' <= o.s0 THEN o.h0 ELSE o.s0 END,
+                 (SELECT min(e.t0) {spn}), (SELECT min(r.start) {held})) AS joined,
+           greatest(nd.first_seen, coalesce(o.s1, o.h1), (SELECT max(e.t1) {spn}),
+                    (SELECT max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) {held})) AS last
+  ) k
+  CROSS JOIN LATERAL (
+    SELECT k.joined, CASE WHEN k.last + {horizon} < p_now THEN k.last + {horizon}
+                          ELSE 'infinity'::timestamptz END AS gone
+  ) m
+  WHERE greatest(win.f, m.joined) < least(win.t, m.gone)"""
+
+
+def _currency_at(sk: str, t: str) -> str:
+    """The currency in force at ``t`` for pricing site key ``sk``, from the ``rates`` of the query."""
+    return f"(SELECT r.currency FROM rates r WHERE r.sk = {sk} AND r.t0 <= {t} ORDER BY r.t0 DESC LIMIT 1)"
+
+
+def _query(v2: bool) -> str:
+    """The text of ``gpufleet_accounting``: V1 (frozen, migrations 0004 and 0010) or V2 (migration 0012).
+
+    V2 differs from V1 in four places, each for a reason readers of the figures meet:
+
+    * money is computed in ``numeric`` and returned to :data:`MONEY_PLACES` decimals instead of the
+      currency's minor units: a product of stored rates can no longer overflow a float and fail every
+      report, and rounding for people is the presentation's job (docs/contracts.md section 3);
+    * each line is priced in the currency in force (``site_settings`` ``currency``, else the site's own),
+      so a currency change is dated like every other setting; a run across a change has one line per
+      currency;
+    * a fleet GPU counts from when it joined to when it left (:func:`_membership`), not over the
+      whole period, so GPU time with no telemetry is not invented for a fleet that grows;
+    * ``p_gone_after_s`` is the silence after which a GPU has left.
+    """
+    if v2:
+        fleet_gpu_head = "SELECT g.node, g.gpu, greatest(win.f, m.joined) AS a, least(win.t, m.gone) AS b FROM ("
+        gone = ") g CROSS JOIN win\n" + _membership()
+        gpu_win, gpu_a, gpu_b = "", "g.a", "g.b"
+        rates_cur, priced_cur = " r.currency,", " r.currency AS cur,"
+        el_cur, el_group = "p.cur, ", "1, 2, 3, 4, 5"
+        el_co2e = "sum(p.fac::numeric * p.g::numeric) / 1000"
+        el_ecost = "sum(p.fac::numeric * p.price::numeric)"
+        fs_cur_u, fs_group_u = " " + _currency_at("t.sk", "t.a") + " AS cur,", "1, 2, 3, 4"
+        fs_cur_t, fs_group_t = " " + _currency_at("cl.sk", "t.a") + ",", "2, 3, 4"
+        cl_cur, cl_group = " gp.currency AS cur,", "1, 2, 3, 4"
+        cl_ccost = ("sum((m.w * extract(epoch FROM least(gp.t1, m.hi) - greatest(gp.t0, m.lo))::float8 / 3600.0)::numeric"
+                    " * gp.price::numeric)")
+        rp_el_cur, rp_cl_cur = ", energy_lines.cur", ", compute_lines.cur"
+        rl_cur = ", rp.cur"
+        rl_el_on, rl_cl_on = " AND el.cur IS NOT DISTINCT FROM rp.cur", " AND cl.cur IS NOT DISTINCT FROM rp.cur"
+        fl_cc_on = "\n              AND c.cur IS NOT DISTINCT FROM coalesce(el.cur, fs.cur)"
+        fl_cur = ", coalesce(el.cur, fs.cur) AS cur"
+        fl_on = " AND fs.cur IS NOT DISTINCT FROM el.cur"
+        lo_cur = "c"
+        lo_join = ("CROSS JOIN LATERAL (SELECT coalesce(l.cur, (SELECT sp.currency FROM gpufleet_site_periods(\n"
+                   "    nullif(l.sk, ''), l.part_start, l.part_start + INTERVAL '1 microsecond') sp)) AS currency) c")
+        mp = str(MONEY_PLACES)
+    else:
+        fleet_gpu_head = gone = gpu_win = ""
+        gpu_win, gpu_a, gpu_b = "CROSS JOIN win", "win.f", "win.t"
+        rates_cur = priced_cur = el_cur = ""
+        el_group = "1, 2, 3, 4"
+        el_co2e, el_ecost = "sum(p.fac * p.g / 1000.0)", "sum(p.fac * p.price)"
+        fs_cur_u = fs_cur_t = ""
+        fs_group_u, fs_group_t = "1, 2, 3", "2, 3"
+        cl_cur, cl_group = "", "1, 2, 3"
+        cl_ccost = "sum(m.w * extract(epoch FROM least(gp.t1, m.hi) - greatest(gp.t0, m.lo))::float8 / 3600.0 * gp.price)"
+        rp_el_cur = rp_cl_cur = rl_cur = rl_el_on = rl_cl_on = fl_cc_on = fl_cur = fl_on = ""
+        lo_cur, lo_join = "st", "LEFT JOIN sites st ON st.site = nullif(l.sk, '')"
+        mp = "o.mu"
+    return f"""
 WITH
 win AS (
   SELECT p_from AS f, greatest(p_from, least(coalesce(p_to, 'infinity'), p_now)) AS t
@@ -478,7 +604,7 @@ span AS MATERIALIZED (
 ),
 -- <fleet>
 fleet_gpu AS MATERIALIZED (
-  SELECT DISTINCT x.node, x.gpu FROM (
+  {fleet_gpu_head}SELECT DISTINCT x.node, x.gpu FROM (
     SELECT n.node, g.g AS gpu FROM nodes n CROSS JOIN LATERAL generate_series(0, coalesce(n.gpu_count, 0) - 1) g(g)
     UNION ALL SELECT alloc.node, alloc.gpu FROM alloc
     UNION ALL SELECT e.node, e.gpu FROM gpu_energy_1h e, win
@@ -487,7 +613,7 @@ fleet_gpu AS MATERIALIZED (
     UNION ALL SELECT e.node, e.gpu FROM gpu_energy_spans e, win WHERE e.t0 < win.t AND e.t1 > win.f
     UNION ALL SELECT s.node, s.gpu FROM gpu_samples s, win
       WHERE p_source = 'raw' AND s.time >= win.f AND s.time < win.t AND s.mig_instance IS NULL
-  ) x WHERE p_fleet AND (SELECT f < t FROM win)
+  ) x WHERE p_fleet AND (SELECT f < t FROM win){gone}
 ),
 -- </fleet>
 node_info AS MATERIALIZED (
@@ -510,7 +636,7 @@ node_info AS MATERIALIZED (
   LEFT JOIN nodes nd ON nd.node = x.node
 ),
 rates AS MATERIALIZED (
-  SELECT s.sk, r.t0, r.t1, r.pue, r.price_per_kwh, r.g_co2e_per_kwh, r.carbon_source,
+  SELECT s.sk, r.t0, r.t1, r.pue, r.price_per_kwh, r.g_co2e_per_kwh, r.carbon_source,{rates_cur}
          row_number() OVER (PARTITION BY s.sk ORDER BY r.t0)::integer AS ix
   FROM (SELECT DISTINCT run_w.sk FROM run_w
 -- <fleet>
@@ -530,10 +656,10 @@ run_edges AS (
 -- <fleet>
 held AS MATERIALIZED (SELECT alloc.* FROM alloc WHERE p_fleet AND alloc.lo < alloc.hi),
 gpu_cuts AS (
-  SELECT g.node, g.gpu, c.t FROM fleet_gpu g CROSS JOIN win CROSS JOIN LATERAL (
-    SELECT win.f AS t UNION SELECT win.t
+  SELECT g.node, g.gpu, c.t FROM fleet_gpu g {gpu_win} CROSS JOIN LATERAL (
+    SELECT {gpu_a} AS t UNION SELECT {gpu_b}
     UNION SELECT v.x FROM held h CROSS JOIN LATERAL (VALUES (h.lo), (h.hi)) v(x)
-    WHERE h.node = g.node AND h.gpu = g.gpu AND v.x > win.f AND v.x < win.t) c
+    WHERE h.node = g.node AND h.gpu = g.gpu AND v.x > {gpu_a} AND v.x < {gpu_b}) c
 ),
 gpu_sub AS MATERIALIZED (
   SELECT s.node, s.gpu, s.a, s.b FROM (
@@ -656,20 +782,20 @@ measured AS (
 -- </fleet>
 ),
 priced AS (
-  SELECT m.*, r.t1 AS seg_end, r.pue AS rpue, r.price_per_kwh AS price, r.g_co2e_per_kwh AS g, r.carbon_source,
+  SELECT m.*, r.t1 AS seg_end, r.pue AS rpue, r.price_per_kwh AS price, r.g_co2e_per_kwh AS g, r.carbon_source,{priced_cur}
          (m.gj + m.hj) / 3.6e6 * r.pue AS fac, {_PART.format(t="m.seg_start")} AS part
   FROM measured m JOIN bounds b ON b.sk = m.sk JOIN rates r ON r.sk = m.sk AND r.ix = width_bucket(m.seg_start, b.b)
 ),
 energy_lines AS (
-  SELECT p.line, p.run_id, p.sk, p.part, min(p.seg_end) AS part_end, sum(p.gj) / 3.6e6 AS gpu_kwh,
-         sum(p.hj) / 3.6e6 AS host_kwh, sum(p.fac) AS fac, sum(p.fac * p.g / 1000.0) AS co2e,
-         coalesce(sum(p.fac) FILTER (WHERE p.g IS NULL), 0) AS unknown, sum(p.fac * p.price) AS ecost,
+  SELECT p.line, p.run_id, p.sk, p.part, {el_cur}min(p.seg_end) AS part_end, sum(p.gj) / 3.6e6 AS gpu_kwh,
+         sum(p.hj) / 3.6e6 AS host_kwh, sum(p.fac) AS fac, {el_co2e} AS co2e,
+         coalesce(sum(p.fac) FILTER (WHERE p.g IS NULL), 0) AS unknown, {el_ecost} AS ecost,
          sum(p.cs) AS cs, bool_or(p.st) AS st,
          CASE WHEN count(DISTINCT p.carbon_source) = 1 THEN min(p.carbon_source) ELSE 'mixed' END AS csrc,
          CASE WHEN count(DISTINCT p.price) = 1 THEN min(p.price) END AS one_price,
          CASE WHEN count(DISTINCT p.g) = 1 THEN min(p.g) END AS one_g,
          count(DISTINCT p.price) AS prices
-  FROM priced p GROUP BY 1, 2, 3, 4
+  FROM priced p GROUP BY {el_group}
 ),
 -- <fleet>
 -- GPU-seconds of the fleet lines, from the claims themselves (energy or not)
@@ -680,11 +806,11 @@ fleet_time AS (
   WHERE c.line <> 'run' AND c.gpu IS NOT NULL
 ),
 fleet_s AS (
-  SELECT t.line, t.sk, {_PART.format(t="t.a")} AS part, sum(t.w * extract(epoch FROM t.b - t.a)::float8) AS gpu_s
-  FROM fleet_time t WHERE t.line = 'unallocated' GROUP BY 1, 2, 3
+  SELECT t.line, t.sk, {_PART.format(t="t.a")} AS part,{fs_cur_u} sum(t.w * extract(epoch FROM t.b - t.a)::float8) AS gpu_s
+  FROM fleet_time t WHERE t.line = 'unallocated' GROUP BY {fs_group_u}
   UNION ALL
-  SELECT 'total', cl.sk, {_PART.format(t="t.a")}, sum(cl.w * extract(epoch FROM t.b - t.a)::float8)
-  FROM fleet_time t JOIN claimants cl ON cl.k = t.k WHERE t.line = 'total' GROUP BY 2, 3
+  SELECT 'total', cl.sk, {_PART.format(t="t.a")},{fs_cur_t} sum(cl.w * extract(epoch FROM t.b - t.a)::float8)
+  FROM fleet_time t JOIN claimants cl ON cl.k = t.k WHERE t.line = 'total' GROUP BY {fs_group_t}
 ),
 -- </fleet>
 gpu_keys AS (
@@ -694,19 +820,19 @@ gpu_keys AS (
   FROM alloc a LEFT JOIN nodes nd ON nd.node = a.node
 ),
 compute_lines AS (
-  SELECT m.run_id, m.sk, {_PART.format(t="greatest(gp.t0, m.lo)")} AS part,
+  SELECT m.run_id, m.sk, {_PART.format(t="greatest(gp.t0, m.lo)")} AS part,{cl_cur}
          sum(m.w * extract(epoch FROM least(gp.t1, m.hi) - greatest(gp.t0, m.lo))::float8) AS gpu_s,
-         sum(m.w * extract(epoch FROM least(gp.t1, m.hi) - greatest(gp.t0, m.lo))::float8 / 3600.0 * gp.price)
+         {cl_ccost}
            AS ccost
   FROM (SELECT gk.run_id, gk.site, gk.sk, gk.lo, gk.hi, gk.model, sum(gk.share) AS w
         FROM gpu_keys gk WHERE gk.lo < gk.hi GROUP BY 1, 2, 3, 4, 5, 6) m
   CROSS JOIN LATERAL gpufleet_gpu_hour_prices(m.site, m.model, m.lo, m.hi, p_step) gp
   WHERE p_detail <> 'segment'
-  GROUP BY 1, 2, 3
+  GROUP BY {cl_group}
 ),
 run_parts AS (
-  SELECT energy_lines.run_id, energy_lines.part FROM energy_lines WHERE energy_lines.line = 'run'
-  UNION SELECT compute_lines.run_id, compute_lines.part FROM compute_lines
+  SELECT energy_lines.run_id, energy_lines.part{rp_el_cur} FROM energy_lines WHERE energy_lines.line = 'run'
+  UNION SELECT compute_lines.run_id, compute_lines.part{rp_cl_cur} FROM compute_lines
 ),
 run_lines AS (
   SELECT 'run'::text AS line, w.run_id, w.sk, rp.part,
@@ -717,11 +843,11 @@ run_lines AS (
          (SELECT coalesce(sum(a.share), 0) FROM alloc a WHERE a.run_id = w.run_id) AS gpu_equivalents,
          coalesce(cl.gpu_s, CASE WHEN p_detail = 'line' THEN 0.0 END) AS gpu_s, coalesce(el.cs, 0) AS cs,
          el.gpu_kwh, el.host_kwh, el.fac, el.co2e, el.unknown, el.ecost, el.csrc, el.one_price, el.one_g, el.prices,
-         el.st, coalesce(cl.ccost, CASE WHEN p_detail = 'segment' THEN NULL ELSE 0.0 END) AS ccost, w.lo
+         el.st, coalesce(cl.ccost, CASE WHEN p_detail = 'segment' THEN NULL ELSE 0.0 END) AS ccost, w.lo{rl_cur}
   FROM run_w w
   LEFT JOIN run_parts rp ON rp.run_id = w.run_id
-  LEFT JOIN energy_lines el ON el.line = 'run' AND el.run_id = w.run_id AND el.part IS NOT DISTINCT FROM rp.part
-  LEFT JOIN compute_lines cl ON cl.run_id = w.run_id AND cl.part IS NOT DISTINCT FROM rp.part
+  LEFT JOIN energy_lines el ON el.line = 'run' AND el.run_id = w.run_id AND el.part IS NOT DISTINCT FROM rp.part{rl_el_on}
+  LEFT JOIN compute_lines cl ON cl.run_id = w.run_id AND cl.part IS NOT DISTINCT FROM rp.part{rl_cl_on}
 ),
 -- <fleet>
 fleet_lines AS (
@@ -735,21 +861,21 @@ fleet_lines AS (
          el.one_price, el.one_g, el.prices, el.st,
          CASE WHEN coalesce(el.line, fs.line) = 'total' THEN
            (SELECT coalesce(sum(c.ccost), 0) FROM compute_lines c
-            WHERE c.sk = coalesce(el.sk, fs.sk) AND c.part IS NOT DISTINCT FROM coalesce(el.part, fs.part))
-         ELSE 0.0 END AS ccost, (SELECT f FROM win) AS lo
+            WHERE c.sk = coalesce(el.sk, fs.sk) AND c.part IS NOT DISTINCT FROM coalesce(el.part, fs.part){fl_cc_on})
+         ELSE 0.0 END AS ccost, (SELECT f FROM win) AS lo{fl_cur}
   FROM (SELECT * FROM energy_lines WHERE energy_lines.line <> 'run') el
-  FULL JOIN fleet_s fs ON fs.line = el.line AND fs.sk = el.sk AND fs.part IS NOT DISTINCT FROM el.part
+  FULL JOIN fleet_s fs ON fs.line = el.line AND fs.sk = el.sk AND fs.part IS NOT DISTINCT FROM el.part{fl_on}
 ),
 -- </fleet>
 lines_out AS (
-  SELECT l.*, st.currency, gpufleet_minor_units(st.currency) AS mu,
+  SELECT l.*, {lo_cur}.currency, gpufleet_minor_units({lo_cur}.currency) AS mu,
     coalesce(l.gpu_kwh, 0) + coalesce(l.host_kwh, 0) AS it
   FROM (SELECT * FROM run_lines
 -- <fleet>
         UNION ALL SELECT * FROM fleet_lines
 -- </fleet>
        ) l
-  LEFT JOIN sites st ON st.site = nullif(l.sk, '')
+  {lo_join}
 )
 SELECT o.line, o.run_id, nullif(o.sk, ''), o.part_start, o.part_end, o.gpu_count, o.gpu_equivalents,
   o.gpu_s, o.cs, round((o.gpu_s / 3600.0)::numeric, 9), round((least(o.cs, o.gpu_s) / 3600.0)::numeric, 9),
@@ -765,11 +891,15 @@ SELECT o.line, o.run_id, nullif(o.sk, ''), o.part_start, o.part_end, o.gpu_count
   o.one_g,
   CASE WHEN o.sk = '' THEN 'none' WHEN coalesce(o.prices, 1) <= 1 THEN 'flat' ELSE 'time_of_use' END, o.one_price,
   o.currency, o.mu,
-  round(coalesce(o.ecost, 0)::numeric, o.mu), round(o.ccost::numeric, o.mu),
-  round(coalesce(o.ecost, 0)::numeric, o.mu) + round(coalesce(o.ccost, 0)::numeric, o.mu),
+  round(coalesce(o.ecost, 0)::numeric, {mp}), round(o.ccost::numeric, {mp}),
+  round(coalesce(o.ecost, 0)::numeric, {mp}) + round(coalesce(o.ccost, 0)::numeric, {mp}),
   coalesce(o.st, false)
 FROM lines_out o
 ORDER BY o.line DESC, o.run_id, o.sk, o.part_start"""
+
+
+_QUERY = _query(False)
+_QUERY_V2 = _query(True)
 
 
 def _variant(query: str, fleet: bool) -> str:
@@ -796,36 +926,50 @@ _LINE_TABLE = """RETURNS TABLE (
   energy_cost numeric, compute_cost numeric, total_cost numeric, stale boolean)"""
 
 
-ACCOUNTING_V1 = f"""
+def _accounting(v2: bool) -> str:
+    """``gpufleet_accounting``; V2 takes ``p_gone_after_s`` (:func:`_membership`) last, with a default, so
+    callers of V1's nine arguments (the Grafana boards) read V2 unchanged."""
+    gone = f",\n  p_gone_after_s double precision DEFAULT {GONE_AFTER_S}" if v2 else ""
+    q = _query(v2)
+    return f"""
 CREATE FUNCTION gpufleet_accounting(
   p_from timestamptz, p_to timestamptz, p_now timestamptz DEFAULT now(), p_runs text[] DEFAULT NULL,
   p_fleet boolean DEFAULT true, p_max_gap_s double precision DEFAULT 60, p_source text DEFAULT 'auto',
-  p_detail text DEFAULT 'line', p_step interval DEFAULT NULL)
+  p_detail text DEFAULT 'line', p_step interval DEFAULT NULL{gone})
 {_LINE_TABLE}
 LANGUAGE plpgsql STABLE SET jit = off AS $fn$
 #variable_conflict use_column
 BEGIN
 IF p_fleet THEN
 RETURN QUERY
-{_variant(_QUERY, True)};
+{_variant(q, True)};
 ELSE
 RETURN QUERY
-{_variant(_QUERY, False)};
+{_variant(q, False)};
 END IF;
 END
 $fn$
 """
 
+
+ACCOUNTING_V1 = _accounting(False)
+ACCOUNTING_V2 = _accounting(True)
+
 #: Every statement migration 0004 runs to install accounting, in order.
 INSTALL_V1: tuple[str, ...] = (TYPES_V1, MINOR_UNITS_V1, CLAIM_ENERGY_V1, SITE_PERIODS_V1, ENERGY_RATES_V1,
                                GPU_HOUR_PRICES_V1, ACCOUNTING_V1)
 
-DROP_V1: tuple[str, ...] = (
+#: The V1 functions V2 replaces (their result tables or arguments change, so they are dropped, not replaced).
+_DROP_PRICING_V1: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS gpufleet_accounting(timestamptz, timestamptz, timestamptz, text[], boolean, "
     "double precision, text, text, interval)",
     "DROP FUNCTION IF EXISTS gpufleet_gpu_hour_prices(text, text, timestamptz, timestamptz, interval)",
     "DROP FUNCTION IF EXISTS gpufleet_energy_rates(text, timestamptz, timestamptz, interval)",
     "DROP FUNCTION IF EXISTS gpufleet_site_periods(text, timestamptz, timestamptz)",
+)
+
+DROP_V1: tuple[str, ...] = (
+    *_DROP_PRICING_V1,
     "DROP FUNCTION IF EXISTS gpufleet_claim_energy(gpufleet_claim[], double precision, text)",
     "DROP FUNCTION IF EXISTS gpufleet_minor_units(text)",
     "DROP TYPE IF EXISTS gpufleet_claim",
@@ -854,7 +998,7 @@ alloc AS MATERIALIZED (
 """
 
 
-def _incident_query() -> str:
+def _incident_query(v2: bool = False) -> str:
     """``_QUERY`` (without the fleet lines) over weighted claims instead of runs' whole allocations.
 
     Only the claims differ: the runs' windows and allocations (``run_w``, ``alloc``) become the
@@ -862,7 +1006,7 @@ def _incident_query() -> str:
     (the run query's claims all span their run's window, so there every edge is inside).
     Energy, PUE, carbon, energy and GPU-hour prices and rounding are the run query's text.
     """
-    q = _variant(_QUERY, False)
+    q = _variant(_query(v2), False)
     i, j = q.index("run_w AS MATERIALIZED ("), q.index("span AS MATERIALIZED (")
     q = q[:i] + _INCIDENT_CLAIMS + q[j:]
     swaps = (("a.share, e.edges\n    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id",
@@ -877,7 +1021,8 @@ def _incident_query() -> str:
     return q
 
 
-INCIDENT_ACCOUNTING_V1 = f"""
+def _incident_accounting(v2: bool) -> str:
+    return f"""
 CREATE FUNCTION gpufleet_incident_accounting(
   p_keys text[], p_run_ids text[], p_nodes text[], p_gpus integer[], p_los timestamptz[], p_his timestamptz[],
   p_weights double precision[], p_now timestamptz DEFAULT now(), p_max_gap_s double precision DEFAULT 60,
@@ -893,13 +1038,38 @@ DECLARE
   p_step interval := NULL;
 BEGIN
 RETURN QUERY
-{_incident_query()};
+{_incident_query(v2)};
 END
 $fn$
 """
+
+
+INCIDENT_ACCOUNTING_V1 = _incident_accounting(False)
+INCIDENT_ACCOUNTING_V2 = _incident_accounting(True)
 #: What migration 0010 runs to install incident accounting (after INSTALL_V1), and its undoing.
 INSTALL_INCIDENTS_V1: tuple[str, ...] = (INCIDENT_ACCOUNTING_V1,)
 DROP_INCIDENTS_V1: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS gpufleet_incident_accounting(text[], text[], text[], integer[], timestamptz[], "
     "timestamptz[], double precision[], timestamptz, double precision, text)",
 )
+
+
+# ---------------------------------------------------------------------------------------------------- V2
+
+#: What migration 0014 runs to move accounting to V2 (after INSTALL_V1 and INSTALL_INCIDENTS_V1): money
+#: in ``numeric`` to :data:`MONEY_PLACES`, dated currencies, fleet GPUs from when they joined to when they left.
+INSTALL_V2: tuple[str, ...] = (
+    *_DROP_PRICING_V1, *DROP_INCIDENTS_V1,
+    SITE_PERIODS_V2, ENERGY_RATES_V2, GPU_HOUR_PRICES_V2, ACCOUNTING_V2, INCIDENT_ACCOUNTING_V2,
+)
+#: Back to V1 (migration 0014's downgrade).
+DROP_V2: tuple[str, ...] = (
+    "DROP FUNCTION IF EXISTS gpufleet_accounting(timestamptz, timestamptz, timestamptz, text[], boolean, "
+    "double precision, text, text, interval, double precision)",
+    *DROP_INCIDENTS_V1, *_DROP_PRICING_V1[1:],
+    SITE_PERIODS_V1, ENERGY_RATES_V1, GPU_HOUR_PRICES_V1, ACCOUNTING_V1, INCIDENT_ACCOUNTING_V1,
+)
+#: The functions as installed at the head revision: the bodies ``tests/accounting/test_sql_definition.py``
+#: compares with the database's.
+CURRENT: tuple[str, ...] = (MINOR_UNITS_V1, CLAIM_ENERGY_V1, SITE_PERIODS_V2, ENERGY_RATES_V2, GPU_HOUR_PRICES_V2,
+                            ACCOUNTING_V2, INCIDENT_ACCOUNTING_V2)

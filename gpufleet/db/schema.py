@@ -73,8 +73,8 @@ site_settings = Table(
     Column("txt", Text, nullable=True),
     _tz("set_at", server_default=text("now()")),
     PrimaryKeyConstraint("site", "setting", "gpu_model", "valid_from", name="site_settings_pkey"),
-    CheckConstraint("setting IN ('pue', 'price_per_kwh', 'gpu_hour_price', 'carbon_region', 'carbon_g_per_kwh')",
-                    name="site_settings_setting"),
+    CheckConstraint("setting IN ('pue', 'price_per_kwh', 'gpu_hour_price', 'carbon_region', 'carbon_g_per_kwh', "
+                    "'currency')", name="site_settings_setting"),
     CheckConstraint("gpu_model = '' OR setting = 'gpu_hour_price'", name="site_settings_model_price"),
 )
 
@@ -85,6 +85,19 @@ carbon_intensity = Table(
     Column("g_co2e_per_kwh", Double, nullable=False),
     PrimaryKeyConstraint("region", "time"),
     CheckConstraint("g_co2e_per_kwh >= 0", name="carbon_nonneg"),
+)
+
+#: What a carbon series is (migration 0014): ``average`` (the grid mix's intensity, as Electricity Maps and
+#: most inventories give it) or ``marginal`` (the generator that answers a change in demand, as WattTime's
+#: MOER), a readable name for reports, and where the series came from.
+carbon_regions = Table(
+    "carbon_regions", metadata,
+    Column("region", Text, primary_key=True),
+    Column("method", Text, nullable=False, server_default=text("'average'")),
+    Column("name", Text, nullable=True),
+    Column("provider", Text, nullable=True),
+    _tz("updated_at", server_default=text("now()")),
+    CheckConstraint("method IN ('average', 'marginal')", name="carbon_regions_method"),
 )
 
 nodes = Table(

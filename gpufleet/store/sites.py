@@ -16,8 +16,15 @@ new site hold from the beginning (``-infinity``).
 * :func:`set_series` loads many points of one setting (PUE per month,
   time-of-use prices), like carbon series.
 
-The currency is not dated: a site's amounts are never converted, so its
-currency can change only while no run or node uses the site.
+Every value is checked against its bound (:mod:`gpufleet.accounting.bounds`)
+on the way in, whoever writes it; :class:`SiteError` names the setting and
+the bound.
+
+Money never has a silent currency: a site with a price needs one (a site
+without prices has none, :data:`NO_CURRENCY`, until it is given), and a
+currency change is dated like the other settings: the amounts before it stay
+in the old currency, those after it are in the new one (never converted), so
+the prices in force must be given again in the new currency with it.
 """
 
 from __future__ import annotations
@@ -34,21 +41,34 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from gpufleet.store.runs import Conflict, NotFound
+from gpufleet.accounting import bounds
+from gpufleet.store.runs import NotFound
 from gpufleet.timeparse import TimeParseError, parse_time
 
 #: The dated settings, in the order the API and CLI show them.
 SETTINGS = ("pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh")
 SITE_COLUMNS = ("pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region", "carbon_g_per_kwh")
 
-#: What a setting is when a site is created (or replaced by PUT) without it.
-SITE_DEFAULTS: dict[str, Any] = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "currency": "USD",
+#: What a setting is when a site is created (or replaced by PUT) without it (the currency: none).
+SITE_DEFAULTS: dict[str, Any] = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "currency": None,
                                  "carbon_region": None, "carbon_g_per_kwh": None}
+
+#: ``sites.currency`` of a site that has no prices and was given no currency (ISO 4217: "no currency").
+NO_CURRENCY = "XXX"
+
+#: The prices that are money in the site's currency.
+PRICES = ("price_per_kwh", "gpu_hour_price")
+
+
+class SiteError(ValueError):
+    """A site write that is refused as given; ``field`` names what to change (``currency``, ``pue``, ...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 #: ``valid_from`` of the values a site starts with.
 BEGINNING = "-infinity"
-
-_TEXT = {"carbon_region"}
 
 _IN_FORCE = """
 SELECT DISTINCT ON (s.setting, s.gpu_model) s.setting, s.gpu_model, s.num, s.txt
@@ -66,8 +86,28 @@ class SiteWrite:
     defaulted: tuple[str, ...] = ()
 
 
+_TEXT = {"carbon_region", "currency"}
+
+
 def _point(setting: str, value: Any) -> tuple[float | None, str | None]:
     return (None, value) if setting in _TEXT else (None if value is None else float(value), None)
+
+
+def check_value(setting: str, value: Any) -> None:
+    """:class:`SiteError` when ``value`` is outside the bound of ``setting``."""
+    if setting in _TEXT or value is None:
+        return
+    why = bounds.problem(setting, value)
+    if why is not None:
+        raise SiteError(setting, why)
+
+
+def _check_all(changes: Mapping[str, Any], gpu_hour_prices: Mapping[str, float | None] | None) -> None:
+    for setting, value in changes.items():
+        check_value(setting, value)
+    for model, price in (gpu_hour_prices or {}).items():
+        if price is not None and (why := bounds.problem("gpu_hour_price", price)) is not None:
+            raise SiteError("gpu_hour_prices", f"GPU-hour price of {model!r}: {why}")
 
 
 def _upsert(conn: psycopg.Connection, site: str, setting: str, model: str, valid_from: datetime | str,
@@ -79,16 +119,27 @@ def _upsert(conn: psycopg.Connection, site: str, setting: str, model: str, valid
         "set_at = now()", (site, setting, model, valid_from, num, txt))
 
 
+def currency_at(conn: psycopg.Connection, site: str, at: datetime | str) -> str | None:
+    """The site's currency in force at ``at`` (None: it has none)."""
+    row = conn.execute(
+        "SELECT coalesce((SELECT s.txt FROM site_settings s WHERE s.site = st.site AND s.setting = 'currency' "
+        "AND s.valid_from <= %s ORDER BY s.valid_from DESC LIMIT 1), st.currency) FROM sites st WHERE st.site = %s",
+        (at, site)).fetchone()
+    if row is None:
+        raise NotFound(f"site {site!r} not found")
+    return None if row[0] == NO_CURRENCY else row[0]
+
+
 def get_site(conn: psycopg.Connection, site: str, at: datetime | None = None) -> dict[str, Any]:
     """The site's settings in force at ``at`` (default now), with its GPU-model prices."""
     at = at or datetime.now(UTC)
-    row = conn.execute("SELECT currency FROM sites WHERE site = %s", (site,)).fetchone()
-    if row is None:
-        raise NotFound(f"site {site!r} not found")
-    out: dict[str, Any] = {"site": site, **{k: SITE_DEFAULTS[k] for k in SETTINGS}, "currency": row[0]}
+    currency = currency_at(conn, site, at)
+    out: dict[str, Any] = {"site": site, **{k: SITE_DEFAULTS[k] for k in SETTINGS}, "currency": currency}
     models: dict[str, float] = {}
     for setting, model, num, txt in conn.execute(_IN_FORCE, (site, at)).fetchall():
         value = txt if setting in _TEXT else num
+        if setting == "currency":
+            continue
         if model:
             if value is not None:
                 models[model] = value
@@ -118,23 +169,60 @@ def site_history(conn: psycopg.Connection, site: str) -> list[dict[str, Any]]:
              "value": r["txt"] if r["setting"] in _TEXT else r["num"], "set_at": r["set_at"]} for r in rows]
 
 
-def _check_currency(conn: psycopg.Connection, site: str, currency: str) -> None:
-    row = conn.execute("SELECT currency FROM sites WHERE site = %s", (site,)).fetchone()
-    if row is None or row[0] == currency:
+def _ever_priced(conn: psycopg.Connection, site: str) -> bool:
+    """Whether any price of the site, at any time, is other than zero."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM site_settings WHERE site = %s AND setting = ANY(%s) "
+                        "AND num > 0)", (site, list(PRICES))).fetchone() == (True,)
+
+
+def _prices_at(conn: psycopg.Connection, site: str, at: datetime | str) -> dict[str, float]:
+    """The non-zero prices of the site in force at ``at``: setting (or ``gpu_hour_prices:<model>``) -> value."""
+    out: dict[str, float] = {}
+    for setting, model, num, _ in conn.execute(_IN_FORCE, (site, at)).fetchall():
+        if setting in PRICES and num:
+            out[f"gpu_hour_prices:{model}" if model else setting] = num
+    return out
+
+
+def _set_currency(conn: psycopg.Connection, site: str, currency: str, when: datetime | str,
+                  changes: Mapping[str, Any], gpu_hour_prices: Mapping[str, float | None] | None) -> None:
+    """A currency for the site from ``when``: the site's own when it never had a price (nothing is in another
+    currency), else a dated change, with every price in force then given again in the new currency."""
+    old = currency_at(conn, site, when)
+    if old == currency:
         return
-    used = conn.execute(
-        "(SELECT 'run ' || quote_literal(run_id) FROM runs WHERE site = %s ORDER BY start LIMIT 1) UNION ALL "
-        "(SELECT 'node ' || quote_literal(node) FROM nodes WHERE site = %s ORDER BY node LIMIT 1) LIMIT 1",
-        (site, site)).fetchone()
-    if used is not None:
-        raise Conflict(f"site {site!r} prices in {row[0]} and is used ({used[0]}); changing its currency to "
-                       f"{currency} would relabel those amounts without converting them: register a new site "
-                       f"for {currency}")
+    if old is None and not _ever_priced(conn, site):
+        conn.execute("UPDATE sites SET currency = %s WHERE site = %s", (currency, site))
+        conn.execute("DELETE FROM site_settings WHERE site = %s AND setting = 'currency'", (site,))
+        return
+    restated = {k for k in changes if k in PRICES} | {f"gpu_hour_prices:{m}" for m in (gpu_hour_prices or {})}
+    missing = sorted(set(_prices_at(conn, site, when)) - restated)
+    if missing:
+        flags = ", ".join("--gpu-model-price " + m.split(":", 1)[1] + "=..." if m.startswith("gpu_hour_prices:")
+                          else "--" + m.replace("_", "-") for m in missing)
+        raise SiteError("currency", f"site {site!r} prices in {old}; from {_when_text(when)} its prices are in "
+                                    f"{currency}, and amounts are never converted: give the prices in force then in "
+                                    f"{currency} too ({flags}; in the API: {', '.join(missing)})")
+    _upsert(conn, site, "currency", "", when, currency)
 
 
-def _create(conn: psycopg.Connection, site: str, currency: str) -> bool:
+def _when_text(when: datetime | str) -> str:
+    return "the beginning" if when == BEGINNING else when.isoformat() if isinstance(when, datetime) else str(when)
+
+
+def _require_currency(conn: psycopg.Connection, site: str, when: datetime | str, priced: bool) -> None:
+    if priced and currency_at(conn, site, when) is None:
+        raise SiteError("currency", f"site {site!r} has prices but no currency: give --currency (ISO 4217, e.g. "
+                                    "EUR; in the API: \"currency\"); amounts are never assumed to be in one")
+
+
+def _priced(values: Mapping[str, Any], gpu_hour_prices: Mapping[str, float | None] | None) -> bool:
+    return any(values.get(p) for p in PRICES) or any(v for v in (gpu_hour_prices or {}).values())
+
+
+def _create(conn: psycopg.Connection, site: str, currency: str | None) -> bool:
     created = conn.execute("INSERT INTO sites (site, currency) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING "
-                           "RETURNING site", (site, currency)).fetchone() is not None
+                           "RETURNING site", (site, currency or NO_CURRENCY)).fetchone() is not None
     if created:
         for setting in SETTINGS:
             _upsert(conn, site, setting, "", BEGINNING, SITE_DEFAULTS[setting])
@@ -153,17 +241,18 @@ def patch_site(conn: psycopg.Connection, site: str, changes: Mapping[str, Any], 
     unknown = set(changes) - set(SITE_COLUMNS)
     if unknown:
         raise ValueError(f"not a site setting: {', '.join(sorted(unknown))}")
+    _check_all(changes, gpu_hour_prices)
     now = now or datetime.now(UTC)
     with conn.transaction():
         created = False
         if create:
-            created = _create(conn, site, changes.get("currency") or SITE_DEFAULTS["currency"])
+            created = _create(conn, site, changes.get("currency"))
         elif conn.execute("SELECT 1 FROM sites WHERE site = %s", (site,)).fetchone() is None:
             raise NotFound(f"site {site!r} not found; create it with PUT /v1/sites/{site}")
         when: datetime | str = BEGINNING if created and valid_from is None else (valid_from or now)
-        if "currency" in changes and not created:
-            _check_currency(conn, site, changes["currency"])
-            conn.execute("UPDATE sites SET currency = %s WHERE site = %s", (changes["currency"], site))
+        if changes.get("currency") and not created:
+            _set_currency(conn, site, changes["currency"], when, changes, gpu_hour_prices)
+        _require_currency(conn, site, when, _priced(changes, gpu_hour_prices))
         for setting in SETTINGS:
             if setting in changes:
                 _upsert(conn, site, setting, "", when, changes[setting])
@@ -183,25 +272,33 @@ def put_site(conn: psycopg.Connection, site: str, values: Mapping[str, Any], *, 
     now = now or datetime.now(UTC)
     given = set(given)
     defaulted = tuple(f for f in SETTINGS if f not in given)
-    currency = values.get("currency") or SITE_DEFAULTS["currency"]
+    currency = values.get("currency") if "currency" in given else None
+    replacing = {k: values.get(k, SITE_DEFAULTS[k]) for k in SETTINGS if k in given}
+    _check_all(replacing, gpu_hour_prices)
     with conn.transaction():
         created = _create(conn, site, currency)
         when: datetime | str = BEGINNING if created and valid_from is None else (valid_from or now)
         if not created:
-            _check_currency(conn, site, currency)
-            conn.execute("UPDATE sites SET currency = %s WHERE site = %s", (currency, site))
+            if currency:
+                _set_currency(conn, site, currency, when, {**dict.fromkeys(PRICES), **replacing},
+                              {**{m: None for m in _models(conn, site)}, **dict(gpu_hour_prices or {})})
             if when != BEGINNING:
                 conn.execute("DELETE FROM site_settings WHERE site = %s AND valid_from > %s", (site, when))
+        _require_currency(conn, site, when, _priced(replacing, gpu_hour_prices))
         for setting in SETTINGS:
             _upsert(conn, site, setting, "", when, values.get(setting, SITE_DEFAULTS[setting])
                     if setting in given else SITE_DEFAULTS[setting])
         prices = dict(gpu_hour_prices or {})
-        models = {m for (m,) in conn.execute("SELECT DISTINCT gpu_model FROM site_settings WHERE site = %s AND "
-                                             "gpu_model <> ''", (site,)).fetchall()}
+        models = _models(conn, site)
         for model in sorted(models | set(prices)):
             _upsert(conn, site, "gpu_hour_price", model, when, prices.get(model))
         return SiteWrite(get_site(conn, site, now), created, None if when == BEGINNING else when,  # type: ignore[arg-type]
                          defaulted)
+
+
+def _models(conn: psycopg.Connection, site: str) -> set[str]:
+    return {m for (m,) in conn.execute("SELECT DISTINCT gpu_model FROM site_settings WHERE site = %s AND "
+                                       "gpu_model <> ''", (site,)).fetchall()}
 
 
 def set_series(conn: psycopg.Connection, site: str, setting: str, points: list[tuple[datetime, Any]],
@@ -209,9 +306,16 @@ def set_series(conn: psycopg.Connection, site: str, setting: str, points: list[t
     """Upsert dated values of one setting (a PUE per month, time-of-use prices, ...)."""
     if setting not in SETTINGS:
         raise ValueError(f"not a site setting: {setting}")
+    for i, (_, v) in enumerate(points):
+        why = None if setting in _TEXT or v is None else bounds.problem(setting, v)
+        if why is not None:
+            raise SiteError(setting, f"points[{i}]: {why}")
     with conn.transaction():
         if conn.execute("SELECT 1 FROM sites WHERE site = %s", (site,)).fetchone() is None:
             raise NotFound(f"site {site!r} not found")
+        if setting in PRICES:
+            for t, v in points:
+                _require_currency(conn, site, t, bool(v))
         for t, v in points:
             _upsert(conn, site, setting, gpu_model, t, v)
     return len(points)
@@ -222,9 +326,23 @@ def set_prices(conn: psycopg.Connection, site: str, points: list[tuple[datetime,
     return set_series(conn, site, "price_per_kwh", points)
 
 
-def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetime, float]]) -> int:
-    """Upsert a carbon-intensity step series (each value holds until the next)."""
+def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetime, float]], *,
+               method: str | None = None, name: str | None = None, provider: str | None = None) -> int:
+    """Upsert a carbon-intensity step series (each value holds until the next), and record what it is:
+    ``method`` ``average`` (the default for a series first loaded without one) or ``marginal``, a readable
+    ``name`` (country or grid region) and the ``provider`` it came from (what is not given is kept)."""
+    for i, (_, g) in enumerate(points):
+        why = bounds.problem("carbon_g_per_kwh", g)
+        if why is not None:
+            raise SiteError("g_co2e_per_kwh", f"points[{i}]: {why.replace('carbon_g_per_kwh', 'g_co2e_per_kwh')}")
+    if method is not None and method not in ("average", "marginal"):
+        raise SiteError("method", f"method must be average or marginal, not {method!r}")
     with conn.transaction():
+        conn.execute(
+            "INSERT INTO carbon_regions AS c (region, method, name, provider) VALUES (%s, coalesce(%s, 'average'), "
+            "%s, %s) ON CONFLICT (region) DO UPDATE SET method = coalesce(%s, c.method), "
+            "name = coalesce(%s, c.name), provider = coalesce(%s, c.provider), updated_at = now()",
+            (region, method, name, provider, method, name, provider))
         conn.execute(
             "INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) SELECT %s, t, g FROM "
             "unnest(%s::timestamptz[], %s::float8[]) AS u(t, g) ON CONFLICT (region, time) DO UPDATE "

@@ -48,7 +48,8 @@ def test_report_csv_and_json(db: str, tmp_path: Path) -> None:
         ("run", "r1", "EUR"), ("unallocated", "unallocated", ""), ("no_telemetry", "no_telemetry", ""),
         ("total", "total", "EUR"), ("total", "all", "")]
     assert rows[0]["total_cost"] == "0.50" and rows[3]["total_cost"] == "0.50" and rows[4]["total_cost"] == ""
-    assert rows[2]["gpu_hours"] == "23" and rows[4]["gpu_hours"] == "24" and rows[0]["state"] == "ended"
+    # the GPU joined at its first sample (10:00) and left a day after its last (11:00): 14 h of the day, not 24
+    assert rows[2]["gpu_hours"] == "13" and rows[4]["gpu_hours"] == "14" and rows[0]["state"] == "ended"
     r = runner.invoke(app, ["report", "--from", "2026-12-01", "--to", "2026-12-02", "--group-by", "site",
                             "--format", "json", "--db", db])
     assert r.exit_code == 0, r.output

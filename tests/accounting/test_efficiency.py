@@ -9,17 +9,29 @@ import pytest
 
 from gpufleet.accounting import run_accounting
 from gpufleet.accounting.efficiency import peak_flops
+from gpufleet.accounting.peak_flops import peak_of
 from tests.accounting.builders import KWH, approx, at, constant_power, gpu_samples, node, run
 
 H100 = {"gpus": [{"gpu": g, "name": "NVIDIA H100 80GB HBM3"} for g in range(8)]}
 
 
-@pytest.mark.parametrize("name,peak", [
-    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("Tesla T4", None), (None, None),
+@pytest.mark.parametrize("name,peak,dtype", [
+    ("NVIDIA H100 80GB HBM3", 989.5e12, "bf16"), ("NVIDIA H100 PCIe", 756.5e12, "bf16"),
+    ("NVIDIA H100 NVL", 835.5e12, "bf16"), ("NVIDIA H200", 989.5e12, "bf16"), ("NVIDIA H200 NVL", 835.5e12, "bf16"),
+    ("NVIDIA B200", 2.25e15, "bf16"), ("NVIDIA GB200", 2.5e15, "bf16"), ("NVIDIA GH200 480GB", 989.5e12, "bf16"),
+    ("NVIDIA A100-SXM4-80GB", 312e12, "bf16"), ("NVIDIA A100-SXM4-40GB", 312e12, "bf16"),
+    ("NVIDIA A100-PCIE-40GB", 312e12, "bf16"), ("NVIDIA A100 80GB PCIe", 312e12, "bf16"),
+    ("NVIDIA L40S", 362.05e12, "bf16"), ("NVIDIA L4", 121e12, "bf16"), ("NVIDIA A10", 125e12, "bf16"),
+    ("Tesla V100-SXM2-32GB", 125e12, "fp16"), ("Tesla V100-PCIE-16GB", 112e12, "fp16"),
+    ("AMD Instinct MI300X", 1307.4e12, "bf16"),
+    ("Tesla T4", None, None), ("NVIDIA A10G", None, None), (None, None, None),
 ])
-def test_peak_table(name: str | None, peak: float | None) -> None:
+def test_peak_table(name: str | None, peak: float | None, dtype: str | None) -> None:
+    """Every GPU fleets run today, each with its precision and datasheet; "l4" is not "l40s", "a10" not "a100"."""
     assert peak_flops(name) == peak
+    entry = peak_of(name)
+    assert (entry.dtype if entry else None) == dtype
+    assert entry is None or "datasheet" in entry.source or "specifications" in entry.source or "data sheet" in entry.source
 
 
 def incident(conn: psycopg.Connection, kind: str, start_s: float, end_s: float | None, evidence: dict,
@@ -53,8 +65,9 @@ def test_tokens_mfu_and_goodput(conn: psycopg.Connection) -> None:
     assert e["tokens"] == 2e8 and e["samples"] == 1e5 and approx(e["tokens_per_s"], 2e8 / 3600)
     assert approx(e["tokens_per_kwh"], 2e8 / kwh) and approx(e["tokens_per_joule"], 2e8 / (kwh * KWH))
     assert approx(e["samples_per_kwh"], 1e5 / kwh)
-    assert e["gpu_model"] == "NVIDIA H100 80GB HBM3" and e["peak_flops"] == 8 * 989e12
-    assert approx(e["mfu"], 6 * 7e9 * (2e8 / 3600) / (8 * 989e12))
+    assert e["gpu_model"] == "NVIDIA H100 80GB HBM3" and e["peak_flops"] == 8 * 989.5e12
+    assert e["peak_dtype"] == "bf16" and "H100" in e["peak_sources"][0]
+    assert approx(e["mfu"], 6 * 7e9 * (2e8 / 3600) / (8 * 989.5e12)) and e["mfu_problem"] is None
     lost = 600 * 0.5 * 8 + 600 * 0.25 * 8 + 100
     assert approx(e["lost_gpu_hours"], lost / 3600) and approx(e["goodput"], 1 - lost / (8 * 3600))
 
@@ -90,3 +103,18 @@ def test_final_report_after_the_end_counts(conn: psycopg.Connection) -> None:
     progress(conn, 3610, 2e6)  # the job's last report lands after the scheduler's end
     assert run_accounting(conn, "r", now=at(9999), source="raw")["efficiency"]["tokens"] == 2e6
     assert run_accounting(conn, "r", now=at(9999), source="raw", until=at(3600))["efficiency"]["tokens"] == 1e6
+
+
+def test_an_mfu_above_one_is_not_reported_as_mfu_but_said_why(conn: psycopg.Connection) -> None:
+    """The issue's MFU of 13.41: a run whose params or token count are wrong (tokens counted per rank, say)
+    gets no MFU, and the reason names what to check."""
+    node(conn, "n1", 8, facts=H100)
+    run(conn, "r", 0, 3600, {"n1": range(8)}, params=70_000_000_000)
+    progress(conn, 3600, 2.5e10)  # 6.9 M tokens/s on 8 H100s: 13 times what they can compute
+    e = run_accounting(conn, "r", now=at(9999), source="raw")["efficiency"]
+    assert e["mfu"] is None and e["mfu_unchecked"] > 1
+    assert approx(e["mfu_unchecked"], 6 * 7e10 * (2.5e10 / 3600) / (8 * 989.5e12))
+    problem = e["mfu_problem"]
+    assert f"MFU {e['mfu_unchecked']:.2f} is above 1" in problem
+    for what in ("params (70,000,000,000)", "tokens", "NVIDIA H100 80GB HBM3: 989.5 TFLOP/s bf16"):
+        assert what in problem, (what, problem)

@@ -96,11 +96,11 @@ def test_each_incident_costs_its_own_gpu_time(conn: psycopg.Connection, source: 
     costs = incident_costs(conn, incs, now=at(10_000), source=source)  # type: ignore[arg-type]
     la, lb = costs[a], costs[b]
     assert la is not None and lb is not None
-    # A: 1200 GPU-s; 0.1 kWh GPU + 0.0333 kWh host, ×1.5 = 0.2 kWh; 0.04 USD energy + 0.67 compute
+    # A: 1200 GPU-s; 0.1 kWh GPU + 0.0333 kWh host, ×1.5 = 0.2 kWh; 0.04 USD energy + 0.6667 compute
     expect(la, 1200.0)
     assert la["gpus"] == 4 and la["span_s"] == 600.0 and la["lost_share"] == 0.5
     assert la["basis"] == "run_time_lost_share"
-    assert la["energy_cost"] == 0.04 and la["compute_cost"] == 0.67 and la["total_cost"] == 0.71
+    assert la["energy_cost"] == 0.04 and approx(la["compute_cost"], 2 / 3) and approx(la["total_cost"], 0.04 + 2 / 3)
     # B: 900 GPU-s; 0.075 + 0.025 kWh, ×1.5 = 0.15 kWh; 0.03 USD energy + 0.50 compute
     expect(lb, 900.0)
     assert lb["gpus"] == 2 and approx(lb["lost_share"], 0.75)
@@ -210,7 +210,7 @@ def test_api_incidents_and_run_accounting_carry_the_cost(api: Api) -> None:
         body = c.get("/v1/runs/r/accounting").json()
     assert listed[node_only]["lost"] is None
     expect(listed[a]["lost"], 1200.0)
-    assert listed[a]["lost"]["total_cost"] == 0.71
+    assert approx(listed[a]["lost"]["total_cost"], 0.04 + 2 / 3)
     assert one["lost"] == listed[b]["lost"] == of_run[b]["lost"]
     expect(one["lost"], 900.0)
     assert one["lost"]["total_cost"] == 0.53 and one["lost"]["gpus"] == 2

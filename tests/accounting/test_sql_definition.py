@@ -1,8 +1,8 @@
 """The accounting functions in the database are exactly the text of gpufleet.db.accounting_sql.
 
-Migration 0004 installs them from that module; a change to the module without a migration that
-replaces them (a ``_V2``) would leave databases on the old definition while the code reads the new
-one, so the installed bodies are compared with the module's.
+Migrations 0004, 0010, 0013 and 0014 install them from that module; a change to the module without a
+migration that replaces them would leave databases on the old definition while the code reads the new
+one, so the installed bodies are compared with the module's current ones (``CURRENT``).
 """
 
 from __future__ import annotations
@@ -16,25 +16,26 @@ from gpufleet.db import accounting_sql
 
 def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
     want = {}
-    for stmt in accounting_sql.INSTALL_V1:
+    for stmt in accounting_sql.CURRENT:
         m = re.search(r"CREATE FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", stmt, re.S)
         if m:
             want[m.group(1)] = m.group(2)
     assert set(want) == {"gpufleet_minor_units", "gpufleet_claim_energy", "gpufleet_site_periods",
-                         "gpufleet_energy_rates", "gpufleet_gpu_hour_prices", "gpufleet_accounting"}
+                         "gpufleet_energy_rates", "gpufleet_gpu_hour_prices", "gpufleet_accounting",
+                         "gpufleet_incident_accounting"}
     got = dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall())
     for name, body in want.items():
         assert got.get(name) == body, f"{name}: the database's definition differs from accounting_sql (migrate)"
 
 
 def test_installed_incident_accounting_is_the_modules(conn: psycopg.Connection) -> None:
-    """Migration 0010's function is the module's text: the run query over incidents' pieces."""
-    (stmt,) = accounting_sql.INSTALL_INCIDENTS_V1
+    """The incident accounting is the module's text: the run query over incidents' pieces."""
+    stmt = accounting_sql.INCIDENT_ACCOUNTING_V2
     m = re.search(r"CREATE FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", stmt, re.S)
     assert m and m.group(1) == "gpufleet_incident_accounting"
     got = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (m.group(1),)).fetchone()
     assert got is not None and got[0] == m.group(2), "the database's definition differs from accounting_sql (migrate)"
     # the priced part is the run query's own text, not a copy: everything from the claims on is shared
-    run_q = accounting_sql._variant(accounting_sql._QUERY, False)
+    run_q = accounting_sql._variant(accounting_sql._QUERY_V2, False)
     tail = run_q[run_q.index("-- claims summed together"):]
     assert tail in m.group(2)

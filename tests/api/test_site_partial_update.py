@@ -47,10 +47,11 @@ def test_cli_site_set_changes_one_setting_from_now(api: Api) -> None:
     after = _cost(api)
     for k in MONEY:  # the run is in the past: nothing of it changes
         assert after[k] == before[k], k
-    # the currency would relabel the run's amounts: refused in one line, nothing changed
+    # a currency alone would relabel the prices in force: refused in one line naming them, nothing changed
     r = CliRunner().invoke(app, ["site", "set", "lab-a", "--currency", "EUR", "--db", api.db])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "'demo-pretrain'" in r.output and "without converting" in r.output
+    assert "--currency" in r.output and "never converted" in r.output
+    assert "--price-per-kwh" in r.output and "--gpu-hour-price" in r.output
     assert _cost(api)["currency"] == "USD"
     # a new site from the CLI takes the defaults for what is not given, from the beginning
     r = CliRunner().invoke(app, ["site", "set", "lab-b", "--pue", "1.1", "--currency", "EUR", "--db", api.db])
@@ -83,7 +84,8 @@ def test_patch_changes_only_the_fields_given(api: Api) -> None:
         assert c.patch("/v1/sites/nowhere", json={"pue": 1.2}).status_code == 404
         assert c.patch("/v1/sites/lab-a", json={"colour": "red"}).status_code == 422
         r = c.patch("/v1/sites/lab-a", json={"currency": "EUR"})
-        assert r.status_code == 409 and "demo-pretrain" in r.json()["detail"]
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "currency"], r.text
+        assert "price_per_kwh" in r.json()["detail"][0]["msg"]
     with api.client("sre") as c:
         assert c.patch("/v1/sites/lab-a", json={"pue": 2.0}).status_code == 403
     after = _cost(api)

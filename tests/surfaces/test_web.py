@@ -159,10 +159,13 @@ def test_finance_lands_on_the_finance_page_and_sees_accounting_only(web: Web, br
     assert page.locator("tbody tr").count() == len(fleet.runs)
     assert page.locator("tbody a").count() == 0  # run pages are not theirs to open
     assert "EUR" in page.locator("tbody").inner_text()
-    for path in ("/", "/runs", "/runs/demo-pretrain", "/incidents"):
+    for path in ("/runs", "/runs/demo-pretrain", "/incidents"):
         response = page.goto(web.url + path)
         assert response.status == 403, path
         assert "may not open" in page.inner_text("main")
+    # the web view's own address is the finance page for them
+    response = page.goto(web.url + "/")
+    assert response.status == 200 and page.url == web.url + "/finance"
     # the 403 responses above are the only expected console noise
     assert [p for p in watch.problems if "403" not in p] == []
 
