@@ -120,3 +120,32 @@ def test_an_empty_database_beside_a_gpufleet_one_points_at_it(empty_db: str) -> 
     code, out = cli("runs", "list", "--db", empty_db)
     assert code == 2 and "hold gpufleet data" in out and "give --db postgresql://" in out, out
     assert len(out.strip().splitlines()) == 1
+
+
+def test_a_port_left_in_time_wait_counts_as_free_and_one_in_use_does_not() -> None:
+    """`gpufleet demo` restarted at once finds its port in TIME-WAIT; the servers bind it (SO_REUSEADDR), so it
+    is reused rather than swapped for a random one."""
+    import socket
+
+    from gpufleet.cli import port_free
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    assert not port_free(port)  # listening: in use
+    served.close()  # the server side closes first, so its end of the connection waits in TIME-WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    with socket.socket() as plain:
+        try:
+            plain.bind(("127.0.0.1", port))
+            in_time_wait = False
+        except OSError:
+            in_time_wait = True
+    assert in_time_wait, "the connection should have left the port in TIME-WAIT"
+    assert port_free(port)
