@@ -111,7 +111,7 @@ def listed_gpus(incident: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     GPU."""
     ev = incident.get("evidence") if isinstance(incident.get("evidence"), Mapping) else {}
     out: list[tuple[str, int]] = []
-    for key in ("gpus", "idle_gpus", "spinning_gpus"):
+    for key in ("gpus", "idle_gpus", "spinning_gpus", "dead_gpus"):
         items = ev.get(key) if isinstance(ev, Mapping) else None
         if not isinstance(items, list):
             continue
@@ -527,64 +527,91 @@ def _gpu_health(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
 
 def _since_text(ev: Mapping[str, Any], inc: Mapping[str, Any]) -> str:
     since = _str(ev, "idle_since") or _str(ev, "since")
+    if since is None:  # the earliest of the GPUs' own onsets
+        onsets = sorted(g["since"] for g in ev.get("gpus") or [] if isinstance(g, Mapping)
+                        and isinstance(g.get("since"), str))
+        since = onsets[0] if onsets else None
     if since:
         return since.replace("T", " ").replace("Z", " UTC")
     start = inc.get("start")
     return start.strftime("%Y-%m-%d %H:%M UTC") if isinstance(start, datetime) else "the incident's start"
 
 
+def _median(items: Sequence[Any], key: str) -> float | None:
+    vals = sorted(v for v in (_num(g, key) for g in items if isinstance(g, Mapping)) if v is not None)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2.0
+
+
 def _idle_allocation(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     gpus = listed_gpus(inc)
+    per_gpu = [g for g in ev.get("gpus") or [] if isinstance(g, Mapping)]
     total = _int(ev, "gpu_count")
-    idle_n = len(gpus) or _int(ev, "idle_gpu_count") or _int(ev, "gpus_idle")
+    idle_n = len(gpus) or _int(ev, "idle_gpus") or _int(ev, "idle_gpu_count")
     who = f"run {inc['run_id']}" if inc.get("run_id") else _where(inc)
-    count = f"{idle_n} of {total}" if idle_n and total else (str(idle_n) if idle_n else "Its")
-    s = f"{count} GPUs of {who} have done no work since {_since_text(ev, inc)}"
+    if idle_n and total:
+        count = f"all {total}" if idle_n == total else f"{idle_n} of {total}"
+    else:
+        count = str(idle_n) if idle_n else "the"
+    idle_s = _num(ev, "idle_s")
+    s = f"{count} GPUs of {who} have done no work since {_since_text(ev, inc)}" + \
+        (f" ({duration(idle_s)})" if idle_s is not None else "")
     if gpus:
         s += f": {_gpus_text(gpus)}"
-    idle_s = _num(ev, "idle_s")
-    util, power = _num(ev, "util_pct") or _num(ev, "mean_util_pct"), _num(ev, "power_w") or _num(ev, "mean_power_w")
-    detail = _join([f"utilisation {_pct100(util)}" if util is not None else "",
-                    f"{power:.0f} W drawn" if power is not None else ""])
+    util = _num(ev, "util_pct") if _num(ev, "util_pct") is not None else _median(per_gpu, "util_pct")
+    power = _num(ev, "power_w") if _num(ev, "power_w") is not None else _median(per_gpu, "power_w")
+    detail = _join([f"utilisation {_pct100(util, 0)}" if util is not None else "",
+                    f"{power:.0f} W each" if power is not None else ""])
     if detail:
         s += f" ({detail})"
+    s += ", billed and kept from other jobs"
     figures = [(label, value) for label, value in (
         ("idle GPUs", _gpus_text(gpus) if gpus else None), ("idle for", None if idle_s is None else duration(idle_s)),
-        ("utilisation", None if util is None else _pct100(util)), ("power", None if power is None else f"{power:.0f} W"))
-        if value is not None]
+        ("utilisation", None if util is None else _pct100(util, 0)),
+        ("power per GPU", None if power is None else f"{power:.0f} W")) if value is not None]
     return Explanation("Idle allocation", _sentence(s), tuple(figures), gpus)
 
 
 def _hung_collective(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     who = f"run {inc['run_id']}" if inc.get("run_id") else _where(inc)
-    gpus = listed_gpus(inc)
-    dead = None
-    for key in ("dead_gpu", "dead_rank", "stalled_gpu", "culprit_gpu", "silent_gpu"):
+    dead: list[str] = []
+    for key in ("dead_gpus", "dead_gpu", "dead_rank", "stalled_gpu"):
         v = ev.get(key)
-        ref = _gpu_ref(v, inc.get("node"))
-        if ref is not None:
-            dead = f"{ref[0]}/{ref[1]}"
+        for item in v if isinstance(v, list) else [v]:
+            ref = _gpu_ref(item, inc.get("node"))
+            if ref is not None:
+                dead.append(f"{ref[0]}/{ref[1]}")
+            elif isinstance(item, str) and item:
+                dead.append(item)
+        if dead:
             break
-        if isinstance(v, str | int) and not isinstance(v, bool):
-            dead = str(v)
-            break
-    spinning = [g for g in gpus if dead is None or f"{g[0]}/{g[1]}" != dead]
-    n_spin = len(spinning) or _int(ev, "spinning_gpus") or _int(ev, "spinning")
-    util, power = _num(ev, "util_pct") or _num(ev, "spin_util_pct"), _num(ev, "power_w") or _num(ev, "spin_power_w")
-    idle_w = _num(ev, "idle_power_w")
-    s = f"{who} is hung in a collective since {_since_text(ev, inc)}"
-    spin = f"{n_spin} GPUs" if n_spin else "its GPUs"
-    s += f": {spin} spin" + (f" at {_pct100(util, 0)} utilisation" if util is not None else "") + \
-        (f" while drawing only {power:.0f} W" if power is not None else " at idle power") + \
-        (f" (idle is {idle_w:.0f} W)" if idle_w is not None else "")
-    s += f", waiting on {'GPU ' + dead if dead else 'a rank that stopped'}" + \
-        (" which stopped making progress" if dead else "")
+    spin_items = [g for g in ev.get("spinning_gpus") or [] if isinstance(g, Mapping)]
+    spinning = [ref for ref in (_gpu_ref(g, inc.get("node")) for g in spin_items) if ref is not None]
+    n_spin = len(spinning) or _int(ev, "spinning_gpus")
+    util = _num(ev, "util_pct") if _num(ev, "util_pct") is not None else _median(spin_items, "util_pct")
+    power = _num(ev, "power_w") if _num(ev, "power_w") is not None else _median(spin_items, "power_w")
+    frac = _median(spin_items, "power_frac")
+    hung_s = _num(ev, "hung_s")
+    s = f"{who} is hung in a collective since {_since_text(ev, inc)}" + \
+        (f" ({duration(hung_s)})" if hung_s is not None else "")
+    s += f": {n_spin} GPUs spin" if n_spin else ": its GPUs spin"
+    if util is not None:
+        s += f" at {_pct100(util, 0)} utilisation"
+    if power is not None:
+        s += f" while drawing only {power:.0f} W" + (f" ({pct(frac)} of their power limit, idle power)"
+                                                    if frac is not None else " (idle power)")
+    else:
+        s += " at idle power"
+    s += ", waiting on " + (f"GPU {', '.join(dead)}, which stopped" if dead else "a rank that stopped")
     figures = [(label, value) for label, value in (
-        ("dead rank", dead), ("spinning GPUs", _gpus_text(spinning) if spinning else None),
+        ("dead rank", ", ".join(dead) or None), ("spinning GPUs", _gpus_text(spinning) if spinning else None),
+        ("hung for", None if hung_s is None else duration(hung_s)),
         ("utilisation while spinning", None if util is None else _pct100(util, 0)),
         ("power while spinning", None if power is None else f"{power:.0f} W"),
-        ("idle power", None if idle_w is None else f"{idle_w:.0f} W")) if value is not None]
-    return Explanation("Hung collective", _sentence(s), tuple(figures), gpus)
+        ("power against limit", None if frac is None else pct(frac))) if value is not None]
+    return Explanation("Hung collective", _sentence(s), tuple(figures), tuple(spinning) or listed_gpus(inc))
 
 
 def _generic(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:

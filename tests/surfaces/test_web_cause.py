@@ -86,16 +86,23 @@ def test_repeated_xids_are_decoded() -> None:
 
 
 def test_the_new_kinds_name_idle_gpus_and_the_dead_rank() -> None:
-    idle = explain(inc("idle_allocation", {"gpus": [{"node": "h100-06", "gpu": 2}, {"node": "h100-06", "gpu": 3}],
-                                           "gpu_count": 8, "idle_since": "2026-12-06T01:10:00Z", "idle_s": 1560.0},
-                       "idle", "demo-late"))
-    assert "2 of 8 GPUs of run demo-late have done no work since 2026-12-06 01:10:00 UTC" in idle.sentence
-    assert "h100-06/2,3" in idle.sentence and ("idle for", "26 min") in idle.figures
-    hung = explain(inc("hung_collective", {"spinning_gpus": ["n1/0", "n1/1", "n1/2"], "dead_gpu": "n1/3",
-                                           "util_pct": 100.0, "power_w": 95.0, "idle_power_w": 70.0}, None, "r1"))
-    for text in ("run r1 is hung in a collective", "3 GPUs spin at 100 % utilisation", "only 95 W",
-                 "waiting on GPU n1/3"):
+    idle = explain(inc("idle_allocation", {
+        "scope": "some", "gpu_count": 8, "idle_gpus": 2, "idle_s": 1560.0, "since_before_window": False,
+        "gpus": [{"node": "h100-06", "gpu": g, "since": "2026-12-06T01:10:00Z", "idle_s": 1560.0, "util_pct": 0.0,
+                  "power_w": 71.0, "mem_used_mib": 0.0} for g in (2, 3)]}, "some", "demo-late"))
+    assert "2 of 8 GPUs of run demo-late have done no work since 2026-12-06 01:10:00 UTC (26 min)" in idle.sentence
+    assert "h100-06/2,3" in idle.sentence and "71 W each" in idle.sentence and ("idle for", "26 min") in idle.figures
+    assert idle.gpus == (("h100-06", 2), ("h100-06", 3))
+    hung = explain(inc("hung_collective", {
+        "hung_s": 420.0, "since": "2026-12-06T01:30:00Z", "gpu_count": 4, "power_basis": "power_w",
+        "spinning_gpus": [{"node": "n1", "gpu": g, "util_pct": 100.0, "power_w": 95.0, "power_frac": 0.14,
+                           "sm_active": 0.99} for g in (0, 1, 2)],
+        "dead_gpus": ["n1/3"]}, None, "r1"))
+    for text in ("run r1 is hung in a collective since 2026-12-06 01:30:00 UTC (7 min)",
+                 "3 GPUs spin at 100 % utilisation", "only 95 W (14 % of their power limit, idle power)",
+                 "waiting on GPU n1/3, which stopped"):
         assert text.lower() in hung.sentence.lower(), (text, hung.sentence)
+    assert ("dead rank", "n1/3") in hung.figures and len(hung.gpus) == 3
 
 
 @pytest.mark.parametrize("kind", [*FORMATTERS, "some_future_kind"])
