@@ -114,7 +114,8 @@ def kubernetes_attribution(settings: AgentSettings, node: str) -> KubernetesAttr
             metadata = ApiServer(k.api_server, k.token_file, k.ca_file, timeout_s=k.timeout_s)
         except ApiError as e:
             log.warning("kubernetes attribution without pod metadata (pods are their own runs): %s", e)
-    resolver = RunResolver(k.run_id_key, tuple(k.run_kinds), tuple(k.team_labels), k.team_from_namespace)
+    resolver = RunResolver(k.run_id_key, tuple(k.run_kinds), tuple(k.team_labels), k.team_from_namespace,
+                           dict(k.team_map))
     return KubernetesAttribution(node, PodResourcesClient(k.pod_resources_socket, k.timeout_s), metadata, resolver,
                                  tuple(k.gpu_resources), k.refresh_s, k.metadata_refresh_s)
 

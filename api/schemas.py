@@ -114,15 +114,31 @@ class Allocation(Strict):
         return self
 
 
+_SLURM_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._@+\-]{0,127}$"
+
+
+class SlurmJob(Strict):
+    """Whose a Slurm job is, as its prolog saw it (``SLURM_JOB_ACCOUNT``, ``SLURM_JOB_USER``,
+    ``SLURM_JOB_PARTITION``, else ``sacct``): the run's ``slurm.*`` labels, and its team through
+    the ``teams`` settings when the registration names none."""
+
+    account: str | None = Field(None, pattern=_SLURM_NAME)
+    user: str | None = Field(None, pattern=_SLURM_NAME)
+    partition: str | None = Field(None, pattern=_SLURM_NAME)
+
+
 class RunCreate(Strict):
     run_id: str | None = Field(None, pattern=ID_PATTERN, description="generated when omitted")
     name: str | None = Field(None, max_length=256)
     site: str | None = Field(None, pattern=NAME_PATTERN)
-    team: str | None = Field(None, max_length=128)
+    team: str | None = Field(None, max_length=128, description="default: from the job's scheduler (slurm account, "
+                                                               "Kubernetes namespace) as the teams settings map it")
     start: UtcDatetime | None = Field(None, description="defaults to now")
     end: UtcDatetime | None = None
     params: int | None = Field(None, ge=1, le=BIGINT_MAX, description="model parameters, for MFU")
     labels: dict[str, str] = Field(default_factory=dict)
+    slurm: SlurmJob | None = Field(None, description="a Slurm job's account, user and partition (its prolog sends "
+                                                     "them; node tokens may)")
     allocations: list[Allocation] = Field(default_factory=list)
 
 

@@ -189,6 +189,20 @@ class AccountingSettings(BaseModel):
     gone_after_s: float = Field(86400.0, gt=0)
 
 
+class TeamSettings(BaseModel):
+    """The team a run is billed to when whoever registered it named none, from where the job came from
+    (gpufleet.teams): a Slurm job's account, a Kubernetes job's namespace, mapped by ``map``."""
+
+    model_config = {"extra": "forbid"}
+
+    #: Run labels read in order; the first one a run carries names its team.
+    from_labels: list[str] = Field(default_factory=lambda: ["slurm.account", "k8s.namespace"])
+    #: label -> {value -> team}: accounts, partitions or namespaces whose team has another name.
+    map: dict[str, dict[str, str]] = Field(default_factory=dict)
+    #: A value without an entry in ``map`` is the team's name itself (false: such a run has no team).
+    unmapped_is_team: bool = True
+
+
 class CarbonSource(BaseModel):
     """One carbon-intensity source the collector fetches on a schedule (gpufleet.carbon)."""
 
@@ -445,6 +459,8 @@ class KubernetesSettings(BaseModel):
     #: How often the kubelet is asked, seconds (it limits this API's request rate; a few seconds is light).
     refresh_s: float = Field(5.0, gt=0)
     #: How often the node's pod metadata is re-listed (new pods are read when first seen), seconds.
+    #: A team label's value or a namespace -> the team it belongs to (a namespace per project, say).
+    team_map: dict[str, str] = Field(default_factory=dict)
     metadata_refresh_s: float = Field(60.0, gt=0)
     #: Longest a kubelet or API server request may take, seconds.
     timeout_s: float = Field(2.0, gt=0)
@@ -623,6 +639,7 @@ class Settings(BaseSettings):
     carbon: CarbonSettings = CarbonSettings()
     remote_write: RemoteWriteSettings = RemoteWriteSettings()
     run_metrics: RunMetricsSettings = RunMetricsSettings()
+    teams: TeamSettings = Field(default_factory=TeamSettings)
 
     @model_validator(mode="after")
     def _production(self) -> Settings:

@@ -22,14 +22,16 @@ a job deleted and created again under the same name.  A pod's is
 API's 128 characters.
 
 The run's team is the first of ``team_labels`` found on the pod or its
-owners, else (``team_from_namespace``) the namespace; where the pods of one
-run disagree (a labelled master, unlabelled workers), a label wins.
+owners, else (``team_from_namespace``) the namespace, through ``team_map``
+where a label's value or a namespace is not the team's own name (a namespace
+per project of one team); where the pods of one run disagree (a labelled
+master, unlabelled workers), a label wins.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpufleet.agent.k8s.pods import ObjectInfo, OwnerRef
@@ -72,6 +74,8 @@ class RunResolver:
     run_kinds: Sequence[str] = DEFAULT_RUN_KINDS
     team_labels: Sequence[str] = ("gpufleet.io/team", "team")
     team_from_namespace: bool = True
+    #: A team label's value or a namespace -> its team (settings ``k8s.team_map``).
+    team_map: Mapping[str, str] = field(default_factory=dict)
 
     def resolve(self, pod: ObjectInfo, owner: Callable[[str, OwnerRef], ObjectInfo | None] | None = None) -> K8sRun:
         """The run of ``pod``; ``owner`` reads an owner object (None: owners are not read)."""
@@ -118,8 +122,9 @@ class RunResolver:
             for key in self.team_labels:
                 v = obj.labels.get(key)
                 if v:
-                    return v, True
-        return (chain[0].namespace if self.team_from_namespace and chain[0].namespace else None), False
+                    return self.team_map.get(v, v), True
+        ns = chain[0].namespace if self.team_from_namespace and chain[0].namespace else None
+        return (self.team_map.get(ns, ns) if ns else None), False
 
     @staticmethod
     def _labels(pod: ObjectInfo, top: ObjectInfo) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from gpufleet.api.deps import ConnDep, ProgressWriter, Reader, RunWriter
+from gpufleet.api.deps import ConnDep, ProgressWriter, Reader, RunWriter, StateDep
 from gpufleet.api.schemas import Progress, QueryTime, RunCreate, RunPublic, RunUpdate
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
@@ -47,9 +47,10 @@ def get_run(run_id: str, conn: ConnDep, _: Reader) -> dict:
 
 
 @router.post("", response_model=RunPublic, status_code=201, response_model_exclude_unset=True)
-def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Response) -> dict:
+def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Response, s: StateDep) -> dict:
     try:
-        run, created = store.create_run(conn, body.model_dump(exclude_unset=True), as_node=_as_node(who))
+        run, created = store.create_run(conn, body.model_dump(exclude_unset=True), as_node=_as_node(who),
+                                        teams=s.settings.teams)
     except (NotFound, Invalid) as e:
         raise HTTPException(422, str(e)) from None
     except Forbidden as e:

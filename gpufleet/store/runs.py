@@ -31,9 +31,11 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from gpufleet.config import TeamSettings
 from gpufleet.store import authority, inferred
 from gpufleet.store.authority import NODE_TIME_BOUND, REGISTERED_BY, Actor, Forbidden
 from gpufleet.store.run_model import overlaps_sql, state_sql
+from gpufleet.teams import slurm_labels, team_for
 
 __all__ = ["NODE_TIME_BOUND", "REGISTERED_BY", "Conflict", "Forbidden", "Invalid", "NotFound"]
 
@@ -192,14 +194,17 @@ def check_run_id(run_id: str) -> None:
 
 
 def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str | None = None,
-               now: datetime | None = None) -> tuple[dict[str, Any], bool]:
+               now: datetime | None = None, teams: TeamSettings | None = None) -> tuple[dict[str, Any], bool]:
     """Register a run; registering the same run again merges its allocations.
 
     Returns (run, created).  A second registration with a different start or
     site is a conflict (a scheduler hook on each node of a job registers the
     same run; they must agree).  An allocation that overlaps another run's is
     a conflict naming that run, the node and the GPU.  ``as_node``: the caller
-    is that node's token (:mod:`gpufleet.store.authority`).
+    is that node's token (:mod:`gpufleet.store.authority`).  A ``slurm`` block
+    (the job's account, user and partition, as its prolog saw them) becomes the
+    run's ``slurm.*`` labels, and without a ``team`` the team ``teams`` maps them
+    to (:mod:`gpufleet.teams`).
     """
     now = now or datetime.now(UTC)
     who = authority.as_node(as_node)
@@ -214,6 +219,8 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
     authority.check_create(who, {**spec, "run_id": run_id}, now)
     if who.is_node:
         labels = {REGISTERED_BY: f"node:{as_node}"}
+    labels.update(slurm_labels(spec.get("slurm")))
+    team = spec.get("team") or team_for(labels, teams)
     try:
         with conn.transaction():
             if who.is_node and spec.get("site") is not None:
@@ -223,7 +230,7 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
             cur = conn.execute(
                 'INSERT INTO runs (run_id, name, site, team, start, "end", params, labels) '
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
-                (run_id, spec.get("name"), spec.get("site"), spec.get("team"), start, end, spec.get("params"),
+                (run_id, spec.get("name"), spec.get("site"), team, start, end, spec.get("params"),
                  Jsonb(labels)),
             )
             created = cur.fetchone() is not None
