@@ -652,9 +652,29 @@ def _series(buf: _Buf, columns: tuple[str, ...], names: dict[bytes, list[str]], 
 
 
 def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[RunInfo]:
-    """Runs overlapping [t_start, t_end) (epoch seconds), on the detectors' clock."""
-    return [RunInfo.of(r) for r in run_model.load_runs(conn, since=datetime.fromtimestamp(t_start, UTC),
+    """Runs overlapping [t_start, t_end) (epoch seconds), on the detectors' clock, with the progress
+    they reported from the last report before ``t_start`` on (what a hang is judged by)."""
+    runs = [RunInfo.of(r) for r in run_model.load_runs(conn, since=datetime.fromtimestamp(t_start, UTC),
                                                          until=datetime.fromtimestamp(t_end, UTC))]
+    if not runs:
+        return runs
+    lo, hi = datetime.fromtimestamp(t_start, UTC), datetime.fromtimestamp(t_end, UTC)
+    rows = conn.execute(
+        """SELECT p.run_id, extract(epoch FROM p.time)::float8, p.tokens FROM run_progress p
+           WHERE p.run_id = ANY(%s) AND p.tokens IS NOT NULL AND p.time <= %s
+             AND p.time >= coalesce((SELECT max(q.time) FROM run_progress q
+                                     WHERE q.run_id = p.run_id AND q.time < %s AND q.tokens IS NOT NULL), %s)
+           ORDER BY p.run_id, p.time""",
+        ([r.run_id for r in runs], hi, lo, lo)).fetchall()
+    by: dict[str, list[tuple[float, float]]] = {}
+    for run_id, t, tokens in rows:
+        by.setdefault(run_id, []).append((float(t), float(tokens)))
+    for r in runs:
+        pts = by.get(r.run_id)
+        if pts:
+            r.progress_t = np.array([t for t, _ in pts])
+            r.progress_tokens = np.array([k for _, k in pts])
+    return runs
 
 
 def load_facts(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:

@@ -294,6 +294,15 @@ class DetectSettings(DetectorConfig):
     #: Alertmanager base URL for direct pushes (None: export metrics only).
     alertmanager_url: str | None = None
 
+    @model_validator(mode="after")
+    def _durations_fit_the_window(self) -> DetectSettings:
+        # A detector sees one window: a condition it must see last longer than that is never seen.
+        for name in ("idle_min_s", "hung_min_s"):
+            if getattr(self, name) > self.window_s:
+                raise ValueError(f"{name} ({getattr(self, name):g} s) must not exceed window_s "
+                                 f"({self.window_s:g} s): each sweep sees one window")
+        return self
+
 
 class QuarantineSettings(BaseModel):
     """Take a failing node out of scheduling and put it back once it passes (on, in dry run, by default).

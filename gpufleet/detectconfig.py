@@ -158,6 +158,46 @@ class DetectorConfig(BaseModel):
     #: Smallest share of the run's time lost to pauses worth reporting.
     ckpt_min_lost_share: Share = 0.03
 
+    # --- idle allocation --------------------------------------------------------
+    #: A run's GPUs doing no work this long are an idle allocation, seconds: past
+    #: any model load, evaluation or checkpoint pause, and a notebook or a dead
+    #: loader worth a person's look (Slurm job monitors flag GPUs idle for 10 min+).
+    idle_min_s: Positive = 600.0
+    #: No work: GPU-Util at most this (no kernel ran in the driver's sample
+    #: period; a monitoring probe's blips stay below it), percent ...
+    idle_util_pct: Percent = 5.0
+    #: ... or, without GPU-Util, SM activity at most this.
+    idle_sm_active: Share = 0.02
+    #: Share of the stretch that must read idle: an ``nvidia-smi`` or a probe
+    #: waking the GPU for a sample does not end an idle allocation.
+    idle_min_share: Share = 0.95
+
+    # --- hung collective ---------------------------------------------------------
+    #: Every working rank spinning with no progress this long is a hang, seconds:
+    #: a checkpoint's waiting ranks spin for seconds to a couple of minutes, and
+    #: NCCL's own watchdog waits 10 to 30 minutes before it aborts.
+    hung_min_s: Positive = 300.0
+    #: Spinning: a kernel resident (GPU-Util at least this, percent) ...
+    hung_util_pct: Percent = 90.0
+    #: ... doing no work: SM activity at most this where DCGM reports it (NCCL
+    #: keeps ~0.18 of the SMs "active" while it polls) ...
+    hung_max_sm_active: Share = 0.3
+    #: ... and board power at most this fraction of the GPU's reference (its
+    #: limit, its model's board power, or its run's busy level): an H100
+    #: spinning draws ~110-160 W of 700 W, a V100 ~60 W of 300 W.
+    hung_max_power_frac: Share = 0.3
+    #: Where no reference exists (no limit, model or busy history), power at most
+    #: this many times the idle power of the run's ranks that run nothing is
+    #: idle-level (spinning: 1.3-1.8 times idle on H100, A100, V100 and A10;
+    #: training: 3 times and more); an idle allocation's peers must draw more
+    #: than this to count as working.
+    hung_idle_power_ratio: Positive = 2.0
+    #: Share of the stretch each rank must read spinning (or dead).
+    hung_min_share: Share = 0.9
+    #: At least this share of the run's GPUs must spin (one at least): a run
+    #: whose GPUs all run nothing is idle, not hung.
+    hung_min_spinning_share: Share = 0.5
+
     # --- straggler ------------------------------------------------------------
     #: Features are compared over the last this many seconds of the run.
     straggler_eval_s: Positive = 180.0

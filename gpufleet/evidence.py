@@ -37,6 +37,8 @@ PCIE_DEGRADED = "pcie_degraded"
 HOST_MISCONFIG = "host_misconfig"
 NVLINK_DEGRADED = "nvlink_degraded"
 GPU_HEALTH = "gpu_health"
+IDLE_ALLOCATION = "idle_allocation"
+HUNG_COLLECTIVE = "hung_collective"
 
 
 # --- as written --------------------------------------------------------------------------------------------
@@ -293,10 +295,60 @@ class GpuHealthEvidence(TypedDict):
     xid_meanings: NotRequired[dict[str, XidMeaning]]
 
 
+class IdleGpu(TypedDict):
+    """A GPU of an idle allocation: which, since when (RFC 3339), and what it read meanwhile."""
+
+    node: str
+    gpu: int
+    since: str
+    idle_s: float
+    util_pct: float | None
+    power_w: float | None
+    mem_used_mib: float | None
+
+
+class IdleAllocationEvidence(TypedDict):
+    #: ``all``: every GPU of the run idles; ``some``: these idle while the others work.
+    scope: Literal["all", "some"]
+    gpus: list[IdleGpu]
+    idle_gpus: int
+    gpu_count: int
+    #: Seconds the longest-idle GPU has been idle (at least, when it idled before the window).
+    idle_s: float
+    #: The idling began before the window in view: ``since`` is the earliest time seen.
+    since_before_window: bool
+    activity_basis: str
+
+
+class SpinningGpu(TypedDict):
+    node: str
+    gpu: int
+    util_pct: float | None
+    power_w: float | None
+    power_frac: float | None
+    sm_active: float | None
+
+
+class HungCollectiveEvidence(TypedDict):
+    #: Seconds every working rank has spun with no progress (at least, when it began before the window).
+    hung_s: float
+    since: str
+    spinning_gpus: list[SpinningGpu]
+    #: Ranks that run no kernel at all among the spinners: the rank that died or blocked.
+    dead_gpus: list[str]
+    gpu_count: int
+    #: What told spinning from work: ``power_frac`` (limit, model or busy history), ``dead_rank_power``
+    #: (the spinners' power next to the dead ranks' idle power) or ``sm_active``.
+    power_basis: str
+    #: Tokens the run reported over the stretch (None: the run reports no progress).
+    progress_tokens: float | None
+    activity_basis: str
+
+
 #: Every shape a finding's evidence takes (a GPU throttled on its own has no ``gpus``).
 Evidence = (StarvationEvidence | CheckpointStallEvidence | StragglerEvidence | ThrottlingEvidence
             | ThrottlingGpuEvidence | PcieDegradedEvidence | HostSettingsEvidence | RepeatedXidEvidence | NvlinkDegradedEvidence
-            | GpuHealthEvidence)
+            | GpuHealthEvidence | IdleAllocationEvidence | HungCollectiveEvidence)
 
 #: Each kind's evidence as written: the ``TypedDict`` (or, for ``host_misconfig``, those) a finding of it fits.
 EVIDENCE_TYPES: Mapping[str, tuple[Any, ...]] = {
@@ -308,6 +360,8 @@ EVIDENCE_TYPES: Mapping[str, tuple[Any, ...]] = {
     HOST_MISCONFIG: (HostSettingsEvidence, RepeatedXidEvidence),
     NVLINK_DEGRADED: (NvlinkDegradedEvidence,),
     GPU_HEALTH: (GpuHealthEvidence,),
+    IDLE_ALLOCATION: (IdleAllocationEvidence,),
+    HUNG_COLLECTIVE: (HungCollectiveEvidence,),
 }
 
 
@@ -492,6 +546,46 @@ class StoredGpuHealth(TypedDict, total=False):
     xid_meanings: dict[str, XidMeaning]
 
 
+class StoredIdleGpu(TypedDict, total=False):
+    node: str
+    gpu: int
+    since: str
+    idle_s: float
+    util_pct: float | None
+    power_w: float | None
+    mem_used_mib: float | None
+
+
+class StoredIdleAllocation(TypedDict, total=False):
+    scope: Literal["all", "some"]
+    gpus: list[StoredIdleGpu]
+    idle_gpus: int
+    gpu_count: int
+    idle_s: float
+    since_before_window: bool
+    activity_basis: str
+
+
+class StoredSpinningGpu(TypedDict, total=False):
+    node: str
+    gpu: int
+    util_pct: float | None
+    power_w: float | None
+    power_frac: float | None
+    sm_active: float | None
+
+
+class StoredHungCollective(TypedDict, total=False):
+    hung_s: float
+    since: str
+    spinning_gpus: list[StoredSpinningGpu]
+    dead_gpus: list[str]
+    gpu_count: int
+    power_basis: str
+    progress_tokens: float | None
+    activity_basis: str
+
+
 class LostTime(TypedDict, total=False):
     """What the loss model reads from a ``starvation`` or ``checkpoint_stall`` incident (contracts.md
     section 3.2): ``gpu_time_lost_share``, else ``run_time_lost_share``, else 1 - ``duty_cycle``."""
@@ -511,6 +605,8 @@ STORED_TYPES: Mapping[str, Any] = {
     HOST_MISCONFIG: StoredHostMisconfig,
     NVLINK_DEGRADED: StoredNvlinkDegraded,
     GPU_HEALTH: StoredGpuHealth,
+    IDLE_ALLOCATION: StoredIdleAllocation,
+    HUNG_COLLECTIVE: StoredHungCollective,
 }
 
 

@@ -194,7 +194,11 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     lengths = np.array([p[1] - p[0] for p in pauses])
     # A pause still under way at the window's end has no known length yet.
     done = np.array([b < hi - edge for _, b in pauses])
-    pause_s = float(np.median(lengths[done] if done.any() else lengths))
+    if not done.any():
+        # A pause still under way is not yet a checkpoint: a rank that died while its peers spin
+        # looks the same until the pause ends, and then it is a hang (hung_collective).
+        return None
+    pause_s = float(np.median(lengths[done]))
     period: float | None = None
     if len(pauses) >= 2:
         spacing = np.diff(starts)

@@ -3,7 +3,9 @@
 A detector is ``detect(window, config, frame=None) -> list[Finding]``: a pure
 function of the window.  The sweep builds the shared :class:`Frame` once and
 runs each detector on its own; one that raises is logged and reported in the
-result, and the others still run.
+result, and the others still run.  Their findings then pass
+:func:`~gpufleet.collector.detectors.arbitration.arbitrate`: one explanation per
+lost GPU-second.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from gpufleet.collector.detectors import (
     checkpoint_stall,
     gpu_health,
     host_misconfig,
+    hung_collective,
+    idle_allocation,
     nvlink_degraded,
     pcie_degraded,
     starvation,
     straggler,
     throttling,
 )
+from gpufleet.collector.detectors.arbitration import arbitrate
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
@@ -44,6 +49,8 @@ DETECTORS: Mapping[str, Detector] = {
     host_misconfig.KIND: host_misconfig.detect,
     nvlink_degraded.KIND: nvlink_degraded.detect,
     gpu_health.KIND: gpu_health.detect,
+    idle_allocation.KIND: idle_allocation.detect,
+    hung_collective.KIND: hung_collective.detect,
 }
 
 
@@ -89,6 +96,8 @@ def run_detectors(
             result.failures.append(DetectorFailure(name, repr(e)))
         t0, t1 = t1, time.perf_counter()
         result.seconds[name] = t1 - t0
+    # One explanation per lost second: what a higher-ranked finding explains, no other kind reports.
+    result.findings = arbitrate(result.findings, window.t_end)
     return result
 
 

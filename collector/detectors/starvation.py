@@ -349,6 +349,16 @@ def _judge_run(
     cause, basis = _cause(job, pressure)
     if cause not in ("cpu", "io"):
         return None
+    # GPUs held low while the hosts write in a burst are a checkpoint being written (its pause may
+    # still be under way, so the checkpoint detector has not claimed it yet), not a starving loader.
+    wb = write_burst(window, nodes, [(onset, window.t_end)], window.t_start, window.t_end)
+    if wb is not None and wb.is_burst(cfg):
+        return None
+    # Ranks that spin while one or a few run nothing wait on those ranks (a writer, a dead rank),
+    # not on their input.
+    blk = checkpoint_stall.blocking(fr, rows, [(onset, window.t_end)])
+    if blk.writer is not None and blk.spinning >= 1:
+        return None
     since = [(fr.row_slice(int(r)), fr.row_times(int(r)) >= onset) for r in lows]
     acts = np.concatenate([fr.activity[s][m] for s, m in since])
     wts = np.concatenate([fr.w[s][m] for s, m in since])

@@ -58,6 +58,21 @@ class RunInfo:
     allocations: list[GpuKey]
     name: str | None = None
     site: str | None = None
+    #: Progress the run reported (``gpufleet-client``): report times (epoch seconds) and cumulative
+    #: tokens, ascending; empty when it reports none.  A hang shows as no tokens for that long.
+    progress_t: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    progress_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def tokens_between(self, lo: float, hi: float) -> float | None:
+        """Tokens reported over ``[lo, hi]`` (None: no report at or before ``lo`` and one after it)."""
+        t = self.progress_t
+        if t.size == 0:
+            return None
+        a = int(np.searchsorted(t, lo, side="right")) - 1
+        b = int(np.searchsorted(t, hi, side="right")) - 1
+        if a < 0 or b <= a:
+            return None
+        return float(self.progress_tokens[b] - self.progress_tokens[a])
 
     @classmethod
     def of(cls, run: Run) -> RunInfo:

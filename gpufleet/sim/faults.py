@@ -82,15 +82,40 @@ class StarvationIo(_RunTarget):
 
 
 class CheckpointStall(_RunTarget):
-    """Every ``period_s`` all the run's GPUs idle ``duration_s`` while state is written."""
+    """Every ``period_s`` the run stops ``duration_s`` while its state is written.
+
+    ``writer``: rank 0 writes (no kernel) while the other ranks spin in the
+    next collective waiting for it (GPU-Util ~100 %, idle power): a plain
+    ``torch.save`` on rank 0.  ``sharded``: every rank copies its shard to the
+    host and writes it at once (FSDP / distributed checkpointing): all ranks
+    idle together, each with a device-to-host PCIe burst."""
 
     kind: Literal["checkpoint_stall"]
+    mode: Literal["writer", "sharded"] = "writer"
     period_s: Range = (300.0, 900.0)
     duration_s: Range = (25.0, 90.0)
     #: Delay of the first stall after training starts (default: one period).
     first_after_s: Range | None = None
     disk_write_bytes_s: Range = (1.0e9, 3.0e9)
     net_tx_bytes_s: Range = (0.4e9, 1.5e9)
+
+
+class IdleAllocation(_RunTarget):
+    """The run holds GPUs that do no work: all of them (a notebook left open, a job whose data
+    loader died while the process lives on) or ``pick`` of them (a job that asked for 8 and uses 6)."""
+
+    kind: Literal["idle_allocation"]
+    #: Idle this many of the run's GPUs, chosen by seed (default: all of them).
+    pick: int | None = Field(None, ge=1)
+
+
+class HungCollective(_RunTarget):
+    """A rank dies or blocks and every other rank spins in the collective waiting for it until
+    the timeout: GPU-Util ~100 %, idle power, near-zero SM activity, no progress."""
+
+    kind: Literal["hung_collective"]
+    #: Ranks that died or blocked (no kernel at all), chosen by seed; 0: every rank spins.
+    dead_ranks: int = Field(1, ge=0)
 
 
 class PowerCap(_GpuTarget):
@@ -225,7 +250,7 @@ class SampleGap(_Fault):
 
 
 FaultSpec = Annotated[
-    StarvationCpu | StarvationIo | CheckpointStall | PowerCap | Thermal | HwSlowdown | PowerBrake | ClockLock
+    StarvationCpu | StarvationIo | CheckpointStall | IdleAllocation | HungCollective | PowerCap | Thermal | HwSlowdown | PowerBrake | ClockLock
     | PcieDegraded | Xid | CounterReset | SampleGap | NvlinkDown | NvlinkFallback | NvlinkErrors | EccSbe | EccDbe
     | RowRemapFailure | PcieReplay,
     Field(discriminator="kind"),

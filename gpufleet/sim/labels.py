@@ -45,8 +45,12 @@ PCIE_DEGRADED = "pcie_degraded"
 HOST_MISCONFIG = "host_misconfig"
 NVLINK_DEGRADED = "nvlink_degraded"
 GPU_HEALTH = "gpu_health"
+IDLE_ALLOCATION = "idle_allocation"
+HUNG_COLLECTIVE = "hung_collective"
 KINDS = (STARVATION, STRAGGLER, CHECKPOINT_STALL, THROTTLING, PCIE_DEGRADED, HOST_MISCONFIG, NVLINK_DEGRADED,
-         GPU_HEALTH)
+         GPU_HEALTH, IDLE_ALLOCATION, HUNG_COLLECTIVE)
+#: Kinds that explain a run's lost time: on a run stopped for one reason, none of the others.
+RUN_TIME_KINDS = (STARVATION, CHECKPOINT_STALL, STRAGGLER, IDLE_ALLOCATION, HUNG_COLLECTIVE)
 
 #: Allowed causes per kind (contracts.md section 2; host_misconfig is ours).
 CAUSES: dict[str, tuple[str | None, ...]] = {
@@ -54,6 +58,8 @@ CAUSES: dict[str, tuple[str | None, ...]] = {
     THROTTLING: ("power_cap", "thermal", "hw_slowdown", "power_brake"),
     STRAGGLER: ("power_cap", "thermal", "pcie_degraded", "clocks", "unknown"),
     CHECKPOINT_STALL: (None,),
+    IDLE_ALLOCATION: (None,),
+    HUNG_COLLECTIVE: (None,),
     PCIE_DEGRADED: (None,),
     HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "numa_affinity", "nfs_stall", "repeated_xid"),
     NVLINK_DEGRADED: ("links_down", "pcie_fallback", "link_errors"),
@@ -287,9 +293,30 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
             writer = plan.gpus[int(run.gpu_idx[0])] if run is not None and run.gpu_idx.size else None
             lab.incidents.append(Incident(
                 CHECKPOINT_STALL, None, pairs[0][0], pairs[-1][1], run_id=c.run_id, fault="checkpoint_stall",
-                evidence={"period_s": c.period_s, "duration_s": c.duration_s,
-                          "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None else None,
+                evidence={"period_s": c.period_s, "duration_s": c.duration_s, "mode": c.mode,
+                          "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None and c.mode == "writer"
+                          else None,
                           "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
+            # Over a checkpoint's pauses the ranks wait on the writer: not input starvation, not a hang.
+            lab.hard_negatives.append(HardNegative(
+                "checkpoint_pause", [STARVATION, HUNG_COLLECTIVE, IDLE_ALLOCATION], pairs[0][0], pairs[-1][1],
+                run_id=c.run_id, detail={"mode": c.mode, "duration_s": c.duration_s}))
+    for i in plan.idles:
+        gpus = [{"node": plan.gpus[g].node, "gpu": plan.gpus[g].gpu} for g in i.gpu_idx.tolist()]
+        lab.incidents.append(Incident(
+            IDLE_ALLOCATION, None, i.start, i.end, run_id=i.run_id, fault="idle_allocation",
+            evidence={"gpus": gpus, "whole_run": i.whole_run, "note": i.note}))
+        lab.hard_negatives.append(HardNegative(
+            "idle_run", [k for k in RUN_TIME_KINDS if k != IDLE_ALLOCATION], i.start, i.end, run_id=i.run_id,
+            detail={"gpus": gpus}))
+    for h in plan.hangs:
+        dead = [{"node": plan.gpus[g].node, "gpu": plan.gpus[g].gpu} for g in h.dead.tolist()]
+        lab.incidents.append(Incident(
+            HUNG_COLLECTIVE, None, h.start, h.end, run_id=h.run_id, fault="hung_collective",
+            evidence={"dead_gpus": dead, "note": h.note}))
+        lab.hard_negatives.append(HardNegative(
+            "hung_run", [k for k in RUN_TIME_KINDS if k != HUNG_COLLECTIVE], h.start, h.end, run_id=h.run_id,
+            detail={"dead_gpus": dead}))
 
 
 #: Host-wide user CPU at which a host counts as CPU-saturated (the detectors' default).
@@ -479,13 +506,15 @@ def _negatives(plan: FleetPlan, lab: Labels) -> None:
     for r in plan.runs:
         end = r.end_or(plan.t_end)
         if r.train_start > r.start:
-            lab.hard_negatives.append(HardNegative("warmup", [STARVATION, CHECKPOINT_STALL, STRAGGLER],
+            lab.hard_negatives.append(HardNegative("warmup", [STARVATION, CHECKPOINT_STALL, STRAGGLER,
+                                                              IDLE_ALLOCATION, HUNG_COLLECTIVE],
                                                    r.start, min(r.train_start, end), run_id=r.run_id,
                                                    detail={"warmup_s": r.workload.warmup_s}))
         if r.evals:
             pairs = r.evals.pairs()
             lab.hard_negatives.append(HardNegative(
-                "eval_pause", [STARVATION, CHECKPOINT_STALL], pairs[0][0], pairs[-1][1], run_id=r.run_id,
+                "eval_pause", [STARVATION, CHECKPOINT_STALL, IDLE_ALLOCATION, HUNG_COLLECTIVE], pairs[0][0],
+                pairs[-1][1], run_id=r.run_id,
                 detail={"period_s": r.workload.eval_period_s,
                         "pauses": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
         if r.workload.kind == "serving":

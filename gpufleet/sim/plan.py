@@ -141,6 +141,32 @@ class CheckpointPlan:
     stalls: IntervalSet
     disk_write_bytes_s: float
     net_tx_bytes_s: float
+    #: ``writer`` (rank 0 writes, the others spin) or ``sharded`` (every rank copies its shard out).
+    mode: str = "writer"
+
+
+@dataclass
+class IdlePlan:
+    """GPUs of a run that do no work over ``[start, end)`` (all of the run's, or a pick)."""
+
+    run_id: str
+    start: float
+    end: float
+    gpu_idx: np.ndarray
+    #: Every GPU of the run: the run makes no progress at all.
+    whole_run: bool
+    note: str | None = None
+
+
+@dataclass
+class HangPlan:
+    """A run stuck in a collective over ``[start, end)``: ``dead`` ranks run nothing, the others spin."""
+
+    run_id: str
+    start: float
+    end: float
+    dead: np.ndarray
+    note: str | None = None
 
 
 @dataclass
@@ -193,6 +219,8 @@ class FleetPlan:
     node_gaps: dict[str, IntervalSet]
     #: Per GPU index: when it is missing (driver reload).
     gpu_gaps: dict[int, IntervalSet]
+    idles: list[IdlePlan] = field(default_factory=list)
+    hangs: list[HangPlan] = field(default_factory=list)
 
     def gpu_index(self, node: str, gpu: int) -> int:
         return self.nodes[node].gpu_idx[gpu]
@@ -309,6 +337,21 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
         _add_starvation(plan, f, by_run[f.run_id], rng, start, end)
     elif isinstance(f, fs.CheckpointStall):
         _add_checkpoint(plan, f, by_run[f.run_id], rng, start, end)
+    elif isinstance(f, fs.IdleAllocation):
+        run = by_run[f.run_id]
+        pool = run.gpu_idx
+        if f.pick is not None and f.pick < pool.size:
+            pool = np.sort(rng.choice(pool, size=f.pick, replace=False))
+        s0, e0 = max(start, run.start), min(end, run.end_or(plan.t_end), plan.t_end)
+        if e0 > s0:
+            plan.idles.append(IdlePlan(run.run_id, s0, e0, np.asarray(pool, dtype=np.intp),
+                                       pool.size == run.gpu_idx.size, f.note))
+    elif isinstance(f, fs.HungCollective):
+        run = by_run[f.run_id]
+        dead = np.sort(rng.choice(run.gpu_idx, size=min(f.dead_ranks, run.gpu_idx.size), replace=False))
+        s0, e0 = max(start, run.train_start), min(end, run.end_or(plan.t_end), plan.t_end)
+        if e0 > s0:
+            plan.hangs.append(HangPlan(run.run_id, s0, e0, np.asarray(dead, dtype=np.intp), f.note))
     elif isinstance(f, fs.SampleGap):
         end = min(end, plan.t_end)
         plan.node_gaps[f.node] = plan.node_gaps.get(f.node, IntervalSet()).union(IntervalSet([(start, end)]))
@@ -412,7 +455,7 @@ def _add_checkpoint(plan: FleetPlan, f: fs.CheckpointStall, run: RunPlan, rng: n
         stalls.append((t, min(t + d, end)))
         t += period
     plan.checkpoints.append(CheckpointPlan(run.run_id, start, end, period, length, IntervalSet(stalls),
-                                           draw(rng, f.disk_write_bytes_s), draw(rng, f.net_tx_bytes_s)))
+                                           draw(rng, f.disk_write_bytes_s), draw(rng, f.net_tx_bytes_s), f.mode))
 
 
 def _finish_runs(plan: FleetPlan) -> None:

@@ -155,9 +155,13 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
     # A checkpoint is written by rank 0 while the other ranks spin in the
     # next collective, waiting for it: the blocked-rank signature of real
     # synchronous jobs (writer idle; peers at ~100 % GPU-Util, idle power).
+    # A sharded checkpoint (FSDP / distributed checkpointing) has every rank copy its shard out at
+    # once: all ranks idle together, each with its own device-to-host burst.
+    f_sharded = min(f_ckpt, _sharded_share(plan, run, a, b) / dt)
     if f_ckpt > 0.0:
         frac[idx[:1], st.IDLE] += f_ckpt
-        frac[idx[1:], st.WAIT] += f_ckpt
+        frac[idx[1:], st.WAIT] += f_ckpt - f_sharded
+        frac[idx[1:], st.IDLE] += f_sharded
     frac[idx, st.RAMP] += f_ramp
     frac[idx, st.EVAL] += f_eval
 
@@ -200,12 +204,62 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         out.pcie_rx_bytes_s[idx] += f_load * np.minimum(mem_target * MIB / load_len, link)
     if f_ckpt > 0:
         ckpt_rate = CHECKPOINT_STATE_SHARE * mem_target * MIB / max(run.stalls.total() / max(len(run.stalls), 1), 1.0)
-        out.pcie_tx_bytes_s[idx] += f_ckpt * np.minimum(ckpt_rate, link)
+        # The writer copies the whole state; a sharded checkpoint has each rank copy its own shard.
+        tx = np.minimum(ckpt_rate, link)
+        out.pcie_tx_bytes_s[idx[:1]] += f_ckpt * tx[:1]
+        out.pcie_tx_bytes_s[idx[1:]] += f_sharded * tx[1:]
     out.pcie_rx_bytes_s[idx] += f_eval * np.minimum(0.5 * input_rx, link)
 
     _host_side(plan, run, starvations, b, f_train + f_starve, f_load, f_ramp, f_ckpt, f_eval, host, node_index,
                gpu_node)
+    stopped = _idle_and_hung(plan, run, a, b, out)
+    if timing is not None and stopped > 0.0:
+        timing = StepTiming(timing.steps * (1.0 - stopped), timing.compute_s, timing.comm_s, timing.step_s)
     return timing
+
+
+def _sharded_share(plan: FleetPlan, run: RunPlan, a: float, b: float) -> float:
+    """Seconds of ``(a, b]`` the run spends in sharded checkpoints."""
+    return sum(c.stalls.covered_in(a, b) for c in plan.checkpoints if c.run_id == run.run_id and c.mode == "sharded")
+
+
+def _override(out: GpuTick, gpus: np.ndarray, share: float, state: int) -> None:
+    """Put ``gpus`` in ``state`` for ``share`` of the tick, whatever the rest of the layout said."""
+    if share <= 0.0 or gpus.size == 0:
+        return
+    keep = 1.0 - share
+    out.frac[gpus] *= keep
+    out.frac[gpus, state] += share
+    out.pcie_rx_bytes_s[gpus] *= keep
+    out.pcie_tx_bytes_s[gpus] *= keep
+    out.nvlink_bytes_s[gpus] *= keep
+
+
+def _idle_and_hung(plan: FleetPlan, run: RunPlan, a: float, b: float, out: GpuTick) -> float:
+    """Lay idle allocations and hung collectives over the tick; return the share of it in which the
+    run made no progress at all (every GPU idle, or stuck in the collective)."""
+    dt = b - a
+    stopped = 0.0
+    for h in plan.hangs:
+        if h.run_id != run.run_id:
+            continue
+        f = min(1.0, max(0.0, min(b, h.end) - max(a, h.start)) / dt)
+        if f <= 0.0:
+            continue
+        spinners = run.gpu_idx[~np.isin(run.gpu_idx, h.dead)]
+        _override(out, h.dead, f, st.IDLE)
+        _override(out, spinners, f, st.WAIT)
+        stopped = max(stopped, f)
+    for i in plan.idles:
+        if i.run_id != run.run_id:
+            continue
+        f = min(1.0, max(0.0, min(b, i.end) - max(a, i.start)) / dt)
+        if f <= 0.0:
+            continue
+        _override(out, i.gpu_idx, f, st.IDLE)
+        if i.whole_run:
+            stopped = max(stopped, f)
+    return stopped
 
 
 def _nvlink_ratio(inp: RunTickInputs, idx: np.ndarray) -> np.ndarray:

@@ -35,7 +35,11 @@ from gpufleet.db.scratch import scratch_database
 from gpufleet.evidence import (
     EVIDENCE_TYPES,
     STORED_TYPES,
+    IdleGpu,
+    SpinningGpu,
     StarvationEvidence,
+    StoredIdleGpu,
+    StoredSpinningGpu,
     StoredThrottledGpu,
     ThrottledGpu,
     fits,
@@ -43,7 +47,7 @@ from gpufleet.evidence import (
     read_lost_time,
 )
 from gpufleet.sim import write_bundle
-from tests.detectors.builders import GpuSpec, noisy, run_window, steady
+from tests.detectors.builders import GpuSpec, noisy, run_window, steady, times
 
 #: Scenarios that together raise every kind, and each shape of one (both starvation patterns, a run's
 #: throttled GPUs and a lone one, node settings and repeated XIDs, every NVLink and GPU-health cause).
@@ -63,6 +67,13 @@ def built_windows() -> list[Window]:
         w = run_window([spec, spec])
         w.runs = []
         out.append(w)
+    # GPUs held and not working: a whole run idle, two of eight unused, and ranks spinning round a dead one.
+    long = times(900)
+    out.append(run_window([GpuSpec(steady(0.0)) for _ in range(4)], t=long))
+    out.append(run_window([GpuSpec(steady(0.85)) for _ in range(6)] + [GpuSpec(steady(0.0)) for _ in range(2)],
+                          t=long))
+    out.append(run_window([GpuSpec(steady(0.0))] + [GpuSpec(steady(0.08), extra={"util_pct": steady(100.0)})
+                                                    for _ in range(7)], t=long))
     return out
 
 
@@ -104,6 +115,8 @@ def _shape(f: Finding) -> str:
         return f"starvation/{ev['pattern']}"
     if f.kind == "throttling":
         return "throttling/run" if "gpus" in ev else "throttling/gpu"
+    if f.kind == "idle_allocation":
+        return f"idle_allocation/{ev['scope']}"
     return f"{f.kind}/{f.cause}"
 
 
@@ -130,7 +143,8 @@ def test_the_scenarios_raise_every_kind_and_shape(findings: list[Finding]) -> No
                   "host_misconfig/repeated_xid", "host_misconfig/cpu_quota", "host_misconfig/numa_affinity",
                   "host_misconfig/nfs_stall", "nvlink_degraded/links_down", "nvlink_degraded/pcie_fallback",
                   "nvlink_degraded/link_errors", "gpu_health/uncorrectable_ecc", "gpu_health/correctable_ecc",
-                  "gpu_health/pcie_replay", "gpu_health/row_remap_pending", "gpu_health/row_remap_failed"):
+                  "gpu_health/pcie_replay", "gpu_health/row_remap_pending", "gpu_health/row_remap_failed",
+                  "idle_allocation/all", "idle_allocation/some", "hung_collective/None"):
         assert seen[shape] > 0, (shape, sorted(seen))
 
 
@@ -172,7 +186,7 @@ def test_a_wrong_declaration_fails(findings: list[Finding]) -> None:
 
 def test_stored_views_declare_the_written_keys_and_types() -> None:
     """Each kind's stored view is its written shapes with every key optional (nothing more, nothing less)."""
-    swap = {ThrottledGpu: StoredThrottledGpu}
+    swap = {ThrottledGpu: StoredThrottledGpu, IdleGpu: StoredIdleGpu, SpinningGpu: StoredSpinningGpu}
     for kind, shapes in EVIDENCE_TYPES.items():
         written: dict[str, Any] = {}
         for tp in shapes:
