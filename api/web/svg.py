@@ -20,6 +20,9 @@ from gpufleet.api.web.html import Markup, esc, h
 #: pages (a chart per node), never with a colour used twice in one chart.
 PALETTE = ("#1f77b4", "#ffa600", "#2ca02c", "#e6194b", "#000075", "#f032e6", "#42d4f4", "#9a6324",
            "#bcbd22", "#7f7f7f", "#bc5090", "#1b9e77", "#4363d8", "#ff9896", "#dcbeff", "#000000")
+#: Height of an incident's bar along the top of a chart, and how many lanes of them before they repeat, px.
+LANE_H = 6
+MAX_LANES = 6
 #: Round steps for time ticks, seconds.
 TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
               2 * 86400, 7 * 86400)
@@ -119,16 +122,22 @@ def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float 
         anchor = "start" if xx - left < 20 else ("end" if left + pw - xx < 20 else "middle")
         parts.append(f'<line class="grid" x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}"/>')
         parts.append(f'<text class="tick" x="{xx:.1f}" y="{height - 8}" text-anchor="{anchor}">{esc(label)}</text>')
+    # each incident: a light shade over its stretch, and a bar of its own in a lane along the top, so that
+    # incidents that overlap stay told apart
     shades: list[str] = []
+    lane = 0
     for sp in spans:
         a, b = max(sp.start, t0), min(sp.end if sp.end is not None else t1, t1)
         if b < a or sp.start > t1:
             continue
         xa, xb = x(a), max(x(b), x(a) + 2.0)
-        cls = "span critical" if sp.severity == "critical" else "span warning"
-        rect = (f'<rect class="{cls}" x="{xa:.1f}" y="{top}" width="{xb - xa:.1f}" height="{ph}">'
-                f"<title>{esc(sp.label)}</title></rect>")
+        sev = "critical" if sp.severity == "critical" else "warning"
+        tip = f"<title>{esc(sp.label)}</title>"
+        rect = (f'<rect class="span {sev}" x="{xa:.1f}" y="{top}" width="{xb - xa:.1f}" height="{ph}">{tip}</rect>'
+                f'<rect class="lane {sev}" x="{xa:.1f}" y="{top + 1 + LANE_H * lane:.1f}" width="{xb - xa:.1f}" '
+                f'height="{LANE_H - 1}">{tip}</rect>')
         shades.append(f'<a href="{esc(sp.href)}">{rect}</a>' if sp.href else rect)
+        lane = (lane + 1) % MAX_LANES
     parts.append(f'<text class="unit" x="4" y="{top + 10}">{esc(unit)}</text>')
     gap = 3.0 * step_s if step_s else None
     legend: list[str] = []
@@ -156,7 +165,7 @@ def line_chart(title: str, series: Sequence[Series], unit: str, *, y_max: float 
     for sp in spans:
         if sp.start <= t1 and (sp.end is None or sp.end >= t0):
             cls = "critical" if sp.severity == "critical" else "warning"
-            item = (f'<svg width="10" height="10" aria-hidden="true"><rect class="span {cls}" width="10" '
+            item = (f'<svg width="10" height="10" aria-hidden="true"><rect class="lane {cls}" width="10" '
                     f'height="10"/></svg>{esc(sp.label)}')
             legend.append(f'<li class="span-key"><a href="{esc(sp.href)}">{item}</a></li>' if sp.href
                           else f'<li class="span-key">{item}</li>')

@@ -108,6 +108,8 @@ def test_incident_spans_are_shaded_and_link_to_the_incident() -> None:
     assert svg is not None
     root = ET.fromstring(svg.group(0))
     (a,) = root.findall("a")
-    rect = a.find("rect")
-    assert a.get("href") == "/incidents/7" and rect is not None and rect.get("class") == "span critical"
-    assert float(rect.get("x", 0)) > 56 and "#7 Starved &lt;cpu&gt;" in out
+    shade, bar = a.findall("rect")
+    assert a.get("href") == "/incidents/7" and shade.get("class") == "span critical" and bar.get("class") == \
+        "lane critical"
+    assert float(shade.get("x", 0)) > 56 and "#7 Starved &lt;cpu&gt;" in out
+    assert "<figcaption>U</figcaption>" in out  # the chart keeps its own title
