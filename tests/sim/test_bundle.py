@@ -89,7 +89,7 @@ def test_columns_follow_the_metric_catalog() -> None:
     # The catalog's ecc_dbe_vol keeps its contract name in bundles.
     assert [canonical_gpu_name(c) for c in GPU_CSV_COLUMNS[3:]] == gpu_catalog
     assert "ecc_dbe" in GPU_CSV_COLUMNS and "ecc_dbe_vol" not in GPU_CSV_COLUMNS
-    assert list(HOST_CSV_COLUMNS[2:]) == [f.name for f in HOST_FIELDS]
+    assert list(HOST_CSV_COLUMNS[2:]) == [f.name for f in HOST_FIELDS if f.bundle]
 
 
 def test_every_file_is_there_and_every_value_parses(demo_bundle: Path) -> None:
