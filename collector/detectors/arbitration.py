@@ -10,7 +10,8 @@ which keeps, of the findings of one run that claim the same seconds, the one
 each second in):
 
 * a run-scoped finding claims every GPU of its run; ``idle_allocation`` of
-  some GPUs claims those; a GPU-scoped finding claims its GPU;
+  some GPUs claims those; a GPU-scoped finding claims its GPU, except that a
+  straggler's lost seconds are its peers' waits, never a throttled GPU's own;
 * ``checkpoint_stall`` claims, besides its run's time, its writer and blocking
   ranks as GPUs: a straggler found on them is the checkpoint's;
 * two findings claim the same seconds when their spans (start to last active)
@@ -66,6 +67,9 @@ def _claims_same(hi: Finding, lo: Finding, now: float) -> bool:
     if a0 > b1 or b0 > a1:
         return False
     g_hi, g_lo = _gpus(hi), _gpus(lo)
+    if hi.kind == "straggler" and lo.kind == "throttling":
+        # A straggler's lost seconds are its peers' waits; a throttled GPU's are its own slow clocks.
+        return False
     if hi.kind == "checkpoint_stall" and lo.kind == "straggler":
         # A checkpoint's run-wide claim is its pauses; of its GPUs, only its writer looks like a straggler.
         return isinstance(g_lo, set) and bool(g_lo & _named_ranks(hi))
