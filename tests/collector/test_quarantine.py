@@ -179,7 +179,7 @@ def test_a_trigger_back_in_the_hold_down_keeps_the_node(conn: psycopg.Connection
 
 
 def test_a_failed_check_quarantines_and_its_pass_releases(conn: psycopg.Connection, slurm: FakeSlurm) -> None:
-    failing = {"checks_status": "fail", "checks": [
+    failing: dict[str, Any] = {"checks_status": "fail", "checks": [
         {"check": "pcie_link", "subject": "gpu3", "status": "fail", "finding": "link trained at Gen3 x16 of Gen5 x16 "
          "under load"},
         {"check": "cpu_governor", "subject": "node", "status": "fail", "finding": "powersave"}]}
