@@ -474,7 +474,7 @@ class Quarantine:
                              f"{s.max_nodes_per_hour}); acted on when the budget allows", {})
         if s.dry_run:
             call = self.backend.call(node, reason)
-            log.warning("quarantine (dry run): would %s %s: %s; %s", action, node, reason, call)
+            log.info("quarantine (dry run): would %s %s: %s; %s", action, node, reason, call)
             record = self._log(conn, node, now, action, DRY_RUN, reason, triggers, f"dry run: would {action} {node}",
                                call)
         else:
@@ -541,7 +541,7 @@ class Quarantine:
         triggers = list(state["triggers"] or [])
         if state["dry_run"] or s.dry_run:
             call = self.backend.release_call(node)
-            log.warning("quarantine (dry run): would %s %s: %s", action, node, reason)
+            log.info("quarantine (dry run): would %s %s: %s", action, node, reason)
             record = self._log(conn, node, now, action, DRY_RUN, reason, triggers, f"dry run: would {action} {node}",
                                call)
         else:

@@ -252,7 +252,7 @@ def test_hardware_xids_do_quarantine(conn: psycopg.Connection, slurm: FakeSlurm)
 def test_dry_run_only_logs_and_records(conn: psycopg.Connection, slurm: FakeSlurm,
                                        caplog: pytest.LogCaptureFixture) -> None:
     inc = incident(conn, "n8")
-    with caplog.at_level(logging.WARNING, logger="gpufleet.collector.quarantine"):
+    with caplog.at_level(logging.INFO, logger="gpufleet.collector.quarantine"):
         slurm_hooks(dry_run=True).run(conn, NOW)
     assert slurm.calls() == []
     (rec,) = actions(conn, inc)
