@@ -143,10 +143,13 @@ def put_pue(site: str, body: PueSeries, conn: ConnDep, _: Admin) -> dict:
     return {"site": site, "points": n}
 
 
-@router.get("/v1/carbon/{region}")
+@router.get("/v1/carbon/{region}", description="A region's carbon-intensity points, with what the series is: "
+                                                "`method` (average or marginal; null if never recorded), `name` and "
+                                                "`provider`.")
 def get_carbon(region: str, conn: ConnDep, _: AccountingReader, since: Annotated[QueryTime | None, Query(alias="from")] = None,
                until: Annotated[QueryTime | None, Query(alias="to")] = None) -> dict:
-    return {"region": region, "points": store.get_carbon(conn, region, since, until)}
+    return {"region": region, **store.carbon_region(conn, region),
+            "points": store.get_carbon(conn, region, since, until)}
 
 
 @router.put("/v1/carbon/{region}", description="Points of a region's carbon-intensity step series (each holds until "

@@ -352,6 +352,12 @@ def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetim
     return len(points)
 
 
+def carbon_region(conn: psycopg.Connection, region: str) -> dict[str, Any]:
+    """What a region's series is, as recorded: ``method``, ``name``, ``provider`` (None when never recorded)."""
+    row = conn.execute("SELECT method, name, provider FROM carbon_regions WHERE region = %s", (region,)).fetchone()
+    return dict(zip(("method", "name", "provider"), row or (None, None, None), strict=True))
+
+
 def get_carbon(conn: psycopg.Connection, region: str, since: datetime | None = None,
                until: datetime | None = None) -> list[dict[str, Any]]:
     sql = "SELECT time, g_co2e_per_kwh FROM carbon_intensity WHERE region = %s"

@@ -84,3 +84,29 @@ def test_a_currency_change_holds_from_its_time_and_splits_a_run_across_it(api: A
     assert by[("across", "EUR")]["total_cost"] == 2.2 and by[("across", "USD")]["total_cost"] == 2.75
     assert approx(fleet["runs"]["costs_by_currency"]["USD"]["total_cost"], 2.75)
     assert approx(fleet["runs"]["costs_by_currency"]["EUR"]["total_cost"], 2.2 + 2.2)
+
+
+def test_a_carbon_series_says_whether_it_is_average_or_marginal(api: Api) -> None:
+    """Which carbon method a series uses is recorded with it and reported (issue 35 item 4)."""
+    with api.client("admin") as c:
+        r = c.put("/v1/carbon/CAISO", json={"method": "marginal", "name": "California (CAISO)",
+                                              "points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 420.0}]})
+        assert r.status_code == 200, r.text
+        assert c.put("/v1/carbon/DE", json={"points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 380.0}]}
+                     ).status_code == 200
+        assert c.put("/v1/carbon/DE", json={"method": "hourly", "points": [
+            {"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 380.0}]}).status_code == 422
+        assert c.put("/v1/sites/ca", json={"price_per_kwh": 0.2, "currency": "USD", "carbon_region": "CAISO"}
+                     ).status_code == 200
+    with api.client("finance") as c:
+        got = c.get("/v1/carbon/CAISO").json()
+        assert (got["method"], got["name"], got["provider"]) == ("marginal", "California (CAISO)", "api")
+        assert c.get("/v1/carbon/DE").json()["method"] == "average"  # a first series without one: average
+    with psycopg.connect(api.db, autocommit=True) as conn:
+        node(conn, "n1", 1, "ca")
+        run(conn, "r", 0, 3600, {"n1": [0]}, site_name="ca")
+        gpu_samples(conn, constant_power("n1", [0], 500.0, 0, 3600))
+    with api.client("finance") as c:
+        body = c.get("/v1/runs/r/accounting").json()
+    assert body["carbon_method"] == "marginal"
+    assert body["carbon_series"] == [{"region": "CAISO", "method": "marginal", "name": "California (CAISO)"}]
