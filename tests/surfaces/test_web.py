@@ -125,7 +125,12 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
     listed = page.locator("tbody tr td:first-child a").all_inner_texts()
     assert sorted(listed) == sorted(fleet.runs)
     pretrain = page.locator("tbody tr", has_text="demo-pretrain").inner_text()
-    assert "EUR" in pretrain and "checkpoint stall" in pretrain and "straggler" in pretrain
+    with psycopg.connect(web.db) as conn:
+        pretrain_open = [(i, k) for i, k in conn.execute(
+            "SELECT id, kind FROM incidents WHERE state = 'open' AND run_id = 'demo-pretrain'").fetchall()]
+    assert "EUR" in pretrain and pretrain_open and "checkpoint stall" in pretrain
+    for iid, kind in pretrain_open:  # each open incident of the run, named and linked from its row
+        assert f"#{iid} {kind.replace('_', ' ')}" in pretrain
     assert page.locator(".notice").count() == 0, "accounting should be available"
 
     page.click("text=demo-pretrain")
@@ -137,7 +142,7 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
         assert charts.nth(i).locator("ul.legend li.span-key").count() >= 1  # the run's incidents, shaded
         assert charts.nth(i).locator("polyline").count() >= 16
     incidents = page.locator("section:has(h2:text('Incidents')) tbody").inner_text()
-    assert "Straggler" in incidents and "Checkpoint stalls" in incidents
+    assert "Checkpoint stalls" in incidents and all(f"#{iid} " in incidents for iid, _ in pretrain_open)
     assert "kWh" in page.locator("section:has(h2:text('Accounting so far'))").inner_text()
 
     page.click("nav >> text=Incidents")
