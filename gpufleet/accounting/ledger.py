@@ -43,6 +43,11 @@ from gpufleet.waste import PRECEDENCE, STATES, state_of
 FIELDS = ("gpu_hours", "gpu_kwh", "facility_kwh", "co2e_kg", "total_cost")
 
 _RANK = {state: i for i, state in enumerate(PRECEDENCE)}
+#: Keys and pieces priced per call of ``gpufleet_incident_accounting``: the query reads a key's
+#: allocations by scanning every key's, so its time grows faster than the keys; whole runs go in
+#: batches of about this many (bench/accounting.py).
+PRICE_BATCH_KEYS = 200
+PRICE_BATCH_PIECES = 20_000
 
 
 @dataclass(frozen=True)
@@ -178,15 +183,22 @@ def losses(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, 
     """Each run's ``lost_to_incidents`` line and (``with_ledger``) its ledger over its accounted window,
     from one read of the runs' incidents and one pricing call."""
     claims = window_claims(conn, runs, windows, now=now)
+    priced: dict[str, Line] = {}
     keyed: dict[str, list[Piece]] = {}
+    pieces = 0
     for run in runs:
         mine = claims.get(run.run_id, [])
         keyed["L" + run.run_id] = lost_pieces(mine)
+        pieces += len(keyed["L" + run.run_id])
         if with_ledger:
             stated = [(s, p) for kind, ps in mine if (s := state_of(kind)) is not None for p in ps]
             for state, p in explain(stated):
                 keyed.setdefault(_key(state, run.run_id), []).append(p)
-    priced = price(conn, keyed, now, max_gap_s=max_gap_s, source=source)
+                pieces += 1
+        if len(keyed) >= PRICE_BATCH_KEYS or pieces >= PRICE_BATCH_PIECES:
+            priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source))
+            keyed, pieces = {}, 0
+    priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source))
     lost = {run.run_id: {"incidents": len(claims.get(run.run_id, [])), **figures(priced.get("L" + run.run_id))}
             for run in runs}
     ledgers = {run.run_id: ledger_of(run_lines[run.run_id], {s: priced.get(_key(s, run.run_id)) for s in PRECEDENCE})

@@ -93,3 +93,16 @@ def test_finance_report_columns_per_run_team_and_total(conn: psycopg.Connection)
     assert everything["waste_cost"] == "" and everything["idle_cost"] == ""
     rep = finance_report(conn, *period, group_by="team", now=now, source="raw").body()
     assert set(LEDGER_COLUMNS) <= set(rep["columns"]) and "waste_cost" in rep["rows"][0]
+
+
+def test_pricing_in_batches_changes_nothing(conn: psycopg.Connection, monkeypatch: Any) -> None:
+    """Runs are priced in batches of keys (gpufleet.accounting.ledger.PRICE_BATCH_KEYS): one run per call
+    gives the same bodies as all of them in one."""
+    from gpufleet.accounting import account_runs, ledger, load_runs
+
+    wasteful(conn)
+    runs = load_runs(conn, ["pretrain", "eval", "vision"])
+    whole = account_runs(conn, runs, now=at(5400), source="raw")
+    monkeypatch.setattr(ledger, "PRICE_BATCH_KEYS", 1)
+    assert account_runs(conn, runs, now=at(5400), source="raw") == whole
+    assert any(b["ledger"]["idle"]["gpu_hours"] > 0 for b in whole)
