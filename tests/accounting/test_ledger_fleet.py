@@ -105,4 +105,4 @@ def test_pricing_in_batches_changes_nothing(conn: psycopg.Connection, monkeypatc
     whole = account_runs(conn, runs, now=at(5400), source="raw")
     monkeypatch.setattr(ledger, "PRICE_BATCH_KEYS", 1)
     assert account_runs(conn, runs, now=at(5400), source="raw") == whole
-    assert any(b["ledger"]["idle"]["gpu_hours"] > 0 for b in whole)
+    assert any((b["ledger"]["idle"]["gpu_hours"] or 0) > 0 for b in whole)
