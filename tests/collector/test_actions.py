@@ -33,7 +33,7 @@ from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import QuarantineSettings, RunActionSettings, Settings
 from gpufleet.serverthread import serve
 from gpufleet.testing.certs import TestCA
-from tests.collector.test_quarantine import FakeSlurm
+from tests.collector.test_quarantine import FakeSlurm, actions
 
 NOW = 1_800_000_000.0
 
@@ -80,12 +80,6 @@ def incident(conn: psycopg.Connection, run_id: str, kind: str = "idle_allocation
         (kind, f"{kind}|{run_id}|{time.monotonic_ns()}", run_id, cause, NOW - started_s_ago, NOW)).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def actions(conn: psycopg.Connection, inc: int) -> list[dict[str, Any]]:
-    row = conn.execute("SELECT actions FROM incidents WHERE id = %s", (inc,)).fetchone()
-    assert row is not None
-    return list(row[0])
 
 
 def slurm_actions(**kw: Any) -> RunActions:
