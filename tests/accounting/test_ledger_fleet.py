@@ -106,3 +106,17 @@ def test_pricing_in_batches_changes_nothing(conn: psycopg.Connection, monkeypatc
     monkeypatch.setattr(ledger, "PRICE_BATCH_KEYS", 1)
     assert account_runs(conn, runs, now=at(5400), source="raw") == whole
     assert any((b["ledger"]["idle"]["gpu_hours"] or 0) > 0 for b in whole)
+
+
+def test_the_api_serves_the_fleets_waste(api: Any) -> None:
+    with psycopg.connect(api.db, autocommit=True) as conn:
+        wasteful(conn)
+    with api.client("finance") as c:
+        view = c.get("/v1/accounting", params={"from": "2026-12-01", "to": "2026-12-02", "group_by": "team"}).json()
+        rows = c.get("/v1/reports/finance.json", params={"from": "2026-12-01", "to": "2026-12-02",
+                                                         "group_by": "team"}).json()["rows"]
+    lm = next(g for g in view["groups"] if g["key"] == "lm")
+    assert set(lm["ledger"]) == set(STATES) and lm["waste"]["gpu_hours"] > 0 and lm["waste"]["total_cost"] > 0
+    assert view["unallocated"]["ledger"] is None and view["unallocated"]["waste"] is None
+    team = next(r for r in rows if r["row_type"] == "team" and r["key"] == "lm")
+    assert team["waste_gpu_hours"] == lm["waste"]["gpu_hours"] and team["idle_gpu_hours"] > 0
