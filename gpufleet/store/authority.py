@@ -26,13 +26,17 @@ What a node may do, and why each bound is where it is:
   admin, the CLI or the collector registered, never changes name, team,
   params, labels or start, and never reopens with ``end: null``;
 * adopt a run the collector inferred from its own GPUs' samples (register its
-  id), keeping its start;
+  id), keeping its start; a registration of its own takes GPUs from inferred
+  runs that are running or just ended, never from a closed one (the
+  overlap is refused);
 * report progress of a run holding a GPU of its node, at a time near now;
 * through its samples (:mod:`gpufleet.store.inferred`): add its GPUs to an
-  inferred run only when it showed them from the run's start
-  (:data:`SIGHTING_JOIN_WINDOW`), never move that start, and extend or end
-  it only from its own allocated GPUs' samples; a batch names at most a
-  bounded number of runs (``ingest.max_runs_per_batch``);
+  inferred run only while it runs and only when it showed them from the
+  run's start (:data:`SIGHTING_JOIN_WINDOW`), never move that start, and
+  extend or end it only from its own allocated GPUs' samples; once an
+  inferred run ended, samples about the past never change it (only samples
+  of now reopen it: the job is back); a batch names at most a bounded number
+  of runs (``ingest.max_runs_per_batch``);
 * never set a label the server owns (:func:`is_server_label`), from the API
   or from its node facts.
 
@@ -250,12 +254,22 @@ def check_progress(who: Actor, run: Mapping[str, Any], t: datetime, now: datetim
                         f"({now.isoformat()}), not {t.isoformat()}")
 
 
+def closed_before(who: Actor, now: datetime) -> datetime | None:
+    """For a node's registration: inferred runs that ended before this are closed and never give way to it
+    (their bill stands); None for an admin, whose registration always wins."""
+    return now - END_SKEW if who.is_node else None
+
+
 # -- what samples may make of inferred runs -------------------------------------------------------
 
 
-def sighting_refusal(run_start: datetime, first_seen: datetime) -> str | None:
+def sighting_refusal(run_start: datetime, first_seen: datetime, run_end: datetime | None = None) -> str | None:
     """Why a GPU a node's samples show on an existing inferred run may not become one of its allocations
-    (None: it may).  Allocations hold from the run's start, so only a GPU shown from then is in it."""
+    (None: it may).  Allocations hold from the run's start, so only a GPU shown from then is in it; and
+    a run that has ended is closed: its bill stands, it gains no GPU."""
+    if run_end is not None:
+        return (f"the run ended at {run_end.isoformat()} before samples showed this GPU; a closed run gains "
+                "no GPUs")
     if first_seen < run_start - SIGHTING_JOIN_WINDOW:
         return (f"shown from {first_seen.isoformat()}, before the run began ({run_start.isoformat()}); "
                 "samples never move an inferred run's start")

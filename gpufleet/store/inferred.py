@@ -17,8 +17,10 @@ run.  :class:`Inferrer` runs on the collector's leader each sweep interval:
   GPU that turns up hours later, are ``refused`` with the reason, counted and
   logged; a new run starts where most of its GPUs' first samples agree;
 * an inferred run ends at its last sample once no GPU has shown it for
-  ``grace_s``; a sighting after that (samples shipped late, pods back after
-  a restart) moves the end again, or reopens it while still recent;
+  ``grace_s``; samples shipped late that continue it (none of its GPUs
+  silent longer than the grace after its end) move the end, or reopen it
+  while still recent; samples after a longer gap (pods back hours later, an
+  old spool) leave a closed run's window and bill as they were;
 * a running inferred run registered before its node's facts arrived takes
   their name, team and labels when they do.
 
@@ -119,6 +121,17 @@ def last_sample(conn: psycopg.Connection, run_id: str, last_seen: datetime) -> d
     return max(last_seen, row[0]) if row and row[0] is not None else last_seen
 
 
+def continues(conn: psycopg.Connection, run_id: str, end: datetime, grace: timedelta) -> bool:
+    """Whether the run's own GPUs showed it again within ``grace`` of its ``end``: late samples that
+    continue the run, not a return after a gap (its allocated GPUs' samples, by the samples' index)."""
+    row = conn.execute(
+        "SELECT min(t) FROM run_sightings s CROSS JOIN LATERAL (SELECT min(g.time) AS t FROM gpu_samples g "
+        "WHERE g.node = s.node AND g.gpu = s.gpu AND g.run_id = s.run_id AND g.time > %s "
+        "AND g.time <= %s) m WHERE s.run_id = %s AND s.status IN ('allocated', 'moved')",
+        (end, end + grace, run_id)).fetchone()
+    return bool(row and row[0] is not None)
+
+
 def _conflict_message(e: psycopg.Error) -> str:
     diag = getattr(e, "diag", None)
     return (getattr(diag, "message_primary", None) or str(e)).strip()
@@ -192,7 +205,8 @@ class Inferrer:
             # Samples only ever add GPUs shown from the run's start (an existing run's, or for a new run
             # the start most of its GPUs agree on); the others are refused, with the reason.
             start = run[1] if run is not None else densest_start([r[3] for r in rows])
-            refused = [(r, why) for r in rows if (why := sighting_refusal(start, r[3])) is not None]
+            ended = run[2] if run is not None else None
+            refused = [(r, why) for r in rows if (why := sighting_refusal(start, r[3], ended)) is not None]
             if refused and (run is None or run[0] == "inferred") and not (run and ENDED_BY in (run[3] or {})):
                 for r, why in refused:
                     self._mark(conn, run_id, [(r[1], int(r[2]))], "refused", why)
@@ -275,8 +289,10 @@ class Inferrer:
         conn.execute("UPDATE run_sightings SET status = 'allocated' WHERE status = 'moved' AND run_id = ANY(%s)",
                      ([r[0] for r in rows],))
         for run_id, end, last in rows:
+            if end is not None and not continues(conn, run_id, end, self.grace):
+                continue  # samples after a gap: a closed run's window and bill stand
             if now - last <= self.grace:
-                want = None
+                want = None  # shown now, and never silent longer than the grace: still running
             elif end is not None and end >= last:
                 continue  # ended at (or after) the last sighting already
             else:
@@ -299,12 +315,14 @@ class Inferrer:
 
 
 def yield_to(conn: psycopg.Connection, run_id: str, start: datetime, end: datetime | None,
-             gpus: Sequence[tuple[str, int]]) -> list[str]:
+             gpus: Sequence[tuple[str, int]], closed_before: datetime | None = None) -> list[str]:
     """Inferred runs holding any of ``gpus`` during [start, end) give way to the registered run ``run_id``.
 
     One that began earlier ends at ``start``; one that began at or after
     ``start`` gives those GPUs up (and is deleted when it holds no GPU any
     more).  Runs in the caller's transaction; returns the inferred runs changed.
+    ``closed_before`` (a node's registration): runs that ended before it are
+    closed and do not give way (the database then refuses the overlap).
     """
     if not gpus:
         return []
@@ -312,8 +330,9 @@ def yield_to(conn: psycopg.Connection, run_id: str, start: datetime, end: dateti
         "SELECT r.run_id, r.start, a.node, a.gpu FROM run_allocations a JOIN runs r ON r.run_id = a.run_id "
         "WHERE r.source = 'inferred' AND r.run_id <> %s "
         "AND (a.node, a.gpu) IN (SELECT * FROM unnest(%s::text[], %s::int2[])) "
-        "AND tstzrange(r.start, r.\"end\", '[)') && tstzrange(%s, %s, '[)') ORDER BY r.run_id, a.node, a.gpu",
-        (run_id, [g[0] for g in gpus], [g[1] for g in gpus], start, end)).fetchall()
+        "AND tstzrange(r.start, r.\"end\", '[)') && tstzrange(%s, %s, '[)') "
+        "AND (%s::timestamptz IS NULL OR r.\"end\" IS NULL OR r.\"end\" >= %s) ORDER BY r.run_id, a.node, a.gpu",
+        (run_id, [g[0] for g in gpus], [g[1] for g in gpus], start, end, closed_before, closed_before)).fetchall()
     changed = []
     for other, items in groupby(rows, key=lambda r: r[0]):
         held = list(items)

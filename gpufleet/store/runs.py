@@ -247,7 +247,8 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
                     if spec.get("site") is not None and existing["site"] != spec["site"]:
                         raise Conflict(f"run {run_id!r} exists at site {existing['site']!r}")
                 start, end = existing["start"], existing["end"]
-            inferred.yield_to(conn, run_id, start, end, _pairs(allocations))
+            inferred.yield_to(conn, run_id, start, end, _pairs(allocations),
+                              closed_before=authority.closed_before(who, now))
             warnings = add_allocations(conn, run_id, allocations)
     except psycopg.errors.ExclusionViolation as e:
         raise Conflict(e.diag.message_primary or str(e)) from None
@@ -292,7 +293,8 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
             if existing["source"] == "registered" and ("end" in changes or changes.get("allocations")):
                 held = [(a["node"], g) for a in existing["allocations"] for g in a["gpus"]]
                 inferred.yield_to(conn, run_id, existing["start"], changes.get("end", existing["end"]),
-                                  held + _pairs(changes.get("allocations") or []))
+                                  held + _pairs(changes.get("allocations") or []),
+                                  closed_before=authority.closed_before(who, now))
             if sets:
                 conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = %s", [*params, run_id])
             warnings = add_allocations(conn, run_id, changes["allocations"]) if changes.get("allocations") else []

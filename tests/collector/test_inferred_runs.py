@@ -83,14 +83,19 @@ def test_samples_naming_a_run_register_it_with_its_gpus_and_end_it_after_the_gra
         res = inf.run_once(conn, at(t0 + 29 + GRACE_S + 1))
     assert res.ended == ["ml:llm:3f2a9c1d"]
     assert run_of(collector.db, "ml:llm:3f2a9c1d")["end"] == at(t0 + 29)
-    # Late samples (a spool drained) move the end; recent ones reopen it.
+    # Late samples (a spool drained) that continue it move the end; recent ones that continue it reopen it.
     post(collector, samples("node-b", t0 + 60, 10, {3: "ml:llm:3f2a9c1d"}), who="node-b")
     with psycopg.connect(collector.db, autocommit=True) as conn:
         inf.run_once(conn, at(t0 + 69 + GRACE_S + 1))
         assert store.get_run(conn, "ml:llm:3f2a9c1d")["end"] == at(t0 + 69)
-    post(collector, samples("node-a", t0 + 500, 3, {0: "ml:llm:3f2a9c1d"}))
+    # After a gap longer than the grace the run is closed: its window and bill stand (issue 36).
+    post(collector, samples("node-b", t0 + 69 + GRACE_S + 60, 3, {3: "ml:llm:3f2a9c1d"}), who="node-b")
     with psycopg.connect(collector.db, autocommit=True) as conn:
-        res = inf.run_once(conn, at(t0 + 510))
+        res = inf.run_once(conn, at(t0 + 69 + GRACE_S + 70))
+    assert not res.reopened and run_of(collector.db, "ml:llm:3f2a9c1d")["end"] == at(t0 + 69)
+    post(collector, samples("node-a", t0 + 69 + GRACE_S - 100, 3, {0: "ml:llm:3f2a9c1d"}))
+    with psycopg.connect(collector.db, autocommit=True) as conn:
+        res = inf.run_once(conn, at(t0 + 69 + GRACE_S + 80))
     assert res.reopened == ["ml:llm:3f2a9c1d"] and run_of(collector.db, "ml:llm:3f2a9c1d")["end"] is None
 
 
