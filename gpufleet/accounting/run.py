@@ -51,7 +51,8 @@ CONTRACT_FIELDS: tuple[str, ...] = (
 
 _MODELS_SQL = f"""
 SELECT a.run_id, a.sharing, {GPU_MODEL_EXPR} AS model, count(*) AS gpus, sum(a.share) AS shares
-FROM run_allocations a LEFT JOIN nodes nd ON nd.node = a.node WHERE a.run_id = ANY(%s)
+FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
+CROSS JOIN LATERAL (SELECT gpufleet_node_facts_at(a.node, r.start) AS facts) nd WHERE a.run_id = ANY(%s)
 GROUP BY 1, 2, 3 ORDER BY 1, 3 NULLS LAST, 2"""
 
 _RATES_SQL = """

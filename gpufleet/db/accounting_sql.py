@@ -67,6 +67,7 @@ The functions, bottom up:
 from __future__ import annotations
 
 from gpufleet.db import energy_sql as E
+from gpufleet.store.fact_history import dated_pricing
 
 ORIGIN = E.ORIGIN
 
@@ -1071,5 +1072,11 @@ DROP_V2: tuple[str, ...] = (
 )
 #: The functions as installed at the head revision: the bodies ``tests/accounting/test_sql_definition.py``
 #: compares with the database's.
+#: V3: V2 with each allocation's GPU model read from its node's facts in force when the priced piece
+#: begins (gpufleet.store.fact_history), so a later batch naming another model never re-prices a closed
+#: period (migration 0021).
+ACCOUNTING_V3 = dated_pricing(ACCOUNTING_V2)
+INCIDENT_ACCOUNTING_V3 = dated_pricing(INCIDENT_ACCOUNTING_V2)
+
 CURRENT: tuple[str, ...] = (MINOR_UNITS_V1, CLAIM_ENERGY_V1, SITE_PERIODS_V2, ENERGY_RATES_V2, GPU_HOUR_PRICES_V2,
-                            ACCOUNTING_V2, INCIDENT_ACCOUNTING_V2)
+                            ACCOUNTING_V3, INCIDENT_ACCOUNTING_V3)

@@ -72,6 +72,19 @@ INSERT INTO node_facts_history (node, valid_from, facts)
 SELECT node, '-infinity'::timestamptz, gpufleet_priced_facts(facts) FROM nodes WHERE facts <> '{}'::jsonb"""
 
 
+#: How the accounting query reads an allocation's node facts: current, and in force when its priced piece
+#: begins (``gpufleet.db.accounting_sql``, V3 of ``gpufleet_accounting``; migration 0021).
+CURRENT_FACTS_JOIN = "FROM alloc a LEFT JOIN nodes nd ON nd.node = a.node"
+DATED_FACTS_JOIN = "FROM alloc a CROSS JOIN LATERAL (SELECT gpufleet_node_facts_at(a.node, a.lo) AS facts) nd"
+
+
+def dated_pricing(text: str) -> str:
+    """An accounting function's text reading the GPU model from the facts in force, not the current ones."""
+    if CURRENT_FACTS_JOIN not in text:
+        raise AssertionError("the accounting query no longer reads node facts where dated pricing expects")
+    return text.replace(CURRENT_FACTS_JOIN, DATED_FACTS_JOIN)
+
+
 def facts_at(conn: psycopg.Connection, node: str, at: datetime) -> dict[str, Any]:
     """The priced facts of ``node`` in force at ``at`` ({} when the node has none)."""
     row = conn.execute("SELECT gpufleet_node_facts_at(%s, %s)", (node, at)).fetchone()

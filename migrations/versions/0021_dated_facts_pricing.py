@@ -1,0 +1,38 @@
+"""accounting V3: the GPU model a GPU-hour is priced at is the one the node's facts said then
+
+Replaces ``gpufleet_accounting`` and ``gpufleet_incident_accounting`` with their V3 texts
+(``gpufleet.db.accounting_sql``): each allocation's GPU model is read with
+``gpufleet_node_facts_at(node, start of the priced piece)`` (migration 0013's dated facts) instead of
+the node's current facts.  A batch naming an H100 a Tesla T4 prices what comes after it as a T4, and
+every closed period as it was.  Signatures and result tables are V2's.
+
+Revision ID: 0021
+Revises: 0020
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from alembic import op
+
+from gpufleet.db import accounting_sql
+
+revision: str = "0021"
+down_revision: str | None = "0020"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def _replace(stmt: str) -> str:
+    return stmt.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+def upgrade() -> None:
+    for stmt in (accounting_sql.ACCOUNTING_V3, accounting_sql.INCIDENT_ACCOUNTING_V3):
+        op.execute(_replace(stmt))
+
+
+def downgrade() -> None:
+    for stmt in (accounting_sql.ACCOUNTING_V2, accounting_sql.INCIDENT_ACCOUNTING_V2):
+        op.execute(_replace(stmt))
