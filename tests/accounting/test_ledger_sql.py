@@ -38,7 +38,7 @@ def test_the_board_ledger_is_the_apis(conn: psycopg.Connection) -> None:
         assert list(got) == list(STATES)
         for s in STATES:
             for f in FIELDS:
-                want = body["ledger"][s][f]  # type: ignore[literal-required]
+                want = body["ledger"][s][f]
                 have = got[s][f]
                 assert (have is None) == (want is None), (s, f)
                 if want is not None:
