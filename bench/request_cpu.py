@@ -5,7 +5,8 @@
 Takes the batches ``bench/vs_prometheus.py`` ships (8 GPUs a node, 25 values
 a GPU and the UUID, the agents' 10-s batches: 80 GPU-samples a request,
 msgpack, zstd) and times, in this process, each step the collector runs on
-them: decoding (decompress and parse), validation, and the COPY encoding a
+them: decoding (decompress and parse), validation, the bounds a batch is held to
+(``collector.ingest_bounds``: GPU indices, runs named, counter glitches), and the COPY encoding a
 group commit of ``--group`` requests does.  Validation is timed twice: as the
 collector runs it (a section at a time) and, as the baseline in the same run,
 column by column (the path that names a malformed sample; it was the only
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import vs_prometheus  # noqa: E402
 
 import gpufleet.wire.validation as wire_validation  # noqa: E402
+from gpufleet.collector import ingest_bounds  # noqa: E402
 from gpufleet.collector.batch_store import GPU_SPECS, copy_data  # noqa: E402
 from gpufleet.collector.ingest import stored_answer, wait_at_most  # noqa: E402
 from gpufleet.wire import ParseLimits, decompress, parse, validate  # noqa: E402
@@ -142,13 +144,21 @@ def main() -> None:
             copy_data(GPU_SPECS, [(b.node, cols, b.n_gpu)
                                   for b, cols in zip(batches[i:i + args.group], plain[i:i + args.group], strict=True)])
 
+    def bounds() -> None:
+        for b in batches:
+            ingest_bounds.check(b, 255, 256)
+        for i in range(0, n, args.group):
+            ingest_bounds.energy_glitches(batches[i:i + args.group])
+
     out = {name: best_us(fn, args.repeat) / n for name, fn in
            [("decode", decode), ("validate", sections), ("validate_column_by_column", columns),
-            ("encode", encode), ("encode_column_by_column", encode_column_by_column)]}
+            ("bounds", bounds), ("encode", encode), ("encode_column_by_column", encode_column_by_column)]}
     per_sample = samples / n
     print(f"{n} requests of {per_sample:.0f} GPU-samples each (best of {args.repeat}):")
     for name, us in out.items():
         print(f"  {name:26s} {us:8.1f} us per request  {us / per_sample:6.2f} us per GPU-sample")
+    print(f"  bounds (GPU indices, runs named, counter glitches): {out['bounds'] / out['validate']:.2f}x "
+          "the validation before them")
     speedup = out["validate_column_by_column"] / out["validate"]
     print(f"  validation a section at a time: {speedup:.2f}x less CPU than column by column")
     print(f"  encoding merged a matrix at a time: "
@@ -161,6 +171,7 @@ def main() -> None:
     print(json.dumps({"name": "request_cpu_validate", "value": round(out["validate"], 1), "unit": "us/request",
                       "baseline_column_by_column": round(out["validate_column_by_column"], 1),
                       "decode": round(out["decode"], 1), "encode": round(out["encode"], 1),
+                      "bounds": round(out["bounds"], 1),
                       "encode_column_by_column": round(out["encode_column_by_column"], 1),
                       **{k: round(v, 2) for k, v in answering.items()},
                       "gpu_samples_per_request": per_sample, "requests": n}))

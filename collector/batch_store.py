@@ -21,7 +21,7 @@ import psycopg
 from psycopg import sql
 
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS
-from gpufleet.collector import sightings
+from gpufleet.collector import ingest_bounds, sightings
 from gpufleet.collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, encode_rows
 from gpufleet.store import fact_history
 from gpufleet.wire import Batch, Column
@@ -38,6 +38,8 @@ class Written:
     new: set[tuple[str, str]] = field(default_factory=set)
     #: Run sightings written, for :meth:`gpufleet.collector.sightings.SightingCache.stored` after commit.
     sightings: Any = None
+    #: (node, batch id) -> energy counter glitches in it (:func:`gpufleet.collector.ingest_bounds.energy_glitches`).
+    glitches: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class NodeTouch:
@@ -73,7 +75,8 @@ def write_batches(conn: psycopg.Connection, batches: list[Batch], *,
         _copy(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in new if b.n_host])
     written = sightings.record(conn, new, sightings_cache)
     touch_nodes(conn, new, touch)
-    return Written(new_ids, written)
+    glitches = {(b.node, b.batch_id): n for b, n in zip(new, ingest_bounds.energy_glitches(new), strict=True) if n}
+    return Written(new_ids, written, glitches)
 
 
 def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch | None = None) -> None:

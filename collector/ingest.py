@@ -190,9 +190,6 @@ class IngestHandler:
         except WireError as e:
             self.metrics.errors.labels("out_of_bounds").inc()
             return _error(STATUS[e.kind], [e.detail()])
-        glitches = ingest_bounds.energy_glitches(batch)
-        if glitches:
-            self.metrics.energy_glitches.labels(batch.node).inc(glitches)
         drop_skewed(batch, time.time(), s.future_grace_s, s.past_grace_s)
         if batch.rejected_skew:
             self.metrics.rejected_skew.labels(batch.node).inc(batch.rejected_skew)
@@ -223,6 +220,8 @@ class IngestHandler:
         if outcome.stored:
             self._gpu_samples.inc(outcome.gpu_rows)
             self._host_samples.inc(outcome.host_rows)
+            if outcome.energy_glitches:
+                self.metrics.energy_glitches.labels(batch.node).inc(outcome.energy_glitches)
         else:
             self.metrics.duplicates.inc()
         return stored_answer(batch.batch_id, "stored" if outcome.stored else "duplicate",

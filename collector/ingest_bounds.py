@@ -14,14 +14,15 @@ hostile node would otherwise cost everyone:
 * **Energy counter jumps** beyond what any GPU can draw over the interval
   (:data:`gpufleet.db.energy_sql.GPU_POWER_CEILING_W`) are counted, not
   refused: accounting and the rollups already treat such an interval as a
-  glitch and integrate its power instead; the count tells SREs which nodes
-  send them.
+  glitch and integrate its power instead; the count (by the writer, for a
+  group of batches at once) tells SREs which nodes send them.
 
 A refusal names the sample and field, as every other refusal does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -89,22 +90,34 @@ def _run_ids(batch: Batch) -> set[Any]:
     return out
 
 
-def energy_glitches(batch: Batch) -> int:
-    """Samples whose energy counter rose from the same GPU's previous sample in the batch by more than any
-    GPU can draw in between (:data:`GPU_POWER_CEILING_W`)."""
-    col = batch.gpu.get("energy_mj") if batch.n_gpu > 1 else None
-    if col is None:
-        return 0
-    gpus = batch.gpu["gpu"].values
-    times = batch.gpu["time"].values
-    order = np.lexsort((times, gpus))
-    e = col.values[order].astype(np.float64)
-    if col.null is not None:
-        e[col.null[order]] = np.nan
-    g = gpus[order]
-    same = g[1:] == g[:-1]
-    dt = np.diff(times[order])
-    rise = np.diff(e)
+def energy_glitches(batches: Sequence[Batch]) -> list[int]:
+    """Per batch: samples whose energy counter rose from the same GPU's previous sample in that batch by
+    more than any GPU can draw in between (:data:`GPU_POWER_CEILING_W`).
+
+    Counted for a group commit's batches together (one sort of all their rows, keyed by batch and GPU),
+    so a shipment pays a share of a few array operations, not a few of its own
+    (``bench/request_cpu.py`` prints the cost per request)."""
+    parts = [(i, b) for i, b in enumerate(batches) if b.n_gpu > 1 and "energy_mj" in b.gpu]
+    out = [0] * len(batches)
+    if not parts:
+        return out
+    sizes = [b.n_gpu for _, b in parts]
+    key = np.concatenate([b.gpu["gpu"].values for _, b in parts])
+    key += np.repeat(np.array([i for i, _ in parts], dtype=np.int64) << 16, sizes)
+    times = np.concatenate([b.gpu["time"].values for _, b in parts])
+    energy = np.concatenate([b.gpu["energy_mj"].values for _, b in parts]).astype(np.float64)
+    nulls = [b.gpu["energy_mj"].null for _, b in parts]
+    if any(n is not None for n in nulls):
+        energy[np.concatenate([np.zeros(size, bool) if n is None else n
+                               for size, n in zip(sizes, nulls, strict=True)])] = np.nan
+    # A stable sort by batch and GPU keeps each GPU's samples in the order they were sent (time order
+    # from an agent); a pair out of time order is not judged.
+    order = np.argsort(key, kind="stable")
+    key, times, energy = key[order], times[order], energy[order]
+    dt = np.diff(times)
     with np.errstate(invalid="ignore"):
-        glitch = same & (rise > _CEILING_MJ_S * dt)
-    return int(np.count_nonzero(glitch))
+        glitch = (np.diff(energy) > _CEILING_MJ_S * dt) & (dt > 0) & (key[1:] == key[:-1])
+    if glitch.any():
+        for k in (key[1:][glitch] >> 16).tolist():
+            out[k] += 1
+    return out

@@ -68,6 +68,8 @@ class Outcome:
     gpu_rows: int
     host_rows: int
     rejected_skew: int
+    #: Energy counter jumps beyond what a GPU can draw (stored; accounting integrates power instead).
+    energy_glitches: int = 0
 
 
 @dataclass(eq=False)
@@ -381,7 +383,7 @@ class GroupWriter:
             key = (b.node, b.batch_id)
             stored = key in done.new and key not in seen
             seen.add(key)
-            out.append(Outcome(stored, b.n_gpu, b.n_host, b.rejected_skew))
+            out.append(Outcome(stored, b.n_gpu, b.n_host, b.rejected_skew, done.glitches.get(key, 0) if stored else 0))
         return out
 
 
