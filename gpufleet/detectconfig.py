@@ -127,8 +127,19 @@ class DetectorConfig(BaseModel):
     job_io_pressure_high_pct: Percent = 20.0
 
     # --- checkpoint stall -----------------------------------------------------
-    #: Shortest job-wide pause counted, seconds.
-    ckpt_min_pause_s: Positive = 5.0
+    #: Shortest job-wide pause counted, seconds, or ``ckpt_min_pause_samples``
+    #: sampling intervals where that is longer.  Pauses are judged by what they
+    #: cost, not by their length: a job that checkpoints every few steps pauses
+    #: for 1-5 s at a time and may lose a quarter of its GPU time that way.
+    ckpt_min_pause_s: Positive = 1.0
+    #: ... a pause must span at least this many samples (one idle sample is noise).
+    ckpt_min_pause_samples: Count = 2
+    #: A GPU whose board power falls to at most this share of its own busy level
+    #: (the mean of the upper half of its power while busy, in this window) is
+    #: paused, whatever its GPU-Util says: ranks spinning in a collective keep
+    #: GPU-Util at 100 %, and on many boards (older and consumer cards) they
+    #: draw half their training power, far above the idle fraction of the limit.
+    ckpt_pause_power_share: Share = 0.65
     #: Job-wide pauses with a write burst needed in the window.  One suffices
     #: by default: checkpoints every 10-30 min rarely show twice in a window,
     #: and the write burst is what tells them from evaluation pauses.
@@ -145,7 +156,9 @@ class DetectorConfig(BaseModel):
     ckpt_spin_util_pct: Percent = 50.0
     #: ... or, without GPU-Util, SM activity at least this.
     ckpt_spin_sm_active: Share = 0.05
-    #: At most this share of the run's ranks may block (one at least) ...
+    #: At most this share of the run's ranks may block (one at least), and at
+    #: most one per node (a writer is rank 0, or local rank 0 of each node; a
+    #: whole node that blocks is a node's loader starving, not a writer) ...
     ckpt_max_blocker_share: Share = 0.25
     #: ... and the same rank must block in this share of the pauses.
     ckpt_min_same_writer: Share = 0.6
@@ -155,6 +168,14 @@ class DetectorConfig(BaseModel):
     ckpt_min_write_bytes_s: NonNegative = 20e6
     #: Pause spacing may vary by this much (MAD over median).
     ckpt_max_period_cv: Positive = 0.35
+    #: Sharded checkpoints (every rank copies its shard to the host at once, no
+    #: rank spinning): the ranks' PCIe transmit during the pauses at least this
+    #: many times their receive (a device-to-host copy is one-sided; input
+    #: loading and optimizer offload receive as much or more) ...
+    ckpt_d2h_ratio: Positive = 3.0
+    #: ... and at least this much per GPU, bytes/s (a checkpoint moves
+    #: gigabytes; idle GPUs move kilobytes).
+    ckpt_min_d2h_bytes_s: NonNegative = 50e6
     #: Smallest share of the run's time lost to pauses worth reporting.
     ckpt_min_lost_share: Share = 0.03
 
@@ -226,8 +247,10 @@ class DetectorConfig(BaseModel):
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: Share = 0.25
     #: Out of the peers' wait rhythm: mean power this robust z above the
-    #: peers' (a weaker outlier than ``straggler_z``, confirmed by timing) ...
-    straggler_decoupled_z: Positive = 2.0
+    #: peers' (a weaker outlier than ``straggler_z``, confirmed by timing).  At
+    #: 2.0 the busiest GPU of a healthy real 8-GPU run (z 2.15, its peers' power
+    #: rising and falling with their shared compute phases) was called one ...
+    straggler_decoupled_z: Positive = 3.0
     #: ... while the peers' power moves together (median correlation of each
     #: peer with the mean of the others at least this: they all wait on one
     #: GPU, for as long as it takes) ...
@@ -237,6 +260,13 @@ class DetectorConfig(BaseModel):
     #: GPU swinging with the whole run, only less deeply, is not out of it).
     straggler_corr_gap: Share = 0.25
     straggler_max_corr: Share = 0.15
+    #: ... and, where samples resolve the waits (the peers dip, a kernel resident at
+    #: power at most ``straggler_dip_power_share`` of their own busy level, at least
+    #: this share of the time), it dips that much less than they do: the waits
+    #: themselves, not only their rhythm.  A healthy run's busiest GPU dips as
+    #: often as the others.
+    straggler_peer_wait_excess: Share = 0.05
+    straggler_dip_power_share: Share = 0.85
     #: Share of busy time with thermal bits that marks a hot GPU.
     straggler_thermal_share: Share = 0.2
     #: A mean temperature at or above this (and robustly above peers) is hot, degC.

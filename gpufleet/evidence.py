@@ -88,6 +88,12 @@ class StarvationEvidence(HostEvidence, JobEvidence):
 
 class CheckpointStallEvidence(TypedDict):
     basis: Literal["gpu+host", "gpu_only"]
+    #: What showed it a checkpoint: ``host_write`` (a host write burst in the pauses), ``writer`` (one
+    #: rank blocked while its peers spun), ``sharded_d2h`` (every rank idle, copying out over PCIe) or
+    #: ``sharded_sync`` (every rank idle at once at a slow, regular spacing).
+    signature: Literal["host_write", "writer", "sharded_d2h", "sharded_sync"]
+    #: ``sharded_d2h``: the ranks' mean PCIe transmit during the pauses, bytes/s.
+    d2h_bytes_s: float | None
     period_s: float | None
     pause_s: float | None
     pauses: int
@@ -135,6 +141,13 @@ class StragglerEvidence(TypedDict):
     z_power: float | None
     power_correlation: float | None
     peer_power_correlation: float | None
+    #: Share of the span this GPU, and its peers (median), spun in a collective (a kernel resident at
+    #: power below its own pause level): a GPU that spins more than its peers waits on them.
+    wait_share: float | None
+    peer_wait_share: float | None
+    #: Share of the span it, and its peers, dipped below their own busy power with a kernel resident.
+    dip_share: float | None
+    peer_dip_share: float | None
     activity_basis: str
 
 
@@ -397,6 +410,8 @@ class StoredStarvation(TypedDict, total=False):
 
 class StoredCheckpointStall(TypedDict, total=False):
     basis: Literal["gpu+host", "gpu_only"]
+    signature: Literal["host_write", "writer", "sharded_d2h", "sharded_sync"]
+    d2h_bytes_s: float | None
     period_s: float | None
     pause_s: float | None
     pauses: int
@@ -442,6 +457,10 @@ class StoredStraggler(TypedDict, total=False):
     z_power: float | None
     power_correlation: float | None
     peer_power_correlation: float | None
+    wait_share: float | None
+    peer_wait_share: float | None
+    dip_share: float | None
+    peer_dip_share: float | None
     activity_basis: str
 
 

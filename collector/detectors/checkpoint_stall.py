@@ -1,33 +1,47 @@
-"""Checkpoint stalls: long job-wide pauses while one rank writes the job's state.
+"""Checkpoint stalls: job-wide pauses while the job's state is written.
 
 Run-scoped.  A GPU is *paused* while its activity is at most
-``ckpt_pause_activity``; a job-wide pause is a stretch of at least
-``ckpt_min_pause_s`` during which at least ``ckpt_min_gpu_share`` of the
-run's GPUs are paused together (per-GPU paused stretches intersected with a
-sweep line, so GPUs sampled on different clocks still line up).  Between
-pauses the job must be working (``ckpt_min_busy_share`` of the rest busy).
+``ckpt_pause_activity`` or its board power is at most
+``ckpt_pause_power_share`` of its own busy level in the window (ranks spinning
+in a collective keep GPU-Util at 100 %, and on older and consumer boards draw
+half their training power: only the GPU's own levels tell, never one model's
+watts).  A job-wide pause is a stretch of at least ``ckpt_min_pause_s`` (and
+``ckpt_min_pause_samples`` samples) during which at least
+``ckpt_min_gpu_share`` of the run's GPUs are paused together (per-GPU paused
+stretches intersected with a sweep line, so GPUs sampled on different clocks
+still line up).  Between pauses the job must be working
+(``ckpt_min_busy_share`` of the rest busy).  Pauses are judged by what they
+cost, not by their length: a job that checkpoints after every step pauses a
+second or two each time and may lose a quarter of its GPU time.
 
-What makes a pause a checkpoint, strongest first:
+What makes a pause a checkpoint, strongest first (``evidence.signature``):
 
-* ``basis = "gpu+host"`` — a host of the run writes in bursts during the
-  pauses: disk or network write rate at least ``ckpt_write_ratio`` times the
-  rate while busy and at least ``ckpt_min_write_bytes_s``.  Host write rates
-  that show *no* burst rule a checkpoint out: that is an evaluation pause.
-* ``basis = "gpu_only"`` — no host write rates at all (nvidia-smi or DCGM
-  exports without a host agent), but the blocked-rank signature of a
-  synchronous job: during the pauses one or a few ranks (at most
-  ``ckpt_max_blocker_share`` of the run) run no kernel at all (GPU-Util
-  about 0, or no SM activity), while the others keep a kernel resident at
-  idle-level power (GPU-Util ~100 %: NCCL spinning in the next collective,
-  waiting for them), and it is the same rank in ``ckpt_min_same_writer`` of
-  the pauses: the writer, commonly rank 0.  Evaluation pauses and input
-  waits leave no such rank.
+* ``host_write`` (``basis = "gpu+host"``) — a host of the run writes in
+  bursts during the pauses: disk or network write rate at least
+  ``ckpt_write_ratio`` times the rate while busy and at least
+  ``ckpt_min_write_bytes_s``.  Host write rates that show *no* burst rule a
+  checkpoint out: that is an evaluation pause.
+* ``writer`` (``basis = "gpu_only"``) — no host write rates, but the
+  blocked-rank signature of a synchronous job: during the pauses one or a few
+  ranks (at most ``ckpt_max_blocker_share`` of the run and one per node) run
+  no kernel at all while the others keep one resident (NCCL spinning in the
+  next collective, waiting for them), and it is the same rank in
+  ``ckpt_min_same_writer`` of the pauses: the writer, commonly rank 0.
+  Evaluation pauses and input waits leave no such rank.
+* ``sharded_d2h`` — every rank pauses at once and none spins (FSDP or
+  distributed checkpointing: each rank copies its shard out), and the ranks'
+  PCIe transmit during the pauses is a one-sided device-to-host copy
+  (``ckpt_d2h_ratio`` times the receive, at least ``ckpt_min_d2h_bytes_s``).
+* ``sharded_sync`` — the same with no PCIe counters at all (an nvidia-smi
+  loop): every rank idles at once, at least twice, at a regular spacing slower
+  than any input stall (``starve_max_period_s``).
 
-Pauses are reported one or periodic: regularly spaced when there are several
-(MAD / median spacing at most ``ckpt_max_period_cv``), costing at least
-``ckpt_min_lost_share`` of the run's time (median pause / period, or the
-pause's share of the window when only one is in view: checkpoints are often
-further apart than a window).
+A pause still under way is not yet a checkpoint (a rank that died while its
+peers spin looks the same until then, and is a hang).  Pauses are reported one
+or periodic: regularly spaced when there are several (MAD / median spacing at
+most ``ckpt_max_period_cv``), costing at least ``ckpt_min_lost_share`` of the
+run's time (median pause / period, or the pauses' share of the window when one
+is in view: checkpoints are often further apart than a window).
 """
 
 from __future__ import annotations
@@ -66,26 +80,75 @@ def run_findings(fr: Frame) -> dict[int, Finding | None]:
     if fr.rows == 0 or not fr.window.runs:
         return out
     cfg = fr.config
-    paused = fr.paused
+    paused = pause_mask(fr)
     wreg = fr.region_weights()
     paused_s = fr.row_sum(wreg * paused)
+    min_pause = min_pause_s(fr)
     lo, hi = fr.region
     for ri, rows in sorted(fr.run_rows.items()):
         rows = rows[np.isfinite(lo[rows]) & (hi[rows] > lo[rows])]
         need = max(1, math.ceil(cfg.ckpt_min_gpu_share * rows.size - 1e-9))
-        if rows.size == 0 or int((paused_s[rows] >= cfg.ckpt_min_pause_s).sum()) < need:
+        if rows.size == 0 or int((paused_s[rows] >= min_pause[rows]).sum()) < need:
             continue
-        out[ri] = _judge_run(fr, ri, rows, need)
+        out[ri] = _judge_run(fr, ri, rows, need, paused)
     return out
 
 
-def paused_spans(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The maximal paused stretches of ``rows`` inside their run regions, as ``(t0, t1)`` arrays
+def min_pause_s(fr: Frame) -> np.ndarray:
+    """Per row, the shortest pause counted: ``ckpt_min_pause_s`` or ``ckpt_min_pause_samples`` intervals."""
+    cfg = fr.config
+    return np.maximum(cfg.ckpt_min_pause_s, cfg.ckpt_min_pause_samples * fr.dt)
+
+
+def busy_power(fr: Frame) -> np.ndarray | None:
+    """Per row, the GPU's own busy power level in the window: the mean of the upper half of its power
+    while busy (NaN where it was never busy; None where no GPU reports power).  Shared by the
+    detectors of a sweep: computed once per frame."""
+    if "busy_power" in fr.memo:
+        out: np.ndarray | None = fr.memo["busy_power"]
+        return out
+    level: np.ndarray | None = None
+    if fr.has("power_w"):
+        power = fr.col("power_w")
+        seen = np.isfinite(power)
+        p0 = np.where(seen, power, 0.0)
+        wb = fr.w_busy * seen
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = fr.row_sum(p0 * wb) / fr.row_sum(wb)
+            upper = wb * (p0 >= fr.per_sample(mean).astype(p0.dtype))
+            level = fr.row_sum(p0 * upper) / fr.row_sum(upper)
+    fr.memo["busy_power"] = level
+    return level
+
+
+def power_below(fr: Frame, share: float) -> np.ndarray | None:
+    """Per sample: board power at most ``share`` of the GPU's own busy level (None: no power anywhere)."""
+    level = busy_power(fr)
+    if level is None:
+        return None
+    power = fr.col("power_w")
+    return power <= (share * fr.per_sample(level)).astype(power.dtype)
+
+
+def pause_mask(fr: Frame) -> np.ndarray:
+    """Per sample: paused by activity, or by board power fallen to ``ckpt_pause_power_share`` of the
+    GPU's own busy level (:func:`busy_power`).  Computed once per frame."""
+    if "pause_mask" in fr.memo:
+        out: np.ndarray = fr.memo["pause_mask"]
+        return out
+    low = power_below(fr, fr.config.ckpt_pause_power_share)
+    paused = fr.paused if low is None else fr.paused | low
+    fr.memo["pause_mask"] = paused
+    return paused
+
+
+def paused_spans(fr: Frame, rows: np.ndarray, paused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The maximal ``paused`` stretches of ``rows`` inside their run regions, as ``(t0, t1)`` arrays
     (a gap in the data or the end of a row ends a stretch), every row's at once."""
     idx, seg, _ = fr.region_samples(rows)
     if idx.size == 0:
         return np.zeros(0), np.zeros(0)
-    p = fr.paused[idx]
+    p = paused[idx]
     head = p.copy()
     head[1:] &= seg[1:] | ~p[:-1]
     starts = np.flatnonzero(head)
@@ -98,9 +161,10 @@ def paused_spans(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return fr.time(idx[starts]), fr.time(idx[ends]) + fr.w_all[idx[ends]]
 
 
-def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int) -> list[tuple[float, float]]:
+def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray | None = None
+                    ) -> list[tuple[float, float]]:
     """Stretches during which at least ``need`` of ``rows`` are paused together."""
-    t0, t1 = paused_spans(fr, rows)
+    t0, t1 = paused_spans(fr, rows, pause_mask(fr) if paused is None else paused)
     if t0.size == 0:
         return []
     tt = np.concatenate([t0, t1])
@@ -142,6 +206,7 @@ def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> 
     kept one resident (see the module doc)."""
     cfg = fr.config
     max_block = max(1, math.floor(cfg.ckpt_max_blocker_share * rows.size + 1e-9))
+    node_of = [fr.keys[int(r)][0] for r in rows.tolist()]
     counts: Counter[int] = Counter()
     spinning: list[int] = []
     signed = 0
@@ -163,10 +228,12 @@ def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> 
         with np.errstate(invalid="ignore", divide="ignore"):
             share[:, k] = np.where(cnt > 0, (ones[ib] - ones[ia]) / cnt, np.nan)
     for p in range(len(pauses)):
-        blk = [rl[k] for k in np.flatnonzero(share[p] < 0.5).tolist()]
+        ks = np.flatnonzero(share[p] < 0.5).tolist()
+        blk = [rl[k] for k in ks]
         spin = int((share[p] >= 0.5).sum())
         spinning.append(spin)
-        if 1 <= len(blk) <= max_block and spin >= 1:
+        one_per_node = len({node_of[k] for k in ks}) == len(ks)
+        if 1 <= len(blk) <= max_block and one_per_node and spin >= 1:
             signed += 1
             counts.update(blk)
     if not counts or not pauses:
@@ -176,15 +243,16 @@ def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> 
     return Blocking(writer, hits / len(pauses), blockers, float(np.median(spinning)))
 
 
-def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | None:
+def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarray) -> Finding | None:
     cfg = fr.config
     window = fr.window
     lo = float(np.min(fr.region[0][rows]))
     hi = float(np.max(fr.region[1][rows]))
     edge = float(np.max(fr.dt[rows]))
+    shortest = float(np.max(min_pause_s(fr)[rows]))
     pauses = [
-        (a, b) for a, b in job_wide_pauses(fr, rows, need)
-        if b - a >= cfg.ckpt_min_pause_s and a > lo + edge
+        (a, b) for a, b in job_wide_pauses(fr, rows, need, paused)
+        if b - a >= shortest and a > lo + edge
     ]
     if not pauses or len(pauses) < cfg.ckpt_min_pauses:
         return None
@@ -225,16 +293,23 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
         return None
     blk = blocking(fr, rows, pauses)
     basis: Literal["gpu+host", "gpu_only"]
+    signature: Literal["host_write", "writer", "sharded_d2h", "sharded_sync"]
+    d2h: float | None = None
     if wb is not None:
-        basis = "gpu+host"
+        basis, signature = "gpu+host", "host_write"
     elif rows.size >= 2 and blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer:
-        basis = "gpu_only"
+        basis, signature = "gpu_only", "writer"
     else:
-        return None
+        sharded = _sharded(fr, rows, pauses, blk, period)
+        if sharded is None:
+            return None
+        basis, (signature, d2h) = "gpu_only", sharded
     writer = _gpu_name(fr, blk.writer) if blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer \
         else None
     evidence: CheckpointStallEvidence = {
         "basis": basis,
+        "signature": signature,
+        "d2h_bytes_s": num(d2h),
         "period_s": num(period),
         "pause_s": num(pause_s),
         "pauses": len(pauses),
@@ -256,6 +331,42 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int) -> Finding | Non
     hold = 1.5 * period if period is not None else window.t_end - window.t_start
     return Finding(KIND, None, severity, float(starts[0]), evidence, run_id=window.runs[ri].run_id,
                    last_active=last, hold_s=hold)
+
+
+def _sharded(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]], blk: Blocking,
+             period: float | None) -> tuple[Literal["sharded_d2h", "sharded_sync"], float | None] | None:
+    """Every rank idle at once, none spinning (each copies its shard out): the device-to-host copy
+    where PCIe counters exist, else the regular spacing of pauses slower than any input stall."""
+    cfg = fr.config
+    if blk.spinning > 0 or rows.size < 2:
+        return None
+    tx = _mean_in(fr, rows, pauses, "pcie_tx_bytes_s")
+    rx = _mean_in(fr, rows, pauses, "pcie_rx_bytes_s")
+    if tx is not None:
+        if tx >= cfg.ckpt_min_d2h_bytes_s and tx >= cfg.ckpt_d2h_ratio * (rx or 0.0):
+            return "sharded_d2h", tx
+        return None
+    if len(pauses) >= 2 and period is not None and period > cfg.starve_max_period_s:
+        return "sharded_sync", None
+    return None
+
+
+def _mean_in(fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]], name: str) -> float | None:
+    """Mean of column ``name`` over ``rows``' samples inside ``spans`` (None: never reported there)."""
+    a0 = np.array([a for a, _ in spans])
+    b0 = np.array([b for _, b in spans])
+    vals: list[np.ndarray] = []
+    for r in rows.tolist():
+        x = fr.series[r].cols.get(name)
+        if x is None:
+            continue
+        t = fr.series[r].t
+        i = np.searchsorted(a0, t, side="right") - 1
+        inside = (i >= 0) & (t < b0[np.maximum(i, 0)])
+        v = np.asarray(x[inside], dtype=np.float64)
+        vals.append(v[np.isfinite(v)])
+    allv = np.concatenate(vals) if vals else np.zeros(0)
+    return float(allv.mean()) if allv.size else None
 
 
 def _busy_share_between(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> float:

@@ -698,7 +698,8 @@ class Frame:
         warm-up (NaN for a row without a run).
 
         Warm-up lasts ``warmup_max_s`` from the run start, or ends earlier at
-        the first stretch of ``warmup_busy_s`` continuously busy.
+        the first stretch of ``warmup_busy_s`` continuously busy on any GPU of
+        the run (the same end for every GPU of a run).
         """
         cfg = self.config
         w = self.window
@@ -723,6 +724,13 @@ class Frame:
             first_busy[rows[head]] = ph.t0[idx[head]]
         busy_from = np.where(np.isnan(first_busy), np.inf, np.maximum(first_busy, rstart))
         warm_end = np.minimum(rstart + cfg.warmup_max_s, busy_from)
+        # Warm-up is the run's, not each GPU's: it ends for every rank when the first has worked a
+        # sustained stretch.  A writer rank that pauses every few seconds never works 30 s on end,
+        # and judging it from later than its peers would hide the very pauses they wait on.
+        if has.any():
+            run_end = np.full(len(runs), np.inf)
+            np.minimum.at(run_end, ror[has], warm_end[has])
+            warm_end[has] = run_end[ror[has]]
         lo = np.fmax(np.fmax(rstart, warm_end), w.t_start)
         lo[~has] = np.nan
         return lo, rend

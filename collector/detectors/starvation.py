@@ -315,9 +315,14 @@ def _judge_run(
         pressure = host_pressure(window, nodes, onset, window.t_end, cfg)
         job = job_pressure(fr, rows.tolist(), onset, window.t_end, cfg)
         cause, basis = _cause(job, pressure)
-        idle = sorted(iv for o in oscs for iv in o.idle)
-        wb = write_burst(window, nodes, _merge(idle), onset, window.t_end)
+        idle = _merge(sorted(iv for o in oscs for iv in o.idle))
+        wb = write_burst(window, nodes, idle, onset, window.t_end)
         if wb is not None and wb.is_burst(cfg):
+            return None
+        # The same rank blocking in the idle phases while its peers spin: they wait on a writer
+        # (a checkpoint every few steps), not on their input.
+        blk = checkpoint_stall.blocking(fr, rows, idle)
+        if blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer:
             return None
         lost = float(np.mean([o.lost for o in oscs]))
         evidence: StarvationEvidence = {

@@ -58,7 +58,9 @@ import math
 import numpy as np
 
 from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
+from gpufleet.collector.detectors import checkpoint_stall
 from gpufleet.collector.detectors.frame import Frame, segment_sums
+from gpufleet.collector.detectors.held import kernel_resident
 from gpufleet.collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
 from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.detectconfig import DetectorConfig
@@ -114,6 +116,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             return np.where(den > 0, s / np.where(den > 0, den, 1.0), np.nan)
 
     bits = np.maximum(fr.throttle_bits[idx], 0)
+    resident = kernel_resident(fr)
+    paused = checkpoint_stall.pause_mask(fr)
+    dips = checkpoint_stall.power_below(fr, cfg.straggler_dip_power_share)
     lim = fr.at_ranges("power_limit_w", a, b)
     power = fr.at_ranges("power_w", a, b)
     pf = fr.power_frac(idx, power=power, limit=lim)
@@ -131,6 +136,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "pcap": mean((bits & THROTTLE_SW_POWER_CAP) != 0, wb),
         "pcie": mean(fr.pcie_degraded[idx], wb),
         "pw": mean(power, w),
+        # Waiting in a collective: a kernel resident at power well below the GPU's own busy level.
+        "spin": mean(resident[idx] & paused[idx], w),
+        "dip": mean(resident[idx] & dips[idx], w) if dips is not None else np.full(n, np.nan),
     }
     f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
     has = f["span_s"] > 0
@@ -170,6 +178,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_pw, r_pw = z("pw", 0.01, 2.0)
     r_util = ref("util")
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
+    r_spin, r_dip = ref("spin"), ref("dip")
     v = {k: a[sub] for k, a in f.items()}
     with np.errstate(invalid="ignore", divide="ignore"):
         rel_lim = v["lim"] / r_lim - 1.0
@@ -216,15 +225,23 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             c = _peer_correlation(fr, rows[sub[members]], a[rows[sub[members]]], b[rows[sub[members]]])
             corr[members] = c
             peer_corr[members] = group_loo_median(c, np.zeros(members.size, dtype=np.int64), 1)
+    # ... and where samples resolve the waits (the peers dip below their own busy level with a
+    # kernel resident), it dips clearly less than they do: who waits shows, not only a rhythm.
+    resolved = r_dip >= cfg.straggler_peer_wait_excess
+    peers_dip = ~resolved | (r_dip - v["dip"] >= cfg.straggler_peer_wait_excess)
     decoupled = screen & (peer_corr >= cfg.straggler_peer_corr) & (corr <= peer_corr - cfg.straggler_corr_gap) \
-        & (corr <= cfg.straggler_max_corr)
+        & (corr <= cfg.straggler_max_corr) & peers_dip
     # Which reading shows an unexplained straggler, strongest first.
     unknown_by = np.where(busier_plateau, "plat", np.where(causes["unknown"], "act", "pw"))
     causes["unknown"] = causes["unknown"] | busier_plateau | decoupled
-    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled)
+    # A GPU that spins in the collective more than its peers waits on them (on a checkpoint's writer,
+    # say): it is never the one they wait on.
+    waits_itself = v["spin"] - r_spin >= cfg.straggler_wait_gap
+    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled) \
+        & ~waits_itself
     v["corr"] = corr
     refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat, "pw": r_pw,
-            "corr": peer_corr}
+            "corr": peer_corr, "spin": r_spin, "dip": r_dip}
     zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat, "pw": z_pw}
     out = []
     for k in np.flatnonzero(eligible):
@@ -322,6 +339,10 @@ def _finding(
         "z_power": num(z["pw"]),
         "power_correlation": num(v["corr"]),
         "peer_power_correlation": num(ref["corr"]),
+        "wait_share": num(v["spin"]),
+        "peer_wait_share": num(ref["spin"]),
+        "dip_share": num(v["dip"]),
+        "peer_dip_share": num(ref["dip"]),
         "activity_basis": fr.activity_basis([r]),
     }
     gaps = [x for x in (act_gap, pf_gap) if math.isfinite(x)]
