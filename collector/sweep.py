@@ -7,11 +7,11 @@ import time
 
 import psycopg
 
-from gpufleet.collector import cyclegc, incident_store
+from gpufleet.collector import cyclegc, incident_store, onsets
 from gpufleet.collector.actions import RunActions
 from gpufleet.collector.alerting import AlertmanagerPusher
 from gpufleet.collector.detectors.registry import run_detectors
-from gpufleet.collector.detectors.window import Finding
+from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.quarantine import Quarantine
 from gpufleet.collector.shards import ShardScope
@@ -62,6 +62,18 @@ class Sweeper:
         #: What the last sweep found (and, sharded, owns).
         self.findings: list[Finding] = []
 
+    def _date_new_incidents(self, conn: psycopg.Connection, findings: list[Finding], window: Window) -> None:
+        """Date each new incident from where its data shows it began, looking back past the window when
+        its condition was already there when the window began (late data: :mod:`.onsets`)."""
+        slack = max(0.25 * self.cache.window_s, 1.0)
+        edge = [f for f in findings if f.run_id is not None and onsets.at_window_start(f, window, slack)]
+        if not edge:
+            return
+        open_scopes = {r[0] for r in conn.execute(
+            "SELECT scope_key FROM incidents WHERE state = 'open' AND scope_key = ANY(%s)",
+            ([f.scope_key for f in edge],)).fetchall()}
+        onsets.backdate(conn, edge, window, self.config, self.cache.window_s, open_scopes)
+
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
         with cyclegc.paused():
             self._sweep(conn, now)
@@ -102,6 +114,7 @@ class Sweeper:
         result = run_detectors(window, self.config)
         if self.scope is not None:
             result.findings = [f for f in result.findings if self.scope.owns_finding(f)]
+        self._date_new_incidents(conn, result.findings, window)
         self.findings = result.findings
         t2 = time.perf_counter()
         plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s,

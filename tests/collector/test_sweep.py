@@ -210,3 +210,21 @@ def test_freed_memory_goes_back_after_a_load_not_after_a_steady_sweep(
     sweeper(conn, fleet.t)
     feed.close()
     assert len(released) == 1
+
+
+def test_late_data_dates_a_new_incident_from_its_onset_not_the_window(conn: psycopg.Connection,
+                                                                        settings: Settings) -> None:
+    """Half an hour of samples arrives at once (agents back-filling their spool): the first sweep
+    sees only the last window, yet dates the starvation from where the data shows it began."""
+    fleet = Fleet.from_scenario("starvation_cpu", seed=5)
+    register_runs(conn, fleet)
+    (label,) = [i for i in fleet.labels().incidents if i.kind == "starvation"]
+    feed = SimFeed(conn, fleet)
+    end = label.start + 1800
+    feed.run_until(end)
+    feed.close()
+    Sweeper(settings)(conn, fleet.t)
+    (start,) = conn.execute("SELECT extract(epoch FROM start)::float8 FROM incidents WHERE kind = 'starvation'").fetchone()
+    window = settings.detect.window_s
+    assert fleet.t - start > 2 * window  # the window alone would have dated it from its own start
+    assert abs(start - label.start) <= window
