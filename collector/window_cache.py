@@ -27,6 +27,7 @@ from psycopg.adapt import Loader
 from psycopg.pq import Format
 
 from gpufleet.collector.brin_tail import BrinTail
+from gpufleet.collector.detectors.fabric import FABRIC_COLUMNS
 from gpufleet.collector.detectors.window import RunInfo, Series, Window
 from gpufleet.store import run_model
 
@@ -43,7 +44,7 @@ GPU_COLUMNS = ("util_pct", "sm_active", "tensor_active", "dram_active", "power_w
                "job_io_pressure_pct")
 HOST_COLUMNS = ("cpu_user_pct", "cpu_system_pct", "cpu_iowait_pct", "cpu_idle_pct", "cpu_count",
                 "disk_read_bytes_s", "disk_write_bytes_s", "disk_util_pct", "disk_await_ms",
-                "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w")
+                "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w", *FABRIC_COLUMNS)
 
 #: Array type OIDs (pg_type) of the column kinds, and timestamptz[].
 _PG_ARRAY = {"real": 1021, "double": 1022, "smallint": 1005, "integer": 1007, "bigint": 1016}

@@ -272,6 +272,14 @@ class DetectorConfig(BaseModel):
     #: A mean temperature at or above this (and robustly above peers) is hot, degC.
     straggler_hot_temp_c: NonNegative = 80.0
 
+    # --- the network (a cause for stragglers and slow or hung collectives) -----
+    #: Packets dropped or discarded on a node's links in the window that implicate them.
+    fabric_min_lost_packets: Count = 100
+    #: A link is saturated when its median utilisation over the window is at least this, percent ...
+    fabric_saturated_pct: Percent = 80.0
+    #: ... and saturated links implicate a run's collectives when this share of its nodes has one.
+    fabric_saturated_nodes_share: Share = 0.5
+
     # --- throttling -----------------------------------------------------------
     #: SM clock below this fraction of the maximum counts as held down.
     throttle_clock_ratio: Share = 0.9

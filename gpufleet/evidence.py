@@ -148,6 +148,10 @@ class StragglerEvidence(TypedDict):
     #: Share of the span it, and its peers, dipped below their own busy power with a kernel resident.
     dip_share: float | None
     peer_dip_share: float | None
+    #: Cause ``network``: what the straggler's node's fabric showed (``link_errors``, ``port_down``,
+    #: ``packet_loss``, ``saturated``) and the nodes implicated.
+    network_reason: NotRequired[str]
+    network_nodes: NotRequired[list[str]]
     activity_basis: str
 
 
@@ -355,6 +359,10 @@ class HungCollectiveEvidence(TypedDict):
     power_basis: str
     #: Tokens the run reported over the stretch (None: the run reports no progress).
     progress_tokens: float | None
+    #: Where a node of the run shows a fabric fault: what (``link_errors``, ``port_down``,
+    #: ``packet_loss``, ``saturated``) and which nodes, a likely reason the collective never completes.
+    network_reason: NotRequired[str]
+    network_nodes: NotRequired[list[str]]
     activity_basis: str
 
 
@@ -461,6 +469,8 @@ class StoredStraggler(TypedDict, total=False):
     peer_wait_share: float | None
     dip_share: float | None
     peer_dip_share: float | None
+    network_reason: str
+    network_nodes: list[str]
     activity_basis: str
 
 
@@ -602,6 +612,8 @@ class StoredHungCollective(TypedDict, total=False):
     gpu_count: int
     power_basis: str
     progress_tokens: float | None
+    network_reason: str
+    network_nodes: list[str]
     activity_basis: str
 
 

@@ -24,6 +24,7 @@ GPU memory, host settings) are never dropped.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from gpufleet.collector.detectors.window import Finding, GpuKey
 from gpufleet.waste import outranks, rank
@@ -33,7 +34,7 @@ _ALL = "*"
 
 def _gpus(f: Finding) -> set[GpuKey] | str:
     """The GPUs a finding claims (``"*"``: every GPU of its run)."""
-    ev = f.evidence if isinstance(f.evidence, dict) else {}
+    ev: dict[str, Any] = dict(f.evidence) if isinstance(f.evidence, dict) else {}
     if f.kind == "idle_allocation" and ev.get("scope") == "some":
         return {(g["node"], int(g["gpu"])) for g in ev.get("gpus", []) if isinstance(g, dict)}
     if f.gpu is not None and f.node is not None:
@@ -46,7 +47,7 @@ def _gpus(f: Finding) -> set[GpuKey] | str:
 
 def _named_ranks(f: Finding) -> set[GpuKey]:
     """Ranks a checkpoint finding names (its writer and blocking GPUs, ``node/gpu``)."""
-    ev = f.evidence if isinstance(f.evidence, dict) else {}
+    ev: dict[str, Any] = dict(f.evidence) if isinstance(f.evidence, dict) else {}
     names: list[object] = [ev.get("writer_gpu"), *(ev.get("blocking_gpus") or [])]
     out: set[GpuKey] = set()
     for n in names:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from gpufleet.collector.detectors.window import Series
+from gpufleet.detectconfig import DetectorConfig
 
 #: Host columns the functions read (the window cache must load them with the host rows).
 FABRIC_COLUMNS: tuple[str, ...] = (
@@ -37,13 +38,9 @@ FABRIC_COLUMNS: tuple[str, ...] = (
 )
 #: Physical-layer faults: any in the window implicates the link.
 LINK_FAULTS = ("ib_symbol_errors", "ib_link_downed", "ib_link_error_recovery", "net_errors")
-#: Packets lost: implicate the network above this many in the window.
+#: Packets lost (how many implicate the network: ``fabric_min_lost_packets``).
 LOSS_COLUMNS = ("net_drops", "ib_rx_errors", "ib_tx_discards")
-MIN_LOST_PACKETS = 100
-#: A link is saturated when its median utilisation over the window is at least this, %.
-SATURATED_PCT = 80.0
-#: ... and saturated links implicate a run's collectives when this share of its nodes has one.
-SATURATED_NODES_SHARE = 0.5
+_DEFAULTS = DetectorConfig()
 
 
 @dataclass
@@ -62,9 +59,11 @@ class NodeFabric:
     def faulty(self) -> bool:
         return bool(self.link_faults) or self.ports_down > 0
 
+    saturated_pct: float = _DEFAULTS.fabric_saturated_pct
+
     @property
     def saturated(self) -> bool:
-        return self.util_pct is not None and self.util_pct >= SATURATED_PCT
+        return self.util_pct is not None and self.util_pct >= self.saturated_pct
 
     def evidence(self) -> dict[str, Any]:
         return {"node": self.node, "fabric_reported": self.reported, "link_faults": dict(self.link_faults),
@@ -84,11 +83,12 @@ def _window(s: Series, t0: float, t1: float) -> np.ndarray:
     return (s.t >= t0) & (s.t <= t1)
 
 
-def node_fabric(host: Series | None, node: str, t0: float, t1: float) -> NodeFabric:
+def node_fabric(host: Series | None, node: str, t0: float, t1: float, cfg: DetectorConfig = _DEFAULTS
+                ) -> NodeFabric:
     if host is None or not any(host.has(c) for c in FABRIC_COLUMNS):
-        return NodeFabric(node, False)
+        return NodeFabric(node, False, saturated_pct=cfg.fabric_saturated_pct)
     m = _window(host, t0, t1)
-    out = NodeFabric(node, bool(m.any()))
+    out = NodeFabric(node, bool(m.any()), saturated_pct=cfg.fabric_saturated_pct)
     if not out.reported:
         return out
     for col in LINK_FAULTS:
@@ -105,19 +105,20 @@ def node_fabric(host: Series | None, node: str, t0: float, t1: float) -> NodeFab
 
 
 def straggler_network_cause(straggler_node: str, peer_nodes: Iterable[str], hosts: Mapping[str, Series],
-                            t0: float, t1: float) -> NetworkFinding | None:
+                            t0: float, t1: float, cfg: DetectorConfig = _DEFAULTS) -> NetworkFinding | None:
     """The straggler's node shows a fabric fault or saturation that none of its peers' nodes shows; None
     when the fabric is clean there, the same everywhere, or not reported."""
-    me = node_fabric(hosts.get(straggler_node), straggler_node, t0, t1)
+    me = node_fabric(hosts.get(straggler_node), straggler_node, t0, t1, cfg)
     if not me.reported:
         return None
-    peers = [node_fabric(hosts.get(n), n, t0, t1) for n in sorted(set(peer_nodes) - {straggler_node})]
+    peers = [node_fabric(hosts.get(n), n, t0, t1, cfg) for n in sorted(set(peer_nodes) - {straggler_node})]
     ev = {"straggler": me.evidence(), "peers": [p.evidence() for p in peers], "window": [t0, t1]}
     if me.link_faults and not any(p.link_faults for p in peers):
         return NetworkFinding("link_errors", [straggler_node], ev)
     if me.ports_down > max((p.ports_down for p in peers), default=0):
         return NetworkFinding("port_down", [straggler_node], ev)
-    if me.lost_packets >= MIN_LOST_PACKETS and all(p.lost_packets < MIN_LOST_PACKETS for p in peers):
+    least = cfg.fabric_min_lost_packets
+    if me.lost_packets >= least and all(p.lost_packets < least for p in peers):
         return NetworkFinding("packet_loss", [straggler_node], ev)
     if me.saturated and not any(p.saturated for p in peers):
         return NetworkFinding("saturated", [straggler_node], ev)
@@ -125,10 +126,10 @@ def straggler_network_cause(straggler_node: str, peer_nodes: Iterable[str], host
 
 
 def collective_network_cause(nodes: Iterable[str], hosts: Mapping[str, Series], t0: float,
-                             t1: float) -> NetworkFinding | None:
+                             t1: float, cfg: DetectorConfig = _DEFAULTS) -> NetworkFinding | None:
     """For a run slow or hung as a whole: a node of it with link faults or a port down, packets lost, or
     saturated links on most of its nodes; None otherwise (or when no node reports the fabric)."""
-    figures = [node_fabric(hosts.get(n), n, t0, t1) for n in sorted(set(nodes))]
+    figures = [node_fabric(hosts.get(n), n, t0, t1, cfg) for n in sorted(set(nodes))]
     seen = [f for f in figures if f.reported]
     if not seen:
         return None
@@ -139,10 +140,10 @@ def collective_network_cause(nodes: Iterable[str], hosts: Mapping[str, Series], 
     down = [f.node for f in seen if f.ports_down > 0]
     if down:
         return NetworkFinding("port_down", down, ev)
-    lossy = [f.node for f in seen if f.lost_packets >= MIN_LOST_PACKETS]
+    lossy = [f.node for f in seen if f.lost_packets >= cfg.fabric_min_lost_packets]
     if lossy:
         return NetworkFinding("packet_loss", lossy, ev)
     busy = [f.node for f in seen if f.saturated]
-    if busy and len(busy) >= SATURATED_NODES_SHARE * len(seen):
+    if busy and len(busy) >= cfg.fabric_saturated_nodes_share * len(seen):
         return NetworkFinding("saturated", busy, ev)
     return None

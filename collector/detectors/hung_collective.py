@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from gpufleet.collector.detectors.fabric import collective_network_cause
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.held import kernel_resident, no_kernel, no_work, run_spans, spin_power
 from gpufleet.collector.detectors.stats import num
@@ -132,6 +133,10 @@ def _judge(fr: Frame, ri: int, rows: np.ndarray, onset: float, hung_s: float, a:
         "progress_tokens": num(tokens),
         "activity_basis": fr.activity_basis(rows),
     }
+    nf = collective_network_cause({k[0] for k in run.allocations}, fr.window.hosts, onset, fr.window.t_end, cfg)
+    if nf is not None:
+        evidence["network_reason"] = nf.reason
+        evidence["network_nodes"] = nf.nodes
     last = float(np.max(fr.time(b[rows] - 1)))
     return Finding(KIND, None, "critical", onset, evidence, run_id=run.run_id, last_active=last)
 

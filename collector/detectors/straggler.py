@@ -22,6 +22,9 @@ has a reason to be slow, tried in this order:
   exported, busy power at a plateau that low below the peers'; or power-cap
   reason bits the peers do not share, with a lower clock;
 * ``clocks``: SM clock while busy an outlier below the peers;
+* ``network``: none of these on the GPU, but its node's fabric shows link
+  errors, a port down, lost packets or a saturated link that its peers'
+  nodes do not (:mod:`.fabric`);
 * ``unknown``: none of these, but busier than the peers by
   ``straggler_unknown_gap`` with z >= ``straggler_z``, or (no limit
   exported) at a busy power plateau that far above the peers'.
@@ -54,11 +57,13 @@ has recovered and is no longer reported.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
 from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
 from gpufleet.collector.detectors import checkpoint_stall
+from gpufleet.collector.detectors.fabric import straggler_network_cause
 from gpufleet.collector.detectors.frame import Frame, segment_sums
 from gpufleet.collector.detectors.held import kernel_resident
 from gpufleet.collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
@@ -253,8 +258,24 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
                          {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1,
                          str(unknown_by[k]))
         if found is not None:
+            if cause == "unknown":
+                _network(fr, r, found)
             out.append(found)
     return out
+
+
+def _network(fr: Frame, r: int, f: Finding) -> None:
+    """Name the network as the cause of a straggler nothing on the GPU explains, where its node's fabric
+    shows a fault or saturation its peers' nodes do not."""
+    run = fr.window.runs[int(fr.run_of_row[r])]
+    node = fr.keys[r][0]
+    nf = straggler_network_cause(node, {k[0] for k in run.allocations}, fr.window.hosts, fr.window.t_start,
+                                 fr.window.t_end, fr.config)
+    if nf is not None:
+        f.cause = "network"
+        ev = cast(StragglerEvidence, f.evidence)
+        ev["network_reason"] = nf.reason
+        ev["network_nodes"] = nf.nodes
 
 
 def _finding(

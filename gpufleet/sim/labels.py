@@ -56,7 +56,7 @@ RUN_TIME_KINDS = (STARVATION, CHECKPOINT_STALL, STRAGGLER, IDLE_ALLOCATION, HUNG
 CAUSES: dict[str, tuple[str | None, ...]] = {
     STARVATION: ("cpu", "io", "unknown"),
     THROTTLING: ("power_cap", "thermal", "hw_slowdown", "power_brake"),
-    STRAGGLER: ("power_cap", "thermal", "pcie_degraded", "clocks", "unknown"),
+    STRAGGLER: ("power_cap", "thermal", "pcie_degraded", "clocks", "network", "unknown"),
     CHECKPOINT_STALL: (None,),
     IDLE_ALLOCATION: (None,),
     HUNG_COLLECTIVE: (None,),

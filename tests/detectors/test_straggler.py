@@ -106,6 +106,26 @@ def test_unexplained_straggler_has_cause_unknown() -> None:
     assert [(f.gpu, f.cause) for f in fs] == [(6, "unknown")]
 
 
+def test_a_straggler_whose_node_loses_packets_has_the_network_as_its_cause() -> None:
+    """Nothing on the GPU explains it; its node's InfiniBand port logs symbol errors and link
+    recoveries that the peers' nodes do not."""
+    specs = peers(16)
+    specs[11] = GpuSpec(steady(0.95))
+    w = run_window(specs)
+    for node, host in w.hosts.items():
+        bad = node == "n1"
+        host.cols["ib_symbol_errors"] = np.full(host.t.shape, 40.0 if bad else 0.0)
+        host.cols["ib_link_error_recovery"] = np.where(np.arange(host.t.size) % 20 == 0, 1.0 if bad else 0.0, 0.0)
+        host.cols["ib_util_pct"] = np.full(host.t.shape, 30.0)
+    (f,) = detect(w, CFG)
+    assert (f.node, f.gpu, f.cause) == ("n1", 3, "network")
+    assert f.evidence["network_reason"] == "link_errors" and f.evidence["network_nodes"] == ["n1"]
+    # the same counters on every node implicate no one node
+    for host in w.hosts.values():
+        host.cols["ib_symbol_errors"] = np.full(host.t.shape, 40.0)
+    assert [x.cause for x in detect(w, CFG)] == ["unknown"]
+
+
 @pytest.mark.parametrize("dt", [0.1, 30.0])
 def test_sampling_rates(dt: float) -> None:
     specs = peers()
