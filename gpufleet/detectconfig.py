@@ -61,8 +61,15 @@ class DetectorConfig(BaseModel):
     #: Sampling interval assumed for a series with a single sample, seconds.
     fallback_dt_s: Positive = 1.0
     #: A GPU-scoped condition is reported only while seen this recently
-    #: (or within three sampling intervals, whichever is longer), seconds.
+    #: (or within ``active_within_samples`` sampling intervals, whichever is longer), seconds.
     active_within_s: Positive = 60.0
+    active_within_samples: Count = 3
+    #: Slack at a stretch's edges, in sampling intervals: samples of GPUs on
+    #: different clocks, and a stretch's first or last sample, are this far off.
+    edge_samples: Positive = 2.0
+    #: Share of a stretch's samples that puts a GPU in a role (spinning, blocked,
+    #: degraded): the majority.
+    majority_share: Share = 0.5
 
     # --- runs ---------------------------------------------------------------
     #: Run start-up (model load, compilation, first batches) is ignored for at
@@ -105,6 +112,18 @@ class DetectorConfig(BaseModel):
     starve_busy_gpu_share: Share = 0.9
     #: Reference activity of a well-fed GPU, for ``gpu_time_lost_share``.
     nominal_activity: Share = 0.8
+    #: Busy and idle phases of an oscillation are told apart within each GPU's own
+    #: activity range (5th to 95th percentile): idle at or below this share of it,
+    #: busy at or above ``starve_phase_hi`` (coarse samples average a short idle
+    #: phase with busy time, so an idle sample at 10 s may read 0.2, not 0).
+    starve_phase_lo: Share = 0.3
+    starve_phase_hi: Share = 0.7
+    #: Cycles of one chain follow one another at half to twice its period ...
+    starve_chain_ratio: Positive = 2.0
+    #: ... and the last began at most this many periods before the window's end.
+    starve_recent_periods: Positive = 2.0
+    #: Lost share at which starvation is critical.
+    starve_critical_lost_share: Share = 0.5
 
     # --- host pressure (starvation cause) ----------------------------------
     #: All-CPU user time at or above this is a saturated CPU, percent.
@@ -178,6 +197,11 @@ class DetectorConfig(BaseModel):
     ckpt_min_d2h_bytes_s: NonNegative = 50e6
     #: Smallest share of the run's time lost to pauses worth reporting.
     ckpt_min_lost_share: Share = 0.03
+    #: Lost share at which a checkpoint stall is critical.
+    ckpt_critical_lost_share: Share = 0.25
+    #: The next checkpoint is expected within this many periods (its incident's
+    #: hold-off, and how long after the last pause a periodic pattern still counts).
+    ckpt_hold_periods: Positive = 1.5
 
     # --- idle allocation --------------------------------------------------------
     #: A run's GPUs doing no work this long are an idle allocation, seconds: past
@@ -244,6 +268,10 @@ class DetectorConfig(BaseModel):
     #: throttled as a whole, the faster GPUs waiting), not one capped GPU.
     straggler_plateau_max_share: Share = 0.2
     straggler_same_util_pct: Percent = 5.0
+    #: Reason bits the peers show at most this share of their busy time are the straggler's own.
+    straggler_peer_bits_share: Share = 0.05
+    #: Gap of activity or power fraction over the peers at which a straggler is critical.
+    straggler_critical_gap: Share = 0.3
     #: Unexplained straggler: activity above the peers' by at least this much.
     straggler_unknown_gap: Share = 0.25
     #: Out of the peers' wait rhythm: mean power this robust z above the
@@ -292,6 +320,8 @@ class DetectorConfig(BaseModel):
     throttle_infer_power_frac: Share = 0.95
     #: ... and a temperature at or above this a thermal limit, degC.
     throttle_infer_temp_c: NonNegative = 85.0
+    #: A clock held below this fraction of its maximum makes throttling critical.
+    throttle_critical_clock_ratio: Share = 0.6
 
     # --- PCIe -------------------------------------------------------------------
     #: Share of busy time since the episode began with a degraded link.

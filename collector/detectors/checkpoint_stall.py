@@ -177,7 +177,7 @@ def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray |
     down = np.flatnonzero((cover < need) & (prev >= need))
     spans = [(float(tt[u]), float(tt[d])) for u, d in zip(up, down, strict=False)]
     # Unsynchronised sampling splits one pause into slivers; join them.
-    tol = 2.0 * float(np.max(fr.dt[rows]))
+    tol = fr.config.edge_samples * float(np.max(fr.dt[rows]))
     merged: list[tuple[float, float]] = []
     for a, b in spans:
         if merged and a - merged[-1][1] <= tol:
@@ -228,9 +228,9 @@ def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> 
         with np.errstate(invalid="ignore", divide="ignore"):
             share[:, k] = np.where(cnt > 0, (ones[ib] - ones[ia]) / cnt, np.nan)
     for p in range(len(pauses)):
-        ks = np.flatnonzero(share[p] < 0.5).tolist()
+        ks = np.flatnonzero(share[p] < cfg.majority_share).tolist()
         blk = [rl[k] for k in ks]
-        spin = int((share[p] >= 0.5).sum())
+        spin = int((share[p] >= cfg.majority_share).sum())
         spinning.append(spin)
         one_per_node = len({node_of[k] for k in ks}) == len(ks)
         if 1 <= len(blk) <= max_block and one_per_node and spin >= 1:
@@ -239,7 +239,7 @@ def blocking(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]]) -> 
     if not counts or not pauses:
         return Blocking(None, 0.0, [], float(np.median(spinning)) if spinning else 0.0)
     writer, hits = counts.most_common(1)[0]
-    blockers = sorted(r for r, c in counts.items() if c >= 0.5 * len(pauses))
+    blockers = sorted(r for r, c in counts.items() if c >= cfg.majority_share * len(pauses))
     return Blocking(writer, hits / len(pauses), blockers, float(np.median(spinning)))
 
 
@@ -276,7 +276,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
         cv = float(np.median(np.abs(spacing - period))) / period
         if cv > cfg.ckpt_max_period_cv:
             return None
-        if window.t_end - float(starts[-1]) > max(1.5 * period + pause_s, cfg.active_within_s):
+        if window.t_end - float(starts[-1]) > max(cfg.ckpt_hold_periods * period + pause_s, cfg.active_within_s):
             return None
         lost = min(pause_s / period, 1.0)
     else:
@@ -325,10 +325,10 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
         "gpu_count": int(rows.size),
         "activity_basis": fr.activity_basis(rows),
     }
-    severity = "critical" if lost >= 0.25 else "warning"
+    severity = "critical" if lost >= cfg.ckpt_critical_lost_share else "warning"
     last = float(pauses[-1][1])
     # The next checkpoint may be a period away, or out of view of this window.
-    hold = 1.5 * period if period is not None else window.t_end - window.t_start
+    hold = cfg.ckpt_hold_periods * period if period is not None else window.t_end - window.t_start
     return Finding(KIND, None, severity, float(starts[0]), evidence, run_id=window.runs[ri].run_id,
                    last_active=last, hold_s=hold)
 

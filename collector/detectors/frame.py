@@ -812,7 +812,7 @@ class Frame:
     def recent_enough(self, last: np.ndarray) -> np.ndarray:
         """``last`` lies within ``active_within_s`` (or three sampling
         intervals) of the window's end."""
-        horizon = np.maximum(self.config.active_within_s, 3.0 * self.dt)
+        horizon = np.maximum(self.config.active_within_s, self.config.active_within_samples * self.dt)
         return last >= self.window.t_end - horizon
 
     def region_samples(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

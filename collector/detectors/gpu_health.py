@@ -130,7 +130,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             {"pcie_replays": int(rep.total[r]), "pcie_replays_per_min": num(per_min[r]),
              "pcie_replay_total": num(rep.latest[r])})
 
-    horizon = t_end - np.maximum(cfg.active_within_s, 3.0 * fr.dt)
+    horizon = t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     hold = {"uncorrectable_ecc": cfg.uncorrectable_hold_s}
     out = []
     for r, issues in sorted(found.items()):

@@ -38,8 +38,6 @@ from gpufleet.evidence import HungCollectiveEvidence, SpinningGpu
 from gpufleet.timeparse import rfc3339
 
 KIND = "hung_collective"
-#: Share of a rank's samples over the stretch that make it a spinner, or a dead rank.
-_ROLE_SHARE = 0.5
 
 
 def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]:
@@ -67,7 +65,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     last_end = np.full(fr.rows, np.nan)
     last_t[has] = fr.time(b[has] - 1)
     last_end[has] = last_t[has] + fr.w_all[b[has] - 1]
-    slop = 2.0 * fr.dt
+    slop = cfg.edge_samples * fr.dt
     now = has & np.isfinite(ep.onset) & (ep.last >= last_t - slop)
     out: list[Finding] = []
     for ri, rows in sorted(fr.run_rows.items()):
@@ -95,11 +93,11 @@ def _judge(fr: Frame, ri: int, rows: np.ndarray, onset: float, hung_s: float, a:
     for r in rows.tolist():
         sl = slice(int(max(a[r], start[r])), int(b[r]))
         n = max(sl.stop - sl.start, 1)
-        if float(spin[sl].sum()) / n >= _ROLE_SHARE:
+        if float(spin[sl].sum()) / n >= cfg.majority_share:
             spinners.append(r)
-            if float(power_known[sl].sum()) / n < _ROLE_SHARE:
+            if float(power_known[sl].sum()) / n < cfg.majority_share:
                 unjudged.append(r)
-        elif float(nk[sl].sum()) / n >= _ROLE_SHARE:
+        elif float(nk[sl].sum()) / n >= cfg.majority_share:
             dead.append(r)
     need = max(1, math.ceil(cfg.hung_min_spinning_share * rows.size - 1e-9))
     if len(spinners) < need:

@@ -52,7 +52,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     last_end = np.full(fr.rows, np.nan)
     last_t[has] = fr.time(b[has] - 1)
     last_end[has] = last_t[has] + fr.w_all[b[has] - 1]
-    slop = 2.0 * fr.dt
+    slop = cfg.edge_samples * fr.dt
     idle_s = last_end - ep.onset
     # The stretch reaches the present (work resumed ends it at once) and lasted long enough.
     now_idle = has & np.isfinite(ep.onset) & (ep.last >= last_t - slop)
@@ -86,7 +86,7 @@ def _working(fr: Frame, working: np.ndarray, idle_rows: np.ndarray, busy_s: np.n
     stretch, and, where power is reported, drawing clearly more than the idle GPUs (GPUs spinning in
     a collective read busy by GPU-Util alone, at their idle power)."""
     cfg = fr.config
-    busy = working[busy_s[working] >= 0.5 * cfg.idle_min_s]
+    busy = working[busy_s[working] >= cfg.majority_share * cfg.idle_min_s]
     if busy.size == 0:
         return False
     idle_w = _median_power(fr, idle_rows, a, b)
@@ -126,7 +126,7 @@ def _finding(fr: Frame, ri: int, rows: np.ndarray, idle_rows: np.ndarray, scope:
         "idle_gpus": int(idle_rows.size),
         "gpu_count": int(rows.size),
         "idle_s": round(float(np.max(idle_s[idle_rows])), 1),
-        "since_before_window": bool(start <= w.t_start + 2.0 * float(np.max(fr.dt[idle_rows]))),
+        "since_before_window": bool(start <= w.t_start + fr.config.edge_samples * float(np.max(fr.dt[idle_rows]))),
         "activity_basis": fr.activity_basis(idle_rows),
     }
     lasts = last[idle_rows]

@@ -136,7 +136,7 @@ def _links_down(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issu
         return
     expected = links.expected(fr)
     low = links.up_min
-    horizon = fr.window.t_end - np.maximum(cfg.active_within_s, 3.0 * fr.dt)
+    horizon = fr.window.t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     for r in np.flatnonzero((expected > 0) & (low < expected)).tolist():
         t = fr.row_times(r)
         raw = fr.series_col(r, "nvlink_links_up")
@@ -219,13 +219,13 @@ def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]
     thr = np.fmax(cfg.nvlink_floor_bytes_s, cfg.nvlink_peer_ratio * np.nan_to_num(peer))
     hit = (ok & (has_links | node_traffic) & (busy_s >= cfg.nvlink_min_busy_s) & (nv_mean <= thr)
            & (np.fmin(tx, rx) >= cfg.nvlink_fallback_pcie_bytes_s))
-    horizon = fr.window.t_end - np.maximum(cfg.active_within_s, 3.0 * fr.dt)
+    horizon = fr.window.t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     for r in np.flatnonzero(hit).tolist():
         sl = fr.row_slice(r)
         t = fr.row_times(r)
         w = wb[sl].astype(np.float64)
         low = (nv[sl] <= thr[r]) & (w > 0)
-        onset = trailing_onset(t, w, low, 0.5)
+        onset = trailing_onset(t, w, low, cfg.majority_share)
         if math.isnan(onset) or not low.any() or float(t[low][-1]) < horizon[r]:
             continue
         found.setdefault(r, {})["pcie_fallback"] = _Issue(
@@ -247,7 +247,7 @@ def _errors(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]])
     hit = ((errs >= cfg.nvlink_min_errors) & (rate >= cfg.nvlink_errors_per_min)) | (rec.total >= cfg.nvlink_min_recoveries)
     last = np.fmax(np.fmax(crc.last, rep.last), rec.last)
     first = np.fmin(np.fmin(crc.first, rep.first), rec.first)
-    horizon = fr.window.t_end - np.maximum(cfg.active_within_s, 3.0 * fr.dt)
+    horizon = fr.window.t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     for r in np.flatnonzero(hit & (last >= horizon)).tolist():
         found.setdefault(r, {})["link_errors"] = _Issue(
             start=float(first[r]), last=float(last[r]), severity="warning",

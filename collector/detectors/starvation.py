@@ -90,7 +90,7 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
     if deep.size == 0:
         return out
     span = p95[deep] - p5[deep]
-    ph = fr.rows_phases(rows[deep], p5[deep] + 0.3 * span, p5[deep] + 0.7 * span)
+    ph = fr.rows_phases(rows[deep], p5[deep] + cfg.starve_phase_lo * span, p5[deep] + cfg.starve_phase_hi * span)
     closed = (ph.state == 0) & ~ph.open_start & ~ph.open_end
     owner = np.repeat(np.arange(deep.size), np.diff(ph.offsets))
     enough = np.bincount(owner[closed], minlength=deep.size) >= cfg.starve_min_cycles
@@ -138,7 +138,7 @@ def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
     regular = np.bincount(rk[recent & ~follows], minlength=nr) == 0
     p0 = group_median(gap[recent], rk[recent], nr)
     with np.errstate(invalid="ignore"):
-        steady = follows & (0.5 * p0[rk] <= gap) & (gap <= 2.0 * p0[rk])
+        steady = follows & (p0[rk] / cfg.starve_chain_ratio <= gap) & (gap <= cfg.starve_chain_ratio * p0[rk])
     breaks = has_gap & (gi < recent_from[rk]) & ~steady
     j = np.full(nr, -1, dtype=np.int64)
     np.maximum.at(j, rk[breaks], gi[breaks])
@@ -151,7 +151,7 @@ def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
     last_onset = on[first + n_gaps]
     with np.errstate(invalid="ignore"):
         ok = regular & (p0 > 0) & ~(period > cfg.starve_max_period_s) & ~(cv > cfg.starve_max_period_cv)
-        ok &= ~(fr.window.t_end - last_onset > np.maximum(2.0 * period, cfg.active_within_s))
+        ok &= ~(fr.window.t_end - last_onset > np.maximum(cfg.starve_recent_periods * period, cfg.active_within_s))
     # Busy and idle time of every phase from the chain's first idle phase on.
     pa, pb = ph.offsets[sel], ph.offsets[sel + 1]
     pidx = fr.take(pa, pb)
@@ -230,7 +230,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         var = fr.row_sum(wa * act) / reg_s - mean * mean
     # A square wave between idle and busy of depth d has a standard deviation
     # near d/2 for any duty cycle worth reporting.
-    swinging = var >= (0.3 * cfg.starve_min_depth) ** 2
+    swinging = var >= (cfg.starve_phase_lo * cfg.starve_min_depth) ** 2
     # Steady low: mean activity over the last starve_min_duration_s of the
     # region below the low level (a mean, so that coarse samples averaging
     # short busy bursts with idle time still count) ...
@@ -248,7 +248,7 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         rs[cnt > 0] = segment_sums(w_recent * act[recent], seg[cnt > 0])
         rw[cnt > 0] = segment_sums(w_recent, seg[cnt > 0])
     with np.errstate(invalid="ignore", divide="ignore"):
-        low = full & (rw >= 0.5 * cfg.starve_min_duration_s) & (rs / rw <= cfg.starve_low_activity)
+        low = full & (rw >= cfg.majority_share * cfg.starve_min_duration_s) & (rs / rw <= cfg.starve_low_activity)
     # ... dated from when activity went low for most of the time.
     below = fr.activity < cfg.starve_low_activity
     below &= fr.per_sample(low)
@@ -342,7 +342,7 @@ def _judge_run(
             "activity_basis": fr.activity_basis(rows),
         }
         last = max(o.last_onset for o in oscs)
-        return _finding(run.run_id, cause, lost, onset, last, evidence)
+        return _finding(run.run_id, cause, lost, onset, last, evidence, cfg)
     lows = rows[low[rows]]
     if lows.size == 0 or lows.size < need:
         return None
@@ -388,7 +388,7 @@ def _judge_run(
     }
     last = low_last[lows]
     return _finding(run.run_id, cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
-                    else fr.window.t_end, evidence)
+                    else fr.window.t_end, evidence, cfg)
 
 
 def _cause(job: JobPressure, host: HostPressure) -> tuple[str, str | None]:
@@ -401,8 +401,8 @@ def _cause(job: JobPressure, host: HostPressure) -> tuple[str, str | None]:
 
 
 def _finding(run_id: str, cause: str, lost: float, start: float, last: float,
-             evidence: StarvationEvidence) -> Finding:
-    severity = "critical" if lost >= 0.5 else "warning"
+             evidence: StarvationEvidence, cfg: DetectorConfig) -> Finding:
+    severity = "critical" if lost >= cfg.starve_critical_lost_share else "warning"
     return Finding(KIND, cause, severity, start, evidence, run_id=run_id, last_active=last)
 
 

@@ -202,12 +202,12 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     lone = crowd <= np.maximum(1, np.floor(cfg.straggler_plateau_max_share * size + 1e-9))
     low_plat &= lone[gs]
     causes = {
-        "pcie_degraded": (v["pcie"] >= 0.5) & ~(r_pcie >= 0.5),
-        "thermal": ((v["therm"] >= cfg.straggler_thermal_share) & ~(r_therm >= 0.05))
+        "pcie_degraded": (v["pcie"] >= cfg.majority_share) & ~(r_pcie >= cfg.majority_share),
+        "thermal": ((v["therm"] >= cfg.straggler_thermal_share) & ~(r_therm >= cfg.straggler_peer_bits_share))
         | ((z_temp >= cfg.straggler_z) & (v["temp"] >= cfg.straggler_hot_temp_c) & slow_clk),
         "power_cap": ((z_lim <= -cfg.straggler_z) & (rel_lim <= -cfg.straggler_min_rel))
         | low_plat
-        | ((v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= 0.05) & slow_clk),
+        | ((v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= cfg.straggler_peer_bits_share) & slow_clk),
         "clocks": (z_clk <= -cfg.straggler_z) & slow_clk,
         "unknown": (z_act >= cfg.straggler_z) & (act_gap >= cfg.straggler_unknown_gap),
     }
@@ -319,9 +319,10 @@ def _finding(
         # Out of the peers' wait rhythm: busy above the peers' mean power.
         power = fr.series_col(r, "power_w")
         ind, wt, feat = busy & (power > ref["pw"]), wb, "pw"
-    onset = trailing_onset(t, wt, ind, 0.5)
+    onset = trailing_onset(t, wt, ind, cfg.majority_share)
     hits = np.flatnonzero(ind & (wt > 0))
-    if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(cfg.active_within_s, 3.0 * float(fr.dt[r])):
+    if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(cfg.active_within_s,
+                                                            cfg.active_within_samples * float(fr.dt[r])):
         # Recovered: the slowness is no longer seen, only averaged in.
         return None
     last = float(t[hits[-1]])
@@ -367,7 +368,7 @@ def _finding(
         "activity_basis": fr.activity_basis([r]),
     }
     gaps = [x for x in (act_gap, pf_gap) if math.isfinite(x)]
-    severity = "critical" if gaps and max(gaps) >= 0.3 else "warning"
+    severity = "critical" if gaps and max(gaps) >= cfg.straggler_critical_gap else "warning"
     key = fr.keys[r]
     run_id = fr.window.runs[int(fr.run_of_row[r])].run_id
     return Finding(KIND, cause, severity, onset, evidence, run_id=run_id, node=key[0], gpu=key[1], last_active=last)

@@ -195,7 +195,7 @@ def _finding(
         "temp_c_max": num(np.max(temp_hit[np.isfinite(temp_hit)]) if np.isfinite(temp_hit).any() else None),
         "power_frac": num(median_of(fr.power_frac(ix), hit)),
     }
-    severe = cause in SEVERE or (np.isfinite(ratio) and ratio < 0.6)
+    severe = cause in SEVERE or (np.isfinite(ratio) and ratio < cfg.throttle_critical_clock_ratio)
     key = fr.keys[r]
     return Finding(
         KIND, cause, "critical" if severe else "warning", onset, evidence,
