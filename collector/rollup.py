@@ -181,7 +181,14 @@ def _stats_sql(kind: str) -> tuple[str, str]:
     table = f"{kind}_stats_1m"
     samples = f"{kind}_samples"
     delete = f"DELETE FROM {table} t USING {rng} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
-    where = (f"EXISTS (SELECT 1 FROM {rng} WHERE {samples}.node = r.node AND {samples}.time >= {lo} "
+    # The EXISTS alone names the samples, but no index can answer it: the nodes and the span of all
+    # the ranges, which it implies, let the (node, gpu, time) index or the time index find them
+    # instead of a scan of the whole table (tests/db/test_rollup_stats_by_index.py).
+    span = (f"{samples}.node = ANY(%(nodes)s::text[]) "
+            f"AND {samples}.time >= {E.minute('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
+            f"AND {samples}.time < {E.minute('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} "
+            "+ INTERVAL '1 minute'")
+    where = (f"{span} AND EXISTS (SELECT 1 FROM {rng} WHERE {samples}.node = r.node AND {samples}.time >= {lo} "
              f"AND {samples}.time < {hi})")
     select = (stats_sql.gpu_stats_select if kind == "gpu" else stats_sql.host_stats_select)(E.minute("time"), where)
     return delete, f"INSERT INTO {table} {select}"
