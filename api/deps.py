@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from gpufleet.auth import Forbidden, Principal
 from gpufleet.config import Settings
+from gpufleet.db.read_routing import RoutedPool, read_router
 from gpufleet.db.schema_check import UPGRADE
 from gpufleet.httpauth import Authenticator
 
@@ -24,10 +25,14 @@ class ApiState:
         self.url = url
         self.settings = settings
         self.statement_timeout_ms = max(1, round(settings.api.statement_timeout_s * 1000))
-        self.pool = ConnectionPool(url, min_size=1, max_size=settings.api.pool_size, open=False, timeout=5,
-                                   kwargs={"autocommit": True, "application_name": "gpufleet-api"},
-                                   configure=self._configure)
-        self.auth = Authenticator(self.pool, retry_after_s=settings.ingest.retry_after_s)
+        #: Writes and token checks (a revoked token must stop working at once, not when a standby replays it).
+        self.primary = ConnectionPool(url, min_size=1, max_size=settings.api.pool_size, open=False, timeout=5,
+                                      kwargs={"autocommit": True, "application_name": "gpufleet-api"},
+                                      configure=self._configure)
+        #: Reads (GET routes, web pages): the standby of ``database.read_url`` while its view is fresh
+        #: enough, else the primary (:mod:`gpufleet.db.read_routing`).
+        self.pool = RoutedPool(read_router(url, settings, self.primary, self._configure, "gpufleet-api"))
+        self.auth = Authenticator(self.primary, retry_after_s=settings.ingest.retry_after_s)
 
     def _configure(self, conn: psycopg.Connection) -> None:
         """Every statement of the API is bounded in time: PostgreSQL cancels one that runs longer, so a
@@ -66,14 +71,27 @@ def allowed(capability: str) -> Callable[..., Coroutine[Any, Any, Principal]]:
     return check
 
 
-def connection(s: StateDep) -> Iterator[psycopg.Connection]:
+def _pool_for(s: ApiState, request: Request) -> ConnectionPool | RoutedPool:
+    """Writes on the primary; reads wherever the router sends them, unless the client asked for
+    the newest data (``Cache-Control: no-cache``, as after its own write)."""
+    if request.method not in ("GET", "HEAD") or "no-cache" in request.headers.get("cache-control", "").lower():
+        return s.primary
+    return s.pool
+
+
+def connection(s: StateDep, request: Request) -> Iterator[psycopg.Connection]:
     try:
-        with s.pool.connection() as conn:
+        with _pool_for(s, request).connection() as conn:
             yield conn
     except psycopg.errors.QueryCanceled as e:
         raise HTTPException(503, f"the request ran past the API's {s.settings.api.statement_timeout_s:g}-second "
                                  "statement limit (api.statement_timeout_s) and was cancelled; ask for a shorter "
                                  "period or a coarser grouping", headers={"Retry-After": "30"}) from e
+    except psycopg.errors.SerializationFailure as e:
+        # On a hot standby: the read conflicted with a change being replayed (a vacuum's cleanup) and
+        # was cancelled; the next one sees the replayed state.
+        raise HTTPException(503, "the read was cancelled by the standby replaying a conflicting change; retry",
+                            headers={"Retry-After": "1"}) from e
     except (psycopg.OperationalError, PoolTimeout) as e:
         raise HTTPException(503, "database unavailable; retry later", headers={"Retry-After": "2"}) from e
     except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn) as e:

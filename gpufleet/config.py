@@ -102,6 +102,36 @@ class IngestSettings(BaseModel):
     max_pending_connections_per_ip: int = Field(64, ge=1)
 
 
+def _postgres_url(v: str | None) -> str | None:
+    if v is not None and not v.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+        raise ValueError("must start with postgresql://")
+    if v is not None and v.startswith("postgresql+psycopg://"):
+        v = "postgresql://" + v.removeprefix("postgresql+psycopg://")
+    return v
+
+
+class DatabaseSettings(BaseModel):
+    """Where reads may go besides the primary (``database_url``): :mod:`gpufleet.db.read_routing`."""
+
+    model_config = {"extra": "forbid"}
+
+    #: A streaming-replication hot standby of the primary (``pg_basebackup -R``).  Set, the API's
+    #: reads and the web view's pages go to it while its view is at most ``max_read_lag_s`` old,
+    #: and the detector sweep's history reads while it is within their own bound; writes, token
+    #: checks and the sweep's fresh window stay on the primary.  Unset: everything on the primary.
+    read_url: str | None = None
+    #: Oldest view of the data a read may be served from, seconds; a standby further behind
+    #: (or unreachable, or promoted) sends reads to the primary until it catches up.
+    max_read_lag_s: float = Field(10.0, ge=0)
+    #: How often the standby's lag is measured, seconds (two one-row queries, one on each server).
+    lag_check_s: float = Field(1.0, gt=0)
+
+    @field_validator("read_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return _postgres_url(v or None)  # empty (an unset variable in a compose file): no standby
+
+
 class ApiSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -615,6 +645,8 @@ class Settings(BaseSettings):
     #: PostgreSQL URL (postgresql://...). Unset: an embedded server is started
     #: in ``data_dir/pg``.
     database_url: str | None = None
+    #: Read replicas (``database.read_url``) and how stale a read may be.
+    database: DatabaseSettings = DatabaseSettings()
     data_dir: Path = Path(".gpufleet")
     collector_host: str = "127.0.0.1"
     collector_port: int = Field(8410, ge=0, le=65535)
@@ -657,6 +689,13 @@ class Settings(BaseSettings):
         if self.environment == "production" and not self.database_url:
             raise ValueError("environment is 'production' but database_url is not set "
                              "(the embedded PostgreSQL is for development and the demo only)")
+        return self
+
+    @model_validator(mode="after")
+    def _standby_of_a_primary(self) -> Settings:
+        if self.database.read_url and not self.database_url:
+            raise ValueError("database.read_url needs database_url: a standby follows a configured primary, "
+                             "never the embedded development server")
         return self
 
     @model_validator(mode="after")
