@@ -24,7 +24,14 @@ from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
-from gpufleet.db.read_routing import LagProbe, StandbyLag, StandbyLagMetrics, StandbyUnavailable, lsn
+from gpufleet.db.read_routing import (
+    LagProbe,
+    ReadRouter,
+    StandbyLag,
+    StandbyLagMetrics,
+    StandbyUnavailable,
+    lsn,
+)
 from gpufleet.serverthread import ServerThread, serve
 from tests.db import replication
 
@@ -65,10 +72,16 @@ def tokens(pair: replication.Pair) -> dict[str, str]:
     return out
 
 
+#: The router of each API served by the ``api`` fixture.
+ROUTERS: dict[int, ReadRouter] = {}
+
+
 @pytest.fixture
 def api(pair: replication.Pair, tokens: dict[str, str]) -> Iterator[ServerThread]:
-    with serve(create_app(pair.primary.url("gpufleet"), settings_for(pair))) as srv:
-        router = srv.server.config.app.state.api.pool.router  # type: ignore[attr-defined]
+    app = create_app(pair.primary.url("gpufleet"), settings_for(pair))
+    router = app.state.api.pool.router
+    with serve(app) as srv:
+        ROUTERS[srv.port] = router
         until(lambda: router.choose()[0] == "standby", what="the standby's first lag check")
         yield srv
 
@@ -78,7 +91,7 @@ def client(srv: ServerThread, token: str) -> httpx.Client:
 
 
 def router_of(srv: ServerThread) -> Any:
-    return srv.server.config.app.state.api.pool.router  # type: ignore[attr-defined]
+    return ROUTERS[srv.port]
 
 
 def replay(pair: replication.Pair, on: bool) -> None:
