@@ -144,7 +144,8 @@ class RemoteWrite:
         rw = settings.remote_write
         ing = settings.ingest
         self.plans = SeriesPlans(node_labels=tuple(rw.node_labels), max_gpu_index=ing.max_gpu_index)
-        self.cache: SeriesCache[int] = SeriesCache(self.plans.plan)
+        targets = self.plans.targets
+        self.cache: SeriesCache[int] = SeriesCache(self.plans.plan, target_of=targets.__getitem__)
         self.metrics = RemoteWriteMetrics(registry)
         self.rejected_skew = rejected_skew
         self.limiter = RateLimiter(settings.ingest.rate_limit_per_s)

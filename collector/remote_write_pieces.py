@@ -225,8 +225,10 @@ def _pieces(plans: SeriesPlans, ids: np.ndarray, v: np.ndarray, times: np.ndarra
         nid, t_ms = key >> 44, key & ((1 << 44) - 1)
         doc: dict[str, Any] = {}
         r0, r1 = int(row_cut[gi]), int(row_cut[gi + 1])
+        static = b""
         if r1 > r0:
-            doc.update(_gpu_part(plans, row_ids[r0:r1], vals[r0:r1], prio[r0:r1], run[r0:r1]))
+            static, dynamic = _gpu_part(plans, row_ids[r0:r1], vals[r0:r1], prio[r0:r1], run[r0:r1])
+            doc.update(dynamic)
         x0, x1 = int(xid_cut[gi]), int(xid_cut[gi + 1])
         if x1 > x0:
             sel = g_idx[xid_order[x0:x1]]
@@ -238,32 +240,36 @@ def _pieces(plans: SeriesPlans, ids: np.ndarray, v: np.ndarray, times: np.ndarra
             keys = plans.host_keys
             doc["host"] = {keys[int(k)]: x for k, x in zip(plans.host_key[ids[sel]].tolist(), v[sel].tolist(),
                                                            strict=True)}
+        # The static part (packed once per row set) as one field, so that the assembler reads it once too.
+        if static:
+            doc["s"] = static
         pieces.append(Piece(plans.nodes[nid], t_ms, msgpack.packb(doc, use_bin_type=True), int(gpu_count[gi]),
                             int(host_count[gi])))
     return pieces
 
 
 def _gpu_part(plans: SeriesPlans, row_ids: np.ndarray, vals: np.ndarray, prio: np.ndarray,
-              run: np.ndarray) -> dict[str, Any]:
-    """A group's GPU rows: (gpu, mig) keys, UUIDs, runs, the filled columns' values and priorities,
-    and what the series said about each GPU and run (for the node facts)."""
+              run: np.ndarray) -> tuple[bytes, dict[str, Any]]:
+    """A group's GPU rows: what is the same scrape after scrape -- (gpu, mig) keys, UUIDs, runs, the
+    columns filled, what the series said about each GPU and run (for the node facts) -- packed (once per
+    row set), and the values and priorities."""
     keep = (prio != ABSENT).any(axis=0)
-    cols = [COLUMNS[i] for i in np.flatnonzero(keep).tolist()]
-    rows = [plans.rows[i] for i in row_ids.tolist()]
-    facts = plans.row_facts
-    runs = [plans.runs[i] for i in run.tolist()]
-    gpus: dict[str, dict[str, str]] = {}
-    for rid, (_, g, mig) in zip(row_ids.tolist(), rows, strict=True):
-        if mig < 0 and facts[rid]:
-            gpus[str(g)] = facts[rid]
-    run_facts = {plans.runs[i]: plans.run_facts[i] for i in set(run.tolist()) if i}
-    return {
-        "rows": [[g, mig] for _, g, mig in rows],
-        "uuid": [facts[i].get("uuid") for i in row_ids.tolist()],
-        "run": runs,
-        "cols": cols,
-        "v": np.ascontiguousarray(vals[:, keep]).tobytes(),
-        "p": np.ascontiguousarray(prio[:, keep].astype(np.int8)).tobytes(),
-        "gpus": gpus,
-        "runs": run_facts,
-    }
+    key = b"".join((plans.version.to_bytes(8, "little"), row_ids.tobytes(), run.tobytes(), keep.tobytes()))
+    static = plans.packed.get(key)
+    if static is None:
+        cols = [COLUMNS[i] for i in np.flatnonzero(keep).tolist()]
+        rows = [plans.rows[i] for i in row_ids.tolist()]
+        facts = plans.row_facts
+        gpus: dict[str, dict[str, str]] = {}
+        for rid, (_, g, mig) in zip(row_ids.tolist(), rows, strict=True):
+            if mig < 0 and facts[rid]:
+                gpus[str(g)] = facts[rid]
+        static = msgpack.packb({
+            "rows": [[g, mig] for _, g, mig in rows], "uuid": [facts[i].get("uuid") for i in row_ids.tolist()],
+            "run": [plans.runs[i] for i in run.tolist()], "cols": cols, "gpus": gpus,
+            "runs": {plans.runs[i]: plans.run_facts[i] for i in set(run.tolist()) if i}}, use_bin_type=True)
+        if len(plans.packed) >= 100_000:
+            plans.packed.clear()
+        plans.packed[key] = static
+    return static, {"v": np.ascontiguousarray(vals[:, keep]).tobytes(),
+                    "p": np.ascontiguousarray(prio[:, keep].astype(np.int8)).tobytes()}

@@ -29,6 +29,7 @@ has are cached for the next time.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import struct
@@ -197,18 +198,106 @@ def parse_series(buf: bytes, i: int, end: int) -> Series:
 
 
 @dataclass
-class SeriesCache(Generic[P]):
-    """Series label bytes -> what the caller made of those labels (its "plan"), bounded.
+class Segment(Generic[P]):
+    """A run of series one target's scrape wrote, as it last arrived: its bytes with the samples'
+    values and timestamps zeroed, where those are, and each series' plan, end and sample shape."""
 
-    ``plan_of`` is called once per new label set with the parsed :class:`Series`.
+    data: bytes
+    array: np.ndarray
+    #: Offsets (from the segment's start) of every value and timestamp byte, sorted.
+    variable: np.ndarray
+    plans: list[Any]
+    #: Each series' end, from the segment's start (increasing).
+    ends: np.ndarray
+    ends_list: list[int]
+    full: list[bool]
+
+    def match(self, raw: np.ndarray, buf: bytes, p: int) -> int:
+        """How many of the segment's series ``buf`` repeats from ``p``, byte for byte but for the samples'
+        values and timestamps: all, or those up to the end of ``buf`` (a request cut mid-scrape), else 0."""
+        room = len(buf) - p
+        length = len(self.data)
+        k = len(self.ends_list)
+        var = self.variable
+        tmpl = self.array
+        if room < length:
+            k = bisect.bisect_right(self.ends_list, room)
+            if k == 0 or self.ends_list[k - 1] != room:
+                return 0
+            length = room
+            var = var[:int(np.searchsorted(var, length))]
+            tmpl = tmpl[:length]
+        # Every byte that differs from the kept segment must be a value or a timestamp byte.
+        differ = raw[p:p + length] != tmpl
+        return k if int(np.count_nonzero(differ)) == int(np.count_nonzero(differ[var])) else 0
+
+
+@dataclass
+class SeriesCache(Generic[P]):
+    r"""Series label bytes -> what the caller made of those labels (its "plan"), bounded.
+
+    ``plan_of`` is called once per new label set with the parsed :class:`Series`.  With ``target_of``
+    (a plan's scrape target), the runs of series one target wrote are kept as :class:`Segment`\ s,
+    keyed by their first series' labels: Prometheus sends a target's series in the same order
+    scrape after scrape, so a request is mostly such runs, each read with one comparison.
     """
 
     plan_of: Callable[[Series], P]
     max_entries: int = 1_000_000
+    target_of: Callable[[P], Any] | None = None
+    #: Segments shorter than this many series are not kept (the comparison would cost more).
+    min_segment: int = 8
+    max_segments: int = 100_000
+    #: Series read from kept segments, and read one by one (quick or field by field), so far.
+    from_segments: int = 0
+    one_by_one: int = 0
     _plans: dict[bytes, P] = field(default_factory=dict)
+    _segments: dict[bytes, list[Segment[P]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self._plans)
+
+    def learn_segments(self, buf: bytes, raw: np.ndarray, learn: list[tuple[int, int, bytes, bool, Any]]) -> None:
+        """Keep the runs of one target's series among those read one by one: ``learn`` is (start, end,
+        key, has a value, plan) per series, start -1 where a run cannot go on."""
+        target_of = self.target_of
+        if target_of is None:
+            return
+        j, n = 0, len(learn)
+        while j < n:
+            if learn[j][0] < 0:
+                j += 1
+                continue
+            t = target_of(learn[j][4])
+            k = j + 1
+            while k < n and learn[k][0] >= 0 and learn[k][0] == learn[k - 1][1] and target_of(learn[k][4]) == t:
+                k += 1
+            # A run at the very start of the body may be the tail of a scrape another request began.
+            if k - j >= self.min_segment and learn[j][0] > 0:
+                run = learn[j:k]
+                self._keep(raw, [r[0] for r in run], [r[1] for r in run], run[0][2], [r[3] for r in run],
+                           [r[4] for r in run])
+            j = k
+
+    def _keep(self, raw: np.ndarray, starts: list[int], ends: list[int], key: bytes, full: list[bool],
+              plans: list[P]) -> None:
+        p0 = starts[0]
+        e = np.asarray(ends, dtype=np.int64) - p0
+        has = np.asarray(full, dtype=bool)
+        ts = (e[:, None] - 6 + np.arange(6)).ravel()
+        val = (e[has][:, None] - 15 + np.arange(8)).ravel()
+        variable = np.sort(np.concatenate([ts, val]))
+        seg = raw[p0:ends[-1]].copy()
+        seg[variable] = 0
+        new: Segment[P] = Segment(seg.tobytes(), seg, variable, list(plans), e, e.tolist(), list(full))
+        variants = self._segments.get(key)
+        if variants is None:
+            if len(self._segments) >= self.max_segments:
+                self._segments.clear()
+            self._segments[key] = [new]
+        elif all(v.data != new.data for v in variants):
+            variants.insert(0, new)
+            del variants[4:]
 
     def get(self, key: bytes) -> P | None:
         return self._plans.get(key)
@@ -242,11 +331,16 @@ def decode(buf: bytes, cache: SeriesCache[P], quick: bool = True) -> Decoded[P]:
     bytes only look like a sample gets, the second time)."""
     n = len(buf)
     get = cache._plans.get
+    segments = cache._segments.get if cache.target_of is not None else None
+    raw = np.frombuffer(buf, dtype=np.uint8)
     i = 0
     # Quick series: their plan and the offset just past them (the sample's end), and its shape.
     plans: list[Any] = []
     ends: list[int] = []
     full: list[bool] = []
+    # Quick series read one by one (not from a kept segment), for segments to be made of: where each
+    # starts (-1: a break, a run cannot span it), its key.
+    learn: list[tuple[int, int, bytes, bool, Any]] = []
     # Series parsed field by field: samples kept in order as (position in the quick list, ...).
     slow: list[tuple[int, Any, float, int]] = []
     histograms = 0
@@ -266,32 +360,47 @@ def decode(buf: bytes, cache: SeriesCache[P], quick: bool = True) -> Decoded[P]:
                 e = s + ln
             if e > n:
                 raise RemoteWriteError("a series runs past the end of the request")
-            series += 1
             # The quick reading: the last field is one sample of 16 bytes (value, 6-byte timestamp)
             # or 7 (timestamp alone), and what precedes it is a label set seen before.
+            key = None
+            has_value = False
             if quick and e - s > 18 and buf[e - 18] == 0x12 and buf[e - 17] == 0x10 and buf[e - 16] == 0x09 \
                     and buf[e - 7] == 0x10 and buf[e - 1] < 0x80:
-                plan = get(buf[s:e - 18])
-                if plan is not None:
-                    plans.append(plan)
-                    ends.append(e)
-                    full.append(True)
-                    i = e
-                    continue
-            if quick and e - s > 9 and buf[e - 9] == 0x12 and buf[e - 8] == 0x07 and buf[e - 7] == 0x10 \
+                key = buf[s:e - 18]
+                has_value = True
+            elif quick and e - s > 9 and buf[e - 9] == 0x12 and buf[e - 8] == 0x07 and buf[e - 7] == 0x10 \
                     and buf[e - 1] < 0x80:
-                plan = get(buf[s:e - 9])
-                if plan is not None:
-                    plans.append(plan)
-                    ends.append(e)
-                    full.append(False)
-                    i = e
-                    continue
+                key = buf[s:e - 9]
+            plan = get(key) if key is not None else None
+            if plan is not None:
+                if segments is not None:
+                    matched = 0
+                    for seg in segments(key) or ():  # type: ignore[arg-type]
+                        matched = seg.match(raw, buf, i)
+                        if matched:
+                            plans.extend(seg.plans[:matched])
+                            ends.extend([i + x for x in seg.ends_list[:matched]])
+                            full.extend(seg.full[:matched])
+                            series += matched
+                            i += seg.ends_list[matched - 1]
+                            learn.append((-1, 0, b"", False, None))
+                            break
+                    if matched:
+                        continue
+                    learn.append((i, e, key, has_value, plan))  # type: ignore[arg-type]
+                plans.append(plan)
+                ends.append(e)
+                full.append(has_value)
+                series += 1
+                i = e
+                continue
+            series += 1
             parsed = parse_series(buf, s, e)
             plan = cache.learn(parsed)
             histograms += parsed.histograms
             for value, ts in parsed.samples:
                 slow.append((len(plans), plan, value, ts))
+            learn.append((-1, 0, b"", False, None))
             i = e
         else:
             tag_value, j = _varint(buf, i, n)
@@ -302,6 +411,12 @@ def decode(buf: bytes, cache: SeriesCache[P], quick: bool = True) -> Decoded[P]:
     if tails is None:
         return decode(buf, cache, quick=False)
     values, times = tails
+    if segments is not None:
+        one = sum(1 for st, *_ in learn if st >= 0)
+        cache.one_by_one += one + len(slow)
+        cache.from_segments += len(plans) - one
+        if one:
+            cache.learn_segments(buf, raw, learn)
     if slow:
         return _interleave(plans, values, times, slow, histograms, series)
     return Decoded(plans, values, times, histograms, series)

@@ -49,7 +49,7 @@ from gpufleet.collector import ingest_bounds
 from gpufleet.collector.remote_write_pieces import ABSENT
 from gpufleet.collector.remote_write_series import COLUMN_INDEX, COLUMNS, FB_FREE, FB_RESERVED, XID_GAUGE
 from gpufleet.facts import FactsError, check_facts
-from gpufleet.wire import Batch, WireError, validate
+from gpufleet.wire import Batch, Column, WireError, validate
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +83,39 @@ class Group:
 
 
 @dataclass
-class Assembled:
-    """What :func:`assemble_all` made of a cycle's groups."""
+class GroupRows:
+    """One (node, time)'s rows in the cycle's checked columns: GPU rows [a, b), host rows [ha, hb)."""
 
+    node: str
+    t_ms: int
+    a: int
+    b: int
+    ha: int
+    hb: int
+    facts: dict[str, Any] | None
+
+    @property
+    def batch_id(self) -> str:
+        return batch_id(self.t_ms)
+
+
+@dataclass
+class Assembled:
+    """What :func:`assemble_all` made of a cycle's groups: every row checked at once (``rows``), and
+    where each group's are (``groups``, in order); or, when they did not validate together, each
+    group's batch checked alone (``batches``)."""
+
+    rows: Batch | None = None
+    groups: list[GroupRows] = field(default_factory=list)
     batches: list[Batch] = field(default_factory=list)
     #: Groups with no row (nothing gpufleet stores), and groups whose rows did not validate (logged).
     empty: int = 0
     invalid: int = 0
+
+    def group_batch(self, g: GroupRows) -> Batch:
+        """One group's rows as a batch of its own (its id: :func:`batch_id`)."""
+        assert self.rows is not None
+        return node_batch(self.rows, g.node, g.batch_id, [g])
 
 
 @dataclass
@@ -111,34 +137,70 @@ _FB_FREE, _FB_RES, _XIDG = COLUMN_INDEX[FB_FREE], COLUMN_INDEX[FB_RESERVED], COL
 _USED, _TOTAL = COLUMN_INDEX["mem_used_mib"], COLUMN_INDEX["mem_total_mib"]
 
 
+@dataclass(frozen=True)
+class _Static:
+    """What a piece's static part says, read once per distinct part: its rows' keys, the columns its
+    values fill (positions in the piece, and in :data:`COLUMNS`), UUIDs, runs and facts."""
+
+    n: int
+    keys: np.ndarray
+    keep: list[int]
+    cols: list[int]
+    width: int
+    uuid: list[Any]
+    run: list[Any]
+    gpus: dict[str, dict[str, str]]
+    runs: dict[str, Any]
+
+
+#: Static parts read so far, by their packed bytes (pieces of one row set share them, scrape after scrape).
+_STATICS: dict[bytes, _Static] = {}
+
+
+def _static(doc: dict[str, Any]) -> _Static:
+    rows = doc.get("rows") or []
+    n = len(rows)
+    idx = [COLUMN_INDEX.get(c, -1) for c in doc.get("cols") or []]
+    keep = [i for i, c in enumerate(idx) if c >= 0]
+    keyed = np.asarray(rows, dtype=np.int64).reshape(n, 2)
+    # (gpu, mig) as one sortable key; a physical GPU's row (mig -1) before its instances.
+    return _Static(n, (keyed[:, 0] << 16) | (keyed[:, 1] + 1), keep, [idx[i] for i in keep], len(idx),
+                   list(doc.get("uuid") or []), list(doc.get("run") or []), doc.get("gpus") or {},
+                   doc.get("runs") or {})
+
+
 def _read_piece(gi: int, body: bytes, parts: _Parts, extras: dict[str, Any]) -> None:
     doc = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    rows = doc.get("rows") or []
-    if rows:
-        n = len(rows)
-        idx = [COLUMN_INDEX.get(c, -1) for c in doc["cols"]]
-        keep = [i for i, c in enumerate(idx) if c >= 0]
-        v = np.frombuffer(doc["v"], dtype=np.float64).reshape(n, len(idx))
-        p = np.frombuffer(doc["p"], dtype=np.int8).reshape(n, len(idx))
+    packed = doc.get("s")
+    if packed is not None:
+        st = _STATICS.get(packed)
+        if st is None:
+            st = _static(msgpack.unpackb(packed, raw=False, strict_map_key=False))
+            if len(_STATICS) >= 100_000:
+                _STATICS.clear()
+            _STATICS[packed] = st
+    else:
+        st = _static(doc)
+    if st.n:
+        n = st.n
+        v = np.frombuffer(doc["v"], dtype=np.float64).reshape(n, st.width)
+        p = np.frombuffer(doc["p"], dtype=np.int8).reshape(n, st.width)
         vals = np.full((n, _NC), np.nan)
         prio = np.full((n, _NC), ABSENT, dtype=np.int16)
-        cols = [idx[i] for i in keep]
-        vals[:, cols] = v[:, keep]
-        prio[:, cols] = p[:, keep]
-        keyed = np.asarray(rows, dtype=np.int64).reshape(n, 2)
+        vals[:, st.cols] = v[:, st.keep]
+        prio[:, st.cols] = p[:, st.keep]
         parts.group.append(np.full(n, gi, dtype=np.int64))
-        # (gpu, mig) as one sortable key; a physical GPU's row (mig -1) before its instances.
-        parts.keys.append((keyed[:, 0] << 16) | (keyed[:, 1] + 1))
+        parts.keys.append(st.keys)
         parts.vals.append(vals)
         parts.prio.append(prio)
-        parts.uuid.extend(doc["uuid"])
-        parts.run.extend(doc["run"])
+        parts.uuid.extend(st.uuid)
+        parts.run.extend(st.run)
         gpus = extras.setdefault("gpus", {})
-        for g, facts in (doc.get("gpus") or {}).items():
+        for g, facts in st.gpus.items():
             known = gpus.setdefault(int(g), {})
             for k, val in facts.items():
                 known.setdefault(k, val)
-        extras.setdefault("runs", {}).update(doc.get("runs") or {})
+        extras.setdefault("runs", {}).update(st.runs)
     for g, xid, count in doc.get("xid") or ():
         extras.setdefault("xid", {}).setdefault(int(g), {})[int(xid)] = float(count)
     if doc.get("host"):
@@ -347,59 +409,99 @@ def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_inde
         # One group's rows refused: find which, by checking each alone.
         log.warning("remote write: a cycle's rows do not validate (%s); checking group by group", e.detail()["msg"])
         every = None
-    gpu_rows = np.asarray(row_group, dtype=np.int64)
-    host_idx = np.asarray(host_group, dtype=np.int64)
+    # Rows come group by group (GPU rows sorted by group, host rows appended in group order): each
+    # group's are one slice.
+    bounds = np.arange(len(groups) + 1)
+    gpu_cut = np.searchsorted(np.asarray(row_group, dtype=np.int64), bounds).tolist()
+    host_cut = np.searchsorted(np.asarray(host_group, dtype=np.int64), bounds).tolist()
+    runs_of = doc_gpu.get("run_id") or []
     for gi, g in enumerate(groups):
-        rows = np.flatnonzero(gpu_rows == gi)
-        hrows = np.flatnonzero(host_idx == gi)
-        if not len(rows) and not len(hrows):
+        a, b, ha, hb = gpu_cut[gi], gpu_cut[gi + 1], host_cut[gi], host_cut[gi + 1]
+        if a == b and ha == hb:
             out.empty += 1
             continue
         state = states[g.node]
         facts = facts_of(extras[gi])
-        batch = _group_batch(g, rows, hrows, every, doc, facts if facts and facts != state.facts else None)
-        if batch is None:
+        send = facts if facts and facts != state.facts else None
+        if send is not None:
+            try:
+                check_facts(send)
+            except FactsError as e:
+                log.error("remote write: the facts of node %s at %d ms are refused (%s)", g.node, g.t_ms, e.msg)
+                send = None
+        # The bounds an agent's batch is held to (collector.ingest_bounds), for this group's rows: GPU
+        # indices were bounded when their series came; the runs named are counted here.
+        named = {r for r in runs_of[a:b] if r} | set((send or {}).get("runs") or ())
+        if len(named) > max_runs:
+            log.error("remote write: the rows of node %s at %d ms name %d runs, more than %d "
+                      "(ingest.max_runs_per_batch); not stored", g.node, g.t_ms, len(named), max_runs)
             out.invalid += 1
             continue
-        try:
-            ingest_bounds.check(batch, max_gpu_index, max_runs)
-        except WireError as e:
-            log.error("remote write: the rows of node %s at %d ms are refused (%s); not stored", g.node, g.t_ms,
-                      e.detail()["msg"])
-            out.invalid += 1
-            continue
-        if batch.facts is not None:
+        if every is None:
+            batch = _validated_alone(g, np.arange(a, b), np.arange(ha, hb), doc, send)
+            if batch is None:
+                out.invalid += 1
+                continue
+            try:
+                ingest_bounds.check(batch, max_gpu_index, max_runs)
+            except WireError as e:
+                log.error("remote write: the rows of node %s at %d ms are refused (%s); not stored", g.node,
+                          g.t_ms, e.detail()["msg"])
+                out.invalid += 1
+                continue
+            out.batches.append(batch)
+        else:
+            out.groups.append(GroupRows(g.node, g.t_ms, a, b, ha, hb, send))
+        if send is not None:
             state.facts = facts
-        out.batches.append(batch)
+    out.rows = every
     return out
 
 
-def _group_batch(g: Group, rows: np.ndarray, hrows: np.ndarray, every: Batch | None, doc: dict[str, Any],
-                 facts: dict[str, Any] | None) -> Batch | None:
-    """One group's batch: its rows taken from the cycle's validated columns (or validated alone when
-    the cycle's did not validate, to name the group at fault)."""
-    if facts is not None:
-        try:
-            check_facts(facts)
-        except FactsError as e:
-            log.error("remote write: the facts of node %s at %d ms are refused (%s)", g.node, g.t_ms, e.msg)
-            facts = None
-    if every is not None:
-        gpu = {k: c.take(rows) for k, c in every.gpu.items()} if len(rows) else {}
-        host = {k: c.take(hrows) for k, c in every.host.items()} if len(hrows) else {}
-        return Batch(batch_id=batch_id(g.t_ms), node=g.node, gpu=gpu, host=host, facts=facts, n_gpu=len(rows),
-                     n_host=len(hrows))
+def node_batch(rows: Batch, node: str, batch_id: str, groups: list[GroupRows]) -> Batch:
+    """The rows of some groups of one node (in order) as one batch: slices of the cycle's columns when
+    they are adjacent, else the rows taken; the facts the last of them carries."""
+    gpu, n_gpu = _part(rows.gpu, [(g.a, g.b) for g in groups])
+    host, n_host = _part(rows.host, [(g.ha, g.hb) for g in groups])
+    facts = next((g.facts for g in reversed(groups) if g.facts is not None), None)
+    return Batch(batch_id=batch_id, node=node, gpu=gpu, host=host, facts=facts, n_gpu=n_gpu, n_host=n_host)
+
+
+def _part(section: dict[str, Column], spans: list[tuple[int, int]]) -> tuple[dict[str, Column], int]:
+    spans = [(a, b) for a, b in spans if b > a]
+    if not spans:
+        return {}, 0
+    if all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1)):
+        a, b = spans[0][0], spans[-1][1]
+        return {k: _slice(c, a, b) for k, c in section.items()}, b - a
+    idx = np.concatenate([np.arange(a, b) for a, b in spans])
+    return {k: c.take(idx) for k, c in section.items()}, len(idx)
+
+
+def _validated_alone(g: Group, rows: np.ndarray, hrows: np.ndarray, doc: dict[str, Any],
+                     facts: dict[str, Any] | None) -> Batch | None:
+    """One group's batch checked alone (the cycle's rows did not validate together), to name the one at
+    fault."""
     alone: dict[str, Any] = {"batch_id": batch_id(g.t_ms), "node": g.node}
     if len(rows):
         alone["gpu"] = {k: _rows_of(v, rows) for k, v in doc["gpu"].items()}
     if len(hrows):
         alone["host"] = [doc["host"][i] for i in hrows.tolist()]
+    if facts is not None:
+        alone["facts"] = facts
     try:
         return validate(alone)
     except WireError as e:
         log.error("remote write: the rows of node %s at %d ms do not validate (%s); not stored", g.node, g.t_ms,
                   e.detail()["msg"])
         return None
+
+
+def _slice(col: Column, a: int, b: int) -> Column:
+    """Rows [a, b) of a validated column, as views where the column is an array."""
+    values = col.values[a:b]
+    return Column(values, None if col.null is None else col.null[a:b],
+                  None if col.lengths is None else col.lengths[a:b])
 
 
 def _rows_of(col: Any, rows: np.ndarray) -> Any:
@@ -420,4 +522,6 @@ def assemble(node: str, t_ms: int, bodies: Iterable[bytes], state: NodeState, ma
              max_runs: int = 1 << 30) -> Batch | None:
     """The batch of one (node, time) (:func:`assemble_all` of that group alone); None when it holds no row."""
     done = assemble_all([Group(node, t_ms, list(bodies))], {node: state}, max_gpu_index, max_runs)
+    if done.groups:
+        return done.group_batch(done.groups[0])
     return done.batches[0] if done.batches else None

@@ -157,8 +157,9 @@ class SeriesPlans:
     run: np.ndarray = field(init=False)
     xid: np.ndarray = field(init=False)
     host_key: np.ndarray = field(init=False)
-    #: Per plan id: the series as text (for refusals).
+    #: Per plan id: the series as text (for refusals), and its scrape target (job, instance).
     names: list[str] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
     #: Interned strings: node names, (node, gpu, mig) rows, run ids, host counter keys.
     nodes: list[str] = field(default_factory=list)
     rows: list[tuple[int, int, int]] = field(default_factory=list)
@@ -172,6 +173,11 @@ class SeriesPlans:
     _row_ids: dict[tuple[int, int, int], int] = field(default_factory=dict)
     _run_ids: dict[str, int] = field(default_factory=dict)
     _host_key_ids: dict[str, int] = field(default_factory=dict)
+    _target_ids: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Bumped with every new plan (what a row's facts say may have grown): keys :attr:`packed`.
+    version: int = 0
+    #: Packed static parts of pieces (gpufleet.collector.remote_write_pieces), by version and row set.
+    packed: dict[bytes, bytes] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -221,10 +227,12 @@ class SeriesPlans:
         """The plan id of a new label set (the decoder's cache calls this once per label set);
         :class:`RemoteWriteError` for a series no request may carry."""
         with self._lock:
+            self.version += 1
             try:
                 return self._plan(s)
             except RemoteWriteError:
                 del self.names[len(self.names) - 1]
+                del self.targets[len(self.targets) - 1]
                 raise
 
     _ARRAYS = ("kind", "node", "row", "own_row", "col", "prio", "scale", "blank", "integral", "lo", "hi", "run",
@@ -245,6 +253,8 @@ class SeriesPlans:
         if pid >= self.capacity:
             self._grow()
         self.names.append(_describe(s))
+        target = (s.labels.get("job", ""), s.labels.get("instance", ""))
+        self.targets.append(self._target_ids.setdefault(target, len(self._target_ids)))
         for name, value in (("kind", UNUSED), ("node", -1), ("row", -1), ("own_row", -1), ("col", 0), ("prio", 0),
                             ("scale", 1.0), ("blank", np.inf), ("integral", False), ("lo", -np.inf),
                             ("hi", np.inf), ("run", 0), ("xid", 0), ("host_key", -1)):

@@ -5,13 +5,15 @@ A request is acknowledged once its pieces are committed to
 crash could lose.  One collector replica at a time (an advisory lock) runs the
 :class:`Assembler`: every ``assemble_every_s`` it takes the (node, time)
 groups whose last piece arrived ``merge_delay_s`` ago or more, merges them
-(:func:`gpufleet.collector.remote_write_rows.assemble`) and stores the rows
-with :func:`gpufleet.collector.batch_store.write_batches` -- the same
-registration of batch ids, rollup ranges, run sightings and node facts as an
-agent's batch -- deleting the pieces in the same transaction.  So a group is
-written once or not at all, and a piece that arrives for a (node, time)
-already written (a retry whose answer was lost, or a shard later than the
-merge delay) finds its batch id taken and is counted, not stored twice.
+(:func:`gpufleet.collector.remote_write_rows.assemble_all`) and stores them
+as an agent's batches are stored (:mod:`gpufleet.collector.batch_store`):
+each group's batch id ``rw:<ms>`` registered in ``ingest_batches`` with its
+time range queued for the rollups, then the new groups' rows copied, one part
+per node, their run sightings kept and their nodes touched -- deleting the
+pieces in the same transaction.  So a group is written once or not at all,
+and a piece that arrives for a (node, time) already written (a retry whose
+answer was lost, or a shard later than the merge delay) finds its batch id
+taken and is counted, not stored twice.
 
 The merge delay is what a scrape's pieces have to arrive in: Prometheus sends
 a shard's batch after ``batch_send_deadline`` (5 s by default) at the latest,
@@ -29,14 +31,32 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 import psycopg
+from psycopg import sql
 
 from gpufleet.collector import sightings
-from gpufleet.collector.batch_store import NodeTouch, write_batches
+from gpufleet.collector.batch_store import (
+    GPU_SPECS,
+    HOST_SPECS,
+    REGISTER_SQL,
+    NodeTouch,
+    copy_data,
+    register_params,
+    touch_nodes,
+    write_batches,
+)
 from gpufleet.collector.remote_write_pieces import Piece
-from gpufleet.collector.remote_write_rows import Assembled, Group, NodeState, assemble_all
+from gpufleet.collector.remote_write_rows import (
+    Assembled,
+    Group,
+    GroupRows,
+    NodeState,
+    assemble_all,
+    node_batch,
+)
 from gpufleet.wire import Batch
 
 log = logging.getLogger(__name__)
@@ -46,7 +66,7 @@ LOCK_KEY = 0x6770_666C_2D72_77
 
 STAGE_SQL = """
 INSERT INTO remote_write_parts (node, t_ms, gpu_samples, host_samples, body)
-SELECT * FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::int4[], %s::bytea[])"""
+SELECT * FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::int4[], %b::bytea[])"""
 
 #: The groups whose last piece is at least the merge delay old, oldest first, taken out whole.
 TAKE_SQL = """
@@ -59,6 +79,16 @@ DELETE FROM remote_write_parts p USING ready r WHERE p.node = r.node AND p.t_ms 
 RETURNING p.id, p.node, p.t_ms, p.body"""
 
 PENDING_SQL = "SELECT count(*) FROM remote_write_parts"
+
+
+def copy_rows(conn: psycopg.Connection, table: str, specs: list[Any], parts: list[tuple[str, Any, int]]) -> None:
+    """The writer's binary COPY of columnar parts (gpufleet.collector.batch_store.copy_data)."""
+    present, chunks = copy_data(specs, parts)
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(sp.name) for sp in present))
+    with conn.cursor().copy(stmt) as cp:
+        for chunk in chunks:
+            cp.write(chunk)
 
 
 def stage_params(pieces: list[Piece]) -> tuple[list[str], list[int], list[int], list[int], list[bytes]]:
@@ -109,7 +139,9 @@ class Assembler:
         """Take the ready groups, store their rows and delete their pieces, in one transaction."""
         out = Cycle()
         with conn.transaction():
-            taken = conn.execute(TAKE_SQL, {"delay": self.merge_delay_s, "limit": self.max_groups}).fetchall()
+            # Binary: the pieces come back as the bytes they are, not as hexadecimal text to decode.
+            taken = conn.execute(TAKE_SQL, {"delay": self.merge_delay_s, "limit": self.max_groups},
+                                 binary=True).fetchall()
             pieces: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
             for pid, node, t_ms, body in taken:
                 pieces[(node, t_ms)].append((pid, bytes(body)))
@@ -123,26 +155,57 @@ class Assembler:
                           e.__class__.__name__, e)
                 out.failed += len(groups)
                 done = Assembled()
-            batches = done.batches
             out.empty += done.empty
             out.failed += done.invalid
             out.groups = len(groups)
-            if batches:
-                written = write_batches(conn, batches, sightings_cache=self.sightings, touch=self.touch)
-                for b in batches:
-                    if (b.node, b.batch_id) in written.new:
-                        out.stored += 1
-                        out.gpu_rows += b.n_gpu
-                        out.host_rows += b.n_host
-                    else:
-                        out.duplicates += 1
-                        if b.facts is not None:
-                            self.states[b.node].facts = None  # not stored: send them again next time
+            batches, seen = self._store(conn, done, out)
             self.pending = int(conn.execute(PENDING_SQL).fetchone()[0])  # type: ignore[index]
-        if batches:
-            self.sightings.stored(written.sightings)
+        if seen is not None:
+            self.sightings.stored(seen)
         out.batches = batches
         return out
+
+    def _store(self, conn: psycopg.Connection, done: Assembled, out: Cycle) -> tuple[list[Batch], Any]:
+        """Register every group's batch id (a (node, time) is stored once), then store the new groups'
+        rows as one batch per node -- the writer's COPY, run sightings and node facts -- in ``conn``'s
+        transaction; what was stored, and the sightings written."""
+        if done.rows is None:  # groups checked one by one: each its own batch
+            if not done.batches:
+                return [], None
+            written = write_batches(conn, done.batches, sightings_cache=self.sightings, touch=self.touch)
+            for b in done.batches:
+                self._count(out, b.node, (b.node, b.batch_id) in written.new, b.n_gpu, b.n_host, b.facts)
+            return [b for b in done.batches if (b.node, b.batch_id) in written.new], written.sightings
+        if not done.groups:
+            return [], None
+        rows: list[tuple[str, str, int, int, float | None, float | None]] = [
+            (g.batch_id, g.node, g.b - g.a, g.hb - g.ha, g.t_ms / 1000.0, g.t_ms / 1000.0) for g in done.groups]
+        new = {(r[1], r[0]) for r in conn.execute(REGISTER_SQL, register_params(rows)).fetchall()}
+        per_node: dict[str, list[GroupRows]] = defaultdict(list)
+        for g in done.groups:
+            stored = (g.node, g.batch_id) in new
+            self._count(out, g.node, stored, g.b - g.a, g.hb - g.ha, g.facts)
+            if stored:
+                per_node[g.node].append(g)
+        batches = [node_batch(done.rows, node, gs[0].batch_id, gs) for node, gs in per_node.items()]
+        if any(b.n_gpu for b in batches):
+            copy_rows(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in batches if b.n_gpu])
+        if any(b.n_host for b in batches):
+            copy_rows(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in batches if b.n_host])
+        seen = sightings.record(conn, batches, self.sightings)
+        touch_nodes(conn, batches, self.touch)
+        return batches, seen
+
+    def _count(self, out: Cycle, node: str, stored: bool, gpu_rows: int, host_rows: int,
+               facts: dict[str, Any] | None) -> None:
+        if stored:
+            out.stored += 1
+            out.gpu_rows += gpu_rows
+            out.host_rows += host_rows
+        else:
+            out.duplicates += 1
+            if facts is not None:
+                self.states[node].facts = None  # not stored: send them again next time
 
     # -- the thread ---------------------------------------------------------------------
 

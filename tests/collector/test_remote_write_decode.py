@@ -181,3 +181,67 @@ def test_the_cache_is_bounded() -> None:
     for i in range(5):
         decode(rw.write_request([({"__name__": f"m{i}"}, [(1.0, 1_800_000_000_000)])]), cache)
     assert len(cache) <= 3 and len(seen) == 5
+
+
+def targets_cache() -> SeriesCache[tuple[tuple[str, str], ...]]:
+    """Plans are the label sets; a series' target is its (job, instance)."""
+    return SeriesCache(lambda s: tuple(sorted(s.labels.items())),
+                       target_of=lambda plan: (dict(plan).get("job"), dict(plan).get("instance")))
+
+
+def scrape_stream(rnd: Any, targets: int, per_target: int, scrapes: int) -> list[list[rw.Series]]:
+    """What Prometheus's queue holds: each scrape every target's series in its exposition order, one
+    sample per series, values changing; counters and idle rates stay at 0, and now and then one
+    series goes to 0 or leaves it (an idle GPU starting, a throttle reason ending)."""
+    out = []
+    zero = {(t, j) for t in range(targets) for j in range(per_target) if j % 5 == 0}
+    for k in range(scrapes):
+        if rnd.random() < 0.5:
+            zero ^= {(rnd.randrange(targets), rnd.randrange(per_target))}
+        stream: list[rw.Series] = []
+        for t in range(targets):
+            for j in range(per_target):
+                labels = {"__name__": f"DCGM_FI_X{j % 7}", "gpu": str(j // 7), "job": "dcgm",
+                          "instance": f"node-{t}:9400", "UUID": f"GPU-{t:04d}-{j // 7}", "x" * (j % 3 + 1): "y"}
+                value = 0.0 if (t, j) in zero else rnd.choice([rnd.random() * 700, float(rnd.randint(1, 10**9))])
+                stream.append((labels, [(value, 1_800_000_000_000 + 15_000 * k + t)]))
+        out.append(stream)
+    return out
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.randoms(use_true_random=False), st.integers(50, 400))
+def test_segments_read_what_protobuf_reads_in_requests_cut_anywhere(pb: ModuleType, rnd: Any, per_send: int) -> None:
+    cache = targets_cache()
+    for stream in scrape_stream(rnd, targets=4, per_target=35, scrapes=6):
+        for a in range(0, len(stream), per_send):
+            raw = rw.write_request(stream[a:a + per_send])
+            assert flatten(decode(raw, cache)) == reference(pb, raw)
+
+
+def test_most_series_come_from_segments_once_their_targets_were_seen(pb: ModuleType) -> None:
+    rnd = __import__("random").Random(11)
+    cache = targets_cache()
+    stream = [s for scrape in scrape_stream(rnd, targets=12, per_target=40, scrapes=30) for s in scrape]
+    for n, a in enumerate(range(0, len(stream), 2000)):  # Prometheus's max_samples_per_send
+        if n == 2:  # the first two requests taught the cache every target's run
+            cache.from_segments = cache.one_by_one = 0
+        raw = rw.write_request(stream[a:a + 2000])
+        assert flatten(decode(raw, cache)) == reference(pb, raw)
+    # What is left one by one: each request's first run (begun by the request before) and runs in which
+    # a value went to or left 0 (learnt again).
+    assert cache.from_segments > 5 * cache.one_by_one, (cache.from_segments, cache.one_by_one)
+
+
+def test_a_segment_that_differs_in_one_label_byte_is_read_one_by_one(pb: ModuleType) -> None:
+    rnd = __import__("random").Random(3)
+    cache = targets_cache()
+    streams = scrape_stream(rnd, targets=3, per_target=20, scrapes=3)
+    for stream in streams[:2]:
+        decode(rw.write_request(stream), cache)
+    changed = [(dict(labels), s) for labels, s in streams[2]]
+    changed[30][0]["UUID"] = "GPU-0001-X"  # same length, other bytes, inside a kept segment
+    raw = rw.write_request(changed)
+    before = cache.from_segments
+    assert flatten(decode(raw, cache)) == reference(pb, raw)
+    assert cache.from_segments > before  # the other targets' runs still came from segments
