@@ -51,7 +51,7 @@ def test_the_board_is_built_and_reads_only_its_prometheus_variable() -> None:
     cells: set[tuple[int, int]] = set()
     for p in d["panels"]:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
         assert not cells & mine, f"{p['title']} overlaps another panel"
         cells |= mine
