@@ -33,8 +33,8 @@ What makes a pause a checkpoint, strongest first (``evidence.signature``):
   PCIe transmit during the pauses is a one-sided device-to-host copy
   (``ckpt_d2h_ratio`` times the receive, at least ``ckpt_min_d2h_bytes_s``).
 * ``sharded_sync`` — the same with no PCIe counters at all (an nvidia-smi
-  loop): every rank idles at once, at least twice, at a regular spacing slower
-  than any input stall (``starve_max_period_s``).
+  loop): every rank idles at once, in a lone pause (an input stall repeats) or
+  at a regular spacing slower than any input stall (``starve_max_period_s``).
 
 A pause still under way is not yet a checkpoint (a rank that died while its
 peers spin looks the same until then, and is a hang).  Pauses are reported one
@@ -340,15 +340,26 @@ def _sharded(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]], blk
     cfg = fr.config
     if blk.spinning > 0 or rows.size < 2:
         return None
-    tx = _mean_in(fr, rows, pauses, "pcie_tx_bytes_s")
-    rx = _mean_in(fr, rows, pauses, "pcie_rx_bytes_s")
-    if tx is not None:
-        if tx >= cfg.ckpt_min_d2h_bytes_s and tx >= cfg.ckpt_d2h_ratio * (rx or 0.0):
-            return "sharded_d2h", tx
-        return None
-    if len(pauses) >= 2 and period is not None and period > cfg.starve_max_period_s:
+    copy = copy_out(fr, rows, pauses)
+    if copy is not None:
+        return ("sharded_d2h", copy) if copy > 0 else None
+    # No PCIe counters: one pause in view (an input stall repeats, and is starvation's), or pauses
+    # spaced slower than any input stall.
+    if len(pauses) == 1 or (period is not None and period > cfg.starve_max_period_s):
         return "sharded_sync", None
     return None
+
+
+def copy_out(fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]]) -> float | None:
+    """The ranks' mean PCIe transmit over ``spans`` where it is a device-to-host copy (at least
+    ``ckpt_min_d2h_bytes_s`` and ``ckpt_d2h_ratio`` times the receive); 0.0 where the counters show none;
+    None where no GPU of ``rows`` reports PCIe transmit."""
+    cfg = fr.config
+    tx = _mean_in(fr, rows, spans, "pcie_tx_bytes_s")
+    if tx is None:
+        return None
+    rx = _mean_in(fr, rows, spans, "pcie_rx_bytes_s")
+    return tx if tx >= cfg.ckpt_min_d2h_bytes_s and tx >= cfg.ckpt_d2h_ratio * (rx or 0.0) else 0.0
 
 
 def _mean_in(fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]], name: str) -> float | None:

@@ -364,6 +364,11 @@ def _judge_run(
     blk = checkpoint_stall.blocking(fr, rows, [(onset, window.t_end)])
     if blk.writer is not None and blk.spinning >= 1:
         return None
+    # Ranks idle together while each copies its memory out to the host: a sharded checkpoint.
+    pauses = checkpoint_stall.job_wide_pauses(fr, rows, max(1, math.ceil(cfg.ckpt_min_gpu_share * rows.size)))
+    recent = [(a, b) for a, b in pauses if b > onset]
+    if recent and (checkpoint_stall.copy_out(fr, rows, recent) or 0.0) > 0:
+        return None
     since = [(fr.row_slice(int(r)), fr.row_times(int(r)) >= onset) for r in lows]
     acts = np.concatenate([fr.activity[s][m] for s, m in since])
     wts = np.concatenate([fr.w[s][m] for s, m in since])

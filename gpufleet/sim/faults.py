@@ -68,6 +68,10 @@ class StarvationCpu(_RunTarget):
     #: Share of each period the GPUs compute.
     duty: Range = (0.3, 0.7)
     cpu_user_pct: Range = (95.0, 99.5)
+    #: The host side of the step rather than the loader: an optimizer stepping on the CPU
+    #: (ZeRO-Offload) or an all-reduce on a CPU backend.  Every step the GPUs idle while the host
+    #: works, gradients going out and parameters coming back over PCIe in equal measure.
+    offload: bool = False
 
 
 class StarvationIo(_RunTarget):

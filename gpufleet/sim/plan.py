@@ -433,7 +433,7 @@ def _add_starvation(plan: FleetPlan, f: fs.StarvationCpu | fs.StarvationIo, run:
     nodes = f.nodes or run.nodes
     idx = np.array([g for g in run.gpu_idx.tolist() if plan.gpus[g].node in nodes], dtype=np.intp)
     if isinstance(f, fs.StarvationCpu):
-        params = {"cpu_user_pct": draw(rng, f.cpu_user_pct)}
+        params = {"cpu_user_pct": draw(rng, f.cpu_user_pct), "offload": 1.0 if f.offload else 0.0}
         cause = "cpu"
     else:
         params = {"cpu_iowait_pct": draw(rng, f.cpu_iowait_pct), "disk_await_ms": draw(rng, f.disk_await_ms),

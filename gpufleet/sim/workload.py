@@ -35,6 +35,8 @@ PCIE_EFFICIENCY = 0.8
 PCIE_COLLECTIVE_SHARE = 0.6
 #: Share of a GPU's used memory a checkpoint copies to the host.
 CHECKPOINT_STATE_SHARE = 0.5
+#: Share of a PCIe link an offloaded optimizer's transfers use each way.
+OFFLOAD_LINK_SHARE = 0.5
 #: Host CPU (% of all CPUs) and iowait used while a run loads its model.
 LOAD_CPU_PCT = 35.0
 LOAD_IOWAIT_PCT = 4.0
@@ -209,6 +211,13 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         out.pcie_tx_bytes_s[idx[:1]] += f_ckpt * tx[:1]
         out.pcie_tx_bytes_s[idx[1:]] += f_sharded * tx[1:]
     out.pcie_rx_bytes_s[idx] += f_eval * np.minimum(0.5 * input_rx, link)
+    # An optimizer offloaded to the host: while the GPUs wait, gradients go out and parameters come
+    # back, as much one way as the other.
+    offload = sum(s.waits.covered_in(a, b) for s in starvations if s.params.get("offload")) / dt
+    if offload > 0:
+        moved = np.minimum(OFFLOAD_LINK_SHARE * link, CHECKPOINT_STATE_SHARE * mem_target * MIB / wl.step_s)
+        out.pcie_tx_bytes_s[idx] += min(offload, 1.0) * moved
+        out.pcie_rx_bytes_s[idx] += min(offload, 1.0) * moved
 
     _host_side(plan, run, starvations, b, f_train + f_starve, f_load, f_ramp, f_ckpt, f_eval, host, node_index,
                gpu_node)
