@@ -30,6 +30,7 @@ from gpufleet.collector.tls import client_cert_names
 from gpufleet.collector.writer import GroupWriter
 from gpufleet.config import Settings
 from gpufleet.connguard import ConnectionGuard, Limits
+from gpufleet.db.read_routing import StandbyLagMetrics, standby_lag
 from gpufleet.httpauth import Authenticator
 from gpufleet.metricsauth import MetricsGuard, read_token
 
@@ -194,9 +195,15 @@ class IngestFastPath:
 
 def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_leader: bool = True) -> Any:
     state = CollectorState(url, settings, sweep)
+    #: The standby of database.read_url, its lag measured here and shown on /metrics.
+    standby = standby_lag(url, settings)
+    if standby is not None:
+        state.metrics.registry.register(StandbyLagMetrics(standby))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if standby is not None:
+            standby.start()
         await state.pool.open(wait=False)
         await state.remote_write.open(assemble=settings.remote_write.assemble)
         state.writer.start()
@@ -215,6 +222,8 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
             state.scrapes.shutdown(wait=False, cancel_futures=True)
             await state.remote_write.close()
             await state.pool.close()
+            if standby is not None:
+                standby.stop()
 
     app = FastAPI(title="gpufleet collector", version="1", lifespan=lifespan)
     app.state.collector = state

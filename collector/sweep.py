@@ -15,9 +15,10 @@ from gpufleet.collector.detectors.window import Finding, Window
 from gpufleet.collector.heap import release_free_memory
 from gpufleet.collector.quarantine import Quarantine
 from gpufleet.collector.shards import ShardScope
-from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
+from gpufleet.collector.window_cache import COMMIT_SLACK_S, WindowCache, load_facts, load_runs
 from gpufleet.collector.window_snapshot import WindowSnapshots
 from gpufleet.config import Settings
+from gpufleet.db.read_routing import HistoryReads
 from gpufleet.detectconfig import DetectorConfig
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,23 @@ class Sweeper:
         self.stages: dict[str, float] = {}
         #: What the last sweep found (and, sharded, owns).
         self.findings: list[Finding] = []
+        #: Where a cold load reads the window: the standby of ``database.read_url`` while it is recent enough.
+        self.history = HistoryReads.of(settings, max_lag_s=COMMIT_SLACK_S / 2)
+
+    def _cold_load(self, conn: psycopg.Connection, now: float) -> int:
+        """The whole window from the sample tables: from the standby of ``database.read_url`` while it
+        is recent enough (:class:`gpufleet.db.read_routing.HistoryReads`), else from the primary.  The
+        next refresh, on the primary, re-reads every batch received within its slack of the load, so
+        what the standby had not replayed yet arrives then."""
+        standby = self.history.connection() if self.history is not None else None
+        if standby is not None:
+            self.cache.brin.catch_up(conn)  # the primary summarizes; the standby's index follows it
+            try:
+                return self.cache.load(standby, now - self.cache.window_s, now + 3600, summarize=False)
+            except psycopg.Error as e:
+                assert self.history is not None
+                self.history.failed(e)
+        return self.cache.refresh(conn, now)
 
     def _date_new_incidents(self, conn: psycopg.Connection, findings: list[Finding], window: Window) -> None:
         """Date each new incident from where its data shows it began, looking back past the window when
@@ -99,7 +117,7 @@ class Sweeper:
                 if added and self.snapshots is not None:
                     self.snapshots.invalidate()
         elif not self.cache.loaded:
-            fetched = self.cache.refresh(conn, now)
+            fetched = self._cold_load(conn, now)
         else:
             if self.scope is not None:
                 self.cache.drop_nodes(self.scope.reads)

@@ -486,10 +486,12 @@ class WindowCache:
         return (merge_rows(self.gpus, [(r.key, r.t, r.m) for r in rows if r.gpu], len(GPU_COLUMNS))
                 + merge_rows(self.hosts, [(r.key, r.t, r.m) for r in rows if not r.gpu], len(HOST_COLUMNS)))
 
-    def load(self, conn: psycopg.Connection, t_start: float, t_end: float) -> int:
-        """Cold load of every sample in [t_start, t_end]."""
+    def load(self, conn: psycopg.Connection, t_start: float, t_end: float, summarize: bool = True) -> int:
+        """Cold load of every sample in [t_start, t_end].  ``summarize=False`` on a hot standby, which
+        cannot summarize the time index (its index follows the primary's, which the caller summarizes)."""
         lo, hi = datetime.fromtimestamp(t_start, UTC), datetime.fromtimestamp(t_end, UTC)
-        self.brin.catch_up(conn)
+        if summarize:
+            self.brin.catch_up(conn)
         nodes = [r[0] for r in conn.execute(DISTINCT_NODES_SQL).fetchall()]
         if self.node_filter is not None:
             nodes = [x for x in nodes if self.node_filter(x)]

@@ -300,6 +300,56 @@ class StandbyLagMetrics:
             yield c
 
 
+class HistoryReads:
+    """Where the detector sweep's history read (a cold load of its whole window) goes: the standby
+    while its view is at most ``max_lag_s`` old, checked just before the read, else the primary.
+    Used on the leader's thread only; the standby connection is its own, opened when first needed."""
+
+    def __init__(self, primary_url: str, standby_url: str, max_lag_s: float) -> None:
+        self.standby_url = standby_url
+        self.lag = StandbyLag(LagProbe(primary_url, standby_url), check_s=0.0)
+        self.max_lag_s = max_lag_s
+        self._conn: psycopg.Connection | None = None
+        #: Cold loads read from the standby, and sent to the primary instead (with the last reason).
+        self.reads: dict[Target, int] = {"standby": 0, "primary": 0}
+        self.last_reason: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings, max_lag_s: float) -> HistoryReads | None:
+        """From ``database.read_url`` (None: no standby), within the lag the settings and the caller allow."""
+        db = settings.database
+        if not db.read_url or not settings.database_url:
+            return None
+        return cls(settings.database_url, db.read_url, min(db.max_read_lag_s, max_lag_s))
+
+    def connection(self) -> psycopg.Connection | None:
+        """The standby's connection when its view is recent enough now, else None (read the primary)."""
+        reading = self.lag.check()
+        if reading.lag_s is None or reading.lag_s > self.max_lag_s:
+            self.last_reason = reading.reason or f"the standby is {reading.lag_s:.1f} s behind"
+            self.reads["primary"] += 1
+            return None
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.standby_url, autocommit=True, connect_timeout=3,
+                                             application_name="gpufleet-sweep-history")
+        except psycopg.Error as e:
+            self.failed(e)
+            return None
+        self.reads["standby"] += 1
+        return self._conn
+
+    def failed(self, e: BaseException) -> None:
+        """The standby failed a read: this one goes to the primary, the connection is opened afresh next time."""
+        log.warning("the sweep's history read goes to the primary: the standby failed (%s)", type(e).__name__)
+        self.last_reason = f"the standby failed ({type(e).__name__})"
+        self.reads["primary"] += 1
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+        self._conn = None
+
+
 def standby_lag(primary_url: str, settings: Settings) -> StandbyLag | None:
     """The lag measurement of ``database.read_url``'s standby (None when none is configured)."""
     db = settings.database

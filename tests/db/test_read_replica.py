@@ -231,6 +231,69 @@ def test_a_standby_gone_sends_reads_to_the_primary(pair: replication.Pair, token
     until(lambda: router.choose()[0] == "standby", what="the standby back")
 
 
+def test_the_collector_exports_the_standby_lag(pair: replication.Pair) -> None:
+    from gpufleet.collector.app import create_app as collector_app
+
+    settings = settings_for(pair)
+    with serve(collector_app(pair.primary.url("gpufleet"), settings, run_leader=False)) as srv:
+        def lag() -> float | None:
+            for line in httpx.get(f"{srv.url}/metrics", timeout=10).text.splitlines():
+                if line.startswith("gpufleet_db_standby_lag_seconds "):
+                    return float(line.split()[1])
+            return None
+
+        until(lambda: lag() is not None, what="the lag on /metrics")
+        assert 0 <= (lag() or 0) < 2
+        assert "gpufleet_db_standby_up 1.0" in httpx.get(f"{srv.url}/metrics", timeout=10).text
+
+
+def write_samples(url: str, node: str, t0: float, seconds: int, tag: str) -> int:
+    """``seconds`` of one node's 2 GPUs at 1 Hz, stored as the collector stores a batch."""
+    import numpy as np
+
+    from gpufleet.collector.batch_store import write_batches
+    from gpufleet.wire import Batch, Column
+
+    t = np.repeat(np.arange(t0, t0 + seconds, 1.0), 2)
+    cols = {"time": Column(t), "gpu": Column(np.tile(np.arange(2, dtype=np.int64), seconds)),
+            "util_pct": Column(np.full(len(t), 90.0)), "power_w": Column(np.full(len(t), 500.0))}
+    with psycopg.connect(url, autocommit=True) as c, c.transaction():
+        write_batches(c, [Batch(f"{tag}:{node}", node, gpu=cols, n_gpu=len(t))])
+    return len(t)
+
+
+def test_a_sweeps_cold_load_reads_the_standby_and_its_refresh_the_primary(pair: replication.Pair) -> None:
+    from gpufleet.collector.sweep import Sweeper
+
+    url = pair.primary.url("gpufleet")
+    now = time.time()
+    older = write_samples(url, "sweep-n1", now - 120, 60, "older")
+    pair.wait_replayed("gpufleet")
+    replay(pair, on=False)
+    try:
+        newer = write_samples(url, "sweep-n1", now - 60, 30, "newer")  # committed, not replayed
+        with psycopg.connect(url, autocommit=True) as conn:
+            sweeper = Sweeper(settings_for(pair))
+            assert sweeper.history is not None
+            sweeper(conn, now)
+            # The window came from the standby, which has only the older samples ...
+            assert sweeper.history.reads == {"standby": 1, "primary": 0}
+            assert sweeper.cache.samples() == older
+            # ... and the next sweep's refresh, on the primary, brings what it lacked.
+            sweeper(conn, now + 1)
+            assert sweeper.cache.samples() == older + newer
+            # A standby further behind than the refresh's slack allows is not read.
+            sweeper.history.max_lag_s = 0.5
+            time.sleep(1.0)
+            late = Sweeper(settings_for(pair), snapshots=False)  # no persisted window: a cold load
+            late.history = sweeper.history
+            late(conn, now + 2)
+            assert sweeper.history.reads == {"standby": 1, "primary": 1}
+            assert late.cache.samples() == older + newer
+    finally:
+        replay(pair, on=True)
+
+
 def test_a_promoted_standby_no_longer_serves_reads(pair: replication.Pair) -> None:
     """Last: it ends the pair's replication."""
     lag = StandbyLag(LagProbe(pair.primary.url("gpufleet"), pair.standby.url("gpufleet")), check_s=0.1)
