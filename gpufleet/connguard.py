@@ -17,10 +17,13 @@ httptools protocol, which both servers run) bounds, per server:
   ``max_body_bytes_in_flight``; a request beyond it answers 503 with
   ``Retry-After`` at once and its connection closes, so memory does not grow
   with the number of senders;
-* **connections per address before headers**: an address may hold
-  ``max_pending_per_ip`` connections whose request headers are not complete
-  (the part of the server anyone can reach without a token); another is
-  closed as soon as it opens.
+* **slow connections per address before headers**: an address may hold
+  ``max_pending_per_ip`` connections whose request headers have been
+  incomplete for longer than :data:`SLOW_AFTER_S` (the part of the server
+  anyone can reach without a token); while it does, another connection of
+  that address is closed as soon as it opens.  A burst of honest
+  connections (300 agents behind one address reconnecting at once) is never
+  slow that long and is not refused.
 
 A connection cut for any of these is counted by reason (:class:`ConnectionGuard`,
 and the collector's ``gpufleet_http_connections_cut``).  The limits come from
@@ -41,6 +44,9 @@ import orjson
 #: How long a connection answered 503 for the body budget is read (and what arrives dropped) before it
 #: is closed, seconds.
 LINGER_S = 2.0
+#: A connection whose request headers are incomplete for longer than this counts against its
+#: address's ``max_pending_per_ip``, seconds.
+SLOW_AFTER_S = 1.0
 #: Why a connection was cut (the counters' keys).
 REASONS = ("header_timeout", "body_timeout", "bodies_in_flight", "pending_per_ip")
 
@@ -52,12 +58,15 @@ class Limits:
     max_body_bytes_in_flight: int = 128 * 1024 * 1024
     max_pending_per_ip: int = 64
     retry_after_s: int = 2
+    #: The largest body any route of the server reads: a request declaring more is answered 413 by the
+    #: app's body limit without a byte read, so it holds at most this much of the budget.
+    max_request_bytes: int = 16 * 1024 * 1024
 
     @classmethod
     def of(cls, settings: Any, retry_after_s: int = 2) -> Limits:
         """The limits of an ``IngestSettings`` or ``ApiSettings`` (fields of the same names)."""
         return cls(settings.header_timeout_s, settings.body_timeout_s, settings.max_body_bytes_in_flight,
-                   settings.max_pending_connections_per_ip, retry_after_s)
+                   settings.max_pending_connections_per_ip, retry_after_s, settings.max_body_bytes)
 
 
 @dataclass
@@ -69,7 +78,8 @@ class ConnectionGuard:
     #: Called with a reason of :data:`REASONS` whenever a connection is cut.
     on_cut: Callable[[str], None] | None = None
     in_flight_bytes: int = 0
-    pending: dict[str, int] = field(default_factory=dict)
+    #: Per address, its connections waiting for request headers and since when (monotonic), oldest first.
+    pending: dict[str, dict[int, float]] = field(default_factory=dict)
     cut: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
 
     def count(self, reason: str) -> None:
@@ -77,20 +87,27 @@ class ConnectionGuard:
         if self.on_cut is not None:
             self.on_cut(reason)
 
-    def pend(self, ip: str) -> bool:
-        """One more connection of ``ip`` before headers; False (not counted) when it has its share."""
-        n = self.pending.get(ip, 0)
-        if n >= self.limits.max_pending_per_ip:
-            return False
-        self.pending[ip] = n + 1
-        return True
+    def slow(self, ip: str, now: float) -> int:
+        """How many of ``ip``'s connections have waited for headers longer than :data:`SLOW_AFTER_S`
+        (counted up to the limit, oldest first: a burst of young ones costs nothing)."""
+        n = 0
+        for since in self.pending.get(ip, {}).values():
+            if now - since <= SLOW_AFTER_S or n >= self.limits.max_pending_per_ip:
+                break
+            n += 1
+        return n
 
-    def unpend(self, ip: str) -> None:
-        n = self.pending.get(ip, 0) - 1
-        if n > 0:
-            self.pending[ip] = n
-        else:
-            self.pending.pop(ip, None)
+    def pend(self, ip: str, conn: int, now: float) -> None:
+        waiting = self.pending.setdefault(ip, {})
+        waiting.pop(conn, None)
+        waiting[conn] = now
+
+    def unpend(self, ip: str, conn: int) -> None:
+        waiting = self.pending.get(ip)
+        if waiting is not None:
+            waiting.pop(conn, None)
+            if not waiting:
+                del self.pending[ip]
 
     def reserve(self, n: int) -> bool:
         if n and self.in_flight_bytes + n > self.limits.max_body_bytes_in_flight:
@@ -138,18 +155,20 @@ class GuardMixin:
 
     # -- the connection -------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         g = self._guard
         if g is None:
             return
         peer = transport.get_extra_info("peername")
         self._ip = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not g.pend(self._ip):
+        now = self.loop.time()
+        if g.slow(self._ip, now) >= g.limits.max_pending_per_ip:
             g.count("pending_per_ip")
             self._refused = True
             transport.close()
             return
+        g.pend(self._ip, id(self), now)
         self._pending = True
         self._arm(g.limits.header_timeout_s, "header_timeout")
 
@@ -162,7 +181,7 @@ class GuardMixin:
         self._disarm()
         if self._guard is not None:
             if self._pending:
-                self._guard.unpend(self._ip)
+                self._guard.unpend(self._ip, id(self))
                 self._pending = False
             if self._reserved:
                 self._guard.release(self._reserved)
@@ -194,7 +213,7 @@ class GuardMixin:
         self._chunked = False
         if not self._pending:  # a keep-alive connection's next request
             self._pending = True
-            g.pending[self._ip] = g.pending.get(self._ip, 0) + 1
+            g.pend(self._ip, id(self), self.loop.time())
         self._arm(g.limits.header_timeout_s, "header_timeout")
 
     def on_headers_complete(self) -> None:
@@ -204,7 +223,7 @@ class GuardMixin:
             return
         self._disarm()
         if self._pending:
-            g.unpend(self._ip)
+            g.unpend(self._ip, id(self))
             self._pending = False
         declared = 0
         for name, value in getattr(self, "headers", None) or ():
@@ -212,6 +231,7 @@ class GuardMixin:
                 declared = max(declared, int(value))
             elif name == b"transfer-encoding" and b"chunked" in value.lower():
                 self._chunked = True
+        declared = min(declared, g.limits.max_request_bytes)
         if not g.reserve(declared):
             g.count("bodies_in_flight")
             self._refuse_busy(g)

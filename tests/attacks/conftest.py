@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -83,7 +83,7 @@ class World:
         return body
 
 
-def batch(node: str, t0: float, seconds: int, gpus: dict[int, str | None], *, power_w: float = 300.0,
+def batch(node: str, t0: float, seconds: int, gpus: Mapping[int, str | None], *, power_w: float = 300.0,
           energy: dict[int, list[int]] | None = None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Samples of ``gpus`` (GPU -> run id) once a second for ``seconds`` from ``t0``."""
     rows = [(t0 + s, g, r) for s in range(seconds) for g, r in gpus.items()]

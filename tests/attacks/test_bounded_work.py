@@ -45,8 +45,8 @@ def runs_locked(db: str) -> Iterator[None]:
 @pytest.fixture
 def tokens(db: str) -> dict[str, str]:
     with psycopg.connect(db, autocommit=True) as c:
-        return {name: create_token(c, name, role) for name, role in
-                (("fin-1", "finance"), ("fin-2", "finance"), ("sre", "sre"))}
+        return {"fin-1": create_token(c, "fin-1", "finance"), "fin-2": create_token(c, "fin-2", "finance"),
+                "sre": create_token(c, "sre", "sre")}
 
 
 def get(url: str, token: str, path: str, **params: str) -> httpx.Response:

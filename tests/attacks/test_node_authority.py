@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
+
 from gpufleet.store.authority import END_SKEW, REGISTERED_BY
 from gpufleet.store.inferred import ENDED_BY
 from tests.attacks.conftest import World, at, batch, iso, whole_seconds_ago
@@ -162,9 +164,6 @@ def test_a_progress_token_reports_progress_and_nothing_else(world: World) -> Non
                                ("post", "/v1/tokens", {"name": "x", "role": "admin"})):
         r = world.call("progress", method, path, body)
         assert r.status_code == 403, (method, path, r.status_code, r.text)
-    body, headers = b"{}", {"Content-Type": "application/json"}
-    import httpx
-
-    r = httpx.post(world.collector + "/v1/ingest", content=body,
-                   headers={**headers, "Authorization": f"Bearer {world.tokens['progress']}"})
+    r = httpx.post(world.collector + "/v1/ingest", content=b"{}", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {world.tokens['progress']}"})
     assert r.status_code == 403
