@@ -68,7 +68,8 @@ def create_app(url: str, settings: Settings) -> FastAPI:
     # Inside the body limit (added after it): a request refused for its size is never counted.
     app.add_middleware(FairShare, lookup=st.auth.lookup, per_token=settings.api.max_concurrent_per_token,
                        per_role=st.per_role_limit(), wait_s=settings.api.concurrency_wait_s,
-                       retry_after_s=settings.ingest.retry_after_s, exempt=("/healthz", "/docs"))
+                       retry_after_s=settings.ingest.retry_after_s,
+                       exempt=("/healthz", "/docs", "/static/", "/favicon.ico"))
     app.add_middleware(BodyLimit, default=OTHER_BODY_MAX, precheck=token_first,
                        limits=[("/v1/", settings.api.max_body_bytes), ("/login", MAX_FORM_BYTES),
                                ("/logout", MAX_FORM_BYTES)])

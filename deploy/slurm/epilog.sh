@@ -2,7 +2,8 @@
 # Slurm Epilog (slurm.conf: Epilog=/etc/gpufleet/slurm/epilog.sh): end the run and unlabel this node's GPUs.
 #
 #  1. PATCH /v1/runs/<run id> {"end": now} with this node's token (every node of the job does it; the
-#     last one to finish sets the end);
+#     last one to finish sets the end, within 5 minutes of the first; a node token ends only runs a
+#     scheduler hook registered, never an admin's);
 #  2. removes GPUFLEET_JOB_DIR/<gpu index> for this job's GPUs, only where the file still names this run.
 #
 # Always exits 0: telemetry must not drain a node.
