@@ -1061,7 +1061,8 @@ def dashboards_push(
         token: Annotated[str, typer.Option("--token", envvar="GRAFANA_TOKEN", show_default=False,
                                            help="Grafana service-account token (Editor or Admin)")],
         datasource_url: Annotated[str | None, typer.Option(
-            help="postgresql://user@host:port/database as Grafana reaches it (default: the configured database)")]
+            help="postgresql://user@host:port/database as Grafana reaches it (default: the configured standby, "
+                 "database.read_url, else the configured database)")]
         = None,
         datasource_password_file: Annotated[Path | None, typer.Option(
             help="file holding the data source password (else the URL's)")] = None,
@@ -1073,8 +1074,8 @@ def dashboards_push(
         config: ConfigOpt = None) -> None:
     """Create or update the gpufleet data source and import every dashboard, overwriting older copies.
 
-    Without --datasource-url: the configured database, else a running demo's (its read-only role on
-    loopback TCP).
+    Without --datasource-url: the configured hot standby (``database.read_url``: panels never load the
+    primary), else the configured database, else a running demo's (its read-only role on loopback TCP).
     """
     from urllib.parse import urlsplit
 
@@ -1083,7 +1084,7 @@ def dashboards_push(
     from gpufleet.demofile import demo_reader
 
     s = settings_from(config)
-    url = datasource_url or s.database_url or demo_reader(s)
+    url = datasource_url or s.database.read_url or s.database_url or demo_reader(s)
     if not url:
         fail("--datasource-url is needed: no database_url is configured and no demo is running "
              "(`gpufleet demo` serves its database to Grafana on loopback TCP)")
