@@ -214,3 +214,18 @@ def test_a_far_past_start_is_not_billed_by_a_node(fleet: Fleet) -> None:
     with fleet.api.client("admin") as c:
         body = c.get("/v1/runs/ancient/accounting").json()
     assert body["gpu_hours"] < 4 * 0.1, body["gpu_hours"]
+
+
+def test_progress_tokens_name_a_node_or_none_and_other_roles_none(fleet: Fleet) -> None:
+    with fleet.api.client("admin") as c:
+        r = c.post("/v1/tokens", json={"name": "trainer-any", "role": "progress"})
+        assert r.status_code == 201 and r.json()["node"] is None, r.text
+        r = c.post("/v1/tokens", json={"name": "trainer-n2b", "role": "progress", "node": "n2"})
+        assert r.status_code == 201 and r.json()["node"] == "n2", r.text
+        r = c.post("/v1/tokens", json={"name": "sre-n2", "role": "sre", "node": "n2"})
+        assert r.status_code == 422 and "--node is for roles node and progress" in r.text, r.text
+        r = c.post("/v1/tokens", json={"name": "node-none", "role": "node"})
+        assert r.status_code == 422 and "needs --node" in r.text, r.text
+    # the database holds the same rule
+    with psycopg.connect(fleet.api.db) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO agent_tokens (name, token_hash, role, node) VALUES ('x', 'x', 'sre', 'n1')")
