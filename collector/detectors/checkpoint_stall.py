@@ -300,7 +300,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
     elif rows.size >= 2 and blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer:
         basis, signature = "gpu_only", "writer"
     else:
-        sharded = _sharded(fr, rows, pauses, blk, period)
+        sharded = _sharded(fr, rows, pauses, blk, period, hi - lo)
         if sharded is None:
             return None
         basis, (signature, d2h) = "gpu_only", sharded
@@ -334,7 +334,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
 
 
 def _sharded(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]], blk: Blocking,
-             period: float | None) -> tuple[Literal["sharded_d2h", "sharded_sync"], float | None] | None:
+             period: float | None, span_s: float) -> tuple[Literal["sharded_d2h", "sharded_sync"], float | None] | None:
     """Every rank idle at once, none spinning (each copies its shard out): the device-to-host copy
     where PCIe counters exist, else the regular spacing of pauses slower than any input stall."""
     cfg = fr.config
@@ -343,11 +343,13 @@ def _sharded(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]], blk
     copy = copy_out(fr, rows, pauses)
     if copy is not None:
         return ("sharded_d2h", copy) if copy > 0 else None
-    # No PCIe counters: one pause in view (an input stall repeats, and is starvation's), or pauses
-    # spaced slower than any input stall.
-    if len(pauses) == 1 or (period is not None and period > cfg.starve_max_period_s):
+    # No PCIe counters: pauses spaced slower than any input stall, or a lone pause in a stretch of
+    # work long enough that an input stall would have repeated in it (one each starve_max_period_s
+    # at the slowest, on either side).
+    if period is not None and period > cfg.starve_max_period_s:
         return "sharded_sync", None
-    return None
+    lone = len(pauses) == 1 and span_s - (pauses[0][1] - pauses[0][0]) >= 2.0 * cfg.starve_max_period_s
+    return ("sharded_sync", None) if lone else None
 
 
 def copy_out(fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]]) -> float | None:
