@@ -311,3 +311,29 @@ def test_stored_bytes_reads_the_snapshot_prometheus_names(tmp_path: Path) -> Non
     assert detail == {}
     # 200 exporter samples are 8 GPU-samples: 2050 / 8 and 4100 / 8 bytes.
     assert stored == pytest.approx(2050 / 8) and wal == pytest.approx(4100 / 8)
+
+
+def test_read_side_times_every_route_page_and_panel_on_a_tiny_fleet() -> None:
+    """bench/read_side.py --quick end to end: it synthesises a fleet through the storing step and the
+    rollups, serves the API, and every read it times answers without an error beside its baseline."""
+    res = subprocess.run([sys.executable, "bench/read_side.py", "--quick", "--repeat", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["name"] == "read_side" and last["quick"] is True
+    counts = last["counts"]
+    assert counts["gpu_samples"] > 0 and counts["gpu_stats_1m"] > counts["gpu_samples"] // 2
+    assert counts["gpu_energy_1h"] > 0 and counts["runs"] > 0 and counts["incidents"] > 0
+    reads = last["reads_timed"]
+    kinds = {r["kind"] for r in reads}
+    assert kinds == {"api", "web", "panel"}
+    names = {r["name"] for r in reads}
+    assert {"GET /v1/runs", "GET /v1/accounting (30 d, by team)", "/ (fleet)", "/finance"} <= names
+    # every board at each of the four ranges
+    for board in ("gpufleet-fleet", "gpufleet-run", "gpufleet-node", "gpufleet-energy", "gpufleet-starvation"):
+        for rng in ("6h", "24h", "7d", "30d"):
+            assert any(n.startswith(f"{board} {rng} #") for n in names), (board, rng)
+    failed = [(r["name"], r["error"]) for r in reads if r["error"]]
+    assert not failed, failed
+    assert all(r["cold_ms"] is not None and r["baseline_ms"] is not None for r in reads)
+    assert "synthesised:" in res.stdout

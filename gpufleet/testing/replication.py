@@ -1,4 +1,4 @@
-"""A primary and its streaming-replication hot standby, of the test's own, on loopback ports.
+"""A primary and its streaming-replication hot standby of their own, on loopback ports (tests, benchmarks).
 
 The machine's shared server is never touched: both clusters are made with the
 Debian PostgreSQL 15 binaries in a temporary directory, the standby by

@@ -33,7 +33,7 @@ from gpufleet.db.read_routing import (
     lsn,
 )
 from gpufleet.serverthread import ServerThread, serve
-from tests.db import replication
+from gpufleet.testing import replication
 
 pytestmark = pytest.mark.skipif(replication.available() is not None, reason=str(replication.available()))
 
