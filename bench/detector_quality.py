@@ -44,6 +44,10 @@ from gpufleet.sim.degrade import FORMS, degrade_bundle
 from gpufleet.testing.pg import server_url
 
 
+#: Scenarios never tuned on (bench/heldout/README.md).
+HELDOUT = Path(__file__).resolve().parent / "heldout"
+
+
 class TimedStore(MemoryIncidentStore):
     """Remembers the sweep time each incident was first opened (for latency)."""
 
@@ -58,10 +62,10 @@ class TimedStore(MemoryIncidentStore):
             self.opened_at[first + k] = plan.now
 
 
-def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir: Path,
+def run_scenario(name: str, duration_s: float | None, interval_s: float | None, workdir: Path,
                  form: str = "full") -> tuple[Score, float, dict]:
     settings = load_settings()
-    out = workdir / f"{name}-{form}"
+    out = workdir / f"{Path(name).stem}-{form}"
     info = write_bundle(name, out, duration_s=duration_s, sample_interval_s=interval_s, overwrite=True)
     labels = degrade_bundle(out, form)
     bundle = read_bundle(out)
@@ -85,7 +89,7 @@ def run_scenario(name: str, duration_s: float, interval_s: float | None, workdir
     return score(findings, labels, first_open), time.perf_counter() - t0, labels
 
 
-def run_form(names: list[str], form: str, duration_s: float, interval_s: float | None) -> dict[str, object]:
+def run_form(names: list[str], form: str, duration_s: float | None, interval_s: float | None) -> dict[str, object]:
     """Score every scenario in one form; print its table; return its figures."""
     total = Score()
     baseline = Score()
@@ -97,7 +101,7 @@ def run_form(names: list[str], form: str, duration_s: float, interval_s: float |
             baseline.add(score([], labels))
             per[name] = {"violations": len(s.negative_violations), "missed": len(s.missed_labels),
                          "unmatched": len(s.unmatched_findings), "seconds": round(secs, 1)}
-            print(f"{name:<22} missed {len(s.missed_labels):>2}  false {len(s.unmatched_findings):>2}  "
+            print(f"{Path(name).stem:<22} missed {len(s.missed_labels):>2}  false {len(s.unmatched_findings):>2}  "
                   f"hard-negative hits {len(s.negative_violations):>2}  ({secs:.0f} s)", flush=True)
             for m in s.missed_labels:
                 print(f"    missed: {m['kind']} {m.get('run_id')} {m.get('node')}/{m.get('gpu')} cause={m.get('cause')}")
@@ -126,7 +130,10 @@ def run_form(names: list[str], form: str, duration_s: float, interval_s: float |
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", help="comma-separated; default: every shipped scenario but the 24 h demo")
-    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds of each scenario (default: 3600 for shipped ones, a held-out one's own)")
+    ap.add_argument("--heldout", action="store_true",
+                    help="score the held-out scenarios of bench/heldout/ (never tuned on) instead")
     ap.add_argument("--interval", type=float, default=None, help="sampling interval override, seconds")
     ap.add_argument("--degrade", choices=(*FORMS, "all"), default="full",
                     help="cut the bundles to a form real fleets send (default: every field)")
@@ -137,12 +144,17 @@ def main() -> int:
         import real_corpus
 
         return real_corpus.main()
-    names = args.scenarios.split(",") if args.scenarios else [n for n in scenario_names() if n != "demo"]
+    if args.heldout:
+        names = [str(p) for p in sorted(HELDOUT.glob("*.yaml"))]
+        duration = args.duration
+    else:
+        names = args.scenarios.split(",") if args.scenarios else [n for n in scenario_names() if n != "demo"]
+        duration = args.duration if args.duration is not None else 3600.0
     forms = list(FORMS) if args.degrade == "all" else [args.degrade]
     results = {}
     for form in forms:
         print(f"== form {form}", flush=True)
-        results[form] = run_form(names, form, args.duration, args.interval)
+        results[form] = run_form(names, form, duration, args.interval)
     worst = {k: min(r[k] for r in results.values() if r[k] is not None) for k in
              ("min_precision", "min_recall", "min_cause_accuracy")}
     hits = sum(r["hard_negative_hits"] for r in results.values())
