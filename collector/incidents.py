@@ -206,7 +206,8 @@ def plan_sweep(
             )))
         else:
             plan.updates.append(Update(
-                scope_key=key, id=inc.id, cause=_cause(inc, f), severity=f.severity, evidence=dict(f.evidence),
+                scope_key=key, id=inc.id, cause=_cause(inc, f), severity=f.severity,
+                evidence=_keep_onsets(inc.evidence, dict(f.evidence)),
                 last_seen=max(now, inc.last_seen),
                 last_active=max(last_active, inc.last_active) if inc.last_active is not None else last_active,
                 start=min(inc.start, f.start), hold_s=f.hold_s, node=f.node, renode=f.qualifier is not None,
@@ -218,6 +219,23 @@ def plan_sweep(
             end = inc.last_active if inc.last_active is not None else inc.last_seen
             plan.resolves.append(Resolve(scope_key=key, id=inc.id, end=max(end, inc.start)))
     return plan
+
+
+def _keep_onsets(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` evidence, each GPU it lists (``gpus``) keeping the earliest ``since`` any sweep saw: a
+    later window dates a long condition from its own start, not from when the GPU began."""
+    gpus, before = new.get("gpus"), old.get("gpus")
+    if not isinstance(gpus, list) or not isinstance(before, list):
+        return new
+    seen = {(g.get("node"), g.get("gpu")): g.get("since") for g in before if isinstance(g, Mapping)}
+    out = []
+    for g in gpus:
+        if isinstance(g, Mapping):
+            was = seen.get((g.get("node"), g.get("gpu")))
+            if isinstance(was, str) and isinstance(g.get("since"), str) and was < g["since"]:
+                g = {**g, "since": was}
+        out.append(g)
+    return {**new, "gpus": out}
 
 
 class MemoryIncidentStore:

@@ -304,7 +304,7 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
     for i in plan.idles:
         gpus = [{"node": plan.gpus[g].node, "gpu": plan.gpus[g].gpu} for g in i.gpu_idx.tolist()]
         lab.incidents.append(Incident(
-            IDLE_ALLOCATION, None, i.start, i.end, run_id=i.run_id, fault="idle_allocation",
+            IDLE_ALLOCATION, None, i.start, i.end, run_id=i.run_id, fault="idle_allocation", fault_index=i.index,
             evidence={"gpus": gpus, "whole_run": i.whole_run, "note": i.note}))
         lab.hard_negatives.append(HardNegative(
             "idle_run", [k for k in RUN_TIME_KINDS if k != IDLE_ALLOCATION], i.start, i.end, run_id=i.run_id,
@@ -312,7 +312,7 @@ def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
     for h in plan.hangs:
         dead = [{"node": plan.gpus[g].node, "gpu": plan.gpus[g].gpu} for g in h.dead.tolist()]
         lab.incidents.append(Incident(
-            HUNG_COLLECTIVE, None, h.start, h.end, run_id=h.run_id, fault="hung_collective",
+            HUNG_COLLECTIVE, None, h.start, h.end, run_id=h.run_id, fault="hung_collective", fault_index=h.index,
             evidence={"dead_gpus": dead, "note": h.note}))
         lab.hard_negatives.append(HardNegative(
             "hung_run", [k for k in RUN_TIME_KINDS if k != HUNG_COLLECTIVE], h.start, h.end, run_id=h.run_id,

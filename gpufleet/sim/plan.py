@@ -156,6 +156,8 @@ class IdlePlan:
     #: Every GPU of the run: the run makes no progress at all.
     whole_run: bool
     note: str | None = None
+    #: Index of the fault in the scenario.
+    index: int | None = None
 
 
 @dataclass
@@ -167,6 +169,8 @@ class HangPlan:
     end: float
     dead: np.ndarray
     note: str | None = None
+    #: Index of the fault in the scenario.
+    index: int | None = None
 
 
 @dataclass
@@ -345,13 +349,13 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
         s0, e0 = max(start, run.start), min(end, run.end_or(plan.t_end), plan.t_end)
         if e0 > s0:
             plan.idles.append(IdlePlan(run.run_id, s0, e0, np.asarray(pool, dtype=np.intp),
-                                       pool.size == run.gpu_idx.size, f.note))
+                                       pool.size == run.gpu_idx.size, f.note, i))
     elif isinstance(f, fs.HungCollective):
         run = by_run[f.run_id]
         dead = np.sort(rng.choice(run.gpu_idx, size=min(f.dead_ranks, run.gpu_idx.size), replace=False))
         s0, e0 = max(start, run.train_start), min(end, run.end_or(plan.t_end), plan.t_end)
         if e0 > s0:
-            plan.hangs.append(HangPlan(run.run_id, s0, e0, np.asarray(dead, dtype=np.intp), f.note))
+            plan.hangs.append(HangPlan(run.run_id, s0, e0, np.asarray(dead, dtype=np.intp), f.note, i))
     elif isinstance(f, fs.SampleGap):
         end = min(end, plan.t_end)
         plan.node_gaps[f.node] = plan.node_gaps.get(f.node, IntervalSet()).union(IntervalSet([(start, end)]))

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 
 from gpufleet.collector.bundle import read_bundle
+from gpufleet.collector.incidents import Incident
 from gpufleet.collector.replay import replay
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
@@ -79,8 +80,17 @@ def _swept_live(conn: psycopg.Connection, settings: Settings, bundle: Any, feed_
             ship()
         sweeper(conn, now)
         now += step
-    rows = conn.execute("SELECT kind, run_id, node, gpu, cause, severity, start, \"end\" FROM incidents").fetchall()
-    return {_key(*r) for r in rows}
+    rows = conn.execute("SELECT kind, run_id, node, gpu, cause, severity, start, \"end\", evidence, state "
+                        "FROM incidents").fetchall()
+    # As FINDINGS.jsonl writes them: an incident grouping a run's GPUs is a row per GPU.
+    out = set()
+    for kind, run_id, node, gpu, cause, severity, start, end, evidence, state in rows:
+        inc = Incident(kind=kind, scope_key="", cause=cause, severity=severity, start=start.timestamp(),
+                       last_seen=start.timestamp(), evidence=evidence, run_id=run_id, node=node, gpu=gpu,
+                       end=None if end is None else end.timestamp(), state=state)
+        out |= {_key(r["kind"], r["run_id"], r["node"], r["gpu"], r["cause"], r["severity"], _parse(r["start"]),
+                     _parse(r["end"])) for r in inc.records()}
+    return out
 
 
 def test_the_bundle_live_and_replayed_gives_the_same_incidents(pg_server: str, settings: Settings,

@@ -156,3 +156,17 @@ def test_a_grouped_throttling_incident_is_one_findings_row_per_gpu() -> None:
     assert [(r["node"], r["gpu"], r["start"]) for r in rows] == [("n0", g, rfc3339(T - 60 + g)) for g in (0, 1, 2)]
     assert [r["evidence"]["throttled_share"] for r in rows] == [0.5, 0.6, 0.7]
     assert all(r["run_id"] == "r1" and r["kind"] == "throttling" and r["end"] is None for r in rows)
+
+
+def test_a_gpu_of_a_grouped_incident_keeps_the_onset_the_first_sweep_saw() -> None:
+    """A later window dates a long throttle from its own start; the row still starts where it began."""
+    def grouped(since: float) -> Finding:
+        gpus = [{"node": "n0", "gpu": 0, "since": rfc3339(since), "throttled_share": 0.9}]
+        return Finding("throttling", "thermal", "warning", since, {"gpu_count": 1, "gpus": gpus},
+                       run_id="r1", node="n0", gpu=None, last_active=T, qualifier="thermal")
+
+    store = MemoryIncidentStore()
+    store.sweep([grouped(T - 60)], T, HOLD)
+    store.sweep([grouped(T + 540)], T + 600, HOLD)
+    (row,) = store.records()
+    assert row["start"] == rfc3339(T - 60)

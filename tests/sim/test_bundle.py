@@ -7,7 +7,6 @@ import hashlib
 import itertools
 import json
 import re
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -221,17 +220,14 @@ def test_gaps_leave_rows_out_and_counters_reset(tmp_path: Path) -> None:
     assert sum(1 for a, b in itertools.pairwise(series) if b < a) == 1
 
 
-def test_four_nodes_of_eight_gpus_for_an_hour_at_1hz_is_quick(tmp_path: Path) -> None:
+def test_four_nodes_of_eight_gpus_for_an_hour_at_1hz_writes_every_sample(tmp_path: Path) -> None:
+    """Every GPU's every second, with faults laid over the runs (how fast is bench/, not a test's)."""
     raw = load_scenario("healthy").model_dump()
     raw["faults"] = [{"kind": "checkpoint_stall", "run_id": "healthy-pretrain"},
                      {"kind": "starvation_cpu", "run_id": "healthy-finetune", "start_s": 600}]
     sc = parse_scenario(raw)
-    t0 = time.perf_counter()
     info = write_bundle(sc, tmp_path / "b", duration_s=3600)
-    elapsed = time.perf_counter() - t0
     assert info.gpu_rows == 32 * 3601
-    # A few seconds on a quiet machine; generous for a loaded CI runner.
-    assert elapsed < 30, elapsed
 
 
 def test_sampling_interval_override(tmp_path: Path) -> None:
