@@ -10,8 +10,9 @@ hold the product to it, field by field.
 The rules it follows are the contract's and the documented extensions:
 
 - an interval is a pair of consecutive whole-GPU samples; its energy is the
-  ``energy_mj`` counter difference when both ends have one and it did not go
-  backwards, else trapezoidal ``power_w`` when the interval is at most
+  ``energy_mj`` counter difference when both ends have one and it neither went
+  backwards nor jumped further than a GPU can draw over the interval (10 kW,
+  a glitch), else trapezoidal ``power_w`` when the interval is at most
   ``max_gap_s``; otherwise it is not counted (coverage); energy is spread
   evenly over the interval;
 - host energy: trapezoidal ``host_power_w`` (same gap rule) times the share of
@@ -23,8 +24,12 @@ The rules it follows are the contract's and the documented extensions:
   (the longest model key of the site contained in the GPU's model name while it
   has a value, else the site's default); a run without a site: PUE 1, prices 0,
   CO2e unknown;
-- money is rounded per run (and per pricing site of the fleet lines) to the
-  cent, half away from zero;
+- money is exact (the product carries it to 1e-9; rounding to minor units is
+  presentation, which this module does not model);
+- the fleet counts a GPU from when it joined (its node's registration, its
+  first sample, the first run that held it) until it left: a day after the
+  last of those (its last sample, the end of the last run that held it, up to
+  now) once that day has passed;
 - with declared sharing a GPU's energy and hours count with the run's share;
   the fleet total prices each share at the site of whoever held it (the node's
   site for the part no run held).
@@ -44,6 +49,8 @@ from typing import Any
 import psycopg
 
 J_PER_KWH = 3.6e6
+#: The most one GPU can draw, W (contracts.md section 3: a counter jump above it over an interval is a glitch).
+GPU_CEILING_W = 10_000.0
 INF = datetime.max.replace(tzinfo=UTC)
 NEG_INF = datetime.min.replace(tzinfo=UTC)
 DEFAULTS = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "carbon_region": None, "carbon_g_per_kwh": None}
@@ -94,7 +101,7 @@ def _intervals(samples: list[tuple[datetime, float | None, float | None]], max_g
             continue
         dt = (t1 - t0).total_seconds()
         j: float | None = None
-        if e0 is not None and e1 is not None and e1 >= e0:
+        if e0 is not None and e1 is not None and e1 >= e0 and (e1 - e0) / 1000.0 <= GPU_CEILING_W * dt:
             j = (e1 - e0) / 1000.0
         elif p0 is not None and p1 is not None and dt <= max_gap_s:
             j = (p0 + p1) / 2.0 * dt
@@ -122,8 +129,12 @@ class Fleet:
         self.allocations: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
         for run_id, node, gpu, share in conn.execute("SELECT run_id, node, gpu, share FROM run_allocations"):
             self.allocations[run_id].append((node, int(gpu), float(share)))
-        self.nodes = {n: {"site": s, "gpu_count": c, "facts": f or {}} for n, s, c, f in conn.execute(
-            "SELECT node, site, gpu_count, facts FROM nodes")}
+        self.nodes = {n: {"site": s, "gpu_count": c, "facts": f or {}, "first_seen": fs}
+                      for n, s, c, f, fs in conn.execute("SELECT node, site, gpu_count, facts, first_seen FROM nodes")}
+        self.sample_times: dict[tuple[str, int], tuple[datetime, datetime]] = {}
+        for node, gpu, t0, t1 in conn.execute("SELECT node, gpu, min(time), max(time) FROM gpu_samples "
+                                              "GROUP BY node, gpu"):
+            self.sample_times[(node, int(gpu))] = (t0, t1)
         self.currency = dict(conn.execute("SELECT site, currency FROM sites").fetchall())
         self.settings: dict[tuple[str, str, str], list[tuple[datetime, Any]]] = defaultdict(list)
         self._times: dict[Any, list[datetime]] = {}
@@ -268,6 +279,29 @@ class Fleet:
                 self._price(f, site, t, j, w)
         return f
 
+    def membership(self, node: str, gpu: int, now: datetime, gone_after_s: float = 86400.0
+                   ) -> tuple[datetime, datetime] | None:
+        """[joined, left) of a GPU in the fleet (left: INF while it has not)."""
+        joined: list[datetime] = []
+        last: list[datetime] = []
+        first_seen = self.nodes.get(node, {}).get("first_seen")
+        if first_seen is not None:
+            joined.append(first_seen)
+            last.append(first_seen)
+        if (node, gpu) in self.sample_times:
+            a, b = self.sample_times[(node, gpu)]
+            joined.append(a)
+            last.append(b)
+        for run_id, allocs in self.allocations.items():
+            if any(n == node and g == gpu for n, g, _ in allocs):
+                r = self.runs[run_id]
+                joined.append(r["start"])
+                last.append(max(r["start"], min(r["end"] or now, now)))
+        if not joined:
+            return None
+        gone = max(last) + timedelta(seconds=gone_after_s)
+        return min(joined), (gone if gone < now else INF)
+
     def fleet(self, lo: datetime, hi: datetime, now: datetime) -> Figures:
         """Every GPU and host over [lo, min(hi, now)), each share priced at the site of whoever held it."""
         hi = max(lo, min(hi, now))
@@ -288,7 +322,9 @@ class Fleet:
         all_sites = {v["site"] for v in self.runs.values()} | {v["site"] for v in self.nodes.values()}
         cuts = self.breakpoints(all_sites)
         for node, gpu in gpus:
-            f.gpu_s += (hi - lo).total_seconds()
+            member = self.membership(node, gpu, now)
+            if member is not None:
+                f.gpu_s += max((min(hi, member[1]) - max(lo, member[0])).total_seconds(), 0.0)
             hs = holders.get((node, gpu), [])
             node_site = self.nodes.get(node, {}).get("site")
             for t, j, s in self._energy(self.gpu_intervals.get((node, gpu), []), lo, hi,
@@ -325,8 +361,8 @@ class Fleet:
 
 
 def money_of(f: Figures) -> float:
-    """A run's total cost as the product writes it: energy and compute each rounded to the cent."""
-    return cents(f.energy_cost) + cents(f.compute_cost)
+    """A run's total cost: energy and compute, exact."""
+    return f.energy_cost + f.compute_cost
 
 
 def near(a: float, b: float, rel: float, abs_: float = 1e-9) -> bool:

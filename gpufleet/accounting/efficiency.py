@@ -29,7 +29,7 @@ checkpointing, starved, waiting on a straggler or throttled, by the one rule of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,11 +61,18 @@ class GpuPeak:
     source: str | None
 
 
-def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]]) -> dict[tuple[str, int], GpuPeak]:
-    """Model name and peak (FLOP/s, precision, source) of each allocated GPU, from the nodes' facts."""
-    nodes = sorted({n for n, _ in allocations})
-    facts = {n: NodeFacts.read(f) for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
-                                                            (nodes,)).fetchall()}
+def node_facts(conn: psycopg.Connection, nodes: Iterable[str]) -> dict[str, NodeFacts]:
+    """The facts of ``nodes`` (one query), each read through :class:`NodeFacts`."""
+    return {n: NodeFacts.read(f) for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
+                                                           (sorted(set(nodes)),)).fetchall()}
+
+
+def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]],
+               facts: Mapping[str, NodeFacts] | None = None) -> dict[tuple[str, int], GpuPeak]:
+    """Model name and peak (FLOP/s, precision, source) of each allocated GPU, from the nodes' facts (read
+    unless given)."""
+    if facts is None:
+        facts = node_facts(conn, (n for n, _ in allocations))
     out: dict[tuple[str, int], GpuPeak] = {}
     none = NodeFacts()
     for node, gpu in allocations:
@@ -90,34 +97,59 @@ def mfu_problem(mfu: float, params: int, tokens_per_s: float, peak: float, peaks
             f"counted once, not per rank) and the GPUs' peak ({models})")
 
 
-def _progress_at(conn: psycopg.Connection, run_id: str, t: datetime | None, column: str
-                 ) -> tuple[datetime, float] | None:
-    """The last report of ``column`` at or before ``t`` (any time when None)."""
-    sql = f"SELECT time, {column} FROM run_progress WHERE run_id = %s AND {column} IS NOT NULL"
-    params: list[Any] = [run_id]
-    if t is not None:
-        sql += " AND time <= %s"
-        params.append(t)
-    row = conn.execute(sql + " ORDER BY time DESC LIMIT 1", params).fetchone()
-    return (row[0], float(row[1])) if row else None
+_PROGRESS_SQL = """
+SELECT x.run_id, te.time, te.v, tb.time, tb.v, se.time, se.v, sb.time, sb.v
+FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) AS x(run_id, lo, hi)
+LEFT JOIN LATERAL (SELECT p.time, p.tokens AS v FROM run_progress p WHERE p.run_id = x.run_id
+                   AND p.tokens IS NOT NULL AND (x.hi IS NULL OR p.time <= x.hi) ORDER BY p.time DESC LIMIT 1) te ON true
+LEFT JOIN LATERAL (SELECT p.time, p.tokens AS v FROM run_progress p WHERE p.run_id = x.run_id
+                   AND p.tokens IS NOT NULL AND p.time <= x.lo ORDER BY p.time DESC LIMIT 1) tb ON x.lo IS NOT NULL
+LEFT JOIN LATERAL (SELECT p.time, p.samples AS v FROM run_progress p WHERE p.run_id = x.run_id
+                   AND p.samples IS NOT NULL AND (x.hi IS NULL OR p.time <= x.hi) ORDER BY p.time DESC LIMIT 1) se ON true
+LEFT JOIN LATERAL (SELECT p.time, p.samples AS v FROM run_progress p WHERE p.run_id = x.run_id
+                   AND p.samples IS NOT NULL AND p.time <= x.lo ORDER BY p.time DESC LIMIT 1) sb ON x.lo IS NOT NULL"""
+
+
+@dataclass(frozen=True)
+class Window:
+    """What efficiency is asked of one run: its window [lo, hi), and whether a report after its end counts."""
+
+    run: Run
+    lo: datetime
+    hi: datetime
+    count_after_end: bool
+
+
+def progress_many(conn: psycopg.Connection, windows: Sequence[Window]) -> dict[str, dict[str, float | None]]:
+    """Tokens and samples done in each run's window, and the token rate over the reports that bound them: the
+    last report at or before ``hi`` (any, with ``count_after_end``) less the last at or before ``lo`` (none at
+    the run's start), for every run in one round trip."""
+    if not windows:
+        return {}
+    rows = conn.execute(_PROGRESS_SQL, ([w.run.run_id for w in windows],
+                                        [w.lo if w.lo > w.run.start else None for w in windows],
+                                        [None if w.count_after_end else w.hi for w in windows])).fetchall()
+    found = {r[0]: r[1:] for r in rows}
+    out: dict[str, dict[str, float | None]] = {}
+    for w in windows:
+        te, tv, tbt, tbv, se, sv, sbt, sbv = found.get(w.run.run_id, (None,) * 8)
+        done: dict[str, float | None] = {"tokens": None, "samples": None, "tokens_per_s": None}
+        for column, end_t, end_v, begin_t, begin_v in (("tokens", te, tv, tbt, tbv), ("samples", se, sv, sbt, sbv)):
+            if end_t is None:
+                continue
+            t0, v0 = (begin_t, float(begin_v)) if begin_t is not None else (w.run.start, 0.0)
+            done[column] = max(float(end_v) - v0, 0.0)
+            if column == "tokens":
+                span_s = (end_t - t0).total_seconds()
+                done["tokens_per_s"] = done[column] / span_s if span_s > 0 else None
+        out[w.run.run_id] = done
+    return out
 
 
 def progress(conn: psycopg.Connection, run_id: str, run_start: datetime, lo: datetime, hi: datetime,
              count_after_end: bool) -> dict[str, float | None]:
-    """Tokens and samples done in [lo, hi), and the token rate over the reports that bound them."""
-    out: dict[str, float | None] = {"tokens": None, "samples": None, "tokens_per_s": None}
-    for column in ("tokens", "samples"):
-        end = _progress_at(conn, run_id, None if count_after_end else hi, column)
-        if end is None:
-            continue
-        begin = _progress_at(conn, run_id, lo, column) if lo > run_start else None
-        t0, v0 = begin if begin is not None else (run_start, 0.0)
-        done = max(end[1] - v0, 0.0)
-        out[column] = done
-        if column == "tokens":
-            span_s = (end[0] - t0).total_seconds()
-            out["tokens_per_s"] = done / span_s if span_s > 0 else None
-    return out
+    """Tokens and samples done in [lo, hi) of one run (:func:`progress_many`)."""
+    return progress_many(conn, [Window(Run(run_id, run_start), lo, hi, count_after_end)])[run_id]
 
 
 def _lost_share(evidence: object) -> float:
@@ -134,12 +166,17 @@ def _lost_share(evidence: object) -> float:
 
 def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
                allocations: Sequence[tuple[str, int]], it_kwh: float, count_after_end: bool,
-               gpu_hours: float, productive_gpu_hours: float | None) -> dict[str, Any]:
-    """The ``efficiency`` block of a run's accounting; ``productive_gpu_hours`` from its ledger."""
-    done = progress(conn, run.run_id, run.start, lo, hi, count_after_end)
+               gpu_hours: float, productive_gpu_hours: float | None, *,
+               done: Mapping[str, float | None] | None = None,
+               facts: Mapping[str, NodeFacts] | None = None) -> dict[str, Any]:
+    """The ``efficiency`` block of a run's accounting; ``productive_gpu_hours`` from its ledger.  ``done``
+    (:func:`progress_many`) and ``facts`` (:func:`node_facts`) are read here unless the caller read them for
+    many runs at once."""
+    if done is None:
+        done = progress(conn, run.run_id, run.start, lo, hi, count_after_end)
     tokens, samples, rate = done["tokens"], done["samples"], done["tokens_per_s"]
     it_j = it_kwh * 3.6e6
-    models = gpu_models(conn, allocations)
+    models = gpu_models(conn, allocations, facts)
     names = sorted({m.model for m in models.values() if m.model})
     peaks = list(models.values())
     known = bool(peaks) and all(p.flops is not None for p in peaks)

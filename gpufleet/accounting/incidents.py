@@ -10,7 +10,7 @@ contracts.md section 3.2 is the definition; in short:
   of its claim, and its kWh, CO2e and money are the run's own accounting over
   the claim: ``gpufleet_incident_accounting`` is ``gpufleet_accounting``'s run
   query over those weighted pieces (same energy integration, host share, PUE,
-  carbon, energy and GPU-hour prices in force, rounding to minor units);
+  carbon, energy and GPU-hour prices in force, money as computed);
 * a run's **lost_to_incidents** is the same over the *union* of its incidents'
   claims: on each GPU at each instant the largest lost share of the incidents
   covering it, never their sum, so overlapping incidents count once.
@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 
 from gpufleet.accounting.efficiency import LOST_TIME_KINDS, _lost_share
-from gpufleet.accounting.lines import Line, Source
+from gpufleet.accounting.lines import Line, Source, combine
 from gpufleet.accounting.money import number
 from gpufleet.evidence import StoredThrottledGpu, StoredThrottling, read_as, read_evidence, read_lost_time
 from gpufleet.store.run_model import Run, load_runs
@@ -191,7 +191,10 @@ def price(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: d
     cols = ([k for k, _ in rows], [p.run_id for _, p in rows], [p.node for _, p in rows], [p.gpu for _, p in rows],
             [p.lo for _, p in rows], [p.hi for _, p in rows], [p.weight for _, p in rows])
     got = conn.execute(_SQL, (*cols, now, max_gap_s, source)).fetchall()
-    return {r[1]: Line(*r) for r in got}
+    by_key: dict[str, list[Line]] = {}
+    for r in got:  # one line per currency: pieces across a change of the site's currency
+        by_key.setdefault(r[1], []).append(Line(*r))
+    return {k: combine(v) for k, v in by_key.items()}
 
 
 def figures(line: Line | None) -> dict[str, Any]:
@@ -208,9 +211,9 @@ def figures(line: Line | None) -> dict[str, Any]:
         "it_kwh": number(line.it_kwh),
         "facility_kwh": number(line.facility_kwh),
         "co2e_kg": number(line.co2e_kg) if carbon_known else None,
-        "energy_cost": number(line.energy_cost),
-        "compute_cost": number(line.compute_cost) or 0.0,
-        "total_cost": number(line.total_cost),
+        "energy_cost": None if line.mixed else number(line.energy_cost),
+        "compute_cost": None if line.mixed else number(line.compute_cost) or 0.0,
+        "total_cost": None if line.mixed else number(line.total_cost),
         "currency": line.currency,
         "minor_units": line.minor_units,
     }

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from gpufleet.accounting.efficiency import efficiency
+from gpufleet.accounting.efficiency import Window, efficiency, node_facts, progress_many
 from gpufleet.accounting.ledger import Ledger, ledger_body, losses
 from gpufleet.accounting.line_errors import NULLED, messages, problems
 from gpufleet.accounting.lines import Line, Source, combine, lines, per_run
@@ -39,6 +39,7 @@ from gpufleet.accounting.result import AccountingBody
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.db.accounting_sql import GPU_MODEL_EXPR
+from gpufleet.facts import NodeFacts
 from gpufleet.store.run_model import Run, load_runs
 from gpufleet.store.runs import NotFound
 from gpufleet.timeparse import iso
@@ -59,7 +60,7 @@ _RATES_SQL = """
 SELECT t0, t1, pue, price_per_kwh, gpu_hour_price, carbon_region, carbon_g_per_kwh, currency
 FROM gpufleet_site_periods(%s, %s, %s)"""
 
-_REGIONS_SQL = "SELECT region, method, name FROM carbon_regions WHERE region = ANY(%s)"
+_REGIONS_SQL = "SELECT region, method, name FROM carbon_regions"
 
 _MODEL_PRICES_SQL = """
 SELECT t0, t1, gpu_model_key, price FROM gpufleet_gpu_hour_prices(%s, %s, %s, %s) WHERE gpu_model_key <> ''"""
@@ -90,12 +91,9 @@ def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetim
     return periods, by_model
 
 
-def carbon_regions(conn: psycopg.Connection, rates: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str | None]]:
-    """region -> (method, name) of the carbon regions in force in ``rates`` that have a record."""
-    regions = sorted({p["carbon_region"] for p in rates if p.get("carbon_region")})
-    if not regions:
-        return {}
-    return {r: (m, n) for r, m, n in conn.execute(_REGIONS_SQL, (regions,)).fetchall()}
+def carbon_regions(conn: psycopg.Connection) -> dict[str, tuple[str, str | None]]:
+    """region -> (method, name) of every carbon region with a record (one row per region: read once per answer)."""
+    return {r: (m, n) for r, m, n in conn.execute(_REGIONS_SQL).fetchall()}
 
 
 def carbon_method(rates: Sequence[Mapping[str, Any]], regions: Mapping[str, tuple[str, str | None]],
@@ -125,7 +123,8 @@ def _per_s(value: float | None, seconds: float, scale: float, places: int) -> fl
 def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
           source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
           segments: list[Line] | None, lost: dict[str, Any], ledger: Ledger | None,
-          found: Mapping[str, str]) -> AccountingBody:
+          found: Mapping[str, str], regions: Mapping[str, tuple[str, str | None]],
+          done: Mapping[str, float | None], facts: Mapping[str, NodeFacts]) -> AccountingBody:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
     nulled = {f for k in found for f in NULLED[k]} | ({"energy_cost", "compute_cost", "total_cost"}
@@ -133,7 +132,6 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
     compute = None if "compute_cost" in nulled else line.compute_cost
     carbon_known = line.carbon_source not in (None, "none") and "co2e_kg" not in nulled
     rates, model_prices = _rates(conn, run.site, lo, hi, [m for m in models if m["model"]])
-    regions = carbon_regions(conn, rates)
     hours = line.gpu_hours or Decimal(0)
     effective_price = (number(quantized(compute / hours, 6)) if compute is not None and hours > 0
                        else None if "compute_cost" in nulled
@@ -193,10 +191,10 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
         "rates": rates,
         "gpu_model_prices": model_prices,
         "efficiency": efficiency(conn, run, lo, hi, run.allocations, float(line.it_kwh),
-                                 count_after_end=run.end is not None and run.end <= now and until is None,
+                                 count_after_end=_after_end(run, now, until),
                                  gpu_hours=gpu_hours,
                                  productive_gpu_hours=None if ledger is None
-                                 else number(ledger["productive"].gpu_hours) or 0.0),
+                                 else number(ledger["productive"].gpu_hours) or 0.0, done=done, facts=facts),
         "lost_to_incidents": _lost(lost, line, nulled),
         "errors": messages(conn, run.site, dict(found), f"run {run.run_id!r}"),
     }
@@ -263,6 +261,9 @@ def bodies(conn: psycopg.Connection, runs: Sequence[Run], parts: Mapping[str, Se
     with conn.cursor(row_factory=dict_row) as cur:
         for m in cur.execute(_MODELS_SQL, ([r.run_id for r in runs],)).fetchall():
             models.setdefault(m.pop("run_id"), []).append(m)
+    regions = carbon_regions(conn)
+    done = progress_many(conn, [Window(r, *r.window(now, since, until), _after_end(r, now, until)) for r in runs])
+    facts = node_facts(conn, (n for r in runs for n, _ in r.allocations))
     lost, ledgers = losses(conn, runs, {r.run_id: r.window(now, since, until) for r in runs}, by_run, now=now,
                            max_gap_s=max_gap_s, source=source, with_ledger=ledger)
     out = []
@@ -270,8 +271,13 @@ def bodies(conn: psycopg.Connection, runs: Sequence[Run], parts: Mapping[str, Se
         segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
         out.append(_body(conn, r, by_run[r.run_id], now, max_gap_s, source, since, until,
                          models.get(r.run_id, []), segs, lost[r.run_id], ledgers.get(r.run_id),
-                         problems(list(parts[r.run_id]))))
+                         problems(list(parts[r.run_id])), regions, done[r.run_id], facts))
     return out
+
+
+def _after_end(run: Run, now: datetime, until: datetime | None) -> bool:
+    """Whether the run's progress report after its end counts (an ended run's final report, no period end)."""
+    return run.end is not None and run.end <= now and until is None
 
 
 def _start(ln: Line) -> datetime:

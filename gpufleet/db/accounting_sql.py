@@ -42,17 +42,19 @@ The functions, bottom up:
     site contained in the model name (case-insensitive) while it has a
     value, else the site's default price.
 
-``gpufleet_accounting(from, to, now, runs, fleet, max_gap_s, source, detail, step)``
+``gpufleet_accounting(from, to, now, runs, fleet, max_gap_s, source, detail, step, gone_after_s)``
     Lines: one per run overlapping [from, to) (clipped to it, and to now),
     and with ``fleet`` the GPU time no run held (``unallocated``: the share
     of each GPU and host no run held, priced at the node's site) and every
     GPU and host of the fleet (``total``: measured over the whole period,
     priced at the site of whoever held each share of it, node's site when
-    idle).  Money is rounded to the currency's minor units per line and
-    energies to 1e-9 kWh, so sums of lines are exact wherever they are made.
+    idle).  Money is returned to 1e-9 of the currency (V1: rounded to its
+    minor units) and energies to 1e-9 kWh, so sums of lines are exact wherever
+    they are made; each line is priced in one currency (V2).
     ``detail``: ``line`` (one row per line and pricing site), ``segment``
     (per tariff segment, energy only) or ``step`` (per ``step`` bucket from
-    2000-01-01 UTC, e.g. a day, for charts).
+    2000-01-01 UTC, e.g. a day, for charts).  A fleet GPU counts from when it joined until it was
+    silent for ``gone_after_s`` (V2, :func:`_membership`).
 
 ``gpufleet_incident_accounting(keys, run_ids, nodes, gpus, los, his, weights, now, max_gap_s, source)``
     The run accounting of ``gpufleet_accounting`` over pieces of runs' GPU-time instead of whole runs:
@@ -60,7 +62,7 @@ The functions, bottom up:
     (clipped to the run's window and to ``now``), weighted by ``weights[i]`` (0-1, times the
     allocation's share).  One line per key (``run_id`` holds the key), priced at the run's site
     exactly as the run's own line is: GPU energy, host share, PUE, carbon, energy and GPU-hour prices
-    in force, money rounded to minor units.  A key's pieces must belong to one run; pieces of one
+    in force, money as the run's line has it.  A key's pieces must belong to one run; pieces of one
     key should not overlap (the caller takes their union: ``gpufleet.accounting.incidents``); migration 0010.
 """
 
@@ -497,7 +499,8 @@ def _membership() -> str:
 
     Joined: the earliest of its node's registration (``nodes.first_seen``), its first sample (its first
     hour of energy rollups where retention took the samples of that hour), its first long counter
-    interval, and the start of the first run that held it.  Left: ``p_gone_after_s`` after the last of
+    interval, and the start of the first run that held it (a GPU with none of them, a count in a node's facts
+    that never reported, has not joined).  Left: ``p_gone_after_s`` after the last of
     those (its last sample, the end of the last run that held it, up to now), once that is in the past;
     a GPU heard from since is still in the fleet.  Silence shorter than that is GPU time without
     telemetry; longer, the GPU is gone (retired, moved, a node taken down) and counts nowhere.  Every
@@ -523,7 +526,7 @@ def _membership() -> str:
     SELECT k.joined, CASE WHEN k.last + {horizon} < p_now THEN k.last + {horizon}
                           ELSE 'infinity'::timestamptz END AS gone
   ) m
-  WHERE greatest(win.f, m.joined) < least(win.t, m.gone)"""
+  WHERE m.joined IS NOT NULL AND greatest(win.f, m.joined) < least(win.t, m.gone)"""
 
 
 def _currency_at(sk: str, t: str) -> str:

@@ -74,3 +74,12 @@ def test_a_gpu_silent_past_the_horizon_has_left(conn: psycopg.Connection) -> Non
     gpu_samples(conn, [(3 * 86400 - 60.0 + t, "n1", 0, 300.0, None) for t in (0, 10)])
     back = fleet_accounting(conn, at(0), now, now=now, source="raw", gone_after_s=86400)
     assert abs(back["total"]["gpu_hours"] - 72.0) < 1e-6
+
+
+def test_a_gpu_nothing_was_ever_heard_of_has_not_joined(conn: psycopg.Connection) -> None:
+    """A node's GPU count names GPUs 0-3; two of them never reported, never ran anything, and the node has no
+    registration time: they are not in the fleet (not 4 GPUs' worth of no telemetry)."""
+    node(conn, "n1", 4)
+    gpu_samples(conn, [(float(t), "n1", g, 300.0, None) for g in (0, 1) for t in range(0, 3601, 10)])
+    f = fleet_accounting(conn, at(0), at(3600), now=at(3600), source="raw")
+    assert abs(f["total"]["gpu_hours"] - 2.0) < 1e-6 and f["no_telemetry"]["gpu_hours"] < 1e-6

@@ -237,5 +237,5 @@ def test_pages_show_what_incidents_lost(api: Api) -> None:
     assert "Lost to incidents (2 incidents, overlaps counted once): 0.50 GPU-hours" in run_page.text
     assert "1.06 USD" in run_page.text
     # each incident's own: 0.33 GPU-h / 0.71 USD and 0.25 GPU-h / 0.53 USD; the throttle names its GPUs
-    assert "0.33 GPU-h, 0.71 USD" in listing.text and "0.25 GPU-h, 0.53 USD" in listing.text
-    assert "n1/0,1" in listing.text
+    assert "0.33 GPU-h<br>0.71 USD" in listing.text and "0.25 GPU-h<br>0.53 USD" in listing.text
+    assert '<a href="/nodes/n1">n1</a> <span class="gpus">GPU 0,1</span>' in listing.text

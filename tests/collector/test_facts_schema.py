@@ -118,8 +118,8 @@ def _fleet_with_bad_facts(db: str) -> None:
         gpu_samples(conn, constant_power("n2", range(1), 400.0, 0, 3600, step_s=20))
         drain(conn)
         models = gpu_models(conn, [("n1", 0), ("n2", 0)])
-    assert models[("n1", 0)] == (None, None)
-    assert models[("n2", 0)][0] == "NVIDIA H100 80GB HBM3" and models[("n2", 0)][1] is not None
+    assert models[("n1", 0)].model is None and models[("n1", 0)].flops is None
+    assert models[("n2", 0)].model == "NVIDIA H100 80GB HBM3" and models[("n2", 0)].flops is not None
 
 
 def test_reports_and_accounting_answer_despite_bad_facts(api: tuple[str, str, str], db: str) -> None:
