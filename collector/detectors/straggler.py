@@ -62,7 +62,6 @@ from typing import cast
 import numpy as np
 
 from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
-from gpufleet.collector.detectors import checkpoint_stall
 from gpufleet.collector.detectors.fabric import straggler_network_cause
 from gpufleet.collector.detectors.frame import Frame, segment_sums
 from gpufleet.collector.detectors.held import kernel_resident
@@ -122,8 +121,6 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
 
     bits = np.maximum(fr.throttle_bits[idx], 0)
     resident = kernel_resident(fr)
-    paused = checkpoint_stall.pause_mask(fr)
-    dips = checkpoint_stall.power_below(fr, cfg.straggler_dip_power_share)
     lim = fr.at_ranges("power_limit_w", a, b)
     power = fr.at_ranges("power_w", a, b)
     pf = fr.power_frac(idx, power=power, limit=lim)
@@ -142,8 +139,6 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         "pcie": mean(fr.pcie_degraded[idx], wb),
         "pw": mean(power, w),
         # Waiting in a collective: a kernel resident at power well below the GPU's own busy level.
-        "spin": mean(resident[idx] & paused[idx], w),
-        "dip": mean(resident[idx] & dips[idx], w) if dips is not None else np.full(n, np.nan),
     }
     f["plat"] = _plateaus(fr, idx, power, seg, cnt, f["lim"])
     has = f["span_s"] > 0
@@ -183,7 +178,6 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     z_pw, r_pw = z("pw", 0.01, 2.0)
     r_util = ref("util")
     r_pf, r_therm, r_pcap, r_pcie = ref("pf"), ref("therm"), ref("pcap"), ref("pcie")
-    r_spin, r_dip = ref("spin"), ref("dip")
     v = {k: a[sub] for k, a in f.items()}
     with np.errstate(invalid="ignore", divide="ignore"):
         rel_lim = v["lim"] / r_lim - 1.0
@@ -230,6 +224,17 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             c = _peer_correlation(fr, rows[sub[members]], a[rows[sub[members]]], b[rows[sub[members]]])
             corr[members] = c
             peer_corr[members] = group_loo_median(c, np.zeros(members.size, dtype=np.int64), 1)
+    # Who waits, where samples resolve it: each GPU's share of the span spinning (a kernel resident
+    # at pause-level power) and dipping (below its own busy level), in the runs with a candidate.
+    cand = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | screen)
+    v["spin"], v["dip"] = np.full(sub.size, np.nan), np.full(sub.size, np.nan)
+    for gi in np.unique(gs[cand]).tolist():
+        for m in np.flatnonzero(gs == gi).tolist():
+            j = int(sub[m])
+            part = slice(int(seg[j]), int(seg[j] + cnt[j]))
+            v["spin"][m], v["dip"][m] = _waits(fr, idx[part], power[part], resident)
+    r_spin = group_loo_median(v["spin"], gs, ng)
+    r_dip = group_loo_median(v["dip"], gs, ng)
     # ... and where samples resolve the waits (the peers dip below their own busy level with a
     # kernel resident), it dips clearly less than they do: who waits shows, not only a rhythm.
     resolved = r_dip >= cfg.straggler_peer_wait_excess
@@ -239,17 +244,24 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # Which reading shows an unexplained straggler, strongest first.
     unknown_by = np.where(busier_plateau, "plat", np.where(causes["unknown"], "act", "pw"))
     causes["unknown"] = causes["unknown"] | busier_plateau | decoupled
-    # A GPU that spins in the collective more than its peers waits on them (on a checkpoint's writer,
-    # say): it is never the one they wait on.
-    waits_itself = v["spin"] - r_spin >= cfg.straggler_wait_gap
+    # A GPU that spins in the collective, or dips below its own busy power, more than its peers waits
+    # on them (on a checkpoint's writer, on a capped peer): it is never the one they wait on.
+    waits_itself = (v["spin"] - r_spin >= cfg.straggler_wait_gap) | (v["dip"] - r_dip >= cfg.straggler_wait_gap)
     eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled) \
         & ~waits_itself
     v["corr"] = corr
     refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat, "pw": r_pw,
             "corr": peer_corr, "spin": r_spin, "dip": r_dip}
     zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat, "pw": z_pw}
+    # A GPU explained as slow (capped, hot, a degraded link, low clocks) is what its run waits for;
+    # one that merely reads busier than its peers in the same run is the mirror of it (in a 2-GPU
+    # job its only peer is the slow GPU), not a second straggler.
+    explained = {int(gs[k]) for k in np.flatnonzero(eligible)
+                 if next((c for c, m in causes.items() if m[k]), "unknown") != "unknown"}
     out = []
     for k in np.flatnonzero(eligible):
+        if int(gs[k]) in explained and next((c for c, m in causes.items() if m[k]), None) == "unknown":
+            continue
         cause = next((c for c, m in causes.items() if m[k]), None)
         if cause is None:
             continue
@@ -262,6 +274,29 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
                 _network(fr, r, found)
             out.append(found)
     return out
+
+
+def _waits(fr: Frame, idx: np.ndarray, power: np.ndarray, resident: np.ndarray) -> tuple[float, float]:
+    """One GPU over its span (flat indexes ``idx``, its ``power`` there): the share of the span it spun
+    in a collective (a kernel resident at pause-level activity, or at power at most
+    ``ckpt_pause_power_share`` of its busy level) and the share it dipped (a kernel resident at power
+    at most ``straggler_dip_power_share`` of it).  Its busy level is the median of its power while busy
+    over the span: a GPU capped part-way through is judged against the level most of the span shows."""
+    cfg = fr.config
+    w = fr.w[idx].astype(np.float64)
+    tot = float(w.sum())
+    if tot <= 0:
+        return math.nan, math.nan
+    res = resident[idx]
+    spin = res & fr.paused[idx]
+    busy_p = power[fr.busy[idx] & np.isfinite(power)]
+    dip = np.zeros(idx.size, dtype=bool)
+    if busy_p.size:
+        level = float(np.median(busy_p))
+        with np.errstate(invalid="ignore"):
+            spin |= res & (power <= cfg.ckpt_pause_power_share * level)
+            dip = res & (power <= cfg.straggler_dip_power_share * level)
+    return float(w[spin].sum()) / tot, float(w[dip].sum()) / tot
 
 
 def _network(fr: Frame, r: int, f: Finding) -> None:
