@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -119,3 +121,21 @@ def test_timescale_layout(settings: Settings) -> None:
                 assert batches == 1, "5,000 rows of one GPU in one chunk are one compressed batch"
         migrate.downgrade(url)
         assert migrate.current(url) is None
+
+
+#: The revisions written before the chain followed the file numbers (kept as they shipped).
+OUT_OF_ORDER_UNTIL = "0011"
+
+
+def test_the_revision_chain_follows_the_file_numbers_from_here_on() -> None:
+    """Each migration after 0011 names its file's number as its revision and the previous file's as
+    its ``down_revision``: the order a reader sees is the order they run."""
+    script = ScriptDirectory.from_config(migrate.alembic_config("", False))
+    revs = {r.revision: r for r in script.walk_revisions()}
+    files = sorted(p.name for p in Path(script.versions).glob("[0-9][0-9][0-9][0-9]_*.py"))
+    numbers = [name[:4] for name in files]
+    assert sorted(revs) == sorted(numbers), "every file is a revision and every revision a file"
+    later = [n for n in numbers if n > OUT_OF_ORDER_UNTIL]
+    for prev, n in zip([OUT_OF_ORDER_UNTIL, *later], later, strict=False):
+        assert revs[n].down_revision == prev, f"{n} follows {revs[n].down_revision}, not {prev}"
+    assert (later[-1] if later else OUT_OF_ORDER_UNTIL) == HEAD
