@@ -41,6 +41,17 @@ BOARD_POWER_W: tuple[tuple[tuple[str, ...], float], ...] = (
     (("v100", "pcie"), 250.0),
     (("v100",), 300.0),
     (("t4",), 70.0),
+    # Workstation and consumer boards that small jobs train on (vendor default board power).
+    (("rtx", "a6000"), 300.0),
+    (("rtx", "a5000"), 230.0),
+    (("rtx", "a4000"), 140.0),
+    (("4090",), 450.0),
+    (("3090", "ti"), 450.0),
+    (("3090",), 350.0),
+    (("3080", "ti"), 350.0),
+    (("3080",), 320.0),
+    (("3070", "ti"), 290.0),
+    (("3070",), 220.0),
 )
 
 
