@@ -1,11 +1,11 @@
-"""gpufleet beside Prometheus: one simulated fleet, both stacks, one run.
+"""gpufleet beside Prometheus and VictoriaMetrics: one simulated fleet, three stacks, one run.
 
     python bench/vs_prometheus.py [--quick] [--fleets 1000,4000,8000,16000,32000] [--window 12]
 
-About 7 minutes with the defaults on 2 cores, under 5 with ``--quick``.
+About 10 minutes with the defaults on 2 cores, under 7 with ``--quick``.
 
 The same fleet (8 GPUs a node, 25 values per GPU a second) is offered to
-both sides, one side after the other so they never compete for the CPU:
+every side, one side after the other so they never compete for the CPU:
 
 * **Prometheus** (the Debian package's binary, own config, storage in a
   temporary directory, loopback only) scrapes every node's dcgm-exporter
@@ -17,6 +17,13 @@ both sides, one side after the other so they never compete for the CPU:
   pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, container,
   namespace, pod, pod_uid), integers for integer fields and six decimals for
   ratios and watts.
+* **VictoriaMetrics** (the Debian package's single-node ``victoria-metrics``,
+  ``-promscrape.config`` with the same targets, its own storage directory)
+  scrapes the same endpoints at 1 s, measured as Prometheus is.  Its stored
+  bytes per GPU-sample are those of the same hours of four nodes as
+  promtool's block, imported through its ``/api/v1/import`` and force-merged
+  (``/internal/force_merge``), caches left out.  It does extra index work
+  around the UTC day boundary: a run between 23:00 and 01:00 UTC says so.
 * **gpufleet**: every node ships its batch of the same values every
   ``ship_interval_s`` (the agent's default, 10 s, or ``--ship-interval``; the agents' wire format:
   msgpack, typed columns, zstd, with the agent's id and version) to one collector
@@ -47,8 +54,10 @@ storing step and compressed.  The node side (exporters, agents) is left out on b
 sides: it runs on the GPU nodes.  The exporter simulator's and the load
 driver's CPU are printed so a reader can see they did not starve either side.
 
-Ratios (Prometheus / gpufleet) are printed at the largest fleet both kept up
-with, and of the largest fleets.  The last line is JSON.
+Ratios (Prometheus / gpufleet, VictoriaMetrics / gpufleet) are printed at the
+largest fleet both kept up with, and of the largest fleets, with the host's
+load average when each size was measured (the machine is shared).  The last
+line is JSON.
 
 ``--http-floor`` measures, under the same load, the HTTP server alone (uvicorn
 as the collector runs it, an app that stores nothing): the CPU a request costs
@@ -104,6 +113,8 @@ SHIP_EVERY_S = round(AgentSettings().ship_interval_s)
 #: Seconds of distinct values per node template (the bodies cycle through them).
 VARIANTS = 60
 TEMPLATES = 16
+#: Per second, the share of its distance to the mean a GPU's load gives back (long storage models).
+MEAN_REVERSION = 0.05
 COUNTERS_CSV = ROOT / "tests/fixtures/realdata/dcgm-exporter/default-counters.csv"
 
 # The 25 fields of dcgm-exporter's default-counters.csv, in its order, and the
@@ -162,13 +173,28 @@ def dcgm_fields() -> list[tuple[str, str, str]]:
 # One value model for both sides
 
 
-def value_model(seed: int = 1) -> dict[str, np.ndarray]:
+def value_model(seed: int = 1, seconds: int = VARIANTS, templates: int = TEMPLATES) -> dict[str, np.ndarray]:
     """Per field: values[template, second, gpu], shaped like real telemetry
-    (a slowly moving load per GPU, constants that stay constant, a counter)."""
+    (a slowly moving load per GPU, constants that stay constant, a counter).
+
+    The live runs cycle through ``VARIANTS`` seconds of it (harmless for CPU); the storage
+    comparison takes as many seconds as it stores (:func:`storage_model`), since a series that
+    repeats every minute is one a block compressor (VictoriaMetrics' zstd) stores nearly for free:
+    0.8 B per GPU-sample for two hours of four nodes, where no real GPU repeats itself."""
     rng = np.random.default_rng(seed)
-    shape = (TEMPLATES, VARIANTS, GPUS_PER_NODE)
+    shape = (templates, seconds, GPUS_PER_NODE)
     steps = rng.normal(0, 0.02, shape)
-    busy = np.clip(0.8 + np.cumsum(steps, axis=1), 0.05, 0.99)
+    if seconds <= VARIANTS:
+        walk = np.cumsum(steps, axis=1)
+    else:
+        # Over hours a free random walk of this step wanders to the clip and stays there (constant
+        # series, which cost any store nothing); the load reverts to its mean instead, spread +-0.06.
+        walk = np.empty(shape)
+        x = np.zeros((templates, GPUS_PER_NODE))
+        for t in range(seconds):
+            x = x * (1 - MEAN_REVERSION) + steps[:, t]
+            walk[:, t] = x
+    busy = np.clip(0.8 + walk, 0.05, 0.99)
     busy = np.round(busy, 3)
     ones = np.ones(shape)
     power = np.round(90 + 600 * busy, 3)
@@ -203,14 +229,19 @@ def value_model(seed: int = 1) -> dict[str, np.ndarray]:
     }
 
 
+def storage_model(nodes: int, seconds: int) -> dict[str, np.ndarray]:
+    """The value model over every second the storage comparison stores, a template per node."""
+    return value_model(seed=1, seconds=seconds, templates=max(1, min(nodes, TEMPLATES)))
+
+
 def stored_series(model: dict[str, np.ndarray], name: str, k: int, secs: np.ndarray) -> np.ndarray:
     """values[second, gpu] of node template ``k`` at absolute seconds ``secs``, for the storage
-    comparison: the values cycle through the model's seconds, except the energy counter, which
+    comparison (:func:`storage_model`: as many seconds as stored), except the energy counter, which
     keeps counting up as a real one does (the live runs' bodies cycle it too, harmless for
-    CPU, but a counter falling back every minute would cost both sides' compression)."""
+    CPU, but a counter falling back every minute would cost every side's compression)."""
     if name != "energy_mj":
-        return model[name][k, secs % VARIANTS]
-    step = np.round(model["power_w"][k, secs % VARIANTS] * 1000)
+        return model[name][k, secs % model[name].shape[1]]
+    step = np.round(model["power_w"][k, secs % model["power_w"].shape[1]] * 1000)
     return 1e9 + np.cumsum(step, axis=0)
 
 
@@ -472,12 +503,12 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
     create-blocks-from openmetrics`` (Prometheus's own backfill), so each series
     holds a full block's samples as it would in production, not the few
     seconds a bounded run can scrape."""
-    model = value_model()
+    model = storage_model(nodes, int(hours * 3600))
     fields = dcgm_fields()
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-block-"))
     try:
         seconds = int(hours * 3600)
-        t0 = (int(time.time()) // 7200 - 2) * 7200
+        t0 = block_start(hours)
         src = tmp / "samples.om"
         with src.open("w") as f:
             for name, _kind, help_ in fields:
@@ -510,6 +541,195 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
 
 
 # ----------------------------------------------------------------------------
+# VictoriaMetrics side
+
+#: Subfolders of VictoriaMetrics' storage that hold no samples (query caches, locks, snapshots).
+VM_NOT_DATA = ("cache", "snapshots", "flock.lock")
+
+
+def vm_data_bytes(data: Path) -> int:
+    """Bytes of samples and index under a VictoriaMetrics storage directory (its caches left out)."""
+    return sum(p.stat().st_size for p in data.rglob("*")
+               if p.is_file() and not any(part in VM_NOT_DATA for part in p.relative_to(data).parts))
+
+
+def vm_wait_merged(base: str, data: Path, partition: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Flush VictoriaMetrics' in-memory parts, force-merge ``partition`` (YYYY_MM) and wait until no merge
+    runs and the stored size holds still: what a long-lived database of these samples settles to."""
+    t0 = time.monotonic()
+    httpx.get(f"{base}/internal/force_flush", timeout=timeout_s).raise_for_status()
+    httpx.get(f"{base}/internal/force_merge", params={"partition_prefix": partition},
+              timeout=timeout_s).raise_for_status()
+    last, still = -1, 0
+    while time.monotonic() - t0 < timeout_s:
+        text = httpx.get(f"{base}/metrics", timeout=30).text
+        active = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("vm_active_merges") or line.startswith("vm_active_force_merges"))
+        size = vm_data_bytes(data)
+        still = still + 1 if active == 0 and size == last else 0
+        if still >= 3:
+            break
+        last = size
+        time.sleep(1.0)
+    return {"merge_s": round(time.monotonic() - t0, 1), "bytes": vm_data_bytes(data)}
+
+
+def start_vm(tmp: Path, port: int, scrape: Path | None) -> subprocess.Popen[bytes]:
+    cmd = ["victoria-metrics", f"-storageDataPath={tmp / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+           "-retentionPeriod=30d", "-loggerLevel=WARN", "-search.latencyOffset=1s", "-search.disableCache"]
+    if scrape is not None:
+        cmd += [f"-promscrape.config={scrape}", "-promscrape.fileSDCheckInterval=1s"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError("victoria-metrics did not become ready")
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def vm_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, window_s: float) -> Step:
+    """VictoriaMetrics (the Debian package's single-node binary) scraping every node's simulated
+    dcgm-exporter at 1 s with ``-promscrape.config``, its own storage directory: kept up when 99 % of
+    the window's scrapes were done and their p99 duration is under half the interval, as Prometheus."""
+    nodes = gpus // GPUS_PER_NODE
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-vm-"))
+    port = free_port()
+    targets = [{"targets": [f"127.0.0.1:{exporter_port}"],
+                "labels": {"__metrics_path__": f"/n/{i}/metrics", "instance": f"gpu-node-{i:05d}:9400"}}
+               for i in range(nodes)]
+    (tmp / "targets.json").write_text(json.dumps(targets))
+    (tmp / "scrape.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: dcgm\n    file_sd_configs:\n"
+        f"      - files: ['{tmp / 'targets.json'}']\n")
+    proc = start_vm(tmp, port, tmp / "scrape.yml")
+    api = f"http://127.0.0.1:{port}/api/v1"
+    step = Step(gpus)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):
+                got = httpx.get(f"{api}/query", params={"query": 'count(up{job="dcgm"})'}, timeout=30).json()
+                if int(float(got["data"]["result"][0]["value"][1])) >= nodes:
+                    break
+            time.sleep(0.5)
+        time.sleep(warm_s)
+        c0, e0, t0 = cpu_s(proc.pid), cpu_s(exporter_pid), time.time()
+        time.sleep(window_s)
+        c1, e1, t1 = cpu_s(proc.pid), cpu_s(exporter_pid), time.time()
+        step.rss_mib = rss_bytes(proc.pid) / 2**20
+        time.sleep(2.5)
+        w = int(t1 - t0)
+        step.cpu_cores = (c1 - c0) / (t1 - t0)
+        step.helper_cores = (e1 - e0) / (t1 - t0)
+
+        def query(q: str) -> list[dict[str, Any]]:
+            r = httpx.get(f"{api}/query", params={"query": q, "time": f"{t1:.3f}"}, timeout=120)
+            r.raise_for_status()
+            return r.json()["data"]["result"]
+
+        try:
+            ups = query(f'up{{job="dcgm"}}[{w}s]')
+            durs = query(f'scrape_duration_seconds{{job="dcgm"}}[{w}s]')
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            said = e.response.text[:300] if isinstance(e, httpx.HTTPStatusError) else str(e)
+            step.done_frac = math.nan
+            step.detail = {"scrapes_due": nodes * w, "not_measured": f"scrapes: VictoriaMetrics did not answer a "
+                                                                    f"query over the window ({type(e).__name__}: {said})"}
+            return step
+        done = sum(sum(1 for _, v in s["values"] if v == "1") for s in ups)
+        step.done_frac = min(1.0, done / max(nodes * w, 1))
+        dur = np.array([float(v) for s in durs for _, v in s["values"]]) if durs else np.array([np.inf])
+        step.p99_s = float(np.quantile(dur, 0.99))
+        step.kept_up = step.done_frac >= 0.99 and step.p99_s < 0.5
+        step.cpu_us_per_gpu_sample = per_sample(c1 - c0, done * GPUS_PER_NODE) * 1e6
+        step.detail = {"scrapes_due": nodes * w, "scrapes_done": done}
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
+            rows = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("vm_rows_added_to_storage_total"))
+            merged = vm_wait_merged(f"http://127.0.0.1:{port}", tmp / "data", datetime.now(UTC).strftime("%Y_%m"))
+            per_scrape = 25 * GPUS_PER_NODE
+            dcgm = rows * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
+            step.bytes_per_gpu_sample = per_sample(merged["bytes"], dcgm / 25)
+            step.detail["force_merge_s"] = merged["merge_s"]
+        except httpx.HTTPError as e:
+            step.detail["not_measured"] = f"storage: VictoriaMetrics did not answer ({type(e).__name__}: {e})"
+    finally:
+        stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return step
+
+
+def block_start(hours: float) -> int:
+    """The first second of the storage comparison's hours: ended two 2-h blocks ago, and never across a
+    UTC midnight (VictoriaMetrics indexes every series once more per day it has samples in)."""
+    end = (int(time.time()) // 7200 - 1) * 7200
+    start = end - int(hours * 3600)
+    if start // 86_400 != (end - 1) // 86_400:
+        start = (end // 86_400) * 86_400 - int(hours * 3600) - 3600
+    return start
+
+
+def vm_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, float]:
+    """Bytes per GPU-sample of VictoriaMetrics holding ``hours`` of ``nodes`` nodes at 1 Hz, after a
+    force merge: the same series, labels and values as :func:`prometheus_block_bytes` writes for
+    promtool, imported through VictoriaMetrics' own ``/api/v1/import`` (its backfill path)."""
+    model = storage_model(nodes, int(hours * 3600))
+    fields = dcgm_fields()
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-vm-block-"))
+    port = free_port()
+    proc = start_vm(tmp, port, None)
+    seconds = int(hours * 3600)
+    t0 = block_start(hours)
+    try:
+        def lines() -> Any:
+            for name, _kind, _help in fields:
+                vals = model[DCGM_TO_FIELD[name]]
+                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                for i in range(nodes):
+                    k = i % TEMPLATES
+                    per_s = stored_series(model, DCGM_TO_FIELD[name], k, np.arange(seconds))
+                    for g in range(GPUS_PER_NODE):
+                        labels = {"__name__": name, "gpu": str(g), "UUID": f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",
+                                  "pci_bus_id": f"00000000:{0x18 + 0x11 * g:02X}:00.0", "device": f"nvidia{g}",
+                                  "modelName": "NVIDIA H100 80GB HBM3", "Hostname": f"gpu-node-{i:05d}",
+                                  "DCGM_FI_DRIVER_VERSION": "580.105.08", "container": "main",
+                                  "namespace": "ml-research", "pod": f"llm-pretrain-worker-{i:05d}-{g}", "pod_uid": "",
+                                  "instance": f"gpu-node-{i:05d}:9400", "job": "dcgm"}
+                        values = [int(v) for v in per_s[:, g]] if ints else [round(float(v), 6) for v in per_s[:, g]]
+                        yield (json.dumps({"metric": labels, "values": values,
+                                           "timestamps": [(t0 + s) * 1000 for s in range(seconds)]}) + "\n").encode()
+
+        httpx.post(f"http://127.0.0.1:{port}/api/v1/import", content=lines(), timeout=600).raise_for_status()
+        merged = vm_wait_merged(f"http://127.0.0.1:{port}", tmp / "data",
+                                datetime.fromtimestamp(t0, UTC).strftime("%Y_%m"))
+        gpu_samples = nodes * GPUS_PER_NODE * seconds
+        stored = {part: sum(p.stat().st_size for p in (tmp / "data" / part).rglob("*") if p.is_file())
+                  for part in ("data", "indexdb")}
+        return {"bytes_per_gpu_sample": merged["bytes"] / gpu_samples,
+                "data_bytes_per_gpu_sample": stored["data"] / gpu_samples,
+                "index_bytes_per_gpu_sample": stored["indexdb"] / gpu_samples, "hours": hours, "nodes": nodes,
+                "force_merge_s": merged["merge_s"]}
+    finally:
+        stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------
 # gpufleet side
 
 
@@ -526,7 +746,7 @@ def gpufleet_timescale_bytes(server: str, nodes: int = 1, hours: float = 2.0) ->
     from gpufleet.db.scratch import scratch_database
     from gpufleet.wire import KIND_DTYPE, TYPED_DTYPES, validate
 
-    model = value_model()
+    model = storage_model(nodes, int(hours * 3600))
     names = list(GPUFLEET_FIELDS)
     dtypes = {n: KIND_DTYPE[GPU_BY_NAME[n].kind] for n in names}
     seconds = int(hours * 3600)
@@ -977,7 +1197,9 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=12.0, help="steady seconds measured at each size")
     ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
-    ap.add_argument("--only", choices=("prometheus", "gpufleet"), help="run one side (no ratios)")
+    ap.add_argument("--only", choices=("prometheus", "victoria-metrics", "gpufleet"), help="run one side (no ratios)")
+    ap.add_argument("--no-victoria-metrics", action="store_true",
+                    help="leave VictoriaMetrics out (two sides, as before it was compared)")
     ap.add_argument("--collectors", type=int, default=1,
                     help="gpufleet collector processes (replicas; nodes spread over them), all counted")
     ap.add_argument("--ship-interval", type=int, default=SHIP_EVERY_S,
@@ -1040,8 +1262,22 @@ def main() -> None:
         print(json.dumps({"name": "vs_prometheus_gpufleet_only", "ship_interval_s": SHIP_EVERY_S,
                           "gpufleet_database": db_name, "gpufleet": [asdict(s) for s in fleet]}))
         return
+    with_vm = not args.no_victoria_metrics and args.only in (None, "victoria-metrics")
+    if with_vm and shutil.which("victoria-metrics") is None:
+        sys.exit("victoria-metrics is not installed (apt-get install victoria-metrics, or --no-victoria-metrics)")
+    clock = datetime.now(UTC)
+    if clock.hour == 23 or clock.hour == 0:
+        print("note: run between 23:00 and 01:00 UTC: VictoriaMetrics does extra index work around the day's "
+              "boundary, which its figures below include", flush=True)
+    loads: dict[str, list[float]] = {}
+
+    def load_note(side: str) -> None:
+        loads.setdefault(side, []).append(round(os.getloadavg()[0], 2))
+
     exporter_port = free_port()
     exporter = subprocess.Popen([sys.executable, __file__, "--serve-exporter", str(exporter_port)])
+    prom: list[Step] = []
+    vm: list[Step] = []
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -1055,8 +1291,23 @@ def main() -> None:
         series = sum(1 for line in sample.splitlines() if line.startswith("DCGM_"))
         print(f"exporter: {series} series per node ({series // GPUS_PER_NODE} per GPU), "
               f"{len(sample)} bytes per scrape", flush=True)
-        print("Prometheus (scraping at 1 s):", flush=True)
-        prom = ramp("prometheus", fleets, lambda g: prometheus_step(g, exporter_port, exporter.pid, warm, window))
+
+        def with_load(side: str, fn: Any) -> Any:
+            def step(g: int) -> Step:
+                load_note(side)
+                out: Step = fn(g)
+                out.detail["load_avg_1m"] = loads[side][-1]
+                return out
+            return step
+
+        if args.only in (None, "prometheus"):
+            print("Prometheus (scraping at 1 s):", flush=True)
+            prom = ramp("prometheus", fleets, with_load("prometheus", lambda g: prometheus_step(
+                g, exporter_port, exporter.pid, warm, window)))
+        if with_vm:
+            print("VictoriaMetrics (scraping at 1 s, -promscrape.config):", flush=True)
+            vm = ramp("victoria-metrics", fleets, with_load("victoria-metrics", lambda g: vm_step(
+                g, exporter_port, exporter.pid, warm, window)))
     finally:
         exporter.terminate()
         exporter.wait(10)
@@ -1065,6 +1316,15 @@ def main() -> None:
         return
     hours = 1.0 if args.quick else 2.0
     block_nodes = 4
+    vm_block = vm_block_bytes(block_nodes, hours) if with_vm else None
+    if vm_block is not None:
+        print(f"VictoriaMetrics storage ({hours:g} h of {block_nodes} nodes imported, force-merged): "
+              f"{vm_block['bytes_per_gpu_sample']:.1f} B per GPU-sample (data {vm_block['data_bytes_per_gpu_sample']:.1f}, "
+              f"index {vm_block['index_bytes_per_gpu_sample']:.1f}); load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.only == "victoria-metrics":
+        print(json.dumps({"name": "vs_prometheus_victoria_metrics_only", "victoria_metrics": [asdict(s) for s in vm],
+                          "victoria_metrics_block": vm_block}))
+        return
     block = prometheus_block_bytes(block_nodes, hours)
     print(f"Prometheus block storage ({hours:g} h of {block_nodes} nodes backfilled by promtool): "
           f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
@@ -1075,39 +1335,53 @@ def main() -> None:
         print(f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
               f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
     print(f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True)
-    fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
+    fleet = ramp("gpufleet", fleets, with_load("gpufleet", lambda g: gpufleet_step(g, server, warm, window,
+                                                                                    args.collectors)))
 
-    both = [g for g in fleets if any(s.gpus == g and s.kept_up for s in prom)
-            and any(s.gpus == g and s.kept_up for s in fleet)]
-    ref = max(both) if both else None
-    ratios: dict[str, float | None] = {"cpu": None, "memory": None, "storage": None}
-    if ref is not None:
-        p = next(s for s in prom if s.gpus == ref)
-        f = next(s for s in fleet if s.gpus == ref)
-        ratios = {"cpu": p.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample,
-                  "memory": p.rss_mib / f.rss_mib,
-                  "storage": block["bytes_per_gpu_sample"] / f.bytes_per_gpu_sample}
-    lp, lf = ladder_edge(prom)[0], ladder_edge(fleet)[0]
-    capped = lf == max(fleets)
-    fleet_ratio = lf / lp if lp else None
-    print(f"at {ref} GPUs (largest both keep up with), Prometheus / gpufleet: "
-          + (", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None) if ref else "n/a"))
-    print(f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}{' (the largest tried)' if capped else ''}"
-          f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else
-          f"largest fleet kept up with at 1 Hz: Prometheus {lp}, gpufleet {lf}")
-    bounds = fleet_bounds(prom, fleet)
-    low = ("without a lower bound (Prometheus fell behind at none)" if bounds[0] is None
-           else f"at {bounds[0]:.2f} or more")
-    high = ("without an upper bound (gpufleet fell behind at none)" if bounds[1] is None
-            else f"at {bounds[1]:.2f} or less")
-    print(f"  each side's edge lies between the sizes tried, which puts the fleet ratio {low} and {high}; "
-          "sizes closer to both edges narrow it")
-    ts_ratio = None if ts_block is None else block["bytes_per_gpu_sample"] / ts_block["bytes_per_gpu_sample"]
-    if ts_ratio is not None:
-        print(f"storage, Prometheus block / gpufleet on TimescaleDB (same hours, same values): {ts_ratio:.2f}x")
-    else:
+    def versus(other: list[Step], other_block: float | None, name: str) -> dict[str, Any]:
+        """Ratios (other / gpufleet) at the largest fleet both kept up with, and of the largest fleets."""
+        both = [g for g in fleets if any(s.gpus == g and s.kept_up for s in other)
+                and any(s.gpus == g and s.kept_up for s in fleet)]
+        ref = max(both) if both else None
+        ratios: dict[str, float | None] = {"cpu": None, "memory": None, "storage": None}
+        if ref is not None:
+            o = next(s for s in other if s.gpus == ref)
+            f = next(s for s in fleet if s.gpus == ref)
+            ratios = {"cpu": o.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample, "memory": o.rss_mib / f.rss_mib,
+                      "storage": None if other_block is None else other_block / f.bytes_per_gpu_sample}
+        lo, lf = ladder_edge(other)[0], ladder_edge(fleet)[0]
+        capped = lf == max(fleets)
+        fleet_ratio = lf / lo if lo else None
+        print(f"at {ref} GPUs (largest both keep up with), {name} / gpufleet: "
+              + (", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None) if ref else "n/a"))
+        print(f"largest fleet kept up with at 1 Hz: {name} {lo}, gpufleet {lf}"
+              f"{' (the largest tried)' if capped else ''}"
+              + (f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else ""))
+        bounds = fleet_bounds(other, fleet)
+        low = (f"without a lower bound ({name} fell behind at none)" if bounds[0] is None
+               else f"at {bounds[0]:.2f} or more")
+        high = ("without an upper bound (gpufleet fell behind at none)" if bounds[1] is None
+                else f"at {bounds[1]:.2f} or less")
+        print(f"  each side's edge lies between the sizes tried, which puts the fleet ratio {low} and {high}; "
+              "sizes closer to both edges narrow it")
+        ts = None if ts_block is None or other_block is None else other_block / ts_block["bytes_per_gpu_sample"]
+        if ts is not None:
+            print(f"storage, {name} / gpufleet on TimescaleDB (same hours, same values): {ts:.2f}x")
+        return {"reference_gpus": ref, "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
+                "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
+                "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
+                "storage_ratio_timescale": None if ts is None else round(ts, 2),
+                "largest_fleet": lo, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
+                "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
+                "fleet_ratio_bounds": [None if b is None else round(b, 2) for b in bounds]}
+
+    vs_prom = versus(prom, block["bytes_per_gpu_sample"], "Prometheus")
+    vs_vm = versus(vm, None if vm_block is None else vm_block["bytes_per_gpu_sample"], "VictoriaMetrics") \
+        if with_vm else None
+    if ts_block is None:
         print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); set "
               "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to compare compressed storage")
+    print(f"load average (1 min) at each size, by side: {json.dumps(loads)}")
 
     def rounded(s: Step) -> dict[str, Any]:
         return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": none_if_nan(s.done_frac, 4),
@@ -1118,21 +1392,19 @@ def main() -> None:
                 **s.detail}
 
     print(json.dumps({
-        "name": "vs_prometheus", "value": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
-        "unit": "prometheus_cpu_per_gpu_sample_over_gpufleet", "reference_gpus": ref,
-        "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
-        "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
-        "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
-        "storage_ratio_timescale": None if ts_ratio is None else round(ts_ratio, 2),
+        "name": "vs_prometheus", "value": vs_prom["cpu_ratio"],
+        "unit": "prometheus_cpu_per_gpu_sample_over_gpufleet", **vs_prom,
+        "largest_fleet_prometheus": vs_prom["largest_fleet"],
         "gpufleet_bytes_per_gpu_sample_timescale": None if ts_block is None else round(
             ts_block["bytes_per_gpu_sample"], 2),
         "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
-        "gpufleet_bytes_per_gpu_sample_plain_postgres": None if ref is None else round(
-            next(s for s in fleet if s.gpus == ref).bytes_per_gpu_sample, 1),
-        "largest_fleet_prometheus": lp, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
-        "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
-        "fleet_ratio_bounds": [None if b is None else round(b, 2) for b in bounds],
-        "prometheus": [rounded(s) for s in prom], "gpufleet": [rounded(s) for s in fleet],
+        "victoria_metrics_bytes_per_gpu_sample": None if vm_block is None else round(
+            vm_block["bytes_per_gpu_sample"], 2),
+        "gpufleet_bytes_per_gpu_sample_plain_postgres": None if vs_prom["reference_gpus"] is None else round(
+            next(s for s in fleet if s.gpus == vs_prom["reference_gpus"]).bytes_per_gpu_sample, 1),
+        "versus_victoria_metrics": vs_vm, "victoria_metrics_block": vm_block,
+        "prometheus": [rounded(s) for s in prom], "victoria_metrics": [rounded(s) for s in vm],
+        "gpufleet": [rounded(s) for s in fleet], "load_avg_1m": loads,
         "ship_interval_s": SHIP_EVERY_S, "gpufleet_database": db_name,
         "window_s": window, "quick": args.quick, "seconds": round(time.monotonic() - started, 1),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),

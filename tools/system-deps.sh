@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Debian packages some tests drive for real: promtool and the Prometheus server (prometheus: remote write
-# into the collector, tests/collector/test_remote_write_prometheus.py), Alertmanager,
+# into the collector, tests/collector/test_remote_write_prometheus.py), VictoriaMetrics (victoria-metrics:
+# the third side of bench/vs_prometheus.py), PostgreSQL 15's server binaries (a primary and its hot
+# standby of the tests' own, tests/db/test_read_replica.py), Alertmanager,
 # Chromium, kubectl (kustomize of the manifests) and systemd-analyze (unit files).  Installed only when missing,
 # and only where apt-get can run as root; `make test` then requires them (tests/system_tools.py), a bare
 # pytest elsewhere skips those tests naming the package.
 set -u
 need=()
 { command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; } || need+=(prometheus)
+command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
+[ -x /usr/lib/postgresql/15/bin/pg_basebackup ] || need+=(postgresql-15)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)

@@ -34,8 +34,14 @@ from gpufleet.db.read_routing import (
 )
 from gpufleet.serverthread import ServerThread, serve
 from gpufleet.testing import replication
+from tests.system_tools import unavailable
 
-pytestmark = pytest.mark.skipif(replication.available() is not None, reason=str(replication.available()))
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers() -> None:
+    why = replication.available()
+    if why is not None:
+        unavailable(why, "postgresql-15")
 
 MAX_LAG_S = 1.5
 
