@@ -489,6 +489,8 @@ class KubernetesSettings(BaseModel):
     team_labels: list[str] = Field(default_factory=lambda: ["gpufleet.io/team", "team"])
     #: Without a team label, the namespace is the team.
     team_from_namespace: bool = True
+    #: A team label's value or a namespace -> the team it belongs to (a namespace per project, say).
+    team_map: dict[str, str] = Field(default_factory=dict)
     #: Read pod labels, annotations and owners from the API server (the agent's service account).
     pod_metadata: bool = True
     #: API server URL (unset: in-cluster, from KUBERNETES_SERVICE_HOST/PORT).
@@ -498,8 +500,6 @@ class KubernetesSettings(BaseModel):
     #: How often the kubelet is asked, seconds (it limits this API's request rate; a few seconds is light).
     refresh_s: float = Field(5.0, gt=0)
     #: How often the node's pod metadata is re-listed (new pods are read when first seen), seconds.
-    #: A team label's value or a namespace -> the team it belongs to (a namespace per project, say).
-    team_map: dict[str, str] = Field(default_factory=dict)
     metadata_refresh_s: float = Field(60.0, gt=0)
     #: Longest a kubelet or API server request may take, seconds.
     timeout_s: float = Field(2.0, gt=0)
@@ -671,6 +671,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     storage: StorageSettings = StorageSettings()
     accounting: AccountingSettings = AccountingSettings()
+    teams: TeamSettings = Field(default_factory=TeamSettings)
     runs: RunsSettings = RunsSettings()
     detect: DetectSettings = DetectSettings()
     quarantine: QuarantineSettings = QuarantineSettings()
@@ -680,7 +681,6 @@ class Settings(BaseSettings):
     carbon: CarbonSettings = CarbonSettings()
     remote_write: RemoteWriteSettings = RemoteWriteSettings()
     run_metrics: RunMetricsSettings = RunMetricsSettings()
-    teams: TeamSettings = Field(default_factory=TeamSettings)
 
     @model_validator(mode="after")
     def _production(self) -> Settings:
