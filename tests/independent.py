@@ -257,6 +257,8 @@ class Fleet:
         lo, hi = self.run_window(run_id, now, since, until)
         site = self.runs[run_id]["site"]
         f = Figures()
+        # no energy at a site of known intensity: 0 kg, known (null only where the intensity is unknown)
+        f.co2e_known = self.intensity(site, lo) is not None
         if hi <= lo:
             return f
         cuts = self.breakpoints([site])

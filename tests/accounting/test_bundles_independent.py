@@ -56,6 +56,7 @@ def test_bundle_runs_match_an_independent_computation(scenario: str, db: str, se
         now = datetime.fromtimestamp(bundle.t_max, UTC)
         ref = Fleet(conn, settings.accounting.max_gap_s)
         assert bodies, scenario
+        assert any(b["gpu_kwh"] > 0 for b in bodies), scenario
         for body in bodies:
             f = ref.run(body["run_id"], now)
             expect = {"gpu_hours": f.gpu_s / 3600.0, "gpu_kwh": f.gpu_kwh, "host_kwh": f.host_kwh,
@@ -63,7 +64,9 @@ def test_bundle_runs_match_an_independent_computation(scenario: str, db: str, se
                       "co2e_kg": f.co2e_kg if f.co2e_known else None, "energy_cost": f.energy_cost,
                       "compute_cost": f.compute_cost, "total_cost": f.energy_cost + f.compute_cost,
                       "coverage": f.covered_s / f.gpu_s if f.gpu_s else 0.0}
-            assert body["gpu_kwh"] > 0, (scenario, body["run_id"])
+            # a run the bundle cuts off at its start (checkpoint_sharded's short-writer starts at 900 s) held no
+            # GPU time yet: nothing to compare but zeros, which must agree too
+            assert body["gpu_kwh"] > 0 or f.gpu_s == 0, (scenario, body["run_id"])
             for key in FIELDS:
                 got, want = body[key], expect[key]
                 if want is None:
