@@ -43,7 +43,6 @@ from gpufleet.sim import scenario_names, write_bundle
 from gpufleet.sim.degrade import FORMS, degrade_bundle
 from gpufleet.testing.pg import server_url
 
-
 #: Scenarios never tuned on (bench/heldout/README.md).
 HELDOUT = Path(__file__).resolve().parent / "heldout"
 
