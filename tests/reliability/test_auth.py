@@ -26,13 +26,15 @@ from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
 
 #: Public by design: liveness/readiness probes, Prometheus scrapes (open unless ``metrics``
 #: sets a token or client names: tests/collector/test_metrics_protection.py), the API's
-#: self-description, the sign-in form and static assets of the web view.
+#: self-description, the sign-in form and static assets of the web view, and the runbooks
+#: every alert's ``runbook_url`` points at: static help text a pager opens before anyone signs
+#: in, holding no fleet data (gpufleet/api/web/runbooks.py).
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/metrics/fleet", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/assets/{name}",
           "/redoc",
-          "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico"}
+          "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico", "/runbooks"}
 #: Browser pages: without any credentials they send the browser to the sign-in form.
-WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/accounting", "/nodes/{node}", "/finance",
-             "/finance/report.csv", "/finance/report.json"}
+WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/incidents/{incident_id}", "/accounting",
+             "/nodes/{node}", "/finance", "/finance/report.csv", "/finance/report.json", "/waste"}
 
 
 def routes(app: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
