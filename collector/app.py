@@ -229,9 +229,9 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     app.state.collector = state
     m = settings.metrics
     guard = MetricsGuard(read_token(m.token, m.token_file, "metrics"), tuple(m.client_names))
-    #: The fleet-wide series (open incidents, nodes, quarantine actions): read from the database,
-    #: the same on every replica.  On ``/metrics`` unless ``metrics.fleet_on_metrics`` is off,
-    #: and always alone on ``/metrics/fleet``.  That path is scraped through a balancer, each
+    #: The fleet-wide series (open incidents, nodes, quarantine and run actions, the per-run figures of
+    #: ``run_metrics``): read from the database, the same on every replica.  On ``/metrics`` unless
+    #: ``metrics.fleet_on_metrics`` is off, and always alone on ``/metrics/fleet``.  That path is scraped through a balancer, each
     #: scrape landing on any replica: it reads the database every time, so that a replica's
     #: older cached read never follows a newer one and a counter never seems to go back.
     own: tuple[CollectorRegistry, ...] = (state.metrics.registry,)
@@ -298,8 +298,9 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
 
     @app.get("/metrics/fleet", tags=["health"])
     async def fleet_metrics(request: Request) -> Response:
-        """The fleet's series alone (open incidents, nodes last seen, skew refusals, quarantine actions):
-        the same from every replica, so one scrape through the balancer carries them for all."""
+        """The fleet's series alone (open incidents, nodes last seen, skew refusals, quarantine and run
+        actions, the per-run figures): the same from every replica, so one scrape through the balancer
+        carries them for all."""
         return await exposition(request, fleet_fresh)
 
     return IngestFastPath(app, state)

@@ -194,8 +194,16 @@ def test_agent_metrics_mtls(agent_metrics: AgentMetrics, pki: TestCA, tmp_path: 
 
 #: Series of the replica itself (none of the fleet's, which are read from the database).
 OWN = "gpufleet_ingest_requests"
-FLEET = {"gpufleet_incident_open", "gpufleet_incident_evidence", "gpufleet_node_last_seen_timestamp_seconds",
-         "gpufleet_node_rejected_skew_samples", "gpufleet_incident_quarantine", "gpufleet_incidents_fresh"}
+#: The fleet's series (docs/contracts.md, section 4): the open incidents and nodes, and the per-run
+#: figures of the stored snapshot (``run_metrics``, on by default); counters without ``_total``, as
+#: the parser names their families.
+FLEET = {"gpufleet_incident", "gpufleet_incident_info", "gpufleet_incident_open", "gpufleet_incident_evidence",
+         "gpufleet_incident_run", "gpufleet_incident_quarantine", "gpufleet_incident_run_action",
+         "gpufleet_incidents_fresh", "gpufleet_node_last_seen_timestamp_seconds",
+         "gpufleet_node_rejected_skew_samples",
+         "gpufleet_run_energy_kwh", "gpufleet_run_cost", "gpufleet_run_co2e_kg", "gpufleet_run_gpu_seconds",
+         "gpufleet_run_goodput", "gpufleet_run_metrics_runs", "gpufleet_run_metrics_omitted_runs",
+         "gpufleet_run_metrics_age_seconds"}
 
 
 def test_the_fleets_series_are_served_alone_on_their_own_path(incidents: str, settings: Settings) -> None:
