@@ -20,11 +20,25 @@ from gpufleet.auth import create_token
 from gpufleet.store.runs import REGISTERED_BY
 from tests.api.conftest import Api
 
-NOW = datetime.now(UTC)
-
 
 def iso(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class FromNow:
+    """A time this far from the moment a case runs, not from when the module was collected: in a
+    full run a case starts minutes after collection, and "4 minutes from now" written down then
+    would end a run before the start the server gave it at registration."""
+
+    offset: timedelta
+
+    def __str__(self) -> str:
+        return iso(datetime.now(UTC) + self.offset)
+
+
+def _at_call_time(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if body is None else {k: str(v) if isinstance(v, FromNow) else v for k, v in body.items()}
 
 
 @dataclass
@@ -59,7 +73,7 @@ def fleet(api: Api) -> Iterator[Fleet]:
     f = Fleet(api)
     code, text = f.call("admin", "post", "/v1/runs", {
         "run_id": "teamA-run", "name": "pretrain", "team": "teamA", "labels": {"cost_center": "A"},
-        "start": iso(NOW - timedelta(hours=1)), "allocations": [{"node": "n2", "gpus": [0, 1, 2, 3]}]})
+        "start": iso(datetime.now(UTC) - timedelta(hours=1)), "allocations": [{"node": "n2", "gpus": [0, 1, 2, 3]}]})
     assert code == 201, text
     code, text = f.call("node2", "post", "/v1/runs", {
         "run_id": "job-42", "name": "train.sh", "allocations": [{"node": "n2", "gpus": [4, 5]}]})
@@ -68,10 +82,10 @@ def fleet(api: Api) -> Iterator[Fleet]:
 
 
 FAR_PAST = "0001-01-01T00:00:00Z"
-TWO_DAYS_AGO = iso(NOW - timedelta(days=2))
-IN_TWO_DAYS = iso(NOW + timedelta(days=2))
-SOON = iso(NOW + timedelta(minutes=4))
-IN_20_HOURS = iso(NOW + timedelta(hours=20))
+TWO_DAYS_AGO = FromNow(-timedelta(days=2))
+IN_TWO_DAYS = FromNow(timedelta(days=2))
+SOON = FromNow(timedelta(minutes=4))
+IN_20_HOURS = FromNow(timedelta(hours=20))
 
 # (who, method, path, body, expected status, check of the stored state after the call)
 CASES: list[tuple[str, str, str, dict[str, Any] | None, int, str]] = [
@@ -188,7 +202,7 @@ def _check(f: Fleet, what: str) -> None:
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[4]}-{i}" for i, c in enumerate(CASES)])
 def test_role_route_outcome(fleet: Fleet, who: str, method: str, path: str, body: dict[str, Any] | None,
                             expected: int, check: str) -> None:
-    code, text = fleet.call(who, method, path, body)
+    code, text = fleet.call(who, method, path, _at_call_time(body))
     assert code == expected, text
     _check(fleet, check)
 
