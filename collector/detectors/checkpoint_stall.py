@@ -187,6 +187,29 @@ def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray |
     return merged
 
 
+def with_a_rank_idle(fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of ``spans`` during which at least one of ``rows`` does no work by its activity.
+
+    Power alone marks ranks spinning in a collective as paused, but every
+    rank of a job working under a lowered power limit draws as little (a
+    power-capped H100 runs at 100 % GPU-Util on 445 W of its 690 W): a
+    checkpoint always has a rank writing rather than computing, a job held
+    at a power cap has none."""
+    idle = job_wide_pauses(fr, rows, 1, fr.paused)
+    out: list[tuple[float, float]] = []
+    j = 0
+    for a, b in spans:
+        while j < len(idle) and idle[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(idle) and idle[k][0] < b:
+            lo, hi = max(a, idle[k][0]), min(b, idle[k][1])
+            if hi > lo:
+                out.append((lo, hi))
+            k += 1
+    return out
+
+
 @dataclass
 class Blocking:
     """The blocked-rank signature over a run's pauses."""
@@ -251,7 +274,7 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
     edge = float(np.max(fr.dt[rows]))
     shortest = float(np.max(min_pause_s(fr)[rows]))
     pauses = [
-        (a, b) for a, b in job_wide_pauses(fr, rows, need, paused)
+        (a, b) for a, b in with_a_rank_idle(fr, rows, job_wide_pauses(fr, rows, need, paused))
         if b - a >= shortest and a > lo + edge
     ]
     if not pauses or len(pauses) < cfg.ckpt_min_pauses:
