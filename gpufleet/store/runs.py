@@ -238,6 +238,15 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
                 existing = _locked(conn, run_id)
                 if existing["source"] == "inferred":
                     authority.check_adopt(who, existing, spec)
+                    # Given fields win and the others stay as inferred: a start after the end its samples
+                    # gave it, with no end of its own, would be a run ending before it began.
+                    adopted_start = spec.get("start") or existing["start"]
+                    adopted_end = spec["end"] if spec.get("end") is not None else existing["end"]
+                    if adopted_end is not None and adopted_end < adopted_start:
+                        raise Conflict(f"run {run_id!r} was inferred from samples and ended at "
+                                       f"{adopted_end.isoformat()}, before the start "
+                                       f"{adopted_start.isoformat()}; register it with its end as well, "
+                                       "or with a start before that end")
                     inferred.adopt(conn, run_id, {**spec, "start": spec.get("start")}, labels)
                     existing = get_run(conn, run_id)
                 else:

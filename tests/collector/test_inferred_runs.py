@@ -290,3 +290,21 @@ def test_any_run_id_text_is_kept_exactly(collector: Collector) -> None:
         first, last = c.execute("SELECT first_seen, last_seen FROM run_sightings WHERE run_id = %s", (odd,)).fetchone()
         samples_at = c.execute("SELECT min(time), max(time) FROM gpu_samples WHERE run_id = %s", (odd,)).fetchone()
     assert (first, last) == samples_at  # the same instants as the samples, to the microsecond
+
+
+def test_an_ended_inferred_run_is_not_adopted_with_a_start_after_its_end(collector: Collector) -> None:
+    """An admin registering an inferred run's id with a start after the end its samples gave it (and no
+    end of its own) is a conflict naming that end, not a run ending before it began."""
+    t0 = float(int(time.time()) - 13 * 86400)
+    post(collector, samples("node-a", t0, 5, {0: "job-3"}))
+    with psycopg.connect(collector.db, autocommit=True) as conn:
+        Inferrer(GRACE_S).run_once(conn, datetime.now(UTC))
+        ended = store.get_run(conn, "job-3")
+        assert ended["source"] == "inferred" and ended["end"] is not None
+        with pytest.raises(store.Conflict, match="ended at"):
+            store.create_run(conn, {"run_id": "job-3", "start": datetime.now(UTC), "team": "teamA",
+                                    "allocations": [{"node": "node-a", "gpus": [1]}]})
+        assert store.get_run(conn, "job-3") == ended
+        # with an end after its start the registration wins, as for any inferred run
+        run, created = store.create_run(conn, {"run_id": "job-3", "start": at(t0), "end": at(t0 + 60)})
+    assert not created and run["source"] == "registered" and (run["start"], run["end"]) == (at(t0), at(t0 + 60))
