@@ -113,8 +113,8 @@ class IncidentMetrics(Collector):
                               labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
         ev = GaugeMetricFamily("gpufleet_incident_evidence", "Numeric evidence of open incidents, by field",
                                labels=["kind", "run_id", "node", "gpu", "field"])
-        # run-scoped incidents once each, with the run's team: the alerts that name a run, its team and its
-        # incident's page (deploy/prometheus/rules) read this one
+        # run-scoped incidents once each, with the run's team, for rules that select by run (the shipped
+        # rules read gpufleet_incident, which has every incident once)
         per_run = GaugeMetricFamily("gpufleet_incident_run", "Open run-scoped incidents, one series per incident "
                                     "(value 1), with the run's team", labels=["kind", "incident_id", "run_id",
                                                                                "run_team", "cause", "severity"])

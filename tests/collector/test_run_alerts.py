@@ -1,4 +1,4 @@
-"""Alerts on idle and hung runs: one per incident, naming the run, its team and the web pages."""
+"""Alerts on idle and hung runs: one per incident, naming the run, its team, the web pages and the runbook."""
 
 from __future__ import annotations
 
@@ -71,17 +71,28 @@ def test_a_pushed_alert_names_the_runs_team(db: str) -> None:
     assert alert["labels"]["alertname"] == "GpufleetIdleAllocation" and alert["labels"]["run_team"] == "research"
 
 
+TEAM = 'team: "{{ if $labels.run_team }}{{ $labels.run_team }}{{ else }}ml-platform{{ end }}"'
+
+
 @pytest.mark.parametrize(("old", "new"), [
-    # no de-duplication across replicas: two alerts per incident
-    ('max by (incident_id, run_id, run_team, cause, severity) (gpufleet_incident_run{kind="idle_allocation"})',
-     'gpufleet_incident_run{kind="idle_allocation"}'),
-    # the run's team or the page left out
+    # another kind's incidents
+    ('gpufleet:incident_severity:held{kind="hung_collective"}', 'gpufleet:incident_severity:held{kind="hung"}'),
+    # severity in the alert's identity: a change would start a new alert
+    ('expr: gpufleet:incident_severity:held{kind="idle_allocation"}',
+     'expr: gpufleet:incident_severity:held{kind="idle_allocation"} * on (incident_id) group_left (severity) '
+     'max by (incident_id, severity) (gpufleet_incident_info)'),
+    # the run's team left out
+    (f'held{{kind="idle_allocation"}}\n        for: 1m\n        labels:\n          {TEAM}',
+     'held{kind="idle_allocation"}\n        for: 1m\n        labels:\n          team: ml-platform'),
+    # a hung run waits before it alerts
+    ('held{kind="hung_collective"}\n        for: 0s', 'held{kind="hung_collective"}\n        for: 5m'),
+    # the wording, the incident's page or the runbook left out
     ('holds GPUs that do no work', 'holds idle GPUs'),
     ('/incidents/{{ $labels.incident_id }}"\n          run_page: "{{ $externalLabels.gpufleet_web }}/runs/{{ '
-     '$labels.run_id | urlquery }}"\n\n      - alert: GpufleetHungCollective',
+     '$labels.run_id | urlquery }}"\n          runbook_url: "{{ $externalLabels.gpufleet_web }}/runbooks#hung_collective"',
      '/incidents/"\n          run_page: "{{ $externalLabels.gpufleet_web }}/runs/{{ '
-     '$labels.run_id | urlquery }}"\n\n      - alert: GpufleetHungCollective'),
-    ('(gpufleet_incident_run{kind="hung_collective"}) == 1', '(gpufleet_incident_run{kind="hung"}) == 1'),
+     '$labels.run_id | urlquery }}"\n          runbook_url: "{{ $externalLabels.gpufleet_web }}/runbooks#hung_collective"'),
+    ('/runbooks#idle_allocation"', '/runbooks"'),
     # a failed run action no longer alerts
     ('(gpufleet_incident_run_action{result="failed"})', '(gpufleet_incident_run_action{result="error"})'),
 ])

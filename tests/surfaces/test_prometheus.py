@@ -116,9 +116,6 @@ def test_every_incident_kind_raises_an_alert() -> None:
     alerts = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
     for kind in DETECTORS:
         rules = [r for r in alerts if f'kind="{kind}"' in r["expr"]]
-        assert rules, kind
-        if kind in ("idle_allocation", "hung_collective"):
-            continue  # rules of their own (gpufleet_incident_run)
         (rule,) = rules
         assert rule["expr"] == f'gpufleet:incident_severity:held{{kind="{kind}"}}', rule["expr"]
         assert "severity" not in rule.get("labels", {}), kind  # outside the alert's identity
@@ -332,9 +329,7 @@ def test_real_prometheus_scrapes_collector_and_agent_and_evaluates_the_rules(
     # one alert per open incident, whatever number of GPUs it lists, each saying its severity, its GPUs,
     # its page and its runbook
     with psycopg.connect(fleet.url) as conn:
-        incidents = {str(i): k for i, k in conn.execute(
-            "SELECT id, kind FROM incidents WHERE state = 'open' AND kind <> ALL(%s)",
-            (["idle_allocation", "hung_collective"],)).fetchall()}
+        incidents = {str(i): k for i, k in conn.execute("SELECT id, kind FROM incidents WHERE state = 'open'")}
 
     def incident_alerts() -> list[dict[str, Any]] | None:
         alerts = [a for a in api.get("/api/v1/alerts").json()["data"]["alerts"] if "incident_id" in a["labels"]]
