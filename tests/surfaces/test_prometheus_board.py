@@ -136,16 +136,21 @@ scrape_configs:
         proc = subprocess.Popen([tool("prometheus", "prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=out, stderr=subprocess.STDOUT)
-    api = f"http://127.0.0.1:{port}/api/v1/query"
+    base = f"http://127.0.0.1:{port}"
+    api = f"{base}/api/v1/query"
 
     def query(expr: str) -> dict[str, Any]:
         return httpx.get(api, params={"query": expr}, timeout=10).json()
+
+    def ready() -> bool:
+        # until its storage is open Prometheus answers every API call "503 Service Unavailable" in plain text
+        return httpx.get(f"{base}/-/ready", timeout=5).status_code == 200
 
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if all(query(q).get("data", {}).get("result") for q in
+                if ready() and all(query(q).get("data", {}).get("result") for q in
                        ("gpufleet_gpu_run_info", "DCGM_FI_DEV_GPU_UTIL", "gpufleet_run_energy_kwh_total")):
                     break
             except httpx.HTTPError:
@@ -164,7 +169,7 @@ scrape_configs:
             if v["type"] == "query":
                 m = re.fullmatch(r"label_values\((.*), (\w+)\)", v["definition"])
                 assert m, v["definition"]
-                series = httpx.get(f"http://127.0.0.1:{port}/api/v1/series",
+                series = httpx.get(f"{base}/api/v1/series",
                                    params={"match[]": m.group(1).replace("$team", ".*")}, timeout=10).json()
                 assert {s[m.group(2)] for s in series["data"]}, v["name"]
     finally:
