@@ -2,7 +2,7 @@
 
     python bench/accounting.py [--gpus 512] [--runs 512] [--days 7] [--interval-s 10] [--repeat 5]
 
-Creates a scratch database (``gpufleet.testing.pg.scratch_database``, dropped
+Creates a scratch database (``testsupport.pg.scratch_database``, dropped
 afterwards), writes the fleet's telemetry straight into it with binary COPY
 (``--gpus`` GPUs, 8 per node, sampled every ``--interval-s`` for ``--days``
 days: 512 x 7 d x 10 s is about 31 M GPU samples, plus host power), a site
@@ -59,7 +59,7 @@ from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.store.run_model import Run, load_runs
-from gpufleet.testing.pg import server_url
+from testsupport.pg import server_url
 
 T0 = datetime(2026, 11, 2, 0, 0, 0, tzinfo=UTC)
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

@@ -125,7 +125,7 @@ def main() -> None:
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
     from gpufleet.db.scratch import scratch_database
-    from gpufleet.testing.pg import server_url
+    from testsupport.pg import server_url
 
     bench = _bench_accounting()
     server = args.server or server_url()

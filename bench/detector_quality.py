@@ -41,7 +41,7 @@ from gpufleet.db.policies import backend_of
 from gpufleet.db.scratch import scratch_database
 from gpufleet.sim import scenario_names, write_bundle
 from gpufleet.sim.degrade import FORMS, degrade_bundle
-from gpufleet.testing.pg import server_url
+from testsupport.pg import server_url
 
 #: Scenarios never tuned on (bench/heldout/README.md).
 HELDOUT = Path(__file__).resolve().parent / "heldout"

@@ -43,7 +43,7 @@ from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.store.run_model import load_runs
-from gpufleet.testing.pg import server_url
+from testsupport.pg import server_url
 
 
 def add_incidents(conn: psycopg.Connection, span_s: float, nodes: int) -> int:

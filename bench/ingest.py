@@ -48,9 +48,9 @@ from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.serverthread import free_port
-from gpufleet.testing import loadgen
-from gpufleet.testing.pg import server_url, timescale_server_url
 from gpufleet.wire import encode
+from testsupport import loadgen
+from testsupport.pg import server_url, timescale_server_url
 
 TEMPLATES = 64
 
@@ -245,7 +245,7 @@ def timescale_compressed_bytes(t0: float) -> float | None:
     if server is None:
         return None
     from gpufleet.sim import Fleet
-    from gpufleet.testing.simfeed import SimFeed
+    from testsupport.simfeed import SimFeed
 
     settings = load_settings()
     with scratch_database(server, "gpufleet_bench") as url:

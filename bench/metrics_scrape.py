@@ -34,7 +34,7 @@ from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.serverthread import free_port
-from gpufleet.testing.pg import server_url
+from testsupport.pg import server_url
 
 #: Longer than the page's cache of its database read (IncidentMetrics.cache_s).
 PAUSE_S = 5.5

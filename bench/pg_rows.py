@@ -70,8 +70,8 @@ from gpufleet.collector.copy_binary import Spec  # noqa: E402
 from gpufleet.config import load_settings  # noqa: E402
 from gpufleet.db import migrate  # noqa: E402
 from gpufleet.db.scratch import scratch_database  # noqa: E402
-from gpufleet.testing.pg import server_url  # noqa: E402
 from gpufleet.wire import Batch, validate  # noqa: E402
+from testsupport.pg import server_url  # noqa: E402
 
 
 def batches(nodes: int, seconds: int) -> list[Batch]:

@@ -71,8 +71,8 @@ from gpufleet.collector.batch_store import write_batches  # noqa: E402
 from gpufleet.config import Settings, load_settings  # noqa: E402
 from gpufleet.db import migrate  # noqa: E402
 from gpufleet.db.connect import with_database  # noqa: E402
-from gpufleet.testing.pg import server_url  # noqa: E402
 from gpufleet.wire import Batch, Column  # noqa: E402
+from testsupport.pg import server_url  # noqa: E402
 
 GPUS_PER_NODE = 8
 GROUP_NODES = 8  # a 64-GPU job's nodes
@@ -827,7 +827,7 @@ def standby_bench(args: argparse.Namespace, say: Callable[[str], None]) -> dict[
     replay timed."""
     from gpufleet.api.app import create_app
     from gpufleet.serverthread import serve
-    from gpufleet.testing import replication
+    from testsupport import replication
 
     why = replication.available()
     if why is not None:

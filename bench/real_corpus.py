@@ -45,7 +45,7 @@ from gpufleet.collector.scoring import Score, score
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.pg import server_url
+from testsupport.pg import server_url
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "realtraces"
 

@@ -52,10 +52,10 @@ from gpufleet.config import load_settings  # noqa: E402
 from gpufleet.db import migrate  # noqa: E402
 from gpufleet.db.scratch import scratch_database  # noqa: E402
 from gpufleet.serverthread import free_port  # noqa: E402
-from gpufleet.testing import loadgen  # noqa: E402
-from gpufleet.testing import remote_write as rw  # noqa: E402
-from gpufleet.testing.pg import server_url  # noqa: E402
 from gpufleet.wire import encode  # noqa: E402
+from testsupport import loadgen  # noqa: E402
+from testsupport import remote_write as rw  # noqa: E402
+from testsupport.pg import server_url  # noqa: E402
 
 EXPOSITION = (ROOT / "tests" / "fixtures" / "dcgm_exporter" / "shipped_counters_2xh100.prom").read_text()
 GPUS = 8

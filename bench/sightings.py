@@ -7,7 +7,7 @@ makes the writer keep that run's first and last sample per GPU in
 ``run_sightings``, in the same transaction as the samples
 (``gpufleet.collector.sightings``).  This writes ``--nodes`` x ``--batches``
 batches (8 GPUs x 5 s at 1 Hz each, every contract column filled, as
-``gpufleet.testing.loadgen`` makes them) through the collector's own write
+``testsupport.loadgen`` makes them) through the collector's own write
 path (``GroupWriter._write``, 8 batches per transaction) into a scratch
 database three ways, in turn for ``--rounds`` rounds: every row labelled
 with its node's run, sightings kept (what ingest does); the same rows with
@@ -36,9 +36,9 @@ from gpufleet.collector.batch_store import NodeTouch, write_batches
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.loadgen import gpu_columns
-from gpufleet.testing.pg import server_url
 from gpufleet.wire import Batch, validate
+from testsupport.loadgen import gpu_columns
+from testsupport.pg import server_url
 
 SECONDS = 5
 

@@ -6,7 +6,7 @@ database slowed down (fault proxy latency), the network to the collector
 reset and refused.  Measured:
 
 * loss and duplicates: every acknowledged sample is in the database once
-  (the oracle of :mod:`gpufleet.testing.oracle`);
+  (the oracle of :mod:`testsupport.oracle`);
 * drift of the collector's RSS and open files between the first and the
   second half of the run *after warm-up* (samples taken at least 30 s after a
   restart and outside fault windows).  Warm-up is the detector window
@@ -23,7 +23,7 @@ reset and refused.  Measured:
   can wait here before its thread runs, which is the load generator's delay,
   not the collector's.  For the same reason the fault proxies (database and
   network) run in processes of their own
-  (:class:`gpufleet.testing.faultproxy.ProxyProcess`): in this one, every
+  (:class:`testsupport.faultproxy.ProxyProcess`): in this one, every
   database round trip of the collector could wait for the fleet's GIL.
 
 Prints its figures as ratios to that baseline and ends with one JSON line::
@@ -56,11 +56,11 @@ from gpufleet.auth import create_token
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.faultproxy import proxy_process
-from gpufleet.testing.fleet import Fleet
-from gpufleet.testing.oracle import integrity
-from gpufleet.testing.pg import server_url
-from gpufleet.testing.procs import CollectorProc
+from testsupport.faultproxy import proxy_process
+from testsupport.fleet import Fleet
+from testsupport.oracle import integrity
+from testsupport.pg import server_url
+from testsupport.procs import CollectorProc
 
 FAULTS = ("collector_kill", "db_slow", "network_reset")
 

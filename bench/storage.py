@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.pg import server_url, timescale_server_url
+from testsupport.pg import server_url, timescale_server_url
 
 
 def load_hour(url: str, minutes: float, timescale: bool) -> int:
     from gpufleet.sim import Fleet
-    from gpufleet.testing.simfeed import SimFeed
+    from testsupport.simfeed import SimFeed
 
     with psycopg.connect(url, autocommit=True) as conn:
         if timescale:

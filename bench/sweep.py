@@ -100,8 +100,8 @@ from gpufleet.collector.window_cache import (
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.pg import server_url
 from gpufleet.wire import Column
+from testsupport.pg import server_url
 
 #: The thread every sweep runs on, as the collector's leader thread runs them (None: ``--main-thread``).
 _LEADER: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-leader")

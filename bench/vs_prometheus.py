@@ -821,7 +821,7 @@ async def drive_paced(ports: list[int], due: dict[int, list[tuple[int, bytes, di
     connection the collector closed while idle is opened again for the next
     batch.  Node i ships to ``ports[i % len(ports)]`` (replicas behind a
     balancer).  Latency counts from the due time."""
-    from gpufleet.testing.loadgen import Request, _send
+    from testsupport.loadgen import Request, _send
 
     lat: list[float] = []
     ok_in_window = [0]
@@ -1231,7 +1231,7 @@ def main() -> None:
     if warm < SHIP_EVERY_S + 1:  # else nodes' first shipments, and their new connections, fall in the window
         warm = float(SHIP_EVERY_S + 1)
         print(f"warm-up raised to {warm:g} s: every node ships once before the window", flush=True)
-    from gpufleet.testing.pg import server_url
+    from testsupport.pg import server_url
 
     started = time.monotonic()
     if args.http_floor:
@@ -1248,7 +1248,7 @@ def main() -> None:
                           "unit": "us per GPU-sample", "gpus": fleets[-1],
                           "baseline_bare_protocol": last["protocol"]["cpu_us_per_gpu_sample"], "http_floor": floor}))
         return
-    from gpufleet.testing.pg import timescale_server_url
+    from testsupport.pg import timescale_server_url
 
     ts_server = timescale_server_url()
     if args.timescale and ts_server is None:

@@ -16,7 +16,7 @@ import pytest
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.pg import server_url
+from testsupport.pg import server_url
 
 REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
 

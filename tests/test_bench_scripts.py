@@ -120,8 +120,8 @@ def test_every_layout_reads_back_the_same_minute_averages() -> None:
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
     from gpufleet.db.scratch import scratch_database
-    from gpufleet.testing.pg import server_url
     from gpufleet.wire import Column
+    from testsupport.pg import server_url
 
     pg_rows = bench_module("pg_rows")
     todo = pg_rows.batches(3, 130)  # 10-s batches over three minutes or so

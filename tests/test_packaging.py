@@ -87,6 +87,10 @@ def test_wheel_installs_one_top_level_name_and_runs_without_the_checkout(
     names, site = wheel
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"gpufleet"}
+    # No test code ships: the rigs of the tests and benchmarks live in testsupport/, outside the package.
+    test_code = [n for n in names
+                 if re.search(r"(^|/)(tests?|testing|testsupport)(/|$)|(^|/)(test_[^/]*|conftest)\.py$", n)]
+    assert test_code == []
     for c in COMPONENTS:
         assert f"gpufleet/{c}/__init__.py" in names, c
     # Data the product reads at run time travels too.

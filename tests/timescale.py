@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.testing.pg import timescale_server_url
+from testsupport.pg import timescale_server_url
 
 WHY = ("no TimescaleDB server: the extension is not on PyPI or Debian, so the TimescaleDB layout is checked "
        "where GPUFLEET_TEST_TIMESCALE_URL names a TimescaleDB 2.x server (tools/timescale-server.sh builds and "

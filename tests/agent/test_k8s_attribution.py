@@ -17,7 +17,7 @@ from gpufleet.agent.k8s.podresources import KubeletError, PodResourcesClient, Un
 from gpufleet.agent.k8s.pods import ApiServer, ObjectInfo, OwnerRef
 from gpufleet.agent.k8s.runs import RunResolver, run_id_for
 from gpufleet.store.runs import RUN_ID_RE
-from gpufleet.testing.kubelet import FakeApiServer, FakeKubelet, pod_json
+from testsupport.kubelet import FakeApiServer, FakeKubelet, pod_json
 
 U = ["GPU-00000000-0000-4000-8000-0000aaaa0000", "GPU-00000001-0000-4000-8000-0000aaaa0001",
      "GPU-00000002-0000-4000-8000-0000aaaa0002", "GPU-00000003-0000-4000-8000-0000aaaa0003"]

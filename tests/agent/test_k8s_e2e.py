@@ -36,7 +36,7 @@ from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import AgentSettings, KubernetesSettings, Settings
 from gpufleet.serverthread import serve
 from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
-from gpufleet.testing.kubelet import FakeApiServer, FakeKubelet, pod_json
+from testsupport.kubelet import FakeApiServer, FakeKubelet, pod_json
 
 PTJ = ("kubeflow.org/v1", "PyTorchJob", "llm-pretrain", "7d1e5a90-1111-4222-8333-944455556666")
 EVAL = ("batch/v1", "Job", "eval-nightly", "e7a10000-2222-4333-8444-555566667777")

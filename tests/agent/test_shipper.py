@@ -27,7 +27,7 @@ from gpufleet.agent.batch import encode_batch, tick_record, to_batch
 from gpufleet.agent.shipper import Backoff, Shipper, Verdict, classify, parse_retry_after, tls_context
 from gpufleet.agent.spool import Spool
 from gpufleet.serverthread import free_port
-from gpufleet.testing.certs import TestCA
+from testsupport.certs import TestCA
 
 
 @dataclass

@@ -32,8 +32,8 @@ from gpufleet.collector.scheduler import KubernetesApi
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import QuarantineSettings, RunActionSettings, Settings
 from gpufleet.serverthread import serve
-from gpufleet.testing.certs import TestCA
 from tests.collector.test_quarantine import FakeSlurm, actions
+from testsupport.certs import TestCA
 
 NOW = 1_800_000_000.0
 

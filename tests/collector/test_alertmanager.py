@@ -12,8 +12,8 @@ import pytest
 from gpufleet.collector import incident_store
 from gpufleet.collector.alerting import AlertmanagerPusher
 from gpufleet.collector.detectors.window import Finding
-from gpufleet.testing import alertmanager as am
 from tests.system_tools import unavailable
+from testsupport import alertmanager as am
 
 
 @pytest.fixture

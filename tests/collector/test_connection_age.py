@@ -13,10 +13,10 @@ from gpufleet.collector.connection_age import JITTER, ConnectionAges
 from gpufleet.collector.service import server_options
 from gpufleet.config import Settings
 from gpufleet.serverthread import serve
-from gpufleet.testing.faultproxy import fault_proxy
 from gpufleet.wire import encode
 from tests.collector.test_ingest import batch
 from tests.reliability.conftest import node_tokens
+from testsupport.faultproxy import fault_proxy
 
 
 class Clock:

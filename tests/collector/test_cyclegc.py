@@ -15,8 +15,8 @@ from gpufleet.collector import cyclegc
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.sim import Fleet
-from gpufleet.testing.simfeed import SimFeed
 from tests.collector.test_sweep import register_runs
+from testsupport.simfeed import SimFeed
 
 
 @pytest.fixture(autouse=True)

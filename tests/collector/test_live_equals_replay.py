@@ -29,9 +29,9 @@ from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.sim import Fleet, write_bundle
-from gpufleet.testing.bundlefeed import BundleFeed
-from gpufleet.testing.simfeed import SimFeed
 from tests.collector.test_sweep import register_runs
+from testsupport.bundlefeed import BundleFeed
+from testsupport.simfeed import SimFeed
 
 SCENARIO = "demo"
 DURATION_S = 1200.0

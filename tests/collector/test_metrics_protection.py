@@ -19,7 +19,7 @@ from gpufleet.collector.tls import protocol_class
 from gpufleet.config import ConfigError, Settings, load_settings
 from gpufleet.metricsauth import MetricsAuthError, MetricsGuard
 from gpufleet.serverthread import free_port, serve
-from gpufleet.testing.certs import Pair, TestCA
+from testsupport.certs import Pair, TestCA
 
 TOKEN = "scrape-token-0123456789abcdef"
 

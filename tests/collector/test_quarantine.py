@@ -35,7 +35,7 @@ from gpufleet.collector.quarantine import (
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import QuarantineSettings, Settings
 from gpufleet.serverthread import serve
-from gpufleet.testing.certs import TestCA
+from testsupport.certs import TestCA
 
 NOW = 1_800_000_000.0
 

@@ -44,9 +44,9 @@ from gpufleet.collector.service import server_options
 from gpufleet.config import Settings
 from gpufleet.serverthread import serve
 from gpufleet.store.inferred import Inferrer
-from gpufleet.testing import remote_write as rw
 from gpufleet.wire import Batch, validate
 from tests.conftest import realdata
+from testsupport import remote_write as rw
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHIPPED = (FIXTURES / "dcgm_exporter" / "shipped_counters_2xh100.prom").read_text()

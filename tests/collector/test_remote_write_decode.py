@@ -25,7 +25,7 @@ from gpufleet.collector.remote_write_proto import (
     decompress,
     is_stale,
 )
-from gpufleet.testing import remote_write as rw
+from testsupport import remote_write as rw
 
 PROTO = """
 syntax = "proto3";

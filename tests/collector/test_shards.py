@@ -24,8 +24,8 @@ from gpufleet.collector.sweep import Sweeper
 from gpufleet.collector.window_cache import load_runs
 from gpufleet.config import Settings
 from gpufleet.sim import Fleet
-from gpufleet.testing.simfeed import SimFeed
 from tests.collector.test_sweep import register_runs, wait_until
+from testsupport.simfeed import SimFeed
 
 
 def key(fs: list[Finding]) -> list[tuple[Any, ...]]:

@@ -7,8 +7,8 @@ import random
 import pytest
 
 import gpufleet.wire as wire
-from gpufleet.testing import loadgen
 from gpufleet.wire import drop_skewed, encode, parse, validate
+from testsupport import loadgen
 
 NOW = 1.8e9
 

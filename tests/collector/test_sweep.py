@@ -18,7 +18,7 @@ from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import Settings
 from gpufleet.sim import Fleet
 from gpufleet.store import runs as run_store
-from gpufleet.testing.simfeed import SimFeed
+from testsupport.simfeed import SimFeed
 
 
 def register_runs(conn: psycopg.Connection, fleet: Fleet) -> None:

@@ -16,8 +16,8 @@ from gpufleet.collector.window_cache import WindowCache, load_facts, load_runs
 from gpufleet.collector.window_snapshot import SEG_S, decode_segment, encode_segment
 from gpufleet.config import Settings
 from gpufleet.sim import Fleet
-from gpufleet.testing.simfeed import SimFeed
 from tests.collector.test_sweep import register_runs
+from testsupport.simfeed import SimFeed
 
 
 class LateFeed(SimFeed):

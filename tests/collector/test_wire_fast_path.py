@@ -15,8 +15,8 @@ import pytest
 import gpufleet.wire as wire
 import gpufleet.wire.validation as wire_validate
 from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME
-from gpufleet.testing import loadgen
 from gpufleet.wire import WireError, as_lists, encode, parse, validate
+from testsupport import loadgen
 
 
 def _doc(seed: int) -> dict[str, Any]:

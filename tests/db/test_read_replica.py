@@ -33,8 +33,8 @@ from gpufleet.db.read_routing import (
     lsn,
 )
 from gpufleet.serverthread import ServerThread, serve
-from gpufleet.testing import replication
 from tests.system_tools import unavailable
+from testsupport import replication
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -25,8 +25,8 @@ from gpufleet.auth import create_token
 from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
-from gpufleet.testing.procs import CollectorProc
 from gpufleet.wire import encode
+from testsupport.procs import CollectorProc
 
 FULL = os.environ.get("GPUFLEET_RELIABILITY_FULL", "") not in ("", "0")
 

@@ -22,10 +22,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from gpufleet.serverthread import serve
-from gpufleet.testing.faultproxy import fault_proxy
-from gpufleet.testing.fleet import Fleet
-from gpufleet.testing.oracle import decode_body
 from tests.reliability.conftest import knob
+from testsupport.faultproxy import fault_proxy
+from testsupport.fleet import Fleet
+from testsupport.oracle import decode_body
 
 
 class Scripted:

@@ -1,6 +1,6 @@
 """Scenario 3: the agent process is killed -9 again and again while the collector is down half the time.
 
-The agent runs as a process of its own (:class:`gpufleet.testing.procs.AgentProc`)
+The agent runs as a process of its own (:class:`testsupport.procs.AgentProc`)
 and is restarted right after each kill, as systemd or a DaemonSet would;
 the collector process is started and killed on a schedule offset by half a
 period, so kills land both while batches are in flight and while sealed
@@ -10,7 +10,7 @@ kill in the middle of ``write`` leaves -- which recovery must count and drop
 without wedging the agent.
 
 What the agent produced is known exactly: the agent process lists every tick
-record just before spooling it (:mod:`gpufleet.testing.agentproc`).  Checked
+record just before spooling it (:mod:`testsupport.agentproc`).  Checked
 against the database:
 
 * a kill costs only what was not yet on disk (the record being written) and a
@@ -38,9 +38,9 @@ import pytest
 
 from gpufleet.agent.spool import OPEN_MAGIC, read_records
 from gpufleet.collector.copy_binary import PG_EPOCH_S
-from gpufleet.testing.oracle import Oracle, integrity, micros
-from gpufleet.testing.procs import AgentProc, CollectorProc
 from tests.reliability.conftest import knob, node_tokens
+from testsupport.oracle import Oracle, integrity, micros
+from testsupport.procs import AgentProc, CollectorProc
 
 #: A lost tick must lie within this long before the kill that cost it, seconds.
 LOSS_BOUND_S = 1.0

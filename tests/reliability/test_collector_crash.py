@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.testing.fleet import Fleet
-from gpufleet.testing.oracle import integrity
-from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import knob, node_tokens
+from testsupport.fleet import Fleet
+from testsupport.oracle import integrity
+from testsupport.procs import CollectorProc
 
 
 def test_collector_kill9_loses_and_duplicates_nothing(fresh_db: str, tmp_path: Path,

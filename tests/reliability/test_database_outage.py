@@ -19,11 +19,11 @@ import psycopg
 
 from gpufleet.config import Settings
 from gpufleet.db import migrate
-from gpufleet.testing.fleet import Fleet
-from gpufleet.testing.oracle import integrity
-from gpufleet.testing.pgcluster import pg_cluster
-from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import gpu_batch, knob, node_tokens, post
+from testsupport.fleet import Fleet
+from testsupport.oracle import integrity
+from testsupport.pgcluster import pg_cluster
+from testsupport.procs import CollectorProc
 
 
 def _ready(url: str) -> bool | None:

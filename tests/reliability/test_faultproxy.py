@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from gpufleet.testing.faultproxy import proxy_process
+from testsupport.faultproxy import proxy_process
 
 
 def test_proxy_process_forwards_and_switches_modes(pg_server: str) -> None:

@@ -16,8 +16,8 @@ import httpx
 import orjson
 import zstandard
 
-from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import gpu_batch, node_tokens, post
+from testsupport.procs import CollectorProc
 
 
 def _peak_rss(pid: int) -> int:

@@ -23,10 +23,10 @@ from gpufleet.config import Settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
 from gpufleet.serverthread import serve
-from gpufleet.testing.oracle import duplicate_rows, row_counts
 from gpufleet.wire import encode
 from tests.reliability.conftest import gpu_batch, knob, node_tokens
 from tests.timescale import timescale_server
+from testsupport.oracle import duplicate_rows, row_counts
 
 
 def _bodies(node: str, prefix: str, n: int, t0: float) -> list[tuple[bytes, dict[str, str]]]:

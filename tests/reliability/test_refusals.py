@@ -21,9 +21,9 @@ import psycopg
 import pytest
 import zstandard
 
-from gpufleet.testing.oracle import row_counts
-from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import gpu_batch, node_tokens, post
+from testsupport.oracle import row_counts
+from testsupport.procs import CollectorProc
 
 LIMITS = {"max_body_bytes": 1_000_000, "max_decompressed_bytes": 8_000_000, "max_samples_per_batch": 5_000}
 

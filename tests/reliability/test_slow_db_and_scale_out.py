@@ -25,12 +25,12 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import psycopg
 
-from gpufleet.testing.faultproxy import fault_proxy
-from gpufleet.testing.fleet import Fleet
-from gpufleet.testing.oracle import integrity
-from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import knob, node_tokens
 from tests.scrape import sample_value
+from testsupport.faultproxy import fault_proxy
+from testsupport.fleet import Fleet
+from testsupport.oracle import integrity
+from testsupport.procs import CollectorProc
 
 
 def _via(url: str, port: int) -> str:

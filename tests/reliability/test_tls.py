@@ -17,10 +17,10 @@ import httpx
 import psycopg
 import pytest
 
-from gpufleet.testing.certs import Pair, TestCA
-from gpufleet.testing.fleet import Fleet
-from gpufleet.testing.procs import CollectorProc
 from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
+from testsupport.certs import Pair, TestCA
+from testsupport.fleet import Fleet
+from testsupport.procs import CollectorProc
 
 
 def _ctx(ca: Path, client: Pair | None) -> ssl.SSLContext:

@@ -24,7 +24,7 @@ from gpufleet.sim.carbon import scenario_series
 from gpufleet.store import nodes as node_store
 from gpufleet.store import runs as run_store
 from gpufleet.store import sites as site_store
-from gpufleet.testing.simfeed import SimFeed
+from testsupport.simfeed import SimFeed
 
 
 @dataclass(frozen=True)

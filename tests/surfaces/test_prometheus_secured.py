@@ -22,8 +22,8 @@ from gpufleet.collector.tls import protocol_class
 from gpufleet.config import Settings
 from gpufleet.metricsauth import MetricsGuard
 from gpufleet.serverthread import free_port, serve
-from gpufleet.testing.certs import TestCA
 from tests.system_tools import tool
+from testsupport.certs import TestCA
 
 PROM = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 SECURED = PROM / "prometheus-secured.yml"

@@ -1,7 +1,7 @@
 """``gpufleet agent`` in a process of its own, with side files a kill -9 test reads back.
 
-Run as ``python -m gpufleet.testing.agentproc PRODUCED ACKED <gpufleet arguments>``
-(:class:`gpufleet.testing.procs.AgentProc` does).  The agent is the production
+Run as ``python -m testsupport.agentproc PRODUCED ACKED <gpufleet arguments>``
+(:class:`testsupport.procs.AgentProc` does).  The agent is the production
 one, built and run by the ``gpufleet agent`` command; only its spool is
 watched, from outside the agent's code:
 
@@ -11,8 +11,8 @@ watched, from outside the agent's code:
   but absent from the database is what a kill cost (at most the one being
   written), not a tick the loop skipped or never reached.
 * ACKED gets the oracle's line for every batch the collector acknowledged
-  (:meth:`gpufleet.testing.oracle.Oracle.watch`), read back with
-  :meth:`~gpufleet.testing.oracle.Oracle.load`.
+  (:meth:`testsupport.oracle.Oracle.watch`), read back with
+  :meth:`~testsupport.oracle.Oracle.load`.
 
 Both are single ``O_APPEND`` writes, so a killed process leaves whole lines
 or a cut last one, which the readers skip.
@@ -29,7 +29,7 @@ from gpufleet import cli
 from gpufleet.agent.batch import record_samples
 from gpufleet.agent.runtime import Agent
 from gpufleet.config import Settings
-from gpufleet.testing.oracle import Oracle, append_line
+from testsupport.oracle import Oracle, append_line
 
 
 def watch(a: Agent, produced: Path, acked: Path) -> None:

@@ -3,7 +3,7 @@
 Every agent is the production :class:`gpufleet.agent.runtime.Agent` (scheduler,
 spool, shipper, backoff) over the fake NVML H100s and the real host source;
 only the tick is faster than in production so that a test moves many
-samples in little time.  The :class:`~gpufleet.testing.oracle.Oracle` sees
+samples in little time.  The :class:`~testsupport.oracle.Oracle` sees
 each acknowledgement as it happens.
 """
 
@@ -21,7 +21,7 @@ from gpufleet.agent.sources.base import Source
 from gpufleet.agent.sources.registry import build_source
 from gpufleet.config import AgentSettings
 from gpufleet.sim.nvml_fake import fake_nvml_source
-from gpufleet.testing.oracle import Oracle
+from testsupport.oracle import Oracle
 
 
 def agent_settings(url: str, token: str, **kw: Any) -> AgentSettings:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -36,6 +37,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, Literal, TypeVar
 
 from gpufleet.serverthread import free_port
+from testsupport import with_root_on_path
 
 Mode = Literal["pass", "reset", "blackhole", "refuse"]
 LOOPBACK = "127.0.0.1"
@@ -244,7 +246,7 @@ class ProxyProcess:
     minutes (from a child process 0.66, 2.2 and 10 ms; direct 0.19, 1.2 and
     5 ms), so the load generator's own contention showed up as collector
     latency.  The child is
-    ``python -m gpufleet.testing.faultproxy PORT UPSTREAM...``, driven by one
+    ``python -m testsupport.faultproxy PORT UPSTREAM...``, driven by one
     JSON line per call on its stdin, answered on its stdout.
     """
 
@@ -259,8 +261,9 @@ class ProxyProcess:
 
     def start(self) -> ProxyProcess:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet.testing.faultproxy", str(self.port), *map(str, self.upstreams)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+            [sys.executable, "-m", "testsupport.faultproxy", str(self.port), *map(str, self.upstreams)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+            env=with_root_on_path(dict(os.environ)))
         self._answer("start")
         return self
 

@@ -22,6 +22,7 @@ import httpx
 import psutil
 
 from gpufleet.serverthread import free_port
+from testsupport import with_root_on_path
 
 
 class Proc:
@@ -113,7 +114,7 @@ class CollectorProc(Proc):
         values = {"log_level": "WARNING", "data_dir": str(workdir / name), **(settings or {})}
         argv = [sys.executable, "-m", "gpufleet.cli", service, "--db", db_url, "--host", "127.0.0.1",
                 "--port", str(self.port)]
-        super().__init__(argv, child_env(flatten("", values)), workdir / f"{name}.log")
+        super().__init__(argv, with_root_on_path(child_env(flatten("", values))), workdir / f"{name}.log")
 
     @property
     def url(self) -> str:
@@ -137,7 +138,7 @@ class CollectorProc(Proc):
 
 class AgentProc(Proc):
     """``gpufleet agent`` on ``gpus`` fake H100s and the host source, through
-    :mod:`gpufleet.testing.agentproc` (which records what it produced and what
+    :mod:`testsupport.agentproc` (which records what it produced and what
     was acknowledged); restarts keep the spool, as a node's agent would."""
 
     def __init__(self, url: str, token: str, node: str, workdir: Path, *, gpus: int = 2,
@@ -149,9 +150,9 @@ class AgentProc(Proc):
         agent = {"collector_url": url, "token": token, "node": node, "spool_dir": str(self.spool_dir),
                  "metrics_port": 0, "attribute_processes": False, **(settings or {})}
         values = {"log_level": "INFO", "data_dir": str(workdir / name), "agent": agent}
-        argv = [sys.executable, "-m", "gpufleet.testing.agentproc", str(self.produced), str(self.acked),
+        argv = [sys.executable, "-m", "testsupport.agentproc", str(self.produced), str(self.acked),
                 "agent", "--fake-nvml", str(gpus)]
-        super().__init__(argv, child_env(flatten("", values)), workdir / f"{name}.log")
+        super().__init__(argv, with_root_on_path(child_env(flatten("", values))), workdir / f"{name}.log")
 
 
 @contextlib.contextmanager

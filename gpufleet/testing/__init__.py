@@ -1,1 +1,0 @@
-"""Helpers shared by the test suite and the benchmarks (real databases, no mocks)."""
