@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,8 +73,22 @@ def dist_name(requirement: str) -> str:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], Path]]:
     """The wheel's file names, and the folder it is unpacked into."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the checkout's files (tracked, or new and not ignored), as a clean checkout
+    # would build: setuptools reuses a build/ folder left in the tree, stale files included.
+    src = tmp / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True, timeout=60).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        here, there = ROOT / rel, src / rel
+        if not here.is_symlink() and not here.exists():
+            continue  # deleted in the work tree, not yet in the index
+        there.parent.mkdir(parents=True, exist_ok=True)
+        if here.is_symlink():
+            there.symlink_to(os.readlink(here))
+        else:
+            shutil.copy2(here, there)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp / "dist"), str(ROOT)], check=True, timeout=300,
+                    "-w", str(tmp / "dist"), str(src)], check=True, timeout=300,
                    env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
     (whl,) = (tmp / "dist").glob("gpufleet-*.whl")
     with zipfile.ZipFile(whl) as z:
