@@ -28,6 +28,24 @@ from gpufleet.config import Settings
 from gpufleet.serverthread import serve
 from tests.reliability.conftest import knob, node_tokens, role_token
 from tests.reliability.web_schema import WEB_SCHEMA, crowded_form_schema, known_schema
+from testsupport import remote_write
+
+#: The collector's Prometheus remote write route (POST /api/v1/write) declares its body as binary
+#: ``application/x-protobuf``, snappy-compressed as Prometheus sends it.  A generated body goes out
+#: as the bytes drawn, snappy-framed and with that Content-Encoding, so it gets past the framing and
+#: meets the protobuf decoder and what follows as garbage, truncated and empty messages.  Bodies
+#: that are not snappy, wrong media types and well-formed messages: tests/collector/test_remote_write.py.
+REMOTE_WRITE_MEDIA = "application/x-protobuf"
+
+
+def _snappy_framed(ctx: schemathesis.SerializationContext, value: Any) -> bytes:
+    raw = value if isinstance(value, bytes) else getattr(value, "data", None)  # format: binary draws bytes
+    if not isinstance(raw, bytes):
+        raw = str(value).encode(errors="ignore")
+    return remote_write.compress(raw)
+
+
+schemathesis.serializer(REMOTE_WRITE_MEDIA)(_snappy_framed)
 
 
 def _send(client: httpx.Client, kw: dict[str, Any]) -> httpx.Response:
@@ -68,7 +86,10 @@ def _runner(client: httpx.Client, base: str, token: str, op: Any, examples: int,
                phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=op.as_strategy())
     def run(case: Any) -> None:
-        kw = case.as_transport_kwargs(base_url=base, headers={"Authorization": f"Bearer {token}"})
+        headers = {"Authorization": f"Bearer {token}"}
+        if case.media_type == REMOTE_WRITE_MEDIA:
+            headers.update({"Content-Encoding": "snappy", "X-Prometheus-Remote-Write-Version": "0.1.0"})
+        kw = case.as_transport_kwargs(base_url=base, headers=headers)
         r = _send(client, kw)
         seen[r.status_code] += 1
         if r.status_code >= 500 and len(failures) < 20:
@@ -110,7 +131,10 @@ def test_generated_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, str]
     node = node_tokens(fresh_db, ["fuzz-node"])["fuzz-node"]
     # an admin may call every API operation, so the requests get past authorisation
     admin = role_token(fresh_db, "fuzz-admin-token-with-a-long-name", "admin")
-    by_op, failures = _fuzz([(col_url, node), (api_url, admin)], budget)
+    # and the collector's operations again as a Prometheus sender, whose bodies get past the role check
+    # of the remote write route (a node token's are refused before they are read)
+    prometheus = role_token(fresh_db, "fuzz-prometheus", "remote_write")
+    by_op, failures = _fuzz([(col_url, node), (api_url, admin), (col_url, prometheus)], budget)
     total: Counter[int] = Counter()
     for seen in by_op.values():
         total.update(seen)
