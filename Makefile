@@ -1,25 +1,33 @@
 # Two commands on a fresh machine (see README):
 #   make demo   - set everything up and run the live demo
 #   make test   - set everything up and run lint, type checks and the tests
-# Both install the server extra (collector, API, database) beside the agent; a GPU node needs only
+# Both install the server extra (collector, API, database) beside the agent, the tests the development
+# extras too; a GPU node needs only
 # `pip install gpufleet`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+HASH := $(shell cksum pyproject.toml | cut -d' ' -f1)
+# The demo installs what the product runs (agent and server); the tests add the development extras.
+RUN_STAMP := $(VENV)/.installed-run-$(HASH)
+STAMP := $(VENV)/.installed-dev-$(HASH)
 
 .PHONY: demo test lint typecheck unit reliability bench install clean system-deps
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[server]"
 	rm -f $(VENV)/.installed-*
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/gpufleet demo
 
 lint: $(STAMP)
