@@ -61,12 +61,12 @@ def board_power_w(name: str | None) -> float | None:
         return None
     low = name.lower()
     for words, watts in BOARD_POWER_W:
-        if all(_has_word(low, w) for w in words):
+        if all(has_model_word(low, w) for w in words):
             return watts
     return None
 
 
-def _has_word(name: str, word: str) -> bool:
+def has_model_word(name: str, word: str) -> bool:
     """``word`` appears in ``name`` not followed by more of a model number
     ("l4" is not "l40s", "a10" is not "a100")."""
     start = 0

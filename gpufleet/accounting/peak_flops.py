@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpufleet.gpu_models import has_model_word
+
 
 @dataclass(frozen=True)
 class Peak:
@@ -59,23 +61,12 @@ PEAKS: tuple[Peak, ...] = (
 )
 
 
-def _has_word(name: str, word: str) -> bool:
-    """``word`` in ``name``, not followed by more of a model number ("a10" is not in "a100" or "a10g")."""
-    start = 0
-    while (i := name.find(word, start)) >= 0:
-        j = i + len(word)
-        if j >= len(name) or not name[j].isalnum() or (name[j].isalpha() and word[-1].isalpha()):
-            return True
-        start = i + 1
-    return False
-
-
 def peak_of(model: str | None) -> Peak | None:
     """The table's entry for a GPU model name, or None when it is not in it."""
     if not model:
         return None
     name = model.lower()
     for p in PEAKS:
-        if all(_has_word(name, w) for w in p.words):
+        if all(has_model_word(name, w) for w in p.words):
             return p
     return None
