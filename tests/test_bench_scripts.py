@@ -337,3 +337,21 @@ def test_read_side_times_every_route_page_and_panel_on_a_tiny_fleet() -> None:
     assert not failed, failed
     assert all(r["cold_ms"] is not None and r["baseline_ms"] is not None for r in reads)
     assert "synthesised:" in res.stdout
+
+
+def test_ledger_truth_counts_idle_gpus_named_and_every_gpu_of_a_hang_within_the_window() -> None:
+    """An idle label counts the GPUs it names, a hang every GPU of the run (dead ranks and spinners),
+    each clipped to the run's accounted window; other kinds put nothing in the truth."""
+    ledger_truth = bench_module("ledger_truth")
+    runs = {"r": {"gpu_count": 4, "gpu_hours": 4.0, "window_start": "2026-01-01T00:00:00Z",
+                  "window_end": "2026-01-01T01:00:00Z"}}
+    labels = {"incidents": [
+        {"kind": "idle_allocation", "run_id": "r", "start": "2025-12-31T23:30:00Z", "end": "2026-01-01T00:30:00Z",
+         "evidence": {"gpus": [{"node": "n", "gpu": 0}, {"node": "n", "gpu": 1}]}},
+        {"kind": "hung_collective", "run_id": "r", "start": "2026-01-01T00:45:00Z", "end": None,
+         "evidence": {"dead_gpus": [{"node": "n", "gpu": 3}]}},
+        {"kind": "checkpoint_stall", "run_id": "r", "start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z",
+         "evidence": {}},
+    ]}
+    got = ledger_truth.truth(labels, runs)
+    assert got == {"r": {"idle": 2 * 0.5 / 4.0, "hung": 4 * 0.25 / 4.0}}
