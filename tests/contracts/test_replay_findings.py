@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet import waste
 from gpufleet.accounting import CONTRACT_FIELDS
 from gpufleet.collector.replay import findings_jsonl, replay
 from gpufleet.config import Settings
@@ -24,7 +25,7 @@ GPU_SCOPED = ("straggler", "throttling", "pcie_degraded")
 CAUSES = {
     "starvation": {"cpu", "io", "unknown"},
     "throttling": {"power_cap", "thermal", "hw_slowdown", "power_brake"},
-    "straggler": {"power_cap", "thermal", "pcie_degraded", "clocks", "unknown"},
+    "straggler": {"power_cap", "thermal", "pcie_degraded", "clocks", "unknown", "network"},
 }
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 #: Scenarios (and how long each must run) whose labels hold every documented kind between them.
@@ -56,6 +57,20 @@ def test_the_published_keys_and_kinds_are_the_tests() -> None:
     flat = " ".join(text.split())
     assert "run-scoped kinds (" + ", ".join(f"`{k}`" for k in RUN_SCOPED) + ")" in flat
     assert "GPU-scoped kinds (" + ", ".join(f"`{k}`" for k in GPU_SCOPED) + ") set `node` and `gpu`" in flat
+
+
+def test_the_published_causes_and_explanation_order_are_the_codes() -> None:
+    """A straggler's causes as documented (the original five, then the added ``network``), and the
+    order in which one kind explains a lost second is the one gpufleet.waste applies."""
+    flat = " ".join(docs.section("2. Replay command").split())
+    causes = re.search(r"the most likely cause \((.*?)\)", flat)
+    assert causes is not None
+    assert set(re.findall(r"`(\w+)`", causes.group(1))) == CAUSES["straggler"]
+    order = re.search(r"ranks first is reported there \((.*?)\)", flat)
+    assert order is not None
+    kinds = re.findall(r"`(\w+)`", order.group(1))
+    assert sorted(kinds, key=lambda k: waste.rank(k) if waste.rank(k) is not None else 99) == kinds
+    assert [waste.state_of(k) for k in kinds] == list(waste.PRECEDENCE)
 
 
 def test_every_finding_has_the_documented_shape(replays: dict[str, Any]) -> None:
