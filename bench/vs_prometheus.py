@@ -410,18 +410,24 @@ def stored_bytes(base: str, data: Path, detail: dict[str, Any], timeout_s: float
             per_sample(tree_size(data / "wal"), dcgm_samples / 25))
 
 
-def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, window_s: float) -> Step:
-    nodes = gpus // GPUS_PER_NODE
-    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-"))
-    port = free_port()
+def write_scrape_config(tmp: Path, config: Path, exporter_port: int, nodes: int) -> None:
+    """A 1 s scrape of every simulated node's dcgm-exporter page (file service discovery in ``tmp``),
+    the same for Prometheus and VictoriaMetrics."""
     targets = [{"targets": [f"127.0.0.1:{exporter_port}"],
                 "labels": {"__metrics_path__": f"/n/{i}/metrics", "instance": f"gpu-node-{i:05d}:9400"}}
                for i in range(nodes)]
     (tmp / "targets.json").write_text(json.dumps(targets))
-    (tmp / "prometheus.yml").write_text(
+    config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: dcgm\n    file_sd_configs:\n"
         f"      - files: ['{tmp / 'targets.json'}']\n")
+
+
+def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, window_s: float) -> Step:
+    nodes = gpus // GPUS_PER_NODE
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-prom-"))
+    port = free_port()
+    write_scrape_config(tmp, tmp / "prometheus.yml", exporter_port, nodes)
     proc = subprocess.Popen(
         ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--web.enable-admin-api", "--log.level=warn",
@@ -607,14 +613,7 @@ def vm_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, win
     nodes = gpus // GPUS_PER_NODE
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-vs-vm-"))
     port = free_port()
-    targets = [{"targets": [f"127.0.0.1:{exporter_port}"],
-                "labels": {"__metrics_path__": f"/n/{i}/metrics", "instance": f"gpu-node-{i:05d}:9400"}}
-               for i in range(nodes)]
-    (tmp / "targets.json").write_text(json.dumps(targets))
-    (tmp / "scrape.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-        "scrape_configs:\n  - job_name: dcgm\n    file_sd_configs:\n"
-        f"      - files: ['{tmp / 'targets.json'}']\n")
+    write_scrape_config(tmp, tmp / "scrape.yml", exporter_port, nodes)
     proc = start_vm(tmp, port, tmp / "scrape.yml")
     api = f"http://127.0.0.1:{port}/api/v1"
     step = Step(gpus)
