@@ -1,8 +1,8 @@
 """Shared fixtures: a real PostgreSQL database per test session, migrated.
 
 No database is mocked.  ``db_url`` is migrated once per session; ``db`` gives
-a test a clean slate by truncating the data tables (much faster than
-re-migrating), keeping the schema.
+a test a clean slate by emptying the data tables it wrote (much faster than
+re-migrating or truncating every table), keeping the schema.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database
+from testsupport.cleanslate import Slate
 from testsupport.pg import server_url
 
 REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
@@ -58,12 +59,19 @@ def db_url(pg_server: str, settings: Settings) -> Iterator[str]:
         yield url
 
 
+#: Per-minute stats: plain tables on PostgreSQL, continuous aggregates (not emptied here) on TimescaleDB.
+STATS_TABLES = ("gpu_stats_1m", "host_stats_1m")
+
+_SLATES: dict[str, Slate] = {}
+
+
 def truncate_all(url: str) -> None:
+    """Empty the data tables (and every table referencing them) and restart their sequences."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE " + ", ".join(DATA_TABLES) + " RESTART IDENTITY CASCADE")
-        has_stats = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'gpu_stats_1m'").fetchone()
-        if has_stats and has_stats[0] == "r":
-            conn.execute("TRUNCATE gpu_stats_1m, host_stats_1m")
+        slate = _SLATES.get(url)
+        if slate is None:
+            slate = _SLATES[url] = Slate.of(conn, DATA_TABLES + STATS_TABLES)
+        slate.empty(conn)
 
 
 @pytest.fixture
