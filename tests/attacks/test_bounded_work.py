@@ -57,7 +57,7 @@ def get(url: str, token: str, path: str, **params: str) -> httpx.Response:
 def waiting_api_queries(db: str) -> int:
     with psycopg.connect(db, autocommit=True) as c:
         row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gpufleet-api' "
-                        "AND state = 'active' AND wait_event_type = 'Lock'").fetchone()
+                        "AND datname = current_database() AND state = 'active' AND wait_event_type = 'Lock'").fetchone()
     return int(row[0]) if row else 0
 
 
