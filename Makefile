@@ -41,9 +41,13 @@ system-deps:
 	@tools/system-deps.sh
 
 # system-deps installs the Debian tools some tests drive; with them required, a
-# missing one fails its test instead of skipping it.
+# missing one fails its test instead of skipping it.  The suite mostly waits (on
+# PostgreSQL, subprocesses, servers), so it runs in TEST_WORKERS workers, each with
+# a database of its own; tests marked `serial` run afterwards on the quiet machine.
+TEST_WORKERS ?= 4
 unit: $(STAMP) system-deps
-	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q
+	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -p no:xdist -m serial
 
 test: lint typecheck unit
 

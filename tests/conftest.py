@@ -31,6 +31,30 @@ DATA_TABLES = (
 )
 
 
+#: Shared fixtures each worker makes cheaply for itself: a database of its own, settings, a cache.
+PER_WORKER = frozenset({"pg_server", "settings", "db_url", "trace"})
+_WIDTH = {"session": 3, "package": 2, "module": 1}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests sharing a costly module- or session-wide fixture run on one worker (``--dist loadgroup``).
+
+    Parallel workers each make their own copy of a shared fixture; for a filled fleet or a module's
+    simulated bundles that is minutes of work repeated, so such tests are grouped by the widest such
+    fixture they use and one worker makes it once.  A fixture named with a leading underscore is a
+    module's setup or report hook, not a shared result, and groups nothing.
+    """
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = [(-_WIDTH[d[-1].scope], f"{d[-1].baseid}::{name}") for name, d in info.name2fixturedefs.items()
+                  if d and d[-1].scope in _WIDTH and name not in PER_WORKER and not name.startswith("_")
+                  and str(d[-1].baseid).startswith("tests")]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(min(shared)[1]))
+
+
 def realdata(*parts: str) -> Path:
     """Path of a real capture committed under tests/fixtures/realdata (provenance in its SOURCES.md).
 

@@ -14,6 +14,7 @@ import pytest
 from psycopg import sql
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(240)
 def test_demo_runs_and_shows_incidents(pg_server: str, tmp_path: Path) -> None:
     name = f"gpufleet_demo_test_{secrets.token_hex(4)}"
