@@ -46,7 +46,7 @@ system-deps:
 # a database of its own; tests marked `serial` run afterwards on the quiet machine.
 TEST_WORKERS ?= 4
 unit: $(STAMP) system-deps
-	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -p no:xdist -m serial
 
 test: lint typecheck unit
