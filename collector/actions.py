@@ -54,11 +54,11 @@ from gpufleet.collector.scheduler import (
     SKIPPED,
     KubernetesApi,
     Outcome,
-    iso,
     retry_due,
     run_command,
 )
 from gpufleet.config import RunActionSettings
+from gpufleet.timeparse import iso, iso_at
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def annotation(kind: str) -> str:
 
 def reason_for(inc: Mapping[str, Any]) -> str:
     cause = f" ({inc['cause']})" if inc.get("cause") else ""
-    start = inc["start"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    start = iso(inc["start"], "seconds")
     return f"gpufleet {inc['kind']}{cause}: run {inc['run_id']} since {start} (incident {inc['id']})"
 
 
@@ -263,7 +263,7 @@ class RunActions:
         s = self.settings
         run_id = inc["run_id"]
         reason = reason_for(inc)
-        base = {"action": action, "run_id": run_id, "time": iso(now), "dry_run": s.dry_run and policy != "notify",
+        base = {"action": action, "run_id": run_id, "time": iso_at(now), "dry_run": s.dry_run and policy != "notify",
                 "by": f"{self.by} (actions.kinds.{inc['kind']} = {policy})", "reason": reason}
         last = mine[-1] if mine else None
 

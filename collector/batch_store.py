@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -196,10 +195,6 @@ def _json(obj: Any) -> Any:
     from psycopg.types.json import Jsonb
 
     return Jsonb(obj)
-
-
-def _ts(t: float) -> datetime:
-    return datetime.fromtimestamp(t, UTC)
 
 
 def table_specs(key: tuple[str, ...], fields: tuple[Any, ...]) -> list[Spec]:

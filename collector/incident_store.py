@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -18,10 +17,7 @@ from psycopg.types.json import Jsonb
 
 from gpufleet.collector.detectors.window import Finding
 from gpufleet.collector.incidents import OPEN, Incident, Plan, plan_sweep
-
-
-def _ts(t: float | None) -> datetime | None:
-    return None if t is None else datetime.fromtimestamp(t, UTC)
+from gpufleet.timeparse import at
 
 
 def clean_json(obj: Any) -> Any:
@@ -63,22 +59,22 @@ def apply(conn: psycopg.Connection, plan: Plan) -> None:
     """Apply resolves, updates, then opens (the order the plan asks for)."""
     for r in plan.resolves:
         conn.execute("UPDATE incidents SET state = 'resolved', \"end\" = %s WHERE scope_key = %s AND state = 'open'",
-                     (_ts(r.end), r.scope_key))
+                     (at(r.end), r.scope_key))
     for u in plan.updates:
         conn.execute(
             "UPDATE incidents SET cause = %s, severity = %s, evidence = %s, last_seen = %s, last_active = %s, "
             "start = %s, hold_s = %s, node = CASE WHEN %s THEN %s ELSE node END "
             "WHERE scope_key = %s AND state = 'open'",
-            (u.cause, u.severity, Jsonb(clean_json(u.evidence)), _ts(u.last_seen), _ts(u.last_active),
-             _ts(u.start), u.hold_s, u.renode, u.node, u.scope_key))
+            (u.cause, u.severity, Jsonb(clean_json(u.evidence)), at(u.last_seen), at(u.last_active),
+             at(u.start), u.hold_s, u.renode, u.node, u.scope_key))
     for o in plan.opens:
         i = o.incident
         conn.execute(
             'INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, state, start, last_seen, '
             "last_active, hold_s, evidence) VALUES (%s, %s, %s, %s, %s, %s, %s, 'open', %s, %s, %s, %s, %s) "
             "ON CONFLICT (scope_key) WHERE state = 'open' DO NOTHING",
-            (i.kind, i.scope_key, i.run_id, i.node, i.gpu, i.cause, i.severity, _ts(i.start), _ts(i.last_seen),
-             _ts(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
+            (i.kind, i.scope_key, i.run_id, i.node, i.gpu, i.cause, i.severity, at(i.start), at(i.last_seen),
+             at(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
 
 
 def sweep(conn: psycopg.Connection, findings: list[Finding], now: float, resolve_after_s: float,
@@ -109,7 +105,7 @@ def store_all(conn: psycopg.Connection, incidents: Iterable[Incident]) -> int:
         conn.execute(
             'INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, state, start, "end", '
             "last_seen, last_active, hold_s, evidence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (i.kind, i.scope_key, i.run_id, i.node, i.gpu, i.cause, i.severity, i.state, _ts(i.start), _ts(i.end),
-             _ts(i.last_seen), _ts(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
+            (i.kind, i.scope_key, i.run_id, i.node, i.gpu, i.cause, i.severity, i.state, at(i.start), at(i.end),
+             at(i.last_seen), at(i.last_active), i.hold_s, Jsonb(clean_json(i.evidence))))
         n += 1
     return n

@@ -45,7 +45,6 @@ import logging
 import re
 import ssl
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -65,12 +64,12 @@ from gpufleet.collector.scheduler import (
     SKIPPED,
     KubernetesApi,
     Outcome,
-    iso,
     retry_due,
     run_command,
 )
 from gpufleet.config import QuarantineSettings
 from gpufleet.evidence import read_evidence
+from gpufleet.timeparse import at, iso, iso_at
 from gpufleet.wire import NODE_RE
 from gpufleet.xid import hardware
 
@@ -367,10 +366,6 @@ def reason_for(triggers: Sequence[Trigger]) -> str:
     return f"gpufleet {first}{more}"
 
 
-def _ts(t: float) -> datetime:
-    return datetime.fromtimestamp(t, UTC)
-
-
 class Quarantine:
     """Applies the hooks after a sweep; see the module docstring for the rules."""
 
@@ -407,7 +402,7 @@ class Quarantine:
         triggers, incidents = self.triggers(conn)
         with conn.cursor(row_factory=dict_row) as cur:
             states = {r["node"]: r for r in cur.execute(STATES_SQL).fetchall()}
-        since = _ts(now - 3600.0)
+        since = at(now - 3600.0)
         this_hour = {r[0] for r in conn.execute(RECENT_SQL, (list(QUARANTINE_ACTIONS), list(QUARANTINED),
                                                               since)).fetchall()}
         out: list[dict[str, Any]] = []
@@ -443,14 +438,14 @@ class Quarantine:
     def _log(self, conn: psycopg.Connection, node: str, now: float, action: str, result: str, reason: str | None,
              triggers: Sequence[Mapping[str, Any]], detail: str, call: Mapping[str, Any]) -> dict[str, Any]:
         dry = result == DRY_RUN
-        conn.execute(LOG_SQL, (node, _ts(now), action, result, dry, reason, Jsonb([dict(t) for t in triggers]),
+        conn.execute(LOG_SQL, (node, at(now), action, result, dry, reason, Jsonb([dict(t) for t in triggers]),
                                detail[:DETAIL_CHARS], Jsonb(dict(call))))
-        return {"action": action, "target": node, "time": iso(now), "result": result, "dry_run": dry,
+        return {"action": action, "target": node, "time": iso_at(now), "result": result, "dry_run": dry,
                 "reason": reason, "detail": detail[:DETAIL_CHARS], "triggers": [dict(t) for t in triggers],
                 **dict(call)}
 
     def _attempts(self, conn: psycopg.Connection, node: str, action: str) -> list[dict[str, Any]]:
-        return [{"result": r, "time": iso(t.timestamp())}
+        return [{"result": r, "time": iso(t)}
                 for r, t in conn.execute(ATTEMPTS_SQL, (node, action, node, list(QUARANTINED))).fetchall()]
 
     def _quarantine(self, conn: psycopg.Connection, node: str, triggers: list[Trigger], now: float,
@@ -487,7 +482,7 @@ class Quarantine:
             conn.execute(UPSERT_STATE_SQL, {
                 "node": node, "state": "quarantined", "backend": self.settings.backend, "target": node,
                 "dry_run": record["dry_run"], "reason": reason, "triggers": Jsonb([dict(t) for t in triggers]),
-                "since": _ts(now), "passing_since": None, "now": _ts(now)})
+                "since": at(now), "passing_since": None, "now": at(now)})
         return record
 
     def _incident_records(self, conn: psycopg.Connection, node: str, incidents: list[dict[str, Any]],
@@ -505,7 +500,7 @@ class Quarantine:
         mine = [a for a in inc["actions"] or [] if isinstance(a, dict) and a.get("action") == self.backend.action]
         if mine and mine[-1].get("result") in (SKIPPED, *QUARANTINED):
             return
-        rec = {"action": self.backend.action, "target": node, "time": iso(now), "dry_run": self.settings.dry_run,
+        rec = {"action": self.backend.action, "target": node, "time": iso_at(now), "dry_run": self.settings.dry_run,
                "result": SKIPPED, "detail": f"node {node} already quarantined for {holder}"}
         conn.execute("UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([rec]), inc["id"]))
 
@@ -519,7 +514,7 @@ class Quarantine:
     def _still_held(self, conn: psycopg.Connection, state: Mapping[str, Any], triggers: list[Trigger],
                     now: float) -> None:
         conn.execute("UPDATE node_quarantine SET triggers = %s, passing_since = NULL, updated_at = %s "
-                     "WHERE node = %s", (Jsonb([dict(t) for t in triggers]), _ts(now), state["node"]))
+                     "WHERE node = %s", (Jsonb([dict(t) for t in triggers]), at(now), state["node"]))
 
     # -- release -------------------------------------------------------------------------------
 
@@ -528,7 +523,7 @@ class Quarantine:
         s, node = self.settings, state["node"]
         if state["passing_since"] is None:
             conn.execute("UPDATE node_quarantine SET passing_since = %s, updated_at = %s WHERE node = %s",
-                         (_ts(now), _ts(now), node))
+                         (at(now), at(now), node))
             return None
         passing_s = now - state["passing_since"].timestamp()
         if not s.release or passing_s < s.hold_down_s:
@@ -552,7 +547,7 @@ class Quarantine:
                                outcome.call)
         if record["result"] in (*QUARANTINED, NOT_OURS):
             conn.execute("UPDATE node_quarantine SET state = 'released', updated_at = %s WHERE node = %s",
-                         (_ts(now), node))
+                         (at(now), node))
         return record
 
 
@@ -562,7 +557,7 @@ def node_log(conn: psycopg.Connection, node: str, limit: int = 50) -> list[dict[
         rows = cur.execute("SELECT time, action, result, dry_run, reason, triggers, detail, call FROM quarantine_log "
                            "WHERE node = %s ORDER BY time DESC, id DESC LIMIT %s", (node, limit)).fetchall()
     for r in rows:
-        r["time"] = iso(r["time"].timestamp())
+        r["time"] = iso(r["time"])
     return rows
 
 
@@ -572,5 +567,5 @@ def node_state(conn: psycopg.Connection, node: str) -> dict[str, Any] | None:
     if row is None:
         return None
     for k in ("since", "passing_since"):
-        row[k] = iso(row[k].timestamp()) if row[k] is not None else None
+        row[k] = iso(row[k]) if row[k] is not None else None
     return row

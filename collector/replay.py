@@ -38,6 +38,7 @@ from gpufleet.db.policies import backend_of
 from gpufleet.detectconfig import DetectorConfig
 from gpufleet.store import runs as run_store
 from gpufleet.store import sites as site_store
+from gpufleet.timeparse import iso
 
 
 @dataclass
@@ -171,5 +172,5 @@ def _json(o: Any) -> Any:
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, datetime):
-        return o.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return iso(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -15,7 +15,7 @@ import ssl
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +99,6 @@ class KubernetesApi:
                 msg = r.text
             return Outcome(FAILED, f"HTTP {r.status_code}: {msg}"[:DETAIL_CHARS], call)
         return Outcome(DONE, done, call)
-
-
-def iso(t: float) -> str:
-    """A record's time: RFC 3339 UTC of epoch seconds ``t``."""
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def epoch(text: Any) -> float:

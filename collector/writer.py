@@ -34,7 +34,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import psycopg
 
@@ -397,10 +396,6 @@ def _rolled_back(conn: psycopg.Connection) -> psycopg.Connection | None:
         with contextlib.suppress(psycopg.Error):
             conn.close()
         return None
-
-
-def _ts(t: float) -> datetime:
-    return datetime.fromtimestamp(t, UTC)
 
 
 def _settle(answers: list[tuple[asyncio.Future[Outcome], Outcome | None]], exc: Exception | None) -> None:

@@ -72,12 +72,34 @@ def epoch(dt: datetime) -> float:
     return dt.timestamp()
 
 
-def iso(dt: datetime | None) -> str | None:
-    """RFC 3339 UTC with a Z, as findings and reports print times."""
+@overload
+def at(t: float) -> datetime: ...
+@overload
+def at(t: None) -> None: ...
+def at(t: float | None) -> datetime | None:
+    """Epoch seconds as an aware UTC datetime (what the database columns take)."""
+    return None if t is None else datetime.fromtimestamp(t, UTC)
+
+
+@overload
+def iso(dt: datetime, timespec: str = ..., *, zulu: bool = ...) -> str: ...
+@overload
+def iso(dt: None, timespec: str = ..., *, zulu: bool = ...) -> None: ...
+@overload
+def iso(dt: datetime | None, timespec: str = ..., *, zulu: bool = ...) -> str | None: ...
+def iso(dt: datetime | None, timespec: str = "auto", *, zulu: bool = True) -> str | None:
+    """RFC 3339 UTC, as findings and reports print times: with a ``Z`` (``zulu``) or the ``+00:00`` some
+    outside APIs ask for; ``timespec`` as :meth:`datetime.isoformat` takes it (``"seconds"`` for APIs that
+    take no fraction)."""
     if dt is None:
         return None
-    s = dt.astimezone(UTC).isoformat()
-    return s.replace("+00:00", "Z")
+    s = dt.astimezone(UTC).isoformat(timespec=timespec)
+    return s.replace("+00:00", "Z") if zulu else s
+
+
+def iso_at(t: float) -> str:
+    """Epoch seconds as :func:`iso` prints a time (microseconds when the time has them)."""
+    return iso(datetime.fromtimestamp(t, UTC))
 
 
 @overload
@@ -92,3 +114,13 @@ def rfc3339(t: float | None) -> str | None:
         return None
     s = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
     return s.replace("+00:00", "Z").replace(".000Z", "Z")
+
+
+def rfc3339_rounded(t: float, *, always_ms: bool = False) -> str:
+    """Epoch seconds rounded to the millisecond, as bundle labels and recordings print them: milliseconds
+    when the rounded time has a fraction (always with ``always_ms``).  Rounding, not truncating, keeps a
+    label written from a float sample time equal to the sample row's own time."""
+    dt = datetime.fromtimestamp(round(t, 3), tz=UTC)
+    if dt.microsecond or always_ms:
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")

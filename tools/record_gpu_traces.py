@@ -87,7 +87,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -109,6 +108,7 @@ from gpufleet.agent.sources.nvml_api import (  # noqa: E402
     PynvmlApi,
 )
 from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS, canonical_gpu_name  # noqa: E402
+from gpufleet.timeparse import rfc3339_rounded  # noqa: E402
 
 FORMAT_VERSION = 1
 
@@ -128,8 +128,7 @@ UNAVAILABLE_THERE = ("pydantic", "pydantic_settings", "msgpack", "orjson", "zsta
 
 def rfc3339(t: float) -> str:
     """UTC RFC 3339 with milliseconds, ``Z`` suffix."""
-    dt = datetime.fromtimestamp(round(t, 3), tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    return rfc3339_rounded(t, always_ms=True)
 
 
 def say(msg: str) -> None:

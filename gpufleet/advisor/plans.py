@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from gpufleet.timeparse import iso
+
 #: Highest limit accepted, W (far above any board; the agent checks the board's own range).
 MAX_LIMIT_W = 10_000.0
 
@@ -57,10 +59,6 @@ class PlanError(ValueError):
         self.status = status
 
 
-def _iso(t: datetime | None) -> str | None:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z") if t is not None else None
-
-
 def reports(conn: psycopg.Connection, run_id: str) -> dict[str, dict[str, Any]]:
     """Each node's last report about the run's plan."""
     return {node: rep for node, rep in conn.execute(REPORTS_SQL, (run_id, run_id, run_id)).fetchall()
@@ -76,7 +74,7 @@ def get_plan(conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
     failed = {n: r.get("detail") for n, r in nodes.items()
               if r.get("state") == "failed" and r.get("revision") == row["revision"]}
     state = row["state"] if not failed or row["state"] != "active" else "failed"
-    return {**row, "state": state, "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
+    return {**row, "state": state, "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"]),
             "nodes": nodes, "failed_on": failed}
 
 

@@ -44,6 +44,7 @@ import numpy as np
 import psycopg
 
 from gpufleet.gpu_models import gpu_model_names
+from gpufleet.timeparse import iso_at
 
 RUNS_SQL = """
 SELECT r.run_id, r.name, r.labels->>'model', extract(epoch FROM r.start)::float8,
@@ -140,10 +141,6 @@ class ModelAdvice:
     excluded_minutes: dict[str, int] = field(default_factory=dict)
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
-
-
 def _level_of(limit: float, step: float) -> float:
     return round(limit / step) * step
 
@@ -195,7 +192,7 @@ def run_points(conn: psycopg.Connection, run_id: str, model: str, start: float, 
         if seconds >= cfg.min_segment_s:
             tokens = float(np.interp(t1, pt, pk) - np.interp(t0, pt, pk))
             joules = sum(m[2] for m in minutes[k:j + 1])
-            points.append(Point(run_id, model, minutes[k][1], _iso(t0), _iso(t1), seconds, gpus, tokens, joules))
+            points.append(Point(run_id, model, minutes[k][1], iso_at(t0), iso_at(t1), seconds, gpus, tokens, joules))
         else:
             excluded["stretch at one limit shorter than min_segment_s"] += j - k + 1
         k = j + 1
@@ -302,11 +299,11 @@ def power_cap_advice(conn: psycopg.Connection, gpu_model: str, max_throughput_lo
     advice = [advise_model(m, pts, dict(excl), max_throughput_loss, cfg) for m, (pts, excl, _) in
               sorted(per_model.items())]
     out: dict[str, Any] = {"gpu_model": gpu_model, "max_throughput_loss": max_throughput_loss,
-                           "model": model, "since": _iso(since.timestamp()), "until": _iso(t_now),
+                           "model": model, "since": iso_at(since.timestamp()), "until": iso_at(t_now),
                            "models": [asdict(a) for a in advice]}
     if not advice:
         why = (f"no run on {gpu_model!r} GPUs reported progress (POST /v1/runs/{{id}}/progress) since "
-               f"{_iso(since.timestamp())}")
+               f"{iso_at(since.timestamp())}")
         if model is not None:
             why += f" for model {model!r}"
         out["reasons"] = [why + (f"; GPU models with runs that did: {', '.join(sorted(seen_models))}"

@@ -33,6 +33,7 @@ import psycopg
 from gpufleet.advisor.power_cap import AdvisorSettings, power_cap_advice
 from gpufleet.gpu_models import gpu_model_names
 from gpufleet.store.sites import get_site
+from gpufleet.timeparse import iso
 
 RUN_SQL = """
 SELECT r.run_id, r.name, r.labels->>'model', r.start, r."end", r.site,
@@ -75,10 +76,6 @@ class RunCapSettings:
     same_limit_w: float = 5.0
 
 
-def _iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
 def _r(x: float | None, digits: int = 6) -> float | None:
     return round(x, digits) if x is not None and math.isfinite(x) else None
 
@@ -107,7 +104,7 @@ def propose_run_cap(conn: psycopg.Connection, run_id: str, max_throughput_loss: 
     out: dict[str, Any] = {"run_id": run_id, "model": model, "gpu_model": None, "gpus": len(pairs),
                            "max_throughput_loss": max_throughput_loss, "enough_data": False, "reasons": [],
                            "current_limit_w": None, "proposed_limit_w": None, "action": "none",
-                           "basis": "tokens_per_joule", "at": _iso(t_now)}
+                           "basis": "tokens_per_joule", "at": iso(t_now)}
     if len([k for k in kinds if k]) != 1 or None in kinds:
         out["reasons"].append("the run's GPUs are not all of one known model (node facts name them): "
                               f"{dict(kinds)}")
@@ -165,7 +162,7 @@ def propose_run_cap(conn: psycopg.Connection, run_id: str, max_throughput_loss: 
     price = get_site(conn, site, t_now) if site else {}
     pue = float(price.get("pue") or 1.0)
     per_kwh = price.get("price_per_kwh")
-    exp: dict[str, Any] = {"measured_from": _iso(t0), "measured_to": _iso(t1), "gpu_seconds": _r(covered, 1),
+    exp: dict[str, Any] = {"measured_from": iso(t0), "measured_to": iso(t1), "gpu_seconds": _r(covered, 1),
                            "pue": pue, "currency": price.get("currency"), "price_per_kwh": per_kwh}
     if covered > 0:
         power_per_gpu = joules / covered

@@ -13,14 +13,11 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from gpufleet.carbon import CarbonFetchError, Points, get_json
+from gpufleet.timeparse import iso
 
 BASE_URL = "https://api.electricitymap.org"
 #: Longest range asked for in one request (the service refuses longer hourly ranges).
 MAX_RANGE = timedelta(days=10)
-
-
-def _iso(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse(body: object, key: str = "data") -> Points:
@@ -60,7 +57,7 @@ class ElectricityMaps:
             while t < end:
                 u = min(end, t + MAX_RANGE)
                 body = get_json(client, "Electricity Maps", f"{self.base_url}/v3/carbon-intensity/past-range",
-                                params={"zone": zone, "start": _iso(t), "end": _iso(u)})
+                                params={"zone": zone, "start": iso(t, "seconds"), "end": iso(u, "seconds")})
                 out += [p for p in parse(body) if start <= p[0] < end]
                 t = u
         return sorted(dict(out).items())

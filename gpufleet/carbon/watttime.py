@@ -14,16 +14,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from gpufleet.carbon import CarbonFetchError, Points, get_json
+from gpufleet.timeparse import iso
 
 BASE_URL = "https://api.watttime.org"
 MAX_RANGE = timedelta(days=31)
 G_PER_LB = 453.59237
 #: g/kWh per unit of each signal unit the service may report.
 UNITS = {"lbs_co2_per_mwh": G_PER_LB / 1000.0, "g_co2_per_kwh": 1.0}
-
-
-def _iso(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
 
 
 def parse(body: object) -> Points:
@@ -71,7 +68,7 @@ class WattTime:
             while t < end:
                 u = min(end, t + MAX_RANGE)
                 body = get_json(client, "WattTime", f"{self.base_url}/v3/historical", headers=headers,
-                                params={"region": zone, "start": _iso(t), "end": _iso(u), "signal_type": "co2_moer"})
+                                params={"region": zone, "start": iso(t, "seconds", zulu=False), "end": iso(u, "seconds", zulu=False), "signal_type": "co2_moer"})
                 out += [p for p in parse(body) if start <= p[0] < end]
                 t = u
         return sorted(dict(out).items())

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from psycopg import sql
 from gpufleet.config import AgentSettings, Settings
 from gpufleet.db.connect import with_database
 from gpufleet.demofile import DEMO_URL_FILE
+from gpufleet.timeparse import iso_at
 
 
 @dataclass
@@ -89,10 +89,6 @@ def fresh_database(server_url: str, name: str) -> str:
     return with_database(server_url, name)
 
 
-def _ts(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
-
-
 def register_fleet(client: httpx.Client, fleet: Any) -> None:
     """Sites, carbon series and runs of the scenario, through the API (as an operator would)."""
     from gpufleet.sim.carbon import scenario_series
@@ -104,7 +100,7 @@ def register_fleet(client: httpx.Client, fleet: Any) -> None:
         client.put(f"/v1/sites/{s.site}", json=body).raise_for_status()
     for region, points in scenario_series(sc, fleet.plan.seed, fleet.t0 - 86400, fleet.plan.t_end).items():
         client.put(f"/v1/carbon/{region}", json={
-            "points": [{"time": _ts(t), "g_co2e_per_kwh": g} for t, g in points]}).raise_for_status()
+            "points": [{"time": iso_at(t), "g_co2e_per_kwh": g} for t, g in points]}).raise_for_status()
     for node, plan in fleet.plan.nodes.items():
         client.patch(f"/v1/nodes/{node}", json={"site": plan.site}).raise_for_status()
     for r in fleet.plan.runs:
@@ -112,10 +108,10 @@ def register_fleet(client: httpx.Client, fleet: Any) -> None:
         for gi in r.gpu_idx.tolist():
             gp = fleet.plan.gpus[gi]
             allocs.setdefault(gp.node, []).append(gp.gpu)
-        body = {"run_id": r.run_id, "name": r.name, "site": r.site, "team": r.team, "start": _ts(r.start),
+        body = {"run_id": r.run_id, "name": r.name, "site": r.site, "team": r.team, "start": iso_at(r.start),
                 "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()]}
         if r.end is not None:
-            body["end"] = _ts(r.end)
+            body["end"] = iso_at(r.end)
         client.post("/v1/runs", json=body).raise_for_status()
 
 
@@ -126,7 +122,7 @@ def report_progress(client: httpx.Client, fleet: Any, t: float) -> int:
     for r in fleet.plan.runs:
         if r.start <= t and (r.end is None or r.end >= t) and done[r.run_id]["tokens"] > 0:
             client.post(f"/v1/runs/{r.run_id}/progress",
-                        json={"time": _ts(t), "tokens": int(done[r.run_id]["tokens"])}).raise_for_status()
+                        json={"time": iso_at(t), "tokens": int(done[r.run_id]["tokens"])}).raise_for_status()
             n += 1
     return n
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from gpufleet.sim.physics import (
 from gpufleet.sim.plan import FleetPlan, GpuFaultPlan, GpuPlan, RunPlan, StarvationPlan
 from gpufleet.sim.profiles import pcie_link_bytes_s
 from gpufleet.sim.timeline import IntervalSet
+from gpufleet.timeparse import rfc3339_rounded
 
 STARVATION = "starvation"
 STRAGGLER = "straggler"
@@ -99,12 +100,7 @@ _CLOCK_CAUSES: dict[str, tuple[str | None, str]] = {
 
 def rfc3339(t: float | None) -> str | None:
     """UTC RFC 3339 with ``Z``; milliseconds only when the time has a fraction."""
-    if t is None:
-        return None
-    dt = datetime.fromtimestamp(round(t, 3), tz=UTC)
-    if dt.microsecond:
-        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if t is None else rfc3339_rounded(t)
 
 
 def parse_time(s: str | None) -> float | None:
