@@ -1,9 +1,10 @@
 """The accounting functions in the database are exactly the text of gpufleet.db.accounting_sql.
 
-Migrations 0004, 0010, 0013, 0014, 0020 and 0021 install them from that module (and
-``gpufleet.db.claim_energy_sql``); a change to the module without a migration that replaces them would
-leave databases on the old definition while the code reads the new one, so the installed bodies are
-compared with the module's current ones (``CURRENT``, with the claim energy's second text).
+Migrations 0004, 0010, 0013, 0014, 0020, 0021 and 0022 install them from that module (and
+``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``); a change to the module without a
+migration that replaces them would leave databases on the old definition while the code reads the new
+one, so the installed bodies are compared with the module's current ones (``CURRENT``, with the claim
+energy's and the accounting's later texts).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 
 import psycopg
 
-from gpufleet.db import accounting_sql, claim_energy_sql
+from gpufleet.db import accounting_joins_sql, accounting_sql, claim_energy_sql
 from gpufleet.store.fact_history import dated_pricing
 
 FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", re.S)
@@ -20,25 +21,28 @@ FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn
 
 def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
     want = {}
-    for stmt in (*accounting_sql.CURRENT, claim_energy_sql.CLAIM_ENERGY_V2):
+    for stmt in (*accounting_sql.CURRENT, claim_energy_sql.CLAIM_ENERGY_V2, *accounting_joins_sql.INSTALL):
         m = FUNCTION.search(stmt)
         if m:
-            want[m.group(1)] = m.group(2)  # the later text of a function wins (claim energy's second)
+            want[m.group(1)] = m.group(2)  # the later text of a function wins (V4, claim energy's third)
     assert set(want) == {"gpufleet_minor_units", "gpufleet_claim_energy", "gpufleet_site_periods",
                          "gpufleet_energy_rates", "gpufleet_gpu_hour_prices", "gpufleet_accounting",
                          "gpufleet_incident_accounting"}
     got = dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall())
     for name, body in want.items():
         assert got.get(name) == body, f"{name}: the database's definition differs from accounting_sql (migrate)"
+    # claim energy's joins are hash joins only when it is planned without nested loops (migration 0022)
+    config = conn.execute("SELECT proconfig FROM pg_proc WHERE proname = 'gpufleet_claim_energy'").fetchone()
+    assert config is not None and "enable_nestloop=off" in config[0]
 
 
 def test_installed_incident_accounting_is_the_modules(conn: psycopg.Connection) -> None:
     """The incident accounting is the module's text: the run query over incidents' pieces."""
-    m = FUNCTION.search(accounting_sql.INCIDENT_ACCOUNTING_V3)
+    m = FUNCTION.search(accounting_joins_sql.INCIDENT_ACCOUNTING_V4)
     assert m and m.group(1) == "gpufleet_incident_accounting"
     got = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (m.group(1),)).fetchone()
     assert got is not None and got[0] == m.group(2), "the database's definition differs from accounting_sql (migrate)"
     # the priced part is the run query's own text, not a copy: everything from the claims on is shared
-    run_q = dated_pricing(accounting_sql._variant(accounting_sql._QUERY_V2, False))
+    run_q = accounting_joins_sql.set_based(dated_pricing(accounting_sql._variant(accounting_sql._QUERY_V2, False)))
     tail = run_q[run_q.index("-- claims summed together"):]
     assert tail in m.group(2)
