@@ -29,7 +29,8 @@ exactly.
 Refuses to start when the database's disk has less free space than about
 twice the estimated size; scale down with ``--gpus``/``--days``.  The last
 line is JSON with ``latency_ms`` (auto, with the ledger), ``no_ledger_ms`` (the
-baseline), ``ledger_ratio``, ``rollup_latency_ms``, ``raw_latency_ms``,
+baseline), ``ledger_ratio``, ``cold_latency_ms`` / ``cold_no_ledger_ms`` (the same, timed once each
+before anything priced was kept), ``rollup_latency_ms``, ``raw_latency_ms``,
 ``ratio`` (raw / rollup) and ``max_rel_err``.
 """
 
@@ -310,6 +311,12 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]
             runs = load_runs(conn, run_ids(args.runs))
+            # first with nothing kept (each reader after the first reads the priced pieces it kept:
+            # gpufleet.accounting.priced_store), then warm
+            conn.execute("TRUNCATE priced_pieces")
+            cold_bare_ms, _ = timed(conn, runs, "auto", 1, args.max_gap_s, ledger=False)
+            conn.execute("TRUNCATE priced_pieces")
+            cold_ms, _ = timed(conn, runs, "auto", 1, args.max_gap_s)
             # interleaved, so a drift of the machine's load weighs on both alike
             bare_ms, bare = timed(conn, runs, "auto", args.repeat, args.max_gap_s, ledger=False)
             auto_ms, auto = timed(conn, runs, "auto", args.repeat, args.max_gap_s)
@@ -333,6 +340,8 @@ def main() -> None:
         f"(ledger/without {auto_ms / bare_ms:.2f}x), {rollup_ms:.1f} ms (rollup); from raw samples: {raw_ms:.0f} ms; "
         f"raw/rollup {raw_ms / auto_ms:.0f}x; max relative difference {max_err:.2e} "
         f"({max(errs, key=errs.__getitem__)})")
+    say(f"the first reader (nothing kept yet): {cold_ms:.1f} ms with the ledger, {cold_bare_ms:.1f} ms without "
+        f"({cold_ms / cold_bare_ms:.2f}x)")
     same = all(total(bare, k) == total(auto, k) for k in KEYS)
     say("target: the ledger in the same time class as the accounting without it (within 2x): "
         + ("met" if auto_ms < 2 * bare_ms else "NOT met") + "; rollup == raw within 0.1%: "
@@ -342,6 +351,7 @@ def main() -> None:
         "gpus": args.gpus, "runs": len(runs), "days": args.days, "interval_s": args.interval_s, **info,
         "incidents": incidents, "db_bytes": size,
         "latency_ms": round(auto_ms, 2), "no_ledger_ms": round(bare_ms, 2), "ledger_ratio": round(auto_ms / bare_ms, 2),
+        "cold_latency_ms": round(cold_ms, 2), "cold_no_ledger_ms": round(cold_bare_ms, 2),
         "rollup_latency_ms": round(rollup_ms, 2), "raw_latency_ms": round(raw_ms, 1),
         "ratio": round(raw_ms / auto_ms, 1), "max_rel_err": max_err, "source": auto[0]["source"],
         "rolled_equal": all(total(rolled, k) == total(auto, k) for k in KEYS), "ledger_exact": gap == 0,

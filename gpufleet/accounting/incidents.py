@@ -21,14 +21,15 @@ covers and with what weight; the database does the accounting.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
 import psycopg
 
+from gpufleet.accounting import priced_store
 from gpufleet.accounting.efficiency import LOST_TIME_KINDS, _lost_share
 from gpufleet.accounting.lines import Line, Source, combine
 from gpufleet.accounting.money import number
@@ -182,19 +183,68 @@ def union(pieces: Iterable[Piece]) -> list[Piece]:
 
 
 def price(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: datetime, *, max_gap_s: float = 60.0,
-          source: Source = "auto") -> dict[str, Line]:
+          source: Source = "auto", kept: bool = True, settled: Collection[str] | None = None) -> dict[str, Line]:
     """The accounting line of each key's pieces (``gpufleet_incident_accounting``); keys without a piece
-    inside their run's window get none."""
+    inside their run's window get none.  A key's pieces must belong to one run.
+
+    ``kept``: read what an earlier reader priced and stored while its inputs are unchanged, and store
+    what this one prices (:mod:`gpufleet.accounting.priced_store`); the figures are the same either way.
+    Stored are the keys whose pieces all end before ``now`` (an open one grows) and are in ``settled``
+    (None: every key): pieces another reader will price again, not ones a period's edge cut.
+    """
+    keyed = {k: ps for k, ps in keyed.items() if ps}
+    if not keyed:
+        return {}
+    if not kept:
+        return {k: combine([Line(*r) for r in v]) for k, v in _priced_rows(conn, keyed, now, max_gap_s, source).items()}
+    digests = {k: priced_store.digest(ps, max_gap_s, source) for k, ps in keyed.items()}
+    have = priced_store.lookup(conn, set(digests.values()))
+    out: dict[str, list[Line]] = {}
+    todo: dict[str, Sequence[Piece]] = {}
+    for k, ps in keyed.items():
+        rows = have.get(digests[k])
+        if rows is None:
+            todo[k] = ps
+        else:
+            out[k] = [Line(r[0], k, *r[2:]) for r in rows if r[1] is not None]
+    closed = {k: ps for k, ps in todo.items() if max(p.hi for p in ps) < now and (settled is None or k in settled)}
+    fills = priced_store.plan(conn, closed, digests)
+    got = _priced_rows(conn, todo, now, max_gap_s, source) if todo else {}
+    keep = []
+    for k in todo:
+        rows = got.get(k, [])
+        out[k] = [Line(*r) for r in rows]
+        if k in fills and not any(r[-1] for r in rows):
+            keep.append(replace(fills[k], rows=tuple(rows) or (_NO_LINE,)))
+    priced_store.keep(conn, keep)
+    return {k: combine(v) for k, v in out.items() if v}
+
+
+#: What is kept for a key whose pieces price to no line (all outside the run's window): one row with no
+#: run, so the key is answered (with no line) instead of priced again.
+_NO_LINE: tuple[Any, ...] = ("run", None, *([None] * 26), False)
+
+
+def _priced_rows(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: datetime, max_gap_s: float,
+                 source: Source) -> dict[str, list[tuple[Any, ...]]]:
+    """The rows of ``gpufleet_incident_accounting`` per key (one per currency: pieces across a change of
+    the site's currency)."""
     rows = [(k, p) for k, ps in keyed.items() for p in ps]
     if not rows:
         return {}
     cols = ([k for k, _ in rows], [p.run_id for _, p in rows], [p.node for _, p in rows], [p.gpu for _, p in rows],
             [p.lo for _, p in rows], [p.hi for _, p in rows], [p.weight for _, p in rows])
-    got = conn.execute(_SQL, (*cols, now, max_gap_s, source)).fetchall()
-    by_key: dict[str, list[Line]] = {}
-    for r in got:  # one line per currency: pieces across a change of the site's currency
-        by_key.setdefault(r[1], []).append(Line(*r))
-    return {k: combine(v) for k, v in by_key.items()}
+    by_key: dict[str, list[tuple[Any, ...]]] = {}
+    for r in conn.execute(_SQL, (*cols, now, max_gap_s, source)).fetchall():
+        by_key.setdefault(r[1], []).append(tuple(r))
+    return by_key
+
+
+def settled(pieces: Iterable[Piece], run: Run, lo: datetime, hi: datetime) -> bool:
+    """Whether ``pieces`` of ``run``, claimed in its accounted window [lo, hi), are what any window claims:
+    none cut by the window's edges, only by the run's own start and end (a report's period cuts them
+    anew at every period, and what it priced would never be read again)."""
+    return all((p.lo > lo or lo == run.start) and (p.hi < hi or hi == run.end) for p in pieces)
 
 
 def figures(line: Line | None) -> dict[str, Any]:
@@ -285,5 +335,6 @@ def lost_to_incidents(conn: psycopg.Connection, runs: Sequence[Run],
     incidents' claims (overlaps counted once), priced as the run's own line."""
     claims = window_claims(conn, runs, windows, now=now)
     keyed = {run.run_id: lost_pieces(claims[run.run_id]) for run in runs}
-    priced = price(conn, keyed, now, max_gap_s=max_gap_s, source=source)
+    stable = {run.run_id for run in runs if settled(keyed[run.run_id], run, *windows[run.run_id])}
+    priced = price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable)
     return {rid: {"incidents": len(claims[rid]), **figures(priced.get(rid))} for rid in keyed}

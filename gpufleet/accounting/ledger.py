@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from gpufleet.accounting.incidents import Piece, figures, lost_pieces, price, window_claims
+from gpufleet.accounting.incidents import Piece, figures, lost_pieces, price, settled, window_claims
 from gpufleet.accounting.lines import ZERO, Line, Source
 from gpufleet.accounting.money import number
 from gpufleet.store.run_model import Run
@@ -185,6 +185,7 @@ def losses(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, 
     claims = window_claims(conn, runs, windows, now=now)
     priced: dict[str, Line] = {}
     keyed: dict[str, list[Piece]] = {}
+    stable: set[str] = set()
     pieces = 0
     for run in runs:
         mine = claims.get(run.run_id, [])
@@ -195,10 +196,13 @@ def losses(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, 
             for state, p in explain(stated):
                 keyed.setdefault(_key(state, run.run_id), []).append(p)
                 pieces += 1
+        if settled((p for _, ps in mine for p in ps), run, *windows[run.run_id]):
+            stable.add("L" + run.run_id)
+            stable.update(_key(state, run.run_id) for state in PRECEDENCE)
         if len(keyed) >= PRICE_BATCH_KEYS or pieces >= PRICE_BATCH_PIECES:
-            priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source))
+            priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable))
             keyed, pieces = {}, 0
-    priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source))
+    priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable))
     lost = {run.run_id: {"incidents": len(claims.get(run.run_id, [])), **figures(priced.get("L" + run.run_id))}
             for run in runs}
     ledgers = {run.run_id: ledger_of(run_lines[run.run_id], {s: priced.get(_key(s, run.run_id)) for s in PRECEDENCE})

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from gpufleet.accounting import priced_store
+
 
 @contextlib.contextmanager
 def snapshot(conn: psycopg.Connection) -> Iterator[None]:
@@ -21,6 +23,9 @@ def snapshot(conn: psycopg.Connection) -> Iterator[None]:
     JIT is off inside it: the raw-sample fallbacks inflate cost estimates
     past ``jit_above_cost`` and compiling then costs more than the
     millisecond queries it would speed up.
+
+    Priced pieces the answer computed are stored once the snapshot has ended (it cannot write):
+    :func:`gpufleet.accounting.priced_store.flush`.
     """
     if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
         yield
@@ -29,3 +34,4 @@ def snapshot(conn: psycopg.Connection) -> Iterator[None]:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute("SET LOCAL jit = off")
         yield
+    priced_store.flush(conn)

@@ -118,7 +118,9 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
     * ``gpu_energy_spans``: kept as long as the rollups;
     * ``run_sightings``: settled ones whose last sample is older than the raw
       retention (their samples are gone; a pending or moved one waits for the
-      leader, whatever its age)."""
+      leader, whatever its age);
+    * ``priced_pieces``: kept prices of spans retention reaches, never read again
+      (:data:`gpufleet.db.priced_store_sql.HORIZON`)."""
     st = settings.storage
     deleted = {
         "ingest_batches": _delete_in_chunks(
@@ -129,6 +131,9 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
         "run_sightings": _delete_in_chunks(
             conn, "run_sightings", "last_seen < now() - make_interval(days => %s) AND status = ANY(%s)",
             (st.retention_days, list(SETTLED_SIGHTINGS))),
+        "priced_pieces": _delete_in_chunks(
+            conn, "priced_pieces", "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
+            (min(st.retention_days, st.rollup_retention_days),)),
     }
     return deleted
 

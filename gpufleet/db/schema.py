@@ -21,13 +21,14 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Numeric,
     PrimaryKeyConstraint,
     SmallInteger,
     Table,
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.types import TypeEngine
 
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS, Field
@@ -313,6 +314,59 @@ run_metrics_snapshot = Table(
     _tz("computed_at"),
     Column("body", JSONB, nullable=False),
     CheckConstraint("id = 1", name="run_metrics_snapshot_one_row"),
+)
+
+#: Where each input of a priced piece of GPU-time stands (gpufleet.db.priced_store_sql, migration 0023):
+#: a scope (``r:<run>``, ``e:<node>:<day>``, ...) and the id of the transaction that last changed it.
+pricing_marks = Table(
+    "pricing_marks", metadata,
+    Column("scope", Text, primary_key=True),
+    Column("version", BigInteger, nullable=False),
+)
+
+#: Lines of ``gpufleet_incident_accounting`` kept per digest of the pieces priced, with the marks of the
+#: inputs they read (gpufleet.accounting.priced_store); valid while every mark is still current.
+priced_pieces = Table(
+    "priced_pieces", metadata,
+    Column("digest", LargeBinary, nullable=False),
+    Column("line_no", SmallInteger, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False),
+    Column("versions", ARRAY(BigInteger), nullable=False),
+    Column("nodes", ARRAY(Text), nullable=False),
+    Column("gpus", ARRAY(Integer), nullable=False),
+    _tz("lo"),
+    _tz("hi"),
+    _tz("stored_at", server_default=text("now()")),
+    Column("line", Text, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("site", Text, nullable=True),
+    _tz("part_start", nullable=True),
+    _tz("part_end", nullable=True),
+    Column("gpu_count", Integer, nullable=True),
+    Column("gpu_equivalents", Double, nullable=True),
+    Column("gpu_s", Double, nullable=True),
+    Column("covered_s", Double, nullable=True),
+    Column("gpu_hours", Numeric, nullable=True),
+    Column("covered_hours", Numeric, nullable=True),
+    Column("coverage", Double, nullable=True),
+    Column("gpu_kwh", Numeric, nullable=True),
+    Column("host_kwh", Numeric, nullable=True),
+    Column("it_kwh", Numeric, nullable=True),
+    Column("facility_kwh", Numeric, nullable=True),
+    Column("pue", Numeric, nullable=True),
+    Column("co2e_kg", Numeric, nullable=True),
+    Column("co2e_unknown_kwh", Numeric, nullable=True),
+    Column("carbon_source", Text, nullable=True),
+    Column("g_co2e_per_kwh", Double, nullable=True),
+    Column("price_source", Text, nullable=True),
+    Column("price_per_kwh", Double, nullable=True),
+    Column("currency", Text, nullable=True),
+    Column("minor_units", Integer, nullable=True),
+    Column("energy_cost", Numeric, nullable=True),
+    Column("compute_cost", Numeric, nullable=True),
+    Column("total_cost", Numeric, nullable=True),
+    Column("stale", Boolean, nullable=True),
+    PrimaryKeyConstraint("digest", "line_no", name="priced_pieces_pkey"),
 )
 
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per

@@ -1,0 +1,168 @@
+"""Priced pieces kept between readers: incident costs, ``lost_to_incidents`` and the ledger computed once.
+
+Every reader of a closed run's accounting (the run's page, the finance report, the fleet's ledger, the
+Runs page, ``/metrics``) prices the same pieces of GPU-time through ``gpufleet_incident_accounting``,
+which reads the samples and rollups of every piece again: most of the time of an accounting with its
+ledger.  The answer depends only on the pieces and on inputs the database can watch, so the first
+reader keeps it (``priced_pieces``) and the next reads it back, while every input it read is unchanged.
+
+What a kept line rests on is :mod:`gpufleet.db.priced_store_sql`'s marks: the run, its nodes, its site,
+the days of samples and of carbon intensity it covers, each recorded as it was in the snapshot the
+line was computed in, and compared with the current one on every read.  So a kept answer is always
+the one the live computation would give now: a late sample, a price edited back in time, a carbon
+series reloaded, a run's end moved or an allocation changed make the lines that read it live again.
+Only pieces that end by ``now`` are kept (an open piece grows), never a stale answer (one read from raw
+samples while the rollup worker has a range queued), and the reader answers live whatever is not kept.
+
+Keys are digests of what is priced: the run, every piece's GPU, span and lost share, the gap rule, the
+source and the accounting functions' text; an incident whose end or evidence changes has other pieces,
+so another digest.  A read-only snapshot (``gpufleet.accounting.snapshot``) cannot store: its lines
+are stored when it ends, and a hot standby stores none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import weakref
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors
+
+from gpufleet.db import accounting_joins_sql as J
+from gpufleet.db import priced_store_sql as S
+
+if TYPE_CHECKING:
+    from gpufleet.accounting.incidents import Piece
+
+log = logging.getLogger(__name__)
+
+#: The texts whose answers are kept: a change of either makes every digest new.
+_SEED = hashlib.sha256((J.INCIDENT_ACCOUNTING_V4 + J.CLAIM_ENERGY_V3).encode()).digest()
+
+#: Row of ``gpufleet_incident_accounting`` (the columns of :data:`~gpufleet.db.priced_store_sql.LINE_COLUMNS`).
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Fill:
+    """What one computed key stores: its lines and the marks they rest on."""
+
+    digest: bytes
+    scopes: tuple[str, ...]
+    versions: tuple[int, ...]
+    nodes: tuple[str, ...]
+    gpus: tuple[int, ...]
+    lo: datetime
+    hi: datetime
+    rows: tuple[Row, ...]
+
+
+#: Lines computed in a read-only snapshot, stored when it ends (:func:`flush`).
+_pending: weakref.WeakKeyDictionary[psycopg.Connection, list[Fill]] = weakref.WeakKeyDictionary()
+
+
+def digest(pieces: Sequence[Piece], max_gap_s: float, source: str) -> bytes:
+    """The key of ``pieces`` (one run's) priced with ``max_gap_s`` and ``source``."""
+    h = hashlib.sha256(_SEED)
+    h.update(f"{max_gap_s!r}|{source}\n".encode())
+    for p in sorted(pieces, key=lambda p: (p.run_id, p.node, p.gpu, p.lo, p.hi, p.weight)):
+        h.update(f"{p.run_id}\t{p.node}\t{p.gpu}\t{p.lo.isoformat()}\t{p.hi.isoformat()}\t{p.weight!r}\n".encode())
+    return h.digest()
+
+
+def lookup(conn: psycopg.Connection, digests: Collection[bytes]) -> dict[bytes, list[Row]]:
+    """The kept lines of ``digests`` that still hold (a digest with any line that does not: none)."""
+    if not digests:
+        return {}
+    out: dict[bytes, list[Row]] = {}
+    for r in conn.execute(S.LOOKUP_SQL, {"digests": list(digests)}).fetchall():
+        out.setdefault(bytes(r[0]), []).append(tuple(r[2:]))
+    return out
+
+
+def _days(lo: datetime, hi: datetime) -> list[str]:
+    d0, d1 = lo.astimezone(UTC).date(), hi.astimezone(UTC).date()
+    return [(d0 + timedelta(days=i)).isoformat() for i in range((d1 - d0).days + 1)] if d1 >= d0 else []
+
+
+def plan(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]],
+         digests: Mapping[str, bytes]) -> dict[str, Fill]:
+    """The marks each key's answer will rest on, read before it is computed (in its snapshot, or
+    earlier: a change in between leaves a mark newer than the one recorded, never the reverse)."""
+    keys = [k for k, ps in keyed.items() if ps]
+    if not keys:
+        return {}
+    spans = {k: (min(p.lo for p in keyed[k]), max(p.hi for p in keyed[k])) for k in keys}
+    runs = {k: keyed[k][0].run_id for k in keys}
+    ctx: dict[int, list[tuple[Any, ...]]] = {}
+    rows = conn.execute(S.CONTEXT_SQL, {"runs": [runs[k] for k in keys], "los": [spans[k][0] for k in keys],
+                                        "his": [spans[k][1] for k in keys]}).fetchall()
+    for r in rows:
+        ctx.setdefault(int(r[0]) - 1, []).append(tuple(r[1:]))
+    scopes: dict[str, list[str]] = {}
+    for i, k in enumerate(keys):
+        lo, hi = spans[k]
+        days = _days(lo, hi)
+        pairs = sorted({(p.node, p.gpu) for p in keyed[k]})
+        nodes = sorted({n for n, _ in pairs})
+        got = [f"r:{runs[k]}"]
+        site_rows = ctx.get(i, [])
+        got.append(f"s:{site_rows[0][0] if site_rows and site_rows[0][0] is not None else ''}")
+        got += [f"f:{n}" for n in nodes]
+        got += [f"e:{n}:{d}" for n in nodes for d in days]
+        for _site, region, first, last in site_rows:
+            if region is None:
+                continue
+            got += [f"c:{region}:{d}" for d in days]
+            # a point before the first changes what is carried back to a span ending by the first; one
+            # after the last what is carried forward to a span starting after it (the days cover the rest)
+            if first is None or hi <= first:
+                got.append(f"c:{region}:head")
+            if last is None or lo > last:
+                got.append(f"c:{region}:tail")
+        scopes[k] = sorted(set(got))
+    every = sorted({s for v in scopes.values() for s in v})
+    marks: dict[str, int] = dict(conn.execute(S.MARKS_SQL, {"scopes": every}).fetchall()) if every else {}
+    out: dict[str, Fill] = {}
+    for k in keys:
+        pairs = sorted({(p.node, p.gpu) for p in keyed[k]})
+        out[k] = Fill(digests[k], tuple(scopes[k]), tuple(int(marks.get(s, 0)) for s in scopes[k]),
+                      tuple(n for n, _ in pairs), tuple(g for _, g in pairs), spans[k][0], spans[k][1], ())
+    return out
+
+
+def keep(conn: psycopg.Connection, fills: Iterable[Fill]) -> None:
+    """Store ``fills`` now, or when the caller's read-only snapshot ends."""
+    todo = list(fills)
+    if not todo:
+        return
+    row = conn.execute("SHOW transaction_read_only").fetchone()
+    if row is not None and row[0] == "on":
+        _pending.setdefault(conn, []).extend(todo)
+        return
+    _write(conn, todo)
+
+
+def flush(conn: psycopg.Connection) -> None:
+    """Store what a read-only snapshot on ``conn`` computed (called when it has ended)."""
+    todo = _pending.pop(conn, [])
+    if todo:
+        _write(conn, todo)
+
+
+def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
+    values = [(f.digest, i, list(f.scopes), list(f.versions), list(f.nodes), list(f.gpus), f.lo, f.hi, *r, f.lo)
+              for f in fills for i, r in enumerate(f.rows)]
+    try:
+        with conn.transaction():
+            conn.execute(S.DELETE_SQL, {"digests": [f.digest for f in fills]})
+            with conn.cursor() as cur:
+                cur.executemany(S.INSERT_SQL, values)
+    except (errors.ReadOnlySqlTransaction, errors.SerializationFailure, errors.DeadlockDetected) as e:
+        # a hot standby, or another reader storing the same lines: the answer given stands, only not kept
+        log.debug("priced pieces not kept: %s", e)
