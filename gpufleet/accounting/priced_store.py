@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors
+from psycopg.pq import TransactionStatus
 
 from gpufleet.db import accounting_joins_sql as J
 from gpufleet.db import priced_store_sql as S
@@ -143,8 +144,9 @@ def keep(conn: psycopg.Connection, fills: Iterable[Fill]) -> None:
         return
     row = conn.execute("SHOW transaction_read_only").fetchone()
     if row is not None and row[0] == "on":
-        _pending.setdefault(conn, []).extend(todo)
-        return
+        if conn.info.transaction_status == TransactionStatus.INTRANS:  # a read-only snapshot: after it
+            _pending.setdefault(conn, []).extend(todo)
+        return  # else a session that cannot write (a hot standby): nothing is kept
     _write(conn, todo)
 
 
@@ -163,6 +165,8 @@ def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
             conn.execute(S.DELETE_SQL, {"digests": [f.digest for f in fills]})
             with conn.cursor() as cur:
                 cur.executemany(S.INSERT_SQL, values)
-    except (errors.ReadOnlySqlTransaction, errors.SerializationFailure, errors.DeadlockDetected) as e:
-        # a hot standby, or another reader storing the same lines: the answer given stands, only not kept
+    except (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege, errors.SerializationFailure,
+            errors.DeadlockDetected) as e:
+        # a hot standby, a role that only reads, or another reader storing the same lines: the answer
+        # given stands, only not kept
         log.debug("priced pieces not kept: %s", e)

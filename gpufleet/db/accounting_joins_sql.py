@@ -12,7 +12,11 @@ the planner estimates one row for every CTE built from the caller's arrays:
 * ``priced`` joined each measured segment to its site's rates on the site alone and tested the rate's
   index in a filter: 526,848 rows for 10,752 segments.  The index is computed first and joined on;
 * every run line counted its GPUs and summed their shares by scanning all allocations (a subquery
-  per line): quadratic in the lines.  They are counted once per run and joined.
+  per line): quadratic in the lines.  They are counted once per run and joined;
+* the GPU-hour prices were read per allocation and window (``gpufleet_gpu_hour_prices`` once per piece:
+  8,704 calls), though they depend on the site and model alone: they are read once per site and model
+  over the whole span and each piece takes the periods it overlaps.  Periods start where a price,
+  currency or step changes, none inside a piece's own periods, so the pieces and prices are the same.
 
 Nothing else changes, so every figure is V3's; migration 0022 installs these texts.
 """
@@ -29,6 +33,13 @@ _SWAPS: tuple[tuple[str, str], ...] = (
     ("         (SELECT count(*) FROM alloc a WHERE a.run_id = w.run_id)::integer AS gpu_count,\n"
      "         (SELECT coalesce(sum(a.share), 0) FROM alloc a WHERE a.run_id = w.run_id) AS gpu_equivalents,",
      "         coalesce(ac.n, 0)::integer AS gpu_count, coalesce(ac.shares, 0) AS gpu_equivalents,"),
+    ("  CROSS JOIN LATERAL gpufleet_gpu_hour_prices(m.site, m.model, m.lo, m.hi, p_step) gp\n",
+     "  JOIN (SELECT k.site IS NULL AS sn, coalesce(k.site, '') AS ks, k.model IS NULL AS mn,\n"
+     "               coalesce(k.model, '') AS km, x.*\n"
+     "        FROM (SELECT DISTINCT gk.site, gk.model FROM gpu_keys gk WHERE gk.lo < gk.hi) k\n"
+     "        CROSS JOIN span CROSS JOIN LATERAL gpufleet_gpu_hour_prices(k.site, k.model, span.lo, span.hi, p_step) x\n"
+     "       ) gp ON gp.sn = (m.site IS NULL) AND gp.ks = coalesce(m.site, '') AND gp.mn = (m.model IS NULL)\n"
+     "           AND gp.km = coalesce(m.model, '') AND gp.t1 > m.lo AND gp.t0 < m.hi\n"),
     ("  FROM run_w w\n  LEFT JOIN run_parts rp ON rp.run_id = w.run_id",
      "  FROM run_w w\n"
      "  LEFT JOIN (SELECT a.run_id, count(*) AS n, sum(a.share) AS shares FROM alloc a GROUP BY a.run_id) ac\n"

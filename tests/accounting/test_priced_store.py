@@ -157,6 +157,23 @@ def test_pieces_a_period_cuts_are_not_kept(conn: psycopg.Connection) -> None:
     assert account_runs(conn, runs, now=NOW, since=at(100), until=at(7000)) == cut
 
 
+def test_a_reader_that_cannot_write_answers_without_keeping(conn: psycopg.Connection) -> None:
+    """A hot standby (here: a session whose transactions are read-only) answers live and keeps nothing."""
+    _fleet(conn)
+    keyed = _keyed(conn)
+    runs = load_runs(conn, ["r"])
+    live = incidents.price(conn, keyed, NOW, kept=False)
+    bodies = account_runs(conn, runs, now=NOW)
+    conn.execute("TRUNCATE priced_pieces")
+    conn.execute("SET default_transaction_read_only = on")
+    try:
+        assert incidents.price(conn, keyed, NOW) == live
+        assert account_runs(conn, runs, now=NOW) == bodies
+    finally:
+        conn.execute("SET default_transaction_read_only = off")
+    assert conn.execute("SELECT count(*) FROM priced_pieces").fetchone() == (0,)
+
+
 def _late_sample(conn: psycopg.Connection) -> None:
     gpu_samples(conn, [(905.0, "n1", 0, 700.0, None), (2400.0, "n1", 2, 600.0, None)])
 
