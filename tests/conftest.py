@@ -36,6 +36,7 @@ PER_WORKER = frozenset({"pg_server", "settings", "db_url", "trace"})
 _WIDTH = {"session": 3, "package": 2, "module": 1}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests sharing a costly module- or session-wide fixture run on one worker (``--dist loadgroup``).
 
