@@ -12,7 +12,7 @@ HASH := $(shell cksum pyproject.toml | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(HASH)
 STAMP := $(VENV)/.installed-dev-$(HASH)
 
-.PHONY: demo test lint typecheck unit reliability bench install clean system-deps
+.PHONY: demo test lint typecheck unit coverage reliability bench install clean system-deps
 
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,9 +45,18 @@ system-deps:
 # PostgreSQL, subprocesses, servers), so it runs in TEST_WORKERS workers, each with
 # a database of its own; tests marked `serial` run afterwards on the quiet machine.
 TEST_WORKERS ?= 4
+PYTEST_COV ?=
 unit: $(STAMP) system-deps
-	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
-	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -p no:xdist -m serial
+	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_COV)
+	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -p no:xdist -m serial $(PYTEST_COV)
+
+# The same suite with line coverage of the product (the test processes only; services the tests start
+# as subprocesses are not traced).  Tracing costs a third to a half more CPU on the simulating tests, so `make test`
+# leaves it out; the total is printed last.
+coverage: $(STAMP) system-deps
+	$(BIN)/coverage erase
+	$(MAKE) unit PYTEST_COV="--cov --cov-append --cov-report="
+	$(BIN)/coverage report --skip-covered --sort=cover | tail -25
 
 test: lint typecheck unit
 
