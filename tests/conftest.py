@@ -27,7 +27,7 @@ DATA_TABLES = (
     "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "run_sightings", "runs",
     "nodes",
     "site_settings", "sites", "carbon_intensity", "carbon_regions", "agent_tokens", "sweep_snapshots", "sweep_snapshot_state",
-    "remote_write_parts", "run_metrics_snapshot", "node_quarantine", "quarantine_log",
+    "remote_write_parts", "run_metrics_snapshot", "node_quarantine", "quarantine_log", "priced_pieces", "pricing_marks",
 )
 
 

@@ -55,6 +55,7 @@ def test_request_cpu_times_both_validation_paths_on_the_same_requests() -> None:
     assert min(last["wait"], last["wait_for_shield"], last["answer"], last["answer_json_response"]) > 0
 
 
+@pytest.mark.serial  # WAL is written server-wide: other workers' writes would count as its own
 def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
     res = subprocess.run([sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--variants"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -72,6 +73,7 @@ def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
     assert variants["no_indexes"]["stored_bytes_per_row"] < variants["no_btree"]["stored_bytes_per_row"]
 
 
+@pytest.mark.serial  # WAL is written server-wide: other workers' writes would count as its own
 def test_pg_rows_shipment_layouts_store_every_sample() -> None:
     """Both shipment layouts hold every GPU-sample of the same batches, and the bytes
     layout each sample's values exactly as the sample table does."""
