@@ -134,11 +134,12 @@ def claim(incident: Mapping[str, Any], run: Run, now: datetime, lo: datetime | N
         gpus = list(alloc)
     elif listed is not None:
         held = set(alloc)
-        gpus = [(n, g) for n, g, _ in listed if (n, g) in held]
+        # a GPU listed twice is claimed once, at the largest share its entries give (as the SQL ledger does)
+        gpus = list(dict.fromkeys((n, g) for n, g, _ in listed if (n, g) in held))
         if kind == "throttling":
             for n, g, per in listed:
                 w, basis_g = _throttle_loss(_throttled_gpu(per)) if "throttled_share" in per else (share, basis)
-                weights[(n, g)] = w
+                weights[(n, g)] = max(w, weights.get((n, g), w))
                 basis = basis_g if basis_g != "not_estimated" else basis
     elif incident.get("gpu") is not None:
         gpus = [k for k in alloc if k == (incident["node"], incident["gpu"])]

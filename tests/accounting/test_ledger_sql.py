@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.accounting import run_accounting
@@ -65,6 +65,10 @@ INCIDENT = st.tuples(st.sampled_from(KINDS), st.integers(-300, 3500), st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(INCIDENT, max_size=7), st.sampled_from([(None, None), (900, 2700)]))
+# a GPU listed twice, once with its own throttled share: claimed once, at the larger share
+@example([("throttling", 0, 1000, {"throttled_share": 0.5, "clock_ratio": 0.7,
+                                   "gpus": [{"node": "n1", "gpu": 0, "throttled_share": 0.9, "clock_ratio": 0.5},
+                                            {"node": "n1", "gpu": 0}]}, None, True)], (None, None))
 def test_the_same_pieces_on_random_incidents(conn: psycopg.Connection, incs: list[Any], period: Any) -> None:
     conn.execute("DELETE FROM incidents")
     if not conn.execute("SELECT 1 FROM runs WHERE run_id = 'r'").fetchone():
