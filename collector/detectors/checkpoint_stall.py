@@ -72,15 +72,14 @@ def run_findings(fr: Frame) -> dict[int, Finding | None]:
     """The checkpoint finding of every run with data (None: no stall),
     computed once per frame: starvation asks it too, so that a pattern is
     claimed by one detector only."""
-    memo = fr.memo.get(KIND)
-    if memo is not None:
-        return memo
+    if fr.shared.checkpoint_findings is not None:
+        return fr.shared.checkpoint_findings
     out: dict[int, Finding | None] = {}
-    fr.memo[KIND] = out
+    fr.shared.checkpoint_findings = out
     if fr.rows == 0 or not fr.window.runs:
         return out
     cfg = fr.config
-    paused = pause_mask(fr)
+    paused = fr.pause_mask
     wreg = fr.region_weights()
     paused_s = fr.row_sum(wreg * paused)
     min_pause = min_pause_s(fr)
@@ -98,48 +97,6 @@ def min_pause_s(fr: Frame) -> np.ndarray:
     """Per row, the shortest pause counted: ``ckpt_min_pause_s`` or ``ckpt_min_pause_samples`` intervals."""
     cfg = fr.config
     return np.maximum(cfg.ckpt_min_pause_s, cfg.ckpt_min_pause_samples * fr.dt)
-
-
-def busy_power(fr: Frame) -> np.ndarray | None:
-    """Per row, the GPU's own busy power level in the window: the mean of the upper half of its power
-    while busy (NaN where it was never busy; None where no GPU reports power).  Shared by the
-    detectors of a sweep: computed once per frame."""
-    if "busy_power" in fr.memo:
-        out: np.ndarray | None = fr.memo["busy_power"]
-        return out
-    level: np.ndarray | None = None
-    if fr.has("power_w"):
-        power = fr.col("power_w")
-        seen = np.isfinite(power)
-        p0 = np.where(seen, power, 0.0)
-        wb = fr.w_busy * seen
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = fr.row_sum(p0 * wb) / fr.row_sum(wb)
-            upper = wb * (p0 >= fr.per_sample(mean).astype(p0.dtype))
-            level = fr.row_sum(p0 * upper) / fr.row_sum(upper)
-    fr.memo["busy_power"] = level
-    return level
-
-
-def power_below(fr: Frame, share: float) -> np.ndarray | None:
-    """Per sample: board power at most ``share`` of the GPU's own busy level (None: no power anywhere)."""
-    level = busy_power(fr)
-    if level is None:
-        return None
-    power = fr.col("power_w")
-    return power <= (share * fr.per_sample(level)).astype(power.dtype)
-
-
-def pause_mask(fr: Frame) -> np.ndarray:
-    """Per sample: paused by activity, or by board power fallen to ``ckpt_pause_power_share`` of the
-    GPU's own busy level (:func:`busy_power`).  Computed once per frame."""
-    if "pause_mask" in fr.memo:
-        out: np.ndarray = fr.memo["pause_mask"]
-        return out
-    low = power_below(fr, fr.config.ckpt_pause_power_share)
-    paused = fr.paused if low is None else fr.paused | low
-    fr.memo["pause_mask"] = paused
-    return paused
 
 
 def paused_spans(fr: Frame, rows: np.ndarray, paused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +121,7 @@ def paused_spans(fr: Frame, rows: np.ndarray, paused: np.ndarray) -> tuple[np.nd
 def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray | None = None
                     ) -> list[tuple[float, float]]:
     """Stretches during which at least ``need`` of ``rows`` are paused together."""
-    t0, t1 = paused_spans(fr, rows, pause_mask(fr) if paused is None else paused)
+    t0, t1 = paused_spans(fr, rows, fr.pause_mask if paused is None else paused)
     if t0.size == 0:
         return []
     tt = np.concatenate([t0, t1])

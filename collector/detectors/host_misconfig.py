@@ -201,7 +201,7 @@ def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[JobQuota], 
 def _job_columns(fr: Frame) -> tuple[np.ndarray, np.ndarray]:
     """Per row: whether any sample carries the job's cgroup (a process used the GPU), and the
     row's last reported quota (NaN: none, unlimited).  Once per frame, vectorised."""
-    hit = fr.memo.get("host_misconfig.job")
+    hit = fr.shared.job_columns
     if hit is not None:
         return hit
     has = np.zeros(fr.rows, dtype=bool)
@@ -213,7 +213,7 @@ def _job_columns(fr: Frame) -> tuple[np.ndarray, np.ndarray]:
             q = fr.col("job_cpu_quota_cores")
             fin = np.flatnonzero(np.isfinite(q))
             quota = last_per_group(fr.row_of(fin), q[fin].astype(np.float64), fr.rows)
-    fr.memo["host_misconfig.job"] = (has, quota)
+    fr.shared.job_columns = (has, quota)
     return has, quota
 
 

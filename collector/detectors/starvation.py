@@ -46,7 +46,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufleet.collector.detectors import checkpoint_stall
-from gpufleet.collector.detectors.frame import Frame, Phases, segment_sums
+from gpufleet.collector.detectors.activity import Phases
+from gpufleet.collector.detectors.flat import segment_sums
+from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.hosts import (
     HostPressure,
     JobPressure,

@@ -63,7 +63,8 @@ import numpy as np
 
 from gpufleet.catalog import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, THROTTLE_SW_THERMAL
 from gpufleet.collector.detectors.fabric import straggler_network_cause
-from gpufleet.collector.detectors.frame import Frame, segment_sums
+from gpufleet.collector.detectors.flat import segment_sums
+from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.detectors.held import kernel_resident
 from gpufleet.collector.detectors.stats import group_loo_median, num, robust_z, trailing_onset
 from gpufleet.collector.detectors.window import Finding, Window
