@@ -1,4 +1,4 @@
-"""Shared dependencies: the database pool, the principal, and role checks.
+"""Shared dependencies: the database pool, the principal, and capability checks.
 
 Routes are plain functions (FastAPI runs them in its thread pool) over the
 same synchronous store functions the CLI and replay use.
@@ -13,7 +13,7 @@ import psycopg
 from fastapi import Depends, HTTPException, Request
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from gpufleet.auth import Forbidden, Principal
+from gpufleet.auth import AccessDenied, Principal
 from gpufleet.config import Settings
 from gpufleet.db.read_routing import RoutedPool, read_router
 from gpufleet.db.schema_check import UPGRADE
@@ -60,12 +60,17 @@ async def principal(request: Request) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(principal)]
 
 
+def permit(who: Principal, capability: str) -> None:
+    """The API's answer to a missing capability: 403 with the reason."""
+    try:
+        who.require(capability)
+    except AccessDenied as e:
+        raise HTTPException(403, str(e)) from None
+
+
 def allowed(capability: str) -> Callable[..., Coroutine[Any, Any, Principal]]:
     async def check(who: PrincipalDep) -> Principal:
-        try:
-            who.require(capability)
-        except Forbidden as e:
-            raise HTTPException(403, str(e)) from None
+        permit(who, capability)
         return who
 
     return check

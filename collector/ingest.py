@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from gpufleet.auth import Principal
+from gpufleet.auth import AccessDenied, Principal
 from gpufleet.collector import ingest_bounds
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.tls import client_cert_names
@@ -142,15 +142,16 @@ class IngestHandler:
 
     async def _handle(self, request: Request, principal: Principal) -> Response:
         s = self.settings
-        if principal.role != "node":
+        try:
+            principal.require("ingest")
+        except AccessDenied as e:
             self.metrics.errors.labels("forbidden").inc()
-            return _error(403, f"role '{principal.role}' may not ingest; use a node token")
-        cert_names = client_cert_names(request.scope)
-        if cert_names is not None and principal.node not in cert_names:
-            # mTLS: a stolen token is useless without the node's own certificate.
+            return _error(403, str(e))
+        try:
+            principal.require_certificate(client_cert_names(request.scope))
+        except AccessDenied as e:
             self.metrics.errors.labels("wrong_certificate").inc()
-            return _error(403, f"the client certificate is for {', '.join(cert_names) or 'no node name'}, "
-                               f"not for node {principal.node!r} of this token")
+            return _error(403, str(e))
         if not self.limiter.allow(principal.token_id):
             self.metrics.errors.labels("rate_limited").inc()
             return _error(429, "rate limit exceeded for this token", self._retry())

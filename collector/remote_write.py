@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.requests import ClientDisconnect
 
-from gpufleet.auth import Principal
+from gpufleet.auth import AccessDenied, Principal
 from gpufleet.collector.ingest import CLIENT_GONE, read_body
 from gpufleet.collector.remote_write_pieces import map_request
 from gpufleet.collector.remote_write_proto import RemoteWriteError, SeriesCache, decode, decompress
@@ -49,7 +49,6 @@ from gpufleet.wire import TooLarge
 log = logging.getLogger(__name__)
 
 PATH = "/api/v1/write"
-ROLE = "remote_write"
 #: The message names a sender may put in ``Content-Type: application/x-protobuf;proto=...`` for 1.0.
 V1_MESSAGES = ("", "prometheus.WriteRequest")
 
@@ -177,8 +176,10 @@ class RemoteWrite:
 
     async def _handle(self, request: Request, principal: Principal) -> Response:
         s = self.settings.ingest
-        if principal.role != ROLE:
-            return _error(403, f"role '{principal.role}' may not remote-write; use a token of role {ROLE}")
+        try:
+            principal.require("remote_write")
+        except AccessDenied as e:
+            return _error(403, str(e))
         if not self.limiter.allow(principal.token_id):
             return _error(429, "rate limit exceeded for this token", self._retry())
         if self.assembler.pending > self.settings.remote_write.max_pending_parts:

@@ -17,7 +17,7 @@ it::
 ``gpufleet collector`` uses them whenever a client CA is configured
 (:func:`protocol_class`, through ``service.server_options``); the API reads
 no client certificate.  :func:`client_cert_names` is what the ingest path
-checks against the token's node.
+gives :meth:`gpufleet.auth.Principal.require_certificate` to tie the token to its node.
 """
 
 from __future__ import annotations

@@ -10,6 +10,15 @@ the token is created; the database keeps its SHA-256, and neither appears in
 logs or error bodies.
 ``remote_write`` is a Prometheus remote-writing the fleet's exporters: it may
 write samples of any node through ``/api/v1/write`` and do nothing else.
+
+Who may do what is declared here once, as capabilities held by roles, and
+every surface asks :meth:`Principal.require` (or :meth:`Principal.may`) for a
+capability instead of comparing role names: the API's routes
+(``gpufleet.api.deps.allowed``), its web pages (``gpufleet.api.web.session``),
+the collector's ingest and remote write, and the tie of a node token to its
+node's client certificate (:meth:`Principal.require_certificate`).  A
+``/metrics`` scrape carries no token of a role: its own static credential is
+checked by :mod:`gpufleet.metricsauth`.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import random
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,16 +43,26 @@ ROLES: tuple[Role, ...] = ("node", "progress", "finance", "sre", "admin", "remot
 NODE_ROLES: frozenset[Role] = frozenset({"node", "progress"})
 PREFIX = "gpf_"
 
-#: What each role may do; routes ask for a capability, not a role.
+#: What each role may do; every surface asks for a capability, never a role.
 CAPABILITIES: dict[str, frozenset[Role]] = {
+    #: Shipments of samples through ``/v1/ingest``, of the token's own node only.
     "ingest": frozenset({"node"}),
     "read": frozenset({"sre", "admin"}),
+    #: What is addressed to the token's own node (its power caps), and nothing of other nodes.
+    "read_own_node": frozenset({"node"}),
     "read_accounting": frozenset({"finance", "sre", "admin"}),
     "write_runs": frozenset({"admin", "node"}),
     "report_progress": frozenset({"admin", "node", "progress"}),
     "admin": frozenset({"admin"}),
     #: Prometheus remote write (``POST /api/v1/write``): samples of any node, nothing else.
     "remote_write": frozenset({"remote_write"}),
+    #: Browser sign-in: a node token lives on its node, never in a browser.
+    "sign_in": frozenset(set(ROLES) - {"node"}),
+}
+#: How a refusal names a capability, where its name alone would not tell the client what to use instead.
+_REFUSAL = {
+    "ingest": "ingest; use a node token",
+    "remote_write": "remote-write; use a token of role remote_write",
 }
 
 
@@ -50,8 +70,13 @@ class AuthError(Exception):
     """401: no usable credentials.  The message never contains the token."""
 
 
-class Forbidden(Exception):
-    """403: authenticated, but not allowed to do this."""
+class AccessDenied(Exception):
+    """403: authenticated, but the token's role lacks the capability, or its node is not the client
+    certificate's."""
+
+
+def capabilities_of(role: str) -> list[str]:
+    return [c for c, roles in CAPABILITIES.items() if role in roles]
 
 
 @dataclass(frozen=True)
@@ -61,9 +86,20 @@ class Principal:
     role: Role
     node: str | None
 
+    def may(self, capability: str) -> bool:
+        return self.role in CAPABILITIES[capability]
+
     def require(self, capability: str) -> None:
-        if self.role not in CAPABILITIES[capability]:
-            raise Forbidden(f"role '{self.role}' may not {capability.replace('_', ' ')}")
+        if not self.may(capability):
+            what = _REFUSAL.get(capability, capability.replace("_", " "))
+            raise AccessDenied(f"role '{self.role}' may not {what}")
+
+    def require_certificate(self, cert_names: Sequence[str] | None) -> None:
+        """mTLS: a node token is honoured only beside its own node's verified client certificate, so a
+        stolen token is useless without that certificate; no certificate, no tie (None)."""
+        if cert_names is not None and self.node not in cert_names:
+            raise AccessDenied(f"the client certificate is for {', '.join(cert_names) or 'no node name'}, "
+                               f"not for node {self.node!r} of this token")
 
 
 def new_secret() -> str:

@@ -101,7 +101,7 @@ class Authenticator:
         return hit if isinstance(hit, Principal) else None
 
     def cached_node(self, authorization: str | None) -> bool:
-        """Whether ``authorization`` carries a token cached as a node's, answered without a
+        """Whether ``authorization`` carries a cached token that may ingest, answered without a
         query or a wait.  The collector's protocol reads a shipment's body on the connection
         only then (:mod:`gpufleet.collector.ingest_protocol`); anyone else's body is read
         after :meth:`principal` has accepted the token, as on every other path."""
@@ -110,7 +110,7 @@ class Authenticator:
         except AuthError:
             return False
         hit = self.cache.get(hash_secret(secret))
-        return isinstance(hit, Principal) and hit.role == "node"
+        return isinstance(hit, Principal) and hit.may("ingest")
 
     async def _check_generation(self) -> None:
         now = time.monotonic()

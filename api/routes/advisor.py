@@ -12,9 +12,8 @@ from pydantic import BaseModel, Field
 from gpufleet.advisor.plans import MAX_LIMIT_W, PlanError, get_plan, plans_for_node, set_plan, withdraw_plan
 from gpufleet.advisor.power_cap import AdvisorSettings, power_cap_advice
 from gpufleet.advisor.run_cap import UnknownRun, propose_run_cap
-from gpufleet.api.deps import Admin, ConnDep, PrincipalDep, Reader
+from gpufleet.api.deps import Admin, ConnDep, PrincipalDep, Reader, permit
 from gpufleet.api.schemas import QueryTime
-from gpufleet.auth import Forbidden
 
 router = APIRouter(tags=["advisor"])
 
@@ -144,12 +143,9 @@ class NodePowerCaps(BaseModel):
 @router.get("/v1/nodes/{node}/power-caps", response_model=NodePowerCaps)
 def node_power_caps(node: str, conn: ConnDep, who: PrincipalDep) -> dict[str, Any]:
     """The caps a node's agent applies now (read with that node's token, or any reading role)."""
-    if who.role == "node":
+    if who.may("read_own_node"):
         if who.node != node:
             raise HTTPException(403, f"this token is node {who.node!r}'s, not {node!r}'s")
     else:
-        try:
-            who.require("read")
-        except Forbidden as e:
-            raise HTTPException(403, str(e)) from None
+        permit(who, "read")
     return {"node": node, "plans": plans_for_node(conn, node)}

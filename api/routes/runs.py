@@ -20,14 +20,15 @@ from gpufleet.api.schemas import Progress, QueryTime, RunCreate, RunPublic, RunU
 from gpufleet.auth import Principal
 from gpufleet.store import runs as store
 from gpufleet.store.authority import actor
-from gpufleet.store.runs import Conflict, Forbidden, Invalid, NotFound
+from gpufleet.store.runs import Conflict, Invalid, NotFound, RunAuthorityError
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 
 
 def _as_node(who: Principal) -> str | None:
     """The node a node token speaks for; None for roles that keep every power over runs."""
-    return who.node if who.role == "node" else None
+    writer = actor(who.role, who.node)
+    return writer.node if writer.is_node else None
 
 
 @router.get("", response_model=list[RunPublic], response_model_exclude_unset=True)
@@ -53,7 +54,7 @@ def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Respons
                                         teams=s.settings.teams)
     except (NotFound, Invalid) as e:
         raise HTTPException(422, str(e)) from None
-    except Forbidden as e:
+    except RunAuthorityError as e:
         raise HTTPException(403, str(e)) from None
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
@@ -70,7 +71,7 @@ def update_run(run_id: str, body: RunUpdate, conn: ConnDep, who: RunWriter) -> d
         raise HTTPException(404, str(e)) from None
     except Invalid as e:
         raise HTTPException(422, str(e)) from None
-    except Forbidden as e:
+    except RunAuthorityError as e:
         raise HTTPException(403, str(e)) from None
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
@@ -85,6 +86,6 @@ def progress(run_id: str, body: Progress, conn: ConnDep, who: ProgressWriter) ->
                               who=actor(who.role, who.node), steps=body.steps)
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
-    except Forbidden as e:
+    except RunAuthorityError as e:
         raise HTTPException(403, str(e)) from None
     return Response(status_code=204)

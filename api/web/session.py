@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from gpufleet.api.deps import state
 from gpufleet.api.web.html import Markup, h, page
-from gpufleet.auth import CAPABILITIES, Principal
+from gpufleet.auth import Principal, capabilities_of
 
 COOKIE = "gpufleet_token"
 COOKIE_MAX_AGE_S = 12 * 3600
@@ -49,7 +49,7 @@ def html(body: str, status: int = 200) -> HTMLResponse:
 
 
 def capabilities(who: Principal) -> list[str]:
-    return [c for c, roles in CAPABILITIES.items() if who.role in roles]
+    return capabilities_of(who.role)
 
 
 async def _principal_for(request: Request, token: str) -> Principal | None:
@@ -92,7 +92,7 @@ def _safe_next(target: str | None, default: str) -> str:
 
 
 def landing(who: Principal) -> str:
-    return "/" if who.role in CAPABILITIES["read"] else "/finance"
+    return "/" if who.may("read") else "/finance"
 
 
 async def gate(request: Request, capability: str) -> Principal | Response:
@@ -104,7 +104,7 @@ async def gate(request: Request, capability: str) -> Principal | Response:
         if COOKIE in request.cookies:
             response.delete_cookie(COOKIE, path="/")
         return response
-    if who.role not in CAPABILITIES[capability]:
+    if not who.may(capability):
         body = h('<p>Your role ({}) may not open this page.</p><p><a href="{}">Go to what you can see</a></p>',
                  who.role, landing(who))
         return html(page("Not allowed", body, who=who, allowed=capabilities(who)), 403)
@@ -167,7 +167,7 @@ async def login(request: Request) -> Response:
     token = bearer_secret((form.get("token") or [""])[0])
     who = await _principal_for(request, token)
     next_path = _safe_next((form.get("next") or [""])[0], "")
-    if who is None or who.role == "node":
+    if who is None or not who.may("sign_in"):
         return html(_login_form(next_path, "That token is not valid (unknown, revoked, or a node token)."), 401)
     response = secure(RedirectResponse(next_path or landing(who), status_code=303))
     response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",

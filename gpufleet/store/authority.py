@@ -74,8 +74,9 @@ SERVER_LABEL_PREFIX = "gpufleet."
 Kind = Literal["admin", "node", "progress"]
 
 
-class Forbidden(PermissionError):
-    """A token asked for something outside its role's powers (403)."""
+class RunAuthorityError(PermissionError):
+    """A node or progress token asked to change a run beyond what its node observed or its hook
+    registered (403); which routes a role may call at all is :mod:`gpufleet.auth`'s to say."""
 
 
 @dataclass(frozen=True)
@@ -131,19 +132,19 @@ def _near_now(field: str, t: datetime | None, now: datetime, ahead: timedelta = 
     if t is not None and (t < now - NODE_TIME_BOUND or t > now + ahead):
         bound = f"{NODE_TIME_BOUND.days} day" if ahead == NODE_TIME_BOUND else \
             f"{NODE_TIME_BOUND.days} day before now or {int(ahead.total_seconds() // 60)} minutes after"
-        raise Forbidden(f"a node token may set {field!r} only within {bound} ({now.isoformat()}), "
+        raise RunAuthorityError(f"a node token may set {field!r} only within {bound} ({now.isoformat()}), "
                         f"not {t.isoformat()}")
 
 
 def _own_gpus_only(node: str, allocations: list[dict[str, Any]]) -> None:
     for a in allocations:
         if a["node"] != node:
-            raise Forbidden(f"a node token may allocate GPUs of node {node!r} only, not {a['node']!r}")
+            raise RunAuthorityError(f"a node token may allocate GPUs of node {node!r} only, not {a['node']!r}")
 
 
 def _touches_own_node(run: Mapping[str, Any], node: str) -> None:
     if not holds_gpu_of(run, node):
-        raise Forbidden(f"run {run['run_id']!r} holds no GPU of node {node!r}; a node token may change "
+        raise RunAuthorityError(f"run {run['run_id']!r} holds no GPU of node {node!r}; a node token may change "
                         "only runs on its own GPUs")
 
 
@@ -158,12 +159,12 @@ def check_create(who: Actor, spec: Mapping[str, Any], now: datetime) -> None:
     run_id = spec.get("run_id")
     for f in ("team", "params"):
         if spec.get(f) is not None:
-            raise Forbidden(f"a node token may not set {f!r}; an admin can (PATCH /v1/runs/{run_id})")
+            raise RunAuthorityError(f"a node token may not set {f!r}; an admin can (PATCH /v1/runs/{run_id})")
     if spec.get("labels"):
-        raise Forbidden("a node token may not set 'labels'; an admin can")
+        raise RunAuthorityError("a node token may not set 'labels'; an admin can")
     allocations = spec.get("allocations") or []
     if not allocations:
-        raise Forbidden("a node token registers a run with GPUs of its own node: 'allocations' is empty")
+        raise RunAuthorityError("a node token registers a run with GPUs of its own node: 'allocations' is empty")
     _own_gpus_only(who.node, allocations)
     _near_now("start", spec.get("start") or now, now)
     _near_now("end", spec.get("end"), now)
@@ -171,7 +172,7 @@ def check_create(who: Actor, spec: Mapping[str, Any], now: datetime) -> None:
 
 def check_node_site(who: Actor, spec: Mapping[str, Any], node_site: str | None) -> None:
     if who.is_node and spec.get("site") is not None and node_site != spec["site"]:
-        raise Forbidden(f"a node token may register runs at its node's site only ({node_site!r}), "
+        raise RunAuthorityError(f"a node token may register runs at its node's site only ({node_site!r}), "
                         f"not {spec['site']!r}")
 
 
@@ -182,10 +183,10 @@ def check_adopt(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any]) -> 
     assert who.node is not None
     _touches_own_node(run, who.node)
     if spec.get("start") is not None and spec["start"] != run["start"]:
-        raise Forbidden(f"run {run['run_id']!r} was inferred from samples with start {run['start'].isoformat()}; "
+        raise RunAuthorityError(f"run {run['run_id']!r} was inferred from samples with start {run['start'].isoformat()}; "
                         "a node token adopting it may not move its start")
     if spec.get("end") is not None:
-        raise Forbidden(f"a node token may not end run {run['run_id']!r} while adopting it; its epilog ends it")
+        raise RunAuthorityError(f"a node token may not end run {run['run_id']!r} while adopting it; its epilog ends it")
 
 
 def check_join(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any], now: datetime) -> None:
@@ -194,7 +195,7 @@ def check_join(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any], now:
         return
     run_id = run["run_id"]
     if not hook_registered(run):
-        raise Forbidden(f"run {run_id!r} was not registered by a scheduler hook; a node token may add its GPUs "
+        raise RunAuthorityError(f"run {run_id!r} was not registered by a scheduler hook; a node token may add its GPUs "
                         "only to runs another node's hook registered for the same job")
     if spec.get("name") is not None and spec["name"] != run["name"]:
         from gpufleet.store.runs import Conflict
@@ -202,9 +203,9 @@ def check_join(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any], now:
         raise Conflict(f"run {run_id!r} exists with name {run['name']!r}, not {spec['name']!r}: "
                        "not the same scheduler job")
     if run["end"] is not None and run["end"] <= now:
-        raise Forbidden(f"run {run_id!r} ended at {run['end'].isoformat()}; a node token cannot add GPUs to it")
+        raise RunAuthorityError(f"run {run_id!r} ended at {run['end'].isoformat()}; a node token cannot add GPUs to it")
     if abs(run["start"] - now) > JOIN_WINDOW:
-        raise Forbidden(f"run {run_id!r} began at {run['start'].isoformat()}, more than "
+        raise RunAuthorityError(f"run {run_id!r} began at {run['start'].isoformat()}, more than "
                         f"{int(JOIN_WINDOW.total_seconds() // 60)} minutes from now; a node token adds its GPUs "
                         "only at the job's start (they would be billed from then)")
 
@@ -217,9 +218,9 @@ def check_update(who: Actor, run: Mapping[str, Any], changes: dict[str, Any], no
     assert who.node is not None
     for f in ("name", "team", "params", "labels"):
         if f in changes:
-            raise Forbidden(f"a node token may not change {f!r}; an admin can")
+            raise RunAuthorityError(f"a node token may not change {f!r}; an admin can")
     if "start" in changes:
-        raise Forbidden("a node token may not move a run's start")
+        raise RunAuthorityError("a node token may not move a run's start")
     _own_gpus_only(who.node, changes.get("allocations") or [])
     _touches_own_node(run, who.node)
     if changes.get("allocations"):
@@ -228,9 +229,9 @@ def check_update(who: Actor, run: Mapping[str, Any], changes: dict[str, Any], no
         return changes
     end = changes["end"]
     if end is None:
-        raise Forbidden("a node token may not reopen a run (end: null)")
+        raise RunAuthorityError("a node token may not reopen a run (end: null)")
     if not hook_registered(run):
-        raise Forbidden(f"run {run['run_id']!r} was registered by an admin, the CLI or the collector; a node "
+        raise RunAuthorityError(f"run {run['run_id']!r} was registered by an admin, the CLI or the collector; a node "
                         "token ends only runs a scheduler hook registered")
     _near_now("end", end, now, ahead=END_SKEW)
     old = run["end"]
@@ -238,7 +239,7 @@ def check_update(who: Actor, run: Mapping[str, Any], changes: dict[str, Any], no
         if end <= old:
             return {k: v for k, v in changes.items() if k != "end"}  # another node finished later
         if old < now - END_SKEW:
-            raise Forbidden(f"run {run['run_id']!r} ended at {old.isoformat()}; a node token may not reopen "
+            raise RunAuthorityError(f"run {run['run_id']!r} ended at {old.isoformat()}; a node token may not reopen "
                             "or extend an ended run")
     return changes
 
@@ -250,7 +251,7 @@ def check_progress(who: Actor, run: Mapping[str, Any], t: datetime, now: datetim
     if who.node is not None:
         _touches_own_node(run, who.node)
     if t < now - NODE_TIME_BOUND or t > now + NODE_TIME_BOUND:
-        raise Forbidden(f"a {who.kind} token may report progress only within {NODE_TIME_BOUND.days} day of now "
+        raise RunAuthorityError(f"a {who.kind} token may report progress only within {NODE_TIME_BOUND.days} day of now "
                         f"({now.isoformat()}), not {t.isoformat()}")
 
 

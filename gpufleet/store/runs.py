@@ -33,11 +33,11 @@ from psycopg.types.json import Jsonb
 
 from gpufleet.config import TeamSettings
 from gpufleet.store import authority, inferred
-from gpufleet.store.authority import NODE_TIME_BOUND, REGISTERED_BY, Actor, Forbidden
+from gpufleet.store.authority import NODE_TIME_BOUND, REGISTERED_BY, Actor, RunAuthorityError
 from gpufleet.store.run_model import overlaps_sql, state_sql
 from gpufleet.teams import slurm_labels, team_for
 
-__all__ = ["NODE_TIME_BOUND", "REGISTERED_BY", "Conflict", "Forbidden", "Invalid", "NotFound"]
+__all__ = ["NODE_TIME_BOUND", "REGISTERED_BY", "Conflict", "Invalid", "NotFound", "RunAuthorityError"]
 
 
 class NotFound(LookupError):

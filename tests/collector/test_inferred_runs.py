@@ -173,7 +173,7 @@ def test_a_node_token_may_adopt_only_inferred_runs_on_its_gpus(collector: Collec
     post(collector, samples("node-b", t0, 5, {0: "77"}), who="node-b")
     with psycopg.connect(collector.db, autocommit=True) as conn:
         Inferrer(GRACE_S).run_once(conn, at(t0 + 5))
-        with pytest.raises(store.Forbidden):
+        with pytest.raises(store.RunAuthorityError):
             store.create_run(conn, {"run_id": "77", "allocations": [{"node": "node-a", "gpus": [0]}]},
                              as_node="node-a")
         run, _ = store.create_run(conn, {"run_id": "77", "allocations": [{"node": "node-b", "gpus": [0]}]},

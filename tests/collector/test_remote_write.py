@@ -22,6 +22,7 @@ import httpx
 import psycopg
 import pytest
 
+from gpufleet import auth
 from gpufleet.agent.attribution import Attributor
 from gpufleet.agent.batch import tick_record, to_batch
 from gpufleet.agent.sources.dcgm import DCGM_FP64_BLANK, DCGM_INT64_BLANK
@@ -426,6 +427,15 @@ def metric(url: str, name: str) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
+
+
+def test_remote_write_asks_for_its_capability(rwc: RW, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The role is refused as soon as gpufleet.auth's table takes remote_write from it."""
+    raw = rw.write_request(rw.from_exposition(SHIPPED, now_ms(), TARGET))
+    monkeypatch.setitem(auth.CAPABILITIES, "remote_write", frozenset())
+    r = rwc.post(raw)
+    assert r.status_code == 403
+    assert r.json()["detail"] == "role 'remote_write' may not remote-write; use a token of role remote_write"
 
 
 def test_remote_write_over_http_stores_rows_and_only_its_role_may(rwc: RW) -> None:
