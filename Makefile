@@ -31,6 +31,7 @@ demo: $(RUN_STAMP)
 	$(BIN)/gpufleet demo
 
 lint: $(STAMP)
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 

@@ -56,7 +56,9 @@ RUN_ENV_VARS = ("GPUFLEET_RUN_ID", "SLURM_JOB_ID")
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/\-]{0,127}")  # fullmatch: "$" passes a final newline
 #: A pod UID inside a cgroup path: cgroupfs ``.../pod<uid>/...`` or systemd
 #: ``...-pod<uid with _ for ->.slice``.
-_POD_RE = re.compile(r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})")
+_POD_RE = re.compile(
+    r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
+)
 #: How long a PID's answer is reused before /proc is read again, seconds.
 PID_CACHE_S = 30.0
 #: A pod UID as a run id (what the cgroup path gives).
@@ -146,11 +148,18 @@ class ProcessRuns:
         except FileNotFoundError:
             return None  # the process exited
         except PermissionError:
-            self._ratelog.log(logging.WARNING, "environ", "attribution: no permission to read %s "
-                              "(run the agent as root or with CAP_SYS_PTRACE); using cgroups only", base / "environ")
+            self._ratelog.log(
+                logging.WARNING,
+                "environ",
+                "attribution: no permission to read %s "
+                "(run the agent as root or with CAP_SYS_PTRACE); using cgroups only",
+                base / "environ",
+            )
             run_id = None
         except OSError as e:
-            self._ratelog.log(logging.WARNING, "environ-err", "attribution: cannot read %s: %s", base / "environ", e)
+            self._ratelog.log(
+                logging.WARNING, "environ-err", "attribution: cannot read %s: %s", base / "environ", e
+            )
             run_id = None
         if run_id is not None:
             return run_id
@@ -177,9 +186,14 @@ def pick_run(runs: Iterable[tuple[int, str | None]]) -> str | None:
 class Attributor:
     """Sets ``run_id`` on GPU rows: job files, Kubernetes, dcgm-exporter pod labels, processes."""
 
-    def __init__(self, job_files_dir: Path | None = None, proc_root: Path | str = "/proc",
-                 use_processes: bool = True, clock: Callable[[], float] = time.monotonic,
-                 kubernetes: KubernetesAttribution | None = None) -> None:
+    def __init__(
+        self,
+        job_files_dir: Path | None = None,
+        proc_root: Path | str = "/proc",
+        use_processes: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        kubernetes: KubernetesAttribution | None = None,
+    ) -> None:
         self.job_files_dir = job_files_dir
         self.use_processes = use_processes
         self.processes = ProcessRuns(proc_root, clock)
@@ -187,8 +201,12 @@ class Attributor:
         #: Kubernetes runs of the rows labelled last, by run id.
         self.runs: dict[str, K8sRun] = {}
 
-    def label(self, rows: list[GpuRow], pids_by_gpu: dict[int, list[int]] | None = None,
-              facts: dict[str, Any] | None = None) -> list[GpuRow]:
+    def label(
+        self,
+        rows: list[GpuRow],
+        pids_by_gpu: dict[int, list[int]] | None = None,
+        facts: dict[str, Any] | None = None,
+    ) -> list[GpuRow]:
         """Set ``run_id`` in place on rows that lack one; returns ``rows``.
 
         ``facts``: the sources' latest node facts (MIG devices' UUIDs, for Kubernetes device ids).
@@ -216,7 +234,9 @@ class Attributor:
                 if gpu not in by_gpu:
                     found = None
                     if gpu in pids_by_gpu:
-                        found = pick_run((pid, self.processes.run_of(pid)) for pid in sorted(pids_by_gpu[gpu]))
+                        found = pick_run(
+                            (pid, self.processes.run_of(pid)) for pid in sorted(pids_by_gpu[gpu])
+                        )
                         k8s = self._of_pod_uid(found)
                         if k8s is not None:
                             found = k8s.run_id
@@ -238,8 +258,14 @@ class Attributor:
         if self.kubernetes is not None:
             return self.kubernetes.run_for_pod(ns, pod)
         uid = labels.get("pod_uid") if isinstance(labels.get("pod_uid"), str) else None
-        return K8sRun(run_id_for(ns, pod, uid or None), pod, "Pod", ns, ns,
-                      {"k8s.namespace": ns, "k8s.kind": "Pod", "k8s.name": pod})
+        return K8sRun(
+            run_id_for(ns, pod, uid or None),
+            pod,
+            "Pod",
+            ns,
+            ns,
+            {"k8s.namespace": ns, "k8s.kind": "Pod", "k8s.name": pod},
+        )
 
     def _of_pod_uid(self, run: str | None) -> K8sRun | None:
         if self.kubernetes is None or run is None or not _UID_RE.match(run):

@@ -18,8 +18,9 @@ _GPU_ORDER = ("gpu", *(f.name for f in GPU_FIELDS))
 _HOST_ORDER = tuple(f.name for f in HOST_FIELDS)
 
 
-def tick_record(t: float, gpus: list[dict[str, Any]], host: dict[str, Any] | None,
-                facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def tick_record(
+    t: float, gpus: list[dict[str, Any]], host: dict[str, Any] | None, facts: dict[str, Any] | None = None
+) -> dict[str, Any]:
     rec: dict[str, Any] = {"t": t, "g": gpus, "h": host}
     if facts is not None:
         rec["f"] = facts
@@ -42,8 +43,9 @@ def _columns(rows: list[tuple[float, dict[str, Any]]], order: tuple[str, ...]) -
     return cols
 
 
-def to_batch(records: list[dict[str, Any]], batch_id: str, node: str,
-             agent: dict[str, Any] | None = None) -> dict[str, Any]:
+def to_batch(
+    records: list[dict[str, Any]], batch_id: str, node: str, agent: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The wire batch of a segment's records; facts are the last ones the segment carried."""
     gpu_rows = [(rec["t"], row) for rec in records for row in rec.get("g") or ()]
     host_rows = [(rec["t"], rec["h"]) for rec in records if rec.get("h") is not None]

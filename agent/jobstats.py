@@ -30,8 +30,13 @@ log = logging.getLogger(__name__)
 
 #: How long a PID's cgroup is reused before ``/proc/<pid>/cgroup`` is read again, seconds.
 PID_CACHE_S = 30.0
-JOB_FIELDS = ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
-              "job_io_pressure_pct")
+JOB_FIELDS = (
+    "job_cpu_cores",
+    "job_cpu_quota_cores",
+    "job_cpu_throttled_share",
+    "job_cpu_pressure_pct",
+    "job_io_pressure_pct",
+)
 
 
 @dataclass
@@ -49,8 +54,12 @@ class _Last:
 class JobCgroups:
     """Fills the ``job_*`` fields of GPU rows from the cgroups of the processes on each GPU."""
 
-    def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str = "/sys",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        proc_root: Path | str = "/proc",
+        sys_root: Path | str = "/sys",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.reader = CgroupReader(proc_root, sys_root)
         self.clock = clock
         self._pids: dict[int, _Seen] = {}
@@ -64,7 +73,9 @@ class JobCgroups:
         try:
             place = self.reader.locate(pid)
         except OSError as e:
-            self._ratelog.log(logging.WARNING, "locate", "job cgroups: cannot read the cgroup of PID %d: %s", pid, e)
+            self._ratelog.log(
+                logging.WARNING, "locate", "job cgroups: cannot read the cgroup of PID %d: %s", pid, e
+            )
             place = None
         self._pids[pid] = _Seen(place, now)
         return place
@@ -99,7 +110,9 @@ class JobCgroups:
             try:
                 stats = self.reader.read(place)
             except OSError as e:
-                self._ratelog.log(logging.WARNING, "read", "job cgroups: cannot read %s: %s", place.cpu_dir, e)
+                self._ratelog.log(
+                    logging.WARNING, "read", "job cgroups: cannot read %s: %s", place.cpu_dir, e
+                )
                 continue
             last = self._last.get(place.key)
             got = rates(last.stats if last else None, stats, now - last.at if last else None)

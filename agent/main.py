@@ -29,7 +29,6 @@ from gpufleet.names import is_node_name
 log = logging.getLogger(__name__)
 
 
-
 class AgentError(RuntimeError):
     """The agent cannot start; the message says what to fix."""
 
@@ -46,7 +45,9 @@ def spool_dir(settings: Settings) -> Path:
     return settings.agent.spool_dir or settings.data_dir / "agent-spool"
 
 
-def make_sources(settings: AgentSettings, *, fake_nvml: int | None = None, sim: str | None = None) -> list[Source]:
+def make_sources(
+    settings: AgentSettings, *, fake_nvml: int | None = None, sim: str | None = None
+) -> list[Source]:
     """The configured sources; ``sim`` replaces them with one simulated node, ``fake_nvml`` swaps NVML for a fake.
 
     Both are sources of :mod:`gpufleet.sim` that the registry knows by name
@@ -56,7 +57,9 @@ def make_sources(settings: AgentSettings, *, fake_nvml: int | None = None, sim: 
     if sim is not None:
         settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"scenario": sim})})
     if fake_nvml:
-        settings = settings.model_copy(update={"sim": settings.sim.model_copy(update={"fake_nvml_gpus": fake_nvml})})
+        settings = settings.model_copy(
+            update={"sim": settings.sim.model_copy(update={"fake_nvml_gpus": fake_nvml})}
+        )
         names = ["fake-nvml" if n == "nvml" else n for n in names]
         if "fake-nvml" not in names:
             names.insert(0, "fake-nvml")
@@ -92,7 +95,9 @@ def build_agent(settings: Settings, *, fake_nvml: int | None = None, sim: str | 
         # A simulated node is named by its scenario: file its samples under that name.
         a = a.model_copy(update={"node": named[0]})
     node = resolve_node(a)
-    return Agent(a, sources, node=node, spool_dir=spool_dir(settings), kubernetes=kubernetes_attribution(a, node))
+    return Agent(
+        a, sources, node=node, spool_dir=spool_dir(settings), kubernetes=kubernetes_attribution(a, node)
+    )
 
 
 def kubernetes_attribution(settings: AgentSettings, node: str) -> KubernetesAttribution | None:
@@ -114,21 +119,37 @@ def kubernetes_attribution(settings: AgentSettings, node: str) -> KubernetesAttr
             metadata = ApiServer(k.api_server, k.token_file, k.ca_file, timeout_s=k.timeout_s)
         except ApiError as e:
             log.warning("kubernetes attribution without pod metadata (pods are their own runs): %s", e)
-    resolver = RunResolver(k.run_id_key, tuple(k.run_kinds), tuple(k.team_labels), k.team_from_namespace,
-                           dict(k.team_map))
-    return KubernetesAttribution(node, PodResourcesClient(k.pod_resources_socket, k.timeout_s), metadata, resolver,
-                                 tuple(k.gpu_resources), k.refresh_s, k.metadata_refresh_s)
+    resolver = RunResolver(
+        k.run_id_key, tuple(k.run_kinds), tuple(k.team_labels), k.team_from_namespace, dict(k.team_map)
+    )
+    return KubernetesAttribution(
+        node,
+        PodResourcesClient(k.pod_resources_socket, k.timeout_s),
+        metadata,
+        resolver,
+        tuple(k.gpu_resources),
+        k.refresh_s,
+        k.metadata_refresh_s,
+    )
 
 
-def run(settings: Settings, *, fake_nvml: int | None = None, sim: str | None = None,
-        stop: threading.Event | None = None) -> int:
+def run(
+    settings: Settings,
+    *,
+    fake_nvml: int | None = None,
+    sim: str | None = None,
+    stop: threading.Event | None = None,
+) -> int:
     """Run an agent until SIGTERM/SIGINT (or ``stop``); 0 when it stopped cleanly."""
     agent = build_agent(settings, fake_nvml=fake_nvml, sim=sim)
     stop = stop or threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("agent: %s received; sealing the spool and shipping for up to %.0f s",
-                 signal.Signals(signum).name, settings.agent.shutdown_ship_s)
+        log.info(
+            "agent: %s received; sealing the spool and shipping for up to %.0f s",
+            signal.Signals(signum).name,
+            settings.agent.shutdown_ship_s,
+        )
         stop.set()
 
     if threading.current_thread() is threading.main_thread():

@@ -26,8 +26,11 @@ def _fill(into: dict[str, Any], row: dict[str, Any]) -> None:
 def valid_key(row: GpuRow) -> bool:
     """True when the row has an integer ``gpu`` and an integer-or-None ``mig_instance``."""
     gpu, mig = row.get("gpu"), row.get("mig_instance")
-    return (isinstance(gpu, int) and not isinstance(gpu, bool)
-            and (mig is None or (isinstance(mig, int) and not isinstance(mig, bool))))
+    return (
+        isinstance(gpu, int)
+        and not isinstance(gpu, bool)
+        and (mig is None or (isinstance(mig, int) and not isinstance(mig, bool)))
+    )
 
 
 def merge_readings(readings: Iterable[Reading]) -> tuple[list[GpuRow], HostRow | None]:

@@ -25,43 +25,80 @@ class AgentMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.samples_collected = Counter(
-            "gpufleet_agent_samples_collected", "Rows a source returned (GPU rows plus host rows)",
-            ["source"], registry=r)
+            "gpufleet_agent_samples_collected",
+            "Rows a source returned (GPU rows plus host rows)",
+            ["source"],
+            registry=r,
+        )
         self.source_errors = Counter(
-            "gpufleet_agent_source_errors", "Source reads that failed, by kind (error, timeout, skipped)",
-            ["source", "kind"], registry=r)
+            "gpufleet_agent_source_errors",
+            "Source reads that failed, by kind (error, timeout, skipped)",
+            ["source", "kind"],
+            registry=r,
+        )
         self.source_seconds = Gauge(
-            "gpufleet_agent_source_last_duration_seconds", "Duration of the source's last completed read",
-            ["source"], registry=r)
+            "gpufleet_agent_source_last_duration_seconds",
+            "Duration of the source's last completed read",
+            ["source"],
+            registry=r,
+        )
         self.samples_spooled = Counter(
-            "gpufleet_agent_samples_spooled", "Merged samples written to the spool", registry=r)
-        self.spool_bytes = Gauge("gpufleet_agent_spool_bytes", "Bytes in the spool (sealed and open)", registry=r)
-        self.spool_segments = Gauge("gpufleet_agent_spool_segments", "Sealed segments waiting to ship", registry=r)
+            "gpufleet_agent_samples_spooled", "Merged samples written to the spool", registry=r
+        )
+        self.spool_bytes = Gauge(
+            "gpufleet_agent_spool_bytes", "Bytes in the spool (sealed and open)", registry=r
+        )
+        self.spool_segments = Gauge(
+            "gpufleet_agent_spool_segments", "Sealed segments waiting to ship", registry=r
+        )
         self.batches_sent = Counter(
-            "gpufleet_agent_batches_sent", "Batches the collector acknowledged, by answer (stored, duplicate)",
-            ["status"], registry=r)
+            "gpufleet_agent_batches_sent",
+            "Batches the collector acknowledged, by answer (stored, duplicate)",
+            ["status"],
+            registry=r,
+        )
         self.samples_delivered = Counter(
-            "gpufleet_agent_samples_delivered", "Samples in acknowledged batches", registry=r)
+            "gpufleet_agent_samples_delivered", "Samples in acknowledged batches", registry=r
+        )
         self.batches_retried = Counter(
-            "gpufleet_agent_batches_retried", "Send attempts that will be retried, by reason",
-            ["reason"], registry=r)
+            "gpufleet_agent_batches_retried",
+            "Send attempts that will be retried, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.batches_dead_lettered = Counter(
-            "gpufleet_agent_batches_dead_lettered", "Batches the collector refused for good, by HTTP status",
-            ["status"], registry=r)
+            "gpufleet_agent_batches_dead_lettered",
+            "Batches the collector refused for good, by HTTP status",
+            ["status"],
+            registry=r,
+        )
         self.samples_dropped = Counter(
             "gpufleet_agent_samples_dropped",
             "Samples lost, by reason (spool_full, dead_letter, torn_record, corrupt_segment)",
-            ["reason"], registry=r)
+            ["reason"],
+            registry=r,
+        )
         self.torn_records = Counter(
-            "gpufleet_agent_spool_torn_records", "Records cut short by a crash and discarded on recovery",
-            registry=r)
+            "gpufleet_agent_spool_torn_records",
+            "Records cut short by a crash and discarded on recovery",
+            registry=r,
+        )
         self.last_ship_success = Gauge(
-            "gpufleet_agent_last_ship_success_timestamp_seconds", "Time of the last acknowledged batch",
-            registry=r)
+            "gpufleet_agent_last_ship_success_timestamp_seconds",
+            "Time of the last acknowledged batch",
+            registry=r,
+        )
         self._server: Any = None
 
-    def serve(self, port: int, host: str = "0.0.0.0", guard: MetricsGuard | None = None,
-              certfile: Path | None = None, keyfile: Path | None = None, client_ca: Path | None = None) -> int:
+    def serve(
+        self,
+        port: int,
+        host: str = "0.0.0.0",
+        guard: MetricsGuard | None = None,
+        certfile: Path | None = None,
+        keyfile: Path | None = None,
+        client_ca: Path | None = None,
+    ) -> int:
         """Serve /metrics on ``port`` (0 disables); returns the port bound (0 when off).
 
         ``guard`` asks for a bearer token; ``certfile`` serves TLS, ``client_ca`` then requires a

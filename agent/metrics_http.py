@@ -29,15 +29,24 @@ def guarded(app: Callable[..., Iterable[bytes]], guard: MetricsGuard) -> Callabl
         if refused is None:
             return app(environ, start_response)
         status, detail, headers = refused
-        start_response(f"{status} {_REASONS.get(status, 'Error')}",
-                       [("Content-Type", "text/plain; charset=utf-8"), *headers.items()])
+        start_response(
+            f"{status} {_REASONS.get(status, 'Error')}",
+            [("Content-Type", "text/plain; charset=utf-8"), *headers.items()],
+        )
         return [detail.encode() + b"\n"]
 
     return wsgi
 
 
-def serve(registry: CollectorRegistry, port: int, host: str, guard: MetricsGuard | None = None,
-          certfile: Path | None = None, keyfile: Path | None = None, client_ca: Path | None = None) -> WSGIServer:
+def serve(
+    registry: CollectorRegistry,
+    port: int,
+    host: str,
+    guard: MetricsGuard | None = None,
+    certfile: Path | None = None,
+    keyfile: Path | None = None,
+    client_ca: Path | None = None,
+) -> WSGIServer:
     """Start serving in a daemon thread; returns the server (``server_address`` has the bound port)."""
 
     class Server(ThreadingWSGIServer):
@@ -45,8 +54,13 @@ def serve(registry: CollectorRegistry, port: int, host: str, guard: MetricsGuard
 
     Server.address_family, addr = _get_best_family(host, port)
     app = make_wsgi_app(registry)
-    httpd = make_server(addr, port, guarded(app, guard) if guard and not guard.open else app, Server,
-                        handler_class=_SilentHandler)
+    httpd = make_server(
+        addr,
+        port,
+        guarded(app, guard) if guard and not guard.open else app,
+        Server,
+        handler_class=_SilentHandler,
+    )
     if certfile is not None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -16,8 +16,9 @@ from collections.abc import Callable
 class RateLimitedLog:
     """Logs the first message of a key at once, then at most one per ``period_s`` with a count."""
 
-    def __init__(self, logger: logging.Logger, period_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, period_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.logger = logger
         self.period_s = period_s
         self.clock = clock

@@ -71,11 +71,20 @@ class Agent:
     :meth:`tick`, :meth:`seal`, and the shipper's ``ship_one``.
     """
 
-    def __init__(self, settings: AgentSettings, sources: list[Source], *, node: str, spool_dir: Path,
-                 metrics: AgentMetrics | None = None, rng: random.Random | None = None,
-                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
-                 facts_of_node: Callable[[], dict[str, Any]] | None = None,
-                 kubernetes: KubernetesAttribution | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        sources: list[Source],
+        *,
+        node: str,
+        spool_dir: Path,
+        metrics: AgentMetrics | None = None,
+        rng: random.Random | None = None,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+        facts_of_node: Callable[[], dict[str, Any]] | None = None,
+        kubernetes: KubernetesAttribution | None = None,
+    ) -> None:
         self.settings = settings
         self.sources = sources
         self.node = node
@@ -85,19 +94,35 @@ class Agent:
         self._mono = mono
         self._facts_of_node = facts_of_node or (lambda: node_facts(settings.sys_root))
         self.scheduler = Scheduler.build(
-            sources, interval_s=settings.interval_s, schedules=settings.source_schedules,
-            default_timeout_s=settings.collect_timeout_s, metrics=self.metrics,
-            want_processes=settings.attribute_processes or settings.job_cgroups, rng=self.rng, mono=mono)
+            sources,
+            interval_s=settings.interval_s,
+            schedules=settings.source_schedules,
+            default_timeout_s=settings.collect_timeout_s,
+            metrics=self.metrics,
+            want_processes=settings.attribute_processes or settings.job_cgroups,
+            rng=self.rng,
+            mono=mono,
+        )
         self.kubernetes = kubernetes
-        self.attributor = Attributor(settings.job_files_dir, settings.proc_root, settings.attribute_processes,
-                                     kubernetes=kubernetes)
-        self.job_cgroups = JobCgroups(settings.proc_root, settings.sys_root, mono) if settings.job_cgroups else None
+        self.attributor = Attributor(
+            settings.job_files_dir, settings.proc_root, settings.attribute_processes, kubernetes=kubernetes
+        )
+        self.job_cgroups = (
+            JobCgroups(settings.proc_root, settings.sys_root, mono) if settings.job_cgroups else None
+        )
         self.node_checks = NodeChecks.from_settings(settings, clock=mono) if settings.node_checks else None
         self.power_caps = follower_from_settings(settings, self.node)
         self.sanitizer = Sanitizer()
-        self.spool = Spool(spool_dir, self._encode, max_bytes=settings.spool_max_bytes,
-                           segment_max_samples=settings.segment_max_samples, fsync=settings.spool_fsync,
-                           dead_max_bytes=settings.dead_letter_max_bytes, metrics=self.metrics, mono=mono)
+        self.spool = Spool(
+            spool_dir,
+            self._encode,
+            max_bytes=settings.spool_max_bytes,
+            segment_max_samples=settings.segment_max_samples,
+            fsync=settings.spool_fsync,
+            dead_max_bytes=settings.dead_letter_max_bytes,
+            metrics=self.metrics,
+            mono=mono,
+        )
         self.shipper: Shipper | None = None
         self.metrics_port = 0
         self._ratelog = RateLimitedLog(log)
@@ -121,13 +146,26 @@ class Agent:
         self.spool.open()
         s = self.settings
         if s.keepalive_s <= s.ship_interval_s:
-            log.warning("agent: keepalive_s (%g s) is not longer than ship_interval_s (%g s): every shipment "
-                        "opens a new connection to the collector", s.keepalive_s, s.ship_interval_s)
-        self.shipper = Shipper(self.spool, s.collector_url, s.token, timeout_s=s.request_timeout_s,
-                               keepalive_s=s.keepalive_s,
-                               retry_base_s=s.retry_base_s, retry_max_s=s.retry_max_s,
-                               verify=tls_context(s.ca_file, s.client_cert, s.client_key),
-                               metrics=self.metrics, rng=self.rng, wall=self._wall, mono=self._mono)
+            log.warning(
+                "agent: keepalive_s (%g s) is not longer than ship_interval_s (%g s): every shipment "
+                "opens a new connection to the collector",
+                s.keepalive_s,
+                s.ship_interval_s,
+            )
+        self.shipper = Shipper(
+            self.spool,
+            s.collector_url,
+            s.token,
+            timeout_s=s.request_timeout_s,
+            keepalive_s=s.keepalive_s,
+            retry_base_s=s.retry_base_s,
+            retry_max_s=s.retry_max_s,
+            verify=tls_context(s.ca_file, s.client_cert, s.client_key),
+            metrics=self.metrics,
+            rng=self.rng,
+            wall=self._wall,
+            mono=self._mono,
+        )
         self.scheduler.start()
         if self.kubernetes is not None:
             self.kubernetes.start()
@@ -143,10 +181,23 @@ class Agent:
             self.shipper.start()
         if serve_metrics:
             guard = MetricsGuard(read_token(s.metrics_token, s.metrics_token_file, "agent.metrics_token"))
-            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host, guard, s.metrics_certfile,
-                                                   s.metrics_keyfile, s.metrics_client_ca)
-        log.info("agent %s for node %s: %d sources (%s), spool %s, collector %s", self.spool.agent_id, self.node,
-                 len(self.sources), ", ".join(src.name for src in self.sources), self.spool.dir, s.collector_url)
+            self.metrics_port = self.metrics.serve(
+                s.metrics_port,
+                s.metrics_host,
+                guard,
+                s.metrics_certfile,
+                s.metrics_keyfile,
+                s.metrics_client_ca,
+            )
+        log.info(
+            "agent %s for node %s: %d sources (%s), spool %s, collector %s",
+            self.spool.agent_id,
+            self.node,
+            len(self.sources),
+            ", ".join(src.name for src in self.sources),
+            self.spool.dir,
+            s.collector_url,
+        )
         return self
 
     def run(self, stop: threading.Event) -> None:
@@ -164,8 +215,13 @@ class Agent:
             behind = now - (t0 + n * interval)
             if behind > interval:
                 skipped = int(behind // interval)
-                self._ratelog.log(logging.WARNING, "late", "agent: tick loop %.1f s late; skipping %d ticks",
-                                  behind, skipped)
+                self._ratelog.log(
+                    logging.WARNING,
+                    "late",
+                    "agent: tick loop %.1f s late; skipping %d ticks",
+                    behind,
+                    skipped,
+                )
                 n += skipped
             stop.wait(max(0.0, t0 + n * interval - self._mono()))
 
@@ -216,8 +272,13 @@ class Agent:
             bad = sum(1 for r in o.reading.gpus if not valid_key(r))
             if bad:
                 self.metrics.source_errors.labels(o.source, "malformed").inc()
-                self._ratelog.log(logging.WARNING, f"{o.source}:malformed", "source %s returned %d GPU rows "
-                                  "without an integer 'gpu'; left out", o.source, bad)
+                self._ratelog.log(
+                    logging.WARNING,
+                    f"{o.source}:malformed",
+                    "source %s returned %d GPU rows without an integer 'gpu'; left out",
+                    o.source,
+                    bad,
+                )
             readings.append(o.reading)
         gpus, host = merge_readings(readings)
         self.attributor.label(gpus, result.processes, self._source_facts)
@@ -256,7 +317,9 @@ class Agent:
         except OSError as e:
             self._ratelog.log(logging.WARNING, "node-facts", "agent: cannot read node facts: %s", e)
 
-    def _facts_update(self, gpus: list[dict[str, Any]], processes: dict[int, list[int]]) -> dict[str, Any] | None:
+    def _facts_update(
+        self, gpus: list[dict[str, Any]], processes: dict[int, list[int]]
+    ) -> dict[str, Any] | None:
         """The node facts when they are new or changed (or were lost with a dropped batch), else None."""
         ready, from_sources = self.scheduler.facts()
         self._source_facts = from_sources

@@ -71,9 +71,18 @@ class _Job:
 class SourceWorker:
     """One source on one daemon thread, fed one job at a time."""
 
-    def __init__(self, source: Source, *, every_ticks: int, phase: int, timeout_s: float,
-                 metrics: AgentMetrics, want_processes: bool = False,
-                 mono: Callable[[], float] = time.monotonic, ratelog: RateLimitedLog | None = None) -> None:
+    def __init__(
+        self,
+        source: Source,
+        *,
+        every_ticks: int,
+        phase: int,
+        timeout_s: float,
+        metrics: AgentMetrics,
+        want_processes: bool = False,
+        mono: Callable[[], float] = time.monotonic,
+        ratelog: RateLimitedLog | None = None,
+    ) -> None:
         self.source = source
         self.name = source.name
         self.every_ticks = every_ticks
@@ -215,8 +224,13 @@ class SourceWorker:
                 job.timed_out = True
                 self._count_timeout(job, finished)
             if late:
-                self._ratelog.log(logging.INFO, f"{self.name}:late", "source %s: a read finished after %.2f s "
-                                  "and was discarded", self.name, outcome.duration_s)
+                self._ratelog.log(
+                    logging.INFO,
+                    f"{self.name}:late",
+                    "source %s: a read finished after %.2f s and was discarded",
+                    self.name,
+                    outcome.duration_s,
+                )
             self._done.append((job, outcome))
             self._cond.notify_all()
 
@@ -243,7 +257,9 @@ class SourceWorker:
         if out.error is not None:
             self.stats.errors += 1
             self.metrics.source_errors.labels(self.name, "error").inc()
-            self._ratelog.log(logging.WARNING, f"{self.name}:error", "source %s failed: %s", self.name, out.error)
+            self._ratelog.log(
+                logging.WARNING, f"{self.name}:error", "source %s failed: %s", self.name, out.error
+            )
         elif out.reading is not None:
             n = len(out.reading.gpus) + (1 if out.reading.host is not None else 0)
             self.stats.samples += n
@@ -252,17 +268,23 @@ class SourceWorker:
     def _count_timeout(self, job: _Job, now: float) -> None:
         self.stats.timeouts += 1
         self.metrics.source_errors.labels(self.name, "timeout").inc()
-        self._ratelog.log(logging.WARNING, f"{self.name}:timeout", "source %s: read #%d still running after "
-                          "%.2f s (timeout); its result will be discarded", self.name, job.seq,
-                          now - (job.started if job.started is not None else now))
+        self._ratelog.log(
+            logging.WARNING,
+            f"{self.name}:timeout",
+            "source %s: read #%d still running after %.2f s (timeout); its result will be discarded",
+            self.name,
+            job.seq,
+            now - (job.started if job.started is not None else now),
+        )
 
     def _read_facts(self, job: _Job) -> None:
         facts: dict[str, Any] | None = None
         try:
             facts = self.source.facts()  # type: ignore[attr-defined]
         except SourceError as e:
-            self._ratelog.log(logging.WARNING, f"{self.name}:facts", "source %s: facts unavailable: %s",
-                              self.name, e)
+            self._ratelog.log(
+                logging.WARNING, f"{self.name}:facts", "source %s: facts unavailable: %s", self.name, e
+            )
         except Exception as e:
             log.error("source %s: facts() raised %s", self.name, type(e).__name__, exc_info=True)
         with self._cond:
@@ -293,16 +315,26 @@ class TickResult:
 class Scheduler:
     """Starts due sources each tick and gathers what finished, in source order."""
 
-    def __init__(self, workers: list[SourceWorker], gather_s: float,
-                 mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, workers: list[SourceWorker], gather_s: float, mono: Callable[[], float] = time.monotonic
+    ) -> None:
         self.workers = workers
         self.gather_s = gather_s
         self._mono = mono
 
     @classmethod
-    def build(cls, sources: list[Source], *, interval_s: float, schedules: dict[str, Any],
-              default_timeout_s: float | None, metrics: AgentMetrics, want_processes: bool,
-              rng: random.Random, mono: Callable[[], float] = time.monotonic) -> Scheduler:
+    def build(
+        cls,
+        sources: list[Source],
+        *,
+        interval_s: float,
+        schedules: dict[str, Any],
+        default_timeout_s: float | None,
+        metrics: AgentMetrics,
+        want_processes: bool,
+        rng: random.Random,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> Scheduler:
         """Workers for ``sources``; a source's interval is rounded to whole ticks, its phase drawn at random."""
         workers = []
         ratelog = RateLimitedLog(log)
@@ -311,9 +343,18 @@ class Scheduler:
             own_interval = getattr(sched, "interval_s", None) or interval_s
             every = max(1, round(own_interval / interval_s))
             timeout = getattr(sched, "timeout_s", None) or default_timeout_s or 0.5 * every * interval_s
-            workers.append(SourceWorker(src, every_ticks=every, phase=rng.randrange(every), timeout_s=timeout,
-                                        metrics=metrics, want_processes=want_processes, mono=mono,
-                                        ratelog=ratelog))
+            workers.append(
+                SourceWorker(
+                    src,
+                    every_ticks=every,
+                    phase=rng.randrange(every),
+                    timeout_s=timeout,
+                    metrics=metrics,
+                    want_processes=want_processes,
+                    mono=mono,
+                    ratelog=ratelog,
+                )
+            )
         return cls(workers, gather_s=0.5 * interval_s, mono=mono)
 
     def start(self) -> None:

@@ -106,7 +106,9 @@ class Backoff:
         self.attempt = 0
 
 
-def tls_context(ca_file: Path | None, client_cert: Path | None, client_key: Path | None) -> ssl.SSLContext | bool:
+def tls_context(
+    ca_file: Path | None, client_cert: Path | None, client_key: Path | None
+) -> ssl.SSLContext | bool:
     """The ``verify`` argument for httpx: True (system CAs) or a context with our CA and client cert."""
     if ca_file is None and client_cert is None:
         return True
@@ -119,11 +121,22 @@ def tls_context(ca_file: Path | None, client_cert: Path | None, client_key: Path
 class Shipper:
     """Drains the spool into ``POST {collector_url}/v1/ingest`` on its own thread."""
 
-    def __init__(self, spool: Spool, collector_url: str, token: str | None, *, timeout_s: float = 10.0,
-                 keepalive_s: float = 20.0,
-                 retry_base_s: float = 0.5, retry_max_s: float = 60.0, verify: ssl.SSLContext | bool = True,
-                 metrics: AgentMetrics | None = None, rng: random.Random | None = None,
-                 wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        collector_url: str,
+        token: str | None,
+        *,
+        timeout_s: float = 10.0,
+        keepalive_s: float = 20.0,
+        retry_base_s: float = 0.5,
+        retry_max_s: float = 60.0,
+        verify: ssl.SSLContext | bool = True,
+        metrics: AgentMetrics | None = None,
+        rng: random.Random | None = None,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.spool = spool
         self.url = collector_url.rstrip("/") + "/v1/ingest"
         self.timeout_s = timeout_s
@@ -138,8 +151,9 @@ class Shipper:
         # ship interval, so without this about every shipment would open a connection (and
         # over TLS do a handshake) or race the collector closing the old one.
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=keepalive_s)
-        self.client = httpx.Client(headers=headers, verify=verify, timeout=timeout_s, follow_redirects=False,
-                                   limits=limits)
+        self.client = httpx.Client(
+            headers=headers, verify=verify, timeout=timeout_s, follow_redirects=False, limits=limits
+        )
         self._ratelog = RateLimitedLog(log)
         self._stop = threading.Event()
         self._drain_until: float | None = None
@@ -165,7 +179,9 @@ class Shipper:
                 doc = None
             status = doc.get("status") if isinstance(doc, dict) else None
             return Attempt(verdict, status if status in ("stored", "duplicate") else "stored")
-        return Attempt(verdict, str(resp.status_code), detail, parse_retry_after(resp.headers.get("retry-after")))
+        return Attempt(
+            verdict, str(resp.status_code), detail, parse_retry_after(resp.headers.get("retry-after"))
+        )
 
     def ship_one(self, timeout_s: float | None = None) -> Attempt | None:
         """Send the oldest sealed segment and act on the answer; None when the spool is empty."""
@@ -189,16 +205,27 @@ class Shipper:
             self.metrics.batches_sent.labels(attempt.status).inc()
             self.metrics.last_ship_success.set(self._wall())
         elif attempt.verdict is Verdict.DEAD:
-            self._ratelog.log(logging.ERROR, f"dead:{attempt.status}", "shipper: collector refused batch %s "
-                              "(%d samples) with %s: %s; moved to dead letters", seg.batch_id, seg.samples,
-                              attempt.status, attempt.detail[:300])
+            self._ratelog.log(
+                logging.ERROR,
+                f"dead:{attempt.status}",
+                "shipper: collector refused batch %s (%d samples) with %s: %s; moved to dead letters",
+                seg.batch_id,
+                seg.samples,
+                attempt.status,
+                attempt.detail[:300],
+            )
             self.spool.dead_letter(seg, attempt.status, attempt.detail)
         else:
             self.spool.release(seg)
             self.metrics.batches_retried.labels(attempt.status).inc()
-            self._ratelog.log(logging.WARNING, f"retry:{attempt.status}", "shipper: batch %s not delivered (%s%s); "
-                              "will retry", seg.batch_id, attempt.status,
-                              f": {attempt.detail[:200]}" if attempt.detail else "")
+            self._ratelog.log(
+                logging.WARNING,
+                f"retry:{attempt.status}",
+                "shipper: batch %s not delivered (%s%s); will retry",
+                seg.batch_id,
+                attempt.status,
+                f": {attempt.detail[:200]}" if attempt.detail else "",
+            )
         return attempt
 
     # -- the thread --------------------------------------------------------------------------

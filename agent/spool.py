@@ -114,7 +114,7 @@ class RecoveredRecords:
 def read_records(data: bytes) -> RecoveredRecords:
     """The intact records of an open segment, stopping at the first torn or corrupt frame."""
     out = RecoveredRecords()
-    if len(data) < len(OPEN_MAGIC) or data[:len(OPEN_MAGIC)] != OPEN_MAGIC:
+    if len(data) < len(OPEN_MAGIC) or data[: len(OPEN_MAGIC)] != OPEN_MAGIC:
         out.torn = bool(data)
         return out
     pos = len(OPEN_MAGIC)
@@ -170,9 +170,18 @@ def _write_atomic(path: Path, data: bytes, *, sync: bool) -> None:
 class Spool:
     """The spool directory; :meth:`open` recovers it, then one writer appends and one shipper drains."""
 
-    def __init__(self, directory: Path | str, encoder: Encoder, *, max_bytes: int,
-                 segment_max_samples: int = 10_000, fsync: bool = False, dead_max_bytes: int = 64 * 1024 * 1024,
-                 metrics: AgentMetrics | None = None, mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        encoder: Encoder,
+        *,
+        max_bytes: int,
+        segment_max_samples: int = 10_000,
+        fsync: bool = False,
+        dead_max_bytes: int = 64 * 1024 * 1024,
+        metrics: AgentMetrics | None = None,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.dir = Path(directory)
         self.dead_dir = self.dir / "dead"
         self.encoder = encoder
@@ -216,7 +225,9 @@ class Spool:
         for path in self.dir.iterdir():
             if m := _SEALED_RE.match(path.name):
                 seq = int(m.group(1))
-                self._sealed[seq] = Segment(seq, int(m.group(2)), path, path.stat().st_size, self.batch_id(seq))
+                self._sealed[seq] = Segment(
+                    seq, int(m.group(2)), path, path.stat().st_size, self.batch_id(seq)
+                )
                 seqs.append(seq)
             elif m := _OPEN_RE.match(path.name):
                 opens.append((int(m.group(1)), path))
@@ -271,8 +282,12 @@ class Spool:
         if got.torn:
             self.stats.torn_records += 1
             self.metrics.torn_records.inc()
-            log.warning("spool: %s ends in a torn or corrupt record (%d bytes discarded); %d records recovered",
-                        path.name, len(data) - got.good_bytes, len(got.records))
+            log.warning(
+                "spool: %s ends in a torn or corrupt record (%d bytes discarded); %d records recovered",
+                path.name,
+                len(data) - got.good_bytes,
+                len(got.records),
+            )
         self.stats.recovered_records += len(got.records)
         if got.records:
             samples = sum(record_samples(r) for r in got.records)
@@ -391,8 +406,12 @@ class Spool:
             self.metrics.samples_dropped.labels("spool_full").inc(seg.samples)
         if dropped:
             self.facts_lost.set()
-            log.warning("spool: over its %d-byte cap; dropped the %d oldest segments (%d samples)",
-                        self.max_bytes, len(dropped), sum(s.samples for s in dropped))
+            log.warning(
+                "spool: over its %d-byte cap; dropped the %d oldest segments (%d samples)",
+                self.max_bytes,
+                len(dropped),
+                sum(s.samples for s in dropped),
+            )
 
     # -- draining (shipper thread) -----------------------------------------------------------
 
@@ -430,7 +449,7 @@ class Spool:
         if len(data) < _SEALED_HEAD.size:
             raise CorruptSegment(f"{seg.path.name}: {len(data)} bytes, shorter than its header")
         magic, crc = _SEALED_HEAD.unpack_from(data)
-        body = data[_SEALED_HEAD.size:]
+        body = data[_SEALED_HEAD.size :]
         if magic != SEALED_MAGIC or zlib.crc32(body) != crc:
             raise CorruptSegment(f"{seg.path.name}: bad magic or CRC")
         return body
@@ -450,9 +469,19 @@ class Spool:
         target = self.dead_dir / seg.path.name
         try:
             os.replace(seg.path, target)
-            _write_atomic(target.with_suffix(".json"), json.dumps(
-                {"batch_id": seg.batch_id, "samples": seg.samples, "status": status, "detail": detail[:4000],
-                 "time": time.time()}).encode(), sync=False)
+            _write_atomic(
+                target.with_suffix(".json"),
+                json.dumps(
+                    {
+                        "batch_id": seg.batch_id,
+                        "samples": seg.samples,
+                        "status": status,
+                        "detail": detail[:4000],
+                        "time": time.time(),
+                    }
+                ).encode(),
+                sync=False,
+            )
         except OSError as e:
             log.error("spool: cannot move %s to %s (%s); deleting it", seg.path.name, self.dead_dir, e)
             seg.path.unlink(missing_ok=True)

@@ -34,8 +34,14 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         finally:
             st.pool.close()
 
-    app = FastAPI(title="gpufleet API", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Runs, incidents and per-run energy, cost and CO2e accounting.")
+    app = FastAPI(
+        title="gpufleet API",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="Runs, incidents and per-run energy, cost and CO2e accounting.",
+    )
     app.state.api = st
     #: Slow clients are let go when served with gpufleet.connguard's protocol (``gpufleet api`` does).
     app.connection_guard = ConnectionGuard(Limits.of(settings.api, settings.ingest.retry_after_s))  # type: ignore[attr-defined]
@@ -43,8 +49,10 @@ def create_app(url: str, settings: Settings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         # Name the field; never echo the input back (it may hold secrets).
-        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "invalid"), "type": e.get("type")}
-                  for e in exc.errors()]
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", "invalid"), "type": e.get("type")}
+            for e in exc.errors()
+        ]
         return JSONResponse({"detail": detail}, status_code=422)
 
     for r in (runs.router, sites.router, tokens.router, incidents.router):
@@ -66,13 +74,25 @@ def create_app(url: str, settings: Settings) -> FastAPI:
         return None
 
     # Inside the body limit (added after it): a request refused for its size is never counted.
-    app.add_middleware(FairShare, lookup=st.auth.lookup, per_token=settings.api.max_concurrent_per_token,
-                       per_role=st.per_role_limit(), wait_s=settings.api.concurrency_wait_s,
-                       retry_after_s=settings.ingest.retry_after_s,
-                       exempt=("/healthz", "/docs", "/static/", "/favicon.ico"))
-    app.add_middleware(BodyLimit, default=OTHER_BODY_MAX, precheck=token_first,
-                       limits=[("/v1/", settings.api.max_body_bytes), ("/login", MAX_FORM_BYTES),
-                               ("/logout", MAX_FORM_BYTES)])
+    app.add_middleware(
+        FairShare,
+        lookup=st.auth.lookup,
+        per_token=settings.api.max_concurrent_per_token,
+        per_role=st.per_role_limit(),
+        wait_s=settings.api.concurrency_wait_s,
+        retry_after_s=settings.ingest.retry_after_s,
+        exempt=("/healthz", "/docs", "/static/", "/favicon.ico"),
+    )
+    app.add_middleware(
+        BodyLimit,
+        default=OTHER_BODY_MAX,
+        precheck=token_first,
+        limits=[
+            ("/v1/", settings.api.max_body_bytes),
+            ("/login", MAX_FORM_BYTES),
+            ("/logout", MAX_FORM_BYTES),
+        ],
+    )
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

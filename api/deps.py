@@ -26,9 +26,15 @@ class ApiState:
         self.settings = settings
         self.statement_timeout_ms = max(1, round(settings.api.statement_timeout_s * 1000))
         #: Writes and token checks (a revoked token must stop working at once, not when a standby replays it).
-        self.primary = ConnectionPool(url, min_size=1, max_size=settings.api.pool_size, open=False, timeout=5,
-                                      kwargs={"autocommit": True, "application_name": "gpufleet-api"},
-                                      configure=self._configure)
+        self.primary = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=settings.api.pool_size,
+            open=False,
+            timeout=5,
+            kwargs={"autocommit": True, "application_name": "gpufleet-api"},
+            configure=self._configure,
+        )
         #: Reads (GET routes, web pages): the standby of ``database.read_url`` while its view is fresh
         #: enough, else the primary (:mod:`gpufleet.db.read_routing`).
         self.pool = RoutedPool(read_router(url, settings, self.primary, self._configure, "gpufleet-api"))
@@ -79,7 +85,10 @@ def allowed(capability: str) -> Callable[..., Coroutine[Any, Any, Principal]]:
 def _pool_for(s: ApiState, request: Request) -> ConnectionPool | RoutedPool:
     """Writes on the primary; reads wherever the router sends them, unless the client asked for
     the newest data (``Cache-Control: no-cache``, as after its own write)."""
-    if request.method not in ("GET", "HEAD") or "no-cache" in request.headers.get("cache-control", "").lower():
+    if (
+        request.method not in ("GET", "HEAD")
+        or "no-cache" in request.headers.get("cache-control", "").lower()
+    ):
         return s.primary
     return s.pool
 
@@ -89,26 +98,43 @@ def connection(s: StateDep, request: Request) -> Iterator[psycopg.Connection]:
         with _pool_for(s, request).connection() as conn:
             yield conn
     except psycopg.errors.QueryCanceled as e:
-        raise HTTPException(503, f"the request ran past the API's {s.settings.api.statement_timeout_s:g}-second "
-                                 "statement limit (api.statement_timeout_s) and was cancelled; ask for a shorter "
-                                 "period or a coarser grouping", headers={"Retry-After": "30"}) from e
+        raise HTTPException(
+            503,
+            f"the request ran past the API's {s.settings.api.statement_timeout_s:g}-second "
+            "statement limit (api.statement_timeout_s) and was cancelled; ask for a shorter "
+            "period or a coarser grouping",
+            headers={"Retry-After": "30"},
+        ) from e
     except psycopg.errors.SerializationFailure as e:
         # On a hot standby: the read conflicted with a change being replayed (a vacuum's cleanup) and
         # was cancelled; the next one sees the replayed state.
-        raise HTTPException(503, "the read was cancelled by the standby replaying a conflicting change; retry",
-                            headers={"Retry-After": "1"}) from e
+        raise HTTPException(
+            503,
+            "the read was cancelled by the standby replaying a conflicting change; retry",
+            headers={"Retry-After": "1"},
+        ) from e
     except (psycopg.OperationalError, PoolTimeout) as e:
         raise HTTPException(503, "database unavailable; retry later", headers={"Retry-After": "2"}) from e
-    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn) as e:
+    except (
+        psycopg.errors.UndefinedTable,
+        psycopg.errors.UndefinedFunction,
+        psycopg.errors.UndefinedColumn,
+    ) as e:
         # an empty or older database: say the one command that fixes it
-        raise HTTPException(503, f"the database has no (or an older) gpufleet schema: {UPGRADE}",
-                            headers={"Retry-After": "30"}) from e
+        raise HTTPException(
+            503,
+            f"the database has no (or an older) gpufleet schema: {UPGRADE}",
+            headers={"Retry-After": "30"},
+        ) from e
     except psycopg.DataError as e:
         # A value the request schema let through but PostgreSQL cannot hold (a NUL
         # in text, a UTC offset beyond +-15:59, a year outside its range) is the
         # client's error, not the server's.  The input is not echoed back.
-        raise HTTPException(422, "a value in the request cannot be stored: text with a NUL character, "
-                                 "or a time or number outside the database's range") from e
+        raise HTTPException(
+            422,
+            "a value in the request cannot be stored: text with a NUL character, "
+            "or a time or number outside the database's range",
+        ) from e
 
 
 ConnDep = Annotated[psycopg.Connection, Depends(connection)]

@@ -37,8 +37,10 @@ def _utc(v: datetime) -> datetime:
 #: A time with a UTC offset, normalised to UTC (request input).
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
 
-QUERY_TIME_FORMAT = ("RFC 3339 with a UTC offset (2026-12-01T10:00:00Z, 2026-12-01T11:00:00+01:00) or a bare date "
-                     "(2026-12-01, read as 00:00 UTC)")
+QUERY_TIME_FORMAT = (
+    "RFC 3339 with a UTC offset (2026-12-01T10:00:00Z, 2026-12-01T11:00:00+01:00) or a bare date "
+    "(2026-12-01, read as 00:00 UTC)"
+)
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
@@ -82,12 +84,19 @@ class Allocation(Strict):
     node: str = Field(pattern=NAME_PATTERN)
     gpus: list[int] = Field(min_length=1, max_length=1024)
     sharing: Literal["exclusive", "time_slice", "mps", "mig"] = Field(
-        "exclusive", description="exclusive: the whole GPU; time_slice / mps: a declared share of it; mig: one MIG "
-                                 "instance of it. Runs may hold one GPU at once only when all declare sharing of one "
-                                 "kind and the shares stay within the whole GPU")
-    share: float | None = Field(None, gt=0, le=1, description="share of the GPU's energy and hours (time_slice, "
-                                                              "mps: required; mig: default the profile's compute "
-                                                              "slices of 7)")
+        "exclusive",
+        description="exclusive: the whole GPU; time_slice / mps: a declared share of it; mig: one MIG "
+        "instance of it. Runs may hold one GPU at once only when all declare sharing of one "
+        "kind and the shares stay within the whole GPU",
+    )
+    share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="share of the GPU's energy and hours (time_slice, "
+        "mps: required; mig: default the profile's compute "
+        "slices of 7)",
+    )
     mig_profile: str | None = Field(None, pattern=r"^[1-8]g\.\d{1,3}gb(\+me)?$", description="e.g. 3g.40gb")
     mig_instance: int | None = Field(None, ge=0, le=32767, description="GPU-instance id of the MIG instance")
 
@@ -102,11 +111,14 @@ class Allocation(Strict):
 
     @model_validator(mode="after")
     def _sharing(self) -> Allocation:
-        if self.sharing == "exclusive" and (self.share not in (None, 1.0) or self.mig_profile or
-                                            self.mig_instance is not None):
+        if self.sharing == "exclusive" and (
+            self.share not in (None, 1.0) or self.mig_profile or self.mig_instance is not None
+        ):
             raise ValueError("an exclusive allocation takes the whole GPU; declare sharing to give a share")
         if self.sharing in ("time_slice", "mps") and self.share is None:
-            raise ValueError(f"{self.sharing} needs 'share', the part of the GPU the run declares (0 < share <= 1)")
+            raise ValueError(
+                f"{self.sharing} needs 'share', the part of the GPU the run declares (0 < share <= 1)"
+            )
         if self.sharing == "mig" and (self.mig_profile is None or self.mig_instance is None):
             raise ValueError("a MIG allocation needs 'mig_profile' (e.g. 3g.40gb) and 'mig_instance'")
         if self.sharing != "mig" and (self.mig_profile is not None or self.mig_instance is not None):
@@ -131,14 +143,19 @@ class RunCreate(Strict):
     run_id: str | None = Field(None, pattern=ID_PATTERN, description="generated when omitted")
     name: str | None = Field(None, max_length=256)
     site: str | None = Field(None, pattern=NAME_PATTERN)
-    team: str | None = Field(None, max_length=128, description="default: from the job's scheduler (slurm account, "
-                                                               "Kubernetes namespace) as the teams settings map it")
+    team: str | None = Field(
+        None,
+        max_length=128,
+        description="default: from the job's scheduler (slurm account, "
+        "Kubernetes namespace) as the teams settings map it",
+    )
     start: UtcDatetime | None = Field(None, description="defaults to now")
     end: UtcDatetime | None = None
     params: int | None = Field(None, ge=1, le=BIGINT_MAX, description="model parameters, for MFU")
     labels: dict[str, str] = Field(default_factory=dict)
-    slurm: SlurmJob | None = Field(None, description="a Slurm job's account, user and partition (its prolog sends "
-                                                     "them; node tokens may)")
+    slurm: SlurmJob | None = Field(
+        None, description="a Slurm job's account, user and partition (its prolog sends them; node tokens may)"
+    )
     allocations: list[Allocation] = Field(default_factory=list)
 
 
@@ -162,12 +179,15 @@ class RunPublic(BaseModel):
     params: int | None
     labels: dict[str, Any]
     source: Literal["registered", "inferred"] = Field(
-        "registered", description="'inferred': registered by the collector from the runs agents saw on GPUs")
+        "registered", description="'inferred': registered by the collector from the runs agents saw on GPUs"
+    )
     gpu_count: int
     gpu_equivalents: float = Field(description="GPUs' worth held: the sum of the allocations' shares")
     allocations: list[Allocation]
-    warnings: list[str] = Field(default_factory=list, description="what was accepted but may be a mistake "
-                                                                  "(e.g. a node that never reported)")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what was accepted but may be a mistake (e.g. a node that never reported)",
+    )
 
 
 _MODEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,63}$"
@@ -193,27 +213,35 @@ def _bounded(setting: str) -> Any:
     return check
 
 
-_CURRENCY = Field(None, pattern=r"^[A-Z]{3}$",
-                  description="ISO 4217 code of every price of the site; required once it has a price (amounts are "
-                              "never assumed to be in one). A change holds from `from` like any setting: amounts "
-                              "before it stay in the old currency, and the prices in force then must be given "
-                              "again in the new one (they are not converted)")
+_CURRENCY = Field(
+    None,
+    pattern=r"^[A-Z]{3}$",
+    description="ISO 4217 code of every price of the site; required once it has a price (amounts are "
+    "never assumed to be in one). A change holds from `from` like any setting: amounts "
+    "before it stay in the old currency, and the prices in force then must be given "
+    "again in the new one (they are not converted)",
+)
 
 
 class SiteUpsert(Strict):
     pue: Annotated[float, AfterValidator(_bounded("pue"))] = Field(1.0, description=bounds.PUE.text)
     price_per_kwh: Annotated[float, AfterValidator(_bounded("price_per_kwh"))] = Field(
-        0.0, description=bounds.PRICE_PER_KWH.text)
+        0.0, description=bounds.PRICE_PER_KWH.text
+    )
     gpu_hour_price: Annotated[float, AfterValidator(_bounded("gpu_hour_price"))] = Field(
-        0.0, description=f"default price of a GPU-hour: {bounds.GPU_HOUR_PRICE.text}")
+        0.0, description=f"default price of a GPU-hour: {bounds.GPU_HOUR_PRICE.text}"
+    )
     currency: str | None = _CURRENCY
     carbon_region: str | None = Field(None, max_length=128)
     carbon_g_per_kwh: Annotated[float | None, AfterValidator(_bounded("carbon_g_per_kwh"))] = Field(
-        None, description=bounds.CARBON_G_PER_KWH.text)
+        None, description=bounds.CARBON_G_PER_KWH.text
+    )
     gpu_hour_prices: dict[str, float] = Field(
-        default_factory=dict, max_length=64,
+        default_factory=dict,
+        max_length=64,
         description="GPU-hour price per GPU model: a key matches GPUs whose model name contains it "
-                    "(case-insensitive; the longest key wins), e.g. {\"H100\": 3.1, \"A100\": 1.9}")
+        '(case-insensitive; the longest key wins), e.g. {"H100": 3.1, "A100": 1.9}',
+    )
 
     @field_validator("gpu_hour_prices")
     @classmethod
@@ -229,13 +257,16 @@ class SiteUpdate(Strict):
 
     pue: Annotated[float | None, AfterValidator(_bounded("pue"))] = Field(None, description=bounds.PUE.text)
     price_per_kwh: Annotated[float | None, AfterValidator(_bounded("price_per_kwh"))] = Field(
-        None, description=bounds.PRICE_PER_KWH.text)
+        None, description=bounds.PRICE_PER_KWH.text
+    )
     gpu_hour_price: Annotated[float | None, AfterValidator(_bounded("gpu_hour_price"))] = Field(
-        None, description=bounds.GPU_HOUR_PRICE.text)
+        None, description=bounds.GPU_HOUR_PRICE.text
+    )
     currency: str | None = _CURRENCY
     carbon_region: str | None = Field(None, max_length=128)
     carbon_g_per_kwh: Annotated[float | None, AfterValidator(_bounded("carbon_g_per_kwh"))] = Field(
-        None, description=bounds.CARBON_G_PER_KWH.text)
+        None, description=bounds.CARBON_G_PER_KWH.text
+    )
     gpu_hour_prices: dict[str, float | None] | None = Field(None, max_length=64)
 
     @field_validator("pue", "price_per_kwh", "gpu_hour_price", "currency", "gpu_hour_prices", mode="before")
@@ -258,8 +289,9 @@ class SitePublic(BaseModel):
     pue: float
     price_per_kwh: float
     gpu_hour_price: float
-    currency: str | None = Field(description="the currency in force; null for a site that has no prices and was "
-                                             "given none")
+    currency: str | None = Field(
+        description="the currency in force; null for a site that has no prices and was given none"
+    )
     carbon_region: str | None
     carbon_g_per_kwh: float | None
     gpu_hour_prices: dict[str, float] = Field(description="GPU-model prices in force (model key -> price)")
@@ -267,10 +299,13 @@ class SitePublic(BaseModel):
 
 
 class SiteSettingPoint(BaseModel):
-    setting: Literal["pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh", "currency"]
+    setting: Literal[
+        "pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh", "currency"
+    ]
     gpu_model: str | None = Field(description="for a GPU-hour price of one GPU model")
-    valid_from: AwareDatetime | None = Field(description="in force from this time until the next change of the "
-                                                         "setting; null: from the beginning")
+    valid_from: AwareDatetime | None = Field(
+        description="in force from this time until the next change of the setting; null: from the beginning"
+    )
     value: float | str | None
     set_at: AwareDatetime = Field(description="when the change was made")
 
@@ -303,11 +338,14 @@ def _distinct_times(points: list[Any]) -> list[Any]:
 class CarbonSeries(Strict):
     points: list[CarbonPoint] = Field(min_length=1, max_length=100_000)
     method: Literal["average", "marginal"] | None = Field(
-        None, description="what the intensities are: the grid mix's average (Electricity Maps, inventories) or the "
-                          "marginal generator's (WattTime's MOER); recorded for the region, 'average' when a "
-                          "region's first series says nothing")
-    name: str | None = Field(None, max_length=128, description="readable name of the region (country or grid), "
-                                                               "for reports")
+        None,
+        description="what the intensities are: the grid mix's average (Electricity Maps, inventories) or the "
+        "marginal generator's (WattTime's MOER); recorded for the region, 'average' when a "
+        "region's first series says nothing",
+    )
+    name: str | None = Field(
+        None, max_length=128, description="readable name of the region (country or grid), for reports"
+    )
 
     @field_validator("points")
     @classmethod
@@ -336,8 +374,11 @@ class PriceSeries(Strict):
 class TokenCreate(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     role: Literal["node", "progress", "finance", "sre", "admin", "remote_write"]
-    node: str | None = Field(None, pattern=NAME_PATTERN,
-                             description="node: the node it writes (required); progress: only runs on this node")
+    node: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="node: the node it writes (required); progress: only runs on this node",
+    )
 
 
 class TokenCreated(BaseModel):
@@ -372,12 +413,16 @@ class NodeUpdate(Strict):
 class LostCost(BaseModel):
     """GPU-time lost to incidents and what it cost, at the run's prices (contracts.md section 3.2)."""
 
-    gpu_hours: float = Field(description="lost GPU-hours: Σ lost share × allocation share × hours of the claim")
+    gpu_hours: float = Field(
+        description="lost GPU-hours: Σ lost share × allocation share × hours of the claim"
+    )
     gpu_kwh: float
     host_kwh: float = Field(description="host energy × lost GPU shares ÷ GPUs the node reports")
     it_kwh: float
     facility_kwh: float = Field(description="IT energy × the PUE in force")
-    co2e_kg: float | None = Field(description="null when the site has no carbon intensity (or the run no site)")
+    co2e_kg: float | None = Field(
+        description="null when the site has no carbon intensity (or the run no site)"
+    )
     energy_cost: float | None = Field(description="null when the run's money cannot be computed (its errors)")
     compute_cost: float | None = Field(description="lost GPU-hours × the GPU-hour price in force")
     total_cost: float | None
@@ -391,8 +436,10 @@ class IncidentLost(LostCost):
     gpus: int = Field(description="GPUs of the run the incident holds back")
     span_s: float = Field(description="seconds of the incident inside the run's window (open: up to now)")
     lost_share: float = Field(description="mean lost share (0-1) of its GPUs over the span")
-    basis: str = Field(description="what the lost share rests on: an evidence field, a formula, whole_span or "
-                                   "not_estimated (a kind without a loss model: nothing counted as lost)")
+    basis: str = Field(
+        description="what the lost share rests on: an evidence field, a formula, whole_span or "
+        "not_estimated (a kind without a loss model: nothing counted as lost)"
+    )
 
 
 class LostToIncidents(LostCost):
@@ -414,14 +461,18 @@ class IncidentPublic(BaseModel):
     end: AwareDatetime | None
     last_seen: AwareDatetime
     evidence: dict[str, Any]
-    lost: IncidentLost | None = Field(None, description="run-scoped incidents: the GPU-time they lost and its cost "
-                                                        "at the run's prices; null for node-scoped ones")
+    lost: IncidentLost | None = Field(
+        None,
+        description="run-scoped incidents: the GPU-time they lost and its cost "
+        "at the run's prices; null for node-scoped ones",
+    )
     actions: list[dict[str, Any]] = Field(
         default_factory=list,
         description="what the quarantine hooks and the run actions did: action (slurm_drain, k8s_cordon; "
-                    "notify, slurm_requeue, slurm_cancel, k8s_annotate), target (node, job or object), time, "
-                    "result (done, dry_run, failed, skipped, rate_limited) and detail; run actions also say who "
-                    "decided (by), why (reason) and what allow-listed the run (allowed_by)")
+        "notify, slurm_requeue, slurm_cancel, k8s_annotate), target (node, job or object), time, "
+        "result (done, dry_run, failed, skipped, rate_limited) and detail; run actions also say who "
+        "decided (by), why (reason) and what allow-listed the run (allowed_by)",
+    )
 
 
 class Progress(Strict):
@@ -433,6 +484,7 @@ class Progress(Strict):
 
 # ---------------------------------------------------------------- accounting (contracts.md section 3)
 
+
 def _time(description: str) -> Any:
     return Field(description=description + " (RFC 3339 UTC)", json_schema_extra={"format": "date-time"})
 
@@ -440,22 +492,33 @@ def _time(description: str) -> Any:
 class Efficiency(BaseModel):
     tokens: float | None = Field(description="tokens processed in the window (cumulative progress reports)")
     samples: float | None = Field(description="samples processed in the window")
-    tokens_per_s: float | None = Field(description="tokens ÷ seconds between the reports that bound the window")
+    tokens_per_s: float | None = Field(
+        description="tokens ÷ seconds between the reports that bound the window"
+    )
     tokens_per_joule: float | None = Field(description="tokens per joule of IT energy (GPU + host share)")
     tokens_per_kwh: float | None = Field(description="tokens per kWh of IT energy")
     samples_per_kwh: float | None
     params: int | None = Field(description="model parameters (runs.params)")
     gpu_model: str | None = Field(description="GPU model from node facts; 'mixed' when the run's GPUs differ")
     peak_flops: float | None = Field(description="sum of the run's GPUs' peak dense BF16 FLOP/s")
-    peak_dtype: str | None = Field(None, description="precision of the peaks: bf16 (fp16 on GPUs without BF16, such "
-                                                     "as V100); mixed when the run's GPUs differ")
-    peak_sources: list[str] = Field(default_factory=list, description="the datasheet (or node fact) of each peak")
-    mfu: float | None = Field(description="6 × params × tokens_per_s ÷ peak_flops; null when above 1 (see "
-                                          "mfu_problem)")
+    peak_dtype: str | None = Field(
+        None,
+        description="precision of the peaks: bf16 (fp16 on GPUs without BF16, such "
+        "as V100); mixed when the run's GPUs differ",
+    )
+    peak_sources: list[str] = Field(
+        default_factory=list, description="the datasheet (or node fact) of each peak"
+    )
+    mfu: float | None = Field(
+        description="6 × params × tokens_per_s ÷ peak_flops; null when above 1 (see mfu_problem)"
+    )
     mfu_unchecked: float | None = Field(None, description="the MFU as computed, also when above 1")
-    mfu_problem: str | None = Field(None, description="why the MFU cannot be right (above 1: wrong params, token "
-                                                      "count or peak)")
-    lost_gpu_hours: float | None = Field(description="GPU-hours the ledger puts in a state other than productive")
+    mfu_problem: str | None = Field(
+        None, description="why the MFU cannot be right (above 1: wrong params, token count or peak)"
+    )
+    lost_gpu_hours: float | None = Field(
+        description="GPU-hours the ledger puts in a state other than productive"
+    )
     goodput: float | None = Field(description="the ledger's productive share of the run's GPU-hours")
 
 
@@ -466,8 +529,10 @@ class LedgerState(BaseModel):
     gpu_kwh: float
     facility_kwh: float = Field(description="IT energy (GPU and host share) × the PUE in force")
     co2e_kg: float | None = Field(description="null when the run's CO2e is (no carbon intensity known)")
-    total_cost: float | None = Field(description="energy and compute cost of these GPU-hours, in the run's currency "
-                                                 "(null when the run's money cannot be computed)")
+    total_cost: float | None = Field(
+        description="energy and compute cost of these GPU-hours, in the run's currency "
+        "(null when the run's money cannot be computed)"
+    )
 
 
 class Ledger(BaseModel):
@@ -491,7 +556,9 @@ class LedgerSumState(BaseModel):
     gpu_kwh: float
     facility_kwh: float
     co2e_kg: float = Field(description="CO2e of the energy whose carbon intensity is known")
-    total_cost: float | None = Field(description="null when the runs' currencies differ (see costs_by_currency)")
+    total_cost: float | None = Field(
+        description="null when the runs' currencies differ (see costs_by_currency)"
+    )
     costs_by_currency: dict[str, float]
 
 
@@ -527,13 +594,17 @@ class AccountingSegment(BaseModel):
 class RatePeriod(BaseModel):
     """Site settings in force over one period of the window (a dated change starts a new period)."""
 
-    from_: str = Field(alias="from", description="period start (RFC 3339 UTC)", json_schema_extra={"format": "date-time"})
+    from_: str = Field(
+        alias="from", description="period start (RFC 3339 UTC)", json_schema_extra={"format": "date-time"}
+    )
     to: str = _time("period end")
     pue: float
     price_per_kwh: float
     gpu_hour_price: float = Field(description="the site's default GPU-hour price")
     carbon_region: str | None
-    carbon_g_per_kwh: float | None = Field(description="the site's constant intensity (used without a series)")
+    carbon_g_per_kwh: float | None = Field(
+        description="the site's constant intensity (used without a series)"
+    )
     currency: str | None = Field(None, description="the currency in force (a dated setting like the others)")
 
 
@@ -553,7 +624,9 @@ class GpuModelCount(BaseModel):
 
 class CarbonRegionUsed(BaseModel):
     region: str
-    method: Literal["average", "marginal"] | None = Field(description="as recorded for the series; null if never")
+    method: Literal["average", "marginal"] | None = Field(
+        description="as recorded for the series; null if never"
+    )
     name: str | None = Field(description="country or region name, as recorded")
 
 
@@ -576,53 +649,82 @@ class RunAccounting(BaseModel):
     it_kwh: float
     pue: float
     facility_kwh: float
-    co2e_kg: float | None = Field(description="null when the site has no carbon intensity (or the run no site)")
-    energy_cost: float | None = Field(description="facility energy × the energy price in force, as computed (to 1e-9 "
-                                                  "of the currency; rounding to minor units is presentation); null "
-                                                  "when it cannot be computed (see errors) or the window crosses a "
-                                                  "currency change (see costs_by_currency)")
-    compute_cost: float | None = Field(description="gpu_hours × the GPU-hour price in force; null as energy_cost")
+    co2e_kg: float | None = Field(
+        description="null when the site has no carbon intensity (or the run no site)"
+    )
+    energy_cost: float | None = Field(
+        description="facility energy × the energy price in force, as computed (to 1e-9 "
+        "of the currency; rounding to minor units is presentation); null "
+        "when it cannot be computed (see errors) or the window crosses a "
+        "currency change (see costs_by_currency)"
+    )
+    compute_cost: float | None = Field(
+        description="gpu_hours × the GPU-hour price in force; null as energy_cost"
+    )
     total_cost: float | None = Field(description="energy_cost + compute_cost; null as energy_cost")
-    currency: str | None = Field(description="the site's currency; null for a run without a site (or across a "
-                                             "currency change)")
+    currency: str | None = Field(
+        description="the site's currency; null for a run without a site (or across a currency change)"
+    )
     coverage: float = Field(description="share of allocated GPU-seconds inside counted intervals, 0-1")
     name: str | None
     site: str | None
     team: str | None
     state: Literal["pending", "running", "ended"] = Field(description="as GET /v1/runs/{id} says it")
-    planned_end: str | None = _time("the end a running run was registered with; null once it ended or without one")
+    planned_end: str | None = _time(
+        "the end a running run was registered with; null once it ended or without one"
+    )
     window_start: str = _time("start of the accounted window")
     window_end: str = _time("end of the accounted window (now for a running run)")
     duration_s: float = Field(description="window_end - window_start, seconds")
     source: Literal["rollup", "raw", "mixed"] = Field(
-        description="rollups (with raw partial minutes), raw samples, or both (data pending in the rollup queue)")
+        description="rollups (with raw partial minutes), raw samples, or both (data pending in the rollup queue)"
+    )
     max_gap_s: float
     carbon_source: Literal["series", "site_constant", "none", "mixed"]
     carbon_method: Literal["average", "marginal", "mixed"] | None = Field(
         description="carbon intensities used: grid average or marginal (as recorded for each series; a site's "
-                    "constant is an average factor); null when unknown")
-    carbon_series: list[CarbonRegionUsed] = Field(description="carbon regions in force during the window: their "
-                                                               "method and name as recorded")
+        "constant is an average factor); null when unknown"
+    )
+    carbon_series: list[CarbonRegionUsed] = Field(
+        description="carbon regions in force during the window: their method and name as recorded"
+    )
     price_source: Literal["time_of_use", "flat", "none"]
-    gpu_hour_price: float | None = Field(description="compute_cost ÷ gpu_hours (the price in force when no hours)")
-    gpu_equivalents: float = Field(description="GPUs' worth held: Σ shares (gpu_count without declared sharing)")
+    gpu_hour_price: float | None = Field(
+        description="compute_cost ÷ gpu_hours (the price in force when no hours)"
+    )
+    gpu_equivalents: float = Field(
+        description="GPUs' worth held: Σ shares (gpu_count without declared sharing)"
+    )
     gpu_models: list[GpuModelCount]
     co2e_unknown_kwh: float = Field(description="facility energy with no known carbon intensity")
-    g_co2e_per_kwh: float | None = Field(description="energy-weighted carbon intensity used (co2e ÷ facility kWh)")
-    gpu_power_w: float | None = Field(description="average power of the run's GPUs together over the window, W")
+    g_co2e_per_kwh: float | None = Field(
+        description="energy-weighted carbon intensity used (co2e ÷ facility kWh)"
+    )
+    gpu_power_w: float | None = Field(
+        description="average power of the run's GPUs together over the window, W"
+    )
     it_power_w: float | None = Field(description="average IT power (GPUs and their host share), W")
-    emissions_rate_kg_s: float | None = Field(description="co2e_kg ÷ duration_s (CodeCarbon's emissions_rate)")
-    minor_units: int = Field(description="decimal places of the currency's minor unit (2 for EUR, 0 for JPY), for "
-                                         "presentation")
+    emissions_rate_kg_s: float | None = Field(
+        description="co2e_kg ÷ duration_s (CodeCarbon's emissions_rate)"
+    )
+    minor_units: int = Field(
+        description="decimal places of the currency's minor unit (2 for EUR, 0 for JPY), for presentation"
+    )
     costs_by_currency: dict[str, CurrencyCostOrNull] = Field(
-        description="money per currency the window was priced in (one, unless it crosses a currency change)")
+        description="money per currency the window was priced in (one, unless it crosses a currency change)"
+    )
     rates: list[RatePeriod] = Field(description="the site's settings in force during the window, per period")
     gpu_model_prices: list[ModelPrice] = Field(description="GPU-model prices in force for the run's GPUs")
     efficiency: Efficiency
     lost_to_incidents: LostToIncidents = Field(
-        description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.2)")
-    ledger: Ledger | None = Field(None, description="where every GPU-hour of the window went (contracts.md section 3)")
-    errors: list[str] = Field(description="figures that could not be computed and why (null above); empty when none")
+        description="GPU-time of the window lost to the run's incidents and what it cost (contracts.md section 3.2)"
+    )
+    ledger: Ledger | None = Field(
+        None, description="where every GPU-hour of the window went (contracts.md section 3)"
+    )
+    errors: list[str] = Field(
+        description="figures that could not be computed and why (null above); empty when none"
+    )
     segments: list[AccountingSegment] | None = Field(None, description="per tariff segment, when asked for")
 
 
@@ -648,7 +750,9 @@ class FleetBlock(BaseModel):
     costs_by_currency: dict[str, CurrencyCost]
     coverage: float
     ledger: LedgerSum | None = Field(None, description="blocks of runs: their ledgers added up, per state")
-    waste: WasteSum | None = Field(None, description="blocks of runs: every state of their ledgers but productive")
+    waste: WasteSum | None = Field(
+        None, description="blocks of runs: every state of their ledgers but productive"
+    )
 
 
 class FleetGroup(FleetBlock):
@@ -656,8 +760,9 @@ class FleetGroup(FleetBlock):
 
 
 class FleetAccounting(BaseModel):
-    from_: str = Field(alias="from", description="period start (RFC 3339 UTC)",
-                       json_schema_extra={"format": "date-time"})
+    from_: str = Field(
+        alias="from", description="period start (RFC 3339 UTC)", json_schema_extra={"format": "date-time"}
+    )
     to: str = _time("period end")
     window_end: str = _time("end of the accounted period (now, when the period reaches into the future)")
     group_by: Literal["site", "team", "run"]
@@ -665,14 +770,22 @@ class FleetAccounting(BaseModel):
     max_gap_s: float
     groups: list[FleetGroup]
     runs: FleetBlock = Field(description="all runs in the period (the groups together)")
-    unallocated: FleetBlock = Field(description="GPU time no run held, inside sample intervals (with telemetry), "
-                                                "and the hosts' idle share")
-    no_telemetry: FleetBlock = Field(description="GPU time no run held and no sample covers: no energy is known; "
-                                                 "a GPU counts from when it joined the fleet (first sample, first "
-                                                 "run, registration) until it left (silent past "
-                                                 "accounting.gone_after_s)")
-    total: FleetBlock = Field(description="every GPU and host of the fleet in the period; its money is runs + "
-                                          "unallocated")
-    errors: list[str] = Field(default_factory=list, description="lines whose money could not be computed and why "
-                                                                "(their currency's money is null in every block "
-                                                                "they are in)")
+    unallocated: FleetBlock = Field(
+        description="GPU time no run held, inside sample intervals (with telemetry), "
+        "and the hosts' idle share"
+    )
+    no_telemetry: FleetBlock = Field(
+        description="GPU time no run held and no sample covers: no energy is known; "
+        "a GPU counts from when it joined the fleet (first sample, first "
+        "run, registration) until it left (silent past "
+        "accounting.gone_after_s)"
+    )
+    total: FleetBlock = Field(
+        description="every GPU and host of the fleet in the period; its money is runs + unallocated"
+    )
+    errors: list[str] = Field(
+        default_factory=list,
+        description="lines whose money could not be computed and why "
+        "(their currency's money is null in every block "
+        "they are in)",
+    )

@@ -72,13 +72,35 @@ KEYS = ("gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "energy_cost
 
 
 def _gpu_dtype(node_len: int) -> np.dtype:
-    return np.dtype([("n", ">i2"), ("lt", ">i4"), ("t", ">i8"), ("ln", ">i4"), ("node", f"S{node_len}"),
-                     ("lg", ">i4"), ("g", ">i2"), ("lp", ">i4"), ("p", ">f4"), ("le", ">i4"), ("e", ">i8")])
+    return np.dtype(
+        [
+            ("n", ">i2"),
+            ("lt", ">i4"),
+            ("t", ">i8"),
+            ("ln", ">i4"),
+            ("node", f"S{node_len}"),
+            ("lg", ">i4"),
+            ("g", ">i2"),
+            ("lp", ">i4"),
+            ("p", ">f4"),
+            ("le", ">i4"),
+            ("e", ">i8"),
+        ]
+    )
 
 
 def _host_dtype(node_len: int) -> np.dtype:
-    return np.dtype([("n", ">i2"), ("lt", ">i4"), ("t", ">i8"), ("ln", ">i4"), ("node", f"S{node_len}"),
-                     ("lp", ">i4"), ("p", ">f4")])
+    return np.dtype(
+        [
+            ("n", ">i2"),
+            ("lt", ">i4"),
+            ("t", ">i8"),
+            ("ln", ">i4"),
+            ("node", f"S{node_len}"),
+            ("lp", ">i4"),
+            ("p", ">f4"),
+        ]
+    )
 
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
@@ -86,8 +108,9 @@ TRAILER = b"\xff\xff"
 CHUNK_BYTES = 8 << 20
 
 
-def node_gpu_rows(node: str, gpus: int, lo_s: float, hi_s: float, step_s: float, rng: np.random.Generator
-                  ) -> bytes:
+def node_gpu_rows(
+    node: str, gpus: int, lo_s: float, hi_s: float, step_s: float, rng: np.random.Generator
+) -> bytes:
     """Binary COPY rows (time, node, gpu, power_w, energy_mj) of one node's GPUs."""
     base = np.arange(lo_s, hi_s + step_s, step_s)
     n = len(base)
@@ -124,7 +147,7 @@ def copy(conn: psycopg.Connection, table_cols: str, payload: bytes) -> None:
     with conn.cursor().copy(f"COPY {table_cols} FROM STDIN (FORMAT BINARY)") as cp:
         cp.write(HEADER)
         for i in range(0, len(payload), CHUNK_BYTES):
-            cp.write(payload[i:i + CHUNK_BYTES])
+            cp.write(payload[i : i + CHUNK_BYTES])
         cp.write(TRAILER)
 
 
@@ -149,44 +172,64 @@ def load(url: str, args: argparse.Namespace, say: Callable[[str], None]) -> dict
     gpu_rows = 0
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO sites (site, currency) VALUES ('bench', 'EUR')")
-        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num, txt) VALUES "
-                     "('bench', 'pue', '-infinity', 1.18, NULL), ('bench', 'price_per_kwh', '-infinity', 0.12, NULL), "
-                     "('bench', 'gpu_hour_price', '-infinity', 2.5, NULL), "
-                     "('bench', 'carbon_region', '-infinity', NULL, 'BENCH')")
+        conn.execute(
+            "INSERT INTO site_settings (site, setting, valid_from, num, txt) VALUES "
+            "('bench', 'pue', '-infinity', 1.18, NULL), ('bench', 'price_per_kwh', '-infinity', 0.12, NULL), "
+            "('bench', 'gpu_hour_price', '-infinity', 2.5, NULL), "
+            "('bench', 'carbon_region', '-infinity', NULL, 'BENCH')"
+        )
         hours = int(span_s // 3600) + 2
-        conn.execute("INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) SELECT 'BENCH', "
-                     "%s + make_interval(hours => h), 250 + 150 * sin(h / 4.0) FROM generate_series(-1, %s) h",
-                     (T0, hours))
+        conn.execute(
+            "INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) SELECT 'BENCH', "
+            "%s + make_interval(hours => h), 250 + 150 * sin(h / 4.0) FROM generate_series(-1, %s) h",
+            (T0, hours),
+        )
         # Dated settings in force during the run: a measured PUE per day (loaded like carbon), an energy
         # price change at an unaligned time, a GPU-hour price change, and an H100 price of its own.
-        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num) SELECT 'bench', 'pue', "
-                     "%s + make_interval(days => d), 1.12 + 0.04 * (d %% 3) FROM generate_series(0, %s) d",
-                     (T0, int(args.days) + 1))
-        conn.execute("INSERT INTO site_settings (site, setting, valid_from, num) VALUES ('bench', 'price_per_kwh', "
-                     "%s, 0.31), ('bench', 'gpu_hour_price', %s, 2.75)",
-                     (T0 + timedelta(seconds=span_s / 2 + 7.25), T0 + timedelta(seconds=span_s / 3)))
-        conn.execute("INSERT INTO site_settings (site, setting, gpu_model, valid_from, num) VALUES "
-                     "('bench', 'gpu_hour_price', 'H100', '-infinity', 3.1)")
+        conn.execute(
+            "INSERT INTO site_settings (site, setting, valid_from, num) SELECT 'bench', 'pue', "
+            "%s + make_interval(days => d), 1.12 + 0.04 * (d %% 3) FROM generate_series(0, %s) d",
+            (T0, int(args.days) + 1),
+        )
+        conn.execute(
+            "INSERT INTO site_settings (site, setting, valid_from, num) VALUES ('bench', 'price_per_kwh', "
+            "%s, 0.31), ('bench', 'gpu_hour_price', %s, 2.75)",
+            (T0 + timedelta(seconds=span_s / 2 + 7.25), T0 + timedelta(seconds=span_s / 3)),
+        )
+        conn.execute(
+            "INSERT INTO site_settings (site, setting, gpu_model, valid_from, num) VALUES "
+            "('bench', 'gpu_hour_price', 'H100', '-infinity', 3.1)"
+        )
         ids = run_ids(getattr(args, "runs", 1))
-        conn.cursor().executemany('INSERT INTO runs (run_id, name, site, team, start, "end", params) '
-                         "VALUES (%s, %s, 'bench', %s, %s, %s, 70000000000)",
-                         [(r, r, f"team-{i % 8}", run_start, run_end) for i, r in enumerate(ids)])
+        conn.cursor().executemany(
+            'INSERT INTO runs (run_id, name, site, team, start, "end", params) '
+            "VALUES (%s, %s, 'bench', %s, %s, %s, 70000000000)",
+            [(r, r, f"team-{i % 8}", run_start, run_end) for i, r in enumerate(ids)],
+        )
         per_run = max(args.gpus // len(ids), 1)
         left = args.gpus
         index = 0
         for node in nodes:
             count = min(GPUS_PER_NODE, left)
             left -= count
-            conn.execute("INSERT INTO nodes (node, site, gpu_count, facts) VALUES (%s, 'bench', %s, "
-                         "'{\"gpu_model\": \"NVIDIA H100 80GB HBM3\"}')", (node, count))
-            conn.cursor().executemany("INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s)",
-                             [(ids[min((index + g) // per_run, len(ids) - 1)], node, g) for g in range(count)])
+            conn.execute(
+                "INSERT INTO nodes (node, site, gpu_count, facts) VALUES (%s, 'bench', %s, "
+                '\'{"gpu_model": "NVIDIA H100 80GB HBM3"}\')',
+                (node, count),
+            )
+            conn.cursor().executemany(
+                "INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s)",
+                [(ids[min((index + g) // per_run, len(ids) - 1)], node, g) for g in range(count)],
+            )
             index += count
             payload = node_gpu_rows(node, count, -60.0, span_s + 60.0, args.interval_s, rng)
             gpu_rows += len(payload) // _gpu_dtype(len(node)).itemsize
             copy(conn, "gpu_samples (time, node, gpu, power_w, energy_mj)", payload)
-            copy(conn, "host_samples (time, node, host_power_w)",
-                 node_host_rows(node, -60.0, span_s + 60.0, args.interval_s, rng))
+            copy(
+                conn,
+                "host_samples (time, node, host_power_w)",
+                node_host_rows(node, -60.0, span_s + 60.0, args.interval_s, rng),
+            )
         say(f"loaded {gpu_rows:,} GPU samples on {len(nodes)} nodes in {time.perf_counter() - t:.0f} s")
         t = time.perf_counter()
         conn.execute("VACUUM ANALYZE gpu_samples")
@@ -228,11 +271,15 @@ def add_incidents(url: str, span_s: float) -> int:
     """Every run's incidents of :data:`SCHEDULE`, resolved, in one COPY."""
     with psycopg.connect(url, autocommit=True) as conn:
         alloc: dict[str, list[tuple[str, int]]] = {}
-        for run_id, node, gpu in conn.execute("SELECT run_id, node, gpu FROM run_allocations ORDER BY 1, 2, 3"):
+        for run_id, node, gpu in conn.execute(
+            "SELECT run_id, node, gpu FROM run_allocations ORDER BY 1, 2, 3"
+        ):
             alloc.setdefault(run_id, []).append((node, gpu))
         n = 0
-        with conn.cursor().copy('COPY incidents (kind, scope_key, run_id, severity, state, start, "end", last_seen, '
-                                "evidence) FROM STDIN") as cp:
+        with conn.cursor().copy(
+            'COPY incidents (kind, scope_key, run_id, severity, state, start, "end", last_seen, '
+            "evidence) FROM STDIN"
+        ) as cp:
             for run_id, gpus in alloc.items():
                 listed = [{"node": node, "gpu": gpu} for node, gpu in gpus]
                 for kind, every, first, dur, ev in SCHEDULE:
@@ -242,16 +289,28 @@ def add_incidents(url: str, span_s: float) -> int:
                     t = first
                     while t < span_s:
                         a, b = T0 + timedelta(seconds=t), T0 + timedelta(seconds=min(t + dur, span_s))
-                        cp.write_row((kind, f"{kind}|{run_id}|{t}", run_id, "warning", "resolved", a, b, b,
-                                      json.dumps(evidence)))
+                        cp.write_row(
+                            (
+                                kind,
+                                f"{kind}|{run_id}|{t}",
+                                run_id,
+                                "warning",
+                                "resolved",
+                                a,
+                                b,
+                                b,
+                                json.dumps(evidence),
+                            )
+                        )
                         n += 1
                         t += every
         conn.execute("ANALYZE incidents")
     return n
 
 
-def timed(conn: psycopg.Connection, runs: list[Run], source: str, repeat: int, max_gap_s: float,
-          ledger: bool = True) -> tuple[float, list[AccountingBody]]:
+def timed(
+    conn: psycopg.Connection, runs: list[Run], source: str, repeat: int, max_gap_s: float, ledger: bool = True
+) -> tuple[float, list[AccountingBody]]:
     times: list[float] = []
     bodies: list[AccountingBody] = []
     for _ in range(repeat):
@@ -278,7 +337,9 @@ def ledger_gap(bodies: list[AccountingBody]) -> Decimal:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=512)
-    ap.add_argument("--runs", type=int, default=512, help="runs the GPUs are split into (1: one run of them all)")
+    ap.add_argument(
+        "--runs", type=int, default=512, help="runs the GPUs are split into (1: one run of them all)"
+    )
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--interval-s", type=float, default=10.0)
     ap.add_argument("--repeat", type=int, default=5, help="timed repetitions of the rollup answers")
@@ -298,10 +359,14 @@ def main() -> None:
     with psycopg.connect(server, autocommit=True) as conn:
         where, free = free_bytes(conn)
     if free < need:
-        sys.exit(f"bench/accounting.py: {free / 1e9:.1f} GB free at {where}, about {need / 1e9:.1f} GB needed "
-                 f"for {samples:,} samples; use --gpus or --days to scale down")
-    say(f"{args.gpus} GPUs in {args.runs} runs x {args.days:g} days at {args.interval_s:g} s: ~{samples:,} GPU "
-        f"samples ({free / 1e9:.0f} GB free at {where})")
+        sys.exit(
+            f"bench/accounting.py: {free / 1e9:.1f} GB free at {where}, about {need / 1e9:.1f} GB needed "
+            f"for {samples:,} samples; use --gpus or --days to scale down"
+        )
+    say(
+        f"{args.gpus} GPUs in {args.runs} runs x {args.days:g} days at {args.interval_s:g} s: ~{samples:,} GPU "
+        f"samples ({free / 1e9:.0f} GB free at {where})"
+    )
     with scratch_database(server, "gpufleet_bench_acct") as url:
         migrate.upgrade(url, load_settings(database_url=url))
         info = load(url, args, say)
@@ -325,38 +390,69 @@ def main() -> None:
             rollup_ms, rolled = timed(conn, runs, "rollup", args.repeat, args.max_gap_s)
             raw_ms, raw = timed(conn, runs, "raw", args.raw_repeat, args.max_gap_s)
     bare_ms, auto_ms = min(bare_ms, bare2_ms), min(auto_ms, auto2_ms)
-    errs = {k: abs(total(auto, k) - total(raw, k)) / abs(total(raw, k)) if total(raw, k) else abs(total(auto, k))
-            for k in KEYS}
+    errs = {
+        k: abs(total(auto, k) - total(raw, k)) / abs(total(raw, k)) if total(raw, k) else abs(total(auto, k))
+        for k in KEYS
+    }
     max_err = max(errs.values())
     gap = ledger_gap(auto)
     waste = sum(total([b], "gpu_hours") - float(b["ledger"]["productive"]["gpu_hours"] or 0) for b in auto)
     hours = total(auto, "gpu_hours")
-    say(f"database {size / 1e9:.2f} GB; {len(runs)} runs: {total(raw, 'gpu_kwh'):.1f} GPU kWh, "
+    say(
+        f"database {size / 1e9:.2f} GB; {len(runs)} runs: {total(raw, 'gpu_kwh'):.1f} GPU kWh, "
         f"{total(raw, 'facility_kwh'):.1f} facility kWh, {total(raw, 'co2e_kg'):.1f} kg CO2e, "
         f"{total(raw, 'total_cost'):.2f} {raw[0]['currency']}; {waste:.1f} of {hours:.1f} GPU-hours wasted "
         f"({100 * waste / hours:.1f} %); every ledger adds up to its run's GPU-hours "
-        + ("exactly" if gap == 0 else f"within {gap} h"))
-    say(f"accounting from rollups: {auto_ms:.1f} ms with the ledger, {bare_ms:.1f} ms without "
+        + ("exactly" if gap == 0 else f"within {gap} h")
+    )
+    say(
+        f"accounting from rollups: {auto_ms:.1f} ms with the ledger, {bare_ms:.1f} ms without "
         f"(ledger/without {auto_ms / bare_ms:.2f}x), {rollup_ms:.1f} ms (rollup); from raw samples: {raw_ms:.0f} ms; "
         f"raw/rollup {raw_ms / auto_ms:.0f}x; max relative difference {max_err:.2e} "
-        f"({max(errs, key=errs.__getitem__)})")
-    say(f"the first reader (nothing kept yet): {cold_ms:.1f} ms with the ledger, {cold_bare_ms:.1f} ms without "
-        f"({cold_ms / cold_bare_ms:.2f}x)")
+        f"({max(errs, key=errs.__getitem__)})"
+    )
+    say(
+        f"the first reader (nothing kept yet): {cold_ms:.1f} ms with the ledger, {cold_bare_ms:.1f} ms without "
+        f"({cold_ms / cold_bare_ms:.2f}x)"
+    )
     same = all(total(bare, k) == total(auto, k) for k in KEYS)
-    say("target: the ledger in the same time class as the accounting without it (within 2x): "
-        + ("met" if auto_ms < 2 * bare_ms else "NOT met") + "; rollup == raw within 0.1%: "
-        + ("met" if max_err < 1e-3 else "NOT met") + ("" if same else "; the ledger changed the run's figures!"))
-    print(json.dumps({
-        "name": "accounting", "value": round(auto_ms, 2), "unit": "ms", "baseline": round(bare_ms, 2),
-        "gpus": args.gpus, "runs": len(runs), "days": args.days, "interval_s": args.interval_s, **info,
-        "incidents": incidents, "db_bytes": size,
-        "latency_ms": round(auto_ms, 2), "no_ledger_ms": round(bare_ms, 2), "ledger_ratio": round(auto_ms / bare_ms, 2),
-        "cold_latency_ms": round(cold_ms, 2), "cold_no_ledger_ms": round(cold_bare_ms, 2),
-        "rollup_latency_ms": round(rollup_ms, 2), "raw_latency_ms": round(raw_ms, 1),
-        "ratio": round(raw_ms / auto_ms, 1), "max_rel_err": max_err, "source": auto[0]["source"],
-        "rolled_equal": all(total(rolled, k) == total(auto, k) for k in KEYS), "ledger_exact": gap == 0,
-        "waste_share": round(waste / hours, 4) if hours else 0.0,
-    }))
+    say(
+        "target: the ledger in the same time class as the accounting without it (within 2x): "
+        + ("met" if auto_ms < 2 * bare_ms else "NOT met")
+        + "; rollup == raw within 0.1%: "
+        + ("met" if max_err < 1e-3 else "NOT met")
+        + ("" if same else "; the ledger changed the run's figures!")
+    )
+    print(
+        json.dumps(
+            {
+                "name": "accounting",
+                "value": round(auto_ms, 2),
+                "unit": "ms",
+                "baseline": round(bare_ms, 2),
+                "gpus": args.gpus,
+                "runs": len(runs),
+                "days": args.days,
+                "interval_s": args.interval_s,
+                **info,
+                "incidents": incidents,
+                "db_bytes": size,
+                "latency_ms": round(auto_ms, 2),
+                "no_ledger_ms": round(bare_ms, 2),
+                "ledger_ratio": round(auto_ms / bare_ms, 2),
+                "cold_latency_ms": round(cold_ms, 2),
+                "cold_no_ledger_ms": round(cold_bare_ms, 2),
+                "rollup_latency_ms": round(rollup_ms, 2),
+                "raw_latency_ms": round(raw_ms, 1),
+                "ratio": round(raw_ms / auto_ms, 1),
+                "max_rel_err": max_err,
+                "source": auto[0]["source"],
+                "rolled_equal": all(total(rolled, k) == total(auto, k) for k in KEYS),
+                "ledger_exact": gap == 0,
+                "waste_share": round(waste / hours, 4) if hours else 0.0,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

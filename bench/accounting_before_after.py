@@ -72,17 +72,42 @@ def worker(tree: Path, url: str, search_path: str, run_ids: list[str], repeat: i
             # the SQL definition alone, as account_runs calls it
             t = time.perf_counter()
             with snapshot(conn):
-                lines(conn, None, None, datetime.now(UTC), run_ids=run_ids, max_gap_s=max_gap_s, source="auto")
+                lines(
+                    conn, None, None, datetime.now(UTC), run_ids=run_ids, max_gap_s=max_gap_s, source="auto"
+                )
             sql.append((time.perf_counter() - t) * 1000)
     totals = {k: sum(float(b[k] or 0.0) for b in bodies) for k in ENERGIES}
-    print(json.dumps({"ms": statistics.median(times), "sql_ms": statistics.median(sql), "runs": len(bodies),
-                      "totals": totals}))
+    print(
+        json.dumps(
+            {
+                "ms": statistics.median(times),
+                "sql_ms": statistics.median(sql),
+                "runs": len(bodies),
+                "totals": totals,
+            }
+        )
+    )
 
 
-def _side(tree: Path, url: str, search_path: str, run_ids: list[str], repeat: int, max_gap_s: float
-          ) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--url", url, "--search-path",
-           search_path, "--repeat", str(repeat), "--max-gap-s", str(max_gap_s), "--run-ids", ",".join(run_ids)]
+def _side(
+    tree: Path, url: str, search_path: str, run_ids: list[str], repeat: int, max_gap_s: float
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(tree),
+        "--url",
+        url,
+        "--search-path",
+        search_path,
+        "--repeat",
+        str(repeat),
+        "--max-gap-s",
+        str(max_gap_s),
+        "--run-ids",
+        ",".join(run_ids),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tree)
     if out.returncode != 0:
         sys.exit(f"bench/accounting_before_after.py: the {tree} side failed:\n{out.stderr[-3000:]}")
@@ -91,10 +116,13 @@ def _side(tree: Path, url: str, search_path: str, run_ids: list[str], repeat: in
 
 def _baseline_sql(tree: Path) -> list[str]:
     """The earlier tree's accounting functions (as its migrations installed them), read by its own code."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from gpufleet.db import accounting_sql as a; "
-            "print(json.dumps(list(a.INSTALL_V1) + list(getattr(a, 'INSTALL_INCIDENTS_V1', ()))))")
-    out = subprocess.run([sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=True,
-                         cwd=tree)
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from gpufleet.db import accounting_sql as a; "
+        "print(json.dumps(list(a.INSTALL_V1) + list(getattr(a, 'INSTALL_INCIDENTS_V1', ()))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=True, cwd=tree
+    )
     return json.loads(out.stdout)
 
 
@@ -105,8 +133,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--days", type=float, default=1.0)
     ap.add_argument("--interval-s", type=float, default=10.0)
-    ap.add_argument("--repeat", type=int, default=5, help="timed calls per side and round (the median counts)")
-    ap.add_argument("--rounds", type=int, default=3, help="times the two sides alternate (the lowest median counts)")
+    ap.add_argument(
+        "--repeat", type=int, default=5, help="timed calls per side and round (the median counts)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="times the two sides alternate (the lowest median counts)"
+    )
     ap.add_argument("--max-gap-s", type=float, default=60.0)
     ap.add_argument("--server", default=None, help="maintenance-database URL (default: the test server)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -118,7 +150,9 @@ def main() -> None:
         worker(args.worker, args.url, args.search_path, args.run_ids.split(","), args.repeat, args.max_gap_s)
         return
     if args.baseline_tree is None or not (args.baseline_tree / "gpufleet" / "accounting").is_dir():
-        ap.error("--baseline-tree: a checkout of the earlier commit (git worktree add /tmp/acct-base <commit>)")
+        ap.error(
+            "--baseline-tree: a checkout of the earlier commit (git worktree add /tmp/acct-base <commit>)"
+        )
     sys.path.insert(0, str(ROOT))
     import psycopg
 
@@ -130,13 +164,24 @@ def main() -> None:
     bench = _bench_accounting()
     server = args.server or server_url()
     base_sql = _baseline_sql(args.baseline_tree)
-    print(f"{args.gpus} GPUs in {args.runs} runs x {args.days:g} days at {args.interval_s:g} s; baseline "
-          f"{args.baseline_tree}", flush=True)
+    print(
+        f"{args.gpus} GPUs in {args.runs} runs x {args.days:g} days at {args.interval_s:g} s; baseline "
+        f"{args.baseline_tree}",
+        flush=True,
+    )
     with scratch_database(server, "gpufleet_bench_before_after") as url:
         migrate.upgrade(url, load_settings(database_url=url))
-        bench.load(url, argparse.Namespace(gpus=args.gpus, runs=args.runs, days=args.days,
-                                           interval_s=args.interval_s, max_gap_s=args.max_gap_s),
-                   lambda m: print(m, flush=True))
+        bench.load(
+            url,
+            argparse.Namespace(
+                gpus=args.gpus,
+                runs=args.runs,
+                days=args.days,
+                interval_s=args.interval_s,
+                max_gap_s=args.max_gap_s,
+            ),
+            lambda m: print(m, flush=True),
+        )
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA baseline")
             conn.execute("SET search_path = baseline, public")
@@ -145,8 +190,9 @@ def main() -> None:
         ids = bench.run_ids(args.runs)
         sides: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
         for _ in range(args.rounds):
-            sides["baseline"].append(_side(args.baseline_tree.resolve(), url, "baseline,public", ids, args.repeat,
-                                           args.max_gap_s))
+            sides["baseline"].append(
+                _side(args.baseline_tree.resolve(), url, "baseline,public", ids, args.repeat, args.max_gap_s)
+            )
             sides["current"].append(_side(ROOT, url, "public", ids, args.repeat, args.max_gap_s))
     base_ms = min(s["ms"] for s in sides["baseline"])
     cur_ms = min(s["ms"] for s in sides["current"])
@@ -154,15 +200,30 @@ def main() -> None:
     cur_sql = min(s["sql_ms"] for s in sides["current"])
     bt, ct = sides["baseline"][0]["totals"], sides["current"][0]["totals"]
     err = max(abs(ct[k] - bt[k]) / abs(bt[k]) if bt[k] else abs(ct[k]) for k in ENERGIES)
-    print(f"account_runs of {len(ids)} runs from rollups: {cur_ms:.0f} ms now, {base_ms:.0f} ms at the baseline "
-          f"({cur_ms / base_ms:.2f}x); its SQL lines alone {cur_sql:.0f} ms now, {base_sql:.0f} ms at the baseline "
-          f"({cur_sql / base_sql:.2f}x); energies agree to {err:.1e}")
-    print(json.dumps({"name": "accounting_before_after", "value": round(cur_ms, 1), "unit": "ms",
-                      "baseline_ms": round(base_ms, 1), "ratio": round(cur_ms / base_ms, 3),
-                      "sql_ms": round(cur_sql, 1), "baseline_sql_ms": round(base_sql, 1),
-                      "sql_ratio": round(cur_sql / base_sql, 3),
-                      "max_rel_err_energies": err, "gpus": args.gpus, "runs": len(ids), "days": args.days,
-                      "baseline_tree": str(args.baseline_tree)}))
+    print(
+        f"account_runs of {len(ids)} runs from rollups: {cur_ms:.0f} ms now, {base_ms:.0f} ms at the baseline "
+        f"({cur_ms / base_ms:.2f}x); its SQL lines alone {cur_sql:.0f} ms now, {base_sql:.0f} ms at the baseline "
+        f"({cur_sql / base_sql:.2f}x); energies agree to {err:.1e}"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "accounting_before_after",
+                "value": round(cur_ms, 1),
+                "unit": "ms",
+                "baseline_ms": round(base_ms, 1),
+                "ratio": round(cur_ms / base_ms, 3),
+                "sql_ms": round(cur_sql, 1),
+                "baseline_sql_ms": round(base_sql, 1),
+                "sql_ratio": round(cur_sql / base_sql, 3),
+                "max_rel_err_energies": err,
+                "gpus": args.gpus,
+                "runs": len(ids),
+                "days": args.days,
+                "baseline_tree": str(args.baseline_tree),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -76,11 +76,23 @@ def child_agent(seconds: float, gpus: int, latency_us: float, url: str) -> dict[
     fake = FakeNvml([H100_SXM] * gpus, call_latency_s=latency_us / 1e6)
     for g in fake.gpus:
         g.load()
-    settings = AgentSettings(collector_url=url, token="bench", interval_s=1.0, ship_interval_s=5.0,
-                             metrics_port=free_port(), metrics_host="127.0.0.1", start_jitter_s=0.0)
+    settings = AgentSettings(
+        collector_url=url,
+        token="bench",
+        interval_s=1.0,
+        ship_interval_s=5.0,
+        metrics_port=free_port(),
+        metrics_host="127.0.0.1",
+        start_jitter_s=0.0,
+    )
     with tempfile.TemporaryDirectory() as spool:
-        agent = Agent(settings, [NvmlSource(fake, sys_root="/sys"), HostSource("/proc", "/sys")],
-                      node="bench-node", spool_dir=Path(spool), rng=random.Random(1))
+        agent = Agent(
+            settings,
+            [NvmlSource(fake, sys_root="/sys"), HostSource("/proc", "/sys")],
+            node="bench-node",
+            spool_dir=Path(spool),
+            rng=random.Random(1),
+        )
         agent.start()
         stop = threading.Event()
         threading.Timer(seconds, stop.set).start()
@@ -92,8 +104,15 @@ def child_agent(seconds: float, gpus: int, latency_us: float, url: str) -> dict[
         spooled = agent.spool.stats.spooled
         agent.shutdown(ship_s=5.0)
         delivered = agent.spool.stats.delivered
-    return {"cpu_s": cpu_s, "wall_s": wall_s, "peak_rss_mb": _peak_rss_mb(), "samples": spooled,
-            "delivered": delivered, "nvml_calls": calls, "nvml_cpu_s": calls * latency_us / 1e6}
+    return {
+        "cpu_s": cpu_s,
+        "wall_s": wall_s,
+        "peak_rss_mb": _peak_rss_mb(),
+        "samples": spooled,
+        "delivered": delivered,
+        "nvml_calls": calls,
+        "nvml_cpu_s": calls * latency_us / 1e6,
+    }
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -111,10 +130,23 @@ class _Sink(BaseHTTPRequestHandler):
 
 
 def run_child(role: str, args: argparse.Namespace, url: str = "") -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--role", role, "--seconds", str(args.seconds), "--gpus", str(args.gpus),
-           "--nvml-latency-us", str(args.nvml_latency_us), "--url", url]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT,
-                         timeout=args.seconds + 120).stdout
+    cmd = [
+        sys.executable,
+        __file__,
+        "--role",
+        role,
+        "--seconds",
+        str(args.seconds),
+        "--gpus",
+        str(args.gpus),
+        "--nvml-latency-us",
+        str(args.nvml_latency_us),
+        "--url",
+        url,
+    ]
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, cwd=ROOT, timeout=args.seconds + 120
+    ).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -137,8 +169,11 @@ def main() -> None:
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{sink.server_address[1]}"
-    print(f"agent: {args.gpus} fake GPUs ({args.nvml_latency_us:g} µs per NVML call) + host, 1 Hz, "
-          f"{args.seconds:g} s; baseline: the same loop doing nothing", flush=True)
+    print(
+        f"agent: {args.gpus} fake GPUs ({args.nvml_latency_us:g} µs per NVML call) + host, 1 Hz, "
+        f"{args.seconds:g} s; baseline: the same loop doing nothing",
+        flush=True,
+    )
     agent = run_child("agent", args, url)
     base = run_child("baseline", args)
     sink.shutdown()
@@ -152,22 +187,38 @@ def main() -> None:
     print(f"{'CPU seconds':24}{agent['cpu_s']:12.3f}{base['cpu_s']:12.3f}{cpu_ratio:10.1f}")
     print(f"{'share of one core':24}{100 * frac:11.3f}%{100 * base['cpu_s'] / base['wall_s']:11.3f}%")
     print(f"{'peak RSS, MB':24}{agent['peak_rss_mb']:12.1f}{base['peak_rss_mb']:12.1f}{rss_ratio:10.2f}")
-    print(f"samples collected {agent['samples']} (delivered {agent['delivered']}); "
-          f"CPU per sample {1e6 * per_sample:.0f} µs ({1e6 * net_per_sample:.0f} µs over the baseline); "
-          f"simulated NVML calls {agent['nvml_calls']} = {agent['nvml_cpu_s']:.3f} CPU s "
-          f"({100 * agent['nvml_cpu_s'] / max(agent['cpu_s'], 1e-9):.0f} % of the agent's CPU)")
+    print(
+        f"samples collected {agent['samples']} (delivered {agent['delivered']}); "
+        f"CPU per sample {1e6 * per_sample:.0f} µs ({1e6 * net_per_sample:.0f} µs over the baseline); "
+        f"simulated NVML calls {agent['nvml_calls']} = {agent['nvml_cpu_s']:.3f} CPU s "
+        f"({100 * agent['nvml_cpu_s'] / max(agent['cpu_s'], 1e-9):.0f} % of the agent's CPU)"
+    )
     ok = frac < TARGET_CPU_FRACTION and agent["peak_rss_mb"] < TARGET_RSS_MB
-    print(json.dumps({
-        "name": "agent_overhead", "value": round(frac, 5), "unit": "fraction_of_core",
-        "seconds": args.seconds, "gpus": args.gpus, "nvml_latency_us": args.nvml_latency_us,
-        "samples": agent["samples"], "delivered": agent["delivered"],
-        "cpu_s": round(agent["cpu_s"], 4), "baseline_cpu_s": round(base["cpu_s"], 4),
-        "cpu_ratio_to_baseline": round(cpu_ratio, 2), "cpu_s_per_sample": per_sample,
-        "cpu_fraction_of_core": round(frac, 5), "nvml_cpu_s": round(agent["nvml_cpu_s"], 4),
-        "peak_rss_mb": round(agent["peak_rss_mb"], 1), "baseline_peak_rss_mb": round(base["peak_rss_mb"], 1),
-        "rss_ratio_to_baseline": round(rss_ratio, 3),
-        "targets": {"cpu_fraction_of_core": TARGET_CPU_FRACTION, "peak_rss_mb": TARGET_RSS_MB}, "ok": ok,
-    }))
+    print(
+        json.dumps(
+            {
+                "name": "agent_overhead",
+                "value": round(frac, 5),
+                "unit": "fraction_of_core",
+                "seconds": args.seconds,
+                "gpus": args.gpus,
+                "nvml_latency_us": args.nvml_latency_us,
+                "samples": agent["samples"],
+                "delivered": agent["delivered"],
+                "cpu_s": round(agent["cpu_s"], 4),
+                "baseline_cpu_s": round(base["cpu_s"], 4),
+                "cpu_ratio_to_baseline": round(cpu_ratio, 2),
+                "cpu_s_per_sample": per_sample,
+                "cpu_fraction_of_core": round(frac, 5),
+                "nvml_cpu_s": round(agent["nvml_cpu_s"], 4),
+                "peak_rss_mb": round(agent["peak_rss_mb"], 1),
+                "baseline_peak_rss_mb": round(base["peak_rss_mb"], 1),
+                "rss_ratio_to_baseline": round(rss_ratio, 3),
+                "targets": {"cpu_fraction_of_core": TARGET_CPU_FRACTION, "peak_rss_mb": TARGET_RSS_MB},
+                "ok": ok,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

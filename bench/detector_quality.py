@@ -61,8 +61,9 @@ class TimedStore(MemoryIncidentStore):
             self.opened_at[first + k] = plan.now
 
 
-def run_scenario(name: str, duration_s: float | None, interval_s: float | None, workdir: Path,
-                 form: str = "full") -> tuple[Score, float, dict]:
+def run_scenario(
+    name: str, duration_s: float | None, interval_s: float | None, workdir: Path, form: str = "full"
+) -> tuple[Score, float, dict]:
     settings = load_settings()
     out = workdir / f"{Path(name).stem}-{form}"
     info = write_bundle(name, out, duration_s=duration_s, sample_interval_s=interval_s, overwrite=True)
@@ -88,7 +89,9 @@ def run_scenario(name: str, duration_s: float | None, interval_s: float | None, 
     return score(findings, labels, first_open), time.perf_counter() - t0, labels
 
 
-def run_form(names: list[str], form: str, duration_s: float | None, interval_s: float | None) -> dict[str, object]:
+def run_form(
+    names: list[str], form: str, duration_s: float | None, interval_s: float | None
+) -> dict[str, object]:
     """Score every scenario in one form; print its table; return its figures."""
     total = Score()
     baseline = Score()
@@ -98,21 +101,34 @@ def run_form(names: list[str], form: str, duration_s: float | None, interval_s: 
             s, secs, labels = run_scenario(name, duration_s, interval_s, Path(tmp), form)
             total.add(s)
             baseline.add(score([], labels))
-            per[name] = {"violations": len(s.negative_violations), "missed": len(s.missed_labels),
-                         "unmatched": len(s.unmatched_findings), "seconds": round(secs, 1)}
-            print(f"{Path(name).stem:<22} missed {len(s.missed_labels):>2}  false {len(s.unmatched_findings):>2}  "
-                  f"hard-negative hits {len(s.negative_violations):>2}  ({secs:.0f} s)", flush=True)
+            per[name] = {
+                "violations": len(s.negative_violations),
+                "missed": len(s.missed_labels),
+                "unmatched": len(s.unmatched_findings),
+                "seconds": round(secs, 1),
+            }
+            print(
+                f"{Path(name).stem:<22} missed {len(s.missed_labels):>2}  false {len(s.unmatched_findings):>2}  "
+                f"hard-negative hits {len(s.negative_violations):>2}  ({secs:.0f} s)",
+                flush=True,
+            )
             for m in s.missed_labels:
-                print(f"    missed: {m['kind']} {m.get('run_id')} {m.get('node')}/{m.get('gpu')} cause={m.get('cause')}")
+                print(
+                    f"    missed: {m['kind']} {m.get('run_id')} {m.get('node')}/{m.get('gpu')} cause={m.get('cause')}"
+                )
             for f in s.unmatched_findings:
-                print(f"    false:  {f['kind']} {f.get('run_id')} {f.get('node')}/{f.get('gpu')} cause={f.get('cause')}")
+                print(
+                    f"    false:  {f['kind']} {f.get('run_id')} {f.get('node')}/{f.get('gpu')} cause={f.get('cause')}"
+                )
             for v in s.negative_violations:
                 print(f"    hard negative {v['negative']['reason']}: {v['finding']['kind']}")
     summary = total.summary()
     print(f"{'kind':<18}{'precision':>10}{'recall':>8}{'cause':>8}{'latency s':>11}{'labels':>8}   [{form}]")
     for kind, k in summary.items():
-        print(f"{kind:<18}{k['precision']:>10}{k['recall']:>8}{k['cause_accuracy']:>8}"
-              f"{k['median_latency_s']!s:>11}{k['labels']:>8}")
+        print(
+            f"{kind:<18}{k['precision']:>10}{k['recall']:>8}{k['cause_accuracy']:>8}"
+            f"{k['median_latency_s']!s:>11}{k['labels']:>8}"
+        )
     lat = [x for k in total.kinds.values() for x in k.latencies_s]
     base_recall = min((k.recall for k in baseline.kinds.values() if k.labels), default=0.0)
     print(f"baseline (no detector): recall {base_recall:.2f}   [{form}]")
@@ -122,22 +138,36 @@ def run_form(names: list[str], form: str, duration_s: float | None, interval_s: 
         "min_recall": min((v["recall"] for v in summary.values()), default=1.0),
         "min_cause_accuracy": min((v["cause_accuracy"] for v in summary.values()), default=1.0),
         "median_latency_s": round(statistics.median(lat), 1) if lat else None,
-        "hard_negative_hits": len(total.negative_violations), "scenarios": per, "kinds": summary,
+        "hard_negative_hits": len(total.negative_violations),
+        "scenarios": per,
+        "kinds": summary,
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", help="comma-separated; default: every shipped scenario but the 24 h demo")
-    ap.add_argument("--duration", type=float, default=None,
-                    help="seconds of each scenario (default: 3600 for shipped ones, a held-out one's own)")
-    ap.add_argument("--heldout", action="store_true",
-                    help="score the held-out scenarios of bench/heldout/ (never tuned on) instead")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of each scenario (default: 3600 for shipped ones, a held-out one's own)",
+    )
+    ap.add_argument(
+        "--heldout",
+        action="store_true",
+        help="score the held-out scenarios of bench/heldout/ (never tuned on) instead",
+    )
     ap.add_argument("--interval", type=float, default=None, help="sampling interval override, seconds")
-    ap.add_argument("--degrade", choices=(*FORMS, "all"), default="full",
-                    help="cut the bundles to a form real fleets send (default: every field)")
-    ap.add_argument("--real", action="store_true",
-                    help="score the real-recording corpus instead (bench/real_corpus.py)")
+    ap.add_argument(
+        "--degrade",
+        choices=(*FORMS, "all"),
+        default="full",
+        help="cut the bundles to a form real fleets send (default: every field)",
+    )
+    ap.add_argument(
+        "--real", action="store_true", help="score the real-recording corpus instead (bench/real_corpus.py)"
+    )
     args = ap.parse_args()
     if args.real:
         import real_corpus
@@ -154,15 +184,25 @@ def main() -> int:
     for form in forms:
         print(f"== form {form}", flush=True)
         results[form] = run_form(names, form, duration, args.interval)
-    worst = {k: min(r[k] for r in results.values() if r[k] is not None) for k in
-             ("min_precision", "min_recall", "min_cause_accuracy")}
+    worst = {
+        k: min(r[k] for r in results.values() if r[k] is not None)
+        for k in ("min_precision", "min_recall", "min_cause_accuracy")
+    }
     hits = sum(r["hard_negative_hits"] for r in results.values())
-    print(json.dumps({"name": "detector_quality", "value": worst["min_recall"], "unit": "min_recall",
-                      **worst, "hard_negative_hits": hits,
-                      "baseline_recall": max(float(r["baseline_recall"]) for r in results.values()),
-                      "forms": results if len(forms) > 1 else None,
-                      **({} if len(forms) > 1 else {k: v for k, v in results[forms[0]].items()
-                                                     if k not in worst})}))
+    print(
+        json.dumps(
+            {
+                "name": "detector_quality",
+                "value": worst["min_recall"],
+                "unit": "min_recall",
+                **worst,
+                "hard_negative_hits": hits,
+                "baseline_recall": max(float(r["baseline_recall"]) for r in results.values()),
+                "forms": results if len(forms) > 1 else None,
+                **({} if len(forms) > 1 else {k: v for k, v in results[forms[0]].items() if k not in worst}),
+            }
+        )
+    )
     return 0
 
 

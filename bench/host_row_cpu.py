@@ -58,8 +58,9 @@ def host_rows(root: Path, n: int, fabric: bool) -> list[dict[str, Any]]:
         shutil.copy(REAL / "sysstat" / "root1" / "proc" / name, proc / name)
     shutil.copytree(REAL / "procfs" / "sys" / "class" / "net", sys_root / "class" / "net", dirs_exist_ok=True)
     (sys_root / "class" / "net" / "eth0" / "device").mkdir(exist_ok=True)
-    shutil.copytree(REAL / "gpud" / "sys" / "class" / "infiniband", sys_root / "class" / "infiniband",
-                    dirs_exist_ok=True)
+    shutil.copytree(
+        REAL / "gpud" / "sys" / "class" / "infiniband", sys_root / "class" / "infiniband", dirs_exist_ok=True
+    )
     src = HostSource(proc, sys_root, rapl=False, fabric=fabric)
     src.collect()
     data = sys_root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters" / "port_rcv_data"
@@ -104,15 +105,16 @@ def step_fns(raw: list[bytes], group: int, host_specs: list[Any]) -> dict[str, C
 
     def encode() -> None:
         for i in range(0, n, group):
-            part = batches[i:i + group]
+            part = batches[i : i + group]
             copy_data(GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in part])
             copy_data(host_specs, [(b.node, b.host, b.n_host) for b in part if b.n_host])
 
     return {"decode": decode, "validate": check, "encode": encode}
 
 
-def interleaved(variants: dict[str, tuple[list[bytes], list[Any]]], group: int, repeat: int) -> dict[str, dict[str,
-                                                                                                           float]]:
+def interleaved(
+    variants: dict[str, tuple[list[bytes], list[Any]]], group: int, repeat: int
+) -> dict[str, dict[str, float]]:
     """Best CPU time (this thread's, so time spent waiting for a busy machine's cores is not counted) of each step
     of each variant, the variants taking turns within every pass, so a load that comes and goes reaches them
     alike."""
@@ -146,22 +148,45 @@ def main() -> None:
     assert all(r.get("ib_rx_bytes_s") is not None for r in full[1:]) and "ib_rx_bytes_s" not in plain[0]
     plain_bodies, full_bodies = bodies(args.requests, plain), bodies(args.requests, full)
     samples = 8 * TICKS
-    res = interleaved({"before": (plain_bodies, BEFORE_SPECS), "contract": (plain_bodies, HOST_SPECS),
-                       "fabric": (full_bodies, HOST_SPECS)}, args.group, args.repeat)
-    print(f"{args.requests} requests of {samples} GPU-samples and {TICKS} host rows each (best of {args.repeat}):")
+    res = interleaved(
+        {
+            "before": (plain_bodies, BEFORE_SPECS),
+            "contract": (plain_bodies, HOST_SPECS),
+            "fabric": (full_bodies, HOST_SPECS),
+        },
+        args.group,
+        args.repeat,
+    )
+    print(
+        f"{args.requests} requests of {samples} GPU-samples and {TICKS} host rows each (best of {args.repeat}):"
+    )
     for name, r in res.items():
-        print(f"  {name:9s} decode {r['decode']:7.1f}  validate {r['validate']:7.1f}  encode {r['encode']:7.1f}  "
-              f"total {r['total']:7.1f} us per request ({r['total'] / samples:5.2f} per GPU-sample), "
-              f"{r['bytes']:.0f} B on the wire")
+        print(
+            f"  {name:9s} decode {r['decode']:7.1f}  validate {r['validate']:7.1f}  encode {r['encode']:7.1f}  "
+            f"total {r['total']:7.1f} us per request ({r['total'] / samples:5.2f} per GPU-sample), "
+            f"{r['bytes']:.0f} B on the wire"
+        )
     for name in ("contract", "fabric"):
-        print(f"  {name} against before: {100 * (res[name]['total'] / res['before']['total'] - 1):+.1f} % CPU")
-    print(json.dumps({"name": "host_row_cpu_fabric", "value": round(res["fabric"]["total"], 1),
-                      "unit": "us/request", "baseline_before": round(res["before"]["total"], 1),
-                      "contract": round(res["contract"]["total"], 1),
-                      "fabric_vs_before": round(res["fabric"]["total"] / res["before"]["total"], 4),
-                      "contract_vs_before": round(res["contract"]["total"] / res["before"]["total"], 4),
-                      "bytes_before": round(res["before"]["bytes"]), "bytes_fabric": round(res["fabric"]["bytes"]),
-                      "gpu_samples_per_request": samples, "requests": args.requests}))
+        print(
+            f"  {name} against before: {100 * (res[name]['total'] / res['before']['total'] - 1):+.1f} % CPU"
+        )
+    print(
+        json.dumps(
+            {
+                "name": "host_row_cpu_fabric",
+                "value": round(res["fabric"]["total"], 1),
+                "unit": "us/request",
+                "baseline_before": round(res["before"]["total"], 1),
+                "contract": round(res["contract"]["total"], 1),
+                "fabric_vs_before": round(res["fabric"]["total"] / res["before"]["total"], 4),
+                "contract_vs_before": round(res["contract"]["total"] / res["before"]["total"], 4),
+                "bytes_before": round(res["before"]["bytes"]),
+                "bytes_fabric": round(res["fabric"]["bytes"]),
+                "gpu_samples_per_request": samples,
+                "requests": args.requests,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

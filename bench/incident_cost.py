@@ -49,8 +49,14 @@ from testsupport.pg import server_url
 def add_incidents(conn: psycopg.Connection, span_s: float, nodes: int) -> int:
     rows: list[tuple[Any, ...]] = []
 
-    def add(kind: str, start_s: float, dur_s: float, ev: dict[str, Any], node: str | None = None,
-            cause: str | None = None) -> None:
+    def add(
+        kind: str,
+        start_s: float,
+        dur_s: float,
+        ev: dict[str, Any],
+        node: str | None = None,
+        cause: str | None = None,
+    ) -> None:
         a, b = T0 + timedelta(seconds=start_s), T0 + timedelta(seconds=min(start_s + dur_s, span_s))
         rows.append((kind, f"{kind}|{len(rows)}", "bench", node, cause, a, b, b, json.dumps(ev)))
 
@@ -59,14 +65,22 @@ def add_incidents(conn: psycopg.Connection, span_s: float, nodes: int) -> int:
     for k in range(int(span_s // 3600)):
         node = f"node{k % nodes:04d}"
         per = {"throttled_share": 0.9, "clock_ratio": 0.7}
-        add("throttling", 3600 * k + 300, 1200,
-            {**per, "gpus": [{"node": node, "gpu": g, **per} for g in range(GPUS_PER_NODE)]}, node, "thermal")
+        add(
+            "throttling",
+            3600 * k + 300,
+            1200,
+            {**per, "gpus": [{"node": node, "gpu": g, **per} for g in range(GPUS_PER_NODE)]},
+            node,
+            "thermal",
+        )
     for k in range(int(span_s // 14_400)):
         add("starvation", 14_400 * k + 200, 2700, {"duty_cycle": 0.6}, cause="io")
     with conn.cursor() as cur:
         cur.executemany(
             'INSERT INTO incidents (kind, scope_key, run_id, node, cause, severity, state, start, "end", last_seen, '
-            "evidence) VALUES (%s, %s, %s, %s, %s, 'warning', 'resolved', %s, %s, %s, %s)", rows)
+            "evidence) VALUES (%s, %s, %s, %s, %s, 'warning', 'resolved', %s, %s, %s, %s)",
+            rows,
+        )
     return len(rows)
 
 
@@ -102,29 +116,56 @@ def main() -> None:
             runs = load_runs(conn, ["bench"])
             window = {"bench": runs[0].window(now)}
             cols = ("id", "kind", "run_id", "node", "gpu", "start", "end", "evidence")
-            incs = [dict(zip(cols, r, strict=True)) for r in conn.execute(
-                'SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents').fetchall()]
-            run_ms, run_lines = median_ms(lambda: lines(conn, None, None, now, run_ids=["bench"],
-                                                        max_gap_s=args.max_gap_s), args.repeat)
-            lost_ms, lost = median_ms(lambda: lost_to_incidents(conn, runs, window, now=now,
-                                                                max_gap_s=args.max_gap_s), args.repeat)
-            inc_ms, costs = median_ms(lambda: incident_costs(conn, incs, now=now, max_gap_s=args.max_gap_s),
-                                      args.repeat)
+            incs = [
+                dict(zip(cols, r, strict=True))
+                for r in conn.execute(
+                    'SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents'
+                ).fetchall()
+            ]
+            run_ms, run_lines = median_ms(
+                lambda: lines(conn, None, None, now, run_ids=["bench"], max_gap_s=args.max_gap_s), args.repeat
+            )
+            lost_ms, lost = median_ms(
+                lambda: lost_to_incidents(conn, runs, window, now=now, max_gap_s=args.max_gap_s), args.repeat
+            )
+            inc_ms, costs = median_ms(
+                lambda: incident_costs(conn, incs, now=now, max_gap_s=args.max_gap_s), args.repeat
+            )
     line = run_lines[0]
     union = lost["bench"]
     summed = sum(c["gpu_hours"] for c in costs.values() if c)
-    say(f"run: {float(line.gpu_hours):.1f} GPU-h, {float(line.total_cost):.2f} {line.currency}; {n} incidents")
-    say(f"lost to incidents: {union['gpu_hours']:.3f} GPU-h ({summed:.3f} summed over incidents: overlaps counted "
-        f"once), {union['facility_kwh']:.3f} facility kWh, {union['total_cost']:.2f} {union['currency']}")
-    say(f"run line {run_ms:.1f} ms (baseline); lost_to_incidents {lost_ms:.1f} ms; "
-        f"{n} incidents' own costs {inc_ms:.1f} ms")
-    print(json.dumps({
-        "name": "incident_cost", "value": round(lost_ms, 2), "unit": "ms", "baseline_ms": round(run_ms, 2),
-        "incidents_ms": round(inc_ms, 2), "incidents": n, "gpus": args.gpus, "days": args.days,
-        "interval_s": args.interval_s, "lost_gpu_hours": union["gpu_hours"], "summed_gpu_hours": round(summed, 9),
-        "run_gpu_hours": float(line.gpu_hours), "lost_total_cost": union["total_cost"],
-        "run_total_cost": float(line.total_cost), "currency": union["currency"],
-    }))
+    say(
+        f"run: {float(line.gpu_hours):.1f} GPU-h, {float(line.total_cost):.2f} {line.currency}; {n} incidents"
+    )
+    say(
+        f"lost to incidents: {union['gpu_hours']:.3f} GPU-h ({summed:.3f} summed over incidents: overlaps counted "
+        f"once), {union['facility_kwh']:.3f} facility kWh, {union['total_cost']:.2f} {union['currency']}"
+    )
+    say(
+        f"run line {run_ms:.1f} ms (baseline); lost_to_incidents {lost_ms:.1f} ms; "
+        f"{n} incidents' own costs {inc_ms:.1f} ms"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "incident_cost",
+                "value": round(lost_ms, 2),
+                "unit": "ms",
+                "baseline_ms": round(run_ms, 2),
+                "incidents_ms": round(inc_ms, 2),
+                "incidents": n,
+                "gpus": args.gpus,
+                "days": args.days,
+                "interval_s": args.interval_s,
+                "lost_gpu_hours": union["gpu_hours"],
+                "summed_gpu_hours": round(summed, 9),
+                "run_gpu_hours": float(line.gpu_hours),
+                "lost_total_cost": union["total_cost"],
+                "run_total_cost": float(line.total_cost),
+                "currency": union["currency"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,14 @@ def build_requests(nodes: list[str], tokens: list[str], count: int, t0: float) -
     return reqs
 
 
-PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
-            "text": "text"}
+PG_TYPES = {
+    "real": "float4",
+    "double": "float8",
+    "smallint": "int2",
+    "integer": "int4",
+    "bigint": "int8",
+    "text": "text",
+}
 
 
 def psycopg_copy(conn: psycopg.Connection, rows: list[tuple], names: list[str]) -> None:
@@ -96,7 +102,9 @@ def psycopg_copy(conn: psycopg.Connection, rows: list[tuple], names: list[str]) 
 def template_rows(t0: float, node: str, index: int) -> tuple[list[str], list[tuple]]:
     cols = loadgen.batch_doc(node, index, 0, t0 + 10 * index)["gpu"]
     names = [n for n in gpu_columns() if n == "node" or n in cols]
-    cols = dict(cols, time=[datetime.fromtimestamp(t, UTC) for t in cols["time"]], node=[node] * len(cols["time"]))
+    cols = dict(
+        cols, time=[datetime.fromtimestamp(t, UTC) for t in cols["time"]], node=[node] * len(cols["time"])
+    )
     return names, list(zip(*(cols[n] for n in names), strict=True))
 
 
@@ -118,8 +126,13 @@ def copy_baseline(url: str, rows_total: int, t0: float) -> float:
 
 
 def start_collector(url: str, port: int, leader: bool, profile: str | None = None) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, GPUFLEET_DATABASE_URL=url, GPUFLEET_COLLECTOR_PORT=str(port),
-               GPUFLEET_LOG_LEVEL="WARNING", GPUFLEET_LEADER="true" if leader else "false")
+    env = dict(
+        os.environ,
+        GPUFLEET_DATABASE_URL=url,
+        GPUFLEET_COLLECTOR_PORT=str(port),
+        GPUFLEET_LOG_LEVEL="WARNING",
+        GPUFLEET_LEADER="true" if leader else "false",
+    )
     cmd = [sys.executable, "-m", "gpufleet.cli", "collector"]
     if profile:  # py-spy flame data of the collector, for finding where time goes
         cmd = ["py-spy", "record", "--format", "raw", "-o", profile, "--gil", "--threads", "--", *cmd]
@@ -136,8 +149,13 @@ def start_collector(url: str, port: int, leader: bool, profile: str | None = Non
     raise RuntimeError("collector did not become ready")
 
 
-async def drive_all(ports: list[int], q: asyncio.Queue[loadgen.Request], connections: int, stats: loadgen.Stats,
-                    deadline: float) -> None:
+async def drive_all(
+    ports: list[int],
+    q: asyncio.Queue[loadgen.Request],
+    connections: int,
+    stats: loadgen.Stats,
+    deadline: float,
+) -> None:
     """The connections spread evenly over the collectors, all taking from one queue."""
     share = max(1, connections // len(ports))
     await asyncio.gather(*(loadgen.drive("127.0.0.1", port, q, share, stats, deadline) for port in ports))
@@ -147,7 +165,9 @@ def _counts(text: str) -> list[int]:
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of connection counts: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of connection counts: {text!r}"
+        ) from None
     if not counts or min(counts) < 1:
         raise argparse.ArgumentTypeError(f"connection counts must be 1 or more: {text!r}")
     return counts
@@ -185,8 +205,9 @@ class Phase:
         return {k: v / self.elapsed for k, v in self.cpu.items()}
 
 
-def timed_phase(ports: list[int], pids: list[int], reqs: list[loadgen.Request], connections: int,
-                seconds: float) -> tuple[Phase, list[loadgen.Request]]:
+def timed_phase(
+    ports: list[int], pids: list[int], reqs: list[loadgen.Request], connections: int, seconds: float
+) -> tuple[Phase, list[loadgen.Request]]:
     """Send ``reqs`` over ``connections`` for ``seconds``; the phase and the requests never taken."""
     q: asyncio.Queue[loadgen.Request] = asyncio.Queue()
     for r in reqs:
@@ -198,8 +219,11 @@ def timed_phase(ports: list[int], pids: list[int], reqs: list[loadgen.Request], 
     elapsed = time.perf_counter() - start
     cpu1 = cpu_seconds(pids)
     if q.empty():
-        print(f"warning: all prepared requests were sent within the phase at {connections} connections; "
-              "raise --rate-guess", file=sys.stderr)
+        print(
+            f"warning: all prepared requests were sent within the phase at {connections} connections; "
+            "raise --rate-guess",
+            file=sys.stderr,
+        )
     left = []
     while not q.empty():
         left.append(q.get_nowait())
@@ -260,8 +284,12 @@ def timescale_compressed_bytes(t0: float) -> float | None:
             feed.ship()
             feed.close()
             n = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
-            conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
-            size = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+            conn.execute(
+                "SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c"
+            )
+            size = conn.execute(
+                "SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')"
+            ).fetchone()[0]  # type: ignore[index]
     return float(size) / n
 
 
@@ -269,8 +297,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the timed phase")
-    ap.add_argument("--connections", type=_counts, default=[64, 256, 512],
-                    help="comma-separated connection counts, one timed phase each (the best is the headline)")
+    ap.add_argument(
+        "--connections",
+        type=_counts,
+        default=[64, 256, 512],
+        help="comma-separated connection counts, one timed phase each (the best is the headline)",
+    )
     ap.add_argument("--collectors", type=int, default=1, help="collector processes (replicas)")
     ap.add_argument("--rate-guess", type=float, default=120_000, help="GPU samples/s to prepare requests for")
     ap.add_argument("--leader", action="store_true", help="also run rollups in the collector during the test")
@@ -283,7 +315,9 @@ def main() -> None:
         migrate.upgrade(url, settings)
         nodes = [f"node-{i:05d}" for i in range(args.nodes)]
         tokens = make_tokens(url, nodes)
-        total_requests = int(args.rate_guess * max(1, args.collectors) * args.seconds * len(args.connections) / 80) + 500
+        total_requests = (
+            int(args.rate_guess * max(1, args.collectors) * args.seconds * len(args.connections) / 80) + 500
+        )
         print(f"preparing {total_requests} requests from {args.nodes} nodes ...", flush=True)
         reqs = build_requests(nodes, tokens, total_requests, t0)
         copy_before = copy_baseline(url, 400_000, t0)
@@ -294,12 +328,16 @@ def main() -> None:
         try:
             for i in range(max(1, args.collectors)):
                 ports.append(free_port())
-                procs.append(start_collector(url, ports[-1], args.leader and i == 0, args.profile if i == 0 else None))
+                procs.append(
+                    start_collector(url, ports[-1], args.leader and i == 0, args.profile if i == 0 else None)
+                )
             for port in ports:
                 warm = asyncio.Queue()  # type: asyncio.Queue[loadgen.Request]
                 for r in reqs[:300]:
                     warm.put_nowait(r)
-                asyncio.run(loadgen.drive("127.0.0.1", port, warm, 16, loadgen.Stats(), time.monotonic() + 60))
+                asyncio.run(
+                    loadgen.drive("127.0.0.1", port, warm, 16, loadgen.Stats(), time.monotonic() + 60)
+                )
             phases = []
             left = reqs[300:]
             for connections in args.connections:
@@ -319,35 +357,64 @@ def main() -> None:
         copy_rate = (copy_before + copy_after) / 2
     ts_bps = timescale_compressed_bytes(t0)
     for ph in phases:
-        print(f"HTTP ingest, {ph.connections} connections: {ph.rate:,.0f} GPU samples/s over {ph.elapsed:.1f} s "
-              f"({ph.stats.ok} requests, statuses {ph.stats.by_status}, p50 {ph.p50_ms:.1f} ms, p99 {ph.p99_ms:.1f} ms); "
-              "CPU per request (us): " + ", ".join(f"{k} {v:.0f}" for k, v in ph.cpu_us_per_request().items())
-              + "; CPU share: " + ", ".join(f"{k} {v:.2f} cores" for k, v in ph.cores().items()))
+        print(
+            f"HTTP ingest, {ph.connections} connections: {ph.rate:,.0f} GPU samples/s over {ph.elapsed:.1f} s "
+            f"({ph.stats.ok} requests, statuses {ph.stats.by_status}, p50 {ph.p50_ms:.1f} ms, p99 {ph.p99_ms:.1f} ms); "
+            "CPU per request (us): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in ph.cpu_us_per_request().items())
+            + "; CPU share: "
+            + ", ".join(f"{k} {v:.2f} cores" for k, v in ph.cores().items())
+        )
     best = max(phases, key=lambda ph: ph.rate)
     rate = best.rate
-    print(f"{stored} rows stored; raw COPY (10k-row batches): {copy_before:,.0f} before, {copy_after:,.0f} after, "
-          f"{copy_rate:,.0f} GPU samples/s mean")
-    print(f"ratio to raw COPY: {rate / copy_rate:.2f} (the best phase, {best.connections} connections; "
-          + ", ".join(f"{ph.rate / copy_rate:.2f} at {ph.connections}" for ph in phases) + ")")
+    print(
+        f"{stored} rows stored; raw COPY (10k-row batches): {copy_before:,.0f} before, {copy_after:,.0f} after, "
+        f"{copy_rate:,.0f} GPU samples/s mean"
+    )
+    print(
+        f"ratio to raw COPY: {rate / copy_rate:.2f} (the best phase, {best.connections} connections; "
+        + ", ".join(f"{ph.rate / copy_rate:.2f} at {ph.connections}" for ph in phases)
+        + ")"
+    )
     print(f"stored bytes per GPU sample (plain PostgreSQL, heap + indexes): {bps:.1f}")
     if ts_bps is not None:
         print(f"stored bytes per GPU sample (TimescaleDB, compressed): {ts_bps:.1f}")
-    print(json.dumps({
-        "name": "ingest", "value": round(rate), "unit": "gpu_samples_per_s",
-        "samples_per_s": round(rate), "copy_samples_per_s": round(copy_rate),
-        "copy_before_samples_per_s": round(copy_before), "copy_after_samples_per_s": round(copy_after),
-        "ratio_to_copy": round(rate / copy_rate, 3), "bytes_per_sample": round(ts_bps if ts_bps else bps, 1),
-        "bytes_per_sample_plain": round(bps, 1), "bytes_per_sample_timescale_compressed":
-            None if ts_bps is None else round(ts_bps, 1),
-        "p50_ms": round(best.p50_ms, 1), "p99_ms": round(best.p99_ms, 1),
-        "collector_cpu_us_per_request": round(best.cpu_us_per_request()["collector"]), "nodes": args.nodes,
-        "connections": best.connections, "connections_tried": args.connections,
-        "phases": [{"connections": ph.connections, "samples_per_s": round(ph.rate),
-                    "ratio_to_copy": round(ph.rate / copy_rate, 3), "p99_ms": round(ph.p99_ms, 1),
-                    "collector_cores": round(ph.cores()["collector"], 2)} for ph in phases],
-        "collectors": max(1, args.collectors), "writers": load_settings().ingest.writers,
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-    }))
+    print(
+        json.dumps(
+            {
+                "name": "ingest",
+                "value": round(rate),
+                "unit": "gpu_samples_per_s",
+                "samples_per_s": round(rate),
+                "copy_samples_per_s": round(copy_rate),
+                "copy_before_samples_per_s": round(copy_before),
+                "copy_after_samples_per_s": round(copy_after),
+                "ratio_to_copy": round(rate / copy_rate, 3),
+                "bytes_per_sample": round(ts_bps if ts_bps else bps, 1),
+                "bytes_per_sample_plain": round(bps, 1),
+                "bytes_per_sample_timescale_compressed": None if ts_bps is None else round(ts_bps, 1),
+                "p50_ms": round(best.p50_ms, 1),
+                "p99_ms": round(best.p99_ms, 1),
+                "collector_cpu_us_per_request": round(best.cpu_us_per_request()["collector"]),
+                "nodes": args.nodes,
+                "connections": best.connections,
+                "connections_tried": args.connections,
+                "phases": [
+                    {
+                        "connections": ph.connections,
+                        "samples_per_s": round(ph.rate),
+                        "ratio_to_copy": round(ph.rate / copy_rate, 3),
+                        "p99_ms": round(ph.p99_ms, 1),
+                        "collector_cores": round(ph.cores()["collector"], 2),
+                    }
+                    for ph in phases
+                ],
+                "collectors": max(1, args.collectors),
+                "writers": load_settings().ingest.writers,
+                "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

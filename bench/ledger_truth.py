@@ -46,7 +46,11 @@ def truth(labels: dict, runs: dict[str, dict]) -> dict[str, dict[str, float]]:
             continue
         lo = max(_epoch(inc["start"]), _epoch(run["window_start"]))
         hi = min(_epoch(inc["end"]) if inc["end"] else _epoch(run["window_end"]), _epoch(run["window_end"]))
-        gpus = run["gpu_count"] if state == "hung" else len(inc["evidence"].get("gpus") or []) or run["gpu_count"]
+        gpus = (
+            run["gpu_count"]
+            if state == "hung"
+            else len(inc["evidence"].get("gpus") or []) or run["gpu_count"]
+        )
         share = gpus * max(hi - lo, 0.0) / 3600.0 / run["gpu_hours"]
         out.setdefault(inc["run_id"], {}).setdefault(state, 0.0)
         out[inc["run_id"]][state] += share
@@ -61,11 +65,29 @@ def main() -> None:
     env = dict(os.environ, GPUFLEET_DATABASE_URL=server_url())
     with tempfile.TemporaryDirectory() as tmp:
         bundle, acc = Path(tmp) / "bundle", Path(tmp) / "ACCOUNTING.json"
-        subprocess.run([sys.executable, "-m", "gpufleet.sim", "bundle", args.scenario, str(bundle)],
-                       check=True, env=env, cwd=ROOT)
-        subprocess.run([sys.executable, "-m", "gpufleet.cli", "replay", str(bundle), "--findings",
-                        str(Path(tmp) / "FINDINGS.jsonl"), "--accounting", str(acc), "--quiet"],
-                       check=True, env=env, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "gpufleet.sim", "bundle", args.scenario, str(bundle)],
+            check=True,
+            env=env,
+            cwd=ROOT,
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet.cli",
+                "replay",
+                str(bundle),
+                "--findings",
+                str(Path(tmp) / "FINDINGS.jsonl"),
+                "--accounting",
+                str(acc),
+                "--quiet",
+            ],
+            check=True,
+            env=env,
+            cwd=ROOT,
+        )
         runs = {r["run_id"]: r for r in json.loads(acc.read_text())}
         labels = json.loads((bundle / "labels.json").read_text())
     want = truth(labels, runs)
@@ -84,11 +106,24 @@ def main() -> None:
             worst, baseline = max(worst, err), max(baseline, t)
             rows.append({"run": rid, "state": state, "truth": round(t, 4), "ledger": round(got, 4)})
             print(f"{rid:<18} {state:<6} {t:7.3f} {got:7.3f} {err:7.3f}")
-    print(f"largest error {worst:.3f} (tolerance {args.tolerance}); before the ledger (all productive): "
-          f"{baseline:.3f}")
-    print(json.dumps({"name": "ledger_truth", "value": round(worst, 4), "unit": "share of run GPU-hours",
-                      "baseline": round(baseline, 4), "tolerance": args.tolerance,
-                      "within": worst <= args.tolerance, "scenario": Path(args.scenario).name, "rows": rows}))
+    print(
+        f"largest error {worst:.3f} (tolerance {args.tolerance}); before the ledger (all productive): "
+        f"{baseline:.3f}"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "ledger_truth",
+                "value": round(worst, 4),
+                "unit": "share of run GPU-hours",
+                "baseline": round(baseline, 4),
+                "tolerance": args.tolerance,
+                "within": worst <= args.tolerance,
+                "scenario": Path(args.scenario).name,
+                "rows": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

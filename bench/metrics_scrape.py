@@ -81,20 +81,38 @@ def main() -> None:
         try:
             base = scrapes(port, proc.pid, args.scrapes)
             with psycopg.connect(url) as conn:
-                conn.execute("INSERT INTO nodes (node, first_seen, last_seen, gpu_count, facts, rejected_skew) "
-                             "SELECT 'gpu-node-' || lpad(i::text, 6, '0'), now(), now(), 8, '{}'::jsonb, 0 "
-                             "FROM generate_series(1, %s) AS i", (args.nodes,))
+                conn.execute(
+                    "INSERT INTO nodes (node, first_seen, last_seen, gpu_count, facts, rejected_skew) "
+                    "SELECT 'gpu-node-' || lpad(i::text, 6, '0'), now(), now(), 8, '{}'::jsonb, 0 "
+                    "FROM generate_series(1, %s) AS i",
+                    (args.nodes,),
+                )
             fleet = scrapes(port, proc.pid, args.scrapes)
         finally:
             proc.terminate()
             proc.wait(30)
     for name, r in (("no nodes (baseline)", base), (f"{args.nodes} nodes", fleet)):
-        print(f"{name:>22}: {r['bytes'] / 1e6:6.2f} MB, {r['lines']:7d} lines, "
-              f"collector CPU {r['cpu_s'] * 1e3:6.1f} ms, wall {r['wall_s'] * 1e3:6.1f} ms per scrape (median)")
-    print(json.dumps({"name": "metrics_scrape", "value": round(fleet["cpu_s"] * 1e3, 1), "unit": "ms CPU per scrape",
-                      "nodes": args.nodes, "bytes": fleet["bytes"], "lines": fleet["lines"],
-                      "wall_ms": round(fleet["wall_s"] * 1e3, 1), "baseline_cpu_ms": round(base["cpu_s"] * 1e3, 1),
-                      "baseline_bytes": base["bytes"], "baseline_lines": base["lines"], "scrapes": args.scrapes}))
+        print(
+            f"{name:>22}: {r['bytes'] / 1e6:6.2f} MB, {r['lines']:7d} lines, "
+            f"collector CPU {r['cpu_s'] * 1e3:6.1f} ms, wall {r['wall_s'] * 1e3:6.1f} ms per scrape (median)"
+        )
+    print(
+        json.dumps(
+            {
+                "name": "metrics_scrape",
+                "value": round(fleet["cpu_s"] * 1e3, 1),
+                "unit": "ms CPU per scrape",
+                "nodes": args.nodes,
+                "bytes": fleet["bytes"],
+                "lines": fleet["lines"],
+                "wall_ms": round(fleet["wall_s"] * 1e3, 1),
+                "baseline_cpu_ms": round(base["cpu_s"] * 1e3, 1),
+                "baseline_bytes": base["bytes"],
+                "baseline_lines": base["lines"],
+                "scrapes": args.scrapes,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -75,17 +75,22 @@ from testsupport.pg import server_url  # noqa: E402
 
 
 def batches(nodes: int, seconds: int) -> list[Batch]:
-    due = vs_prometheus.gpufleet_bodies(vs_prometheus.value_model(), nodes, ["unused"] * nodes,
-                                        int(time.time()) - 2 * seconds, seconds)
+    due = vs_prometheus.gpufleet_bodies(
+        vs_prometheus.value_model(), nodes, ["unused"] * nodes, int(time.time()) - 2 * seconds, seconds
+    )
     d = zstandard.ZstdDecompressor()
-    return [validate(msgpack.unpackb(d.decompress(body), raw=False)) for t in sorted(due) for _, body, _ in due[t]]
+    return [
+        validate(msgpack.unpackb(d.decompress(body), raw=False)) for t in sorted(due) for _, body, _ in due[t]
+    ]
 
 
 #: What each variant changes in a freshly migrated database before the rows are written.
 VARIANTS: dict[str, list[str]] = {
     "as_migrated": [],
     "no_btree": ["DROP INDEX gpu_samples_node_gpu_time_idx"],
-    "btree_without_deduplication": ["ALTER INDEX gpu_samples_node_gpu_time_idx SET (deduplicate_items = off)"],
+    "btree_without_deduplication": [
+        "ALTER INDEX gpu_samples_node_gpu_time_idx SET (deduplicate_items = off)"
+    ],
     "node_collated_c": ['ALTER TABLE gpu_samples ALTER COLUMN node TYPE text COLLATE "C"'],
     "rows_sorted_by_gpu": [],
     "no_brin": ["DROP INDEX gpu_samples_time_brin"],
@@ -116,10 +121,14 @@ def create_shipment_table(conn: psycopg.Connection, fields: list[Spec], as_bytes
     """The shipment table, with the sample table's indexes: the per-GPU btree and the time BRIN.
     As bytes, a NULL bitmap per row (all fields' bits, field after field) stands in for the arrays' NULLs."""
     cols = ", ".join(f"{sp.name} {_value_type(sp, as_bytes)}" for sp in fields)
-    conn.execute(f"CREATE TABLE gpu_shipments (time timestamptz NOT NULL, node text NOT NULL, gpu smallint NOT NULL, "
-                 f"offsets_ms integer[] NOT NULL, uuid text, nulls bytea, {cols})")
+    conn.execute(
+        f"CREATE TABLE gpu_shipments (time timestamptz NOT NULL, node text NOT NULL, gpu smallint NOT NULL, "
+        f"offsets_ms integer[] NOT NULL, uuid text, nulls bytea, {cols})"
+    )
     conn.execute("CREATE INDEX gpu_shipments_node_gpu_time_idx ON gpu_shipments (node, gpu, time)")
-    conn.execute("CREATE INDEX gpu_shipments_time_brin ON gpu_shipments USING brin (time) WITH (pages_per_range = 32)")
+    conn.execute(
+        "CREATE INDEX gpu_shipments_time_brin ON gpu_shipments USING brin (time) WITH (pages_per_range = 32)"
+    )
 
 
 def shipment_rows(b: Batch, fields: list[Spec], as_bytes: bool) -> list[list[Any]]:
@@ -132,9 +141,13 @@ def shipment_rows(b: Batch, fields: list[Spec], as_bytes: bool) -> list[list[Any
         idx = np.flatnonzero(gpus == g)
         idx = idx[np.argsort(t[idx], kind="stable")]
         t0 = float(t[idx[0]])
-        row: list[Any] = [datetime.fromtimestamp(t0, UTC), b.node, g,
-                          np.round((t[idx] - t0) * 1000).astype(np.int64).tolist(),
-                          None if uuid is None else uuid[int(idx[0])]]
+        row: list[Any] = [
+            datetime.fromtimestamp(t0, UTC),
+            b.node,
+            g,
+            np.round((t[idx] - t0) * 1000).astype(np.int64).tolist(),
+            None if uuid is None else uuid[int(idx[0])],
+        ]
         values: list[Any] = []
         nulls = []
         for sp in fields:
@@ -144,47 +157,69 @@ def shipment_rows(b: Batch, fields: list[Spec], as_bytes: bool) -> list[list[Any
                 values.append(np.asarray(col.values[idx], dtype=_LITTLE_ENDIAN[sp.pgtype]).tobytes())
                 nulls.append(null)
             else:
-                values.append([None if n else v for v, n in zip(col.values[idx].tolist(), null.tolist(), strict=True)])
+                values.append(
+                    [None if n else v for v, n in zip(col.values[idx].tolist(), null.tolist(), strict=True)]
+                )
         any_null = as_bytes and bool(np.concatenate(nulls).any())
         row.append(np.packbits(np.concatenate(nulls)).tobytes() if any_null else None)
         out.append(row + values)
     return out
 
 
-def copy_shipments(conn: psycopg.Connection, rows: list[list[Any]], fields: list[Spec], as_bytes: bool) -> None:
+def copy_shipments(
+    conn: psycopg.Connection, rows: list[list[Any]], fields: list[Spec], as_bytes: bool
+) -> None:
     names = ["time", "node", "gpu", "offsets_ms", "uuid", "nulls", *(sp.name for sp in fields)]
-    types = ["timestamptz", "text", "int2", "int4[]", "text", "bytea", *(_value_type(sp, as_bytes) for sp in fields)]
+    types = [
+        "timestamptz",
+        "text",
+        "int2",
+        "int4[]",
+        "text",
+        "bytea",
+        *(_value_type(sp, as_bytes) for sp in fields),
+    ]
     with conn.cursor().copy(f"COPY gpu_shipments ({', '.join(names)}) FROM STDIN (FORMAT BINARY)") as cp:
         cp.set_types(types)
         for row in rows:
             cp.write_row(row)
 
 
-def minute_averages(conn: psycopg.Connection, variant: str, fields: list[Spec]) -> dict[tuple[str, int, int], np.ndarray]:
+def minute_averages(
+    conn: psycopg.Connection, variant: str, fields: list[Spec]
+) -> dict[tuple[str, int, int], np.ndarray]:
     """Every (node, GPU, minute as epoch seconds)'s averages of ``fields`` (NaN where every value was NULL),
     read from the layout ``variant`` wrote: what the rollups compute, each layout read as it can be."""
     if variant == SHIPMENT_BYTES:
         return _bytes_minute_averages(conn, fields)
     names = [sp.name for sp in fields]
     if variant == SHIPMENT_ARRAYS:  # each sample's values come from unnesting the arrays in step
-        source = (f"gpu_shipments s, unnest(s.offsets_ms, {', '.join(f's.{n}' for n in names)}) "
-                  f"AS u(off, {', '.join(names)})")
+        source = (
+            f"gpu_shipments s, unnest(s.offsets_ms, {', '.join(f's.{n}' for n in names)}) "
+            f"AS u(off, {', '.join(names)})"
+        )
         t, values = "s.time + u.off * interval '1 ms'", "u."
     else:
         source, t, values = "gpu_samples s", "s.time", "s."
     avgs = ", ".join(f"avg({values}{n})::float8" for n in names)
-    cur = conn.execute(f"SELECT s.node, s.gpu, extract(epoch FROM date_trunc('minute', {t}))::bigint, {avgs} "
-                       f"FROM {source} GROUP BY 1, 2, 3")
+    cur = conn.execute(
+        f"SELECT s.node, s.gpu, extract(epoch FROM date_trunc('minute', {t}))::bigint, {avgs} "
+        f"FROM {source} GROUP BY 1, 2, 3"
+    )
     # An average over no value comes back None, which float64 arrays take as NaN.
     return {(r[0], r[1], r[2]): np.array(r[3:], dtype=np.float64) for r in cur}
 
 
-def _bytes_minute_averages(conn: psycopg.Connection, fields: list[Spec]) -> dict[tuple[str, int, int], np.ndarray]:
+def _bytes_minute_averages(
+    conn: psycopg.Connection, fields: list[Spec]
+) -> dict[tuple[str, int, int], np.ndarray]:
     """The bytes layout's minute averages, decoded and grouped here: fetch every row, cut each field's
     bytes into values, mask the NULLs, and sum per (node, GPU, minute) with one bincount per field."""
     # Binary results: bytea as its bytes, not as hex text to decode.
-    cur = conn.cursor(binary=True).execute("SELECT extract(epoch FROM time)::float8, node, gpu, offsets_ms, nulls, "
-                                           f"{', '.join(sp.name for sp in fields)} FROM gpu_shipments")
+    cur = conn.cursor(binary=True).execute(
+        "SELECT extract(epoch FROM time)::float8, node, gpu, offsets_ms, nulls, "
+        f"{', '.join(sp.name for sp in fields)} FROM gpu_shipments"
+    )
     got = cur.fetchall()
     if not got:
         return {}
@@ -205,8 +240,11 @@ def _bytes_minute_averages(conn: psycopg.Connection, fields: list[Spec]) -> dict
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
     for i in [i for i, bits in enumerate(by_column[4]) if bits is not None]:
         k, start = int(lengths[i]), starts[i]
-        null[:, start:start + k] = np.unpackbits(np.frombuffer(by_column[4][i], dtype=np.uint8),
-                                                 count=len(fields) * k).reshape(len(fields), k).astype(bool)
+        null[:, start : start + k] = (
+            np.unpackbits(np.frombuffer(by_column[4][i], dtype=np.uint8), count=len(fields) * k)
+            .reshape(len(fields), k)
+            .astype(bool)
+        )
     out = np.empty((group.shape[1], len(fields)))
     for j, sp in enumerate(fields):
         v = np.frombuffer(b"".join(by_column[5 + j]), dtype=_LITTLE_ENDIAN[sp.pgtype]).astype(np.float64)
@@ -215,7 +253,9 @@ def _bytes_minute_averages(conn: psycopg.Connection, fields: list[Spec]) -> dict
         count = np.bincount(inverse, weights=ok, minlength=group.shape[1])
         with np.errstate(invalid="ignore", divide="ignore"):
             out[:, j] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-    return {(keys[int(s_)][0], keys[int(s_)][1], int(m)): out[i] for i, (s_, m) in enumerate(group.T.tolist())}
+    return {
+        (keys[int(s_)][0], keys[int(s_)][1], int(m)): out[i] for i, (s_, m) in enumerate(group.T.tolist())
+    }
 
 
 def sorted_by_gpu(b: Batch) -> Batch:
@@ -249,11 +289,15 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
             c0, t0 = vs_prometheus.cpu_s(pid), time.perf_counter()
             for i in range(0, len(todo), group):
                 with conn.transaction():
-                    write_batches(conn, todo[i:i + group], sightings_cache=cache, touch=touch)
+                    write_batches(conn, todo[i : i + group], sightings_cache=cache, touch=touch)
                     if shipments:
-                        copy_shipments(conn, [r for rows in encoded[i:i + group] for r in rows], fields, as_bytes)
+                        copy_shipments(
+                            conn, [r for rows in encoded[i : i + group] for r in rows], fields, as_bytes
+                        )
             c1, wall = vs_prometheus.cpu_s(pid), time.perf_counter() - t0
-            wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", (lsn,)).fetchone()[0]  # type: ignore[index]
+            wal = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", (lsn,)).fetchone()[
+                0
+            ]  # type: ignore[index]
             table = "gpu_shipments" if shipments else "gpu_samples"
             count = "sum(cardinality(offsets_ms))" if shipments else "count(*)"
             rows = conn.execute(f"SELECT {count} FROM {table}").fetchone()[0]  # type: ignore[index]
@@ -263,10 +307,16 @@ def backend_us_per_row(server: str, todo: list[Batch], group: int, variant: str)
             minutes = minute_averages(conn, variant, fields)
             r1, p1 = vs_prometheus.cpu_s(pid), time.process_time()
             conn.commit()
-    return {"rows": int(rows), "backend_us_per_row": (c1 - c0) / rows * 1e6, "wall_us_per_row": wall / rows * 1e6,
-            "wal_bytes_per_row": float(wal) / rows, "stored_bytes_per_row": float(size) / rows,
-            "read_backend_us_per_row": (r1 - r0) / rows * 1e6, "read_client_us_per_row": (p1 - p0) / rows * 1e6,
-            "read_series_minutes": len(minutes)}
+    return {
+        "rows": int(rows),
+        "backend_us_per_row": (c1 - c0) / rows * 1e6,
+        "wall_us_per_row": wall / rows * 1e6,
+        "wal_bytes_per_row": float(wal) / rows,
+        "stored_bytes_per_row": float(size) / rows,
+        "read_backend_us_per_row": (r1 - r0) / rows * 1e6,
+        "read_client_us_per_row": (p1 - p0) / rows * 1e6,
+        "read_series_minutes": len(minutes),
+    }
 
 
 def main() -> None:
@@ -274,12 +324,17 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=3000, help="nodes of 8 GPUs")
     ap.add_argument("--seconds", type=int, default=100, help="seconds of samples per node")
     ap.add_argument("--group", type=int, default=120, help="requests per transaction")
-    ap.add_argument("--variants", action="store_true",
-                    help="also measure the btree without deduplication, node collated \"C\", rows sorted by GPU, "
-                         "and the table without its BRIN and without any index")
-    ap.add_argument("--shipment-rows", action="store_true",
-                    help="also measure one row per GPU per shipment, each field's values as an array, "
-                         "and as bytes")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help='also measure the btree without deduplication, node collated "C", rows sorted by GPU, '
+        "and the table without its BRIN and without any index",
+    )
+    ap.add_argument(
+        "--shipment-rows",
+        action="store_true",
+        help="also measure one row per GPU per shipment, each field's values as an array, and as bytes",
+    )
     args = ap.parse_args()
     if min(args.nodes, args.seconds, args.group) <= 0:
         ap.error("--nodes, --seconds and --group must be positive")
@@ -293,17 +348,31 @@ def main() -> None:
     print(f"{len(todo)} batches, {with_btree['rows']} GPU rows, {args.group} requests a transaction")
     labels = {"as_migrated": "as migrated (per-GPU btree)", "no_btree": "baseline, no per-GPU btree"}
     for name, r in got.items():
-        print(f"  {labels.get(name, name):34s} {r['backend_us_per_row']:5.2f} us of the backend per GPU-sample, "
-              f"{r['wal_bytes_per_row']:5.0f} B of WAL, {r['stored_bytes_per_row']:5.0f} B stored; read as the "
-              f"rollups do: {r['read_backend_us_per_row']:5.2f} us backend + {r['read_client_us_per_row']:5.2f} "
-              "us client")
-    print(json.dumps({"name": "pg_rows", "value": round(with_btree["backend_us_per_row"], 2),
-                      "unit": "backend us per GPU row", "baseline_without_btree": round(without["backend_us_per_row"], 2),
-                      # None where the run was too short for the CPU clock's 10-ms ticks to see
-                      "btree_share": round(1 - without["backend_us_per_row"] / with_btree["backend_us_per_row"], 3)
-                      if with_btree["backend_us_per_row"] else None,
-                      "rows": with_btree["rows"], "group": args.group, "with_btree": with_btree,
-                      "without_btree": without, "variants": got}))
+        print(
+            f"  {labels.get(name, name):34s} {r['backend_us_per_row']:5.2f} us of the backend per GPU-sample, "
+            f"{r['wal_bytes_per_row']:5.0f} B of WAL, {r['stored_bytes_per_row']:5.0f} B stored; read as the "
+            f"rollups do: {r['read_backend_us_per_row']:5.2f} us backend + {r['read_client_us_per_row']:5.2f} "
+            "us client"
+        )
+    print(
+        json.dumps(
+            {
+                "name": "pg_rows",
+                "value": round(with_btree["backend_us_per_row"], 2),
+                "unit": "backend us per GPU row",
+                "baseline_without_btree": round(without["backend_us_per_row"], 2),
+                # None where the run was too short for the CPU clock's 10-ms ticks to see
+                "btree_share": round(1 - without["backend_us_per_row"] / with_btree["backend_us_per_row"], 3)
+                if with_btree["backend_us_per_row"]
+                else None,
+                "rows": with_btree["rows"],
+                "group": args.group,
+                "with_btree": with_btree,
+                "without_btree": without,
+                "variants": got,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -84,19 +84,48 @@ def excerpts(corpus: Path = CORPUS) -> list[Excerpt]:
 def import_excerpt(ex: Excerpt, out: Path) -> ImportSummary:
     """Import one recording as its labels say (node, model, zone, columns, run and its start)."""
     imp = ex.imp
-    return import_nvidia_smi([ex.folder / ex.name], out, node=imp["node"], run_id=imp["run_id"],
-                             run_start=datetime.fromisoformat(imp["run_start"].replace("Z", "+00:00")),
-                             gpu_name=imp.get("gpu_name"), tz=ZoneInfo(imp.get("tz", "UTC")),
-                             columns=imp.get("columns"))
+    return import_nvidia_smi(
+        [ex.folder / ex.name],
+        out,
+        node=imp["node"],
+        run_id=imp["run_id"],
+        run_start=datetime.fromisoformat(imp["run_start"].replace("Z", "+00:00")),
+        gpu_name=imp.get("gpu_name"),
+        tz=ZoneInfo(imp.get("tz", "UTC")),
+        columns=imp.get("columns"),
+    )
 
 
 def score_labels(ex: Excerpt) -> dict[str, Any]:
     """The excerpt's labels in :func:`gpufleet.collector.scoring.score`'s shape."""
     run = ex.imp["run_id"]
-    incidents = [{"kind": e["kind"], "run_id": run, "node": e.get("node"), "gpu": e.get("gpu"),
-                  "start": e["start"], "end": e["end"], "cause": e.get("cause")} for e in ex.events]
-    negatives = [{"reason": f"{ex.source}/{ex.name}", "not_kinds": ex.must_not_raise, "run_id": None,
-                  "node": None, "gpu": None, "start": 0.0, "end": None}] if ex.must_not_raise else []
+    incidents = [
+        {
+            "kind": e["kind"],
+            "run_id": run,
+            "node": e.get("node"),
+            "gpu": e.get("gpu"),
+            "start": e["start"],
+            "end": e["end"],
+            "cause": e.get("cause"),
+        }
+        for e in ex.events
+    ]
+    negatives = (
+        [
+            {
+                "reason": f"{ex.source}/{ex.name}",
+                "not_kinds": ex.must_not_raise,
+                "run_id": None,
+                "node": None,
+                "gpu": None,
+                "start": 0.0,
+                "end": None,
+            }
+        ]
+        if ex.must_not_raise
+        else []
+    )
     return {"incidents": incidents, "hard_negatives": negatives}
 
 
@@ -125,8 +154,9 @@ def run_excerpt(ex: Excerpt, url: str, settings: Settings, workdir: Path) -> Exc
     t0 = time.perf_counter()
     result = replay(url, bundle, settings)
     secs = time.perf_counter() - t0
-    return ExcerptResult(ex, score(result.findings, score_labels(ex), slack_s=0.0), result.findings, secs,
-                         result.sweeps)
+    return ExcerptResult(
+        ex, score(result.findings, score_labels(ex), slack_s=0.0), result.findings, secs, result.sweeps
+    )
 
 
 def run_corpus(corpus: Path = CORPUS, settings: Settings | None = None) -> list[ExcerptResult]:
@@ -181,6 +211,7 @@ def by_kind(results: list[ExcerptResult]) -> dict[str, KindRow]:
 
 def report(results: list[ExcerptResult], out: Any = sys.stdout) -> dict[str, Any]:
     """Print the per-source and per-kind tables; return the JSON summary."""
+
     def say(s: str = "") -> None:
         print(s, file=out, flush=True)
 
@@ -189,14 +220,20 @@ def report(results: list[ExcerptResult], out: Any = sys.stdout) -> dict[str, Any
     for r in results:
         ex = r.excerpt
         labelled = len(ex.events)
-        say(f"{ex.source + '/' + ex.name:<62}{f'{r.found}/{labelled}':>9}{len(r.findings):>9}"
-            f"{len(r.false_alarms):>7}{r.sweeps:>7}{r.seconds:>6.0f}")
+        say(
+            f"{ex.source + '/' + ex.name:<62}{f'{r.found}/{labelled}':>9}{len(r.findings):>9}"
+            f"{len(r.false_alarms):>7}{r.sweeps:>7}{r.seconds:>6.0f}"
+        )
         for m in r.score.missed_labels:
-            say(f"    missed {m['kind']} {m['start']} .. {m['end']}"
-                + (f" {m['node']}/{m['gpu']}" if m.get("gpu") is not None else ""))
+            say(
+                f"    missed {m['kind']} {m['start']} .. {m['end']}"
+                + (f" {m['node']}/{m['gpu']}" if m.get("gpu") is not None else "")
+            )
         for f in r.false_alarms:
-            say(f"    false  {f['kind']} {f.get('node')}/{f.get('gpu')} {f['start']} .. {f.get('end')}"
-                f" cause={f.get('cause')}")
+            say(
+                f"    false  {f['kind']} {f.get('node')}/{f.get('gpu')} {f['start']} .. {f.get('end')}"
+                f" cause={f.get('cause')}"
+            )
         for f in r.score.unmatched_findings:
             if f not in r.false_alarms:
                 say(f"    other  {f['kind']} {f.get('node')}/{f.get('gpu')} {f['start']} .. {f.get('end')}")
@@ -213,31 +250,51 @@ def report(results: list[ExcerptResult], out: Any = sys.stdout) -> dict[str, Any
         say(f"{src:<30}{s['excerpts']:>9}{events:>14}{s['findings']:>10}{s['false_alarms']:>14}")
     kinds = by_kind(results)
     say()
-    say(f"{'kind':<18}{'events':>8}{'found':>7}{'recall':>8}{'baseline':>9}{'findings':>9}{'on events':>10}"
-        f"{'false':>7}{'unlabelled':>11}{'precision':>10}  detector")
+    say(
+        f"{'kind':<18}{'events':>8}{'found':>7}{'recall':>8}{'baseline':>9}{'findings':>9}{'on events':>10}"
+        f"{'false':>7}{'unlabelled':>11}{'precision':>10}  detector"
+    )
     for kind, k in kinds.items():
         rec = "-" if k.recall is None else f"{k.recall:.2f}"
         prec = "-" if k.precision is None else f"{k.precision:.2f}"
         base = "-" if not k.labelled else "0.00"
-        say(f"{kind:<18}{k.labelled:>8}{k.found:>7}{rec:>8}{base:>9}{k.findings:>9}{k.matched_findings:>10}"
-            f"{k.false_alarms:>7}{k.unlabelled:>11}{prec:>10}  {'yes' if kind in DETECTORS else 'none reports it'}")
+        say(
+            f"{kind:<18}{k.labelled:>8}{k.found:>7}{rec:>8}{base:>9}{k.findings:>9}{k.matched_findings:>10}"
+            f"{k.false_alarms:>7}{k.unlabelled:>11}{prec:>10}  {'yes' if kind in DETECTORS else 'none reports it'}"
+        )
     labelled = sum(k.labelled for k in kinds.values())
     found = sum(k.found for k in kinds.values())
     matched = sum(k.matched_findings for k in kinds.values())
     false_alarms = sum(k.false_alarms for k in kinds.values())
     recall = round(found / labelled, 3) if labelled else None
-    say(f"all kinds: {found}/{labelled} events found, {false_alarms} false alarms on {len(results)} recordings "
-        f"from {len(per_source)} sources; baseline (no detector): 0/{labelled}")
+    say(
+        f"all kinds: {found}/{labelled} events found, {false_alarms} false alarms on {len(results)} recordings "
+        f"from {len(per_source)} sources; baseline (no detector): 0/{labelled}"
+    )
     return {
-        "name": "detector_quality_real", "value": recall, "unit": "event_recall",
-        "events": labelled, "found": found, "false_alarms": false_alarms,
+        "name": "detector_quality_real",
+        "value": recall,
+        "unit": "event_recall",
+        "events": labelled,
+        "found": found,
+        "false_alarms": false_alarms,
         "precision": round(matched / (matched + false_alarms), 3) if matched + false_alarms else None,
         "baseline_recall": 0.0 if labelled else None,
         "sources": {k: dict(v) for k, v in sorted(per_source.items())},
-        "kinds": {kind: {"events": k.labelled, "found": k.found, "recall": k.recall, "findings": k.findings,
-                         "on_events": k.matched_findings, "false_alarms": k.false_alarms,
-                         "unlabelled": k.unlabelled, "precision": k.precision,
-                         "detector": kind in DETECTORS} for kind, k in kinds.items()},
+        "kinds": {
+            kind: {
+                "events": k.labelled,
+                "found": k.found,
+                "recall": k.recall,
+                "findings": k.findings,
+                "on_events": k.matched_findings,
+                "false_alarms": k.false_alarms,
+                "unlabelled": k.unlabelled,
+                "precision": k.precision,
+                "detector": kind in DETECTORS,
+            }
+            for kind, k in kinds.items()
+        },
     }
 
 

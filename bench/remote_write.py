@@ -70,11 +70,14 @@ def node_exposition(node: str) -> str:
                 lines.append(line)
             continue
         for g in range(GPUS):
-            lines.append(line.replace('gpu="0"', f'gpu="{g}"').replace("nvidia0", f"nvidia{g}")
-                         .replace("00000000:18:00.0", f"00000000:{0x18 + g:02X}:00.0")
-                         .replace("GPU-5e3b8c1a-7d2f-4a96-b1c0-3f8e2d9a4b71", f"GPU-5e3b8c1a-7d2f-4a96-b1c0-{g:012d}")
-                         .replace("llm-pretrain-master-0", f"{node}-job-worker-{g}")
-                         .replace("gpu-node-7", node))
+            lines.append(
+                line.replace('gpu="0"', f'gpu="{g}"')
+                .replace("nvidia0", f"nvidia{g}")
+                .replace("00000000:18:00.0", f"00000000:{0x18 + g:02X}:00.0")
+                .replace("GPU-5e3b8c1a-7d2f-4a96-b1c0-3f8e2d9a4b71", f"GPU-5e3b8c1a-7d2f-4a96-b1c0-{g:012d}")
+                .replace("llm-pretrain-master-0", f"{node}-job-worker-{g}")
+                .replace("gpu-node-7", node)
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -98,11 +101,14 @@ def native_requests(nodes: list[str], tokens: list[str], scrapes: int, t0: float
     return out
 
 
-def remote_write_requests(nodes: list[str], token: str, scrapes: int, t0_ms: int,
-                          per_send: int) -> list[loadgen.Request]:
+def remote_write_requests(
+    nodes: list[str], token: str, scrapes: int, t0_ms: int, per_send: int
+) -> list[loadgen.Request]:
     """Prometheus's requests: scrape after scrape of every node, one series a sample, cut every ``per_send``."""
-    per_node = {n: rw.from_exposition(node_exposition(n), 0, {"instance": f"{n}:9400", "job": "dcgm-exporter"})
-                for n in nodes}
+    per_node = {
+        n: rw.from_exposition(node_exposition(n), 0, {"instance": f"{n}:9400", "job": "dcgm-exporter"})
+        for n in nodes
+    }
     series: list[rw.Series] = []
     for k in range(scrapes):
         for n in nodes:
@@ -110,7 +116,7 @@ def remote_write_requests(nodes: list[str], token: str, scrapes: int, t0_ms: int
     headers = {**rw.HEADERS, "Authorization": f"Bearer {token}"}
     out = []
     for a in range(0, len(series), per_send):
-        chunk = series[a:a + per_send]
+        chunk = series[a : a + per_send]
         body = rw.compress(rw.write_request(chunk))
         out.append(loadgen.Request(body, headers, 0, path="/api/v1/write"))
     return out
@@ -143,8 +149,16 @@ def gpu_rows(url: str) -> int:
         return int(conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0])  # type: ignore[index]
 
 
-def phase(name: str, url: str, port: int, pid: int, reqs: list[loadgen.Request], connections: int,
-          expect_rows: int, timeout: float) -> dict[str, float]:
+def phase(
+    name: str,
+    url: str,
+    port: int,
+    pid: int,
+    reqs: list[loadgen.Request],
+    connections: int,
+    expect_rows: int,
+    timeout: float,
+) -> dict[str, float]:
     """Send every request and wait for every row; the collector's CPU over that span."""
     before = gpu_rows(url)
     q: asyncio.Queue[loadgen.Request] = asyncio.Queue()
@@ -161,11 +175,20 @@ def phase(name: str, url: str, port: int, pid: int, reqs: list[loadgen.Request],
     c1, p1, w1 = cpu(pid), postgres_cpu(), time.perf_counter()
     if stored != expect_rows:
         raise SystemExit(f"{name}: {stored} GPU rows stored of {expect_rows} (answers {stats.by_status})")
-    out = {"rows": stored, "requests": len(reqs), "collector_cpu_s": c1 - c0, "postgres_cpu_s": spent(p0, p1),
-           "wall_s": w1 - w0, "per_core": stored / (c1 - c0), "us_per_row": (c1 - c0) / stored * 1e6}
-    print(f"{name:>12}: {stored} GPU rows in {len(reqs)} requests, {out['wall_s']:.1f} s; collector "
-          f"{out['collector_cpu_s']:.2f} CPU-s = {out['per_core']:,.0f} GPU-samples per core-second "
-          f"({out['us_per_row']:.1f} µs a row); PostgreSQL {out['postgres_cpu_s']:.2f} CPU-s")
+    out = {
+        "rows": stored,
+        "requests": len(reqs),
+        "collector_cpu_s": c1 - c0,
+        "postgres_cpu_s": spent(p0, p1),
+        "wall_s": w1 - w0,
+        "per_core": stored / (c1 - c0),
+        "us_per_row": (c1 - c0) / stored * 1e6,
+    }
+    print(
+        f"{name:>12}: {stored} GPU rows in {len(reqs)} requests, {out['wall_s']:.1f} s; collector "
+        f"{out['collector_cpu_s']:.2f} CPU-s = {out['per_core']:,.0f} GPU-samples per core-second "
+        f"({out['us_per_row']:.1f} µs a row); PostgreSQL {out['postgres_cpu_s']:.2f} CPU-s"
+    )
     return out
 
 
@@ -175,7 +198,9 @@ def main() -> None:
     ap.add_argument("--scrapes", type=int, default=30, help="scrapes of each node (1 s apart) per phase")
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--samples-per-send", type=int, default=2000, help="Prometheus's max_samples_per_send")
-    ap.add_argument("--merge-delay", type=float, default=1.0, help="remote_write.merge_delay_s of the collector")
+    ap.add_argument(
+        "--merge-delay", type=float, default=1.0, help="remote_write.merge_delay_s of the collector"
+    )
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
 
@@ -188,37 +213,73 @@ def main() -> None:
             prom = create_token(conn, "prometheus", "remote_write")
         now = time.time()
         native = native_requests(nodes, tokens, args.scrapes, now - 3600)
-        remote = remote_write_requests(nodes, prom, args.scrapes, int((now - 1800) * 1000), args.samples_per_send)
+        remote = remote_write_requests(
+            nodes, prom, args.scrapes, int((now - 1800) * 1000), args.samples_per_send
+        )
         series = len(rw.from_exposition(node_exposition("x"), 0))
-        print(f"{args.nodes} nodes x {GPUS} GPUs x {args.scrapes} scrapes; {series // GPUS} series a GPU; "
-              f"remote write: {len(remote)} requests of <= {args.samples_per_send} samples "
-              f"({sum(len(r.body) for r in remote) / len(remote) / 1024:.0f} KiB snappy each)")
+        print(
+            f"{args.nodes} nodes x {GPUS} GPUs x {args.scrapes} scrapes; {series // GPUS} series a GPU; "
+            f"remote write: {len(remote)} requests of <= {args.samples_per_send} samples "
+            f"({sum(len(r.body) for r in remote) / len(remote) / 1024:.0f} KiB snappy each)"
+        )
         port = free_port()
         # Not the leader: its sweeps, rollups and run inference would spend CPU in both phases alike.
-        os.environ.update(GPUFLEET_REMOTE_WRITE__MERGE_DELAY_S=str(args.merge_delay),
-                          GPUFLEET_REMOTE_WRITE__ASSEMBLE_EVERY_S="0.2", GPUFLEET_REMOTE_WRITE__ASSEMBLE="true")
+        os.environ.update(
+            GPUFLEET_REMOTE_WRITE__MERGE_DELAY_S=str(args.merge_delay),
+            GPUFLEET_REMOTE_WRITE__ASSEMBLE_EVERY_S="0.2",
+            GPUFLEET_REMOTE_WRITE__ASSEMBLE="true",
+        )
         proc = start_collector(url, port, leader=False)
         try:
             expect = args.nodes * args.scrapes * GPUS
             # A short warm-up of each path (the remote-write series cache fills on its first requests).
-            phase("warm-up", url, port, proc.pid, native_requests(nodes[:4], tokens[:4], 2, now - 7200), 4,
-                  4 * 2 * GPUS, args.timeout)
-            phase("warm-up", url, port, proc.pid, remote_write_requests(nodes, prom, 1, int((now - 5400) * 1000),
-                                                                        args.samples_per_send),
-                  args.connections, args.nodes * GPUS, args.timeout)
+            phase(
+                "warm-up",
+                url,
+                port,
+                proc.pid,
+                native_requests(nodes[:4], tokens[:4], 2, now - 7200),
+                4,
+                4 * 2 * GPUS,
+                args.timeout,
+            )
+            phase(
+                "warm-up",
+                url,
+                port,
+                proc.pid,
+                remote_write_requests(nodes, prom, 1, int((now - 5400) * 1000), args.samples_per_send),
+                args.connections,
+                args.nodes * GPUS,
+                args.timeout,
+            )
             nat = phase("native", url, port, proc.pid, native, args.connections, expect, args.timeout)
             rem = phase("remote write", url, port, proc.pid, remote, args.connections, expect, args.timeout)
         finally:
             proc.terminate()
             proc.wait(30)
     ratio = nat["per_core"] / rem["per_core"]
-    print(f"remote write takes {ratio:.2f}x the collector CPU of the native format per GPU-sample "
-          f"({rem['us_per_row']:.1f} against {nat['us_per_row']:.1f} µs)")
-    print(json.dumps({"name": "remote_write_gpu_samples_per_core", "value": round(rem["per_core"]),
-                      "unit": "GPU-samples per collector CPU-second", "native": round(nat["per_core"]),
-                      "native_over_remote_write": round(ratio, 3), "remote_write_us_per_row": round(rem["us_per_row"], 2),
-                      "native_us_per_row": round(nat["us_per_row"], 2), "nodes": args.nodes, "scrapes": args.scrapes,
-                      "samples_per_send": args.samples_per_send, "connections": args.connections}))
+    print(
+        f"remote write takes {ratio:.2f}x the collector CPU of the native format per GPU-sample "
+        f"({rem['us_per_row']:.1f} against {nat['us_per_row']:.1f} µs)"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "remote_write_gpu_samples_per_core",
+                "value": round(rem["per_core"]),
+                "unit": "GPU-samples per collector CPU-second",
+                "native": round(nat["per_core"]),
+                "native_over_remote_write": round(ratio, 3),
+                "remote_write_us_per_row": round(rem["us_per_row"], 2),
+                "native_us_per_row": round(nat["us_per_row"], 2),
+                "nodes": args.nodes,
+                "scrapes": args.scrapes,
+                "samples_per_send": args.samples_per_send,
+                "connections": args.connections,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def column_by_column(doc: dict[str, Any]) -> Any:
 
 def waits_us(n: int, repeat: int) -> dict[str, float]:
     """CPU of ``n`` waits for an already-scheduled confirmation, each way, per wait."""
+
     async def waits(shielded: bool) -> None:
         loop = asyncio.get_running_loop()
         for _ in range(n):
@@ -78,13 +79,16 @@ def waits_us(n: int, repeat: int) -> dict[str, float]:
 
     try:
         import uvloop
+
         new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     except ImportError:
         new_loop = asyncio.new_event_loop
     loop = new_loop()
     try:
-        return {name: best_us(lambda s=shielded: loop.run_until_complete(waits(s)), repeat) / n
-                for name, shielded in (("wait", False), ("wait_for_shield", True))}
+        return {
+            name: best_us(lambda s=shielded: loop.run_until_complete(waits(s)), repeat) / n
+            for name, shielded in (("wait", False), ("wait_for_shield", True))
+        }
     finally:
         loop.close()
 
@@ -98,8 +102,15 @@ def answers_us(n: int, repeat: int) -> dict[str, float]:
 
     def theirs() -> None:
         for i in range(n):
-            JSONResponse({"batch_id": f"node-{i}:1", "status": "stored", "gpu_rows": 80, "host_rows": 10,
-                          "rejected_skew": 0})
+            JSONResponse(
+                {
+                    "batch_id": f"node-{i}:1",
+                    "status": "stored",
+                    "gpu_rows": 80,
+                    "host_rows": 10,
+                    "rejected_skew": 0,
+                }
+            )
 
     return {"answer": best_us(ours, repeat) / n, "answer_json_response": best_us(theirs, repeat) / n}
 
@@ -111,10 +122,14 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=64)
     args = ap.parse_args()
     per_tick = max(1, args.requests // vs_prometheus.SHIP_EVERY_S)
-    due = vs_prometheus.gpufleet_bodies(vs_prometheus.value_model(), per_tick * vs_prometheus.SHIP_EVERY_S,
-                                        ["token"] * per_tick * vs_prometheus.SHIP_EVERY_S, int(time.time()),
-                                        vs_prometheus.SHIP_EVERY_S)
-    bodies = [body for items in due.values() for _, body, _ in items][:args.requests]
+    due = vs_prometheus.gpufleet_bodies(
+        vs_prometheus.value_model(),
+        per_tick * vs_prometheus.SHIP_EVERY_S,
+        ["token"] * per_tick * vs_prometheus.SHIP_EVERY_S,
+        int(time.time()),
+        vs_prometheus.SHIP_EVERY_S,
+    )
+    bodies = [body for items in due.values() for _, body, _ in items][: args.requests]
     limits = ParseLimits.for_samples(100_000)
     docs = [parse(decompress(b, "zstd", 1 << 26), "application/msgpack", limits) for b in bodies]
     batches = [validate(d) for d in docs]
@@ -135,46 +150,77 @@ def main() -> None:
 
     def encode() -> None:
         for i in range(0, n, args.group):
-            copy_data(GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in batches[i:i + args.group]])
+            copy_data(GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in batches[i : i + args.group]])
 
     plain = [dict(b.gpu) for b in batches]
 
     def encode_column_by_column() -> None:
         for i in range(0, n, args.group):
-            copy_data(GPU_SPECS, [(b.node, cols, b.n_gpu)
-                                  for b, cols in zip(batches[i:i + args.group], plain[i:i + args.group], strict=True)])
+            copy_data(
+                GPU_SPECS,
+                [
+                    (b.node, cols, b.n_gpu)
+                    for b, cols in zip(batches[i : i + args.group], plain[i : i + args.group], strict=True)
+                ],
+            )
 
     def bounds() -> None:
         for b in batches:
             ingest_bounds.check(b, 255, 256)
         for i in range(0, n, args.group):
-            ingest_bounds.energy_glitches(batches[i:i + args.group])
+            ingest_bounds.energy_glitches(batches[i : i + args.group])
 
-    out = {name: best_us(fn, args.repeat) / n for name, fn in
-           [("decode", decode), ("validate", sections), ("validate_column_by_column", columns),
-            ("bounds", bounds), ("encode", encode), ("encode_column_by_column", encode_column_by_column)]}
+    out = {
+        name: best_us(fn, args.repeat) / n
+        for name, fn in [
+            ("decode", decode),
+            ("validate", sections),
+            ("validate_column_by_column", columns),
+            ("bounds", bounds),
+            ("encode", encode),
+            ("encode_column_by_column", encode_column_by_column),
+        ]
+    }
     per_sample = samples / n
     print(f"{n} requests of {per_sample:.0f} GPU-samples each (best of {args.repeat}):")
     for name, us in out.items():
         print(f"  {name:26s} {us:8.1f} us per request  {us / per_sample:6.2f} us per GPU-sample")
-    print(f"  bounds (GPU indices, runs named, counter glitches): {out['bounds'] / out['validate']:.2f}x "
-          "the validation before them")
+    print(
+        f"  bounds (GPU indices, runs named, counter glitches): {out['bounds'] / out['validate']:.2f}x "
+        "the validation before them"
+    )
     speedup = out["validate_column_by_column"] / out["validate"]
     print(f"  validation a section at a time: {speedup:.2f}x less CPU than column by column")
-    print(f"  encoding merged a matrix at a time: "
-          f"{out['encode_column_by_column'] / out['encode']:.2f}x less CPU than column by column")
+    print(
+        f"  encoding merged a matrix at a time: "
+        f"{out['encode_column_by_column'] / out['encode']:.2f}x less CPU than column by column"
+    )
     answering = {**waits_us(max(n, 1000), args.repeat), **answers_us(max(n, 1000), args.repeat)}
-    print(f"  waiting for the writer       {answering['wait']:8.2f} us per request "
-          f"(asyncio.wait_for(shield()): {answering['wait_for_shield']:.2f})")
-    print(f"  formatting the answer        {answering['answer']:8.2f} us per request "
-          f"(JSONResponse: {answering['answer_json_response']:.2f})")
-    print(json.dumps({"name": "request_cpu_validate", "value": round(out["validate"], 1), "unit": "us/request",
-                      "baseline_column_by_column": round(out["validate_column_by_column"], 1),
-                      "decode": round(out["decode"], 1), "encode": round(out["encode"], 1),
-                      "bounds": round(out["bounds"], 1),
-                      "encode_column_by_column": round(out["encode_column_by_column"], 1),
-                      **{k: round(v, 2) for k, v in answering.items()},
-                      "gpu_samples_per_request": per_sample, "requests": n}))
+    print(
+        f"  waiting for the writer       {answering['wait']:8.2f} us per request "
+        f"(asyncio.wait_for(shield()): {answering['wait_for_shield']:.2f})"
+    )
+    print(
+        f"  formatting the answer        {answering['answer']:8.2f} us per request "
+        f"(JSONResponse: {answering['answer_json_response']:.2f})"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "request_cpu_validate",
+                "value": round(out["validate"], 1),
+                "unit": "us/request",
+                "baseline_column_by_column": round(out["validate_column_by_column"], 1),
+                "decode": round(out["decode"], 1),
+                "encode": round(out["encode"], 1),
+                "bounds": round(out["bounds"], 1),
+                "encode_column_by_column": round(out["encode_column_by_column"], 1),
+                **{k: round(v, 2) for k, v in answering.items()},
+                "gpu_samples_per_request": per_sample,
+                "requests": n,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def write(conn: psycopg.Connection, items: list[Batch], keep_sightings: bool) ->
     t = time.perf_counter()
     for k in range(0, len(items), 8):
         with conn.transaction():
-            done = write_batches(conn, items[k:k + 8], sightings_cache=cache, touch=NodeTouch(10.0))
+            done = write_batches(conn, items[k : k + 8], sightings_cache=cache, touch=NodeTouch(10.0))
         cache.stored(done.sightings)
     return time.perf_counter() - t
 
@@ -83,7 +83,7 @@ def main() -> int:
         with psycopg.connect(url, autocommit=True) as conn:
             t0 = time.time() - 3600
             for r in range(a.rounds):
-                order = variants[r % 3:] + variants[:r % 3]
+                order = variants[r % 3 :] + variants[: r % 3]
                 for name, labelled, keep in order:
                     bs = batches(a.nodes, a.batches, t0 + r * a.batches * SECONDS, labelled, f"r{r}{name}")
                     rows = sum(b.n_gpu for b in bs)
@@ -92,13 +92,27 @@ def main() -> int:
     value, baseline = statistics.median(rates["kept"]), statistics.median(rates["off"])
     plain = statistics.median(rates["unlabelled"])
     overhead = 100.0 * (baseline - value) / baseline
-    print(f"labelled GPU rows, sightings kept: {value:,.0f} rows/s; baseline, same rows without sightings: "
-          f"{baseline:,.0f} rows/s (overhead {overhead:.1f} %); unlabelled rows: {plain:,.0f} rows/s; "
-          f"{keys} sightings")
-    print(json.dumps({"name": "ingest_sightings_rows_per_s", "value": round(value), "baseline": round(baseline),
-                      "unlabelled": round(plain), "overhead_pct": round(overhead, 1), "unit": "rows/s",
-                      "nodes": a.nodes,
-                      "batches_per_node": a.batches, "rounds": a.rounds, "sightings": keys}))
+    print(
+        f"labelled GPU rows, sightings kept: {value:,.0f} rows/s; baseline, same rows without sightings: "
+        f"{baseline:,.0f} rows/s (overhead {overhead:.1f} %); unlabelled rows: {plain:,.0f} rows/s; "
+        f"{keys} sightings"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "ingest_sightings_rows_per_s",
+                "value": round(value),
+                "baseline": round(baseline),
+                "unlabelled": round(plain),
+                "overhead_pct": round(overhead, 1),
+                "unit": "rows/s",
+                "nodes": a.nodes,
+                "batches_per_node": a.batches,
+                "rounds": a.rounds,
+                "sightings": keys,
+            }
+        )
+    )
     return 0
 
 

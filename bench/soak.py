@@ -89,8 +89,11 @@ class SendTimer:
 
     def p99(self, t0: float, t1: float, windows: list[tuple[float, float]]) -> tuple[float, int]:
         with self._lock:
-            xs = [d for end, d, v in self.samples if t0 <= end < t1 and v == "delivered"
-                  and not any(a <= end <= b for a, b in windows)]
+            xs = [
+                d
+                for end, d, v in self.samples
+                if t0 <= end < t1 and v == "delivered" and not any(a <= end <= b for a, b in windows)
+            ]
         return (float(np.percentile(xs, 99)) if xs else float("nan")), len(xs)
 
 
@@ -112,8 +115,13 @@ class CollectorLatency:
             text = httpx.get(url + "/metrics", timeout=5).text
         except httpx.HTTPError:
             return
-        buckets = {float(smp.labels["le"]): smp.value for fam in text_string_to_metric_families(text)
-                   if fam.name == self.NAME for smp in fam.samples if smp.name == self.NAME + "_bucket"}
+        buckets = {
+            float(smp.labels["le"]): smp.value
+            for fam in text_string_to_metric_families(text)
+            if fam.name == self.NAME
+            for smp in fam.samples
+            if smp.name == self.NAME + "_bucket"
+        }
         if buckets:
             self.scrapes.append((time.monotonic(), pid, buckets))
 
@@ -156,10 +164,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--fault-every", type=float, default=300.0, help="seconds between faults")
     ap.add_argument("--fault-length", type=float, default=20.0, help="seconds a fault lasts")
-    ap.add_argument("--settle", type=float, default=30.0, help="seconds after a fault still counted as its window")
-    ap.add_argument("--detect-window", type=float, default=None,
-                    help="the collector's detect.window_s (default: a third of the run, at most 600 s)")
-    ap.add_argument("--timeline", type=Path, default=None, help="write the resource samples here (JSON lines)")
+    ap.add_argument(
+        "--settle", type=float, default=30.0, help="seconds after a fault still counted as its window"
+    )
+    ap.add_argument(
+        "--detect-window",
+        type=float,
+        default=None,
+        help="the collector's detect.window_s (default: a third of the run, at most 600 s)",
+    )
+    ap.add_argument(
+        "--timeline", type=Path, default=None, help="write the resource samples here (JSON lines)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # every fault makes 50 agents log a retry
     settings = load_settings(data_dir=tempfile.mkdtemp(prefix="gpufleet-soak-"))
@@ -167,23 +183,41 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.minutes * 60
     window_s = args.detect_window or min(600.0, duration / 3)
     warm_up = window_s + args.settle
-    print(f"collector detect.window_s = {window_s:.0f} s; RSS and open-file drift from {warm_up:.0f} s on "
-          "(the detector's sample cache fills until then)", flush=True)
+    print(
+        f"collector detect.window_s = {window_s:.0f} s; RSS and open-file drift from {warm_up:.0f} s on "
+        "(the detector's sample cache fills until then)",
+        flush=True,
+    )
     with scratch_database(server_url(work / "pg"), "gpufleet_soak") as db:
         migrate.upgrade(db, settings)
         with psycopg.connect(db, autocommit=True) as c:
-            tokens = {f"soak-{i:03d}": create_token(c, f"soak-{i:03d}", "node", f"soak-{i:03d}")
-                      for i in range(args.agents)}
+            tokens = {
+                f"soak-{i:03d}": create_token(c, f"soak-{i:03d}", "node", f"soak-{i:03d}")
+                for i in range(args.agents)
+            }
         parts = urlsplit(db)
         with proxy_process(parts.port or 5432) as db_proxy:
-            db_via = urlunsplit((parts.scheme, f"{parts.username}@127.0.0.1:{db_proxy.port}", parts.path,
-                                 parts.query, ""))
-            col = CollectorProc(db_via, work, {"log_level": "WARNING", "ingest": {"retry_after_s": 2},
-                                               "detect": {"window_s": window_s}})
+            db_via = urlunsplit(
+                (parts.scheme, f"{parts.username}@127.0.0.1:{db_proxy.port}", parts.path, parts.query, "")
+            )
+            col = CollectorProc(
+                db_via,
+                work,
+                {"log_level": "WARNING", "ingest": {"retry_after_s": 2}, "detect": {"window_s": window_s}},
+            )
             col.start().wait_up()
             with proxy_process(col.port) as net:
-                fleet = Fleet(tokens, net.url, work / "spools", gpus=args.gpus, interval_s=args.interval,
-                              ship_interval_s=5.0, retry_base_s=0.5, retry_max_s=30.0, request_timeout_s=10.0)
+                fleet = Fleet(
+                    tokens,
+                    net.url,
+                    work / "spools",
+                    gpus=args.gpus,
+                    interval_s=args.interval,
+                    ship_interval_s=5.0,
+                    retry_base_s=0.5,
+                    retry_max_s=30.0,
+                    request_timeout_s=10.0,
+                )
                 timer = SendTimer()
                 latency = CollectorLatency()
                 windows: list[tuple[float, float]] = []
@@ -213,8 +247,17 @@ def main(argv: list[str] | None = None) -> int:
                             if args.timeline is not None and resources:
                                 with args.timeline.open("a") as tl:
                                     t, rss, fds = resources[-1]
-                                    tl.write(json.dumps({"t": round(t - t_start, 1), "pid": col.pid,
-                                                         "rss_mb": round(rss / 2**20, 1), "fds": fds}) + "\n")
+                                    tl.write(
+                                        json.dumps(
+                                            {
+                                                "t": round(t - t_start, 1),
+                                                "pid": col.pid,
+                                                "rss_mb": round(rss / 2**20, 1),
+                                                "fds": fds,
+                                            }
+                                        )
+                                        + "\n"
+                                    )
                         time.sleep(5)
                     fleet.stop_sampling()
                     drain_s = fleet.wait_drained(timeout=300)
@@ -224,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
                     col.kill()
             result = integrity(db, fleet.oracle)
     t_mid = t_start + (warm_up + duration) / 2
-    steady = [(t, r, f) for t, r, f in resources if not any(0 <= t - s < 30 for s in restarts)
-              and not any(a <= t <= b for a, b in windows) and t - t_start >= warm_up]
+    steady = [
+        (t, r, f)
+        for t, r, f in resources
+        if not any(0 <= t - s < 30 for s in restarts)
+        and not any(a <= t <= b for a, b in windows)
+        and t - t_start >= warm_up
+    ]
     first = [x for x in steady if x[0] < t_mid]
     second = [x for x in steady if x[0] >= t_mid]
 
@@ -238,41 +286,74 @@ def main(argv: list[str] | None = None) -> int:
     run_hist = latency.histogram(t_start, t_start + duration, windows)
     col_base, col_run = quantile(base_hist, 0.99), quantile(run_hist, 0.99)
     out = {
-        "name": "soak", "value": round(1000 * col_run, 1), "unit": "p99_ms_outside_faults",
-        "agents": args.agents, "gpus": args.gpus, "interval_s": args.interval, "minutes": args.minutes,
-        "faults": len(windows), "acked_samples": result.acked_samples, "missing_samples": result.missing_samples,
-        "missing_batches": result.missing_batches, "duplicate_rows": result.duplicate_rows,
-        "spooled": tot.spooled, "delivered": tot.delivered, "dropped": tot.dropped, "drain_s": round(drain_s, 1),
-        "rss_mb_first_half": round(med(first, 1) / 2**20, 1), "rss_mb_second_half": round(med(second, 1) / 2**20, 1),
+        "name": "soak",
+        "value": round(1000 * col_run, 1),
+        "unit": "p99_ms_outside_faults",
+        "agents": args.agents,
+        "gpus": args.gpus,
+        "interval_s": args.interval,
+        "minutes": args.minutes,
+        "faults": len(windows),
+        "acked_samples": result.acked_samples,
+        "missing_samples": result.missing_samples,
+        "missing_batches": result.missing_batches,
+        "duplicate_rows": result.duplicate_rows,
+        "spooled": tot.spooled,
+        "delivered": tot.delivered,
+        "dropped": tot.dropped,
+        "drain_s": round(drain_s, 1),
+        "rss_mb_first_half": round(med(first, 1) / 2**20, 1),
+        "rss_mb_second_half": round(med(second, 1) / 2**20, 1),
         "rss_drift": round(med(second, 1) / med(first, 1) - 1, 3),
-        "open_files_first_half": med(first, 2), "open_files_second_half": med(second, 2),
+        "open_files_first_half": med(first, 2),
+        "open_files_second_half": med(second, 2),
         "open_files_drift": round(med(second, 2) / med(first, 2) - 1, 3),
-        "detect_window_s": window_s, "warm_up_s": warm_up,
-        "p99_ms_baseline": round(1000 * col_base, 1), "p99_ms_outside_faults": round(1000 * col_run, 1),
+        "detect_window_s": window_s,
+        "warm_up_s": warm_up,
+        "p99_ms_baseline": round(1000 * col_base, 1),
+        "p99_ms_outside_faults": round(1000 * col_run, 1),
         "p99_vs_baseline": round(col_run / col_base, 2),
         "share_within_250ms": round(share_within(run_hist, 0.25), 4),
-        "requests_baseline": int(base_hist.get(float("inf"), 0)), "requests_timed": int(run_hist.get(float("inf"), 0)),
-        "client_p99_ms_baseline": round(1000 * base_p99, 1), "client_p99_ms_outside_faults": round(1000 * run_p99, 1),
-        "client_requests_baseline": base_n, "client_requests_timed": run_n,
+        "requests_baseline": int(base_hist.get(float("inf"), 0)),
+        "requests_timed": int(run_hist.get(float("inf"), 0)),
+        "client_p99_ms_baseline": round(1000 * base_p99, 1),
+        "client_p99_ms_outside_faults": round(1000 * run_p99, 1),
+        "client_requests_baseline": base_n,
+        "client_requests_timed": run_n,
     }
     # p99 < 250 ms exactly when at least 99 % of the requests fall in the buckets up to 0.25 s.
-    ok = (result.ok and tot.dropped == 0 and abs(out["rss_drift"]) < 0.10 and abs(out["open_files_drift"]) < 0.10
-          and out["share_within_250ms"] >= 0.99)
+    ok = (
+        result.ok
+        and tot.dropped == 0
+        and abs(out["rss_drift"]) < 0.10
+        and abs(out["open_files_drift"]) < 0.10
+        and out["share_within_250ms"] >= 0.99
+    )
     out["pass"] = ok
-    print(f"loss {result.missing_samples} of {result.acked_samples} acknowledged samples, "
-          f"{result.duplicate_rows} duplicate rows, {out['faults']} faults")
-    print(f"collector RSS second/first half after warm-up {1 + out['rss_drift']:.3f}, "
-          f"open files {1 + out['open_files_drift']:.3f}")
-    print(f"p99 ingest outside faults (collector) {out['p99_ms_outside_faults']} ms = {out['p99_vs_baseline']} x "
-          f"baseline ({out['p99_ms_baseline']} ms, first {args.fault_every:.0f} s without faults); "
-          f"{100 * out['share_within_250ms']:.2f} % within 250 ms")
-    print(f"p99 as the agents timed it (this process, 50 agents on one GIL) {out['client_p99_ms_outside_faults']} ms, "
-          f"baseline {out['client_p99_ms_baseline']} ms")
+    print(
+        f"loss {result.missing_samples} of {result.acked_samples} acknowledged samples, "
+        f"{result.duplicate_rows} duplicate rows, {out['faults']} faults"
+    )
+    print(
+        f"collector RSS second/first half after warm-up {1 + out['rss_drift']:.3f}, "
+        f"open files {1 + out['open_files_drift']:.3f}"
+    )
+    print(
+        f"p99 ingest outside faults (collector) {out['p99_ms_outside_faults']} ms = {out['p99_vs_baseline']} x "
+        f"baseline ({out['p99_ms_baseline']} ms, first {args.fault_every:.0f} s without faults); "
+        f"{100 * out['share_within_250ms']:.2f} % within 250 ms"
+    )
+    print(
+        f"p99 as the agents timed it (this process, 50 agents on one GIL) {out['client_p99_ms_outside_faults']} ms, "
+        f"baseline {out['client_p99_ms_baseline']} ms"
+    )
     print(json.dumps(out))
     return 0 if ok else 1
 
 
-def _fault(kind: str, length: float, col: CollectorProc, db_proxy: Any, net: Any, restarts: list[float]) -> None:
+def _fault(
+    kind: str, length: float, col: CollectorProc, db_proxy: Any, net: Any, restarts: list[float]
+) -> None:
     if kind == "collector_kill":
         col.kill()
         time.sleep(min(length, 5.0))

@@ -57,11 +57,18 @@ def load_hour(url: str, minutes: float, timescale: bool) -> int:
 
 def column_stats(url: str) -> tuple[dict[str, dict[str, float]], int]:
     with psycopg.connect(url) as conn:
-        cols = [r[0] for r in conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = 'gpu_samples'::regclass AND attnum > 0 "
-            "AND NOT attisdropped ORDER BY attnum").fetchall()]
-        cur = conn.execute(sql.SQL("SELECT {} FROM gpu_samples ORDER BY node, gpu, time").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in cols)))
+        cols = [
+            r[0]
+            for r in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = 'gpu_samples'::regclass AND attnum > 0 "
+                "AND NOT attisdropped ORDER BY attnum"
+            ).fetchall()
+        ]
+        cur = conn.execute(
+            sql.SQL("SELECT {} FROM gpu_samples ORDER BY node, gpu, time").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in cols)
+            )
+        )
         rows = cur.fetchall()
     n = len(rows)
     key = [(r[cols.index("node")], r[cols.index("gpu")]) for r in rows]
@@ -71,8 +78,11 @@ def column_stats(url: str) -> tuple[dict[str, dict[str, float]], int]:
         vals = [r[j] for r in rows]
         nulls = sum(v is None for v in vals)
         changed = sum(1 for i in range(1, n) if same_gpu[i - 1] and vals[i] != vals[i - 1])
-        out[c] = {"null_frac": nulls / max(n, 1), "change_frac": changed / max(int(same_gpu.sum()), 1),
-                  "distinct": len(set(vals))}
+        out[c] = {
+            "null_frac": nulls / max(n, 1),
+            "change_frac": changed / max(int(same_gpu.sum()), 1),
+            "distinct": len(set(vals)),
+        }
     return out, n
 
 
@@ -86,20 +96,30 @@ def timescale_columns(url: str, n: int, cols: list[str]) -> tuple[float, dict[st
     """Compress every chunk, then sum each column's stored size over the compressed chunks."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
-        total = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+        total = conn.execute(
+            "SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')"
+        ).fetchone()[0]  # type: ignore[index]
         chunks = conn.execute(
             "SELECT format('%I.%I', cc.schema_name, cc.table_name) FROM _timescaledb_catalog.chunk c "
             "JOIN _timescaledb_catalog.chunk cc ON cc.id = c.compressed_chunk_id "
             "JOIN _timescaledb_catalog.hypertable h ON h.id = c.hypertable_id "
-            "WHERE h.table_name = 'gpu_samples'").fetchall()
+            "WHERE h.table_name = 'gpu_samples'"
+        ).fetchall()
         per: dict[str, float] = dict.fromkeys(cols, 0.0)
         for (chunk,) in chunks:
-            have = {r[0] for r in conn.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0", (chunk,)).fetchall()}
+            have = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0", (chunk,)
+                ).fetchall()
+            }
             for c in cols:
                 if c in have:
-                    v = conn.execute(sql.SQL("SELECT coalesce(sum(pg_column_size({})), 0) FROM {}").format(
-                        sql.Identifier(c), sql.SQL(chunk))).fetchone()[0]  # type: ignore[index]
+                    v = conn.execute(
+                        sql.SQL("SELECT coalesce(sum(pg_column_size({})), 0) FROM {}").format(
+                            sql.Identifier(c), sql.SQL(chunk)
+                        )
+                    ).fetchone()[0]  # type: ignore[index]
                     per[c] += float(v)
     return float(total) / max(n, 1), {c: v / max(n, 1) for c, v in per.items()}
 
@@ -122,9 +142,14 @@ def main() -> None:
             migrate.upgrade(url, settings)
             n_ts = load_hour(url, args.minutes, timescale=True)
             ts_total, ts_cols = timescale_columns(url, n_ts, list(stats))
-    moving = sorted((c for c, s in stats.items() if s["change_frac"] > 0.5), key=lambda c: -stats[c]["change_frac"])
+    moving = sorted(
+        (c for c, s in stats.items() if s["change_frac"] > 0.5), key=lambda c: -stats[c]["change_frac"]
+    )
     print(f"{n} GPU-samples ({args.minutes:g} min of the simulator's mixed fleet)")
-    print(f"{'column':28s} {'null':>6s} {'changes':>8s} {'distinct':>9s}" + ("  compressed B" if ts_cols else ""))
+    print(
+        f"{'column':28s} {'null':>6s} {'changes':>8s} {'distinct':>9s}"
+        + ("  compressed B" if ts_cols else "")
+    )
     for c, s in stats.items():
         extra = f"  {ts_cols.get(c, 0.0):12.2f}" if ts_cols else ""
         print(f"{c:28s} {s['null_frac']:6.2f} {s['change_frac']:8.2f} {int(s['distinct']):9d}{extra}")
@@ -135,12 +160,18 @@ def main() -> None:
     else:
         print("TimescaleDB: not measured (set GPUFLEET_TEST_TIMESCALE_URL)")
     result: dict[str, Any] = {
-        "name": "storage", "value": round(ts_total if ts_total is not None else plain, 1), "unit": "bytes_per_gpu_sample",
+        "name": "storage",
+        "value": round(ts_total if ts_total is not None else plain, 1),
+        "unit": "bytes_per_gpu_sample",
         "bytes_per_gpu_sample_plain": round(plain, 1),
         "bytes_per_gpu_sample_timescale_compressed": None if ts_total is None else round(ts_total, 1),
-        "samples": n, "moving_columns": moving,
-        "columns": {c: {k: round(v, 4) for k, v in s.items()} | ({"compressed_bytes": round(ts_cols[c], 3)}
-                                                                   if c in ts_cols else {}) for c, s in stats.items()},
+        "samples": n,
+        "moving_columns": moving,
+        "columns": {
+            c: {k: round(v, 4) for k, v in s.items()}
+            | ({"compressed_bytes": round(ts_cols[c], 3)} if c in ts_cols else {})
+            for c, s in stats.items()
+        },
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     print(json.dumps(result))

@@ -107,7 +107,9 @@ from testsupport.pg import server_url
 _LEADER: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-leader")
 
 
-def on_leader(sweep: Callable[[psycopg.Connection, float], None], conn: psycopg.Connection, now: float) -> None:
+def on_leader(
+    sweep: Callable[[psycopg.Connection, float], None], conn: psycopg.Connection, now: float
+) -> None:
     """Run one sweep on the leader's thread and wait for it."""
     if _LEADER is None:
         sweep(conn, now)
@@ -134,12 +136,22 @@ def gpu_block(node_idx: int, t: np.ndarray, rng: np.random.Generator, fault: str
         busy = np.where(phase, 0.05, busy)
         power = 120 + 560 * busy
     cols = {
-        "time": tt, "gpu": gpu.astype(np.int64), "util_pct": np.minimum(100, busy * 105), "sm_active": busy,
-        "tensor_active": busy * 0.7, "dram_active": busy * 0.4, "power_w": power, "power_limit_w": limit,
-        "sm_clock_mhz": clock.astype(np.int64), "sm_clock_max_mhz": np.full(n, 1980, dtype=np.int64),
-        "temp_c": (55 + 20 * busy).astype(np.int64), "throttle_reasons": throttle.astype(np.int64),
-        "pcie_gen": np.full(n, 5, dtype=np.int64), "pcie_gen_max": np.full(n, 5, dtype=np.int64),
-        "pcie_width": np.full(n, 16, dtype=np.int64), "pcie_width_max": np.full(n, 16, dtype=np.int64),
+        "time": tt,
+        "gpu": gpu.astype(np.int64),
+        "util_pct": np.minimum(100, busy * 105),
+        "sm_active": busy,
+        "tensor_active": busy * 0.7,
+        "dram_active": busy * 0.4,
+        "power_w": power,
+        "power_limit_w": limit,
+        "sm_clock_mhz": clock.astype(np.int64),
+        "sm_clock_max_mhz": np.full(n, 1980, dtype=np.int64),
+        "temp_c": (55 + 20 * busy).astype(np.int64),
+        "throttle_reasons": throttle.astype(np.int64),
+        "pcie_gen": np.full(n, 5, dtype=np.int64),
+        "pcie_gen_max": np.full(n, 5, dtype=np.int64),
+        "pcie_width": np.full(n, 16, dtype=np.int64),
+        "pcie_width_max": np.full(n, 16, dtype=np.int64),
         "energy_mj": (1e9 + np.cumsum(power) * 1000).astype(np.int64),
         "xid": np.zeros(n, dtype=np.int64),
     }
@@ -148,16 +160,28 @@ def gpu_block(node_idx: int, t: np.ndarray, rng: np.random.Generator, fault: str
 
 def host_block(t: np.ndarray, rng: np.random.Generator) -> dict[str, Column]:
     m = len(t)
-    return {"time": Column(t.astype(np.float64)),
-            "cpu_user_pct": Column(20 + 5 * rng.random(m)), "cpu_system_pct": Column(3 + rng.random(m)),
-            "cpu_iowait_pct": Column(rng.random(m)), "cpu_idle_pct": Column(70 + 5 * rng.random(m)),
-            "cpu_count": Column(np.full(m, 192, dtype=np.int64)),
-            "disk_write_bytes_s": Column(1e7 * rng.random(m)), "disk_util_pct": Column(10 * rng.random(m)),
-            "net_tx_bytes_s": Column(1e8 * rng.random(m)), "host_power_w": Column(900 + 50 * rng.random(m))}
+    return {
+        "time": Column(t.astype(np.float64)),
+        "cpu_user_pct": Column(20 + 5 * rng.random(m)),
+        "cpu_system_pct": Column(3 + rng.random(m)),
+        "cpu_iowait_pct": Column(rng.random(m)),
+        "cpu_idle_pct": Column(70 + 5 * rng.random(m)),
+        "cpu_count": Column(np.full(m, 192, dtype=np.int64)),
+        "disk_write_bytes_s": Column(1e7 * rng.random(m)),
+        "disk_util_pct": Column(10 * rng.random(m)),
+        "net_tx_bytes_s": Column(1e8 * rng.random(m)),
+        "host_power_w": Column(900 + 50 * rng.random(m)),
+    }
 
 
-def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dict[int, str], seed: int,
-          batches: bool) -> None:
+def write(
+    conn: psycopg.Connection,
+    nodes: list[str],
+    t: np.ndarray,
+    faults: dict[int, str],
+    seed: int,
+    batches: bool,
+) -> None:
     rng = np.random.default_rng(seed)
     gparts, hparts = [], []
     for i, node in enumerate(nodes):
@@ -169,11 +193,14 @@ def write(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dic
             present = [sp for sp in specs if sp.name in ("time", "node", "gpu") or sp.name in parts[0][1]]
             names = ", ".join(sp.name for sp in present)
             for k in range(0, len(parts), 50):
-                merged, n = concat_parts(present, parts[k:k + 50])
+                merged, n = concat_parts(present, parts[k : k + 50])
                 with conn.cursor().copy(f"COPY {table} ({names}) FROM STDIN (FORMAT BINARY)") as cp:
                     cp.write(HEADER + encode_rows(present, merged, n) + TRAILER)
         if batches:
-            rows = [(f"bench:{node}:{int(t[0])}", node, len(t) * 8, len(t), float(t[0]), float(t[-1])) for node in nodes]
+            rows = [
+                (f"bench:{node}:{int(t[0])}", node, len(t) * 8, len(t), float(t[0]), float(t[-1]))
+                for node in nodes
+            ]
             conn.execute(REGISTER_SQL, register_params(rows))
 
 
@@ -203,7 +230,9 @@ class GcClock:
         gc.callbacks.remove(self._cb)
 
 
-def read_plans(url: str, sweeper: Sweeper, nodes: list[str], end: float, since_block: int) -> dict[str, float]:
+def read_plans(
+    url: str, sweeper: Sweeper, nodes: list[str], end: float, since_block: int
+) -> dict[str, float]:
     """A steady refresh's read of the GPU samples (the last 5 s, the columns the window stores), sent
     eight times on a connection of its own: ``unprepared``, as the window cache sends it; ``prepared``,
     as the driver sends a statement by default, prepared from the sixth time on (PostgreSQL may then
@@ -213,16 +242,23 @@ def read_plans(url: str, sweeper: Sweeper, nodes: list[str], end: float, since_b
     The median of the last three of each, seconds."""
     held = held_columns(sweeper.cache.gpus)
     assert held is not None
-    q = held_select("gpu_samples", GPU_COLUMNS, True,
-                    "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)", held)
+    q = held_select(
+        "gpu_samples",
+        GPU_COLUMNS,
+        True,
+        "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+        held,
+    )
     p = {"lo": datetime.fromtimestamp(end - 5, UTC), "hi": datetime.fromtimestamp(end, UTC), "nodes": nodes}
     out: dict[str, float] = {}
     with psycopg.connect(url, autocommit=True) as c:
         for how in ("unprepared", "prepared", "unsummarized"):
             if how == "unsummarized":
-                c.execute("SELECT brin_desummarize_range('gpu_samples_time_brin', b) FROM generate_series(%s::bigint, "
-                          "pg_relation_size('gpu_samples') / current_setting('block_size')::bigint - 1, 32) b",
-                          (since_block,))
+                c.execute(
+                    "SELECT brin_desummarize_range('gpu_samples_time_brin', b) FROM generate_series(%s::bigint, "
+                    "pg_relation_size('gpu_samples') / current_setting('block_size')::bigint - 1, 32) b",
+                    (since_block,),
+                )
             took = []
             for _ in range(8):
                 with raw_cursor(c) as cur:
@@ -242,8 +278,10 @@ def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tup
     """What every detector finds on the sweeper's window at ``now``, comparable across sweepers."""
     w = sweeper.cache.window(now, load_runs(conn, now - sweeper.cache.window_s, now), load_facts(conn))
     res = run_detectors(w, sweeper.config)
-    return sorted((f.scope_key, f.cause, f.severity, f.start, f.last_active, repr(clean_json(f.evidence)))
-                  for f in res.findings)
+    return sorted(
+        (f.scope_key, f.cause, f.severity, f.start, f.last_active, repr(clean_json(f.evidence)))
+        for f in res.findings
+    )
 
 
 _FRESH = """
@@ -270,32 +308,60 @@ def fresh_takeover(url: str, now: float, gc_young_threshold: int) -> dict[str, A
     """The takeover in a process of its own, as a replica that becomes the owner runs it: its code is
     loaded, but it never held the window, so every buffer it restores is fresh memory."""
     here = Path(__file__).resolve()
-    out = subprocess.run([sys.executable, "-c", _FRESH, url, repr(now), str(here.parent), str(here.parents[1]),
-                          str(gc_young_threshold)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _FRESH,
+            url,
+            repr(now),
+            str(here.parent),
+            str(here.parents[1]),
+            str(gc_young_threshold),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def fill(conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dict[int, str], now: float) -> int:
+def fill(
+    conn: psycopg.Connection, nodes: list[str], t: np.ndarray, faults: dict[int, str], now: float
+) -> int:
     """The window's samples, the nodes, and synchronous runs of 64 GPUs (8 nodes each)."""
     start = time.perf_counter()
     for k in range(0, len(t), 60):
-        write(conn, nodes, t[k:k + 60], faults, k, batches=False)
+        write(conn, nodes, t[k : k + 60], faults, k, batches=False)
     conn.execute("INSERT INTO nodes (node, gpu_count) SELECT unnest(%s::text[]), 8", (nodes,))
     for r in range(0, len(nodes), 8):
-        conn.execute("INSERT INTO runs (run_id, start) VALUES (%s, to_timestamp(%s))", (f"run-{r}", now - 7200))
-        conn.execute("INSERT INTO run_allocations SELECT %s, n, g FROM unnest(%s::text[]) n, "
-                     "generate_series(0, 7) g", (f"run-{r}", nodes[r:r + 8]))
+        conn.execute(
+            "INSERT INTO runs (run_id, start) VALUES (%s, to_timestamp(%s))", (f"run-{r}", now - 7200)
+        )
+        conn.execute(
+            "INSERT INTO run_allocations SELECT %s, n, g FROM unnest(%s::text[]) n, generate_series(0, 7) g",
+            (f"run-{r}", nodes[r : r + 8]),
+        )
     conn.execute("VACUUM ANALYZE gpu_samples")
     conn.execute("VACUUM ANALYZE host_samples")
     rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
-    print(f"loaded {rows:,} GPU samples of {len(nodes) * 8} GPUs in {time.perf_counter() - start:.1f} s",
-          flush=True)
+    print(
+        f"loaded {rows:,} GPU samples of {len(nodes) * 8} GPUs in {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
     return int(rows)
 
 
-def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes: list[str], faults: dict[int, str],
-                   now: float, args: argparse.Namespace, rows: int) -> None:
+def replicas_bench(
+    conn: psycopg.Connection,
+    url: str,
+    settings: Settings,
+    nodes: list[str],
+    faults: dict[int, str],
+    now: float,
+    args: argparse.Namespace,
+    rows: int,
+) -> None:
     """Sharded sweeps: each replica's steady sweep of its shards, and a dead replica's shards moving.
 
     Replica r holds shards r, r + N, ... (what balancing converges to).  On
@@ -329,8 +395,11 @@ def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes
     per_rep = {r: sum(per_shard[k] for k in ks) for r, ks in owners.items()}
     for r, ks in owners.items():
         gpus = sum(sweepers[k].last["gpus"] for k in ks)
-        print(f"replica {r}: shards {ks}, {gpus} GPUs read, steady sweep {per_rep[r]:.2f} s "
-              f"({'within' if per_rep[r] < interval else 'NOT within'} the {interval:g} s interval)", flush=True)
+        print(
+            f"replica {r}: shards {ks}, {gpus} GPUs read, steady sweep {per_rep[r]:.2f} s "
+            f"({'within' if per_rep[r] < interval else 'NOT within'} the {interval:g} s interval)",
+            flush=True,
+        )
     union = sorted(f.scope_key for sw in sweepers.values() for f in sw.findings)
     same = union == sorted(f.scope_key for f in one.findings)
     print(f"sharded findings equal to the unsharded sweep's: {same} ({len(union)} findings)", flush=True)
@@ -348,8 +417,14 @@ def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes
             c.execute("SELECT pg_advisory_lock(%s)", (SHARD_LOCK_BASE + k,))
         others.append(c)
     tick = 1.0
-    survivor = Leader(url, settings, CollectorMetrics(), shards=shards, balance_interval_s=tick,
-                      shard_sweep=lambda k: Sweeper(settings, shard=k, shards=shards))
+    survivor = Leader(
+        url,
+        settings,
+        CollectorMetrics(),
+        shards=shards,
+        balance_interval_s=tick,
+        shard_sweep=lambda k: Sweeper(settings, shard=k, shards=shards),
+    )
     with psycopg.connect(url, autocommit=True, application_name=REPLICA_APP) as lock_conn:
         for k in owners[1]:
             lock_conn.execute("SELECT pg_advisory_lock(%s)", (SHARD_LOCK_BASE + k,))
@@ -374,19 +449,38 @@ def replicas_bench(conn: psycopg.Connection, url: str, settings: Settings, nodes
             failover[k] = time.perf_counter() - killed
             moved_sweep = survivor.held[k]
             assert isinstance(moved_sweep, Sweeper)
-            print(f"shard {k} moved: swept {failover[k]:.2f} s after its owner died; {moved_sweep.last}", flush=True)
+            print(
+                f"shard {k} moved: swept {failover[k]:.2f} s after its owner died; {moved_sweep.last}",
+                flush=True,
+            )
     for c in others:
         c.close()
     dead.close()
     worst = max(failover.values())
-    print(f"failover: lock handover {handover_s:.2f} s (balancing tick {tick:g} s), "
-          f"last moved shard swept {worst:.2f} s after the owner died")
-    print(json.dumps({"name": "sweep_sharded", "value": round(max(per_rep.values()), 3), "unit": "s",
-                      "gpus": len(nodes) * 8, "replicas": n_rep, "shards": shards, "interval_s": interval,
-                      "replica_sweep_s": {str(r): round(v, 3) for r, v in per_rep.items()},
-                      "unsharded_sweep_s": round(one_s, 3), "findings_equal": same,
-                      "handover_s": round(handover_s, 3), "failover_s": round(worst, 3),
-                      "moved_shards": moved, "samples": rows}))
+    print(
+        f"failover: lock handover {handover_s:.2f} s (balancing tick {tick:g} s), "
+        f"last moved shard swept {worst:.2f} s after the owner died"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "sweep_sharded",
+                "value": round(max(per_rep.values()), 3),
+                "unit": "s",
+                "gpus": len(nodes) * 8,
+                "replicas": n_rep,
+                "shards": shards,
+                "interval_s": interval,
+                "replica_sweep_s": {str(r): round(v, 3) for r, v in per_rep.items()},
+                "unsharded_sweep_s": round(one_s, 3),
+                "findings_equal": same,
+                "handover_s": round(handover_s, 3),
+                "failover_s": round(worst, 3),
+                "moved_shards": moved,
+                "samples": rows,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -394,14 +488,24 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=10_000)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--steady", type=int, default=6, help="steady sweeps measured (5 s of new data each)")
-    ap.add_argument("--replicas", type=int, default=0,
-                    help="sweep sharded over this many replicas (each replica's sweep, a shard's failover)")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="sweep sharded over this many replicas (each replica's sweep, a shard's failover)",
+    )
     ap.add_argument("--shards", type=int, default=0, help="sweep shards (default: 2 per replica)")
-    ap.add_argument("--main-thread", action="store_true",
-                    help="sweep on the main thread, as this bench did before (the baseline of the leader's thread)")
-    ap.add_argument("--gc-defaults", action="store_true",
-                    help="leave Python's garbage collector as it starts, not settled as the collector settles it "
-                         "(the baseline of gpufleet.collector.cyclegc.settle)")
+    ap.add_argument(
+        "--main-thread",
+        action="store_true",
+        help="sweep on the main thread, as this bench did before (the baseline of the leader's thread)",
+    )
+    ap.add_argument(
+        "--gc-defaults",
+        action="store_true",
+        help="leave Python's garbage collector as it starts, not settled as the collector settles it "
+        "(the baseline of gpufleet.collector.cyclegc.settle)",
+    )
     args = ap.parse_args()
     if args.main_thread:
         global _LEADER
@@ -427,8 +531,12 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             rows = fill(conn, nodes, t, faults, now)
             # Where the table ends after the fill's VACUUM: every range after it is written by the sweeps.
-            since_block = int(conn.execute("SELECT pg_relation_size('gpu_samples') / "  # type: ignore[index]
-                                           "current_setting('block_size')::bigint").fetchone()[0])
+            since_block = int(
+                conn.execute(
+                    "SELECT pg_relation_size('gpu_samples') / "  # type: ignore[index]
+                    "current_setting('block_size')::bigint"
+                ).fetchone()[0]
+            )
             if args.replicas:
                 replicas_bench(conn, url, settings, nodes, faults, now, args, rows)
                 return
@@ -436,8 +544,11 @@ def main() -> None:
             cols = ", ".join(GPU_COLUMNS)
             t0 = time.perf_counter()
             with conn.cursor() as cur:
-                cur.execute(f"SELECT time, node, gpu, {cols} FROM gpu_samples WHERE time > to_timestamp(%s) "
-                            "AND time <= to_timestamp(%s)", (now - window, now))
+                cur.execute(
+                    f"SELECT time, node, gpu, {cols} FROM gpu_samples WHERE time > to_timestamp(%s) "
+                    "AND time <= to_timestamp(%s)",
+                    (now - window, now),
+                )
                 fetched = len(cur.fetchall())
             select_s = time.perf_counter() - t0
             print(f"plain SELECT of the window: {select_s:.2f} s ({fetched:,} rows)", flush=True)
@@ -447,8 +558,11 @@ def main() -> None:
             on_leader(sweeper, conn, now)
             first_s = time.perf_counter() - t0
             first_save_s = sweeper.last["snapshot_s"]
-            print(f"first sweep (first leader, no persisted window): {first_s:.2f} s, of which persisting the "
-                  f"window {first_save_s:.2f} s; {sweeper.last}", flush=True)
+            print(
+                f"first sweep (first leader, no persisted window): {first_s:.2f} s, of which persisting the "
+                f"window {first_save_s:.2f} s; {sweeper.last}",
+                flush=True,
+            )
 
             # Steady sweeps, 5 s of new data before each, as the leader runs them (the sweeper
             # hands freed memory back after a load only); then as many more, each followed by
@@ -465,9 +579,18 @@ def main() -> None:
                 clock = GcClock()
                 with clock, contextlib.ExitStack() as stack:
                     if policy == "gc_unpaused":
-                        stack.enter_context(unittest.mock.patch.object(cyclegc, "paused", contextlib.nullcontext))
+                        stack.enter_context(
+                            unittest.mock.patch.object(cyclegc, "paused", contextlib.nullcontext)
+                        )
                     for _ in range(args.steady):
-                        write(conn, nodes, np.arange(end, end + 5, 1.0), faults, 99 + int(end - now), batches=True)
+                        write(
+                            conn,
+                            nodes,
+                            np.arange(end, end + 5, 1.0),
+                            faults,
+                            99 + int(end - now),
+                            batches=True,
+                        )
                         end += 5
                         t0 = time.perf_counter()
                         clock.on = True
@@ -482,10 +605,12 @@ def main() -> None:
                 gc_s[policy + "_all"] = clock.total / args.steady
                 rss_mb[policy] = psutil.Process().memory_info().rss / 1e6
             plans = read_plans(url, sweeper, nodes, end, since_block)
-            print(f"  the refresh's read of the GPU samples: {plans['unprepared']:.3f} s unprepared (as sent), "
-                  f"{plans['prepared']:.3f} s prepared by the driver's default (the baseline), "
-                  f"{plans['unsummarized']:.3f} s with the time index's new ranges unsummarized (the baseline)",
-                  flush=True)
+            print(
+                f"  the refresh's read of the GPU samples: {plans['unprepared']:.3f} s unprepared (as sent), "
+                f"{plans['prepared']:.3f} s prepared by the driver's default (the baseline), "
+                f"{plans['unsummarized']:.3f} s with the time index's new ranges unsummarized (the baseline)",
+                flush=True,
+            )
             t0 = time.perf_counter()
             held = sweeper.cache.samples()
             count_ms = (time.perf_counter() - t0) * 1e3
@@ -493,64 +618,115 @@ def main() -> None:
             trim_s = float(np.median(runs["trim_each"]))
             mid = int(np.argsort(runs["steady"])[len(runs["steady"]) // 2])
             stages = {k: round(v, 3) for k, v in per_stage[mid].items()}
-            print(f"steady-state sweeps: median {warm_s:.2f} s, first after the load {runs['steady'][0]:.2f} s, "
-                  f"max {max(runs['steady']):.2f} s; {sweeper.last}", flush=True)
+            print(
+                f"steady-state sweeps: median {warm_s:.2f} s, first after the load {runs['steady'][0]:.2f} s, "
+                f"max {max(runs['steady']):.2f} s; {sweeper.last}",
+                flush=True,
+            )
             print(f"  by stage, the median sweep (s): {stages}", flush=True)
-            print(f"  with freed memory handed back after every sweep (baseline): median {trim_s:.2f} s, "
-                  f"max {max(runs['trim_each']):.2f} s", flush=True)
+            print(
+                f"  with freed memory handed back after every sweep (baseline): median {trim_s:.2f} s, "
+                f"max {max(runs['trim_each']):.2f} s",
+                flush=True,
+            )
             gc_off_s = float(np.median(runs["gc_unpaused"]))
-            print(f"  with cyclic garbage collection left on during the sweep (baseline): median {gc_off_s:.2f} s, "
-                  f"max {max(runs['gc_unpaused']):.2f} s; seconds collecting per sweep {gc_s['gc_unpaused']:.3f}, "
-                  f"against {gc_s['steady']:.3f} with the pause; in all, sweeps and ingest between them, "
-                  f"{gc_s['gc_unpaused_all']:.3f} against {gc_s['steady_all']:.3f}", flush=True)
-            print(f"  resident memory between sweeps: {rss_mb['steady']:.0f} MB (scratch kept), "
-                  f"{rss_mb['trim_each']:.0f} MB (handed back after every sweep)", flush=True)
-            print(f"  counting the {held:,} samples held (whether a sweep was a load): {count_ms:.1f} ms", flush=True)
-            incidents = conn.execute("SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind").fetchall()
+            print(
+                f"  with cyclic garbage collection left on during the sweep (baseline): median {gc_off_s:.2f} s, "
+                f"max {max(runs['gc_unpaused']):.2f} s; seconds collecting per sweep {gc_s['gc_unpaused']:.3f}, "
+                f"against {gc_s['steady']:.3f} with the pause; in all, sweeps and ingest between them, "
+                f"{gc_s['gc_unpaused_all']:.3f} against {gc_s['steady_all']:.3f}",
+                flush=True,
+            )
+            print(
+                f"  resident memory between sweeps: {rss_mb['steady']:.0f} MB (scratch kept), "
+                f"{rss_mb['trim_each']:.0f} MB (handed back after every sweep)",
+                flush=True,
+            )
+            print(
+                f"  counting the {held:,} samples held (whether a sweep was a load): {count_ms:.1f} ms",
+                flush=True,
+            )
+            incidents = conn.execute(
+                "SELECT kind, count(*) FROM incidents GROUP BY kind ORDER BY kind"
+            ).fetchall()
             print(f"incidents: {incidents}")
             snap_mb = conn.execute("SELECT sum(octet_length(blob)) FROM sweep_snapshots").fetchone()[0] / 1e6  # type: ignore[index]
 
             expected = findings(sweeper, conn, end)
-            raw = Sweeper(settings, snapshots=False)  # the baseline: a takeover reading the window's raw samples
+            raw = Sweeper(
+                settings, snapshots=False
+            )  # the baseline: a takeover reading the window's raw samples
             t0 = time.perf_counter()
             on_leader(raw, conn, end)
             cold_raw_s = time.perf_counter() - t0
-            print(f"takeover without a persisted window (baseline): {cold_raw_s:.2f} s; {raw.last}", flush=True)
+            print(
+                f"takeover without a persisted window (baseline): {cold_raw_s:.2f} s; {raw.last}", flush=True
+            )
             same_raw = findings(raw, conn, end) == expected
             del raw
             taker = Sweeper(settings)
             t0 = time.perf_counter()
             on_leader(taker, conn, end)
             cold_s = time.perf_counter() - t0
-            print(f"cold sweep (new leader restores the persisted window): {cold_s:.2f} s; {taker.last}", flush=True)
+            print(
+                f"cold sweep (new leader restores the persisted window): {cold_s:.2f} s; {taker.last}",
+                flush=True,
+            )
             same = findings(taker, conn, end) == expected
             del taker
             fresh = fresh_takeover(url, end, gc_threshold)
-            print(f"cold sweep in a process that never held the window: {fresh['cold_s']:.2f} s; {fresh['last']}",
-                  flush=True)
+            print(
+                f"cold sweep in a process that never held the window: {fresh['cold_s']:.2f} s; {fresh['last']}",
+                flush=True,
+            )
             same_fresh = fresh["findings"] == [list(f) for f in expected]
-            print(f"findings equal to the warm leader's: restored {same}, raw {same_raw} ({len(expected)} findings); "
-                  f"persisted window {snap_mb:.0f} MB", flush=True)
+            print(
+                f"findings equal to the warm leader's: restored {same}, raw {same_raw} ({len(expected)} findings); "
+                f"persisted window {snap_mb:.0f} MB",
+                flush=True,
+            )
             if not (same and same_raw and same_fresh):
                 raise SystemExit("a takeover found something else than the warm leader")
-    print(f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold); "
-          f"cold takeover / without a persisted window: {cold_s / cold_raw_s:.3f}")
-    print(json.dumps({"name": "sweep", "value": round(warm_s, 3), "unit": "s", "gpus": len(nodes) * 8,
-                      "sweep_s": round(warm_s, 3), "sweep_first_s": round(runs["steady"][0], 3),
-                      "sweep_max_s": round(max(runs["steady"]), 3), "sweep_trim_each_s": round(trim_s, 3),
-                      "sweep_gc_unpaused_s": round(gc_off_s, 3), "gc_s": round(gc_s["steady"], 3),
-                      "gc_unpaused_s": round(gc_s["gc_unpaused"], 3), "gc_all_s": round(gc_s["steady_all"], 3),
-                      "gc_unpaused_all_s": round(gc_s["gc_unpaused_all"], 3),
-                      "rss_steady_mb": round(rss_mb["steady"]), "rss_trim_each_mb": round(rss_mb["trim_each"]),
-                      "count_samples_ms": round(count_ms, 2), "refresh_read_s": round(plans["unprepared"], 3),
-                      "refresh_read_prepared_s": round(plans["prepared"], 3),
-                      "refresh_read_unsummarized_s": round(plans["unsummarized"], 3),
-                      "sweep_stages_s": stages, "cold_sweep_s": round(cold_s, 3),
-                      "cold_fresh_s": round(fresh["cold_s"], 3), "cold_raw_s": round(cold_raw_s, 3),
-                      "first_sweep_s": round(first_s, 3), "first_save_s": round(first_save_s, 3),
-                      "snapshot_mb": round(snap_mb, 1), "select_s": round(select_s, 3),
-                      "ratio_to_select": round(warm_s / select_s, 3), "samples": rows,
-                      "gc_young_threshold": gc_threshold}))
+    print(
+        f"sweep / plain SELECT: {warm_s / select_s:.2f} (steady state), {cold_s / select_s:.2f} (cold); "
+        f"cold takeover / without a persisted window: {cold_s / cold_raw_s:.3f}"
+    )
+    print(
+        json.dumps(
+            {
+                "name": "sweep",
+                "value": round(warm_s, 3),
+                "unit": "s",
+                "gpus": len(nodes) * 8,
+                "sweep_s": round(warm_s, 3),
+                "sweep_first_s": round(runs["steady"][0], 3),
+                "sweep_max_s": round(max(runs["steady"]), 3),
+                "sweep_trim_each_s": round(trim_s, 3),
+                "sweep_gc_unpaused_s": round(gc_off_s, 3),
+                "gc_s": round(gc_s["steady"], 3),
+                "gc_unpaused_s": round(gc_s["gc_unpaused"], 3),
+                "gc_all_s": round(gc_s["steady_all"], 3),
+                "gc_unpaused_all_s": round(gc_s["gc_unpaused_all"], 3),
+                "rss_steady_mb": round(rss_mb["steady"]),
+                "rss_trim_each_mb": round(rss_mb["trim_each"]),
+                "count_samples_ms": round(count_ms, 2),
+                "refresh_read_s": round(plans["unprepared"], 3),
+                "refresh_read_prepared_s": round(plans["prepared"], 3),
+                "refresh_read_unsummarized_s": round(plans["unsummarized"], 3),
+                "sweep_stages_s": stages,
+                "cold_sweep_s": round(cold_s, 3),
+                "cold_fresh_s": round(fresh["cold_s"], 3),
+                "cold_raw_s": round(cold_raw_s, 3),
+                "first_sweep_s": round(first_s, 3),
+                "first_save_s": round(first_save_s, 3),
+                "snapshot_mb": round(snap_mb, 1),
+                "select_s": round(select_s, 3),
+                "ratio_to_select": round(warm_s / select_s, 3),
+                "samples": rows,
+                "gc_young_threshold": gc_threshold,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -266,7 +266,11 @@ def exposition_bodies(model: dict[str, np.ndarray]) -> list[list[bytes]]:
             for name, kind, help_ in fields:
                 lines.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n")
                 vals = model[DCGM_TO_FIELD[name]][k, s]
-                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                ints = (
+                    bool(np.all(vals == np.round(vals)))
+                    and "ACTIVE" not in name
+                    and name != "DCGM_FI_DEV_POWER_USAGE"
+                )
                 for g in range(GPUS_PER_NODE):
                     v = f"{int(vals[g])}" if ints else f"{vals[g]:.6f}"
                     lines.append(f"{name}{{{labels[g]}}} {v}\n")
@@ -295,7 +299,9 @@ def serve_exporter(port: int) -> None:
                     pass
                 parts = path.split(b"/")  # /n/<node>/metrics
                 node = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else 0
-                body = bodies[node % TEMPLATES][int(time.time()) % VARIANTS].replace(NODE_MARK, b"%05d" % node)
+                body = bodies[node % TEMPLATES][int(time.time()) % VARIANTS].replace(
+                    NODE_MARK, b"%05d" % node
+                )
                 writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -318,9 +324,13 @@ def serve_exporter(port: int) -> None:
         while True:
             await asyncio.sleep(5)
             if refused[0]:
-                print(f"exporter simulator: {refused[0]} connections refused in the last 5 s, out of file "
-                      f"descriptors (limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); scrapes of this "
-                      "size are failing here, not in Prometheus", file=sys.stderr, flush=True)
+                print(
+                    f"exporter simulator: {refused[0]} connections refused in the last 5 s, out of file "
+                    f"descriptors (limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); scrapes of this "
+                    "size are failing here, not in Prometheus",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 refused[0] = 0
 
     async def main() -> None:
@@ -387,7 +397,9 @@ class Step:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def stored_bytes(base: str, data: Path, detail: dict[str, Any], timeout_s: float = 120.0) -> tuple[float, float]:
+def stored_bytes(
+    base: str, data: Path, detail: dict[str, Any], timeout_s: float = 120.0
+) -> tuple[float, float]:
     """Bytes per GPU-sample in a snapshot of Prometheus's storage and in its WAL.
 
     Far past its edge Prometheus can take minutes to answer, or not answer: the
@@ -396,31 +408,43 @@ def stored_bytes(base: str, data: Path, detail: dict[str, Any], timeout_s: float
     """
     try:
         own = httpx.get(f"{base}/metrics", timeout=timeout_s).text
-        appended = sum(float(line.rsplit(" ", 1)[1]) for line in own.splitlines()
-                       if line.startswith("prometheus_tsdb_head_samples_appended_total"))
+        appended = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in own.splitlines()
+            if line.startswith("prometheus_tsdb_head_samples_appended_total")
+        )
         r = httpx.post(f"{base}/api/v1/admin/tsdb/snapshot", params={"skip_head": "false"}, timeout=timeout_s)
         r.raise_for_status()
         snap = data / "snapshots" / r.json()["data"]["name"]
     except (httpx.HTTPError, KeyError, ValueError) as e:
-        detail["not_measured"] = f"storage: Prometheus did not answer for its snapshot ({type(e).__name__}: {e})"
+        detail["not_measured"] = (
+            f"storage: Prometheus did not answer for its snapshot ({type(e).__name__}: {e})"
+        )
         return math.nan, math.nan
     per_scrape = 25 * GPUS_PER_NODE
     dcgm_samples = appended * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
-    return (per_sample(tree_size(snap), dcgm_samples / 25),
-            per_sample(tree_size(data / "wal"), dcgm_samples / 25))
+    return (
+        per_sample(tree_size(snap), dcgm_samples / 25),
+        per_sample(tree_size(data / "wal"), dcgm_samples / 25),
+    )
 
 
 def write_scrape_config(tmp: Path, config: Path, exporter_port: int, nodes: int) -> None:
     """A 1 s scrape of every simulated node's dcgm-exporter page (file service discovery in ``tmp``),
     the same for Prometheus and VictoriaMetrics."""
-    targets = [{"targets": [f"127.0.0.1:{exporter_port}"],
-                "labels": {"__metrics_path__": f"/n/{i}/metrics", "instance": f"gpu-node-{i:05d}:9400"}}
-               for i in range(nodes)]
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{exporter_port}"],
+            "labels": {"__metrics_path__": f"/n/{i}/metrics", "instance": f"gpu-node-{i:05d}:9400"},
+        }
+        for i in range(nodes)
+    ]
     (tmp / "targets.json").write_text(json.dumps(targets))
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: dcgm\n    file_sd_configs:\n"
-        f"      - files: ['{tmp / 'targets.json'}']\n")
+        f"      - files: ['{tmp / 'targets.json'}']\n"
+    )
 
 
 def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, window_s: float) -> Step:
@@ -429,10 +453,18 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
     port = free_port()
     write_scrape_config(tmp, tmp / "prometheus.yml", exporter_port, nodes)
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-admin-api", "--log.level=warn",
-         "--storage.tsdb.retention.time=1d"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "prometheus",
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-admin-api",
+            "--log.level=warn",
+            "--storage.tsdb.retention.time=1d",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     api = f"http://127.0.0.1:{port}/api/v1"
     step = Step(gpus)
     try:
@@ -476,9 +508,11 @@ def prometheus_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: fl
             # Not one minute to answer a query over its own window: not keeping up, whatever
             # share of the scrapes it may have done.
             step.done_frac = math.nan
-            step.detail = {"scrapes_due": nodes * w,
-                           "not_measured": f"scrapes: Prometheus did not answer a query over the window "
-                                           f"({type(e).__name__}: {e})"}
+            step.detail = {
+                "scrapes_due": nodes * w,
+                "not_measured": f"scrapes: Prometheus did not answer a query over the window "
+                f"({type(e).__name__}: {e})",
+            }
             return step
         done = sum(sum(1 for _, v in s["values"] if v == "1") for s in ups)
         # A target that caught up after a late scrape can show w + 1 in the window.
@@ -520,28 +554,42 @@ def prometheus_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, floa
             for name, _kind, help_ in fields:
                 f.write(f"# HELP {name} {help_}\n# TYPE {name} gauge\n")
                 vals = model[DCGM_TO_FIELD[name]]
-                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                ints = (
+                    bool(np.all(vals == np.round(vals)))
+                    and "ACTIVE" not in name
+                    and name != "DCGM_FI_DEV_POWER_USAGE"
+                )
                 for i in range(nodes):
                     k = i % TEMPLATES
                     per_s = stored_series(model, DCGM_TO_FIELD[name], k, np.arange(seconds))
                     for g in range(GPUS_PER_NODE):
-                        lab = (f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",'
-                               f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
-                               f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-{i:05d}",'
-                               f'DCGM_FI_DRIVER_VERSION="580.105.08",container="main",namespace="ml-research",'
-                               f'pod="llm-pretrain-worker-{i:05d}-{g}",pod_uid="",instance="gpu-node-{i:05d}:9400",'
-                               f'job="dcgm"')
+                        lab = (
+                            f'gpu="{g}",UUID="GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",'
+                            f'pci_bus_id="00000000:{0x18 + 0x11 * g:02X}:00.0",device="nvidia{g}",'
+                            f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-{i:05d}",'
+                            f'DCGM_FI_DRIVER_VERSION="580.105.08",container="main",namespace="ml-research",'
+                            f'pod="llm-pretrain-worker-{i:05d}-{g}",pod_uid="",instance="gpu-node-{i:05d}:9400",'
+                            f'job="dcgm"'
+                        )
                         text = [f"{int(v)}" if ints else f"{v:.6f}" for v in per_s[:, g]]
                         f.writelines(f"{name}{{{lab}}} {text[s]} {t0 + s}\n" for s in range(seconds))
             f.write("# EOF\n")
         out = tmp / "blocks"
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(out)],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(out)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         gpu_samples = nodes * GPUS_PER_NODE * seconds
         chunks = sum(p.stat().st_size for p in out.rglob("chunks/*"))
         index = sum(p.stat().st_size for p in out.rglob("index"))
-        return {"bytes_per_gpu_sample": tree_size(out) / gpu_samples, "chunk_bytes_per_gpu_sample": chunks / gpu_samples,
-                "index_bytes_per_gpu_sample": index / gpu_samples, "hours": hours, "nodes": nodes}
+        return {
+            "bytes_per_gpu_sample": tree_size(out) / gpu_samples,
+            "chunk_bytes_per_gpu_sample": chunks / gpu_samples,
+            "index_bytes_per_gpu_sample": index / gpu_samples,
+            "hours": hours,
+            "nodes": nodes,
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -555,8 +603,11 @@ VM_NOT_DATA = ("cache", "snapshots", "flock.lock")
 
 def vm_data_bytes(data: Path) -> int:
     """Bytes of samples and index under a VictoriaMetrics storage directory (its caches left out)."""
-    return sum(p.stat().st_size for p in data.rglob("*")
-               if p.is_file() and not any(part in VM_NOT_DATA for part in p.relative_to(data).parts))
+    return sum(
+        p.stat().st_size
+        for p in data.rglob("*")
+        if p.is_file() and not any(part in VM_NOT_DATA for part in p.relative_to(data).parts)
+    )
 
 
 def vm_wait_merged(base: str, data: Path, partition: str, timeout_s: float = 300.0) -> dict[str, Any]:
@@ -564,13 +615,17 @@ def vm_wait_merged(base: str, data: Path, partition: str, timeout_s: float = 300
     runs and the stored size holds still: what a long-lived database of these samples settles to."""
     t0 = time.monotonic()
     httpx.get(f"{base}/internal/force_flush", timeout=timeout_s).raise_for_status()
-    httpx.get(f"{base}/internal/force_merge", params={"partition_prefix": partition},
-              timeout=timeout_s).raise_for_status()
+    httpx.get(
+        f"{base}/internal/force_merge", params={"partition_prefix": partition}, timeout=timeout_s
+    ).raise_for_status()
     last, still = -1, 0
     while time.monotonic() - t0 < timeout_s:
         text = httpx.get(f"{base}/metrics", timeout=30).text
-        active = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("vm_active_merges") or line.startswith("vm_active_force_merges"))
+        active = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vm_active_merges") or line.startswith("vm_active_force_merges")
+        )
         size = vm_data_bytes(data)
         still = still + 1 if active == 0 and size == last else 0
         if still >= 3:
@@ -581,8 +636,15 @@ def vm_wait_merged(base: str, data: Path, partition: str, timeout_s: float = 300
 
 
 def start_vm(tmp: Path, port: int, scrape: Path | None) -> subprocess.Popen[bytes]:
-    cmd = ["victoria-metrics", f"-storageDataPath={tmp / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-           "-retentionPeriod=30d", "-loggerLevel=WARN", "-search.latencyOffset=1s", "-search.disableCache"]
+    cmd = [
+        "victoria-metrics",
+        f"-storageDataPath={tmp / 'data'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-retentionPeriod=30d",
+        "-loggerLevel=WARN",
+        "-search.latencyOffset=1s",
+        "-search.disableCache",
+    ]
     if scrape is not None:
         cmd += [f"-promscrape.config={scrape}", "-promscrape.fileSDCheckInterval=1s"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -646,8 +708,11 @@ def vm_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, win
         except (httpx.HTTPError, KeyError, ValueError) as e:
             said = e.response.text[:300] if isinstance(e, httpx.HTTPStatusError) else str(e)
             step.done_frac = math.nan
-            step.detail = {"scrapes_due": nodes * w, "not_measured": f"scrapes: VictoriaMetrics did not answer a "
-                                                                    f"query over the window ({type(e).__name__}: {said})"}
+            step.detail = {
+                "scrapes_due": nodes * w,
+                "not_measured": f"scrapes: VictoriaMetrics did not answer a "
+                f"query over the window ({type(e).__name__}: {said})",
+            }
             return step
         done = sum(sum(1 for _, v in s["values"] if v == "1") for s in ups)
         step.done_frac = min(1.0, done / max(nodes * w, 1))
@@ -658,9 +723,14 @@ def vm_step(gpus: int, exporter_port: int, exporter_pid: int, warm_s: float, win
         step.detail = {"scrapes_due": nodes * w, "scrapes_done": done}
         try:
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=60).text
-            rows = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vm_rows_added_to_storage_total"))
-            merged = vm_wait_merged(f"http://127.0.0.1:{port}", tmp / "data", datetime.now(UTC).strftime("%Y_%m"))
+            rows = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("vm_rows_added_to_storage_total")
+            )
+            merged = vm_wait_merged(
+                f"http://127.0.0.1:{port}", tmp / "data", datetime.now(UTC).strftime("%Y_%m")
+            )
             per_scrape = 25 * GPUS_PER_NODE
             dcgm = rows * per_scrape / (per_scrape + 5)  # + up, scrape_duration_seconds, ...
             step.bytes_per_gpu_sample = per_sample(merged["bytes"], dcgm / 25)
@@ -695,34 +765,68 @@ def vm_block_bytes(nodes: int = 1, hours: float = 2.0) -> dict[str, float]:
     seconds = int(hours * 3600)
     t0 = block_start(hours)
     try:
+
         def lines() -> Any:
             for name, _kind, _help in fields:
                 vals = model[DCGM_TO_FIELD[name]]
-                ints = bool(np.all(vals == np.round(vals))) and "ACTIVE" not in name and name != "DCGM_FI_DEV_POWER_USAGE"
+                ints = (
+                    bool(np.all(vals == np.round(vals)))
+                    and "ACTIVE" not in name
+                    and name != "DCGM_FI_DEV_POWER_USAGE"
+                )
                 for i in range(nodes):
                     k = i % TEMPLATES
                     per_s = stored_series(model, DCGM_TO_FIELD[name], k, np.arange(seconds))
                     for g in range(GPUS_PER_NODE):
-                        labels = {"__name__": name, "gpu": str(g), "UUID": f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",
-                                  "pci_bus_id": f"00000000:{0x18 + 0x11 * g:02X}:00.0", "device": f"nvidia{g}",
-                                  "modelName": "NVIDIA H100 80GB HBM3", "Hostname": f"gpu-node-{i:05d}",
-                                  "DCGM_FI_DRIVER_VERSION": "580.105.08", "container": "main",
-                                  "namespace": "ml-research", "pod": f"llm-pretrain-worker-{i:05d}-{g}", "pod_uid": "",
-                                  "instance": f"gpu-node-{i:05d}:9400", "job": "dcgm"}
-                        values = [int(v) for v in per_s[:, g]] if ints else [round(float(v), 6) for v in per_s[:, g]]
-                        yield (json.dumps({"metric": labels, "values": values,
-                                           "timestamps": [(t0 + s) * 1000 for s in range(seconds)]}) + "\n").encode()
+                        labels = {
+                            "__name__": name,
+                            "gpu": str(g),
+                            "UUID": f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}",
+                            "pci_bus_id": f"00000000:{0x18 + 0x11 * g:02X}:00.0",
+                            "device": f"nvidia{g}",
+                            "modelName": "NVIDIA H100 80GB HBM3",
+                            "Hostname": f"gpu-node-{i:05d}",
+                            "DCGM_FI_DRIVER_VERSION": "580.105.08",
+                            "container": "main",
+                            "namespace": "ml-research",
+                            "pod": f"llm-pretrain-worker-{i:05d}-{g}",
+                            "pod_uid": "",
+                            "instance": f"gpu-node-{i:05d}:9400",
+                            "job": "dcgm",
+                        }
+                        values = (
+                            [int(v) for v in per_s[:, g]]
+                            if ints
+                            else [round(float(v), 6) for v in per_s[:, g]]
+                        )
+                        yield (
+                            json.dumps(
+                                {
+                                    "metric": labels,
+                                    "values": values,
+                                    "timestamps": [(t0 + s) * 1000 for s in range(seconds)],
+                                }
+                            )
+                            + "\n"
+                        ).encode()
 
         httpx.post(f"http://127.0.0.1:{port}/api/v1/import", content=lines(), timeout=600).raise_for_status()
-        merged = vm_wait_merged(f"http://127.0.0.1:{port}", tmp / "data",
-                                datetime.fromtimestamp(t0, UTC).strftime("%Y_%m"))
+        merged = vm_wait_merged(
+            f"http://127.0.0.1:{port}", tmp / "data", datetime.fromtimestamp(t0, UTC).strftime("%Y_%m")
+        )
         gpu_samples = nodes * GPUS_PER_NODE * seconds
-        stored = {part: sum(p.stat().st_size for p in (tmp / "data" / part).rglob("*") if p.is_file())
-                  for part in ("data", "indexdb")}
-        return {"bytes_per_gpu_sample": merged["bytes"] / gpu_samples,
-                "data_bytes_per_gpu_sample": stored["data"] / gpu_samples,
-                "index_bytes_per_gpu_sample": stored["indexdb"] / gpu_samples, "hours": hours, "nodes": nodes,
-                "force_merge_s": merged["merge_s"]}
+        stored = {
+            part: sum(p.stat().st_size for p in (tmp / "data" / part).rglob("*") if p.is_file())
+            for part in ("data", "indexdb")
+        }
+        return {
+            "bytes_per_gpu_sample": merged["bytes"] / gpu_samples,
+            "data_bytes_per_gpu_sample": stored["data"] / gpu_samples,
+            "index_bytes_per_gpu_sample": stored["indexdb"] / gpu_samples,
+            "hours": hours,
+            "nodes": nodes,
+            "force_merge_s": merged["merge_s"],
+        }
     finally:
         stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -763,25 +867,46 @@ def gpufleet_timescale_bytes(server: str, nodes: int = 1, hours: float = 2.0) ->
                     for b in range(start, min(start + 600, seconds), SHIP_EVERY_S):
                         secs = np.arange(b, b + SHIP_EVERY_S)
                         cols: dict[str, Any] = {
-                            "time": {"dtype": "f8", "data": np.repeat((t0 + secs).astype("<f8"), GPUS_PER_NODE).tobytes()},
+                            "time": {
+                                "dtype": "f8",
+                                "data": np.repeat((t0 + secs).astype("<f8"), GPUS_PER_NODE).tobytes(),
+                            },
                             "gpu": {"dtype": "i2", "data": gpu_col.tobytes()},
-                            "uuid": [f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
-                                     for _ in secs for g in range(GPUS_PER_NODE)]}
+                            "uuid": [
+                                f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
+                                for _ in secs
+                                for g in range(GPUS_PER_NODE)
+                            ],
+                        }
                         for n in names:
-                            v = series[n][b:b + SHIP_EVERY_S].reshape(-1)
-                            cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
-                        batches.append(validate({"batch_id": f"ts:{i}:{b}", "node": f"gpu-node-{i:05d}", "gpu": cols}))
+                            v = series[n][b : b + SHIP_EVERY_S].reshape(-1)
+                            cols[n] = {
+                                "dtype": dtypes[n],
+                                "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes(),
+                            }
+                        batches.append(
+                            validate({"batch_id": f"ts:{i}:{b}", "node": f"gpu-node-{i:05d}", "gpu": cols})
+                        )
                 with conn.transaction():
                     write_batches(conn, batches)
             rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
-            conn.execute("SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c")
-            size = conn.execute("SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
-    return {"bytes_per_gpu_sample": float(size) / max(int(rows), 1), "samples": float(rows), "hours": hours,
-            "nodes": nodes}
+            conn.execute(
+                "SELECT compress_chunk(c, if_not_compressed => true) FROM show_chunks('gpu_samples') c"
+            )
+            size = conn.execute(
+                "SELECT sum(total_bytes) FROM hypertable_detailed_size('gpu_samples')"
+            ).fetchone()[0]  # type: ignore[index]
+    return {
+        "bytes_per_gpu_sample": float(size) / max(int(rows), 1),
+        "samples": float(rows),
+        "hours": hours,
+        "nodes": nodes,
+    }
 
 
-def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str], first_tick: int,
-                    ticks: int) -> dict[int, list[tuple[int, bytes, dict[str, str]]]]:
+def gpufleet_bodies(
+    model: dict[str, np.ndarray], nodes: int, tokens: list[str], first_tick: int, ticks: int
+) -> dict[int, list[tuple[int, bytes, dict[str, str]]]]:
     """Per tick (second): the batches due then, each node once every SHIP_EVERY_S."""
     cctx = zstandard.ZstdCompressor(level=3)
     names = list(GPUFLEET_FIELDS)
@@ -797,24 +922,37 @@ def gpufleet_bodies(model: dict[str, np.ndarray], nodes: int, tokens: list[str],
             secs = np.arange(tick - SHIP_EVERY_S, tick)
             t = np.repeat(secs.astype("<f8"), GPUS_PER_NODE)
             idx = secs % VARIANTS
-            cols: dict[str, Any] = {"time": {"dtype": "f8", "data": t.tobytes()},
-                                    "gpu": {"dtype": "i2", "data": gpu_col.tobytes()},
-                                    "uuid": [f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
-                                             for _ in secs for g in range(GPUS_PER_NODE)]}
+            cols: dict[str, Any] = {
+                "time": {"dtype": "f8", "data": t.tobytes()},
+                "gpu": {"dtype": "i2", "data": gpu_col.tobytes()},
+                "uuid": [
+                    f"GPU-{k:02x}{g:02x}9c8d-69c4-b61d-e0bc-{i:05d}{g:07d}"
+                    for _ in secs
+                    for g in range(GPUS_PER_NODE)
+                ],
+            }
             for n in names:
                 v = model[n][k, idx].reshape(-1)
                 cols[n] = {"dtype": dtypes[n], "data": v.astype(TYPED_DTYPES[dtypes[n]]).tobytes()}
-            doc = {"batch_id": f"vsprom-{i:05d}:{tick}", "node": f"gpu-node-{i:05d}", "gpu": cols,
-                   "agent": {"id": f"vsprom-{i:05d}", "version": __version__}}
+            doc = {
+                "batch_id": f"vsprom-{i:05d}:{tick}",
+                "node": f"gpu-node-{i:05d}",
+                "gpu": cols,
+                "agent": {"id": f"vsprom-{i:05d}", "version": __version__},
+            }
             body = cctx.compress(msgpack.packb(doc, use_bin_type=True))
-            headers = {"Content-Type": "application/msgpack", "Content-Encoding": "zstd",
-                       "Authorization": f"Bearer {tokens[i]}"}
+            headers = {
+                "Content-Type": "application/msgpack",
+                "Content-Encoding": "zstd",
+                "Authorization": f"Bearer {tokens[i]}",
+            }
             due.setdefault(tick, []).append((i, body, headers))
     return due
 
 
-async def drive_paced(ports: list[int], due: dict[int, list[tuple[int, bytes, dict[str, str]]]],
-                      window: tuple[int, int]) -> dict[str, Any]:
+async def drive_paced(
+    ports: list[int], due: dict[int, list[tuple[int, bytes, dict[str, str]]]], window: tuple[int, int]
+) -> dict[str, Any]:
     """Every node sends its batches at their wall-clock second over a connection
     of its own, kept alive between shipments, as an agent's HTTP client does: a
     connection the collector closed while idle is opened again for the next
@@ -868,8 +1006,12 @@ async def drive_paced(ports: list[int], due: dict[int, list[tuple[int, bytes, di
                 writer.close()
 
     await asyncio.gather(*(agent(ports[i % len(ports)], items) for i, items in per_node.items()))
-    return {"latencies": lat, "ok_in_window": ok_in_window[0], "statuses": statuses,
-            "connections_opened_in_window": opened_in_window[0]}
+    return {
+        "latencies": lat,
+        "ok_in_window": ok_in_window[0],
+        "statuses": statuses,
+        "connections_opened_in_window": opened_in_window[0],
+    }
 
 
 def gc_collections(ports: list[int]) -> list[int] | None:
@@ -896,7 +1038,9 @@ def postgres_pids(url: str, dbname: str) -> list[int]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
-            "OR backend_type IN ('walwriter', 'checkpointer', 'background writer')", (dbname,)).fetchall()
+            "OR backend_type IN ('walwriter', 'checkpointer', 'background writer')",
+            (dbname,),
+        ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -984,8 +1128,10 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
             rows = conn.execute("SELECT count(*) FROM gpu_samples").fetchone()[0]  # type: ignore[index]
             hyper = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'timescaledb'").fetchone()
             size = conn.execute(  # a hypertable's rows live in its chunks
-                "SELECT COALESCE(sum(total_bytes), 0) FROM hypertable_detailed_size('gpu_samples')" if hyper
-                else "SELECT pg_total_relation_size('gpu_samples')").fetchone()[0]  # type: ignore[index]
+                "SELECT COALESCE(sum(total_bytes), 0) FROM hypertable_detailed_size('gpu_samples')"
+                if hyper
+                else "SELECT pg_total_relation_size('gpu_samples')"
+            ).fetchone()[0]  # type: ignore[index]
             size = float(size)
     elapsed = readings["t1"] - readings["t0"]
     due_in_window = sum(len(v) for t, v in due.items() if window[0] <= t < window[1])
@@ -1000,24 +1146,31 @@ def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collec
     step.rss_mib = (readings["rss"] + readings["pss"]) / 2**20
     step.helper_cores = (readings["d1"] - readings["d0"]) / elapsed
     step.bytes_per_gpu_sample = per_sample(size, rows)
-    step.detail = {"collector_cpu_us_per_gpu_sample": none_if_nan(per_sample(readings["k1"] - readings["k0"],
-                                                                             gpu_samples) * 1e6, 2),
-                   "postgres_cpu_us_per_gpu_sample": none_if_nan(per_sample(readings["p1"] - readings["p0"],
-                                                                            gpu_samples) * 1e6, 2),
-                   "collector_rss_mib": round(readings["rss"] / 2**20, 1),
-                   "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
-                   "batches_due": due_in_window, "batches_stored": out["ok_in_window"],
-                   "statuses": out["statuses"], "rows_stored": rows,
-                   "connections_opened_in_window": out["connections_opened_in_window"],
-                   # between the two GC reads, which span the window and more (gc_read_span_s)
-                   "gc_collections_in_window": None if readings["gc0"] is None or readings["gc1"] is None
-                   else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
-                   "gc_read_span_s": round(readings["gc1_done"] - readings["gc0_done"], 1),
-                   "collectors": collectors,
-                   # False: the GC read ran into the window (its cost counted in it, its count short)
-                   "gc_read_before_window": readings["gc0_done"] <= window[0],
-                   # how late the window's CPU readings were taken (seconds): near 0 unless the host is saturated
-                   "readings_late_s": [round(readings["t0"] - window[0], 3), round(readings["t1"] - window[1], 3)]}
+    step.detail = {
+        "collector_cpu_us_per_gpu_sample": none_if_nan(
+            per_sample(readings["k1"] - readings["k0"], gpu_samples) * 1e6, 2
+        ),
+        "postgres_cpu_us_per_gpu_sample": none_if_nan(
+            per_sample(readings["p1"] - readings["p0"], gpu_samples) * 1e6, 2
+        ),
+        "collector_rss_mib": round(readings["rss"] / 2**20, 1),
+        "postgres_pss_mib": round(readings["pss"] / 2**20, 1),
+        "batches_due": due_in_window,
+        "batches_stored": out["ok_in_window"],
+        "statuses": out["statuses"],
+        "rows_stored": rows,
+        "connections_opened_in_window": out["connections_opened_in_window"],
+        # between the two GC reads, which span the window and more (gc_read_span_s)
+        "gc_collections_in_window": None
+        if readings["gc0"] is None or readings["gc1"] is None
+        else [b - a for a, b in zip(readings["gc0"], readings["gc1"], strict=True)],
+        "gc_read_span_s": round(readings["gc1_done"] - readings["gc0_done"], 1),
+        "collectors": collectors,
+        # False: the GC read ran into the window (its cost counted in it, its count short)
+        "gc_read_before_window": readings["gc0_done"] <= window[0],
+        # how late the window's CPU readings were taken (seconds): near 0 unless the host is saturated
+        "readings_late_s": [round(readings["t0"] - window[0], 3), round(readings["t1"] - window[1], 3)],
+    }
     return step
 
 
@@ -1034,7 +1187,10 @@ def http_floor_step(gpus: int, warm_s: float, window_s: float, server: str = "uv
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.post(f"http://127.0.0.1:{port}/v1/ingest", content=b"x", timeout=2).status_code == 200:
+                if (
+                    httpx.post(f"http://127.0.0.1:{port}/v1/ingest", content=b"x", timeout=2).status_code
+                    == 200
+                ):
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("the null HTTP server did not start")
@@ -1063,11 +1219,15 @@ def http_floor_step(gpus: int, warm_s: float, window_s: float, server: str = "uv
         proc.wait(10)
     n = max(out["ok_in_window"], 1)
     cpu = readings["c1"] - readings["c0"]
-    return {"server": server, "gpus": gpus, "requests": out["ok_in_window"],
-            "cpu_us_per_request": round(cpu / n * 1e6, 1),
-            "cpu_us_per_gpu_sample": round(cpu / (n * SHIP_EVERY_S * GPUS_PER_NODE) * 1e6, 2),
-            "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3),
-            "connections_opened_in_window": out["connections_opened_in_window"]}
+    return {
+        "server": server,
+        "gpus": gpus,
+        "requests": out["ok_in_window"],
+        "cpu_us_per_request": round(cpu / n * 1e6, 1),
+        "cpu_us_per_gpu_sample": round(cpu / (n * SHIP_EVERY_S * GPUS_PER_NODE) * 1e6, 2),
+        "cpu_cores": round(cpu / (readings["t1"] - readings["t0"]), 3),
+        "connections_opened_in_window": out["connections_opened_in_window"],
+    }
 
 
 def serve_protocol(port: int) -> None:
@@ -1077,10 +1237,21 @@ def serve_protocol(port: int) -> None:
     import httptools
     import uvloop
 
-    answer = json.dumps({"batch_id": "x", "status": "stored", "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
-                         "host_rows": 0, "rejected_skew": 0}).encode()
-    reply = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-             + str(len(answer)).encode() + b"\r\n\r\n" + answer)
+    answer = json.dumps(
+        {
+            "batch_id": "x",
+            "status": "stored",
+            "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
+            "host_rows": 0,
+            "rejected_skew": 0,
+        }
+    ).encode()
+    reply = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(answer)).encode()
+        + b"\r\n\r\n"
+        + answer
+    )
 
     class Null(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -1109,8 +1280,15 @@ def serve_null(port: int) -> None:
     from gpufleet.collector.service import server_options
     from gpufleet.config import Settings
 
-    answer = json.dumps({"batch_id": "x", "status": "stored", "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
-                         "host_rows": 0, "rejected_skew": 0}).encode()
+    answer = json.dumps(
+        {
+            "batch_id": "x",
+            "status": "stored",
+            "gpu_rows": SHIP_EVERY_S * GPUS_PER_NODE,
+            "host_rows": 0,
+            "rejected_skew": 0,
+        }
+    ).encode()
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -1119,12 +1297,27 @@ def serve_null(port: int) -> None:
         while more:
             message = await receive()
             more = message.get("more_body", False)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(answer)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": answer})
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off",
-                **server_options(Settings()))
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        **server_options(Settings()),
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -1160,11 +1353,13 @@ def fleet_bounds(prom: list[Step], fleet: list[Step]) -> tuple[float | None, flo
 
 
 def show(side: str, s: Step) -> None:
-    print(f"  {side:10s} {s.gpus:6d} GPUs: {'keeps up' if s.kept_up else 'FALLS BEHIND':12s} "
-          f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {_fig(s.cpu_us_per_gpu_sample)} us "
-          f"per GPU-sample ({s.cpu_cores:.2f} cores); memory {s.rss_mib:7.1f} MiB; "
-          f"{_fig(s.bytes_per_gpu_sample)} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores",
-          flush=True)
+    print(
+        f"  {side:10s} {s.gpus:6d} GPUs: {'keeps up' if s.kept_up else 'FALLS BEHIND':12s} "
+        f"done {s.done_frac * 100:5.1f} %, p99 {s.p99_s * 1000:7.1f} ms; CPU {_fig(s.cpu_us_per_gpu_sample)} us "
+        f"per GPU-sample ({s.cpu_cores:.2f} cores); memory {s.rss_mib:7.1f} MiB; "
+        f"{_fig(s.bytes_per_gpu_sample)} B stored per GPU-sample this run; helper {s.helper_cores:.2f} cores",
+        flush=True,
+    )
     if "not_measured" in s.detail:
         print(f"  {'':10s} {s.gpus:6d} GPUs: not measured: {s.detail['not_measured']}", flush=True)
 
@@ -1191,28 +1386,52 @@ def ramp(side: str, fleets: list[int], fn: Any) -> list[Step]:
 def main() -> None:
     global SHIP_EVERY_S  # --ship-interval sets it for the whole run
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fleets", default="1000,4000,8000,16000,32000",
-                    help="GPU counts to try, smallest first; each side stops at its first failure")
+    ap.add_argument(
+        "--fleets",
+        default="1000,4000,8000,16000,32000",
+        help="GPU counts to try, smallest first; each side stops at its first failure",
+    )
     ap.add_argument("--window", type=float, default=12.0, help="steady seconds measured at each size")
     ap.add_argument("--warm", type=float, default=5.0, help="seconds before measuring at each size")
     ap.add_argument("--quick", action="store_true", help="1000, 4000, 8000 and 16000 GPUs, 8-s windows")
-    ap.add_argument("--only", choices=("prometheus", "victoria-metrics", "gpufleet"), help="run one side (no ratios)")
-    ap.add_argument("--no-victoria-metrics", action="store_true",
-                    help="leave VictoriaMetrics out (two sides, as before it was compared)")
-    ap.add_argument("--collectors", type=int, default=1,
-                    help="gpufleet collector processes (replicas; nodes spread over them), all counted")
-    ap.add_argument("--ship-interval", type=int, default=SHIP_EVERY_S,
-                    help="seconds of samples in each node's batch (default: the agents' ship_interval_s, "
-                         "%(default)s); what a longer interval saves per GPU-sample")
-    ap.add_argument("--timescale", action="store_true",
-                    help="store gpufleet's side on the TimescaleDB server GPUFLEET_TEST_TIMESCALE_URL names "
-                         "(the production layout) instead of plain PostgreSQL")
-    ap.add_argument("--http-floor", action="store_true",
-                    help="only the HTTP server's own CPU under the gpufleet side's load (uvicorn, an app that "
-                         "stores nothing): the floor under the collector's figure")
+    ap.add_argument(
+        "--only", choices=("prometheus", "victoria-metrics", "gpufleet"), help="run one side (no ratios)"
+    )
+    ap.add_argument(
+        "--no-victoria-metrics",
+        action="store_true",
+        help="leave VictoriaMetrics out (two sides, as before it was compared)",
+    )
+    ap.add_argument(
+        "--collectors",
+        type=int,
+        default=1,
+        help="gpufleet collector processes (replicas; nodes spread over them), all counted",
+    )
+    ap.add_argument(
+        "--ship-interval",
+        type=int,
+        default=SHIP_EVERY_S,
+        help="seconds of samples in each node's batch (default: the agents' ship_interval_s, "
+        "%(default)s); what a longer interval saves per GPU-sample",
+    )
+    ap.add_argument(
+        "--timescale",
+        action="store_true",
+        help="store gpufleet's side on the TimescaleDB server GPUFLEET_TEST_TIMESCALE_URL names "
+        "(the production layout) instead of plain PostgreSQL",
+    )
+    ap.add_argument(
+        "--http-floor",
+        action="store_true",
+        help="only the HTTP server's own CPU under the gpufleet side's load (uvicorn, an app that "
+        "stores nothing): the floor under the collector's figure",
+    )
     ap.add_argument("--serve-exporter", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-null", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--null-server", default="uvicorn", choices=["uvicorn", "protocol"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--null-server", default="uvicorn", choices=["uvicorn", "protocol"], help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     if args.ship_interval <= 0:
         ap.error(f"--ship-interval must be a positive number of seconds, not {args.ship_interval}")
@@ -1238,36 +1457,66 @@ def main() -> None:
         for gpus in fleets:
             for kind in ("uvicorn", "protocol"):
                 step = http_floor_step(gpus, warm, window, kind)
-                print(f"  http floor, {kind:8s} {gpus:6d} GPUs: {step['cpu_us_per_request']:.0f} us per request, "
-                      f"{step['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({step['cpu_cores']:.2f} cores, "
-                      f"{step['connections_opened_in_window']} connections opened)", flush=True)
+                print(
+                    f"  http floor, {kind:8s} {gpus:6d} GPUs: {step['cpu_us_per_request']:.0f} us per request, "
+                    f"{step['cpu_us_per_gpu_sample']:.2f} us per GPU-sample ({step['cpu_cores']:.2f} cores, "
+                    f"{step['connections_opened_in_window']} connections opened)",
+                    flush=True,
+                )
                 floor.append(step)
         last = {s["server"]: s for s in floor if s["gpus"] == fleets[-1]}
-        print(json.dumps({"name": "vs_prometheus_http_floor", "value": last["uvicorn"]["cpu_us_per_gpu_sample"],
-                          "unit": "us per GPU-sample", "gpus": fleets[-1],
-                          "baseline_bare_protocol": last["protocol"]["cpu_us_per_gpu_sample"], "http_floor": floor}))
+        print(
+            json.dumps(
+                {
+                    "name": "vs_prometheus_http_floor",
+                    "value": last["uvicorn"]["cpu_us_per_gpu_sample"],
+                    "unit": "us per GPU-sample",
+                    "gpus": fleets[-1],
+                    "baseline_bare_protocol": last["protocol"]["cpu_us_per_gpu_sample"],
+                    "http_floor": floor,
+                }
+            )
+        )
         return
     from testsupport.pg import timescale_server_url
 
     ts_server = timescale_server_url()
     if args.timescale and ts_server is None:
-        sys.exit("--timescale: set GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server "
-                 "(tools/timescale-server.sh builds and starts one)")
+        sys.exit(
+            "--timescale: set GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server "
+            "(tools/timescale-server.sh builds and starts one)"
+        )
     server = ts_server if args.timescale and ts_server else server_url()
     db_name = "TimescaleDB" if args.timescale else "PostgreSQL"
     if args.only == "gpufleet":
-        print(f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True)
+        print(
+            f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):",
+            flush=True,
+        )
         fleet = ramp("gpufleet", fleets, lambda g: gpufleet_step(g, server, warm, window, args.collectors))
-        print(json.dumps({"name": "vs_prometheus_gpufleet_only", "ship_interval_s": SHIP_EVERY_S,
-                          "gpufleet_database": db_name, "gpufleet": [asdict(s) for s in fleet]}))
+        print(
+            json.dumps(
+                {
+                    "name": "vs_prometheus_gpufleet_only",
+                    "ship_interval_s": SHIP_EVERY_S,
+                    "gpufleet_database": db_name,
+                    "gpufleet": [asdict(s) for s in fleet],
+                }
+            )
+        )
         return
     with_vm = not args.no_victoria_metrics and args.only in (None, "victoria-metrics")
     if with_vm and shutil.which("victoria-metrics") is None:
-        sys.exit("victoria-metrics is not installed (apt-get install victoria-metrics, or --no-victoria-metrics)")
+        sys.exit(
+            "victoria-metrics is not installed (apt-get install victoria-metrics, or --no-victoria-metrics)"
+        )
     clock = datetime.now(UTC)
     if clock.hour == 23 or clock.hour == 0:
-        print("note: run between 23:00 and 01:00 UTC: VictoriaMetrics does extra index work around the day's "
-              "boundary, which its figures below include", flush=True)
+        print(
+            "note: run between 23:00 and 01:00 UTC: VictoriaMetrics does extra index work around the day's "
+            "boundary, which its figures below include",
+            flush=True,
+        )
     loads: dict[str, list[float]] = {}
 
     def load_note(side: str) -> None:
@@ -1288,8 +1537,11 @@ def main() -> None:
             time.sleep(0.2)
         sample = httpx.get(f"http://127.0.0.1:{exporter_port}/n/1/metrics").text
         series = sum(1 for line in sample.splitlines() if line.startswith("DCGM_"))
-        print(f"exporter: {series} series per node ({series // GPUS_PER_NODE} per GPU), "
-              f"{len(sample)} bytes per scrape", flush=True)
+        print(
+            f"exporter: {series} series per node ({series // GPUS_PER_NODE} per GPU), "
+            f"{len(sample)} bytes per scrape",
+            flush=True,
+        )
 
         def with_load(side: str, fn: Any) -> Any:
             def step(g: int) -> Step:
@@ -1297,16 +1549,27 @@ def main() -> None:
                 out: Step = fn(g)
                 out.detail["load_avg_1m"] = loads[side][-1]
                 return out
+
             return step
 
         if args.only in (None, "prometheus"):
             print("Prometheus (scraping at 1 s):", flush=True)
-            prom = ramp("prometheus", fleets, with_load("prometheus", lambda g: prometheus_step(
-                g, exporter_port, exporter.pid, warm, window)))
+            prom = ramp(
+                "prometheus",
+                fleets,
+                with_load(
+                    "prometheus", lambda g: prometheus_step(g, exporter_port, exporter.pid, warm, window)
+                ),
+            )
         if with_vm:
             print("VictoriaMetrics (scraping at 1 s, -promscrape.config):", flush=True)
-            vm = ramp("victoria-metrics", fleets, with_load("victoria-metrics", lambda g: vm_step(
-                g, exporter_port, exporter.pid, warm, window)))
+            vm = ramp(
+                "victoria-metrics",
+                fleets,
+                with_load(
+                    "victoria-metrics", lambda g: vm_step(g, exporter_port, exporter.pid, warm, window)
+                ),
+            )
     finally:
         exporter.terminate()
         exporter.wait(10)
@@ -1317,97 +1580,175 @@ def main() -> None:
     block_nodes = 4
     vm_block = vm_block_bytes(block_nodes, hours) if with_vm else None
     if vm_block is not None:
-        print(f"VictoriaMetrics storage ({hours:g} h of {block_nodes} nodes imported, force-merged): "
-              f"{vm_block['bytes_per_gpu_sample']:.1f} B per GPU-sample (data {vm_block['data_bytes_per_gpu_sample']:.1f}, "
-              f"index {vm_block['index_bytes_per_gpu_sample']:.1f}); load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"VictoriaMetrics storage ({hours:g} h of {block_nodes} nodes imported, force-merged): "
+            f"{vm_block['bytes_per_gpu_sample']:.1f} B per GPU-sample (data {vm_block['data_bytes_per_gpu_sample']:.1f}, "
+            f"index {vm_block['index_bytes_per_gpu_sample']:.1f}); load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     if args.only == "victoria-metrics":
-        print(json.dumps({"name": "vs_prometheus_victoria_metrics_only", "victoria_metrics": [asdict(s) for s in vm],
-                          "victoria_metrics_block": vm_block}))
+        print(
+            json.dumps(
+                {
+                    "name": "vs_prometheus_victoria_metrics_only",
+                    "victoria_metrics": [asdict(s) for s in vm],
+                    "victoria_metrics_block": vm_block,
+                }
+            )
+        )
         return
     block = prometheus_block_bytes(block_nodes, hours)
-    print(f"Prometheus block storage ({hours:g} h of {block_nodes} nodes backfilled by promtool): "
-          f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
-          f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
-          "per series and overstate it", flush=True)
+    print(
+        f"Prometheus block storage ({hours:g} h of {block_nodes} nodes backfilled by promtool): "
+        f"{block['bytes_per_gpu_sample']:.1f} B per GPU-sample (chunks {block['chunk_bytes_per_gpu_sample']:.1f}, "
+        f"index {block['index_bytes_per_gpu_sample']:.1f}); the runs' head snapshots above hold seconds "
+        "per series and overstate it",
+        flush=True,
+    )
     ts_block = None if ts_server is None else gpufleet_timescale_bytes(ts_server, block_nodes, hours)
     if ts_block is not None:
-        print(f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
-              f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample", flush=True)
-    print(f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True)
-    fleet = ramp("gpufleet", fleets, with_load("gpufleet", lambda g: gpufleet_step(g, server, warm, window,
-                                                                                    args.collectors)))
+        print(
+            f"gpufleet TimescaleDB storage (the same {hours:g} h of {block_nodes} nodes, compressed): "
+            f"{ts_block['bytes_per_gpu_sample']:.1f} B per GPU-sample",
+            flush=True,
+        )
+    print(
+        f"gpufleet (agents' {SHIP_EVERY_S}-s batches, {_processes(args.collectors)}, {db_name}):", flush=True
+    )
+    fleet = ramp(
+        "gpufleet",
+        fleets,
+        with_load("gpufleet", lambda g: gpufleet_step(g, server, warm, window, args.collectors)),
+    )
 
     def versus(other: list[Step], other_block: float | None, name: str) -> dict[str, Any]:
         """Ratios (other / gpufleet) at the largest fleet both kept up with, and of the largest fleets."""
-        both = [g for g in fleets if any(s.gpus == g and s.kept_up for s in other)
-                and any(s.gpus == g and s.kept_up for s in fleet)]
+        both = [
+            g
+            for g in fleets
+            if any(s.gpus == g and s.kept_up for s in other) and any(s.gpus == g and s.kept_up for s in fleet)
+        ]
         ref = max(both) if both else None
         ratios: dict[str, float | None] = {"cpu": None, "memory": None, "storage": None}
         if ref is not None:
             o = next(s for s in other if s.gpus == ref)
             f = next(s for s in fleet if s.gpus == ref)
-            ratios = {"cpu": o.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample, "memory": o.rss_mib / f.rss_mib,
-                      "storage": None if other_block is None else other_block / f.bytes_per_gpu_sample}
+            ratios = {
+                "cpu": o.cpu_us_per_gpu_sample / f.cpu_us_per_gpu_sample,
+                "memory": o.rss_mib / f.rss_mib,
+                "storage": None if other_block is None else other_block / f.bytes_per_gpu_sample,
+            }
         lo, lf = ladder_edge(other)[0], ladder_edge(fleet)[0]
         capped = lf == max(fleets)
         fleet_ratio = lf / lo if lo else None
-        print(f"at {ref} GPUs (largest both keep up with), {name} / gpufleet: "
-              + (", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None) if ref else "n/a"))
-        print(f"largest fleet kept up with at 1 Hz: {name} {lo}, gpufleet {lf}"
-              f"{' (the largest tried)' if capped else ''}"
-              + (f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else ""))
+        print(
+            f"at {ref} GPUs (largest both keep up with), {name} / gpufleet: "
+            + (", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None) if ref else "n/a")
+        )
+        print(
+            f"largest fleet kept up with at 1 Hz: {name} {lo}, gpufleet {lf}"
+            f"{' (the largest tried)' if capped else ''}"
+            + (f"; ratio {fleet_ratio:.2f}{' or more' if capped else ''}" if fleet_ratio else "")
+        )
         bounds = fleet_bounds(other, fleet)
-        low = (f"without a lower bound ({name} fell behind at none)" if bounds[0] is None
-               else f"at {bounds[0]:.2f} or more")
-        high = ("without an upper bound (gpufleet fell behind at none)" if bounds[1] is None
-                else f"at {bounds[1]:.2f} or less")
-        print(f"  each side's edge lies between the sizes tried, which puts the fleet ratio {low} and {high}; "
-              "sizes closer to both edges narrow it")
-        ts = None if ts_block is None or other_block is None else other_block / ts_block["bytes_per_gpu_sample"]
+        low = (
+            f"without a lower bound ({name} fell behind at none)"
+            if bounds[0] is None
+            else f"at {bounds[0]:.2f} or more"
+        )
+        high = (
+            "without an upper bound (gpufleet fell behind at none)"
+            if bounds[1] is None
+            else f"at {bounds[1]:.2f} or less"
+        )
+        print(
+            f"  each side's edge lies between the sizes tried, which puts the fleet ratio {low} and {high}; "
+            "sizes closer to both edges narrow it"
+        )
+        ts = (
+            None
+            if ts_block is None or other_block is None
+            else other_block / ts_block["bytes_per_gpu_sample"]
+        )
         if ts is not None:
             print(f"storage, {name} / gpufleet on TimescaleDB (same hours, same values): {ts:.2f}x")
-        return {"reference_gpus": ref, "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
-                "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
-                "storage_ratio_plain_postgres": None if ratios["storage"] is None else round(ratios["storage"], 3),
-                "storage_ratio_timescale": None if ts is None else round(ts, 2),
-                "largest_fleet": lo, "largest_fleet_gpufleet": lf, "gpufleet_capped_by_ramp": capped,
-                "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
-                "fleet_ratio_bounds": [None if b is None else round(b, 2) for b in bounds]}
+        return {
+            "reference_gpus": ref,
+            "cpu_ratio": None if ratios["cpu"] is None else round(ratios["cpu"], 2),
+            "memory_ratio": None if ratios["memory"] is None else round(ratios["memory"], 2),
+            "storage_ratio_plain_postgres": None
+            if ratios["storage"] is None
+            else round(ratios["storage"], 3),
+            "storage_ratio_timescale": None if ts is None else round(ts, 2),
+            "largest_fleet": lo,
+            "largest_fleet_gpufleet": lf,
+            "gpufleet_capped_by_ramp": capped,
+            "fleet_ratio": None if fleet_ratio is None else round(fleet_ratio, 2),
+            "fleet_ratio_bounds": [None if b is None else round(b, 2) for b in bounds],
+        }
 
     vs_prom = versus(prom, block["bytes_per_gpu_sample"], "Prometheus")
-    vs_vm = versus(vm, None if vm_block is None else vm_block["bytes_per_gpu_sample"], "VictoriaMetrics") \
-        if with_vm else None
+    vs_vm = (
+        versus(vm, None if vm_block is None else vm_block["bytes_per_gpu_sample"], "VictoriaMetrics")
+        if with_vm
+        else None
+    )
     if ts_block is None:
-        print("storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); set "
-              "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to compare compressed storage")
+        print(
+            "storage: gpufleet's figure is plain PostgreSQL (heap and indexes, uncompressed); set "
+            "GPUFLEET_TEST_TIMESCALE_URL to a TimescaleDB 2.x server to compare compressed storage"
+        )
     print(f"load average (1 min) at each size, by side: {json.dumps(loads)}")
 
     def rounded(s: Step) -> dict[str, Any]:
-        return {"gpus": s.gpus, "kept_up": s.kept_up, "done_frac": none_if_nan(s.done_frac, 4),
-                "p99_ms": none_if_nan(s.p99_s * 1000, 1), "cpu_us_per_gpu_sample": none_if_nan(s.cpu_us_per_gpu_sample, 2),
-                "cpu_cores": round(s.cpu_cores, 3), "memory_mib": round(s.rss_mib, 1),
-                "stored_bytes_per_gpu_sample_this_run": none_if_nan(s.bytes_per_gpu_sample, 1),
-                "helper_cores": round(s.helper_cores, 3),
-                **s.detail}
+        return {
+            "gpus": s.gpus,
+            "kept_up": s.kept_up,
+            "done_frac": none_if_nan(s.done_frac, 4),
+            "p99_ms": none_if_nan(s.p99_s * 1000, 1),
+            "cpu_us_per_gpu_sample": none_if_nan(s.cpu_us_per_gpu_sample, 2),
+            "cpu_cores": round(s.cpu_cores, 3),
+            "memory_mib": round(s.rss_mib, 1),
+            "stored_bytes_per_gpu_sample_this_run": none_if_nan(s.bytes_per_gpu_sample, 1),
+            "helper_cores": round(s.helper_cores, 3),
+            **s.detail,
+        }
 
-    print(json.dumps({
-        "name": "vs_prometheus", "value": vs_prom["cpu_ratio"],
-        "unit": "prometheus_cpu_per_gpu_sample_over_gpufleet", **vs_prom,
-        "largest_fleet_prometheus": vs_prom["largest_fleet"],
-        "gpufleet_bytes_per_gpu_sample_timescale": None if ts_block is None else round(
-            ts_block["bytes_per_gpu_sample"], 2),
-        "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
-        "victoria_metrics_bytes_per_gpu_sample": None if vm_block is None else round(
-            vm_block["bytes_per_gpu_sample"], 2),
-        "gpufleet_bytes_per_gpu_sample_plain_postgres": None if vs_prom["reference_gpus"] is None else round(
-            next(s for s in fleet if s.gpus == vs_prom["reference_gpus"]).bytes_per_gpu_sample, 1),
-        "versus_victoria_metrics": vs_vm, "victoria_metrics_block": vm_block,
-        "prometheus": [rounded(s) for s in prom], "victoria_metrics": [rounded(s) for s in vm],
-        "gpufleet": [rounded(s) for s in fleet], "load_avg_1m": loads,
-        "ship_interval_s": SHIP_EVERY_S, "gpufleet_database": db_name,
-        "window_s": window, "quick": args.quick, "seconds": round(time.monotonic() - started, 1),
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-    }))
+    print(
+        json.dumps(
+            {
+                "name": "vs_prometheus",
+                "value": vs_prom["cpu_ratio"],
+                "unit": "prometheus_cpu_per_gpu_sample_over_gpufleet",
+                **vs_prom,
+                "largest_fleet_prometheus": vs_prom["largest_fleet"],
+                "gpufleet_bytes_per_gpu_sample_timescale": None
+                if ts_block is None
+                else round(ts_block["bytes_per_gpu_sample"], 2),
+                "prometheus_block_bytes_per_gpu_sample": round(block["bytes_per_gpu_sample"], 2),
+                "victoria_metrics_bytes_per_gpu_sample": None
+                if vm_block is None
+                else round(vm_block["bytes_per_gpu_sample"], 2),
+                "gpufleet_bytes_per_gpu_sample_plain_postgres": None
+                if vs_prom["reference_gpus"] is None
+                else round(
+                    next(s for s in fleet if s.gpus == vs_prom["reference_gpus"]).bytes_per_gpu_sample, 1
+                ),
+                "versus_victoria_metrics": vs_vm,
+                "victoria_metrics_block": vm_block,
+                "prometheus": [rounded(s) for s in prom],
+                "victoria_metrics": [rounded(s) for s in vm],
+                "gpufleet": [rounded(s) for s in fleet],
+                "load_avg_1m": loads,
+                "ship_interval_s": SHIP_EVERY_S,
+                "gpufleet_database": db_name,
+                "window_s": window,
+                "quick": args.quick,
+                "seconds": round(time.monotonic() - started, 1),
+                "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,9 @@ def slide(bufs: dict[Any, _Buf], sweeps: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=10_000)
-    ap.add_argument("--sweeps", type=int, default=80, help="5-s sweeps (80: past the point restored buffers fill)")
+    ap.add_argument(
+        "--sweeps", type=int, default=80, help="5-s sweeps (80: past the point restored buffers fill)"
+    )
     ap.add_argument("--columns", type=int, default=16, help="stored columns per GPU")
     args = ap.parse_args()
     blocks = segments(args.gpus, args.columns)
@@ -89,15 +91,30 @@ def main() -> None:
         bufs = window_snapshot._assemble(blocks, len(GPU_COLUMNS), staggered=name == "staggered")
         results[name] = slide(bufs, args.sweeps)
         r = results[name]
-        print(f"{name:9s}: merge per sweep median {r['median_s']:.3f} s, slowest {r['max_s']:.3f} s; "
-              f"process grew {r['grew_mb']:.0f} MB while sliding", flush=True)
+        print(
+            f"{name:9s}: merge per sweep median {r['median_s']:.3f} s, slowest {r['max_s']:.3f} s; "
+            f"process grew {r['grew_mb']:.0f} MB while sliding",
+            flush=True,
+        )
         del bufs
         gc.collect()
     s, b = results["staggered"], results["baseline"]
-    print(json.dumps({"name": "window_slide", "value": round(s["max_s"], 3), "unit": "s_slowest_sweep_merge",
-                      "gpus": args.gpus, "sweeps": args.sweeps, "median_s": round(s["median_s"], 3),
-                      "grew_mb": round(s["grew_mb"], 1), "baseline_max_s": round(b["max_s"], 3),
-                      "baseline_median_s": round(b["median_s"], 3), "baseline_grew_mb": round(b["grew_mb"], 1)}))
+    print(
+        json.dumps(
+            {
+                "name": "window_slide",
+                "value": round(s["max_s"], 3),
+                "unit": "s_slowest_sweep_merge",
+                "gpus": args.gpus,
+                "sweeps": args.sweeps,
+                "median_s": round(s["median_s"], 3),
+                "grew_mb": round(s["grew_mb"], 1),
+                "baseline_max_s": round(b["max_s"], 3),
+                "baseline_median_s": round(b["median_s"], 3),
+                "baseline_grew_mb": round(b["grew_mb"], 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -63,7 +63,12 @@ from gpufleet.timeparse import iso, iso_at
 log = logging.getLogger(__name__)
 
 #: The action each setting records (``notify`` acts on nothing).
-ACTION_NAMES = {"notify": "notify", "requeue": "slurm_requeue", "cancel": "slurm_cancel", "annotate": "k8s_annotate"}
+ACTION_NAMES = {
+    "notify": "notify",
+    "requeue": "slurm_requeue",
+    "cancel": "slurm_cancel",
+    "annotate": "k8s_annotate",
+}
 RUN_ACTIONS = tuple(ACTION_NAMES.values())
 #: Actions that change something in a scheduler: these are rate-limited and hold a run.
 SCHEDULER_ACTIONS = ("slurm_requeue", "slurm_cancel", "k8s_annotate")
@@ -125,8 +130,8 @@ def slurm_job(run_id: str, labels: Mapping[str, Any], prefix: str) -> str | None
     job = labels.get("slurm.job_id")
     if isinstance(job, str) and SLURM_JOB_RE.fullmatch(job):
         return job
-    if run_id.startswith(prefix) and SLURM_JOB_RE.fullmatch(run_id[len(prefix):]):
-        return run_id[len(prefix):]
+    if run_id.startswith(prefix) and SLURM_JOB_RE.fullmatch(run_id[len(prefix) :]):
+        return run_id[len(prefix) :]
     return None
 
 
@@ -160,11 +165,20 @@ def reason_for(inc: Mapping[str, Any]) -> str:
 class RunActions:
     """Applies the run actions after a sweep; see the module docstring for the rules."""
 
-    def __init__(self, settings: RunActionSettings, kubernetes: KubernetesApi | None = None,
-                 by: str | None = None) -> None:
+    def __init__(
+        self, settings: RunActionSettings, kubernetes: KubernetesApi | None = None, by: str | None = None
+    ) -> None:
         self.settings = settings
-        self.kube = kubernetes if kubernetes is not None else KubernetesApi(
-            settings.k8s_api_url, settings.k8s_token_file, settings.k8s_ca_file, settings.command_timeout_s)
+        self.kube = (
+            kubernetes
+            if kubernetes is not None
+            else KubernetesApi(
+                settings.k8s_api_url,
+                settings.k8s_token_file,
+                settings.k8s_ca_file,
+                settings.command_timeout_s,
+            )
+        )
         self.by = by if by is not None else f"gpufleet collector {socket.gethostname()}"
         #: Slurm job -> (partition or None, why unknown), asked of scontrol once per job per sweep.
         self._partitions: dict[str, tuple[str | None, str]] = {}
@@ -178,7 +192,9 @@ class RunActions:
             return []
         self._partitions = {}
         since = datetime.fromtimestamp(now - 3600.0, UTC)
-        acted_runs = {r[0] for r in conn.execute(RECENT_SQL, (list(SCHEDULER_ACTIONS), list(ACTED), since)).fetchall()}
+        acted_runs = {
+            r[0] for r in conn.execute(RECENT_SQL, (list(SCHEDULER_ACTIONS), list(ACTED), since)).fetchall()
+        }
         held = {r: i for r, i in conn.execute(HELD_SQL, (list(SCHEDULER_ACTIONS), list(ACTED))).fetchall()}
         out = []
         for inc in rows:
@@ -194,7 +210,9 @@ class RunActions:
             record = self._decide(inc, policy, action, mine, now, acted_runs, held)
             if record is None:
                 continue
-            conn.execute("UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([record]), inc["id"]))
+            conn.execute(
+                "UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([record]), inc["id"])
+            )
             out.append(record)
             if record["result"] in ACTED and action in SCHEDULER_ACTIONS:
                 acted_runs.add(inc["run_id"])
@@ -213,9 +231,13 @@ class RunActions:
         if job is None:
             return None, "no Slurm job id"
         if job not in self._partitions:
-            got = run_command([s.scontrol, "show", "job", "-o", job], s.command_timeout_s, "", "actions.scontrol")
+            got = run_command(
+                [s.scontrol, "show", "job", "-o", job], s.command_timeout_s, "", "actions.scontrol"
+            )
             found = PARTITION_RE.search(got.output) if got.result == DONE else None
-            self._partitions[job] = (found.group(1), "") if found else (None, got.detail or "no Partition= in its answer")
+            self._partitions[job] = (
+                (found.group(1), "") if found else (None, got.detail or "no Partition= in its answer")
+            )
         return self._partitions[job]
 
     def _allowed(self, inc: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -238,8 +260,10 @@ class RunActions:
         if policy in ("requeue", "cancel"):
             job = slurm_job(inc["run_id"], labels, s.slurm_run_prefix)
             if job is None:
-                return (f"no Slurm job id for run {inc['run_id']} (a slurm.job_id label, or a run id that is one "
-                        f"after actions.slurm_run_prefix {s.slurm_run_prefix!r})")
+                return (
+                    f"no Slurm job id for run {inc['run_id']} (a slurm.job_id label, or a run id that is one "
+                    f"after actions.slurm_run_prefix {s.slurm_run_prefix!r})"
+                )
             return Target(f"job {job}", job=job)
         path, what = k8s_path(labels, s.k8s_resources)
         return what if path is None else Target(what, path=path)
@@ -249,36 +273,74 @@ class RunActions:
         s = self.settings
         if policy == "requeue":
             cmd = [s.scontrol, "requeue", str(target.job)]
-            return {"command": cmd}, lambda: run_command(cmd, s.command_timeout_s, "requeued", "actions.scontrol")
+            return {"command": cmd}, lambda: run_command(
+                cmd, s.command_timeout_s, "requeued", "actions.scontrol"
+            )
         if policy == "cancel":
             cmd = [s.scancel, str(target.job)]
-            return {"command": cmd}, lambda: run_command(cmd, s.command_timeout_s, "cancelled", "actions.scancel")
+            return {"command": cmd}, lambda: run_command(
+                cmd, s.command_timeout_s, "cancelled", "actions.scancel"
+            )
         body = {"metadata": {"annotations": {annotation(kind): reason}}}
         path = str(target.path)
-        return ({"request": f"PATCH {self.kube.api_url}{path}", "body": body},
-                lambda: self.kube.patch(path, body, "application/merge-patch+json", f"annotated {annotation(kind)}"))
+        return (
+            {"request": f"PATCH {self.kube.api_url}{path}", "body": body},
+            lambda: self.kube.patch(
+                path, body, "application/merge-patch+json", f"annotated {annotation(kind)}"
+            ),
+        )
 
-    def _decide(self, inc: dict[str, Any], policy: str, action: str, mine: list[dict[str, Any]], now: float,
-                acted_runs: set[str], held: dict[str, int]) -> dict[str, Any] | None:
+    def _decide(
+        self,
+        inc: dict[str, Any],
+        policy: str,
+        action: str,
+        mine: list[dict[str, Any]],
+        now: float,
+        acted_runs: set[str],
+        held: dict[str, int],
+    ) -> dict[str, Any] | None:
         s = self.settings
         run_id = inc["run_id"]
         reason = reason_for(inc)
-        base = {"action": action, "run_id": run_id, "time": iso_at(now), "dry_run": s.dry_run and policy != "notify",
-                "by": f"{self.by} (actions.kinds.{inc['kind']} = {policy})", "reason": reason}
+        base = {
+            "action": action,
+            "run_id": run_id,
+            "time": iso_at(now),
+            "dry_run": s.dry_run and policy != "notify",
+            "by": f"{self.by} (actions.kinds.{inc['kind']} = {policy})",
+            "reason": reason,
+        }
         last = mine[-1] if mine else None
 
         def once(result: str, detail: str, same: bool = True, **extra: Any) -> dict[str, Any] | None:
             """A record, unless the last one already says it (``same``: with the same detail)."""
-            if last is not None and last.get("result") == result and (not same or last.get("detail") == detail):
+            if (
+                last is not None
+                and last.get("result") == result
+                and (not same or last.get("detail") == detail)
+            ):
                 return None
-            return {**base, "target": extra.pop("target", run_id), "result": result, "detail": detail, **extra}
+            return {
+                **base,
+                "target": extra.pop("target", run_id),
+                "result": result,
+                "detail": detail,
+                **extra,
+            }
 
         if policy == "notify":
-            return {**base, "target": run_id, "result": DONE,
-                    "detail": "notify only: no scheduler action; the incident's alert notifies the run's owners"}
+            return {
+                **base,
+                "target": run_id,
+                "result": DONE,
+                "detail": "notify only: no scheduler action; the incident's alert notifies the run's owners",
+            }
         allowed, seen = self._allowed(inc)
         if allowed is None:
-            return once(SKIPPED, f"run {run_id} is not allow-listed ({seen}; actions.teams, actions.partitions)")
+            return once(
+                SKIPPED, f"run {run_id} is not allow-listed ({seen}; actions.teams, actions.partitions)"
+            )
         base["allowed_by"] = allowed
         if run_id in held and held[run_id] != inc["id"]:
             return once(SKIPPED, f"run {run_id} already acted on for incident {held[run_id]}")
@@ -288,17 +350,36 @@ class RunActions:
         if not retry_due(mine, now, s.retry_after_s, s.max_attempts):
             return None
         if len(acted_runs) >= s.max_per_hour:
-            return once(RATE_LIMITED, f"{len(acted_runs)} runs acted on in the last hour (actions.max_per_hour "
-                                      f"{s.max_per_hour}); acted on when the budget allows", same=False,
-                        target=target.text)
+            return once(
+                RATE_LIMITED,
+                f"{len(acted_runs)} runs acted on in the last hour (actions.max_per_hour "
+                f"{s.max_per_hour}); acted on when the budget allows",
+                same=False,
+                target=target.text,
+            )
         call, apply = self._call(policy, target, inc["kind"], reason)
         if s.dry_run:
             log.warning("run action (dry run): would %s %s: %s; %s", action, target.text, reason, call)
-            return {**base, "target": target.text, "result": DRY_RUN, "detail": f"dry run: would {action} {target.text}",
-                    **call}
+            return {
+                **base,
+                "target": target.text,
+                "result": DRY_RUN,
+                "detail": f"dry run: would {action} {target.text}",
+                **call,
+            }
         outcome: Outcome = apply()
         (log.warning if outcome.result == DONE else log.error)(
-            "run action: %s %s for incident %s: %s (%s)", action, target.text, inc["id"], outcome.result,
-            outcome.detail)
-        return {**base, "target": target.text, "result": outcome.result, "detail": outcome.detail, **outcome.call}
-
+            "run action: %s %s for incident %s: %s (%s)",
+            action,
+            target.text,
+            inc["id"],
+            outcome.result,
+            outcome.detail,
+        )
+        return {
+            **base,
+            "target": target.text,
+            "result": outcome.result,
+            "detail": outcome.detail,
+            **outcome.call,
+        }

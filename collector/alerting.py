@@ -35,8 +35,16 @@ OPEN_INCIDENTS_SQL = (
 NODES_SQL = "SELECT node, extract(epoch FROM last_seen), rejected_skew FROM nodes WHERE last_seen IS NOT NULL"
 #: Numeric evidence exported per open incident, so alert rules can threshold it
 #: (e.g. checkpoint stalls costing more than a share of run time).
-EVIDENCE_FIELDS = ("gpu_time_lost_share", "run_time_lost_share", "throttled_share", "degraded_share",
-                   "links_down", "errors_per_min", "sbe_per_h", "pcie_replays_per_min")
+EVIDENCE_FIELDS = (
+    "gpu_time_lost_share",
+    "run_time_lost_share",
+    "throttled_share",
+    "degraded_share",
+    "links_down",
+    "errors_per_min",
+    "sbe_per_h",
+    "pcie_replays_per_min",
+)
 #: The latest quarantine attempt of each action on each open incident (``incidents.actions``).
 QUARANTINE_SQL = (
     "SELECT DISTINCT ON (i.id, a->>'action') i.kind, i.node, a->>'action', a->>'result' "
@@ -74,8 +82,9 @@ class IncidentMetrics(Collector):
     that lists its GPUs in ``evidence.gpus``), and ``gpufleet_incident_run{kind,incident_id,run_id,run_team,
     cause,severity} 1`` once per open run-scoped incident, for alerts that name the incident and the run's team."""
 
-    def __init__(self, url: str, cache_s: float = 5.0, redact: bool = False,
-                 statement_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, url: str, cache_s: float = 5.0, redact: bool = False, statement_timeout_s: float = 5.0
+    ) -> None:
         self.url = url
         self.cache_s = cache_s
         self.statement_timeout_s = statement_timeout_s
@@ -95,8 +104,10 @@ class IncidentMetrics(Collector):
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
                     # A scrape is answered within its timeout or not at all; a locked table
                     # must not hold it (and the thread that renders /metrics) for good.
-                    conn.execute("SELECT set_config('statement_timeout', %s, false)",
-                                 (f"{self.statement_timeout_s * 1000:.0f}",))
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, false)",
+                        (f"{self.statement_timeout_s * 1000:.0f}",),
+                    )
                     self._rows = conn.execute(OPEN_INCIDENTS_SQL).fetchall()
                     self._nodes = conn.execute(NODES_SQL).fetchall()
                     self._quarantine = conn.execute(QUARANTINE_SQL, (list(QUARANTINE_ACTIONS),)).fetchall()
@@ -109,15 +120,23 @@ class IncidentMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         rows = self._rows_now()
-        g = GaugeMetricFamily("gpufleet_incident_open", "Open incidents (one series per incident, value 1)",
-                              labels=["kind", "run_id", "node", "gpu", "cause", "severity"])
-        ev = GaugeMetricFamily("gpufleet_incident_evidence", "Numeric evidence of open incidents, by field",
-                               labels=["kind", "run_id", "node", "gpu", "field"])
+        g = GaugeMetricFamily(
+            "gpufleet_incident_open",
+            "Open incidents (one series per incident, value 1)",
+            labels=["kind", "run_id", "node", "gpu", "cause", "severity"],
+        )
+        ev = GaugeMetricFamily(
+            "gpufleet_incident_evidence",
+            "Numeric evidence of open incidents, by field",
+            labels=["kind", "run_id", "node", "gpu", "field"],
+        )
         # run-scoped incidents once each, with the run's team, for rules that select by run (the shipped
         # rules read gpufleet_incident, which has every incident once)
-        per_run = GaugeMetricFamily("gpufleet_incident_run", "Open run-scoped incidents, one series per incident "
-                                    "(value 1), with the run's team", labels=["kind", "incident_id", "run_id",
-                                                                               "run_team", "cause", "severity"])
+        per_run = GaugeMetricFamily(
+            "gpufleet_incident_run",
+            "Open run-scoped incidents, one series per incident (value 1), with the run's team",
+            labels=["kind", "incident_id", "run_id", "run_team", "cause", "severity"],
+        )
         shown: set[tuple[str, ...]] = set()
         for id_, kind, run_id, node, gpu, cause, severity, _start, evidence, team in rows:
             if run_id is not None and not self.redact:
@@ -125,8 +144,14 @@ class IncidentMetrics(Collector):
             # an incident listing GPUs (a run's GPUs throttled for one reason) is a series per GPU, so rules
             # and boards that read node and gpu keep seeing each one
             for node_, gpu_, ev_ in listed_gpus(node, gpu, evidence):
-                labels = (kind, "" if self.redact else _label(run_id), _label(node_), _label(gpu_), _label(cause),
-                          severity)
+                labels = (
+                    kind,
+                    "" if self.redact else _label(run_id),
+                    _label(node_),
+                    _label(gpu_),
+                    _label(cause),
+                    severity,
+                )
                 if labels not in shown:
                     shown.add(labels)
                     g.add_metric(list(labels), 1.0)
@@ -141,31 +166,45 @@ class IncidentMetrics(Collector):
         if not self.redact:
             yield ev
             yield per_run
-        q = GaugeMetricFamily("gpufleet_incident_quarantine",
-                              "Latest quarantine action on a node for an open incident (value 1; result done, "
-                              "dry_run or failed)", labels=["kind", "node", "action", "result"])
+        q = GaugeMetricFamily(
+            "gpufleet_incident_quarantine",
+            "Latest quarantine action on a node for an open incident (value 1; result done, "
+            "dry_run or failed)",
+            labels=["kind", "node", "action", "result"],
+        )
         for kind, node, action, result in self._quarantine:
             q.add_metric([kind, _label(node), _label(action), _label(result)], 1.0)
         yield q
         if not self.redact:
-            ra = GaugeMetricFamily("gpufleet_incident_run_action",
-                                   "Latest run action (requeue, cancel, annotate, notify) for an open incident "
-                                   "(value 1; result done, dry_run, failed, skipped or rate_limited)",
-                                   labels=["kind", "run_id", "action", "result"])
+            ra = GaugeMetricFamily(
+                "gpufleet_incident_run_action",
+                "Latest run action (requeue, cancel, annotate, notify) for an open incident "
+                "(value 1; result done, dry_run, failed, skipped or rate_limited)",
+                labels=["kind", "run_id", "action", "result"],
+            )
             for kind, run_id, action, result in self._run_actions:
                 ra.add_metric([kind, _label(run_id), _label(action), _label(result)], 1.0)
             yield ra
-        seen = GaugeMetricFamily("gpufleet_node_last_seen_timestamp_seconds",
-                                 "When the collector last stored a batch from the node (any replica)", labels=["node"])
-        skew = CounterMetricFamily("gpufleet_node_rejected_skew_samples",
-                                   "Samples of the node refused for clock skew, all replicas", labels=["node"])
+        seen = GaugeMetricFamily(
+            "gpufleet_node_last_seen_timestamp_seconds",
+            "When the collector last stored a batch from the node (any replica)",
+            labels=["node"],
+        )
+        skew = CounterMetricFamily(
+            "gpufleet_node_rejected_skew_samples",
+            "Samples of the node refused for clock skew, all replicas",
+            labels=["node"],
+        )
         for node, last_seen, rejected in self._nodes:
             seen.add_metric([node], float(last_seen))
             skew.add_metric([node], float(rejected))
         yield seen
         yield skew
-        yield GaugeMetricFamily("gpufleet_incidents_fresh", "1 when the open-incident set was read from the database "
-                                "on the last scrape", value=self._up)
+        yield GaugeMetricFamily(
+            "gpufleet_incidents_fresh",
+            "1 when the open-incident set was read from the database on the last scrape",
+            value=self._up,
+        )
 
 
 def alertname(kind: str) -> str:
@@ -176,10 +215,20 @@ def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, 
     """The Alertmanager alert of an incident: labelled as the rules label theirs (what stays fixed while it is
     open: id, kind, run, the run's team, node and GPU), so a severity or cause that moves never starts a new
     alert; severity and cause are annotations."""
-    ident = identity(row["id"], row["kind"], row.get("run_id"), row.get("team"), row.get("node"), row.get("gpu"),
-                     row.get("evidence"))
-    labels = {"alertname": alertname(row["kind"]), "source": "gpufleet",
-              **{k: v for k, v in zip(IDENTITY, ident, strict=True) if v}}
+    ident = identity(
+        row["id"],
+        row["kind"],
+        row.get("run_id"),
+        row.get("team"),
+        row.get("node"),
+        row.get("gpu"),
+        row.get("evidence"),
+    )
+    labels = {
+        "alertname": alertname(row["kind"]),
+        "source": "gpufleet",
+        **{k: v for k, v in zip(IDENTITY, ident, strict=True) if v},
+    }
     scope = row.get("run_id") or f"{row.get('node')}/{row.get('gpu')}"
     listed = listed_gpus(row.get("node"), row.get("gpu"), row.get("evidence"))
     lists = listed[0][2] is not row.get("evidence")  # the incident names its GPUs in evidence.gpus
@@ -188,8 +237,8 @@ def to_alert(row: dict[str, Any], ends_at: datetime | None = None) -> dict[str, 
         "labels": labels,
         "annotations": {
             **gpus,
-            "summary": f"{row['kind'].replace('_', ' ')} on {scope}" + (f" (cause: {row['cause']})" if row.get("cause")
-                                                                           else ""),
+            "summary": f"{row['kind'].replace('_', ' ')} on {scope}"
+            + (f" (cause: {row['cause']})" if row.get("cause") else ""),
             "evidence": json.dumps(row.get("evidence") or {}, sort_keys=True, default=str),
             "incident_id": str(row["id"]),
             "severity": str(row.get("severity") or "warning"),
@@ -220,8 +269,12 @@ class AlertmanagerPusher:
             log.warning("Alertmanager push failed: %s", e)
             return False
 
-    def sync(self, conn: psycopg.Connection, resolved_ids: Iterable[int],
-             owns: Callable[[str | None, str | None], bool] | None = None) -> bool:
+    def sync(
+        self,
+        conn: psycopg.Connection,
+        resolved_ids: Iterable[int],
+        owns: Callable[[str | None, str | None], bool] | None = None,
+    ) -> bool:
         """Send every open incident, and the ones just resolved with endsAt.
 
         ``owns(run_id, node)``: send only the open incidents it accepts (a sweep shard's: each
@@ -233,9 +286,11 @@ class AlertmanagerPusher:
         ids = list(resolved_ids)
         if ids:
             rows = conn.execute(
-                'SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence, '
+                "SELECT id, kind, run_id, node, gpu, cause, severity, start, evidence, "
                 '(SELECT r.team FROM runs r WHERE r.run_id = incidents.run_id), "end" FROM incidents '
-                "WHERE id = ANY(%s)", (ids,)).fetchall()
+                "WHERE id = ANY(%s)",
+                (ids,),
+            ).fetchall()
             alerts += [to_alert(dict(zip(cols, r[:-1], strict=True)), ends_at=r[-1]) for r in rows]
         return self.push(alerts)
 

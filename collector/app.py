@@ -47,19 +47,24 @@ INGEST_OPENAPI: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": {
-                "type": "object",
-                "required": ["batch_id", "node"],
-                "additionalProperties": False,
-                "properties": {
-                    "batch_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
-                    "node": {"type": "string"},
-                    "gpu": {"type": "object", "additionalProperties": {"type": "array"}},
-                    "host": {"type": "object", "additionalProperties": {"type": "array"}},
-                    "facts": {"type": "object", "description": "node facts; see gpufleet.facts.NodeFacts"},
-                    "agent": {"type": "object"},
-                },
-            }},
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["batch_id", "node"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "batch_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+                        "node": {"type": "string"},
+                        "gpu": {"type": "object", "additionalProperties": {"type": "array"}},
+                        "host": {"type": "object", "additionalProperties": {"type": "array"}},
+                        "facts": {
+                            "type": "object",
+                            "description": "node facts; see gpufleet.facts.NodeFacts",
+                        },
+                        "agent": {"type": "object"},
+                    },
+                }
+            },
             "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
         },
     },
@@ -87,11 +92,22 @@ class CollectorState:
         self.settings = settings
         self.metrics = CollectorMetrics()
         ing = settings.ingest
-        self.writer = GroupWriter(url, max_rows=ing.group_max_rows, linger_s=ing.group_linger_s,
-                                  linger_batches=ing.group_linger_batches,
-                                  queue_max_rows=ing.queue_max_rows, threads=ing.writers)
-        self.pool = AsyncConnectionPool(url, min_size=1, max_size=4, open=False, timeout=3,
-                                        kwargs={"autocommit": True, "application_name": "gpufleet-collector"})
+        self.writer = GroupWriter(
+            url,
+            max_rows=ing.group_max_rows,
+            linger_s=ing.group_linger_s,
+            linger_batches=ing.group_linger_batches,
+            queue_max_rows=ing.queue_max_rows,
+            threads=ing.writers,
+        )
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=4,
+            open=False,
+            timeout=3,
+            kwargs={"autocommit": True, "application_name": "gpufleet-collector"},
+        )
         self.auth = Authenticator(self.pool, retry_after_s=ing.retry_after_s)
         self.ingest = IngestHandler(self.writer, ing, self.metrics)
         self.connection_ages = ConnectionAges(ing.max_connection_age_s, ing.keep_alive_s)
@@ -99,16 +115,18 @@ class CollectorState:
         if shards > 1 and sweep is not None:  # every replica sweeps its share of the shards
             from gpufleet.collector.sweep import Sweeper
 
-            self.leader = Leader(url, settings, self.metrics,
-                                 shard_sweep=lambda k: Sweeper(settings, shard=k, shards=shards))
+            self.leader = Leader(
+                url, settings, self.metrics, shard_sweep=lambda k: Sweeper(settings, shard=k, shards=shards)
+            )
         else:
             self.leader = Leader(url, settings, self.metrics, sweep=sweep)
         self.monitor = DbMonitor(url, self._db_changed)
         #: Prometheus remote write (``POST /api/v1/write``) and its assembler (``remote_write.assemble``).
         self.remote_write = RemoteWrite(url, settings, self.metrics.registry, self.metrics.rejected_skew)
         #: The per-run figures (gpufleet_run_*): computed by the leader, served by every replica.
-        self.run_metrics = RunMetricsRefresher(url, settings.run_metrics, lambda: self.leader.is_leader,
-                                               settings.accounting.max_gap_s)
+        self.run_metrics = RunMetricsRefresher(
+            url, settings.run_metrics, lambda: self.leader.is_leader, settings.accounting.max_gap_s
+        )
         #: Where ``/metrics`` is rendered (see the route).
         self.scrapes = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-metrics")
 
@@ -127,13 +145,19 @@ class IngestFastPath:
         self.state = state
         # Bodies are bounded before anything reads them: ingest at its own limit, every other
         # route (they take no body) at a few KiB.
-        self._bounded = BodyLimit(self._dispatch, default=OTHER_BODY_MAX,
-                                  limits=[("/v1/ingest", state.settings.ingest.max_body_bytes),
-                                          (REMOTE_WRITE_PATH, state.settings.ingest.max_body_bytes)])
+        self._bounded = BodyLimit(
+            self._dispatch,
+            default=OTHER_BODY_MAX,
+            limits=[
+                ("/v1/ingest", state.settings.ingest.max_body_bytes),
+                (REMOTE_WRITE_PATH, state.settings.ingest.max_body_bytes),
+            ],
+        )
         #: Slow clients are let go (gpufleet.connguard; the collector's protocol finds this).
         self.connection_guard = ConnectionGuard(
             Limits.of(state.settings.ingest, state.settings.ingest.retry_after_s),
-            on_cut=lambda reason: state.metrics.connections_cut.labels(reason).inc())
+            on_cut=lambda reason: state.metrics.connections_cut.labels(reason).inc(),
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await self._bounded(scope, receive, send)
@@ -253,8 +277,13 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
     async def ingest(request: Request, who: Principal = Depends(principal)) -> Response:
         return await state.ingest.handle(request, who)
 
-    @app.post(REMOTE_WRITE_PATH, description=REMOTE_WRITE_DOC, openapi_extra=REMOTE_WRITE_OPENAPI,
-              tags=["ingest"], status_code=204)
+    @app.post(
+        REMOTE_WRITE_PATH,
+        description=REMOTE_WRITE_DOC,
+        openapi_extra=REMOTE_WRITE_OPENAPI,
+        tags=["ingest"],
+        status_code=204,
+    )
     async def remote_write(request: Request, who: Principal = Depends(principal)) -> Response:
         return await state.remote_write.handle(request, who)
 
@@ -270,10 +299,18 @@ def create_app(url: str, settings: Settings, sweep: SweepFn | None = None, run_l
         db = state.monitor.ok and state.writer.db_ok
         writer = state.writer.healthy
         ok = db and writer
-        body = {"ready": ok, "database": db, "writer": writer, "leader": state.leader.is_leader,
-                "queued_rows": state.writer.queued_rows}
-        return JSONResponse(body, status_code=200 if ok else 503,
-                            headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)})
+        body = {
+            "ready": ok,
+            "database": db,
+            "writer": writer,
+            "leader": state.leader.is_leader,
+            "queued_rows": state.writer.queued_rows,
+        }
+        return JSONResponse(
+            body,
+            status_code=200 if ok else 503,
+            headers=None if ok else {"Retry-After": str(settings.ingest.retry_after_s)},
+        )
 
     def page(*registries: CollectorRegistry) -> bytes:
         return b"".join(generate_latest(r) for r in registries)

@@ -25,8 +25,14 @@ from gpufleet.collector.copy_binary import HEADER, TRAILER, Spec, concat_parts, 
 from gpufleet.store import fact_history
 from gpufleet.wire import Batch, Column
 
-_PG_TYPES = {"real": "float4", "double": "float8", "smallint": "int2", "integer": "int4", "bigint": "int8",
-             "text": "text"}
+_PG_TYPES = {
+    "real": "float4",
+    "double": "float8",
+    "smallint": "int2",
+    "integer": "int4",
+    "bigint": "int8",
+    "text": "text",
+}
 
 
 @dataclass
@@ -55,8 +61,13 @@ class NodeTouch:
         self._at[node] = now
 
 
-def write_batches(conn: psycopg.Connection, batches: list[Batch], *,
-                  sightings_cache: sightings.SightingCache | None = None, touch: NodeTouch | None = None) -> Written:
+def write_batches(
+    conn: psycopg.Connection,
+    batches: list[Batch],
+    *,
+    sightings_cache: sightings.SightingCache | None = None,
+    touch: NodeTouch | None = None,
+) -> Written:
     """Store ``batches`` in the caller's transaction; of two with one (node, batch id) the first is stored."""
     if not batches:
         return Written()
@@ -74,7 +85,9 @@ def write_batches(conn: psycopg.Connection, batches: list[Batch], *,
         _copy(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in new if b.n_host])
     written = sightings.record(conn, new, sightings_cache)
     touch_nodes(conn, new, touch)
-    glitches = {(b.node, b.batch_id): n for b, n in zip(new, ingest_bounds.energy_glitches(new), strict=True) if n}
+    glitches = {
+        (b.node, b.batch_id): n for b, n in zip(new, ingest_bounds.energy_glitches(new), strict=True) if n
+    }
     return Written(new_ids, written, glitches)
 
 
@@ -126,8 +139,13 @@ def touch_nodes(conn: psycopg.Connection, batches: list[Batch], touch: NodeTouch
         "facts = CASE WHEN EXCLUDED.facts_time IS NULL THEN n.facts ELSE EXCLUDED.facts END, "
         "facts_time = COALESCE(EXCLUDED.facts_time, n.facts_time), "
         "rejected_skew = n.rejected_skew + EXCLUDED.rejected_skew",
-        ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
-         [r[4] for r in rows]),
+        (
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            [r[4] for r in rows],
+        ),
     )
     dated = [(r[0], r[2]) for r in rows if r[2] is not None]
     if dated:
@@ -178,15 +196,25 @@ SELECT batch_id, node FROM new"""
 
 def _array(values: list[Any]) -> str:
     """A PostgreSQL array literal of safe strings or numbers (NULL for None)."""
-    return "{" + ",".join("NULL" if v is None else (f'"{v}"' if isinstance(v, str) else repr(float(v)))
-                          for v in values) + "}"
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else (f'"{v}"' if isinstance(v, str) else repr(float(v))) for v in values
+        )
+        + "}"
+    )
 
 
 def register_params(rows: list[tuple[str, str, int, int, float | None, float | None]]) -> dict[str, str]:
     cols = list(zip(*rows, strict=True))
-    return {"ids": _array(list(cols[0])), "nodes": _array(list(cols[1])),
-            "g": "{" + ",".join(map(str, cols[2])) + "}", "h": "{" + ",".join(map(str, cols[3])) + "}",
-            "t0": _array(list(cols[4])), "t1": _array(list(cols[5]))}
+    return {
+        "ids": _array(list(cols[0])),
+        "nodes": _array(list(cols[1])),
+        "g": "{" + ",".join(map(str, cols[2])) + "}",
+        "h": "{" + ",".join(map(str, cols[3])) + "}",
+        "t0": _array(list(cols[4])),
+        "t1": _array(list(cols[5])),
+    }
 
 
 def _json(obj: Any) -> Any:
@@ -209,8 +237,9 @@ GPU_SPECS = table_specs(("time", "node", "gpu"), GPU_FIELDS)
 HOST_SPECS = table_specs(("time", "node"), HOST_FIELDS)
 
 
-def _copy(conn: psycopg.Connection, table: str, specs: list[Spec],
-          parts: list[tuple[str, dict[str, Column], int]]) -> None:
+def _copy(
+    conn: psycopg.Connection, table: str, specs: list[Spec], parts: list[tuple[str, dict[str, Column], int]]
+) -> None:
     """Binary COPY of columnar parts; columns no part carries are left out."""
     present, chunks = copy_data(specs, parts)
     stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
@@ -222,8 +251,9 @@ def _copy(conn: psycopg.Connection, table: str, specs: list[Spec],
             cp.write(chunk)
 
 
-def copy_data(specs: list[Spec], parts: list[tuple[str, dict[str, Column], int]]
-              ) -> tuple[list[Spec], list[bytes | memoryview]]:
+def copy_data(
+    specs: list[Spec], parts: list[tuple[str, dict[str, Column], int]]
+) -> tuple[list[Spec], list[bytes | memoryview]]:
     """The columns a COPY of ``parts`` names, and its data in pieces (header, rows, trailer)."""
     carried: set[str] = {"time", "node", "gpu"}
     for _, cols, _ in parts:

@@ -94,13 +94,25 @@ class BrinTail:
         try:
             with conn.transaction():
                 conn.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'")
-                row = conn.execute(_TAIL_SQL, {"tbl": ix.table, "idx": ix.name, "whole": ix.file is None,
-                                               "lo": ix.next_block, "step": step}).fetchone()
+                row = conn.execute(
+                    _TAIL_SQL,
+                    {
+                        "tbl": ix.table,
+                        "idx": ix.name,
+                        "whole": ix.file is None,
+                        "lo": ix.next_block,
+                        "step": step,
+                    },
+                ).fetchone()
         except errors.LockNotAvailable:
             return False  # a VACUUM (or another replica) is summarizing: try again next sweep
         except errors.InsufficientPrivilege:
-            log.warning("cannot summarize %s (only the owner of %s may); time-range reads of the sample "
-                        "tables scan every row written since the last VACUUM", ix.name, ix.table)
+            log.warning(
+                "cannot summarize %s (only the owner of %s may); time-range reads of the sample "
+                "tables scan every row written since the last VACUUM",
+                ix.name,
+                ix.table,
+            )
             self._disabled = True
             return False
         assert row is not None

@@ -89,9 +89,13 @@ def _number(path: Path, lineno: int, col: str, value: str, integer: bool) -> flo
         f = float(value)
     except ValueError:
         kind = "an integer" if integer else "a number"
-        raise BundleError(f"{path.name}: line {lineno}, column '{col}': expected {kind}, got {value!r}") from None
+        raise BundleError(
+            f"{path.name}: line {lineno}, column '{col}': expected {kind}, got {value!r}"
+        ) from None
     if not math.isfinite(f):
-        raise BundleError(f"{path.name}: line {lineno}, column '{col}': {value!r} is not allowed (leave it empty)")
+        raise BundleError(
+            f"{path.name}: line {lineno}, column '{col}': {value!r} is not allowed (leave it empty)"
+        )
     return f
 
 
@@ -104,8 +108,10 @@ def _samples(path: Path, gpu: bool, bundle: Bundle) -> None:
     rename = {old: new for old, new in GPU_ALIASES.items() if gpu and old in header}
     both = [old for old, new in rename.items() if new in header]
     if both:
-        raise BundleError(f"{path.name}: line 1: columns {both[0]!r} and {rename[both[0]]!r} are one counter "
-                          "under its old and new name: keep one")
+        raise BundleError(
+            f"{path.name}: line 1: columns {both[0]!r} and {rename[both[0]]!r} are one counter "
+            "under its old and new name: keep one"
+        )
     known = [c for c in header if c in catalog or c in rename]
     by_node: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for lineno, row in rows:
@@ -121,12 +127,14 @@ def _samples(path: Path, gpu: bool, bundle: Bundle) -> None:
         for c in known:
             f = catalog[rename.get(c, c)]
             v = row[c]
-            rec[f.name] = (v or None) if f.kind == "text" else _number(path, lineno, c, v, f.kind in INT_RANGES)
+            rec[f.name] = (
+                (v or None) if f.kind == "text" else _number(path, lineno, c, v, f.kind in INT_RANGES)
+            )
         by_node[node].append((lineno, rec))
     section = "gpu" if gpu else "host"
     for node, recs in sorted(by_node.items()):
         for k in range(0, len(recs), BATCH_ROWS):
-            chunk = recs[k:k + BATCH_ROWS]
+            chunk = recs[k : k + BATCH_ROWS]
             cols: dict[str, list[Any]] = {c: [r[c] for _, r in chunk] for c in chunk[0][1]}
             doc = {"batch_id": f"bundle:{section}:{node}:{k}", "node": node, section: cols}
             try:
@@ -181,17 +189,28 @@ def read_bundle(directory: Path) -> Bundle:
             if not row["run_id"]:
                 raise BundleError(f"{p.name}: line {lineno}, column 'run_id': empty")
             if not RUN_ID_RE.fullmatch(row["run_id"]):
-                raise BundleError(f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} must match "
-                                  f"{RUN_ID_RE.pattern} (one path segment of /v1/runs/{{run_id}}: no '/')")
+                raise BundleError(
+                    f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} must match "
+                    f"{RUN_ID_RE.pattern} (one path segment of /v1/runs/{{run_id}}: no '/')"
+                )
             site_name = row.get("site") or None
             if site_name and site_name not in known_sites:
-                raise BundleError(f"{p.name}: line {lineno}, column 'site': {site_name!r} is not in sites.csv")
+                raise BundleError(
+                    f"{p.name}: line {lineno}, column 'site': {site_name!r} is not in sites.csv"
+                )
             start = _time(p, lineno, "start", row["start"])
             end = _time(p, lineno, "end", row["end"]) if row.get("end") else None
             if end is not None and end < start:
                 raise BundleError(f"{p.name}: line {lineno}, column 'end': before start")
-            b.runs.append({"run_id": row["run_id"], "name": row.get("name") or None, "site": site_name,
-                           "start": start, "end": end})
+            b.runs.append(
+                {
+                    "run_id": row["run_id"],
+                    "name": row.get("name") or None,
+                    "site": site_name,
+                    "start": start,
+                    "end": end,
+                }
+            )
     run_ids = {r["run_id"] for r in b.runs}
     if (d / "allocations.csv").is_file():
         p = d / "allocations.csv"
@@ -199,7 +218,9 @@ def read_bundle(directory: Path) -> Bundle:
         _require(p, header, ("run_id", "node", "gpu"))
         for lineno, row in rows:
             if row["run_id"] not in run_ids:
-                raise BundleError(f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} is not in runs.csv")
+                raise BundleError(
+                    f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} is not in runs.csv"
+                )
             g = _number(p, lineno, "gpu", row["gpu"], True)
             if g is None or not (0 <= g <= 32767):
                 raise BundleError(f"{p.name}: line {lineno}, column 'gpu': expected a GPU index")
@@ -212,7 +233,9 @@ def read_bundle(directory: Path) -> Bundle:
             t = parse_time(str(_time(p, lineno, "time", row["time"])))
             g = _number(p, lineno, "g_co2e_per_kwh", row["g_co2e_per_kwh"], False)
             if g is None or g < 0:
-                raise BundleError(f"{p.name}: line {lineno}, column 'g_co2e_per_kwh': expected a non-negative number")
+                raise BundleError(
+                    f"{p.name}: line {lineno}, column 'g_co2e_per_kwh': expected a non-negative number"
+                )
             b.carbon.setdefault(row["region"], []).append((t, float(g)))
     if (d / "progress.csv").is_file():
         p = d / "progress.csv"
@@ -220,7 +243,9 @@ def read_bundle(directory: Path) -> Bundle:
         _require(p, header, ("run_id", "time"))
         for lineno, row in rows:
             if row["run_id"] not in run_ids:
-                raise BundleError(f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} is not in runs.csv")
+                raise BundleError(
+                    f"{p.name}: line {lineno}, column 'run_id': {row['run_id']!r} is not in runs.csv"
+                )
             t = parse_time(str(_time(p, lineno, "time", row["time"])))
             tokens = _number(p, lineno, "tokens", row.get("tokens", ""), False)
             samples = _number(p, lineno, "samples", row.get("samples", ""), False)

@@ -28,8 +28,13 @@ JITTER = 0.25
 
 
 class ConnectionAges:
-    def __init__(self, max_age_s: float, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        max_age_s: float,
+        idle_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self.max_age_s = max_age_s
         #: An entry older than its limit plus this was a connection that closed on its own
         #: (an idle one is closed by the server after ``idle_timeout_s``).

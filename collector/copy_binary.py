@@ -55,7 +55,9 @@ def round_mantissa(values: np.ndarray, bits: int) -> np.ndarray:
     return np.where(np.isfinite(r), r, v)
 
 
-def _prepare(spec: Spec, col: Column | str | None, n: int) -> tuple[Any, np.ndarray | None, np.ndarray | None]:
+def _prepare(
+    spec: Spec, col: Column | str | None, n: int
+) -> tuple[Any, np.ndarray | None, np.ndarray | None]:
     """(values ready for the dtype, null mask, text byte lengths)."""
     if col is None:
         return None, np.ones(n, dtype=bool), None
@@ -80,8 +82,9 @@ def _prepare(spec: Spec, col: Column | str | None, n: int) -> tuple[Any, np.ndar
 _TEMPLATES: dict[tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]], np.ndarray] = {}
 
 
-def concat_parts(specs: Sequence[Spec], parts: Sequence[tuple[str, dict[str, Column], int]]) -> tuple[
-        dict[str, Column], int]:
+def concat_parts(
+    specs: Sequence[Spec], parts: Sequence[tuple[str, dict[str, Column], int]]
+) -> tuple[dict[str, Column], int]:
     """Merge the columns of many batches (one node each) into one set of columns,
     so a whole group commit is encoded in one pass."""
     counts = [n for _, _, n in parts]
@@ -95,7 +98,9 @@ def concat_parts(specs: Sequence[Spec], parts: Sequence[tuple[str, dict[str, Col
         if spec.name == "node":
             names = [node.encode() for node, _, _ in parts]
             arr = np.repeat(np.array(names, dtype=f"S{max(map(len, names))}"), counts)
-            merged["node"] = Column(arr, None, np.repeat(np.fromiter(map(len, names), np.int64, len(names)), counts))
+            merged["node"] = Column(
+                arr, None, np.repeat(np.fromiter(map(len, names), np.int64, len(names)), counts)
+            )
             continue
         cols = [c.get(spec.name) for _, c, _ in parts]
         if None not in cols:
@@ -118,8 +123,11 @@ def _merged_blocks(parts: Sequence[tuple[str, dict[str, Column], int]]) -> dict[
         return {}
     alike = []
     for blocks in all_blocks:
-        if blocks is None or len(blocks) != len(first) or any(
-                names != want for (_, names), (_, want) in zip(blocks, first, strict=True)):
+        if (
+            blocks is None
+            or len(blocks) != len(first)
+            or any(names != want for (_, names), (_, want) in zip(blocks, first, strict=True))
+        ):
             return {}
         alike.append(blocks)
     out: dict[str, Column] = {}
@@ -133,8 +141,13 @@ def _merged_blocks(parts: Sequence[tuple[str, dict[str, Column], int]]) -> dict[
 def _merge_full(spec: Spec, cols: list[Column], counts: list[int]) -> tuple[Any, np.ndarray | None]:
     """One column every part carries: its values end to end, and a NULL mask where any part has one."""
     nulls = [c.null for c in cols]
-    null = None if all([m is None for m in nulls]) else np.concatenate(
-        [np.zeros(n, dtype=bool) if m is None else m for m, n in zip(nulls, counts, strict=True)])
+    null = (
+        None
+        if all([m is None for m in nulls])
+        else np.concatenate(
+            [np.zeros(n, dtype=bool) if m is None else m for m, n in zip(nulls, counts, strict=True)]
+        )
+    )
     if spec.pgtype == "text":
         return list(chain.from_iterable([c.values for c in cols])), null
     return np.concatenate([c.values for c in cols]), null
@@ -142,17 +155,23 @@ def _merge_full(spec: Spec, cols: list[Column], counts: list[int]) -> tuple[Any,
 
 def _merge_sparse(spec: Spec, cols: list[Column | None], counts: list[int]) -> tuple[Any, np.ndarray]:
     """One column that some parts lack: theirs are NULL."""
-    null = np.concatenate([np.ones(n, dtype=bool) if c is None else
-                           (c.null if c.null is not None else np.zeros(n, dtype=bool))
-                           for c, n in zip(cols, counts, strict=True)])
+    null = np.concatenate(
+        [
+            np.ones(n, dtype=bool)
+            if c is None
+            else (c.null if c.null is not None else np.zeros(n, dtype=bool))
+            for c, n in zip(cols, counts, strict=True)
+        ]
+    )
     if spec.pgtype == "text":
         values: list[Any] = []
         for c, n in zip(cols, counts, strict=True):
             values.extend([None] * n if c is None else c.values)
         return values, null
     dt = next(c.values.dtype for c in cols if c is not None)
-    return np.concatenate([np.zeros(n, dtype=dt) if c is None else c.values
-                           for c, n in zip(cols, counts, strict=True)]), null
+    return np.concatenate(
+        [np.zeros(n, dtype=dt) if c is None else c.values for c, n in zip(cols, counts, strict=True)]
+    ), null
 
 
 def _column(spec: Spec, values: Any, null: np.ndarray | None) -> Column:
@@ -188,9 +207,14 @@ def encode_rows(specs: Sequence[Spec], cols: Mapping[str, Column | str | None], 
     prepared = [_prepare(s, cols.get(s.name), n) for s in specs]
     if not all(_constant(null, lengths) for _vals, null, lengths in prepared):
         # Rows of more than one layout (a NULL here, a longer text there): one pass per layout.
-        key = np.column_stack([part for _vals, null, lengths in prepared
-                               for part in (None if null is None else null.astype(np.int64), lengths)
-                               if part is not None])
+        key = np.column_stack(
+            [
+                part
+                for _vals, null, lengths in prepared
+                for part in (None if null is None else null.astype(np.int64), lengths)
+                if part is not None
+            ]
+        )
         _, inverse = np.unique(key, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
         out = []
@@ -208,8 +232,12 @@ def _constant(null: np.ndarray | None, lengths: np.ndarray | None) -> bool:
     return lengths is None or int(lengths.min()) == int(lengths.max())
 
 
-def _encode_uniform(specs: Sequence[Spec], prepared: list[tuple[Any, np.ndarray | None, np.ndarray | None]],
-                    idx: np.ndarray | None, m: int) -> memoryview:
+def _encode_uniform(
+    specs: Sequence[Spec],
+    prepared: list[tuple[Any, np.ndarray | None, np.ndarray | None]],
+    idx: np.ndarray | None,
+    m: int,
+) -> memoryview:
     """Rows ``idx`` (all rows when None) share one layout: fill a structured array.
 
     The field count and every length are the same in each row, so they are

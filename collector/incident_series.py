@@ -42,26 +42,41 @@ def listed(evidence: Any) -> list[str]:
     return out
 
 
-def identity(id_: Any, kind: str, run_id: Any, team: Any, node: Any, gpu: Any, evidence: Any,
-             redact: bool = False) -> tuple[str, ...]:
+def identity(
+    id_: Any, kind: str, run_id: Any, team: Any, node: Any, gpu: Any, evidence: Any, redact: bool = False
+) -> tuple[str, ...]:
     """The label values of an incident's series (``IDENTITY`` order)."""
     grouped = gpu is None and bool(listed(evidence))
-    return (str(id_), kind, "" if redact else _label(run_id), "" if redact else _label(team),
-            "" if grouped else _label(node), "" if grouped else _label(gpu))
+    return (
+        str(id_),
+        kind,
+        "" if redact else _label(run_id),
+        "" if redact else _label(team),
+        "" if grouped else _label(node),
+        "" if grouped else _label(gpu),
+    )
 
 
 def incident_families(rows: Iterable[tuple[Any, ...]], redact: bool = False) -> Iterator[Metric]:
     """``gpufleet_incident`` and ``gpufleet_incident_info`` from rows of
     (id, kind, run_id, node, gpu, cause, severity, start, evidence, team)."""
     series = GaugeMetricFamily(
-        "gpufleet_incident", "Open incidents, one series per incident whose labels stay fixed while it is open; "
-        "value: its severity now (1 warning, 2 critical)", labels=list(IDENTITY))
+        "gpufleet_incident",
+        "Open incidents, one series per incident whose labels stay fixed while it is open; "
+        "value: its severity now (1 warning, 2 critical)",
+        labels=list(IDENTITY),
+    )
     info = GaugeMetricFamily(
-        "gpufleet_incident_info", "What may change about an open incident (value 1): cause, severity, the GPUs "
-        "it lists (node/gpu, comma-separated)", labels=["incident_id", "cause", "severity", "gpus"])
+        "gpufleet_incident_info",
+        "What may change about an open incident (value 1): cause, severity, the GPUs "
+        "it lists (node/gpu, comma-separated)",
+        labels=["incident_id", "cause", "severity", "gpus"],
+    )
     for id_, kind, run_id, node, gpu, cause, severity, _start, evidence, team in rows:
-        series.add_metric(list(identity(id_, kind, run_id, team, node, gpu, evidence, redact)),
-                          SEVERITY_LEVEL.get(str(severity), 1.0))
+        series.add_metric(
+            list(identity(id_, kind, run_id, team, node, gpu, evidence, redact)),
+            SEVERITY_LEVEL.get(str(severity), 1.0),
+        )
         gpus = listed(evidence) or ([f"{node}/{gpu}"] if node is not None and gpu is not None else [])
         info.add_metric([str(id_), _label(cause), _label(severity), "" if redact else ",".join(gpus)], 1.0)
     yield series

@@ -82,8 +82,12 @@ class Incident:
             ev = {k: v for k, v in g.items() if k not in ("node", "gpu")}
             since = g.get("since")
             row = self.record()
-            row.update(node=g.get("node"), gpu=g.get("gpu"), evidence=ev,
-                       start=since if isinstance(since, str) else rfc3339(self.start))
+            row.update(
+                node=g.get("node"),
+                gpu=g.get("gpu"),
+                evidence=ev,
+                start=since if isinstance(since, str) else rfc3339(self.start),
+            )
             rows.append(row)
         return rows
 
@@ -158,7 +162,8 @@ def _dedupe(findings: Iterable[Finding]) -> dict[str, Finding]:
         key = f.scope_key
         cur = best.get(key)
         if cur is None or (_SEVERITY_RANK.get(f.severity, 1), -f.start) > (
-            _SEVERITY_RANK.get(cur.severity, 1), -cur.start
+            _SEVERITY_RANK.get(cur.severity, 1),
+            -cur.start,
         ):
             best[key] = f
     return best
@@ -168,7 +173,9 @@ def _cause(inc: Incident, f: Finding) -> str | None:
     """An incident keeps the cause it was opened with (a recovering GPU's
     symptoms drift: a cooling straggler is "clocks" after being "thermal"),
     unless that was unknown or the new finding is more severe."""
-    if inc.cause in (None, "unknown") or _SEVERITY_RANK.get(f.severity, 1) > _SEVERITY_RANK.get(inc.severity, 1):
+    if inc.cause in (None, "unknown") or _SEVERITY_RANK.get(f.severity, 1) > _SEVERITY_RANK.get(
+        inc.severity, 1
+    ):
         return f.cause
     return inc.cause
 
@@ -199,19 +206,42 @@ def plan_sweep(
             start = min(f.start, now)
             if last_ends and key in last_ends:
                 start = max(start, min(last_ends[key], now))
-            plan.opens.append(Open(Incident(
-                kind=f.kind, scope_key=key, cause=f.cause, severity=f.severity, start=start,
-                last_seen=now, evidence=dict(f.evidence), run_id=f.run_id, node=f.node, gpu=f.gpu,
-                last_active=last_active, hold_s=f.hold_s,
-            )))
+            plan.opens.append(
+                Open(
+                    Incident(
+                        kind=f.kind,
+                        scope_key=key,
+                        cause=f.cause,
+                        severity=f.severity,
+                        start=start,
+                        last_seen=now,
+                        evidence=dict(f.evidence),
+                        run_id=f.run_id,
+                        node=f.node,
+                        gpu=f.gpu,
+                        last_active=last_active,
+                        hold_s=f.hold_s,
+                    )
+                )
+            )
         else:
-            plan.updates.append(Update(
-                scope_key=key, id=inc.id, cause=_cause(inc, f), severity=f.severity,
-                evidence=_keep_onsets(inc.evidence, dict(f.evidence)),
-                last_seen=max(now, inc.last_seen),
-                last_active=max(last_active, inc.last_active) if inc.last_active is not None else last_active,
-                start=min(inc.start, f.start), hold_s=f.hold_s, node=f.node, renode=f.qualifier is not None,
-            ))
+            plan.updates.append(
+                Update(
+                    scope_key=key,
+                    id=inc.id,
+                    cause=_cause(inc, f),
+                    severity=f.severity,
+                    evidence=_keep_onsets(inc.evidence, dict(f.evidence)),
+                    last_seen=max(now, inc.last_seen),
+                    last_active=max(last_active, inc.last_active)
+                    if inc.last_active is not None
+                    else last_active,
+                    start=min(inc.start, f.start),
+                    hold_s=f.hold_s,
+                    node=f.node,
+                    renode=f.qualifier is not None,
+                )
+            )
     for key, inc in current.items():
         if key in seen:
             continue
@@ -289,5 +319,3 @@ class MemoryIncidentStore:
     def records(self) -> list[dict[str, Any]]:
         """FINDINGS.jsonl objects of every incident (open ones with ``end`` null)."""
         return [row for i in self.incidents() for row in i.records()]
-
-

@@ -104,9 +104,11 @@ def stored_answer(batch_id: str, status: str, gpu_rows: int, host_rows: int, rej
     """The JSON answer to an accepted shipment, formatted directly: a batch id is
     validated to ``[A-Za-z0-9._:-]``, which JSON needs no escape for, so this is
     what ``JSONResponse`` would send, without its encoder on every shipment."""
-    return Response(b'{"batch_id":"%s","status":"%s","gpu_rows":%d,"host_rows":%d,"rejected_skew":%d}'
-                    % (batch_id.encode("ascii"), status.encode("ascii"), gpu_rows, host_rows, rejected_skew),
-                    media_type="application/json")
+    return Response(
+        b'{"batch_id":"%s","status":"%s","gpu_rows":%d,"host_rows":%d,"rejected_skew":%d}'
+        % (batch_id.encode("ascii"), status.encode("ascii"), gpu_rows, host_rows, rejected_skew),
+        media_type="application/json",
+    )
 
 
 def _error(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -136,7 +138,11 @@ class IngestHandler:
     async def handle(self, request: Request, principal: Principal) -> Response:
         t0 = time.perf_counter()
         resp = await self._handle(request, principal)
-        (self._answered_ok if resp.status_code == 200 else self.metrics.requests.labels(str(resp.status_code))).inc()
+        (
+            self._answered_ok
+            if resp.status_code == 200
+            else self.metrics.requests.labels(str(resp.status_code))
+        ).inc()
         self.metrics.latency.observe(time.perf_counter() - t0)
         return resp
 
@@ -178,14 +184,19 @@ class IngestHandler:
             # A shape the validator did not foresee: still the input's fault.
             log.warning("ingest: unexpected %s while validating a batch: %s", e.__class__.__name__, e)
             self.metrics.errors.labels("malformed").inc()
-            return _error(422, [{"loc": ["body"], "msg": f"batch could not be validated ({e.__class__.__name__})"}])
+            return _error(
+                422, [{"loc": ["body"], "msg": f"batch could not be validated ({e.__class__.__name__})"}]
+            )
         if batch.node != principal.node:
             self.metrics.errors.labels("wrong_node").inc()
             return _error(403, f"this token may write node {principal.node!r} only, not {batch.node!r}")
         if batch.n_gpu + batch.n_host > s.max_samples_per_batch:
             self.metrics.errors.labels("too_many_samples").inc()
-            return _error(413, f"{batch.n_gpu + batch.n_host} samples exceed the "
-                               f"{s.max_samples_per_batch}-sample batch limit")
+            return _error(
+                413,
+                f"{batch.n_gpu + batch.n_host} samples exceed the "
+                f"{s.max_samples_per_batch}-sample batch limit",
+            )
         try:
             ingest_bounds.check(batch, s.max_gpu_index, s.max_runs_per_batch)
         except WireError as e:
@@ -207,8 +218,12 @@ class IngestHandler:
             outcome = await wait_at_most(fut, self.write_wait_s)
         except TimeoutError:
             self.metrics.errors.labels("db_down").inc()
-            return _error(503, f"the batch was not confirmed within {self.write_wait_s:g} s; retry later "
-                               "(a retry is never stored twice)", self._retry())
+            return _error(
+                503,
+                f"the batch was not confirmed within {self.write_wait_s:g} s; retry later "
+                "(a retry is never stored twice)",
+                self._retry(),
+            )
         except WriteFailed as e:
             self.metrics.errors.labels("write_failed").inc()
             return _error(500, f"{e}; the batch was not stored")
@@ -225,6 +240,10 @@ class IngestHandler:
                 self.metrics.energy_glitches.labels(batch.node).inc(outcome.energy_glitches)
         else:
             self.metrics.duplicates.inc()
-        return stored_answer(batch.batch_id, "stored" if outcome.stored else "duplicate",
-                             outcome.gpu_rows, outcome.host_rows, outcome.rejected_skew)
-
+        return stored_answer(
+            batch.batch_id,
+            "stored" if outcome.stored else "duplicate",
+            outcome.gpu_rows,
+            outcome.host_rows,
+            outcome.rejected_skew,
+        )

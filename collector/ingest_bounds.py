@@ -41,8 +41,10 @@ def check(batch: Batch, max_gpu_index: int, max_runs: int) -> None:
         top = int(gpus.max())
         if top > max_gpu_index:
             i = int(np.argmax(gpus > max_gpu_index))
-            raise WireError(f"GPU index {top} is above the collector's bound of {max_gpu_index} "
-                            "(ingest.max_gpu_index)", ("gpu", i, "gpu"))
+            raise WireError(
+                f"GPU index {top} is above the collector's bound of {max_gpu_index} (ingest.max_gpu_index)",
+                ("gpu", i, "gpu"),
+            )
     if batch.facts:
         _check_facts(batch.facts, max_gpu_index)
     runs = _run_ids(batch)
@@ -50,29 +52,40 @@ def check(batch: Batch, max_gpu_index: int, max_runs: int) -> None:
     if isinstance(facts_runs, dict):
         runs.update(facts_runs)
     if len(runs) > max_runs:
-        raise WireError(f"the batch names {len(runs)} runs; a batch may name at most {max_runs} "
-                        "(ingest.max_runs_per_batch)", ("gpu", "run_id"))
+        raise WireError(
+            f"the batch names {len(runs)} runs; a batch may name at most {max_runs} "
+            "(ingest.max_runs_per_batch)",
+            ("gpu", "run_id"),
+        )
 
 
 def _check_facts(facts: dict[str, Any], max_gpu_index: int) -> None:
     """The GPU count and GPU list of the facts within the same bound as the samples' indices."""
     n = facts.get("gpu_count")
     if isinstance(n, int) and n > max_gpu_index + 1:
-        raise WireError(f"{n} GPUs is more than the collector's bound of {max_gpu_index + 1} "
-                        "(ingest.max_gpu_index)", ("facts", "gpu_count"))
+        raise WireError(
+            f"{n} GPUs is more than the collector's bound of {max_gpu_index + 1} (ingest.max_gpu_index)",
+            ("facts", "gpu_count"),
+        )
     for key in ("gpus", "dcgm_gpus"):
         entries = facts.get(key)
         if not isinstance(entries, list):
             continue
         if len(entries) > max_gpu_index + 1:
-            raise WireError(f"{len(entries)} GPUs is more than the collector's bound of {max_gpu_index + 1} "
-                            "(ingest.max_gpu_index)", ("facts", key))
+            raise WireError(
+                f"{len(entries)} GPUs is more than the collector's bound of {max_gpu_index + 1} "
+                "(ingest.max_gpu_index)",
+                ("facts", key),
+            )
         for i, e in enumerate(entries):
             for f in ("gpu", "index"):
                 v = e.get(f) if isinstance(e, dict) else None
                 if isinstance(v, int) and v > max_gpu_index:
-                    raise WireError(f"GPU index {v} is above the collector's bound of {max_gpu_index} "
-                                    "(ingest.max_gpu_index)", ("facts", key, i, f))
+                    raise WireError(
+                        f"GPU index {v} is above the collector's bound of {max_gpu_index} "
+                        "(ingest.max_gpu_index)",
+                        ("facts", key, i, f),
+                    )
 
 
 def _run_ids(batch: Batch) -> set[Any]:
@@ -108,8 +121,11 @@ def energy_glitches(batches: Sequence[Batch]) -> list[int]:
     energy = np.concatenate([b.gpu["energy_mj"].values for _, b in parts]).astype(np.float64)
     nulls = [b.gpu["energy_mj"].null for _, b in parts]
     if any(n is not None for n in nulls):
-        energy[np.concatenate([np.zeros(size, bool) if n is None else n
-                               for size, n in zip(sizes, nulls, strict=True)])] = np.nan
+        energy[
+            np.concatenate(
+                [np.zeros(size, bool) if n is None else n for size, n in zip(sizes, nulls, strict=True)]
+            )
+        ] = np.nan
     # A stable sort by batch and GPU keeps each GPU's samples in the order they were sent (time order
     # from an agent); a pair out of time order is not judged.
     order = np.argsort(key, kind="stable")

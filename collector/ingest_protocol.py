@@ -97,9 +97,14 @@ class ShipmentProtocol(HttpToolsProtocol):
         self.reading: Shipment | None = None
 
     def on_headers_complete(self) -> None:
-        if (self.shipments is not None and self.url == PATH and not self.pipeline
-                and (self.cycle is None or self.cycle.response_complete)
-                and not self.expect_100_continue and self.limit_concurrency is None):
+        if (
+            self.shipments is not None
+            and self.url == PATH
+            and not self.pipeline
+            and (self.cycle is None or self.cycle.response_complete)
+            and not self.expect_100_continue
+            and self.limit_concurrency is None
+        ):
             shipment = self._plain_shipment(self.shipments)
             if shipment is not None:
                 self.cycle = shipment  # type: ignore[assignment]
@@ -158,10 +163,19 @@ class ShipmentProtocol(HttpToolsProtocol):
     async def _answer(self, shipment: Shipment) -> None:
         assert self.shipments is not None
         scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": shipment.http_version,
-            "method": "POST", "scheme": self.scheme, "path": "/v1/ingest", "raw_path": PATH,
-            "root_path": self.root_path, "query_string": b"", "headers": shipment.headers,
-            "client": self.client, "server": self.server, "state": self.app_state.copy(),
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": shipment.http_version,
+            "method": "POST",
+            "scheme": self.scheme,
+            "path": "/v1/ingest",
+            "raw_path": PATH,
+            "root_path": self.root_path,
+            "query_string": b"",
+            "headers": shipment.headers,
+            "client": self.client,
+            "server": self.server,
+            "state": self.app_state.copy(),
         }
         if self.tls_ext is not None:
             scope["extensions"] = {"tls": self.tls_ext}

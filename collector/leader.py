@@ -50,10 +50,17 @@ REPLICA_APP = "gpufleet-shards"
 
 
 class Leader:
-    def __init__(self, url: str, settings: Settings, metrics: CollectorMetrics,
-                 sweep: SweepFn | None = None, rollup_interval_s: float = 1.0,
-                 shard_sweep: Callable[[int], SweepFn] | None = None, shards: int | None = None,
-                 balance_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: Settings,
+        metrics: CollectorMetrics,
+        sweep: SweepFn | None = None,
+        rollup_interval_s: float = 1.0,
+        shard_sweep: Callable[[int], SweepFn] | None = None,
+        shards: int | None = None,
+        balance_interval_s: float | None = None,
+    ) -> None:
         self.url = url
         self.settings = settings
         self.metrics = metrics
@@ -67,8 +74,11 @@ class Leader:
         self.inferrer = Inferrer(settings.runs.inferred_end_grace_s) if settings.runs.infer else None
         self.shard_sweep = shard_sweep
         self.shards = shards if shards is not None else settings.detect.shards
-        self.balance_interval_s = (balance_interval_s if balance_interval_s is not None
-                                   else min(1.0, settings.detect.sweep_interval_s))
+        self.balance_interval_s = (
+            balance_interval_s
+            if balance_interval_s is not None
+            else min(1.0, settings.detect.sweep_interval_s)
+        )
         #: Shards held now, with their sweeps; sweeps done per shard.
         self.held: dict[int, SweepFn] = {}
         self.shard_sweeps: dict[int, int] = {}
@@ -91,8 +101,9 @@ class Leader:
             return
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=3,
-                                     application_name="gpufleet-leader") as lock_conn:
+                with psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=3, application_name="gpufleet-leader"
+                ) as lock_conn:
                     self._contend(lock_conn)
             except psycopg.Error as e:
                 log.warning("leader connection lost: %s", e.__class__.__name__)
@@ -157,10 +168,14 @@ class Leader:
     def _run_sharded(self) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=3,
-                                     application_name=REPLICA_APP) as lock_conn, \
-                        psycopg.connect(self.url, autocommit=True, connect_timeout=3,
-                                        application_name="gpufleet-worker") as work:
+                with (
+                    psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=3, application_name=REPLICA_APP
+                    ) as lock_conn,
+                    psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=3, application_name="gpufleet-worker"
+                    ) as work,
+                ):
                     self._work_sharded(lock_conn, work)
             except psycopg.Error as e:
                 log.warning("replica connection lost: %s", e.__class__.__name__)
@@ -170,8 +185,11 @@ class Leader:
 
     def _balance(self, lock_conn: psycopg.Connection) -> None:
         self.lock_pid = lock_conn.info.backend_pid
-        live = lock_conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                                 "AND datname = current_database()", (REPLICA_APP,)).fetchone()
+        live = lock_conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+            "AND datname = current_database()",
+            (REPLICA_APP,),
+        ).fetchone()
         target = -(-self.shards // max(1, live[0] if live else 1))
         while len(self.held) > target:
             k = max(self.held)
@@ -208,8 +226,13 @@ class Leader:
             if now >= next_balance:
                 self._balance(lock_conn)
                 next_balance = now + self.balance_interval_s
-            res = rollup.run_once(work, self.settings.accounting.max_gap_s, plain,
-                                  shards=(self.shards, sorted(self.held))) if self.held else None
+            res = (
+                rollup.run_once(
+                    work, self.settings.accounting.max_gap_s, plain, shards=(self.shards, sorted(self.held))
+                )
+                if self.held
+                else None
+            )
             if self.is_leader:
                 backlog = work.execute("SELECT count(*) FROM rollup_queue").fetchone()
                 self.metrics.rollup_lag.set(backlog[0] if backlog else 0)
@@ -292,8 +315,9 @@ class DbMonitor:
             ok = False
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=2,
-                                           application_name="gpufleet-monitor")
+                    conn = psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=2, application_name="gpufleet-monitor"
+                    )
                 conn.execute("SELECT 1")
                 ok = True
             except psycopg.Error:

@@ -80,12 +80,32 @@ from gpufleet.wire import NODE_RE
 ALIASES: dict[str, tuple[str, ...]] = {
     "gpu": ("index", "gpu_index", "gpu.index", "gpu", "gpu_id"),
     "uuid": ("uuid", "gpu_uuid"),
-    "util_pct": ("utilization.gpu", "utilization_gpu_percent", "utilization_gpu", "gpu_utilization",
-                 "gpu_util", "gpu_usage", "util_pct"),
-    "power_w": ("power.draw", "power.draw.average", "gpu.power.draw.average", "power.draw.instant",
-                "gpu.power.draw.instant", "gpu_power_draw", "power_w", "power_draw_w"),
-    "power_limit_w": ("enforced.power.limit", "gpu.power.current_limit", "power.limit",
-                      "gpu.power.requested_limit", "power_limit_w"),
+    "util_pct": (
+        "utilization.gpu",
+        "utilization_gpu_percent",
+        "utilization_gpu",
+        "gpu_utilization",
+        "gpu_util",
+        "gpu_usage",
+        "util_pct",
+    ),
+    "power_w": (
+        "power.draw",
+        "power.draw.average",
+        "gpu.power.draw.average",
+        "power.draw.instant",
+        "gpu.power.draw.instant",
+        "gpu_power_draw",
+        "power_w",
+        "power_draw_w",
+    ),
+    "power_limit_w": (
+        "enforced.power.limit",
+        "gpu.power.current_limit",
+        "power.limit",
+        "gpu.power.requested_limit",
+        "power_limit_w",
+    ),
     "mem_used_mib": ("memory.used", "gpu_memory_used", "memory_used_mib", "mem_used_mib"),
     "mem_total_mib": ("memory.total", "gpu_total_memory", "memory_total_mib", "mem_total_mib"),
     "temp_c": ("temperature.gpu", "gpu_temperature", "temperature_c", "temp_c"),
@@ -136,8 +156,16 @@ REASON_BITS: dict[str, int] = {
 #: The unit each bundle column's values are in; a value or header carrying
 #: another unit is refused rather than silently mis-scaled.
 UNITS: dict[str, str] = {
-    "util_pct": "%", "power_w": "W", "power_limit_w": "W", "mem_used_mib": "MiB", "mem_total_mib": "MiB",
-    "temp_c": "C", "mem_temp_c": "C", "sm_clock_mhz": "MHz", "sm_clock_max_mhz": "MHz", "mem_clock_mhz": "MHz",
+    "util_pct": "%",
+    "power_w": "W",
+    "power_limit_w": "W",
+    "mem_used_mib": "MiB",
+    "mem_total_mib": "MiB",
+    "temp_c": "C",
+    "mem_temp_c": "C",
+    "sm_clock_mhz": "MHz",
+    "sm_clock_max_mhz": "MHz",
+    "mem_clock_mhz": "MHz",
 }
 
 #: Yes/No columns (``remapped_rows.pending``, ``remapped_rows.failure``) stored as 1/0.
@@ -195,18 +223,27 @@ class ImportSummary:
         span = (self.end - self.start).total_seconds()
         interval = "n/a" if self.median_interval_s is None else f"{self.median_interval_s:.3g} s"
         models = sorted({m for ms in self.gpu_models.values() for m in ms})
-        model_txt = "; ".join(
-            f"{m} (board power {_num(board_power_w(m)) + ' W' if board_power_w(m) else 'unknown'})" for m in models
-        ) or "unknown"
+        model_txt = (
+            "; ".join(
+                f"{m} (board power {_num(board_power_w(m)) + ' W' if board_power_w(m) else 'unknown'})"
+                for m in models
+            )
+            or "unknown"
+        )
         run = f"run {self.run_id} from {_iso(self.run_start)}" if self.run_id and self.run_start else "no run"
         n_ign = len(self.ignored_columns)
-        ignored = f"{n_ign} columns ignored: " + ", ".join(self.ignored_columns[:IGNORED_SHOWN]) if n_ign \
+        ignored = (
+            f"{n_ign} columns ignored: " + ", ".join(self.ignored_columns[:IGNORED_SHOWN])
+            if n_ign
             else "no columns ignored"
+        )
         if n_ign > IGNORED_SHOWN:
             ignored += f" and {n_ign - IGNORED_SHOWN} more"
-        return (f"{self.out}: {self.rows} rows, {len(self.gpus)} GPUs on {len(self.nodes)} node(s), "
-                f"{_iso(self.start)} to {_iso(self.end)} ({span:.1f} s), median interval {interval}, "
-                f"GPU model {model_txt}, {run}; {ignored}")
+        return (
+            f"{self.out}: {self.rows} rows, {len(self.gpus)} GPUs on {len(self.nodes)} node(s), "
+            f"{_iso(self.start)} to {_iso(self.end)} ({span:.1f} s), median interval {interval}, "
+            f"GPU model {model_txt}, {run}; {ignored}"
+        )
 
 
 @dataclass
@@ -260,8 +297,10 @@ def parse_timestamp(value: str, tz: tzinfo = UTC) -> datetime:
     if re.fullmatch(r"[-+]?\d+(?:\.\d*)?", s):
         f = float(s)
         if not math.isfinite(f) or f < MIN_EPOCH:
-            raise ValueError(f"{s!r} is not epoch seconds after 2000 (seconds since the start of a log "
-                             "cannot be placed in time)")
+            raise ValueError(
+                f"{s!r} is not epoch seconds after 2000 (seconds since the start of a log "
+                "cannot be placed in time)"
+            )
         return datetime.fromtimestamp(f, UTC)
     m = _NVSMI_TIME.fullmatch(s)
     try:
@@ -274,14 +313,24 @@ def parse_timestamp(value: str, tz: tzinfo = UTC) -> datetime:
                 dt = dt.replace(tzinfo=tz)
         return dt.astimezone(UTC)
     except (ValueError, OverflowError):
-        raise ValueError(f"{s!r}: unknown time format (expected nvidia-smi's YYYY/MM/DD HH:MM:SS.mmm, "
-                         "ISO 8601 or epoch seconds)") from None
+        raise ValueError(
+            f"{s!r}: unknown time format (expected nvidia-smi's YYYY/MM/DD HH:MM:SS.mmm, "
+            "ISO 8601 or epoch seconds)"
+        ) from None
 
 
-def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str | Sequence[str],
-                      run_id: str | None = None, run_start: datetime | float | None = None, tz: tzinfo = UTC,
-                      gpu_name: str | None = None, overwrite: bool = False,
-                      columns: Sequence[str] | None = None) -> ImportSummary:
+def import_nvidia_smi(
+    paths: Sequence[Path | str],
+    out: Path | str,
+    *,
+    node: str | Sequence[str],
+    run_id: str | None = None,
+    run_start: datetime | float | None = None,
+    tz: tzinfo = UTC,
+    gpu_name: str | None = None,
+    overwrite: bool = False,
+    columns: Sequence[str] | None = None,
+) -> ImportSummary:
     """Read nvidia-smi CSV logs and write them as the trace bundle ``out``.
 
     ``node``: one host name for every file, or one per file.  ``run_id``:
@@ -301,7 +350,9 @@ def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str
     if len(nodes) == 1 and len(files) > 1:
         nodes = nodes * len(files)
     if len(nodes) != len(files):
-        raise BundleError(f"{len(nodes)} node names for {len(files)} files: give one for all, or one per file")
+        raise BundleError(
+            f"{len(nodes)} node names for {len(files)} files: give one for all, or one per file"
+        )
     for n in nodes:
         if not NODE_RE.fullmatch(n):
             raise BundleError(f"node {n!r}: a host name of [A-Za-z0-9._-] is required")
@@ -343,9 +394,15 @@ def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str
         key = (s.node, s.t_us, s.gpu)
         first = seen.get(key)
         if first is not None:
-            hint = "" if has_index else " (no index column: add 'index' to --query-gpu when logging several GPUs)"
-            raise BundleError(f"{s.line}, column '{s.time_header}': GPU {s.gpu} of node {s.node} already has a "
-                              f"sample at {_iso(_dt(s.t_us))} ({first}){hint}")
+            hint = (
+                ""
+                if has_index
+                else " (no index column: add 'index' to --query-gpu when logging several GPUs)"
+            )
+            raise BundleError(
+                f"{s.line}, column '{s.time_header}': GPU {s.gpu} of node {s.node} already has a "
+                f"sample at {_iso(_dt(s.t_us))} ({first}){hint}"
+            )
         seen[key] = s.line
 
     facts = _facts(facts_seen, samples, gpu_name)
@@ -376,19 +433,32 @@ def import_nvidia_smi(paths: Sequence[Path | str], out: Path | str, *, node: str
     gaps = [(b - a) / 1e6 for ts in per_gpu.values() for a, b in itertools.pairwise(ts) if b > a]
     models = {n: sorted({g["name"] for g in f.get("gpus", []) if g.get("name")}) for n, f in facts.items()}
     return ImportSummary(
-        out=out, files=files, rows=len(samples), gpus=gpus, start=_dt(start_us), end=_dt(samples[-1].t_us),
+        out=out,
+        files=files,
+        rows=len(samples),
+        gpus=gpus,
+        start=_dt(start_us),
+        end=_dt(samples[-1].t_us),
         median_interval_s=statistics.median(gaps) if gaps else None,
-        columns={t: mapped[t] for t in ["gpu", *targets] if t in mapped}, ignored_columns=ignored,
-        gpu_models={n: m for n, m in models.items() if m}, run_id=run_id, run_start=rs,
+        columns={t: mapped[t] for t in ["gpu", *targets] if t in mapped},
+        ignored_columns=ignored,
+        gpu_models={n: m for n, m in models.items() if m},
+        run_id=run_id,
+        run_start=rs,
     )
 
 
 # -- reading ---------------------------------------------------------------------
 
 
-def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
-               facts_seen: dict[tuple[str, int], dict[str, str]],
-               columns: Sequence[str] | None = None) -> tuple[list[_Column], bool]:
+def _read_file(
+    path: Path,
+    node: str,
+    tz: tzinfo,
+    samples: list[_Sample],
+    facts_seen: dict[tuple[str, int], dict[str, str]],
+    columns: Sequence[str] | None = None,
+) -> tuple[list[_Column], bool]:
     """Append the file's samples; return its columns and whether it has a GPU index."""
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -398,35 +468,48 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
         raise BundleError(f"{path}: is a directory, not a CSV file") from None
     except UnicodeDecodeError as e:
         raise BundleError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = [
+        (i, ln)
+        for i, ln in enumerate(text.splitlines(), start=1)
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     if not lines:
-        raise BundleError(f"{path}: line 1, column 1: empty file; a header row naming the --query-gpu fields "
-                          "(timestamp, index, ...) is required")
+        raise BundleError(
+            f"{path}: line 1, column 1: empty file; a header row naming the --query-gpu fields "
+            "(timestamp, index, ...) is required"
+        )
     if is_table(lines[0][1]):
         if columns is not None:
-            raise BundleError(f"{path}: line {lines[0][0]}: an nvidia-smi screen log has no CSV columns to name")
+            raise BundleError(
+                f"{path}: line {lines[0][0]}: an nvidia-smi screen log has no CSV columns to name"
+            )
         return _read_table_file(path, text.splitlines(), node, tz, samples, facts_seen), True
     if columns is not None:
         head_no, header = 0, [c.strip() for c in columns]
         first, ti = _cells(lines[0][1]), _time_index(header)
         if ti >= 0 and len(first) == len(header) and not _looks_like_time(first[ti], tz):
-            raise BundleError(f"{path}: line {lines[0][0]}: the columns were given, but this line is not data "
-                              "(a header line?); give columns only for --format=csv,noheader logs")
+            raise BundleError(
+                f"{path}: line {lines[0][0]}: the columns were given, but this line is not data "
+                "(a header line?); give columns only for --format=csv,noheader logs"
+            )
         data = lines
     else:
         head_no, head_line = lines[0]
         header = _cells(head_line)
         if _looks_like_time(header[0] if header else "", tz):
-            raise BundleError(f"{path}: line {head_no}: no header row; the first line is data (with "
-                              "--format=csv,noheader give the --query-gpu field list as the columns, or write it "
-                              "as the first line)")
+            raise BundleError(
+                f"{path}: line {head_no}: no header row; the first line is data (with "
+                "--format=csv,noheader give the --query-gpu field list as the columns, or write it "
+                "as the first line)"
+            )
         data = lines[1:]
     where_head = f"line {head_no}" if head_no else "the columns given"
     cols = _columns(path, head_no, header, where_head)
     time_col = next((c for c in cols if c.is_time), None)
     if time_col is None:
-        raise BundleError(f"{path}: {where_head}: no 'timestamp' column in the header "
-                          "(add timestamp to --query-gpu)")
+        raise BundleError(
+            f"{path}: {where_head}: no 'timestamp' column in the header (add timestamp to --query-gpu)"
+        )
     index_col = _best(cols, "gpu")
     by_target: dict[str, list[_Column]] = defaultdict(list)
     for c in cols:
@@ -442,7 +525,9 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
         if [c.strip() for c in cells] == norm_head:
             continue  # the header again: the logging loop was restarted
         if len(cells) != len(header):
-            raise BundleError(f"{path}: line {lineno}: {len(cells)} values, the header has {len(header)} columns")
+            raise BundleError(
+                f"{path}: line {lineno}: {len(cells)} values, the header has {len(header)} columns"
+            )
 
         def where(c: _Column, lineno: int = lineno) -> str:
             return f"{path}: line {lineno}, column '{c.header}'"
@@ -473,7 +558,9 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
                     known = True
                     mask |= c.reason_bit if word == "active" else 0  # type: ignore[operator]
                 elif not _missing(word):
-                    raise BundleError(f"{where(c)}: expected Active or Not Active, got {cells[c.index].strip()!r}")
+                    raise BundleError(
+                        f"{where(c)}: expected Active or Not Active, got {cells[c.index].strip()!r}"
+                    )
             if known:
                 values["throttle_reasons"] = mask
         for c in fact_cols:
@@ -485,8 +572,14 @@ def _read_file(path: Path, node: str, tz: tzinfo, samples: list[_Sample],
     return cols, index_col is not None
 
 
-def _read_table_file(path: Path, raw_lines: list[str], node: str, tz: tzinfo, samples: list[_Sample],
-                     facts_seen: dict[tuple[str, int], dict[str, str]]) -> list[_Column]:
+def _read_table_file(
+    path: Path,
+    raw_lines: list[str],
+    node: str,
+    tz: tzinfo,
+    samples: list[_Sample],
+    facts_seen: dict[tuple[str, int], dict[str, str]],
+) -> list[_Column]:
     """Append the samples of a log of plain nvidia-smi screens (:mod:`nvsmi_table`)."""
     for ts in read_table(path, raw_lines, tz):
         where = f"{path}: line {ts.line}"
@@ -546,8 +639,8 @@ def _columns(path: Path, lineno: int, header: list[str], where: str | None = Non
             c.fact = _FACT_OF[base]
         else:
             for prefix in ("clocks_event_reasons.", "clocks_throttle_reasons."):
-                if base.startswith(prefix) and base[len(prefix):] in REASON_BITS:
-                    c.reason_bit = REASON_BITS[base[len(prefix):]]
+                if base.startswith(prefix) and base[len(prefix) :] in REASON_BITS:
+                    c.reason_bit = REASON_BITS[base[len(prefix) :]]
         cols.append(c)
     return cols
 
@@ -619,8 +712,9 @@ def _checked(where: str, target: str, v: float | int) -> float | int:
 # -- facts -----------------------------------------------------------------------
 
 
-def _facts(seen: dict[tuple[str, int], dict[str, str]], samples: list[_Sample],
-           gpu_name: str | None) -> dict[str, dict[str, Any]]:
+def _facts(
+    seen: dict[tuple[str, int], dict[str, str]], samples: list[_Sample], gpu_name: str | None
+) -> dict[str, dict[str, Any]]:
     """Node facts (gpufleet.facts schema) where a GPU model is known."""
     gpus_of: dict[str, set[int]] = defaultdict(set)
     uuids: dict[tuple[str, int], str] = {}
@@ -646,8 +740,10 @@ def _facts(seen: dict[tuple[str, int], dict[str, str]], samples: list[_Sample],
         names = {e["name"] for e in entries if e["name"]}
         if not names:
             continue
-        facts: dict[str, Any] = {"gpu_count": len(gpus), "gpus": [{k: v for k, v in e.items() if v is not None}
-                                                                   for e in entries]}
+        facts: dict[str, Any] = {
+            "gpu_count": len(gpus),
+            "gpus": [{k: v for k, v in e.items() if v is not None} for e in entries],
+        }
         if len(names) == 1:
             facts["gpu_model"] = names.pop()
         drivers = {seen.get((node, g), {}).get("driver_version") for g in gpus} - {None}
@@ -656,7 +752,9 @@ def _facts(seen: dict[tuple[str, int], dict[str, str]], samples: list[_Sample],
         try:
             check_facts(facts)
         except FactsError as e:
-            raise BundleError(f"node {node}: facts field {'.'.join(str(x) for x in e.loc)}: {e.msg}") from None
+            raise BundleError(
+                f"node {node}: facts field {'.'.join(str(x) for x in e.loc)}: {e.msg}"
+            ) from None
         out[node] = facts
     return out
 

@@ -30,17 +30,27 @@ from pathlib import Path
 from gpufleet.collector.bundle import BundleError
 
 #: The time line nvidia-smi prints above each screen (C ``asctime`` form).
-SCREEN_TIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
-                         r" +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}")
+SCREEN_TIME = re.compile(
+    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+    r" +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}"
+)
 _DRIVER = re.compile(r"\|\s*NVIDIA-SMI\s+\S+\s+Driver Version:\s*(\S+)")
-_GPU_ROW = re.compile(r"\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s")
-_STATE_ROW = re.compile(r"\|\s*(?:\d+%|N/A)\s+(\d+|N/A)C\s+(?:P\d+|N/A|\S+)\s+(\d+|N/A)W\s*/\s*(\d+|N/A)W\s*\|"
-                        r"\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|\s*(\d+|N/A)%\s")
+_GPU_ROW = re.compile(
+    r"\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s"
+)
+_STATE_ROW = re.compile(
+    r"\|\s*(?:\d+%|N/A)\s+(\d+|N/A)C\s+(?:P\d+|N/A|\S+)\s+(\d+|N/A)W\s*/\s*(\d+|N/A)W\s*\|"
+    r"\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|\s*(\d+|N/A)%\s"
+)
 
 #: Bundle column -> the cell of the screen it comes from (for the import summary).
 CELLS: dict[str, str] = {
-    "util_pct": "GPU-Util", "power_w": "Pwr:Usage", "power_limit_w": "Pwr:Cap",
-    "mem_used_mib": "Memory-Usage (used)", "mem_total_mib": "Memory-Usage (total)", "temp_c": "Temp",
+    "util_pct": "GPU-Util",
+    "power_w": "Pwr:Usage",
+    "power_limit_w": "Pwr:Cap",
+    "mem_used_mib": "Memory-Usage (used)",
+    "mem_total_mib": "Memory-Usage (total)",
+    "temp_c": "Temp",
 }
 
 
@@ -77,8 +87,9 @@ def read_table(path: Path, lines: list[str], tz: tzinfo) -> list[TableSample]:
         s = raw.strip()
         if SCREEN_TIME.fullmatch(s):
             if pending is not None:
-                raise BundleError(f"{path}: line {pending[0]}: GPU {pending[1]} has no state row before the next "
-                                  "screen")
+                raise BundleError(
+                    f"{path}: line {pending[0]}: GPU {pending[1]} has no state row before the next screen"
+                )
             t = datetime.strptime(s, "%a %b %d %H:%M:%S %Y").replace(tzinfo=tz)
             continue
         m = _DRIVER.match(s)
@@ -88,14 +99,20 @@ def read_table(path: Path, lines: list[str], tz: tzinfo) -> list[TableSample]:
         if pending is not None:
             st = _STATE_ROW.match(s)
             if st is None:
-                raise BundleError(f"{path}: line {lineno}: expected the state row of GPU {pending[1]} "
-                                  "(fan, temperature, performance state, power usage / cap, memory usage, GPU-Util)")
+                raise BundleError(
+                    f"{path}: line {lineno}: expected the state row of GPU {pending[1]} "
+                    "(fan, temperature, performance state, power usage / cap, memory usage, GPU-Util)"
+                )
             if t is None:
                 raise BundleError(f"{path}: line {pending[0]}: a GPU row before any screen time line")
             temp, pw, cap, used, total, util = st.groups()
             values: dict[str, float | int | None] = {
-                "temp_c": _num(temp), "power_w": _num(pw), "power_limit_w": _num(cap),
-                "mem_used_mib": int(used), "mem_total_mib": int(total), "util_pct": _num(util),
+                "temp_c": _num(temp),
+                "power_w": _num(pw),
+                "power_limit_w": _num(cap),
+                "mem_used_mib": int(used),
+                "mem_total_mib": int(total),
+                "util_pct": _num(util),
             }
             facts = {"name": pending[2], "pci_bus_id": pending[3]}
             if driver:

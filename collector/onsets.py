@@ -37,9 +37,16 @@ def at_window_start(f: Finding, window: Window, slack_s: float) -> bool:
     return f.start <= window.t_start + slack_s
 
 
-def backdate(conn: psycopg.Connection, findings: Iterable[Finding], window: Window, config: DetectorConfig,
-             window_s: float, open_scopes: set[str], load: Callable[..., Window] | None = None,
-             max_windows: int = MAX_WINDOWS) -> int:
+def backdate(
+    conn: psycopg.Connection,
+    findings: Iterable[Finding],
+    window: Window,
+    config: DetectorConfig,
+    window_s: float,
+    open_scopes: set[str],
+    load: Callable[..., Window] | None = None,
+    max_windows: int = MAX_WINDOWS,
+) -> int:
     """Move back the start of each new incident's finding (one whose scope is not in ``open_scopes``) that
     begins at its window's start, to where earlier windows of its run still show it.  Returns how many
     findings moved."""
@@ -77,8 +84,14 @@ def backdate(conn: psycopg.Connection, findings: Iterable[Finding], window: Wind
     return moved
 
 
-def _window_at(conn: psycopg.Connection, t_end: float, window_s: float, nodes: set[str], run: RunInfo,
-               node_facts: Mapping[str, dict[str, Any]]) -> Window:
+def _window_at(
+    conn: psycopg.Connection,
+    t_end: float,
+    window_s: float,
+    nodes: set[str],
+    run: RunInfo,
+    node_facts: Mapping[str, dict[str, Any]],
+) -> Window:
     from gpufleet.collector.window_cache import WindowCache
 
     cache = WindowCache(window_s, node_filter=lambda n: n in nodes)

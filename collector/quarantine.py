@@ -159,7 +159,9 @@ class Trigger(dict[str, Any]):
     def label(self) -> str:
         if self["source"] == "incident":
             where = f" GPU {self['gpu']}" if self.get("gpu") is not None else ""
-            return f"{self['kind']} {self.get('cause') or ''}{where} (incident {self['id']})".replace("  ", " ")
+            return f"{self['kind']} {self.get('cause') or ''}{where} (incident {self['id']})".replace(
+                "  ", " "
+            )
         return f"check {self['check']} failed on {self['subject']}"
 
 
@@ -212,8 +214,11 @@ class SlurmDrain:
         m = re.search(r"\bReason=(.*?)(?:\s+\[|\s*$)", shown.detail, re.MULTILINE)
         if m and not m.group(1).startswith("gpufleet"):
             # Drained again since, by someone else and for their reason: theirs to resume.
-            return Outcome(NOT_OURS, f"drained for another reason now (Reason={m.group(1)[:200]}); left as it is",
-                           self.release_call(node))
+            return Outcome(
+                NOT_OURS,
+                f"drained for another reason now (Reason={m.group(1)[:200]}); left as it is",
+                self.release_call(node),
+            )
         return run_command(self.release_command(node), self.timeout_s, "resumed", "quarantine.scontrol")
 
 
@@ -269,8 +274,16 @@ class KubernetesCordon:
     action = "k8s_cordon"
     release_action = "k8s_uncordon"
 
-    def __init__(self, api_url: str, token_file: Path, ca_file: Path | None, timeout_s: float = 30.0,
-                 client: httpx.Client | None = None, taint: bool = True, taint_effect: str = "NoSchedule") -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token_file: Path,
+        ca_file: Path | None,
+        timeout_s: float = 30.0,
+        client: httpx.Client | None = None,
+        taint: bool = True,
+        taint_effect: str = "NoSchedule",
+    ) -> None:
         self.api = NodeApi(api_url, token_file, ca_file, timeout_s, client)
         self.taint = taint
         self.taint_effect = taint_effect
@@ -281,14 +294,23 @@ class KubernetesCordon:
     def url(self, node: str) -> str:
         return self.api.api_url + self.path(node)
 
-    def body(self, reason: str, taints: Sequence[Mapping[str, Any]] | None = None,
-             resource_version: str | None = None) -> dict[str, Any]:
+    def body(
+        self,
+        reason: str,
+        taints: Sequence[Mapping[str, Any]] | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
         meta: dict[str, Any] = {"annotations": {K8S_ANNOTATION: reason}}
         spec: dict[str, Any] = {"unschedulable": True}
         if taints is not None:
-            spec["taints"] = [*(t for t in taints if t.get("key") != K8S_TAINT),
-                              {"key": K8S_TAINT, "value": _taint_value(reason.split(" (")[0].removeprefix("gpufleet ")),
-                               "effect": self.taint_effect}]
+            spec["taints"] = [
+                *(t for t in taints if t.get("key") != K8S_TAINT),
+                {
+                    "key": K8S_TAINT,
+                    "value": _taint_value(reason.split(" (")[0].removeprefix("gpufleet ")),
+                    "effect": self.taint_effect,
+                },
+            ]
         if resource_version is not None:
             meta["resourceVersion"] = resource_version
         return {"spec": spec, "metadata": meta}
@@ -310,13 +332,20 @@ class KubernetesCordon:
             taints, version, why = self._read(node)
             if why is not None:
                 return Outcome(FAILED, f"reading the node's taints first: {why}", self.call(node, reason))
-        return self.api.patch(self.path(node), self.body(reason, taints, version),
-                              "application/strategic-merge-patch+json",
-                              "cordoned (spec.unschedulable = true)" + (f", tainted {K8S_TAINT}" if self.taint else ""))
+        return self.api.patch(
+            self.path(node),
+            self.body(reason, taints, version),
+            "application/strategic-merge-patch+json",
+            "cordoned (spec.unschedulable = true)" + (f", tainted {K8S_TAINT}" if self.taint else ""),
+        )
 
-    def release_body(self, taints: Sequence[Mapping[str, Any]] | None, resource_version: str | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"spec": {"unschedulable": False},
-                                "metadata": {"annotations": {K8S_ANNOTATION: None}}}
+    def release_body(
+        self, taints: Sequence[Mapping[str, Any]] | None, resource_version: str | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "spec": {"unschedulable": False},
+            "metadata": {"annotations": {K8S_ANNOTATION: None}},
+        }
         if taints is not None:
             body["spec"]["taints"] = [t for t in taints if t.get("key") != K8S_TAINT]
         if resource_version is not None:
@@ -324,15 +353,21 @@ class KubernetesCordon:
         return body
 
     def release_call(self, node: str) -> dict[str, Any]:
-        return {"request": f"PATCH {self.url(node)}", "body": self.release_body([] if self.taint else None, None)}
+        return {
+            "request": f"PATCH {self.url(node)}",
+            "body": self.release_body([] if self.taint else None, None),
+        }
 
     def release(self, node: str) -> Outcome:
         taints, version, why = self._read(node)
         if why is not None:
             return Outcome(FAILED, f"reading the node first: {why}", self.release_call(node))
-        return self.api.patch(self.path(node), self.release_body(taints, version),
-                              "application/strategic-merge-patch+json",
-                              "uncordoned" + (f", taint {K8S_TAINT} removed" if self.taint else ""))
+        return self.api.patch(
+            self.path(node),
+            self.release_body(taints, version),
+            "application/strategic-merge-patch+json",
+            "uncordoned" + (f", taint {K8S_TAINT} removed" if self.taint else ""),
+        )
 
 
 #: The actions this hook records (the run actions of gpufleet.collector.actions record others).
@@ -343,8 +378,13 @@ RELEASE_ACTIONS = (SlurmDrain.release_action, KubernetesCordon.release_action)
 def backend_for(settings: QuarantineSettings) -> Backend:
     if settings.backend == "slurm":
         return SlurmDrain(settings.scontrol, settings.command_timeout_s)
-    return KubernetesCordon(settings.k8s_api_url, settings.k8s_token_file, settings.k8s_ca_file,
-                            settings.command_timeout_s, taint=settings.k8s_taint)
+    return KubernetesCordon(
+        settings.k8s_api_url,
+        settings.k8s_token_file,
+        settings.k8s_ca_file,
+        settings.command_timeout_s,
+        taint=settings.k8s_taint,
+    )
 
 
 def qualifies(incident: Mapping[str, Any], settings: QuarantineSettings) -> bool:
@@ -380,16 +420,28 @@ class Quarantine:
         s = self.settings
         out: dict[str, list[Trigger]] = {}
         with conn.cursor(row_factory=dict_row) as cur:
-            incidents = [r for r in cur.execute(CANDIDATES_SQL, (list({*s.kinds, *s.warning_kinds}),)).fetchall()
-                         if qualifies(r, s)]
+            incidents = [
+                r
+                for r in cur.execute(CANDIDATES_SQL, (list({*s.kinds, *s.warning_kinds}),)).fetchall()
+                if qualifies(r, s)
+            ]
         for inc in incidents:
             node = self.target(inc["node"])
-            out.setdefault(node, []).append(Trigger(source="incident", kind=inc["kind"], cause=inc["cause"],
-                                                    id=inc["id"], gpu=inc["gpu"], severity=inc["severity"]))
+            out.setdefault(node, []).append(
+                Trigger(
+                    source="incident",
+                    kind=inc["kind"],
+                    cause=inc["cause"],
+                    id=inc["id"],
+                    gpu=inc["gpu"],
+                    severity=inc["severity"],
+                )
+            )
         if s.checks:
             for node, check, subject, finding in conn.execute(CHECKS_SQL, (list(s.checks),)).fetchall():
                 out.setdefault(self.target(node), []).append(
-                    Trigger(source="check", check=check, subject=subject, finding=(finding or "")[:300]))
+                    Trigger(source="check", check=check, subject=subject, finding=(finding or "")[:300])
+                )
         return out, incidents
 
     def target(self, node: str) -> str:
@@ -403,8 +455,10 @@ class Quarantine:
         with conn.cursor(row_factory=dict_row) as cur:
             states = {r["node"]: r for r in cur.execute(STATES_SQL).fetchall()}
         since = at(now - 3600.0)
-        this_hour = {r[0] for r in conn.execute(RECENT_SQL, (list(QUARANTINE_ACTIONS), list(QUARANTINED),
-                                                              since)).fetchall()}
+        this_hour = {
+            r[0]
+            for r in conn.execute(RECENT_SQL, (list(QUARANTINE_ACTIONS), list(QUARANTINED), since)).fetchall()
+        }
         out: list[dict[str, Any]] = []
         by_node_incidents: dict[str, list[dict[str, Any]]] = {}
         for inc in incidents:
@@ -412,8 +466,11 @@ class Quarantine:
         for node in sorted(triggers):
             state = states.get(node)
             # A dry-run quarantine holds nothing once dry runs are off: the node is then acted on for real.
-            held = state is not None and state["state"] == "quarantined" and (self.settings.dry_run
-                                                                              or not state["dry_run"])
+            held = (
+                state is not None
+                and state["state"] == "quarantined"
+                and (self.settings.dry_run or not state["dry_run"])
+            )
             if held:
                 assert state is not None
                 self._still_held(conn, state, triggers[node], now)
@@ -435,21 +492,54 @@ class Quarantine:
 
     # -- quarantine ----------------------------------------------------------------------------
 
-    def _log(self, conn: psycopg.Connection, node: str, now: float, action: str, result: str, reason: str | None,
-             triggers: Sequence[Mapping[str, Any]], detail: str, call: Mapping[str, Any]) -> dict[str, Any]:
+    def _log(
+        self,
+        conn: psycopg.Connection,
+        node: str,
+        now: float,
+        action: str,
+        result: str,
+        reason: str | None,
+        triggers: Sequence[Mapping[str, Any]],
+        detail: str,
+        call: Mapping[str, Any],
+    ) -> dict[str, Any]:
         dry = result == DRY_RUN
-        conn.execute(LOG_SQL, (node, at(now), action, result, dry, reason, Jsonb([dict(t) for t in triggers]),
-                               detail[:DETAIL_CHARS], Jsonb(dict(call))))
-        return {"action": action, "target": node, "time": iso_at(now), "result": result, "dry_run": dry,
-                "reason": reason, "detail": detail[:DETAIL_CHARS], "triggers": [dict(t) for t in triggers],
-                **dict(call)}
+        conn.execute(
+            LOG_SQL,
+            (
+                node,
+                at(now),
+                action,
+                result,
+                dry,
+                reason,
+                Jsonb([dict(t) for t in triggers]),
+                detail[:DETAIL_CHARS],
+                Jsonb(dict(call)),
+            ),
+        )
+        return {
+            "action": action,
+            "target": node,
+            "time": iso_at(now),
+            "result": result,
+            "dry_run": dry,
+            "reason": reason,
+            "detail": detail[:DETAIL_CHARS],
+            "triggers": [dict(t) for t in triggers],
+            **dict(call),
+        }
 
     def _attempts(self, conn: psycopg.Connection, node: str, action: str) -> list[dict[str, Any]]:
-        return [{"result": r, "time": iso(t)}
-                for r, t in conn.execute(ATTEMPTS_SQL, (node, action, node, list(QUARANTINED))).fetchall()]
+        return [
+            {"result": r, "time": iso(t)}
+            for r, t in conn.execute(ATTEMPTS_SQL, (node, action, node, list(QUARANTINED))).fetchall()
+        ]
 
-    def _quarantine(self, conn: psycopg.Connection, node: str, triggers: list[Trigger], now: float,
-                    this_hour: set[str]) -> dict[str, Any] | None:
+    def _quarantine(
+        self, conn: psycopg.Connection, node: str, triggers: list[Trigger], now: float, this_hour: set[str]
+    ) -> dict[str, Any] | None:
         s, action = self.settings, self.backend.action
         reason = reason_for(triggers)
         attempts = self._attempts(conn, node, action)
@@ -457,73 +547,136 @@ class Quarantine:
         if not NODE_RE.fullmatch(node):
             if last == FAILED:
                 return None
-            return self._log(conn, node, now, action, FAILED, reason, triggers,
-                             f"node name {node!r} is not a host name; not passed on", {})
+            return self._log(
+                conn,
+                node,
+                now,
+                action,
+                FAILED,
+                reason,
+                triggers,
+                f"node name {node!r} is not a host name; not passed on",
+                {},
+            )
         if not retry_due(attempts, now, s.retry_after_s, s.max_attempts):
             return None
         if len(this_hour) >= s.max_nodes_per_hour:
             if last == RATE_LIMITED:
                 return None
-            return self._log(conn, node, now, action, RATE_LIMITED, reason, triggers,
-                             f"{len(this_hour)} nodes quarantined in the last hour (max_nodes_per_hour "
-                             f"{s.max_nodes_per_hour}); acted on when the budget allows", {})
+            return self._log(
+                conn,
+                node,
+                now,
+                action,
+                RATE_LIMITED,
+                reason,
+                triggers,
+                f"{len(this_hour)} nodes quarantined in the last hour (max_nodes_per_hour "
+                f"{s.max_nodes_per_hour}); acted on when the budget allows",
+                {},
+            )
         if s.dry_run:
             call = self.backend.call(node, reason)
             log.info("quarantine (dry run): would %s %s: %s; %s", action, node, reason, call)
-            record = self._log(conn, node, now, action, DRY_RUN, reason, triggers, f"dry run: would {action} {node}",
-                               call)
+            record = self._log(
+                conn, node, now, action, DRY_RUN, reason, triggers, f"dry run: would {action} {node}", call
+            )
         else:
             outcome = self.backend.apply(node, reason)
             (log.warning if outcome.result == DONE else log.error)(
-                "quarantine: %s %s (%s): %s (%s)", action, node, reason, outcome.result, outcome.detail)
-            record = self._log(conn, node, now, action, outcome.result, reason, triggers, outcome.detail,
-                               outcome.call)
+                "quarantine: %s %s (%s): %s (%s)", action, node, reason, outcome.result, outcome.detail
+            )
+            record = self._log(
+                conn, node, now, action, outcome.result, reason, triggers, outcome.detail, outcome.call
+            )
         if record["result"] in QUARANTINED:
-            conn.execute(UPSERT_STATE_SQL, {
-                "node": node, "state": "quarantined", "backend": self.settings.backend, "target": node,
-                "dry_run": record["dry_run"], "reason": reason, "triggers": Jsonb([dict(t) for t in triggers]),
-                "since": at(now), "passing_since": None, "now": at(now)})
+            conn.execute(
+                UPSERT_STATE_SQL,
+                {
+                    "node": node,
+                    "state": "quarantined",
+                    "backend": self.settings.backend,
+                    "target": node,
+                    "dry_run": record["dry_run"],
+                    "reason": reason,
+                    "triggers": Jsonb([dict(t) for t in triggers]),
+                    "since": at(now),
+                    "passing_since": None,
+                    "now": at(now),
+                },
+            )
         return record
 
-    def _incident_records(self, conn: psycopg.Connection, node: str, incidents: list[dict[str, Any]],
-                          record: dict[str, Any], now: float) -> None:
+    def _incident_records(
+        self,
+        conn: psycopg.Connection,
+        node: str,
+        incidents: list[dict[str, Any]],
+        record: dict[str, Any],
+        now: float,
+    ) -> None:
         """The quarantine's record on the first incident behind it; ``skipped`` on the others."""
         if not incidents:
             return
         first, *rest = incidents
-        conn.execute("UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([record]), first["id"]))
+        conn.execute(
+            "UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([record]), first["id"])
+        )
         if record["result"] in QUARANTINED:
             for inc in rest:
                 self._skip(conn, inc, node, f"incident {first['id']}", now)
 
-    def _skip(self, conn: psycopg.Connection, inc: Mapping[str, Any], node: str, holder: str, now: float) -> None:
-        mine = [a for a in inc["actions"] or [] if isinstance(a, dict) and a.get("action") == self.backend.action]
+    def _skip(
+        self, conn: psycopg.Connection, inc: Mapping[str, Any], node: str, holder: str, now: float
+    ) -> None:
+        mine = [
+            a for a in inc["actions"] or [] if isinstance(a, dict) and a.get("action") == self.backend.action
+        ]
         if mine and mine[-1].get("result") in (SKIPPED, *QUARANTINED):
             return
-        rec = {"action": self.backend.action, "target": node, "time": iso_at(now), "dry_run": self.settings.dry_run,
-               "result": SKIPPED, "detail": f"node {node} already quarantined for {holder}"}
+        rec = {
+            "action": self.backend.action,
+            "target": node,
+            "time": iso_at(now),
+            "dry_run": self.settings.dry_run,
+            "result": SKIPPED,
+            "detail": f"node {node} already quarantined for {holder}",
+        }
         conn.execute("UPDATE incidents SET actions = actions || %s WHERE id = %s", (Jsonb([rec]), inc["id"]))
 
-    def _skip_records(self, conn: psycopg.Connection, node: str, incidents: list[dict[str, Any]],
-                      state: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+    def _skip_records(
+        self,
+        conn: psycopg.Connection,
+        node: str,
+        incidents: list[dict[str, Any]],
+        state: Mapping[str, Any],
+        now: float,
+    ) -> list[dict[str, Any]]:
         holder = next((Trigger(t).label() for t in state["triggers"] or []), "an earlier trigger")
         for inc in incidents:
             self._skip(conn, inc, node, holder, now)
         return []
 
-    def _still_held(self, conn: psycopg.Connection, state: Mapping[str, Any], triggers: list[Trigger],
-                    now: float) -> None:
-        conn.execute("UPDATE node_quarantine SET triggers = %s, passing_since = NULL, updated_at = %s "
-                     "WHERE node = %s", (Jsonb([dict(t) for t in triggers]), at(now), state["node"]))
+    def _still_held(
+        self, conn: psycopg.Connection, state: Mapping[str, Any], triggers: list[Trigger], now: float
+    ) -> None:
+        conn.execute(
+            "UPDATE node_quarantine SET triggers = %s, passing_since = NULL, updated_at = %s WHERE node = %s",
+            (Jsonb([dict(t) for t in triggers]), at(now), state["node"]),
+        )
 
     # -- release -------------------------------------------------------------------------------
 
-    def _passing(self, conn: psycopg.Connection, state: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+    def _passing(
+        self, conn: psycopg.Connection, state: Mapping[str, Any], now: float
+    ) -> dict[str, Any] | None:
         """A held node with no trigger: start or continue its hold-down, and release it at its end."""
         s, node = self.settings, state["node"]
         if state["passing_since"] is None:
-            conn.execute("UPDATE node_quarantine SET passing_since = %s, updated_at = %s WHERE node = %s",
-                         (at(now), at(now), node))
+            conn.execute(
+                "UPDATE node_quarantine SET passing_since = %s, updated_at = %s WHERE node = %s",
+                (at(now), at(now), node),
+            )
             return None
         passing_s = now - state["passing_since"].timestamp()
         if not s.release or passing_s < s.hold_down_s:
@@ -537,25 +690,33 @@ class Quarantine:
         if state["dry_run"] or s.dry_run:
             call = self.backend.release_call(node)
             log.info("quarantine (dry run): would %s %s: %s", action, node, reason)
-            record = self._log(conn, node, now, action, DRY_RUN, reason, triggers, f"dry run: would {action} {node}",
-                               call)
+            record = self._log(
+                conn, node, now, action, DRY_RUN, reason, triggers, f"dry run: would {action} {node}", call
+            )
         else:
             outcome = self.backend.release(node)
             (log.warning if outcome.result in (DONE, NOT_OURS) else log.error)(
-                "quarantine: %s %s: %s (%s)", action, node, outcome.result, outcome.detail)
-            record = self._log(conn, node, now, action, outcome.result, reason, triggers, outcome.detail,
-                               outcome.call)
+                "quarantine: %s %s: %s (%s)", action, node, outcome.result, outcome.detail
+            )
+            record = self._log(
+                conn, node, now, action, outcome.result, reason, triggers, outcome.detail, outcome.call
+            )
         if record["result"] in (*QUARANTINED, NOT_OURS):
-            conn.execute("UPDATE node_quarantine SET state = 'released', updated_at = %s WHERE node = %s",
-                         (at(now), node))
+            conn.execute(
+                "UPDATE node_quarantine SET state = 'released', updated_at = %s WHERE node = %s",
+                (at(now), node),
+            )
         return record
 
 
 def node_log(conn: psycopg.Connection, node: str, limit: int = 50) -> list[dict[str, Any]]:
     """The node's quarantine actions, newest first (for its page and the API)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute("SELECT time, action, result, dry_run, reason, triggers, detail, call FROM quarantine_log "
-                           "WHERE node = %s ORDER BY time DESC, id DESC LIMIT %s", (node, limit)).fetchall()
+        rows = cur.execute(
+            "SELECT time, action, result, dry_run, reason, triggers, detail, call FROM quarantine_log "
+            "WHERE node = %s ORDER BY time DESC, id DESC LIMIT %s",
+            (node, limit),
+        ).fetchall()
     for r in rows:
         r["time"] = iso(r["time"])
     return rows

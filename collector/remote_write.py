@@ -58,12 +58,16 @@ node_exporter counters host rows, as an agent would send them; other series are 
 Answers 204 once committed.  Needs a token of role `remote_write`."""
 
 OPENAPI: dict[str, Any] = {
-    "requestBody": {"required": True,
-                    "content": {"application/x-protobuf": {"schema": {"type": "string", "format": "binary"}}}},
+    "requestBody": {
+        "required": True,
+        "content": {"application/x-protobuf": {"schema": {"type": "string", "format": "binary"}}},
+    },
     "responses": {
         "204": {"description": "committed"},
-        "400": {"description": "malformed: not snappy, not a WriteRequest, or a sample the catalog refuses; "
-                               "nothing stored"},
+        "400": {
+            "description": "malformed: not snappy, not a WriteRequest, or a sample the catalog refuses; "
+            "nothing stored"
+        },
         "401": {"description": "missing, invalid or revoked token"},
         "403": {"description": "the token's role is not remote_write"},
         "413": {"description": "body or decompressed body too large"},
@@ -79,31 +83,52 @@ class RemoteWriteMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.requests = Counter("gpufleet_remote_write_requests", "Remote-write requests by HTTP status", ["code"],
-                                registry=r)
-        self.samples = Counter("gpufleet_remote_write_samples", "Remote-write samples committed (as pieces), by kind",
-                               ["kind"], registry=r)
+        self.requests = Counter(
+            "gpufleet_remote_write_requests", "Remote-write requests by HTTP status", ["code"], registry=r
+        )
+        self.samples = Counter(
+            "gpufleet_remote_write_samples",
+            "Remote-write samples committed (as pieces), by kind",
+            ["kind"],
+            registry=r,
+        )
         self.dropped = Counter(
             "gpufleet_remote_write_dropped_samples",
             "Remote-write samples not used, by reason: unused (a series gpufleet does not read), stale (a "
             "staleness marker), no_node (no node label), no_gpu (a GPU series without a gpu label), histogram",
-            ["reason"], registry=r)
+            ["reason"],
+            registry=r,
+        )
         self.groups = Counter(
             "gpufleet_remote_write_groups",
             "(node, time) groups assembled, by outcome: stored; duplicate (already stored: a retry, or pieces "
             "later than remote_write.merge_delay_s); empty (no row); failed (pieces that do not read)",
-            ["outcome"], registry=r)
-        self.rows = Counter("gpufleet_remote_write_rows", "Rows stored from remote write, by kind", ["kind"],
-                            registry=r)
-        self.pending = Gauge("gpufleet_remote_write_pending_parts",
-                             "Pieces waiting for their (node, time) to be assembled", registry=r)
-        self.latency = Histogram("gpufleet_remote_write_latency_seconds", "Remote-write request latency until commit",
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+            ["outcome"],
+            registry=r,
+        )
+        self.rows = Counter(
+            "gpufleet_remote_write_rows", "Rows stored from remote write, by kind", ["kind"], registry=r
+        )
+        self.pending = Gauge(
+            "gpufleet_remote_write_pending_parts",
+            "Pieces waiting for their (node, time) to be assembled",
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gpufleet_remote_write_latency_seconds",
+            "Remote-write request latency until commit",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
 
     def cycle(self, done: Cycle, pending: int) -> None:
         for outcome in ("stored", "duplicate", "empty", "failed"):
-            n = getattr(done, {"stored": "stored", "duplicate": "duplicates", "empty": "empty",
-                               "failed": "failed"}[outcome])
+            n = getattr(
+                done,
+                {"stored": "stored", "duplicate": "duplicates", "empty": "empty", "failed": "failed"}[
+                    outcome
+                ],
+            )
             if n:
                 self.groups.labels(outcome).inc(n)
         if done.gpu_rows:
@@ -129,16 +154,19 @@ def media_error(content_type: str | None, content_encoding: str | None) -> str |
     for param in params.split(";"):
         key, _, value = param.partition("=")
         if key.strip().lower() == "proto" and value.strip().strip('"') not in V1_MESSAGES:
-            return (f"only remote write 1.0 (prometheus.WriteRequest) is spoken, not {value.strip()}; "
-                    "set protobuf_message: prometheus.WriteRequest")
+            return (
+                f"only remote write 1.0 (prometheus.WriteRequest) is spoken, not {value.strip()}; "
+                "set protobuf_message: prometheus.WriteRequest"
+            )
     return None
 
 
 class RemoteWrite:
     """The handler, its pool and the assembler of one collector process."""
 
-    def __init__(self, url: str, settings: Settings, registry: CollectorRegistry,
-                 rejected_skew: Counter | None = None) -> None:
+    def __init__(
+        self, url: str, settings: Settings, registry: CollectorRegistry, rejected_skew: Counter | None = None
+    ) -> None:
         self.settings = settings
         rw = settings.remote_write
         ing = settings.ingest
@@ -148,11 +176,22 @@ class RemoteWrite:
         self.metrics = RemoteWriteMetrics(registry)
         self.rejected_skew = rejected_skew
         self.limiter = RateLimiter(settings.ingest.rate_limit_per_s)
-        self.pool = AsyncConnectionPool(url, min_size=0, max_size=4, open=False, timeout=5,
-                                        kwargs={"autocommit": True, "application_name": "gpufleet-remote-write"})
-        self.assembler = Assembler(url, merge_delay_s=rw.merge_delay_s, every_s=rw.assemble_every_s,
-                                   on_cycle=self.metrics.cycle, max_gpu_index=ing.max_gpu_index,
-                                   max_runs=ing.max_runs_per_batch)
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=0,
+            max_size=4,
+            open=False,
+            timeout=5,
+            kwargs={"autocommit": True, "application_name": "gpufleet-remote-write"},
+        )
+        self.assembler = Assembler(
+            url,
+            merge_delay_s=rw.merge_delay_s,
+            every_s=rw.assemble_every_s,
+            on_cycle=self.metrics.cycle,
+            max_gpu_index=ing.max_gpu_index,
+            max_runs=ing.max_runs_per_batch,
+        )
         self._kinds = (self.metrics.samples.labels("gpu"), self.metrics.samples.labels("host"))
 
     async def open(self, assemble: bool) -> None:
@@ -183,7 +222,9 @@ class RemoteWrite:
         if not self.limiter.allow(principal.token_id):
             return _error(429, "rate limit exceeded for this token", self._retry())
         if self.assembler.pending > self.settings.remote_write.max_pending_parts:
-            return _error(503, f"{self.assembler.pending} pieces wait to be assembled; retry later", self._retry())
+            return _error(
+                503, f"{self.assembler.pending} pieces wait to be assembled; retry later", self._retry()
+            )
         refused = media_error(request.headers.get("content-type"), request.headers.get("content-encoding"))
         if refused is not None:
             return _error(415, refused)
@@ -193,8 +234,9 @@ class RemoteWrite:
             del body
             decoded = decode(raw, self.cache)
             del raw
-            mapped = map_request(decoded, self.plans, time.time(), s.future_grace_s, s.past_grace_s,
-                                 s.max_runs_per_batch)
+            mapped = map_request(
+                decoded, self.plans, time.time(), s.future_grace_s, s.past_grace_s, s.max_runs_per_batch
+            )
         except ClientDisconnect:
             return _error(CLIENT_GONE, "the client disconnected before its body was read; nothing was stored")
         except TooLarge as e:

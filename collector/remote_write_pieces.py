@@ -68,8 +68,14 @@ def _refuse(plans: SeriesPlans, pid: int, t_ms: int, msg: str) -> RemoteWriteErr
     return RemoteWriteError(f"{plans.names[pid]} at {t_ms} ms: {msg}")
 
 
-def map_request(decoded: Decoded[int], plans: SeriesPlans, now_s: float, future_s: float,
-                past_s: float, max_runs: int = 1 << 30) -> Mapped:
+def map_request(
+    decoded: Decoded[int],
+    plans: SeriesPlans,
+    now_s: float,
+    future_s: float,
+    past_s: float,
+    max_runs: int = 1 << 30,
+) -> Mapped:
     """The pieces of a decoded request; :class:`RemoteWriteError` naming the first bad sample.
 
     ``max_runs``: most runs one (node, time) may name (``ingest.max_runs_per_batch``)."""
@@ -93,8 +99,12 @@ def map_request(decoded: Decoded[int], plans: SeriesPlans, now_s: float, future_
     bad = used & ~np.isfinite(values)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise _refuse(plans, int(ids[i]), int(times[i]),
-                      f"{describe(float(values[i]))} is not a number (only Prometheus's staleness marker may be)")
+        raise _refuse(
+            plans,
+            int(ids[i]),
+            int(times[i]),
+            f"{describe(float(values[i]))} is not a number (only Prometheus's staleness marker may be)",
+        )
     lo_ms = (now_s - past_s) * 1000.0
     hi_ms = (now_s + future_s) * 1000.0
     skew = used & ((times < lo_ms) | (times > hi_ms))
@@ -134,17 +144,20 @@ def map_request(decoded: Decoded[int], plans: SeriesPlans, now_s: float, future_
         per_group = np.bincount((pairs >> 32).astype(np.int64), minlength=len(groups))
         if int(per_group.max()) > max_runs:
             g = int(np.argmax(per_group))
-            raise RemoteWriteError(f"node {plans.nodes[int(groups[g] >> 44)]} at {int(groups[g] & ((1 << 44) - 1))} "
-                                   f"ms names {int(per_group[g])} runs; a batch may name at most {max_runs} "
-                                   "(ingest.max_runs_per_batch)")
+            raise RemoteWriteError(
+                f"node {plans.nodes[int(groups[g] >> 44)]} at {int(groups[g] & ((1 << 44) - 1))} "
+                f"ms names {int(per_group[g])} runs; a batch may name at most {max_runs} "
+                "(ingest.max_runs_per_batch)"
+            )
     out.gpu_samples = int((gpu | xidc).sum())
     out.host_samples = int(host.sum())
     out.pieces = _pieces(plans, ids, v, times, kind, groups, group_of)
     return out
 
 
-def _catalog_values(plans: SeriesPlans, ids: np.ndarray, values: np.ndarray, times: np.ndarray,
-                    gpu: np.ndarray) -> np.ndarray:
+def _catalog_values(
+    plans: SeriesPlans, ids: np.ndarray, values: np.ndarray, times: np.ndarray, gpu: np.ndarray
+) -> np.ndarray:
     """GPU samples in the catalog's units (NaN for DCGM's blanks), checked against the columns' bounds."""
     v = values.copy()
     g = np.flatnonzero(gpu)
@@ -164,25 +177,37 @@ def _catalog_values(plans: SeriesPlans, ids: np.ndarray, values: np.ndarray, tim
         j = int(np.flatnonzero(out_of)[0])
         p = int(pid[j])
         column = COLUMNS[int(plans.col[p])]
-        raise _refuse(plans, p, int(times[g[j]]), f"{x[j]!r} in {column} is outside "
-                      f"[{plans.lo[p]:g}, {plans.hi[p]:g}]")
+        raise _refuse(
+            plans, p, int(times[g[j]]), f"{x[j]!r} in {column} is outside [{plans.lo[p]:g}, {plans.hi[p]:g}]"
+        )
     v[g] = x
     return v
 
 
-def _pieces(plans: SeriesPlans, ids: np.ndarray, v: np.ndarray, times: np.ndarray, kind: np.ndarray,
-            groups: np.ndarray, group_of: np.ndarray) -> list[Piece]:
+def _pieces(
+    plans: SeriesPlans,
+    ids: np.ndarray,
+    v: np.ndarray,
+    times: np.ndarray,
+    kind: np.ndarray,
+    groups: np.ndarray,
+    group_of: np.ndarray,
+) -> list[Piece]:
     """One piece per (node, time) group: its GPU rows' cells, XID counts and host counters."""
     n_groups = len(groups)
     gpu_like = (kind == GPU) | (kind == XID_COUNT)
     # GPU rows of each group: every row a sample names (the row its value goes to and its own).
     g_idx = np.flatnonzero(gpu_like)
     # A row key is (group, row id), group first, so that the sorted rows come group by group.
-    row_keys = np.concatenate([(group_of[g_idx].astype(np.int64) << 32) | plans.row[ids[g_idx]],
-                               (group_of[g_idx].astype(np.int64) << 32) | plans.own_row[ids[g_idx]]])
+    row_keys = np.concatenate(
+        [
+            (group_of[g_idx].astype(np.int64) << 32) | plans.row[ids[g_idx]],
+            (group_of[g_idx].astype(np.int64) << 32) | plans.own_row[ids[g_idx]],
+        ]
+    )
     rowts, rowt_of = np.unique(row_keys, return_inverse=True)
-    target = rowt_of[:len(g_idx)]
-    own = rowt_of[len(g_idx):]
+    target = rowt_of[: len(g_idx)]
+    own = rowt_of[len(g_idx) :]
     n_rows = len(rowts)
     vals = np.full((n_rows, _NC), np.nan)
     prio = np.full((n_rows, _NC), ABSENT, dtype=np.int16)
@@ -232,24 +257,36 @@ def _pieces(plans: SeriesPlans, ids: np.ndarray, v: np.ndarray, times: np.ndarra
         x0, x1 = int(xid_cut[gi]), int(xid_cut[gi + 1])
         if x1 > x0:
             sel = g_idx[xid_order[x0:x1]]
-            doc["xid"] = [[plans.rows[int(plans.row[i])][1], int(plans.xid[i]), float(v[j])]
-                          for i, j in zip(ids[sel].tolist(), sel.tolist(), strict=True)]
+            doc["xid"] = [
+                [plans.rows[int(plans.row[i])][1], int(plans.xid[i]), float(v[j])]
+                for i, j in zip(ids[sel].tolist(), sel.tolist(), strict=True)
+            ]
         h0, h1 = int(host_cut[gi]), int(host_cut[gi + 1])
         if h1 > h0:
             sel = host_order[h0:h1]
             keys = plans.host_keys
-            doc["host"] = {keys[int(k)]: x for k, x in zip(plans.host_key[ids[sel]].tolist(), v[sel].tolist(),
-                                                           strict=True)}
+            doc["host"] = {
+                keys[int(k)]: x
+                for k, x in zip(plans.host_key[ids[sel]].tolist(), v[sel].tolist(), strict=True)
+            }
         # The static part (packed once per row set) as one field, so that the assembler reads it once too.
         if static:
             doc["s"] = static
-        pieces.append(Piece(plans.nodes[nid], t_ms, msgpack.packb(doc, use_bin_type=True), int(gpu_count[gi]),
-                            int(host_count[gi])))
+        pieces.append(
+            Piece(
+                plans.nodes[nid],
+                t_ms,
+                msgpack.packb(doc, use_bin_type=True),
+                int(gpu_count[gi]),
+                int(host_count[gi]),
+            )
+        )
     return pieces
 
 
-def _gpu_part(plans: SeriesPlans, row_ids: np.ndarray, vals: np.ndarray, prio: np.ndarray,
-              run: np.ndarray) -> tuple[bytes, dict[str, Any]]:
+def _gpu_part(
+    plans: SeriesPlans, row_ids: np.ndarray, vals: np.ndarray, prio: np.ndarray, run: np.ndarray
+) -> tuple[bytes, dict[str, Any]]:
     """A group's GPU rows: what is the same scrape after scrape -- (gpu, mig) keys, UUIDs, runs, the
     columns filled, what the series said about each GPU and run (for the node facts) -- packed (once per
     row set), and the values and priorities."""
@@ -264,12 +301,21 @@ def _gpu_part(plans: SeriesPlans, row_ids: np.ndarray, vals: np.ndarray, prio: n
         for rid, (_, g, mig) in zip(row_ids.tolist(), rows, strict=True):
             if mig < 0 and facts[rid]:
                 gpus[str(g)] = facts[rid]
-        static = msgpack.packb({
-            "rows": [[g, mig] for _, g, mig in rows], "uuid": [facts[i].get("uuid") for i in row_ids.tolist()],
-            "run": [plans.runs[i] for i in run.tolist()], "cols": cols, "gpus": gpus,
-            "runs": {plans.runs[i]: plans.run_facts[i] for i in set(run.tolist()) if i}}, use_bin_type=True)
+        static = msgpack.packb(
+            {
+                "rows": [[g, mig] for _, g, mig in rows],
+                "uuid": [facts[i].get("uuid") for i in row_ids.tolist()],
+                "run": [plans.runs[i] for i in run.tolist()],
+                "cols": cols,
+                "gpus": gpus,
+                "runs": {plans.runs[i]: plans.run_facts[i] for i in set(run.tolist()) if i},
+            },
+            use_bin_type=True,
+        )
         if len(plans.packed) >= 100_000:
             plans.packed.clear()
         plans.packed[key] = static
-    return static, {"v": np.ascontiguousarray(vals[:, keep]).tobytes(),
-                    "p": np.ascontiguousarray(prio[:, keep].astype(np.int8)).tobytes()}
+    return static, {
+        "v": np.ascontiguousarray(vals[:, keep]).tobytes(),
+        "p": np.ascontiguousarray(prio[:, keep].astype(np.int8)).tobytes(),
+    }

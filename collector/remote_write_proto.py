@@ -123,9 +123,9 @@ def _label(buf: bytes, i: int, end: int) -> tuple[str, str]:
             if i + n > end:
                 raise RemoteWriteError("label runs past the end of its series")
             if fno == 1:
-                name = buf[i:i + n]
+                name = buf[i : i + n]
             else:
-                value = buf[i:i + n]
+                value = buf[i : i + n]
             i += n
         else:
             i = _skip(buf, i, end, wire)
@@ -186,7 +186,7 @@ def parse_series(buf: bytes, i: int, end: int) -> Series:
                 raise RemoteWriteError(f"label {name!r} appears twice in one series")
             if value:  # an empty value is no label (Prometheus drops them)
                 labels[name] = value
-            key_parts.append(buf[start:i + n])
+            key_parts.append(buf[start : i + n])
         elif fno == 2:
             samples.append(_sample(buf, i, i + n))
         elif fno == 4:
@@ -225,10 +225,10 @@ class Segment(Generic[P]):
             if k == 0 or self.ends_list[k - 1] != room:
                 return 0
             length = room
-            var = var[:int(np.searchsorted(var, length))]
+            var = var[: int(np.searchsorted(var, length))]
             tmpl = tmpl[:length]
         # Every byte that differs from the kept segment must be a value or a timestamp byte.
-        differ = raw[p:p + length] != tmpl
+        differ = raw[p : p + length] != tmpl
         return k if int(np.count_nonzero(differ)) == int(np.count_nonzero(differ[var])) else 0
 
 
@@ -257,7 +257,9 @@ class SeriesCache(Generic[P]):
     def __len__(self) -> int:
         return len(self._plans)
 
-    def learn_segments(self, buf: bytes, raw: np.ndarray, learn: list[tuple[int, int, bytes, bool, Any]]) -> None:
+    def learn_segments(
+        self, buf: bytes, raw: np.ndarray, learn: list[tuple[int, int, bytes, bool, Any]]
+    ) -> None:
         """Keep the runs of one target's series among those read one by one: ``learn`` is (start, end,
         key, has a value, plan) per series, start -1 where a run cannot go on."""
         target_of = self.target_of
@@ -270,24 +272,39 @@ class SeriesCache(Generic[P]):
                 continue
             t = target_of(learn[j][4])
             k = j + 1
-            while k < n and learn[k][0] >= 0 and learn[k][0] == learn[k - 1][1] and target_of(learn[k][4]) == t:
+            while (
+                k < n and learn[k][0] >= 0 and learn[k][0] == learn[k - 1][1] and target_of(learn[k][4]) == t
+            ):
                 k += 1
             # A run at the very start of the body may be the tail of a scrape another request began.
             if k - j >= self.min_segment and learn[j][0] > 0:
                 run = learn[j:k]
-                self._keep(raw, [r[0] for r in run], [r[1] for r in run], run[0][2], [r[3] for r in run],
-                           [r[4] for r in run])
+                self._keep(
+                    raw,
+                    [r[0] for r in run],
+                    [r[1] for r in run],
+                    run[0][2],
+                    [r[3] for r in run],
+                    [r[4] for r in run],
+                )
             j = k
 
-    def _keep(self, raw: np.ndarray, starts: list[int], ends: list[int], key: bytes, full: list[bool],
-              plans: list[P]) -> None:
+    def _keep(
+        self,
+        raw: np.ndarray,
+        starts: list[int],
+        ends: list[int],
+        key: bytes,
+        full: list[bool],
+        plans: list[P],
+    ) -> None:
         p0 = starts[0]
         e = np.asarray(ends, dtype=np.int64) - p0
         has = np.asarray(full, dtype=bool)
         ts = (e[:, None] - 6 + np.arange(6)).ravel()
         val = (e[has][:, None] - 15 + np.arange(8)).ravel()
         variable = np.sort(np.concatenate([ts, val]))
-        seg = raw[p0:ends[-1]].copy()
+        seg = raw[p0 : ends[-1]].copy()
         seg[variable] = 0
         new: Segment[P] = Segment(seg.tobytes(), seg, variable, list(plans), e, e.tolist(), list(full))
         variants = self._segments.get(key)
@@ -364,13 +381,26 @@ def decode(buf: bytes, cache: SeriesCache[P], quick: bool = True) -> Decoded[P]:
             # or 7 (timestamp alone), and what precedes it is a label set seen before.
             key = None
             has_value = False
-            if quick and e - s > 18 and buf[e - 18] == 0x12 and buf[e - 17] == 0x10 and buf[e - 16] == 0x09 \
-                    and buf[e - 7] == 0x10 and buf[e - 1] < 0x80:
-                key = buf[s:e - 18]
+            if (
+                quick
+                and e - s > 18
+                and buf[e - 18] == 0x12
+                and buf[e - 17] == 0x10
+                and buf[e - 16] == 0x09
+                and buf[e - 7] == 0x10
+                and buf[e - 1] < 0x80
+            ):
+                key = buf[s : e - 18]
                 has_value = True
-            elif quick and e - s > 9 and buf[e - 9] == 0x12 and buf[e - 8] == 0x07 and buf[e - 7] == 0x10 \
-                    and buf[e - 1] < 0x80:
-                key = buf[s:e - 9]
+            elif (
+                quick
+                and e - s > 9
+                and buf[e - 9] == 0x12
+                and buf[e - 8] == 0x07
+                and buf[e - 7] == 0x10
+                and buf[e - 1] < 0x80
+            ):
+                key = buf[s : e - 9]
             plan = get(key) if key is not None else None
             if plan is not None:
                 if segments is not None:
@@ -441,8 +471,14 @@ def _tails(buf: bytes, ends: list[int], full: list[bool]) -> tuple[np.ndarray, n
     return values, times
 
 
-def _interleave(plans: list[Any], values: np.ndarray, times: np.ndarray,
-                slow: list[tuple[int, Any, float, int]], histograms: int, series: int) -> Decoded[Any]:
+def _interleave(
+    plans: list[Any],
+    values: np.ndarray,
+    times: np.ndarray,
+    slow: list[tuple[int, Any, float, int]],
+    histograms: int,
+    series: int,
+) -> Decoded[Any]:
     """The quick and the field-by-field samples merged back into body order."""
     out_plans: list[Any] = []
     out_v: list[float] = []
@@ -462,8 +498,9 @@ def _interleave(plans: list[Any], values: np.ndarray, times: np.ndarray,
     out_plans.extend(plans[q:])
     out_v.extend(vals[q:])
     out_t.extend(tss[q:])
-    return Decoded(out_plans, np.asarray(out_v, dtype=np.float64), np.asarray(out_t, dtype=np.int64),
-                   histograms, series)
+    return Decoded(
+        out_plans, np.asarray(out_v, dtype=np.float64), np.asarray(out_t, dtype=np.int64), histograms, series
+    )
 
 
 def is_stale(values: np.ndarray) -> np.ndarray:

@@ -131,8 +131,11 @@ class _Parts:
 
 
 _NC = len(COLUMNS)
-_NUMERIC = [(COLUMN_INDEX[f.name], f.name, f.kind in INT_RANGES, f.name in WHOLE_GPU_FIELDS)
-            for f in GPU_BY_NAME.values() if f.name in COLUMN_INDEX and f.name not in _PSEUDO]
+_NUMERIC = [
+    (COLUMN_INDEX[f.name], f.name, f.kind in INT_RANGES, f.name in WHOLE_GPU_FIELDS)
+    for f in GPU_BY_NAME.values()
+    if f.name in COLUMN_INDEX and f.name not in _PSEUDO
+]
 _FB_FREE, _FB_RES, _XIDG = COLUMN_INDEX[FB_FREE], COLUMN_INDEX[FB_RESERVED], COLUMN_INDEX[XID_GAUGE]
 _USED, _TOTAL = COLUMN_INDEX["mem_used_mib"], COLUMN_INDEX["mem_total_mib"]
 
@@ -164,9 +167,17 @@ def _static(doc: dict[str, Any]) -> _Static:
     keep = [i for i, c in enumerate(idx) if c >= 0]
     keyed = np.asarray(rows, dtype=np.int64).reshape(n, 2)
     # (gpu, mig) as one sortable key; a physical GPU's row (mig -1) before its instances.
-    return _Static(n, (keyed[:, 0] << 16) | (keyed[:, 1] + 1), keep, [idx[i] for i in keep], len(idx),
-                   list(doc.get("uuid") or []), list(doc.get("run") or []), doc.get("gpus") or {},
-                   doc.get("runs") or {})
+    return _Static(
+        n,
+        (keyed[:, 0] << 16) | (keyed[:, 1] + 1),
+        keep,
+        [idx[i] for i in keep],
+        len(idx),
+        list(doc.get("uuid") or []),
+        list(doc.get("run") or []),
+        doc.get("gpus") or {},
+        doc.get("runs") or {},
+    )
 
 
 def _read_piece(gi: int, body: bytes, parts: _Parts, extras: dict[str, Any]) -> None:
@@ -240,7 +251,7 @@ def _merge_cells(parts: _Parts) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
 def _typed(values: np.ndarray, integral: bool) -> dict[str, Any]:
     """A column as the wire's typed array (NULL where NaN)."""
     null = np.isnan(values)
-    data = (np.where(null, 0, values).astype(np.int64) if integral else np.where(null, 0.0, values))
+    data = np.where(null, 0, values).astype(np.int64) if integral else np.where(null, 0.0, values)
     col: dict[str, Any] = {"dtype": "i8" if integral else "f8", "data": data.tobytes()}
     if null.any():
         col["nulls"] = np.packbits(null).tobytes()
@@ -286,18 +297,31 @@ def host_snapshot(counters: Mapping[str, float], t_ms: int) -> tuple[HostSnapsho
             fabric = True
     if not cpus:
         return None, boot
-    disk_counters = {n: DiskCounters(**d) for n, d in disks.items()
-                     if all(f in d for f in _DISK_FIELDS) and is_whole_disk(n, None)}
-    nics = {n: NetCounters(**c) for n, c in nets.items() if all(f in c for f in _NET_FIELDS) and is_physical_nic(n, None)}
+    disk_counters = {
+        n: DiskCounters(**d)
+        for n, d in disks.items()
+        if all(f in d for f in _DISK_FIELDS) and is_whole_disk(n, None)
+    }
+    nics = {
+        n: NetCounters(**c)
+        for n, c in nets.items()
+        if all(f in c for f in _NET_FIELDS) and is_physical_nic(n, None)
+    }
     snap = HostSnapshot(
-        uptime_s=t_ms / 1000.0, cpus={n: CpuTimes(**c) for n, c in cpus.items()}, disks=disk_counters,
-        stacked_disks=frozenset(n for n in disk_counters if is_stacked_disk(n, None)), nets=nics,
-        links={n: s for n, s in links.items() if n in nics}, ib={} if fabric else None)
+        uptime_s=t_ms / 1000.0,
+        cpus={n: CpuTimes(**c) for n, c in cpus.items()},
+        disks=disk_counters,
+        stacked_disks=frozenset(n for n in disk_counters if is_stacked_disk(n, None)),
+        nets=nics,
+        links={n: s for n, s in links.items() if n in nics},
+        ib={} if fabric else None,
+    )
     return snap, boot
 
 
-def host_columns(counters: Mapping[str, float], t_ms: int, state: NodeState,
-                 in_order: bool) -> dict[str, Any] | None:
+def host_columns(
+    counters: Mapping[str, float], t_ms: int, state: NodeState, in_order: bool
+) -> dict[str, Any] | None:
     """The host row, rates over the node's previous scrape; None without CPU counters."""
     snap, boot = host_snapshot(counters, t_ms)
     if snap is None:
@@ -308,9 +332,15 @@ def host_columns(counters: Mapping[str, float], t_ms: int, state: NodeState,
     row = host_rates(prev, snap)
     if in_order:
         prev_cpus = state.host.cpus if state.host is not None and prev is not None else {}
-        state.host = HostSnapshot(uptime_s=snap.uptime_s, cpus=carry_offline_cpus(prev_cpus, snap.cpus),
-                                  disks=snap.disks, stacked_disks=snap.stacked_disks, nets=snap.nets,
-                                  links=snap.links, ib=snap.ib)
+        state.host = HostSnapshot(
+            uptime_s=snap.uptime_s,
+            cpus=carry_offline_cpus(prev_cpus, snap.cpus),
+            disks=snap.disks,
+            stacked_disks=snap.stacked_disks,
+            nets=snap.nets,
+            links=snap.links,
+            ib=snap.ib,
+        )
         state.boot = boot
     out: dict[str, Any] = {"time": t_ms / 1000.0}
     for name, value in row.items():
@@ -334,8 +364,9 @@ def facts_of(extras: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_index: int = 32767,
-                 max_runs: int = 1 << 30) -> Assembled:
+def assemble_all(
+    groups: list[Group], states: dict[str, NodeState], max_gpu_index: int = 32767, max_runs: int = 1 << 30
+) -> Assembled:
     """The batches of a cycle's groups, one per (node, time), every value checked by one
     :func:`gpufleet.wire.validate` of all their rows; a node's state moves on with each of its groups
     newer than the last it saw (a late or retried one gets no rates and no XID change, and usually
@@ -362,11 +393,17 @@ def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_inde
         is_mig = mig >= 0
         # Framebuffer total where the exporter prints none: free + used + reserved, as DCGM and NVML count it.
         fill = np.isnan(merged[:, _TOTAL]) & ~np.isnan(merged[:, _FB_FREE]) & ~np.isnan(merged[:, _USED])
-        merged[fill, _TOTAL] = (merged[fill, _FB_FREE] + merged[fill, _USED]
-                                + np.nan_to_num(merged[fill, _FB_RES]))
+        merged[fill, _TOTAL] = (
+            merged[fill, _FB_FREE] + merged[fill, _USED] + np.nan_to_num(merged[fill, _FB_RES])
+        )
         t_s = np.asarray([groups[int(i)].t_ms for i in row_group.tolist()], dtype=np.float64) / 1000.0
-        doc_gpu = {"time": {"dtype": "f8", "data": t_s.tobytes()}, "gpu": {"dtype": "i2", "data": gpu.astype("<i2").tobytes()},
-                   "mig_instance": [None if m < 0 else m for m in mig.tolist()], "uuid": uuid, "run_id": run}
+        doc_gpu = {
+            "time": {"dtype": "f8", "data": t_s.tobytes()},
+            "gpu": {"dtype": "i2", "data": gpu.astype("<i2").tobytes()},
+            "mig_instance": [None if m < 0 else m for m in mig.tolist()],
+            "uuid": uuid,
+            "run_id": run,
+        }
         for c, name, integral, whole in _NUMERIC:
             values = merged[:, c]
             if whole and is_mig.any():
@@ -407,7 +444,9 @@ def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_inde
         every = validate(doc)
     except WireError as e:
         # One group's rows refused: find which, by checking each alone.
-        log.warning("remote write: a cycle's rows do not validate (%s); checking group by group", e.detail()["msg"])
+        log.warning(
+            "remote write: a cycle's rows do not validate (%s); checking group by group", e.detail()["msg"]
+        )
         every = None
     # Rows come group by group (GPU rows sorted by group, host rows appended in group order): each
     # group's are one slice.
@@ -427,14 +466,22 @@ def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_inde
             try:
                 check_facts(send)
             except FactsError as e:
-                log.error("remote write: the facts of node %s at %d ms are refused (%s)", g.node, g.t_ms, e.msg)
+                log.error(
+                    "remote write: the facts of node %s at %d ms are refused (%s)", g.node, g.t_ms, e.msg
+                )
                 send = None
         # The bounds an agent's batch is held to (collector.ingest_bounds), for this group's rows: GPU
         # indices were bounded when their series came; the runs named are counted here.
         named = {r for r in runs_of[a:b] if r} | set((send or {}).get("runs") or ())
         if len(named) > max_runs:
-            log.error("remote write: the rows of node %s at %d ms name %d runs, more than %d "
-                      "(ingest.max_runs_per_batch); not stored", g.node, g.t_ms, len(named), max_runs)
+            log.error(
+                "remote write: the rows of node %s at %d ms name %d runs, more than %d "
+                "(ingest.max_runs_per_batch); not stored",
+                g.node,
+                g.t_ms,
+                len(named),
+                max_runs,
+            )
             out.invalid += 1
             continue
         if every is None:
@@ -445,8 +492,12 @@ def assemble_all(groups: list[Group], states: dict[str, NodeState], max_gpu_inde
             try:
                 ingest_bounds.check(batch, max_gpu_index, max_runs)
             except WireError as e:
-                log.error("remote write: the rows of node %s at %d ms are refused (%s); not stored", g.node,
-                          g.t_ms, e.detail()["msg"])
+                log.error(
+                    "remote write: the rows of node %s at %d ms are refused (%s); not stored",
+                    g.node,
+                    g.t_ms,
+                    e.detail()["msg"],
+                )
                 out.invalid += 1
                 continue
             out.batches.append(batch)
@@ -478,8 +529,9 @@ def _part(section: dict[str, Column], spans: list[tuple[int, int]]) -> tuple[dic
     return {k: c.take(idx) for k, c in section.items()}, len(idx)
 
 
-def _validated_alone(g: Group, rows: np.ndarray, hrows: np.ndarray, doc: dict[str, Any],
-                     facts: dict[str, Any] | None) -> Batch | None:
+def _validated_alone(
+    g: Group, rows: np.ndarray, hrows: np.ndarray, doc: dict[str, Any], facts: dict[str, Any] | None
+) -> Batch | None:
     """One group's batch checked alone (the cycle's rows did not validate together), to name the one at
     fault."""
     alone: dict[str, Any] = {"batch_id": batch_id(g.t_ms), "node": g.node}
@@ -492,16 +544,21 @@ def _validated_alone(g: Group, rows: np.ndarray, hrows: np.ndarray, doc: dict[st
     try:
         return validate(alone)
     except WireError as e:
-        log.error("remote write: the rows of node %s at %d ms do not validate (%s); not stored", g.node, g.t_ms,
-                  e.detail()["msg"])
+        log.error(
+            "remote write: the rows of node %s at %d ms do not validate (%s); not stored",
+            g.node,
+            g.t_ms,
+            e.detail()["msg"],
+        )
         return None
 
 
 def _slice(col: Column, a: int, b: int) -> Column:
     """Rows [a, b) of a validated column, as views where the column is an array."""
     values = col.values[a:b]
-    return Column(values, None if col.null is None else col.null[a:b],
-                  None if col.lengths is None else col.lengths[a:b])
+    return Column(
+        values, None if col.null is None else col.null[a:b], None if col.lengths is None else col.lengths[a:b]
+    )
 
 
 def _rows_of(col: Any, rows: np.ndarray) -> Any:
@@ -511,15 +568,23 @@ def _rows_of(col: Any, rows: np.ndarray) -> Any:
     data = np.frombuffer(col["data"], dtype=f"<{col['dtype'][0]}{width}")[rows]
     out = {"dtype": col["dtype"], "data": data.tobytes()}
     if "nulls" in col:
-        null = np.unpackbits(np.frombuffer(col["nulls"], dtype=np.uint8), count=len(np.frombuffer(
-            col["data"], dtype=f"<{col['dtype'][0]}{width}"))).astype(bool)[rows]
+        null = np.unpackbits(
+            np.frombuffer(col["nulls"], dtype=np.uint8),
+            count=len(np.frombuffer(col["data"], dtype=f"<{col['dtype'][0]}{width}")),
+        ).astype(bool)[rows]
         if null.any():
             out["nulls"] = np.packbits(null).tobytes()
     return out
 
 
-def assemble(node: str, t_ms: int, bodies: Iterable[bytes], state: NodeState, max_gpu_index: int = 32767,
-             max_runs: int = 1 << 30) -> Batch | None:
+def assemble(
+    node: str,
+    t_ms: int,
+    bodies: Iterable[bytes],
+    state: NodeState,
+    max_gpu_index: int = 32767,
+    max_runs: int = 1 << 30,
+) -> Batch | None:
     """The batch of one (node, time) (:func:`assemble_all` of that group alone); None when it holds no row."""
     done = assemble_all([Group(node, t_ms, list(bodies))], {node: state}, max_gpu_index, max_runs)
     if done.groups:

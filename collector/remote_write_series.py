@@ -57,8 +57,11 @@ BAD_NODE: Final = 6
 #: GPU columns a request fills, the catalog's numeric columns first, then three that are read when
 #: a row is finished and not stored: free and reserved framebuffer (for the total where the exporter
 #: prints none) and the XID gauge (an XID is reported when it changes).
-NUMERIC_GPU = tuple(name for name, f in GPU_BY_NAME.items()
-                    if f.kind != "text" and name not in ("gpu", "mig_instance", "time"))
+NUMERIC_GPU = tuple(
+    name
+    for name, f in GPU_BY_NAME.items()
+    if f.kind != "text" and name not in ("gpu", "mig_instance", "time")
+)
 FB_FREE: Final = "fb_free_mib"
 FB_RESERVED: Final = "fb_reserved_mib"
 XID_GAUGE: Final = "xid_gauge"
@@ -93,14 +96,27 @@ HOST_COUNTERS: Final[dict[str, tuple[str, str, float]]] = {
     "node_boot_time_seconds": ("boot", "boot", 1.0),
 }
 #: ``node_cpu_seconds_total`` modes -> CpuTimes fields; guest time comes from ``node_cpu_guest_seconds_total``.
-CPU_MODES: Final = {"user": "user", "nice": "nice", "system": "system", "idle": "idle", "iowait": "iowait",
-                    "irq": "irq", "softirq": "softirq", "steal": "steal"}
+CPU_MODES: Final = {
+    "user": "user",
+    "nice": "nice",
+    "system": "system",
+    "idle": "idle",
+    "iowait": "iowait",
+    "irq": "irq",
+    "softirq": "softirq",
+    "steal": "steal",
+}
 GUEST_MODES: Final = {"user": "guest", "nice": "guest_nice"}
 USER_HZ: Final = 100.0
 
 #: Facts a dcgm-exporter series carries about its GPU: label -> key of the node facts' ``gpus`` entries.
-GPU_FACT_LABELS: Final = (("UUID", "uuid"), ("modelName", "name"), ("Hostname", "hostname"),
-                          ("pci_bus_id", "pci_bus_id"), ("DCGM_FI_DRIVER_VERSION", "driver_version"))
+GPU_FACT_LABELS: Final = (
+    ("UUID", "uuid"),
+    ("modelName", "name"),
+    ("Hostname", "hostname"),
+    ("pci_bus_id", "pci_bus_id"),
+    ("DCGM_FI_DRIVER_VERSION", "driver_version"),
+)
 
 
 def node_of(labels: dict[str, str], node_labels: tuple[str, ...]) -> str | None:
@@ -235,8 +251,22 @@ class SeriesPlans:
                 del self.targets[len(self.targets) - 1]
                 raise
 
-    _ARRAYS = ("kind", "node", "row", "own_row", "col", "prio", "scale", "blank", "integral", "lo", "hi", "run",
-               "xid", "host_key")
+    _ARRAYS = (
+        "kind",
+        "node",
+        "row",
+        "own_row",
+        "col",
+        "prio",
+        "scale",
+        "blank",
+        "integral",
+        "lo",
+        "hi",
+        "run",
+        "xid",
+        "host_key",
+    )
 
     def _grow(self) -> None:
         """Twice the room; the arrays are replaced, not resized, so a request holding the old ones
@@ -244,7 +274,7 @@ class SeriesPlans:
         for name in self._ARRAYS:
             old = getattr(self, name)
             new = np.zeros(len(old) * 2, dtype=old.dtype)
-            new[:len(old)] = old
+            new[: len(old)] = old
             setattr(self, name, new)
         self.capacity *= 2
 
@@ -255,9 +285,22 @@ class SeriesPlans:
         self.names.append(_describe(s))
         target = (s.labels.get("job", ""), s.labels.get("instance", ""))
         self.targets.append(self._target_ids.setdefault(target, len(self._target_ids)))
-        for name, value in (("kind", UNUSED), ("node", -1), ("row", -1), ("own_row", -1), ("col", 0), ("prio", 0),
-                            ("scale", 1.0), ("blank", np.inf), ("integral", False), ("lo", -np.inf),
-                            ("hi", np.inf), ("run", 0), ("xid", 0), ("host_key", -1)):
+        for name, value in (
+            ("kind", UNUSED),
+            ("node", -1),
+            ("row", -1),
+            ("own_row", -1),
+            ("col", 0),
+            ("prio", 0),
+            ("scale", 1.0),
+            ("blank", np.inf),
+            ("integral", False),
+            ("lo", -np.inf),
+            ("hi", np.inf),
+            ("run", 0),
+            ("xid", 0),
+            ("host_key", -1),
+        ):
             getattr(self, name)[pid] = value
         labels = s.labels
         name = labels["__name__"]
@@ -272,9 +315,13 @@ class SeriesPlans:
         if not is_node_name(node):
             # Not the request's fault (Prometheus would drop every request carrying the series if it
             # were refused): counted, and said once per series.
-            log.warning("remote write: %s names node %r, not a host name of [A-Za-z0-9._-] (the first of "
-                        "the labels %s); its samples are dropped: relabel it", self.names[pid], node,
-                        ", ".join(self.node_labels))
+            log.warning(
+                "remote write: %s names node %r, not a host name of [A-Za-z0-9._-] (the first of "
+                "the labels %s); its samples are dropped: relabel it",
+                self.names[pid],
+                node,
+                ", ".join(self.node_labels),
+            )
             self.kind[pid] = BAD_NODE
             return pid
         nid = self.node_id(node)
@@ -292,8 +339,10 @@ class SeriesPlans:
             self.kind[pid] = NO_GPU if gpu is None else UNUSED
             return pid
         if gpu > self.max_gpu_index:
-            raise RemoteWriteError(f"{self.names[pid]}: GPU index {gpu} is above the collector's bound of "
-                                   f"{self.max_gpu_index} (ingest.max_gpu_index)")
+            raise RemoteWriteError(
+                f"{self.names[pid]}: GPU index {gpu} is above the collector's bound of "
+                f"{self.max_gpu_index} (ingest.max_gpu_index)"
+            )
         mig_label = _int_label(labels, "GPU_I_ID")
         mig = -1 if mig_label is None or mig_label > 32767 else mig_label
         parent = self.row_id(nid, gpu, -1)
@@ -325,7 +374,9 @@ class SeriesPlans:
         self.scale[pid] = scale
         self.blank[pid] = DCGM_FP64_BLANK if dcgm_type == "double" else float(DCGM_INT64_BLANK)
         lo, hi = _bounds(column)
-        self.integral[pid] = column == XID_GAUGE or (column in GPU_BY_NAME and GPU_BY_NAME[column].kind in INT_RANGES)
+        self.integral[pid] = column == XID_GAUGE or (
+            column in GPU_BY_NAME and GPU_BY_NAME[column].kind in INT_RANGES
+        )
         self.lo[pid] = lo
         self.hi[pid] = hi
         return pid
@@ -338,8 +389,14 @@ class SeriesPlans:
         if not (ns and pod):
             return 0
         uid = labels.get("pod_uid") or None
-        run = K8sRun(run_id_for(ns, pod, uid), pod, "Pod", ns, ns, {"k8s.namespace": ns, "k8s.kind": "Pod",
-                                                                   "k8s.name": pod})
+        run = K8sRun(
+            run_id_for(ns, pod, uid),
+            pod,
+            "Pod",
+            ns,
+            ns,
+            {"k8s.namespace": ns, "k8s.kind": "Pod", "k8s.name": pod},
+        )
         i = self._intern(self._run_ids, self.runs, run.run_id)
         if i == len(self.run_facts):
             self.run_facts.append(run.facts())
@@ -406,4 +463,3 @@ def _host_series(name: str, labels: dict[str, str]) -> tuple[str, float] | None:
     if not _DEVICE.fullmatch(device):
         return None
     return f"{group}/{device}/{fld}", factor
-

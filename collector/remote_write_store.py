@@ -81,19 +81,27 @@ RETURNING p.id, p.node, p.t_ms, p.body"""
 PENDING_SQL = "SELECT count(*) FROM remote_write_parts"
 
 
-def copy_rows(conn: psycopg.Connection, table: str, specs: list[Any], parts: list[tuple[str, Any, int]]) -> None:
+def copy_rows(
+    conn: psycopg.Connection, table: str, specs: list[Any], parts: list[tuple[str, Any, int]]
+) -> None:
     """The writer's binary COPY of columnar parts (gpufleet.collector.batch_store.copy_data)."""
     present, chunks = copy_data(specs, parts)
     stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(sp.name) for sp in present))
+        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(sp.name) for sp in present)
+    )
     with conn.cursor().copy(stmt) as cp:
         for chunk in chunks:
             cp.write(chunk)
 
 
 def stage_params(pieces: list[Piece]) -> tuple[list[str], list[int], list[int], list[int], list[bytes]]:
-    return ([p.node for p in pieces], [p.t_ms for p in pieces], [p.gpu_samples for p in pieces],
-            [p.host_samples for p in pieces], [p.body for p in pieces])
+    return (
+        [p.node for p in pieces],
+        [p.t_ms for p in pieces],
+        [p.gpu_samples for p in pieces],
+        [p.host_samples for p in pieces],
+        [p.body for p in pieces],
+    )
 
 
 @dataclass
@@ -114,9 +122,17 @@ class Cycle:
 class Assembler:
     """Merges whole (node, time) groups into rows; one replica at a time, in a thread of its own."""
 
-    def __init__(self, url: str, *, merge_delay_s: float, every_s: float, max_groups: int = 5000,
-                 on_cycle: Callable[[Cycle, int], None] | None = None, max_gpu_index: int = 32767,
-                 max_runs: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        merge_delay_s: float,
+        every_s: float,
+        max_groups: int = 5000,
+        on_cycle: Callable[[Cycle, int], None] | None = None,
+        max_gpu_index: int = 32767,
+        max_runs: int = 1 << 30,
+    ) -> None:
         self.url = url
         self.max_gpu_index = max_gpu_index
         self.max_runs = max_runs
@@ -140,19 +156,27 @@ class Assembler:
         out = Cycle()
         with conn.transaction():
             # Binary: the pieces come back as the bytes they are, not as hexadecimal text to decode.
-            taken = conn.execute(TAKE_SQL, {"delay": self.merge_delay_s, "limit": self.max_groups},
-                                 binary=True).fetchall()
+            taken = conn.execute(
+                TAKE_SQL, {"delay": self.merge_delay_s, "limit": self.max_groups}, binary=True
+            ).fetchall()
             pieces: dict[tuple[str, int], list[tuple[int, bytes]]] = defaultdict(list)
             for pid, node, t_ms, body in taken:
                 pieces[(node, t_ms)].append((pid, bytes(body)))
-            groups = [Group(node, t_ms, [b for _, b in sorted(parts)]) for (node, t_ms), parts in sorted(pieces.items())]
+            groups = [
+                Group(node, t_ms, [b for _, b in sorted(parts)])
+                for (node, t_ms), parts in sorted(pieces.items())
+            ]
             try:
                 done = assemble_all(groups, self.states, self.max_gpu_index, self.max_runs)
             except (ValueError, KeyError, TypeError, IndexError, msgpack.UnpackException) as e:
                 # Pieces are written by this module only; ones that do not read are a defect, and must
                 # not stop every group after them: this cycle's are dropped, with the reason.
-                log.error("remote write: %d groups' pieces do not read (%s: %s); dropped", len(groups),
-                          e.__class__.__name__, e)
+                log.error(
+                    "remote write: %d groups' pieces do not read (%s: %s); dropped",
+                    len(groups),
+                    e.__class__.__name__,
+                    e,
+                )
                 out.failed += len(groups)
                 done = Assembled()
             out.empty += done.empty
@@ -179,7 +203,9 @@ class Assembler:
         if not done.groups:
             return [], None
         rows: list[tuple[str, str, int, int, float | None, float | None]] = [
-            (g.batch_id, g.node, g.b - g.a, g.hb - g.ha, g.t_ms / 1000.0, g.t_ms / 1000.0) for g in done.groups]
+            (g.batch_id, g.node, g.b - g.a, g.hb - g.ha, g.t_ms / 1000.0, g.t_ms / 1000.0)
+            for g in done.groups
+        ]
         new = {(r[1], r[0]) for r in conn.execute(REGISTER_SQL, register_params(rows)).fetchall()}
         per_node: dict[str, list[GroupRows]] = defaultdict(list)
         for g in done.groups:
@@ -191,13 +217,16 @@ class Assembler:
         if any(b.n_gpu for b in batches):
             copy_rows(conn, "gpu_samples", GPU_SPECS, [(b.node, b.gpu, b.n_gpu) for b in batches if b.n_gpu])
         if any(b.n_host for b in batches):
-            copy_rows(conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in batches if b.n_host])
+            copy_rows(
+                conn, "host_samples", HOST_SPECS, [(b.node, b.host, b.n_host) for b in batches if b.n_host]
+            )
         seen = sightings.record(conn, batches, self.sightings)
         touch_nodes(conn, batches, self.touch)
         return batches, seen
 
-    def _count(self, out: Cycle, node: str, stored: bool, gpu_rows: int, host_rows: int,
-               facts: dict[str, Any] | None) -> None:
+    def _count(
+        self, out: Cycle, node: str, stored: bool, gpu_rows: int, host_rows: int, facts: dict[str, Any] | None
+    ) -> None:
         if stored:
             out.stored += 1
             out.gpu_rows += gpu_rows
@@ -226,8 +255,9 @@ class Assembler:
             try:
                 if conn is None or conn.closed:
                     self.holds_lock = False
-                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=3,
-                                           application_name="gpufleet-remote-write")
+                    conn = psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=3, application_name="gpufleet-remote-write"
+                    )
                 if not self.holds_lock:
                     got = conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()
                     if not (got and got[0]):

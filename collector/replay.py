@@ -57,24 +57,33 @@ def load(conn: psycopg.Connection, bundle: Bundle) -> None:
         for run_id, t, tokens, samples in bundle.progress:
             run_store.record_progress(conn, run_id, t, tokens, samples)
         for k in range(0, len(bundle.batches), 8):
-            write_batches(conn, bundle.batches[k:k + 8])
+            write_batches(conn, bundle.batches[k : k + 8])
         for node, facts in bundle.facts.items():
-            conn.execute("INSERT INTO nodes (node, facts, facts_time) VALUES (%s, %s, now()) ON CONFLICT (node) "
-                         "DO UPDATE SET facts = EXCLUDED.facts, facts_time = now()", (node, Jsonb(facts)))
+            conn.execute(
+                "INSERT INTO nodes (node, facts, facts_time) VALUES (%s, %s, now()) ON CONFLICT (node) "
+                "DO UPDATE SET facts = EXCLUDED.facts, facts_time = now()",
+                (node, Jsonb(facts)),
+            )
         # Node sizes, as agents would report them, for host-energy shares.
         conn.execute(
             "INSERT INTO nodes (node, gpu_count) SELECT node, count(DISTINCT gpu) FROM gpu_samples "
             "WHERE mig_instance IS NULL GROUP BY node ON CONFLICT (node) DO UPDATE SET gpu_count = "
-            "EXCLUDED.gpu_count")
+            "EXCLUDED.gpu_count"
+        )
         assign_node_sites(conn)
 
 
 def register_bundle(conn: psycopg.Connection, bundle: Bundle) -> None:
     """The bundle's sites, carbon series and runs with their allocations, as operators and schedulers declare them."""
     for s in bundle.sites:
-        values = {"pue": s["pue"] or 1.0, "price_per_kwh": s["price_per_kwh"] or 0.0,
-                  "gpu_hour_price": s["gpu_hour_price"] or 0.0, "currency": s["currency"] or "USD",
-                  "carbon_region": s["carbon_region"], "carbon_g_per_kwh": s["carbon_g_per_kwh"]}
+        values = {
+            "pue": s["pue"] or 1.0,
+            "price_per_kwh": s["price_per_kwh"] or 0.0,
+            "gpu_hour_price": s["gpu_hour_price"] or 0.0,
+            "currency": s["currency"] or "USD",
+            "carbon_region": s["carbon_region"],
+            "carbon_g_per_kwh": s["carbon_g_per_kwh"],
+        }
         site_store.put_site(conn, s["site"], values, given=values)
     for region, points in bundle.carbon.items():
         site_store.set_carbon(conn, region, points)
@@ -85,11 +94,17 @@ def register_bundle(conn: psycopg.Connection, bundle: Bundle) -> None:
         by_node: dict[str, list[int]] = {}
         for node, gpu in allocs.get(r["run_id"], []):
             by_node.setdefault(node, []).append(gpu)
-        run_store.create_run(conn, {
-            "run_id": r["run_id"], "name": r["name"], "site": r["site"],
-            "start": datetime.fromtimestamp(r["start"], UTC),
-            "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
-            "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()]})
+        run_store.create_run(
+            conn,
+            {
+                "run_id": r["run_id"],
+                "name": r["name"],
+                "site": r["site"],
+                "start": datetime.fromtimestamp(r["start"], UTC),
+                "end": None if r["end"] is None else datetime.fromtimestamp(r["end"], UTC),
+                "allocations": [{"node": n, "gpus": g} for n, g in by_node.items()],
+            },
+        )
 
 
 def assign_node_sites(conn: psycopg.Connection) -> None:
@@ -107,9 +122,13 @@ WHERE r.site IS NOT NULL ORDER BY a.node, r.start, r.run_id
 ON CONFLICT (node) DO UPDATE SET site = EXCLUDED.site WHERE nodes.site IS NULL""")
 
 
-def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
-                   config: DetectorConfig | None = None,
-                   store: MemoryIncidentStore | None = None) -> tuple[MemoryIncidentStore, int]:
+def sweep_timeline(
+    conn: psycopg.Connection,
+    bundle: Bundle,
+    settings: Settings,
+    config: DetectorConfig | None = None,
+    store: MemoryIncidentStore | None = None,
+) -> tuple[MemoryIncidentStore, int]:
     """Every sweep the live collector would have made over the trace."""
     det = settings.detect
     cfg = config if config is not None else settings.detect
@@ -117,8 +136,9 @@ def sweep_timeline(conn: psycopg.Connection, bundle: Bundle, settings: Settings,
     cache.load(conn, bundle.t_min - det.window_s, bundle.t_max)
     runs = load_runs(conn, bundle.t_min - det.window_s, bundle.t_max + det.sweep_interval_s)
     store = store if store is not None else MemoryIncidentStore()
-    times = np.arange(bundle.t_min + det.sweep_interval_s, bundle.t_max + det.sweep_interval_s,
-                      det.sweep_interval_s)
+    times = np.arange(
+        bundle.t_min + det.sweep_interval_s, bundle.t_max + det.sweep_interval_s, det.sweep_interval_s
+    )
     for now in times.tolist():
         active = [r for r in runs if r.overlaps(now - det.window_s, now)]
         window = cache.window(now, active, bundle.facts)
@@ -130,12 +150,15 @@ def accounting_for(conn: psycopg.Connection, bundle: Bundle, settings: Settings)
     from gpufleet.accounting import run_accounting
 
     now = datetime.fromtimestamp(bundle.t_max, UTC)
-    return [run_accounting(conn, r["run_id"], now=now, max_gap_s=settings.accounting.max_gap_s)
-            for r in sorted(bundle.runs, key=lambda r: (r["start"], r["run_id"]))]
+    return [
+        run_accounting(conn, r["run_id"], now=now, max_gap_s=settings.accounting.max_gap_s)
+        for r in sorted(bundle.runs, key=lambda r: (r["start"], r["run_id"]))
+    ]
 
 
-def replay(url: str, bundle_dir: Path, settings: Settings,
-           progress: Callable[[str], None] | None = None) -> ReplayResult:
+def replay(
+    url: str, bundle_dir: Path, settings: Settings, progress: Callable[[str], None] | None = None
+) -> ReplayResult:
     say = progress or (lambda _m: None)
     bundle = read_bundle(bundle_dir)
     say(f"bundle: {bundle.gpu_rows} GPU and {bundle.host_rows} host samples, {len(bundle.runs)} runs")

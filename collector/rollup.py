@@ -180,17 +180,25 @@ def _stats_sql(kind: str) -> tuple[str, str]:
     lo, hi = E.minute("r.lo"), E.minute("r.hi") + " + INTERVAL '1 minute'"
     table = f"{kind}_stats_1m"
     samples = f"{kind}_samples"
-    delete = f"DELETE FROM {table} t USING {rng} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
+    delete = (
+        f"DELETE FROM {table} t USING {rng} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
+    )
     # The EXISTS alone names the samples, but no index can answer it: the nodes and the span of all
     # the ranges, which it implies, let the (node, gpu, time) index or the time index find them
     # instead of a scan of the whole table (tests/db/test_rollup_stats_by_index.py).
-    span = (f"{samples}.node = ANY(%(nodes)s::text[]) "
-            f"AND {samples}.time >= {E.minute('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
-            f"AND {samples}.time < {E.minute('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} "
-            "+ INTERVAL '1 minute'")
-    where = (f"{span} AND EXISTS (SELECT 1 FROM {rng} WHERE {samples}.node = r.node AND {samples}.time >= {lo} "
-             f"AND {samples}.time < {hi})")
-    select = (stats_sql.gpu_stats_select if kind == "gpu" else stats_sql.host_stats_select)(E.minute("time"), where)
+    span = (
+        f"{samples}.node = ANY(%(nodes)s::text[]) "
+        f"AND {samples}.time >= {E.minute('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
+        f"AND {samples}.time < {E.minute('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} "
+        "+ INTERVAL '1 minute'"
+    )
+    where = (
+        f"{span} AND EXISTS (SELECT 1 FROM {rng} WHERE {samples}.node = r.node AND {samples}.time >= {lo} "
+        f"AND {samples}.time < {hi})"
+    )
+    select = (stats_sql.gpu_stats_select if kind == "gpu" else stats_sql.host_stats_select)(
+        E.minute("time"), where
+    )
     return delete, f"INSERT INTO {table} {select}"
 
 
@@ -217,15 +225,23 @@ def merge_ranges(rows: list[tuple[str, datetime, datetime]]) -> dict[str, tuple[
     return out
 
 
-def rebuild(conn: psycopg.Connection, ranges: dict[str, tuple[datetime, datetime]], max_gap_s: float,
-            plain_stats: bool) -> RollupResult:
+def rebuild(
+    conn: psycopg.Connection,
+    ranges: dict[str, tuple[datetime, datetime]],
+    max_gap_s: float,
+    plain_stats: bool,
+) -> RollupResult:
     """Recompute every rollup touched by ``ranges`` (within the caller's transaction)."""
     res = RollupResult(ranges=len(ranges))
     if not ranges:
         return res
     nodes = sorted(ranges)
-    params = {"nodes": nodes, "lo": [ranges[n][0] for n in nodes], "hi": [ranges[n][1] for n in nodes],
-              "max_gap_s": max_gap_s}
+    params = {
+        "nodes": nodes,
+        "lo": [ranges[n][0] for n in nodes],
+        "hi": [ranges[n][1] for n in nodes],
+        "max_gap_s": max_gap_s,
+    }
     for stmt in TEMP_TABLES_SQL.split(";"):
         conn.execute(stmt)
     conn.execute("TRUNCATE _rollup_gpu, _rollup_host, _rollup_span_old, _rollup_iv")
@@ -252,8 +268,13 @@ def rebuild(conn: psycopg.Connection, ranges: dict[str, tuple[datetime, datetime
     return res
 
 
-def run_once(conn: psycopg.Connection, max_gap_s: float, plain_stats: bool, limit: int = 20_000,
-             shards: tuple[int, list[int]] | None = None) -> RollupResult:
+def run_once(
+    conn: psycopg.Connection,
+    max_gap_s: float,
+    plain_stats: bool,
+    limit: int = 20_000,
+    shards: tuple[int, list[int]] | None = None,
+) -> RollupResult:
     """Claim up to ``limit`` queued ranges and rebuild them, in one transaction.
 
     ``shards``: (shard count, the shards held): only the ranges of nodes
@@ -262,8 +283,10 @@ def run_once(conn: psycopg.Connection, max_gap_s: float, plain_stats: bool, limi
         if shards is None:
             rows = conn.execute(CLAIM_SQL, {"limit": limit}).fetchall()
         else:
-            rows = conn.execute(CLAIM_SHARDS_SQL.format(shard=shard_sql("node", shards[0])),
-                                {"limit": limit, "mine": shards[1]}).fetchall()
+            rows = conn.execute(
+                CLAIM_SHARDS_SQL.format(shard=shard_sql("node", shards[0])),
+                {"limit": limit, "mine": shards[1]},
+            ).fetchall()
         return rebuild(conn, merge_ranges(rows), max_gap_s, plain_stats)
 
 

@@ -130,34 +130,58 @@ def run_figures(body: dict[str, Any]) -> dict[str, Any]:
     goodput = body.get("goodput")
     if goodput is None and isinstance(efficiency, dict):
         goodput = efficiency.get("goodput")
-    return {"run": body["run_id"], "team": body.get("team") or "", "site": body.get("site") or "",
-            "energy_kwh": _number(body.get("facility_kwh")), "costs": costs,
-            "co2e_kg": _number(body.get("co2e_kg")), "gpu_seconds": hours, "goodput": _number(goodput)}
+    return {
+        "run": body["run_id"],
+        "team": body.get("team") or "",
+        "site": body.get("site") or "",
+        "energy_kwh": _number(body.get("facility_kwh")),
+        "costs": costs,
+        "co2e_kg": _number(body.get("co2e_kg")),
+        "gpu_seconds": hours,
+        "goodput": _number(goodput),
+    }
 
 
-def compute(conn: psycopg.Connection, settings: RunMetricsSettings, now: datetime,
-            max_gap_s: float | None = None) -> dict[str, Any]:
+def compute(
+    conn: psycopg.Connection, settings: RunMetricsSettings, now: datetime, max_gap_s: float | None = None
+) -> dict[str, Any]:
     """The snapshot: every exported run's figures, and per GPU when ``settings.per_gpu``."""
-    ids = [r[0] for r in conn.execute(RUNS_SQL, {"now": now, "horizon": settings.horizon_s,
-                                                 "limit": settings.max_runs + 1}).fetchall()]
+    ids = [
+        r[0]
+        for r in conn.execute(
+            RUNS_SQL, {"now": now, "horizon": settings.horizon_s, "limit": settings.max_runs + 1}
+        ).fetchall()
+    ]
     omitted = 0
     if len(ids) > settings.max_runs:
-        omitted = int(conn.execute(
-            'SELECT count(*) FROM runs WHERE start <= %(now)s AND ("end" IS NULL OR "end" > %(now)s - '
-            "make_interval(secs => %(horizon)s))", {"now": now, "horizon": settings.horizon_s}).fetchone()[0]  # type: ignore[index]
-        ) - settings.max_runs
-        ids = ids[:settings.max_runs]
+        omitted = (
+            int(
+                conn.execute(
+                    'SELECT count(*) FROM runs WHERE start <= %(now)s AND ("end" IS NULL OR "end" > %(now)s - '
+                    "make_interval(secs => %(horizon)s))",
+                    {"now": now, "horizon": settings.horizon_s},
+                ).fetchone()[0]  # type: ignore[index]
+            )
+            - settings.max_runs
+        )
+        ids = ids[: settings.max_runs]
     runs = load_runs(conn, ids)
     bodies = account_runs(conn, runs, now=now, max_gap_s=max_gap_s) if runs else []
     out: dict[str, Any] = {"runs": [run_figures(dict(b)) for b in bodies], "omitted": omitted}
     if settings.per_gpu:
         uuids = {(n, g): u for n, g, u in conn.execute(UUIDS_SQL).fetchall()}
-        out["gpu_energy"] = [{"run": r, "node": n, "gpu": g, "uuid": uuids.get((n, g), ""), "kwh": float(kwh)}
-                             for r, n, g, kwh in conn.execute(GPU_ENERGY_SQL, {"now": now, "runs": ids}).fetchall()]
-        out["gpu_incidents"] = [{"node": n, "gpu": g, "uuid": uuids.get((n, g), ""), "kind": k, "open": int(c)}
-                                for n, g, k, c in conn.execute(GPU_INCIDENTS_SQL).fetchall()]
-        out["gpu_runs"] = [{"run": r, "team": t, "node": n, "gpu": g, "uuid": uuids.get((n, g), "")}
-                           for r, t, n, g in conn.execute(GPU_RUNS_SQL, {"now": now, "runs": ids}).fetchall()]
+        out["gpu_energy"] = [
+            {"run": r, "node": n, "gpu": g, "uuid": uuids.get((n, g), ""), "kwh": float(kwh)}
+            for r, n, g, kwh in conn.execute(GPU_ENERGY_SQL, {"now": now, "runs": ids}).fetchall()
+        ]
+        out["gpu_incidents"] = [
+            {"node": n, "gpu": g, "uuid": uuids.get((n, g), ""), "kind": k, "open": int(c)}
+            for n, g, k, c in conn.execute(GPU_INCIDENTS_SQL).fetchall()
+        ]
+        out["gpu_runs"] = [
+            {"run": r, "team": t, "node": n, "gpu": g, "uuid": uuids.get((n, g), "")}
+            for r, t, n, g in conn.execute(GPU_RUNS_SQL, {"now": now, "runs": ids}).fetchall()
+        ]
     return out
 
 
@@ -168,8 +192,14 @@ def store(conn: psycopg.Connection, snapshot: dict[str, Any], at: datetime) -> N
 class RunMetricsRefresher:
     """Recomputes the snapshot every ``refresh_s`` on the replica that leads (``is_leader``)."""
 
-    def __init__(self, url: str, settings: RunMetricsSettings, is_leader: Callable[[], bool],
-                 max_gap_s: float | None = None, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        url: str,
+        settings: RunMetricsSettings,
+        is_leader: Callable[[], bool],
+        max_gap_s: float | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.url = url
         self.settings = settings
         self.is_leader = is_leader
@@ -206,23 +236,27 @@ class RunMetricsRefresher:
             t0 = time.monotonic()
             due = t0 + self.settings.refresh_s
             try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=3,
-                                     application_name="gpufleet-run-metrics") as conn:
+                with psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=3, application_name="gpufleet-run-metrics"
+                ) as conn:
                     self.refresh(conn)
                 self.last_error = None
             except psycopg.Error as e:
                 self.last_error = f"{e.__class__.__name__}: {e}"
                 log.warning("run metrics: refresh failed (%s); the last snapshot stays", self.last_error)
             if time.monotonic() - t0 > self.settings.refresh_s:
-                log.warning("run metrics: computing took %.0f s, longer than run_metrics.refresh_s",
-                            time.monotonic() - t0)
+                log.warning(
+                    "run metrics: computing took %.0f s, longer than run_metrics.refresh_s",
+                    time.monotonic() - t0,
+                )
 
 
 class RunMetrics(Collector):
     """The stored snapshot as metric families; read from the database at most every ``cache_s``."""
 
-    def __init__(self, url: str, *, redact: bool = False, cache_s: float = 5.0,
-                 statement_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, redact: bool = False, cache_s: float = 5.0, statement_timeout_s: float = 5.0
+    ) -> None:
         self.url = url
         self.redact = redact
         self.cache_s = cache_s
@@ -235,13 +269,17 @@ class RunMetrics(Collector):
         if time.monotonic() - self._at > self.cache_s:
             try:
                 with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
-                    conn.execute("SELECT set_config('statement_timeout', %s, false)",
-                                 (f"{self.statement_timeout_s * 1000:.0f}",))
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, false)",
+                        (f"{self.statement_timeout_s * 1000:.0f}",),
+                    )
                     row = conn.execute(LOAD_SQL).fetchone()
                 if row is not None:
                     self._computed_at, self._snapshot = float(row[0]), row[1]
             except psycopg.Error as e:
-                log.warning("run metrics: cannot read the snapshot (%s); serving the last one", e.__class__.__name__)
+                log.warning(
+                    "run metrics: cannot read the snapshot (%s); serving the last one", e.__class__.__name__
+                )
             self._at = time.monotonic()
         return self._snapshot
 
@@ -251,15 +289,22 @@ class RunMetrics(Collector):
         keys = ["run", "team", "site"]
         if self.redact:  # no run ids: per team and site
             runs = _summed(runs)
-        energy = CounterMetricFamily("gpufleet_run_energy_kwh", "Run's facility energy (GPUs, host share, "
-                                     "times PUE), kWh", labels=keys)
-        cost = CounterMetricFamily("gpufleet_run_cost", "Run's energy plus compute cost, in its currency",
-                                   labels=[*keys, "currency"])
+        energy = CounterMetricFamily(
+            "gpufleet_run_energy_kwh", "Run's facility energy (GPUs, host share, times PUE), kWh", labels=keys
+        )
+        cost = CounterMetricFamily(
+            "gpufleet_run_cost", "Run's energy plus compute cost, in its currency", labels=[*keys, "currency"]
+        )
         co2e = CounterMetricFamily("gpufleet_run_co2e_kg", "Run's CO2e, kg", labels=keys)
-        seconds = CounterMetricFamily("gpufleet_run_gpu_seconds", "Run's GPU time by ledger state (docs/contracts.md "
-                                      "3.3; all where no ledger was computed), GPU-seconds", labels=[*keys, "state"])
-        goodput = GaugeMetricFamily("gpufleet_run_goodput", "Run's productive share of its GPU-hours, 0-1",
-                                    labels=keys)
+        seconds = CounterMetricFamily(
+            "gpufleet_run_gpu_seconds",
+            "Run's GPU time by ledger state (docs/contracts.md "
+            "3.3; all where no ledger was computed), GPU-seconds",
+            labels=[*keys, "state"],
+        )
+        goodput = GaugeMetricFamily(
+            "gpufleet_run_goodput", "Run's productive share of its GPU-hours, 0-1", labels=keys
+        )
         for r in runs:
             lv = [r["run"], r["team"], r["site"]]
             if r.get("energy_kwh") is not None:
@@ -276,19 +321,26 @@ class RunMetrics(Collector):
         exported = GaugeMetricFamily("gpufleet_run_metrics_runs", "Runs the gpufleet_run_* series cover")
         exported.add_metric([], len(snap.get("runs") or []))
         yield exported
-        omitted = GaugeMetricFamily("gpufleet_run_metrics_omitted_runs",
-                                    "Runs within run_metrics.horizon_s left out by run_metrics.max_runs")
+        omitted = GaugeMetricFamily(
+            "gpufleet_run_metrics_omitted_runs",
+            "Runs within run_metrics.horizon_s left out by run_metrics.max_runs",
+        )
         omitted.add_metric([], float(snap.get("omitted") or 0))
         yield omitted
-        age = GaugeMetricFamily("gpufleet_run_metrics_age_seconds", "Seconds since the run figures were computed")
+        age = GaugeMetricFamily(
+            "gpufleet_run_metrics_age_seconds", "Seconds since the run figures were computed"
+        )
         if self._computed_at is not None:
             age.add_metric([], max(0.0, time.time() - self._computed_at))
         yield age
         if "gpu_energy" in snap:
             gkeys = ["node", "gpu", "UUID"]
-            ge = CounterMetricFamily("gpufleet_gpu_run_energy_kwh", "GPU board energy inside the window of the run "
-                                     "that holds it (minute rollups; no host share, no PUE), kWh",
-                                     labels=[*gkeys, "run"])
+            ge = CounterMetricFamily(
+                "gpufleet_gpu_run_energy_kwh",
+                "GPU board energy inside the window of the run "
+                "that holds it (minute rollups; no host share, no PUE), kWh",
+                labels=[*gkeys, "run"],
+            )
             if self.redact:
                 summed: dict[tuple[str, ...], float] = defaultdict(float)
                 for e in snap["gpu_energy"]:
@@ -299,15 +351,21 @@ class RunMetrics(Collector):
                 for e in snap["gpu_energy"]:
                     ge.add_metric([e["node"], str(e["gpu"]), e["uuid"], e["run"]], e["kwh"])
             yield ge
-            gi = GaugeMetricFamily("gpufleet_gpu_incident_open", "Open incidents on the GPU, by kind",
-                                   labels=[*gkeys, "kind"])
+            gi = GaugeMetricFamily(
+                "gpufleet_gpu_incident_open", "Open incidents on the GPU, by kind", labels=[*gkeys, "kind"]
+            )
             for i in snap.get("gpu_incidents") or []:
                 gi.add_metric([i["node"], str(i["gpu"]), i["uuid"], i["kind"]], i["open"])
             yield gi
-            held = GaugeMetricFamily("gpufleet_gpu_run_info", "1 while a running run holds the GPU (join "
-                                     "dcgm-exporter's series on UUID)", labels=[*gkeys, "run", "team"])
+            held = GaugeMetricFamily(
+                "gpufleet_gpu_run_info",
+                "1 while a running run holds the GPU (join dcgm-exporter's series on UUID)",
+                labels=[*gkeys, "run", "team"],
+            )
             for h in snap.get("gpu_runs") or []:
-                held.add_metric([h["node"], str(h["gpu"]), h["uuid"], "" if self.redact else h["run"], h["team"]], 1)
+                held.add_metric(
+                    [h["node"], str(h["gpu"]), h["uuid"], "" if self.redact else h["run"], h["team"]], 1
+                )
             yield held
 
 
@@ -315,9 +373,19 @@ def _summed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs' figures added up per (team, site), with an empty run label."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in runs:
-        t = out.setdefault((r["team"], r["site"]), {"run": "", "team": r["team"], "site": r["site"],
-                                                      "energy_kwh": None, "costs": {}, "co2e_kg": None,
-                                                      "gpu_seconds": {}, "goodput": None})
+        t = out.setdefault(
+            (r["team"], r["site"]),
+            {
+                "run": "",
+                "team": r["team"],
+                "site": r["site"],
+                "energy_kwh": None,
+                "costs": {},
+                "co2e_kg": None,
+                "gpu_seconds": {},
+                "goodput": None,
+            },
+        )
         for key in ("energy_kwh", "co2e_kg"):
             if r.get(key) is not None:
                 t[key] = (t[key] or 0.0) + r[key]
@@ -330,4 +398,3 @@ def _summed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if total > 0 and "productive" in t["gpu_seconds"]:
             t["goodput"] = t["gpu_seconds"]["productive"] / total
     return list(out.values())
-

@@ -45,8 +45,12 @@ def run_command(cmd: Sequence[str], timeout_s: float, done: str, setting: str) -
     try:
         p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
-        return Outcome(FAILED, f"{cmd[0]}: not found (is this collector on a Slurm login/controller host, or is "
-                               f"{setting} the full path?)", call)
+        return Outcome(
+            FAILED,
+            f"{cmd[0]}: not found (is this collector on a Slurm login/controller host, or is "
+            f"{setting} the full path?)",
+            call,
+        )
     except subprocess.TimeoutExpired:
         return Outcome(FAILED, f"{Path(cmd[0]).name} did not finish in {timeout_s:g} s", call)
     except OSError as e:
@@ -61,8 +65,14 @@ class KubernetesApi:
     """PATCHes objects of the Kubernetes API with the service account's token (read at each call, as the
     kubelet rotates it) and the cluster's CA."""
 
-    def __init__(self, api_url: str, token_file: Path, ca_file: Path | None, timeout_s: float = 30.0,
-                 client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token_file: Path,
+        ca_file: Path | None,
+        timeout_s: float = 30.0,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.api_url = api_url.rstrip("/")
         self.token_file = token_file
         self.ca_file = ca_file
@@ -76,10 +86,16 @@ class KubernetesApi:
         try:
             token = self.token_file.read_text().strip()
         except OSError as e:
-            return Outcome(FAILED, f"cannot read the service account token {self.token_file}: {e.strerror or e}", call)
+            return Outcome(
+                FAILED, f"cannot read the service account token {self.token_file}: {e.strerror or e}", call
+            )
         if not token:
             return Outcome(FAILED, f"the service account token {self.token_file} is empty", call)
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": content_type,
+            "Accept": "application/json",
+        }
         try:
             if self._client is not None:
                 r = self._client.patch(url, json=dict(body), headers=headers, timeout=self.timeout_s)

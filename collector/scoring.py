@@ -46,8 +46,11 @@ def _scope_ok(label: Mapping[str, Any], f: Mapping[str, Any]) -> bool:
         lr = label.get("run_id")
         if lr is not None and f.get("run_id") is not None and lr != f.get("run_id"):
             return False
-        return any((label.get("node") is None or label.get("node") == n)
-                   and (label.get("gpu") is None or label.get("gpu") == g) for n, g in listed)
+        return any(
+            (label.get("node") is None or label.get("node") == n)
+            and (label.get("gpu") is None or label.get("gpu") == g)
+            for n, g in listed
+        )
     for k in ("run_id", "node", "gpu"):
         lv = label.get(k)
         if lv is not None and f.get(k) is not None and lv != f.get(k):
@@ -94,8 +97,14 @@ class Score:
     def add(self, other: Score) -> None:
         for k, s in other.kinds.items():
             mine = self.kinds[k]
-            for attr in ("findings", "labels", "matched_findings", "matched_labels", "cause_correct",
-                         "cause_checked"):
+            for attr in (
+                "findings",
+                "labels",
+                "matched_findings",
+                "matched_labels",
+                "cause_correct",
+                "cause_checked",
+            ):
                 setattr(mine, attr, getattr(mine, attr) + getattr(s, attr))
             mine.latencies_s.extend(s.latencies_s)
         self.negative_violations += other.negative_violations
@@ -106,15 +115,22 @@ class Score:
         out: dict[str, Any] = {}
         for kind, s in sorted(self.kinds.items()):
             out[kind] = {
-                "precision": round(s.precision, 3), "recall": round(s.recall, 3),
-                "cause_accuracy": round(s.cause_accuracy, 3), "findings": s.findings, "labels": s.labels,
+                "precision": round(s.precision, 3),
+                "recall": round(s.recall, 3),
+                "cause_accuracy": round(s.cause_accuracy, 3),
+                "findings": s.findings,
+                "labels": s.labels,
                 "median_latency_s": round(statistics.median(s.latencies_s), 1) if s.latencies_s else None,
             }
         return out
 
 
-def score(findings: Iterable[Mapping[str, Any]], labels: Mapping[str, Any],
-          first_open: Mapping[int, float] | None = None, slack_s: float = 60.0) -> Score:
+def score(
+    findings: Iterable[Mapping[str, Any]],
+    labels: Mapping[str, Any],
+    first_open: Mapping[int, float] | None = None,
+    slack_s: float = 60.0,
+) -> Score:
     """Score one trace.  ``first_open[i]`` is the sweep time finding ``i`` was first open."""
     t_end = _t(labels.get("end"), float("inf"))
     fs = list(findings)
@@ -125,8 +141,11 @@ def score(findings: Iterable[Mapping[str, Any]], labels: Mapping[str, Any],
         ks = res.kinds[lab["kind"]]
         ks.labels += 1
         l0, l1 = _t(lab["start"], 0.0), _t(lab.get("end"), t_end)
-        hits = [i for i, f in enumerate(fs) if f["kind"] == lab["kind"] and _scope_ok(lab, f)
-                and _overlap(l0, l1, *spans[i], slack_s)]
+        hits = [
+            i
+            for i, f in enumerate(fs)
+            if f["kind"] == lab["kind"] and _scope_ok(lab, f) and _overlap(l0, l1, *spans[i], slack_s)
+        ]
         if not hits:
             res.missed_labels.append(dict(lab))
             continue
@@ -151,7 +170,11 @@ def score(findings: Iterable[Mapping[str, Any]], labels: Mapping[str, Any],
         n0, n1 = _t(neg["start"], 0.0), _t(neg.get("end"), t_end)
         for i, f in enumerate(fs):
             # A finding explained by a real label of its own is not a false alarm.
-            if (f["kind"] in neg.get("not_kinds", []) and _scope_ok(neg, f) and i not in matched_f
-                    and _overlap(n0, n1, *spans[i], 0.0)):
+            if (
+                f["kind"] in neg.get("not_kinds", [])
+                and _scope_ok(neg, f)
+                and i not in matched_f
+                and _overlap(n0, n1, *spans[i], 0.0)
+            ):
                 res.negative_violations.append({"negative": dict(neg), "finding": dict(f)})
     return res

@@ -36,8 +36,10 @@ def server_options(settings: Settings) -> dict[str, Any]:
     verified client certificates on where a client CA is configured."""
     from gpufleet.collector.tls import protocol_class
 
-    return {"timeout_keep_alive": settings.ingest.keep_alive_s,
-            "http": protocol_class(client_certs=bool(settings.tls.client_ca))}
+    return {
+        "timeout_keep_alive": settings.ingest.keep_alive_s,
+        "http": protocol_class(client_certs=bool(settings.tls.client_ca)),
+    }
 
 
 def build_collector(url: str, settings: Settings) -> Any:

@@ -89,8 +89,11 @@ class ShardScope:
         self.node_home = home
         self.run_nodes = {n for r in runs if self.owns_run(r.run_id) for n, _ in r.allocations}
         # only nodes in a run now or before can change hands
-        return {n for n in self.run_nodes | set(old_home) | set(home)
-                if self.reads(n) and not (n in old_nodes or self._home(n, old_home) == self.shard)}
+        return {
+            n
+            for n in self.run_nodes | set(old_home) | set(home)
+            if self.reads(n) and not (n in old_nodes or self._home(n, old_home) == self.shard)
+        }
 
     def owns(self, run_id: str | None, node: str | None) -> bool:
         """Whether this shard answers for what is about ``run_id`` (or, in no run, ``node``)."""

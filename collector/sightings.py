@@ -107,11 +107,19 @@ def record(conn: psycopg.Connection, batches: Iterable[Batch], cache: SightingCa
     if not seen:
         return {}
     keys = sorted(seen)
-    times = np.round((np.array([seen[k] for k in keys], dtype=np.float64) - PG_EPOCH_S) * 1e6).astype(np.int64)
-    conn.execute(UPSERT_SQL, (
-        _text_array(k[0] for k in keys), _text_array(k[1] for k in keys),
-        "{" + ",".join(str(k[2]) for k in keys) + "}",
-        "{" + ",".join(map(str, times[:, 0].tolist())) + "}", "{" + ",".join(map(str, times[:, 1].tolist())) + "}"))
+    times = np.round((np.array([seen[k] for k in keys], dtype=np.float64) - PG_EPOCH_S) * 1e6).astype(
+        np.int64
+    )
+    conn.execute(
+        UPSERT_SQL,
+        (
+            _text_array(k[0] for k in keys),
+            _text_array(k[1] for k in keys),
+            "{" + ",".join(str(k[2]) for k in keys) + "}",
+            "{" + ",".join(map(str, times[:, 0].tolist())) + "}",
+            "{" + ",".join(map(str, times[:, 1].tolist())) + "}",
+        ),
+    )
     return seen
 
 

@@ -42,18 +42,28 @@ class Sweeper:
     hooks and run actions, which act fleet-wide, run on shard 0's sweeper.
     """
 
-    def __init__(self, settings: Settings, config: DetectorConfig | None = None, *, shard: int = 0,
-                 shards: int = 1, snapshots: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        config: DetectorConfig | None = None,
+        *,
+        shard: int = 0,
+        shards: int = 1,
+        snapshots: bool = True,
+    ) -> None:
         self.settings = settings
         # The deployment's thresholds (settings ``detect``), unless a caller overrides them.
         self.config = config if config is not None else settings.detect
         self.scope = ShardScope(shard, shards) if shards > 1 else None
-        self.cache = WindowCache(settings.detect.window_s, node_filter=self.scope.reads if self.scope else None)
+        self.cache = WindowCache(
+            settings.detect.window_s, node_filter=self.scope.reads if self.scope else None
+        )
         self.snapshots = WindowSnapshots(shard, shards) if snapshots else None
         url = settings.detect.alertmanager_url
         self.alerts = AlertmanagerPusher(url) if url else None
-        self.quarantine = (Quarantine(settings.quarantine) if settings.quarantine.enabled and shard == 0
-                           else None)
+        self.quarantine = (
+            Quarantine(settings.quarantine) if settings.quarantine.enabled and shard == 0 else None
+        )
         self.actions = RunActions(settings.actions) if settings.actions.enabled and shard == 0 else None
         self.last: dict[str, float] = {}
         #: Seconds of the last sweep by stage: ``refresh`` (new samples into the window),
@@ -87,9 +97,13 @@ class Sweeper:
         edge = [f for f in findings if f.run_id is not None and onsets.at_window_start(f, window, slack)]
         if not edge:
             return
-        open_scopes = {r[0] for r in conn.execute(
-            "SELECT scope_key FROM incidents WHERE state = 'open' AND scope_key = ANY(%s)",
-            ([f.scope_key for f in edge],)).fetchall()}
+        open_scopes = {
+            r[0]
+            for r in conn.execute(
+                "SELECT scope_key FROM incidents WHERE state = 'open' AND scope_key = ANY(%s)",
+                ([f.scope_key for f in edge],),
+            ).fetchall()
+        }
         onsets.backdate(conn, edge, window, self.config, self.cache.window_s, open_scopes)
 
     def __call__(self, conn: psycopg.Connection, now: float) -> None:
@@ -110,8 +124,11 @@ class Sweeper:
             if self.scope is not None:  # the snapshot's owner may have held other runs' nodes
                 self.cache.drop_nodes(self.scope.reads)
                 have = {k[0] for k in self.cache.gpus} | set(self.cache.hosts)
-                missing = {n for n in self.scope.run_nodes | set(self.scope.node_home)
-                           if n not in have and self.scope.reads(n)}
+                missing = {
+                    n
+                    for n in self.scope.run_nodes | set(self.scope.node_home)
+                    if n not in have and self.scope.reads(n)
+                }
                 added = self.cache.add_nodes(conn, missing, now)
                 fetched += added
                 if added and self.snapshots is not None:
@@ -135,8 +152,13 @@ class Sweeper:
         self._date_new_incidents(conn, result.findings, window)
         self.findings = result.findings
         t2 = time.perf_counter()
-        plan = incident_store.sweep(conn, result.findings, now, self.settings.detect.resolve_after_s,
-                                    owns=self.scope.owns_incident if self.scope is not None else None)
+        plan = incident_store.sweep(
+            conn,
+            result.findings,
+            now,
+            self.settings.detect.resolve_after_s,
+            owns=self.scope.owns_incident if self.scope is not None else None,
+        )
         quarantined = 0
         if self.quarantine is not None:
             try:
@@ -154,9 +176,17 @@ class Sweeper:
             except Exception:  # as the quarantine hooks: incidents and alerts go on
                 log.exception("run actions failed this sweep")
         if self.alerts is not None:
-            resolved = [r[0] for r in conn.execute(
-                "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
-                ([r.scope_key for r in plan.resolves],)).fetchall()] if plan.resolves else []
+            resolved = (
+                [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM incidents WHERE state = 'resolved' AND scope_key = ANY(%s)",
+                        ([r.scope_key for r in plan.resolves],),
+                    ).fetchall()
+                ]
+                if plan.resolves
+                else []
+            )
             self.alerts.sync(conn, resolved, owns=self.scope.owns if self.scope is not None else None)
         t3 = time.perf_counter()
         saved = 0
@@ -167,18 +197,32 @@ class Sweeper:
                 raise
             except Exception:  # a new owner then reads more raw samples; detection goes on
                 log.exception("persisting the detector window failed")
-        self.last = {"fetched_rows": fetched, "refresh_s": t1 - t0, "detect_s": t2 - t1,
-                     "store_s": t3 - t2, "gpus": len(window.gpus),
-                     "findings": len(result.findings), "failures": len(result.failures),
-                     "quarantine_actions": quarantined, "run_actions": acted, "restored": restored is not None,
-                     "snapshot_segments": saved, "snapshot_s": time.perf_counter() - t3}
+        self.last = {
+            "fetched_rows": fetched,
+            "refresh_s": t1 - t0,
+            "detect_s": t2 - t1,
+            "store_s": t3 - t2,
+            "gpus": len(window.gpus),
+            "findings": len(result.findings),
+            "failures": len(result.failures),
+            "quarantine_actions": quarantined,
+            "run_actions": acted,
+            "restored": restored is not None,
+            "snapshot_segments": saved,
+            "snapshot_s": time.perf_counter() - t3,
+        }
         if restored is not None or first or fetched >= LOAD_SHARE * self.cache.samples():
             # A load's temporaries are freed but their pages stay in the heap: hand them back
             # once.  Not after every sweep: a steady sweep reuses the same ~150-200 MB of scratch
             # at 10,000 GPUs, and every page handed back is faulted in again by the next sweep
             # (0.08 to 0.19 s of it at 10,000 GPUs: bench/sweep.py's sweep_trim_each_s against sweep_s).
             release_free_memory()
-        self.stages = {"refresh": t1 - t0, "window": t_window - t1, **result.seconds, "store": t3 - t2,
-                       "snapshot": self.last["snapshot_s"]}
+        self.stages = {
+            "refresh": t1 - t0,
+            "window": t_window - t1,
+            **result.seconds,
+            "store": t3 - t2,
+            "snapshot": self.last["snapshot_s"],
+        }
         if result.failures:
             log.warning("detectors failed this sweep: %s", result.failures)

@@ -52,8 +52,14 @@ def tls_extension(transport: asyncio.BaseTransport) -> dict[str, Any] | None:
     }
 
 
-_SHORT = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
-          "localityName": "L", "stateOrProvinceName": "ST"}
+_SHORT = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+}
 
 
 def client_cert_names(scope: Mapping[str, Any]) -> list[str] | None:

@@ -34,17 +34,58 @@ from gpufleet.store import run_model
 log = logging.getLogger(__name__)
 
 #: GPU columns the detectors read (see collector/detectors).
-GPU_COLUMNS = ("util_pct", "sm_active", "tensor_active", "dram_active", "power_w", "power_limit_w",
-               "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle_reasons", "pcie_gen", "pcie_gen_max",
-               "pcie_width", "pcie_width_max", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "xid",
-               "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_links_up", "nvlink_links_max", "nvlink_crc_errors",
-               "nvlink_replay_errors", "nvlink_recovery_errors", "ecc_sbe_vol", "ecc_dbe_vol",
-               "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failed", "pcie_replay_count",
-               "job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
-               "job_io_pressure_pct")
-HOST_COLUMNS = ("cpu_user_pct", "cpu_system_pct", "cpu_iowait_pct", "cpu_idle_pct", "cpu_count",
-                "disk_read_bytes_s", "disk_write_bytes_s", "disk_util_pct", "disk_await_ms",
-                "net_rx_bytes_s", "net_tx_bytes_s", "host_power_w", *FABRIC_COLUMNS)
+GPU_COLUMNS = (
+    "util_pct",
+    "sm_active",
+    "tensor_active",
+    "dram_active",
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "temp_c",
+    "throttle_reasons",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+    "pcie_tx_bytes_s",
+    "pcie_rx_bytes_s",
+    "xid",
+    "nvlink_tx_bytes_s",
+    "nvlink_rx_bytes_s",
+    "nvlink_links_up",
+    "nvlink_links_max",
+    "nvlink_crc_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "ecc_sbe_vol",
+    "ecc_dbe_vol",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failed",
+    "pcie_replay_count",
+    "job_cpu_cores",
+    "job_cpu_quota_cores",
+    "job_cpu_throttled_share",
+    "job_cpu_pressure_pct",
+    "job_io_pressure_pct",
+)
+HOST_COLUMNS = (
+    "cpu_user_pct",
+    "cpu_system_pct",
+    "cpu_iowait_pct",
+    "cpu_idle_pct",
+    "cpu_count",
+    "disk_read_bytes_s",
+    "disk_write_bytes_s",
+    "disk_util_pct",
+    "disk_await_ms",
+    "net_rx_bytes_s",
+    "net_tx_bytes_s",
+    "host_power_w",
+    *FABRIC_COLUMNS,
+)
 
 #: Array type OIDs (pg_type) of the column kinds, and timestamptz[].
 _PG_ARRAY = {"real": 1021, "double": 1022, "smallint": 1005, "integer": 1007, "bigint": 1016}
@@ -99,15 +140,22 @@ def _select(table: str, cols: tuple[str, ...], gpu: bool, where: str, unread: tu
     key = "s.node" + (", s.gpu" if gpu else "")
     mig = " AND s.mig_instance IS NULL" if gpu else ""
     probe = (", bool_or(" + " OR ".join(f"s.{c} IS NOT NULL" for c in unread) + ")") if unread else ""
-    return (f"SELECT {key}, array_agg(s.time), array_agg(ARRAY[{vals}]){probe} FROM {table} s "
-            f"WHERE {where}{mig} GROUP BY {key}")
+    return (
+        f"SELECT {key}, array_agg(s.time), array_agg(ARRAY[{vals}]){probe} FROM {table} s "
+        f"WHERE {where}{mig} GROUP BY {key}"
+    )
 
 
 def held_select(table: str, columns: tuple[str, ...], gpu: bool, where: str, held: np.ndarray) -> str:
     """:func:`_select` of the columns ``held`` (indexes into ``columns``), probing the others."""
     keep = set(held.tolist())
-    return _select(table, tuple(columns[j] for j in held), gpu, where,
-                   tuple(c for j, c in enumerate(columns) if j not in keep))
+    return _select(
+        table,
+        tuple(columns[j] for j in held),
+        gpu,
+        where,
+        tuple(c for j, c in enumerate(columns) if j not in keep),
+    )
 
 
 def raw_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
@@ -184,8 +232,8 @@ class _Buf:
         self._t = np.empty(cap, dtype=np.float64)
         self._c = np.empty((len(self.rows), cap), dtype=np.float32)
         self.a, self.b = 0, len(t)
-        self._t[:self.b] = t
-        self._c[:, :self.b] = cols[self.rows]
+        self._t[: self.b] = t
+        self._c[:, : self.b] = cols[self.rows]
 
     @classmethod
     def adopt(cls, t: np.ndarray, vals: np.ndarray, n: int, rows: np.ndarray, absent: np.ndarray) -> _Buf:
@@ -198,12 +246,12 @@ class _Buf:
 
     @property
     def t(self) -> np.ndarray:
-        return self._t[self.a:self.b]
+        return self._t[self.a : self.b]
 
     @property
     def vals(self) -> np.ndarray:
         """The stored columns' samples (len(rows) x samples, a view)."""
-        return self._c[:, self.a:self.b]
+        return self._c[:, self.a : self.b]
 
     @property
     def cols(self) -> np.ndarray:
@@ -220,20 +268,20 @@ class _Buf:
             # The room trimmed off the front is enough: move the samples back to the start of the
             # arrays they are in.  A window that slides at a steady pace lives in the same memory
             # for good, instead of every buffer asking for twice its size at once.
-            self._t[:n] = self._t[self.a:self.b]
-            self._c[:, :n] = self._c[:, self.a:self.b]
+            self._t[:n] = self._t[self.a : self.b]
+            self._c[:, :n] = self._c[:, self.a : self.b]
             self.a, self.b = 0, n
             return
         cap = max(len(self._t), 7 * (n + extra) // 4 + stagger(n + extra))
         t, c = np.empty(cap, dtype=np.float64), np.empty((self._c.shape[0], cap), dtype=np.float32)
-        t[:n], c[:, :n] = self._t[self.a:self.b], self._c[:, self.a:self.b]
+        t[:n], c[:, :n] = self._t[self.a : self.b], self._c[:, self.a : self.b]
         self._t, self._c, self.a, self.b = t, c, 0, n
 
     def _widen(self, rows: np.ndarray) -> None:
         """Store columns ``rows`` too (NaN for the samples held so far)."""
         keep = np.union1d(self.rows, rows)
         c = np.full((len(keep), len(self._t)), np.nan, dtype=np.float32)
-        c[np.searchsorted(keep, self.rows), self.a:self.b] = self._c[:, self.a:self.b]
+        c[np.searchsorted(keep, self.rows), self.a : self.b] = self._c[:, self.a : self.b]
         self._c, self.rows = c, keep
         self.absent = np.setdiff1d(np.arange(self.ncols), keep)
 
@@ -245,8 +293,8 @@ class _Buf:
         """Add samples after the last one (:meth:`appends_at`): ``vals`` holds the stored columns
         (``rows``) alone; the caller has made sure the others hold no value."""
         self._reserve(len(t))
-        self._t[self.b:self.b + len(t)] = t
-        self._c[:, self.b:self.b + len(t)] = vals
+        self._t[self.b : self.b + len(t)] = t
+        self._c[:, self.b : self.b + len(t)] = vals
         self.b += len(t)
 
     def merge(self, t: np.ndarray, cols: np.ndarray, present: np.ndarray | None = None) -> None:
@@ -256,12 +304,14 @@ class _Buf:
             return
         if self.b == self.a or t[0] > self._t[self.b - 1]:
             if len(self.absent):
-                new = present[self.absent] if present is not None else ~np.isnan(cols[self.absent]).all(axis=1)
+                new = (
+                    present[self.absent] if present is not None else ~np.isnan(cols[self.absent]).all(axis=1)
+                )
                 if new.any():
                     self._widen(self.absent[new])
             self._reserve(len(t))
-            self._t[self.b:self.b + len(t)] = t
-            self._c[:, self.b:self.b + len(t)] = cols[self.rows]
+            self._t[self.b : self.b + len(t)] = t
+            self._c[:, self.b : self.b + len(t)] = cols[self.rows]
             self.b += len(t)
             return
         # Out of order or overlapping (a re-fetch, a back-fill): merge and de-duplicate.
@@ -278,11 +328,11 @@ class _Buf:
         # of a search over the whole buffer (10 against 22 ms at 10,000 GPUs); more have aged only
         # after a pause.
         a = self.a
-        for k, v in enumerate(self._t[a:min(a + 8, self.b)].tolist()):
+        for k, v in enumerate(self._t[a : min(a + 8, self.b)].tolist()):
             if v >= t_min:
                 self.a = a + k
                 return
-        self.a += int(np.searchsorted(self._t[a:self.b], t_min, side="left"))
+        self.a += int(np.searchsorted(self._t[a : self.b], t_min, side="left"))
 
     def __len__(self) -> int:
         return self.b - self.a
@@ -295,8 +345,9 @@ _M_REC = np.dtype([("l", ">i4"), ("v", ">f4")])
 MERGE_CHUNK_SAMPLES = 262_144
 
 
-def merge_rows(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int,
-               cols: np.ndarray | None = None) -> int:
+def merge_rows(
+    bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int, cols: np.ndarray | None = None
+) -> int:
     """Merge rows of :func:`_select` (key, its times, its values, as PostgreSQL sent the arrays)
     into ``bufs``, in order; returns the samples merged.  ``cols``: the indexes, among the
     table's ``ncols`` columns, of those the rows hold (None: all); the others read as NaN.
@@ -316,14 +367,19 @@ def merge_rows(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncol
     return n + _merge_chunk(bufs, chunk, ncols, cols)
 
 
-def _merge_chunk(bufs: dict[Any, _Buf], rows: list[tuple[Any, bytes, bytes]], ncols: int,
-                 cols_read: np.ndarray | None = None) -> int:
+def _merge_chunk(
+    bufs: dict[Any, _Buf],
+    rows: list[tuple[Any, bytes, bytes]],
+    ncols: int,
+    cols_read: np.ndarray | None = None,
+) -> int:
     if not rows:
         return 0
     if any(int.from_bytes(t_raw[4:8], "big") for _, t_raw, _ in rows):
         raise ValueError("a sample time is NULL")  # the schema forbids it
-    counts = np.fromiter((int.from_bytes(t_raw[12:16], "big") for _, t_raw, _ in rows), dtype=np.int64,
-                         count=len(rows))
+    counts = np.fromiter(
+        (int.from_bytes(t_raw[12:16], "big") for _, t_raw, _ in rows), dtype=np.int64, count=len(rows)
+    )
     total = int(counts.sum())
     # Headers off (1-D: 20 bytes, 2-D: 28); what is left is (length, value) records end to end.
     tb = b"".join([memoryview(t_raw)[20:] for _, t_raw, _ in rows])
@@ -424,21 +480,32 @@ class WindowCache:
 
     # -- loading ---------------------------------------------------------------
 
-    def _ingest(self, conn: psycopg.Connection, nodes: list[str], where: str, params: dict[str, Any],
-                span_s: float | None = None, defer: list[Pending] | None = None) -> int:
+    def _ingest(
+        self,
+        conn: psycopg.Connection,
+        nodes: list[str],
+        where: str,
+        params: dict[str, Any],
+        span_s: float | None = None,
+        defer: list[Pending] | None = None,
+    ) -> int:
         """Merge the rows ``where`` selects of ``nodes``, which lie in ``span_s`` seconds (None: a window);
         with ``defer``, append them there unparsed instead (for :meth:`merge_pending`)."""
         n = 0
         span = self.window_s if span_s is None else max(span_s, 1.0)
         per_query = int(NODES_PER_QUERY * max(1.0, self.window_s / span))
         for k in range(0, len(nodes), per_query):
-            p = {**params, "nodes": nodes[k:k + per_query]}
+            p = {**params, "nodes": nodes[k : k + per_query]}
             with raw_cursor(conn) as cur:
                 if defer is not None:
-                    for node, gpu, t, m in execute_read(cur, _select("gpu_samples", GPU_COLUMNS, True, where), p):
+                    for node, gpu, t, m in execute_read(
+                        cur, _select("gpu_samples", GPU_COLUMNS, True, where), p
+                    ):
                         defer.append(Pending(True, (node, int(gpu)), t, m))
                         n += int.from_bytes(t[12:16], "big")
-                    for node, t, m in execute_read(cur, _select("host_samples", HOST_COLUMNS, False, where), p):
+                    for node, t, m in execute_read(
+                        cur, _select("host_samples", HOST_COLUMNS, False, where), p
+                    ):
                         defer.append(Pending(False, node, t, m))
                         n += int.from_bytes(t[12:16], "big")
                     continue
@@ -446,8 +513,15 @@ class WindowCache:
                 n += self._read_held(cur, self.hosts, "host_samples", HOST_COLUMNS, where, p)
         return n
 
-    def _read_held(self, cur: psycopg.Cursor[Any], bufs: dict[Any, _Buf], table: str, columns: tuple[str, ...],
-                   where: str, p: dict[str, Any]) -> int:
+    def _read_held(
+        self,
+        cur: psycopg.Cursor[Any],
+        bufs: dict[Any, _Buf],
+        table: str,
+        columns: tuple[str, ...],
+        where: str,
+        p: dict[str, Any],
+    ) -> int:
         """Read and merge the rows ``where`` selects, only the columns the buffers already store.
 
         Most fleets report well under half the columns: the others cost PostgreSQL an array
@@ -483,8 +557,9 @@ class WindowCache:
 
     def merge_pending(self, rows: list[Pending]) -> int:
         """Merge rows an earlier read deferred, in their order."""
-        return (merge_rows(self.gpus, [(r.key, r.t, r.m) for r in rows if r.gpu], len(GPU_COLUMNS))
-                + merge_rows(self.hosts, [(r.key, r.t, r.m) for r in rows if not r.gpu], len(HOST_COLUMNS)))
+        return merge_rows(
+            self.gpus, [(r.key, r.t, r.m) for r in rows if r.gpu], len(GPU_COLUMNS)
+        ) + merge_rows(self.hosts, [(r.key, r.t, r.m) for r in rows if not r.gpu], len(HOST_COLUMNS))
 
     def load(self, conn: psycopg.Connection, t_start: float, t_end: float, summarize: bool = True) -> int:
         """Cold load of every sample in [t_start, t_end].  ``summarize=False`` on a hot standby, which
@@ -496,8 +571,12 @@ class WindowCache:
         if self.node_filter is not None:
             nodes = [x for x in nodes if self.node_filter(x)]
         self.watermark = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-        n = self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                         {"lo": lo, "hi": hi})
+        n = self._ingest(
+            conn,
+            sorted(nodes),
+            "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+            {"lo": lo, "hi": hi},
+        )
         self.loaded, self.loaded_from = True, t_start
         self.last_fresh = []
         return n
@@ -510,9 +589,15 @@ class WindowCache:
         by the next refresh and de-duplicated on merge."""
         if not nodes:
             return 0
-        return self._ingest(conn, sorted(nodes), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                            {"lo": datetime.fromtimestamp(now - self.window_s, UTC),
-                             "hi": datetime.fromtimestamp(now + 3600, UTC)})
+        return self._ingest(
+            conn,
+            sorted(nodes),
+            "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+            {
+                "lo": datetime.fromtimestamp(now - self.window_s, UTC),
+                "hi": datetime.fromtimestamp(now + 3600, UTC),
+            },
+        )
 
     def drop_nodes(self, keep: Callable[[str], bool]) -> None:
         """Forget the samples of nodes the cache no longer holds."""
@@ -521,7 +606,9 @@ class WindowCache:
         for hk in [k for k in self.hosts if not keep(k)]:
             del self.hosts[hk]
 
-    def _batches_since(self, conn: psycopg.Connection) -> tuple[datetime, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    def _batches_since(
+        self, conn: psycopg.Connection
+    ) -> tuple[datetime, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """(database time, every batch received since the watermark less the slack, those not merged yet);
         the listed ones are remembered as merged."""
         assert self.watermark is not None
@@ -529,7 +616,9 @@ class WindowCache:
         db_now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
         batches = conn.execute(
             "SELECT batch_id, node, t_min, t_max, received_at FROM ingest_batches "
-            "WHERE received_at >= %s AND t_min IS NOT NULL", (since,)).fetchall()
+            "WHERE received_at >= %s AND t_min IS NOT NULL",
+            (since,),
+        ).fetchall()
         if self.node_filter is not None:
             batches = [b for b in batches if self.node_filter(b[1])]
         self.seen = {bid: at for bid, at in self.seen.items() if at >= since}
@@ -540,8 +629,13 @@ class WindowCache:
             del self.seen[next(iter(self.seen))]
         return db_now, batches, fresh
 
-    def _fetch(self, conn: psycopg.Connection, fresh: list[tuple[Any, ...]], lo_keep: float,
-               defer: list[Pending] | None = None) -> int:
+    def _fetch(
+        self,
+        conn: psycopg.Connection,
+        fresh: list[tuple[Any, ...]],
+        lo_keep: float,
+        defer: list[Pending] | None = None,
+    ) -> int:
         # Fresh batches cluster in time (usually the last few seconds); each
         # cluster is one time-range scan filtered by node, which the time
         # index serves however long the retention.  Re-fetched samples are
@@ -558,8 +652,14 @@ class WindowCache:
                 clusters.append((t0, t1, {node}))
         n = 0
         for lo, hi, names in clusters:
-            n += self._ingest(conn, sorted(names), "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                              {"lo": lo, "hi": hi}, (hi - lo).total_seconds(), defer)
+            n += self._ingest(
+                conn,
+                sorted(names),
+                "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+                {"lo": lo, "hi": hi},
+                (hi - lo).total_seconds(),
+                defer,
+            )
         return n
 
     def catch_up(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str]) -> int:
@@ -572,8 +672,9 @@ class WindowCache:
         self.trim(now - self.window_s)
         return n
 
-    def read_tail(self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str],
-                  rows: list[Pending]) -> int:
+    def read_tail(
+        self, conn: psycopg.Connection, now: float, upto: float, nodes: set[str], rows: list[Pending]
+    ) -> int:
         """The reads of :meth:`catch_up`, their rows appended to ``rows`` (not merged): they touch
         neither the buffers nor what a restore assembles meanwhile; returns the samples read."""
         db_now, batches, fresh = self._batches_since(conn)
@@ -584,8 +685,14 @@ class WindowCache:
         n = self._fetch(conn, [b for b in fresh if b[2] < upto_dt], lo_keep, rows)
         late = self.last_fresh
         tail = sorted(nodes | {b[1] for b in batches if b[3] >= upto_dt})
-        n += self._ingest(conn, tail, "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
-                          {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)}, now - upto, rows)
+        n += self._ingest(
+            conn,
+            tail,
+            "s.time >= %(lo)s AND s.time <= %(hi)s AND s.node = ANY(%(nodes)s)",
+            {"lo": upto_dt, "hi": datetime.fromtimestamp(now + 3600, UTC)},
+            now - upto,
+            rows,
+        )
         self.last_fresh = late
         self.watermark = db_now
         return n
@@ -635,8 +742,15 @@ class WindowCache:
         return w
 
 
-def _series(buf: _Buf, columns: tuple[str, ...], names: dict[bytes, list[str]], t_start: float, t_end: float,
-            node: str, gpu: int | None) -> Series | None:
+def _series(
+    buf: _Buf,
+    columns: tuple[str, ...],
+    names: dict[bytes, list[str]],
+    t_start: float,
+    t_end: float,
+    node: str,
+    gpu: int | None,
+) -> Series | None:
     """A buffer's samples in (t_start, t_end] as views; columns it does not store are left out
     (a series reads them as NaN)."""
     t = buf.t
@@ -657,8 +771,12 @@ def _series(buf: _Buf, columns: tuple[str, ...], names: dict[bytes, list[str]], 
 def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[RunInfo]:
     """Runs overlapping [t_start, t_end) (epoch seconds), on the detectors' clock, with the progress
     they reported from the last report before ``t_start`` on (what a hang is judged by)."""
-    runs = [RunInfo.of(r) for r in run_model.load_runs(conn, since=datetime.fromtimestamp(t_start, UTC),
-                                                         until=datetime.fromtimestamp(t_end, UTC))]
+    runs = [
+        RunInfo.of(r)
+        for r in run_model.load_runs(
+            conn, since=datetime.fromtimestamp(t_start, UTC), until=datetime.fromtimestamp(t_end, UTC)
+        )
+    ]
     if not runs:
         return runs
     lo, hi = datetime.fromtimestamp(t_start, UTC), datetime.fromtimestamp(t_end, UTC)
@@ -668,7 +786,8 @@ def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[Ru
              AND p.time >= coalesce((SELECT max(q.time) FROM run_progress q
                                      WHERE q.run_id = p.run_id AND q.time < %s AND q.tokens IS NOT NULL), %s)
            ORDER BY p.run_id, p.time""",
-        ([r.run_id for r in runs], hi, lo, lo)).fetchall()
+        ([r.run_id for r in runs], hi, lo, lo),
+    ).fetchall()
     by: dict[str, list[tuple[float, float]]] = {}
     for run_id, t, tokens in rows:
         by.setdefault(run_id, []).append((float(t), float(tokens)))
@@ -681,4 +800,7 @@ def load_runs(conn: psycopg.Connection, t_start: float, t_end: float) -> list[Ru
 
 
 def load_facts(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
-    return {r[0]: r[1] for r in conn.execute("SELECT node, facts FROM nodes WHERE facts <> '{}'::jsonb").fetchall()}
+    return {
+        r[0]: r[1]
+        for r in conn.execute("SELECT node, facts FROM nodes WHERE facts <> '{}'::jsonb").fetchall()
+    }

@@ -58,8 +58,9 @@ def seg_of(t: float) -> int:
     return math.floor(t / SEG_S) * SEG_S
 
 
-def _pack_block(bufs: dict[Any, _Buf], lo: float, hi: float,
-                ncols: int) -> tuple[list[Any], list[int], list[int], bytes, bytes]:
+def _pack_block(
+    bufs: dict[Any, _Buf], lo: float, hi: float, ncols: int
+) -> tuple[list[Any], list[int], list[int], bytes, bytes]:
     """(keys, sample counts, the columns holding any value, times, those columns' values)."""
     keys: list[Any] = []
     counts: list[int] = []
@@ -85,20 +86,37 @@ def _pack_block(bufs: dict[Any, _Buf], lo: float, hi: float,
     for _, rows, vals in runs:
         n = sum(v.shape[1] for v in vals)
         if len(rows):
-            cc[rows, pos:pos + n] = np.concatenate(vals, axis=1)
+            cc[rows, pos : pos + n] = np.concatenate(vals, axis=1)
         pos += n
     # A column no source reported in these seconds is all NaN: left out, restored as NaN.
     present = np.flatnonzero(~np.isnan(cc).all(axis=1)) if cc.shape[1] else np.zeros(0, dtype=np.int64)
-    return (keys, counts, present.tolist(), tt.astype("<f8").tobytes(),
-            np.ascontiguousarray(cc[present], dtype="<f4").tobytes())
+    return (
+        keys,
+        counts,
+        present.tolist(),
+        tt.astype("<f8").tobytes(),
+        np.ascontiguousarray(cc[present], dtype="<f4").tobytes(),
+    )
 
 
 def encode_segment(cache: WindowCache, lo: float, hi: float, level: int = 1) -> bytes:
     """Every sample of the cache in [lo, hi) as one compressed blob."""
     gk, gn, gp, gt, gc = _pack_block(cache.gpus, lo, hi, len(GPU_COLUMNS))
     hk, hn, hp, ht, hc = _pack_block(cache.hosts, lo, hi, len(HOST_COLUMNS))
-    head = orjson.dumps({"v": _FORMAT, "gcols": GPU_COLUMNS, "hcols": HOST_COLUMNS, "gnode": [k[0] for k in gk],
-                         "ggpu": [k[1] for k in gk], "gn": gn, "gp": gp, "hk": hk, "hn": hn, "hp": hp})
+    head = orjson.dumps(
+        {
+            "v": _FORMAT,
+            "gcols": GPU_COLUMNS,
+            "hcols": HOST_COLUMNS,
+            "gnode": [k[0] for k in gk],
+            "ggpu": [k[1] for k in gk],
+            "gn": gn,
+            "gp": gp,
+            "hk": hk,
+            "hn": hn,
+            "hp": hp,
+        }
+    )
     body = b"".join((struct.pack("<I", len(head)), head, gt, gc, ht, hc))
     return zstandard.ZstdCompressor(level=level).compress(body)
 
@@ -131,17 +149,26 @@ def decode_segment(blob: bytes) -> Decoded | None:
     """A segment's samples, or None when it was written for other columns (then nothing is restored)."""
     body = memoryview(zstandard.ZstdDecompressor().decompress(blob))
     (hl,) = struct.unpack_from("<I", body, 0)
-    return _blocks_of(orjson.loads(body[4:4 + hl]), body, 4 + hl)
+    return _blocks_of(orjson.loads(body[4 : 4 + hl]), body, 4 + hl)
 
 
 _NO_SAMPLES = np.zeros(0)
 
 
-def _blocks_of(head: dict[str, Any], body: memoryview | None, pos: int,
-               gkeys: list[Any] | None = None, hkeys: list[Any] | None = None) -> Decoded | None:
+def _blocks_of(
+    head: dict[str, Any],
+    body: memoryview | None,
+    pos: int,
+    gkeys: list[Any] | None = None,
+    hkeys: list[Any] | None = None,
+) -> Decoded | None:
     """A segment's blocks from its header and, from ``pos`` of ``body``, its samples (no body: the
     blocks hold no samples yet); ``gkeys`` and ``hkeys``, when given, are the key lists to use."""
-    if head.get("v") != _FORMAT or tuple(head["gcols"]) != GPU_COLUMNS or tuple(head["hcols"]) != HOST_COLUMNS:
+    if (
+        head.get("v") != _FORMAT
+        or tuple(head["gcols"]) != GPU_COLUMNS
+        or tuple(head["hcols"]) != HOST_COLUMNS
+    ):
         return None
     if gkeys is None:
         gkeys = list(zip(head["gnode"], head["ggpu"], strict=True))
@@ -189,10 +216,18 @@ class _Stream:
             with zstandard.ZstdDecompressor().stream_reader(blob) as r:
                 (hl,) = struct.unpack("<I", _read_exactly(r, 4))
                 head = orjson.loads(_read_exactly(r, hl))
-            same_gpus = prev is not None and (head.get("gnode"), head.get("ggpu")) == (prev["gnode"], prev["ggpu"])
+            same_gpus = prev is not None and (head.get("gnode"), head.get("ggpu")) == (
+                prev["gnode"],
+                prev["ggpu"],
+            )
             same_hosts = prev is not None and head.get("hk") == prev["hk"]
-            d = _blocks_of(head, None, 0, gkeys=self.gpus[-1].keys if same_gpus else None,
-                           hkeys=self.hosts[-1].keys if same_hosts else None)
+            d = _blocks_of(
+                head,
+                None,
+                0,
+                gkeys=self.gpus[-1].keys if same_gpus else None,
+                hkeys=self.hosts[-1].keys if same_hosts else None,
+            )
             if d is None:
                 return False
             self.heads.append((4 + hl, head))
@@ -247,9 +282,12 @@ def _own_data(i: int, bl: Block) -> tuple[np.ndarray, np.ndarray]:
     return bl.t, bl.cols
 
 
-def _assemble(blocks: list[Block], ncols: int,
-              data: Callable[[int, Block], tuple[np.ndarray, np.ndarray]] = _own_data,
-              staggered: bool = True) -> dict[Any, _Buf]:
+def _assemble(
+    blocks: list[Block],
+    ncols: int,
+    data: Callable[[int, Block], tuple[np.ndarray, np.ndarray]] = _own_data,
+    staggered: bool = True,
+) -> dict[Any, _Buf]:
     """Per-key buffers from one table's blocks, in time order.
 
     Every sample is written once, straight from its segment, into one array
@@ -266,8 +304,12 @@ def _assemble(blocks: list[Block], ncols: int,
     prev: tuple[list[Any] | None, np.ndarray] = (None, np.zeros(0, dtype=np.int64))
     for bl in blocks:
         if bl.keys != prev[0]:  # most segments list the same keys as the one before
-            prev = (bl.keys, np.fromiter((ids.setdefault(k, len(ids)) for k in bl.keys), dtype=np.int64,
-                                         count=len(bl.keys)))
+            prev = (
+                bl.keys,
+                np.fromiter(
+                    (ids.setdefault(k, len(ids)) for k in bl.keys), dtype=np.int64, count=len(bl.keys)
+                ),
+            )
         kid_of.append(prev[1])
     nkeys = len(ids)
     n_k = np.zeros(nkeys, dtype=np.int64)
@@ -291,8 +333,8 @@ def _assemble(blocks: list[Block], ncols: int,
         for i, bl in enumerate(blocks):
             k = int(bl.counts[0])
             bt, bc = data(i, bl)
-            t2[:, at:at + k] = bt.reshape(nkeys, k)
-            c3[:, :, at:at + k] = bc.reshape(len(present), nkeys, k)
+            t2[:, at : at + k] = bt.reshape(nkeys, k)
+            c3[:, :, at : at + k] = bc.reshape(len(present), nkeys, k)
             at += k
         blocks, kid_of = [], []
     # Each sample goes to its key's slot, after the key's samples of earlier segments.
@@ -333,20 +375,24 @@ def _assemble(blocks: list[Block], ncols: int,
         if ok[i]:
             out[k] = _Buf.adopt(t[a:z], c[:, a:z], n, present, absent)
         else:  # sorted, the first of equal times kept
-            _, first = np.unique(t[a:a + n], return_index=True)
+            _, first = np.unique(t[a : a + n], return_index=True)
             full = np.full((ncols, len(first)), np.nan, dtype=np.float32)
-            full[present] = c[:, a:a + n][:, first]
-            out[k] = _Buf(t[a:a + n][first], full)
+            full[present] = c[:, a : a + n][:, first]
+            out[k] = _Buf(t[a : a + n][first], full)
     return out
 
 
 def _seen_blob(seen: dict[str, datetime]) -> bytes:
     return zstandard.ZstdCompressor(level=1).compress(
-        orjson.dumps([[k, v.timestamp()] for k, v in seen.items()]))
+        orjson.dumps([[k, v.timestamp()] for k, v in seen.items()])
+    )
 
 
 def _seen_load(blob: bytes, tz: Any) -> dict[str, datetime]:
-    return {k: datetime.fromtimestamp(v, tz) for k, v in orjson.loads(zstandard.ZstdDecompressor().decompress(blob))}
+    return {
+        k: datetime.fromtimestamp(v, tz)
+        for k, v in orjson.loads(zstandard.ZstdDecompressor().decompress(blob))
+    }
 
 
 @dataclass
@@ -404,20 +450,27 @@ class WindowSnapshots:
                 cur.executemany(
                     "INSERT INTO sweep_snapshots (shards, shard, seg, blob) VALUES (%s, %s, %s, %s) "
                     "ON CONFLICT (shards, shard, seg) DO UPDATE SET blob = EXCLUDED.blob",
-                    [(self.shards, self.shard, s, b) for s, b in blobs])
-            conn.execute("DELETE FROM sweep_snapshots WHERE shards = %s AND shard = %s AND seg < %s",
-                         (self.shards, self.shard, seg_of(now - cache.window_s) - SEG_S))
+                    [(self.shards, self.shard, s, b) for s, b in blobs],
+                )
+            conn.execute(
+                "DELETE FROM sweep_snapshots WHERE shards = %s AND shard = %s AND seg < %s",
+                (self.shards, self.shard, seg_of(now - cache.window_s) - SEG_S),
+            )
             conn.execute(
                 "INSERT INTO sweep_snapshot_state (shards, shard, watermark, upto, since, seen) "
                 "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (shards, shard) DO UPDATE SET "
                 "watermark = EXCLUDED.watermark, upto = EXCLUDED.upto, since = EXCLUDED.since, "
                 "seen = EXCLUDED.seen, written_at = now()",
-                (self.shards, self.shard, cache.watermark, float(end), since, _seen_blob(cache.seen)))
+                (self.shards, self.shard, cache.watermark, float(end), since, _seen_blob(cache.seen)),
+            )
         self.upto, self.since = float(end), since
         self.dirty.clear()
         self.rewritten += len(again)
-        self.last = {"segments": len(blobs), "bytes": sum(len(b) for _, b in blobs),
-                     "save_s": time.perf_counter() - t0}
+        self.last = {
+            "segments": len(blobs),
+            "bytes": sum(len(b) for _, b in blobs),
+            "save_s": time.perf_counter() - t0,
+        }
         return len(blobs)
 
     def restore(self, conn: psycopg.Connection, cache: WindowCache, now: float) -> int | None:
@@ -427,17 +480,22 @@ class WindowSnapshots:
         t_lo = now - cache.window_s
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            st = conn.execute("SELECT watermark, upto, since, seen FROM sweep_snapshot_state "
-                              "WHERE shards = %s AND shard = %s", (self.shards, self.shard)).fetchone()
+            st = conn.execute(
+                "SELECT watermark, upto, since, seen FROM sweep_snapshot_state "
+                "WHERE shards = %s AND shard = %s",
+                (self.shards, self.shard),
+            ).fetchone()
             if st is None:
                 return None
             watermark, upto, since, seen_raw = st
             if since > t_lo or upto < t_lo:
                 return None
             with conn.cursor(binary=True) as cur:
-                rows = cur.execute("SELECT seg, blob FROM sweep_snapshots WHERE shards = %s AND shard = %s "
-                                   "AND seg >= %s AND seg < %s ORDER BY seg",
-                                   (self.shards, self.shard, seg_of(t_lo), upto)).fetchall()
+                rows = cur.execute(
+                    "SELECT seg, blob FROM sweep_snapshots WHERE shards = %s AND shard = %s "
+                    "AND seg >= %s AND seg < %s ORDER BY seg",
+                    (self.shards, self.shard, seg_of(t_lo), upto),
+                ).fetchall()
             stream = _Stream([b for _, b in rows])
             before = cache.seen, cache.watermark
             try:
@@ -445,8 +503,9 @@ class WindowSnapshots:
                     return None
                 cache.seen = _seen_load(seen_raw, watermark.tzinfo)
                 cache.watermark = watermark
-                nodes = ({k[0] for bl in stream.gpus for k in bl.keys}
-                         | {k for bl in stream.hosts for k in bl.keys})
+                nodes = {k[0] for bl in stream.gpus for k in bl.keys} | {
+                    k for bl in stream.hosts for k in bl.keys
+                }
                 # The database reads the late batches and the raw tail while the window is assembled
                 # here (the reads touch no buffer); their rows are merged after it, as catch_up would.
                 pending: list[Pending] = []
@@ -457,8 +516,13 @@ class WindowSnapshots:
                     reading.result()
             except (ValueError, zstandard.ZstdError) as e:
                 # A damaged snapshot must not stop detection: this owner reads the raw samples.
-                log.warning("the persisted window of sweep shard %d of %d cannot be read (%s); reading the "
-                            "window from the sample tables instead", self.shard, self.shards, e)
+                log.warning(
+                    "the persisted window of sweep shard %d of %d cannot be read (%s); reading the "
+                    "window from the sample tables instead",
+                    self.shard,
+                    self.shards,
+                    e,
+                )
                 cache.seen, cache.watermark = before
                 return None
             cache.gpus, cache.hosts = gpus, hosts
@@ -470,4 +534,3 @@ class WindowSnapshots:
         self.dirty.clear()
         self.restored_samples, self.restored_upto = restored, float(upto)
         return n
-

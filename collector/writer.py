@@ -96,8 +96,17 @@ class WriterStats:
 class GroupWriter:
     """Owns ``threads`` writer connections and the queue in front of them."""
 
-    def __init__(self, url: str, *, max_rows: int = 20_000, linger_s: float = 0.005,
-                 linger_batches: int = 16, queue_max_rows: int = 400_000, threads: int = 2, node_touch_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_rows: int = 20_000,
+        linger_s: float = 0.005,
+        linger_batches: int = 16,
+        queue_max_rows: int = 400_000,
+        threads: int = 2,
+        node_touch_s: float = 10.0,
+    ) -> None:
         self.url = url
         self.max_rows = max_rows
         self.linger_s = linger_s
@@ -164,7 +173,9 @@ class GroupWriter:
     def start(self) -> None:
         self._stop = False
         self._workers = [self._spawn(i) for i in range(self.threads)]
-        self._supervisor = threading.Thread(target=self._supervise, name="gpufleet-writer-supervisor", daemon=True)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="gpufleet-writer-supervisor", daemon=True
+        )
         self._supervisor.start()
 
     def _spawn(self, i: int) -> threading.Thread:
@@ -185,7 +196,9 @@ class GroupWriter:
                     continue
                 self.stats.restarts += 1
                 held = list(self._held.pop(t.ident or -1, {}).values())
-                log.error("writer thread %s died; restarting it (%d batches it held answer 503)", t.name, len(held))
+                log.error(
+                    "writer thread %s died; restarting it (%d batches it held answer 503)", t.name, len(held)
+                )
                 self._resolve(held, exc=DatabaseUnavailable("the writer failed; the batch was not stored"))
                 self._workers[i] = self._spawn(i)
 
@@ -237,8 +250,11 @@ class GroupWriter:
                 self._lingering = True
                 try:
                     deadline = time.monotonic() + self.linger_s
-                    while (len(self._q) < self.linger_batches and self._queued_rows < self.max_rows // 4
-                           and not self._stop):
+                    while (
+                        len(self._q) < self.linger_batches
+                        and self._queued_rows < self.max_rows // 4
+                        and not self._stop
+                    ):
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
@@ -332,7 +348,9 @@ class GroupWriter:
                 conn = _rolled_back(conn)
                 self.stats.write_errors += 1
                 log.exception("writing batch %r of node %r failed", it.batch.batch_id, it.batch.node)
-                self._resolve([it], exc=WriteFailed(f"the batch could not be written ({e.__class__.__name__})"))
+                self._resolve(
+                    [it], exc=WriteFailed(f"the batch could not be written ({e.__class__.__name__})")
+                )
         return conn
 
     def _fail_waiting(self, exc: Exception) -> None:
@@ -342,8 +360,9 @@ class GroupWriter:
             self._queued_rows = 0
         self._resolve(items, exc=exc)
 
-    def _resolve(self, items: list[_Item], outcomes: list[Outcome] | None = None,
-                 exc: Exception | None = None) -> None:
+    def _resolve(
+        self, items: list[_Item], outcomes: list[Outcome] | None = None, exc: Exception | None = None
+    ) -> None:
         """Answer ``items``: one call into each waiting event loop for the whole group."""
         held = self._held.get(threading.get_ident())
         per_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Outcome], Outcome | None]]] = {}
@@ -365,8 +384,9 @@ class GroupWriter:
         for it in items:
             first.setdefault((it.batch.node, it.batch.batch_id), it)
         with conn.transaction():
-            done = write_batches(conn, [it.batch for it in first.values()], sightings_cache=self.sightings,
-                                 touch=self._touch)
+            done = write_batches(
+                conn, [it.batch for it in first.values()], sightings_cache=self.sightings, touch=self._touch
+            )
         self.sightings.stored(done.sightings)
         new = [b for b in (it.batch for it in first.values()) if (b.node, b.batch_id) in done.new]
         self.stats.transactions += 1
@@ -382,9 +402,12 @@ class GroupWriter:
             key = (b.node, b.batch_id)
             stored = key in done.new and key not in seen
             seen.add(key)
-            out.append(Outcome(stored, b.n_gpu, b.n_host, b.rejected_skew, done.glitches.get(key, 0) if stored else 0))
+            out.append(
+                Outcome(
+                    stored, b.n_gpu, b.n_host, b.rejected_skew, done.glitches.get(key, 0) if stored else 0
+                )
+            )
         return out
-
 
 
 def _rolled_back(conn: psycopg.Connection) -> psycopg.Connection | None:

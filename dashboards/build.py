@@ -41,8 +41,10 @@ def render(dashboard: dict[str, Any]) -> str:
 
 
 def expected() -> dict[Path, str]:
-    return {**{DIR / f"{uid}.json": render(build()) for uid, build in BUILDERS.items()},
-            **{PROMETHEUS_DIR / f"{uid}.json": render(build()) for uid, build in PROMETHEUS_BUILDERS.items()}}
+    return {
+        **{DIR / f"{uid}.json": render(build()) for uid, build in BUILDERS.items()},
+        **{PROMETHEUS_DIR / f"{uid}.json": render(build()) for uid, build in PROMETHEUS_BUILDERS.items()},
+    }
 
 
 def stale() -> list[Path]:

@@ -83,9 +83,13 @@ def _variable_values(cols: list[tuple[str, int]], rows: list[tuple[Any, ...]]) -
     return list(seen)
 
 
-def resolve_variables(conn: psycopg.Connection, dashboard: Mapping[str, Any], rng: TimeRange,
-                      picks: Mapping[str, str | Sequence[str]] | None = None,
-                      results: list[QueryResult] | None = None) -> dict[str, Variable]:
+def resolve_variables(
+    conn: psycopg.Connection,
+    dashboard: Mapping[str, Any],
+    rng: TimeRange,
+    picks: Mapping[str, str | Sequence[str]] | None = None,
+    results: list[QueryResult] | None = None,
+) -> dict[str, Variable]:
     """Current values of the dashboard's query variables, resolved in declaration order."""
     picks = picks or {}
     out: dict[str, Variable] = {}
@@ -94,7 +98,9 @@ def resolve_variables(conn: psycopg.Connection, dashboard: Mapping[str, Any], rn
             continue
         sql = expand(v["query"], rng, out)
         t0 = time.perf_counter()
-        qr = QueryResult(dashboard.get("uid", "?"), None, f"variable {v['name']}", "variable", "table", sql, 0)
+        qr = QueryResult(
+            dashboard.get("uid", "?"), None, f"variable {v['name']}", "variable", "table", sql, 0
+        )
         try:
             qr.columns, qr.rows = _run(conn, sql)
         except psycopg.Error as e:
@@ -111,14 +117,27 @@ def resolve_variables(conn: psycopg.Connection, dashboard: Mapping[str, Any], rn
             value = [ALL]
         else:
             value = options[0] if options else ""
-        out[v["name"]] = Variable(v["name"], value, multi=multi, include_all=include_all,
-                                  all_value=v.get("allValue") or None, options=tuple(options))
+        out[v["name"]] = Variable(
+            v["name"],
+            value,
+            multi=multi,
+            include_all=include_all,
+            all_value=v.get("allValue") or None,
+            options=tuple(options),
+        )
     return out
 
 
-def run_dashboard(conn: psycopg.Connection, dashboard: Mapping[str, Any], rng: TimeRange,
-                  picks: Mapping[str, str | Sequence[str]] | None = None, *, interval_ms: int | None = None,
-                  timescaledb: bool = False, min_interval: str | None = None) -> list[QueryResult]:
+def run_dashboard(
+    conn: psycopg.Connection,
+    dashboard: Mapping[str, Any],
+    rng: TimeRange,
+    picks: Mapping[str, str | Sequence[str]] | None = None,
+    *,
+    interval_ms: int | None = None,
+    timescaledb: bool = False,
+    min_interval: str | None = None,
+) -> list[QueryResult]:
     """Variables, then every panel target and annotation query, expanded and run.
 
     ``interval_ms`` forces the query interval (as a narrow panel or a long range
@@ -133,8 +152,11 @@ def run_dashboard(conn: psycopg.Connection, dashboard: Mapping[str, Any], rng: T
             continue
         mdp = int(p.get("maxDataPoints") or DEFAULT_MAX_DATA_POINTS)
         iv = interval_ms or query_interval_ms(rng, mdp, p.get("interval") or min_interval)
-        overrides = tuple(o["matcher"]["options"] for o in p.get("fieldConfig", {}).get("overrides", [])
-                          if o.get("matcher", {}).get("id") == "byName")
+        overrides = tuple(
+            o["matcher"]["options"]
+            for o in p.get("fieldConfig", {}).get("overrides", [])
+            if o.get("matcher", {}).get("id") == "byName"
+        )
         for t in p.get("targets", []):
             jobs.append((p.get("id"), p.get("title", ""), p.get("type", ""), t, iv, overrides))
     for a in dashboard.get("annotations", {}).get("list", []):
@@ -200,7 +222,9 @@ def shape_problems(r: QueryResult) -> list[str]:
     elif r.kind in ("stat", "bargauge", "gauge"):
         if not numeric:
             out.append(f"{r.where}: {r.kind} needs a numeric column, has {r.columns}")
-    elif r.kind == "barchart" and (not numeric or not (strings or any(_is_time(oid) for _, oid in r.columns))):
+    elif r.kind == "barchart" and (
+        not numeric or not (strings or any(_is_time(oid) for _, oid in r.columns))
+    ):
         out.append(f"{r.where}: bar chart needs a category (text) column and numbers, has {r.columns}")
     return out
 

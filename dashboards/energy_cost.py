@@ -27,17 +27,22 @@ from gpufleet.waste import PRECEDENCE, STATES
 UID = "gpufleet-energy"
 
 RUN_VAR = query_variable(
-    "run", "Run",
+    "run",
+    "Run",
     f"""SELECT r.run_id FROM runs r
 WHERE r.start < {RANGE_TO} AND coalesce(r."end", 'infinity') > {RANGE_FROM}
   AND {all_or("site", "r.site")} AND {all_or("team", "r.team")}
-ORDER BY r.start DESC, 1""", description="Runs active in the range at the selected sites and teams.")
+ORDER BY r.start DESC, 1""",
+    description="Runs active in the range at the selected sites and teams.",
+)
 
-RUNS_WHERE = f'{all_or("site", "r.site")} AND {all_or("team", "r.team")} AND {all_or("run", "r.run_id")}'
+RUNS_WHERE = f"{all_or('site', 'r.site')} AND {all_or('team', 'r.team')} AND {all_or('run', 'r.run_id')}"
 #: The selected runs' accounting lines, ``a``, with their run ``r``.
 RUN_LINES = f"{accounting()} a JOIN runs r ON r.run_id = a.run_id WHERE a.line = 'run' AND {RUNS_WHERE}"
 #: The fleet's lines at the selected sites (unallocated and total are per pricing site).
-FLEET_LINES = f"{accounting(fleet=True)} a WHERE a.line IN ('unallocated', 'total') AND {all_or('site', 'a.site')}"
+FLEET_LINES = (
+    f"{accounting(fleet=True)} a WHERE a.line IN ('unallocated', 'total') AND {all_or('site', 'a.site')}"
+)
 
 TOTALS = f"""
 SELECT coalesce(sum(a.it_kwh), 0) AS "IT energy", coalesce(sum(a.facility_kwh), 0) AS "Facility energy",
@@ -77,15 +82,25 @@ ORDER BY 2 DESC
 
 #: The selected runs' ledgers (``gpufleet_ledger``, the SQL twin of the API's ``ledger``): one row per run
 #: and state, clipped to the range as the runs' accounting lines are.
-LEDGER = (f"gpufleet_ledger({RANGE_FROM}, {RANGE_TO}, now(), ARRAY(SELECT r.run_id FROM runs r "
-          f"WHERE r.start < {RANGE_TO} AND coalesce(r.\"end\", 'infinity') > {RANGE_FROM} AND {RUNS_WHERE}), "
-          "60, 'auto')")
-STATE_LABELS = {"productive": "Productive", "idle": "Idle", "hung": "Hung", "starved": "Starved",
-                "checkpoint": "Checkpoint", "straggler_wait": "Straggler wait", "throttled": "Throttled"}
+LEDGER = (
+    f"gpufleet_ledger({RANGE_FROM}, {RANGE_TO}, now(), ARRAY(SELECT r.run_id FROM runs r "
+    f"WHERE r.start < {RANGE_TO} AND coalesce(r.\"end\", 'infinity') > {RANGE_FROM} AND {RUNS_WHERE}), "
+    "60, 'auto')"
+)
+STATE_LABELS = {
+    "productive": "Productive",
+    "idle": "Idle",
+    "hung": "Hung",
+    "starved": "Starved",
+    "checkpoint": "Checkpoint",
+    "straggler_wait": "Straggler wait",
+    "throttled": "Throttled",
+}
 _WASTE = "l.state <> 'productive'"
 _PER_STATE = ",\n       ".join(
     f"coalesce(sum(l.gpu_hours) FILTER (WHERE l.state = '{s}'), 0) AS \"{STATE_LABELS[s]} GPU-hours\""
-    for s in PRECEDENCE)
+    for s in PRECEDENCE
+)
 _ORDER = "CASE l.state " + " ".join(f"WHEN '{s}' THEN {i}" for i, s in enumerate(STATES)) + " END"
 
 WASTE_TOTALS = f"""
@@ -193,64 +208,172 @@ ORDER BY 1, 2, 3 DESC
 
 
 def build() -> dict[str, Any]:
-    b = Board(UID, "gpufleet / Energy and cost",
-              "kWh, cost and CO2e by site, team and run over the range, exactly as the API accounts them; GPU "
-              "time no run held; carbon intensity; tokens per joule.", time_from="now-24h", refresh="5m")
+    b = Board(
+        UID,
+        "gpufleet / Energy and cost",
+        "kWh, cost and CO2e by site, team and run over the range, exactly as the API accounts them; GPU "
+        "time no run held; carbon intensity; tokens per joule.",
+        time_from="now-24h",
+        refresh="5m",
+    )
     b.variables += [SITE_VAR, TEAM_VAR, RUN_VAR]
-    b.add(stat("Runs in range", TOTALS,
-               "Energy of the selected runs inside the range: GPU + host share (IT), times the PUE in force "
-               "(facility); CO2e with the carbon intensity in force. The API's /v1/accounting figures.", w=12,
-               decimals=2),
-          stat("Fleet", FLEET, "Every GPU at the selected sites, allocated or not; GPU time no run held, with "
-                               "and without telemetry.", "kwatth", w=12, decimals=2))
+    b.add(
+        stat(
+            "Runs in range",
+            TOTALS,
+            "Energy of the selected runs inside the range: GPU + host share (IT), times the PUE in force "
+            "(facility); CO2e with the carbon intensity in force. The API's /v1/accounting figures.",
+            w=12,
+            decimals=2,
+        ),
+        stat(
+            "Fleet",
+            FLEET,
+            "Every GPU at the selected sites, allocated or not; GPU time no run held, with "
+            "and without telemetry.",
+            "kwatth",
+            w=12,
+            decimals=2,
+        ),
+    )
     for name, unit in (("IT energy", "kwatth"), ("Facility energy", "kwatth"), ("CO2e", "masskg")):
         b.panels[0]["fieldConfig"]["overrides"].append(
-            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]})
+            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+        )
     for name in ("GPU-hours, no run", "GPU-hours, no telemetry"):
         b.panels[1]["fieldConfig"]["overrides"].append(
-            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": "none"}]})
-    b.add(table("Runs", PER_RUN,
-                "Per run, inside the range: GPU-hours, energy, cost (energy at the price in force, compute at the "
-                "GPU-hour price in force for each GPU model), CO2e, coverage and tokens per joule (GPU + host "
-                "energy). The same numbers as GET /v1/runs/<run>/accounting?from=&to=.", h=10,
-                sort_by="Total cost",
-                units={"GPU kWh": "kwatth", "Host kWh": "kwatth", "Facility kWh": "kwatth", "CO2e kg": "masskg",
-                       "GPU-hours": "none", "Tokens": "short", "Coverage": "percentunit", "PUE": "none"}))
-    b.add(stat("Waste", WASTE_TOTALS,
-               "GPU-hours of the selected runs their ledgers put in a state other than productive (idle, hung, "
-               "checkpoint, starved, straggler wait, throttled), and their share of the runs' GPU-hours: "
-               "GET /v1/runs/<run>/accounting's ledger.", w=8, decimals=2),
-          bars("Where the GPU-hours went", BY_STATE,
-               "The selected runs' GPU-hours by ledger state: each GPU-second in one state, the most specific "
-               "explanation first (the API's ledger).", None, w=16, h=8))
+            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": "none"}]}
+        )
+    b.add(
+        table(
+            "Runs",
+            PER_RUN,
+            "Per run, inside the range: GPU-hours, energy, cost (energy at the price in force, compute at the "
+            "GPU-hour price in force for each GPU model), CO2e, coverage and tokens per joule (GPU + host "
+            "energy). The same numbers as GET /v1/runs/<run>/accounting?from=&to=.",
+            h=10,
+            sort_by="Total cost",
+            units={
+                "GPU kWh": "kwatth",
+                "Host kWh": "kwatth",
+                "Facility kWh": "kwatth",
+                "CO2e kg": "masskg",
+                "GPU-hours": "none",
+                "Tokens": "short",
+                "Coverage": "percentunit",
+                "PUE": "none",
+            },
+        )
+    )
+    b.add(
+        stat(
+            "Waste",
+            WASTE_TOTALS,
+            "GPU-hours of the selected runs their ledgers put in a state other than productive (idle, hung, "
+            "checkpoint, starved, straggler wait, throttled), and their share of the runs' GPU-hours: "
+            "GET /v1/runs/<run>/accounting's ledger.",
+            w=8,
+            decimals=2,
+        ),
+        bars(
+            "Where the GPU-hours went",
+            BY_STATE,
+            "The selected runs' GPU-hours by ledger state: each GPU-second in one state, the most specific "
+            "explanation first (the API's ledger).",
+            None,
+            w=16,
+            h=8,
+        ),
+    )
     b.panels[-2]["fieldConfig"]["overrides"].append(
-        {"matcher": {"id": "byName", "options": "Waste share"}, "properties": [{"id": "unit", "value": "percentunit"}]})
-    b.add(table("Runs that wasted most", WASTE_PER_RUN,
-                "Per run, inside the range: GPU-hours by ledger state and what the waste (every state but "
-                "productive) cost at the run's prices. The same numbers as GET /v1/runs/<run>/accounting?from=&to= "
-                "(ledger); the web view's Waste page ranks them too.", h=10, sort_by="Wasted GPU-hours",
-                units={"Waste share": "percentunit", "GPU-hours": "none", "Wasted GPU-hours": "none",
-                       **{f"{STATE_LABELS[s]} GPU-hours": "none" for s in PRECEDENCE}}),
-          bars("Waste by team", WASTE_BY_TEAM, "Wasted GPU-hours of the selected runs by team and ledger state.",
-               None, w=24, h=8))
-    b.add(table("Cost by currency", COST_BY_CURRENCY, "Costs of the selected runs, per site currency.", w=8,
-                h=8),
-          bars("Energy and CO2e by team", BY_TEAM, "Facility kWh and kg CO2e of the selected runs by team.",
-               None, w=16, h=8))
-    b.add(timeseries("Facility energy by site", FLEET_ENERGY_BY_SITE,
-                     "All GPUs' and hosts' facility energy per step (an hour at least), priced at the site that "
-                     "paid for it.", "kwatth", stack=True, w=12, draw="bars", fill=70),
-          timeseries("Carbon intensity", CARBON, "The step series of each selected site's grid region.",
-                     "none", w=12, fill=0),
-          timeseries("Tokens per joule", TOKENS_PER_JOULE,
-                     "Tokens processed per joule (GPU + host share) of each run that reports progress, per step.",
-                     "short", w=24, fill=0))
+        {
+            "matcher": {"id": "byName", "options": "Waste share"},
+            "properties": [{"id": "unit", "value": "percentunit"}],
+        }
+    )
+    b.add(
+        table(
+            "Runs that wasted most",
+            WASTE_PER_RUN,
+            "Per run, inside the range: GPU-hours by ledger state and what the waste (every state but "
+            "productive) cost at the run's prices. The same numbers as GET /v1/runs/<run>/accounting?from=&to= "
+            "(ledger); the web view's Waste page ranks them too.",
+            h=10,
+            sort_by="Wasted GPU-hours",
+            units={
+                "Waste share": "percentunit",
+                "GPU-hours": "none",
+                "Wasted GPU-hours": "none",
+                **{f"{STATE_LABELS[s]} GPU-hours": "none" for s in PRECEDENCE},
+            },
+        ),
+        bars(
+            "Waste by team",
+            WASTE_BY_TEAM,
+            "Wasted GPU-hours of the selected runs by team and ledger state.",
+            None,
+            w=24,
+            h=8,
+        ),
+    )
+    b.add(
+        table(
+            "Cost by currency", COST_BY_CURRENCY, "Costs of the selected runs, per site currency.", w=8, h=8
+        ),
+        bars(
+            "Energy and CO2e by team",
+            BY_TEAM,
+            "Facility kWh and kg CO2e of the selected runs by team.",
+            None,
+            w=16,
+            h=8,
+        ),
+    )
+    b.add(
+        timeseries(
+            "Facility energy by site",
+            FLEET_ENERGY_BY_SITE,
+            "All GPUs' and hosts' facility energy per step (an hour at least), priced at the site that "
+            "paid for it.",
+            "kwatth",
+            stack=True,
+            w=12,
+            draw="bars",
+            fill=70,
+        ),
+        timeseries(
+            "Carbon intensity",
+            CARBON,
+            "The step series of each selected site's grid region.",
+            "none",
+            w=12,
+            fill=0,
+        ),
+        timeseries(
+            "Tokens per joule",
+            TOKENS_PER_JOULE,
+            "Tokens processed per joule (GPU + host share) of each run that reports progress, per step.",
+            "short",
+            w=24,
+            fill=0,
+        ),
+    )
     b.panels[-2]["fieldConfig"]["defaults"]["custom"]["lineInterpolation"] = "stepAfter"
-    b.add(table("Power limit vs tokens per joule", POWER_CAP,
-                "Per model, GPU model and enforced power limit: tokens per joule of GPU energy and tokens per "
-                "second per GPU, over the minutes every GPU of a run ran at that limit. A lower limit that keeps "
-                "most of the throughput and raises tokens per joule is energy saved; GET /v1/advisor/power-cap "
-                "names the limit within a throughput budget, with the points used (or says the data is too thin).",
-                h=8, units={"Power limit": "watt", "Power per GPU": "watt", "Tokens per joule": "short",
-                            "Tokens/s per GPU": "short"}))
+    b.add(
+        table(
+            "Power limit vs tokens per joule",
+            POWER_CAP,
+            "Per model, GPU model and enforced power limit: tokens per joule of GPU energy and tokens per "
+            "second per GPU, over the minutes every GPU of a run ran at that limit. A lower limit that keeps "
+            "most of the throughput and raises tokens per joule is energy saved; GET /v1/advisor/power-cap "
+            "names the limit within a throughput budget, with the points used (or says the data is too thin).",
+            h=8,
+            units={
+                "Power limit": "watt",
+                "Power per GPU": "watt",
+                "Tokens per joule": "short",
+                "Tokens/s per GPU": "short",
+            },
+        )
+    )
     return b.to_json()

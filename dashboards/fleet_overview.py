@@ -33,8 +33,13 @@ from gpufleet.store.gpu_states import BUSY_UTIL_PCT, gpu_state, gpu_states_at
 
 UID = "gpufleet-fleet"
 
-SITE_VAR = query_variable("site", "Site", "SELECT site FROM sites ORDER BY 1", refresh=1,
-                          description="Sites from the sites table; All includes nodes without a site.")
+SITE_VAR = query_variable(
+    "site",
+    "Site",
+    "SELECT site FROM sites ORDER BY 1",
+    refresh=1,
+    description="Sites from the sites table; All includes nodes without a site.",
+)
 
 #: Busy, starved and idle GPUs at the end of the range, by the one definition the web view counts with.
 GPU_STATES_NOW = f"""
@@ -55,10 +60,13 @@ GROUP BY 1, 3, 4""",
        {weighted("util_pct")} AS util
 FROM gpu_stats_1m r
 WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1, 3, 4""")
+GROUP BY 1, 3, 4""",
+)
 
-_STARVED_IN_BUCKET = ("EXISTS (SELECT 1 FROM starved x WHERE x.node = g.node AND x.gpu = g.gpu "
-                      "AND g.first_t >= x.start AND g.first_t < x.stop)")
+_STARVED_IN_BUCKET = (
+    "EXISTS (SELECT 1 FROM starved x WHERE x.node = g.node AND x.gpu = g.gpu "
+    "AND g.first_t >= x.start AND g.first_t < x.stop)"
+)
 
 GPU_STATES_OVER_TIME = f"""
 WITH g AS (
@@ -90,7 +98,8 @@ GROUP BY 1, 2, 3, 4""",
        {weighted("power_w")} AS watts
 FROM gpu_stats_1m r LEFT JOIN nodes n ON n.node = r.node
 WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1, 2, 3, 4""")
+GROUP BY 1, 2, 3, 4""",
+)
 
 POWER_BY_SITE = f"""
 SELECT bucket AS "time", site AS metric, sum(watts) AS value
@@ -156,27 +165,35 @@ WHERE {node_in_site("n.node")}
 ORDER BY n.node
 """
 
-UTIL_BY_NODE = raw_or_rollup(
-    f"""SELECT $__timeGroupAlias(s.time, $__interval), s.node AS metric, avg(s.util_pct) AS value
+UTIL_BY_NODE = (
+    raw_or_rollup(
+        f"""SELECT $__timeGroupAlias(s.time, $__interval), s.node AS metric, avg(s.util_pct) AS value
 FROM gpu_samples s
 WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {node_in_site("s.node")}
 GROUP BY 1, 2""",
-    f"""SELECT $__timeGroupAlias(r.bucket, $__interval), r.node AS metric, {weighted("util_pct")} AS value
+        f"""SELECT $__timeGroupAlias(r.bucket, $__interval), r.node AS metric, {weighted("util_pct")} AS value
 FROM gpu_stats_1m r
 WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1, 2""") + "\nORDER BY 1, 2"
+GROUP BY 1, 2""",
+    )
+    + "\nORDER BY 1, 2"
+)
 
-ACTIVITY = raw_or_rollup(
-    f"""SELECT $__timeGroupAlias(s.time, $__interval), avg(s.util_pct) AS "GPU-Util",
+ACTIVITY = (
+    raw_or_rollup(
+        f"""SELECT $__timeGroupAlias(s.time, $__interval), avg(s.util_pct) AS "GPU-Util",
        avg(s.sm_active) * 100 AS "SM active", avg(s.tensor_active) * 100 AS "Tensor active"
 FROM gpu_samples s
 WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {node_in_site("s.node")}
 GROUP BY 1""",
-    f"""SELECT $__timeGroupAlias(r.bucket, $__interval), {weighted("util_pct")} AS "GPU-Util",
+        f"""SELECT $__timeGroupAlias(r.bucket, $__interval), {weighted("util_pct")} AS "GPU-Util",
        {weighted("sm_active")} * 100 AS "SM active", {weighted("tensor_active")} * 100 AS "Tensor active"
 FROM gpu_stats_1m r
 WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1""") + "\nORDER BY 1"
+GROUP BY 1""",
+    )
+    + "\nORDER BY 1"
+)
 
 INCIDENT_ANNOTATIONS = f"""
 SELECT i.start AS "time", coalesce(i."end", i.last_seen) AS "timeend",
@@ -207,46 +224,121 @@ ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 
 
 
 def build() -> dict[str, Any]:
-    b = Board(UID, "gpufleet / Fleet overview",
-              "GPUs busy, idle and starved; power and energy; open incidents. 'Now' is the end of the range.")
+    b = Board(
+        UID,
+        "gpufleet / Fleet overview",
+        "GPUs busy, idle and starved; power and energy; open incidents. 'Now' is the end of the range.",
+    )
     b.variables.append(SITE_VAR)
     b.annotations.append(sql_annotation("Critical incidents", INCIDENT_ANNOTATIONS))
     b.row("Now")
-    b.add(stat("GPUs", GPU_STATES_NOW,
-               f"GPUs reporting in the last 2 minutes of the range: busy (GPU-Util >= {BUSY_UTIL_PCT:g} %), "
-               "starved (held by a run with an open starvation incident) or idle.", w=10, color_mode="none"),
-          stat("Power now", POWER_NOW, "Board power of every reporting GPU, latest sample in the last 2 minutes.",
-               "kwatt", w=4, decimals=1),
-          stat("Energy today", ENERGY_TODAY,
-               "Energy of every GPU (and host) since 00:00 UTC of the range's end day, as the API accounts it; "
-               "facility energy applies the PUE in force at each site.", "kwatth", w=10, decimals=1))
-    b.add(bars("Open incidents by kind", OPEN_BY_KIND, "Incidents open at the end of the range.", "none",
-               w=8, h=8),
-          table("Open incidents", OPEN_INCIDENTS, "Open at the end of the range, critical first.",
-                w=16, h=8, units={"Open for": "s", "Since": "dateTimeAsIso"}))
-    b.add(table("GPU hardware health", HEALTH_INCIDENTS,
-                "NVLink degradation (links down, collectives over PCIe, link errors), GPU memory and bus health "
-                "(uncorrectable ECC, row remaps, correctable-error storms, PCIe replays) and repeated XIDs over "
-                "the range, open and critical first; the figure is the incident's headline number, the "
-                "incident's evidence has the rest and decodes the XIDs. Quarantine actions: drains or cordons "
-                "recorded on it.", h=8, units={"Since": "dateTimeAsIso"}))
+    b.add(
+        stat(
+            "GPUs",
+            GPU_STATES_NOW,
+            f"GPUs reporting in the last 2 minutes of the range: busy (GPU-Util >= {BUSY_UTIL_PCT:g} %), "
+            "starved (held by a run with an open starvation incident) or idle.",
+            w=10,
+            color_mode="none",
+        ),
+        stat(
+            "Power now",
+            POWER_NOW,
+            "Board power of every reporting GPU, latest sample in the last 2 minutes.",
+            "kwatt",
+            w=4,
+            decimals=1,
+        ),
+        stat(
+            "Energy today",
+            ENERGY_TODAY,
+            "Energy of every GPU (and host) since 00:00 UTC of the range's end day, as the API accounts it; "
+            "facility energy applies the PUE in force at each site.",
+            "kwatth",
+            w=10,
+            decimals=1,
+        ),
+    )
+    b.add(
+        bars(
+            "Open incidents by kind",
+            OPEN_BY_KIND,
+            "Incidents open at the end of the range.",
+            "none",
+            w=8,
+            h=8,
+        ),
+        table(
+            "Open incidents",
+            OPEN_INCIDENTS,
+            "Open at the end of the range, critical first.",
+            w=16,
+            h=8,
+            units={"Open for": "s", "Since": "dateTimeAsIso"},
+        ),
+    )
+    b.add(
+        table(
+            "GPU hardware health",
+            HEALTH_INCIDENTS,
+            "NVLink degradation (links down, collectives over PCIe, link errors), GPU memory and bus health "
+            "(uncorrectable ECC, row remaps, correctable-error storms, PCIe replays) and repeated XIDs over "
+            "the range, open and critical first; the figure is the incident's headline number, the "
+            "incident's evidence has the rest and decodes the XIDs. Quarantine actions: drains or cordons "
+            "recorded on it.",
+            h=8,
+            units={"Since": "dateTimeAsIso"},
+        )
+    )
     b.row("Over time")
-    b.add(timeseries("GPU states", GPU_STATES_OVER_TIME,
-                     "GPUs per state in each interval (average GPU-Util of the interval).", "none",
-                     stack=True, w=12),
-          timeseries("GPU power by site", POWER_BY_SITE,
-                     "Sum over GPUs of each GPU's average board power in the interval.", "watt", stack=True,
-                     w=12),
-          timeseries("Fleet activity", ACTIVITY,
-                     "Average GPU-Util and DCGM SM / tensor activity over every reporting GPU.", "percent",
-                     w=12, fill=0),
-          timeseries("Open incidents", OPEN_OVER_TIME, "Incidents open at each step, by kind.", "none",
-                     stack=True, w=12, draw="bars", fill=60),
-          heatmap("GPU-Util by node", UTIL_BY_NODE, "Average GPU-Util of each node's GPUs.", "percent", w=24,
-                  h=8))
+    b.add(
+        timeseries(
+            "GPU states",
+            GPU_STATES_OVER_TIME,
+            "GPUs per state in each interval (average GPU-Util of the interval).",
+            "none",
+            stack=True,
+            w=12,
+        ),
+        timeseries(
+            "GPU power by site",
+            POWER_BY_SITE,
+            "Sum over GPUs of each GPU's average board power in the interval.",
+            "watt",
+            stack=True,
+            w=12,
+        ),
+        timeseries(
+            "Fleet activity",
+            ACTIVITY,
+            "Average GPU-Util and DCGM SM / tensor activity over every reporting GPU.",
+            "percent",
+            w=12,
+            fill=0,
+        ),
+        timeseries(
+            "Open incidents",
+            OPEN_OVER_TIME,
+            "Incidents open at each step, by kind.",
+            "none",
+            stack=True,
+            w=12,
+            draw="bars",
+            fill=60,
+        ),
+        heatmap(
+            "GPU-Util by node", UTIL_BY_NODE, "Average GPU-Util of each node's GPUs.", "percent", w=24, h=8
+        ),
+    )
     b.row("Nodes")
-    b.add(table("Nodes", NODES,
-                "Nodes as the collector has seen them. 'Silent for' counts from the last batch received "
-                "(wall clock), so a silent agent stands out.", h=8,
-                units={"Silent for": "s", "Last batch received": "dateTimeAsIso"}))
+    b.add(
+        table(
+            "Nodes",
+            NODES,
+            "Nodes as the collector has seen them. 'Silent for' counts from the last batch received "
+            "(wall clock), so a silent agent stands out.",
+            h=8,
+            units={"Silent for": "s", "Last batch received": "dateTimeAsIso"},
+        )
+    )
     return b.to_json()

@@ -104,8 +104,16 @@ class TimeRange:
 
 # ---------------------------------------------------------------- intervals
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000,
-             "M": 30 * 86_400_000, "y": 365 * 86_400_000}
+_UNITS_MS = {
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "w": 7 * 86_400_000,
+    "M": 30 * 86_400_000,
+    "y": 365 * 86_400_000,
+}
 
 
 def parse_interval_ms(text: str) -> int:
@@ -118,20 +126,50 @@ def parse_interval_ms(text: str) -> int:
 
 def format_interval(ms: int) -> str:
     """Go ``gtime.FormatInterval``: the largest whole unit, truncated."""
-    for unit, size in (("y", _UNITS_MS["y"]), ("d", _UNITS_MS["d"]), ("h", _UNITS_MS["h"]),
-                       ("m", _UNITS_MS["m"]), ("s", 1000), ("ms", 1)):
+    for unit, size in (
+        ("y", _UNITS_MS["y"]),
+        ("d", _UNITS_MS["d"]),
+        ("h", _UNITS_MS["h"]),
+        ("m", _UNITS_MS["m"]),
+        ("s", 1000),
+        ("ms", 1),
+    ):
         if ms >= size:
             return f"{ms // size}{unit}"
     return "1ms"
 
 
 #: Grafana's ``rangeutil.roundInterval``: (upper bound exclusive, result), ms.
-_ROUND = ((15, 10), (35, 20), (75, 50), (150, 100), (350, 200), (750, 500), (1500, 1000), (3500, 2000),
-          (7500, 5000), (12500, 10000), (17500, 15000), (25000, 20000), (45000, 30000), (90000, 60000),
-          (210000, 120000), (450000, 300000), (750000, 600000), (1050000, 900000), (1500000, 1200000),
-          (2700000, 1800000), (5400000, 3600000), (9000000, 7200000), (16200000, 10800000),
-          (32400000, 21600000), (86400000, 43200000), (604800000, 86400000), (1814400000, 604800000),
-          (3628800000, 2592000000))
+_ROUND = (
+    (15, 10),
+    (35, 20),
+    (75, 50),
+    (150, 100),
+    (350, 200),
+    (750, 500),
+    (1500, 1000),
+    (3500, 2000),
+    (7500, 5000),
+    (12500, 10000),
+    (17500, 15000),
+    (25000, 20000),
+    (45000, 30000),
+    (90000, 60000),
+    (210000, 120000),
+    (450000, 300000),
+    (750000, 600000),
+    (1050000, 900000),
+    (1500000, 1200000),
+    (2700000, 1800000),
+    (5400000, 3600000),
+    (9000000, 7200000),
+    (16200000, 10800000),
+    (32400000, 21600000),
+    (86400000, 43200000),
+    (604800000, 86400000),
+    (1814400000, 604800000),
+    (3628800000, 2592000000),
+)
 
 
 def round_interval(ms: float) -> int:
@@ -150,6 +188,7 @@ def query_interval_ms(rng: TimeRange, max_data_points: int, min_interval: str | 
 
 
 # ---------------------------------------------------------------- formatting helpers
+
 
 def rfc3339_nano(t: datetime) -> str:
     """Go ``time.RFC3339Nano`` of a UTC time: fractional seconds without trailing zeros, ``Z``."""
@@ -219,7 +258,10 @@ _VARIABLE_RE = re.compile(r"\$(\w+)|\[\[(\w+?)(?::(\w+))?\]\]|\$\{(\w+)(?:\.([^:
 
 def replace_variables(sql: str, variables: Mapping[str, Variable], rng: TimeRange) -> str:
     """Grafana's ``TemplateSrv.replace`` with the SQL data source's formatter."""
-    builtins = {"__from": str(int(rng.start.timestamp() * 1000)), "__to": str(int(rng.end.timestamp() * 1000))}
+    builtins = {
+        "__from": str(int(rng.start.timestamp() * 1000)),
+        "__to": str(int(rng.end.timestamp() * 1000)),
+    }
 
     def repl(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2) or m.group(4)
@@ -243,6 +285,7 @@ def replace_variables(sql: str, variables: Mapping[str, Variable], rng: TimeRang
 
 # ---------------------------------------------------------------- step 2: global substitutions
 
+
 def replace_globals(sql: str, rng: TimeRange, interval_ms: int) -> str:
     """``sqleng.Interpolate``: interval and epoch bounds, plain text replacement."""
     sql = sql.replace("$__interval_ms", str(interval_ms))
@@ -259,8 +302,10 @@ _MACRO_RE = re.compile(r"\$([_a-zA-Z0-9]+)\(([^\)]*)\)")
 def _evaluate(name: str, args: list[str], rng: TimeRange, timescaledb: bool) -> str:
     frm, to = rfc3339_nano(rng.start), rfc3339_nano(rng.end)
     col = args[0] if args and args[0] else None
-    if name in ("__time", "__timeEpoch", "__timeFilter", "__unixEpochFilter", "__unixEpochNanoFilter") \
-            and col is None:
+    if (
+        name in ("__time", "__timeEpoch", "__timeFilter", "__unixEpochFilter", "__unixEpochNanoFilter")
+        and col is None
+    ):
         raise ExpansionError(f"missing time column argument for macro {name}")
     if name == "__time":
         return f'{col} AS "time"'
@@ -308,7 +353,7 @@ def replace_macros(sql: str, rng: TimeRange, timescaledb: bool = False) -> str:
         name = m.group(1)
         if name == "__timeGroup":
             at = original.find(m.group(0))
-            if at >= 0 and original[at + len(m.group(0)):at + len(m.group(0)) + 1] == ",":
+            if at >= 0 and original[at + len(m.group(0)) : at + len(m.group(0)) + 1] == ",":
                 name = "__timeGroupAlias"
         args = [a.strip(" ") for a in m.group(2).split(",")]
         return _evaluate(name, args, rng, timescaledb)
@@ -318,8 +363,15 @@ def replace_macros(sql: str, rng: TimeRange, timescaledb: bool = False) -> str:
 
 # ---------------------------------------------------------------- all steps
 
-def expand(sql: str, rng: TimeRange, variables: Mapping[str, Variable] | None = None, *,
-           interval_ms: int = 60_000, timescaledb: bool = False) -> str:
+
+def expand(
+    sql: str,
+    rng: TimeRange,
+    variables: Mapping[str, Variable] | None = None,
+    *,
+    interval_ms: int = 60_000,
+    timescaledb: bool = False,
+) -> str:
     """The SQL Grafana would send to PostgreSQL for this ``rawSql``."""
     sql = replace_variables(sql, variables or {}, rng)
     sql = replace_globals(sql, rng, interval_ms)

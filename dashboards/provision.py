@@ -62,12 +62,24 @@ class DataSource:
     def payload(self) -> dict[str, Any]:
         """The body of ``POST /api/datasources`` (and of the update by uid)."""
         body: dict[str, Any] = {
-            "name": self.name, "uid": self.uid, "type": DS_TYPE, "access": "proxy",
-            "url": f"{self.host}:{self.port}", "user": self.user, "database": self.database,
+            "name": self.name,
+            "uid": self.uid,
+            "type": DS_TYPE,
+            "access": "proxy",
+            "url": f"{self.host}:{self.port}",
+            "user": self.user,
+            "database": self.database,
             "isDefault": False,
-            "jsonData": {"database": self.database, "sslmode": self.sslmode, "postgresVersion": 1500,
-                         "timescaledb": self.timescaledb, "timeInterval": "1s", "maxOpenConns": 10,
-                         "maxIdleConns": 10, "connMaxLifetime": 14400},
+            "jsonData": {
+                "database": self.database,
+                "sslmode": self.sslmode,
+                "postgresVersion": 1500,
+                "timescaledb": self.timescaledb,
+                "timeInterval": "1s",
+                "maxOpenConns": 10,
+                "maxIdleConns": 10,
+                "connMaxLifetime": 14400,
+            },
         }
         if self.password is not None:
             body["secureJsonData"] = {"password": self.password}
@@ -105,9 +117,15 @@ def connect(grafana_url: str, token: str, timeout_s: float = 15.0) -> GrafanaApi
     return GrafanaApi.from_url(grafana_url.rstrip("/"), credential=token, timeout=timeout_s)
 
 
-def push(api: GrafanaApi, ds: DataSource, dashboards: Iterable[Mapping[str, Any]], *,
-         folder_uid: str = DEFAULT_FOLDER_UID, folder_title: str = DEFAULT_FOLDER_TITLE,
-         message: str = "gpufleet dashboards push") -> PushResult:
+def push(
+    api: GrafanaApi,
+    ds: DataSource,
+    dashboards: Iterable[Mapping[str, Any]],
+    *,
+    folder_uid: str = DEFAULT_FOLDER_UID,
+    folder_title: str = DEFAULT_FOLDER_TITLE,
+    message: str = "gpufleet dashboards push",
+) -> PushResult:
     step = "reading the data source"
     try:
         try:
@@ -134,8 +152,14 @@ def push(api: GrafanaApi, ds: DataSource, dashboards: Iterable[Mapping[str, Any]
             result.folder = "created"
         for d in dashboards:
             step = f"importing dashboard {d.get('uid')}"
-            api.dashboard.update_dashboard({"dashboard": bind_datasource(d, ds), "folderUid": folder_uid,
-                                            "overwrite": True, "message": message})
+            api.dashboard.update_dashboard(
+                {
+                    "dashboard": bind_datasource(d, ds),
+                    "folderUid": folder_uid,
+                    "overwrite": True,
+                    "message": message,
+                }
+            )
             result.dashboards.append(str(d.get("uid")))
         return result
     except GrafanaException as e:

@@ -33,21 +33,31 @@ UID = "gpufleet-run"
 RUN = "${run:sqlstring}"
 
 RUN_VAR = query_variable(
-    "run", "Run",
+    "run",
+    "Run",
     f"""SELECT r.run_id AS __value, r.run_id || coalesce(' (' || r.name || ')', '') AS __text
 FROM runs r
 WHERE r.start < {RANGE_TO} AND coalesce(r."end", 'infinity') > {RANGE_FROM}
 ORDER BY r.start DESC, r.run_id""",
-    multi=False, description="Runs active at some point of the range, newest first.")
+    multi=False,
+    description="Runs active at some point of the range, newest first.",
+)
 NODE_VAR = query_variable(
-    "node", "Node", f"SELECT DISTINCT node FROM run_allocations WHERE run_id = {RUN} ORDER BY 1", refresh=2,
-    description="Nodes of the run's allocation.")
+    "node",
+    "Node",
+    f"SELECT DISTINCT node FROM run_allocations WHERE run_id = {RUN} ORDER BY 1",
+    refresh=2,
+    description="Nodes of the run's allocation.",
+)
 
 #: ``@`` is the table alias; the GPU must be one of the run's and on a selected node.
-GPU_WHERE = (f"(@.node, @.gpu) IN (SELECT node, gpu FROM run_allocations WHERE run_id = {RUN}) "
-             f"AND {all_or('node', '@.node')}")
-HOST_WHERE = (f"@.node IN (SELECT node FROM run_allocations WHERE run_id = {RUN}) "
-              f"AND {all_or('node', '@.node')}")
+GPU_WHERE = (
+    f"(@.node, @.gpu) IN (SELECT node, gpu FROM run_allocations WHERE run_id = {RUN}) "
+    f"AND {all_or('node', '@.node')}"
+)
+HOST_WHERE = (
+    f"@.node IN (SELECT node FROM run_allocations WHERE run_id = {RUN}) AND {all_or('node', '@.node')}"
+)
 
 SUMMARY = f"""
 SELECT r.run_id AS "Run", coalesce(r.name, '') AS "Name", coalesce(r.team, '') AS "Team",
@@ -67,7 +77,8 @@ FROM {accounting(runs=f"ARRAY[{RUN}]", since="NULL")} a WHERE a.line = 'run'
 
 ACCOUNTING_NOTE = (
     "Energy, cost and CO2e from the run's start to the end of the range (or now), exactly as "
-    "`GET /v1/runs/<run>/accounting?to=` on the gpufleet API reports them: the same database function.")
+    "`GET /v1/runs/<run>/accounting?to=` on the gpufleet API reports them: the same database function."
+)
 
 UTIL = per_gpu_series("avg(s.util_pct)", weighted("util_pct"), GPU_WHERE)
 SM_ACTIVE = per_gpu_series("avg(s.sm_active) * 100", weighted("sm_active") + " * 100", GPU_WHERE)
@@ -132,22 +143,34 @@ GROUP BY 1, 2
 ORDER BY 3 NULLS LAST, 5 DESC, 7 DESC, 1, 2
 """
 
-CPU = per_node_series({
-    "user": ("avg(s.cpu_user_pct)", weighted("cpu_user_pct")),
-    "system": ("avg(s.cpu_system_pct)", weighted("cpu_system_pct")),
-    "iowait": ("avg(s.cpu_iowait_pct)", weighted("cpu_iowait_pct")),
-}, HOST_WHERE)
-DISK = per_node_series({
-    "read": ("avg(s.disk_read_bytes_s)", weighted("disk_read_bytes_s")),
-    "write": ("avg(s.disk_write_bytes_s)", weighted("disk_write_bytes_s")),
-}, HOST_WHERE)
-DISK_UTIL = per_node_series({
-    "busiest disk %util": ("max(s.disk_util_pct)", "max(r.disk_util_pct_max)"),
-}, HOST_WHERE)
-NET = per_node_series({
-    "rx": ("avg(s.net_rx_bytes_s)", weighted("net_rx_bytes_s")),
-    "tx": ("avg(s.net_tx_bytes_s)", weighted("net_tx_bytes_s")),
-}, HOST_WHERE)
+CPU = per_node_series(
+    {
+        "user": ("avg(s.cpu_user_pct)", weighted("cpu_user_pct")),
+        "system": ("avg(s.cpu_system_pct)", weighted("cpu_system_pct")),
+        "iowait": ("avg(s.cpu_iowait_pct)", weighted("cpu_iowait_pct")),
+    },
+    HOST_WHERE,
+)
+DISK = per_node_series(
+    {
+        "read": ("avg(s.disk_read_bytes_s)", weighted("disk_read_bytes_s")),
+        "write": ("avg(s.disk_write_bytes_s)", weighted("disk_write_bytes_s")),
+    },
+    HOST_WHERE,
+)
+DISK_UTIL = per_node_series(
+    {
+        "busiest disk %util": ("max(s.disk_util_pct)", "max(r.disk_util_pct_max)"),
+    },
+    HOST_WHERE,
+)
+NET = per_node_series(
+    {
+        "rx": ("avg(s.net_rx_bytes_s)", weighted("net_rx_bytes_s")),
+        "tx": ("avg(s.net_tx_bytes_s)", weighted("net_tx_bytes_s")),
+    },
+    HOST_WHERE,
+)
 
 INCIDENTS = f"""
 SELECT i.kind AS "Kind", i.cause AS "Cause", i.severity AS "Severity", i.state AS "State",
@@ -204,54 +227,112 @@ def _gpu_ts(title: str, sql: str, description: str, unit: str) -> Panel:
 
 
 def build() -> dict[str, Any]:
-    b = Board(UID, "gpufleet / Run detail",
-              "One run: per-GPU activity, power, clocks and temperature; host CPU, disk and network; incidents; "
-              "energy, cost and CO2e so far.", time_from="now-3h", refresh="30s")
+    b = Board(
+        UID,
+        "gpufleet / Run detail",
+        "One run: per-GPU activity, power, clocks and temperature; host CPU, disk and network; incidents; "
+        "energy, cost and CO2e so far.",
+        time_from="now-3h",
+        refresh="30s",
+    )
     b.variables += [RUN_VAR, NODE_VAR]
     b.annotations.append(sql_annotation("Run incidents", INCIDENT_ANNOTATIONS, "orange"))
     b.row("Run")
-    b.add(stat("Run", SUMMARY, "The run's registration; duration up to the end of the range.", w=12,
-               color_mode="none"),
-          stat("So far", ACCOUNTING, ACCOUNTING_NOTE, w=12, decimals=2, color_mode="none"))
+    b.add(
+        stat(
+            "Run",
+            SUMMARY,
+            "The run's registration; duration up to the end of the range.",
+            w=12,
+            color_mode="none",
+        ),
+        stat("So far", ACCOUNTING, ACCOUNTING_NOTE, w=12, decimals=2, color_mode="none"),
+    )
     b.panels[-1]["fieldConfig"]["overrides"] = [
         {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
-        for name, unit in (("IT energy", "kwatth"), ("Facility energy", "kwatth"), ("CO2e", "masskg"),
-                           ("GPU-hours", "none"), ("Total cost", "none"))]
+        for name, unit in (
+            ("IT energy", "kwatth"),
+            ("Facility energy", "kwatth"),
+            ("CO2e", "masskg"),
+            ("GPU-hours", "none"),
+            ("Total cost", "none"),
+        )
+    ]
     b.add(text("Accounting", ACCOUNTING_NOTE, h=2))
     b.row("GPUs")
-    b.add(_gpu_ts("GPU-Util per GPU", UTIL, "NVML GPU-Util: share of time a kernel was running.", "percent"),
-          _gpu_ts("SM active per GPU", SM_ACTIVE, "DCGM SM activity (share of SMs busy, time-averaged).",
-                  "percent"),
-          _gpu_ts("Tensor pipe active per GPU", TENSOR_ACTIVE, "DCGM tensor pipe activity.", "percent"),
-          _gpu_ts("Power per GPU", POWER, "Board power draw.", "watt"),
-          _gpu_ts("SM clock per GPU", SM_CLOCK, "SM clock; drops under power caps and thermal throttling.",
-                  "rothz"),
-          _gpu_ts("Framebuffer used per GPU", MEM_USED, "Largest framebuffer use in the interval.", "bytes"),
-          heatmap("GPU temperature", TEMP, "Hottest reading of each GPU in the interval, one row per GPU.",
-                  "celsius", w=24))
-    b.add(table("GPU links and health now", GPU_STATE,
-                "Latest sample of each GPU (last 2 minutes of the range): PCIe link against its maximum, "
-                "power limit, clocks, throttle-reason bitmask, last XID.", h=8,
-                units={"Last sample": "dateTimeAsIso", "Power limit": "watt", "SM clock": "rothz"}))
-    b.add(_gpu_ts("NVLink traffic per GPU", NVLINK,
-                  "NVLink bytes/s per GPU, transmit and receive averaged. Healthy data-parallel training shows "
-                  "tens of GB/s on every GPU of a node; one GPU near zero while its PCIe traffic rises, or every "
-                  "GPU near zero with NVLink present, is the nvlink_degraded detector's pcie_fallback.", "Bps"),
-          table("NVLink and memory health", HEALTH,
-                "Per GPU over the range: NVLink links up against the links it has, and what the error "
-                "counters added (NVLink CRC and replay errors, ECC single- and double-bit errors, PCIe "
-                "replays); remap pending or failed flags. GPUs with links down or errors first.", w=12, h=8))
+    b.add(
+        _gpu_ts("GPU-Util per GPU", UTIL, "NVML GPU-Util: share of time a kernel was running.", "percent"),
+        _gpu_ts(
+            "SM active per GPU", SM_ACTIVE, "DCGM SM activity (share of SMs busy, time-averaged).", "percent"
+        ),
+        _gpu_ts("Tensor pipe active per GPU", TENSOR_ACTIVE, "DCGM tensor pipe activity.", "percent"),
+        _gpu_ts("Power per GPU", POWER, "Board power draw.", "watt"),
+        _gpu_ts(
+            "SM clock per GPU", SM_CLOCK, "SM clock; drops under power caps and thermal throttling.", "rothz"
+        ),
+        _gpu_ts("Framebuffer used per GPU", MEM_USED, "Largest framebuffer use in the interval.", "bytes"),
+        heatmap(
+            "GPU temperature",
+            TEMP,
+            "Hottest reading of each GPU in the interval, one row per GPU.",
+            "celsius",
+            w=24,
+        ),
+    )
+    b.add(
+        table(
+            "GPU links and health now",
+            GPU_STATE,
+            "Latest sample of each GPU (last 2 minutes of the range): PCIe link against its maximum, "
+            "power limit, clocks, throttle-reason bitmask, last XID.",
+            h=8,
+            units={"Last sample": "dateTimeAsIso", "Power limit": "watt", "SM clock": "rothz"},
+        )
+    )
+    b.add(
+        _gpu_ts(
+            "NVLink traffic per GPU",
+            NVLINK,
+            "NVLink bytes/s per GPU, transmit and receive averaged. Healthy data-parallel training shows "
+            "tens of GB/s on every GPU of a node; one GPU near zero while its PCIe traffic rises, or every "
+            "GPU near zero with NVLink present, is the nvlink_degraded detector's pcie_fallback.",
+            "Bps",
+        ),
+        table(
+            "NVLink and memory health",
+            HEALTH,
+            "Per GPU over the range: NVLink links up against the links it has, and what the error "
+            "counters added (NVLink CRC and replay errors, ECC single- and double-bit errors, PCIe "
+            "replays); remap pending or failed flags. GPUs with links down or errors first.",
+            w=12,
+            h=8,
+        ),
+    )
     b.row("Hosts")
-    b.add(timeseries("CPU", CPU, "All-CPU user, system and iowait per node (mpstat 'all').", "percent",
-                     fill=0),
-          timeseries("Disk throughput", DISK, "Read and write rates summed over block devices.", "Bps", fill=0),
-          timeseries("Busiest disk utilisation", DISK_UTIL, "iostat -x %util of the busiest device.", "percent",
-                     fill=0),
-          timeseries("Network", NET, "Receive and transmit over physical interfaces.", "Bps", fill=0))
+    b.add(
+        timeseries("CPU", CPU, "All-CPU user, system and iowait per node (mpstat 'all').", "percent", fill=0),
+        timeseries("Disk throughput", DISK, "Read and write rates summed over block devices.", "Bps", fill=0),
+        timeseries(
+            "Busiest disk utilisation", DISK_UTIL, "iostat -x %util of the busiest device.", "percent", fill=0
+        ),
+        timeseries("Network", NET, "Receive and transmit over physical interfaces.", "Bps", fill=0),
+    )
     b.row("Incidents and progress")
-    b.add(table("Incidents", INCIDENTS, "The run's incidents overlapping the range, with the detector's evidence.",
-                h=8, units={"Duration": "s", "Start": "dateTimeAsIso", "End": "dateTimeAsIso"}),
-          timeseries("Tokens per second", TOKENS_PER_S, "From the run's progress reports.", "short", fill=0),
-          timeseries("Tokens per joule", TOKENS_PER_JOULE,
-                     "Tokens processed per joule of GPU energy, per minute of progress.", "short", fill=0))
+    b.add(
+        table(
+            "Incidents",
+            INCIDENTS,
+            "The run's incidents overlapping the range, with the detector's evidence.",
+            h=8,
+            units={"Duration": "s", "Start": "dateTimeAsIso", "End": "dateTimeAsIso"},
+        ),
+        timeseries("Tokens per second", TOKENS_PER_S, "From the run's progress reports.", "short", fill=0),
+        timeseries(
+            "Tokens per joule",
+            TOKENS_PER_JOULE,
+            "Tokens processed per joule of GPU energy, per minute of progress.",
+            "short",
+            fill=0,
+        ),
+    )
     return b.to_json()

@@ -27,14 +27,18 @@ def node_in_site(node_col: str) -> str:
 
 def incident_in_site(alias: str = "i") -> str:
     """Node-scoped incidents by their node's site, run-scoped ones by their run's site."""
-    return (f"('__all' IN (${{site:sqlstring}}) OR coalesce((SELECT site FROM nodes WHERE node = {alias}.node), "
-            f"(SELECT site FROM runs WHERE run_id = {alias}.run_id)) IN (${{site:sqlstring}}))")
+    return (
+        f"('__all' IN (${{site:sqlstring}}) OR coalesce((SELECT site FROM nodes WHERE node = {alias}.node), "
+        f"(SELECT site FROM runs WHERE run_id = {alias}.run_id)) IN (${{site:sqlstring}}))"
+    )
 
 
 def ev_num(key: str, alias: str = "i") -> str:
     """A numeric evidence field, NULL when absent or not a number."""
-    return (f"(CASE WHEN jsonb_typeof({alias}.evidence -> '{key}') = 'number' "
-            f"THEN ({alias}.evidence ->> '{key}')::float8 END)")
+    return (
+        f"(CASE WHEN jsonb_typeof({alias}.evidence -> '{key}') = 'number' "
+        f"THEN ({alias}.evidence ->> '{key}')::float8 END)"
+    )
 
 
 def open_at(t: str, alias: str = "i") -> str:
@@ -50,9 +54,11 @@ def raw_or_rollup(raw: str, rollup: str) -> str:
 
     Both must return the same columns in the same order.
     """
-    return (f"SELECT * FROM (\n{raw.strip()}\n) AS raw_rows WHERE $__interval_ms < {ROLLUP_FROM_MS}\n"
-            f"UNION ALL\n"
-            f"SELECT * FROM (\n{rollup.strip()}\n) AS rollup_rows WHERE $__interval_ms >= {ROLLUP_FROM_MS}")
+    return (
+        f"SELECT * FROM (\n{raw.strip()}\n) AS raw_rows WHERE $__interval_ms < {ROLLUP_FROM_MS}\n"
+        f"UNION ALL\n"
+        f"SELECT * FROM (\n{rollup.strip()}\n) AS rollup_rows WHERE $__interval_ms >= {ROLLUP_FROM_MS}"
+    )
 
 
 def per_gpu_series(raw_expr: str, rollup_expr: str, where: str, alias: str = "value") -> str:
@@ -62,12 +68,16 @@ def per_gpu_series(raw_expr: str, rollup_expr: str, where: str, alias: str = "va
     aggregates ``gpu_samples`` columns (``s.``); ``where`` filters with ``@`` standing for the
     table alias (``@.node``).
     """
-    raw = (f"SELECT $__timeGroupAlias(s.time, $__interval), s.node || '/' || s.gpu AS metric, {raw_expr} AS {alias}\n"
-           f"FROM gpu_samples s WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {where.replace('@', 's')}\n"
-           f"GROUP BY 1, 2")
-    rollup = (f"SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || '/' || r.gpu AS metric, "
-              f"{rollup_expr} AS {alias}\n"
-              f"FROM gpu_stats_1m r WHERE $__timeFilter(r.bucket) AND {where.replace('@', 'r')}\nGROUP BY 1, 2")
+    raw = (
+        f"SELECT $__timeGroupAlias(s.time, $__interval), s.node || '/' || s.gpu AS metric, {raw_expr} AS {alias}\n"
+        f"FROM gpu_samples s WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {where.replace('@', 's')}\n"
+        f"GROUP BY 1, 2"
+    )
+    rollup = (
+        f"SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || '/' || r.gpu AS metric, "
+        f"{rollup_expr} AS {alias}\n"
+        f"FROM gpu_stats_1m r WHERE $__timeFilter(r.bucket) AND {where.replace('@', 'r')}\nGROUP BY 1, 2"
+    )
     return raw_or_rollup(raw, rollup) + "\nORDER BY 1, 2"
 
 
@@ -78,12 +88,16 @@ def per_node_series(metrics: dict[str, tuple[str, str]], where: str) -> str:
     """
     raws, rolls = [], []
     for label, (raw_expr, roll_expr) in metrics.items():
-        raws.append(f"SELECT $__timeGroupAlias(s.time, $__interval), s.node || ' {label}' AS metric, "
-                    f"{raw_expr} AS value\nFROM host_samples s WHERE $__timeFilter(s.time) AND "
-                    f"{where.replace('@', 's')}\nGROUP BY 1, 2")
-        rolls.append(f"SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || ' {label}' AS metric, "
-                     f"{roll_expr} AS value\nFROM host_stats_1m r WHERE $__timeFilter(r.bucket) AND "
-                     f"{where.replace('@', 'r')}\nGROUP BY 1, 2")
+        raws.append(
+            f"SELECT $__timeGroupAlias(s.time, $__interval), s.node || ' {label}' AS metric, "
+            f"{raw_expr} AS value\nFROM host_samples s WHERE $__timeFilter(s.time) AND "
+            f"{where.replace('@', 's')}\nGROUP BY 1, 2"
+        )
+        rolls.append(
+            f"SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || ' {label}' AS metric, "
+            f"{roll_expr} AS value\nFROM host_stats_1m r WHERE $__timeFilter(r.bucket) AND "
+            f"{where.replace('@', 'r')}\nGROUP BY 1, 2"
+        )
     return raw_or_rollup("\nUNION ALL\n".join(raws), "\nUNION ALL\n".join(rolls)) + "\nORDER BY 1, 2"
 
 
@@ -96,18 +110,23 @@ def weighted(col: str, alias: str = "r") -> str:
 STEP = "greatest(make_interval(secs => $__interval_ms / 1000.0), interval '1 hour')"
 
 
-def accounting(fleet: bool = False, runs: str = "NULL", detail: str = "line", step: str = "NULL",
-               since: str = RANGE_FROM) -> str:
+def accounting(
+    fleet: bool = False, runs: str = "NULL", detail: str = "line", step: str = "NULL", since: str = RANGE_FROM
+) -> str:
     """The API's own accounting lines for the dashboard range (``gpufleet_accounting``, the one SQL
     definition the API, CLI and web view read): runs clipped to the range (and to now), with
     ``fleet`` the unallocated and total lines.  ``detail``: line | segment | step (``step``: an
     interval expression)."""
-    return (f"gpufleet_accounting({since}, {RANGE_TO}, now(), {runs}, {'true' if fleet else 'false'}, 60, "
-            f"'auto', '{detail}', {step})")
+    return (
+        f"gpufleet_accounting({since}, {RANGE_TO}, now(), {runs}, {'true' if fleet else 'false'}, 60, "
+        f"'auto', '{detail}', {step})"
+    )
 
 
 def tokens_in_window(run_col: str, t0: str, t1: str) -> str:
     """Tokens a run processed in ``[t0, t1]`` from its cumulative progress reports."""
-    return (f"(coalesce((SELECT p.tokens FROM run_progress p WHERE p.run_id = {run_col} AND p.time <= {t1} "
-            f"ORDER BY p.time DESC LIMIT 1), 0) - coalesce((SELECT p.tokens FROM run_progress p "
-            f"WHERE p.run_id = {run_col} AND p.time <= {t0} ORDER BY p.time DESC LIMIT 1), 0))")
+    return (
+        f"(coalesce((SELECT p.tokens FROM run_progress p WHERE p.run_id = {run_col} AND p.time <= {t1} "
+        f"ORDER BY p.time DESC LIMIT 1), 0) - coalesce((SELECT p.tokens FROM run_progress p "
+        f"WHERE p.run_id = {run_col} AND p.time <= {t0} ORDER BY p.time DESC LIMIT 1), 0))"
+    )

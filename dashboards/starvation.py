@@ -26,8 +26,13 @@ from gpufleet.dashboards.sql import (
 UID = "gpufleet-starvation"
 KINDS = "('starvation', 'checkpoint_stall')"
 
-TEAM_VAR = query_variable("team", "Team", "SELECT DISTINCT team FROM runs WHERE team IS NOT NULL ORDER BY 1",
-                          refresh=1, description="Teams of registered runs; All includes runs without a team.")
+TEAM_VAR = query_variable(
+    "team",
+    "Team",
+    "SELECT DISTINCT team FROM runs WHERE team IS NOT NULL ORDER BY 1",
+    refresh=1,
+    description="Teams of registered runs; All includes runs without a team.",
+)
 
 LOST = f"""
   SELECT i.id, i.kind, i.cause, i.state, i.start, i.run_id, r.name, r.team, r.site, i.evidence,
@@ -96,62 +101,114 @@ _STARVED_HOSTS = f"""@.node IN (
     WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
       AND {incident_in_site()} AND {all_or("team", "r.team")})"""
 
-HOST_PRESSURE = raw_or_rollup(
-    f"""SELECT $__timeGroupAlias(s.time, $__interval), s.node || ' cpu user' AS metric, avg(s.cpu_user_pct) AS value
+HOST_PRESSURE = (
+    raw_or_rollup(
+        f"""SELECT $__timeGroupAlias(s.time, $__interval), s.node || ' cpu user' AS metric, avg(s.cpu_user_pct) AS value
 FROM host_samples s WHERE $__timeFilter(s.time) AND {_STARVED_HOSTS.replace("@", "s")}
 GROUP BY 1, 2
 UNION ALL
 SELECT $__timeGroupAlias(s.time, $__interval), s.node || ' iowait', avg(s.cpu_iowait_pct)
 FROM host_samples s WHERE $__timeFilter(s.time) AND {_STARVED_HOSTS.replace("@", "s")}
 GROUP BY 1, 2""",
-    f"""SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || ' cpu user' AS metric,
+        f"""SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || ' cpu user' AS metric,
        {weighted("cpu_user_pct")} AS value
 FROM host_stats_1m r WHERE $__timeFilter(r.bucket) AND {_STARVED_HOSTS.replace("@", "r")}
 GROUP BY 1, 2
 UNION ALL
 SELECT $__timeGroupAlias(r.bucket, $__interval), r.node || ' iowait', {weighted("cpu_iowait_pct")}
 FROM host_stats_1m r WHERE $__timeFilter(r.bucket) AND {_STARVED_HOSTS.replace("@", "r")}
-GROUP BY 1, 2""") + "\nORDER BY 1, 2"
+GROUP BY 1, 2""",
+    )
+    + "\nORDER BY 1, 2"
+)
 
 _STARVED_RUN_GPUS = f"""(@.node, @.gpu) IN (
     SELECT a.node, a.gpu FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id JOIN runs r ON r.run_id = i.run_id
     WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
       AND {incident_in_site()} AND {all_or("team", "r.team")})"""
 
-RUN_ACTIVITY = raw_or_rollup(
-    f"""SELECT $__timeGroupAlias(s.time, $__interval), a.run_id AS metric, avg(s.util_pct) AS value
+RUN_ACTIVITY = (
+    raw_or_rollup(
+        f"""SELECT $__timeGroupAlias(s.time, $__interval), a.run_id AS metric, avg(s.util_pct) AS value
 FROM gpu_samples s JOIN run_allocations a ON a.node = s.node AND a.gpu = s.gpu
 WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {_STARVED_RUN_GPUS.replace("@", "s")}
 GROUP BY 1, 2""",
-    f"""SELECT $__timeGroupAlias(r.bucket, $__interval), a.run_id AS metric, {weighted("util_pct")} AS value
+        f"""SELECT $__timeGroupAlias(r.bucket, $__interval), a.run_id AS metric, {weighted("util_pct")} AS value
 FROM gpu_stats_1m r JOIN run_allocations a ON a.node = r.node AND a.gpu = r.gpu
 WHERE $__timeFilter(r.bucket) AND {_STARVED_RUN_GPUS.replace("@", "r")}
-GROUP BY 1, 2""") + "\nORDER BY 1, 2"
+GROUP BY 1, 2""",
+    )
+    + "\nORDER BY 1, 2"
+)
 
 
 def build() -> dict[str, Any]:
-    b = Board(UID, "gpufleet / Starvation board",
-              "Runs ranked by GPU time lost to input starvation and checkpoint stalls, with the detector's "
-              "cause and the host evidence behind it.")
+    b = Board(
+        UID,
+        "gpufleet / Starvation board",
+        "Runs ranked by GPU time lost to input starvation and checkpoint stalls, with the detector's "
+        "cause and the host evidence behind it.",
+    )
     b.variables += [SITE_VAR, TEAM_VAR]
-    b.add(table("Runs by GPU time lost", RANKED,
-                "GPU-hours lost inside the range: evidence share x GPUs affected x incident time. Cause is "
-                "cpu, io or unknown for starvation.", h=9, sort_by="GPU-hours lost",
-                units={"GPU-hours lost": "none", "Share lost": "percentunit", "Since": "dateTimeAsIso"}))
-    b.add(bars("GPU-hours lost by cause", BY_CAUSE, "Summed over the runs above.", "none", w=8, h=8),
-          timeseries("GPUs' worth of time lost", STARVED_GPUS,
-                     "At each step, per run: share lost x GPUs affected, over open incidents.", "none",
-                     stack=True, w=16, h=8, fill=40))
-    b.add(table("Evidence", EVIDENCE,
-                "What the detector measured: oscillation period and duty cycle, host CPU, iowait and disk, "
-                "checkpoint write rate.", h=8,
-                units={"Period": "s", "Duty cycle": "percentunit", "CPU user": "percent", "iowait": "percent",
-                       "Disk util": "percent", "Disk await": "ms", "Checkpoint write rate": "Bps",
-                       "Start": "dateTimeAsIso"}))
-    b.add(timeseries("Hosts of starved runs: CPU user and iowait", HOST_PRESSURE,
-                     "High user CPU points at the input pipeline (decode, augmentation); high iowait at "
-                     "storage.", "percent", w=12, fill=0),
-          timeseries("GPU-Util of starved runs", RUN_ACTIVITY,
-                     "Average over each run's GPUs; a saw-tooth is the loader not keeping up.", "percent",
-                     w=12, fill=0))
+    b.add(
+        table(
+            "Runs by GPU time lost",
+            RANKED,
+            "GPU-hours lost inside the range: evidence share x GPUs affected x incident time. Cause is "
+            "cpu, io or unknown for starvation.",
+            h=9,
+            sort_by="GPU-hours lost",
+            units={"GPU-hours lost": "none", "Share lost": "percentunit", "Since": "dateTimeAsIso"},
+        )
+    )
+    b.add(
+        bars("GPU-hours lost by cause", BY_CAUSE, "Summed over the runs above.", "none", w=8, h=8),
+        timeseries(
+            "GPUs' worth of time lost",
+            STARVED_GPUS,
+            "At each step, per run: share lost x GPUs affected, over open incidents.",
+            "none",
+            stack=True,
+            w=16,
+            h=8,
+            fill=40,
+        ),
+    )
+    b.add(
+        table(
+            "Evidence",
+            EVIDENCE,
+            "What the detector measured: oscillation period and duty cycle, host CPU, iowait and disk, "
+            "checkpoint write rate.",
+            h=8,
+            units={
+                "Period": "s",
+                "Duty cycle": "percentunit",
+                "CPU user": "percent",
+                "iowait": "percent",
+                "Disk util": "percent",
+                "Disk await": "ms",
+                "Checkpoint write rate": "Bps",
+                "Start": "dateTimeAsIso",
+            },
+        )
+    )
+    b.add(
+        timeseries(
+            "Hosts of starved runs: CPU user and iowait",
+            HOST_PRESSURE,
+            "High user CPU points at the input pipeline (decode, augmentation); high iowait at storage.",
+            "percent",
+            w=12,
+            fill=0,
+        ),
+        timeseries(
+            "GPU-Util of starved runs",
+            RUN_ACTIVITY,
+            "Average over each run's GPUs; a saw-tooth is the loader not keeping up.",
+            "percent",
+            w=12,
+            fill=0,
+        ),
+    )
     return b.to_json()

@@ -16,13 +16,35 @@ from gpufleet.dashboards.dryrun import panels
 from gpufleet.dashboards.model import DS_REF, DS_TYPE
 
 #: Macros of the PostgreSQL data source and the global variables Grafana substitutes.
-MACROS = frozenset({"__time", "__timeEpoch", "__timeFilter", "__timeFrom", "__timeTo", "__timeGroup",
-                    "__timeGroupAlias", "__unixEpochFilter", "__unixEpochNanoFilter", "__unixEpochNanoFrom",
-                    "__unixEpochNanoTo", "__unixEpochGroup", "__unixEpochGroupAlias", "__unixEpochFrom",
-                    "__unixEpochTo"})
+MACROS = frozenset(
+    {
+        "__time",
+        "__timeEpoch",
+        "__timeFilter",
+        "__timeFrom",
+        "__timeTo",
+        "__timeGroup",
+        "__timeGroupAlias",
+        "__unixEpochFilter",
+        "__unixEpochNanoFilter",
+        "__unixEpochNanoFrom",
+        "__unixEpochNanoTo",
+        "__unixEpochGroup",
+        "__unixEpochGroupAlias",
+        "__unixEpochFrom",
+        "__unixEpochTo",
+    }
+)
 GLOBALS = frozenset({"__interval", "__interval_ms", "__from", "__to"})
-PANEL_FORMATS = {"timeseries": "time_series", "heatmap": "time_series", "stat": "table", "table": "table",
-                 "barchart": "table", "bargauge": "table", "piechart": "table"}
+PANEL_FORMATS = {
+    "timeseries": "time_series",
+    "heatmap": "time_series",
+    "stat": "table",
+    "table": "table",
+    "barchart": "table",
+    "bargauge": "table",
+    "piechart": "table",
+}
 UID_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 #: Anything that ties a dashboard to one installation.
 HOST_PATTERNS = (
@@ -60,8 +82,12 @@ def _queries(d: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def _overlap(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
-    return (a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"]
-            and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"])
+    return (
+        a["x"] < b["x"] + b["w"]
+        and b["x"] < a["x"] + a["w"]
+        and a["y"] < b["y"] + b["h"]
+        and b["y"] < a["y"] + a["h"]
+    )
 
 
 def validate(d: Mapping[str, Any]) -> list[str]:

@@ -98,8 +98,10 @@ class Principal:
         """mTLS: a node token is honoured only beside its own node's verified client certificate, so a
         stolen token is useless without that certificate; no certificate, no tie (None)."""
         if cert_names is not None and self.node not in cert_names:
-            raise AccessDenied(f"the client certificate is for {', '.join(cert_names) or 'no node name'}, "
-                               f"not for node {self.node!r} of this token")
+            raise AccessDenied(
+                f"the client certificate is for {', '.join(cert_names) or 'no node name'}, "
+                f"not for node {self.node!r} of this token"
+            )
 
 
 def new_secret() -> str:
@@ -131,8 +133,10 @@ def create_token(conn: psycopg.Connection, name: str, role: Role, node: str | No
     if node is not None and role not in NODE_ROLES:
         raise ValueError(f"--node is for roles node and progress, not {role}")
     if node is not None and not is_node_name(node):
-        raise ValueError(f"--node {node!r} is not a node name agents can send: 1-253 characters of "
-                         "[A-Za-z0-9._-], starting with a letter or digit")
+        raise ValueError(
+            f"--node {node!r} is not a node name agents can send: 1-253 characters of "
+            "[A-Za-z0-9._-], starting with a letter or digit"
+        )
     secret = new_secret()
     conn.execute(
         "INSERT INTO agent_tokens (name, token_hash, role, node) VALUES (%s, %s, %s, %s)",
@@ -142,7 +146,9 @@ def create_token(conn: psycopg.Connection, name: str, role: Role, node: str | No
 
 
 def revoke_token(conn: psycopg.Connection, name: str) -> bool:
-    cur = conn.execute("UPDATE agent_tokens SET revoked_at = now() WHERE name = %s AND revoked_at IS NULL", (name,))
+    cur = conn.execute(
+        "UPDATE agent_tokens SET revoked_at = now() WHERE name = %s AND revoked_at IS NULL", (name,)
+    )
     return cur.rowcount > 0
 
 
@@ -222,5 +228,7 @@ MISS = _MISS
 
 LOOKUP_SQL = "SELECT token_hash, id, name, role, revoked_at, node FROM agent_tokens WHERE token_hash = %s"
 #: The same for many digests at once (the collector's coalesced lookups).
-LOOKUP_MANY_SQL = ("SELECT token_hash, id, name, role, revoked_at, node FROM agent_tokens "
-                   "WHERE token_hash = ANY(%s::bytea[])")
+LOOKUP_MANY_SQL = (
+    "SELECT token_hash, id, name, role, revoked_at, node FROM agent_tokens "
+    "WHERE token_hash = ANY(%s::bytea[])"
+)

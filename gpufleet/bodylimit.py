@@ -44,8 +44,11 @@ def _header(scope: Scope, name: bytes) -> list[bytes]:
 
 async def _answer(send: Send, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:
     body = orjson.dumps({"detail": detail})
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-           (b"connection", b"close")]
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
@@ -55,8 +58,13 @@ class BodyLimit:
     """Caps request bodies at ``limits`` or ``default``: (path, bytes) pairs, the first match wins; a
     path ending in ``/`` matches every path under it."""
 
-    def __init__(self, app: ASGIApp, default: int, limits: Sequence[tuple[str, int]] = (),
-                 precheck: Precheck | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        default: int,
+        limits: Sequence[tuple[str, int]] = (),
+        precheck: Precheck | None = None,
+    ) -> None:
         self.app = app
         self.default = default
         self.limits = list(limits)

@@ -261,8 +261,9 @@ class RemoteWriteSettings(BaseModel):
     #: Labels naming the node a series is of, the first a series has wins; ``instance`` loses its
     #: ``:port``.  dcgm-exporter labels its series ``Hostname``; node_exporter's have only ``instance``
     #: unless a relabelling adds ``node`` (which is why it comes first).
-    node_labels: list[str] = Field(default_factory=lambda: ["node", "Hostname", "hostname", "instance"],
-                                   min_length=1)
+    node_labels: list[str] = Field(
+        default_factory=lambda: ["node", "Hostname", "hostname", "instance"], min_length=1
+    )
     #: A (node, time) is assembled into rows once its last piece is this old, seconds: the pieces of one
     #: scrape arrive in several requests (Prometheus's shards and batches), within its
     #: ``batch_send_deadline`` (5 s) and retry backoff.  A piece later than this is counted, not merged.
@@ -329,8 +330,10 @@ class DetectSettings(DetectorConfig):
         # A detector sees one window: a condition it must see last longer than that is never seen.
         for name in ("idle_min_s", "hung_min_s"):
             if getattr(self, name) > self.window_s:
-                raise ValueError(f"{name} ({getattr(self, name):g} s) must not exceed window_s "
-                                 f"({self.window_s:g} s): each sweep sees one window")
+                raise ValueError(
+                    f"{name} ({getattr(self, name):g} s) must not exceed window_s "
+                    f"({self.window_s:g} s): each sweep sees one window"
+                )
         return self
 
 
@@ -360,7 +363,14 @@ class QuarantineSettings(BaseModel):
     #: Kinds whose warnings quarantine too: a PCIe link trained below its maximum under load.
     warning_kinds: tuple[str, ...] = ("pcie_degraded",)
     #: Node checks (gpufleet diagnose, the agent's node facts) whose failure quarantines the node.
-    checks: tuple[str, ...] = ("pcie_link", "nvlink", "clocks_event_reasons", "kernel_xid", "dcgm_diag", "ib_port")
+    checks: tuple[str, ...] = (
+        "pcie_link",
+        "nvlink",
+        "clocks_event_reasons",
+        "kernel_xid",
+        "dcgm_diag",
+        "ib_port",
+    )
     #: Put a node back once nothing has held it for ``hold_down_s`` seconds.
     release: bool = True
     hold_down_s: float = Field(1800.0, ge=0)
@@ -438,11 +448,15 @@ class RunActionSettings(BaseModel):
 
     @model_validator(mode="after")
     def _fits_backend(self) -> RunActionSettings:
-        allowed = {"slurm": ("notify", "requeue", "cancel"), "kubernetes": ("notify", "annotate")}[self.backend]
+        allowed = {"slurm": ("notify", "requeue", "cancel"), "kubernetes": ("notify", "annotate")}[
+            self.backend
+        ]
         bad = {k: a for k, a in self.kinds.items() if a not in allowed}
         if bad:
-            raise ValueError(f"actions.kinds: {', '.join(f'{k}: {a}' for k, a in bad.items())} is not an action of "
-                             f"the {self.backend} backend (one of {', '.join(allowed)})")
+            raise ValueError(
+                f"actions.kinds: {', '.join(f'{k}: {a}' for k, a in bad.items())} is not an action of "
+                f"the {self.backend} backend (one of {', '.join(allowed)})"
+            )
         return self
 
 
@@ -478,13 +492,26 @@ class KubernetesSettings(BaseModel):
     #: The kubelet's pod-resources socket (mounted read-only into the agent's pod).
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     #: Extended resources that are GPUs (shell patterns): whole GPUs, shared replicas, MIG devices.
-    gpu_resources: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/gpu.shared",
-                                                              "nvidia.com/mig-*"])
+    gpu_resources: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"]
+    )
     #: A pod annotation (or label) whose value is the run id, verbatim.
     run_id_key: str = "gpufleet.io/run-id"
     #: Owner kinds that are runs; the topmost in a pod's owner chain names the run (else the pod).
-    run_kinds: list[str] = Field(default_factory=lambda: [
-        "TrainJob", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "JobSet", "RayJob", "Job"])
+    run_kinds: list[str] = Field(
+        default_factory=lambda: [
+            "TrainJob",
+            "PyTorchJob",
+            "TFJob",
+            "MPIJob",
+            "XGBoostJob",
+            "PaddleJob",
+            "JAXJob",
+            "JobSet",
+            "RayJob",
+            "Job",
+        ]
+    )
     #: Labels naming the team, first found on the pod or its owners wins.
     team_labels: list[str] = Field(default_factory=lambda: ["gpufleet.io/team", "team"])
     #: Without a team label, the namespace is the team.
@@ -687,22 +714,28 @@ class Settings(BaseSettings):
         # Defaults that suit a laptop must not silently carry a deployment:
         # no embedded database in production.
         if self.environment == "production" and not self.database_url:
-            raise ValueError("environment is 'production' but database_url is not set "
-                             "(the embedded PostgreSQL is for development and the demo only)")
+            raise ValueError(
+                "environment is 'production' but database_url is not set "
+                "(the embedded PostgreSQL is for development and the demo only)"
+            )
         return self
 
     @model_validator(mode="after")
     def _standby_of_a_primary(self) -> Settings:
         if self.database.read_url and not self.database_url:
-            raise ValueError("database.read_url needs database_url: a standby follows a configured primary, "
-                             "never the embedded development server")
+            raise ValueError(
+                "database.read_url needs database_url: a standby follows a configured primary, "
+                "never the embedded development server"
+            )
         return self
 
     @model_validator(mode="after")
     def _metrics_mtls(self) -> Settings:
         if self.metrics.client_names and not self.tls.client_ca:
-            raise ValueError("metrics.client_names needs tls.client_ca (and tls.client_cert optional or required): "
-                             "only a verified client certificate has names")
+            raise ValueError(
+                "metrics.client_names needs tls.client_ca (and tls.client_cert optional or required): "
+                "only a verified client certificate has names"
+            )
         return self
 
     @field_validator("database_url")

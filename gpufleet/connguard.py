@@ -65,8 +65,14 @@ class Limits:
     @classmethod
     def of(cls, settings: Any, retry_after_s: int = 2) -> Limits:
         """The limits of an ``IngestSettings`` or ``ApiSettings`` (fields of the same names)."""
-        return cls(settings.header_timeout_s, settings.body_timeout_s, settings.max_body_bytes_in_flight,
-                   settings.max_pending_connections_per_ip, retry_after_s, settings.max_body_bytes)
+        return cls(
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            settings.max_body_bytes_in_flight,
+            settings.max_pending_connections_per_ip,
+            retry_after_s,
+            settings.max_body_bytes,
+        )
 
 
 @dataclass
@@ -275,11 +281,17 @@ class GuardMixin:
         after the answer and whatever still arrives is read and dropped (nothing is parsed or kept) for
         at most :data:`LINGER_S`, as web servers' lingering close does."""
         self._refused = self._lingering = True
-        body = orjson.dumps({"detail": "the server is receiving as many request bodies as it holds at once; "
-                                       f"retry in {g.limits.retry_after_s} s"})
-        self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nretry-after: %d\r\nconnection: close\r\n\r\n%s"
-                             % (len(body), g.limits.retry_after_s, body))
+        body = orjson.dumps(
+            {
+                "detail": "the server is receiving as many request bodies as it holds at once; "
+                f"retry in {g.limits.retry_after_s} s"
+            }
+        )
+        self.transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nretry-after: %d\r\nconnection: close\r\n\r\n%s"
+            % (len(body), g.limits.retry_after_s, body)
+        )
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self._disarm()

@@ -367,9 +367,20 @@ class HungCollectiveEvidence(TypedDict):
 
 
 #: Every shape a finding's evidence takes (a GPU throttled on its own has no ``gpus``).
-Evidence = (StarvationEvidence | CheckpointStallEvidence | StragglerEvidence | ThrottlingEvidence
-            | ThrottlingGpuEvidence | PcieDegradedEvidence | HostSettingsEvidence | RepeatedXidEvidence | NvlinkDegradedEvidence
-            | GpuHealthEvidence | IdleAllocationEvidence | HungCollectiveEvidence)
+Evidence = (
+    StarvationEvidence
+    | CheckpointStallEvidence
+    | StragglerEvidence
+    | ThrottlingEvidence
+    | ThrottlingGpuEvidence
+    | PcieDegradedEvidence
+    | HostSettingsEvidence
+    | RepeatedXidEvidence
+    | NvlinkDegradedEvidence
+    | GpuHealthEvidence
+    | IdleAllocationEvidence
+    | HungCollectiveEvidence
+)
 
 #: Each kind's evidence as written: the ``TypedDict`` (or, for ``host_misconfig``, those) a finding of it fits.
 EVIDENCE_TYPES: Mapping[str, tuple[Any, ...]] = {
@@ -682,7 +693,9 @@ def _fit(value: object, tp: Any, strict: bool) -> object:
         if not isinstance(value, dict):
             return _MISSING
         key_t, val_t = typing.get_args(tp)
-        entries = {k: _fit(v, val_t, strict) for k, v in value.items() if _fit(k, key_t, strict) is not _MISSING}
+        entries = {
+            k: _fit(v, val_t, strict) for k, v in value.items() if _fit(k, key_t, strict) is not _MISSING
+        }
         if strict and (len(entries) != len(value) or any(v is _MISSING for v in entries.values())):
             return _MISSING
         return {k: v for k, v in entries.items() if v is not _MISSING}

@@ -104,6 +104,8 @@ class RunFacts(_Base):
     name: str | None = None
     team: str | None = None
     labels: dict[str, str] | None = None
+
+
 _Status = Literal["ok", "warn", "fail", "unknown", "skipped"]
 _Big = Annotated[int, Field(ge=0, lt=2**63)]
 _Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -306,8 +308,9 @@ def plain_json(value: Any, where: str = "facts") -> None:
             else:
                 stack.extend((sub, (*loc, i), depth + 1) for i, sub in enumerate(v))
             continue
-        raise FactsError(f"must be JSON (object, array, string, number, boolean or null), "
-                         f"got {type(v).__name__}", loc)
+        raise FactsError(
+            f"must be JSON (object, array, string, number, boolean or null), got {type(v).__name__}", loc
+        )
 
 
 def check_facts(facts: Any) -> dict[str, Any]:

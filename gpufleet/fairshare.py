@@ -60,9 +60,17 @@ def _credential(scope: Scope, cookie: str) -> tuple[bytes, str | None]:
 class FairShare:
     """ASGI middleware limiting requests in progress per credential and per role (module docstring)."""
 
-    def __init__(self, app: ASGIApp, lookup: Callable[[str], Awaitable[Principal | None]], per_token: int,
-                 per_role: int, wait_s: float, retry_after_s: int = 1, cookie: str = "gpufleet_token",
-                 exempt: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        lookup: Callable[[str], Awaitable[Principal | None]],
+        per_token: int,
+        per_role: int,
+        wait_s: float,
+        retry_after_s: int = 1,
+        cookie: str = "gpufleet_token",
+        exempt: Iterable[str] = (),
+    ) -> None:
         self.app = app
         #: The principal of a bearer secret (the API's authenticator), None when it has none.
         self.lookup = lookup
@@ -135,13 +143,25 @@ class FairShare:
 
     async def _refuse(self, send: Send, blocked: str, role: str | None) -> None:
         if blocked == "token":
-            msg = (f"this token already has {self.per_token} requests in progress "
-                   f"(api.max_concurrent_per_token); retry when one has been answered")
+            msg = (
+                f"this token already has {self.per_token} requests in progress "
+                f"(api.max_concurrent_per_token); retry when one has been answered"
+            )
         else:
-            msg = (f"role {role!r} already has {self.per_role} requests in progress "
-                   f"(api.max_concurrent_per_role); retry in a moment")
+            msg = (
+                f"role {role!r} already has {self.per_role} requests in progress "
+                f"(api.max_concurrent_per_role); retry in a moment"
+            )
         body = orjson.dumps({"detail": msg})
-        await send({"type": "http.response.start", "status": 429, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(self.retry_after_s).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 429,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", str(self.retry_after_s).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

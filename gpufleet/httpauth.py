@@ -49,14 +49,22 @@ def _as_tuple(row: Any) -> tuple[Any, ...]:
 #: The token table's state (rows, newest id, latest revocation) and how many
 #: rows are newer than the id given: rows added and nothing else changed when
 #: the count grew by exactly those.
-GENERATION_SQL = "SELECT count(*), max(id), max(revoked_at), count(*) FILTER (WHERE id > %s) FROM agent_tokens"
+GENERATION_SQL = (
+    "SELECT count(*), max(id), max(revoked_at), count(*) FILTER (WHERE id > %s) FROM agent_tokens"
+)
 
 
 class Authenticator:
     """Works over an async pool (collector) or a sync one (API, via a thread)."""
 
-    def __init__(self, pool: AsyncConnectionPool | ConnectionPool, ttl_s: float = 300.0, retry_after_s: int = 2,
-                 revocation_check_s: float = 2.0, stale_grace_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool | ConnectionPool,
+        ttl_s: float = 300.0,
+        retry_after_s: int = 2,
+        revocation_check_s: float = 2.0,
+        stale_grace_s: float = 30.0,
+    ) -> None:
         self.pool = pool
         self.cache = TokenCache(ttl_s)
         self.retry_after_s = retry_after_s
@@ -197,10 +205,14 @@ class Authenticator:
         if isinstance(e, psycopg.errors.UndefinedTable):
             from gpufleet.db.schema_check import UPGRADE
 
-            return HTTPException(503, f"the database has no (or an older) gpufleet schema: {UPGRADE}",
-                                 headers={"Retry-After": "30"})
-        return HTTPException(503, "database unavailable; retry later",
-                             headers={"Retry-After": str(self.retry_after_s)})
+            return HTTPException(
+                503,
+                f"the database has no (or an older) gpufleet schema: {UPGRADE}",
+                headers={"Retry-After": "30"},
+            )
+        return HTTPException(
+            503, "database unavailable; retry later", headers={"Retry-After": str(self.retry_after_s)}
+        )
 
     def _fetch_sync(self, digest: bytes) -> TokenRow | None:
         assert isinstance(self.pool, ConnectionPool)

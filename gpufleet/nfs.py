@@ -5,8 +5,14 @@ from __future__ import annotations
 from gpufleet.detectconfig import DetectorConfig
 
 
-def nfs_verdict(ops: int | None, retrans: int | None, timeouts: int | None, queue_ms: float | None,
-                rtt_ms: float | None, cfg: DetectorConfig) -> tuple[str, str]:
+def nfs_verdict(
+    ops: int | None,
+    retrans: int | None,
+    timeouts: int | None,
+    queue_ms: float | None,
+    rtt_ms: float | None,
+    cfg: DetectorConfig,
+) -> tuple[str, str]:
     """The status (``ok``, ``warn``, ``fail``) of one NFS mount's figures over an interval, and why.
 
     ``host_misconfig`` in the fleet and ``gpufleet diagnose`` on the node

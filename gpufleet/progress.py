@@ -22,9 +22,17 @@ class ProgressError(RuntimeError):
     """The API refused or could not take the report; the message says why (never the token)."""
 
 
-def report_progress(api_url: str, token: str, run_id: str, *, tokens: float | None = None,
-                    samples: float | None = None, time: datetime | None = None, timeout_s: float = 10.0,
-                    client: httpx.Client | None = None) -> None:
+def report_progress(
+    api_url: str,
+    token: str,
+    run_id: str,
+    *,
+    tokens: float | None = None,
+    samples: float | None = None,
+    time: datetime | None = None,
+    timeout_s: float = 10.0,
+    client: httpx.Client | None = None,
+) -> None:
     """POST cumulative ``tokens``/``samples`` to ``/v1/runs/{run_id}/progress`` (time: now by default)."""
     if tokens is None and samples is None:
         raise ValueError("give tokens or samples (cumulative counts)")

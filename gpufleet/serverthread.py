@@ -21,8 +21,15 @@ def free_port() -> int:
 class ServerThread:
     def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
         self.port = port or free_port()
-        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                             lifespan="on", access_log=False, **config)
+        cfg = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            **config,
+        )
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
 

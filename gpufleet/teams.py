@@ -25,7 +25,11 @@ from typing import Any
 from gpufleet.config import TeamSettings
 
 #: The Slurm fields a registration may carry, and the run label each becomes.
-SLURM_LABELS: dict[str, str] = {"account": "slurm.account", "user": "slurm.user", "partition": "slurm.partition"}
+SLURM_LABELS: dict[str, str] = {
+    "account": "slurm.account",
+    "user": "slurm.user",
+    "partition": "slurm.partition",
+}
 
 #: What Slurm accepts as an account, user or partition name (and nothing that could start a formula or a
 #: shell word): letters, digits, ``._-@+``, up to 128 characters.

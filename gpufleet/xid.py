@@ -39,67 +39,180 @@ class XidInfo:
 
 
 _TABLE: tuple[XidInfo, ...] = (
-    XidInfo(8, "GPU stopped processing",
-            "a channel made no progress before the driver's timeout; usually a hung or looping kernel",
-            "application", "restart_app"),
-    XidInfo(13, "graphics engine exception",
-            "a kernel faulted (illegal instruction, out-of-range access); nearly always the application, "
-            "rarely the driver or the board", "application", "restart_app"),
-    XidInfo(31, "GPU memory page fault",
-            "a kernel touched an address its context had not mapped; an application bug in almost every case",
-            "application", "restart_app"),
-    XidInfo(32, "invalid or corrupted push buffer stream",
-            "the command stream the GPU read was damaged; points at the PCIe path or host memory as much as "
-            "at the driver", "hardware", "drain_node"),
-    XidInfo(38, "driver firmware error", "the driver found its firmware in an unexpected state",
-            "firmware", "reset_gpu"),
-    XidInfo(43, "GPU stopped processing (reset channel)",
-            "the driver reset a channel after a fault of the application's own; the GPU itself stays healthy",
-            "application", "restart_app"),
-    XidInfo(45, "preemptive cleanup after earlier errors",
-            "the driver tore down a channel because its process died or another XID came first; look at the "
-            "XID before it", "driver", "restart_app"),
-    XidInfo(48, "double-bit ECC error",
-            "an uncorrectable memory error; work using that memory is killed, the row is remapped at the next "
-            "GPU reset", "memory", "reset_gpu"),
-    XidInfo(61, "internal micro-controller warning",
-            "the GPU's power-management controller hit a breakpoint or warning; harmless once, a reset if it "
-            "repeats", "firmware", "reset_gpu"),
-    XidInfo(62, "internal micro-controller halt",
-            "the GPU's power-management controller stopped; the GPU needs a reset", "firmware", "reset_gpu"),
-    XidInfo(63, "row remap or page retirement recorded",
-            "a faulty memory row was marked for replacement; it takes effect at the next GPU reset (pending "
-            "until then)", "memory", "reset_gpu"),
-    XidInfo(64, "row remap or page retirement failed",
-            "a faulty row could not be replaced (no spare left, or the record could not be written); the memory "
-            "is no longer protected", "memory", "drain_node"),
-    XidInfo(68, "video decoder exception", "the NVDEC engine faulted; the stream or the application, "
-            "rarely the board", "application", "restart_app"),
-    XidInfo(69, "graphics engine class error", "the GPU rejected a command it did not accept; application "
-            "or driver", "application", "restart_app"),
-    XidInfo(74, "NVLink error", "an NVLink link took a fatal error (training, CRC or replay limit); collectives "
-            "over it fail or fall back to PCIe", "interconnect", "drain_node"),
-    XidInfo(79, "GPU has fallen off the bus",
-            "the GPU stopped answering on PCIe (power, riser, board); nothing on it runs until the node is "
-            "power-cycled and inspected", "hardware", "drain_node"),
-    XidInfo(92, "high single-bit ECC error rate",
-            "correctable memory errors above the driver's threshold: the memory is degrading", "memory",
-            "drain_node"),
-    XidInfo(94, "contained ECC error",
-            "an uncorrectable memory error that only the affected applications saw; the others go on, a GPU "
-            "reset remaps the row", "memory", "reset_gpu"),
-    XidInfo(95, "uncontained ECC error",
-            "an uncorrectable memory error that may have reached every application on the GPU; the GPU must be "
-            "reset", "memory", "reset_gpu"),
-    XidInfo(109, "context switch timeout", "the GPU did not switch between contexts in time; a hung kernel, "
-            "or a driver problem if it repeats", "driver", "restart_app"),
-    XidInfo(119, "GSP RPC timeout", "the GPU System Processor firmware did not answer the driver; reset the "
-            "GPU, reboot if it does not come back", "firmware", "reset_gpu"),
-    XidInfo(120, "GSP error", "the GPU System Processor firmware reported an error of its own", "firmware",
-            "reset_gpu"),
-    XidInfo(154, "GPU recovery action changed",
-            "the driver now requires a recovery step (GPU reset, node reboot or drain) before the GPU is used "
-            "again", "driver", "drain_node"),
+    XidInfo(
+        8,
+        "GPU stopped processing",
+        "a channel made no progress before the driver's timeout; usually a hung or looping kernel",
+        "application",
+        "restart_app",
+    ),
+    XidInfo(
+        13,
+        "graphics engine exception",
+        "a kernel faulted (illegal instruction, out-of-range access); nearly always the application, "
+        "rarely the driver or the board",
+        "application",
+        "restart_app",
+    ),
+    XidInfo(
+        31,
+        "GPU memory page fault",
+        "a kernel touched an address its context had not mapped; an application bug in almost every case",
+        "application",
+        "restart_app",
+    ),
+    XidInfo(
+        32,
+        "invalid or corrupted push buffer stream",
+        "the command stream the GPU read was damaged; points at the PCIe path or host memory as much as "
+        "at the driver",
+        "hardware",
+        "drain_node",
+    ),
+    XidInfo(
+        38,
+        "driver firmware error",
+        "the driver found its firmware in an unexpected state",
+        "firmware",
+        "reset_gpu",
+    ),
+    XidInfo(
+        43,
+        "GPU stopped processing (reset channel)",
+        "the driver reset a channel after a fault of the application's own; the GPU itself stays healthy",
+        "application",
+        "restart_app",
+    ),
+    XidInfo(
+        45,
+        "preemptive cleanup after earlier errors",
+        "the driver tore down a channel because its process died or another XID came first; look at the "
+        "XID before it",
+        "driver",
+        "restart_app",
+    ),
+    XidInfo(
+        48,
+        "double-bit ECC error",
+        "an uncorrectable memory error; work using that memory is killed, the row is remapped at the next "
+        "GPU reset",
+        "memory",
+        "reset_gpu",
+    ),
+    XidInfo(
+        61,
+        "internal micro-controller warning",
+        "the GPU's power-management controller hit a breakpoint or warning; harmless once, a reset if it "
+        "repeats",
+        "firmware",
+        "reset_gpu",
+    ),
+    XidInfo(
+        62,
+        "internal micro-controller halt",
+        "the GPU's power-management controller stopped; the GPU needs a reset",
+        "firmware",
+        "reset_gpu",
+    ),
+    XidInfo(
+        63,
+        "row remap or page retirement recorded",
+        "a faulty memory row was marked for replacement; it takes effect at the next GPU reset (pending "
+        "until then)",
+        "memory",
+        "reset_gpu",
+    ),
+    XidInfo(
+        64,
+        "row remap or page retirement failed",
+        "a faulty row could not be replaced (no spare left, or the record could not be written); the memory "
+        "is no longer protected",
+        "memory",
+        "drain_node",
+    ),
+    XidInfo(
+        68,
+        "video decoder exception",
+        "the NVDEC engine faulted; the stream or the application, rarely the board",
+        "application",
+        "restart_app",
+    ),
+    XidInfo(
+        69,
+        "graphics engine class error",
+        "the GPU rejected a command it did not accept; application or driver",
+        "application",
+        "restart_app",
+    ),
+    XidInfo(
+        74,
+        "NVLink error",
+        "an NVLink link took a fatal error (training, CRC or replay limit); collectives "
+        "over it fail or fall back to PCIe",
+        "interconnect",
+        "drain_node",
+    ),
+    XidInfo(
+        79,
+        "GPU has fallen off the bus",
+        "the GPU stopped answering on PCIe (power, riser, board); nothing on it runs until the node is "
+        "power-cycled and inspected",
+        "hardware",
+        "drain_node",
+    ),
+    XidInfo(
+        92,
+        "high single-bit ECC error rate",
+        "correctable memory errors above the driver's threshold: the memory is degrading",
+        "memory",
+        "drain_node",
+    ),
+    XidInfo(
+        94,
+        "contained ECC error",
+        "an uncorrectable memory error that only the affected applications saw; the others go on, a GPU "
+        "reset remaps the row",
+        "memory",
+        "reset_gpu",
+    ),
+    XidInfo(
+        95,
+        "uncontained ECC error",
+        "an uncorrectable memory error that may have reached every application on the GPU; the GPU must be "
+        "reset",
+        "memory",
+        "reset_gpu",
+    ),
+    XidInfo(
+        109,
+        "context switch timeout",
+        "the GPU did not switch between contexts in time; a hung kernel, or a driver problem if it repeats",
+        "driver",
+        "restart_app",
+    ),
+    XidInfo(
+        119,
+        "GSP RPC timeout",
+        "the GPU System Processor firmware did not answer the driver; reset the "
+        "GPU, reboot if it does not come back",
+        "firmware",
+        "reset_gpu",
+    ),
+    XidInfo(
+        120,
+        "GSP error",
+        "the GPU System Processor firmware reported an error of its own",
+        "firmware",
+        "reset_gpu",
+    ),
+    XidInfo(
+        154,
+        "GPU recovery action changed",
+        "the driver now requires a recovery step (GPU reset, node reboot or drain) before the GPU is used "
+        "again",
+        "driver",
+        "drain_node",
+    ),
 )
 
 XIDS: dict[int, XidInfo] = {x.code: x for x in _TABLE}
@@ -121,9 +234,11 @@ def meanings(codes: Iterable[int]) -> dict[str, XidMeaning]:
     out: dict[str, XidMeaning] = {}
     for c in sorted({int(x) for x in codes}):
         info = describe(c)
-        out[str(c)] = ({"name": info.name, "meaning": info.meaning, "cause": info.cause, "action": info.action}
-                       if info else {"name": "unknown",
-                                     "meaning": "not in gpufleet's table (see NVIDIA's XID catalog)"})
+        out[str(c)] = (
+            {"name": info.name, "meaning": info.meaning, "cause": info.cause, "action": info.action}
+            if info
+            else {"name": "unknown", "meaning": "not in gpufleet's table (see NVIDIA's XID catalog)"}
+        )
     return out
 
 

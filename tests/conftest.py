@@ -22,12 +22,34 @@ from testsupport.pg import server_url
 REALDATA = Path(__file__).resolve().parent / "fixtures" / "realdata"
 
 DATA_TABLES = (
-    "gpu_samples", "host_samples", "gpu_energy_1m", "gpu_energy_1h", "gpu_energy_spans", "host_energy_1m",
+    "gpu_samples",
+    "host_samples",
+    "gpu_energy_1m",
+    "gpu_energy_1h",
+    "gpu_energy_spans",
+    "host_energy_1m",
     "host_energy_1h",
-    "ingest_batches", "rollup_queue", "incidents", "run_progress", "run_allocations", "run_sightings", "runs",
+    "ingest_batches",
+    "rollup_queue",
+    "incidents",
+    "run_progress",
+    "run_allocations",
+    "run_sightings",
+    "runs",
     "nodes",
-    "site_settings", "sites", "carbon_intensity", "carbon_regions", "agent_tokens", "sweep_snapshots", "sweep_snapshot_state",
-    "remote_write_parts", "run_metrics_snapshot", "node_quarantine", "quarantine_log", "priced_pieces", "pricing_marks",
+    "site_settings",
+    "sites",
+    "carbon_intensity",
+    "carbon_regions",
+    "agent_tokens",
+    "sweep_snapshots",
+    "sweep_snapshot_state",
+    "remote_write_parts",
+    "run_metrics_snapshot",
+    "node_quarantine",
+    "quarantine_log",
+    "priced_pieces",
+    "pricing_marks",
 )
 
 
@@ -49,9 +71,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue
-        shared = [(-_WIDTH[d[-1].scope], f"{d[-1].baseid}::{name}") for name, d in info.name2fixturedefs.items()
-                  if d and d[-1].scope in _WIDTH and name not in PER_WORKER and not name.startswith("_")
-                  and str(d[-1].baseid).startswith("tests")]
+        shared = [
+            (-_WIDTH[d[-1].scope], f"{d[-1].baseid}::{name}")
+            for name, d in info.name2fixturedefs.items()
+            if d
+            and d[-1].scope in _WIDTH
+            and name not in PER_WORKER
+            and not name.startswith("_")
+            and str(d[-1].baseid).startswith("tests")
+        ]
         if shared:
             item.add_marker(pytest.mark.xdist_group(min(shared)[1]))
 

@@ -53,7 +53,13 @@ J_PER_KWH = 3.6e6
 GPU_CEILING_W = 10_000.0
 INF = datetime.max.replace(tzinfo=UTC)
 NEG_INF = datetime.min.replace(tzinfo=UTC)
-DEFAULTS = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "carbon_region": None, "carbon_g_per_kwh": None}
+DEFAULTS = {
+    "pue": 1.0,
+    "price_per_kwh": 0.0,
+    "gpu_hour_price": 0.0,
+    "carbon_region": None,
+    "carbon_g_per_kwh": None,
+}
 
 
 def cents(x: float, places: int = 2) -> float:
@@ -93,7 +99,9 @@ class Figures:
         return self.host_j / J_PER_KWH
 
 
-def _intervals(samples: list[tuple[datetime, float | None, float | None]], max_gap_s: float) -> list[Interval]:
+def _intervals(
+    samples: list[tuple[datetime, float | None, float | None]], max_gap_s: float
+) -> list[Interval]:
     """Consecutive sample pairs with their energy by the contract (counter first, else power within the gap)."""
     out = []
     for (t0, e0, p0), (t1, e1, p1) in itertools.pairwise(samples):
@@ -116,35 +124,49 @@ class Fleet:
         self.max_gap_s = max_gap_s
         gpu_rows: dict[tuple[str, int], list[tuple[datetime, float | None, float | None]]] = defaultdict(list)
         for node, gpu, t, e, p in conn.execute(
-                "SELECT node, gpu, time, energy_mj, power_w FROM gpu_samples WHERE mig_instance IS NULL "
-                "ORDER BY node, gpu, time"):
-            gpu_rows[(node, int(gpu))].append((t, None if e is None else float(e), None if p is None else float(p)))
+            "SELECT node, gpu, time, energy_mj, power_w FROM gpu_samples WHERE mig_instance IS NULL "
+            "ORDER BY node, gpu, time"
+        ):
+            gpu_rows[(node, int(gpu))].append(
+                (t, None if e is None else float(e), None if p is None else float(p))
+            )
         self.gpu_intervals = {k: _intervals(v, max_gap_s) for k, v in gpu_rows.items()}
         host_rows: dict[str, list[tuple[datetime, float | None, float | None]]] = defaultdict(list)
-        for node, t, p in conn.execute("SELECT node, time, host_power_w FROM host_samples ORDER BY node, time"):
+        for node, t, p in conn.execute(
+            "SELECT node, time, host_power_w FROM host_samples ORDER BY node, time"
+        ):
             host_rows[node].append((t, None, None if p is None else float(p)))
         self.host_intervals = {k: _intervals(v, max_gap_s) for k, v in host_rows.items()}
-        self.runs = {r[0]: {"site": r[1], "start": r[2], "end": r[3]} for r in conn.execute(
-            'SELECT run_id, site, start, "end" FROM runs')}
+        self.runs = {
+            r[0]: {"site": r[1], "start": r[2], "end": r[3]}
+            for r in conn.execute('SELECT run_id, site, start, "end" FROM runs')
+        }
         self.allocations: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
         for run_id, node, gpu, share in conn.execute("SELECT run_id, node, gpu, share FROM run_allocations"):
             self.allocations[run_id].append((node, int(gpu), float(share)))
-        self.nodes = {n: {"site": s, "gpu_count": c, "facts": f or {}, "first_seen": fs}
-                      for n, s, c, f, fs in conn.execute("SELECT node, site, gpu_count, facts, first_seen FROM nodes")}
+        self.nodes = {
+            n: {"site": s, "gpu_count": c, "facts": f or {}, "first_seen": fs}
+            for n, s, c, f, fs in conn.execute("SELECT node, site, gpu_count, facts, first_seen FROM nodes")
+        }
         self.sample_times: dict[tuple[str, int], tuple[datetime, datetime]] = {}
-        for node, gpu, t0, t1 in conn.execute("SELECT node, gpu, min(time), max(time) FROM gpu_samples "
-                                              "GROUP BY node, gpu"):
+        for node, gpu, t0, t1 in conn.execute(
+            "SELECT node, gpu, min(time), max(time) FROM gpu_samples GROUP BY node, gpu"
+        ):
             self.sample_times[(node, int(gpu))] = (t0, t1)
         self.currency = dict(conn.execute("SELECT site, currency FROM sites").fetchall())
         self.settings: dict[tuple[str, str, str], list[tuple[datetime, Any]]] = defaultdict(list)
         self._times: dict[Any, list[datetime]] = {}
         for site, setting, model, vf_inf, vf, num, txt in conn.execute(
-                "SELECT site, setting, gpu_model, valid_from = '-infinity', CASE WHEN valid_from > '-infinity' "
-                "THEN valid_from END, num, txt FROM site_settings ORDER BY site, setting, gpu_model, valid_from"):
-            self.settings[(site, setting, model)].append((NEG_INF if vf_inf else vf,
-                                                          txt if setting == "carbon_region" else num))
+            "SELECT site, setting, gpu_model, valid_from = '-infinity', CASE WHEN valid_from > '-infinity' "
+            "THEN valid_from END, num, txt FROM site_settings ORDER BY site, setting, gpu_model, valid_from"
+        ):
+            self.settings[(site, setting, model)].append(
+                (NEG_INF if vf_inf else vf, txt if setting == "carbon_region" else num)
+            )
         self.carbon: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
-        for region, t, g in conn.execute("SELECT region, time, g_co2e_per_kwh FROM carbon_intensity ORDER BY 1, 2"):
+        for region, t, g in conn.execute(
+            "SELECT region, time, g_co2e_per_kwh FROM carbon_intensity ORDER BY 1, 2"
+        ):
             self.carbon[region].append((t, float(g)))
 
     # ------------------------------------------------------------------ what is in force
@@ -187,8 +209,10 @@ class Fleet:
     def gpu_hour_price(self, site: str | None, model: str | None, t: datetime) -> float:
         if site is None:
             return 0.0
-        keys = sorted({m for (s, n, m) in self.settings if s == site and n == "gpu_hour_price" and m},
-                      key=lambda k: (-len(k), k))
+        keys = sorted(
+            {m for (s, n, m) in self.settings if s == site and n == "gpu_hour_price" and m},
+            key=lambda k: (-len(k), k),
+        )
         key = next((k for k in keys if model and k.lower() in model.lower()), None)
         if key is not None:
             v = self.setting(site, "gpu_hour_price", t, key)
@@ -213,20 +237,26 @@ class Fleet:
         count = self.nodes.get(node, {}).get("gpu_count")
         if count:
             return int(count)
-        return len({g for (n, g), iv in self.gpu_intervals.items() if n == node
-                    and any(i.t1 > lo and i.t0 < hi for i in iv)})
+        return len(
+            {
+                g
+                for (n, g), iv in self.gpu_intervals.items()
+                if n == node and any(i.t1 > lo and i.t0 < hi for i in iv)
+            }
+        )
 
     # ------------------------------------------------------------------ integration
 
-    def _energy(self, intervals: list[Interval], lo: datetime, hi: datetime, cuts: list[datetime]
-                ) -> list[tuple[datetime, float, float]]:
+    def _energy(
+        self, intervals: list[Interval], lo: datetime, hi: datetime, cuts: list[datetime]
+    ) -> list[tuple[datetime, float, float]]:
         """(part start, joules, covered seconds) of every counted interval's part in [lo, hi), cut at ``cuts``."""
         out = []
         for iv in intervals:
             a, b = max(iv.t0, lo), min(iv.t1, hi)
             if b <= a or iv.joules is None:
                 continue
-            edges = [a, *cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)], b]
+            edges = [a, *cuts[bisect.bisect_right(cuts, a) : bisect.bisect_left(cuts, b)], b]
             for x, y in itertools.pairwise(edges):
                 s = (y - x).total_seconds()
                 out.append((x, iv.joules * s / iv.dt, s))
@@ -244,15 +274,17 @@ class Fleet:
             f.co2e_kg += fac * g / 1000.0
             f.co2e_known = True
 
-    def run_window(self, run_id: str, now: datetime, since: datetime | None = None,
-                   until: datetime | None = None) -> tuple[datetime, datetime]:
+    def run_window(
+        self, run_id: str, now: datetime, since: datetime | None = None, until: datetime | None = None
+    ) -> tuple[datetime, datetime]:
         r = self.runs[run_id]
         lo = max(r["start"], since) if since else r["start"]
         hi = min(r["end"] or now, now, until or INF)
         return lo, max(lo, hi)
 
-    def run(self, run_id: str, now: datetime, since: datetime | None = None,
-            until: datetime | None = None) -> Figures:
+    def run(
+        self, run_id: str, now: datetime, since: datetime | None = None, until: datetime | None = None
+    ) -> Figures:
         """One run's figures over its window clipped to [since, until) and now."""
         lo, hi = self.run_window(run_id, now, since, until)
         site = self.runs[run_id]["site"]
@@ -273,7 +305,9 @@ class Fleet:
             model = self.model_of(node, gpu)
             price_cuts = [lo, *[c for c in cuts if lo < c < hi], hi]
             for x, y in itertools.pairwise(price_cuts):
-                f.compute_cost += share * (y - x).total_seconds() / 3600.0 * self.gpu_hour_price(site, model, x)
+                f.compute_cost += (
+                    share * (y - x).total_seconds() / 3600.0 * self.gpu_hour_price(site, model, x)
+                )
         for node, h in held.items():
             w = h / max(self.reported(node, lo, hi), h)
             for t, j, _ in self._energy(self.host_intervals.get(node, []), lo, hi, cuts):
@@ -281,8 +315,9 @@ class Fleet:
                 self._price(f, site, t, j, w)
         return f
 
-    def membership(self, node: str, gpu: int, now: datetime, gone_after_s: float = 86400.0
-                   ) -> tuple[datetime, datetime] | None:
+    def membership(
+        self, node: str, gpu: int, now: datetime, gone_after_s: float = 86400.0
+    ) -> tuple[datetime, datetime] | None:
         """[joined, left) of a GPU in the fleet (left: INF while it has not)."""
         joined: list[datetime] = []
         last: list[datetime] = []
@@ -308,8 +343,11 @@ class Fleet:
         """Every GPU and host over [lo, min(hi, now)), each share priced at the site of whoever held it."""
         hi = max(lo, min(hi, now))
         f = Figures()
-        runs = {r: self.run_window(r, now, lo, hi) for r, v in self.runs.items()
-                if v["start"] < hi and (v["end"] is None or v["end"] > lo)}
+        runs = {
+            r: self.run_window(r, now, lo, hi)
+            for r, v in self.runs.items()
+            if v["start"] < hi and (v["end"] is None or v["end"] > lo)
+        }
         holders: dict[tuple[str, int], list[tuple[datetime, datetime, float, str | None]]] = defaultdict(list)
         for r, (a, b) in runs.items():
             if a < b:
@@ -319,8 +357,9 @@ class Fleet:
         for node, info in self.nodes.items():
             gpus.update((node, g) for g in range(info["gpu_count"] or 0))
         gpus.update(k for k, iv in self.gpu_intervals.items() if any(i.t1 > lo and i.t0 < hi for i in iv))
-        nodes = {n for n, _ in gpus} | {n for n, iv in self.host_intervals.items()
-                                         if any(i.t1 > lo and i.t0 < hi for i in iv)}
+        nodes = {n for n, _ in gpus} | {
+            n for n, iv in self.host_intervals.items() if any(i.t1 > lo and i.t0 < hi for i in iv)
+        }
         all_sites = {v["site"] for v in self.runs.values()} | {v["site"] for v in self.nodes.values()}
         cuts = self.breakpoints(all_sites)
         for node, gpu in gpus:
@@ -329,8 +368,12 @@ class Fleet:
                 f.gpu_s += max((min(hi, member[1]) - max(lo, member[0])).total_seconds(), 0.0)
             hs = holders.get((node, gpu), [])
             node_site = self.nodes.get(node, {}).get("site")
-            for t, j, s in self._energy(self.gpu_intervals.get((node, gpu), []), lo, hi,
-                                        sorted({*cuts, *(x for a, b, _, _ in hs for x in (a, b))})):
+            for t, j, s in self._energy(
+                self.gpu_intervals.get((node, gpu), []),
+                lo,
+                hi,
+                sorted({*cuts, *(x for a, b, _, _ in hs for x in (a, b))}),
+            ):
                 f.gpu_j += j
                 f.covered_s += s
                 mix = [(share, site) for a, b, share, site in hs if a <= t < b]
@@ -341,10 +384,19 @@ class Fleet:
                     self._price(f, node_site, t, j, 1.0 - held)
         for node in nodes:
             node_site = self.nodes.get(node, {}).get("site")
-            hs = [(a, b, share, site, g) for (n, g), lst in holders.items() if n == node for a, b, share, site in lst]
+            hs = [
+                (a, b, share, site, g)
+                for (n, g), lst in holders.items()
+                if n == node
+                for a, b, share, site in lst
+            ]
             reported = self.reported(node, lo, hi)
-            for t, j, _ in self._energy(self.host_intervals.get(node, []), lo, hi,
-                                        sorted({*cuts, *(x for a, b, _, _, _ in hs for x in (a, b))})):
+            for t, j, _ in self._energy(
+                self.host_intervals.get(node, []),
+                lo,
+                hi,
+                sorted({*cuts, *(x for a, b, _, _, _ in hs for x in (a, b))}),
+            ):
                 f.host_j += j
                 mix: dict[str | None, float] = defaultdict(float)
                 for a, b, share, site, _ in hs:

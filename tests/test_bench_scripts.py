@@ -37,15 +37,21 @@ def test_there_are_scripts() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_script_answers_help(script: Path) -> None:
-    res = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "usage" in res.stdout.lower()
 
 
 def test_request_cpu_times_both_validation_paths_on_the_same_requests() -> None:
-    res = subprocess.run([sys.executable, "bench/request_cpu.py", "--requests", "20", "--repeat", "1"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "bench/request_cpu.py", "--requests", "20", "--repeat", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     last = json.loads(res.stdout.strip().splitlines()[-1])
     assert last["name"] == "request_cpu_validate" and last["requests"] == 20
@@ -57,14 +63,26 @@ def test_request_cpu_times_both_validation_paths_on_the_same_requests() -> None:
 
 @pytest.mark.serial  # WAL is written server-wide: other workers' writes would count as its own
 def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
-    res = subprocess.run([sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--variants"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--variants"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     last = json.loads(res.stdout.strip().splitlines()[-1])
     assert last["name"] == "pg_rows"
     variants = last["variants"]
-    assert set(variants) == {"as_migrated", "no_btree", "btree_without_deduplication", "node_collated_c",
-                             "rows_sorted_by_gpu", "no_brin", "no_indexes"}
+    assert set(variants) == {
+        "as_migrated",
+        "no_btree",
+        "btree_without_deduplication",
+        "node_collated_c",
+        "rows_sorted_by_gpu",
+        "no_brin",
+        "no_indexes",
+    }
     assert {v["rows"] for v in variants.values()} == {20 * 8 * 10}
     # Backend CPU is read in 10-ms ticks, which rows this few may not reach; WAL is exact.
     assert all(v["backend_us_per_row"] >= 0 and v["wal_bytes_per_row"] > 0 for v in variants.values())
@@ -77,16 +95,27 @@ def test_pg_rows_measures_every_variant_on_the_same_rows() -> None:
 def test_pg_rows_shipment_layouts_store_every_sample() -> None:
     """Both shipment layouts hold every GPU-sample of the same batches, and the bytes
     layout each sample's values exactly as the sample table does."""
-    res = subprocess.run([sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--shipment-rows"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "bench/pg_rows.py", "--nodes", "20", "--seconds", "10", "--shipment-rows"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     variants = json.loads(res.stdout.strip().splitlines()[-1])["variants"]
-    assert set(variants) == {"as_migrated", "no_btree", "one_row_per_gpu_shipment",
-                             "one_row_per_gpu_shipment_as_bytes"}
+    assert set(variants) == {
+        "as_migrated",
+        "no_btree",
+        "one_row_per_gpu_shipment",
+        "one_row_per_gpu_shipment_as_bytes",
+    }
     assert {v["rows"] for v in variants.values()} == {20 * 8 * 10}
     # A row per ten samples: less WAL per sample than a row per sample, and the bytes less again.
     arrays, raw = variants["one_row_per_gpu_shipment"], variants["one_row_per_gpu_shipment_as_bytes"]
-    assert raw["wal_bytes_per_row"] < arrays["wal_bytes_per_row"] < variants["as_migrated"]["wal_bytes_per_row"]
+    assert (
+        raw["wal_bytes_per_row"] < arrays["wal_bytes_per_row"] < variants["as_migrated"]["wal_bytes_per_row"]
+    )
 
 
 def test_shipment_rows_hold_each_gpus_values_in_time_order() -> None:
@@ -163,14 +192,18 @@ def test_every_layout_reads_back_the_same_minute_averages() -> None:
                 as_bytes = variant == pg_rows.SHIPMENT_BYTES
                 conn.execute("DROP TABLE IF EXISTS gpu_shipments")
                 pg_rows.create_shipment_table(conn, fields, as_bytes)
-                pg_rows.copy_shipments(conn, [r for b in todo for r in pg_rows.shipment_rows(b, fields, as_bytes)],
-                                       fields, as_bytes)
+                pg_rows.copy_shipments(
+                    conn,
+                    [r for b in todo for r in pg_rows.shipment_rows(b, fields, as_bytes)],
+                    fields,
+                    as_bytes,
+                )
                 got[variant] = pg_rows.minute_averages(conn, variant, fields)
     assert len(want) >= 3 * 8 * 3
     assert any(len({int(t // 60) for t in b.gpu["time"].values}) == 2 for b in todo)
     # The sample table keeps some fields to fewer mantissa bits (``Spec.bits``); the shipment layouts
     # here keep every float4 whole.
-    rtol = np.array([2.0 ** -sp.bits if sp.bits else 1e-6 for sp in fields])
+    rtol = np.array([2.0**-sp.bits if sp.bits else 1e-6 for sp in fields])
     p, u = names.index("power_w"), names.index("util_pct")
     for layout, averages in got.items():
         assert set(averages) == set(want), layout
@@ -180,10 +213,16 @@ def test_every_layout_reads_back_the_same_minute_averages() -> None:
                 if not values:
                     assert np.isnan(averages[key][j]), (layout, key, names[j])
                 else:
-                    assert averages[key][j] == pytest.approx(np.mean(values), rel=max(rtol[j], 1e-5)), \
-                        (layout, key, names[j])
+                    assert averages[key][j] == pytest.approx(np.mean(values), rel=max(rtol[j], 1e-5)), (
+                        layout,
+                        key,
+                        names[j],
+                    )
         for key in want:  # and every other field alike on every layout, to the rows' stored precision
-            assert np.allclose(averages[key], got["rows"][key], rtol=rtol, atol=0, equal_nan=True), (layout, key)
+            assert np.allclose(averages[key], got["rows"][key], rtol=rtol, atol=0, equal_nan=True), (
+                layout,
+                key,
+            )
     assert sum(np.isnan(v[u]) for v in got["rows"].values()) == 1
 
 
@@ -217,10 +256,14 @@ def test_the_fleet_ratio_is_bounded_by_both_sides_edges() -> None:
     # gpufleet kept up with every size tried: no upper bound.
     assert vs_prometheus.fleet_bounds(prom, steps({96_000: True})) == (4.0, None)
     # Prometheus kept up with every size: no lower bound.
-    assert vs_prometheus.fleet_bounds(steps({16_000: True}), steps({96_000: True, 112_000: False})) == (None, 7.0)
+    assert vs_prometheus.fleet_bounds(steps({16_000: True}), steps({96_000: True, 112_000: False})) == (
+        None,
+        7.0,
+    )
     # A size failed below the largest kept (noise) is not an edge.
-    assert vs_prometheus.fleet_bounds(steps({16_000: False, 18_000: True, 20_000: False}),
-                                      steps({90_000: True, 100_000: False})) == (4.5, 100_000 / 18_000)
+    assert vs_prometheus.fleet_bounds(
+        steps({16_000: False, 18_000: True, 20_000: False}), steps({90_000: True, 100_000: False})
+    ) == (4.5, 100_000 / 18_000)
 
 
 def test_the_exporter_simulator_counts_refused_connections_instead_of_a_traceback_each() -> None:
@@ -231,8 +274,14 @@ def test_the_exporter_simulator_counts_refused_connections_instead_of_a_tracebac
     def few_descriptors() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    proc = subprocess.Popen([sys.executable, "bench/vs_prometheus.py", "--serve-exporter", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=few_descriptors)
+    proc = subprocess.Popen(
+        [sys.executable, "bench/vs_prometheus.py", "--serve-exporter", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=few_descriptors,
+    )
     held: list[socket.socket] = []
     try:
         deadline = time.monotonic() + 30
@@ -264,11 +313,14 @@ def test_a_prometheus_too_far_behind_to_answer_leaves_its_storage_not_measured(t
         silent.listen(8)
         detail: dict[str, object] = {}
         t0 = time.monotonic()
-        got = vs_prometheus.stored_bytes(f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path, detail,
-                                         timeout_s=0.3)
+        got = vs_prometheus.stored_bytes(
+            f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path, detail, timeout_s=0.3
+        )
         assert time.monotonic() - t0 < 5
     assert all(np.isnan(v) for v in got)
-    assert str(detail["not_measured"]).startswith("storage: Prometheus did not answer for its snapshot (ReadTimeout")
+    assert str(detail["not_measured"]).startswith(
+        "storage: Prometheus did not answer for its snapshot (ReadTimeout"
+    )
     step = vs_prometheus.Step(64_000, detail=detail)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -294,8 +346,10 @@ def test_stored_bytes_reads_the_snapshot_prometheus_names(tmp_path: Path) -> Non
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # /metrics: 205 samples appended, 200 of them the exporter's (8 GPUs x 25)
-            self._send(b"# TYPE prometheus_tsdb_head_samples_appended_total counter\n"
-                       b'prometheus_tsdb_head_samples_appended_total{type="float"} 205\n')
+            self._send(
+                b"# TYPE prometheus_tsdb_head_samples_appended_total counter\n"
+                b'prometheus_tsdb_head_samples_appended_total{type="float"} 205\n'
+            )
 
         def do_POST(self) -> None:
             self._send(json.dumps({"status": "success", "data": {"name": "snap1"}}).encode())
@@ -307,7 +361,9 @@ def test_stored_bytes_reads_the_snapshot_prometheus_names(tmp_path: Path) -> Non
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         detail: dict[str, object] = {}
-        stored, wal = vs_prometheus.stored_bytes(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, detail)
+        stored, wal = vs_prometheus.stored_bytes(
+            f"http://127.0.0.1:{server.server_address[1]}", tmp_path, detail
+        )
     finally:
         server.shutdown()
     assert detail == {}
@@ -318,8 +374,13 @@ def test_stored_bytes_reads_the_snapshot_prometheus_names(tmp_path: Path) -> Non
 def test_read_side_times_every_route_page_and_panel_on_a_tiny_fleet() -> None:
     """bench/read_side.py --quick end to end: it synthesises a fleet through the storing step and the
     rollups, serves the API, and every read it times answers without an error beside its baseline."""
-    res = subprocess.run([sys.executable, "bench/read_side.py", "--quick", "--repeat", "1"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "bench/read_side.py", "--quick", "--repeat", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     last = json.loads(res.stdout.strip().splitlines()[-1])
     assert last["name"] == "read_side" and last["quick"] is True
@@ -332,7 +393,13 @@ def test_read_side_times_every_route_page_and_panel_on_a_tiny_fleet() -> None:
     names = {r["name"] for r in reads}
     assert {"GET /v1/runs", "GET /v1/accounting (30 d, by team)", "/ (fleet)", "/finance"} <= names
     # every board at each of the four ranges
-    for board in ("gpufleet-fleet", "gpufleet-run", "gpufleet-node", "gpufleet-energy", "gpufleet-starvation"):
+    for board in (
+        "gpufleet-fleet",
+        "gpufleet-run",
+        "gpufleet-node",
+        "gpufleet-energy",
+        "gpufleet-starvation",
+    ):
         for rng in ("6h", "24h", "7d", "30d"):
             assert any(n.startswith(f"{board} {rng} #") for n in names), (board, rng)
     failed = [(r["name"], r["error"]) for r in reads if r["error"]]
@@ -345,15 +412,38 @@ def test_ledger_truth_counts_idle_gpus_named_and_every_gpu_of_a_hang_within_the_
     """An idle label counts the GPUs it names, a hang every GPU of the run (dead ranks and spinners),
     each clipped to the run's accounted window; other kinds put nothing in the truth."""
     ledger_truth = bench_module("ledger_truth")
-    runs = {"r": {"gpu_count": 4, "gpu_hours": 4.0, "window_start": "2026-01-01T00:00:00Z",
-                  "window_end": "2026-01-01T01:00:00Z"}}
-    labels = {"incidents": [
-        {"kind": "idle_allocation", "run_id": "r", "start": "2025-12-31T23:30:00Z", "end": "2026-01-01T00:30:00Z",
-         "evidence": {"gpus": [{"node": "n", "gpu": 0}, {"node": "n", "gpu": 1}]}},
-        {"kind": "hung_collective", "run_id": "r", "start": "2026-01-01T00:45:00Z", "end": None,
-         "evidence": {"dead_gpus": [{"node": "n", "gpu": 3}]}},
-        {"kind": "checkpoint_stall", "run_id": "r", "start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z",
-         "evidence": {}},
-    ]}
+    runs = {
+        "r": {
+            "gpu_count": 4,
+            "gpu_hours": 4.0,
+            "window_start": "2026-01-01T00:00:00Z",
+            "window_end": "2026-01-01T01:00:00Z",
+        }
+    }
+    labels = {
+        "incidents": [
+            {
+                "kind": "idle_allocation",
+                "run_id": "r",
+                "start": "2025-12-31T23:30:00Z",
+                "end": "2026-01-01T00:30:00Z",
+                "evidence": {"gpus": [{"node": "n", "gpu": 0}, {"node": "n", "gpu": 1}]},
+            },
+            {
+                "kind": "hung_collective",
+                "run_id": "r",
+                "start": "2026-01-01T00:45:00Z",
+                "end": None,
+                "evidence": {"dead_gpus": [{"node": "n", "gpu": 3}]},
+            },
+            {
+                "kind": "checkpoint_stall",
+                "run_id": "r",
+                "start": "2026-01-01T00:00:00Z",
+                "end": "2026-01-01T01:00:00Z",
+                "evidence": {},
+            },
+        ]
+    }
     got = ledger_truth.truth(labels, runs)
     assert got == {"r": {"idle": 2 * 0.5 / 4.0, "hung": 4 * 0.25 / 4.0}}

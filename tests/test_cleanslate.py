@@ -11,7 +11,8 @@ def _insert_incident(conn: psycopg.Connection, scope: str = "k") -> int:
     row = conn.execute(
         "INSERT INTO incidents (kind, scope_key, run_id, node, cause, severity, start, last_seen, evidence) "
         "VALUES ('straggler', %s, 'r1', NULL, 'x', 'warning', now(), now(), '{}') RETURNING id",
-        (scope,)).fetchone()
+        (scope,),
+    ).fetchone()
     assert row is not None
     return int(row[0])
 

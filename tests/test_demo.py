@@ -21,9 +21,27 @@ def test_demo_runs_and_shows_incidents(pg_server: str, tmp_path: Path) -> None:
     env = dict(os.environ, GPUFLEET_DATABASE_URL=pg_server, GPUFLEET_DATA_DIR=str(tmp_path))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "gpufleet.cli", "demo", "--duration", "25", "--backfill-minutes", "12",
-             "--api-port", "0", "--collector-port", "0", "--database-name", name],
-            env=env, capture_output=True, text=True, timeout=200)
+            [
+                sys.executable,
+                "-m",
+                "gpufleet.cli",
+                "demo",
+                "--duration",
+                "25",
+                "--backfill-minutes",
+                "12",
+                "--api-port",
+                "0",
+                "--collector-port",
+                "0",
+                "--database-name",
+                name,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -31,7 +49,14 @@ def test_demo_runs_and_shows_incidents(pg_server: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "read token Authorization: Bearer gpf_" in out
     assert "web view http://127.0.0.1:" in out
-    for kind in ("starvation", "straggler", "checkpoint_stall", "throttling", "pcie_degraded", "host_misconfig"):
+    for kind in (
+        "starvation",
+        "straggler",
+        "checkpoint_stall",
+        "throttling",
+        "pcie_degraded",
+        "host_misconfig",
+    ):
         assert f"+ {kind}" in out, f"no {kind} incident shown:\n{out}"
     assert "demo stopped" in out
     assert "Repeated XID errors" in out and "XID 48" in out, out  # the scenario's promise, decoded

@@ -79,7 +79,11 @@ def test_migrations_match_model(db_url: str) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": include})
         diff = compare_metadata(ctx, metadata)
     engine.dispose()
-    diff = [d for d in diff if not (isinstance(d, tuple) and d[0] == "remove_table" and d[1].name == "alembic_version")]
+    diff = [
+        d
+        for d in diff
+        if not (isinstance(d, tuple) and d[0] == "remove_table" and d[1].name == "alembic_version")
+    ]
     assert diff == []
 
 
@@ -89,7 +93,9 @@ def test_timescale_layout(settings: Settings) -> None:
     with scratch_database(server) as url:
         assert migrate.upgrade(url, settings) is True
         with psycopg.connect(url) as conn:
-            hyper = {r[0] for r in conn.execute("SELECT hypertable_name FROM timescaledb_information.hypertables")}
+            hyper = {
+                r[0] for r in conn.execute("SELECT hypertable_name FROM timescaledb_information.hypertables")
+            }
             assert {"gpu_samples", "host_samples"} <= hyper
             jobs = conn.execute(
                 "SELECT proc_name, hypertable_name FROM timescaledb_information.jobs WHERE hypertable_name IS NOT NULL"
@@ -97,7 +103,10 @@ def test_timescale_layout(settings: Settings) -> None:
             assert ("policy_compression", "gpu_samples") in jobs
             assert ("policy_compression", "host_samples") in jobs
             assert ("policy_retention", "gpu_samples") in jobs
-            caggs = {r[0] for r in conn.execute("SELECT view_name FROM timescaledb_information.continuous_aggregates")}
+            caggs = {
+                r[0]
+                for r in conn.execute("SELECT view_name FROM timescaledb_information.continuous_aggregates")
+            }
             assert {"gpu_stats_1m", "host_stats_1m"} <= caggs
             # the compression policy runs as a background job: the batch size must be the database's own
             # setting, seen by every new session (TimescaleDB 2.20 and later have it)
@@ -110,14 +119,19 @@ def test_timescale_layout(settings: Settings) -> None:
                 t0 = 1_700_000_000.0
                 conn.execute(
                     "INSERT INTO gpu_samples (time, node, gpu, power_w) "
-                    "SELECT to_timestamp(%s + i), 'n', 0, 300 + i %% 7 FROM generate_series(0, 4999) i", (t0,))
+                    "SELECT to_timestamp(%s + i), 'n', 0, 300 + i %% 7 FROM generate_series(0, 4999) i",
+                    (t0,),
+                )
                 conn.execute("SELECT compress_chunk(c) FROM show_chunks('gpu_samples') c")
                 conn.commit()
                 chunks = conn.execute(
                     "SELECT format('%I.%I', cc.schema_name, cc.table_name) FROM _timescaledb_catalog.chunk c "
-                    "JOIN _timescaledb_catalog.chunk cc ON cc.id = c.compressed_chunk_id").fetchall()
-                batches = sum(conn.execute(f"SELECT count(*) FROM {c}").fetchone()[0]  # type: ignore[index]
-                              for (c,) in chunks)
+                    "JOIN _timescaledb_catalog.chunk cc ON cc.id = c.compressed_chunk_id"
+                ).fetchall()
+                batches = sum(
+                    conn.execute(f"SELECT count(*) FROM {c}").fetchone()[0]  # type: ignore[index]
+                    for (c,) in chunks
+                )
                 assert batches == 1, "5,000 rows of one GPU in one chunk are one compressed batch"
         migrate.downgrade(url)
         assert migrate.current(url) is None

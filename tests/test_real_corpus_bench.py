@@ -38,15 +38,35 @@ def result(ex: Any, findings: list[dict[str, Any]]) -> Any:
     return rc.ExcerptResult(ex, score(findings, rc.score_labels(ex), slack_s=0.0), findings, 0.0, 10)
 
 
-def finding(kind: str, start: str, end: str | None, node: str | None = None, gpu: int | None = None) -> dict[str, Any]:
-    return {"kind": kind, "run_id": "r1", "node": node, "gpu": gpu, "start": start, "end": end, "cause": None,
-            "evidence": {}}
+def finding(
+    kind: str, start: str, end: str | None, node: str | None = None, gpu: int | None = None
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "run_id": "r1",
+        "node": node,
+        "gpu": gpu,
+        "start": start,
+        "end": end,
+        "cause": None,
+        "evidence": {},
+    }
 
 
-EV = {"kind": "checkpoint_stall", "start": "2026-01-01T00:10:00Z", "end": "2026-01-01T00:10:30Z",
-      "reasoning": "save_steps"}
-GPU_EV = {"kind": "straggler", "start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z", "node": "n1",
-          "gpu": 3, "reasoning": "power cap on GPU 3"}
+EV = {
+    "kind": "checkpoint_stall",
+    "start": "2026-01-01T00:10:00Z",
+    "end": "2026-01-01T00:10:30Z",
+    "reasoning": "save_steps",
+}
+GPU_EV = {
+    "kind": "straggler",
+    "start": "2026-01-01T00:00:00Z",
+    "end": "2026-01-01T01:00:00Z",
+    "node": "n1",
+    "gpu": 3,
+    "reasoning": "power cap on GPU 3",
+}
 
 
 def test_overlap_is_found_and_a_miss_by_a_second_is_not() -> None:
@@ -67,8 +87,13 @@ def test_gpu_scoped_event_needs_its_gpu() -> None:
 
 def test_forbidden_kind_is_a_false_alarm_and_lowers_precision() -> None:
     ex = excerpt([EV], ["starvation"])
-    r = result(ex, [finding("checkpoint_stall", "2026-01-01T00:10:00Z", "2026-01-01T00:11:00Z"),
-                    finding("starvation", "2026-01-01T00:30:00Z", "2026-01-01T00:40:00Z")])
+    r = result(
+        ex,
+        [
+            finding("checkpoint_stall", "2026-01-01T00:10:00Z", "2026-01-01T00:11:00Z"),
+            finding("starvation", "2026-01-01T00:30:00Z", "2026-01-01T00:40:00Z"),
+        ],
+    )
     assert [f["kind"] for f in r.false_alarms] == ["starvation"]
     out = io.StringIO()
     summary = rc.report([r], out)

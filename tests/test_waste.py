@@ -12,15 +12,18 @@ def test_every_lost_state_is_ranked_once_and_productive_is_what_is_left() -> Non
     assert set(STATE_OF_KIND.values()) == set(PRECEDENCE)
 
 
-@pytest.mark.parametrize(("kinds", "expected"), [
-    (["starvation", "checkpoint_stall"], "checkpoint_stall"),
-    (["straggler", "checkpoint_stall"], "checkpoint_stall"),
-    (["throttling", "straggler"], "straggler"),
-    (["hung_collective", "starvation", "idle_allocation"], "idle_allocation"),
-    (["pcie_degraded", "throttling"], "throttling"),
-    (["pcie_degraded", "nvlink_degraded"], None),
-    ([], None),
-])
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        (["starvation", "checkpoint_stall"], "checkpoint_stall"),
+        (["straggler", "checkpoint_stall"], "checkpoint_stall"),
+        (["throttling", "straggler"], "straggler"),
+        (["hung_collective", "starvation", "idle_allocation"], "idle_allocation"),
+        (["pcie_degraded", "throttling"], "throttling"),
+        (["pcie_degraded", "nvlink_degraded"], None),
+        ([], None),
+    ],
+)
 def test_the_most_specific_kind_explains_shared_seconds(kinds: list[str], expected: str | None) -> None:
     assert explaining_kind(kinds) == expected
 

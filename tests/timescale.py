@@ -6,9 +6,11 @@ import pytest
 
 from testsupport.pg import timescale_server_url
 
-WHY = ("no TimescaleDB server: the extension is not on PyPI or Debian, so the TimescaleDB layout is checked "
-       "where GPUFLEET_TEST_TIMESCALE_URL names a TimescaleDB 2.x server (tools/timescale-server.sh builds and "
-       "starts one from a TimescaleDB source tree); the plain-PostgreSQL layout is tested everywhere")
+WHY = (
+    "no TimescaleDB server: the extension is not on PyPI or Debian, so the TimescaleDB layout is checked "
+    "where GPUFLEET_TEST_TIMESCALE_URL names a TimescaleDB 2.x server (tools/timescale-server.sh builds and "
+    "starts one from a TimescaleDB source tree); the plain-PostgreSQL layout is tested everywhere"
+)
 
 
 def timescale_server() -> str:

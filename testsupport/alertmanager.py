@@ -35,10 +35,18 @@ def alertmanager(workdir: Path) -> Iterator[str]:
     cfg = workdir / "alertmanager.yml"
     cfg.write_text(CONFIG)
     proc = subprocess.Popen(
-        [exe, f"--config.file={cfg}", f"--storage.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}",
-         f"--cluster.advertise-address=127.0.0.1:{cluster}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            exe,
+            f"--config.file={cfg}",
+            f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--cluster.listen-address=127.0.0.1:{cluster}",
+            f"--cluster.advertise-address=127.0.0.1:{cluster}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 20

@@ -29,13 +29,17 @@ def _take(col: Column, keep: np.ndarray) -> Column:
         values = [v for v, k in zip(values, keep.tolist(), strict=True) if k]
     else:
         values = values[keep]
-    return Column(values, None if col.null is None else col.null[keep],
-                  None if col.lengths is None else col.lengths[keep])
+    return Column(
+        values,
+        None if col.null is None else col.null[keep],
+        None if col.lengths is None else col.lengths[keep],
+    )
 
 
 class BundleFeed:
-    def __init__(self, conn: psycopg.Connection, bundle: Bundle, ship_every_s: float = 5.0,
-                 send_facts: bool = True) -> None:
+    def __init__(
+        self, conn: psycopg.Connection, bundle: Bundle, ship_every_s: float = 5.0, send_facts: bool = True
+    ) -> None:
         self.conn = conn
         self.bundle = bundle
         self.ship_every_s = ship_every_s
@@ -93,8 +97,15 @@ class BundleFeed:
         if node in self._facts_due:
             facts = self.bundle.facts[node]
             self._facts_due.discard(node)
-        b = Batch(batch_id=f"live:{node}:{self._seq}", node=node, gpu=cols["gpu"], host=cols["host"], facts=facts,
-                  n_gpu=counts["gpu"], n_host=counts["host"])
+        b = Batch(
+            batch_id=f"live:{node}:{self._seq}",
+            node=node,
+            gpu=cols["gpu"],
+            host=cols["host"],
+            facts=facts,
+            n_gpu=counts["gpu"],
+            n_host=counts["host"],
+        )
         return [b]
 
     def close(self) -> None:

@@ -71,7 +71,8 @@ class Slate:
         """The tables that hold at least one row (one round trip)."""
         probe = sql.SQL(" UNION ALL ").join(
             sql.SQL("SELECT {} WHERE EXISTS (SELECT 1 FROM {})").format(sql.Literal(t), sql.Identifier(t))
-            for t in self.tables)
+            for t in self.tables
+        )
         return [r[0] for r in conn.execute(probe)]
 
     def empty(self, conn: psycopg.Connection) -> list[str]:
@@ -82,8 +83,11 @@ class Slate:
         if full:
             with conn.transaction():
                 if truncate:
-                    conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(
-                        sql.SQL(", ").join(sql.Identifier(t) for t in truncate)))
+                    conn.execute(
+                        sql.SQL("TRUNCATE {} CASCADE").format(
+                            sql.SQL(", ").join(sql.Identifier(t) for t in truncate)
+                        )
+                    )
                 if delete:
                     conn.execute("SET LOCAL session_replication_role = replica")
                     for t in delete:

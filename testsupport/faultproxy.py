@@ -65,7 +65,9 @@ class FaultProxy:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._open: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter | None]] = set()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"faultproxy-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"faultproxy-{self.port}", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -117,7 +119,9 @@ class FaultProxy:
         deadline = time.monotonic() + 5
         while True:
             try:
-                self._server = await asyncio.start_server(self._client, LOOPBACK, self.port, reuse_address=True)
+                self._server = await asyncio.start_server(
+                    self._client, LOOPBACK, self.port, reuse_address=True
+                )
                 return
             except OSError:
                 if time.monotonic() > deadline:
@@ -262,8 +266,12 @@ class ProxyProcess:
     def start(self) -> ProxyProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "testsupport.faultproxy", str(self.port), *map(str, self.upstreams)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-            env=with_root_on_path(dict(os.environ)))
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=with_root_on_path(dict(os.environ)),
+        )
         self._answer("start")
         return self
 

@@ -26,9 +26,18 @@ from testsupport.oracle import Oracle
 
 def agent_settings(url: str, token: str, **kw: Any) -> AgentSettings:
     """Settings of a test agent: fast ticks, short backoff, no /metrics port, no process scan."""
-    values: dict[str, Any] = {"collector_url": url, "token": token, "interval_s": 0.2, "ship_interval_s": 1.0,
-                              "retry_base_s": 0.2, "retry_max_s": 2.0, "request_timeout_s": 5.0,
-                              "metrics_port": 0, "attribute_processes": False, "shutdown_ship_s": 0.0}
+    values: dict[str, Any] = {
+        "collector_url": url,
+        "token": token,
+        "interval_s": 0.2,
+        "ship_interval_s": 1.0,
+        "retry_base_s": 0.2,
+        "retry_max_s": 2.0,
+        "request_timeout_s": 5.0,
+        "metrics_port": 0,
+        "attribute_processes": False,
+        "shutdown_ship_s": 0.0,
+    }
     values.update(kw)
     return AgentSettings(**values)
 
@@ -47,8 +56,17 @@ class Totals:
 
 
 class Fleet:
-    def __init__(self, tokens: dict[str, str], url: str, spool_root: Path, *, gpus: int = 8, host: bool = True,
-                 facts: dict[str, dict[str, Any]] | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        tokens: dict[str, str],
+        url: str,
+        spool_root: Path,
+        *,
+        gpus: int = 8,
+        host: bool = True,
+        facts: dict[str, dict[str, Any]] | None = None,
+        **settings: Any,
+    ) -> None:
         """``facts``: node facts to report for some nodes (e.g. a ``powersave``
         governor, so the detectors have something to open incidents on)."""
         self.oracle = Oracle()
@@ -90,17 +108,22 @@ class Fleet:
         t0 = time.monotonic()
         while not self.drained():
             if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"spools not drained after {timeout:.0f} s: "
-                                   f"{sum(a.spool.pending_samples for a in self.agents)} samples pending")
+                raise TimeoutError(
+                    f"spools not drained after {timeout:.0f} s: "
+                    f"{sum(a.spool.pending_samples for a in self.agents)} samples pending"
+                )
             time.sleep(0.1)
         return time.monotonic() - t0
 
     def totals(self) -> Totals:
         st = [a.spool.stats for a in self.agents]
-        return Totals(spooled=sum(s.spooled for s in st), delivered=sum(s.delivered for s in st),
-                      dropped=sum(s.dropped_full + s.dropped_dead + s.dropped_corrupt + s.dropped_write for s in st),
-                      pending=sum(a.spool.pending_samples for a in self.agents),
-                      dead_lettered_batches=sum(len(list(a.spool.dead_dir.glob("*.seg"))) for a in self.agents))
+        return Totals(
+            spooled=sum(s.spooled for s in st),
+            delivered=sum(s.delivered for s in st),
+            dropped=sum(s.dropped_full + s.dropped_dead + s.dropped_corrupt + s.dropped_write for s in st),
+            pending=sum(a.spool.pending_samples for a in self.agents),
+            dead_lettered_batches=sum(len(list(a.spool.dead_dir.glob("*.seg"))) for a in self.agents),
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -30,23 +30,35 @@ from gpufleet.agent.k8s import podresources_pb2_grpc as pb_grpc
 PodSpec = tuple[str, str, Mapping[str, Sequence[tuple[str, Sequence[str]]]]]
 
 
-def pod_resources(ns: str, name: str, containers: Mapping[str, Sequence[tuple[str, Sequence[str]]]]
-                  ) -> pb.PodResources:
-    return pb.PodResources(name=name, namespace=ns, containers=[
-        pb.ContainerResources(name=c, devices=[pb.ContainerDevices(resource_name=r, device_ids=list(ids))
-                                               for r, ids in devs])
-        for c, devs in containers.items()])
+def pod_resources(
+    ns: str, name: str, containers: Mapping[str, Sequence[tuple[str, Sequence[str]]]]
+) -> pb.PodResources:
+    return pb.PodResources(
+        name=name,
+        namespace=ns,
+        containers=[
+            pb.ContainerResources(
+                name=c,
+                devices=[pb.ContainerDevices(resource_name=r, device_ids=list(ids)) for r, ids in devs],
+            )
+            for c, devs in containers.items()
+        ],
+    )
 
 
 class _Servicer(pb_grpc.PodResourcesListerServicer):
     def __init__(self, owner: FakeKubelet) -> None:
         self.owner = owner
 
-    def List(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> pb.ListPodResourcesResponse:
+    def List(
+        self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.ListPodResourcesResponse:
         self.owner.calls["List"] += 1
         return pb.ListPodResourcesResponse(pod_resources=[pod_resources(*p) for p in self.owner.pods])
 
-    def Get(self, request: pb.GetPodResourcesRequest, context: grpc.ServicerContext) -> pb.GetPodResourcesResponse:
+    def Get(
+        self, request: pb.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.GetPodResourcesResponse:
         self.owner.calls["Get"] += 1
         if not self.owner.get_enabled:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "method Get not implemented")
@@ -56,8 +68,9 @@ class _Servicer(pb_grpc.PodResourcesListerServicer):
         context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
         raise AssertionError("unreachable")
 
-    def GetAllocatableResources(self, request: pb.AllocatableResourcesRequest,
-                                context: grpc.ServicerContext) -> pb.AllocatableResourcesResponse:
+    def GetAllocatableResources(
+        self, request: pb.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.AllocatableResourcesResponse:
         return pb.AllocatableResourcesResponse()
 
 
@@ -79,23 +92,47 @@ class FakeKubelet:
         self.server.stop(grace=None).wait(5)
 
 
-def pod_json(ns: str, name: str, uid: str, labels: Mapping[str, str] | None = None,
-             annotations: Mapping[str, str] | None = None, owner: tuple[str, str, str, str] | None = None,
-             node: str = "node-a") -> dict[str, Any]:
+def pod_json(
+    ns: str,
+    name: str,
+    uid: str,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    owner: tuple[str, str, str, str] | None = None,
+    node: str = "node-a",
+) -> dict[str, Any]:
     """A pod as the API server returns it; ``owner``: (apiVersion, kind, name, uid) of its controller."""
-    meta: dict[str, Any] = {"namespace": ns, "name": name, "uid": uid, "labels": dict(labels or {}),
-                            "annotations": dict(annotations or {})}
+    meta: dict[str, Any] = {
+        "namespace": ns,
+        "name": name,
+        "uid": uid,
+        "labels": dict(labels or {}),
+        "annotations": dict(annotations or {}),
+    }
     if owner is not None:
-        meta["ownerReferences"] = [{"apiVersion": owner[0], "kind": owner[1], "name": owner[2], "uid": owner[3],
-                                    "controller": True, "blockOwnerDeletion": True}]
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": owner[0],
+                "kind": owner[1],
+                "name": owner[2],
+                "uid": owner[3],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node}}
 
 
 class FakeApiServer:
     """``/api/v1/pods`` (filtered by ``spec.nodeName``, paged by ``limit``) and objects by path."""
 
-    def __init__(self, pods: Sequence[dict[str, Any]] = (), objects: Mapping[str, dict[str, Any]] | None = None,
-                 forbidden: Sequence[str] = (), token: str = "sa-token") -> None:
+    def __init__(
+        self,
+        pods: Sequence[dict[str, Any]] = (),
+        objects: Mapping[str, dict[str, Any]] | None = None,
+        forbidden: Sequence[str] = (),
+        token: str = "sa-token",
+    ) -> None:
         self.pods = list(pods)
         self.objects = dict(objects or {})
         self.forbidden = set(forbidden)
@@ -138,7 +175,7 @@ class FakeApiServer:
         items = [p for p in self.pods if node is None or p["spec"]["nodeName"] == node]
         start = int((q.get("continue") or ["0"])[0])
         limit = int((q.get("limit") or ["500"])[0])
-        page = items[start:start + limit]
+        page = items[start : start + limit]
         meta = {"continue": str(start + limit)} if start + limit < len(items) else {}
         return {"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": page}
 

@@ -17,8 +17,9 @@ from gpufleet.wire import encode
 GPUS_PER_NODE = 8
 
 
-def gpu_columns(node_index: int, t0: float, seconds: int, gpus: int = GPUS_PER_NODE,
-                rng: random.Random | None = None) -> dict[str, list[Any]]:
+def gpu_columns(
+    node_index: int, t0: float, seconds: int, gpus: int = GPUS_PER_NODE, rng: random.Random | None = None
+) -> dict[str, list[Any]]:
     """A node's GPU samples at 1 Hz for ``seconds``: every contract column filled."""
     rng = rng or random.Random(node_index)
     n = seconds * gpus
@@ -106,8 +107,9 @@ class Stats:
     latencies: list[float] = field(default_factory=list)
 
 
-async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-                req: Request) -> tuple[int, bytes]:
+async def _send(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, req: Request
+) -> tuple[int, bytes]:
     head = [f"POST {req.path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(req.body)}\r\n"]
     head.extend(f"{k}: {v}\r\n" for k, v in req.headers.items())
     head.append("\r\n")
@@ -129,8 +131,9 @@ async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host
     return status, body
 
 
-async def drive(host: str, port: int, queue: asyncio.Queue[Request], connections: int, stats: Stats,
-                deadline: float) -> None:
+async def drive(
+    host: str, port: int, queue: asyncio.Queue[Request], connections: int, stats: Stats, deadline: float
+) -> None:
     """Send queued requests over ``connections`` keep-alive connections until the
     queue is empty or ``deadline`` (monotonic) passes.  Non-2xx requests are
     retried after a short pause, as an agent would."""

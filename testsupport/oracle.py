@@ -130,8 +130,10 @@ def append_line(path: Path, obj: Any) -> None:
 
 # -- SQL checks -------------------------------------------------------------------------------
 
-_KEY_MATCH = ("s.node = o.node AND s.gpu = o.gpu AND "
-              "s.time = timestamptz '2000-01-01 00:00:00+00' + o.us * interval '1 microsecond'")
+_KEY_MATCH = (
+    "s.node = o.node AND s.gpu = o.gpu AND "
+    "s.time = timestamptz '2000-01-01 00:00:00+00' + o.us * interval '1 microsecond'"
+)
 
 
 def _load(conn: psycopg.Connection, oracle: Oracle) -> None:
@@ -150,19 +152,25 @@ def missing_samples(url: str, oracle: Oracle) -> dict[str, int]:
         _load(conn, oracle)
         gpu = conn.execute(
             "SELECT count(*) FROM oracle_keys o WHERE o.gpu >= 0 AND NOT EXISTS "
-            f"(SELECT 1 FROM gpu_samples s WHERE {_KEY_MATCH})").fetchone()
+            f"(SELECT 1 FROM gpu_samples s WHERE {_KEY_MATCH})"
+        ).fetchone()
         host = conn.execute(
             "SELECT count(*) FROM oracle_keys o WHERE o.gpu = %s AND NOT EXISTS "
             "(SELECT 1 FROM host_samples s WHERE s.node = o.node AND "
-            "s.time = timestamptz '2000-01-01 00:00:00+00' + o.us * interval '1 microsecond')", (HOST,)).fetchone()
+            "s.time = timestamptz '2000-01-01 00:00:00+00' + o.us * interval '1 microsecond')",
+            (HOST,),
+        ).fetchone()
     return {"gpu": int(gpu[0]) if gpu else -1, "host": int(host[0]) if host else -1}
 
 
 def missing_batches(url: str, oracle: Oracle) -> int:
     ids = list(oracle.batches)
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM unnest(%s::text[]) AS o(id) WHERE NOT EXISTS "
-                           "(SELECT 1 FROM ingest_batches b WHERE b.batch_id = o.id)", (ids,)).fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM unnest(%s::text[]) AS o(id) WHERE NOT EXISTS "
+            "(SELECT 1 FROM ingest_batches b WHERE b.batch_id = o.id)",
+            (ids,),
+        ).fetchone()
     return int(row[0]) if row else -1
 
 
@@ -199,13 +207,24 @@ class Integrity:
         return self.missing_samples == 0 and self.missing_batches == 0 and self.duplicate_rows == 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"acked_batches": self.acked_batches, "acked_samples": self.acked_samples,
-                "missing_samples": self.missing_samples, "missing_batches": self.missing_batches,
-                "duplicate_rows": self.duplicate_rows, **self.rows}
+        return {
+            "acked_batches": self.acked_batches,
+            "acked_samples": self.acked_samples,
+            "missing_samples": self.missing_samples,
+            "missing_batches": self.missing_batches,
+            "duplicate_rows": self.duplicate_rows,
+            **self.rows,
+        }
 
 
 def integrity(url: str, oracle: Oracle) -> Integrity:
     miss = missing_samples(url, oracle)
     dup = duplicate_rows(url)
-    return Integrity(len(oracle.batches), oracle.samples, miss["gpu"] + miss["host"], missing_batches(url, oracle),
-                     dup["gpu"] + dup["host"], row_counts(url))
+    return Integrity(
+        len(oracle.batches),
+        oracle.samples,
+        miss["gpu"] + miss["host"],
+        missing_batches(url, oracle),
+        dup["gpu"] + dup["host"],
+        row_counts(url),
+    )

@@ -66,9 +66,14 @@ class PgCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="gpufleet-pgcluster-", dir="/tmp"))
         self.data = self.dir / "data"
         self.log = self.dir / "server.log"
-        self.settings = {"fsync": "on", "synchronous_commit": "on", "max_connections": "200",
-                         "shared_buffers": "64MB", "unix_socket_directories": str(self.dir),
-                         **(settings or {})}
+        self.settings = {
+            "fsync": "on",
+            "synchronous_commit": "on",
+            "max_connections": "200",
+            "shared_buffers": "64MB",
+            "unix_socket_directories": str(self.dir),
+            **(settings or {}),
+        }
         if self.user is not None:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         self._initdb()
@@ -82,19 +87,38 @@ class PgCluster:
             kw["user"] = self.user.pw_uid
             kw["group"] = self.user.pw_gid
             kw["extra_groups"] = []
-        return subprocess.run([str(bin_dir() / args[0]), *args[1:]], check=True, capture_output=True, text=True,
-                              timeout=timeout, cwd=self.dir, **kw)
+        return subprocess.run(
+            [str(bin_dir() / args[0]), *args[1:]],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.dir,
+            **kw,
+        )
 
     def _initdb(self) -> None:
-        self._run(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--encoding=utf8",
-                   "--no-instructions"])
+        self._run(
+            [
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=utf8",
+                "--no-instructions",
+            ]
+        )
         opts = "\n".join(f"{k} = '{v}'" for k, v in self.settings.items())
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n{opts}\n")
 
     def start(self, timeout: float = 60) -> PgCluster:
-        self._run(["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", str(int(timeout)), "start"],
-                  timeout=timeout + 10)
+        self._run(
+            ["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", str(int(timeout)), "start"],
+            timeout=timeout + 10,
+        )
         return self
 
     def stop(self, mode: Literal["smart", "fast", "immediate"] = "fast") -> None:

@@ -38,8 +38,14 @@ class Proc:
     def start(self) -> Self:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.starts += 1
         return self
 
@@ -107,13 +113,30 @@ def flatten(prefix: str, values: dict[str, Any]) -> dict[str, str]:
 class CollectorProc(Proc):
     """``gpufleet collector`` (or ``service="api"``) on its own port; restarts keep the port."""
 
-    def __init__(self, db_url: str, workdir: Path, settings: dict[str, Any] | None = None,
-                 port: int | None = None, name: str = "collector", service: str = "collector") -> None:
+    def __init__(
+        self,
+        db_url: str,
+        workdir: Path,
+        settings: dict[str, Any] | None = None,
+        port: int | None = None,
+        name: str = "collector",
+        service: str = "collector",
+    ) -> None:
         self.port = port or free_port()
         self.tls = bool((settings or {}).get("tls", {}).get("certfile"))
         values = {"log_level": "WARNING", "data_dir": str(workdir / name), **(settings or {})}
-        argv = [sys.executable, "-m", "gpufleet.cli", service, "--db", db_url, "--host", "127.0.0.1",
-                "--port", str(self.port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "gpufleet.cli",
+            service,
+            "--db",
+            db_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         super().__init__(argv, with_root_on_path(child_env(flatten("", values))), workdir / f"{name}.log")
 
     @property
@@ -141,17 +164,41 @@ class AgentProc(Proc):
     :mod:`testsupport.agentproc` (which records what it produced and what
     was acknowledged); restarts keep the spool, as a node's agent would."""
 
-    def __init__(self, url: str, token: str, node: str, workdir: Path, *, gpus: int = 2,
-                 settings: dict[str, Any] | None = None, name: str = "agent") -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        node: str,
+        workdir: Path,
+        *,
+        gpus: int = 2,
+        settings: dict[str, Any] | None = None,
+        name: str = "agent",
+    ) -> None:
         self.node = node
         self.spool_dir = workdir / f"{name}-spool"
         self.produced = workdir / f"{name}.produced.jsonl"
         self.acked = workdir / f"{name}.acked.jsonl"
-        agent = {"collector_url": url, "token": token, "node": node, "spool_dir": str(self.spool_dir),
-                 "metrics_port": 0, "attribute_processes": False, **(settings or {})}
+        agent = {
+            "collector_url": url,
+            "token": token,
+            "node": node,
+            "spool_dir": str(self.spool_dir),
+            "metrics_port": 0,
+            "attribute_processes": False,
+            **(settings or {}),
+        }
         values = {"log_level": "INFO", "data_dir": str(workdir / name), "agent": agent}
-        argv = [sys.executable, "-m", "testsupport.agentproc", str(self.produced), str(self.acked),
-                "agent", "--fake-nvml", str(gpus)]
+        argv = [
+            sys.executable,
+            "-m",
+            "testsupport.agentproc",
+            str(self.produced),
+            str(self.acked),
+            "agent",
+            "--fake-nvml",
+            str(gpus),
+        ]
         super().__init__(argv, with_root_on_path(child_env(flatten("", values))), workdir / f"{name}.log")
 
 

@@ -18,8 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 #: (labels incl. ``__name__``, [(value, timestamp ms), ...])
 Series = tuple[Mapping[str, str], Sequence[tuple[float, int]]]
 
-HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
-           "X-Prometheus-Remote-Write-Version": "0.1.0"}
+HEADERS = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+}
 
 
 def varint(n: int) -> bytes:

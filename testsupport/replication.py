@@ -55,8 +55,15 @@ class Server:
     sockets: Path
 
     def run(self, *args: str, timeout: float = 120) -> str:
-        out = subprocess.run([str(PG_BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout,
-                             cwd=self.sockets, check=False, **_as_user())
+        out = subprocess.run(
+            [str(PG_BIN / args[0]), *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.sockets,
+            check=False,
+            **_as_user(),
+        )
         if out.returncode != 0:
             raise RuntimeError(f"{args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
         return out.stdout
@@ -65,8 +72,17 @@ class Server:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> None:
-        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.data.parent / f"{self.data.name}.log"), "-w",
-                 "-t", "60", "start")
+        self.run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.data.parent / f"{self.data.name}.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self.run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
@@ -90,8 +106,10 @@ class Pair:
             target = p.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
         deadline = time.monotonic() + timeout
         while True:
-            with contextlib.suppress(psycopg.OperationalError), \
-                    psycopg.connect(self.standby.url(database), autocommit=True) as s:
+            with (
+                contextlib.suppress(psycopg.OperationalError),
+                psycopg.connect(self.standby.url(database), autocommit=True) as s,
+            ):
                 if s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:  # type: ignore[index]
                     return
             if time.monotonic() > deadline:
@@ -108,15 +126,39 @@ def primary_and_standby() -> Iterator[Pair]:
     primary = Server(root / "primary", free_port(), root)
     standby = Server(root / "standby", free_port(), root)
     try:
-        primary.run("initdb", "-D", str(primary.data), "-U", "postgres", "--auth=trust", "--encoding=utf8",
-                    "--no-instructions")
+        primary.run(
+            "initdb",
+            "-D",
+            str(primary.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=utf8",
+            "--no-instructions",
+        )
         with open(primary.data / "postgresql.conf", "a") as f:
-            f.write(f"\nlisten_addresses = '127.0.0.1'\nport = {primary.port}\nunix_socket_directories = '{root}'\n"
-                    "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\nhot_standby_feedback = on\n"
-                    "shared_buffers = '32MB'\nfsync = off\nmax_connections = 60\n")
+            f.write(
+                f"\nlisten_addresses = '127.0.0.1'\nport = {primary.port}\nunix_socket_directories = '{root}'\n"
+                "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\nhot_standby_feedback = on\n"
+                "shared_buffers = '32MB'\nfsync = off\nmax_connections = 60\n"
+            )
         primary.start()
-        primary.run("pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-                    "-D", str(standby.data), "-R", "-X", "stream", "-c", "fast")
+        primary.run(
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(standby.data),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        )
         with open(standby.data / "postgresql.conf", "a") as f:  # the copied settings, another port
             f.write(f"\nport = {standby.port}\n")
         standby.start()

@@ -18,14 +18,17 @@ from gpufleet.wire import validate
 
 
 class SimFeed:
-    def __init__(self, conn: psycopg.Connection, fleet: Fleet, ship_every_s: float = 5.0,
-                 send_facts: bool = False) -> None:
+    def __init__(
+        self, conn: psycopg.Connection, fleet: Fleet, ship_every_s: float = 5.0, send_facts: bool = False
+    ) -> None:
         self.conn = conn
         self.fleet = fleet
         self.ship_every_s = ship_every_s
         self._sightings = SightingCache()
         self._touch = NodeTouch(10.0)
-        self._pending: dict[str, dict[str, list[dict[str, Any]]]] = {n: {"gpu": [], "host": []} for n in fleet.nodes}
+        self._pending: dict[str, dict[str, list[dict[str, Any]]]] = {
+            n: {"gpu": [], "host": []} for n in fleet.nodes
+        }
         self._seq = 0
         self._last_ship = fleet.t
         self._started = False
@@ -61,8 +64,12 @@ class SimFeed:
             if not rows["gpu"] and not rows["host"]:
                 continue
             self._seq += 1
-            doc: dict[str, Any] = {"batch_id": f"sim:{node}:{self._seq}", "node": node,
-                   "gpu": rows["gpu"] or None, "host": rows["host"] or None}
+            doc: dict[str, Any] = {
+                "batch_id": f"sim:{node}:{self._seq}",
+                "node": node,
+                "gpu": rows["gpu"] or None,
+                "host": rows["host"] or None,
+            }
             if node in self._facts_due:
                 doc["facts"] = self.fleet.facts(node)
                 self._facts_due.discard(node)

@@ -37,8 +37,16 @@ def generate(out_dir: Path) -> list[Path]:
         gen.mkdir()
         shutil.copy(PROTO, src / IMPORT_DIR / PROTO.name)
         rel = (IMPORT_DIR / PROTO.name).as_posix()
-        rc = protoc.main(["grpc_tools.protoc", f"-I{src}", f"--python_out={gen}", f"--pyi_out={gen}",
-                          f"--grpc_python_out={gen}", rel])
+        rc = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{src}",
+                f"--python_out={gen}",
+                f"--pyi_out={gen}",
+                f"--grpc_python_out={gen}",
+                rel,
+            ]
+        )
         if rc != 0:
             raise RuntimeError(f"protoc failed on {PROTO} (exit {rc})")
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -119,11 +119,20 @@ CHECKPOINT_STALL = "checkpoint_stall"
 STRAGGLER = "straggler"
 
 SCENARIOS = ("healthy", "slow_loader", "checkpoint")
-GIB = 1024 ** 3
+GIB = 1024**3
 
 #: Modules that must not be needed on the recording machine.
-UNAVAILABLE_THERE = ("pydantic", "pydantic_settings", "msgpack", "orjson", "zstandard", "psycopg",
-                     "sqlalchemy", "fastapi", "httpx")
+UNAVAILABLE_THERE = (
+    "pydantic",
+    "pydantic_settings",
+    "msgpack",
+    "orjson",
+    "zstandard",
+    "psycopg",
+    "sqlalchemy",
+    "fastapi",
+    "httpx",
+)
 
 
 def rfc3339(t: float) -> str:
@@ -344,7 +353,11 @@ def timed_write(path: Path, write: Callable[[Any], None], fsync: bool) -> dict[s
         if fsync:
             os.fsync(f.fileno())
     t2 = time.monotonic()
-    return {"bytes": path.stat().st_size, "serialize_write_s": round(t1 - t0, 3), "fsync_s": round(t2 - t1, 3)}
+    return {
+        "bytes": path.stat().st_size,
+        "serialize_write_s": round(t1 - t0, 3),
+        "fsync_s": round(t2 - t1, 3),
+    }
 
 
 class TorchBackend:
@@ -435,14 +448,22 @@ class TorchBackend:
 
     def save(self, path: Path, fsync: bool) -> dict[str, Any]:
         torch = self.torch
-        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                 "shards": {f"shard{i}": t for i, t in enumerate(self.extra)}}
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "shards": {f"shard{i}": t for i, t in enumerate(self.extra)},
+        }
         return timed_write(path, lambda f: torch.save(state, f), fsync)
 
     def describe(self) -> dict[str, Any]:
         torch = self.torch
-        return {"torch": torch.__version__, "cuda": torch.version.cuda, "device": self.device_name,
-                "device_uuid": self.device_uuid, "pinned_host_batches": self.pinned}
+        return {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "device": self.device_name,
+            "device_uuid": self.device_uuid,
+            "pinned_host_batches": self.pinned,
+        }
 
 
 class CpuBackend:
@@ -457,7 +478,7 @@ class CpuBackend:
         self.step_s = args.dry_step_ms / 1000.0
         self.fakes = fakes
         self.a = np.random.default_rng(0).random((128, 128))
-        self.flops_per_step = 2 * 128 ** 3
+        self.flops_per_step = 2 * 128**3
         self.extra_bytes = 0
         self.device_uuid = None
         self._lock = threading.Lock()
@@ -610,7 +631,9 @@ class SlowLoader:
             deadline = time.monotonic() + self.period_s
             self._pool.map(burn_cpu, [deadline] * self.workers, chunksize=1)
             cut = self.stop_event.is_set()
-            self.log.add("decode", t0, time.time(), shard=shard, workers=self.workers, kind=self.kind, cut=cut)
+            self.log.add(
+                "decode", t0, time.time(), shard=shard, workers=self.workers, kind=self.kind, cut=cut
+            )
             while not self.stop_event.is_set():
                 try:
                     self.q.put(shard, timeout=0.05)
@@ -663,8 +686,11 @@ class Recorder:
         self.host_error: str | None = None
         self.meta: dict[str, Any] = {}
         self.work: Path
-        self.name = args.name or ("gpu-traces-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-                                  + ("-dryrun" if args.dry_run else ""))
+        self.name = args.name or (
+            "gpu-traces-"
+            + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            + ("-dryrun" if args.dry_run else "")
+        )
         self.gpu_index = 0
         self.ckpt_dir: Path | None = None
         self.ckpt_gb = args.ckpt_gb
@@ -744,17 +770,25 @@ class Recorder:
             close_quietly(probe)
 
     def _smi(self, label: str) -> None:
-        self.meta.setdefault("nvidia_smi", {})[label] = nvidia_smi_capture(self.work / "nvidia-smi" / f"{label}.txt")
+        self.meta.setdefault("nvidia_smi", {})[label] = nvidia_smi_capture(
+            self.work / "nvidia-smi" / f"{label}.txt"
+        )
 
     def calibrate(self) -> None:
         t = Trainer(self.backend)
         steps = t.train_for(self.args.warmup)
-        step_s = median(t.step_times[len(t.step_times) // 2:]) or 0.0
+        step_s = median(t.step_times[len(t.step_times) // 2 :]) or 0.0
         tflops = self.backend.flops_per_step / step_s / 1e12 if step_s > 0 else None
-        self.meta["calibration"] = {"warmup_s": self.args.warmup, "steps": steps, "step_s": step_s,
-                                    "tflops": round(tflops, 1) if tflops else None}
-        say(f"warm-up: {steps} steps, median step {step_s * 1000:.1f} ms"
-            + (f", {tflops:.0f} TFLOP/s" if tflops else ""))
+        self.meta["calibration"] = {
+            "warmup_s": self.args.warmup,
+            "steps": steps,
+            "step_s": step_s,
+            "tflops": round(tflops, 1) if tflops else None,
+        }
+        say(
+            f"warm-up: {steps} steps, median step {step_s * 1000:.1f} ms"
+            + (f", {tflops:.0f} TFLOP/s" if tflops else "")
+        )
 
     # -- one scenario ------------------------------------------------------------------
 
@@ -774,8 +808,9 @@ class Recorder:
             state = self.backend.grow_state(int(self.ckpt_gb * GIB))
             say(f"scenario {name}: checkpoint state {state / GIB:.2f} GiB")
         facts = self.facts()
-        samplers = [Sampler(iv, self.nvml.source(), HostSource() if self.host_ok else None)
-                    for iv in args.intervals]
+        samplers = [
+            Sampler(iv, self.nvml.source(), HostSource() if self.host_ok else None) for iv in args.intervals
+        ]
         pad = 1.5 * max(args.intervals)
         say(f"scenario {name}: sampling at {', '.join(interval_label(i) for i in args.intervals)}")
         for s in samplers:
@@ -818,11 +853,18 @@ class Recorder:
             if name == "checkpoint":
                 self.backend.drop_state()
         res.t_end, res.lead_in_end, res.steps = t_end, lead_end, len(trainer.step_times)
-        res.hard_negatives.append({
-            "reason": "healthy_training" if name == "healthy" else "healthy_lead_in",
-            "not_kinds": [STARVATION, CHECKPOINT_STALL, STRAGGLER],
-            "start": t0, "end": t_end if lead_end is None else lead_end, "run_id": run_id,
-            "node": None, "gpu": None, "detail": {"loader": "fast"}})
+        res.hard_negatives.append(
+            {
+                "reason": "healthy_training" if name == "healthy" else "healthy_lead_in",
+                "not_kinds": [STARVATION, CHECKPOINT_STALL, STRAGGLER],
+                "start": t0,
+                "end": t_end if lead_end is None else lead_end,
+                "run_id": run_id,
+                "node": None,
+                "gpu": None,
+                "detail": {"loader": "fast"},
+            }
+        )
         return res
 
     def _slow_loader(self, trainer: Trainer, log: EventLog, res: ScenarioResult, loader: SlowLoader) -> float:
@@ -846,22 +888,45 @@ class Recorder:
             log.add("train_burst", we, be, shard=shard, steps=steps)
             bursts.append((we, be))
         t_end = time.time()
-        log.add("slow_loader", phase0, t_end, period_s=args.loader_period, busy_s=args.loader_busy,
-                decode_workers=loader.workers, decode_kind=loader.kind)
+        log.add(
+            "slow_loader",
+            phase0,
+            t_end,
+            period_s=args.loader_period,
+            busy_s=args.loader_busy,
+            decode_workers=loader.workers,
+            decode_kind=loader.kind,
+        )
         if waits:
             # Shards arrive every decode period; the first wait is a whole period, later ones shorter.
             arrivals = [w[1] for w in waits]
             cycles = [b[1] - w[0] for w, b in zip(waits, bursts, strict=True)]
             busy = [b[1] - b[0] for b in bursts]
-            res.incidents.append({
-                "kind": STARVATION, "cause": "cpu", "start": waits[0][0], "end": bursts[-1][1],
-                "run_id": res.run_id, "node": None, "gpu": None, "fault": "starvation_cpu", "fault_index": None,
-                "evidence": {
-                    "period_s": round(median([b - a for a, b in pairwise(arrivals)]) or 0.0, 3),
-                    "duty": round(median([u / c for u, c in zip(busy, cycles, strict=True) if c > 0]) or 0.0, 3),
-                    "nodes": [self.node], "decode_workers": loader.workers, "decode_s": args.loader_period,
-                    "busy_s": args.loader_busy, "cycles": len(waits),
-                    "waits": [[rfc3339(a), rfc3339(b)] for a, b in waits]}})
+            res.incidents.append(
+                {
+                    "kind": STARVATION,
+                    "cause": "cpu",
+                    "start": waits[0][0],
+                    "end": bursts[-1][1],
+                    "run_id": res.run_id,
+                    "node": None,
+                    "gpu": None,
+                    "fault": "starvation_cpu",
+                    "fault_index": None,
+                    "evidence": {
+                        "period_s": round(median([b - a for a, b in pairwise(arrivals)]) or 0.0, 3),
+                        "duty": round(
+                            median([u / c for u, c in zip(busy, cycles, strict=True) if c > 0]) or 0.0, 3
+                        ),
+                        "nodes": [self.node],
+                        "decode_workers": loader.workers,
+                        "decode_s": args.loader_period,
+                        "busy_s": args.loader_busy,
+                        "cycles": len(waits),
+                        "waits": [[rfc3339(a), rfc3339(b)] for a, b in waits],
+                    },
+                }
+            )
         return t_end
 
     def _resize_checkpoint(self, log: EventLog, save_s: float, at: float) -> None:
@@ -876,8 +941,14 @@ class Recorder:
             after = self.backend.grow_state(int(want))
         else:
             return
-        log.add("checkpoint_resize", at, time.time(), before_bytes=before, after_bytes=after,
-                save_s=round(save_s, 3))
+        log.add(
+            "checkpoint_resize",
+            at,
+            time.time(),
+            before_bytes=before,
+            after_bytes=after,
+            save_s=round(save_s, 3),
+        )
 
     def _checkpoint(self, trainer: Trainer, log: EventLog, res: ScenarioResult, state: int) -> float:
         """Training with a blocking save every ``--ckpt-every`` s; returns when training ended."""
@@ -920,15 +991,28 @@ class Recorder:
         log.add("checkpointing", phase0, t_end, every_s=args.ckpt_every, state_bytes=state)
         if saves:
             starts = [a for a, _ in saves]
-            res.incidents.append({
-                "kind": CHECKPOINT_STALL, "cause": None, "start": saves[0][0], "end": saves[-1][1],
-                "run_id": res.run_id, "node": None, "gpu": None, "fault": "checkpoint_stall", "fault_index": None,
-                "evidence": {
-                    "period_s": round(median([b - a for a, b in pairwise(starts)]) or 0.0, 3),
-                    "duration_s": round(median([b - a for a, b in saves]) or 0.0, 3),
-                    "writer_gpu": f"{self.node}/{self.gpu_index}", "bytes": sizes,
-                    "fsync": not args.no_fsync, "dir_fs": fs_type(self.ckpt_dir),
-                    "stalls": [[rfc3339(a), rfc3339(b)] for a, b in saves]}})
+            res.incidents.append(
+                {
+                    "kind": CHECKPOINT_STALL,
+                    "cause": None,
+                    "start": saves[0][0],
+                    "end": saves[-1][1],
+                    "run_id": res.run_id,
+                    "node": None,
+                    "gpu": None,
+                    "fault": "checkpoint_stall",
+                    "fault_index": None,
+                    "evidence": {
+                        "period_s": round(median([b - a for a, b in pairwise(starts)]) or 0.0, 3),
+                        "duration_s": round(median([b - a for a, b in saves]) or 0.0, 3),
+                        "writer_gpu": f"{self.node}/{self.gpu_index}",
+                        "bytes": sizes,
+                        "fsync": not args.no_fsync,
+                        "dir_fs": fs_type(self.ckpt_dir),
+                        "stalls": [[rfc3339(a), rfc3339(b)] for a, b in saves],
+                    },
+                }
+            )
         return t_end
 
     # -- writing -----------------------------------------------------------------------
@@ -945,7 +1029,9 @@ class Recorder:
     def _write_bundle(self, d: Path, res: ScenarioResult, s: Sampler) -> dict[str, Any]:
         node = self.node
         ticks = s.ticks
-        extra = ["mig_instance"] if any(r.get("mig_instance") is not None for t in ticks for r in t.gpus) else []
+        extra = (
+            ["mig_instance"] if any(r.get("mig_instance") is not None for t in ticks for r in t.gpus) else []
+        )
         gpu_cols = list(GPU_CSV_COLUMNS) + extra
         gpu_rows = host_rows = 0
         with (d / "gpu.csv").open("w", newline="", encoding="utf-8") as f:
@@ -962,7 +1048,9 @@ class Recorder:
                 w.writerow(HOST_CSV_COLUMNS)
                 for t in ticks:
                     if t.host is not None:
-                        w.writerow([rfc3339(t.time), node] + [cell(t.host.get(c)) for c in HOST_CSV_COLUMNS[2:]])
+                        w.writerow(
+                            [rfc3339(t.time), node] + [cell(t.host.get(c)) for c in HOST_CSV_COLUMNS[2:]]
+                        )
                         host_rows += 1
         with (d / "runs.csv").open("w", newline="", encoding="utf-8") as f:
             w = csv.writer(f, lineterminator="\n")
@@ -972,29 +1060,55 @@ class Recorder:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(["run_id", "node", "gpu"])
             w.writerow([res.run_id, node, self.gpu_index])
-        (d / "nodes.json").write_text(json.dumps({node: res.facts}, indent=1, default=str) + "\n", encoding="utf-8")
+        (d / "nodes.json").write_text(
+            json.dumps({node: res.facts}, indent=1, default=str) + "\n", encoding="utf-8"
+        )
         errors = 0
         with (d / "nvml_readings.jsonl").open("w", encoding="utf-8") as f:
             for t in ticks:
                 if t.error is not None:
                     errors += 1
-                    f.write(json.dumps({"tick": t.n, "time": t.time, "collect_s": round(t.collect_s, 6),
-                                        "error": t.error}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "tick": t.n,
+                                "time": t.time,
+                                "collect_s": round(t.collect_s, 6),
+                                "error": t.error,
+                            }
+                        )
+                        + "\n"
+                    )
                 for r in t.gpus:
-                    f.write(json.dumps({"tick": t.n, "time": t.time, "collect_s": round(t.collect_s, 6),
-                                        "row": r}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"tick": t.n, "time": t.time, "collect_s": round(t.collect_s, 6), "row": r}
+                        )
+                        + "\n"
+                    )
         span = (ticks[0].time, ticks[-1].time) if ticks else (res.t0, res.t_end)
         self._write_labels(d / "labels.json", res, s.interval_s, span)
         collect = [t.collect_s for t in ticks]
         spacing = [b.time - a.time for a, b in pairwise(ticks)]
-        return {"ticks": len(ticks), "gpu_rows": gpu_rows, "host_rows": host_rows, "skipped": s.skipped,
-                "nvml_errors": errors, "host_errors": sum(1 for t in ticks if t.host_error),
-                "first_nvml_error": next((t.error for t in ticks if t.error), None),
-                "first_host_error": next((t.host_error for t in ticks if t.host_error), None),
-                "collect_s_median": round(median(collect) or 0.0, 6), "collect_s_max": round(max(collect, default=0.0), 6),
-                "spacing_s_median": round(median(spacing) or 0.0, 6), "start": span[0], "end": span[1]}
+        return {
+            "ticks": len(ticks),
+            "gpu_rows": gpu_rows,
+            "host_rows": host_rows,
+            "skipped": s.skipped,
+            "nvml_errors": errors,
+            "host_errors": sum(1 for t in ticks if t.host_error),
+            "first_nvml_error": next((t.error for t in ticks if t.error), None),
+            "first_host_error": next((t.host_error for t in ticks if t.host_error), None),
+            "collect_s_median": round(median(collect) or 0.0, 6),
+            "collect_s_max": round(max(collect, default=0.0), 6),
+            "spacing_s_median": round(median(spacing) or 0.0, 6),
+            "start": span[0],
+            "end": span[1],
+        }
 
-    def _write_labels(self, path: Path, res: ScenarioResult, interval_s: float, span: tuple[float, float]) -> None:
+    def _write_labels(
+        self, path: Path, res: ScenarioResult, interval_s: float, span: tuple[float, float]
+    ) -> None:
         def times(x: dict[str, Any]) -> dict[str, Any]:
             y = dict(x)
             for k in ("start", "end"):
@@ -1002,8 +1116,17 @@ class Recorder:
                     y[k] = rfc3339(y[k])
             return y
 
-        events = [{"type": e["type"], "start": e["start"], "end": e["end"], "node": self.node,
-                   "gpu": None, "detail": {"scenario": res.name, **e["detail"]}} for e in res.log.events]
+        events = [
+            {
+                "type": e["type"],
+                "start": e["start"],
+                "end": e["end"],
+                "node": self.node,
+                "gpu": None,
+                "detail": {"scenario": res.name, **e["detail"]},
+            }
+            for e in res.log.events
+        ]
         events.sort(key=lambda e: (e["start"], e["type"]))
         doc = {
             "scenario": res.name,
@@ -1014,15 +1137,38 @@ class Recorder:
             "incidents": [times(i) for i in res.incidents],
             "hard_negatives": [times(h) for h in res.hard_negatives],
             "events": [times(e) for e in events],
-            "runs": [times({
-                "run_id": res.run_id, "name": f"{res.name} (recorded)", "site": None, "start": res.t0,
-                "end": res.t_end, "train_start": rfc3339(res.t0), "workload": "training", "gpu_count": 1,
-                "gpu": self.gpu_index, "steps": res.steps, "flops_per_step": self.backend.flops_per_step,
-                "model": {"kind": "mlp", "layers": self.args.layers, "dim": self.args.dim, "batch": self.args.batch,
-                          "dtype": "bf16"} if not self.args.dry_run else {"kind": "cpu-stand-in"},
-            })],
-            "recorded": {"source": "nvml" if not self.args.dry_run else "fake-nvml", "dry_run": self.args.dry_run,
-                         "node": self.node, "lead_in_end": rfc3339(res.lead_in_end) if res.lead_in_end else None},
+            "runs": [
+                times(
+                    {
+                        "run_id": res.run_id,
+                        "name": f"{res.name} (recorded)",
+                        "site": None,
+                        "start": res.t0,
+                        "end": res.t_end,
+                        "train_start": rfc3339(res.t0),
+                        "workload": "training",
+                        "gpu_count": 1,
+                        "gpu": self.gpu_index,
+                        "steps": res.steps,
+                        "flops_per_step": self.backend.flops_per_step,
+                        "model": {
+                            "kind": "mlp",
+                            "layers": self.args.layers,
+                            "dim": self.args.dim,
+                            "batch": self.args.batch,
+                            "dtype": "bf16",
+                        }
+                        if not self.args.dry_run
+                        else {"kind": "cpu-stand-in"},
+                    }
+                )
+            ],
+            "recorded": {
+                "source": "nvml" if not self.args.dry_run else "fake-nvml",
+                "dry_run": self.args.dry_run,
+                "node": self.node,
+                "lead_in_end": rfc3339(res.lead_in_end) if res.lead_in_end else None,
+            },
         }
         path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
@@ -1041,8 +1187,9 @@ class Recorder:
         modules = sorted({m.split(".")[0] for m in list(sys.modules) if not m.startswith("_")})
         self.meta["modules"] = modules
         self.meta["modules_missing_on_gpu_machine"] = [m for m in UNAVAILABLE_THERE if m in modules]
-        (self.work / "recording.json").write_text(json.dumps(self.meta, indent=1, default=str) + "\n",
-                                                  encoding="utf-8")
+        (self.work / "recording.json").write_text(
+            json.dumps(self.meta, indent=1, default=str) + "\n", encoding="utf-8"
+        )
 
 
 def nvidia_smi_capture(path: Path) -> str:
@@ -1090,8 +1237,11 @@ def fs_type(path: Path) -> str | None:
         best, kind = "", None
         for line in Path("/proc/mounts").read_text().splitlines():
             parts = line.split()
-            if len(parts) >= 3 and (p == parts[1] or p.startswith(parts[1].rstrip("/") + "/")) \
-                    and len(parts[1]) >= len(best):
+            if (
+                len(parts) >= 3
+                and (p == parts[1] or p.startswith(parts[1].rstrip("/") + "/"))
+                and len(parts[1]) >= len(best)
+            ):
                 best, kind = parts[1], parts[2]
         return kind
     except OSError:
@@ -1105,37 +1255,75 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--out", required=True, help="folder for the one .tar.gz archive")
     p.add_argument("--name", help="archive and top folder name (default gpu-traces-<UTC time>)")
-    p.add_argument("--seconds", type=float, default=60.0,
-                   help="length of each scenario's injected phase (healthy: its whole length), s")
-    p.add_argument("--lead-in", type=float, default=35.0,
-                   help="healthy training before the injected phase, s (the detectors' warm-up needs 30 s busy)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="length of each scenario's injected phase (healthy: its whole length), s",
+    )
+    p.add_argument(
+        "--lead-in",
+        type=float,
+        default=35.0,
+        help="healthy training before the injected phase, s (the detectors' warm-up needs 30 s busy)",
+    )
     p.add_argument("--intervals", default="1,0.1", help="sampling intervals, s, comma separated")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma separated subset of " + ",".join(SCENARIOS))
+    p.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="comma separated subset of " + ",".join(SCENARIOS)
+    )
     p.add_argument("--node", default="node-01", help="node name in the bundles (and the hostname fact)")
-    p.add_argument("--keep-hostname", action="store_true", help="keep the machine's real hostname in nodes.json")
-    p.add_argument("--warmup", type=float, default=5.0, help="unrecorded warm-up training before the first scenario, s")
+    p.add_argument(
+        "--keep-hostname", action="store_true", help="keep the machine's real hostname in nodes.json"
+    )
+    p.add_argument(
+        "--warmup", type=float, default=5.0, help="unrecorded warm-up training before the first scenario, s"
+    )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=8192)
     p.add_argument("--batch", type=int, default=8192)
     p.add_argument("--loader-period", type=float, default=8.0, help="slow loader: decode time per shard, s")
     p.add_argument("--loader-busy", type=float, default=3.0, help="slow loader: training time per shard, s")
-    p.add_argument("--loader-workers", type=int, default=0, help="slow loader: decode processes (0: CPUs - 2)")
-    p.add_argument("--ckpt-every", type=float, default=15.0, help="checkpoint: training time between saves, s")
+    p.add_argument(
+        "--loader-workers", type=int, default=0, help="slow loader: decode processes (0: CPUs - 2)"
+    )
+    p.add_argument(
+        "--ckpt-every", type=float, default=15.0, help="checkpoint: training time between saves, s"
+    )
     p.add_argument("--ckpt-gb", type=float, default=8.0, help="checkpoint: state size, GiB")
-    p.add_argument("--ckpt-dir", help="checkpoint: folder on local disk (default <out>/ckpt-scratch, removed)")
-    p.add_argument("--ckpt-min-s", type=float, default=6.0,
-                   help="checkpoint: a save faster than this grows the state for the next ones, s")
-    p.add_argument("--ckpt-max-s", type=float, default=12.0,
-                   help="checkpoint: a save slower than this shrinks the state for the next ones, s")
-    p.add_argument("--ckpt-max-gb", type=float, default=24.0,
-                   help="checkpoint: largest state it may grow to, GiB (also kept under free disk / 2.5)")
+    p.add_argument(
+        "--ckpt-dir", help="checkpoint: folder on local disk (default <out>/ckpt-scratch, removed)"
+    )
+    p.add_argument(
+        "--ckpt-min-s",
+        type=float,
+        default=6.0,
+        help="checkpoint: a save faster than this grows the state for the next ones, s",
+    )
+    p.add_argument(
+        "--ckpt-max-s",
+        type=float,
+        default=12.0,
+        help="checkpoint: a save slower than this shrinks the state for the next ones, s",
+    )
+    p.add_argument(
+        "--ckpt-max-gb",
+        type=float,
+        default=24.0,
+        help="checkpoint: largest state it may grow to, GiB (also kept under free disk / 2.5)",
+    )
     p.add_argument("--no-fsync", action="store_true", help="checkpoint: do not fsync each save")
     p.add_argument("--keep-tree", action="store_true", help="also keep the unpacked tree next to the archive")
-    p.add_argument("--dry-run", action="store_true", help="fake NVML and a CPU stand-in for the GPU (no torch)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="fake NVML and a CPU stand-in for the GPU (no torch)"
+    )
     p.add_argument("--dry-gpus", type=int, default=1, help="dry run: fake GPUs on the node")
     p.add_argument("--dry-step-ms", type=float, default=20.0, help="dry run: stand-in step time, ms")
-    p.add_argument("--dry-ckpt-mb", type=float, default=8.0,
-                   help="dry run: checkpoint size, MiB (it may grow to 4 times that)")
+    p.add_argument(
+        "--dry-ckpt-mb",
+        type=float,
+        default=8.0,
+        help="dry run: checkpoint size, MiB (it may grow to 4 times that)",
+    )
     args = p.parse_args(argv)
     args.intervals = sorted({float(x) for x in args.intervals.split(",") if x.strip()}, reverse=True)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -1156,18 +1344,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wall0 = time.monotonic()
     rec = Recorder(args)
-    planned = sum(args.seconds + (0 if s == "healthy" else args.lead_in) + 3 * max(args.intervals)
-                  for s in args.scenarios) + args.warmup
-    say(f"recording {rec.name}: scenarios {', '.join(args.scenarios)}; about {planned:.0f} s of recording"
-        f"{' (dry run)' if args.dry_run else ''}")
+    planned = (
+        sum(
+            args.seconds + (0 if s == "healthy" else args.lead_in) + 3 * max(args.intervals)
+            for s in args.scenarios
+        )
+        + args.warmup
+    )
+    say(
+        f"recording {rec.name}: scenarios {', '.join(args.scenarios)}; about {planned:.0f} s of recording"
+        f"{' (dry run)' if args.dry_run else ''}"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rec.work = Path(tempfile.mkdtemp(prefix="gpu-traces-")) / rec.name
     rec.work.mkdir(parents=True)
-    rec.meta = {"format": FORMAT_VERSION, "name": rec.name, "dry_run": args.dry_run,
-                "args": {k: v for k, v in vars(args).items()}, "started": rfc3339(time.time()),
-                "python": sys.version.split()[0], "platform": platform.platform(), "node": args.node,
-                "hostname_replaced": not args.keep_hostname}
+    rec.meta = {
+        "format": FORMAT_VERSION,
+        "name": rec.name,
+        "dry_run": args.dry_run,
+        "args": {k: v for k, v in vars(args).items()},
+        "started": rfc3339(time.time()),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "node": args.node,
+        "hostname_replaced": not args.keep_hostname,
+    }
     try:
         rec.setup()
         rec.calibrate()
@@ -1186,17 +1388,26 @@ def main(argv: list[str] | None = None) -> int:
         if rec.ckpt_gb > rec.ckpt_cap_gb:
             rec.ckpt_gb = rec.ckpt_cap_gb
             say(f"checkpoint state cut to {rec.ckpt_gb:.1f} GiB: {free / GIB:.1f} GiB free at {rec.ckpt_dir}")
-    rec.meta.update({
-        "nvml": {"api": rec.nvml.kind, "first_error": rec.nvml.first_error,
-                 "tolerated": rec.nvml.tolerant.tolerated if rec.nvml.tolerant else {},
-                 "preflight_s": round(rec.nvml.preflight_s, 3)},
-        "host_source": {"enabled": rec.host_ok, "error": rec.host_error},
-        "backend": {"kind": rec.backend.kind, **rec.backend.describe()},
-        "gpu_index": rec.gpu_index,
-        "checkpoint": {"dir": str(rec.ckpt_dir), "fs": fs_type(rec.ckpt_dir.parent if not rec.ckpt_dir.exists()
-                                                                else rec.ckpt_dir),
-                       "gb": rec.ckpt_gb, "cap_gb": rec.ckpt_cap_gb, "fsync": not args.no_fsync},
-    })
+    rec.meta.update(
+        {
+            "nvml": {
+                "api": rec.nvml.kind,
+                "first_error": rec.nvml.first_error,
+                "tolerated": rec.nvml.tolerant.tolerated if rec.nvml.tolerant else {},
+                "preflight_s": round(rec.nvml.preflight_s, 3),
+            },
+            "host_source": {"enabled": rec.host_ok, "error": rec.host_error},
+            "backend": {"kind": rec.backend.kind, **rec.backend.describe()},
+            "gpu_index": rec.gpu_index,
+            "checkpoint": {
+                "dir": str(rec.ckpt_dir),
+                "fs": fs_type(rec.ckpt_dir.parent if not rec.ckpt_dir.exists() else rec.ckpt_dir),
+                "gb": rec.ckpt_gb,
+                "cap_gb": rec.ckpt_cap_gb,
+                "fsync": not args.no_fsync,
+            },
+        }
+    )
     summary: dict[str, Any] = {}
     failed: dict[str, str] = {}
     try:
@@ -1210,17 +1421,30 @@ def main(argv: list[str] | None = None) -> int:
                 rec.archive()
                 continue
             bundles = rec.write_scenario(res)
-            summary[name] = {"run_id": res.run_id, "start": rfc3339(res.t0), "end": rfc3339(res.t_end),
-                             "seconds": round(res.t_end - res.t0, 3), "steps": res.steps,
-                             "events": len(res.log.events), "incidents": [i["kind"] for i in res.incidents],
-                             "processes": res.processes, "bundles": bundles}
-            rec.write_meta({"scenarios": summary, "nvml_tolerated_now":
-                            rec.nvml.tolerant.tolerated if rec.nvml.tolerant else {}})
+            summary[name] = {
+                "run_id": res.run_id,
+                "start": rfc3339(res.t0),
+                "end": rfc3339(res.t_end),
+                "seconds": round(res.t_end - res.t0, 3),
+                "steps": res.steps,
+                "events": len(res.log.events),
+                "incidents": [i["kind"] for i in res.incidents],
+                "processes": res.processes,
+                "bundles": bundles,
+            }
+            rec.write_meta(
+                {
+                    "scenarios": summary,
+                    "nvml_tolerated_now": rec.nvml.tolerant.tolerated if rec.nvml.tolerant else {},
+                }
+            )
             rec.archive()
             for label, b in bundles.items():
-                say(f"  {name}/{label}: {b['ticks']} ticks, {b['gpu_rows']} GPU rows, {b['host_rows']} host rows, "
+                say(
+                    f"  {name}/{label}: {b['ticks']} ticks, {b['gpu_rows']} GPU rows, {b['host_rows']} host rows, "
                     f"spacing {b['spacing_s_median']:.3f} s, collect median {b['collect_s_median'] * 1000:.1f} ms, "
-                    f"{b['skipped']} skipped, {b['nvml_errors']} NVML errors")
+                    f"{b['skipped']} skipped, {b['nvml_errors']} NVML errors"
+                )
     finally:
         if rec.ckpt_dir is not None and rec.ckpt_dir.name == "ckpt-scratch":
             shutil.rmtree(rec.ckpt_dir, ignore_errors=True)
@@ -1232,11 +1456,16 @@ def main(argv: list[str] | None = None) -> int:
     size = path.stat().st_size
     say(f"archive {path} ({size / 1e6:.2f} MB)")
     final = {
-        "ok": not failed and bool(summary), "archive": str(path), "archive_bytes": size, "dry_run": args.dry_run,
+        "ok": not failed and bool(summary),
+        "archive": str(path),
+        "archive_bytes": size,
+        "dry_run": args.dry_run,
         "failed": sorted(failed),
         "intervals": [interval_label(i) for i in args.intervals],
-        "rows": {n: {lab: {"gpu": b["gpu_rows"], "host": b["host_rows"]} for lab, b in s["bundles"].items()}
-                 for n, s in summary.items()},
+        "rows": {
+            n: {lab: {"gpu": b["gpu_rows"], "host": b["host_rows"]} for lab, b in s["bundles"].items()}
+            for n, s in summary.items()
+        },
         "events": {n: s["events"] for n, s in summary.items()},
         "incidents": {n: s["incidents"] for n, s in summary.items()},
         "nvml_errors": sum(b["nvml_errors"] for s in summary.values() for b in s["bundles"].values()),

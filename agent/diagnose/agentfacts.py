@@ -31,10 +31,16 @@ log = logging.getLogger(__name__)
 
 
 class NodeChecks:
-    def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str = "/sys",
-                 cfg: DetectorConfig | None = None, clock: Callable[[], float] = time.monotonic,
-                 kernel_log: KernelLog | Literal["auto"] | None = "auto", dcgm: DiagSchedule | None = None,
-                 dcgm_result_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        proc_root: Path | str = "/proc",
+        sys_root: Path | str = "/sys",
+        cfg: DetectorConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        kernel_log: KernelLog | Literal["auto"] | None = "auto",
+        dcgm: DiagSchedule | None = None,
+        dcgm_result_file: Path | None = None,
+    ) -> None:
         self.sampler = NodeSampler(proc_root, sys_root, clock, kernel_log=kernel_log)
         self.cfg = cfg or DetectorConfig()
         #: Runs dcgmi diag in the background; None: not scheduled here (a prolog may still write results).
@@ -42,11 +48,26 @@ class NodeChecks:
         self.dcgm_result_file = dcgm.result_file if dcgm is not None else dcgm_result_file
 
     @classmethod
-    def from_settings(cls, settings: AgentSettings, clock: Callable[[], float] = time.monotonic) -> NodeChecks:
-        dcgm = (DiagSchedule(settings.dcgm_diag_result_file, settings.dcgm_diag_interval_s, settings.dcgm_diag_level,
-                             settings.dcgmi) if settings.dcgm_diag_interval_s > 0 else None)
-        return cls(settings.proc_root, settings.sys_root, clock=clock, dcgm=dcgm,
-                   dcgm_result_file=settings.dcgm_diag_result_file)
+    def from_settings(
+        cls, settings: AgentSettings, clock: Callable[[], float] = time.monotonic
+    ) -> NodeChecks:
+        dcgm = (
+            DiagSchedule(
+                settings.dcgm_diag_result_file,
+                settings.dcgm_diag_interval_s,
+                settings.dcgm_diag_level,
+                settings.dcgmi,
+            )
+            if settings.dcgm_diag_interval_s > 0
+            else None
+        )
+        return cls(
+            settings.proc_root,
+            settings.sys_root,
+            clock=clock,
+            dcgm=dcgm,
+            dcgm_result_file=settings.dcgm_diag_result_file,
+        )
 
     def _dcgm(self, view: NodeView) -> None:
         if self.dcgm is not None:
@@ -55,7 +76,9 @@ class NodeChecks:
         if result is not None:
             view.dcgm_diag = result
         elif self.dcgm is None:
-            view.dcgm_diag_skip = "not scheduled on this agent (agent.dcgm_diag_interval_s 0) and no prolog result"
+            view.dcgm_diag_skip = (
+                "not scheduled on this agent (agent.dcgm_diag_interval_s 0) and no prolog result"
+            )
         elif shutil.which(self.dcgm.dcgmi) is None:
             view.dcgm_diag_skip = f"DCGM not installed ({self.dcgm.dcgmi} not on PATH)"
         else:
@@ -65,8 +88,12 @@ class NodeChecks:
         """A first reading of the host counters, so the first facts carry rates."""
         self.sampler.sample([])
 
-    def facts(self, gpu_rows: list[dict[str, Any]], source_facts: Mapping[str, Any],
-              processes: Mapping[int, list[int]] | None) -> dict[str, Any]:
+    def facts(
+        self,
+        gpu_rows: list[dict[str, Any]],
+        source_facts: Mapping[str, Any],
+        processes: Mapping[int, list[int]] | None,
+    ) -> dict[str, Any]:
         if source_facts.get("simulated"):
             return {}
         view = self.sampler.sample(gpu_inputs(gpu_rows, source_facts, processes))

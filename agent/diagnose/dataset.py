@@ -81,10 +81,16 @@ def fs_type_of(path: Path, mounts: Path = Path("/proc/self/mounts")) -> str | No
     return kind
 
 
-def sample_dataset(path: Path, max_entries: int = MAX_ENTRIES, max_s: float = MAX_LIST_S,
-                   read_files: int = READ_FILES, target_bytes_s: float = TARGET_BYTES_S,
-                   clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                   mounts: Path = Path("/proc/self/mounts")) -> DatasetSample:
+def sample_dataset(
+    path: Path,
+    max_entries: int = MAX_ENTRIES,
+    max_s: float = MAX_LIST_S,
+    read_files: int = READ_FILES,
+    target_bytes_s: float = TARGET_BYTES_S,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+    mounts: Path = Path("/proc/self/mounts"),
+) -> DatasetSample:
     s = DatasetSample(str(path), target_bytes_s=target_bytes_s)
     if not path.exists():
         s.error = f"{path} does not exist"
@@ -154,13 +160,23 @@ def sample_dataset(path: Path, max_entries: int = MAX_ENTRIES, max_s: float = MA
 def check_dataset(view: NodeView) -> Check:
     d = view.dataset
     if d is None:
-        return skipped("small_files", "dataset", "no data set given (gpufleet diagnose --dataset PATH)", "files/s")
+        return skipped(
+            "small_files", "dataset", "no data set given (gpufleet diagnose --dataset PATH)", "files/s"
+        )
     if d.error is not None:
         return Check("small_files", d.path, "unknown", d.error, None, "files/s", "")
-    ev: dict[str, Any] = {"files": d.files, "dirs": d.dirs, "truncated": d.truncated, "listing_s": d.listing_s,
-                          "median_bytes": d.median_bytes, "mean_bytes": d.mean_bytes, "fs_type": d.fs_type,
-                          "files_read": len(d.read_s), "read_bytes": d.read_bytes,
-                          "target_bytes_s": d.target_bytes_s}
+    ev: dict[str, Any] = {
+        "files": d.files,
+        "dirs": d.dirs,
+        "truncated": d.truncated,
+        "listing_s": d.listing_s,
+        "median_bytes": d.median_bytes,
+        "mean_bytes": d.mean_bytes,
+        "fs_type": d.fs_type,
+        "files_read": len(d.read_s),
+        "read_bytes": d.read_bytes,
+        "target_bytes_s": d.target_bytes_s,
+    }
     if not d.files or d.mean_bytes is None or d.median_bytes is None:
         return Check("small_files", d.path, "unknown", f"no files under {d.path}", None, "files/s", "", ev)
     count = f"{'at least ' if d.truncated else ''}{d.files:,} files"
@@ -173,18 +189,36 @@ def check_dataset(view: NodeView) -> Check:
     readers = needed / per_reader if per_reader else None
     ev["readers_needed"] = readers
     on = f" on {d.fs_type}" if d.fs_type else ""
-    text = (f"{count}{on}, median {d.median_bytes / 1024:.0f} KiB: {needed:,.0f} files/s to read "
-            f"{d.target_bytes_s / 1e6:.0f} MB/s")
+    text = (
+        f"{count}{on}, median {d.median_bytes / 1024:.0f} KiB: {needed:,.0f} files/s to read "
+        f"{d.target_bytes_s / 1e6:.0f} MB/s"
+    )
     if per_reader is not None and readers is not None:
         text += f"; one reader opens {per_reader:,.0f} files/s ({readers:.1f} readers needed)"
     value = round(needed, 1)
     small = d.median_bytes < SMALL_FILE_BYTES
     if readers is not None and readers > READERS_FAIL:
-        return Check("small_files", d.path, "fail", text, value, "files/s",
-                     "the per-file cost caps the loader: pack the data set into large shards (WebDataset tar, "
-                     "TFRecord, Parquet) or stage it on local NVMe", ev)
+        return Check(
+            "small_files",
+            d.path,
+            "fail",
+            text,
+            value,
+            "files/s",
+            "the per-file cost caps the loader: pack the data set into large shards (WebDataset tar, "
+            "TFRecord, Parquet) or stage it on local NVMe",
+            ev,
+        )
     if (readers is not None and readers > READERS_WARN) or small:
-        return Check("small_files", d.path, "warn", text, value, "files/s",
-                     "small files: give the loader enough parallel readers (num_workers) or pack the data set "
-                     "into shards", ev)
+        return Check(
+            "small_files",
+            d.path,
+            "warn",
+            text,
+            value,
+            "files/s",
+            "small files: give the loader enough parallel readers (num_workers) or pack the data set "
+            "into shards",
+            ev,
+        )
     return Check("small_files", d.path, "ok", text, value, "files/s", "", ev)

@@ -127,7 +127,9 @@ def parse_diag_json(text: str) -> DiagResult:
             summary = test.get("test_summary")
             if isinstance(summary, dict) and summary.get("status"):
                 statuses.append(str(summary["status"]).lower())
-            status = next((s for s in ("fail", "warn", "pass", "skip", "not run") if s in statuses), "not run")
+            status = next(
+                (s for s in ("fail", "warn", "pass", "skip", "not run") if s in statuses), "not run"
+            )
             bad = [r for r in results if str(r.get("status", "")).lower() in ("fail", "warn")] or results
             gpus = tuple(sorted({g for r in bad for g in _gpus(r)}))
             detail = "; ".join(d for d in (_detail(r) for r in bad) if d)
@@ -142,8 +144,9 @@ def run_dcgmi(level: int = 1, dcgmi: str = "dcgmi", timeout_s: float | None = No
         raise DcgmUnavailable(f"DCGM not installed ({dcgmi} not on PATH)")
     limit = timeout_s or TIMEOUT_S.get(level, 3600.0)
     try:
-        p = subprocess.run([exe, "diag", "-r", str(level), "-j"], capture_output=True, text=True, timeout=limit,
-                           check=False)
+        p = subprocess.run(
+            [exe, "diag", "-r", str(level), "-j"], capture_output=True, text=True, timeout=limit, check=False
+        )
     except subprocess.TimeoutExpired as e:
         raise DcgmUnavailable(f"dcgmi diag -r {level} did not finish in {limit:g} s") from e
     except OSError as e:
@@ -155,8 +158,9 @@ def run_dcgmi(level: int = 1, dcgmi: str = "dcgmi", timeout_s: float | None = No
     return out
 
 
-def run_diag(level: int = 1, dcgmi: str = "dcgmi", origin: str = "diagnose",
-             clock: Callable[[], float] = time.time) -> DiagResult:
+def run_diag(
+    level: int = 1, dcgmi: str = "dcgmi", origin: str = "diagnose", clock: Callable[[], float] = time.time
+) -> DiagResult:
     try:
         text = run_dcgmi(level, dcgmi)
     except DcgmUnavailable as e:
@@ -168,9 +172,22 @@ def run_diag(level: int = 1, dcgmi: str = "dcgmi", origin: str = "diagnose",
 
 def write_result(path: Path, result: DiagResult) -> None:
     """The result as a small JSON file, replaced atomically (the checks may read it at any time)."""
-    doc = {"level": result.level, "time": result.time, "origin": result.origin, "error": result.error,
-           "tests": [{"category": t.category, "name": t.name, "status": t.status, "gpus": list(t.gpus),
-                      "detail": t.detail} for t in result.tests]}
+    doc = {
+        "level": result.level,
+        "time": result.time,
+        "origin": result.origin,
+        "error": result.error,
+        "tests": [
+            {
+                "category": t.category,
+                "name": t.name,
+                "status": t.status,
+                "gpus": list(t.gpus),
+                "detail": t.detail,
+            }
+            for t in result.tests
+        ],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(doc))
@@ -190,12 +207,24 @@ def read_result(path: Path) -> DiagResult | None:
     except ValueError:
         return DiagResult(time=mtime, origin=str(path), error=f"{path}: not JSON")
     if isinstance(doc, dict) and "tests" in doc and isinstance(doc["tests"], list):
-        tests = [DiagTest(str(t.get("category", "")), str(t.get("name", "")), str(t.get("status", "")).lower(),
-                          tuple(int(g) for g in t.get("gpus") or [] if isinstance(g, int)), str(t.get("detail", "")))
-                 for t in doc["tests"] if isinstance(t, dict)]
-        return DiagResult(tests, doc.get("level") if isinstance(doc.get("level"), int) else None,
-                          float(doc["time"]) if isinstance(doc.get("time"), int | float) else mtime,
-                          str(doc.get("origin") or path), doc.get("error") if isinstance(doc.get("error"), str) else None)
+        tests = [
+            DiagTest(
+                str(t.get("category", "")),
+                str(t.get("name", "")),
+                str(t.get("status", "")).lower(),
+                tuple(int(g) for g in t.get("gpus") or [] if isinstance(g, int)),
+                str(t.get("detail", "")),
+            )
+            for t in doc["tests"]
+            if isinstance(t, dict)
+        ]
+        return DiagResult(
+            tests,
+            doc.get("level") if isinstance(doc.get("level"), int) else None,
+            float(doc["time"]) if isinstance(doc.get("time"), int | float) else mtime,
+            str(doc.get("origin") or path),
+            doc.get("error") if isinstance(doc.get("error"), str) else None,
+        )
     r = parse_diag_json(text)
     r.time, r.origin = mtime, str(path)
     return r
@@ -204,8 +233,14 @@ def read_result(path: Path) -> DiagResult | None:
 class DiagSchedule:
     """Runs ``dcgmi diag`` in the background every ``interval_s`` and keeps the result file current."""
 
-    def __init__(self, result_file: Path, interval_s: float, level: int = 1, dcgmi: str = "dcgmi",
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        result_file: Path,
+        interval_s: float,
+        level: int = 1,
+        dcgmi: str = "dcgmi",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.result_file = result_file
         self.interval_s = interval_s
         self.level = level
@@ -245,26 +280,74 @@ def check_dcgm_diag(view: NodeView) -> Check:
         return skipped("dcgm_diag", "node", view.dcgm_diag_skip or "DCGM diagnostic not run", "tests")
     when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(r.time)) if r.time else "unknown time"
     level = f"level {r.level}" if r.level else "level ?"
-    ev: dict[str, Any] = {"level": r.level, "time": r.time, "origin": r.origin, "error": r.error,
-                          "tests": [{"category": t.category, "name": t.name, "status": t.status,
-                                     "gpus": list(t.gpus), "detail": t.detail} for t in r.tests]}
+    ev: dict[str, Any] = {
+        "level": r.level,
+        "time": r.time,
+        "origin": r.origin,
+        "error": r.error,
+        "tests": [
+            {
+                "category": t.category,
+                "name": t.name,
+                "status": t.status,
+                "gpus": list(t.gpus),
+                "detail": t.detail,
+            }
+            for t in r.tests
+        ],
+    }
     if r.error is not None and not r.tests:
         if "not on PATH" in r.error:
             return skipped("dcgm_diag", "node", r.error, "tests")
-        return Check("dcgm_diag", "node", "unknown", f"dcgmi diag ({level}) did not give a result: {r.error}", None,
-                     "tests", "check that the DCGM host engine runs (systemctl status nvidia-dcgm)", ev)
+        return Check(
+            "dcgm_diag",
+            "node",
+            "unknown",
+            f"dcgmi diag ({level}) did not give a result: {r.error}",
+            None,
+            "tests",
+            "check that the DCGM host engine runs (systemctl status nvidia-dcgm)",
+            ev,
+        )
     failed, warned = r.failed, r.warned
     if failed:
-        what = "; ".join(f"{t.name}" + (f" on GPU {','.join(map(str, t.gpus))}" if t.gpus else "")
-                         + (f": {t.detail[:160]}" if t.detail else "") for t in failed)
-        return Check("dcgm_diag", "node", "fail", f"{len(failed)} of {len(r.tests)} tests failed ({level}, "
-                     f"{when}): {what}", len(failed), "tests",
-                     "fix what the failed test names (persistence mode, pending row remaps, a GPU that fails "
-                     "memory or PCIe tests) before scheduling jobs here; quarantine the node until it passes", ev)
+        what = "; ".join(
+            f"{t.name}"
+            + (f" on GPU {','.join(map(str, t.gpus))}" if t.gpus else "")
+            + (f": {t.detail[:160]}" if t.detail else "")
+            for t in failed
+        )
+        return Check(
+            "dcgm_diag",
+            "node",
+            "fail",
+            f"{len(failed)} of {len(r.tests)} tests failed ({level}, {when}): {what}",
+            len(failed),
+            "tests",
+            "fix what the failed test names (persistence mode, pending row remaps, a GPU that fails "
+            "memory or PCIe tests) before scheduling jobs here; quarantine the node until it passes",
+            ev,
+        )
     if warned:
         what = "; ".join(t.name for t in warned)
-        return Check("dcgm_diag", "node", "warn", f"{len(warned)} of {len(r.tests)} tests warned ({level}, "
-                     f"{when}): {what}", 0, "tests", "read the warning in dcgmi diag's output", ev)
-    return Check("dcgm_diag", "node", "ok",
-                 f"{sum(t.status == 'pass' for t in r.tests)} of {len(r.tests)} tests passed, the others skipped "
-                 f"({level}, {when})", 0, "tests", "", ev)
+        return Check(
+            "dcgm_diag",
+            "node",
+            "warn",
+            f"{len(warned)} of {len(r.tests)} tests warned ({level}, {when}): {what}",
+            0,
+            "tests",
+            "read the warning in dcgmi diag's output",
+            ev,
+        )
+    return Check(
+        "dcgm_diag",
+        "node",
+        "ok",
+        f"{sum(t.status == 'pass' for t in r.tests)} of {len(r.tests)} tests passed, the others skipped "
+        f"({level}, {when})",
+        0,
+        "tests",
+        "",
+        ev,
+    )

@@ -54,7 +54,9 @@ OOM_RE = re.compile(r"Killed process (\d+) \(([^)]*)\)|Out of memory: Kill(?:ed)
 
 _MONO = re.compile(r"^\s*(?:<\d+>)?\[\s*(\d+\.\d+)\]\s?(.*)$")
 _CTIME = re.compile(r"^\s*(?:<\d+>)?\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?(.*)$")
-_ISO = re.compile(r"^(?:\w+\s*:\s*\w+\s*:\s*)?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?([+-]\d\d:?\d\d|Z)?\s?(.*)$")
+_ISO = re.compile(
+    r"^(?:\w+\s*:\s*\w+\s*:\s*)?(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?([+-]\d\d:?\d\d|Z)?\s?(.*)$"
+)
 _SYSLOG = re.compile(r"^(?:\d{4}-\d\d-\d\dT\S+|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: ?(.*)$")
 
 
@@ -153,8 +155,10 @@ class DevKmsg:
         except FileNotFoundError as e:
             raise KernelLogUnavailable(f"{self.path} does not exist") from e
         except PermissionError as e:
-            raise KernelLogUnavailable(f"no permission to read {self.path} (kernel.dmesg_restrict=1?): run as "
-                                       "root or with CAP_SYSLOG") from e
+            raise KernelLogUnavailable(
+                f"no permission to read {self.path} (kernel.dmesg_restrict=1?): run as "
+                "root or with CAP_SYSLOG"
+            ) from e
         except OSError as e:
             raise KernelLogUnavailable(f"cannot open {self.path}: {e.strerror}") from e
         records: list[str] = []
@@ -196,15 +200,20 @@ class CommandLog:
         if exe is None:
             raise KernelLogUnavailable(f"{self.argv[0]} not found on PATH")
         try:
-            p = subprocess.run([exe, *self.argv[1:]], capture_output=True, timeout=self.timeout_s, check=False)
+            p = subprocess.run(
+                [exe, *self.argv[1:]], capture_output=True, timeout=self.timeout_s, check=False
+            )
         except subprocess.TimeoutExpired as e:
             raise KernelLogUnavailable(f"{self.name} did not finish in {self.timeout_s:g} s") from e
         except OSError as e:
             raise KernelLogUnavailable(f"{self.name}: {e.strerror}") from e
         err = p.stderr.decode("utf-8", "replace").strip()
         if p.returncode != 0:
-            why = "no permission (kernel.dmesg_restrict=1?)" if "permitted" in err or "denied" in err.lower() \
+            why = (
+                "no permission (kernel.dmesg_restrict=1?)"
+                if "permitted" in err or "denied" in err.lower()
                 else err[-200:] or f"exit status {p.returncode}"
+            )
             raise KernelLogUnavailable(f"{self.name}: {why}")
         return parse_dmesg(p.stdout[:MAX_LOG_BYTES].decode("utf-8", "replace"))
 
@@ -251,8 +260,13 @@ class FirstReadable:
 
 def default_log(dev: Path = Path("/dev/kmsg")) -> KernelLog:
     """``/dev/kmsg``, then ``dmesg``, then the journal's kernel messages."""
-    return FirstReadable([DevKmsg(dev), CommandLog(["dmesg", "--nopager"]),
-                          CommandLog(["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "-q"])])
+    return FirstReadable(
+        [
+            DevKmsg(dev),
+            CommandLog(["dmesg", "--nopager"]),
+            CommandLog(["journalctl", "-k", "-b", "-o", "short-iso", "--no-pager", "-q"]),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- findings
@@ -286,14 +300,27 @@ def _age(line: KernelLine, now: float, uptime_s: float | None) -> float | None:
     return None
 
 
-def scan(lines: list[KernelLine], source: str, now: float, uptime_s: float | None,
-         window_s: float = DEFAULT_WINDOW_S) -> KernelFindings:
+def scan(
+    lines: list[KernelLine],
+    source: str,
+    now: float,
+    uptime_s: float | None,
+    window_s: float = DEFAULT_WINDOW_S,
+) -> KernelFindings:
     f = KernelFindings(source, window_s, lines=len(lines))
     for line in lines:
         text = line.text
-        kind = ("xid" if "NVRM: Xid" in text else "hung" if "blocked for more than" in text
-                else "nfs" if "nfs: server" in text else "oom" if ("Killed process" in text or "Out of memory" in text)
-                else None)
+        kind = (
+            "xid"
+            if "NVRM: Xid" in text
+            else "hung"
+            if "blocked for more than" in text
+            else "nfs"
+            if "nfs: server" in text
+            else "oom"
+            if ("Killed process" in text or "Out of memory" in text)
+            else None
+        )
         if kind is None:
             continue
         age = _age(line, now, uptime_s)
@@ -320,8 +347,9 @@ def scan(lines: list[KernelLine], source: str, now: float, uptime_s: float | Non
     return f
 
 
-def read_findings(log: KernelLog | None, now: float, uptime_s: float | None,
-                  window_s: float = DEFAULT_WINDOW_S) -> KernelFindings:
+def read_findings(
+    log: KernelLog | None, now: float, uptime_s: float | None, window_s: float = DEFAULT_WINDOW_S
+) -> KernelFindings:
     if log is None:
         return KernelFindings("", window_s, error="the kernel log is not read here")
     try:
@@ -339,14 +367,21 @@ def _span(f: KernelFindings) -> str:
 
 
 def _base_ev(f: KernelFindings, kind: str) -> dict[str, Any]:
-    return {"source": f.source, "window_s": f.window_s, "lines": f.lines, "older": f.older.get(kind, 0),
-            "undated": f.undated}
+    return {
+        "source": f.source,
+        "window_s": f.window_s,
+        "lines": f.lines,
+        "older": f.older.get(kind, 0),
+        "undated": f.undated,
+    }
 
 
 def check_xids(view: NodeView) -> Check:
     f = view.kernel
     if f is None or f.error is not None:
-        return skipped("kernel_xid", "node", f"kernel log not readable: {f.error if f else 'not sampled'}", "XIDs")
+        return skipped(
+            "kernel_xid", "node", f"kernel log not readable: {f.error if f else 'not sampled'}", "XIDs"
+        )
     ev = _base_ev(f, "xid")
     ev["xids"] = {str(c): sorted(buses) for c, buses in sorted(f.xids.items())}
     if not f.xids:
@@ -356,49 +391,94 @@ def check_xids(view: NodeView) -> Check:
     buses = sorted({b for c in f.xids for b in f.xids[c]})
     text = f"XID {names} on {', '.join(buses)} {_span(f)}"
     if hw:
-        return Check("kernel_xid", "node", "fail", text, f.xid_lines, "XIDs",
-                     f"XID {', '.join(map(str, hw))} points at the GPU, its memory or its links: drain the node "
-                     "and run dcgmi diag -r 3 on the GPU", ev)
+        return Check(
+            "kernel_xid",
+            "node",
+            "fail",
+            text,
+            f.xid_lines,
+            "XIDs",
+            f"XID {', '.join(map(str, hw))} points at the GPU, its memory or its links: drain the node "
+            "and run dcgmi diag -r 3 on the GPU",
+            ev,
+        )
     actions = {info.action for c in f.xids if (info := describe(c))}
-    decision = ("reset the GPU (nvidia-smi -r) when it is idle" if "reset_gpu" in actions or "drain_node" in actions
-                else "the job's own faults: check the application (the GPU is not implicated)")
+    decision = (
+        "reset the GPU (nvidia-smi -r) when it is idle"
+        if "reset_gpu" in actions or "drain_node" in actions
+        else "the job's own faults: check the application (the GPU is not implicated)"
+    )
     return Check("kernel_xid", "node", "warn", text, f.xid_lines, "XIDs", decision, ev)
 
 
 def check_hung_tasks(view: NodeView) -> Check:
     f = view.kernel
     if f is None or f.error is not None:
-        return skipped("hung_tasks", "node", f"kernel log not readable: {f.error if f else 'not sampled'}", "tasks")
+        return skipped(
+            "hung_tasks", "node", f"kernel log not readable: {f.error if f else 'not sampled'}", "tasks"
+        )
     ev = {**_base_ev(f, "hung"), "tasks": dict(sorted(f.hung.items()))}
     if not f.hung:
         return Check("hung_tasks", "node", "ok", f"no hung task {_span(f)}", 0, "tasks", "", ev)
     n = sum(f.hung.values())
     who = ", ".join(sorted(f.hung)[:5])
-    return Check("hung_tasks", "node", "fail", f"{n} hung-task report(s) ({who}) {_span(f)}", n, "tasks",
-                 "tasks stuck in uninterruptible sleep: the I/O path (NFS, local disk) or a driver is not "
-                 "answering; check the NFS and disk items and the call traces in dmesg", ev)
+    return Check(
+        "hung_tasks",
+        "node",
+        "fail",
+        f"{n} hung-task report(s) ({who}) {_span(f)}",
+        n,
+        "tasks",
+        "tasks stuck in uninterruptible sleep: the I/O path (NFS, local disk) or a driver is not "
+        "answering; check the NFS and disk items and the call traces in dmesg",
+        ev,
+    )
 
 
 def check_nfs_servers(view: NodeView) -> Check:
     f = view.kernel
     if f is None or f.error is not None:
-        return skipped("nfs_server", "node", f"kernel log not readable: {f.error if f else 'not sampled'}", "servers")
-    ev = {**_base_ev(f, "nfs"), "servers": {s: ("not responding" if down else "recovered")
-                                            for s, down in sorted(f.nfs.items())}}
+        return skipped(
+            "nfs_server", "node", f"kernel log not readable: {f.error if f else 'not sampled'}", "servers"
+        )
+    ev = {
+        **_base_ev(f, "nfs"),
+        "servers": {s: ("not responding" if down else "recovered") for s, down in sorted(f.nfs.items())},
+    }
     if not f.nfs:
-        return Check("nfs_server", "node", "ok", f"no NFS server stopped answering {_span(f)}", 0, "servers", "",
-                     ev)
+        return Check(
+            "nfs_server", "node", "ok", f"no NFS server stopped answering {_span(f)}", 0, "servers", "", ev
+        )
     down = sorted(s for s, d in f.nfs.items() if d)
     if down:
-        return Check("nfs_server", "node", "fail", f"NFS server {', '.join(down)} not responding {_span(f)}",
-                     len(down), "servers", "the data path is stalled on the NFS server: check the server and the "
-                     "network to it; jobs reading from it wait in D state", ev)
+        return Check(
+            "nfs_server",
+            "node",
+            "fail",
+            f"NFS server {', '.join(down)} not responding {_span(f)}",
+            len(down),
+            "servers",
+            "the data path is stalled on the NFS server: check the server and the "
+            "network to it; jobs reading from it wait in D state",
+            ev,
+        )
     back = sorted(f.nfs)
-    return Check("nfs_server", "node", "warn", f"NFS server {', '.join(back)} stopped answering and came back "
-                 f"{_span(f)}", len(back), "servers",
-                 "intermittent NFS stalls hold the loaders back: check the server's load and the network", ev)
+    return Check(
+        "nfs_server",
+        "node",
+        "warn",
+        f"NFS server {', '.join(back)} stopped answering and came back {_span(f)}",
+        len(back),
+        "servers",
+        "intermittent NFS stalls hold the loaders back: check the server's load and the network",
+        ev,
+    )
 
 
-def kernel_view(log: KernelLog | None, uptime_s: float | None, clock: Callable[[], float] = time.time,
-                window_s: float = DEFAULT_WINDOW_S) -> KernelFindings:
+def kernel_view(
+    log: KernelLog | None,
+    uptime_s: float | None,
+    clock: Callable[[], float] = time.time,
+    window_s: float = DEFAULT_WINDOW_S,
+) -> KernelFindings:
     return read_findings(log, clock(), uptime_s, window_s)

@@ -92,7 +92,9 @@ def sample_tree(pid: int) -> TreeSample:
 
 
 def loader_view(gpu: int, prev: TreeSample | None, curr: TreeSample, interval_s: float | None) -> LoaderView:
-    v = LoaderView(gpu, curr.root.pid, curr.root.name, len(curr.workers), sorted({w.name for w in curr.workers}))
+    v = LoaderView(
+        gpu, curr.root.pid, curr.root.name, len(curr.workers), sorted({w.name for w in curr.workers})
+    )
     if prev is None or prev.root.key != curr.root.key or not interval_s or interval_s <= 0:
         return v
     v.root_cores = max(0.0, curr.root.cpu_s - prev.root.cpu_s) / interval_s
@@ -112,16 +114,43 @@ def check_loaders(view: NodeView) -> list[Check]:
     util_of = {g.index: g.row.get("util_pct") for g in view.gpus}
     for lv in view.loaders:
         subject = f"gpu{lv.gpu} pid {lv.pid}"
-        ev: dict[str, Any] = {"pid": lv.pid, "name": lv.name, "workers": lv.workers, "worker_names": lv.worker_names,
-                              "root_cores": lv.root_cores, "worker_cores": lv.worker_cores,
-                              "gpu_util_pct": util_of.get(lv.gpu), "interval_s": view.interval_s}
+        ev: dict[str, Any] = {
+            "pid": lv.pid,
+            "name": lv.name,
+            "workers": lv.workers,
+            "worker_names": lv.worker_names,
+            "root_cores": lv.root_cores,
+            "worker_cores": lv.worker_cores,
+            "gpu_util_pct": util_of.get(lv.gpu),
+            "interval_s": view.interval_s,
+        }
         if lv.error is not None:
-            out.append(Check("dataloader_workers", subject, "unknown", f"process tree not readable: {lv.error}",
-                             None, "workers", "", ev))
+            out.append(
+                Check(
+                    "dataloader_workers",
+                    subject,
+                    "unknown",
+                    f"process tree not readable: {lv.error}",
+                    None,
+                    "workers",
+                    "",
+                    ev,
+                )
+            )
             continue
         if lv.worker_cores is None or lv.root_cores is None:
-            out.append(Check("dataloader_workers", subject, "unknown", f"{lv.workers} worker process(es) under "
-                             f"{lv.name}; busyness needs two readings", lv.workers, "workers", "", ev))
+            out.append(
+                Check(
+                    "dataloader_workers",
+                    subject,
+                    "unknown",
+                    f"{lv.workers} worker process(es) under {lv.name}; busyness needs two readings",
+                    lv.workers,
+                    "workers",
+                    "",
+                    ev,
+                )
+            )
             continue
         util = util_of.get(lv.gpu)
         gpu_waits = isinstance(util, int | float) and util < GPU_WAITS_PCT
@@ -132,23 +161,52 @@ def check_loaders(view: NodeView) -> list[Check]:
         if lv.workers == 0:
             if lv.root_cores >= BUSY_SHARE:
                 status: Status = "fail" if gpu_waits else "warn"
-                out.append(Check("dataloader_workers", subject, status,
-                                 f"no worker processes; {lv.name} itself uses {lv.root_cores:.2f} cores", 0,
-                                 "workers", "the training process loads its data itself: give the DataLoader "
-                                 "workers (num_workers) so decoding runs beside the GPU work", ev))
+                out.append(
+                    Check(
+                        "dataloader_workers",
+                        subject,
+                        status,
+                        f"no worker processes; {lv.name} itself uses {lv.root_cores:.2f} cores",
+                        0,
+                        "workers",
+                        "the training process loads its data itself: give the DataLoader "
+                        "workers (num_workers) so decoding runs beside the GPU work",
+                        ev,
+                    )
+                )
             else:
-                out.append(Check("dataloader_workers", subject, "ok",
-                                 f"no worker processes; {lv.name} uses {lv.root_cores:.2f} cores", 0, "workers", "",
-                                 ev))
+                out.append(
+                    Check(
+                        "dataloader_workers",
+                        subject,
+                        "ok",
+                        f"no worker processes; {lv.name} uses {lv.root_cores:.2f} cores",
+                        0,
+                        "workers",
+                        "",
+                        ev,
+                    )
+                )
             continue
-        text = (f"{lv.workers} workers, {len(busy)} busy (mean {mean:.2f} cores each); "
-                f"{lv.name} {lv.root_cores:.2f} cores")
+        text = (
+            f"{lv.workers} workers, {len(busy)} busy (mean {mean:.2f} cores each); "
+            f"{lv.name} {lv.root_cores:.2f} cores"
+        )
         if len(busy) == lv.workers:
             saturated: Status = "fail" if gpu_waits else "warn"
-            out.append(Check("dataloader_workers", subject, saturated, text, lv.workers, "workers",
-                             "every worker is busy all the time: the input pipeline is CPU-bound; add workers if "
-                             "the job's CPU quota has room, or make the transforms cheaper (or move them to the GPU)",
-                             ev))
+            out.append(
+                Check(
+                    "dataloader_workers",
+                    subject,
+                    saturated,
+                    text,
+                    lv.workers,
+                    "workers",
+                    "every worker is busy all the time: the input pipeline is CPU-bound; add workers if "
+                    "the job's CPU quota has room, or make the transforms cheaper (or move them to the GPU)",
+                    ev,
+                )
+            )
         else:
             out.append(Check("dataloader_workers", subject, "ok", text, lv.workers, "workers", "", ev))
     return out

@@ -50,14 +50,20 @@ def table(checks: list[Check], width: int | None = None) -> str:
     lead = sum(w) + 2 * len(w)
     out = ["  ".join(h.ljust(w[i]) for i, h in enumerate(heads)) + "  FINDING"]
     for (_, c), r in zip(rows, cells, strict=True):
-        subject = r[2] if len(r[2]) <= w[2] else "…" + r[2][-(w[2] - 1):]
+        subject = r[2] if len(r[2]) <= w[2] else "…" + r[2][-(w[2] - 1) :]
         first = "  ".join(x.ljust(w[i]) for i, x in enumerate((r[0], r[1], subject, r[3])))
         text = textwrap.wrap(c.finding, max(30, width - lead)) or [""]
         out.append(first + "  " + text[0])
         out.extend(" " * lead + t for t in text[1:])
         if c.decision:
-            out.extend(textwrap.wrap(c.decision, max(40, width - 8), initial_indent="        -> ",
-                                     subsequent_indent="           "))
+            out.extend(
+                textwrap.wrap(
+                    c.decision,
+                    max(40, width - 8),
+                    initial_indent="        -> ",
+                    subsequent_indent="           ",
+                )
+            )
     return "\n".join(out)
 
 
@@ -85,17 +91,39 @@ def node_facts(checks: list[Check], view: NodeView) -> dict[str, Any]:
     """The checks and the placement they judged, as node facts (``gpufleet.facts.NodeFacts``)."""
     facts: dict[str, Any] = {
         "checks_status": worst(checks),
-        "checks": [_round({"check": c.check, "subject": c.subject, "status": c.status,
-                           "value": c.value, "unit": c.unit or None, "finding": c.finding,
-                           "decision": c.decision or None}) for c in checks],
+        "checks": [
+            _round(
+                {
+                    "check": c.check,
+                    "subject": c.subject,
+                    "status": c.status,
+                    "value": c.value,
+                    "unit": c.unit or None,
+                    "finding": c.finding,
+                    "decision": c.decision or None,
+                }
+            )
+            for c in checks
+        ],
     }
     jobs = []
     for j in view.jobs:
-        jobs.append(_round({
-            "cgroup": j.place.name, "cgroup_version": j.place.version, "gpus": j.gpus, "pids": len(j.pids),
-            "cpu_quota_cores": j.quota.cores, "quota_kind": j.quota.kind, "cpu_cores": j.rates.cpu_cores,
-            "cpu_throttled_share": j.rates.cpu_throttled_share, "cpu_pressure_pct": j.rates.cpu_pressure_pct,
-            "io_pressure_pct": j.rates.io_pressure_pct}))
+        jobs.append(
+            _round(
+                {
+                    "cgroup": j.place.name,
+                    "cgroup_version": j.place.version,
+                    "gpus": j.gpus,
+                    "pids": len(j.pids),
+                    "cpu_quota_cores": j.quota.cores,
+                    "quota_kind": j.quota.kind,
+                    "cpu_cores": j.rates.cpu_cores,
+                    "cpu_throttled_share": j.rates.cpu_throttled_share,
+                    "cpu_pressure_pct": j.rates.cpu_pressure_pct,
+                    "io_pressure_pct": j.rates.io_pressure_pct,
+                }
+            )
+        )
     facts["job_cgroups"] = jobs
     procs = []
     for g in view.gpus:
@@ -108,13 +136,32 @@ def node_facts(checks: list[Check], view: NodeView) -> dict[str, Any]:
             if p is not None and p.cpus_allowed is not None:
                 allowed |= set(p.cpus_allowed)
                 readable = True
-        procs.append({
-            "gpu": g.index, "pids": len(g.pids), "gpu_numa_node": g.numa_node,
-            "cpus_allowed": format_cpu_list(sorted(allowed)) if readable else None,
-            "numa_nodes": nodes_of(sorted(allowed), view.numa) if readable and view.numa else None})
+        procs.append(
+            {
+                "gpu": g.index,
+                "pids": len(g.pids),
+                "gpu_numa_node": g.numa_node,
+                "cpus_allowed": format_cpu_list(sorted(allowed)) if readable else None,
+                "numa_nodes": nodes_of(sorted(allowed), view.numa) if readable and view.numa else None,
+            }
+        )
     facts["gpu_processes"] = procs
-    facts["nfs_mounts"] = [_round({
-        "mountpoint": m.mountpoint, "device": m.device, "interval_s": m.interval_s, "since_mount": m.since_mount,
-        "ops": m.ops, "retrans": m.retrans, "timeouts": m.timeouts, "queue_ms": m.queue_ms, "rtt_ms": m.rtt_ms,
-        "execute_ms": m.execute_ms, "backlog": m.backlog}) for m in view.nfs]
+    facts["nfs_mounts"] = [
+        _round(
+            {
+                "mountpoint": m.mountpoint,
+                "device": m.device,
+                "interval_s": m.interval_s,
+                "since_mount": m.since_mount,
+                "ops": m.ops,
+                "retrans": m.retrans,
+                "timeouts": m.timeouts,
+                "queue_ms": m.queue_ms,
+                "rtt_ms": m.rtt_ms,
+                "execute_ms": m.execute_ms,
+                "backlog": m.backlog,
+            }
+        )
+        for m in view.nfs
+    ]
     return facts

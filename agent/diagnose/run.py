@@ -39,13 +39,21 @@ def read_gpus(source: Source | None) -> tuple[list[GpuInput], str | None]:
     return gpu_inputs(reading.gpus, facts, processes), None
 
 
-def diagnose(source: Source | None, proc_root: Path | str = "/proc", sys_root: Path | str = "/sys",
-             sample_s: float = 2.0, cfg: DetectorConfig | None = None,
-             sleep: Callable[[float], None] = time.sleep,
-             clock: Callable[[], float] = time.monotonic, *,
-             kernel_log: KernelLog | Literal["auto"] | None = "auto", dataset: Path | None = None,
-             dataset_bytes_s: float = TARGET_BYTES_S, dcgm_level: int = 1,
-             dcgmi: str = "dcgmi") -> tuple[NodeView, list[Check]]:
+def diagnose(
+    source: Source | None,
+    proc_root: Path | str = "/proc",
+    sys_root: Path | str = "/sys",
+    sample_s: float = 2.0,
+    cfg: DetectorConfig | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    *,
+    kernel_log: KernelLog | Literal["auto"] | None = "auto",
+    dataset: Path | None = None,
+    dataset_bytes_s: float = TARGET_BYTES_S,
+    dcgm_level: int = 1,
+    dcgmi: str = "dcgmi",
+) -> tuple[NodeView, list[Check]]:
     """Two samples ``sample_s`` apart; the checks judge the second (rates over the interval).
 
     ``kernel_log``: where the kernel log is read (``auto``: /dev/kmsg, dmesg, the journal; None: not read).

@@ -122,8 +122,9 @@ class GpuInput:
     pids: list[int] = field(default_factory=list)
 
 
-def gpu_inputs(rows: list[dict[str, Any]], facts: Mapping[str, Any] | None,
-               processes: Mapping[int, list[int]] | None) -> list[GpuInput]:
+def gpu_inputs(
+    rows: list[dict[str, Any]], facts: Mapping[str, Any] | None, processes: Mapping[int, list[int]] | None
+) -> list[GpuInput]:
     """Whole-GPU rows, the ``gpus`` entries of the source facts and the PIDs per GPU, joined by index."""
     by_facts: dict[int, dict[str, Any]] = {}
     for entry in (facts or {}).get("gpus") or []:
@@ -149,10 +150,15 @@ def gpu_inputs(rows: list[dict[str, Any]], facts: Mapping[str, Any] | None,
 class NodeSampler:
     """Reads the host side of the checks and turns counters into rates between samples."""
 
-    def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str = "/sys",
-                 clock: Callable[[], float] = time.monotonic,
-                 kernel_log: KernelLog | Literal["auto"] | None = "auto", wall: Callable[[], float] = time.time,
-                 kernel_window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(
+        self,
+        proc_root: Path | str = "/proc",
+        sys_root: Path | str = "/sys",
+        clock: Callable[[], float] = time.monotonic,
+        kernel_log: KernelLog | Literal["auto"] | None = "auto",
+        wall: Callable[[], float] = time.time,
+        kernel_window_s: float = DEFAULT_WINDOW_S,
+    ) -> None:
         self.proc_root = Path(proc_root)
         self.sys_root = Path(sys_root)
         self.cgroups = CgroupReader(proc_root, sys_root)
@@ -168,7 +174,9 @@ class NodeSampler:
         self._memory: MemorySample | None = None
         self._trees: dict[int, TreeSample] = {}
 
-    def sample(self, gpus: list[GpuInput], gpu_error: str | None = None, gpu_source: str | None = None) -> NodeView:
+    def sample(
+        self, gpus: list[GpuInput], gpu_error: str | None = None, gpu_source: str | None = None
+    ) -> NodeView:
         now = self.clock()
         interval = now - self._t if self._t is not None else None
         self._t = now
@@ -220,8 +228,13 @@ class NodeSampler:
                     try:
                         tree = sample_tree(pid)
                     except psutil.Error as e:
-                        why = "gone" if isinstance(e, psutil.NoSuchProcess) else "access denied" \
-                            if isinstance(e, psutil.AccessDenied) else type(e).__name__
+                        why = (
+                            "gone"
+                            if isinstance(e, psutil.NoSuchProcess)
+                            else "access denied"
+                            if isinstance(e, psutil.AccessDenied)
+                            else type(e).__name__
+                        )
                         view.loaders.append(LoaderView(g.index, pid, "?", 0, error=why))
                         continue
                     trees[pid] = tree
@@ -243,16 +256,29 @@ class NodeSampler:
         if pci is not None:
             numa = numa if numa is not None else pci.numa_node
             local = local or pci.local_cpus
-        return GpuView(g.index, f.get("name") if isinstance(f.get("name"), str) else None,
-                       g.row.get("uuid") or f.get("uuid"), bus, numa, local, g.row, pci, list(g.pids))
+        return GpuView(
+            g.index,
+            f.get("name") if isinstance(f.get("name"), str) else None,
+            g.row.get("uuid") or f.get("uuid"),
+            bus,
+            numa,
+            local,
+            g.row,
+            pci,
+            list(g.pids),
+        )
 
     def _processes(self, view: NodeView) -> None:
         for g in view.gpus:
             for pid in g.pids:
                 if pid in view.procs:
                     continue
-                view.procs[pid] = ProcView(pid, cpus_allowed(self.proc_root, pid), last_cpu(self.proc_root, pid),
-                                           self.cgroups.locate(pid))
+                view.procs[pid] = ProcView(
+                    pid,
+                    cpus_allowed(self.proc_root, pid),
+                    last_cpu(self.proc_root, pid),
+                    self.cgroups.locate(pid),
+                )
 
     def _job_cgroups(self, view: NodeView) -> None:
         groups: dict[str, tuple[CgroupPlace, set[int], set[int]]] = {}
@@ -272,8 +298,14 @@ class NodeSampler:
             view.own = self._job(own, [], [], view.interval_s, seen)
         self._jobs = seen
 
-    def _job(self, place: CgroupPlace, gpus: list[int], pids: list[int], interval: float | None,
-             seen: dict[str, CgroupStats]) -> JobView:
+    def _job(
+        self,
+        place: CgroupPlace,
+        gpus: list[int],
+        pids: list[int],
+        interval: float | None,
+        seen: dict[str, CgroupStats],
+    ) -> JobView:
         stats = self.cgroups.read(place)
         seen[place.key] = stats
         return JobView(place, stats.quota, gpus, pids, rates(self._jobs.get(place.key), stats, interval))

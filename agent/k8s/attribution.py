@@ -64,10 +64,17 @@ class Snapshot:
 
 
 class KubernetesAttribution:
-    def __init__(self, node: str, lister: Lister, metadata: Metadata | None = None,
-                 resolver: RunResolver | None = None, gpu_resources: Sequence[str] = DEFAULT_GPU_RESOURCES,
-                 refresh_s: float = 5.0, metadata_refresh_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node: str,
+        lister: Lister,
+        metadata: Metadata | None = None,
+        resolver: RunResolver | None = None,
+        gpu_resources: Sequence[str] = DEFAULT_GPU_RESOURCES,
+        refresh_s: float = 5.0,
+        metadata_refresh_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.node = node
         self.lister = lister
         self.metadata = metadata
@@ -178,7 +185,9 @@ class KubernetesAttribution:
             self.errors["kubelet"] += 1
             self._ratelog.log(logging.WARNING, "kubelet", "kubernetes attribution: %s", e)
             return False
-        gpu_pods = [(p, tuple(d.device_id for d in p.devices if self._gpu_resource(d.resource))) for p in pods]
+        gpu_pods = [
+            (p, tuple(d.device_id for d in p.devices if self._gpu_resource(d.resource))) for p in pods
+        ]
         gpu_pods = [(p, ids) for p, ids in gpu_pods if ids]
         self._forget_except({(p.namespace, p.name) for p, _ in gpu_pods})
         now = self.clock()
@@ -220,8 +229,12 @@ class KubernetesAttribution:
         except ApiError as e:
             self._meta_ok = False
             self.errors["api"] += 1
-            self._ratelog.log(logging.WARNING, "api", "kubernetes attribution: pod metadata unavailable, pods "
-                              "are their own runs meanwhile: %s", e)
+            self._ratelog.log(
+                logging.WARNING,
+                "api",
+                "kubernetes attribution: pod metadata unavailable, pods are their own runs meanwhile: %s",
+                e,
+            )
         # When the answer (or the failure) came: pods first seen before it are in it, or missing.
         self._meta_at = self.clock()
 
@@ -234,8 +247,16 @@ class KubernetesAttribution:
             got = self.metadata.owner(namespace, ref) if self.metadata is not None else None
         except ApiError as e:
             self.errors["owner"] += 1
-            self._ratelog.log(logging.WARNING, f"owner:{ref.kind}", "kubernetes attribution: cannot read %s %s/%s "
-                              "(its pods' run is named from what can be read): %s", ref.kind, namespace, ref.name, e)
+            self._ratelog.log(
+                logging.WARNING,
+                f"owner:{ref.kind}",
+                "kubernetes attribution: cannot read %s %s/%s "
+                "(its pods' run is named from what can be read): %s",
+                ref.kind,
+                namespace,
+                ref.name,
+                e,
+            )
             if e.status not in (403, 404):
                 return None  # transient: try again next time
             got = None
@@ -259,8 +280,15 @@ class KubernetesAttribution:
             run = self.resolver.resolve(info, self._owner)
         else:
             team, labelled = self.resolver._team([ObjectInfo("Pod", namespace, name, None)])
-            run = K8sRun(run_id_for(namespace, name, None), name, "Pod", namespace, team,
-                         {"k8s.namespace": namespace, "k8s.kind": "Pod", "k8s.name": name}, labelled)
+            run = K8sRun(
+                run_id_for(namespace, name, None),
+                name,
+                "Pod",
+                namespace,
+                team,
+                {"k8s.namespace": namespace, "k8s.kind": "Pod", "k8s.name": name},
+                labelled,
+            )
         self._runs[key] = run
         if uid:
             self._by_uid[uid] = run

@@ -61,8 +61,11 @@ class DeviceMap:
             if isinstance(entry.get("uuid"), str):
                 gpu_by_uuid.setdefault(entry["uuid"].lower(), g)
             for inst in entry.get("mig_instances") or ():
-                if isinstance(inst, Mapping) and isinstance(inst.get("uuid"), str) \
-                        and isinstance(inst.get("gpu_instance_id"), int):
+                if (
+                    isinstance(inst, Mapping)
+                    and isinstance(inst.get("uuid"), str)
+                    and isinstance(inst.get("gpu_instance_id"), int)
+                ):
                     mig_by_uuid[inst["uuid"].lower()] = (g, inst["gpu_instance_id"])
         return cls(gpu_by_uuid, mig_by_uuid, indexes)
 
@@ -72,7 +75,7 @@ class DeviceMap:
         low = dev.lower()
         if low.startswith("mig-gpu-"):
             # MIG-GPU-<uuid>/<gi>/<ci>: the parent's UUID and the GPU instance.
-            parent, _, rest = dev[len("MIG-"):].partition("/")
+            parent, _, rest = dev[len("MIG-") :].partition("/")
             gi = rest.split("/", 1)[0]
             g = self.gpu_by_uuid.get(parent.lower())
             return (g, int(gi)) if g is not None and gi.isdigit() else None

@@ -53,8 +53,16 @@ class PodDevices:
 
 
 def _pod(p: pb.PodResources) -> PodDevices:
-    return PodDevices(p.namespace, p.name, tuple(
-        ContainerDevice(c.name, d.resource_name, i) for c in p.containers for d in c.devices for i in d.device_ids))
+    return PodDevices(
+        p.namespace,
+        p.name,
+        tuple(
+            ContainerDevice(c.name, d.resource_name, i)
+            for c in p.containers
+            for d in c.devices
+            for i in d.device_ids
+        ),
+    )
 
 
 class PodResourcesClient:
@@ -64,8 +72,8 @@ class PodResourcesClient:
         self.socket_path = Path(socket_path)
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(
-            f"unix://{self.socket_path}",
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+            f"unix://{self.socket_path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
         self._stub = PodResourcesListerStub(self._channel)
 
     def _error(self, method: str, e: grpc.RpcError) -> KubeletError:
@@ -86,8 +94,9 @@ class PodResourcesClient:
     def get(self, namespace: str, name: str) -> PodDevices | None:
         """One pod's devices; None when the kubelet does not know the pod."""
         try:
-            resp = self._stub.Get(pb.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
-                                  timeout=self.timeout_s)
+            resp = self._stub.Get(
+                pb.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace), timeout=self.timeout_s
+            )
         except grpc.RpcError as e:
             if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.NOT_FOUND:
                 return None

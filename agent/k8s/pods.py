@@ -79,12 +79,22 @@ class ObjectInfo:
         controller = None
         for ref in meta.get("ownerReferences") or ():
             if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") and ref.get("name"):
-                controller = OwnerRef(str(ref["kind"]), str(ref["name"]), str(ref.get("uid") or ""),
-                                      str(ref.get("apiVersion") or ""))
+                controller = OwnerRef(
+                    str(ref["kind"]),
+                    str(ref["name"]),
+                    str(ref.get("uid") or ""),
+                    str(ref.get("apiVersion") or ""),
+                )
                 break
-        return cls(kind, str(meta.get("namespace") or ""), str(meta.get("name") or ""),
-                   str(meta["uid"]) if meta.get("uid") else None, _strs(meta.get("labels")),
-                   _strs(meta.get("annotations")), controller)
+        return cls(
+            kind,
+            str(meta.get("namespace") or ""),
+            str(meta.get("name") or ""),
+            str(meta["uid"]) if meta.get("uid") else None,
+            _strs(meta.get("labels")),
+            _strs(meta.get("annotations")),
+            controller,
+        )
 
 
 def _strs(v: Any) -> dict[str, str]:
@@ -97,13 +107,24 @@ class ApiServer:
     #: Pods per list request (``limit``; the rest follows with ``continue``).
     page_size = 500
 
-    def __init__(self, url: str | None = None, token_file: Path | None = None, ca_file: Path | None = None,
-                 timeout_s: float = 5.0, client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        token_file: Path | None = None,
+        ca_file: Path | None = None,
+        timeout_s: float = 5.0,
+        client: httpx.Client | None = None,
+    ) -> None:
         if url is None:
-            host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            host, port = (
+                os.environ.get("KUBERNETES_SERVICE_HOST"),
+                os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+            )
             if not host:
-                raise ApiError("no API server: KUBERNETES_SERVICE_HOST is not set (not in a pod?) and no "
-                               "agent.kubernetes.api_server is configured")
+                raise ApiError(
+                    "no API server: KUBERNETES_SERVICE_HOST is not set (not in a pod?) and no "
+                    "agent.kubernetes.api_server is configured"
+                )
             url = f"https://{'[' + host + ']' if ':' in host else host}:{port}"
         self.url = url.rstrip("/")
         self.token_file = token_file if token_file is not None else SA_DIR / "token"
@@ -157,7 +178,9 @@ class ApiServer:
             group = f"apis/{ref.api_version}"
         elif ref.api_version:
             group = f"api/{ref.api_version}"
-        doc = self._get(f"{group}/namespaces/{quote(namespace, safe='')}/{where[1]}/{quote(ref.name, safe='')}")
+        doc = self._get(
+            f"{group}/namespaces/{quote(namespace, safe='')}/{where[1]}/{quote(ref.name, safe='')}"
+        )
         return ObjectInfo.from_json(ref.kind, doc)
 
     def close(self) -> None:

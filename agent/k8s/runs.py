@@ -38,8 +38,18 @@ from gpufleet.agent.k8s.pods import ObjectInfo, OwnerRef
 
 #: Run ids as the API accepts them (``gpufleet.store.runs.RUN_ID_RE``).
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}")
-DEFAULT_RUN_KINDS = ("TrainJob", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob",
-                     "JobSet", "RayJob", "Job")
+DEFAULT_RUN_KINDS = (
+    "TrainJob",
+    "PyTorchJob",
+    "TFJob",
+    "MPIJob",
+    "XGBoostJob",
+    "PaddleJob",
+    "JAXJob",
+    "JobSet",
+    "RayJob",
+    "Job",
+)
 #: Owner kinds whose own owner the walk reads (a Job of a JobSet or a RayJob, a JobSet of a TrainJob...).
 FOLLOW = frozenset({"Job", "JobSet", "RayCluster"})
 MAX_DEPTH = 4
@@ -65,7 +75,7 @@ class K8sRun:
 def run_id_for(namespace: str, name: str, uid: str | None) -> str:
     tail = f":{uid[:8]}" if uid else ""
     room = 128 - len(namespace) - 1 - len(tail)
-    return f"{namespace}:{name[:max(room, 1)]}{tail}"
+    return f"{namespace}:{name[: max(room, 1)]}{tail}"
 
 
 @dataclass
@@ -77,7 +87,9 @@ class RunResolver:
     #: A team label's value or a namespace -> its team (settings ``k8s.team_map``).
     team_map: Mapping[str, str] = field(default_factory=dict)
 
-    def resolve(self, pod: ObjectInfo, owner: Callable[[str, OwnerRef], ObjectInfo | None] | None = None) -> K8sRun:
+    def resolve(
+        self, pod: ObjectInfo, owner: Callable[[str, OwnerRef], ObjectInfo | None] | None = None
+    ) -> K8sRun:
         """The run of ``pod``; ``owner`` reads an owner object (None: owners are not read)."""
         chain = [pod]
         explicit = pod.annotations.get(self.run_id_key) or pod.labels.get(self.run_id_key)
@@ -99,22 +111,44 @@ class RunResolver:
             top = next((o for o in reversed(chain) if o.kind in kinds), pod)
             return K8sRun(explicit, top.name, top.kind, pod.namespace, team, self._labels(pod, top), labelled)
         top = next((o for o in reversed(chain) if o.kind in kinds), pod)
-        return K8sRun(run_id_for(pod.namespace, top.name, top.uid), top.name, top.kind, pod.namespace, team,
-                      self._labels(pod, top), labelled)
+        return K8sRun(
+            run_id_for(pod.namespace, top.name, top.uid),
+            top.name,
+            top.kind,
+            pod.namespace,
+            team,
+            self._labels(pod, top),
+            labelled,
+        )
 
     def _label_owners(self, pod: ObjectInfo, chain: list[ObjectInfo]) -> None:
         """Owners above the last one read, as their controllers label the pods."""
         kinds = {o.kind for o in chain}
         lab = pod.labels
         if "JobSet" not in kinds and lab.get("jobset.sigs.k8s.io/jobset-name"):
-            chain.append(ObjectInfo("JobSet", pod.namespace, lab["jobset.sigs.k8s.io/jobset-name"],
-                                    lab.get("jobset.sigs.k8s.io/jobset-uid") or None))
-        if "RayJob" not in kinds and lab.get("ray.io/originated-from-crd") == "RayJob" \
-                and lab.get("ray.io/originated-from-cr-name"):
+            chain.append(
+                ObjectInfo(
+                    "JobSet",
+                    pod.namespace,
+                    lab["jobset.sigs.k8s.io/jobset-name"],
+                    lab.get("jobset.sigs.k8s.io/jobset-uid") or None,
+                )
+            )
+        if (
+            "RayJob" not in kinds
+            and lab.get("ray.io/originated-from-crd") == "RayJob"
+            and lab.get("ray.io/originated-from-cr-name")
+        ):
             # No UID on the pods: the RayCluster's (one per RayJob submission) keeps re-runs apart.
             cluster = next((o for o in chain if o.kind == "RayCluster"), None)
-            chain.append(ObjectInfo("RayJob", pod.namespace, lab["ray.io/originated-from-cr-name"],
-                                    cluster.uid if cluster is not None else None))
+            chain.append(
+                ObjectInfo(
+                    "RayJob",
+                    pod.namespace,
+                    lab["ray.io/originated-from-cr-name"],
+                    cluster.uid if cluster is not None else None,
+                )
+            )
 
     def _team(self, chain: list[ObjectInfo]) -> tuple[str | None, bool]:
         """(team, whether a label named it)."""

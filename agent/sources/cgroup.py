@@ -59,9 +59,28 @@ log = logging.getLogger(__name__)
 #: How deep below a hierarchy's root a namespace-relative path is looked for.
 MAX_SEARCH_DEPTH = 6
 #: Names of cgroup v1 hierarchies (a directory named ``cpu,cpuacct`` mounts two).
-V1_CONTROLLERS = frozenset({
-    "cpu", "cpuacct", "cpuset", "memory", "blkio", "io", "pids", "devices", "freezer", "net_cls", "net_prio",
-    "perf_event", "hugetlb", "rdma", "misc", "systemd", "name=systemd", "elogind"})
+V1_CONTROLLERS = frozenset(
+    {
+        "cpu",
+        "cpuacct",
+        "cpuset",
+        "memory",
+        "blkio",
+        "io",
+        "pids",
+        "devices",
+        "freezer",
+        "net_cls",
+        "net_prio",
+        "perf_event",
+        "hugetlb",
+        "rdma",
+        "misc",
+        "systemd",
+        "name=systemd",
+        "elogind",
+    }
+)
 #: Counters above this are not counts but a kernel's negative value printed unsigned.
 _SANE_MAX = 2**62
 
@@ -306,8 +325,11 @@ class CgroupReader:
             entries = sorted(d for d in root.iterdir() if d.is_dir())
         except OSError:
             return _Layout(unified=None)
-        v1 = {frozenset(d.name.split(",")): d for d in entries
-              if d.name != "unified" and set(d.name.split(",")) <= V1_CONTROLLERS}
+        v1 = {
+            frozenset(d.name.split(",")): d
+            for d in entries
+            if d.name != "unified" and set(d.name.split(",")) <= V1_CONTROLLERS
+        }
         # A v2 host has cgroup.controllers at the root; a root that holds no
         # v1 controller directory at all is taken as unified too.
         if (root / "cgroup.controllers").exists() or not v1:
@@ -356,8 +378,16 @@ class CgroupReader:
             acct = self._v1_dir("cpuacct", lines)
             cset = self._v1_dir("cpuset", lines)
             blk = self._v1_dir("blkio", lines)
-            return CgroupPlace(1, path, d, root, acct[1] if acct else None, cset[1] if cset else None,
-                               blk[1] if blk else None, acct[0] if acct else None)
+            return CgroupPlace(
+                1,
+                path,
+                d,
+                root,
+                acct[1] if acct else None,
+                cset[1] if cset else None,
+                blk[1] if blk else None,
+                acct[0] if acct else None,
+            )
         unified = self.layout.unified
         v2 = next((x for x in lines if x.hierarchy == 0 and not x.controllers), None)
         if unified is None or v2 is None:
@@ -395,7 +425,7 @@ class CgroupReader:
         return Quota(None)
 
     def _cpuset_cpus(self, place: CgroupPlace) -> int | None:
-        files = (("cpuset.cpus.effective",) if place.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus"))
+        files = ("cpuset.cpus.effective",) if place.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus")
         d = place.cpu_dir if place.version == 2 else place.cpuset_dir
         if d is None:
             return None
@@ -415,8 +445,12 @@ class CgroupReader:
         stats: dict[str, object] = {}
         if place.version == 2:
             cs = parse_flat_keyed(_read(usage_dir / "cpu.stat") or "")
-            stats.update(usage_usec=cs.get("usage_usec"), nr_periods=cs.get("nr_periods"),
-                         nr_throttled=cs.get("nr_throttled"), throttled_usec=cs.get("throttled_usec"))
+            stats.update(
+                usage_usec=cs.get("usage_usec"),
+                nr_periods=cs.get("nr_periods"),
+                nr_throttled=cs.get("nr_throttled"),
+                throttled_usec=cs.get("throttled_usec"),
+            )
             io = _read(place.cpu_dir / "io.stat")
             if io is not None:
                 stats["io_read_bytes"], stats["io_write_bytes"] = parse_io_stat(io)
@@ -432,8 +466,12 @@ class CgroupReader:
             ns = _count(usage.strip()) if usage is not None else None
             cs = parse_flat_keyed(_read(usage_dir / "cpu.stat") or "")
             tt = cs.get("throttled_time")
-            stats.update(usage_usec=ns // 1000 if ns is not None else None, nr_periods=cs.get("nr_periods"),
-                         nr_throttled=cs.get("nr_throttled"), throttled_usec=tt // 1000 if tt is not None else None)
+            stats.update(
+                usage_usec=ns // 1000 if ns is not None else None,
+                nr_periods=cs.get("nr_periods"),
+                nr_throttled=cs.get("nr_throttled"),
+                throttled_usec=tt // 1000 if tt is not None else None,
+            )
             if place.blkio_dir is not None:
                 blk = _read(place.blkio_dir / "blkio.throttle.io_service_bytes")
                 if blk is not None:
@@ -521,7 +559,9 @@ def _search(base: Path, rest: list[str]) -> Path | None:
         if len(hits) == 1:
             return hits[0]
         if len(hits) > 1:
-            log.debug("cgroup: %s matches %d directories under %s; not guessing", "/".join(rest), len(hits), base)
+            log.debug(
+                "cgroup: %s matches %d directories under %s; not guessing", "/".join(rest), len(hits), base
+            )
             return None
         level = [c for d in level for c in _subdirs(d)]
         if not level:

@@ -73,36 +73,85 @@ class DcgmField:
 
 
 DCGM_FIELDS: tuple[DcgmField, ...] = (
-    DcgmField(203, "DCGM_FI_DEV_GPU_UTIL_RATIO", ("DCGM_FI_DEV_GPU_UTIL",), "gpu_utilization", "int64", "util_pct"),
-    DcgmField(1002, "DCGM_FI_PROF_SM_UTIL_RATIO", ("DCGM_FI_PROF_SM_ACTIVE",), "sm_active", "double", "sm_active"),
-    DcgmField(1004, "DCGM_FI_PROF_TENSOR_UTIL_RATIO", ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",), "tensor_active", "double",
-              "tensor_active"),
-    DcgmField(1005, "DCGM_FI_PROF_DRAM_UTIL_RATIO", ("DCGM_FI_PROF_DRAM_ACTIVE",), "dram_active", "double",
-              "dram_active"),
+    DcgmField(
+        203, "DCGM_FI_DEV_GPU_UTIL_RATIO", ("DCGM_FI_DEV_GPU_UTIL",), "gpu_utilization", "int64", "util_pct"
+    ),
+    DcgmField(
+        1002, "DCGM_FI_PROF_SM_UTIL_RATIO", ("DCGM_FI_PROF_SM_ACTIVE",), "sm_active", "double", "sm_active"
+    ),
+    DcgmField(
+        1004,
+        "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",),
+        "tensor_active",
+        "double",
+        "tensor_active",
+    ),
+    DcgmField(
+        1005,
+        "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+        ("DCGM_FI_PROF_DRAM_ACTIVE",),
+        "dram_active",
+        "double",
+        "dram_active",
+    ),
     DcgmField(252, "DCGM_FI_DEV_FB_USED", (), "fb_used", "int64", "mem_used_mib"),
     DcgmField(250, "DCGM_FI_DEV_FB_TOTAL", (), "fb_total", "int64", "mem_total_mib"),
-    DcgmField(155, "DCGM_FI_DEV_BOARD_POWER_WATTS", ("DCGM_FI_DEV_POWER_USAGE",), "power_usage", "double", "power_w"),
-    DcgmField(156, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", (), "total_energy_consumption", "int64", "energy_mj"),
-    DcgmField(164, "DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS", ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT",),
-              "enforced_power_limit", "double", "power_limit_w"),
+    DcgmField(
+        155, "DCGM_FI_DEV_BOARD_POWER_WATTS", ("DCGM_FI_DEV_POWER_USAGE",), "power_usage", "double", "power_w"
+    ),
+    DcgmField(
+        156, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", (), "total_energy_consumption", "int64", "energy_mj"
+    ),
+    DcgmField(
+        164,
+        "DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS",
+        ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT",),
+        "enforced_power_limit",
+        "double",
+        "power_limit_w",
+    ),
     # The management limit (what ``nvidia-smi -pl`` sets): many counters files carry it and not
     # the enforced one; it stands in where the enforced limit is missing or blank.
-    DcgmField(160, "DCGM_FI_DEV_BOARD_POWER_LIMIT_REQUESTED_WATTS", ("DCGM_FI_DEV_POWER_MGMT_LIMIT",),
-              "power_management_limit", "double", "power_limit_w", priority=1),
+    DcgmField(
+        160,
+        "DCGM_FI_DEV_BOARD_POWER_LIMIT_REQUESTED_WATTS",
+        ("DCGM_FI_DEV_POWER_MGMT_LIMIT",),
+        "power_management_limit",
+        "double",
+        "power_limit_w",
+        priority=1,
+    ),
     DcgmField(100, "DCGM_FI_DEV_SM_CLOCK", (), "sm_clock", "int64", "sm_clock_mhz"),
     DcgmField(113, "DCGM_FI_DEV_MAX_SM_CLOCK", (), "sm_max_clock", "int64", "sm_clock_max_mhz"),
     DcgmField(101, "DCGM_FI_DEV_MEM_CLOCK", (), "memory_clock", "int64", "mem_clock_mhz"),
     DcgmField(150, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", ("DCGM_FI_DEV_GPU_TEMP",), "gpu_temp", "int64", "temp_c"),
-    DcgmField(140, "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", ("DCGM_FI_DEV_MEMORY_TEMP",), "memory_temp", "int64",
-              "mem_temp_c"),
-    DcgmField(112, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",),
-              "current_clocks_event_reasons", "int64", "throttle_reasons"),
+    DcgmField(
+        140,
+        "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS",
+        ("DCGM_FI_DEV_MEMORY_TEMP",),
+        "memory_temp",
+        "int64",
+        "mem_temp_c",
+    ),
+    DcgmField(
+        112,
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",),
+        "current_clocks_event_reasons",
+        "int64",
+        "throttle_reasons",
+    ),
     # DCGM_FI_PROF_PCIE_* are rates (bytes/s) despite the name; the DEV
     # throughput fields are the older KB/s fallback for GPUs without profiling.
     DcgmField(1009, "DCGM_FI_PROF_PCIE_TX_BYTES", (), "pcie_tx_bytes", "int64", "pcie_tx_bytes_s"),
     DcgmField(1010, "DCGM_FI_PROF_PCIE_RX_BYTES", (), "pcie_rx_bytes", "int64", "pcie_rx_bytes_s"),
-    DcgmField(200, "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", (), "pcie_tx_throughput", "int64", "pcie_tx_bytes_s", 1024.0, 1),
-    DcgmField(201, "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", (), "pcie_rx_throughput", "int64", "pcie_rx_bytes_s", 1024.0, 1),
+    DcgmField(
+        200, "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", (), "pcie_tx_throughput", "int64", "pcie_tx_bytes_s", 1024.0, 1
+    ),
+    DcgmField(
+        201, "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", (), "pcie_rx_throughput", "int64", "pcie_rx_bytes_s", 1024.0, 1
+    ),
     DcgmField(237, "DCGM_FI_DEV_PCIE_LINK_GEN", (), "pcie_link_gen", "int64", "pcie_gen"),
     DcgmField(235, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", (), "pcie_max_link_gen", "int64", "pcie_gen_max"),
     DcgmField(238, "DCGM_FI_DEV_PCIE_LINK_WIDTH", (), "pcie_link_width", "int64", "pcie_width"),
@@ -118,27 +167,92 @@ DCGM_FIELDS: tuple[DcgmField, ...] = (
     DcgmField(310, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", (), "ecc_sbe_volatile_total", "int64", "ecc_sbe_vol"),
     DcgmField(312, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", (), "ecc_sbe_aggregate_total", "int64", "ecc_sbe_agg"),
     DcgmField(313, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", (), "ecc_dbe_aggregate_total", "int64", "ecc_dbe_agg"),
-    DcgmField(393, "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",),
-              "uncorrectable_remapped_rows", "int64", "remapped_rows_uncorrectable"),
-    DcgmField(394, "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",),
-              "correctable_remapped_rows", "int64", "remapped_rows_correctable"),
-    DcgmField(395, "DCGM_FI_DEV_ROW_REMAP_FAILED", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "row_remap_failure", "int64",
-              "remapped_rows_failed"),
-    DcgmField(396, "DCGM_FI_DEV_ROW_REMAP_PENDING", (), "row_remap_pending", "int64", "remapped_rows_pending"),
-    DcgmField(202, "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), "pcie_replay_counter",
-              "int64", "pcie_replay_count"),
-    DcgmField(409, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",),
-              "nvlink_flit_crc_error_count_total", "int64", "nvlink_crc_errors"),
-    DcgmField(497, "DCGM_FI_DEV_NVLINK_CRC_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_ERROR_DL_CRC",), "nvlink_crc_err",
-              "int64", "nvlink_crc_errors", priority=1),
-    DcgmField(429, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",),
-              "nvlink_replay_error_count_total", "int64", "nvlink_replay_errors"),
-    DcgmField(499, "DCGM_FI_DEV_NVLINK_REPLAY_TOTAL", ("DCGM_FI_DEV_NVLINK_ERROR_DL_REPLAY",), "nvlink_replay_err",
-              "int64", "nvlink_replay_errors", priority=1),
-    DcgmField(439, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL", ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",),
-              "nvlink_recovery_error_count_total", "int64", "nvlink_recovery_errors"),
-    DcgmField(498, "DCGM_FI_DEV_NVLINK_RECOVERY_TOTAL", ("DCGM_FI_DEV_NVLINK_ERROR_DL_RECOVERY",),
-              "nvlink_recovery_err", "int64", "nvlink_recovery_errors", priority=1),
+    DcgmField(
+        393,
+        "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL",
+        ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",),
+        "uncorrectable_remapped_rows",
+        "int64",
+        "remapped_rows_uncorrectable",
+    ),
+    DcgmField(
+        394,
+        "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL",
+        ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",),
+        "correctable_remapped_rows",
+        "int64",
+        "remapped_rows_correctable",
+    ),
+    DcgmField(
+        395,
+        "DCGM_FI_DEV_ROW_REMAP_FAILED",
+        ("DCGM_FI_DEV_ROW_REMAP_FAILURE",),
+        "row_remap_failure",
+        "int64",
+        "remapped_rows_failed",
+    ),
+    DcgmField(
+        396, "DCGM_FI_DEV_ROW_REMAP_PENDING", (), "row_remap_pending", "int64", "remapped_rows_pending"
+    ),
+    DcgmField(
+        202,
+        "DCGM_FI_DEV_PCIE_REPLAY_TOTAL",
+        ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",),
+        "pcie_replay_counter",
+        "int64",
+        "pcie_replay_count",
+    ),
+    DcgmField(
+        409,
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",),
+        "nvlink_flit_crc_error_count_total",
+        "int64",
+        "nvlink_crc_errors",
+    ),
+    DcgmField(
+        497,
+        "DCGM_FI_DEV_NVLINK_CRC_ERROR_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_ERROR_DL_CRC",),
+        "nvlink_crc_err",
+        "int64",
+        "nvlink_crc_errors",
+        priority=1,
+    ),
+    DcgmField(
+        429,
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",),
+        "nvlink_replay_error_count_total",
+        "int64",
+        "nvlink_replay_errors",
+    ),
+    DcgmField(
+        499,
+        "DCGM_FI_DEV_NVLINK_REPLAY_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_ERROR_DL_REPLAY",),
+        "nvlink_replay_err",
+        "int64",
+        "nvlink_replay_errors",
+        priority=1,
+    ),
+    DcgmField(
+        439,
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",),
+        "nvlink_recovery_error_count_total",
+        "int64",
+        "nvlink_recovery_errors",
+    ),
+    DcgmField(
+        498,
+        "DCGM_FI_DEV_NVLINK_RECOVERY_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_ERROR_DL_RECOVERY",),
+        "nvlink_recovery_err",
+        "int64",
+        "nvlink_recovery_errors",
+        priority=1,
+    ),
 )
 
 #: NvLink link states of ``dcgmGetNvLinkLinkStatus`` (dcgm_structs: DcgmNvLinkLinkState*).
@@ -223,7 +337,9 @@ def load_bindings(extra_dirs: Iterable[str] = BINDINGS_DIRS) -> DcgmBindings:
     try:
         return DcgmBindings(*(importlib.import_module(n) for n in names))
     except ImportError as e:
-        raise SourceUnavailable("dcgm: DCGM Python bindings (datacenter-gpu-manager) are not installed") from e
+        raise SourceUnavailable(
+            "dcgm: DCGM Python bindings (datacenter-gpu-manager) are not installed"
+        ) from e
 
 
 @dataclass(frozen=True)
@@ -238,8 +354,13 @@ class DcgmSource:
 
     name = "dcgm"
 
-    def __init__(self, host: str = "localhost", update_interval_s: float = 1.0,
-                 bindings: DcgmBindings | None = None, field_ids: Iterable[int] | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "localhost",
+        update_interval_s: float = 1.0,
+        bindings: DcgmBindings | None = None,
+        field_ids: Iterable[int] | None = None,
+    ) -> None:
         self.host = host
         self.update_interval_s = update_interval_s
         self._bindings = bindings
@@ -337,8 +458,11 @@ class DcgmSource:
             rows.append(row)
         for inst in self._instances:
             row = {"gpu": inst.gpu, "mig_instance": inst.gpu_instance_id, "uuid": self._uuids.get(inst.gpu)}
-            self._fill(row, (values.get(inst_group, {}).get(inst.entity_id, {}) for values in latest),
-                       (inst_group, inst.entity_id))
+            self._fill(
+                row,
+                (values.get(inst_group, {}).get(inst.entity_id, {}) for values in latest),
+                (inst_group, inst.entity_id),
+            )
             null_whole_gpu_fields(row)
             rows.append(row)
         return Reading(gpus=rows)
@@ -420,7 +544,9 @@ class DcgmSource:
         self._start()
         return {
             "dcgm_gpus": [{"gpu": g, "uuid": self._uuids.get(g)} for g in self._gpus],
-            "dcgm_mig_instances": [{"gpu": i.gpu, "gpu_instance_id": i.gpu_instance_id} for i in self._instances],
+            "dcgm_mig_instances": [
+                {"gpu": i.gpu, "gpu_instance_id": i.gpu_instance_id} for i in self._instances
+            ],
         }
 
 

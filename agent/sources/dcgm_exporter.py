@@ -57,18 +57,37 @@ from gpufleet.catalog import WHOLE_GPU_FIELDS
 log = logging.getLogger(__name__)
 
 #: Labels that attribute a GPU to a workload; passed through under "labels".
-ATTRIBUTION_LABELS = ("pod", "namespace", "container", "pod_uid", "exported_pod", "exported_namespace",
-                      "exported_container")
+ATTRIBUTION_LABELS = (
+    "pod",
+    "namespace",
+    "container",
+    "pod_uid",
+    "exported_pod",
+    "exported_namespace",
+    "exported_container",
+)
 XID_COUNT_SERIES = "DCGM_EXP_XID_ERRORS_COUNT"
 
 #: Fields the exporter can print that the ``dcgm`` source's table does not map
 #: (id, canonical DCGM 4 name, older names, tag and type from dcgm_fields.h).
 EXPORTER_FIELDS: tuple[DcgmField, ...] = (
-    DcgmField(1001, "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", ("DCGM_FI_PROF_GR_ENGINE_ACTIVE",), "gr_engine_active",
-              "double", "gr_engine_active"),
+    DcgmField(
+        1001,
+        "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE",),
+        "gr_engine_active",
+        "double",
+        "gr_engine_active",
+    ),
     DcgmField(204, "DCGM_FI_DEV_MEM_COPY_UTIL", (), "mem_copy_utilization", "int64", "mem_copy_util_pct"),
-    DcgmField(449, "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL", ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",),
-              "nvlink_throughput_total", "int64", "nvlink_bandwidth_mb_s"),
+    DcgmField(
+        449,
+        "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL",
+        ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",),
+        "nvlink_throughput_total",
+        "int64",
+        "nvlink_bandwidth_mb_s",
+    ),
 )
 
 #: Every series name the source recognises: the shared table first, then the
@@ -82,8 +101,12 @@ SERIES: dict[str, DcgmField] = {
 Key = tuple[int, int | None]
 
 #: The framebuffer series that add up to the total (``FB_TOTAL``) where the exporter does not print it.
-FB_PARTS = {"DCGM_FI_DEV_FB_FREE": "free", "dcgm_fb_free": "free",
-            "DCGM_FI_DEV_FB_RESERVED": "reserved", "dcgm_fb_resv": "reserved"}
+FB_PARTS = {
+    "DCGM_FI_DEV_FB_FREE": "free",
+    "dcgm_fb_free": "free",
+    "DCGM_FI_DEV_FB_RESERVED": "reserved",
+    "dcgm_fb_resv": "reserved",
+}
 
 
 def _field_for(family_name: str, sample_name: str) -> DcgmField | None:
@@ -134,8 +157,13 @@ def parse_exposition(text: str) -> ExpositionParse:
             mig = _int_label(labels, "GPU_I_ID")
             uuid = labels.get("UUID") or labels.get("uuid") or None
             info = out.gpus.setdefault(gpu, {"gpu": gpu})
-            for src, dst in (("UUID", "uuid"), ("modelName", "name"), ("Hostname", "hostname"),
-                             ("pci_bus_id", "pci_bus_id"), ("DCGM_FI_DRIVER_VERSION", "driver_version")):
+            for src, dst in (
+                ("UUID", "uuid"),
+                ("modelName", "name"),
+                ("Hostname", "hostname"),
+                ("pci_bus_id", "pci_bus_id"),
+                ("DCGM_FI_DRIVER_VERSION", "driver_version"),
+            ):
                 if labels.get(src):
                     info.setdefault(dst, labels[src])
             if family.name == XID_COUNT_SERIES:
@@ -155,7 +183,9 @@ def parse_exposition(text: str) -> ExpositionParse:
             if field.column == "xid":
                 out.row((gpu, None), uuid)
                 kind = blank_kind(sample.value, "int64")
-                out.xid_gauge[gpu] = int(sample.value) if kind == "value" else (None if kind == "not_supported" else 0)
+                out.xid_gauge[gpu] = (
+                    int(sample.value) if kind == "value" else (None if kind == "not_supported" else 0)
+                )
                 continue
             value = to_catalog(field, sample.value)
             key: Key = (gpu, mig)
@@ -187,8 +217,12 @@ class DcgmExporterSource:
 
     name = "dcgm_exporter"
 
-    def __init__(self, url: str = "http://127.0.0.1:9400/metrics", timeout_s: float = 10.0,
-                 client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:9400/metrics",
+        timeout_s: float = 10.0,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.url = url
         self._client = client if client is not None else httpx.Client(timeout=timeout_s)
         self._owns_client = client is None

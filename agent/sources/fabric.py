@@ -45,8 +45,11 @@ IB_ERROR_COUNTERS: dict[str, str] = {
 }
 #: Where each error counter saturates: its width in the IBA PortCounters attribute.
 IB_ERROR_CEILING: dict[str, int] = {
-    "symbol_error": 0xFFFF, "link_downed": 0xFF, "link_error_recovery": 0xFF,
-    "port_rcv_errors": 0xFFFF, "port_xmit_discards": 0xFFFF,
+    "symbol_error": 0xFFFF,
+    "link_downed": 0xFF,
+    "link_error_recovery": 0xFF,
+    "port_rcv_errors": 0xFFFF,
+    "port_xmit_discards": 0xFFFF,
 }
 #: Traffic counters: (plain name, 64-bit name under counters_ext, multiplier to bytes or packets).
 IB_TRAFFIC_COUNTERS: dict[str, tuple[str, str, int]] = {
@@ -129,8 +132,13 @@ def read_ib_port(port: Path) -> IbPort:
         value = read_counter(counters / name, IB_ERROR_CEILING[name])
         if value is not None:
             errors[name] = value
-    return IbPort(parse_ib_state(_text(port / "state")), parse_ib_rate(_text(port / "rate")),
-                  _text(port / "link_layer"), traffic, errors)
+    return IbPort(
+        parse_ib_state(_text(port / "state")),
+        parse_ib_rate(_text(port / "rate")),
+        _text(port / "link_layer"),
+        traffic,
+        errors,
+    )
 
 
 def read_ib_ports(sys_root: Path | None) -> dict[str, IbPort]:
@@ -170,7 +178,9 @@ def read_link_speeds(sys_root: Path | None, names: list[str]) -> dict[str, float
     return out
 
 
-def ib_rates(prev: Mapping[str, IbPort], curr: Mapping[str, IbPort], interval_s: float) -> dict[str, float | int | None]:
+def ib_rates(
+    prev: Mapping[str, IbPort], curr: Mapping[str, IbPort], interval_s: float
+) -> dict[str, float | int | None]:
     """The host row's ``ib_*`` fields between two readings of the ports.
 
     Traffic and utilisation count active ports only; a counter that went
@@ -178,9 +188,19 @@ def ib_rates(prev: Mapping[str, IbPort], curr: Mapping[str, IbPort], interval_s:
     interval.  Error counts are the increases over the interval, summed.
     Every field is None on a node without InfiniBand/RoCE ports.
     """
-    row: dict[str, float | int | None] = {k: None for k in (
-        "ib_rx_bytes_s", "ib_tx_bytes_s", "ib_rx_packets_s", "ib_tx_packets_s", "ib_link_bytes_s",
-        "ib_util_pct", "ib_ports_down", *IB_ERROR_COUNTERS)}
+    row: dict[str, float | int | None] = {
+        k: None
+        for k in (
+            "ib_rx_bytes_s",
+            "ib_tx_bytes_s",
+            "ib_rx_packets_s",
+            "ib_tx_packets_s",
+            "ib_link_bytes_s",
+            "ib_util_pct",
+            "ib_ports_down",
+            *IB_ERROR_COUNTERS,
+        )
+    }
     if not curr:
         return row
     row["ib_ports_down"] = sum(1 for p in curr.values() if p.state is not None and not p.active)
@@ -204,10 +224,19 @@ def ib_rates(prev: Mapping[str, IbPort], curr: Mapping[str, IbPort], interval_s:
             sums[name] += d
             seen[name] = True
         if port.rate_bytes_s and ("rx_bytes" in deltas or "tx_bytes" in deltas):
-            share = 100.0 * max(deltas.get("rx_bytes", 0), deltas.get("tx_bytes", 0)) / interval_s / port.rate_bytes_s
+            share = (
+                100.0
+                * max(deltas.get("rx_bytes", 0), deltas.get("tx_bytes", 0))
+                / interval_s
+                / port.rate_bytes_s
+            )
             busiest = max(busiest or 0.0, min(share, 100.0))
-    for name, field_name in (("rx_bytes", "ib_rx_bytes_s"), ("tx_bytes", "ib_tx_bytes_s"),
-                             ("rx_packets", "ib_rx_packets_s"), ("tx_packets", "ib_tx_packets_s")):
+    for name, field_name in (
+        ("rx_bytes", "ib_rx_bytes_s"),
+        ("tx_bytes", "ib_tx_bytes_s"),
+        ("rx_packets", "ib_rx_packets_s"),
+        ("tx_packets", "ib_tx_packets_s"),
+    ):
         row[field_name] = sums[name] / interval_s if seen[name] else None
     row["ib_util_pct"] = busiest
     for field_name, counter in IB_ERROR_COUNTERS.items():

@@ -69,8 +69,10 @@ def cpu_quota_cores(sys_root: Path, cgroup_path: str = "/") -> float | None:
     for v1_dir in ("cpu,cpuacct", "cpu"):
         base = sys_root / "fs" / "cgroup" / v1_dir / rel
         try:
-            return _parse_quota((base / "cpu.cfs_quota_us").read_text().strip(),
-                                (base / "cpu.cfs_period_us").read_text().strip())
+            return _parse_quota(
+                (base / "cpu.cfs_quota_us").read_text().strip(),
+                (base / "cpu.cfs_period_us").read_text().strip(),
+            )
         except (OSError, ValueError):
             continue
     return None

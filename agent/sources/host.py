@@ -80,8 +80,16 @@ class CpuTimes:
     @property
     def total(self) -> int:
         """Jiffies spent in any state; guest time is already inside user/nice."""
-        return (self.user + self.nice + self.system + self.idle + self.iowait
-                + self.irq + self.softirq + self.steal)
+        return (
+            self.user
+            + self.nice
+            + self.system
+            + self.idle
+            + self.iowait
+            + self.irq
+            + self.softirq
+            + self.steal
+        )
 
 
 @dataclass(frozen=True)
@@ -195,10 +203,16 @@ def parse_diskstats(text: str) -> dict[str, DiskCounters]:
         #    in_flight io_ticks time_in_queue [dc_ios dc_merges dc_sectors dc_ticks [fl_ios fl_ticks]]
         discard = v[11:15] if len(v) >= 15 else [0, 0, 0, 0]
         disks[parts[2]] = DiskCounters(
-            rd_ios=v[0], rd_sectors=v[2], rd_ticks_ms=v[3],
-            wr_ios=v[4], wr_sectors=v[6], wr_ticks_ms=v[7],
+            rd_ios=v[0],
+            rd_sectors=v[2],
+            rd_ticks_ms=v[3],
+            wr_ios=v[4],
+            wr_sectors=v[6],
+            wr_ticks_ms=v[7],
             io_ticks_ms=v[9],
-            dc_ios=discard[0], dc_sectors=discard[2], dc_ticks_ms=discard[3],
+            dc_ios=discard[0],
+            dc_sectors=discard[2],
+            dc_ticks_ms=discard[3],
         )
     return disks
 
@@ -214,9 +228,16 @@ def parse_net_dev(text: str) -> dict[str, NetCounters]:
         if len(v) < 10:
             continue
         try:
-            nets[name.strip()] = NetCounters(int(v[0]), int(v[1]), int(v[8]), int(v[9]),
-                                             rx_errs=int(v[2]), rx_drop=int(v[3]), tx_errs=int(v[10]),
-                                             tx_drop=int(v[11]))
+            nets[name.strip()] = NetCounters(
+                int(v[0]),
+                int(v[1]),
+                int(v[8]),
+                int(v[9]),
+                rx_errs=int(v[2]),
+                rx_drop=int(v[3]),
+                tx_errs=int(v[10]),
+                tx_drop=int(v[11]),
+            )
         except (ValueError, IndexError):
             continue
     return nets
@@ -285,8 +306,9 @@ def read_rapl(sys_root: Path | None) -> dict[str, RaplZone]:
             kind = name_file.read_text().strip()
             depth = zone.name.count(":")
             if depth == 1 or (depth == 2 and kind == "dram"):
-                reading = RaplZone(int((zone / "energy_uj").read_text()),
-                                   int((zone / "max_energy_range_uj").read_text()))
+                reading = RaplZone(
+                    int((zone / "energy_uj").read_text()), int((zone / "max_energy_range_uj").read_text())
+                )
             else:
                 continue
         except (OSError, ValueError):
@@ -327,8 +349,14 @@ def cpu_percentages(prev: Mapping[int, CpuTimes], curr: Mapping[int, CpuTimes]) 
         interval += shift + sum(
             max(0, b - a)
             for a, b in (
-                (p.user, c.user), (p.nice, c.nice), (p.system, c.system), (p_iowait, c.iowait),
-                (p_idle, c.idle), (p.steal, c.steal), (p.irq, c.irq), (p.softirq, c.softirq),
+                (p.user, c.user),
+                (p.nice, c.nice),
+                (p.system, c.system),
+                (p_iowait, c.iowait),
+                (p_idle, c.idle),
+                (p.steal, c.steal),
+                (p.irq, c.irq),
+                (p.softirq, c.softirq),
             )
         )
         user += max(0, (c.user - c.guest) - (p.user - p.guest))
@@ -365,9 +393,14 @@ def disk_reset(prev: DiskCounters, curr: DiskCounters) -> bool:
     I/O counts and sector counts are 64-bit on any current kernel, so one of
     them going backwards is a reset; tick fields alone may just have wrapped.
     """
-    pairs = ((prev.rd_ios, curr.rd_ios), (prev.wr_ios, curr.wr_ios), (prev.dc_ios, curr.dc_ios),
-             (prev.rd_sectors, curr.rd_sectors), (prev.wr_sectors, curr.wr_sectors),
-             (prev.dc_sectors, curr.dc_sectors))
+    pairs = (
+        (prev.rd_ios, curr.rd_ios),
+        (prev.wr_ios, curr.wr_ios),
+        (prev.dc_ios, curr.dc_ios),
+        (prev.rd_sectors, curr.rd_sectors),
+        (prev.wr_sectors, curr.wr_sectors),
+        (prev.dc_sectors, curr.dc_sectors),
+    )
     return any(c < p for p, c in pairs)
 
 
@@ -386,8 +419,11 @@ def disk_rates(prev: DiskCounters, curr: DiskCounters, interval_s: float) -> Dis
     if interval_s <= 0 or disk_reset(prev, curr):
         return None
     ios = curr.ios - prev.ios
-    ticks = (_tick_delta(prev.rd_ticks_ms, curr.rd_ticks_ms) + _tick_delta(prev.wr_ticks_ms, curr.wr_ticks_ms)
-             + _tick_delta(prev.dc_ticks_ms, curr.dc_ticks_ms))
+    ticks = (
+        _tick_delta(prev.rd_ticks_ms, curr.rd_ticks_ms)
+        + _tick_delta(prev.wr_ticks_ms, curr.wr_ticks_ms)
+        + _tick_delta(prev.dc_ticks_ms, curr.dc_ticks_ms)
+    )
     busy_ms = _tick_delta(prev.io_ticks_ms, curr.io_ticks_ms)
     return DiskRates(
         read_bytes_s=(curr.rd_sectors - prev.rd_sectors) * SECTOR_BYTES / interval_s,
@@ -408,7 +444,9 @@ def _net_delta(prev: int, curr: int, prev_packets: int, curr_packets: int) -> in
     return None
 
 
-def rapl_power_w(prev: Mapping[str, RaplZone], curr: Mapping[str, RaplZone], interval_s: float) -> float | None:
+def rapl_power_w(
+    prev: Mapping[str, RaplZone], curr: Mapping[str, RaplZone], interval_s: float
+) -> float | None:
     """Average power of the RAPL zones over the interval, W; counters wrap at max_energy_range_uj."""
     if interval_s <= 0:
         return None
@@ -431,16 +469,27 @@ def rapl_power_w(prev: Mapping[str, RaplZone], curr: Mapping[str, RaplZone], int
 def host_rates(prev: HostSnapshot | None, curr: HostSnapshot) -> HostRow:
     """The catalog's host fields between two snapshots (rates None when ``prev`` is None)."""
     row: HostRow = {
-        "cpu_user_pct": None, "cpu_system_pct": None, "cpu_iowait_pct": None, "cpu_idle_pct": None,
+        "cpu_user_pct": None,
+        "cpu_system_pct": None,
+        "cpu_iowait_pct": None,
+        "cpu_idle_pct": None,
         "cpu_count": len(curr.cpus),
-        "disk_read_bytes_s": None, "disk_write_bytes_s": None, "disk_util_pct": None, "disk_await_ms": None,
-        "net_rx_bytes_s": None, "net_tx_bytes_s": None,
+        "disk_read_bytes_s": None,
+        "disk_write_bytes_s": None,
+        "disk_util_pct": None,
+        "disk_await_ms": None,
+        "net_rx_bytes_s": None,
+        "net_tx_bytes_s": None,
         "host_power_w": None,
     }
     fabric = curr.ib is not None
     if fabric:
-        row.update(net_errors=None, net_drops=None, net_util_pct=None,
-                   net_link_bytes_s=sum(curr.links.values()) if curr.links else None)
+        row.update(
+            net_errors=None,
+            net_drops=None,
+            net_util_pct=None,
+            net_link_bytes_s=sum(curr.links.values()) if curr.links else None,
+        )
         row.update(ib_rates({}, curr.ib or {}, 0.0))
     if prev is None:
         return row
@@ -512,7 +561,9 @@ def _read(path: Path) -> str | None:
         raise SourceError(f"host: cannot read {path}: {e}") from e
 
 
-def read_snapshot(proc_root: Path, sys_root: Path | None, rapl: bool = True, fabric: bool = False) -> HostSnapshot:
+def read_snapshot(
+    proc_root: Path, sys_root: Path | None, rapl: bool = True, fabric: bool = False
+) -> HostSnapshot:
     """Read one :class:`HostSnapshot` from a ``/proc`` tree (and ``/sys`` when given); ``fabric``
     adds the link speeds and InfiniBand/RoCE ports (:mod:`gpufleet.agent.sources.fabric`)."""
     stat = _read(proc_root / "stat")
@@ -532,10 +583,16 @@ def read_snapshot(proc_root: Path, sys_root: Path | None, rapl: bool = True, fab
     stacked = frozenset(n for n in disks if is_stacked_disk(n, sys_root))
     netdev = _read(proc_root / "net" / "dev") or ""
     nets = {n: c for n, c in parse_net_dev(netdev).items() if is_physical_nic(n, sys_root)}
-    return HostSnapshot(uptime_s=uptime_s, cpus=cpus, disks=disks, stacked_disks=stacked, nets=nets,
-                        rapl=read_rapl(sys_root) if rapl else {},
-                        links=read_link_speeds(sys_root, sorted(nets)) if fabric else {},
-                        ib=read_ib_ports(sys_root) if fabric else None)
+    return HostSnapshot(
+        uptime_s=uptime_s,
+        cpus=cpus,
+        disks=disks,
+        stacked_disks=stacked,
+        nets=nets,
+        rapl=read_rapl(sys_root) if rapl else {},
+        links=read_link_speeds(sys_root, sorted(nets)) if fabric else {},
+        ib=read_ib_ports(sys_root) if fabric else None,
+    )
 
 
 class HostSource:
@@ -549,8 +606,14 @@ class HostSource:
 
     name = "host"
 
-    def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str | None = "/sys",
-                 host_power_w: float | None = None, rapl: bool = True, fabric: bool = True) -> None:
+    def __init__(
+        self,
+        proc_root: Path | str = "/proc",
+        sys_root: Path | str | None = "/sys",
+        host_power_w: float | None = None,
+        rapl: bool = True,
+        fabric: bool = True,
+    ) -> None:
         self.proc_root = Path(proc_root)
         self.sys_root = Path(sys_root) if sys_root is not None else None
         self.host_power_w = host_power_w
@@ -569,7 +632,13 @@ class HostSource:
             row["host_power_w"] = self.host_power_w
         prev_cpus = self._prev.cpus if self._prev is not None else {}
         self._prev = HostSnapshot(
-            uptime_s=snap.uptime_s, cpus=carry_offline_cpus(prev_cpus, snap.cpus), disks=snap.disks,
-            stacked_disks=snap.stacked_disks, nets=snap.nets, rapl=snap.rapl, links=snap.links, ib=snap.ib,
+            uptime_s=snap.uptime_s,
+            cpus=carry_offline_cpus(prev_cpus, snap.cpus),
+            disks=snap.disks,
+            stacked_disks=snap.stacked_disks,
+            nets=snap.nets,
+            rapl=snap.rapl,
+            links=snap.links,
+            ib=snap.ib,
         )
         return row

@@ -30,7 +30,17 @@ from pathlib import Path
 #: Counters above this are not counts.
 _SANE_MAX = 2**62
 #: The per-op fields after the op name, in the kernel's order.
-OP_FIELDS = ("ops", "trans", "timeouts", "bytes_sent", "bytes_recv", "queue_ms", "rtt_ms", "execute_ms", "errors")
+OP_FIELDS = (
+    "ops",
+    "trans",
+    "timeouts",
+    "bytes_sent",
+    "bytes_recv",
+    "queue_ms",
+    "rtt_ms",
+    "execute_ms",
+    "errors",
+)
 #: Position of ``sends`` and ``bklog_u`` among the ``xprt:`` fields after the protocol name.
 _XPRT_AT = {"tcp": (5, 9), "udp": (2, 6)}
 
@@ -183,9 +193,17 @@ def nfs_rates(prev: NfsMount | None, curr: NfsMount, interval_s: float | None) -
     bklog = curr.backlog_u if since else _d(base.backlog_u, curr.backlog_u)
     span = float(curr.age_s) if since and curr.age_s else (None if since else interval_s)
     return NfsRates(
-        mountpoint=curr.mountpoint, device=curr.device, interval_s=span, since_mount=since, ops=ops,
-        retrans=max(0, retrans) if retrans is not None else None, timeouts=d["timeouts"], errors=d["errors"],
-        queue_ms=per_op["queue_ms"], rtt_ms=per_op["rtt_ms"], execute_ms=per_op["execute_ms"],
+        mountpoint=curr.mountpoint,
+        device=curr.device,
+        interval_s=span,
+        since_mount=since,
+        ops=ops,
+        retrans=max(0, retrans) if retrans is not None else None,
+        timeouts=d["timeouts"],
+        errors=d["errors"],
+        queue_ms=per_op["queue_ms"],
+        rtt_ms=per_op["rtt_ms"],
+        execute_ms=per_op["execute_ms"],
         backlog=bklog / sends if sends and bklog is not None else None,
         read_bytes_s=d["bytes_recv"] / span if d["bytes_recv"] is not None and span else None,
     )

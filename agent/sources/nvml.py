@@ -65,16 +65,46 @@ MAX_EVENTS_PER_COLLECT = 1000
 
 #: Catalog fields NVML provides (the others need DCGM).
 NVML_FIELDS = (
-    "uuid", "util_pct", "mem_used_mib", "mem_total_mib", "power_w", "energy_mj", "power_limit_w",
-    "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "temp_c", "mem_temp_c", "throttle_reasons",
-    "pcie_tx_bytes_s", "pcie_rx_bytes_s", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max",
-    "ecc_dbe_vol", "xid", "mig_instance", "ecc_sbe_vol", "ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable",
-    "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failed", "pcie_replay_count",
-    "nvlink_crc_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_links_up", "nvlink_links_max",
-    "nvlink_tx_bytes_s", "nvlink_rx_bytes_s",
+    "uuid",
+    "util_pct",
+    "mem_used_mib",
+    "mem_total_mib",
+    "power_w",
+    "energy_mj",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "mem_clock_mhz",
+    "temp_c",
+    "mem_temp_c",
+    "throttle_reasons",
+    "pcie_tx_bytes_s",
+    "pcie_rx_bytes_s",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+    "ecc_dbe_vol",
+    "xid",
+    "mig_instance",
+    "ecc_sbe_vol",
+    "ecc_sbe_agg",
+    "ecc_dbe_agg",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failed",
+    "pcie_replay_count",
+    "nvlink_crc_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "nvlink_links_up",
+    "nvlink_links_max",
+    "nvlink_tx_bytes_s",
+    "nvlink_rx_bytes_s",
 )
 #: Health fields read every ``health_every``-th collect.
-HEALTH_FIELDS = NVML_FIELDS[NVML_FIELDS.index("ecc_sbe_vol"):NVML_FIELDS.index("nvlink_tx_bytes_s")]
+HEALTH_FIELDS = NVML_FIELDS[NVML_FIELDS.index("ecc_sbe_vol") : NVML_FIELDS.index("nvlink_tx_bytes_s")]
 
 
 @dataclass
@@ -102,8 +132,13 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, api: NvmlApi | None = None, sys_root: Path | str = "/sys", health_every: int = 10,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        api: NvmlApi | None = None,
+        sys_root: Path | str = "/sys",
+        health_every: int = 10,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if health_every < 1:
             raise ValueError("health_every must be at least 1 (read the health counters every n-th collect)")
         self.api: NvmlApi = api if api is not None else PynvmlApi()
@@ -221,7 +256,12 @@ class NvmlSource:
         if gpu.handle is None:
             # Lost before we could open it: try again, it may be back after a reset.
             reopened = self._open(gpu.index)
-            gpu.handle, gpu.key, gpu.uuid, gpu.name = reopened.handle, reopened.key, reopened.uuid, reopened.name
+            gpu.handle, gpu.key, gpu.uuid, gpu.name = (
+                reopened.handle,
+                reopened.key,
+                reopened.uuid,
+                reopened.name,
+            )
             gpu.pci_bus_id, gpu.static = reopened.pci_bus_id, reopened.static
         api, h = self.api, gpu.handle
         opt = self._optional
@@ -324,16 +364,18 @@ class NvmlSource:
             seen.add(gi)
             mem = self._optional(gpu, f"mig{gi}_memory_info", api.memory_info, mh)
             row: GpuRow = {f: None for f in WHOLE_GPU_FIELDS}
-            row.update({
-                "gpu": gpu.index,
-                "mig_instance": gi,
-                "uuid": api.uuid(mh),
-                "util_pct": None,
-                "mem_used_mib": mem.used_bytes / MIB if mem else None,
-                "mem_total_mib": mem.total_bytes / MIB if mem else None,
-                "pcie_tx_bytes_s": None,
-                "pcie_rx_bytes_s": None,
-            })
+            row.update(
+                {
+                    "gpu": gpu.index,
+                    "mig_instance": gi,
+                    "uuid": api.uuid(mh),
+                    "util_pct": None,
+                    "mem_used_mib": mem.used_bytes / MIB if mem else None,
+                    "mem_total_mib": mem.total_bytes / MIB if mem else None,
+                    "pcie_tx_bytes_s": None,
+                    "pcie_rx_bytes_s": None,
+                }
+            )
             rows.append(row)
         return rows
 
@@ -372,16 +414,24 @@ class NvmlSource:
         cuda = api.cuda_driver_version()
         out: list[dict[str, Any]] = []
         for gpu in gpus:
-            entry: dict[str, Any] = {"gpu": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "lost": gpu.lost,
-                                     "pci_bus_id": gpu.pci_bus_id, **gpu.static}
+            entry: dict[str, Any] = {
+                "gpu": gpu.index,
+                "uuid": gpu.uuid,
+                "name": gpu.name,
+                "lost": gpu.lost,
+                "pci_bus_id": gpu.pci_bus_id,
+                **gpu.static,
+            }
             if gpu.handle is not None and not gpu.lost:
                 try:
                     entry.update(self._locality(gpu))
                     mig = self._optional(gpu, "mig_enabled", api.mig_enabled, gpu.handle) or False
                     entry["mig_enabled"] = mig
                     if mig:
-                        entry["mig_instances"] = [{"gpu_instance_id": api.gpu_instance_id(m), "uuid": api.uuid(m)}
-                                                  for m in api.mig_devices(gpu.handle)]
+                        entry["mig_instances"] = [
+                            {"gpu_instance_id": api.gpu_instance_id(m), "uuid": api.uuid(m)}
+                            for m in api.mig_devices(gpu.handle)
+                        ]
                 except GpuLost:
                     entry["lost"] = True
             out.append(entry)
@@ -404,8 +454,10 @@ class NvmlSource:
                 cpus = parse_cpu_list((sysfs / "local_cpulist").read_text())
             except (OSError, ValueError):
                 cpus = None
-        return {"numa_node": numa if numa is not None and numa >= 0 else None,
-                "cpu_affinity": format_cpu_list(cpus) if cpus else None}
+        return {
+            "numa_node": numa if numa is not None and numa >= 0 else None,
+            "cpu_affinity": format_cpu_list(cpus) if cpus else None,
+        }
 
     def _pci_sysfs(self, bus_id: str | None) -> Path | None:
         if not bus_id:
@@ -419,7 +471,9 @@ def _compute_pids(api: NvmlApi, handle: Handle) -> list[int]:
     if lister is not None:
         return sorted({int(p) for p in lister(handle)})
     if isinstance(api, PynvmlApi):
-        procs = api._call("nvmlDeviceGetComputeRunningProcesses", api.nv.nvmlDeviceGetComputeRunningProcesses, handle)
+        procs = api._call(
+            "nvmlDeviceGetComputeRunningProcesses", api.nv.nvmlDeviceGetComputeRunningProcesses, handle
+        )
         return sorted({int(p.pid) for p in procs})
     raise NotSupported("nvml: this NVML binding cannot list processes")
 

@@ -316,7 +316,9 @@ class PynvmlApi:
         return self._text(info.busId)
 
     def utilization_pct(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetUtilizationRates", self.nv.nvmlDeviceGetUtilizationRates, handle).gpu)
+        return int(
+            self._call("nvmlDeviceGetUtilizationRates", self.nv.nvmlDeviceGetUtilizationRates, handle).gpu
+        )
 
     def memory_info(self, handle: Handle) -> MemoryInfo:
         nv = self.nv
@@ -328,8 +330,10 @@ class PynvmlApi:
             except nv.NVMLError as e:
                 # Drivers before r510 lack the v2 struct; fall back to v1,
                 # whose "used" includes the reserved share.
-                if getattr(e, "value", None) not in (nv.NVML_ERROR_FUNCTION_NOT_FOUND,
-                                                      nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH):
+                if getattr(e, "value", None) not in (
+                    nv.NVML_ERROR_FUNCTION_NOT_FOUND,
+                    nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+                ):
                     raise self._translate("nvmlDeviceGetMemoryInfo_v2", e) from e
         m = self._call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, handle)
         return MemoryInfo(int(m.total), int(m.used), 0)
@@ -338,40 +342,59 @@ class PynvmlApi:
         return int(self._call("nvmlDeviceGetPowerUsage", self.nv.nvmlDeviceGetPowerUsage, handle))
 
     def total_energy_mj(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetTotalEnergyConsumption",
-                              self.nv.nvmlDeviceGetTotalEnergyConsumption, handle))
+        return int(
+            self._call(
+                "nvmlDeviceGetTotalEnergyConsumption", self.nv.nvmlDeviceGetTotalEnergyConsumption, handle
+            )
+        )
 
     def enforced_power_limit_mw(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetEnforcedPowerLimit", self.nv.nvmlDeviceGetEnforcedPowerLimit, handle))
+        return int(
+            self._call("nvmlDeviceGetEnforcedPowerLimit", self.nv.nvmlDeviceGetEnforcedPowerLimit, handle)
+        )
 
     def power_management_limit_mw(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetPowerManagementLimit", self.nv.nvmlDeviceGetPowerManagementLimit,
-                              handle))
+        return int(
+            self._call("nvmlDeviceGetPowerManagementLimit", self.nv.nvmlDeviceGetPowerManagementLimit, handle)
+        )
 
     def power_limit_constraints_mw(self, handle: Handle) -> tuple[int, int]:
-        lo, hi = self._call("nvmlDeviceGetPowerManagementLimitConstraints",
-                            self.nv.nvmlDeviceGetPowerManagementLimitConstraints, handle)
+        lo, hi = self._call(
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+            self.nv.nvmlDeviceGetPowerManagementLimitConstraints,
+            handle,
+        )
         return int(lo), int(hi)
 
     def set_power_management_limit_mw(self, handle: Handle, limit_mw: int) -> None:
-        self._call("nvmlDeviceSetPowerManagementLimit", self.nv.nvmlDeviceSetPowerManagementLimit, handle,
-                   int(limit_mw))
+        self._call(
+            "nvmlDeviceSetPowerManagementLimit",
+            self.nv.nvmlDeviceSetPowerManagementLimit,
+            handle,
+            int(limit_mw),
+        )
 
     def clock_mhz(self, handle: Handle, clock: Clock) -> int:
         return int(self._call("nvmlDeviceGetClockInfo", self.nv.nvmlDeviceGetClockInfo, handle, int(clock)))
 
     def max_clock_mhz(self, handle: Handle, clock: Clock) -> int:
-        return int(self._call("nvmlDeviceGetMaxClockInfo", self.nv.nvmlDeviceGetMaxClockInfo, handle, int(clock)))
+        return int(
+            self._call("nvmlDeviceGetMaxClockInfo", self.nv.nvmlDeviceGetMaxClockInfo, handle, int(clock))
+        )
 
     def gpu_temperature_c(self, handle: Handle) -> int:
         nv = self.nv
-        return int(self._call("nvmlDeviceGetTemperature", nv.nvmlDeviceGetTemperature, handle,
-                              nv.NVML_TEMPERATURE_GPU))
+        return int(
+            self._call(
+                "nvmlDeviceGetTemperature", nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU
+            )
+        )
 
     def memory_temperature_c(self, handle: Handle) -> int:
         nv = self.nv
-        values = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle,
-                            [nv.NVML_FI_DEV_MEMORY_TEMP])
+        values = self._call(
+            "nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle, [nv.NVML_FI_DEV_MEMORY_TEMP]
+        )
         fv = values[0]
         if fv.nvmlReturn != nv.NVML_SUCCESS:
             raise self._translate("nvmlDeviceGetFieldValues(MEMORY_TEMP)", nv.NVMLError(fv.nvmlReturn))
@@ -388,19 +411,32 @@ class PynvmlApi:
                 # FUNCTION_NOT_FOUND and still serve the throttle-reasons call.
                 if getattr(e, "value", None) != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise self._translate("nvmlDeviceGetCurrentClocksEventReasons", e) from e
-        return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons",
-                              nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle))
+        return int(
+            self._call(
+                "nvmlDeviceGetCurrentClocksThrottleReasons",
+                nv.nvmlDeviceGetCurrentClocksThrottleReasons,
+                handle,
+            )
+        )
 
     def pcie_link_gen(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetCurrPcieLinkGeneration", self.nv.nvmlDeviceGetCurrPcieLinkGeneration,
-                              handle))
+        return int(
+            self._call(
+                "nvmlDeviceGetCurrPcieLinkGeneration", self.nv.nvmlDeviceGetCurrPcieLinkGeneration, handle
+            )
+        )
 
     def pcie_link_gen_max(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetMaxPcieLinkGeneration", self.nv.nvmlDeviceGetMaxPcieLinkGeneration,
-                              handle))
+        return int(
+            self._call(
+                "nvmlDeviceGetMaxPcieLinkGeneration", self.nv.nvmlDeviceGetMaxPcieLinkGeneration, handle
+            )
+        )
 
     def pcie_link_width(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetCurrPcieLinkWidth", self.nv.nvmlDeviceGetCurrPcieLinkWidth, handle))
+        return int(
+            self._call("nvmlDeviceGetCurrPcieLinkWidth", self.nv.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        )
 
     def pcie_link_width_max(self, handle: Handle) -> int:
         return int(self._call("nvmlDeviceGetMaxPcieLinkWidth", self.nv.nvmlDeviceGetMaxPcieLinkWidth, handle))
@@ -417,15 +453,20 @@ class PynvmlApi:
         nv = self.nv
         kind = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else nv.NVML_MEMORY_ERROR_TYPE_CORRECTED
         counter = nv.NVML_AGGREGATE_ECC if aggregate else nv.NVML_VOLATILE_ECC
-        return int(self._call("nvmlDeviceGetTotalEccErrors", nv.nvmlDeviceGetTotalEccErrors, handle, kind, counter))
+        return int(
+            self._call("nvmlDeviceGetTotalEccErrors", nv.nvmlDeviceGetTotalEccErrors, handle, kind, counter)
+        )
 
     def remapped_rows(self, handle: Handle) -> RemappedRows:
-        cor, unc, pending, failed = self._call("nvmlDeviceGetRemappedRows", self.nv.nvmlDeviceGetRemappedRows,
-                                               handle)
+        cor, unc, pending, failed = self._call(
+            "nvmlDeviceGetRemappedRows", self.nv.nvmlDeviceGetRemappedRows, handle
+        )
         return RemappedRows(int(cor), int(unc), bool(pending), bool(failed))
 
     def pcie_replay_count(self, handle: Handle) -> int:
-        return int(self._call("nvmlDeviceGetPcieReplayCounter", self.nv.nvmlDeviceGetPcieReplayCounter, handle))
+        return int(
+            self._call("nvmlDeviceGetPcieReplayCounter", self.nv.nvmlDeviceGetPcieReplayCounter, handle)
+        )
 
     def nvlink_states(self, handle: Handle) -> list[bool]:
         nv = self.nv
@@ -448,20 +489,30 @@ class PynvmlApi:
         def read(counter: int) -> int:
             return int(self._call(f"nvmlDeviceGetNvLinkErrorCounter(link {link})", fn, handle, link, counter))
 
-        return NvLinkErrors(read(nv.NVML_NVLINK_ERROR_DL_CRC_FLIT), read(nv.NVML_NVLINK_ERROR_DL_REPLAY),
-                            read(nv.NVML_NVLINK_ERROR_DL_RECOVERY))
+        return NvLinkErrors(
+            read(nv.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            read(nv.NVML_NVLINK_ERROR_DL_REPLAY),
+            read(nv.NVML_NVLINK_ERROR_DL_RECOVERY),
+        )
 
     def nvlink_throughput_kib(self, handle: Handle) -> tuple[int, int]:
         nv = self.nv
         all_links = 0xFFFFFFFF  # scopeId UINT_MAX: summed over every link
-        values = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle,
-                            [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, all_links),
-                             (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, all_links)])
+        values = self._call(
+            "nvmlDeviceGetFieldValues",
+            nv.nvmlDeviceGetFieldValues,
+            handle,
+            [
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, all_links),
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, all_links),
+            ],
+        )
         out = []
         for fv, what in zip(values, ("TX", "RX"), strict=True):
             if fv.nvmlReturn != nv.NVML_SUCCESS:
-                raise self._translate(f"nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA_{what})",
-                                      nv.NVMLError(fv.nvmlReturn))
+                raise self._translate(
+                    f"nvmlDeviceGetFieldValues(NVLINK_THROUGHPUT_DATA_{what})", nv.NVMLError(fv.nvmlReturn)
+                )
             out.append(int(_field_value(nv, fv)))
         return out[0], out[1]
 
@@ -491,8 +542,13 @@ class PynvmlApi:
 
     def register_xid_events(self, handle: Handle, event_set: EventSet) -> None:
         nv = self.nv
-        self._call("nvmlDeviceRegisterEvents", nv.nvmlDeviceRegisterEvents, handle,
-                   nv.nvmlEventTypeXidCriticalError, event_set)
+        self._call(
+            "nvmlDeviceRegisterEvents",
+            nv.nvmlDeviceRegisterEvents,
+            handle,
+            nv.nvmlEventTypeXidCriticalError,
+            event_set,
+        )
 
     def wait_xid(self, event_set: EventSet, timeout_ms: int) -> XidEvent | None:
         nv = self.nv

@@ -54,7 +54,7 @@ class Plan:
 def parse_plans(doc: Any) -> list[Plan]:
     """The API's answer; a malformed one raises ValueError naming what is wrong."""
     if not isinstance(doc, dict) or not isinstance(doc.get("plans"), list):
-        raise ValueError("power-cap plans: expected {\"plans\": [...]}")
+        raise ValueError('power-cap plans: expected {"plans": [...]}')
     out = []
     for i, p in enumerate(doc["plans"]):
         try:
@@ -84,7 +84,11 @@ class PowerCapper:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:
-            log.error("power caps: cannot read %s (%s): the limits it recorded cannot be restored", self.state_file, e)
+            log.error(
+                "power caps: cannot read %s (%s): the limits it recorded cannot be restored",
+                self.state_file,
+                e,
+            )
             return {}
         return doc if isinstance(doc, dict) else {}
 
@@ -103,15 +107,22 @@ class PowerCapper:
             for g, h in handles.items():
                 lo, hi = self.api.power_limit_constraints_mw(h)
                 if not lo <= mw <= hi:
-                    return {**report, "state": "failed", "detail": f"GPU {g} accepts {lo / 1000:g}-{hi / 1000:g} W, "
-                            f"not {plan.limit_w:g} W; no GPU was changed"}
+                    return {
+                        **report,
+                        "state": "failed",
+                        "detail": f"GPU {g} accepts {lo / 1000:g}-{hi / 1000:g} W, "
+                        f"not {plan.limit_w:g} W; no GPU was changed",
+                    }
             previous = {g: self.api.power_management_limit_mw(h) for g, h in handles.items()}
         except NvmlError as e:
             return {**report, "state": "failed", "detail": f"{e}; no GPU was changed"}
         # Remember what to put back before changing anything (a restore after a crash needs it).
         kept = self.state.get(plan.run_id, {}).get("previous_mw", {})
-        self.state[plan.run_id] = {"revision": plan.revision, "limit_w": plan.limit_w,
-                                   "previous_mw": {str(g): kept.get(str(g), previous[g]) for g in plan.gpus}}
+        self.state[plan.run_id] = {
+            "revision": plan.revision,
+            "limit_w": plan.limit_w,
+            "previous_mw": {str(g): kept.get(str(g), previous[g]) for g in plan.gpus},
+        }
         self._save()
         done: list[int] = []
         for g, h in handles.items():
@@ -119,13 +130,25 @@ class PowerCapper:
                 self.api.set_power_management_limit_mw(h, mw)
             except NvmlError as e:
                 undo = self._put_back(plan.run_id, done)
-                return {**report, "state": "failed", "detail": f"GPU {g}: {e}; the {len(done)} GPU(s) set before were "
-                        f"put back" + (f" except {undo}" if undo else "")}
+                return {
+                    **report,
+                    "state": "failed",
+                    "detail": f"GPU {g}: {e}; the {len(done)} GPU(s) set before were "
+                    f"put back" + (f" except {undo}" if undo else ""),
+                }
             done.append(g)
-        log.warning("power caps: run %s: %g W on GPUs %s (revision %d)", plan.run_id, plan.limit_w,
-                    ",".join(map(str, plan.gpus)), plan.revision)
-        return {**report, "state": "applied",
-                "previous_w": {str(g): round(w / 1000, 3) for g, w in previous.items()}}
+        log.warning(
+            "power caps: run %s: %g W on GPUs %s (revision %d)",
+            plan.run_id,
+            plan.limit_w,
+            ",".join(map(str, plan.gpus)),
+            plan.revision,
+        )
+        return {
+            **report,
+            "state": "applied",
+            "previous_w": {str(g): round(w / 1000, 3) for g, w in previous.items()},
+        }
 
     def _put_back(self, run_id: str, gpus: list[int] | None = None) -> list[str]:
         """Restore the remembered limits (of ``gpus``, or all); the GPUs that refused, with why."""
@@ -151,17 +174,30 @@ class PowerCapper:
             return {"state": "restored", "detail": "nothing was set"}
         failed = self._put_back(run_id)
         if failed:
-            return {"revision": entry["revision"], "state": "failed", "detail": "restore: " + "; ".join(failed)}
+            return {
+                "revision": entry["revision"],
+                "state": "failed",
+                "detail": "restore: " + "; ".join(failed),
+            }
         log.warning("power caps: run %s: previous limits restored", run_id)
-        return {"revision": entry["revision"], "limit_w": entry["limit_w"], "state": "restored",
-                "restored_w": {g: round(mw / 1000, 3) for g, mw in entry["previous_mw"].items()}}
+        return {
+            "revision": entry["revision"],
+            "limit_w": entry["limit_w"],
+            "state": "restored",
+            "restored_w": {g: round(mw / 1000, 3) for g, mw in entry["previous_mw"].items()},
+        }
 
 
 class PlanFollower:
     """Polls the plans for this node and reconciles the GPUs with them; its reports are node facts."""
 
-    def __init__(self, capper: PowerCapper, fetch: Callable[[], list[Plan]], poll_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        capper: PowerCapper,
+        fetch: Callable[[], list[Plan]],
+        poll_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.capper = capper
         self.fetch = fetch
         self.poll_s = poll_s
@@ -175,6 +211,7 @@ class PlanFollower:
 
     def start(self) -> None:
         """Sync now and every ``poll_s`` in a thread of its own (the API may be slow; ticks must not wait)."""
+
         def loop() -> None:
             while True:
                 try:
@@ -183,6 +220,7 @@ class PlanFollower:
                     log.exception("power caps: sync failed")
                 if self._stop.wait(self.poll_s):
                     return
+
         self._thread = threading.Thread(target=loop, name="power-caps", daemon=True)
         self._thread.start()
 
@@ -218,8 +256,9 @@ class PlanFollower:
                 self.reports[run_id] = self.capper.apply(plan)
         for run_id, plan in plans.items():
             last = self.reports.get(run_id)
-            if run_id in self.capper.state or (last is not None and last.get("revision") == plan.revision
-                                               and last.get("state") == "failed"):
+            if run_id in self.capper.state or (
+                last is not None and last.get("revision") == plan.revision and last.get("state") == "failed"
+            ):
                 continue  # applied already, or failed at this revision (a new revision retries)
             self.reports[run_id] = self.capper.apply(plan)
         for run_id in [r for r in self.reports if r not in plans and r not in self.capper.state]:
@@ -229,11 +268,14 @@ class PlanFollower:
 
     def facts(self) -> dict[str, Any]:
         with self._lock:
-            return {"power_caps": {k: dict(v) for k, v in sorted(self.reports.items())}} if self.reports else {}
+            return (
+                {"power_caps": {k: dict(v) for k, v in sorted(self.reports.items())}} if self.reports else {}
+            )
 
 
-def api_fetcher(api_url: str, node: str, token: str | None, timeout_s: float = 10.0,
-                verify: Any = True) -> Callable[[], list[Plan]]:
+def api_fetcher(
+    api_url: str, node: str, token: str | None, timeout_s: float = 10.0, verify: Any = True
+) -> Callable[[], list[Plan]]:
     """Reads ``GET /v1/nodes/{node}/power-caps`` with the node's token."""
     url = f"{api_url.rstrip('/')}/v1/nodes/{node}/power-caps"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -259,6 +301,11 @@ def follower_from_settings(settings: AgentSettings, node: str) -> PlanFollower |
         log.error("power caps: agent.power_caps is on but NVML cannot start (%s): no cap is applied", e)
         return None
     capper = PowerCapper(api, settings.power_cap_state_file)
-    fetch = api_fetcher(settings.api_url, node, settings.token, settings.request_timeout_s,
-                        str(settings.ca_file) if settings.ca_file else True)
+    fetch = api_fetcher(
+        settings.api_url,
+        node,
+        settings.token,
+        settings.request_timeout_s,
+        str(settings.ca_file) if settings.ca_file else True,
+    )
     return PlanFollower(capper, fetch, settings.power_cap_poll_s)

@@ -117,9 +117,12 @@ def pci_device(sys_root: Path | str, bus_id: str) -> PciDevice | None:
         return None
     numa = _int(_read(d / "numa_node"))
     return PciDevice(
-        bus_id=sysfs_bus_id(bus_id), numa_node=numa if numa is not None and numa >= 0 else None,
-        local_cpus=_cpus(_read(d / "local_cpulist")), link_speed=_read(d / "current_link_speed"),
-        link_width=_int(_read(d / "current_link_width")), max_link_speed=_read(d / "max_link_speed"),
+        bus_id=sysfs_bus_id(bus_id),
+        numa_node=numa if numa is not None and numa >= 0 else None,
+        local_cpus=_cpus(_read(d / "local_cpulist")),
+        link_speed=_read(d / "current_link_speed"),
+        link_width=_int(_read(d / "current_link_width")),
+        max_link_speed=_read(d / "max_link_speed"),
         max_link_width=_int(_read(d / "max_link_width")),
     )
 

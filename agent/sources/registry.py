@@ -110,7 +110,9 @@ def _host(settings: AgentSettings) -> Source:
     from gpufleet.agent.sources.host import HostSource
 
     # The host's /proc and /sys where the agent sees them (a DaemonSet mounts them at /host/proc, /host/sys).
-    return HostSource(proc_root=settings.proc_root, sys_root=settings.sys_root, host_power_w=settings.host_power_w)
+    return HostSource(
+        proc_root=settings.proc_root, sys_root=settings.sys_root, host_power_w=settings.host_power_w
+    )
 
 
 for _name, _factory in (("nvml", _nvml), ("dcgm", _dcgm), ("dcgm_exporter", _dcgm_exporter), ("host", _host)):

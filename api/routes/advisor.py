@@ -24,7 +24,8 @@ class PowerCapModelAdvice(BaseModel):
     reasons: list[str]
     recommendation: dict[str, Any] | None = Field(
         description="power_limit_w, tokens_per_joule, tokens_per_s_per_gpu, throughput_loss (vs the reference), "
-                    "energy_per_token_saving, runs")
+        "energy_per_token_saving, runs"
+    )
     reference: dict[str, Any] | None = Field(description="the level with the highest throughput per GPU")
     levels: list[dict[str, Any]] = Field(description="every power limit observed, pooled over its points")
     points: list[dict[str, Any]] = Field(description="the stretches of runs at one limit that were used")
@@ -42,22 +43,32 @@ class PowerCapAdvice(BaseModel):
 
 
 @router.get("/v1/advisor/power-cap", response_model=PowerCapAdvice, response_model_exclude_none=True)
-def power_cap(conn: ConnDep, _: Reader,
-              gpu_model: str = Query(..., min_length=1, max_length=200,
-                                     description="GPU product name as NVML reports it, e.g. 'NVIDIA H100 80GB HBM3'"),
-              max_throughput_loss: float = Query(0.05, ge=0.0, lt=1.0,
-                                                 description="largest share of throughput per GPU to give up"),
-              model: str | None = Query(None, max_length=200, description="only this model (labels.model or name)"),
-              since: Annotated[QueryTime | None, Query(alias="from", description="runs since (default: 30 days "
-                                                                                     "before 'to')")] = None,
-              until: Annotated[QueryTime | None, Query(alias="to", description="as of (default: now)")] = None,
-              ) -> dict[str, Any]:
+def power_cap(
+    conn: ConnDep,
+    _: Reader,
+    gpu_model: str = Query(
+        ...,
+        min_length=1,
+        max_length=200,
+        description="GPU product name as NVML reports it, e.g. 'NVIDIA H100 80GB HBM3'",
+    ),
+    max_throughput_loss: float = Query(
+        0.05, ge=0.0, lt=1.0, description="largest share of throughput per GPU to give up"
+    ),
+    model: str | None = Query(None, max_length=200, description="only this model (labels.model or name)"),
+    since: Annotated[
+        QueryTime | None, Query(alias="from", description="runs since (default: 30 days before 'to')")
+    ] = None,
+    until: Annotated[QueryTime | None, Query(alias="to", description="as of (default: now)")] = None,
+) -> dict[str, Any]:
     """The power limit that maximises tokens per joule for each model trained on ``gpu_model`` GPUs, within
     ``max_throughput_loss`` of the fastest limit observed, with the points used; ``enough_data: false`` and
     the reasons where the fleet's data cannot tell."""
     cfg = AdvisorSettings()
     if since is not None and until is not None and until <= since:
-        raise HTTPException(422, [{"loc": ["query", "to"], "msg": "must be after 'from'", "type": "value_error"}])
+        raise HTTPException(
+            422, [{"loc": ["query", "to"], "msg": "must be after 'from'", "type": "value_error"}]
+        )
     if since is not None:
         end = until or datetime.now(UTC)
         cfg = replace(cfg, lookback=max(end - since, timedelta(seconds=1)))
@@ -70,9 +81,16 @@ def power_cap(conn: ConnDep, _: Reader,
 class RunPowerCapBody(BaseModel):
     model_config = {"extra": "forbid"}
 
-    limit_w: float | None = Field(None, gt=0, le=MAX_LIMIT_W, allow_inf_nan=False,
-                                  description="the cap for every GPU of the run, W; absent: the advisor's proposal")
-    max_throughput_loss: float = Field(0.05, ge=0.0, lt=1.0, description="for the proposal, when limit_w is absent")
+    limit_w: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_LIMIT_W,
+        allow_inf_nan=False,
+        description="the cap for every GPU of the run, W; absent: the advisor's proposal",
+    )
+    max_throughput_loss: float = Field(
+        0.05, ge=0.0, lt=1.0, description="for the proposal, when limit_w is absent"
+    )
     reason: str | None = Field(None, max_length=500)
 
 
@@ -80,19 +98,25 @@ class RunPowerCap(BaseModel):
     run_id: str
     proposal: dict[str, Any] = Field(
         description="the advisor's cap for every GPU of the run from measured tokens per joule: current_limit_w, "
-                    "proposed_limit_w, action (cap, keep, none), energy_per_token_saving, throughput_loss_vs_now, "
-                    "expected_saving (gpu_kwh_per_day_saved, facility_kwh_per_day_saved, cost_per_day_saved, "
-                    "currency), the levels compared; enough_data false and reasons where the data cannot tell")
+        "proposed_limit_w, action (cap, keep, none), energy_per_token_saving, throughput_loss_vs_now, "
+        "expected_saving (gpu_kwh_per_day_saved, facility_kwh_per_day_saved, cost_per_day_saved, "
+        "currency), the levels compared; enough_data false and reasons where the data cannot tell"
+    )
     plan: dict[str, Any] | None = Field(
         description="the cap set for the run (limit_w, revision, state active|withdrawn|failed) and each node's "
-                    "report (applied, failed with the reason, restored)")
+        "report (applied, failed with the reason, restored)"
+    )
 
 
 @router.get("/v1/runs/{run_id}/power-cap", response_model=RunPowerCap)
-def run_power_cap(run_id: str, conn: ConnDep, _: Reader,
-                  max_throughput_loss: float = Query(0.05, ge=0.0, lt=1.0,
-                                                     description="largest share of throughput per GPU to give up"),
-                  ) -> dict[str, Any]:
+def run_power_cap(
+    run_id: str,
+    conn: ConnDep,
+    _: Reader,
+    max_throughput_loss: float = Query(
+        0.05, ge=0.0, lt=1.0, description="largest share of throughput per GPU to give up"
+    ),
+) -> dict[str, Any]:
     """One power cap for every GPU of the run, from measured tokens per joule of its model on its GPUs, with
     the energy and money it saves a day; and the cap set for it, if any, with what its nodes did."""
     try:
@@ -115,7 +139,9 @@ def set_run_power_cap(run_id: str, body: RunPowerCapBody, conn: ConnDep, who: Ad
     if limit is None:
         if proposal["action"] != "cap" or proposal["proposed_limit_w"] is None:
             why = "; ".join(proposal["reasons"]) or "the advisor proposes no cap"
-            raise HTTPException(409, f"no proposal to apply for run {run_id!r}: {why}; give limit_w to set one")
+            raise HTTPException(
+                409, f"no proposal to apply for run {run_id!r}: {why}; give limit_w to set one"
+            )
         limit = float(proposal["proposed_limit_w"])
     reason = body.reason or ("advisor proposal" if body.limit_w is None else None)
     try:
@@ -137,7 +163,9 @@ def withdraw_run_power_cap(run_id: str, conn: ConnDep, who: Admin) -> dict[str, 
 
 class NodePowerCaps(BaseModel):
     node: str
-    plans: list[dict[str, Any]] = Field(description="run_id, limit_w, revision, gpus: what this node applies now")
+    plans: list[dict[str, Any]] = Field(
+        description="run_id, limit_w, revision, gpus: what this node applies now"
+    )
 
 
 @router.get("/v1/nodes/{node}/power-caps", response_model=NodePowerCaps)

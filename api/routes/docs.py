@@ -15,7 +15,10 @@ router = APIRouter(include_in_schema=False)
 
 SWAGGER_UI_VERSION = "5.36.0"
 ASSET_DIR = Path(__file__).parent / "swagger_ui"
-ASSETS = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8"}
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+}
 
 
 @cache
@@ -25,10 +28,13 @@ def _asset(name: str) -> bytes:
 
 @router.get("/docs")
 def docs() -> HTMLResponse:
-    return get_swagger_ui_html(openapi_url="/openapi.json", title="gpufleet API",
-                               swagger_js_url=f"/docs/assets/swagger-ui-bundle.js?v={SWAGGER_UI_VERSION}",
-                               swagger_css_url=f"/docs/assets/swagger-ui.css?v={SWAGGER_UI_VERSION}",
-                               swagger_favicon_url="/static/favicon.svg")
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="gpufleet API",
+        swagger_js_url=f"/docs/assets/swagger-ui-bundle.js?v={SWAGGER_UI_VERSION}",
+        swagger_css_url=f"/docs/assets/swagger-ui.css?v={SWAGGER_UI_VERSION}",
+        swagger_favicon_url="/static/favicon.svg",
+    )
 
 
 @router.get("/docs/assets/{name}")

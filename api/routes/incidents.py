@@ -31,15 +31,27 @@ def _with_cost(conn: ConnDep, s: StateDep, rows: list[dict[str, Any]]) -> list[d
 
 
 @router.get("/v1/incidents", response_model=list[IncidentPublic])
-def incidents(conn: ConnDep, _: Reader, s: StateDep, state: Literal["open", "resolved", "all"] | None = StateParam,
-              kind: str | None = None, run_id: str | None = None, node: str | None = None,
-              limit: int = Query(500, ge=1, le=5000), offset: int = Query(0, ge=0)) -> list[dict]:
-    return _with_cost(conn, s, list_incidents(conn, None if state == "all" else state, kind, run_id, node, limit,
-                                              offset))
+def incidents(
+    conn: ConnDep,
+    _: Reader,
+    s: StateDep,
+    state: Literal["open", "resolved", "all"] | None = StateParam,
+    kind: str | None = None,
+    run_id: str | None = None,
+    node: str | None = None,
+    limit: int = Query(500, ge=1, le=5000),
+    offset: int = Query(0, ge=0),
+) -> list[dict]:
+    return _with_cost(
+        conn, s, list_incidents(conn, None if state == "all" else state, kind, run_id, node, limit, offset)
+    )
 
 
-@router.get("/v1/incidents/{incident_id}", response_model=IncidentPublic,
-            responses={404: {"description": "no incident with this id"}})
+@router.get(
+    "/v1/incidents/{incident_id}",
+    response_model=IncidentPublic,
+    responses={404: {"description": "no incident with this id"}},
+)
 def incident(incident_id: int, conn: ConnDep, _: Reader, s: StateDep) -> dict:
     row = get_incident(conn, incident_id)
     if row is None:
@@ -48,8 +60,13 @@ def incident(incident_id: int, conn: ConnDep, _: Reader, s: StateDep) -> dict:
 
 
 @router.get("/v1/runs/{run_id}/incidents", response_model=list[IncidentPublic])
-def run_incidents(run_id: str, conn: ConnDep, _: Reader, s: StateDep,
-                  state: Literal["open", "resolved", "all"] | None = StateParam) -> list[dict]:
+def run_incidents(
+    run_id: str,
+    conn: ConnDep,
+    _: Reader,
+    s: StateDep,
+    state: Literal["open", "resolved", "all"] | None = StateParam,
+) -> list[dict]:
     try:
         run_store.get_run(conn, run_id)
     except NotFound as e:

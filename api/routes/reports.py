@@ -27,13 +27,22 @@ def _name(prefix: str, since: datetime, until: datetime, ext: str) -> str:
     return f'attachment; filename="{prefix}_{since:%Y%m%dT%H%M%S}_{until:%Y%m%dT%H%M%S}.{ext}"'
 
 
-@router.get("/runs.csv", response_class=Response, responses={200: {
-    "content": {"text/csv": {"schema": {"type": "string"}}},
-    "description": "header row: " + ",".join(CSV_COLUMNS),
-}})
+@router.get(
+    "/runs.csv",
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+            "description": "header row: " + ",".join(CSV_COLUMNS),
+        }
+    },
+)
 def runs_csv(
-    conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
+    conn: ConnDep,
+    s: StateDep,
+    _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery],
+    until: Annotated[QueryTime, ToQuery],
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> Response:
     """Per-run accounting for finance (contracts.md section 3): one row per run overlapping the period, clipped
@@ -42,60 +51,114 @@ def runs_csv(
     cells for unknown values (``end`` while a run is running; money that cannot be computed, with ``errors``)."""
     period_error(since, until)
     rows = runs_report(conn, since, until, max_gap_s=s.settings.accounting.max_gap_s, source=source)
-    return Response(report_csv(rows), media_type="text/csv; charset=utf-8",
-                    headers={"Content-Disposition": _name("runs", since, until, "csv")})
+    return Response(
+        report_csv(rows),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": _name("runs", since, until, "csv")},
+    )
 
 
-@router.get("/finance.csv", response_class=Response, responses={200: {
-    "content": {"text/csv": {"schema": {"type": "string"}}},
-    "description": "header row: " + ",".join(FINANCE_COLUMNS) + ". Columns: " + COLUMN_DOCS,
-}})
+@router.get(
+    "/finance.csv",
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+            "description": "header row: " + ",".join(FINANCE_COLUMNS) + ". Columns: " + COLUMN_DOCS,
+        }
+    },
+)
 def finance_report_csv(
-    conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
+    conn: ConnDep,
+    s: StateDep,
+    _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery],
+    until: Annotated[QueryTime, ToQuery],
     group_by: Literal["run", "site", "team"] = GroupQuery,
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> Response:
     """The finance report: one row per run (or site or team) and currency, the GPU time no run held (with and
     without telemetry) and a total per currency whose money is the sum of the rows to the cent."""
     period_error(since, until)
-    rep = finance_report(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
-                         source=source, gone_after_s=s.settings.accounting.gone_after_s)
-    return Response(finance_csv(rep), media_type="text/csv; charset=utf-8",
-                    headers={"Content-Disposition": _name(f"finance_{group_by}", since, until, "csv")})
+    rep = finance_report(
+        conn,
+        since,
+        until,
+        group_by=group_by,
+        max_gap_s=s.settings.accounting.max_gap_s,
+        source=source,
+        gone_after_s=s.settings.accounting.gone_after_s,
+    )
+    return Response(
+        finance_csv(rep),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": _name(f"finance_{group_by}", since, until, "csv")},
+    )
 
 
-@router.get("/finance.json", description="The finance report as JSON: `columns` documents each column, `rows` "
-                                         "are those of finance.csv (money as numbers in minor units). Columns: "
-                                         + COLUMN_DOCS)
+@router.get(
+    "/finance.json",
+    description="The finance report as JSON: `columns` documents each column, `rows` "
+    "are those of finance.csv (money as numbers in minor units). Columns: " + COLUMN_DOCS,
+)
 def finance_report_json(
-    conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
+    conn: ConnDep,
+    s: StateDep,
+    _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery],
+    until: Annotated[QueryTime, ToQuery],
     group_by: Literal["run", "site", "team"] = GroupQuery,
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> dict[str, Any]:
     period_error(since, until)
-    return finance_report(conn, since, until, group_by=group_by, max_gap_s=s.settings.accounting.max_gap_s,
-                          source=source, gone_after_s=s.settings.accounting.gone_after_s).body()
+    return finance_report(
+        conn,
+        since,
+        until,
+        group_by=group_by,
+        max_gap_s=s.settings.accounting.max_gap_s,
+        source=source,
+        gone_after_s=s.settings.accounting.gone_after_s,
+    ).body()
 
 
-@router.get("/focus.csv", response_class=Response, responses={200: {
-    "content": {"text/csv": {"schema": {"type": "string"}}},
-    "description": "FOCUS 1.1 columns (FinOps Open Cost and Usage Specification), then x_ columns: "
-                   + ",".join(FOCUS_COLUMNS),
-}})
+@router.get(
+    "/focus.csv",
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"text/csv": {"schema": {"type": "string"}}},
+            "description": "FOCUS 1.1 columns (FinOps Open Cost and Usage Specification), then x_ columns: "
+            + ",".join(FOCUS_COLUMNS),
+        }
+    },
+)
 def focus_report_csv(
-    conn: ConnDep, s: StateDep, _: AccountingReader,
-    since: Annotated[QueryTime, FromQuery], until: Annotated[QueryTime, ToQuery],
-    granularity: Literal["day", "run"] = Query("day", description="a charge row per run per day (as cloud "
-                                                                  "exports), or per run over its window"),
+    conn: ConnDep,
+    s: StateDep,
+    _: AccountingReader,
+    since: Annotated[QueryTime, FromQuery],
+    until: Annotated[QueryTime, ToQuery],
+    granularity: Literal["day", "run"] = Query(
+        "day", description="a charge row per run per day (as cloud exports), or per run over its window"
+    ),
     source: Literal["auto", "rollup", "raw"] = SourceParam,
 ) -> Response:
     """GPU run costs as a FOCUS export, so FinOps tools ingest them beside cloud bills (contracts.md section 5.3):
     per run, a GPU-compute row (GPU-hours) and a GPU-energy row (facility kWh) per charge period, and the energy of
     GPU time no run held; money as the accounting computes it; tags for run, team and site."""
     period_error(since, until)
-    export = focus_export(conn, since, until, granularity=granularity, max_gap_s=s.settings.accounting.max_gap_s,
-                          source=source, gone_after_s=s.settings.accounting.gone_after_s)
-    return Response(focus_csv(export), media_type="text/csv; charset=utf-8",
-                    headers={"Content-Disposition": _name("focus", since, until, "csv")})
+    export = focus_export(
+        conn,
+        since,
+        until,
+        granularity=granularity,
+        max_gap_s=s.settings.accounting.max_gap_s,
+        source=source,
+        gone_after_s=s.settings.accounting.gone_after_s,
+    )
+    return Response(
+        focus_csv(export),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": _name("focus", since, until, "csv")},
+    )

@@ -32,10 +32,16 @@ def _as_node(who: Principal) -> str | None:
 
 
 @router.get("", response_model=list[RunPublic], response_model_exclude_unset=True)
-def list_runs(conn: ConnDep, _: Reader, state: Literal["pending", "running", "ended"] | None = None,
-              site: str | None = None, since: Annotated[QueryTime | None, Query(alias="from")] = None,
-              until: Annotated[QueryTime | None, Query(alias="to")] = None, limit: int = Query(100, ge=1, le=1000),
-              offset: int = Query(0, ge=0)) -> list[dict]:
+def list_runs(
+    conn: ConnDep,
+    _: Reader,
+    state: Literal["pending", "running", "ended"] | None = None,
+    site: str | None = None,
+    since: Annotated[QueryTime | None, Query(alias="from")] = None,
+    until: Annotated[QueryTime | None, Query(alias="to")] = None,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+) -> list[dict]:
     return store.list_runs(conn, state, site, since, until, limit, offset)
 
 
@@ -50,8 +56,9 @@ def get_run(run_id: str, conn: ConnDep, _: Reader) -> dict:
 @router.post("", response_model=RunPublic, status_code=201, response_model_exclude_unset=True)
 def create_run(body: RunCreate, conn: ConnDep, who: RunWriter, response: Response, s: StateDep) -> dict:
     try:
-        run, created = store.create_run(conn, body.model_dump(exclude_unset=True), as_node=_as_node(who),
-                                        teams=s.settings.teams)
+        run, created = store.create_run(
+            conn, body.model_dump(exclude_unset=True), as_node=_as_node(who), teams=s.settings.teams
+        )
     except (NotFound, Invalid) as e:
         raise HTTPException(422, str(e)) from None
     except RunAuthorityError as e:
@@ -82,8 +89,15 @@ def progress(run_id: str, body: Progress, conn: ConnDep, who: ProgressWriter) ->
     if body.tokens is None and body.samples is None and body.steps is None:
         raise HTTPException(422, "give 'tokens', 'samples' or 'steps' (cumulative counts)")
     try:
-        store.record_progress(conn, run_id, body.time or datetime.now(UTC), body.tokens, body.samples,
-                              who=actor(who.role, who.node), steps=body.steps)
+        store.record_progress(
+            conn,
+            run_id,
+            body.time or datetime.now(UTC),
+            body.tokens,
+            body.samples,
+            who=actor(who.role, who.node),
+            steps=body.steps,
+        )
     except NotFound as e:
         raise HTTPException(404, str(e)) from None
     except RunAuthorityError as e:

@@ -29,23 +29,30 @@ router = APIRouter(tags=["sites"])
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,252}$"
 
 
-FromParam = Query(alias="from",
-                  description="when the change takes effect (RFC 3339 with offset, or a bare date as UTC "
-                              "midnight); default now, so accounting of the past stays as it was. A time in the "
-                              "past dates the change back on purpose.")
+FromParam = Query(
+    alias="from",
+    description="when the change takes effect (RFC 3339 with offset, or a bare date as UTC "
+    "midnight); default now, so accounting of the past stays as it was. A time in the "
+    "past dates the change back on purpose.",
+)
 
 
 @router.get("/v1/sites", response_model=list[SitePublic])
-def list_sites(conn: ConnDep, _: AccountingReader,
-               at: Annotated[QueryTime | None, Query(description="values in force at this time (default now)")]
-               = None) -> list[dict]:
+def list_sites(
+    conn: ConnDep,
+    _: AccountingReader,
+    at: Annotated[QueryTime | None, Query(description="values in force at this time (default now)")] = None,
+) -> list[dict]:
     return store.list_sites(conn, at)
 
 
 @router.get("/v1/sites/{site}", response_model=SitePublic)
-def get_site(site: str, conn: ConnDep, _: AccountingReader,
-             at: Annotated[QueryTime | None, Query(description="values in force at this time (default now)")]
-             = None) -> dict:
+def get_site(
+    site: str,
+    conn: ConnDep,
+    _: AccountingReader,
+    at: Annotated[QueryTime | None, Query(description="values in force at this time (default now)")] = None,
+) -> dict:
     try:
         return store.get_site(conn, site, at)
     except NotFound as e:
@@ -72,21 +79,35 @@ def site_error(e: SiteError) -> HTTPException:
     return HTTPException(422, [{"loc": ["body", e.field], "msg": str(e), "type": "value_error"}])
 
 
-@router.put("/v1/sites/{site}", response_model=SitePublic,
-            description="Replaces the **whole** site from `from` (default now; a new site from the beginning): "
-                        "a field left out takes its default (pue 1.0, prices 0, no carbon region or constant, no "
-                        "GPU-model prices), whatever it was before, and changes scheduled after `from` are dropped; "
-                        f"the response header `{DEFAULTED_HEADER}` names the defaulted fields and "
-                        f"`{REPLACED_HEADER}` the time the replacement holds from.  Accounting before that time is "
-                        "unchanged.  A site with a price needs `currency` (there is no default); a different "
-                        "currency holds from `from`.  To change some fields only, use PATCH.",
-            responses={422: {"description": "a value outside its bound, or prices without a currency"}})
-def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, response: Response,
-             site: str = Path(..., pattern=NAME),
-             valid_from: Annotated[QueryTime | None, FromParam] = None) -> dict:
+@router.put(
+    "/v1/sites/{site}",
+    response_model=SitePublic,
+    description="Replaces the **whole** site from `from` (default now; a new site from the beginning): "
+    "a field left out takes its default (pue 1.0, prices 0, no carbon region or constant, no "
+    "GPU-model prices), whatever it was before, and changes scheduled after `from` are dropped; "
+    f"the response header `{DEFAULTED_HEADER}` names the defaulted fields and "
+    f"`{REPLACED_HEADER}` the time the replacement holds from.  Accounting before that time is "
+    "unchanged.  A site with a price needs `currency` (there is no default); a different "
+    "currency holds from `from`.  To change some fields only, use PATCH.",
+    responses={422: {"description": "a value outside its bound, or prices without a currency"}},
+)
+def put_site(
+    body: SiteUpsert,
+    conn: ConnDep,
+    _: Admin,
+    response: Response,
+    site: str = Path(..., pattern=NAME),
+    valid_from: Annotated[QueryTime | None, FromParam] = None,
+) -> dict:
     try:
-        w = store.put_site(conn, site, body.model_dump(), given=body.model_fields_set, valid_from=valid_from,
-                           gpu_hour_prices=body.gpu_hour_prices)
+        w = store.put_site(
+            conn,
+            site,
+            body.model_dump(),
+            given=body.model_fields_set,
+            valid_from=valid_from,
+            gpu_hour_prices=body.gpu_hour_prices,
+        )
     except Conflict as e:
         raise HTTPException(409, str(e)) from None
     except SiteError as e:
@@ -97,16 +118,28 @@ def put_site(body: SiteUpsert, conn: ConnDep, _: Admin, response: Response,
     return w.site
 
 
-@router.patch("/v1/sites/{site}", response_model=SitePublic,
-              description="Changes only the fields given, from `from` (default now); the others keep their "
-                          "values, and accounting before that time is unchanged.  A currency change is dated too: "
-                          "give the prices in force then in the new currency with it (amounts are never converted). "
-                          "404 for a site that does not exist (create it with PUT).",
-              responses={404: {"description": "unknown site"},
-                         422: {"description": "a value outside its bound, prices without a currency, or a currency "
-                                              "change without the prices in the new currency"}})
-def patch_site(body: SiteUpdate, conn: ConnDep, _: Admin, site: str = Path(..., pattern=NAME),
-               valid_from: Annotated[QueryTime | None, FromParam] = None) -> dict:
+@router.patch(
+    "/v1/sites/{site}",
+    response_model=SitePublic,
+    description="Changes only the fields given, from `from` (default now); the others keep their "
+    "values, and accounting before that time is unchanged.  A currency change is dated too: "
+    "give the prices in force then in the new currency with it (amounts are never converted). "
+    "404 for a site that does not exist (create it with PUT).",
+    responses={
+        404: {"description": "unknown site"},
+        422: {
+            "description": "a value outside its bound, prices without a currency, or a currency "
+            "change without the prices in the new currency"
+        },
+    },
+)
+def patch_site(
+    body: SiteUpdate,
+    conn: ConnDep,
+    _: Admin,
+    site: str = Path(..., pattern=NAME),
+    valid_from: Annotated[QueryTime | None, FromParam] = None,
+) -> dict:
     changes = body.model_dump(exclude_unset=True)
     models = changes.pop("gpu_hour_prices", None)
     try:
@@ -119,8 +152,11 @@ def patch_site(body: SiteUpdate, conn: ConnDep, _: Admin, site: str = Path(..., 
         raise site_error(e) from None
 
 
-@router.put("/v1/sites/{site}/prices", description="Time-of-use energy prices: points of the site's dated "
-                                                   "`price_per_kwh` (each holds until the next).")
+@router.put(
+    "/v1/sites/{site}/prices",
+    description="Time-of-use energy prices: points of the site's dated "
+    "`price_per_kwh` (each holds until the next).",
+)
 def put_prices(site: str, body: PriceSeries, conn: ConnDep, _: Admin) -> dict:
     try:
         n = store.set_prices(conn, site, [(p.time, p.price_per_kwh) for p in body.points])
@@ -131,8 +167,11 @@ def put_prices(site: str, body: PriceSeries, conn: ConnDep, _: Admin) -> dict:
     return {"site": site, "points": n}
 
 
-@router.put("/v1/sites/{site}/pue", description="Measured or monthly PUE: points of the site's dated `pue` "
-                                                "(each holds until the next), loaded like a carbon series.")
+@router.put(
+    "/v1/sites/{site}/pue",
+    description="Measured or monthly PUE: points of the site's dated `pue` "
+    "(each holds until the next), loaded like a carbon series.",
+)
 def put_pue(site: str, body: PueSeries, conn: ConnDep, _: Admin) -> dict:
     try:
         n = store.set_series(conn, site, "pue", [(p.time, p.pue) for p in body.points])
@@ -143,22 +182,42 @@ def put_pue(site: str, body: PueSeries, conn: ConnDep, _: Admin) -> dict:
     return {"site": site, "points": n}
 
 
-@router.get("/v1/carbon/{region}", description="A region's carbon-intensity points, with what the series is: "
-                                                "`method` (average or marginal; null if never recorded), `name` and "
-                                                "`provider`.")
-def get_carbon(region: str, conn: ConnDep, _: AccountingReader, since: Annotated[QueryTime | None, Query(alias="from")] = None,
-               until: Annotated[QueryTime | None, Query(alias="to")] = None) -> dict:
-    return {"region": region, **store.carbon_region(conn, region),
-            "points": store.get_carbon(conn, region, since, until)}
+@router.get(
+    "/v1/carbon/{region}",
+    description="A region's carbon-intensity points, with what the series is: "
+    "`method` (average or marginal; null if never recorded), `name` and "
+    "`provider`.",
+)
+def get_carbon(
+    region: str,
+    conn: ConnDep,
+    _: AccountingReader,
+    since: Annotated[QueryTime | None, Query(alias="from")] = None,
+    until: Annotated[QueryTime | None, Query(alias="to")] = None,
+) -> dict:
+    return {
+        "region": region,
+        **store.carbon_region(conn, region),
+        "points": store.get_carbon(conn, region, since, until),
+    }
 
 
-@router.put("/v1/carbon/{region}", description="Points of a region's carbon-intensity step series (each holds until "
-                                                "the next), with what the series is: `method` average or marginal, "
-                                                "and a readable `name`, recorded for reports.")
+@router.put(
+    "/v1/carbon/{region}",
+    description="Points of a region's carbon-intensity step series (each holds until "
+    "the next), with what the series is: `method` average or marginal, "
+    "and a readable `name`, recorded for reports.",
+)
 def put_carbon(region: str, body: CarbonSeries, conn: ConnDep, _: Admin) -> dict:
     try:
-        n = store.set_carbon(conn, region, [(p.time, p.g_co2e_per_kwh) for p in body.points], method=body.method,
-                             name=body.name, provider="api")
+        n = store.set_carbon(
+            conn,
+            region,
+            [(p.time, p.g_co2e_per_kwh) for p in body.points],
+            method=body.method,
+            name=body.name,
+            provider="api",
+        )
     except SiteError as e:
         raise site_error(e) from None
     return {"region": region, "points": n}

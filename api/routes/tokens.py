@@ -27,7 +27,9 @@ def create(body: TokenCreate, conn: ConnDep, _: Admin) -> dict:
 @router.get("", response_model=list[TokenPublic])
 def list_tokens(conn: ConnDep, _: Admin) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute("SELECT name, role, node, created_at, revoked_at FROM agent_tokens ORDER BY name").fetchall()
+        return cur.execute(
+            "SELECT name, role, node, created_at, revoked_at FROM agent_tokens ORDER BY name"
+        ).fetchall()
 
 
 @router.delete("/{name}", status_code=204)

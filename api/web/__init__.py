@@ -28,6 +28,15 @@ from gpufleet.api.web import (
 )
 
 router = APIRouter()
-for _r in (session.router, pages.router, incident_pages.router, finance.router, waste.router, nodes.router,
-           runbooks.router, assets.router, readiness.router):
+for _r in (
+    session.router,
+    pages.router,
+    incident_pages.router,
+    finance.router,
+    waste.router,
+    nodes.router,
+    runbooks.router,
+    assets.router,
+    readiness.router,
+):
     router.include_router(_r)

@@ -10,8 +10,10 @@ from fastapi.responses import Response
 
 router = APIRouter(include_in_schema=False)
 
-FAVICON_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" '
-               'fill="#2f5fb3"/><path d="M3 11h2V7H3zm4 0h2V4H7zm4 0h2V8h-2z" fill="#fff"/></svg>')
+FAVICON_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" '
+    'fill="#2f5fb3"/><path d="M3 11h2V7H3zm4 0h2V4H7zm4 0h2V8h-2z" fill="#fff"/></svg>'
+)
 _CACHE = {"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"}
 
 

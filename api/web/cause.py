@@ -166,15 +166,21 @@ def _starvation(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     if lost is None and duty is not None:
         lost = 1.0 - duty
     n, total = _int(ev, "gpus_affected"), _int(ev, "gpu_count")
-    gpus = (f"all {total} GPUs" if n == total else f"{n} of {total} GPUs") if n is not None and total is not None \
+    gpus = (
+        (f"all {total} GPUs" if n == total else f"{n} of {total} GPUs")
+        if n is not None and total is not None
         else "the GPUs"
+    )
     figures: list[Figure] = []
     if ev.get("pattern") == "steady_low":
         shape = f"their activity stays low at {pct(_num(ev, 'mean_activity'))}"
     else:
         period, cycles, depth = _num(ev, "period_s"), _int(ev, "cycles"), _num(ev, "depth")
-        shape = "they swing between busy and idle" + (f" every {period:.0f} s" if period else "") + \
-            (f" ({cycles} cycles in a row)" if cycles else "")
+        shape = (
+            "they swing between busy and idle"
+            + (f" every {period:.0f} s" if period else "")
+            + (f" ({cycles} cycles in a row)" if cycles else "")
+        )
         if period is not None:
             figures.append(("idle/busy period", f"{period:.0f} s"))
         if depth is not None:
@@ -219,14 +225,16 @@ def _starvation(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
             why.append(f"host CPU {_pct100(host_cpu)} busy")
         if disk is not None:
             why.append(f"disk {_pct100(disk)} busy")
-    for label, value in (("job CPU used", None if job_cores is None else f"{job_cores:.1f} cores"),
-                         ("job CPU quota", None if quota is None else f"{quota:.1f} cores"),
-                         ("job waiting for CPU", None if cpu_pressure is None else _pct100(cpu_pressure)),
-                         ("job waiting for I/O", None if io_pressure is None else _pct100(io_pressure)),
-                         ("host CPU busy", None if host_cpu is None else _pct100(host_cpu)),
-                         ("iowait", None if iowait is None else _pct100(iowait)),
-                         ("busiest disk busy", None if disk is None else _pct100(disk)),
-                         ("disk await", None if await_ms is None else f"{await_ms:.1f} ms")):
+    for label, value in (
+        ("job CPU used", None if job_cores is None else f"{job_cores:.1f} cores"),
+        ("job CPU quota", None if quota is None else f"{quota:.1f} cores"),
+        ("job waiting for CPU", None if cpu_pressure is None else _pct100(cpu_pressure)),
+        ("job waiting for I/O", None if io_pressure is None else _pct100(io_pressure)),
+        ("host CPU busy", None if host_cpu is None else _pct100(host_cpu)),
+        ("iowait", None if iowait is None else _pct100(iowait)),
+        ("busiest disk busy", None if disk is None else _pct100(disk)),
+        ("disk await", None if await_ms is None else f"{await_ms:.1f} ms"),
+    ):
         if value is not None:
             figures.append((label, value))
     lost_text = f", idle {pct(lost)} of the time" if lost is not None else ""
@@ -253,29 +261,52 @@ def _checkpoint_stall(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanat
     if lost is not None:
         s += f"; that is {pct(lost, 1)} of the run's time"
     if writer:
-        s += f"; rank {writer} writes" + (f" to {path}" if path else "") + \
-            (f" at {rate(wrate)}" if wrate else "") + " while" + \
-            (f" {spinning:.0f} other GPUs" if spinning else " the others") + " wait"
+        s += (
+            f"; rank {writer} writes"
+            + (f" to {path}" if path else "")
+            + (f" at {rate(wrate)}" if wrate else "")
+            + " while"
+            + (f" {spinning:.0f} other GPUs" if spinning else " the others")
+            + " wait"
+        )
     elif path:
-        s += f"; the state goes to {path}" + (f" at {rate(wrate)}" if wrate else "") + (f" from {host}" if host else "")
-    figures = [(label, value) for label, value in (
-        ("run time lost", None if lost is None else pct(lost, 1)),
-        ("pause", None if pause is None else duration(pause)),
-        ("interval", None if period is None else duration(period)),
-        ("pauses seen", None if pauses is None else str(pauses)),
-        ("writer", writer), ("written to", path),
-        ("write rate while paused", None if wrate is None else rate(wrate))) if value is not None]
+        s += (
+            f"; the state goes to {path}"
+            + (f" at {rate(wrate)}" if wrate else "")
+            + (f" from {host}" if host else "")
+        )
+    figures = [
+        (label, value)
+        for label, value in (
+            ("run time lost", None if lost is None else pct(lost, 1)),
+            ("pause", None if pause is None else duration(pause)),
+            ("interval", None if period is None else duration(period)),
+            ("pauses seen", None if pauses is None else str(pauses)),
+            ("writer", writer),
+            ("written to", path),
+            ("write rate while paused", None if wrate is None else rate(wrate)),
+        )
+        if value is not None
+    ]
     return Explanation("Checkpoint stalls", _sentence(s), tuple(figures))
 
 
-STRAGGLER_CAUSE = {"power_cap": "a lower power limit", "thermal": "heat", "pcie_degraded": "a degraded PCIe link",
-                   "clocks": "lower clocks", "unknown": "a cause the counters do not show"}
+STRAGGLER_CAUSE = {
+    "power_cap": "a lower power limit",
+    "thermal": "heat",
+    "pcie_degraded": "a degraded PCIe link",
+    "clocks": "lower clocks",
+    "unknown": "a cause the counters do not show",
+}
 
 
 def _straggler(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     cause = inc.get("cause") or "unknown"
-    gpu = f"GPU {inc['node']}/{inc['gpu']}" if inc.get("node") is not None and inc.get("gpu") is not None \
+    gpu = (
+        f"GPU {inc['node']}/{inc['gpu']}"
+        if inc.get("node") is not None and inc.get("gpu") is not None
         else "One GPU"
+    )
     run = f"run {inc['run_id']}" if inc.get("run_id") else "its job"
     act, peer = _num(ev, "activity"), _num(ev, "peer_activity")
     s = f"{gpu} holds {run} back: every synchronous step waits for it"
@@ -298,16 +329,26 @@ def _straggler(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     if act is not None and peer is not None:
         detail.append(f"busy {pct(act)} against its peers' {pct(peer)}")
     s += f"; likely {STRAGGLER_CAUSE.get(cause, cause)}" + (f" ({_join(detail)})" if detail else "")
-    figures = [(label, value) for label, value in (
-        ("activity", None if act is None else pct(act)), ("peers' activity", None if peer is None else pct(peer)),
-        ("power limit", _w(ev, "power_limit_w")), ("peers' power limit", _w(ev, "peer_power_limit_w")),
-        ("power", _w(ev, "power_w")), ("peers' power", _w(ev, "peer_power_w")),
-        ("SM clock", None if clk is None else f"{clk:.0f} MHz"),
-        ("peers' SM clock", None if pclk is None else f"{pclk:.0f} MHz"),
-        ("temperature", _c(ev, "temp_c")), ("peers' temperature", _c(ev, "peer_temp_c")),
-        ("peers", None if _int(ev, "peers") is None else str(_int(ev, "peers")))) if value is not None]
-    return Explanation(f"Straggler ({STRAGGLER_CAUSE.get(cause, cause)})", _sentence(s), tuple(figures),
-                       listed_gpus(inc))
+    figures = [
+        (label, value)
+        for label, value in (
+            ("activity", None if act is None else pct(act)),
+            ("peers' activity", None if peer is None else pct(peer)),
+            ("power limit", _w(ev, "power_limit_w")),
+            ("peers' power limit", _w(ev, "peer_power_limit_w")),
+            ("power", _w(ev, "power_w")),
+            ("peers' power", _w(ev, "peer_power_w")),
+            ("SM clock", None if clk is None else f"{clk:.0f} MHz"),
+            ("peers' SM clock", None if pclk is None else f"{pclk:.0f} MHz"),
+            ("temperature", _c(ev, "temp_c")),
+            ("peers' temperature", _c(ev, "peer_temp_c")),
+            ("peers", None if _int(ev, "peers") is None else str(_int(ev, "peers"))),
+        )
+        if value is not None
+    ]
+    return Explanation(
+        f"Straggler ({STRAGGLER_CAUSE.get(cause, cause)})", _sentence(s), tuple(figures), listed_gpus(inc)
+    )
 
 
 def _w(ev: Mapping[str, Any], key: str) -> str | None:
@@ -320,8 +361,12 @@ def _c(ev: Mapping[str, Any], key: str) -> str | None:
     return None if v is None else f"{v:.0f} °C"
 
 
-THROTTLE_CAUSE = {"power_cap": "the power cap", "thermal": "heat (thermal slowdown)",
-                  "hw_slowdown": "a hardware slowdown signal", "power_brake": "the power brake (an external signal)"}
+THROTTLE_CAUSE = {
+    "power_cap": "the power cap",
+    "thermal": "heat (thermal slowdown)",
+    "hw_slowdown": "a hardware slowdown signal",
+    "power_brake": "the power brake (an external signal)",
+}
 
 
 def _throttling(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
@@ -331,29 +376,41 @@ def _throttling(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     clk, clk_max, temp = _num(ev, "sm_clock_mhz"), _num(ev, "sm_clock_max_mhz"), _num(ev, "temp_c_max")
     pfrac = _num(ev, "power_frac")
     if len(gpus) > 1:
-        subject = f"{len(gpus)} GPUs" + (f" of run {inc['run_id']}" if inc.get("run_id") else "") + \
-            (f" on {inc['node']}" if inc.get("node") else "")
+        subject = (
+            f"{len(gpus)} GPUs"
+            + (f" of run {inc['run_id']}" if inc.get("run_id") else "")
+            + (f" on {inc['node']}" if inc.get("node") else "")
+        )
     else:
-        subject = _where(inc) if not gpus else f"GPU {gpus[0][0]}/{gpus[0][1]}" + \
-            (f" of run {inc['run_id']}" if inc.get("run_id") else "")
+        subject = (
+            _where(inc)
+            if not gpus
+            else f"GPU {gpus[0][0]}/{gpus[0][1]}" + (f" of run {inc['run_id']}" if inc.get("run_id") else "")
+        )
     s = f"{subject} {'are' if len(gpus) > 1 else 'is'} held down by {THROTTLE_CAUSE.get(cause, cause)}"
     if share is not None:
         s += f" {pct(share)} of {'their' if len(gpus) > 1 else 'its'} busy time"
     if ratio is not None:
-        s += f", at {pct(ratio)} of the maximum clock" + (f" ({clk:.0f} of {clk_max:.0f} MHz)"
-                                                          if clk is not None and clk_max is not None else "")
+        s += f", at {pct(ratio)} of the maximum clock" + (
+            f" ({clk:.0f} of {clk_max:.0f} MHz)" if clk is not None and clk_max is not None else ""
+        )
     if cause == "thermal" and temp is not None:
         s += f", up to {temp:.0f} °C"
     if cause == "power_cap" and pfrac is not None:
         s += f", drawing {pct(pfrac)} of the power limit"
-    figures = [(label, value) for label, value in (
-        ("throttled while busy", None if share is None else pct(share)),
-        ("clock against maximum", None if ratio is None else pct(ratio)),
-        ("SM clock", None if clk is None else f"{clk:.0f} MHz"),
-        ("maximum SM clock", None if clk_max is None else f"{clk_max:.0f} MHz"),
-        ("hottest", None if temp is None else f"{temp:.0f} °C"),
-        ("power against limit", None if pfrac is None else pct(pfrac)),
-        ("GPUs", _gpus_text(gpus) if len(gpus) > 1 else None)) if value is not None]
+    figures = [
+        (label, value)
+        for label, value in (
+            ("throttled while busy", None if share is None else pct(share)),
+            ("clock against maximum", None if ratio is None else pct(ratio)),
+            ("SM clock", None if clk is None else f"{clk:.0f} MHz"),
+            ("maximum SM clock", None if clk_max is None else f"{clk_max:.0f} MHz"),
+            ("hottest", None if temp is None else f"{temp:.0f} °C"),
+            ("power against limit", None if pfrac is None else pct(pfrac)),
+            ("GPUs", _gpus_text(gpus) if len(gpus) > 1 else None),
+        )
+        if value is not None
+    ]
     return Explanation(f"Throttling ({cause.replace('_', ' ')})", _sentence(s), tuple(figures), gpus)
 
 
@@ -376,13 +433,24 @@ def _pcie_degraded(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation
         s += f", {bw:.0f} of {bw_max:.0f} GB/s each way"
     if share is not None:
         s += f" ({pct(share)} of the time)"
-    figures = [(label, value) for label, value in (
-        ("link now", now if known else None), ("link maximum", best if known else None),
-        ("bandwidth", None if bw is None or bw_max is None else f"{bw:.0f} of {bw_max:.0f} GB/s"),
-        ("degraded", None if share is None else pct(share)),
-        ("host to GPU", None if _num(ev, "pcie_rx_bytes_s") is None else rate(_num(ev, "pcie_rx_bytes_s"))),
-        ("GPU to host", None if _num(ev, "pcie_tx_bytes_s") is None else rate(_num(ev, "pcie_tx_bytes_s"))))
-        if value is not None]
+    figures = [
+        (label, value)
+        for label, value in (
+            ("link now", now if known else None),
+            ("link maximum", best if known else None),
+            ("bandwidth", None if bw is None or bw_max is None else f"{bw:.0f} of {bw_max:.0f} GB/s"),
+            ("degraded", None if share is None else pct(share)),
+            (
+                "host to GPU",
+                None if _num(ev, "pcie_rx_bytes_s") is None else rate(_num(ev, "pcie_rx_bytes_s")),
+            ),
+            (
+                "GPU to host",
+                None if _num(ev, "pcie_tx_bytes_s") is None else rate(_num(ev, "pcie_tx_bytes_s")),
+            ),
+        )
+        if value is not None
+    ]
     return Explanation("PCIe link degraded", _sentence(s), tuple(figures), listed_gpus(inc))
 
 
@@ -401,8 +469,10 @@ def _host_misconfig(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanatio
         if codes:
             s += f" ({_xid_text(codes)})"
         if info is not None:
-            s += f"; the last, {xid.label(last or 0)}, means {info.meaning.rstrip('.')}; first action: " \
-                 f"{info.action.replace('_', ' ')}"
+            s += (
+                f"; the last, {xid.label(last or 0)}, means {info.meaning.rstrip('.')}; first action: "
+                f"{info.action.replace('_', ' ')}"
+            )
         xid_figures: list[Figure] = [("XID events", str(n))] if n is not None else []
         xid_figures += [("codes", _xid_text(codes))] if codes else []
         return Explanation("Repeated XID errors", _sentence(s), tuple(xid_figures), listed_gpus(inc))
@@ -415,29 +485,45 @@ def _host_misconfig(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanatio
             for j in jobs[:4]:
                 gpus = [g for g in j.get("gpus") or [] if isinstance(g, int)]
                 q = _num(j, "cpu_quota_cores")
-                parts.append(f"{j.get('job') or 'a job'} may use {q:g} cores for {len(gpus)} GPUs"
-                             if q is not None else f"{j.get('job') or 'a job'} has a CPU quota")
+                parts.append(
+                    f"{j.get('job') or 'a job'} may use {q:g} cores for {len(gpus)} GPUs"
+                    if q is not None
+                    else f"{j.get('job') or 'a job'} has a CPU quota"
+                )
                 if q is not None:
-                    figures.append((f"CPU quota of {j.get('job') or 'a job'}", f"{q:g} cores for {len(gpus)} GPUs"))
+                    figures.append(
+                        (f"CPU quota of {j.get('job') or 'a job'}", f"{q:g} cores for {len(gpus)} GPUs")
+                    )
             if not jobs:
                 q, g = _num(ev, "cpu_quota_cores"), _int(ev, "gpu_count")
-                parts.append(f"the CPU quota is {q:g} cores for {g} GPUs" if q is not None and g else
-                             "the CPU quota is below one core per GPU")
+                parts.append(
+                    f"the CPU quota is {q:g} cores for {g} GPUs"
+                    if q is not None and g
+                    else "the CPU quota is below one core per GPU"
+                )
         elif issue == "cpu_governor":
             gov = ", ".join(str(x) for x in ev.get("cpu_governor") or []) or "powersave"
-            parts.append(f"the CPU frequency governor is {gov}, so the input pipeline runs at the lowest clocks")
+            parts.append(
+                f"the CPU frequency governor is {gov}, so the input pipeline runs at the lowest clocks"
+            )
             figures.append(("CPU governor", gov))
         elif issue == "numa_affinity":
             for m in [m for m in ev.get("numa_misplaced") or [] if isinstance(m, Mapping)][:4]:
-                parts.append(f"the processes of GPU {m.get('gpu')} (NUMA node {m.get('gpu_numa_node')}) may run "
-                             f"only on NUMA nodes {', '.join(str(x) for x in m.get('numa_nodes') or [])}")
+                parts.append(
+                    f"the processes of GPU {m.get('gpu')} (NUMA node {m.get('gpu_numa_node')}) may run "
+                    f"only on NUMA nodes {', '.join(str(x) for x in m.get('numa_nodes') or [])}"
+                )
             if not ev.get("numa_misplaced"):
                 parts.append("GPU processes run on CPUs of another NUMA node than their GPU")
         elif issue == "nfs_stall":
             for m in [m for m in ev.get("nfs_stalls") or [] if isinstance(m, Mapping)][:4]:
                 parts.append(f"NFS mount {m.get('mountpoint')} stalls ({m.get('why')})")
-                for label, key, unit in (("retransmissions", "retrans", ""), ("timeouts", "timeouts", ""),
-                                         ("backlog wait", "queue_ms", " ms"), ("round trip", "rtt_ms", " ms")):
+                for label, key, unit in (
+                    ("retransmissions", "retrans", ""),
+                    ("timeouts", "timeouts", ""),
+                    ("backlog wait", "queue_ms", " ms"),
+                    ("round trip", "rtt_ms", " ms"),
+                ):
                     v = _num(m, key)
                     if v is not None:
                         figures.append((f"{m.get('mountpoint')} {label}", f"{v:g}{unit}"))
@@ -445,8 +531,12 @@ def _host_misconfig(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanatio
             parts.append(issue.replace("_", " "))
     where = f"node {inc['node']}" if inc.get("node") else _where(inc)
     s = f"{where} is misconfigured: {'; '.join(parts) if parts else 'see the evidence'}"
-    return Explanation(f"Host misconfiguration ({', '.join(i.replace('_', ' ') for i in issues) or cause})",
-                       _sentence(s), tuple(figures), listed_gpus(inc))
+    return Explanation(
+        f"Host misconfiguration ({', '.join(i.replace('_', ' ') for i in issues) or cause})",
+        _sentence(s),
+        tuple(figures),
+        listed_gpus(inc),
+    )
 
 
 def _nvlink_degraded(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
@@ -456,35 +546,62 @@ def _nvlink_degraded(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanati
     for issue in issues:
         if issue == "links_down":
             down, exp = _int(ev, "links_down"), _int(ev, "links_expected")
-            parts.append(f"{down if down is not None else 'some'} of {exp if exp is not None else 'its'} NVLink links "
-                         "are down" + (f" (for {duration(_num(ev, 'down_s'))})" if _num(ev, "down_s") else ""))
+            parts.append(
+                f"{down if down is not None else 'some'} of {exp if exp is not None else 'its'} NVLink links "
+                "are down" + (f" (for {duration(_num(ev, 'down_s'))})" if _num(ev, "down_s") else "")
+            )
             if down is not None:
                 figures.append(("links down", f"{down} of {exp}" if exp is not None else str(down)))
         elif issue == "pcie_fallback":
             nv, peers = _num(ev, "nvlink_bytes_s"), _num(ev, "peers_nvlink_bytes_s")
             pcie = sum(v for v in (_num(ev, "pcie_tx_bytes_s"), _num(ev, "pcie_rx_bytes_s")) if v is not None)
-            parts.append("collectives cross PCIe instead of NVLink" +
-                         (f" (NVLink {rate(nv)} against its peers' {rate(peers)}, PCIe {rate(pcie)})"
-                          if nv is not None and peers is not None else ""))
-            figures += [("NVLink traffic", rate(nv)), ("peers' NVLink traffic", rate(peers)),
-                        ("PCIe traffic", rate(pcie))]
+            parts.append(
+                "collectives cross PCIe instead of NVLink"
+                + (
+                    f" (NVLink {rate(nv)} against its peers' {rate(peers)}, PCIe {rate(pcie)})"
+                    if nv is not None and peers is not None
+                    else ""
+                )
+            )
+            figures += [
+                ("NVLink traffic", rate(nv)),
+                ("peers' NVLink traffic", rate(peers)),
+                ("PCIe traffic", rate(pcie)),
+            ]
         elif issue == "link_errors":
             per_min = _num(ev, "errors_per_min")
             crc, rep, rec = _int(ev, "crc_errors"), _int(ev, "replay_errors"), _int(ev, "recoveries")
-            counts = _join([f"{crc} CRC errors" if crc is not None else "",
-                            f"{rep} replays" if rep is not None else "",
-                            f"{rec} link recover{'y' if rec == 1 else 'ies'}" if rec is not None else ""])
-            parts.append("NVLink errors keep rising" + (f" at {per_min:.0f} a minute" if per_min is not None else "")
-                         + (f" ({counts} in the window)" if counts else ""))
-            figures += [(label, value) for label, value in (
-                ("errors per minute", None if per_min is None else f"{per_min:.0f}"),
-                ("CRC errors", None if crc is None else str(crc)), ("replays", None if rep is None else str(rep)),
-                ("recoveries", None if rec is None else str(rec))) if value is not None]
+            counts = _join(
+                [
+                    f"{crc} CRC errors" if crc is not None else "",
+                    f"{rep} replays" if rep is not None else "",
+                    f"{rec} link recover{'y' if rec == 1 else 'ies'}" if rec is not None else "",
+                ]
+            )
+            parts.append(
+                "NVLink errors keep rising"
+                + (f" at {per_min:.0f} a minute" if per_min is not None else "")
+                + (f" ({counts} in the window)" if counts else "")
+            )
+            figures += [
+                (label, value)
+                for label, value in (
+                    ("errors per minute", None if per_min is None else f"{per_min:.0f}"),
+                    ("CRC errors", None if crc is None else str(crc)),
+                    ("replays", None if rep is None else str(rep)),
+                    ("recoveries", None if rec is None else str(rec)),
+                )
+                if value is not None
+            ]
         else:
             parts.append(issue.replace("_", " "))
     s = f"NVLink of {_where(inc)}: {'; '.join(parts)}"
-    return Explanation(f"NVLink degraded ({', '.join(i.replace('_', ' ') for i in issues)})", _sentence(s),
-                       tuple(figures), listed_gpus(inc))
+    return Explanation(
+        f"NVLink degraded ({', '.join(i.replace('_', ' ') for i in issues)})",
+        _sentence(s),
+        tuple(figures),
+        listed_gpus(inc),
+    )
 
 
 def _gpu_health(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
@@ -493,26 +610,38 @@ def _gpu_health(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     figures: list[Figure] = []
     for issue in issues:
         if issue == "row_remap_failed":
-            parts.append("a memory row remap failed: no spare row is left and the memory is unprotected (RMA)")
+            parts.append(
+                "a memory row remap failed: no spare row is left and the memory is unprotected (RMA)"
+            )
         elif issue == "uncorrectable_ecc":
             n = _int(ev, "dbe_errors")
-            parts.append(f"{n if n is not None else 'some'} uncorrectable (double-bit) ECC errors killed the work "
-                         "using that memory")
+            parts.append(
+                f"{n if n is not None else 'some'} uncorrectable (double-bit) ECC errors killed the work "
+                "using that memory"
+            )
             if n is not None:
                 figures.append(("uncorrectable ECC errors", str(n)))
         elif issue == "row_remap_pending":
             parts.append("a faulty memory row waits for a GPU reset to be remapped")
         elif issue == "correctable_ecc":
             per_h = _num(ev, "sbe_per_h")
-            parts.append("correctable ECC errors arrive" + (f" at {per_h:.0f} an hour" if per_h is not None else "") +
-                         ": the memory is degrading")
+            parts.append(
+                "correctable ECC errors arrive"
+                + (f" at {per_h:.0f} an hour" if per_h is not None else "")
+                + ": the memory is degrading"
+            )
             if per_h is not None:
                 figures.append(("correctable ECC errors per hour", f"{per_h:.0f}"))
         elif issue == "pcie_replay":
             per_min, n = _num(ev, "pcie_replays_per_min"), _int(ev, "pcie_replays")
-            parts.append("the PCIe link keeps retransmitting" +
-                         (f" ({per_min:.0f} replays a minute" + (f", {n} in the window)" if n is not None else ")")
-                          if per_min is not None else ""))
+            parts.append(
+                "the PCIe link keeps retransmitting"
+                + (
+                    f" ({per_min:.0f} replays a minute" + (f", {n} in the window)" if n is not None else ")")
+                    if per_min is not None
+                    else ""
+                )
+            )
             if per_min is not None:
                 figures.append(("PCIe replays per minute", f"{per_min:.0f}"))
         else:
@@ -521,15 +650,22 @@ def _gpu_health(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     if codes:
         parts.append(f"the driver logged {_xid_text(codes)}")
     s = f"{_where(inc)}: {'; '.join(parts)}"
-    return Explanation(f"GPU health ({', '.join(i.replace('_', ' ') for i in issues)})", _sentence(s),
-                       tuple(figures), listed_gpus(inc))
+    return Explanation(
+        f"GPU health ({', '.join(i.replace('_', ' ') for i in issues)})",
+        _sentence(s),
+        tuple(figures),
+        listed_gpus(inc),
+    )
 
 
 def _since_text(ev: Mapping[str, Any], inc: Mapping[str, Any]) -> str:
     since = _str(ev, "idle_since") or _str(ev, "since")
     if since is None:  # the earliest of the GPUs' own onsets
-        onsets = sorted(g["since"] for g in ev.get("gpus") or [] if isinstance(g, Mapping)
-                        and isinstance(g.get("since"), str))
+        onsets = sorted(
+            g["since"]
+            for g in ev.get("gpus") or []
+            if isinstance(g, Mapping) and isinstance(g.get("since"), str)
+        )
         since = onsets[0] if onsets else None
     if since:
         return since.replace("T", " ").replace("Z", " UTC")
@@ -556,21 +692,32 @@ def _idle_allocation(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanati
     else:
         count = str(idle_n) if idle_n else "the"
     idle_s = _num(ev, "idle_s")
-    s = f"{count} GPUs of {who} have done no work since {_since_text(ev, inc)}" + \
-        (f" ({duration(idle_s)})" if idle_s is not None else "")
+    s = f"{count} GPUs of {who} have done no work since {_since_text(ev, inc)}" + (
+        f" ({duration(idle_s)})" if idle_s is not None else ""
+    )
     if gpus:
         s += f": {_gpus_text(gpus)}"
     util = _num(ev, "util_pct") if _num(ev, "util_pct") is not None else _median(per_gpu, "util_pct")
     power = _num(ev, "power_w") if _num(ev, "power_w") is not None else _median(per_gpu, "power_w")
-    detail = _join([f"utilisation {_pct100(util, 0)}" if util is not None else "",
-                    f"{power:.0f} W each" if power is not None else ""])
+    detail = _join(
+        [
+            f"utilisation {_pct100(util, 0)}" if util is not None else "",
+            f"{power:.0f} W each" if power is not None else "",
+        ]
+    )
     if detail:
         s += f" ({detail})"
     s += ", billed and kept from other jobs"
-    figures = [(label, value) for label, value in (
-        ("idle GPUs", _gpus_text(gpus) if gpus else None), ("idle for", None if idle_s is None else duration(idle_s)),
-        ("utilisation", None if util is None else _pct100(util, 0)),
-        ("power per GPU", None if power is None else f"{power:.0f} W")) if value is not None]
+    figures = [
+        (label, value)
+        for label, value in (
+            ("idle GPUs", _gpus_text(gpus) if gpus else None),
+            ("idle for", None if idle_s is None else duration(idle_s)),
+            ("utilisation", None if util is None else _pct100(util, 0)),
+            ("power per GPU", None if power is None else f"{power:.0f} W"),
+        )
+        if value is not None
+    ]
     return Explanation("Idle allocation", _sentence(s), tuple(figures), gpus)
 
 
@@ -594,37 +741,50 @@ def _hung_collective(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanati
     power = _num(ev, "power_w") if _num(ev, "power_w") is not None else _median(spin_items, "power_w")
     frac = _median(spin_items, "power_frac")
     hung_s = _num(ev, "hung_s")
-    s = f"{who} is hung in a collective since {_since_text(ev, inc)}" + \
-        (f" ({duration(hung_s)})" if hung_s is not None else "")
+    s = f"{who} is hung in a collective since {_since_text(ev, inc)}" + (
+        f" ({duration(hung_s)})" if hung_s is not None else ""
+    )
     s += f": {n_spin} GPUs spin" if n_spin else ": its GPUs spin"
     if util is not None:
         s += f" at {_pct100(util, 0)} utilisation"
     if power is not None:
-        s += f" while drawing only {power:.0f} W" + (f" ({pct(frac)} of their power limit, idle power)"
-                                                    if frac is not None else " (idle power)")
+        s += f" while drawing only {power:.0f} W" + (
+            f" ({pct(frac)} of their power limit, idle power)" if frac is not None else " (idle power)"
+        )
     else:
         s += " at idle power"
     s += ", waiting on " + (f"GPU {', '.join(dead)}, which stopped" if dead else "a rank that stopped")
-    figures = [(label, value) for label, value in (
-        ("dead rank", ", ".join(dead) or None), ("spinning GPUs", _gpus_text(spinning) if spinning else None),
-        ("hung for", None if hung_s is None else duration(hung_s)),
-        ("utilisation while spinning", None if util is None else _pct100(util, 0)),
-        ("power while spinning", None if power is None else f"{power:.0f} W"),
-        ("power against limit", None if frac is None else pct(frac))) if value is not None]
+    figures = [
+        (label, value)
+        for label, value in (
+            ("dead rank", ", ".join(dead) or None),
+            ("spinning GPUs", _gpus_text(spinning) if spinning else None),
+            ("hung for", None if hung_s is None else duration(hung_s)),
+            ("utilisation while spinning", None if util is None else _pct100(util, 0)),
+            ("power while spinning", None if power is None else f"{power:.0f} W"),
+            ("power against limit", None if frac is None else pct(frac)),
+        )
+        if value is not None
+    ]
     return Explanation("Hung collective", _sentence(s), tuple(figures), tuple(spinning) or listed_gpus(inc))
 
 
 def _generic(inc: Mapping[str, Any], ev: Mapping[str, Any]) -> Explanation:
     kind = str(inc.get("kind") or "incident").replace("_", " ")
     cause = inc.get("cause")
-    numbers = [(k.replace("_", " "), f"{v:.3g}" if isinstance(v, float) else str(v))
-               for k, v in ev.items() if isinstance(v, int | float | str) and not isinstance(v, bool)
-               and (not isinstance(v, float) or math.isfinite(v))][:8]
+    numbers = [
+        (k.replace("_", " "), f"{v:.3g}" if isinstance(v, float) else str(v))
+        for k, v in ev.items()
+        if isinstance(v, int | float | str)
+        and not isinstance(v, bool)
+        and (not isinstance(v, float) or math.isfinite(v))
+    ][:8]
     s = f"{kind} on {_where(inc)}" + (f", cause {str(cause).replace('_', ' ')}" if cause else "")
     if numbers:
         s += f" ({', '.join(f'{k} {v}' for k, v in numbers[:3])})"
-    return Explanation(kind.capitalize() + (f" ({cause})" if cause else ""), _sentence(s), tuple(numbers),
-                       listed_gpus(inc))
+    return Explanation(
+        kind.capitalize() + (f" ({cause})" if cause else ""), _sentence(s), tuple(numbers), listed_gpus(inc)
+    )
 
 
 FORMATTERS: dict[str, Formatter] = {

@@ -29,8 +29,15 @@ def incident_spans(incidents: Iterable[Mapping[str, Any]], lo: datetime, hi: dat
         if start is None or start >= hi or (end is not None and end < lo):
             continue
         title = explain(i).title
-        spans.append(Span(start.timestamp(), None if end is None else end.timestamp(),
-                          f"#{i['id']} {title}", str(i.get("severity") or "warning"), incident_href(int(i["id"]))))
+        spans.append(
+            Span(
+                start.timestamp(),
+                None if end is None else end.timestamp(),
+                f"#{i['id']} {title}",
+                str(i.get("severity") or "warning"),
+                incident_href(int(i["id"])),
+            )
+        )
     return spans
 
 
@@ -57,8 +64,20 @@ def gpu_charts(series: GpuSeries, lo: datetime, hi: datetime, spans: Sequence[Sp
 
         util = [Series(name(k), [(t, u) for t, u, _ in series.points[k]], colours[k]) for k in ks]
         power = [Series(name(k), [(t, p) for t, _, p in series.points[k]], colours[k]) for k in ks]
-        out.append(line_chart(f"GPU-Util per GPU{suffix}", util, "%", y_max=100.0, step_s=series.step_s,
-                              spans=spans, t_range=rng))
-        out.append(line_chart(f"Board power per GPU{suffix}", power, "W", step_s=series.step_s, spans=spans,
-                              t_range=rng))
+        out.append(
+            line_chart(
+                f"GPU-Util per GPU{suffix}",
+                util,
+                "%",
+                y_max=100.0,
+                step_s=series.step_s,
+                spans=spans,
+                t_range=rng,
+            )
+        )
+        out.append(
+            line_chart(
+                f"Board power per GPU{suffix}", power, "W", step_s=series.step_s, spans=spans, t_range=rng
+            )
+        )
     return join(out)

@@ -42,7 +42,9 @@ async def read(request: Request, fn: Callable[..., T], *args: Any) -> T | Respon
     try:
         return await run_in_threadpool(work)
     except (psycopg.OperationalError, PoolTimeout):
-        return html(page("Database unavailable", h("<p>The database does not answer; retry in a moment.</p>")), 503)
+        return html(
+            page("Database unavailable", h("<p>The database does not answer; retry in a moment.</p>")), 503
+        )
     except psycopg.DataError:
         # A value PostgreSQL cannot hold (a NUL in text, a time out of range) is the request's fault.
         return html(page("Bad request", h("<p>The address holds a value that cannot be looked up.</p>")), 400)
@@ -54,8 +56,14 @@ def notice_of(request: Request) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def render(who: Principal, title: str, body: Markup, active: str, refresh_s: int | None = None,
-           request: Request | None = None) -> Response:
+def render(
+    who: Principal,
+    title: str,
+    body: Markup,
+    active: str,
+    refresh_s: int | None = None,
+    request: Request | None = None,
+) -> Response:
     notice = notice_of(request) if request is not None else None
     if notice:
         body = Markup(h('<p class="notice" role="status" id="web-notice">{}</p>', notice) + body)

@@ -27,18 +27,22 @@ class Costs:
     note: str | None = None
 
 
-def run_costs(conn: psycopg.Connection, run_ids: Sequence[str], max_gap_s: float,
-              now: datetime | None = None) -> Costs:
+def run_costs(
+    conn: psycopg.Connection, run_ids: Sequence[str], max_gap_s: float, now: datetime | None = None
+) -> Costs:
     if not run_ids:
         return Costs()
     try:
         from gpufleet.accounting import account_runs, load_runs
     except ImportError:
-        return Costs(note="Per-run accounting is not available in this build (module gpufleet.accounting "
-                          "is missing); energy, cost and CO2e are not shown.")
+        return Costs(
+            note="Per-run accounting is not available in this build (module gpufleet.accounting "
+            "is missing); energy, cost and CO2e are not shown."
+        )
     try:
-        rows = account_runs(conn, load_runs(conn, list(run_ids)), now=now or datetime.now(UTC),
-                            max_gap_s=max_gap_s)
+        rows = account_runs(
+            conn, load_runs(conn, list(run_ids)), now=now or datetime.now(UTC), max_gap_s=max_gap_s
+        )
     except psycopg.Error as e:
         log.warning("accounting for the web view failed: %s", type(e).__name__)
         return Costs(note=f"Accounting could not be computed just now ({type(e).__name__}); try again.")

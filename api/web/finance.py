@@ -75,8 +75,14 @@ def _money(r: dict[str, Any], key: str) -> Markup:
     return num(r[key], int(r.get("minor_units", 2)), r.get("currency") or "")
 
 
-LABELS = {"run": "Run", "site": "Site", "team": "Team", "unallocated": "No run (with telemetry)",
-          "no_telemetry": "No run, no telemetry", "total": "Total"}
+LABELS = {
+    "run": "Run",
+    "site": "Site",
+    "team": "Team",
+    "unallocated": "No run (with telemetry)",
+    "no_telemetry": "No run, no telemetry",
+    "total": "Total",
+}
 
 
 def _row_cells(r: dict[str, Any]) -> list[object]:
@@ -87,23 +93,54 @@ def _row_cells(r: dict[str, Any]) -> list[object]:
         name = h("<strong>{}</strong>", "Whole fleet")
     else:
         name = h("<strong>{}</strong>", LABELS[kind]) if kind == "total" else esc(LABELS[kind])
-    return [name, r["runs"], num(r["gpu_hours"], 2), num(r["facility_kwh"], 3), num(r["co2e_kg"], 3),
-            _money(r, "energy_cost"), _money(r, "compute_cost"), _money(r, "total_cost"), r.get("currency") or "",
-            num(None if r["coverage"] is None else 100.0 * float(r["coverage"]), 1, "%"),
-            num(r.get("waste_gpu_hours"), 2), _money(r, "waste_cost")]
+    return [
+        name,
+        r["runs"],
+        num(r["gpu_hours"], 2),
+        num(r["facility_kwh"], 3),
+        num(r["co2e_kg"], 3),
+        _money(r, "energy_cost"),
+        _money(r, "compute_cost"),
+        _money(r, "total_cost"),
+        r.get("currency") or "",
+        num(None if r["coverage"] is None else 100.0 * float(r["coverage"]), 1, "%"),
+        num(r.get("waste_gpu_hours"), 2),
+        _money(r, "waste_cost"),
+    ]
 
 
-HEADERS = ("", "Runs", "GPU-hours", "Facility kWh", "kg CO2e", "Energy cost", "Compute cost", "Total", "Currency",
-           "Coverage", "Wasted GPU-h", "Waste cost")
+HEADERS = (
+    "",
+    "Runs",
+    "GPU-hours",
+    "Facility kWh",
+    "kg CO2e",
+    "Energy cost",
+    "Compute cost",
+    "Total",
+    "Currency",
+    "Coverage",
+    "Wasted GPU-h",
+    "Waste cost",
+)
 
 
-def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, now: datetime
-           ) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
+def _daily(
+    conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, now: datetime
+) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
     """Facility kWh and total cost per day per team (and for GPU time no run held), from day-step accounting."""
     days = [(lo + timedelta(days=i)) for i in range((hi - lo).days)]
     index = {d: i for i, d in enumerate(days)}
-    rows = lines(conn, lo, hi, now, fleet=True, max_gap_s=st.settings.accounting.max_gap_s, detail="step",
-                 step=timedelta(days=1))
+    rows = lines(
+        conn,
+        lo,
+        hi,
+        now,
+        fleet=True,
+        max_gap_s=st.settings.accounting.max_gap_s,
+        detail="step",
+        step=timedelta(days=1),
+    )
     teams = views.teams(conn, [r.run_id for r in rows if r.run_id])
     kwh: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
     cost: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
@@ -124,49 +161,87 @@ def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, n
 def _finance(conn: psycopg.Connection, st: ApiState, lo_d: date, hi_d: date, group_by: str) -> Markup:
     now = datetime.now(UTC)
     lo, hi = _utc(lo_d), _utc(hi_d)
-    rep = finance_report(conn, lo, hi, group_by=group_by, now=now,  # type: ignore[arg-type]
-                         max_gap_s=st.settings.accounting.max_gap_s)
+    rep = finance_report(
+        conn,
+        lo,
+        hi,
+        group_by=group_by,  # type: ignore[arg-type]
+        now=now,
+        max_gap_s=st.settings.accounting.max_gap_s,
+    )
     labels, kwh, cost = _daily(conn, st, lo, hi, now)
     query = urlencode({"from": lo_d.isoformat(), "to": hi_d.isoformat(), "group_by": group_by})
     groups = [r for r in rep.rows if r["row_type"] == group_by]
     others = [r for r in rep.rows if r["row_type"] != group_by]
     totals = [r for r in rep.rows if r["row_type"] == "total"]
     whole = next((t for t in totals if t["key"] == "all"), totals[0] if totals else None)
-    idle_h = sum(float(r["gpu_hours"] or 0) for r in others if r["row_type"] in ("unallocated", "no_telemetry"))
+    idle_h = sum(
+        float(r["gpu_hours"] or 0) for r in others if r["row_type"] in ("unallocated", "no_telemetry")
+    )
     figures = [(_money(t, "total_cost"), f"total {t['currency']}") for t in totals if t["currency"]]
-    figures += [(num(whole["facility_kwh"] if whole else 0.0, 1, "kWh"), "facility energy"),
-                (num(idle_h, 1, "h"), "GPU-hours no run held (with or without telemetry)")]
-    cards = join(h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
-                 for v, label in figures)
+    figures += [
+        (num(whole["facility_kwh"] if whole else 0.0, 1, "kWh"), "facility energy"),
+        (num(idle_h, 1, "h"), "GPU-hours no run held (with or without telemetry)"),
+    ]
+    cards = join(
+        h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
+        for v, label in figures
+    )
     problems_seen = list(dict.fromkeys(e for r in rep.rows for e in r.get("errors") or []))
     notice = join(h('<p class="error" role="alert">{}</p>', e) for e in problems_seen[:20])
-    return join([notice, h(
-        '<form method="get" action="/finance" class="period">'
-        '<label for="from">From (00:00 UTC)</label><input id="from" name="from" type="date" value="{}">'
-        '<label for="to">To (exclusive)</label><input id="to" name="to" type="date" value="{}">'
-        '<label for="group_by">Rows per</label><select id="group_by" name="group_by">{}</select>'
-        '<button type="submit">Show</button></form>'
-        '<p class="downloads">Download: <a href="/finance/report.csv?{}" download>CSV</a> '
-        '<a href="/finance/report.json?{}">JSON</a> (the columns of <code>GET /v1/reports/finance.csv</code>)</p>'
-        '<section class="cards">{}</section>'
-        '<section><h2>By {}</h2>{}</section>'
-        '<section><h2>GPU time no run held, and totals</h2>{}</section>'
-        '<section><h2>Per day</h2>{}{}</section>'
-        '<p class="hint">Money in each currency\'s minor units; totals are the sum of the rows above them to the '
-        'cent. GPU time no run held is split by telemetry: hours with samples carry energy and cost, hours without '
-        'any are only counted. Wasted GPU-hours are those the runs\' ledgers put in any state but productive '
-        '(idle, hung, checkpoint, starved, straggler wait, throttled); the <a href="/waste">Waste</a> page ranks '
-        'them. Up to {}.</p>',
-        lo_d.isoformat(), hi_d.isoformat(),
-        join(h('<option value="{}"{}>{}</option>', g, Markup(" selected") if g == group_by else Markup(""), g)
-             for g in GROUPS),
-        query, query, cards, group_by,
-        table(HEADERS, (_row_cells(r) for r in groups), numeric=range(1, 12), empty="No runs in this period."),
-        table(HEADERS, (_row_cells(r) for r in others), numeric=range(1, 12)),
-        bar_chart("Facility energy per day, per team", labels, list(kwh.items()), "kWh"),
-        bar_chart("Cost per day, per team", labels, list(cost.items()),
-                  " / ".join(sorted({t["currency"] for t in totals if t["currency"]})) or "money"),
-        rep.window_end.strftime("%Y-%m-%d %H:%M UTC"))])
+    return join(
+        [
+            notice,
+            h(
+                '<form method="get" action="/finance" class="period">'
+                '<label for="from">From (00:00 UTC)</label><input id="from" name="from" type="date" value="{}">'
+                '<label for="to">To (exclusive)</label><input id="to" name="to" type="date" value="{}">'
+                '<label for="group_by">Rows per</label><select id="group_by" name="group_by">{}</select>'
+                '<button type="submit">Show</button></form>'
+                '<p class="downloads">Download: <a href="/finance/report.csv?{}" download>CSV</a> '
+                '<a href="/finance/report.json?{}">JSON</a> (the columns of <code>GET /v1/reports/finance.csv</code>)</p>'
+                '<section class="cards">{}</section>'
+                "<section><h2>By {}</h2>{}</section>"
+                "<section><h2>GPU time no run held, and totals</h2>{}</section>"
+                "<section><h2>Per day</h2>{}{}</section>"
+                '<p class="hint">Money in each currency\'s minor units; totals are the sum of the rows above them to the '
+                "cent. GPU time no run held is split by telemetry: hours with samples carry energy and cost, hours without "
+                "any are only counted. Wasted GPU-hours are those the runs' ledgers put in any state but productive "
+                '(idle, hung, checkpoint, starved, straggler wait, throttled); the <a href="/waste">Waste</a> page ranks '
+                "them. Up to {}.</p>",
+                lo_d.isoformat(),
+                hi_d.isoformat(),
+                join(
+                    h(
+                        '<option value="{}"{}>{}</option>',
+                        g,
+                        Markup(" selected") if g == group_by else Markup(""),
+                        g,
+                    )
+                    for g in GROUPS
+                ),
+                query,
+                query,
+                cards,
+                group_by,
+                table(
+                    HEADERS,
+                    (_row_cells(r) for r in groups),
+                    numeric=range(1, 12),
+                    empty="No runs in this period.",
+                ),
+                table(HEADERS, (_row_cells(r) for r in others), numeric=range(1, 12)),
+                bar_chart("Facility energy per day, per team", labels, list(kwh.items()), "kWh"),
+                bar_chart(
+                    "Cost per day, per team",
+                    labels,
+                    list(cost.items()),
+                    " / ".join(sorted({t["currency"] for t in totals if t["currency"]})) or "money",
+                ),
+                rep.window_end.strftime("%Y-%m-%d %H:%M UTC"),
+            ),
+        ]
+    )
 
 
 def _render(who: Principal, body: Markup, status: int = 200) -> Response:
@@ -182,8 +257,14 @@ async def finance_page(request: Request, group_by: str = "team") -> Response:
     try:
         lo, hi = period(q.get("from"), q.get("to"), datetime.now(UTC).date())
     except PeriodError as e:
-        return _render(who, h('<p class="error" role="alert">{}</p><p><a href="/finance">Back to the last week</a>'
-                              "</p>", str(e)), 422)
+        return _render(
+            who,
+            h(
+                '<p class="error" role="alert">{}</p><p><a href="/finance">Back to the last week</a></p>',
+                str(e),
+            ),
+            422,
+        )
     body = await _read(request, _finance, lo, hi, group_by if group_by in GROUPS else "team")
     if isinstance(body, Response):
         return body
@@ -201,11 +282,18 @@ async def _report(request: Request) -> tuple[Principal, Any] | Response:
     except PeriodError as e:
         return secure(JSONResponse({"detail": str(e)}, status_code=422))
     if group_by not in GROUPS:
-        return secure(JSONResponse({"detail": f"group_by must be one of {', '.join(GROUPS)}"}, status_code=422))
+        return secure(
+            JSONResponse({"detail": f"group_by must be one of {', '.join(GROUPS)}"}, status_code=422)
+        )
 
     def work(conn: psycopg.Connection, st: ApiState) -> Any:
-        return finance_report(conn, _utc(lo), _utc(hi), group_by=group_by,  # type: ignore[arg-type]
-                              max_gap_s=st.settings.accounting.max_gap_s)
+        return finance_report(
+            conn,
+            _utc(lo),
+            _utc(hi),
+            group_by=group_by,  # type: ignore[arg-type]
+            max_gap_s=st.settings.accounting.max_gap_s,
+        )
 
     rep = await _read(request, work)
     if isinstance(rep, Response):
@@ -220,8 +308,13 @@ async def finance_report_csv(request: Request) -> Response:
         return got
     _, rep = got
     name = f"finance_{rep.group_by}_{rep.since:%Y%m%d}_{rep.until:%Y%m%d}.csv"
-    return secure(Response(finance_csv(rep), media_type="text/csv; charset=utf-8",
-                           headers={"Content-Disposition": f'attachment; filename="{name}"'}))
+    return secure(
+        Response(
+            finance_csv(rep),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+    )
 
 
 @router.get("/finance/report.json")

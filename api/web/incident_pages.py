@@ -59,8 +59,20 @@ def actions_list(actions: list[dict[str, Any]] | None) -> Markup:
     items = [a for a in actions or [] if isinstance(a, dict)]
     if not items:
         return Markup("")
-    lines = join((h("<li>{} {} {}: <strong>{}</strong> {}</li>", a.get("time", ""), a.get("action", ""),
-                    a.get("target", ""), a.get("result", ""), a.get("detail", "")) for a in items), "")
+    lines = join(
+        (
+            h(
+                "<li>{} {} {}: <strong>{}</strong> {}</li>",
+                a.get("time", ""),
+                a.get("action", ""),
+                a.get("target", ""),
+                a.get("result", ""),
+                a.get("detail", ""),
+            )
+            for a in items
+        ),
+        "",
+    )
     return h('<ul class="actions" aria-label="quarantine actions">{}</ul>', lines)
 
 
@@ -77,8 +89,16 @@ def xid_lines(ev: dict[str, Any]) -> Markup:
     items = []
     for c in sorted(codes):
         info = xid.describe(c)
-        items.append(h("<li>{} &mdash; {} (first action: {})</li>", xid.label(c), info.meaning,
-                       info.action.replace("_", " ")) if info else h("<li>{}</li>", xid.label(c)))
+        items.append(
+            h(
+                "<li>{} &mdash; {} (first action: {})</li>",
+                xid.label(c),
+                info.meaning,
+                info.action.replace("_", " "),
+            )
+            if info
+            else h("<li>{}</li>", xid.label(c))
+        )
     return h('<ul class="xids">{}</ul>', join(items, ""))
 
 
@@ -87,8 +107,11 @@ def lost_cell(i: dict[str, Any]) -> Markup:
     lost = i.get("lost")
     if not lost:
         return Markup("&mdash;")
-    return h("{} GPU-h<br>{}", num(lost.get("gpu_hours"), 2),
-             num(lost.get("total_cost"), lost.get("minor_units", 2), lost.get("currency") or ""))
+    return h(
+        "{} GPU-h<br>{}",
+        num(lost.get("gpu_hours"), 2),
+        num(lost.get("total_cost"), lost.get("minor_units", 2), lost.get("currency") or ""),
+    )
 
 
 def _gpu_links(gpus: tuple[tuple[str, int], ...], node: str | None) -> Markup:
@@ -97,8 +120,17 @@ def _gpu_links(gpus: tuple[tuple[str, int], ...], node: str | None) -> Markup:
         by_node.setdefault(n, []).append(g)
     if not by_node and node:
         return link(node_href(node), node)
-    return join((h('{} <span class="gpus">GPU {}</span>', link(node_href(n), n), ",".join(str(g) for g in sorted(gs)))
-                 for n, gs in sorted(by_node.items())), "; ")
+    return join(
+        (
+            h(
+                '{} <span class="gpus">GPU {}</span>',
+                link(node_href(n), n),
+                ",".join(str(g) for g in sorted(gs)),
+            )
+            for n, gs in sorted(by_node.items())
+        ),
+        "; ",
+    )
 
 
 def _since(i: dict[str, Any], now: datetime) -> Markup:
@@ -107,8 +139,14 @@ def _since(i: dict[str, Any], now: datetime) -> Markup:
         return Markup("&mdash;")
     lasted = ((end or now) - start).total_seconds()
     if end is None:
-        return h('<span class="nowrap">{}</span><br><span class="sub">{} so far</span>', when_short(start), ago(lasted))
-    return h('<span class="nowrap">{}</span><br><span class="sub">lasted {}</span>', when_short(start), ago(lasted))
+        return h(
+            '<span class="nowrap">{}</span><br><span class="sub">{} so far</span>',
+            when_short(start),
+            ago(lasted),
+        )
+    return h(
+        '<span class="nowrap">{}</span><br><span class="sub">lasted {}</span>', when_short(start), ago(lasted)
+    )
 
 
 def incident_rows(rows: list[dict[str, Any]], can_read: bool = True) -> list[list[object]]:
@@ -118,12 +156,27 @@ def incident_rows(rows: list[dict[str, Any]], can_read: bool = True) -> list[lis
     out: list[list[object]] = []
     for i in rows:
         ex = explain(i)
-        head = h('{} {} {}', link(incident_href(i["id"]), f"#{i['id']} {ex.title}"), severity_badge(i["severity"]),
-                 badge(i["state"], "muted" if i["state"] == "resolved" else "warning"))
-        run = link(run_href(i["run_id"]), i["run_id"]) if i.get("run_id") and can_read else esc(i.get("run_id") or "")
+        head = h(
+            "{} {} {}",
+            link(incident_href(i["id"]), f"#{i['id']} {ex.title}"),
+            severity_badge(i["severity"]),
+            badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
+        )
+        run = (
+            link(run_href(i["run_id"]), i["run_id"])
+            if i.get("run_id") and can_read
+            else esc(i.get("run_id") or "")
+        )
         where = join((x for x in (run, _gpu_links(ex.gpus, i.get("node"))) if x), "<br>")
-        out.append([head, where or Markup("&mdash;"), h('<span class="why">{}</span>', ex.sentence), _since(i, now),
-                    lost_cell(i)])
+        out.append(
+            [
+                head,
+                where or Markup("&mdash;"),
+                h('<span class="why">{}</span>', ex.sentence),
+                _since(i, now),
+                lost_cell(i),
+            ]
+        )
     return out
 
 
@@ -136,10 +189,19 @@ def incident_table(rows: list[dict[str, Any]], empty: str, can_read: bool = True
 
 def _incidents(conn: psycopg.Connection, st: ApiState, which: str) -> Markup:
     rows = costed(conn, st, queries.incidents(conn, state=None if which == "all" else which))
-    tabs = join((link(f"/incidents?state={s}", s) if s != which else h("<strong>{}</strong>", s)
-                 for s in ("open", "resolved", "all")), " | ")
-    return h('<p class="tabs">{}</p>{}<p class="hint">This page reloads every {} s.</p>', tabs,
-             incident_table(rows, f"No {which} incidents."), LIVE_REFRESH_S)
+    tabs = join(
+        (
+            link(f"/incidents?state={s}", s) if s != which else h("<strong>{}</strong>", s)
+            for s in ("open", "resolved", "all")
+        ),
+        " | ",
+    )
+    return h(
+        '<p class="tabs">{}</p>{}<p class="hint">This page reloads every {} s.</p>',
+        tabs,
+        incident_table(rows, f"No {which} incidents."),
+        LIVE_REFRESH_S,
+    )
 
 
 @router.get("/incidents")
@@ -160,24 +222,36 @@ async def incidents(request: Request, state: str = "open") -> Response:
 def _cost_block(i: dict[str, Any]) -> Markup:
     lost = i.get("lost")
     if not lost:
-        why = "It has no run, so no job's time is counted as lost." if not i.get("run_id") else \
-            "No cost figures could be computed just now."
+        why = (
+            "It has no run, so no job's time is counted as lost."
+            if not i.get("run_id")
+            else "No cost figures could be computed just now."
+        )
         return h('<p class="hint">{}</p>', why)
     cur, mu = lost.get("currency") or "", lost.get("minor_units", 2)
-    rows = [["GPU time lost", num(lost.get("gpu_hours"), 2, "GPU-hours")],
-            ["Energy of that time", num(lost.get("facility_kwh"), 3, "kWh (facility)")],
-            ["CO2e", num(lost.get("co2e_kg"), 3, "kg")],
-            ["Energy cost", num(lost.get("energy_cost"), mu, cur)],
-            ["Compute cost", num(lost.get("compute_cost"), mu, cur)],
-            ["Total", h("<strong>{}</strong>", num(lost.get("total_cost"), mu, cur))]]
+    rows = [
+        ["GPU time lost", num(lost.get("gpu_hours"), 2, "GPU-hours")],
+        ["Energy of that time", num(lost.get("facility_kwh"), 3, "kWh (facility)")],
+        ["CO2e", num(lost.get("co2e_kg"), 3, "kg")],
+        ["Energy cost", num(lost.get("energy_cost"), mu, cur)],
+        ["Compute cost", num(lost.get("compute_cost"), mu, cur)],
+        ["Total", h("<strong>{}</strong>", num(lost.get("total_cost"), mu, cur))],
+    ]
     basis = str(lost.get("basis") or "").replace("_", " ")
     share = lost.get("lost_share")
-    note = h('<p class="hint">{} GPUs over {}, {} of their time lost (basis: {}).</p>', lost.get("gpus"),
-             ago(lost.get("span_s")), num(None if share is None else 100.0 * share, 0, "%"), basis)
+    note = h(
+        '<p class="hint">{} GPUs over {}, {} of their time lost (basis: {}).</p>',
+        lost.get("gpus"),
+        ago(lost.get("span_s")),
+        num(None if share is None else 100.0 * share, 0, "%"),
+        basis,
+    )
     return join((table(("What", "So far"), rows, numeric=(1,)), note))
 
 
-def _incident_page(conn: psycopg.Connection, st: ApiState, incident_id: int) -> tuple[Markup, dict[str, Any]] | None:
+def _incident_page(
+    conn: psycopg.Connection, st: ApiState, incident_id: int
+) -> tuple[Markup, dict[str, Any]] | None:
     row = get_incident(conn, incident_id)
     if row is None:
         return None
@@ -185,26 +259,46 @@ def _incident_page(conn: psycopg.Connection, st: ApiState, incident_id: int) -> 
     ex = explain(i)
     now = datetime.now(UTC)
     run = queries.run(conn, i["run_id"]) if i.get("run_id") else None
-    facts: list[Markup] = [h("{} {}", severity_badge(i["severity"]),
-                             badge(i["state"], "muted" if i["state"] == "resolved" else "warning"))]
+    facts: list[Markup] = [
+        h(
+            "{} {}",
+            severity_badge(i["severity"]),
+            badge(i["state"], "muted" if i["state"] == "resolved" else "warning"),
+        )
+    ]
     if run is not None:
-        facts.append(h("Run {} ({}{})", link(run_href(run["run_id"]), run["run_id"]), run["name"] or "unnamed",
-                       f", team {run['team']}" if run["team"] else ""))
+        facts.append(
+            h(
+                "Run {} ({}{})",
+                link(run_href(run["run_id"]), run["run_id"]),
+                run["name"] or "unnamed",
+                f", team {run['team']}" if run["team"] else "",
+            )
+        )
     elif i.get("run_id"):
         facts.append(h("Run {} (not registered)", i["run_id"]))
-    nodes = sorted({n for n, _ in ex.gpus} | ({i["node"]} if i.get("node") else set()) |
-                   (set(queries.run_nodes(conn, i["run_id"])) if run is not None and not ex.gpus else set()))
+    nodes = sorted(
+        {n for n, _ in ex.gpus}
+        | ({i["node"]} if i.get("node") else set())
+        | (set(queries.run_nodes(conn, i["run_id"])) if run is not None and not ex.gpus else set())
+    )
     if ex.gpus:
         facts.append(h("GPUs {}", _gpu_links(ex.gpus, i.get("node"))))
     elif nodes:
         facts.append(h("Nodes {}", join((link(node_href(n), n) for n in nodes), ", ")))
     lasted = ((i["end"] or now) - i["start"]).total_seconds()
-    facts.append(h("Since {} ({} {})", when(i["start"]), ago(lasted), "so far" if i["end"] is None else "in all"))
+    facts.append(
+        h("Since {} ({} {})", when(i["start"]), ago(lasted), "so far" if i["end"] is None else "in all")
+    )
     if i["end"] is not None:
         facts.append(h("Ended {}", when(i["end"])))
     facts.append(link(f"/runbooks#{i['kind']}", "Runbook"))
-    figures = table(("Figure", "Value"), ([label, value] for label, value in ex.figures), numeric=(1,),
-                    empty="The detector recorded no figures.")
+    figures = table(
+        ("Figure", "Value"),
+        ([label, value] for label, value in ex.figures),
+        numeric=(1,),
+        empty="The detector recorded no figures.",
+    )
     lo = max(i["start"] - CHART_MARGIN, (i["end"] or now) - CHART_SPAN)
     hi = min((i["end"] or now) + CHART_MARGIN, now)
     if run is not None:
@@ -216,22 +310,40 @@ def _incident_page(conn: psycopg.Connection, st: ApiState, incident_id: int) -> 
     else:
         series, others = None, [i]
     spans = incident_spans([o for o in others if o["id"] == i["id"]], lo, hi)
-    charts = gpu_charts(series, lo, hi, spans) if series is not None and series.points else \
-        h('<p class="empty">No GPU samples around this incident.</p>')
+    charts = (
+        gpu_charts(series, lo, hi, spans)
+        if series is not None and series.points
+        else h('<p class="empty">No GPU samples around this incident.</p>')
+    )
     related = [o for o in others if o["id"] != i["id"]]
-    body = h('<p class="cause" id="cause">{}</p><p class="facts">{}</p>'
-             '<div class="cols2"><section><h2>What it costs</h2>{}</section>'
-             '<section><h2>The numbers behind it</h2>{}{}</section></div>'
-             '<section><h2>GPUs around it</h2><p class="hint">The shaded stretch is this incident.</p>{}</section>'
-             '{}{}<section><h2>More</h2>{}</section>',
-             ex.sentence, join(facts, Markup(' <span class="sep">&middot;</span> ')), _cost_block(i), figures,
-             xid_lines(i.get("evidence") or {}), charts,
-             h("<section><h2>Quarantine</h2>{}</section>", actions_list(i.get("actions"))) if i.get("actions")
-             else Markup(""),
-             h("<section><h2>Other incidents of this run</h2>{}</section>",
-               incident_table(costed(conn, st, related), "None.")) if related else Markup(""),
-             join((raw_evidence(i.get("evidence")),
-                   h('<p>{} &middot; {}</p>', link("/incidents", "All open incidents"), link("/", "Fleet")))))
+    body = h(
+        '<p class="cause" id="cause">{}</p><p class="facts">{}</p>'
+        '<div class="cols2"><section><h2>What it costs</h2>{}</section>'
+        "<section><h2>The numbers behind it</h2>{}{}</section></div>"
+        '<section><h2>GPUs around it</h2><p class="hint">The shaded stretch is this incident.</p>{}</section>'
+        "{}{}<section><h2>More</h2>{}</section>",
+        ex.sentence,
+        join(facts, Markup(' <span class="sep">&middot;</span> ')),
+        _cost_block(i),
+        figures,
+        xid_lines(i.get("evidence") or {}),
+        charts,
+        h("<section><h2>Quarantine</h2>{}</section>", actions_list(i.get("actions")))
+        if i.get("actions")
+        else Markup(""),
+        h(
+            "<section><h2>Other incidents of this run</h2>{}</section>",
+            incident_table(costed(conn, st, related), "None."),
+        )
+        if related
+        else Markup(""),
+        join(
+            (
+                raw_evidence(i.get("evidence")),
+                h("<p>{} &middot; {}</p>", link("/incidents", "All open incidents"), link("/", "Fleet")),
+            )
+        ),
+    )
     return body, i
 
 
@@ -241,14 +353,34 @@ async def incident_page(request: Request, incident_id: str) -> Response:
     if isinstance(who, Response):
         return who
     if not incident_id.isdigit() or len(incident_id) > 18:
-        return html(page("Incident not found", h("<p>{} is not an incident number.</p>", incident_id), who=who,
-                         allowed=capabilities(who)), 404)
+        return html(
+            page(
+                "Incident not found",
+                h("<p>{} is not an incident number.</p>", incident_id),
+                who=who,
+                allowed=capabilities(who),
+            ),
+            404,
+        )
     got = await read(request, _incident_page, int(incident_id))
     if isinstance(got, Response):
         return got
     if got is None:
-        return html(page("Incident not found", h("<p>No incident #{} is recorded.</p>", incident_id), who=who,
-                         allowed=capabilities(who)), 404)
+        return html(
+            page(
+                "Incident not found",
+                h("<p>No incident #{} is recorded.</p>", incident_id),
+                who=who,
+                allowed=capabilities(who),
+            ),
+            404,
+        )
     body, i = got
-    return render(who, f"Incident #{i['id']}: {explain(i).title}", body, "/incidents",
-                  refresh_s=LIVE_REFRESH_S if i["state"] == "open" else None, request=request)
+    return render(
+        who,
+        f"Incident #{i['id']}: {explain(i).title}",
+        body,
+        "/incidents",
+        refresh_s=LIVE_REFRESH_S if i["state"] == "open" else None,
+        request=request,
+    )

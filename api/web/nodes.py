@@ -71,64 +71,182 @@ def _node_page(conn: psycopg.Connection, st: ApiState, name: str) -> Markup | No
     if jobs_now:
         newest = max(r["time"] for r in jobs_now)
         jobs_now = [r for r in jobs_now if r["time"] >= newest - FRESH]
-    summary = table(("Node", "Site", "GPUs", "GPU model", "Driver", "CPUs", "Governor", "Last batch", "Checks"),
-                    [[row["node"], row["site"] or "", facts.gpu_count or row["gpu_count"] or "",
-                      facts.gpu_model_of(0) or "", facts.driver_version or "", facts.cpu_count or "",
-                      facts.cpu_governor if isinstance(facts.cpu_governor, str) else "",
-                      h("{} ago", ago(row["silent_s"])) if row["silent_s"] is not None else Markup("&mdash;"),
-                      _status(facts.checks_status) if facts.checks else Markup("&mdash;")]])
-    checks = table(("Status", "Check", "Subject", "Value", "Finding", "Decision"),
-                   ([_status(c.status), c.check.replace("_", " "), c.subject or "", _value(c.value, c.unit),
-                     c.finding or "", c.decision or ""]
-                    for c in sorted(facts.checks or [], key=lambda c: CHECK_ORDER.index(c.status))),
-                   empty="The agent has not reported node checks (an older agent, or node_checks off).")
-    asof = h('<p class="asof">As the agent last reported them: {}.</p>', when(row["facts_time"])) if facts.checks \
+    summary = table(
+        ("Node", "Site", "GPUs", "GPU model", "Driver", "CPUs", "Governor", "Last batch", "Checks"),
+        [
+            [
+                row["node"],
+                row["site"] or "",
+                facts.gpu_count or row["gpu_count"] or "",
+                facts.gpu_model_of(0) or "",
+                facts.driver_version or "",
+                facts.cpu_count or "",
+                facts.cpu_governor if isinstance(facts.cpu_governor, str) else "",
+                h("{} ago", ago(row["silent_s"])) if row["silent_s"] is not None else Markup("&mdash;"),
+                _status(facts.checks_status) if facts.checks else Markup("&mdash;"),
+            ]
+        ],
+    )
+    checks = table(
+        ("Status", "Check", "Subject", "Value", "Finding", "Decision"),
+        (
+            [
+                _status(c.status),
+                c.check.replace("_", " "),
+                c.subject or "",
+                _value(c.value, c.unit),
+                c.finding or "",
+                c.decision or "",
+            ]
+            for c in sorted(facts.checks or [], key=lambda c: CHECK_ORDER.index(c.status))
+        ),
+        empty="The agent has not reported node checks (an older agent, or node_checks off).",
+    )
+    asof = (
+        h('<p class="asof">As the agent last reported them: {}.</p>', when(row["facts_time"]))
+        if facts.checks
         else Markup("")
-    jobs = table(("Cgroup", "Version", "GPUs", "Processes", "CPU quota", "Limit", "CPU used", "Throttled",
-                  "CPU pressure", "I/O pressure"),
-                 ([j.cgroup or "", j.cgroup_version or "", ",".join(str(g) for g in j.gpus or []), j.pids or 0,
-                   num(j.cpu_quota_cores, 1, "cores"), j.quota_kind or "none", num(j.cpu_cores, 2, "cores"),
-                   num(None if j.cpu_throttled_share is None else 100 * j.cpu_throttled_share, 0, "%"),
-                   num(j.cpu_pressure_pct, 1, "%"), num(j.io_pressure_pct, 1, "%")] for j in facts.job_cgroups or []),
-                 numeric=(4, 6, 7, 8, 9), empty="No job cgroup reported (no process on the GPUs).")
-    now = table(("GPU", "Run", "Sample", "CPU used", "CPU quota", "Throttled", "CPU pressure", "I/O pressure"),
-                ([r["gpu"], r["run_id"] or "", when(r["time"]), num(r["job_cpu_cores"], 2, "cores"),
-                  num(r["job_cpu_quota_cores"], 1, "cores"),
-                  num(None if r["job_cpu_throttled_share"] is None else 100 * r["job_cpu_throttled_share"], 0, "%"),
-                  num(r["job_cpu_pressure_pct"], 1, "%"), num(r["job_io_pressure_pct"], 1, "%")]
-                 for r in jobs_now if r["job_cpu_cores"] is not None or r["job_cpu_quota_cores"] is not None),
-                numeric=(3, 4, 5, 6, 7), empty="No GPU sample carries job cgroup figures.")
-    numa = table(("GPU", "Processes", "GPU NUMA node", "CPUs allowed", "Their NUMA nodes"),
-                 ([p.gpu, p.pids or 0, "" if p.gpu_numa_node is None else p.gpu_numa_node, p.cpus_allowed or "",
-                   ",".join(str(n) for n in p.numa_nodes or [])] for p in facts.gpu_processes or []),
-                 empty="No process placement reported.")
-    nfs = table(("Mount", "Device", "Over", "RPCs", "Retrans", "Timeouts", "Backlog wait", "Round trip", "Request"),
-                ([m.mountpoint, m.device or "", "since mount" if m.since_mount else num(m.interval_s, 0, "s"),
-                  m.ops if m.ops is not None else "", m.retrans if m.retrans is not None else "",
-                  m.timeouts if m.timeouts is not None else "", num(m.queue_ms, 2, "ms"), num(m.rtt_ms, 2, "ms"),
-                  num(m.execute_ms, 1, "ms")] for m in facts.nfs_mounts or []),
-                numeric=(3, 4, 5, 6, 7, 8), empty="No NFS mount reported.")
+    )
+    jobs = table(
+        (
+            "Cgroup",
+            "Version",
+            "GPUs",
+            "Processes",
+            "CPU quota",
+            "Limit",
+            "CPU used",
+            "Throttled",
+            "CPU pressure",
+            "I/O pressure",
+        ),
+        (
+            [
+                j.cgroup or "",
+                j.cgroup_version or "",
+                ",".join(str(g) for g in j.gpus or []),
+                j.pids or 0,
+                num(j.cpu_quota_cores, 1, "cores"),
+                j.quota_kind or "none",
+                num(j.cpu_cores, 2, "cores"),
+                num(None if j.cpu_throttled_share is None else 100 * j.cpu_throttled_share, 0, "%"),
+                num(j.cpu_pressure_pct, 1, "%"),
+                num(j.io_pressure_pct, 1, "%"),
+            ]
+            for j in facts.job_cgroups or []
+        ),
+        numeric=(4, 6, 7, 8, 9),
+        empty="No job cgroup reported (no process on the GPUs).",
+    )
+    now = table(
+        ("GPU", "Run", "Sample", "CPU used", "CPU quota", "Throttled", "CPU pressure", "I/O pressure"),
+        (
+            [
+                r["gpu"],
+                r["run_id"] or "",
+                when(r["time"]),
+                num(r["job_cpu_cores"], 2, "cores"),
+                num(r["job_cpu_quota_cores"], 1, "cores"),
+                num(
+                    None if r["job_cpu_throttled_share"] is None else 100 * r["job_cpu_throttled_share"],
+                    0,
+                    "%",
+                ),
+                num(r["job_cpu_pressure_pct"], 1, "%"),
+                num(r["job_io_pressure_pct"], 1, "%"),
+            ]
+            for r in jobs_now
+            if r["job_cpu_cores"] is not None or r["job_cpu_quota_cores"] is not None
+        ),
+        numeric=(3, 4, 5, 6, 7),
+        empty="No GPU sample carries job cgroup figures.",
+    )
+    numa = table(
+        ("GPU", "Processes", "GPU NUMA node", "CPUs allowed", "Their NUMA nodes"),
+        (
+            [
+                p.gpu,
+                p.pids or 0,
+                "" if p.gpu_numa_node is None else p.gpu_numa_node,
+                p.cpus_allowed or "",
+                ",".join(str(n) for n in p.numa_nodes or []),
+            ]
+            for p in facts.gpu_processes or []
+        ),
+        empty="No process placement reported.",
+    )
+    nfs = table(
+        ("Mount", "Device", "Over", "RPCs", "Retrans", "Timeouts", "Backlog wait", "Round trip", "Request"),
+        (
+            [
+                m.mountpoint,
+                m.device or "",
+                "since mount" if m.since_mount else num(m.interval_s, 0, "s"),
+                m.ops if m.ops is not None else "",
+                m.retrans if m.retrans is not None else "",
+                m.timeouts if m.timeouts is not None else "",
+                num(m.queue_ms, 2, "ms"),
+                num(m.rtt_ms, 2, "ms"),
+                num(m.execute_ms, 1, "ms"),
+            ]
+            for m in facts.nfs_mounts or []
+        ),
+        numeric=(3, 4, 5, 6, 7, 8),
+        empty="No NFS mount reported.",
+    )
     incident_rows = costed(conn, st, queries.node_incidents(conn, name))
     incidents = incident_table(incident_rows, "No incidents on this node or on the runs it holds.")
-    runs = table(("Run", "Name", "Team", "GPUs here", "Start", "End"),
-                 ([link(run_href(r["run_id"]), r["run_id"]), r["name"] or "", r["team"] or "",
-                   ",".join(str(g) for g in r["gpus"] or []), when_short(r["start"]), when_short(r["end"])]
-                  for r in queries.node_runs(conn, name)), empty="No run has held GPUs of this node.")
+    runs = table(
+        ("Run", "Name", "Team", "GPUs here", "Start", "End"),
+        (
+            [
+                link(run_href(r["run_id"]), r["run_id"]),
+                r["name"] or "",
+                r["team"] or "",
+                ",".join(str(g) for g in r["gpus"] or []),
+                when_short(r["start"]),
+                when_short(r["end"]),
+            ]
+            for r in queries.node_runs(conn, name)
+        ),
+        empty="No run has held GPUs of this node.",
+    )
     hi = min(datetime.now(UTC), row["last_seen"] or datetime.now(UTC))
     lo = hi - CHART_WINDOW
     series = queries.node_gpu_series(conn, name, lo, hi)
-    charts = join((h('<p class="window">The last hour to the newest sample ({} to {}). Shaded: incidents on this '
-                     "node or its runs (each links to its page).</p>", when(lo), when(hi)),
-                   gpu_charts(series, lo, hi, incident_spans(incident_rows, lo, hi)) if series.points else
-                   h('<p class="empty">No GPU samples in the last hour.</p>')))
+    charts = join(
+        (
+            h(
+                '<p class="window">The last hour to the newest sample ({} to {}). Shaded: incidents on this '
+                "node or its runs (each links to its page).</p>",
+                when(lo),
+                when(hi),
+            ),
+            gpu_charts(series, lo, hi, incident_spans(incident_rows, lo, hi))
+            if series.points
+            else h('<p class="empty">No GPU samples in the last hour.</p>'),
+        )
+    )
     fabric = fabric_section(conn, name, lo, hi, incident_spans(incident_rows, lo, hi))
-    return h("<section>{}</section><section><h2>Runs</h2>{}</section><section><h2>Incidents</h2>{}</section>"
-             "<section><h2>GPUs</h2>{}</section><section><h2>Checks</h2>{}{}</section>"
-             "<section><h2>Quarantine</h2>{}</section><section><h2>Fabric</h2>{}</section>"
-             "<section><h2>Job cgroups</h2>{}<h3>Newest samples</h3>{}</section>"
-             "<section><h2>NUMA placement</h2>{}</section><section><h2>NFS</h2>{}</section>",
-             summary, runs, incidents, charts, asof, checks, quarantine_section(conn, name), fabric, jobs, now, numa,
-             nfs)
+    return h(
+        "<section>{}</section><section><h2>Runs</h2>{}</section><section><h2>Incidents</h2>{}</section>"
+        "<section><h2>GPUs</h2>{}</section><section><h2>Checks</h2>{}{}</section>"
+        "<section><h2>Quarantine</h2>{}</section><section><h2>Fabric</h2>{}</section>"
+        "<section><h2>Job cgroups</h2>{}<h3>Newest samples</h3>{}</section>"
+        "<section><h2>NUMA placement</h2>{}</section><section><h2>NFS</h2>{}</section>",
+        summary,
+        runs,
+        incidents,
+        charts,
+        asof,
+        checks,
+        quarantine_section(conn, name),
+        fabric,
+        jobs,
+        now,
+        numa,
+        nfs,
+    )
 
 
 @router.get("/nodes/{node}")
@@ -140,6 +258,13 @@ async def node_page(request: Request, node: str) -> Response:
     if isinstance(body, Response):
         return body
     if body is None:
-        return html(page("Node not found", h("<p>No node {} has reported.</p>", node), who=who,
-                         allowed=capabilities(who)), 404)
+        return html(
+            page(
+                "Node not found",
+                h("<p>No node {} has reported.</p>", node),
+                who=who,
+                allowed=capabilities(who),
+            ),
+            404,
+        )
     return render(who, f"Node {node}", body, "/", refresh_s=LIVE_REFRESH_S, request=request)

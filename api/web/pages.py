@@ -73,8 +73,16 @@ def _q(run_id: str) -> str:
 #: The run tables' accounting columns (the whole body is one click away, on the run's page).
 ACCOUNTING_HEADERS = ("GPU-hours", "Facility kWh", "Total cost", "CO2e kg", "Coverage")
 #: The accounting page's: energy and compute cost apart.
-ACCOUNTING_DETAIL_HEADERS = ("GPU-hours", "IT kWh", "Facility kWh", "Energy cost", "Compute cost", "Total cost",
-                             "CO2e kg", "Coverage")
+ACCOUNTING_DETAIL_HEADERS = (
+    "GPU-hours",
+    "IT kWh",
+    "Facility kWh",
+    "Energy cost",
+    "Compute cost",
+    "Total cost",
+    "CO2e kg",
+    "Coverage",
+)
 
 
 def _money(a: Mapping[str, Any], key: str) -> Markup:
@@ -89,16 +97,28 @@ def _coverage(a: Mapping[str, Any]) -> Markup:
 def _accounting_cells(a: AccountingBody | None) -> list[object]:
     if a is None:
         return [Markup("&mdash;")] * len(ACCOUNTING_HEADERS)
-    return [num(a.get("gpu_hours"), 2), num(a.get("facility_kwh"), 3), _money(a, "total_cost"),
-            num(a.get("co2e_kg"), 3), _coverage(a)]
+    return [
+        num(a.get("gpu_hours"), 2),
+        num(a.get("facility_kwh"), 3),
+        _money(a, "total_cost"),
+        num(a.get("co2e_kg"), 3),
+        _coverage(a),
+    ]
 
 
 def _accounting_detail_cells(a: AccountingBody | None) -> list[object]:
     if a is None:
         return [Markup("&mdash;")] * len(ACCOUNTING_DETAIL_HEADERS)
-    return [num(a.get("gpu_hours"), 2), num(a.get("it_kwh"), 3), num(a.get("facility_kwh"), 3),
-            _money(a, "energy_cost"), _money(a, "compute_cost"), _money(a, "total_cost"), num(a.get("co2e_kg"), 3),
-            _coverage(a)]
+    return [
+        num(a.get("gpu_hours"), 2),
+        num(a.get("it_kwh"), 3),
+        num(a.get("facility_kwh"), 3),
+        _money(a, "energy_cost"),
+        _money(a, "compute_cost"),
+        _money(a, "total_cost"),
+        num(a.get("co2e_kg"), 3),
+        _coverage(a),
+    ]
 
 
 def _note(costs: Costs) -> Markup:
@@ -120,33 +140,74 @@ def _fleet(conn: psycopg.Connection, st: ApiState) -> Markup:
     if f.as_of is None:
         freshness = Markup('<p class="notice">No samples received yet.</p>')
     else:
-        freshness = h('<p class="asof">Latest readings as of {} ({} ago). This page reloads every {} s.</p>',
-                      when(f.as_of), ago((now - f.as_of).total_seconds()), LIVE_REFRESH_S)
-    cards = join(h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
-                 for v, label in ((f.gpus, "GPUs reporting"), (f.busy, "busy"), (f.idle, "idle"),
-                                  (f.starved, "starved"), (num(f.power_w / 1000.0, 1, "kW"), "GPU power now"),
-                                  (f.running_runs, "runs running"),
-                                  (sum(n for _, n, _ in f.open_by_kind), "open incidents")))
+        freshness = h(
+            '<p class="asof">Latest readings as of {} ({} ago). This page reloads every {} s.</p>',
+            when(f.as_of),
+            ago((now - f.as_of).total_seconds()),
+            LIVE_REFRESH_S,
+        )
+    cards = join(
+        h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
+        for v, label in (
+            (f.gpus, "GPUs reporting"),
+            (f.busy, "busy"),
+            (f.idle, "idle"),
+            (f.starved, "starved"),
+            (num(f.power_w / 1000.0, 1, "kW"), "GPU power now"),
+            (f.running_runs, "runs running"),
+            (sum(n for _, n, _ in f.open_by_kind), "open incidents"),
+        )
+    )
     open_rows = costed(conn, st, queries.incidents(conn, state="open", limit=FLEET_INCIDENTS))
     shown = len(open_rows)
     total_open = sum(n for _, n, _ in f.open_by_kind)
-    more = h('<p class="hint">{} of {} open incidents, most severe first: {}.</p>', shown, total_open,
-             link("/incidents", "all of them")) if total_open > shown else Markup("")
-    kinds = table(("Kind", "Open", "Critical"),
-                  ([link("/incidents", k.replace("_", " ")), n, c] for k, n, c in f.open_by_kind),
-                  numeric=(1, 2), empty="No open incidents.")
+    more = (
+        h(
+            '<p class="hint">{} of {} open incidents, most severe first: {}.</p>',
+            shown,
+            total_open,
+            link("/incidents", "all of them"),
+        )
+        if total_open > shown
+        else Markup("")
+    )
+    kinds = table(
+        ("Kind", "Open", "Critical"),
+        ([link("/incidents", k.replace("_", " ")), n, c] for k, n, c in f.open_by_kind),
+        numeric=(1, 2),
+        empty="No open incidents.",
+    )
     on_node = queries.running_runs_by_node(conn)
-    nodes = table(("Node", "Site", "Runs now", "GPUs", "Busy", "Starved", "GPU-Util", "Power", "Last batch"),
-                  ([link(node_href(n["node"]), n["node"]), n["site"] or "",
-                    join((link(run_href(r["run_id"]), r["run_id"]) for r in on_node.get(n["node"], [])), ", ")
-                    or Markup("&mdash;"),
-                    n.get("gpus", 0), n.get("busy", 0), n.get("starved", 0),
-                    num(n.get("util_pct"), 0, "%"), num(n.get("power_w"), 0, "W"),
-                    h("{} ago", ago(n["silent_s"])) if n["silent_s"] is not None else Markup("&mdash;")]
-                   for n in f.nodes), numeric=(3, 4, 5, 6, 7), empty="No node has reported yet.")
-    return h('{}<section class="cards">{}</section><section><h2>Open incidents</h2>{}{}</section>'
-             '<div class="cols"><section><h2>By kind</h2>{}</section><section><h2>Nodes</h2>{}</section></div>',
-             freshness, cards, incident_table(open_rows, "No open incidents."), more, kinds, nodes)
+    nodes = table(
+        ("Node", "Site", "Runs now", "GPUs", "Busy", "Starved", "GPU-Util", "Power", "Last batch"),
+        (
+            [
+                link(node_href(n["node"]), n["node"]),
+                n["site"] or "",
+                join((link(run_href(r["run_id"]), r["run_id"]) for r in on_node.get(n["node"], [])), ", ")
+                or Markup("&mdash;"),
+                n.get("gpus", 0),
+                n.get("busy", 0),
+                n.get("starved", 0),
+                num(n.get("util_pct"), 0, "%"),
+                num(n.get("power_w"), 0, "W"),
+                h("{} ago", ago(n["silent_s"])) if n["silent_s"] is not None else Markup("&mdash;"),
+            ]
+            for n in f.nodes
+        ),
+        numeric=(3, 4, 5, 6, 7),
+        empty="No node has reported yet.",
+    )
+    return h(
+        '{}<section class="cards">{}</section><section><h2>Open incidents</h2>{}{}</section>'
+        '<div class="cols"><section><h2>By kind</h2>{}</section><section><h2>Nodes</h2>{}</section></div>',
+        freshness,
+        cards,
+        incident_table(open_rows, "No open incidents."),
+        more,
+        kinds,
+        nodes,
+    )
 
 
 @router.get("/")
@@ -167,8 +228,17 @@ def _open_links(conn_rows: list[dict[str, Any]], run_id: str) -> Markup:
     mine = [i for i in conn_rows if i["run_id"] == run_id]
     if not mine:
         return Markup("0")
-    return join((h("{} {}", link(incident_href(i["id"]), f"#{i['id']} {i['kind'].replace('_', ' ')}"),
-                   severity_badge(i["severity"])) for i in mine), "<br>")
+    return join(
+        (
+            h(
+                "{} {}",
+                link(incident_href(i["id"]), f"#{i['id']} {i['kind'].replace('_', ' ')}"),
+                severity_badge(i["severity"]),
+            )
+            for i in mine
+        ),
+        "<br>",
+    )
 
 
 def _runs(conn: psycopg.Connection, st: ApiState) -> Markup:
@@ -178,12 +248,29 @@ def _runs(conn: psycopg.Connection, st: ApiState) -> Markup:
     now = datetime.now(UTC)
     body = table(
         ("Run", "Team", "Site", "State", "Start", "GPUs", "Open incidents", *ACCOUNTING_HEADERS),
-        ([_run_cell(r), r["team"] or "", r["site"] or "", run_state(r, now), when_short(r["start"]), r["gpus"],
-          _open_links(open_incidents, r["run_id"]), *_accounting_cells(costs.by_run.get(r["run_id"]))]
-         for r in rows),
-        numeric=(5, 7, 8, 9, 10, 11), empty="No runs registered.")
-    return h("{}{}<p class=\"hint\">Energy, cost and CO2e up to now, as <code>GET /v1/runs/&lt;run&gt;/accounting"
-             "</code> reports them; newest {} runs. Times are UTC.</p>", _note(costs), body, RUNS_LIMIT)
+        (
+            [
+                _run_cell(r),
+                r["team"] or "",
+                r["site"] or "",
+                run_state(r, now),
+                when_short(r["start"]),
+                r["gpus"],
+                _open_links(open_incidents, r["run_id"]),
+                *_accounting_cells(costs.by_run.get(r["run_id"])),
+            ]
+            for r in rows
+        ),
+        numeric=(5, 7, 8, 9, 10, 11),
+        empty="No runs registered.",
+    )
+    return h(
+        '{}{}<p class="hint">Energy, cost and CO2e up to now, as <code>GET /v1/runs/&lt;run&gt;/accounting'
+        "</code> reports them; newest {} runs. Times are UTC.</p>",
+        _note(costs),
+        body,
+        RUNS_LIMIT,
+    )
 
 
 @router.get("/runs")
@@ -212,41 +299,101 @@ def _run_page(conn: psycopg.Connection, st: ApiState, run_id: str, hours: float 
     costs = run_costs(conn, [run_id], st.settings.accounting.max_gap_s, now)
     a = costs.by_run.get(run_id)
     nodes = queries.run_nodes(conn, run_id)
-    facts = table(("Run", "Name", "Team", "Site", "State", "Start", "End", "GPUs", "Nodes"),
-                  [[run["run_id"], run["name"] or "", run["team"] or "", run["site"] or "", run_state(run, now),
-                    when(run["start"]), when(run["end"]), run["gpus"],
-                    join((link(node_href(n), n) for n in nodes), ", ") or Markup("&mdash;")]])
-    acc = table(("Energy (GPU)", "Energy (host share)", "PUE", *ACCOUNTING_DETAIL_HEADERS),
-                [[num(a.get("gpu_kwh"), 3, "kWh"), num(a.get("host_kwh"), 3, "kWh"), num(a.get("pue"), 2),
-                  *_accounting_detail_cells(a)]] if a else [], empty="No accounting figures.",
-                numeric=range(11))
+    facts = table(
+        ("Run", "Name", "Team", "Site", "State", "Start", "End", "GPUs", "Nodes"),
+        [
+            [
+                run["run_id"],
+                run["name"] or "",
+                run["team"] or "",
+                run["site"] or "",
+                run_state(run, now),
+                when(run["start"]),
+                when(run["end"]),
+                run["gpus"],
+                join((link(node_href(n), n) for n in nodes), ", ") or Markup("&mdash;"),
+            ]
+        ],
+    )
+    acc = table(
+        ("Energy (GPU)", "Energy (host share)", "PUE", *ACCOUNTING_DETAIL_HEADERS),
+        [
+            [
+                num(a.get("gpu_kwh"), 3, "kWh"),
+                num(a.get("host_kwh"), 3, "kWh"),
+                num(a.get("pue"), 2),
+                *_accounting_detail_cells(a),
+            ]
+        ]
+        if a
+        else [],
+        empty="No accounting figures.",
+        numeric=range(11),
+    )
     lost = a["lost_to_incidents"] if a else None
     if lost and a:
-        acc = join((acc, h("<p class=\"lost\">Lost to incidents ({} incidents, overlaps counted once): {} GPU-hours, "
-                           "{} facility, {} &mdash; {} of the run's cost.</p>", lost["incidents"],
-                           num(lost["gpu_hours"], 2), num(lost["facility_kwh"], 3, "kWh"),
-                           num(lost["total_cost"], lost.get("minor_units", 2), lost.get("currency") or ""),
-                           num(100.0 * lost["total_cost"] / a["total_cost"], 1, "%")
-                           if a and a.get("total_cost") else Markup("&mdash;"))))
+        acc = join(
+            (
+                acc,
+                h(
+                    '<p class="lost">Lost to incidents ({} incidents, overlaps counted once): {} GPU-hours, '
+                    "{} facility, {} &mdash; {} of the run's cost.</p>",
+                    lost["incidents"],
+                    num(lost["gpu_hours"], 2),
+                    num(lost["facility_kwh"], 3, "kWh"),
+                    num(lost["total_cost"], lost.get("minor_units", 2), lost.get("currency") or ""),
+                    num(100.0 * lost["total_cost"] / a["total_cost"], 1, "%")
+                    if a and a.get("total_cost")
+                    else Markup("&mdash;"),
+                ),
+            )
+        )
     lo, hi = _window(run, queries.newest_sample_time(conn), hours)
     series = queries.run_gpu_series(conn, run_id, lo, hi)
     run_incidents = costed(conn, st, queries.incidents(conn, run_id=run_id))
     span = "whole run" if hours is None else f"last {hours:g} h"
     picks = join((link(f"/runs/{q(run_id)}?hours={w:g}", f"{w:g} h") for w in WINDOWS_H), " ")
-    charts = h('<p class="window">Window: {} ({} to {}). Show: {} {}. Shaded: the run\'s incidents (each links to '
-               'its page).</p>{}', span, when(lo), when(hi), picks,
-               link(f"/runs/{q(run_id)}?hours=all", "whole run"),
-               gpu_charts(series, lo, hi, incident_spans(run_incidents, lo, hi)) if series.points else
-               h('<p class="empty">No samples in this window.</p>'))
+    charts = h(
+        '<p class="window">Window: {} ({} to {}). Show: {} {}. Shaded: the run\'s incidents (each links to '
+        "its page).</p>{}",
+        span,
+        when(lo),
+        when(hi),
+        picks,
+        link(f"/runs/{q(run_id)}?hours=all", "whole run"),
+        gpu_charts(series, lo, hi, incident_spans(run_incidents, lo, hi))
+        if series.points
+        else h('<p class="empty">No samples in this window.</p>'),
+    )
     open_now = [i for i in run_incidents if i["state"] == "open"]
-    why = join((h('<li>{} {}: {}</li>', link(incident_href(i["id"]), f"#{i['id']} {explain(i).title}"),
-                  severity_badge(i["severity"]), explain(i).sentence) for i in open_now), "")
-    headline = h('<section><h2>Why it is slow now</h2><ul class="whys">{}</ul></section>', why) if open_now else \
-        Markup("")
+    why = join(
+        (
+            h(
+                "<li>{} {}: {}</li>",
+                link(incident_href(i["id"]), f"#{i['id']} {explain(i).title}"),
+                severity_badge(i["severity"]),
+                explain(i).sentence,
+            )
+            for i in open_now
+        ),
+        "",
+    )
+    headline = (
+        h('<section><h2>Why it is slow now</h2><ul class="whys">{}</ul></section>', why)
+        if open_now
+        else Markup("")
+    )
     incs = incident_table(run_incidents, "No incidents for this run.")
-    return h("{}<section>{}</section>{}<section><h2>Accounting so far</h2>{}</section>"
-             "<section><h2>GPUs</h2>{}</section><section><h2>Incidents</h2>{}</section>",
-             _note(costs), facts, headline, acc, charts, incs)
+    return h(
+        "{}<section>{}</section>{}<section><h2>Accounting so far</h2>{}</section>"
+        "<section><h2>GPUs</h2>{}</section><section><h2>Incidents</h2>{}</section>",
+        _note(costs),
+        facts,
+        headline,
+        acc,
+        charts,
+        incs,
+    )
 
 
 def _span_hours(hours: str | None) -> float | None:
@@ -269,15 +416,29 @@ async def run_page(request: Request, run_id: str, hours: str | None = "1") -> Re
     try:
         span = _span_hours(hours)
     except ValueError:
-        return html(page("Bad request", h("<p>hours must be a number of hours or 'all'.</p>"), who=who,
-                         allowed=capabilities(who)), 400)
+        return html(
+            page(
+                "Bad request",
+                h("<p>hours must be a number of hours or 'all'.</p>"),
+                who=who,
+                allowed=capabilities(who),
+            ),
+            400,
+        )
     # An id no run can have (longer than any registered one) is not looked up; a NUL is a 400 (read).
     body = await read(request, _run_page, run_id, span) if len(run_id) <= MAX_RUN_ID else None
     if isinstance(body, Response):
         return body
     if body is None:
-        return html(page("Run not found", h("<p>No run {} is registered.</p>", run_id), who=who,
-                         allowed=capabilities(who)), 404)
+        return html(
+            page(
+                "Run not found",
+                h("<p>No run {} is registered.</p>", run_id),
+                who=who,
+                allowed=capabilities(who),
+            ),
+            404,
+        )
     return render(who, f"Run {run_id}", body, "/runs", request=request)
 
 
@@ -290,11 +451,28 @@ def _accounting(conn: psycopg.Connection, st: ApiState, can_read: bool) -> Marku
     now = datetime.now(UTC)
     body = table(
         ("Run", "Team", "Site", "State", "Start", "End", "GPUs", *ACCOUNTING_DETAIL_HEADERS),
-        ([_run_cell(r, can_read), r["team"] or "", r["site"] or "", run_state(r, now), when_short(r["start"]),
-          when_short(r["end"]), r["gpus"], *_accounting_detail_cells(costs.by_run.get(r["run_id"]))] for r in rows),
-        numeric=range(6, 15), empty="No runs registered.")
-    return h("{}{}<p class=\"hint\">Up to now; times are UTC. Periods, totals and the finance report's CSV are on "
-             "the <a href=\"/finance\">Finance</a> page.</p>", _note(costs), body)
+        (
+            [
+                _run_cell(r, can_read),
+                r["team"] or "",
+                r["site"] or "",
+                run_state(r, now),
+                when_short(r["start"]),
+                when_short(r["end"]),
+                r["gpus"],
+                *_accounting_detail_cells(costs.by_run.get(r["run_id"])),
+            ]
+            for r in rows
+        ),
+        numeric=range(6, 15),
+        empty="No runs registered.",
+    )
+    return h(
+        '{}{}<p class="hint">Up to now; times are UTC. Periods, totals and the finance report\'s CSV are on '
+        'the <a href="/finance">Finance</a> page.</p>',
+        _note(costs),
+        body,
+    )
 
 
 @router.get("/accounting")

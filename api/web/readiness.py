@@ -36,5 +36,8 @@ async def readyz(request: Request) -> JSONResponse:
     body: dict[str, object] = {"ready": ok, "database": db}
     if problem:
         body["schema"] = problem
-    return JSONResponse(body, status_code=200 if ok else 503,
-                        headers=None if ok else {"Retry-After": str(st.settings.ingest.retry_after_s)})
+    return JSONResponse(
+        body,
+        status_code=200 if ok else 503,
+        headers=None if ok else {"Retry-After": str(st.settings.ingest.retry_after_s)},
+    )

@@ -28,8 +28,10 @@ MAX_FORM_BYTES = 4096
 MAX_FORM_FIELDS = 10
 #: Applied to every web response.
 SECURITY_HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-                                "frame-ancestors 'none'; base-uri 'none'"),
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",  # "no-referrer" would make form posts say Origin: null
     "X-Frame-Options": "DENY",
@@ -86,7 +88,13 @@ def _safe_next(target: str | None, default: str) -> str:
     if not target:
         return default
     parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    if (
+        parts.scheme
+        or parts.netloc
+        or not target.startswith("/")
+        or target.startswith("//")
+        or "\\" in target
+    ):
         return default
     return target
 
@@ -105,22 +113,29 @@ async def gate(request: Request, capability: str) -> Principal | Response:
             response.delete_cookie(COOKIE, path="/")
         return response
     if not who.may(capability):
-        body = h('<p>Your role ({}) may not open this page.</p><p><a href="{}">Go to what you can see</a></p>',
-                 who.role, landing(who))
+        body = h(
+            '<p>Your role ({}) may not open this page.</p><p><a href="{}">Go to what you can see</a></p>',
+            who.role,
+            landing(who),
+        )
         return html(page("Not allowed", body, who=who, allowed=capabilities(who)), 403)
     return who
 
 
 def _login_form(next_path: str, error: str | None = None) -> str:
     err = h('<p class="error" role="alert">{}</p>', error) if error else Markup("")
-    body = h('{}<form method="post" action="/login" class="login">'
-             '<label for="token">API token</label>'
-             '<input id="token" name="token" type="password" autocomplete="current-password" required '
-             'spellcheck="false">'
-             '<input type="hidden" name="next" value="{}">'
-             '<button type="submit">Sign in</button></form>'
-             '<p class="hint">Use a token of role sre, admin or finance (<code>gpufleet token create</code>). '
-             "It is kept in an HttpOnly cookie for 12 hours.</p>", err, next_path)
+    body = h(
+        '{}<form method="post" action="/login" class="login">'
+        '<label for="token">API token</label>'
+        '<input id="token" name="token" type="password" autocomplete="current-password" required '
+        'spellcheck="false">'
+        '<input type="hidden" name="next" value="{}">'
+        '<button type="submit">Sign in</button></form>'
+        '<p class="hint">Use a token of role sre, admin or finance (<code>gpufleet token create</code>). '
+        "It is kept in an HttpOnly cookie for 12 hours.</p>",
+        err,
+        next_path,
+    )
     return page("Sign in", body)
 
 
@@ -147,8 +162,13 @@ def same_origin(request: Request) -> bool:
 
 
 def cross_site_refused(what: str) -> Response:
-    return html(page("Refused", h('<p class="error">Cross-site {} refused: post the form from this site\'s own '
-                                  "page.</p>", what)), 403)
+    return html(
+        page(
+            "Refused",
+            h('<p class="error">Cross-site {} refused: post the form from this site\'s own page.</p>', what),
+        ),
+        403,
+    )
 
 
 @router.post("/login")
@@ -168,10 +188,19 @@ async def login(request: Request) -> Response:
     who = await _principal_for(request, token)
     next_path = _safe_next((form.get("next") or [""])[0], "")
     if who is None or not who.may("sign_in"):
-        return html(_login_form(next_path, "That token is not valid (unknown, revoked, or a node token)."), 401)
+        return html(
+            _login_form(next_path, "That token is not valid (unknown, revoked, or a node token)."), 401
+        )
     response = secure(RedirectResponse(next_path or landing(who), status_code=303))
-    response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE_S, path="/", httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=COOKIE_MAX_AGE_S,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 

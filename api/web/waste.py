@@ -36,8 +36,14 @@ Period = Literal["day", "week", "month"]
 PERIODS: dict[Period, str] = {"day": "Today", "week": "This week", "month": "This month"}
 #: Runs listed, most wasteful first.
 TOP_RUNS = 50
-STATE_LABELS = {"idle": "Idle", "hung": "Hung", "checkpoint": "Checkpoint", "starved": "Starved",
-                "straggler_wait": "Straggler wait", "throttled": "Throttled"}
+STATE_LABELS = {
+    "idle": "Idle",
+    "hung": "Hung",
+    "checkpoint": "Checkpoint",
+    "starved": "Starved",
+    "straggler_wait": "Straggler wait",
+    "throttled": "Throttled",
+}
 
 
 def period_start(period: Period, now: datetime) -> datetime:
@@ -88,10 +94,14 @@ class Ranking:
 
 
 def _ranked(rows: list[Waste]) -> list[Waste]:
-    return sorted((r for r in rows if r.waste_hours > 0), key=lambda r: (-r.waste_hours, r.key is None, r.key or ""))
+    return sorted(
+        (r for r in rows if r.waste_hours > 0), key=lambda r: (-r.waste_hours, r.key is None, r.key or "")
+    )
 
 
-def ranking(conn: psycopg.Connection, since: datetime, until: datetime, now: datetime, max_gap_s: float) -> Ranking:
+def ranking(
+    conn: psycopg.Connection, since: datetime, until: datetime, now: datetime, max_gap_s: float
+) -> Ranking:
     """The runs and teams of [since, until) ranked by wasted GPU-hours, from one fleet accounting."""
     f = fleet_blocks(conn, since, until, group_by="team", now=now, max_gap_s=max_gap_s)
     runs: list[Waste] = []
@@ -102,7 +112,9 @@ def ranking(conn: psycopg.Connection, since: datetime, until: datetime, now: dat
             continue
         led = LedgerSum()
         led.add(from_body(body["ledger"]), body["currency"])
-        runs.append(Waste(body["run_id"], led, body["team"], body["site"], {body["name"]} if body["name"] else set()))
+        runs.append(
+            Waste(body["run_id"], led, body["team"], body["site"], {body["name"]} if body["name"] else set())
+        )
         teams.setdefault(body["team"], Waste(body["team"], LedgerSum(), body["team"])).ledger.merge(led)
         fleet.ledger.merge(led)
     return Ranking(since, until, _ranked(runs), _ranked(list(teams.values())), fleet)
@@ -133,37 +145,83 @@ def run_href(run_id: str) -> str:
 def _body(conn: psycopg.Connection, st: ApiState, period: Period, can_read: bool) -> Markup:
     now = datetime.now(UTC)
     r = ranking(conn, period_start(period, now), now, now, st.settings.accounting.max_gap_s)
-    tabs = join(h('<a href="/waste?period={}"{}>{}</a>', p, Markup(' aria-current="page"') if p == period
-                  else Markup(""), label) for p, label in PERIODS.items())
-    cards = join(h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
-                 for v, label in ((num(float(r.fleet.waste_hours), 1, "h"), "GPU-hours wasted"),
-                                  (_share(r.fleet), "of the runs' GPU-hours"),
-                                  (_money(r.fleet.costs()), "what the waste cost")))
+    tabs = join(
+        h(
+            '<a href="/waste?period={}"{}>{}</a>',
+            p,
+            Markup(' aria-current="page"') if p == period else Markup(""),
+            label,
+        )
+        for p, label in PERIODS.items()
+    )
+    cards = join(
+        h('<div class="card"><div class="value">{}</div><div class="label">{}</div></div>', v, label)
+        for v, label in (
+            (num(float(r.fleet.waste_hours), 1, "h"), "GPU-hours wasted"),
+            (_share(r.fleet), "of the runs' GPU-hours"),
+            (_money(r.fleet.costs()), "what the waste cost"),
+        )
+    )
     runs = table(
         ("Run", "Name", "Team", "Site", "GPU-hours", "Wasted GPU-h", "Waste", *STATE_HEADERS, "Waste cost"),
-        ([link(run_href(w.key), w.key) if can_read and w.key else esc(w.key or ""), ", ".join(sorted(w.names)),
-          w.team or "", w.site or "", num(float(w.gpu_hours), 2), num(float(w.waste_hours), 2), _share(w),
-          *_states(w), _money(w.costs())] for w in r.runs[:TOP_RUNS]),
-        numeric=range(4, 8 + len(PRECEDENCE)), empty="No run wasted GPU time in this period.")
+        (
+            [
+                link(run_href(w.key), w.key) if can_read and w.key else esc(w.key or ""),
+                ", ".join(sorted(w.names)),
+                w.team or "",
+                w.site or "",
+                num(float(w.gpu_hours), 2),
+                num(float(w.waste_hours), 2),
+                _share(w),
+                *_states(w),
+                _money(w.costs()),
+            ]
+            for w in r.runs[:TOP_RUNS]
+        ),
+        numeric=range(4, 8 + len(PRECEDENCE)),
+        empty="No run wasted GPU time in this period.",
+    )
     teams = table(
         ("Team", "Runs", "GPU-hours", "Wasted GPU-h", "Waste", *STATE_HEADERS, "Waste cost"),
-        ([w.key if w.key is not None else h("<em>{}</em>", "no team"), w.ledger.runs, num(float(w.gpu_hours), 2),
-          num(float(w.waste_hours), 2), _share(w), *_states(w), _money(w.costs())] for w in r.teams),
-        numeric=range(1, 6 + len(PRECEDENCE)), empty="No team wasted GPU time in this period.")
-    more = (h(" The {} most wasteful of {} runs are listed.", TOP_RUNS, len(r.runs)) if len(r.runs) > TOP_RUNS
-            else Markup(""))
+        (
+            [
+                w.key if w.key is not None else h("<em>{}</em>", "no team"),
+                w.ledger.runs,
+                num(float(w.gpu_hours), 2),
+                num(float(w.waste_hours), 2),
+                _share(w),
+                *_states(w),
+                _money(w.costs()),
+            ]
+            for w in r.teams
+        ),
+        numeric=range(1, 6 + len(PRECEDENCE)),
+        empty="No team wasted GPU time in this period.",
+    )
+    more = (
+        h(" The {} most wasteful of {} runs are listed.", TOP_RUNS, len(r.runs))
+        if len(r.runs) > TOP_RUNS
+        else Markup("")
+    )
     return h(
         '<nav class="tabs" aria-label="Period">{}</nav>'
         '<p class="hint">{} to {} UTC.{}</p>'
         '<section class="cards">{}</section>'
-        '<section><h2>Runs that wasted most</h2>{}</section>'
-        '<section><h2>Teams that wasted most</h2>{}</section>'
+        "<section><h2>Runs that wasted most</h2>{}</section>"
+        "<section><h2>Teams that wasted most</h2>{}</section>"
         '<p class="hint">Waste is every GPU-hour a run held that its ledger puts in a state other than productive: '
-        'idle (GPUs held doing nothing), hung (a collective that stopped), checkpoint, starved, straggler wait '
-        'and throttled, each second in one state only, the most specific first. Ranked by wasted GPU-hours; '
-        'costs in each run\'s currency, at its site\'s prices. The same figures as each run\'s '
-        '<code>GET /v1/runs/{{id}}/accounting</code> <code>ledger</code> and <code>GET /v1/accounting</code>.</p>',
-        tabs, r.since.strftime("%Y-%m-%d %H:%M"), r.until.strftime("%Y-%m-%d %H:%M"), more, cards, runs, teams)
+        "idle (GPUs held doing nothing), hung (a collective that stopped), checkpoint, starved, straggler wait "
+        "and throttled, each second in one state only, the most specific first. Ranked by wasted GPU-hours; "
+        "costs in each run's currency, at its site's prices. The same figures as each run's "
+        "<code>GET /v1/runs/{{id}}/accounting</code> <code>ledger</code> and <code>GET /v1/accounting</code>.</p>",
+        tabs,
+        r.since.strftime("%Y-%m-%d %H:%M"),
+        r.until.strftime("%Y-%m-%d %H:%M"),
+        more,
+        cards,
+        runs,
+        teams,
+    )
 
 
 def _render(who: Principal, body: Markup, status: int = 200) -> Response:
@@ -176,8 +234,15 @@ async def waste_page(request: Request, period: str = "week") -> Response:
     if isinstance(who, Response):
         return who
     if period not in PERIODS:
-        return _render(who, h('<p class="error" role="alert">Period must be one of {}.</p>'
-                              '<p><a href="/waste">This week</a></p>', ", ".join(PERIODS)), 422)
+        return _render(
+            who,
+            h(
+                '<p class="error" role="alert">Period must be one of {}.</p>'
+                '<p><a href="/waste">This week</a></p>',
+                ", ".join(PERIODS),
+            ),
+            422,
+        )
     body = await _read(request, _body, period, "read" in capabilities(who))
     if isinstance(body, Response):
         return body

@@ -38,8 +38,13 @@ class StepReporter:
     ranks see equal shares).
     """
 
-    def __init__(self, run_id: str | None, reporter: ProgressReporter | None, tokens_per_step: float | None,
-                 count: TokenCounter | None) -> None:
+    def __init__(
+        self,
+        run_id: str | None,
+        reporter: ProgressReporter | None,
+        tokens_per_step: float | None,
+        count: TokenCounter | None,
+    ) -> None:
         self.run_id = run_id
         self.reporter = reporter
         self.tokens_per_step = tokens_per_step

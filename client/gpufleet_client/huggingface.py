@@ -23,13 +23,19 @@ from gpufleet_client.reporter import ProgressReporter
 try:
     from transformers import TrainerCallback
 except ImportError:
-    raise ImportError("gpufleet_client.huggingface needs Hugging Face transformers: pip install transformers"
-                      ) from None
+    raise ImportError(
+        "gpufleet_client.huggingface needs Hugging Face transformers: pip install transformers"
+    ) from None
 
 
 class GpufleetTrainerCallback(TrainerCallback):  # type: ignore[misc]
-    def __init__(self, run_id: str | None = None, *, tokens_per_step: float | None = None,
-                 reporter: ProgressReporter | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str | None = None,
+        *,
+        tokens_per_step: float | None = None,
+        reporter: ProgressReporter | None = None,
+    ) -> None:
         self._progress = StepReporter(run_id, reporter, tokens_per_step, lambda _b: None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

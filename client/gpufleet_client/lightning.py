@@ -24,11 +24,18 @@ def _lightning_callback() -> type:
         try:
             from pytorch_lightning.callbacks import Callback
         except ImportError:
-            raise ImportError("gpufleet_client.lightning needs PyTorch Lightning: pip install lightning "
-                              "(or pytorch-lightning)") from None
+            raise ImportError(
+                "gpufleet_client.lightning needs PyTorch Lightning: pip install lightning "
+                "(or pytorch-lightning)"
+            ) from None
     return Callback  # type: ignore[no-any-return]
 
 
-GpufleetCallback = type("GpufleetCallback", (LightningHooks, _lightning_callback()), {
-    "__doc__": "Reports steps and tokens to gpufleet from a Lightning Trainer (see the module docstring).",
-    "__module__": __name__})
+GpufleetCallback = type(
+    "GpufleetCallback",
+    (LightningHooks, _lightning_callback()),
+    {
+        "__doc__": "Reports steps and tokens to gpufleet from a Lightning Trainer (see the module docstring).",
+        "__module__": __name__,
+    },
+)

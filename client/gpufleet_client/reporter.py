@@ -65,8 +65,16 @@ def _count(name: str, v: float | None) -> float | None:
 class ProgressReporter:
     """Sends the latest progress of each run every ``interval_s`` from a daemon thread."""
 
-    def __init__(self, api_url: str | None = None, token: str | None = None, *, interval_s: float = 30.0,
-                 timeout_s: float = 5.0, clock: Callable[[], float] = time.time, start: bool = True) -> None:
+    def __init__(
+        self,
+        api_url: str | None = None,
+        token: str | None = None,
+        *,
+        interval_s: float = 30.0,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        start: bool = True,
+    ) -> None:
         self.api_url = (api_url or os.environ.get("GPUFLEET_API_URL") or "").rstrip("/")
         self.token = token if token is not None else os.environ.get("GPUFLEET_TOKEN")
         self.interval_s = interval_s
@@ -81,7 +89,9 @@ class ProgressReporter:
         self._last_log: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         if not self.api_url:
-            self._log("config", "gpufleet_client: no API URL (set GPUFLEET_API_URL); progress is kept, not sent")
+            self._log(
+                "config", "gpufleet_client: no API URL (set GPUFLEET_API_URL); progress is kept, not sent"
+            )
         if start:
             self._thread = threading.Thread(target=self._run, name="gpufleet-progress", daemon=True)
             self._thread.start()
@@ -89,8 +99,14 @@ class ProgressReporter:
 
     # -- the training loop's side ------------------------------------------------------
 
-    def report(self, run_id: str | None = None, *, tokens: float | None = None,
-               samples: float | None = None, steps: float | None = None) -> None:
+    def report(
+        self,
+        run_id: str | None = None,
+        *,
+        tokens: float | None = None,
+        samples: float | None = None,
+        steps: float | None = None,
+    ) -> None:
         """Record cumulative counts for ``run_id`` (default ``GPUFLEET_RUN_ID``); sent in the background."""
         run = run_id or os.environ.get("GPUFLEET_RUN_ID")
         if not run:
@@ -149,9 +165,14 @@ class ProgressReporter:
             if v is not None:
                 body[key] = v
         req = urllib.request.Request(
-            f"{self.api_url}/v1/runs/{quote(run, safe='')}/progress", data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {self.token}"}
-                                                             if self.token else {})})
+            f"{self.api_url}/v1/runs/{quote(run, safe='')}/progress",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {self.token}"} if self.token else {}),
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 resp.read()
@@ -161,17 +182,31 @@ class ProgressReporter:
             detail = _detail(e)
             if e.code in _DROP_STATUSES:
                 self.stats.dropped += 1
-                self._log(f"drop:{run}", "gpufleet_client: progress for run %r refused (HTTP %d: %s); dropped",
-                          run, e.code, detail)
+                self._log(
+                    f"drop:{run}",
+                    "gpufleet_client: progress for run %r refused (HTTP %d: %s); dropped",
+                    run,
+                    e.code,
+                    detail,
+                )
                 return "dropped"
             self.stats.failed += 1
-            self._log(f"http:{run}:{e.code}", "gpufleet_client: progress for run %r not taken (HTTP %d: %s); "
-                      "will retry", run, e.code, detail)
+            self._log(
+                f"http:{run}:{e.code}",
+                "gpufleet_client: progress for run %r not taken (HTTP %d: %s); will retry",
+                run,
+                e.code,
+                detail,
+            )
             return "retry"
         except (urllib.error.URLError, OSError, ValueError) as e:
             self.stats.failed += 1
-            self._log("net", "gpufleet_client: cannot reach %s (%s); progress will be retried", self.api_url,
-                      getattr(e, "reason", e))
+            self._log(
+                "net",
+                "gpufleet_client: cannot reach %s (%s); progress will be retried",
+                self.api_url,
+                getattr(e, "reason", e),
+            )
             return "retry"
 
     def _log(self, key: str, msg: str, *args: object) -> None:
@@ -202,8 +237,13 @@ def default_reporter() -> ProgressReporter:
         return _default
 
 
-def report_progress(run_id: str | None = None, *, tokens: float | None = None,
-                    samples: float | None = None, steps: float | None = None) -> None:
+def report_progress(
+    run_id: str | None = None,
+    *,
+    tokens: float | None = None,
+    samples: float | None = None,
+    steps: float | None = None,
+) -> None:
     """Record cumulative progress of ``run_id``; batched and sent in the background, never raising on
     network errors (see the package docstring)."""
     default_reporter().report(run_id, tokens=tokens, samples=samples, steps=steps)

@@ -67,8 +67,13 @@ class Activity(FlatArrays):
         """Index into ``window.runs`` of the run each row worked for (-1: none): GPUs of one run share
         a power reference."""
 
-    def power_frac(self, idx: np.ndarray, history: bool = True, power: np.ndarray | None = None,
-                   limit: np.ndarray | None = None) -> np.ndarray:
+    def power_frac(
+        self,
+        idx: np.ndarray,
+        history: bool = True,
+        power: np.ndarray | None = None,
+        limit: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Board power over the GPU's reference power at flat indexes ``idx``
         (NaN where either is missing): the enforced limit where reported,
         else :attr:`power_reference`.  ``history=False`` leaves out a
@@ -109,8 +114,10 @@ class Activity(FlatArrays):
         need = [r for r, s in enumerate(self.series) if not s.has("power_limit_w")]
         if not need:
             return ref, basis
-        models = {node: gpu_model_names(self.window.node_facts.get(node))
-                  for node in {self.keys[r][0] for r in need}}
+        models = {
+            node: gpu_model_names(self.window.node_facts.get(node))
+            for node in {self.keys[r][0] for r in need}
+        }
         hist: list[int] = []
         for r in need:
             node, gpu = self.keys[r]
@@ -132,7 +139,9 @@ class Activity(FlatArrays):
         ror = self.run_of_row
         groups: dict[object, list[int]] = {}
         for r in hist:
-            groups.setdefault(("run", int(ror[r])) if ror[r] >= 0 else ("node", self.keys[r][0]), []).append(r)
+            groups.setdefault(("run", int(ror[r])) if ror[r] >= 0 else ("node", self.keys[r][0]), []).append(
+                r
+            )
         for rows in groups.values():
             h, q = hi[rows], lo[rows]
             if not np.isfinite(h).any():
@@ -283,8 +292,14 @@ class Activity(FlatArrays):
         prow = self.row_of(starts)
         offsets = np.searchsorted(prow, np.arange(self.rows + 1))
         return Phases(
-            row=prow, state=st[starts].astype(np.int8), t0=self.time(starts),
-            t1=self.time(ends) + self.w_all[ends], dur=dur, act=act, open_start=open_start, open_end=open_end,
+            row=prow,
+            state=st[starts].astype(np.int8),
+            t0=self.time(starts),
+            t1=self.time(ends) + self.w_all[ends],
+            dur=dur,
+            act=act,
+            open_start=open_start,
+            open_end=open_end,
             offsets=offsets,
         )
 

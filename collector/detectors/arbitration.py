@@ -41,7 +41,9 @@ def _gpus(f: Finding) -> set[GpuKey] | str:
         return {(f.node, int(f.gpu))}
     listed = ev.get("gpus")
     if f.kind == "throttling" and isinstance(listed, list):
-        return {(g["node"], int(g["gpu"])) for g in listed if isinstance(g, dict) and g.get("gpu") is not None}
+        return {
+            (g["node"], int(g["gpu"])) for g in listed if isinstance(g, dict) and g.get("gpu") is not None
+        }
     return _ALL
 
 

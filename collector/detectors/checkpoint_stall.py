@@ -118,8 +118,9 @@ def paused_spans(fr: Frame, rows: np.ndarray, paused: np.ndarray) -> tuple[np.nd
     return fr.time(idx[starts]), fr.time(idx[ends]) + fr.w_all[idx[ends]]
 
 
-def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray | None = None
-                    ) -> list[tuple[float, float]]:
+def job_wide_pauses(
+    fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray | None = None
+) -> list[tuple[float, float]]:
     """Stretches during which at least ``need`` of ``rows`` are paused together."""
     t0, t1 = paused_spans(fr, rows, fr.pause_mask if paused is None else paused)
     if t0.size == 0:
@@ -144,7 +145,9 @@ def job_wide_pauses(fr: Frame, rows: np.ndarray, need: int, paused: np.ndarray |
     return merged
 
 
-def with_a_rank_idle(fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def with_a_rank_idle(
+    fr: Frame, rows: np.ndarray, spans: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
     """The parts of ``spans`` during which at least one of ``rows`` does no work by its activity.
 
     Power alone marks ranks spinning in a collective as paused, but every
@@ -231,7 +234,8 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
     edge = float(np.max(fr.dt[rows]))
     shortest = float(np.max(min_pause_s(fr)[rows]))
     pauses = [
-        (a, b) for a, b in with_a_rank_idle(fr, rows, job_wide_pauses(fr, rows, need, paused))
+        (a, b)
+        for a, b in with_a_rank_idle(fr, rows, job_wide_pauses(fr, rows, need, paused))
         if b - a >= shortest and a > lo + edge
     ]
     if not pauses or len(pauses) < cfg.ckpt_min_pauses:
@@ -256,7 +260,9 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
         cv = float(np.median(np.abs(spacing - period))) / period
         if cv > cfg.ckpt_max_period_cv:
             return None
-        if window.t_end - float(starts[-1]) > max(cfg.ckpt_hold_periods * period + pause_s, cfg.active_within_s):
+        if window.t_end - float(starts[-1]) > max(
+            cfg.ckpt_hold_periods * period + pause_s, cfg.active_within_s
+        ):
             return None
         lost = min(pause_s / period, 1.0)
     else:
@@ -284,8 +290,11 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
         if sharded is None:
             return None
         basis, (signature, d2h) = "gpu_only", sharded
-    writer = _gpu_name(fr, blk.writer) if blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer \
+    writer = (
+        _gpu_name(fr, blk.writer)
+        if blk.writer is not None and blk.same_share >= cfg.ckpt_min_same_writer
         else None
+    )
     evidence: CheckpointStallEvidence = {
         "basis": basis,
         "signature": signature,
@@ -309,12 +318,26 @@ def _judge_run(fr: Frame, ri: int, rows: np.ndarray, need: int, paused: np.ndarr
     last = float(pauses[-1][1])
     # The next checkpoint may be a period away, or out of view of this window.
     hold = cfg.ckpt_hold_periods * period if period is not None else window.t_end - window.t_start
-    return Finding(KIND, None, severity, float(starts[0]), evidence, run_id=window.runs[ri].run_id,
-                   last_active=last, hold_s=hold)
+    return Finding(
+        KIND,
+        None,
+        severity,
+        float(starts[0]),
+        evidence,
+        run_id=window.runs[ri].run_id,
+        last_active=last,
+        hold_s=hold,
+    )
 
 
-def _sharded(fr: Frame, rows: np.ndarray, pauses: list[tuple[float, float]], blk: Blocking,
-             period: float | None, span_s: float) -> tuple[Literal["sharded_d2h", "sharded_sync"], float | None] | None:
+def _sharded(
+    fr: Frame,
+    rows: np.ndarray,
+    pauses: list[tuple[float, float]],
+    blk: Blocking,
+    period: float | None,
+    span_s: float,
+) -> tuple[Literal["sharded_d2h", "sharded_sync"], float | None] | None:
     """Every rank idle at once, none spinning (each copies its shard out): the device-to-host copy
     where PCIe counters exist, else the regular spacing of pauses slower than any input stall."""
     cfg = fr.config

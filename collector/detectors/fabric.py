@@ -33,8 +33,16 @@ from gpufleet.detectconfig import DetectorConfig
 
 #: Host columns the functions read (the window cache must load them with the host rows).
 FABRIC_COLUMNS: tuple[str, ...] = (
-    "net_errors", "net_drops", "net_util_pct", "ib_util_pct", "ib_ports_down", "ib_symbol_errors",
-    "ib_link_downed", "ib_link_error_recovery", "ib_rx_errors", "ib_tx_discards",
+    "net_errors",
+    "net_drops",
+    "net_util_pct",
+    "ib_util_pct",
+    "ib_ports_down",
+    "ib_symbol_errors",
+    "ib_link_downed",
+    "ib_link_error_recovery",
+    "ib_rx_errors",
+    "ib_tx_discards",
 )
 #: Physical-layer faults: any in the window implicates the link.
 LINK_FAULTS = ("ib_symbol_errors", "ib_link_downed", "ib_link_error_recovery", "net_errors")
@@ -66,8 +74,14 @@ class NodeFabric:
         return self.util_pct is not None and self.util_pct >= self.saturated_pct
 
     def evidence(self) -> dict[str, Any]:
-        return {"node": self.node, "fabric_reported": self.reported, "link_faults": dict(self.link_faults),
-                "lost_packets": self.lost_packets, "ib_ports_down": self.ports_down, "link_util_pct": self.util_pct}
+        return {
+            "node": self.node,
+            "fabric_reported": self.reported,
+            "link_faults": dict(self.link_faults),
+            "lost_packets": self.lost_packets,
+            "ib_ports_down": self.ports_down,
+            "link_util_pct": self.util_pct,
+        }
 
 
 @dataclass(frozen=True)
@@ -83,8 +97,9 @@ def _window(s: Series, t0: float, t1: float) -> np.ndarray:
     return (s.t >= t0) & (s.t <= t1)
 
 
-def node_fabric(host: Series | None, node: str, t0: float, t1: float, cfg: DetectorConfig = _DEFAULTS
-                ) -> NodeFabric:
+def node_fabric(
+    host: Series | None, node: str, t0: float, t1: float, cfg: DetectorConfig = _DEFAULTS
+) -> NodeFabric:
     if host is None or not any(host.has(c) for c in FABRIC_COLUMNS):
         return NodeFabric(node, False, saturated_pct=cfg.fabric_saturated_pct)
     m = _window(host, t0, t1)
@@ -96,7 +111,9 @@ def node_fabric(host: Series | None, node: str, t0: float, t1: float, cfg: Detec
         total = int(np.nansum(v)) if np.isfinite(v).any() else 0
         if total > 0:
             out.link_faults[col] = total
-    out.lost_packets = int(sum(np.nansum(host.get(c)[m]) for c in LOSS_COLUMNS if np.isfinite(host.get(c)[m]).any()))
+    out.lost_packets = int(
+        sum(np.nansum(host.get(c)[m]) for c in LOSS_COLUMNS if np.isfinite(host.get(c)[m]).any())
+    )
     down = host.get("ib_ports_down")[m]
     out.ports_down = int(np.nanmax(down)) if np.isfinite(down).any() else 0
     util = np.fmax(host.get("net_util_pct")[m], host.get("ib_util_pct")[m])
@@ -104,8 +121,14 @@ def node_fabric(host: Series | None, node: str, t0: float, t1: float, cfg: Detec
     return out
 
 
-def straggler_network_cause(straggler_node: str, peer_nodes: Iterable[str], hosts: Mapping[str, Series],
-                            t0: float, t1: float, cfg: DetectorConfig = _DEFAULTS) -> NetworkFinding | None:
+def straggler_network_cause(
+    straggler_node: str,
+    peer_nodes: Iterable[str],
+    hosts: Mapping[str, Series],
+    t0: float,
+    t1: float,
+    cfg: DetectorConfig = _DEFAULTS,
+) -> NetworkFinding | None:
     """The straggler's node shows a fabric fault or saturation that none of its peers' nodes shows; None
     when the fabric is clean there, the same everywhere, or not reported."""
     me = node_fabric(hosts.get(straggler_node), straggler_node, t0, t1, cfg)
@@ -125,8 +148,9 @@ def straggler_network_cause(straggler_node: str, peer_nodes: Iterable[str], host
     return None
 
 
-def collective_network_cause(nodes: Iterable[str], hosts: Mapping[str, Series], t0: float,
-                             t1: float, cfg: DetectorConfig = _DEFAULTS) -> NetworkFinding | None:
+def collective_network_cause(
+    nodes: Iterable[str], hosts: Mapping[str, Series], t0: float, t1: float, cfg: DetectorConfig = _DEFAULTS
+) -> NetworkFinding | None:
     """For a run slow or hung as a whole: a node of it with link faults or a port down, packets lost, or
     saturated links on most of its nodes; None otherwise (or when no node reports the fabric)."""
     figures = [node_fabric(hosts.get(n), n, t0, t1, cfg) for n in sorted(set(nodes))]

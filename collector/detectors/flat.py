@@ -45,7 +45,9 @@ class Episode:
     last: np.ndarray
 
 
-def hysteresis(act: np.ndarray, seg_start: np.ndarray, lo: float | np.ndarray, hi: float | np.ndarray) -> np.ndarray:
+def hysteresis(
+    act: np.ndarray, seg_start: np.ndarray, lo: float | np.ndarray, hi: float | np.ndarray
+) -> np.ndarray:
     """Busy (True) / idle with hysteresis: at or above ``hi`` busy, at or
     below ``lo`` idle, in between the previous state holds; a stretch of data
     (``seg_start``) starts from the nearer threshold.  ``lo`` and ``hi`` are
@@ -82,7 +84,9 @@ class FlatArrays:
     to measure is taken to be sampled every ``fallback_dt_s``.
     """
 
-    def __init__(self, keys: list[GpuKey], series: list[Series], gap_factor: float, fallback_dt_s: float) -> None:
+    def __init__(
+        self, keys: list[GpuKey], series: list[Series], gap_factor: float, fallback_dt_s: float
+    ) -> None:
         self.keys = keys
         self.series = series
         self.index: dict[GpuKey, int] = {k: i for i, k in enumerate(self.keys)}
@@ -98,9 +102,9 @@ class FlatArrays:
         self.t = np.empty(n, dtype=F32)
         # In slices of rows: one float64 copy of a slice at a time, not one temporary per row.
         for k in range(0, g, 1024):
-            part = np.concatenate([s.t for s in self.series[k:k + 1024]])
+            part = np.concatenate([s.t for s in self.series[k : k + 1024]])
             np.subtract(part, self.base, out=part)
-            self.t[self.offsets[k]:self.offsets[min(k + 1024, g)]] = part
+            self.t[self.offsets[k] : self.offsets[min(k + 1024, g)]] = part
         self._timing(gap_factor, fallback_dt_s)
 
     # --- layout -----------------------------------------------------------------
@@ -205,7 +209,8 @@ class FlatArrays:
             return np.concatenate([s.cols[name] for s in self.series], out=out, casting="same_kind")
         return np.concatenate(
             [np.full(len(s), np.nan) if (p := s.cols.get(name)) is None else p for s in self.series],
-            out=out, casting="same_kind",
+            out=out,
+            casting="same_kind",
         )
 
     def transient(self, name: str) -> np.ndarray:
@@ -246,10 +251,14 @@ class FlatArrays:
         hi = (b - self.starts).tolist()
         series = self.series
         if name in self._names_everywhere:
-            parts = [series[r].cols[name][lo[r]:hi[r]] for r in rows]
+            parts = [series[r].cols[name][lo[r] : hi[r]] for r in rows]
         else:
-            parts = [np.full(hi[r] - lo[r], np.nan, dtype=F32) if (arr := series[r].cols.get(name)) is None
-                     else arr[lo[r]:hi[r]] for r in rows]
+            parts = [
+                np.full(hi[r] - lo[r], np.nan, dtype=F32)
+                if (arr := series[r].cols.get(name)) is None
+                else arr[lo[r] : hi[r]]
+                for r in rows
+            ]
         return np.concatenate(parts, dtype=F32, casting="same_kind")
 
     def series_col(self, r: int, name: str) -> np.ndarray:
@@ -269,8 +278,11 @@ class FlatArrays:
     @cached_property
     def _names_everywhere(self) -> frozenset[str]:
         """Column names every series holds."""
-        return frozenset(self.series[0].cols).intersection(*(s.cols for s in self.series)) if self.series \
+        return (
+            frozenset(self.series[0].cols).intersection(*(s.cols for s in self.series))
+            if self.series
             else frozenset()
+        )
 
     # --- time -------------------------------------------------------------------
 
@@ -284,9 +296,7 @@ class FlatArrays:
             dt_prev[self.starts] = 0.0
             np.maximum(dt_prev, 0.0, out=dt_prev)
         intervals = self.lengths - 1
-        span = (
-            np.array([s.t[-1] - s.t[0] for s in self.series], dtype=np.float64) if g else np.zeros(0)
-        )
+        span = np.array([s.t[-1] - s.t[0] for s in self.series], dtype=np.float64) if g else np.zeros(0)
         # Typical interval: the mean, then the mean without the gaps it finds,
         # so one long gap does not hide the others (cheaper than a median).
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -369,4 +379,3 @@ class FlatArrays:
             with np.errstate(invalid="ignore", divide="ignore"):
                 share[r] = np.where(tail_w > 0, tail_i / np.where(tail_w > 0, tail_w, 1.0), 1.0)
         return Episode(onset, secs, share, last)
-

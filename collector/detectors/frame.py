@@ -60,7 +60,9 @@ class Frame(Activity):
         self.window = window
         self.config = config
         items = [(k, s) for k, s in window.gpus.items() if len(s) > 0]
-        super().__init__([k for k, _ in items], [s for _, s in items], config.gap_factor, config.fallback_dt_s)
+        super().__init__(
+            [k for k, _ in items], [s for _, s in items], config.gap_factor, config.fallback_dt_s
+        )
         self.shared = Shared()
 
     # --- derived hardware signals -------------------------------------------------
@@ -73,7 +75,9 @@ class Frame(Activity):
         miss = ~(mx > 0) & np.isfinite(clk)
         if miss.any():
             rows = self.row_of(idx[miss])
-            seen = {int(r): float(np.nanmax(self.series_col(int(r), "sm_clock_mhz"))) for r in np.unique(rows)}
+            seen = {
+                int(r): float(np.nanmax(self.series_col(int(r), "sm_clock_mhz"))) for r in np.unique(rows)
+            }
             mx[miss] = [seen[int(r)] for r in rows]
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = clk / mx
@@ -140,7 +144,8 @@ class Frame(Activity):
         runs = self.window.runs
         return np.fromiter(
             (max(c, key=lambda i: runs[i].start) if c else -1 for c in self.runs_of_row),
-            dtype=np.int64, count=self.rows,
+            dtype=np.int64,
+            count=self.rows,
         )
 
     def run_id_at(self, r: int, at: float) -> str | None:
@@ -272,9 +277,14 @@ class Frame(Activity):
         # Which of ``rows`` each kept phase belongs to: rows' samples lie end to end in ``idx``.
         owner = np.searchsorted(np.cumsum(n), k0, side="right")
         return Phases(
-            row=rows[owner], state=st[k0].astype(np.int8), t0=self.time(idx[k0]),
-            t1=self.time(idx[k1]) + self.w_all[idx[k1]], dur=dur[keep], act=mean[keep],
-            open_start=seg[k0], open_end=open_end[keep],
+            row=rows[owner],
+            state=st[k0].astype(np.int8),
+            t0=self.time(idx[k0]),
+            t1=self.time(idx[k1]) + self.w_all[idx[k1]],
+            dur=dur[keep],
+            act=mean[keep],
+            open_start=seg[k0],
+            open_end=open_end[keep],
             offsets=np.searchsorted(owner, np.arange(rows.size + 1)),
         )
 
@@ -296,7 +306,13 @@ class Frame(Activity):
         dur = ph.dur[a:b] * np.clip((c1 - c0) / span, 0.0, 1.0)
         k = np.flatnonzero(keep)
         return Phases(
-            row=ph.row[a:b][k], state=ph.state[a:b][k], t0=c0[k], t1=c1[k], dur=dur[k], act=ph.act[a:b][k],
-            open_start=(ph.open_start[a:b] | (t0 < lo))[k], open_end=(ph.open_end[a:b] | (t1 > hi))[k],
+            row=ph.row[a:b][k],
+            state=ph.state[a:b][k],
+            t0=c0[k],
+            t1=c1[k],
+            dur=dur[k],
+            act=ph.act[a:b][k],
+            open_start=(ph.open_start[a:b] | (t0 < lo))[k],
+            open_end=(ph.open_end[a:b] | (t1 > hi))[k],
             offsets=np.array([0, k.size]),
         )

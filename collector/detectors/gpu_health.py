@@ -41,12 +41,21 @@ from gpufleet.evidence import GpuHealthEvidence
 from gpufleet.xid import meanings
 
 KIND = "gpu_health"
-COLUMNS = ("ecc_sbe_vol", "ecc_dbe_vol", "remapped_rows_uncorrectable", "remapped_rows_pending",
-           "remapped_rows_failed", "pcie_replay_count")
+COLUMNS = (
+    "ecc_sbe_vol",
+    "ecc_dbe_vol",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failed",
+    "pcie_replay_count",
+)
 #: Causes in order of seriousness, and their severity.
 CAUSES: tuple[tuple[str, str], ...] = (
-    ("row_remap_failed", "critical"), ("uncorrectable_ecc", "critical"), ("row_remap_pending", "warning"),
-    ("correctable_ecc", "warning"), ("pcie_replay", "warning"),
+    ("row_remap_failed", "critical"),
+    ("uncorrectable_ecc", "critical"),
+    ("row_remap_pending", "warning"),
+    ("correctable_ecc", "warning"),
+    ("pcie_replay", "warning"),
 )
 
 
@@ -113,30 +122,56 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
 
     dbe, unc = rises(fr, "ecc_dbe_vol"), rises(fr, "remapped_rows_uncorrectable")
     for r in np.flatnonzero((dbe.total > 0) | (unc.total > 0)).tolist():
-        add(r, "uncorrectable_ecc", float(np.fmin(dbe.first[r], unc.first[r])), float(np.fmax(dbe.last[r], unc.last[r])),
-            {"dbe_errors": int(dbe.total[r]), "dbe_total": num(dbe.latest[r]),
-             "uncorrectable_remaps": int(unc.total[r])})
+        add(
+            r,
+            "uncorrectable_ecc",
+            float(np.fmin(dbe.first[r], unc.first[r])),
+            float(np.fmax(dbe.last[r], unc.last[r])),
+            {
+                "dbe_errors": int(dbe.total[r]),
+                "dbe_total": num(dbe.latest[r]),
+                "uncorrectable_remaps": int(unc.total[r]),
+            },
+        )
 
     sbe = rises(fr, "ecc_sbe_vol")
     rate = sbe.per_minute() * 60.0
     for r in np.flatnonzero((sbe.total >= cfg.ecc_sbe_min_errors) & (rate >= cfg.ecc_sbe_per_h)).tolist():
-        add(r, "correctable_ecc", float(sbe.first[r]), float(sbe.last[r]),
-            {"sbe_errors": int(sbe.total[r]), "sbe_per_h": num(rate[r]), "sbe_total": num(sbe.latest[r])})
+        add(
+            r,
+            "correctable_ecc",
+            float(sbe.first[r]),
+            float(sbe.last[r]),
+            {"sbe_errors": int(sbe.total[r]), "sbe_per_h": num(rate[r]), "sbe_total": num(sbe.latest[r])},
+        )
 
     rep = rises(fr, "pcie_replay_count")
     per_min = rep.per_minute()
-    for r in np.flatnonzero((rep.total >= cfg.pcie_replay_min_count) & (per_min >= cfg.pcie_replay_per_min)).tolist():
-        add(r, "pcie_replay", float(rep.first[r]), float(rep.last[r]),
-            {"pcie_replays": int(rep.total[r]), "pcie_replays_per_min": num(per_min[r]),
-             "pcie_replay_total": num(rep.latest[r])})
+    for r in np.flatnonzero(
+        (rep.total >= cfg.pcie_replay_min_count) & (per_min >= cfg.pcie_replay_per_min)
+    ).tolist():
+        add(
+            r,
+            "pcie_replay",
+            float(rep.first[r]),
+            float(rep.last[r]),
+            {
+                "pcie_replays": int(rep.total[r]),
+                "pcie_replays_per_min": num(per_min[r]),
+                "pcie_replay_total": num(rep.latest[r]),
+            },
+        )
 
     horizon = t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     hold = {"uncorrectable_ecc": cfg.uncorrectable_hold_s}
     out = []
     for r, issues in sorted(found.items()):
         # A rise seen long ago in the window still counts for an uncorrectable error (held), not for a rate.
-        live = {c: i for c, i in issues.items() if c in ("uncorrectable_ecc", "row_remap_failed",
-                                                        "row_remap_pending") or i.last >= horizon[r]}
+        live = {
+            c: i
+            for c, i in issues.items()
+            if c in ("uncorrectable_ecc", "row_remap_failed", "row_remap_pending") or i.last >= horizon[r]
+        }
         if not live:
             continue
         cause, severity = next((c, s) for c, s in CAUSES if c in live)
@@ -151,9 +186,20 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         node, gpu = fr.keys[r]
         start = min(i.start for i in live.values())
         last = max(i.last for i in live.values())
-        out.append(Finding(KIND, cause, severity, start, evidence, run_id=fr.run_id_at(r, min(last, t_end)),
-                           node=node, gpu=gpu, last_active=last,
-                           hold_s=max((hold.get(c, 0.0) for c in live), default=0.0) or None))
+        out.append(
+            Finding(
+                KIND,
+                cause,
+                severity,
+                start,
+                evidence,
+                run_id=fr.run_id_at(r, min(last, t_end)),
+                node=node,
+                gpu=gpu,
+                last_active=last,
+                hold_s=max((hold.get(c, 0.0) for c in live), default=0.0) or None,
+            )
+        )
     return out
 
 

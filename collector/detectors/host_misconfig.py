@@ -130,8 +130,13 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         short: list[JobQuota] = []
         quota: float | None
         if basis is not None:
-            short = [j for j in jobs if j["cpu_quota_cores"] is not None and j["gpus"]
-                     and j["cpu_quota_cores"] < cfg.min_cores_per_gpu * len(j["gpus"])]
+            short = [
+                j
+                for j in jobs
+                if j["cpu_quota_cores"] is not None
+                and j["gpus"]
+                and j["cpu_quota_cores"] < cfg.min_cores_per_gpu * len(j["gpus"])
+            ]
             limited = [q for j in (short or jobs) if (q := j["cpu_quota_cores"]) is not None]
             quota = min(limited) if limited else None
             if short:
@@ -148,8 +153,13 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
             issues.append("nfs_stall")
         if not issues:
             continue
-        evidence: HostSettingsEvidence = {"gpu_count": int(ngpu) if ngpu else None, "cpu_count": facts.cpu_count,
-                                          "quota_basis": basis, "cpu_quota_cores": quota, "issues": issues}
+        evidence: HostSettingsEvidence = {
+            "gpu_count": int(ngpu) if ngpu else None,
+            "cpu_count": facts.cpu_count,
+            "quota_basis": basis,
+            "cpu_quota_cores": quota,
+            "issues": issues,
+        }
         if gov:
             evidence["cpu_governor"] = sorted(gov)
         if basis is not None:
@@ -176,8 +186,10 @@ def job_quotas(fr: Frame, node: str, facts: NodeFacts) -> tuple[list[JobQuota], 
     ``job_cgroup`` (the agent's node checks), ``job_columns`` (the GPU rows), or None (no job reported)."""
     listed = [j for j in facts.job_cgroups or () if j.gpus]
     if listed:
-        return [{"job": j.cgroup, "gpus": sorted(j.gpus or []), "cpu_quota_cores": j.cpu_quota_cores}
-                for j in listed], "job_cgroup"
+        return [
+            {"job": j.cgroup, "gpus": sorted(j.gpus or []), "cpu_quota_cores": j.cpu_quota_cores}
+            for j in listed
+        ], "job_cgroup"
     has_job, quota = _job_columns(fr)
     rows = fr.rows_by_node.get(node)
     if rows is None:
@@ -224,8 +236,14 @@ def numa_misplaced(facts: NodeFacts) -> list[NumaMisplaced]:
         if p.gpu_numa_node is None or p.numa_nodes is None or not p.numa_nodes:
             continue
         if p.gpu_numa_node not in p.numa_nodes:
-            out.append({"gpu": p.gpu, "gpu_numa_node": p.gpu_numa_node, "numa_nodes": list(p.numa_nodes),
-                        "cpus_allowed": p.cpus_allowed})
+            out.append(
+                {
+                    "gpu": p.gpu,
+                    "gpu_numa_node": p.gpu_numa_node,
+                    "numa_nodes": list(p.numa_nodes),
+                    "cpus_allowed": p.cpus_allowed,
+                }
+            )
     return out
 
 
@@ -237,8 +255,18 @@ def nfs_stalls(facts: NodeFacts, cfg: DetectorConfig) -> list[NfsStall]:
             continue
         status, why = nfs_verdict(m.ops, m.retrans, m.timeouts, m.queue_ms, m.rtt_ms, cfg)
         if status != "ok":
-            out.append({"mountpoint": m.mountpoint, "device": m.device, "why": why, "ops": m.ops,
-                        "retrans": m.retrans, "timeouts": m.timeouts, "queue_ms": m.queue_ms, "rtt_ms": m.rtt_ms})
+            out.append(
+                {
+                    "mountpoint": m.mountpoint,
+                    "device": m.device,
+                    "why": why,
+                    "ops": m.ops,
+                    "retrans": m.retrans,
+                    "timeouts": m.timeouts,
+                    "queue_ms": m.queue_ms,
+                    "rtt_ms": m.rtt_ms,
+                }
+            )
     return out
 
 
@@ -262,13 +290,26 @@ def _xid_findings(fr: Frame, cfg: DetectorConfig) -> list[Finding]:
         times = fr.time(mine)
         codes = sorted({int(c) for c in x[sel].tolist()})
         node, gpu = fr.keys[r]
-        evidence: RepeatedXidEvidence = {"xid_events": int(mine.size), "xid_codes": codes, "last_xid": int(x[sel][-1]),
-                    "xid_meanings": xid_meanings(codes)}
+        evidence: RepeatedXidEvidence = {
+            "xid_events": int(mine.size),
+            "xid_codes": codes,
+            "last_xid": int(x[sel][-1]),
+            "xid_meanings": xid_meanings(codes),
+        }
         last = float(times[-1])
-        out.append(Finding(
-            KIND, "repeated_xid", "critical", float(times[0]), evidence,
-            run_id=fr.run_id_at(r, last), node=node, gpu=gpu, last_active=last,
-            # XIDs come sparsely: the next may be a window away.
-            hold_s=fr.window.t_end - fr.window.t_start,
-        ))
+        out.append(
+            Finding(
+                KIND,
+                "repeated_xid",
+                "critical",
+                float(times[0]),
+                evidence,
+                run_id=fr.run_id_at(r, last),
+                node=node,
+                gpu=gpu,
+                last_active=last,
+                # XIDs come sparsely: the next may be a window away.
+                hold_s=fr.window.t_end - fr.window.t_start,
+            )
+        )
     return out

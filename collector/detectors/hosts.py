@@ -26,8 +26,13 @@ from gpufleet.detectconfig import DetectorConfig
 from gpufleet.evidence import JobEvidence
 
 #: The GPU columns of the job's cgroup (the same figures on every GPU it feeds).
-JOB_COLUMNS = ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
-               "job_io_pressure_pct")
+JOB_COLUMNS = (
+    "job_cpu_cores",
+    "job_cpu_quota_cores",
+    "job_cpu_throttled_share",
+    "job_cpu_pressure_pct",
+    "job_io_pressure_pct",
+)
 
 
 def _mean(x: np.ndarray) -> float:
@@ -57,7 +62,9 @@ class HostPressure:
         return self.node is not None
 
 
-def host_pressure(window: Window, nodes: Iterable[str], t0: float, t1: float, cfg: DetectorConfig) -> HostPressure:
+def host_pressure(
+    window: Window, nodes: Iterable[str], t0: float, t1: float, cfg: DetectorConfig
+) -> HostPressure:
     """Mean CPU and I/O pressure of each node over ``[t0, t1]``; the worst wins.
 
     ``cpu``: user CPU at or above ``cpu_saturated_pct``.  ``io``: iowait at or
@@ -176,8 +183,16 @@ def job_pressure(fr: Frame, rows: Iterable[int], t0: float, t1: float, cfg: Dete
         cause, basis = "unknown", None
         if score >= 1.0:
             cause, basis = ("cpu", cpu_basis) if cpu_score >= io_score else ("io", "io_pressure")
-        best = JobPressure(cause, node, used, quota, mean["job_cpu_throttled_share"], mean["job_cpu_pressure_pct"],
-                           mean["job_io_pressure_pct"], basis)
+        best = JobPressure(
+            cause,
+            node,
+            used,
+            quota,
+            mean["job_cpu_throttled_share"],
+            mean["job_cpu_pressure_pct"],
+            mean["job_io_pressure_pct"],
+            basis,
+        )
     return best
 
 

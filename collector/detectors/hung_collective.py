@@ -82,8 +82,18 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     return out
 
 
-def _judge(fr: Frame, ri: int, rows: np.ndarray, onset: float, hung_s: float, a: np.ndarray, b: np.ndarray,
-           nk: np.ndarray, spin: np.ndarray, power_known: np.ndarray) -> Finding | None:
+def _judge(
+    fr: Frame,
+    ri: int,
+    rows: np.ndarray,
+    onset: float,
+    hung_s: float,
+    a: np.ndarray,
+    b: np.ndarray,
+    nk: np.ndarray,
+    spin: np.ndarray,
+    power_known: np.ndarray,
+) -> Finding | None:
     cfg = fr.config
     run = fr.window.runs[ri]
     start = fr.index_at(np.full(fr.rows, onset), "left")
@@ -118,9 +128,16 @@ def _judge(fr: Frame, ri: int, rows: np.ndarray, onset: float, hung_s: float, a:
         sl = slice(int(max(a[r], start[r])), int(b[r]))
         idx = np.arange(sl.start, sl.stop)
         node, gpu = fr.keys[r]
-        spinning.append({"node": node, "gpu": int(gpu), "util_pct": _med(fr.at("util_pct", idx)),
-                         "power_w": _med(fr.at("power_w", idx)), "power_frac": _med(fr.power_frac(idx)),
-                         "sm_active": _med(fr.at("sm_active", idx))})
+        spinning.append(
+            {
+                "node": node,
+                "gpu": int(gpu),
+                "util_pct": _med(fr.at("util_pct", idx)),
+                "power_w": _med(fr.at("power_w", idx)),
+                "power_frac": _med(fr.power_frac(idx)),
+                "sm_active": _med(fr.at("sm_active", idx)),
+            }
+        )
     evidence: HungCollectiveEvidence = {
         "hung_s": round(hung_s, 1),
         "since": rfc3339(onset),
@@ -131,7 +148,9 @@ def _judge(fr: Frame, ri: int, rows: np.ndarray, onset: float, hung_s: float, a:
         "progress_tokens": num(tokens),
         "activity_basis": fr.activity_basis(rows),
     }
-    nf = collective_network_cause({k[0] for k in run.allocations}, fr.window.hosts, onset, fr.window.t_end, cfg)
+    nf = collective_network_cause(
+        {k[0] for k in run.allocations}, fr.window.hosts, onset, fr.window.t_end, cfg
+    )
     if nf is not None:
         evidence["network_reason"] = nf.reason
         evidence["network_nodes"] = nf.nodes
@@ -144,7 +163,9 @@ def _med(x: np.ndarray) -> float | None:
     return num(float(np.median(x))) if x.size else None
 
 
-def _median_power(fr: Frame, rows: list[int], start: np.ndarray, a: np.ndarray, b: np.ndarray) -> float | None:
+def _median_power(
+    fr: Frame, rows: list[int], start: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> float | None:
     if not rows:
         return None
     parts = [fr.at("power_w", np.arange(int(max(a[r], start[r])), int(b[r]))) for r in rows]

@@ -80,8 +80,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     return out
 
 
-def _working(fr: Frame, working: np.ndarray, idle_rows: np.ndarray, busy_s: np.ndarray, a: np.ndarray,
-             b: np.ndarray) -> bool:
+def _working(
+    fr: Frame, working: np.ndarray, idle_rows: np.ndarray, busy_s: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> bool:
     """Whether the run's other GPUs work while ``idle_rows`` idle: busy for a good part of the
     stretch, and, where power is reported, drawing clearly more than the idle GPUs (GPUs spinning in
     a collective read busy by GPU-Util alone, at their idle power)."""
@@ -101,8 +102,18 @@ def _median_power(fr: Frame, rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> 
     return float(np.median(x)) if x.size else None
 
 
-def _finding(fr: Frame, ri: int, rows: np.ndarray, idle_rows: np.ndarray, scope: str, onset: np.ndarray,
-             idle_s: np.ndarray, last: np.ndarray, a: np.ndarray, b: np.ndarray) -> Finding:
+def _finding(
+    fr: Frame,
+    ri: int,
+    rows: np.ndarray,
+    idle_rows: np.ndarray,
+    scope: str,
+    onset: np.ndarray,
+    idle_s: np.ndarray,
+    last: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+) -> Finding:
     w = fr.window
     gpus: list[IdleGpu] = []
     for r in sorted(idle_rows.tolist(), key=lambda r: fr.keys[r]):
@@ -112,13 +123,21 @@ def _finding(fr: Frame, ri: int, rows: np.ndarray, idle_rows: np.ndarray, scope:
         since = t >= onset[r]
 
         def med(name: str, r: int = r, sl: slice = sl, since: np.ndarray = since) -> float | None:
-            x = fr.series[r].get(name)[sl.start - int(fr.offsets[r]):sl.stop - int(fr.offsets[r])][since]
+            x = fr.series[r].get(name)[sl.start - int(fr.offsets[r]) : sl.stop - int(fr.offsets[r])][since]
             x = x[np.isfinite(x)]
             return num(float(np.median(x))) if x.size else None
 
-        gpus.append({"node": node, "gpu": int(gpu), "since": rfc3339(float(onset[r])),
-                     "idle_s": round(float(idle_s[r]), 1), "util_pct": med("util_pct"), "power_w": med("power_w"),
-                     "mem_used_mib": med("mem_used_mib")})
+        gpus.append(
+            {
+                "node": node,
+                "gpu": int(gpu),
+                "since": rfc3339(float(onset[r])),
+                "idle_s": round(float(idle_s[r]), 1),
+                "util_pct": med("util_pct"),
+                "power_w": med("power_w"),
+                "mem_used_mib": med("mem_used_mib"),
+            }
+        )
     start = float(np.min(onset[idle_rows]))
     evidence: IdleAllocationEvidence = {
         "scope": "all" if scope == "all" else "some",
@@ -126,10 +145,18 @@ def _finding(fr: Frame, ri: int, rows: np.ndarray, idle_rows: np.ndarray, scope:
         "idle_gpus": int(idle_rows.size),
         "gpu_count": int(rows.size),
         "idle_s": round(float(np.max(idle_s[idle_rows])), 1),
-        "since_before_window": bool(start <= w.t_start + fr.config.edge_samples * float(np.max(fr.dt[idle_rows]))),
+        "since_before_window": bool(
+            start <= w.t_start + fr.config.edge_samples * float(np.max(fr.dt[idle_rows]))
+        ),
         "activity_basis": fr.activity_basis(idle_rows),
     }
     lasts = last[idle_rows]
-    return Finding(KIND, None, "warning", start, evidence, run_id=w.runs[ri].run_id,
-                   last_active=float(np.max(lasts)) if np.isfinite(lasts).any() else None)
-
+    return Finding(
+        KIND,
+        None,
+        "warning",
+        start,
+        evidence,
+        run_id=w.runs[ri].run_id,
+        last_active=float(np.max(lasts)) if np.isfinite(lasts).any() else None,
+    )

@@ -40,8 +40,14 @@ from gpufleet.detectconfig import DetectorConfig
 from gpufleet.evidence import NvlinkDegradedEvidence
 
 KIND = "nvlink_degraded"
-COLUMNS = ("nvlink_links_up", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s", "nvlink_crc_errors",
-           "nvlink_replay_errors", "nvlink_recovery_errors")
+COLUMNS = (
+    "nvlink_links_up",
+    "nvlink_tx_bytes_s",
+    "nvlink_rx_bytes_s",
+    "nvlink_crc_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+)
 #: Order of seriousness of the causes (the first present names the finding).
 CAUSES = ("links_down", "pcie_fallback", "link_errors")
 
@@ -100,8 +106,19 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         start = min(i.start for i in issues.values())
         last = max(i.last for i in issues.values())
         node, gpu = fr.keys[r]
-        out.append(Finding(KIND, cause, severity, start, evidence, run_id=fr.run_id_at(r, last), node=node,
-                           gpu=gpu, last_active=last))
+        out.append(
+            Finding(
+                KIND,
+                cause,
+                severity,
+                start,
+                evidence,
+                run_id=fr.run_id_at(r, last),
+                node=node,
+                gpu=gpu,
+                last_active=last,
+            )
+        )
     return out
 
 
@@ -131,7 +148,9 @@ class _LinkCounts:
         return (self.max > 0) | (self.up_max > 0)
 
 
-def _links_down(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]], links: _LinkCounts) -> None:
+def _links_down(
+    fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]], links: _LinkCounts
+) -> None:
     if not np.isfinite(links.up_min).any():
         return
     expected = links.expected(fr)
@@ -155,9 +174,16 @@ def _links_down(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issu
             continue
         now_up = float(raw[ok][-1])
         found.setdefault(r, {})["links_down"] = _Issue(
-            start=onset, last=last, severity="critical" if now_up == 0 else "warning",
-            evidence={"links_up": int(now_up), "links_expected": int(expected[r]),
-                      "links_down": int(expected[r] - now_up), "down_s": num(secs)})
+            start=onset,
+            last=last,
+            severity="critical" if now_up == 0 else "warning",
+            evidence={
+                "links_up": int(now_up),
+                "links_expected": int(expected[r]),
+                "links_down": int(expected[r] - now_up),
+                "down_s": num(secs),
+            },
+        )
 
 
 def _mean_over(fr: Frame, name: str, w: np.ndarray) -> np.ndarray:
@@ -180,7 +206,9 @@ def _nvlink_rate(fr: Frame) -> np.ndarray:
     return np.where(both, mean, np.fmax(tx, rx))
 
 
-def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]], links: _LinkCounts) -> None:
+def _fallback(
+    fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]], links: _LinkCounts
+) -> None:
     if not (fr.has("nvlink_tx_bytes_s") or fr.has("nvlink_rx_bytes_s")) or not fr.has("pcie_tx_bytes_s"):
         return
     ror = fr.run_of_row
@@ -212,13 +240,20 @@ def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]
     has_links = links.present()
     node_traffic = np.zeros(fr.rows, dtype=bool)
     for node_rows in fr.rows_by_node.values():
-        node_traffic[node_rows] = bool(np.nanmax(np.append(nv_mean[node_rows], -1.0)) > cfg.nvlink_floor_bytes_s)
+        node_traffic[node_rows] = bool(
+            np.nanmax(np.append(nv_mean[node_rows], -1.0)) > cfg.nvlink_floor_bytes_s
+        )
     ok = group >= 0
     peer = np.full(fr.rows, np.nan)
     peer[ok] = group_loo_median(nv_mean[ok], group[ok], int(group.max()) + 1)
     thr = np.fmax(cfg.nvlink_floor_bytes_s, cfg.nvlink_peer_ratio * np.nan_to_num(peer))
-    hit = (ok & (has_links | node_traffic) & (busy_s >= cfg.nvlink_min_busy_s) & (nv_mean <= thr)
-           & (np.fmin(tx, rx) >= cfg.nvlink_fallback_pcie_bytes_s))
+    hit = (
+        ok
+        & (has_links | node_traffic)
+        & (busy_s >= cfg.nvlink_min_busy_s)
+        & (nv_mean <= thr)
+        & (np.fmin(tx, rx) >= cfg.nvlink_fallback_pcie_bytes_s)
+    )
     horizon = fr.window.t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     for r in np.flatnonzero(hit).tolist():
         sl = fr.row_slice(r)
@@ -229,10 +264,18 @@ def _fallback(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]
         if math.isnan(onset) or not low.any() or float(t[low][-1]) < horizon[r]:
             continue
         found.setdefault(r, {})["pcie_fallback"] = _Issue(
-            start=onset, last=float(t[low][-1]), severity="critical",
-            evidence={"nvlink_bytes_s": num(nv_mean[r]), "peers_nvlink_bytes_s": num(peer[r]),
-                      "pcie_tx_bytes_s": num(tx[r]), "pcie_rx_bytes_s": num(rx[r]), "busy_s": num(busy_s[r]),
-                      "nvlink_threshold_bytes_s": num(thr[r])})
+            start=onset,
+            last=float(t[low][-1]),
+            severity="critical",
+            evidence={
+                "nvlink_bytes_s": num(nv_mean[r]),
+                "peers_nvlink_bytes_s": num(peer[r]),
+                "pcie_tx_bytes_s": num(tx[r]),
+                "pcie_rx_bytes_s": num(rx[r]),
+                "busy_s": num(busy_s[r]),
+                "nvlink_threshold_bytes_s": num(thr[r]),
+            },
+        )
 
 
 def _errors(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]]) -> None:
@@ -244,13 +287,22 @@ def _errors(fr: Frame, cfg: DetectorConfig, found: dict[int, dict[str, _Issue]])
     span = np.fmax(crc.span_s, rep.span_s)
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = np.where(span > 0, 60.0 * errs / span, np.nan)
-    hit = ((errs >= cfg.nvlink_min_errors) & (rate >= cfg.nvlink_errors_per_min)) | (rec.total >= cfg.nvlink_min_recoveries)
+    hit = ((errs >= cfg.nvlink_min_errors) & (rate >= cfg.nvlink_errors_per_min)) | (
+        rec.total >= cfg.nvlink_min_recoveries
+    )
     last = np.fmax(np.fmax(crc.last, rep.last), rec.last)
     first = np.fmin(np.fmin(crc.first, rep.first), rec.first)
     horizon = fr.window.t_end - np.maximum(cfg.active_within_s, cfg.active_within_samples * fr.dt)
     for r in np.flatnonzero(hit & (last >= horizon)).tolist():
         found.setdefault(r, {})["link_errors"] = _Issue(
-            start=float(first[r]), last=float(last[r]), severity="warning",
-            evidence={"crc_errors": int(crc.total[r]), "replay_errors": int(rep.total[r]),
-                      "recoveries": int(rec.total[r]), "errors_per_min": num(rate[r]),
-                      "crc_errors_total": num(crc.latest[r])})
+            start=float(first[r]),
+            last=float(last[r]),
+            severity="warning",
+            evidence={
+                "crc_errors": int(crc.total[r]),
+                "replay_errors": int(rep.total[r]),
+                "recoveries": int(rec.total[r]),
+                "errors_per_min": num(rate[r]),
+                "crc_errors_total": num(crc.latest[r]),
+            },
+        )

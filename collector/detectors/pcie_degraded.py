@@ -36,8 +36,14 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         sl = fr.row_slice(r)
         onset, last = float(ep.onset[r]), float(ep.last[r])
         m = ind[sl] & (fr.row_times(r) >= onset)
-        gen, gen_max = median_of(fr.series_col(r, "pcie_gen"), m), median_of(fr.series_col(r, "pcie_gen_max"), m)
-        wid, wid_max = median_of(fr.series_col(r, "pcie_width"), m), median_of(fr.series_col(r, "pcie_width_max"), m)
+        gen, gen_max = (
+            median_of(fr.series_col(r, "pcie_gen"), m),
+            median_of(fr.series_col(r, "pcie_gen_max"), m),
+        )
+        wid, wid_max = (
+            median_of(fr.series_col(r, "pcie_width"), m),
+            median_of(fr.series_col(r, "pcie_width_max"), m),
+        )
         evidence: PcieDegradedEvidence = {
             "pcie_gen": num(gen),
             "pcie_gen_max": num(gen_max),
@@ -51,8 +57,17 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         # Half the lanes or two generations down at least quarters the bandwidth.
         severe = (wid * 2 <= wid_max) or (gen + 2 <= gen_max)
         key = fr.keys[r]
-        out.append(Finding(
-            KIND, None, "critical" if severe else "warning", onset, evidence,
-            run_id=fr.run_id_at(r, last), node=key[0], gpu=key[1], last_active=last,
-        ))
+        out.append(
+            Finding(
+                KIND,
+                None,
+                "critical" if severe else "warning",
+                onset,
+                evidence,
+                run_id=fr.run_id_at(r, last),
+                node=key[0],
+                gpu=key[1],
+                last_active=last,
+            )
+        )
     return out

@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class Detector(Protocol):
-    def __call__(self, window: Window, config: DetectorConfig, frame: Frame | None = None) -> list[Finding]: ...
+    def __call__(
+        self, window: Window, config: DetectorConfig, frame: Frame | None = None
+    ) -> list[Finding]: ...
 
 
 DETECTORS: Mapping[str, Detector] = {

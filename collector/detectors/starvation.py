@@ -92,7 +92,9 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
     if deep.size == 0:
         return out
     span = p95[deep] - p5[deep]
-    ph = fr.rows_phases(rows[deep], p5[deep] + cfg.starve_phase_lo * span, p5[deep] + cfg.starve_phase_hi * span)
+    ph = fr.rows_phases(
+        rows[deep], p5[deep] + cfg.starve_phase_lo * span, p5[deep] + cfg.starve_phase_hi * span
+    )
     closed = (ph.state == 0) & ~ph.open_start & ~ph.open_end
     owner = np.repeat(np.arange(deep.size), np.diff(ph.offsets))
     enough = np.bincount(owner[closed], minlength=deep.size) >= cfg.starve_min_cycles
@@ -102,8 +104,9 @@ def oscillations(fr: Frame, rows: np.ndarray) -> list[Oscillation | None]:
     return out
 
 
-def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
-                  sel: np.ndarray) -> list[Oscillation | None]:
+def _alternations(
+    fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray, sel: np.ndarray
+) -> list[Oscillation | None]:
     """The alternation of each row ``sel`` of ``ph`` (its owner index), from its complete idle
     phases (``closed``: those of the rows ``sel``, at least ``starve_min_cycles`` each), every
     row at once.
@@ -153,7 +156,9 @@ def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
     last_onset = on[first + n_gaps]
     with np.errstate(invalid="ignore"):
         ok = regular & (p0 > 0) & ~(period > cfg.starve_max_period_s) & ~(cv > cfg.starve_max_period_cv)
-        ok &= ~(fr.window.t_end - last_onset > np.maximum(cfg.starve_recent_periods * period, cfg.active_within_s))
+        ok &= ~(
+            fr.window.t_end - last_onset > np.maximum(cfg.starve_recent_periods * period, cfg.active_within_s)
+        )
     # Busy and idle time of every phase from the chain's first idle phase on.
     pa, pb = ph.offsets[sel], ph.offsets[sel + 1]
     pidx = fr.take(pa, pb)
@@ -166,8 +171,12 @@ def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
     idle_s = np.bincount(prow, weights=dur * ~busy, minlength=nr)
     total = busy_s + idle_s
     with np.errstate(invalid="ignore", divide="ignore"):
-        busy_act = np.where(busy_s > 0, np.bincount(prow, weights=dur * busy * act, minlength=nr) / busy_s, 0.0)
-        idle_act = np.where(idle_s > 0, np.bincount(prow, weights=dur * ~busy * act, minlength=nr) / idle_s, 0.0)
+        busy_act = np.where(
+            busy_s > 0, np.bincount(prow, weights=dur * busy * act, minlength=nr) / busy_s, 0.0
+        )
+        idle_act = np.where(
+            idle_s > 0, np.bincount(prow, weights=dur * ~busy * act, minlength=nr) / idle_s, 0.0
+        )
         duty = busy_s / total
         depth = busy_act - idle_act
         mean_act = (busy_act * busy_s + idle_act * idle_s) / total
@@ -181,9 +190,16 @@ def _alternations(fr: Frame, ph: Phases, closed: np.ndarray, owner: np.ndarray,
     out: list[Oscillation | None] = [None] * nr
     for r in np.flatnonzero(ok).tolist():
         a, b = cut[r], cut[r + 1]
-        out[r] = Oscillation(float(onset[r]), float(last_onset[r]), float(period[r]), float(duty[r]),
-                             float(depth[r]), float(lost[r]), int(n_gaps[r] - j[r]) + 1,
-                             list(zip(t0s[a:b], t1s[a:b], strict=True)))
+        out[r] = Oscillation(
+            float(onset[r]),
+            float(last_onset[r]),
+            float(period[r]),
+            float(duty[r]),
+            float(depth[r]),
+            float(lost[r]),
+            int(n_gaps[r] - j[r]) + 1,
+            list(zip(t0s[a:b], t1s[a:b], strict=True)),
+        )
     return out
 
 
@@ -197,15 +213,20 @@ def _activity_range(fr: Frame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     n = np.maximum(b - a, 0)
     p5 = np.full(rows.size, np.nan)
     p95 = np.full(rows.size, np.nan)
-    whole = np.ones(rows.size, dtype=bool) if fr.all_valid else \
-        np.array([bool(fr.valid[x:y].all()) for x, y in zip(a.tolist(), b.tolist(), strict=True)], dtype=bool)
+    whole = (
+        np.ones(rows.size, dtype=bool)
+        if fr.all_valid
+        else np.array(
+            [bool(fr.valid[x:y].all()) for x, y in zip(a.tolist(), b.tolist(), strict=True)], dtype=bool
+        )
+    )
     for length in np.unique(n[whole]).tolist():
         if length >= least:
             sel = np.flatnonzero(whole & (n == length))
             part = np.partition(fr.activity[a[sel, None] + np.arange(length)], _ranks(length), axis=1)
             p5[sel], p95[sel] = part[:, _ranks(length)].T
     for i in np.flatnonzero(~whole).tolist():
-        act = fr.activity[int(a[i]):int(b[i])]
+        act = fr.activity[int(a[i]) : int(b[i])]
         act = act[~np.isnan(act)]
         if act.size >= least:
             p5[i], p95[i] = np.partition(act, _ranks(act.size))[list(_ranks(act.size))]
@@ -250,7 +271,11 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         rs[cnt > 0] = segment_sums(w_recent * act[recent], seg[cnt > 0])
         rw[cnt > 0] = segment_sums(w_recent, seg[cnt > 0])
     with np.errstate(invalid="ignore", divide="ignore"):
-        low = full & (rw >= cfg.majority_share * cfg.starve_min_duration_s) & (rs / rw <= cfg.starve_low_activity)
+        low = (
+            full
+            & (rw >= cfg.majority_share * cfg.starve_min_duration_s)
+            & (rs / rw <= cfg.starve_low_activity)
+        )
     # ... dated from when activity went low for most of the time.
     below = fr.activity < cfg.starve_low_activity
     below &= fr.per_sample(low)
@@ -271,9 +296,11 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         if rows.size == 0 or holding.any():
             continue
         f = _judge_run(fr, ri, rows, low, ep.onset, ep.last)
-        if f is not None and not (f.evidence.get("pattern") == "steady_low"
-                                  and f.evidence.get("cause_basis") != "job_cgroup"
-                                  and _neighbour_at_work(fr, ri, f.evidence.get("host"), swinging)):
+        if f is not None and not (
+            f.evidence.get("pattern") == "steady_low"
+            and f.evidence.get("cause_basis") != "job_cgroup"
+            and _neighbour_at_work(fr, ri, f.evidence.get("host"), swinging)
+        ):
             out.append(f)
     return out
 
@@ -376,7 +403,11 @@ def _judge_run(
     wts = np.concatenate([fr.w[s][m] for s, m in since])
     fin = np.isfinite(acts) & (wts > 0)
     mean_act = float(np.average(acts[fin], weights=wts[fin])) if fin.any() else math.nan
-    lost = float(np.clip(1.0 - mean_act / cfg.nominal_activity, 0.0, 1.0)) if math.isfinite(mean_act) else math.nan
+    lost = (
+        float(np.clip(1.0 - mean_act / cfg.nominal_activity, 0.0, 1.0))
+        if math.isfinite(mean_act)
+        else math.nan
+    )
     evidence = {
         "pattern": "steady_low",
         "period_s": None,
@@ -394,8 +425,15 @@ def _judge_run(
         "activity_basis": fr.activity_basis(rows),
     }
     last = low_last[lows]
-    return _finding(run.run_id, cause, lost, onset, float(np.nanmax(last)) if np.isfinite(last).any()
-                    else fr.window.t_end, evidence, cfg)
+    return _finding(
+        run.run_id,
+        cause,
+        lost,
+        onset,
+        float(np.nanmax(last)) if np.isfinite(last).any() else fr.window.t_end,
+        evidence,
+        cfg,
+    )
 
 
 def _cause(job: JobPressure, host: HostPressure) -> tuple[str, str | None]:
@@ -407,8 +445,15 @@ def _cause(job: JobPressure, host: HostPressure) -> tuple[str, str | None]:
     return "unknown", None
 
 
-def _finding(run_id: str, cause: str, lost: float, start: float, last: float,
-             evidence: StarvationEvidence, cfg: DetectorConfig) -> Finding:
+def _finding(
+    run_id: str,
+    cause: str,
+    lost: float,
+    start: float,
+    last: float,
+    evidence: StarvationEvidence,
+    cfg: DetectorConfig,
+) -> Finding:
     severity = "critical" if lost >= cfg.starve_critical_lost_share else "warning"
     return Finding(KIND, cause, severity, start, evidence, run_id=run_id, last_active=last)
 

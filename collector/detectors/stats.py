@@ -15,7 +15,9 @@ import numpy as np
 MAD_SCALE = 1.4826
 
 
-def _sorted_groups(values: np.ndarray, groups: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sorted_groups(
+    values: np.ndarray, groups: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ok = np.isfinite(values)
     v = values[ok]
     g = groups[ok]

@@ -202,7 +202,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         | ((z_temp >= cfg.straggler_z) & (v["temp"] >= cfg.straggler_hot_temp_c) & slow_clk),
         "power_cap": ((z_lim <= -cfg.straggler_z) & (rel_lim <= -cfg.straggler_min_rel))
         | low_plat
-        | ((v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= cfg.straggler_peer_bits_share) & slow_clk),
+        | (
+            (v["pcap"] >= cfg.straggler_thermal_share) & ~(r_pcap >= cfg.straggler_peer_bits_share) & slow_clk
+        ),
         "clocks": (z_clk <= -cfg.straggler_z) & slow_clk,
         "unknown": (z_act >= cfg.straggler_z) & (act_gap >= cfg.straggler_unknown_gap),
     }
@@ -218,7 +220,9 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # power moves as one, set by how long each step waits for it).
     corr = np.full(sub.size, np.nan)
     peer_corr = np.full(sub.size, np.nan)
-    screen = (z_pw >= cfg.straggler_decoupled_z) & (v["pw"] > r_pw) & (v["busy_s"] >= cfg.straggler_min_busy_s)
+    screen = (
+        (z_pw >= cfg.straggler_decoupled_z) & (v["pw"] > r_pw) & (v["busy_s"] >= cfg.straggler_min_busy_s)
+    )
     for gi in np.unique(gs[screen]).tolist():
         members = np.flatnonzero(gs == gi)
         if members.size >= 3:
@@ -240,25 +244,48 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     # kernel resident), it dips clearly less than they do: who waits shows, not only a rhythm.
     resolved = r_dip >= cfg.straggler_peer_wait_excess
     peers_dip = ~resolved | (r_dip - v["dip"] >= cfg.straggler_peer_wait_excess)
-    decoupled = screen & (peer_corr >= cfg.straggler_peer_corr) & (corr <= peer_corr - cfg.straggler_corr_gap) \
-        & (corr <= cfg.straggler_max_corr) & peers_dip
+    decoupled = (
+        screen
+        & (peer_corr >= cfg.straggler_peer_corr)
+        & (corr <= peer_corr - cfg.straggler_corr_gap)
+        & (corr <= cfg.straggler_max_corr)
+        & peers_dip
+    )
     # Which reading shows an unexplained straggler, strongest first.
     unknown_by = np.where(busier_plateau, "plat", np.where(causes["unknown"], "act", "pw"))
     causes["unknown"] = causes["unknown"] | busier_plateau | decoupled
     # A GPU that spins in the collective, or dips below its own busy power, more than its peers waits
     # on them (on a checkpoint's writer, on a capped peer): it is never the one they wait on.
-    waits_itself = (v["spin"] - r_spin >= cfg.straggler_wait_gap) | (v["dip"] - r_dip >= cfg.straggler_wait_gap)
-    eligible = (v["busy_s"] >= cfg.straggler_min_busy_s) & (waiting | capped_plateau | busier_plateau | decoupled) \
+    waits_itself = (v["spin"] - r_spin >= cfg.straggler_wait_gap) | (
+        v["dip"] - r_dip >= cfg.straggler_wait_gap
+    )
+    eligible = (
+        (v["busy_s"] >= cfg.straggler_min_busy_s)
+        & (waiting | capped_plateau | busier_plateau | decoupled)
         & ~waits_itself
+    )
     v["corr"] = corr
-    refs = {"lim": r_lim, "clk": r_clk, "temp": r_temp, "act": r_act, "pf": r_pf, "plat": r_plat, "pw": r_pw,
-            "corr": peer_corr, "spin": r_spin, "dip": r_dip}
+    refs = {
+        "lim": r_lim,
+        "clk": r_clk,
+        "temp": r_temp,
+        "act": r_act,
+        "pf": r_pf,
+        "plat": r_plat,
+        "pw": r_pw,
+        "corr": peer_corr,
+        "spin": r_spin,
+        "dip": r_dip,
+    }
     zs = {"lim": z_lim, "clk": z_clk, "temp": z_temp, "act": z_act, "plat": z_plat, "pw": z_pw}
     # A GPU explained as slow (capped, hot, a degraded link, low clocks) is what its run waits for;
     # one that merely reads busier than its peers in the same run is the mirror of it (in a 2-GPU
     # job its only peer is the slow GPU), not a second straggler.
-    explained = {int(gs[k]) for k in np.flatnonzero(eligible)
-                 if next((c for c, m in causes.items() if m[k]), "unknown") != "unknown"}
+    explained = {
+        int(gs[k])
+        for k in np.flatnonzero(eligible)
+        if next((c for c, m in causes.items() if m[k]), "unknown") != "unknown"
+    }
     out = []
     for k in np.flatnonzero(eligible):
         if int(gs[k]) in explained and next((c for c, m in causes.items() if m[k]), None) == "unknown":
@@ -267,9 +294,16 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
         if cause is None:
             continue
         r = int(rows[sub[k]])
-        found = _finding(fr, r, cause, {n_: a[k] for n_, a in v.items()}, {n_: a[k] for n_, a in refs.items()},
-                         {n_: a[k] for n_, a in zs.items()}, int(np.count_nonzero(gs == gs[k])) - 1,
-                         str(unknown_by[k]))
+        found = _finding(
+            fr,
+            r,
+            cause,
+            {n_: a[k] for n_, a in v.items()},
+            {n_: a[k] for n_, a in refs.items()},
+            {n_: a[k] for n_, a in zs.items()},
+            int(np.count_nonzero(gs == gs[k])) - 1,
+            str(unknown_by[k]),
+        )
         if found is not None:
             if cause == "unknown":
                 _network(fr, r, found)
@@ -305,8 +339,9 @@ def _network(fr: Frame, r: int, f: Finding) -> None:
     shows a fault or saturation its peers' nodes do not."""
     run = fr.window.runs[int(fr.run_of_row[r])]
     node = fr.keys[r][0]
-    nf = straggler_network_cause(node, {k[0] for k in run.allocations}, fr.window.hosts, fr.window.t_start,
-                                 fr.window.t_end, fr.config)
+    nf = straggler_network_cause(
+        node, {k[0] for k in run.allocations}, fr.window.hosts, fr.window.t_start, fr.window.t_end, fr.config
+    )
     if nf is not None:
         f.cause = "network"
         ev = cast(StragglerEvidence, f.evidence)
@@ -315,7 +350,13 @@ def _network(fr: Frame, r: int, f: Finding) -> None:
 
 
 def _finding(
-    fr: Frame, r: int, cause: str, v: dict[str, float], ref: dict[str, float], z: dict[str, float], peers: int,
+    fr: Frame,
+    r: int,
+    cause: str,
+    v: dict[str, float],
+    ref: dict[str, float],
+    z: dict[str, float],
+    peers: int,
     unknown_by: str = "act",
 ) -> Finding | None:
     cfg = fr.config
@@ -334,7 +375,9 @@ def _finding(
     elif cause == "power_cap":
         lim = fr.series_col(r, "power_limit_w")
         by_limit = math.isfinite(z["lim"]) and z["lim"] <= -cfg.straggler_z
-        by_plateau = not math.isfinite(v["lim"]) and math.isfinite(z["plat"]) and z["plat"] <= -cfg.straggler_z
+        by_plateau = (
+            not math.isfinite(v["lim"]) and math.isfinite(z["plat"]) and z["plat"] <= -cfg.straggler_z
+        )
         feat = "lim"
         if by_limit:
             ind, wt = lim < ref["lim"] * (1.0 - cfg.straggler_min_rel), w
@@ -357,8 +400,9 @@ def _finding(
         ind, wt, feat = busy & (power > ref["pw"]), wb, "pw"
     onset = trailing_onset(t, wt, ind, cfg.majority_share)
     hits = np.flatnonzero(ind & (wt > 0))
-    if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(cfg.active_within_s,
-                                                            cfg.active_within_samples * float(fr.dt[r])):
+    if hits.size == 0 or t[hits[-1]] < fr.window.t_end - max(
+        cfg.active_within_s, cfg.active_within_samples * float(fr.dt[r])
+    ):
         # Recovered: the slowness is no longer seen, only averaged in.
         return None
     last = float(t[hits[-1]])
@@ -368,9 +412,14 @@ def _finding(
     pf_gap = v["pf"] - ref["pf"]
     evidence: StragglerEvidence = {
         "z": num(z[feat]) if feat in z else None,
-        "feature": {"lim": "power_limit_w", "clk": "sm_clock_mhz", "temp": "temp_c", "act": "activity",
-                    "plat": "power_plateau_w", "pw": "power_w"}.get(
-            feat or "", "pcie_degraded_share"),
+        "feature": {
+            "lim": "power_limit_w",
+            "clk": "sm_clock_mhz",
+            "temp": "temp_c",
+            "act": "activity",
+            "plat": "power_plateau_w",
+            "pw": "power_w",
+        }.get(feat or "", "pcie_degraded_share"),
         "peers": peers,
         "activity": num(v["act"]),
         "peer_activity": num(ref["act"]),
@@ -407,11 +456,21 @@ def _finding(
     severity = "critical" if gaps and max(gaps) >= cfg.straggler_critical_gap else "warning"
     key = fr.keys[r]
     run_id = fr.window.runs[int(fr.run_of_row[r])].run_id
-    return Finding(KIND, cause, severity, onset, evidence, run_id=run_id, node=key[0], gpu=key[1], last_active=last)
+    return Finding(
+        KIND, cause, severity, onset, evidence, run_id=run_id, node=key[0], gpu=key[1], last_active=last
+    )
 
 
-def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cnt: np.ndarray,
-              lim: np.ndarray, half: int | None = None, only: np.ndarray | None = None) -> np.ndarray:
+def _plateaus(
+    fr: Frame,
+    idx: np.ndarray,
+    power: np.ndarray,
+    seg: np.ndarray,
+    cnt: np.ndarray,
+    lim: np.ndarray,
+    half: int | None = None,
+    only: np.ndarray | None = None,
+) -> np.ndarray:
     """Per row, the ``straggler_plateau_percentile`` of power while busy over
     the span, for rows that report no enforced limit (NaN otherwise): a GPU
     capped below its peers computes at a lower plateau, which is what shows
@@ -426,7 +485,11 @@ def _plateaus(fr: Frame, idx: np.ndarray, power: np.ndarray, seg: np.ndarray, cn
     q = fr.config.straggler_plateau_percentile
     for k in need.tolist():
         a, n = int(seg[k]), int(cnt[k])
-        sl = slice(a, a + n) if half is None else slice(a + half * (n // 2), a + (n // 2) + half * (n - n // 2))
+        sl = (
+            slice(a, a + n)
+            if half is None
+            else slice(a + half * (n // 2), a + (n // 2) + half * (n - n // 2))
+        )
         p = power[sl][busy[sl]]
         p = p[np.isfinite(p)]
         if p.size >= 5:
@@ -452,7 +515,7 @@ def _peer_correlation(fr: Frame, rows: np.ndarray, a: np.ndarray, b: np.ndarray)
         col = fr.series[r].cols.get("power_w")
         if col is None:
             continue
-        p = col[i - int(fr.offsets[r]):j - int(fr.offsets[r])]
+        p = col[i - int(fr.offsets[r]) : j - int(fr.offsets[r])]
         ok = np.isfinite(p)
         if ok.sum() >= 10:
             series[k] = np.interp(grid, t[ok], p[ok])

@@ -40,7 +40,9 @@ from gpufleet.timeparse import rfc3339
 
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: Evidence summarised over a group's GPUs by their median, and by their maximum.
-_Median = Literal["throttled_share", "clock_ratio", "sm_clock_mhz", "sm_clock_max_mhz", "cause_share", "power_frac"]
+_Median = Literal[
+    "throttled_share", "clock_ratio", "sm_clock_mhz", "sm_clock_max_mhz", "cause_share", "power_frac"
+]
 _Max = Literal["throttled_s", "busy_s", "temp_c_max"]
 
 KIND = "throttling"
@@ -66,11 +68,23 @@ def detect(window: Window, config: DetectorConfig, frame: Frame | None = None) -
     ind[cand[held]] = True
     wb = fr.w_busy
     ep = fr.trailing_episode(wb, ind, cfg.throttle_min_share)
-    hit = (ep.seconds >= cfg.throttle_min_s) & (ep.share >= cfg.throttle_min_share) & fr.recent_enough(ep.last)
+    hit = (
+        (ep.seconds >= cfg.throttle_min_s) & (ep.share >= cfg.throttle_min_share) & fr.recent_enough(ep.last)
+    )
     out: list[tuple[Finding, ThrottlingGpuEvidence]] = []
     for r in np.flatnonzero(hit):
-        out.append(_finding(fr, int(r), float(ep.onset[r]), float(ep.seconds[r]), float(ep.share[r]),
-                            float(ep.last[r]), ind, wb))
+        out.append(
+            _finding(
+                fr,
+                int(r),
+                float(ep.onset[r]),
+                float(ep.seconds[r]),
+                float(ep.share[r]),
+                float(ep.last[r]),
+                ind,
+                wb,
+            )
+        )
     return group(out)
 
 
@@ -90,7 +104,9 @@ def group(findings: list[tuple[Finding, ThrottlingGpuEvidence]]) -> list[Finding
         fs = [f for f, _ in pairs]
         evs = [ev for _, ev in pairs]
         nodes = {f.node for f in fs}
-        gpus: list[ThrottledGpu] = [{"node": f.node, "gpu": f.gpu, "since": rfc3339(f.start), **ev} for f, ev in pairs]
+        gpus: list[ThrottledGpu] = [
+            {"node": f.node, "gpu": f.gpu, "since": rfc3339(f.start), **ev} for f, ev in pairs
+        ]
         reasons: list[str] = []
         for ev in evs:
             reasons += [r for r in ev["reasons"] if r not in reasons]
@@ -114,11 +130,20 @@ def group(findings: list[tuple[Finding, ThrottlingGpuEvidence]]) -> list[Finding
         }
         worst = max(fs, key=lambda f: _SEVERITY_RANK.get(f.severity, 1))
         lasts = [f.last_active for f in fs if f.last_active is not None]
-        out.append(Finding(
-            KIND, cause, worst.severity, min(f.start for f in fs), evidence, run_id=run_id,
-            node=next(iter(nodes)) if len(nodes) == 1 else None, gpu=None,
-            last_active=max(lasts) if lasts else None, qualifier=cause or "unknown",
-        ))
+        out.append(
+            Finding(
+                KIND,
+                cause,
+                worst.severity,
+                min(f.start for f in fs),
+                evidence,
+                run_id=run_id,
+                node=next(iter(nodes)) if len(nodes) == 1 else None,
+                gpu=None,
+                last_active=max(lasts) if lasts else None,
+                qualifier=cause or "unknown",
+            )
+        )
     return out
 
 
@@ -198,6 +223,13 @@ def _finding(
     severe = cause in SEVERE or (np.isfinite(ratio) and ratio < cfg.throttle_critical_clock_ratio)
     key = fr.keys[r]
     return Finding(
-        KIND, cause, "critical" if severe else "warning", onset, evidence,
-        run_id=fr.run_id_at(r, last), node=key[0], gpu=key[1], last_active=last,
+        KIND,
+        cause,
+        "critical" if severe else "warning",
+        onset,
+        evidence,
+        run_id=fr.run_id_at(r, last),
+        node=key[0],
+        gpu=key[1],
+        last_active=last,
     ), evidence

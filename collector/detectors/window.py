@@ -76,9 +76,14 @@ class RunInfo:
 
     @classmethod
     def of(cls, run: Run) -> RunInfo:
-        return cls(run_id=run.run_id, start=run.start.timestamp(),
-                   end=None if run.end is None else run.end.timestamp(), allocations=list(run.allocations),
-                   name=run.name, site=run.site)
+        return cls(
+            run_id=run.run_id,
+            start=run.start.timestamp(),
+            end=None if run.end is None else run.end.timestamp(),
+            allocations=list(run.allocations),
+            name=run.name,
+            site=run.site,
+        )
 
     def overlaps(self, lo: float, hi: float) -> bool:
         return overlaps(self.start, self.end, lo, hi)

@@ -53,6 +53,14 @@ from gpufleet.accounting.report import CSV_COLUMNS, finance_csv, finance_report,
 from gpufleet.accounting.run import CONTRACT_FIELDS, account_runs, load_runs, run_accounting
 
 __all__ = [
-    "CONTRACT_FIELDS", "CSV_COLUMNS", "account_runs", "finance_csv", "finance_report", "fleet_accounting",
-    "load_runs", "report_csv", "run_accounting", "runs_report",
+    "CONTRACT_FIELDS",
+    "CSV_COLUMNS",
+    "account_runs",
+    "finance_csv",
+    "finance_report",
+    "fleet_accounting",
+    "load_runs",
+    "report_csv",
+    "run_accounting",
+    "runs_report",
 ]

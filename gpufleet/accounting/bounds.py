@@ -81,8 +81,14 @@ def check(setting: str, value: float | None) -> float | None:
     return value
 
 
-def line_problems(facility_kwh: Decimal, energy_cost: Decimal, gpu_hours: Decimal, compute_cost: Decimal | None,
-                  co2e_kg: Decimal, known_kwh: Decimal) -> dict[str, str]:
+def line_problems(
+    facility_kwh: Decimal,
+    energy_cost: Decimal,
+    gpu_hours: Decimal,
+    compute_cost: Decimal | None,
+    co2e_kg: Decimal,
+    known_kwh: Decimal,
+) -> dict[str, str]:
     """What an accounting line's own figures show was priced outside the bounds, by field.
 
     A line's energy cost is its facility energy times the prices in force, so an average price above
@@ -92,12 +98,22 @@ def line_problems(facility_kwh: Decimal, energy_cost: Decimal, gpu_hours: Decima
     out: dict[str, str] = {}
     slack = Decimal("1.000001")
     if facility_kwh > 0 and energy_cost > facility_kwh * Decimal(PRICE_PER_KWH.hi) * slack:
-        out["energy_cost"] = (f"price_per_kwh above {_text(PRICE_PER_KWH.hi)} {PRICE_PER_KWH.unit} "
-                              f"(on average {float(energy_cost / facility_kwh):g})")
-    if compute_cost is not None and gpu_hours > 0 and compute_cost > gpu_hours * Decimal(GPU_HOUR_PRICE.hi) * slack:
-        out["compute_cost"] = (f"gpu_hour_price above {_text(GPU_HOUR_PRICE.hi)} {GPU_HOUR_PRICE.unit} "
-                               f"(on average {float(compute_cost / gpu_hours):g})")
+        out["energy_cost"] = (
+            f"price_per_kwh above {_text(PRICE_PER_KWH.hi)} {PRICE_PER_KWH.unit} "
+            f"(on average {float(energy_cost / facility_kwh):g})"
+        )
+    if (
+        compute_cost is not None
+        and gpu_hours > 0
+        and compute_cost > gpu_hours * Decimal(GPU_HOUR_PRICE.hi) * slack
+    ):
+        out["compute_cost"] = (
+            f"gpu_hour_price above {_text(GPU_HOUR_PRICE.hi)} {GPU_HOUR_PRICE.unit} "
+            f"(on average {float(compute_cost / gpu_hours):g})"
+        )
     if known_kwh > 0 and co2e_kg * 1000 > known_kwh * Decimal(CARBON_G_PER_KWH.hi) * slack:
-        out["co2e_kg"] = (f"carbon intensity above {_text(CARBON_G_PER_KWH.hi)} g CO2e per kWh "
-                          f"(on average {float(co2e_kg * 1000 / known_kwh):g})")
+        out["co2e_kg"] = (
+            f"carbon intensity above {_text(CARBON_G_PER_KWH.hi)} g CO2e per kWh "
+            f"(on average {float(co2e_kg * 1000 / known_kwh):g})"
+        )
     return out

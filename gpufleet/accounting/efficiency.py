@@ -63,12 +63,19 @@ class GpuPeak:
 
 def node_facts(conn: psycopg.Connection, nodes: Iterable[str]) -> dict[str, NodeFacts]:
     """The facts of ``nodes`` (one query), each read through :class:`NodeFacts`."""
-    return {n: NodeFacts.read(f) for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
-                                                           (sorted(set(nodes)),)).fetchall()}
+    return {
+        n: NodeFacts.read(f)
+        for n, f in conn.execute(
+            "SELECT node, facts FROM nodes WHERE node = ANY(%s)", (sorted(set(nodes)),)
+        ).fetchall()
+    }
 
 
-def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]],
-               facts: Mapping[str, NodeFacts] | None = None) -> dict[tuple[str, int], GpuPeak]:
+def gpu_models(
+    conn: psycopg.Connection,
+    allocations: Sequence[tuple[str, int]],
+    facts: Mapping[str, NodeFacts] | None = None,
+) -> dict[tuple[str, int], GpuPeak]:
     """Model name and peak (FLOP/s, precision, source) of each allocated GPU, from the nodes' facts (read
     unless given)."""
     if facts is None:
@@ -83,18 +90,29 @@ def gpu_models(conn: psycopg.Connection, allocations: Sequence[tuple[str, int]],
             out[(node, gpu)] = GpuPeak(model, override, "bf16", FACT_SOURCE)
             continue
         p = peak_of(model)
-        out[(node, gpu)] = GpuPeak(model, None, None, None) if p is None else GpuPeak(model, p.flops, p.dtype, p.source)
+        out[(node, gpu)] = (
+            GpuPeak(model, None, None, None) if p is None else GpuPeak(model, p.flops, p.dtype, p.source)
+        )
     return out
 
 
 def mfu_problem(mfu: float, params: int, tokens_per_s: float, peak: float, peaks: Sequence[GpuPeak]) -> str:
     """Why an MFU above 1 cannot be (no GPU runs above its peak), and what to check."""
-    models = "; ".join(sorted({f"{p.model or 'unknown model'}: {p.flops / 1e12:g} TFLOP/s {p.dtype} ({p.source})"
-                               for p in peaks if p.flops is not None}))
-    return (f"MFU {mfu:.2f} is above 1, which no GPU reaches: 6 x params ({params:,}) x tokens per second "
-            f"({tokens_per_s:,.0f}) is {6 * params * tokens_per_s / 1e12:,.0f} TFLOP/s against a peak of "
-            f"{peak / 1e12:,.0f} TFLOP/s. Check the run's params, the tokens its progress reports (all ranks "
-            f"counted once, not per rank) and the GPUs' peak ({models})")
+    models = "; ".join(
+        sorted(
+            {
+                f"{p.model or 'unknown model'}: {p.flops / 1e12:g} TFLOP/s {p.dtype} ({p.source})"
+                for p in peaks
+                if p.flops is not None
+            }
+        )
+    )
+    return (
+        f"MFU {mfu:.2f} is above 1, which no GPU reaches: 6 x params ({params:,}) x tokens per second "
+        f"({tokens_per_s:,.0f}) is {6 * params * tokens_per_s / 1e12:,.0f} TFLOP/s against a peak of "
+        f"{peak / 1e12:,.0f} TFLOP/s. Check the run's params, the tokens its progress reports (all ranks "
+        f"counted once, not per rank) and the GPUs' peak ({models})"
+    )
 
 
 _PROGRESS_SQL = """
@@ -126,15 +144,23 @@ def progress_many(conn: psycopg.Connection, windows: Sequence[Window]) -> dict[s
     the run's start), for every run in one round trip."""
     if not windows:
         return {}
-    rows = conn.execute(_PROGRESS_SQL, ([w.run.run_id for w in windows],
-                                        [w.lo if w.lo > w.run.start else None for w in windows],
-                                        [None if w.count_after_end else w.hi for w in windows])).fetchall()
+    rows = conn.execute(
+        _PROGRESS_SQL,
+        (
+            [w.run.run_id for w in windows],
+            [w.lo if w.lo > w.run.start else None for w in windows],
+            [None if w.count_after_end else w.hi for w in windows],
+        ),
+    ).fetchall()
     found = {r[0]: r[1:] for r in rows}
     out: dict[str, dict[str, float | None]] = {}
     for w in windows:
         te, tv, tbt, tbv, se, sv, sbt, sbv = found.get(w.run.run_id, (None,) * 8)
         done: dict[str, float | None] = {"tokens": None, "samples": None, "tokens_per_s": None}
-        for column, end_t, end_v, begin_t, begin_v in (("tokens", te, tv, tbt, tbv), ("samples", se, sv, sbt, sbv)):
+        for column, end_t, end_v, begin_t, begin_v in (
+            ("tokens", te, tv, tbt, tbv),
+            ("samples", se, sv, sbt, sbv),
+        ):
             if end_t is None:
                 continue
             t0, v0 = (begin_t, float(begin_v)) if begin_t is not None else (w.run.start, 0.0)
@@ -146,8 +172,14 @@ def progress_many(conn: psycopg.Connection, windows: Sequence[Window]) -> dict[s
     return out
 
 
-def progress(conn: psycopg.Connection, run_id: str, run_start: datetime, lo: datetime, hi: datetime,
-             count_after_end: bool) -> dict[str, float | None]:
+def progress(
+    conn: psycopg.Connection,
+    run_id: str,
+    run_start: datetime,
+    lo: datetime,
+    hi: datetime,
+    count_after_end: bool,
+) -> dict[str, float | None]:
     """Tokens and samples done in [lo, hi) of one run (:func:`progress_many`)."""
     return progress_many(conn, [Window(Run(run_id, run_start), lo, hi, count_after_end)])[run_id]
 
@@ -164,11 +196,20 @@ def _lost_share(evidence: object) -> float:
     return 1.0
 
 
-def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
-               allocations: Sequence[tuple[str, int]], it_kwh: float, count_after_end: bool,
-               gpu_hours: float, productive_gpu_hours: float | None, *,
-               done: Mapping[str, float | None] | None = None,
-               facts: Mapping[str, NodeFacts] | None = None) -> dict[str, Any]:
+def efficiency(
+    conn: psycopg.Connection,
+    run: Run,
+    lo: datetime,
+    hi: datetime,
+    allocations: Sequence[tuple[str, int]],
+    it_kwh: float,
+    count_after_end: bool,
+    gpu_hours: float,
+    productive_gpu_hours: float | None,
+    *,
+    done: Mapping[str, float | None] | None = None,
+    facts: Mapping[str, NodeFacts] | None = None,
+) -> dict[str, Any]:
     """The ``efficiency`` block of a run's accounting; ``productive_gpu_hours`` from its ledger.  ``done``
     (:func:`progress_many`) and ``facts`` (:func:`node_facts`) are read here unless the caller read them for
     many runs at once."""
@@ -204,5 +245,7 @@ def efficiency(conn: psycopg.Connection, run: Run, lo: datetime, hi: datetime,
         "mfu_unchecked": mfu,
         "mfu_problem": problem,
         "lost_gpu_hours": None if productive_gpu_hours is None else gpu_hours - productive_gpu_hours,
-        "goodput": productive_gpu_hours / gpu_hours if productive_gpu_hours is not None and gpu_hours > 0 else None,
+        "goodput": productive_gpu_hours / gpu_hours
+        if productive_gpu_hours is not None and gpu_hours > 0
+        else None,
     }

@@ -148,10 +148,14 @@ class Block:
             "compute_cost": number(compute),
             "total_cost": None if energy is None or compute is None else number(energy + compute),
             "currency": single,
-            "costs_by_currency": {cur: {"energy_cost": None if cur in self.broken else number(e),
-                                        "compute_cost": None if cur in self.broken else number(c),
-                                        "total_cost": None if cur in self.broken else number(e + c)}
-                                  for cur, (e, c) in sorted(self.costs.items())},
+            "costs_by_currency": {
+                cur: {
+                    "energy_cost": None if cur in self.broken else number(e),
+                    "compute_cost": None if cur in self.broken else number(c),
+                    "total_cost": None if cur in self.broken else number(e + c),
+                }
+                for cur, (e, c) in sorted(self.costs.items())
+            },
             "coverage": min(self.covered_s / self.gpu_s, 1.0) if self.gpu_s > 0 else 0.0,
             **extra,
         }
@@ -189,16 +193,27 @@ class FleetBlocks:
     errors: list[str] = field(default_factory=list)
 
 
-def fleet_blocks(conn: psycopg.Connection, since: datetime, until: datetime, *, group_by: GroupBy = "site",
-                 now: datetime, max_gap_s: float, source: Source = "auto",
-                 gone_after_s: float | None = None) -> FleetBlocks:
+def fleet_blocks(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    group_by: GroupBy = "site",
+    now: datetime,
+    max_gap_s: float,
+    source: Source = "auto",
+    gone_after_s: float | None = None,
+) -> FleetBlocks:
     gone = AccountingSettings().gone_after_s if gone_after_s is None else gone_after_s
     with snapshot(conn):
-        rows = lines(conn, since, until, now, fleet=True, max_gap_s=max_gap_s, source=source, gone_after_s=gone)
+        rows = lines(
+            conn, since, until, now, fleet=True, max_gap_s=max_gap_s, source=source, gone_after_s=gone
+        )
         parts = per_run(rows)
         runs = load_runs(conn, sorted(parts))
-        bodies = run_bodies(conn, runs, parts, now=now, max_gap_s=max_gap_s, source=source, since=since,
-                            until=until)
+        bodies = run_bodies(
+            conn, runs, parts, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until
+        )
         errors = [e for body in bodies for e in body["errors"]]
         groups: dict[str | None, Block] = defaultdict(Block)
         allocated, idle, dark, total = Block(), Block(), Block(), Block()
@@ -231,16 +246,32 @@ def fleet_blocks(conn: psycopg.Connection, since: datetime, until: datetime, *, 
     return FleetBlocks(groups, allocated, idle, dark, total, bodies, sources, errors)
 
 
-def fleet_accounting(conn: psycopg.Connection, since: datetime, until: datetime, *, group_by: GroupBy = "site",
-                     now: datetime | None = None, max_gap_s: float | None = None,
-                     source: Source = "auto", gone_after_s: float | None = None) -> dict[str, Any]:
+def fleet_accounting(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    group_by: GroupBy = "site",
+    now: datetime | None = None,
+    max_gap_s: float | None = None,
+    source: Source = "auto",
+    gone_after_s: float | None = None,
+) -> dict[str, Any]:
     """The body of ``GET /v1/accounting``."""
     if group_by not in GROUP_BY:
         raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, not {group_by!r}")
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
-    f = fleet_blocks(conn, since, until, group_by=group_by, now=now, max_gap_s=gap, source=source,
-                     gone_after_s=gone_after_s)
+    f = fleet_blocks(
+        conn,
+        since,
+        until,
+        group_by=group_by,
+        now=now,
+        max_gap_s=gap,
+        source=source,
+        gone_after_s=gone_after_s,
+    )
     hi = max(since, min(until, now))
     return {
         "from": iso(since),

@@ -60,20 +60,67 @@ GRANULARITIES: tuple[Granularity, ...] = ("day", "run")
 
 #: FOCUS 1.1 columns, in the specification's order.
 FOCUS_COLUMNS: tuple[str, ...] = (
-    "AvailabilityZone", "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency",
-    "BillingPeriodEnd", "BillingPeriodStart", "CapacityReservationId", "CapacityReservationStatus",
-    "ChargeCategory", "ChargeClass", "ChargeDescription", "ChargeFrequency", "ChargePeriodEnd",
-    "ChargePeriodStart", "CommitmentDiscountCategory", "CommitmentDiscountId", "CommitmentDiscountName",
-    "CommitmentDiscountQuantity", "CommitmentDiscountStatus", "CommitmentDiscountType", "CommitmentDiscountUnit",
-    "ConsumedQuantity", "ConsumedUnit", "ContractedCost", "ContractedUnitPrice", "EffectiveCost",
-    "InvoiceIssuerName", "ListCost", "ListUnitPrice", "PricingCategory", "PricingQuantity", "PricingUnit",
-    "ProviderName", "PublisherName", "RegionId", "RegionName", "ResourceId", "ResourceName", "ResourceType",
-    "ServiceCategory", "ServiceName", "ServiceSubcategory", "SkuId", "SkuMeter", "SkuPriceDetails", "SkuPriceId",
-    "SubAccountId", "SubAccountName", "Tags",
+    "AvailabilityZone",
+    "BilledCost",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
+    "CapacityReservationId",
+    "CapacityReservationStatus",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargeFrequency",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "CommitmentDiscountCategory",
+    "CommitmentDiscountId",
+    "CommitmentDiscountName",
+    "CommitmentDiscountQuantity",
+    "CommitmentDiscountStatus",
+    "CommitmentDiscountType",
+    "CommitmentDiscountUnit",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ContractedCost",
+    "ContractedUnitPrice",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "ListUnitPrice",
+    "PricingCategory",
+    "PricingQuantity",
+    "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "RegionId",
+    "RegionName",
+    "ResourceId",
+    "ResourceName",
+    "ResourceType",
+    "ServiceCategory",
+    "ServiceName",
+    "ServiceSubcategory",
+    "SkuId",
+    "SkuMeter",
+    "SkuPriceDetails",
+    "SkuPriceId",
+    "SubAccountId",
+    "SubAccountName",
+    "Tags",
 )
 #: Our own columns after FOCUS's (the ``x_`` prefix is the specification's for extensions).
 X_COLUMNS: tuple[str, ...] = (
-    "x_GpuHours", "x_GpuKwh", "x_FacilityKwh", "x_Co2eKg", "x_Coverage", "x_GpuModels", "x_Team", "x_Site",
+    "x_GpuHours",
+    "x_GpuKwh",
+    "x_FacilityKwh",
+    "x_Co2eKg",
+    "x_Coverage",
+    "x_GpuModels",
+    "x_Team",
+    "x_Site",
     "x_Errors",
 )
 COLUMNS: tuple[str, ...] = FOCUS_COLUMNS + X_COLUMNS
@@ -109,58 +156,113 @@ def _unit_price(cost: Decimal, qty: Decimal) -> Decimal | None:
     return (cost / qty).quantize(Decimal("1e-9")) if qty > 0 else None
 
 
-def _row(line: Line, run: Run | None, charge: str, since: datetime, until: datetime, models: Mapping[str, str],
-         errors: Mapping[str, str]) -> dict[str, Any]:
+def _row(
+    line: Line,
+    run: Run | None,
+    charge: str,
+    since: datetime,
+    until: datetime,
+    models: Mapping[str, str],
+    errors: Mapping[str, str],
+) -> dict[str, Any]:
     site = line.site or ""
     compute = charge == "compute"
     if compute:
-        qty, cost, unit, service, sku = line.gpu_hours or ZERO, line.compute_cost, "GPU-Hours", "GPU compute", "gpu-hour"
+        qty, cost, unit, service, sku = (
+            line.gpu_hours or ZERO,
+            line.compute_cost,
+            "GPU-Hours",
+            "GPU compute",
+            "gpu-hour",
+        )
         broken = "compute_cost" in errors
     else:
-        qty, cost, unit, service, sku = line.facility_kwh, line.energy_cost, "kWh", "GPU energy", "facility-kwh"
+        qty, cost, unit, service, sku = (
+            line.facility_kwh,
+            line.energy_cost,
+            "kWh",
+            "GPU energy",
+            "facility-kwh",
+        )
         broken = "energy_cost" in errors
     money = None if broken or cost is None else cost
     who = run.run_id if run is not None else "unallocated"
-    what = (f"GPU time of run {who}" if compute else f"facility energy of run {who} (IT energy x PUE)") \
-        if run is not None else "facility energy of GPU time no run held"
+    what = (
+        (f"GPU time of run {who}" if compute else f"facility energy of run {who} (IT energy x PUE)")
+        if run is not None
+        else "facility energy of GPU time no run held"
+    )
     tags: dict[str, Any] = {"gpufleet/site": line.site}
     if run is not None:
         tags.update({"gpufleet/run": run.run_id, "gpufleet/team": run.team})
         tags.update({k: v for k, v in run.labels.items() if k in TAG_LABELS})
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
-    row.update({
-        "BilledCost": _decimal(money), "EffectiveCost": _decimal(money), "ListCost": _decimal(money),
-        "ContractedCost": _decimal(money),
-        "BillingAccountId": site, "BillingAccountName": site, "BillingCurrency": line.currency or "",
-        "BillingPeriodStart": iso(since), "BillingPeriodEnd": iso(until),
-        "ChargeCategory": "Usage", "ChargeDescription": what, "ChargeFrequency": "Usage-Based",
-        "ChargePeriodStart": iso(line.start), "ChargePeriodEnd": iso(line.end),
-        "ConsumedQuantity": _decimal(qty), "ConsumedUnit": unit, "PricingQuantity": _decimal(qty),
-        "PricingUnit": unit, "PricingCategory": "Standard",
-        "ListUnitPrice": _decimal(None if money is None else _unit_price(money, qty)),
-        "ContractedUnitPrice": _decimal(None if money is None else _unit_price(money, qty)),
-        "InvoiceIssuerName": site, "ProviderName": site, "PublisherName": site, "RegionId": site, "RegionName": site,
-        "ResourceId": who, "ResourceName": (run.name or run.run_id) if run is not None else "GPU time no run held",
-        "ResourceType": "GPU run" if run is not None else "Idle GPU capacity",
-        "ServiceCategory": "AI and Machine Learning", "ServiceSubcategory": "Machine Learning",
-        "ServiceName": service, "SkuId": sku, "SkuMeter": unit,
-        "SubAccountId": (run.team or "") if run is not None else "", "SubAccountName": (run.team or "")
-        if run is not None else "",
-        "Tags": json.dumps({k: v for k, v in tags.items() if v is not None}, sort_keys=True),
-        "x_GpuHours": _decimal(line.gpu_hours if compute else None),
-        "x_GpuKwh": _decimal(line.gpu_kwh), "x_FacilityKwh": _decimal(line.facility_kwh),
-        "x_Co2eKg": _decimal(line.co2e_kg if line.carbon_source not in (None, "none") else None),
-        "x_Coverage": _decimal(Decimal(repr(line.coverage))),
-        "x_GpuModels": models.get(who, "") if run is not None else "", "x_Team": run.team if run is not None else "",
-        "x_Site": site,
-        "x_Errors": "; ".join(errors[k] for k in sorted(errors) if k == ("compute_cost" if compute else "energy_cost")),
-    })
+    row.update(
+        {
+            "BilledCost": _decimal(money),
+            "EffectiveCost": _decimal(money),
+            "ListCost": _decimal(money),
+            "ContractedCost": _decimal(money),
+            "BillingAccountId": site,
+            "BillingAccountName": site,
+            "BillingCurrency": line.currency or "",
+            "BillingPeriodStart": iso(since),
+            "BillingPeriodEnd": iso(until),
+            "ChargeCategory": "Usage",
+            "ChargeDescription": what,
+            "ChargeFrequency": "Usage-Based",
+            "ChargePeriodStart": iso(line.start),
+            "ChargePeriodEnd": iso(line.end),
+            "ConsumedQuantity": _decimal(qty),
+            "ConsumedUnit": unit,
+            "PricingQuantity": _decimal(qty),
+            "PricingUnit": unit,
+            "PricingCategory": "Standard",
+            "ListUnitPrice": _decimal(None if money is None else _unit_price(money, qty)),
+            "ContractedUnitPrice": _decimal(None if money is None else _unit_price(money, qty)),
+            "InvoiceIssuerName": site,
+            "ProviderName": site,
+            "PublisherName": site,
+            "RegionId": site,
+            "RegionName": site,
+            "ResourceId": who,
+            "ResourceName": (run.name or run.run_id) if run is not None else "GPU time no run held",
+            "ResourceType": "GPU run" if run is not None else "Idle GPU capacity",
+            "ServiceCategory": "AI and Machine Learning",
+            "ServiceSubcategory": "Machine Learning",
+            "ServiceName": service,
+            "SkuId": sku,
+            "SkuMeter": unit,
+            "SubAccountId": (run.team or "") if run is not None else "",
+            "SubAccountName": (run.team or "") if run is not None else "",
+            "Tags": json.dumps({k: v for k, v in tags.items() if v is not None}, sort_keys=True),
+            "x_GpuHours": _decimal(line.gpu_hours if compute else None),
+            "x_GpuKwh": _decimal(line.gpu_kwh),
+            "x_FacilityKwh": _decimal(line.facility_kwh),
+            "x_Co2eKg": _decimal(line.co2e_kg if line.carbon_source not in (None, "none") else None),
+            "x_Coverage": _decimal(Decimal(repr(line.coverage))),
+            "x_GpuModels": models.get(who, "") if run is not None else "",
+            "x_Team": run.team if run is not None else "",
+            "x_Site": site,
+            "x_Errors": "; ".join(
+                errors[k] for k in sorted(errors) if k == ("compute_cost" if compute else "energy_cost")
+            ),
+        }
+    )
     return row
 
 
-def focus_export(conn: psycopg.Connection, since: datetime, until: datetime, *, granularity: Granularity = "day",
-                 now: datetime | None = None, max_gap_s: float | None = None, source: Source = "auto",
-                 gone_after_s: float | None = None) -> FocusExport:
+def focus_export(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    granularity: Granularity = "day",
+    now: datetime | None = None,
+    max_gap_s: float | None = None,
+    source: Source = "auto",
+    gone_after_s: float | None = None,
+) -> FocusExport:
     """The FOCUS rows of [since, until): per run (and the GPU time no run held), per charge and per day (or
     over each run's window), in each currency its window was priced in."""
     if granularity not in GRANULARITIES:
@@ -170,8 +272,18 @@ def focus_export(conn: psycopg.Connection, since: datetime, until: datetime, *, 
     gone = AccountingSettings().gone_after_s if gone_after_s is None else gone_after_s
     detail: Detail = "step" if granularity == "day" else "line"
     with snapshot(conn):
-        got = lines(conn, since, until, now, fleet=True, max_gap_s=gap, source=source, detail=detail,
-                    step=timedelta(days=1) if granularity == "day" else None, gone_after_s=gone)
+        got = lines(
+            conn,
+            since,
+            until,
+            now,
+            fleet=True,
+            max_gap_s=gap,
+            source=source,
+            detail=detail,
+            step=timedelta(days=1) if granularity == "day" else None,
+            gone_after_s=gone,
+        )
         ids = sorted({ln.run_id for ln in got if ln.line == "run" and ln.run_id is not None})
         runs = {r.run_id: r for r in load_runs(conn, ids)}
         models: dict[str, str] = dict(conn.execute(_MODELS_SQL, (ids,)).fetchall()) if ids else {}

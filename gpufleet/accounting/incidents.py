@@ -117,8 +117,13 @@ def _throttled_gpu(entry: Mapping[str, Any]) -> StoredThrottledGpu:
     return got
 
 
-def claim(incident: Mapping[str, Any], run: Run, now: datetime, lo: datetime | None = None,
-          hi: datetime | None = None) -> tuple[list[Piece], dict[str, Any]]:
+def claim(
+    incident: Mapping[str, Any],
+    run: Run,
+    now: datetime,
+    lo: datetime | None = None,
+    hi: datetime | None = None,
+) -> tuple[list[Piece], dict[str, Any]]:
     """The pieces of GPU-time ``incident`` lost in ``run`` (a :func:`~gpufleet.accounting.run.load_runs` row),
     within [lo, hi) when given, and what they rest on (``gpus``, ``span_s``, ``lost_share``, ``basis``)."""
     ev: Mapping[str, Any] = incident.get("evidence") or {}
@@ -138,7 +143,9 @@ def claim(incident: Mapping[str, Any], run: Run, now: datetime, lo: datetime | N
         gpus = list(dict.fromkeys((n, g) for n, g, _ in listed if (n, g) in held))
         if kind == "throttling":
             for n, g, per in listed:
-                w, basis_g = _throttle_loss(_throttled_gpu(per)) if "throttled_share" in per else (share, basis)
+                w, basis_g = (
+                    _throttle_loss(_throttled_gpu(per)) if "throttled_share" in per else (share, basis)
+                )
                 weights[(n, g)] = max(w, weights.get((n, g), w))
                 basis = basis_g if basis_g != "not_estimated" else basis
     elif incident.get("gpu") is not None:
@@ -183,8 +190,16 @@ def union(pieces: Iterable[Piece]) -> list[Piece]:
     return out
 
 
-def price(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: datetime, *, max_gap_s: float = 60.0,
-          source: Source = "auto", kept: bool = True, settled: Collection[str] | None = None) -> dict[str, Line]:
+def price(
+    conn: psycopg.Connection,
+    keyed: Mapping[str, Sequence[Piece]],
+    now: datetime,
+    *,
+    max_gap_s: float = 60.0,
+    source: Source = "auto",
+    kept: bool = True,
+    settled: Collection[str] | None = None,
+) -> dict[str, Line]:
     """The accounting line of each key's pieces (``gpufleet_incident_accounting``); keys without a piece
     inside their run's window get none.  A key's pieces must belong to one run.
 
@@ -197,7 +212,10 @@ def price(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: d
     if not keyed:
         return {}
     if not kept:
-        return {k: combine([Line(*r) for r in v]) for k, v in _priced_rows(conn, keyed, now, max_gap_s, source).items()}
+        return {
+            k: combine([Line(*r) for r in v])
+            for k, v in _priced_rows(conn, keyed, now, max_gap_s, source).items()
+        }
     digests = {k: priced_store.digest(ps, max_gap_s, source) for k, ps in keyed.items()}
     have = priced_store.lookup(conn, set(digests.values()))
     out: dict[str, list[Line]] = {}
@@ -208,7 +226,9 @@ def price(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: d
             todo[k] = ps
         else:
             out[k] = [Line(r[0], k, *r[2:]) for r in rows if r[1] is not None]
-    closed = {k: ps for k, ps in todo.items() if max(p.hi for p in ps) < now and (settled is None or k in settled)}
+    closed = {
+        k: ps for k, ps in todo.items() if max(p.hi for p in ps) < now and (settled is None or k in settled)
+    }
     fills = priced_store.plan(conn, closed, digests)
     got = _priced_rows(conn, todo, now, max_gap_s, source) if todo else {}
     keep = []
@@ -226,15 +246,27 @@ def price(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: d
 _NO_LINE: tuple[Any, ...] = ("run", None, *([None] * 26), False)
 
 
-def _priced_rows(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], now: datetime, max_gap_s: float,
-                 source: Source) -> dict[str, list[tuple[Any, ...]]]:
+def _priced_rows(
+    conn: psycopg.Connection,
+    keyed: Mapping[str, Sequence[Piece]],
+    now: datetime,
+    max_gap_s: float,
+    source: Source,
+) -> dict[str, list[tuple[Any, ...]]]:
     """The rows of ``gpufleet_incident_accounting`` per key (one per currency: pieces across a change of
     the site's currency)."""
     rows = [(k, p) for k, ps in keyed.items() for p in ps]
     if not rows:
         return {}
-    cols = ([k for k, _ in rows], [p.run_id for _, p in rows], [p.node for _, p in rows], [p.gpu for _, p in rows],
-            [p.lo for _, p in rows], [p.hi for _, p in rows], [p.weight for _, p in rows])
+    cols = (
+        [k for k, _ in rows],
+        [p.run_id for _, p in rows],
+        [p.node for _, p in rows],
+        [p.gpu for _, p in rows],
+        [p.lo for _, p in rows],
+        [p.hi for _, p in rows],
+        [p.weight for _, p in rows],
+    )
     by_key: dict[str, list[tuple[Any, ...]]] = {}
     for r in conn.execute(_SQL, (*cols, now, max_gap_s, source)).fetchall():
         by_key.setdefault(r[1], []).append(tuple(r))
@@ -251,9 +283,19 @@ def settled(pieces: Iterable[Piece], run: Run, lo: datetime, hi: datetime) -> bo
 def figures(line: Line | None) -> dict[str, Any]:
     """The cost block of a line (zeros without one): lost GPU-hours, energies, CO2e and money."""
     if line is None:
-        return {"gpu_hours": 0.0, "gpu_kwh": 0.0, "host_kwh": 0.0, "it_kwh": 0.0, "facility_kwh": 0.0,
-                "co2e_kg": None, "energy_cost": 0.0, "compute_cost": 0.0, "total_cost": 0.0, "currency": None,
-                "minor_units": 2}
+        return {
+            "gpu_hours": 0.0,
+            "gpu_kwh": 0.0,
+            "host_kwh": 0.0,
+            "it_kwh": 0.0,
+            "facility_kwh": 0.0,
+            "co2e_kg": None,
+            "energy_cost": 0.0,
+            "compute_cost": 0.0,
+            "total_cost": 0.0,
+            "currency": None,
+            "minor_units": 2,
+        }
     carbon_known = line.carbon_source not in (None, "none")
     return {
         "gpu_hours": number(line.gpu_hours) or 0.0,
@@ -276,8 +318,14 @@ def _runs(conn: psycopg.Connection, run_ids: Iterable[str]) -> dict[str, Run]:
     return {r.run_id: r for r in load_runs(conn, ids)} if ids else {}
 
 
-def incident_costs(conn: psycopg.Connection, incidents: Sequence[Mapping[str, Any]], *, now: datetime,
-                   max_gap_s: float = 60.0, source: Source = "auto") -> dict[int, dict[str, Any] | None]:
+def incident_costs(
+    conn: psycopg.Connection,
+    incidents: Sequence[Mapping[str, Any]],
+    *,
+    now: datetime,
+    max_gap_s: float = 60.0,
+    source: Source = "auto",
+) -> dict[int, dict[str, Any] | None]:
     """The ``lost`` block of each incident (by id): None for one without a run."""
     runs = _runs(conn, (i["run_id"] for i in incidents if i.get("run_id")))
     claims: dict[int, tuple[list[Piece], dict[str, Any]]] = {}
@@ -285,7 +333,9 @@ def incident_costs(conn: psycopg.Connection, incidents: Sequence[Mapping[str, An
         run = runs.get(inc.get("run_id") or "")
         if run is not None:
             claims[inc["id"]] = claim(inc, run, now)
-    priced = price(conn, {str(i): ps for i, (ps, _) in claims.items()}, now, max_gap_s=max_gap_s, source=source)
+    priced = price(
+        conn, {str(i): ps for i, (ps, _) in claims.items()}, now, max_gap_s=max_gap_s, source=source
+    )
     out: dict[int, dict[str, Any] | None] = {}
     for inc in incidents:
         if inc["id"] not in claims:
@@ -301,8 +351,13 @@ SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents
 WHERE run_id = ANY(%s) AND start < %s ORDER BY id"""
 
 
-def window_claims(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, tuple[datetime, datetime]],
-                  *, now: datetime) -> dict[str, list[tuple[str, list[Piece]]]]:
+def window_claims(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    windows: Mapping[str, tuple[datetime, datetime]],
+    *,
+    now: datetime,
+) -> dict[str, list[tuple[str, list[Piece]]]]:
     """(kind, pieces) of each incident of each run with GPU-time in the run's accounted window [lo, hi)."""
     if not runs:
         return {}
@@ -329,9 +384,15 @@ def lost_pieces(claims: Sequence[tuple[str, list[Piece]]]) -> list[Piece]:
     return union(p for _, ps in claims for p in ps)
 
 
-def lost_to_incidents(conn: psycopg.Connection, runs: Sequence[Run],
-                      windows: Mapping[str, tuple[datetime, datetime]], *, now: datetime, max_gap_s: float = 60.0,
-                      source: Source = "auto") -> dict[str, dict[str, Any]]:
+def lost_to_incidents(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    windows: Mapping[str, tuple[datetime, datetime]],
+    *,
+    now: datetime,
+    max_gap_s: float = 60.0,
+    source: Source = "auto",
+) -> dict[str, dict[str, Any]]:
     """The ``lost_to_incidents`` line of each run over its accounted window [lo, hi): the union of its
     incidents' claims (overlaps counted once), priced as the run's own line."""
     claims = window_claims(conn, runs, windows, now=now)

@@ -103,7 +103,9 @@ def explain(claims: Iterable[tuple[str, Piece]]) -> list[tuple[str, Piece]]:
                 r, _, p = events[nxt]
                 heapq.heappush(active, (r, -p.weight, nxt, p.hi))
                 nxt += 1
-            while active and active[0][3] <= t0:  # the best has ended; ended ones further down wait their turn
+            while (
+                active and active[0][3] <= t0
+            ):  # the best has ended; ended ones further down wait their turn
                 heapq.heappop(active)
             if not active:
                 if cur is not None:
@@ -152,10 +154,16 @@ def _as_dict(c: Cell) -> dict[str, Decimal]:
 
 def ledger_body(ledger: Mapping[str, Cell], carbon_known: bool) -> dict[str, dict[str, float | None]]:
     """The ``ledger`` object of a run's accounting (CO2e null where the run's is unknown)."""
-    return {state: {"gpu_hours": number(c.gpu_hours) or 0.0, "gpu_kwh": number(c.gpu_kwh),
-                    "facility_kwh": number(c.facility_kwh),
-                    "co2e_kg": number(c.co2e_kg) if carbon_known else None, "total_cost": number(c.total_cost)}
-            for state, c in ledger.items()}
+    return {
+        state: {
+            "gpu_hours": number(c.gpu_hours) or 0.0,
+            "gpu_kwh": number(c.gpu_kwh),
+            "facility_kwh": number(c.facility_kwh),
+            "co2e_kg": number(c.co2e_kg) if carbon_known else None,
+            "total_cost": number(c.total_cost),
+        }
+        for state, c in ledger.items()
+    }
 
 
 def waste(ledger: Mapping[str, Cell]) -> Cell:
@@ -168,8 +176,10 @@ def waste(ledger: Mapping[str, Cell]) -> Cell:
 
 def from_body(body: Mapping[str, Mapping[str, Any]]) -> Ledger:
     """A ledger read back from its JSON object (its numbers are the decimals' shortest forms)."""
+
     def dec(v: Any) -> Decimal:
         return ZERO if v is None else Decimal(repr(float(v)))
+
     return {state: Cell(*(dec((body.get(state) or {}).get(f)) for f in FIELDS)) for state in STATES}
 
 
@@ -177,9 +187,17 @@ def _key(state: str, run_id: str) -> str:
     return f"S{state}:{run_id}"
 
 
-def losses(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, tuple[datetime, datetime]],
-           run_lines: Mapping[str | None, Line], *, now: datetime, max_gap_s: float, source: Source,
-           with_ledger: bool = True) -> tuple[dict[str, dict[str, Any]], dict[str, Ledger]]:
+def losses(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    windows: Mapping[str, tuple[datetime, datetime]],
+    run_lines: Mapping[str | None, Line],
+    *,
+    now: datetime,
+    max_gap_s: float,
+    source: Source,
+    with_ledger: bool = True,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Ledger]]:
     """Each run's ``lost_to_incidents`` line and (``with_ledger``) its ledger over its accounted window,
     from one read of the runs' incidents and one pricing call."""
     claims = window_claims(conn, runs, windows, now=now)
@@ -203,10 +221,20 @@ def losses(conn: psycopg.Connection, runs: Sequence[Run], windows: Mapping[str, 
             priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable))
             keyed, pieces = {}, 0
     priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable))
-    lost = {run.run_id: {"incidents": len(claims.get(run.run_id, [])), **figures(priced.get("L" + run.run_id))}
-            for run in runs}
-    ledgers = {run.run_id: ledger_of(run_lines[run.run_id], {s: priced.get(_key(s, run.run_id)) for s in PRECEDENCE})
-               for run in runs} if with_ledger else {}
+    lost = {
+        run.run_id: {"incidents": len(claims.get(run.run_id, [])), **figures(priced.get("L" + run.run_id))}
+        for run in runs
+    }
+    ledgers = (
+        {
+            run.run_id: ledger_of(
+                run_lines[run.run_id], {s: priced.get(_key(s, run.run_id)) for s in PRECEDENCE}
+            )
+            for run in runs
+        }
+        if with_ledger
+        else {}
+    )
     return lost, ledgers
 
 
@@ -223,7 +251,9 @@ class LedgerSum:
         self.runs += 1
         for state in STATES:
             c = ledger.get(state, Cell())
-            self.cells[state] = self.cells[state] + Cell(c.gpu_hours, c.gpu_kwh, c.facility_kwh, c.co2e_kg, ZERO)
+            self.cells[state] = self.cells[state] + Cell(
+                c.gpu_hours, c.gpu_kwh, c.facility_kwh, c.co2e_kg, ZERO
+            )
             if currency is not None:
                 by_state = self.costs.setdefault(currency, {s: ZERO for s in STATES})
                 by_state[state] += c.total_cost
@@ -256,18 +286,28 @@ class LedgerSum:
 
     def body(self) -> dict[str, Any]:
         """``ledger`` (per state) and ``waste`` of a block of ``GET /v1/accounting``."""
+
         def money(state: str | None) -> dict[str, Any]:
-            return {"total_cost": number(self.cost(state, None)),
-                    "costs_by_currency": {cur: number(self.cost(state, cur)) for cur in sorted(self.costs)}}
+            return {
+                "total_cost": number(self.cost(state, None)),
+                "costs_by_currency": {cur: number(self.cost(state, cur)) for cur in sorted(self.costs)},
+            }
 
         def figures_of(c: Cell) -> dict[str, Any]:
-            return {"gpu_hours": number(c.gpu_hours) or 0.0, "gpu_kwh": number(c.gpu_kwh),
-                    "facility_kwh": number(c.facility_kwh), "co2e_kg": number(c.co2e_kg)}
+            return {
+                "gpu_hours": number(c.gpu_hours) or 0.0,
+                "gpu_kwh": number(c.gpu_kwh),
+                "facility_kwh": number(c.facility_kwh),
+                "co2e_kg": number(c.co2e_kg),
+            }
 
         hours = sum((c.gpu_hours for c in self.cells.values()), ZERO)
         lost = self.waste()
         return {
             "ledger": {s: {**figures_of(self.cells[s]), **money(s)} for s in STATES},
-            "waste": {**figures_of(lost), **money(None),
-                      "share": float(lost.gpu_hours / hours) if hours > 0 else 0.0},
+            "waste": {
+                **figures_of(lost),
+                **money(None),
+                "share": float(lost.gpu_hours / hours) if hours > 0 else 0.0,
+            },
         }

@@ -39,8 +39,14 @@ def problems(parts: list[Line]) -> dict[str, str]:
     """field -> what is wrong, over the lines of one run (or one fleet line)."""
     out: dict[str, str] = {}
     for ln in parts:
-        found = line_problems(ln.facility_kwh, ln.energy_cost, ln.gpu_hours or ZERO, ln.compute_cost, ln.co2e_kg,
-                              ln.facility_kwh - ln.co2e_unknown_kwh)
+        found = line_problems(
+            ln.facility_kwh,
+            ln.energy_cost,
+            ln.gpu_hours or ZERO,
+            ln.compute_cost,
+            ln.co2e_kg,
+            ln.facility_kwh - ln.co2e_unknown_kwh,
+        )
         for k, v in found.items():
             out.setdefault(k, v)
     return out
@@ -68,6 +74,8 @@ def messages(conn: psycopg.Connection, site: str | None, found: dict[str, str], 
     out = []
     for field, why in sorted(found.items()):
         fields = " and ".join(NULLED[field])
-        out.append(f"{what}: {fields} not computed: {why}{where}{stored}. Correct the value for the time it "
-                   f"was in force (PUT /v1/sites/{site or '<site>'} with ?from=, or gpufleet site set --from).")
+        out.append(
+            f"{what}: {fields} not computed: {why}{where}{stored}. Correct the value for the time it "
+            f"was in force (PUT /v1/sites/{site or '<site>'} with ?from=, or gpufleet site set --from)."
+        )
     return out

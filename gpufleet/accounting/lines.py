@@ -90,10 +90,20 @@ class Line:
         return {self.currency: (self.energy_cost, self.compute_cost or ZERO)}
 
 
-def lines(conn: psycopg.Connection, since: datetime | None, until: datetime | None, now: datetime, *,
-          run_ids: Sequence[str] | None = None, fleet: bool = False, max_gap_s: float = 60.0,
-          source: Source = "auto", detail: Detail = "line", step: timedelta | None = None,
-          gone_after_s: float = GONE_AFTER_S) -> list[Line]:
+def lines(
+    conn: psycopg.Connection,
+    since: datetime | None,
+    until: datetime | None,
+    now: datetime,
+    *,
+    run_ids: Sequence[str] | None = None,
+    fleet: bool = False,
+    max_gap_s: float = 60.0,
+    source: Source = "auto",
+    detail: Detail = "line",
+    step: timedelta | None = None,
+    gone_after_s: float = GONE_AFTER_S,
+) -> list[Line]:
     """Rows of ``gpufleet_accounting``: runs overlapping [since, until) (or the runs ``run_ids``, each
     clipped to the period when one is given), and with ``fleet`` the unallocated and total lines
     (a fleet GPU counted from when it joined until it was silent for ``gone_after_s``)."""
@@ -103,8 +113,18 @@ def lines(conn: psycopg.Connection, since: datetime | None, until: datetime | No
         raise ValueError("detail 'step' needs a step")
     rows = conn.execute(
         "SELECT * FROM gpufleet_accounting(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (since, until, now, None if run_ids is None else list(run_ids), fleet, max_gap_s, source, detail, step,
-         gone_after_s),
+        (
+            since,
+            until,
+            now,
+            None if run_ids is None else list(run_ids),
+            fleet,
+            max_gap_s,
+            source,
+            detail,
+            step,
+            gone_after_s,
+        ),
     ).fetchall()
     return [Line(*r) for r in rows]
 
@@ -148,19 +168,30 @@ def combine(parts: Sequence[Line]) -> Line:
     sources = {p.carbon_source for p in parts}
     prices = {p.price_source for p in parts}
     return replace(
-        first, start=min((p.start for p in parts if p.start), default=None),
-        end=max((p.end for p in parts if p.end), default=None), gpu_s=gpu_s, covered_s=covered,
-        gpu_hours=total("gpu_hours"), covered_hours=total("covered_hours"),
+        first,
+        start=min((p.start for p in parts if p.start), default=None),
+        end=max((p.end for p in parts if p.end), default=None),
+        gpu_s=gpu_s,
+        covered_s=covered,
+        gpu_hours=total("gpu_hours"),
+        covered_hours=total("covered_hours"),
         coverage=min(covered / gpu_s, 1.0) if gpu_s > 0 else 0.0,
-        gpu_kwh=total("gpu_kwh"), host_kwh=total("host_kwh"), it_kwh=it, facility_kwh=fac,
+        gpu_kwh=total("gpu_kwh"),
+        host_kwh=total("host_kwh"),
+        it_kwh=it,
+        facility_kwh=fac,
         pue=(fac / it).quantize(Decimal("1e-6")) if it > 0 else first.pue,
-        co2e_kg=total("co2e_kg"), co2e_unknown_kwh=total("co2e_unknown_kwh"),
+        co2e_kg=total("co2e_kg"),
+        co2e_unknown_kwh=total("co2e_unknown_kwh"),
         carbon_source=sources.pop() if len(sources) == 1 else "mixed",
         g_co2e_per_kwh=first.g_co2e_per_kwh if len({p.g_co2e_per_kwh for p in parts}) == 1 else None,
         price_source=prices.pop() if len(prices) == 1 else "time_of_use",
         price_per_kwh=first.price_per_kwh if len({p.price_per_kwh for p in parts}) == 1 else None,
         currency=currencies[0] if len(currencies) == 1 else None,
-        energy_cost=single[0] if single else ZERO, compute_cost=single[1] if single else (None if currencies else ZERO),
+        energy_cost=single[0] if single else ZERO,
+        compute_cost=single[1] if single else (None if currencies else ZERO),
         total_cost=single[0] + single[1] if single else ZERO,
-        stale=any(p.stale for p in parts), currencies=currencies,
-        costs=tuple((c, e, k) for c, (e, k) in sorted(costs.items())))
+        stale=any(p.stale for p in parts),
+        currencies=currencies,
+        costs=tuple((c, e, k) for c, (e, k) in sorted(costs.items())),
+    )

@@ -74,6 +74,6 @@ def allocate(values: Sequence[Decimal], minor_units: int) -> list[Decimal]:
     missing = int(((target - sum(floors, Decimal(0))) / unit).to_integral_value())
     order = sorted(range(len(values)), key=lambda i: (-(values[i] - floors[i]), i))
     out = list(floors)
-    for i in order[:max(missing, 0)]:
+    for i in order[: max(missing, 0)]:
         out[i] += unit
     return out

@@ -39,7 +39,9 @@ _BLACKWELL = "NVIDIA DGX B200 / GB200 NVL72 specifications, per GPU (FP16/BF16 T
 PEAKS: tuple[Peak, ...] = (
     Peak(("gb200",), 2.5e15, "bf16", _BLACKWELL),
     Peak(("b200",), 2.25e15, "bf16", _BLACKWELL),
-    Peak(("gh200",), 989.5e12, "bf16", "NVIDIA GH200 Grace Hopper Superchip datasheet (BF16, without sparsity)"),
+    Peak(
+        ("gh200",), 989.5e12, "bf16", "NVIDIA GH200 Grace Hopper Superchip datasheet (BF16, without sparsity)"
+    ),
     Peak(("h200", "nvl"), 835.5e12, "bf16", _H200 + ", NVL"),
     Peak(("h200",), 989.5e12, "bf16", _H200 + ", SXM"),
     Peak(("h100", "nvl"), 835.5e12, "bf16", _H100 + ", H100 NVL"),
@@ -47,12 +49,22 @@ PEAKS: tuple[Peak, ...] = (
     Peak(("h100",), 989.5e12, "bf16", _H100 + ", H100 SXM5"),
     Peak(("h800", "pcie"), 756.5e12, "bf16", "NVIDIA H800 PCIe datasheet (BF16, without sparsity)"),
     Peak(("h800",), 989.5e12, "bf16", "NVIDIA H800 SXM5 datasheet (BF16, without sparsity)"),
-    Peak(("a100",), 312e12, "bf16", "NVIDIA A100 Tensor Core GPU datasheet: 40 GB and 80 GB, SXM4 and PCIe alike "
-                                    "(BF16 Tensor Core, without sparsity)"),
+    Peak(
+        ("a100",),
+        312e12,
+        "bf16",
+        "NVIDIA A100 Tensor Core GPU datasheet: 40 GB and 80 GB, SXM4 and PCIe alike "
+        "(BF16 Tensor Core, without sparsity)",
+    ),
     Peak(("a800",), 312e12, "bf16", "NVIDIA A800 datasheet (BF16 Tensor Core, without sparsity)"),
     Peak(("l40s",), 362.05e12, "bf16", "NVIDIA L40S datasheet (BF16 Tensor Core, without sparsity)"),
     Peak(("l40",), 181.05e12, "bf16", "NVIDIA L40 datasheet (BF16 Tensor Core, without sparsity)"),
-    Peak(("l4",), 121e12, "bf16", "NVIDIA L4 datasheet (BF16 Tensor Core 242 TFLOPS with sparsity: half without)"),
+    Peak(
+        ("l4",),
+        121e12,
+        "bf16",
+        "NVIDIA L4 datasheet (BF16 Tensor Core 242 TFLOPS with sparsity: half without)",
+    ),
     Peak(("a30",), 165e12, "bf16", "NVIDIA A30 datasheet (BF16 Tensor Core, without sparsity)"),
     Peak(("a10",), 125e12, "bf16", "NVIDIA A10 datasheet (BF16 Tensor Core, without sparsity)"),
     Peak(("v100", "pcie"), 112e12, "fp16", "NVIDIA V100 datasheet, PCIe (no BF16: FP16 Tensor Core)"),

@@ -72,7 +72,9 @@ def digest(pieces: Sequence[Piece], max_gap_s: float, source: str) -> bytes:
     h = hashlib.sha256(_SEED)
     h.update(f"{max_gap_s!r}|{source}\n".encode())
     for p in sorted(pieces, key=lambda p: (p.run_id, p.node, p.gpu, p.lo, p.hi, p.weight)):
-        h.update(f"{p.run_id}\t{p.node}\t{p.gpu}\t{p.lo.isoformat()}\t{p.hi.isoformat()}\t{p.weight!r}\n".encode())
+        h.update(
+            f"{p.run_id}\t{p.node}\t{p.gpu}\t{p.lo.isoformat()}\t{p.hi.isoformat()}\t{p.weight!r}\n".encode()
+        )
     return h.digest()
 
 
@@ -91,8 +93,9 @@ def _days(lo: datetime, hi: datetime) -> list[str]:
     return [(d0 + timedelta(days=i)).isoformat() for i in range((d1 - d0).days + 1)] if d1 >= d0 else []
 
 
-def plan(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]],
-         digests: Mapping[str, bytes]) -> dict[str, Fill]:
+def plan(
+    conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]], digests: Mapping[str, bytes]
+) -> dict[str, Fill]:
     """The marks each key's answer will rest on, read before it is computed (in its snapshot, or
     earlier: a change in between leaves a mark newer than the one recorded, never the reverse)."""
     keys = [k for k, ps in keyed.items() if ps]
@@ -101,8 +104,14 @@ def plan(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]],
     spans = {k: (min(p.lo for p in keyed[k]), max(p.hi for p in keyed[k])) for k in keys}
     runs = {k: keyed[k][0].run_id for k in keys}
     ctx: dict[int, list[tuple[Any, ...]]] = {}
-    rows = conn.execute(S.CONTEXT_SQL, {"runs": [runs[k] for k in keys], "los": [spans[k][0] for k in keys],
-                                        "his": [spans[k][1] for k in keys]}).fetchall()
+    rows = conn.execute(
+        S.CONTEXT_SQL,
+        {
+            "runs": [runs[k] for k in keys],
+            "los": [spans[k][0] for k in keys],
+            "his": [spans[k][1] for k in keys],
+        },
+    ).fetchall()
     for r in rows:
         ctx.setdefault(int(r[0]) - 1, []).append(tuple(r[1:]))
     scopes: dict[str, list[str]] = {}
@@ -132,8 +141,16 @@ def plan(conn: psycopg.Connection, keyed: Mapping[str, Sequence[Piece]],
     out: dict[str, Fill] = {}
     for k in keys:
         pairs = sorted({(p.node, p.gpu) for p in keyed[k]})
-        out[k] = Fill(digests[k], tuple(scopes[k]), tuple(int(marks.get(s, 0)) for s in scopes[k]),
-                      tuple(n for n, _ in pairs), tuple(g for _, g in pairs), spans[k][0], spans[k][1], ())
+        out[k] = Fill(
+            digests[k],
+            tuple(scopes[k]),
+            tuple(int(marks.get(s, 0)) for s in scopes[k]),
+            tuple(n for n, _ in pairs),
+            tuple(g for _, g in pairs),
+            spans[k][0],
+            spans[k][1],
+            (),
+        )
     return out
 
 
@@ -158,15 +175,22 @@ def flush(conn: psycopg.Connection) -> None:
 
 
 def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
-    values = [(f.digest, i, list(f.scopes), list(f.versions), list(f.nodes), list(f.gpus), f.lo, f.hi, *r, f.lo)
-              for f in fills for i, r in enumerate(f.rows)]
+    values = [
+        (f.digest, i, list(f.scopes), list(f.versions), list(f.nodes), list(f.gpus), f.lo, f.hi, *r, f.lo)
+        for f in fills
+        for i, r in enumerate(f.rows)
+    ]
     try:
         with conn.transaction():
             conn.execute(S.DELETE_SQL, {"digests": [f.digest for f in fills]})
             with conn.cursor() as cur:
                 cur.executemany(S.INSERT_SQL, values)
-    except (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege, errors.SerializationFailure,
-            errors.DeadlockDetected) as e:
+    except (
+        errors.ReadOnlySqlTransaction,
+        errors.InsufficientPrivilege,
+        errors.SerializationFailure,
+        errors.DeadlockDetected,
+    ) as e:
         # a hot standby, a role that only reads, or another reader storing the same lines: the answer
         # given stands, only not kept
         log.debug("priced pieces not kept: %s", e)

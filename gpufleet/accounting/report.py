@@ -57,12 +57,36 @@ from gpufleet.waste import STATES
 
 #: Extra columns of runs.csv after the contract's, from the body (or its ``efficiency`` block).
 CSV_EXTRAS: tuple[str, ...] = (
-    "name", "site", "team", "state", "window_start", "window_end", "duration_s", "gpu_models", "gpu_equivalents",
-    "carbon_regions", "g_co2e_per_kwh", "co2e_unknown_kwh", "lost_gpu_hours", "source", "carbon_source",
-    "price_source", "tokens", "samples", "tokens_per_kwh", "mfu", "goodput",
+    "name",
+    "site",
+    "team",
+    "state",
+    "window_start",
+    "window_end",
+    "duration_s",
+    "gpu_models",
+    "gpu_equivalents",
+    "carbon_regions",
+    "g_co2e_per_kwh",
+    "co2e_unknown_kwh",
+    "lost_gpu_hours",
+    "source",
+    "carbon_source",
+    "price_source",
+    "tokens",
+    "samples",
+    "tokens_per_kwh",
+    "mfu",
+    "goodput",
     # CodeCarbon's emissions.csv has these too; then what a reader needs to trust the row
-    "planned_end", "gpu_power_w", "it_power_w", "emissions_rate_kg_s", "carbon_method", "carbon_region_names",
-    "mfu_problem", "errors",
+    "planned_end",
+    "gpu_power_w",
+    "it_power_w",
+    "emissions_rate_kg_s",
+    "carbon_method",
+    "carbon_region_names",
+    "mfu_problem",
+    "errors",
 )
 CSV_COLUMNS: tuple[str, ...] = CONTRACT_FIELDS + CSV_EXTRAS
 MONEY = ("energy_cost", "compute_cost", "total_cost")
@@ -72,10 +96,10 @@ RATIOS = ("coverage", "pue", "g_co2e_per_kwh", "gpu_equivalents", "mfu", "goodpu
 #: The finance report's columns and what each one means.
 FINANCE_COLUMNS: dict[str, str] = {
     "row_type": "run, site or team (the rows of group_by); unallocated: GPU time no run held, with telemetry; "
-                "no_telemetry: GPU time no run held and no sample covers; total: the fleet, per currency",
+    "no_telemetry: GPU time no run held and no sample covers; total: the fleet, per currency",
     "key": "run id, site or team of the row (empty for a run without a site or team); the row type otherwise; "
-           "'all' on the total of the whole fleet (every currency, and GPU time at nodes without a site), "
-           "which has energies and hours but no money",
+    "'all' on the total of the whole fleet (every currency, and GPU time at nodes without a site), "
+    "which has energies and hours but no money",
     "name": "run name (run rows)",
     "team": "team (run rows; team rows: the team)",
     "site": "site the row is priced at (run rows: the run's site)",
@@ -90,7 +114,7 @@ FINANCE_COLUMNS: dict[str, str] = {
     "gpu_count": "GPUs held (run rows)",
     "gpu_equivalents": "GPUs' worth held: the sum of declared shares (= gpu_count without sharing)",
     "gpu_hours": "GPU-hours: window duration x shares held (unallocated: hours with telemetry; no_telemetry: "
-                 "hours without)",
+    "hours without)",
     "gpu_kwh": "GPU energy, kWh (counter differences, else integrated power)",
     "host_kwh": "host energy times the share of the node's GPUs the row held, kWh",
     "it_kwh": "gpu_kwh + host_kwh",
@@ -109,31 +133,48 @@ FINANCE_COLUMNS: dict[str, str] = {
 }
 #: The ledger's columns (contracts.md section 3, ledger): GPU-hours and money per state, then the waste.
 LEDGER_COLUMNS: dict[str, str] = {
-    **{c: d for state in STATES for c, d in (
-        (f"{state}_gpu_hours", f"GPU-hours the ledger puts in state {state} (run rows and their sums)"),
-        (f"{state}_cost", f"total_cost of the {state} GPU-hours (their energy and compute) in the row's currency"))},
+    **{
+        c: d
+        for state in STATES
+        for c, d in (
+            (f"{state}_gpu_hours", f"GPU-hours the ledger puts in state {state} (run rows and their sums)"),
+            (
+                f"{state}_cost",
+                f"total_cost of the {state} GPU-hours (their energy and compute) in the row's currency",
+            ),
+        )
+    },
     "waste_gpu_hours": "GPU-hours in every state but productive: idle, hung, checkpoint, starved, straggler_wait, "
-                       "throttled",
+    "throttled",
     "waste_cost": "total_cost of the waste GPU-hours in the row's currency",
 }
 LEDGER_MONEY: tuple[str, ...] = tuple(c for c in LEDGER_COLUMNS if c.endswith("_cost"))
 FINANCE_COLUMNS.update(LEDGER_COLUMNS)
 #: Columns added after the ledger's: the CodeCarbon-parity figures and what a reader needs to trust a row.
-FINANCE_COLUMNS.update({
-    "planned_end": "the end a running run was registered with (run rows; empty once it ended or without one)",
-    "gpu_power_w": "average power of the run's GPUs together over its window, W (run rows)",
-    "it_power_w": "average IT power of the run (GPUs and their host share), W (run rows)",
-    "emissions_rate_kg_s": "co2e_kg / duration_s, kg CO2e per second (run rows; CodeCarbon's emissions_rate)",
-    "carbon_method": "average or marginal carbon intensity (mixed: both) as recorded for the series used; a site's "
-                     "constant is an average factor",
-    "carbon_region_names": "readable names of carbon_regions as recorded (country or grid region), '; '-separated",
-    "errors": "what could not be computed in the row and why (its money cells are then empty)",
-})
+FINANCE_COLUMNS.update(
+    {
+        "planned_end": "the end a running run was registered with (run rows; empty once it ended or without one)",
+        "gpu_power_w": "average power of the run's GPUs together over its window, W (run rows)",
+        "it_power_w": "average IT power of the run (GPUs and their host share), W (run rows)",
+        "emissions_rate_kg_s": "co2e_kg / duration_s, kg CO2e per second (run rows; CodeCarbon's emissions_rate)",
+        "carbon_method": "average or marginal carbon intensity (mixed: both) as recorded for the series used; a site's "
+        "constant is an average factor",
+        "carbon_region_names": "readable names of carbon_regions as recorded (country or grid region), '; '-separated",
+        "errors": "what could not be computed in the row and why (its money cells are then empty)",
+    }
+)
 FINANCE_COLUMN_NAMES: tuple[str, ...] = tuple(FINANCE_COLUMNS)
 
 
-def runs_report(conn: psycopg.Connection, since: datetime, until: datetime, *, now: datetime | None = None,
-                max_gap_s: float | None = None, source: Source = "auto") -> list[AccountingBody]:
+def runs_report(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    now: datetime | None = None,
+    max_gap_s: float | None = None,
+    source: Source = "auto",
+) -> list[AccountingBody]:
     """Accounting bodies of every run overlapping [since, until), clipped to it, by start then id."""
     runs = load_runs(conn, since=since, until=until)
     return account_runs(conn, runs, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until)
@@ -156,21 +197,30 @@ def plain(value: Any) -> str:
     if isinstance(value, Mapping):
         return safe_text("; ".join(f"{k}={plain(v)}" for k, v in value.items()))
     if isinstance(value, list | tuple):
-        return safe_text("; ".join(plain(v) if isinstance(v, Mapping) else str(v) for v in value
-                                   if v is not None))
+        return safe_text(
+            "; ".join(plain(v) if isinstance(v, Mapping) else str(v) for v in value if v is not None)
+        )
     return safe_text(str(value))
 
 
 def _run_extras(body: Mapping[str, Any]) -> dict[str, Any]:
     eff = body.get("efficiency") or {}
     start, end = body.get("window_start"), body.get("window_end")
-    duration = (datetime.fromisoformat(end.replace("Z", "+00:00")) - datetime.fromisoformat(
-        start.replace("Z", "+00:00"))).total_seconds() if start and end else None
+    duration = (
+        (
+            datetime.fromisoformat(end.replace("Z", "+00:00"))
+            - datetime.fromisoformat(start.replace("Z", "+00:00"))
+        ).total_seconds()
+        if start and end
+        else None
+    )
     series = body.get("carbon_series") or []
     return {
         "duration_s": duration,
         "gpu_models": sorted({m["model"] for m in body.get("gpu_models") or [] if m.get("model")}),
-        "carbon_regions": sorted({p["carbon_region"] for p in body.get("rates") or [] if p.get("carbon_region")}),
+        "carbon_regions": sorted(
+            {p["carbon_region"] for p in body.get("rates") or [] if p.get("carbon_region")}
+        ),
         "carbon_region_names": sorted({c["name"] for c in series if c.get("name")}),
         "lost_gpu_hours": eff.get("lost_gpu_hours"),
         # a running run has no end yet (the one it was registered with is its planned_end)
@@ -257,26 +307,38 @@ def _row(row_type: str, key: str | None, currency: str | None, g: _Group) -> dic
     extras = _run_extras(body)
     run_row = g.body is not None
     out: dict[str, Any] = {
-        "row_type": row_type, "key": key, "name": body.get("name"),
+        "row_type": row_type,
+        "key": key,
+        "name": body.get("name"),
         "team": body.get("team") if g.body else (key if row_type == "team" else None),
         "site": body.get("site") if g.body else (key if row_type == "site" else None),
-        "state": body.get("state"), "start": body.get("start"), "end": extras["end"],
-        "window_start": body.get("window_start"), "window_end": body.get("window_end"),
+        "state": body.get("state"),
+        "start": body.get("start"),
+        "end": extras["end"],
+        "window_start": body.get("window_start"),
+        "window_end": body.get("window_end"),
         "duration_s": extras["duration_s"] if g.body else None,
-        "runs": b.runs, "gpu_models": sorted(g.models), "gpu_count": g.gpu_count if row_type != "total" else None,
+        "runs": b.runs,
+        "gpu_models": sorted(g.models),
+        "gpu_count": g.gpu_count if row_type != "total" else None,
         "gpu_equivalents": g.gpu_equivalents if g.body or row_type in ("site", "team") else None,
-        "gpu_hours": number(b.gpu_hours), "gpu_kwh": number(b.gpu_kwh), "host_kwh": number(b.host_kwh),
+        "gpu_hours": number(b.gpu_hours),
+        "gpu_kwh": number(b.gpu_kwh),
+        "host_kwh": number(b.host_kwh),
         "it_kwh": number(b.it_kwh),
         "pue": rounded(float(b.facility_kwh / b.it_kwh), 6) if b.it_kwh > 0 else None,
-        "facility_kwh": number(b.facility_kwh), "carbon_regions": sorted(g.regions),
+        "facility_kwh": number(b.facility_kwh),
+        "carbon_regions": sorted(g.regions),
         "g_co2e_per_kwh": rounded(float(b.co2e_kg * 1000 / known), 6) if known > 0 else None,
-        "co2e_kg": number(b.co2e_kg) if known > 0 or row_type == "no_telemetry" else (
-            None if b.facility_kwh > 0 else 0.0),
+        "co2e_kg": number(b.co2e_kg)
+        if known > 0 or row_type == "no_telemetry"
+        else (None if b.facility_kwh > 0 else 0.0),
         "co2e_unknown_kwh": number(b.co2e_unknown_kwh),
         "energy_cost": e if currency else (ZERO if row_type != "total" else None),
         "compute_cost": c if currency else (ZERO if row_type != "total" else None),
-        "total_cost": (None if e is None or c is None else e + c) if currency else (
-            ZERO if row_type != "total" else None),
+        "total_cost": (None if e is None or c is None else e + c)
+        if currency
+        else (ZERO if row_type != "total" else None),
         "currency": currency,
         "coverage": min(b.covered_s / b.gpu_s, 1.0) if b.gpu_s > 0 else 0.0,
         "lost_gpu_hours": g.lost_gpu_hours,
@@ -286,15 +348,19 @@ def _row(row_type: str, key: str | None, currency: str | None, g: _Group) -> dic
         out["pue"] = body.get("pue")
         out["g_co2e_per_kwh"] = body.get("g_co2e_per_kwh")
         out["co2e_kg"] = body.get("co2e_kg")
-    out.update({
-        "planned_end": body.get("planned_end"),
-        "gpu_power_w": body.get("gpu_power_w") if run_row and g.whole else None,
-        "it_power_w": body.get("it_power_w") if run_row and g.whole else None,
-        "emissions_rate_kg_s": body.get("emissions_rate_kg_s") if run_row and g.whole else None,
-        "carbon_method": (g.methods.copy().pop() if len(g.methods) == 1 else "mixed") if g.methods else None,
-        "carbon_region_names": sorted(g.names_of_regions),
-        "errors": list(dict.fromkeys(g.errors)),
-    })
+    out.update(
+        {
+            "planned_end": body.get("planned_end"),
+            "gpu_power_w": body.get("gpu_power_w") if run_row and g.whole else None,
+            "it_power_w": body.get("it_power_w") if run_row and g.whole else None,
+            "emissions_rate_kg_s": body.get("emissions_rate_kg_s") if run_row and g.whole else None,
+            "carbon_method": (g.methods.copy().pop() if len(g.methods) == 1 else "mixed")
+            if g.methods
+            else None,
+            "carbon_region_names": sorted(g.names_of_regions),
+            "errors": list(dict.fromkeys(g.errors)),
+        }
+    )
     out["minor_units"] = g.minor_units
     return out
 
@@ -327,8 +393,11 @@ def _present(rows: list[dict[str, Any]]) -> None:
             if total is not None:
                 total[col] = sum((r[col] for r in members), ZERO) if complete else None
         for r in members:
-            r["total_cost"] = None if r["energy_cost"] is None or r["compute_cost"] is None \
+            r["total_cost"] = (
+                None
+                if r["energy_cost"] is None or r["compute_cost"] is None
                 else r["energy_cost"] + r["compute_cost"]
+            )
         if total is not None:
             total["total_cost"] = None if not complete else total["energy_cost"] + total["compute_cost"]
     for r in rows:
@@ -367,14 +436,27 @@ class FinanceReport:
     rows: list[dict[str, Any]]
 
     def body(self) -> dict[str, Any]:
-        return {"from": iso(self.since), "to": iso(self.until), "window_end": iso(self.window_end),
-                "group_by": self.group_by, "columns": FINANCE_COLUMNS,
-                "rows": [{k: v for k, v in r.items() if k != "minor_units"} for r in self.rows]}
+        return {
+            "from": iso(self.since),
+            "to": iso(self.until),
+            "window_end": iso(self.window_end),
+            "group_by": self.group_by,
+            "columns": FINANCE_COLUMNS,
+            "rows": [{k: v for k, v in r.items() if k != "minor_units"} for r in self.rows],
+        }
 
 
-def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *, group_by: GroupBy = "run",
-                   now: datetime | None = None, max_gap_s: float | None = None,
-                   source: Source = "auto", gone_after_s: float | None = None) -> FinanceReport:
+def finance_report(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    *,
+    group_by: GroupBy = "run",
+    now: datetime | None = None,
+    max_gap_s: float | None = None,
+    source: Source = "auto",
+    gone_after_s: float | None = None,
+) -> FinanceReport:
     """The rows of the period [since, until): per run (or site or team) and currency, then unallocated,
     no telemetry, and the total per currency; money in minor units (:func:`_present`)."""
     if group_by not in GROUP_BY:
@@ -386,9 +468,14 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
         rows = lines(conn, since, until, now, fleet=True, max_gap_s=gap, source=source, gone_after_s=gone)
         parts = per_run(rows)
         runs = load_runs(conn, sorted(parts))
-        bodies = run_bodies(conn, runs, parts, now=now, max_gap_s=gap, source=source, since=since, until=until)
-        idle_errors = {id(ln): messages(conn, ln.site, problems([ln]), "GPU time no run held")
-                       for ln in rows if ln.line == "unallocated"}
+        bodies = run_bodies(
+            conn, runs, parts, now=now, max_gap_s=gap, source=source, since=since, until=until
+        )
+        idle_errors = {
+            id(ln): messages(conn, ln.site, problems([ln]), "GPU time no run held")
+            for ln in rows
+            if ln.line == "unallocated"
+        }
     groups: dict[tuple[str | None, str | None], _Group] = defaultdict(_Group)
     totals: dict[str | None, _Group] = defaultdict(_Group)
     for body in bodies:
@@ -448,7 +535,9 @@ def finance_report(conn: psycopg.Connection, since: datetime, until: datetime, *
             t.block.add_energy(ln)
             t.minor_units = ln.minor_units
     out: list[dict[str, Any]] = []
-    for (k, cur), g in sorted(groups.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or "", kv[0][1] or "")):
+    for (k, cur), g in sorted(
+        groups.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or "", kv[0][1] or "")
+    ):
         out.append(_row(group_by, k, cur, g))
     for cur, g in sorted(idle.items(), key=lambda kv: kv[0] or ""):
         out.append(_row("unallocated", "unallocated", cur, g))

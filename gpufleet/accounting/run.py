@@ -46,8 +46,22 @@ from gpufleet.timeparse import iso
 
 #: The contract's fields, in the contract's order (also the CSV's first columns).
 CONTRACT_FIELDS: tuple[str, ...] = (
-    "run_id", "start", "end", "gpu_count", "gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "pue", "facility_kwh",
-    "co2e_kg", "energy_cost", "compute_cost", "total_cost", "currency", "coverage",
+    "run_id",
+    "start",
+    "end",
+    "gpu_count",
+    "gpu_hours",
+    "gpu_kwh",
+    "host_kwh",
+    "it_kwh",
+    "pue",
+    "facility_kwh",
+    "co2e_kg",
+    "energy_cost",
+    "compute_cost",
+    "total_cost",
+    "currency",
+    "coverage",
 )
 
 _MODELS_SQL = f"""
@@ -72,16 +86,28 @@ def used_source(source: Source, stale: bool) -> str:
     return "mixed" if stale and source == "auto" else "rollup"
 
 
-def _rates(conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetime,
-           models: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _rates(
+    conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetime, models: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The site's settings in force during [lo, hi), period by period, and its GPU-model prices."""
     if site is None:
         return [], []
     end = hi if hi > lo else lo + timedelta(microseconds=1)
-    periods = [{"from": iso(t0), "to": iso(t1), "pue": pue, "price_per_kwh": price, "gpu_hour_price": ghp,
-                "carbon_region": region, "carbon_g_per_kwh": constant, "currency": currency}
-               for t0, t1, pue, price, ghp, region, constant, currency
-               in conn.execute(_RATES_SQL, (site, lo, end)).fetchall()]
+    periods = [
+        {
+            "from": iso(t0),
+            "to": iso(t1),
+            "pue": pue,
+            "price_per_kwh": price,
+            "gpu_hour_price": ghp,
+            "carbon_region": region,
+            "carbon_g_per_kwh": constant,
+            "currency": currency,
+        }
+        for t0, t1, pue, price, ghp, region, constant, currency in conn.execute(
+            _RATES_SQL, (site, lo, end)
+        ).fetchall()
+    ]
     by_model: list[dict[str, Any]] = []
     for m in models:
         for t0, t1, key, price in conn.execute(_MODEL_PRICES_SQL, (site, m["model"], lo, end)).fetchall():
@@ -96,8 +122,9 @@ def carbon_regions(conn: psycopg.Connection) -> dict[str, tuple[str, str | None]
     return {r: (m, n) for r, m, n in conn.execute(_REGIONS_SQL).fetchall()}
 
 
-def carbon_method(rates: Sequence[Mapping[str, Any]], regions: Mapping[str, tuple[str, str | None]],
-                  carbon_source: str) -> str | None:
+def carbon_method(
+    rates: Sequence[Mapping[str, Any]], regions: Mapping[str, tuple[str, str | None]], carbon_source: str
+) -> str | None:
     """``average``, ``marginal`` or ``mixed`` over the intensities the window used; null when unknown.
 
     A series' method is what was recorded when it was loaded or fetched (``carbon_regions``); a site's
@@ -120,22 +147,40 @@ def _per_s(value: float | None, seconds: float, scale: float, places: int) -> fl
     return rounded(value * scale / seconds, places) if value is not None and seconds > 0 else None
 
 
-def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap_s: float,
-          source: Source, since: datetime | None, until: datetime | None, models: list[dict[str, Any]],
-          segments: list[Line] | None, lost: dict[str, Any], ledger: Ledger | None,
-          found: Mapping[str, str], regions: Mapping[str, tuple[str, str | None]],
-          done: Mapping[str, float | None], facts: Mapping[str, NodeFacts]) -> AccountingBody:
+def _body(
+    conn: psycopg.Connection,
+    run: Run,
+    line: Line,
+    now: datetime,
+    max_gap_s: float,
+    source: Source,
+    since: datetime | None,
+    until: datetime | None,
+    models: list[dict[str, Any]],
+    segments: list[Line] | None,
+    lost: dict[str, Any],
+    ledger: Ledger | None,
+    found: Mapping[str, str],
+    regions: Mapping[str, tuple[str, str | None]],
+    done: Mapping[str, float | None],
+    facts: Mapping[str, NodeFacts],
+) -> AccountingBody:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
-    nulled = {f for k in found for f in NULLED[k]} | ({"energy_cost", "compute_cost", "total_cost"}
-                                                       if line.mixed else set())
+    nulled = {f for k in found for f in NULLED[k]} | (
+        {"energy_cost", "compute_cost", "total_cost"} if line.mixed else set()
+    )
     compute = None if "compute_cost" in nulled else line.compute_cost
     carbon_known = line.carbon_source not in (None, "none") and "co2e_kg" not in nulled
     rates, model_prices = _rates(conn, run.site, lo, hi, [m for m in models if m["model"]])
     hours = line.gpu_hours or Decimal(0)
-    effective_price = (number(quantized(compute / hours, 6)) if compute is not None and hours > 0
-                       else None if "compute_cost" in nulled
-                       else (rates[0]["gpu_hour_price"] if rates else 0.0))
+    effective_price = (
+        number(quantized(compute / hours, 6))
+        if compute is not None and hours > 0
+        else None
+        if "compute_cost" in nulled
+        else (rates[0]["gpu_hour_price"] if rates else 0.0)
+    )
     fac = float(line.facility_kwh)
     known = line.facility_kwh - line.co2e_unknown_kwh
     duration_s = max((hi - lo).total_seconds(), 0.0)
@@ -169,69 +214,109 @@ def _body(conn: psycopg.Connection, run: Run, line: Line, now: datetime, max_gap
         "source": used_source(source, line.stale),
         "max_gap_s": max_gap_s,
         "carbon_source": line.carbon_source or "none",
-        "carbon_method": carbon_method(rates, regions, line.carbon_source or "none") if carbon_known else None,
-        "carbon_series": [{"region": r, "method": regions.get(r, (None, None))[0], "name": regions.get(r, (None, None))[1]}
-                           for r in sorted({p["carbon_region"] for p in rates if p.get("carbon_region")})],
+        "carbon_method": carbon_method(rates, regions, line.carbon_source or "none")
+        if carbon_known
+        else None,
+        "carbon_series": [
+            {"region": r, "method": regions.get(r, (None, None))[0], "name": regions.get(r, (None, None))[1]}
+            for r in sorted({p["carbon_region"] for p in rates if p.get("carbon_region")})
+        ],
         "price_source": line.price_source or "none",
         "gpu_hour_price": effective_price,
         "gpu_equivalents": line.gpu_equivalents if line.gpu_equivalents is not None else 0.0,
-        "gpu_models": [{"model": m["model"], "gpus": m["gpus"], "sharing": m["sharing"], "shares": m["shares"]}
-                       for m in models],
+        "gpu_models": [
+            {"model": m["model"], "gpus": m["gpus"], "sharing": m["sharing"], "shares": m["shares"]}
+            for m in models
+        ],
         "co2e_unknown_kwh": number(line.co2e_unknown_kwh),
-        "g_co2e_per_kwh": (number(quantized(line.co2e_kg * 1000 / known, 6)) if carbon_known and known > 0 else None),
+        "g_co2e_per_kwh": (
+            number(quantized(line.co2e_kg * 1000 / known, 6)) if carbon_known and known > 0 else None
+        ),
         "gpu_power_w": _per_s(number(line.gpu_kwh), duration_s, 3.6e6, 3),
         "it_power_w": _per_s(number(line.it_kwh), duration_s, 3.6e6, 3),
         "emissions_rate_kg_s": _per_s(co2e, duration_s, 1.0, 9),
         "minor_units": line.minor_units,
-        "costs_by_currency": {cur: {"energy_cost": None if "energy_cost" in found else number(e),
-                                    "compute_cost": None if "compute_cost" in found else number(c),
-                                    "total_cost": None if found.keys() & {"energy_cost", "compute_cost"}
-                                    else number(e + c)}
-                              for cur, (e, c) in sorted(line.by_currency().items())},
+        "costs_by_currency": {
+            cur: {
+                "energy_cost": None if "energy_cost" in found else number(e),
+                "compute_cost": None if "compute_cost" in found else number(c),
+                "total_cost": None if found.keys() & {"energy_cost", "compute_cost"} else number(e + c),
+            }
+            for cur, (e, c) in sorted(line.by_currency().items())
+        },
         "rates": rates,
         "gpu_model_prices": model_prices,
-        "efficiency": efficiency(conn, run, lo, hi, run.allocations, float(line.it_kwh),
-                                 count_after_end=_after_end(run, now, until),
-                                 gpu_hours=gpu_hours,
-                                 productive_gpu_hours=None if ledger is None
-                                 else number(ledger["productive"].gpu_hours) or 0.0, done=done, facts=facts),
+        "efficiency": efficiency(
+            conn,
+            run,
+            lo,
+            hi,
+            run.allocations,
+            float(line.it_kwh),
+            count_after_end=_after_end(run, now, until),
+            gpu_hours=gpu_hours,
+            productive_gpu_hours=None if ledger is None else number(ledger["productive"].gpu_hours) or 0.0,
+            done=done,
+            facts=facts,
+        ),
         "lost_to_incidents": _lost(lost, line, nulled),
         "errors": messages(conn, run.site, dict(found), f"run {run.run_id!r}"),
     }
     if line.mixed:
-        body["errors"].append(f"run {run.run_id!r}: its window crosses a change of site {run.site!r}'s currency "
-                              f"({', '.join(line.currencies)}): energy_cost, compute_cost and total_cost are per "
-                              "currency in costs_by_currency")
+        body["errors"].append(
+            f"run {run.run_id!r}: its window crosses a change of site {run.site!r}'s currency "
+            f"({', '.join(line.currencies)}): energy_cost, compute_cost and total_cost are per "
+            "currency in costs_by_currency"
+        )
     if ledger is not None:
         body["ledger"] = ledger_body(ledger, carbon_known)
         if nulled & {"energy_cost", "compute_cost"}:
             for cell in body["ledger"].values():
                 cell["total_cost"] = None
     if segments is not None:
-        body["segments"] = [{
-            "start": iso(s.start), "end": iso(s.end), "gpu_kwh": number(s.gpu_kwh), "host_kwh": number(s.host_kwh),
-            "facility_kwh": number(s.facility_kwh), "g_co2e_per_kwh": s.g_co2e_per_kwh,
-            "price_per_kwh": s.price_per_kwh if s.price_per_kwh is not None else 0.0,
-            "co2e_kg": None if s.g_co2e_per_kwh is None or "co2e_kg" in nulled else number(s.co2e_kg),
-            "energy_cost": None if "energy_cost" in found else number(s.energy_cost),
-            "currency": s.currency,
-        } for s in segments]
+        body["segments"] = [
+            {
+                "start": iso(s.start),
+                "end": iso(s.end),
+                "gpu_kwh": number(s.gpu_kwh),
+                "host_kwh": number(s.host_kwh),
+                "facility_kwh": number(s.facility_kwh),
+                "g_co2e_per_kwh": s.g_co2e_per_kwh,
+                "price_per_kwh": s.price_per_kwh if s.price_per_kwh is not None else 0.0,
+                "co2e_kg": None if s.g_co2e_per_kwh is None or "co2e_kg" in nulled else number(s.co2e_kg),
+                "energy_cost": None if "energy_cost" in found else number(s.energy_cost),
+                "currency": s.currency,
+            }
+            for s in segments
+        ]
     return body
 
 
 def _lost(lost: dict[str, Any], line: Line, nulled: set[str]) -> dict[str, Any]:
     """The run's ``lost_to_incidents``, in its currency, without the money its errors leave unknown."""
-    out = {**lost, "currency": line.currency, "minor_units": line.minor_units} if lost.get("currency") is None \
+    out = (
+        {**lost, "currency": line.currency, "minor_units": line.minor_units}
+        if lost.get("currency") is None
         else dict(lost)
+    )
     for f in ("energy_cost", "compute_cost", "total_cost"):
         if f in nulled:
             out[f] = None
     return out
 
 
-def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime | None = None,
-                 max_gap_s: float | None = None, source: Source = "auto", since: datetime | None = None,
-                 until: datetime | None = None, segments: bool = False, ledger: bool = True) -> list[AccountingBody]:
+def account_runs(
+    conn: psycopg.Connection,
+    runs: Iterable[Run],
+    *,
+    now: datetime | None = None,
+    max_gap_s: float | None = None,
+    source: Source = "auto",
+    since: datetime | None = None,
+    until: datetime | None = None,
+    segments: bool = False,
+    ledger: bool = True,
+) -> list[AccountingBody]:
     """Accounting bodies of ``runs``, all in one consistent snapshot (``ledger``: with each run's ledger)."""
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
@@ -244,16 +329,38 @@ def account_runs(conn: psycopg.Connection, runs: Iterable[Run], *, now: datetime
         segs: dict[str, list[Line]] | None = None
         if segments:
             segs = {}
-            for ln in lines(conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source, detail="segment"):
+            for ln in lines(
+                conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source, detail="segment"
+            ):
                 if ln.line == "run" and ln.run_id is not None and ln.start is not None and ln.end is not None:
                     segs.setdefault(ln.run_id, []).append(ln)
-        return bodies(conn, runs, parts, now=now, max_gap_s=gap, source=source, since=since, until=until,
-                      segments=segs, ledger=ledger)
+        return bodies(
+            conn,
+            runs,
+            parts,
+            now=now,
+            max_gap_s=gap,
+            source=source,
+            since=since,
+            until=until,
+            segments=segs,
+            ledger=ledger,
+        )
 
 
-def bodies(conn: psycopg.Connection, runs: Sequence[Run], parts: Mapping[str, Sequence[Line]], *,
-           now: datetime, max_gap_s: float, source: Source, since: datetime | None, until: datetime | None,
-           segments: Mapping[str, list[Line]] | None = None, ledger: bool = True) -> list[AccountingBody]:
+def bodies(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    parts: Mapping[str, Sequence[Line]],
+    *,
+    now: datetime,
+    max_gap_s: float,
+    source: Source,
+    since: datetime | None,
+    until: datetime | None,
+    segments: Mapping[str, list[Line]] | None = None,
+    ledger: bool = True,
+) -> list[AccountingBody]:
     """Bodies of ``runs`` from their accounting lines (:func:`~gpufleet.accounting.lines.per_run`: one per
     currency; in the caller's snapshot), with (``ledger``) each run's ledger and the goodput it gives."""
     by_run: dict[str | None, Line] = {r.run_id: combine(parts[r.run_id]) for r in runs}
@@ -262,16 +369,43 @@ def bodies(conn: psycopg.Connection, runs: Sequence[Run], parts: Mapping[str, Se
         for m in cur.execute(_MODELS_SQL, ([r.run_id for r in runs],)).fetchall():
             models.setdefault(m.pop("run_id"), []).append(m)
     regions = carbon_regions(conn)
-    done = progress_many(conn, [Window(r, *r.window(now, since, until), _after_end(r, now, until)) for r in runs])
+    done = progress_many(
+        conn, [Window(r, *r.window(now, since, until), _after_end(r, now, until)) for r in runs]
+    )
     facts = node_facts(conn, (n for r in runs for n, _ in r.allocations))
-    lost, ledgers = losses(conn, runs, {r.run_id: r.window(now, since, until) for r in runs}, by_run, now=now,
-                           max_gap_s=max_gap_s, source=source, with_ledger=ledger)
+    lost, ledgers = losses(
+        conn,
+        runs,
+        {r.run_id: r.window(now, since, until) for r in runs},
+        by_run,
+        now=now,
+        max_gap_s=max_gap_s,
+        source=source,
+        with_ledger=ledger,
+    )
     out = []
     for r in runs:
         segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
-        out.append(_body(conn, r, by_run[r.run_id], now, max_gap_s, source, since, until,
-                         models.get(r.run_id, []), segs, lost[r.run_id], ledgers.get(r.run_id),
-                         problems(list(parts[r.run_id])), regions, done[r.run_id], facts))
+        out.append(
+            _body(
+                conn,
+                r,
+                by_run[r.run_id],
+                now,
+                max_gap_s,
+                source,
+                since,
+                until,
+                models.get(r.run_id, []),
+                segs,
+                lost[r.run_id],
+                ledgers.get(r.run_id),
+                problems(list(parts[r.run_id])),
+                regions,
+                done[r.run_id],
+                facts,
+            )
+        )
     return out
 
 
@@ -285,9 +419,17 @@ def _start(ln: Line) -> datetime:
     return ln.start
 
 
-def run_accounting(conn: psycopg.Connection, run_id: str, *, now: datetime | None = None,
-                   max_gap_s: float | None = None, source: Source = "auto", since: datetime | None = None,
-                   until: datetime | None = None, segments: bool = False) -> AccountingBody:
+def run_accounting(
+    conn: psycopg.Connection,
+    run_id: str,
+    *,
+    now: datetime | None = None,
+    max_gap_s: float | None = None,
+    source: Source = "auto",
+    since: datetime | None = None,
+    until: datetime | None = None,
+    segments: bool = False,
+) -> AccountingBody:
     """The accounting of one run, exactly the body of ``GET /v1/runs/{run_id}/accounting``.
 
     ``now``: the clock (replay passes its simulated one); ``max_gap_s``:
@@ -298,5 +440,6 @@ def run_accounting(conn: psycopg.Connection, run_id: str, *, now: datetime | Non
     runs = load_runs(conn, [run_id])
     if not runs:
         raise NotFound(f"run {run_id!r} not found")
-    return account_runs(conn, runs, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until,
-                        segments=segments)[0]
+    return account_runs(
+        conn, runs, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until, segments=segments
+    )[0]

@@ -61,8 +61,11 @@ class PlanError(ValueError):
 
 def reports(conn: psycopg.Connection, run_id: str) -> dict[str, dict[str, Any]]:
     """Each node's last report about the run's plan."""
-    return {node: rep for node, rep in conn.execute(REPORTS_SQL, (run_id, run_id, run_id)).fetchall()
-            if isinstance(rep, dict)}
+    return {
+        node: rep
+        for node, rep in conn.execute(REPORTS_SQL, (run_id, run_id, run_id)).fetchall()
+        if isinstance(rep, dict)
+    }
 
 
 def get_plan(conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
@@ -71,15 +74,30 @@ def get_plan(conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
     if row is None:
         return None
     nodes = reports(conn, run_id)
-    failed = {n: r.get("detail") for n, r in nodes.items()
-              if r.get("state") == "failed" and r.get("revision") == row["revision"]}
+    failed = {
+        n: r.get("detail")
+        for n, r in nodes.items()
+        if r.get("state") == "failed" and r.get("revision") == row["revision"]
+    }
     state = row["state"] if not failed or row["state"] != "active" else "failed"
-    return {**row, "state": state, "created_at": iso(row["created_at"]), "updated_at": iso(row["updated_at"]),
-            "nodes": nodes, "failed_on": failed}
+    return {
+        **row,
+        "state": state,
+        "created_at": iso(row["created_at"]),
+        "updated_at": iso(row["updated_at"]),
+        "nodes": nodes,
+        "failed_on": failed,
+    }
 
 
-def set_plan(conn: psycopg.Connection, run_id: str, limit_w: float, by: str | None, reason: str | None,
-             now: datetime | None = None) -> dict[str, Any]:
+def set_plan(
+    conn: psycopg.Connection,
+    run_id: str,
+    limit_w: float,
+    by: str | None,
+    reason: str | None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
     """Make ``limit_w`` the run's plan (a new revision); PlanError when the run is unknown or not running."""
     t = now or datetime.now(UTC)
     if not 0 < limit_w <= MAX_LIMIT_W:
@@ -97,16 +115,22 @@ def set_plan(conn: psycopg.Connection, run_id: str, limit_w: float, by: str | No
            ON CONFLICT (run_id) DO UPDATE SET limit_w = EXCLUDED.limit_w,
              revision = power_cap_plans.revision + 1, state = 'active', reason = EXCLUDED.reason,
              created_by = EXCLUDED.created_by, updated_at = EXCLUDED.updated_at""",
-        (run_id, limit_w, reason, by, t, t))
+        (run_id, limit_w, reason, by, t, t),
+    )
     plan = get_plan(conn, run_id)
     assert plan is not None
     return plan
 
 
-def withdraw_plan(conn: psycopg.Connection, run_id: str, by: str | None, now: datetime | None = None) -> dict[str, Any]:
+def withdraw_plan(
+    conn: psycopg.Connection, run_id: str, by: str | None, now: datetime | None = None
+) -> dict[str, Any]:
     t = now or datetime.now(UTC)
-    n = conn.execute("UPDATE power_cap_plans SET state = 'withdrawn', revision = revision + 1, updated_at = %s, "
-                     "created_by = %s WHERE run_id = %s", (t, by, run_id)).rowcount
+    n = conn.execute(
+        "UPDATE power_cap_plans SET state = 'withdrawn', revision = revision + 1, updated_at = %s, "
+        "created_by = %s WHERE run_id = %s",
+        (t, by, run_id),
+    ).rowcount
     if not n:
         raise PlanError(f"run {run_id!r} has no power-cap plan", 404)
     plan = get_plan(conn, run_id)
@@ -119,8 +143,11 @@ def plans_for_node(conn: psycopg.Connection, node: str, now: datetime | None = N
     t = now or datetime.now(UTC)
     out = []
     for run_id, limit_w, revision, gpus in conn.execute(NODE_PLANS_SQL, (node, t, t)).fetchall():
-        failed = [n for n, r in reports(conn, run_id).items()
-                  if r.get("state") == "failed" and r.get("revision") == revision]
+        failed = [
+            n
+            for n, r in reports(conn, run_id).items()
+            if r.get("state") == "failed" and r.get("revision") == revision
+        ]
         if failed:
             continue  # every GPU of the run or none: withdrawn everywhere until a new revision
         out.append({"run_id": run_id, "limit_w": limit_w, "revision": revision, "gpus": list(gpus)})

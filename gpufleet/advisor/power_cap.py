@@ -145,8 +145,16 @@ def _level_of(limit: float, step: float) -> float:
     return round(limit / step) * step
 
 
-def run_points(conn: psycopg.Connection, run_id: str, model: str, start: float, end: float | None, gpus: int,
-               cfg: AdvisorSettings, now: float) -> tuple[list[Point], dict[str, int]]:
+def run_points(
+    conn: psycopg.Connection,
+    run_id: str,
+    model: str,
+    start: float,
+    end: float | None,
+    gpus: int,
+    cfg: AdvisorSettings,
+    now: float,
+) -> tuple[list[Point], dict[str, int]]:
     """The stretches of one run at one limit, and the minutes left out by reason."""
     progress = conn.execute(PROGRESS_SQL, (run_id,)).fetchall()
     excluded: dict[str, int] = defaultdict(int)
@@ -156,8 +164,14 @@ def run_points(conn: psycopg.Connection, run_id: str, model: str, start: float, 
     pk = np.array([float(p[1]) for p in progress])
     hi = min(end if end is not None else now, float(pt[-1]))
     lo = max(start + cfg.warmup_s, float(pt[0]))
-    rows = conn.execute(MINUTES_SQL, (run_id, datetime.fromtimestamp(start, UTC),
-                                      datetime.fromtimestamp(end if end is not None else now, UTC))).fetchall()
+    rows = conn.execute(
+        MINUTES_SQL,
+        (
+            run_id,
+            datetime.fromtimestamp(start, UTC),
+            datetime.fromtimestamp(end if end is not None else now, UTC),
+        ),
+    ).fetchall()
     minutes: list[tuple[float, float, float]] = []  # (bucket, level, joules) of clean minutes
     levels = {}
     for b, cmin, cmax, n, _joules, _covered in rows:
@@ -185,14 +199,20 @@ def run_points(conn: psycopg.Connection, run_id: str, model: str, start: float, 
     k = 0
     while k < len(minutes):
         j = k
-        while j + 1 < len(minutes) and minutes[j + 1][1] == minutes[k][1] and minutes[j + 1][0] == minutes[j][0] + 60:
+        while (
+            j + 1 < len(minutes)
+            and minutes[j + 1][1] == minutes[k][1]
+            and minutes[j + 1][0] == minutes[j][0] + 60
+        ):
             j += 1
         t0, t1 = minutes[k][0], minutes[j][0] + 60.0
         seconds = t1 - t0
         if seconds >= cfg.min_segment_s:
             tokens = float(np.interp(t1, pt, pk) - np.interp(t0, pt, pk))
-            joules = sum(m[2] for m in minutes[k:j + 1])
-            points.append(Point(run_id, model, minutes[k][1], iso_at(t0), iso_at(t1), seconds, gpus, tokens, joules))
+            joules = sum(m[2] for m in minutes[k : j + 1])
+            points.append(
+                Point(run_id, model, minutes[k][1], iso_at(t0), iso_at(t1), seconds, gpus, tokens, joules)
+            )
         else:
             excluded["stretch at one limit shorter than min_segment_s"] += j - k + 1
         k = j + 1
@@ -209,13 +229,21 @@ def _levels(points: Iterable[Point], cfg: AdvisorSettings) -> list[Level]:
         gs = sum(p.gpu_seconds for p in ps)
         tokens = sum(p.tokens for p in ps)
         joules = sum(p.joules for p in ps)
-        out.append(Level(
-            power_limit_w=limit, runs=sorted({p.run_id for p in ps}), points=len(ps), seconds=seconds,
-            gpu_seconds=gs, tokens=tokens, joules=joules,
-            tokens_per_joule=tokens / joules if joules > 0 else math.nan,
-            tokens_per_s_per_gpu=tokens / gs if gs > 0 else math.nan,
-            power_w_per_gpu=joules / gs if gs > 0 else math.nan,
-            enough=seconds >= cfg.min_level_s and joules > 0 and tokens > 0))
+        out.append(
+            Level(
+                power_limit_w=limit,
+                runs=sorted({p.run_id for p in ps}),
+                points=len(ps),
+                seconds=seconds,
+                gpu_seconds=gs,
+                tokens=tokens,
+                joules=joules,
+                tokens_per_joule=tokens / joules if joules > 0 else math.nan,
+                tokens_per_s_per_gpu=tokens / gs if gs > 0 else math.nan,
+                power_w_per_gpu=joules / gs if gs > 0 else math.nan,
+                enough=seconds >= cfg.min_level_s and joules > 0 and tokens > 0,
+            )
+        )
     return out
 
 
@@ -223,41 +251,67 @@ def _round(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in d.items()}
 
 
-def advise_model(model: str, points: list[Point], excluded: dict[str, int], max_loss: float,
-                 cfg: AdvisorSettings) -> ModelAdvice:
+def advise_model(
+    model: str, points: list[Point], excluded: dict[str, int], max_loss: float, cfg: AdvisorSettings
+) -> ModelAdvice:
     levels = _levels(points, cfg)
-    adv = ModelAdvice(model=model, enough_data=False, excluded_minutes=dict(sorted(excluded.items())),
-                      levels=[_round(asdict(lv)) for lv in levels],
-                      points=[_round({**asdict(p), "tokens_per_joule": p.tokens / p.joules if p.joules else None,
-                                      "tokens_per_s_per_gpu": p.tokens / p.gpu_seconds if p.gpu_seconds else None})
-                              for p in points])
+    adv = ModelAdvice(
+        model=model,
+        enough_data=False,
+        excluded_minutes=dict(sorted(excluded.items())),
+        levels=[_round(asdict(lv)) for lv in levels],
+        points=[
+            _round(
+                {
+                    **asdict(p),
+                    "tokens_per_joule": p.tokens / p.joules if p.joules else None,
+                    "tokens_per_s_per_gpu": p.tokens / p.gpu_seconds if p.gpu_seconds else None,
+                }
+            )
+            for p in points
+        ],
+    )
     usable = [lv for lv in levels if lv.enough]
     if not points:
-        adv.reasons.append("no stretch of at least min_segment_s at one power limit with progress and full energy "
-                           "coverage" + (f" (minutes left out: {dict(sorted(excluded.items()))})" if excluded else ""))
+        adv.reasons.append(
+            "no stretch of at least min_segment_s at one power limit with progress and full energy "
+            "coverage" + (f" (minutes left out: {dict(sorted(excluded.items()))})" if excluded else "")
+        )
         return adv
     thin = [lv.power_limit_w for lv in levels if not lv.enough]
     if thin:
-        adv.reasons.append(f"limits {', '.join(f'{x:g} W' for x in thin)} have less than {cfg.min_level_s:g} s of "
-                           "counted time and are not compared")
+        adv.reasons.append(
+            f"limits {', '.join(f'{x:g} W' for x in thin)} have less than {cfg.min_level_s:g} s of "
+            "counted time and are not compared"
+        )
     if len(usable) < 2:
         only = f" ({usable[0].power_limit_w:g} W)" if usable else ""
-        adv.reasons.append(f"data at one power limit only{only}: nothing to compare; run a job of this model at "
-                           "another limit (nvidia-smi -pl) or change the limit of one mid-run")
+        adv.reasons.append(
+            f"data at one power limit only{only}: nothing to compare; run a job of this model at "
+            "another limit (nvidia-smi -pl) or change the limit of one mid-run"
+        )
         return adv
     ref = max(usable, key=lambda lv: lv.tokens_per_s_per_gpu)
     ok = [lv for lv in usable if lv.tokens_per_s_per_gpu >= (1.0 - max_loss) * ref.tokens_per_s_per_gpu]
     best = max(ok, key=lambda lv: lv.tokens_per_joule)
     adv.enough_data = True
-    adv.reference = _round({"power_limit_w": ref.power_limit_w, "tokens_per_joule": ref.tokens_per_joule,
-                            "tokens_per_s_per_gpu": ref.tokens_per_s_per_gpu})
-    adv.recommendation = _round({
-        "power_limit_w": best.power_limit_w, "tokens_per_joule": best.tokens_per_joule,
-        "tokens_per_s_per_gpu": best.tokens_per_s_per_gpu,
-        "throughput_loss": 1.0 - best.tokens_per_s_per_gpu / ref.tokens_per_s_per_gpu,
-        "energy_per_token_saving": 1.0 - ref.tokens_per_joule / best.tokens_per_joule,
-        "runs": best.runs,
-    })
+    adv.reference = _round(
+        {
+            "power_limit_w": ref.power_limit_w,
+            "tokens_per_joule": ref.tokens_per_joule,
+            "tokens_per_s_per_gpu": ref.tokens_per_s_per_gpu,
+        }
+    )
+    adv.recommendation = _round(
+        {
+            "power_limit_w": best.power_limit_w,
+            "tokens_per_joule": best.tokens_per_joule,
+            "tokens_per_s_per_gpu": best.tokens_per_s_per_gpu,
+            "throughput_loss": 1.0 - best.tokens_per_s_per_gpu / ref.tokens_per_s_per_gpu,
+            "energy_per_token_saving": 1.0 - ref.tokens_per_joule / best.tokens_per_joule,
+            "runs": best.runs,
+        }
+    )
     return adv
 
 
@@ -265,9 +319,14 @@ def _model_of(name: str | None, label: str | None, run_id: str) -> str:
     return label or name or run_id
 
 
-def power_cap_advice(conn: psycopg.Connection, gpu_model: str, max_throughput_loss: float = 0.05,
-                     model: str | None = None, now: datetime | None = None,
-                     settings: AdvisorSettings | None = None) -> dict[str, Any]:
+def power_cap_advice(
+    conn: psycopg.Connection,
+    gpu_model: str,
+    max_throughput_loss: float = 0.05,
+    model: str | None = None,
+    now: datetime | None = None,
+    settings: AdvisorSettings | None = None,
+) -> dict[str, Any]:
     """The advice for every model trained on ``gpu_model`` GPUs (or only ``model``)."""
     if not 0.0 <= max_throughput_loss < 1.0:
         raise ValueError("max_throughput_loss must be in [0, 1)")
@@ -280,32 +339,47 @@ def power_cap_advice(conn: psycopg.Connection, gpu_model: str, max_throughput_lo
     seen_models: set[str] = set()
     per_model: dict[str, tuple[list[Point], dict[str, int], list[str]]] = {}
     for run_id, name, label, start, end, nodes, gpus, shared in conn.execute(
-            RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))).fetchall():
-        kinds = {(names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "") for n, g in zip(nodes, gpus,
-                                                                                                  strict=True)}
+        RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))
+    ).fetchall():
+        kinds = {
+            (names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "")
+            for n, g in zip(nodes, gpus, strict=True)
+        }
         seen_models.update(k for k in kinds if k)
         if {k.lower() for k in kinds} != {want}:
             continue
         m = _model_of(name, label, run_id)
         if model is not None and m != model:
             continue
-        pts, excl = (([], {SHARED: 1}) if shared
-                     else run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now))
+        pts, excl = (
+            ([], {SHARED: 1}) if shared else run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now)
+        )
         bucket = per_model.setdefault(m, ([], defaultdict(int), []))
         bucket[0].extend(pts)
         for k, v in excl.items():
             bucket[1][k] += v
         bucket[2].append(run_id)
-    advice = [advise_model(m, pts, dict(excl), max_throughput_loss, cfg) for m, (pts, excl, _) in
-              sorted(per_model.items())]
-    out: dict[str, Any] = {"gpu_model": gpu_model, "max_throughput_loss": max_throughput_loss,
-                           "model": model, "since": iso_at(since.timestamp()), "until": iso_at(t_now),
-                           "models": [asdict(a) for a in advice]}
+    advice = [
+        advise_model(m, pts, dict(excl), max_throughput_loss, cfg)
+        for m, (pts, excl, _) in sorted(per_model.items())
+    ]
+    out: dict[str, Any] = {
+        "gpu_model": gpu_model,
+        "max_throughput_loss": max_throughput_loss,
+        "model": model,
+        "since": iso_at(since.timestamp()),
+        "until": iso_at(t_now),
+        "models": [asdict(a) for a in advice],
+    }
     if not advice:
-        why = (f"no run on {gpu_model!r} GPUs reported progress (POST /v1/runs/{{id}}/progress) since "
-               f"{iso_at(since.timestamp())}")
+        why = (
+            f"no run on {gpu_model!r} GPUs reported progress (POST /v1/runs/{{id}}/progress) since "
+            f"{iso_at(since.timestamp())}"
+        )
         if model is not None:
             why += f" for model {model!r}"
-        out["reasons"] = [why + (f"; GPU models with runs that did: {', '.join(sorted(seen_models))}"
-                                 if seen_models else "")]
+        out["reasons"] = [
+            why
+            + (f"; GPU models with runs that did: {', '.join(sorted(seen_models))}" if seen_models else "")
+        ]
     return out

@@ -69,7 +69,8 @@ class RunCapSettings:
     """How a run's proposal reads the data: levels at least a few minutes long suit one run's life."""
 
     advisor: AdvisorSettings = field(
-        default_factory=lambda: AdvisorSettings(warmup_s=120.0, min_segment_s=120.0, min_level_s=300.0))
+        default_factory=lambda: AdvisorSettings(warmup_s=120.0, min_segment_s=120.0, min_level_s=300.0)
+    )
     #: The run's power is measured over this much of its latest time.
     recent: timedelta = timedelta(hours=1)
     #: Limits this close to the run's are the run's (W).
@@ -86,8 +87,13 @@ def _level_at(levels: list[dict[str, Any]], limit: float, tol: float) -> dict[st
     return near[0] if near else None
 
 
-def propose_run_cap(conn: psycopg.Connection, run_id: str, max_throughput_loss: float = 0.05,
-                    now: datetime | None = None, settings: RunCapSettings | None = None) -> dict[str, Any]:
+def propose_run_cap(
+    conn: psycopg.Connection,
+    run_id: str,
+    max_throughput_loss: float = 0.05,
+    now: datetime | None = None,
+    settings: RunCapSettings | None = None,
+) -> dict[str, Any]:
     """The proposal for ``run_id``; raises UnknownRun when the run does not exist or holds no GPU."""
     cfg = settings or RunCapSettings()
     t_now = now or datetime.now(UTC)
@@ -97,24 +103,42 @@ def propose_run_cap(conn: psycopg.Connection, run_id: str, max_throughput_loss: 
     _, name, label, start, end, site, nodes, gpus, shared = row
     model = label or name or run_id
     pairs = list(zip(nodes, gpus, strict=True))
-    facts = {n: f for n, f in conn.execute("SELECT node, facts FROM nodes WHERE node = ANY(%s)",
-                                           (sorted(set(nodes)),)).fetchall()}
-    kinds = Counter(gpu_model_names(facts.get(n)).get(int(g)) or gpu_model_names(facts.get(n)).get(-1)
-                    for n, g in pairs)
-    out: dict[str, Any] = {"run_id": run_id, "model": model, "gpu_model": None, "gpus": len(pairs),
-                           "max_throughput_loss": max_throughput_loss, "enough_data": False, "reasons": [],
-                           "current_limit_w": None, "proposed_limit_w": None, "action": "none",
-                           "basis": "tokens_per_joule", "at": iso(t_now)}
+    facts = {
+        n: f
+        for n, f in conn.execute(
+            "SELECT node, facts FROM nodes WHERE node = ANY(%s)", (sorted(set(nodes)),)
+        ).fetchall()
+    }
+    kinds = Counter(
+        gpu_model_names(facts.get(n)).get(int(g)) or gpu_model_names(facts.get(n)).get(-1) for n, g in pairs
+    )
+    out: dict[str, Any] = {
+        "run_id": run_id,
+        "model": model,
+        "gpu_model": None,
+        "gpus": len(pairs),
+        "max_throughput_loss": max_throughput_loss,
+        "enough_data": False,
+        "reasons": [],
+        "current_limit_w": None,
+        "proposed_limit_w": None,
+        "action": "none",
+        "basis": "tokens_per_joule",
+        "at": iso(t_now),
+    }
     if len([k for k in kinds if k]) != 1 or None in kinds:
-        out["reasons"].append("the run's GPUs are not all of one known model (node facts name them): "
-                              f"{dict(kinds)}")
+        out["reasons"].append(
+            f"the run's GPUs are not all of one known model (node facts name them): {dict(kinds)}"
+        )
         return out
     gpu_model = next(iter(kinds))
     assert gpu_model is not None
     out["gpu_model"] = gpu_model
     if shared:
-        out["reasons"].append("the run holds a GPU it shares (time-slicing, MPS or MIG): the limit would cap "
-                              "the other tenants too")
+        out["reasons"].append(
+            "the run holds a GPU it shares (time-slicing, MPS or MIG): the limit would cap "
+            "the other tenants too"
+        )
         return out
     limits = [float(r[2]) for r in conn.execute(LIMITS_SQL, (run_id, t_now - timedelta(minutes=15), t_now))]
     current = Counter(round(x) for x in limits).most_common(1)[0][0] if limits else None
@@ -138,21 +162,29 @@ def propose_run_cap(conn: psycopg.Connection, run_id: str, max_throughput_loss: 
     out["proposed_limit_w"] = proposed
     out["throughput_loss"] = rec["throughput_loss"]
     if current is None:
-        out["reasons"].append("the run's GPUs reported no power limit in the last 15 minutes: the saving "
-                              "against its current limit is not known")
+        out["reasons"].append(
+            "the run's GPUs reported no power limit in the last 15 minutes: the saving "
+            "against its current limit is not known"
+        )
         now_level = ref
     else:
         now_level = _level_at(m["levels"], current, cfg.same_limit_w) or ref
     tpj_now, tpj_new = float(now_level["tokens_per_joule"]), float(rec["tokens_per_joule"])
     saving = max(0.0, 1.0 - tpj_now / tpj_new) if tpj_new > 0 else 0.0
-    out["compared_with"] = {"power_limit_w": now_level["power_limit_w"], "tokens_per_joule": tpj_now,
-                            "tokens_per_s_per_gpu": now_level["tokens_per_s_per_gpu"]}
+    out["compared_with"] = {
+        "power_limit_w": now_level["power_limit_w"],
+        "tokens_per_joule": tpj_now,
+        "tokens_per_s_per_gpu": now_level["tokens_per_s_per_gpu"],
+    }
     out["energy_per_token_saving"] = _r(saving)
-    out["throughput_loss_vs_now"] = _r(1.0 - float(rec["tokens_per_s_per_gpu"])
-                                       / float(now_level["tokens_per_s_per_gpu"]))
+    out["throughput_loss_vs_now"] = _r(
+        1.0 - float(rec["tokens_per_s_per_gpu"]) / float(now_level["tokens_per_s_per_gpu"])
+    )
     if current is not None and current <= proposed + cfg.same_limit_w:
         out["action"] = "keep"
-        out["reasons"].append(f"the run already runs at {current:g} W, at or below the proposed {proposed:g} W")
+        out["reasons"].append(
+            f"the run already runs at {current:g} W, at or below the proposed {proposed:g} W"
+        )
     elif saving > 0:
         out["action"] = "cap"
     # What a day of the run's work costs now, and what the cap saves of it (same tokens).
@@ -162,16 +194,26 @@ def propose_run_cap(conn: psycopg.Connection, run_id: str, max_throughput_loss: 
     price = get_site(conn, site, t_now) if site else {}
     pue = float(price.get("pue") or 1.0)
     per_kwh = price.get("price_per_kwh")
-    exp: dict[str, Any] = {"measured_from": iso(t0), "measured_to": iso(t1), "gpu_seconds": _r(covered, 1),
-                           "pue": pue, "currency": price.get("currency"), "price_per_kwh": per_kwh}
+    exp: dict[str, Any] = {
+        "measured_from": iso(t0),
+        "measured_to": iso(t1),
+        "gpu_seconds": _r(covered, 1),
+        "pue": pue,
+        "currency": price.get("currency"),
+        "price_per_kwh": per_kwh,
+    }
     if covered > 0:
         power_per_gpu = joules / covered
         gpu_kwh_day = power_per_gpu * len(pairs) * 86400.0 / 3.6e6
-        exp.update(power_w_per_gpu=_r(power_per_gpu, 2), gpu_kwh_per_day_now=_r(gpu_kwh_day, 4),
-                   gpu_kwh_per_day_saved=_r(gpu_kwh_day * saving, 4),
-                   facility_kwh_per_day_saved=_r(gpu_kwh_day * saving * pue, 4),
-                   cost_per_day_saved=_r(gpu_kwh_day * saving * pue * float(per_kwh), 4) if per_kwh is not None
-                   else None)
+        exp.update(
+            power_w_per_gpu=_r(power_per_gpu, 2),
+            gpu_kwh_per_day_now=_r(gpu_kwh_day, 4),
+            gpu_kwh_per_day_saved=_r(gpu_kwh_day * saving, 4),
+            facility_kwh_per_day_saved=_r(gpu_kwh_day * saving * pue, 4),
+            cost_per_day_saved=_r(gpu_kwh_day * saving * pue * float(per_kwh), 4)
+            if per_kwh is not None
+            else None,
+        )
     else:
         out["reasons"].append("no GPU energy of the run in its latest hour: the daily saving is not known")
     out["expected_saving"] = exp

@@ -63,8 +63,9 @@ def get_json(client: httpx.Client, provider: str, url: str, **kw: object) -> obj
         raise CarbonFetchError(f"{provider}: {url} did not answer JSON") from None
 
 
-def fetch_into(conn: psycopg.Connection, provider: Provider, zone: str, region: str, start: datetime,
-               end: datetime) -> int:
+def fetch_into(
+    conn: psycopg.Connection, provider: Provider, zone: str, region: str, start: datetime, end: datetime
+) -> int:
     """Fetch ``zone`` for [start, end) and store it as points of ``region``; returns how many."""
     from gpufleet.store.sites import set_carbon
 
@@ -74,8 +75,13 @@ def fetch_into(conn: psycopg.Connection, provider: Provider, zone: str, region: 
     return len(points)
 
 
-def make_provider(name: str, token_file: Path, base_url: str | None = None, *,
-                  transport: Callable[..., object] | None = None) -> Provider:
+def make_provider(
+    name: str,
+    token_file: Path,
+    base_url: str | None = None,
+    *,
+    transport: Callable[..., object] | None = None,
+) -> Provider:
     """``electricitymaps`` (token file: the API token) or ``watttime`` (token file: ``user:password``)."""
     if name == "electricitymaps":
         from gpufleet.carbon.electricitymaps import ElectricityMaps
@@ -86,6 +92,8 @@ def make_provider(name: str, token_file: Path, base_url: str | None = None, *,
 
         user, sep, password = read_secret(token_file, "WattTime credentials").partition(":")
         if not sep or not user or not password:
-            raise CarbonFetchError(f"WattTime credentials file {token_file}: expected one line 'username:password'")
+            raise CarbonFetchError(
+                f"WattTime credentials file {token_file}: expected one line 'username:password'"
+            )
         return WattTime(user, password, base_url)
     raise CarbonFetchError(f"unknown carbon provider {name!r}: electricitymaps or watttime")

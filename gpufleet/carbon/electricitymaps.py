@@ -34,7 +34,9 @@ def parse(body: object, key: str = "data") -> Points:
             t = datetime.fromisoformat(str(e["datetime"]).replace("Z", "+00:00")).astimezone(UTC)
             value = float(g)
         except (TypeError, ValueError):
-            raise CarbonFetchError(f"Electricity Maps: {key}[{i}]: unreadable datetime or carbonIntensity") from None
+            raise CarbonFetchError(
+                f"Electricity Maps: {key}[{i}]: unreadable datetime or carbonIntensity"
+            ) from None
         if not 0 <= value <= 5000:
             raise CarbonFetchError(f"Electricity Maps: {key}[{i}]: {value} g/kWh is outside 0..5000")
         out.append((t, value))
@@ -56,8 +58,12 @@ class ElectricityMaps:
             t = start
             while t < end:
                 u = min(end, t + MAX_RANGE)
-                body = get_json(client, "Electricity Maps", f"{self.base_url}/v3/carbon-intensity/past-range",
-                                params={"zone": zone, "start": iso(t, "seconds"), "end": iso(u, "seconds")})
+                body = get_json(
+                    client,
+                    "Electricity Maps",
+                    f"{self.base_url}/v3/carbon-intensity/past-range",
+                    params={"zone": zone, "start": iso(t, "seconds"), "end": iso(u, "seconds")},
+                )
                 out += [p for p in parse(body) if start <= p[0] < end]
                 t = u
         return sorted(dict(out).items())
@@ -65,5 +71,12 @@ class ElectricityMaps:
     def latest_day(self, zone: str) -> Points:
         """The last 24 hours (``history``)."""
         with httpx.Client(timeout=self.timeout_s, headers={"auth-token": self.token}) as client:
-            return parse(get_json(client, "Electricity Maps", f"{self.base_url}/v3/carbon-intensity/history",
-                                  params={"zone": zone}), "history")
+            return parse(
+                get_json(
+                    client,
+                    "Electricity Maps",
+                    f"{self.base_url}/v3/carbon-intensity/history",
+                    params={"zone": zone},
+                ),
+                "history",
+            )

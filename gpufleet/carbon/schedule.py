@@ -33,8 +33,14 @@ def fetch_round(url: str, sources: list[CarbonSource], now: datetime | None = No
             for s in sources:
                 try:
                     provider = make_provider(s.provider, s.token_file, s.base_url)
-                    out[s.region] = fetch_into(conn, provider, s.zone or s.region, s.region,
-                                               now - timedelta(seconds=s.lookback_s), now)
+                    out[s.region] = fetch_into(
+                        conn,
+                        provider,
+                        s.zone or s.region,
+                        s.region,
+                        now - timedelta(seconds=s.lookback_s),
+                        now,
+                    )
                 except CarbonFetchError as e:
                     log.warning("carbon %s for %s: %s", s.provider, s.region, e)
                     out[s.region] = str(e)

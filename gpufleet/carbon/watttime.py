@@ -48,7 +48,9 @@ class WattTime:
     name = "watttime"
     method = "marginal"
 
-    def __init__(self, user: str, password: str, base_url: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, user: str, password: str, base_url: str | None = None, timeout_s: float = 30.0
+    ) -> None:
         self.user = user
         self.password = password
         self.base_url = (base_url or BASE_URL).rstrip("/")
@@ -67,8 +69,18 @@ class WattTime:
             t = start
             while t < end:
                 u = min(end, t + MAX_RANGE)
-                body = get_json(client, "WattTime", f"{self.base_url}/v3/historical", headers=headers,
-                                params={"region": zone, "start": iso(t, "seconds", zulu=False), "end": iso(u, "seconds", zulu=False), "signal_type": "co2_moer"})
+                body = get_json(
+                    client,
+                    "WattTime",
+                    f"{self.base_url}/v3/historical",
+                    headers=headers,
+                    params={
+                        "region": zone,
+                        "start": iso(t, "seconds", zulu=False),
+                        "end": iso(u, "seconds", zulu=False),
+                        "signal_type": "co2_moer",
+                    },
+                )
                 out += [p for p in parse(body) if start <= p[0] < end]
                 t = u
         return sorted(dict(out).items())

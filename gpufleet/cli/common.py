@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 else:
     psycopg = _OnUse("psycopg")
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file", envvar="GPUFLEET_CONFIG")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML settings file", envvar="GPUFLEET_CONFIG")
+]
 DbOpt = Annotated[str | None, typer.Option("--db", help="PostgreSQL URL (default: settings, else embedded)")]
 
 
@@ -49,7 +51,9 @@ def settings_from(config: Path | None, db: str | None = None, **overrides: Any) 
 
 
 def setup_logging(settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def database(settings: Settings) -> str:
@@ -59,8 +63,11 @@ def database(settings: Settings) -> str:
     if not settings.database_url:
         demo = demo_database(settings)
         if demo:
-            typer.echo(f"gpufleet: using the running demo's database ({demo}); set GPUFLEET_DATABASE_URL or --db "
-                       "for another", err=True)
+            typer.echo(
+                f"gpufleet: using the running demo's database ({demo}); set GPUFLEET_DATABASE_URL or --db "
+                "for another",
+                err=True,
+            )
             return demo
     try:
         return database_url(settings)
@@ -76,8 +83,10 @@ def connect(settings: Settings) -> psycopg.Connection:
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        fail(f"the database at {redacted(url)} does not answer: is it running? ({str(e).strip().splitlines()[0]}). "
-             "A demo's database stops with the demo: start `gpufleet demo` again, or give --db another server")
+        fail(
+            f"the database at {redacted(url)} does not answer: is it running? ({str(e).strip().splitlines()[0]}). "
+            "A demo's database stops with the demo: start `gpufleet demo` again, or give --db another server"
+        )
     problem = schema_problem(conn)
     if problem:
         elsewhere = gpufleet_databases(conn, url)
@@ -87,10 +96,15 @@ def connect(settings: Settings) -> psycopg.Connection:
             demo = "gpufleet_demo" in elsewhere
             target = "gpufleet_demo" if demo else elsewhere[0]
             more = f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else ""
-            found = ("the demo's database 'gpufleet_demo' is on this server, but the demo is not running"
-                     if demo else f"{', '.join(repr(d) for d in elsewhere[:3])}{more} on this server hold gpufleet data")
-            fail(f"database {name!r} has no gpufleet schema: {found}; give --db {redacted(with_db(url, target))}, "
-                 f"or, to use {name!r}, {UPGRADE}")
+            found = (
+                "the demo's database 'gpufleet_demo' is on this server, but the demo is not running"
+                if demo
+                else f"{', '.join(repr(d) for d in elsewhere[:3])}{more} on this server hold gpufleet data"
+            )
+            fail(
+                f"database {name!r} has no gpufleet schema: {found}; give --db {redacted(with_db(url, target))}, "
+                f"or, to use {name!r}, {UPGRADE}"
+            )
         fail(problem)
     return conn
 
@@ -116,14 +130,21 @@ def gpufleet_databases(conn: psycopg.Connection, url: str, most: int = 20) -> li
     """Other databases of the server that hold a gpufleet schema (the ones a user may have meant)."""
     from psycopg import sql
 
-    names = [r[0] for r in conn.execute(
-        "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate AND datname <> current_database() "
-        "ORDER BY datname = 'gpufleet_demo' DESC, datname LIMIT %s", (most,)).fetchall()]
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate AND datname <> current_database() "
+            "ORDER BY datname = 'gpufleet_demo' DESC, datname LIMIT %s",
+            (most,),
+        ).fetchall()
+    ]
     found = []
     for name in names:
         try:
             with psycopg.connect(with_db(url, name), autocommit=True, connect_timeout=5) as other:
-                if other.execute(sql.SQL("SELECT to_regclass('alembic_version') IS NOT NULL")).fetchone() == (True,):
+                if other.execute(sql.SQL("SELECT to_regclass('alembic_version') IS NOT NULL")).fetchone() == (
+                    True,
+                ):
                     found.append(name)
         except psycopg.Error:
             continue
@@ -159,8 +180,9 @@ def parse_when(value: str | None, name: str) -> datetime | None:
         fail(f"--{name}: {e}")
 
 
-def read_series_csv(file: Path, parse: Callable[[Path], list[tuple[datetime, float]]]
-                    ) -> list[tuple[datetime, float]]:
+def read_series_csv(
+    file: Path, parse: Callable[[Path], list[tuple[datetime, float]]]
+) -> list[tuple[datetime, float]]:
     """A step series from a CSV file, or one line saying the file is missing or which rows are wrong."""
     from gpufleet.store.sites import CsvError
 

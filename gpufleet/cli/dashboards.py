@@ -11,28 +11,49 @@ import typer
 
 from gpufleet.cli.common import ConfigOpt, DbOpt, connect, fail, settings_from
 
-app = typer.Typer(help="Grafana dashboards: push them to a Grafana, check them against the database.",
-                             no_args_is_help=True)
+app = typer.Typer(
+    help="Grafana dashboards: push them to a Grafana, check them against the database.", no_args_is_help=True
+)
 
 
 @app.command("push")
 def dashboards_push(
-        grafana_url: Annotated[str, typer.Option("--grafana-url", envvar="GRAFANA_URL",
-                                                 help="Grafana base URL, e.g. https://grafana.example.org")],
-        token: Annotated[str, typer.Option("--token", envvar="GRAFANA_TOKEN", show_default=False,
-                                           help="Grafana service-account token (Editor or Admin)")],
-        datasource_url: Annotated[str | None, typer.Option(
+    grafana_url: Annotated[
+        str,
+        typer.Option(
+            "--grafana-url", envvar="GRAFANA_URL", help="Grafana base URL, e.g. https://grafana.example.org"
+        ),
+    ],
+    token: Annotated[
+        str,
+        typer.Option(
+            "--token",
+            envvar="GRAFANA_TOKEN",
+            show_default=False,
+            help="Grafana service-account token (Editor or Admin)",
+        ),
+    ],
+    datasource_url: Annotated[
+        str | None,
+        typer.Option(
             help="postgresql://user@host:port/database as Grafana reaches it (default: the configured standby, "
-                 "database.read_url, else the configured database)")]
-        = None,
-        datasource_password_file: Annotated[Path | None, typer.Option(
-            help="file holding the data source password (else the URL's)")] = None,
-        sslmode: Annotated[str | None, typer.Option(
+            "database.read_url, else the configured database)"
+        ),
+    ] = None,
+    datasource_password_file: Annotated[
+        Path | None, typer.Option(help="file holding the data source password (else the URL's)")
+    ] = None,
+    sslmode: Annotated[
+        str | None,
+        typer.Option(
             help="disable | require | verify-ca | verify-full (default: require; disable for a loopback "
-                 "address, which never leaves the machine)")] = None,
-        timescaledb: Annotated[bool, typer.Option(help="turn on Grafana's TimescaleDB option")] = False,
-        folder: Annotated[str, typer.Option(help="uid of the Grafana folder (created if missing)")] = "gpufleet",
-        config: ConfigOpt = None) -> None:
+            "address, which never leaves the machine)"
+        ),
+    ] = None,
+    timescaledb: Annotated[bool, typer.Option(help="turn on Grafana's TimescaleDB option")] = False,
+    folder: Annotated[str, typer.Option(help="uid of the Grafana folder (created if missing)")] = "gpufleet",
+    config: ConfigOpt = None,
+) -> None:
     """Create or update the gpufleet data source and import every dashboard, overwriting older copies.
 
     Without --datasource-url: the configured hot standby (``database.read_url``: panels never load the
@@ -47,8 +68,10 @@ def dashboards_push(
     s = settings_from(config)
     url = datasource_url or s.database.read_url or s.database_url or demo_reader(s)
     if not url:
-        fail("--datasource-url is needed: no database_url is configured and no demo is running "
-             "(`gpufleet demo` serves its database to Grafana on loopback TCP)")
+        fail(
+            "--datasource-url is needed: no database_url is configured and no demo is running "
+            "(`gpufleet demo` serves its database to Grafana on loopback TCP)"
+        )
     if sslmode is None:
         sslmode = "disable" if urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") else "require"
     password = None
@@ -62,15 +85,19 @@ def dashboards_push(
         result = push(connect(grafana_url, token), ds, load_all().values(), folder_uid=folder)
     except ProvisionError as e:
         fail(str(e))
-    typer.echo(f"data source {ds.uid} {result.datasource}; folder {folder} {result.folder}; "
-               f"dashboards imported: {', '.join(result.dashboards)}")
+    typer.echo(
+        f"data source {ds.uid} {result.datasource}; folder {folder} {result.folder}; "
+        f"dashboards imported: {', '.join(result.dashboards)}"
+    )
 
 
 @app.command("check")
-def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
-                     hours: Annotated[float, typer.Option(help="length of the range, ending now")] = 6.0,
-                     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False
-                     ) -> None:
+def dashboards_check(
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    hours: Annotated[float, typer.Option(help="length of the range, ending now")] = 6.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
     """Validate the dashboards and run every query against the database, as Grafana would expand it."""
     from datetime import timedelta
 
@@ -89,8 +116,12 @@ def dashboards_check(config: ConfigOpt = None, db: DbOpt = None,
                 queries += 1
                 problems += shape_problems(r)
     if as_json:
-        typer.echo(json.dumps({"dashboards": len(boards), "queries": queries, "problems": [str(p) for p in problems]},
-                              indent=1))
+        typer.echo(
+            json.dumps(
+                {"dashboards": len(boards), "queries": queries, "problems": [str(p) for p in problems]},
+                indent=1,
+            )
+        )
     else:
         for p in problems:
             typer.echo(p, err=True)

@@ -12,8 +12,11 @@ app = typer.Typer(help="Database schema.", no_args_is_help=True)
 
 
 @app.command("upgrade")
-def db_upgrade(config: ConfigOpt = None, db: DbOpt = None,
-               revision: Annotated[str, typer.Option(help="target revision")] = "head") -> None:
+def db_upgrade(
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    revision: Annotated[str, typer.Option(help="target revision")] = "head",
+) -> None:
     """Create or upgrade the schema (TimescaleDB layout when the server can load it)."""
     from gpufleet.db import migrate
 
@@ -27,8 +30,11 @@ def db_upgrade(config: ConfigOpt = None, db: DbOpt = None,
 
 
 @app.command("downgrade")
-def db_downgrade(config: ConfigOpt = None, db: DbOpt = None,
-                 revision: Annotated[str, typer.Option(help="target revision")] = "base") -> None:
+def db_downgrade(
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    revision: Annotated[str, typer.Option(help="target revision")] = "base",
+) -> None:
     """Downgrade the schema (``base`` drops every gpufleet table)."""
     from gpufleet.db import migrate
 

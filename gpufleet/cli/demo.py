@@ -10,17 +10,24 @@ import typer
 from gpufleet.cli.common import ConfigOpt, DbOpt, database, fail, psycopg, settings_from, setup_logging
 
 
-def demo(config: ConfigOpt = None, db: DbOpt = None,
-         scenario: Annotated[str, typer.Option(help="simulator scenario (name or YAML path)")] = "demo",
-         seed: Annotated[int | None, typer.Option(help="scenario seed")] = None,
-         backfill_minutes: Annotated[float, typer.Option(help="telemetry to back-fill before going live")] = 15.0,
-         duration: Annotated[float | None, typer.Option(help="stop after this many seconds (default: Ctrl-C)")] = None,
-         api_port: Annotated[int, typer.Option(help="API port (0: any free port)")] = 8420,
-         collector_port: Annotated[int, typer.Option(help="collector port (0: any free port)")] = 8410,
-         database_name: Annotated[str, typer.Option(help="demo database (dropped and recreated)")] = "gpufleet_demo",
-         db_port: Annotated[int, typer.Option(
-             help="loopback TCP port of the embedded database, for Grafana (0: any free port)")] = 8432,
-         ) -> None:
+def demo(
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+    scenario: Annotated[str, typer.Option(help="simulator scenario (name or YAML path)")] = "demo",
+    seed: Annotated[int | None, typer.Option(help="scenario seed")] = None,
+    backfill_minutes: Annotated[float, typer.Option(help="telemetry to back-fill before going live")] = 15.0,
+    duration: Annotated[
+        float | None, typer.Option(help="stop after this many seconds (default: Ctrl-C)")
+    ] = None,
+    api_port: Annotated[int, typer.Option(help="API port (0: any free port)")] = 8420,
+    collector_port: Annotated[int, typer.Option(help="collector port (0: any free port)")] = 8410,
+    database_name: Annotated[
+        str, typer.Option(help="demo database (dropped and recreated)")
+    ] = "gpufleet_demo",
+    db_port: Annotated[
+        int, typer.Option(help="loopback TCP port of the embedded database, for Grafana (0: any free port)")
+    ] = 8432,
+) -> None:
     """The live demo: database, collector, API and agents on a simulated fleet.
 
     Everything it starts stops with it: Ctrl-C, SIGTERM, or the end of --duration stop it in order, and
@@ -43,7 +50,9 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
         if p == 0:
             return free_port()
         if not port_free(p):
-            typer.echo(f"gpufleet: the {what} port {p} is in use by another program; using a free one", err=True)
+            typer.echo(
+                f"gpufleet: the {what} port {p} is in use by another program; using a free one", err=True
+            )
             return free_port()
         return p
 
@@ -59,9 +68,16 @@ def demo(config: ConfigOpt = None, db: DbOpt = None,
         except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as e:
             fail(f"cannot start the embedded database: {e}")
         reader = reader_url(server, tcp)
-    opts = DemoOptions(scenario=scenario, seed=seed, backfill_s=backfill_minutes * 60, duration_s=duration,
-                       api_port=port(api_port, "API"), collector_port=port(collector_port, "collector"),
-                       database=database_name, reader_url=reader)
+    opts = DemoOptions(
+        scenario=scenario,
+        seed=seed,
+        backfill_s=backfill_minutes * 60,
+        duration_s=duration,
+        api_port=port(api_port, "API"),
+        collector_port=port(collector_port, "collector"),
+        database=database_name,
+        reader_url=reader,
+    )
     try:
         run_demo(s, server, opts, lambda m: typer.echo(m), stop)
     except FileNotFoundError as e:

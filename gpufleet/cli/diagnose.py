@@ -13,23 +13,43 @@ from gpufleet.cli.common import ConfigOpt, fail, settings_from
 
 
 def diagnose(
-        config: ConfigOpt = None,
-        source: Annotated[str, typer.Option(help="GPU source: auto | nvml | dcgm | dcgm_exporter | none")] = "auto",
-        as_json: Annotated[bool, typer.Option("--json", help="print the checks as one JSON document")] = False,
-        sample: Annotated[float, typer.Option(help="seconds between the two readings rates are taken over")] = 2.0,
-        proc_root: Annotated[Path | None, typer.Option(help="the host's /proc (default: agent.proc_root)")] = None,
-        sys_root: Annotated[Path | None, typer.Option(help="the host's /sys (default: agent.sys_root)")] = None,
-        fake_nvml: Annotated[int | None, typer.Option(hidden=True, help="fake H100s instead of NVML (tests)")] = None,
-        dataset: Annotated[Path | None, typer.Option(
-            help="a data set directory to sample for the small-files item (a bounded listing, not a full walk)")]
-        = None,
-        dataset_rate: Annotated[float, typer.Option(
-            help="MB/s the data set must be read at, for the files per second it needs")] = 1000.0,
-        kernel_log: Annotated[str, typer.Option(
-            help="kernel log to read: auto (/dev/kmsg, dmesg, the journal), none, or a saved log file")] = "auto",
-        dcgm_diag: Annotated[int, typer.Option(
+    config: ConfigOpt = None,
+    source: Annotated[
+        str, typer.Option(help="GPU source: auto | nvml | dcgm | dcgm_exporter | none")
+    ] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print the checks as one JSON document")] = False,
+    sample: Annotated[
+        float, typer.Option(help="seconds between the two readings rates are taken over")
+    ] = 2.0,
+    proc_root: Annotated[
+        Path | None, typer.Option(help="the host's /proc (default: agent.proc_root)")
+    ] = None,
+    sys_root: Annotated[Path | None, typer.Option(help="the host's /sys (default: agent.sys_root)")] = None,
+    fake_nvml: Annotated[
+        int | None, typer.Option(hidden=True, help="fake H100s instead of NVML (tests)")
+    ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(
+            help="a data set directory to sample for the small-files item (a bounded listing, not a full walk)"
+        ),
+    ] = None,
+    dataset_rate: Annotated[
+        float, typer.Option(help="MB/s the data set must be read at, for the files per second it needs")
+    ] = 1000.0,
+    kernel_log: Annotated[
+        str,
+        typer.Option(
+            help="kernel log to read: auto (/dev/kmsg, dmesg, the journal), none, or a saved log file"
+        ),
+    ] = "auto",
+    dcgm_diag: Annotated[
+        int,
+        typer.Option(
             help="run dcgmi diag at this level where DCGM is installed (0: do not run; 1 takes seconds, 2 and 3 "
-                 "take the GPUs for minutes)")] = 1,
+            "take the GPUs for minutes)"
+        ),
+    ] = 1,
 ) -> None:
     """Run the SRE checklist on this node; exit 1 when a check fails.
 
@@ -72,16 +92,27 @@ def diagnose(
     if fake_nvml or source != "none":
         from gpufleet.agent.sources.registry import UnknownSource, build_source
 
-        agent = s.agent.model_copy(update={"sim": s.agent.sim.model_copy(update={"fake_nvml_gpus": fake_nvml})}) \
-            if fake_nvml else s.agent
+        agent = (
+            s.agent.model_copy(update={"sim": s.agent.sim.model_copy(update={"fake_nvml_gpus": fake_nvml})})
+            if fake_nvml
+            else s.agent
+        )
         name = "fake-nvml" if fake_nvml else "nvml" if source == "auto" else source
         try:
             gpu = build_source(name, agent)
         except (UnknownSource, SourceError, ValueError) as e:
             fail(f"--source {source}: {e}")
-    view, checks = run_diagnose(gpu, proc_root or s.agent.proc_root, sys_root or s.agent.sys_root, sample,
-                                s.detect, kernel_log=klog, dataset=dataset, dataset_bytes_s=dataset_rate * 1e6,
-                                dcgm_level=dcgm_diag)
+    view, checks = run_diagnose(
+        gpu,
+        proc_root or s.agent.proc_root,
+        sys_root or s.agent.sys_root,
+        sample,
+        s.detect,
+        kernel_log=klog,
+        dataset=dataset,
+        dataset_bytes_s=dataset_rate * 1e6,
+        dcgm_level=dcgm_diag,
+    )
     host = socket.gethostname()
     if as_json:
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -33,4 +33,6 @@ def print_table(headers: list[str], rows: list[list[Any]]) -> None:
 
 
 def print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=1, default=lambda v: iso_text(v) if isinstance(v, datetime) else str(v)))
+    typer.echo(
+        json.dumps(value, indent=1, default=lambda v: iso_text(v) if isinstance(v, datetime) else str(v))
+    )

@@ -11,11 +11,14 @@ import typer
 from gpufleet.cli.common import ConfigOpt, DbOpt, database, fail, psycopg, settings_from
 
 
-def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (docs/contracts.md section 1)")],
-           findings: Annotated[Path, typer.Option("--findings", help="FINDINGS.jsonl to write")],
-           accounting: Annotated[Path, typer.Option("--accounting", help="ACCOUNTING.json to write")],
-           db: DbOpt = None, config: ConfigOpt = None,
-           quiet: Annotated[bool, typer.Option(help="no progress lines")] = False) -> None:
+def replay(
+    bundle: Annotated[Path, typer.Argument(help="trace bundle directory (docs/contracts.md section 1)")],
+    findings: Annotated[Path, typer.Option("--findings", help="FINDINGS.jsonl to write")],
+    accounting: Annotated[Path, typer.Option("--accounting", help="ACCOUNTING.json to write")],
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    quiet: Annotated[bool, typer.Option(help="no progress lines")] = False,
+) -> None:
     """Run ingest, every detector and accounting over a recorded trace bundle.
 
     Without --db the bundle is loaded into a temporary database on the
@@ -46,10 +49,14 @@ def replay(bundle: Annotated[Path, typer.Argument(help="trace bundle directory (
             fail(str(e))
         except Conflict as e:
             # Only a database given with --db can already hold the bundle's runs.
-            fail(f"--db: {e}: the database already holds this bundle's run (or another on its GPUs); replay into "
-                 "a fresh database (or leave out --db for a temporary one)")
+            fail(
+                f"--db: {e}: the database already holds this bundle's run (or another on its GPUs); replay into "
+                "a fresh database (or leave out --db for a temporary one)"
+            )
         except psycopg.OperationalError as e:
             fail(f"database: {str(e).strip().splitlines()[0]}")
     write_atomic(findings, findings_jsonl(result.findings))
     write_atomic(accounting, json.dumps(result.accounting, indent=2, default=str) + "\n")
-    say(f"wrote {len(result.findings)} findings to {findings} and {len(result.accounting)} runs to {accounting}")
+    say(
+        f"wrote {len(result.findings)} findings to {findings} and {len(result.accounting)} runs to {accounting}"
+    )

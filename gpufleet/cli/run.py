@@ -14,19 +14,25 @@ app = typer.Typer(help="Runs and their GPU allocations.", no_args_is_help=True)
 
 
 @app.command("create")
-def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generated if omitted)")] = None,
-               name: Annotated[str | None, typer.Option()] = None,
-               site: Annotated[str | None, typer.Option()] = None,
-               team: Annotated[str | None, typer.Option()] = None,
-               start: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
-               alloc: Annotated[list[str] | None, typer.Option(help="NODE:GPU,GPU,... (repeatable)")] = None,
-               sharing: Annotated[str, typer.Option(
-                   help="exclusive | time_slice | mps | mig: how the run holds the --alloc GPUs")] = "exclusive",
-               share: Annotated[float | None, typer.Option(
-                   help="share of each GPU (time_slice, mps; mig: default the profile's slices of 7)")] = None,
-               mig_profile: Annotated[str | None, typer.Option(help="MIG profile, e.g. 3g.40gb")] = None,
-               mig_instance: Annotated[int | None, typer.Option(help="MIG GPU-instance id")] = None,
-               config: ConfigOpt = None, db: DbOpt = None) -> None:
+def run_create(
+    run_id: Annotated[str | None, typer.Option(help="run id (generated if omitted)")] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    site: Annotated[str | None, typer.Option()] = None,
+    team: Annotated[str | None, typer.Option()] = None,
+    start: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
+    alloc: Annotated[list[str] | None, typer.Option(help="NODE:GPU,GPU,... (repeatable)")] = None,
+    sharing: Annotated[
+        str, typer.Option(help="exclusive | time_slice | mps | mig: how the run holds the --alloc GPUs")
+    ] = "exclusive",
+    share: Annotated[
+        float | None,
+        typer.Option(help="share of each GPU (time_slice, mps; mig: default the profile's slices of 7)"),
+    ] = None,
+    mig_profile: Annotated[str | None, typer.Option(help="MIG profile, e.g. 3g.40gb")] = None,
+    mig_instance: Annotated[int | None, typer.Option(help="MIG GPU-instance id")] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Register a run and its GPUs (whole, or declared shared: time-slicing, MPS, a MIG instance)."""
     from gpufleet.store.runs import Conflict, Invalid, NotFound, create_run
 
@@ -44,8 +50,14 @@ def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generate
             if value is not None:
                 entry[key] = value
         allocations.append(entry)
-    spec = {"run_id": run_id, "name": name, "site": site, "team": team, "start": parse_when(start, "start"),
-            "allocations": allocations}
+    spec = {
+        "run_id": run_id,
+        "name": name,
+        "site": site,
+        "team": team,
+        "start": parse_when(start, "start"),
+        "allocations": allocations,
+    }
     with connect(settings_from(config, db)) as conn:
         try:
             run, _ = create_run(conn, spec)
@@ -60,8 +72,12 @@ def run_create(run_id: Annotated[str | None, typer.Option(help="run id (generate
 
 
 @app.command("end")
-def run_end(run_id: str, end: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
-            config: ConfigOpt = None, db: DbOpt = None) -> None:
+def run_end(
+    run_id: str,
+    end: Annotated[str | None, typer.Option(help="RFC 3339 or epoch; default now")] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Mark a run ended."""
     from gpufleet.store.runs import Conflict, NotFound, update_run
 

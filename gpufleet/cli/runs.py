@@ -17,10 +17,14 @@ STATES = ("pending", "running", "ended", "all")
 
 
 @app.command("list")
-def runs_list(state: Annotated[str, typer.Option(help="pending | running | ended | all")] = "all",
-              site: Annotated[str | None, typer.Option(help="only runs of this site")] = None,
-              limit: Annotated[int, typer.Option(help="newest this many", min=1, max=10000)] = 100,
-              as_json: JsonOpt = False, config: ConfigOpt = None, db: DbOpt = None) -> None:
+def runs_list(
+    state: Annotated[str, typer.Option(help="pending | running | ended | all")] = "all",
+    site: Annotated[str | None, typer.Option(help="only runs of this site")] = None,
+    limit: Annotated[int, typer.Option(help="newest this many", min=1, max=10000)] = 100,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """The runs, newest first, with their GPUs and open incidents."""
     from gpufleet.store.runs import list_runs
 
@@ -28,19 +32,46 @@ def runs_list(state: Annotated[str, typer.Option(help="pending | running | ended
         fail(f"--state: must be one of {', '.join(STATES)}, not {state!r}")
     with connect(settings_from(config, db)) as conn:
         rows = list_runs(conn, None if state == "all" else state, site, limit=limit)
-        open_kinds: dict[str, str] = dict(conn.execute(
-            "SELECT run_id, string_agg(DISTINCT kind, ',') FROM incidents WHERE state = 'open' AND run_id = ANY(%s) "
-            "GROUP BY run_id", ([r["run_id"] for r in rows],)).fetchall())
+        open_kinds: dict[str, str] = dict(
+            conn.execute(
+                "SELECT run_id, string_agg(DISTINCT kind, ',') FROM incidents WHERE state = 'open' AND run_id = ANY(%s) "
+                "GROUP BY run_id",
+                ([r["run_id"] for r in rows],),
+            ).fetchall()
+        )
     if as_json:
-        print_json([{**r, "open_incidents": (open_kinds.get(r["run_id"]) or "").split(",") if open_kinds.get(
-            r["run_id"]) else []} for r in rows])
+        print_json(
+            [
+                {
+                    **r,
+                    "open_incidents": (open_kinds.get(r["run_id"]) or "").split(",")
+                    if open_kinds.get(r["run_id"])
+                    else [],
+                }
+                for r in rows
+            ]
+        )
         return
     if not rows:
         typer.echo("no runs" + ("" if state == "all" else f" {state}"))
         return
-    print_table(["run", "name", "team", "site", "state", "start", "end", "GPUs", "open incidents"],
-                [[r["run_id"], r["name"], r["team"], r["site"], r["state"], r["start"], r["end"], r["gpu_count"],
-                  open_kinds.get(r["run_id"]) or "-"] for r in rows])
+    print_table(
+        ["run", "name", "team", "site", "state", "start", "end", "GPUs", "open incidents"],
+        [
+            [
+                r["run_id"],
+                r["name"],
+                r["team"],
+                r["site"],
+                r["state"],
+                r["start"],
+                r["end"],
+                r["gpu_count"],
+                open_kinds.get(r["run_id"]) or "-",
+            ]
+            for r in rows
+        ],
+    )
 
 
 @app.command("show")
@@ -62,14 +93,20 @@ def runs_show(run_id: str, as_json: JsonOpt = False, config: ConfigOpt = None, d
         return
     from gpufleet.api.web.cause import explain
 
-    typer.echo(f"run {run['run_id']}  {run['name'] or ''}  team {run['team'] or '-'}  site {run['site'] or '-'}  "
-               f"{run['state']}")
-    typer.echo(f"  from {as_text(run['start'])} to {as_text(run['end'])}; {run['gpu_count']} GPUs: "
-               + "; ".join(f"{a['node']}:{','.join(str(g) for g in a['gpus'])}" for a in run["allocations"]))
+    typer.echo(
+        f"run {run['run_id']}  {run['name'] or ''}  team {run['team'] or '-'}  site {run['site'] or '-'}  "
+        f"{run['state']}"
+    )
+    typer.echo(
+        f"  from {as_text(run['start'])} to {as_text(run['end'])}; {run['gpu_count']} GPUs: "
+        + "; ".join(f"{a['node']}:{','.join(str(g) for g in a['gpus'])}" for a in run["allocations"])
+    )
     if accounting:
-        typer.echo(f"  so far: {as_text(accounting.get('gpu_hours'))} GPU-hours, {as_text(accounting.get('facility_kwh'))}"
-                   f" kWh, {as_text(accounting.get('co2e_kg'))} kg CO2e, {as_text(accounting.get('total_cost'))} "
-                   f"{accounting.get('currency') or ''}")
+        typer.echo(
+            f"  so far: {as_text(accounting.get('gpu_hours'))} GPU-hours, {as_text(accounting.get('facility_kwh'))}"
+            f" kWh, {as_text(accounting.get('co2e_kg'))} kg CO2e, {as_text(accounting.get('total_cost'))} "
+            f"{accounting.get('currency') or ''}"
+        )
     for i in incidents:
         ex = explain(i)
         typer.echo(f"  #{i['id']} {i['state']:<8} {i['severity']:<8} {ex.title}: {ex.sentence}")
@@ -78,5 +115,7 @@ def runs_show(run_id: str, as_json: JsonOpt = False, config: ConfigOpt = None, d
 def _run_accounting(conn: psycopg.Connection, s: Settings, run_id: str) -> dict[str, Any] | None:
     from gpufleet.accounting import account_runs, load_runs
 
-    rows = account_runs(conn, load_runs(conn, [run_id]), now=datetime.now(UTC), max_gap_s=s.accounting.max_gap_s)
+    rows = account_runs(
+        conn, load_runs(conn, [run_id]), now=datetime.now(UTC), max_gap_s=s.accounting.max_gap_s
+    )
     return dict(rows[0]) if rows else None

@@ -41,24 +41,38 @@ def _site_flag(field: str) -> str:
 
 
 @app.command("set")
-def site_set(site: str,
-             pue: Annotated[float | None, typer.Option(help="power usage effectiveness (>= 1)")] = None,
-             price_per_kwh: Annotated[float | None, typer.Option(help="energy price per kWh")] = None,
-             gpu_hour_price: Annotated[float | None, typer.Option(help="default price per GPU-hour")] = None,
-             gpu_model_price: Annotated[list[str] | None, typer.Option(
-                 help="GPU-hour price of GPUs whose model contains MODEL: MODEL=PRICE (repeatable; MODEL= ends "
-                      "it)")] = None,
-             currency: Annotated[str | None, typer.Option(
-                 help="ISO 4217 code of the site's prices (required once it has a price); a change holds from "
-                      "--from like the others and needs the prices in force given again in the new currency")]
-             = None,
-             carbon_region: Annotated[str | None, typer.Option(help="carbon series region ('' clears it)")] = None,
-             carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
-             clear_carbon_g_per_kwh: Annotated[bool, typer.Option(help="remove the constant fallback")] = False,
-             since: Annotated[str | None, typer.Option(
-                 "--from", help="when the change takes effect (default now; a new site: from the beginning); "
-                                "a past time dates it back on purpose")] = None,
-             config: ConfigOpt = None, db: DbOpt = None) -> None:
+def site_set(
+    site: str,
+    pue: Annotated[float | None, typer.Option(help="power usage effectiveness (>= 1)")] = None,
+    price_per_kwh: Annotated[float | None, typer.Option(help="energy price per kWh")] = None,
+    gpu_hour_price: Annotated[float | None, typer.Option(help="default price per GPU-hour")] = None,
+    gpu_model_price: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="GPU-hour price of GPUs whose model contains MODEL: MODEL=PRICE (repeatable; MODEL= ends it)"
+        ),
+    ] = None,
+    currency: Annotated[
+        str | None,
+        typer.Option(
+            help="ISO 4217 code of the site's prices (required once it has a price); a change holds from "
+            "--from like the others and needs the prices in force given again in the new currency"
+        ),
+    ] = None,
+    carbon_region: Annotated[str | None, typer.Option(help="carbon series region ('' clears it)")] = None,
+    carbon_g_per_kwh: Annotated[float | None, typer.Option(help="constant fallback g/kWh")] = None,
+    clear_carbon_g_per_kwh: Annotated[bool, typer.Option(help="remove the constant fallback")] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="when the change takes effect (default now; a new site: from the beginning); "
+            "a past time dates it back on purpose",
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """Create a site, or change only the settings given, from a time (default now).
 
     Accounting before that time keeps the values that were in force.  A new site
@@ -71,10 +85,18 @@ def site_set(site: str,
     from gpufleet.store.runs import Conflict
     from gpufleet.store.sites import SiteError, patch_site
 
-    given: dict[str, Any] = {k: v for k, v in (("pue", pue), ("price_per_kwh", price_per_kwh),
-                                               ("gpu_hour_price", gpu_hour_price), ("currency", currency),
-                                               ("carbon_region", carbon_region),
-                                               ("carbon_g_per_kwh", carbon_g_per_kwh)) if v is not None}
+    given: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("pue", pue),
+            ("price_per_kwh", price_per_kwh),
+            ("gpu_hour_price", gpu_hour_price),
+            ("currency", currency),
+            ("carbon_region", carbon_region),
+            ("carbon_g_per_kwh", carbon_g_per_kwh),
+        )
+        if v is not None
+    }
     if given.get("carbon_region") == "":
         given["carbon_region"] = None
     if clear_carbon_g_per_kwh:
@@ -100,23 +122,33 @@ def site_set(site: str,
     if not w.created and not changes and not models:
         typer.echo(f"gpufleet: nothing to change for site {site!r} (give an option)", err=True)
     elif not w.created:
-        typer.echo(f"gpufleet: site {site!r} changed from {'now' if when is None else iso_text(when)}; "
-                   "accounting before that keeps the values in force then", err=True)
+        typer.echo(
+            f"gpufleet: site {site!r} changed from {'now' if when is None else iso_text(when)}; "
+            "accounting before that keeps the values in force then",
+            err=True,
+        )
     typer.echo(json.dumps(w.site, default=str))
 
 
 @app.command("show")
-def site_show(site: str, at: Annotated[str | None, typer.Option(help="values in force at (default now)")] = None,
-              history: Annotated[bool, typer.Option(help="every dated value instead")] = False,
-              config: ConfigOpt = None, db: DbOpt = None) -> None:
+def site_show(
+    site: str,
+    at: Annotated[str | None, typer.Option(help="values in force at (default now)")] = None,
+    history: Annotated[bool, typer.Option(help="every dated value instead")] = False,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
     """A site's settings in force (or with --history, every dated change)."""
     from gpufleet.store.runs import NotFound
     from gpufleet.store.sites import get_site, site_history
 
     with connect(settings_from(config, db)) as conn:
         try:
-            out: Any = site_history(conn, site) if history else get_site(
-                conn, site, parse_query_time(at, "at") if at else None)
+            out: Any = (
+                site_history(conn, site)
+                if history
+                else get_site(conn, site, parse_query_time(at, "at") if at else None)
+            )
         except NotFound as e:
             fail(str(e))
     typer.echo(json.dumps(out, default=str))

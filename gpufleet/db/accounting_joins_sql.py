@@ -27,24 +27,32 @@ from gpufleet.db.accounting_sql import ACCOUNTING_V3, INCIDENT_ACCOUNTING_V3
 from gpufleet.db.claim_energy_sql import CLAIM_ENERGY_V2
 
 _SWAPS: tuple[tuple[str, str], ...] = (
-    ("  FROM measured m JOIN bounds b ON b.sk = m.sk JOIN rates r ON r.sk = m.sk AND r.ix = width_bucket(m.seg_start, b.b)",
-     "  FROM (SELECT m0.*, width_bucket(m0.seg_start, b.b) AS ix FROM measured m0 JOIN bounds b ON b.sk = m0.sk) m\n"
-     "  JOIN rates r ON r.sk = m.sk AND r.ix = m.ix"),
-    ("         (SELECT count(*) FROM alloc a WHERE a.run_id = w.run_id)::integer AS gpu_count,\n"
-     "         (SELECT coalesce(sum(a.share), 0) FROM alloc a WHERE a.run_id = w.run_id) AS gpu_equivalents,",
-     "         coalesce(ac.n, 0)::integer AS gpu_count, coalesce(ac.shares, 0) AS gpu_equivalents,"),
-    ("  CROSS JOIN LATERAL gpufleet_gpu_hour_prices(m.site, m.model, m.lo, m.hi, p_step) gp\n",
-     "  JOIN (SELECT k.site IS NULL AS sn, coalesce(k.site, '') AS ks, k.model IS NULL AS mn,\n"
-     "               coalesce(k.model, '') AS km, x.*\n"
-     "        FROM (SELECT DISTINCT gk.site, gk.model FROM gpu_keys gk WHERE gk.lo < gk.hi) k\n"
-     "        CROSS JOIN span CROSS JOIN LATERAL gpufleet_gpu_hour_prices(k.site, k.model, span.lo, span.hi, p_step) x\n"
-     "       ) gp ON gp.sn = (m.site IS NULL) AND gp.ks = coalesce(m.site, '') AND gp.mn = (m.model IS NULL)\n"
-     "           AND gp.km = coalesce(m.model, '') AND gp.t1 > m.lo AND gp.t0 < m.hi\n"),
-    ("  FROM run_w w\n  LEFT JOIN run_parts rp ON rp.run_id = w.run_id",
-     "  FROM run_w w\n"
-     "  LEFT JOIN (SELECT a.run_id, count(*) AS n, sum(a.share) AS shares FROM alloc a GROUP BY a.run_id) ac\n"
-     "    ON ac.run_id = w.run_id\n"
-     "  LEFT JOIN run_parts rp ON rp.run_id = w.run_id"),
+    (
+        "  FROM measured m JOIN bounds b ON b.sk = m.sk JOIN rates r ON r.sk = m.sk AND r.ix = width_bucket(m.seg_start, b.b)",
+        "  FROM (SELECT m0.*, width_bucket(m0.seg_start, b.b) AS ix FROM measured m0 JOIN bounds b ON b.sk = m0.sk) m\n"
+        "  JOIN rates r ON r.sk = m.sk AND r.ix = m.ix",
+    ),
+    (
+        "         (SELECT count(*) FROM alloc a WHERE a.run_id = w.run_id)::integer AS gpu_count,\n"
+        "         (SELECT coalesce(sum(a.share), 0) FROM alloc a WHERE a.run_id = w.run_id) AS gpu_equivalents,",
+        "         coalesce(ac.n, 0)::integer AS gpu_count, coalesce(ac.shares, 0) AS gpu_equivalents,",
+    ),
+    (
+        "  CROSS JOIN LATERAL gpufleet_gpu_hour_prices(m.site, m.model, m.lo, m.hi, p_step) gp\n",
+        "  JOIN (SELECT k.site IS NULL AS sn, coalesce(k.site, '') AS ks, k.model IS NULL AS mn,\n"
+        "               coalesce(k.model, '') AS km, x.*\n"
+        "        FROM (SELECT DISTINCT gk.site, gk.model FROM gpu_keys gk WHERE gk.lo < gk.hi) k\n"
+        "        CROSS JOIN span CROSS JOIN LATERAL gpufleet_gpu_hour_prices(k.site, k.model, span.lo, span.hi, p_step) x\n"
+        "       ) gp ON gp.sn = (m.site IS NULL) AND gp.ks = coalesce(m.site, '') AND gp.mn = (m.model IS NULL)\n"
+        "           AND gp.km = coalesce(m.model, '') AND gp.t1 > m.lo AND gp.t0 < m.hi\n",
+    ),
+    (
+        "  FROM run_w w\n  LEFT JOIN run_parts rp ON rp.run_id = w.run_id",
+        "  FROM run_w w\n"
+        "  LEFT JOIN (SELECT a.run_id, count(*) AS n, sum(a.share) AS shares FROM alloc a GROUP BY a.run_id) ac\n"
+        "    ON ac.run_id = w.run_id\n"
+        "  LEFT JOIN run_parts rp ON rp.run_id = w.run_id",
+    ),
 )
 
 
@@ -68,7 +76,8 @@ _NESTLOOP_FROM = "LANGUAGE plpgsql STABLE SET jit = off SET plan_cache_mode = fo
 if CLAIM_ENERGY_V2.count(_NESTLOOP_FROM) != 1:
     raise AssertionError("gpufleet_claim_energy's second text changed")
 CLAIM_ENERGY_V3 = CLAIM_ENERGY_V2.replace(
-    _NESTLOOP_FROM, _NESTLOOP_FROM.replace(" AS $fn$", " SET enable_nestloop = off AS $fn$"))
+    _NESTLOOP_FROM, _NESTLOOP_FROM.replace(" AS $fn$", " SET enable_nestloop = off AS $fn$")
+)
 
 #: What migration 0022 runs, and its undoing (V3's texts, with claim energy's second).
 INSTALL: tuple[str, ...] = (CLAIM_ENERGY_V3, ACCOUNTING_V4, INCIDENT_ACCOUNTING_V4)

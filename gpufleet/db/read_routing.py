@@ -70,8 +70,14 @@ class Reading:
 class LagProbe:
     """Measures how far behind the primary the standby's view is, by WAL position (module docstring)."""
 
-    def __init__(self, primary_url: str, standby_url: str, *, timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        primary_url: str,
+        standby_url: str,
+        *,
+        timeout_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.urls: dict[Target, str] = {"primary": primary_url, "standby": standby_url}
         self.timeout_s = timeout_s
         self.clock = clock
@@ -83,8 +89,12 @@ class LagProbe:
         conn = self._conns.get(which)
         try:
             if conn is None or conn.closed:
-                conn = psycopg.connect(self.urls[which], autocommit=True, connect_timeout=max(1, round(self.timeout_s)),
-                                       application_name="gpufleet-standby-lag")
+                conn = psycopg.connect(
+                    self.urls[which],
+                    autocommit=True,
+                    connect_timeout=max(1, round(self.timeout_s)),
+                    application_name="gpufleet-standby-lag",
+                )
                 conn.execute(f"SET statement_timeout = {max(1, round(self.timeout_s * 1000))}")
                 self._conns[which] = conn
             row = conn.execute(query).fetchone()
@@ -101,10 +111,14 @@ class LagProbe:
         except psycopg.Error as e:
             # Without the primary's position the standby cannot be dated: reads go to the primary,
             # whose own failure the read then meets and reports.
-            raise StandbyUnavailable(f"the primary's WAL position could not be read ({type(e).__name__})") from e
+            raise StandbyUnavailable(
+                f"the primary's WAL position could not be read ({type(e).__name__})"
+            ) from e
         self.marks.append((self.clock(), lsn(str(pos))))
         try:
-            recovering, replayed = self._query("standby", "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text")
+            recovering, replayed = self._query(
+                "standby", "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text"
+            )
         except psycopg.Error as e:
             raise StandbyUnavailable(f"the standby does not answer ({type(e).__name__})") from e
         if not recovering or replayed is None:
@@ -190,8 +204,14 @@ class StandbyLag:
 class ReadRouter:
     """Chooses, per read, the standby or the primary.  Without a standby every read goes to the primary."""
 
-    def __init__(self, primary: ConnectionPool, standby: ConnectionPool | None = None, lag: StandbyLag | None = None,
-                 *, max_lag_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        primary: ConnectionPool,
+        standby: ConnectionPool | None = None,
+        lag: StandbyLag | None = None,
+        *,
+        max_lag_s: float = 10.0,
+    ) -> None:
         if (standby is None) != (lag is None):
             raise ValueError("a standby pool and its StandbyLag go together")
         self.primary = primary
@@ -217,8 +237,9 @@ class ReadRouter:
         return ("standby", None) if lag <= bound else ("primary", "lag")
 
     @contextlib.contextmanager
-    def connection(self, max_lag_s: float | None = None, timeout: float | None = None
-                   ) -> Iterator[psycopg.Connection]:
+    def connection(
+        self, max_lag_s: float | None = None, timeout: float | None = None
+    ) -> Iterator[psycopg.Connection]:
         """A connection for a read: the standby's while its view is fresh enough, else the primary's.
 
         A standby whose pool cannot hand out a connection (it went away since the last check)
@@ -252,8 +273,9 @@ class RoutedPool:
         self.router = router
         self.primary = router.primary
 
-    def connection(self, timeout: float | None = None, max_lag_s: float | None = None
-                   ) -> contextlib.AbstractContextManager[psycopg.Connection]:
+    def connection(
+        self, timeout: float | None = None, max_lag_s: float | None = None
+    ) -> contextlib.AbstractContextManager[psycopg.Connection]:
         return self.router.connection(max_lag_s=max_lag_s, timeout=timeout)
 
     def open(self, wait: bool = False, timeout: float = 30.0) -> None:
@@ -279,19 +301,26 @@ class StandbyLagMetrics:
 
     def collect(self) -> Iterable[Metric]:
         r = self.lag.reading
-        up = GaugeMetricFamily("gpufleet_db_standby_up",
-                               "1 while the standby of database.read_url follows the primary and answers")
+        up = GaugeMetricFamily(
+            "gpufleet_db_standby_up",
+            "1 while the standby of database.read_url follows the primary and answers",
+        )
         up.add_metric([], 0.0 if r.lag_s is None else 1.0)
         yield up
         if r.lag_s is not None:
-            g = GaugeMetricFamily("gpufleet_db_standby_lag_seconds",
-                                  "How old the standby's view of the data is: seconds since the primary had "
-                                  "written everything it has replayed, as of the last check")
+            g = GaugeMetricFamily(
+                "gpufleet_db_standby_lag_seconds",
+                "How old the standby's view of the data is: seconds since the primary had "
+                "written everything it has replayed, as of the last check",
+            )
             g.add_metric([], r.lag_s)
             yield g
         if self.router is not None:
-            c = CounterMetricFamily("gpufleet_db_reads", "Reads routed, by where they went and why not the standby",
-                                    labels=["target", "reason"])
+            c = CounterMetricFamily(
+                "gpufleet_db_reads",
+                "Reads routed, by where they went and why not the standby",
+                labels=["target", "reason"],
+            )
             c.add_metric(["standby", ""], self.router.reads["standby"])
             fell = sum(self.router.fallbacks.values())
             c.add_metric(["primary", ""], self.router.reads["primary"] - fell)
@@ -331,8 +360,12 @@ class HistoryReads:
             return None
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self.standby_url, autocommit=True, connect_timeout=3,
-                                             application_name="gpufleet-sweep-history")
+                self._conn = psycopg.connect(
+                    self.standby_url,
+                    autocommit=True,
+                    connect_timeout=3,
+                    application_name="gpufleet-sweep-history",
+                )
         except psycopg.Error as e:
             self.failed(e)
             return None
@@ -358,15 +391,26 @@ def standby_lag(primary_url: str, settings: Settings) -> StandbyLag | None:
     return StandbyLag(LagProbe(primary_url, db.read_url), db.lag_check_s)
 
 
-def read_router(primary_url: str, settings: Settings, primary: ConnectionPool,
-                configure: Callable[[psycopg.Connection], None] | None, application_name: str) -> ReadRouter:
+def read_router(
+    primary_url: str,
+    settings: Settings,
+    primary: ConnectionPool,
+    configure: Callable[[psycopg.Connection], None] | None,
+    application_name: str,
+) -> ReadRouter:
     """The router of a process whose primary pool is ``primary``: with a standby pool (the primary's size
     and connection setup, opened with it) when ``database.read_url`` is set."""
     db = settings.database
     lag = standby_lag(primary_url, settings)
     if lag is None or not db.read_url:
         return ReadRouter(primary, max_lag_s=db.max_read_lag_s)
-    standby = ConnectionPool(db.read_url, min_size=1, max_size=primary.max_size, open=False, timeout=primary.timeout,
-                             kwargs={"autocommit": True, "application_name": f"{application_name}-reads"},
-                             configure=configure)
+    standby = ConnectionPool(
+        db.read_url,
+        min_size=1,
+        max_size=primary.max_size,
+        open=False,
+        timeout=primary.timeout,
+        kwargs={"autocommit": True, "application_name": f"{application_name}-reads"},
+        configure=configure,
+    )
     return ReadRouter(primary, standby, lag, max_lag_s=db.max_read_lag_s)

@@ -50,12 +50,15 @@ def _tz(name: str, nullable: bool = False, **kw: object) -> Column:
 
 
 def _catalog_columns(fields: tuple[Field, ...]) -> list[Column]:
-    return [Column(f.name, _TYPES[f.kind](), nullable=True, comment=f"{f.doc} [{f.unit}]" if f.unit else f.doc)
-            for f in fields]
+    return [
+        Column(f.name, _TYPES[f.kind](), nullable=True, comment=f"{f.doc} [{f.unit}]" if f.unit else f.doc)
+        for f in fields
+    ]
 
 
 sites = Table(
-    "sites", metadata,
+    "sites",
+    metadata,
     Column("site", Text, primary_key=True),
     #: Money of every price of the site (ISO 4217); prices are never converted.
     Column("currency", Text, nullable=False, server_default=text("'USD'")),
@@ -65,7 +68,8 @@ sites = Table(
 #: beginning) until the next of the same (site, setting, gpu_model).  ``gpu_model`` is non-empty only for
 #: a GPU-hour price of one GPU model (NULL ``num`` there: the site's default price applies again).
 site_settings = Table(
-    "site_settings", metadata,
+    "site_settings",
+    metadata,
     Column("site", Text, ForeignKey("sites.site", ondelete="CASCADE"), nullable=False),
     Column("setting", Text, nullable=False),
     Column("gpu_model", Text, nullable=False, server_default=text("''")),
@@ -74,13 +78,17 @@ site_settings = Table(
     Column("txt", Text, nullable=True),
     _tz("set_at", server_default=text("now()")),
     PrimaryKeyConstraint("site", "setting", "gpu_model", "valid_from", name="site_settings_pkey"),
-    CheckConstraint("setting IN ('pue', 'price_per_kwh', 'gpu_hour_price', 'carbon_region', 'carbon_g_per_kwh', "
-                    "'currency')", name="site_settings_setting"),
+    CheckConstraint(
+        "setting IN ('pue', 'price_per_kwh', 'gpu_hour_price', 'carbon_region', 'carbon_g_per_kwh', "
+        "'currency')",
+        name="site_settings_setting",
+    ),
     CheckConstraint("gpu_model = '' OR setting = 'gpu_hour_price'", name="site_settings_model_price"),
 )
 
 carbon_intensity = Table(
-    "carbon_intensity", metadata,
+    "carbon_intensity",
+    metadata,
     Column("region", Text, nullable=False),
     _tz("time"),
     Column("g_co2e_per_kwh", Double, nullable=False),
@@ -92,7 +100,8 @@ carbon_intensity = Table(
 #: most inventories give it) or ``marginal`` (the generator that answers a change in demand, as WattTime's
 #: MOER), a readable name for reports, and where the series came from.
 carbon_regions = Table(
-    "carbon_regions", metadata,
+    "carbon_regions",
+    metadata,
     Column("region", Text, primary_key=True),
     Column("method", Text, nullable=False, server_default=text("'average'")),
     Column("name", Text, nullable=True),
@@ -102,7 +111,8 @@ carbon_regions = Table(
 )
 
 nodes = Table(
-    "nodes", metadata,
+    "nodes",
+    metadata,
     Column("node", Text, primary_key=True),
     Column("site", Text, ForeignKey("sites.site", ondelete="SET NULL"), nullable=True),
     _tz("first_seen", nullable=True),
@@ -118,7 +128,8 @@ nodes = Table(
 #: The node facts that price or classify, one row per change, valid from when they were received
 #: (gpufleet.store.fact_history; migration 0013).
 node_facts_history = Table(
-    "node_facts_history", metadata,
+    "node_facts_history",
+    metadata,
     Column("node", Text, ForeignKey("nodes.node", ondelete="CASCADE"), nullable=False),
     _tz("valid_from"),
     Column("facts", JSONB, nullable=False),
@@ -126,7 +137,8 @@ node_facts_history = Table(
 )
 
 runs = Table(
-    "runs", metadata,
+    "runs",
+    metadata,
     Column("run_id", Text, primary_key=True),
     Column("name", Text, nullable=True),
     Column("site", Text, ForeignKey("sites.site", ondelete="RESTRICT"), nullable=True),
@@ -146,7 +158,8 @@ runs = Table(
 Index("runs_start_idx", runs.c.start)
 
 run_allocations = Table(
-    "run_allocations", metadata,
+    "run_allocations",
+    metadata,
     Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
@@ -162,7 +175,8 @@ Index("run_allocations_node_gpu_idx", run_allocations.c.node, run_allocations.c.
 
 #: Progress a run reports (tokens or samples processed), cumulative.
 run_progress = Table(
-    "run_progress", metadata,
+    "run_progress",
+    metadata,
     Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
     _tz("time"),
     Column("tokens", Double, nullable=True),
@@ -175,7 +189,8 @@ run_progress = Table(
 #: sample time per (run, node, GPU), kept by ingest; the leader registers
 #: inferred runs from it (gpufleet.store.inferred), ``status`` says with what outcome.
 run_sightings = Table(
-    "run_sightings", metadata,
+    "run_sightings",
+    metadata,
     Column("run_id", Text, nullable=False),
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
@@ -185,15 +200,21 @@ run_sightings = Table(
     #: Why a sighting was not allocated (the conflicting run, the bad run id).
     Column("detail", Text, nullable=True),
     PrimaryKeyConstraint("run_id", "node", "gpu"),
-    CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid', "
-                    "'refused')", name="run_sightings_status"),
+    CheckConstraint(
+        "status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid', "
+        "'refused')",
+        name="run_sightings_status",
+    ),
 )
 Index("run_sightings_status_idx", run_sightings.c.status)
 #: The running inferred runs, which the leader checks every sweep interval.
-Index("runs_inferred_open_idx", runs.c.run_id, postgresql_where=text("source = 'inferred' AND \"end\" IS NULL"))
+Index(
+    "runs_inferred_open_idx", runs.c.run_id, postgresql_where=text("source = 'inferred' AND \"end\" IS NULL")
+)
 
 incidents = Table(
-    "incidents", metadata,
+    "incidents",
+    metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("kind", Text, nullable=False),
     #: Stable identity of what the incident is about: kind + run/node/gpu.
@@ -225,7 +246,8 @@ Index("incidents_state_kind_idx", incidents.c.state, incidents.c.kind)
 #: NVML while the run holds the GPUs and the plan is active, and restore each GPU's limit after
 #: (gpufleet.advisor.plans, gpufleet.agent.sources.nvml_power_cap).  ``revision`` grows at each change.
 power_cap_plans = Table(
-    "power_cap_plans", metadata,
+    "power_cap_plans",
+    metadata,
     Column("run_id", Text, ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True),
     Column("limit_w", REAL, nullable=False),
     Column("revision", BigInteger, nullable=False, server_default=text("1")),
@@ -241,7 +263,8 @@ power_cap_plans = Table(
 #: Nodes the quarantine hooks hold out of scheduling (migration 0017), and why
 #: (gpufleet.collector.quarantine): released after they pass again for the hold-down.
 node_quarantine = Table(
-    "node_quarantine", metadata,
+    "node_quarantine",
+    metadata,
     Column("node", Text, primary_key=True),
     Column("state", Text, nullable=False),
     Column("backend", Text, nullable=False),
@@ -259,7 +282,8 @@ node_quarantine = Table(
 
 #: Every quarantine action taken, would have been taken (dry run) or failed (migration 0017).
 quarantine_log = Table(
-    "quarantine_log", metadata,
+    "quarantine_log",
+    metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("node", Text, nullable=False),
     _tz("time"),
@@ -274,7 +298,8 @@ quarantine_log = Table(
 Index("quarantine_log_node_time_idx", quarantine_log.c.node, quarantine_log.c.time)
 
 agent_tokens = Table(
-    "agent_tokens", metadata,
+    "agent_tokens",
+    metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("name", Text, nullable=False, unique=True),
     #: SHA-256 of the secret; the secret itself is never stored.
@@ -285,15 +310,20 @@ agent_tokens = Table(
     Column("node", Text, nullable=True),
     _tz("created_at", server_default=text("now()")),
     _tz("revoked_at", nullable=True),
-    CheckConstraint("role IN ('node', 'finance', 'sre', 'admin', 'progress', 'remote_write')", name="agent_tokens_role"),
-    CheckConstraint("(role <> 'node' OR node IS NOT NULL) AND (node IS NULL OR role IN ('node', 'progress'))",
-                    name="agent_tokens_node_role"),
+    CheckConstraint(
+        "role IN ('node', 'finance', 'sre', 'admin', 'progress', 'remote_write')", name="agent_tokens_role"
+    ),
+    CheckConstraint(
+        "(role <> 'node' OR node IS NOT NULL) AND (node IS NULL OR role IN ('node', 'progress'))",
+        name="agent_tokens_node_role",
+    ),
 )
 
 #: What one remote-write request said of one node at one time, until the (node, time) is assembled
 #: into rows (gpufleet.collector.remote_write_store): only what is waiting, so a plain table.
 remote_write_parts = Table(
-    "remote_write_parts", metadata,
+    "remote_write_parts",
+    metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("node", Text, nullable=False),
     #: The samples' time, milliseconds since the epoch (remote write's own unit).
@@ -309,7 +339,8 @@ remote_write_parts = Table(
 #: The per-run figures the collectors' /metrics serve, as the leader last computed them
 #: (gpufleet.collector.run_metrics): one row.
 run_metrics_snapshot = Table(
-    "run_metrics_snapshot", metadata,
+    "run_metrics_snapshot",
+    metadata,
     Column("id", SmallInteger, primary_key=True, server_default=text("1")),
     _tz("computed_at"),
     Column("body", JSONB, nullable=False),
@@ -319,7 +350,8 @@ run_metrics_snapshot = Table(
 #: Where each input of a priced piece of GPU-time stands (gpufleet.db.priced_store_sql, migration 0023):
 #: a scope (``r:<run>``, ``e:<node>:<day>``, ...) and the id of the transaction that last changed it.
 pricing_marks = Table(
-    "pricing_marks", metadata,
+    "pricing_marks",
+    metadata,
     Column("scope", Text, primary_key=True),
     Column("version", BigInteger, nullable=False),
 )
@@ -327,7 +359,8 @@ pricing_marks = Table(
 #: Lines of ``gpufleet_incident_accounting`` kept per digest of the pieces priced, with the marks of the
 #: inputs they read (gpufleet.accounting.priced_store); valid while every mark is still current.
 priced_pieces = Table(
-    "priced_pieces", metadata,
+    "priced_pieces",
+    metadata,
     Column("digest", LargeBinary, nullable=False),
     Column("line_no", SmallInteger, nullable=False),
     Column("scopes", ARRAY(Text), nullable=False),
@@ -372,7 +405,8 @@ priced_pieces = Table(
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per
 #: node: another node's batch with the same id is not a duplicate of this one's.
 ingest_batches = Table(
-    "ingest_batches", metadata,
+    "ingest_batches",
+    metadata,
     Column("batch_id", Text, nullable=False),
     Column("node", Text, nullable=False),
     _tz("received_at", server_default=text("now()")),
@@ -387,7 +421,8 @@ Index("ingest_batches_received_idx", ingest_batches.c.received_at)
 #: Time ranges whose rollups must be recomputed; written in the ingest
 #: transaction, consumed by the rollup worker in its own.
 rollup_queue = Table(
-    "rollup_queue", metadata,
+    "rollup_queue",
+    metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("node", Text, nullable=False),
     _tz("t_min"),
@@ -395,7 +430,8 @@ rollup_queue = Table(
 )
 
 gpu_samples = Table(
-    "gpu_samples", metadata,
+    "gpu_samples",
+    metadata,
     _tz("time"),
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
@@ -404,7 +440,8 @@ gpu_samples = Table(
 Index("gpu_samples_node_gpu_time_idx", gpu_samples.c.node, gpu_samples.c.gpu, gpu_samples.c.time)
 
 host_samples = Table(
-    "host_samples", metadata,
+    "host_samples",
+    metadata,
     _tz("time"),
     Column("node", Text, nullable=False),
     *_catalog_columns(HOST_FIELDS),
@@ -416,7 +453,8 @@ Index("host_samples_node_time_idx", host_samples.c.node, host_samples.c.time)
 #: each GPU (a window function), which continuous aggregates cannot express,
 #: so the collector maintains it on both backends.
 gpu_energy_1m = Table(
-    "gpu_energy_1m", metadata,
+    "gpu_energy_1m",
+    metadata,
     _tz("bucket"),
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
@@ -427,7 +465,8 @@ gpu_energy_1m = Table(
 Index("gpu_energy_1m_bucket_idx", gpu_energy_1m.c.bucket)
 
 gpu_energy_1h = Table(
-    "gpu_energy_1h", metadata,
+    "gpu_energy_1h",
+    metadata,
     _tz("bucket"),
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
@@ -440,7 +479,8 @@ Index("gpu_energy_1h_bucket_idx", gpu_energy_1h.c.bucket)
 #: Counter intervals longer than the gap rule (accounting.max_gap_s), one row each instead of one
 #: per minute they cover (collector.rollup); rollup-based accounting adds their share (migration 0009).
 gpu_energy_spans = Table(
-    "gpu_energy_spans", metadata,
+    "gpu_energy_spans",
+    metadata,
     Column("node", Text, nullable=False),
     Column("gpu", SmallInteger, nullable=False),
     _tz("t0"),
@@ -454,7 +494,8 @@ Index("gpu_energy_spans_t1_idx", gpu_energy_spans.c.node, gpu_energy_spans.c.gpu
 #: The detector window of each sweep shard, written by its owner in time segments so a new owner
 #: does not re-read the window's raw samples (collector.window_snapshot, migration 0010).
 sweep_snapshots = Table(
-    "sweep_snapshots", metadata,
+    "sweep_snapshots",
+    metadata,
     Column("shards", Integer, nullable=False),
     Column("shard", Integer, nullable=False),
     Column("seg", BigInteger, nullable=False),
@@ -462,7 +503,8 @@ sweep_snapshots = Table(
     PrimaryKeyConstraint("shards", "shard", "seg"),
 )
 sweep_snapshot_state = Table(
-    "sweep_snapshot_state", metadata,
+    "sweep_snapshot_state",
+    metadata,
     Column("shards", Integer, nullable=False),
     Column("shard", Integer, nullable=False),
     _tz("watermark"),
@@ -474,7 +516,8 @@ sweep_snapshot_state = Table(
 )
 
 host_energy_1m = Table(
-    "host_energy_1m", metadata,
+    "host_energy_1m",
+    metadata,
     _tz("bucket"),
     Column("node", Text, nullable=False),
     Column("energy_j", Double, nullable=False),
@@ -483,7 +526,8 @@ host_energy_1m = Table(
 )
 
 host_energy_1h = Table(
-    "host_energy_1h", metadata,
+    "host_energy_1h",
+    metadata,
     _tz("bucket"),
     Column("node", Text, nullable=False),
     Column("energy_j", Double, nullable=False),
@@ -493,7 +537,8 @@ host_energy_1h = Table(
 
 #: Schema facts the code reads at start-up (backend, policies applied).
 gpufleet_meta = Table(
-    "gpufleet_meta", metadata,
+    "gpufleet_meta",
+    metadata,
     Column("key", Text, primary_key=True),
     Column("value", JSONB, nullable=False),
 )
@@ -505,7 +550,11 @@ gpufleet_meta = Table(
 STATS_RELATIONS = ("gpu_stats_1m", "host_stats_1m")
 
 #: Indexes the migration creates per backend, outside this metadata.
-BACKEND_INDEXES = frozenset({
-    "gpu_samples_time_brin", "host_samples_time_brin", "gpu_samples_time_idx", "host_samples_time_idx",
-})
-
+BACKEND_INDEXES = frozenset(
+    {
+        "gpu_samples_time_brin",
+        "host_samples_time_brin",
+        "gpu_samples_time_idx",
+        "host_samples_time_idx",
+    }
+)

@@ -33,6 +33,8 @@ def schema_problem(conn: psycopg.Connection) -> str | None:
     row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
     current = row[0] if row else None
     if current != head_revision():
-        return (f"database {name!r} has gpufleet schema {current or 'none'}, this gpufleet needs "
-                f"{head_revision()}: {UPGRADE}")
+        return (
+            f"database {name!r} has gpufleet schema {current or 'none'}, this gpufleet needs "
+            f"{head_revision()}: {UPGRADE}"
+        )
     return None

@@ -25,10 +25,21 @@ if TYPE_CHECKING:
     from gpufleet.sim.trace import Trace, record
 
 _HOME = {
-    "write_bundle": "bundle", "Fleet": "fleet", "Event": "labels", "HardNegative": "labels", "Incident": "labels",
-    "Labels": "labels", "PROFILES": "profiles", "GpuProfile": "profiles", "RealtimeDriver": "realtime",
-    "Trace": "trace", "record": "trace", "Scenario": "scenario", "ScenarioError": "scenario",
-    "load_scenario": "scenario", "scenario_names": "scenario",
+    "write_bundle": "bundle",
+    "Fleet": "fleet",
+    "Event": "labels",
+    "HardNegative": "labels",
+    "Incident": "labels",
+    "Labels": "labels",
+    "PROFILES": "profiles",
+    "GpuProfile": "profiles",
+    "RealtimeDriver": "realtime",
+    "Trace": "trace",
+    "record": "trace",
+    "Scenario": "scenario",
+    "ScenarioError": "scenario",
+    "load_scenario": "scenario",
+    "scenario_names": "scenario",
 }
 
 __all__ = [

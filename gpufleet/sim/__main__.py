@@ -1,8 +1,8 @@
 """Command line: list scenarios, write a trace bundle, print a scenario's labels.
 
-    python -m gpufleet.sim list
-    python -m gpufleet.sim bundle demo out/demo --duration 3600 [--seed 7] [--epoch]
-    python -m gpufleet.sim labels straggler_power_cap [--seed 7]
+python -m gpufleet.sim list
+python -m gpufleet.sim bundle demo out/demo --duration 3600 [--seed 7] [--epoch]
+python -m gpufleet.sim labels straggler_power_cap [--seed 7]
 """
 
 from __future__ import annotations
@@ -39,11 +39,20 @@ def main(argv: list[str] | None = None) -> int:
                 desc = " ".join(load_scenario(name).description.split())
                 print(f"{name}: {desc}")
         elif args.cmd == "bundle":
-            info = write_bundle(args.scenario, args.out_dir, args.duration, seed=args.seed, start_time=args.start,
-                                sample_interval_s=args.interval,
-                                time_format="epoch" if args.epoch else "rfc3339", overwrite=args.overwrite)
-            print(f"{info.path}: {info.gpu_rows} GPU rows, {info.host_rows} host rows, "
-                  f"{len(info.labels.incidents)} labelled incidents")
+            info = write_bundle(
+                args.scenario,
+                args.out_dir,
+                args.duration,
+                seed=args.seed,
+                start_time=args.start,
+                sample_interval_s=args.interval,
+                time_format="epoch" if args.epoch else "rfc3339",
+                overwrite=args.overwrite,
+            )
+            print(
+                f"{info.path}: {info.gpu_rows} GPU rows, {info.host_rows} host rows, "
+                f"{len(info.labels.incidents)} labelled incidents"
+            )
         else:
             print(json.dumps(Fleet.from_scenario(args.scenario, seed=args.seed).labels().to_dict(), indent=1))
     except (ScenarioError, FileExistsError, ValueError) as e:

@@ -29,31 +29,78 @@ from gpufleet.sim.scenario import Scenario
 
 RUNS_CSV_COLUMNS = ("run_id", "name", "site", "start", "end")
 ALLOCATIONS_CSV_COLUMNS = ("run_id", "node", "gpu")
-SITES_CSV_COLUMNS = ("site", "pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region",
-                     "carbon_g_per_kwh")
+SITES_CSV_COLUMNS = (
+    "site",
+    "pue",
+    "price_per_kwh",
+    "gpu_hour_price",
+    "currency",
+    "carbon_region",
+    "carbon_g_per_kwh",
+)
 CARBON_CSV_COLUMNS = ("region", "time", "g_co2e_per_kwh")
 PROGRESS_CSV_COLUMNS = ("run_id", "time", "tokens", "samples")
 
 #: printf formats of the metric columns (after time, node, gpu, uuid).
 _GPU_FORMATS = {
-    "util_pct": "%d", "sm_active": "%.4f", "tensor_active": "%.4f", "dram_active": "%.4f",
-    "mem_used_mib": "%d", "mem_total_mib": "%d", "power_w": "%.2f", "energy_mj": "%d", "power_limit_w": "%.1f",
-    "sm_clock_mhz": "%d", "sm_clock_max_mhz": "%d", "mem_clock_mhz": "%d", "temp_c": "%d", "mem_temp_c": "%d",
-    "throttle_reasons": "%d", "pcie_tx_bytes_s": "%d", "pcie_rx_bytes_s": "%d", "pcie_gen": "%d",
-    "pcie_gen_max": "%d", "pcie_width": "%d", "pcie_width_max": "%d", "nvlink_tx_bytes_s": "%d",
-    "nvlink_rx_bytes_s": "%d", "ecc_dbe_vol": "%d", "xid": "%d",
-    "ecc_sbe_vol": "%d", "ecc_sbe_agg": "%d", "ecc_dbe_agg": "%d", "remapped_rows_correctable": "%d",
-    "remapped_rows_uncorrectable": "%d", "remapped_rows_pending": "%d", "remapped_rows_failed": "%d",
-    "pcie_replay_count": "%d", "nvlink_crc_errors": "%d", "nvlink_replay_errors": "%d",
-    "nvlink_recovery_errors": "%d", "nvlink_links_up": "%d", "nvlink_links_max": "%d",
+    "util_pct": "%d",
+    "sm_active": "%.4f",
+    "tensor_active": "%.4f",
+    "dram_active": "%.4f",
+    "mem_used_mib": "%d",
+    "mem_total_mib": "%d",
+    "power_w": "%.2f",
+    "energy_mj": "%d",
+    "power_limit_w": "%.1f",
+    "sm_clock_mhz": "%d",
+    "sm_clock_max_mhz": "%d",
+    "mem_clock_mhz": "%d",
+    "temp_c": "%d",
+    "mem_temp_c": "%d",
+    "throttle_reasons": "%d",
+    "pcie_tx_bytes_s": "%d",
+    "pcie_rx_bytes_s": "%d",
+    "pcie_gen": "%d",
+    "pcie_gen_max": "%d",
+    "pcie_width": "%d",
+    "pcie_width_max": "%d",
+    "nvlink_tx_bytes_s": "%d",
+    "nvlink_rx_bytes_s": "%d",
+    "ecc_dbe_vol": "%d",
+    "xid": "%d",
+    "ecc_sbe_vol": "%d",
+    "ecc_sbe_agg": "%d",
+    "ecc_dbe_agg": "%d",
+    "remapped_rows_correctable": "%d",
+    "remapped_rows_uncorrectable": "%d",
+    "remapped_rows_pending": "%d",
+    "remapped_rows_failed": "%d",
+    "pcie_replay_count": "%d",
+    "nvlink_crc_errors": "%d",
+    "nvlink_replay_errors": "%d",
+    "nvlink_recovery_errors": "%d",
+    "nvlink_links_up": "%d",
+    "nvlink_links_max": "%d",
     # NULL (empty) where no job's cgroup feeds the GPU.
-    "job_cpu_cores": "%.3f", "job_cpu_quota_cores": "%.3f", "job_cpu_throttled_share": "%.4f",
-    "job_cpu_pressure_pct": "%.2f", "job_io_pressure_pct": "%.2f",
+    "job_cpu_cores": "%.3f",
+    "job_cpu_quota_cores": "%.3f",
+    "job_cpu_throttled_share": "%.4f",
+    "job_cpu_pressure_pct": "%.2f",
+    "job_io_pressure_pct": "%.2f",
 }
 _HOST_FORMATS = {
-    "cpu_user_pct": "%.2f", "cpu_system_pct": "%.2f", "cpu_iowait_pct": "%.2f", "cpu_idle_pct": "%.2f",
-    "cpu_count": "%d", "disk_read_bytes_s": "%d", "disk_write_bytes_s": "%d", "disk_util_pct": "%.2f",
-    "disk_await_ms": "%.3f", "net_rx_bytes_s": "%d", "net_tx_bytes_s": "%d", "host_power_w": "%.1f",
+    "cpu_user_pct": "%.2f",
+    "cpu_system_pct": "%.2f",
+    "cpu_iowait_pct": "%.2f",
+    "cpu_idle_pct": "%.2f",
+    "cpu_count": "%d",
+    "disk_read_bytes_s": "%d",
+    "disk_write_bytes_s": "%d",
+    "disk_util_pct": "%.2f",
+    "disk_await_ms": "%.3f",
+    "net_rx_bytes_s": "%d",
+    "net_tx_bytes_s": "%d",
+    "host_power_w": "%.1f",
 }
 #: Tokens per training sample, to turn token counts into samples.
 SEQ_LEN_TOKENS = 4096
@@ -92,8 +139,9 @@ def write_bundle(
     if isinstance(fleet_or_scenario, Fleet):
         fleet = fleet_or_scenario
     else:
-        fleet = Fleet.from_scenario(fleet_or_scenario, seed=seed, start_time=start_time,
-                                    sample_interval_s=sample_interval_s)
+        fleet = Fleet.from_scenario(
+            fleet_or_scenario, seed=seed, start_time=start_time, sample_interval_s=sample_interval_s
+        )
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out}: not empty (pass overwrite=True to replace it)")
@@ -137,8 +185,11 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
     n_gpu = n_host = 0
     runs = plan.runs
     next_progress = start
-    with (out / "gpu.csv").open("w", newline="") as gf, (out / "host.csv").open("w", newline="") as hf, \
-         (out / "progress.csv").open("w", newline="") as pf:
+    with (
+        (out / "gpu.csv").open("w", newline="") as gf,
+        (out / "host.csv").open("w", newline="") as hf,
+        (out / "progress.csv").open("w", newline="") as pf,
+    ):
         gf.write(",".join(GPU_CSV_COLUMNS) + "\n")
         hf.write(",".join(HOST_CSV_COLUMNS) + "\n")
         pf.write(",".join(PROGRESS_CSV_COLUMNS) + "\n")
@@ -150,15 +201,22 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
                 arr = np.column_stack([eng.gpu[c][present] for c in metric_cols])
                 gaps = np.isnan(arr).any(axis=1).tolist()
                 block = arr.tolist()
-                gf.write("".join(
-                    f"{ts},{gpu_keys[i]}{_cells(formats, row) if gap else gpu_fmt % tuple(row)}\n"
-                    for i, row, gap in zip(present.tolist(), block, gaps, strict=True)))
+                gf.write(
+                    "".join(
+                        f"{ts},{gpu_keys[i]}{_cells(formats, row) if gap else gpu_fmt % tuple(row)}\n"
+                        for i, row, gap in zip(present.tolist(), block, gaps, strict=True)
+                    )
+                )
                 n_gpu += present.size
             up = np.flatnonzero(eng.host_present)
             if up.size:
                 block = np.column_stack([eng.host[c][up] for c in host_cols]).tolist()
-                hf.write("".join(f"{ts},{node_keys[k]}{host_fmt % tuple(row)}\n"
-                                 for k, row in zip(up.tolist(), block, strict=True)))
+                hf.write(
+                    "".join(
+                        f"{ts},{node_keys[k]}{host_fmt % tuple(row)}\n"
+                        for k, row in zip(up.tolist(), block, strict=True)
+                    )
+                )
                 n_host += up.size
             if t >= next_progress - 1e-9:
                 progress = fleet.run_progress()
@@ -171,7 +229,9 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
     _static_files(fleet, out, start, end, time_format)
     # Optional extension of the bundle: each node's facts as its agent reports
     # them (GPU models, CPU governor, CPU quota), for node-scoped detectors.
-    (out / "nodes.json").write_text(json.dumps({n: fleet.facts(n) for n in fleet.nodes}, indent=1, default=str) + "\n")
+    (out / "nodes.json").write_text(
+        json.dumps({n: fleet.facts(n) for n in fleet.nodes}, indent=1, default=str) + "\n"
+    )
     labels = fleet.labels().clip(start, end)
     labels.write(out / "labels.json")
     return BundleInfo(out, start, end, n_gpu, n_host, labels)
@@ -187,8 +247,15 @@ def _static_files(fleet: Fleet, out: Path, start: float, end: float, time_format
             if r.start > end:
                 continue
             open_ = r.end is None or r.end > end
-            w.writerow([r.run_id, r.name, r.site, _fmt_time(r.start, time_format),
-                        "" if open_ else _fmt_time(r.end or end, time_format)])
+            w.writerow(
+                [
+                    r.run_id,
+                    r.name,
+                    r.site,
+                    _fmt_time(r.start, time_format),
+                    "" if open_ else _fmt_time(r.end or end, time_format),
+                ]
+            )
     with (out / "allocations.csv").open("w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(ALLOCATIONS_CSV_COLUMNS)
@@ -201,8 +268,17 @@ def _static_files(fleet: Fleet, out: Path, start: float, end: float, time_format
         w = csv.writer(f, lineterminator="\n")
         w.writerow(SITES_CSV_COLUMNS)
         for s in sc.sites:
-            w.writerow([s.site, s.pue, s.price_per_kwh, s.gpu_hour_price, s.currency, s.carbon_region or "",
-                        s.carbon_g_per_kwh])
+            w.writerow(
+                [
+                    s.site,
+                    s.pue,
+                    s.price_per_kwh,
+                    s.gpu_hour_price,
+                    s.currency,
+                    s.carbon_region or "",
+                    s.carbon_g_per_kwh,
+                ]
+            )
     with (out / "carbon.csv").open("w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(CARBON_CSV_COLUMNS)

@@ -36,5 +36,7 @@ def hourly_series(spec: CarbonSpec, seed: int, start: float, end: float) -> list
         t += HOUR_S
 
 
-def scenario_series(sc: Scenario, seed: int, start: float, end: float) -> dict[str, list[tuple[float, float]]]:
+def scenario_series(
+    sc: Scenario, seed: int, start: float, end: float
+) -> dict[str, list[tuple[float, float]]]:
     return {c.region: hourly_series(c, seed, start, end) for c in sc.carbon}

@@ -69,7 +69,10 @@ def _check_runs(
             problems.append((f"{key}.site", f"unknown site {r.site!r}"))
         end = r.start_s + r.duration_s if r.duration_s is not None else float("inf")
         runs[r.run_id] = (r.start_s, end)
-        if r.workload.eval_period_s is not None and r.workload.eval_period_s[0] <= r.workload.eval_duration_s[1]:
+        if (
+            r.workload.eval_period_s is not None
+            and r.workload.eval_period_s[0] <= r.workload.eval_duration_s[1]
+        ):
             problems.append((f"{key}.workload.eval_period_s", "must be longer than eval_duration_s"))
         for j, n in enumerate(r.nodes):
             if n not in nodes:
@@ -83,7 +86,9 @@ def _check_runs(
                     continue
                 for s0, e0, other in held.get((n, g), []):
                     if r.start_s < e0 and s0 < end:
-                        problems.append((f"{key}.nodes[{j}]", f"GPU {n}:{g} is already held by run {other!r} then"))
+                        problems.append(
+                            (f"{key}.nodes[{j}]", f"GPU {n}:{g} is already held by run {other!r} then")
+                        )
                 held.setdefault((n, g), []).append((r.start_s, end, r.run_id))
         if len(set(r.nodes)) != len(r.nodes):
             problems.append((f"{key}.nodes", "a node is listed twice"))
@@ -91,7 +96,10 @@ def _check_runs(
 
 
 def _check_faults(
-    sc: Scenario, nodes: dict[str, NodeGroupSpec], runs: dict[str, tuple[float, float]], problems: list[Problem]
+    sc: Scenario,
+    nodes: dict[str, NodeGroupSpec],
+    runs: dict[str, tuple[float, float]],
+    problems: list[Problem],
 ) -> None:
     run_nodes = {r.run_id: r for r in sc.runs}
     for i, f in enumerate(sc.faults):
@@ -100,7 +108,9 @@ def _check_faults(
             problems.append((f"{key}.start_s", f"starts at or after the scenario end ({sc.duration_s} s)"))
         run_id = getattr(f, "run_id", None)
         if run_id is not None and run_id not in runs:
-            problems.append((f"{key}.run_id", f"unknown run {run_id!r} (runs: {', '.join(sorted(runs)) or 'none'})"))
+            problems.append(
+                (f"{key}.run_id", f"unknown run {run_id!r} (runs: {', '.join(sorted(runs)) or 'none'})")
+            )
             continue
         node = getattr(f, "node", None)
         if node is not None and node not in nodes:
@@ -115,7 +125,9 @@ def _check_faults(
         if gpus is not None and node is not None:
             for g in gpus:
                 if g >= nodes[node].gpus:
-                    problems.append((f"{key}.gpus", f"GPU {g} does not exist on {node} ({nodes[node].gpus} GPUs)"))
+                    problems.append(
+                        (f"{key}.gpus", f"GPU {g} does not exist on {node} ({nodes[node].gpus} GPUs)")
+                    )
         pick = getattr(f, "pick", None)
         if pick is not None:
             if run_id is not None:
@@ -134,9 +146,13 @@ def _check_faults(
                     continue
                 prof = PROFILES[nodes[n].gpu_model]
                 if f.gen is not None and f.gen >= prof.pcie_gen_max:
-                    problems.append((f"{key}.gen", f"gen {f.gen} is not below {n}'s maximum {prof.pcie_gen_max}"))
+                    problems.append(
+                        (f"{key}.gen", f"gen {f.gen} is not below {n}'s maximum {prof.pcie_gen_max}")
+                    )
                 if f.width is not None and f.width >= prof.pcie_width_max:
-                    problems.append((f"{key}.width", f"x{f.width} is not below {n}'s maximum x{prof.pcie_width_max}"))
+                    problems.append(
+                        (f"{key}.width", f"x{f.width} is not below {n}'s maximum x{prof.pcie_width_max}")
+                    )
         if f.kind in ("nvlink_down", "nvlink_fallback", "nvlink_errors"):
             targets = [node] if node is not None else run_nodes[run_id].nodes if run_id else []
             for n in targets:

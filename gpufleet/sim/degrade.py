@@ -59,9 +59,17 @@ def degrade_bundle(directory: str | Path, form: str) -> dict[str, Any]:
             continue
         if no_host and lab["kind"] == "starvation" and lab.get("cause") is not None:
             lab = {**lab, "cause": None, "cause_cut_because": "no host data"}
-        if (gpu_only and lab["kind"] == "starvation" and lab.get("cause") is not None
-                and lab.get("evidence", {}).get("host_shows_cause") is False):
-            lab = {**lab, "cause": None, "cause_cut_because": "only the job's cgroup shows it (no job_* columns)"}
+        if (
+            gpu_only
+            and lab["kind"] == "starvation"
+            and lab.get("cause") is not None
+            and lab.get("evidence", {}).get("host_shows_cause") is False
+        ):
+            lab = {
+                **lab,
+                "cause": None,
+                "cause_cut_because": "only the job's cgroup shows it (no job_* columns)",
+            }
         if gpu_only and lab["kind"] == "straggler" and lab.get("cause") not in (None, "power_cap", "unknown"):
             lab = {**lab, "cause": None, "cause_cut_because": "no clocks, temperatures or link fields"}
         kept.append(lab)

@@ -70,15 +70,20 @@ def reader_role(url: str) -> None:
     """A login role that can read every table of the demo's database and write nothing (Grafana's)."""
     with psycopg.connect(url, autocommit=True) as conn:
         dbname = conn.info.dbname
-        conn.execute(sql.SQL("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {}) THEN "
-                             "CREATE ROLE {} LOGIN; END IF; END $$").format(sql.Literal(READER_ROLE),
-                                                                            sql.Identifier(READER_ROLE)))
+        conn.execute(
+            sql.SQL(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {}) THEN "
+                "CREATE ROLE {} LOGIN; END IF; END $$"
+            ).format(sql.Literal(READER_ROLE), sql.Identifier(READER_ROLE))
+        )
         role = sql.Identifier(READER_ROLE)
         conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(role))
         conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname), role))
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
         conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(role))
-        conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {}").format(role))
+        conn.execute(
+            sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {}").format(role)
+        )
 
 
 def fresh_database(server_url: str, name: str) -> str:
@@ -95,12 +100,23 @@ def register_fleet(client: httpx.Client, fleet: Any) -> None:
 
     sc = fleet.scenario
     for s in sc.sites:
-        body = {k: getattr(s, k) for k in ("pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region",
-                                            "carbon_g_per_kwh")}
+        body = {
+            k: getattr(s, k)
+            for k in (
+                "pue",
+                "price_per_kwh",
+                "gpu_hour_price",
+                "currency",
+                "carbon_region",
+                "carbon_g_per_kwh",
+            )
+        }
         client.put(f"/v1/sites/{s.site}", json=body).raise_for_status()
     for region, points in scenario_series(sc, fleet.plan.seed, fleet.t0 - 86400, fleet.plan.t_end).items():
-        client.put(f"/v1/carbon/{region}", json={
-            "points": [{"time": iso_at(t), "g_co2e_per_kwh": g} for t, g in points]}).raise_for_status()
+        client.put(
+            f"/v1/carbon/{region}",
+            json={"points": [{"time": iso_at(t), "g_co2e_per_kwh": g} for t, g in points]},
+        ).raise_for_status()
     for node, plan in fleet.plan.nodes.items():
         client.patch(f"/v1/nodes/{node}", json={"site": plan.site}).raise_for_status()
     for r in fleet.plan.runs:
@@ -108,8 +124,14 @@ def register_fleet(client: httpx.Client, fleet: Any) -> None:
         for gi in r.gpu_idx.tolist():
             gp = fleet.plan.gpus[gi]
             allocs.setdefault(gp.node, []).append(gp.gpu)
-        body = {"run_id": r.run_id, "name": r.name, "site": r.site, "team": r.team, "start": iso_at(r.start),
-                "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()]}
+        body = {
+            "run_id": r.run_id,
+            "name": r.name,
+            "site": r.site,
+            "team": r.team,
+            "start": iso_at(r.start),
+            "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()],
+        }
         if r.end is not None:
             body["end"] = iso_at(r.end)
         client.post("/v1/runs", json=body).raise_for_status()
@@ -121,14 +143,22 @@ def report_progress(client: httpx.Client, fleet: Any, t: float) -> int:
     n = 0
     for r in fleet.plan.runs:
         if r.start <= t and (r.end is None or r.end >= t) and done[r.run_id]["tokens"] > 0:
-            client.post(f"/v1/runs/{r.run_id}/progress",
-                        json={"time": iso_at(t), "tokens": int(done[r.run_id]["tokens"])}).raise_for_status()
+            client.post(
+                f"/v1/runs/{r.run_id}/progress",
+                json={"time": iso_at(t), "tokens": int(done[r.run_id]["tokens"])},
+            ).raise_for_status()
             n += 1
     return n
 
 
-def backfill(collector_url: str, tokens: dict[str, str], fleet: Any, until: float, every_s: float = 30.0,
-             progress: Callable[[float], Any] | None = None) -> int:
+def backfill(
+    collector_url: str,
+    tokens: dict[str, str],
+    fleet: Any,
+    until: float,
+    every_s: float = 30.0,
+    progress: Callable[[float], Any] | None = None,
+) -> int:
     """Ship the fleet's past telemetry through real ingest, as agents would have (and the runs' progress,
     every ``every_s`` of it, through ``progress``)."""
     from gpufleet.wire import encode
@@ -138,15 +168,22 @@ def backfill(collector_url: str, tokens: dict[str, str], fleet: Any, until: floa
     sent = 0
     last = fleet.t
     with httpx.Client(base_url=collector_url, timeout=30) as client:
+
         def ship() -> None:
             nonlocal seq, sent
             for node, rows in pending.items():
                 if not rows["gpu"] and not rows["host"]:
                     continue
                 seq += 1
-                body, headers = encode({"batch_id": f"demo-backfill:{node}:{seq}", "node": node,
-                                        "gpu": rows["gpu"] or None, "host": rows["host"] or None,
-                                        "facts": fleet.facts(node)})
+                body, headers = encode(
+                    {
+                        "batch_id": f"demo-backfill:{node}:{seq}",
+                        "node": node,
+                        "gpu": rows["gpu"] or None,
+                        "host": rows["host"] or None,
+                        "facts": fleet.facts(node),
+                    }
+                )
                 headers["Authorization"] = f"Bearer {tokens[node]}"
                 client.post("/v1/ingest", content=body, headers=headers).raise_for_status()
                 sent += len(rows["gpu"])
@@ -176,9 +213,12 @@ def power_cap_line(client: httpx.Client, run_id: str, max_loss: float = 0.1, wai
     """The advisor's proposal for one run, in a sentence (the minute rollups may still be catching up)."""
     deadline = time.monotonic() + wait_s
     while True:
-        p = client.get(f"/v1/runs/{run_id}/power-cap", params={"max_throughput_loss": max_loss}).json()["proposal"]
-        if (p.get("enough_data") and p.get("expected_saving", {}).get("gpu_kwh_per_day_saved") is not None) \
-                or time.monotonic() >= deadline:
+        p = client.get(f"/v1/runs/{run_id}/power-cap", params={"max_throughput_loss": max_loss}).json()[
+            "proposal"
+        ]
+        if (
+            p.get("enough_data") and p.get("expected_saving", {}).get("gpu_kwh_per_day_saved") is not None
+        ) or time.monotonic() >= deadline:
             break
         time.sleep(2.0)
     if not p.get("enough_data"):
@@ -188,11 +228,13 @@ def power_cap_line(client: httpx.Client, run_id: str, max_loss: float = 0.1, wai
         return f"power-cap advisor, {run_id}: keep {p['current_limit_w']:g} W ({'; '.join(p['reasons'])})"
     cost = exp.get("cost_per_day_saved")
     money = f", {cost:.2f} {exp['currency']}" if cost is not None else ""
-    return (f"power-cap advisor, {run_id}: cap its {p['gpus']} GPUs at {p['proposed_limit_w']:g} W (now "
-            f"{p['current_limit_w']:g} W): {100 * p['energy_per_token_saving']:.1f} % less energy per token, "
-            f"{100 * p['throughput_loss_vs_now']:.1f} % fewer tokens/s; saves {exp['facility_kwh_per_day_saved']:.1f}"
-            f" kWh{money} a day, giving up at most {100 * max_loss:g} % of its throughput "
-            f"(GET /v1/runs/{run_id}/power-cap?max_throughput_loss={max_loss:g})")
+    return (
+        f"power-cap advisor, {run_id}: cap its {p['gpus']} GPUs at {p['proposed_limit_w']:g} W (now "
+        f"{p['current_limit_w']:g} W): {100 * p['energy_per_token_saving']:.1f} % less energy per token, "
+        f"{100 * p['throughput_loss_vs_now']:.1f} % fewer tokens/s; saves {exp['facility_kwh_per_day_saved']:.1f}"
+        f" kWh{money} a day, giving up at most {100 * max_loss:g} % of its throughput "
+        f"(GET /v1/runs/{run_id}/power-cap?max_throughput_loss={max_loss:g})"
+    )
 
 
 class Summary:
@@ -238,8 +280,10 @@ class Summary:
                 if resp.status_code == 200:
                     acc = resp.json()
             kinds = sorted({i["kind"] for i in self.open.values() if i["run_id"] == r["run_id"]})
-            self.say(f"{r['run_id']:<22}{r['gpu_count']:>5}{_fmt(acc.get('facility_kwh')):>9}"
-                     f"{_money(acc):>14}{_fmt(acc.get('co2e_kg')):>9}  {', '.join(kinds) or '-'}")
+            self.say(
+                f"{r['run_id']:<22}{r['gpu_count']:>5}{_fmt(acc.get('facility_kwh')):>9}"
+                f"{_money(acc):>14}{_fmt(acc.get('co2e_kg')):>9}  {', '.join(kinds) or '-'}"
+            )
 
     def close(self) -> None:
         self.client.close()
@@ -267,8 +311,9 @@ def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple
     from gpufleet.collector.service import build_collector, server_options
     from gpufleet.serverthread import ServerThread
 
-    col = ServerThread(build_collector(url, settings), port=opts.collector_port or None,
-                       **server_options(settings)).start()
+    col = ServerThread(
+        build_collector(url, settings), port=opts.collector_port or None, **server_options(settings)
+    ).start()
     api_app = create_api(url, settings)
     api = ServerThread(api_app, port=opts.api_port or None).start()
     try:
@@ -278,8 +323,9 @@ def _services(url: str, settings: Settings, opts: DemoOptions) -> Iterator[tuple
         col.stop()
 
 
-def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callable[[str], None],
-             stop: threading.Event) -> DemoState:
+def run_demo(
+    settings: Settings, server_url: str, opts: DemoOptions, say: Callable[[str], None], stop: threading.Event
+) -> DemoState:
     from gpufleet.agent.runtime import Agent
     from gpufleet.auth import create_token
     from gpufleet.db import migrate
@@ -302,50 +348,86 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
         reader = with_database(opts.reader_url, opts.database)
     with _services(url, settings, opts) as (collector_url, api_url, api_app):
         st.collector_url, st.api_url = collector_url, api_url
-        with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"},
-                          timeout=30) as admin:
+        with httpx.Client(
+            base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"}, timeout=30
+        ) as admin:
             register_fleet(admin, fleet)
-        say(f"gpufleet demo: {len(fleet.nodes)} simulated nodes, {sum(len(n.gpu_idx) for n in fleet.plan.nodes.values())}"
-            f" GPUs, {len(fleet.plan.runs)} runs (scenario '{opts.scenario}')")
+        say(
+            f"gpufleet demo: {len(fleet.nodes)} simulated nodes, {sum(len(n.gpu_idx) for n in fleet.plan.nodes.values())}"
+            f" GPUs, {len(fleet.plan.runs)} runs (scenario '{opts.scenario}')"
+        )
         say(f"  API        {api_url}/docs      web view {api_url}/")
         say(f"  collector  {collector_url}/metrics")
         say(f"  read token Authorization: Bearer {st.tokens['sre']}")
         say(f"  finance    Authorization: Bearer {st.tokens['finance']}")
-        say(f"  e.g.       curl -H 'Authorization: Bearer {st.tokens['sre']}' {api_url}/v1/incidents?state=open")
-        say(f"  CLI        export GPUFLEET_DATABASE_URL='{url}'   (gpufleet commands here use it while the demo runs)")
+        say(
+            f"  e.g.       curl -H 'Authorization: Bearer {st.tokens['sre']}' {api_url}/v1/incidents?state=open"
+        )
+        say(
+            f"  CLI        export GPUFLEET_DATABASE_URL='{url}'   (gpufleet commands here use it while the demo runs)"
+        )
         if reader:
-            say("  Grafana    gpufleet dashboards push --grafana-url http://127.0.0.1:3000 --token <service token>")
+            say(
+                "  Grafana    gpufleet dashboards push --grafana-url http://127.0.0.1:3000 --token <service token>"
+            )
             say(f"             (data source {reader}: read-only, loopback only; docs/demo.md)")
         marker = settings.data_dir / DEMO_URL_FILE
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"{url}\n{os.getpid()}\n{reader or ''}\n", encoding="utf-8")
         minutes = opts.backfill_s / 60
-        api_app.state.web_notice = (f"The demo is back-filling the last {minutes:.0f} min of telemetry through "
-                                    "ingest: pages show it as it arrives, and the fleet goes live in about a minute.")
-        say(f"back-filling the last {minutes:.0f} min of telemetry through ingest (about a minute; the web view "
-            "says so meanwhile) ...")
-        with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"},
-                          timeout=30) as admin:
-            n = backfill(collector_url, st.tokens, fleet, time.time(),
-                         progress=lambda t: report_progress(admin, fleet, t))
+        api_app.state.web_notice = (
+            f"The demo is back-filling the last {minutes:.0f} min of telemetry through "
+            "ingest: pages show it as it arrives, and the fleet goes live in about a minute."
+        )
+        say(
+            f"back-filling the last {minutes:.0f} min of telemetry through ingest (about a minute; the web view "
+            "says so meanwhile) ..."
+        )
+        with httpx.Client(
+            base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['admin']}"}, timeout=30
+        ) as admin:
+            n = backfill(
+                collector_url,
+                st.tokens,
+                fleet,
+                time.time(),
+                progress=lambda t: report_progress(admin, fleet, t),
+            )
         api_app.state.web_notice = None
         say(f"back-filled {n} GPU samples ({minutes:.0f} min); starting one agent per node")
         fleet.follow(time.time)
         agents = []
         for node in fleet.nodes:
-            a = AgentSettings(collector_url=collector_url, token=st.tokens[node], node=node, interval_s=1.0,
-                              ship_interval_s=5.0, metrics_port=0, sources=["sim"])
-            agent = Agent(a, fleet.sources_for(node), node=node, spool_dir=spool_root / node,
-                          facts_of_node=lambda node=node: fleet.facts(node))  # type: ignore[misc]
+            a = AgentSettings(
+                collector_url=collector_url,
+                token=st.tokens[node],
+                node=node,
+                interval_s=1.0,
+                ship_interval_s=5.0,
+                metrics_port=0,
+                sources=["sim"],
+            )
+            agent = Agent(
+                a,
+                fleet.sources_for(node),
+                node=node,
+                spool_dir=spool_root / node,
+                facts_of_node=lambda node=node: fleet.facts(node),  # type: ignore[misc]
+            )
             agent.start(serve_metrics=False)
             th = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{node}", daemon=True)
             th.start()
             agents.append((agent, th))
-        progress = threading.Thread(target=_progress_loop, args=(api_url, st.tokens["admin"], fleet, stop),
-                                    name="demo-progress", daemon=True)
+        progress = threading.Thread(
+            target=_progress_loop,
+            args=(api_url, st.tokens["admin"], fleet, stop),
+            name="demo-progress",
+            daemon=True,
+        )
         progress.start()
-        with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['sre']}"},
-                          timeout=30) as sre:
+        with httpx.Client(
+            base_url=api_url, headers={"Authorization": f"Bearer {st.tokens['sre']}"}, timeout=30
+        ) as sre:
             try:
                 say(power_cap_line(sre, "demo-sweep"))
             except (httpx.HTTPError, KeyError, ValueError) as e:
@@ -369,7 +451,9 @@ def run_demo(settings: Settings, server_url: str, opts: DemoOptions, say: Callab
     return st
 
 
-def _progress_loop(api_url: str, token: str, fleet: Any, stop: threading.Event, every_s: float = 30.0) -> None:
+def _progress_loop(
+    api_url: str, token: str, fleet: Any, stop: threading.Event, every_s: float = 30.0
+) -> None:
     """The live runs' training loops reporting their tokens every ``every_s``."""
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
         while not stop.wait(every_s):

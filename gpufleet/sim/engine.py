@@ -125,8 +125,9 @@ class FleetEngine:
         self.inlet = arr(lambda g: g.inlet_c)
         self.nvlink_max = arr(lambda g: g.profile.nvlink_bytes_s_max)
         self.nvlink_links = arr(lambda g: g.profile.nvlink_links)
-        self.link_max = np.array([pcie_link_bytes_s(int(g.profile.pcie_gen_max), int(g.profile.pcie_width_max))
-                                  for g in gp])
+        self.link_max = np.array(
+            [pcie_link_bytes_s(int(g.profile.pcie_gen_max), int(g.profile.pcie_width_max)) for g in gp]
+        )
         self.node_plans = [plan.nodes[n] for n in self.node_names]
         self.host_model = HostModel(self.node_plans)
         self.job_model = JobModel(self.node_plans, plan.seed)
@@ -152,7 +153,9 @@ class FleetEngine:
         #: Which GPUs / nodes report a sample at ``self.t``.
         self.gpu_present = np.ones(self.n_gpus, dtype=bool)
         self.host_present = np.ones(len(self.node_names), dtype=bool)
-        self._starv_by_run = {r.run_id: [s for s in plan.starvations if s.run_id == r.run_id] for r in plan.runs}
+        self._starv_by_run = {
+            r.run_id: [s for s in plan.starvations if s.run_id == r.run_id] for r in plan.runs
+        }
 
     def step(self, t: float) -> None:
         """Advance to ``t`` (> current time): one tick of length ``t - self.t``."""
@@ -161,7 +164,9 @@ class FleetEngine:
             raise ValueError(f"step to {b} is not after the current time {a}")
         z = self._noise.standard_normal((self.n_gpus, 6))
         zh = self._noise.standard_normal((len(self.node_names), 8))
-        faults = faults_in_force(self.plan.gpu_faults, b, self.tdp_w, self.gen_max, self.width_max, self.nvlink_links)
+        faults = faults_in_force(
+            self.plan.gpu_faults, b, self.tdp_w, self.gen_max, self.width_max, self.nvlink_links
+        )
         active = [r for r in self.plan.runs if r.start < b and (r.end is None or r.end > a)]
         levels = self._levels(active)
         clocks = self._clocks(levels, faults)
@@ -177,51 +182,81 @@ class FleetEngine:
         util, sm, tensor, dram = st.fixed_levels(self.n_gpus)
         for r in active:
             w, i = r.workload, r.gpu_idx
-            sm[i, st.COMPUTE], tensor[i, st.COMPUTE], dram[i, st.COMPUTE] = w.sm_active, w.tensor_active, w.dram_active
+            sm[i, st.COMPUTE], tensor[i, st.COMPUTE], dram[i, st.COMPUTE] = (
+                w.sm_active,
+                w.tensor_active,
+                w.dram_active,
+            )
             for col, scale in ((st.EVAL, st.EVAL_SCALE), (st.RAMP, st.RAMP_SCALE)):
                 sm[i, col] = scale[0] * w.sm_active
                 tensor[i, col] = scale[1] * w.tensor_active
                 dram[i, col] = scale[2] * w.dram_active
-        dyn = dynamic_power_w(self.tdp_w[:, None], self.idle_w[:, None], self.efficiency[:, None],
-                              activity_index(sm, tensor, dram))
+        dyn = dynamic_power_w(
+            self.tdp_w[:, None],
+            self.idle_w[:, None],
+            self.efficiency[:, None],
+            activity_index(sm, tensor, dram),
+        )
         return Levels(util, sm, tensor, dram, dyn)
 
     def _clocks(self, lv: Levels, faults: FaultState) -> Clocks:
         """Clock limits that hold whatever the GPU does, then the power cap in each state."""
         fixed = faults.fixed_clock_ratio
-        thermal_ratio, sw_th, hw_th = self._thermal(lv.dyn_w[:, st.COMPUTE], fixed, faults.cap_w, faults.rise_c)
+        thermal_ratio, sw_th, hw_th = self._thermal(
+            lv.dyn_w[:, st.COMPUTE], fixed, faults.cap_w, faults.rise_c
+        )
         persist = np.maximum(np.minimum(fixed, thermal_ratio), self.ratio_min)
         dyn_at = lv.dyn_w * np.power(persist, CLOCK_POWER_EXPONENT)[:, None]
         cap_ratio = clock_ratio_for_limit(faults.cap_w[:, None], self.idle_w[:, None], dyn_at)
         ratio = np.maximum(persist[:, None] * cap_ratio, self.ratio_min[:, None])
-        return Clocks(ratio=ratio, capped=cap_ratio < 0.999,
-                      power_w=board_power_w(self.idle_w[:, None], lv.dyn_w, ratio),
-                      sw_thermal=sw_th, hw_thermal=hw_th)
+        return Clocks(
+            ratio=ratio,
+            capped=cap_ratio < 0.999,
+            power_w=board_power_w(self.idle_w[:, None], lv.dyn_w, ratio),
+            sw_thermal=sw_th,
+            hw_thermal=hw_th,
+        )
 
-    def _lay_out(self, active: list[RunPlan], a: float, b: float, clocks: Clocks, faults: FaultState,
-                 z: np.ndarray) -> tuple[GpuTick, HostLoad]:
+    def _lay_out(
+        self, active: list[RunPlan], a: float, b: float, clocks: Clocks, faults: FaultState, z: np.ndarray
+    ) -> tuple[GpuTick, HostLoad]:
         """Each run splits its GPUs' tick over the states; what is left is unallocated time."""
         link_now = PCIE_LANE_TABLE[faults.pcie_gen.astype(np.intp)] * faults.pcie_width
         inputs = RunTickInputs(
-            compute_clock_ratio=clocks.ratio[:, st.COMPUTE], pcie_bw_ratio=link_now / self.link_max,
-            pcie_bw_bytes_s=PCIE_EFFICIENCY * link_now, pcie_bw_max_bytes_s=self.link_max,
-            nvlink_max_bytes_s=self.nvlink_max, mem_total_mib=self.mem_total, jitter=z[:, 0],
+            compute_clock_ratio=clocks.ratio[:, st.COMPUTE],
+            pcie_bw_ratio=link_now / self.link_max,
+            pcie_bw_bytes_s=PCIE_EFFICIENCY * link_now,
+            pcie_bw_max_bytes_s=self.link_max,
+            nvlink_max_bytes_s=self.nvlink_max,
+            mem_total_mib=self.mem_total,
+            jitter=z[:, 0],
             nvlink_bw_ratio=faults.nvlink_bw_ratio,
         )
         tick = GpuTick(self.n_gpus)
         load = HostLoad(len(self.node_names))
         self.step_timing = {}
         for r in active:
-            timing = lay_out_run(self.plan, r, self._starv_by_run[r.run_id], a, b, inputs, tick, load,
-                                 self.node_index, self.gpu_node)
+            timing = lay_out_run(
+                self.plan,
+                r,
+                self._starv_by_run[r.run_id],
+                a,
+                b,
+                inputs,
+                tick,
+                load,
+                self.node_index,
+                self.gpu_node,
+            )
             if timing is not None:
                 self.run_steps[r.run_id] += timing.steps
                 self.step_timing[r.run_id] = timing
         tick.frac[:, st.FREE] = np.clip(1.0 - tick.frac[:, : st.FREE].sum(axis=1), 0.0, 1.0)
         return tick, load
 
-    def _thermal(self, dyn_busy: np.ndarray, fixed: np.ndarray, cap: np.ndarray,
-                 rise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _thermal(
+        self, dyn_busy: np.ndarray, fixed: np.ndarray, cap: np.ndarray, rise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Clock ratio the thermal controller allows, and the SW/HW thermal flags.
 
         The controller holds the die at its limit: the clock is set so that
@@ -239,8 +274,9 @@ class FleetEngine:
         ratio = np.where(hw, np.minimum(ratio, HW_THERMAL_RATIO), ratio)
         return np.where(self.thermal_on, ratio, 1.0), self.thermal_on.copy(), hw
 
-    def _gpu_outputs(self, a: float, b: float, tick: GpuTick, lv: Levels, clocks: Clocks, faults: FaultState,
-                     z: np.ndarray) -> None:
+    def _gpu_outputs(
+        self, a: float, b: float, tick: GpuTick, lv: Levels, clocks: Clocks, faults: FaultState, z: np.ndarray
+    ) -> None:
         """Power, clocks, reasons, counters and temperature reported for the tick."""
         frac = tick.frac
         dt = b - a
@@ -249,8 +285,9 @@ class FleetEngine:
         power = power * (1.0 + POWER_NOISE_REL * z[:, 1]) + POWER_NOISE_W * z[:, 2]
         power = np.clip(power, 0.6 * self.idle_w, faults.cap_w)
         power = np.round(power, 2)
-        clock_state = np.where(self._idle_state,
-                               self.clock_idle[:, None], clocks.ratio * self.clock_max[:, None])
+        clock_state = np.where(
+            self._idle_state, self.clock_idle[:, None], clocks.ratio * self.clock_max[:, None]
+        )
         clock = np.rint((frac * clock_state).sum(axis=1))
 
         reasons = np.zeros(self.n_gpus, dtype=np.int64)

@@ -49,21 +49,40 @@ class FaultState:
     def nvlink_bw_ratio(self) -> np.ndarray:
         """Usable share of each GPU's NVLink bandwidth (0 where peer traffic cannot use it)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.where(self.nvlink_max_links > 0, self.nvlink_up / np.maximum(self.nvlink_max_links, 1), 0.0)
+            r = np.where(
+                self.nvlink_max_links > 0, self.nvlink_up / np.maximum(self.nvlink_max_links, 1), 0.0
+            )
         return np.where(self.nvlink_p2p, r, 0.0)
 
 
-def faults_in_force(faults: list[GpuFaultPlan], t: float, tdp_w: np.ndarray, gen_max: np.ndarray,
-                    width_max: np.ndarray, nvlink_links: np.ndarray | None = None) -> FaultState:
+def faults_in_force(
+    faults: list[GpuFaultPlan],
+    t: float,
+    tdp_w: np.ndarray,
+    gen_max: np.ndarray,
+    width_max: np.ndarray,
+    nvlink_links: np.ndarray | None = None,
+) -> FaultState:
     """The state at time ``t`` (a fault holds for ``start <= t < end``)."""
     n = tdp_w.shape[0]
     links = np.zeros(n) if nvlink_links is None else np.asarray(nvlink_links, dtype=np.float64)
     fs = FaultState(
-        cap_w=tdp_w.copy(), rise_c=np.zeros(n), hw_factor=np.ones(n), brake_factor=np.ones(n),
-        lock_factor=np.ones(n), pcie_gen=gen_max.copy(), pcie_width=width_max.copy(),
-        hw_slowdown_on=np.zeros(n, dtype=bool), power_brake_on=np.zeros(n, dtype=bool),
-        nvlink_max_links=links, nvlink_up=links.copy(), nvlink_p2p=links > 0, nvlink_crc_per_s=np.zeros(n),
-        nvlink_replay_per_s=np.zeros(n), nvlink_recovery_per_s=np.zeros(n), sbe_per_s=np.zeros(n),
+        cap_w=tdp_w.copy(),
+        rise_c=np.zeros(n),
+        hw_factor=np.ones(n),
+        brake_factor=np.ones(n),
+        lock_factor=np.ones(n),
+        pcie_gen=gen_max.copy(),
+        pcie_width=width_max.copy(),
+        hw_slowdown_on=np.zeros(n, dtype=bool),
+        power_brake_on=np.zeros(n, dtype=bool),
+        nvlink_max_links=links,
+        nvlink_up=links.copy(),
+        nvlink_p2p=links > 0,
+        nvlink_crc_per_s=np.zeros(n),
+        nvlink_replay_per_s=np.zeros(n),
+        nvlink_recovery_per_s=np.zeros(n),
+        sbe_per_s=np.zeros(n),
         pcie_replay_per_s=np.zeros(n),
     )
     for f in faults:

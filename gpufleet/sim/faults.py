@@ -254,9 +254,27 @@ class SampleGap(_Fault):
 
 
 FaultSpec = Annotated[
-    StarvationCpu | StarvationIo | CheckpointStall | IdleAllocation | HungCollective | PowerCap | Thermal | HwSlowdown | PowerBrake | ClockLock
-    | PcieDegraded | Xid | CounterReset | SampleGap | NvlinkDown | NvlinkFallback | NvlinkErrors | EccSbe | EccDbe
-    | RowRemapFailure | PcieReplay,
+    StarvationCpu
+    | StarvationIo
+    | CheckpointStall
+    | IdleAllocation
+    | HungCollective
+    | PowerCap
+    | Thermal
+    | HwSlowdown
+    | PowerBrake
+    | ClockLock
+    | PcieDegraded
+    | Xid
+    | CounterReset
+    | SampleGap
+    | NvlinkDown
+    | NvlinkFallback
+    | NvlinkErrors
+    | EccSbe
+    | EccDbe
+    | RowRemapFailure
+    | PcieReplay,
     Field(discriminator="kind"),
 ]
 

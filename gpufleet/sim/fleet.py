@@ -27,11 +27,15 @@ from gpufleet.sim.scenario import MAX_INTERVAL_S, MIN_INTERVAL_S, Scenario, load
 from gpufleet.sim.workload import StepTiming
 
 #: Columns whose values are whole numbers in NVML (written without a decimal part).
-INT_GPU_FIELDS = frozenset(f.name for f in GPU_FIELDS if f.kind in ("smallint", "integer", "bigint")) | {"util_pct"}
+INT_GPU_FIELDS = frozenset(f.name for f in GPU_FIELDS if f.kind in ("smallint", "integer", "bigint")) | {
+    "util_pct"
+}
 INT_HOST_FIELDS = frozenset(f.name for f in HOST_FIELDS if f.kind in ("smallint", "integer", "bigint"))
 #: Simulated GPU columns, in catalog order: every trace-bundle field the NVML/DCGM side has
 #: (the catalog's project extensions, such as ECC and row-remap counters, are not simulated).
-GPU_METRICS = tuple(f.name for f in GPU_FIELDS if f.bundle and f.name not in ("uuid", "mig_instance", "run_id"))
+GPU_METRICS = tuple(
+    f.name for f in GPU_FIELDS if f.bundle and f.name not in ("uuid", "mig_instance", "run_id")
+)
 HOST_METRICS = tuple(f.name for f in HOST_FIELDS if f.bundle)
 
 
@@ -46,8 +50,13 @@ class Fleet:
         self.engine.step(plan.t0)
 
     @classmethod
-    def from_scenario(cls, path_or_name: str | Path | Scenario, seed: int | None = None,
-                      start_time: float | datetime | None = None, sample_interval_s: float | None = None) -> Fleet:
+    def from_scenario(
+        cls,
+        path_or_name: str | Path | Scenario,
+        seed: int | None = None,
+        start_time: float | datetime | None = None,
+        sample_interval_s: float | None = None,
+    ) -> Fleet:
         """Load a scenario (a path, a shipped name, or a parsed :class:`Scenario`).
 
         ``seed`` overrides the file's seed; ``start_time`` (epoch seconds or an
@@ -57,8 +66,10 @@ class Fleet:
         sc = path_or_name if isinstance(path_or_name, Scenario) else load_scenario(path_or_name)
         if sample_interval_s is not None:
             if not MIN_INTERVAL_S <= sample_interval_s <= MAX_INTERVAL_S:
-                raise ValueError(f"sample_interval_s must be within {MIN_INTERVAL_S}-{MAX_INTERVAL_S} s, "
-                                 f"not {sample_interval_s}")
+                raise ValueError(
+                    f"sample_interval_s must be within {MIN_INTERVAL_S}-{MAX_INTERVAL_S} s, "
+                    f"not {sample_interval_s}"
+                )
             sc = sc.model_copy(update={"sample_interval_s": float(sample_interval_s)})
         if isinstance(start_time, datetime):
             start_time = start_time.timestamp()
@@ -192,13 +203,20 @@ class Fleet:
         gpus = []
         for gi in n.gpu_idx:
             gp = self.plan.gpus[gi]
-            gpus.append({
-                "gpu": gp.gpu, "uuid": gp.uuid, "name": prof.name, "lost": False,
-                "pci_bus_id": f"00000000:{0x18 + 0x10 * gp.gpu:02X}:00.0",
-                "sm_clock_max_mhz": prof.sm_clock_max_mhz,
-                "pcie_gen_max": prof.pcie_gen_max, "pcie_width_max": prof.pcie_width_max,
-                "numa_node": gpu_numa_node(n, gp.gpu), "mig_enabled": False,
-            })
+            gpus.append(
+                {
+                    "gpu": gp.gpu,
+                    "uuid": gp.uuid,
+                    "name": prof.name,
+                    "lost": False,
+                    "pci_bus_id": f"00000000:{0x18 + 0x10 * gp.gpu:02X}:00.0",
+                    "sm_clock_max_mhz": prof.sm_clock_max_mhz,
+                    "pcie_gen_max": prof.pcie_gen_max,
+                    "pcie_width_max": prof.pcie_width_max,
+                    "numa_node": gpu_numa_node(n, gp.gpu),
+                    "mig_enabled": False,
+                }
+            )
         return {
             "hostname": node,
             "kernel": "simulated",
@@ -232,7 +250,11 @@ class Fleet:
             for r in self.plan.runs:
                 steps = self.engine.run_steps[r.run_id]
                 tokens = steps * r.workload.tokens_per_step
-                out[r.run_id] = {"steps": steps, "tokens": tokens, "flops": tokens * r.workload.flops_per_token}
+                out[r.run_id] = {
+                    "steps": steps,
+                    "tokens": tokens,
+                    "flops": tokens * r.workload.flops_per_token,
+                }
         return out
 
     def step_timing(self, run_id: str) -> StepTiming | None:

@@ -36,7 +36,9 @@ class HostModel:
         self.host_idle = np.array([n.host_idle_w for n in nodes])
         self.host_cpu = np.array([n.host_cpu_w for n in nodes])
         self.cpu_count = np.array([n.cpu_count for n in nodes], dtype=np.float64)
-        self.governor = np.array([1.0 - POWERSAVE_SAVING if n.cpu_governor == "powersave" else 1.0 for n in nodes])
+        self.governor = np.array(
+            [1.0 - POWERSAVE_SAVING if n.cpu_governor == "powersave" else 1.0 for n in nodes]
+        )
 
     def metrics(self, load: HostLoad, z: np.ndarray) -> dict[str, np.ndarray]:
         return host_metrics(self, load, z)

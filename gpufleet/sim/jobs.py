@@ -44,8 +44,13 @@ IO_PRESSURE_PER_IOWAIT = 1.5
 #: I/O pressure while a checkpoint is written, %.
 CKPT_IO_PRESSURE_PCT = 45.0
 
-JOB_COLUMNS = ("job_cpu_cores", "job_cpu_quota_cores", "job_cpu_throttled_share", "job_cpu_pressure_pct",
-               "job_io_pressure_pct")
+JOB_COLUMNS = (
+    "job_cpu_cores",
+    "job_cpu_quota_cores",
+    "job_cpu_throttled_share",
+    "job_cpu_pressure_pct",
+    "job_io_pressure_pct",
+)
 
 
 @dataclass
@@ -88,7 +93,9 @@ class JobModel:
             throttled = np.nan
             if np.isfinite(quota):
                 ratio = demand / quota
-                throttled = THROTTLE_MAX * float(np.clip((ratio - THROTTLE_LO) / (THROTTLE_HI - THROTTLE_LO), 0, 1))
+                throttled = THROTTLE_MAX * float(
+                    np.clip((ratio - THROTTLE_LO) / (THROTTLE_HI - THROTTLE_LO), 0, 1)
+                )
                 throttled = float(np.clip(throttled + (0.01 * abs(z[1]) if throttled > 0 else 0.0), 0.0, 1.0))
             short = max(0.0, 1.0 - supply / demand) if demand > 0 else 0.0
             cpu_pressure = BASE_CPU_PRESSURE_PCT + 100.0 * short + 0.3 * abs(z[2])

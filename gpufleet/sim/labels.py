@@ -48,8 +48,18 @@ NVLINK_DEGRADED = "nvlink_degraded"
 GPU_HEALTH = "gpu_health"
 IDLE_ALLOCATION = "idle_allocation"
 HUNG_COLLECTIVE = "hung_collective"
-KINDS = (STARVATION, STRAGGLER, CHECKPOINT_STALL, THROTTLING, PCIE_DEGRADED, HOST_MISCONFIG, NVLINK_DEGRADED,
-         GPU_HEALTH, IDLE_ALLOCATION, HUNG_COLLECTIVE)
+KINDS = (
+    STARVATION,
+    STRAGGLER,
+    CHECKPOINT_STALL,
+    THROTTLING,
+    PCIE_DEGRADED,
+    HOST_MISCONFIG,
+    NVLINK_DEGRADED,
+    GPU_HEALTH,
+    IDLE_ALLOCATION,
+    HUNG_COLLECTIVE,
+)
 #: Kinds that explain a run's lost time: on a run stopped for one reason, none of the others.
 RUN_TIME_KINDS = (STARVATION, CHECKPOINT_STALL, STRAGGLER, IDLE_ALLOCATION, HUNG_COLLECTIVE)
 
@@ -64,7 +74,13 @@ CAUSES: dict[str, tuple[str | None, ...]] = {
     PCIE_DEGRADED: (None,),
     HOST_MISCONFIG: ("cpu_governor", "cpu_quota", "numa_affinity", "nfs_stall", "repeated_xid"),
     NVLINK_DEGRADED: ("links_down", "pcie_fallback", "link_errors"),
-    GPU_HEALTH: ("row_remap_failed", "uncorrectable_ecc", "row_remap_pending", "correctable_ecc", "pcie_replay"),
+    GPU_HEALTH: (
+        "row_remap_failed",
+        "uncorrectable_ecc",
+        "row_remap_pending",
+        "correctable_ecc",
+        "pcie_replay",
+    ),
 }
 
 #: XIDs that mean an uncorrectable ECC error, a row remap recorded (pending a
@@ -196,7 +212,11 @@ class Labels:
         start, end = parse_time(d["start"]), parse_time(d["end"])
         assert start is not None and end is not None
         return cls(
-            scenario=d["scenario"], seed=d["seed"], start=start, end=end, sample_interval_s=d["sample_interval_s"],
+            scenario=d["scenario"],
+            seed=d["seed"],
+            start=start,
+            end=end,
+            sample_interval_s=d["sample_interval_s"],
             incidents=[Incident(**times(i)) for i in d["incidents"]],
             hard_negatives=[HardNegative(**times(h)) for h in d["hard_negatives"]],
             events=[Event(**times(e)) for e in d["events"]],
@@ -219,7 +239,13 @@ class Labels:
                     continue
                 c = replace(it, start=max(it.start, start), end=min(it_end, end))
                 for key in ("stalls", "pauses"):
-                    bag = c.evidence if isinstance(c, Incident) else c.detail if isinstance(c, HardNegative) else None
+                    bag = (
+                        c.evidence
+                        if isinstance(c, Incident)
+                        else c.detail
+                        if isinstance(c, HardNegative)
+                        else None
+                    )
                     if bag is not None and key in bag:
                         bag = dict(bag)
                         bag[key] = [p for p in bag[key] if start <= (parse_time(p[0]) or 0.0) < end]
@@ -230,15 +256,26 @@ class Labels:
                 if isinstance(c, Incident) and c.kind == GPU_HEALTH and "xid_events" in c.evidence:
                     # What the cut data can show: the events up to its end (a remap
                     # failure or an uncorrectable error after it is not in the bundle).
-                    seen = [int(code) for at, code in c.evidence["xid_events"] if (parse_time(at) or 0.0) <= end]
+                    seen = [
+                        int(code) for at, code in c.evidence["xid_events"] if (parse_time(at) or 0.0) <= end
+                    ]
                     c = replace(c, cause=memory_cause(set(seen)))
                 out.append(c)
             return out
 
         events = [e for e in self.events if start <= e.start <= end]
         runs = [r for r in self.runs if r["start"] <= end]
-        return Labels(self.scenario, self.seed, start, end, self.sample_interval_s, cut(self.incidents),
-                      cut(self.hard_negatives), events, runs)
+        return Labels(
+            self.scenario,
+            self.seed,
+            start,
+            end,
+            self.sample_interval_s,
+            cut(self.incidents),
+            cut(self.hard_negatives),
+            events,
+            runs,
+        )
 
     def of_kind(self, kind: str) -> list[Incident]:
         return [i for i in self.incidents if i.kind == kind]
@@ -264,12 +301,22 @@ def derive_labels(plan: FleetPlan) -> Labels:
     _events(plan, lab)
     for r in plan.runs:
         prof = plan.gpus[int(r.gpu_idx[0])].profile
-        lab.runs.append({
-            "run_id": r.run_id, "name": r.name, "site": r.site, "start": r.start, "end": r.end,
-            "train_start": rfc3339(r.train_start), "workload": r.workload.kind, "gpu_count": len(r.gpu_idx),
-            "step_s": r.workload.step_s, "tokens_per_step": r.workload.tokens_per_step,
-            "flops_per_token": r.workload.flops_per_token, "bf16_dense_peak_flops": prof.bf16_dense_peak_flops,
-        })
+        lab.runs.append(
+            {
+                "run_id": r.run_id,
+                "name": r.name,
+                "site": r.site,
+                "start": r.start,
+                "end": r.end,
+                "train_start": rfc3339(r.train_start),
+                "workload": r.workload.kind,
+                "gpu_count": len(r.gpu_idx),
+                "step_s": r.workload.step_s,
+                "tokens_per_step": r.workload.tokens_per_step,
+                "flops_per_token": r.workload.flops_per_token,
+                "bf16_dense_peak_flops": prof.bf16_dense_peak_flops,
+            }
+        )
     lab.incidents.sort(key=lambda i: (i.start, i.kind, i.run_id or "", i.node or "", i.gpu or -1))
     return lab
 
@@ -277,42 +324,107 @@ def derive_labels(plan: FleetPlan) -> Labels:
 def _run_scoped(plan: FleetPlan, lab: Labels) -> None:
     for s in plan.starvations:
         if s.end > s.start and s.waits:
-            lab.incidents.append(Incident(
-                STARVATION, s.cause, s.start, s.end, run_id=s.run_id, fault=f"starvation_{s.cause}",
-                evidence={"period_s": s.period_s, "duty": s.duty, "nodes": s.nodes, **s.params,
-                          "host_shows_cause": _host_shows_cause(plan, s)}))
+            lab.incidents.append(
+                Incident(
+                    STARVATION,
+                    s.cause,
+                    s.start,
+                    s.end,
+                    run_id=s.run_id,
+                    fault=f"starvation_{s.cause}",
+                    evidence={
+                        "period_s": s.period_s,
+                        "duty": s.duty,
+                        "nodes": s.nodes,
+                        **s.params,
+                        "host_shows_cause": _host_shows_cause(plan, s),
+                    },
+                )
+            )
     runs = {r.run_id: r for r in plan.runs}
     for c in plan.checkpoints:
         if c.stalls:
             pairs = c.stalls.pairs()
             run = runs.get(c.run_id)
             writer = plan.gpus[int(run.gpu_idx[0])] if run is not None and run.gpu_idx.size else None
-            lab.incidents.append(Incident(
-                CHECKPOINT_STALL, None, pairs[0][0], pairs[-1][1], run_id=c.run_id, fault="checkpoint_stall",
-                evidence={"period_s": c.period_s, "duration_s": c.duration_s, "mode": c.mode,
-                          "writer_gpu": f"{writer.node}/{writer.gpu}" if writer is not None and c.mode == "writer"
-                          else None,
-                          "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
+            lab.incidents.append(
+                Incident(
+                    CHECKPOINT_STALL,
+                    None,
+                    pairs[0][0],
+                    pairs[-1][1],
+                    run_id=c.run_id,
+                    fault="checkpoint_stall",
+                    evidence={
+                        "period_s": c.period_s,
+                        "duration_s": c.duration_s,
+                        "mode": c.mode,
+                        "writer_gpu": f"{writer.node}/{writer.gpu}"
+                        if writer is not None and c.mode == "writer"
+                        else None,
+                        "stalls": [[rfc3339(a), rfc3339(b)] for a, b in pairs],
+                    },
+                )
+            )
             # Over a checkpoint's pauses the ranks wait on the writer: not input starvation, not a hang.
-            lab.hard_negatives.append(HardNegative(
-                "checkpoint_pause", [STARVATION, HUNG_COLLECTIVE, IDLE_ALLOCATION], pairs[0][0], pairs[-1][1],
-                run_id=c.run_id, detail={"mode": c.mode, "duration_s": c.duration_s}))
+            lab.hard_negatives.append(
+                HardNegative(
+                    "checkpoint_pause",
+                    [STARVATION, HUNG_COLLECTIVE, IDLE_ALLOCATION],
+                    pairs[0][0],
+                    pairs[-1][1],
+                    run_id=c.run_id,
+                    detail={"mode": c.mode, "duration_s": c.duration_s},
+                )
+            )
     for i in plan.idles:
         gpus = [{"node": plan.gpus[g].node, "gpu": plan.gpus[g].gpu} for g in i.gpu_idx.tolist()]
-        lab.incidents.append(Incident(
-            IDLE_ALLOCATION, None, i.start, i.end, run_id=i.run_id, fault="idle_allocation", fault_index=i.index,
-            evidence={"gpus": gpus, "whole_run": i.whole_run, "note": i.note}))
-        lab.hard_negatives.append(HardNegative(
-            "idle_run", [k for k in RUN_TIME_KINDS if k != IDLE_ALLOCATION], i.start, i.end, run_id=i.run_id,
-            detail={"gpus": gpus}))
+        lab.incidents.append(
+            Incident(
+                IDLE_ALLOCATION,
+                None,
+                i.start,
+                i.end,
+                run_id=i.run_id,
+                fault="idle_allocation",
+                fault_index=i.index,
+                evidence={"gpus": gpus, "whole_run": i.whole_run, "note": i.note},
+            )
+        )
+        lab.hard_negatives.append(
+            HardNegative(
+                "idle_run",
+                [k for k in RUN_TIME_KINDS if k != IDLE_ALLOCATION],
+                i.start,
+                i.end,
+                run_id=i.run_id,
+                detail={"gpus": gpus},
+            )
+        )
     for h in plan.hangs:
         dead = [{"node": plan.gpus[g].node, "gpu": plan.gpus[g].gpu} for g in h.dead.tolist()]
-        lab.incidents.append(Incident(
-            HUNG_COLLECTIVE, None, h.start, h.end, run_id=h.run_id, fault="hung_collective", fault_index=h.index,
-            evidence={"dead_gpus": dead, "note": h.note}))
-        lab.hard_negatives.append(HardNegative(
-            "hung_run", [k for k in RUN_TIME_KINDS if k != HUNG_COLLECTIVE], h.start, h.end, run_id=h.run_id,
-            detail={"dead_gpus": dead}))
+        lab.incidents.append(
+            Incident(
+                HUNG_COLLECTIVE,
+                None,
+                h.start,
+                h.end,
+                run_id=h.run_id,
+                fault="hung_collective",
+                fault_index=h.index,
+                evidence={"dead_gpus": dead, "note": h.note},
+            )
+        )
+        lab.hard_negatives.append(
+            HardNegative(
+                "hung_run",
+                [k for k in RUN_TIME_KINDS if k != HUNG_COLLECTIVE],
+                h.start,
+                h.end,
+                run_id=h.run_id,
+                detail={"dead_gpus": dead},
+            )
+        )
 
 
 #: Host-wide user CPU at which a host counts as CPU-saturated (the detectors' default).
@@ -326,7 +438,10 @@ def _host_shows_cause(plan: FleetPlan, s: StarvationPlan) -> bool:
         return True
     for name in s.nodes:
         n = plan.nodes[name]
-        if n.cpu_quota_cores is not None and 100.0 * n.cpu_quota_cores / n.cpu_count + 1.0 < HOST_CPU_SATURATED_PCT:
+        if (
+            n.cpu_quota_cores is not None
+            and 100.0 * n.cpu_quota_cores / n.cpu_count + 1.0 < HOST_CPU_SATURATED_PCT
+        ):
             return False
     return True
 
@@ -391,22 +506,47 @@ def _gpu_faults(plan: FleetPlan, lab: Labels) -> None:
             gp = plan.gpus[gi]
             for r, s, e in _busy_windows(plan, gi, f.start, f.end):
                 slow, throttles = slowdown(plan, f, gp, r)
-                common = {"run_id": r.run_id, "node": gp.node, "gpu": gp.gpu, "fault": f.kind, "fault_index": f.index}
+                common = {
+                    "run_id": r.run_id,
+                    "node": gp.node,
+                    "gpu": gp.gpu,
+                    "fault": f.kind,
+                    "fault_index": f.index,
+                }
                 if f.kind == "pcie_degraded":
-                    lab.incidents.append(Incident(PCIE_DEGRADED, None, s, e, evidence=dict(evidence), **common))
+                    lab.incidents.append(
+                        Incident(PCIE_DEGRADED, None, s, e, evidence=dict(evidence), **common)
+                    )
                 elif causes[0] is not None and throttles:
-                    lab.incidents.append(Incident(THROTTLING, causes[0], s, e, evidence=dict(evidence), **common))
+                    lab.incidents.append(
+                        Incident(THROTTLING, causes[0], s, e, evidence=dict(evidence), **common)
+                    )
                 run_gpus = set(r.gpu_idx.tolist())
                 if len(run_gpus) > 1 and not run_gpus <= targeted and slow >= STRAGGLER_MIN_SLOWDOWN:
-                    lab.incidents.append(Incident(STRAGGLER, causes[1], s, e,
-                                                  evidence={**evidence, "slowdown": round(slow, 4)}, **common))
+                    lab.incidents.append(
+                        Incident(
+                            STRAGGLER,
+                            causes[1],
+                            s,
+                            e,
+                            evidence={**evidence, "slowdown": round(slow, 4)},
+                            **common,
+                        )
+                    )
         for r in plan.runs:
             if len(r.gpu_idx) > 1 and set(r.gpu_idx.tolist()) <= targeted:
                 s, e = max(f.start, r.train_start), min(f.end, r.end_or(plan.t_end))
                 if e > s:
-                    lab.hard_negatives.append(HardNegative(
-                        f"uniform_{f.kind}", [STRAGGLER], s, e, run_id=r.run_id,
-                        detail={"fault_index": f.index, **evidence}))
+                    lab.hard_negatives.append(
+                        HardNegative(
+                            f"uniform_{f.kind}",
+                            [STRAGGLER],
+                            s,
+                            e,
+                            run_id=r.run_id,
+                            detail={"fault_index": f.index, **evidence},
+                        )
+                    )
 
 
 def _xids(plan: FleetPlan, lab: Labels, f: GpuFaultPlan) -> None:
@@ -418,11 +558,28 @@ def _xids(plan: FleetPlan, lab: Labels, f: GpuFaultPlan) -> None:
         if len(times) >= REPEATED_XID_MIN:
             gp = plan.gpus[gi]
             codes = sorted({x.code for x in plan.xids if x.fault_index == f.index and x.gpu_idx == gi})
-            run = next((r.run_id for r in plan.runs if gi in r.gpu_idx and r.start <= times[0] < r.end_or(plan.t_end)),
-                       None)
-            lab.incidents.append(Incident(HOST_MISCONFIG, "repeated_xid", min(times), max(times), run_id=run,
-                                          node=gp.node, gpu=gp.gpu, fault="xid", fault_index=f.index,
-                                          evidence={"count": len(times), "codes": codes}))
+            run = next(
+                (
+                    r.run_id
+                    for r in plan.runs
+                    if gi in r.gpu_idx and r.start <= times[0] < r.end_or(plan.t_end)
+                ),
+                None,
+            )
+            lab.incidents.append(
+                Incident(
+                    HOST_MISCONFIG,
+                    "repeated_xid",
+                    min(times),
+                    max(times),
+                    run_id=run,
+                    node=gp.node,
+                    gpu=gp.gpu,
+                    fault="xid",
+                    fault_index=f.index,
+                    evidence={"count": len(times), "codes": codes},
+                )
+            )
 
 
 def _health_fault(plan: FleetPlan, lab: Labels, f: GpuFaultPlan) -> None:
@@ -436,11 +593,34 @@ def _health_fault(plan: FleetPlan, lab: Labels, f: GpuFaultPlan) -> None:
         if f.kind == "nvlink_fallback":
             for r, s, e in _busy_windows(plan, gi, f.start, f.end):
                 if np.count_nonzero(np.isin(r.gpu_idx, plan.nodes[gp.node].gpu_idx)) > 1:
-                    lab.incidents.append(Incident(kind, cause, s, e, run_id=r.run_id, node=gp.node, gpu=gp.gpu,
-                                                  fault=f.kind, fault_index=f.index, evidence=dict(evidence)))
+                    lab.incidents.append(
+                        Incident(
+                            kind,
+                            cause,
+                            s,
+                            e,
+                            run_id=r.run_id,
+                            node=gp.node,
+                            gpu=gp.gpu,
+                            fault=f.kind,
+                            fault_index=f.index,
+                            evidence=dict(evidence),
+                        )
+                    )
             continue
-        lab.incidents.append(Incident(kind, cause, f.start, end, node=gp.node, gpu=gp.gpu, fault=f.kind,
-                                      fault_index=f.index, evidence=dict(evidence)))
+        lab.incidents.append(
+            Incident(
+                kind,
+                cause,
+                f.start,
+                end,
+                node=gp.node,
+                gpu=gp.gpu,
+                fault=f.kind,
+                fault_index=f.index,
+                evidence=dict(evidence),
+            )
+        )
 
 
 def _memory_events(plan: FleetPlan, lab: Labels) -> None:
@@ -463,10 +643,23 @@ def _memory_events(plan: FleetPlan, lab: Labels) -> None:
         resets = sorted(ev.time for ev in plan.resets if gi in ev.gpu_idx.tolist() and ev.time > t0)
         end = plan.t_end if failed or not resets else resets[0]
         fi = first_fault[gi]
-        lab.incidents.append(Incident(GPU_HEALTH, memory_cause(codes), t0, end, node=gp.node, gpu=gp.gpu,
-                                      fault=kinds.get(fi, "xid"), fault_index=fi, evidence={"xids": sorted(codes), "events": len(events),
-                                                             "xid_events": [[rfc3339(t), c] for t, c in
-                                                                            sorted(events)]}))
+        lab.incidents.append(
+            Incident(
+                GPU_HEALTH,
+                memory_cause(codes),
+                t0,
+                end,
+                node=gp.node,
+                gpu=gp.gpu,
+                fault=kinds.get(fi, "xid"),
+                fault_index=fi,
+                evidence={
+                    "xids": sorted(codes),
+                    "events": len(events),
+                    "xid_events": [[rfc3339(t), c] for t, c in sorted(events)],
+                },
+            )
+        )
 
 
 def memory_cause(codes: set[int]) -> str:
@@ -479,70 +672,150 @@ def memory_cause(codes: set[int]) -> str:
 def _node_settings(plan: FleetPlan, lab: Labels) -> None:
     for n in plan.nodes.values():
         if n.cpu_governor == "powersave":
-            lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_governor", plan.t0, plan.t_end, node=n.name,
-                                          fault="cpu_governor", evidence={"cpu_governor": n.cpu_governor}))
+            lab.incidents.append(
+                Incident(
+                    HOST_MISCONFIG,
+                    "cpu_governor",
+                    plan.t0,
+                    plan.t_end,
+                    node=n.name,
+                    fault="cpu_governor",
+                    evidence={"cpu_governor": n.cpu_governor},
+                )
+            )
         # The quota of each job's cgroup against the GPUs it feeds on this node (one core per GPU);
         # a node no run uses is judged as a whole.
         held = [[gi for gi in r.gpu_idx.tolist() if plan.gpus[gi].node == n.name] for r in plan.runs]
         held = [h for h in held if h]
         short = [len(h) for h in held] if held else [len(n.gpu_idx)]
         if n.cpu_quota_cores is not None and any(n.cpu_quota_cores < k for k in short):
-            lab.incidents.append(Incident(HOST_MISCONFIG, "cpu_quota", plan.t0, plan.t_end, node=n.name,
-                                          fault="cpu_quota",
-                                          evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": max(short)}))
+            lab.incidents.append(
+                Incident(
+                    HOST_MISCONFIG,
+                    "cpu_quota",
+                    plan.t0,
+                    plan.t_end,
+                    node=n.name,
+                    fault="cpu_quota",
+                    evidence={"cpu_quota_cores": n.cpu_quota_cores, "gpus": max(short)},
+                )
+            )
         if n.job_cpus == "remote" and held:
-            lab.incidents.append(Incident(HOST_MISCONFIG, "numa_affinity", plan.t0, plan.t_end, node=n.name,
-                                          fault="numa_affinity", evidence={"job_cpus": n.job_cpus}))
+            lab.incidents.append(
+                Incident(
+                    HOST_MISCONFIG,
+                    "numa_affinity",
+                    plan.t0,
+                    plan.t_end,
+                    node=n.name,
+                    fault="numa_affinity",
+                    evidence={"job_cpus": n.job_cpus},
+                )
+            )
         if n.nfs == "stalled":
-            lab.incidents.append(Incident(HOST_MISCONFIG, "nfs_stall", plan.t0, plan.t_end, node=n.name,
-                                          fault="nfs_stall", evidence={"nfs": n.nfs}))
+            lab.incidents.append(
+                Incident(
+                    HOST_MISCONFIG,
+                    "nfs_stall",
+                    plan.t0,
+                    plan.t_end,
+                    node=n.name,
+                    fault="nfs_stall",
+                    evidence={"nfs": n.nfs},
+                )
+            )
 
 
 def _negatives(plan: FleetPlan, lab: Labels) -> None:
     for r in plan.runs:
         end = r.end_or(plan.t_end)
         if r.train_start > r.start:
-            lab.hard_negatives.append(HardNegative("warmup", [STARVATION, CHECKPOINT_STALL, STRAGGLER,
-                                                              IDLE_ALLOCATION, HUNG_COLLECTIVE],
-                                                   r.start, min(r.train_start, end), run_id=r.run_id,
-                                                   detail={"warmup_s": r.workload.warmup_s}))
+            lab.hard_negatives.append(
+                HardNegative(
+                    "warmup",
+                    [STARVATION, CHECKPOINT_STALL, STRAGGLER, IDLE_ALLOCATION, HUNG_COLLECTIVE],
+                    r.start,
+                    min(r.train_start, end),
+                    run_id=r.run_id,
+                    detail={"warmup_s": r.workload.warmup_s},
+                )
+            )
         if r.evals:
             pairs = r.evals.pairs()
-            lab.hard_negatives.append(HardNegative(
-                "eval_pause", [STARVATION, CHECKPOINT_STALL, IDLE_ALLOCATION, HUNG_COLLECTIVE], pairs[0][0],
-                pairs[-1][1], run_id=r.run_id,
-                detail={"period_s": r.workload.eval_period_s,
-                        "pauses": [[rfc3339(a), rfc3339(b)] for a, b in pairs]}))
+            lab.hard_negatives.append(
+                HardNegative(
+                    "eval_pause",
+                    [STARVATION, CHECKPOINT_STALL, IDLE_ALLOCATION, HUNG_COLLECTIVE],
+                    pairs[0][0],
+                    pairs[-1][1],
+                    run_id=r.run_id,
+                    detail={
+                        "period_s": r.workload.eval_period_s,
+                        "pauses": [[rfc3339(a), rfc3339(b)] for a, b in pairs],
+                    },
+                )
+            )
         if r.workload.kind == "serving":
-            lab.hard_negatives.append(HardNegative(
-                "steady_low_utilisation", [STARVATION, STRAGGLER], r.train_start, end, run_id=r.run_id,
-                detail={"busy_fraction": r.workload.busy_fraction}))
+            lab.hard_negatives.append(
+                HardNegative(
+                    "steady_low_utilisation",
+                    [STARVATION, STRAGGLER],
+                    r.train_start,
+                    end,
+                    run_id=r.run_id,
+                    detail={"busy_fraction": r.workload.busy_fraction},
+                )
+            )
         prof = plan.gpus[int(r.gpu_idx[0])].profile if r.gpu_idx.size else None
         if prof is not None and len(r.gpu_idx) > 1:
             # Collectives over PCIe on a board without NVLink are how it works, not a fault;
             # GPUs that serve independently move nothing over NVLink.
             if prof.nvlink_links == 0:
-                lab.hard_negatives.append(HardNegative("no_nvlink", [NVLINK_DEGRADED], r.start, end,
-                                                       run_id=r.run_id, detail={"gpu_model": prof.key}))
+                lab.hard_negatives.append(
+                    HardNegative(
+                        "no_nvlink",
+                        [NVLINK_DEGRADED],
+                        r.start,
+                        end,
+                        run_id=r.run_id,
+                        detail={"gpu_model": prof.key},
+                    )
+                )
             elif r.workload.kind == "serving":
-                lab.hard_negatives.append(HardNegative("no_collectives", [NVLINK_DEGRADED], r.start, end,
-                                                       run_id=r.run_id))
+                lab.hard_negatives.append(
+                    HardNegative("no_collectives", [NVLINK_DEGRADED], r.start, end, run_id=r.run_id)
+                )
     for gp in plan.gpus:
         held = IntervalSet((r.start, r.end_or(plan.t_end)) for r in plan.runs if gp.idx in r.gpu_idx)
         for s, e in IntervalSet([(plan.t0, plan.t_end)]).minus(held).pairs():
             if e - s < IDLE_NEGATIVE_MIN_S:
                 continue
-            lab.hard_negatives.append(HardNegative(
-                "idle_unallocated", [STARVATION, STRAGGLER, THROTTLING, PCIE_DEGRADED], s, e,
-                node=gp.node, gpu=gp.gpu))
+            lab.hard_negatives.append(
+                HardNegative(
+                    "idle_unallocated",
+                    [STARVATION, STRAGGLER, THROTTLING, PCIE_DEGRADED],
+                    s,
+                    e,
+                    node=gp.node,
+                    gpu=gp.gpu,
+                )
+            )
 
 
 def _events(plan: FleetPlan, lab: Labels) -> None:
     for ev in plan.resets:
         for gi in ev.gpu_idx.tolist():
             gp = plan.gpus[gi]
-            lab.events.append(Event("counter_reset", ev.time, ev.time + ev.gap_s, node=gp.node, gpu=gp.gpu,
-                                    detail={"gap_s": ev.gap_s}))
+            lab.events.append(
+                Event(
+                    "counter_reset",
+                    ev.time,
+                    ev.time + ev.gap_s,
+                    node=gp.node,
+                    gpu=gp.gpu,
+                    detail={"gap_s": ev.gap_s},
+                )
+            )
     for node, gaps in plan.node_gaps.items():
         for s, e in gaps.pairs():
             lab.events.append(Event("sample_gap", s, e, node=node))

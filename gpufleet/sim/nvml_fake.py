@@ -94,46 +94,111 @@ class GpuProfile:
 
 
 H100_SXM = GpuProfile(
-    name="NVIDIA H100 80GB HBM3", capture="linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01",
-    driver_version="590.48.01", cuda_driver_version=13010,
-    mem_total_mib=81559, mem_reserved_mib=479, power_limit_w=700.0,
-    sm_clock_max_mhz=1980, mem_clock_max_mhz=2619, pcie_gen_max=5, pcie_width_max=16,
-    pci_bus_id="00000000:00:09.0", cpu_affinity="0-19", numa_node=0,
-    idle_power_w=69.62, idle_sm_clock_mhz=345, idle_temp_c=41, idle_mem_temp_c=48,
-    idle_pcie_tx_kb_s=352, idle_pcie_rx_kb_s=329,
-    load_util_pct=100, load_power_w=588.39, load_temp_c=59, load_mem_temp_c=55, load_mem_used_mib=19818,
-    pcie_replays=9, nvlink_links=18,
+    name="NVIDIA H100 80GB HBM3",
+    capture="linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01",
+    driver_version="590.48.01",
+    cuda_driver_version=13010,
+    mem_total_mib=81559,
+    mem_reserved_mib=479,
+    power_limit_w=700.0,
+    sm_clock_max_mhz=1980,
+    mem_clock_max_mhz=2619,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+    pci_bus_id="00000000:00:09.0",
+    cpu_affinity="0-19",
+    numa_node=0,
+    idle_power_w=69.62,
+    idle_sm_clock_mhz=345,
+    idle_temp_c=41,
+    idle_mem_temp_c=48,
+    idle_pcie_tx_kb_s=352,
+    idle_pcie_rx_kb_s=329,
+    load_util_pct=100,
+    load_power_w=588.39,
+    load_temp_c=59,
+    load_mem_temp_c=55,
+    load_mem_used_mib=19818,
+    pcie_replays=9,
+    nvlink_links=18,
 )
 
 H100_MIG = replace(
-    H100_SXM, capture="linux-x86_64__nvidia-h100-mig__590.48.01",
-    idle_power_w=72.63, idle_temp_c=42, idle_mem_temp_c=48, idle_pcie_tx_kb_s=359, idle_pcie_rx_kb_s=329,
-    load_power_w=444.72, load_temp_c=53, load_mem_temp_c=58, load_mem_used_mib=11125,
-    mig=(MigSlice(2, "3g.40gb", 40448, 26), MigSlice(3, "2g.20gb", 20096, 17),
-         MigSlice(9, "1g.10gb", 9984, 9), MigSlice(10, "1g.10gb", 9984, 9)),
+    H100_SXM,
+    capture="linux-x86_64__nvidia-h100-mig__590.48.01",
+    idle_power_w=72.63,
+    idle_temp_c=42,
+    idle_mem_temp_c=48,
+    idle_pcie_tx_kb_s=359,
+    idle_pcie_rx_kb_s=329,
+    load_power_w=444.72,
+    load_temp_c=53,
+    load_mem_temp_c=58,
+    load_mem_used_mib=11125,
+    mig=(
+        MigSlice(2, "3g.40gb", 40448, 26),
+        MigSlice(3, "2g.20gb", 20096, 17),
+        MigSlice(9, "1g.10gb", 9984, 9),
+        MigSlice(10, "1g.10gb", 9984, 9),
+    ),
 )
 
 H200 = GpuProfile(
-    name="NVIDIA H200", capture="linux-x86_64__nvidia-h200__590.48.01",
-    driver_version="590.48.01", cuda_driver_version=13010,
-    mem_total_mib=143771, mem_reserved_mib=614, power_limit_w=700.0,
-    sm_clock_max_mhz=1980, mem_clock_max_mhz=3201, pcie_gen_max=5, pcie_width_max=16,
-    pci_bus_id="00000000:83:00.0", cpu_affinity="0-23", numa_node=0,
-    idle_power_w=77.88, idle_sm_clock_mhz=345, idle_temp_c=28, idle_mem_temp_c=32,
-    idle_pcie_tx_kb_s=371, idle_pcie_rx_kb_s=337,
-    load_util_pct=100, load_power_w=625.24, load_temp_c=52, load_mem_temp_c=41, load_mem_used_mib=32362,
-    pcie_replays=0, nvlink_links=18,
+    name="NVIDIA H200",
+    capture="linux-x86_64__nvidia-h200__590.48.01",
+    driver_version="590.48.01",
+    cuda_driver_version=13010,
+    mem_total_mib=143771,
+    mem_reserved_mib=614,
+    power_limit_w=700.0,
+    sm_clock_max_mhz=1980,
+    mem_clock_max_mhz=3201,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+    pci_bus_id="00000000:83:00.0",
+    cpu_affinity="0-23",
+    numa_node=0,
+    idle_power_w=77.88,
+    idle_sm_clock_mhz=345,
+    idle_temp_c=28,
+    idle_mem_temp_c=32,
+    idle_pcie_tx_kb_s=371,
+    idle_pcie_rx_kb_s=337,
+    load_util_pct=100,
+    load_power_w=625.24,
+    load_temp_c=52,
+    load_mem_temp_c=41,
+    load_mem_used_mib=32362,
+    pcie_replays=0,
+    nvlink_links=18,
 )
 
 L40S = GpuProfile(
-    name="NVIDIA L40S", capture="linux-x86_64__nvidia-l40s__595.80",
-    driver_version="595.80", cuda_driver_version=13020,
-    mem_total_mib=46068, mem_reserved_mib=609, power_limit_w=350.0,
-    sm_clock_max_mhz=2520, mem_clock_max_mhz=9001, pcie_gen_max=4, pcie_width_max=16,
-    pci_bus_id="00000000:01:00.0", cpu_affinity="0-7", numa_node=0,
-    idle_power_w=119.88, idle_sm_clock_mhz=2520, idle_temp_c=64, idle_mem_temp_c=None,
-    idle_pcie_tx_kb_s=585, idle_pcie_rx_kb_s=244,
-    load_util_pct=9, load_power_w=110.01, load_temp_c=54, load_mem_temp_c=None, load_mem_used_mib=1235,
+    name="NVIDIA L40S",
+    capture="linux-x86_64__nvidia-l40s__595.80",
+    driver_version="595.80",
+    cuda_driver_version=13020,
+    mem_total_mib=46068,
+    mem_reserved_mib=609,
+    power_limit_w=350.0,
+    sm_clock_max_mhz=2520,
+    mem_clock_max_mhz=9001,
+    pcie_gen_max=4,
+    pcie_width_max=16,
+    pci_bus_id="00000000:01:00.0",
+    cpu_affinity="0-7",
+    numa_node=0,
+    idle_power_w=119.88,
+    idle_sm_clock_mhz=2520,
+    idle_temp_c=64,
+    idle_mem_temp_c=None,
+    idle_pcie_tx_kb_s=585,
+    idle_pcie_rx_kb_s=244,
+    load_util_pct=9,
+    load_power_w=110.01,
+    load_temp_c=54,
+    load_mem_temp_c=None,
+    load_mem_used_mib=1235,
     mig_capable=False,
 )
 
@@ -169,7 +234,9 @@ class FakeMigDevice:
 class FakeGpu:
     """Settable state of one GPU; power changes are integrated into the energy counter."""
 
-    def __init__(self, index: int, profile: GpuProfile, clock: Callable[[], float], energy_mj: float = 0.0) -> None:
+    def __init__(
+        self, index: int, profile: GpuProfile, clock: Callable[[], float], energy_mj: float = 0.0
+    ) -> None:
         self.index = index
         self.profile = profile
         self.uuid = f"GPU-{index:08x}-0000-4000-8000-{zlib.crc32(profile.name.encode()):012x}"
@@ -268,15 +335,28 @@ class FakeGpu:
 
     def idle(self) -> FakeGpu:
         p = self.profile
-        return self.set(util_pct=0, power_w=p.idle_power_w, sm_clock_mhz=p.idle_sm_clock_mhz, temp_c=p.idle_temp_c,
-                        mem_temp_c=p.idle_mem_temp_c, throttle_reasons=THROTTLE_GPU_IDLE, mem_used_mib=0)
+        return self.set(
+            util_pct=0,
+            power_w=p.idle_power_w,
+            sm_clock_mhz=p.idle_sm_clock_mhz,
+            temp_c=p.idle_temp_c,
+            mem_temp_c=p.idle_mem_temp_c,
+            throttle_reasons=THROTTLE_GPU_IDLE,
+            mem_used_mib=0,
+        )
 
     def load(self) -> FakeGpu:
         """The captured under-load readings."""
         p = self.profile
-        return self.set(util_pct=p.load_util_pct, power_w=p.load_power_w, sm_clock_mhz=p.sm_clock_max_mhz,
-                        temp_c=p.load_temp_c, mem_temp_c=p.load_mem_temp_c, throttle_reasons=0,
-                        mem_used_mib=p.load_mem_used_mib)
+        return self.set(
+            util_pct=p.load_util_pct,
+            power_w=p.load_power_w,
+            sm_clock_mhz=p.sm_clock_max_mhz,
+            temp_c=p.load_temp_c,
+            mem_temp_c=p.load_mem_temp_c,
+            throttle_reasons=0,
+            mem_used_mib=p.load_mem_used_mib,
+        )
 
 
 class FakeNvml:
@@ -288,8 +368,14 @@ class FakeNvml:
     collect costs.
     """
 
-    def __init__(self, profiles: Sequence[GpuProfile] | Iterable[GpuProfile], *, call_latency_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic, energy_mj: float = 0.0) -> None:
+    def __init__(
+        self,
+        profiles: Sequence[GpuProfile] | Iterable[GpuProfile],
+        *,
+        call_latency_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        energy_mj: float = 0.0,
+    ) -> None:
         profiles = list(profiles)
         if not profiles:
             raise ValueError("FakeNvml needs at least one GPU profile")
@@ -409,7 +495,9 @@ class FakeNvml:
             m = self._mig(gpu, handle.gpu_instance_id)
             return MemoryInfo(m.mem_total_mib * MIB, int(m.mem_used_mib * MIB), 0)
         used = sum(m.mem_used_mib for m in gpu.mig) if gpu.mig else gpu.mem_used_mib
-        return MemoryInfo(gpu.profile.mem_total_mib * MIB, int(used * MIB), gpu.profile.mem_reserved_mib * MIB)
+        return MemoryInfo(
+            gpu.profile.mem_total_mib * MIB, int(used * MIB), gpu.profile.mem_reserved_mib * MIB
+        )
 
     def power_usage_mw(self, handle: FakeHandle) -> int:
         return round(self._whole("power_usage_mw", handle).power_w * 1000)
@@ -485,8 +573,9 @@ class FakeNvml:
         gpu = self._whole("remapped_rows", handle)
         if gpu.mig:
             raise NotSupported("nvml: remapped_rows: not reported while MIG is enabled")
-        return RemappedRows(gpu.remapped_correctable, gpu.remapped_uncorrectable, gpu.remap_pending,
-                            gpu.remap_failed)
+        return RemappedRows(
+            gpu.remapped_correctable, gpu.remapped_uncorrectable, gpu.remap_pending, gpu.remap_failed
+        )
 
     def pcie_replay_count(self, handle: FakeHandle) -> int:
         return int(self._whole("pcie_replay_count", handle).pcie_replays)
@@ -568,4 +657,3 @@ def fake_nvml_source(gpus: int, call_latency_s: float = 0.0, loaded: bool = True
         for g in fake.gpus:
             g.load()
     return NvmlSource(api=fake)
-

@@ -74,11 +74,16 @@ def thermal_limit_power_w(limit_c: Num, inlet_c: Num, r_c_per_w: Num, rise_c: Nu
     return np.asarray((limit_c - inlet_c - rise_c) / r_c_per_w, dtype=np.float64)
 
 
-def compute_time_factor(clock_ratio: Num, mem_bound_share: Num, pcie_share: Num,
-                        pcie_bw_ratio: Num) -> np.ndarray:
+def compute_time_factor(
+    clock_ratio: Num, mem_bound_share: Num, pcie_share: Num, pcie_bw_ratio: Num
+) -> np.ndarray:
     """How much longer a step's compute takes than on a healthy GPU (>= 1).
 
     ``pcie_bw_ratio`` is current over maximum link bandwidth.
     """
     clock_share = 1.0 - mem_bound_share - pcie_share
-    return clock_share / np.maximum(clock_ratio, 1e-3) + mem_bound_share + pcie_share / np.maximum(pcie_bw_ratio, 1e-3)
+    return (
+        clock_share / np.maximum(clock_ratio, 1e-3)
+        + mem_bound_share
+        + pcie_share / np.maximum(pcie_bw_ratio, 1e-3)
+    )

@@ -256,7 +256,9 @@ def _build_nodes(sc: Scenario, seed: int) -> tuple[list[GpuPlan], dict[str, Node
             for k in range(g.gpus):
                 grng = stream(seed, "gpu", name, k)
                 gp = GpuPlan(
-                    idx=len(gpus), node=name, gpu=k,
+                    idx=len(gpus),
+                    node=name,
+                    gpu=k,
                     uuid="GPU-" + str(uuidlib.uuid5(_UUID_NAMESPACE, f"{name}/{k}")),
                     profile=prof,
                     efficiency=float(np.clip(grng.normal(1.0, 0.025), 0.94, 1.06)),
@@ -266,13 +268,22 @@ def _build_nodes(sc: Scenario, seed: int) -> tuple[list[GpuPlan], dict[str, Node
                 idx.append(gp.idx)
                 gpus.append(gp)
             nodes[name] = NodePlan(
-                name=name, site=g.site, profile=prof, gpu_idx=idx, cpu_count=g.cpu_count,
-                cpu_governor=g.cpu_governor, cpu_quota_cores=g.cpu_quota_cores,
-                driver_version=g.driver_version, cuda_version=g.cuda_version,
-                host_idle_w=draw(rng, g.host_idle_w), host_cpu_w=draw(rng, g.host_cpu_w),
+                name=name,
+                site=g.site,
+                profile=prof,
+                gpu_idx=idx,
+                cpu_count=g.cpu_count,
+                cpu_governor=g.cpu_governor,
+                cpu_quota_cores=g.cpu_quota_cores,
+                driver_version=g.driver_version,
+                cuda_version=g.cuda_version,
+                host_idle_w=draw(rng, g.host_idle_w),
+                host_cpu_w=draw(rng, g.host_cpu_w),
                 disk_read_bytes_s_max=draw(rng, g.disk_read_bytes_s_max),
-                net_rx_bytes_s=draw(rng, g.net_rx_bytes_s), net_tx_bytes_s=draw(rng, g.net_tx_bytes_s),
-                job_cpus=g.job_cpus, nfs=g.nfs,
+                net_rx_bytes_s=draw(rng, g.net_rx_bytes_s),
+                net_tx_bytes_s=draw(rng, g.net_tx_bytes_s),
+                job_cpus=g.job_cpus,
+                nfs=g.nfs,
             )
     return gpus, nodes
 
@@ -299,8 +310,9 @@ def _draw_workload(w: WorkloadSpec, rng: np.random.Generator) -> Workload:
     )
 
 
-def _build_run(sc: Scenario, r: RunSpec, seed: int, t0: float, t_end: float,
-               nodes: dict[str, NodePlan]) -> RunPlan:
+def _build_run(
+    sc: Scenario, r: RunSpec, seed: int, t0: float, t_end: float, nodes: dict[str, NodePlan]
+) -> RunPlan:
     wl = _draw_workload(r.workload, stream(seed, "run", r.run_id))
     start = t0 + r.start_s
     end = start + r.duration_s if r.duration_s is not None else None
@@ -310,9 +322,17 @@ def _build_run(sc: Scenario, r: RunSpec, seed: int, t0: float, t_end: float,
     load_end = start + WARMUP_LOAD_SHARE * wl.warmup_s
     site = r.site or nodes[r.nodes[0]].site
     return RunPlan(
-        run_id=r.run_id, name=r.name or r.run_id, site=site, team=r.team, start=start, end=end,
-        nodes=list(r.nodes), gpu_idx=np.array(idx, dtype=np.intp), workload=wl,
-        load=IntervalSet([(start, load_end)]), ramp=IntervalSet([(load_end, start + wl.warmup_s)]),
+        run_id=r.run_id,
+        name=r.name or r.run_id,
+        site=site,
+        team=r.team,
+        start=start,
+        end=end,
+        nodes=list(r.nodes),
+        gpu_idx=np.array(idx, dtype=np.intp),
+        workload=wl,
+        load=IntervalSet([(start, load_end)]),
+        ramp=IntervalSet([(load_end, start + wl.warmup_s)]),
     )
 
 
@@ -322,13 +342,17 @@ def _window(plan: FleetPlan, f: fs._Fault) -> tuple[float, float]:
     return start, plan.t0 + f.end_s if f.end_s is not None else float("inf")
 
 
-def _target_gpus(plan: FleetPlan, f: fs._GpuTarget, by_run: dict[str, RunPlan], rng: np.random.Generator) -> np.ndarray:
+def _target_gpus(
+    plan: FleetPlan, f: fs._GpuTarget, by_run: dict[str, RunPlan], rng: np.random.Generator
+) -> np.ndarray:
     if f.run_id is not None:
         pool = by_run[f.run_id].gpu_idx
     else:
         assert f.node is not None
         node = plan.nodes[f.node]
-        pool = np.array([node.gpu_idx[g] for g in f.gpus] if f.gpus is not None else node.gpu_idx, dtype=np.intp)
+        pool = np.array(
+            [node.gpu_idx[g] for g in f.gpus] if f.gpus is not None else node.gpu_idx, dtype=np.intp
+        )
     if f.pick is not None:
         pool = np.sort(rng.choice(pool, size=f.pick, replace=False))
     return np.asarray(pool, dtype=np.intp)
@@ -348,8 +372,17 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
             pool = np.sort(rng.choice(pool, size=f.pick, replace=False))
         s0, e0 = max(start, run.start), min(end, run.end_or(plan.t_end), plan.t_end)
         if e0 > s0:
-            plan.idles.append(IdlePlan(run.run_id, s0, e0, np.asarray(pool, dtype=np.intp),
-                                       pool.size == run.gpu_idx.size, f.note, i))
+            plan.idles.append(
+                IdlePlan(
+                    run.run_id,
+                    s0,
+                    e0,
+                    np.asarray(pool, dtype=np.intp),
+                    pool.size == run.gpu_idx.size,
+                    f.note,
+                    i,
+                )
+            )
     elif isinstance(f, fs.HungCollective):
         run = by_run[f.run_id]
         dead = np.sort(rng.choice(run.gpu_idx, size=min(f.dead_ranks, run.gpu_idx.size), replace=False))
@@ -362,10 +395,18 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
     elif isinstance(f, fs.Xid):
         idx = _target_gpus(plan, f, by_run, rng)
         for _ in range(draw_int(rng, f.count)):
-            plan.xids.append(XidEvent(float(rng.uniform(start, min(end, plan.t_end))), int(rng.choice(idx)),
-                                      int(rng.choice(f.codes)), i))
+            plan.xids.append(
+                XidEvent(
+                    float(rng.uniform(start, min(end, plan.t_end))),
+                    int(rng.choice(idx)),
+                    int(rng.choice(f.codes)),
+                    i,
+                )
+            )
         plan.xids.sort(key=lambda x: x.time)
-        plan.gpu_faults.append(GpuFaultPlan(i, f.kind, start, end, idx, {"codes": list(f.codes)}, f.run_id, f.note))
+        plan.gpu_faults.append(
+            GpuFaultPlan(i, f.kind, start, end, idx, {"codes": list(f.codes)}, f.run_id, f.note)
+        )
     elif isinstance(f, fs.EccDbe | fs.RowRemapFailure):
         # Discrete events: an uncorrectable error (XID 48, then the remap's XID 63),
         # or a remap that failed (XID 64); the engine sets the counters and flags.
@@ -388,8 +429,9 @@ def _add_fault(plan: FleetPlan, i: int, f: Any, by_run: dict[str, RunPlan], seed
             plan.gpu_gaps[g] = plan.gpu_gaps.get(g, IntervalSet()).union(IntervalSet([(start, start + gap)]))
     else:
         idx = _target_gpus(plan, f, by_run, rng)
-        plan.gpu_faults.append(GpuFaultPlan(i, f.kind, start, end, idx, _gpu_params(f, idx, plan, rng),
-                                            f.run_id, f.note))
+        plan.gpu_faults.append(
+            GpuFaultPlan(i, f.kind, start, end, idx, _gpu_params(f, idx, plan, rng), f.run_id, f.note)
+        )
 
 
 def _gpu_params(f: Any, idx: np.ndarray, plan: FleetPlan, rng: np.random.Generator) -> dict[str, Any]:
@@ -404,12 +446,18 @@ def _gpu_params(f: Any, idx: np.ndarray, plan: FleetPlan, rng: np.random.Generat
     if isinstance(f, fs.ClockLock):
         return {"clock_fraction": draw(rng, f.clock_fraction)}
     if isinstance(f, fs.NvlinkDown):
-        return {"links_down": min(draw_int(rng, f.links_down), prof.nvlink_links), "links_max": prof.nvlink_links}
+        return {
+            "links_down": min(draw_int(rng, f.links_down), prof.nvlink_links),
+            "links_max": prof.nvlink_links,
+        }
     if isinstance(f, fs.NvlinkFallback):
         return {}
     if isinstance(f, fs.NvlinkErrors):
-        return {"crc_per_s": draw(rng, f.crc_per_s), "replay_per_s": draw(rng, f.replay_per_s),
-                "recovery_per_h": draw(rng, f.recovery_per_h)}
+        return {
+            "crc_per_s": draw(rng, f.crc_per_s),
+            "replay_per_s": draw(rng, f.replay_per_s),
+            "recovery_per_h": draw(rng, f.recovery_per_h),
+        }
     if isinstance(f, fs.EccSbe):
         return {"sbe_per_h": draw(rng, f.sbe_per_h)}
     if isinstance(f, fs.RowRemapFailure):
@@ -428,8 +476,14 @@ def _gpu_params(f: Any, idx: np.ndarray, plan: FleetPlan, rng: np.random.Generat
     raise AssertionError(f"unhandled fault kind {f.kind}")
 
 
-def _add_starvation(plan: FleetPlan, f: fs.StarvationCpu | fs.StarvationIo, run: RunPlan,
-                    rng: np.random.Generator, start: float, end: float) -> None:
+def _add_starvation(
+    plan: FleetPlan,
+    f: fs.StarvationCpu | fs.StarvationIo,
+    run: RunPlan,
+    rng: np.random.Generator,
+    start: float,
+    end: float,
+) -> None:
     start, end = max(start, run.train_start), min(end, run.end_or(plan.t_end))
     period, duty = draw(rng, f.period_s), draw(rng, f.duty)
     first = start + float(rng.uniform(0, period)) - period + duty * period
@@ -440,15 +494,20 @@ def _add_starvation(plan: FleetPlan, f: fs.StarvationCpu | fs.StarvationIo, run:
         params = {"cpu_user_pct": draw(rng, f.cpu_user_pct), "offload": 1.0 if f.offload else 0.0}
         cause = "cpu"
     else:
-        params = {"cpu_iowait_pct": draw(rng, f.cpu_iowait_pct), "disk_await_ms": draw(rng, f.disk_await_ms),
-                  "disk_util_pct": draw(rng, f.disk_util_pct)}
+        params = {
+            "cpu_iowait_pct": draw(rng, f.cpu_iowait_pct),
+            "disk_await_ms": draw(rng, f.disk_await_ms),
+            "disk_util_pct": draw(rng, f.disk_util_pct),
+        }
         cause = "io"
-    plan.starvations.append(StarvationPlan(run.run_id, cause, start, end, period, duty, idx, list(nodes),
-                                           waits, params))
+    plan.starvations.append(
+        StarvationPlan(run.run_id, cause, start, end, period, duty, idx, list(nodes), waits, params)
+    )
 
 
-def _add_checkpoint(plan: FleetPlan, f: fs.CheckpointStall, run: RunPlan, rng: np.random.Generator,
-                    start: float, end: float) -> None:
+def _add_checkpoint(
+    plan: FleetPlan, f: fs.CheckpointStall, run: RunPlan, rng: np.random.Generator, start: float, end: float
+) -> None:
     start, end = max(start, run.train_start), min(end, run.end_or(plan.t_end))
     period, length = draw(rng, f.period_s), draw(rng, f.duration_s)
     first = start + (draw(rng, f.first_after_s) if f.first_after_s is not None else period)
@@ -458,8 +517,19 @@ def _add_checkpoint(plan: FleetPlan, f: fs.CheckpointStall, run: RunPlan, rng: n
         d = length * float(rng.uniform(1 - STALL_LENGTH_JITTER, 1 + STALL_LENGTH_JITTER))
         stalls.append((t, min(t + d, end)))
         t += period
-    plan.checkpoints.append(CheckpointPlan(run.run_id, start, end, period, length, IntervalSet(stalls),
-                                           draw(rng, f.disk_write_bytes_s), draw(rng, f.net_tx_bytes_s), f.mode))
+    plan.checkpoints.append(
+        CheckpointPlan(
+            run.run_id,
+            start,
+            end,
+            period,
+            length,
+            IntervalSet(stalls),
+            draw(rng, f.disk_write_bytes_s),
+            draw(rng, f.net_tx_bytes_s),
+            f.mode,
+        )
+    )
 
 
 def _finish_runs(plan: FleetPlan) -> None:

@@ -197,8 +197,9 @@ def resolve_path(path_or_name: str | Path) -> Path:
     shipped = SCENARIO_DIR / f"{p.name}.yaml"
     if shipped.exists():
         return shipped
-    raise ScenarioError(f"{path_or_name}: no such scenario file or shipped scenario "
-                        f"(shipped: {', '.join(scenario_names())})")
+    raise ScenarioError(
+        f"{path_or_name}: no such scenario file or shipped scenario (shipped: {', '.join(scenario_names())})"
+    )
 
 
 def load_scenario(path_or_name: str | Path) -> Scenario:

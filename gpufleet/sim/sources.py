@@ -127,8 +127,10 @@ def _sim_factory(settings: Any) -> Source:
     fleet = attached_fleet(settings.sim)
     node = settings.node or fleet.nodes[0]
     if node not in fleet.nodes:
-        raise SourceError(f"sim source: node {node!r} is not in scenario {fleet.scenario.name!r} "
-                          f"(nodes: {', '.join(fleet.nodes)})")
+        raise SourceError(
+            f"sim source: node {node!r} is not in scenario {fleet.scenario.name!r} "
+            f"(nodes: {', '.join(fleet.nodes)})"
+        )
     return SimNodeSource(fleet, node)
 
 

@@ -56,19 +56,33 @@ class Trace:
         win = Window(t_start=float(lo), t_end=float(hi))
         for j, (node, g) in enumerate(self.gpu_keys):
             present = sel & np.isfinite(self.gpu["power_w"][:, j])
-            win.gpus[(node, g)] = Series(node, g, self.t[present],
-                                         {c: self.gpu[c][present, j] for c in GPU_METRICS}, uuid=self.uuids[j])
+            win.gpus[(node, g)] = Series(
+                node,
+                g,
+                self.t[present],
+                {c: self.gpu[c][present, j] for c in GPU_METRICS},
+                uuid=self.uuids[j],
+            )
         for k, node in enumerate(self.nodes):
             present = sel & np.isfinite(self.host["cpu_user_pct"][:, k])
-            win.hosts[node] = Series(node, None, self.t[present], {c: self.host[c][present, k] for c in HOST_METRICS})
+            win.hosts[node] = Series(
+                node, None, self.t[present], {c: self.host[c][present, k] for c in HOST_METRICS}
+            )
         plan = self.fleet.plan
         for r in plan.runs:
             if r.start > hi or (r.end is not None and r.end < lo):
                 continue
             end = r.end if r.end is not None and r.end <= hi else None
-            win.runs.append(RunInfo(r.run_id, r.start, end,
-                                    [(plan.gpus[i].node, plan.gpus[i].gpu) for i in r.gpu_idx.tolist()],
-                                    name=r.name, site=r.site))
+            win.runs.append(
+                RunInfo(
+                    r.run_id,
+                    r.start,
+                    end,
+                    [(plan.gpus[i].node, plan.gpus[i].gpu) for i in r.gpu_idx.tolist()],
+                    name=r.name,
+                    site=r.site,
+                )
+            )
         win.node_facts = {n: self.fleet.facts(n) for n in self.nodes}
         return win
 

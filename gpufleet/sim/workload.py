@@ -63,8 +63,16 @@ class HostLoad:
     jobs: list[JobDemand] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("user_pct", "system_pct", "iowait_pct", "disk_read_bytes_s", "disk_write_bytes_s",
-                     "net_rx_bytes_s", "net_tx_bytes_s", "ckpt_share"):
+        for name in (
+            "user_pct",
+            "system_pct",
+            "iowait_pct",
+            "disk_read_bytes_s",
+            "disk_write_bytes_s",
+            "net_rx_bytes_s",
+            "net_tx_bytes_s",
+            "ckpt_share",
+        ):
             setattr(self, name, np.zeros(self.n))
 
 
@@ -120,9 +128,18 @@ class StepTiming:
     step_s: float
 
 
-def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], a: float, b: float,
-                inp: RunTickInputs, out: GpuTick, host: HostLoad, node_index: dict[str, int],
-                gpu_node: np.ndarray) -> StepTiming | None:
+def lay_out_run(
+    plan: FleetPlan,
+    run: RunPlan,
+    starvations: list[StarvationPlan],
+    a: float,
+    b: float,
+    inp: RunTickInputs,
+    out: GpuTick,
+    host: HostLoad,
+    node_index: dict[str, int],
+    gpu_node: np.ndarray,
+) -> StepTiming | None:
     """Fill ``out`` and ``host`` for ``run`` over the tick ``(a, b]``.
 
     Returns the step timing of a training run (None for serving or when the
@@ -176,8 +193,9 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         comm_s = wl.step_s * wl.comm_share / (1.0 - wl.comm_share)
         nvl_rate, pcie_coll, slow = _collective_paths(inp, idx, link)
         comm_s *= slow
-        factor = compute_time_factor(inp.compute_clock_ratio[idx], wl.mem_bound_share, wl.pcie_share,
-                                     inp.pcie_bw_ratio[idx])
+        factor = compute_time_factor(
+            inp.compute_clock_ratio[idx], wl.mem_bound_share, wl.pcie_share, inp.pcie_bw_ratio[idx]
+        )
         compute_s = wl.step_s * factor * (1.0 + STEP_JITTER * inp.jitter[idx])
         step_s = float(compute_s.max()) + comm_s
         c_share, m_share = compute_s / step_s, comm_s / step_s
@@ -190,7 +208,9 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         out.pcie_rx_bytes_s[idx] += f_train * (c_share * np.minimum(input_rx, link) + m_share * comm_pcie)
         out.pcie_tx_bytes_s[idx] += f_train * (c_share * 0.05 * input_rx + m_share * comm_pcie)
         ratio = _nvlink_ratio(inp, idx)
-        out.nvlink_bytes_s[idx] += f_train * (m_share * nvl_rate + c_share * 0.01 * inp.nvlink_max_bytes_s[idx] * ratio)
+        out.nvlink_bytes_s[idx] += f_train * (
+            m_share * nvl_rate + c_share * 0.01 * inp.nvlink_max_bytes_s[idx] * ratio
+        )
     else:
         busy = np.clip(wl.busy_fraction * (1.0 + 0.05 * inp.jitter[idx]), 0.0, 1.0)
         frac[idx, st.COMPUTE] += f_train * busy
@@ -205,7 +225,9 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
     if f_load > 0 and load_len > 0:
         out.pcie_rx_bytes_s[idx] += f_load * np.minimum(mem_target * MIB / load_len, link)
     if f_ckpt > 0:
-        ckpt_rate = CHECKPOINT_STATE_SHARE * mem_target * MIB / max(run.stalls.total() / max(len(run.stalls), 1), 1.0)
+        ckpt_rate = (
+            CHECKPOINT_STATE_SHARE * mem_target * MIB / max(run.stalls.total() / max(len(run.stalls), 1), 1.0)
+        )
         # The writer copies the whole state; a sharded checkpoint has each rank copy its own shard.
         tx = np.minimum(ckpt_rate, link)
         out.pcie_tx_bytes_s[idx[:1]] += f_ckpt * tx[:1]
@@ -219,8 +241,20 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
         out.pcie_tx_bytes_s[idx] += min(offload, 1.0) * moved
         out.pcie_rx_bytes_s[idx] += min(offload, 1.0) * moved
 
-    _host_side(plan, run, starvations, b, f_train + f_starve, f_load, f_ramp, f_ckpt, f_eval, host, node_index,
-               gpu_node)
+    _host_side(
+        plan,
+        run,
+        starvations,
+        b,
+        f_train + f_starve,
+        f_load,
+        f_ramp,
+        f_ckpt,
+        f_eval,
+        host,
+        node_index,
+        gpu_node,
+    )
     stopped = _idle_and_hung(plan, run, a, b, out)
     if timing is not None and stopped > 0.0:
         timing = StepTiming(timing.steps * (1.0 - stopped), timing.compute_s, timing.comm_s, timing.step_s)
@@ -229,7 +263,9 @@ def lay_out_run(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan]
 
 def _sharded_share(plan: FleetPlan, run: RunPlan, a: float, b: float) -> float:
     """Seconds of ``(a, b]`` the run spends in sharded checkpoints."""
-    return sum(c.stalls.covered_in(a, b) for c in plan.checkpoints if c.run_id == run.run_id and c.mode == "sharded")
+    return sum(
+        c.stalls.covered_in(a, b) for c in plan.checkpoints if c.run_id == run.run_id and c.mode == "sharded"
+    )
 
 
 def _override(out: GpuTick, gpus: np.ndarray, share: float, state: int) -> None:
@@ -275,7 +311,9 @@ def _nvlink_ratio(inp: RunTickInputs, idx: np.ndarray) -> np.ndarray:
     return np.ones(idx.shape[0]) if inp.nvlink_bw_ratio is None else inp.nvlink_bw_ratio[idx]
 
 
-def _collective_paths(inp: RunTickInputs, idx: np.ndarray, link: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+def _collective_paths(
+    inp: RunTickInputs, idx: np.ndarray, link: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float]:
     """Per GPU of a training run: NVLink and PCIe rates while in the all-reduce,
     and how much longer the all-reduce takes than on healthy NVLink.
 
@@ -304,9 +342,20 @@ def _collective_paths(inp: RunTickInputs, idx: np.ndarray, link: np.ndarray) -> 
     return nvl, pcie, slow
 
 
-def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan], b: float, f_loader: float,
-               f_load: float, f_ramp: float, f_ckpt: float, f_eval: float, host: HostLoad,
-               node_index: dict[str, int], gpu_node: np.ndarray) -> None:
+def _host_side(
+    plan: FleetPlan,
+    run: RunPlan,
+    starvations: list[StarvationPlan],
+    b: float,
+    f_loader: float,
+    f_load: float,
+    f_ramp: float,
+    f_ckpt: float,
+    f_eval: float,
+    host: HostLoad,
+    node_index: dict[str, int],
+    gpu_node: np.ndarray,
+) -> None:
     """The run's demands on its nodes.
 
     ``f_loader`` is the share of the tick the data loader works (training
@@ -331,13 +380,21 @@ def _host_side(plan: FleetPlan, run: RunPlan, starvations: list[StarvationPlan],
         system = share * (0.15 * wl.loader_cpu_pct * busy + 6.0 * f_ckpt)
         host.user_pct[k] += user
         host.system_pct[k] += system
-        host.jobs.append(JobDemand(
-            k, run.gpu_idx[gpu_node[run.gpu_idx] == k], (user + system) / 100.0 * node.cpu_count,
-            starving.cause if starving is not None else None,
-            starving.params.get("cpu_iowait_pct", 0.0) if starving is not None else 0.0, f_ckpt))
+        host.jobs.append(
+            JobDemand(
+                k,
+                run.gpu_idx[gpu_node[run.gpu_idx] == k],
+                (user + system) / 100.0 * node.cpu_count,
+                starving.cause if starving is not None else None,
+                starving.params.get("cpu_iowait_pct", 0.0) if starving is not None else 0.0,
+                f_ckpt,
+            )
+        )
         host.iowait_pct[k] += share * LOAD_IOWAIT_PCT * f_load
-        host.disk_read_bytes_s[k] += share * (wl.disk_read_bytes_s * (duty * f_loader + 0.3 * f_eval)
-                                              + 0.6 * node.disk_read_bytes_s_max * f_load)
+        host.disk_read_bytes_s[k] += share * (
+            wl.disk_read_bytes_s * (duty * f_loader + 0.3 * f_eval)
+            + 0.6 * node.disk_read_bytes_s_max * f_load
+        )
         for c in ckpts:
             host.disk_write_bytes_s[k] += share * f_ckpt * c.disk_write_bytes_s
             host.net_tx_bytes_s[k] += share * f_ckpt * c.net_tx_bytes_s

@@ -130,22 +130,30 @@ def holds_gpu_of(run: Mapping[str, Any], node: str) -> bool:
 
 def _near_now(field: str, t: datetime | None, now: datetime, ahead: timedelta = NODE_TIME_BOUND) -> None:
     if t is not None and (t < now - NODE_TIME_BOUND or t > now + ahead):
-        bound = f"{NODE_TIME_BOUND.days} day" if ahead == NODE_TIME_BOUND else \
-            f"{NODE_TIME_BOUND.days} day before now or {int(ahead.total_seconds() // 60)} minutes after"
-        raise RunAuthorityError(f"a node token may set {field!r} only within {bound} ({now.isoformat()}), "
-                        f"not {t.isoformat()}")
+        bound = (
+            f"{NODE_TIME_BOUND.days} day"
+            if ahead == NODE_TIME_BOUND
+            else f"{NODE_TIME_BOUND.days} day before now or {int(ahead.total_seconds() // 60)} minutes after"
+        )
+        raise RunAuthorityError(
+            f"a node token may set {field!r} only within {bound} ({now.isoformat()}), not {t.isoformat()}"
+        )
 
 
 def _own_gpus_only(node: str, allocations: list[dict[str, Any]]) -> None:
     for a in allocations:
         if a["node"] != node:
-            raise RunAuthorityError(f"a node token may allocate GPUs of node {node!r} only, not {a['node']!r}")
+            raise RunAuthorityError(
+                f"a node token may allocate GPUs of node {node!r} only, not {a['node']!r}"
+            )
 
 
 def _touches_own_node(run: Mapping[str, Any], node: str) -> None:
     if not holds_gpu_of(run, node):
-        raise RunAuthorityError(f"run {run['run_id']!r} holds no GPU of node {node!r}; a node token may change "
-                        "only runs on its own GPUs")
+        raise RunAuthorityError(
+            f"run {run['run_id']!r} holds no GPU of node {node!r}; a node token may change "
+            "only runs on its own GPUs"
+        )
 
 
 # -- the API's and the CLI's writes ----------------------------------------------------------------
@@ -164,7 +172,9 @@ def check_create(who: Actor, spec: Mapping[str, Any], now: datetime) -> None:
         raise RunAuthorityError("a node token may not set 'labels'; an admin can")
     allocations = spec.get("allocations") or []
     if not allocations:
-        raise RunAuthorityError("a node token registers a run with GPUs of its own node: 'allocations' is empty")
+        raise RunAuthorityError(
+            "a node token registers a run with GPUs of its own node: 'allocations' is empty"
+        )
     _own_gpus_only(who.node, allocations)
     _near_now("start", spec.get("start") or now, now)
     _near_now("end", spec.get("end"), now)
@@ -172,8 +182,9 @@ def check_create(who: Actor, spec: Mapping[str, Any], now: datetime) -> None:
 
 def check_node_site(who: Actor, spec: Mapping[str, Any], node_site: str | None) -> None:
     if who.is_node and spec.get("site") is not None and node_site != spec["site"]:
-        raise RunAuthorityError(f"a node token may register runs at its node's site only ({node_site!r}), "
-                        f"not {spec['site']!r}")
+        raise RunAuthorityError(
+            f"a node token may register runs at its node's site only ({node_site!r}), not {spec['site']!r}"
+        )
 
 
 def check_adopt(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any]) -> None:
@@ -183,10 +194,14 @@ def check_adopt(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any]) -> 
     assert who.node is not None
     _touches_own_node(run, who.node)
     if spec.get("start") is not None and spec["start"] != run["start"]:
-        raise RunAuthorityError(f"run {run['run_id']!r} was inferred from samples with start {run['start'].isoformat()}; "
-                        "a node token adopting it may not move its start")
+        raise RunAuthorityError(
+            f"run {run['run_id']!r} was inferred from samples with start {run['start'].isoformat()}; "
+            "a node token adopting it may not move its start"
+        )
     if spec.get("end") is not None:
-        raise RunAuthorityError(f"a node token may not end run {run['run_id']!r} while adopting it; its epilog ends it")
+        raise RunAuthorityError(
+            f"a node token may not end run {run['run_id']!r} while adopting it; its epilog ends it"
+        )
 
 
 def check_join(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any], now: datetime) -> None:
@@ -195,22 +210,32 @@ def check_join(who: Actor, run: Mapping[str, Any], spec: Mapping[str, Any], now:
         return
     run_id = run["run_id"]
     if not hook_registered(run):
-        raise RunAuthorityError(f"run {run_id!r} was not registered by a scheduler hook; a node token may add its GPUs "
-                        "only to runs another node's hook registered for the same job")
+        raise RunAuthorityError(
+            f"run {run_id!r} was not registered by a scheduler hook; a node token may add its GPUs "
+            "only to runs another node's hook registered for the same job"
+        )
     if spec.get("name") is not None and spec["name"] != run["name"]:
         from gpufleet.store.runs import Conflict
 
-        raise Conflict(f"run {run_id!r} exists with name {run['name']!r}, not {spec['name']!r}: "
-                       "not the same scheduler job")
+        raise Conflict(
+            f"run {run_id!r} exists with name {run['name']!r}, not {spec['name']!r}: "
+            "not the same scheduler job"
+        )
     if run["end"] is not None and run["end"] <= now:
-        raise RunAuthorityError(f"run {run_id!r} ended at {run['end'].isoformat()}; a node token cannot add GPUs to it")
+        raise RunAuthorityError(
+            f"run {run_id!r} ended at {run['end'].isoformat()}; a node token cannot add GPUs to it"
+        )
     if abs(run["start"] - now) > JOIN_WINDOW:
-        raise RunAuthorityError(f"run {run_id!r} began at {run['start'].isoformat()}, more than "
-                        f"{int(JOIN_WINDOW.total_seconds() // 60)} minutes from now; a node token adds its GPUs "
-                        "only at the job's start (they would be billed from then)")
+        raise RunAuthorityError(
+            f"run {run_id!r} began at {run['start'].isoformat()}, more than "
+            f"{int(JOIN_WINDOW.total_seconds() // 60)} minutes from now; a node token adds its GPUs "
+            "only at the job's start (they would be billed from then)"
+        )
 
 
-def check_update(who: Actor, run: Mapping[str, Any], changes: dict[str, Any], now: datetime) -> dict[str, Any]:
+def check_update(
+    who: Actor, run: Mapping[str, Any], changes: dict[str, Any], now: datetime
+) -> dict[str, Any]:
     """The changes a PATCH may make, as they will be made: for a node, an ``end`` earlier than an ended
     run's own is dropped (another node of the job finished later), anything outside its powers refused."""
     if not who.is_node:
@@ -231,16 +256,20 @@ def check_update(who: Actor, run: Mapping[str, Any], changes: dict[str, Any], no
     if end is None:
         raise RunAuthorityError("a node token may not reopen a run (end: null)")
     if not hook_registered(run):
-        raise RunAuthorityError(f"run {run['run_id']!r} was registered by an admin, the CLI or the collector; a node "
-                        "token ends only runs a scheduler hook registered")
+        raise RunAuthorityError(
+            f"run {run['run_id']!r} was registered by an admin, the CLI or the collector; a node "
+            "token ends only runs a scheduler hook registered"
+        )
     _near_now("end", end, now, ahead=END_SKEW)
     old = run["end"]
     if old is not None and old <= now:
         if end <= old:
             return {k: v for k, v in changes.items() if k != "end"}  # another node finished later
         if old < now - END_SKEW:
-            raise RunAuthorityError(f"run {run['run_id']!r} ended at {old.isoformat()}; a node token may not reopen "
-                            "or extend an ended run")
+            raise RunAuthorityError(
+                f"run {run['run_id']!r} ended at {old.isoformat()}; a node token may not reopen "
+                "or extend an ended run"
+            )
     return changes
 
 
@@ -251,8 +280,10 @@ def check_progress(who: Actor, run: Mapping[str, Any], t: datetime, now: datetim
     if who.node is not None:
         _touches_own_node(run, who.node)
     if t < now - NODE_TIME_BOUND or t > now + NODE_TIME_BOUND:
-        raise RunAuthorityError(f"a {who.kind} token may report progress only within {NODE_TIME_BOUND.days} day of now "
-                        f"({now.isoformat()}), not {t.isoformat()}")
+        raise RunAuthorityError(
+            f"a {who.kind} token may report progress only within {NODE_TIME_BOUND.days} day of now "
+            f"({now.isoformat()}), not {t.isoformat()}"
+        )
 
 
 def closed_before(who: Actor, now: datetime) -> datetime | None:
@@ -264,20 +295,28 @@ def closed_before(who: Actor, now: datetime) -> datetime | None:
 # -- what samples may make of inferred runs -------------------------------------------------------
 
 
-def sighting_refusal(run_start: datetime, first_seen: datetime, run_end: datetime | None = None) -> str | None:
+def sighting_refusal(
+    run_start: datetime, first_seen: datetime, run_end: datetime | None = None
+) -> str | None:
     """Why a GPU a node's samples show on an existing inferred run may not become one of its allocations
     (None: it may).  Allocations hold from the run's start, so only a GPU shown from then is in it; and
     a run that has ended is closed: its bill stands, it gains no GPU."""
     if run_end is not None:
-        return (f"the run ended at {run_end.isoformat()} before samples showed this GPU; a closed run gains "
-                "no GPUs")
+        return (
+            f"the run ended at {run_end.isoformat()} before samples showed this GPU; a closed run gains "
+            "no GPUs"
+        )
     if first_seen < run_start - SIGHTING_JOIN_WINDOW:
-        return (f"shown from {first_seen.isoformat()}, before the run began ({run_start.isoformat()}); "
-                "samples never move an inferred run's start")
+        return (
+            f"shown from {first_seen.isoformat()}, before the run began ({run_start.isoformat()}); "
+            "samples never move an inferred run's start"
+        )
     if first_seen > run_start + SIGHTING_JOIN_WINDOW:
-        return (f"shown only from {first_seen.isoformat()}, more than "
-                f"{int(SIGHTING_JOIN_WINDOW.total_seconds() // 60)} minutes after the run began "
-                f"({run_start.isoformat()}); it would be billed for time it was not in the run")
+        return (
+            f"shown only from {first_seen.isoformat()}, more than "
+            f"{int(SIGHTING_JOIN_WINDOW.total_seconds() // 60)} minutes after the run began "
+            f"({run_start.isoformat()}); it would be billed for time it was not in the run"
+        )
     return None
 
 

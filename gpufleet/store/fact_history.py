@@ -93,6 +93,7 @@ def facts_at(conn: psycopg.Connection, node: str, at: datetime) -> dict[str, Any
 
 def history(conn: psycopg.Connection, node: str) -> list[tuple[datetime, dict[str, Any]]]:
     """Every dated row of ``node``, oldest first."""
-    rows = conn.execute("SELECT valid_from, facts FROM node_facts_history WHERE node = %s ORDER BY valid_from",
-                        (node,)).fetchall()
+    rows = conn.execute(
+        "SELECT valid_from, facts FROM node_facts_history WHERE node = %s ORDER BY valid_from", (node,)
+    ).fetchall()
     return [(r[0], r[1]) for r in rows]

@@ -23,14 +23,18 @@ FRESH = timedelta(minutes=2)
 
 def starvation_open_at(at: str) -> str:
     """``(node, gpu)`` held by a run with a starvation incident open at ``at`` (a SQL expression)."""
-    return ("SELECT DISTINCT a.node, a.gpu FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id "
-            f"WHERE i.kind = 'starvation' AND i.start <= {at} AND (i.\"end\" IS NULL OR i.\"end\" > {at})")
+    return (
+        "SELECT DISTINCT a.node, a.gpu FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id "
+        f'WHERE i.kind = \'starvation\' AND i.start <= {at} AND (i."end" IS NULL OR i."end" > {at})'
+    )
 
 
 def gpu_state(util: str, starved: str) -> str:
     """The state of a GPU whose GPU-Util is ``util`` and whose starvation is ``starved`` (SQL expressions)."""
-    return (f"CASE WHEN {starved} THEN 'starved' WHEN coalesce({util}, 0) >= {BUSY_UTIL_PCT} THEN 'busy' "
-            "ELSE 'idle' END")
+    return (
+        f"CASE WHEN {starved} THEN 'starved' WHEN coalesce({util}, 0) >= {BUSY_UTIL_PCT} THEN 'busy' "
+        "ELSE 'idle' END"
+    )
 
 
 def gpu_states_at(at: str, fresh: str, node_filter: str = "TRUE") -> str:

@@ -94,12 +94,20 @@ def _text(v: Any) -> str | None:
 
 def run_meta(conn: psycopg.Connection, run_id: str, nodes: Sequence[str]) -> dict[str, Any]:
     """Name, team and labels the agents of ``nodes`` reported for ``run_id`` (first node that has them)."""
-    rows = conn.execute("SELECT node, facts->'runs'->%s FROM nodes WHERE node = ANY(%s)", (run_id, list(nodes))
-                        ).fetchall()
+    rows = conn.execute(
+        "SELECT node, facts->'runs'->%s FROM nodes WHERE node = ANY(%s)", (run_id, list(nodes))
+    ).fetchall()
     by_node = {r[0]: r[1] for r in rows if isinstance(r[1], Mapping)}
     meta = next((by_node[n] for n in nodes if n in by_node), {})
-    labels = {str(k)[:MAX_META]: v[:MAX_META] for k, v in (meta.get("labels") or {}).items()
-              if isinstance(v, str) and not is_server_label(str(k))} if isinstance(meta.get("labels"), Mapping) else {}
+    labels = (
+        {
+            str(k)[:MAX_META]: v[:MAX_META]
+            for k, v in (meta.get("labels") or {}).items()
+            if isinstance(v, str) and not is_server_label(str(k))
+        }
+        if isinstance(meta.get("labels"), Mapping)
+        else {}
+    )
     source = _text(meta.get("source"))
     if source:
         labels[INFERRED_FROM] = source
@@ -117,7 +125,8 @@ def last_sample(conn: psycopg.Connection, run_id: str, last_seen: datetime) -> d
         "SELECT max(t) FROM run_sightings s CROSS JOIN LATERAL (SELECT max(g.time) AS t FROM gpu_samples g "
         "WHERE g.node = s.node AND g.gpu = s.gpu AND g.run_id = s.run_id AND g.time >= s.last_seen "
         "AND g.time < s.last_seen + %s) m WHERE s.run_id = %s AND s.status IN ('allocated', 'moved')",
-        (SIGHTING_LAG, run_id)).fetchone()
+        (SIGHTING_LAG, run_id),
+    ).fetchone()
     return max(last_seen, row[0]) if row and row[0] is not None else last_seen
 
 
@@ -128,7 +137,8 @@ def continues(conn: psycopg.Connection, run_id: str, end: datetime, grace: timed
         "SELECT min(t) FROM run_sightings s CROSS JOIN LATERAL (SELECT min(g.time) AS t FROM gpu_samples g "
         "WHERE g.node = s.node AND g.gpu = s.gpu AND g.run_id = s.run_id AND g.time > %s "
         "AND g.time <= %s) m WHERE s.run_id = %s AND s.status IN ('allocated', 'moved')",
-        (end, end + grace, run_id)).fetchone()
+        (end, end + grace, run_id),
+    ).fetchone()
     return bool(row and row[0] is not None)
 
 
@@ -150,7 +160,8 @@ class Inferrer:
         out = InferResult()
         pending = conn.execute(
             "SELECT run_id, node, gpu, first_seen, last_seen FROM run_sightings WHERE status = 'pending' "
-            "ORDER BY run_id, node, gpu").fetchall()
+            "ORDER BY run_id, node, gpu"
+        ).fetchall()
         groups = [(run_id, list(rows)) for run_id, rows in groupby(pending, key=lambda r: r[0])]
         # Earliest first: a backlog of several runs on one GPU is registered in time order.
         groups.sort(key=lambda g: (min(r[3] for r in g[1]), g[0]))
@@ -169,38 +180,59 @@ class Inferrer:
         """Name, team and labels of running inferred runs registered before their node's facts came."""
         rows = conn.execute(
             "SELECT r.run_id, array_agg(DISTINCT a.node) FROM runs r JOIN run_allocations a ON a.run_id = r.run_id "
-            "WHERE r.source = 'inferred' AND r.name IS NULL AND r.\"end\" IS NULL GROUP BY r.run_id").fetchall()
+            "WHERE r.source = 'inferred' AND r.name IS NULL AND r.\"end\" IS NULL GROUP BY r.run_id"
+        ).fetchall()
         for run_id, nodes in rows:
             meta = run_meta(conn, run_id, sorted(nodes))
             if meta["name"] is None:
                 continue
-            conn.execute("UPDATE runs SET name = %s, team = COALESCE(team, %s), labels = %s || labels "
-                         "WHERE run_id = %s AND name IS NULL", (meta["name"], meta["team"], Jsonb(meta["labels"]),
-                                                                run_id))
+            conn.execute(
+                "UPDATE runs SET name = %s, team = COALESCE(team, %s), labels = %s || labels "
+                "WHERE run_id = %s AND name IS NULL",
+                (meta["name"], meta["team"], Jsonb(meta["labels"]), run_id),
+            )
 
     # -- registration ------------------------------------------------------------------
 
-    def _mark(self, conn: psycopg.Connection, run_id: str, keys: Sequence[tuple[str, int]], status: str,
-              detail: str | None = None) -> None:
+    def _mark(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        keys: Sequence[tuple[str, int]],
+        status: str,
+        detail: str | None = None,
+    ) -> None:
         conn.execute(
             "UPDATE run_sightings SET status = %s, detail = %s WHERE run_id = %s AND (node, gpu) IN "
             "(SELECT * FROM unnest(%s::text[], %s::int2[]))",
-            (status, detail, run_id, [k[0] for k in keys], [k[1] for k in keys]))
+            (status, detail, run_id, [k[0] for k in keys], [k[1] for k in keys]),
+        )
 
-    def _register(self, conn: psycopg.Connection, run_id: str, rows: list[tuple[Any, ...]], now: datetime,
-                  out: InferResult) -> None:
+    def _register(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        rows: list[tuple[Any, ...]],
+        now: datetime,
+        out: InferResult,
+    ) -> None:
         from gpufleet.store.runs import RUN_ID_RE
 
         keys = [(r[1], int(r[2])) for r in rows]
         with conn.transaction():
             if not RUN_ID_RE.fullmatch(run_id):
-                self._mark(conn, run_id, keys, "invalid", f"not a run id the API accepts ({RUN_ID_RE.pattern})")
+                self._mark(
+                    conn, run_id, keys, "invalid", f"not a run id the API accepts ({RUN_ID_RE.pattern})"
+                )
                 out.invalid += len(keys)
-                log.warning("inferred runs: GPU samples name run %r, which is not a valid run id; not registered",
-                            run_id)
+                log.warning(
+                    "inferred runs: GPU samples name run %r, which is not a valid run id; not registered",
+                    run_id,
+                )
                 return
-            run = conn.execute('SELECT source, start, "end", labels FROM runs WHERE run_id = %s FOR UPDATE',
-                               (run_id,)).fetchone()
+            run = conn.execute(
+                'SELECT source, start, "end", labels FROM runs WHERE run_id = %s FOR UPDATE', (run_id,)
+            ).fetchone()
             created = False
             # Samples only ever add GPUs shown from the run's start (an existing run's, or for a new run
             # the start most of its GPUs agree on); the others are refused, with the reason.
@@ -227,8 +259,16 @@ class Inferrer:
                 conn.execute(
                     'INSERT INTO runs (run_id, name, site, team, start, "end", labels, source) '
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, 'inferred')",
-                    (run_id, meta["name"], site_row[0] if site_row else None, meta["team"], first, end,
-                     Jsonb(meta["labels"])))
+                    (
+                        run_id,
+                        meta["name"],
+                        site_row[0] if site_row else None,
+                        meta["team"],
+                        first,
+                        end,
+                        Jsonb(meta["labels"]),
+                    ),
+                )
                 created = True
             elif run[0] != "inferred":
                 self._mark(conn, run_id, keys, "explicit", "the run is registered; its registration wins")
@@ -241,8 +281,11 @@ class Inferrer:
             for node, gpu in keys:
                 try:
                     with conn.transaction():
-                        conn.execute("INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s) "
-                                     "ON CONFLICT DO NOTHING", (run_id, node, gpu))
+                        conn.execute(
+                            "INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s) "
+                            "ON CONFLICT DO NOTHING",
+                            (run_id, node, gpu),
+                        )
                         self._mark(conn, run_id, [(node, gpu)], "allocated")
                     ok += 1
                 except psycopg.errors.ExclusionViolation as e:
@@ -263,14 +306,22 @@ class Inferrer:
                 conn.execute("DELETE FROM runs WHERE run_id = %s", (run_id,))
             elif created:
                 out.created.append(run_id)
-                log.info("inferred run %r registered from GPU samples: %d GPUs from %s", run_id, ok,
-                         first.isoformat())
+                log.info(
+                    "inferred run %r registered from GPU samples: %d GPUs from %s",
+                    run_id,
+                    ok,
+                    first.isoformat(),
+                )
 
     def _conflict(self, out: InferResult, run_id: str, e: psycopg.Error) -> None:
         msg = _conflict_message(e)
         out.conflicts.append(msg)
-        log.warning("inferred run %r not registered on a GPU: %s (the samples are stored; an admin can fix the "
-                    "runs with PATCH /v1/runs)", run_id, msg)
+        log.warning(
+            "inferred run %r not registered on a GPU: %s (the samples are stored; an admin can fix the "
+            "runs with PATCH /v1/runs)",
+            run_id,
+            msg,
+        )
 
     # -- ends --------------------------------------------------------------------------
 
@@ -280,14 +331,17 @@ class Inferrer:
         rows = conn.execute(
             'SELECT r.run_id, r."end", max(s.last_seen) FROM runs r '
             "JOIN run_sightings s ON s.run_id = r.run_id AND s.status IN ('allocated', 'moved') "
-            "WHERE r.source = 'inferred' AND r.\"end\" IS NULL AND NOT r.labels ? %s GROUP BY r.run_id, r.\"end\" "
+            'WHERE r.source = \'inferred\' AND r."end" IS NULL AND NOT r.labels ? %s GROUP BY r.run_id, r."end" '
             "UNION ALL "
             'SELECT r.run_id, r."end", m.last FROM (SELECT run_id, max(last_seen) AS last FROM run_sightings '
             "WHERE status = 'moved' GROUP BY run_id) m JOIN runs r ON r.run_id = m.run_id "
             "WHERE r.source = 'inferred' AND r.\"end\" IS NOT NULL AND NOT r.labels ? %s",
-            (ENDED_BY, ENDED_BY)).fetchall()
-        conn.execute("UPDATE run_sightings SET status = 'allocated' WHERE status = 'moved' AND run_id = ANY(%s)",
-                     ([r[0] for r in rows],))
+            (ENDED_BY, ENDED_BY),
+        ).fetchall()
+        conn.execute(
+            "UPDATE run_sightings SET status = 'allocated' WHERE status = 'moved' AND run_id = ANY(%s)",
+            ([r[0] for r in rows],),
+        )
         for run_id, end, last in rows:
             if end is not None and not continues(conn, run_id, end, self.grace):
                 continue  # samples after a gap: a closed run's window and bill stand
@@ -301,8 +355,10 @@ class Inferrer:
                 continue
             try:
                 with conn.transaction():
-                    conn.execute('UPDATE runs SET "end" = %s WHERE run_id = %s AND source = \'inferred\'',
-                                 (want, run_id))
+                    conn.execute(
+                        "UPDATE runs SET \"end\" = %s WHERE run_id = %s AND source = 'inferred'",
+                        (want, run_id),
+                    )
             except psycopg.errors.ExclusionViolation as e:
                 self._refused.add((run_id, want))
                 self._conflict(out, run_id, e)
@@ -314,8 +370,14 @@ class Inferrer:
                 log.info("inferred run %r ended: no GPU showed it after %s", run_id, want.isoformat())
 
 
-def yield_to(conn: psycopg.Connection, run_id: str, start: datetime, end: datetime | None,
-             gpus: Sequence[tuple[str, int]], closed_before: datetime | None = None) -> list[str]:
+def yield_to(
+    conn: psycopg.Connection,
+    run_id: str,
+    start: datetime,
+    end: datetime | None,
+    gpus: Sequence[tuple[str, int]],
+    closed_before: datetime | None = None,
+) -> list[str]:
     """Inferred runs holding any of ``gpus`` during [start, end) give way to the registered run ``run_id``.
 
     One that began earlier ends at ``start``; one that began at or after
@@ -331,23 +393,34 @@ def yield_to(conn: psycopg.Connection, run_id: str, start: datetime, end: dateti
         "WHERE r.source = 'inferred' AND r.run_id <> %s "
         "AND (a.node, a.gpu) IN (SELECT * FROM unnest(%s::text[], %s::int2[])) "
         "AND tstzrange(r.start, r.\"end\", '[)') && tstzrange(%s, %s, '[)') "
-        "AND (%s::timestamptz IS NULL OR r.\"end\" IS NULL OR r.\"end\" >= %s) ORDER BY r.run_id, a.node, a.gpu",
-        (run_id, [g[0] for g in gpus], [g[1] for g in gpus], start, end, closed_before, closed_before)).fetchall()
+        'AND (%s::timestamptz IS NULL OR r."end" IS NULL OR r."end" >= %s) ORDER BY r.run_id, a.node, a.gpu',
+        (run_id, [g[0] for g in gpus], [g[1] for g in gpus], start, end, closed_before, closed_before),
+    ).fetchall()
     changed = []
     for other, items in groupby(rows, key=lambda r: r[0]):
         held = list(items)
         other_start = held[0][1]
         if other_start < start:
-            conn.execute('UPDATE runs SET "end" = %s, labels = labels || %s WHERE run_id = %s',
-                         (start, Jsonb({ENDED_BY: run_id}), other))
+            conn.execute(
+                'UPDATE runs SET "end" = %s, labels = labels || %s WHERE run_id = %s',
+                (start, Jsonb({ENDED_BY: run_id}), other),
+            )
         else:
             nodes, idx = [h[2] for h in held], [h[3] for h in held]
-            conn.execute("DELETE FROM run_allocations WHERE run_id = %s AND (node, gpu) IN "
-                         "(SELECT * FROM unnest(%s::text[], %s::int2[]))", (other, nodes, idx))
-            conn.execute("UPDATE run_sightings SET status = 'yielded', detail = %s WHERE run_id = %s AND (node, gpu) "
-                         "IN (SELECT * FROM unnest(%s::text[], %s::int2[]))",
-                         (f"gave way to registered run {run_id!r}", other, nodes, idx))
-            if conn.execute("SELECT 1 FROM run_allocations WHERE run_id = %s LIMIT 1", (other,)).fetchone() is None:
+            conn.execute(
+                "DELETE FROM run_allocations WHERE run_id = %s AND (node, gpu) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::int2[]))",
+                (other, nodes, idx),
+            )
+            conn.execute(
+                "UPDATE run_sightings SET status = 'yielded', detail = %s WHERE run_id = %s AND (node, gpu) "
+                "IN (SELECT * FROM unnest(%s::text[], %s::int2[]))",
+                (f"gave way to registered run {run_id!r}", other, nodes, idx),
+            )
+            if (
+                conn.execute("SELECT 1 FROM run_allocations WHERE run_id = %s LIMIT 1", (other,)).fetchone()
+                is None
+            ):
                 conn.execute("DELETE FROM runs WHERE run_id = %s", (other,))
         log.info("inferred run %r gave way to registered run %r", other, run_id)
         changed.append(other)
@@ -366,5 +439,8 @@ def adopt(conn: psycopg.Connection, run_id: str, spec: Mapping[str, Any], labels
         sets.append('"end" = %s')
         params.append(spec["end"])
     conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = %s", [*params, run_id])
-    conn.execute("UPDATE run_sightings SET status = 'explicit', detail = 'the run is registered; its registration "
-                 "wins' WHERE run_id = %s AND status = 'pending'", (run_id,))
+    conn.execute(
+        "UPDATE run_sightings SET status = 'explicit', detail = 'the run is registered; its registration "
+        "wins' WHERE run_id = %s AND status = 'pending'",
+        (run_id,),
+    )

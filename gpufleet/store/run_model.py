@@ -56,8 +56,10 @@ def overlaps_sql(alias: str = "r", lo: str | None = None, hi: str | None = None)
 
 def state_sql(alias: str = "r", at: str = "now()") -> str:
     """:func:`state_at` of the ``runs`` row ``alias`` at ``at`` (a SQL expression)."""
-    return (f"CASE WHEN {alias}.start > {at} THEN 'pending' "
-            f"WHEN {alias}.\"end\" IS NULL OR {alias}.\"end\" > {at} THEN 'running' ELSE 'ended' END")
+    return (
+        f"CASE WHEN {alias}.start > {at} THEN 'pending' "
+        f"WHEN {alias}.\"end\" IS NULL OR {alias}.\"end\" > {at} THEN 'running' ELSE 'ended' END"
+    )
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,9 @@ class Run:
     def state_at(self, t: datetime) -> RunState:
         return state_at(self.start, self.end, t)
 
-    def window(self, now: datetime, since: datetime | None = None,
-               until: datetime | None = None) -> tuple[datetime, datetime]:
+    def window(
+        self, now: datetime, since: datetime | None = None, until: datetime | None = None
+    ) -> tuple[datetime, datetime]:
         """The part of [start, end) up to ``now``, clipped to [since, until); empty as (lo, lo)."""
         hi = now if self.end is None else min(self.end, now)
         lo = self.start if since is None else max(self.start, since)
@@ -100,8 +103,12 @@ SELECT r.run_id, r.name, r.site, r.team, r.start, r."end", r.params, r.labels,
 FROM runs r"""
 
 
-def load_runs(conn: psycopg.Connection, run_ids: Sequence[str] | None = None, since: datetime | None = None,
-              until: datetime | None = None) -> list[Run]:
+def load_runs(
+    conn: psycopg.Connection,
+    run_ids: Sequence[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[Run]:
     """Runs by id, or those overlapping [since, until), by start then id, with their allocations."""
     where: list[str] = ["TRUE"]
     params: list[Any] = []
@@ -115,9 +122,20 @@ def load_runs(conn: psycopg.Connection, run_ids: Sequence[str] | None = None, si
         where.append(overlaps_sql("r", lo="%s"))
         params.append(since)
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(_RUNS_SQL + " WHERE " + " AND ".join(where) + " ORDER BY r.start, r.run_id",
-                           params).fetchall()
-    return [Run(run_id=r["run_id"], start=r["start"], end=r["end"],
-                allocations=tuple(zip(r["nodes"], (int(g) for g in r["gpus"]), strict=True)),
-                site=r["site"], team=r["team"], name=r["name"], params=r["params"], labels=r["labels"] or {})
-            for r in rows]
+        rows = cur.execute(
+            _RUNS_SQL + " WHERE " + " AND ".join(where) + " ORDER BY r.start, r.run_id", params
+        ).fetchall()
+    return [
+        Run(
+            run_id=r["run_id"],
+            start=r["start"],
+            end=r["end"],
+            allocations=tuple(zip(r["nodes"], (int(g) for g in r["gpus"]), strict=True)),
+            site=r["site"],
+            team=r["team"],
+            name=r["name"],
+            params=r["params"],
+            labels=r["labels"] or {},
+        )
+        for r in rows
+    ]

@@ -89,7 +89,9 @@ def mig_share(profile: str, slices: int = MIG_SLICES) -> float:
     return int(m.group(1)) / slices
 
 
-def allocation_rows(allocations: list[dict[str, Any]]) -> list[tuple[str, int, str, float, str | None, int | None]]:
+def allocation_rows(
+    allocations: list[dict[str, Any]],
+) -> list[tuple[str, int, str, float, str | None, int | None]]:
     """(node, gpu, sharing, share, mig_profile, mig_instance) of every GPU, each entry checked: a GPU list,
     a known sharing, a share in (0, 1] for time-slicing and MPS (1 when exclusive), a MIG profile and
     instance for MIG (its share the profile's slices of the GPU unless given)."""
@@ -103,19 +105,26 @@ def allocation_rows(allocations: list[dict[str, Any]]) -> list[tuple[str, int, s
         share = a.get("share")
         profile, instance = a.get("mig_profile"), a.get("mig_instance")
         if sharing not in SHARING:
-            raise Invalid("allocations", f"{where}: sharing must be one of {', '.join(SHARING)}, not {sharing!r}")
+            raise Invalid(
+                "allocations", f"{where}: sharing must be one of {', '.join(SHARING)}, not {sharing!r}"
+            )
         if sharing == "exclusive":
             if share not in (None, 1, 1.0) or profile is not None or instance is not None:
-                raise Invalid("allocations", f"{where}: an exclusive allocation takes the whole GPU; declare "
-                                             "sharing (time_slice, mps or mig) to give a share")
+                raise Invalid(
+                    "allocations",
+                    f"{where}: an exclusive allocation takes the whole GPU; declare "
+                    "sharing (time_slice, mps or mig) to give a share",
+                )
             share = 1.0
         elif sharing == "mig":
             if profile is None or instance is None:
                 raise Invalid("allocations", f"{where}: a MIG allocation needs mig_profile and mig_instance")
             share = mig_share(profile) if share is None else share
         elif share is None:
-            raise Invalid("allocations", f"{where}: {sharing} needs the share of the GPU the run declares "
-                                         "(0 < share <= 1)")
+            raise Invalid(
+                "allocations",
+                f"{where}: {sharing} needs the share of the GPU the run declares (0 < share <= 1)",
+            )
         if not 0 < float(share) <= 1:
             raise Invalid("allocations", f"{where}: share must be in (0, 1], not {share}")
         if sharing != "mig" and (profile is not None or instance is not None):
@@ -137,9 +146,15 @@ def get_run(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
     return row
 
 
-def list_runs(conn: psycopg.Connection, state: str | None = None, site: str | None = None,
-              since: datetime | None = None, until: datetime | None = None, limit: int = 100,
-              offset: int = 0) -> list[dict[str, Any]]:
+def list_runs(
+    conn: psycopg.Connection,
+    state: str | None = None,
+    site: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
     """Runs overlapping [since, until), newest first."""
     where: list[str] = ["TRUE"]
     params: list[Any] = []
@@ -182,10 +197,20 @@ def add_allocations(conn: psycopg.Connection, run_id: str, allocations: list[dic
         (run_id, *([r[k] for r in rows] for k in range(6))),
     )
     nodes = sorted({r[0] for r in rows})
-    seen = {n for (n,) in conn.execute("SELECT node FROM nodes WHERE node = ANY(%s) AND (last_seen IS NOT NULL "
-                                       "OR gpu_count IS NOT NULL)", (nodes,)).fetchall()}
-    return [f"node {n!r} has never reported telemetry: the allocation is kept, but its GPUs have no energy until "
-            "an agent on that node (by that name) sends samples; check the node name" for n in nodes if n not in seen]
+    seen = {
+        n
+        for (n,) in conn.execute(
+            "SELECT node FROM nodes WHERE node = ANY(%s) AND (last_seen IS NOT NULL "
+            "OR gpu_count IS NOT NULL)",
+            (nodes,),
+        ).fetchall()
+    }
+    return [
+        f"node {n!r} has never reported telemetry: the allocation is kept, but its GPUs have no energy until "
+        "an agent on that node (by that name) sends samples; check the node name"
+        for n in nodes
+        if n not in seen
+    ]
 
 
 def check_run_id(run_id: str) -> None:
@@ -193,8 +218,14 @@ def check_run_id(run_id: str) -> None:
         raise Invalid("run_id", f"{run_id!r} must match {RUN_ID_RE.pattern} (one path segment: no '/')")
 
 
-def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str | None = None,
-               now: datetime | None = None, teams: TeamSettings | None = None) -> tuple[dict[str, Any], bool]:
+def create_run(
+    conn: psycopg.Connection,
+    spec: dict[str, Any],
+    *,
+    as_node: str | None = None,
+    now: datetime | None = None,
+    teams: TeamSettings | None = None,
+) -> tuple[dict[str, Any], bool]:
     """Register a run; registering the same run again merges its allocations.
 
     Returns (run, created).  A second registration with a different start or
@@ -230,8 +261,16 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
             cur = conn.execute(
                 'INSERT INTO runs (run_id, name, site, team, start, "end", params, labels) '
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
-                (run_id, spec.get("name"), spec.get("site"), team, start, end, spec.get("params"),
-                 Jsonb(labels)),
+                (
+                    run_id,
+                    spec.get("name"),
+                    spec.get("site"),
+                    team,
+                    start,
+                    end,
+                    spec.get("params"),
+                    Jsonb(labels),
+                ),
             )
             created = cur.fetchone() is not None
             if not created:
@@ -243,10 +282,12 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
                     adopted_start = spec.get("start") or existing["start"]
                     adopted_end = spec["end"] if spec.get("end") is not None else existing["end"]
                     if adopted_end is not None and adopted_end < adopted_start:
-                        raise Conflict(f"run {run_id!r} was inferred from samples and ended at "
-                                       f"{adopted_end.isoformat()}, before the start "
-                                       f"{adopted_start.isoformat()}; register it with its end as well, "
-                                       "or with a start before that end")
+                        raise Conflict(
+                            f"run {run_id!r} was inferred from samples and ended at "
+                            f"{adopted_end.isoformat()}, before the start "
+                            f"{adopted_start.isoformat()}; register it with its end as well, "
+                            "or with a start before that end"
+                        )
                     inferred.adopt(conn, run_id, {**spec, "start": spec.get("start")}, labels)
                     existing = get_run(conn, run_id)
                 else:
@@ -256,8 +297,9 @@ def create_run(conn: psycopg.Connection, spec: dict[str, Any], *, as_node: str |
                     if spec.get("site") is not None and existing["site"] != spec["site"]:
                         raise Conflict(f"run {run_id!r} exists at site {existing['site']!r}")
                 start, end = existing["start"], existing["end"]
-            inferred.yield_to(conn, run_id, start, end, _pairs(allocations),
-                              closed_before=authority.closed_before(who, now))
+            inferred.yield_to(
+                conn, run_id, start, end, _pairs(allocations), closed_before=authority.closed_before(who, now)
+            )
             warnings = add_allocations(conn, run_id, allocations)
     except psycopg.errors.ExclusionViolation as e:
         raise Conflict(e.diag.message_primary or str(e)) from None
@@ -274,8 +316,14 @@ def _locked(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
     return get_run(conn, run_id)
 
 
-def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *, as_node: str | None = None,
-               now: datetime | None = None) -> dict[str, Any]:
+def update_run(
+    conn: psycopg.Connection,
+    run_id: str,
+    changes: dict[str, Any],
+    *,
+    as_node: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
     now = now or datetime.now(UTC)
     who = authority.as_node(as_node)
     try:
@@ -301,12 +349,19 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
                 sets.append("source = 'registered'")
             if existing["source"] == "registered" and ("end" in changes or changes.get("allocations")):
                 held = [(a["node"], g) for a in existing["allocations"] for g in a["gpus"]]
-                inferred.yield_to(conn, run_id, existing["start"], changes.get("end", existing["end"]),
-                                  held + _pairs(changes.get("allocations") or []),
-                                  closed_before=authority.closed_before(who, now))
+                inferred.yield_to(
+                    conn,
+                    run_id,
+                    existing["start"],
+                    changes.get("end", existing["end"]),
+                    held + _pairs(changes.get("allocations") or []),
+                    closed_before=authority.closed_before(who, now),
+                )
             if sets:
                 conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id = %s", [*params, run_id])
-            warnings = add_allocations(conn, run_id, changes["allocations"]) if changes.get("allocations") else []
+            warnings = (
+                add_allocations(conn, run_id, changes["allocations"]) if changes.get("allocations") else []
+            )
     except psycopg.errors.ExclusionViolation as e:
         raise Conflict(e.diag.message_primary or str(e)) from None
     run = get_run(conn, run_id)
@@ -315,9 +370,18 @@ def update_run(conn: psycopg.Connection, run_id: str, changes: dict[str, Any], *
     return run
 
 
-def record_progress(conn: psycopg.Connection, run_id: str, time: datetime, tokens: float | None,
-                    samples: float | None, *, as_node: str | None = None, now: datetime | None = None,
-                    steps: float | None = None, who: Actor | None = None) -> None:
+def record_progress(
+    conn: psycopg.Connection,
+    run_id: str,
+    time: datetime,
+    tokens: float | None,
+    samples: float | None,
+    *,
+    as_node: str | None = None,
+    now: datetime | None = None,
+    steps: float | None = None,
+    who: Actor | None = None,
+) -> None:
     """Store a progress report; ``who`` (else the actor of ``as_node``) must be allowed it."""
     run = get_run(conn, run_id)
     authority.check_progress(who or authority.as_node(as_node), run, time, now or datetime.now(UTC))

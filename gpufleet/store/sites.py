@@ -50,8 +50,14 @@ SETTINGS = ("pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g
 SITE_COLUMNS = ("pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region", "carbon_g_per_kwh")
 
 #: What a setting is when a site is created (or replaced by PUT) without it (the currency: none).
-SITE_DEFAULTS: dict[str, Any] = {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "currency": None,
-                                 "carbon_region": None, "carbon_g_per_kwh": None}
+SITE_DEFAULTS: dict[str, Any] = {
+    "pue": 1.0,
+    "price_per_kwh": 0.0,
+    "gpu_hour_price": 0.0,
+    "currency": None,
+    "carbon_region": None,
+    "carbon_g_per_kwh": None,
+}
 
 #: ``sites.currency`` of a site that has no prices and was given no currency (ISO 4217: "no currency").
 NO_CURRENCY = "XXX"
@@ -66,6 +72,7 @@ class SiteError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
 
 #: ``valid_from`` of the values a site starts with.
 BEGINNING = "-infinity"
@@ -110,13 +117,16 @@ def _check_all(changes: Mapping[str, Any], gpu_hour_prices: Mapping[str, float |
             raise SiteError("gpu_hour_prices", f"GPU-hour price of {model!r}: {why}")
 
 
-def _upsert(conn: psycopg.Connection, site: str, setting: str, model: str, valid_from: datetime | str,
-            value: Any) -> None:
+def _upsert(
+    conn: psycopg.Connection, site: str, setting: str, model: str, valid_from: datetime | str, value: Any
+) -> None:
     num, txt = _point(setting, value)
     conn.execute(
         "INSERT INTO site_settings (site, setting, gpu_model, valid_from, num, txt) VALUES (%s, %s, %s, %s, %s, %s) "
         "ON CONFLICT (site, setting, gpu_model, valid_from) DO UPDATE SET num = EXCLUDED.num, txt = EXCLUDED.txt, "
-        "set_at = now()", (site, setting, model, valid_from, num, txt))
+        "set_at = now()",
+        (site, setting, model, valid_from, num, txt),
+    )
 
 
 def currency_at(conn: psycopg.Connection, site: str, at: datetime | str) -> str | None:
@@ -124,7 +134,8 @@ def currency_at(conn: psycopg.Connection, site: str, at: datetime | str) -> str 
     row = conn.execute(
         "SELECT coalesce((SELECT s.txt FROM site_settings s WHERE s.site = st.site AND s.setting = 'currency' "
         "AND s.valid_from <= %s ORDER BY s.valid_from DESC LIMIT 1), st.currency) FROM sites st WHERE st.site = %s",
-        (at, site)).fetchone()
+        (at, site),
+    ).fetchone()
     if row is None:
         raise NotFound(f"site {site!r} not found")
     return None if row[0] == NO_CURRENCY else row[0]
@@ -144,12 +155,19 @@ def get_site(conn: psycopg.Connection, site: str, at: datetime | None = None) ->
             if value is not None:
                 models[model] = value
         else:
-            out[setting] = value if value is not None or setting in ("carbon_region", "carbon_g_per_kwh") \
+            out[setting] = (
+                value
+                if value is not None or setting in ("carbon_region", "carbon_g_per_kwh")
                 else SITE_DEFAULTS[setting]
+            )
     out["gpu_hour_prices"] = dict(sorted(models.items()))
     out["as_of"] = at
-    return {"site": out["site"], **{k: out[k] for k in SITE_COLUMNS}, "gpu_hour_prices": out["gpu_hour_prices"],
-            "as_of": at}
+    return {
+        "site": out["site"],
+        **{k: out[k] for k in SITE_COLUMNS},
+        "gpu_hour_prices": out["gpu_hour_prices"],
+        "as_of": at,
+    }
 
 
 def list_sites(conn: psycopg.Connection, at: datetime | None = None) -> list[dict[str, Any]]:
@@ -163,16 +181,27 @@ def site_history(conn: psycopg.Connection, site: str) -> list[dict[str, Any]]:
         rows = cur.execute(
             "SELECT setting, nullif(gpu_model, '') AS gpu_model, CASE WHEN valid_from > '-infinity' THEN valid_from END "
             "AS valid_from, num, txt, set_at FROM site_settings s "
-            "WHERE site = %s ORDER BY s.setting, s.gpu_model, s.valid_from", (site,)).fetchall()
-    return [{"setting": r["setting"], "gpu_model": r["gpu_model"],
-             "valid_from": r["valid_from"],
-             "value": r["txt"] if r["setting"] in _TEXT else r["num"], "set_at": r["set_at"]} for r in rows]
+            "WHERE site = %s ORDER BY s.setting, s.gpu_model, s.valid_from",
+            (site,),
+        ).fetchall()
+    return [
+        {
+            "setting": r["setting"],
+            "gpu_model": r["gpu_model"],
+            "valid_from": r["valid_from"],
+            "value": r["txt"] if r["setting"] in _TEXT else r["num"],
+            "set_at": r["set_at"],
+        }
+        for r in rows
+    ]
 
 
 def _ever_priced(conn: psycopg.Connection, site: str) -> bool:
     """Whether any price of the site, at any time, is other than zero."""
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM site_settings WHERE site = %s AND setting = ANY(%s) "
-                        "AND num > 0)", (site, list(PRICES))).fetchone() == (True,)
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM site_settings WHERE site = %s AND setting = ANY(%s) AND num > 0)",
+        (site, list(PRICES)),
+    ).fetchone() == (True,)
 
 
 def _prices_at(conn: psycopg.Connection, site: str, at: datetime | str) -> dict[str, float]:
@@ -184,8 +213,14 @@ def _prices_at(conn: psycopg.Connection, site: str, at: datetime | str) -> dict[
     return out
 
 
-def _set_currency(conn: psycopg.Connection, site: str, currency: str, when: datetime | str,
-                  changes: Mapping[str, Any], gpu_hour_prices: Mapping[str, float | None] | None) -> None:
+def _set_currency(
+    conn: psycopg.Connection,
+    site: str,
+    currency: str,
+    when: datetime | str,
+    changes: Mapping[str, Any],
+    gpu_hour_prices: Mapping[str, float | None] | None,
+) -> None:
     """A currency for the site from ``when``: the site's own when it never had a price (nothing is in another
     currency), else a dated change, with every price in force then given again in the new currency."""
     old = currency_at(conn, site, when)
@@ -198,22 +233,38 @@ def _set_currency(conn: psycopg.Connection, site: str, currency: str, when: date
     restated = {k for k in changes if k in PRICES} | {f"gpu_hour_prices:{m}" for m in (gpu_hour_prices or {})}
     missing = sorted(set(_prices_at(conn, site, when)) - restated)
     if missing:
-        flags = ", ".join("--gpu-model-price " + m.split(":", 1)[1] + "=..." if m.startswith("gpu_hour_prices:")
-                          else "--" + m.replace("_", "-") for m in missing)
-        raise SiteError("currency", f"site {site!r} prices in {old}; from {_when_text(when)} its prices are in "
-                                    f"{currency}, and amounts are never converted: give the prices in force then in "
-                                    f"{currency} too ({flags}; in the API: {', '.join(missing)})")
+        flags = ", ".join(
+            "--gpu-model-price " + m.split(":", 1)[1] + "=..."
+            if m.startswith("gpu_hour_prices:")
+            else "--" + m.replace("_", "-")
+            for m in missing
+        )
+        raise SiteError(
+            "currency",
+            f"site {site!r} prices in {old}; from {_when_text(when)} its prices are in "
+            f"{currency}, and amounts are never converted: give the prices in force then in "
+            f"{currency} too ({flags}; in the API: {', '.join(missing)})",
+        )
     _upsert(conn, site, "currency", "", when, currency)
 
 
 def _when_text(when: datetime | str) -> str:
-    return "the beginning" if when == BEGINNING else when.isoformat() if isinstance(when, datetime) else str(when)
+    return (
+        "the beginning"
+        if when == BEGINNING
+        else when.isoformat()
+        if isinstance(when, datetime)
+        else str(when)
+    )
 
 
 def _require_currency(conn: psycopg.Connection, site: str, when: datetime | str, priced: bool) -> None:
     if priced and currency_at(conn, site, when) is None:
-        raise SiteError("currency", f"site {site!r} has prices but no currency: give --currency (ISO 4217, e.g. "
-                                    "EUR; in the API: \"currency\"); amounts are never assumed to be in one")
+        raise SiteError(
+            "currency",
+            f"site {site!r} has prices but no currency: give --currency (ISO 4217, e.g. "
+            'EUR; in the API: "currency"); amounts are never assumed to be in one',
+        )
 
 
 def _priced(values: Mapping[str, Any], gpu_hour_prices: Mapping[str, float | None] | None) -> bool:
@@ -221,17 +272,29 @@ def _priced(values: Mapping[str, Any], gpu_hour_prices: Mapping[str, float | Non
 
 
 def _create(conn: psycopg.Connection, site: str, currency: str | None) -> bool:
-    created = conn.execute("INSERT INTO sites (site, currency) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING "
-                           "RETURNING site", (site, currency or NO_CURRENCY)).fetchone() is not None
+    created = (
+        conn.execute(
+            "INSERT INTO sites (site, currency) VALUES (%s, %s) ON CONFLICT (site) DO NOTHING RETURNING site",
+            (site, currency or NO_CURRENCY),
+        ).fetchone()
+        is not None
+    )
     if created:
         for setting in SETTINGS:
             _upsert(conn, site, setting, "", BEGINNING, SITE_DEFAULTS[setting])
     return created
 
 
-def patch_site(conn: psycopg.Connection, site: str, changes: Mapping[str, Any], *, valid_from: datetime | None = None,
-               gpu_hour_prices: Mapping[str, float | None] | None = None, create: bool = False,
-               now: datetime | None = None) -> SiteWrite:
+def patch_site(
+    conn: psycopg.Connection,
+    site: str,
+    changes: Mapping[str, Any],
+    *,
+    valid_from: datetime | None = None,
+    gpu_hour_prices: Mapping[str, float | None] | None = None,
+    create: bool = False,
+    now: datetime | None = None,
+) -> SiteWrite:
     """Change only the settings in ``changes`` (and the GPU-model prices given; None ends one), from
     ``valid_from`` (default now; a new site's values hold from the beginning).
 
@@ -261,9 +324,16 @@ def patch_site(conn: psycopg.Connection, site: str, changes: Mapping[str, Any], 
         return SiteWrite(get_site(conn, site, now), created, None if when == BEGINNING else when)  # type: ignore[arg-type]
 
 
-def put_site(conn: psycopg.Connection, site: str, values: Mapping[str, Any], *, given: Iterable[str],
-             valid_from: datetime | None = None, gpu_hour_prices: Mapping[str, float] | None = None,
-             now: datetime | None = None) -> SiteWrite:
+def put_site(
+    conn: psycopg.Connection,
+    site: str,
+    values: Mapping[str, Any],
+    *,
+    given: Iterable[str],
+    valid_from: datetime | None = None,
+    gpu_hour_prices: Mapping[str, float] | None = None,
+    now: datetime | None = None,
+) -> SiteWrite:
     """Replace the whole site from ``valid_from`` (default now; a new site: from the beginning).
 
     Every setting takes its value in ``values``, the ones not ``given`` their default; GPU-model prices
@@ -280,29 +350,50 @@ def put_site(conn: psycopg.Connection, site: str, values: Mapping[str, Any], *, 
         when: datetime | str = BEGINNING if created and valid_from is None else (valid_from or now)
         if not created:
             if currency:
-                _set_currency(conn, site, currency, when, {**dict.fromkeys(PRICES), **replacing},
-                              {**{m: None for m in _models(conn, site)}, **dict(gpu_hour_prices or {})})
+                _set_currency(
+                    conn,
+                    site,
+                    currency,
+                    when,
+                    {**dict.fromkeys(PRICES), **replacing},
+                    {**{m: None for m in _models(conn, site)}, **dict(gpu_hour_prices or {})},
+                )
             if when != BEGINNING:
                 conn.execute("DELETE FROM site_settings WHERE site = %s AND valid_from > %s", (site, when))
         _require_currency(conn, site, when, _priced(replacing, gpu_hour_prices))
         for setting in SETTINGS:
-            _upsert(conn, site, setting, "", when, values.get(setting, SITE_DEFAULTS[setting])
-                    if setting in given else SITE_DEFAULTS[setting])
+            _upsert(
+                conn,
+                site,
+                setting,
+                "",
+                when,
+                values.get(setting, SITE_DEFAULTS[setting]) if setting in given else SITE_DEFAULTS[setting],
+            )
         prices = dict(gpu_hour_prices or {})
         models = _models(conn, site)
         for model in sorted(models | set(prices)):
             _upsert(conn, site, "gpu_hour_price", model, when, prices.get(model))
-        return SiteWrite(get_site(conn, site, now), created, None if when == BEGINNING else when,  # type: ignore[arg-type]
-                         defaulted)
+        return SiteWrite(
+            get_site(conn, site, now),
+            created,
+            None if when == BEGINNING else when,  # type: ignore[arg-type]
+            defaulted,
+        )
 
 
 def _models(conn: psycopg.Connection, site: str) -> set[str]:
-    return {m for (m,) in conn.execute("SELECT DISTINCT gpu_model FROM site_settings WHERE site = %s AND "
-                                       "gpu_model <> ''", (site,)).fetchall()}
+    return {
+        m
+        for (m,) in conn.execute(
+            "SELECT DISTINCT gpu_model FROM site_settings WHERE site = %s AND gpu_model <> ''", (site,)
+        ).fetchall()
+    }
 
 
-def set_series(conn: psycopg.Connection, site: str, setting: str, points: list[tuple[datetime, Any]],
-               gpu_model: str = "") -> int:
+def set_series(
+    conn: psycopg.Connection, site: str, setting: str, points: list[tuple[datetime, Any]], gpu_model: str = ""
+) -> int:
     """Upsert dated values of one setting (a PUE per month, time-of-use prices, ...)."""
     if setting not in SETTINGS:
         raise ValueError(f"not a site setting: {setting}")
@@ -326,15 +417,24 @@ def set_prices(conn: psycopg.Connection, site: str, points: list[tuple[datetime,
     return set_series(conn, site, "price_per_kwh", points)
 
 
-def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetime, float]], *,
-               method: str | None = None, name: str | None = None, provider: str | None = None) -> int:
+def set_carbon(
+    conn: psycopg.Connection,
+    region: str,
+    points: list[tuple[datetime, float]],
+    *,
+    method: str | None = None,
+    name: str | None = None,
+    provider: str | None = None,
+) -> int:
     """Upsert a carbon-intensity step series (each value holds until the next), and record what it is:
     ``method`` ``average`` (the default for a series first loaded without one) or ``marginal``, a readable
     ``name`` (country or grid region) and the ``provider`` it came from (what is not given is kept)."""
     for i, (_, g) in enumerate(points):
         why = bounds.problem("carbon_g_per_kwh", g)
         if why is not None:
-            raise SiteError("g_co2e_per_kwh", f"points[{i}]: {why.replace('carbon_g_per_kwh', 'g_co2e_per_kwh')}")
+            raise SiteError(
+                "g_co2e_per_kwh", f"points[{i}]: {why.replace('carbon_g_per_kwh', 'g_co2e_per_kwh')}"
+            )
     if method is not None and method not in ("average", "marginal"):
         raise SiteError("method", f"method must be average or marginal, not {method!r}")
     with conn.transaction():
@@ -342,7 +442,8 @@ def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetim
             "INSERT INTO carbon_regions AS c (region, method, name, provider) VALUES (%s, coalesce(%s, 'average'), "
             "%s, %s) ON CONFLICT (region) DO UPDATE SET method = coalesce(%s, c.method), "
             "name = coalesce(%s, c.name), provider = coalesce(%s, c.provider), updated_at = now()",
-            (region, method, name, provider, method, name, provider))
+            (region, method, name, provider, method, name, provider),
+        )
         conn.execute(
             "INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) SELECT %s, t, g FROM "
             "unnest(%s::timestamptz[], %s::float8[]) AS u(t, g) ON CONFLICT (region, time) DO UPDATE "
@@ -354,12 +455,15 @@ def set_carbon(conn: psycopg.Connection, region: str, points: list[tuple[datetim
 
 def carbon_region(conn: psycopg.Connection, region: str) -> dict[str, Any]:
     """What a region's series is, as recorded: ``method``, ``name``, ``provider`` (None when never recorded)."""
-    row = conn.execute("SELECT method, name, provider FROM carbon_regions WHERE region = %s", (region,)).fetchone()
+    row = conn.execute(
+        "SELECT method, name, provider FROM carbon_regions WHERE region = %s", (region,)
+    ).fetchone()
     return dict(zip(("method", "name", "provider"), row or (None, None, None), strict=True))
 
 
-def get_carbon(conn: psycopg.Connection, region: str, since: datetime | None = None,
-               until: datetime | None = None) -> list[dict[str, Any]]:
+def get_carbon(
+    conn: psycopg.Connection, region: str, since: datetime | None = None, until: datetime | None = None
+) -> list[dict[str, Any]]:
     sql = "SELECT time, g_co2e_per_kwh FROM carbon_intensity WHERE region = %s"
     params: list[Any] = [region]
     if since:
@@ -380,8 +484,9 @@ class CsvError(ValueError):
 MAX_LISTED = 50
 
 
-def parse_series_csv(path: Path, value_cols: tuple[str, ...], check: Callable[[float], str | None],
-                     region: str | None = None) -> list[tuple[datetime, float]]:
+def parse_series_csv(
+    path: Path, value_cols: tuple[str, ...], check: Callable[[float], str | None], region: str | None = None
+) -> list[tuple[datetime, float]]:
     """Read ``time, <value>`` rows: every bad row (time, number, range, a time given twice) is
     reported in one :class:`CsvError`; nothing is returned unless every row parses.  An optional
     ``region`` column must match ``region`` when given (other regions' rows are skipped)."""
@@ -397,7 +502,9 @@ def parse_series_csv(path: Path, value_cols: tuple[str, ...], check: Callable[[f
     problems: list[str] = []
     seen: dict[datetime, int] = {}
     for lineno, row in enumerate(reader, start=2):
-        row = {(k or "").strip(): (v or "").strip() for k, v in row.items() if isinstance(v, str) or v is None}
+        row = {
+            (k or "").strip(): (v or "").strip() for k, v in row.items() if isinstance(v, str) or v is None
+        }
         if region is not None and row.get("region") and row["region"] != region:
             continue
         t: datetime | None = None
@@ -418,16 +525,20 @@ def parse_series_csv(path: Path, value_cols: tuple[str, ...], check: Callable[[f
         if t is None:
             continue
         if t in seen:
-            problems.append(f"line {lineno}, column 'time': {row['time']} is also on line {seen[t]} "
-                            "(one value per time)")
+            problems.append(
+                f"line {lineno}, column 'time': {row['time']} is also on line {seen[t]} (one value per time)"
+            )
             continue
         seen[t] = lineno
         out.append((t, v))
     if problems:
         listed = problems[:MAX_LISTED]
         more = f"; and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-        raise CsvError(f"{path}: {len(problems)} bad row{'s' if len(problems) != 1 else ''}, nothing loaded: "
-                       + "; ".join(listed) + more)
+        raise CsvError(
+            f"{path}: {len(problems)} bad row{'s' if len(problems) != 1 else ''}, nothing loaded: "
+            + "; ".join(listed)
+            + more
+        )
     if not out:
         raise CsvError(f"{path}: no data rows" + (f" for region {region!r}" if region else ""))
     return out

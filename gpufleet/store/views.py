@@ -64,15 +64,23 @@ def fleet_now(conn: psycopg.Connection) -> FleetNow:
     if as_of is not None:
         for r in _dicts(conn, _GPU_NOW, {"t": as_of, "fresh": FRESH}):
             per_node[r["node"]] = r
-    nodes = _dicts(conn, "SELECT node, site, gpu_count, last_seen, extract(epoch FROM now() - last_seen) AS silent_s "
-                         "FROM nodes ORDER BY node")
+    nodes = _dicts(
+        conn,
+        "SELECT node, site, gpu_count, last_seen, extract(epoch FROM now() - last_seen) AS silent_s "
+        "FROM nodes ORDER BY node",
+    )
     for n in nodes:
         n.update({k: v for k, v in per_node.get(n["node"], {}).items() if k != "node"})
-    running = conn.execute(f"SELECT count(*) FROM runs r WHERE {state_sql('r', 'now()')} = 'running'").fetchone()
-    kinds = conn.execute("SELECT kind, count(*), count(*) FILTER (WHERE severity = 'critical') FROM incidents "
-                         "WHERE state = 'open' GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()
+    running = conn.execute(
+        f"SELECT count(*) FROM runs r WHERE {state_sql('r', 'now()')} = 'running'"
+    ).fetchone()
+    kinds = conn.execute(
+        "SELECT kind, count(*), count(*) FILTER (WHERE severity = 'critical') FROM incidents "
+        "WHERE state = 'open' GROUP BY 1 ORDER BY 2 DESC, 1"
+    ).fetchall()
     return FleetNow(
-        as_of=as_of, nodes=nodes,
+        as_of=as_of,
+        nodes=nodes,
         gpus=sum(int(r["gpus"]) for r in per_node.values()),
         busy=sum(int(r["busy"]) for r in per_node.values()),
         idle=sum(int(r["idle"]) for r in per_node.values()),
@@ -84,28 +92,42 @@ def fleet_now(conn: psycopg.Connection) -> FleetNow:
 
 
 def runs(conn: psycopg.Connection, limit: int) -> list[dict[str, Any]]:
-    return _dicts(conn, """
+    return _dicts(
+        conn,
+        """
 SELECT r.run_id, r.name, r.team, r.site, r.start, r."end",
        (SELECT count(*) FROM run_allocations a WHERE a.run_id = r.run_id) AS gpus,
        (SELECT count(*) FROM incidents i WHERE i.run_id = r.run_id AND i.state = 'open') AS open_incidents,
        (SELECT string_agg(DISTINCT i.kind, ', ') FROM incidents i WHERE i.run_id = r.run_id AND i.state = 'open')
          AS open_kinds
-FROM runs r ORDER BY r.start DESC, r.run_id LIMIT %s""", (limit,))
+FROM runs r ORDER BY r.start DESC, r.run_id LIMIT %s""",
+        (limit,),
+    )
 
 
 def run(conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
-    rows = _dicts(conn, """
+    rows = _dicts(
+        conn,
+        """
 SELECT r.run_id, r.name, r.team, r.site, r.start, r."end",
        (SELECT count(*) FROM run_allocations a WHERE a.run_id = r.run_id) AS gpus,
        (SELECT string_agg(a.node || ':' || a.gpus, '  ') FROM (
           SELECT node, string_agg(gpu::text, ',' ORDER BY gpu) AS gpus FROM run_allocations
           WHERE run_id = r.run_id GROUP BY node ORDER BY node) a) AS allocation
-FROM runs r WHERE r.run_id = %s""", (run_id,))
+FROM runs r WHERE r.run_id = %s""",
+        (run_id,),
+    )
     return rows[0] if rows else None
 
 
-def incidents(conn: psycopg.Connection, *, state: str | None = None, run_id: str | None = None,
-              node: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+def incidents(
+    conn: psycopg.Connection,
+    *,
+    state: str | None = None,
+    run_id: str | None = None,
+    node: str | None = None,
+    limit: int = 200,
+) -> list[dict[str, Any]]:
     where, params = ["TRUE"], []
     if node:
         where.append("i.node = %s")
@@ -116,12 +138,16 @@ def incidents(conn: psycopg.Connection, *, state: str | None = None, run_id: str
     if run_id:
         where.append("i.run_id = %s")
         params.append(run_id)
-    return _dicts(conn, f"""
+    return _dicts(
+        conn,
+        f"""
 SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence,
        i.actions
 FROM incidents i WHERE {" AND ".join(where)}
 ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 END, i.start DESC
-LIMIT %s""", [*params, limit])
+LIMIT %s""",
+        [*params, limit],
+    )
 
 
 @dataclass
@@ -157,14 +183,19 @@ GROUP BY 1, 2, 3 ORDER BY 2, 3, 1"""
     out: dict[tuple[str, int], list[tuple[float, float | None, float | None]]] = {}
     for t, node, gpu, util, power in conn.execute(sql, {"step": step, "lo": lo, "hi": hi, "run": run_id}):
         out.setdefault((node, int(gpu)), []).append(
-            (float(t), None if util is None else float(util), None if power is None else float(power)))
+            (float(t), None if util is None else float(util), None if power is None else float(power))
+        )
     return GpuSeries(step, out)
 
 
 def node(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
     """A node's row, with ``silent_s``: seconds since its last batch."""
-    rows = _dicts(conn, "SELECT node, site, gpu_count, last_seen, facts, facts_time, "
-                        "extract(epoch FROM now() - last_seen) AS silent_s FROM nodes WHERE node = %s", (name,))
+    rows = _dicts(
+        conn,
+        "SELECT node, site, gpu_count, last_seen, facts, facts_time, "
+        "extract(epoch FROM now() - last_seen) AS silent_s FROM nodes WHERE node = %s",
+        (name,),
+    )
     return rows[0] if rows else None
 
 
@@ -178,6 +209,7 @@ CROSS JOIN LATERAL (
   ORDER BY s.time DESC LIMIT 1) l
 ORDER BY l.gpu
 """
+
 
 def newest_job_samples(conn: psycopg.Connection, name: str, gpus: int) -> list[dict[str, Any]]:
     """The newest sample of each of the node's first ``gpus`` GPUs, with its job's cgroup figures."""
@@ -194,9 +226,12 @@ def teams(conn: psycopg.Connection, run_ids: list[str]) -> dict[str, str | None]
 
 def running_runs_by_node(conn: psycopg.Connection) -> dict[str, list[dict[str, Any]]]:
     """The runs running now on each node (run id, name, team), for the fleet page's links."""
-    rows = _dicts(conn, f"""
+    rows = _dicts(
+        conn,
+        f"""
 SELECT DISTINCT a.node, r.run_id, r.name, r.team FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
-WHERE {state_sql('r', 'now()')} = 'running' ORDER BY a.node, r.run_id""")
+WHERE {state_sql("r", "now()")} = 'running' ORDER BY a.node, r.run_id""",
+    )
     out: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         out.setdefault(r["node"], []).append(r)
@@ -205,16 +240,22 @@ WHERE {state_sql('r', 'now()')} = 'running' ORDER BY a.node, r.run_id""")
 
 def node_runs(conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
     """The runs that held GPUs of the node, newest first, with the GPUs they held there."""
-    return _dicts(conn, """
+    return _dicts(
+        conn,
+        """
 SELECT r.run_id, r.name, r.team, r.start, r."end", array_agg(a.gpu ORDER BY a.gpu) AS gpus
 FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = %s
-GROUP BY r.run_id, r.name, r.team, r.start, r."end" ORDER BY r.start DESC, r.run_id LIMIT 50""", (name,))
+GROUP BY r.run_id, r.name, r.team, r.start, r."end" ORDER BY r.start DESC, r.run_id LIMIT 50""",
+        (name,),
+    )
 
 
 def node_incidents(conn: psycopg.Connection, name: str, limit: int = 200) -> list[dict[str, Any]]:
     """Incidents that touch the node: on it, listing one of its GPUs, or of a run that held GPUs on it
     (a run's starvation has no node of its own, yet its GPUs there wait)."""
-    return _dicts(conn, """
+    return _dicts(
+        conn,
+        """
 SELECT i.id, i.kind, i.cause, i.severity, i.state, i.run_id, i.node, i.gpu, i.start, i."end", i.evidence,
        i.actions
 FROM incidents i
@@ -224,7 +265,9 @@ WHERE i.node = %(node)s
                    WHERE jsonb_typeof(g) = 'object' AND g ->> 'node' = %(node)s))
    OR (i.node IS NULL AND i.run_id IN (SELECT a.run_id FROM run_allocations a WHERE a.node = %(node)s))
 ORDER BY (i.state = 'open') DESC, CASE i.severity WHEN 'critical' THEN 0 ELSE 1 END, i.start DESC
-LIMIT %(limit)s""", {"node": name, "limit": limit})
+LIMIT %(limit)s""",
+        {"node": name, "limit": limit},
+    )
 
 
 def node_gpu_series(conn: psycopg.Connection, name: str, lo: datetime, hi: datetime) -> GpuSeries:
@@ -248,11 +291,16 @@ GROUP BY 1, 2, 3 ORDER BY 2, 3, 1"""
     out: dict[tuple[str, int], list[tuple[float, float | None, float | None]]] = {}
     for t, node, gpu, util, power in conn.execute(sql, {"step": step, "lo": lo, "hi": hi, "node": name}):
         out.setdefault((node, int(gpu)), []).append(
-            (float(t), None if util is None else float(util), None if power is None else float(power)))
+            (float(t), None if util is None else float(util), None if power is None else float(power))
+        )
     return GpuSeries(step, out)
 
 
 def run_nodes(conn: psycopg.Connection, run_id: str) -> list[str]:
     """The nodes a run holds GPUs on."""
-    return [r[0] for r in conn.execute("SELECT DISTINCT node FROM run_allocations WHERE run_id = %s ORDER BY node",
-                                       (run_id,)).fetchall()]
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT node FROM run_allocations WHERE run_id = %s ORDER BY node", (run_id,)
+        ).fetchall()
+    ]

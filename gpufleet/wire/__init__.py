@@ -64,11 +64,28 @@ if TYPE_CHECKING:
 
 #: Where each exported name lives.
 _HOME = {
-    **dict.fromkeys(("CONTAINER_SLACK", "DEFAULT_LIMITS", "MAX_MAP_LEN", "ParseLimits", "decompress", "parse"),
-                    "decoding"),
+    **dict.fromkeys(
+        ("CONTAINER_SLACK", "DEFAULT_LIMITS", "MAX_MAP_LEN", "ParseLimits", "decompress", "parse"), "decoding"
+    ),
     **dict.fromkeys(("KIND_DTYPE", "TYPED_DTYPES", "encode", "typed_column"), "encoding"),
-    **dict.fromkeys(("BATCH_ID_RE", "JSON", "MAX_TEXT", "MSGPACK", "NODE_RE", "Batch", "Column", "Columns",
-                     "TooLarge", "Unreadable", "Unsupported", "WireError", "WrongNode"), "types"),
+    **dict.fromkeys(
+        (
+            "BATCH_ID_RE",
+            "JSON",
+            "MAX_TEXT",
+            "MSGPACK",
+            "NODE_RE",
+            "Batch",
+            "Column",
+            "Columns",
+            "TooLarge",
+            "Unreadable",
+            "Unsupported",
+            "WireError",
+            "WrongNode",
+        ),
+        "types",
+    ),
     **dict.fromkeys(("as_lists", "column_list", "drop_skewed", "validate"), "validation"),
 }
 
@@ -80,6 +97,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value
     return value
+
 
 __all__ = [
     "BATCH_ID_RE",

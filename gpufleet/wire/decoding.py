@@ -72,7 +72,9 @@ def decompress(body: bytes, encoding: str | None, max_out: int) -> bytes:
         if len(out) > max_out:
             raise TooLarge(f"zstd body expands beyond the {max_out}-byte limit")
         return out
-    raise Unsupported(f"unsupported Content-Encoding {encoding!r} (use gzip, zstd or none)", ("Content-Encoding",))
+    raise Unsupported(
+        f"unsupported Content-Encoding {encoding!r} (use gzip, zstd or none)", ("Content-Encoding",)
+    )
 
 
 #: Parse bounds (see :func:`parse`).  Nesting: both parsers stop at 1024
@@ -102,8 +104,11 @@ class ParseLimits:
     @classmethod
     def for_samples(cls, max_samples: int) -> ParseLimits:
         n = max_samples + 1
-        return cls(max_array_len=max(n, 1024), max_containers=n + CONTAINER_SLACK,
-                   max_elements=n * FIELDS_PER_SAMPLE + CONTAINER_SLACK)
+        return cls(
+            max_array_len=max(n, 1024),
+            max_containers=n + CONTAINER_SLACK,
+            max_elements=n * FIELDS_PER_SAMPLE + CONTAINER_SLACK,
+        )
 
 
 DEFAULT_LIMITS = ParseLimits()
@@ -142,14 +147,28 @@ def parse(raw: bytes, content_type: str | None, limits: ParseLimits = DEFAULT_LI
                 # Every msgpack object and every value takes at least a byte: a
                 # body this short cannot exceed the structure bounds, so nothing
                 # needs counting as it is unpacked.
-                return msgpack.unpackb(raw, raw=False, strict_map_key=True,
-                                       max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
-            return msgpack.unpackb(raw, raw=False, strict_map_key=True, object_hook=seen, list_hook=seen,
-                                   max_array_len=limits.max_array_len, max_map_len=limits.max_map_len)
+                return msgpack.unpackb(
+                    raw,
+                    raw=False,
+                    strict_map_key=True,
+                    max_array_len=limits.max_array_len,
+                    max_map_len=limits.max_map_len,
+                )
+            return msgpack.unpackb(
+                raw,
+                raw=False,
+                strict_map_key=True,
+                object_hook=seen,
+                list_hook=seen,
+                max_array_len=limits.max_array_len,
+                max_map_len=limits.max_map_len,
+            )
         except WireError:
             raise
         except (msgpack.UnpackException, ValueError, TypeError) as e:
             if "exceeds max_" in str(e):
                 raise TooLarge(f"body holds a longer array or object than allowed: {e}") from e
             raise Unreadable(f"body is not valid msgpack: {e}", ("body",)) from e
-    raise Unsupported(f"unsupported Content-Type {content_type!r} (use {JSON} or {MSGPACK})", ("Content-Type",))
+    raise Unsupported(
+        f"unsupported Content-Type {content_type!r} (use {JSON} or {MSGPACK})", ("Content-Type",)
+    )

@@ -21,16 +21,23 @@ from gpufleet.catalog import GPU_BY_NAME, HOST_BY_NAME, Field
 from gpufleet.wire.types import JSON, MSGPACK
 
 
-def encode(batch: dict[str, Any], fmt: str = "msgpack", compression: str | None = "zstd",
-           typed: bool = True) -> tuple[bytes, dict[str, str]]:
+def encode(
+    batch: dict[str, Any], fmt: str = "msgpack", compression: str | None = "zstd", typed: bool = True
+) -> tuple[bytes, dict[str, str]]:
     """Serialise a batch dict; returns body and the HTTP headers describing it.
 
     With msgpack and ``typed``, numeric columns travel as typed arrays.
     """
     if fmt == "msgpack":
         if typed:
-            batch = {k: (_typed_section(v, GPU_BY_NAME if k == "gpu" else HOST_BY_NAME)
-                         if k in ("gpu", "host") and isinstance(v, dict) else v) for k, v in batch.items()}
+            batch = {
+                k: (
+                    _typed_section(v, GPU_BY_NAME if k == "gpu" else HOST_BY_NAME)
+                    if k in ("gpu", "host") and isinstance(v, dict)
+                    else v
+                )
+                for k, v in batch.items()
+            }
         body = msgpack.packb(batch, use_bin_type=True)
         headers = {"Content-Type": MSGPACK}
     elif fmt == "json":
@@ -49,13 +56,32 @@ def encode(batch: dict[str, Any], fmt: str = "msgpack", compression: str | None 
     return body, headers
 
 
-TYPED_DTYPES = {"f4": "<f4", "f8": "<f8", "i1": "<i1", "i2": "<i2", "i4": "<i4", "i8": "<i8",
-                 "u1": "<u1", "u2": "<u2", "u4": "<u4"}
+TYPED_DTYPES = {
+    "f4": "<f4",
+    "f8": "<f8",
+    "i1": "<i1",
+    "i2": "<i2",
+    "i4": "<i4",
+    "i8": "<i8",
+    "u1": "<u1",
+    "u2": "<u2",
+    "u4": "<u4",
+}
 KIND_DTYPE = {"real": "f4", "double": "f8", "smallint": "i2", "integer": "i4", "bigint": "i8"}
 
 
 #: The :mod:`array` type code of each wire dtype (sizes checked below, where the module is loaded).
-_TYPECODES = {"f4": "f", "f8": "d", "i1": "b", "i2": "h", "i4": "i", "i8": "q", "u1": "B", "u2": "H", "u4": "I"}
+_TYPECODES = {
+    "f4": "f",
+    "f8": "d",
+    "i1": "b",
+    "i2": "h",
+    "i4": "i",
+    "i8": "q",
+    "u1": "B",
+    "u2": "H",
+    "u4": "I",
+}
 assert all(array(code).itemsize == int(dt[1]) for dt, code in _TYPECODES.items()), "unexpected C type sizes"
 
 
@@ -102,7 +128,9 @@ def _typed_section(cols: dict[str, Any], known: dict[str, Field]) -> dict[str, A
             out[name] = typed_column(values, "f8")
         elif name == "gpu":
             out[name] = typed_column(values, "i2")
-        elif name in known and known[name].kind in KIND_DTYPE and not any(isinstance(v, bool) for v in values):
+        elif (
+            name in known and known[name].kind in KIND_DTYPE and not any(isinstance(v, bool) for v in values)
+        ):
             out[name] = typed_column(values, KIND_DTYPE[known[name].kind])
         else:
             out[name] = values

@@ -100,8 +100,6 @@ class Batch:
         return float(min(p.min() for p in parts)), float(max(p.max() for p in parts))
 
 
-
-
 class Columns(dict[str, "Column"]):
     """A section's columns as validation's fast path leaves them: each numeric
     column a row of one float64 or int64 matrix, and :attr:`blocks` naming
@@ -113,8 +111,9 @@ class Columns(dict[str, "Column"]):
 
     __slots__ = ("blocks",)
 
-    def __init__(self, columns: dict[str, Column],
-                 blocks: tuple[tuple[np.ndarray, tuple[str, ...]], ...] | None = None) -> None:
+    def __init__(
+        self, columns: dict[str, Column], blocks: tuple[tuple[np.ndarray, tuple[str, ...]], ...] | None = None
+    ) -> None:
         super().__init__(columns)
         #: (matrix, the column each of its rows is), per matrix; None once the columns changed.
         self.blocks = blocks
@@ -158,7 +157,9 @@ class Column:
 
     __slots__ = ("lengths", "null", "values")
 
-    def __init__(self, values: Any, null: np.ndarray | None = None, lengths: np.ndarray | None = None) -> None:
+    def __init__(
+        self, values: Any, null: np.ndarray | None = None, lengths: np.ndarray | None = None
+    ) -> None:
         self.values = values
         self.null = null
         #: For text encoded as a numpy bytes array: each value's byte length.
@@ -169,7 +170,9 @@ class Column:
 
     def take(self, idx: np.ndarray) -> Column:
         if isinstance(self.values, list):
-            return Column([self.values[i] for i in idx.tolist()], None if self.null is None else self.null[idx])
+            return Column(
+                [self.values[i] for i in idx.tolist()], None if self.null is None else self.null[idx]
+            )
         return Column(self.values[idx], None if self.null is None else self.null[idx])
 
     def tolist(self) -> list[Any]:

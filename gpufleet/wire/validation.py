@@ -34,7 +34,9 @@ _NUMERIC_TYPES = frozenset({int, float, _NONE})
 _NP_INT = {"smallint": np.int64, "integer": np.int64, "bigint": np.int64}
 
 
-def _columns(obj: Any, section: str, known: dict[str, Field], key: tuple[str, ...]) -> tuple[dict[str, Any], int]:
+def _columns(
+    obj: Any, section: str, known: dict[str, Field], key: tuple[str, ...]
+) -> tuple[dict[str, Any], int]:
     """Normalise a section (columns or rows) to columns, checking names and lengths; a
     column sent under an older catalog name (``catalog.GPU_ALIASES``) takes its current one."""
     cols, n = _raw_columns(obj, section, known, key)
@@ -47,8 +49,9 @@ def _columns(obj: Any, section: str, known: dict[str, Field], key: tuple[str, ..
     return cols, n
 
 
-def _raw_columns(obj: Any, section: str, known: dict[str, Field],
-                 key: tuple[str, ...]) -> tuple[dict[str, Any], int]:
+def _raw_columns(
+    obj: Any, section: str, known: dict[str, Field], key: tuple[str, ...]
+) -> tuple[dict[str, Any], int]:
     if obj is None:
         return {}, 0
     if section == "gpu":
@@ -116,7 +119,9 @@ def _typed(section: str, name: str, col: dict[str, Any]) -> Typed:
     if dtype is None:
         raise WireError(f"typed array dtype must be one of {', '.join(TYPED_DTYPES)}", (section, name))
     if not isinstance(data, bytes) or len(data) % np.dtype(dtype).itemsize:
-        raise WireError(f"typed array data must be bytes, a multiple of {np.dtype(dtype).itemsize}", (section, name))
+        raise WireError(
+            f"typed array data must be bytes, a multiple of {np.dtype(dtype).itemsize}", (section, name)
+        )
     values = np.frombuffer(data, dtype=dtype)
     null = None
     nulls = col.get("nulls")
@@ -137,11 +142,14 @@ def _real_bounds(kind: str, lo: float | None, hi: float | None) -> tuple[float |
     """``real`` columns also bound by float4's finite range (1e300 must not become inf)."""
     if kind != "real":
         return lo, hi
-    return (-FLOAT4_MAX if lo is None else max(lo, -FLOAT4_MAX)), (FLOAT4_MAX if hi is None else min(hi, FLOAT4_MAX))
+    return (-FLOAT4_MAX if lo is None else max(lo, -FLOAT4_MAX)), (
+        FLOAT4_MAX if hi is None else min(hi, FLOAT4_MAX)
+    )
 
 
-def _check_typed(section: str, name: str, col: Typed, kind: str, lo: float | None, hi: float | None,
-                 required: bool) -> Column:
+def _check_typed(
+    section: str, name: str, col: Typed, kind: str, lo: float | None, hi: float | None, required: bool
+) -> Column:
     lo, hi = _real_bounds(kind, lo, hi)
     v, null = col.values.astype(np.float64 if col.values.dtype.kind == "f" else np.int64), col.null
     if required and null is not None:
@@ -182,8 +190,9 @@ def _first(col: list[Any], pred: Any) -> int:
     return -1
 
 
-def _numeric(section: str, name: str, col: list[Any], kind: str, lo: float | None, hi: float | None,
-             required: bool) -> Column:
+def _numeric(
+    section: str, name: str, col: list[Any], kind: str, lo: float | None, hi: float | None, required: bool
+) -> Column:
     lo, hi = _real_bounds(kind, lo, hi)
     types = set(map(type, col))
     if not types <= _NUMERIC_TYPES:
@@ -206,12 +215,18 @@ def _numeric(section: str, name: str, col: list[Any], kind: str, lo: float | Non
             null = np.fromiter((v is None for v in col), dtype=bool, count=len(col))
             src = [0 if v is None else v for v in col]
         try:
-            arr = np.array(src, dtype=np.int64) if float not in types else np.array(src, dtype=np.float64).astype(np.int64)
+            arr = (
+                np.array(src, dtype=np.int64)
+                if float not in types
+                else np.array(src, dtype=np.float64).astype(np.int64)
+            )
         except OverflowError:
             arr = None
         if arr is None or (len(arr) and (arr.min() < lo or arr.max() > hi)):
+
             def out(v: Any) -> bool:
                 return v is not None and not (lo <= v <= hi)
+
             i = _first(col, out)
             raise WireError(f"{col[i]} is outside [{lo}, {hi}]", (section, i, name))
         if null is not None and null.any() and len(arr):
@@ -254,8 +269,9 @@ def _text(section: str, name: str, col: list[Any]) -> Column:
 _FLOAT_KINDS = frozenset({"real", "double"})
 
 
-def _typed_group(names: list[str], cols: dict[str, Any], known: dict[str, Field], as_int: bool
-                 ) -> dict[str, Column] | None:
+def _typed_group(
+    names: list[str], cols: dict[str, Any], known: dict[str, Field], as_int: bool
+) -> dict[str, Column] | None:
     """Typed columns without NULLs, checked as one 2-D array (None: look closer)."""
     if not names:
         return {}
@@ -267,8 +283,9 @@ def _typed_group(names: list[str], cols: dict[str, Any], known: dict[str, Field]
     return {n: Column(m[i]) for i, n in enumerate(names)}
 
 
-def _fast_group(section: str, names: list[str], cols: dict[str, list[Any]], known: dict[str, Field],
-                as_int: bool) -> dict[str, Column] | None:
+def _fast_group(
+    section: str, names: list[str], cols: dict[str, list[Any]], known: dict[str, Field], as_int: bool
+) -> dict[str, Column] | None:
     """Validate same-kind columns without NULLs as one 2-D array.
 
     Returns None when anything is unusual (a type, a bound, an overflow); the
@@ -302,8 +319,10 @@ def _bounds(names: tuple[str, ...], known: dict[str, Field], as_int: bool) -> tu
     hit = _BOUNDS.get((names, as_int))
     if hit is None:
         dt = np.int64 if as_int else np.float64
-        hit = (np.array([_lo(known[n]) for n in names], dtype=dt)[:, None],
-               np.array([_hi(known[n]) for n in names], dtype=dt)[:, None])
+        hit = (
+            np.array([_lo(known[n]) for n in names], dtype=dt)[:, None],
+            np.array([_hi(known[n]) for n in names], dtype=dt)[:, None],
+        )
         if len(_BOUNDS) < 4096:
             _BOUNDS[(names, as_int)] = hit
     return hit
@@ -323,8 +342,9 @@ _TIME = Field("time", "double", "s", "sample time", lo=0, hi=4102444800.0)
 _GPU = Field("gpu", "smallint", "", "GPU index", lo=0)
 
 
-def _check_section(section: str, cols: dict[str, Any], n: int, node: str, known: dict[str, Field],
-                   key: tuple[str, ...]) -> dict[str, Column]:
+def _check_section(
+    section: str, cols: dict[str, Any], n: int, node: str, known: dict[str, Field], key: tuple[str, ...]
+) -> dict[str, Column]:
     if n == 0:
         return {}
     for k in key:
@@ -362,8 +382,9 @@ def _check_section(section: str, cols: dict[str, Any], n: int, node: str, known:
             continue
         nulls = col.count(None)
         if nulls == n and name not in key:
-            out[name] = Column(np.zeros(n, dtype=np.float64 if f.kind in _FLOAT_KINDS else np.int64),
-                               np.ones(n, dtype=bool))
+            out[name] = Column(
+                np.zeros(n, dtype=np.float64 if f.kind in _FLOAT_KINDS else np.int64), np.ones(n, dtype=bool)
+            )
         elif nulls:
             out[name] = _numeric(section, name, col, f.kind, f.lo, f.hi, name in key)
         elif f.kind in _FLOAT_KINDS:
@@ -373,14 +394,18 @@ def _check_section(section: str, cols: dict[str, Any], n: int, node: str, known:
     for group, as_int in ((typed_floats, False), (typed_ints, True)):
         checked = _typed_group(group, cols, fields, as_int)
         if checked is None:
-            checked = {n: _check_typed(section, n, cols[n], fields[n].kind, fields[n].lo, fields[n].hi, n in key)
-                       for n in group}
+            checked = {
+                n: _check_typed(section, n, cols[n], fields[n].kind, fields[n].lo, fields[n].hi, n in key)
+                for n in group
+            }
         out.update(checked)
     for group, as_int in ((floats, False), (ints, True)):
         fast = _fast_group(section, group, cols, fields, as_int)
         if fast is None:
-            fast = {n: _numeric(section, n, cols[n], fields[n].kind, fields[n].lo, fields[n].hi, n in key)
-                    for n in group}
+            fast = {
+                n: _numeric(section, n, cols[n], fields[n].kind, fields[n].lo, fields[n].hi, n in key)
+                for n in group
+            }
         out.update(fast)
     return out
 
@@ -410,8 +435,9 @@ def validate(doc: Any) -> Batch:
     return Batch(batch_id=batch_id, node=node, gpu=gpu, host=host, facts=facts, n_gpu=ng, n_host=nh)
 
 
-def _section(obj: Any, section: str, node: str, known: dict[str, Field],
-             key: tuple[str, ...]) -> tuple[dict[str, Column], int]:
+def _section(
+    obj: Any, section: str, node: str, known: dict[str, Field], key: tuple[str, ...]
+) -> tuple[dict[str, Column], int]:
     fast = _typed_section_fast(section, obj, known, key)
     if fast is not None:
         return fast
@@ -487,7 +513,9 @@ class _Plan:
 _PLANS: dict[tuple[str, tuple[str, ...]], _Plan | None] = {}
 
 
-def _plan(section: str, names: tuple[str, ...], known: dict[str, Field], key: tuple[str, ...]) -> _Plan | None:
+def _plan(
+    section: str, names: tuple[str, ...], known: dict[str, Field], key: tuple[str, ...]
+) -> _Plan | None:
     hit = _PLANS.get((section, names), False)
     if hit is not False:
         return hit  # type: ignore[return-value]
@@ -495,8 +523,12 @@ def _plan(section: str, names: tuple[str, ...], known: dict[str, Field], key: tu
     aliases = GPU_ALIASES if section == "gpu" else {}
     outs = tuple(aliases.get(n, n) for n in names)
     base = {"time": _TIME, **({"gpu": _GPU} if "gpu" in key else {})}
-    if (all(k in names for k in key) and "node" not in names and len(set(outs)) == len(outs)
-            and all(isinstance(n, str) and (n in base or aliases.get(n, n) in known) for n in names)):
+    if (
+        all(k in names for k in key)
+        and "node" not in names
+        and len(set(outs)) == len(outs)
+        and all(isinstance(n, str) and (n in base or aliases.get(n, n) in known) for n in names)
+    ):
         items = []
         for n, o in zip(names, outs, strict=True):
             f = base[n] if n in base else known[o]
@@ -508,8 +540,9 @@ def _plan(section: str, names: tuple[str, ...], known: dict[str, Field], key: tu
     return plan
 
 
-def _typed_section_fast(section: str, obj: Any, known: dict[str, Field],
-                        key: tuple[str, ...]) -> tuple[dict[str, Column], int] | None:
+def _typed_section_fast(
+    section: str, obj: Any, known: dict[str, Field], key: tuple[str, ...]
+) -> tuple[dict[str, Column], int] | None:
     """The section's validated columns and length, or None: check it the slow way."""
     if type(obj) is not dict or not obj:
         return None
@@ -607,8 +640,13 @@ def _layout(plan: _Plan, dts: tuple[Any, ...], key: tuple[str, ...]) -> _Layout 
     column (an integer field sent as floats): the slow path names it."""
     lay: _Layout | None = None
     typed = [i for i, dt in enumerate(dts) if dt is not None]
-    if all(type(dts[i]) is str and dts[i] in TYPED_DTYPES and plan.items[i][3] != 2
-           and not (plan.items[i][3] == 1 and dts[i][0] == "f") for i in typed):
+    if all(
+        type(dts[i]) is str
+        and dts[i] in TYPED_DTYPES
+        and plan.items[i][3] != 2
+        and not (plan.items[i][3] == 1 and dts[i][0] == "f")
+        for i in typed
+    ):
         by_group: dict[tuple[str, bool], list[int]] = {}
         for j, i in enumerate(typed):
             by_group.setdefault((dts[i], plan.items[i][3] == 1), []).append(j)
@@ -625,17 +663,25 @@ def _layout(plan: _Plan, dts: tuple[Any, ...], key: tuple[str, ...]) -> _Layout 
                 hi.append(_hi(f) if as_int else min(_hi(f), _DOUBLE_MAX))
             groups.append((TYPED_DTYPES[dt], tuple(idx), int(as_int), a, len(lo)))
         wire_names = [item[0] for item in plan.items]
-        order = [*(wire_names.index(k) for k in key), *(i for i, item in enumerate(plan.items) if not item[4])]
+        order = [
+            *(wire_names.index(k) for k in key),
+            *(i for i, item in enumerate(plan.items) if not item[4]),
+        ]
         lay = _Layout(
-            typed=tuple(typed), itemsizes=tuple(_ITEMSIZE[dts[i]] for i in typed),
+            typed=tuple(typed),
+            itemsizes=tuple(_ITEMSIZE[dts[i]] for i in typed),
             own=tuple(i for i, dt in enumerate(dts) if dt is None),
-            groups=tuple(groups), n_float=len(bounds[False][0]), n_int=len(bounds[True][0]),
+            groups=tuple(groups),
+            n_float=len(bounds[False][0]),
+            n_int=len(bounds[True][0]),
             float_lo=np.array(bounds[False][0], dtype=np.float64)[:, None],
             float_hi=np.array(bounds[False][1], dtype=np.float64)[:, None],
             int_lo=np.array(bounds[True][0], dtype=np.int64)[:, None],
             int_hi=np.array(bounds[True][1], dtype=np.int64)[:, None],
             order=tuple((plan.items[i][1], *rows.get(i, (0, -1))) for i in order),
-            float_names=_row_names(plan, rows, 0), int_names=_row_names(plan, rows, 1))
+            float_names=_row_names(plan, rows, 0),
+            int_names=_row_names(plan, rows, 1),
+        )
     if len(plan.layouts) < 64:
         plan.layouts[dts] = lay
     return lay

@@ -77,10 +77,10 @@ BEGIN
     RETURN NULL;
   END IF;
   RETURN format('GPU %s:%s is held by run %s from %s %s; run %s from %s %s would overlap it',
-                p_node, p_gpu, quote_literal(o.run_id), {_TS.format('o.start')},
+                p_node, p_gpu, quote_literal(o.run_id), {_TS.format("o.start")},
                 CASE WHEN o."end" IS NULL THEN '(still running)' ELSE 'to ' || {_TS.format('o."end"')} END,
-                quote_literal(p_run), {_TS.format('p_start')},
-                CASE WHEN p_end IS NULL THEN '(open-ended)' ELSE 'to ' || {_TS.format('p_end')} END);
+                quote_literal(p_run), {_TS.format("p_start")},
+                CASE WHEN p_end IS NULL THEN '(open-ended)' ELSE 'to ' || {_TS.format("p_end")} END);
 END
 $fn$;
 
@@ -130,13 +130,16 @@ def upgrade() -> None:
     conn = op.get_bind()
     rows = conn.execute(text(OVERLAPS)).fetchall()
     if rows:
-        lines = [f"  {n}:{g} held by {a!r} [{sa_}, {ea or 'running'}) and {b!r} [{sb}, {eb or 'running'})"
-                 for a, n, g, b, sa_, ea, sb, eb in rows[:20]]
+        lines = [
+            f"  {n}:{g} held by {a!r} [{sa_}, {ea or 'running'}) and {b!r} [{sb}, {eb or 'running'})"
+            for a, n, g, b, sa_, ea, sb, eb in rows[:20]
+        ]
         more = "\n  ..." if len(rows) > 20 else ""
         raise RuntimeError(
             "cannot enforce one run per GPU: these allocations overlap (each GPU-hour is billed twice); "
             "end one of the runs earlier or delete the allocation (DELETE FROM run_allocations WHERE ...), "
-            "then run the upgrade again:\n" + "\n".join(lines) + more)
+            "then run the upgrade again:\n" + "\n".join(lines) + more
+        )
     for stmt in _statements(FUNCTIONS):
         op.execute(stmt)
 
@@ -146,7 +149,9 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS run_allocations_one_run_per_gpu ON run_allocations")
     op.execute("DROP FUNCTION IF EXISTS gpufleet_check_run_window()")
     op.execute("DROP FUNCTION IF EXISTS gpufleet_check_allocation()")
-    op.execute("DROP FUNCTION IF EXISTS gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz)")
+    op.execute(
+        "DROP FUNCTION IF EXISTS gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz)"
+    )
 
 
 def _statements(sql: str) -> list[str]:

@@ -114,9 +114,9 @@ BEGIN
   LOOP
     IF p_sharing = 'exclusive' OR o.sharing = 'exclusive' THEN
       RETURN format('GPU %s:%s is held by run %s from %s %s; run %s from %s %s would overlap it',
-                    p_node, p_gpu, quote_literal(o.run_id), {_TS.format('o.start')}, {_WINDOW.format(e='o."end"')},
-                    quote_literal(p_run), {_TS.format('p_start')},
-                    CASE WHEN p_end IS NULL THEN '(open-ended)' ELSE 'to ' || {_TS.format('p_end')} END)
+                    p_node, p_gpu, quote_literal(o.run_id), {_TS.format("o.start")}, {_WINDOW.format(e='o."end"')},
+                    quote_literal(p_run), {_TS.format("p_start")},
+                    CASE WHEN p_end IS NULL THEN '(open-ended)' ELSE 'to ' || {_TS.format("p_end")} END)
         || CASE WHEN p_sharing <> 'exclusive' THEN format(' (run %s holds it exclusively)', quote_literal(o.run_id))
                 WHEN o.sharing <> 'exclusive' THEN format(' (it is shared by %s: declare sharing to join)', o.sharing)
                 ELSE '' END;
@@ -124,11 +124,11 @@ BEGIN
     IF (p_sharing = 'mig') <> (o.sharing = 'mig') THEN
       RETURN format('GPU %s:%s is held by run %s as %s from %s; run %s cannot hold it as %s at the same time '
                     '(MIG instances and whole-GPU sharing do not mix)', p_node, p_gpu, quote_literal(o.run_id),
-                    o.sharing, {_TS.format('o.start')}, quote_literal(p_run), p_sharing);
+                    o.sharing, {_TS.format("o.start")}, quote_literal(p_run), p_sharing);
     END IF;
     IF p_sharing = 'mig' AND o.mig_instance = p_mig_instance THEN
       RETURN format('MIG instance %s of GPU %s:%s is held by run %s from %s %s; run %s would overlap it',
-                    p_mig_instance, p_node, p_gpu, quote_literal(o.run_id), {_TS.format('o.start')},
+                    p_mig_instance, p_node, p_gpu, quote_literal(o.run_id), {_TS.format("o.start")},
                     {_WINDOW.format(e='o."end"')}, quote_literal(p_run));
     END IF;
   END LOOP;
@@ -145,7 +145,7 @@ BEGIN
       AND r.start <= t AND (r."end" IS NULL OR r."end" > t);
     IF total > 1.000000001 THEN
       RETURN format('GPU %s:%s would be shared beyond the whole GPU at %s: run %s asks for share %s while runs %s '
-                    'hold %s', p_node, p_gpu, {_TS.format('t')}, quote_literal(p_run), round(p_share::numeric, 4),
+                    'hold %s', p_node, p_gpu, {_TS.format("t")}, quote_literal(p_run), round(p_share::numeric, 4),
                     (SELECT string_agg(quote_literal(a.run_id), ', ' ORDER BY a.run_id)
                      FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
                      WHERE a.node = p_node AND a.gpu = p_gpu AND a.run_id <> p_run
@@ -214,9 +214,11 @@ def upgrade() -> None:
     for stmt in MOVE_SITES.strip().split(";\n"):
         op.execute(stmt)
     op.execute("DROP TABLE site_prices")
-    op.execute("ALTER TABLE sites DROP CONSTRAINT sites_pue_ge_1, DROP CONSTRAINT sites_prices_nonneg, "
-               "DROP COLUMN pue, DROP COLUMN price_per_kwh, DROP COLUMN gpu_hour_price, DROP COLUMN carbon_region, "
-               "DROP COLUMN carbon_g_per_kwh")
+    op.execute(
+        "ALTER TABLE sites DROP CONSTRAINT sites_pue_ge_1, DROP CONSTRAINT sites_prices_nonneg, "
+        "DROP COLUMN pue, DROP COLUMN price_per_kwh, DROP COLUMN gpu_hour_price, DROP COLUMN carbon_region, "
+        "DROP COLUMN carbon_g_per_kwh"
+    )
     op.execute(ALLOCATION_COLUMNS)
     op.execute("DROP FUNCTION gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz)")
     for stmt in _statements(CONFLICT_FUNCTIONS):
@@ -237,21 +239,27 @@ def _revision_0003() -> object:
 def downgrade() -> None:
     for stmt in accounting_sql.DROP_V1:
         op.execute(stmt)
-    op.execute("DROP FUNCTION gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz, text, "
-               "double precision, integer)")
+    op.execute(
+        "DROP FUNCTION gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz, text, "
+        "double precision, integer)"
+    )
     old = _revision_0003()
     for stmt in old._statements(old.FUNCTIONS):  # type: ignore[attr-defined]
         if stmt.startswith("CREATE FUNCTION"):
             op.execute(stmt.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
-    op.execute("ALTER TABLE run_allocations DROP CONSTRAINT run_allocations_mig, DROP CONSTRAINT run_allocations_share, "
-               "DROP CONSTRAINT run_allocations_sharing, DROP COLUMN mig_instance, DROP COLUMN mig_profile, "
-               "DROP COLUMN share, DROP COLUMN sharing")
-    op.execute("ALTER TABLE sites ADD COLUMN pue double precision NOT NULL DEFAULT 1.0, "
-               "ADD COLUMN price_per_kwh double precision NOT NULL DEFAULT 0, "
-               "ADD COLUMN gpu_hour_price double precision NOT NULL DEFAULT 0, ADD COLUMN carbon_region text, "
-               "ADD COLUMN carbon_g_per_kwh double precision, "
-               "ADD CONSTRAINT sites_pue_ge_1 CHECK (pue >= 1.0), "
-               "ADD CONSTRAINT sites_prices_nonneg CHECK (price_per_kwh >= 0 AND gpu_hour_price >= 0)")
+    op.execute(
+        "ALTER TABLE run_allocations DROP CONSTRAINT run_allocations_mig, DROP CONSTRAINT run_allocations_share, "
+        "DROP CONSTRAINT run_allocations_sharing, DROP COLUMN mig_instance, DROP COLUMN mig_profile, "
+        "DROP COLUMN share, DROP COLUMN sharing"
+    )
+    op.execute(
+        "ALTER TABLE sites ADD COLUMN pue double precision NOT NULL DEFAULT 1.0, "
+        "ADD COLUMN price_per_kwh double precision NOT NULL DEFAULT 0, "
+        "ADD COLUMN gpu_hour_price double precision NOT NULL DEFAULT 0, ADD COLUMN carbon_region text, "
+        "ADD COLUMN carbon_g_per_kwh double precision, "
+        "ADD CONSTRAINT sites_pue_ge_1 CHECK (pue >= 1.0), "
+        "ADD CONSTRAINT sites_prices_nonneg CHECK (price_per_kwh >= 0 AND gpu_hour_price >= 0)"
+    )
     # the values in force now (the dated history has no place in the old layout)
     op.execute("""
 UPDATE sites s SET
@@ -273,6 +281,8 @@ CREATE TABLE site_prices (
   CONSTRAINT site_prices_pkey PRIMARY KEY (site, time),
   CONSTRAINT site_prices_nonneg CHECK (price_per_kwh >= 0)
 )""")
-    op.execute("INSERT INTO site_prices (site, time, price_per_kwh) SELECT site, valid_from, num FROM site_settings "
-               "WHERE setting = 'price_per_kwh' AND valid_from > '-infinity'")
+    op.execute(
+        "INSERT INTO site_prices (site, time, price_per_kwh) SELECT site, valid_from, num FROM site_settings "
+        "WHERE setting = 'price_per_kwh' AND valid_from > '-infinity'"
+    )
     op.execute("DROP TABLE site_settings")

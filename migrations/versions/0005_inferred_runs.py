@@ -51,7 +51,9 @@ NEW_GPU_COLUMNS: tuple[tuple[str, sa.types.TypeEngine, str], ...] = (
 
 
 def upgrade() -> None:
-    op.add_column("runs", sa.Column("source", sa.Text(), server_default=sa.text("'registered'"), nullable=False))
+    op.add_column(
+        "runs", sa.Column("source", sa.Text(), server_default=sa.text("'registered'"), nullable=False)
+    )
     op.create_check_constraint("runs_source", "runs", "source IN ('registered', 'inferred')")
     op.add_column("run_progress", sa.Column("steps", sa.Double(), nullable=True))
     op.create_table(
@@ -63,14 +65,20 @@ def upgrade() -> None:
         sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
         sa.Column("status", sa.Text(), server_default=sa.text("'pending'"), nullable=False),
         sa.Column("detail", sa.Text(), nullable=True),
-        sa.CheckConstraint("status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', "
-                           "'invalid')",
-                           name="run_sightings_status"),
+        sa.CheckConstraint(
+            "status IN ('pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded', 'invalid')",
+            name="run_sightings_status",
+        ),
         sa.PrimaryKeyConstraint("run_id", "node", "gpu"),
     )
     op.create_index("run_sightings_status_idx", "run_sightings", ["status"], unique=False)
-    op.create_index("runs_inferred_open_idx", "runs", ["run_id"], unique=False,
-                    postgresql_where=sa.text("source = 'inferred' AND \"end\" IS NULL"))
+    op.create_index(
+        "runs_inferred_open_idx",
+        "runs",
+        ["run_id"],
+        unique=False,
+        postgresql_where=sa.text("source = 'inferred' AND \"end\" IS NULL"),
+    )
     for name, type_, comment in NEW_GPU_COLUMNS:
         op.add_column("gpu_samples", sa.Column(name, type_, nullable=True, comment=comment))
 

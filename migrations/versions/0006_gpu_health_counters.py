@@ -39,27 +39,55 @@ depends_on: str | Sequence[str] | None = None
 
 #: (name, comment at 0005, comment now) of the gpu_samples columns 0005 added.
 RECOMMENTED: tuple[tuple[str, str, str], ...] = (
-    ("ecc_sbe_vol", "volatile single-bit ECC errors, cumulative [count]",
-     "volatile single-bit (corrected) ECC errors since the driver loaded [count]"),
-    ("ecc_sbe_agg", "aggregate (persistent) single-bit ECC errors, cumulative [count]",
-     "single-bit (corrected) ECC errors over the board's life [count]"),
-    ("ecc_dbe_agg", "aggregate (persistent) double-bit ECC errors, cumulative [count]",
-     "double-bit (uncorrected) ECC errors over the board's life [count]"),
-    ("remapped_rows_correctable", "memory rows remapped for correctable errors [count]",
-     "memory rows remapped after correctable errors [rows]"),
-    ("remapped_rows_uncorrectable", "memory rows remapped for uncorrectable errors [count]",
-     "memory rows remapped after uncorrectable errors [rows]"),
-    ("remapped_rows_pending", "1 while a row remap waits for a GPU reset [flag]",
-     "1 when a row remap waits for a GPU reset to take effect [flag]"),
-    ("remapped_rows_failed", "1 when a row remap has failed [flag]",
-     "1 when a row remap failed (no spare row left) [flag]"),
-    ("pcie_replay_count", "PCIe replays (link-level retries), cumulative [count]",
-     "PCIe link-level replays (retransmissions), cumulative [count]"),
+    (
+        "ecc_sbe_vol",
+        "volatile single-bit ECC errors, cumulative [count]",
+        "volatile single-bit (corrected) ECC errors since the driver loaded [count]",
+    ),
+    (
+        "ecc_sbe_agg",
+        "aggregate (persistent) single-bit ECC errors, cumulative [count]",
+        "single-bit (corrected) ECC errors over the board's life [count]",
+    ),
+    (
+        "ecc_dbe_agg",
+        "aggregate (persistent) double-bit ECC errors, cumulative [count]",
+        "double-bit (uncorrected) ECC errors over the board's life [count]",
+    ),
+    (
+        "remapped_rows_correctable",
+        "memory rows remapped for correctable errors [count]",
+        "memory rows remapped after correctable errors [rows]",
+    ),
+    (
+        "remapped_rows_uncorrectable",
+        "memory rows remapped for uncorrectable errors [count]",
+        "memory rows remapped after uncorrectable errors [rows]",
+    ),
+    (
+        "remapped_rows_pending",
+        "1 while a row remap waits for a GPU reset [flag]",
+        "1 when a row remap waits for a GPU reset to take effect [flag]",
+    ),
+    (
+        "remapped_rows_failed",
+        "1 when a row remap has failed [flag]",
+        "1 when a row remap failed (no spare row left) [flag]",
+    ),
+    (
+        "pcie_replay_count",
+        "PCIe replays (link-level retries), cumulative [count]",
+        "PCIe link-level replays (retransmissions), cumulative [count]",
+    ),
 )
 
 #: (name, type, comment) of the new gpu_samples columns, in catalog order.
 NEW_GPU_COLUMNS: tuple[tuple[str, type[sa.types.TypeEngine], str], ...] = (
-    ("nvlink_crc_errors", sa.BigInteger, "NVLink flow-control (FLIT) CRC errors over all links, cumulative [count]"),
+    (
+        "nvlink_crc_errors",
+        sa.BigInteger,
+        "NVLink flow-control (FLIT) CRC errors over all links, cumulative [count]",
+    ),
     ("nvlink_replay_errors", sa.BigInteger, "NVLink data-link replays over all links, cumulative [count]"),
     ("nvlink_recovery_errors", sa.BigInteger, "NVLink link recoveries over all links, cumulative [count]"),
     ("nvlink_links_up", sa.SmallInteger, "NVLink links active now [links]"),
@@ -68,7 +96,8 @@ NEW_GPU_COLUMNS: tuple[tuple[str, type[sa.types.TypeEngine], str], ...] = (
 
 #: Types of the re-commented columns (unchanged by this revision).
 _RECOMMENTED_TYPES: dict[str, type[sa.types.TypeEngine]] = {
-    "remapped_rows_pending": sa.SmallInteger, "remapped_rows_failed": sa.SmallInteger,
+    "remapped_rows_pending": sa.SmallInteger,
+    "remapped_rows_failed": sa.SmallInteger,
 }
 
 DBE_OLD_COMMENT = "volatile double-bit ECC errors, cumulative [count]"
@@ -76,15 +105,35 @@ DBE_NEW_COMMENT = "volatile double-bit (uncorrected) ECC errors since the driver
 
 
 def upgrade() -> None:
-    op.alter_column("gpu_samples", "ecc_dbe", new_column_name="ecc_dbe_vol", comment=DBE_NEW_COMMENT,
-                    existing_type=sa.BigInteger(), existing_nullable=True, existing_comment=DBE_OLD_COMMENT)
+    op.alter_column(
+        "gpu_samples",
+        "ecc_dbe",
+        new_column_name="ecc_dbe_vol",
+        comment=DBE_NEW_COMMENT,
+        existing_type=sa.BigInteger(),
+        existing_nullable=True,
+        existing_comment=DBE_OLD_COMMENT,
+    )
     for name, old, new in RECOMMENTED:
-        op.alter_column("gpu_samples", name, comment=new, existing_comment=old, existing_nullable=True,
-                        existing_type=_RECOMMENTED_TYPES.get(name, sa.BigInteger)())
+        op.alter_column(
+            "gpu_samples",
+            name,
+            comment=new,
+            existing_comment=old,
+            existing_nullable=True,
+            existing_type=_RECOMMENTED_TYPES.get(name, sa.BigInteger)(),
+        )
     for name, kind, comment in NEW_GPU_COLUMNS:
         op.add_column("gpu_samples", sa.Column(name, kind(), nullable=True, comment=comment))
-    op.add_column("incidents", sa.Column("actions", sa.dialects.postgresql.JSONB(astext_type=sa.Text()),
-                                         server_default=sa.text("'[]'::jsonb"), nullable=False))
+    op.add_column(
+        "incidents",
+        sa.Column(
+            "actions",
+            sa.dialects.postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'[]'::jsonb"),
+            nullable=False,
+        ),
+    )
 
 
 def downgrade() -> None:
@@ -92,7 +141,20 @@ def downgrade() -> None:
     for name, _kind, _comment in reversed(NEW_GPU_COLUMNS):
         op.drop_column("gpu_samples", name)
     for name, old, new in RECOMMENTED:
-        op.alter_column("gpu_samples", name, comment=old, existing_comment=new, existing_nullable=True,
-                        existing_type=_RECOMMENTED_TYPES.get(name, sa.BigInteger)())
-    op.alter_column("gpu_samples", "ecc_dbe_vol", new_column_name="ecc_dbe", comment=DBE_OLD_COMMENT,
-                    existing_type=sa.BigInteger(), existing_nullable=True, existing_comment=DBE_NEW_COMMENT)
+        op.alter_column(
+            "gpu_samples",
+            name,
+            comment=old,
+            existing_comment=new,
+            existing_nullable=True,
+            existing_type=_RECOMMENTED_TYPES.get(name, sa.BigInteger)(),
+        )
+    op.alter_column(
+        "gpu_samples",
+        "ecc_dbe_vol",
+        new_column_name="ecc_dbe",
+        comment=DBE_OLD_COMMENT,
+        existing_type=sa.BigInteger(),
+        existing_nullable=True,
+        existing_comment=DBE_NEW_COMMENT,
+    )

@@ -48,8 +48,9 @@ def upgrade() -> None:
         sa.Column("upto", sa.Double(), nullable=False),
         sa.Column("since", sa.Double(), nullable=False),
         sa.Column("seen", sa.LargeBinary(), nullable=False),
-        sa.Column("written_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"),
-                  nullable=False),
+        sa.Column(
+            "written_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
         sa.PrimaryKeyConstraint("shards", "shard"),
     )
     op.execute("ALTER TABLE sweep_snapshots ALTER COLUMN blob SET STORAGE EXTERNAL")

@@ -44,8 +44,11 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ib_link_bytes_s", "real", "link rate summed over active InfiniBand/RoCE ports [B/s]"),
     ("ib_util_pct", "real", "busiest InfiniBand/RoCE port: larger direction against its link rate [%]"),
     ("ib_ports_down", "smallint", "InfiniBand/RoCE ports present but not ACTIVE [ports]"),
-    ("ib_symbol_errors", "integer",
-     "physical-layer symbol errors on InfiniBand/RoCE ports in the interval [count]"),
+    (
+        "ib_symbol_errors",
+        "integer",
+        "physical-layer symbol errors on InfiniBand/RoCE ports in the interval [count]",
+    ),
     ("ib_link_downed", "integer", "InfiniBand/RoCE link-down events in the interval [count]"),
     ("ib_link_error_recovery", "integer", "InfiniBand/RoCE link error recoveries in the interval [count]"),
     ("ib_rx_errors", "integer", "InfiniBand/RoCE packets received with errors in the interval [count]"),

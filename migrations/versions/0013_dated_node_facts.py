@@ -74,7 +74,9 @@ def downgrade() -> None:
     op.drop_constraint("agent_tokens_role", "agent_tokens", type_="check")
     op.drop_constraint("agent_tokens_node_role", "agent_tokens", type_="check")
     op.create_check_constraint("agent_tokens_role", "agent_tokens", f"role IN ({_ROLES})")
-    op.create_check_constraint("agent_tokens_node_role", "agent_tokens", "(role = 'node') = (node IS NOT NULL)")
+    op.create_check_constraint(
+        "agent_tokens_node_role", "agent_tokens", "(role = 'node') = (node IS NOT NULL)"
+    )
     op.execute("UPDATE run_sightings SET status = 'conflict' WHERE status = 'refused'")
     op.drop_constraint("run_sightings_status", "run_sightings", type_="check")
     op.create_check_constraint("run_sightings_status", "run_sightings", f"status IN ({_STATUSES})")

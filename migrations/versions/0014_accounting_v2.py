@@ -47,29 +47,37 @@ _VALUES_V1 = """CASE setting
 
 _VALUES_V2 = _VALUES_V1.replace(
     "      WHEN 'carbon_region' THEN num IS NULL\n",
-    "      WHEN 'carbon_region' THEN num IS NULL\n      WHEN 'currency' THEN num IS NULL AND txt ~ '^[A-Z]{3}$'\n")
+    "      WHEN 'carbon_region' THEN num IS NULL\n      WHEN 'currency' THEN num IS NULL AND txt ~ '^[A-Z]{3}$'\n",
+)
 
 #: gpufleet.accounting.bounds at this revision: price_per_kwh <= 1e6, gpu_hour_price <= 1e8 (site's currency).
-_BOUNDS = ("num IS NULL OR CASE setting WHEN 'price_per_kwh' THEN num <= 1e6 WHEN 'gpu_hour_price' THEN num <= 1e8 "
-           "ELSE true END")
+_BOUNDS = (
+    "num IS NULL OR CASE setting WHEN 'price_per_kwh' THEN num <= 1e6 WHEN 'gpu_hour_price' THEN num <= 1e8 "
+    "ELSE true END"
+)
 
 
 def upgrade() -> None:
     op.drop_constraint("site_settings_setting", "site_settings", type_="check")
-    op.create_check_constraint("site_settings_setting", "site_settings", f"setting IN ({_SETTINGS_V1}, 'currency')")
+    op.create_check_constraint(
+        "site_settings_setting", "site_settings", f"setting IN ({_SETTINGS_V1}, 'currency')"
+    )
     op.drop_constraint("site_settings_values", "site_settings", type_="check")
     op.create_check_constraint("site_settings_values", "site_settings", _VALUES_V2)
     op.execute(f"ALTER TABLE site_settings ADD CONSTRAINT site_settings_bounds CHECK ({_BOUNDS}) NOT VALID")
-    op.execute("ALTER TABLE carbon_intensity ADD CONSTRAINT carbon_intensity_bound CHECK (g_co2e_per_kwh <= 5000) "
-               "NOT VALID")
+    op.execute(
+        "ALTER TABLE carbon_intensity ADD CONSTRAINT carbon_intensity_bound CHECK (g_co2e_per_kwh <= 5000) "
+        "NOT VALID"
+    )
     op.create_table(
         "carbon_regions",
         sa.Column("region", sa.Text(), nullable=False),
         sa.Column("method", sa.Text(), server_default=sa.text("'average'"), nullable=False),
         sa.Column("name", sa.Text(), nullable=True),
         sa.Column("provider", sa.Text(), nullable=True),
-        sa.Column("updated_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"),
-                  nullable=False),
+        sa.Column(
+            "updated_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
         sa.CheckConstraint("method IN ('average', 'marginal')", name="carbon_regions_method"),
         sa.PrimaryKeyConstraint("region"),
     )

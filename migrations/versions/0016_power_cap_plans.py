@@ -35,10 +35,12 @@ def upgrade() -> None:
         sa.Column("state", sa.Text(), server_default=sa.text("'active'"), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("created_by", sa.Text(), nullable=True),
-        sa.Column("created_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"),
-                  nullable=False),
-        sa.Column("updated_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"),
-                  nullable=False),
+        sa.Column(
+            "created_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
+        sa.Column(
+            "updated_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
         sa.CheckConstraint("limit_w > 0", name="power_cap_plans_limit"),
         sa.CheckConstraint("state IN ('active', 'withdrawn')", name="power_cap_plans_state"),
         sa.ForeignKeyConstraint(["run_id"], ["runs.run_id"], ondelete="CASCADE"),

@@ -34,12 +34,17 @@ def upgrade() -> None:
         sa.Column("target", sa.Text(), nullable=False),
         sa.Column("dry_run", sa.Boolean(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
-        sa.Column("triggers", postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'[]'::jsonb"),
-                  nullable=False),
+        sa.Column(
+            "triggers",
+            postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'[]'::jsonb"),
+            nullable=False,
+        ),
         sa.Column("since", postgresql.TIMESTAMP(timezone=True), nullable=False),
         sa.Column("passing_since", postgresql.TIMESTAMP(timezone=True), nullable=True),
-        sa.Column("updated_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"),
-                  nullable=False),
+        sa.Column(
+            "updated_at", postgresql.TIMESTAMP(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
         sa.CheckConstraint("state IN ('quarantined', 'released')", name="node_quarantine_state"),
         sa.PrimaryKeyConstraint("node"),
     )
@@ -52,11 +57,19 @@ def upgrade() -> None:
         sa.Column("result", sa.Text(), nullable=False),
         sa.Column("dry_run", sa.Boolean(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
-        sa.Column("triggers", postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'[]'::jsonb"),
-                  nullable=False),
+        sa.Column(
+            "triggers",
+            postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'[]'::jsonb"),
+            nullable=False,
+        ),
         sa.Column("detail", sa.Text(), nullable=True),
-        sa.Column("call", postgresql.JSONB(astext_type=sa.Text()), server_default=sa.text("'{}'::jsonb"),
-                  nullable=False),
+        sa.Column(
+            "call",
+            postgresql.JSONB(astext_type=sa.Text()),
+            server_default=sa.text("'{}'::jsonb"),
+            nullable=False,
+        ),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("quarantine_log_node_time_idx", "quarantine_log", ["node", "time"])

@@ -36,10 +36,25 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("scope"),
     )
     num, dbl, txt = sa.Numeric(), sa.Double(), sa.Text()
-    typed = {"line": txt, "run_id": txt, "site": txt, "part_start": _TZ, "part_end": _TZ, "gpu_count": sa.Integer(),
-             "carbon_source": txt, "price_source": txt, "currency": txt, "minor_units": sa.Integer(),
-             "stale": sa.Boolean(), "gpu_equivalents": dbl, "gpu_s": dbl, "covered_s": dbl, "coverage": dbl,
-             "g_co2e_per_kwh": dbl, "price_per_kwh": dbl}
+    typed = {
+        "line": txt,
+        "run_id": txt,
+        "site": txt,
+        "part_start": _TZ,
+        "part_end": _TZ,
+        "gpu_count": sa.Integer(),
+        "carbon_source": txt,
+        "price_source": txt,
+        "currency": txt,
+        "minor_units": sa.Integer(),
+        "stale": sa.Boolean(),
+        "gpu_equivalents": dbl,
+        "gpu_s": dbl,
+        "covered_s": dbl,
+        "coverage": dbl,
+        "g_co2e_per_kwh": dbl,
+        "price_per_kwh": dbl,
+    }
     op.create_table(
         "priced_pieces",
         sa.Column("digest", sa.LargeBinary(), nullable=False),
@@ -51,8 +66,10 @@ def upgrade() -> None:
         sa.Column("lo", _TZ, nullable=False),
         sa.Column("hi", _TZ, nullable=False),
         sa.Column("stored_at", _TZ, server_default=sa.text("now()"), nullable=False),
-        *(sa.Column(col, typed.get(col, num), nullable=(col != "line"))
-          for col in priced_store_sql.LINE_COLUMNS),
+        *(
+            sa.Column(col, typed.get(col, num), nullable=(col != "line"))
+            for col in priced_store_sql.LINE_COLUMNS
+        ),
         sa.PrimaryKeyConstraint("digest", "line_no", name="priced_pieces_pkey"),
     )
     for stmt in priced_store_sql.INSTALL_V1:

@@ -29,7 +29,12 @@ def account(conn: psycopg.Connection) -> Account:
                 if raw[k] is None:
                     assert other[k] is None, k
                 else:
-                    assert approx(other[k], raw[k], rel=1e-9, abs_=1e-12), (k, other[k], raw[k], other["source"])
+                    assert approx(other[k], raw[k], rel=1e-9, abs_=1e-12), (
+                        k,
+                        other[k],
+                        raw[k],
+                        other["source"],
+                    )
         return raw
 
     return go

@@ -31,7 +31,7 @@ def test_run_accounting_endpoint(api: Api) -> None:
         r = c.get("/v1/runs/r1/accounting")
         assert r.status_code == 200, r.text
         body = r.json()
-        assert list(body)[:len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS)
+        assert list(body)[: len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS)
         assert approx(body["gpu_kwh"], 2 * 400 * 3600 / KWH) and approx(body["facility_kwh"], 0.8 * 1.25)
         assert body["start"] == "2026-12-01T10:00:00Z" and body["end"] == "2026-12-01T11:00:00Z"
         assert body["currency"] == "EUR" and body["source"] == "rollup" and body.get("segments") is None
@@ -46,16 +46,22 @@ def test_run_accounting_endpoint(api: Api) -> None:
         assert r.status_code == 404 and "nope" in r.text
 
 
-@pytest.mark.parametrize("path,params,bad", [
-    ("/v1/runs/r1/accounting", {"from": "2026-12-01T10:00:00"}, "from"),
-    ("/v1/runs/r1/accounting", {"source": "cache"}, "source"),
-    ("/v1/accounting", {"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T11:00:00"}, "to"),
-    ("/v1/accounting", {"to": "2026-12-01T11:00:00Z"}, "from"),
-    ("/v1/accounting", {"from": "2026-12-01T12:00:00Z", "to": "2026-12-01T11:00:00Z"}, "to"),
-    ("/v1/accounting", {"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T11:00:00Z", "group_by": "x"},
-     "group_by"),
-    ("/v1/reports/runs.csv", {"from": "yesterday", "to": "2026-12-01T11:00:00Z"}, "from"),
-])
+@pytest.mark.parametrize(
+    "path,params,bad",
+    [
+        ("/v1/runs/r1/accounting", {"from": "2026-12-01T10:00:00"}, "from"),
+        ("/v1/runs/r1/accounting", {"source": "cache"}, "source"),
+        ("/v1/accounting", {"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T11:00:00"}, "to"),
+        ("/v1/accounting", {"to": "2026-12-01T11:00:00Z"}, "from"),
+        ("/v1/accounting", {"from": "2026-12-01T12:00:00Z", "to": "2026-12-01T11:00:00Z"}, "to"),
+        (
+            "/v1/accounting",
+            {"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T11:00:00Z", "group_by": "x"},
+            "group_by",
+        ),
+        ("/v1/reports/runs.csv", {"from": "yesterday", "to": "2026-12-01T11:00:00Z"}, "from"),
+    ],
+)
 def test_bad_parameters_are_named(api: Api, path: str, params: dict[str, str], bad: str) -> None:
     with api.client("finance") as c:
         r = c.get(path, params=params)
@@ -63,18 +69,21 @@ def test_bad_parameters_are_named(api: Api, path: str, params: dict[str, str], b
     assert r.json()["detail"][0]["loc"] == ["query", bad]
 
 
-@pytest.mark.parametrize("role,method,path,expected", [
-    ("finance", "get", "/v1/runs/r1/accounting", 200),
-    ("finance", "get", "/v1/accounting?from=2026-12-01T10:00:00Z&to=2026-12-01T12:00:00Z", 200),
-    ("finance", "get", "/v1/reports/runs.csv?from=2026-12-01T10:00:00Z&to=2026-12-01T12:00:00Z", 200),
-    ("sre", "get", "/v1/runs/r1/accounting", 200),
-    ("finance", "post", "/v1/runs/r1/progress", 403),
-    ("finance", "patch", "/v1/runs/r1", 403),
-    ("finance", "post", "/v1/runs/r1/accounting", 405),
-    ("node", "get", "/v1/runs/r1/accounting", 403),
-    ("node", "get", "/v1/reports/runs.csv?from=2026-12-01T10:00:00Z&to=2026-12-01T12:00:00Z", 403),
-    ("nobody", "get", "/v1/runs/r1/accounting", 401),
-])
+@pytest.mark.parametrize(
+    "role,method,path,expected",
+    [
+        ("finance", "get", "/v1/runs/r1/accounting", 200),
+        ("finance", "get", "/v1/accounting?from=2026-12-01T10:00:00Z&to=2026-12-01T12:00:00Z", 200),
+        ("finance", "get", "/v1/reports/runs.csv?from=2026-12-01T10:00:00Z&to=2026-12-01T12:00:00Z", 200),
+        ("sre", "get", "/v1/runs/r1/accounting", 200),
+        ("finance", "post", "/v1/runs/r1/progress", 403),
+        ("finance", "patch", "/v1/runs/r1", 403),
+        ("finance", "post", "/v1/runs/r1/accounting", 405),
+        ("node", "get", "/v1/runs/r1/accounting", 403),
+        ("node", "get", "/v1/reports/runs.csv?from=2026-12-01T10:00:00Z&to=2026-12-01T12:00:00Z", 403),
+        ("nobody", "get", "/v1/runs/r1/accounting", 401),
+    ],
+)
 def test_roles(api: Api, role: str, method: str, path: str, expected: int) -> None:
     fill(api.db)
     with api.client(role) as c:
@@ -85,8 +94,10 @@ def test_roles(api: Api, role: str, method: str, path: str, expected: int) -> No
 def test_fleet_endpoint(api: Api) -> None:
     fill(api.db)
     with api.client("finance") as c:
-        r = c.get("/v1/accounting", params={"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T12:00:00Z",
-                                            "group_by": "team"})
+        r = c.get(
+            "/v1/accounting",
+            params={"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T12:00:00Z", "group_by": "team"},
+        )
     assert r.status_code == 200, r.text
     f = r.json()
     assert f["from"] == "2026-12-01T10:00:00Z" and [g["key"] for g in f["groups"]] == ["cv", "lm"]
@@ -98,10 +109,12 @@ def test_fleet_endpoint(api: Api) -> None:
 def test_runs_csv(api: Api) -> None:
     fill(api.db)
     with api.client("finance") as c:
-        r = c.get("/v1/reports/runs.csv", params={"from": "2026-12-01T10:30:00+00:00", "to": "2026-12-01T12:00:00Z"})
+        r = c.get(
+            "/v1/reports/runs.csv", params={"from": "2026-12-01T10:30:00+00:00", "to": "2026-12-01T12:00:00Z"}
+        )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     rows = list(csv.reader(io.StringIO(r.text)))
-    assert tuple(rows[0]) == CSV_COLUMNS and rows[0][:len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS)
+    assert tuple(rows[0]) == CSV_COLUMNS and rows[0][: len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS)
     by_id = {row[0]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
     assert list(by_id) == ["r1", "r2"]  # by start; both overlap the period
     r1 = by_id["r1"]
@@ -119,7 +132,9 @@ def test_openapi_documents_the_endpoints(api: Api) -> None:
     assert run_ok["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/RunAccounting")
     assert "404" in run_ok
     fleet = spec["paths"]["/v1/accounting"]["get"]
-    assert fleet["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/FleetAccounting")
+    assert fleet["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/FleetAccounting"
+    )
     assert {p["name"] for p in fleet["parameters"]} == {"from", "to", "group_by", "source"}
     assert "text/csv" in spec["paths"]["/v1/reports/runs.csv"]["get"]["responses"]["200"]["content"]
     props = spec["components"]["schemas"]["RunAccounting"]["properties"]

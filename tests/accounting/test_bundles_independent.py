@@ -25,8 +25,18 @@ from tests.conftest import truncate_all
 from tests.independent import Fleet
 
 DURATION_S = 900.0
-FIELDS = ("gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "energy_cost", "compute_cost",
-          "total_cost", "coverage")
+FIELDS = (
+    "gpu_hours",
+    "gpu_kwh",
+    "host_kwh",
+    "it_kwh",
+    "facility_kwh",
+    "co2e_kg",
+    "energy_cost",
+    "compute_cost",
+    "total_cost",
+    "coverage",
+)
 LIMIT = 1e-3  # 0.1 %
 
 WORST: dict[str, float] = {}
@@ -35,8 +45,18 @@ WORST: dict[str, float] = {}
 @pytest.fixture(scope="module", autouse=True)
 def _report() -> Iterator[None]:
     yield
-    print("\n" + json.dumps({"name": "accounting_vs_independent", "bundles": len(scenario_names()),
-                             "duration_s": DURATION_S, "max_rel_err": WORST, "limit": LIMIT}))
+    print(
+        "\n"
+        + json.dumps(
+            {
+                "name": "accounting_vs_independent",
+                "bundles": len(scenario_names()),
+                "duration_s": DURATION_S,
+                "max_rel_err": WORST,
+                "limit": LIMIT,
+            }
+        )
+    )
 
 
 def _rel(a: float, b: float) -> float:
@@ -44,8 +64,9 @@ def _rel(a: float, b: float) -> float:
 
 
 @pytest.mark.parametrize("scenario", scenario_names())
-def test_bundle_runs_match_an_independent_computation(scenario: str, db: str, settings: Settings,
-                                                      tmp_path: Path) -> None:
+def test_bundle_runs_match_an_independent_computation(
+    scenario: str, db: str, settings: Settings, tmp_path: Path
+) -> None:
     truncate_all(db)
     write_bundle(scenario, tmp_path / "b", duration_s=DURATION_S)
     bundle = read_bundle(tmp_path / "b")
@@ -59,11 +80,18 @@ def test_bundle_runs_match_an_independent_computation(scenario: str, db: str, se
         assert any(b["gpu_kwh"] > 0 for b in bodies), scenario
         for body in bodies:
             f = ref.run(body["run_id"], now)
-            expect = {"gpu_hours": f.gpu_s / 3600.0, "gpu_kwh": f.gpu_kwh, "host_kwh": f.host_kwh,
-                      "it_kwh": f.gpu_kwh + f.host_kwh, "facility_kwh": f.facility_kwh,
-                      "co2e_kg": f.co2e_kg if f.co2e_known else None, "energy_cost": f.energy_cost,
-                      "compute_cost": f.compute_cost, "total_cost": f.energy_cost + f.compute_cost,
-                      "coverage": f.covered_s / f.gpu_s if f.gpu_s else 0.0}
+            expect = {
+                "gpu_hours": f.gpu_s / 3600.0,
+                "gpu_kwh": f.gpu_kwh,
+                "host_kwh": f.host_kwh,
+                "it_kwh": f.gpu_kwh + f.host_kwh,
+                "facility_kwh": f.facility_kwh,
+                "co2e_kg": f.co2e_kg if f.co2e_known else None,
+                "energy_cost": f.energy_cost,
+                "compute_cost": f.compute_cost,
+                "total_cost": f.energy_cost + f.compute_cost,
+                "coverage": f.covered_s / f.gpu_s if f.gpu_s else 0.0,
+            }
             # a run the bundle cuts off at its start (checkpoint_sharded's short-writer starts at 900 s) held no
             # GPU time yet: nothing to compare but zeros, which must agree too
             assert body["gpu_kwh"] > 0 or f.gpu_s == 0, (scenario, body["run_id"])
@@ -79,7 +107,9 @@ def test_bundle_runs_match_an_independent_computation(scenario: str, db: str, se
 
 
 @pytest.mark.parametrize("scenario", ["mixed_fleet", "idle_unallocated", "demo"])
-def test_replay_prices_the_fleet_like_its_runs(scenario: str, db: str, settings: Settings, tmp_path: Path) -> None:
+def test_replay_prices_the_fleet_like_its_runs(
+    scenario: str, db: str, settings: Settings, tmp_path: Path
+) -> None:
     """Nodes take the site their runs name, so GPU time no run held is priced at that site's PUE, price and
     carbon, and facility kWh, CO2e and cost of runs + unallocated are the fleet's."""
     truncate_all(db)
@@ -88,18 +118,26 @@ def test_replay_prices_the_fleet_like_its_runs(scenario: str, db: str, settings:
     with psycopg.connect(db, autocommit=True) as conn:
         load(conn, bundle)
         rollup.drain(conn, settings.accounting.max_gap_s, backend_of(conn) != "timescaledb")
-        unsited = conn.execute("SELECT count(*) FROM nodes n WHERE n.site IS NULL AND EXISTS (SELECT 1 FROM "
-                               "run_allocations a JOIN runs r USING (run_id) WHERE a.node = n.node AND r.site IS NOT "
-                               "NULL)").fetchone()
+        unsited = conn.execute(
+            "SELECT count(*) FROM nodes n WHERE n.site IS NULL AND EXISTS (SELECT 1 FROM "
+            "run_allocations a JOIN runs r USING (run_id) WHERE a.node = n.node AND r.site IS NOT "
+            "NULL)"
+        ).fetchone()
         assert unsited == (0,)
         lo, hi = datetime.fromtimestamp(bundle.t_min, UTC), datetime.fromtimestamp(bundle.t_max, UTC)
         f = fleet_accounting(conn, lo, hi, now=hi)
     runs, idle, total = f["runs"], f["unallocated"], f["total"]
     assert idle["gpu_kwh"] > 0 and idle["facility_kwh"] > idle["it_kwh"]  # a PUE, not 1
     for key in ("gpu_kwh", "host_kwh", "facility_kwh", "co2e_kg"):
-        assert abs(runs[key] + idle[key] - total[key]) <= 1e-6 * total[key] + 1e-7, (key, runs[key], idle[key])
+        assert abs(runs[key] + idle[key] - total[key]) <= 1e-6 * total[key] + 1e-7, (
+            key,
+            runs[key],
+            idle[key],
+        )
     assert total["co2e_unknown_kwh"] == 0
     for cur, c in total["costs_by_currency"].items():
-        assert c["total_cost"] == pytest.approx(runs["costs_by_currency"].get(cur, {}).get("total_cost", 0.0)
-                                                + idle["costs_by_currency"].get(cur, {}).get("total_cost", 0.0),
-                                                abs=1e-9)
+        assert c["total_cost"] == pytest.approx(
+            runs["costs_by_currency"].get(cur, {}).get("total_cost", 0.0)
+            + idle["costs_by_currency"].get(cur, {}).get("total_cost", 0.0),
+            abs=1e-9,
+        )

@@ -33,8 +33,9 @@ def test_report_csv_and_json(db: str, tmp_path: Path) -> None:
     assert tuple(rows[0]) == CSV_COLUMNS and rows[1][0] == "r1"
     assert rows[1][CSV_COLUMNS.index("energy_cost")] == "0.50"  # money with its minor digits
     out = tmp_path / "report.json"
-    r = runner.invoke(app, ["report", *PERIOD, "--runs", "--format", "json", "--source", "raw", "--db", db,
-                            "-o", str(out)])
+    r = runner.invoke(
+        app, ["report", *PERIOD, "--runs", "--format", "json", "--source", "raw", "--db", db, "-o", str(out)]
+    )
     assert r.exit_code == 0, r.output
     body = json.loads(out.read_text())
     assert [b["run_id"] for b in body] == ["r1"] and approx(body[0]["gpu_kwh"], 3.6e6 / KWH)
@@ -45,16 +46,38 @@ def test_report_csv_and_json(db: str, tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     # n1 has no site: its idle hours are priced nowhere, so the whole fleet gets a row of its own
     assert [(x["row_type"], x["key"], x["currency"]) for x in rows] == [
-        ("run", "r1", "EUR"), ("unallocated", "unallocated", ""), ("no_telemetry", "no_telemetry", ""),
-        ("total", "total", "EUR"), ("total", "all", "")]
+        ("run", "r1", "EUR"),
+        ("unallocated", "unallocated", ""),
+        ("no_telemetry", "no_telemetry", ""),
+        ("total", "total", "EUR"),
+        ("total", "all", ""),
+    ]
     assert rows[0]["total_cost"] == "0.50" and rows[3]["total_cost"] == "0.50" and rows[4]["total_cost"] == ""
     # the GPU joined at its first sample (10:00) and left a day after its last (11:00): 14 h of the day, not 24
     assert rows[2]["gpu_hours"] == "13" and rows[4]["gpu_hours"] == "14" and rows[0]["state"] == "ended"
-    r = runner.invoke(app, ["report", "--from", "2026-12-01", "--to", "2026-12-02", "--group-by", "site",
-                            "--format", "json", "--db", db])
+    r = runner.invoke(
+        app,
+        [
+            "report",
+            "--from",
+            "2026-12-01",
+            "--to",
+            "2026-12-02",
+            "--group-by",
+            "site",
+            "--format",
+            "json",
+            "--db",
+            db,
+        ],
+    )
     assert r.exit_code == 0, r.output
     body = json.loads(r.stdout)
-    assert body["rows"][0]["row_type"] == "site" and body["rows"][0]["key"] == "s" and "coverage" in body["columns"]
+    assert (
+        body["rows"][0]["row_type"] == "site"
+        and body["rows"][0]["key"] == "s"
+        and "coverage" in body["columns"]
+    )
 
 
 def test_report_refuses_bad_options(db: str) -> None:

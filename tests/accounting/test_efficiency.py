@@ -15,39 +15,78 @@ from tests.accounting.builders import KWH, approx, at, constant_power, gpu_sampl
 H100 = {"gpus": [{"gpu": g, "name": "NVIDIA H100 80GB HBM3"} for g in range(8)]}
 
 
-@pytest.mark.parametrize("name,peak,dtype", [
-    ("NVIDIA H100 80GB HBM3", 989.5e12, "bf16"), ("NVIDIA H100 PCIe", 756.5e12, "bf16"),
-    ("NVIDIA H100 NVL", 835.5e12, "bf16"), ("NVIDIA H200", 989.5e12, "bf16"), ("NVIDIA H200 NVL", 835.5e12, "bf16"),
-    ("NVIDIA B200", 2.25e15, "bf16"), ("NVIDIA GB200", 2.5e15, "bf16"), ("NVIDIA GH200 480GB", 989.5e12, "bf16"),
-    ("NVIDIA A100-SXM4-80GB", 312e12, "bf16"), ("NVIDIA A100-SXM4-40GB", 312e12, "bf16"),
-    ("NVIDIA A100-PCIE-40GB", 312e12, "bf16"), ("NVIDIA A100 80GB PCIe", 312e12, "bf16"),
-    ("NVIDIA L40S", 362.05e12, "bf16"), ("NVIDIA L4", 121e12, "bf16"), ("NVIDIA A10", 125e12, "bf16"),
-    ("Tesla V100-SXM2-32GB", 125e12, "fp16"), ("Tesla V100-PCIE-16GB", 112e12, "fp16"),
-    ("AMD Instinct MI300X", 1307.4e12, "bf16"),
-    ("Tesla T4", None, None), ("NVIDIA A10G", None, None), (None, None, None),
-])
+@pytest.mark.parametrize(
+    "name,peak,dtype",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.5e12, "bf16"),
+        ("NVIDIA H100 PCIe", 756.5e12, "bf16"),
+        ("NVIDIA H100 NVL", 835.5e12, "bf16"),
+        ("NVIDIA H200", 989.5e12, "bf16"),
+        ("NVIDIA H200 NVL", 835.5e12, "bf16"),
+        ("NVIDIA B200", 2.25e15, "bf16"),
+        ("NVIDIA GB200", 2.5e15, "bf16"),
+        ("NVIDIA GH200 480GB", 989.5e12, "bf16"),
+        ("NVIDIA A100-SXM4-80GB", 312e12, "bf16"),
+        ("NVIDIA A100-SXM4-40GB", 312e12, "bf16"),
+        ("NVIDIA A100-PCIE-40GB", 312e12, "bf16"),
+        ("NVIDIA A100 80GB PCIe", 312e12, "bf16"),
+        ("NVIDIA L40S", 362.05e12, "bf16"),
+        ("NVIDIA L4", 121e12, "bf16"),
+        ("NVIDIA A10", 125e12, "bf16"),
+        ("Tesla V100-SXM2-32GB", 125e12, "fp16"),
+        ("Tesla V100-PCIE-16GB", 112e12, "fp16"),
+        ("AMD Instinct MI300X", 1307.4e12, "bf16"),
+        ("Tesla T4", None, None),
+        ("NVIDIA A10G", None, None),
+        (None, None, None),
+    ],
+)
 def test_peak_table(name: str | None, peak: float | None, dtype: str | None) -> None:
     """Every GPU fleets run today, each with its precision and datasheet; "l4" is not "l40s", "a10" not "a100"."""
     assert peak_flops(name) == peak
     entry = peak_of(name)
     assert (entry.dtype if entry else None) == dtype
-    assert entry is None or "datasheet" in entry.source or "specifications" in entry.source or "data sheet" in entry.source
+    assert (
+        entry is None
+        or "datasheet" in entry.source
+        or "specifications" in entry.source
+        or "data sheet" in entry.source
+    )
 
 
-def incident(conn: psycopg.Connection, kind: str, start_s: float, end_s: float | None, evidence: dict,
-             node_name: str | None = None, gpu: int | None = None, run_id: str = "r") -> None:
+def incident(
+    conn: psycopg.Connection,
+    kind: str,
+    start_s: float,
+    end_s: float | None,
+    evidence: dict,
+    node_name: str | None = None,
+    gpu: int | None = None,
+    run_id: str = "r",
+) -> None:
     conn.execute(
         'INSERT INTO incidents (kind, scope_key, run_id, node, gpu, state, start, "end", last_seen, evidence) '
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (kind, f"{kind}:{run_id}:{node_name}:{gpu}:{start_s}", run_id, node_name, gpu,
-         "open" if end_s is None else "resolved", at(start_s), None if end_s is None else at(end_s),
-         at(end_s or start_s), json.dumps(evidence)),
+        (
+            kind,
+            f"{kind}:{run_id}:{node_name}:{gpu}:{start_s}",
+            run_id,
+            node_name,
+            gpu,
+            "open" if end_s is None else "resolved",
+            at(start_s),
+            None if end_s is None else at(end_s),
+            at(end_s or start_s),
+            json.dumps(evidence),
+        ),
     )
 
 
 def progress(conn: psycopg.Connection, s: float, tokens: float | None, samples: float | None = None) -> None:
-    conn.execute("INSERT INTO run_progress (run_id, time, tokens, samples) VALUES ('r', %s, %s, %s)",
-                 (at(s), tokens, samples))
+    conn.execute(
+        "INSERT INTO run_progress (run_id, time, tokens, samples) VALUES ('r', %s, %s, %s)",
+        (at(s), tokens, samples),
+    )
 
 
 def test_tokens_mfu_and_goodput(conn: psycopg.Connection) -> None:
@@ -102,7 +141,9 @@ def test_final_report_after_the_end_counts(conn: psycopg.Connection) -> None:
     progress(conn, 3590, 1e6)
     progress(conn, 3610, 2e6)  # the job's last report lands after the scheduler's end
     assert run_accounting(conn, "r", now=at(9999), source="raw")["efficiency"]["tokens"] == 2e6
-    assert run_accounting(conn, "r", now=at(9999), source="raw", until=at(3600))["efficiency"]["tokens"] == 1e6
+    assert (
+        run_accounting(conn, "r", now=at(9999), source="raw", until=at(3600))["efficiency"]["tokens"] == 1e6
+    )
 
 
 def test_an_mfu_above_one_is_not_reported_as_mfu_but_said_why(conn: psycopg.Connection) -> None:

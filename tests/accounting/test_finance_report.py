@@ -42,10 +42,18 @@ def test_rows_columns_and_totals(conn: psycopg.Connection) -> None:
                 assert re.fullmatch(r"-?\d+(\.\d{1,9})?", cell), (col, cell)
     assert list(rows[0]) == list(FINANCE_COLUMN_NAMES) == list(FINANCE_COLUMNS)
     kinds = [(r["row_type"], r["key"], r["currency"]) for r in rows]
-    assert kinds == [("run", "eval", "EUR"), ("run", "next-week", "USD"), ("run", "pretrain", "EUR"),
-                     ("run", "vision", "USD"), ("unallocated", "unallocated", "EUR"),
-                     ("unallocated", "unallocated", "USD"), ("no_telemetry", "no_telemetry", ""),
-                     ("total", "total", "EUR"), ("total", "total", "USD"), ("total", "all", "")]
+    assert kinds == [
+        ("run", "eval", "EUR"),
+        ("run", "next-week", "USD"),
+        ("run", "pretrain", "EUR"),
+        ("run", "vision", "USD"),
+        ("unallocated", "unallocated", "EUR"),
+        ("unallocated", "unallocated", "USD"),
+        ("no_telemetry", "no_telemetry", ""),
+        ("total", "total", "EUR"),
+        ("total", "total", "USD"),
+        ("total", "all", ""),
+    ]
     by_key = {(r["row_type"], r["key"], r["currency"]): r for r in rows}
     # states as GET /v1/runs says them at the same instant
     api_states = {r["run_id"]: r["state"] for r in list_runs(conn)}
@@ -64,7 +72,9 @@ def test_rows_columns_and_totals(conn: psycopg.Connection) -> None:
             assert sum(Decimal(p[col]) for p in parts) == Decimal(total[col]), (cur, col)
         assert Decimal(total["total_cost"]) == Decimal(total["energy_cost"]) + Decimal(total["compute_cost"])
     # hours: runs + unallocated + no telemetry = the fleet (6 GPUs over the report's window, up to now)
-    hours = sum(Decimal(r["gpu_hours"]) for r in rows if r["row_type"] in ("run", "unallocated", "no_telemetry"))
+    hours = sum(
+        Decimal(r["gpu_hours"]) for r in rows if r["row_type"] in ("run", "unallocated", "no_telemetry")
+    )
     assert abs(hours - Decimal(by_key[("total", "all", "")]["gpu_hours"])) < Decimal("1e-7")
     assert abs(Decimal(by_key[("total", "all", "")]["gpu_hours"]) - Decimal(6 * 1.5)) < Decimal("1e-7")
     pretrain = by_key[("run", "pretrain", "EUR")]
@@ -80,15 +90,18 @@ def test_group_by_team_keeps_currencies_apart(conn: psycopg.Connection) -> None:
     assert teams == [("team", "cv", "USD", 2), ("team", "lm", "EUR", 2)]
     lm = next(r for r in rep.rows if r["key"] == "lm")
     runs = finance_report(conn, at(0), at(86400 * 10), now=at(5400)).rows
-    assert Decimal(str(lm["total_cost"])) == sum(Decimal(str(r["total_cost"])) for r in runs
-                                                 if r["key"] in ("pretrain", "eval"))
+    assert Decimal(str(lm["total_cost"])) == sum(
+        Decimal(str(r["total_cost"])) for r in runs if r["key"] in ("pretrain", "eval")
+    )
 
 
 def test_finance_report_over_http(api: Api) -> None:
     with psycopg.connect(api.db, autocommit=True) as conn:
         fill(conn)
     with api.client("finance") as c:
-        r = c.get("/v1/reports/finance.csv", params={"from": "2026-12-01", "to": "2026-12-02", "group_by": "site"})
+        r = c.get(
+            "/v1/reports/finance.csv", params={"from": "2026-12-01", "to": "2026-12-02", "group_by": "site"}
+        )
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv"), r.text
         assert "finance_site_20261201T000000_20261202T000000.csv" in r.headers["content-disposition"]
         rows = list(csv.DictReader(io.StringIO(r.text)))
@@ -100,4 +113,7 @@ def test_finance_report_over_http(api: Api) -> None:
         assert "lost_gpu_hours" in spec["responses"]["200"]["description"]
         assert c.get("/v1/reports/finance.csv", params={"from": "2026-12-01"}).status_code == 422
     with api.client("node") as c:
-        assert c.get("/v1/reports/finance.csv", params={"from": "2026-12-01", "to": "2026-12-02"}).status_code == 403
+        assert (
+            c.get("/v1/reports/finance.csv", params={"from": "2026-12-01", "to": "2026-12-02"}).status_code
+            == 403
+        )

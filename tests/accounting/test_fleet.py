@@ -49,7 +49,9 @@ def test_runs_plus_unallocated_is_the_fleet_total(conn: psycopg.Connection, sour
     # GPU time no run held splits into time with telemetry (unallocated) and without (the hole on n2)
     dark = f["no_telemetry"]
     assert close(runs["gpu_hours"] + idle["gpu_hours"] + dark["gpu_hours"], total["gpu_hours"])
-    assert dark["gpu_kwh"] == 0 and dark["coverage"] == 0 and idle["coverage"] == 1.0 and dark["gpu_hours"] > 0
+    assert (
+        dark["gpu_kwh"] == 0 and dark["coverage"] == 0 and idle["coverage"] == 1.0 and dark["gpu_hours"] > 0
+    )
     assert 0 < total["coverage"] < 1
     # per-currency energy cost adds up too
     for cur in ("USD", "EUR"):
@@ -76,7 +78,9 @@ def test_rollup_and_raw_fleet_agree_and_group_keys(conn: psycopg.Connection) -> 
     assert pending["source"] == "mixed"
     for block in ("runs", "unallocated", "total"):
         for k in ("gpu_kwh", "host_kwh", "co2e_kg"):
-            assert close(rolled[block][k], raw[block][k], 1e-9) and close(pending[block][k], raw[block][k], 1e-9)
+            assert close(rolled[block][k], raw[block][k], 1e-9) and close(
+                pending[block][k], raw[block][k], 1e-9
+            )
     assert [g["key"] for g in raw["groups"]] == ["s1", "s2"]
     assert [g["key"] for g in rolled["groups"]] == ["rA", "rB", "rC"]
 
@@ -96,8 +100,14 @@ def test_a_day_with_minutes_of_telemetry_says_what_it_knows(conn: psycopg.Connec
     day = (at(-10 * 3600), at(14 * 3600))  # 00:00 to 24:00 of the day of T0 (10:00)
     gpu_samples(conn, [(float(t), "n1", g, 400.0, None) for g in range(8) for t in range(0, 17 * 60 + 1, 10)])
     for k in range(6):  # runs that overlap the day, one of them from the day before, one into the next
-        run(conn, f"r{k}", -11 * 3600 if k == 0 else k * 600, 20 * 3600 if k == 5 else k * 600 + 300,
-            {"n1": [k]}, site_name="s")
+        run(
+            conn,
+            f"r{k}",
+            -11 * 3600 if k == 0 else k * 600,
+            20 * 3600 if k == 5 else k * 600 + 300,
+            {"n1": [k]},
+            site_name="s",
+        )
     f = fleet_accounting(conn, *day, now=at(30 * 3600), source="raw")
     assert f["runs"]["runs"] == 6 and f["total"]["runs"] == 6
     idle, dark, total = f["unallocated"], f["no_telemetry"], f["total"]

@@ -23,7 +23,9 @@ def test_a_thirty_minute_old_fleet_has_no_telemetry_gap_before_it_existed(conn: 
     now = datetime.now(UTC).replace(microsecond=0)
     first = now - timedelta(minutes=30)
     # what ingest writes for a new node: first_seen when its first batch came, its samples every 10 s
-    conn.execute("INSERT INTO nodes (node, first_seen, last_seen, gpu_count) VALUES ('n1', %s, %s, 2)", (first, now))
+    conn.execute(
+        "INSERT INTO nodes (node, first_seen, last_seen, gpu_count) VALUES ('n1', %s, %s, 2)", (first, now)
+    )
     gpu_samples(conn, [(_since(first) + 10 * k, "n1", g, 300.0, None) for g in (0, 1) for k in range(181)])
     f = fleet_accounting(conn, now - timedelta(hours=2), now, now=now, source="raw")
     assert f["no_telemetry"]["gpu_hours"] <= 1.0  # the target; here it is none at all
@@ -40,15 +42,20 @@ def test_a_month_before_the_fleet_existed_has_no_gpu_time(conn: psycopg.Connecti
     gpu_samples(conn, [(float(t), "n1", g, 400.0, None) for g in range(8) for t in range(0, 3601, 10)])
     f = fleet_accounting(conn, T0 - timedelta(days=30), T0, now=at(3600), source="raw")
     assert f["total"]["gpu_hours"] == 0.0 and f["no_telemetry"]["gpu_hours"] == 0.0
-    month = fleet_accounting(conn, T0 - timedelta(days=30), T0 + timedelta(days=1), now=at(3600), source="raw")
+    month = fleet_accounting(
+        conn, T0 - timedelta(days=30), T0 + timedelta(days=1), now=at(3600), source="raw"
+    )
     assert abs(month["total"]["gpu_hours"] - 8.0) < 1e-6 and month["total"]["coverage"] > 0.999
 
 
 def test_a_gpu_joins_when_first_seen_and_a_run_registers_it_earlier(conn: psycopg.Connection) -> None:
     node(conn, "n1", 2)
     # GPU 0 reports from 0 s; GPU 1 only from 1800 s, but a run held it from 600 s (registration counts)
-    gpu_samples(conn, [(float(t), "n1", 0, 300.0, None) for t in range(0, 3601, 10)]
-                + [(float(t), "n1", 1, 300.0, None) for t in range(1800, 3601, 10)])
+    gpu_samples(
+        conn,
+        [(float(t), "n1", 0, 300.0, None) for t in range(0, 3601, 10)]
+        + [(float(t), "n1", 1, 300.0, None) for t in range(1800, 3601, 10)],
+    )
     run(conn, "r", 600, 1200, {"n1": [1]})
     f = fleet_accounting(conn, at(-3600), at(3600), now=at(3600), source="raw")
     # GPU 0: 1 h; GPU 1: from 600 s (the run) = 3000 s, of which 600 s held by the run, 600 s dark

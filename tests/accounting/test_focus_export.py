@@ -17,9 +17,24 @@ from tests.accounting.builders import approx, at, constant_power, gpu_samples, h
 from tests.api.conftest import Api
 
 #: Columns FOCUS 1.x requires a provider to fill (not null).
-REQUIRED = ("BilledCost", "BillingAccountId", "BillingCurrency", "BillingPeriodEnd", "BillingPeriodStart",
-            "ChargeCategory", "ChargePeriodEnd", "ChargePeriodStart", "ContractedCost", "EffectiveCost",
-            "InvoiceIssuerName", "ListCost", "ProviderName", "PublisherName", "ServiceCategory", "ServiceName")
+REQUIRED = (
+    "BilledCost",
+    "BillingAccountId",
+    "BillingCurrency",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
+    "ChargeCategory",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "ContractedCost",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "ProviderName",
+    "PublisherName",
+    "ServiceCategory",
+    "ServiceName",
+)
 
 
 def fill(conn: psycopg.Connection) -> None:
@@ -28,8 +43,10 @@ def fill(conn: psycopg.Connection) -> None:
     gpu_samples(conn, constant_power("e1", range(4), 433.3, 0, 2 * 86400, step_s=60.0, counter=True))
     host_samples(conn, [(float(t), "e1", 777.7) for t in range(0, 2 * 86400 + 1, 60)])
     run(conn, "pretrain", 0, 86400 + 7200, {"e1": [0, 1]}, site_name="eu", team="lm")  # across midnight UTC
-    conn.execute("UPDATE runs SET labels = '{\"slurm.account\": \"proj-7\", \"slurm.partition\": \"gpu\"}' "
-                 "WHERE run_id = 'pretrain'")
+    conn.execute(
+        'UPDATE runs SET labels = \'{"slurm.account": "proj-7", "slurm.partition": "gpu"}\' '
+        "WHERE run_id = 'pretrain'"
+    )
     run(conn, "eval", 3600, 7200, {"e1": [2]}, site_name="eu", team="cv")
 
 
@@ -39,7 +56,7 @@ def test_rows_columns_and_what_they_add_up_to(conn: psycopg.Connection) -> None:
     now = at(2 * 86400)
     export = focus_export(conn, *period, now=now, source="raw")
     rows = list(csv.DictReader(io.StringIO(focus_csv(export))))
-    assert tuple(rows[0]) == COLUMNS and COLUMNS[:len(FOCUS_COLUMNS)] == FOCUS_COLUMNS
+    assert tuple(rows[0]) == COLUMNS and COLUMNS[: len(FOCUS_COLUMNS)] == FOCUS_COLUMNS
     assert list(FOCUS_COLUMNS) == sorted(FOCUS_COLUMNS)  # the specification's order
     for r in rows:
         for col in REQUIRED:
@@ -51,22 +68,34 @@ def test_rows_columns_and_what_they_add_up_to(conn: psycopg.Connection) -> None:
     pre = [r for r in rows if r["ResourceId"] == "pretrain"]
     # a day per row: the run crosses midnight, so two charge periods for each of its two charges
     assert sorted({(r["ChargePeriodStart"], r["ChargePeriodEnd"]) for r in pre}) == [
-        ("2026-12-01T10:00:00Z", "2026-12-02T00:00:00Z"), ("2026-12-02T00:00:00Z", "2026-12-02T12:00:00Z")]
+        ("2026-12-01T10:00:00Z", "2026-12-02T00:00:00Z"),
+        ("2026-12-02T00:00:00Z", "2026-12-02T12:00:00Z"),
+    ]
     assert {r["ServiceName"] for r in pre} == {"GPU compute", "GPU energy"}
     tags = json.loads(pre[0]["Tags"])
-    assert tags == {"gpufleet/run": "pretrain", "gpufleet/team": "lm", "gpufleet/site": "eu",
-                    "slurm.account": "proj-7", "slurm.partition": "gpu"}
+    assert tags == {
+        "gpufleet/run": "pretrain",
+        "gpufleet/team": "lm",
+        "gpufleet/site": "eu",
+        "slurm.account": "proj-7",
+        "slurm.partition": "gpu",
+    }
     assert pre[0]["SubAccountId"] == "lm" and pre[0]["x_GpuModels"] == "NVIDIA H100 80GB HBM3"
     compute = [r for r in pre if r["ServiceName"] == "GPU compute"]
     assert sum(Decimal(r["ConsumedQuantity"]) for r in compute) == Decimal(26 * 2)
-    assert {r["ConsumedUnit"] for r in compute} == {"GPU-Hours"} and all(r["ListUnitPrice"] == "2.13" for r in compute)
+    assert {r["ConsumedUnit"] for r in compute} == {"GPU-Hours"} and all(
+        r["ListUnitPrice"] == "2.13" for r in compute
+    )
     # money as computed, not rounded to cents, and each run's rows add up to its accounting
     body = run_accounting(conn, "pretrain", now=now, source="raw")
     assert approx(float(sum(Decimal(r["BilledCost"]) for r in pre)), body["total_cost"], rel=1e-9)
     assert any(len(r["BilledCost"].split(".")[-1]) > 2 for r in pre)
     # everything together is the finance report's total, unallocated energy included
-    total = next(r for r in finance_report(conn, *period, now=now, source="raw").rows
-                 if r["row_type"] == "total" and r["currency"] == "EUR")
+    total = next(
+        r
+        for r in finance_report(conn, *period, now=now, source="raw").rows
+        if r["row_type"] == "total" and r["currency"] == "EUR"
+    )
     assert abs(float(sum(Decimal(r["BilledCost"]) for r in rows)) - total["total_cost"]) <= 0.005
     assert any(r["ResourceId"] == "unallocated" for r in rows)
     whole = focus_export(conn, *period, now=now, source="raw", granularity="run").rows
@@ -81,7 +110,15 @@ def test_focus_csv_over_http(api: Api) -> None:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv"), r.text
         assert "focus_20261201T000000_20261203T000000.csv" in r.headers["content-disposition"]
         assert r.text.splitlines()[0].split(",") == list(COLUMNS)
-        assert c.get("/v1/reports/focus.csv", params={"from": "2026-12-01", "to": "2026-12-03",
-                                                       "granularity": "hour"}).status_code == 422
+        assert (
+            c.get(
+                "/v1/reports/focus.csv",
+                params={"from": "2026-12-01", "to": "2026-12-03", "granularity": "hour"},
+            ).status_code
+            == 422
+        )
     with api.client("node") as c:
-        assert c.get("/v1/reports/focus.csv", params={"from": "2026-12-01", "to": "2026-12-02"}).status_code == 403
+        assert (
+            c.get("/v1/reports/focus.csv", params={"from": "2026-12-01", "to": "2026-12-02"}).status_code
+            == 403
+        )

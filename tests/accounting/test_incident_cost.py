@@ -43,13 +43,34 @@ from tests.accounting.builders import (
 from tests.api.conftest import Api
 
 
-def incident(conn: psycopg.Connection, kind: str, start_s: float, end_s: float | None, evidence: dict[str, Any],
-             *, run_id: str = "r", node_name: str | None = None, gpu: int | None = None, scope: str = "") -> int:
+def incident(
+    conn: psycopg.Connection,
+    kind: str,
+    start_s: float,
+    end_s: float | None,
+    evidence: dict[str, Any],
+    *,
+    run_id: str = "r",
+    node_name: str | None = None,
+    gpu: int | None = None,
+    scope: str = "",
+) -> int:
     row = conn.execute(
         'INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, state, start, "end", last_seen, '
         "evidence) VALUES (%s, %s, %s, %s, %s, NULL, 'warning', %s, %s, %s, %s, %s) RETURNING id",
-        (kind, f"{kind}|{scope or start_s}", run_id, node_name, gpu, "open" if end_s is None else "resolved",
-         at(start_s), None if end_s is None else at(end_s), at(end_s or start_s), json.dumps(evidence))).fetchone()
+        (
+            kind,
+            f"{kind}|{scope or start_s}",
+            run_id,
+            node_name,
+            gpu,
+            "open" if end_s is None else "resolved",
+            at(start_s),
+            None if end_s is None else at(end_s),
+            at(end_s or start_s),
+            json.dumps(evidence),
+        ),
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -65,10 +86,19 @@ def fleet(conn: psycopg.Connection) -> None:
 def stall_and_throttle(conn: psycopg.Connection) -> tuple[int, int]:
     a = incident(conn, "checkpoint_stall", 600, 1200, {"run_time_lost_share": 0.5})
     per = {"throttled_share": 1.0, "clock_ratio": 0.25}
-    b = incident(conn, "throttling", 900, 1500,
-                 {"throttled_share": 1.0, "clock_ratio": 0.25,
-                  "gpus": [{"node": "n1", "gpu": 0, **per}, {"node": "n1", "gpu": 1, **per}]},
-                 node_name="n1", scope="power_cap")
+    b = incident(
+        conn,
+        "throttling",
+        900,
+        1500,
+        {
+            "throttled_share": 1.0,
+            "clock_ratio": 0.25,
+            "gpus": [{"node": "n1", "gpu": 0, **per}, {"node": "n1", "gpu": 1, **per}],
+        },
+        node_name="n1",
+        scope="power_cap",
+    )
     return a, b
 
 
@@ -90,9 +120,12 @@ def test_each_incident_costs_its_own_gpu_time(conn: psycopg.Connection, source: 
     a, b = stall_and_throttle(conn)
     if source == "rollup":
         drain(conn)
-    incs = [dict(zip(("id", "kind", "run_id", "node", "gpu", "start", "end", "evidence"), r, strict=True))
-            for r in conn.execute('SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents '
-                                  "ORDER BY id").fetchall()]
+    incs = [
+        dict(zip(("id", "kind", "run_id", "node", "gpu", "start", "end", "evidence"), r, strict=True))
+        for r in conn.execute(
+            'SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents ORDER BY id'
+        ).fetchall()
+    ]
     costs = incident_costs(conn, incs, now=at(10_000), source=source)  # type: ignore[arg-type]
     la, lb = costs[a], costs[b]
     assert la is not None and lb is not None
@@ -100,7 +133,11 @@ def test_each_incident_costs_its_own_gpu_time(conn: psycopg.Connection, source: 
     expect(la, 1200.0)
     assert la["gpus"] == 4 and la["span_s"] == 600.0 and la["lost_share"] == 0.5
     assert la["basis"] == "run_time_lost_share"
-    assert la["energy_cost"] == 0.04 and approx(la["compute_cost"], 2 / 3) and approx(la["total_cost"], 0.04 + 2 / 3)
+    assert (
+        la["energy_cost"] == 0.04
+        and approx(la["compute_cost"], 2 / 3)
+        and approx(la["total_cost"], 0.04 + 2 / 3)
+    )
     # B: 900 GPU-s; 0.075 + 0.025 kWh, ×1.5 = 0.15 kWh; 0.03 USD energy + 0.50 compute
     expect(lb, 900.0)
     assert lb["gpus"] == 2 and approx(lb["lost_share"], 0.75)
@@ -144,13 +181,26 @@ def test_whole_run_lost_equals_the_runs_own_accounting(conn: psycopg.Connection)
     carbon(conn, "DE", [(0, 300.0), (1800, 500.0), (2700, 100.0)])
     node(conn, "n2", 4, "s2")
     run(conn, "w", 5, 3595, {"n2": [0, 2]}, site_name="s2")
-    gpu_samples(conn, constant_power("n2", range(4), 210.0, 0, 1800) + constant_power("n2", range(4), 420.0, 1810, 3600))
+    gpu_samples(
+        conn,
+        constant_power("n2", range(4), 210.0, 0, 1800) + constant_power("n2", range(4), 420.0, 1810, 3600),
+    )
     host_samples(conn, [(s, "n2", 500.0 + s / 10) for s in range(0, 3601, 10)])
     incident(conn, "starvation", -100, None, {}, run_id="w")  # open, before the run: clipped to the run
     body = run_accounting(conn, "w", now=at(10_000), source="raw")
     lost = body["lost_to_incidents"]
-    for k in ("gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "energy_cost", "compute_cost",
-              "total_cost", "currency"):
+    for k in (
+        "gpu_hours",
+        "gpu_kwh",
+        "host_kwh",
+        "it_kwh",
+        "facility_kwh",
+        "co2e_kg",
+        "energy_cost",
+        "compute_cost",
+        "total_cost",
+        "currency",
+    ):
         assert lost[k] == body[k], (k, lost[k], body[k])
     assert body["energy_cost"] > 0 and body["price_source"] == "time_of_use"
 
@@ -162,8 +212,9 @@ def test_incident_kinds_and_scopes(conn: psycopg.Connection) -> None:
         # one GPU of the run, no lost-share evidence: all of its span on that GPU (100 s)
         "gpu": incident(conn, "starvation", 0, 100, {}, gpu=2, node_name="n1"),
         # a straggler holds every GPU of the run back by its activity gap: 4 × 100 × (1 - 0.6/0.8) = 100
-        "straggler": incident(conn, "straggler", 0, 100, {"activity": 0.8, "peer_activity": 0.6}, gpu=1,
-                              node_name="n1"),
+        "straggler": incident(
+            conn, "straggler", 0, 100, {"activity": 0.8, "peer_activity": 0.6}, gpu=1, node_name="n1"
+        ),
         # no loss model: zero lost, said so
         "pcie": incident(conn, "pcie_degraded", 0, 100, {"degraded_share": 1.0}, gpu=0, node_name="n1"),
         # node-scoped (no run): no lost block
@@ -171,8 +222,12 @@ def test_incident_kinds_and_scopes(conn: psycopg.Connection) -> None:
         # open: counts up to now (3000 s) at 1 - duty_cycle, on the other run
         "open": incident(conn, "starvation", 2000, None, {"duty_cycle": 0.75}, run_id="q"),
     }
-    incs = [dict(zip(("id", "kind", "run_id", "node", "gpu", "start", "end", "evidence"), r, strict=True))
-            for r in conn.execute('SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents').fetchall()]
+    incs = [
+        dict(zip(("id", "kind", "run_id", "node", "gpu", "start", "end", "evidence"), r, strict=True))
+        for r in conn.execute(
+            'SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents'
+        ).fetchall()
+    ]
     costs = incident_costs(conn, incs, now=at(3000), source="raw")  # type: ignore[arg-type]
     assert costs[ids["node"]] is None
     g, s, p, o = (costs[ids[k]] for k in ("gpu", "straggler", "pcie", "open"))
@@ -189,13 +244,22 @@ def test_incident_kinds_and_scopes(conn: psycopg.Connection) -> None:
 
 def test_union_takes_the_largest_share_never_the_sum() -> None:
     t = [datetime.fromisoformat(f"2026-12-01T10:00:{s:02d}+00:00") for s in range(0, 60, 10)]
-    ps = [Piece("r", "n", 0, t[0], t[3], 0.5), Piece("r", "n", 0, t[1], t[2], 0.25),
-          Piece("r", "n", 0, t[2], t[4], 0.75), Piece("r", "n", 1, t[4], t[5], 1.0)]
-    assert union(ps) == [Piece("r", "n", 0, t[0], t[2], 0.5), Piece("r", "n", 0, t[2], t[4], 0.75),
-                         Piece("r", "n", 1, t[4], t[5], 1.0)]
+    ps = [
+        Piece("r", "n", 0, t[0], t[3], 0.5),
+        Piece("r", "n", 0, t[1], t[2], 0.25),
+        Piece("r", "n", 0, t[2], t[4], 0.75),
+        Piece("r", "n", 1, t[4], t[5], 1.0),
+    ]
+    assert union(ps) == [
+        Piece("r", "n", 0, t[0], t[2], 0.5),
+        Piece("r", "n", 0, t[2], t[4], 0.75),
+        Piece("r", "n", 1, t[4], t[5], 1.0),
+    ]
     # gaps stay gaps
     assert union([Piece("r", "n", 0, t[0], t[1], 1.0), Piece("r", "n", 0, t[2], t[3], 1.0)]) == [
-        Piece("r", "n", 0, t[0], t[1], 1.0), Piece("r", "n", 0, t[2], t[3], 1.0)]
+        Piece("r", "n", 0, t[0], t[1], 1.0),
+        Piece("r", "n", 0, t[2], t[3], 1.0),
+    ]
 
 
 def test_api_incidents_and_run_accounting_carry_the_cost(api: Api) -> None:

@@ -54,8 +54,15 @@ from tests.accounting.builders import (
 from tests.accounting.builders import site as make_site
 from tests.accounting.test_incident_cost import fleet, incident
 
-EXPECTED_S = {"productive": 5910.0, "idle": 5400.0, "hung": 1800.0, "checkpoint": 600.0, "starved": 240.0,
-              "straggler_wait": 300.0, "throttled": 150.0}
+EXPECTED_S = {
+    "productive": 5910.0,
+    "idle": 5400.0,
+    "hung": 1800.0,
+    "checkpoint": 600.0,
+    "starved": 240.0,
+    "straggler_wait": 300.0,
+    "throttled": 150.0,
+}
 
 
 def gpus(*ids: int, node_name: str = "n1") -> list[dict[str, Any]]:
@@ -69,8 +76,15 @@ def every_kind(conn: psycopg.Connection) -> None:
     incident(conn, "starvation", 900, 1500, {"gpu_time_lost_share": 0.4})
     incident(conn, "hung_collective", 2400, 3000, {"gpus": gpus(3)})
     per = {"throttled_share": 1.0, "clock_ratio": 0.5}
-    incident(conn, "throttling", 3000, 3600, {**per, "gpus": [{"node": "n1", "gpu": 0, **per}]}, node_name="n1",
-             scope="power_cap")
+    incident(
+        conn,
+        "throttling",
+        3000,
+        3600,
+        {**per, "gpus": [{"node": "n1", "gpu": 0, **per}]},
+        node_name="n1",
+        scope="power_cap",
+    )
     incident(conn, "straggler", 3300, 3600, {"activity": 0.6, "peer_activity": 0.8}, node_name="n1", gpu=0)
     incident(conn, "pcie_degraded", 0, 3600, {"gpu_time_lost_share": 0.9}, node_name="n1", gpu=1)
 
@@ -120,8 +134,15 @@ def test_a_period_clips_the_ledger(conn: psycopg.Connection) -> None:
     # [2500, 3600): idle GPUs 2-3 [2500, 2700) = 400; hung 2 × 500 + 2 × 300 = 1600; straggler 300; throttled 150
     body = run_accounting(conn, "r", now=at(10_000), source="raw", since=at(2500))
     led = body["ledger"]
-    for state, s in {"idle": 400.0, "hung": 1600.0, "straggler_wait": 300.0, "throttled": 150.0,
-                     "checkpoint": 0.0, "starved": 0.0, "productive": 4 * 1100 - 2450.0}.items():
+    for state, s in {
+        "idle": 400.0,
+        "hung": 1600.0,
+        "straggler_wait": 300.0,
+        "throttled": 150.0,
+        "checkpoint": 0.0,
+        "starved": 0.0,
+        "productive": 4 * 1100 - 2450.0,
+    }.items():
         expect_cell(led[state], s, 1e-8 if state == "productive" else 1e-9)
     sums_exactly(dict(body))
 
@@ -177,15 +198,30 @@ def test_the_api_serves_the_ledger(api: Any) -> None:
 
 # ------------------------------------------------------------------------------ the rule itself
 
+
 def _t(s: int) -> datetime:
     return T0 + timedelta(seconds=s)
 
 
-KIND_OF_STATE = {"idle": "idle_allocation", "hung": "hung_collective", "checkpoint": "checkpoint_stall",
-                 "starved": "starvation", "straggler_wait": "straggler", "throttled": "throttling"}
+KIND_OF_STATE = {
+    "idle": "idle_allocation",
+    "hung": "hung_collective",
+    "checkpoint": "checkpoint_stall",
+    "starved": "starvation",
+    "straggler_wait": "straggler",
+    "throttled": "throttling",
+}
 
-claims_st = st.lists(st.tuples(st.sampled_from(PRECEDENCE), st.integers(0, 1), st.integers(0, 50),
-                               st.integers(1, 50), st.sampled_from([0.0, 0.25, 0.5, 1.0])), max_size=12)
+claims_st = st.lists(
+    st.tuples(
+        st.sampled_from(PRECEDENCE),
+        st.integers(0, 1),
+        st.integers(0, 50),
+        st.integers(1, 50),
+        st.sampled_from([0.0, 0.25, 0.5, 1.0]),
+    ),
+    max_size=12,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -196,8 +232,11 @@ def test_explain_gives_each_instant_to_the_rules_state(raw: list[tuple[str, int,
     for g in (0, 1):
         for x in range(0, 101):
             t0 = _t(x)
-            covering = [(s, p) for s, p in claims if p.node == "n" and p.gpu == g and p.lo <= t0 < p.hi
-                        and p.weight > 0]
+            covering = [
+                (s, p)
+                for s, p in claims
+                if p.node == "n" and p.gpu == g and p.lo <= t0 < p.hi and p.weight > 0
+            ]
             mine = [(s, p) for s, p in got if p.gpu == g and p.lo <= t0 < p.hi]
             if not covering:
                 assert mine == []

@@ -38,8 +38,10 @@ def test_groups_add_their_runs_ledgers(conn: psycopg.Connection) -> None:
     wasteful(conn)
     now, period = at(5400), (at(0), at(86400))
     view = fleet_accounting(conn, *period, group_by="team", now=now, source="raw")
-    runs = {r: run_accounting(conn, r, now=now, source="raw", since=period[0], until=period[1])
-            for r in ("pretrain", "eval", "vision")}
+    runs = {
+        r: run_accounting(conn, r, now=now, source="raw", since=period[0], until=period[1])
+        for r in ("pretrain", "eval", "vision")
+    }
     # pretrain: GPU 2 idle all along (idle explains before hung), GPUs 0-1 hung over [3000, 3600)
     assert approx(runs["pretrain"]["ledger"]["idle"]["gpu_hours"], 1.0)
     assert approx(runs["pretrain"]["ledger"]["hung"]["gpu_hours"], 1200 / 3600)
@@ -49,8 +51,14 @@ def test_groups_add_their_runs_ledgers(conn: psycopg.Connection) -> None:
         g = teams[team]
         for s in STATES:
             for f in ("gpu_hours", "gpu_kwh", "facility_kwh", "co2e_kg"):
-                assert dec(g["ledger"][s][f]) == sum(dec(runs[r]["ledger"][s][f]) for r in members), (team, s, f)
-            assert dec(g["ledger"][s]["total_cost"]) == sum(dec(runs[r]["ledger"][s]["total_cost"]) for r in members)
+                assert dec(g["ledger"][s][f]) == sum(dec(runs[r]["ledger"][s][f]) for r in members), (
+                    team,
+                    s,
+                    f,
+                )
+            assert dec(g["ledger"][s]["total_cost"]) == sum(
+                dec(runs[r]["ledger"][s]["total_cost"]) for r in members
+            )
         # the states add up to the group's own figures
         assert sum(dec(g["ledger"][s]["gpu_hours"]) for s in STATES) == dec(g["gpu_hours"])
         assert sum(dec(g["ledger"][s]["total_cost"]) for s in STATES) == dec(g["total_cost"])
@@ -69,8 +77,12 @@ def test_groups_add_their_runs_ledgers(conn: psycopg.Connection) -> None:
 def test_finance_report_columns_per_run_team_and_total(conn: psycopg.Connection) -> None:
     wasteful(conn)
     now, period = at(5400), (at(0), at(86400))
-    by_run = {r["key"]: r for r in csv.DictReader(io.StringIO(finance_csv(
-        finance_report(conn, *period, group_by="run", now=now, source="raw"))))}
+    by_run = {
+        r["key"]: r
+        for r in csv.DictReader(
+            io.StringIO(finance_csv(finance_report(conn, *period, group_by="run", now=now, source="raw")))
+        )
+    }
     pretrain = run_accounting(conn, "pretrain", now=now, source="raw", since=period[0], until=period[1])
     row = by_run["pretrain"]
     for s in STATES:
@@ -79,8 +91,12 @@ def test_finance_report_columns_per_run_team_and_total(conn: psycopg.Connection)
     assert dec(row["waste_gpu_hours"]) == sum(dec(pretrain["ledger"][s]["gpu_hours"]) for s in PRECEDENCE)
     assert dec(row["waste_gpu_hours"]) == dec(row["lost_gpu_hours"])
     assert by_run["unallocated"]["idle_gpu_hours"] == "" and by_run["unallocated"]["waste_cost"] == ""
-    teams = {(r["row_type"], r["key"], r["currency"]): r for r in csv.DictReader(io.StringIO(finance_csv(
-        finance_report(conn, *period, group_by="team", now=now, source="raw"))))}
+    teams = {
+        (r["row_type"], r["key"], r["currency"]): r
+        for r in csv.DictReader(
+            io.StringIO(finance_csv(finance_report(conn, *period, group_by="team", now=now, source="raw")))
+        )
+    }
     lm = teams[("team", "lm", "EUR")]
     assert dec(lm["waste_gpu_hours"]) == dec(row["waste_gpu_hours"]) + dec(by_run["eval"]["waste_gpu_hours"])
     assert dec(lm["waste_cost"]) == dec(row["waste_cost"]) + dec(by_run["eval"]["waste_cost"])
@@ -89,7 +105,8 @@ def test_finance_report_columns_per_run_team_and_total(conn: psycopg.Connection)
     assert dec(eur["waste_gpu_hours"]) == dec(lm["waste_gpu_hours"])
     everything = teams[("total", "all", "")]
     assert dec(everything["waste_gpu_hours"]) == dec(lm["waste_gpu_hours"]) + dec(
-        teams[("team", "cv", "USD")]["waste_gpu_hours"])
+        teams[("team", "cv", "USD")]["waste_gpu_hours"]
+    )
     assert everything["waste_cost"] == "" and everything["idle_cost"] == ""
     rep = finance_report(conn, *period, group_by="team", now=now, source="raw").body()
     assert set(LEDGER_COLUMNS) <= set(rep["columns"]) and "waste_cost" in rep["rows"][0]
@@ -112,9 +129,12 @@ def test_the_api_serves_the_fleets_waste(api: Any) -> None:
     with psycopg.connect(api.db, autocommit=True) as conn:
         wasteful(conn)
     with api.client("finance") as c:
-        view = c.get("/v1/accounting", params={"from": "2026-12-01", "to": "2026-12-02", "group_by": "team"}).json()
-        rows = c.get("/v1/reports/finance.json", params={"from": "2026-12-01", "to": "2026-12-02",
-                                                         "group_by": "team"}).json()["rows"]
+        view = c.get(
+            "/v1/accounting", params={"from": "2026-12-01", "to": "2026-12-02", "group_by": "team"}
+        ).json()
+        rows = c.get(
+            "/v1/reports/finance.json", params={"from": "2026-12-01", "to": "2026-12-02", "group_by": "team"}
+        ).json()["rows"]
     lm = next(g for g in view["groups"] if g["key"] == "lm")
     assert set(lm["ledger"]) == set(STATES) and lm["waste"]["gpu_hours"] > 0 and lm["waste"]["total_cost"] > 0
     assert view["unallocated"]["ledger"] is None and view["unallocated"]["waste"] is None

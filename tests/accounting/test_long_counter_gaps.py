@@ -106,7 +106,9 @@ def test_fleet_totals_reconcile_with_a_long_gap(conn: psycopg.Connection) -> Non
     for block in ("runs", "unallocated", "total"):
         for k in ("gpu_kwh", "co2e_kg", "energy_cost", "coverage"):
             assert approx(rolled[block][k], raw[block][k], rel=1e-9, abs_=1e-12), (block, k)
-    assert approx(rolled["runs"]["gpu_kwh"] + rolled["unallocated"]["gpu_kwh"], rolled["total"]["gpu_kwh"], rel=1e-9)
+    assert approx(
+        rolled["runs"]["gpu_kwh"] + rolled["unallocated"]["gpu_kwh"], rolled["total"]["gpu_kwh"], rel=1e-9
+    )
     assert rolled["total"]["gpu_kwh"] > 0
 
 
@@ -117,7 +119,9 @@ def test_a_late_sample_inside_the_gap_splits_the_span(conn: psycopg.Connection, 
     first = run_accounting(conn, "inside", now=at(5 * DAY))
     # a spooled sample from inside the gap arrives late: the counter at that moment
     mid = 1.5 * DAY + 17.0
-    counter = conn.execute("SELECT energy_mj FROM gpu_samples WHERE gpu = 0 AND time = %s", (at(1200),)).fetchone()
+    counter = conn.execute(
+        "SELECT energy_mj FROM gpu_samples WHERE gpu = 0 AND time = %s", (at(1200),)
+    ).fetchone()
     assert counter is not None
     gpu_samples(conn, [(mid, "n1", 0, 240.0, counter[0] + 250.0 * (mid - 1200) * 1000)])
     a = account("inside", now=at(5 * DAY))
@@ -127,7 +131,8 @@ def test_a_late_sample_inside_the_gap_splits_the_span(conn: psycopg.Connection, 
 
 
 def test_minute_rows_of_a_long_interval_written_before_spans_are_not_counted_twice(
-        conn: psycopg.Connection, account: Account) -> None:
+    conn: psycopg.Connection, account: Account
+) -> None:
     # Rollups built with a gap rule wider than the gap stand for what earlier versions wrote: the
     # long interval spread over its minutes.  A later rebuild at its end must keep that form.
     # The long interval ends at 7230 s, inside the minute [7200, 7260) that the late sample's rebuild
@@ -156,7 +161,9 @@ def test_a_span_reaching_into_a_later_rebuild_is_kept(conn: psycopg.Connection, 
     assert conn.execute("SELECT t0, t1 FROM gpu_energy_spans").fetchall() == [(at(10), at(7230))]
 
 
-def test_price_and_carbon_changes_inside_the_gap_split_the_span(conn: psycopg.Connection, account: Account) -> None:
+def test_price_and_carbon_changes_inside_the_gap_split_the_span(
+    conn: psycopg.Connection, account: Account
+) -> None:
     # A priced run inside the gap: the span's share of every hour and minute goes to the price and
     # carbon in force there (edges on the hour grid cut its hours, edges off it its minutes), as the
     # raw samples say; figures checked against the 250 W the counter shows across the gap.
@@ -185,5 +192,8 @@ def test_price_and_carbon_changes_inside_the_gap_split_the_span(conn: psycopg.Co
         assert approx(rolled["runs"][k] + rolled["unallocated"][k], rolled["total"][k], rel=1e-9), k
     dark = rolled["no_telemetry"]
     assert dark["gpu_hours"] > 0 and dark["gpu_kwh"] == 0
-    assert approx(rolled["runs"]["gpu_hours"] + rolled["unallocated"]["gpu_hours"] + dark["gpu_hours"],
-                  rolled["total"]["gpu_hours"], rel=1e-9)
+    assert approx(
+        rolled["runs"]["gpu_hours"] + rolled["unallocated"]["gpu_hours"] + dark["gpu_hours"],
+        rolled["total"]["gpu_hours"],
+        rel=1e-9,
+    )

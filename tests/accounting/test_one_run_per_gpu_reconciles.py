@@ -29,12 +29,20 @@ HORIZON_S = 12 * 3600
 POWER_W = 100.0
 SEQUENCES = 50
 
-op_create = st.tuples(st.just("create"), st.sampled_from(sorted(NODES)), st.sets(st.integers(0, 1), min_size=1),
-                      st.integers(0, 300), st.one_of(st.none(), st.integers(1, 300)))
+op_create = st.tuples(
+    st.just("create"),
+    st.sampled_from(sorted(NODES)),
+    st.sets(st.integers(0, 1), min_size=1),
+    st.integers(0, 300),
+    st.one_of(st.none(), st.integers(1, 300)),
+)
 op_alloc = st.tuples(st.just("alloc"), st.sampled_from(sorted(NODES)), st.integers(0, 1))
 op_end = st.tuples(st.just("end"), st.one_of(st.none(), st.integers(0, 700)))
-ops = st.builds(lambda first, rest: [first, *rest], op_create,
-                st.lists(st.one_of(op_create, op_create, op_alloc, op_end), min_size=1, max_size=9))
+ops = st.builds(
+    lambda first, rest: [first, *rest],
+    op_create,
+    st.lists(st.one_of(op_create, op_create, op_alloc, op_end), min_size=1, max_size=9),
+)
 
 
 def _fill(url: str, conn: psycopg.Connection) -> None:
@@ -58,9 +66,15 @@ def _apply(conn: psycopg.Connection, op: tuple[Any, ...], created: list[str]) ->
         if op[0] == "create":
             _, n, gpus, start_min, dur_min = op
             run_id = f"r{len(created)}"
-            store.create_run(conn, {"run_id": run_id, "start": at(start_min * 60),
-                                    "end": None if dur_min is None else at((start_min + dur_min) * 60),
-                                    "allocations": [{"node": n, "gpus": sorted(gpus)}]})
+            store.create_run(
+                conn,
+                {
+                    "run_id": run_id,
+                    "start": at(start_min * 60),
+                    "end": None if dur_min is None else at((start_min + dur_min) * 60),
+                    "allocations": [{"node": n, "gpus": sorted(gpus)}],
+                },
+            )
             created.append(run_id)
         elif op[0] == "alloc" and created:
             store.update_run(conn, created[-1], {"allocations": [{"node": op[1], "gpus": [op[2]]}]})
@@ -72,11 +86,16 @@ def _apply(conn: psycopg.Connection, op: tuple[Any, ...], created: list[str]) ->
         pass  # refused: nothing was written, and the fleet must still reconcile
 
 
-@settings(max_examples=SEQUENCES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=SEQUENCES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(seq=ops)
-def test_runs_plus_unallocated_is_the_total_after_every_operation(db: str, conn: psycopg.Connection,
-                                                                 seq: list[tuple[Any, ...]]) -> None:
+def test_runs_plus_unallocated_is_the_total_after_every_operation(
+    db: str, conn: psycopg.Connection, seq: list[tuple[Any, ...]]
+) -> None:
     _fill(db, conn)
     created: list[str] = []
     for op in seq:
@@ -86,18 +105,23 @@ def test_runs_plus_unallocated_is_the_total_after_every_operation(db: str, conn:
     overlaps = conn.execute(
         "SELECT count(*) FROM run_allocations a JOIN runs ra USING (run_id) JOIN run_allocations b "
         "ON b.node = a.node AND b.gpu = a.gpu AND b.run_id > a.run_id JOIN runs rb ON rb.run_id = b.run_id "
-        "WHERE tstzrange(ra.start, ra.\"end\") && tstzrange(rb.start, rb.\"end\")").fetchone()
+        'WHERE tstzrange(ra.start, ra."end") && tstzrange(rb.start, rb."end")'
+    ).fetchone()
     assert overlaps == (0,)
 
 
 def test_the_equality_fails_when_a_gpu_is_in_two_runs(db: str, conn: psycopg.Connection) -> None:
     """Without the database's rule, the issue's double billing comes back and the check sees it."""
     _fill(db, conn)
-    store.create_run(conn, {"run_id": "demo-pretrain", "start": at(0), "allocations": [{"node": "n1", "gpus": [0]}]})
+    store.create_run(
+        conn, {"run_id": "demo-pretrain", "start": at(0), "allocations": [{"node": "n1", "gpus": [0]}]}
+    )
     _reconciles(conn)
     conn.execute("ALTER TABLE run_allocations DISABLE TRIGGER run_allocations_one_run_per_gpu")
     try:
-        store.create_run(conn, {"run_id": "nc-7", "start": at(3600), "allocations": [{"node": "n1", "gpus": [0]}]})
+        store.create_run(
+            conn, {"run_id": "nc-7", "start": at(3600), "allocations": [{"node": "n1", "gpus": [0]}]}
+        )
         body = fleet_accounting(conn, T0, T0 + timedelta(seconds=HORIZON_S), now=at(HORIZON_S), source="raw")
         excess = body["runs"]["gpu_hours"] + body["unallocated"]["gpu_hours"] - body["total"]["gpu_hours"]
         assert abs(excess - (HORIZON_S - 3600) / 3600) < 1e-9  # exactly nc-7's hours, billed twice
@@ -125,27 +149,67 @@ sharing_st = st.one_of(
     st.sampled_from([0.25, 0.5, 0.75]).map(lambda s: {"sharing": "time_slice", "share": s}),
     st.sampled_from([0.3, 0.5]).map(lambda s: {"sharing": "mps", "share": s}),
     st.tuples(st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb"]), st.integers(0, 2)).map(
-        lambda p: {"sharing": "mig", "mig_profile": p[0], "mig_instance": p[1]}),
+        lambda p: {"sharing": "mig", "mig_profile": p[0], "mig_instance": p[1]}
+    ),
 )
 minute = st.integers(0, SPAN_S // 60)
-f_create = st.tuples(st.just("create"), st.sampled_from(["n1", "n2"]), st.sets(st.integers(0, 1), min_size=1),
-                     minute, st.one_of(st.none(), st.integers(1, 120)), sharing_st,
-                     st.sampled_from(["s1", "s2", None]))
+f_create = st.tuples(
+    st.just("create"),
+    st.sampled_from(["n1", "n2"]),
+    st.sets(st.integers(0, 1), min_size=1),
+    minute,
+    st.one_of(st.none(), st.integers(1, 120)),
+    sharing_st,
+    st.sampled_from(["s1", "s2", None]),
+)
 f_alloc = st.tuples(st.just("alloc"), st.sampled_from(["n1", "n2"]), st.integers(0, 1), sharing_st)
 f_end = st.tuples(st.just("end"), st.one_of(st.none(), minute))
-f_site = st.tuples(st.just("site"), st.sampled_from(["s1", "s2"]), st.sampled_from([
-    ("pue", 1.1), ("pue", 1.6), ("price_per_kwh", 0.3), ("price_per_kwh", 0.0), ("gpu_hour_price", 4.0),
-    ("carbon_region", "R2"), ("carbon_region", None), ("carbon_g_per_kwh", 150.0), ("carbon_g_per_kwh", None),
-    ("H100", 5.5), ("H100", None)]), st.one_of(st.none(), minute))
-f_price = st.tuples(st.just("series"), st.sampled_from(["s1", "s2"]), st.sampled_from(["price_per_kwh", "pue"]),
-                    st.lists(st.tuples(minute, st.sampled_from([1.05, 1.2, 1.45])), min_size=1, max_size=3))
-f_ingest = st.tuples(st.just("ingest"), st.sampled_from(["n1", "n2"]), minute, st.integers(1, 60),
-                     st.sampled_from([30.0, 45.0, 90.0]), st.booleans(), st.floats(80, 700))
+f_site = st.tuples(
+    st.just("site"),
+    st.sampled_from(["s1", "s2"]),
+    st.sampled_from(
+        [
+            ("pue", 1.1),
+            ("pue", 1.6),
+            ("price_per_kwh", 0.3),
+            ("price_per_kwh", 0.0),
+            ("gpu_hour_price", 4.0),
+            ("carbon_region", "R2"),
+            ("carbon_region", None),
+            ("carbon_g_per_kwh", 150.0),
+            ("carbon_g_per_kwh", None),
+            ("H100", 5.5),
+            ("H100", None),
+        ]
+    ),
+    st.one_of(st.none(), minute),
+)
+f_price = st.tuples(
+    st.just("series"),
+    st.sampled_from(["s1", "s2"]),
+    st.sampled_from(["price_per_kwh", "pue"]),
+    st.lists(st.tuples(minute, st.sampled_from([1.05, 1.2, 1.45])), min_size=1, max_size=3),
+)
+f_ingest = st.tuples(
+    st.just("ingest"),
+    st.sampled_from(["n1", "n2"]),
+    minute,
+    st.integers(1, 60),
+    st.sampled_from([30.0, 45.0, 90.0]),
+    st.booleans(),
+    st.floats(80, 700),
+)
 f_drain = st.just(("drain",))
 f_node = st.tuples(st.just("node_site"), st.sampled_from(["s1", "s2", None]))
-full_ops = st.builds(lambda first, rest: [first, *rest], f_create, st.lists(
-    st.one_of(f_create, f_alloc, f_end, f_site, f_price, f_ingest, f_ingest, f_drain, f_node), min_size=1,
-    max_size=10))
+full_ops = st.builds(
+    lambda first, rest: [first, *rest],
+    f_create,
+    st.lists(
+        st.one_of(f_create, f_alloc, f_end, f_site, f_price, f_ingest, f_ingest, f_drain, f_node),
+        min_size=1,
+        max_size=10,
+    ),
+)
 
 
 def _fill_full(url: str, conn: psycopg.Connection) -> None:
@@ -166,9 +230,16 @@ def _full_apply(conn: psycopg.Connection, op: tuple[Any, ...], created: list[str
         if kind == "create":
             _, n, gpus, start_min, dur_min, share, site_name = op
             run_id = f"r{len(created)}"
-            store.create_run(conn, {"run_id": run_id, "site": site_name, "start": at(start_min * 60),
-                                    "end": None if dur_min is None else at((start_min + dur_min) * 60),
-                                    "allocations": [{"node": n, "gpus": sorted(gpus), **share}]})
+            store.create_run(
+                conn,
+                {
+                    "run_id": run_id,
+                    "site": site_name,
+                    "start": at(start_min * 60),
+                    "end": None if dur_min is None else at((start_min + dur_min) * 60),
+                    "allocations": [{"node": n, "gpus": sorted(gpus), **share}],
+                },
+            )
             created.append(run_id)
         elif kind == "alloc" and created:
             store.update_run(conn, created[-1], {"allocations": [{"node": op[1], "gpus": [op[2]], **op[3]}]})
@@ -180,7 +251,9 @@ def _full_apply(conn: psycopg.Connection, op: tuple[Any, ...], created: list[str
             _, s, (name, value), from_min = op
             when = None if from_min is None else at(from_min * 60)
             if name == "H100":
-                site_store.patch_site(conn, s, {}, gpu_hour_prices={"H100": value}, valid_from=when, now=at(SPAN_S))
+                site_store.patch_site(
+                    conn, s, {}, gpu_hour_prices={"H100": value}, valid_from=when, now=at(SPAN_S)
+                )
             else:
                 site_store.patch_site(conn, s, {name: value}, valid_from=when, now=at(SPAN_S))
         elif kind == "series":
@@ -191,10 +264,14 @@ def _full_apply(conn: psycopg.Connection, op: tuple[Any, ...], created: list[str
             _, n, start_min, dur_min, step, counter, power = op
             t0, t1 = start_min * 60.0 + 7.3, min(start_min + dur_min, SPAN_S // 60) * 60.0
             if t1 > t0:
-                conn.execute("DELETE FROM gpu_samples WHERE node = %s AND time >= %s AND time <= %s",
-                             (n, at(t0), at(t1)))
+                conn.execute(
+                    "DELETE FROM gpu_samples WHERE node = %s AND time >= %s AND time <= %s",
+                    (n, at(t0), at(t1)),
+                )
                 gpu_samples(conn, constant_power(n, [0, 1], power, t0, t1, step_s=step, counter=counter))
-                host_samples(conn, [(t0 + k * step, n, 400.0 + power / 10) for k in range(int((t1 - t0) // step))])
+                host_samples(
+                    conn, [(t0 + k * step, n, 400.0 + power / 10) for k in range(int((t1 - t0) // step))]
+                )
         elif kind == "drain":
             rollup.drain(conn, 60.0, plain_stats=backend_of(conn) != "timescaledb")
         elif kind == "node_site":
@@ -220,8 +297,12 @@ def _check_everything(conn: psycopg.Connection, created: list[str]) -> None:
     assert _within(runs["gpu_hours"] + idle["gpu_hours"] + dark["gpu_hours"], total["gpu_hours"], n)
     assert _within(total["gpu_hours"], indep.gpu_s / 3600.0, n)
     # energy, facility energy and CO2e: runs + unallocated = the fleet measured whole = the independent sum
-    for key, ref_value in (("gpu_kwh", indep.gpu_kwh), ("host_kwh", indep.host_kwh),
-                           ("facility_kwh", indep.facility_kwh), ("co2e_kg", indep.co2e_kg)):
+    for key, ref_value in (
+        ("gpu_kwh", indep.gpu_kwh),
+        ("host_kwh", indep.host_kwh),
+        ("facility_kwh", indep.facility_kwh),
+        ("co2e_kg", indep.co2e_kg),
+    ):
         assert _within(runs[key] + idle[key], total[key], n), (key, runs[key], idle[key], total[key])
         assert abs(total[key] - ref_value) <= 1e-6 * abs(ref_value) + n * 1e-9, (key, total[key], ref_value)
     # cost, per currency: energy of every share at the site that held it, compute of every run
@@ -244,8 +325,12 @@ def _check_everything(conn: psycopg.Connection, created: list[str]) -> None:
         if a is None:
             continue
         f = ref.run(run_id, now, lo, hi)
-        for key, value in (("gpu_hours", f.gpu_s / 3600.0), ("gpu_kwh", f.gpu_kwh), ("host_kwh", f.host_kwh),
-                           ("facility_kwh", f.facility_kwh)):
+        for key, value in (
+            ("gpu_hours", f.gpu_s / 3600.0),
+            ("gpu_kwh", f.gpu_kwh),
+            ("host_kwh", f.host_kwh),
+            ("facility_kwh", f.facility_kwh),
+        ):
             assert abs(a[key] - value) <= 1e-6 * abs(value) + 2e-9, (run_id, key, a[key], value)
         for key, value in (("energy_cost", f.energy_cost), ("compute_cost", f.compute_cost)):
             assert abs(a[key] - value) <= 1e-6 * abs(value) + 2e-9, (run_id, key, a[key], value)
@@ -256,11 +341,16 @@ def fleet_run_body(body: dict[str, Any], run_id: str) -> dict[str, Any] | None:
     return next((g for g in body["groups"] if g["key"] == run_id), None)
 
 
-@settings(max_examples=FULL_SEQUENCES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=FULL_SEQUENCES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(seq=full_ops)
-def test_every_field_reconciles_after_every_operation(db: str, conn: psycopg.Connection,
-                                                     seq: list[tuple[Any, ...]]) -> None:
+def test_every_field_reconciles_after_every_operation(
+    db: str, conn: psycopg.Connection, seq: list[tuple[Any, ...]]
+) -> None:
     """Runs (whole and shared GPUs), site settings from a time, price and PUE series, node sites and
     ingest in any order: after each, GPU-hours, GPU kWh, host kWh, facility kWh, CO2e and cost of the
     runs plus the unallocated part equal the fleet's, which equal an independent computation."""
@@ -272,7 +362,9 @@ def test_every_field_reconciles_after_every_operation(db: str, conn: psycopg.Con
     event(f"operations per sequence: {len(seq)}")
 
 
-def test_the_full_check_fails_when_a_gpu_is_shared_beyond_its_whole(db: str, conn: psycopg.Connection) -> None:
+def test_the_full_check_fails_when_a_gpu_is_shared_beyond_its_whole(
+    db: str, conn: psycopg.Connection
+) -> None:
     """The field-by-field check has teeth: with the database's rule off, shares of 0.75 + 0.75 on one GPU
     bill half a GPU twice and the check sees it."""
     _fill_full(db, conn)
@@ -281,7 +373,9 @@ def test_the_full_check_fails_when_a_gpu_is_shared_beyond_its_whole(db: str, con
     _check_everything(conn, created)
     conn.execute("ALTER TABLE run_allocations DISABLE TRIGGER run_allocations_one_run_per_gpu")
     try:
-        _full_apply(conn, ("create", "n1", {0}, 0, 60, {"sharing": "time_slice", "share": 0.75}, "s1"), created)
+        _full_apply(
+            conn, ("create", "n1", {0}, 0, 60, {"sharing": "time_slice", "share": 0.75}, "s1"), created
+        )
         assert len(created) == 2
         with pytest.raises(AssertionError):
             _check_everything(conn, created)

@@ -42,8 +42,16 @@ CFG = AdvisorSettings(warmup_s=300.0, min_segment_s=300.0, min_level_s=900.0)
 def sweep_db(pg_server: str, settings: Settings) -> Iterator[FilledFleet]:
     with scratch_database(pg_server, "gpufleet_powercap") as url:
         migrate.upgrade(url, settings)
-        yield fill(url, settings, SCENARIO, 1800.0, sweep_every_s=30.0, progress_every_s=30.0, start_time=START,
-                   send_facts=True)
+        yield fill(
+            url,
+            settings,
+            SCENARIO,
+            1800.0,
+            sweep_every_s=30.0,
+            progress_every_s=30.0,
+            start_time=START,
+            send_facts=True,
+        )
 
 
 def _advice(fleet: FilledFleet, loss: float, **kw: Any) -> dict[str, Any]:
@@ -65,7 +73,10 @@ def _truth(points: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, f
     for p in points:
         (k0, e0), (k1, e1) = snaps[_epoch(p["start"])], snaps[_epoch(p["end"])]
         idx = gpus[p["run_id"]]
-        out[(p["run_id"], p["start"])] = (k1[p["run_id"]] - k0[p["run_id"]], float((e1[idx] - e0[idx]).sum()) / 1e3)
+        out[(p["run_id"], p["start"])] = (
+            k1[p["run_id"]] - k0[p["run_id"]],
+            float((e1[idx] - e0[idx]).sum()) / 1e3,
+        )
     return out
 
 
@@ -80,8 +91,14 @@ def test_points_are_the_stretches_at_one_limit_and_match_the_simulation(sweep_db
     by_run: dict[str, list[float]] = {}
     for p in points:
         by_run.setdefault(p["run_id"], []).append(p["power_limit_w"])
-    assert by_run == {"cap-700": [700.0], "cap-500": [500.0], "cap-450": [450.0], "cap-400": [400.0],
-                      "cap-350": [350.0], "cap-switch": [700.0, 450.0]}
+    assert by_run == {
+        "cap-700": [700.0],
+        "cap-500": [500.0],
+        "cap-450": [450.0],
+        "cap-400": [400.0],
+        "cap-350": [350.0],
+        "cap-switch": [700.0, 450.0],
+    }
     # The switch's minutes at and right after the change are left out, and said to be.
     assert m["excluded_minutes"]["the limit changed in this minute or the next"] >= 2
     switch = [p for p in points if p["run_id"] == "cap-switch"]
@@ -97,12 +114,17 @@ def test_points_are_the_stretches_at_one_limit_and_match_the_simulation(sweep_db
 def test_known_physics_lower_limits_trade_throughput_for_tokens_per_joule(sweep_db: FilledFleet) -> None:
     (m,) = _advice(sweep_db, 0.05, model="llama-13b-pretrain")["models"]
     levels = {lv["power_limit_w"]: lv for lv in m["levels"]}
-    assert sorted(levels) == [350.0, 400.0, 450.0, 500.0, 700.0] and all(lv["enough"] for lv in levels.values())
+    assert sorted(levels) == [350.0, 400.0, 450.0, 500.0, 700.0] and all(
+        lv["enough"] for lv in levels.values()
+    )
     tps = [levels[c]["tokens_per_s_per_gpu"] for c in (350.0, 400.0, 450.0, 500.0, 700.0)]
     tpj = [levels[c]["tokens_per_joule"] for c in (350.0, 400.0, 450.0, 500.0, 700.0)]
     assert tps == sorted(tps) and tpj == sorted(tpj, reverse=True)
     # The two runs at 450 W (one all along, one after its change) pool into one level.
-    assert levels[450.0]["runs"] == ["cap-450", "cap-switch"] and levels[700.0]["runs"] == ["cap-700", "cap-switch"]
+    assert levels[450.0]["runs"] == ["cap-450", "cap-switch"] and levels[700.0]["runs"] == [
+        "cap-700",
+        "cap-switch",
+    ]
     # A GPU at a 400 W limit draws at most that; the default limit is above what the job draws.
     assert levels[400.0]["power_w_per_gpu"] <= 400.0 and levels[700.0]["power_w_per_gpu"] < 650.0
 
@@ -143,24 +165,36 @@ def test_too_little_data_says_so_and_why(sweep_db: FilledFleet) -> None:
     assert len(other["points"]) == 1
     thin = _advice(sweep_db, 0.05, model="llama-13b-pretrain")
     with psycopg.connect(sweep_db.url) as conn:
-        strict = power_cap_advice(conn, H100, 0.05, model="llama-13b-pretrain", now=sweep_db.end,
-                                  settings=AdvisorSettings(warmup_s=300.0, min_level_s=3000.0))
+        strict = power_cap_advice(
+            conn,
+            H100,
+            0.05,
+            model="llama-13b-pretrain",
+            now=sweep_db.end,
+            settings=AdvisorSettings(warmup_s=300.0, min_level_s=3000.0),
+        )
     (m,) = strict["models"]
     assert m["enough_data"] is False and any("less than 3000 s" in r for r in m["reasons"])
     assert thin["models"][0]["enough_data"] is True
     with psycopg.connect(sweep_db.url) as conn:
         none = power_cap_advice(conn, "NVIDIA A100-SXM4-80GB", 0.05, now=sweep_db.end, settings=CFG)
-    assert none["models"] == [] and "no run on 'NVIDIA A100-SXM4-80GB' GPUs reported progress" in none["reasons"][0]
+    assert (
+        none["models"] == []
+        and "no run on 'NVIDIA A100-SXM4-80GB' GPUs reported progress" in none["reasons"][0]
+    )
     assert H100 in none["reasons"][0]  # it names the GPU models that do have data
 
 
 def test_a_run_on_a_shared_gpu_is_left_out(sweep_db: FilledFleet) -> None:
     # Declared sharing: the GPU's limit and energy are its tenants' together, the tokens one run's.
     with psycopg.connect(sweep_db.url) as conn:
-        conn.execute("UPDATE run_allocations SET sharing = 'time_slice', share = 0.5 WHERE run_id = 'cap-400'")
+        conn.execute(
+            "UPDATE run_allocations SET sharing = 'time_slice', share = 0.5 WHERE run_id = 'cap-400'"
+        )
         try:
-            (m,) = power_cap_advice(conn, H100, 0.05, model="llama-13b-pretrain", now=sweep_db.end,
-                                    settings=CFG)["models"]
+            (m,) = power_cap_advice(
+                conn, H100, 0.05, model="llama-13b-pretrain", now=sweep_db.end, settings=CFG
+            )["models"]
         finally:
             conn.rollback()
     levels = {lv["power_limit_w"]: lv for lv in m["levels"]}
@@ -168,7 +202,9 @@ def test_a_run_on_a_shared_gpu_is_left_out(sweep_db: FilledFleet) -> None:
     assert all(p["run_id"] != "cap-400" for p in m["points"])
     assert m["excluded_minutes"][SHARED] == 1
     (again,) = _advice(sweep_db, 0.05, model="llama-13b-pretrain")["models"]
-    assert 400.0 in {lv["power_limit_w"] for lv in again["levels"]} and SHARED not in again["excluded_minutes"]
+    assert (
+        400.0 in {lv["power_limit_w"] for lv in again["levels"]} and SHARED not in again["excluded_minutes"]
+    )
 
 
 def test_the_endpoint_serves_the_advice(sweep_db: FilledFleet, settings: Settings) -> None:
@@ -178,8 +214,11 @@ def test_the_endpoint_serves_the_advice(sweep_db: FilledFleet, settings: Setting
     with serve(create_app(sweep_db.url, settings)) as srv:
         c = httpx.Client(base_url=srv.url, timeout=60)
         to = sweep_db.end.isoformat()
-        r = c.get("/v1/advisor/power-cap", params={"gpu_model": H100, "max_throughput_loss": 0.25, "to": to},
-                  headers={"Authorization": f"Bearer {sre}"})
+        r = c.get(
+            "/v1/advisor/power-cap",
+            params={"gpu_model": H100, "max_throughput_loss": 0.25, "to": to},
+            headers={"Authorization": f"Bearer {sre}"},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert {m["model"] for m in body["models"]} == {"llama-13b-pretrain", "mistral-7b-sft"}
@@ -187,16 +226,28 @@ def test_the_endpoint_serves_the_advice(sweep_db: FilledFleet, settings: Setting
         assert llama["enough_data"] and llama["recommendation"]["power_limit_w"] < 700
         assert llama["points"] and all("tokens_per_joule" in p for p in llama["points"])
         # A window that ends before the runs: too thin, and it says why.
-        early = c.get("/v1/advisor/power-cap", params={"gpu_model": H100, "to": sweep_db.start.isoformat()},
-                      headers={"Authorization": f"Bearer {sre}"}).json()
+        early = c.get(
+            "/v1/advisor/power-cap",
+            params={"gpu_model": H100, "to": sweep_db.start.isoformat()},
+            headers={"Authorization": f"Bearer {sre}"},
+        ).json()
         assert early["models"] == [] and early["reasons"]
-        bad = c.get("/v1/advisor/power-cap", params={"gpu_model": H100, "max_throughput_loss": 1.5},
-                    headers={"Authorization": f"Bearer {sre}"})
+        bad = c.get(
+            "/v1/advisor/power-cap",
+            params={"gpu_model": H100, "max_throughput_loss": 1.5},
+            headers={"Authorization": f"Bearer {sre}"},
+        )
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "max_throughput_loss"]
         missing = c.get("/v1/advisor/power-cap", headers={"Authorization": f"Bearer {sre}"})
         assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["query", "gpu_model"]
-        assert c.get("/v1/advisor/power-cap", params={"gpu_model": H100},
-                     headers={"Authorization": f"Bearer {finance}"}).status_code == 403
+        assert (
+            c.get(
+                "/v1/advisor/power-cap",
+                params={"gpu_model": H100},
+                headers={"Authorization": f"Bearer {finance}"},
+            ).status_code
+            == 403
+        )
         assert c.get("/v1/advisor/power-cap", params={"gpu_model": H100}).status_code == 401
 
 
@@ -211,16 +262,22 @@ def test_one_cap_for_a_run_with_its_saving_in_kwh_and_money(sweep_db: FilledFlee
     p = _proposal(sweep_db, "cap-700")
     fleet_advice = _advice(sweep_db, 0.05, model="llama-13b-pretrain")["models"][0]
     assert p["enough_data"] and p["action"] == "cap" and p["gpus"] == 4 and p["gpu_model"] == H100
-    assert p["current_limit_w"] == 700 and p["proposed_limit_w"] == fleet_advice["recommendation"]["power_limit_w"]
+    assert (
+        p["current_limit_w"] == 700
+        and p["proposed_limit_w"] == fleet_advice["recommendation"]["power_limit_w"]
+    )
     levels = {lv["power_limit_w"]: lv for lv in fleet_advice["levels"]}
     share = 1 - levels[700.0]["tokens_per_joule"] / levels[p["proposed_limit_w"]]["tokens_per_joule"]
     assert p["energy_per_token_saving"] == pytest.approx(share, abs=1e-6) and 0 < share < 0.5
     assert p["throughput_loss_vs_now"] <= 0.05
     # The daily saving from the run's own measured power over its last hour, at the site's PUE and price.
     with psycopg.connect(sweep_db.url) as conn:
-        row = conn.execute("SELECT sum(e.energy_j), sum(e.covered_s) FROM gpu_energy_1m e JOIN run_allocations a "
-                           "ON a.node = e.node AND a.gpu = e.gpu WHERE a.run_id = 'cap-700' AND e.bucket >= %s "
-                           "AND e.bucket < %s", (sweep_db.end - timedelta(hours=1), sweep_db.end)).fetchone()
+        row = conn.execute(
+            "SELECT sum(e.energy_j), sum(e.covered_s) FROM gpu_energy_1m e JOIN run_allocations a "
+            "ON a.node = e.node AND a.gpu = e.gpu WHERE a.run_id = 'cap-700' AND e.bucket >= %s "
+            "AND e.bucket < %s",
+            (sweep_db.end - timedelta(hours=1), sweep_db.end),
+        ).fetchone()
     assert row is not None
     j, s = row
     kwh_day = j / s * 4 * 86400 / 3.6e6
@@ -240,9 +297,9 @@ def test_a_run_already_capped_keeps_its_limit_and_one_without_data_says_why(swee
     assert any("one power limit only" in r for r in other["reasons"])
 
 
-def test_a_cap_set_through_the_api_reaches_the_nodes_agents_and_comes_off(sweep_db: FilledFleet,
-                                                                          settings: Settings,
-                                                                          tmp_path: Path) -> None:
+def test_a_cap_set_through_the_api_reaches_the_nodes_agents_and_comes_off(
+    sweep_db: FilledFleet, settings: Settings, tmp_path: Path
+) -> None:
     from gpufleet.agent.sources.nvml_power_cap import PlanFollower, PowerCapper, api_fetcher
     from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
 
@@ -255,32 +312,51 @@ def test_a_cap_set_through_the_api_reaches_the_nodes_agents_and_comes_off(sweep_
     with serve(create_app(sweep_db.url, settings)) as srv:
         c = httpx.Client(base_url=srv.url, timeout=60)
         h = {"Authorization": f"Bearer {admin}"}
-        body = {"run_id": "live-run", "name": "llama-13b-pretrain", "start": (now - timedelta(hours=1)).isoformat(),
-                "end": (now + timedelta(days=1)).isoformat(),
-                "allocations": [{"node": "live-01", "gpus": [0, 1]}, {"node": "live-02", "gpus": [0, 1]}]}
+        body = {
+            "run_id": "live-run",
+            "name": "llama-13b-pretrain",
+            "start": (now - timedelta(hours=1)).isoformat(),
+            "end": (now + timedelta(days=1)).isoformat(),
+            "allocations": [{"node": "live-01", "gpus": [0, 1]}, {"node": "live-02", "gpus": [0, 1]}],
+        }
         assert c.post("/v1/runs", json=body, headers=h).status_code in (200, 201)
         got = c.get("/v1/runs/live-run/power-cap", headers={"Authorization": f"Bearer {sre}"})
         assert got.status_code == 200 and got.json()["plan"] is None
         assert got.json()["proposal"]["action"] == "none"  # no facts name its GPUs: no comparable levels
         # Without a proposal, a cap needs a limit; with one it is set.
         assert c.put("/v1/runs/live-run/power-cap", json={}, headers=h).status_code == 409
-        assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": 450},
-                     headers={"Authorization": f"Bearer {sre}"}).status_code == 403
-        put = c.put("/v1/runs/live-run/power-cap", json={"limit_w": 450, "reason": "tokens/J sweep"}, headers=h)
+        assert (
+            c.put(
+                "/v1/runs/live-run/power-cap",
+                json={"limit_w": 450},
+                headers={"Authorization": f"Bearer {sre}"},
+            ).status_code
+            == 403
+        )
+        put = c.put(
+            "/v1/runs/live-run/power-cap", json={"limit_w": 450, "reason": "tokens/J sweep"}, headers=h
+        )
         assert put.status_code == 200, put.text
         assert put.json()["plan"]["revision"] == 1 and put.json()["plan"]["state"] == "active"
         assert c.put("/v1/runs/nope/power-cap", json={"limit_w": 450}, headers=h).status_code == 404
         assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": -5}, headers=h).status_code == 422
         # Each node reads its own plans with its own token, and only its own.
-        plans = c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n1}"}).json()["plans"]
+        plans = c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n1}"}).json()[
+            "plans"
+        ]
         assert plans == [{"run_id": "live-run", "limit_w": 450.0, "revision": 1, "gpus": [0, 1]}]
-        assert c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n2}"}).status_code == 403
+        assert (
+            c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n2}"}).status_code
+            == 403
+        )
         # The agents apply it, through NVML, to every GPU the run holds on their node.
         gpus = {n: FakeNvml([H100_SXM] * 4) for n in ("live-01", "live-02")}
         followers = {}
         for n, tok in (("live-01", n1), ("live-02", n2)):
             gpus[n].init()
-            followers[n] = PlanFollower(PowerCapper(gpus[n], tmp_path / f"{n}.json"), api_fetcher(srv.url, n, tok))
+            followers[n] = PlanFollower(
+                PowerCapper(gpus[n], tmp_path / f"{n}.json"), api_fetcher(srv.url, n, tok)
+            )
             followers[n].sync()
             assert [g.power_limit_w for g in gpus[n].gpus] == [450.0, 450.0, 700.0, 700.0]
         # One node cannot (no root there): it reports so in its facts, and the cap leaves every node.
@@ -288,22 +364,31 @@ def test_a_cap_set_through_the_api_reaches_the_nodes_agents_and_comes_off(sweep_
             for n, f in followers.items():
                 if n == "live-02":
                     f.reports["live-run"] = {"revision": 1, "state": "failed", "detail": "no permission"}
-                conn.execute("INSERT INTO nodes (node, facts) VALUES (%s, %s) ON CONFLICT (node) DO UPDATE "
-                             "SET facts = EXCLUDED.facts", (n, json.dumps(f.facts())))
+                conn.execute(
+                    "INSERT INTO nodes (node, facts) VALUES (%s, %s) ON CONFLICT (node) DO UPDATE "
+                    "SET facts = EXCLUDED.facts",
+                    (n, json.dumps(f.facts())),
+                )
         state = c.get("/v1/runs/live-run/power-cap", headers=h).json()["plan"]
         assert state["state"] == "failed" and state["failed_on"] == {"live-02": "no permission"}
         assert state["nodes"]["live-01"]["state"] == "applied"
         followers["live-01"].sync()
         assert [g.power_limit_w for g in gpus["live-01"].gpus] == [700.0] * 4
         # A new revision retries; withdrawing puts every limit back.
-        assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": 400}, headers=h).json()["plan"]["revision"] == 2
+        assert (
+            c.put("/v1/runs/live-run/power-cap", json={"limit_w": 400}, headers=h).json()["plan"]["revision"]
+            == 2
+        )
         followers["live-01"].sync()
         assert [g.power_limit_w for g in gpus["live-01"].gpus] == [400.0, 400.0, 700.0, 700.0]
         gone = c.delete("/v1/runs/live-run/power-cap", headers=h)
         assert gone.status_code == 200 and gone.json()["plan"]["state"] == "withdrawn"
         followers["live-01"].sync()
         assert [g.power_limit_w for g in gpus["live-01"].gpus] == [700.0] * 4
-        assert c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n1}"}).json()["plans"] == []
+        assert (
+            c.get("/v1/nodes/live-01/power-caps", headers={"Authorization": f"Bearer {n1}"}).json()["plans"]
+            == []
+        )
         # At the run's end it is no longer handed out: the agents restore.
         assert c.put("/v1/runs/live-run/power-cap", json={"limit_w": 400}, headers=h).status_code == 200
     from gpufleet.advisor.plans import plans_for_node

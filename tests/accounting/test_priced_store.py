@@ -52,8 +52,11 @@ def _empty_store(conn: psycopg.Connection) -> Iterator[None]:
 
 
 def _retention(conn: psycopg.Connection, days: int) -> None:
-    conn.execute("INSERT INTO gpufleet_meta (key, value) VALUES ('storage', %s) ON CONFLICT (key) DO UPDATE "
-                 "SET value = EXCLUDED.value", (Jsonb({"retention_days": days, "rollup_retention_days": 3 * days}),))
+    conn.execute(
+        "INSERT INTO gpufleet_meta (key, value) VALUES ('storage', %s) ON CONFLICT (key) DO UPDATE "
+        "SET value = EXCLUDED.value",
+        (Jsonb({"retention_days": days, "rollup_retention_days": 3 * days}),),
+    )
 
 
 def _fleet(conn: psycopg.Connection) -> None:
@@ -61,15 +64,27 @@ def _fleet(conn: psycopg.Connection) -> None:
     carbon(conn, "R", [(-3600, 300.0), (1800, 500.0), (5400, 250.0)])
     node(conn, "n1", 8, "s1", facts={"gpu_model": "NVIDIA H100 80GB HBM3"})
     run(conn, "r", 5.5, 7190.25, {"n1": [0, 1, 2, 3]}, site_name="s1")
-    gpu_samples(conn, constant_power("n1", [0, 1], 300.0, -60, 7260, counter=True)
-                + constant_power("n1", [2, 3], 250.0, -60, 7260, counter=True))
+    gpu_samples(
+        conn,
+        constant_power("n1", [0, 1], 300.0, -60, 7260, counter=True)
+        + constant_power("n1", [2, 3], 250.0, -60, 7260, counter=True),
+    )
     host_samples(conn, [(s, "n1", 900.0) for s in range(-60, 7261, 10)])
     drain(conn)
     incident(conn, "checkpoint_stall", 600.5, 1200.5, {"run_time_lost_share": 0.5})
-    incident(conn, "throttling", 900, 1500, {"gpus": [{"node": "n1", "gpu": 0, "throttled_share": 1.0,
-                                                         "clock_ratio": 0.25},
-                                                        {"node": "n1", "gpu": 1, "throttled_share": 1.0,
-                                                         "clock_ratio": 0.25}]}, scope="t")
+    incident(
+        conn,
+        "throttling",
+        900,
+        1500,
+        {
+            "gpus": [
+                {"node": "n1", "gpu": 0, "throttled_share": 1.0, "clock_ratio": 0.25},
+                {"node": "n1", "gpu": 1, "throttled_share": 1.0, "clock_ratio": 0.25},
+            ]
+        },
+        scope="t",
+    )
     incident(conn, "idle_allocation", 3000.25, 3900.75, {"gpus": [{"node": "n1", "gpu": 3}]}, scope="i")
 
 
@@ -123,13 +138,18 @@ def test_kept_run_accounting_is_the_live_one(conn: psycopg.Connection) -> None:
 def test_open_pieces_and_stale_answers_are_not_kept(conn: psycopg.Connection) -> None:
     _fleet(conn)
     now = at(3000)
-    open_piece = {"open": [Piece("r", "n1", 0, at(100), now, 1.0)], "closed": [Piece("r", "n1", 1, at(100), at(2000), 1.0)]}
+    open_piece = {
+        "open": [Piece("r", "n1", 0, at(100), now, 1.0)],
+        "closed": [Piece("r", "n1", 1, at(100), at(2000), 1.0)],
+    }
     incidents.price(conn, open_piece, now)
     assert {r[0] for r in conn.execute("SELECT run_id FROM priced_pieces")} == {"closed"}
     conn.execute("TRUNCATE priced_pieces")
     gpu_samples(conn, [(700.5, "n1", 0, 900.0, None)])  # queued, not yet rolled up: answered from samples
     got = incidents.price(conn, _keyed(conn), NOW)
-    assert got["Lr"].stale and conn.execute("SELECT count(*) FROM priced_pieces WHERE stale").fetchone() == (0,)
+    assert got["Lr"].stale and conn.execute("SELECT count(*) FROM priced_pieces WHERE stale").fetchone() == (
+        0,
+    )
 
 
 def test_lines_retention_reaches_are_read_live(conn: psycopg.Connection, calls: list[int]) -> None:
@@ -186,6 +206,7 @@ def _late_sample_rolled_up(conn: psycopg.Connection) -> None:
 def _sql(stmt: str, *params: Any) -> Callable[[psycopg.Connection], None]:
     def go(conn: psycopg.Connection) -> None:
         conn.execute(stmt, params or None)
+
     return go
 
 
@@ -196,8 +217,10 @@ def _region(conn: psycopg.Connection, region: str, point_s: float) -> None:
 
 
 def _facts(conn: psycopg.Connection) -> None:
-    conn.execute("INSERT INTO node_facts_history (node, valid_from, facts) VALUES ('n1', %s, %s)",
-                 (at(-7200), '{"gpu_model": "Tesla T4"}'))
+    conn.execute(
+        "INSERT INTO node_facts_history (node, valid_from, facts) VALUES ('n1', %s, %s)",
+        (at(-7200), '{"gpu_model": "Tesla T4"}'),
+    )
 
 
 #: Inputs set before pricing, where a change needs them: a GPU-hour price of the node's model, a carbon
@@ -224,7 +247,8 @@ CHANGES: dict[str, Callable[[psycopg.Connection], None]] = {
     "run end": _sql('UPDATE runs SET "end" = %s WHERE run_id = %s', at(1100), "r"),
     "run start": _sql("UPDATE runs SET start = %s WHERE run_id = %s", at(800), "r"),
     "allocation share": _sql(
-        "UPDATE run_allocations SET share = 0.5, sharing = 'time_slice' WHERE run_id = 'r' AND gpu = 0"),
+        "UPDATE run_allocations SET share = 0.5, sharing = 'time_slice' WHERE run_id = 'r' AND gpu = 0"
+    ),
     "node GPU count": _sql("UPDATE nodes SET gpu_count = 4 WHERE node = 'n1'"),
     "node facts in force": _facts,
 }
@@ -248,8 +272,10 @@ def test_a_changed_input_is_read_live(conn: psycopg.Connection, change: str) -> 
 
 
 def _figures(priced: dict[str, Line]) -> dict[str, tuple[Any, ...]]:
-    return {k: (ln.gpu_hours, ln.gpu_kwh, ln.host_kwh, ln.facility_kwh, ln.co2e_kg, ln.total_cost, ln.currency)
-            for k, ln in priced.items()}
+    return {
+        k: (ln.gpu_hours, ln.gpu_kwh, ln.host_kwh, ln.facility_kwh, ln.co2e_kg, ln.total_cost, ln.currency)
+        for k, ln in priced.items()
+    }
 
 
 def test_an_unrelated_change_keeps_the_lines(conn: psycopg.Connection, calls: list[int]) -> None:

@@ -14,8 +14,12 @@ from gpufleet.accounting import run_accounting
 from tests.accounting.builders import GpuRow, at, carbon, drain, gpu_samples, host_samples, node, run, site
 from tests.conftest import truncate_all
 
-SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @st.composite
@@ -23,7 +27,9 @@ def telemetry(draw: st.DrawFn) -> list[GpuRow]:
     """1-2 GPUs, irregular sampling with long holes, power gaps, counters that reset or are missing."""
     rows: list[GpuRow] = []
     for g in range(draw(st.integers(1, 2))):
-        steps = draw(st.lists(st.sampled_from([0.5, 3.0, 10.0, 17.3, 45.0, 90.0, 400.0]), min_size=2, max_size=40))
+        steps = draw(
+            st.lists(st.sampled_from([0.5, 3.0, 10.0, 17.3, 45.0, 90.0, 400.0]), min_size=2, max_size=40)
+        )
         t, counter_mj = draw(st.floats(0, 120)), draw(st.integers(0, 10**9))
         counters = draw(st.booleans())
         for k, dt in enumerate(steps):
@@ -36,8 +42,16 @@ def telemetry(draw: st.DrawFn) -> list[GpuRow]:
     return rows
 
 
-def _setup(url: str, conn: psycopg.Connection, rows: list[GpuRow], start: float, end: float,
-           steps: list[tuple[float, float]], chunks: int = 1, seed: int = 0) -> None:
+def _setup(
+    url: str,
+    conn: psycopg.Connection,
+    rows: list[GpuRow],
+    start: float,
+    end: float,
+    steps: list[tuple[float, float]],
+    chunks: int = 1,
+    seed: int = 0,
+) -> None:
     truncate_all(url)
     site(conn, "s", pue=1.3, price=0.2, region="R" if steps else None, carbon=250.0)
     node(conn, "n1", 2, "s")
@@ -47,7 +61,7 @@ def _setup(url: str, conn: psycopg.Connection, rows: list[GpuRow], start: float,
     random.Random(seed).shuffle(shuffled)
     size = max(1, len(shuffled) // chunks)
     for i in range(0, len(shuffled), size):
-        gpu_samples(conn, shuffled[i:i + size])
+        gpu_samples(conn, shuffled[i : i + size])
         if i // size % 2:
             drain(conn)  # rollups built from partial data, then corrected by late rows
     host_samples(conn, [(float(s), "n1", 400.0 + s % 13) for s in range(0, 2000, 7)])
@@ -65,11 +79,24 @@ steps_st = st.lists(st.tuples(st.floats(-100, 2500), st.floats(0, 900)), max_siz
 
 
 @SETTINGS
-@given(rows=telemetry(), start=st.floats(0, 600), length=st.floats(1, 1800), steps=steps_st,
-       chunks=st.integers(1, 6), seed=st.integers(0, 99))
-def test_shuffled_ingest_then_rollup_equals_raw(db: str, conn: psycopg.Connection, rows: list[GpuRow],
-                                                start: float, length: float, steps: list[tuple[float, float]],
-                                                chunks: int, seed: int) -> None:
+@given(
+    rows=telemetry(),
+    start=st.floats(0, 600),
+    length=st.floats(1, 1800),
+    steps=steps_st,
+    chunks=st.integers(1, 6),
+    seed=st.integers(0, 99),
+)
+def test_shuffled_ingest_then_rollup_equals_raw(
+    db: str,
+    conn: psycopg.Connection,
+    rows: list[GpuRow],
+    start: float,
+    length: float,
+    steps: list[tuple[float, float]],
+    chunks: int,
+    seed: int,
+) -> None:
     _setup(db, conn, rows, round(start, 3), round(start + length, 3), steps, chunks, seed)
     raw = run_accounting(conn, "r", now=at(10_000), source="raw")
     pending = run_accounting(conn, "r", now=at(10_000))
@@ -85,18 +112,33 @@ def test_shuffled_ingest_then_rollup_equals_raw(db: str, conn: psycopg.Connectio
 
 
 @SETTINGS
-@given(rows=telemetry(), start=st.floats(0, 600), length=st.floats(1, 1800), steps=steps_st,
-       cuts=st.lists(st.floats(0, 1), min_size=1, max_size=4), source=st.sampled_from(["raw", "rollup"]))
-def test_splitting_the_window_sums_to_the_whole(db: str, conn: psycopg.Connection, rows: list[GpuRow],
-                                                start: float, length: float, steps: list[tuple[float, float]],
-                                                cuts: list[float], source: str) -> None:
+@given(
+    rows=telemetry(),
+    start=st.floats(0, 600),
+    length=st.floats(1, 1800),
+    steps=steps_st,
+    cuts=st.lists(st.floats(0, 1), min_size=1, max_size=4),
+    source=st.sampled_from(["raw", "rollup"]),
+)
+def test_splitting_the_window_sums_to_the_whole(
+    db: str,
+    conn: psycopg.Connection,
+    rows: list[GpuRow],
+    start: float,
+    length: float,
+    steps: list[tuple[float, float]],
+    cuts: list[float],
+    source: str,
+) -> None:
     lo, hi = round(start, 3), round(start + length, 3)
     _setup(db, conn, rows, lo, hi, steps)
     drain(conn)
     whole = run_accounting(conn, "r", now=at(10_000), source=source)  # type: ignore[arg-type]
     bounds = sorted({lo, hi, *(round(lo + c * (hi - lo), 3) for c in cuts)})
-    parts = [run_accounting(conn, "r", now=at(10_000), source=source, since=at(a), until=at(b))  # type: ignore[arg-type]
-             for a, b in itertools.pairwise(bounds)]
+    parts = [
+        run_accounting(conn, "r", now=at(10_000), source=source, since=at(a), until=at(b))  # type: ignore[arg-type]
+        for a, b in itertools.pairwise(bounds)
+    ]
     # each answer is rounded (energies and hours to 1e-9, money to the cent): n parts differ from the
     # whole by at most n + 1 roundings, and by nothing else
     n = len(parts) + 1

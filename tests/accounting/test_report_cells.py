@@ -28,7 +28,9 @@ def fill(conn: psycopg.Connection) -> None:
     gpu_samples(conn, constant_power("n1", range(4), 411.1, 0, 7200, counter=True))
     host_samples(conn, [(float(t), "n1", 600.0) for t in range(0, 7201, 10)])
     run(conn, "done", 0, 3600, {"n1": [0, 1]}, site_name="eu", team="lm")
-    run(conn, "going", 1800, 10 * 3600, {"n1": [2]}, site_name="eu", team="cv")  # registered end in the future
+    run(
+        conn, "going", 1800, 10 * 3600, {"n1": [2]}, site_name="eu", team="cv"
+    )  # registered end in the future
     run(conn, "shared", 0, 7200, {"n1": [3]}, site_name="eu", team="cv")
     conn.execute("UPDATE run_allocations SET sharing = 'time_slice', share = 0.5 WHERE run_id = 'shared'")
 
@@ -49,7 +51,13 @@ def test_no_cell_holds_a_python_repr_and_both_csvs_agree(conn: psycopg.Connectio
     by_run = {r["run_id"]: r for r in runs}
     by_key = {r["key"]: r for r in fin if r["row_type"] == "run"}
     assert by_run["done"]["gpu_models"] == by_key["done"]["gpu_models"] == "NVIDIA H100 80GB HBM3"
-    for col in ("carbon_regions", "carbon_region_names", "carbon_method", "gpu_power_w", "emissions_rate_kg_s"):
+    for col in (
+        "carbon_regions",
+        "carbon_region_names",
+        "carbon_method",
+        "gpu_power_w",
+        "emissions_rate_kg_s",
+    ):
         assert by_run["done"][col] == by_key["done"][col] != "", col
     assert by_run["done"]["carbon_method"] == "average" and by_run["done"]["carbon_region_names"] == "Germany"
     # CodeCarbon's columns: mean power of the run's GPUs, kg CO2e per second
@@ -84,7 +92,9 @@ def test_money_is_rounded_for_people_and_adds_up(conn: psycopg.Connection) -> No
 def test_largest_remainder_rounding() -> None:
     values = [Decimal("0.335"), Decimal("0.335"), Decimal("0.33")]
     got = allocate(values, 2)
-    assert sum(got) == Decimal("1.00") and all(abs(g - v) < Decimal("0.01") for g, v in zip(got, values, strict=True))
+    assert sum(got) == Decimal("1.00") and all(
+        abs(g - v) < Decimal("0.01") for g, v in zip(got, values, strict=True)
+    )
     assert allocate([Decimal("1e300"), Decimal("0.004")], 2) == [Decimal("1e300"), Decimal(0)]
     assert allocate([Decimal("0.0274")], 2) == [Decimal("0.03")] and allocate([], 2) == []
     assert allocate([Decimal("5.5"), Decimal("4.5")], 0) == [Decimal(6), Decimal(4)]

@@ -43,7 +43,9 @@ def test_constant_power_with_host_share(conn: psycopg.Connection, account: Accou
     # money as computed, not rounded to minor units (that is for CSV and the web view): 0.084 EUR of energy
     assert a["energy_cost"] == 0.084 and a["compute_cost"] == 6.0 and a["total_cost"] == 6.084
     assert a["currency"] == "EUR" and approx(a["coverage"], 1.0)
-    assert a["start"] == "2026-12-01T10:00:15Z" and a["end"] == "2026-12-01T11:00:15Z" and a["state"] == "ended"
+    assert (
+        a["start"] == "2026-12-01T10:00:15Z" and a["end"] == "2026-12-01T11:00:15Z" and a["state"] == "ended"
+    )
 
 
 def test_interval_straddling_the_window_counts_its_share(conn: psycopg.Connection, account: Account) -> None:
@@ -65,7 +67,9 @@ def test_counter_wins_and_a_reset_falls_back_to_power(conn: psycopg.Connection, 
     assert approx(a["gpu_kwh"], (59 * 3000 + 999 * 10) / KWH) and approx(a["coverage"], 1.0)
 
 
-def test_power_does_not_bridge_a_long_gap_but_the_counter_does(conn: psycopg.Connection, account: Account) -> None:
+def test_power_does_not_bridge_a_long_gap_but_the_counter_does(
+    conn: psycopg.Connection, account: Account
+) -> None:
     times = [*range(0, 301, 10), *range(400, 601, 10)]  # a 100 s hole after 300 s
     for n in ("n1", "n2"):  # n2 is a copy of n1, for the run holding both kinds (one run per GPU)
         gpu_samples(conn, [(float(s), n, 0, 100.0, None) for s in times])
@@ -99,12 +103,18 @@ def test_carbon_series_changing_mid_run(conn: psycopg.Connection, account: Accou
     # before the series' first point its first value is carried back (the site has no constant)
     assert approx(a["co2e_kg"], 5405 * 360 / KWH * 0.100 + 1795 * 360 / KWH * 0.500)
     segs = a["segments"]
-    assert [s["start"] for s in segs] == ["2026-12-01T10:00:00Z", "2026-12-01T10:30:00Z", "2026-12-01T11:30:05Z"]
+    assert [s["start"] for s in segs] == [
+        "2026-12-01T10:00:00Z",
+        "2026-12-01T10:30:00Z",
+        "2026-12-01T11:30:05Z",
+    ]
     assert [s["g_co2e_per_kwh"] for s in segs] == [100.0, 100.0, 500.0]
     assert approx(sum(s["facility_kwh"] for s in segs), a["facility_kwh"])
 
 
-def test_site_constant_applies_before_the_first_carbon_point(conn: psycopg.Connection, account: Account) -> None:
+def test_site_constant_applies_before_the_first_carbon_point(
+    conn: psycopg.Connection, account: Account
+) -> None:
     site(conn, "de", region="DE", carbon=50.0)
     carbon(conn, "DE", [(1800, 100.0), (5405, 500.0)])
     run(conn, "r", 0, 7200, {"n1": [0]}, site_name="de")
@@ -123,9 +133,17 @@ def test_two_sites_with_different_pue_and_prices(conn: psycopg.Connection, accou
     run(conn, "rb", 0, 3600, {"nb": [0]}, site_name="b")
     a = account("ra", now=at(9999))
     b = account("rb", now=at(9999))
-    assert approx(a["facility_kwh"], 0.55) and approx(a["co2e_kg"], 0.11) and approx(a["total_cost"], 0.055 + 2.0)
+    assert (
+        approx(a["facility_kwh"], 0.55)
+        and approx(a["co2e_kg"], 0.11)
+        and approx(a["total_cost"], 0.055 + 2.0)
+    )
     assert a["currency"] == "USD"
-    assert approx(b["facility_kwh"], 0.75) and approx(b["co2e_kg"], 0.45) and approx(b["total_cost"], 0.225 + 4.0)
+    assert (
+        approx(b["facility_kwh"], 0.75)
+        and approx(b["co2e_kg"], 0.45)
+        and approx(b["total_cost"], 0.225 + 4.0)
+    )
     assert b["currency"] == "EUR"
 
 

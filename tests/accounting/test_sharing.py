@@ -21,11 +21,19 @@ from tests.accounting.builders import (
 from tests.api.conftest import Api
 
 
-def _run(conn: psycopg.Connection, run_id: str, start: float, end: float | None, gpus: list[int], **sharing: object
-         ) -> dict:
-    return store.create_run(conn, {"run_id": run_id, "site": "s", "start": at(start),
-                                   "end": None if end is None else at(end),
-                                   "allocations": [{"node": "n1", "gpus": gpus, **sharing}]})[0]
+def _run(
+    conn: psycopg.Connection, run_id: str, start: float, end: float | None, gpus: list[int], **sharing: object
+) -> dict:
+    return store.create_run(
+        conn,
+        {
+            "run_id": run_id,
+            "site": "s",
+            "start": at(start),
+            "end": None if end is None else at(end),
+            "allocations": [{"node": "n1", "gpus": gpus, **sharing}],
+        },
+    )[0]
 
 
 def _fill(conn: psycopg.Connection) -> None:
@@ -91,22 +99,56 @@ def test_sharing_is_refused_where_it_would_count_twice(conn: psycopg.Connection)
 def test_api_takes_sharing_and_refuses_over_sharing_with_409(api: Api) -> None:
     base = {"start": "2026-12-01T10:00:00Z", "end": "2026-12-01T11:00:00Z"}
     with api.client("admin") as c:
-        r = c.post("/v1/runs", json={"run_id": "t1", **base, "allocations": [
-            {"node": "n9", "gpus": [0], "sharing": "time_slice", "share": 0.6}]})
+        r = c.post(
+            "/v1/runs",
+            json={
+                "run_id": "t1",
+                **base,
+                "allocations": [{"node": "n9", "gpus": [0], "sharing": "time_slice", "share": 0.6}],
+            },
+        )
         assert r.status_code == 201, r.text
-        assert r.json()["allocations"] == [{"node": "n9", "gpus": [0], "sharing": "time_slice", "share": 0.6,
-                                            "mig_profile": None, "mig_instance": None}]
+        assert r.json()["allocations"] == [
+            {
+                "node": "n9",
+                "gpus": [0],
+                "sharing": "time_slice",
+                "share": 0.6,
+                "mig_profile": None,
+                "mig_instance": None,
+            }
+        ]
         assert r.json()["gpu_equivalents"] == 0.6
         assert "never reported" in r.json()["warnings"][0] and "'n9'" in r.json()["warnings"][0]
-        r = c.post("/v1/runs", json={"run_id": "t2", **base, "allocations": [
-            {"node": "n9", "gpus": [0], "sharing": "time_slice", "share": 0.6}]})
+        r = c.post(
+            "/v1/runs",
+            json={
+                "run_id": "t2",
+                **base,
+                "allocations": [{"node": "n9", "gpus": [0], "sharing": "time_slice", "share": 0.6}],
+            },
+        )
         assert r.status_code == 409 and "'t1'" in r.json()["detail"] and "n9:0" in r.json()["detail"], r.text
-        r = c.post("/v1/runs", json={"run_id": "t3", **base, "allocations": [
-            {"node": "n9", "gpus": [1], "sharing": "time_slice"}]})
+        r = c.post(
+            "/v1/runs",
+            json={
+                "run_id": "t3",
+                **base,
+                "allocations": [{"node": "n9", "gpus": [1], "sharing": "time_slice"}],
+            },
+        )
         assert r.status_code == 422 and "share" in r.text
         r = c.post("/v1/runs", json={"run_id": "t4", **base, "allocations": [{"node": "n9", "gpus": []}]})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "gpus"
-        r = c.post("/v1/runs", json={"run_id": "t5", **base, "allocations": [
-            {"node": "n9", "gpus": [2], "sharing": "mig", "mig_profile": "9g.1gb", "mig_instance": 0}]})
+        r = c.post(
+            "/v1/runs",
+            json={
+                "run_id": "t5",
+                **base,
+                "allocations": [
+                    {"node": "n9", "gpus": [2], "sharing": "mig", "mig_profile": "9g.1gb", "mig_instance": 0}
+                ],
+            },
+        )
         assert r.status_code == 422 and "mig_profile" in r.text
         assert c.get("/v1/runs/t2").status_code == 404

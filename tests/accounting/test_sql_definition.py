@@ -25,12 +25,22 @@ def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
         m = FUNCTION.search(stmt)
         if m:
             want[m.group(1)] = m.group(2)  # the later text of a function wins (V4, claim energy's third)
-    assert set(want) == {"gpufleet_minor_units", "gpufleet_claim_energy", "gpufleet_site_periods",
-                         "gpufleet_energy_rates", "gpufleet_gpu_hour_prices", "gpufleet_accounting",
-                         "gpufleet_incident_accounting"}
-    got = dict(conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall())
+    assert set(want) == {
+        "gpufleet_minor_units",
+        "gpufleet_claim_energy",
+        "gpufleet_site_periods",
+        "gpufleet_energy_rates",
+        "gpufleet_gpu_hour_prices",
+        "gpufleet_accounting",
+        "gpufleet_incident_accounting",
+    }
+    got = dict(
+        conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall()
+    )
     for name, body in want.items():
-        assert got.get(name) == body, f"{name}: the database's definition differs from accounting_sql (migrate)"
+        assert got.get(name) == body, (
+            f"{name}: the database's definition differs from accounting_sql (migrate)"
+        )
     # claim energy's joins are hash joins only when it is planned without nested loops (migration 0022)
     config = conn.execute("SELECT proconfig FROM pg_proc WHERE proname = 'gpufleet_claim_energy'").fetchone()
     assert config is not None and "enable_nestloop=off" in config[0]
@@ -41,8 +51,12 @@ def test_installed_incident_accounting_is_the_modules(conn: psycopg.Connection) 
     m = FUNCTION.search(accounting_joins_sql.INCIDENT_ACCOUNTING_V4)
     assert m and m.group(1) == "gpufleet_incident_accounting"
     got = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (m.group(1),)).fetchone()
-    assert got is not None and got[0] == m.group(2), "the database's definition differs from accounting_sql (migrate)"
+    assert got is not None and got[0] == m.group(2), (
+        "the database's definition differs from accounting_sql (migrate)"
+    )
     # the priced part is the run query's own text, not a copy: everything from the claims on is shared
-    run_q = accounting_joins_sql.set_based(dated_pricing(accounting_sql._variant(accounting_sql._QUERY_V2, False)))
-    tail = run_q[run_q.index("-- claims summed together"):]
+    run_q = accounting_joins_sql.set_based(
+        dated_pricing(accounting_sql._variant(accounting_sql._QUERY_V2, False))
+    )
+    tail = run_q[run_q.index("-- claims summed together") :]
     assert tail in m.group(2)

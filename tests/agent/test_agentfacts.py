@@ -29,11 +29,26 @@ def test_checks_go_with_the_first_facts_and_again_only_on_change(tmp_path: Path)
     fake.gpus[1].set(pcie_width=8)
     mono = [100.0]
     wall = iter(1_700_000_000.0 + i for i in range(1000))
-    settings = AgentSettings(token="t", interval_s=1.0, start_jitter_s=0, metrics_port=0, ship_interval_s=600,
-                             facts_interval_s=60, proc_root=root / "proc", sys_root=root / "sys",
-                             attribute_processes=False)
-    agent = Agent(settings, [NvmlSource(fake, sys_root=root / "sys")], node="node-a", spool_dir=tmp_path / "spool",
-                  wall=lambda: next(wall), mono=lambda: mono[0], facts_of_node=dict)
+    settings = AgentSettings(
+        token="t",
+        interval_s=1.0,
+        start_jitter_s=0,
+        metrics_port=0,
+        ship_interval_s=600,
+        facts_interval_s=60,
+        proc_root=root / "proc",
+        sys_root=root / "sys",
+        attribute_processes=False,
+    )
+    agent = Agent(
+        settings,
+        [NvmlSource(fake, sys_root=root / "sys")],
+        node="node-a",
+        spool_dir=tmp_path / "spool",
+        wall=lambda: next(wall),
+        mono=lambda: mono[0],
+        facts_of_node=dict,
+    )
     agent.start(ship=False, serve_metrics=False)
     sent = []
     try:
@@ -66,7 +81,9 @@ def test_checks_go_with_the_first_facts_and_again_only_on_change(tmp_path: Path)
     by = {(c.check, c.subject): c for c in nf.checks}
     assert by[("pcie_link", "gpu1")].status == "fail" and by[("pcie_link", "gpu1")].value == "Gen5 x8"
     assert by[("cpu_governor", "node")].status == "fail"  # powersave until the fix
-    assert by[("iowait", "node")].status == "ok" and by[("iowait", "node")].value == pytest.approx(0.12, abs=0.01)
+    assert by[("iowait", "node")].status == "ok" and by[("iowait", "node")].value == pytest.approx(
+        0.12, abs=0.01
+    )
     assert nf.gpu_processes is not None and nf.gpu_processes[0].gpu == 0
     assert nf.gpu_processes[0].numa_nodes == [0, 1] and nf.gpu_processes[0].gpu_numa_node == 1
     assert nf.job_cgroups is not None and nf.job_cgroups[0].gpus == [0]

@@ -20,7 +20,9 @@ POD = "5f0c2c5e-9c1b-4b7e-8f55-0e6cbb1e2a10"
 def proc(root: Path, pid: int, env: dict[str, str] | None = None, cgroup: str = "0::/user.slice\n") -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
-    (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {"PATH": "/bin"}).items()))
+    (d / "environ").write_bytes(
+        b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {"PATH": "/bin"}).items())
+    )
     (d / "cgroup").write_text(cgroup)
 
 

@@ -17,13 +17,21 @@ from tests.api.conftest import Api, api  # noqa: F401  (the fixture)
 HOOKS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
 
 
-
-def hook(name: str, tmp_path: Path, url: str, token: str, node: str, **env: str) -> subprocess.CompletedProcess[str]:
+def hook(
+    name: str, tmp_path: Path, url: str, token: str, node: str, **env: str
+) -> subprocess.CompletedProcess[str]:
     token_file = tmp_path / f"token-{node}"
     token_file.write_text(token)
-    full = {"PATH": os.environ["PATH"], "GPUFLEET_CONF": "/nonexistent", "GPUFLEET_API_URL": url,
-            "GPUFLEET_TOKEN_FILE": str(token_file), "GPUFLEET_NODE": node,
-            "GPUFLEET_JOB_DIR": str(tmp_path / f"jobs-{node}"), "GPUFLEET_TIMEOUT_S": "5", **env}
+    full = {
+        "PATH": os.environ["PATH"],
+        "GPUFLEET_CONF": "/nonexistent",
+        "GPUFLEET_API_URL": url,
+        "GPUFLEET_TOKEN_FILE": str(token_file),
+        "GPUFLEET_NODE": node,
+        "GPUFLEET_JOB_DIR": str(tmp_path / f"jobs-{node}"),
+        "GPUFLEET_TIMEOUT_S": "5",
+        **env,
+    }
     return subprocess.run(["sh", str(HOOKS / name)], env=full, capture_output=True, text=True, timeout=60)
 
 
@@ -61,6 +69,14 @@ def test_hooks_never_fail_the_job(tmp_path: Path) -> None:
         for name in ("prolog.sh", "epilog.sh"):
             r = hook(name, tmp_path, "http://127.0.0.1:9", "tok", "n1", GPUFLEET_TIMEOUT_S="1", **env)
             assert r.returncode == 0, (name, env, r.stderr)
-    r = hook("prolog.sh", tmp_path, "http://127.0.0.1:9", "tok", "n1", GPUFLEET_TIMEOUT_S="1",
-             SLURM_JOB_ID="8", SLURM_JOB_GPUS="1")
+    r = hook(
+        "prolog.sh",
+        tmp_path,
+        "http://127.0.0.1:9",
+        "tok",
+        "n1",
+        GPUFLEET_TIMEOUT_S="1",
+        SLURM_JOB_ID="8",
+        SLURM_JOB_GPUS="1",
+    )
     assert r.returncode == 0 and (tmp_path / "jobs-n1" / "1").read_text() == "8\n"

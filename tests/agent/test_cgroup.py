@@ -19,8 +19,10 @@ from gpufleet.agent.sources.cgroup import (
 )
 
 HOSTFS = Path(__file__).resolve().parents[1] / "fixtures" / "hostfs"
-K8S_LEAF = ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7a96c459_d529_44ae_9f99_90d3798d6426.slice/"
-            "cri-containerd-1d3d308a7d48a27814a68bf33a44acf4441c9c02463ca0bc1cdfdc8c0b4a8496.scope")
+K8S_LEAF = (
+    "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7a96c459_d529_44ae_9f99_90d3798d6426.slice/"
+    "cri-containerd-1d3d308a7d48a27814a68bf33a44acf4441c9c02463ca0bc1cdfdc8c0b4a8496.scope"
+)
 DOCKER_ID = "b29faf21b7eff959f64b4192c34d5d67a707fe8561e9eaa608cb27693fba4242"
 V2_SCOPE = "system.slice/docker-1c8fa019edd4b9d4b2856f4932c55929c5c118c808ed5faee9a135ca6e84b039.scope"
 
@@ -82,7 +84,11 @@ def test_docker_container_on_cgroup_v1_with_cpu_and_cpuacct_apart() -> None:
     assert place.cpuacct_dir == root / "sys/fs/cgroup/cpuacct/docker" / DOCKER_ID
     stats = r.read(place)
     assert stats.usage_usec == 95996653175 // 1000
-    assert (stats.nr_periods, stats.nr_throttled, stats.throttled_usec) == (769021, 1046, 352597023453 // 1000)
+    assert (stats.nr_periods, stats.nr_throttled, stats.throttled_usec) == (
+        769021,
+        1046,
+        352597023453 // 1000,
+    )
     assert stats.quota.cores is None  # -1 on the container, on docker/ and at the root
 
 
@@ -137,11 +143,15 @@ def test_rates_between_two_readings(tmp_path: Path) -> None:
     assert rates(None, first, None).cpu_cores is None  # nothing to subtract from
     # Two seconds later: 5.5 CPU-seconds used, 30 of 40 new periods throttled, 1.2 s of CPU stall.
     (scope / "cpu.max").write_text("600000 100000\n")
-    (scope / "cpu.stat").write_text("usage_usec 26777630245\nuser_usec 1\nsystem_usec 1\nnr_periods 41\n"
-                                    "nr_throttled 34\nthrottled_usec 2000010\n")
+    (scope / "cpu.stat").write_text(
+        "usage_usec 26777630245\nuser_usec 1\nsystem_usec 1\nnr_periods 41\n"
+        "nr_throttled 34\nthrottled_usec 2000010\n"
+    )
     (scope / "cpu.pressure").write_text("some avg10=50.0 avg60=3.20 avg300=1.11 total=2876316\n")
-    (scope / "io.pressure").write_text("some avg10=3.00 avg60=2.10 avg300=4.00 total=1254482\n"
-                                       "full avg10=10.00 avg60=30.00 avg300=0.50 total=1154482\n")
+    (scope / "io.pressure").write_text(
+        "some avg10=3.00 avg60=2.10 avg300=4.00 total=1254482\n"
+        "full avg10=10.00 avg60=30.00 avg300=0.50 total=1154482\n"
+    )
     second = r.read(place)
     assert second.quota.cores == pytest.approx(6.0) and second.quota.kind == "cfs"
     got = rates(first, second, 2.0)
@@ -169,7 +179,9 @@ def test_the_tightest_quota_on_the_path_binds_and_usage_is_read_there(tmp_path: 
     (leaf / "cpu.max").write_text("800000 100000\n")
     (leaf / "cpu.stat").write_text("usage_usec 7000000\nnr_periods 100\nnr_throttled 0\nthrottled_usec 0\n")
     (tmp_path / "proc/42").mkdir(parents=True)
-    (tmp_path / "proc/42/cgroup").write_text("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope\n")
+    (tmp_path / "proc/42/cgroup").write_text(
+        "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope\n"
+    )
     r = reader(tmp_path)
     place = r.locate(42)
     assert place is not None and place.cpu_dir == leaf
@@ -217,7 +229,10 @@ def test_file_parsers_refuse_what_is_not_a_count() -> None:
     assert parse_cpu_max("x 1") is None and parse_cpu_max("") is None and parse_cpu_max("0 100000") is None
     p = parse_pressure("some avg10=1.5 avg60=0 avg300=0 total=12\nfull avg10=0.1 total=x\n")
     assert p["some"]["total"] == 12 and "total" not in p["full"]
-    assert parse_io_stat("8:0 rbytes=10 wbytes=20 rios=1\n8:16 rbytes=18446743919241604546 wbytes=1\n") == (10, 21)
+    assert parse_io_stat("8:0 rbytes=10 wbytes=20 rios=1\n8:16 rbytes=18446743919241604546 wbytes=1\n") == (
+        10,
+        21,
+    )
     assert parse_blkio_bytes("8:0 Read 5\n8:0 Write 7\n8:0 Total 12\nTotal 12\n") == (5, 7)
 
 

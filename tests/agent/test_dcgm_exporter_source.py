@@ -21,8 +21,9 @@ from tests.conftest import realdata
 #: the job_* columns from the agent's own cgroup reader, not from fields
 #: dcgm-exporter can print; every other column the detectors read must come
 #: from the shipped field list.
-GPU_COLUMNS = tuple(c for c in WINDOW_COLUMNS
-                    if c not in ("nvlink_links_up", "nvlink_links_max") and not c.startswith("job_"))
+GPU_COLUMNS = tuple(
+    c for c in WINDOW_COLUMNS if c not in ("nvlink_links_up", "nvlink_links_max") and not c.startswith("job_")
+)
 
 
 def real_lines() -> list[str]:
@@ -97,8 +98,11 @@ def test_real_exposition_maps_to_eight_gpu_rows() -> None:
     assert (r0["temp_c"], r0["power_w"], r0["util_pct"]) == (30, pytest.approx(113.611), 0)
     assert rows[(7, None)]["power_w"] == pytest.approx(66.997)
     # Only GPU 0 ran a pod; empty pod_uid is not passed through.
-    assert r0["labels"] == {"pod": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload",
-                            "container": "main"}
+    assert r0["labels"] == {
+        "pod": "vllm-agg-0-vllmdecodeworker-s65j5",
+        "namespace": "dynamo-workload",
+        "container": "main",
+    }
     assert "labels" not in rows[(1, None)]
     assert parsed.gpus[3]["name"] == "NVIDIA H100 80GB HBM3"
     assert parsed.gpus[3]["driver_version"] == "580.105.08"
@@ -132,7 +136,9 @@ def test_http_errors_are_source_errors(server: Server) -> None:
     refused.close()
 
 
-LABELS = 'gpu="0",UUID="GPU-a",pci_bus_id="00000000:53:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
+LABELS = (
+    'gpu="0",UUID="GPU-a",pci_bus_id="00000000:53:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
+)
 
 
 def series(name: str, value: object, extra: str = "") -> str:
@@ -144,17 +150,22 @@ def mig(gi: int, profile: str) -> str:
 
 
 def test_mig_series_device_values_go_to_the_physical_gpu_once() -> None:
-    text = "\n".join([
-        "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
-        series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(2, "3g.40gb")),
-        series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(9, "1g.10gb")),
-        series("DCGM_FI_DEV_POWER_USAGE", 432.21, mig(2, "3g.40gb")),
-        series("DCGM_FI_DEV_POWER_USAGE", 432.21, mig(9, "1g.10gb")),
-        series("DCGM_FI_PROF_SM_ACTIVE", 0.91, mig(2, "3g.40gb")),
-        series("DCGM_FI_PROF_SM_ACTIVE", 0.05, mig(9, "1g.10gb")),
-        series("DCGM_FI_DEV_FB_USED", 11091, mig(2, "3g.40gb")),
-        series("DCGM_FI_DEV_FB_USED", 9, mig(9, "1g.10gb")),
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter",
+                series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(2, "3g.40gb")),
+                series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(9, "1g.10gb")),
+                series("DCGM_FI_DEV_POWER_USAGE", 432.21, mig(2, "3g.40gb")),
+                series("DCGM_FI_DEV_POWER_USAGE", 432.21, mig(9, "1g.10gb")),
+                series("DCGM_FI_PROF_SM_ACTIVE", 0.91, mig(2, "3g.40gb")),
+                series("DCGM_FI_PROF_SM_ACTIVE", 0.05, mig(9, "1g.10gb")),
+                series("DCGM_FI_DEV_FB_USED", 11091, mig(2, "3g.40gb")),
+                series("DCGM_FI_DEV_FB_USED", 9, mig(9, "1g.10gb")),
+            ]
+        )
+        + "\n"
+    )
     rows = parse_exposition(text).rows
     assert set(rows) == {(0, None), (0, 2), (0, 9)}
     parent = rows[(0, None)]
@@ -169,15 +180,20 @@ def test_mig_series_device_values_go_to_the_physical_gpu_once() -> None:
 
 
 def test_blanks_units_legacy_names_and_priorities() -> None:
-    text = "\n".join([
-        series("DCGM_FI_DEV_MEMORY_TEMP", DCGM_INT64_BLANK + 2),
-        series("DCGM_FI_DEV_POWER_USAGE", DCGM_FP64_BLANK),
-        series("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 9139),  # KB/s
-        series("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 19191),
-        series("DCGM_FI_PROF_PCIE_RX_BYTES", 20_000_000),  # bytes/s, preferred
-        series("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 4),
-        series("dcgm_sm_clock", 1980),
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                series("DCGM_FI_DEV_MEMORY_TEMP", DCGM_INT64_BLANK + 2),
+                series("DCGM_FI_DEV_POWER_USAGE", DCGM_FP64_BLANK),
+                series("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 9139),  # KB/s
+                series("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 19191),
+                series("DCGM_FI_PROF_PCIE_RX_BYTES", 20_000_000),  # bytes/s, preferred
+                series("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 4),
+                series("dcgm_sm_clock", 1980),
+            ]
+        )
+        + "\n"
+    )
     row = parse_exposition(text).rows[(0, None)]
     assert row["mem_temp_c"] is None and row["power_w"] is None
     assert row["pcie_tx_bytes_s"] == 9139 * 1024
@@ -201,11 +217,16 @@ def test_xid_gauge_reports_changes_only(server: Server) -> None:
 
 def test_xid_window_count_wins_over_the_gauge() -> None:
     src = DcgmExporterSource("http://unused.invalid/metrics")
-    body = "\n".join([
-        series("DCGM_FI_DEV_XID_ERRORS", 13),
-        series("DCGM_EXP_XID_ERRORS_COUNT", 2, ',xid="48"'),
-        series("DCGM_EXP_XID_ERRORS_COUNT", 1, ',xid="13"'),
-    ]) + "\n"
+    body = (
+        "\n".join(
+            [
+                series("DCGM_FI_DEV_XID_ERRORS", 13),
+                series("DCGM_EXP_XID_ERRORS_COUNT", 2, ',xid="48"'),
+                series("DCGM_EXP_XID_ERRORS_COUNT", 1, ',xid="13"'),
+            ]
+        )
+        + "\n"
+    )
     src.scrape = lambda: body  # type: ignore[method-assign]
     assert src.collect().gpus[0]["xid"] == 48
     src.close()
@@ -219,7 +240,9 @@ def test_malformed_exposition_is_a_source_error() -> None:
 # ---------------------------------------------------------------- gpufleet's own field list
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "dcgm-exporter" / "counters.csv"
-CONSTRUCTED = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm_exporter" / "shipped_counters_2xh100.prom"
+CONSTRUCTED = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "dcgm_exporter" / "shipped_counters_2xh100.prom"
+)
 
 
 def counters(path: Path) -> list[tuple[str, str, str]]:
@@ -251,10 +274,26 @@ def test_shipped_counters_file_is_in_the_exporters_format_and_every_field_maps()
     # Every column the detectors read, and the accounting's energy and power.
     assert set(GPU_COLUMNS) | {"energy_mj", "power_w"} <= columns
     # The fields the issue names on top of those.
-    assert {"gr_engine_active", "nvlink_bandwidth_mb_s", "mem_copy_util_pct", "ecc_sbe_vol", "ecc_dbe_vol",
-            "ecc_sbe_agg", "ecc_dbe_agg", "remapped_rows_correctable", "remapped_rows_uncorrectable",
-            "remapped_rows_pending", "remapped_rows_failed", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s",
-            "pcie_replay_count", "mem_used_mib", "mem_total_mib", "mem_clock_mhz", "mem_temp_c"} <= columns
+    assert {
+        "gr_engine_active",
+        "nvlink_bandwidth_mb_s",
+        "mem_copy_util_pct",
+        "ecc_sbe_vol",
+        "ecc_dbe_vol",
+        "ecc_sbe_agg",
+        "ecc_dbe_agg",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_pending",
+        "remapped_rows_failed",
+        "nvlink_tx_bytes_s",
+        "nvlink_rx_bytes_s",
+        "pcie_replay_count",
+        "mem_used_mib",
+        "mem_total_mib",
+        "mem_clock_mhz",
+        "mem_temp_c",
+    } <= columns
 
 
 def test_exporter_fields_agree_with_dcgm_field_definitions() -> None:
@@ -294,18 +333,28 @@ def test_constructed_scrape_of_the_shipped_file_fills_every_detector_column(serv
     assert g1["throttle_reasons"] == 4 and g1["sm_clock_mhz"] == 1755 and g1["sm_clock_max_mhz"] == 1980
     assert g1["power_limit_w"] == pytest.approx(700.0) and g1["energy_mj"] == 8412097310
     assert (g1["pcie_gen"], g1["pcie_gen_max"], g1["pcie_width"], g1["pcie_width_max"]) == (5, 5, 16, 16)
-    assert (g1["ecc_sbe_vol"], g1["ecc_sbe_agg"], g1["remapped_rows_correctable"], g1["pcie_replay_count"]) == \
-        (2, 17, 1, 3)
+    assert (
+        g1["ecc_sbe_vol"],
+        g1["ecc_sbe_agg"],
+        g1["remapped_rows_correctable"],
+        g1["pcie_replay_count"],
+    ) == (2, 17, 1, 3)
     assert g1["gr_engine_active"] == pytest.approx(0.998201) and g1["mem_copy_util_pct"] == 41
     assert g1["nvlink_bandwidth_mb_s"] == 182011 and g1["xid"] == 0
     # The pod labels stay on the row for attribution.
-    assert g1["labels"] == {"pod": "llm-pretrain-worker-0", "namespace": "ml-research", "container": "pytorch"}
+    assert g1["labels"] == {
+        "pod": "llm-pretrain-worker-0",
+        "namespace": "ml-research",
+        "container": "pytorch",
+    }
 
 
 def test_every_series_of_the_real_capture_maps_or_is_known_unmapped() -> None:
     # The real 8xH100 capture: every DCGM field it shows is one the source maps.
     names = {ln.split("{")[0] for ln in real_lines()}
-    assert names and all(SERIES.get(n) is not None for n in names), sorted(n for n in names if n not in SERIES)
+    assert names and all(SERIES.get(n) is not None for n in names), sorted(
+        n for n in names if n not in SERIES
+    )
     row = parse_exposition("\n".join(real_lines()) + "\n").rows[(0, None)]
     assert row["mem_copy_util_pct"] == 0
 
@@ -318,17 +367,29 @@ def test_memory_total_from_the_stock_counters() -> None:
     """The stock default-counters.csv prints free, used and reserved framebuffer memory, not the
     total the catalog keeps: the total is their sum (free + used where the exporter has no reserved
     field), an exported FB_TOTAL wins, and a blank free value leaves the total unknown."""
-    stock = [n.split(",")[0] for n in realdata("dcgm-exporter", "default-counters.csv").read_text().splitlines()
-             if n.startswith("DCGM_FI_DEV_FB_")]
+    stock = [
+        n.split(",")[0]
+        for n in realdata("dcgm-exporter", "default-counters.csv").read_text().splitlines()
+        if n.startswith("DCGM_FI_DEV_FB_")
+    ]
     assert stock == ["DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"]
-    text = "\n".join([
-        on_gpu(0, "DCGM_FI_DEV_FB_FREE", 20292), on_gpu(0, "DCGM_FI_DEV_FB_USED", 60742),
-        on_gpu(0, "DCGM_FI_DEV_FB_RESERVED", 525),
-        on_gpu(1, "dcgm_fb_free", 1000), on_gpu(1, "dcgm_fb_used", 79000),
-        on_gpu(2, "DCGM_FI_DEV_FB_FREE", 10), on_gpu(2, "DCGM_FI_DEV_FB_USED", 20),
-        on_gpu(2, "DCGM_FI_DEV_FB_TOTAL", 81559),
-        on_gpu(3, "DCGM_FI_DEV_FB_FREE", DCGM_INT64_BLANK), on_gpu(3, "DCGM_FI_DEV_FB_USED", 5),
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                on_gpu(0, "DCGM_FI_DEV_FB_FREE", 20292),
+                on_gpu(0, "DCGM_FI_DEV_FB_USED", 60742),
+                on_gpu(0, "DCGM_FI_DEV_FB_RESERVED", 525),
+                on_gpu(1, "dcgm_fb_free", 1000),
+                on_gpu(1, "dcgm_fb_used", 79000),
+                on_gpu(2, "DCGM_FI_DEV_FB_FREE", 10),
+                on_gpu(2, "DCGM_FI_DEV_FB_USED", 20),
+                on_gpu(2, "DCGM_FI_DEV_FB_TOTAL", 81559),
+                on_gpu(3, "DCGM_FI_DEV_FB_FREE", DCGM_INT64_BLANK),
+                on_gpu(3, "DCGM_FI_DEV_FB_USED", 5),
+            ]
+        )
+        + "\n"
+    )
     rows = parse_exposition(text).rows
     assert rows[(0, None)]["mem_total_mib"] == 81559 and rows[(0, None)]["mem_used_mib"] == 60742
     assert rows[(1, None)]["mem_total_mib"] == 80000
@@ -338,20 +399,40 @@ def test_memory_total_from_the_stock_counters() -> None:
 
 def test_management_limit_stands_in_for_the_enforced_limit() -> None:
     # A counters file with DCGM_FI_DEV_POWER_MGMT_LIMIT and not the enforced limit: the limit is still known.
-    mgmt_only = "\n".join([
-        "# HELP DCGM_FI_DEV_POWER_MGMT_LIMIT Power management limit (in W)",
-        "# TYPE DCGM_FI_DEV_POWER_MGMT_LIMIT gauge",
-        series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "500.000000"),
-        series("DCGM_FI_DEV_POWER_USAGE", "498.100000"),
-    ]) + "\n"
+    mgmt_only = (
+        "\n".join(
+            [
+                "# HELP DCGM_FI_DEV_POWER_MGMT_LIMIT Power management limit (in W)",
+                "# TYPE DCGM_FI_DEV_POWER_MGMT_LIMIT gauge",
+                series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "500.000000"),
+                series("DCGM_FI_DEV_POWER_USAGE", "498.100000"),
+            ]
+        )
+        + "\n"
+    )
     assert parse_exposition(mgmt_only).rows[(0, None)]["power_limit_w"] == pytest.approx(500.0)
     # Both: the enforced limit (what the driver applies after every limiter) wins, in either order.
-    for lines in ([series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "700.000000"),
-                   series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "650.000000")],
-                  [series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "650.000000"),
-                   series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "700.000000")]):
-        assert parse_exposition("\n".join(lines) + "\n").rows[(0, None)]["power_limit_w"] == pytest.approx(650.0)
+    for lines in (
+        [
+            series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "700.000000"),
+            series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "650.000000"),
+        ],
+        [
+            series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "650.000000"),
+            series("DCGM_FI_DEV_POWER_MGMT_LIMIT", "700.000000"),
+        ],
+    ):
+        assert parse_exposition("\n".join(lines) + "\n").rows[(0, None)]["power_limit_w"] == pytest.approx(
+            650.0
+        )
     # An enforced limit DCGM cannot read (blank) leaves the management limit in place.
-    blank = "\n".join([series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", DCGM_FP64_BLANK),
-                       series("dcgm_power_management_limit", "400.000000")]) + "\n"
+    blank = (
+        "\n".join(
+            [
+                series("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", DCGM_FP64_BLANK),
+                series("dcgm_power_management_limit", "400.000000"),
+            ]
+        )
+        + "\n"
+    )
     assert parse_exposition(blank).rows[(0, None)]["power_limit_w"] == pytest.approx(400.0)

@@ -63,8 +63,9 @@ def exporter_names(filename: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("filename", ["default-counters.csv", "dcp-metrics-included.csv",
-                                      "1.x-compatibility-metrics.csv"])
+@pytest.mark.parametrize(
+    "filename", ["default-counters.csv", "dcp-metrics-included.csv", "1.x-compatibility-metrics.csv"]
+)
 def test_exporter_field_lists_resolve_to_the_right_field_ids(filename: str) -> None:
     rows = field_ids_csv()
     by_any_name: dict[str, int] = {}
@@ -210,19 +211,26 @@ def fake_bindings(engine: FakeEngine) -> DcgmBindings:
 
         def GetSystem(self) -> Any:
             attrs = lambda g: SimpleNamespace(identifiers=SimpleNamespace(uuid=engine.uuids[g].encode()))  # noqa: E731
-            discovery = SimpleNamespace(GetAllSupportedGpuIds=lambda: list(engine.gpus), GetGpuAttributes=attrs)
-            return SimpleNamespace(discovery=discovery, GetEmptyGroup=lambda name: Group(),
-                                   UpdateAllFields=lambda wait: None)
+            discovery = SimpleNamespace(
+                GetAllSupportedGpuIds=lambda: list(engine.gpus), GetGpuAttributes=attrs
+            )
+            return SimpleNamespace(
+                discovery=discovery, GetEmptyGroup=lambda name: Group(), UpdateAllFields=lambda wait: None
+            )
 
     pydcgm = ModuleType("pydcgm")
     pydcgm.DcgmHandle = Handle  # type: ignore[attr-defined]
     pydcgm.DcgmFieldGroup = FieldGroup  # type: ignore[attr-defined]
 
     def hierarchy(handle: object) -> Any:
-        entries = [SimpleNamespace(entity=SimpleNamespace(entityGroupId=GPU_I, entityId=eid),
-                                   parent=SimpleNamespace(entityGroupId=GPU, entityId=parent),
-                                   info=SimpleNamespace(nvmlInstanceId=gi))
-                   for eid, parent, gi in engine.instances]
+        entries = [
+            SimpleNamespace(
+                entity=SimpleNamespace(entityGroupId=GPU_I, entityId=eid),
+                parent=SimpleNamespace(entityGroupId=GPU, entityId=parent),
+                info=SimpleNamespace(nvmlInstanceId=gi),
+            )
+            for eid, parent, gi in engine.instances
+        ]
         return SimpleNamespace(count=len(entries), entityList=entries)
 
     def link_status(handle: object) -> Any:
@@ -238,12 +246,33 @@ def fake_bindings(engine: FakeEngine) -> DcgmBindings:
 
 
 def h100_values(power: float = 431.5) -> dict[int, Sample]:
-    return {203: Sample(97), 1002: Sample(0.82), 1004: Sample(0.41), 1005: Sample(0.33), 252: Sample(19818),
-            250: Sample(81559), 155: Sample(power), 156: Sample(987654321), 164: Sample(700.0), 100: Sample(1980),
-            113: Sample(1980), 101: Sample(2619), 150: Sample(59), 140: Sample(55), 112: Sample(0),
-            1009: Sample(3_166_208), 1010: Sample(6_498_304), 237: Sample(5), 235: Sample(5), 238: Sample(16),
-            236: Sample(16), 1011: Sample(DCGM_INT64_BLANK + 2), 1012: Sample(DCGM_INT64_BLANK + 2),
-            311: Sample(0), 230: Sample(DCGM_INT64_BLANK)}
+    return {
+        203: Sample(97),
+        1002: Sample(0.82),
+        1004: Sample(0.41),
+        1005: Sample(0.33),
+        252: Sample(19818),
+        250: Sample(81559),
+        155: Sample(power),
+        156: Sample(987654321),
+        164: Sample(700.0),
+        100: Sample(1980),
+        113: Sample(1980),
+        101: Sample(2619),
+        150: Sample(59),
+        140: Sample(55),
+        112: Sample(0),
+        1009: Sample(3_166_208),
+        1010: Sample(6_498_304),
+        237: Sample(5),
+        235: Sample(5),
+        238: Sample(16),
+        236: Sample(16),
+        1011: Sample(DCGM_INT64_BLANK + 2),
+        1012: Sample(DCGM_INT64_BLANK + 2),
+        311: Sample(0),
+        230: Sample(DCGM_INT64_BLANK),
+    }
 
 
 def mig_engine() -> FakeEngine:
@@ -252,7 +281,12 @@ def mig_engine() -> FakeEngine:
     engine.values[(GPU, 1)] = {**h100_values(444.7), 203: Sample(DCGM_INT64_BLANK + 2)}
     # dcgm-exporter and DCGM report device-level fields for GPU instances too:
     # they must not land on the instance rows.
-    engine.values[(GPU_I, 0)] = {1002: Sample(0.9), 252: Sample(11091), 250: Sample(40448), 155: Sample(444.7)}
+    engine.values[(GPU_I, 0)] = {
+        1002: Sample(0.9),
+        252: Sample(11091),
+        250: Sample(40448),
+        155: Sample(444.7),
+    }
     engine.values[(GPU_I, 1)] = {1002: Sample(0.1), 252: Sample(9), 250: Sample(9984), 156: Sample(5)}
     return engine
 
@@ -266,7 +300,12 @@ def test_gpu_rows_carry_profiling_fields_in_catalog_units() -> None:
     src = DcgmSource(bindings=fake_bindings(engine))
     row = rows_by_key(src)[(0, None)]
     assert row["uuid"] == "GPU-aaaa"
-    assert (row["util_pct"], row["sm_active"], row["tensor_active"], row["dram_active"]) == (97, 0.82, 0.41, 0.33)
+    assert (row["util_pct"], row["sm_active"], row["tensor_active"], row["dram_active"]) == (
+        97,
+        0.82,
+        0.41,
+        0.33,
+    )
     assert row["power_w"] == 431.5 and row["energy_mj"] == 987654321 and row["power_limit_w"] == 700.0
     assert row["pcie_tx_bytes_s"] == 3_166_208 and row["pcie_rx_bytes_s"] == 6_498_304
     assert row["nvlink_tx_bytes_s"] is None  # NOT_SUPPORTED sentinel, not a huge number
@@ -352,20 +391,37 @@ def test_missing_bindings_mean_unavailable() -> None:
 
 
 def test_real_bindings_expose_the_surface_used() -> None:
-    pytest.importorskip("pydcgm", reason="DCGM bindings (pydcgm) not installed: they ship with NVIDIA's "
-                        "datacenter-gpu-manager, not PyPI")
+    pytest.importorskip(
+        "pydcgm",
+        reason="DCGM bindings (pydcgm) not installed: they ship with NVIDIA's "
+        "datacenter-gpu-manager, not PyPI",
+    )
     b = load_bindings()
     assert hasattr(b.pydcgm, "DcgmHandle") and hasattr(b.pydcgm, "DcgmFieldGroup")
-    assert hasattr(b.dcgm_agent, "dcgmGetGpuInstanceHierarchy") and hasattr(b.dcgm_agent, "dcgmGetNvLinkLinkStatus")
+    assert hasattr(b.dcgm_agent, "dcgmGetGpuInstanceHierarchy") and hasattr(
+        b.dcgm_agent, "dcgmGetNvLinkLinkStatus"
+    )
     assert hasattr(b.dcgm_fields, "DCGM_FE_GPU_I")
 
 
 def test_health_counters_map_and_links_come_from_link_status() -> None:
     engine = mig_engine()
-    engine.values[(GPU, 0)].update({310: Sample(12), 312: Sample(40), 313: Sample(1), 393: Sample(1),
-                                    394: Sample(2), 395: Sample(0), 396: Sample(1), 202: Sample(9),
-                                    409: Sample(150), 429: Sample(5), 439: Sample(DCGM_INT64_BLANK + 2),
-                                    498: Sample(3)})
+    engine.values[(GPU, 0)].update(
+        {
+            310: Sample(12),
+            312: Sample(40),
+            313: Sample(1),
+            393: Sample(1),
+            394: Sample(2),
+            395: Sample(0),
+            396: Sample(1),
+            202: Sample(9),
+            409: Sample(150),
+            429: Sample(5),
+            439: Sample(DCGM_INT64_BLANK + 2),
+            498: Sample(3),
+        }
+    )
     engine.links = {0: [3] * 16 + [2, 2] + [0] * 6, 1: [0] * 24}
     row = rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]
     assert (row["ecc_sbe_vol"], row["ecc_sbe_agg"], row["ecc_dbe_vol"], row["ecc_dbe_agg"]) == (12, 40, 0, 1)
@@ -388,8 +444,14 @@ def test_management_limit_is_the_fallback_of_the_enforced_limit() -> None:
     engine = mig_engine()
     engine.values[(GPU, 0)].pop(164, None)  # a DCGM that does not report the enforced limit
     engine.values[(GPU, 0)].update({160: Sample(500.0)})
-    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]["power_limit_w"] == pytest.approx(500.0)
+    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)][
+        "power_limit_w"
+    ] == pytest.approx(500.0)
     engine.values[(GPU, 0)].update({164: Sample(450.0)})
-    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]["power_limit_w"] == pytest.approx(450.0)
+    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)][
+        "power_limit_w"
+    ] == pytest.approx(450.0)
     engine.values[(GPU, 0)].update({164: Sample(DCGM_FP64_BLANK)})
-    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)]["power_limit_w"] == pytest.approx(500.0)
+    assert rows_by_key(DcgmSource(bindings=fake_bindings(engine)))[(0, None)][
+        "power_limit_w"
+    ] == pytest.approx(500.0)

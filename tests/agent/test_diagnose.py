@@ -39,7 +39,9 @@ HOSTFS = Path(__file__).resolve().parents[1] / "fixtures" / "hostfs"
 #: The host tree is all these tests read: not this machine's kernel log or DCGM.
 HERMETIC: dict[str, Any] = {"kernel_log": None, "dcgm_level": 0}
 PID = 26231
-SCOPE = "sys/fs/cgroup/system.slice/docker-1c8fa019edd4b9d4b2856f4932c55929c5c118c808ed5faee9a135ca6e84b039.scope"
+SCOPE = (
+    "sys/fs/cgroup/system.slice/docker-1c8fa019edd4b9d4b2856f4932c55929c5c118c808ed5faee9a135ca6e84b039.scope"
+)
 
 
 def fixture(*parts: str) -> Path:
@@ -54,7 +56,9 @@ def host(tmp_path: Path) -> Path:
     shutil.copytree(fixture("node_exporter"), root, symlinks=True)
     shutil.copytree(fixture("procfs", "proc"), root / "proc", dirs_exist_ok=True)
     shutil.copytree(fixture("cgroup_v2_docker", "sys"), root / "sys", dirs_exist_ok=True)
-    (root / "proc" / str(PID) / "cgroup").write_text(fixture("cgroup_v2_docker", "proc/312/cgroup").read_text())
+    (root / "proc" / str(PID) / "cgroup").write_text(
+        fixture("cgroup_v2_docker", "proc/312/cgroup").read_text()
+    )
     for name in ("stat", "uptime"):
         shutil.copy(realdata("sysstat", "root1", "proc", name), root / "proc" / name)
     return root
@@ -96,14 +100,18 @@ def next_reading(root: Path, *, retrans: int = 0, throttled: bool = False) -> An
         ms = root / "proc" / str(PID) / "mountstats"
         text = ms.read_text()
         # 500 more READs in the interval, each waiting 80 ms in the backlog; some retransmitted.
-        text = text.replace("READ: 1298 1298 0 207680 1210292152 6 79386 79407",
-                            f"READ: 1798 {1798 + retrans} 0 287680 1734580152 40006 99386 139407")
+        text = text.replace(
+            "READ: 1298 1298 0 207680 1210292152 6 79386 79407",
+            f"READ: 1798 {1798 + retrans} 0 287680 1734580152 40006 99386 139407",
+        )
         ms.write_text(text)
         scope = root / SCOPE
         if throttled:
             (scope / "cpu.max").write_text("200000 100000\n")
-            (scope / "cpu.stat").write_text("usage_usec 26776130245\nuser_usec 0\nsystem_usec 0\nnr_periods 21\n"
-                                            "nr_throttled 20\nthrottled_usec 900000\n")
+            (scope / "cpu.stat").write_text(
+                "usage_usec 26776130245\nuser_usec 0\nsystem_usec 0\nnr_periods 21\n"
+                "nr_throttled 20\nthrottled_usec 900000\n"
+            )
 
     return sleep
 
@@ -118,7 +126,12 @@ def test_placement_readers_on_real_sysfs_and_procfs() -> None:
     sys_root = fixture("node_exporter", "sys")
     assert numa_nodes(sys_root) == {0: [0, 1], 1: [2, 3], 2: []}
     nvme = pci_device(sys_root, "00000000:01:00.0")  # NVML's spelling finds sysfs's 0000:01:00.0
-    assert nvme is not None and (nvme.link_gen, nvme.link_width, nvme.max_link_gen, nvme.max_link_width) == (3, 4, 4, 4)
+    assert nvme is not None and (nvme.link_gen, nvme.link_width, nvme.max_link_gen, nvme.max_link_width) == (
+        3,
+        4,
+        4,
+        4,
+    )
     assert nvme.numa_node is None  # -1: the platform does not say
     nic = pci_device(sys_root, "0000:45:00.0")
     assert nic is not None and nic.numa_node == 0 and nic.link_gen == nic.max_link_gen == 2
@@ -130,7 +143,10 @@ def test_placement_readers_on_real_sysfs_and_procfs() -> None:
 def test_mountstats_of_real_nfs_mounts() -> None:
     mounts = parse_mountstats(fixture("node_exporter", "proc/10/mountstats").read_text())
     assert [(m.mountpoint, m.fstype, m.proto) for m in mounts] == [
-        ("/mnt/nfs/test", "nfs4", "tcp"), ("/mnt/nfs/test-dupe", "nfs4", "tcp"), ("/mnt/nfs/test-dupe", "nfs", "udp")]
+        ("/mnt/nfs/test", "nfs4", "tcp"),
+        ("/mnt/nfs/test-dupe", "nfs4", "tcp"),
+        ("/mnt/nfs/test-dupe", "nfs", "udp"),
+    ]
     first = mounts[0]
     assert first.age_s == 13968 and first.sends == 6428 and first.backlog_u == 0
     assert first.ops["READ"].ops == 1298 and first.ops["READ"].rtt_ms == 79386
@@ -150,8 +166,9 @@ def test_diagnose_on_the_real_host_tree(tmp_path: Path) -> None:
     fake = loaded(GpusWithProcesses({0: [PID], 1: []}, ["00000000:01:00.0", "00000000:45:00.0"]))
     fake.gpus[0].set(pcie_gen=3, throttle_reasons=THROTTLE_HW_SLOWDOWN)
     source = NvmlSource(fake, sys_root=root / "sys")
-    view, checks = diagnose(source, root / "proc", root / "sys", 2.0, sleep=next_reading(root, retrans=3),
-                            **HERMETIC)
+    view, checks = diagnose(
+        source, root / "proc", root / "sys", 2.0, sleep=next_reading(root, retrans=3), **HERMETIC
+    )
     assert view.interval_s is not None and view.interval_s >= 0
     pcie = by(checks, "pcie_link", "gpu0")
     assert (pcie.status, pcie.value) == ("fail", "Gen3 x16")
@@ -187,22 +204,41 @@ def test_diagnose_on_the_real_host_tree(tmp_path: Path) -> None:
 def test_backlog_alone_and_quiet_mounts(tmp_path: Path) -> None:
     root = host(tmp_path)
     fake = loaded(GpusWithProcesses({0: [PID]}, ["00000000:01:00.0"]))
-    _, checks = diagnose(NvmlSource(fake, sys_root=root / "sys"), root / "proc", root / "sys", 1.0,
-                         sleep=next_reading(root), **HERMETIC)
+    _, checks = diagnose(
+        NvmlSource(fake, sys_root=root / "sys"),
+        root / "proc",
+        root / "sys",
+        1.0,
+        sleep=next_reading(root),
+        **HERMETIC,
+    )
     nfs = by(checks, "nfs", "/mnt/nfs/test")
     assert nfs.status == "fail" and "backlog" in nfs.finding and "nconnect" in nfs.decision
     # Read once (the agent's first facts): counted since the mount, so a warning at most.
-    view = NodeView(nfs=[nfs_rates(None, m, None) for m in
-                         parse_mountstats(fixture("node_exporter", "proc/10/mountstats").read_text())])
+    view = NodeView(
+        nfs=[
+            nfs_rates(None, m, None)
+            for m in parse_mountstats(fixture("node_exporter", "proc/10/mountstats").read_text())
+        ]
+    )
     assert {c.status for c in check_nfs(view, DetectorConfig())} == {"ok"}
 
 
 def test_a_throttled_job_below_one_core_per_gpu_fails(tmp_path: Path) -> None:
     root = host(tmp_path)
-    fake = loaded(GpusWithProcesses({0: [PID], 1: [PID], 2: [PID]}, ["00000000:01:00.0", "00000000:45:00.0",
-                                                                      "00000000:46:00.0"]))
-    _, checks = diagnose(NvmlSource(fake, sys_root=root / "sys"), root / "proc", root / "sys", 1.0,
-                         sleep=next_reading(root, throttled=True), **HERMETIC)
+    fake = loaded(
+        GpusWithProcesses(
+            {0: [PID], 1: [PID], 2: [PID]}, ["00000000:01:00.0", "00000000:45:00.0", "00000000:46:00.0"]
+        )
+    )
+    _, checks = diagnose(
+        NvmlSource(fake, sys_root=root / "sys"),
+        root / "proc",
+        root / "sys",
+        1.0,
+        sleep=next_reading(root, throttled=True),
+        **HERMETIC,
+    )
     quota = by(checks, "cpu_quota")
     assert quota.status == "fail" and quota.value == pytest.approx(2.0)
     # 16 of the 20 CFS periods since the first reading (4 of 1 then, 20 of 21 now) were throttled.
@@ -215,14 +251,21 @@ def test_processes_confined_to_another_numa_node_fail(tmp_path: Path) -> None:
     status = root / "proc" / str(PID) / "status"
     status.write_text(status.read_text().replace("Cpus_allowed_list:\t0-7", "Cpus_allowed_list:\t0-1"))
     fake = loaded(GpusWithProcesses({0: [PID]}, ["00000000:01:00.0"]))
-    view, checks = diagnose(NvmlSource(fake, sys_root=root / "sys"), root / "proc", root / "sys", 0.0,
-                            sleep=next_reading(root), **HERMETIC)
+    view, checks = diagnose(
+        NvmlSource(fake, sys_root=root / "sys"),
+        root / "proc",
+        root / "sys",
+        0.0,
+        sleep=next_reading(root),
+        **HERMETIC,
+    )
     numa = by(checks, "numa_affinity", "gpu0")
     assert numa.status == "fail" and numa.value == "node 0"
     assert "numactl --cpunodebind=1" in numa.decision
     facts = node_facts(checks, view)
-    assert facts["gpu_processes"] == [{"gpu": 0, "pids": 1, "gpu_numa_node": 1, "cpus_allowed": "0-1",
-                                       "numa_nodes": [0]}]
+    assert facts["gpu_processes"] == [
+        {"gpu": 0, "pids": 1, "gpu_numa_node": 1, "cpus_allowed": "0-1", "numa_nodes": [0]}
+    ]
     assert check_facts(facts) is facts
     parsed = NodeFacts.read(facts)
     assert parsed.checks is not None and parsed.checks_status == "fail"
@@ -241,8 +284,14 @@ def test_sysfs_link_when_the_gpu_source_has_none(tmp_path: Path) -> None:
             return reading
 
     fake = loaded(GpusWithProcesses({}, ["00000000:01:00.0"]))
-    _, checks = diagnose(NoLink(fake, sys_root=root / "sys"), root / "proc", root / "sys", 0.0,
-                         sleep=next_reading(root), **HERMETIC)
+    _, checks = diagnose(
+        NoLink(fake, sys_root=root / "sys"),
+        root / "proc",
+        root / "sys",
+        0.0,
+        sleep=next_reading(root),
+        **HERMETIC,
+    )
     pcie = by(checks, "pcie_link", "gpu0")
     assert (pcie.status, pcie.value, pcie.evidence["source"]) == ("fail", "Gen3 x4", "sysfs")
 
@@ -250,15 +299,37 @@ def test_sysfs_link_when_the_gpu_source_has_none(tmp_path: Path) -> None:
 def test_power_cap_below_board_power_warns_and_idle_downshift_is_not_a_fault() -> None:
     from gpufleet.agent.diagnose.view import GpuView
 
-    capped = GpuView(0, "NVIDIA H100 80GB HBM3", row={"throttle_reasons": THROTTLE_SW_POWER_CAP, "power_limit_w": 450.0,
-                                                      "util_pct": 100, "pcie_gen": 5, "pcie_gen_max": 5,
-                                                      "pcie_width": 16, "pcie_width_max": 16})
-    at_limit = GpuView(1, "NVIDIA H100 80GB HBM3", row={"throttle_reasons": THROTTLE_SW_POWER_CAP,
-                                                        "power_limit_w": 700.0})
-    idle = GpuView(2, "NVIDIA H100 80GB HBM3", row={"util_pct": 0, "pcie_gen": 1, "pcie_gen_max": 5,
-                                                    "pcie_width": 16, "pcie_width_max": 16, "throttle_reasons": 1})
-    narrow = GpuView(3, None, row={"util_pct": 0, "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 8,
-                                   "pcie_width_max": 16})
+    capped = GpuView(
+        0,
+        "NVIDIA H100 80GB HBM3",
+        row={
+            "throttle_reasons": THROTTLE_SW_POWER_CAP,
+            "power_limit_w": 450.0,
+            "util_pct": 100,
+            "pcie_gen": 5,
+            "pcie_gen_max": 5,
+            "pcie_width": 16,
+            "pcie_width_max": 16,
+        },
+    )
+    at_limit = GpuView(
+        1, "NVIDIA H100 80GB HBM3", row={"throttle_reasons": THROTTLE_SW_POWER_CAP, "power_limit_w": 700.0}
+    )
+    idle = GpuView(
+        2,
+        "NVIDIA H100 80GB HBM3",
+        row={
+            "util_pct": 0,
+            "pcie_gen": 1,
+            "pcie_gen_max": 5,
+            "pcie_width": 16,
+            "pcie_width_max": 16,
+            "throttle_reasons": 1,
+        },
+    )
+    narrow = GpuView(
+        3, None, row={"util_pct": 0, "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 8, "pcie_width_max": 16}
+    )
     checks = run_checks(NodeView(gpus=[capped, at_limit, idle, narrow]))
     assert by(checks, "clocks_event_reasons", "gpu0").status == "warn"
     assert by(checks, "clocks_event_reasons", "gpu1").status == "ok"
@@ -276,22 +347,52 @@ def test_iowait_thresholds() -> None:
 def test_the_command_prints_a_table_or_json_and_exits_1_on_a_failed_check(tmp_path: Path) -> None:
     root = host(tmp_path)
     runner = CliRunner()
-    res = runner.invoke(app, ["diagnose", "--fake-nvml", "2", "--proc-root", str(root / "proc"),
-                              "--sys-root", str(root / "sys"), "--sample", "0", "--json", "--kernel-log", "none",
-                              "--dcgm-diag", "0"])
+    res = runner.invoke(
+        app,
+        [
+            "diagnose",
+            "--fake-nvml",
+            "2",
+            "--proc-root",
+            str(root / "proc"),
+            "--sys-root",
+            str(root / "sys"),
+            "--sample",
+            "0",
+            "--json",
+            "--kernel-log",
+            "none",
+            "--dcgm-diag",
+            "0",
+        ],
+    )
     assert res.exit_code == 1, res.output  # powersave governor
     doc = json.loads(res.stdout)
     assert doc["status"] == "fail" and doc["gpu_source"] == "nvml"
     # Every item is listed; the fake GPUs run no process and the tree has no /proc/self: nothing to judge there.
-    assert [c["check"] for c in doc["checks"]] == sorted((c["check"] for c in doc["checks"]), key=CHECKLIST.index)
+    assert [c["check"] for c in doc["checks"]] == sorted(
+        (c["check"] for c in doc["checks"]), key=CHECKLIST.index
+    )
     assert {c["check"] for c in doc["checks"]} == set(CHECKLIST)
     status = {c["check"]: c["status"] for c in doc["checks"]}
     assert status["cpu_quota"] == status["numa_affinity"] == status["dataloader_workers"] == "skipped"
     assert status["dcgm_diag"] == status["kernel_xid"] == status["small_files"] == "skipped"
     for c in doc["checks"]:
         assert set(c) == {"check", "subject", "status", "finding", "value", "unit", "decision", "evidence"}
-    res = runner.invoke(app, ["diagnose", "--source", "none", "--proc-root", str(root / "proc"),
-                              "--sys-root", str(root / "sys"), "--sample", "0"])
+    res = runner.invoke(
+        app,
+        [
+            "diagnose",
+            "--source",
+            "none",
+            "--proc-root",
+            str(root / "proc"),
+            "--sys-root",
+            str(root / "sys"),
+            "--sample",
+            "0",
+        ],
+    )
     assert res.exit_code == 1 and "gpufleet diagnose on" in res.stdout and "powersave" in res.stdout
     res = runner.invoke(app, ["diagnose", "--source", "bogus"])
     assert res.exit_code == 2
@@ -301,24 +402,63 @@ def test_json_document_shape() -> None:
     view = NodeView(interval_s=2.0)
     checks = [Check("iowait", "node", "ok", "1 %", 1.0, "%")]
     doc = document(checks, view, "n1", "2026-12-01T10:00:00Z")
-    assert doc == {"host": "n1", "time": "2026-12-01T10:00:00Z", "interval_s": 2.0, "gpu_source": None,
-                   "status": "ok", "counts": {"ok": 1}, "checks": [checks[0].to_dict()]}
+    assert doc == {
+        "host": "n1",
+        "time": "2026-12-01T10:00:00Z",
+        "interval_s": 2.0,
+        "gpu_source": None,
+        "status": "ok",
+        "counts": {"ok": 1},
+        "checks": [checks[0].to_dict()],
+    }
 
 
 def test_nvlink_against_pcie_and_governors_short_of_performance() -> None:
     from gpufleet.agent.diagnose.checks import check_governor, check_nvlink
     from gpufleet.agent.diagnose.view import GpuView
 
-    on_pcie = GpuView(0, row={"util_pct": 97, "nvlink_tx_bytes_s": 2e8, "nvlink_rx_bytes_s": 2e8,
-                              "pcie_tx_bytes_s": 9e9, "pcie_rx_bytes_s": 9e9})
-    on_nvlink = GpuView(1, row={"util_pct": 97, "nvlink_tx_bytes_s": 150e9, "nvlink_rx_bytes_s": 150e9,
-                                "pcie_tx_bytes_s": 2e9, "pcie_rx_bytes_s": 2e9})
+    on_pcie = GpuView(
+        0,
+        row={
+            "util_pct": 97,
+            "nvlink_tx_bytes_s": 2e8,
+            "nvlink_rx_bytes_s": 2e8,
+            "pcie_tx_bytes_s": 9e9,
+            "pcie_rx_bytes_s": 9e9,
+        },
+    )
+    on_nvlink = GpuView(
+        1,
+        row={
+            "util_pct": 97,
+            "nvlink_tx_bytes_s": 150e9,
+            "nvlink_rx_bytes_s": 150e9,
+            "pcie_tx_bytes_s": 2e9,
+            "pcie_rx_bytes_s": 2e9,
+        },
+    )
     idle = GpuView(2, row={"util_pct": 0, "nvlink_tx_bytes_s": 0.0, "pcie_tx_bytes_s": 1e6})
     # Busy, but PCIe is quiet too (a one-GPU job): no sign of collectives on PCIe.
-    alone = GpuView(3, row={"util_pct": 97, "nvlink_tx_bytes_s": 0.0, "nvlink_rx_bytes_s": 0.0,
-                            "pcie_tx_bytes_s": 4e5, "pcie_rx_bytes_s": 3e5})
-    down = GpuView(4, row={"util_pct": 97, "nvlink_links_up": 16, "nvlink_links_max": 18,
-                           "nvlink_tx_bytes_s": 150e9, "nvlink_rx_bytes_s": 150e9})
+    alone = GpuView(
+        3,
+        row={
+            "util_pct": 97,
+            "nvlink_tx_bytes_s": 0.0,
+            "nvlink_rx_bytes_s": 0.0,
+            "pcie_tx_bytes_s": 4e5,
+            "pcie_rx_bytes_s": 3e5,
+        },
+    )
+    down = GpuView(
+        4,
+        row={
+            "util_pct": 97,
+            "nvlink_links_up": 16,
+            "nvlink_links_max": 18,
+            "nvlink_tx_bytes_s": 150e9,
+            "nvlink_rx_bytes_s": 150e9,
+        },
+    )
     no_nvlink = GpuView(5, row={"util_pct": 97, "nvlink_links_up": 0, "nvlink_links_max": 0})
     c = check_nvlink(on_pcie)
     assert c.status == "warn" and c.value == pytest.approx(0.4) and "NCCL_P2P_DISABLE" in c.decision
@@ -330,5 +470,7 @@ def test_nvlink_against_pcie_and_governors_short_of_performance() -> None:
     cfg = DetectorConfig()
     assert check_governor(NodeView(governors={"ondemand": 4, "performance": 60}), cfg).status == "warn"
     assert check_governor(NodeView(governors={"performance": 64}), cfg).status == "ok"
-    assert check_governor(NodeView(governors={"powersave": 2, "performance": 62}), cfg).finding == \
-        "2 of 64 CPUs run powersave"
+    assert (
+        check_governor(NodeView(governors={"powersave": 2, "performance": 62}), cfg).finding
+        == "2 of 64 CPUs run powersave"
+    )

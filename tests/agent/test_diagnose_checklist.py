@@ -65,7 +65,7 @@ from gpufleet.cli import app
 from gpufleet.facts import NodeFacts, check_facts
 from tests.conftest import realdata
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def by(checks: list[Check], name: str, subject: str | None = None) -> Check:
@@ -78,7 +78,9 @@ def by(checks: list[Check], name: str, subject: str | None = None) -> Check:
 
 
 def test_every_item_is_listed_on_an_empty_view() -> None:
-    checks = run_checks(NodeView(gpu_error="nvml: nvmlInit: NVML Shared Library Not Found", gpu_source="nvml"))
+    checks = run_checks(
+        NodeView(gpu_error="nvml: nvmlInit: NVML Shared Library Not Found", gpu_source="nvml")
+    )
     assert {c.check for c in checks} == set(CHECKLIST)
     assert [c.check for c in checks] == sorted((c.check for c in checks), key=CHECKLIST.index)
     gpu_items = ("pcie_link", "clocks_event_reasons", "nvlink", "numa_affinity", "dataloader_workers")
@@ -134,20 +136,30 @@ def test_old_kernel_without_memavailable_is_estimated(tmp_path: Path) -> None:
 
 
 def test_swap_traffic_between_two_readings(tmp_path: Path) -> None:
-    proc = proc_with(tmp_path, realdata("node_exporter", "proc", "meminfo"), realdata("node_exporter", "proc", "vmstat"),
-                     realdata("node_exporter", "proc", "pressure", "memory"))
+    proc = proc_with(
+        tmp_path,
+        realdata("node_exporter", "proc", "meminfo"),
+        realdata("node_exporter", "proc", "vmstat"),
+        realdata("node_exporter", "proc", "pressure", "memory"),
+    )
     first = read_memory(proc)
     assert first.swapped_pages == 1476 + 35045
     quiet = NodeView(memory=memory_view(first, read_memory(proc), 2.0), interval_s=2.0)
     swap = check_swap(quiet)
     # SwapTotal 4194300 kB, SwapFree 3155360 kB: about 1 GiB swapped out, and idle now.
     assert swap.status == "ok" and swap.evidence["swap_used_bytes"] == (4194300 - 3155360) * 1024
-    text = (proc / "vmstat").read_text().replace("pswpin 1476", "pswpin 2476").replace("pswpout 35045", "pswpout 35445")
+    text = (
+        (proc / "vmstat")
+        .read_text()
+        .replace("pswpin 1476", "pswpin 2476")
+        .replace("pswpout 35045", "pswpout 35445")
+    )
     (proc / "vmstat").write_text(text)  # 1400 pages in 2 s: thrashing
     busy = NodeView(memory=memory_view(first, read_memory(proc), 2.0), interval_s=2.0)
     assert (check_swap(busy).status, check_swap(busy).value) == ("fail", 700.0)
-    (proc / "pressure" / "memory").write_text("some avg10=0 avg60=0 avg300=0 total=900000\n"
-                                              "full avg10=0 avg60=0 avg300=0 total=400000\n")
+    (proc / "pressure" / "memory").write_text(
+        "some avg10=0 avg60=0 avg300=0 total=900000\nfull avg10=0 avg60=0 avg300=0 total=400000\n"
+    )
     stalled = NodeView(memory=memory_view(first, read_memory(proc), 2.0), interval_s=2.0)
     # 0.4 s of 2 s with every task waiting: 20 % full stall.
     assert stalled.memory is not None and stalled.memory.psi_full == pytest.approx(0.2)
@@ -157,17 +169,21 @@ def test_swap_traffic_between_two_readings(tmp_path: Path) -> None:
 def test_idle_huge_pages_warn(tmp_path: Path) -> None:
     text = realdata("sysstat", "root1", "proc", "meminfo").read_text()
     text = text.replace("HugePages_Total:       0", "HugePages_Total:    1024").replace(
-        "HugePages_Free:        0", "HugePages_Free:      900")
+        "HugePages_Free:        0", "HugePages_Free:      900"
+    )
     (tmp_path / "meminfo").write_text(text)
-    c = check_hugepages(NodeView(memory=memory_view(None, read_memory(proc_with(tmp_path, tmp_path / "meminfo")),
-                                                    None)))
+    c = check_hugepages(
+        NodeView(memory=memory_view(None, read_memory(proc_with(tmp_path, tmp_path / "meminfo")), None))
+    )
     # 900 free of 1024 pages of 2 MiB: 1.76 GiB idle of 7.8 GiB.
     assert c.status == "warn" and c.value == pytest.approx(900 * 2 / 1024, abs=0.01)
 
 
 def test_memory_not_readable_is_skipped(tmp_path: Path) -> None:
     view = NodeView(memory=memory_view(None, read_memory(tmp_path), None))
-    assert {check_memory_available(view).status, check_hugepages(view).status, check_swap(view).status} == {"skipped"}
+    assert {check_memory_available(view).status, check_hugepages(view).status, check_swap(view).status} == {
+        "skipped"
+    }
 
 
 # --------------------------------------------------------------------------- kernel log
@@ -175,13 +191,25 @@ def test_memory_not_readable_is_skipped(tmp_path: Path) -> None:
 
 def test_dmesg_line_layouts() -> None:
     mono = parse_dmesg_line("<4>[ 1126.635824] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.144.03")
-    assert mono is not None and mono.boot_s == pytest.approx(1126.635824) and mono.text.startswith("NVRM: loading")
-    iso = parse_dmesg_line("kern  :warn  : 2025-01-21T04:41:44,283302+00:00 NVRM: Xid (PCI:0000:38:00): 13, x")
-    assert iso is not None and iso.epoch == pytest.approx(datetime.fromisoformat("2025-01-21T04:41:44.283302+00:00")
-                                                          .timestamp())
-    sys_ = parse_dmesg_line("Mar  5 08:31:52 puma kernel: [10359910.034733] INFO: task a:1 blocked for more than "
-                            "120 seconds.")
-    assert sys_ is not None and sys_.boot_s == pytest.approx(10359910.034733) and sys_.text.startswith("INFO: task")
+    assert (
+        mono is not None
+        and mono.boot_s == pytest.approx(1126.635824)
+        and mono.text.startswith("NVRM: loading")
+    )
+    iso = parse_dmesg_line(
+        "kern  :warn  : 2025-01-21T04:41:44,283302+00:00 NVRM: Xid (PCI:0000:38:00): 13, x"
+    )
+    assert iso is not None and iso.epoch == pytest.approx(
+        datetime.fromisoformat("2025-01-21T04:41:44.283302+00:00").timestamp()
+    )
+    sys_ = parse_dmesg_line(
+        "Mar  5 08:31:52 puma kernel: [10359910.034733] INFO: task a:1 blocked for more than 120 seconds."
+    )
+    assert (
+        sys_ is not None
+        and sys_.boot_s == pytest.approx(10359910.034733)
+        and sys_.text.startswith("INFO: task")
+    )
 
 
 def ctime_epoch(stamp: str) -> float:
@@ -212,7 +240,12 @@ def test_xid_13_storm_from_decoded_iso_dmesg() -> None:
 
 def test_hardware_xid_fails() -> None:
     # The captured line with its code changed to 79 (GPU has fallen off the bus), as the driver prints it.
-    text = realdata("gpud", "dmesg", "dmesg-with-xid-119.log").read_text().splitlines()[2].replace("): 119,", "): 79,")
+    text = (
+        realdata("gpud", "dmesg", "dmesg-with-xid-119.log")
+        .read_text()
+        .splitlines()[2]
+        .replace("): 119,", "): 79,")
+    )
     line = parse_dmesg_line(text)
     assert line is not None
     c = check_xids(NodeView(kernel=scan([line], "dmesg", line.epoch or 0.0, None)))
@@ -222,15 +255,25 @@ def test_hardware_xid_fails() -> None:
 def test_kmsg_records_without_faults(tmp_path: Path) -> None:
     log = DevKmsg(realdata("gpud", "kmsg", "kmsg.1.log"))
     lines = log.read()
-    assert lines and lines[0].text == "nvidia-nvswitch2: open (major=510)" and lines[0].boot_s == pytest.approx(206.764307)
+    assert (
+        lines
+        and lines[0].text == "nvidia-nvswitch2: open (major=510)"
+        and lines[0].boot_s == pytest.approx(206.764307)
+    )
     f = read_findings(log, time.time(), uptime_s=300.0)
-    checks = [check_xids(NodeView(kernel=f)), check_hung_tasks(NodeView(kernel=f)), check_nfs_servers(NodeView(kernel=f))]
+    checks = [
+        check_xids(NodeView(kernel=f)),
+        check_hung_tasks(NodeView(kernel=f)),
+        check_nfs_servers(NodeView(kernel=f)),
+    ]
     assert [c.status for c in checks] == ["ok", "ok", "ok"]
 
 
 def test_hung_tasks_from_node_problem_detector_corpus() -> None:
-    lines = [*FileLog(realdata("node-problem-detector", "problems", "docker_hung")).read(),
-             *FileLog(realdata("node-problem-detector", "problems", "aufs_umount_hung")).read()]
+    lines = [
+        *FileLog(realdata("node-problem-detector", "problems", "docker_hung")).read(),
+        *FileLog(realdata("node-problem-detector", "problems", "aufs_umount_hung")).read(),
+    ]
     f = scan(lines, "kern.log", time.time(), None)
     assert f.hung == {"docker": 1, "umount.aufs": 1} and f.undated == 2
     c = check_hung_tasks(NodeView(kernel=f))
@@ -238,21 +281,29 @@ def test_hung_tasks_from_node_problem_detector_corpus() -> None:
 
 
 def test_oom_kill_shows_on_memory() -> None:
-    f = scan(FileLog(realdata("node-problem-detector", "problems", "oom_kill")).read(), "kern.log", time.time(), None)
+    f = scan(
+        FileLog(realdata("node-problem-detector", "problems", "oom_kill")).read(),
+        "kern.log",
+        time.time(),
+        None,
+    )
     assert f.oom == ["heapster"]
 
 
 def test_nfs_server_not_responding_then_ok() -> None:
     # The kernel's own messages (fs/nfs, net/sunrpc: "%s: server %s not responding, still trying" and
     # "%s: server %s OK"), with the [seconds since boot] stamps dmesg prints.
-    down = [parse_dmesg_line("[ 5000.100000] nfs: server fs01 not responding, still trying"),
-            parse_dmesg_line("[ 5002.200000] nfs: server fs01 not responding, timed out")]
+    down = [
+        parse_dmesg_line("[ 5000.100000] nfs: server fs01 not responding, still trying"),
+        parse_dmesg_line("[ 5002.200000] nfs: server fs01 not responding, timed out"),
+    ]
     back = [parse_dmesg_line("[ 5090.000000] nfs: server fs01 OK")]
     lines = [x for x in down if x is not None]
     stalled = check_nfs_servers(NodeView(kernel=scan(lines, "dmesg", 0.0, uptime_s=5100.0)))
     assert stalled.status == "fail" and "fs01" in stalled.finding
-    recovered = check_nfs_servers(NodeView(kernel=scan(lines + [x for x in back if x], "dmesg", 0.0,
-                                                       uptime_s=5100.0)))
+    recovered = check_nfs_servers(
+        NodeView(kernel=scan(lines + [x for x in back if x], "dmesg", 0.0, uptime_s=5100.0))
+    )
     assert recovered.status == "warn" and "came back" in recovered.finding
 
 
@@ -271,20 +322,27 @@ def test_dmesg_command_and_its_refusal(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     lines = CommandLog(["dmesg", "--ctime"]).read()
     assert any("NVRM: Xid" in x.text for x in lines)
-    fake_tool(tmp_path, "dmesg", 'echo "dmesg: read kernel buffer failed: Operation not permitted" >&2\nexit 1\n')
+    fake_tool(
+        tmp_path, "dmesg", 'echo "dmesg: read kernel buffer failed: Operation not permitted" >&2\nexit 1\n'
+    )
     with pytest.raises(KernelLogUnavailable, match="no permission"):
         CommandLog(["dmesg"]).read()
     chain = FirstReadable([DevKmsg(tmp_path / "no-kmsg"), CommandLog(["dmesg"])])
     f = read_findings(chain, time.time(), None)
     assert f.error is not None and "does not exist" in f.error and "no permission" in f.error
-    skipped = [check_xids(NodeView(kernel=f)), check_hung_tasks(NodeView(kernel=f)),
-               check_nfs_servers(NodeView(kernel=f))]
+    skipped = [
+        check_xids(NodeView(kernel=f)),
+        check_hung_tasks(NodeView(kernel=f)),
+        check_nfs_servers(NodeView(kernel=f)),
+    ]
     assert {c.status for c in skipped} == {"skipped"} and all("no permission" in c.finding for c in skipped)
 
 
 def test_kernel_line_ages_from_boot_time() -> None:
-    lines = [KernelLine("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE", boot_s=100.0),
-             KernelLine("NVRM: Xid (PCI:0000:3b:00): 63, pid=1, name=x, row remap", boot_s=90_000.0)]
+    lines = [
+        KernelLine("NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE", boot_s=100.0),
+        KernelLine("NVRM: Xid (PCI:0000:3b:00): 63, pid=1, name=x, row remap", boot_s=90_000.0),
+    ]
     f = scan(lines, "/dev/kmsg", 0.0, uptime_s=90_100.0)
     assert f.xids == {63: {"0000:3b:00"}} and f.older == {"xid": 1}
 
@@ -307,9 +365,9 @@ def test_nic_and_ib_items_between_two_readings(tmp_path: Path) -> None:
     first = run_checks(sampler.sample([]))
     assert by(first, "nic", "eth0").status == "unknown"
     assert {c.subject for c in first if c.check == "ib_port"} == {"mlx5_0/1", "mlx5_1/1", "mlx5_bond_0/1"}
-    move_net(proc, "eth0", rx=225_000_000, tx=1_000_000)         # 112.5 MB/s of 125: 90 %
+    move_net(proc, "eth0", rx=225_000_000, tx=1_000_000)  # 112.5 MB/s of 125: 90 %
     c0 = sys_root / "class/infiniband/mlx5_0/ports/1/counters"
-    bump(c0 / "symbol_error", 12)                                 # a failing cable
+    bump(c0 / "symbol_error", 12)  # a failing cable
     bump(c0 / "port_rcv_data", 1_000_000)
     (sys_root / "class/infiniband/mlx5_bond_0/ports/1/state").write_text("1: DOWN\n")
     (proc / "uptime").write_text(f"{float((proc / 'uptime').read_text().split()[0]) + 2.0} 0\n")
@@ -318,7 +376,11 @@ def test_nic_and_ib_items_between_two_readings(tmp_path: Path) -> None:
     nic = by(checks, "nic", "eth0")
     assert nic.status == "warn" and nic.value == pytest.approx(90.0) and "bottleneck" in nic.decision
     ib0 = by(checks, "ib_port", "mlx5_0/1")
-    assert ib0.status == "fail" and "12 symbol_error" in ib0.finding and ib0.evidence["errors"]["symbol_error"] == 12
+    assert (
+        ib0.status == "fail"
+        and "12 symbol_error" in ib0.finding
+        and ib0.evidence["errors"]["symbol_error"] == 12
+    )
     assert by(checks, "ib_port", "mlx5_bond_0/1").status == "warn"
     assert by(checks, "ib_port", "mlx5_1/1").status == "ok"
     move_net(proc, "eth0", rx=1_000, tx=1_000, rx_errs=5)
@@ -336,8 +398,10 @@ def test_no_fabric_is_skipped(tmp_path: Path) -> None:
 
 
 def tree(workers: list[float], root_cpu: float, t: float = 0.0) -> TreeSample:
-    return TreeSample(ProcCpu(100, "python", (100, 1.0), root_cpu),
-                      tuple(ProcCpu(200 + i, "pt_data_worker", (200 + i, 2.0), c) for i, c in enumerate(workers)))
+    return TreeSample(
+        ProcCpu(100, "python", (100, 1.0), root_cpu),
+        tuple(ProcCpu(200 + i, "pt_data_worker", (200 + i, 2.0), c) for i, c in enumerate(workers)),
+    )
 
 
 def loaders_view(prev: TreeSample, curr: TreeSample, util: float) -> NodeView:
@@ -359,9 +423,11 @@ def test_no_workers_and_a_busy_trainer() -> None:
 
 
 def test_real_process_tree(tmp_path: Path) -> None:
-    script = ("import subprocess, sys, time\n"
-              "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) for _ in range(3)]\n"
-              "print('ready', flush=True)\ntime.sleep(60)\n")
+    script = (
+        "import subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) for _ in range(3)]\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
@@ -371,8 +437,10 @@ def test_real_process_tree(tmp_path: Path) -> None:
         assert view.workers == 3 and view.worker_cores is not None and len(view.worker_cores) == 3
         sampler = NodeSampler(Path("/proc"), tmp_path / "sys", kernel_log=None)
         sampler.sample([GpuInput(0, {"gpu": 0, "util_pct": 50}, pids=[parent.pid])])
-        c = by(run_checks(sampler.sample([GpuInput(0, {"gpu": 0, "util_pct": 50}, pids=[parent.pid])])),
-               "dataloader_workers")
+        c = by(
+            run_checks(sampler.sample([GpuInput(0, {"gpu": 0, "util_pct": 50}, pids=[parent.pid])])),
+            "dataloader_workers",
+        )
         assert c.value == 3 and c.evidence["workers"] == 3
     finally:
         for child in __import__("psutil").Process(parent.pid).children(recursive=True):
@@ -431,7 +499,11 @@ def test_missing_dataset_and_fs_type(tmp_path: Path) -> None:
 
 def test_dcgmi_level_1_passes() -> None:
     r = parse_diag_json(realdata("VirtualClient", "DCGMI", "DCGMIDiag_r1_results.json").read_text())
-    assert r.error is None and [t.name for t in r.tests][:3] == ["Denylist", "NVML Library", "CUDA Main Library"]
+    assert r.error is None and [t.name for t in r.tests][:3] == [
+        "Denylist",
+        "NVML Library",
+        "CUDA Main Library",
+    ]
     assert {t.status for t in r.tests} == {"pass"} and len(r.tests) == 9
     c = check_dcgm_diag(NodeView(dcgm_diag=r))
     assert c.status == "ok" and "9 of 9 tests passed" in c.finding
@@ -447,12 +519,16 @@ def test_dcgmi_level_3_with_a_skipped_test() -> None:
 
 def failing_doc() -> str:
     """The real level-3 document with GPU Memory failed, as DCGM 3.x reports a failure."""
-    doc: dict[str, Any] = json.loads(realdata("VirtualClient", "DCGMI", "DCGMIDiag_r3_results.json").read_text())
+    doc: dict[str, Any] = json.loads(
+        realdata("VirtualClient", "DCGMI", "DCGMIDiag_r3_results.json").read_text()
+    )
     for cat in doc["DCGM GPU Diagnostic"]["test_categories"]:
         for test in cat["tests"]:
             if test["name"] == "GPU Memory":
-                test["results"][0].update(status="Fail", warnings=[
-                    "GPU 0 Memory error: double-bit ECC errors detected, row remap pending"])
+                test["results"][0].update(
+                    status="Fail",
+                    warnings=["GPU 0 Memory error: double-bit ECC errors detected, row remap pending"],
+                )
     return json.dumps(doc)
 
 
@@ -473,7 +549,9 @@ def test_fake_dcgmi_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     doc = tmp_path / "fail.json"
     doc.write_text(failing_doc())
     # dcgmi exits non-zero when a test fails and still prints the document.
-    bin_dir = fake_tool(tmp_path, "dcgmi", f'[ "$1 $2 $3 $4" = "diag -r 1 -j" ] || exit 9\ncat "{doc}"\nexit 226\n')
+    bin_dir = fake_tool(
+        tmp_path, "dcgmi", f'[ "$1 $2 $3 $4" = "diag -r 1 -j" ] || exit 9\ncat "{doc}"\nexit 226\n'
+    )
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     r = run_diag(1)
     assert r.level == 1 and r.error is None and [t.name for t in r.failed] == ["GPU Memory"]
@@ -482,7 +560,9 @@ def test_fake_dcgmi_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert sched.maybe_start()
     sched.join(30)
     stored = read_result(result_file)
-    assert stored is not None and stored.origin == "agent" and [t.name for t in stored.failed] == ["GPU Memory"]
+    assert (
+        stored is not None and stored.origin == "agent" and [t.name for t in stored.failed] == ["GPU Memory"]
+    )
     assert not sched.maybe_start()  # fresh: not due again for an hour
     # What the Slurm prolog saves: dcgmi's own document; its time is the file's.
     raw = tmp_path / "prolog.json"
@@ -510,10 +590,27 @@ def test_command_options(tmp_path: Path) -> None:
     root = host(tmp_path)
     make_files(tmp_path / "ds", 300, 4096)
     runner = CliRunner()
-    res = runner.invoke(app, ["diagnose", "--source", "none", "--proc-root", str(root / "proc"), "--sys-root",
-                              str(root / "sys"), "--sample", "0", "--json", "--dcgm-diag", "0", "--dataset",
-                              str(tmp_path / "ds"), "--kernel-log",
-                              str(realdata("node-problem-detector", "problems", "docker_hung"))])
+    res = runner.invoke(
+        app,
+        [
+            "diagnose",
+            "--source",
+            "none",
+            "--proc-root",
+            str(root / "proc"),
+            "--sys-root",
+            str(root / "sys"),
+            "--sample",
+            "0",
+            "--json",
+            "--dcgm-diag",
+            "0",
+            "--dataset",
+            str(tmp_path / "ds"),
+            "--kernel-log",
+            str(realdata("node-problem-detector", "problems", "docker_hung")),
+        ],
+    )
     doc = json.loads(res.stdout)
     status = {c["check"]: c for c in doc["checks"]}
     assert {c["check"] for c in doc["checks"]} == set(CHECKLIST)
@@ -521,8 +618,10 @@ def test_command_options(tmp_path: Path) -> None:
     assert status["small_files"]["evidence"]["files"] == 300 and status["small_files"]["status"] == "warn"
     assert status["dcgm_diag"]["status"] == "skipped" and "--dcgm-diag 0" in status["dcgm_diag"]["finding"]
     assert status["gpu_source"]["status"] == "skipped"
-    for bad, word in ((["--dataset", str(tmp_path / "nope")], "does not exist"),
-                      (["--kernel-log", str(tmp_path / "nope")], "is not a file"),
-                      (["--dcgm-diag", "7"], "level")):
+    for bad, word in (
+        (["--dataset", str(tmp_path / "nope")], "does not exist"),
+        (["--kernel-log", str(tmp_path / "nope")], "is not a file"),
+        (["--dcgm-diag", "7"], "level"),
+    ):
         res = runner.invoke(app, ["diagnose", "--source", "none", *bad])
         assert res.exit_code == 2 and word in res.output

@@ -61,8 +61,13 @@ def test_h100_node_hcas(tmp_path: Path) -> None:
     # port_rcv_data counts 4-octet words; mlx5 gives the full 64-bit value in counters/.
     assert ib0.traffic["rx_bytes"] == 230539874932483 * 4
     assert ib0.traffic["tx_bytes"] == 230442669431839 * 4
-    assert ib0.errors == {"symbol_error": 0, "link_downed": 0, "link_error_recovery": 0, "port_rcv_errors": 14,
-                          "port_xmit_discards": 0}
+    assert ib0.errors == {
+        "symbol_error": 0,
+        "link_downed": 0,
+        "link_error_recovery": 0,
+        "port_rcv_errors": 14,
+        "port_xmit_discards": 0,
+    }
     # link_downed is an 8-bit counter: at 255 it has stopped counting, so it says nothing.
     assert "link_downed" not in ib1.errors and ib1.errors["symbol_error"] == 0
 
@@ -78,14 +83,14 @@ def test_traffic_errors_and_a_port_down_between_two_readings(tmp_path: Path) -> 
     before = read_ib_ports(sys_root)
     c0 = sys_root / "class/infiniband/mlx5_0/ports/1/counters"
     c1 = sys_root / "class/infiniband/mlx5_1/ports/1/counters"
-    bump(c0 / "port_rcv_data", 2_500_000_000)        # 10 GB in 2 s: 5 GB/s, 10 % of 50 GB/s
-    bump(c0 / "port_xmit_data", 500_000_000)         # 2 GB
+    bump(c0 / "port_rcv_data", 2_500_000_000)  # 10 GB in 2 s: 5 GB/s, 10 % of 50 GB/s
+    bump(c0 / "port_xmit_data", 500_000_000)  # 2 GB
     bump(c0 / "port_rcv_packets", 2_000_000)
     bump(c0 / "symbol_error", 7)
     bump(c0 / "link_error_recovery", 1)
-    bump(c1 / "port_rcv_data", 5_000_000_000)        # 20 GB in 2 s: 10 GB/s, 20 %: the busiest port
+    bump(c1 / "port_rcv_data", 5_000_000_000)  # 20 GB in 2 s: 10 GB/s, 20 %: the busiest port
     bump(c1 / "port_rcv_errors", 2)
-    bump(c1 / "link_downed", 0)                      # still at its ceiling: unknown, not 0
+    bump(c1 / "link_downed", 0)  # still at its ceiling: unknown, not 0
     bond = sys_root / "class/infiniband/mlx5_bond_0/ports/1"
     (bond / "state").write_text("1: DOWN\n")
     row = ib_rates(before, read_ib_ports(sys_root), 2.0)
@@ -95,7 +100,7 @@ def test_traffic_errors_and_a_port_down_between_two_readings(tmp_path: Path) -> 
     assert row["ib_util_pct"] == pytest.approx(20.0)
     assert row["ib_link_bytes_s"] == 100e9 and row["ib_ports_down"] == 1
     assert row["ib_symbol_errors"] == 7 and row["ib_link_error_recovery"] == 1 and row["ib_rx_errors"] == 2
-    assert row["ib_link_downed"] == 0        # from the two ports that count it; mlx5_1's is stuck
+    assert row["ib_link_downed"] == 0  # from the two ports that count it; mlx5_1's is stuck
     assert row["ib_tx_discards"] == 0
 
 
@@ -103,7 +108,9 @@ def test_a_counter_that_went_backwards_sits_the_interval_out(tmp_path: Path) -> 
     sys_root = ib_tree(tmp_path, *GPUD_IB)
     before = read_ib_ports(sys_root)
     for hca in ("mlx5_0", "mlx5_1", "mlx5_bond_0"):
-        (sys_root / f"class/infiniband/{hca}/ports/1/counters/port_rcv_data").write_text("12\n")  # driver reload
+        (sys_root / f"class/infiniband/{hca}/ports/1/counters/port_rcv_data").write_text(
+            "12\n"
+        )  # driver reload
     row = ib_rates(before, read_ib_ports(sys_root), 1.0)
     assert row["ib_rx_bytes_s"] is None
     assert row["ib_tx_bytes_s"] == 0.0
@@ -182,8 +189,8 @@ def test_host_row_carries_the_fabric(tmp_path: Path) -> None:
     assert first is not None
     assert first["net_link_bytes_s"] == 125e6 and first["ib_link_bytes_s"] == 125e9
     assert first["net_errors"] is None and first["net_util_pct"] is None
-    move_net(proc, "eth0", rx=25_000_000, tx=5_000_000, rx_errs=3, tx_drop=4)   # 2 s at 12.5 MB/s in: 10 %
-    move_net(proc, "docker0", rx=1_000_000_000, tx=0, rx_errs=100)             # virtual: not counted
+    move_net(proc, "eth0", rx=25_000_000, tx=5_000_000, rx_errs=3, tx_drop=4)  # 2 s at 12.5 MB/s in: 10 %
+    move_net(proc, "docker0", rx=1_000_000_000, tx=0, rx_errs=100)  # virtual: not counted
     (proc / "uptime").write_text(f"{float((proc / 'uptime').read_text().split()[0]) + 2.0} 0\n")
     row = src.collect().host
     assert row is not None

@@ -121,8 +121,12 @@ def test_dcgm_exporter_facts_fit_the_schema() -> None:
     from tests.agent.test_dcgm_exporter_source import real_lines
 
     parsed = parse_exposition("\n".join(real_lines()) + "\n")
-    check_facts({"dcgm_exporter_url": "http://127.0.0.1:9400/metrics",
-                 "gpus": [parsed.gpus[g] for g in sorted(parsed.gpus)]})
+    check_facts(
+        {
+            "dcgm_exporter_url": "http://127.0.0.1:9400/metrics",
+            "gpus": [parsed.gpus[g] for g in sorted(parsed.gpus)],
+        }
+    )
 
 
 def test_simulated_fleet_facts_fit_the_schema() -> None:

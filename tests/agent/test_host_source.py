@@ -67,10 +67,16 @@ def mpstat_all_rows(path: Path) -> list[dict[str, float]]:
             header = parts
         elif len(parts) > 2 and parts[1] == "all" and not parts[0].startswith("Average"):
             nums = [float(x) for x in parts[2:]]
-            names = header[-len(nums):]
+            names = header[-len(nums) :]
             got = dict(zip(names, nums, strict=True))
-            rows.append({"cpu_user_pct": got["%usr"], "cpu_system_pct": got["%sys"],
-                         "cpu_iowait_pct": got["%iowait"], "cpu_idle_pct": got["%idle"]})
+            rows.append(
+                {
+                    "cpu_user_pct": got["%usr"],
+                    "cpu_system_pct": got["%sys"],
+                    "cpu_iowait_pct": got["%iowait"],
+                    "cpu_idle_pct": got["%idle"],
+                }
+            )
     return rows
 
 
@@ -152,8 +158,9 @@ def check_device(rates, columns: dict[str, float], name: str, prev: DiskCounters
     counts = (curr.rd_ios - prev.rd_ios, curr.wr_ios - prev.wr_ios, curr.dc_ios - prev.dc_ios)
     ios = sum(counts)
     if ios:
-        weighted = (columns["r_await"] * counts[0] + columns["w_await"] * counts[1]
-                    + columns["d_await"] * counts[2]) / ios
+        weighted = (
+            columns["r_await"] * counts[0] + columns["w_await"] * counts[1] + columns["d_await"] * counts[2]
+        ) / ios
         assert rates.await_ms == pytest.approx(weighted, rel=0.01, abs=0.01), name
     else:
         assert rates.await_ms == 0.0
@@ -172,8 +179,12 @@ def test_disks_match_iostat_x_since_boot_and_first_interval() -> None:
         row = host_rates(prev, curr)
         busiest = max(report.values(), key=lambda c: c["%util"])
         assert row["disk_util_pct"] == pytest.approx(busiest["%util"], abs=0.006)
-        assert row["disk_read_bytes_s"] / 1024 == pytest.approx(sum(c["rkB/s"] for c in report.values()), abs=0.05)
-        assert row["disk_write_bytes_s"] / 1024 == pytest.approx(sum(c["wkB/s"] for c in report.values()), abs=0.05)
+        assert row["disk_read_bytes_s"] / 1024 == pytest.approx(
+            sum(c["rkB/s"] for c in report.values()), abs=0.05
+        )
+        assert row["disk_write_bytes_s"] / 1024 == pytest.approx(
+            sum(c["wkB/s"] for c in report.values()), abs=0.05
+        )
 
 
 def test_disks_match_iostat_second_interval_except_the_reregistered_device() -> None:
@@ -217,10 +228,18 @@ def test_vanished_device_drops_out_and_new_device_waits_an_interval() -> None:
 
 
 def test_tick_counter_wrap_is_not_a_reset() -> None:
-    prev = DiskCounters(rd_ios=10, rd_sectors=80, rd_ticks_ms=2**32 - 100, wr_ios=0, wr_sectors=0,
-                        wr_ticks_ms=0, io_ticks_ms=2**32 - 300)
-    curr = DiskCounters(rd_ios=20, rd_sectors=160, rd_ticks_ms=100, wr_ios=0, wr_sectors=0,
-                        wr_ticks_ms=0, io_ticks_ms=200)
+    prev = DiskCounters(
+        rd_ios=10,
+        rd_sectors=80,
+        rd_ticks_ms=2**32 - 100,
+        wr_ios=0,
+        wr_sectors=0,
+        wr_ticks_ms=0,
+        io_ticks_ms=2**32 - 300,
+    )
+    curr = DiskCounters(
+        rd_ios=20, rd_sectors=160, rd_ticks_ms=100, wr_ios=0, wr_sectors=0, wr_ticks_ms=0, io_ticks_ms=200
+    )
     rates = disk_rates(prev, curr, 1.0)
     assert rates is not None
     assert rates.util_pct == pytest.approx(50.0)
@@ -246,8 +265,7 @@ def test_network_sums_physical_interfaces_and_skips_reset_ones() -> None:
 def test_network_32bit_wrap_versus_reset() -> None:
     base = dict(uptime_s=10.0, cpus={0: CpuTimes(idle=100)})
     prev = HostSnapshot(nets={"eth0": NetCounters(2**32 - 1000, 50, 10, 5)}, **base)  # type: ignore[arg-type]
-    wrapped = HostSnapshot(nets={"eth0": NetCounters(1000, 60, 20, 6)},
-                           **{**base, "uptime_s": 12.0})  # type: ignore[arg-type]
+    wrapped = HostSnapshot(nets={"eth0": NetCounters(1000, 60, 20, 6)}, **{**base, "uptime_s": 12.0})  # type: ignore[arg-type]
     assert host_rates(prev, wrapped)["net_rx_bytes_s"] == pytest.approx(1000.0)
     reset = HostSnapshot(nets={"eth0": NetCounters(1000, 3, 20, 6)}, **{**base, "uptime_s": 12.0})  # type: ignore[arg-type]
     assert host_rates(prev, reset)["net_rx_bytes_s"] is None
@@ -308,8 +326,12 @@ def telegraf_expected(case: str, n: int, cpu: str) -> dict[str, float]:
     for line in text.splitlines():
         if f"cpu={cpu} " in line:
             fields = dict(kv.split("=") for kv in line.split()[1].split(","))
-            return {"cpu_user_pct": float(fields["usage_user"]), "cpu_system_pct": float(fields["usage_system"]),
-                    "cpu_iowait_pct": float(fields["usage_iowait"]), "cpu_idle_pct": float(fields["usage_idle"])}
+            return {
+                "cpu_user_pct": float(fields["usage_user"]),
+                "cpu_system_pct": float(fields["usage_system"]),
+                "cpu_iowait_pct": float(fields["usage_iowait"]),
+                "cpu_idle_pct": float(fields["usage_idle"]),
+            }
     raise AssertionError(f"no {cpu} line")
 
 
@@ -373,8 +395,9 @@ def test_sysfs_decides_disks_stacking_and_physical_nics(tmp_path: Path) -> None:
 def test_stacked_devices_are_not_summed_twice() -> None:
     cpus = {0: CpuTimes(idle=100)}
     d0 = DiskCounters(0, 0, 0, 0, 0, 0, 0)
-    d1 = DiskCounters(rd_ios=10, rd_sectors=2048, rd_ticks_ms=50, wr_ios=0, wr_sectors=0, wr_ticks_ms=0,
-                      io_ticks_ms=500)
+    d1 = DiskCounters(
+        rd_ios=10, rd_sectors=2048, rd_ticks_ms=50, wr_ios=0, wr_sectors=0, wr_ticks_ms=0, io_ticks_ms=500
+    )
     prev = HostSnapshot(1.0, cpus, {"sda": d0, "dm-0": d0}, frozenset({"dm-0"}))
     curr = HostSnapshot(2.0, {0: CpuTimes(idle=200)}, {"sda": d1, "dm-0": d1}, frozenset({"dm-0"}))
     row = host_rates(prev, curr)

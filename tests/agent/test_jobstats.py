@@ -18,7 +18,9 @@ from gpufleet.sim.nvml_fake import H100_SXM, FakeHandle, FakeNvml
 from tests.agent.test_runtime import decode_segments
 
 HOSTFS = Path(__file__).resolve().parents[1] / "fixtures" / "hostfs"
-SCOPE = "sys/fs/cgroup/system.slice/docker-1c8fa019edd4b9d4b2856f4932c55929c5c118c808ed5faee9a135ca6e84b039.scope"
+SCOPE = (
+    "sys/fs/cgroup/system.slice/docker-1c8fa019edd4b9d4b2856f4932c55929c5c118c808ed5faee9a135ca6e84b039.scope"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -35,15 +37,26 @@ def host_tree(tmp_path: Path) -> Path:
     return root
 
 
-def advance(root: Path, usage_usec: int, periods: int, throttled: int, cpu_some: int, io_some: int,
-            quota: str = "800000 100000") -> None:
+def advance(
+    root: Path,
+    usage_usec: int,
+    periods: int,
+    throttled: int,
+    cpu_some: int,
+    io_some: int,
+    quota: str = "800000 100000",
+) -> None:
     scope = root / SCOPE
     (scope / "cpu.max").write_text(quota + "\n")
-    (scope / "cpu.stat").write_text(f"usage_usec {usage_usec}\nuser_usec 0\nsystem_usec 0\nnr_periods {periods}\n"
-                                    f"nr_throttled {throttled}\nthrottled_usec 0\n")
+    (scope / "cpu.stat").write_text(
+        f"usage_usec {usage_usec}\nuser_usec 0\nsystem_usec 0\nnr_periods {periods}\n"
+        f"nr_throttled {throttled}\nthrottled_usec 0\n"
+    )
     (scope / "cpu.pressure").write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={cpu_some}\n")
-    (scope / "io.pressure").write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={io_some}\n"
-                                       f"full avg10=0.00 avg60=0.00 avg300=0.00 total={io_some}\n")
+    (scope / "io.pressure").write_text(
+        f"some avg10=0.00 avg60=0.00 avg300=0.00 total={io_some}\n"
+        f"full avg10=0.00 avg60=0.00 avg300=0.00 total={io_some}\n"
+    )
 
 
 def test_each_gpu_gets_its_processes_cgroup_and_rates_over_the_interval(tmp_path: Path) -> None:
@@ -96,10 +109,25 @@ def test_the_agent_ships_job_columns_from_the_proc_and_sys_roots(tmp_path: Path)
         g.load()
     mono = [1000.0]
     wall = iter(1_700_000_000.0 + i for i in range(100))
-    settings = AgentSettings(token="t", interval_s=1.0, start_jitter_s=0, metrics_port=0, ship_interval_s=60,
-                             proc_root=root / "proc", sys_root=root / "sys", attribute_processes=False)
-    agent = Agent(settings, [NvmlSource(fake, sys_root="/nonexistent")], node="node-a", spool_dir=tmp_path / "spool",
-                  wall=lambda: next(wall), mono=lambda: mono[0], facts_of_node=dict)
+    settings = AgentSettings(
+        token="t",
+        interval_s=1.0,
+        start_jitter_s=0,
+        metrics_port=0,
+        ship_interval_s=60,
+        proc_root=root / "proc",
+        sys_root=root / "sys",
+        attribute_processes=False,
+    )
+    agent = Agent(
+        settings,
+        [NvmlSource(fake, sys_root="/nonexistent")],
+        node="node-a",
+        spool_dir=tmp_path / "spool",
+        wall=lambda: next(wall),
+        mono=lambda: mono[0],
+        facts_of_node=dict,
+    )
     agent.start(ship=False, serve_metrics=False)
     try:
         for k in range(3):
@@ -115,7 +143,9 @@ def test_the_agent_ships_job_columns_from_the_proc_and_sys_roots(tmp_path: Path)
     gpu1 = [i for i, x in enumerate(g["gpu"]) if x == 1]
     assert len(gpu0) == 3 and g["job_cpu_cores"][gpu0[0]] is None
     # 3 CPU-seconds every 2 s: 1.5 cores; 0.1 s of CPU stall every 2 s: 5 %; no quota, so no throttling share.
-    assert g["job_cpu_cores"][gpu0[1]] == pytest.approx(1.5) and g["job_cpu_cores"][gpu0[2]] == pytest.approx(1.5)
+    assert g["job_cpu_cores"][gpu0[1]] == pytest.approx(1.5) and g["job_cpu_cores"][gpu0[2]] == pytest.approx(
+        1.5
+    )
     assert g["job_cpu_pressure_pct"][gpu0[2]] == pytest.approx(5.0)
     assert g["job_cpu_quota_cores"][gpu0[2]] is None and g["job_cpu_throttled_share"][gpu0[2]] is None
     assert all(g["job_cpu_cores"][i] is None for i in gpu1)  # no process on GPU 1
@@ -123,6 +153,11 @@ def test_the_agent_ships_job_columns_from_the_proc_and_sys_roots(tmp_path: Path)
 
 def test_off_by_setting(tmp_path: Path) -> None:
     settings = AgentSettings(token="t", metrics_port=0, job_cgroups=False)
-    agent = Agent(settings, [NvmlSource(FakeNvml([H100_SXM]), sys_root="/nonexistent")], node="n",
-                  spool_dir=tmp_path, facts_of_node=dict)
+    agent = Agent(
+        settings,
+        [NvmlSource(FakeNvml([H100_SXM]), sys_root="/nonexistent")],
+        node="n",
+        spool_dir=tmp_path,
+        facts_of_node=dict,
+    )
     assert agent.job_cgroups is None

@@ -19,8 +19,12 @@ from gpufleet.agent.k8s.runs import RunResolver, run_id_for
 from gpufleet.store.runs import RUN_ID_RE
 from testsupport.kubelet import FakeApiServer, FakeKubelet, pod_json
 
-U = ["GPU-00000000-0000-4000-8000-0000aaaa0000", "GPU-00000001-0000-4000-8000-0000aaaa0001",
-     "GPU-00000002-0000-4000-8000-0000aaaa0002", "GPU-00000003-0000-4000-8000-0000aaaa0003"]
+U = [
+    "GPU-00000000-0000-4000-8000-0000aaaa0000",
+    "GPU-00000001-0000-4000-8000-0000aaaa0001",
+    "GPU-00000002-0000-4000-8000-0000aaaa0002",
+    "GPU-00000003-0000-4000-8000-0000aaaa0003",
+]
 MIG = {"MIG-5f1c0d2e-aaaa-5000-9000-000000000001": 1, "MIG-5f1c0d2e-aaaa-5000-9000-000000000002": 2}
 PTJ = ("kubeflow.org/v1", "PyTorchJob", "llm-pretrain", "7d1e5a90-1111-4222-8333-944455556666")
 
@@ -33,8 +37,16 @@ def rows(n: int = 4, mig_on: int | None = None) -> list[dict[str, Any]]:
 
 
 def mig_facts(gpu: int) -> dict[str, Any]:
-    return {"gpus": [{"gpu": gpu, "uuid": U[gpu], "mig_enabled": True,
-                      "mig_instances": [{"gpu_instance_id": gi, "uuid": u} for u, gi in MIG.items()]}]}
+    return {
+        "gpus": [
+            {
+                "gpu": gpu,
+                "uuid": U[gpu],
+                "mig_enabled": True,
+                "mig_instances": [{"gpu_instance_id": gi, "uuid": u} for u, gi in MIG.items()],
+            }
+        ]
+    }
 
 
 @pytest.fixture
@@ -46,16 +58,23 @@ def sock(tmp_path: Path) -> Path:
 
 
 def test_list_and_get_over_the_kubelet_socket(sock: Path) -> None:
-    pods = [("ml", "trainer-0", {"pytorch": [("nvidia.com/gpu", [U[0], U[1]]), ("example.com/nic", ["eth1"])],
-                                 "sidecar": []})]
+    pods = [
+        (
+            "ml",
+            "trainer-0",
+            {"pytorch": [("nvidia.com/gpu", [U[0], U[1]]), ("example.com/nic", ["eth1"])], "sidecar": []},
+        )
+    ]
     with FakeKubelet(sock, pods) as kubelet:
         client = PodResourcesClient(sock, timeout_s=5)
         try:
             (got,) = client.list()
             assert (got.namespace, got.name) == ("ml", "trainer-0")
             assert [(d.container, d.resource, d.device_id) for d in got.devices] == [
-                ("pytorch", "nvidia.com/gpu", U[0]), ("pytorch", "nvidia.com/gpu", U[1]),
-                ("pytorch", "example.com/nic", "eth1")]
+                ("pytorch", "nvidia.com/gpu", U[0]),
+                ("pytorch", "nvidia.com/gpu", U[1]),
+                ("pytorch", "example.com/nic", "eth1"),
+            ]
             one = client.get("ml", "trainer-0")
             assert one is not None and one.devices == got.devices
             assert client.get("ml", "nope") is None
@@ -96,32 +115,55 @@ def test_device_ids_of_every_plugin_strategy_map_to_gpus_and_mig_instances() -> 
 
 def test_pods_of_one_job_controller_name_one_run() -> None:
     r = RunResolver()
-    a = ObjectInfo.from_json("Pod", pod_json("ml", "llm-pretrain-master-0", "p-1", {"team": "research"}, owner=PTJ))
+    a = ObjectInfo.from_json(
+        "Pod", pod_json("ml", "llm-pretrain-master-0", "p-1", {"team": "research"}, owner=PTJ)
+    )
     b = ObjectInfo.from_json("Pod", pod_json("ml", "llm-pretrain-worker-0", "p-2", owner=PTJ))
     ra, rb = r.resolve(a), r.resolve(b)
     assert ra.run_id == rb.run_id == "ml:llm-pretrain:7d1e5a90"
     assert (ra.kind, ra.name, ra.team, rb.team) == ("PyTorchJob", "llm-pretrain", "research", "ml")
-    assert ra.labels == {"k8s.namespace": "ml", "k8s.kind": "PyTorchJob", "k8s.name": "llm-pretrain",
-                         "k8s.uid": PTJ[3]}
+    assert ra.labels == {
+        "k8s.namespace": "ml",
+        "k8s.kind": "PyTorchJob",
+        "k8s.name": "llm-pretrain",
+        "k8s.uid": PTJ[3],
+    }
     # The annotation names the run verbatim; a bare pod is its own run.
-    c = ObjectInfo.from_json("Pod", pod_json("ml", "x", "9a8b7c6d-0000", annotations={"gpufleet.io/run-id": "exp-17"},
-                                             owner=PTJ))
+    c = ObjectInfo.from_json(
+        "Pod", pod_json("ml", "x", "9a8b7c6d-0000", annotations={"gpufleet.io/run-id": "exp-17"}, owner=PTJ)
+    )
     assert r.resolve(c).run_id == "exp-17" and r.resolve(c).name == "llm-pretrain"
     bare = ObjectInfo.from_json("Pod", pod_json("dev", "notebook", "0f1e2d3c-4444"))
     assert r.resolve(bare).run_id == "dev:notebook:0f1e2d3c" and r.resolve(bare).kind == "Pod"
     # Not a run kind (a Deployment's ReplicaSet): the pod is the run.
-    rs = ObjectInfo.from_json("Pod", pod_json("web", "srv-abc", "1234abcd-5", owner=("apps/v1", "ReplicaSet", "srv",
-                                                                                      "rs-uid")))
+    rs = ObjectInfo.from_json(
+        "Pod", pod_json("web", "srv-abc", "1234abcd-5", owner=("apps/v1", "ReplicaSet", "srv", "rs-uid"))
+    )
     assert r.resolve(rs).run_id == "web:srv-abc:1234abcd"
 
 
 def test_owner_chain_walks_to_the_topmost_run_kind_and_falls_back_on_labels() -> None:
     js = ("jobset.x-k8s.io/v1alpha2", "JobSet", "sweep", "5e5e5e5e-0000")
-    job = {"metadata": {"namespace": "ml", "name": "sweep-workers-0", "uid": "j-uid",
-                        "ownerReferences": [{"apiVersion": js[0], "kind": js[1], "name": js[2], "uid": js[3],
-                                             "controller": True}]}}
-    pod = ObjectInfo.from_json("Pod", pod_json("ml", "sweep-workers-0-0-abcde", "p", owner=(
-        "batch/v1", "Job", "sweep-workers-0", "j-uid"), labels={"jobset.sigs.k8s.io/jobset-name": "sweep"}))
+    job = {
+        "metadata": {
+            "namespace": "ml",
+            "name": "sweep-workers-0",
+            "uid": "j-uid",
+            "ownerReferences": [
+                {"apiVersion": js[0], "kind": js[1], "name": js[2], "uid": js[3], "controller": True}
+            ],
+        }
+    }
+    pod = ObjectInfo.from_json(
+        "Pod",
+        pod_json(
+            "ml",
+            "sweep-workers-0-0-abcde",
+            "p",
+            owner=("batch/v1", "Job", "sweep-workers-0", "j-uid"),
+            labels={"jobset.sigs.k8s.io/jobset-name": "sweep"},
+        ),
+    )
     fetched: list[str] = []
 
     def owner(ns: str, ref: OwnerRef) -> ObjectInfo | None:
@@ -133,13 +175,22 @@ def test_owner_chain_walks_to_the_topmost_run_kind_and_falls_back_on_labels() ->
     # Without permission to read the Job, the JobSet's pod label still names it (no UID known then).
     assert r.resolve(pod, lambda ns, ref: None).run_id == "ml:sweep"
     # A RayJob's worker pods: owned by a RayCluster, labelled with the RayJob.
-    ray = ObjectInfo.from_json("Pod", pod_json("rl", "rayjob-x-raycluster-worker-1", "p", owner=(
-        "ray.io/v1", "RayCluster", "rayjob-x-raycluster", "c0ffee00-aaaa"), labels={
-        "ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": "rayjob-x"}))
+    ray = ObjectInfo.from_json(
+        "Pod",
+        pod_json(
+            "rl",
+            "rayjob-x-raycluster-worker-1",
+            "p",
+            owner=("ray.io/v1", "RayCluster", "rayjob-x-raycluster", "c0ffee00-aaaa"),
+            labels={"ray.io/originated-from-crd": "RayJob", "ray.io/originated-from-cr-name": "rayjob-x"},
+        ),
+    )
     got = r.resolve(ray, lambda ns, ref: None)
     assert got.run_id == "rl:rayjob-x:c0ffee00" and got.kind == "RayJob"
     # A plain Job is a run; run_kinds decides what counts.
-    plain = ObjectInfo.from_json("Pod", pod_json("b", "etl-xyz", "p", owner=("batch/v1", "Job", "etl", "e71e71e7-9")))
+    plain = ObjectInfo.from_json(
+        "Pod", pod_json("b", "etl-xyz", "p", owner=("batch/v1", "Job", "etl", "e71e71e7-9"))
+    )
     assert r.resolve(plain, lambda ns, ref: None).run_id == "b:etl:e71e71e7"
     assert RunResolver(run_kinds=("PyTorchJob",)).resolve(plain).run_id == "b:etl-xyz:p"  # the pod (uid "p")
 
@@ -158,49 +209,79 @@ def cluster(sock: Path) -> Iterator[tuple[FakeKubelet, FakeApiServer, Path]]:
     pods = [
         ("ml", "llm-pretrain-master-0", {"pytorch": [("nvidia.com/gpu", [U[0], U[1]])]}),
         ("ml", "llm-pretrain-worker-0", {"pytorch": [("nvidia.com/gpu", [U[2]])]}),
-        ("ml", "infer-a", {"srv": [("nvidia.com/mig-3g.40gb", ["MIG-5f1c0d2e-aaaa-5000-9000-000000000001"])]}),
-        ("ml", "infer-b", {"srv": [("nvidia.com/mig-3g.40gb", ["MIG-5f1c0d2e-aaaa-5000-9000-000000000002"])]}),
+        (
+            "ml",
+            "infer-a",
+            {"srv": [("nvidia.com/mig-3g.40gb", ["MIG-5f1c0d2e-aaaa-5000-9000-000000000001"])]},
+        ),
+        (
+            "ml",
+            "infer-b",
+            {"srv": [("nvidia.com/mig-3g.40gb", ["MIG-5f1c0d2e-aaaa-5000-9000-000000000002"])]},
+        ),
         ("dev", "no-gpu", {"c": [("example.com/nic", ["eth1"])]}),
     ]
-    meta = [pod_json("ml", "llm-pretrain-master-0", "pod-m", {"team": "research"}, owner=PTJ),
-            pod_json("ml", "llm-pretrain-worker-0", "pod-w", owner=PTJ),
-            pod_json("ml", "infer-a", "1a000000-0000"), pod_json("ml", "infer-b", "1b000000-0000"),
-            pod_json("other", "elsewhere", "x", node="node-b")]
+    meta = [
+        pod_json("ml", "llm-pretrain-master-0", "pod-m", {"team": "research"}, owner=PTJ),
+        pod_json("ml", "llm-pretrain-worker-0", "pod-w", owner=PTJ),
+        pod_json("ml", "infer-a", "1a000000-0000"),
+        pod_json("ml", "infer-b", "1b000000-0000"),
+        pod_json("other", "elsewhere", "x", node="node-b"),
+    ]
     with FakeKubelet(sock, pods) as kubelet, FakeApiServer(meta) as api:
         token = sock.parent / "token"
         token.write_text("sa-token\n")
         yield kubelet, api, token
 
 
-def attribution(sock: Path, api: FakeApiServer | None, token: Path | None, **kw: Any) -> KubernetesAttribution:
+def attribution(
+    sock: Path, api: FakeApiServer | None, token: Path | None, **kw: Any
+) -> KubernetesAttribution:
     meta = ApiServer(api.url, token_file=token) if api is not None else None
     return KubernetesAttribution("node-a", PodResourcesClient(sock, timeout_s=5), meta, **kw)
 
 
 def test_rows_get_the_run_of_the_pod_holding_their_gpu_or_mig_instance(
-        cluster: tuple[FakeKubelet, FakeApiServer, Path], sock: Path) -> None:
+    cluster: tuple[FakeKubelet, FakeApiServer, Path], sock: Path
+) -> None:
     _, api, token = cluster
     k8s = attribution(sock, api, token)
     assert k8s.refresh()
     att = Attributor(use_processes=False, kubernetes=k8s)
     got = att.label(rows(4, mig_on=3), None, mig_facts(3))
     by = {(r["gpu"], r["mig_instance"]): r["run_id"] for r in got}
-    assert by == {(0, None): "ml:llm-pretrain:7d1e5a90", (1, None): "ml:llm-pretrain:7d1e5a90",
-                  (2, None): "ml:llm-pretrain:7d1e5a90",
-                  # Two runs on the MIG instances of GPU 3: the whole GPU's row carries neither.
-                  (3, None): None, (3, 1): "ml:infer-a:1a000000", (3, 2): "ml:infer-b:1b000000"}
+    assert by == {
+        (0, None): "ml:llm-pretrain:7d1e5a90",
+        (1, None): "ml:llm-pretrain:7d1e5a90",
+        (2, None): "ml:llm-pretrain:7d1e5a90",
+        # Two runs on the MIG instances of GPU 3: the whole GPU's row carries neither.
+        (3, None): None,
+        (3, 1): "ml:infer-a:1a000000",
+        (3, 2): "ml:infer-b:1b000000",
+    }
     assert att.runs["ml:llm-pretrain:7d1e5a90"].team == "research"
     assert att.runs["ml:infer-a:1a000000"].facts() == {
-        "source": "kubernetes", "name": "infer-a", "team": "ml",
-        "labels": {"k8s.namespace": "ml", "k8s.kind": "Pod", "k8s.name": "infer-a", "k8s.uid": "1a000000-0000"}}
+        "source": "kubernetes",
+        "name": "infer-a",
+        "team": "ml",
+        "labels": {
+            "k8s.namespace": "ml",
+            "k8s.kind": "Pod",
+            "k8s.name": "infer-a",
+            "k8s.uid": "1a000000-0000",
+        },
+    }
     # One pod list for the node, no owner fetch for a PyTorchJob.
-    assert [p for p in api.requests if "pods" in p] and all("nodeName%3Dnode-a" in p or "nodeName=node-a" in p
-                                                            for p in api.requests)
+    assert [p for p in api.requests if "pods" in p] and all(
+        "nodeName%3Dnode-a" in p or "nodeName=node-a" in p for p in api.requests
+    )
 
 
 def test_shared_replicas_go_to_the_run_holding_most_of_them(sock: Path) -> None:
-    pods = [("a", "p1", {"c": [("nvidia.com/gpu.shared", [U[0] + "::0"])]}),
-            ("b", "p2", {"c": [("nvidia.com/gpu.shared", [U[0] + "::1", U[0] + "::2"])]})]
+    pods = [
+        ("a", "p1", {"c": [("nvidia.com/gpu.shared", [U[0] + "::0"])]}),
+        ("b", "p2", {"c": [("nvidia.com/gpu.shared", [U[0] + "::1", U[0] + "::2"])]}),
+    ]
     with FakeKubelet(sock, pods):
         k8s = attribution(sock, None, None)
         assert k8s.refresh()
@@ -238,7 +319,8 @@ def test_metadata_outage_makes_pods_their_own_runs_and_a_pod_keeps_its_run(sock:
 
 
 def test_dcgm_exporter_pod_labels_and_process_pod_uids_name_runs(
-        cluster: tuple[FakeKubelet, FakeApiServer, Path], sock: Path) -> None:
+    cluster: tuple[FakeKubelet, FakeApiServer, Path], sock: Path
+) -> None:
     kubelet, api, token = cluster
     k8s = attribution(sock, api, token, refresh_s=0.5)
     assert k8s.refresh()
@@ -246,8 +328,12 @@ def test_dcgm_exporter_pod_labels_and_process_pod_uids_name_runs(
     kubelet.pods.append(("ml", "late", {"c": [("nvidia.com/gpu", [U[1]])]}))
     api.pods.append(pod_json("ml", "late", "1a7e0000-0000", owner=PTJ))
     att = Attributor(use_processes=False, kubernetes=k8s)
-    row = {"gpu": 7, "uuid": "GPU-not-known-here", "mig_instance": None,
-           "labels": {"pod": "late", "namespace": "ml", "container": "c"}}
+    row = {
+        "gpu": 7,
+        "uuid": "GPU-not-known-here",
+        "mig_instance": None,
+        "labels": {"pod": "late", "namespace": "ml", "container": "c"},
+    }
     assert att.label([row], None)[0]["run_id"] is None and "labels" not in row
     k8s.start()
     try:
@@ -290,15 +376,25 @@ def test_api_server_lists_the_nodes_pods_page_by_page_and_reads_owners(tmp_path:
         client.close()
 
 
-def test_the_agent_builds_kubernetes_attribution_from_its_settings(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_agent_builds_kubernetes_attribution_from_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gpufleet.agent.main import kubernetes_attribution
     from gpufleet.config import AgentSettings, KubernetesSettings
 
     assert kubernetes_attribution(AgentSettings(), "n") is None
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    k = kubernetes_attribution(AgentSettings(kubernetes=KubernetesSettings(
-        enabled=True, pod_resources_socket=tmp_path / "none.sock", timeout_s=0.5, team_labels=["owner"])), "n")
+    k = kubernetes_attribution(
+        AgentSettings(
+            kubernetes=KubernetesSettings(
+                enabled=True,
+                pod_resources_socket=tmp_path / "none.sock",
+                timeout_s=0.5,
+                team_labels=["owner"],
+            )
+        ),
+        "n",
+    )
     # Outside a pod there is no API server: attribution runs on the kubelet alone (pods are runs).
     assert k is not None and k.metadata is None and list(k.resolver.team_labels) == ["owner"]
     assert k.refresh() is False and k.errors["kubelet"] == 1

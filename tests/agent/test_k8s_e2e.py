@@ -51,10 +51,21 @@ class SaturatedHost:
     name = "host"
 
     def collect(self) -> Reading:
-        return Reading(host={"cpu_user_pct": 93.0, "cpu_system_pct": 4.5, "cpu_iowait_pct": 0.3,
-                             "cpu_idle_pct": 2.2, "cpu_count": 96, "disk_read_bytes_s": 2.0e6,
-                             "disk_write_bytes_s": 1.0e6, "disk_util_pct": 3.0, "disk_await_ms": 0.4,
-                             "net_rx_bytes_s": 1.0e7, "net_tx_bytes_s": 1.0e7})
+        return Reading(
+            host={
+                "cpu_user_pct": 93.0,
+                "cpu_system_pct": 4.5,
+                "cpu_iowait_pct": 0.3,
+                "cpu_idle_pct": 2.2,
+                "cpu_count": 96,
+                "disk_read_bytes_s": 2.0e6,
+                "disk_write_bytes_s": 1.0e6,
+                "disk_util_pct": 3.0,
+                "disk_await_ms": 0.4,
+                "net_rx_bytes_s": 1.0e7,
+                "net_tx_bytes_s": 1.0e7,
+            }
+        )
 
 
 @dataclass
@@ -87,38 +98,77 @@ def wait_for(what: str, check: Any, timeout_s: float = 60.0) -> Any:
         time.sleep(0.25)
 
 
-def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(stack: Stack, tmp_path: Path) -> None:
+def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(
+    stack: Stack, tmp_path: Path
+) -> None:
     sock = tmp_path / "kubelet.sock"
     token = tmp_path / "sa-token"
     token.write_text("sa-token")
     clock = [time.time() - SECONDS - 5]
     fake = FakeNvml([H100_SXM] * 5, clock=lambda: clock[0])
     uuids = [g.uuid for g in fake.gpus]
-    pods = [("ml", "llm-pretrain-master-0", {"pytorch": [("nvidia.com/gpu", uuids[0:2])]}),
-            ("ml", "llm-pretrain-worker-0", {"pytorch": [("nvidia.com/gpu", uuids[2:4])]}),
-            ("research", "eval-nightly-x7k2p", {"eval": [("nvidia.com/gpu", [uuids[4]])]})]
-    meta = [pod_json("ml", "llm-pretrain-master-0", "0a000000-0000-4000-8000-000000000001",
-                     {"team": "llm", "training.kubeflow.org/job-name": "llm-pretrain"}, owner=PTJ),
-            pod_json("ml", "llm-pretrain-worker-0", "0a000000-0000-4000-8000-000000000002", owner=PTJ),
-            pod_json("research", "eval-nightly-x7k2p", "0b000000-0000-4000-8000-000000000003",
-                     {"batch.kubernetes.io/job-name": "eval-nightly"}, owner=EVAL)]
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"namespace": "research", "name": "eval-nightly", "uid": EVAL[3]}}
-    with FakeKubelet(sock, pods), FakeApiServer(meta, {"/apis/batch/v1/namespaces/research/jobs/eval-nightly": job}) \
-            as api:
+    pods = [
+        ("ml", "llm-pretrain-master-0", {"pytorch": [("nvidia.com/gpu", uuids[0:2])]}),
+        ("ml", "llm-pretrain-worker-0", {"pytorch": [("nvidia.com/gpu", uuids[2:4])]}),
+        ("research", "eval-nightly-x7k2p", {"eval": [("nvidia.com/gpu", [uuids[4]])]}),
+    ]
+    meta = [
+        pod_json(
+            "ml",
+            "llm-pretrain-master-0",
+            "0a000000-0000-4000-8000-000000000001",
+            {"team": "llm", "training.kubeflow.org/job-name": "llm-pretrain"},
+            owner=PTJ,
+        ),
+        pod_json("ml", "llm-pretrain-worker-0", "0a000000-0000-4000-8000-000000000002", owner=PTJ),
+        pod_json(
+            "research",
+            "eval-nightly-x7k2p",
+            "0b000000-0000-4000-8000-000000000003",
+            {"batch.kubernetes.io/job-name": "eval-nightly"},
+            owner=EVAL,
+        ),
+    ]
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"namespace": "research", "name": "eval-nightly", "uid": EVAL[3]},
+    }
+    with (
+        FakeKubelet(sock, pods),
+        FakeApiServer(meta, {"/apis/batch/v1/namespaces/research/jobs/eval-nightly": job}) as api,
+    ):
         settings = AgentSettings(
-            collector_url=stack.collector, token=stack.node_token, interval_s=1.0, ship_interval_s=5.0,
-            segment_max_samples=300, metrics_port=0, start_jitter_s=0.0, attribute_processes=False,
-            kubernetes=KubernetesSettings(enabled=True, pod_resources_socket=sock, api_server=api.url,
-                                          token_file=token))
+            collector_url=stack.collector,
+            token=stack.node_token,
+            interval_s=1.0,
+            ship_interval_s=5.0,
+            segment_max_samples=300,
+            metrics_port=0,
+            start_jitter_s=0.0,
+            attribute_processes=False,
+            kubernetes=KubernetesSettings(
+                enabled=True, pod_resources_socket=sock, api_server=api.url, token_file=token
+            ),
+        )
         k8s = kubernetes_attribution(settings, "node-a")
         assert k8s is not None
         sources: list[Source] = [NvmlSource(fake, sys_root="/nonexistent"), SaturatedHost()]
-        agent = Agent(settings, sources, node="node-a", spool_dir=tmp_path / "spool", wall=lambda: clock[0],
-                      kubernetes=k8s, facts_of_node=lambda: {"hostname": "node-a", "cpu_count": 96})
+        agent = Agent(
+            settings,
+            sources,
+            node="node-a",
+            spool_dir=tmp_path / "spool",
+            wall=lambda: clock[0],
+            kubernetes=k8s,
+            facts_of_node=lambda: {"hostname": "node-a", "cpu_count": 96},
+        )
         agent.start(serve_metrics=False)
-        wait_for("the first kubelet snapshot", lambda: k8s.runs_by_place(DeviceMap.build(
-            [{"gpu": i, "uuid": u} for i, u in enumerate(uuids)])), 10)
+        wait_for(
+            "the first kubelet snapshot",
+            lambda: k8s.runs_by_place(DeviceMap.build([{"gpu": i, "uuid": u} for i, u in enumerate(uuids)])),
+            10,
+        )
         try:
             for s in range(SECONDS):
                 # The PyTorchJob: 40 s of steady start-up, then busy 12 s / waiting for data 8 s.
@@ -131,7 +181,9 @@ def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(stac
         finally:
             assert agent.shutdown(ship_s=20) is True
     # Everything below is what the collector and the API did on their own.
-    client = httpx.Client(base_url=stack.api, headers={"Authorization": f"Bearer {stack.read_token}"}, timeout=30)
+    client = httpx.Client(
+        base_url=stack.api, headers={"Authorization": f"Bearer {stack.read_token}"}, timeout=30
+    )
 
     def both_runs() -> dict[str, dict[str, Any]] | None:
         runs = {r["run_id"]: r for r in client.get("/v1/runs").json()}
@@ -142,8 +194,12 @@ def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(stac
     assert starved["source"] == steady["source"] == "inferred"
     assert starved["allocations"] == [{"node": "node-a", "gpus": [0, 1, 2, 3]}]
     assert steady["allocations"] == [{"node": "node-a", "gpus": [4]}]
-    assert (starved["name"], starved["team"], steady["name"], steady["team"]) == \
-        ("llm-pretrain", "llm", "eval-nightly", "research")
+    assert (starved["name"], starved["team"], steady["name"], steady["team"]) == (
+        "llm-pretrain",
+        "llm",
+        "eval-nightly",
+        "research",
+    )
     assert starved["labels"]["k8s.kind"] == "PyTorchJob" and steady["labels"]["k8s.kind"] == "Job"
 
     def starvation() -> list[dict[str, Any]]:
@@ -168,8 +224,12 @@ def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(stac
     rows = rep.json()["rows"]
     by_run = {r["key"]: r for r in rows if r["row_type"] == "run"}
     assert set(by_run) == {STARVED, STEADY}
-    assert (by_run[STARVED]["team"], by_run[STARVED]["gpu_count"], by_run[STEADY]["team"],
-            by_run[STEADY]["gpu_count"]) == ("llm", 4, "research", 1)
+    assert (
+        by_run[STARVED]["team"],
+        by_run[STARVED]["gpu_count"],
+        by_run[STEADY]["team"],
+        by_run[STEADY]["gpu_count"],
+    ) == ("llm", 4, "research", 1)
     assert by_run[STARVED]["lost_gpu_hours"] > 0 and by_run[STEADY]["gpu_kwh"] > 0
     (total,) = [r for r in rows if r["row_type"] == "total"]
     for k in ("gpu_hours", "gpu_kwh"):
@@ -178,4 +238,9 @@ def test_pytorchjob_and_job_pods_become_runs_with_accounting_and_starvation(stac
         assert sum(summed) == pytest.approx(float(total[k]), rel=1e-9, abs=(len(summed) + 1) * 5e-10), k
     with psycopg.connect(stack.db) as c:
         assert c.execute("SELECT count(*) FROM run_progress").fetchone()[0] == 0  # no POST by hand
-        assert c.execute("SELECT count(*) FROM run_sightings WHERE status NOT IN ('allocated', 'moved')").fetchone()[0] == 0
+        assert (
+            c.execute(
+                "SELECT count(*) FROM run_sightings WHERE status NOT IN ('allocated', 'moved')"
+            ).fetchone()[0]
+            == 0
+        )

@@ -52,8 +52,12 @@ def test_errors_become_our_exceptions_raised_from_nvml(code: int, expected: type
 
 def test_unknown_error_is_not_mistaken_for_not_supported() -> None:
     with (
-        mock.patch.object(pynvml, "nvmlDeviceGetTemperature", autospec=True,
-                           side_effect=nvml_error(pynvml.NVML_ERROR_UNKNOWN)),
+        mock.patch.object(
+            pynvml,
+            "nvmlDeviceGetTemperature",
+            autospec=True,
+            side_effect=nvml_error(pynvml.NVML_ERROR_UNKNOWN),
+        ),
         pytest.raises(NvmlError) as info,
     ):
         PynvmlApi().gpu_temperature_c(HANDLE)
@@ -62,8 +66,9 @@ def test_unknown_error_is_not_mistaken_for_not_supported() -> None:
 
 def test_no_driver_means_source_unavailable() -> None:
     with (
-        mock.patch.object(pynvml, "nvmlInit", autospec=True,
-                           side_effect=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)),
+        mock.patch.object(
+            pynvml, "nvmlInit", autospec=True, side_effect=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        ),
         pytest.raises(SourceUnavailable),
     ):
         PynvmlApi().init()
@@ -109,9 +114,15 @@ def test_memory_info_v2_falls_back_to_v1_on_old_drivers() -> None:
 
 def test_clocks_event_reasons_falls_back_to_throttle_reasons() -> None:
     with (
-        mock.patch.object(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", autospec=True,
-                          side_effect=nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)),
-        mock.patch.object(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", autospec=True, return_value=0x4),
+        mock.patch.object(
+            pynvml,
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            autospec=True,
+            side_effect=nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND),
+        ),
+        mock.patch.object(
+            pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", autospec=True, return_value=0x4
+        ),
     ):
         assert PynvmlApi().clocks_event_reasons(HANDLE) == 0x4
 
@@ -134,8 +145,9 @@ def test_memory_temperature_per_value_not_supported() -> None:
 
 def test_event_wait_timeout_is_no_event_and_data_is_decoded() -> None:
     api = PynvmlApi()
-    with mock.patch.object(pynvml, "nvmlEventSetWait", autospec=True,
-                           side_effect=nvml_error(pynvml.NVML_ERROR_TIMEOUT)):
+    with mock.patch.object(
+        pynvml, "nvmlEventSetWait", autospec=True, side_effect=nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+    ):
         assert api.wait_xid(object(), 0) is None
     data = pynvml.c_nvmlEventData_t()
     data.device = HANDLE
@@ -182,10 +194,12 @@ def test_ecc_totals_ask_nvml_for_the_right_type_and_counter() -> None:
         assert api.ecc_error_total(HANDLE, uncorrected=False, aggregate=True) == 40
         assert api.ecc_error_total(HANDLE, uncorrected=True, aggregate=True) == 2
         assert api.ecc_dbe_volatile_total(HANDLE) == 1
-    assert seen == [(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
-                    (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
-                    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
-                    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)]
+    assert seen == [
+        (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+        (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+        (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+        (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    ]
 
 
 def test_remapped_rows_and_pcie_replays() -> None:
@@ -198,8 +212,12 @@ def test_remapped_rows_and_pcie_replays() -> None:
         assert (rows.correctable, rows.uncorrectable, rows.pending, rows.failed) == (3, 1, True, False)
         assert api.pcie_replay_count(HANDLE) == 9
     with (
-        mock.patch.object(pynvml, "nvmlDeviceGetRemappedRows", autospec=True,
-                          side_effect=nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+        mock.patch.object(
+            pynvml,
+            "nvmlDeviceGetRemappedRows",
+            autospec=True,
+            side_effect=nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED),
+        ),
         pytest.raises(NotSupported, match="nvmlDeviceGetRemappedRows"),
     ):
         api.remapped_rows(HANDLE)
@@ -216,16 +234,23 @@ def test_nvlink_states_walk_the_links_until_nvml_says_there_are_no_more() -> Non
     assert len(states) == 18 and sum(states) == 16 and not states[4] and not states[11]
     # A GPU without NVLink: NotSupported on the first link, never an empty list of links.
     with (
-        mock.patch.object(pynvml, "nvmlDeviceGetNvLinkState", autospec=True,
-                          side_effect=nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)),
+        mock.patch.object(
+            pynvml,
+            "nvmlDeviceGetNvLinkState",
+            autospec=True,
+            side_effect=nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED),
+        ),
         pytest.raises(NotSupported),
     ):
         PynvmlApi().nvlink_states(HANDLE)
 
 
 def test_nvlink_error_counters_per_link() -> None:
-    values = {pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 70, pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 5,
-              pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 1}
+    values = {
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 70,
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 5,
+        pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 1,
+    }
     calls: list[tuple[int, int]] = []
 
     def counter(handle: object, link: int, which: int) -> int:
@@ -247,8 +272,10 @@ def test_nvlink_throughput_reads_all_links_from_field_values() -> None:
     with mock.patch.object(pynvml, "nvmlDeviceGetFieldValues", autospec=True, return_value=values) as fv:
         assert PynvmlApi().nvlink_throughput_kib(HANDLE) == (123456, 654321)
     asked = fv.call_args.args[1]
-    assert asked == [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),
-                     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF)]
+    assert asked == [
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF),
+    ]
     values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
     with (
         mock.patch.object(pynvml, "nvmlDeviceGetFieldValues", autospec=True, return_value=values),

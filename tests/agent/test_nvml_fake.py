@@ -92,8 +92,12 @@ def test_profile_matches_its_capture(key: str) -> None:
     fake = FakeNvml([p])
     fake.init()
     h = fake.device_handle(0)
-    assert number(field(idle, "ECC Errors", "Volatile", "DRAM Correctable")) == fake.ecc_error_total(h, False, False)
-    assert number(field(idle, "ECC Errors", "Aggregate", "DRAM Uncorrectable")) == fake.ecc_error_total(h, True, True)
+    assert number(field(idle, "ECC Errors", "Volatile", "DRAM Correctable")) == fake.ecc_error_total(
+        h, False, False
+    )
+    assert number(field(idle, "ECC Errors", "Aggregate", "DRAM Uncorrectable")) == fake.ecc_error_total(
+        h, True, True
+    )
     remap_line = next(ln for ln in idle if ln.split(":")[0].strip() == "Remapped Rows")
     if remap_line.rstrip().endswith("N/A"):  # not reported while MIG is on
         with pytest.raises(NotSupported):
@@ -113,8 +117,11 @@ def test_mig_profile_instances_match_the_capture() -> None:
     p = PROFILES["h100-mig"]
     idle = Capture(p.capture).q("idle")
     gis = [int(ln.split(":")[1]) for ln in idle if ln.strip().startswith("GPU Instance ID")]
-    totals = [int(number(idle[i + 1].split(":")[1])) for i, ln in enumerate(idle)
-              if ln.strip() == "Shared FB Memory Usage"]
+    totals = [
+        int(number(idle[i + 1].split(":")[1]))
+        for i, ln in enumerate(idle)
+        if ln.strip() == "Shared FB Memory Usage"
+    ]
     assert gis == [s.gpu_instance_id for s in p.mig]
     assert totals == [s.mem_total_mib for s in p.mig]
 

@@ -47,7 +47,9 @@ def test_h100_row_in_catalog_units() -> None:
     assert row["mem_total_mib"] == 81559 and row["mem_used_mib"] == 19818
     assert row["sm_clock_mhz"] == 1980 and row["sm_clock_max_mhz"] == 1980 and row["mem_clock_mhz"] == 2619
     assert row["temp_c"] == 59 and row["mem_temp_c"] == 55
-    assert row["pcie_gen"] == 5 and row["pcie_gen_max"] == 5 and row["pcie_width"] == row["pcie_width_max"] == 16
+    assert (
+        row["pcie_gen"] == 5 and row["pcie_gen_max"] == 5 and row["pcie_width"] == row["pcie_width_max"] == 16
+    )
     assert row["pcie_tx_bytes_s"] == 352 * 1024 and row["pcie_rx_bytes_s"] == 329 * 1024
     assert row["throttle_reasons"] == 0 and row["ecc_dbe_vol"] == 0 and row["xid"] == 0
     assert set(row) <= set(NVML_FIELDS) | {"gpu"}
@@ -242,8 +244,15 @@ def test_health_counters_every_nth_collect() -> None:
     src, fake = make("h100", "l40s")
     src = NvmlSource(fake, sys_root="/nonexistent", health_every=3)
     g = fake.gpu(0)
-    g.set(ecc_sbe=7, ecc_sbe_agg=31, ecc_dbe_agg=1, remapped_correctable=2, remapped_uncorrectable=1,
-          remap_pending=True, pcie_replays=42)
+    g.set(
+        ecc_sbe=7,
+        ecc_sbe_agg=31,
+        ecc_dbe_agg=1,
+        remapped_correctable=2,
+        remapped_uncorrectable=1,
+        remap_pending=True,
+        pcie_replays=42,
+    )
     g.nvlink_up[3] = False
     g.nvlink_counters[0] = [100, 4, 0]
     g.nvlink_counters[3] = [50, 1, 1]
@@ -254,7 +263,11 @@ def test_health_counters_every_nth_collect() -> None:
     assert (row["remapped_rows_pending"], row["remapped_rows_failed"]) == (1, 0)
     assert row["pcie_replay_count"] == 42
     assert (row["nvlink_links_max"], row["nvlink_links_up"]) == (18, 17)
-    assert (row["nvlink_crc_errors"], row["nvlink_replay_errors"], row["nvlink_recovery_errors"]) == (150, 5, 1)
+    assert (row["nvlink_crc_errors"], row["nvlink_replay_errors"], row["nvlink_recovery_errors"]) == (
+        150,
+        5,
+        1,
+    )
     l40s = first[(1, None)]
     assert l40s["pcie_replay_count"] == 0 and l40s["remapped_rows_pending"] == 0
     # No NVLink on the L40S: link counts and counters are NULL (the keys left out), never 0.

@@ -30,7 +30,8 @@ def test_generated_modules_match_the_proto(tmp_path: Path) -> None:
     for path in gen.generate(tmp_path):
         committed = ROOT / "agent" / "k8s" / path.name
         assert committed.read_bytes() == path.read_bytes(), (
-            f"{committed.relative_to(ROOT)} differs from what the proto generates: run python tools/gen_podresources.py")
+            f"{committed.relative_to(ROOT)} differs from what the proto generates: run python tools/gen_podresources.py"
+        )
 
 
 def test_the_proto_is_the_kubelets_v1_api() -> None:
@@ -49,15 +50,24 @@ def test_the_proto_is_the_kubelets_v1_api() -> None:
     F = pb.DESCRIPTOR.message_types_by_name["PodResources"].fields[0]
     STR, MSG, I64 = F.TYPE_STRING, F.TYPE_MESSAGE, F.TYPE_INT64
     assert fields("ListPodResourcesResponse") == {"pod_resources": (1, MSG, True)}
-    assert fields("PodResources") == {"name": (1, STR, False), "namespace": (2, STR, False),
-                                      "containers": (3, MSG, True), "cpu_ids": (4, I64, True),
-                                      "memory": (5, MSG, True)}
+    assert fields("PodResources") == {
+        "name": (1, STR, False),
+        "namespace": (2, STR, False),
+        "containers": (3, MSG, True),
+        "cpu_ids": (4, I64, True),
+        "memory": (5, MSG, True),
+    }
     assert fields("ContainerResources")["devices"] == (2, MSG, True)
     assert fields("ContainerResources")["dynamic_resources"] == (5, MSG, True)
-    assert fields("ContainerDevices") == {"resource_name": (1, STR, False), "device_ids": (2, STR, True),
-                                          "topology": (3, MSG, False)}
+    assert fields("ContainerDevices") == {
+        "resource_name": (1, STR, False),
+        "device_ids": (2, STR, True),
+        "topology": (3, MSG, False),
+    }
     assert fields("GetPodResourcesRequest") == {"pod_name": (1, STR, False), "pod_namespace": (2, STR, False)}
     assert fields("GetPodResourcesResponse") == {"pod_resources": (1, MSG, False)}
     # Bytes as the kubelet writes them: field 1 (pod_resources) of a List answer, field 2 (namespace)...
-    raw = pb.ListPodResourcesResponse(pod_resources=[pb.PodResources(name="p", namespace="n")]).SerializeToString()
+    raw = pb.ListPodResourcesResponse(
+        pod_resources=[pb.PodResources(name="p", namespace="n")]
+    ).SerializeToString()
     assert raw == b"\x0a\x06\x0a\x01p\x12\x01n"

@@ -47,8 +47,11 @@ def test_apply_to_every_gpu_of_the_run_and_restore_at_its_end(tmp_path: Path) ->
     assert limits(fake) == [450.0, 450.0, 450.0, 700.0]
     report = f.facts()["power_caps"]["job-7"]
     assert report["state"] == "applied" and report["previous_w"] == {"0": 700.0, "1": 700.0, "2": 700.0}
-    assert json.loads((tmp_path / "caps.json").read_text())["job-7"]["previous_mw"] == {"0": 700000, "1": 700000,
-                                                                                        "2": 700000}
+    assert json.loads((tmp_path / "caps.json").read_text())["job-7"]["previous_mw"] == {
+        "0": 700000,
+        "1": 700000,
+        "2": 700000,
+    }
     f.sync()  # nothing new: nothing touched
     assert fake.calls["set_power_management_limit_mw"] == 3
     api.plans = []  # the run ended (or the plan was withdrawn)
@@ -91,8 +94,10 @@ def test_without_root_nothing_is_set(tmp_path: Path) -> None:
     f = PlanFollower(PowerCapper(fake, tmp_path / "caps.json"), api)
     api.plans = [Plan("job-7", 1, 450.0, (0, 1))]
     f.sync()
-    assert f.facts()["power_caps"]["job-7"]["state"] == "failed" and "no permission" in \
-        f.facts()["power_caps"]["job-7"]["detail"]
+    assert (
+        f.facts()["power_caps"]["job-7"]["state"] == "failed"
+        and "no permission" in f.facts()["power_caps"]["job-7"]["detail"]
+    )
     assert limits(fake) == [700.0, 700.0]
 
 
@@ -121,9 +126,13 @@ def test_an_unreachable_api_leaves_the_gpus_alone(tmp_path: Path) -> None:
 
 
 def test_plans_are_checked() -> None:
-    assert parse_plans({"plans": [{"run_id": "r", "revision": 3, "limit_w": 450, "gpus": [0, 1]}]}) == \
-        [Plan("r", 3, 450.0, (0, 1))]
-    for bad in ({}, {"plans": [{"run_id": "r"}]}, {"plans": [{"run_id": "r", "revision": 1, "limit_w": 0,
-                                                              "gpus": [0]}]}):
+    assert parse_plans({"plans": [{"run_id": "r", "revision": 3, "limit_w": 450, "gpus": [0, 1]}]}) == [
+        Plan("r", 3, 450.0, (0, 1))
+    ]
+    for bad in (
+        {},
+        {"plans": [{"run_id": "r"}]},
+        {"plans": [{"run_id": "r", "revision": 1, "limit_w": 0, "gpus": [0]}]},
+    ):
         with pytest.raises(ValueError, match="power-cap plans"):
             parse_plans(bad)

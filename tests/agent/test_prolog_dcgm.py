@@ -44,8 +44,13 @@ def fake_dcgmi(tmp_path: Path, doc: Path, status: int) -> Path:
 
 def prolog(tmp_path: Path, bin_dir: Path | None, **env: str) -> subprocess.CompletedProcess[str]:
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}" if bin_dir else "/usr/bin:/bin"
-    full = {"PATH": path, "GPUFLEET_CONF": "/nonexistent", "GPUFLEET_NODE": "n1",
-            "GPUFLEET_DCGM_DIAG_FILE": str(tmp_path / "state" / "dcgm-diag.json"), **env}
+    full = {
+        "PATH": path,
+        "GPUFLEET_CONF": "/nonexistent",
+        "GPUFLEET_NODE": "n1",
+        "GPUFLEET_DCGM_DIAG_FILE": str(tmp_path / "state" / "dcgm-diag.json"),
+        **env,
+    }
     return subprocess.run(["sh", str(PROLOG)], env=full, capture_output=True, text=True, timeout=60)
 
 

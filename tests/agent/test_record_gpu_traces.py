@@ -34,9 +34,29 @@ NAME = "dry"
 GPUS = 2
 INTERVALS = {"1s": 1.0, "100ms": 0.1}
 SCENARIOS = ("healthy", "slow_loader", "checkpoint")
-ARGS = ["--dry-run", "--name", NAME, "--seconds", "3", "--lead-in", "1", "--warmup", "0.3",
-        "--loader-period", "1.2", "--loader-busy", "0.4", "--loader-workers", "2",
-        "--ckpt-every", "1", "--dry-gpus", str(GPUS), "--node", "rehearsal-01"]
+ARGS = [
+    "--dry-run",
+    "--name",
+    NAME,
+    "--seconds",
+    "3",
+    "--lead-in",
+    "1",
+    "--warmup",
+    "0.3",
+    "--loader-period",
+    "1.2",
+    "--loader-busy",
+    "0.4",
+    "--loader-workers",
+    "2",
+    "--ckpt-every",
+    "1",
+    "--dry-gpus",
+    str(GPUS),
+    "--node",
+    "rehearsal-01",
+]
 
 
 def ts(value: str) -> float:
@@ -46,8 +66,9 @@ def ts(value: str) -> float:
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("out")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *ARGS],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *ARGS], capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     tree = tmp_path_factory.mktemp("tree")
@@ -75,8 +96,19 @@ def test_one_archive_is_all_that_is_left_in_out(recording: dict[str, Any]) -> No
 
 def test_script_loads_nothing_the_recording_machine_lacks(recording: dict[str, Any]) -> None:
     modules = set(json.loads((recording["root"] / "recording.json").read_text())["modules"])
-    missing_there = {"pydantic", "pydantic_settings", "msgpack", "orjson", "zstandard", "psycopg", "sqlalchemy",
-                     "fastapi", "httpx", "typer", "yaml"}
+    missing_there = {
+        "pydantic",
+        "pydantic_settings",
+        "msgpack",
+        "orjson",
+        "zstandard",
+        "psycopg",
+        "sqlalchemy",
+        "fastapi",
+        "httpx",
+        "typer",
+        "yaml",
+    }
     assert not modules & missing_there
     assert "torch" not in modules and "pynvml" not in modules
     # The agent's own sources, under the one installed name.
@@ -127,7 +159,9 @@ def test_labels_events_are_the_logged_events_inside_the_recorded_span(recording:
                 assert ev.end is not None
                 assert abs(ev.start - lg["start"]) <= 0.001 and abs(ev.end - lg["end"]) <= 0.001
                 assert b.t_min <= ev.start <= ev.end <= b.t_max, (d, ev)
-        spans = [(i.start, i.end) for i in labels.incidents] + [(h.start, h.end) for h in labels.hard_negatives]
+        spans = [(i.start, i.end) for i in labels.incidents] + [
+            (h.start, h.end) for h in labels.hard_negatives
+        ]
         for start, end in spans:
             assert end is not None and b.t_min <= start <= end <= b.t_max
         run = labels.runs[0]
@@ -162,8 +196,12 @@ def test_expected_findings_use_the_simulators_vocabulary(recording: dict[str, An
             assert all(e.detail["bytes"] > 0 and e.detail["fsync"] for e in saves)
             # A save far under --ckpt-min-s grows the state (up to the cap) for the next one.
             (resize,) = [e for e in labels.events if e.type == "checkpoint_resize"]
-            assert resize.detail["after_bytes"] == 4 * resize.detail["before_bytes"] == saves[1].detail["bytes"]
-            assert [ts(a) for a, _ in inc.evidence["stalls"]] == pytest.approx([e.start for e in saves], abs=0.001)
+            assert (
+                resize.detail["after_bytes"] == 4 * resize.detail["before_bytes"] == saves[1].detail["bytes"]
+            )
+            assert [ts(a) for a, _ in inc.evidence["stalls"]] == pytest.approx(
+                [e.start for e in saves], abs=0.001
+            )
 
 
 def test_golden_nvml_readings_hold_one_record_per_tick_per_gpu(recording: dict[str, Any]) -> None:

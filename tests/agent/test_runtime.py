@@ -89,9 +89,15 @@ class WithFacts(Steady):
 
 
 def build(sources: list[Any], interval_s: float = 0.1, **kw: Any) -> Scheduler:
-    sched = Scheduler.build(sources, interval_s=interval_s, schedules=kw.pop("schedules", {}),
-                            default_timeout_s=kw.pop("timeout_s", None), metrics=AgentMetrics(),
-                            want_processes=False, rng=random.Random(0))
+    sched = Scheduler.build(
+        sources,
+        interval_s=interval_s,
+        schedules=kw.pop("schedules", {}),
+        default_timeout_s=kw.pop("timeout_s", None),
+        metrics=AgentMetrics(),
+        want_processes=False,
+        rng=random.Random(0),
+    )
     sched.start()
     return sched
 
@@ -154,7 +160,9 @@ def test_slow_source_within_its_timeout_joins_the_next_tick() -> None:
             return super().collect()
 
     slow = Slow("slow", gpus=1)
-    sched = build([Steady(), slow], interval_s=0.1, schedules={"slow": SourceSchedule(interval_s=0.3, timeout_s=0.25)})
+    sched = build(
+        [Steady(), slow], interval_s=0.1, schedules={"slow": SourceSchedule(interval_s=0.3, timeout_s=0.25)}
+    )
     seen = []
     for n in range(7):
         seen.append([o.source for o in sched.tick(n).outcomes if o.reading])
@@ -199,7 +207,9 @@ def test_the_tick_that_asks_for_facts_gathers_them_within_its_window(due: bool) 
     # The facts are read after the reading, on the source's thread: the tick waits for them too,
     # or the first batch goes out without them on a busy host.
     src = SlowFacts(0.05)
-    sched = build([src], interval_s=0.6, schedules={} if due else {"withfacts": SourceSchedule(interval_s=1.2)})
+    sched = build(
+        [src], interval_s=0.6, schedules={} if due else {"withfacts": SourceSchedule(interval_s=1.2)}
+    )
     worker = sched.workers[0]
     tick = worker.phase if due else 1 - worker.phase
     sched.request_facts()
@@ -229,20 +239,32 @@ def test_facts_slower_than_the_window_do_not_hold_the_tick() -> None:
 
 
 def test_later_sources_fill_only_what_earlier_ones_left_empty() -> None:
-    nvml = Reading(gpus=[
-        {"gpu": 0, "mig_instance": None, "power_w": 300.0, "util_pct": None, "uuid": "GPU-0"},
-        {"gpu": 0, "mig_instance": 3, "mem_used_mib": 10.0},
-        {"gpu": 1, "mig_instance": None, "power_w": 310.0},
-    ], host={"cpu_user_pct": 5.0, "host_power_w": None})
-    dcgm = Reading(gpus=[
-        {"gpu": 0, "mig_instance": None, "power_w": 999.0, "util_pct": 87.0, "sm_active": 0.7},
-        {"gpu": 0, "mig_instance": 3, "sm_active": 0.2},
-        {"gpu": 2, "sm_active": 0.1},
-    ], host={"cpu_user_pct": 99.0, "host_power_w": 450.0})
+    nvml = Reading(
+        gpus=[
+            {"gpu": 0, "mig_instance": None, "power_w": 300.0, "util_pct": None, "uuid": "GPU-0"},
+            {"gpu": 0, "mig_instance": 3, "mem_used_mib": 10.0},
+            {"gpu": 1, "mig_instance": None, "power_w": 310.0},
+        ],
+        host={"cpu_user_pct": 5.0, "host_power_w": None},
+    )
+    dcgm = Reading(
+        gpus=[
+            {"gpu": 0, "mig_instance": None, "power_w": 999.0, "util_pct": 87.0, "sm_active": 0.7},
+            {"gpu": 0, "mig_instance": 3, "sm_active": 0.2},
+            {"gpu": 2, "sm_active": 0.1},
+        ],
+        host={"cpu_user_pct": 99.0, "host_power_w": 450.0},
+    )
     rows, host = merge_readings([nvml, dcgm])
     assert [(r["gpu"], r.get("mig_instance")) for r in rows] == [(0, None), (0, 3), (1, None), (2, None)]
-    assert rows[0] == {"gpu": 0, "mig_instance": None, "power_w": 300.0, "util_pct": 87.0, "uuid": "GPU-0",
-                       "sm_active": 0.7}
+    assert rows[0] == {
+        "gpu": 0,
+        "mig_instance": None,
+        "power_w": 300.0,
+        "util_pct": 87.0,
+        "uuid": "GPU-0",
+        "sm_active": 0.7,
+    }
     assert rows[1]["sm_active"] == 0.2 and rows[1]["mem_used_mib"] == 10.0
     assert host == {"cpu_user_pct": 5.0, "host_power_w": 450.0}
     # Order matters: the first source wins.
@@ -254,9 +276,15 @@ def test_later_sources_fill_only_what_earlier_ones_left_empty() -> None:
 
 
 def settings(**kw: Any) -> AgentSettings:
-    base: dict[str, Any] = {"interval_s": 0.1, "ship_interval_s": 0.3, "metrics_port": 0, "token": "t",
-                            "collector_url": "http://127.0.0.1:9", "attribute_processes": False,
-                            "start_jitter_s": 0.0}
+    base: dict[str, Any] = {
+        "interval_s": 0.1,
+        "ship_interval_s": 0.3,
+        "metrics_port": 0,
+        "token": "t",
+        "collector_url": "http://127.0.0.1:9",
+        "attribute_processes": False,
+        "start_jitter_s": 0.0,
+    }
     return AgentSettings.model_validate({**base, **kw})
 
 
@@ -264,7 +292,11 @@ def decode_segments(spool_dir: Path) -> list[dict[str, Any]]:
     out = []
     for path in sorted(spool_dir.glob("*.seg")):
         body = path.read_bytes()[12:]
-        out.append(as_lists(msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False)))
+        out.append(
+            as_lists(
+                msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False)
+            )
+        )
     return out
 
 
@@ -277,8 +309,14 @@ def test_agent_ticks_merge_stamp_and_seal(tmp_path: Path) -> None:
     host.collect = lambda: Reading(host={"cpu_user_pct": 12.5, "cpu_count": 64})  # type: ignore[method-assign]
     node_facts = {"hostname": "n1", "cpu_governor": "performance"}
     clock = iter(1_700_000_000.0 + i for i in range(1000))
-    agent = Agent(settings(ship_interval_s=60), [NvmlSource(fake, sys_root="/nonexistent"), dcgm_like, host], node="node-a",
-                  spool_dir=tmp_path, wall=lambda: next(clock), facts_of_node=lambda: dict(node_facts))
+    agent = Agent(
+        settings(ship_interval_s=60),
+        [NvmlSource(fake, sys_root="/nonexistent"), dcgm_like, host],
+        node="node-a",
+        spool_dir=tmp_path,
+        wall=lambda: next(clock),
+        facts_of_node=lambda: dict(node_facts),
+    )
     agent.start(ship=False, serve_metrics=False)
     for _ in range(4):
         agent.tick()
@@ -292,7 +330,9 @@ def test_agent_ticks_merge_stamp_and_seal(tmp_path: Path) -> None:
     assert n == 8 and g["gpu"] == [0, 1] * 4
     assert g["time"][0::2] == g["time"][1::2]  # one stamp per tick
     assert g["power_w"] == [pytest.approx(588.39)] * n  # NVML first...
-    assert g["sm_active"] == [pytest.approx(0.9)] * n  # ...DCGM fills what NVML cannot measure (float4 on the wire)
+    assert (
+        g["sm_active"] == [pytest.approx(0.9)] * n
+    )  # ...DCGM fills what NVML cannot measure (float4 on the wire)
     assert batch["host"]["cpu_user_pct"] == [12.5] * 4
     facts = batch["facts"]
     assert facts["hostname"] == "n1" and facts["driver_version"] == "590.48.01" and facts["gpu_count"] == 2
@@ -303,8 +343,13 @@ def test_facts_go_in_the_first_batch_and_again_only_on_change(tmp_path: Path) ->
     node_facts = {"hostname": "n1", "cpu_governor": "performance"}
     # Node checks off: they read this machine's live counters, which change between refreshes
     # (tests/agent/test_agentfacts.py covers them on a fixed tree).
-    agent = Agent(settings(facts_interval_s=0.25, node_checks=False), [Steady()], node="node-a", spool_dir=tmp_path,
-                  facts_of_node=lambda: dict(node_facts))
+    agent = Agent(
+        settings(facts_interval_s=0.25, node_checks=False),
+        [Steady()],
+        node="node-a",
+        spool_dir=tmp_path,
+        facts_of_node=lambda: dict(node_facts),
+    )
     agent.start(ship=False, serve_metrics=False)
     with_facts = []
     for i in range(12):
@@ -321,8 +366,16 @@ def test_facts_go_in_the_first_batch_and_again_only_on_change(tmp_path: Path) ->
 
 
 def test_unusable_values_become_null_not_a_refused_batch(tmp_path: Path) -> None:
-    weird = Steady("weird", gpus=1, power_w=math.nan, util_pct=140.0, temp_c=55.0, ecc_dbe_vol=True,
-                   made_up_field=3, xid=2**40)
+    weird = Steady(
+        "weird",
+        gpus=1,
+        power_w=math.nan,
+        util_pct=140.0,
+        temp_c=55.0,
+        ecc_dbe_vol=True,
+        made_up_field=3,
+        xid=2**40,
+    )
     weird_host = Steady("weirdhost", gpus=0)
     weird_host.collect = lambda: Reading(host={"cpu_user_pct": -1.0, "cpu_count": 8})  # type: ignore[method-assign]
     agent = Agent(settings(), [weird, weird_host], node="node-a", spool_dir=tmp_path, facts_of_node=dict)
@@ -352,8 +405,13 @@ def test_malformed_rows_are_left_out_and_counted(tmp_path: Path) -> None:
 
 def test_run_loop_ticks_on_schedule_and_seals_every_ship_interval(tmp_path: Path) -> None:
     src = Steady(gpus=1)
-    agent = Agent(settings(interval_s=0.1, ship_interval_s=0.4), [src], node="node-a", spool_dir=tmp_path,
-                  facts_of_node=dict)
+    agent = Agent(
+        settings(interval_s=0.1, ship_interval_s=0.4),
+        [src],
+        node="node-a",
+        spool_dir=tmp_path,
+        facts_of_node=dict,
+    )
     agent.start(ship=False, serve_metrics=False)
     stop = threading.Event()
     th = threading.Thread(target=agent.run, args=(stop,))
@@ -373,16 +431,27 @@ def test_run_loop_ticks_on_schedule_and_seals_every_ship_interval(tmp_path: Path
 
 def test_metrics_endpoint(tmp_path: Path) -> None:
     port = free_port()
-    agent = Agent(settings(metrics_port=port, metrics_host="127.0.0.1"), [Steady(), Failing()], node="node-a",
-                  spool_dir=tmp_path, facts_of_node=dict)
+    agent = Agent(
+        settings(metrics_port=port, metrics_host="127.0.0.1"),
+        [Steady(), Failing()],
+        node="node-a",
+        spool_dir=tmp_path,
+        facts_of_node=dict,
+    )
     agent.start(ship=False)
     agent.tick()
     text = httpx.get(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5).text
-    for name in ("gpufleet_agent_samples_collected_total{source=\"steady\"} 2.0",
-                 "gpufleet_agent_source_errors_total{kind=\"error\",source=\"failing\"} 1.0",
-                 "gpufleet_agent_spool_bytes", "gpufleet_agent_spool_segments", "gpufleet_agent_batches_sent_total",
-                 "gpufleet_agent_batches_retried_total", "gpufleet_agent_batches_dead_lettered_total",
-                 "gpufleet_agent_samples_dropped_total", "gpufleet_agent_last_ship_success_timestamp_seconds"):
+    for name in (
+        'gpufleet_agent_samples_collected_total{source="steady"} 2.0',
+        'gpufleet_agent_source_errors_total{kind="error",source="failing"} 1.0',
+        "gpufleet_agent_spool_bytes",
+        "gpufleet_agent_spool_segments",
+        "gpufleet_agent_batches_sent_total",
+        "gpufleet_agent_batches_retried_total",
+        "gpufleet_agent_batches_dead_lettered_total",
+        "gpufleet_agent_samples_dropped_total",
+        "gpufleet_agent_last_ship_success_timestamp_seconds",
+    ):
         assert name in text, name
     agent.shutdown(ship_s=0)
 
@@ -436,5 +505,7 @@ def test_entry_point_refuses_what_a_person_must_fix(tmp_path: Path) -> None:
     # Fake GPUs stand in for NVML, in its place in the list.
     srcs = make_sources(AgentSettings(sources=["host", "nvml"]), fake_nvml=3)
     assert [s.name for s in srcs] == ["host", "nvml"] and len(srcs[1].collect().gpus) == 3
-    agent = build_agent(base.model_copy(update={"agent": AgentSettings(token="t", node="n-1", sources=["host"])}))
+    agent = build_agent(
+        base.model_copy(update={"agent": AgentSettings(token="t", node="n-1", sources=["host"])})
+    )
     assert agent.node == "n-1" and agent.spool.dir == tmp_path / "agent-spool"

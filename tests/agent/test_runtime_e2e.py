@@ -23,9 +23,18 @@ from tests.collector.conftest import Collector, collector  # noqa: F401  (the fi
 
 
 def agent_for(c: Collector, spool: Path, **kw: Any) -> Agent:
-    s = AgentSettings.model_validate({
-        "collector_url": c.url, "token": c.tokens["node-a"], "interval_s": 0.1, "ship_interval_s": 0.3,
-        "metrics_port": 0, "start_jitter_s": 0.0, "attribute_processes": False, **kw})
+    s = AgentSettings.model_validate(
+        {
+            "collector_url": c.url,
+            "token": c.tokens["node-a"],
+            "interval_s": 0.1,
+            "ship_interval_s": 0.3,
+            "metrics_port": 0,
+            "start_jitter_s": 0.0,
+            "attribute_processes": False,
+            **kw,
+        }
+    )
     fake = FakeNvml([H100_SXM, H100_SXM])
     for g in fake.gpus:
         g.load()
@@ -56,8 +65,13 @@ def test_agent_samples_land_in_the_collector(collector: Collector, tmp_path: Pat
     n_host = rows(collector.db, "SELECT count(*) FROM host_samples WHERE node = 'node-a'")[0][0]
     assert n_gpu == 2 * n_host and n_gpu + n_host == s.delivered
     # Every tick stamped once, no duplicates, NVML values in catalog units, attribution applied.
-    assert rows(collector.db, "SELECT count(*) FROM (SELECT time, gpu FROM gpu_samples "
-                              "GROUP BY 1, 2 HAVING count(*) > 1) d")[0][0] == 0
+    assert (
+        rows(
+            collector.db,
+            "SELECT count(*) FROM (SELECT time, gpu FROM gpu_samples GROUP BY 1, 2 HAVING count(*) > 1) d",
+        )[0][0]
+        == 0
+    )
     by_gpu = dict(rows(collector.db, "SELECT gpu, max(run_id) FROM gpu_samples GROUP BY gpu"))
     assert by_gpu == {0: None, 1: "run-42"}
     power = rows(collector.db, "SELECT min(power_w), max(power_w), max(mem_total_mib) FROM gpu_samples")[0]
@@ -116,7 +130,9 @@ def test_collector_outage_is_bridged_by_the_spool(collector: Collector, tmp_path
     th.join(5)
     assert agent.shutdown(ship_s=5) is True
     s = agent.spool.stats
-    n = rows(collector.db, "SELECT (SELECT count(*) FROM gpu_samples) + (SELECT count(*) FROM host_samples)")[0][0]
+    n = rows(collector.db, "SELECT (SELECT count(*) FROM gpu_samples) + (SELECT count(*) FROM host_samples)")[
+        0
+    ][0]
     assert n == s.spooled == s.delivered
 
 
@@ -149,7 +165,10 @@ def test_shipments_a_ship_interval_apart_keep_one_connection(collector: Collecto
 
 
 def test_a_keepalive_not_longer_than_the_ship_interval_is_warned_about(
-        collector: Collector, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    collector: Collector,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     agent = agent_for(collector, tmp_path / "spool", ship_interval_s=5.0, keepalive_s=5.0)
     with caplog.at_level(logging.WARNING, logger="gpufleet.agent.runtime"):
         agent.start(ship=False, serve_metrics=False)

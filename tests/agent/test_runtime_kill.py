@@ -25,19 +25,43 @@ def start_agent(c: Collector, tmp_path: Path, log_name: str) -> subprocess.Popen
     token.write_text(c.tokens["node-a"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     env["GPUFLEET_DATA_DIR"] = str(tmp_path / "data")
-    cmd = [sys.executable, "-m", "gpufleet.cli", "agent", "--fake-nvml", "2", "--source", "host",
-           "--node", "node-a", "--collector-url", c.url, "--token-file", str(token),
-           "--spool-dir", str(tmp_path / "spool"), "--interval", str(INTERVAL_S), "--ship-interval", "1",
-           "--metrics-port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpufleet.cli",
+        "agent",
+        "--fake-nvml",
+        "2",
+        "--source",
+        "host",
+        "--node",
+        "node-a",
+        "--collector-url",
+        c.url,
+        "--token-file",
+        str(token),
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        "--interval",
+        str(INTERVAL_S),
+        "--ship-interval",
+        "1",
+        "--metrics-port",
+        "0",
+    ]
     log = open(tmp_path / log_name, "wb")  # noqa: SIM115  (closed with the process)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def gpu0_times(db: str) -> list[float]:
     with psycopg.connect(db) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT extract(epoch FROM time)::float8 FROM gpu_samples WHERE node = 'node-a' AND gpu = 0 "
-            "ORDER BY time").fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT extract(epoch FROM time)::float8 FROM gpu_samples WHERE node = 'node-a' AND gpu = 0 "
+                "ORDER BY time"
+            ).fetchall()
+        ]
 
 
 def wait_for(pred: object, timeout: float) -> None:
@@ -49,8 +73,10 @@ def wait_for(pred: object, timeout: float) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_kill_9_loses_at_most_the_current_tick_and_duplicates_nothing(collector: Collector,  # noqa: F811
-                                                                     tmp_path: Path) -> None:
+def test_kill_9_loses_at_most_the_current_tick_and_duplicates_nothing(
+    collector: Collector,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     first = start_agent(collector, tmp_path, "first.log")
     try:
         wait_for(lambda: len(gpu0_times(collector.db)) >= 5, 30)

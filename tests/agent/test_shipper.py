@@ -57,7 +57,9 @@ class ScriptedCollector:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                doc = msgpack.unpackb(zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False)
+                doc = msgpack.unpackb(
+                    zstandard.ZstdDecompressor().decompressobj().decompress(body), raw=False
+                )
                 outer.seen.append(Seen(time.monotonic(), doc["batch_id"], dict(self.headers)))
                 reply = outer.replies.pop(0) if len(outer.replies) > 1 else outer.replies[0]
                 if reply.delay_s:
@@ -103,7 +105,9 @@ def serve(made: list[ScriptedCollector], *replies: Reply) -> ScriptedCollector:
 
 
 def spool_with(tmp_path: Path, segments: int) -> Spool:
-    spool = Spool(tmp_path, lambda recs, bid: encode_batch(to_batch(recs, bid, "node-a")), max_bytes=10**8).open()
+    spool = Spool(
+        tmp_path, lambda recs, bid: encode_batch(to_batch(recs, bid, "node-a")), max_bytes=10**8
+    ).open()
     for i in range(segments):
         spool.append(tick_record(1000.0 + i, [{"gpu": 0, "power_w": 1.0}], {"cpu_user_pct": 1.0}))
         spool.seal()
@@ -168,8 +172,9 @@ def test_2xx_deletes_in_order_and_carries_the_token(tmp_path: Path, script: list
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
-def test_final_refusals_are_sent_once_then_dead_lettered(tmp_path: Path, script: list[ScriptedCollector],
-                                                         status: int) -> None:
+def test_final_refusals_are_sent_once_then_dead_lettered(
+    tmp_path: Path, script: list[ScriptedCollector], status: int
+) -> None:
     srv = serve(script, Reply(status, body={"detail": "no"}), Reply(200))
     spool = spool_with(tmp_path, 2)
     sh = shipper(spool, srv.url)
@@ -187,8 +192,9 @@ def test_final_refusals_are_sent_once_then_dead_lettered(tmp_path: Path, script:
 
 
 @pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
-def test_retryable_answers_keep_the_segment_and_retry_it_first(tmp_path: Path, script: list[ScriptedCollector],
-                                                               status: int) -> None:
+def test_retryable_answers_keep_the_segment_and_retry_it_first(
+    tmp_path: Path, script: list[ScriptedCollector], status: int
+) -> None:
     srv = serve(script, Reply(status), Reply(status), Reply(200))
     spool = spool_with(tmp_path, 2)
     sh = shipper(spool, srv.url)
@@ -217,7 +223,9 @@ def test_retry_after_is_honoured(tmp_path: Path, script: list[ScriptedCollector]
     assert all(b - a >= 1.0 for a, b in itertools.pairwise(times))
 
 
-def test_timeouts_and_refused_connections_are_retried(tmp_path: Path, script: list[ScriptedCollector]) -> None:
+def test_timeouts_and_refused_connections_are_retried(
+    tmp_path: Path, script: list[ScriptedCollector]
+) -> None:
     spool = spool_with(tmp_path, 1)
     # Nobody listens on this port.
     down = shipper(spool, f"http://127.0.0.1:{free_port()}")
@@ -236,8 +244,9 @@ def test_timeouts_and_refused_connections_are_retried(tmp_path: Path, script: li
     sh.close()
 
 
-def test_drain_ships_what_it_can_and_stops_at_the_first_retry(tmp_path: Path,
-                                                              script: list[ScriptedCollector]) -> None:
+def test_drain_ships_what_it_can_and_stops_at_the_first_retry(
+    tmp_path: Path, script: list[ScriptedCollector]
+) -> None:
     srv = serve(script, Reply(200), Reply(503))
     spool = spool_with(tmp_path, 3)
     sh = shipper(spool, srv.url)
@@ -248,7 +257,9 @@ def test_drain_ships_what_it_can_and_stops_at_the_first_retry(tmp_path: Path,
     sh.close()
 
 
-def test_drain_respects_its_deadline_with_a_hung_collector(tmp_path: Path, script: list[ScriptedCollector]) -> None:
+def test_drain_respects_its_deadline_with_a_hung_collector(
+    tmp_path: Path, script: list[ScriptedCollector]
+) -> None:
     srv = serve(script, Reply(200, delay_s=3.0))
     spool = spool_with(tmp_path, 1)
     sh = shipper(spool, srv.url, timeout_s=10.0)

@@ -39,8 +39,12 @@ def test_default_settings_build_nvml_and_host_without_touching_hardware() -> Non
 
 
 def test_settings_reach_the_sources() -> None:
-    settings = agent_settings(sources=["dcgm_exporter", "host", "dcgm"], host_power_w=420.0,
-                              dcgm_exporter_url="http://10.0.0.1:9400/metrics", interval_s=2.0)
+    settings = agent_settings(
+        sources=["dcgm_exporter", "host", "dcgm"],
+        host_power_w=420.0,
+        dcgm_exporter_url="http://10.0.0.1:9400/metrics",
+        interval_s=2.0,
+    )
     exporter, host, dcgm = registry.build_sources(settings)
     assert isinstance(exporter, DcgmExporterSource) and exporter.url == "http://10.0.0.1:9400/metrics"
     assert isinstance(host, HostSource) and host.host_power_w == 420.0
@@ -81,7 +85,9 @@ def test_host_source_reads_the_configured_proc_root(tmp_path: Path) -> None:
     proc = realdata("sysstat", "root1", "proc")
     sys_root = tmp_path / "sys"
     sys_root.mkdir()
-    (host,) = registry.build_sources(agent_settings(sources=["host"], proc_root=str(proc), sys_root=str(sys_root)))
+    (host,) = registry.build_sources(
+        agent_settings(sources=["host"], proc_root=str(proc), sys_root=str(sys_root))
+    )
     assert isinstance(host, HostSource)
     assert host.proc_root == proc and host.sys_root == sys_root
     row = host.collect().host

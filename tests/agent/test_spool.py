@@ -216,10 +216,12 @@ def test_samples_accounting_invariant_over_a_mixed_history(tmp_path: Path) -> No
     assert s.spooled == s.delivered + s.dropped_full + s.dropped_dead + spool.pending_samples
     m = spool.metrics
     assert m.value("gpufleet_agent_samples_spooled_total") == produced
-    assert (m.value("gpufleet_agent_samples_delivered_total")
-            + m.value("gpufleet_agent_samples_dropped_total", reason="spool_full")
-            + m.value("gpufleet_agent_samples_dropped_total", reason="dead_letter")
-            + spool.pending_samples) == produced
+    assert (
+        m.value("gpufleet_agent_samples_delivered_total")
+        + m.value("gpufleet_agent_samples_dropped_total", reason="spool_full")
+        + m.value("gpufleet_agent_samples_dropped_total", reason="dead_letter")
+        + spool.pending_samples
+    ) == produced
 
 
 def test_dead_letters_are_kept_aside_with_the_reason_and_capped(tmp_path: Path) -> None:
@@ -253,8 +255,9 @@ def test_corrupt_sealed_segment_is_detected_before_sending(tmp_path: Path) -> No
         spool.read(spool.lease())  # type: ignore[arg-type]
 
 
-def test_failed_write_is_counted_and_leaves_the_segment_readable(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_is_counted_and_leaves_the_segment_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spool = make(tmp_path)
     spool.append(rec(1.0))
     real_write = os.write

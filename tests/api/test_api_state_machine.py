@@ -98,21 +98,37 @@ class Env:
 
     def ship(self, node: str, doc: dict[str, Any]) -> httpx.Response:
         body, headers = encode(doc)
-        r = httpx.post(self.collector + "/v1/ingest", content=body,
-                       headers={**headers, "Authorization": f"Bearer {self.tokens[node]}"}, timeout=60)
+        r = httpx.post(
+            self.collector + "/v1/ingest",
+            content=body,
+            headers={**headers, "Authorization": f"Bearer {self.tokens[node]}"},
+            timeout=60,
+        )
         self.statuses[r.status_code] += 1
         assert r.status_code < 500, f"{r.status_code} ingest as {node}: {r.text[:300]}"
         return r
 
     def snapshot(self) -> dict[str, Any]:
         c = self.conn
-        runs = {r[0]: r[1:] for r in c.execute(
-            'SELECT run_id, name, team, labels::text, start, "end", params, site, source FROM runs').fetchall()}
+        runs = {
+            r[0]: r[1:]
+            for r in c.execute(
+                'SELECT run_id, name, team, labels::text, start, "end", params, site, source FROM runs'
+            ).fetchall()
+        }
         allocs = {tuple(r) for r in c.execute("SELECT run_id, node, gpu FROM run_allocations").fetchall()}
-        progress = {tuple(r) for r in c.execute("SELECT run_id, time, tokens, samples FROM run_progress").fetchall()}
+        progress = {
+            tuple(r) for r in c.execute("SELECT run_id, time, tokens, samples FROM run_progress").fetchall()
+        }
         sites = {tuple(r) for r in c.execute("SELECT * FROM sites").fetchall()}
         settings = {tuple(r) for r in c.execute("SELECT * FROM site_settings").fetchall()}  # the dated values
-        return {"runs": runs, "allocs": allocs, "progress": progress, "sites": sites, "site_settings": settings}
+        return {
+            "runs": runs,
+            "allocs": allocs,
+            "progress": progress,
+            "sites": sites,
+            "site_settings": settings,
+        }
 
 
 def _iso(minutes: float) -> str:
@@ -123,8 +139,11 @@ def _iso(minutes: float) -> str:
 roles = st.one_of(st.sampled_from(("admin", "n1", "n2", "n3")), st.sampled_from(ROLES))
 run_ids = st.sampled_from(RUN_IDS)
 offsets = st.one_of(st.integers(-5000, 300), st.sampled_from([-1441, -1439, 0, 1439, 1441]))
-numbers = st.one_of(st.sampled_from([math.inf, -math.inf, math.nan, 1e308, 1.0, 2.5, -1.0]),
-                    st.floats(allow_nan=True, allow_infinity=True), st.integers(-10, 10**12))
+numbers = st.one_of(
+    st.sampled_from([math.inf, -math.inf, math.nan, 1e308, 1.0, 2.5, -1.0]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-10, 10**12),
+)
 
 
 class ApiMachine(RuleBasedStateMachine):
@@ -134,8 +153,10 @@ class ApiMachine(RuleBasedStateMachine):
         super().__init__()
         e = self.env
         e.sequences += 1
-        e.conn.execute("DELETE FROM run_progress; DELETE FROM run_allocations; DELETE FROM runs; "
-                       "DELETE FROM run_sightings")
+        e.conn.execute(
+            "DELETE FROM run_progress; DELETE FROM run_allocations; DELETE FROM runs; "
+            "DELETE FROM run_sightings"
+        )
         #: Totals of each run first seen closed, and the runs an admin changed since (theirs to change).
         self.closed: dict[str, tuple[Any, ...]] = {}
         self.admin_touched: set[str] = set()
@@ -154,8 +175,9 @@ class ApiMachine(RuleBasedStateMachine):
         elif who in NODES:
             self._node_wrote_only_its_own(who, before, after, method, path)
         elif who == "progress":
-            assert {k: v for k, v in after.items() if k != "progress"} == \
-                {k: v for k, v in before.items() if k != "progress"}, f"{method} {path} as progress"
+            assert {k: v for k, v in after.items() if k != "progress"} == {
+                k: v for k, v in before.items() if k != "progress"
+            }, f"{method} {path} as progress"
         elif who == "admin" and path.startswith("/v1/runs"):
             run_id = path.split("/")[3] if path.count("/") >= 3 else (kw.get("json") or {}).get("run_id")
             self.admin_touched.update({run_id} if run_id else set(after["runs"]))
@@ -164,8 +186,9 @@ class ApiMachine(RuleBasedStateMachine):
         return r
 
     @staticmethod
-    def _node_wrote_only_its_own(node: str, before: dict[str, Any], after: dict[str, Any], method: str,
-                                 path: str) -> None:
+    def _node_wrote_only_its_own(
+        node: str, before: dict[str, Any], after: dict[str, Any], method: str, path: str
+    ) -> None:
         where = f"{method} {path} as node {node}"
         assert after["sites"] == before["sites"] and after["site_settings"] == before["site_settings"], where
         new_allocs = after["allocs"] - before["allocs"]
@@ -182,14 +205,25 @@ class ApiMachine(RuleBasedStateMachine):
                 # an inferred run on this node's GPUs gives way to its registration, or is adopted by it:
                 # gone, ended where the registration begins, or registered by this node, never moved back
                 if now_row is not None:
-                    assert now_row[3] == start and now_row[1] == team and now_row[5] == params, (where, run_id)
-                    assert now_row[7] == "inferred" or json.loads(now_row[2]).get(REGISTERED_BY) == \
-                        f"node:{node}", (where, run_id)
+                    assert now_row[3] == start and now_row[1] == team and now_row[5] == params, (
+                        where,
+                        run_id,
+                    )
+                    assert (
+                        now_row[7] == "inferred"
+                        or json.loads(now_row[2]).get(REGISTERED_BY) == f"node:{node}"
+                    ), (where, run_id)
                 continue
             assert now_row is not None, (where, run_id)
             # never name, team, labels, params, start or site of an existing run
-            assert (now_row[0], now_row[1], now_row[2], now_row[3], now_row[5], now_row[6]) == \
-                (name, team, labels, start, params, site), where
+            assert (now_row[0], now_row[1], now_row[2], now_row[3], now_row[5], now_row[6]) == (
+                name,
+                team,
+                labels,
+                start,
+                params,
+                site,
+            ), where
             if run_id not in held_before:
                 assert now_row == row, (where, run_id)  # not this node's run: its end is unchanged too
             elif now_row[4] != end:
@@ -206,8 +240,9 @@ class ApiMachine(RuleBasedStateMachine):
         for run_id, *_ in after["progress"] - before["progress"]:
             assert run_id in held_before, (where, run_id)
 
-    def _samples_added_only_what_the_node_saw(self, node: str, before: dict[str, Any],
-                                              after: dict[str, Any]) -> None:
+    def _samples_added_only_what_the_node_saw(
+        self, node: str, before: dict[str, Any], after: dict[str, Any]
+    ) -> None:
         where = f"samples of node {node} and the inferred-run pass"
         for run_id, row in before["runs"].items():
             now_row = after["runs"].get(run_id)
@@ -221,24 +256,47 @@ class ApiMachine(RuleBasedStateMachine):
             server = {k for k in json.loads(row[2]) if is_server_label(k)}
             assert server <= SERVER_SET, (where, run_id, server)
             if row[7] == "inferred":
-                assert not server & {"gpufleet.ended_by", REGISTERED_BY} or run_id in before["runs"], (where, run_id)
+                assert not server & {"gpufleet.ended_by", REGISTERED_BY} or run_id in before["runs"], (
+                    where,
+                    run_id,
+                )
 
     # -------------------------------------------------------------- rules
 
-    @rule(node=st.sampled_from(NODES), run_id=run_ids, gpus=st.sets(st.integers(0, GPUS - 1), min_size=1),
-          age_s=st.sampled_from([30, 600, 7200, 13 * 86400]),
-          facts=st.sampled_from([None, {"gpufleet.ended_by": "x", "team": "t"}, {"owner": "o"}]))
-    def ship_samples(self, node: str, run_id: str, gpus: set[int], age_s: int, facts: dict[str, str] | None) -> None:
+    @rule(
+        node=st.sampled_from(NODES),
+        run_id=run_ids,
+        gpus=st.sets(st.integers(0, GPUS - 1), min_size=1),
+        age_s=st.sampled_from([30, 600, 7200, 13 * 86400]),
+        facts=st.sampled_from([None, {"gpufleet.ended_by": "x", "team": "t"}, {"owner": "o"}]),
+    )
+    def ship_samples(
+        self, node: str, run_id: str, gpus: set[int], age_s: int, facts: dict[str, str] | None
+    ) -> None:
         """A node's samples naming a run (power only: a counter bridging hours could add late energy to a
         closed window, which is telemetry arriving late, not a rewrite), then the inferred-run pass."""
         t0 = datetime.now(UTC).timestamp() - age_s
         rows = [(t0 + k, g) for k in range(3) for g in sorted(gpus)]
-        doc: dict[str, Any] = {"batch_id": f"{node}:{self.env.steps}:{t0}", "node": node,
-                               "gpu": {"time": [r[0] for r in rows], "gpu": [r[1] for r in rows],
-                                       "run_id": [run_id] * len(rows), "power_w": [150.0] * len(rows)}}
+        doc: dict[str, Any] = {
+            "batch_id": f"{node}:{self.env.steps}:{t0}",
+            "node": node,
+            "gpu": {
+                "time": [r[0] for r in rows],
+                "gpu": [r[1] for r in rows],
+                "run_id": [run_id] * len(rows),
+                "power_w": [150.0] * len(rows),
+            },
+        }
         if facts is not None:
-            doc["facts"] = {"runs": {run_id: {"name": "inferred", "team": facts.get("team"),
-                                              "labels": {k: v for k, v in facts.items() if k != "team"}}}}
+            doc["facts"] = {
+                "runs": {
+                    run_id: {
+                        "name": "inferred",
+                        "team": facts.get("team"),
+                        "labels": {k: v for k, v in facts.items() if k != "team"},
+                    }
+                }
+            }
         before = self.env.snapshot()
         r = self.env.ship(node, doc)
         self.late_samples = True
@@ -250,12 +308,29 @@ class ApiMachine(RuleBasedStateMachine):
             assert after["runs"] == before["runs"] and after["allocs"] == before["allocs"], r.text
         self._samples_added_only_what_the_node_saw(node, before, after)
 
-    @rule(who=roles, run_id=st.one_of(st.none(), run_ids), node=st.sampled_from(NODES),
-          gpus=st.sets(st.integers(0, GPUS - 1), min_size=1), start=offsets,
-          length=st.one_of(st.none(), st.integers(-10, 5000)), name=st.sampled_from([None, "pretrain", "eval"]),
-          team=st.sampled_from([None, "teamA", "=HYPERLINK(1)"]), labels=st.sampled_from([None, {"cc": "A"}]))
-    def create_run(self, who: str, run_id: str | None, node: str, gpus: set[int], start: int, length: int | None,
-                   name: str | None, team: str | None, labels: dict[str, str] | None) -> None:
+    @rule(
+        who=roles,
+        run_id=st.one_of(st.none(), run_ids),
+        node=st.sampled_from(NODES),
+        gpus=st.sets(st.integers(0, GPUS - 1), min_size=1),
+        start=offsets,
+        length=st.one_of(st.none(), st.integers(-10, 5000)),
+        name=st.sampled_from([None, "pretrain", "eval"]),
+        team=st.sampled_from([None, "teamA", "=HYPERLINK(1)"]),
+        labels=st.sampled_from([None, {"cc": "A"}]),
+    )
+    def create_run(
+        self,
+        who: str,
+        run_id: str | None,
+        node: str,
+        gpus: set[int],
+        start: int,
+        length: int | None,
+        name: str | None,
+        team: str | None,
+        labels: dict[str, str] | None,
+    ) -> None:
         body: dict[str, Any] = {"allocations": [{"node": node, "gpus": sorted(gpus)}], "start": _iso(start)}
         if run_id is not None:
             body["run_id"] = run_id
@@ -266,30 +341,49 @@ class ApiMachine(RuleBasedStateMachine):
                 body[k] = v
         self._write(who, "POST", "/v1/runs", json=body)
 
-    @rule(who=roles, run_id=run_ids, change=st.one_of(
-        st.fixed_dictionaries({"end": st.one_of(st.none(), offsets.map(_iso))}),
-        st.fixed_dictionaries({"team": st.sampled_from(["teamB", "@SUM(1)"])}),
-        st.fixed_dictionaries({"name": st.just("renamed")}),
-        st.fixed_dictionaries({"labels": st.just({"x": "y"})}),
-        st.fixed_dictionaries({"params": st.integers(1, 10**9)}),
-        st.fixed_dictionaries({"allocations": st.tuples(st.sampled_from(NODES), st.integers(0, GPUS - 1)).map(
-            lambda a: [{"node": a[0], "gpus": [a[1]]}])})))
+    @rule(
+        who=roles,
+        run_id=run_ids,
+        change=st.one_of(
+            st.fixed_dictionaries({"end": st.one_of(st.none(), offsets.map(_iso))}),
+            st.fixed_dictionaries({"team": st.sampled_from(["teamB", "@SUM(1)"])}),
+            st.fixed_dictionaries({"name": st.just("renamed")}),
+            st.fixed_dictionaries({"labels": st.just({"x": "y"})}),
+            st.fixed_dictionaries({"params": st.integers(1, 10**9)}),
+            st.fixed_dictionaries(
+                {
+                    "allocations": st.tuples(st.sampled_from(NODES), st.integers(0, GPUS - 1)).map(
+                        lambda a: [{"node": a[0], "gpus": [a[1]]}]
+                    )
+                }
+            ),
+        ),
+    )
     def patch_run(self, who: str, run_id: str, change: dict[str, Any]) -> None:
         self._write(who, "PATCH", f"/v1/runs/{run_id}", json=change)
 
     registered = Bundle("registered")
 
-    @rule(target=registered, run_id=run_ids, node=st.sampled_from(NODES),
-          gpus=st.sets(st.integers(0, GPUS - 1), min_size=1), start=st.integers(-3000, -10),
-          length=st.one_of(st.none(), st.integers(1, 600)), by_node=st.booleans())
-    def register(self, run_id: str, node: str, gpus: set[int], start: int, length: int | None,
-                 by_node: bool) -> tuple[str, str]:
+    @rule(
+        target=registered,
+        run_id=run_ids,
+        node=st.sampled_from(NODES),
+        gpus=st.sets(st.integers(0, GPUS - 1), min_size=1),
+        start=st.integers(-3000, -10),
+        length=st.one_of(st.none(), st.integers(1, 600)),
+        by_node=st.booleans(),
+    )
+    def register(
+        self, run_id: str, node: str, gpus: set[int], start: int, length: int | None, by_node: bool
+    ) -> tuple[str, str]:
         """A registration that is usually accepted: an admin's (often already ended) or a node's hook."""
         body: dict[str, Any] = {"run_id": run_id, "allocations": [{"node": node, "gpus": sorted(gpus)}]}
         if by_node:
             body["start"] = _iso(max(start, -60))
         else:
-            body.update(start=_iso(start), team="teamA", **({} if length is None else {"end": _iso(start + length)}))
+            body.update(
+                start=_iso(start), team="teamA", **({} if length is None else {"end": _iso(start + length)})
+            )
         self._write(node if by_node else "admin", "POST", "/v1/runs", json=body)
         return run_id, node
 
@@ -300,21 +394,51 @@ class ApiMachine(RuleBasedStateMachine):
         run_id, node = run
         self._write(node, "PATCH", f"/v1/runs/{run_id}", json={"end": end})
 
-    @rule(who=st.one_of(st.just("admin"), roles), run_id=run_ids, tokens=numbers, at=st.one_of(st.none(), offsets))
+    @rule(
+        who=st.one_of(st.just("admin"), roles),
+        run_id=run_ids,
+        tokens=numbers,
+        at=st.one_of(st.none(), offsets),
+    )
     def progress(self, who: str, run_id: str, tokens: float, at: int | None) -> None:
         body = json.dumps({"tokens": tokens, **({} if at is None else {"time": _iso(at)})}, allow_nan=True)
-        self._write(who, "POST", f"/v1/runs/{run_id}/progress", content=body,
-                    headers={"Content-Type": "application/json"})
+        self._write(
+            who,
+            "POST",
+            f"/v1/runs/{run_id}/progress",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
 
-    @rule(who=st.one_of(st.just("admin"), roles), method=st.sampled_from(["PUT", "PATCH"]),
-          field=st.sampled_from(["pue", "price_per_kwh", "gpu_hour_price", "carbon_g_per_kwh"]), value=numbers)
+    @rule(
+        who=st.one_of(st.just("admin"), roles),
+        method=st.sampled_from(["PUT", "PATCH"]),
+        field=st.sampled_from(["pue", "price_per_kwh", "gpu_hour_price", "carbon_g_per_kwh"]),
+        value=numbers,
+    )
     def site(self, who: str, method: str, field: str, value: float) -> None:
         body = json.dumps({field: value}, allow_nan=True)
         self._write(who, method, "/v1/sites/eu1", content=body, headers={"Content-Type": "application/json"})
 
-    @rule(who=roles, run_id=run_ids, what=st.sampled_from(
-        ["/v1/runs", "/v1/runs/{}", "/v1/runs/{}/accounting", "/v1/runs/{}/incidents", "/v1/incidents",
-         "/v1/reports/runs.csv", "/v1/accounting", "/v1/nodes", "/runs/{}", "/accounting", "/v1/sites"]))
+    @rule(
+        who=roles,
+        run_id=run_ids,
+        what=st.sampled_from(
+            [
+                "/v1/runs",
+                "/v1/runs/{}",
+                "/v1/runs/{}/accounting",
+                "/v1/runs/{}/incidents",
+                "/v1/incidents",
+                "/v1/reports/runs.csv",
+                "/v1/accounting",
+                "/v1/nodes",
+                "/runs/{}",
+                "/accounting",
+                "/v1/sites",
+            ]
+        ),
+    )
     def read(self, who: str, run_id: str, what: str) -> None:
         path = what.format(run_id)
         params = {}
@@ -342,29 +466,44 @@ class ApiMachine(RuleBasedStateMachine):
         for run_id in list(self.closed):
             if run_id in self.admin_touched:
                 del self.closed[run_id]
-        rows = self.env.conn.execute('SELECT run_id, source FROM runs WHERE "end" IS NOT NULL AND "end" < %s',
-                                     (closed_before,)).fetchall()
+        rows = self.env.conn.execute(
+            'SELECT run_id, source FROM runs WHERE "end" IS NOT NULL AND "end" < %s', (closed_before,)
+        ).fetchall()
         for run_id, source in rows:
             if run_id in self.admin_touched:
                 continue
             r = self.env.call("finance", "GET", f"/v1/runs/{run_id}/accounting", params={"source": "raw"})
             assert r.status_code == 200, r.text
             b = r.json()
-            totals = (b["start"], b["end"], b["gpu_count"], b["gpu_hours"], b["compute_cost"], b["gpu_kwh"],
-                      b["total_cost"])
+            totals = (
+                b["start"],
+                b["end"],
+                b["gpu_count"],
+                b["gpu_hours"],
+                b["compute_cost"],
+                b["gpu_kwh"],
+                b["total_cost"],
+            )
             seen = self.closed.setdefault(run_id, totals)
             if self.late_samples and seen[:5] == totals[:5]:
                 # a node's samples for a window may arrive after it closed (a spool drained): its energy is
                 # telemetry arriving late, bounded by what the GPU can draw; window, GPU-hours and their
                 # price still stand
                 seen = self.closed[run_id] = totals
-            if seen != totals and source == "inferred" and totals[:3] == (seen[0], totals[1], seen[2]) \
-                    and totals[1] > seen[1] and totals[3] >= seen[3]:
+            if (
+                seen != totals
+                and source == "inferred"
+                and totals[:3] == (seen[0], totals[1], seen[2])
+                and totals[1] > seen[1]
+                and totals[3] >= seen[3]
+            ):
                 self.closed[run_id] = totals  # grew forward from samples continuing it
                 continue
             assert seen == totals, (run_id, seen, totals)
         # a run reopened by samples continuing it is open again: its next close is a new baseline
-        open_now = {r[0] for r in self.env.conn.execute('SELECT run_id FROM runs WHERE "end" IS NULL').fetchall()}
+        open_now = {
+            r[0] for r in self.env.conn.execute('SELECT run_id FROM runs WHERE "end" IS NULL').fetchall()
+        }
         for run_id in open_now & set(self.closed):
             source = self.env.conn.execute("SELECT source FROM runs WHERE run_id = %s", (run_id,)).fetchone()
             assert source == ("inferred",), (run_id, "a closed registered run was reopened")
@@ -374,8 +513,12 @@ class ApiMachine(RuleBasedStateMachine):
 
     @invariant()
     def runs_plus_unallocated_is_the_total(self) -> None:
-        r = self.env.call("finance", "GET", "/v1/accounting", params={
-            "from": _iso(-60 * HISTORY_H), "to": _iso(-1), "group_by": "run", "source": "raw"})
+        r = self.env.call(
+            "finance",
+            "GET",
+            "/v1/accounting",
+            params={"from": _iso(-60 * HISTORY_H), "to": _iso(-1), "group_by": "run", "source": "raw"},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         runs, idle, dark, total = body["runs"], body["unallocated"], body["no_telemetry"], body["total"]
@@ -383,7 +526,13 @@ class ApiMachine(RuleBasedStateMachine):
         # GPU time no run held is the unallocated line where samples cover it, no_telemetry where none do
         for k in ("gpu_hours", "gpu_kwh"):
             parts = runs[k] + idle[k] + dark[k]
-            assert abs(parts - total[k]) <= 1e-9 * max(1.0, total[k]), (k, runs[k], idle[k], dark[k], total[k])
+            assert abs(parts - total[k]) <= 1e-9 * max(1.0, total[k]), (
+                k,
+                runs[k],
+                idle[k],
+                dark[k],
+                total[k],
+            )
         assert total["gpu_kwh"] > 0
 
 
@@ -403,8 +552,10 @@ def env(db: str, settings: Settings) -> Iterator[Env]:
                     for k in range(HISTORY_H * 60 + 120):
                         t = now - timedelta(hours=HISTORY_H, minutes=5) + timedelta(seconds=30 * k)
                         cp.write_row((t, n, g, 200.0 + 10 * g, None if n == "n3" else round(3e5 * k)))
-    with serve(create_app(db, settings)) as srv, \
-            serve(create_collector(db, settings, run_leader=False), **server_options(settings)) as col:
+    with (
+        serve(create_app(db, settings)) as srv,
+        serve(create_collector(db, settings, run_leader=False), **server_options(settings)) as col,
+    ):
         e = Env(srv.url, db, tokens, col.url)
         try:
             yield e
@@ -416,14 +567,27 @@ def env(db: str, settings: Settings) -> Iterator[Env]:
 @pytest.mark.timeout(3600)
 def test_random_role_sequences_keep_the_fleet_whole(env: Env) -> None:
     ApiMachine.env = env
-    run_state_machine_as_test(ApiMachine, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
-        derandomize=os.environ.get("GPUFLEET_STATEFUL_RANDOM", "") in ("", "0"),
-        suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        ApiMachine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            database=None,
+            derandomize=os.environ.get("GPUFLEET_STATEFUL_RANDOM", "") in ("", "0"),
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
     requests = sum(env.statuses.values())
     fivexx = sum(n for s, n in env.statuses.items() if s >= 500)
-    report = {"test": "api_state_machine", "sequences": env.sequences, "steps": env.steps, "requests": requests,
-              "fivexx": fivexx, "statuses": dict(sorted(env.statuses.items()))}
+    report = {
+        "test": "api_state_machine",
+        "sequences": env.sequences,
+        "steps": env.steps,
+        "requests": requests,
+        "fivexx": fivexx,
+        "statuses": dict(sorted(env.statuses.items())),
+    }
     print(json.dumps(report))
     if os.environ.get("GPUFLEET_STATEFUL_REPORT"):
         with open(os.environ["GPUFLEET_STATEFUL_REPORT"], "a") as f:

@@ -46,7 +46,11 @@ def collector_url(db: str, settings: Settings) -> Iterator[tuple[str, str]]:
 def headers_only(url: str, method: str, path: str, headers: dict[str, str], timeout: float = 5.0) -> int:
     """Send a request's headers and none of its body; the status of the answer that comes back."""
     u = urlsplit(url)
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {u.hostname}:{u.port}", *(f"{k}: {v}" for k, v in headers.items())]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {u.hostname}:{u.port}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
     with socket.create_connection((u.hostname or "127.0.0.1", u.port or 80), timeout=timeout) as s:
         s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         data = b""
@@ -63,16 +67,27 @@ HUGE = str(200 * 1024 * 1024)
 
 @pytest.mark.parametrize("path", ["/v1/runs", "/v1/sites/eu1", "/v1/tokens", "/v1/carbon/DE"])
 @pytest.mark.parametrize("auth", [None, "Bearer gpf_not-a-token"])
-def test_api_answers_a_huge_declared_body_without_reading_it(small_api: Api, path: str, auth: str | None) -> None:
-    h = {"Content-Type": "application/json", "Content-Length": HUGE, **({"Authorization": auth} if auth else {})}
-    assert headers_only(small_api.url, "POST" if path in ("/v1/runs", "/v1/tokens") else "PUT", path, h) == 413
+def test_api_answers_a_huge_declared_body_without_reading_it(
+    small_api: Api, path: str, auth: str | None
+) -> None:
+    h = {
+        "Content-Type": "application/json",
+        "Content-Length": HUGE,
+        **({"Authorization": auth} if auth else {}),
+    }
+    assert (
+        headers_only(small_api.url, "POST" if path in ("/v1/runs", "/v1/tokens") else "PUT", path, h) == 413
+    )
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer gpf_not-a-token", "Basic eDp5"])
 def test_api_reads_no_body_for_a_bad_token(small_api: Api, auth: str | None) -> None:
     # under the size limit: the token decides, before a byte of the body is read
-    h = {"Content-Type": "application/json", "Content-Length": str(API_CAP - 1),
-         **({"Authorization": auth} if auth else {})}
+    h = {
+        "Content-Type": "application/json",
+        "Content-Length": str(API_CAP - 1),
+        **({"Authorization": auth} if auth else {}),
+    }
     assert headers_only(small_api.url, "POST", "/v1/runs", h) == 401
 
 
@@ -104,7 +119,11 @@ def test_a_chunked_body_is_cut_off_at_the_limit(small_api: Api) -> None:
 
 def test_a_chunked_login_form_is_cut_off(small_api: Api) -> None:
     with small_api.client("none") as c:
-        r = c.post("/login", content=_chunks(1_000_000), headers={"Content-Type": "application/x-www-form-urlencoded"})
+        r = c.post(
+            "/login",
+            content=_chunks(1_000_000),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
     assert r.status_code == 413
 
 
@@ -128,7 +147,9 @@ def test_collector_ingest_huge_declared_body_is_refused_unread(collector_url: tu
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/metrics/fleet", "/healthz", "/readyz", "/openapi.json"])
-def test_collector_routes_without_a_body_refuse_a_large_one(collector_url: tuple[str, str], path: str) -> None:
+def test_collector_routes_without_a_body_refuse_a_large_one(
+    collector_url: tuple[str, str], path: str
+) -> None:
     url, _ = collector_url
     assert headers_only(url, "GET", path, {"Content-Length": str(10 * 1024 * 1024)}) == 413
     assert httpx.get(url + path, timeout=10).status_code < 500

@@ -10,7 +10,9 @@ from gpufleet import auth
 from tests.api.conftest import Api
 
 
-def test_a_route_refuses_a_role_the_table_no_longer_lets_read(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_route_refuses_a_role_the_table_no_longer_lets_read(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with api.client("sre") as c:
         assert c.get("/v1/runs").status_code == 200
         monkeypatch.setitem(auth.CAPABILITIES, "read", frozenset({"admin"}))

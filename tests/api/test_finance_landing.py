@@ -9,8 +9,10 @@ from tests.api.conftest import Api
 
 def test_a_finance_viewer_opening_the_fleet_page_is_sent_to_finance(api: Api) -> None:
     with httpx.Client(base_url=api.url, timeout=30, follow_redirects=False) as c:
-        for how in ({"cookies": {"gpufleet_token": api.tokens["finance"]}},
-                    {"headers": {"Authorization": f"Bearer {api.tokens['finance']}"}}):
+        for how in (
+            {"cookies": {"gpufleet_token": api.tokens["finance"]}},
+            {"headers": {"Authorization": f"Bearer {api.tokens['finance']}"}},
+        ):
             r = c.get("/", **how)  # type: ignore[arg-type]
             assert r.status_code == 303 and r.headers["location"] == "/finance", (how, r.status_code)
             assert c.get("/finance", **how).status_code == 200  # type: ignore[arg-type]

@@ -42,8 +42,16 @@ def test_run_page_hours_nan_is_400_naming_the_parameter(api: Api, run_id: str) -
     assert "hours" in r.text
 
 
-@pytest.mark.parametrize("path,status", [("/runs/x%00y", 400), ("/runs/%00", 400), ("/runs/" + "a" * 300, 404),
-                                         ("/runs/x%0Ay", 404), ("/runs/web-run%0A", 404)])
+@pytest.mark.parametrize(
+    "path,status",
+    [
+        ("/runs/x%00y", 400),
+        ("/runs/%00", 400),
+        ("/runs/" + "a" * 300, 404),
+        ("/runs/x%0Ay", 404),
+        ("/runs/web-run%0A", 404),
+    ],
+)
 def test_run_page_with_an_impossible_run_id_is_4xx(api: Api, run_id: str, path: str, status: int) -> None:
     with _cookie_client(api) as c:
         r = c.get(path)
@@ -61,20 +69,29 @@ def test_api_run_routes_with_a_nul_are_4xx(api: Api, path: str) -> None:
 def test_login_with_too_many_form_fields_is_4xx(api: Api, fields: int) -> None:
     body = "&".join(f"f{i}=x" for i in range(fields))
     with api.client("none") as c:
-        r = c.post("/login", content=body[:4000], headers={"Content-Type": "application/x-www-form-urlencoded"})
+        r = c.post(
+            "/login", content=body[:4000], headers={"Content-Type": "application/x-www-form-urlencoded"}
+        )
     assert r.status_code in (400, 413), r.text[:300]
 
 
 def test_login_with_a_long_field_is_4xx(api: Api) -> None:
     with api.client("none") as c:
-        r = c.post("/login", content="token=" + "a" * 3000,
-                   headers={"Content-Type": "application/x-www-form-urlencoded"})
+        r = c.post(
+            "/login",
+            content="token=" + "a" * 3000,
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
     assert r.status_code in (400, 401, 413)
 
 
 def test_login_with_undecodable_bytes_is_4xx(api: Api) -> None:
     with api.client("none") as c:
-        r = c.post("/login", content=b"token=\xff\xfe&next=%ff", headers={"Content-Type": "application/x-www-form-urlencoded"})
+        r = c.post(
+            "/login",
+            content=b"token=\xff\xfe&next=%ff",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
     assert 400 <= r.status_code < 500
 
 
@@ -92,23 +109,31 @@ def test_login_still_works(api: Api) -> None:
 def test_site_put_and_patch_refuse_non_finite(api: Api, field: str, value: str) -> None:
     with api.client("admin") as c:
         for method in ("PUT", "PATCH"):
-            r = c.request(method, "/v1/sites/eu9", content=f'{{"{field}": {value}}}',
-                          headers={"Content-Type": "application/json"})
+            r = c.request(
+                method,
+                "/v1/sites/eu9",
+                content=f'{{"{field}": {value}}}',
+                headers={"Content-Type": "application/json"},
+            )
             if method == "PATCH" and r.status_code == 404:
                 continue
             assert r.status_code == 422, (method, r.text)
             assert r.json()["detail"][0]["loc"][-1] == field
         c.put("/v1/sites/eu9", json={})
-        r = c.patch("/v1/sites/eu9", content=f'{{"{field}": {value}}}', headers={"Content-Type": "application/json"})
+        r = c.patch(
+            "/v1/sites/eu9", content=f'{{"{field}": {value}}}', headers={"Content-Type": "application/json"}
+        )
         assert r.status_code == 422, r.text
     with psycopg.connect(api.db) as conn:  # the site's dated settings: only the defaults PUT {} wrote
-        rows = conn.execute("SELECT setting, num FROM site_settings WHERE site = 'eu9' AND setting <> "
-                            "'carbon_region'").fetchall()
+        rows = conn.execute(
+            "SELECT setting, num FROM site_settings WHERE site = 'eu9' AND setting <> 'carbon_region'"
+        ).fetchall()
     assert dict(rows) == {"pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0, "carbon_g_per_kwh": None}
 
 
-@pytest.mark.parametrize("body", ['{"tokens": Infinity}', '{"samples": NaN}', '{"tokens": 1e400}',
-                                  '{"tokens": -Infinity}'])
+@pytest.mark.parametrize(
+    "body", ['{"tokens": Infinity}', '{"samples": NaN}', '{"tokens": 1e400}', '{"tokens": -Infinity}']
+)
 def test_progress_refuses_non_finite(api: Api, run_id: str, body: str) -> None:
     with api.client("admin") as c:
         r = c.post(f"/v1/runs/{run_id}/progress", content=body, headers={"Content-Type": "application/json"})
@@ -117,10 +142,13 @@ def test_progress_refuses_non_finite(api: Api, run_id: str, body: str) -> None:
         assert conn.execute("SELECT count(*) FROM run_progress").fetchone() == (0,)
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/sites/eu1/prices", '{"points": [{"time": "2026-01-01T00:00:00Z", "price_per_kwh": Infinity}]}'),
-    ("/v1/carbon/DE", '{"points": [{"time": "2026-01-01T00:00:00Z", "g_co2e_per_kwh": NaN}]}'),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/sites/eu1/prices", '{"points": [{"time": "2026-01-01T00:00:00Z", "price_per_kwh": Infinity}]}'),
+        ("/v1/carbon/DE", '{"points": [{"time": "2026-01-01T00:00:00Z", "g_co2e_per_kwh": NaN}]}'),
+    ],
+)
 def test_series_refuse_non_finite(api: Api, path: str, body: str) -> None:
     with api.client("admin") as c:
         c.put("/v1/sites/eu1", json={})
@@ -148,7 +176,9 @@ def test_cli_token_create_checks_the_node_name(db: str, node: str) -> None:
 
 
 def test_cli_token_create_accepts_a_real_node_name(db: str) -> None:
-    r = CliRunner().invoke(app, ["token", "create", "t1", "--role", "node", "--node", "gpu-node-01.dc1", "--db", db])
+    r = CliRunner().invoke(
+        app, ["token", "create", "t1", "--role", "node", "--node", "gpu-node-01.dc1", "--db", db]
+    )
     assert r.exit_code == 0, r.output
     assert r.output.strip().startswith("gpf_")
 

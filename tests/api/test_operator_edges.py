@@ -24,8 +24,9 @@ from gpufleet.serverthread import serve
 from tests.api.conftest import Api
 
 
-def test_a_database_without_the_schema_says_to_upgrade(pg_server: str, settings: Settings,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_a_database_without_the_schema_says_to_upgrade(
+    pg_server: str, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     with scratch_database(pg_server, "gpufleet_noschema") as url:
         r = CliRunner().invoke(app, ["site", "show", "lab", "--db", url])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
@@ -51,7 +52,8 @@ def test_docs_work_offline(api: Api) -> None:
         page = c.get("/docs")
         assert page.status_code == 200
         refs = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text) + re.findall(
-            r"""url: ?['"]([^'"]+)['"]""", page.text)
+            r"""url: ?['"]([^'"]+)['"]""", page.text
+        )
         assert refs and all(u.startswith("/") for u in refs), refs  # nothing from another host
         assert "cdn" not in page.text.lower()
         for u in refs:
@@ -65,10 +67,14 @@ def test_docs_work_offline(api: Api) -> None:
 def test_incident_by_id_and_state_all(api: Api) -> None:
     with psycopg.connect(api.db, autocommit=True) as conn:
         conn.execute("INSERT INTO runs (run_id, start) VALUES ('r', now())")
-        ids = [conn.execute("INSERT INTO incidents (kind, scope_key, run_id, state, start, last_seen, \"end\") VALUES "
-                            "(%s, %s, 'r', %s, now(), now(), %s) RETURNING id",
-                            (k, k, s, None if s == "open" else "2026-12-03T00:00:00Z")).fetchone()[0]  # type: ignore[index]
-               for k, s in (("starvation", "open"), ("throttling", "resolved"))]
+        ids = [
+            conn.execute(
+                'INSERT INTO incidents (kind, scope_key, run_id, state, start, last_seen, "end") VALUES '
+                "(%s, %s, 'r', %s, now(), now(), %s) RETURNING id",
+                (k, k, s, None if s == "open" else "2026-12-03T00:00:00Z"),
+            ).fetchone()[0]  # type: ignore[index]
+            for k, s in (("starvation", "open"), ("throttling", "resolved"))
+        ]
     with api.client("sre") as c:
         r = c.get(f"/v1/incidents/{ids[0]}")
         assert r.status_code == 200 and r.json()["kind"] == "starvation" and r.json()["id"] == ids[0]

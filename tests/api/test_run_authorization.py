@@ -71,12 +71,26 @@ def fleet(api: Api) -> Iterator[Fleet]:
         c.execute("INSERT INTO sites (site) VALUES ('eu1'), ('us1')")
         c.execute("INSERT INTO nodes (node, site) VALUES ('n1', 'eu1'), ('n2', 'eu1')")
     f = Fleet(api)
-    code, text = f.call("admin", "post", "/v1/runs", {
-        "run_id": "teamA-run", "name": "pretrain", "team": "teamA", "labels": {"cost_center": "A"},
-        "start": iso(datetime.now(UTC) - timedelta(hours=1)), "allocations": [{"node": "n2", "gpus": [0, 1, 2, 3]}]})
+    code, text = f.call(
+        "admin",
+        "post",
+        "/v1/runs",
+        {
+            "run_id": "teamA-run",
+            "name": "pretrain",
+            "team": "teamA",
+            "labels": {"cost_center": "A"},
+            "start": iso(datetime.now(UTC) - timedelta(hours=1)),
+            "allocations": [{"node": "n2", "gpus": [0, 1, 2, 3]}],
+        },
+    )
     assert code == 201, text
-    code, text = f.call("node2", "post", "/v1/runs", {
-        "run_id": "job-42", "name": "train.sh", "allocations": [{"node": "n2", "gpus": [4, 5]}]})
+    code, text = f.call(
+        "node2",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-42", "name": "train.sh", "allocations": [{"node": "n2", "gpus": [4, 5]}]},
+    )
     assert code == 201, text
     yield f
 
@@ -90,74 +104,212 @@ IN_20_HOURS = FromNow(timedelta(hours=20))
 # (who, method, path, body, expected status, check of the stored state after the call)
 CASES: list[tuple[str, str, str, dict[str, Any] | None, int, str]] = [
     # --- node token on another node's run (all of whose GPUs are on n2)
-    ("node", "patch", "/v1/runs/teamA-run", {"team": "evil", "name": "x", "labels": {"a": "b"}}, 403, "teamA_unchanged"),
+    (
+        "node",
+        "patch",
+        "/v1/runs/teamA-run",
+        {"team": "evil", "name": "x", "labels": {"a": "b"}},
+        403,
+        "teamA_unchanged",
+    ),
     ("node", "patch", "/v1/runs/teamA-run", {"end": SOON}, 403, "teamA_unchanged"),
     ("node", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 403, "no_progress_teamA"),
-    ("node", "post", "/v1/runs", {"run_id": "teamA-run", "allocations": [{"node": "n1", "gpus": [0]}]}, 403,
-     "teamA_unchanged"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "allocations": [{"node": "n2", "gpus": [7]}]}, 403,
-     "no_job_x"),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "teamA-run", "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "teamA_unchanged",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "allocations": [{"node": "n2", "gpus": [7]}]},
+        403,
+        "no_job_x",
+    ),
     # --- node token registering its own runs: times near now only, no team / labels / params
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "start": FAR_PAST, "allocations": [{"node": "n1", "gpus": [0]}]},
-     403, "no_job_x"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "start": TWO_DAYS_AGO,
-                                  "allocations": [{"node": "n1", "gpus": [0]}]}, 403, "no_job_x"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "end": IN_TWO_DAYS, "allocations": [{"node": "n1", "gpus": [0]}]},
-     403, "no_job_x"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "team": "teamA", "allocations": [{"node": "n1", "gpus": [0]}]},
-     403, "no_job_x"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "labels": {"a": "b"}, "allocations": [{"node": "n1", "gpus": [0]}]},
-     403, "no_job_x"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "site": "us1", "allocations": [{"node": "n1", "gpus": [0]}]},
-     403, "no_job_x"),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "start": FAR_PAST, "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "start": TWO_DAYS_AGO, "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "end": IN_TWO_DAYS, "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "team": "teamA", "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "labels": {"a": "b"}, "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "site": "us1", "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
     ("node", "post", "/v1/runs", {"run_id": "job-x"}, 403, "no_job_x"),
-    ("node", "post", "/v1/runs", {"run_id": "job-x", "name": "train.sh", "site": "eu1",
-                                  "allocations": [{"node": "n1", "gpus": [0]}]}, 201, "job_x_on_n1"),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "name": "train.sh", "site": "eu1", "allocations": [{"node": "n1", "gpus": [0]}]},
+        201,
+        "job_x_on_n1",
+    ),
     # --- the multi-node Slurm case: n1's prolog joins the job n2's prolog registered
-    ("node", "post", "/v1/runs", {"run_id": "job-42", "name": "train.sh", "allocations": [{"node": "n1", "gpus": [0]}]},
-     200, "job42_joined"),
-    ("node", "post", "/v1/runs", {"run_id": "job-42", "name": "other.sh", "allocations": [{"node": "n1", "gpus": [0]}]},
-     409, "job42_alone"),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-42", "name": "train.sh", "allocations": [{"node": "n1", "gpus": [0]}]},
+        200,
+        "job42_joined",
+    ),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-42", "name": "other.sh", "allocations": [{"node": "n1", "gpus": [0]}]},
+        409,
+        "job42_alone",
+    ),
     ("node", "patch", "/v1/runs/job-42", {"allocations": [{"node": "n1", "gpus": [0]}]}, 403, "job42_alone"),
     # --- node token on an admin's run of its own node: progress only, never its end, name, team or labels
     ("node2", "patch", "/v1/runs/teamA-run", {"end": SOON}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"end": IN_TWO_DAYS}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"team": "teamB"}, 403, "teamA_unchanged"),
     ("node2", "patch", "/v1/runs/teamA-run", {"labels": {"cost_center": "B"}}, 403, "teamA_unchanged"),
-    ("node2", "patch", "/v1/runs/teamA-run", {"allocations": [{"node": "n2", "gpus": [6]}]}, 403, "teamA_unchanged"),
+    (
+        "node2",
+        "patch",
+        "/v1/runs/teamA-run",
+        {"allocations": [{"node": "n2", "gpus": [6]}]},
+        403,
+        "teamA_unchanged",
+    ),
     ("node2", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
-    ("node2", "post", "/v1/runs/teamA-run/progress", {"tokens": 5, "time": FAR_PAST}, 403, "no_progress_teamA"),
+    (
+        "node2",
+        "post",
+        "/v1/runs/teamA-run/progress",
+        {"tokens": 5, "time": FAR_PAST},
+        403,
+        "no_progress_teamA",
+    ),
     # --- node token on its own hook's run: end near now (never far ahead, never reopen), add its GPUs at the start
     ("node2", "patch", "/v1/runs/job-42", {"end": None}, 403, "job42_alone"),
     ("node2", "patch", "/v1/runs/job-42", {"end": SOON}, 200, "job42_ends"),
     ("node2", "patch", "/v1/runs/job-42", {"end": IN_20_HOURS}, 403, "job42_alone"),
     ("node", "patch", "/v1/runs/job-42", {"end": SOON}, 403, "job42_alone"),
-    ("node2", "patch", "/v1/runs/job-42", {"allocations": [{"node": "n2", "gpus": [6]}]}, 200, "job42_has_n2_6"),
+    (
+        "node2",
+        "patch",
+        "/v1/runs/job-42",
+        {"allocations": [{"node": "n2", "gpus": [6]}]},
+        200,
+        "job42_has_n2_6",
+    ),
     # --- a progress token: progress of any run, nothing else; bound to a node, only runs on that node
     ("progress", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
-    ("progress", "post", "/v1/runs/teamA-run/progress", {"tokens": 5, "time": FAR_PAST}, 403, "no_progress_teamA"),
+    (
+        "progress",
+        "post",
+        "/v1/runs/teamA-run/progress",
+        {"tokens": 5, "time": FAR_PAST},
+        403,
+        "no_progress_teamA",
+    ),
     ("progress_n1", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 403, "no_progress_teamA"),
     ("progress_n2", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
     ("progress", "patch", "/v1/runs/teamA-run", {"end": SOON}, 403, "teamA_unchanged"),
-    ("progress", "post", "/v1/runs", {"run_id": "job-x", "allocations": [{"node": "n1", "gpus": [0]}]}, 403,
-     "no_job_x"),
+    (
+        "progress",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-x", "allocations": [{"node": "n1", "gpus": [0]}]},
+        403,
+        "no_job_x",
+    ),
     ("progress", "get", "/v1/runs/teamA-run", None, 403, "teamA_unchanged"),
     ("progress", "get", "/v1/accounting", None, 403, "teamA_unchanged"),
     ("progress", "post", "/v1/tokens", {"name": "x", "role": "admin"}, 403, "teamA_unchanged"),
     # --- roles above node keep their powers
-    ("admin", "patch", "/v1/runs/teamA-run", {"team": "teamB", "end": IN_TWO_DAYS}, 200, "teamA_admin_changed"),
-    ("admin", "post", "/v1/runs", {"run_id": "old", "start": "2020-01-01T00:00:00Z", "end": "2020-01-02T00:00:00Z",
-                                   "team": "t", "allocations": [{"node": "n9", "gpus": [0]}]}, 201, "old_exists"),
-    ("admin", "post", "/v1/runs", {"run_id": "teamA-run", "allocations": [{"node": "n1", "gpus": [0]}]}, 200,
-     "teamA_has_n1"),
+    (
+        "admin",
+        "patch",
+        "/v1/runs/teamA-run",
+        {"team": "teamB", "end": IN_TWO_DAYS},
+        200,
+        "teamA_admin_changed",
+    ),
+    (
+        "admin",
+        "post",
+        "/v1/runs",
+        {
+            "run_id": "old",
+            "start": "2020-01-01T00:00:00Z",
+            "end": "2020-01-02T00:00:00Z",
+            "team": "t",
+            "allocations": [{"node": "n9", "gpus": [0]}],
+        },
+        201,
+        "old_exists",
+    ),
+    (
+        "admin",
+        "post",
+        "/v1/runs",
+        {"run_id": "teamA-run", "allocations": [{"node": "n1", "gpus": [0]}]},
+        200,
+        "teamA_has_n1",
+    ),
     ("admin", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 204, "progress_teamA"),
     ("sre", "patch", "/v1/runs/teamA-run", {"end": SOON}, 403, "teamA_unchanged"),
     ("finance", "post", "/v1/runs/teamA-run/progress", {"tokens": 5}, 403, "no_progress_teamA"),
     ("nobody", "patch", "/v1/runs/teamA-run", {"end": SOON}, 401, "teamA_unchanged"),
     # --- run ids that would be unreachable afterwards
     ("admin", "post", "/v1/runs", {"run_id": "ns/job-1"}, 422, "no_slash_run"),
-    ("node", "post", "/v1/runs", {"run_id": "ns/job-1", "allocations": [{"node": "n1", "gpus": [0]}]}, 422,
-     "no_slash_run"),
+    (
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "ns/job-1", "allocations": [{"node": "n1", "gpus": [0]}]},
+        422,
+        "no_slash_run",
+    ),
 ]
 
 
@@ -166,7 +318,12 @@ def _check(f: Fleet, what: str) -> None:
     j = f.run("job-42")
     if what == "teamA_unchanged":
         assert (a["team"], a["name"], a["labels"], a["end"], a["allocations"]) == (
-            "teamA", "pretrain", {"cost_center": "A"}, None, [{"node": "n2", "gpus": [0, 1, 2, 3]}]), a
+            "teamA",
+            "pretrain",
+            {"cost_center": "A"},
+            None,
+            [{"node": "n2", "gpus": [0, 1, 2, 3]}],
+        ), a
     elif what == "teamA_admin_changed":
         assert a["team"] == "teamB" and a["end"] is not None
     elif what == "teamA_has_n1":
@@ -198,10 +355,14 @@ def _check(f: Fleet, what: str) -> None:
         raise AssertionError(f"unknown check {what}")
 
 
-@pytest.mark.parametrize("who,method,path,body,expected,check", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[4]}-{i}" for i, c in enumerate(CASES)])
-def test_role_route_outcome(fleet: Fleet, who: str, method: str, path: str, body: dict[str, Any] | None,
-                            expected: int, check: str) -> None:
+@pytest.mark.parametrize(
+    "who,method,path,body,expected,check",
+    CASES,
+    ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[4]}-{i}" for i, c in enumerate(CASES)],
+)
+def test_role_route_outcome(
+    fleet: Fleet, who: str, method: str, path: str, body: dict[str, Any] | None, expected: int, check: str
+) -> None:
     code, text = fleet.call(who, method, path, _at_call_time(body))
     assert code == expected, text
     _check(fleet, check)
@@ -210,8 +371,12 @@ def test_role_route_outcome(fleet: Fleet, who: str, method: str, path: str, body
 def test_refusals_name_the_field(fleet: Fleet) -> None:
     code, text = fleet.call("admin", "post", "/v1/runs", {"run_id": "ns/job-1"})
     assert code == 422 and '"run_id"' in text, text
-    code, text = fleet.call("node", "post", "/v1/runs", {"run_id": "job-y", "start": FAR_PAST,
-                                                         "allocations": [{"node": "n1", "gpus": [1]}]})
+    code, text = fleet.call(
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "job-y", "start": FAR_PAST, "allocations": [{"node": "n1", "gpus": [1]}]},
+    )
     assert code == 403 and "'start'" in text and "1 day" in text, text
     code, text = fleet.call("node", "patch", "/v1/runs/teamA-run", {"team": "x"})
     assert code == 403 and "'team'" in text, text
@@ -219,11 +384,23 @@ def test_refusals_name_the_field(fleet: Fleet) -> None:
 
 def test_a_far_past_start_is_not_billed_by_a_node(fleet: Fleet) -> None:
     """The issue's 71,035,373 GPU-hours: a node token cannot set a start in year 1."""
-    code, _ = fleet.call("node", "post", "/v1/runs", {"run_id": "ancient", "start": FAR_PAST,
-                                                      "allocations": [{"node": "n1", "gpus": [0, 1, 2, 3, 4, 5, 6, 7]}]})
+    code, _ = fleet.call(
+        "node",
+        "post",
+        "/v1/runs",
+        {
+            "run_id": "ancient",
+            "start": FAR_PAST,
+            "allocations": [{"node": "n1", "gpus": [0, 1, 2, 3, 4, 5, 6, 7]}],
+        },
+    )
     assert code == 403
-    code, text = fleet.call("node", "post", "/v1/runs", {"run_id": "ancient",
-                                                         "allocations": [{"node": "n1", "gpus": [0, 1, 2, 3]}]})
+    code, text = fleet.call(
+        "node",
+        "post",
+        "/v1/runs",
+        {"run_id": "ancient", "allocations": [{"node": "n1", "gpus": [0, 1, 2, 3]}]},
+    )
     assert code == 201, text
     with fleet.api.client("admin") as c:
         body = c.get("/v1/runs/ancient/accounting").json()

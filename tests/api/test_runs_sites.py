@@ -6,14 +6,28 @@ import pytest
 
 from tests.api.conftest import Api
 
-RUN = {"run_id": "llm-7b", "name": "pretrain", "site": "eu1", "team": "lm", "start": "2026-12-01T10:00:00Z",
-       "allocations": [{"node": "n1", "gpus": [0, 1, 2, 3]}, {"node": "n2", "gpus": [0, 1]}]}
+RUN = {
+    "run_id": "llm-7b",
+    "name": "pretrain",
+    "site": "eu1",
+    "team": "lm",
+    "start": "2026-12-01T10:00:00Z",
+    "allocations": [{"node": "n1", "gpus": [0, 1, 2, 3]}, {"node": "n2", "gpus": [0, 1]}],
+}
 
 
 def make_site(api: Api) -> None:
     with api.client("admin") as c:
-        r = c.put("/v1/sites/eu1", json={"pue": 1.2, "price_per_kwh": 0.25, "gpu_hour_price": 2.0,
-                                         "currency": "EUR", "carbon_region": "DE"})
+        r = c.put(
+            "/v1/sites/eu1",
+            json={
+                "pue": 1.2,
+                "price_per_kwh": 0.25,
+                "gpu_hour_price": 2.0,
+                "currency": "EUR",
+                "carbon_region": "DE",
+            },
+        )
         assert r.status_code == 200, r.text
 
 
@@ -35,7 +49,10 @@ def test_run_lifecycle(api: Api) -> None:
     with api.client("sre") as c:
         assert [x["run_id"] for x in c.get("/v1/runs", params={"state": "ended"}).json()] == ["llm-7b"]
         assert c.get("/v1/runs", params={"state": "running"}).json() == []
-        assert c.get("/v1/runs", params={"site": "eu1", "from": "2026-12-01T11:00:00Z"}).json()[0]["run_id"] == "llm-7b"
+        assert (
+            c.get("/v1/runs", params={"site": "eu1", "from": "2026-12-01T11:00:00Z"}).json()[0]["run_id"]
+            == "llm-7b"
+        )
         assert c.get("/v1/runs", params={"from": "2026-12-01T13:00:00Z"}).json() == []
 
 
@@ -63,27 +80,34 @@ def test_any_offset_python_accepts_is_taken_as_utc_and_out_of_range_times_are_42
         assert r.json()["start"].startswith("2026-12-02T09:25:00")
         assert c.get("/v1/runs", params={"to": "2026-12-01T09:00:00-23:25"}).json() == []
         assert len(c.get("/v1/runs", params={"to": "2026-12-01T10:30:00-23:25"}).json()) == 1
-        r = c.get("/v1/accounting", params={"from": "0071-01-19T02:14:14-23:25", "to": "0071-01-20T02:14:15-02:18"})
+        r = c.get(
+            "/v1/accounting", params={"from": "0071-01-19T02:14:14-23:25", "to": "0071-01-20T02:14:15-02:18"}
+        )
         assert r.status_code == 200, r.text
-        r = c.get("/v1/accounting", params={"from": "0001-01-01T00:00:00+05:00", "to": "2026-12-01T00:00:00Z"})
+        r = c.get(
+            "/v1/accounting", params={"from": "0001-01-01T00:00:00+05:00", "to": "2026-12-01T00:00:00Z"}
+        )
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "from"]
         r = c.get("/v1/carbon/DE", params={"from": "2026-12-01T00:00:00"})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "from"]
 
 
-@pytest.mark.parametrize("role,method,path,body,expected", [
-    ("finance", "put", "/v1/sites/x", {"pue": 1.1}, 403),
-    ("finance", "post", "/v1/tokens", {"name": "t", "role": "sre"}, 403),
-    ("finance", "get", "/v1/runs", None, 403),
-    ("finance", "get", "/v1/sites", None, 200),
-    ("node", "get", "/v1/runs", None, 403),
-    ("node", "get", "/v1/sites", None, 403),
-    ("node", "get", "/v1/incidents", None, 403),
-    ("sre", "get", "/v1/incidents", None, 200),
-    ("sre", "put", "/v1/sites/x", {"pue": 1.1}, 403),
-    ("sre", "post", "/v1/runs", {"run_id": "x"}, 403),
-    ("nobody", "get", "/v1/runs", None, 401),
-])
+@pytest.mark.parametrize(
+    "role,method,path,body,expected",
+    [
+        ("finance", "put", "/v1/sites/x", {"pue": 1.1}, 403),
+        ("finance", "post", "/v1/tokens", {"name": "t", "role": "sre"}, 403),
+        ("finance", "get", "/v1/runs", None, 403),
+        ("finance", "get", "/v1/sites", None, 200),
+        ("node", "get", "/v1/runs", None, 403),
+        ("node", "get", "/v1/sites", None, 403),
+        ("node", "get", "/v1/incidents", None, 403),
+        ("sre", "get", "/v1/incidents", None, 200),
+        ("sre", "put", "/v1/sites/x", {"pue": 1.1}, 403),
+        ("sre", "post", "/v1/runs", {"run_id": "x"}, 403),
+        ("nobody", "get", "/v1/runs", None, 401),
+    ],
+)
 def test_roles(api: Api, role: str, method: str, path: str, body: dict | None, expected: int) -> None:
     with api.client(role) as c:
         r = c.request(method, path, json=body)
@@ -113,15 +137,26 @@ def test_tokens_shown_once_and_revocable(api: Api) -> None:
 
 def test_carbon_and_prices(api: Api) -> None:
     make_site(api)
-    pts = [{"time": "2026-12-01T10:00:00Z", "g_co2e_per_kwh": 300}, {"time": "2026-12-01T11:00:00Z",
-                                                                      "g_co2e_per_kwh": 200}]
+    pts = [
+        {"time": "2026-12-01T10:00:00Z", "g_co2e_per_kwh": 300},
+        {"time": "2026-12-01T11:00:00Z", "g_co2e_per_kwh": 200},
+    ]
     with api.client("admin") as c:
         assert c.put("/v1/carbon/DE", json={"points": pts}).json() == {"region": "DE", "points": 2}
-        assert c.put("/v1/carbon/DE", json={"points": [{"time": "x", "g_co2e_per_kwh": 1}]}).status_code == 422
-        r = c.put("/v1/sites/eu1/prices", json={"points": [{"time": "2026-12-01T00:00:00Z", "price_per_kwh": 0.3}]})
+        assert (
+            c.put("/v1/carbon/DE", json={"points": [{"time": "x", "g_co2e_per_kwh": 1}]}).status_code == 422
+        )
+        r = c.put(
+            "/v1/sites/eu1/prices", json={"points": [{"time": "2026-12-01T00:00:00Z", "price_per_kwh": 0.3}]}
+        )
         assert r.status_code == 200
-        assert c.put("/v1/sites/zz/prices", json={"points": [{"time": "2026-12-01T00:00:00Z",
-                                                               "price_per_kwh": 0.3}]}).status_code == 404
+        assert (
+            c.put(
+                "/v1/sites/zz/prices",
+                json={"points": [{"time": "2026-12-01T00:00:00Z", "price_per_kwh": 0.3}]},
+            ).status_code
+            == 404
+        )
     with api.client("finance") as c:
         got = c.get("/v1/carbon/DE").json()["points"]
         assert [p["g_co2e_per_kwh"] for p in got] == [300, 200]

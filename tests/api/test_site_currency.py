@@ -16,14 +16,48 @@ from tests.api.conftest import Api
 
 
 def test_the_readme_command_without_a_currency_is_refused_naming_it(db: str) -> None:
-    r = CliRunner().invoke(app, ["site", "set", "eu1", "--pue", "1.2", "--price-per-kwh", "0.25",
-                                 "--gpu-hour-price", "2", "--carbon-region", "DE", "--db", db])
+    r = CliRunner().invoke(
+        app,
+        [
+            "site",
+            "set",
+            "eu1",
+            "--pue",
+            "1.2",
+            "--price-per-kwh",
+            "0.25",
+            "--gpu-hour-price",
+            "2",
+            "--carbon-region",
+            "DE",
+            "--db",
+            db,
+        ],
+    )
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert "--currency" in r.output and "never assumed" in r.output
     with psycopg.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM sites").fetchone() == (0,)  # nothing half-written
-    r = CliRunner().invoke(app, ["site", "set", "eu1", "--pue", "1.2", "--price-per-kwh", "0.25",
-                                 "--gpu-hour-price", "2", "--carbon-region", "DE", "--currency", "EUR", "--db", db])
+    r = CliRunner().invoke(
+        app,
+        [
+            "site",
+            "set",
+            "eu1",
+            "--pue",
+            "1.2",
+            "--price-per-kwh",
+            "0.25",
+            "--gpu-hour-price",
+            "2",
+            "--carbon-region",
+            "DE",
+            "--currency",
+            "EUR",
+            "--db",
+            db,
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["currency"] == "EUR"
 
@@ -35,7 +69,9 @@ def test_a_site_without_prices_has_no_currency_until_given_one(api: Api) -> None
         r = c.patch("/v1/sites/lab", json={"price_per_kwh": 0.3})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "currency"], r.text
         assert "--currency" in r.json()["detail"][0]["msg"]
-        r = c.put("/v1/sites/lab/prices", json={"points": [{"time": "2026-12-01T00:00:00Z", "price_per_kwh": 0.3}]})
+        r = c.put(
+            "/v1/sites/lab/prices", json={"points": [{"time": "2026-12-01T00:00:00Z", "price_per_kwh": 0.3}]}
+        )
         assert r.status_code == 422 and "currency" in r.text
         r = c.put("/v1/sites/lab2", json={"gpu_hour_prices": {"H100": 3.0}})
         assert r.status_code == 422 and "currency" in r.text
@@ -47,8 +83,13 @@ def test_a_site_without_prices_has_no_currency_until_given_one(api: Api) -> None
 
 def test_a_currency_change_holds_from_its_time_and_splits_a_run_across_it(api: Api) -> None:
     with api.client("admin") as c:
-        assert c.put("/v1/sites/eu", json={"pue": 1.0, "price_per_kwh": 0.2, "gpu_hour_price": 2.0,
-                                            "currency": "EUR"}).status_code == 200
+        assert (
+            c.put(
+                "/v1/sites/eu",
+                json={"pue": 1.0, "price_per_kwh": 0.2, "gpu_hour_price": 2.0, "currency": "EUR"},
+            ).status_code
+            == 200
+        )
     with psycopg.connect(api.db, autocommit=True) as conn:
         node(conn, "n1", 1, "eu")
         run(conn, "before", 0, 3600, {"n1": [0]}, site_name="eu")
@@ -58,19 +99,27 @@ def test_a_currency_change_holds_from_its_time_and_splits_a_run_across_it(api: A
         # from 2 h on, the site prices in USD: its prices must be given in USD too
         r = c.patch("/v1/sites/eu", params={"from": at(7200).isoformat()}, json={"currency": "USD"})
         assert r.status_code == 422 and "price_per_kwh" in r.text and "gpu_hour_price" in r.text
-        r = c.patch("/v1/sites/eu", params={"from": at(7200).isoformat()},
-                    json={"currency": "USD", "price_per_kwh": 0.25, "gpu_hour_price": 2.5})
+        r = c.patch(
+            "/v1/sites/eu",
+            params={"from": at(7200).isoformat()},
+            json={"currency": "USD", "price_per_kwh": 0.25, "gpu_hour_price": 2.5},
+        )
         assert r.status_code == 200, r.text
         history = c.get("/v1/sites/eu/history").json()
     assert [(h["valid_from"], h["value"]) for h in history if h["setting"] == "currency"] == [
-        ("2026-12-01T12:00:00Z", "USD")]
+        ("2026-12-01T12:00:00Z", "USD")
+    ]
     with psycopg.connect(api.db, autocommit=True) as conn:
         before = run_accounting(conn, "before", now=at(5 * 3600), source="raw")
         across = run_accounting(conn, "across", now=at(5 * 3600), source="raw")
         report = finance_report(conn, at(0), at(5 * 3600), now=at(5 * 3600), source="raw")
         fleet = fleet_accounting(conn, at(0), at(5 * 3600), now=at(5 * 3600), source="raw")
     # the run before the change keeps its currency and its amounts
-    assert before["currency"] == "EUR" and approx(before["total_cost"], 1.0 * 0.2 + 2.0) and before["errors"] == []
+    assert (
+        before["currency"] == "EUR"
+        and approx(before["total_cost"], 1.0 * 0.2 + 2.0)
+        and before["errors"] == []
+    )
     # the run across it: one hour in EUR, one in USD, never added together
     assert across["currency"] is None and across["total_cost"] is None
     assert set(across["costs_by_currency"]) == {"EUR", "USD"}
@@ -89,15 +138,37 @@ def test_a_currency_change_holds_from_its_time_and_splits_a_run_across_it(api: A
 def test_a_carbon_series_says_whether_it_is_average_or_marginal(api: Api) -> None:
     """Which carbon method a series uses is recorded with it and reported (issue 35 item 4)."""
     with api.client("admin") as c:
-        r = c.put("/v1/carbon/CAISO", json={"method": "marginal", "name": "California (CAISO)",
-                                              "points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 420.0}]})
+        r = c.put(
+            "/v1/carbon/CAISO",
+            json={
+                "method": "marginal",
+                "name": "California (CAISO)",
+                "points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 420.0}],
+            },
+        )
         assert r.status_code == 200, r.text
-        assert c.put("/v1/carbon/DE", json={"points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 380.0}]}
-                     ).status_code == 200
-        assert c.put("/v1/carbon/DE", json={"method": "hourly", "points": [
-            {"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 380.0}]}).status_code == 422
-        assert c.put("/v1/sites/ca", json={"price_per_kwh": 0.2, "currency": "USD", "carbon_region": "CAISO"}
-                     ).status_code == 200
+        assert (
+            c.put(
+                "/v1/carbon/DE", json={"points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 380.0}]}
+            ).status_code
+            == 200
+        )
+        assert (
+            c.put(
+                "/v1/carbon/DE",
+                json={
+                    "method": "hourly",
+                    "points": [{"time": "2026-12-01T00:00:00Z", "g_co2e_per_kwh": 380.0}],
+                },
+            ).status_code
+            == 422
+        )
+        assert (
+            c.put(
+                "/v1/sites/ca", json={"price_per_kwh": 0.2, "currency": "USD", "carbon_region": "CAISO"}
+            ).status_code
+            == 200
+        )
     with api.client("finance") as c:
         got = c.get("/v1/carbon/CAISO").json()
         assert (got["method"], got["name"], got["provider"]) == ("marginal", "California (CAISO)", "api")

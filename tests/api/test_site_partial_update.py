@@ -12,8 +12,14 @@ from gpufleet.cli import app
 from tests.accounting.builders import constant_power, gpu_samples, run
 from tests.api.conftest import Api
 
-FULL = {"pue": 1.3, "price_per_kwh": 0.25, "gpu_hour_price": 2.0, "currency": "USD", "carbon_region": "DE",
-        "carbon_g_per_kwh": 400.0}
+FULL = {
+    "pue": 1.3,
+    "price_per_kwh": 0.25,
+    "gpu_hour_price": 2.0,
+    "currency": "USD",
+    "carbon_region": "DE",
+    "carbon_g_per_kwh": 400.0,
+}
 MONEY = ("pue", "facility_kwh", "co2e_kg", "energy_cost", "compute_cost", "total_cost")
 
 
@@ -56,17 +62,26 @@ def test_cli_site_set_changes_one_setting_from_now(api: Api) -> None:
     # a new site from the CLI takes the defaults for what is not given, from the beginning
     r = CliRunner().invoke(app, ["site", "set", "lab-b", "--pue", "1.1", "--currency", "EUR", "--db", api.db])
     assert r.exit_code == 0, r.output
-    assert _settings(json.loads(r.stdout)) == {"site": "lab-b", "pue": 1.1, "price_per_kwh": 0.0,
-                                               "gpu_hour_price": 0.0, "currency": "EUR", "carbon_region": None,
-                                               "carbon_g_per_kwh": None}
-    r = CliRunner().invoke(app, ["site", "set", "lab-a", "--carbon-region", "", "--clear-carbon-g-per-kwh",
-                                 "--db", api.db])
+    assert _settings(json.loads(r.stdout)) == {
+        "site": "lab-b",
+        "pue": 1.1,
+        "price_per_kwh": 0.0,
+        "gpu_hour_price": 0.0,
+        "currency": "EUR",
+        "carbon_region": None,
+        "carbon_g_per_kwh": None,
+    }
+    r = CliRunner().invoke(
+        app, ["site", "set", "lab-a", "--carbon-region", "", "--clear-carbon-g-per-kwh", "--db", api.db]
+    )
     assert r.exit_code == 0 and json.loads(r.stdout)["carbon_region"] is None, r.output
     assert json.loads(r.stdout)["carbon_g_per_kwh"] is None and json.loads(r.stdout)["pue"] == 1.5
     assert _cost(api)["co2e_kg"] == before["co2e_kg"]  # still the past's intensity
     r = CliRunner().invoke(app, ["site", "set", "lab-a", "--pue", "0.5", "--db", api.db])
     assert r.exit_code == 2 and "--pue" in r.output
-    r = CliRunner().invoke(app, ["site", "set", "lab-a", "--pue", "1.2", "--from", "yesterday", "--db", api.db])
+    r = CliRunner().invoke(
+        app, ["site", "set", "lab-a", "--pue", "1.2", "--from", "yesterday", "--db", api.db]
+    )
     assert r.exit_code == 2 and "--from" in r.output and "2026-12-01" in r.output
 
 
@@ -75,8 +90,15 @@ def test_patch_changes_only_the_fields_given(api: Api) -> None:
     before = _cost(api)
     with api.client("admin") as c:
         r = c.patch("/v1/sites/lab-a", json={"carbon_g_per_kwh": None, "gpu_hour_price": 3.0})
-        assert r.status_code == 200 and r.json()["carbon_g_per_kwh"] is None and r.json()["pue"] == 1.3, r.text
-        assert _settings(r.json()) == {"site": "lab-a", **FULL, "carbon_g_per_kwh": None, "gpu_hour_price": 3.0}
+        assert r.status_code == 200 and r.json()["carbon_g_per_kwh"] is None and r.json()["pue"] == 1.3, (
+            r.text
+        )
+        assert _settings(r.json()) == {
+            "site": "lab-a",
+            **FULL,
+            "carbon_g_per_kwh": None,
+            "gpu_hour_price": 3.0,
+        }
         r = c.patch("/v1/sites/lab-a", json={"pue": None})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "pue"]
         r = c.patch("/v1/sites/lab-a", json={"pue": 0.9})
@@ -96,27 +118,47 @@ def test_patch_changes_only_the_fields_given(api: Api) -> None:
         r = c.patch("/v1/sites/lab-a", params={"from": "2026-12-01"}, json={"gpu_hour_price": 3.0})
         assert r.status_code == 200, r.text
     back = _cost(api)
-    assert back["gpu_hour_price"] == 3.0 and back["compute_cost"] == 3.0 and back["energy_cost"] == after["energy_cost"]
+    assert (
+        back["gpu_hour_price"] == 3.0
+        and back["compute_cost"] == 3.0
+        and back["energy_cost"] == after["energy_cost"]
+    )
 
 
 def test_put_replaces_the_site_from_now_and_says_so(api: Api) -> None:
     _fill(api)
     before = _cost(api)
     with api.client("admin") as c:
-        assert c.patch("/v1/sites/lab-a", params={"from": "2027-01-01T00:00:00Z"}, json={"pue": 1.9}).status_code \
+        assert (
+            c.patch("/v1/sites/lab-a", params={"from": "2027-01-01T00:00:00Z"}, json={"pue": 1.9}).status_code
             == 200
+        )
         r = c.put("/v1/sites/lab-a", json={"currency": "USD"})
         assert r.status_code == 200
         assert r.headers["Gpufleet-Defaulted-Fields"].split(",") == [
-            "pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh"]
+            "pue",
+            "price_per_kwh",
+            "gpu_hour_price",
+            "carbon_region",
+            "carbon_g_per_kwh",
+        ]
         assert r.headers["Gpufleet-Replaced-From"].startswith("2026-")
-        assert _settings(r.json()) == {"site": "lab-a", "pue": 1.0, "price_per_kwh": 0.0, "gpu_hour_price": 0.0,
-                                       "currency": "USD", "carbon_region": None, "carbon_g_per_kwh": None}
+        assert _settings(r.json()) == {
+            "site": "lab-a",
+            "pue": 1.0,
+            "price_per_kwh": 0.0,
+            "gpu_hour_price": 0.0,
+            "currency": "USD",
+            "carbon_region": None,
+            "carbon_g_per_kwh": None,
+        }
         # the change scheduled for 2027 went with the replacement
         assert c.get("/v1/sites/lab-a", params={"at": "2027-02-01"}).json()["pue"] == 1.0
         # and what was in force before stays readable
         assert _settings(c.get("/v1/sites/lab-a", params={"at": "2026-12-01T10:30:00Z"}).json()) == {
-            "site": "lab-a", **FULL}
+            "site": "lab-a",
+            **FULL,
+        }
         r = c.put("/v1/sites/lab-a", json=FULL)
         assert "Gpufleet-Defaulted-Fields" not in r.headers
         r = c.put("/v1/sites/lab-new", json={"pue": 1.2})

@@ -14,35 +14,61 @@ from gpufleet.api.web.waste import period_start, ranking
 from tests.api.conftest import Api
 
 
-def _run(conn: psycopg.Connection, run_id: str, team: str | None, start: datetime, end: datetime, gpus: int,
-         site: str | None = "eu") -> None:
-    conn.execute('INSERT INTO runs (run_id, site, team, start, "end") VALUES (%s, %s, %s, %s, %s)',
-                 (run_id, site, team, start, end))
+def _run(
+    conn: psycopg.Connection,
+    run_id: str,
+    team: str | None,
+    start: datetime,
+    end: datetime,
+    gpus: int,
+    site: str | None = "eu",
+) -> None:
+    conn.execute(
+        'INSERT INTO runs (run_id, site, team, start, "end") VALUES (%s, %s, %s, %s, %s)',
+        (run_id, site, team, start, end),
+    )
     for g in range(gpus):
-        conn.execute("INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s)",
-                     (run_id, f"node-{run_id}", g))
+        conn.execute(
+            "INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s)",
+            (run_id, f"node-{run_id}", g),
+        )
 
 
-def _incident(conn: psycopg.Connection, kind: str, run_id: str, start: datetime, end: datetime,
-              evidence: dict[str, object]) -> None:
+def _incident(
+    conn: psycopg.Connection,
+    kind: str,
+    run_id: str,
+    start: datetime,
+    end: datetime,
+    evidence: dict[str, object],
+) -> None:
     conn.execute(
         'INSERT INTO incidents (kind, scope_key, run_id, severity, state, start, "end", last_seen, evidence) '
         "VALUES (%s, %s, %s, 'warning', 'resolved', %s, %s, %s, %s)",
-        (kind, f"{kind}|{run_id}|{start.isoformat()}", run_id, start, end, end, json.dumps(evidence)))
+        (kind, f"{kind}|{run_id}|{start.isoformat()}", run_id, start, end, end, json.dumps(evidence)),
+    )
 
 
 def fill(conn: psycopg.Connection, now: datetime) -> None:
     """Three runs of the last 20 minutes: one idle on all of its 8 GPUs, one hung half the time, one clean."""
     conn.execute("INSERT INTO sites (site, currency) VALUES ('eu', 'EUR')")
-    conn.execute("INSERT INTO site_settings (site, setting, valid_from, num) VALUES "
-                 "('eu', 'gpu_hour_price', '-infinity', 3.0), ('eu', 'pue', '-infinity', 1.0), "
-                 "('eu', 'price_per_kwh', '-infinity', 0.0)")
+    conn.execute(
+        "INSERT INTO site_settings (site, setting, valid_from, num) VALUES "
+        "('eu', 'gpu_hour_price', '-infinity', 3.0), ('eu', 'pue', '-infinity', 1.0), "
+        "('eu', 'price_per_kwh', '-infinity', 0.0)"
+    )
     t0, t1 = now - timedelta(minutes=20), now - timedelta(seconds=10)
     _run(conn, "notebook", "research", t0, t1, 8)
     _run(conn, "allreduce-stuck", "lm", t0, t1, 4)
     _run(conn, "busy", "lm", t0, t1, 4)
-    _incident(conn, "idle_allocation", "notebook", t0 - timedelta(minutes=1), t1,
-              {"gpus": [{"node": "node-notebook", "gpu": g} for g in range(8)]})
+    _incident(
+        conn,
+        "idle_allocation",
+        "notebook",
+        t0 - timedelta(minutes=1),
+        t1,
+        {"gpus": [{"node": "node-notebook", "gpu": g} for g in range(8)]},
+    )
     _incident(conn, "hung_collective", "allreduce-stuck", t0 + (t1 - t0) / 2, t1, {})
 
 
@@ -60,9 +86,14 @@ def test_ranking_puts_the_idle_notebook_first(conn: psycopg.Connection) -> None:
     assert float(r.runs[0].costs()["EUR"]) == pytest.approx(8 * hours * 3.0, abs=0.01)
 
 
-@pytest.mark.parametrize(("period", "start"), [("day", datetime(2026, 12, 9, tzinfo=UTC)),
-                                               ("week", datetime(2026, 12, 7, tzinfo=UTC)),
-                                               ("month", datetime(2026, 12, 1, tzinfo=UTC))])
+@pytest.mark.parametrize(
+    ("period", "start"),
+    [
+        ("day", datetime(2026, 12, 9, tzinfo=UTC)),
+        ("week", datetime(2026, 12, 7, tzinfo=UTC)),
+        ("month", datetime(2026, 12, 1, tzinfo=UTC)),
+    ],
+)
 def test_periods_are_calendar_periods_in_utc(period: str, start: datetime) -> None:
     assert period_start(period, datetime(2026, 12, 9, 15, 0, tzinfo=UTC)) == start  # type: ignore[arg-type]
 
@@ -77,7 +108,7 @@ def test_the_page_ranks_links_and_is_in_the_nav(api: Api) -> None:
     assert page.status_code == 200, page.text
     text = page.text
     assert '<a href="/waste" aria-current="page">Waste</a>' in text
-    runs = text[text.index("Runs that wasted most"):text.index("Teams that wasted most")]
+    runs = text[text.index("Runs that wasted most") : text.index("Teams that wasted most")]
     assert runs.index("notebook") < runs.index("allreduce-stuck") and "busy" not in runs
     assert '<a href="/runs/notebook">notebook</a>' in runs
     assert re.search(r"EUR", runs)

@@ -30,8 +30,13 @@ from gpufleet.wire import encode
 
 GRACE_S = 300.0
 #: The fleet's one site: energy at 0.30 EUR/kWh, GPU-hours at 2 EUR, 10 EUR on an H100.
-SITE = {"pue": 1.0, "price_per_kwh": 0.3, "gpu_hour_price": 2.0, "currency": "EUR",
-        "gpu_hour_prices": {"H100": 10.0}}
+SITE = {
+    "pue": 1.0,
+    "price_per_kwh": 0.3,
+    "gpu_hour_price": 2.0,
+    "currency": "EUR",
+    "gpu_hour_prices": {"H100": 10.0},
+}
 _seq = itertools.count(1)
 
 
@@ -60,8 +65,12 @@ class World:
 
     def ship(self, who: str, doc: dict[str, Any]) -> httpx.Response:
         body, headers = encode(doc)
-        return httpx.post(self.collector + "/v1/ingest", content=body,
-                          headers={**headers, "Authorization": f"Bearer {self.tokens[who]}"}, timeout=30)
+        return httpx.post(
+            self.collector + "/v1/ingest",
+            content=body,
+            headers={**headers, "Authorization": f"Bearer {self.tokens[who]}"},
+            timeout=30,
+        )
 
     def infer(self, now: float) -> Any:
         with psycopg.connect(self.db, autocommit=True) as conn:
@@ -83,14 +92,29 @@ class World:
         return body
 
 
-def batch(node: str, t0: float, seconds: int, gpus: Mapping[int, str | None], *, power_w: float = 300.0,
-          energy: dict[int, list[int]] | None = None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def batch(
+    node: str,
+    t0: float,
+    seconds: int,
+    gpus: Mapping[int, str | None],
+    *,
+    power_w: float = 300.0,
+    energy: dict[int, list[int]] | None = None,
+    facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Samples of ``gpus`` (GPU -> run id) once a second for ``seconds`` from ``t0``."""
     rows = [(t0 + s, g, r) for s in range(seconds) for g, r in gpus.items()]
     doc: dict[str, Any] = {
-        "batch_id": f"{node}:{next(_seq)}", "node": node,
-        "gpu": {"time": [r[0] for r in rows], "gpu": [r[1] for r in rows], "run_id": [r[2] for r in rows],
-                "power_w": [power_w] * len(rows), "util_pct": [90.0] * len(rows)}}
+        "batch_id": f"{node}:{next(_seq)}",
+        "node": node,
+        "gpu": {
+            "time": [r[0] for r in rows],
+            "gpu": [r[1] for r in rows],
+            "run_id": [r[2] for r in rows],
+            "power_w": [power_w] * len(rows),
+            "util_pct": [90.0] * len(rows),
+        },
+    }
     if energy is not None:
         doc["gpu"]["energy_mj"] = [energy[r[1]][int(r[0] - t0)] for r in rows]
     if facts is not None:
@@ -111,8 +135,10 @@ def world(db: str, settings: Settings) -> Iterator[World]:
         tokens["progress"] = create_token(c, "trainer", "progress")
         for n in ("node-01", "node-02"):
             tokens[n] = create_token(c, n, "node", n)
-    with serve(create_collector(db, settings, run_leader=False), **server_options(settings)) as col, \
-            serve(create_api(db, settings)) as api:
+    with (
+        serve(create_collector(db, settings, run_leader=False), **server_options(settings)) as col,
+        serve(create_api(db, settings)) as api,
+    ):
         w = World(db, col.url, api.url, tokens)
         r = w.call("admin", "put", "/v1/sites/eu1", SITE, **{"from": "2020-01-01"})
         assert r.status_code in (200, 201), r.text

@@ -46,8 +46,11 @@ def runs_locked(db: str) -> Iterator[None]:
 @pytest.fixture
 def tokens(db: str) -> dict[str, str]:
     with psycopg.connect(db, autocommit=True) as c:
-        return {"fin-1": create_token(c, "fin-1", "finance"), "fin-2": create_token(c, "fin-2", "finance"),
-                "sre": create_token(c, "sre", "sre")}
+        return {
+            "fin-1": create_token(c, "fin-1", "finance"),
+            "fin-2": create_token(c, "fin-2", "finance"),
+            "sre": create_token(c, "sre", "sre"),
+        }
 
 
 def get(url: str, token: str, path: str, **params: str) -> httpx.Response:
@@ -56,13 +59,16 @@ def get(url: str, token: str, path: str, **params: str) -> httpx.Response:
 
 def waiting_api_queries(db: str) -> int:
     with psycopg.connect(db, autocommit=True) as c:
-        row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gpufleet-api' "
-                        "AND datname = current_database() AND state = 'active' AND wait_event_type = 'Lock'").fetchone()
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gpufleet-api' "
+            "AND datname = current_database() AND state = 'active' AND wait_event_type = 'Lock'"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
-def test_a_slow_statement_is_cancelled_and_answered_naming_the_limit(db: str, settings: Settings,
-                                                                     tokens: dict[str, str]) -> None:
+def test_a_slow_statement_is_cancelled_and_answered_naming_the_limit(
+    db: str, settings: Settings, tokens: dict[str, str]
+) -> None:
     with api_with(db, settings, statement_timeout_s=0.5) as url, runs_locked(db):
         r = get(url, tokens["sre"], "/v1/runs")
         assert r.status_code == 503 and "api.statement_timeout_s" in r.text, r.text
@@ -73,16 +79,21 @@ def test_a_slow_statement_is_cancelled_and_answered_naming_the_limit(db: str, se
         assert get(url, tokens["sre"], "/v1/runs").status_code == 200
 
 
-def test_one_roles_readers_never_hold_the_whole_pool(db: str, settings: Settings, tokens: dict[str, str]) -> None:
+def test_one_roles_readers_never_hold_the_whole_pool(
+    db: str, settings: Settings, tokens: dict[str, str]
+) -> None:
     """Four finance requests that wait on the database, a pool of four: an SRE is still answered, and the
     finance requests beyond the role's share answer 429 with Retry-After instead of queueing."""
-    with api_with(db, settings, pool_size=4, statement_timeout_s=60, max_concurrent_per_token=2,
-                  concurrency_wait_s=0.2) as url:
+    with api_with(
+        db, settings, pool_size=4, statement_timeout_s=60, max_concurrent_per_token=2, concurrency_wait_s=0.2
+    ) as url:
         for t in ("fin-1", "fin-2", "sre"):
             assert get(url, tokens[t], "/v1/sites").status_code == 200  # warm the pool and the token cache
         with ThreadPoolExecutor(4) as pool, runs_locked(db):
-            finance = [pool.submit(get, url, tokens[t], "/v1/accounting", **PERIOD)
-                       for t in ("fin-1", "fin-1", "fin-2", "fin-2")]
+            finance = [
+                pool.submit(get, url, tokens[t], "/v1/accounting", **PERIOD)
+                for t in ("fin-1", "fin-1", "fin-2", "fin-2")
+            ]
             while waiting_api_queries(db) < 2:
                 threading.Event().wait(0.05)
             sre = get(url, tokens["sre"], "/v1/sites")
@@ -96,14 +107,19 @@ def test_one_roles_readers_never_hold_the_whole_pool(db: str, settings: Settings
                 threading.Event().wait(0.05)
         answers = [f.result() for f in finance]
     refused = [r for r in answers if r.status_code == 429]
-    assert len(refused) == 2 and all(r.headers.get("retry-after") for r in refused), [r.status_code for r in answers]
+    assert len(refused) == 2 and all(r.headers.get("retry-after") for r in refused), [
+        r.status_code for r in answers
+    ]
     assert "api.max_concurrent_per_role" in refused[0].text
     assert sorted(r.status_code for r in answers) == [200, 200, 429, 429]
 
 
-def test_one_token_has_a_bounded_number_of_requests_in_progress(db: str, settings: Settings,
-                                                                tokens: dict[str, str]) -> None:
-    with api_with(db, settings, statement_timeout_s=60, max_concurrent_per_token=1, concurrency_wait_s=0.2) as url:
+def test_one_token_has_a_bounded_number_of_requests_in_progress(
+    db: str, settings: Settings, tokens: dict[str, str]
+) -> None:
+    with api_with(
+        db, settings, statement_timeout_s=60, max_concurrent_per_token=1, concurrency_wait_s=0.2
+    ) as url:
         assert get(url, tokens["fin-1"], "/v1/sites").status_code == 200
         with ThreadPoolExecutor(3) as pool, runs_locked(db):
             first = pool.submit(get, url, tokens["fin-1"], "/v1/accounting", **PERIOD)

@@ -16,9 +16,18 @@ from tests.scrape import sample_value
 def test_one_counter_glitch_is_not_energy(world: World) -> None:
     """Probe 3: energy_mj 1000, 9e18, 2000, 3000 one second apart at 300 W billed 2,500,000,000 kWh."""
     t0 = whole_seconds_ago(120)
-    r = world.call("admin", "post", "/v1/runs", {"run_id": "glitch", "site": "eu1", "start": iso(at(t0)),
-                                                 "end": iso(at(t0 + 3)),
-                                                 "allocations": [{"node": "node-01", "gpus": [0]}]})
+    r = world.call(
+        "admin",
+        "post",
+        "/v1/runs",
+        {
+            "run_id": "glitch",
+            "site": "eu1",
+            "start": iso(at(t0)),
+            "end": iso(at(t0 + 3)),
+            "allocations": [{"node": "node-01", "gpus": [0]}],
+        },
+    )
     assert r.status_code == 201, r.text
     doc = batch("node-01", t0, 4, {0: None}, power_w=300.0, energy={0: [1000, 9 * 10**18, 2000, 3000]})
     r = world.ship("node-01", doc)
@@ -33,14 +42,29 @@ def test_one_counter_glitch_is_not_energy(world: World) -> None:
 def test_a_counter_jump_beyond_the_ceiling_across_batches_is_not_energy_either(world: World) -> None:
     """The glitch at the first sample of a batch: no batch sees both ends, accounting still refuses it."""
     t0 = whole_seconds_ago(120)
-    r = world.call("admin", "post", "/v1/runs", {"run_id": "glitch2", "site": "eu1", "start": iso(at(t0)),
-                                                 "end": iso(at(t0 + 3)),
-                                                 "allocations": [{"node": "node-01", "gpus": [0]}]})
+    r = world.call(
+        "admin",
+        "post",
+        "/v1/runs",
+        {
+            "run_id": "glitch2",
+            "site": "eu1",
+            "start": iso(at(t0)),
+            "end": iso(at(t0 + 3)),
+            "allocations": [{"node": "node-01", "gpus": [0]}],
+        },
+    )
     assert r.status_code == 201, r.text
     jump = int(GPU_POWER_CEILING_W * 1000 * 1.5)  # 1.5 s of the ceiling in 1 s
-    assert world.ship("node-01", batch("node-01", t0, 2, {0: None}, energy={0: [0, 300_000]})).status_code == 200
-    assert world.ship("node-01", batch("node-01", t0 + 2, 2, {0: None},
-                                       energy={0: [300_000 + jump, 600_000 + jump]})).status_code == 200
+    assert (
+        world.ship("node-01", batch("node-01", t0, 2, {0: None}, energy={0: [0, 300_000]})).status_code == 200
+    )
+    assert (
+        world.ship(
+            "node-01", batch("node-01", t0 + 2, 2, {0: None}, energy={0: [300_000 + jump, 600_000 + jump]})
+        ).status_code
+        == 200
+    )
     body = world.accounting("glitch2")
     assert body["gpu_kwh"] <= 3 * 300 / 3.6e6 * 1.01, body["gpu_kwh"]
 
@@ -55,8 +79,10 @@ def test_gpu_indices_beyond_any_node_are_refused_naming_the_sample(world: World)
     assert detail["loc"] == ["gpu", 256, "gpu"] and "max_gpu_index" in detail["msg"]
     r = world.ship("node-01", batch("node-01", t0, 1, {0: None}, facts={"gpu_count": 5000}))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["facts", "gpu_count"], r.text
-    r = world.ship("node-01", batch("node-01", t0, 1, {0: None},
-                                    facts={"gpus": [{"gpu": 4999, "name": "NVIDIA H100 80GB HBM3"}]}))
+    r = world.ship(
+        "node-01",
+        batch("node-01", t0, 1, {0: None}, facts={"gpus": [{"gpu": 4999, "name": "NVIDIA H100 80GB HBM3"}]}),
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["facts", "gpus", 0, "gpu"], r.text
     assert world.sql("SELECT gpu_count FROM nodes WHERE node = 'node-01'") == [(None,)]
     assert world.sql("SELECT count(*) FROM gpu_samples") == [(0,)]

@@ -31,8 +31,12 @@ from gpufleet.wire import encode
 from tests.attacks.conftest import batch, whole_seconds_ago
 
 PENDING_PER_IP = 8
-LIMITS: dict[str, float] = {"header_timeout_s": 2.0, "body_timeout_s": 1.0, "max_body_bytes_in_flight": 5 * 2**19,
-          "max_pending_connections_per_ip": PENDING_PER_IP}
+LIMITS: dict[str, float] = {
+    "header_timeout_s": 2.0,
+    "body_timeout_s": 1.0,
+    "max_body_bytes_in_flight": 5 * 2**19,
+    "max_pending_connections_per_ip": PENDING_PER_IP,
+}
 #: Longest any connection may stay open here before the test calls the server stuck.
 STUCK_S = 15.0
 
@@ -71,8 +75,12 @@ def collector(db: str, settings: Settings) -> Iterator[tuple[ServerThread, Conne
 
 def _ship(url: str, token: str, t0: float) -> httpx.Response:
     body, headers = encode(batch("slow-node", t0, 2, {0: None, 1: None}))
-    return httpx.post(url + "/v1/ingest", content=body, headers={**headers, "Authorization": f"Bearer {token}"},
-                      timeout=STUCK_S)
+    return httpx.post(
+        url + "/v1/ingest",
+        content=body,
+        headers={**headers, "Authorization": f"Bearer {token}"},
+        timeout=STUCK_S,
+    )
 
 
 def test_the_collector_lets_slow_and_excess_clients_go(db: str, settings: Settings) -> None:
@@ -82,8 +90,10 @@ def test_the_collector_lets_slow_and_excess_clients_go(db: str, settings: Settin
 
         # node connections sending 1 MiB bodies one byte short: two fit the 2.5 MiB budget, the third is
         # answered 503 at once
-        head = (f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-                f"Content-Type: application/msgpack\r\nContent-Length: {2**20}\r\n\r\n").encode()
+        head = (
+            f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/msgpack\r\nContent-Length: {2**20}\r\n\r\n"
+        ).encode()
         bodies = [_open(srv.port, head + b"\0" * (2**20 - 1)) for _ in range(2)]
         time.sleep(0.1)
         third = _closed_by_server(_open(srv.port, head + b"\0" * 1000))
@@ -141,8 +151,11 @@ def api_server(db: str, settings: Settings) -> Iterator[tuple[ServerThread, Conn
 
 def test_the_api_lets_slow_and_excess_clients_go(api_server: tuple[ServerThread, ConnectionGuard]) -> None:
     srv, guard = api_server
-    slow_form = _open(srv.port, b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n"
-                                b"Content-Type: application/x-www-form-urlencoded\r\n\r\ntoken=")
+    slow_form = _open(
+        srv.port,
+        b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 4000\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n\r\ntoken=",
+    )
     assert _closed_by_server(slow_form) == b""
     partial = [_open(srv.port, b"POST /login HTTP/1.1\r\nHost: x\r\n") for _ in range(8)]
     time.sleep(SLOW_AFTER_S + 0.2)
@@ -150,5 +163,9 @@ def test_the_api_lets_slow_and_excess_clients_go(api_server: tuple[ServerThread,
     for s in partial:
         assert _closed_by_server(s) == b""
     assert httpx.get(srv.url + "/healthz", timeout=STUCK_S).status_code == 200
-    assert guard.cut["header_timeout"] >= 8 and guard.cut["body_timeout"] == 1 and guard.cut["pending_per_ip"] >= 1
+    assert (
+        guard.cut["header_timeout"] >= 8
+        and guard.cut["body_timeout"] == 1
+        and guard.cut["pending_per_ip"] >= 1
+    )
     assert guard.in_flight_bytes == 0

@@ -46,8 +46,12 @@ def _signed_in(w: World) -> httpx.Client:
 def test_sign_out_from_another_site_is_refused(world: World) -> None:
     c = _signed_in(world)
     try:
-        for headers in (FOREIGN, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
-                        {"Referer": "https://evil.example/page"}):
+        for headers in (
+            FOREIGN,
+            {"Origin": "null"},
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Referer": "https://evil.example/page"},
+        ):
             r = c.post("/logout", headers=headers)
             assert r.status_code == 403 and "Cross-site sign-out refused" in r.text, (headers, r.status_code)
             assert "set-cookie" not in r.headers
@@ -61,8 +65,12 @@ def test_sign_out_from_another_site_is_refused(world: World) -> None:
 
 def test_every_state_changing_web_route_checks_the_origin(world: World, db: str, settings: Settings) -> None:
     """Any form the web view has, or gains, refuses a post from another site before doing anything."""
-    routes = [(r.path, m) for r in _routes(create_app(db, settings).routes)
-              for m in sorted((r.methods or set()) & UNSAFE) if not r.path.startswith("/v1/")]
+    routes = [
+        (r.path, m)
+        for r in _routes(create_app(db, settings).routes)
+        for m in sorted((r.methods or set()) & UNSAFE)
+        if not r.path.startswith("/v1/")
+    ]
     assert ("/logout", "POST") in routes and ("/login", "POST") in routes
     c = _signed_in(world)
     try:
@@ -74,15 +82,27 @@ def test_every_state_changing_web_route_checks_the_origin(world: World, db: str,
         c.close()
 
 
-@pytest.mark.parametrize("period", [
-    {"to": "0001-01-20T00:00:00Z"}, {"from": "0001-01-01T00:00:00Z"}, {"from": "0001-01-01", "to": "0001-01-02"},
-    {"to": "9999-12-31T23:59:59Z"}, {"from": "9999-12-30", "to": "9999-12-31"},
-    {"from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z"}])
+@pytest.mark.parametrize(
+    "period",
+    [
+        {"to": "0001-01-20T00:00:00Z"},
+        {"from": "0001-01-01T00:00:00Z"},
+        {"from": "0001-01-01", "to": "0001-01-02"},
+        {"to": "9999-12-31T23:59:59Z"},
+        {"from": "9999-12-30", "to": "9999-12-31"},
+        {"from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z"},
+    ],
+)
 def test_far_periods_never_overflow(world: World, period: dict[str, str]) -> None:
     """Probe 9, and every endpoint that takes a period, at both ends of what a datetime holds."""
-    paths = [("/v1/advisor/power-cap", {"gpu_model": "NVIDIA H100 80GB HBM3"}), ("/v1/runs", {}),
-             ("/v1/accounting", {}), ("/v1/reports/finance.csv", {}), ("/v1/reports/runs.csv", {}),
-             ("/v1/incidents", {})]
+    paths = [
+        ("/v1/advisor/power-cap", {"gpu_model": "NVIDIA H100 80GB HBM3"}),
+        ("/v1/runs", {}),
+        ("/v1/accounting", {}),
+        ("/v1/reports/finance.csv", {}),
+        ("/v1/reports/runs.csv", {}),
+        ("/v1/incidents", {}),
+    ]
     for path, extra in paths:
         params = {**extra, **period}
         if path in ("/v1/accounting", "/v1/reports/finance.csv", "/v1/reports/runs.csv"):
@@ -90,6 +110,7 @@ def test_far_periods_never_overflow(world: World, period: dict[str, str]) -> Non
             params.setdefault("to", "2026-01-02")
         r = world.call("admin", "get", path, **params)
         assert r.status_code < 500, (path, params, r.status_code, r.text[:300])
-    r = world.call("admin", "get", "/v1/advisor/power-cap", gpu_model="NVIDIA H100 80GB HBM3",
-                   to="0001-01-20T00:00:00Z")
+    r = world.call(
+        "admin", "get", "/v1/advisor/power-cap", gpu_model="NVIDIA H100 80GB HBM3", to="0001-01-20T00:00:00Z"
+    )
     assert r.status_code == 200 and r.json()["models"] == [], r.text

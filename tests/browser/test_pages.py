@@ -25,13 +25,18 @@ OVERFLOW_JS = """() => {
 
 def _open(site: Site, kind: str, run_id: str | None = None) -> dict[str, Any]:
     with psycopg.connect(site.db) as conn:
-        row = conn.execute("SELECT id, run_id, node FROM incidents WHERE kind = %s AND state = 'open' "
-                           "AND (%s::text IS NULL OR run_id = %s) ORDER BY id LIMIT 1", (kind, run_id, run_id)).fetchone()
+        row = conn.execute(
+            "SELECT id, run_id, node FROM incidents WHERE kind = %s AND state = 'open' "
+            "AND (%s::text IS NULL OR run_id = %s) ORDER BY id LIMIT 1",
+            (kind, run_id, run_id),
+        ).fetchone()
     assert row is not None, kind
     return {"id": row[0], "run_id": row[1], "node": row[2]}
 
 
-def test_an_incident_page_says_why_with_the_numbers_and_links_its_run_and_node(site: Site, browser: Any) -> None:
+def test_an_incident_page_says_why_with_the_numbers_and_links_its_run_and_node(
+    site: Site, browser: Any
+) -> None:
     inc = _open(site, "starvation", "demo-vision")
     page = signed_in(browser, site)
     page.goto(f"{site.url}/incidents/{inc['id']}")
@@ -70,7 +75,9 @@ def test_incident_spans_are_drawn_on_run_and_node_charts(site: Site, browser: An
         assert "Input starvation" in charts.first.locator("ul.legend li.span-key").first.inner_text(), path
 
 
-def test_fleet_page_names_runs_and_the_why_of_open_incidents(site: Site, browser: Any, fleet: FilledFleet) -> None:
+def test_fleet_page_names_runs_and_the_why_of_open_incidents(
+    site: Site, browser: Any, fleet: FilledFleet
+) -> None:
     page = signed_in(browser, site)
     assert page.url == site.url + "/"
     assert page.locator("meta[http-equiv='refresh']").count() == 1  # live
@@ -85,8 +92,9 @@ def test_fleet_page_names_runs_and_the_why_of_open_incidents(site: Site, browser
 
 
 @pytest.mark.parametrize("width", [1280, 1400])
-@pytest.mark.parametrize("path", ["/", "/runs", "/runs/demo-pretrain", "/incidents", "/accounting",
-                                  "/nodes/h100-01"])
+@pytest.mark.parametrize(
+    "path", ["/", "/runs", "/runs/demo-pretrain", "/incidents", "/accounting", "/nodes/h100-01"]
+)
 def test_nothing_overflows_the_window(site: Site, browser: Any, path: str, width: int) -> None:
     page = signed_in(browser, site, width)
     page.goto(site.url + path)

@@ -44,9 +44,12 @@ def test_hugging_face_trainer_callback_through_the_real_callback_handler() -> No
     state.global_step, state.num_input_tokens_seen = 4, 20_000
     handler.on_step_end(args, state, control)
     handler.on_train_end(args, state, control)
-    assert rec.calls == [("llm-7b", {"tokens": 4096.0, "steps": 1.0}), ("llm-7b", {"tokens": 8192.0, "steps": 2.0}),
-                         ("llm-7b", {"tokens": 12288.0, "steps": 3.0}),
-                         ("llm-7b", {"tokens": 20000.0, "steps": 4.0})]
+    assert rec.calls == [
+        ("llm-7b", {"tokens": 4096.0, "steps": 1.0}),
+        ("llm-7b", {"tokens": 8192.0, "steps": 2.0}),
+        ("llm-7b", {"tokens": 12288.0, "steps": 3.0}),
+        ("llm-7b", {"tokens": 20000.0, "steps": 4.0}),
+    ]
     assert rec.flushed == 1
     # Other processes of a distributed run stay quiet.
     state.is_world_process_zero = False
@@ -82,7 +85,10 @@ def test_lightning_hooks_with_lightnings_signatures() -> None:
         # on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         hooks.on_train_batch_end(trainer, None, {"loss": 0.1}, {"attention_mask": Mask(1000)}, step - 1)
     hooks.on_train_end(trainer, None)
-    assert rec.calls == [("run-9", {"tokens": 4000.0, "steps": 1.0}), ("run-9", {"tokens": 8000.0, "steps": 2.0})]
+    assert rec.calls == [
+        ("run-9", {"tokens": 4000.0, "steps": 1.0}),
+        ("run-9", {"tokens": 8000.0, "steps": 2.0}),
+    ]
     assert rec.flushed == 1
     # A fixed global batch; and rank 1 never reports.
     fixed = LightningHooks(reporter=rec, tokens_per_step=512)
@@ -98,8 +104,13 @@ def test_lightning_hooks_with_lightnings_signatures() -> None:
 
 def test_the_lightning_callback_subclasses_lightnings_callback(monkeypatch: pytest.MonkeyPatch) -> None:
     sys.modules.pop("gpufleet_client.lightning", None)
-    for name in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks", "pytorch_lightning",
-                 "pytorch_lightning.callbacks"):
+    for name in (
+        "lightning",
+        "lightning.pytorch",
+        "lightning.pytorch.callbacks",
+        "pytorch_lightning",
+        "pytorch_lightning.callbacks",
+    ):
         monkeypatch.setitem(sys.modules, name, None)  # neither installed
     with pytest.raises(ImportError, match="pip install lightning"):
         importlib.import_module("gpufleet_client.lightning")

@@ -12,9 +12,23 @@ CLIENT = Path(__file__).resolve().parents[2] / "client"
 
 
 def test_client_wheel_imports_without_gpufleet_or_any_dependency(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist"), str(CLIENT)], check=True, timeout=300,
-                   env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(CLIENT),
+        ],
+        check=True,
+        timeout=300,
+        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    )
     (whl,) = (tmp_path / "dist").glob("gpufleet_client-*.whl")
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
@@ -26,7 +40,7 @@ def test_client_wheel_imports_without_gpufleet_or_any_dependency(tmp_path: Path)
     # -I -S: no site-packages at all (so neither gpufleet nor any third-party package), only the wheel.
     probe = f"""
 import sys
-sys.path.insert(0, {str(tmp_path / 'site')!r})
+sys.path.insert(0, {str(tmp_path / "site")!r})
 import gpufleet_client
 from gpufleet_client import report_progress, ProgressReporter
 rep = ProgressReporter("http://127.0.0.1:9", "t", start=False, timeout_s=0.5)
@@ -42,7 +56,8 @@ third = sorted(m for m in sys.modules if m.split(".")[0] in ("httpx", "pydantic"
 assert not third, third
 print("ok", gpufleet_client.__version__)
 """
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok 0.1.0"

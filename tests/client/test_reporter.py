@@ -17,8 +17,9 @@ from tests.api.conftest import Api
 
 def progress_rows(db: str, run_id: str) -> list[tuple]:
     with psycopg.connect(db) as c:
-        return c.execute("SELECT tokens, samples, steps FROM run_progress WHERE run_id = %s ORDER BY time",
-                         (run_id,)).fetchall()
+        return c.execute(
+            "SELECT tokens, samples, steps FROM run_progress WHERE run_id = %s ORDER BY time", (run_id,)
+        ).fetchall()
 
 
 def create_run(api: Api, run_id: str) -> None:
@@ -59,7 +60,9 @@ def test_the_background_thread_sends_every_interval(api: Api) -> None:
 
 def test_network_errors_never_raise_and_are_retried(api: Api, caplog: pytest.LogCaptureFixture) -> None:
     create_run(api, "flaky")
-    rep = ProgressReporter("http://127.0.0.1:9", api.tokens["admin"], interval_s=3600, start=False, timeout_s=1)
+    rep = ProgressReporter(
+        "http://127.0.0.1:9", api.tokens["admin"], interval_s=3600, start=False, timeout_s=1
+    )
     rep.report("flaky", tokens=5)
     assert rep.flush() is False and rep.stats.failed == 1
     assert "cannot reach http://127.0.0.1:9" in caplog.text

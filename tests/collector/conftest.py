@@ -26,9 +26,17 @@ class Collector:
 
 @pytest.fixture
 def collector(db: str, settings: Settings) -> Iterator[Collector]:
-    s = settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"max_body_bytes": 1_000_000,
-                                                                                  "max_decompressed_bytes": 4_000_000,
-                                                                                  "max_samples_per_batch": 5_000})})
+    s = settings.model_copy(
+        update={
+            "ingest": settings.ingest.model_copy(
+                update={
+                    "max_body_bytes": 1_000_000,
+                    "max_decompressed_bytes": 4_000_000,
+                    "max_samples_per_batch": 5_000,
+                }
+            )
+        }
+    )
     with psycopg.connect(db, autocommit=True) as c:
         tokens = {
             "node-a": create_token(c, "node-a", "node", "node-a"),

@@ -25,24 +25,43 @@ def alertmanager_url(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def alerts(url: str, active: bool = True) -> list[dict]:
-    r = httpx.get(url + "/api/v2/alerts", params={"active": str(active).lower(), "silenced": "false",
-                                                   "inhibited": "false", "unprocessed": "true"})
+    r = httpx.get(
+        url + "/api/v2/alerts",
+        params={
+            "active": str(active).lower(),
+            "silenced": "false",
+            "inhibited": "false",
+            "unprocessed": "true",
+        },
+    )
     r.raise_for_status()
     return [a for a in r.json() if a["labels"].get("source") == "gpufleet"]
 
 
-def test_open_and_resolved_incidents_reach_alertmanager(conn: psycopg.Connection, alertmanager_url: str) -> None:
+def test_open_and_resolved_incidents_reach_alertmanager(
+    conn: psycopg.Connection, alertmanager_url: str
+) -> None:
     pusher = AlertmanagerPusher(alertmanager_url)
     now = time.time()
-    f = Finding(kind="starvation", cause="io", severity="warning", start=now - 120,
-                evidence={"period_s": 30.0, "duty_cycle": 0.4}, run_id="llm-1")
+    f = Finding(
+        kind="starvation",
+        cause="io",
+        severity="warning",
+        start=now - 120,
+        evidence={"period_s": 30.0, "duty_cycle": 0.4},
+        run_id="llm-1",
+    )
     incident_store.sweep(conn, [f], now, resolve_after_s=10)
     assert pusher.sync(conn, [])
     got = alerts(alertmanager_url)
     assert len(got) == 1
     a = got[0]
     assert a["labels"]["alertname"] == "GpufleetStarvation"
-    assert a["labels"]["run_id"] == "llm-1" and a["annotations"]["cause"] == "io" and "severity" not in a["labels"]
+    assert (
+        a["labels"]["run_id"] == "llm-1"
+        and a["annotations"]["cause"] == "io"
+        and "severity" not in a["labels"]
+    )
     assert '"period_s": 30.0' in a["annotations"]["evidence"]
     # resolve: clear for longer than the hold-off
     plan = incident_store.sweep(conn, [], now + 20, resolve_after_s=10)
@@ -60,7 +79,15 @@ def test_unreachable_alertmanager_is_counted_not_fatal(conn: psycopg.Connection)
     from gpufleet.serverthread import free_port
 
     pusher = AlertmanagerPusher(f"http://127.0.0.1:{free_port()}", timeout_s=1)
-    f = Finding(kind="throttling", cause="thermal", severity="warning", start=time.time(), evidence={}, node="n", gpu=1)
+    f = Finding(
+        kind="throttling",
+        cause="thermal",
+        severity="warning",
+        start=time.time(),
+        evidence={},
+        node="n",
+        gpu=1,
+    )
     incident_store.sweep(conn, [f], time.time(), resolve_after_s=10)
     assert pusher.sync(conn, []) is False
     assert pusher.failures == 1
@@ -86,12 +113,29 @@ def test_sweep_shards_each_send_their_own_alerts(conn: psycopg.Connection) -> No
 
     now = time.time()
     runs = [RunInfo(f"run-{i}", now - 600, None, [(f"node-{i}", 0), (f"node-{i}", 1)]) for i in range(12)]
-    findings = [Finding(kind="starvation", cause="io", severity="warning", start=now - 120, evidence={},
-                        run_id=r.run_id) for r in runs]
-    findings += [Finding(kind="pcie_degraded", cause=None, severity="warning", start=now - 120, evidence={},
-                         node=f"spare-{i}", gpu=0) for i in range(12)]
-    findings.append(Finding(kind="host_misconfig", cause=None, severity="warning", start=now - 120, evidence={},
-                            node="node-3"))
+    findings = [
+        Finding(
+            kind="starvation", cause="io", severity="warning", start=now - 120, evidence={}, run_id=r.run_id
+        )
+        for r in runs
+    ]
+    findings += [
+        Finding(
+            kind="pcie_degraded",
+            cause=None,
+            severity="warning",
+            start=now - 120,
+            evidence={},
+            node=f"spare-{i}",
+            gpu=0,
+        )
+        for i in range(12)
+    ]
+    findings.append(
+        Finding(
+            kind="host_misconfig", cause=None, severity="warning", start=now - 120, evidence={}, node="node-3"
+        )
+    )
     incident_store.sweep(conn, findings, now, resolve_after_s=10)
     scopes = [ShardScope(k, 4) for k in range(4)]
     sent: list[list[dict]] = []

@@ -38,10 +38,12 @@ def test_many_new_nodes_at_once_share_their_token_lookups(collector: Collector) 
     async def fleet() -> list[int]:
         limits = httpx.Limits(max_connections=len(nodes))
         async with httpx.AsyncClient(base_url=collector.url, timeout=30, limits=limits) as client:
+
             async def one(n: str) -> int:
                 body, headers = bodies[n]
-                r = await client.post("/v1/ingest", content=body,
-                                      headers={**headers, "Authorization": f"Bearer {secrets_[n]}"})
+                r = await client.post(
+                    "/v1/ingest", content=body, headers={**headers, "Authorization": f"Bearer {secrets_[n]}"}
+                )
                 return r.status_code
 
             return await asyncio.gather(*(one(n) for n in nodes))
@@ -68,8 +70,11 @@ def test_lookups_waiting_together_are_one_query(db: str) -> None:
         await pool.open()
         try:
             auth = Authenticator(pool)
-            got = await asyncio.gather(*(auth.principal(_Req(s)) for s in secrets_.values()),  # type: ignore[arg-type]
-                                       auth.principal(_Req(new_secret())), return_exceptions=True)  # type: ignore[arg-type]
+            got = await asyncio.gather(
+                *(auth.principal(_Req(s)) for s in secrets_.values()),  # type: ignore[arg-type]
+                auth.principal(_Req(new_secret())),
+                return_exceptions=True,
+            )  # type: ignore[arg-type]
             return got, auth.lookups
         finally:
             await pool.close()
@@ -86,19 +91,30 @@ def test_a_token_added_keeps_the_cache_and_ends_its_own_refusal(collector: Colle
     # A secret used before its token exists is refused, and the refusal cached.
     early = new_secret()
     body, headers = encode(batch("early:1", "node-early"), "msgpack", "zstd")
-    r = httpx.post(collector.url + "/v1/ingest", content=body,
-                   headers={**headers, "Authorization": f"Bearer {early}"}, timeout=10)
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=body,
+        headers={**headers, "Authorization": f"Bearer {early}"},
+        timeout=10,
+    )
     assert r.status_code == 401
     auth = _auth(collector)
     with psycopg.connect(collector.db, autocommit=True) as c:
-        c.execute("INSERT INTO agent_tokens (name, token_hash, role, node) VALUES ('node-early', %s, 'node', "
-                  "'node-early')", (hash_secret(early),))
+        c.execute(
+            "INSERT INTO agent_tokens (name, token_hash, role, node) VALUES ('node-early', %s, 'node', "
+            "'node-early')",
+            (hash_secret(early),),
+        )
     time.sleep(2.5)  # the collector checks the token table every 2 s
     looked_up = auth.lookups
     assert post(collector, batch("keep:2")).status_code == 200  # still cached: no query
     assert auth.lookups == looked_up
-    r = httpx.post(collector.url + "/v1/ingest", content=body,
-                   headers={**headers, "Authorization": f"Bearer {early}"}, timeout=10)
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=body,
+        headers={**headers, "Authorization": f"Bearer {early}"},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     assert auth.lookups == looked_up + 1
 
@@ -106,9 +122,11 @@ def test_a_token_added_keeps_the_cache_and_ends_its_own_refusal(collector: Colle
 def test_a_failed_check_keeps_the_cache_for_the_grace_only(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         secret = create_token(c, "grace-node", "node", "grace-node")
+
     async def scenario() -> list[Any]:
-        pool = AsyncConnectionPool(db, min_size=1, max_size=2, open=False, timeout=1,
-                                   kwargs={"autocommit": True})
+        pool = AsyncConnectionPool(
+            db, min_size=1, max_size=2, open=False, timeout=1, kwargs={"autocommit": True}
+        )
         await pool.open()
         auth = Authenticator(pool, revocation_check_s=0.0, stale_grace_s=1.0)
         seen: list[Any] = [await auth.principal(_Req(secret))]  # type: ignore[arg-type]

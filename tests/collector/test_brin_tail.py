@@ -22,9 +22,11 @@ ROWS = 60_000
 
 def fill(conn: psycopg.Connection, t0: float, rows: int = ROWS, node: str = "n1") -> float:
     """``rows`` GPU samples from ``t0`` on, 1 ms apart and in time order; returns the last time."""
-    conn.execute("INSERT INTO gpu_samples (time, node, gpu, util_pct) "
-                 "SELECT to_timestamp(%s + i / 1000.0), %s, 0, 90 FROM generate_series(0, %s - 1) i",
-                 (t0, node, rows))
+    conn.execute(
+        "INSERT INTO gpu_samples (time, node, gpu, util_pct) "
+        "SELECT to_timestamp(%s + i / 1000.0), %s, 0, 90 FROM generate_series(0, %s - 1) i",
+        (t0, node, rows),
+    )
     return t0 + (rows - 1) / 1000.0
 
 
@@ -36,8 +38,11 @@ def heap_blocks(conn: psycopg.Connection, lo: float, hi: float) -> int:
         conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         conn.execute("SET LOCAL enable_seqscan = off")
         conn.execute("SET LOCAL enable_indexscan = off")
-        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM gpu_samples "
-                            "WHERE time >= to_timestamp(%s) AND time <= to_timestamp(%s)", (lo, hi)).fetchone()
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM gpu_samples "
+            "WHERE time >= to_timestamp(%s) AND time <= to_timestamp(%s)",
+            (lo, hi),
+        ).fetchone()
     assert plan is not None
     doc = plan[0] if isinstance(plan[0], list) else json.loads(plan[0])
 
@@ -88,8 +93,11 @@ def test_a_refresh_summarizes_before_it_reads(conn: psycopg.Connection) -> None:
     cache.refresh(conn, end)
     t_from = end + 0.001
     end = fill(conn, t_from)
-    conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
-                 "VALUES ('n1:late', 'n1', %s, 0, to_timestamp(%s), to_timestamp(%s))", (ROWS, t_from, end))
+    conn.execute(
+        "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+        "VALUES ('n1:late', 'n1', %s, 0, to_timestamp(%s), to_timestamp(%s))",
+        (ROWS, t_from, end),
+    )
     assert heap_blocks(conn, end - 0.05, end) > 10 * 32
     cache.refresh(conn, end)
     assert heap_blocks(conn, end - 0.05, end) <= 2 * 32
@@ -119,8 +127,9 @@ def test_inside_a_transaction_it_waits_for_the_next_call(conn: psycopg.Connectio
     assert brin.catch_up(conn)
 
 
-def test_tables_without_the_indexes_are_left_alone(conn: psycopg.Connection,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tables_without_the_indexes_are_left_alone(
+    conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The TimescaleDB layout has no time BRIN indexes: nothing to summarize, no error."""
     monkeypatch.setattr(brin_tail, "INDEXES", {"gpu_samples": "no_such_index"})
     brin = BrinTail()
@@ -128,8 +137,9 @@ def test_tables_without_the_indexes_are_left_alone(conn: psycopg.Connection,
     assert brin.indexes == [] and brin.summarized == 0
 
 
-def test_a_user_who_may_not_summarize_is_told_once(db: str, conn: psycopg.Connection,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_user_who_may_not_summarize_is_told_once(
+    db: str, conn: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
     """Only the tables' owner may summarize: another user's collector logs why reads stay slow, once."""
     role = f"gf_reader_{uuid.uuid4().hex[:8]}"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
@@ -139,8 +149,10 @@ def test_a_user_who_may_not_summarize_is_told_once(db: str, conn: psycopg.Connec
         info = psycopg.conninfo.conninfo_to_dict(db)
         info["user"] = role
         info.pop("password", None)
-        with psycopg.connect(psycopg.conninfo.make_conninfo("", **info), autocommit=True) as reader, \
-                caplog.at_level(logging.WARNING, logger=brin_tail.__name__):
+        with (
+            psycopg.connect(psycopg.conninfo.make_conninfo("", **info), autocommit=True) as reader,
+            caplog.at_level(logging.WARNING, logger=brin_tail.__name__),
+        ):
             brin = BrinTail()
             assert not brin.catch_up(reader)
             assert not brin.catch_up(reader)

@@ -87,13 +87,19 @@ def _secret(tmp_path: Path, name: str, text: str) -> Path:
 DAY = (datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 2, tzinfo=UTC))
 
 
-def test_electricity_maps_points_land_in_the_series(service: Service, conn: psycopg.Connection,
-                                                    tmp_path: Path) -> None:
+def test_electricity_maps_points_land_in_the_series(
+    service: Service, conn: psycopg.Connection, tmp_path: Path
+) -> None:
     p = make_provider("electricitymaps", _secret(tmp_path, "em", EM_TOKEN), service.url)
     assert fetch_into(conn, p, "DE", "DE", *DAY) == 3  # the entry without an intensity is skipped
-    rows = conn.execute("SELECT time, g_co2e_per_kwh FROM carbon_intensity WHERE region = 'DE' ORDER BY 1").fetchall()
+    rows = conn.execute(
+        "SELECT time, g_co2e_per_kwh FROM carbon_intensity WHERE region = 'DE' ORDER BY 1"
+    ).fetchall()
     assert [(t.hour, g) for t, g in rows] == [(0, 402.0), (1, 385.0), (3, 371.0)]
-    assert service.calls[0] == ("em", {"zone": "DE", "start": "2026-12-01T00:00:00Z", "end": "2026-12-02T00:00:00Z"})
+    assert service.calls[0] == (
+        "em",
+        {"zone": "DE", "start": "2026-12-01T00:00:00Z", "end": "2026-12-02T00:00:00Z"},
+    )
     # a long range is asked for in parts; a refused token is one clear error, nothing stored
     fetch_into(conn, p, "DE", "DE", DAY[0], datetime(2026, 12, 25, tzinfo=UTC))
     assert len([c for c in service.calls if c[0] == "em"]) == 1 + 3
@@ -103,11 +109,14 @@ def test_electricity_maps_points_land_in_the_series(service: Service, conn: psyc
     assert conn.execute("SELECT count(*) FROM carbon_intensity WHERE region = 'DE2'").fetchone() == (0,)
 
 
-def test_watttime_logs_in_and_converts_lbs_per_mwh(service: Service, conn: psycopg.Connection,
-                                                    tmp_path: Path) -> None:
+def test_watttime_logs_in_and_converts_lbs_per_mwh(
+    service: Service, conn: psycopg.Connection, tmp_path: Path
+) -> None:
     p = make_provider("watttime", _secret(tmp_path, "wt", f"{WT_USER}:{WT_PASSWORD}"), service.url)
     assert fetch_into(conn, p, "CAISO_NORTH", "US-CAL", *DAY) == 3
-    rows = conn.execute("SELECT g_co2e_per_kwh FROM carbon_intensity WHERE region = 'US-CAL' ORDER BY time").fetchall()
+    rows = conn.execute(
+        "SELECT g_co2e_per_kwh FROM carbon_intensity WHERE region = 'US-CAL' ORDER BY time"
+    ).fetchall()
     assert [round(g, 4) for (g,) in rows] == [round(v * 0.45359237, 4) for v in (882.0, 900.0, 861.5)]
     kinds = [c[0] for c in service.calls]
     assert kinds == ["login", "wt"] and service.calls[1][1]["signal_type"] == "co2_moer"
@@ -122,15 +131,56 @@ def test_watttime_logs_in_and_converts_lbs_per_mwh(service: Service, conn: psyco
 
 def test_cli_carbon_fetch_and_the_collectors_schedule(service: Service, db: str, tmp_path: Path) -> None:
     token = _secret(tmp_path, "em", EM_TOKEN)
-    r = CliRunner().invoke(app, ["carbon", "fetch", "DE", "--provider", "electricitymaps", "--token-file", str(token),
-                                 "--from", "2026-12-01", "--to", "2026-12-02", "--base-url", service.url, "--db", db])
+    r = CliRunner().invoke(
+        app,
+        [
+            "carbon",
+            "fetch",
+            "DE",
+            "--provider",
+            "electricitymaps",
+            "--token-file",
+            str(token),
+            "--from",
+            "2026-12-01",
+            "--to",
+            "2026-12-02",
+            "--base-url",
+            service.url,
+            "--db",
+            db,
+        ],
+    )
     assert r.exit_code == 0 and "stored 3 points for DE from electricitymaps" in r.output, r.output
-    r = CliRunner().invoke(app, ["carbon", "fetch", "DE", "--provider", "electricitymaps", "--token-file",
-                                 str(tmp_path / "none"), "--base-url", service.url, "--db", db])
+    r = CliRunner().invoke(
+        app,
+        [
+            "carbon",
+            "fetch",
+            "DE",
+            "--provider",
+            "electricitymaps",
+            "--token-file",
+            str(tmp_path / "none"),
+            "--base-url",
+            service.url,
+            "--db",
+            db,
+        ],
+    )
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "token file" in r.output, r.output
-    sources = [CarbonSource(region="FR", provider="electricitymaps", zone="DE", token_file=token, base_url=service.url),
-               CarbonSource(region="US-CAL", provider="watttime", zone="CAISO_NORTH",
-                            token_file=_secret(tmp_path, "wt", "x:y"), base_url=service.url)]
+    sources = [
+        CarbonSource(
+            region="FR", provider="electricitymaps", zone="DE", token_file=token, base_url=service.url
+        ),
+        CarbonSource(
+            region="US-CAL",
+            provider="watttime",
+            zone="CAISO_NORTH",
+            token_file=_secret(tmp_path, "wt", "x:y"),
+            base_url=service.url,
+        ),
+    ]
     done = fetch_round(db, sources, now=datetime(2026, 12, 2, tzinfo=UTC))
     assert done["FR"] == 3 and "403" in str(done["US-CAL"])  # one failing source does not stop the other
     with psycopg.connect(db) as conn:

@@ -57,14 +57,21 @@ def _bundle(d: Path, header: str, rows: list[str]) -> Path:
 
 
 def test_bundle_reads_either_name_and_stores_ecc_dbe_vol(tmp_path: Path, conn: psycopg.Connection) -> None:
-    old = read_bundle(_bundle(tmp_path / "old", "time,node,gpu,ecc_dbe,nvlink_links_up",
-                              ["1767225600,n1,0,3,18", "1767225601,n1,0,4,17"]))
+    old = read_bundle(
+        _bundle(
+            tmp_path / "old",
+            "time,node,gpu,ecc_dbe,nvlink_links_up",
+            ["1767225600,n1,0,3,18", "1767225601,n1,0,4,17"],
+        )
+    )
     new = read_bundle(_bundle(tmp_path / "new", "time,node,gpu,ecc_dbe_vol", ["1767225600,n2,0,7"]))
     assert old.batches[0].gpu["ecc_dbe_vol"].values.tolist() == [3, 4]
     assert new.batches[0].gpu["ecc_dbe_vol"].values.tolist() == [7]
     load(conn, old)
     load(conn, new)
-    got = conn.execute("SELECT node, ecc_dbe_vol, nvlink_links_up FROM gpu_samples ORDER BY node, time").fetchall()
+    got = conn.execute(
+        "SELECT node, ecc_dbe_vol, nvlink_links_up FROM gpu_samples ORDER BY node, time"
+    ).fetchall()
     assert got == [("n1", 3, 18), ("n1", 4, 17), ("n2", 7, None)]
 
 

@@ -84,20 +84,28 @@ def test_a_replica_added_behind_a_balancer_gets_agents(db: str, settings: Settin
     the replicas it can reach).  A replica added later receives batches only if connections
     end now and then: with ``max_connection_age_s`` 0 every agent stays on the first one."""
     # no group-commit linger: each batch is written at once, so the test is not paced by it
-    s = settings.model_copy(update={"ingest": settings.ingest.model_copy(
-        update={"max_connection_age_s": max_age_s, "group_linger_s": 0.0})})
+    s = settings.model_copy(
+        update={
+            "ingest": settings.ingest.model_copy(
+                update={"max_connection_age_s": max_age_s, "group_linger_s": 0.0}
+            )
+        }
+    )
     nodes = [f"lb-node-{i}" for i in range(6)]
     tokens = node_tokens(db, nodes)
     app_a, app_b = create_app(db, s, run_leader=False), create_app(db, s, run_leader=False)
 
     def answered(app: object) -> float:
         value = app.state.metrics.registry.get_sample_value(  # type: ignore[attr-defined]
-            "gpufleet_ingest_requests_total", {"code": "200"})
+            "gpufleet_ingest_requests_total", {"code": "200"}
+        )
         return value or 0.0
 
     with serve(app_a, **server_options(s)) as a, fault_proxy([a.port]) as lb:
-        clients = [httpx.Client(limits=httpx.Limits(max_connections=1, keepalive_expiry=20.0), timeout=10)
-                   for _ in nodes]
+        clients = [
+            httpx.Client(limits=httpx.Limits(max_connections=1, keepalive_expiry=20.0), timeout=10)
+            for _ in nodes
+        ]
         sent = 0
 
         def ship(rounds: int) -> None:
@@ -105,8 +113,11 @@ def test_a_replica_added_behind_a_balancer_gets_agents(db: str, settings: Settin
             for _ in range(rounds):
                 for node, client in zip(nodes, clients, strict=True):
                     body, headers = encode(batch(f"{node}:{sent}", node=node), "msgpack", "zstd")
-                    r = client.post(lb.url + "/v1/ingest", content=body,
-                                    headers={**headers, "Authorization": f"Bearer {tokens[node]}"})
+                    r = client.post(
+                        lb.url + "/v1/ingest",
+                        content=body,
+                        headers={**headers, "Authorization": f"Bearer {tokens[node]}"},
+                    )
                     assert r.status_code == 200, r.text
                     sent += 1
                 time.sleep(0.1)
@@ -121,8 +132,13 @@ def test_a_replica_added_behind_a_balancer_gets_agents(db: str, settings: Settin
             for c in clients:
                 c.close()
     assert answered(app_a) + on_b == sent
-    aged = sum(app.state.metrics.registry.get_sample_value(  # type: ignore[attr-defined]
-        "gpufleet_ingest_connections_aged_total") or 0.0 for app in (app_a, app_b))
+    aged = sum(
+        app.state.metrics.registry.get_sample_value(  # type: ignore[attr-defined]
+            "gpufleet_ingest_connections_aged_total"
+        )
+        or 0.0
+        for app in (app_a, app_b)
+    )
     if max_age_s:
         assert on_b >= sent / 10  # reconnected agents are spread over both replicas
         assert aged >= len(nodes)  # every agent's first connection was ended, and counted

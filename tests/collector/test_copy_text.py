@@ -11,12 +11,15 @@ from gpufleet.wire import validate
 from tests.collector.test_ingest import batch
 
 
-@pytest.mark.parametrize("values", [
-    [f"GPU-{i % 8:08d}-aaaa-bbbb-cccc-{i // 8:012d}" for i in range(96)],  # one length: the joined bytes
-    ["GPU-1", "GPU-22", None, "GPU-333", ""],  # mixed lengths and NULLs
-    ["", "", ""],
-    [None, None],
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [f"GPU-{i % 8:08d}-aaaa-bbbb-cccc-{i // 8:012d}" for i in range(96)],  # one length: the joined bytes
+        ["GPU-1", "GPU-22", None, "GPU-333", ""],  # mixed lengths and NULLs
+        ["", "", ""],
+        [None, None],
+    ],
+)
 def test_packed_text_is_each_value_as_ascii_bytes(values: list[str | None]) -> None:
     packed = _ascii_array(values)
     assert packed is not None

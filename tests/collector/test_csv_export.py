@@ -34,8 +34,14 @@ def test_other_text_is_unchanged(text: str) -> None:
 
 
 def test_report_csv_keeps_numbers_numeric_and_neutralises_text() -> None:
-    body = {c: None for c in CSV_COLUMNS} | {"run_id": "r1", "team": EVIL, "name": "@cmd", "site": "-eu1",
-                                            "gpu_hours": -1.5, "gpu_count": -2}
+    body = {c: None for c in CSV_COLUMNS} | {
+        "run_id": "r1",
+        "team": EVIL,
+        "name": "@cmd",
+        "site": "-eu1",
+        "gpu_hours": -1.5,
+        "gpu_count": -2,
+    }
     rows = list(csv.DictReader(io.StringIO(report_csv([body]))))
     assert rows[0]["team"] == "'" + EVIL and rows[0]["name"] == "'@cmd" and rows[0]["site"] == "'-eu1"
     assert rows[0]["gpu_hours"] == "-1.5" and rows[0]["gpu_count"] == "-2"
@@ -60,8 +66,12 @@ def test_runs_csv_over_http_neutralises_team_and_name(finance_api: tuple[str, st
         gpu_samples(conn, constant_power("n1", [0], 300.0, 0, 3600, step_s=20))
         drain(conn)
     url, token = finance_api
-    r = httpx.get(url + "/v1/reports/runs.csv", headers={"Authorization": f"Bearer {token}"}, timeout=30,
-                  params={"from": "2026-12-01T09:00:00Z", "to": "2026-12-01T12:00:00Z"})
+    r = httpx.get(
+        url + "/v1/reports/runs.csv",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+        params={"from": "2026-12-01T09:00:00Z", "to": "2026-12-01T12:00:00Z"},
+    )
     assert r.status_code == 200, r.text
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert rows[0]["team"] == "'" + EVIL

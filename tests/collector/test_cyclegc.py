@@ -67,7 +67,8 @@ def test_overlapping_pauses_in_two_threads() -> None:
 
 
 def test_a_sweep_sets_off_no_collection_and_garbage_cycles_are_collected_after(
-        conn: psycopg.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn: psycopg.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fleet = Fleet.from_scenario("straggler_power_cap", seed=3)
     register_runs(conn, fleet)
     feed = SimFeed(conn, fleet)

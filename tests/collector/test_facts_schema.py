@@ -27,28 +27,49 @@ from tests.collector.conftest import Collector
 from tests.collector.test_ingest import batch, count, post
 from tests.detectors.builders import GpuSpec, run_window, steady
 
-GOOD_FACTS = {"hostname": "node-a", "kernel": "6.8.0", "cpu_count": 64, "cpu_governor": "performance",
-              "cpu_governors": {"performance": 64}, "cpu_quota_cores": None, "driver_version": "580.105.08",
-              "gpu_count": 8, "gpus": [{"gpu": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}",
-                                        "lost": False, "pcie_gen_max": 5, "numa_node": 0} for i in range(8)],
-              "a_key_from_a_newer_agent": {"nested": [1, 2.5, "x", None, True]}}
+GOOD_FACTS = {
+    "hostname": "node-a",
+    "kernel": "6.8.0",
+    "cpu_count": 64,
+    "cpu_governor": "performance",
+    "cpu_governors": {"performance": 64},
+    "cpu_quota_cores": None,
+    "driver_version": "580.105.08",
+    "gpu_count": 8,
+    "gpus": [
+        {
+            "gpu": i,
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": f"GPU-{i}",
+            "lost": False,
+            "pcie_gen_max": 5,
+            "numa_node": 0,
+        }
+        for i in range(8)
+    ],
+    "a_key_from_a_newer_agent": {"nested": [1, 2.5, "x", None, True]},
+}
 
 
-@pytest.mark.parametrize("facts,loc", [
-    ({"gpus": 1}, ["facts", "gpus"]),
-    ({"cpu_quota_cores": "lots"}, ["facts", "cpu_quota_cores"]),
-    ({"cpu_quota_cores": math.inf}, ["facts", "cpu_quota_cores"]),
-    ({"gpus": [{"gpu": 0, "name": 7}]}, ["facts", "gpus", 0, "name"]),
-    ({"gpus": [{"gpu": True}]}, ["facts", "gpus", 0, "gpu"]),
-    ({"gpu_count": "8"}, ["facts", "gpu_count"]),
-    ({"cpu_governors": {"performance": -1}}, ["facts", "cpu_governors", "performance"]),
-    ({"bf16_dense_peak_flops": 0}, ["facts", "bf16_dense_peak_flops"]),
-    ({"cpu_max": "lots"}, ["facts", "cpu_max"]),
-    ({"unknown": "a\x00b"}, ["facts", "unknown"]),
-    ({"unknown": b"\x00"}, ["facts", "unknown"]),
-])
-def test_bad_facts_are_422_naming_the_field_and_nothing_is_written(collector: Collector, facts: dict[str, Any],
-                                                                   loc: list[Any]) -> None:
+@pytest.mark.parametrize(
+    "facts,loc",
+    [
+        ({"gpus": 1}, ["facts", "gpus"]),
+        ({"cpu_quota_cores": "lots"}, ["facts", "cpu_quota_cores"]),
+        ({"cpu_quota_cores": math.inf}, ["facts", "cpu_quota_cores"]),
+        ({"gpus": [{"gpu": 0, "name": 7}]}, ["facts", "gpus", 0, "name"]),
+        ({"gpus": [{"gpu": True}]}, ["facts", "gpus", 0, "gpu"]),
+        ({"gpu_count": "8"}, ["facts", "gpu_count"]),
+        ({"cpu_governors": {"performance": -1}}, ["facts", "cpu_governors", "performance"]),
+        ({"bf16_dense_peak_flops": 0}, ["facts", "bf16_dense_peak_flops"]),
+        ({"cpu_max": "lots"}, ["facts", "cpu_max"]),
+        ({"unknown": "a\x00b"}, ["facts", "unknown"]),
+        ({"unknown": b"\x00"}, ["facts", "unknown"]),
+    ],
+)
+def test_bad_facts_are_422_naming_the_field_and_nothing_is_written(
+    collector: Collector, facts: dict[str, Any], loc: list[Any]
+) -> None:
     doc = {**batch("a:1"), "facts": facts}
     r = post(collector, doc)
     assert r.status_code == 422, r.text
@@ -67,10 +88,17 @@ def test_good_facts_and_unknown_keys_are_stored(collector: Collector, fmt: str) 
     assert NodeFacts.read(stored).gpu_model_of(3) == "NVIDIA H100 80GB HBM3"
 
 
-@pytest.mark.parametrize("bad", [
-    {"gpus": 1}, {"gpus": [1, "x", None]}, {"gpu_model": 5, "bf16_dense_peak_flops": "fast"}, [1, 2], "text",
-    {"gpus": [{"gpu": "zero", "name": ["H100"]}]},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"gpus": 1},
+        {"gpus": [1, "x", None]},
+        {"gpu_model": 5, "bf16_dense_peak_flops": "fast"},
+        [1, 2],
+        "text",
+        {"gpus": [{"gpu": "zero", "name": ["H100"]}]},
+    ],
+)
 def test_stored_bad_facts_read_as_unknown_for_that_node_only(bad: Any) -> None:
     f = NodeFacts.read(bad)
     assert f.gpu_model_of(0) is None and f.bf16_dense_peak_flops is None
@@ -88,8 +116,10 @@ def test_host_misconfig_survives_one_nodes_bad_facts() -> None:
     # n0 stored "cpu_quota_cores": "lots" (before ingest checked facts) and has an
     # XID burst; n1 runs powersave.  Both findings must still come out.
     specs = [GpuSpec(steady(0.9)) for _ in range(16)]
-    w = run_window(specs, facts={"n0": {"cpu_quota_cores": "lots", "gpu_count": "eight"},
-                                 "n1": {"cpu_governor": "powersave"}})
+    w = run_window(
+        specs,
+        facts={"n0": {"cpu_quota_cores": "lots", "gpu_count": "eight"}, "n1": {"cpu_governor": "powersave"}},
+    )
     w.gpus[("n0", 3)].cols["xid"][[100, 250, 400]] = [79, 79, 79]
     found = {(f.node, f.gpu, f.cause) for f in detect(w, DetectorConfig())}
     assert found == {("n0", 3, "repeated_xid"), ("n1", None, "cpu_governor")}

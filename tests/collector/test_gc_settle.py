@@ -36,8 +36,9 @@ print(json.dumps({"before": before, "after": gc.get_threshold(), "tracked": trac
 
 def probe(threshold: int) -> dict[str, Any]:
     # A process of its own: settling changes the whole interpreter, which a test run must not.
-    out = subprocess.run([sys.executable, "-c", PROBE, str(threshold)], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(threshold)], capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -58,7 +59,8 @@ def test_zero_leaves_python_as_it_was() -> None:
 
 @pytest.mark.parametrize("command", ["collector", "api"])
 def test_the_server_commands_settle_with_the_setting_before_they_serve(
-        command: str, monkeypatch: pytest.MonkeyPatch, db: str) -> None:
+    command: str, monkeypatch: pytest.MonkeyPatch, db: str
+) -> None:
     calls: list[Any] = []
     monkeypatch.setattr(cyclegc, "settle", lambda n: calls.append(("settle", n)))
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: calls.append(("serve", None)))

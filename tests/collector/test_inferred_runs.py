@@ -29,14 +29,27 @@ def post(c: Collector, doc: dict[str, Any], who: str = "node-a") -> None:
 _seq = iter(range(1, 1_000_000))
 
 
-def samples(node: str, t0: float, seconds: int, runs: dict[int, str | None], mig: dict[int, int] | None = None,
-            facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def samples(
+    node: str,
+    t0: float,
+    seconds: int,
+    runs: dict[int, str | None],
+    mig: dict[int, int] | None = None,
+    facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One batch: every GPU in ``runs`` once a second for ``seconds``, labelled with its run."""
     rows = [(t0 + s, g, r) for s in range(seconds) for g, r in runs.items()]
     doc: dict[str, Any] = {
-        "batch_id": f"{node}:{next(_seq)}", "node": node,
-        "gpu": {"time": [r[0] for r in rows], "gpu": [r[1] for r in rows], "run_id": [r[2] for r in rows],
-                "power_w": [400.0] * len(rows), "util_pct": [90.0] * len(rows)}}
+        "batch_id": f"{node}:{next(_seq)}",
+        "node": node,
+        "gpu": {
+            "time": [r[0] for r in rows],
+            "gpu": [r[1] for r in rows],
+            "run_id": [r[2] for r in rows],
+            "power_w": [400.0] * len(rows),
+            "util_pct": [90.0] * len(rows),
+        },
+    }
     if mig:
         doc["gpu"]["mig_instance"] = [mig.get(r[1]) for r in rows]
     if facts is not None:
@@ -50,8 +63,10 @@ def at(t: float) -> datetime:
 
 def sightings(db: str) -> dict[tuple[str, str, int], tuple[str, str | None]]:
     with psycopg.connect(db) as c:
-        return {(r[0], r[1], r[2]): (r[3], r[4]) for r in
-                c.execute("SELECT run_id, node, gpu, status, detail FROM run_sightings").fetchall()}
+        return {
+            (r[0], r[1], r[2]): (r[3], r[4])
+            for r in c.execute("SELECT run_id, node, gpu, status, detail FROM run_sightings").fetchall()
+        }
 
 
 def run_of(db: str, run_id: str) -> dict[str, Any]:
@@ -59,15 +74,31 @@ def run_of(db: str, run_id: str) -> dict[str, Any]:
         return store.get_run(c, run_id)
 
 
-def test_samples_naming_a_run_register_it_with_its_gpus_and_end_it_after_the_grace(collector: Collector) -> None:
+def test_samples_naming_a_run_register_it_with_its_gpus_and_end_it_after_the_grace(
+    collector: Collector,
+) -> None:
     t0 = float(int(time.time()) - 600)  # whole seconds: stored and expected times round alike
-    facts = {"runs": {"ml:llm:3f2a9c1d": {"source": "kubernetes", "name": "llm", "team": "research",
-                                          "labels": {"k8s.namespace": "ml", "k8s.kind": "PyTorchJob"}}}}
-    post(collector, samples("node-a", t0, 30, {0: "ml:llm:3f2a9c1d", 1: "ml:llm:3f2a9c1d", 2: None}, facts=facts))
+    facts = {
+        "runs": {
+            "ml:llm:3f2a9c1d": {
+                "source": "kubernetes",
+                "name": "llm",
+                "team": "research",
+                "labels": {"k8s.namespace": "ml", "k8s.kind": "PyTorchJob"},
+            }
+        }
+    }
+    post(
+        collector,
+        samples("node-a", t0, 30, {0: "ml:llm:3f2a9c1d", 1: "ml:llm:3f2a9c1d", 2: None}, facts=facts),
+    )
     post(collector, samples("node-b", t0 + 5, 20, {3: "ml:llm:3f2a9c1d"}), who="node-b")
     got = sightings(collector.db)
-    assert set(got) == {("ml:llm:3f2a9c1d", "node-a", 0), ("ml:llm:3f2a9c1d", "node-a", 1),
-                        ("ml:llm:3f2a9c1d", "node-b", 3)}
+    assert set(got) == {
+        ("ml:llm:3f2a9c1d", "node-a", 0),
+        ("ml:llm:3f2a9c1d", "node-a", 1),
+        ("ml:llm:3f2a9c1d", "node-b", 3),
+    }
     assert {v[0] for v in got.values()} == {"pending"}
     inf = Inferrer(GRACE_S)
     with psycopg.connect(collector.db, autocommit=True) as conn:
@@ -128,8 +159,15 @@ def test_registered_runs_win(collector: Collector) -> None:
     inf = Inferrer(GRACE_S)
     with psycopg.connect(collector.db, autocommit=True) as conn:
         # A Slurm job registered by its prolog, then seen in the samples by its SLURM_JOB_ID.
-        store.create_run(conn, {"run_id": "4242", "start": at(t0), "name": "slurm job",
-                                "allocations": [{"node": "node-a", "gpus": [0]}]})
+        store.create_run(
+            conn,
+            {
+                "run_id": "4242",
+                "start": at(t0),
+                "name": "slurm job",
+                "allocations": [{"node": "node-a", "gpus": [0]}],
+            },
+        )
     post(collector, samples("node-a", t0 + 1, 5, {0: "4242", 1: "4242"}))
     with psycopg.connect(collector.db, autocommit=True) as conn:
         res = inf.run_once(conn, at(t0 + 10))
@@ -141,8 +179,10 @@ def test_registered_runs_win(collector: Collector) -> None:
     with psycopg.connect(collector.db, autocommit=True) as conn:
         assert inf.run_once(conn, at(t0 + 130)).created == ["pod-uid-1"]
         # ... gives way when a registration takes GPU 2 from t0 + 120: it ends there.
-        store.create_run(conn, {"run_id": "api-run", "start": at(t0 + 120),
-                                "allocations": [{"node": "node-a", "gpus": [2]}]})
+        store.create_run(
+            conn,
+            {"run_id": "api-run", "start": at(t0 + 120), "allocations": [{"node": "node-a", "gpus": [2]}]},
+        )
         gave = store.get_run(conn, "pod-uid-1")
         assert gave["end"] == at(t0 + 120) and gave["labels"][ENDED_BY] == "api-run"
     # Later samples of it do not extend it into the registered run.
@@ -174,10 +214,12 @@ def test_a_node_token_may_adopt_only_inferred_runs_on_its_gpus(collector: Collec
     with psycopg.connect(collector.db, autocommit=True) as conn:
         Inferrer(GRACE_S).run_once(conn, at(t0 + 5))
         with pytest.raises(store.RunAuthorityError):
-            store.create_run(conn, {"run_id": "77", "allocations": [{"node": "node-a", "gpus": [0]}]},
-                             as_node="node-a")
-        run, _ = store.create_run(conn, {"run_id": "77", "allocations": [{"node": "node-b", "gpus": [0]}]},
-                                  as_node="node-b")
+            store.create_run(
+                conn, {"run_id": "77", "allocations": [{"node": "node-a", "gpus": [0]}]}, as_node="node-a"
+            )
+        run, _ = store.create_run(
+            conn, {"run_id": "77", "allocations": [{"node": "node-b", "gpus": [0]}]}, as_node="node-b"
+        )
     assert run["source"] == "registered" and run["labels"][store.REGISTERED_BY] == "node:node-b"
 
 
@@ -209,8 +251,11 @@ def test_leader_registers_inferred_runs_before_its_sweep(db: str, settings: Any)
 
     t0 = float(int(time.time()) - 60)  # whole seconds: stored and expected times round alike
     with psycopg.connect(db, autocommit=True) as conn:
-        conn.execute("INSERT INTO run_sightings (run_id, node, gpu, first_seen, last_seen) VALUES "
-                     "('lead-1', 'n', 0, %s, %s)", (at(t0), at(t0 + 50)))
+        conn.execute(
+            "INSERT INTO run_sightings (run_id, node, gpu, first_seen, last_seen) VALUES "
+            "('lead-1', 'n', 0, %s, %s)",
+            (at(t0), at(t0 + 50)),
+        )
     s = settings.model_copy(update={"detect": settings.detect.model_copy(update={"sweep_interval_s": 0.2})})
     metrics = CollectorMetrics()
     swept: list[float] = []
@@ -232,7 +277,8 @@ def test_leader_registers_inferred_runs_before_its_sweep(db: str, settings: Any)
 
 
 def test_a_sighting_is_rewritten_only_when_it_moved_and_the_end_is_still_the_exact_last_sample(
-        collector: Collector) -> None:
+    collector: Collector,
+) -> None:
     t0 = float(int(time.time()) - 1000)  # whole seconds: stored and expected times round alike
     post(collector, samples("node-a", t0, 5, {0: "short"}))
     post(collector, samples("node-a", t0 + 5, 5, {0: "short"}))  # 5 s later: not worth a write
@@ -267,8 +313,16 @@ def test_late_facts_name_a_running_run_and_a_patched_end_makes_it_registered(col
     with psycopg.connect(collector.db, autocommit=True) as conn:
         inf.run_once(conn, at(t0 + 5))
         assert store.get_run(conn, "ns:late:12345678")["name"] is None
-    facts = {"runs": {"ns:late:12345678": {"source": "kubernetes", "name": "late", "team": "t1",
-                                           "labels": {"k8s.kind": "Job"}}}}
+    facts = {
+        "runs": {
+            "ns:late:12345678": {
+                "source": "kubernetes",
+                "name": "late",
+                "team": "t1",
+                "labels": {"k8s.kind": "Job"},
+            }
+        }
+    }
     post(collector, samples("node-a", t0 + 5, 2, {0: "ns:late:12345678"}, facts=facts))
     with psycopg.connect(collector.db, autocommit=True) as conn:
         inf.run_once(conn, at(t0 + 7))
@@ -287,8 +341,12 @@ def test_any_run_id_text_is_kept_exactly(collector: Collector) -> None:
     got = sightings(collector.db)
     assert set(got) == {(odd, "node-a", 0), ("plain", "node-a", 1)}
     with psycopg.connect(collector.db) as c:
-        first, last = c.execute("SELECT first_seen, last_seen FROM run_sightings WHERE run_id = %s", (odd,)).fetchone()
-        samples_at = c.execute("SELECT min(time), max(time) FROM gpu_samples WHERE run_id = %s", (odd,)).fetchone()
+        first, last = c.execute(
+            "SELECT first_seen, last_seen FROM run_sightings WHERE run_id = %s", (odd,)
+        ).fetchone()
+        samples_at = c.execute(
+            "SELECT min(time), max(time) FROM gpu_samples WHERE run_id = %s", (odd,)
+        ).fetchone()
     assert (first, last) == samples_at  # the same instants as the samples, to the microsecond
 
 
@@ -302,9 +360,18 @@ def test_an_ended_inferred_run_is_not_adopted_with_a_start_after_its_end(collect
         ended = store.get_run(conn, "job-3")
         assert ended["source"] == "inferred" and ended["end"] is not None
         with pytest.raises(store.Conflict, match="ended at"):
-            store.create_run(conn, {"run_id": "job-3", "start": datetime.now(UTC), "team": "teamA",
-                                    "allocations": [{"node": "node-a", "gpus": [1]}]})
+            store.create_run(
+                conn,
+                {
+                    "run_id": "job-3",
+                    "start": datetime.now(UTC),
+                    "team": "teamA",
+                    "allocations": [{"node": "node-a", "gpus": [1]}],
+                },
+            )
         assert store.get_run(conn, "job-3") == ended
         # with an end after its start the registration wins, as for any inferred run
         run, created = store.create_run(conn, {"run_id": "job-3", "start": at(t0), "end": at(t0 + 60)})
-    assert not created and run["source"] == "registered" and (run["start"], run["end"]) == (at(t0), at(t0 + 60))
+    assert (
+        not created and run["source"] == "registered" and (run["start"], run["end"]) == (at(t0), at(t0 + 60))
+    )

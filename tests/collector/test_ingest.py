@@ -43,13 +43,21 @@ def count(db: str, table: str = "gpu_samples") -> int:
         return c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
 
 
-def post(c: Collector, doc: dict, who: str = "node-a", fmt: str = "msgpack", comp: str | None = "zstd",
-         typed: bool = True) -> httpx.Response:
+def post(
+    c: Collector,
+    doc: dict,
+    who: str = "node-a",
+    fmt: str = "msgpack",
+    comp: str | None = "zstd",
+    typed: bool = True,
+) -> httpx.Response:
     body, headers = encode(doc, fmt, comp, typed=typed)
     return httpx.post(c.url + "/v1/ingest", content=body, headers={**headers, **c.headers(who)}, timeout=10)
 
 
-@pytest.mark.parametrize("fmt,comp", [("json", None), ("json", "gzip"), ("msgpack", "zstd"), ("msgpack", None)])
+@pytest.mark.parametrize(
+    "fmt,comp", [("json", None), ("json", "gzip"), ("msgpack", "zstd"), ("msgpack", None)]
+)
 def test_stored_after_commit(collector: Collector, fmt: str, comp: str | None) -> None:
     r = post(collector, batch(), fmt=fmt, comp=comp)
     assert r.status_code == 200, r.text
@@ -57,7 +65,9 @@ def test_stored_after_commit(collector: Collector, fmt: str, comp: str | None) -
     assert count(collector.db) == 8
     assert count(collector.db, "host_samples") == 1
     with psycopg.connect(collector.db) as c:
-        row = c.execute("SELECT power_w, energy_mj, temp_c, uuid, sm_active FROM gpu_samples WHERE gpu = 3").fetchone()
+        row = c.execute(
+            "SELECT power_w, energy_mj, temp_c, uuid, sm_active FROM gpu_samples WHERE gpu = 3"
+        ).fetchone()
         assert row == (500.5, 1_000_003, 60, "GPU-3", None)
         assert c.execute("SELECT node, gpu_count FROM nodes").fetchall() == [("node-a", 8)]
         assert c.execute("SELECT count(*) FROM rollup_queue").fetchone()[0] == 1  # type: ignore[index]
@@ -73,8 +83,11 @@ def test_retry_is_acknowledged_not_stored_twice(collector: Collector) -> None:
 
 def test_rows_format_accepted(collector: Collector) -> None:
     t = time.time()
-    doc = {"batch_id": "a:rows", "node": "node-a",
-           "gpu": [{"time": t, "gpu": 0, "power_w": 100}, {"time": t, "gpu": 1, "util_pct": 5}]}
+    doc = {
+        "batch_id": "a:rows",
+        "node": "node-a",
+        "gpu": [{"time": t, "gpu": 0, "power_w": 100}, {"time": t, "gpu": 1, "util_pct": 5}],
+    }
     r = post(collector, doc, fmt="json", comp=None)
     assert r.status_code == 200, r.text
     assert count(collector.db) == 2
@@ -117,8 +130,11 @@ def test_malformed_batches_name_the_spot(collector: Collector, mutate, loc) -> N
 
 
 def test_unparseable_body_is_400(collector: Collector) -> None:
-    r = httpx.post(collector.url + "/v1/ingest", content=b"{not json",
-                   headers={"Content-Type": "application/json", **collector.headers()})
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=b"{not json",
+        headers={"Content-Type": "application/json", **collector.headers()},
+    )
     assert r.status_code == 400
     assert "JSON" in r.json()["detail"][0]["msg"]
 
@@ -137,8 +153,12 @@ def leave_mid_body(c: Collector, who: str, batch_id: str) -> None:
     head = {**headers, **c.headers(who), "Content-Length": str(len(body) + 5000)}
     host, port = c.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: collector\r\n"
-                     + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + body)
+        sock.sendall(
+            b"POST /v1/ingest HTTP/1.1\r\nHost: collector\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode()
+            + b"\r\n"
+            + body
+        )
         time.sleep(0.2)  # the collector is reading the body when the node goes
 
 
@@ -172,9 +192,17 @@ def test_a_node_that_leaves_mid_upload_is_counted_not_logged_as_a_crash(collecto
 
 def test_authentication(collector: Collector) -> None:
     body = orjson.dumps(batch())
-    for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": "Basic abc"},
-                    {"Authorization": "Bearer gpf_not-a-real-token"}):
-        r = httpx.post(collector.url + "/v1/ingest", content=body, headers={"Content-Type": "application/json", **headers})
+    for headers in (
+        {},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer gpf_not-a-real-token"},
+    ):
+        r = httpx.post(
+            collector.url + "/v1/ingest",
+            content=body,
+            headers={"Content-Type": "application/json", **headers},
+        )
         assert r.status_code == 401
         assert "gpf_not-a-real-token" not in r.text
     assert count(collector.db) == 0
@@ -210,25 +238,39 @@ def test_node_token_writes_only_its_node(collector: Collector) -> None:
 def test_size_limits(collector: Collector) -> None:
     # declared body too large
     big = b"x" * 1_100_000
-    r = httpx.post(collector.url + "/v1/ingest", content=big,
-                   headers={"Content-Type": "application/json", **collector.headers()})
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=big,
+        headers={"Content-Type": "application/json", **collector.headers()},
+    )
     assert r.status_code == 413
+
     # chunked body without Content-Length
     def chunks():  # type: ignore[no-untyped-def]
         for _ in range(12):
             yield b"y" * 100_000
-    r = httpx.post(collector.url + "/v1/ingest", content=chunks(),
-                   headers={"Content-Type": "application/json", **collector.headers()})
+
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=chunks(),
+        headers={"Content-Type": "application/json", **collector.headers()},
+    )
     assert r.status_code == 413
     # decompression bomb: 100 KB of zstd that expands to ~1 GB
     bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (1 << 30))
     assert len(bomb) < 200_000
-    r = httpx.post(collector.url + "/v1/ingest", content=bomb,
-                   headers={"Content-Type": "application/json", "Content-Encoding": "zstd", **collector.headers()})
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=bomb,
+        headers={"Content-Type": "application/json", "Content-Encoding": "zstd", **collector.headers()},
+    )
     assert r.status_code == 413
     gz = gzip.compress(b" " * (64 << 20), 9)
-    r = httpx.post(collector.url + "/v1/ingest", content=gz,
-                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip", **collector.headers()})
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=gz,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip", **collector.headers()},
+    )
     assert r.status_code == 413
     # too many samples
     r = post(collector, batch(n=5_008))
@@ -256,8 +298,11 @@ def test_msgpack_nan_and_bool_rejected(collector: Collector) -> None:
     doc = batch()
     doc["gpu"]["util_pct"][0] = True
     body = msgpack.packb(doc)
-    r = httpx.post(collector.url + "/v1/ingest", content=body,
-                   headers={"Content-Type": "application/msgpack", **collector.headers()})
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=body,
+        headers={"Content-Type": "application/msgpack", **collector.headers()},
+    )
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["gpu", 0, "util_pct"]
 
@@ -285,11 +330,13 @@ def test_typed_array_columns(collector: Collector) -> None:
     bad["gpu"]["power_w"] = {"dtype": "f8", "data": np.array([1.0, 2.0, np.nan] + [3.0] * 5).tobytes()}
     r = post(collector, bad, comp=None)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["gpu", 2, "power_w"]
-    for col, loc in (({"dtype": "f8", "data": b"\0" * 7}, ["gpu", "power_w"]),
-                     ({"dtype": "x9", "data": b""}, ["gpu", "power_w"]),
-                     ({"dtype": ["f8"], "data": b""}, ["gpu", "power_w"]),
-                     ({"dtype": "f8", "data": np.zeros(8).tobytes(), "nulls": b"\0\0"}, ["gpu", "power_w"]),
-                     ({"dtype": "f8", "data": np.zeros(8).tobytes(), "extra": 1}, ["gpu", "power_w"])):
+    for col, loc in (
+        ({"dtype": "f8", "data": b"\0" * 7}, ["gpu", "power_w"]),
+        ({"dtype": "x9", "data": b""}, ["gpu", "power_w"]),
+        ({"dtype": ["f8"], "data": b""}, ["gpu", "power_w"]),
+        ({"dtype": "f8", "data": np.zeros(8).tobytes(), "nulls": b"\0\0"}, ["gpu", "power_w"]),
+        ({"dtype": "f8", "data": np.zeros(8).tobytes(), "extra": 1}, ["gpu", "power_w"]),
+    ):
         bad = batch("a:typed-bad")
         bad["gpu"]["power_w"] = col
         r = post(collector, bad, comp=None, typed=False)

@@ -17,8 +17,9 @@ def live_timers(loop: asyncio.AbstractEventLoop) -> int:
 def test_the_answer_is_byte_for_byte_what_json_response_sends() -> None:
     for args in [("node-a:1", "stored", 80, 10, 0), ("n.b_c:9-x", "duplicate", 0, 0, 3)]:
         ours = stored_answer(*args)
-        theirs = JSONResponse(dict(zip(["batch_id", "status", "gpu_rows", "host_rows", "rejected_skew"], args,
-                                       strict=True)))
+        theirs = JSONResponse(
+            dict(zip(["batch_id", "status", "gpu_rows", "host_rows", "rejected_skew"], args, strict=True))
+        )
         assert ours.body == theirs.body
         assert ours.status_code == theirs.status_code == 200
         assert sorted(ours.raw_headers) == sorted(theirs.raw_headers)

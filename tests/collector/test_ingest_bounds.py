@@ -29,7 +29,9 @@ def test_another_nodes_batch_id_does_not_make_this_nodes_batch_a_duplicate(colle
     assert r.json()["status"] == "stored"
     with psycopg.connect(collector.db) as c:
         assert c.execute("SELECT node, count(*) FROM gpu_samples GROUP BY node ORDER BY node").fetchall() == [
-            ("node-a", 8), ("node-b", 8)]
+            ("node-a", 8),
+            ("node-b", 8),
+        ]
     # A retry by the same node is still a duplicate.
     r = post(collector, batch("victim-agent:42", node="node-a"), who="node-a")
     assert r.json()["status"] == "duplicate"
@@ -77,8 +79,12 @@ def test_float4_overflow_is_refused_like_infinity(collector: Collector, fmt: str
         body, headers = encode(doc, "msgpack", None, typed=False)
         d = msgpack.unpackb(body)
         d["gpu"]["mem_used_mib"] = {"dtype": "f8", "data": struct.pack("<8d", *doc["gpu"]["mem_used_mib"])}
-        r = httpx.post(collector.url + "/v1/ingest", content=msgpack.packb(d),
-                       headers={**headers, **collector.headers()}, timeout=10)
+        r = httpx.post(
+            collector.url + "/v1/ingest",
+            content=msgpack.packb(d),
+            headers={**headers, **collector.headers()},
+            timeout=10,
+        )
     else:
         r = post(collector, doc, fmt=fmt, comp=None, typed=False)
     assert r.status_code == 422, r.text
@@ -92,7 +98,9 @@ def test_largest_finite_float4_is_still_accepted(collector: Collector) -> None:
     r = post(collector, doc, fmt="json", comp=None)
     assert r.status_code == 200, r.text
     with psycopg.connect(collector.db) as c:
-        assert c.execute("SELECT count(*) FROM gpu_samples WHERE mem_used_mib = 'Infinity'").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM gpu_samples WHERE mem_used_mib = 'Infinity'").fetchone() == (
+            0,
+        )
 
 
 # -- parse bounds ------------------------------------------------------------------------
@@ -102,13 +110,19 @@ def _empty_maps(n: int) -> bytes:
     return b"\xdd" + struct.pack(">I", n) + b"\x80" * n
 
 
-@pytest.mark.parametrize("raw,ctype", [
-    (_empty_maps(33_000_000), MSGPACK),  # one array of 33 M empty maps
-    # 5,000 arrays of 6,600 empty maps: every array is short, together they are 33 M objects
-    (b"\xdd" + struct.pack(">I", 5000) + (b"\xdc" + struct.pack(">H", 6600) + b"\x80" * 6600) * 5000, MSGPACK),
-    (b"[" + b"{}," * 2_000_000 + b"{}]", JSON),
-    (b"[" + b"0," * 4_000_000 + b"0]", JSON),
-])
+@pytest.mark.parametrize(
+    "raw,ctype",
+    [
+        (_empty_maps(33_000_000), MSGPACK),  # one array of 33 M empty maps
+        # 5,000 arrays of 6,600 empty maps: every array is short, together they are 33 M objects
+        (
+            b"\xdd" + struct.pack(">I", 5000) + (b"\xdc" + struct.pack(">H", 6600) + b"\x80" * 6600) * 5000,
+            MSGPACK,
+        ),
+        (b"[" + b"{}," * 2_000_000 + b"{}]", JSON),
+        (b"[" + b"0," * 4_000_000 + b"0]", JSON),
+    ],
+)
 def test_object_bombs_are_refused_before_they_are_built(raw: bytes, ctype: str) -> None:
     t0 = time.perf_counter()
     with pytest.raises(WireError) as e:
@@ -121,8 +135,12 @@ def test_the_largest_legal_batch_fits_the_parse_bounds() -> None:
     # max_samples samples in row form with every GPU field: the most structure a legal batch has.
     n = 2_000
     row = {name: None for name in GPU_BY_NAME} | {"time": time.time(), "gpu": 0}
-    doc = {"batch_id": "a:1", "node": "n", "gpu": [dict(row) for _ in range(n)],
-           "facts": {"gpus": [{"gpu": i, "name": "H100"} for i in range(8)]}}
+    doc = {
+        "batch_id": "a:1",
+        "node": "n",
+        "gpu": [dict(row) for _ in range(n)],
+        "facts": {"gpus": [{"gpu": i, "name": "H100"} for i in range(8)]},
+    }
     limits = ParseLimits.for_samples(n)
     for fmt in ("json", "msgpack"):
         body, headers = encode(doc, fmt, None, typed=False)
@@ -139,8 +157,12 @@ def test_the_largest_legal_batch_fits_the_parse_bounds() -> None:
 def test_zstd_object_bomb_answers_413(collector: Collector) -> None:
     body = zstandard.ZstdCompressor(level=19).compress(_empty_maps(3_900_000))
     assert len(body) < 2_000
-    r = httpx.post(collector.url + "/v1/ingest", content=body,
-                   headers={"Content-Type": MSGPACK, "Content-Encoding": "zstd", **collector.headers()}, timeout=30)
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=body,
+        headers={"Content-Type": MSGPACK, "Content-Encoding": "zstd", **collector.headers()},
+        timeout=30,
+    )
     assert r.status_code == 413, r.text
     assert post(collector, batch("a:after")).status_code == 200
 
@@ -148,20 +170,32 @@ def test_zstd_object_bomb_answers_413(collector: Collector) -> None:
 def test_deeply_nested_agent_block_is_refused(collector: Collector) -> None:
     body = b'{"batch_id":"a:1","node":"node-a","agent":{"x":' + b"[" * 500 + b"]" * 500 + b"}}"
     assert orjson.loads(body)
-    r = httpx.post(collector.url + "/v1/ingest", content=body,
-                   headers={"Content-Type": JSON, **collector.headers()}, timeout=10)
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=body,
+        headers={"Content-Type": JSON, **collector.headers()},
+        timeout=10,
+    )
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"][:2] == ["agent", "x"]
 
 
-@pytest.mark.parametrize("raw,ctype", [
-    (b"[" * 5000 + b"]" * 5000, JSON),
-    (b"\x91" * 5000 + b"\x90", MSGPACK),
-    (b"\x81\xa1x" * 5000 + b"\x80", MSGPACK),
-])
-def test_nesting_beyond_the_parsers_stack_is_400_and_ingest_goes_on(collector: Collector, raw: bytes,
-                                                                    ctype: str) -> None:
-    r = httpx.post(collector.url + "/v1/ingest", content=raw,
-                   headers={"Content-Type": ctype, **collector.headers()}, timeout=10)
+@pytest.mark.parametrize(
+    "raw,ctype",
+    [
+        (b"[" * 5000 + b"]" * 5000, JSON),
+        (b"\x91" * 5000 + b"\x90", MSGPACK),
+        (b"\x81\xa1x" * 5000 + b"\x80", MSGPACK),
+    ],
+)
+def test_nesting_beyond_the_parsers_stack_is_400_and_ingest_goes_on(
+    collector: Collector, raw: bytes, ctype: str
+) -> None:
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=raw,
+        headers={"Content-Type": ctype, **collector.headers()},
+        timeout=10,
+    )
     assert r.status_code == 400, r.text
     assert post(collector, batch("a:after")).status_code == 200

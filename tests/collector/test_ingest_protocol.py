@@ -88,14 +88,21 @@ def app_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield calls
 
 
-def test_plain_shipments_are_answered_on_their_kept_connection(collector: Collector, app_calls: list[str]) -> None:
+def test_plain_shipments_are_answered_on_their_kept_connection(
+    collector: Collector, app_calls: list[str]
+) -> None:
     conn = Conn(collector)
     for i in range(3):
         conn.sock.sendall(conn.shipment(f"a:plain-{i}"))
         a = conn.read()
         assert a.status == 200, a.body
-        assert a.json() == {"batch_id": f"a:plain-{i}", "status": "stored", "gpu_rows": 8, "host_rows": 1,
-                            "rejected_skew": 0}
+        assert a.json() == {
+            "batch_id": f"a:plain-{i}",
+            "status": "stored",
+            "gpu_rows": 8,
+            "host_rows": 1,
+            "rejected_skew": 0,
+        }
         assert a.headers["content-type"] == "application/json" and "connection" not in a.headers
         assert "date" in a.headers  # the server's own headers, as on every other answer
     # The node's first shipment went through the app, which checked its token before reading
@@ -109,8 +116,12 @@ def test_plain_shipments_are_answered_on_their_kept_connection(collector: Collec
 
 def test_pipelined_requests_are_answered_in_order(collector: Collector, app_calls: list[str]) -> None:
     conn = Conn(collector)
-    conn.sock.sendall(conn.shipment("a:pipe-1") + b"GET /healthz HTTP/1.1\r\nHost: collector\r\n\r\n"
-                      + conn.shipment("a:pipe-2") + conn.shipment("a:pipe-1"))
+    conn.sock.sendall(
+        conn.shipment("a:pipe-1")
+        + b"GET /healthz HTTP/1.1\r\nHost: collector\r\n\r\n"
+        + conn.shipment("a:pipe-2")
+        + conn.shipment("a:pipe-1")
+    )
     answers = [conn.read() for _ in range(4)]
     assert [a.status for a in answers] == [200, 200, 200, 200]
     assert answers[0].json()["batch_id"] == "a:pipe-1" and answers[0].json()["status"] == "stored"
@@ -143,18 +154,23 @@ def test_shipments_that_are_not_plain_go_through_the_app(collector: Collector, a
     assert count(collector.db) == 16
 
     other = Conn(collector)
-    other.sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: c\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab")
+    other.sock.sendall(
+        b"POST /v1/ingest HTTP/1.1\r\nHost: c\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab"
+    )
     a = other.read()
     assert a.status == 400  # refused by the parser or the body limit, never read as a shipment
 
 
 def test_a_body_is_read_on_the_connection_only_for_a_node_token_already_accepted(
-        collector: Collector, app_calls: list[str]) -> None:
+    collector: Collector, app_calls: list[str]
+) -> None:
     conn = Conn(collector)
     junk = b"x" * 500_000
     for token in (b"gpf_not-a-real-token", collector.tokens["sre"].encode()):
-        conn.sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: c\r\nContent-Type: application/msgpack\r\n"
-                          b"Authorization: Bearer " + token + b"\r\nContent-Length: %d\r\n\r\n" % len(junk) + junk)
+        conn.sock.sendall(
+            b"POST /v1/ingest HTTP/1.1\r\nHost: c\r\nContent-Type: application/msgpack\r\n"
+            b"Authorization: Bearer " + token + b"\r\nContent-Length: %d\r\n\r\n" % len(junk) + junk
+        )
         a = conn.read()
         assert a.status in (401, 403) and "detail" in a.json()
     assert app_calls == ["/v1/ingest", "/v1/ingest"]  # checked by the app before it read the body
@@ -178,7 +194,9 @@ def test_a_shipment_whose_connection_is_gone_is_still_stored(collector: Collecto
     assert count(collector.db) == 16
     with psycopg.connect(collector.db) as c:
         assert c.execute("SELECT batch_id FROM ingest_batches ORDER BY batch_id").fetchall() == [
-            ("a:first",), ("a:gone",)]
+            ("a:first",),
+            ("a:gone",),
+        ]
     again = Conn(collector)
     again.sock.sendall(again.shipment("a:gone"))
     assert again.read().json()["status"] == "duplicate"  # the agent's retry is answered, not stored twice

@@ -41,8 +41,16 @@ def _iso(d: datetime | None) -> str | None:
     return None if d is None else d.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _key(kind: str, run_id: str | None, node: str | None, gpu: int | None, cause: str | None,
-         severity: str, start: datetime, end: datetime | None) -> tuple:
+def _key(
+    kind: str,
+    run_id: str | None,
+    node: str | None,
+    gpu: int | None,
+    cause: str | None,
+    severity: str,
+    start: datetime,
+    end: datetime | None,
+) -> tuple:
     return kind, run_id, node, gpu, cause, severity, _iso(start), _iso(end)
 
 
@@ -54,21 +62,45 @@ def _replayed(pg_server: str, settings: Settings, out: Path) -> set[tuple]:
     with scratch_database(pg_server, "gpufleet_replay_side") as url:
         migrate.upgrade(url, settings)
         replayed = replay(url, out, settings).findings
-    return {_key(f["kind"], f["run_id"], f["node"], f["gpu"], f["cause"], f["severity"], _parse(f["start"]),
-                 _parse(f["end"])) for f in replayed}
+    return {
+        _key(
+            f["kind"],
+            f["run_id"],
+            f["node"],
+            f["gpu"],
+            f["cause"],
+            f["severity"],
+            _parse(f["start"]),
+            _parse(f["end"]),
+        )
+        for f in replayed
+    }
 
 
 def _check(want: set[tuple], got: set[tuple]) -> None:
     # The scenario's faults all show within the first 20 minutes: a real comparison.
-    assert {k[0] for k in want} >= {"starvation", "straggler", "checkpoint_stall", "throttling", "pcie_degraded",
-                                    "host_misconfig"}
+    assert {k[0] for k in want} >= {
+        "starvation",
+        "straggler",
+        "checkpoint_stall",
+        "throttling",
+        "pcie_degraded",
+        "host_misconfig",
+    }
     # The serving run is a must-not-flag: lightly loaded, never starved.
-    assert not any(k[1] == "demo-serve" for k in want | got), sorted(k for k in want | got if k[1] == "demo-serve")
-    assert got == want, (f"live only: {sorted(got - want)}\nreplay only: {sorted(want - got)}")
+    assert not any(k[1] == "demo-serve" for k in want | got), sorted(
+        k for k in want | got if k[1] == "demo-serve"
+    )
+    assert got == want, f"live only: {sorted(got - want)}\nreplay only: {sorted(want - got)}"
 
 
-def _swept_live(conn: psycopg.Connection, settings: Settings, bundle: Any, feed_until: Callable[[float], Any],
-                ship: Callable[[], Any] | None) -> set[tuple[Any, ...]]:
+def _swept_live(
+    conn: psycopg.Connection,
+    settings: Settings,
+    bundle: Any,
+    feed_until: Callable[[float], Any],
+    ship: Callable[[], Any] | None,
+) -> set[tuple[Any, ...]]:
     """Feed up to each sweep time and sweep as the leader does, every sweep interval over the
     bundle's span; the incidents stored."""
     sweeper = Sweeper(settings)
@@ -80,21 +112,45 @@ def _swept_live(conn: psycopg.Connection, settings: Settings, bundle: Any, feed_
             ship()
         sweeper(conn, now)
         now += step
-    rows = conn.execute("SELECT kind, run_id, node, gpu, cause, severity, start, \"end\", evidence, state "
-                        "FROM incidents").fetchall()
+    rows = conn.execute(
+        'SELECT kind, run_id, node, gpu, cause, severity, start, "end", evidence, state FROM incidents'
+    ).fetchall()
     # As FINDINGS.jsonl writes them: an incident grouping a run's GPUs is a row per GPU.
     out = set()
     for kind, run_id, node, gpu, cause, severity, start, end, evidence, state in rows:
-        inc = Incident(kind=kind, scope_key="", cause=cause, severity=severity, start=start.timestamp(),
-                       last_seen=start.timestamp(), evidence=evidence, run_id=run_id, node=node, gpu=gpu,
-                       end=None if end is None else end.timestamp(), state=state)
-        out |= {_key(r["kind"], r["run_id"], r["node"], r["gpu"], r["cause"], r["severity"], _parse(r["start"]),
-                     _parse(r["end"])) for r in inc.records()}
+        inc = Incident(
+            kind=kind,
+            scope_key="",
+            cause=cause,
+            severity=severity,
+            start=start.timestamp(),
+            last_seen=start.timestamp(),
+            evidence=evidence,
+            run_id=run_id,
+            node=node,
+            gpu=gpu,
+            end=None if end is None else end.timestamp(),
+            state=state,
+        )
+        out |= {
+            _key(
+                r["kind"],
+                r["run_id"],
+                r["node"],
+                r["gpu"],
+                r["cause"],
+                r["severity"],
+                _parse(r["start"]),
+                _parse(r["end"]),
+            )
+            for r in inc.records()
+        }
     return out
 
 
-def test_the_bundle_live_and_replayed_gives_the_same_incidents(pg_server: str, settings: Settings,
-                                                                tmp_path: Path) -> None:
+def test_the_bundle_live_and_replayed_gives_the_same_incidents(
+    pg_server: str, settings: Settings, tmp_path: Path
+) -> None:
     out = tmp_path / "bundle"
     write_bundle(Fleet.from_scenario(SCENARIO), out, duration_s=DURATION_S)
     bundle = read_bundle(out)
@@ -110,7 +166,9 @@ def test_the_bundle_live_and_replayed_gives_the_same_incidents(pg_server: str, s
     _check(want, got)
 
 
-def test_live_sweeps_and_replay_find_the_same_incidents(pg_server: str, settings: Settings, tmp_path: Path) -> None:
+def test_live_sweeps_and_replay_find_the_same_incidents(
+    pg_server: str, settings: Settings, tmp_path: Path
+) -> None:
     out = tmp_path / "bundle"
     write_bundle(Fleet.from_scenario(SCENARIO), out, duration_s=DURATION_S)
     bundle = read_bundle(out)
@@ -128,7 +186,8 @@ def test_live_sweeps_and_replay_find_the_same_incidents(pg_server: str, settings
 
 
 def test_sweeps_while_a_backlog_arrives_do_not_blame_a_neighbours_host_pressure(
-        pg_server: str, settings: Settings) -> None:
+    pg_server: str, settings: Settings
+) -> None:
     """The demo back-fills 15 minutes through ingest in a few seconds while
     the leader sweeps at the wall clock, as after any collector outage when
     agents drain their spools: each sweep sees a window whose data ends
@@ -150,7 +209,8 @@ def test_sweeps_while_a_backlog_arrives_do_not_blame_a_neighbours_host_pressure(
                 feed.ship()
                 sweeper(conn, now)
             feed.close()
-            rows = conn.execute("SELECT kind, run_id, cause, evidence->>'pattern' FROM incidents "
-                                "WHERE kind = 'starvation'").fetchall()
+            rows = conn.execute(
+                "SELECT kind, run_id, cause, evidence->>'pattern' FROM incidents WHERE kind = 'starvation'"
+            ).fetchall()
     assert {r[1] for r in rows} >= {"demo-audio", "demo-vision"}, rows
     assert "demo-serve" not in {r[1] for r in rows}, rows

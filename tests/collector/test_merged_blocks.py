@@ -129,5 +129,7 @@ def test_agents_batches_are_stored_as_sent(db: str) -> None:
         write_batches(conn, batches)
     with psycopg.connect(db) as conn:
         got = conn.execute("SELECT node, gpu, power_w, energy_mj, temp_c FROM gpu_samples").fetchall()
-    want = [(f"node-{k}", i % 8, float(k * 100 + i), k * 1_000_000 + i, 60) for k in range(5) for i in range(16)]
+    want = [
+        (f"node-{k}", i % 8, float(k * 100 + i), k * 1_000_000 + i, 60) for k in range(5) for i in range(16)
+    ]
     assert sorted(got) == sorted(want)

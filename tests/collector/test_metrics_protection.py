@@ -126,13 +126,28 @@ def _client(ca: TestCA, pair: Pair | None) -> httpx.Client:
 
 def test_collector_metrics_client_certificate_names(incidents: str, settings: Settings, pki: TestCA) -> None:
     server = pki.server()
-    s = settings.model_copy(update={
-        "tls": settings.tls.model_copy(update={"certfile": server.cert, "keyfile": server.key,
-                                               "client_ca": pki.pem, "client_cert": "optional"}),
-        "metrics": settings.metrics.model_copy(update={"client_names": ["prometheus"], "token": TOKEN})})
+    s = settings.model_copy(
+        update={
+            "tls": settings.tls.model_copy(
+                update={
+                    "certfile": server.cert,
+                    "keyfile": server.key,
+                    "client_ca": pki.pem,
+                    "client_cert": "optional",
+                }
+            ),
+            "metrics": settings.metrics.model_copy(update={"client_names": ["prometheus"], "token": TOKEN}),
+        }
+    )
     app = create_app(incidents, s, run_leader=False)
-    with serve(app, ssl_certfile=str(server.cert), ssl_keyfile=str(server.key), ssl_ca_certs=str(pki.pem),
-               ssl_cert_reqs=ssl.CERT_OPTIONAL, http=protocol_class()) as srv:
+    with serve(
+        app,
+        ssl_certfile=str(server.cert),
+        ssl_keyfile=str(server.key),
+        ssl_ca_certs=str(pki.pem),
+        ssl_cert_reqs=ssl.CERT_OPTIONAL,
+        http=protocol_class(),
+    ) as srv:
         url = srv.url + "/metrics"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         with _client(pki, pki.client("prometheus")) as c:
@@ -164,7 +179,9 @@ def test_agent_metrics_token(agent_metrics: AgentMetrics) -> None:
     port = agent_metrics.serve(free_port(), "127.0.0.1", MetricsGuard(TOKEN))
     url = f"http://127.0.0.1:{port}/metrics"
     assert httpx.get(url, timeout=10).status_code == 401
-    assert httpx.get(url, headers={"Authorization": "Bearer nope-nope-nope-nope"}, timeout=10).status_code == 401
+    assert (
+        httpx.get(url, headers={"Authorization": "Bearer nope-nope-nope-nope"}, timeout=10).status_code == 401
+    )
     r = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
     assert r.status_code == 200 and "gpufleet_agent_samples_spooled_total 7.0" in r.text
 
@@ -176,8 +193,14 @@ def test_agent_metrics_open_by_default(agent_metrics: AgentMetrics) -> None:
 
 def test_agent_metrics_mtls(agent_metrics: AgentMetrics, pki: TestCA, tmp_path: Path) -> None:
     server = pki.server()
-    port = agent_metrics.serve(free_port(), "127.0.0.1", MetricsGuard(TOKEN), certfile=server.cert,
-                               keyfile=server.key, client_ca=pki.pem)
+    port = agent_metrics.serve(
+        free_port(),
+        "127.0.0.1",
+        MetricsGuard(TOKEN),
+        certfile=server.cert,
+        keyfile=server.key,
+        client_ca=pki.pem,
+    )
     url = f"https://127.0.0.1:{port}/metrics"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with _client(pki, pki.client("prometheus")) as c:
@@ -197,13 +220,26 @@ OWN = "gpufleet_ingest_requests"
 #: The fleet's series (docs/contracts.md, section 4): the open incidents and nodes, and the per-run
 #: figures of the stored snapshot (``run_metrics``, on by default); counters without ``_total``, as
 #: the parser names their families.
-FLEET = {"gpufleet_incident", "gpufleet_incident_info", "gpufleet_incident_open", "gpufleet_incident_evidence",
-         "gpufleet_incident_run", "gpufleet_incident_quarantine", "gpufleet_incident_run_action",
-         "gpufleet_incidents_fresh", "gpufleet_node_last_seen_timestamp_seconds",
-         "gpufleet_node_rejected_skew_samples",
-         "gpufleet_run_energy_kwh", "gpufleet_run_cost", "gpufleet_run_co2e_kg", "gpufleet_run_gpu_seconds",
-         "gpufleet_run_goodput", "gpufleet_run_metrics_runs", "gpufleet_run_metrics_omitted_runs",
-         "gpufleet_run_metrics_age_seconds"}
+FLEET = {
+    "gpufleet_incident",
+    "gpufleet_incident_info",
+    "gpufleet_incident_open",
+    "gpufleet_incident_evidence",
+    "gpufleet_incident_run",
+    "gpufleet_incident_quarantine",
+    "gpufleet_incident_run_action",
+    "gpufleet_incidents_fresh",
+    "gpufleet_node_last_seen_timestamp_seconds",
+    "gpufleet_node_rejected_skew_samples",
+    "gpufleet_run_energy_kwh",
+    "gpufleet_run_cost",
+    "gpufleet_run_co2e_kg",
+    "gpufleet_run_gpu_seconds",
+    "gpufleet_run_goodput",
+    "gpufleet_run_metrics_runs",
+    "gpufleet_run_metrics_omitted_runs",
+    "gpufleet_run_metrics_age_seconds",
+}
 
 
 def test_the_fleets_series_are_served_alone_on_their_own_path(incidents: str, settings: Settings) -> None:
@@ -212,11 +248,16 @@ def test_the_fleets_series_are_served_alone_on_their_own_path(incidents: str, se
     pages = {}
     for on in (True, False):
         with serve(create_app(incidents, _with(settings, fleet_on_metrics=on), run_leader=False)) as srv:
-            pages[on] = (httpx.get(srv.url + "/metrics", timeout=10), httpx.get(srv.url + "/metrics/fleet", timeout=10))
+            pages[on] = (
+                httpx.get(srv.url + "/metrics", timeout=10),
+                httpx.get(srv.url + "/metrics/fleet", timeout=10),
+            )
     for on, (own, fleet) in pages.items():
         assert own.status_code == fleet.status_code == 200
-        assert own.headers["content-type"].startswith("text/plain") and fleet.headers["content-type"] == \
-            own.headers["content-type"]
+        assert (
+            own.headers["content-type"].startswith("text/plain")
+            and fleet.headers["content-type"] == own.headers["content-type"]
+        )
         own_fams, fleet_fams = _families(own.text), _families(fleet.text)
         assert set(fleet_fams) == FLEET, on
         assert {s["node"] for s in fleet_fams["gpufleet_node_last_seen_timestamp_seconds"]} == {"node-a"}
@@ -228,7 +269,9 @@ def test_the_fleets_series_are_served_alone_on_their_own_path(incidents: str, se
 def test_the_fleet_path_is_guarded_and_redacted_as_metrics_is(incidents: str, settings: Settings) -> None:
     with serve(create_app(incidents, _with(settings, token=TOKEN, redact=True), run_leader=False)) as srv:
         none = httpx.get(srv.url + "/metrics/fleet", timeout=10)
-        right = httpx.get(srv.url + "/metrics/fleet", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        right = httpx.get(
+            srv.url + "/metrics/fleet", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
     assert none.status_code == 401 and "node-a" not in none.text
     assert right.status_code == 200 and "node-a" in right.text
     assert "secret-run" not in right.text and "gpufleet_incident_evidence" not in _families(right.text)

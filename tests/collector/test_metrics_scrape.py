@@ -28,7 +28,9 @@ def test_a_scrape_waiting_on_the_database_holds_no_shipment(collector: Collector
     with psycopg.connect(collector.db) as locker:
         locker.execute("LOCK TABLE incidents IN ACCESS EXCLUSIVE MODE")
         scrape: dict[str, httpx.Response] = {}
-        t = threading.Thread(target=lambda: scrape.update(r=httpx.get(collector.url + "/metrics", timeout=30)))
+        t = threading.Thread(
+            target=lambda: scrape.update(r=httpx.get(collector.url + "/metrics", timeout=30))
+        )
         t.start()
         time.sleep(0.5)  # the scrape is now waiting on the lock
         assert "r" not in scrape

@@ -79,14 +79,30 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     return FakeSlurm(tmp_path / "scontrol.log")
 
 
-def incident(conn: psycopg.Connection, node: str | None, kind: str = "gpu_health", cause: str = "uncorrectable_ecc",
-             severity: str = "critical", gpu: int | None = 1, evidence: dict[str, Any] | None = None,
-             state: str = "open") -> int:
+def incident(
+    conn: psycopg.Connection,
+    node: str | None,
+    kind: str = "gpu_health",
+    cause: str = "uncorrectable_ecc",
+    severity: str = "critical",
+    gpu: int | None = 1,
+    evidence: dict[str, Any] | None = None,
+    state: str = "open",
+) -> int:
     row = conn.execute(
         "INSERT INTO incidents (kind, scope_key, node, gpu, cause, severity, state, start, last_seen, evidence) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, now(), now(), %s) RETURNING id",
-        (kind, f"{kind}|{node}|{gpu}|{cause}|{time.monotonic_ns()}", node, gpu, cause, severity, state,
-         Jsonb(evidence or {}))).fetchone()
+        (
+            kind,
+            f"{kind}|{node}|{gpu}|{cause}|{time.monotonic_ns()}",
+            node,
+            gpu,
+            cause,
+            severity,
+            state,
+            Jsonb(evidence or {}),
+        ),
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -118,8 +134,12 @@ def test_drains_once_and_records_it(conn: psycopg.Connection, slurm: FakeSlurm) 
     assert slurm.calls() == [["update", "nodename=n8", "state=drain", f"reason={reason}"]]
     (stored,) = actions(conn, inc)
     assert stored == rec
-    assert (stored["action"], stored["target"], stored["result"], stored["dry_run"]) == ("slurm_drain", "n8", "done",
-                                                                                        False)
+    assert (stored["action"], stored["target"], stored["result"], stored["dry_run"]) == (
+        "slurm_drain",
+        "n8",
+        "done",
+        False,
+    )
     assert stored["time"] == "2027-01-15T08:00:00Z" and stored["reason"] == reason
     assert stored["command"] == ["scontrol", "update", "nodename=n8", "state=drain", f"reason={reason}"]
     # Idempotent: later sweeps, a new hook object (another leader), nothing more.
@@ -127,8 +147,9 @@ def test_drains_once_and_records_it(conn: psycopg.Connection, slurm: FakeSlurm) 
     assert len(slurm.calls()) == 1 and len(actions(conn, inc)) == 1
 
 
-def test_a_second_incident_on_a_quarantined_node_is_recorded_as_skipped_once(conn: psycopg.Connection,
-                                                                             slurm: FakeSlurm) -> None:
+def test_a_second_incident_on_a_quarantined_node_is_recorded_as_skipped_once(
+    conn: psycopg.Connection, slurm: FakeSlurm
+) -> None:
     first = incident(conn, "n8")
     q = slurm_hooks()
     q.run(conn, NOW)
@@ -140,8 +161,9 @@ def test_a_second_incident_on_a_quarantined_node_is_recorded_as_skipped_once(con
     assert len(slurm.calls()) == 1
 
 
-def test_a_resolved_incident_releases_the_node_after_the_hold_down(conn: psycopg.Connection,
-                                                                   slurm: FakeSlurm) -> None:
+def test_a_resolved_incident_releases_the_node_after_the_hold_down(
+    conn: psycopg.Connection, slurm: FakeSlurm
+) -> None:
     old = incident(conn, "n8")
     q = slurm_hooks(hold_down_s=1800)
     q.run(conn, NOW)
@@ -158,8 +180,11 @@ def test_a_resolved_incident_releases_the_node_after_the_hold_down(conn: psycopg
     assert actions(conn, new)[0]["result"] == "done"
     assert [c[2] for c in slurm.calls() if c[0] == "update"] == ["state=drain", "state=resume", "state=drain"]
     log = node_log(conn, "n8")
-    assert [(r["action"], r["result"]) for r in log] == [("slurm_drain", "done"), ("slurm_resume", "done"),
-                                                         ("slurm_drain", "done")]
+    assert [(r["action"], r["result"]) for r in log] == [
+        ("slurm_drain", "done"),
+        ("slurm_resume", "done"),
+        ("slurm_drain", "done"),
+    ]
 
 
 def test_a_trigger_back_in_the_hold_down_keeps_the_node(conn: psycopg.Connection, slurm: FakeSlurm) -> None:
@@ -179,18 +204,33 @@ def test_a_trigger_back_in_the_hold_down_keeps_the_node(conn: psycopg.Connection
 
 
 def test_a_failed_check_quarantines_and_its_pass_releases(conn: psycopg.Connection, slurm: FakeSlurm) -> None:
-    failing: dict[str, Any] = {"checks_status": "fail", "checks": [
-        {"check": "pcie_link", "subject": "gpu3", "status": "fail", "finding": "link trained at Gen3 x16 of Gen5 x16 "
-         "under load"},
-        {"check": "cpu_governor", "subject": "node", "status": "fail", "finding": "powersave"}]}
+    failing: dict[str, Any] = {
+        "checks_status": "fail",
+        "checks": [
+            {
+                "check": "pcie_link",
+                "subject": "gpu3",
+                "status": "fail",
+                "finding": "link trained at Gen3 x16 of Gen5 x16 under load",
+            },
+            {"check": "cpu_governor", "subject": "node", "status": "fail", "finding": "powersave"},
+        ],
+    }
     conn.execute("INSERT INTO nodes (node, facts) VALUES ('n5', %s)", (Jsonb(failing),))
     q = slurm_hooks(hold_down_s=0)
     (rec,) = q.run(conn, NOW)
     assert rec["reason"] == "gpufleet check pcie_link failed on gpu3" and rec["result"] == "done"
-    assert rec["triggers"] == [{"source": "check", "check": "pcie_link", "subject": "gpu3",
-                                "finding": "link trained at Gen3 x16 of Gen5 x16 under load"}]
-    assert slurm.calls() == [["update", "nodename=n5", "state=drain",
-                              "reason=gpufleet check pcie_link failed on gpu3"]]
+    assert rec["triggers"] == [
+        {
+            "source": "check",
+            "check": "pcie_link",
+            "subject": "gpu3",
+            "finding": "link trained at Gen3 x16 of Gen5 x16 under load",
+        }
+    ]
+    assert slurm.calls() == [
+        ["update", "nodename=n5", "state=drain", "reason=gpufleet check pcie_link failed on gpu3"]
+    ]
     # The governor is a setting, not a fault: never a trigger.  The link passes again after a reseat.
     failing["checks"][0]["status"] = "ok"
     conn.execute("UPDATE nodes SET facts = %s WHERE node = 'n5'", (Jsonb(failing),))
@@ -199,8 +239,9 @@ def test_a_failed_check_quarantines_and_its_pass_releases(conn: psycopg.Connecti
     assert rel["action"] == "slurm_resume" and rel["result"] == "done"
 
 
-def test_a_node_drained_since_for_another_reason_is_left_drained(conn: psycopg.Connection, slurm: FakeSlurm,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_drained_since_for_another_reason_is_left_drained(
+    conn: psycopg.Connection, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     inc = incident(conn, "n8")
     q = slurm_hooks(hold_down_s=0)
     q.run(conn, NOW)
@@ -225,19 +266,25 @@ def test_dry_run_quarantine_and_release_then_for_real(conn: psycopg.Connection, 
     (rel,) = dry.run(conn, NOW + 180)
     assert (rel["result"], rel["dry_run"]) == ("dry_run", True) and rel["command"][-1] == "state=resume"
     assert [(r["action"], r["result"]) for r in node_log(conn, "n8")][::-1] == [
-        ("slurm_drain", "dry_run"), ("slurm_drain", "done"), ("slurm_resume", "dry_run")]
+        ("slurm_drain", "dry_run"),
+        ("slurm_drain", "done"),
+        ("slurm_resume", "dry_run"),
+    ]
 
 
-@pytest.mark.parametrize(("kind", "cause", "severity", "evidence"), [
-    ("gpu_health", "row_remap_pending", "warning", {}),  # a GPU-scoped warning
-    ("nvlink_degraded", "link_errors", "warning", {}),
-    ("host_misconfig", "cpu_governor", "warning", {}),  # a node setting
-    ("host_misconfig", "repeated_xid", "critical", {"xid_codes": [13, 31, 43]}),  # the application's XIDs
-    ("straggler", "power_cap", "critical", {}),  # not a configured kind
-])
-def test_never_for_warnings_application_xids_or_other_kinds(conn: psycopg.Connection, slurm: FakeSlurm, kind: str,
-                                                            cause: str, severity: str,
-                                                            evidence: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "cause", "severity", "evidence"),
+    [
+        ("gpu_health", "row_remap_pending", "warning", {}),  # a GPU-scoped warning
+        ("nvlink_degraded", "link_errors", "warning", {}),
+        ("host_misconfig", "cpu_governor", "warning", {}),  # a node setting
+        ("host_misconfig", "repeated_xid", "critical", {"xid_codes": [13, 31, 43]}),  # the application's XIDs
+        ("straggler", "power_cap", "critical", {}),  # not a configured kind
+    ],
+)
+def test_never_for_warnings_application_xids_or_other_kinds(
+    conn: psycopg.Connection, slurm: FakeSlurm, kind: str, cause: str, severity: str, evidence: dict[str, Any]
+) -> None:
     inc = incident(conn, "n8", kind=kind, cause=cause, severity=severity, evidence=evidence)
     assert slurm_hooks().run(conn, NOW) == []
     assert slurm.calls() == [] and actions(conn, inc) == []
@@ -249,8 +296,9 @@ def test_hardware_xids_do_quarantine(conn: psycopg.Connection, slurm: FakeSlurm)
     assert actions(conn, inc)[0]["result"] == "done"
 
 
-def test_dry_run_only_logs_and_records(conn: psycopg.Connection, slurm: FakeSlurm,
-                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_dry_run_only_logs_and_records(
+    conn: psycopg.Connection, slurm: FakeSlurm, caplog: pytest.LogCaptureFixture
+) -> None:
     inc = incident(conn, "n8")
     with caplog.at_level(logging.INFO, logger="gpufleet.collector.quarantine"):
         slurm_hooks(dry_run=True).run(conn, NOW)
@@ -263,14 +311,17 @@ def test_dry_run_only_logs_and_records(conn: psycopg.Connection, slurm: FakeSlur
     assert len(actions(conn, inc)) == 1
 
 
-def test_failure_is_recorded_retried_later_and_given_up(conn: psycopg.Connection, slurm: FakeSlurm,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failure_is_recorded_retried_later_and_given_up(
+    conn: psycopg.Connection, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_SCONTROL_RC", "1")
     inc = incident(conn, "n8")
     q = slurm_hooks(retry_after_s=300, max_attempts=2)
     q.run(conn, NOW)
     (fail,) = actions(conn, inc)
-    assert fail["result"] == "failed" and "exited 1" in fail["detail"] and "Invalid node name" in fail["detail"]
+    assert (
+        fail["result"] == "failed" and "exited 1" in fail["detail"] and "Invalid node name" in fail["detail"]
+    )
     q.run(conn, NOW + 60)  # too soon to retry
     assert len(slurm.calls()) == 1
     q.run(conn, NOW + 400)
@@ -326,14 +377,24 @@ class FakeApiServer:
         async def node(request: Request) -> JSONResponse:
             name = request.path_params["name"]
             body = await request.body()
-            self.requests.append({"method": request.method, "path": request.url.path, "name": name,
-                                  "content_type": request.headers.get("content-type"),
-                                  "auth": request.headers.get("authorization"), "body": json.loads(body or b"{}")})
+            self.requests.append(
+                {
+                    "method": request.method,
+                    "path": request.url.path,
+                    "name": name,
+                    "content_type": request.headers.get("content-type"),
+                    "auth": request.headers.get("authorization"),
+                    "body": json.loads(body or b"{}"),
+                }
+            )
             if request.headers.get("authorization") != f"Bearer {self.token}":
-                return JSONResponse({"kind": "Status", "status": "Failure", "message": "Unauthorized", "code": 401},
-                                    401)
+                return JSONResponse(
+                    {"kind": "Status", "status": "Failure", "message": "Unauthorized", "code": 401}, 401
+                )
             if name not in self.nodes:
-                return JSONResponse({"kind": "Status", "message": f'nodes "{name}" not found', "code": 404}, 404)
+                return JSONResponse(
+                    {"kind": "Status", "message": f'nodes "{name}" not found', "code": 404}, 404
+                )
             obj = self.nodes[name]
             if request.method == "GET":
                 return JSONResponse(obj)
@@ -342,7 +403,9 @@ class FakeApiServer:
             patch = json.loads(body)
             want = patch.get("metadata", {}).get("resourceVersion")
             if want is not None and want != obj["metadata"]["resourceVersion"]:
-                return JSONResponse({"kind": "Status", "message": "the object has been modified", "code": 409}, 409)
+                return JSONResponse(
+                    {"kind": "Status", "message": "the object has been modified", "code": 409}, 409
+                )
             obj["spec"]["unschedulable"] = bool(patch["spec"]["unschedulable"])
             if "taints" in patch["spec"]:
                 obj["spec"]["taints"] = patch["spec"]["taints"]
@@ -365,32 +428,62 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 def k8s(tmp_path: Path) -> Iterator[tuple[FakeApiServer, str, Path, Path]]:
     ca = TestCA(tmp_path / "ca")
     pair = ca.server()
-    fake = FakeApiServer(token="sa-token-123", nodes={
-        n: {"kind": "Node", "metadata": {"name": n, "resourceVersion": "100"},
-            "spec": {"unschedulable": False, "taints": [dict(GPU_TAINT)]}} for n in ("n8", "g07")})
+    fake = FakeApiServer(
+        token="sa-token-123",
+        nodes={
+            n: {
+                "kind": "Node",
+                "metadata": {"name": n, "resourceVersion": "100"},
+                "spec": {"unschedulable": False, "taints": [dict(GPU_TAINT)]},
+            }
+            for n in ("n8", "g07")
+        },
+    )
     token = tmp_path / "token"
     token.write_text("sa-token-123\n")
     with serve(fake.app(), ssl_certfile=str(pair.cert), ssl_keyfile=str(pair.key)) as srv:
         yield fake, srv.url, token, ca.pem
 
 
-def test_cordon_and_taint_the_node_then_release_it(conn: psycopg.Connection,
-                                                   k8s: tuple[FakeApiServer, str, Path, Path]) -> None:
+def test_cordon_and_taint_the_node_then_release_it(
+    conn: psycopg.Connection, k8s: tuple[FakeApiServer, str, Path, Path]
+) -> None:
     fake, url, token, ca = k8s
     inc = incident(conn, "n8")
-    q = Quarantine(QuarantineSettings(enabled=True, dry_run=False, backend="kubernetes", k8s_api_url=url,
-                                      k8s_token_file=token, k8s_ca_file=ca, hold_down_s=0))
+    q = Quarantine(
+        QuarantineSettings(
+            enabled=True,
+            dry_run=False,
+            backend="kubernetes",
+            k8s_api_url=url,
+            k8s_token_file=token,
+            k8s_ca_file=ca,
+            hold_down_s=0,
+        )
+    )
     q.run(conn, NOW)
     get, patch = fake.requests
     assert (get["method"], patch["method"], patch["path"]) == ("GET", "PATCH", "/api/v1/nodes/n8")
-    assert patch["content_type"] == "application/strategic-merge-patch+json" and patch["auth"] == "Bearer sa-token-123"
+    assert (
+        patch["content_type"] == "application/strategic-merge-patch+json"
+        and patch["auth"] == "Bearer sa-token-123"
+    )
     reason = f"gpufleet gpu_health uncorrectable_ecc GPU 1 (incident {inc})"
-    assert patch["body"] == {"spec": {"unschedulable": True, "taints": [
-        GPU_TAINT, {"key": K8S_TAINT, "value": "gpu_health-uncorrectable_ecc-GPU-1", "effect": "NoSchedule"}]},
-        "metadata": {"annotations": {K8S_ANNOTATION: reason}, "resourceVersion": "100"}}
+    assert patch["body"] == {
+        "spec": {
+            "unschedulable": True,
+            "taints": [
+                GPU_TAINT,
+                {"key": K8S_TAINT, "value": "gpu_health-uncorrectable_ecc-GPU-1", "effect": "NoSchedule"},
+            ],
+        },
+        "metadata": {"annotations": {K8S_ANNOTATION: reason}, "resourceVersion": "100"},
+    }
     node = fake.nodes["n8"]
     assert node["spec"]["unschedulable"] is True and [t["key"] for t in node["spec"]["taints"]] == [
-        "nvidia.com/gpu", K8S_TAINT]
+        "nvidia.com/gpu",
+        K8S_TAINT,
+    ]
     (rec,) = actions(conn, inc)
     assert (rec["action"], rec["result"], rec["target"]) == ("k8s_cordon", "done", "n8")
     assert rec["request"] == f"PATCH {url}/api/v1/nodes/n8"
@@ -405,13 +498,16 @@ def test_cordon_and_taint_the_node_then_release_it(conn: psycopg.Connection,
     assert K8S_ANNOTATION not in node["metadata"]["annotations"]
 
 
-def test_a_node_changed_between_read_and_write_is_retried(conn: psycopg.Connection,
-                                                          k8s: tuple[FakeApiServer, str, Path, Path]) -> None:
+def test_a_node_changed_between_read_and_write_is_retried(
+    conn: psycopg.Connection, k8s: tuple[FakeApiServer, str, Path, Path]
+) -> None:
     fake, url, token, ca = k8s
     api = KubernetesCordon(url, token, ca)
     taints, version, _ = api._read("n8")
     fake.nodes["n8"]["metadata"]["resourceVersion"] = "101"  # someone else changed it meanwhile
-    out = api.api.patch(api.path("n8"), api.body("r", taints, version), "application/strategic-merge-patch+json", "")
+    out = api.api.patch(
+        api.path("n8"), api.body("r", taints, version), "application/strategic-merge-patch+json", ""
+    )
     assert out.result == "failed" and out.detail == "HTTP 409: the object has been modified"
     assert fake.nodes["n8"]["spec"]["taints"] == [GPU_TAINT]
 
@@ -446,20 +542,33 @@ def test_slurm_drain_times_out(tmp_path: Path) -> None:
     assert out.result == "failed" and "did not finish" in out.detail
 
 
-def test_incident_api_returns_the_actions(conn: psycopg.Connection, slurm: FakeSlurm, settings: Settings) -> None:
+def test_incident_api_returns_the_actions(
+    conn: psycopg.Connection, slurm: FakeSlurm, settings: Settings
+) -> None:
     from gpufleet.api.app import create_app
     from gpufleet.auth import create_token
 
     inc = incident(conn, "n8")
-    incident(conn, "n9", kind="host_misconfig", cause="repeated_xid", severity="warning",
-             evidence={"xid_codes": [48, 63, 999], "last_xid": 63})
+    incident(
+        conn,
+        "n9",
+        kind="host_misconfig",
+        cause="repeated_xid",
+        severity="warning",
+        evidence={"xid_codes": [48, 63, 999], "last_xid": 63},
+    )
     slurm_hooks().run(conn, NOW)
     token = create_token(conn, "sre-q", "sre")
     with serve(create_app(conn.info.dsn, settings)) as srv:
-        got = httpx.get(f"{srv.url}/v1/incidents", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
-        page = httpx.get(f"{srv.url}/incidents/{inc}", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
-        xids = httpx.get(f"{srv.url}/incidents/{inc + 1}", headers={"Authorization": f"Bearer {token}"},
-                         timeout=30).text
+        got = httpx.get(
+            f"{srv.url}/v1/incidents", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ).json()
+        page = httpx.get(
+            f"{srv.url}/incidents/{inc}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ).text
+        xids = httpx.get(
+            f"{srv.url}/incidents/{inc + 1}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        ).text
     (one,) = [i for i in got if i["id"] == inc]
     assert [a["result"] for a in one["actions"]] == ["done"] and one["actions"][0]["action"] == "slurm_drain"
     assert "slurm_drain n8: <strong>done</strong>" in page
@@ -469,25 +578,32 @@ def test_incident_api_returns_the_actions(conn: psycopg.Connection, slurm: FakeS
     assert "XID 999: not in gpufleet&#x27;s table" in xids
 
 
-def test_the_live_sweep_drains_the_node_of_an_uncorrectable_error(db: str, settings: Settings,
-                                                                   slurm: FakeSlurm) -> None:
+def test_the_live_sweep_drains_the_node_of_an_uncorrectable_error(
+    db: str, settings: Settings, slurm: FakeSlurm
+) -> None:
     """The simulated gpu_health fleet through the collector's writer and the live sweep: the GPU that
     takes a double-bit error (h100-03/7, ~671 s in) gets a critical incident and its node is drained;
     the correctable-error storm on h100-01/7 (a warning) drains nothing."""
     from tests.surfaces.fleetdb import fill
 
-    live = settings.model_copy(update={"quarantine": QuarantineSettings(enabled=True, backend="slurm",
-                                                                        dry_run=False)})
+    live = settings.model_copy(
+        update={"quarantine": QuarantineSettings(enabled=True, backend="slurm", dry_run=False)}
+    )
     fill(db, live, "gpu_health", 720.0, sweep_every_s=15.0)
     with psycopg.connect(db) as conn:
-        rows = conn.execute("SELECT kind, cause, severity, node, gpu, actions FROM incidents WHERE state = 'open' "
-                            "ORDER BY node, gpu").fetchall()
+        rows = conn.execute(
+            "SELECT kind, cause, severity, node, gpu, actions FROM incidents WHERE state = 'open' "
+            "ORDER BY node, gpu"
+        ).fetchall()
     by = {(r[0], r[3], r[4]): r for r in rows}
     assert by[("gpu_health", "h100-03", 7)][1:3] == ("uncorrectable_ecc", "critical")
     # The same error's XIDs (48, then 63 for the remap) are hardware XIDs: a repeated-XID incident too.
     assert by[("host_misconfig", "h100-03", 7)][1:3] == ("repeated_xid", "critical")
     assert by[("gpu_health", "h100-01", 7)][1:3] == ("correctable_ecc", "warning")
     results = sorted(a["result"] for k in ("gpu_health", "host_misconfig") for a in by[(k, "h100-03", 7)][5])
-    assert results == ["done", "skipped"]  # one drain for the node, the other incident says why it did nothing
+    assert results == [
+        "done",
+        "skipped",
+    ]  # one drain for the node, the other incident says why it did nothing
     assert by[("gpu_health", "h100-01", 7)][5] == []
     assert [c[:3] for c in slurm.calls()] == [["update", "nodename=h100-03", "state=drain"]]

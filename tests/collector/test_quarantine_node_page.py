@@ -40,35 +40,66 @@ def fabric_rows(tmp_path: Path, n: int, t0: datetime) -> list[dict[str, object]]
     return rows
 
 
-def test_the_node_page_shows_its_quarantine_and_fabric(conn: psycopg.Connection, slurm: FakeSlurm,  # noqa: F811
-                                                       settings: Settings, tmp_path: Path) -> None:
+def test_the_node_page_shows_its_quarantine_and_fabric(
+    conn: psycopg.Connection,
+    slurm: FakeSlurm,  # noqa: F811
+    settings: Settings,
+    tmp_path: Path,
+) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
-    conn.execute("INSERT INTO nodes (node, gpu_count, last_seen, facts) VALUES ('n8', 8, %s, %s)",
-                 (now, Jsonb({"checks_status": "fail", "checks": [
-                     {"check": "ib_port", "subject": "mlx5_0/1", "status": "fail",
-                      "finding": "12 symbol_error in 1 s (400 Gb/s IB)"},
-                     {"check": "dcgm_diag", "subject": "node", "status": "skipped",
-                      "finding": "DCGM not installed (dcgmi not on PATH)"}]})))
+    conn.execute(
+        "INSERT INTO nodes (node, gpu_count, last_seen, facts) VALUES ('n8', 8, %s, %s)",
+        (
+            now,
+            Jsonb(
+                {
+                    "checks_status": "fail",
+                    "checks": [
+                        {
+                            "check": "ib_port",
+                            "subject": "mlx5_0/1",
+                            "status": "fail",
+                            "finding": "12 symbol_error in 1 s (400 Gb/s IB)",
+                        },
+                        {
+                            "check": "dcgm_diag",
+                            "subject": "node",
+                            "status": "skipped",
+                            "finding": "DCGM not installed (dcgmi not on PATH)",
+                        },
+                    ],
+                }
+            ),
+        ),
+    )
     inc = incident(conn, "n8")
     q = Quarantine(QuarantineSettings(enabled=True, backend="slurm", dry_run=False, hold_down_s=0))
     q.run(conn, now.timestamp() - 120)
     names = [f.name for f in HOST_FIELDS]
     rows = fabric_rows(tmp_path, 30, now - timedelta(minutes=5))
     with conn.cursor() as cur:
-        cur.executemany(f"INSERT INTO host_samples (time, node, {', '.join(names)}) VALUES (%s, 'n8', "
-                        f"{', '.join(['%s'] * len(names))})", [[r["time"], *(r.get(n) for n in names)] for r in rows])
+        cur.executemany(
+            f"INSERT INTO host_samples (time, node, {', '.join(names)}) VALUES (%s, 'n8', "
+            f"{', '.join(['%s'] * len(names))})",
+            [[r["time"], *(r.get(n) for n in names)] for r in rows],
+        )
     token = create_token(conn, "sre-node", "sre")
     with serve(create_app(conn.info.dsn, settings)) as srv:
         page = httpx.get(f"{srv.url}/nodes/n8", headers={"Authorization": f"Bearer {token}"}, timeout=60).text
     assert "<h2>Quarantine</h2>" in page and "held out of scheduling" in page
-    assert f"incident {inc} (gpu_health uncorrectable_ecc)" in page and "failed check ib_port on mlx5_0/1" in page
+    assert (
+        f"incident {inc} (gpu_health uncorrectable_ecc)" in page
+        and "failed check ib_port on mlx5_0/1" in page
+    )
     assert "slurm drain" in page and "drained" in page
     assert "<h2>Fabric</h2>" in page and "Busiest link against its speed" in page
     assert "12 IB symbol errors" in page and "400" in page
     assert "skipped" in page and "DCGM not installed" in page
 
 
-def test_a_node_never_quarantined_without_fabric_says_so(conn: psycopg.Connection, settings: Settings) -> None:
+def test_a_node_never_quarantined_without_fabric_says_so(
+    conn: psycopg.Connection, settings: Settings
+) -> None:
     conn.execute("INSERT INTO nodes (node, gpu_count, last_seen) VALUES ('n2', 8, now())")
     token = create_token(conn, "sre-node2", "sre")
     with serve(create_app(conn.info.dsn, settings)) as srv:

@@ -73,7 +73,9 @@ class Pipeline:
         self.states: dict[str, NodeState] = {}
 
     def pieces(self, series: list[rw.Series]) -> list[Piece]:
-        mapped = map_request(decode(rw.write_request(series), self.cache), self.plans, time.time(), 300, 14 * 86400)
+        mapped = map_request(
+            decode(rw.write_request(series), self.cache), self.plans, time.time(), 300, 14 * 86400
+        )
         return mapped.pieces
 
     def batches(self, *requests: list[rw.Series]) -> dict[tuple[str, int], Batch]:
@@ -110,8 +112,10 @@ def columns(section: dict[str, Any]) -> dict[str, list[Any]]:
 
 def by_gpu(cols: dict[str, list[Any]]) -> dict[tuple[Any, Any], dict[str, Any]]:
     n = len(cols["gpu"])
-    rows = {(cols["gpu"][i], cols.get("mig_instance", [None] * n)[i]): {k: v[i] for k, v in cols.items()}
-            for i in range(n)}
+    rows = {
+        (cols["gpu"][i], cols.get("mig_instance", [None] * n)[i]): {k: v[i] for k, v in cols.items()}
+        for i in range(n)
+    }
     return rows
 
 
@@ -143,8 +147,10 @@ def test_a_scrape_remote_written_is_the_agents_batch(text: str) -> None:
         assert [g["name"] for g in batch.facts["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
 
 
-LABELS = 'gpu="0",UUID="GPU-a",pci_bus_id="00000000:53:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",' \
-         'Hostname="n1"'
+LABELS = (
+    'gpu="0",UUID="GPU-a",pci_bus_id="00000000:53:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
+    'Hostname="n1"'
+)
 
 
 def series(name: str, value: object, extra: str = "") -> str:
@@ -156,31 +162,38 @@ def mig(gi: int, pod: str | None = None) -> str:
 
 
 def test_mig_instances_blanks_priorities_and_framebuffer_total_as_the_agent() -> None:
-    text = "\n".join([
-        series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(2, "p2")),
-        series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(9, "p9")),
-        series("DCGM_FI_DEV_POWER_USAGE", 432.21, mig(2, "p2")),
-        series("DCGM_FI_PROF_SM_ACTIVE", 0.91, mig(2, "p2")),
-        series("DCGM_FI_PROF_SM_ACTIVE", 0.05, mig(9, "p9")),
-        series("DCGM_FI_DEV_FB_USED", 11091, mig(2, "p2")),
-        series("DCGM_FI_DEV_FB_USED", 30000),
-        series("DCGM_FI_DEV_FB_FREE", 50000),
-        series("DCGM_FI_DEV_FB_RESERVED", 559),
-        series("DCGM_FI_DEV_MEMORY_TEMP", DCGM_INT64_BLANK + 2),
-        series("DCGM_FI_DEV_GPU_TEMP", 61),
-        series("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", DCGM_FP64_BLANK),
-        series("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 9139),  # KB/s, the fallback
-        series("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 19191),
-        series("DCGM_FI_PROF_PCIE_RX_BYTES", 20_000_000),  # bytes/s, preferred
-        series("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 4),
-        series("dcgm_sm_clock", 1980),
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(2, "p2")),
+                series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123456789012, mig(9, "p9")),
+                series("DCGM_FI_DEV_POWER_USAGE", 432.21, mig(2, "p2")),
+                series("DCGM_FI_PROF_SM_ACTIVE", 0.91, mig(2, "p2")),
+                series("DCGM_FI_PROF_SM_ACTIVE", 0.05, mig(9, "p9")),
+                series("DCGM_FI_DEV_FB_USED", 11091, mig(2, "p2")),
+                series("DCGM_FI_DEV_FB_USED", 30000),
+                series("DCGM_FI_DEV_FB_FREE", 50000),
+                series("DCGM_FI_DEV_FB_RESERVED", 559),
+                series("DCGM_FI_DEV_MEMORY_TEMP", DCGM_INT64_BLANK + 2),
+                series("DCGM_FI_DEV_GPU_TEMP", 61),
+                series("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", DCGM_FP64_BLANK),
+                series("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 9139),  # KB/s, the fallback
+                series("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 19191),
+                series("DCGM_FI_PROF_PCIE_RX_BYTES", 20_000_000),  # bytes/s, preferred
+                series("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 4),
+                series("dcgm_sm_clock", 1980),
+            ]
+        )
+        + "\n"
+    )
     t = now_ms()
     (batch,) = Pipeline().batches(rw.from_exposition(text, t)).values()
     assert_same_rows(batch, agent_batch(text, t))
     rows = by_gpu(columns(batch.gpu))
     assert rows[(0, None)]["mem_total_mib"] == 30000 + 50000 + 559
-    assert rows[(0, None)]["pcie_rx_bytes_s"] == 20_000_000 and rows[(0, None)]["pcie_tx_bytes_s"] == 9139 * 1024
+    assert (
+        rows[(0, None)]["pcie_rx_bytes_s"] == 20_000_000 and rows[(0, None)]["pcie_tx_bytes_s"] == 9139 * 1024
+    )
     assert rows[(0, 2)]["run_id"] == "team-a:p2" and rows[(0, 9)]["run_id"] == "team-a:p9"
     assert [r.get("energy_mj") for r in rows.values()].count(123456789012) == 1
 
@@ -189,10 +202,19 @@ def test_xid_gauge_changes_and_window_counts_as_the_agent() -> None:
     pipe = Pipeline()
     src = DcgmExporterSource("http://unused.invalid/metrics")
     t = now_ms()
-    scrapes = [series("DCGM_FI_DEV_XID_ERRORS", 0), series("DCGM_FI_DEV_XID_ERRORS", 79),
-               series("DCGM_FI_DEV_XID_ERRORS", 79), series("DCGM_FI_DEV_XID_ERRORS", 13),
-               "\n".join([series("DCGM_FI_DEV_XID_ERRORS", 13), series("DCGM_EXP_XID_ERRORS_COUNT", 2, ',xid="48"'),
-                          series("DCGM_EXP_XID_ERRORS_COUNT", 1, ',xid="13"')])]
+    scrapes = [
+        series("DCGM_FI_DEV_XID_ERRORS", 0),
+        series("DCGM_FI_DEV_XID_ERRORS", 79),
+        series("DCGM_FI_DEV_XID_ERRORS", 79),
+        series("DCGM_FI_DEV_XID_ERRORS", 13),
+        "\n".join(
+            [
+                series("DCGM_FI_DEV_XID_ERRORS", 13),
+                series("DCGM_EXP_XID_ERRORS_COUNT", 2, ',xid="48"'),
+                series("DCGM_EXP_XID_ERRORS_COUNT", 1, ',xid="13"'),
+            ]
+        ),
+    ]
     seen = []
     for i, text in enumerate(scrapes):
         text += "\n"
@@ -291,21 +313,27 @@ def test_node_exporter_counters_give_the_agents_host_rates() -> None:
 def test_a_value_the_catalog_refuses_refuses_the_request_naming_it() -> None:
     pipe = Pipeline()
     bad = rw.from_exposition(series("DCGM_FI_DEV_GPU_UTIL", 250) + "\n", now_ms())
-    with pytest.raises(RemoteWriteError, match=r"DCGM_FI_DEV_GPU_UTIL\{.*gpu=\"0\".*250.* util_pct .*\[0, 100\]"):
+    with pytest.raises(
+        RemoteWriteError, match=r"DCGM_FI_DEV_GPU_UTIL\{.*gpu=\"0\".*250.* util_pct .*\[0, 100\]"
+    ):
         pipe.pieces(rw.from_exposition(SHIPPED, now_ms()) + bad)
     with pytest.raises(RemoteWriteError, match="not a number"):
-        pipe.pieces([({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "Hostname": "n"}, [(float("inf"), now_ms())])])
+        pipe.pieces(
+            [({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "Hostname": "n"}, [(float("inf"), now_ms())])]
+        )
 
 
 def test_what_is_not_used_is_counted_by_reason() -> None:
     pipe = Pipeline()
     stale = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
     t = now_ms()
-    req = [({"__name__": "up", "instance": "a:1"}, [(1.0, t)]),
-           ({"__name__": "go_goroutines", "instance": "a:1"}, [(12.0, t)]),
-           ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, [(50.0, t)]),
-           ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n"}, [(50.0, t)]),
-           ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n", "gpu": "0"}, [(stale, t), (50.0, t - 10 ** 9)])]
+    req = [
+        ({"__name__": "up", "instance": "a:1"}, [(1.0, t)]),
+        ({"__name__": "go_goroutines", "instance": "a:1"}, [(12.0, t)]),
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}, [(50.0, t)]),
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n"}, [(50.0, t)]),
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n", "gpu": "0"}, [(stale, t), (50.0, t - 10**9)]),
+    ]
     mapped = map_request(decode(rw.write_request(req), pipe.cache), pipe.plans, time.time(), 300, 86400)
     assert mapped.dropped == {"unused": 2, "no_node": 1, "no_gpu": 1, "stale": 1}
     assert mapped.skewed == {"n": 1}
@@ -316,9 +344,13 @@ def test_the_node_is_the_first_node_label_and_instance_loses_its_port() -> None:
     t = now_ms()
     temp = {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0"}
     pipe = Pipeline()
-    got = pipe.pieces([({**temp, "instance": "host-1:9400"}, [(50.0, t)]),
-                       ({**temp, "instance": "10.1.2.3:9400", "Hostname": "gpu-b"}, [(50.0, t)]),
-                       ({**temp, "instance": "x:9400", "Hostname": "gpu-b", "node": "k8s-node-3"}, [(50.0, t)])])
+    got = pipe.pieces(
+        [
+            ({**temp, "instance": "host-1:9400"}, [(50.0, t)]),
+            ({**temp, "instance": "10.1.2.3:9400", "Hostname": "gpu-b"}, [(50.0, t)]),
+            ({**temp, "instance": "x:9400", "Hostname": "gpu-b", "node": "k8s-node-3"}, [(50.0, t)]),
+        ]
+    )
     assert sorted(p.node for p in got) == ["gpu-b", "host-1", "k8s-node-3"]
     req = [({**temp, "instance": "[fd00::1]:9400"}, [(50.0, t)]), ({**temp, "Hostname": "a b"}, [(50.0, t)])]
     mapped = map_request(decode(rw.write_request(req), pipe.cache), pipe.plans, time.time(), 300, 86400)
@@ -343,12 +375,26 @@ def test_groups_are_stored_once_retries_and_late_pieces_are_counted(db: str) -> 
         stage(conn, pipe.pieces(scrape[40:]))  # a retried request, before assembly
         done = asm.cycle(conn)
         assert (done.groups, done.stored, done.gpu_rows) == (1, 1, 2)
-        rows = conn.execute("SELECT gpu, util_pct, energy_mj, run_id, uuid FROM gpu_samples "
-                            "WHERE node = 'gpu-node-7' ORDER BY gpu").fetchall()
-        assert rows == [(0, 97.0, 8123456789, "ml-research:llm-pretrain-master-0",
-                         "GPU-5e3b8c1a-7d2f-4a96-b1c0-3f8e2d9a4b71"),
-                        (1, 100.0, 8412097310, "ml-research:llm-pretrain-worker-0",
-                         "GPU-a91c2e47-0b6d-4f38-9e25-c7d4b8f1e063")]
+        rows = conn.execute(
+            "SELECT gpu, util_pct, energy_mj, run_id, uuid FROM gpu_samples "
+            "WHERE node = 'gpu-node-7' ORDER BY gpu"
+        ).fetchall()
+        assert rows == [
+            (
+                0,
+                97.0,
+                8123456789,
+                "ml-research:llm-pretrain-master-0",
+                "GPU-5e3b8c1a-7d2f-4a96-b1c0-3f8e2d9a4b71",
+            ),
+            (
+                1,
+                100.0,
+                8412097310,
+                "ml-research:llm-pretrain-worker-0",
+                "GPU-a91c2e47-0b6d-4f38-9e25-c7d4b8f1e063",
+            ),
+        ]
         stage(conn, pipe.pieces(scrape))  # retried after it was stored
         done = asm.cycle(conn)
         assert (done.groups, done.stored, done.duplicates) == (1, 0, 1)
@@ -359,8 +405,10 @@ def test_groups_are_stored_once_retries_and_late_pieces_are_counted(db: str) -> 
         # The runs the pods name are inferred, with the team their namespace gives.
         Inferrer(300.0).run_once(conn, datetime.now(UTC))
         runs = conn.execute("SELECT run_id, source, team FROM runs ORDER BY run_id").fetchall()
-        assert runs == [("ml-research:llm-pretrain-master-0", "inferred", "ml-research"),
-                        ("ml-research:llm-pretrain-worker-0", "inferred", "ml-research")]
+        assert runs == [
+            ("ml-research:llm-pretrain-master-0", "inferred", "ml-research"),
+            ("ml-research:llm-pretrain-worker-0", "inferred", "ml-research"),
+        ]
 
 
 def test_a_group_waits_for_the_merge_delay_after_its_last_piece(db: str) -> None:
@@ -378,7 +426,11 @@ def test_a_group_waits_for_the_merge_delay_after_its_last_piece(db: str) -> None
         time.sleep(1.0)
         done = asm.cycle(conn)
         assert (done.groups, done.stored) == (1, 1)
-        assert conn.execute("SELECT count(*), count(power_w), count(temp_c) FROM gpu_samples").fetchone() == (2, 2, 2)
+        assert conn.execute("SELECT count(*), count(power_w), count(temp_c) FROM gpu_samples").fetchone() == (
+            2,
+            2,
+            2,
+        )
 
 
 # ------------------------------------------------------------------ over HTTP
@@ -394,8 +446,12 @@ class RW:
         h = {**rw.HEADERS, **headers}
         if who:
             h["Authorization"] = f"Bearer {self.tokens[who]}"
-        return httpx.post(f"{self.url}/api/v1/write", content=rw.compress(raw) if headers.get("raw") is None else raw,
-                          headers={k: v for k, v in h.items() if k != "raw"}, timeout=30)
+        return httpx.post(
+            f"{self.url}/api/v1/write",
+            content=rw.compress(raw) if headers.get("raw") is None else raw,
+            headers={k: v for k, v in h.items() if k != "raw"},
+            timeout=30,
+        )
 
     def wait_rows(self, n: int, table: str = "gpu_samples", timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -410,11 +466,20 @@ class RW:
 
 @pytest.fixture
 def rwc(db: str, settings: Settings) -> Iterator[RW]:
-    s = settings.model_copy(update={"remote_write": settings.remote_write.model_copy(
-        update={"merge_delay_s": 0.3, "assemble_every_s": 0.1})})
+    s = settings.model_copy(
+        update={
+            "remote_write": settings.remote_write.model_copy(
+                update={"merge_delay_s": 0.3, "assemble_every_s": 0.1}
+            )
+        }
+    )
     with psycopg.connect(db, autocommit=True) as c:
-        tokens = {"prom": create_token(c, "prom", "remote_write"), "node-a": create_token(c, "node-a", "node", "node-a"),
-                  "sre": create_token(c, "sre", "sre"), "admin": create_token(c, "admin", "admin")}
+        tokens = {
+            "prom": create_token(c, "prom", "remote_write"),
+            "node-a": create_token(c, "node-a", "node", "node-a"),
+            "sre": create_token(c, "sre", "sre"),
+            "admin": create_token(c, "admin", "admin"),
+        }
     app = create_app(db, s, run_leader=False)
     with serve(app, **server_options(s)) as srv:
         yield RW(srv.url, db, tokens)
@@ -439,8 +504,12 @@ def test_remote_write_asks_for_its_capability(rwc: RW, monkeypatch: pytest.Monke
 
 
 def test_remote_write_over_http_stores_rows_and_only_its_role_may(rwc: RW) -> None:
-    raw = rw.write_request([*rw.from_exposition(SHIPPED, now_ms(), TARGET),
-                            ({"__name__": "up", "instance": "x:1"}, [(1.0, now_ms())])])
+    raw = rw.write_request(
+        [
+            *rw.from_exposition(SHIPPED, now_ms(), TARGET),
+            ({"__name__": "up", "instance": "x:1"}, [(1.0, now_ms())]),
+        ]
+    )
     assert rwc.post(raw, who="").status_code == 401
     for who in ("node-a", "sre", "admin"):
         r = rwc.post(raw, who=who)
@@ -457,7 +526,9 @@ def test_remote_write_over_http_stores_rows_and_only_its_role_may(rwc: RW) -> No
 
 def test_malformed_requests_are_400_and_store_nothing(rwc: RW) -> None:
     good = rw.from_exposition(SHIPPED, now_ms(), TARGET)
-    bad_value = [({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "Hostname": "gpu-node-7"}, [(900.0, now_ms())])]
+    bad_value = [
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "Hostname": "gpu-node-7"}, [(900.0, now_ms())])
+    ]
     for raw, status, reason in [
         (rw.write_request(good + bad_value), 400, "outside"),
         (rw.write_request(good)[:-3], 400, ""),
@@ -466,25 +537,40 @@ def test_malformed_requests_are_400_and_store_nothing(rwc: RW) -> None:
         r = rwc.post(raw)
         assert r.status_code == status and reason in r.json()["detail"], r.text
         assert "nothing of this request was stored" in r.json()["detail"]
-    r = httpx.post(f"{rwc.url}/api/v1/write", content=b"not snappy", timeout=10,
-                   headers={**rw.HEADERS, "Authorization": f"Bearer {rwc.tokens['prom']}"})
+    r = httpx.post(
+        f"{rwc.url}/api/v1/write",
+        content=b"not snappy",
+        timeout=10,
+        headers={**rw.HEADERS, "Authorization": f"Bearer {rwc.tokens['prom']}"},
+    )
     assert r.status_code == 400 and "snappy" in r.json()["detail"]
-    for headers, detail in [({"Content-Encoding": "gzip"}, "snappy"),
-                            ({"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request"}, "1.0"),
-                            ({"Content-Type": "application/json"}, "x-protobuf")]:
-        r = httpx.post(f"{rwc.url}/api/v1/write", content=rw.compress(rw.write_request(good)), timeout=10,
-                       headers={**rw.HEADERS, **headers, "Authorization": f"Bearer {rwc.tokens['prom']}"})
+    for headers, detail in [
+        ({"Content-Encoding": "gzip"}, "snappy"),
+        ({"Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request"}, "1.0"),
+        ({"Content-Type": "application/json"}, "x-protobuf"),
+    ]:
+        r = httpx.post(
+            f"{rwc.url}/api/v1/write",
+            content=rw.compress(rw.write_request(good)),
+            timeout=10,
+            headers={**rw.HEADERS, **headers, "Authorization": f"Bearer {rwc.tokens['prom']}"},
+        )
         assert r.status_code == 415 and detail in r.json()["detail"], r.text
     time.sleep(0.8)
     with psycopg.connect(rwc.db) as conn:
-        assert conn.execute("SELECT (SELECT count(*) FROM gpu_samples), (SELECT count(*) FROM remote_write_parts)"
-                            ).fetchone() == (0, 0)
+        assert conn.execute(
+            "SELECT (SELECT count(*) FROM gpu_samples), (SELECT count(*) FROM remote_write_parts)"
+        ).fetchone() == (0, 0)
 
 
 def test_a_body_over_the_limit_is_413(rwc: RW, settings: Settings) -> None:
     big = b"\x00" * (settings.ingest.max_body_bytes + 1)
-    r = httpx.post(f"{rwc.url}/api/v1/write", content=big, timeout=30,
-                   headers={**rw.HEADERS, "Authorization": f"Bearer {rwc.tokens['prom']}"})
+    r = httpx.post(
+        f"{rwc.url}/api/v1/write",
+        content=big,
+        timeout=30,
+        headers={**rw.HEADERS, "Authorization": f"Bearer {rwc.tokens['prom']}"},
+    )
     assert r.status_code == 413
 
 
@@ -494,9 +580,25 @@ def test_the_ingest_bounds_of_an_agents_batch_hold() -> None:
     pipe.plans.max_gpu_index = 7
     with pytest.raises(RemoteWriteError, match=r"GPU index 8 is above .* \(ingest.max_gpu_index\)"):
         pipe.pieces([({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "8", "Hostname": "n"}, [(50.0, t)])])
-    many = [({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "0", "Hostname": "n", "namespace": "ns", "pod": f"p{i}",
-              "GPU_I_ID": str(i)}, [(50.0, t)]) for i in range(4)]
-    mapped = map_request(decode(rw.write_request(many), pipe.cache), pipe.plans, time.time(), 300, 86400, max_runs=4)
+    many = [
+        (
+            {
+                "__name__": "DCGM_FI_DEV_GPU_TEMP",
+                "gpu": "0",
+                "Hostname": "n",
+                "namespace": "ns",
+                "pod": f"p{i}",
+                "GPU_I_ID": str(i),
+            },
+            [(50.0, t)],
+        )
+        for i in range(4)
+    ]
+    mapped = map_request(
+        decode(rw.write_request(many), pipe.cache), pipe.plans, time.time(), 300, 86400, max_runs=4
+    )
     assert len(mapped.pieces) == 1
     with pytest.raises(RemoteWriteError, match=r"names 4 runs; a batch may name at most 3"):
-        map_request(decode(rw.write_request(many), pipe.cache), pipe.plans, time.time(), 300, 86400, max_runs=3)
+        map_request(
+            decode(rw.write_request(many), pipe.cache), pipe.plans, time.time(), 300, 86400, max_runs=3
+        )

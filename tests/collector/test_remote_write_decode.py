@@ -62,8 +62,10 @@ def plain_cache() -> SeriesCache[tuple[tuple[str, str], ...]]:
 
 
 def flatten(decoded: Any) -> list[tuple[Any, float | str, int]]:
-    return [(p, "NaN" if math.isnan(v) else v, t)
-            for p, v, t in zip(decoded.plans, decoded.values.tolist(), decoded.times_ms.tolist(), strict=True)]
+    return [
+        (p, "NaN" if math.isnan(v) else v, t)
+        for p, v, t in zip(decoded.plans, decoded.values.tolist(), decoded.times_ms.tolist(), strict=True)
+    ]
 
 
 def reference(pb: ModuleType, raw: bytes) -> list[tuple[Any, float | str, int]]:
@@ -79,9 +81,14 @@ def reference(pb: ModuleType, raw: bytes) -> list[tuple[Any, float | str, int]]:
 names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,20}", fullmatch=True)
 values = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
 label_sets = st.dictionaries(names, values, min_size=0, max_size=12).map(lambda d: {**d, "__name__": "m"})
-samples = st.lists(st.tuples(st.one_of(st.floats(allow_nan=True), st.just(0.0), st.integers(0, 10**12).map(float)),
-                             st.one_of(st.integers(1_500_000_000_000, 2_500_000_000_000),
-                                       st.integers(-(2**62), 2**62))), min_size=0, max_size=3)
+samples = st.lists(
+    st.tuples(
+        st.one_of(st.floats(allow_nan=True), st.just(0.0), st.integers(0, 10**12).map(float)),
+        st.one_of(st.integers(1_500_000_000_000, 2_500_000_000_000), st.integers(-(2**62), 2**62)),
+    ),
+    min_size=0,
+    max_size=3,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,8 +99,16 @@ def test_decoding_agrees_with_protobuf_cold_and_warm(pb: ModuleType, batch: list
     cold = flatten(decode(raw, cache))
     assert cold == reference(pb, raw)
     # Warm: the same series, other values and times, now read the quick way.
-    again = [(labels, [(rnd.choice([0.0, rnd.random() * 1e6]), rnd.randint(1_500_000_000_000, 2_500_000_000_000))
-                       for _ in s]) for labels, s in batch]
+    again = [
+        (
+            labels,
+            [
+                (rnd.choice([0.0, rnd.random() * 1e6]), rnd.randint(1_500_000_000_000, 2_500_000_000_000))
+                for _ in s
+            ],
+        )
+        for labels, s in batch
+    ]
     raw2 = rw.write_request(again)
     assert flatten(decode(raw2, cache)) == reference(pb, raw2)
 
@@ -121,10 +136,14 @@ def test_a_body_protobuf_writes_in_another_field_order_reads_the_same(pb: Module
         body += b"".join(b"\x0a" + rw.varint(lab.ByteSize()) + lab.SerializeToString() for lab in ts.labels)
         reordered_raw = b"\x0a" + rw.varint(len(body)) + body
         reordered.MergeFromString(reordered_raw)
-    raw2 = b"".join(b"\x0a" + rw.varint(len(b)) + b for b in (
-        b"".join(b"\x12" + rw.varint(s.ByteSize()) + s.SerializeToString() for s in ts.samples)
-        + b"".join(b"\x0a" + rw.varint(lab.ByteSize()) + lab.SerializeToString() for lab in ts.labels)
-        for ts in req.timeseries))
+    raw2 = b"".join(
+        b"\x0a" + rw.varint(len(b)) + b
+        for b in (
+            b"".join(b"\x12" + rw.varint(s.ByteSize()) + s.SerializeToString() for s in ts.samples)
+            + b"".join(b"\x0a" + rw.varint(lab.ByteSize()) + lab.SerializeToString() for lab in ts.labels)
+            for ts in req.timeseries
+        )
+    )
     assert flatten(decode(raw2, plain_cache())) == reference(pb, raw2)
     assert flatten(decode(raw2, cache)) == reference(pb, raw2)
 
@@ -134,7 +153,9 @@ def test_a_label_value_that_looks_like_a_sample_is_read_as_a_label(pb: ModuleTyp
     # to a wrong reading, because the quick path only accepts label bytes it parsed before.
     fake_tail = b"\x09" + struct.pack("<d", 99.0) + b"\x10" + rw.varint(1_800_000_000_000)
     labels = {"__name__": "m", "z": fake_tail.decode("latin-1")}
-    raw = rw.write_request([(labels, [(1.0, 1_800_000_000_123)]), ({"__name__": "m"}, [(2.0, 1_800_000_000_123)])])
+    raw = rw.write_request(
+        [(labels, [(1.0, 1_800_000_000_123)]), ({"__name__": "m"}, [(2.0, 1_800_000_000_123)])]
+    )
     cache = plain_cache()
     for _ in range(2):
         assert flatten(decode(raw, cache)) == reference(pb, raw)
@@ -142,22 +163,30 @@ def test_a_label_value_that_looks_like_a_sample_is_read_as_a_label(pb: ModuleTyp
 
 def test_staleness_markers_are_recognised() -> None:
     stale = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
-    raw = rw.write_request([({"__name__": "m"}, [(stale, 1_800_000_000_000), (float("nan"), 1_800_000_000_001)])])
+    raw = rw.write_request(
+        [({"__name__": "m"}, [(stale, 1_800_000_000_000), (float("nan"), 1_800_000_000_001)])]
+    )
     d = decode(raw, plain_cache())
     assert is_stale(d.values).tolist() == [True, False]
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    (b"\x0a\x05\x0a\x03\x0a\x01", "past the end"),
-    (b"\x0a\x80", "truncated"),
-    (b"\x0a" + b"\xff" * 11, "varint"),
-    (b"\x0b\x00", "not length-delimited"),
-    (b"\x1b\x00", "wire type 3"),
-    (rw.write_request([({"__name__": "m", "a": "x"}, [])]).replace(b"x", b"\xff"), "UTF-8"),
-    (rw.write_request([({"gpu": "0"}, [(1.0, 1)])]), "__name__"),
-    (rw._field(1, rw._field(1, rw.label("a", "x")) * 2 + rw._field(1, rw.label("__name__", "m"))), "twice"),
-    (rw.write_request([({"__name__": "m", "9bad": "x"}, [(1.0, 1)])]), "label name"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x0a\x05\x0a\x03\x0a\x01", "past the end"),
+        (b"\x0a\x80", "truncated"),
+        (b"\x0a" + b"\xff" * 11, "varint"),
+        (b"\x0b\x00", "not length-delimited"),
+        (b"\x1b\x00", "wire type 3"),
+        (rw.write_request([({"__name__": "m", "a": "x"}, [])]).replace(b"x", b"\xff"), "UTF-8"),
+        (rw.write_request([({"gpu": "0"}, [(1.0, 1)])]), "__name__"),
+        (
+            rw._field(1, rw._field(1, rw.label("a", "x")) * 2 + rw._field(1, rw.label("__name__", "m"))),
+            "twice",
+        ),
+        (rw.write_request([({"__name__": "m", "9bad": "x"}, [(1.0, 1)])]), "label name"),
+    ],
+)
 def test_malformed_bodies_are_refused_with_a_reason(raw: bytes, message: str) -> None:
     with pytest.raises(RemoteWriteError, match=message):
         decode(raw, plain_cache())
@@ -185,8 +214,10 @@ def test_the_cache_is_bounded() -> None:
 
 def targets_cache() -> SeriesCache[tuple[tuple[str, str], ...]]:
     """Plans are the label sets; a series' target is its (job, instance)."""
-    return SeriesCache(lambda s: tuple(sorted(s.labels.items())),
-                       target_of=lambda plan: (dict(plan).get("job"), dict(plan).get("instance")))
+    return SeriesCache(
+        lambda s: tuple(sorted(s.labels.items())),
+        target_of=lambda plan: (dict(plan).get("job"), dict(plan).get("instance")),
+    )
 
 
 def scrape_stream(rnd: Any, targets: int, per_target: int, scrapes: int) -> list[list[rw.Series]]:
@@ -201,9 +232,17 @@ def scrape_stream(rnd: Any, targets: int, per_target: int, scrapes: int) -> list
         stream: list[rw.Series] = []
         for t in range(targets):
             for j in range(per_target):
-                labels = {"__name__": f"DCGM_FI_X{j % 7}", "gpu": str(j // 7), "job": "dcgm",
-                          "instance": f"node-{t}:9400", "UUID": f"GPU-{t:04d}-{j // 7}", "x" * (j % 3 + 1): "y"}
-                value = 0.0 if (t, j) in zero else rnd.choice([rnd.random() * 700, float(rnd.randint(1, 10**9))])
+                labels = {
+                    "__name__": f"DCGM_FI_X{j % 7}",
+                    "gpu": str(j // 7),
+                    "job": "dcgm",
+                    "instance": f"node-{t}:9400",
+                    "UUID": f"GPU-{t:04d}-{j // 7}",
+                    "x" * (j % 3 + 1): "y",
+                }
+                value = (
+                    0.0 if (t, j) in zero else rnd.choice([rnd.random() * 700, float(rnd.randint(1, 10**9))])
+                )
                 stream.append((labels, [(value, 1_800_000_000_000 + 15_000 * k + t)]))
         out.append(stream)
     return out
@@ -211,11 +250,13 @@ def scrape_stream(rnd: Any, targets: int, per_target: int, scrapes: int) -> list
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.randoms(use_true_random=False), st.integers(50, 400))
-def test_segments_read_what_protobuf_reads_in_requests_cut_anywhere(pb: ModuleType, rnd: Any, per_send: int) -> None:
+def test_segments_read_what_protobuf_reads_in_requests_cut_anywhere(
+    pb: ModuleType, rnd: Any, per_send: int
+) -> None:
     cache = targets_cache()
     for stream in scrape_stream(rnd, targets=4, per_target=35, scrapes=6):
         for a in range(0, len(stream), per_send):
-            raw = rw.write_request(stream[a:a + per_send])
+            raw = rw.write_request(stream[a : a + per_send])
             assert flatten(decode(raw, cache)) == reference(pb, raw)
 
 
@@ -226,7 +267,7 @@ def test_most_series_come_from_segments_once_their_targets_were_seen(pb: ModuleT
     for n, a in enumerate(range(0, len(stream), 2000)):  # Prometheus's max_samples_per_send
         if n == 2:  # the first two requests taught the cache every target's run
             cache.from_segments = cache.one_by_one = 0
-        raw = rw.write_request(stream[a:a + 2000])
+        raw = rw.write_request(stream[a : a + 2000])
         assert flatten(decode(raw, cache)) == reference(pb, raw)
     # What is left one by one: each request's first run (begun by the request before) and runs in which
     # a value went to or left 0 (learnt again).

@@ -135,8 +135,13 @@ def prometheus_bin() -> str:
 
 @pytest.fixture
 def collector_url(db: str, settings: Settings) -> Iterator[str]:
-    s = settings.model_copy(update={"remote_write": settings.remote_write.model_copy(
-        update={"merge_delay_s": 2.0, "assemble_every_s": 0.2})})
+    s = settings.model_copy(
+        update={
+            "remote_write": settings.remote_write.model_copy(
+                update={"merge_delay_s": 2.0, "assemble_every_s": 0.2}
+            )
+        }
+    )
     with serve(create_app(db, s, run_leader=False), **server_options(s)) as srv:
         yield srv.url
 
@@ -145,69 +150,122 @@ def wait(pred: object, timeout: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not pred():  # type: ignore[operator]
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s; prometheus said:\n{log.read_text()[-4000:]}")
+            raise AssertionError(
+                f"{what} not reached in {timeout} s; prometheus said:\n{log.read_text()[-4000:]}"
+            )
         time.sleep(0.25)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_prometheus_remote_writes_dcgm_exporter_and_node_exporter_series_as_rows(
-        prometheus_bin: str, db: str, collector_url: str, tmp_path: Path) -> None:
+    prometheus_bin: str, db: str, collector_url: str, tmp_path: Path
+) -> None:
     with psycopg.connect(db, autocommit=True) as conn:
         (tmp_path / "token").write_text(create_token(conn, "prometheus", "remote_write"))
     exporters = Exporters()
     port = free_port()
-    (tmp_path / "prometheus.yml").write_text(PROMETHEUS_YML.format(
-        exporters=exporters.port, collector=collector_url.rsplit(":", 1)[1], token=tmp_path / "token"))
+    (tmp_path / "prometheus.yml").write_text(
+        PROMETHEUS_YML.format(
+            exporters=exporters.port, collector=collector_url.rsplit(":", 1)[1], token=tmp_path / "token"
+        )
+    )
     log = tmp_path / "prometheus.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                prometheus_bin,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def count(sql: str) -> int:
             with psycopg.connect(db) as c:
                 return int(c.execute(sql).fetchone()[0])  # type: ignore[index]
 
-        wait(lambda: count("SELECT count(DISTINCT time) FROM gpu_samples WHERE node = 'gpu-node-7'") >= 3
-             and count("SELECT count(*) FROM host_samples WHERE node = 'gpu-node-7' AND cpu_idle_pct IS NOT NULL") >= 2,
-             90, "GPU and host rows", log)
+        wait(
+            lambda: (
+                count("SELECT count(DISTINCT time) FROM gpu_samples WHERE node = 'gpu-node-7'") >= 3
+                and count(
+                    "SELECT count(*) FROM host_samples WHERE node = 'gpu-node-7' AND cpu_idle_pct IS NOT NULL"
+                )
+                >= 2
+            ),
+            90,
+            "GPU and host rows",
+            log,
+        )
         with psycopg.connect(db, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT time, gpu, util_pct, power_w, energy_mj, temp_c, mem_total_mib, throttle_reasons, run_id, uuid "
-                "FROM gpu_samples WHERE node = 'gpu-node-7' ORDER BY time, gpu").fetchall()
+                "FROM gpu_samples WHERE node = 'gpu-node-7' ORDER BY time, gpu"
+            ).fetchall()
             # Every scrape is one row per GPU with every field, though no request held a whole scrape.
             per_time: dict[datetime, list[tuple[object, ...]]] = {}
             for r in rows:
                 per_time.setdefault(r[0], []).append(r[1:])
             for got in per_time.values():
                 assert got == [
-                    (0, 97.0, pytest.approx(612.345, rel=1e-3), 8123456789, 61, 81559.0, 0,
-                     "ml-research:llm-pretrain-master-0", "GPU-5e3b8c1a-7d2f-4a96-b1c0-3f8e2d9a4b71"),
-                    (1, 100.0, pytest.approx(699.87, rel=1e-3), 8412097310, 66, 81559.0, 4,
-                     "ml-research:llm-pretrain-worker-0", "GPU-a91c2e47-0b6d-4f38-9e25-c7d4b8f1e063")]
-            host = conn.execute("SELECT cpu_user_pct, cpu_system_pct, cpu_iowait_pct, cpu_idle_pct, cpu_count, "
-                                "disk_read_bytes_s, net_rx_bytes_s FROM host_samples WHERE node = 'gpu-node-7' "
-                                "AND cpu_idle_pct IS NOT NULL ORDER BY time").fetchall()
+                    (
+                        0,
+                        97.0,
+                        pytest.approx(612.345, rel=1e-3),
+                        8123456789,
+                        61,
+                        81559.0,
+                        0,
+                        "ml-research:llm-pretrain-master-0",
+                        "GPU-5e3b8c1a-7d2f-4a96-b1c0-3f8e2d9a4b71",
+                    ),
+                    (
+                        1,
+                        100.0,
+                        pytest.approx(699.87, rel=1e-3),
+                        8412097310,
+                        66,
+                        81559.0,
+                        4,
+                        "ml-research:llm-pretrain-worker-0",
+                        "GPU-a91c2e47-0b6d-4f38-9e25-c7d4b8f1e063",
+                    ),
+                ]
+            host = conn.execute(
+                "SELECT cpu_user_pct, cpu_system_pct, cpu_iowait_pct, cpu_idle_pct, cpu_count, "
+                "disk_read_bytes_s, net_rx_bytes_s FROM host_samples WHERE node = 'gpu-node-7' "
+                "AND cpu_idle_pct IS NOT NULL ORDER BY time"
+            ).fetchall()
             for user, system, iowait, idle, cpus, read_bps, rx_bps in host:
                 # Counters are scraped at the exporter's clock but stamped with Prometheus's: a rate over
                 # one second moves with the scrapes' jitter (and with /0.01 s CPU rounding).
                 assert user == pytest.approx(30, abs=3) and system == pytest.approx(10, abs=2)
                 assert iowait == pytest.approx(5, abs=2) and idle == pytest.approx(55, abs=4)
                 assert cpus == 1
-                assert read_bps == pytest.approx(READ_BPS, rel=0.35) and rx_bps == pytest.approx(RX_BPS, rel=0.35)
+                assert read_bps == pytest.approx(READ_BPS, rel=0.35) and rx_bps == pytest.approx(
+                    RX_BPS, rel=0.35
+                )
             Inferrer(300.0).run_once(conn, datetime.now(UTC))
             runs = conn.execute("SELECT run_id, source, team FROM runs ORDER BY run_id").fetchall()
-            assert runs == [("ml-research:llm-pretrain-master-0", "inferred", "ml-research"),
-                            ("ml-research:llm-pretrain-worker-0", "inferred", "ml-research")]
+            assert runs == [
+                ("ml-research:llm-pretrain-master-0", "inferred", "ml-research"),
+                ("ml-research:llm-pretrain-worker-0", "inferred", "ml-research"),
+            ]
             alloc = conn.execute("SELECT run_id, node, gpu FROM run_allocations ORDER BY run_id").fetchall()
-            assert alloc == [("ml-research:llm-pretrain-master-0", "gpu-node-7", 0),
-                             ("ml-research:llm-pretrain-worker-0", "gpu-node-7", 1)]
+            assert alloc == [
+                ("ml-research:llm-pretrain-master-0", "gpu-node-7", 0),
+                ("ml-research:llm-pretrain-worker-0", "gpu-node-7", 1),
+            ]
         page = httpx.get(f"{collector_url}/metrics", timeout=10).text
         # Prometheus's own series (up, scrape_duration_seconds ...) and node_load1 are not used.
         assert 'gpufleet_remote_write_dropped_samples_total{reason="unused"}' in page
         assert 'gpufleet_remote_write_groups_total{outcome="stored"}' in page
-        requests = [line for line in page.splitlines() if line.startswith("gpufleet_remote_write_requests_total")]
+        requests = [
+            line for line in page.splitlines() if line.startswith("gpufleet_remote_write_requests_total")
+        ]
         assert requests and all('code="204"' in line for line in requests), requests
         # No request held a whole scrape of the exporter (78 series, 50 samples a request at most).
         assert float(requests[0].rsplit(" ", 1)[1]) >= 2 * len(per_time)

@@ -11,24 +11,33 @@ from gpufleet.db import policies
 
 def _fill(conn: psycopg.Connection) -> None:
     # 7 batches received 30 days ago (past the 21-day de-duplication), 2 an hour ago.
-    conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, received_at) "
-                 "SELECT 'old-' || i, 'n1', 8, 1, now() - interval '30 days' FROM generate_series(1, 7) i")
-    conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, received_at) "
-                 "SELECT 'new-' || i, 'n1', 8, 1, now() - interval '1 hour' FROM generate_series(1, 2) i")
-    conn.execute("INSERT INTO run_sightings (run_id, node, gpu, first_seen, last_seen, status) VALUES "
-                 "('r-old', 'n1', 0, now() - interval '200 days', now() - interval '100 days', 'allocated'), "
-                 "('r-old', 'n1', 1, now() - interval '200 days', now() - interval '100 days', 'conflict'), "
-                 "('r-stuck', 'n1', 2, now() - interval '200 days', now() - interval '100 days', 'pending'), "
-                 "('r-moved', 'n1', 3, now() - interval '200 days', now() - interval '100 days', 'moved'), "
-                 "('r-new', 'n1', 4, now() - interval '2 days', now() - interval '1 day', 'allocated')")
-    conn.execute("INSERT INTO gpu_energy_spans (node, gpu, t0, t1, energy_j) VALUES "
-                 "('n1', 0, now() - interval '1200 days', now() - interval '1199 days', 5), "
-                 "('n1', 0, now() - interval '2 days', now() - interval '1 day', 5)")
+    conn.execute(
+        "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, received_at) "
+        "SELECT 'old-' || i, 'n1', 8, 1, now() - interval '30 days' FROM generate_series(1, 7) i"
+    )
+    conn.execute(
+        "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, received_at) "
+        "SELECT 'new-' || i, 'n1', 8, 1, now() - interval '1 hour' FROM generate_series(1, 2) i"
+    )
+    conn.execute(
+        "INSERT INTO run_sightings (run_id, node, gpu, first_seen, last_seen, status) VALUES "
+        "('r-old', 'n1', 0, now() - interval '200 days', now() - interval '100 days', 'allocated'), "
+        "('r-old', 'n1', 1, now() - interval '200 days', now() - interval '100 days', 'conflict'), "
+        "('r-stuck', 'n1', 2, now() - interval '200 days', now() - interval '100 days', 'pending'), "
+        "('r-moved', 'n1', 3, now() - interval '200 days', now() - interval '100 days', 'moved'), "
+        "('r-new', 'n1', 4, now() - interval '2 days', now() - interval '1 day', 'allocated')"
+    )
+    conn.execute(
+        "INSERT INTO gpu_energy_spans (node, gpu, t0, t1, energy_j) VALUES "
+        "('n1', 0, now() - interval '1200 days', now() - interval '1199 days', 5), "
+        "('n1', 0, now() - interval '2 days', now() - interval '1 day', 5)"
+    )
 
 
 @pytest.mark.parametrize("layout", ["own", "timescaledb"])
-def test_ordinary_tables_are_pruned_on_both_layouts(conn: psycopg.Connection, settings: Settings, layout: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ordinary_tables_are_pruned_on_both_layouts(
+    conn: psycopg.Connection, settings: Settings, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """TimescaleDB's policies reach only hypertables and continuous aggregates: batch ids, energy
     spans and settled sightings are pruned by the leader whatever the layout (batch ids were
     pruned on plain PostgreSQL only, so a TimescaleDB fleet kept one row per shipment for good),
@@ -38,7 +47,9 @@ def test_ordinary_tables_are_pruned_on_both_layouts(conn: psycopg.Connection, se
     monkeypatch.setattr(policies, "DELETE_CHUNK_ROWS", 3)
     _fill(conn)
     deleted = policies.enforce_retention(conn, settings, plain)
-    assert deleted["ingest_batches"] == 7 and deleted["gpu_energy_spans"] == 1 and deleted["run_sightings"] == 2
+    assert (
+        deleted["ingest_batches"] == 7 and deleted["gpu_energy_spans"] == 1 and deleted["run_sightings"] == 2
+    )
     assert ("gpu_samples" in deleted) is plain
     left = [r[0] for r in conn.execute("SELECT batch_id FROM ingest_batches ORDER BY 1")]
     assert left == ["new-1", "new-2"]

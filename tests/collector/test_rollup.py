@@ -18,8 +18,9 @@ def PLAIN(conn: psycopg.Connection) -> bool:
 T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 
 
-def insert_gpu(conn: psycopg.Connection, rows: list[tuple[float, int, float | None, int | None]],
-               node: str = "n1") -> None:
+def insert_gpu(
+    conn: psycopg.Connection, rows: list[tuple[float, int, float | None, int | None]], node: str = "n1"
+) -> None:
     """rows: (seconds after T0, gpu, power_w, energy_mj)."""
     with conn.cursor().copy("COPY gpu_samples (time, node, gpu, power_w, energy_mj) FROM STDIN") as cp:
         for s, g, p, e in rows:
@@ -61,8 +62,14 @@ def test_counter_wins_and_interval_is_split_at_the_edge(conn: psycopg.Connection
 
 
 def test_reset_falls_back_to_power_and_long_gap_is_not_bridged_by_power(conn: psycopg.Connection) -> None:
-    insert_gpu(conn, [(0, 0, 100.0, 5_000_000), (10, 0, 100.0, 1_000),  # reset -> power: 1000 J
-                      (200, 0, 100.0, None)])  # 190 s gap, no counter at one end -> not counted
+    insert_gpu(
+        conn,
+        [
+            (0, 0, 100.0, 5_000_000),
+            (10, 0, 100.0, 1_000),  # reset -> power: 1000 J
+            (200, 0, 100.0, None),
+        ],
+    )  # 190 s gap, no counter at one end -> not counted
     rollup.drain(conn, 60.0, plain_stats=PLAIN(conn))
     total = conn.execute("SELECT sum(energy_j), sum(covered_s) FROM gpu_energy_1m").fetchone()
     assert total == (1000.0, 10.0)
@@ -80,18 +87,23 @@ def test_counter_bridges_a_long_gap(conn: psycopg.Connection) -> None:
 
 def test_late_and_shuffled_arrival_gives_the_same_rollups(conn: psycopg.Connection) -> None:
     rng = random.Random(7)
-    rows = [(s + rng.random(), g, 200.0 + 50 * rng.random(), None if rng.random() < 0.2 else 1000 * s * 300 + g)
-            for s in range(0, 600, 7) for g in range(2)]
+    rows = [
+        (s + rng.random(), g, 200.0 + 50 * rng.random(), None if rng.random() < 0.2 else 1000 * s * 300 + g)
+        for s in range(0, 600, 7)
+        for g in range(2)
+    ]
     # all at once
     insert_gpu(conn, rows)
     rollup.drain(conn, 60.0, plain_stats=PLAIN(conn))
-    expected = conn.execute("SELECT bucket, gpu, energy_j, covered_s FROM gpu_energy_1m ORDER BY 1, 2").fetchall()
+    expected = conn.execute(
+        "SELECT bucket, gpu, energy_j, covered_s FROM gpu_energy_1m ORDER BY 1, 2"
+    ).fetchall()
     expected_h = conn.execute("SELECT bucket, gpu, energy_j FROM gpu_energy_1h ORDER BY 1, 2").fetchall()
     conn.execute("TRUNCATE gpu_samples, gpu_energy_1m, gpu_energy_1h, rollup_queue")
     # in shuffled chunks, rolling up between chunks
     rng.shuffle(rows)
     for i in range(0, len(rows), 13):
-        insert_gpu(conn, rows[i:i + 13])
+        insert_gpu(conn, rows[i : i + 13])
         if i % 3 == 0:
             rollup.drain(conn, 60.0, plain_stats=PLAIN(conn))
     rollup.drain(conn, 60.0, plain_stats=PLAIN(conn))
@@ -108,8 +120,13 @@ def test_host_energy(conn: psycopg.Connection) -> None:
     with conn.cursor().copy("COPY host_samples (time, node, host_power_w) FROM STDIN") as cp:
         for s in range(0, 121, 30):
             cp.write_row((T0 + timedelta(seconds=s), "n1", 300.0))
-    conn.execute("INSERT INTO rollup_queue (node, t_min, t_max) VALUES ('n1', %s, %s)",
-                 (T0, T0 + timedelta(seconds=120)))
+    conn.execute(
+        "INSERT INTO rollup_queue (node, t_min, t_max) VALUES ('n1', %s, %s)",
+        (T0, T0 + timedelta(seconds=120)),
+    )
     rollup.drain(conn, 60.0, plain_stats=PLAIN(conn))
-    assert conn.execute("SELECT sum(energy_j), sum(covered_s) FROM host_energy_1m").fetchone() == (36000.0, 120.0)
+    assert conn.execute("SELECT sum(energy_j), sum(covered_s) FROM host_energy_1m").fetchone() == (
+        36000.0,
+        120.0,
+    )
     assert conn.execute("SELECT energy_j FROM host_energy_1h").fetchone() == (36000.0,)

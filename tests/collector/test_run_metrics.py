@@ -50,7 +50,9 @@ def samples(fams: dict[str, Any], name: str) -> dict[tuple[tuple[str, str], ...]
     return {tuple(sorted(s.labels.items())): s.value for s in fams[name].samples}
 
 
-def test_the_series_are_the_accounting_of_running_and_recent_runs(filled: psycopg.Connection, db: str) -> None:
+def test_the_series_are_the_accounting_of_running_and_recent_runs(
+    filled: psycopg.Connection, db: str
+) -> None:
     store(filled, compute(filled, RunMetricsSettings(horizon_s=86400), NOW), NOW)
     text, fams = families(RunMetrics(db, cache_s=0))
     energy = samples(fams, "gpufleet_run_energy_kwh")
@@ -59,24 +61,39 @@ def test_the_series_are_the_accounting_of_running_and_recent_runs(filled: psycop
         body = run_accounting(filled, run_id, now=NOW)
         lv = (("run", run_id), ("site", "s1"), ("team", team))
         assert energy[lv] == pytest.approx(body["facility_kwh"], rel=1e-12)
-        assert samples(fams, "gpufleet_run_cost")[tuple(sorted((*lv, ("currency", "USD"))))] == \
-            pytest.approx(body["total_cost"], rel=1e-12)
+        assert samples(fams, "gpufleet_run_cost")[tuple(sorted((*lv, ("currency", "USD"))))] == pytest.approx(
+            body["total_cost"], rel=1e-12
+        )
         assert samples(fams, "gpufleet_run_co2e_kg")[lv] == pytest.approx(body["co2e_kg"], rel=1e-12)
-        hours = {dict(k)["state"]: v / 3600.0 for k, v in samples(fams, "gpufleet_run_gpu_seconds").items()
-                 if dict(k)["run"] == run_id}
+        hours = {
+            dict(k)["state"]: v / 3600.0
+            for k, v in samples(fams, "gpufleet_run_gpu_seconds").items()
+            if dict(k)["run"] == run_id
+        }
         ledger = body["ledger"]  # type: ignore[typeddict-item]
         assert hours == pytest.approx({state: line["gpu_hours"] for state, line in ledger.items()}, rel=1e-12)
         assert sum(hours.values()) == pytest.approx(body["gpu_hours"], rel=1e-9)
-        assert samples(fams, "gpufleet_run_goodput")[lv] == pytest.approx(hours["productive"] / body["gpu_hours"])
+        assert samples(fams, "gpufleet_run_goodput")[lv] == pytest.approx(
+            hours["productive"] / body["gpu_hours"]
+        )
     # The stall and the throttling of run r are in their states.
-    r_hours = {dict(k)["state"]: v / 3600 for k, v in samples(fams, "gpufleet_run_gpu_seconds").items()
-               if dict(k)["run"] == "r"}
+    r_hours = {
+        dict(k)["state"]: v / 3600
+        for k, v in samples(fams, "gpufleet_run_gpu_seconds").items()
+        if dict(k)["run"] == "r"
+    }
     assert r_hours["checkpoint"] > 0 and r_hours["throttled"] > 0 and r_hours["productive"] < 4.0
     assert samples(fams, "gpufleet_run_metrics_runs")[()] == 2
     assert samples(fams, "gpufleet_run_metrics_omitted_runs")[()] == 0
     assert fams["gpufleet_run_energy_kwh"].type == "counter" and fams["gpufleet_run_goodput"].type == "gauge"
-    r = subprocess.run([tool("promtool", "prometheus"), "check", "metrics"], input=text, capture_output=True,
-                       text=True, timeout=30, check=False)
+    r = subprocess.run(
+        [tool("promtool", "prometheus"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 0 and (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
 
 
@@ -99,16 +116,26 @@ def test_per_gpu_energy_and_incidents_join_dcgm_exporter_by_uuid(filled: psycopg
     text, fams = families(RunMetrics(db, cache_s=0))
     energy = samples(fams, "gpufleet_gpu_run_energy_kwh")
     # 300 W for the hour of run r on each of its GPUs (minute rollups); run "live" holds GPUs 4 and 5.
-    assert energy[(("UUID", "GPU-aaa"), ("gpu", "0"), ("node", "n1"), ("run", "r"))] == pytest.approx(0.3, rel=0.02)
+    assert energy[(("UUID", "GPU-aaa"), ("gpu", "0"), ("node", "n1"), ("run", "r"))] == pytest.approx(
+        0.3, rel=0.02
+    )
     assert {dict(k)["gpu"] for k in energy if dict(k)["run"] == "live"} == {"4", "5"}
     assert samples(fams, "gpufleet_gpu_incident_open") == {
-        (("UUID", "GPU-eee"), ("gpu", "4"), ("kind", "pcie_degraded"), ("node", "n1")): 1.0}
+        (("UUID", "GPU-eee"), ("gpu", "4"), ("kind", "pcie_degraded"), ("node", "n1")): 1.0
+    }
     # Only the running run holds GPUs now.
     assert samples(fams, "gpufleet_gpu_run_info") == {
         (("UUID", "GPU-eee"), ("gpu", "4"), ("node", "n1"), ("run", "live"), ("team", "vision")): 1.0,
-        (("UUID", ""), ("gpu", "5"), ("node", "n1"), ("run", "live"), ("team", "vision")): 1.0}
-    r = subprocess.run([tool("promtool", "prometheus"), "check", "metrics"], input=text, capture_output=True,
-                       text=True, timeout=30, check=False)
+        (("UUID", ""), ("gpu", "5"), ("node", "n1"), ("run", "live"), ("team", "vision")): 1.0,
+    }
+    r = subprocess.run(
+        [tool("promtool", "prometheus"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert r.returncode == 0 and (r.stdout + r.stderr).strip() == "", r.stdout + r.stderr
 
 
@@ -117,8 +144,13 @@ def test_redacted_the_figures_are_per_team_and_site(filled: psycopg.Connection, 
     _, plain = families(RunMetrics(db, cache_s=0))
     _, redacted = families(RunMetrics(db, cache_s=0, redact=True))
     energy = samples(redacted, "gpufleet_run_energy_kwh")
-    assert set(energy) == {(("run", ""), ("site", "s1"), ("team", "nlp")), (("run", ""), ("site", "s1"), ("team", "vision"))}
-    vision = sum(v for k, v in samples(plain, "gpufleet_run_energy_kwh").items() if dict(k)["team"] == "vision")
+    assert set(energy) == {
+        (("run", ""), ("site", "s1"), ("team", "nlp")),
+        (("run", ""), ("site", "s1"), ("team", "vision")),
+    }
+    vision = sum(
+        v for k, v in samples(plain, "gpufleet_run_energy_kwh").items() if dict(k)["team"] == "vision"
+    )
     assert energy[(("run", ""), ("site", "s1"), ("team", "vision"))] == pytest.approx(vision)
 
 
@@ -128,9 +160,11 @@ def collector(db: str, settings: Settings) -> Iterator[str]:
         yield srv.url
 
 
-def test_scrapes_serve_the_stored_snapshot_and_never_compute(filled: psycopg.Connection, collector: str) -> None:
+def test_scrapes_serve_the_stored_snapshot_and_never_compute(
+    filled: psycopg.Connection, collector: str
+) -> None:
     page = httpx.get(f"{collector}/metrics", timeout=10).text
-    assert "gpufleet_run_metrics_runs 0.0" in page and 'gpufleet_run_energy_kwh_total{' not in page
+    assert "gpufleet_run_metrics_runs 0.0" in page and "gpufleet_run_energy_kwh_total{" not in page
     store(filled, compute(filled, RunMetricsSettings(horizon_s=86400), NOW), NOW)
     filled.execute("INSERT INTO runs (run_id, start) VALUES ('new', %s)", (at(5000),))
     time.sleep(5.2)  # past the cache of /metrics
@@ -143,8 +177,9 @@ def test_scrapes_serve_the_stored_snapshot_and_never_compute(filled: psycopg.Con
 
 def test_only_the_leader_refreshes_at_its_interval(filled: psycopg.Connection, db: str) -> None:
     leading = {"now": False}
-    ref = RunMetricsRefresher(db, RunMetricsSettings(refresh_s=5, horizon_s=86400), lambda: leading["now"],
-                              clock=lambda: NOW)
+    ref = RunMetricsRefresher(
+        db, RunMetricsSettings(refresh_s=5, horizon_s=86400), lambda: leading["now"], clock=lambda: NOW
+    )
     ref.start()
     try:
         time.sleep(2.5)
@@ -158,5 +193,7 @@ def test_only_the_leader_refreshes_at_its_interval(filled: psycopg.Connection, d
         assert ref.refreshed == 1  # not again before refresh_s
     finally:
         ref.stop()
-    row = filled.execute("SELECT computed_at, jsonb_array_length(body->'runs') FROM run_metrics_snapshot").fetchone()
+    row = filled.execute(
+        "SELECT computed_at, jsonb_array_length(body->'runs') FROM run_metrics_snapshot"
+    ).fetchone()
     assert row == (NOW, 2)

@@ -12,19 +12,49 @@ from gpufleet.collector.scoring import score
 LABELS = {
     "end": "2026-12-01T11:00:00Z",
     "incidents": [
-        {"kind": "straggler", "cause": "power_cap", "run_id": "r1", "node": "n1", "gpu": 4,
-         "start": "2026-12-01T10:10:00Z", "end": "2026-12-01T10:40:00Z"},
-        {"kind": "starvation", "cause": "io", "run_id": "r2", "node": None, "gpu": None,
-         "start": "2026-12-01T10:00:00Z", "end": None},
+        {
+            "kind": "straggler",
+            "cause": "power_cap",
+            "run_id": "r1",
+            "node": "n1",
+            "gpu": 4,
+            "start": "2026-12-01T10:10:00Z",
+            "end": "2026-12-01T10:40:00Z",
+        },
+        {
+            "kind": "starvation",
+            "cause": "io",
+            "run_id": "r2",
+            "node": None,
+            "gpu": None,
+            "start": "2026-12-01T10:00:00Z",
+            "end": None,
+        },
     ],
-    "hard_negatives": [{"reason": "uniform_power_cap", "not_kinds": ["straggler"], "run_id": "r3", "node": None,
-                        "gpu": None, "start": "2026-12-01T10:00:00Z", "end": "2026-12-01T11:00:00Z"}],
+    "hard_negatives": [
+        {
+            "reason": "uniform_power_cap",
+            "not_kinds": ["straggler"],
+            "run_id": "r3",
+            "node": None,
+            "gpu": None,
+            "start": "2026-12-01T10:00:00Z",
+            "end": "2026-12-01T11:00:00Z",
+        }
+    ],
 }
 
 
 def f(kind: str, start: str, end: str | None = None, **kw: object) -> dict:
-    return {"kind": kind, "start": start, "end": end, "cause": kw.pop("cause", None), "run_id": kw.pop("run_id", None),
-            "node": kw.pop("node", None), "gpu": kw.pop("gpu", None)}
+    return {
+        "kind": kind,
+        "start": start,
+        "end": end,
+        "cause": kw.pop("cause", None),
+        "run_id": kw.pop("run_id", None),
+        "node": kw.pop("node", None),
+        "gpu": kw.pop("gpu", None),
+    }
 
 
 def test_matching_precision_recall_cause_and_negatives() -> None:
@@ -32,7 +62,9 @@ def test_matching_precision_recall_cause_and_negatives() -> None:
         f("straggler", "2026-12-01T10:11:00Z", cause="thermal", run_id="r1", node="n1", gpu=4),  # wrong cause
         f("straggler", "2026-12-01T10:11:00Z", cause="power_cap", run_id="r1", node="n1", gpu=5),  # wrong GPU
         f("starvation", "2026-12-01T10:30:00Z", cause="io", run_id="r2"),
-        f("straggler", "2026-12-01T10:20:00Z", cause="power_cap", run_id="r3", node="n9", gpu=0),  # hard negative
+        f(
+            "straggler", "2026-12-01T10:20:00Z", cause="power_cap", run_id="r3", node="n9", gpu=0
+        ),  # hard negative
     ]
     s = score(findings, LABELS, first_open={0: LABELS_T("10:12:00"), 2: LABELS_T("10:31:00")})
     st = s.kinds["straggler"]
@@ -44,19 +76,44 @@ def test_matching_precision_recall_cause_and_negatives() -> None:
 
 
 def test_a_finding_listing_gpus_matches_a_label_of_each() -> None:
-    labels = {"end": "2026-12-01T11:00:00Z", "incidents": [
-        {"kind": "throttling", "cause": "thermal", "run_id": "r1", "node": "n1", "gpu": g,
-         "start": "2026-12-01T10:10:00Z", "end": "2026-12-01T10:40:00Z"} for g in (2, 3, 7)],
-        "hard_negatives": [{"reason": "healthy", "not_kinds": ["throttling"], "run_id": None, "node": "n2", "gpu": 0,
-                            "start": "2026-12-01T10:00:00Z", "end": "2026-12-01T11:00:00Z"}]}
-    one = {**f("throttling", "2026-12-01T10:11:00Z", cause="thermal", run_id="r1", node="n1"),
-           "evidence": {"gpus": [{"node": "n1", "gpu": 2}, {"node": "n1", "gpu": 3}]}}
+    labels = {
+        "end": "2026-12-01T11:00:00Z",
+        "incidents": [
+            {
+                "kind": "throttling",
+                "cause": "thermal",
+                "run_id": "r1",
+                "node": "n1",
+                "gpu": g,
+                "start": "2026-12-01T10:10:00Z",
+                "end": "2026-12-01T10:40:00Z",
+            }
+            for g in (2, 3, 7)
+        ],
+        "hard_negatives": [
+            {
+                "reason": "healthy",
+                "not_kinds": ["throttling"],
+                "run_id": None,
+                "node": "n2",
+                "gpu": 0,
+                "start": "2026-12-01T10:00:00Z",
+                "end": "2026-12-01T11:00:00Z",
+            }
+        ],
+    }
+    one = {
+        **f("throttling", "2026-12-01T10:11:00Z", cause="thermal", run_id="r1", node="n1"),
+        "evidence": {"gpus": [{"node": "n1", "gpu": 2}, {"node": "n1", "gpu": 3}]},
+    }
     s = score([one], labels)
     th = s.kinds["throttling"]
     assert (th.labels, th.matched_labels, th.findings, th.matched_findings) == (3, 2, 1, 1)
     assert [m["gpu"] for m in s.missed_labels] == [7] and s.negative_violations == []
-    stray = {**f("throttling", "2026-12-01T10:11:00Z", cause="thermal", run_id="r9"),
-             "evidence": {"gpus": [{"node": "n2", "gpu": 0}]}}
+    stray = {
+        **f("throttling", "2026-12-01T10:11:00Z", cause="thermal", run_id="r9"),
+        "evidence": {"gpus": [{"node": "n2", "gpu": 0}]},
+    }
     assert len(score([stray], labels).negative_violations) == 1
 
 
@@ -67,7 +124,9 @@ def LABELS_T(hms: str) -> float:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("scenario", ["straggler_thermal", "starvation_cpu", "checkpoint_stalls", "uniform_power_cap", "demo"])
+@pytest.mark.parametrize(
+    "scenario", ["straggler_thermal", "starvation_cpu", "checkpoint_stalls", "uniform_power_cap", "demo"]
+)
 def test_quality_gate_on_labelled_scenarios(scenario: str, tmp_path: Path, pg_server: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import detector_quality

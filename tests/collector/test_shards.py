@@ -29,8 +29,10 @@ from testsupport.simfeed import SimFeed
 
 
 def key(fs: list[Finding]) -> list[tuple[Any, ...]]:
-    return sorted((f.scope_key, f.cause, f.severity, f.start, f.last_active, f.hold_s, repr(clean_json(f.evidence)))
-                  for f in fs)
+    return sorted(
+        (f.scope_key, f.cause, f.severity, f.start, f.last_active, f.hold_s, repr(clean_json(f.evidence)))
+        for f in fs
+    )
 
 
 def test_shard_hash_is_the_same_in_sql(conn: psycopg.Connection) -> None:
@@ -40,8 +42,9 @@ def test_shard_hash_is_the_same_in_sql(conn: psycopg.Connection) -> None:
     assert len({shard_of(n, 7) for n in names}) == 7
 
 
-def test_sharded_sweeps_find_what_one_sweep_finds(conn: psycopg.Connection, settings: Settings,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sharded_sweeps_find_what_one_sweep_finds(
+    conn: psycopg.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Every batch here is committed before the sweep that reads it (one thread): no re-read slack is
     # needed, and without it batches are not merged twice, as they are not minutes later in real time.
     monkeypatch.setattr(window_cache, "COMMIT_SLACK_S", 0.0)
@@ -77,8 +80,13 @@ def test_sharded_sweeps_find_what_one_sweep_finds(conn: psycopg.Connection, sett
                 # the takeover read from the sample tables only the tail after the last segment
                 # (sweeps here are a minute of data apart) and nodes its runs reached since
                 c = parts[k].cache
-                tail = sum(int((b.t >= sn.restored_upto).sum()) for b in [*c.gpus.values(), *c.hosts.values()])
-                assert sn.restored_samples > 0 and parts[k].last["fetched_rows"] <= tail + 0.1 * sn.restored_samples
+                tail = sum(
+                    int((b.t >= sn.restored_upto).sum()) for b in [*c.gpus.values(), *c.hosts.values()]
+                )
+                assert (
+                    sn.restored_samples > 0
+                    and parts[k].last["fetched_rows"] <= tail + 0.1 * sn.restored_samples
+                )
         assert key([f for p in parts for f in p.findings]) == key(one.findings), t - fleet.t0
         # each shard's window holds exactly the single sweep's samples of the nodes it reads
         runs = load_runs(conn, fleet.t - one.cache.window_s, fleet.t)
@@ -92,15 +100,23 @@ def test_sharded_sweeps_find_what_one_sweep_finds(conn: psycopg.Connection, sett
                 for g, ser in getattr(wp, name).items():
                     ref = getattr(w1, name)[g]
                     assert np.array_equal(ser.t, ref.t), (t - fleet.t0, g)
-                    assert all(np.array_equal(ser.get(c), ref.get(c), equal_nan=True)
-                               for c in set(ref.cols) | set(ser.cols)), g
+                    assert all(
+                        np.array_equal(ser.get(c), ref.get(c), equal_nan=True)
+                        for c in set(ref.cols) | set(ser.cols)
+                    ), g
         # every finding comes from exactly one shard
         assert sum(len(p.findings) for p in parts) == len(one.findings)
         kinds |= {f.kind for f in one.findings}
         t += 60
     took_over = done == [1, 0] and all(p.snapshots is not None for p in parts)
     feed.close()
-    assert took_over and kinds >= {"straggler", "throttling", "pcie_degraded", "checkpoint_stall", "starvation"}
+    assert took_over and kinds >= {
+        "straggler",
+        "throttling",
+        "pcie_degraded",
+        "checkpoint_stall",
+        "starvation",
+    }
     # a shard reads its nodes and its runs' nodes, not the fleet
     for p in parts:
         nodes = {n for n, _ in p.cache.gpus}
@@ -127,15 +143,18 @@ threading.Event().wait()
 
 def shard_locks(conn: psycopg.Connection) -> dict[int, int]:
     """Shard -> pid of the session holding its lock."""
-    rows = conn.execute("SELECT (classid::bigint << 32) | objid::bigint, pid FROM pg_locks "
-                        "WHERE locktype = 'advisory' AND granted AND objsubid = 1").fetchall()
+    rows = conn.execute(
+        "SELECT (classid::bigint << 32) | objid::bigint, pid FROM pg_locks "
+        "WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+    ).fetchall()
     return {int(k) - SHARD_LOCK_BASE: pid for k, pid in rows if 0 <= int(k) - SHARD_LOCK_BASE < 1000}
 
 
 @pytest.mark.timeout(180)
 def test_a_dead_replicas_shards_move(db: str, settings: Settings, tmp_path: Path) -> None:
-    s = settings.model_copy(update={"detect": settings.detect.model_copy(update={"sweep_interval_s": 0.5,
-                                                                                 "shards": 4})})
+    s = settings.model_copy(
+        update={"detect": settings.detect.model_copy(update={"sweep_interval_s": 0.5, "shards": 4})}
+    )
     swept: dict[int, list[float]] = {}
     lock = threading.Lock()
 
@@ -143,10 +162,15 @@ def test_a_dead_replicas_shards_move(db: str, settings: Settings, tmp_path: Path
         def sweep(conn: psycopg.Connection, now: float) -> None:
             with lock:
                 swept.setdefault(k, []).append(time.monotonic())
+
         return sweep
 
-    other = subprocess.Popen([sys.executable, "-c", REPLICA, db, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    b = Leader(db, s, CollectorMetrics(), shard_sweep=shard_sweep, rollup_interval_s=0.1, balance_interval_s=0.2)
+    other = subprocess.Popen(
+        [sys.executable, "-c", REPLICA, db, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    b = Leader(
+        db, s, CollectorMetrics(), shard_sweep=shard_sweep, rollup_interval_s=0.1, balance_interval_s=0.2
+    )
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == "started"
         with psycopg.connect(db, autocommit=True) as conn:
@@ -165,6 +189,7 @@ def test_a_dead_replicas_shards_move(db: str, settings: Settings, tmp_path: Path
             def moved() -> bool:
                 with lock:
                     return all(any(t > killed for t in swept.get(k, [])) for k in theirs)
+
             took = wait_until(moved, 30, "the dead replica's shards are swept by the survivor")
             assert set(b.held) == {0, 1, 2, 3} and set(shard_locks(conn).values()) == {b.lock_pid}
             # within a balancing tick and a sweep, with room for a loaded machine
@@ -178,8 +203,11 @@ def test_rollups_follow_the_shards_nodes(conn: psycopg.Connection) -> None:
     from gpufleet.collector import rollup
 
     nodes = [f"node-{i:03d}" for i in range(30)]
-    conn.execute("INSERT INTO rollup_queue (node, t_min, t_max) SELECT n, now() - interval '1 min', now() "
-                 "FROM unnest(%s::text[]) n", (nodes,))
+    conn.execute(
+        "INSERT INTO rollup_queue (node, t_min, t_max) SELECT n, now() - interval '1 min', now() "
+        "FROM unnest(%s::text[]) n",
+        (nodes,),
+    )
     from gpufleet.db.policies import backend_of
 
     # the stats tables are the collector's own only on plain PostgreSQL (continuous aggregates on TimescaleDB)

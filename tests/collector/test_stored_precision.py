@@ -52,7 +52,14 @@ def test_only_sampled_reals_are_rounded_in_the_catalog() -> None:
     rounded = {s.name for s in GPU_SPECS if s.bits is not None}
     assert {"sm_active", "power_w", "pcie_tx_bytes_s", "job_cpu_pressure_pct"} <= rounded
     # the energy counter, memory, clocks, limits and GPU-Util are stored exactly
-    assert not rounded & {"energy_mj", "mem_used_mib", "mem_total_mib", "power_limit_w", "util_pct", "sm_clock_mhz"}
+    assert not rounded & {
+        "energy_mj",
+        "mem_used_mib",
+        "mem_total_mib",
+        "power_limit_w",
+        "util_pct",
+        "sm_clock_mhz",
+    }
 
 
 def test_stored_values_are_the_rounded_ones_and_the_rest_exact(db: str) -> None:
@@ -65,7 +72,8 @@ def test_stored_values_are_the_rounded_ones_and_the_rest_exact(db: str) -> None:
         with conn.transaction():
             write_batches(conn, [validate(doc)])
         rows = conn.execute(
-            "SELECT gpu, power_w, sm_active, mem_used_mib, energy_mj FROM gpu_samples ORDER BY gpu").fetchall()
+            "SELECT gpu, power_w, sm_active, mem_used_mib, energy_mj FROM gpu_samples ORDER BY gpu"
+        ).fetchall()
     bits = {f.name: f.bits for f in GPU_FIELDS}
 
     def col(j: int) -> np.ndarray:
@@ -78,4 +86,4 @@ def test_stored_values_are_the_rounded_ones_and_the_rest_exact(db: str) -> None:
     assert np.array_equal(col(3), np.array(mem, dtype=np.float32)), "mem_used_mib is stored as sent"
     assert [r[4] for r in rows] == doc["gpu"]["energy_mj"]
     stored_power = np.array([r[1] for r in rows])
-    assert (np.abs(stored_power - np.array(power)) <= np.array(power) * 2.0 ** -15 + 1e-6).all()
+    assert (np.abs(stored_power - np.array(power)) <= np.array(power) * 2.0**-15 + 1e-6).all()

@@ -29,9 +29,15 @@ def register_runs(conn: psycopg.Connection, fleet: Fleet) -> None:
         for gi in r.gpu_idx:
             gp = fleet.plan.gpus[gi]
             allocs.setdefault(gp.node, []).append(gp.gpu)
-        run_store.create_run(conn, {"run_id": r.run_id, "start": datetime.fromtimestamp(r.start, UTC),
-                                    "end": None if r.end is None else datetime.fromtimestamp(r.end, UTC),
-                                    "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()]})
+        run_store.create_run(
+            conn,
+            {
+                "run_id": r.run_id,
+                "start": datetime.fromtimestamp(r.start, UTC),
+                "end": None if r.end is None else datetime.fromtimestamp(r.end, UTC),
+                "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()],
+            },
+        )
 
 
 def test_live_sweep_opens_incidents_in_the_database(conn: psycopg.Connection, settings: Settings) -> None:
@@ -49,31 +55,50 @@ def test_live_sweep_opens_incidents_in_the_database(conn: psycopg.Connection, se
         t += settings.detect.sweep_interval_s
     feed.close()
     assert sweeper.last["fetched_rows"] < 40 * 10 * 2  # incremental: only the last few seconds were read
-    rows = conn.execute("SELECT kind, node, gpu, cause, state, evidence FROM incidents ORDER BY kind").fetchall()
+    rows = conn.execute(
+        "SELECT kind, node, gpu, cause, state, evidence FROM incidents ORDER BY kind"
+    ).fetchall()
     expected = {(i.kind, i.node, i.gpu, i.cause) for i in labels}
     # a run's throttled GPUs are one incident listing them (evidence.gpus)
-    per_gpu = {(k, g["node"], g["gpu"], c) if gpu is None and "gpus" in ev else (k, n, gpu, c)
-               for k, n, gpu, c, s, ev in rows if s == "open" for g in (ev.get("gpus") or [None])}
+    per_gpu = {
+        (k, g["node"], g["gpu"], c) if gpu is None and "gpus" in ev else (k, n, gpu, c)
+        for k, n, gpu, c, s, ev in rows
+        if s == "open"
+        for g in (ev.get("gpus") or [None])
+    }
     assert per_gpu == expected
     # once per scope: re-sweeping the same state neither duplicates nor resolves
     sweeper(conn, fleet.t)
     assert conn.execute("SELECT count(*) FROM incidents").fetchone()[0] == len(rows)  # type: ignore[index]
-    metrics = {tuple(s.labels[k] for k in ("kind", "node", "gpu", "cause")): s.value
-               for fam in IncidentMetrics(conn.info.dsn, cache_s=0).collect() for s in fam.samples
-               if s.name == "gpufleet_incident_open"}
+    metrics = {
+        tuple(s.labels[k] for k in ("kind", "node", "gpu", "cause")): s.value
+        for fam in IncidentMetrics(conn.info.dsn, cache_s=0).collect()
+        for s in fam.samples
+        if s.name == "gpufleet_incident_open"
+    }
     assert set(metrics) == {(k, n, str(g), c) for k, n, g, c in expected}
 
 
 def test_incident_store_resolves_after_hold_off(conn: psycopg.Connection) -> None:
     from gpufleet.collector.detectors.window import Finding
 
-    f = Finding(kind="throttling", cause="thermal", severity="warning", start=1000.0, evidence={"x": 1.5},
-                run_id="r1", node="n1", gpu=2)
+    f = Finding(
+        kind="throttling",
+        cause="thermal",
+        severity="warning",
+        start=1000.0,
+        evidence={"x": 1.5},
+        run_id="r1",
+        node="n1",
+        gpu=2,
+    )
     incident_store.sweep(conn, [f], 1010.0, resolve_after_s=60)
     incident_store.sweep(conn, [], 1030.0, resolve_after_s=60)  # blink: still open
     assert conn.execute("SELECT state FROM incidents").fetchall() == [("open",)]
     incident_store.sweep(conn, [], 1080.0, resolve_after_s=60)
-    assert conn.execute("SELECT state, extract(epoch FROM \"end\") FROM incidents").fetchall() == [("resolved", 1010.0)]
+    assert conn.execute('SELECT state, extract(epoch FROM "end") FROM incidents').fetchall() == [
+        ("resolved", 1010.0)
+    ]
     incident_store.sweep(conn, [f], 1200.0, resolve_after_s=60)  # a real recurrence opens a new incident
     assert conn.execute("SELECT count(*) FROM incidents WHERE state = 'open'").fetchone() == (1,)
 
@@ -82,9 +107,16 @@ def test_stored_group_follows_its_gpus_node(conn: psycopg.Connection) -> None:
     from gpufleet.collector.detectors.window import Finding
 
     def group(node: str | None, gpus: list[tuple[str, int]]) -> Finding:
-        return Finding(kind="throttling", cause="thermal", severity="warning", start=1000.0,
-                       evidence={"gpus": [{"node": n, "gpu": g} for n, g in gpus]}, run_id="r1", node=node,
-                       qualifier="thermal")
+        return Finding(
+            kind="throttling",
+            cause="thermal",
+            severity="warning",
+            start=1000.0,
+            evidence={"gpus": [{"node": n, "gpu": g} for n, g in gpus]},
+            run_id="r1",
+            node=node,
+            qualifier="thermal",
+        )
 
     incident_store.sweep(conn, [group("n1", [("n1", 0)])], 1010.0, resolve_after_s=60)
     incident_store.sweep(conn, [group(None, [("n1", 0), ("n2", 5)])], 1020.0, resolve_after_s=60)
@@ -92,8 +124,16 @@ def test_stored_group_follows_its_gpus_node(conn: psycopg.Connection) -> None:
     assert len(rows) == 1 and rows[0][:3] == ("throttling|run|r1|thermal", None, None)
     assert [g["node"] for g in rows[0][3]["gpus"]] == ["n1", "n2"]
     # a GPU-scoped incident's node is its own and never changes
-    gpu_scoped = Finding(kind="pcie_degraded", cause=None, severity="warning", start=1000.0, evidence={},
-                         run_id="r1", node="n3", gpu=1)
+    gpu_scoped = Finding(
+        kind="pcie_degraded",
+        cause=None,
+        severity="warning",
+        start=1000.0,
+        evidence={},
+        run_id="r1",
+        node="n3",
+        gpu=1,
+    )
     incident_store.sweep(conn, [gpu_scoped], 1030.0, resolve_after_s=60)
     incident_store.sweep(conn, [gpu_scoped], 1040.0, resolve_after_s=60)
     assert conn.execute("SELECT node FROM incidents WHERE kind = 'pcie_degraded'").fetchone() == ("n3",)
@@ -120,6 +160,7 @@ def test_one_leader_and_fast_takeover(db: str, settings: Settings) -> None:
         def sweep(conn: psycopg.Connection, now: float) -> None:
             with lock:
                 calls[name] += 1
+
         return sweep
 
     a = Leader(db, s, CollectorMetrics(), sweep=sweeper("a"), rollup_interval_s=0.1)
@@ -129,15 +170,25 @@ def test_one_leader_and_fast_takeover(db: str, settings: Settings) -> None:
         wait_until(lambda: a.is_leader and calls["a"] > 0, 60, "the first replica leads and sweeps")
         b.start()
         with psycopg.connect(db, autocommit=True) as conn:
-            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                                            "'gpufleet-leader' AND datname = current_database()").fetchone()
-                       == (2,), 60, "the second replica contends")
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                        "'gpufleet-leader' AND datname = current_database()"
+                    ).fetchone()
+                    == (2,)
+                ),
+                60,
+                "the second replica contends",
+            )
         seen = calls["a"]
         # two more sweeps of the leader while the other replica keeps trying
         wait_until(lambda: calls["a"] >= seen + 2, 60, "the leader keeps sweeping")
         assert a.is_leader and not b.is_leader and calls["b"] == 0
         a.stop()  # the leader goes away: its session and advisory lock with it
-        took = wait_until(lambda: b.is_leader and calls["b"] > 0, 60, "the other replica takes over and sweeps")
+        took = wait_until(
+            lambda: b.is_leader and calls["b"] > 0, 60, "the other replica takes over and sweeps"
+        )
         # it retries every sweep interval; room for a slow first rollup pass on a loaded machine
         assert took <= 2 * s.detect.sweep_interval_s + 3.0, took
     finally:
@@ -160,9 +211,13 @@ def test_the_leader_exports_each_sweep_stage(db: str, settings: Settings) -> Non
         leader.stop()
 
     def counts() -> dict[str, float]:
-        return {smp.labels["stage"]: smp.value for fam in metrics.registry.collect()
-                if fam.name == "gpufleet_sweep_stage_seconds" for smp in fam.samples
-                if smp.name.endswith("_count")}
+        return {
+            smp.labels["stage"]: smp.value
+            for fam in metrics.registry.collect()
+            if fam.name == "gpufleet_sweep_stage_seconds"
+            for smp in fam.samples
+            if smp.name.endswith("_count")
+        }
 
     got = counts()
     assert set(got) == {"refresh", "window", "frame", *DETECTORS, "store", "snapshot"}
@@ -181,7 +236,8 @@ def test_the_leader_exports_each_sweep_stage(db: str, settings: Settings) -> Non
 
 
 def test_freed_memory_goes_back_after_a_load_not_after_a_steady_sweep(
-        conn: psycopg.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn: psycopg.Connection, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A steady sweep's scratch is reused by the next one: handing its pages back would only
     have them faulted in again.  A load (the first sweep, a catch-up) leaves temporaries the
     steady sweeps never reuse: those go back."""
@@ -212,8 +268,9 @@ def test_freed_memory_goes_back_after_a_load_not_after_a_steady_sweep(
     assert len(released) == 1
 
 
-def test_late_data_dates_a_new_incident_from_its_onset_not_the_window(conn: psycopg.Connection,
-                                                                        settings: Settings) -> None:
+def test_late_data_dates_a_new_incident_from_its_onset_not_the_window(
+    conn: psycopg.Connection, settings: Settings
+) -> None:
     """Half an hour of samples arrives at once (agents back-filling their spool): the first sweep
     sees only the last window, yet dates the starvation from where the data shows it began."""
     fleet = Fleet.from_scenario("starvation_cpu", seed=5)
@@ -224,7 +281,9 @@ def test_late_data_dates_a_new_incident_from_its_onset_not_the_window(conn: psyc
     feed.run_until(end)
     feed.close()
     Sweeper(settings)(conn, fleet.t)
-    (start,) = conn.execute("SELECT extract(epoch FROM start)::float8 FROM incidents WHERE kind = 'starvation'").fetchone()
+    (start,) = conn.execute(
+        "SELECT extract(epoch FROM start)::float8 FROM incidents WHERE kind = 'starvation'"
+    ).fetchone()
     window = settings.detect.window_s
     assert fleet.t - start > 2 * window  # the window alone would have dated it from its own start
     assert abs(start - label.start) <= window

@@ -63,8 +63,9 @@ def test_only_columns_with_values_are_stored() -> None:
     assert np.isnan(s.get("dram_active")).all() and s.get("tensor_active")[-1] == 50
 
 
-def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float | None]]],
-          cols: str = "abc") -> list[tuple[object, ...]]:
+def _rows(
+    conn: psycopg.Connection, samples: list[tuple[str, float, list[float | None]]], cols: str = "abc"
+) -> list[tuple[object, ...]]:
     """(key, times, values) as _select's query sends them for ``samples`` (key, epoch time, 3 values),
     of the columns ``cols`` of the three."""
     from gpufleet.collector.window_cache import raw_cursor
@@ -72,13 +73,16 @@ def _rows(conn: psycopg.Connection, samples: list[tuple[str, float, list[float |
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS s (k text, time timestamptz, a real, b real, c real)")
     conn.execute("TRUNCATE s")
     with conn.cursor() as cur:
-        cur.executemany("INSERT INTO s VALUES (%s, to_timestamp(%s), %s, %s, %s)",
-                        [(k, t, *v) for k, t, v in samples])
+        cur.executemany(
+            "INSERT INTO s VALUES (%s, to_timestamp(%s), %s, %s, %s)", [(k, t, *v) for k, t, v in samples]
+        )
     with raw_cursor(conn) as cur:
         vals = ", ".join(f"COALESCE({c}::float4, 'NaN'::float4)" for c in cols)
         # Each key's rows in insertion order (array_agg follows the scan), as the sample tables send them.
-        return cur.execute(f"SELECT k, array_agg(time ORDER BY ctid), array_agg(ARRAY[{vals}] ORDER BY ctid) "
-                           "FROM s GROUP BY k ORDER BY k").fetchall()
+        return cur.execute(
+            f"SELECT k, array_agg(time ORDER BY ctid), array_agg(ARRAY[{vals}] ORDER BY ctid) "
+            "FROM s GROUP BY k ORDER BY k"
+        ).fetchall()
 
 
 def test_merge_rows_reads_postgres_arrays(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,15 +94,19 @@ def test_merge_rows_reads_postgres_arrays(conn: psycopg.Connection, monkeypatch:
     nan = np.nan
     t0 = 1_700_000_000.0
     samples: list[tuple[str, float, list[float | None]]] = [
-        ("a", t0 + 0.25, [1.0, None, 3.0]), ("a", t0 + 1.5, [2.0, None, None]),
-        ("b", t0 + 3.0, [5.0, None, None]), ("b", t0 + 1.0, [4.0, None, None]),  # out of order
+        ("a", t0 + 0.25, [1.0, None, 3.0]),
+        ("a", t0 + 1.5, [2.0, None, None]),
+        ("b", t0 + 3.0, [5.0, None, None]),
+        ("b", t0 + 1.0, [4.0, None, None]),  # out of order
         ("c", t0 + 2.0, [None, None, None]),
         *[("d", t0 + i, [float(i), float(-i), None]) for i in range(40)],
     ]
     rows = _rows(conn, samples)
     for chunk in (262_144, 5, 1):
         monkeypatch.setattr(window_cache, "MERGE_CHUNK_SAMPLES", chunk)
-        bufs: dict[object, _Buf] = {"b": _Buf(np.array([t0 - 5.0]), np.array([[9], [nan], [nan]], dtype=np.float32))}
+        bufs: dict[object, _Buf] = {
+            "b": _Buf(np.array([t0 - 5.0]), np.array([[9], [nan], [nan]], dtype=np.float32))
+        }
         n = window_cache.merge_rows(bufs, rows, 3)  # type: ignore[arg-type]
         assert n == len(samples)
         for key in "abcd":
@@ -125,11 +133,13 @@ def test_merge_rows_appends_to_buffers_that_store_fewer_columns(conn: psycopg.Co
     nan = np.nan
     t0 = 1_700_000_000.0
     samples: list[tuple[str, float, list[float | None]]] = [
-        ("x", t0 + 2.0, [2.0, None, 20.0]), ("x", t0 + 1.0, [1.0, None, 10.0]),  # out of order
+        ("x", t0 + 2.0, [2.0, None, 20.0]),
+        ("x", t0 + 1.0, [1.0, None, 10.0]),  # out of order
         ("y", t0 + 1.0, [3.0, None, None]),
         ("z", t0 + 1.0, [4.0, 7.0, None]),  # starts reporting column 1
         ("w", t0 + 1.0, [5.0, None, None]),
     ]
+
     def held(*cols: int) -> _Buf:
         full = np.full((4, 1), nan, dtype=np.float32)
         for c in cols:
@@ -151,9 +161,11 @@ def test_merge_rows_appends_to_buffers_that_store_fewer_columns(conn: psycopg.Co
 
 def test_refresh_forgets_batch_ids_it_cannot_read_again(conn: psycopg.Connection) -> None:
     """Only ids received within the re-read slack are kept: the set does not grow with uptime."""
-    conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max, received_at) "
-                 "SELECT id, 'n', 0, 1, now() - age, now() - age, now() - age FROM (VALUES "
-                 "('a:1', interval '10 min'), ('a:2', interval '30 s')) AS v(id, age)")
+    conn.execute(
+        "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max, received_at) "
+        "SELECT id, 'n', 0, 1, now() - age, now() - age, now() - age FROM (VALUES "
+        "('a:1', interval '10 min'), ('a:2', interval '30 s')) AS v(id, age)"
+    )
     cache = WindowCache(3600.0, loaded=True)
     cache.watermark = conn.execute("SELECT now() - interval '20 min'").fetchone()[0]  # type: ignore[index]
     cache.refresh(conn, time.time())
@@ -169,27 +181,38 @@ def test_refresh_reads_the_held_columns_and_a_new_one_where_it_starts(conn: psyc
 
     def write(t0: int, t1: int, gpu_extra: dict[tuple[str, int], str], host_extra: dict[str, str]) -> None:
         for node in ("n1", "n2"):
-            conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
-                         "VALUES (%s, %s, 2, 1, to_timestamp(%s), to_timestamp(%s))",
-                         (f"{node}:{t0}", node, t0, t1 - 1))
+            conn.execute(
+                "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+                "VALUES (%s, %s, 2, 1, to_timestamp(%s), to_timestamp(%s))",
+                (f"{node}:{t0}", node, t0, t1 - 1),
+            )
             for gpu in (0, 1):
                 extra = gpu_extra.get((node, gpu))
                 conn.execute(
                     "INSERT INTO gpu_samples (time, node, gpu, util_pct, power_w"
-                    + (f", {extra}" if extra else "") + ") SELECT to_timestamp(t), %s, %s, 90, 500"
-                    + (", 0.5" if extra else "") + " FROM generate_series(%s::bigint, %s::bigint - 1) t",
-                    (node, gpu, t0, t1))
+                    + (f", {extra}" if extra else "")
+                    + ") SELECT to_timestamp(t), %s, %s, 90, 500"
+                    + (", 0.5" if extra else "")
+                    + " FROM generate_series(%s::bigint, %s::bigint - 1) t",
+                    (node, gpu, t0, t1),
+                )
             hx = host_extra.get(node)
-            conn.execute("INSERT INTO host_samples (time, node, cpu_user_pct" + (f", {hx}" if hx else "")
-                         + ") SELECT to_timestamp(t), %s, 20" + (", 3" if hx else "")
-                         + " FROM generate_series(%s::bigint, %s::bigint - 1) t", (node, t0, t1))
+            conn.execute(
+                "INSERT INTO host_samples (time, node, cpu_user_pct"
+                + (f", {hx}" if hx else "")
+                + ") SELECT to_timestamp(t), %s, 20"
+                + (", 3" if hx else "")
+                + " FROM generate_series(%s::bigint, %s::bigint - 1) t",
+                (node, t0, t1),
+            )
 
     write(now - 60, now - 10, {}, {})
     cache = WindowCache(600.0)
     cache.refresh(conn, now - 10)  # the load
     cache.refresh(conn, now - 10)  # reads again what was committed just before it (the slack)
-    assert {k: b.rows.tolist() for k, b in cache.gpus.items()} == {(n, g): [0, 4] for n in ("n1", "n2")
-                                                                    for g in (0, 1)}
+    assert {k: b.rows.tolist() for k, b in cache.gpus.items()} == {
+        (n, g): [0, 4] for n in ("n1", "n2") for g in (0, 1)
+    }
     # n1's GPU 1 starts to report SM activity, n2's host iowait.
     write(now - 10, now, {("n1", 1): "sm_active"}, {"n2": "cpu_iowait_pct"})
     assert cache.refresh(conn, now) == 4 * 10 + 2 * 10
@@ -199,7 +222,9 @@ def test_refresh_reads_the_held_columns_and_a_new_one_where_it_starts(conn: psyc
     for key in (("n1", 0), ("n2", 0), ("n2", 1)):
         assert "sm_active" not in w.gpus[key].cols and len(w.gpus[key]) == 60
         assert (w.gpus[key].get("util_pct") == 90).all()
-    assert (w.hosts["n2"].get("cpu_iowait_pct")[-10:] == 3).all() and "cpu_iowait_pct" not in w.hosts["n1"].cols
+    assert (w.hosts["n2"].get("cpu_iowait_pct")[-10:] == 3).all() and "cpu_iowait_pct" not in w.hosts[
+        "n1"
+    ].cols
     # From now on the new columns are among those read for every GPU and host.
     write(now, now + 5, {("n1", 1): "sm_active", ("n2", 0): "sm_active"}, {})
     cache.refresh(conn, now + 5)
@@ -212,13 +237,18 @@ def test_a_window_whose_hosts_report_no_detector_column_refreshes(conn: psycopg.
     now = int(time.time())
     cache = WindowCache(600.0)
     for t0 in (now - 30, now - 20, now - 10):
-        conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
-                     "VALUES (%s, 'n', 0, 10, to_timestamp(%s), to_timestamp(%s))", (f"n:{t0}", t0, t0 + 9))
-        conn.execute("INSERT INTO host_samples (time, node) SELECT to_timestamp(t), 'n' "
-                     "FROM generate_series(%s::bigint, %s::bigint) t", (t0, t0 + 9))
+        conn.execute(
+            "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+            "VALUES (%s, 'n', 0, 10, to_timestamp(%s), to_timestamp(%s))",
+            (f"n:{t0}", t0, t0 + 9),
+        )
+        conn.execute(
+            "INSERT INTO host_samples (time, node) SELECT to_timestamp(t), 'n' "
+            "FROM generate_series(%s::bigint, %s::bigint) t",
+            (t0, t0 + 9),
+        )
         cache.refresh(conn, t0 + 10)
     assert len(cache.hosts["n"]) == 30 and cache.hosts["n"].rows.tolist() == []
-
 
 
 def test_window_reads_are_never_prepared(conn: psycopg.Connection) -> None:
@@ -228,12 +258,21 @@ def test_window_reads_are_never_prepared(conn: psycopg.Connection) -> None:
     cache = WindowCache(600.0)
     for k in range(8):
         t0 = now - 80 + 5 * k
-        conn.execute("INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
-                     "VALUES (%s, 'n1', 5, 5, to_timestamp(%s), to_timestamp(%s))", (f"n1:{t0}", t0, t0 + 4))
-        conn.execute("INSERT INTO gpu_samples (time, node, gpu, util_pct) SELECT to_timestamp(t), 'n1', 0, 90 "
-                     "FROM generate_series(%s::bigint, %s::bigint) t", (t0, t0 + 4))
-        conn.execute("INSERT INTO host_samples (time, node, cpu_user_pct) SELECT to_timestamp(t), 'n1', 20 "
-                     "FROM generate_series(%s::bigint, %s::bigint) t", (t0, t0 + 4))
+        conn.execute(
+            "INSERT INTO ingest_batches (batch_id, node, gpu_rows, host_rows, t_min, t_max) "
+            "VALUES (%s, 'n1', 5, 5, to_timestamp(%s), to_timestamp(%s))",
+            (f"n1:{t0}", t0, t0 + 4),
+        )
+        conn.execute(
+            "INSERT INTO gpu_samples (time, node, gpu, util_pct) SELECT to_timestamp(t), 'n1', 0, 90 "
+            "FROM generate_series(%s::bigint, %s::bigint) t",
+            (t0, t0 + 4),
+        )
+        conn.execute(
+            "INSERT INTO host_samples (time, node, cpu_user_pct) SELECT to_timestamp(t), 'n1', 20 "
+            "FROM generate_series(%s::bigint, %s::bigint) t",
+            (t0, t0 + 4),
+        )
         cache.refresh(conn, t0 + 5)
     assert len(cache.window(now - 35, [], {}).gpus[("n1", 0)]) == 40
     prepared = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()]

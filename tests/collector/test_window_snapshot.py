@@ -53,8 +53,10 @@ def same_window(a: Window, b: Window) -> None:
 def findings(w: Window, settings: Settings) -> list[tuple[Any, ...]]:
     res = run_detectors(w, settings.detect)
     assert not res.failures
-    return sorted((f.scope_key, f.cause, f.severity, f.start, f.last_active, f.hold_s,
-                   repr(clean_json(f.evidence))) for f in res.findings)
+    return sorted(
+        (f.scope_key, f.cause, f.severity, f.start, f.last_active, f.hold_s, repr(clean_json(f.evidence)))
+        for f in res.findings
+    )
 
 
 def gpu_blocks(cache: WindowCache, lo: int, hi: int) -> list[Any]:
@@ -75,7 +77,9 @@ def test_segment_round_trip() -> None:
     rng = np.random.default_rng(1)
     g0 = rng.random((len(GPU_COLUMNS), len(t)), dtype=np.float32)
     g0[3] = np.nan  # a field nobody reports: neither stored nor in the segment
-    g0[4, 10:] = np.nan  # a field reported before the segment's seconds only: in the cache, not in the segment
+    g0[4, 10:] = (
+        np.nan
+    )  # a field reported before the segment's seconds only: in the cache, not in the segment
     cache.gpus[("n1", 0)] = _Buf(t, g0)
     cache.gpus[("n1", 1)] = _Buf(t[5:], np.full((len(GPU_COLUMNS), len(t) - 5), np.nan, dtype=np.float32))
     cache.hosts["n1"] = _Buf(t, rng.random((len(HOST_COLUMNS), len(t)), dtype=np.float32))
@@ -85,7 +89,9 @@ def test_segment_round_trip() -> None:
     assert d is not None and 3 not in d.gpus.present and 4 not in d.gpus.present
     d = decode_segment(encode_segment(cache, 100.0, 110.0))
     assert d is not None
-    assert d.gpus.keys == [("n1", 0), ("n1", 1)] and d.gpus.counts.tolist() == [10, 5] and d.hosts.keys == ["n1"]
+    assert (
+        d.gpus.keys == [("n1", 0), ("n1", 1)] and d.gpus.counts.tolist() == [10, 5] and d.hosts.keys == ["n1"]
+    )
     assert 3 not in d.gpus.present and len(d.gpus.present) == len(GPU_COLUMNS) - 1 and 4 in d.gpus.present
     g = d.gpus.full(len(GPU_COLUMNS))
     assert np.array_equal(d.gpus.t[:10], t[:10])
@@ -142,12 +148,13 @@ def test_cold_takeover_finds_what_the_warm_leader_finds(conn: psycopg.Connection
     assert fa == findings(wb, settings) == findings(wc, settings)
 
     # A damaged segment does not stop detection: the next owner reads the window's raw samples.
-    conn.execute("UPDATE sweep_snapshots SET blob = substring(blob FROM 1 FOR 40) WHERE seg = %s", (segs[-3],))
+    conn.execute(
+        "UPDATE sweep_snapshots SET blob = substring(blob FROM 1 FOR 40) WHERE seg = %s", (segs[-3],)
+    )
     damaged = Sweeper(settings)
     damaged(conn, now)
     assert not damaged.last["restored"] and damaged.last["fetched_rows"] >= restored
     same_window(wa, window_of(conn, damaged.cache, now))
-
 
 
 def test_segments_reassemble_into_the_cache() -> None:
@@ -288,8 +295,10 @@ def test_a_streamed_restore_assembles_what_decoded_segments_do() -> None:
         decoded = [decode_segment(b) for b in blobs]
         gpus = _assemble(stream.gpus, len(GPU_COLUMNS), stream.gpu_data)
         hosts = _assemble(stream.hosts, len(HOST_COLUMNS))
-        for got, want in ((gpus, _assemble([d.gpus for d in decoded], len(GPU_COLUMNS))),  # type: ignore[union-attr]
-                          (hosts, _assemble([d.hosts for d in decoded], len(HOST_COLUMNS)))):  # type: ignore[union-attr]
+        for got, want in (
+            (gpus, _assemble([d.gpus for d in decoded], len(GPU_COLUMNS))),  # type: ignore[union-attr]
+            (hosts, _assemble([d.hosts for d in decoded], len(HOST_COLUMNS))),
+        ):  # type: ignore[union-attr]
             assert list(got) == list(want)
             for k, b in want.items():
                 assert np.array_equal(got[k].t, b.t) and np.array_equal(got[k].cols, b.cols, equal_nan=True)

@@ -42,8 +42,10 @@ def _outcome(doc: dict[str, Any]) -> Any:
     out: dict[str, Any] = {"n": (b.n_gpu, b.n_host)}
     for section in ("gpu", "host"):
         cols = getattr(b, section)
-        out[section] = {k: (c.tolist(), None if isinstance(c.values, list) else c.values.dtype.str)
-                        for k, c in sorted(cols.items())}
+        out[section] = {
+            k: (c.tolist(), None if isinstance(c.values, list) else c.values.dtype.str)
+            for k, c in sorted(cols.items())
+        }
     return out
 
 
@@ -83,8 +85,14 @@ def _mutations(doc: dict[str, Any], rng: random.Random) -> dict[str, Any]:
         dt = {"gpu": "i2", "power_w": "f4", "temp_c": "i4"}[col]
         g[col] = _typed([1] * n, dt, [i == 1 for i in range(n)])
     elif kind == 5:  # an unknown dtype, or data that is not bytes
-        g[name] = rng.choice([{"dtype": "f16", "data": b"\0" * 16 * n}, {"dtype": "f4", "data": "text"},
-                              {"dtype": ["f4"], "data": b"\0" * 4 * n}, {"dtype": 4, "data": b"\0" * 4 * n}])
+        g[name] = rng.choice(
+            [
+                {"dtype": "f16", "data": b"\0" * 16 * n},
+                {"dtype": "f4", "data": "text"},
+                {"dtype": ["f4"], "data": b"\0" * 4 * n},
+                {"dtype": 4, "data": b"\0" * 4 * n},
+            ]
+        )
     elif kind == 6:  # an unknown key in the typed map
         g[name] = dict(g[name], extra=1) if isinstance(g[name], dict) else g[name]
     elif kind == 7:  # an old name beside its new one, or alone
@@ -103,9 +111,16 @@ def _mutations(doc: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     elif kind == 11:  # a negative GPU index, a smallint overflow
         g["gpu"] = _typed([0] * (n - 1) + [rng.choice([-1, 40000])], "i4")
     else:  # values at and past the edges of a column's type, sent in a wider dtype than usual
-        col, dt, last = rng.choice([("energy_mj", "i8", 2**63 - 1), ("power_w", "f8", 3.4028234663852886e38),
-                                    ("power_w", "f8", 1e300), ("power_w", "f8", float("-inf")),
-                                    ("temp_c", "u4", 2**32 - 1), ("temp_c", "i8", -(2**63))])
+        col, dt, last = rng.choice(
+            [
+                ("energy_mj", "i8", 2**63 - 1),
+                ("power_w", "f8", 3.4028234663852886e38),
+                ("power_w", "f8", 1e300),
+                ("power_w", "f8", float("-inf")),
+                ("temp_c", "u4", 2**32 - 1),
+                ("temp_c", "i8", -(2**63)),
+            ]
+        )
         g[col] = _typed([1] * (n - 1) + [last], dt)
     return d
 

@@ -69,8 +69,12 @@ def test_deep_facts_batch_is_refused_and_ingest_goes_on(collector: Collector) ->
     # thread (RecursionError in Jsonb), after which every request hung.
     body = b'{"batch_id":"deep:1","node":"node-a","facts":{"x":' + b"[" * 1000 + b"1" + b"]" * 1000 + b"}}"
     assert orjson.loads(body)  # the parser itself takes it
-    r = httpx.post(collector.url + "/v1/ingest", content=body,
-                   headers={"Content-Type": "application/json", **collector.headers()}, timeout=10)
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=body,
+        headers={"Content-Type": "application/json", **collector.headers()},
+        timeout=10,
+    )
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"][:2] == ["facts", "x"]
     r = post(collector, {"batch_id": "bin:1", "node": "node-a", "facts": {"x": b"\x00"}})
@@ -238,7 +242,9 @@ def test_write_batches_stores_each_node_and_batch_id_once(db: str) -> None:
             assert write_batches(conn, [a1_again]).new == set()
     assert count(db) == 16
     with psycopg.connect(db) as conn:
-        assert conn.execute("SELECT count(*) FROM nodes WHERE node IN ('node-a', 'node-b')").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM nodes WHERE node IN ('node-a', 'node-b')").fetchone() == (
+            2,
+        )
 
 
 def test_a_lingering_writer_stops_waiting_at_linger_batches(db: str) -> None:

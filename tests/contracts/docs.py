@@ -27,7 +27,7 @@ def section(heading: str) -> str:
         if m and m.group(2).startswith(heading):
             level = len(m.group(1))
             out = []
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + 1 :]:
                 n = re.match(r"(#{2,4}) ", nxt)
                 if n and len(n.group(1)) <= level:
                     break
@@ -43,7 +43,7 @@ def table(body: str, after: str) -> list[list[str]]:
     start = next(i for i, ln in enumerate(lines) if after in ln)
     rows: list[list[str]] = []
     started = False
-    for ln in lines[start + 1:]:
+    for ln in lines[start + 1 :]:
         if ln.startswith("|"):
             started = True
             cells = [c.strip() for c in ln.strip().strip("|").split("|")]

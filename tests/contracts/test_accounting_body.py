@@ -20,12 +20,21 @@ PUE, PRICE, GPU_HOUR, CARBON = 1.25, 0.2741, 2.07, 350.0
 
 #: (field, JSON type, unit or rule) of the contract's fields, in its order.
 FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
-    ("run_id", (str,), "id"), ("start", (str,), "RFC 3339 UTC"), ("end", (str, type(None)), "RFC 3339 UTC"),
-    ("gpu_count", (int,), "GPUs"), ("gpu_hours", (float, int), "h"), ("gpu_kwh", (float, int), "kWh"),
-    ("host_kwh", (float, int), "kWh"), ("it_kwh", (float, int), "kWh"), ("pue", (float, int), "ratio"),
-    ("facility_kwh", (float, int), "kWh"), ("co2e_kg", (float, int, type(None)), "kg"),
-    ("energy_cost", (float, int, type(None)), "currency"), ("compute_cost", (float, int, type(None)), "currency"),
-    ("total_cost", (float, int, type(None)), "currency"), ("currency", (str, type(None)), "ISO 4217"),
+    ("run_id", (str,), "id"),
+    ("start", (str,), "RFC 3339 UTC"),
+    ("end", (str, type(None)), "RFC 3339 UTC"),
+    ("gpu_count", (int,), "GPUs"),
+    ("gpu_hours", (float, int), "h"),
+    ("gpu_kwh", (float, int), "kWh"),
+    ("host_kwh", (float, int), "kWh"),
+    ("it_kwh", (float, int), "kWh"),
+    ("pue", (float, int), "ratio"),
+    ("facility_kwh", (float, int), "kWh"),
+    ("co2e_kg", (float, int, type(None)), "kg"),
+    ("energy_cost", (float, int, type(None)), "currency"),
+    ("compute_cost", (float, int, type(None)), "currency"),
+    ("total_cost", (float, int, type(None)), "currency"),
+    ("currency", (str, type(None)), "ISO 4217"),
     ("coverage", (float, int), "0-1"),
 )
 
@@ -36,8 +45,11 @@ def fill(db: str) -> None:
         node(conn, "n1", 8, "eu")
         run(conn, "big", 0, 3600, {"n1": [0, 1]}, site_name="eu", team="lm")
         run(conn, "small", 0, 300, {"n1": [2]}, site_name="eu", team="cv")
-        gpu_samples(conn, constant_power("n1", [0, 1], 400.0, 0, 3600, counter=True)
-                    + constant_power("n1", [2], 329.0, 0, 300))
+        gpu_samples(
+            conn,
+            constant_power("n1", [0, 1], 400.0, 0, 3600, counter=True)
+            + constant_power("n1", [2], 329.0, 0, 300),
+        )
         host_samples(conn, [(float(t), "n1", 800.0) for t in range(0, 3601, 10)])
         drain(conn)
 
@@ -49,12 +61,16 @@ def bodies(api: Api) -> dict[str, dict[str, Any]]:
         return {r: c.get(f"/v1/runs/{r}/accounting").json() for r in ("big", "small")}
 
 
-def test_the_documented_fields_are_the_codes_and_come_first_in_order(bodies: dict[str, dict[str, Any]]) -> None:
-    published = [n.strip('"') for n in re.findall(r'"(\w+)"', docs.section("3. Per-run accounting").split(
-        "Definitions")[0])]
+def test_the_documented_fields_are_the_codes_and_come_first_in_order(
+    bodies: dict[str, dict[str, Any]],
+) -> None:
+    published = [
+        n.strip('"')
+        for n in re.findall(r'"(\w+)"', docs.section("3. Per-run accounting").split("Definitions")[0])
+    ]
     assert published == list(CONTRACT_FIELDS) == [f for f, _, _ in FIELDS]
     for body in bodies.values():
-        assert list(body)[:len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS)
+        assert list(body)[: len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS)
         for field, types, _ in FIELDS:
             assert isinstance(body[field], types) and not isinstance(body[field], bool), (field, body[field])
 
@@ -89,8 +105,13 @@ def test_the_extensions_of_section_3_1(bodies: dict[str, dict[str, Any]]) -> Non
     assert b["state"] in ("pending", "running", "ended") and b["planned_end"] is None
     assert RFC3339_UTC.fullmatch(b["window_start"]) and RFC3339_UTC.fullmatch(b["window_end"])
     assert b["duration_s"] == 3600.0 and b["gpu_equivalents"] == 2.0
-    assert b["costs_by_currency"] == {"EUR": {"energy_cost": b["energy_cost"], "compute_cost": b["compute_cost"],
-                                              "total_cost": b["total_cost"]}}
+    assert b["costs_by_currency"] == {
+        "EUR": {
+            "energy_cost": b["energy_cost"],
+            "compute_cost": b["compute_cost"],
+            "total_cost": b["total_cost"],
+        }
+    }
     assert b["errors"] == [] and isinstance(b["errors"], list)
     assert b["gpu_power_w"] == pytest.approx(800.0) and b["it_power_w"] == pytest.approx(1000.0)
     assert b["emissions_rate_kg_s"] == pytest.approx(b["co2e_kg"] / 3600, abs=1e-9)
@@ -98,25 +119,67 @@ def test_the_extensions_of_section_3_1(bodies: dict[str, dict[str, Any]]) -> Non
     assert b["g_co2e_per_kwh"] == CARBON and b["co2e_unknown_kwh"] == 0.0
     assert b["price_source"] == "flat" and b["gpu_hour_price"] == GPU_HOUR
     for p in b["rates"]:
-        assert {"from", "to", "pue", "price_per_kwh", "gpu_hour_price", "carbon_region", "carbon_g_per_kwh",
-                "currency"} <= set(p)
+        assert {
+            "from",
+            "to",
+            "pue",
+            "price_per_kwh",
+            "gpu_hour_price",
+            "carbon_region",
+            "carbon_g_per_kwh",
+            "currency",
+        } <= set(p)
     eff = b["efficiency"]
-    for k in ("tokens", "samples", "tokens_per_s", "tokens_per_joule", "tokens_per_kwh", "params", "gpu_model",
-              "peak_flops", "peak_dtype", "peak_sources", "mfu", "mfu_unchecked", "mfu_problem", "lost_gpu_hours",
-              "goodput"):
+    for k in (
+        "tokens",
+        "samples",
+        "tokens_per_s",
+        "tokens_per_joule",
+        "tokens_per_kwh",
+        "params",
+        "gpu_model",
+        "peak_flops",
+        "peak_dtype",
+        "peak_sources",
+        "mfu",
+        "mfu_unchecked",
+        "mfu_problem",
+        "lost_gpu_hours",
+        "goodput",
+    ):
         assert k in eff, k
 
 
 def test_incident_cost_and_ledger_extensions(bodies: dict[str, dict[str, Any]]) -> None:
     b = bodies["big"]
     lost = b["lost_to_incidents"]
-    for k in ("gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "energy_cost", "compute_cost",
-              "total_cost", "currency", "minor_units", "incidents"):
+    for k in (
+        "gpu_hours",
+        "gpu_kwh",
+        "host_kwh",
+        "it_kwh",
+        "facility_kwh",
+        "co2e_kg",
+        "energy_cost",
+        "compute_cost",
+        "total_cost",
+        "currency",
+        "minor_units",
+        "incidents",
+    ):
         assert k in lost, k
     assert lost["currency"] == "EUR" and lost["gpu_hours"] <= b["gpu_hours"]
     ledger = b["ledger"]
     assert list(ledger) == list(STATES)
-    assert set(STATES) == {"productive", "idle", "hung", "starved", "checkpoint", "straggler_wait", "throttled"}
+    assert set(STATES) == {
+        "productive",
+        "idle",
+        "hung",
+        "starved",
+        "checkpoint",
+        "straggler_wait",
+        "throttled",
+    }
     for key in ("gpu_hours", "gpu_kwh", "facility_kwh", "co2e_kg", "total_cost"):
         assert sum(ledger[s][key] for s in STATES) == pytest.approx(b[key], rel=1e-9, abs=1e-9), key
 
@@ -124,15 +187,32 @@ def test_incident_cost_and_ledger_extensions(bodies: dict[str, dict[str, Any]]) 
 def test_the_fleet_view_adds_up(api: Api) -> None:
     fill(api.db)
     with api.client("finance") as c:
-        f = c.get("/v1/accounting", params={"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T11:00:00Z"}).json()
+        f = c.get(
+            "/v1/accounting", params={"from": "2026-12-01T10:00:00Z", "to": "2026-12-01T11:00:00Z"}
+        ).json()
     for block in ("runs", "unallocated", "no_telemetry", "total"):
-        for k in ("runs", "gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg", "co2e_unknown_kwh",
-                  "energy_cost", "compute_cost", "total_cost", "currency", "costs_by_currency", "coverage"):
+        for k in (
+            "runs",
+            "gpu_hours",
+            "gpu_kwh",
+            "host_kwh",
+            "it_kwh",
+            "facility_kwh",
+            "co2e_kg",
+            "co2e_unknown_kwh",
+            "energy_cost",
+            "compute_cost",
+            "total_cost",
+            "currency",
+            "costs_by_currency",
+            "coverage",
+        ):
             assert k in f[block], (block, k)
     assert f["errors"] == []
     hours = f["runs"]["gpu_hours"] + f["unallocated"]["gpu_hours"] + f["no_telemetry"]["gpu_hours"]
     assert hours == pytest.approx(f["total"]["gpu_hours"], rel=1e-9)
     for k in ("gpu_kwh", "facility_kwh", "co2e_kg"):
         assert f["runs"][k] + f["unallocated"][k] == pytest.approx(f["total"][k], rel=1e-6), k
-    assert f["total"]["total_cost"] == pytest.approx(f["runs"]["total_cost"] + f["unallocated"]["total_cost"],
-                                                     rel=1e-12)
+    assert f["total"]["total_cost"] == pytest.approx(
+        f["runs"]["total_cost"] + f["unallocated"]["total_cost"], rel=1e-12
+    )

@@ -31,8 +31,10 @@ def documented(file: str) -> list[str]:
 def files_and_columns() -> dict[str, list[str]]:
     """The small files' columns as the section lists them (``runs.csv``: ``run_id, name, ...``)."""
     body = docs.section("1. Trace bundle")
-    return {f: docs.backquoted_list(body, f"`{f}`") for f in ("runs.csv", "allocations.csv", "sites.csv",
-                                                                "carbon.csv")}
+    return {
+        f: docs.backquoted_list(body, f"`{f}`")
+        for f in ("runs.csv", "allocations.csv", "sites.csv", "carbon.csv")
+    }
 
 
 def _write(path: Path, header: list[str], rows: list[list[object]]) -> None:
@@ -59,8 +61,15 @@ def test_the_small_files_columns() -> None:
     assert files_and_columns() == {
         "runs.csv": ["run_id", "name", "site", "start", "end"],
         "allocations.csv": ["run_id", "node", "gpu"],
-        "sites.csv": ["site", "pue", "price_per_kwh", "gpu_hour_price", "currency", "carbon_region",
-                      "carbon_g_per_kwh"],
+        "sites.csv": [
+            "site",
+            "pue",
+            "price_per_kwh",
+            "gpu_hour_price",
+            "currency",
+            "carbon_region",
+            "carbon_g_per_kwh",
+        ],
         "carbon.csv": ["region", "time", "g_co2e_per_kwh"],
     }
 
@@ -70,8 +79,12 @@ def bundle(d: Path, *, time_as: str = "rfc3339", extra: bool = False) -> Path:
     d.mkdir()
 
     def t(s: float) -> object:
-        return f"2026-12-01T{10 + int(s) // 3600:02d}:{int(s) % 3600 // 60:02d}:{int(s) % 60:02d}+00:00" \
-            if time_as == "rfc3339" else T0 + s
+        return (
+            f"2026-12-01T{10 + int(s) // 3600:02d}:{int(s) % 3600 // 60:02d}:{int(s) % 60:02d}+00:00"
+            if time_as == "rfc3339"
+            else T0 + s
+        )
+
     gpu_cols = documented("gpu.csv")
     rows = []
     for k in range(361):
@@ -82,21 +95,37 @@ def bundle(d: Path, *, time_as: str = "rfc3339", extra: bool = False) -> Path:
         rows.append([counter.get(c, "") for c in gpu_cols] + (["ignored"] if extra else []))
     _write(d / "gpu.csv", gpu_cols + (["made_up_column"] if extra else []), rows)
     host_cols = documented("host.csv")
-    _write(d / "host.csv", host_cols, [[{"time": t(10.0 * k), "node": "n1", "host_power_w": 400.0}.get(c, "")
-                                        for c in host_cols] for k in range(361)])
+    _write(
+        d / "host.csv",
+        host_cols,
+        [
+            [{"time": t(10.0 * k), "node": "n1", "host_power_w": 400.0}.get(c, "") for c in host_cols]
+            for k in range(361)
+        ],
+    )
     _write(d / "sites.csv", files_and_columns()["sites.csv"], [["s1", 1.5, 0.2, 3.0, "EUR", "", 200.0]])
-    _write(d / "runs.csv", files_and_columns()["runs.csv"],
-           [["power", "", "s1", t(0), t(3600)], ["counter", "", "s1", t(0), t(3600)]])
-    _write(d / "allocations.csv", files_and_columns()["allocations.csv"], [["power", "n1", 0], ["counter", "n1", 1]])
+    _write(
+        d / "runs.csv",
+        files_and_columns()["runs.csv"],
+        [["power", "", "s1", t(0), t(3600)], ["counter", "", "s1", t(0), t(3600)]],
+    )
+    _write(
+        d / "allocations.csv",
+        files_and_columns()["allocations.csv"],
+        [["power", "n1", 0], ["counter", "n1", 1]],
+    )
     return d
 
 
 @pytest.mark.parametrize("time_as", ["rfc3339", "epoch"])
-def test_units_reach_the_accounting_as_documented(tmp_path: Path, conn: psycopg.Connection, time_as: str) -> None:
+def test_units_reach_the_accounting_as_documented(
+    tmp_path: Path, conn: psycopg.Connection, time_as: str
+) -> None:
     b = read_bundle(bundle(tmp_path / "b", time_as=time_as, extra=True))  # an unknown column is ignored
     load(conn, b)
     now = b.t_max + 1
     from datetime import UTC, datetime
+
     power = run_accounting(conn, "power", now=datetime.fromtimestamp(now, UTC), source="raw")
     counter = run_accounting(conn, "counter", now=datetime.fromtimestamp(now, UTC), source="raw")
     assert power["gpu_kwh"] == pytest.approx(1.0, rel=1e-3)  # power_w, W, over an hour
@@ -106,18 +135,23 @@ def test_units_reach_the_accounting_as_documented(tmp_path: Path, conn: psycopg.
     assert power["pue"] == 1.5 and power["currency"] == "EUR"
     assert power["facility_kwh"] == pytest.approx((power["gpu_kwh"] + power["host_kwh"]) * 1.5, rel=1e-9)
     assert counter["compute_cost"] == pytest.approx(3.0) and counter["co2e_kg"] == pytest.approx(
-        counter["facility_kwh"] * 0.2, rel=1e-9)
+        counter["facility_kwh"] * 0.2, rel=1e-9
+    )
     # a missing optional column is NULL, not zero
     assert conn.execute("SELECT count(*) FROM gpu_samples WHERE temp_c IS NOT NULL").fetchone() == (0,)
 
 
-@pytest.mark.parametrize("file,cell,value,message", [
-    ("gpu.csv", "time", "2026-12-01T10:00:00", "gpu.csv: line 2, column 'time'"),  # no offset
-    ("gpu.csv", "util_pct", "250", "gpu.csv: line 2, column 'util_pct'"),
-    ("gpu.csv", "sm_active", "1.5", "gpu.csv: line 2, column 'sm_active'"),
-])
-def test_a_malformed_cell_is_named_by_file_line_and_column(tmp_path: Path, file: str, cell: str, value: str,
-                                                           message: str) -> None:
+@pytest.mark.parametrize(
+    "file,cell,value,message",
+    [
+        ("gpu.csv", "time", "2026-12-01T10:00:00", "gpu.csv: line 2, column 'time'"),  # no offset
+        ("gpu.csv", "util_pct", "250", "gpu.csv: line 2, column 'util_pct'"),
+        ("gpu.csv", "sm_active", "1.5", "gpu.csv: line 2, column 'sm_active'"),
+    ],
+)
+def test_a_malformed_cell_is_named_by_file_line_and_column(
+    tmp_path: Path, file: str, cell: str, value: str, message: str
+) -> None:
     d = bundle(tmp_path / "b")
     lines = (d / file).read_text().splitlines()
     header = lines[0].split(",")

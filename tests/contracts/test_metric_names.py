@@ -59,17 +59,21 @@ def exposition(db: str, settings) -> dict[str, tuple[str, set[str]]]:  # type: i
         site(conn, "eu", price=0.2, gpu_hour=2.0, currency="EUR")
         node(conn, "n1", 2, "eu")
         conn.execute("UPDATE nodes SET first_seen = now() - interval '1 hour', last_seen = now()")
-        conn.execute("INSERT INTO runs (run_id, site, team, start) VALUES ('r1', 'eu', 'lm', now() - interval '20 min')")
+        conn.execute(
+            "INSERT INTO runs (run_id, site, team, start) VALUES ('r1', 'eu', 'lm', now() - interval '20 min')"
+        )
         conn.execute("INSERT INTO run_allocations (run_id, node, gpu) VALUES ('r1', 'n1', 0)")
         conn.execute(
             "INSERT INTO incidents (kind, scope_key, run_id, node, gpu, cause, severity, start, last_seen, evidence, "
             "actions) VALUES ('starvation', 'k1', 'r1', NULL, NULL, 'cpu', 'warning', now(), now(), %s, "
-            "'[{\"action\": \"slurm_drain\", \"result\": \"failed\", \"time\": \"2026-01-01T00:00:00Z\"}]')",
-            (json.dumps({"duty_cycle": 0.4}),))
+            '\'[{"action": "slurm_drain", "result": "failed", "time": "2026-01-01T00:00:00Z"}]\')',
+            (json.dumps({"duty_cycle": 0.4}),),
+        )
         conn.execute(
             "INSERT INTO incidents (kind, scope_key, node, gpu, cause, severity, start, last_seen, evidence, actions) "
             "VALUES ('gpu_health', 'k2', 'n1', 1, 'uncorrectable_ecc', 'critical', now(), now(), '{}', "
-            "'[{\"action\": \"slurm_drain\", \"result\": \"done\", \"time\": \"2026-01-01T00:00:00Z\"}]')")
+            '\'[{"action": "slurm_drain", "result": "done", "time": "2026-01-01T00:00:00Z"}]\')'
+        )
         gpu_samples(conn, constant_power("n1", [0], 300.0, 0, 60), queue=False)
         RunMetricsRefresher(db, RunMetricsSettings(per_gpu=True), lambda: True).refresh(conn)
     cm = CollectorMetrics()
@@ -91,7 +95,8 @@ def exposition(db: str, settings) -> dict[str, tuple[str, set[str]]]:  # type: i
 
 
 def test_every_documented_series_is_exported_with_its_type_and_labels(
-        exposition: dict[str, tuple[str, set[str]]]) -> None:
+    exposition: dict[str, tuple[str, set[str]]],
+) -> None:
     listed = documented()
     assert {"gpufleet_incident", "gpufleet_run_cost", "gpufleet_remote_write_requests"} <= set(listed)
     for name, (kind, labels) in listed.items():
@@ -105,8 +110,12 @@ def test_every_documented_series_is_exported_with_its_type_and_labels(
 def test_the_alert_rules_read_only_documented_series() -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
-    used = {m for g in groups for r in g["rules"] for m in re.findall(r"\bgpufleet_[a-z_]+", r["expr"])} - recorded
+    used = {
+        m for g in groups for r in g["rules"] for m in re.findall(r"\bgpufleet_[a-z_]+", r["expr"])
+    } - recorded
     listed = documented()
     for name in sorted(used):
         base = re.sub(r"_(total|sum|count|bucket)$", "", name)
-        assert base in listed or name in listed, f"{name}: read by the alert rules, not in docs/contracts.md section 4"
+        assert base in listed or name in listed, (
+            f"{name}: read by the alert rules, not in docs/contracts.md section 4"
+        )

@@ -29,13 +29,20 @@ CAUSES = {
 }
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 #: Scenarios (and how long each must run) whose labels hold every documented kind between them.
-SCENARIOS = {"straggler_power_cap": 900, "thermal_throttling": 900, "starvation_io": 900, "checkpoint_stalls": 900,
-             "straggler_pcie": 900, "idle_and_hung": 1800}
+SCENARIOS = {
+    "straggler_power_cap": 900,
+    "thermal_throttling": 900,
+    "starvation_io": 900,
+    "checkpoint_stalls": 900,
+    "straggler_pcie": 900,
+    "idle_and_hung": 1800,
+}
 
 
 @pytest.fixture(scope="module")
-def replays(tmp_path_factory: pytest.TempPathFactory, db_url: str, settings: Settings
-            ) -> Iterator[dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]]:
+def replays(
+    tmp_path_factory: pytest.TempPathFactory, db_url: str, settings: Settings
+) -> Iterator[dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]]:
     out = {}
     for name, duration_s in SCENARIOS.items():
         truncate_all(db_url)
@@ -52,8 +59,9 @@ def replays(tmp_path_factory: pytest.TempPathFactory, db_url: str, settings: Set
 
 def test_the_published_keys_and_kinds_are_the_tests() -> None:
     text = docs.section("2. Replay command")
-    assert re.findall(r'"(\w+)"', text.split("FINDINGS.jsonl: one JSON object per incident:")[1].split("\n- ")[0]
-                      )[:len(KEYS)] == list(KEYS)
+    assert re.findall(
+        r'"(\w+)"', text.split("FINDINGS.jsonl: one JSON object per incident:")[1].split("\n- ")[0]
+    )[: len(KEYS)] == list(KEYS)
     flat = " ".join(text.split())
     assert "run-scoped kinds (" + ", ".join(f"`{k}`" for k in RUN_SCOPED) + ")" in flat
     assert "GPU-scoped kinds (" + ", ".join(f"`{k}`" for k in GPU_SCOPED) + ") set `node` and `gpu`" in flat
@@ -114,6 +122,6 @@ def test_accounting_json_is_a_list_of_accounting_bodies(replays: dict[str, Any],
     for name, (_, accounting) in replays.items():
         assert isinstance(accounting, list) and accounting, name
         for body in accounting:
-            assert list(body)[:len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS), name
+            assert list(body)[: len(CONTRACT_FIELDS)] == list(CONTRACT_FIELDS), name
             assert body["total_cost"] == pytest.approx(body["energy_cost"] + body["compute_cost"], rel=1e-12)
             assert 0.0 <= body["coverage"] <= 1.0 and body["gpu_hours"] > 0

@@ -43,6 +43,7 @@ def _servers() -> None:
     if why is not None:
         unavailable(why, "postgresql-15")
 
+
 MAX_LAG_S = 1.5
 
 
@@ -57,9 +58,15 @@ def pair() -> Iterator[replication.Pair]:
 
 
 def settings_for(pair: replication.Pair, **db: Any) -> Settings:
-    return load_settings(database_url=pair.primary.url("gpufleet"),
-                         database={"read_url": pair.standby.url("gpufleet"), "max_read_lag_s": MAX_LAG_S,
-                                   "lag_check_s": 0.1, **db})
+    return load_settings(
+        database_url=pair.primary.url("gpufleet"),
+        database={
+            "read_url": pair.standby.url("gpufleet"),
+            "max_read_lag_s": MAX_LAG_S,
+            "lag_check_s": 0.1,
+            **db,
+        },
+    )
 
 
 def until(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
@@ -117,8 +124,9 @@ def test_lsn_positions_compare_as_wal_bytes() -> None:
     assert lsn("1/0") > lsn("0/FFFFFFFF")
 
 
-def test_reads_go_to_the_standby_and_writes_to_the_primary(pair: replication.Pair, tokens: dict[str, str],
-                                                             api: ServerThread) -> None:
+def test_reads_go_to_the_standby_and_writes_to_the_primary(
+    pair: replication.Pair, tokens: dict[str, str], api: ServerThread
+) -> None:
     router = router_of(api)
     with client(api, tokens["admin"]) as admin, client(api, tokens["sre"]) as sre:
         new_run(admin, "replica-run-1")
@@ -132,7 +140,8 @@ def test_reads_go_to_the_standby_and_writes_to_the_primary(pair: replication.Pai
 
 
 def test_a_standby_behind_serves_within_the_bound_and_the_primary_past_it(
-        pair: replication.Pair, tokens: dict[str, str], api: ServerThread) -> None:
+    pair: replication.Pair, tokens: dict[str, str], api: ServerThread
+) -> None:
     router = router_of(api)
     replay(pair, on=False)
     try:
@@ -172,8 +181,9 @@ def test_token_checks_stay_on_the_primary(pair: replication.Pair, api: ServerThr
         replay(pair, on=True)
 
 
-def test_accounting_and_every_dashboard_query_run_on_the_standby(pair: replication.Pair, tokens: dict[str, str],
-                                                                   api: ServerThread) -> None:
+def test_accounting_and_every_dashboard_query_run_on_the_standby(
+    pair: replication.Pair, tokens: dict[str, str], api: ServerThread
+) -> None:
     from gpufleet.dashboards.dryrun import run_dashboard
     from gpufleet.dashboards.loader import load_all
     from gpufleet.dashboards.macros import TimeRange
@@ -219,8 +229,9 @@ def test_lag_is_measured_by_wal_position(pair: replication.Pair) -> None:
         probe.close()
 
 
-def test_a_standby_gone_sends_reads_to_the_primary(pair: replication.Pair, tokens: dict[str, str],
-                                                   api: ServerThread) -> None:
+def test_a_standby_gone_sends_reads_to_the_primary(
+    pair: replication.Pair, tokens: dict[str, str], api: ServerThread
+) -> None:
     router = router_of(api)
     pair.standby.stop("fast")
     try:
@@ -242,6 +253,7 @@ def test_the_collector_exports_the_standby_lag(pair: replication.Pair) -> None:
 
     settings = settings_for(pair)
     with serve(collector_app(pair.primary.url("gpufleet"), settings, run_leader=False)) as srv:
+
         def lag() -> float | None:
             for line in httpx.get(f"{srv.url}/metrics", timeout=10).text.splitlines():
                 if line.startswith("gpufleet_db_standby_lag_seconds "):
@@ -261,8 +273,12 @@ def write_samples(url: str, node: str, t0: float, seconds: int, tag: str) -> int
     from gpufleet.wire import Batch, Column
 
     t = np.repeat(np.arange(t0, t0 + seconds, 1.0), 2)
-    cols = {"time": Column(t), "gpu": Column(np.tile(np.arange(2, dtype=np.int64), seconds)),
-            "util_pct": Column(np.full(len(t), 90.0)), "power_w": Column(np.full(len(t), 500.0))}
+    cols = {
+        "time": Column(t),
+        "gpu": Column(np.tile(np.arange(2, dtype=np.int64), seconds)),
+        "util_pct": Column(np.full(len(t), 90.0)),
+        "power_w": Column(np.full(len(t), 500.0)),
+    }
     with psycopg.connect(url, autocommit=True) as c, c.transaction():
         write_batches(c, [Batch(f"{tag}:{node}", node, gpu=cols, n_gpu=len(t))])
     return len(t)

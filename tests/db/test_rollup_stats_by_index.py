@@ -44,19 +44,29 @@ def test_the_stats_refresh_reads_only_its_ranges_samples(conn: psycopg.Connectio
     conn.execute(f"ANALYZE {table}")
     _, insert = rollup._stats_sql(kind)
     # two nodes' minutes 0-2 and 5-9: the nodes' samples over [0, 10) minutes are 2 x 20 rows
-    params = {"nodes": ["n3", "n7"], "lo": [T0, T0 + timedelta(minutes=5)],
-              "hi": [T0 + timedelta(minutes=2), T0 + timedelta(minutes=9)]}
+    params = {
+        "nodes": ["n3", "n7"],
+        "lo": [T0, T0 + timedelta(minutes=5)],
+        "hi": [T0 + timedelta(minutes=2), T0 + timedelta(minutes=9)],
+    }
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + insert.encode(), params).fetchone()[0]  # type: ignore[index]
     plan = plan if isinstance(plan, list) else json.loads(plan)
-    read = sum((s.get("Actual Rows", 0) + s.get("Rows Removed by Filter", 0)
-                + s.get("Rows Removed by Index Recheck", 0)) * s.get("Actual Loops", 1)
-               for s in scans(plan[0]["Plan"], table))
+    read = sum(
+        (
+            s.get("Actual Rows", 0)
+            + s.get("Rows Removed by Filter", 0)
+            + s.get("Rows Removed by Index Recheck", 0)
+        )
+        * s.get("Actual Loops", 1)
+        for s in scans(plan[0]["Plan"], table)
+    )
     assert read <= 2 * 20, f"the refresh read {read} rows of {table} for 2 nodes' 10 minutes (40 rows)"
     # and what it writes is the ranges' minutes, nothing else
     conn.execute(insert, params)
     got = conn.execute(f"SELECT node, bucket, samples FROM {kind}_stats_1m ORDER BY 1, 2").fetchall()
-    assert [(n, int((b - T0).total_seconds() // 60)) for n, b, _ in got] == \
-        [("n3", m) for m in range(3)] + [("n7", m) for m in range(5, 10)]
+    assert [(n, int((b - T0).total_seconds() // 60)) for n, b, _ in got] == [("n3", m) for m in range(3)] + [
+        ("n7", m) for m in range(5, 10)
+    ]
     assert {s for *_, s in got} == {2}

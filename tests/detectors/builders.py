@@ -21,7 +21,9 @@ T0 = 1_800_000_000.0
 Profile = Callable[[np.ndarray], np.ndarray]
 
 
-def times(duration: float = 600.0, dt: float = 1.0, t0: float = T0, jitter: float = 0.0, seed: int = 0) -> np.ndarray:
+def times(
+    duration: float = 600.0, dt: float = 1.0, t0: float = T0, jitter: float = 0.0, seed: int = 0
+) -> np.ndarray:
     t = t0 + np.arange(0.0, duration, dt)
     if jitter:
         t = t + np.random.default_rng(seed).uniform(-jitter, jitter, t.size) * dt
@@ -144,15 +146,24 @@ def gpu_series(node: str, gpu: int, t: np.ndarray, spec: GpuSpec) -> Series:
 
 def host_series(node: str, t: np.ndarray, **profiles: Profile | float) -> Series:
     base: dict[str, Any] = {
-        "cpu_user_pct": 10.0, "cpu_system_pct": 3.0, "cpu_iowait_pct": 0.5, "cpu_count": 64.0,
-        "disk_read_bytes_s": 1e6, "disk_write_bytes_s": 1e6, "disk_util_pct": 5.0, "disk_await_ms": 1.0,
-        "net_rx_bytes_s": 1e6, "net_tx_bytes_s": 1e6,
+        "cpu_user_pct": 10.0,
+        "cpu_system_pct": 3.0,
+        "cpu_iowait_pct": 0.5,
+        "cpu_count": 64.0,
+        "disk_read_bytes_s": 1e6,
+        "disk_write_bytes_s": 1e6,
+        "disk_util_pct": 5.0,
+        "disk_await_ms": 1.0,
+        "net_rx_bytes_s": 1e6,
+        "net_tx_bytes_s": 1e6,
     }
     base.update(profiles)
     cols = {}
     for k, v in base.items():
         cols[k] = v(t) if callable(v) else np.full(t.shape, float(v))
-    cols["cpu_idle_pct"] = np.clip(100 - cols["cpu_user_pct"] - cols["cpu_system_pct"] - cols["cpu_iowait_pct"], 0, 100)
+    cols["cpu_idle_pct"] = np.clip(
+        100 - cols["cpu_user_pct"] - cols["cpu_system_pct"] - cols["cpu_iowait_pct"], 0, 100
+    )
     return Series(node, None, t, cols)
 
 

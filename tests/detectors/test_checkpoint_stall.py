@@ -78,8 +78,9 @@ def test_gpus_sampled_on_different_clocks_still_line_up() -> None:
 @pytest.mark.parametrize("dt", [0.1, 30.0])
 def test_sampling_rates(dt: float) -> None:
     prof = pauses(200, 60, start=T0 + 15)
-    w = run_window([GpuSpec(prof) for _ in range(4)], t=times(600, dt),
-                   host={"disk_write_bytes_s": writes_during(prof)})
+    w = run_window(
+        [GpuSpec(prof) for _ in range(4)], t=times(600, dt), host={"disk_write_bytes_s": writes_during(prof)}
+    )
     f = detect(w, CFG)[0]
     assert f.evidence["period_s"] == pytest.approx(200, abs=dt + 1)
 
@@ -89,10 +90,22 @@ def _blocked_rank(period: float = 150, pause: float = 30, n: int = 8, writer: in
     while its peers spin in the collective at 100 % GPU-Util, idle power."""
     prof = pauses(period, pause, start=T0 + 20)
     spin = {"util_pct": lambda t: np.where(prof(t) < 0.1, 100.0, 99.0)}
-    drop = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "throttle_reasons",
-            "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "xid")
-    return [GpuSpec(prof, dcgm=False, idle_w=150.0, drop=drop, extra={} if i == writer else spin)
-            for i in range(n)]
+    drop = (
+        "power_limit_w",
+        "sm_clock_mhz",
+        "sm_clock_max_mhz",
+        "temp_c",
+        "throttle_reasons",
+        "pcie_gen",
+        "pcie_gen_max",
+        "pcie_width",
+        "pcie_width_max",
+        "xid",
+    )
+    return [
+        GpuSpec(prof, dcgm=False, idle_w=150.0, drop=drop, extra={} if i == writer else spin)
+        for i in range(n)
+    ]
 
 
 def test_blocked_rank_pauses_are_checkpoints_without_host_data() -> None:
@@ -126,9 +139,14 @@ def _sharded(d2h: float | None, rx: float = 1e6, period: float = 150, pause: flo
     specs = _blocked_rank(period=period, pause=pause)
     prof = pauses(period, pause, start=T0 + 20)
     for s in specs:
-        s.extra = {} if d2h is None else {
-            "pcie_tx_bytes_s": lambda t, d=d2h: np.where(prof(t) < 0.1, d, 2e8),
-            "pcie_rx_bytes_s": lambda t: np.where(prof(t) < 0.1, rx, 3e9)}
+        s.extra = (
+            {}
+            if d2h is None
+            else {
+                "pcie_tx_bytes_s": lambda t, d=d2h: np.where(prof(t) < 0.1, d, 2e8),
+                "pcie_rx_bytes_s": lambda t: np.where(prof(t) < 0.1, rx, 3e9),
+            }
+        )
     return specs
 
 
@@ -154,14 +172,31 @@ def test_sharded_checkpoints_from_an_nvidia_smi_loop_by_their_slow_regular_pause
     assert detect(run_window(_sharded(d2h=None, period=40, pause=12), no_host=True), CFG) == []
 
 
-def _small_job(period: float, pause: float, train_w: float, spin_share: float, writer_share: float,
-               dt: float = 0.1, duration: float = 300.0) -> list[GpuSpec]:
+def _small_job(
+    period: float,
+    pause: float,
+    train_w: float,
+    spin_share: float,
+    writer_share: float,
+    dt: float = 0.1,
+    duration: float = 300.0,
+) -> list[GpuSpec]:
     """Two ranks of an older board sampled by an nvidia-smi loop (GPU-Util and power only): every
     ``period`` rank 0 writes for ``pause`` s at GPU-Util 0-10 % while rank 1 spins at 100 %, their
     power falling to ``writer_share`` and ``spin_share`` of ``train_w``."""
     rng = np.random.default_rng(7)
-    drop = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons", "pcie_gen",
-            "pcie_gen_max", "pcie_width", "pcie_width_max", "xid", "temp_c")
+    drop = (
+        "power_limit_w",
+        "sm_clock_mhz",
+        "sm_clock_max_mhz",
+        "throttle_reasons",
+        "pcie_gen",
+        "pcie_gen_max",
+        "pcie_width",
+        "pcie_width_max",
+        "xid",
+        "temp_c",
+    )
 
     def paused(t: np.ndarray) -> np.ndarray:
         return ((t - T0) % period) >= period - pause

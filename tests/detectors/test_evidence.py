@@ -52,28 +52,51 @@ from tests.detectors.builders import GpuSpec, noisy, run_window, steady, times
 #: Scenarios that together raise every kind, and each shape of one (both starvation patterns, a run's
 #: throttled GPUs and a lone one, node settings and repeated XIDs, every NVLink and GPU-health cause).
 #: Seconds of each, enough to show its faults (gpu_health's failed row remap starts at 1200 s).
-SCENARIOS = {"mixed_fleet": 1200.0, "starvation_io": 1200.0, "hw_throttling": 1200.0, "host_misconfig": 1200.0,
-             "host_placement": 1200.0, "nvlink_degraded": 1200.0, "nvlink_fallback": 1200.0, "gpu_health": 1500.0}
+SCENARIOS = {
+    "mixed_fleet": 1200.0,
+    "starvation_io": 1200.0,
+    "hw_throttling": 1200.0,
+    "host_misconfig": 1200.0,
+    "host_placement": 1200.0,
+    "nvlink_degraded": 1200.0,
+    "nvlink_fallback": 1200.0,
+    "gpu_health": 1500.0,
+}
 
 
 def built_windows() -> list[Window]:
     """The shapes no scenario simulates, built as tests/detectors builds them: a run's GPUs steadily at low
     activity on a saturated host (starvation's other pattern: the scenarios' loaders stall in a sawtooth),
     and throttled GPUs no run holds (one finding per GPU, no ``gpus`` list), by reason bit and inferred."""
-    saturated: tuple[dict[str, Any], ...] = ({"cpu_user_pct": 95.0}, {"cpu_iowait_pct": 40.0, "disk_util_pct": 99.0})
-    out = [run_window([GpuSpec(noisy(steady(0.25), seed=i)) for i in range(8)], host=host) for host in saturated]
-    for spec in (GpuSpec(steady(0.9), throttle=0x4),
-                 GpuSpec(steady(0.9), throttle=0x20, temp_busy_c=95, dcgm=False, drop=("throttle_reasons",))):
+    saturated: tuple[dict[str, Any], ...] = (
+        {"cpu_user_pct": 95.0},
+        {"cpu_iowait_pct": 40.0, "disk_util_pct": 99.0},
+    )
+    out = [
+        run_window([GpuSpec(noisy(steady(0.25), seed=i)) for i in range(8)], host=host) for host in saturated
+    ]
+    for spec in (
+        GpuSpec(steady(0.9), throttle=0x4),
+        GpuSpec(steady(0.9), throttle=0x20, temp_busy_c=95, dcgm=False, drop=("throttle_reasons",)),
+    ):
         w = run_window([spec, spec])
         w.runs = []
         out.append(w)
     # GPUs held and not working: a whole run idle, two of eight unused, and ranks spinning round a dead one.
     long = times(900)
     out.append(run_window([GpuSpec(steady(0.0)) for _ in range(4)], t=long))
-    out.append(run_window([GpuSpec(steady(0.85)) for _ in range(6)] + [GpuSpec(steady(0.0)) for _ in range(2)],
-                          t=long))
-    out.append(run_window([GpuSpec(steady(0.0))] + [GpuSpec(steady(0.08), extra={"util_pct": steady(100.0)})
-                                                    for _ in range(7)], t=long))
+    out.append(
+        run_window(
+            [GpuSpec(steady(0.85)) for _ in range(6)] + [GpuSpec(steady(0.0)) for _ in range(2)], t=long
+        )
+    )
+    out.append(
+        run_window(
+            [GpuSpec(steady(0.0))]
+            + [GpuSpec(steady(0.08), extra={"util_pct": steady(100.0)}) for _ in range(7)],
+            t=long,
+        )
+    )
     return out
 
 
@@ -139,12 +162,27 @@ def mismatch(kind: str, evidence: object) -> str | None:
 def test_the_scenarios_raise_every_kind_and_shape(findings: list[Finding]) -> None:
     seen = Counter(_shape(f) for f in findings)
     assert {f.kind for f in findings} == set(DETECTORS) == set(EVIDENCE_TYPES)
-    for shape in ("starvation/oscillating", "starvation/steady_low", "throttling/run", "throttling/gpu",
-                  "host_misconfig/repeated_xid", "host_misconfig/cpu_quota", "host_misconfig/numa_affinity",
-                  "host_misconfig/nfs_stall", "nvlink_degraded/links_down", "nvlink_degraded/pcie_fallback",
-                  "nvlink_degraded/link_errors", "gpu_health/uncorrectable_ecc", "gpu_health/correctable_ecc",
-                  "gpu_health/pcie_replay", "gpu_health/row_remap_pending", "gpu_health/row_remap_failed",
-                  "idle_allocation/all", "idle_allocation/some", "hung_collective/None"):
+    for shape in (
+        "starvation/oscillating",
+        "starvation/steady_low",
+        "throttling/run",
+        "throttling/gpu",
+        "host_misconfig/repeated_xid",
+        "host_misconfig/cpu_quota",
+        "host_misconfig/numa_affinity",
+        "host_misconfig/nfs_stall",
+        "nvlink_degraded/links_down",
+        "nvlink_degraded/pcie_fallback",
+        "nvlink_degraded/link_errors",
+        "gpu_health/uncorrectable_ecc",
+        "gpu_health/correctable_ecc",
+        "gpu_health/pcie_replay",
+        "gpu_health/row_remap_pending",
+        "gpu_health/row_remap_failed",
+        "idle_allocation/all",
+        "idle_allocation/some",
+        "hung_collective/None",
+    ):
         assert seen[shape] > 0, (shape, sorted(seen))
 
 
@@ -207,15 +245,25 @@ def test_reading_tolerates_old_partial_and_malformed_evidence() -> None:
     assert read_evidence("straggler", None) == {}
     assert read_evidence("starvation", ["not", "an", "object"]) == {}
     # a value that does not fit is left out, never raised on; an int is a float, a bool is not
-    got = read_evidence("throttling", {"throttled_share": "lots", "clock_ratio": 1, "busy_s": True, "extra": 3,
-                                       "gpus": [{"node": "n1", "gpu": 0, "clock_ratio": 0.5}, "n2/1",
-                                                {"node": "n2", "gpu": "one"}]})
+    got = read_evidence(
+        "throttling",
+        {
+            "throttled_share": "lots",
+            "clock_ratio": 1,
+            "busy_s": True,
+            "extra": 3,
+            "gpus": [{"node": "n1", "gpu": 0, "clock_ratio": 0.5}, "n2/1", {"node": "n2", "gpu": "one"}],
+        },
+    )
     assert got == {"clock_ratio": 1, "gpus": [{"node": "n1", "gpu": 0, "clock_ratio": 0.5}, {"node": "n2"}]}
     # a list keeps the items that fit; a nested entry without its required keys is left out
-    assert read_evidence("host_misconfig", {"xid_codes": [13, "79", 79, None],
-                                            "jobs": [{"job": "a", "gpus": [0], "cpu_quota_cores": 2},
-                                                     {"job": "b"}]}) == {
-        "xid_codes": [13, 79], "jobs": [{"job": "a", "gpus": [0], "cpu_quota_cores": 2}]}
+    assert read_evidence(
+        "host_misconfig",
+        {
+            "xid_codes": [13, "79", 79, None],
+            "jobs": [{"job": "a", "gpus": [0], "cpu_quota_cores": 2}, {"job": "b"}],
+        },
+    ) == {"xid_codes": [13, 79], "jobs": [{"job": "a", "gpus": [0], "cpu_quota_cores": 2}]}
     assert read_lost_time({"duty_cycle": 0.25, "pattern": "oscillating"}) == {"duty_cycle": 0.25}
     with pytest.raises(KeyError):
         read_evidence("no_such_kind", {})  # type: ignore[call-overload]
@@ -224,7 +272,11 @@ def test_reading_tolerates_old_partial_and_malformed_evidence() -> None:
 def test_alerting_exports_declared_numeric_fields() -> None:
     """``gpufleet_incident_evidence`` fields are numbers some kind writes (a renamed key is caught here)."""
     for name in EVIDENCE_FIELDS:
-        types_ = {typing.get_type_hints(tp)[name] for shapes in EVIDENCE_TYPES.values() for tp in shapes
-                  if name in typing.get_type_hints(tp)}
+        types_ = {
+            typing.get_type_hints(tp)[name]
+            for shapes in EVIDENCE_TYPES.values()
+            for tp in shapes
+            if name in typing.get_type_hints(tp)
+        }
         assert types_, name
         assert all(fits(1.5, t) or fits(1, t) for t in types_), (name, types_)

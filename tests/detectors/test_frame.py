@@ -45,17 +45,27 @@ def test_typical_interval_follows_the_sampling_rate(dt: float) -> None:
 
 def test_activity_prefers_profiling_fields_and_caps_util_by_power() -> None:
     t = times(10)
-    dcgm = Series("n0", 0, t, {"sm_active": np.full(10, 0.2), "dram_active": np.full(10, 0.7),
-                              "util_pct": np.full(10, 100.0)})
+    dcgm = Series(
+        "n0",
+        0,
+        t,
+        {"sm_active": np.full(10, 0.2), "dram_active": np.full(10, 0.7), "util_pct": np.full(10, 100.0)},
+    )
     # NVML only: GPU-Util 100 % but power at 30 % of the limit (spinning).
-    nvml = Series("n0", 1, t, {"util_pct": np.full(10, 100.0), "power_w": np.full(10, 210.0),
-                              "power_limit_w": np.full(10, 700.0)})
+    nvml = Series(
+        "n0",
+        1,
+        t,
+        {"util_pct": np.full(10, 100.0), "power_w": np.full(10, 210.0), "power_limit_w": np.full(10, 700.0)},
+    )
     util_only = Series("n0", 2, t, {"util_pct": np.full(10, 40.0)})
     nothing = Series("n0", 3, t, {"temp_c": np.full(10, 40.0)})
     fr = Frame(_window(dcgm, nvml, util_only, nothing), CFG)
     act = fr.activity.reshape(4, 10)[:, 0]
     assert act[0] == pytest.approx(0.7)
-    assert act[1] == pytest.approx((0.3 - CFG.power_idle_frac) / (CFG.power_busy_frac - CFG.power_idle_frac), rel=1e-3)
+    assert act[1] == pytest.approx(
+        (0.3 - CFG.power_idle_frac) / (CFG.power_busy_frac - CFG.power_idle_frac), rel=1e-3
+    )
     assert act[2] == pytest.approx(0.4)
     assert np.isnan(act[3])
     assert fr.activity_source == ["dcgm", "nvml", "nvml", "none"]
@@ -127,7 +137,9 @@ def test_group_statistics() -> None:
     assert loo[:6].tolist() == [3.0, 3.0, 2.0, 2.0, 7.0, 5.0]
     assert np.isnan(loo[6])
     # Identical peers: the floor keeps the score finite, the outlier stands out.
-    z, ref = robust_z(np.array([700.0, 700, 700, 400]), np.zeros(4, dtype=np.int64), 1, rel_floor=0.02, abs_floor=1)
+    z, ref = robust_z(
+        np.array([700.0, 700, 700, 400]), np.zeros(4, dtype=np.int64), 1, rel_floor=0.02, abs_floor=1
+    )
     assert ref.tolist() == [700.0, 700.0, 700.0, 700.0]
     assert z[3] == pytest.approx(-300 / 14)
     assert np.all(z[:3] == 0)

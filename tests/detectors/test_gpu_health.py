@@ -20,9 +20,16 @@ def const(v: float):  # type: ignore[no-untyped-def]
 
 def board(**cols) -> GpuSpec:  # type: ignore[no-untyped-def]
     """A GPU with a board's history: lifetime counts that stand still."""
-    base = {"ecc_sbe_vol": const(0), "ecc_dbe_vol": const(0), "remapped_rows_uncorrectable": const(0),
-            "remapped_rows_pending": const(0), "remapped_rows_failed": const(0), "pcie_replay_count": const(9),
-            "ecc_sbe_agg": const(37), "remapped_rows_correctable": const(2)}
+    base = {
+        "ecc_sbe_vol": const(0),
+        "ecc_dbe_vol": const(0),
+        "remapped_rows_uncorrectable": const(0),
+        "remapped_rows_pending": const(0),
+        "remapped_rows_failed": const(0),
+        "pcie_replay_count": const(9),
+        "ecc_sbe_agg": const(37),
+        "remapped_rows_correctable": const(2),
+    }
     base.update(cols)
     return GpuSpec(steady(0.8), extra=base)
 
@@ -37,12 +44,20 @@ def test_static_history_is_not_a_finding() -> None:
 
 def test_uncorrectable_error_with_its_pending_remap_and_xids_decoded() -> None:
     at = T0 + 200
-    spec = board(ecc_dbe_vol=lambda t: np.where(t >= at, 1.0, 0.0),
-                 remapped_rows_uncorrectable=lambda t: np.where(t >= at, 1.0, 0.0),
-                 remapped_rows_pending=lambda t: np.where(t >= at + 2, 1.0, 0.0))
+    spec = board(
+        ecc_dbe_vol=lambda t: np.where(t >= at, 1.0, 0.0),
+        remapped_rows_uncorrectable=lambda t: np.where(t >= at, 1.0, 0.0),
+        remapped_rows_pending=lambda t: np.where(t >= at + 2, 1.0, 0.0),
+    )
     spec.xid = {at: 48, at + 2: 63}
     (f,) = detect(run_window([board(), spec]), CFG)
-    assert (f.kind, f.cause, f.severity, f.gpu, f.run_id) == ("gpu_health", "uncorrectable_ecc", "critical", 1, "r1")
+    assert (f.kind, f.cause, f.severity, f.gpu, f.run_id) == (
+        "gpu_health",
+        "uncorrectable_ecc",
+        "critical",
+        1,
+        "r1",
+    )
     assert f.start == pytest.approx(at, abs=1)
     assert f.evidence["issues"] == ["uncorrectable_ecc", "row_remap_pending"]
     assert f.evidence["dbe_errors"] == 1 and f.evidence["uncorrectable_remaps"] == 1
@@ -64,8 +79,11 @@ def test_pending_remap_alone_is_a_warning_dated_from_when_it_was_set() -> None:
 def test_remap_failure_is_critical_and_comes_first() -> None:
     spec = board(remapped_rows_failed=const(1), remapped_rows_pending=const(1))
     (f,) = detect(run_window([spec]), CFG)
-    assert (f.cause, f.severity, f.evidence["issues"]) == ("row_remap_failed", "critical",
-                                                           ["row_remap_failed", "row_remap_pending"])
+    assert (f.cause, f.severity, f.evidence["issues"]) == (
+        "row_remap_failed",
+        "critical",
+        ["row_remap_failed", "row_remap_pending"],
+    )
 
 
 def test_correctable_error_rate() -> None:

@@ -17,25 +17,38 @@ def window(facts: dict | None = None, **spec: object):  # type: ignore[no-untype
 
 def test_powersave_governor() -> None:
     fs = detect(window({"cpu_governor": "powersave", "cpu_governors": {"powersave": 64}}), CFG)
-    assert [(f.kind, f.cause, f.node, f.gpu, f.run_id) for f in fs] == [("host_misconfig", "cpu_governor", "n0", None, None)]
+    assert [(f.kind, f.cause, f.node, f.gpu, f.run_id) for f in fs] == [
+        ("host_misconfig", "cpu_governor", "n0", None, None)
+    ]
     assert fs[0].evidence["cpu_governor"] == ["powersave"]
 
 
 def test_mixed_governors_with_powersave() -> None:
     assert governors({"cpu_governor": "mixed: ondemand=2,powersave=6"}) == {"ondemand", "powersave"}
-    assert detect(window({"cpu_governor": "mixed: performance=2,powersave=6"}), CFG)[0].cause == "cpu_governor"
+    assert (
+        detect(window({"cpu_governor": "mixed: performance=2,powersave=6"}), CFG)[0].cause == "cpu_governor"
+    )
 
 
 def test_cpu_quota_below_a_core_per_gpu() -> None:
     fs = detect(window({"cpu_quota_cores": 4.0, "cpu_governor": "performance"}), CFG)
-    assert [(f.cause, f.evidence["cpu_quota_cores"], f.evidence["gpu_count"]) for f in fs] == [("cpu_quota", 4.0, 8)]
+    assert [(f.cause, f.evidence["cpu_quota_cores"], f.evidence["gpu_count"]) for f in fs] == [
+        ("cpu_quota", 4.0, 8)
+    ]
     # Both issues: one finding per node, the quota named.
     f = detect(window({"cpu_quota_cores": 2.0, "cpu_governor": "powersave"}), CFG)[0]
     assert f.cause == "cpu_quota" and f.evidence["issues"] == ["cpu_governor", "cpu_quota"]
 
 
-@pytest.mark.parametrize("facts", [{}, {"cpu_governor": "performance", "cpu_quota_cores": 32.0},
-                                   {"cpu_quota_cores": None}, {"cpu_max": "max 100000"}])
+@pytest.mark.parametrize(
+    "facts",
+    [
+        {},
+        {"cpu_governor": "performance", "cpu_quota_cores": 32.0},
+        {"cpu_quota_cores": None},
+        {"cpu_max": "max 100000"},
+    ],
+)
 def test_healthy_nodes(facts: dict) -> None:
     assert detect(window(facts), CFG) == []
 

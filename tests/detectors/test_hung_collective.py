@@ -9,8 +9,16 @@ from gpufleet.collector.detectors.hung_collective import detect
 from tests.detectors.builders import T0, GpuSpec, run_window, steady, switch, times
 
 CFG = DetectorConfig()
-NVSMI_DROP = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons", "pcie_gen", "pcie_gen_max",
-              "pcie_width", "pcie_width_max")
+NVSMI_DROP = (
+    "power_limit_w",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "throttle_reasons",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+)
 
 
 def rank(hang_at: float | None, *, dead: bool = False, **kw: object) -> GpuSpec:
@@ -30,8 +38,10 @@ def test_fifteen_ranks_spinning_while_one_is_dead_is_a_hang_naming_the_dead_rank
     ev = f.evidence
     assert ev["dead_gpus"] == ["n1/3"] and len(ev["spinning_gpus"]) == 15 and ev["gpu_count"] == 16
     assert abs(f.start - (T0 + 300)) <= 2.0 and ev["hung_s"] >= 590
-    assert all(g["util_pct"] == 100.0 and g["power_frac"] is not None and g["power_frac"] <= 0.3
-               for g in ev["spinning_gpus"])
+    assert all(
+        g["util_pct"] == 100.0 and g["power_frac"] is not None and g["power_frac"] <= 0.3
+        for g in ev["spinning_gpus"]
+    )
     assert ev["power_basis"] == "power_frac" and ev["progress_tokens"] is None
     # nothing else is said of these seconds: not an idle allocation, not a straggler, not starvation
     assert [x.kind for x in run_detectors(w, CFG).findings] == ["hung_collective"]
@@ -53,8 +63,9 @@ def test_a_checkpoint_whose_ranks_wait_two_minutes_is_not_a_hang() -> None:
     def util0(t: np.ndarray) -> np.ndarray:
         return np.where(((t - T0) % 400) < 280, 100.0, 0.0)
 
-    specs = [GpuSpec(writer, extra={"util_pct": util0})] + [GpuSpec(peer, extra={"util_pct": steady(100.0)})
-                                                            for _ in range(7)]
+    specs = [GpuSpec(writer, extra={"util_pct": util0})] + [
+        GpuSpec(peer, extra={"util_pct": steady(100.0)}) for _ in range(7)
+    ]
     assert detect(run_window(specs, t=times(1200)), CFG) == []
 
 

@@ -26,7 +26,9 @@ def test_a_run_whose_gpus_all_stop_working_for_ten_minutes_is_an_idle_allocation
     assert ev["scope"] == "all" and ev["idle_gpus"] == 8 == ev["gpu_count"]
     assert abs(f.start - (T0 + 240)) <= 2.0
     assert [(g["node"], g["gpu"]) for g in ev["gpus"]] == [("n0", i) for i in range(8)]
-    assert all(g["util_pct"] == 0.0 and g["power_w"] is not None and g["since"].endswith("Z") for g in ev["gpus"])
+    assert all(
+        g["util_pct"] == 0.0 and g["power_w"] is not None and g["since"].endswith("Z") for g in ev["gpus"]
+    )
     assert ev["idle_s"] >= 600 and ev["since_before_window"] is False
 
 
@@ -59,8 +61,9 @@ def test_six_of_eight_gpus_used_names_the_two_idle_ones() -> None:
 
 def test_gpus_that_stop_mid_window_while_peers_work_are_not_idle_allocations() -> None:
     """Some GPUs are an idle allocation only when idle since the run (or the window) began."""
-    specs = [GpuSpec(steady(0.85)) for _ in range(6)] + [GpuSpec(switch(T0 + 50, steady(0.85), steady(0.0)))
-                                                         for _ in range(2)]
+    specs = [GpuSpec(steady(0.85)) for _ in range(6)] + [
+        GpuSpec(switch(T0 + 50, steady(0.85), steady(0.0))) for _ in range(2)
+    ]
     assert detect(run_window(specs, t=times(900)), CFG) == []
 
 
@@ -90,11 +93,20 @@ def test_a_dead_rank_among_spinning_peers_is_a_hang_not_an_idle_allocation() -> 
 
 def test_nvidia_smi_fields_only_without_limit_or_model() -> None:
     """An nvidia-smi loop: GPU-Util and power, no limit, no model, no DCGM fields."""
-    drop = ("power_limit_w", "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons", "pcie_gen", "pcie_gen_max",
-            "pcie_width", "pcie_width_max")
+    drop = (
+        "power_limit_w",
+        "sm_clock_mhz",
+        "sm_clock_max_mhz",
+        "throttle_reasons",
+        "pcie_gen",
+        "pcie_gen_max",
+        "pcie_width",
+        "pcie_width_max",
+    )
     busy_then_idle = switch(T0 + 200, steady(0.9), steady(0.0))
-    w = run_window([GpuSpec(busy_then_idle, dcgm=False, drop=drop) for _ in range(2)], t=times(900, dt=0.1),
-                   no_host=True)
+    w = run_window(
+        [GpuSpec(busy_then_idle, dcgm=False, drop=drop) for _ in range(2)], t=times(900, dt=0.1), no_host=True
+    )
     (f,) = detect(w, CFG)
     assert f.evidence["scope"] == "all" and abs(f.start - (T0 + 200)) <= 1.0
 

@@ -13,10 +13,27 @@ T = 1_800_000_000.0
 HOLD = 120.0
 
 
-def thr(start: float = T, *, gpu: int = 0, last: float | None = None, severity: str = "warning",
-        cause: str = "thermal", run: str | None = "r1", **ev: object) -> Finding:
-    return Finding("throttling", cause, severity, start, {"throttled_share": 0.9, **ev}, run_id=run, node="n0",
-                   gpu=gpu, last_active=last)
+def thr(
+    start: float = T,
+    *,
+    gpu: int = 0,
+    last: float | None = None,
+    severity: str = "warning",
+    cause: str = "thermal",
+    run: str | None = "r1",
+    **ev: object,
+) -> Finding:
+    return Finding(
+        "throttling",
+        cause,
+        severity,
+        start,
+        {"throttled_share": 0.9, **ev},
+        run_id=run,
+        node="n0",
+        gpu=gpu,
+        last_active=last,
+    )
 
 
 def sweep_every(store: MemoryIncidentStore, t0: float, t1: float, step: float, findings_at) -> None:  # type: ignore[no-untyped-def]
@@ -110,8 +127,16 @@ def test_reopened_incident_never_starts_before_the_previous_ended() -> None:
 
 def test_detector_hold_extends_the_hold_off() -> None:
     store = MemoryIncidentStore()
-    f = Finding("checkpoint_stall", None, "warning", T, {"period_s": 900}, run_id="r1", last_active=T + 60,
-                hold_s=1350.0)
+    f = Finding(
+        "checkpoint_stall",
+        None,
+        "warning",
+        T,
+        {"period_s": 900},
+        run_id="r1",
+        last_active=T + 60,
+        hold_s=1350.0,
+    )
     store.sweep([f], T + 60, HOLD)
     store.sweep([], T + 60 + 1000, HOLD)
     assert len(store.open) == 1
@@ -121,18 +146,38 @@ def test_detector_hold_extends_the_hold_off() -> None:
 
 def test_findings_format() -> None:
     store = MemoryIncidentStore()
-    store.sweep([thr(T - 30, last=T), Finding("starvation", "cpu", "critical", T - 100.5, {"period_s": 20.0},
-                                              run_id="r9", last_active=T)], T, HOLD)
+    store.sweep(
+        [
+            thr(T - 30, last=T),
+            Finding(
+                "starvation", "cpu", "critical", T - 100.5, {"period_s": 20.0}, run_id="r9", last_active=T
+            ),
+        ],
+        T,
+        HOLD,
+    )
     store.sweep([thr(T - 30, last=T + 5)], T + 5, HOLD)
     store.sweep([], T + 5 + HOLD, HOLD)
     recs = store.records()
     assert [r["kind"] for r in recs] == ["starvation", "throttling"]
     starv, throt = recs
     assert set(starv) == {"kind", "run_id", "node", "gpu", "start", "end", "cause", "severity", "evidence"}
-    assert starv == {"kind": "starvation", "run_id": "r9", "node": None, "gpu": None,
-                     "start": "2027-01-15T07:58:19.500Z", "end": "2027-01-15T08:00:00Z", "cause": "cpu",
-                     "severity": "critical", "evidence": {"period_s": 20.0}}
-    assert throt["end"] == rfc3339(T + 5) and (throt["node"], throt["gpu"], throt["run_id"]) == ("n0", 0, "r1")
+    assert starv == {
+        "kind": "starvation",
+        "run_id": "r9",
+        "node": None,
+        "gpu": None,
+        "start": "2027-01-15T07:58:19.500Z",
+        "end": "2027-01-15T08:00:00Z",
+        "cause": "cpu",
+        "severity": "critical",
+        "evidence": {"period_s": 20.0},
+    }
+    assert throt["end"] == rfc3339(T + 5) and (throt["node"], throt["gpu"], throt["run_id"]) == (
+        "n0",
+        0,
+        "r1",
+    )
     json.dumps(recs)
     # Still open at the end of a trace: end null.
     store.sweep([thr(T + 500, last=T + 500)], T + 500, HOLD)
@@ -146,24 +191,50 @@ def test_bad_hold_off() -> None:
 
 def test_a_grouped_throttling_incident_is_one_findings_row_per_gpu() -> None:
     """contracts.md section 2: GPU-scoped kinds set node and gpu, whatever the incident groups."""
-    gpus = [{"node": "n0", "gpu": g, "since": rfc3339(T - 60 + g), "throttled_share": 0.5 + g / 10} for g in (0, 1, 2)]
-    grouped = Finding("throttling", "thermal", "warning", T - 60, {"gpu_count": 3, "gpus": gpus, "throttled_share": 0.6},
-                      run_id="r1", node="n0", gpu=None, last_active=T, qualifier="thermal")
+    gpus = [
+        {"node": "n0", "gpu": g, "since": rfc3339(T - 60 + g), "throttled_share": 0.5 + g / 10}
+        for g in (0, 1, 2)
+    ]
+    grouped = Finding(
+        "throttling",
+        "thermal",
+        "warning",
+        T - 60,
+        {"gpu_count": 3, "gpus": gpus, "throttled_share": 0.6},
+        run_id="r1",
+        node="n0",
+        gpu=None,
+        last_active=T,
+        qualifier="thermal",
+    )
     store = MemoryIncidentStore()
     store.sweep([grouped], T, HOLD)
     assert len(store.incidents()) == 1
     rows = store.records()
-    assert [(r["node"], r["gpu"], r["start"]) for r in rows] == [("n0", g, rfc3339(T - 60 + g)) for g in (0, 1, 2)]
+    assert [(r["node"], r["gpu"], r["start"]) for r in rows] == [
+        ("n0", g, rfc3339(T - 60 + g)) for g in (0, 1, 2)
+    ]
     assert [r["evidence"]["throttled_share"] for r in rows] == [0.5, 0.6, 0.7]
     assert all(r["run_id"] == "r1" and r["kind"] == "throttling" and r["end"] is None for r in rows)
 
 
 def test_a_gpu_of_a_grouped_incident_keeps_the_onset_the_first_sweep_saw() -> None:
     """A later window dates a long throttle from its own start; the row still starts where it began."""
+
     def grouped(since: float) -> Finding:
         gpus = [{"node": "n0", "gpu": 0, "since": rfc3339(since), "throttled_share": 0.9}]
-        return Finding("throttling", "thermal", "warning", since, {"gpu_count": 1, "gpus": gpus},
-                       run_id="r1", node="n0", gpu=None, last_active=T, qualifier="thermal")
+        return Finding(
+            "throttling",
+            "thermal",
+            "warning",
+            since,
+            {"gpu_count": 1, "gpus": gpus},
+            run_id="r1",
+            node="n0",
+            gpu=None,
+            last_active=T,
+            qualifier="thermal",
+        )
 
     store = MemoryIncidentStore()
     store.sweep([grouped(T - 60)], T, HOLD)

@@ -20,10 +20,20 @@ def const(v: float):  # type: ignore[no-untyped-def]
     return lambda t: np.full(t.shape, float(v))
 
 
-def nvl_gpu(nvl: float = HEALTHY_NVL, pcie: tuple[float, float] = INPUT_PCIE, links: float | None = 18,
-            links_max: float | None = 18, act: float = 0.85, **extra) -> GpuSpec:  # type: ignore[no-untyped-def]
-    cols = {"nvlink_tx_bytes_s": const(nvl), "nvlink_rx_bytes_s": const(nvl),
-            "pcie_tx_bytes_s": const(pcie[0]), "pcie_rx_bytes_s": const(pcie[1])}
+def nvl_gpu(
+    nvl: float = HEALTHY_NVL,
+    pcie: tuple[float, float] = INPUT_PCIE,
+    links: float | None = 18,
+    links_max: float | None = 18,
+    act: float = 0.85,
+    **extra,
+) -> GpuSpec:  # type: ignore[no-untyped-def]
+    cols = {
+        "nvlink_tx_bytes_s": const(nvl),
+        "nvlink_rx_bytes_s": const(nvl),
+        "pcie_tx_bytes_s": const(pcie[0]),
+        "pcie_rx_bytes_s": const(pcie[1]),
+    }
     if links is not None:
         cols["nvlink_links_up"] = const(links)
     if links_max is not None:
@@ -44,8 +54,14 @@ def test_links_down_on_one_gpu() -> None:
     specs = [nvl_gpu() for _ in range(8)]
     specs[3] = nvl_gpu(links=12)
     (f,) = detect(run_window(specs), CFG)
-    assert (f.kind, f.cause, f.severity, f.node, f.gpu, f.run_id) == ("nvlink_degraded", "links_down", "warning",
-                                                                      "n0", 3, "r1")
+    assert (f.kind, f.cause, f.severity, f.node, f.gpu, f.run_id) == (
+        "nvlink_degraded",
+        "links_down",
+        "warning",
+        "n0",
+        3,
+        "r1",
+    )
     assert (f.evidence["links_up"], f.evidence["links_expected"], f.evidence["links_down"]) == (12, 18, 6)
     assert f.evidence["down_s"] >= 590
 
@@ -126,8 +142,10 @@ def test_single_gpu_runs_and_warmup_are_not_judged_on_bandwidth() -> None:
 
 def test_rising_crc_and_replay_errors() -> None:
     specs = [nvl_gpu() for _ in range(8)]
-    specs[2] = nvl_gpu(nvlink_crc_errors=lambda t: np.floor((t - T0) / 10.0) + 5000,
-                       nvlink_replay_errors=lambda t: np.floor((t - T0) / 60.0))
+    specs[2] = nvl_gpu(
+        nvlink_crc_errors=lambda t: np.floor((t - T0) / 10.0) + 5000,
+        nvlink_replay_errors=lambda t: np.floor((t - T0) / 60.0),
+    )
     (f,) = detect(run_window(specs), CFG)
     assert (f.gpu, f.cause, f.severity) == (2, "link_errors", "warning")
     assert f.evidence["crc_errors"] == 59 and f.evidence["replay_errors"] == 9
@@ -137,7 +155,9 @@ def test_rising_crc_and_replay_errors() -> None:
 def test_static_error_counts_and_a_driver_reload_are_not_rising() -> None:
     specs = [nvl_gpu(nvlink_crc_errors=const(123456)) for _ in range(8)]
     # A reload restarts the counter: the drop is not 123k errors, and 3 after it are below the bar.
-    specs[1] = nvl_gpu(nvlink_crc_errors=lambda t: np.where(t < T0 + 300, 123456.0, np.minimum(3.0, (t - T0 - 300) // 30)))
+    specs[1] = nvl_gpu(
+        nvlink_crc_errors=lambda t: np.where(t < T0 + 300, 123456.0, np.minimum(3.0, (t - T0 - 300) // 30))
+    )
     assert detect(run_window(specs), CFG) == []
 
 

@@ -12,7 +12,9 @@ from tests.detectors.builders import T0, GpuSpec, run_window, steady, times
 CFG = DetectorConfig()
 
 
-@pytest.mark.parametrize(("gen", "width", "severity"), [(5, 8, "critical"), (4, 16, "warning"), (3, 16, "critical")])
+@pytest.mark.parametrize(
+    ("gen", "width", "severity"), [(5, 8, "critical"), (4, 16, "warning"), (3, 16, "critical")]
+)
 def test_degraded_link_while_busy(gen: int, width: int, severity: str) -> None:
     fs = detect(run_window([GpuSpec(steady(0.9), pcie_gen=gen, pcie_width=width)]), CFG)
     assert len(fs) == 1

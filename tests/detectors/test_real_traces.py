@@ -72,8 +72,11 @@ def labels(folder: Path) -> dict[str, Any]:
     return doc
 
 
-EXCERPTS = [(folder, name) for folder in sorted(p for p in REAL.iterdir() if p.is_dir())
-            for name in labels(folder)["excerpts"]]
+EXCERPTS = [
+    (folder, name)
+    for folder in sorted(p for p in REAL.iterdir() if p.is_dir())
+    for name in labels(folder)["excerpts"]
+]
 
 
 def import_excerpt(folder: Path, name: str, out: Path) -> dict[str, Any]:
@@ -96,8 +99,9 @@ def replay_bundle(url: str, bundle: Path, settings: Settings) -> tuple[ReplayRes
     b = read_bundle(bundle)
     det = settings.detect
     # The last sweep replay made (collector.replay.sweep_timeline steps the same way).
-    now = float(np.arange(b.t_min + det.sweep_interval_s, b.t_max + det.sweep_interval_s,
-                          det.sweep_interval_s)[-1])
+    now = float(
+        np.arange(b.t_min + det.sweep_interval_s, b.t_max + det.sweep_interval_s, det.sweep_interval_s)[-1]
+    )
     with psycopg.connect(url, autocommit=True) as conn:
         cache = WindowCache(det.window_s)
         cache.load(conn, now - det.window_s, now)
@@ -110,7 +114,10 @@ def replay_bundle(url: str, bundle: Path, settings: Settings) -> tuple[ReplayRes
         for r in rows.tolist():
             t = fr.row_times(r)
             node, gpu = fr.keys[r]
-            spans[(window.runs[ri].run_id, node, gpu)] = (float(lo[r]) - float(t[0]), float(hi[r]) - float(t[-1]))
+            spans[(window.runs[ri].run_id, node, gpu)] = (
+                float(lo[r]) - float(t[0]),
+                float(hi[r]) - float(t[-1]),
+            )
     return result, spans
 
 
@@ -122,8 +129,9 @@ def kinds(result: ReplayResult) -> list[str]:
 
 
 @pytest.mark.parametrize("folder,name", EXCERPTS, ids=[n for _, n in EXCERPTS])
-def test_hard_negative_raises_nothing_it_must_not(db: str, settings: Settings, tmp_path: Path,
-                                                  folder: Path, name: str) -> None:
+def test_hard_negative_raises_nothing_it_must_not(
+    db: str, settings: Settings, tmp_path: Path, folder: Path, name: str
+) -> None:
     label = labels(folder)["excerpts"][name]
     assert label["label"] in ("hard_negative", "labelled") and label["must_not_raise"]
     imp = import_excerpt(folder, name, tmp_path / "b")
@@ -142,8 +150,9 @@ def test_hard_negative_raises_nothing_it_must_not(db: str, settings: Settings, t
 # -- positive controls on real backgrounds ---------------------------------------------
 
 
-def inject_blocked_rank_checkpoints(gpu_csv: Path, offsets_s: list[float], pause_s: float = 12.0,
-                                    writer: int = 0, seed: int = 0) -> int:
+def inject_blocked_rank_checkpoints(
+    gpu_csv: Path, offsets_s: list[float], pause_s: float = 12.0, writer: int = 0, seed: int = 0
+) -> int:
     """Rewrite ``gpu_csv`` (an imported real recording: this mutates real data) with the
     blocked-rank checkpoint signature of a synchronous job (SOURCES.md, and the
     checkpoint_stall detector's docstring): during ``pause_s`` seconds from each offset
@@ -176,8 +185,9 @@ def inject_blocked_rank_checkpoints(gpu_csv: Path, offsets_s: list[float], pause
 
 
 @pytest.mark.parametrize("name", [GEMM, CEILING])
-def test_blocked_rank_checkpoint_on_a_real_background_is_found(db: str, settings: Settings, tmp_path: Path,
-                                                               name: str) -> None:
+def test_blocked_rank_checkpoint_on_a_real_background_is_found(
+    db: str, settings: Settings, tmp_path: Path, name: str
+) -> None:
     """Two 12 s pauses 40 s apart written into the filler (gemm) and the power-limit
     plateau (ceiling) recordings: one checkpoint_stall for the run, from GPU data alone,
     naming rank 0 as the writer; no starvation."""
@@ -199,8 +209,9 @@ def test_blocked_rank_checkpoint_on_a_real_background_is_found(db: str, settings
 # -- accounting ----------------------------------------------------------------------
 
 
-def test_gpu_energy_equals_trapezoidal_integration_of_the_raw_log(db: str, settings: Settings,
-                                                                   tmp_path: Path) -> None:
+def test_gpu_energy_equals_trapezoidal_integration_of_the_raw_log(
+    db: str, settings: Settings, tmp_path: Path
+) -> None:
     imp = import_excerpt(NANOGPT, GEMM, tmp_path / "b")
     result, _ = replay_bundle(db, tmp_path / "b", settings)
     (acc,) = result.accounting
@@ -208,10 +219,14 @@ def test_gpu_energy_equals_trapezoidal_integration_of_the_raw_log(db: str, setti
     series: dict[str, list[tuple[float, float]]] = {}
     with (NANOGPT / GEMM).open(newline="") as f:
         for row in csv.DictReader(f):
-            series.setdefault(row["gpu_index"].strip(), []).append((_epoch(row["timestamp"]),
-                                                                    float(row["power_W"])))
-    joules = sum((p0 + p1) / 2.0 * (t1 - t0) for pts in series.values()
-                 for (t0, p0), (t1, p1) in itertools.pairwise(sorted(pts)))
+            series.setdefault(row["gpu_index"].strip(), []).append(
+                (_epoch(row["timestamp"]), float(row["power_W"]))
+            )
+    joules = sum(
+        (p0 + p1) / 2.0 * (t1 - t0)
+        for pts in series.values()
+        for (t0, p0), (t1, p1) in itertools.pairwise(sorted(pts))
+    )
     assert acc["run_id"] == imp["run_id"] and acc["gpu_count"] == 8
     assert acc["gpu_kwh"] == pytest.approx(joules / 3.6e6, rel=1e-6)
     # The run started 12.4 minutes before the excerpt: that time has no samples.
@@ -243,8 +258,10 @@ def test_excerpts_are_byte_exact_copies_still() -> None:
             assert hashlib.sha256(data).hexdigest() == digest, (folder.name, name)
             continue
         header = text.split("\n", 1)[0]
-        assert header in ("timestamp,gpu_index,temperature_C,utilization_gpu_percent,power_W",
-                          "timestamp,memory.used,memory.total,utilization.gpu")
+        assert header in (
+            "timestamp,gpu_index,temperature_C,utilization_gpu_percent,power_W",
+            "timestamp,memory.used,memory.total,utilization.gpu",
+        )
 
 
 def test_every_folder_names_its_licence_and_source() -> None:
@@ -272,16 +289,28 @@ def test_corpus_has_labelled_events() -> None:
         assert _epoch(ev["start"]) < _epoch(ev["end"]), (ex.source, ex.name, i)
 
 
-@pytest.mark.parametrize("ex,i", EVENTS, ids=[f"{ex.source}/{ex.events[i]['kind']}@{ex.events[i]['start']}"
-                                               for ex, i in EVENTS])
+@pytest.mark.parametrize(
+    "ex,i", EVENTS, ids=[f"{ex.source}/{ex.events[i]['kind']}@{ex.events[i]['start']}" for ex, i in EVENTS]
+)
 def test_labelled_event_is_found(db: str, settings: Settings, tmp_path: Path, ex: Any, i: int) -> None:
     """A finding of the event's kind overlaps its span (and names its GPU where it names one).
     Expected to fail for the kinds the detectors do not report yet (the bench's table says which)."""
     ev = ex.events[i]
     corpus.import_excerpt(ex, tmp_path / "b")
     result = replay(db, tmp_path / "b", settings)
-    lab = {"incidents": [{"kind": ev["kind"], "run_id": ex.imp["run_id"], "node": ev.get("node"),
-                          "gpu": ev.get("gpu"), "start": ev["start"], "end": ev["end"]}]}
+    lab = {
+        "incidents": [
+            {
+                "kind": ev["kind"],
+                "run_id": ex.imp["run_id"],
+                "node": ev.get("node"),
+                "gpu": ev.get("gpu"),
+                "start": ev["start"],
+                "end": ev["end"],
+            }
+        ]
+    }
     s = score(result.findings, lab, slack_s=0.0)
-    assert not s.missed_labels, (f"{ev['kind']} {ev['start']}..{ev['end']} not found; findings: "
-                                 + json.dumps(result.findings, default=str))
+    assert not s.missed_labels, f"{ev['kind']} {ev['start']}..{ev['end']} not found; findings: " + json.dumps(
+        result.findings, default=str
+    )

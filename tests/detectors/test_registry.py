@@ -39,7 +39,9 @@ def mixed(dt: float = 1.0) -> Window:
     specs[3] = GpuSpec(steady(0.9), power_limit_w=400, throttle=0x4, throttle_clock=0.75)
     specs[9] = GpuSpec(steady(0.9), pcie_width=8)
     w = run_window(specs, t=times(600, dt))
-    other = run_window([GpuSpec(square(20, 0.5)) for _ in range(8)], t=times(600, dt), host={"cpu_user_pct": 95.0})
+    other = run_window(
+        [GpuSpec(square(20, 0.5)) for _ in range(8)], t=times(600, dt), host={"cpu_user_pct": 95.0}
+    )
     for (node, gpu), s in other.gpus.items():
         w.gpus[("m" + node, gpu)] = Series("m" + node, gpu, s.t, s.cols)
     w.hosts["mn0"] = other.hosts["n0"]
@@ -89,7 +91,9 @@ def test_a_failing_detector_is_reported_and_the_others_still_run() -> None:
     assert "boom" in res.failures[0].error
     assert [f.kind for f in res.findings] == ["throttling"]
     # each is timed, the failing one too, and the frame they share
-    assert list(res.seconds) == ["frame", "broken", "throttling"] and all(v >= 0 for v in res.seconds.values())
+    assert list(res.seconds) == ["frame", "broken", "throttling"] and all(
+        v >= 0 for v in res.seconds.values()
+    )
 
 
 def test_empty_window() -> None:
@@ -103,9 +107,22 @@ def test_empty_window() -> None:
 
 def test_ragged_odd_windows_never_break_a_detector() -> None:
     rng = np.random.default_rng(7)
-    cols = ["util_pct", "sm_active", "dram_active", "power_w", "power_limit_w", "sm_clock_mhz",
-            "sm_clock_max_mhz", "temp_c", "throttle_reasons", "pcie_gen", "pcie_gen_max", "pcie_width",
-            "pcie_width_max", "xid"]
+    cols = [
+        "util_pct",
+        "sm_active",
+        "dram_active",
+        "power_w",
+        "power_limit_w",
+        "sm_clock_mhz",
+        "sm_clock_max_mhz",
+        "temp_c",
+        "throttle_reasons",
+        "pcie_gen",
+        "pcie_gen_max",
+        "pcie_width",
+        "pcie_width_max",
+        "xid",
+    ]
     for trial in range(25):
         w = Window(t_start=1e9, t_end=1e9 + 600)
         keys = []
@@ -118,10 +135,20 @@ def test_ragged_odd_windows_never_break_a_detector() -> None:
             for c in cols:
                 if rng.random() < 0.3:
                     continue
-                x = rng.uniform(0, 1, n) * {"util_pct": 100, "power_w": 700, "power_limit_w": 700,
-                                            "sm_clock_mhz": 2000, "sm_clock_max_mhz": 2000, "temp_c": 90,
-                                            "throttle_reasons": 255, "pcie_gen": 5, "pcie_gen_max": 5,
-                                            "pcie_width": 16, "pcie_width_max": 16, "xid": 2}.get(c, 1)
+                x = rng.uniform(0, 1, n) * {
+                    "util_pct": 100,
+                    "power_w": 700,
+                    "power_limit_w": 700,
+                    "sm_clock_mhz": 2000,
+                    "sm_clock_max_mhz": 2000,
+                    "temp_c": 90,
+                    "throttle_reasons": 255,
+                    "pcie_gen": 5,
+                    "pcie_gen_max": 5,
+                    "pcie_width": 16,
+                    "pcie_width_max": 16,
+                    "xid": 2,
+                }.get(c, 1)
                 x[rng.random(n) < 0.2] = np.nan
                 data[c] = np.round(x) if c in ("throttle_reasons", "xid", "pcie_gen", "pcie_width") else x
             node = f"n{g % 3}"
@@ -129,10 +156,14 @@ def test_ragged_odd_windows_never_break_a_detector() -> None:
             w.gpus[(node, g)] = Series(node, g, t, data)
         for node in ("n0", "n2"):
             ht = np.sort(1e9 + rng.uniform(0, 600, 50))
-            w.hosts[node] = Series(node, None, ht, {"cpu_user_pct": rng.uniform(0, 100, 50),
-                                                   "disk_write_bytes_s": rng.uniform(0, 1e9, 50)})
+            w.hosts[node] = Series(
+                node,
+                None,
+                ht,
+                {"cpu_user_pct": rng.uniform(0, 100, 50), "disk_write_bytes_s": rng.uniform(0, 1e9, 50)},
+            )
         w.runs.append(RunInfo("a", 1e9 - 50, None, keys[: len(keys) // 2 + 1]))
-        w.runs.append(RunInfo("b", 1e9 + 300, 1e9 + 500, keys[len(keys) // 2:]))
+        w.runs.append(RunInfo("b", 1e9 + 300, 1e9 + 500, keys[len(keys) // 2 :]))
         w.node_facts = {"n1": {"cpu_governor": "powersave", "cpu_quota_cores": 0.5}}
         res = run_detectors(w, CFG)
         assert res.failures == [], res.failures

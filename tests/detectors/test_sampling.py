@@ -83,8 +83,12 @@ def test_blocked_rank_checkpoint_is_found_at_every_interval(dt: float) -> None:
 def test_blocked_rank_with_host_data_and_a_write_burst(dt: float) -> None:
     prof = pauses(PERIOD_S, PAUSE_S, start=T0 + 50)
     writes = lambda t: np.where(prof(t) < 0.1, 2e9, 1e6)  # noqa: E731
-    w = run_window(blocked_rank(writer=0), t=burst_times(2400, dt), host={"disk_write_bytes_s": writes},
-                   host_dt=max(dt, 1.0))
+    w = run_window(
+        blocked_rank(writer=0),
+        t=burst_times(2400, dt),
+        host={"disk_write_bytes_s": writes},
+        host_dt=max(dt, 1.0),
+    )
     (f,) = run_detectors(w, CFG).findings
     assert f.kind == "checkpoint_stall"
     assert f.evidence["basis"] == "gpu+host"
@@ -135,8 +139,13 @@ def _cut(w: Window, keys: list, at: float) -> Window:
 
 def _healthy(dt: float) -> Window:
     prof = noisy(square(STEP_S, 0.9, hi=0.9, lo=0.6), sd=0.03)
-    return nvsmi_only(run_window([GpuSpec(smoothed(prof, dt), dcgm=False) for _ in range(16)],
-                                 t=burst_times(1800, dt), no_host=True))
+    return nvsmi_only(
+        run_window(
+            [GpuSpec(smoothed(prof, dt), dcgm=False) for _ in range(16)],
+            t=burst_times(1800, dt),
+            no_host=True,
+        )
+    )
 
 
 @pytest.mark.parametrize("dt", RATES)
@@ -145,8 +154,11 @@ def test_a_trace_that_stops_mid_run_raises_nothing(dt: float, who: str) -> None:
     """The run stays open; sweeps go on a minute, five and fifteen after the
     data of some or all of its GPUs stopped."""
     full = _healthy(dt)
-    keys = {"every gpu": list(full.gpus), "one node": [k for k in full.gpus if k[0] == "n1"],
-            "one gpu": [("n0", 3)]}[who]
+    keys = {
+        "every gpu": list(full.gpus),
+        "one node": [k for k in full.gpus if k[0] == "n1"],
+        "one gpu": [("n0", 3)],
+    }[who]
     stop = T0 + 900.0
     cut = _cut(full, keys, stop)
     for after in (60.0, 300.0, 900.0):

@@ -67,8 +67,7 @@ def test_nvml_only_gpus_fall_back_to_power_and_util() -> None:
 def test_sampling_rates(dt: float, period: float) -> None:
     # Phase edges a quarter period away from the samples: no aliasing at 30 s.
     prof = [noisy(square(period, 0.5, start=T0 + period / 4), sd=0.02, seed=i) for i in range(4)]
-    w = run_window([GpuSpec(p) for p in prof],
-                   t=times(600, dt, jitter=0.05), host=CPU_BUSY)
+    w = run_window([GpuSpec(p) for p in prof], t=times(600, dt, jitter=0.05), host=CPU_BUSY)
     f = one(detect(w, CFG))
     assert f.evidence["period_s"] == pytest.approx(period, rel=0.1)
 
@@ -114,18 +113,27 @@ def test_steady_low_activity_with_a_saturated_host_is(host: dict, cause: str) ->
 def _shared_node(neighbour: GpuSpec) -> object:
     """A serving run on GPUs 4-7 of a node whose GPUs 0-3 belong to another
     run, with the node's iowait high (the demo's h100-04)."""
-    w = run_window([neighbour] * 4 + [GpuSpec(noisy(steady(0.25), seed=i)) for i in range(4)], host=IO_BUSY,
-                   run_id="trainer")
+    w = run_window(
+        [neighbour] * 4 + [GpuSpec(noisy(steady(0.25), seed=i)) for i in range(4)],
+        host=IO_BUSY,
+        run_id="trainer",
+    )
     trainer = w.runs[0]
     keys = trainer.allocations
-    w.runs[:] = [RunInfo("trainer", trainer.start, None, keys[:4]), RunInfo("serve", trainer.start, None, keys[4:])]
+    w.runs[:] = [
+        RunInfo("trainer", trainer.start, None, keys[:4]),
+        RunInfo("serve", trainer.start, None, keys[4:]),
+    ]
     return w
 
 
-@pytest.mark.parametrize("neighbour", [
-    GpuSpec(noisy(steady(0.9))),                   # a busy trainer
-    GpuSpec(square(period=20, duty=0.5)),         # a trainer whose own loader starves it
-])
+@pytest.mark.parametrize(
+    "neighbour",
+    [
+        GpuSpec(noisy(steady(0.9))),  # a busy trainer
+        GpuSpec(square(period=20, duty=0.5)),  # a trainer whose own loader starves it
+    ],
+)
 def test_steady_low_run_is_not_blamed_for_a_neighbours_host_pressure(neighbour: GpuSpec) -> None:
     """Node-wide iowait cannot say whose I/O it is: with another run working
     or swinging on the node, the lightly loaded run is not called starved,
@@ -137,7 +145,9 @@ def test_steady_low_run_is_not_blamed_for_a_neighbours_host_pressure(neighbour: 
 def test_steady_low_runs_alone_on_a_saturated_shared_node_are_still_starved() -> None:
     w = _shared_node(GpuSpec(noisy(steady(0.2), seed=9)))
     assert {(f.run_id, f.cause, f.evidence["pattern"]) for f in detect(w, CFG)} == {
-        ("trainer", "io", "steady_low"), ("serve", "io", "steady_low")}
+        ("trainer", "io", "steady_low"),
+        ("serve", "io", "steady_low"),
+    }
 
 
 def test_steady_low_without_host_data_is_not_reported() -> None:
@@ -188,7 +198,11 @@ def test_a_few_oscillating_gpus_do_not_make_the_run_starved() -> None:
 
 def test_gaps_are_not_idle_time() -> None:
     t = times(600)
-    keep = ~(((t > T0 + 100) & (t < T0 + 130)) | ((t > T0 + 300) & (t < T0 + 320)) | ((t > T0 + 450) & (t < T0 + 470)))
+    keep = ~(
+        ((t > T0 + 100) & (t < T0 + 130))
+        | ((t > T0 + 300) & (t < T0 + 320))
+        | ((t > T0 + 450) & (t < T0 + 470))
+    )
     w = run_window([GpuSpec(steady(0.9)) for _ in range(4)], t=t[keep], host=CPU_BUSY)
     assert detect(w, CFG) == []
     # An oscillation survives a gap.

@@ -88,7 +88,9 @@ def test_straggler_across_nodes() -> None:
 def slowed_from(at: float, until: float = float("inf")) -> GpuSpec:
     """Application clocks lowered (reason 0x2, not a throttle) from ``at``."""
     during = lambda t: (t >= at) & (t < until)  # noqa: E731
-    return GpuSpec(lambda t: np.where(during(t), SLOW, PEER), throttle=0x2, throttle_when=during, throttle_clock=0.7)
+    return GpuSpec(
+        lambda t: np.where(during(t), SLOW, PEER), throttle=0x2, throttle_when=during, throttle_clock=0.7
+    )
 
 
 def test_onset_is_dated_from_when_the_clocks_dropped() -> None:
@@ -115,7 +117,9 @@ def test_a_straggler_whose_node_loses_packets_has_the_network_as_its_cause() -> 
     for node, host in w.hosts.items():
         bad = node == "n1"
         host.cols["ib_symbol_errors"] = np.full(host.t.shape, 40.0 if bad else 0.0)
-        host.cols["ib_link_error_recovery"] = np.where(np.arange(host.t.size) % 20 == 0, 1.0 if bad else 0.0, 0.0)
+        host.cols["ib_link_error_recovery"] = np.where(
+            np.arange(host.t.size) % 20 == 0, 1.0 if bad else 0.0, 0.0
+        )
         host.cols["ib_util_pct"] = np.full(host.t.shape, 30.0)
     (f,) = detect(w, CFG)
     assert (f.node, f.gpu, f.cause) == ("n1", 3, "network")
@@ -187,8 +191,9 @@ def test_silicon_spread_of_power_is_no_straggler() -> None:
     assert detect(w, CFG) == []
 
 
-def _rhythm_run(straggler: int | None, common_sd: float, own_sd: float, eff: dict[int, float],
-                n: int = 16, seed: int = 4) -> list[GpuSpec]:
+def _rhythm_run(
+    straggler: int | None, common_sd: float, own_sd: float, eff: dict[int, float], n: int = 16, seed: int = 4
+) -> list[GpuSpec]:
     """1 s samples of util and power only, every GPU at ~100 % GPU-Util.
 
     Each sample, the peers computed for a share of it set by how long the
@@ -203,8 +208,13 @@ def _rhythm_run(straggler: int | None, common_sd: float, own_sd: float, eff: dic
         share = np.ones(t.size) if i == straggler else common + own_sd * rng.standard_normal(t.size)
         e = eff.get(i, 1.0 + 0.01 * ((i * 7) % 5 - 2))
         power = 70.0 + 560.0 * e * np.clip(share, 0.0, 1.0) + 3.0 * rng.standard_normal(t.size)
-        specs.append(GpuSpec(steady(0.9), dcgm=False,
-                             extra={"power_w": lambda _t, p=power: p, "util_pct": lambda tt: np.full(tt.shape, 100.0)}))
+        specs.append(
+            GpuSpec(
+                steady(0.9),
+                dcgm=False,
+                extra={"power_w": lambda _t, p=power: p, "util_pct": lambda tt: np.full(tt.shape, 100.0)},
+            )
+        )
     return specs
 
 

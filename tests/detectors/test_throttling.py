@@ -14,7 +14,13 @@ CFG = DetectorConfig()
 
 @pytest.mark.parametrize(
     ("bits", "cause"),
-    [(0x4, "power_cap"), (0x20, "thermal"), (0x40 | 0x8, "thermal"), (0x8, "hw_slowdown"), (0x80 | 0x8, "power_brake")],
+    [
+        (0x4, "power_cap"),
+        (0x20, "thermal"),
+        (0x40 | 0x8, "thermal"),
+        (0x8, "hw_slowdown"),
+        (0x80 | 0x8, "power_brake"),
+    ],
 )
 def test_reason_bits_name_the_cause(bits: int, cause: str) -> None:
     fs = detect(run_window([GpuSpec(steady(0.9), throttle=bits, throttle_clock=0.7)]), CFG)
@@ -48,7 +54,7 @@ def test_clocks_at_max_despite_a_bit_are_not_throttled() -> None:
 
 
 def test_brief_throttling_is_not_reported() -> None:
-    spec = GpuSpec(steady(0.9), throttle=0x20, throttle_when=lambda t: (t > T0 + 560))
+    spec = GpuSpec(steady(0.9), throttle=0x20, throttle_when=lambda t: t > T0 + 560)
     assert detect(run_window([spec]), CFG) == []
 
 
@@ -105,19 +111,36 @@ def test_gap_does_not_count_as_throttled_or_clear() -> None:
 
 def test_many_gpus_of_a_run_throttled_for_one_reason_are_one_finding() -> None:
     # 8 GPUs on two nodes: six power-capped (from different onsets), one thermal, one fine
-    specs = [GpuSpec(steady(0.9), throttle=0x4, throttle_clock=0.5 + 0.04 * i,
-                     throttle_when=(lambda t, i=i: t >= T0 + 20 * i)) for i in range(6)]
+    specs = [
+        GpuSpec(
+            steady(0.9),
+            throttle=0x4,
+            throttle_clock=0.5 + 0.04 * i,
+            throttle_when=(lambda t, i=i: t >= T0 + 20 * i),
+        )
+        for i in range(6)
+    ]
     specs += [GpuSpec(steady(0.9), throttle=0x20, throttle_clock=0.8), GpuSpec(steady(0.9))]
     fs = detect(run_window(specs, gpus_per_node=4), CFG)
     assert sorted((f.cause, f.scope_key) for f in fs) == [
-        ("power_cap", "throttling|run|r1|power_cap"), ("thermal", "throttling|run|r1|thermal")]
+        ("power_cap", "throttling|run|r1|power_cap"),
+        ("thermal", "throttling|run|r1|thermal"),
+    ]
     cap = next(f for f in fs if f.cause == "power_cap")
     ev = cap.evidence
-    assert [(g["node"], g["gpu"]) for g in ev["gpus"]] == [("n0", 0), ("n0", 1), ("n0", 2), ("n0", 3), ("n1", 0),
-                                                          ("n1", 1)]
+    assert [(g["node"], g["gpu"]) for g in ev["gpus"]] == [
+        ("n0", 0),
+        ("n0", 1),
+        ("n0", 2),
+        ("n0", 3),
+        ("n1", 0),
+        ("n1", 1),
+    ]
     assert ev["gpu_count"] == 6 and cap.node is None and cap.gpu is None and cap.run_id == "r1"
     # each GPU keeps its own evidence; the top level summarises them
-    assert [g["clock_ratio"] for g in ev["gpus"]] == pytest.approx([0.5, 0.54, 0.58, 0.62, 0.66, 0.7], abs=0.01)
+    assert [g["clock_ratio"] for g in ev["gpus"]] == pytest.approx(
+        [0.5, 0.54, 0.58, 0.62, 0.66, 0.7], abs=0.01
+    )
     assert ev["clock_ratio"] == pytest.approx(0.6, abs=0.01)
     assert ev["throttled_s"] == pytest.approx(600, abs=2) and ev["reasons"] == ["power_cap"]
     assert ev["reasons_mask"] == "0x4" and ev["reason_source"] == "bitmask"
@@ -132,8 +155,10 @@ def test_the_group_is_one_incident_that_follows_its_gpus() -> None:
     from gpufleet.collector.incidents import MemoryIncidentStore
 
     store = MemoryIncidentStore()
-    two = [GpuSpec(steady(0.9), throttle=0x4, throttle_clock=0.7), GpuSpec(steady(0.9), throttle=0x4,
-                                                                          throttle_clock=0.7)]
+    two = [
+        GpuSpec(steady(0.9), throttle=0x4, throttle_clock=0.7),
+        GpuSpec(steady(0.9), throttle=0x4, throttle_clock=0.7),
+    ]
     store.sweep(detect(run_window([*two, GpuSpec(steady(0.9))]), CFG), T0 + 600, 120)
     three = [*two, GpuSpec(steady(0.9), throttle=0x4, throttle_clock=0.7)]
     plan = store.sweep(detect(run_window(three), CFG), T0 + 660, 120)

@@ -105,8 +105,13 @@ def collectors(tmp_path: Path) -> Iterator[Callable[..., CollectorProc]]:
     made: list[CollectorProc] = []
 
     def make(db: str, settings: dict[str, Any] | None = None, **kw: Any) -> CollectorProc:
-        proc = CollectorProc(db, tmp_path, merged(COLLECTOR_SETTINGS, settings or {}),
-                             name=kw.pop("name", f"collector{len(made)}"), **kw)
+        proc = CollectorProc(
+            db,
+            tmp_path,
+            merged(COLLECTOR_SETTINGS, settings or {}),
+            name=kw.pop("name", f"collector{len(made)}"),
+            **kw,
+        )
         made.append(proc)
         return proc
 
@@ -121,17 +126,25 @@ def gpu_batch(batch_id: str, node: str, n: int = 8, t0: float | None = None, gpu
     """A valid batch of ``n`` GPU samples (``gpus`` GPUs, one second apart) and one host sample."""
     t0 = time.time() - 5 if t0 is None else t0
     return {
-        "batch_id": batch_id, "node": node,
-        "gpu": {"time": [t0 + i // gpus for i in range(n)], "gpu": [i % gpus for i in range(n)],
-                "util_pct": [50.0] * n, "power_w": [300.0] * n, "temp_c": [60] * n},
+        "batch_id": batch_id,
+        "node": node,
+        "gpu": {
+            "time": [t0 + i // gpus for i in range(n)],
+            "gpu": [i % gpus for i in range(n)],
+            "util_pct": [50.0] * n,
+            "power_w": [300.0] * n,
+            "temp_c": [60] * n,
+        },
         "host": {"time": [t0], "cpu_user_pct": [10.0]},
     }
 
 
-def post(url: str, token: str | None, doc: Any, fmt: str = "msgpack", comp: str | None = "zstd",
-         **kw: Any) -> httpx.Response:
+def post(
+    url: str, token: str | None, doc: Any, fmt: str = "msgpack", comp: str | None = "zstd", **kw: Any
+) -> httpx.Response:
     body, headers = encode(doc, fmt, comp)
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    return httpx.post(url.rstrip("/") + "/v1/ingest", content=body, headers=headers, timeout=kw.pop("timeout", 10),
-                      **kw)
+    return httpx.post(
+        url.rstrip("/") + "/v1/ingest", content=body, headers=headers, timeout=kw.pop("timeout", 10), **kw
+    )

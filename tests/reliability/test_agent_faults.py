@@ -86,8 +86,9 @@ def _run(fleet: Fleet, seconds: float, drain: float = 0.0) -> None:
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
-def test_final_refusals_are_sent_once_then_dead_lettered(status: int, scripted: Any, tmp_path: Path,
-                                                         figures: dict[str, Any]) -> None:
+def test_final_refusals_are_sent_once_then_dead_lettered(
+    status: int, scripted: Any, tmp_path: Path, figures: dict[str, Any]
+) -> None:
     col, url = scripted(lambda _b, _n: status)
     fleet = Fleet({"dl-node": "gpf_token"}, url, tmp_path / "spools", interval_s=0.1, ship_interval_s=0.3)
     _run(fleet, 1.5)
@@ -96,20 +97,32 @@ def test_final_refusals_are_sent_once_then_dead_lettered(status: int, scripted: 
     dead = sorted(p.name for p in a.spool.dead_dir.glob("*.seg"))
     sends = {b: len(t) for b, t in col.sends.items()}
     counted = a.metrics.value("gpufleet_agent_batches_dead_lettered_total", status=str(status))
-    figures.update(status=status, batches=len(sends), max_sends=max(sends.values()), dead_lettered=len(dead),
-                   counted=counted, dropped_dead=a.spool.stats.dropped_dead)
+    figures.update(
+        status=status,
+        batches=len(sends),
+        max_sends=max(sends.values()),
+        dead_lettered=len(dead),
+        counted=counted,
+        dropped_dead=a.spool.stats.dropped_dead,
+    )
     assert len(sends) >= 3 and set(sends.values()) == {1}
     assert len(dead) == counted == len(sends)
     assert a.spool.stats.dropped_dead > 0 and a.spool.stats.delivered == 0
 
 
 @pytest.mark.parametrize("fault", ["429", "500", "503", "reset", "timeout"])
-def test_transient_failures_are_retried_with_capped_jittered_backoff(fault: str, scripted: Any, tmp_path: Path,
-                                                                     figures: dict[str, Any]) -> None:
+def test_transient_failures_are_retried_with_capped_jittered_backoff(
+    fault: str, scripted: Any, tmp_path: Path, figures: dict[str, Any]
+) -> None:
     fails = 4
     status = int(fault) if fault.isdigit() else 200
     col, url = scripted(lambda _b, n: status if n <= fails else 200)
-    settings: dict[str, Any] = {"interval_s": 0.1, "ship_interval_s": 0.5, "retry_base_s": 0.1, "retry_max_s": 0.8}
+    settings: dict[str, Any] = {
+        "interval_s": 0.1,
+        "ship_interval_s": 0.5,
+        "retry_base_s": 0.1,
+        "retry_max_s": 0.8,
+    }
     with fault_proxy(int(url.rsplit(":", 1)[1])) as proxy:
         if fault == "timeout":
             settings["request_timeout_s"] = 0.5
@@ -121,11 +134,18 @@ def test_transient_failures_are_retried_with_capped_jittered_backoff(fault: str,
     sends = {b: t for b, t in col.sends.items()}
     gaps = [b - a for t in sends.values() for a, b in itertools.pairwise(t)]
     (a,) = fleet.agents
-    figures.update(fault=fault, batches=len(sends), sends_per_batch=sorted({len(t) for t in sends.values()}),
-                   max_gap_s=round(max(gaps), 2) if gaps else None,
-                   retried=a.metrics.value("gpufleet_agent_batches_retried_total", reason=fault
-                                           if fault.isdigit() else ("connection" if fault == "reset" else "timeout")),
-                   delivered=a.spool.stats.delivered, spooled=a.spool.stats.spooled)
+    figures.update(
+        fault=fault,
+        batches=len(sends),
+        sends_per_batch=sorted({len(t) for t in sends.values()}),
+        max_gap_s=round(max(gaps), 2) if gaps else None,
+        retried=a.metrics.value(
+            "gpufleet_agent_batches_retried_total",
+            reason=fault if fault.isdigit() else ("connection" if fault == "reset" else "timeout"),
+        ),
+        delivered=a.spool.stats.delivered,
+        spooled=a.spool.stats.spooled,
+    )
     assert a.spool.stats.delivered == a.spool.stats.spooled and a.spool.stats.dropped_dead == 0
     if fault.isdigit():
         first = min(sends, key=lambda b: sends[b][0])
@@ -140,11 +160,22 @@ def test_fleet_does_not_reconnect_in_lockstep(scripted: Any, tmp_path: Path, fig
     n = int(knob("s6_agents", 20, 50))
     outage_until = time.monotonic() + 6
     col, url = scripted(lambda _b, _n: 503 if time.monotonic() < outage_until else 200)
-    fleet = Fleet({f"herd-{i:02d}": "gpf_token" for i in range(n)}, url, tmp_path / "spools", interval_s=0.2,
-                  ship_interval_s=0.5, retry_base_s=0.5, retry_max_s=4.0, host=False)
+    fleet = Fleet(
+        {f"herd-{i:02d}": "gpf_token" for i in range(n)},
+        url,
+        tmp_path / "spools",
+        interval_s=0.2,
+        ship_interval_s=0.5,
+        retry_base_s=0.5,
+        retry_max_s=4.0,
+        host=False,
+    )
     _run(fleet, 8.0, drain=30)
-    after = sorted(min(t for t in ts if t >= outage_until) - outage_until
-                   for ts in col.sends.values() if any(t >= outage_until for t in ts))
+    after = sorted(
+        min(t for t in ts if t >= outage_until) - outage_until
+        for ts in col.sends.values()
+        if any(t >= outage_until for t in ts)
+    )
     firsts = {}
     for b, ts in col.sends.items():
         node = b.split(":")[0]
@@ -152,9 +183,15 @@ def test_fleet_does_not_reconnect_in_lockstep(scripted: Any, tmp_path: Path, fig
             if t >= outage_until:
                 firsts[node] = min(firsts.get(node, t), t)
     spread = sorted(t - outage_until for t in firsts.values())
-    figures.update(agents=n, first_retry_after_recovery_s={"min": round(spread[0], 2), "max": round(spread[-1], 2),
-                                                           "stdev": round(statistics.pstdev(spread), 2)},
-                   requests_in_first_100ms=sum(1 for t in spread if t - spread[0] < 0.1))
+    figures.update(
+        agents=n,
+        first_retry_after_recovery_s={
+            "min": round(spread[0], 2),
+            "max": round(spread[-1], 2),
+            "stdev": round(statistics.pstdev(spread), 2),
+        },
+        requests_in_first_100ms=sum(1 for t in spread if t - spread[0] < 0.1),
+    )
     assert len(after) > 0 and len(firsts) == n
     # full jitter: the fleet's first attempts after recovery are spread over seconds, not one burst
     assert spread[-1] - spread[0] >= 1.0
@@ -168,8 +205,16 @@ def test_long_outage_with_capped_spool(scripted: Any, tmp_path: Path, figures: d
     col, url = scripted(lambda _b, _n: 200)
     with fault_proxy(int(url.rsplit(":", 1)[1])) as proxy:
         proxy.set_mode("refuse")
-        fleet = Fleet({"cap-node": "gpf_token"}, proxy.url, tmp_path / "spools", interval_s=0.05,
-                      ship_interval_s=0.5, spool_max_bytes=cap, retry_base_s=0.2, retry_max_s=1.0)
+        fleet = Fleet(
+            {"cap-node": "gpf_token"},
+            proxy.url,
+            tmp_path / "spools",
+            interval_s=0.05,
+            ship_interval_s=0.5,
+            spool_max_bytes=cap,
+            retry_base_s=0.2,
+            retry_max_s=1.0,
+        )
         (a,) = fleet.agents
         sizes: list[int] = []
         biggest_segment = 0
@@ -188,10 +233,17 @@ def test_long_outage_with_capped_spool(scripted: Any, tmp_path: Path, figures: d
         finally:
             fleet.close()
     st = a.spool.stats
-    figures.update(outage_s=outage_s, cap_bytes=cap, max_spool_bytes=max(sizes), biggest_segment=biggest_segment,
-                   spooled=st.spooled, delivered=st.delivered, dropped=st.dropped_full,
-                   dropped_metric=a.metrics.value("gpufleet_agent_samples_dropped_total", reason="spool_full"),
-                   received=sum(len(t) for t in col.sends.values()))
+    figures.update(
+        outage_s=outage_s,
+        cap_bytes=cap,
+        max_spool_bytes=max(sizes),
+        biggest_segment=biggest_segment,
+        spooled=st.spooled,
+        delivered=st.delivered,
+        dropped=st.dropped_full,
+        dropped_metric=a.metrics.value("gpufleet_agent_samples_dropped_total", reason="spool_full"),
+        received=sum(len(t) for t in col.sends.values()),
+    )
     assert st.dropped_full > 0, "the outage never filled the spool"
     assert max(sizes) <= cap + biggest_segment
     assert st.dropped_full == st.spooled - st.delivered == figures["dropped_metric"]

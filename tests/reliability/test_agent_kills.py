@@ -83,30 +83,47 @@ def landed(db: str, node: str) -> Counter[int]:
     out: Counter[int] = Counter()
     with psycopg.connect(db) as conn:
         for table in ("gpu_samples", "host_samples"):
-            rows = conn.execute(f"SELECT ((extract(epoch FROM time) - %s) * 1000000)::int8, count(*) "
-                                f"FROM {table} WHERE node = %s GROUP BY time", (PG_EPOCH_S, node)).fetchall()
+            rows = conn.execute(
+                f"SELECT ((extract(epoch FROM time) - %s) * 1000000)::int8, count(*) "
+                f"FROM {table} WHERE node = %s GROUP BY time",
+                (PG_EPOCH_S, node),
+            ).fetchall()
             for us, n in rows:
                 out[us] += n
     return out
 
 
 @pytest.mark.timeout(900)  # full size: 10 kills over 5 minutes, then the drain
-def test_agent_kill9_every_period_with_collector_down_half_the_time(fresh_db: str, tmp_path: Path,
-                                                                   collectors: Callable[..., CollectorProc],
-                                                                   figures: dict[str, Any]) -> None:
+def test_agent_kill9_every_period_with_collector_down_half_the_time(
+    fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     every = knob("s3_kill_every_s", 5, 30)
     kills = int(knob("s3_duration_s", 40, 300) // every)
     interval = knob("s3_interval_s", 0.2, 0.2)
     node = "kill-node"
     token = node_tokens(fresh_db, [node])[node]
     col = collectors(fresh_db)
-    agent = AgentProc(col.url, token, node, tmp_path, gpus=2,
-                      settings={"interval_s": interval, "ship_interval_s": 1.0, "retry_base_s": 0.2,
-                                "retry_max_s": 1.0, "request_timeout_s": 5.0, "shutdown_ship_s": 15.0})
+    agent = AgentProc(
+        col.url,
+        token,
+        node,
+        tmp_path,
+        gpus=2,
+        settings={
+            "interval_s": interval,
+            "ship_interval_s": 1.0,
+            "retry_base_s": 0.2,
+            "retry_max_s": 1.0,
+            "request_timeout_s": 5.0,
+            "shutdown_ship_s": 15.0,
+        },
+    )
     # Kill k at k * every; the collector switches at (j + 1/2) * every: up in [0, every/2), down in
     # [every/2, 3 every/2), up again ..., so odd kills find it down and even ones up.
-    events = sorted([(k * every, "kill", k) for k in range(1, kills + 1)]
-                    + [((j + 0.5) * every, "collector", j) for j in range(kills)])
+    events = sorted(
+        [(k * every, "kill", k) for k in range(1, kills + 1)]
+        + [((j + 0.5) * every, "collector", j) for j in range(kills)]
+    )
     kill_times: list[float] = []
     torn: dict[int, float] = {}
     up_s = polled_s = 0.0
@@ -145,8 +162,10 @@ def test_agent_kill9_every_period_with_collector_down_half_the_time(fresh_db: st
         # The last agent ships what every killed one left, and keeps shipping what it samples.
         t_last = time.time()
         deadline = time.monotonic() + 60
-        while not (any(p["t"] > t_last + 2 for p in read_jsonl(agent.produced))
-                   and not list(agent.spool_dir.glob("*.seg"))):
+        while not (
+            any(p["t"] > t_last + 2 for p in read_jsonl(agent.produced))
+            and not list(agent.spool_dir.glob("*.seg"))
+        ):
             assert agent.alive(), agent.tail()
             assert time.monotonic() < deadline, f"spool not drained: {sorted(agent.spool_dir.iterdir())}"
             time.sleep(0.5)
@@ -179,17 +198,30 @@ def test_agent_kill9_every_period_with_collector_down_half_the_time(fresh_db: st
     log = agent.tail(10**7)
     counted_torn = log.count("ends in a torn or corrupt record")
     lost_span = [round(max(kill_times[i] - t for t in ts), 3) for i, ts in enumerate(lost[:-1]) if ts]
-    figures.update(kill_every_s=every, kills=len(kill_times), interval_s=interval, agent_starts=agent.starts,
-                   collector_starts=col.starts, collector_up_share=round(up_s / polled_s, 2),
-                   torn_injected=len(torn), torn_counted=counted_torn,
-                   produced_ticks=len(produced), produced_samples=sum(p["n"] for p in produced),
-                   lost_ticks_per_kill=[len(x) for x in lost[:-1]], lost_samples_per_kill=lost_samples[:-1],
-                   lost_after_last_restart=len(lost[-1]), max_lost_before_kill_s=max(lost_span, default=0.0),
-                   partial_ticks=len(partial), unknown_rows=len(unknown),
-                   **result.as_dict())
+    figures.update(
+        kill_every_s=every,
+        kills=len(kill_times),
+        interval_s=interval,
+        agent_starts=agent.starts,
+        collector_starts=col.starts,
+        collector_up_share=round(up_s / polled_s, 2),
+        torn_injected=len(torn),
+        torn_counted=counted_torn,
+        produced_ticks=len(produced),
+        produced_samples=sum(p["n"] for p in produced),
+        lost_ticks_per_kill=[len(x) for x in lost[:-1]],
+        lost_samples_per_kill=lost_samples[:-1],
+        lost_after_last_restart=len(lost[-1]),
+        max_lost_before_kill_s=max(lost_span, default=0.0),
+        partial_ticks=len(partial),
+        unknown_rows=len(unknown),
+        **result.as_dict(),
+    )
 
     assert len(kill_times) == kills and agent.starts == kills + 1
-    assert up_s / polled_s < 0.75 and col.starts >= kills // 2  # the collector really was down much of the time
+    assert (
+        up_s / polled_s < 0.75 and col.starts >= kills // 2
+    )  # the collector really was down much of the time
     assert not partial and not unknown  # ticks land whole; nothing lands that was not produced
     for i, ts in enumerate(lost[:-1]):
         # At most the record being written when the kill came, plus the record torn on disk.
@@ -202,5 +234,7 @@ def test_agent_kill9_every_period_with_collector_down_half_the_time(fresh_db: st
     assert result.missing_samples == 0 and result.missing_batches == 0
     assert result.duplicate_rows == 0
     # Everything that landed was acknowledged to the agent at some point, and nothing else did.
-    assert result.acked_samples == sum(rows.values()) == result.rows["gpu_samples"] + result.rows["host_samples"]
+    assert (
+        result.acked_samples == sum(rows.values()) == result.rows["gpu_samples"] + result.rows["host_samples"]
+    )
     assert not list(agent.spool_dir.glob("*.seg")) and not list(agent.spool_dir.glob("*.open"))

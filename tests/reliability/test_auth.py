@@ -29,12 +29,37 @@ from tests.reliability.conftest import gpu_batch, node_tokens, post, role_token
 #: self-description, the sign-in form and static assets of the web view, and the runbooks
 #: every alert's ``runbook_url`` points at: static help text a pager opens before anyone signs
 #: in, holding no fleet data (gpufleet/api/web/runbooks.py).
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/metrics/fleet", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/assets/{name}",
-          "/redoc",
-          "/login", "/logout", "/static/web.css", "/static/favicon.svg", "/favicon.ico", "/runbooks"}
+PUBLIC = {
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/metrics/fleet",
+    "/openapi.json",
+    "/docs",
+    "/docs/oauth2-redirect",
+    "/docs/assets/{name}",
+    "/redoc",
+    "/login",
+    "/logout",
+    "/static/web.css",
+    "/static/favicon.svg",
+    "/favicon.ico",
+    "/runbooks",
+}
 #: Browser pages: without any credentials they send the browser to the sign-in form.
-WEB_PAGES = {"/", "/runs", "/runs/{run_id}", "/incidents", "/incidents/{incident_id}", "/accounting",
-             "/nodes/{node}", "/finance", "/finance/report.csv", "/finance/report.json", "/waste"}
+WEB_PAGES = {
+    "/",
+    "/runs",
+    "/runs/{run_id}",
+    "/incidents",
+    "/incidents/{incident_id}",
+    "/accounting",
+    "/nodes/{node}",
+    "/finance",
+    "/finance/report.csv",
+    "/finance/report.json",
+    "/waste",
+}
 
 
 def routes(app: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -69,12 +94,21 @@ def _fill(path: str) -> str:
     return path.replace("{", "").replace("}", "")
 
 
-def _request(base: str, method: str, path: str, auth_header: str | None, cookie: str | None = None) -> httpx.Response:
+def _request(
+    base: str, method: str, path: str, auth_header: str | None, cookie: str | None = None
+) -> httpx.Response:
     headers = {"Authorization": auth_header} if auth_header is not None else {}
     cookies = {"gpufleet_token": cookie} if cookie else None
     body = b"{}" if method in ("POST", "PUT", "PATCH") else None
-    return httpx.request(method, base + _fill(path), headers={**headers, "Content-Type": "application/json"},
-                         content=body, cookies=cookies, timeout=10, follow_redirects=False)
+    return httpx.request(
+        method,
+        base + _fill(path),
+        headers={**headers, "Content-Type": "application/json"},
+        content=body,
+        cookies=cookies,
+        timeout=10,
+        follow_redirects=False,
+    )
 
 
 def _revoked(db: str, role: str, node: str | None, use: Any) -> str:
@@ -90,8 +124,12 @@ def _revoked(db: str, role: str, node: str | None, use: Any) -> str:
 
 def test_every_route_refuses_missing_garbled_and_revoked_tokens(apps: Apps, figures: dict[str, Any]) -> None:
     node_secret = _revoked(apps.db, "node", "n1", lambda s: post(apps.col, s, gpu_batch("rev:1", "n1")))
-    sre_secret = _revoked(apps.db, "sre", None,
-                          lambda s: httpx.get(apps.api + "/v1/runs", headers={"Authorization": f"Bearer {s}"}))
+    sre_secret = _revoked(
+        apps.db,
+        "sre",
+        None,
+        lambda s: httpx.get(apps.api + "/v1/runs", headers={"Authorization": f"Bearer {s}"}),
+    )
     bad = {
         "missing": None,
         "garbled": "Bearer gpf_this-is-not-a-token-at-all-00000000000000000000",
@@ -101,7 +139,10 @@ def test_every_route_refuses_missing_garbled_and_revoked_tokens(apps: Apps, figu
     }
     checked = 0
     failures: list[str] = []
-    for base, table, revoked in ((apps.col, apps.col_routes, node_secret), (apps.api, apps.api_routes, sre_secret)):
+    for base, table, revoked in (
+        (apps.col, apps.col_routes, node_secret),
+        (apps.api, apps.api_routes, sre_secret),
+    ):
         for method, path in table:
             if path in PUBLIC:
                 continue
@@ -112,8 +153,11 @@ def test_every_route_refuses_missing_garbled_and_revoked_tokens(apps: Apps, figu
                     continue  # httpx itself refuses a non-ASCII header
                 checked += 1
                 want_redirect = path in WEB_PAGES and header is None
-                ok = (r.status_code == 303 and r.headers["location"].startswith("/login")) if want_redirect \
+                ok = (
+                    (r.status_code == 303 and r.headers["location"].startswith("/login"))
+                    if want_redirect
                     else r.status_code == 401
+                )
                 if not ok:
                     failures.append(f"{method} {path} {what}: {r.status_code} {r.text[:100]}")
                 for secret in (node_secret, sre_secret):
@@ -124,16 +168,25 @@ def test_every_route_refuses_missing_garbled_and_revoked_tokens(apps: Apps, figu
                 checked += 1
                 if not (r.status_code == 303 and r.headers["location"].startswith("/login")):
                     failures.append(f"{method} {path} revoked cookie: {r.status_code}")
-    figures.update(collector_routes=len(apps.col_routes), api_routes=len(apps.api_routes),
-                   public=sorted(PUBLIC), requests_checked=checked, failures=len(failures))
+    figures.update(
+        collector_routes=len(apps.col_routes),
+        api_routes=len(apps.api_routes),
+        public=sorted(PUBLIC),
+        requests_checked=checked,
+        failures=len(failures),
+    )
     assert not failures, "\n".join(failures)
     assert checked > 100
 
 
-def test_tokens_stored_hashed_and_compared_in_constant_time(apps: Apps, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokens_stored_hashed_and_compared_in_constant_time(
+    apps: Apps, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secret = node_tokens(apps.db, ["hash-node"])["hash-node"]
     with psycopg.connect(apps.db) as c:
-        row = c.execute("SELECT token_hash, t::text FROM agent_tokens t WHERE name = 'tok-hash-node'").fetchone()
+        row = c.execute(
+            "SELECT token_hash, t::text FROM agent_tokens t WHERE name = 'tok-hash-node'"
+        ).fetchone()
     assert row is not None
     assert bytes(row[0]) == auth.hash_secret(secret) and len(row[0]) == 32
     assert secret not in row[1] and secret.removeprefix(auth.PREFIX) not in row[1]
@@ -149,13 +202,18 @@ def test_tokens_stored_hashed_and_compared_in_constant_time(apps: Apps, monkeypa
     assert (auth.hash_secret(secret), auth.hash_secret(secret)) in calls
 
 
-def test_secrets_never_in_logs_or_error_bodies(apps: Apps, caplog: pytest.LogCaptureFixture,
-                                               figures: dict[str, Any]) -> None:
+def test_secrets_never_in_logs_or_error_bodies(
+    apps: Apps, caplog: pytest.LogCaptureFixture, figures: dict[str, Any]
+) -> None:
     caplog.set_level(logging.DEBUG)
     admin = role_token(apps.db, "log-admin", "admin")
     h = {"Authorization": f"Bearer {admin}"}
-    created = httpx.post(apps.api + "/v1/tokens", json={"name": "log-node", "role": "node", "node": "log-node"},
-                         headers=h, timeout=10)
+    created = httpx.post(
+        apps.api + "/v1/tokens",
+        json={"name": "log-node", "role": "node", "node": "log-node"},
+        headers=h,
+        timeout=10,
+    )
     assert created.status_code == 201
     node_secret = created.json()["token"]
     bodies = [
@@ -191,13 +249,19 @@ def test_authorization(apps: Apps, figures: dict[str, Any]) -> None:
     doc["gpu"]["node"] = ["node-a"] * 15 + ["node-b"]
     r2 = post(apps.col, tokens["node-a"], doc, fmt="json", comp=None)
     with psycopg.connect(apps.db) as c:
-        rows = c.execute("SELECT (SELECT count(*) FROM gpu_samples) + (SELECT count(*) FROM host_samples) "
-                         "+ (SELECT count(*) FROM ingest_batches)").fetchone()
+        rows = c.execute(
+            "SELECT (SELECT count(*) FROM gpu_samples) + (SELECT count(*) FROM host_samples) "
+            "+ (SELECT count(*) FROM ingest_batches)"
+        ).fetchone()
     assert (r1.status_code, r2.status_code, rows) == (403, 403, (0,))
     # node tokens cannot read anything
     reads = [(m, p) for m, p in apps.api_routes if m == "GET" and p not in PUBLIC and p not in WEB_PAGES]
-    node_reads = {p: httpx.get(apps.api + _fill(p), headers={"Authorization": f"Bearer {tokens['node-a']}"},
-                               timeout=10).status_code for _, p in reads}
+    node_reads = {
+        p: httpx.get(
+            apps.api + _fill(p), headers={"Authorization": f"Bearer {tokens['node-a']}"}, timeout=10
+        ).status_code
+        for _, p in reads
+    }
     assert set(node_reads.values()) == {403}, node_reads
     # finance reads accounting but cannot change sites, prices, carbon, nodes or tokens
     fh = {"Authorization": f"Bearer {finance}"}
@@ -211,18 +275,29 @@ def test_authorization(apps: Apps, figures: dict[str, Any]) -> None:
         ("DELETE", "/v1/tokens/tok-node-a"): None,
         ("POST", "/v1/runs"): {"run_id": "fin-run"},
     }
-    finance_writes = {f"{m} {p}": httpx.request(m, apps.api + p, json=b, headers=fh, timeout=10).status_code
-                      for (m, p), b in writes.items()}
+    finance_writes = {
+        f"{m} {p}": httpx.request(m, apps.api + p, json=b, headers=fh, timeout=10).status_code
+        for (m, p), b in writes.items()
+    }
     assert set(finance_writes.values()) == {403}, finance_writes
     with psycopg.connect(apps.db) as c:
         assert c.execute("SELECT count(*) FROM sites").fetchone() == (0,)
         assert c.execute("SELECT count(*) FROM agent_tokens WHERE revoked_at IS NOT NULL").fetchone() == (0,)
     # unknown fields are refused, naming the field
     admin = role_token(apps.db, "authz-admin", "admin")
-    r3 = httpx.post(apps.api + "/v1/runs", json={"run_id": "r1", "colour": "red"},
-                    headers={"Authorization": f"Bearer {admin}"})
-    r4 = post(apps.col, tokens["node-a"], {**gpu_batch("unk:1", "node-a"), "colour": "red"}, fmt="json", comp=None)
+    r3 = httpx.post(
+        apps.api + "/v1/runs",
+        json={"run_id": "r1", "colour": "red"},
+        headers={"Authorization": f"Bearer {admin}"},
+    )
+    r4 = post(
+        apps.col, tokens["node-a"], {**gpu_batch("unk:1", "node-a"), "colour": "red"}, fmt="json", comp=None
+    )
     assert r3.status_code == 422 and "colour" in r3.text
     assert r4.status_code == 422 and r4.json()["detail"][0]["loc"] == ["colour"]
-    figures.update(node_a_as_b=[r1.status_code, r2.status_code], node_reads=len(node_reads),
-                   finance_writes=finance_writes, unknown_field=[r3.status_code, r4.status_code])
+    figures.update(
+        node_a_as_b=[r1.status_code, r2.status_code],
+        node_reads=len(node_reads),
+        finance_writes=finance_writes,
+        unknown_field=[r3.status_code, r4.status_code],
+    )

@@ -20,9 +20,9 @@ from testsupport.oracle import integrity
 from testsupport.procs import CollectorProc
 
 
-def test_collector_kill9_loses_and_duplicates_nothing(fresh_db: str, tmp_path: Path,
-                                                      collectors: Callable[..., CollectorProc],
-                                                      figures: dict[str, Any]) -> None:
+def test_collector_kill9_loses_and_duplicates_nothing(
+    fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     n_agents = int(knob("s1_agents", 10, 50))
     target = int(knob("s1_samples", 30_000, 1_000_000))
     kills = int(knob("s1_kills", 3, 5))
@@ -30,8 +30,15 @@ def test_collector_kill9_loses_and_duplicates_nothing(fresh_db: str, tmp_path: P
     tokens = node_tokens(fresh_db, [f"crash-{i:03d}" for i in range(n_agents)])
     col = collectors(fresh_db)
     col.start().wait_up()
-    fleet = Fleet(tokens, col.url, tmp_path / "spools", interval_s=interval, ship_interval_s=0.5,
-                  retry_base_s=0.1, retry_max_s=1.0)
+    fleet = Fleet(
+        tokens,
+        col.url,
+        tmp_path / "spools",
+        interval_s=interval,
+        ship_interval_s=0.5,
+        retry_base_s=0.1,
+        retry_max_s=1.0,
+    )
     restarts: list[float] = []
     down_s: list[float] = []
     try:
@@ -54,9 +61,16 @@ def test_collector_kill9_loses_and_duplicates_nothing(fresh_db: str, tmp_path: P
         result = integrity(fresh_db, fleet.oracle)
     finally:
         fleet.close()
-    figures.update(agents=n_agents, kills=kills, collector_down_s=[round(d, 1) for d in down_s],
-                   drained_after_last_restart_s=round(drain_s, 1), spooled=tot.spooled, delivered=tot.delivered,
-                   dropped=tot.dropped, **result.as_dict())
+    figures.update(
+        agents=n_agents,
+        kills=kills,
+        collector_down_s=[round(d, 1) for d in down_s],
+        drained_after_last_restart_s=round(drain_s, 1),
+        spooled=tot.spooled,
+        delivered=tot.delivered,
+        dropped=tot.dropped,
+        **result.as_dict(),
+    )
     assert col.starts == kills + 1
     assert tot.spooled >= target
     assert result.acked_samples == tot.delivered == tot.spooled

@@ -42,9 +42,9 @@ def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.1) -> float:
     return time.monotonic() - t0
 
 
-def test_database_crash_loses_no_acknowledged_row(tmp_path: Path, settings: Settings,
-                                                  collectors: Callable[..., CollectorProc],
-                                                  figures: dict[str, Any]) -> None:
+def test_database_crash_loses_no_acknowledged_row(
+    tmp_path: Path, settings: Settings, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     n_agents = int(knob("s2_agents", 6, 50))
     before_s = knob("s2_ingest_before_s", 6, 60)
     outage_s = knob("s2_outage_s", 8, 60)
@@ -57,8 +57,15 @@ def test_database_crash_loses_no_acknowledged_row(tmp_path: Path, settings: Sett
         probe_node, probe_token = next(iter(tokens.items()))
         col = collectors(url)
         col.start().wait_up()
-        fleet = Fleet(tokens, col.url, tmp_path / "spools", interval_s=0.1, ship_interval_s=0.5,
-                      retry_base_s=0.1, retry_max_s=1.0)
+        fleet = Fleet(
+            tokens,
+            col.url,
+            tmp_path / "spools",
+            interval_s=0.1,
+            ship_interval_s=0.5,
+            retry_base_s=0.1,
+            retry_max_s=1.0,
+        )
         statuses_down: list[tuple[int, str | None]] = []
         try:
             fleet.start()
@@ -91,11 +98,19 @@ def test_database_crash_loses_no_acknowledged_row(tmp_path: Path, settings: Sett
         finally:
             fleet.close()
             col.kill()
-    figures.update(agents=n_agents, acked_before_crash=acked_before, readyz_false_after_s=round(not_ready_s, 2),
-                   statuses_while_down=sorted({s for s, _ in statuses_down}),
-                   retry_after_while_down=sorted({ra for _, ra in statuses_down if ra}),
-                   ingest_resumed_after_db_up_s=round(resumed_s, 2), ready_after_db_up_s=round(ready_again_s, 2),
-                   drain_s=round(drain_s, 1), spooled=tot.spooled, delivered=tot.delivered, **result.as_dict())
+    figures.update(
+        agents=n_agents,
+        acked_before_crash=acked_before,
+        readyz_false_after_s=round(not_ready_s, 2),
+        statuses_while_down=sorted({s for s, _ in statuses_down}),
+        retry_after_while_down=sorted({ra for _, ra in statuses_down if ra}),
+        ingest_resumed_after_db_up_s=round(resumed_s, 2),
+        ready_after_db_up_s=round(ready_again_s, 2),
+        drain_s=round(drain_s, 1),
+        spooled=tot.spooled,
+        delivered=tot.delivered,
+        **result.as_dict(),
+    )
     assert acked_before > 0
     assert not_ready_s <= 5
     assert statuses_down and all(s == 503 and ra for s, ra in statuses_down), statuses_down

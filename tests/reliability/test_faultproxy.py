@@ -13,7 +13,9 @@ from testsupport.faultproxy import proxy_process
 def test_proxy_process_forwards_and_switches_modes(pg_server: str) -> None:
     parts = urlsplit(pg_server)
     with proxy_process(parts.port or 5432) as proxy:
-        via = urlunsplit((parts.scheme, f"{parts.username}@127.0.0.1:{proxy.port}", parts.path, parts.query, ""))
+        via = urlunsplit(
+            (parts.scheme, f"{parts.username}@127.0.0.1:{proxy.port}", parts.path, parts.query, "")
+        )
         conn = psycopg.connect(via, connect_timeout=5, autocommit=True)
         assert conn.execute("SELECT 1").fetchone() == (1,)
         proxy.set_mode("refuse")  # resets the open connection too

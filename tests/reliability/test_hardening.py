@@ -29,8 +29,9 @@ def _peak_rss(pid: int) -> int:
     raise RuntimeError("no VmHWM")
 
 
-def test_object_bomb_leaves_rss_flat(fresh_db: str, collectors: Callable[..., CollectorProc],
-                                     figures: dict[str, Any]) -> None:
+def test_object_bomb_leaves_rss_flat(
+    fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     # The issue's body: ~1 KB of zstd that decompresses to 32 MiB of empty
     # msgpack maps (an array of 33 M), and the same spread over short arrays.
     tokens = node_tokens(fresh_db, ["node-01"])
@@ -40,7 +41,9 @@ def test_object_bomb_leaves_rss_flat(fresh_db: str, collectors: Callable[..., Co
     n = 32 * 1024 * 1024 - 16
     bombs = {
         "one_array": b"\xdd" + struct.pack(">I", n) + b"\x80" * n,
-        "short_arrays": b"\xdd" + struct.pack(">I", 5000) + (b"\xdc" + struct.pack(">H", 6000) + b"\x80" * 6000) * 5000,
+        "short_arrays": b"\xdd"
+        + struct.pack(">I", 5000)
+        + (b"\xdc" + struct.pack(">H", 6000) + b"\x80" * 6000) * 5000,
     }
     # Warm up the request path so the baseline includes it.
     assert post(c.url, tokens["node-01"], gpu_batch("w:1", "node-01")).status_code == 200
@@ -48,16 +51,30 @@ def test_object_bomb_leaves_rss_flat(fresh_db: str, collectors: Callable[..., Co
     for name, raw in bombs.items():
         body = zstandard.ZstdCompressor(level=19).compress(raw)
         t0 = time.monotonic()
-        r = httpx.post(c.url + "/v1/ingest", content=body, timeout=60,
-                       headers={"Content-Type": "application/msgpack", "Content-Encoding": "zstd",
-                                "Authorization": f"Bearer {tokens['node-01']}"})
+        r = httpx.post(
+            c.url + "/v1/ingest",
+            content=body,
+            timeout=60,
+            headers={
+                "Content-Type": "application/msgpack",
+                "Content-Encoding": "zstd",
+                "Authorization": f"Bearer {tokens['node-01']}",
+            },
+        )
         figures[f"{name}_body_bytes"] = len(body)
         figures[f"{name}_answer_s"] = round(time.monotonic() - t0, 3)
         assert r.status_code in (400, 413), r.text
     json_bomb = b"[" + b"{}," * (10 * 1024 * 1024) + b"{}]"
-    r = httpx.post(c.url + "/v1/ingest", content=zstandard.ZstdCompressor(level=19).compress(json_bomb), timeout=60,
-                   headers={"Content-Type": "application/json", "Content-Encoding": "zstd",
-                            "Authorization": f"Bearer {tokens['node-01']}"})
+    r = httpx.post(
+        c.url + "/v1/ingest",
+        content=zstandard.ZstdCompressor(level=19).compress(json_bomb),
+        timeout=60,
+        headers={
+            "Content-Type": "application/json",
+            "Content-Encoding": "zstd",
+            "Authorization": f"Bearer {tokens['node-01']}",
+        },
+    )
     assert r.status_code in (400, 413), r.text
     growth = _peak_rss(c.pid) - base
     figures["rss_base_mb"] = round(base / 2**20, 1)
@@ -68,7 +85,8 @@ def test_object_bomb_leaves_rss_flat(fresh_db: str, collectors: Callable[..., Co
 
 
 def test_sigterm_with_a_full_queue_ends_bounded_with_every_request_answered(
-        fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]) -> None:
+    fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     nodes = [f"node-{i:02d}" for i in range(20)]
     tokens = node_tokens(fresh_db, nodes)
     # a queue of 5 batches' rows: 20 senders keep it full (429s) when SIGTERM comes
@@ -78,8 +96,12 @@ def test_sigterm_with_a_full_queue_ends_bounded_with_every_request_answered(
     # A poison batch first (it used to kill the writer, after which SIGTERM waited forever).
     deep = b'{"batch_id":"deep:1","node":"node-00","facts":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}"
     assert orjson.loads(deep) is not None
-    r = httpx.post(c.url + "/v1/ingest", content=deep, timeout=10,
-                   headers={"Content-Type": "application/json", "Authorization": f"Bearer {tokens['node-00']}"})
+    r = httpx.post(
+        c.url + "/v1/ingest",
+        content=deep,
+        timeout=10,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {tokens['node-00']}"},
+    )
     assert r.status_code == 422
     answers: list[int | str] = []
     stop = threading.Event()
@@ -91,9 +113,14 @@ def test_sigterm_with_a_full_queue_ends_bounded_with_every_request_answered(
                 i += 1
                 body = orjson.dumps(gpu_batch(f"{node}:{i}", node, n=800, gpus=8))
                 try:
-                    r = client.post(c.url + "/v1/ingest", content=body,
-                                    headers={"Content-Type": "application/json",
-                                             "Authorization": f"Bearer {tokens[node]}"})
+                    r = client.post(
+                        c.url + "/v1/ingest",
+                        content=body,
+                        headers={
+                            "Content-Type": "application/json",
+                            "Authorization": f"Bearer {tokens[node]}",
+                        },
+                    )
                     answers.append(r.status_code)
                 except httpx.TransportError as e:  # refused once the server stopped listening
                     answers.append(type(e).__name__)
@@ -156,7 +183,8 @@ def _send_unread(url: str, head: str, total: int) -> tuple[int | None, int]:
 
 
 def test_api_memory_is_flat_under_huge_unauthenticated_bodies(
-        fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]) -> None:
+    fresh_db: str, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     # The issue's numbers: a 200 MB POST /v1/runs without a token took the API to 668 MiB before
     # its 401; POST /login read 150 MB before its 413.
     api = collectors(fresh_db, name="api", service="api")
@@ -165,12 +193,21 @@ def test_api_memory_is_flat_under_huge_unauthenticated_bodies(
     assert httpx.get(api.url + "/login", timeout=10).status_code == 200
     base = _peak_rss(api.pid)
     cases = {
-        "runs_no_token_declared": ("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                   f"Content-Length: {200 * 2**20}\r\n\r\n", 200 * 2**20),
-        "runs_no_token_chunked": ("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                  "Transfer-Encoding: chunked\r\n\r\n", 200 * 2**20),
-        "login_declared": ("POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded"
-                           f"\r\nContent-Length: {150 * 2**20}\r\n\r\n", 150 * 2**20),
+        "runs_no_token_declared": (
+            "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {200 * 2**20}\r\n\r\n",
+            200 * 2**20,
+        ),
+        "runs_no_token_chunked": (
+            "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n",
+            200 * 2**20,
+        ),
+        "login_declared": (
+            "POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded"
+            f"\r\nContent-Length: {150 * 2**20}\r\n\r\n",
+            150 * 2**20,
+        ),
     }
     for name, (head, total) in cases.items():
         status, sent = _send_unread(api.url, head, total)

@@ -30,15 +30,20 @@ from testsupport.oracle import duplicate_rows, row_counts
 
 
 def _bodies(node: str, prefix: str, n: int, t0: float) -> list[tuple[bytes, dict[str, str]]]:
-    return [encode(gpu_batch(f"{prefix}:{i}", node, n=16, t0=t0 + 2 * i), "msgpack", "zstd") for i in range(n)]
+    return [
+        encode(gpu_batch(f"{prefix}:{i}", node, n=16, t0=t0 + 2 * i), "msgpack", "zstd") for i in range(n)
+    ]
 
 
-async def _send_all(url: str, token: str, reqs: list[tuple[bytes, dict[str, str]]], copies: int,
-                    concurrent: bool) -> Counter[str]:
+async def _send_all(
+    url: str, token: str, reqs: list[tuple[bytes, dict[str, str]]], copies: int, concurrent: bool
+) -> Counter[str]:
     answers: Counter[str] = Counter()
     limits = httpx.Limits(max_connections=32)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits,
-                                 headers={"Authorization": f"Bearer {token}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=30, limits=limits, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
+
         async def one(body: bytes, headers: dict[str, str]) -> None:
             r = await client.post("/v1/ingest", content=body, headers=headers)
             answers[r.json()["status"] if r.status_code == 200 else str(r.status_code)] += 1
@@ -61,7 +66,9 @@ def served(fresh_db: str, settings: Settings) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("concurrent", [False, True], ids=["sequential", "concurrent"])
-def test_three_sends_store_once(fresh_db: str, served: str, concurrent: bool, figures: dict[str, Any]) -> None:
+def test_three_sends_store_once(
+    fresh_db: str, served: str, concurrent: bool, figures: dict[str, Any]
+) -> None:
     n = int(knob("s7_batches", 100, 1000))
     token = node_tokens(fresh_db, ["idem"])["idem"]
     reqs = _bodies("idem", "idem", n, time.time() - 4 * n)
@@ -84,16 +91,26 @@ def test_resend_after_chunk_compression_stores_nothing(settings: Settings, figur
         with serve(create_app(url, settings, run_leader=False)) as srv:
             first = asyncio.run(_send_all(srv.url, token, reqs, 1, False))
             with psycopg.connect(url, autocommit=True) as c:
-                chunks = c.execute("SELECT count(compress_chunk(ch, if_not_compressed => true)) "
-                                   "FROM show_chunks('gpu_samples') ch").fetchone()
-                compressed = c.execute("SELECT count(*) FROM timescaledb_information.chunks "
-                                       "WHERE hypertable_name = 'gpu_samples' AND is_compressed").fetchone()
+                chunks = c.execute(
+                    "SELECT count(compress_chunk(ch, if_not_compressed => true)) "
+                    "FROM show_chunks('gpu_samples') ch"
+                ).fetchone()
+                compressed = c.execute(
+                    "SELECT count(*) FROM timescaledb_information.chunks "
+                    "WHERE hypertable_name = 'gpu_samples' AND is_compressed"
+                ).fetchone()
             again = asyncio.run(_send_all(srv.url, token, reqs, 3, True))
         rows = row_counts(url)
         dup = duplicate_rows(url)
-    figures.update(server=server.rsplit("@", 1)[-1], chunks=chunks[0] if chunks else None,
-                   compressed_chunks=compressed[0] if compressed else None, first=dict(first), resends=dict(again),
-                   **rows, duplicate_rows=sum(dup.values()))
+    figures.update(
+        server=server.rsplit("@", 1)[-1],
+        chunks=chunks[0] if chunks else None,
+        compressed_chunks=compressed[0] if compressed else None,
+        first=dict(first),
+        resends=dict(again),
+        **rows,
+        duplicate_rows=sum(dup.values()),
+    )
     assert first == {"stored": 20}
     assert compressed is not None and compressed[0] >= 1
     assert again == {"duplicate": 60}

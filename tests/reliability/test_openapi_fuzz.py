@@ -69,8 +69,11 @@ def _send(client: httpx.Client, kw: dict[str, Any]) -> httpx.Response:
 
 
 def _operations(base: str, schema: dict[str, Any] | None = None) -> list[Any]:
-    loaded = schemathesis.openapi.from_url(base + "/openapi.json") if schema is None else \
-        schemathesis.openapi.from_dict(schema)
+    loaded = (
+        schemathesis.openapi.from_url(base + "/openapi.json")
+        if schema is None
+        else schemathesis.openapi.from_dict(schema)
+    )
     return [r.ok() for r in loaded.get_all_operations()]
 
 
@@ -78,12 +81,26 @@ def _has_inputs(op: Any) -> bool:
     return bool(list(op.iter_parameters()) or op.body)
 
 
-def _runner(client: httpx.Client, base: str, token: str, op: Any, examples: int, derandomize: bool,
-            seen: Counter[int], failures: list[str]) -> Any:
+def _runner(
+    client: httpx.Client,
+    base: str,
+    token: str,
+    op: Any,
+    examples: int,
+    derandomize: bool,
+    seen: Counter[int],
+    failures: list[str],
+) -> Any:
     """A Hypothesis test of one operation: send each generated case, count statuses, note 5xx."""
 
-    @hsettings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
-               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @hsettings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=derandomize,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=op.as_strategy())
     def run(case: Any) -> None:
         headers = {"Authorization": f"Bearer {token}"}
@@ -93,17 +110,24 @@ def _runner(client: httpx.Client, base: str, token: str, op: Any, examples: int,
         r = _send(client, kw)
         seen[r.status_code] += 1
         if r.status_code >= 500 and len(failures) < 20:
-            failures.append(f"{r.status_code} {op.label}: {kw.get('url')} params={kw.get('params')} "
-                            f"body={str(kw.get('json', kw.get('data')))[:300]} -> {r.text[:200]}")
+            failures.append(
+                f"{r.status_code} {op.label}: {kw.get('url')} params={kw.get('params')} "
+                f"body={str(kw.get('json', kw.get('data')))[:300]} -> {r.text[:200]}"
+            )
 
     return run
 
 
-def _fuzz(targets: list[tuple[str, str]], budget: int, schema: dict[str, Any] | None = None
-          ) -> tuple[dict[str, Counter[int]], list[str]]:
+def _fuzz(
+    targets: list[tuple[str, str]], budget: int, schema: dict[str, Any] | None = None
+) -> tuple[dict[str, Counter[int]], list[str]]:
     """Spread ``budget`` requests over every operation of every (base URL, token); statuses per operation.
     The operations are the target's own OpenAPI description, or ``schema`` when given."""
-    ops = [(f"{i}:{base}", token, op) for i, (base, token) in enumerate(targets) for op in _operations(base, schema)]
+    ops = [
+        (f"{i}:{base}", token, op)
+        for i, (base, token) in enumerate(targets)
+        for op in _operations(base, schema)
+    ]
     per_op = max(1, budget // max(1, sum(_has_inputs(op) for _, _, op in ops)))
     by_op: dict[str, Counter[int]] = {}
     failures: list[str] = []
@@ -119,13 +143,17 @@ def _fuzz(targets: list[tuple[str, str]], budget: int, schema: dict[str, Any] | 
 
 @pytest.fixture
 def apps(fresh_db: str, settings: Settings) -> Iterator[tuple[str, str]]:
-    with serve(create_collector(fresh_db, settings, run_leader=False)) as col, \
-            serve(create_api(fresh_db, settings)) as api:
+    with (
+        serve(create_collector(fresh_db, settings, run_leader=False)) as col,
+        serve(create_api(fresh_db, settings)) as api,
+    ):
         yield col.url, api.url
 
 
 @pytest.mark.timeout(900)
-def test_generated_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, str], figures: dict[str, Any]) -> None:
+def test_generated_requests_never_get_a_5xx(
+    fresh_db: str, apps: tuple[str, str], figures: dict[str, Any]
+) -> None:
     budget = int(knob("s8_requests", 3000, 10_000))
     col_url, api_url = apps
     node = node_tokens(fresh_db, ["fuzz-node"])["fuzz-node"]
@@ -138,16 +166,22 @@ def test_generated_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, str]
     total: Counter[int] = Counter()
     for seen in by_op.values():
         total.update(seen)
-    figures.update(requests=sum(total.values()), operations=len(by_op), statuses=dict(sorted(total.items())),
-                   fivexx=sum(n for s, n in total.items() if s >= 500),
-                   per_operation={k: dict(sorted(v.items())) for k, v in by_op.items()})
+    figures.update(
+        requests=sum(total.values()),
+        operations=len(by_op),
+        statuses=dict(sorted(total.items())),
+        fivexx=sum(n for s, n in total.items() if s >= 500),
+        per_operation={k: dict(sorted(v.items())) for k, v in by_op.items()},
+    )
     assert not failures, "\n".join(failures)
     # the requests must mostly get past authentication, or this tested little
     assert total[401] < 0.05 * sum(total.values())
 
 
 @pytest.mark.timeout(900)
-def test_generated_web_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, str], figures: dict[str, Any]) -> None:
+def test_generated_web_requests_never_get_a_5xx(
+    fresh_db: str, apps: tuple[str, str], figures: dict[str, Any]
+) -> None:
     """The web view's pages and forms (outside the OpenAPI, tests/reliability/web_schema.py describes
     them): generated paths, query strings and sign-in forms, as an admin and with a node token (whose
     pages answer 403), never get a 5xx."""
@@ -156,8 +190,12 @@ def test_generated_web_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, 
     admin = role_token(fresh_db, "fuzz-web-admin", "admin")
     node = node_tokens(fresh_db, ["fuzz-web-node"])["fuzz-web-node"]
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as c:
-        assert c.post("/v1/runs", json={"run_id": "fuzz-run", "allocations": [{"node": "n1", "gpus": [0]}]}
-                      ).status_code == 201
+        assert (
+            c.post(
+                "/v1/runs", json={"run_id": "fuzz-run", "allocations": [{"node": "n1", "gpus": [0]}]}
+            ).status_code
+            == 201
+        )
     by_op, failures = _fuzz([(api_url, admin), (api_url, node)], budget * 4 // 5, WEB_SCHEMA)
     known = known_schema("fuzz-run", [admin, role_token(fresh_db, "fuzz-web-finance", "finance"), node])
     more, more_failures = _fuzz([(api_url, admin)], budget // 6, known)
@@ -168,9 +206,13 @@ def test_generated_web_requests_never_get_a_5xx(fresh_db: str, apps: tuple[str, 
     total: Counter[int] = Counter()
     for seen in by_op.values():
         total.update(seen)
-    figures.update(requests=sum(total.values()), operations=len(by_op), statuses=dict(sorted(total.items())),
-                   fivexx=sum(n for s, n in total.items() if s >= 500),
-                   per_operation={k: dict(sorted(v.items())) for k, v in by_op.items()})
+    figures.update(
+        requests=sum(total.values()),
+        operations=len(by_op),
+        statuses=dict(sorted(total.items())),
+        fivexx=sum(n for s, n in total.items() if s >= 500),
+        per_operation={k: dict(sorted(v.items())) for k, v in by_op.items()},
+    )
     assert not failures, "\n".join(failures)
     assert total[200] > 0 and total[403] > 0  # admins see pages, node tokens are refused them
     assert total[303] > 1 and total[400] > 0  # signed in; and a bad hours/run id/form refused

@@ -70,7 +70,11 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], int, list[Any]]] = {
     "object as a value": (lambda d: d["gpu"]["temp_c"].__setitem__(42, {"v": 1}), 422, ["gpu", 42, "temp_c"]),
     "list as a value": (lambda d: d["gpu"]["power_w"].__setitem__(7, [1.0]), 422, ["gpu", 7, "power_w"]),
     "unknown field": (lambda d: d["gpu"].__setitem__("warp_drive", [1] * 500), 422, ["gpu", "warp_drive"]),
-    "string time": (lambda d: d["gpu"]["time"].__setitem__(250, "2026-12-01T10:00:00Z"), 422, ["gpu", 250, "time"]),
+    "string time": (
+        lambda d: d["gpu"]["time"].__setitem__(250, "2026-12-01T10:00:00Z"),
+        422,
+        ["gpu", 250, "time"],
+    ),
     "missing node": (lambda d: d.pop("node"), 422, ["node"]),
     "boolean as a number": (lambda d: d["gpu"]["util_pct"].__setitem__(3, True), 422, ["gpu", 3, "util_pct"]),
     "out of range": (lambda d: d["gpu"]["util_pct"].__setitem__(499, 250.0), 422, ["gpu", 499, "util_pct"]),
@@ -78,8 +82,9 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], int, list[Any]]] = {
 }
 
 
-def test_malformed_batches_name_index_and_field_and_write_nothing(fresh_db: str, collector: CollectorProc,
-                                                                  figures: dict[str, Any]) -> None:
+def test_malformed_batches_name_index_and_field_and_write_nothing(
+    fresh_db: str, collector: CollectorProc, figures: dict[str, Any]
+) -> None:
     token = node_tokens(fresh_db, ["ref-node"])["ref-node"]
     seen = {}
     for name, (mutate, status, loc) in CASES.items():
@@ -94,16 +99,20 @@ def test_malformed_batches_name_index_and_field_and_write_nothing(fresh_db: str,
             assert detail["loc"] == loc, (name, fmt, detail)
             if len(loc) == 3:
                 assert f"sample {loc[1]}" in detail["msg"] and loc[2] in detail["msg"]
-    r = httpx.post(collector.url + "/v1/ingest", content=b'{"batch_id": "x", "node": ',
-                   headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    r = httpx.post(
+        collector.url + "/v1/ingest",
+        content=b'{"batch_id": "x", "node": ',
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     seen["truncated JSON"] = (r.status_code, r.json()["detail"][0]["loc"])
     assert r.status_code == 400
     assert row_counts(fresh_db) == {"gpu_samples": 0, "host_samples": 0, "ingest_batches": 0}
     figures.update(cases={k: list(v) for k, v in seen.items()}, rows_written=0)
 
 
-def test_clock_skew_rejected_and_counted_per_node(fresh_db: str, collector: CollectorProc,
-                                                  figures: dict[str, Any]) -> None:
+def test_clock_skew_rejected_and_counted_per_node(
+    fresh_db: str, collector: CollectorProc, figures: dict[str, Any]
+) -> None:
     tokens = node_tokens(fresh_db, ["skew-a", "skew-b"])
     now = time.time()
     doc = gpu_batch("skew-a:1", "skew-a", n=16, t0=now - 10)
@@ -126,9 +135,9 @@ def test_clock_skew_rejected_and_counted_per_node(fresh_db: str, collector: Coll
     assert 'gpufleet_ingest_rejected_skew_samples_total{node="skew-b"} 1.0' in metrics
 
 
-def test_oversized_bodies_bombs_and_rate_limits(fresh_db: str, tmp_path: Path,
-                                                collectors: Callable[..., CollectorProc],
-                                                figures: dict[str, Any]) -> None:
+def test_oversized_bodies_bombs_and_rate_limits(
+    fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     # the shipped decompression cap (what a bomb can cost), the suite's other limits
     limits = {k: v for k, v in LIMITS.items() if k != "max_decompressed_bytes"}
     col = collectors(fresh_db, {"ingest": {**limits, "rate_limit_per_s": 5}, "leader": False})
@@ -138,7 +147,9 @@ def test_oversized_bodies_bombs_and_rate_limits(fresh_db: str, tmp_path: Path,
     got: dict[str, Any] = {}
     time.sleep(1)
     rss0 = col.rss_bytes()
-    got["declared_too_large"] = httpx.post(col.url + "/v1/ingest", content=b"x" * 1_100_000, headers=h).status_code
+    got["declared_too_large"] = httpx.post(
+        col.url + "/v1/ingest", content=b"x" * 1_100_000, headers=h
+    ).status_code
 
     def chunks() -> Iterator[bytes]:
         for _ in range(20):
@@ -150,8 +161,9 @@ def test_oversized_bodies_bombs_and_rate_limits(fresh_db: str, tmp_path: Path,
     streamed = zstandard.ZstdCompressor(level=19, write_content_size=False).compress(b"\0" * (1 << 30))
     with RssSampler(col) as rss:
         for name, body in (("zstd_bomb", bomb), ("zstd_bomb_no_size", streamed)):
-            got[name] = httpx.post(col.url + "/v1/ingest", content=body,
-                                   headers={**h, "Content-Encoding": "zstd"}, timeout=30).status_code
+            got[name] = httpx.post(
+                col.url + "/v1/ingest", content=body, headers={**h, "Content-Encoding": "zstd"}, timeout=30
+            ).status_code
             time.sleep(0.5)
         time.sleep(1)
         got["too_many_samples"] = post(col.url, token, gpu_batch("lim:big", "lim-node", n=5_008)).status_code
@@ -163,9 +175,13 @@ def test_oversized_bodies_bombs_and_rate_limits(fresh_db: str, tmp_path: Path,
         burst = list(pool.map(lambda i: post(col.url, token, gpu_batch(f"lim:{i}", "lim-node")), range(30)))
     statuses = [r.status_code for r in burst]
     limited = [r for r in burst if r.status_code == 429]
-    got.update(bomb_bytes=[len(bomb), len(streamed)], rss_before_mb=round(rss0 / 2**20, 1),
-               rss_growth_mb=round((rss_peak - rss0) / 2**20, 1), burst_200=statuses.count(200),
-               burst_429=len(limited))
+    got.update(
+        bomb_bytes=[len(bomb), len(streamed)],
+        rss_before_mb=round(rss0 / 2**20, 1),
+        rss_growth_mb=round((rss_peak - rss0) / 2**20, 1),
+        burst_200=statuses.count(200),
+        burst_429=len(limited),
+    )
     figures.update(got)
     assert got["declared_too_large"] == got["chunked_too_large"] == 413
     assert got["zstd_bomb"] == got["zstd_bomb_no_size"] == 413

@@ -50,9 +50,9 @@ def _commit_ms(url: str) -> float:
     return 1000 * sorted(times)[2]
 
 
-def test_slow_database_bounded_memory_and_no_loss(fresh_db: str, tmp_path: Path,
-                                                  collectors: Callable[..., CollectorProc],
-                                                  figures: dict[str, Any]) -> None:
+def test_slow_database_bounded_memory_and_no_loss(
+    fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     n_agents = int(knob("s5_agents", 8, 50))
     slow_s = knob("s5_slow_s", 15, 120)
     latency = knob("s5_latency_s", 0.15, 0.15)
@@ -62,8 +62,15 @@ def test_slow_database_bounded_memory_and_no_loss(fresh_db: str, tmp_path: Path,
         base_ms = _commit_ms(db_via)
         col = collectors(db_via, {"ingest": {"queue_max_rows": 150, "group_max_rows": 300}, "leader": False})
         col.start().wait_up()
-        fleet = Fleet(tokens, col.url, tmp_path / "spools", interval_s=0.1, ship_interval_s=0.5,
-                      retry_base_s=0.2, retry_max_s=2.0)
+        fleet = Fleet(
+            tokens,
+            col.url,
+            tmp_path / "spools",
+            interval_s=0.1,
+            ship_interval_s=0.5,
+            retry_base_s=0.2,
+            retry_max_s=2.0,
+        )
         rss: list[int] = []
         try:
             fleet.start()
@@ -75,8 +82,12 @@ def test_slow_database_bounded_memory_and_no_loss(fresh_db: str, tmp_path: Path,
             while time.monotonic() - t0 < slow_s:
                 rss.append(col.rss_bytes())
                 time.sleep(0.5)
-            retried = {k: sum(a.metrics.value("gpufleet_agent_batches_retried_total", reason=k)
-                              for a in fleet.agents) for k in ("429", "503", "timeout", "connection")}
+            retried = {
+                k: sum(
+                    a.metrics.value("gpufleet_agent_batches_retried_total", reason=k) for a in fleet.agents
+                )
+                for k in ("429", "503", "timeout", "connection")
+            }
             proxy.set_mode("pass", latency_s=0.0)
             fleet.stop_sampling()
             drain_s = fleet.wait_drained(timeout=120)
@@ -86,10 +97,19 @@ def test_slow_database_bounded_memory_and_no_loss(fresh_db: str, tmp_path: Path,
             fleet.close()
             col.kill()
     growth_mb = (max(rss) - rss_before) / 2**20
-    figures.update(agents=n_agents, commit_ms_baseline=round(base_ms, 2), commit_ms_slow=round(slow_ms, 2),
-                   slowdown=round(slow_ms / base_ms, 1), rss_before_mb=round(rss_before / 2**20, 1),
-                   rss_growth_max_mb=round(growth_mb, 1), retried=retried, drain_s=round(drain_s, 1),
-                   spooled=tot.spooled, delivered=tot.delivered, **result.as_dict())
+    figures.update(
+        agents=n_agents,
+        commit_ms_baseline=round(base_ms, 2),
+        commit_ms_slow=round(slow_ms, 2),
+        slowdown=round(slow_ms / base_ms, 1),
+        rss_before_mb=round(rss_before / 2**20, 1),
+        rss_growth_max_mb=round(growth_mb, 1),
+        retried=retried,
+        drain_s=round(drain_s, 1),
+        spooled=tot.spooled,
+        delivered=tot.delivered,
+        **result.as_dict(),
+    )
     assert slow_ms >= 10 * base_ms
     assert retried["429"] > 0, "the bounded queue never pushed back"
     assert growth_mb < 50
@@ -99,12 +119,15 @@ def test_slow_database_bounded_memory_and_no_loss(fresh_db: str, tmp_path: Path,
 def _open_incidents(db: str) -> dict[int, str]:
     """Open host_misconfig incidents: id -> node."""
     with psycopg.connect(db) as c:
-        rows = c.execute("SELECT id, node FROM incidents WHERE state = 'open' AND kind = 'host_misconfig'").fetchall()
+        rows = c.execute(
+            "SELECT id, node FROM incidents WHERE state = 'open' AND kind = 'host_misconfig'"
+        ).fetchall()
     return {int(i): str(n) for i, n in rows}
 
 
-def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc],
-                                        figures: dict[str, Any]) -> None:
+def test_replica_killed_behind_balancer(
+    fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     n_agents = int(knob("s14_agents", 8, 50))
     run_s = knob("s14_run_s", 10, 120)
     tokens = node_tokens(fresh_db, [f"lb-{i:02d}" for i in range(n_agents)])
@@ -116,9 +139,16 @@ def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collector
     # incident per such node, and the survivor must update those, not open them again.
     misconfigured = sorted(tokens)[::2]
     with fault_proxy([a.port, b.port]) as lb:
-        fleet = Fleet(tokens, lb.url, tmp_path / "spools", interval_s=0.1, ship_interval_s=0.5,
-                      retry_base_s=0.1, retry_max_s=1.0,
-                      facts={n: {"cpu_governor": "powersave"} for n in misconfigured})
+        fleet = Fleet(
+            tokens,
+            lb.url,
+            tmp_path / "spools",
+            interval_s=0.1,
+            ship_interval_s=0.5,
+            retry_base_s=0.1,
+            retry_max_s=1.0,
+            facts={n: {"cpu_governor": "powersave"} for n in misconfigured},
+        )
         try:
             leaders = {p.port: httpx.get(p.url + "/readyz").json()["leader"] for p in (a, b)}
             leader, survivor = (a, b) if leaders[a.port] else (b, a)
@@ -148,18 +178,27 @@ def test_replica_killed_behind_balancer(fresh_db: str, tmp_path: Path, collector
             with psycopg.connect(fresh_db) as c:
                 dup_incidents = c.execute(
                     "SELECT count(*) FROM (SELECT kind, node, gpu, run_id FROM incidents WHERE state = 'open' "
-                    "GROUP BY 1, 2, 3, 4 HAVING count(*) > 1) d").fetchone()
+                    "GROUP BY 1, 2, 3, 4 HAVING count(*) > 1) d"
+                ).fetchone()
                 incidents = c.execute("SELECT count(*) FROM incidents").fetchone()
             after = _open_incidents(fresh_db)
         finally:
             fleet.close()
-    figures.update(agents=n_agents, leader_sweeps_before_kill=sweeps_leader,
-                   takeover_s=None if t_take is None else round(t_take, 1),
-                   survivor_sweeps_after_takeover=sweeps_1 - sweeps_0, incidents=incidents[0] if incidents else None,
-                   duplicate_open_incidents=dup_incidents[0] if dup_incidents else None,
-                   open_before_kill=len(before_kill), open_after=len(after), drain_s=round(drain_s, 1),
-                   spooled=tot.spooled, delivered=tot.delivered, lb_connections=lb.connections_total,
-                   **result.as_dict())
+    figures.update(
+        agents=n_agents,
+        leader_sweeps_before_kill=sweeps_leader,
+        takeover_s=None if t_take is None else round(t_take, 1),
+        survivor_sweeps_after_takeover=sweeps_1 - sweeps_0,
+        incidents=incidents[0] if incidents else None,
+        duplicate_open_incidents=dup_incidents[0] if dup_incidents else None,
+        open_before_kill=len(before_kill),
+        open_after=len(after),
+        drain_s=round(drain_s, 1),
+        spooled=tot.spooled,
+        delivered=tot.delivered,
+        lb_connections=lb.connections_total,
+        **result.as_dict(),
+    )
     assert sweeps_leader > 0
     assert t_take is not None and t_take <= 10
     assert sweeps_1 - sweeps_0 >= 2

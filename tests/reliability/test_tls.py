@@ -36,9 +36,9 @@ def _rows(db: str, node: str) -> int:
     return int(row[0]) if row else -1
 
 
-def test_mtls_ties_the_certificate_to_the_token_node(fresh_db: str, tmp_path: Path,
-                                                     collectors: Callable[..., CollectorProc],
-                                                     figures: dict[str, Any]) -> None:
+def test_mtls_ties_the_certificate_to_the_token_node(
+    fresh_db: str, tmp_path: Path, collectors: Callable[..., CollectorProc], figures: dict[str, Any]
+) -> None:
     ca = TestCA(tmp_path / "pki")
     other_ca = TestCA(tmp_path / "pki-other", "untrusted CA")
     server = ca.server()
@@ -56,12 +56,16 @@ def test_mtls_ties_the_certificate_to_the_token_node(fresh_db: str, tmp_path: Pa
     with pytest.raises(httpx.HTTPError):
         httpx.get(url.replace("https://", "http://") + "/healthz", timeout=3)
     # optional mode: no certificate, token alone
-    got["no_cert"] = post(url, tokens["node-a"], gpu_batch("tls:1", "node-a"), verify=_ctx(ca.pem, None)).status_code
+    got["no_cert"] = post(
+        url, tokens["node-a"], gpu_batch("tls:1", "node-a"), verify=_ctx(ca.pem, None)
+    ).status_code
     # the node's own certificate (CN), and a certificate naming the node in a DNS SAN
-    got["own_cert_cn"] = post(url, tokens["node-a"], gpu_batch("tls:2", "node-a"),
-                              verify=_ctx(ca.pem, node_a)).status_code
-    got["own_cert_san"] = post(url, tokens["node-b"], gpu_batch("tls:3", "node-b"),
-                               verify=_ctx(ca.pem, node_b_san)).status_code
+    got["own_cert_cn"] = post(
+        url, tokens["node-a"], gpu_batch("tls:2", "node-a"), verify=_ctx(ca.pem, node_a)
+    ).status_code
+    got["own_cert_san"] = post(
+        url, tokens["node-b"], gpu_batch("tls:3", "node-b"), verify=_ctx(ca.pem, node_b_san)
+    ).status_code
     # node B's certificate with node A's token: refused, nothing stored
     before = _rows(fresh_db, "node-a")
     r = post(url, tokens["node-a"], gpu_batch("tls:4", "node-a"), verify=_ctx(ca.pem, node_b_san))
@@ -72,7 +76,12 @@ def test_mtls_ties_the_certificate_to_the_token_node(fresh_db: str, tmp_path: Pa
     with pytest.raises(httpx.HTTPError):
         post(url, tokens["node-a"], gpu_batch("tls:5", "node-a"), verify=_ctx(ca.pem, forged))
     got["forged_cert"] = "handshake refused"
-    assert (got["no_cert"], got["own_cert_cn"], got["own_cert_san"], got["other_node_cert"]) == (200, 200, 200, 403)
+    assert (got["no_cert"], got["own_cert_cn"], got["own_cert_san"], got["other_node_cert"]) == (
+        200,
+        200,
+        200,
+        403,
+    )
 
     # required mode: no certificate, no connection
     strict = collectors(fresh_db, {"tls": {**tls, "client_cert": "required"}, "leader": False})
@@ -80,13 +89,20 @@ def test_mtls_ties_the_certificate_to_the_token_node(fresh_db: str, tmp_path: Pa
     with pytest.raises(httpx.HTTPError):
         post(strict.url, tokens["node-a"], gpu_batch("tls:6", "node-a"), verify=_ctx(ca.pem, None))
     got["required_no_cert"] = "handshake refused"
-    got["required_own_cert"] = post(strict.url, tokens["node-a"], gpu_batch("tls:7", "node-a"),
-                                    verify=_ctx(ca.pem, node_a)).status_code
+    got["required_own_cert"] = post(
+        strict.url, tokens["node-a"], gpu_batch("tls:7", "node-a"), verify=_ctx(ca.pem, node_a)
+    ).status_code
     assert got["required_own_cert"] == 200
 
     # a real agent ships over mTLS with its node's certificate
-    fleet = Fleet({"node-a": tokens["node-a"]}, url, tmp_path / "spools", ca_file=ca.pem,
-                  client_cert=node_a.cert, client_key=node_a.key)
+    fleet = Fleet(
+        {"node-a": tokens["node-a"]},
+        url,
+        tmp_path / "spools",
+        ca_file=ca.pem,
+        client_cert=node_a.cert,
+        client_key=node_a.key,
+    )
     try:
         fleet.start()
         time.sleep(3)
@@ -101,7 +117,8 @@ def test_mtls_ties_the_certificate_to_the_token_node(fresh_db: str, tmp_path: Pa
     api = collectors(fresh_db, {"tls": {**tls, "client_cert": "optional"}}, service="api", name="api")
     api.start().wait_up(verify=_ctx(ca.pem, None))
     sre = role_token(fresh_db, "tls-sre", "sre")
-    got["api_tls"] = httpx.get(api.url + "/v1/runs", headers={"Authorization": f"Bearer {sre}"},
-                               verify=_ctx(ca.pem, node_a)).status_code
+    got["api_tls"] = httpx.get(
+        api.url + "/v1/runs", headers={"Authorization": f"Bearer {sre}"}, verify=_ctx(ca.pem, node_a)
+    ).status_code
     assert got["api_tls"] == 200
     figures.update(got)

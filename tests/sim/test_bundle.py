@@ -75,8 +75,12 @@ def test_headers_are_exactly_the_contract_columns_in_order(demo_bundle: Path) ->
     want = contract_columns()
     assert list(GPU_CSV_COLUMNS) == want["gpu.csv"]
     assert list(HOST_CSV_COLUMNS) == want["host.csv"]
-    for name, cols in (("runs.csv", RUNS_CSV_COLUMNS), ("allocations.csv", ALLOCATIONS_CSV_COLUMNS),
-                       ("sites.csv", SITES_CSV_COLUMNS), ("carbon.csv", CARBON_CSV_COLUMNS)):
+    for name, cols in (
+        ("runs.csv", RUNS_CSV_COLUMNS),
+        ("allocations.csv", ALLOCATIONS_CSV_COLUMNS),
+        ("sites.csv", SITES_CSV_COLUMNS),
+        ("carbon.csv", CARBON_CSV_COLUMNS),
+    ):
         assert list(cols) == want[name], name
     for name in want:
         header, _ = read_csv(demo_bundle / name)
@@ -159,8 +163,9 @@ def test_labels_json_round_trips(demo_bundle: Path) -> None:
     assert json.loads(json.dumps(fresh)) == raw
     # Only what the 900 s written hold, cut to them.
     assert lab.end == fleet.t0 + 900 and all(i.end is not None and i.end <= lab.end for i in lab.incidents)
-    assert len(lab.incidents) < len(full.incidents) or any(i.end != j.end for i, j in
-                                                            zip(lab.incidents, full.incidents, strict=False))
+    assert len(lab.incidents) < len(full.incidents) or any(
+        i.end != j.end for i, j in zip(lab.incidents, full.incidents, strict=False)
+    )
     assert not [i for i in lab.incidents if i.start >= lab.end]
     (ckpt,) = lab.of_kind("checkpoint_stall")
     assert all(fleet.t0 <= parse_time(a) < fleet.t0 + 900 for a, _ in ckpt.evidence["stalls"])
@@ -223,8 +228,10 @@ def test_gaps_leave_rows_out_and_counters_reset(tmp_path: Path) -> None:
 def test_four_nodes_of_eight_gpus_for_an_hour_at_1hz_writes_every_sample(tmp_path: Path) -> None:
     """Every GPU's every second, with faults laid over the runs (how fast is bench/, not a test's)."""
     raw = load_scenario("healthy").model_dump()
-    raw["faults"] = [{"kind": "checkpoint_stall", "run_id": "healthy-pretrain"},
-                     {"kind": "starvation_cpu", "run_id": "healthy-finetune", "start_s": 600}]
+    raw["faults"] = [
+        {"kind": "checkpoint_stall", "run_id": "healthy-pretrain"},
+        {"kind": "starvation_cpu", "run_id": "healthy-finetune", "start_s": 600},
+    ]
     sc = parse_scenario(raw)
     info = write_bundle(sc, tmp_path / "b", duration_s=3600)
     assert info.gpu_rows == 32 * 3601

@@ -11,11 +11,19 @@ from gpufleet.sim import write_bundle
 from gpufleet.sim.degrade import degrade_bundle
 
 
-@pytest.mark.parametrize(("form", "cause", "job_columns"), [
-    ("full", "cpu", True), ("dcgm", "cpu", True), ("nohost", None, True), ("nvsmi", None, False),
-    ("bare", None, False)])
+@pytest.mark.parametrize(
+    ("form", "cause", "job_columns"),
+    [
+        ("full", "cpu", True),
+        ("dcgm", "cpu", True),
+        ("nohost", None, True),
+        ("nvsmi", None, False),
+        ("bare", None, False),
+    ],
+)
 def test_the_quota_bound_cause_is_scored_only_where_the_job_cgroup_is_kept(
-        tmp_path: Path, form: str, cause: str | None, job_columns: bool) -> None:
+    tmp_path: Path, form: str, cause: str | None, job_columns: bool
+) -> None:
     out = tmp_path / form
     write_bundle("starvation_cpu_quota", out, duration_s=900)
     labels = degrade_bundle(out, form)

@@ -14,10 +14,17 @@ from gpufleet.sim.workload import NVLINK_COMM_SHARE
 
 def _scenario(faults: list[dict], model: str = "h100_sxm_80gb", runs: list[dict] | None = None) -> dict:
     return {
-        "name": "t", "seed": 5, "duration_s": 900, "sample_interval_s": 1.0,
-        "sites": [{"site": "s"}], "nodes": [{"prefix": "n", "count": 2, "gpus": 4, "gpu_model": model, "site": "s"}],
-        "runs": runs or [{"run_id": "r", "nodes": ["n01"], "workload": {"warmup_s": [30, 30]}},
-                         {"run_id": "c", "nodes": ["n02"], "workload": {"warmup_s": [30, 30]}}],
+        "name": "t",
+        "seed": 5,
+        "duration_s": 900,
+        "sample_interval_s": 1.0,
+        "sites": [{"site": "s"}],
+        "nodes": [{"prefix": "n", "count": 2, "gpus": 4, "gpu_model": model, "site": "s"}],
+        "runs": runs
+        or [
+            {"run_id": "r", "nodes": ["n01"], "workload": {"warmup_s": [30, 30]}},
+            {"run_id": "c", "nodes": ["n02"], "workload": {"warmup_s": [30, 30]}},
+        ],
         "faults": faults,
     }
 
@@ -43,24 +50,35 @@ def test_healthy_nvlink_traffic_and_the_columns_a_board_has() -> None:
 
 def test_links_down_slow_every_step_of_the_run_and_all_down_moves_it_to_pcie() -> None:
     base = Fleet.from_scenario(parse_scenario(_scenario([])))
-    part = Fleet.from_scenario(parse_scenario(_scenario([{"kind": "nvlink_down", "node": "n01", "gpus": [1],
-                                                          "links_down": [9, 9]}])))
-    dead = Fleet.from_scenario(parse_scenario(_scenario([{"kind": "nvlink_down", "node": "n01", "gpus": [1],
-                                                          "links_down": [18, 18]}])))
+    part = Fleet.from_scenario(
+        parse_scenario(_scenario([{"kind": "nvlink_down", "node": "n01", "gpus": [1], "links_down": [9, 9]}]))
+    )
+    dead = Fleet.from_scenario(
+        parse_scenario(
+            _scenario([{"kind": "nvlink_down", "node": "n01", "gpus": [1], "links_down": [18, 18]}])
+        )
+    )
     steps = {}
     for name, f in (("base", base), ("part", part), ("dead", dead)):
         f.advance_to(f.t0 + 400)
         steps[name] = f.step_timing("r").step_s  # type: ignore[union-attr]
         assert f.step_timing("c").step_s == pytest.approx(base.step_timing("c").step_s)  # type: ignore[union-attr]
     assert steps["base"] < steps["part"] < steps["dead"]
-    tr = record(Fleet.from_scenario(parse_scenario(_scenario([{"kind": "nvlink_down", "node": "n01", "gpus": [1],
-                                                                "links_down": [18, 18]}]))), 400)
+    tr = record(
+        Fleet.from_scenario(
+            parse_scenario(
+                _scenario([{"kind": "nvlink_down", "node": "n01", "gpus": [1], "links_down": [18, 18]}])
+            )
+        ),
+        400,
+    )
     late = tr.t >= tr.t[0] + 300
     assert (tr.col("nvlink_links_up", "n01", 1) == 0).all()
     assert (tr.col("nvlink_tx_bytes_s", "n01", 1)[late] == 0).all()
     assert np.median(tr.col("nvlink_tx_bytes_s", "n01", 0)[late]) > 1e9  # its peers still use NVLink
-    assert np.median(tr.col("pcie_rx_bytes_s", "n01", 1)[late]) > 5 * np.median(tr.col("pcie_rx_bytes_s", "n01",
-                                                                                       0)[late])
+    assert np.median(tr.col("pcie_rx_bytes_s", "n01", 1)[late]) > 5 * np.median(
+        tr.col("pcie_rx_bytes_s", "n01", 0)[late]
+    )
 
 
 def test_fallback_keeps_links_up_and_moves_every_collective_to_pcie() -> None:
@@ -74,11 +92,21 @@ def test_fallback_keeps_links_up_and_moves_every_collective_to_pcie() -> None:
 
 
 def test_error_counters_rise_at_the_drawn_rates_and_a_reload_restarts_them() -> None:
-    raw = _scenario([{"kind": "nvlink_errors", "node": "n02", "gpus": [2], "crc_per_s": [4, 4],
-                      "replay_per_s": [1, 1], "recovery_per_h": [0, 0]},
-                     {"kind": "ecc_sbe", "node": "n02", "gpus": [3], "sbe_per_h": [3600, 3600]},
-                     {"kind": "pcie_replay", "node": "n02", "gpus": [0], "replays_per_min": [120, 120]},
-                     {"kind": "counter_reset", "node": "n02", "gpus": [2, 3], "start_s": 500, "gap_s": [5, 5]}])
+    raw = _scenario(
+        [
+            {
+                "kind": "nvlink_errors",
+                "node": "n02",
+                "gpus": [2],
+                "crc_per_s": [4, 4],
+                "replay_per_s": [1, 1],
+                "recovery_per_h": [0, 0],
+            },
+            {"kind": "ecc_sbe", "node": "n02", "gpus": [3], "sbe_per_h": [3600, 3600]},
+            {"kind": "pcie_replay", "node": "n02", "gpus": [0], "replays_per_min": [120, 120]},
+            {"kind": "counter_reset", "node": "n02", "gpus": [2, 3], "start_s": 500, "gap_s": [5, 5]},
+        ]
+    )
     tr = _trace(raw, 700)
     at = np.searchsorted(tr.t, tr.t[0] + 450)
     crc = tr.col("nvlink_crc_errors", "n02", 2)
@@ -93,8 +121,9 @@ def test_error_counters_rise_at_the_drawn_rates_and_a_reload_restarts_them() -> 
 
 
 def test_uncorrectable_errors_remap_a_row_pending_a_reset() -> None:
-    raw = _scenario([{"kind": "ecc_dbe", "node": "n01", "gpus": [0], "start_s": 100, "end_s": 200,
-                      "count": [1, 1]}])
+    raw = _scenario(
+        [{"kind": "ecc_dbe", "node": "n01", "gpus": [0], "start_s": 100, "end_s": 200, "count": [1, 1]}]
+    )
     f = Fleet.from_scenario(parse_scenario(raw))
     (t48, t63) = [x.time for x in f.plan.xids]
     assert [x.code for x in f.plan.xids] == [48, 63] and t63 - t48 == pytest.approx(2.0)
@@ -118,11 +147,15 @@ def test_labels_and_hard_negatives_of_the_nvlink_scenarios() -> None:
     causes = sorted((i.cause, i.node, i.gpu) for i in lab.incidents if i.kind == NVLINK_DEGRADED)
     assert [c for c, _, _ in causes] == ["link_errors", "links_down", "links_down"]
     lab = Fleet.from_scenario("nvlink_fallback").labels()
-    assert {(i.cause, i.node) for i in lab.incidents if i.kind == NVLINK_DEGRADED} == {("pcie_fallback", "h100-01")}
+    assert {(i.cause, i.node) for i in lab.incidents if i.kind == NVLINK_DEGRADED} == {
+        ("pcie_fallback", "h100-01")
+    }
     assert {h.reason for h in lab.hard_negatives if NVLINK_DEGRADED in h.not_kinds} == {"no_collectives"}
     lab = Fleet.from_scenario("pcie_box").labels()
-    assert lab.incidents == [] and {h.run_id for h in lab.hard_negatives if h.reason == "no_nvlink"} == \
-        {"pcie-ddp", "pcie-single"}
+    assert lab.incidents == [] and {h.run_id for h in lab.hard_negatives if h.reason == "no_nvlink"} == {
+        "pcie-ddp",
+        "pcie-single",
+    }
 
 
 def test_nvlink_faults_on_a_board_without_nvlink_are_refused() -> None:

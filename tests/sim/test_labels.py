@@ -26,8 +26,12 @@ def test_every_fault_has_a_label_with_a_valid_kind_and_cause(name: str) -> None:
         if i.kind in RUN_SCOPED:
             assert i.run_id is not None and i.node is None and i.gpu is None, i
     labelled = {i.fault_index for i in lab.incidents if i.fault_index is not None}
-    labelled |= {f.index for f in fleet.plan.gpu_faults for h in lab.hard_negatives
-                 if h.detail.get("fault_index") == f.index}
+    labelled |= {
+        f.index
+        for f in fleet.plan.gpu_faults
+        for h in lab.hard_negatives
+        if h.detail.get("fault_index") == f.index
+    }
     for k, f in enumerate(fleet.scenario.faults):
         if f.kind in ("starvation_cpu", "starvation_io", "checkpoint_stall"):
             assert any(i.run_id == f.run_id and i.fault == f.kind for i in lab.incidents), (name, k)
@@ -69,13 +73,23 @@ def test_causes_per_scenario() -> None:
     assert kinds("uniform_power_cap") == Counter({("throttling", "power_cap"): 16})
     assert kinds("checkpoint_stalls") == Counter({("checkpoint_stall", None): 1})
     # The repeated XIDs include 48 (a double-bit ECC error): the GPU's memory health is a finding too.
-    assert kinds("host_misconfig") == Counter({("host_misconfig", "cpu_governor"): 1,
-                                               ("host_misconfig", "cpu_quota"): 1,
-                                               ("host_misconfig", "repeated_xid"): 1,
-                                               ("gpu_health", "uncorrectable_ecc"): 1})
-    assert kinds("gpu_health") == Counter({("gpu_health", "correctable_ecc"): 1, ("gpu_health", "uncorrectable_ecc"): 1,
-                                           ("gpu_health", "pcie_replay"): 1, ("gpu_health", "row_remap_failed"): 1,
-                                           ("host_misconfig", "repeated_xid"): 1})
+    assert kinds("host_misconfig") == Counter(
+        {
+            ("host_misconfig", "cpu_governor"): 1,
+            ("host_misconfig", "cpu_quota"): 1,
+            ("host_misconfig", "repeated_xid"): 1,
+            ("gpu_health", "uncorrectable_ecc"): 1,
+        }
+    )
+    assert kinds("gpu_health") == Counter(
+        {
+            ("gpu_health", "correctable_ecc"): 1,
+            ("gpu_health", "uncorrectable_ecc"): 1,
+            ("gpu_health", "pcie_replay"): 1,
+            ("gpu_health", "row_remap_failed"): 1,
+            ("host_misconfig", "repeated_xid"): 1,
+        }
+    )
     assert kinds("pcie_box") == Counter()
     hw = kinds("hw_throttling")
     assert hw[("throttling", "power_brake")] == 8 and hw[("throttling", "hw_slowdown")] == 1

@@ -21,8 +21,14 @@ from gpufleet.sim.profiles import PROFILES
 from gpufleet.sim.scenario import load_scenario, parse_scenario
 
 H100 = PROFILES["h100_sxm_80gb"]
-KNOWN_BITS = (THROTTLE_GPU_IDLE | THROTTLE_SW_POWER_CAP | THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL
-              | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE)
+KNOWN_BITS = (
+    THROTTLE_GPU_IDLE
+    | THROTTLE_SW_POWER_CAP
+    | THROTTLE_HW_SLOWDOWN
+    | THROTTLE_SW_THERMAL
+    | THROTTLE_HW_THERMAL
+    | THROTTLE_HW_POWER_BRAKE
+)
 TraceFn = Callable[..., Trace]
 
 
@@ -34,7 +40,9 @@ def trapezoid_mj(t: np.ndarray, p: np.ndarray) -> float:
     return float(np.sum(0.5 * (p[1:] + p[:-1]) * np.diff(t)) * 1000.0)
 
 
-@pytest.mark.parametrize("name", ["straggler_power_cap", "thermal_throttling", "hw_throttling", "starvation_io"])
+@pytest.mark.parametrize(
+    "name", ["straggler_power_cap", "thermal_throttling", "hw_throttling", "starvation_io"]
+)
 def test_invariants_hold_everywhere(trace: TraceFn, name: str) -> None:
     tr = trace(name)
     g = tr.gpu
@@ -258,7 +266,9 @@ def test_io_starvation_saturates_the_disk_not_the_cpu(trace: TraceFn) -> None:
     util = tr.col("util_pct", "h100-02", 0)[sel]
     assert float((util < 5).mean()) == pytest.approx(1 - s.duty, abs=0.1)
     for node in s.nodes:
-        assert tr.host_col("cpu_iowait_pct", node)[sel].mean() == pytest.approx(s.params["cpu_iowait_pct"], rel=0.1)
+        assert tr.host_col("cpu_iowait_pct", node)[sel].mean() == pytest.approx(
+            s.params["cpu_iowait_pct"], rel=0.1
+        )
         assert tr.host_col("disk_util_pct", node)[sel].min() > 95
         assert tr.host_col("disk_await_ms", node)[sel].mean() > 30
         assert tr.host_col("cpu_user_pct", node)[sel].mean() < 50
@@ -324,7 +334,9 @@ def test_xids_and_double_bit_ecc(trace: TraceFn) -> None:
     dbe = sum(1 for x in plan.xids if x.code == 48)
     gi = plan.xids[0].gpu_idx
     assert tr.gpu["ecc_dbe_vol"][-1, gi] == dbe
-    assert np.count_nonzero(tr.gpu["xid"]) == len({(x.gpu_idx, int(np.searchsorted(tr.t, x.time))) for x in plan.xids})
+    assert np.count_nonzero(tr.gpu["xid"]) == len(
+        {(x.gpu_idx, int(np.searchsorted(tr.t, x.time))) for x in plan.xids}
+    )
 
 
 @pytest.mark.parametrize("interval_s", [0.1, 30.0])

@@ -11,8 +11,18 @@ import yaml
 from gpufleet.sim import Fleet, ScenarioError, load_scenario, scenario_names
 
 REQUIRED = {
-    "healthy", "starvation_cpu", "starvation_io", "straggler_power_cap", "straggler_thermal", "straggler_pcie",
-    "uniform_power_cap", "checkpoint_stalls", "thermal_throttling", "idle_unallocated", "mixed_fleet", "demo",
+    "healthy",
+    "starvation_cpu",
+    "starvation_io",
+    "straggler_power_cap",
+    "straggler_thermal",
+    "straggler_pcie",
+    "uniform_power_cap",
+    "checkpoint_stalls",
+    "thermal_throttling",
+    "idle_unallocated",
+    "mixed_fleet",
+    "demo",
 }
 
 BASE: dict[str, Any] = {
@@ -67,7 +77,12 @@ def test_demo_is_big_enough_and_has_every_kind_of_fault() -> None:
     assert sum(1 for s in starts if s < fleet.t0 + 120) >= 4, "several runs at once from the start"
     lab = fleet.labels()
     found = {(i.kind, i.cause) for i in lab.incidents}
-    for need in [("starvation", "cpu"), ("starvation", "io"), ("checkpoint_stall", None), ("pcie_degraded", None)]:
+    for need in [
+        ("starvation", "cpu"),
+        ("starvation", "io"),
+        ("checkpoint_stall", None),
+        ("pcie_degraded", None),
+    ]:
         assert need in found
     assert {k for k, _ in found} >= {"straggler", "throttling", "host_misconfig"}
     # Findings show up early in a live demo.
@@ -97,11 +112,19 @@ def test_good_base_is_valid(tmp_path: Path) -> None:
         (mutate(sample_interval_s=60), "sample_interval_s", "less than or equal to 30"),
         (mutate(faults__0__end_s=50), "faults[0]", "must be after start_s"),
         (mutate(faults__1__gpus=[1]), "faults[1]", "gpus needs node"),
-        (mutate(runs=[{"run_id": "r1", "nodes": ["n01"]}, {"run_id": "r2", "nodes": ["n01"], "gpus": [3]}]),
-         "runs[1].nodes[0]", "already held by run 'r1'"),
+        (
+            mutate(
+                runs=[{"run_id": "r1", "nodes": ["n01"]}, {"run_id": "r2", "nodes": ["n01"], "gpus": [3]}]
+            ),
+            "runs[1].nodes[0]",
+            "already held by run 'r1'",
+        ),
         (mutate(faults=[{"kind": "pcie_degraded", "node": "n01", "gen": 5}]), "faults[0].gen", "not below"),
-        (mutate(faults=[{"kind": "sample_gap", "node": "n09", "start_s": 10, "end_s": 20}]), "faults[0].node",
-         "unknown node"),
+        (
+            mutate(faults=[{"kind": "sample_gap", "node": "n09", "start_s": 10, "end_s": 20}]),
+            "faults[0].node",
+            "unknown node",
+        ),
         (mutate(start_time="2026-12-01T10:00:00"), "start_time", "UTC offset"),
     ],
 )

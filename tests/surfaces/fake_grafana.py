@@ -110,12 +110,20 @@ class FakeGrafana:
             uid = str(d.get("uid"))
             old = self.dashboards.get(uid)
             if old is not None and not body.get("overwrite"):
-                return 412, {"status": "name-exists", "message": "A dashboard with the same uid already exists"}
+                return 412, {
+                    "status": "name-exists",
+                    "message": "A dashboard with the same uid already exists",
+                }
             folder = body.get("folderUid")
             if folder and folder not in self.folders:
                 return 400, {"message": "folder not found"}
             version = (old["version"] + 1) if old else 1
             self.dashboards[uid] = {"dashboard": d, "folderUid": folder, "version": version}
-            return 200, {"id": len(self.dashboards), "uid": uid, "url": f"/d/{uid}/x", "status": "success",
-                         "version": version}
+            return 200, {
+                "id": len(self.dashboards),
+                "uid": uid,
+                "url": f"/d/{uid}/x",
+                "status": "success",
+                "version": version,
+            }
         return 404, {"message": "Not found"}

@@ -50,10 +50,17 @@ def _ts(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
-def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 900.0,
-         sweep_every_s: float = 15.0, progress_every_s: float = 30.0,
-         start_time: float | None = None, send_facts: bool = False,
-         after_sweep: Callable[[float], None] | None = None) -> FilledFleet:
+def fill(
+    url: str,
+    settings: Settings,
+    scenario: str = "demo",
+    seconds: float = 900.0,
+    sweep_every_s: float = 15.0,
+    progress_every_s: float = 30.0,
+    start_time: float | None = None,
+    send_facts: bool = False,
+    after_sweep: Callable[[float], None] | None = None,
+) -> FilledFleet:
     """Simulate ``seconds`` of ``scenario`` from ``start_time`` (default: the scenario's own start);
     ``send_facts``: the agents send their node facts (GPU models...) with their first batch;
     ``after_sweep(t)``: called after each detector sweep with the simulated time (what a scrape would see then)."""
@@ -61,9 +68,14 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
     t_end = fleet.t0 + seconds
     with psycopg.connect(url, autocommit=True) as conn:
         for s in fleet.scenario.sites:
-            values = {"pue": s.pue, "price_per_kwh": s.price_per_kwh, "gpu_hour_price": s.gpu_hour_price,
-                      "currency": s.currency, "carbon_region": s.carbon_region,
-                      "carbon_g_per_kwh": s.carbon_g_per_kwh}
+            values = {
+                "pue": s.pue,
+                "price_per_kwh": s.price_per_kwh,
+                "gpu_hour_price": s.gpu_hour_price,
+                "currency": s.currency,
+                "carbon_region": s.carbon_region,
+                "carbon_g_per_kwh": s.carbon_g_per_kwh,
+            }
             site_store.put_site(conn, s.site, values, given=values)
         for region, points in scenario_series(fleet.scenario, fleet.seed, fleet.t0, t_end).items():
             site_store.set_carbon(conn, region, [(_ts(t), g) for t, g in points])
@@ -73,10 +85,18 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
             for gi in r.gpu_idx.tolist():
                 gp = fleet.plan.gpus[gi]
                 allocs.setdefault(gp.node, []).append(gp.gpu)
-            run_store.create_run(conn, {
-                "run_id": r.run_id, "name": r.name, "site": r.site, "team": r.team, "start": _ts(r.start),
-                "end": None if r.end is None or r.end > t_end else _ts(r.end),
-                "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()]})
+            run_store.create_run(
+                conn,
+                {
+                    "run_id": r.run_id,
+                    "name": r.name,
+                    "site": r.site,
+                    "team": r.team,
+                    "start": _ts(r.start),
+                    "end": None if r.end is None or r.end > t_end else _ts(r.end),
+                    "allocations": [{"node": n, "gpus": g} for n, g in allocs.items()],
+                },
+            )
         for node in fleet.nodes:
             node_store.set_node_site(conn, node, fleet.plan.nodes[node].site)
 
@@ -93,7 +113,9 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
                 done = fleet.run_progress()
                 for r in runs:
                     if r.start <= fleet.t and r.run_id in done:
-                        run_store.record_progress(conn, r.run_id, _ts(fleet.t), done[r.run_id]["tokens"], None)
+                        run_store.record_progress(
+                            conn, r.run_id, _ts(fleet.t), done[r.run_id]["tokens"], None
+                        )
                 next_progress += progress_every_s
             t += sweep_every_s
         feed.ship()
@@ -103,5 +125,6 @@ def fill(url: str, settings: Settings, scenario: str = "demo", seconds: float = 
         if backend == "timescaledb":
             for view in ("gpu_stats_1m", "host_stats_1m"):
                 conn.execute(f"CALL refresh_continuous_aggregate('{view}', NULL, NULL)")
-        return FilledFleet(url, scenario, fleet.t0, fleet.t, tuple(r.run_id for r in runs), tuple(fleet.nodes),
-                           backend)
+        return FilledFleet(
+            url, scenario, fleet.t0, fleet.t, tuple(r.run_id for r in runs), tuple(fleet.nodes), backend
+        )

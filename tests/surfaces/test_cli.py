@@ -45,7 +45,9 @@ def test_runs_list_and_show(fleet: FilledFleet) -> None:
     assert "team vision" in out and "EUR" in out and "Input starvation: CPU-bound" in out
     code, out = cli("runs", "show", "demo-vision", "--db", fleet.url, "--json")
     shown = json.loads(out)
-    assert shown["run_id"] == "demo-vision" and shown["accounting"]["currency"] == "EUR" and shown["incidents"]
+    assert (
+        shown["run_id"] == "demo-vision" and shown["accounting"]["currency"] == "EUR" and shown["incidents"]
+    )
     code, out = cli("runs", "show", "nope", "--db", fleet.url)
     assert code == 2 and "run 'nope' not found" in out
     code, out = cli("runs", "list", "--state", "sleeping", "--db", fleet.url)
@@ -54,8 +56,10 @@ def test_runs_list_and_show(fleet: FilledFleet) -> None:
 
 def test_incidents_list_and_show_say_why(fleet: FilledFleet) -> None:
     with psycopg.connect(fleet.url) as conn:
-        (iid,) = conn.execute("SELECT id FROM incidents WHERE kind = 'starvation' AND run_id = 'demo-vision' "
-                              "ORDER BY id LIMIT 1").fetchone()  # type: ignore[misc]
+        (iid,) = conn.execute(
+            "SELECT id FROM incidents WHERE kind = 'starvation' AND run_id = 'demo-vision' "
+            "ORDER BY id LIMIT 1"
+        ).fetchone()  # type: ignore[misc]
     code, out = cli("incidents", "list", "--db", fleet.url, "--run", "demo-vision")
     assert code == 0, out
     assert "wait for input" in out and "demo-vision" in out
@@ -90,15 +94,27 @@ def test_tokens_list_and_revoke(fleet: FilledFleet) -> None:
 
 
 def test_report_refuses_runs_with_group_by(fleet: FilledFleet) -> None:
-    code, out = cli("report", "--from", "2026-12-01", "--to", "2026-12-02", "--runs", "--group-by", "team",
-                    "--db", fleet.url)
+    code, out = cli(
+        "report",
+        "--from",
+        "2026-12-01",
+        "--to",
+        "2026-12-02",
+        "--runs",
+        "--group-by",
+        "team",
+        "--db",
+        fleet.url,
+    )
     assert code == 2 and "--runs and --group-by cannot go together" in out
     code, out = cli("report", "--from", "2026-12-01", "--to", "2026-12-02", "--runs", "--db", fleet.url)
     assert code == 0, out
 
 
 def test_a_stopped_database_is_not_a_missing_migration(fleet: FilledFleet) -> None:
-    code, out = cli("runs", "list", "--db", "postgresql://postgres@/gpufleet_demo?host=/nonexistent-socket-dir")
+    code, out = cli(
+        "runs", "list", "--db", "postgresql://postgres@/gpufleet_demo?host=/nonexistent-socket-dir"
+    )
     assert code == 2 and "does not answer: is it running?" in out and "db upgrade" not in out
 
 

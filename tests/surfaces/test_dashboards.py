@@ -23,7 +23,9 @@ UIDS = {"gpufleet-fleet", "gpufleet-run", "gpufleet-starvation", "gpufleet-energ
 PICKS: dict[str, dict[str, Any]] = {"gpufleet-run": {"run": "demo-pretrain"}}
 
 
-def _results(fleet: FilledFleet, uid: str, mode: str, picks: dict[str, Any] | None = None) -> list[QueryResult]:
+def _results(
+    fleet: FilledFleet, uid: str, mode: str, picks: dict[str, Any] | None = None
+) -> list[QueryResult]:
     d = load_all()[uid]
     rng = TimeRange(fleet.start, fleet.end)
     interval = None
@@ -32,8 +34,14 @@ def _results(fleet: FilledFleet, uid: str, mode: str, picks: dict[str, Any] | No
     elif mode == "long":  # three days: hourly energy, rollups everywhere
         rng = TimeRange(fleet.start - timedelta(days=3), fleet.end)
     with psycopg.connect(fleet.url, autocommit=True) as conn:
-        return run_dashboard(conn, d, rng, picks if picks is not None else PICKS.get(uid),
-                             interval_ms=interval, timescaledb=fleet.backend == "timescaledb")
+        return run_dashboard(
+            conn,
+            d,
+            rng,
+            picks if picks is not None else PICKS.get(uid),
+            interval_ms=interval,
+            timescaledb=fleet.backend == "timescaledb",
+        )
 
 
 def _one(results: list[QueryResult], title: str) -> QueryResult:
@@ -59,25 +67,42 @@ def test_dashboards_are_valid() -> None:
         assert sum(1 for p in panels(d) if p["type"] not in ("row", "text")) >= 6
 
 
-@pytest.mark.parametrize(("mutate", "expect"), [
-    (lambda d: d["panels"][2].__setitem__("id", d["panels"][1]["id"]), "panel id"),
-    (lambda d: d["panels"][1].__setitem__("datasource", {"type": "grafana-postgresql-datasource", "uid": "P1"}),
-     "datasource must be"),
-    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", ""), "needs rawSql"),
-    (lambda d: d["panels"][1].__setitem__("description", "see http://grafana.internal:3000/d/x"), "a URL"),
-    (lambda d: d["panels"][1].__setitem__("description", "db at 10.1.2.3"), "an IP address"),
-    (lambda d: d["panels"][1].__setitem__("description", "pg on db-01:5432"), "host:port"),
-    (lambda d: d.pop("schemaVersion"), "schemaVersion"),
-    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT 1 WHERE x = '$nosuch'"),
-     "not a dashboard variable"),
-    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT 1 WHERE s IN ($site)"),
-     "sqlstring"),
-    (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT $__timeBucket(t)"), "unknown macro"),
-    (lambda d: d["panels"][1]["gridPos"].__setitem__("x", 20), "outside the 24-column grid"),
-    (lambda d: d["panels"][2].__setitem__("gridPos", dict(d["panels"][1]["gridPos"])), "overlap"),
-    (lambda d: d["templating"]["list"].pop(0), "'datasource' variable"),
-    (lambda d: d.__setitem__("id", 7), "id must be null"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "expect"),
+    [
+        (lambda d: d["panels"][2].__setitem__("id", d["panels"][1]["id"]), "panel id"),
+        (
+            lambda d: d["panels"][1].__setitem__(
+                "datasource", {"type": "grafana-postgresql-datasource", "uid": "P1"}
+            ),
+            "datasource must be",
+        ),
+        (lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", ""), "needs rawSql"),
+        (
+            lambda d: d["panels"][1].__setitem__("description", "see http://grafana.internal:3000/d/x"),
+            "a URL",
+        ),
+        (lambda d: d["panels"][1].__setitem__("description", "db at 10.1.2.3"), "an IP address"),
+        (lambda d: d["panels"][1].__setitem__("description", "pg on db-01:5432"), "host:port"),
+        (lambda d: d.pop("schemaVersion"), "schemaVersion"),
+        (
+            lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT 1 WHERE x = '$nosuch'"),
+            "not a dashboard variable",
+        ),
+        (
+            lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT 1 WHERE s IN ($site)"),
+            "sqlstring",
+        ),
+        (
+            lambda d: d["panels"][1]["targets"][0].__setitem__("rawSql", "SELECT $__timeBucket(t)"),
+            "unknown macro",
+        ),
+        (lambda d: d["panels"][1]["gridPos"].__setitem__("x", 20), "outside the 24-column grid"),
+        (lambda d: d["panels"][2].__setitem__("gridPos", dict(d["panels"][1]["gridPos"])), "overlap"),
+        (lambda d: d["templating"]["list"].pop(0), "'datasource' variable"),
+        (lambda d: d.__setitem__("id", 7), "id must be null"),
+    ],
+)
 def test_validator_catches(mutate: Any, expect: str) -> None:
     d = copy.deepcopy(load_all()["gpufleet-fleet"])
     mutate(d)
@@ -104,13 +129,16 @@ def test_every_query_on_timescaledb(timescale_fleet: FilledFleet, time_bucket: b
     with psycopg.connect(timescale_fleet.url, autocommit=True) as conn:
         for uid, d in load_all().items():
             for interval in (None, 60_000):
-                results = run_dashboard(conn, d, rng, PICKS.get(uid), interval_ms=interval, timescaledb=time_bucket)
+                results = run_dashboard(
+                    conn, d, rng, PICKS.get(uid), interval_ms=interval, timescaledb=time_bucket
+                )
                 assert [p for r in results for p in shape_problems(r)] == []
                 assert [r.where for r in results if not r.rows] == []
 
 
 def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
     """Per-minute averages read from samples and from gpu_stats_1m are the same numbers."""
+
     def fleet_activity(mode: str) -> dict[Any, float]:
         r = _one(_results(fleet, "gpufleet-fleet", mode), "Fleet activity")
         return {row[0]: row[1] for row in r.rows}
@@ -124,8 +152,13 @@ def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
 
         variables = resolve_variables(conn, d, rng)
         # A one-minute bucket read from raw samples (interval just under the switch) ...
-        raw_sql = expand(sql.replace("$__interval_ms <", "0 <").replace("$__interval_ms >=", "0 >="), rng,
-                         variables, interval_ms=60_000, timescaledb=fleet.backend == "timescaledb")
+        raw_sql = expand(
+            sql.replace("$__interval_ms <", "0 <").replace("$__interval_ms >=", "0 >="),
+            rng,
+            variables,
+            interval_ms=60_000,
+            timescaledb=fleet.backend == "timescaledb",
+        )
         raw = {row[0]: row[1] for row in conn.execute(raw_sql.encode()).fetchall()}
     rolled = fleet_activity("rollup")
     common = sorted(set(raw) & set(rolled))
@@ -136,7 +169,9 @@ def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
 
 def test_run_detail_shows_each_gpu_of_each_run(fleet: FilledFleet) -> None:
     with psycopg.connect(fleet.url) as conn:
-        held: dict[str, int] = dict(conn.execute("SELECT run_id, count(*) FROM run_allocations GROUP BY 1").fetchall())
+        held: dict[str, int] = dict(
+            conn.execute("SELECT run_id, count(*) FROM run_allocations GROUP BY 1").fetchall()
+        )
     for run_id in fleet.runs:
         results = _results(fleet, "gpufleet-run", "raw", {"run": run_id})
         assert [p for r in results for p in shape_problems(r)] == []
@@ -182,9 +217,11 @@ def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
     with psycopg.connect(fleet.url) as conn:
         starved = conn.execute(
             "SELECT count(DISTINCT (a.node, a.gpu)) FROM incidents i JOIN run_allocations a USING (run_id) "
-            "WHERE i.kind = 'starvation' AND i.state = 'open'").fetchone()
-        open_by_kind: dict[str, int] = dict(conn.execute(
-            "SELECT kind, count(*) FROM incidents WHERE state = 'open' GROUP BY 1").fetchall())
+            "WHERE i.kind = 'starvation' AND i.state = 'open'"
+        ).fetchone()
+        open_by_kind: dict[str, int] = dict(
+            conn.execute("SELECT kind, count(*) FROM incidents WHERE state = 'open' GROUP BY 1").fetchall()
+        )
     assert gpus["Reporting"] == 64
     assert gpus["Starved"] == starved[0] > 0  # type: ignore[index]
     assert gpus["Busy"] + gpus["Idle"] + gpus["Starved"] == 64
@@ -200,16 +237,23 @@ def test_fleet_board_and_web_view_count_gpus_alike(fleet: FilledFleet) -> None:
     with psycopg.connect(fleet.url) as conn:
         now = views.fleet_now(conn)
     assert now.as_of is not None and abs((now.as_of - fleet.end).total_seconds()) < 1.0
-    assert (now.busy, now.idle, now.starved, now.gpus) == (gpus["Busy"], gpus["Idle"], gpus["Starved"],
-                                                           gpus["Reporting"])
+    assert (now.busy, now.idle, now.starved, now.gpus) == (
+        gpus["Busy"],
+        gpus["Idle"],
+        gpus["Starved"],
+        gpus["Reporting"],
+    )
     assert now.starved > 0 and now.busy > 0
 
 
 def test_starvation_board_ranks_the_starved_runs_with_their_cause(fleet: FilledFleet) -> None:
     ranked = _rows(_one(_results(fleet, "gpufleet-starvation", "raw"), "Runs by GPU time lost"))
     found = {(r["Run"], r["Kind"], r["Cause"]) for r in ranked}
-    assert {("demo-vision", "starvation", "cpu"), ("demo-audio", "starvation", "io"),
-            ("demo-pretrain", "checkpoint_stall", "")} <= found
+    assert {
+        ("demo-vision", "starvation", "cpu"),
+        ("demo-audio", "starvation", "io"),
+        ("demo-pretrain", "checkpoint_stall", ""),
+    } <= found
     lost = [r["GPU-hours lost"] for r in ranked]
     assert lost == sorted(lost, reverse=True) and all(x > 0 for x in lost)
 
@@ -229,13 +273,30 @@ def test_energy_board_shows_exactly_the_apis_figures(fleet: FilledFleet) -> None
     assert set(per_run) == set(fleet.runs)
     now = datetime.now(UTC)
     with psycopg.connect(fleet.url, autocommit=True) as conn:
-        exact = {a["run_id"]: a for a in accounting.account_runs(
-            conn, accounting.load_runs(conn, list(fleet.runs)), now=now, since=fleet.start, until=fleet.end)}
+        exact = {
+            a["run_id"]: a
+            for a in accounting.account_runs(
+                conn,
+                accounting.load_runs(conn, list(fleet.runs)),
+                now=now,
+                since=fleet.start,
+                until=fleet.end,
+            )
+        }
         view = accounting.fleet_accounting(conn, fleet.start, fleet.end, group_by="team", now=now)
-    columns = (("GPU-hours", "gpu_hours"), ("GPU kWh", "gpu_kwh"), ("Host kWh", "host_kwh"), ("PUE", "pue"),
-               ("Facility kWh", "facility_kwh"), ("CO2e kg", "co2e_kg"), ("Energy cost", "energy_cost"),
-               ("Compute cost", "compute_cost"), ("Total cost", "total_cost"), ("Coverage", "coverage"),
-               ("GPUs", "gpu_count"))
+    columns = (
+        ("GPU-hours", "gpu_hours"),
+        ("GPU kWh", "gpu_kwh"),
+        ("Host kWh", "host_kwh"),
+        ("PUE", "pue"),
+        ("Facility kWh", "facility_kwh"),
+        ("CO2e kg", "co2e_kg"),
+        ("Energy cost", "energy_cost"),
+        ("Compute cost", "compute_cost"),
+        ("Total cost", "total_cost"),
+        ("Coverage", "coverage"),
+        ("GPUs", "gpu_count"),
+    )
     for run_id, row in per_run.items():
         for col, key in columns:
             assert _num(row[col]) == exact[run_id][key], (run_id, col, row[col], exact[run_id][key])
@@ -243,12 +304,18 @@ def test_energy_board_shows_exactly_the_apis_figures(fleet: FilledFleet) -> None
         assert exact[run_id]["gpu_kwh"] > 0 and exact[run_id]["total_cost"] > 0
     totals = _rows(_one(results, "Runs in range"))[0]
     runs = view["runs"]
-    assert (_num(totals["IT energy"]), _num(totals["Facility energy"]), _num(totals["CO2e"])) == \
-        (runs["it_kwh"], runs["facility_kwh"], runs["co2e_kg"])
+    assert (_num(totals["IT energy"]), _num(totals["Facility energy"]), _num(totals["CO2e"])) == (
+        runs["it_kwh"],
+        runs["facility_kwh"],
+        runs["co2e_kg"],
+    )
     currencies = {r["Currency"]: r for r in _rows(_one(results, "Cost by currency"))}
     for cur, c in runs["costs_by_currency"].items():
-        assert (_num(currencies[cur]["Energy cost"]), _num(currencies[cur]["Compute cost"]),
-                _num(currencies[cur]["Total cost"])) == (c["energy_cost"], c["compute_cost"], c["total_cost"])
+        assert (
+            _num(currencies[cur]["Energy cost"]),
+            _num(currencies[cur]["Compute cost"]),
+            _num(currencies[cur]["Total cost"]),
+        ) == (c["energy_cost"], c["compute_cost"], c["total_cost"])
     teams = {r["Team"]: r for r in _rows(_one(results, "Energy and CO2e by team"))}
     for g in view["groups"]:
         assert _num(teams[g["key"] or "no team"]["Facility kWh"]) == g["facility_kwh"], g["key"]
@@ -260,7 +327,9 @@ def test_energy_board_shows_exactly_the_apis_figures(fleet: FilledFleet) -> None
     assert _num(f["GPU-hours, no telemetry"]) == view["no_telemetry"]["gpu_hours"]
     # the time series is the same accounting per step: its steps add up to the fleet total
     series = _rows(_one(results, "Facility energy by site"))
-    assert sum(float(r["value"]) for r in series) == pytest.approx(view["total"]["facility_kwh"], abs=1e-8 * len(series))
+    assert sum(float(r["value"]) for r in series) == pytest.approx(
+        view["total"]["facility_kwh"], abs=1e-8 * len(series)
+    )
 
 
 def test_run_detail_accounting_is_the_apis(fleet: FilledFleet) -> None:
@@ -271,9 +340,14 @@ def test_run_detail_accounting_is_the_apis(fleet: FilledFleet) -> None:
     row = _rows(_one(_results(fleet, "gpufleet-run", "raw"), "So far"))[0]
     with psycopg.connect(fleet.url, autocommit=True) as conn:
         a = run_accounting(conn, "demo-pretrain", now=datetime.now(UTC), until=fleet.end)
-    assert (_num(row["GPU-hours"]), _num(row["IT energy"]), _num(row["Facility energy"]), _num(row["Total cost"]),
-            _num(row["CO2e"]), row["Currency"]) == (a["gpu_hours"], a["it_kwh"], a["facility_kwh"], a["total_cost"],
-                                                    a["co2e_kg"], a["currency"])
+    assert (
+        _num(row["GPU-hours"]),
+        _num(row["IT energy"]),
+        _num(row["Facility energy"]),
+        _num(row["Total cost"]),
+        _num(row["CO2e"]),
+        row["Currency"],
+    ) == (a["gpu_hours"], a["it_kwh"], a["facility_kwh"], a["total_cost"], a["co2e_kg"], a["currency"])
 
 
 def test_panels_and_variables_use_the_datasource_variable() -> None:

@@ -84,10 +84,27 @@ def demo() -> Iterator[Demo]:
     env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_DATABASE_URL"}
     env["GPUFLEET_DATA_DIR"] = str(data)
     env["COLUMNS"] = "100"
-    proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "demo", "--backfill-minutes", "0.5",
-                             "--api-port", "0", "--collector-port", "0", "--db-port", "0"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.cli",
+            "demo",
+            "--backfill-minutes",
+            "0.5",
+            "--api-port",
+            "0",
+            "--collector-port",
+            "0",
+            "--db-port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     d = Demo(proc, data)
 
     def pump() -> None:
@@ -147,4 +164,6 @@ def test_grafana_reaches_the_demo_database_read_only_on_loopback(demo: Demo) -> 
         assert r.exit_code == 0, r.output
         created = next(q.body for q in g.requests if q.method == "POST" and q.path == "/api/datasources")
         assert created["user"] == "gpufleet_reader" and created["url"].startswith("127.0.0.1:")
-        assert created["jsonData"]["database"] == "gpufleet_demo" and created["jsonData"]["sslmode"] == "disable"
+        assert (
+            created["jsonData"]["database"] == "gpufleet_demo" and created["jsonData"]["sslmode"] == "disable"
+        )

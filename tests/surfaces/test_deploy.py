@@ -85,8 +85,11 @@ class _Routes:
 
     def __init__(self, kind: str) -> None:
         settings = load_settings(data_dir=Path("/nonexistent"))
-        app = create_collector(DUMMY_URL, settings, run_leader=False) if kind == "collector" else \
-            create_api(DUMMY_URL, settings)
+        app = (
+            create_collector(DUMMY_URL, settings, run_leader=False)
+            if kind == "collector"
+            else create_api(DUMMY_URL, settings)
+        )
         with warnings.catch_warnings():  # starlette's notice about its httpx dependency
             warnings.simplefilter("ignore")
             from fastapi.testclient import TestClient
@@ -113,7 +116,12 @@ def test_route_checker_knows_real_routes() -> None:
 def test_settings_field_checker() -> None:
     assert settings_field("GPUFLEET_DATABASE_URL") and settings_field("GPUFLEET_DETECT__SWEEP_INTERVAL_S")
     assert settings_field("GPUFLEET_AGENT__METRICS_PORT")
-    for bad in ("GPUFLEET_COLLECTOR_PROT", "GPUFLEET_DETECT__NOPE", "GPUFLEET_DATABASE_URL__X", "DATABASE_URL"):
+    for bad in (
+        "GPUFLEET_COLLECTOR_PROT",
+        "GPUFLEET_DETECT__NOPE",
+        "GPUFLEET_DATABASE_URL__X",
+        "DATABASE_URL",
+    ):
         assert not settings_field(bad), bad
     assert pinned("timescale/timescaledb:2.17.2-pg16") and pinned("gpufleet@sha256:" + "0" * 64)
     assert not pinned("grafana/grafana") and not pinned("prom/prometheus:latest")
@@ -131,7 +139,9 @@ def compose() -> dict[str, Any]:
 GPUFLEET_SERVICES = ("migrate", "collector", "api")
 
 
-def test_compose_services_images_and_settings(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compose_services_images_and_settings(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     services = compose["services"]
     assert set(services) == {"db", "migrate", "collector", "api", "grafana", "prometheus", "alertmanager"}
     for name, svc in services.items():
@@ -178,7 +188,8 @@ def test_compose_ports_probes_and_scrape_targets_agree(compose: dict[str, Any]) 
     prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = {job["job_name"]: job for job in prom["scrape_configs"]}
     assert targets["gpufleet-collector"]["static_configs"][0]["targets"] == [
-        f"collector:{defaults['collector_port'].default}"]
+        f"collector:{defaults['collector_port'].default}"
+    ]
     assert "/metrics" in routes("collector")
     am = prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"][0]
     assert am == "alertmanager:9093" and services["alertmanager"]["ports"] == ["9093:9093"]
@@ -196,7 +207,8 @@ def test_compose_mounts_exist_and_match_grafana_provisioning(compose: dict[str, 
     provider = yaml.safe_load((GRAFANA / "dashboards" / "gpufleet.yaml").read_text())["providers"][0]
     dash_dir = base / mounts[provider["options"]["path"]]
     assert sorted(p.name for p in dash_dir.glob("*.json")) == sorted(
-        p.name for p in (ROOT / "dashboards").glob("*.json"))
+        p.name for p in (ROOT / "dashboards").glob("*.json")
+    )
     assert (base / mounts["/etc/grafana/provisioning"]).resolve() == GRAFANA.resolve()
     ds_text = (GRAFANA / "datasources" / "gpufleet.yaml").read_text()
     used = set(re.findall(r"\$\{(\w+)\}", ds_text))
@@ -246,7 +258,9 @@ def test_k8s_files_parse_and_kustomize_builds() -> None:
         assert docs(path), path
     kubectl = tool("kubectl", "kubernetes-client")
     for d in (K8S, K8S / "monitoring"):
-        r = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False)
+        r = subprocess.run(
+            [kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False
+        )
         assert r.returncode == 0, r.stderr
         built = [x for x in yaml.safe_load_all(r.stdout) if x]
         for x in built:
@@ -320,7 +334,9 @@ def test_k8s_monitoring_matches_the_rules_and_services() -> None:
     sm = monitors["ServiceMonitor"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
-    assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "gpufleet-agent"}
+    assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gpufleet-agent"
+    }
 
 
 # ---------------------------------------------------------------- systemd
@@ -342,8 +358,9 @@ def _unit(path: Path) -> dict[str, list[tuple[str, str]]]:
     return sections
 
 
-@pytest.mark.parametrize(("unit", "command"), [("gpufleet-collector.service", "collector"),
-                                               ("gpufleet-api.service", "api")])
+@pytest.mark.parametrize(
+    ("unit", "command"), [("gpufleet-collector.service", "collector"), ("gpufleet-api.service", "api")]
+)
 def test_systemd_units(unit: str, command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     u = _unit(SYSTEMD / unit)
     svc = dict(u["Service"])
@@ -355,8 +372,11 @@ def test_systemd_units(unit: str, command: str, tmp_path: Path, monkeypatch: pyt
     assert env["PGPASSFILE"] == "%d/pgpass"
     assert not [k for k in env if SECRETISH.search(k)]
     assert dict(u["Install"])["WantedBy"] == "multi-user.target"
-    example = dict(line.split("=", 1) for line in (SYSTEMD / "gpufleet.env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    example = dict(
+        line.split("=", 1)
+        for line in (SYSTEMD / "gpufleet.env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert urlsplit(example["GPUFLEET_DATABASE_URL"]).password is None
     gpufleet_env = {k: v for k, v in {**env, **example}.items() if k.startswith("GPUFLEET_")}
     assert_valid_settings(gpufleet_env, monkeypatch, unit)
@@ -364,7 +384,9 @@ def test_systemd_units(unit: str, command: str, tmp_path: Path, monkeypatch: pyt
     exe = shutil.which("gpufleet") or str(ROOT / ".venv" / "bin" / "gpufleet")
     local = tmp_path / unit
     local.write_text((SYSTEMD / unit).read_text().replace("/opt/gpufleet/bin/gpufleet", exe))
-    r = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [analyze, "verify", str(local)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
 
 
@@ -374,7 +396,12 @@ def test_systemd_units(unit: str, command: str, tmp_path: Path, monkeypatch: pyt
 def test_grafana_file_provisioning_matches_the_api_push() -> None:
     (ds,) = yaml.safe_load((GRAFANA / "datasources" / "gpufleet.yaml").read_text())["datasources"]
     pushed = DataSource("db", 5432, "gpufleet", "ro", "pw").payload()
-    assert (ds["type"], ds["uid"], ds["name"], ds["access"]) == (DS_TYPE, DEFAULT_DS_UID, DEFAULT_DS_NAME, "proxy")
+    assert (ds["type"], ds["uid"], ds["name"], ds["access"]) == (
+        DS_TYPE,
+        DEFAULT_DS_UID,
+        DEFAULT_DS_NAME,
+        "proxy",
+    )
     assert set(ds["jsonData"]) == set(pushed["jsonData"])
     assert ds["jsonData"]["timeInterval"] == pushed["jsonData"]["timeInterval"]
     assert ds["secureJsonData"]["password"].startswith("$__file{")
@@ -386,7 +413,9 @@ def test_grafana_file_provisioning_matches_the_api_push() -> None:
 def test_dcgm_exporter_counters_configmap_builds() -> None:
     kubectl = tool("kubectl", "kubernetes-client")
     d = DEPLOY / "dcgm-exporter"
-    r = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0, r.stderr
     (cm,) = [x for x in yaml.safe_load_all(r.stdout) if x]
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "gpufleet-dcgm-exporter-counters"
@@ -394,11 +423,13 @@ def test_dcgm_exporter_counters_configmap_builds() -> None:
     assert cm["data"]["dcgm-metrics.csv"] == (d / "counters.csv").read_text()
 
 
-def test_agent_daemonset_builds_and_mounts_the_kubelet_socket_read_only(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_agent_daemonset_builds_and_mounts_the_kubelet_socket_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kubectl = tool("kubectl", "kubernetes-client")
-    r = subprocess.run([kubectl, "kustomize", str(DEPLOY / "agent")], capture_output=True, text=True, timeout=60,
-                       check=False)
+    r = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / "agent")], capture_output=True, text=True, timeout=60, check=False
+    )
     assert r.returncode == 0, r.stderr
     built = {(x["kind"], x["metadata"]["name"]): x for x in yaml.safe_load_all(r.stdout) if x}
     ds = built[("DaemonSet", "gpufleet-agent")]
@@ -419,26 +450,42 @@ def test_agent_daemonset_builds_and_mounts_the_kubelet_socket_read_only(tmp_path
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
     assert verbs <= {"get", "list", "watch"}
     resources = {(g, res) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]}
-    assert resources == {("", "pods"), ("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("ray.io", "rayclusters")}
+    assert resources == {
+        ("", "pods"),
+        ("batch", "jobs"),
+        ("jobset.x-k8s.io", "jobsets"),
+        ("ray.io", "rayclusters"),
+    }
     from gpufleet.agent.k8s.pods import OWNER_PATHS
 
     assert {res for _, res in OWNER_PATHS.values()} == {res for _, res in resources} - {"pods"}
     binding = built[("ClusterRoleBinding", "gpufleet-agent")]
     assert binding["roleRef"]["name"] == "gpufleet-agent"
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-agent",
-                                    "namespace": ds["metadata"]["namespace"]}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpufleet-agent", "namespace": ds["metadata"]["namespace"]}
+    ]
 
 
 def test_k8s_quarantine_rbac_grants_only_node_get_and_patch() -> None:
     """The opt-in RBAC of the Kubernetes quarantine hook: the collector's account may read and patch
     Nodes (a cordon), nothing more."""
     kubectl = tool("kubectl", "kubernetes-client")
-    r = subprocess.run([kubectl, "kustomize", str(K8S / "quarantine")], capture_output=True, text=True, timeout=60,
-                       check=False)
+    r = subprocess.run(
+        [kubectl, "kustomize", str(K8S / "quarantine")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     built = {x["kind"]: x for x in yaml.safe_load_all(r.stdout) if x}
     assert set(built) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
-    assert built["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert built["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
+    ]
     (subject,) = built["ClusterRoleBinding"]["subjects"]
-    assert (subject["name"], subject["namespace"]) == (built["ServiceAccount"]["metadata"]["name"], "gpufleet")
+    assert (subject["name"], subject["namespace"]) == (
+        built["ServiceAccount"]["metadata"]["name"],
+        "gpufleet",
+    )
     assert built["ClusterRoleBinding"]["roleRef"]["name"] == built["ClusterRole"]["metadata"]["name"]

@@ -25,8 +25,12 @@ def test_first_push_creates_then_second_overwrites() -> None:
         assert (first.datasource, first.folder) == ("created", "created")
         assert sorted(first.dashboards) == sorted(boards)
         calls = [(r.method, r.path) for r in g.requests]
-        assert calls[:4] == [("GET", "/api/datasources/uid/gpufleet-pg"), ("POST", "/api/datasources"),
-                             ("GET", "/api/folders/gpufleet"), ("POST", "/api/folders")]
+        assert calls[:4] == [
+            ("GET", "/api/datasources/uid/gpufleet-pg"),
+            ("POST", "/api/datasources"),
+            ("GET", "/api/folders/gpufleet"),
+            ("POST", "/api/folders"),
+        ]
         assert calls[4:] == [("POST", "/api/dashboards/db")] * len(boards)
         assert {r.authorization for r in g.requests} == {f"Bearer {TOKEN}"}
 
@@ -49,8 +53,10 @@ def test_first_push_creates_then_second_overwrites() -> None:
         second = push(connect(g.url, TOKEN), ds, boards.values())
         assert (second.datasource, second.folder) == ("updated", "exists")
         assert [(r.method, r.path) for r in g.requests][:3] == [
-            ("GET", "/api/datasources/uid/gpufleet-pg"), ("PUT", "/api/datasources/uid/gpufleet-pg"),
-            ("GET", "/api/folders/gpufleet")]
+            ("GET", "/api/datasources/uid/gpufleet-pg"),
+            ("PUT", "/api/datasources/uid/gpufleet-pg"),
+            ("GET", "/api/folders/gpufleet"),
+        ]
         assert {v["version"] for v in g.dashboards.values()} == {2}
         assert len(g.datasources) == 1
 
@@ -78,10 +84,24 @@ def test_cli_push_reads_the_password_file(tmp_path: Path) -> None:
     pw = tmp_path / "pw"
     pw.write_text(DB_PASSWORD + "\n")
     with FakeGrafana(TOKEN) as g:
-        out = CliRunner().invoke(app, [
-            "dashboards", "push", "--grafana-url", g.url, "--datasource-url", "postgresql://ro@pg:5432/gpufleet",
-            "--datasource-password-file", str(pw), "--sslmode", "disable", "--folder", "ops"],
-            env={"GRAFANA_TOKEN": TOKEN})
+        out = CliRunner().invoke(
+            app,
+            [
+                "dashboards",
+                "push",
+                "--grafana-url",
+                g.url,
+                "--datasource-url",
+                "postgresql://ro@pg:5432/gpufleet",
+                "--datasource-password-file",
+                str(pw),
+                "--sslmode",
+                "disable",
+                "--folder",
+                "ops",
+            ],
+            env={"GRAFANA_TOKEN": TOKEN},
+        )
         assert out.exit_code == 0, out.output
         assert "data source gpufleet-pg created" in out.output and TOKEN not in out.output
         assert DB_PASSWORD not in out.output
@@ -89,6 +109,17 @@ def test_cli_push_reads_the_password_file(tmp_path: Path) -> None:
         assert g.datasources["gpufleet-pg"]["jsonData"]["sslmode"] == "disable"
         assert set(g.folders) == {"ops"} and len(g.dashboards) == len(load_all())
 
-        bad = CliRunner().invoke(app, ["dashboards", "push", "--grafana-url", g.url, "--token", "nope",
-                                       "--datasource-url", "postgresql://ro@pg/gpufleet"])
+        bad = CliRunner().invoke(
+            app,
+            [
+                "dashboards",
+                "push",
+                "--grafana-url",
+                g.url,
+                "--token",
+                "nope",
+                "--datasource-url",
+                "postgresql://ro@pg/gpufleet",
+            ],
+        )
         assert bad.exit_code == 2 and "HTTP 401" in bad.output

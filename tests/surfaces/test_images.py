@@ -79,8 +79,9 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     kubectl = tool("kubectl", "kubernetes-client")
     out = {}
     for kust in sorted(DEPLOY.rglob("kustomization.yaml")):
-        r = subprocess.run([kubectl, "kustomize", str(kust.parent)], capture_output=True, text=True, timeout=60,
-                           check=False)
+        r = subprocess.run(
+            [kubectl, "kustomize", str(kust.parent)], capture_output=True, text=True, timeout=60, check=False
+        )
         assert r.returncode == 0, f"{kust.parent.relative_to(ROOT)}: {r.stderr}"
         out[str(kust.parent.relative_to(ROOT))] = [d for d in yaml.safe_load_all(r.stdout) if d]
     return out
@@ -106,11 +107,15 @@ def test_every_manifest_renders_and_runs_only_images_built_here() -> None:
     assert images, "no workload rendered"
     for image, where in images.items():
         name, _, tag = image.rpartition(":")
-        assert name in built, f"{image} ({', '.join(sorted(where))}) is not built by a Dockerfile under deploy/"
+        assert name in built, (
+            f"{image} ({', '.join(sorted(where))}) is not built by a Dockerfile under deploy/"
+        )
         assert tag == version(), f"{image}: the manifests run release {version()}"
     # The agent's DaemonSet runs the agent's image, the collector and API the server's.
     by_kind = {(d["kind"], d["metadata"]["name"]): d for docs in rendered().values() for d in docs}
     agent = [c["image"] for c in containers(by_kind[("DaemonSet", "gpufleet-agent")])]
     assert agent == [f"gpufleet/gpufleet-agent:{version()}"]
     for name in ("gpufleet-collector", "gpufleet-api"):
-        assert {c["image"] for c in containers(by_kind[("Deployment", name)])} == {f"gpufleet/gpufleet:{version()}"}
+        assert {c["image"] for c in containers(by_kind[("Deployment", name)])} == {
+            f"gpufleet/gpufleet:{version()}"
+        }

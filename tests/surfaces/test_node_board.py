@@ -30,12 +30,21 @@ def test_every_node_of_the_fleet_is_offered_and_its_gpus_shown(fleet: FilledFlee
     for node in fleet.nodes[:3]:
         got = results(fleet, node)
         with psycopg.connect(fleet.url) as conn:
-            gpus = [r[0] for r in conn.execute(
-                "SELECT DISTINCT gpu FROM gpu_samples WHERE node = %s AND mig_instance IS NULL AND time >= %s "
-                "AND time <= %s ORDER BY 1", (node, fleet.start, fleet.end)).fetchall()]
-            xids = dict(conn.execute(
-                "SELECT gpu, count(*) FILTER (WHERE xid > 0) FROM gpu_samples WHERE node = %s AND mig_instance IS NULL "
-                "AND time >= %s AND time <= %s GROUP BY gpu", (node, fleet.start, fleet.end)).fetchall())
+            gpus = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT DISTINCT gpu FROM gpu_samples WHERE node = %s AND mig_instance IS NULL AND time >= %s "
+                    "AND time <= %s ORDER BY 1",
+                    (node, fleet.start, fleet.end),
+                ).fetchall()
+            ]
+            xids = dict(
+                conn.execute(
+                    "SELECT gpu, count(*) FILTER (WHERE xid > 0) FROM gpu_samples WHERE node = %s AND mig_instance IS NULL "
+                    "AND time >= %s AND time <= %s GROUP BY gpu",
+                    (node, fleet.start, fleet.end),
+                ).fetchall()
+            )
         assert [r["GPU"] for r in rows(got["XIDs"])] == gpus
         assert {r["GPU"]: r["XIDs"] for r in rows(got["XIDs"])} == xids
         assert [r["GPU"] for r in rows(got["Health"])] == gpus
@@ -55,7 +64,11 @@ def test_picking_gpus_narrows_every_panel(fleet: FilledFleet) -> None:
 
 
 def test_the_xid_names_are_gpufleets_own() -> None:
-    sql = next(t["rawSql"] for p in load_all()["gpufleet-node"]["panels"] if p.get("title") == "XIDs"
-               for t in p["targets"])
+    sql = next(
+        t["rawSql"]
+        for p in load_all()["gpufleet-node"]["panels"]
+        if p.get("title") == "XIDs"
+        for t in p["targets"]
+    )
     for x in XIDS.values():
         assert f"({x.code}, '{x.name.replace(chr(39), chr(39) * 2)}')" in sql

@@ -57,16 +57,22 @@ def test_the_board_is_built_and_reads_only_its_prometheus_variable() -> None:
         cells |= mine
         if p["type"] != "row":
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
-            assert p["targets"] and all(t["datasource"] == p["datasource"] and t["expr"] for t in p["targets"])
+            assert p["targets"] and all(
+                t["datasource"] == p["datasource"] and t["expr"] for t in p["targets"]
+            )
     assert sum(1 for p in d["panels"] if p["type"] != "row") >= 10
 
 
 def test_every_series_it_names_is_exported() -> None:
     contracts = (ROOT / "docs" / "contracts.md").read_text()
-    counters = {line.split(",")[0].strip() for line in (ROOT / "deploy" / "dcgm-exporter" / "counters.csv")
-                .read_text().splitlines() if line.startswith("DCGM_")}
+    counters = {
+        line.split(",")[0].strip()
+        for line in (ROOT / "deploy" / "dcgm-exporter" / "counters.csv").read_text().splitlines()
+        if line.startswith("DCGM_")
+    }
     text = " ".join(e for _, e in exprs(board())) + " ".join(
-        v["definition"] for v in board()["templating"]["list"] if v["type"] == "query")
+        v["definition"] for v in board()["templating"]["list"] if v["type"] == "query"
+    )
     names = set(re.findall(r"\b(gpufleet_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+)", text))
     assert names
     for name in names:
@@ -74,7 +80,9 @@ def test_every_series_it_names_is_exported() -> None:
             assert name in counters, f"{name} is not in deploy/dcgm-exporter/counters.csv"
         else:
             base = name.removesuffix("_total")
-            assert f"`{name}" in contracts or f"`{base}" in contracts, f"{name} is not in docs/contracts.md section 4"
+            assert f"`{name}" in contracts or f"`{base}" in contracts, (
+                f"{name} is not in docs/contracts.md section 4"
+            )
 
 
 class Exporter:
@@ -102,17 +110,26 @@ def collector(db: str, settings: Settings) -> Iterator[str]:
     now = datetime.now(UTC)
     with psycopg.connect(db, autocommit=True) as conn:
         site(conn, "s1", pue=1.2, price=0.25, gpu_hour=2.0, currency="EUR", carbon=300.0)
-        node(conn, "gpu-node-7", 2, "s1", facts={"gpus": [{"gpu": i, "uuid": u} for i, u in enumerate(UUIDS)]})
-        conn.execute('INSERT INTO runs (run_id, site, team, start) VALUES (%s, %s, %s, %s)',
-                     ("ml-research:llm-pretrain", "s1", "ml-research", now - timedelta(hours=1)))
+        node(
+            conn, "gpu-node-7", 2, "s1", facts={"gpus": [{"gpu": i, "uuid": u} for i, u in enumerate(UUIDS)]}
+        )
+        conn.execute(
+            "INSERT INTO runs (run_id, site, team, start) VALUES (%s, %s, %s, %s)",
+            ("ml-research:llm-pretrain", "s1", "ml-research", now - timedelta(hours=1)),
+        )
         for g in (0, 1):
-            conn.execute("INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s)",
-                         ("ml-research:llm-pretrain", "gpu-node-7", g))
+            conn.execute(
+                "INSERT INTO run_allocations (run_id, node, gpu) VALUES (%s, %s, %s)",
+                ("ml-research:llm-pretrain", "gpu-node-7", g),
+            )
         t0 = (now - timedelta(hours=1) - datetime(2026, 12, 1, 10, tzinfo=UTC)).total_seconds()
         gpu_samples(conn, constant_power("gpu-node-7", (0, 1), 600.0, t0, t0 + 3500))
-        conn.execute("INSERT INTO incidents (kind, scope_key, run_id, node, gpu, state, start, last_seen, evidence) "
-                     "VALUES ('pcie_degraded', 'p|0', 'ml-research:llm-pretrain', 'gpu-node-7', 0, 'open', %s, %s, "
-                     "'{}')", (now - timedelta(minutes=30), now))
+        conn.execute(
+            "INSERT INTO incidents (kind, scope_key, run_id, node, gpu, state, start, last_seen, evidence) "
+            "VALUES ('pcie_degraded', 'p|0', 'ml-research:llm-pretrain', 'gpu-node-7', 0, 'open', %s, %s, "
+            "'{}')",
+            (now - timedelta(minutes=30), now),
+        )
         store(conn, compute(conn, RunMetricsSettings(per_gpu=True), now), now)
     with serve(create_app(db, settings, run_leader=False), **server_options(settings)) as srv:
         yield srv.url
@@ -127,15 +144,22 @@ def test_prometheus_answers_every_panel_with_data(collector: str, tmp_path: Path
 global: {{scrape_interval: 1s, scrape_timeout: 1s}}
 scrape_configs:
   - job_name: gpufleet
-    static_configs: [{{targets: ["127.0.0.1:{collector.rsplit(':', 1)[1]}"]}}]
+    static_configs: [{{targets: ["127.0.0.1:{collector.rsplit(":", 1)[1]}"]}}]
   - job_name: dcgm-exporter
     static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
 """)
     log = tmp_path / "prometheus.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([tool("prometheus", "prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                tool("prometheus", "prometheus"),
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     api = f"{base}/api/v1/query"
 
@@ -150,8 +174,14 @@ scrape_configs:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if ready() and all(query(q).get("data", {}).get("result") for q in
-                       ("gpufleet_gpu_run_info", "DCGM_FI_DEV_GPU_UTIL", "gpufleet_run_energy_kwh_total")):
+                if ready() and all(
+                    query(q).get("data", {}).get("result")
+                    for q in (
+                        "gpufleet_gpu_run_info",
+                        "DCGM_FI_DEV_GPU_UTIL",
+                        "gpufleet_run_energy_kwh_total",
+                    )
+                ):
                     break
             except httpx.HTTPError:
                 pass
@@ -162,15 +192,20 @@ scrape_configs:
             got = query(expr.replace("$team", ".*").replace("$run", ".*"))
             assert got["status"] == "success", (title, got)
             assert got["data"]["result"], f"{title}: no data for {expr}"
-        per_run = query('avg by (run) (DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(run, team) gpufleet_gpu_run_info)')
+        per_run = query(
+            "avg by (run) (DCGM_FI_DEV_GPU_UTIL * on(UUID) group_left(run, team) gpufleet_gpu_run_info)"
+        )
         (row,) = per_run["data"]["result"]
-        assert row["metric"]["run"] == "ml-research:llm-pretrain" and float(row["value"][1]) == pytest.approx(98.5)
+        assert row["metric"]["run"] == "ml-research:llm-pretrain" and float(row["value"][1]) == pytest.approx(
+            98.5
+        )
         for v in board()["templating"]["list"]:
             if v["type"] == "query":
                 m = re.fullmatch(r"label_values\((.*), (\w+)\)", v["definition"])
                 assert m, v["definition"]
-                series = httpx.get(f"{base}/api/v1/series",
-                                   params={"match[]": m.group(1).replace("$team", ".*")}, timeout=10).json()
+                series = httpx.get(
+                    f"{base}/api/v1/series", params={"match[]": m.group(1).replace("$team", ".*")}, timeout=10
+                ).json()
                 assert {s[m.group(2)] for s in series["data"]}, v["name"]
     finally:
         proc.terminate()

@@ -44,8 +44,14 @@ def test_promtool_accepts_the_secured_config(tmp_path: Path) -> None:
     shutil.copy(SECURED, tmp_path / "prometheus.yml")
     shutil.copytree(PROM / "rules", tmp_path / "rules")
     _secrets(tmp_path, TestCA(tmp_path / "pki"))
-    r = subprocess.run([tool("promtool", "prometheus"), "check", "config", "prometheus.yml"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [tool("promtool", "prometheus"), "check", "config", "prometheus.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     cfg = yaml.safe_load(SECURED.read_text())
     for job in cfg["scrape_configs"]:
@@ -78,10 +84,21 @@ def test_real_prometheus_scrapes_protected_endpoints(db: str, settings: Settings
     server = ca.server()
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    s = settings.model_copy(update={
-        "tls": settings.tls.model_copy(update={"certfile": server.cert, "keyfile": server.key, "client_ca": ca.pem,
-                                               "client_cert": "optional"}),
-        "metrics": settings.metrics.model_copy(update={"token_file": token_file, "client_names": ["prometheus"]})})
+    s = settings.model_copy(
+        update={
+            "tls": settings.tls.model_copy(
+                update={
+                    "certfile": server.cert,
+                    "keyfile": server.key,
+                    "client_ca": ca.pem,
+                    "client_cert": "optional",
+                }
+            ),
+            "metrics": settings.metrics.model_copy(
+                update={"token_file": token_file, "client_names": ["prometheus"]}
+            ),
+        }
+    )
     agent = AgentMetrics()
     agent.samples_spooled.inc(5)
     agent_port = agent.serve(free_port(), "127.0.0.1", MetricsGuard(TOKEN), server.cert, server.key, ca.pem)
@@ -90,9 +107,14 @@ def test_real_prometheus_scrapes_protected_endpoints(db: str, settings: Settings
     _secrets(work, ca)
     port = free_port()
     try:
-        with serve(create_collector(db, s, run_leader=False), ssl_certfile=str(server.cert),
-                   ssl_keyfile=str(server.key), ssl_ca_certs=str(ca.pem), ssl_cert_reqs=ssl.CERT_OPTIONAL,
-                   http=protocol_class()) as col:
+        with serve(
+            create_collector(db, s, run_leader=False),
+            ssl_certfile=str(server.cert),
+            ssl_keyfile=str(server.key),
+            ssl_ca_certs=str(ca.pem),
+            ssl_cert_reqs=ssl.CERT_OPTIONAL,
+            http=protocol_class(),
+        ) as col:
             # without Prometheus' certificate and token, nothing
             plain = ssl.create_default_context(cafile=str(ca.pem))
             assert httpx.get(col.url + "/metrics", verify=plain, timeout=10).status_code == 403
@@ -101,7 +123,9 @@ def test_real_prometheus_scrapes_protected_endpoints(db: str, settings: Settings
             cfg.pop("alerting")
             cfg["rule_files"] = []
             (work / "agents").mkdir()
-            (work / "agents" / "nodes.yml").write_text(yaml.safe_dump([{"targets": [f"127.0.0.1:{agent_port}"]}]))
+            (work / "agents" / "nodes.yml").write_text(
+                yaml.safe_dump([{"targets": [f"127.0.0.1:{agent_port}"]}])
+            )
             for job in cfg["scrape_configs"]:
                 if job["job_name"] == "gpufleet-collector":
                     job["static_configs"] = [{"targets": [col.url.removeprefix("https://")]}]
@@ -111,9 +135,16 @@ def test_real_prometheus_scrapes_protected_endpoints(db: str, settings: Settings
                     job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
             (work / "prometheus.yml").write_text(yaml.safe_dump(cfg))
             proc = subprocess.Popen(
-                [tool("prometheus", "prometheus"), f"--config.file={work / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                cwd=work, stdout=subprocess.DEVNULL, stderr=(work / "log").open("w"))
+                [
+                    tool("prometheus", "prometheus"),
+                    f"--config.file={work / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={work / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                cwd=work,
+                stdout=subprocess.DEVNULL,
+                stderr=(work / "log").open("w"),
+            )
             try:
                 api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
 

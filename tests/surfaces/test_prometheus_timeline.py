@@ -70,7 +70,9 @@ def _rules_without_annotations(tmp: Path) -> tuple[Path, dict[str, tuple[str, fl
     for group in doc["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations", None)
-            m = re.fullmatch(r'gpufleet:incident_severity:held\{kind="([a-z_]+)"\}', str(rule.get("expr", "")))
+            m = re.fullmatch(
+                r'gpufleet:incident_severity:held\{kind="([a-z_]+)"\}', str(rule.get("expr", ""))
+            )
             if "alert" in rule and m:
                 f = str(rule.get("for", "0s"))
                 alerts[rule["alert"]] = (m.group(1), float(f[:-1]) * {"s": 1, "m": 60, "h": 3600}[f[-1]])
@@ -89,7 +91,9 @@ def _values(points: dict[float, float], end: float) -> str:
     return " ".join(out)
 
 
-def test_one_alert_per_incident_and_none_flaps_over_the_demo(timeline: tuple[float, Series], tmp_path: Path) -> None:
+def test_one_alert_per_incident_and_none_flaps_over_the_demo(
+    timeline: tuple[float, Series], tmp_path: Path
+) -> None:
     _, series = timeline
     rules, alerts = _rules_without_annotations(tmp_path)
     assert series, "the demo opened no incident"
@@ -105,8 +109,12 @@ def test_one_alert_per_incident_and_none_flaps_over_the_demo(timeline: tuple[flo
         assert times == [times[0] + STEP * i for i in range(len(times))], dict(labels)
         spans[labels] = (times[0], times[-1])
         text = ",".join(f'{k}="{v}"' for k, v in labels)
-        inputs.append({"series": f"gpufleet_incident{{instance=\"c1\",{text}}}", "values": _values(points, end)})
-        inputs.append({"series": f"gpufleet_incident{{instance=\"c2\",{text}}}", "values": _values(points, end)})
+        inputs.append(
+            {"series": f'gpufleet_incident{{instance="c1",{text}}}', "values": _values(points, end)}
+        )
+        inputs.append(
+            {"series": f'gpufleet_incident{{instance="c2",{text}}}', "values": _values(points, end)}
+        )
     checks = []
     for alertname, (kind, for_s) in alerts.items():
         mine = {k: v for k, v in spans.items() if dict(k)["kind"] == kind}
@@ -120,18 +128,29 @@ def test_one_alert_per_incident_and_none_flaps_over_the_demo(timeline: tuple[flo
                     break
                 if fires_from <= t < fires_until:
                     lab = {k: v for k, v in labels if v}
-                    lab["team"] = ("infra" if kind in ("throttling", "pcie_degraded", "host_misconfig",
-                                                        "nvlink_degraded", "gpu_health")
-                                   else (lab.get("run_team") or "ml-platform"))
+                    lab["team"] = (
+                        "infra"
+                        if kind
+                        in ("throttling", "pcie_degraded", "host_misconfig", "nvlink_degraded", "gpu_health")
+                        else (lab.get("run_team") or "ml-platform")
+                    )
                     firing.append({"exp_labels": lab})
             if not unsure:
                 checks.append({"eval_time": f"{int(t)}s", "alertname": alertname, "exp_alerts": firing})
             t += 60.0
     assert sum(1 for c in checks if c["exp_alerts"]) >= 30, "too few minutes with alerts to say anything"
-    test = {"rule_files": [str(rules)], "evaluation_interval": f"{int(STEP)}s",
-            "tests": [{"interval": f"{int(STEP)}s", "input_series": inputs, "alert_rule_test": checks}]}
+    test = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": f"{int(STEP)}s",
+        "tests": [{"interval": f"{int(STEP)}s", "input_series": inputs, "alert_rule_test": checks}],
+    }
     path = tmp_path / "timeline.test.yml"
     path.write_text(yaml.safe_dump(test, width=10_000))
-    r = subprocess.run([tool("promtool", "prometheus"), "test", "rules", str(path)], capture_output=True, text=True,
-                       timeout=240, check=False)
+    r = subprocess.run(
+        [tool("promtool", "prometheus"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert r.returncode == 0 and "SUCCESS" in r.stdout, (r.stdout + r.stderr)[-4000:]

@@ -13,8 +13,15 @@ from gpufleet.waste import PRECEDENCE, STATES
 from tests.surfaces.fleetdb import FilledFleet
 from tests.surfaces.test_dashboards import _one, _results, _rows
 
-LABELS = {"productive": "Productive", "idle": "Idle", "hung": "Hung", "starved": "Starved",
-          "checkpoint": "Checkpoint", "straggler_wait": "Straggler wait", "throttled": "Throttled"}
+LABELS = {
+    "productive": "Productive",
+    "idle": "Idle",
+    "hung": "Hung",
+    "starved": "Starved",
+    "checkpoint": "Checkpoint",
+    "straggler_wait": "Straggler wait",
+    "throttled": "Throttled",
+}
 
 
 def dec(v: Any) -> Decimal:
@@ -25,8 +32,16 @@ def test_the_waste_panels_show_the_apis_ledger(fleet: FilledFleet) -> None:
     results = _results(fleet, "gpufleet-energy", "raw")
     now = datetime.now(UTC)
     with psycopg.connect(fleet.url, autocommit=True) as conn:
-        exact = {a["run_id"]: a for a in accounting.account_runs(
-            conn, accounting.load_runs(conn, list(fleet.runs)), now=now, since=fleet.start, until=fleet.end)}
+        exact = {
+            a["run_id"]: a
+            for a in accounting.account_runs(
+                conn,
+                accounting.load_runs(conn, list(fleet.runs)),
+                now=now,
+                since=fleet.start,
+                until=fleet.end,
+            )
+        }
     per_run = {r["Run"]: r for r in _rows(_one(results, "Runs that wasted most"))}
     assert set(per_run) == set(fleet.runs)
     wasted_any = False
@@ -37,7 +52,9 @@ def test_the_waste_panels_show_the_apis_ledger(fleet: FilledFleet) -> None:
         assert dec(row["Wasted GPU-hours"]) == waste, (run_id, row["Wasted GPU-hours"], waste)
         for s in PRECEDENCE:
             assert dec(row[f"{LABELS[s]} GPU-hours"]) == dec(led[s]["gpu_hours"]), (run_id, s)
-        assert dec(row["Waste cost"]) == sum((dec(led[s]["total_cost"]) for s in PRECEDENCE), Decimal(0)), run_id
+        assert dec(row["Waste cost"]) == sum((dec(led[s]["total_cost"]) for s in PRECEDENCE), Decimal(0)), (
+            run_id
+        )
         wasted_any |= waste > 0
     assert wasted_any, "the simulated fleet's incidents should waste some GPU time"
     # the panels' order: most wasteful first
@@ -48,4 +65,6 @@ def test_the_waste_panels_show_the_apis_ledger(fleet: FilledFleet) -> None:
     total = sum((dec(r["GPU-hours"]) for r in states), Decimal(0))
     assert total == sum((dec(a["gpu_hours"]) for a in exact.values()), Decimal(0))
     stat = _rows(_one(results, "Waste"))[0]
-    assert dec(stat["Wasted GPU-hours"]) == sum((dec(r["Wasted GPU-hours"]) for r in per_run.values()), Decimal(0))
+    assert dec(stat["Wasted GPU-hours"]) == sum(
+        (dec(r["Wasted GPU-hours"]) for r in per_run.values()), Decimal(0)
+    )

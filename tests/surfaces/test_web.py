@@ -25,8 +25,15 @@ from tests.surfaces.fleetdb import FilledFleet
 from tests.system_tools import unavailable
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @dataclass
@@ -50,8 +57,10 @@ def web(fleet: FilledFleet, settings: Settings) -> Iterator[Web]:
     suffix = secrets.token_hex(3)
     names = {role: f"web-{role}-{suffix}" for role in ("sre", "admin", "finance", "spare")}
     with psycopg.connect(fleet.url, autocommit=True) as c:
-        tokens = {role: create_token(c, names[role], "finance" if role == "spare" else role)  # type: ignore[arg-type]
-                  for role in names}
+        tokens = {
+            role: create_token(c, names[role], "finance" if role == "spare" else role)  # type: ignore[arg-type]
+            for role in names
+        }
         tokens["node"] = create_token(c, f"web-node-{suffix}", "node", "h100-01")
     with serve(create_app(fleet.url, settings)) as srv:
         yield Web(srv.url, fleet.url, tokens, names)
@@ -73,6 +82,7 @@ def _page(browser: Any, watch: Watch) -> Any:
     ctx = browser.new_context(viewport={"width": 1400, "height": 900})
     page = ctx.new_page()
     page.set_default_timeout(15_000)
+
     def console(m: Any) -> None:
         if m.type == "error":
             watch.problems.append(f"console: {m.text}")
@@ -83,6 +93,7 @@ def _page(browser: Any, watch: Watch) -> Any:
 
     page.on("console", console)
     page.on("pageerror", lambda e: watch.problems.append(f"page error: {e}"))
+
     def failed(r: Any) -> None:
         # A load cut short by navigating on (the previous page's icon) is not a fault of the page.
         if r.failure != "net::ERR_ABORTED":
@@ -107,17 +118,29 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
     _login(page, web, "sre")
     assert page.url == web.url + "/"
     assert page.title() == "Fleet - gpufleet"
-    cards = dict(zip(page.locator(".card .label").all_inner_texts(), page.locator(".card .value").all_inner_texts(),
-                     strict=True))
+    cards = dict(
+        zip(
+            page.locator(".card .label").all_inner_texts(),
+            page.locator(".card .value").all_inner_texts(),
+            strict=True,
+        )
+    )
     assert cards["GPUs reporting"] == "64"
     assert int(cards["starved"]) > 0 and int(cards["busy"]) > 0
     assert cards["runs running"] == str(len(fleet.runs))
     with psycopg.connect(web.db) as conn:
         open_n = conn.execute("SELECT count(*) FROM incidents WHERE state = 'open'").fetchone()[0]  # type: ignore[index]
     assert cards["open incidents"] == str(open_n)
-    assert page.locator("nav a").all_inner_texts()[:5] == ["Fleet", "Runs", "Incidents", "Accounting", "Finance"]
-    assert sorted(page.locator("section:has(h2:text('Nodes')) tbody tr td:first-child").all_inner_texts()) == \
-        sorted(fleet.nodes)
+    assert page.locator("nav a").all_inner_texts()[:5] == [
+        "Fleet",
+        "Runs",
+        "Incidents",
+        "Accounting",
+        "Finance",
+    ]
+    assert sorted(
+        page.locator("section:has(h2:text('Nodes')) tbody tr td:first-child").all_inner_texts()
+    ) == sorted(fleet.nodes)
 
     page.click("nav >> text=Runs")
     rows = page.locator("tbody tr")
@@ -126,8 +149,12 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
     assert sorted(listed) == sorted(fleet.runs)
     pretrain = page.locator("tbody tr", has_text="demo-pretrain").inner_text()
     with psycopg.connect(web.db) as conn:
-        pretrain_open = [(i, k) for i, k in conn.execute(
-            "SELECT id, kind FROM incidents WHERE state = 'open' AND run_id = 'demo-pretrain'").fetchall()]
+        pretrain_open = [
+            (i, k)
+            for i, k in conn.execute(
+                "SELECT id, kind FROM incidents WHERE state = 'open' AND run_id = 'demo-pretrain'"
+            ).fetchall()
+        ]
     assert "EUR" in pretrain and pretrain_open and "checkpoint stall" in pretrain
     for iid, kind in pretrain_open:  # each open incident of the run, named and linked from its row
         assert f"#{iid} {kind.replace('_', ' ')}" in pretrain
@@ -154,7 +181,9 @@ def test_sre_sees_fleet_runs_and_incidents(web: Web, browser: Any, fleet: Filled
     assert not any(web.tokens["sre"] in u for u in watch.urls)
 
 
-def test_finance_lands_on_the_finance_page_and_sees_accounting_only(web: Web, browser: Any, fleet: FilledFleet) -> None:
+def test_finance_lands_on_the_finance_page_and_sees_accounting_only(
+    web: Web, browser: Any, fleet: FilledFleet
+) -> None:
     watch = Watch()
     page = _page(browser, watch)
     _login(page, web, "finance")
@@ -175,8 +204,9 @@ def test_finance_lands_on_the_finance_page_and_sees_accounting_only(web: Web, br
     assert [p for p in watch.problems if "403" not in p] == []
 
 
-def test_finance_page_periods_groups_totals_charts_and_downloads(web: Web, browser: Any, fleet: FilledFleet,
-                                                                 tmp_path: Path) -> None:
+def test_finance_page_periods_groups_totals_charts_and_downloads(
+    web: Web, browser: Any, fleet: FilledFleet, tmp_path: Path
+) -> None:
     watch = Watch()
     page = _page(browser, watch)
     _login(page, web, "finance")
@@ -184,7 +214,9 @@ def test_finance_page_periods_groups_totals_charts_and_downloads(web: Web, brows
     assert page.locator("#group_by").input_value() == "team"
     teams = page.locator("section:has(h2:text('By team')) tbody tr td:first-child").all_inner_texts()
     with psycopg.connect(web.db) as conn:
-        expected = sorted({t or "no team" for (t,) in conn.execute("SELECT DISTINCT team FROM runs").fetchall()})
+        expected = sorted(
+            {t or "no team" for (t,) in conn.execute("SELECT DISTINCT team FROM runs").fetchall()}
+        )
     assert sorted(t.replace("no team", "no team") for t in teams) == expected, teams
     others = page.locator("section:has(h2:text('totals')) tbody").inner_text()
     assert "No run (with telemetry)" in others and "No run, no telemetry" in others and "Total" in others
@@ -197,9 +229,13 @@ def test_finance_page_periods_groups_totals_charts_and_downloads(web: Web, brows
     day_from, day_to = page.locator("#from").input_value(), page.locator("#to").input_value()
 
     def api_eur() -> float:
-        with httpx.Client(base_url=web.url, headers={"Authorization": f"Bearer {web.tokens['finance']}"}) as c:
+        with httpx.Client(
+            base_url=web.url, headers={"Authorization": f"Bearer {web.tokens['finance']}"}
+        ) as c:
             body = c.get("/v1/reports/finance.json", params={"from": day_from, "to": day_to}).json()
-        return next(r["total_cost"] for r in body["rows"] if r["row_type"] == "total" and r["currency"] == "EUR")
+        return next(
+            r["total_cost"] for r in body["rows"] if r["row_type"] == "total" and r["currency"] == "EUR"
+        )
 
     before = api_eur()
     page.reload()
@@ -273,8 +309,12 @@ def test_bearer_header_and_revocation(web: Web) -> None:
     with httpx.Client(base_url=web.url, follow_redirects=False, timeout=30) as c:
         r = c.get("/", headers={"Authorization": f"Bearer {web.tokens['sre']}"})
         assert r.status_code == 200 and "64" in r.text
-        for name, value in (("Content-Security-Policy", "default-src 'none'"), ("X-Frame-Options", "DENY"),
-                            ("X-Content-Type-Options", "nosniff"), ("Cache-Control", "no-store")):
+        for name, value in (
+            ("Content-Security-Policy", "default-src 'none'"),
+            ("X-Frame-Options", "DENY"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Cache-Control", "no-store"),
+        ):
             assert value in r.headers[name]
         assert c.get("/", headers={"Authorization": "Bearer gpf_wrong"}).status_code == 401
         c.cookies.set("gpufleet_token", web.tokens["spare"])
@@ -294,10 +334,14 @@ def test_bearer_header_and_revocation(web: Web) -> None:
 def test_everything_from_the_database_is_escaped(web: Web, browser: Any) -> None:
     evil = '<script>alert("x")</script><img src=x onerror=alert(1)>'
     with psycopg.connect(web.db, autocommit=True) as conn:
-        conn.execute("INSERT INTO runs (run_id, name, team, start) VALUES ('xss-run', %s, %s, now())", (evil, evil))
-        conn.execute("INSERT INTO incidents (kind, scope_key, run_id, cause, start, last_seen, evidence) VALUES "
-                     "('starvation', 'xss', 'xss-run', %s, now(), now(), jsonb_build_object('k', %s::text))",
-                     (evil, evil))
+        conn.execute(
+            "INSERT INTO runs (run_id, name, team, start) VALUES ('xss-run', %s, %s, now())", (evil, evil)
+        )
+        conn.execute(
+            "INSERT INTO incidents (kind, scope_key, run_id, cause, start, last_seen, evidence) VALUES "
+            "('starvation', 'xss', 'xss-run', %s, now(), now(), jsonb_build_object('k', %s::text))",
+            (evil, evil),
+        )
         xss_id = conn.execute("SELECT id FROM incidents WHERE scope_key = 'xss'").fetchone()[0]  # type: ignore[index]
     try:
         watch = Watch()

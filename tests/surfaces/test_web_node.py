@@ -58,7 +58,9 @@ def checks_of(page: Any) -> dict[tuple[str, str], tuple[str, str, str]]:
     return out
 
 
-def test_the_node_page_shows_the_checks_and_their_decisions(site: Web, browser: Any, placed: FilledFleet) -> None:
+def test_the_node_page_shows_the_checks_and_their_decisions(
+    site: Web, browser: Any, placed: FilledFleet
+) -> None:
     watch = Watch()
     page = _page(browser, watch)
     _login(page, site, "sre")
@@ -73,7 +75,9 @@ def test_the_node_page_shows_the_checks_and_their_decisions(site: Web, browser: 
     status, finding, decision = checks[("numa affinity", "gpu0")]
     assert status == "fail" and "the GPU is on node 0" in finding and "numactl --cpunodebind=0" in decision
     assert checks[("pcie link", "gpu0")][0] == "ok"
-    numa = page.locator("section:has(h2:text('NUMA placement')) tbody tr").first.locator("td").all_inner_texts()
+    numa = (
+        page.locator("section:has(h2:text('NUMA placement')) tbody tr").first.locator("td").all_inner_texts()
+    )
     assert numa[0] == "0" and numa[2] == "0" and numa[4] == "1"
     incidents = page.locator("section:has(h2:text('Incidents')) tbody").inner_text()
     assert "Host misconfiguration (numa affinity)" in incidents and "NUMA node" in incidents
@@ -88,7 +92,11 @@ def test_the_node_page_shows_the_checks_and_their_decisions(site: Web, browser: 
     checks = checks_of(page)
     quota = next(v for (c, _), v in checks.items() if c == "cpu quota")
     assert quota[0] == "fail" and "4 cores" in quota[1] and "at least 8 cores" in quota[2]
-    jobs = page.locator("section:has(h2:text('Job cgroups')) table").first.locator("tbody tr td").all_inner_texts()
+    jobs = (
+        page.locator("section:has(h2:text('Job cgroups')) table")
+        .first.locator("tbody tr td")
+        .all_inner_texts()
+    )
     assert "quota-short" in jobs[0] and jobs[4] == "4.0 cores"
     newest = page.locator("section:has(h2:text('Job cgroups')) table").nth(1).locator("tbody tr")
     assert newest.count() == 8  # every GPU's newest sample carries its job's cgroup figures
@@ -98,7 +106,9 @@ def test_the_node_page_shows_the_checks_and_their_decisions(site: Web, browser: 
     page.goto(site.url + "/nodes/p-04")  # a 2-GPU job under the same 4 cores: enough
     checks = checks_of(page)
     assert [v[0] for (c, _), v in checks.items() if c == "cpu quota"] == ["ok"]
-    assert "No incidents on this node or on the runs it holds." in page.inner_text("section:has(h2:text('Incidents'))")
+    assert "No incidents on this node or on the runs it holds." in page.inner_text(
+        "section:has(h2:text('Incidents'))"
+    )
 
     response = page.goto(site.url + "/nodes/no-such-node")
     assert response.status == 404 and "No node no-such-node" in page.inner_text("main")

@@ -22,8 +22,13 @@ def test_chart_breaks_lines_at_gaps_and_is_valid_svg() -> None:
     pts: list[tuple[float, float | None]] = [(float(t), 50.0) for t in range(0, 60)]
     pts += [(float(t), 70.0) for t in range(120, 180)]  # a minute without samples
     pts += [(180.0, None), (181.0, 10.0)]  # an explicit gap, then a lone point
-    out = line_chart("U <&>", [Series("n1/0 <x>", pts), Series("n1/1", [(0.0, 20.0), (1.0, 30.0)])], "%",
-                     y_max=100.0, step_s=1.0)
+    out = line_chart(
+        "U <&>",
+        [Series("n1/0 <x>", pts), Series("n1/1", [(0.0, 20.0), (1.0, 30.0)])],
+        "%",
+        y_max=100.0,
+        step_s=1.0,
+    )
     svg = re.search(r"<svg class=\"plot\".*?</svg>", out, re.S)
     assert svg is not None
     root = ET.fromstring(svg.group(0))  # well-formed, names escaped
@@ -56,9 +61,12 @@ def test_sixteen_gpu_colours_are_told_apart() -> None:
         def lin(c: float) -> float:
             return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
 
-        r, g, b = (lin(int(hex_colour[i:i + 2], 16) / 255) for i in (1, 3, 5))
-        x, y, z = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
-                   (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+        r, g, b = (lin(int(hex_colour[i : i + 2], 16) / 255) for i in (1, 3, 5))
+        x, y, z = (
+            (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+            0.2126 * r + 0.7152 * g + 0.0722 * b,
+            (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883,
+        )
 
         def f(t: float) -> float:
             return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
@@ -102,14 +110,21 @@ def test_incident_spans_are_shaded_and_link_to_the_incident() -> None:
     from gpufleet.api.web.svg import Span
 
     pts: list[tuple[float, float | None]] = [(float(t), 50.0) for t in range(0, 600, 10)]
-    out = line_chart("U", [Series("n1/0", pts)], "%", spans=[Span(100.0, None, "#7 Starved <cpu>", "critical",
-                                                                  "/incidents/7")])
+    out = line_chart(
+        "U",
+        [Series("n1/0", pts)],
+        "%",
+        spans=[Span(100.0, None, "#7 Starved <cpu>", "critical", "/incidents/7")],
+    )
     svg = re.search(r"<svg class=\"plot\".*?</svg>", out, re.S)
     assert svg is not None
     root = ET.fromstring(svg.group(0))
     (a,) = root.findall("a")
     shade, bar = a.findall("rect")
-    assert a.get("href") == "/incidents/7" and shade.get("class") == "span critical" and bar.get("class") == \
-        "lane critical"
+    assert (
+        a.get("href") == "/incidents/7"
+        and shade.get("class") == "span critical"
+        and bar.get("class") == "lane critical"
+    )
     assert float(shade.get("x", 0)) > 56 and "#7 Starved &lt;cpu&gt;" in out
     assert "<figcaption>U</figcaption>" in out  # the chart keeps its own title

@@ -16,8 +16,10 @@ import yaml
 HERE = Path(__file__).resolve().parent
 RULES = HERE.parents[1] / "prometheus" / "rules" / "gpufleet.rules.yml"
 OUT = HERE / "prometheusrule.yaml"
-HEADER = ("# Generated from deploy/prometheus/rules/gpufleet.rules.yml by render_prometheusrule.py;\n"
-          "# edit the rules file and re-run it (a test keeps the two identical).\n")
+HEADER = (
+    "# Generated from deploy/prometheus/rules/gpufleet.rules.yml by render_prometheusrule.py;\n"
+    "# edit the rules file and re-run it (a test keeps the two identical).\n"
+)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -33,9 +35,12 @@ _Dumper.add_representer(str, _str)
 
 def render() -> str:
     rules = yaml.safe_load(RULES.read_text())
-    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-           "metadata": {"name": "gpufleet", "labels": {"app.kubernetes.io/part-of": "gpufleet"}},
-           "spec": {"groups": rules["groups"]}}
+    doc = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "gpufleet", "labels": {"app.kubernetes.io/part-of": "gpufleet"}},
+        "spec": {"groups": rules["groups"]},
+    }
     return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120)
 
 
