@@ -264,14 +264,21 @@ def _full_apply(conn: psycopg.Connection, op: tuple[Any, ...], created: list[str
             _, n, start_min, dur_min, step, counter, power = op
             t0, t1 = start_min * 60.0 + 7.3, min(start_min + dur_min, SPAN_S // 60) * 60.0
             if t1 > t0:
+                rows = constant_power(n, [0, 1], power, t0, t1, step_s=step, counter=counter)
+                # the re-sent span replaces what was stored over it, to its last sample: the step can carry
+                # that past t1, where a kept sample of the same instant would otherwise stand beside it
                 conn.execute(
                     "DELETE FROM gpu_samples WHERE node = %s AND time >= %s AND time <= %s",
-                    (n, at(t0), at(t1)),
+                    (n, at(t0), at(max(t1, max(r[0] for r in rows)))),
                 )
-                gpu_samples(conn, constant_power(n, [0, 1], power, t0, t1, step_s=step, counter=counter))
-                host_samples(
-                    conn, [(t0 + k * step, n, 400.0 + power / 10) for k in range(int((t1 - t0) // step))]
-                )
+                gpu_samples(conn, rows)
+                hosts = [(t0 + k * step, n, 400.0 + power / 10) for k in range(int((t1 - t0) // step))]
+                if hosts:
+                    conn.execute(
+                        "DELETE FROM host_samples WHERE node = %s AND time >= %s AND time <= %s",
+                        (n, at(t0), at(hosts[-1][0])),
+                    )
+                host_samples(conn, hosts)
         elif kind == "drain":
             rollup.drain(conn, 60.0, plain_stats=backend_of(conn) != "timescaledb")
         elif kind == "node_site":

@@ -29,6 +29,10 @@ from gpufleet.facts import check_facts
 from gpufleet.sim.labels import CAUSES, KINDS, Labels
 from gpufleet.sim.nvml_fake import H200, FakeNvml
 
+#: The recorder's dry run keeps a real schedule (loader waits, a save every second over a 3-second run):
+#: its counts of waits and saves assume the cores are not shared with other test workers.
+pytestmark = pytest.mark.serial
+
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "record_gpu_traces.py"
 NAME = "dry"
 GPUS = 2
