@@ -49,7 +49,7 @@ TEST_WORKERS ?= 4
 PYTEST_COV ?=
 unit: $(STAMP) system-deps
 	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_COV)
-	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -p no:xdist -m serial $(PYTEST_COV)
+	GPUFLEET_REQUIRE_SYSTEM_TOOLS=1 $(BIN)/pytest -q -m serial $(PYTEST_COV)
 
 # The same suite with line coverage of the product (the test processes only; services the tests start
 # as subprocesses are not traced).  Tracing costs a third to a half more CPU on the simulating tests, so `make test`
