@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 
 from gpufleet.accounting import CSV_COLUMNS, report_csv, runs_report
 from gpufleet.accounting.focus import COLUMNS as FOCUS_COLUMNS
-from gpufleet.accounting.focus import focus_csv, focus_export
+from gpufleet.accounting.focus import focus_csv, focus_export, period_problem
 from gpufleet.accounting.report import FINANCE_COLUMNS, finance_csv, finance_report
 from gpufleet.api.deps import AccountingReader, ConnDep, StateDep
 from gpufleet.api.routes.accounting import SourceParam, period_error
@@ -148,6 +148,8 @@ def focus_report_csv(
     per run, a GPU-compute row (GPU-hours) and a GPU-energy row (facility kWh) per charge period, and the energy of
     GPU time no run held; money as the accounting computes it; tags for run, team and site."""
     period_error(since, until)
+    if (why := period_problem(since, until, granularity)) is not None:
+        raise HTTPException(422, [{"loc": ["query", "to"], "msg": why, "type": "value_error"}])
     export = focus_export(
         conn,
         since,

@@ -58,6 +58,23 @@ from gpufleet.timeparse import iso
 Granularity = Literal["day", "run"]
 GRANULARITIES: tuple[Granularity, ...] = ("day", "run")
 
+#: The most days a daily export covers.  Each day is a charge period priced at every site's rates, so
+#: the work grows with days times sites whether or not any GPU ran: a period of centuries held the
+#: database for minutes.  Ten years of days is more than any cloud bill export offers; longer periods
+#: go per run (``granularity="run"``) or in pieces.
+MAX_DAYS = 3660
+
+
+def period_problem(since: datetime, until: datetime, granularity: str) -> str | None:
+    """Why [since, until) cannot be exported at ``granularity``, or None."""
+    if granularity == "day" and until - since > timedelta(days=MAX_DAYS):
+        return (
+            f"a daily export covers at most {MAX_DAYS} days, this period has {(until - since).days}: "
+            "ask for granularity run, or export shorter periods"
+        )
+    return None
+
+
 #: FOCUS 1.1 columns, in the specification's order.
 FOCUS_COLUMNS: tuple[str, ...] = (
     "AvailabilityZone",
@@ -267,6 +284,8 @@ def focus_export(
     over each run's window), in each currency its window was priced in."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
+    if (why := period_problem(since, until, granularity)) is not None:
+        raise ValueError(why)
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
     gone = AccountingSettings().gone_after_s if gone_after_s is None else gone_after_s

@@ -124,11 +124,12 @@ def plan(
         site_rows = ctx.get(i, [])
         got.append(f"s:{site_rows[0][0] if site_rows and site_rows[0][0] is not None else ''}")
         got += [f"f:{n}" for n in nodes]
+        got += [f"e:{n}" for n in nodes]  # moved by a change of more days than are marked one by one
         got += [f"e:{n}:{d}" for n in nodes for d in days]
         for _site, region, first, last in site_rows:
             if region is None:
                 continue
-            got += [f"c:{region}:{d}" for d in days]
+            got += [f"c:{region}", *(f"c:{region}:{d}" for d in days)]
             # a point before the first changes what is carried back to a span ending by the first; one
             # after the last what is carried forward to a span starting after it (the days cover the rest)
             if first is None or hi <= first:

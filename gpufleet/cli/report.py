@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -57,6 +58,13 @@ def report(
     group_by = group_by or "run"
     if group_by not in ("run", "site", "team"):
         fail(f"--group-by: must be run, site or team, not {group_by!r}")
+    if fmt == "focus":
+        from gpufleet.accounting.focus import MAX_DAYS
+
+        if hi - lo > timedelta(days=MAX_DAYS):
+            fail(
+                f"--to: a FOCUS export (one row per run and day) covers at most {MAX_DAYS} days; export shorter periods"
+            )
     s = settings_from(config, db)
     with connect(s) as conn:
         if fmt == "focus":

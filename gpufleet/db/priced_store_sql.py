@@ -14,6 +14,10 @@ were in the snapshot it was computed in:
 ``c:<region>:<day>``     the carbon intensity in force that day; ``c:<region>:head`` / ``:tail`` for a
                          span ending by the region's first point (carried back to it) or starting after
                          its last (carried forward)
+``e:<node>``, ``c:<region>``  the whole node or region, moved instead of its days by a change reaching
+                         more than :data:`DAY_MARKS` days (a carbon point years before the next, a sample
+                         after a node's years of silence), which would otherwise write a mark per day:
+                         every line of it is then read live again, and the marks stay few
 
 A change to an input moves its mark to the changing transaction's id (``pricing_marks``), in that
 transaction; a kept line is read only while every mark it recorded is still the current one, so an
@@ -37,12 +41,30 @@ $fn$
 """
 
 
-def _day_scopes(prefix: str, lo: str, hi: str) -> str:
-    """``prefix || day`` for every UTC day from the day of ``lo`` to the day of ``hi``."""
+#: The most days one change marks one by one; a change reaching further marks its whole scope.
+DAY_MARKS = 400
+
+
+def _long(lo: str, hi: str) -> str:
+    return f"({hi}) - ({lo}) > INTERVAL '{DAY_MARKS} days'"
+
+
+def _day_scope(whole: str, lo: str, hi: str, d: str) -> str:
+    """The mark of day ``d`` of a change over [lo, hi] of scope ``whole``: the whole scope's for a long change."""
+    return f"CASE WHEN {_long(lo, hi)} THEN {whole} ELSE {whole} || ':' || to_char({d} AT TIME ZONE 'UTC', 'YYYY-MM-DD') END"
+
+
+def _day_series(lo: str, hi: str) -> str:
+    """The UTC days from the day of ``lo`` to the day of ``hi``; only the first for a long change."""
     return (
-        f"ARRAY(SELECT {prefix} || to_char(d AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM generate_series("
-        f"date_bin(INTERVAL '1 day', {lo}, {E.ORIGIN}), {hi}, INTERVAL '1 day') d)"
+        f"generate_series(date_bin(INTERVAL '1 day', {lo}, {E.ORIGIN}), "
+        f"CASE WHEN {_long(lo, hi)} THEN {lo} ELSE {hi} END, INTERVAL '1 day')"
     )
+
+
+def _day_scopes(whole: str, lo: str, hi: str) -> str:
+    """The marks of a change of scope ``whole`` over [lo, hi]: one per UTC day, or the whole scope's."""
+    return f"ARRAY(SELECT {_day_scope(whole, lo, hi, 'd')} FROM {_day_series(lo, hi)} d)"
 
 
 #: (A colon before a word is written ``':' || 'word'``: the migration's text would read it as a parameter.)
@@ -98,7 +120,7 @@ BEGIN
                                          UNION ALL SELECT NEW.region, NEW.time WHERE TG_OP <> 'DELETE') x(region, time)
   LOOP
     nxt := (SELECT min(ci.time) FROM carbon_intensity ci WHERE ci.region = r.region AND ci.time > r.time);
-    PERFORM gpufleet_pricing_bump({_day_scopes("'c:' || r.region || ':'", "r.time", "coalesce(nxt, r.time)")}
+    PERFORM gpufleet_pricing_bump({_day_scopes("'c:' || r.region", "r.time", "coalesce(nxt, r.time)")}
       || CASE WHEN nxt IS NULL THEN ARRAY['c:' || r.region || ':' || 'tail'] ELSE '{{}}'::text[] END
       || CASE WHEN NOT EXISTS (SELECT 1 FROM carbon_intensity ci WHERE ci.region = r.region AND ci.time < r.time)
               THEN ARRAY['c:' || r.region || ':' || 'head'] ELSE '{{}}'::text[] END);
@@ -134,10 +156,10 @@ DROP_V1: tuple[str, ...] = (
 #: before its first changed bucket to the sample after its last (``_rollup_gpu`` / ``_rollup_host``).
 BUMP_REBUILT_SQL = f"""
 SELECT gpufleet_pricing_bump(ARRAY(
-  SELECT DISTINCT 'e:' || x.node || ':' || to_char(d AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+  SELECT DISTINCT {_day_scope("'e:' || x.node", "x.a", "x.z", "d")}
   FROM (SELECT node, min(a) AS a, max(z) AS z FROM _rollup_gpu GROUP BY node
         UNION ALL SELECT node, min(a), max(z) FROM _rollup_host GROUP BY node) x
-  CROSS JOIN LATERAL generate_series(date_bin(INTERVAL '1 day', x.a, {E.ORIGIN}), x.z, INTERVAL '1 day') d))
+  CROSS JOIN LATERAL {_day_series("x.a", "x.z")} d))
 WHERE EXISTS (SELECT 1 FROM _rollup_gpu) OR EXISTS (SELECT 1 FROM _rollup_host)"""
 
 #: The columns of a kept line: ``gpufleet_accounting``'s result table, in its order.

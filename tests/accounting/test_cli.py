@@ -89,6 +89,7 @@ def test_report_refuses_bad_options(db: str) -> None:
         ([*PERIOD, "--source", "cache"], "--source"),
         ([*PERIOD, "--group-by", "colour"], "--group-by"),
         (["--from", "1 Dec", "--to", "2026-12-02"], "--from"),
+        (["--from", "2000-01-01", "--to", "2026-12-02", "--format", "focus"], "at most 3660 days"),
     ):
         r = runner.invoke(app, ["report", *args, "--db", db])
         assert r.exit_code == 2 and msg in r.output, r.output

@@ -11,7 +11,7 @@ from decimal import Decimal
 import psycopg
 
 from gpufleet.accounting import run_accounting
-from gpufleet.accounting.focus import COLUMNS, FOCUS_COLUMNS, focus_csv, focus_export
+from gpufleet.accounting.focus import COLUMNS, FOCUS_COLUMNS, MAX_DAYS, focus_csv, focus_export
 from gpufleet.accounting.report import finance_report
 from tests.accounting.builders import approx, at, constant_power, gpu_samples, host_samples, node, run, site
 from tests.api.conftest import Api
@@ -117,6 +117,13 @@ def test_focus_csv_over_http(api: Api) -> None:
             ).status_code
             == 422
         )
+        # a daily export of centuries is refused before any work, naming the limit; per run it is answered
+        ages = {"from": "0398-11-19T04:17:48+08:19", "to": "8420-10-21T08:15:47Z"}
+        r = c.get("/v1/reports/focus.csv", params=ages)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "to"], r.text
+        assert f"at most {MAX_DAYS} days" in r.json()["detail"][0]["msg"]
+        r = c.get("/v1/reports/focus.csv", params={**ages, "granularity": "run"})
+        assert r.status_code == 200 and "pretrain" in r.text, r.text
     with api.client("node") as c:
         assert (
             c.get("/v1/reports/focus.csv", params={"from": "2026-12-01", "to": "2026-12-02"}).status_code

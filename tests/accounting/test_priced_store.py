@@ -292,3 +292,41 @@ def test_an_unrelated_change_keeps_the_lines(conn: psycopg.Connection, calls: li
     calls.clear()
     incidents.price(conn, keyed, NOW)
     assert calls == []
+
+
+def _moved(conn: psycopg.Connection, change: Callable[[], None]) -> list[str]:
+    """The marks ``change`` moved."""
+    marks = "SELECT scope, version FROM pricing_marks"
+    before = set(conn.execute(marks).fetchall())
+    change()
+    return sorted(scope for scope, _ in set(conn.execute(marks).fetchall()) - before)
+
+
+def test_a_change_over_years_marks_its_whole_scope(conn: psycopg.Connection, calls: list[int]) -> None:
+    """A carbon point centuries before the next, or a sample after a node's years of silence, moves the
+    mark of the whole region or node, not one per day (millions of rows from one request): the lines kept
+    of it are then read live, the same figures again."""
+    _fleet(conn)
+    keyed = _keyed(conn)
+    before = incidents.price(conn, keyed, NOW)
+    ages = (
+        "INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) VALUES ('R', '0398-11-19T00:00:00Z', 90)"
+    )
+    assert _moved(conn, lambda: conn.execute(ages)) == ["c:R", "c:R:head"]
+    calls.clear()
+    assert incidents.price(conn, keyed, NOW) == before
+    assert calls, "a kept line read after its region's mark moved"
+    incidents.price(conn, keyed, NOW)
+    assert len(calls) == 1  # kept again
+
+    def silence() -> None:
+        gpu_samples(conn, [(-3 * 365 * 86_400, "n1", 0, 300.0, None)])
+        drain(conn)
+
+    assert _moved(conn, silence) == ["e:n1"]
+    calls.clear()
+    assert incidents.price(conn, keyed, NOW) == before
+    assert calls, "a kept line read after its node's mark moved"
+    # a change of days marks its days (here the new last point's, and what it carries forward), not
+    # the whole region
+    assert _moved(conn, lambda: carbon(conn, "R", [(3 * 86_400, 100.0)])) == ["c:R:2026-12-04", "c:R:tail"]
