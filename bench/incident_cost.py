@@ -12,7 +12,10 @@ minutes, duty cycle 0.6) that overlaps both.  Then, in the same run, it times
 
 * ``run_line_ms``: the run's own accounting line (``gpufleet_accounting``), the baseline;
 * ``lost_line_ms``: its ``lost_to_incidents`` line (the union of every incident's claim);
-* ``incidents_ms``: every incident's own ``lost`` block (what ``GET /v1/incidents?run_id=`` prices).
+* ``incidents_ms``: every incident's own ``lost`` block (what ``GET /v1/incidents?run_id=`` prices);
+* ``first_read_ms``: that block's first read with nothing kept, and ``first_read_ahead_ms`` the same
+  first read after the collector's leader priced the closed incidents ahead (``ahead_ms``, off
+  every reader's path: :mod:`gpufleet.accounting.ahead`).
 
 and prints the lost GPU-hours of the union beside the sum of the incidents'
 (overlaps counted once).  The last line is JSON.
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accounting import GPUS_PER_NODE, T0, load
 
+from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.accounting.incidents import incident_costs, lost_to_incidents
 from gpufleet.accounting.lines import lines
 from gpufleet.config import load_settings
@@ -122,15 +126,20 @@ def main() -> None:
                     'SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents'
                 ).fetchall()
             ]
+            costs_of = lambda: incident_costs(conn, incs, now=now, max_gap_s=args.max_gap_s)  # noqa: E731
+            conn.execute("TRUNCATE priced_pieces")
+            first_ms, _ = median_ms(costs_of, 1)
+            conn.execute("TRUNCATE priced_pieces")
+            ahead = PriceAhead(args.max_gap_s, recent_s=span_s + 86_400)
+            ahead_ms, _ = median_ms(lambda: ahead.run(conn, now), 1)
+            first_ahead_ms, _ = median_ms(costs_of, 1)
             run_ms, run_lines = median_ms(
                 lambda: lines(conn, None, None, now, run_ids=["bench"], max_gap_s=args.max_gap_s), args.repeat
             )
             lost_ms, lost = median_ms(
                 lambda: lost_to_incidents(conn, runs, window, now=now, max_gap_s=args.max_gap_s), args.repeat
             )
-            inc_ms, costs = median_ms(
-                lambda: incident_costs(conn, incs, now=now, max_gap_s=args.max_gap_s), args.repeat
-            )
+            inc_ms, costs = median_ms(costs_of, args.repeat)
     line = run_lines[0]
     union = lost["bench"]
     summed = sum(c["gpu_hours"] for c in costs.values() if c)
@@ -145,6 +154,10 @@ def main() -> None:
         f"run line {run_ms:.1f} ms (baseline); lost_to_incidents {lost_ms:.1f} ms; "
         f"{n} incidents' own costs {inc_ms:.1f} ms"
     )
+    say(
+        f"incidents' own costs, first read: {first_ms:.1f} ms with nothing kept, {first_ahead_ms:.1f} ms after "
+        f"the leader priced them ahead ({ahead_ms:.1f} ms, off the readers' path)"
+    )
     print(
         json.dumps(
             {
@@ -153,6 +166,9 @@ def main() -> None:
                 "unit": "ms",
                 "baseline_ms": round(run_ms, 2),
                 "incidents_ms": round(inc_ms, 2),
+                "first_read_ms": round(first_ms, 2),
+                "first_read_ahead_ms": round(first_ahead_ms, 2),
+                "ahead_ms": round(ahead_ms, 2),
                 "incidents": n,
                 "gpus": args.gpus,
                 "days": args.days,

@@ -2,7 +2,10 @@
 
 Each sweep interval, runs are first registered from what agents saw on the
 GPUs (:class:`gpufleet.store.inferred.Inferrer`, when ``runs.infer``), so
-the sweep that follows covers them.
+the sweep that follows covers them; after it, the costs of incidents that
+closed and the ledgers of runs that ended are priced and kept
+(:class:`gpufleet.accounting.ahead.PriceAhead`), so their first reader does
+not wait for them.
 
 Leadership is a PostgreSQL session advisory lock held on a dedicated
 connection.  When the leader dies its connection closes and the lock is
@@ -31,6 +34,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.collector import rollup
 from gpufleet.collector.metrics import CollectorMetrics
 from gpufleet.collector.shards import SHARD_LOCK_BASE
@@ -72,6 +76,7 @@ class Leader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.inferrer = Inferrer(settings.runs.inferred_end_grace_s) if settings.runs.infer else None
+        self.ahead = PriceAhead(settings.accounting.max_gap_s)
         self.shard_sweep = shard_sweep
         self.shards = shards if shards is not None else settings.detect.shards
         self.balance_interval_s = (
@@ -155,6 +160,7 @@ class Leader:
                         log.exception("detector sweep failed")
                     self.sweeps += 1
                     self._observe(self.sweep, time.perf_counter() - t0)
+                    self._price_ahead(work)
                 if now >= next_retention:
                     next_retention = now + 3600.0
                     enforce_retention(work, self.settings, plain)
@@ -239,6 +245,7 @@ class Leader:
                 if now >= next_fleet:
                     next_fleet = now + self.settings.detect.sweep_interval_s
                     self._infer(work)
+                    self._price_ahead(work)
                 if now >= next_retention:
                     next_retention = now + 3600.0
                     enforce_retention(work, self.settings, plain)
@@ -271,6 +278,15 @@ class Leader:
         stages: dict[str, float] = getattr(fn, "stages", {})
         for stage, s in stages.items():
             self.metrics.sweep_stage_seconds.labels(stage).observe(s)
+
+    def _price_ahead(self, work: psycopg.Connection) -> None:
+        """Price what settled since the last pass; a failure is logged and never stops the leader's work."""
+        try:
+            self.ahead.run(work, datetime.now(UTC))
+        except psycopg.OperationalError:
+            raise
+        except Exception:  # a bug here must not stop rollups or sweeps
+            log.exception("pricing settled incidents and runs failed")
 
     def _infer(self, work: psycopg.Connection) -> None:
         """Register, allocate and end inferred runs; a failure is logged and never stops the leader's work."""

@@ -294,7 +294,7 @@ def test_an_unrelated_change_keeps_the_lines(conn: psycopg.Connection, calls: li
     assert calls == []
 
 
-def _moved(conn: psycopg.Connection, change: Callable[[], None]) -> list[str]:
+def _moved(conn: psycopg.Connection, change: Callable[[], object]) -> list[str]:
     """The marks ``change`` moved."""
     marks = "SELECT scope, version FROM pricing_marks"
     before = set(conn.execute(marks).fetchall())

@@ -1,0 +1,92 @@
+"""Incident costs and ended runs' ledgers priced as they settle, before anyone asks.
+
+The priced store (:mod:`gpufleet.accounting.priced_store`) keeps what a reader priced, so every read
+after the first is cheap; the first still prices the pieces from the samples, and that first reader is
+a person: the SRE opening the incident that just paged, finance opening the run that just ended.  The
+collector's leader does that first read instead, once an incident has closed or a run has ended: it
+asks what those readers ask (an incident's ``lost`` block, a run's accounting with its ledger), with
+the settings they use, so the lines it stores are the ones they look up.
+
+Each pass looks at what settled in the last :data:`RECENT_S` seconds and remembers what it priced, so
+an incident or a run is priced once (again only if its end moves).  A pass prices at most
+:data:`MAX_INCIDENTS` incidents and :data:`MAX_RUNS` runs, oldest first, so the leader's rollups and
+sweeps never wait long behind it; the rest go in the next pass.  What could not be kept (samples of the span
+still queued for the rollup worker: the leader drains the queue just before, so only a late sample does
+that) is priced by its first reader, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from gpufleet.accounting.incidents import incident_costs
+from gpufleet.accounting.lines import Source
+from gpufleet.accounting.run import account_runs
+from gpufleet.store.run_model import load_runs
+
+log = logging.getLogger(__name__)
+
+#: How far back a pass looks for incidents that closed and runs that ended.
+RECENT_S = 3600.0
+#: The most incidents and runs one pass prices.
+MAX_INCIDENTS = 200
+MAX_RUNS = 16
+
+_CLOSED_SQL = """
+SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents
+WHERE run_id IS NOT NULL AND "end" > %s AND "end" <= %s ORDER BY "end", id"""
+
+_ENDED_SQL = """SELECT run_id, "end" FROM runs WHERE "end" > %s AND "end" <= %s ORDER BY "end", run_id"""
+_OF_RUNS_SQL = """SELECT run_id, "end" FROM runs WHERE run_id = ANY(%s) AND "end" <= %s ORDER BY run_id"""
+
+
+@dataclass
+class PriceAhead:
+    """What settled recently, priced once per pass of the leader (:meth:`run`)."""
+
+    max_gap_s: float
+    source: Source = "auto"
+    recent_s: float = RECENT_S
+    #: ("i", incident id, end) and ("r", run id, end) priced, until they leave the window.
+    done: dict[tuple[str, Any, datetime], datetime] = field(default_factory=dict)
+
+    def run(self, conn: psycopg.Connection, now: datetime) -> tuple[int, int]:
+        """One pass: the incidents and runs priced now (each stored for the readers that follow)."""
+        since = now - timedelta(seconds=self.recent_s)
+        self.done = {k: end for k, end in self.done.items() if end > since}
+        with conn.cursor(row_factory=dict_row) as cur:
+            closed = [
+                r
+                for r in cur.execute(_CLOSED_SQL, (since, now)).fetchall()
+                if ("i", r["id"], r["end"]) not in self.done
+            ][:MAX_INCIDENTS]
+        ended = [
+            (rid, end)
+            for rid, end in conn.execute(_ENDED_SQL, (since, now)).fetchall()
+            if ("r", rid, end) not in self.done
+        ][:MAX_RUNS]
+        # an incident that changed after its run ended changes the run's ledger too
+        touched = sorted({r["run_id"] for r in closed} - {rid for rid, _ in ended})
+        if touched:
+            ended += conn.execute(_OF_RUNS_SQL, (touched, now)).fetchall()
+        if closed:
+            incident_costs(conn, closed, now=now, max_gap_s=self.max_gap_s, source=self.source)
+            self.done.update({("i", r["id"], r["end"]): r["end"] for r in closed})
+        if ended:
+            account_runs(
+                conn,
+                load_runs(conn, [rid for rid, _ in ended]),
+                now=now,
+                max_gap_s=self.max_gap_s,
+                source=self.source,
+            )
+            self.done.update({("r", rid, end): end for rid, end in ended})
+        if closed or ended:
+            log.debug("priced ahead: %d incidents, %d runs", len(closed), len(ended))
+        return len(closed), len(ended)
