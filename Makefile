@@ -21,8 +21,11 @@ $(RUN_STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(RUN_STAMP)
 
+# The checkout's development packages (bench/, testsupport/) importable by name in this environment only:
+# they never ship in the wheel, and scripts import them without editing sys.path.
 $(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	$(BIN)/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'gpufleet-checkout.pth').write_text(str(pathlib.Path.cwd()) + '\n')"
 	touch $(STAMP)
 
 install: $(STAMP)
