@@ -16,7 +16,11 @@ Two views of each shape:
   written by hand; :func:`read_evidence` returns the stored view of a kind
   with the keys whose values fit their declared type (lists keep the items
   that fit), so a reader takes ``ev.get("clock_ratio")`` as ``float | None``
-  and a misspelt field is a type error, never a silent miss.
+  and a misspelt field is a type error, never a silent miss.  Python's typing
+  cannot derive them ("every key optional") and mypy checks readers only
+  against views it reads as source, so tools/gen_evidence_views.py renders
+  them from the written shapes into gpufleet/evidence_stored.py; this module
+  imports them, and readers import them from here.
 
 Shared core: imported by the detectors (the collector), the accounting, the
 store, the API and the alerting alike, so it imports none of them.
@@ -28,6 +32,24 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict, Union, is_typeddict, overload
+
+# The stored views, generated from the shapes below (see "as stored"); readers import them from here.
+from gpufleet.evidence_stored import (  # noqa: F401
+    STORED_TYPES,
+    StoredCheckpointStall,
+    StoredGpuHealth,
+    StoredHostMisconfig,
+    StoredHungCollective,
+    StoredIdleAllocation,
+    StoredIdleGpu,
+    StoredNvlinkDegraded,
+    StoredPcieDegraded,
+    StoredSpinningGpu,
+    StoredStarvation,
+    StoredStraggler,
+    StoredThrottledGpu,
+    StoredThrottling,
+)
 
 STARVATION = "starvation"
 CHECKPOINT_STALL = "checkpoint_stall"
@@ -397,235 +419,18 @@ EVIDENCE_TYPES: Mapping[str, tuple[Any, ...]] = {
 }
 
 
+#: The nested shapes that are a GPU's own evidence (a run's throttled GPUs, its idle GPUs, the ranks spinning
+#: in a hung collective).  As stored each has a view of its own with every key optional, read like its kind's
+#: evidence (an entry keeps the keys that fit); the other nested shapes (a job's quota, a misplaced GPU, an
+#: NFS stall, an XID's meaning) are stored as written, and an entry without its required keys is left out.
+GPU_ENTRIES: tuple[Any, ...] = (ThrottledGpu, IdleGpu, SpinningGpu)
+
+
 # --- as stored: the same keys, none required ---------------------------------------------------------------
 
-
-class StoredStarvation(TypedDict, total=False):
-    cpu_user_pct: float | None
-    iowait_pct: float | None
-    disk_util_pct: float | None
-    disk_await_ms: float | None
-    host: str | None
-    job_node: str | None
-    job_cpu_cores: float | None
-    job_cpu_quota_cores: float | None
-    job_cpu_throttled_share: float | None
-    job_cpu_pressure_pct: float | None
-    job_io_pressure_pct: float | None
-    pattern: Literal["oscillating", "steady_low"]
-    period_s: float | None
-    duty_cycle: float | None
-    depth: float | None
-    cycles: int
-    mean_activity: float | None
-    cause_basis: str | None
-    job_cause_basis: str | None
-    gpu_time_lost_share: float | None
-    gpus_affected: int
-    gpu_count: int
-    activity_source: str
-    activity_basis: str
-
-
-class StoredCheckpointStall(TypedDict, total=False):
-    basis: Literal["gpu+host", "gpu_only"]
-    signature: Literal["host_write", "writer", "sharded_d2h", "sharded_sync"]
-    d2h_bytes_s: float | None
-    period_s: float | None
-    pause_s: float | None
-    pauses: int
-    run_time_lost_share: float | None
-    writer_gpu: str | None
-    blocking_gpus: list[str]
-    writer_same_share: float | None
-    spinning_gpus: float | None
-    write_bytes_s: float | None
-    write_bytes_s_busy: float | None
-    write_path: str | None
-    host: str | None
-    gpu_count: int
-    activity_basis: str
-
-
-class StoredStraggler(TypedDict, total=False):
-    z: float | None
-    feature: str
-    peers: int
-    activity: float | None
-    peer_activity: float | None
-    power_frac: float | None
-    peer_power_frac: float | None
-    power_limit_w: float | None
-    peer_power_limit_w: float | None
-    sm_clock_mhz: float | None
-    peer_sm_clock_mhz: float | None
-    temp_c: float | None
-    peer_temp_c: float | None
-    thermal_share: float | None
-    power_cap_share: float | None
-    pcie_degraded_share: float | None
-    z_power_limit: float | None
-    z_sm_clock: float | None
-    z_temp: float | None
-    z_activity: float | None
-    power_plateau_w: float | None
-    peer_power_plateau_w: float | None
-    z_power_plateau: float | None
-    power_w: float | None
-    peer_power_w: float | None
-    z_power: float | None
-    power_correlation: float | None
-    peer_power_correlation: float | None
-    wait_share: float | None
-    peer_wait_share: float | None
-    dip_share: float | None
-    peer_dip_share: float | None
-    network_reason: str
-    network_nodes: list[str]
-    activity_basis: str
-
-
-class StoredThrottledGpu(TypedDict, total=False):
-    node: str | None
-    gpu: int | None
-    since: str
-    throttled_share: float | None
-    throttled_s: float | None
-    busy_s: float | None
-    clock_ratio: float | None
-    sm_clock_mhz: float | None
-    sm_clock_max_mhz: float | None
-    reasons: list[str]
-    reasons_mask: str
-    reason_source: str
-    cause_share: float | None
-    temp_c_max: float | None
-    power_frac: float | None
-
-
-class StoredThrottling(TypedDict, total=False):
-    throttled_share: float | None
-    throttled_s: float | None
-    busy_s: float | None
-    clock_ratio: float | None
-    sm_clock_mhz: float | None
-    sm_clock_max_mhz: float | None
-    reasons: list[str]
-    reasons_mask: str
-    reason_source: str
-    cause_share: float | None
-    temp_c_max: float | None
-    power_frac: float | None
-    gpu_count: int
-    gpus: list[StoredThrottledGpu]
-
-
-class StoredPcieDegraded(TypedDict, total=False):
-    pcie_gen: float | None
-    pcie_gen_max: float | None
-    pcie_width: float | None
-    pcie_width_max: float | None
-    degraded_share: float | None
-    degraded_s: float | None
-    pcie_rx_bytes_s: float | None
-    pcie_tx_bytes_s: float | None
-
-
-class StoredHostMisconfig(TypedDict, total=False):
-    """Both shapes of ``host_misconfig`` (node settings, repeated XIDs): their keys do not overlap."""
-
-    issues: list[str]
-    cpu_governor: list[str]
-    gpu_count: int | None
-    cpu_count: int | None
-    quota_basis: str | None
-    cpu_quota_cores: float | None
-    jobs: list[JobQuota]
-    jobs_short: list[str | None]
-    numa_misplaced: list[NumaMisplaced]
-    nfs_stalls: list[NfsStall]
-    xid_events: int
-    xid_codes: list[int]
-    last_xid: int
-    xid_meanings: dict[str, XidMeaning]
-
-
-class StoredNvlinkDegraded(TypedDict, total=False):
-    issues: list[str]
-    links_up: int
-    links_expected: int
-    links_down: int
-    down_s: float | None
-    nvlink_bytes_s: float | None
-    peers_nvlink_bytes_s: float | None
-    pcie_tx_bytes_s: float | None
-    pcie_rx_bytes_s: float | None
-    busy_s: float | None
-    nvlink_threshold_bytes_s: float | None
-    crc_errors: int
-    replay_errors: int
-    recoveries: int
-    errors_per_min: float | None
-    crc_errors_total: float | None
-
-
-class StoredGpuHealth(TypedDict, total=False):
-    issues: list[str]
-    remapped_rows_failed: int
-    remapped_rows_pending: int
-    dbe_errors: int
-    dbe_total: float | None
-    uncorrectable_remaps: int
-    sbe_errors: int
-    sbe_per_h: float | None
-    sbe_total: float | None
-    pcie_replays: int
-    pcie_replays_per_min: float | None
-    pcie_replay_total: float | None
-    xid_codes: list[int]
-    xid_meanings: dict[str, XidMeaning]
-
-
-class StoredIdleGpu(TypedDict, total=False):
-    node: str
-    gpu: int
-    since: str
-    idle_s: float
-    util_pct: float | None
-    power_w: float | None
-    mem_used_mib: float | None
-
-
-class StoredIdleAllocation(TypedDict, total=False):
-    scope: Literal["all", "some"]
-    gpus: list[StoredIdleGpu]
-    idle_gpus: int
-    gpu_count: int
-    idle_s: float
-    since_before_window: bool
-    activity_basis: str
-
-
-class StoredSpinningGpu(TypedDict, total=False):
-    node: str
-    gpu: int
-    util_pct: float | None
-    power_w: float | None
-    power_frac: float | None
-    sm_active: float | None
-
-
-class StoredHungCollective(TypedDict, total=False):
-    hung_s: float
-    since: str
-    spinning_gpus: list[StoredSpinningGpu]
-    dead_gpus: list[str]
-    gpu_count: int
-    power_basis: str
-    progress_tokens: float | None
-    network_reason: str
-    network_nodes: list[str]
-    activity_basis: str
+# Each kind's stored view (``StoredStarvation``, ...), each GPU entry's (``StoredThrottledGpu``, ...) and
+# ``STORED_TYPES`` are generated from the shapes above into gpufleet/evidence_stored.py by
+# tools/gen_evidence_views.py, and imported at the top of this module: readers import them from here.
 
 
 class LostTime(TypedDict, total=False):
@@ -635,21 +440,6 @@ class LostTime(TypedDict, total=False):
     gpu_time_lost_share: float | None
     run_time_lost_share: float | None
     duty_cycle: float | None
-
-
-#: Each kind's evidence as stored (every key optional).
-STORED_TYPES: Mapping[str, Any] = {
-    STARVATION: StoredStarvation,
-    CHECKPOINT_STALL: StoredCheckpointStall,
-    STRAGGLER: StoredStraggler,
-    THROTTLING: StoredThrottling,
-    PCIE_DEGRADED: StoredPcieDegraded,
-    HOST_MISCONFIG: StoredHostMisconfig,
-    NVLINK_DEGRADED: StoredNvlinkDegraded,
-    GPU_HEALTH: StoredGpuHealth,
-    IDLE_ALLOCATION: StoredIdleAllocation,
-    HUNG_COLLECTIVE: StoredHungCollective,
-}
 
 
 # --- reading ------------------------------------------------------------------------------------------------

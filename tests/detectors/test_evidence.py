@@ -10,16 +10,20 @@ missing a key the detectors write, or requiring one they do not, fails.
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import types
+import sys
 import typing
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 from typing import Any, TypedDict
 
 import psycopg
 import pytest
 
+from gpufleet import evidence, evidence_stored
 from gpufleet.collector import rollup
 from gpufleet.collector.alerting import EVIDENCE_FIELDS
 from gpufleet.collector.bundle import read_bundle
@@ -34,6 +38,7 @@ from gpufleet.db.policies import backend_of
 from gpufleet.db.scratch import scratch_database
 from gpufleet.evidence import (
     EVIDENCE_TYPES,
+    GPU_ENTRIES,
     STORED_TYPES,
     IdleGpu,
     SpinningGpu,
@@ -42,12 +47,15 @@ from gpufleet.evidence import (
     StoredSpinningGpu,
     StoredThrottledGpu,
     ThrottledGpu,
+    XidMeaning,
     fits,
     read_evidence,
     read_lost_time,
 )
 from gpufleet.sim import write_bundle
 from tests.detectors.builders import GpuSpec, noisy, run_window, steady, times
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Scenarios that together raise every kind, and each shape of one (both starvation patterns, a run's
 #: throttled GPUs and a lone one, node settings and repeated XIDs, every NVLink and GPU-health cause).
@@ -222,21 +230,98 @@ def test_a_wrong_declaration_fails(findings: list[Finding]) -> None:
         assert not fits({**f.evidence, "gpu_count": "eight"}, StarvationEvidence)
 
 
-def test_stored_views_declare_the_written_keys_and_types() -> None:
-    """Each kind's stored view is its written shapes with every key optional (nothing more, nothing less)."""
-    swap = {ThrottledGpu: StoredThrottledGpu, IdleGpu: StoredIdleGpu, SpinningGpu: StoredSpinningGpu}
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_evidence_views", ROOT / "tools" / "gen_evidence_views.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_evidence_views"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_stored_views_are_what_the_generator_renders() -> None:
+    """The stored views are generated from the written shapes, never edited: the committed module is what
+    tools/gen_evidence_views.py renders from them now."""
+    pytest.importorskip(
+        "ruff", reason="the generator formats with ruff, a dev dependency (pip install -e '.[dev]')"
+    )
+    committed = ROOT / "gpufleet" / "evidence_stored.py"
+    assert committed.read_text() == load_generator().render(), (
+        "gpufleet/evidence_stored.py differs from what gpufleet/evidence.py renders: "
+        "run python tools/gen_evidence_views.py"
+    )
+
+
+def _structure(tp: Any) -> Any:
+    """An annotation as comparable structure: a ``TypedDict`` by its keys, types and required keys (a copy of a
+    shape is the shape), anything else as itself."""
+    if typing.is_typeddict(tp):
+        return (
+            "TypedDict",
+            tp.__required_keys__,
+            {k: _structure(v) for k, v in typing.get_type_hints(tp).items()},
+        )
+    args = typing.get_args(tp)
+    return (typing.get_origin(tp), tuple(_structure(a) for a in args)) if args else tp
+
+
+def _as_stored(tp: Any) -> Any:
+    """What a written annotation is in a stored view: a GPU entry has every key optional, all else as written."""
+    if typing.is_typeddict(tp):
+        if tp in GPU_ENTRIES:
+            return (
+                "TypedDict",
+                frozenset(),
+                {k: _as_stored(v) for k, v in typing.get_type_hints(tp).items()},
+            )
+        return _structure(tp)
+    args = typing.get_args(tp)
+    return (typing.get_origin(tp), tuple(_as_stored(a) for a in args)) if args else tp
+
+
+def test_stored_views_are_the_written_keys_none_required() -> None:
+    """Each kind's stored view is its written shapes' keys and types with none required (nothing more, nothing
+    less); a GPU entry nested in it is that entry's stored view, other nested shapes are kept as written."""
+    assert list(STORED_TYPES) == list(EVIDENCE_TYPES)
     for kind, shapes in EVIDENCE_TYPES.items():
         written: dict[str, Any] = {}
         for tp in shapes:
             for k, v in typing.get_type_hints(tp).items():
-                item = typing.get_args(v)[0] if typing.get_origin(v) is list else None
-                want = types.GenericAlias(list, (swap[item],)) if item in swap else v
-                assert written.setdefault(k, want) == want, (kind, k)
+                assert written.setdefault(k, _as_stored(v)) == _as_stored(v), (kind, k)
         view = STORED_TYPES[kind]
-        assert typing.get_type_hints(view) == written, kind
         assert view.__required_keys__ == frozenset(), kind
-    assert typing.get_type_hints(StoredThrottledGpu) == typing.get_type_hints(ThrottledGpu)
-    assert StoredThrottledGpu.__required_keys__ == frozenset()
+        assert _structure(view) == ("TypedDict", frozenset(), written), kind
+    swap: dict[Any, Any] = {
+        ThrottledGpu: StoredThrottledGpu,
+        IdleGpu: StoredIdleGpu,
+        SpinningGpu: StoredSpinningGpu,
+    }
+    assert set(GPU_ENTRIES) == set(swap)
+    for tp, view in swap.items():
+        assert typing.get_type_hints(view) == typing.get_type_hints(tp)
+        assert view.__required_keys__ == frozenset()
+    assert typing.get_type_hints(STORED_TYPES["throttling"])["gpus"] == list[StoredThrottledGpu]
+    assert typing.get_type_hints(STORED_TYPES["idle_allocation"])["gpus"] == list[StoredIdleGpu]
+    assert typing.get_type_hints(STORED_TYPES["hung_collective"])["spinning_gpus"] == list[StoredSpinningGpu]
+    # a nested shape kept as written keeps its required keys: a stored entry without them is left out
+    _, meanings = typing.get_args(typing.get_type_hints(STORED_TYPES["gpu_health"])["xid_meanings"])
+    assert meanings.__required_keys__ == XidMeaning.__required_keys__ == {"name", "meaning"}
+
+
+def test_stored_views_are_read_from_gpufleet_evidence_by_kind() -> None:
+    """Every stored view is importable from gpufleet.evidence, and each ``read_evidence`` overload returns its
+    kind's view."""
+    for name, value in vars(evidence_stored).items():
+        if name == "STORED_TYPES" or name.startswith("Stored"):
+            assert getattr(evidence, name, None) is value, name
+    overloads = typing.get_overloads(read_evidence)
+    assert overloads
+    for fn in overloads:
+        hints = typing.get_type_hints(fn)
+        (kind,) = typing.get_args(hints["kind"])
+        assert hints["return"] is STORED_TYPES[kind], kind
 
 
 def test_reading_tolerates_old_partial_and_malformed_evidence() -> None:
