@@ -244,9 +244,6 @@ def load_generator() -> ModuleType:
 def test_stored_views_are_what_the_generator_renders() -> None:
     """The stored views are generated from the written shapes, never edited: the committed module is what
     tools/gen_evidence_views.py renders from them now."""
-    pytest.importorskip(
-        "ruff", reason="the generator formats with ruff, a dev dependency (pip install -e '.[dev]')"
-    )
     committed = ROOT / "gpufleet" / "evidence_stored.py"
     assert committed.read_text() == load_generator().render(), (
         "gpufleet/evidence_stored.py differs from what gpufleet/evidence.py renders: "
