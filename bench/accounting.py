@@ -51,8 +51,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.common import say
 from gpufleet.accounting import account_runs
 from gpufleet.accounting.result import AccountingBody
 from gpufleet.collector import rollup
@@ -349,9 +348,6 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.runs <= args.gpus:
         ap.error(f"--runs must be between 1 and --gpus ({args.gpus}), not {args.runs}")
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
 
     server = args.server or server_url()
     samples = int(args.gpus * args.days * 86_400 / args.interval_s)

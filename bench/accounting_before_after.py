@@ -25,7 +25,6 @@ relative difference of the energies.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -36,14 +35,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ENERGIES = ("gpu_hours", "gpu_kwh", "host_kwh", "it_kwh", "facility_kwh", "co2e_kg")
-
-
-def _bench_accounting() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_accounting", ROOT / "bench" / "accounting.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def worker(tree: Path, url: str, search_path: str, run_ids: list[str], repeat: int, max_gap_s: float) -> None:
@@ -153,15 +144,15 @@ def main() -> None:
         ap.error(
             "--baseline-tree: a checkout of the earlier commit (git worktree add /tmp/acct-base <commit>)"
         )
-    sys.path.insert(0, str(ROOT))
+    # Imported here, not at the top: a --worker process must import the gpufleet of its own tree first.
     import psycopg
 
+    from bench import accounting as bench_accounting
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
     from gpufleet.db.scratch import scratch_database
     from testsupport.pg import server_url
 
-    bench = _bench_accounting()
     server = args.server or server_url()
     base_sql = _baseline_sql(args.baseline_tree)
     print(
@@ -171,7 +162,7 @@ def main() -> None:
     )
     with scratch_database(server, "gpufleet_bench_before_after") as url:
         migrate.upgrade(url, load_settings(database_url=url))
-        bench.load(
+        bench_accounting.load(
             url,
             argparse.Namespace(
                 gpus=args.gpus,
@@ -187,7 +178,7 @@ def main() -> None:
             conn.execute("SET search_path = baseline, public")
             for stmt in base_sql:
                 conn.execute(stmt)
-        ids = bench.run_ids(args.runs)
+        ids = bench_accounting.run_ids(args.runs)
         sides: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
         for _ in range(args.rounds):
             sides["baseline"].append(

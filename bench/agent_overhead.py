@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 TARGET_CPU_FRACTION = 0.01
 TARGET_RSS_MB = 80.0

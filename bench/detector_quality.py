@@ -21,14 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psycopg
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.collector import rollup
 from gpufleet.collector.bundle import read_bundle
@@ -170,7 +167,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.real:
-        import real_corpus
+        from bench import real_corpus
 
         return real_corpus.main()
     if args.heldout:

@@ -25,24 +25,21 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufleet.agent.batch import encode_batch, tick_record, to_batch
+from gpufleet.agent.sources.host import HostSource
+from gpufleet.agent.sources.nvml import NvmlSource
+from gpufleet.catalog import HOST_FIELDS
+from gpufleet.collector.batch_store import GPU_SPECS, HOST_SPECS, copy_data, table_specs
+from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml
+from gpufleet.wire import ParseLimits, decompress, parse, validate
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gpufleet.agent.batch import encode_batch, tick_record, to_batch  # noqa: E402
-from gpufleet.agent.sources.host import HostSource  # noqa: E402
-from gpufleet.agent.sources.nvml import NvmlSource  # noqa: E402
-from gpufleet.catalog import HOST_FIELDS  # noqa: E402
-from gpufleet.collector.batch_store import GPU_SPECS, HOST_SPECS, copy_data, table_specs  # noqa: E402
-from gpufleet.sim.nvml_fake import H100_SXM, FakeNvml  # noqa: E402
-from gpufleet.wire import ParseLimits, decompress, parse, validate  # noqa: E402
-
 REAL = ROOT / "tests" / "fixtures" / "realdata"
 #: The host table's columns before the fabric (the contract's host.csv columns).
 BEFORE_SPECS = table_specs(("time", "node"), tuple(f for f in HOST_FIELDS if f.bundle))

@@ -26,20 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from accounting import GPUS_PER_NODE, T0, load
-
+from bench.accounting import GPUS_PER_NODE, T0, load
+from bench.common import say
 from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.accounting.incidents import incident_costs, lost_to_incidents
 from gpufleet.accounting.lines import lines
@@ -106,9 +101,6 @@ def main() -> None:
     ap.add_argument("--max-gap-s", type=float, default=60.0)
     ap.add_argument("--server", default=None, help="maintenance-database URL (default: the test server)")
     args = ap.parse_args()
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
 
     span_s = args.days * 86_400
     with scratch_database(args.server or server_url(), "gpufleet_bench_incost") as url:

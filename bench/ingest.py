@@ -35,12 +35,9 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import psycopg
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.auth import hash_secret, new_secret
 from gpufleet.catalog import GPU_BY_NAME, gpu_columns

@@ -23,10 +23,9 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from testsupport.pg import server_url
 
-from testsupport.pg import server_url  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: Label kind -> the ledger state it puts GPU-time in.
 STATE = {"idle_allocation": "idle", "hung_collective": "hung"}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -26,10 +25,7 @@ import httpx
 import psutil
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import ingest as ingest_bench  # bench/ingest.py
-
+from bench import ingest as ingest_bench
 from gpufleet.config import load_settings
 from gpufleet.db import migrate
 from gpufleet.db.scratch import scratch_database

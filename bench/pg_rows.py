@@ -47,10 +47,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -58,20 +56,15 @@ import numpy as np
 import psycopg
 import zstandard
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import vs_prometheus  # noqa: E402
-
-from gpufleet.collector import sightings  # noqa: E402
-from gpufleet.collector.batch_store import GPU_SPECS, NodeTouch, write_batches  # noqa: E402
-from gpufleet.collector.copy_binary import Spec  # noqa: E402
-from gpufleet.config import load_settings  # noqa: E402
-from gpufleet.db import migrate  # noqa: E402
-from gpufleet.db.scratch import scratch_database  # noqa: E402
-from gpufleet.wire import Batch, validate  # noqa: E402
-from testsupport.pg import server_url  # noqa: E402
+from bench import vs_prometheus
+from gpufleet.collector import sightings
+from gpufleet.collector.batch_store import GPU_SPECS, NodeTouch, write_batches
+from gpufleet.collector.copy_binary import Spec
+from gpufleet.config import load_settings
+from gpufleet.db import migrate
+from gpufleet.db.scratch import scratch_database
+from gpufleet.wire import Batch, validate
+from testsupport.pg import server_url
 
 
 def batches(nodes: int, seconds: int) -> list[Batch]:

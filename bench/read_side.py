@@ -63,16 +63,14 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gpufleet.collector import rollup  # noqa: E402
-from gpufleet.collector.batch_store import write_batches  # noqa: E402
-from gpufleet.config import Settings, load_settings  # noqa: E402
-from gpufleet.db import migrate  # noqa: E402
-from gpufleet.db.connect import with_database  # noqa: E402
-from gpufleet.wire import Batch, Column  # noqa: E402
-from testsupport.pg import server_url  # noqa: E402
+from bench.common import say
+from gpufleet.collector import rollup
+from gpufleet.collector.batch_store import write_batches
+from gpufleet.config import Settings, load_settings
+from gpufleet.db import migrate
+from gpufleet.db.connect import with_database
+from gpufleet.wire import Batch, Column
+from testsupport.pg import server_url
 
 GPUS_PER_NODE = 8
 GROUP_NODES = 8  # a 64-GPU job's nodes
@@ -1428,9 +1426,6 @@ def main() -> None:
         ap.error("--raw-interval-s must be in (0, 60], --raw-hours and --days positive, --minute-days >= 0")
     plan = Plan(args.gpus, args.days, minute_days, args.raw_hours, args.raw_interval_s)
     started = time.perf_counter()
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
 
     if args.standby:
         got = standby_bench(args, say)

@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gpufleet.collector.detectors.registry import DETECTORS
 from gpufleet.collector.nvsmi_import import ImportSummary, import_nvidia_smi
 from gpufleet.collector.replay import replay

@@ -31,32 +31,27 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import psycopg
 
+from bench.ingest import start_collector
+from gpufleet.agent.attribution import Attributor
+from gpufleet.agent.batch import tick_record, to_batch
+from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource
+from gpufleet.auth import create_token
+from gpufleet.config import load_settings
+from gpufleet.db import migrate
+from gpufleet.db.scratch import scratch_database
+from gpufleet.serverthread import free_port
+from gpufleet.wire import encode
+from testsupport import loadgen
+from testsupport import remote_write as rw
+from testsupport.pg import server_url
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ingest import start_collector  # noqa: E402
-
-from gpufleet.agent.attribution import Attributor  # noqa: E402
-from gpufleet.agent.batch import tick_record, to_batch  # noqa: E402
-from gpufleet.agent.sources.dcgm_exporter import DcgmExporterSource  # noqa: E402
-from gpufleet.auth import create_token  # noqa: E402
-from gpufleet.config import load_settings  # noqa: E402
-from gpufleet.db import migrate  # noqa: E402
-from gpufleet.db.scratch import scratch_database  # noqa: E402
-from gpufleet.serverthread import free_port  # noqa: E402
-from gpufleet.wire import encode  # noqa: E402
-from testsupport import loadgen  # noqa: E402
-from testsupport import remote_write as rw  # noqa: E402
-from testsupport.pg import server_url  # noqa: E402
-
 EXPOSITION = (ROOT / "tests" / "fixtures" / "dcgm_exporter" / "shipped_counters_2xh100.prom").read_text()
 GPUS = 8
 

@@ -27,23 +27,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import vs_prometheus  # noqa: E402
-
-import gpufleet.wire.validation as wire_validation  # noqa: E402
-from gpufleet.collector import ingest_bounds  # noqa: E402
-from gpufleet.collector.batch_store import GPU_SPECS, copy_data  # noqa: E402
-from gpufleet.collector.ingest import stored_answer, wait_at_most  # noqa: E402
-from gpufleet.wire import ParseLimits, decompress, parse, validate  # noqa: E402
+import gpufleet.wire.validation as wire_validation
+from bench import vs_prometheus
+from gpufleet.collector import ingest_bounds
+from gpufleet.collector.batch_store import GPU_SPECS, copy_data
+from gpufleet.collector.ingest import stored_answer, wait_at_most
+from gpufleet.wire import ParseLimits, decompress, parse, validate
 
 
 def best_us(fn: Callable[[], Any], repeat: int) -> float:

@@ -29,8 +29,6 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gpufleet.collector import sightings
 from gpufleet.collector.batch_store import NodeTouch, write_batches
 from gpufleet.config import load_settings

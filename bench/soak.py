@@ -52,8 +52,6 @@ import psutil
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testsupport/ lives in the checkout
-
 from gpufleet.auth import create_token
 from gpufleet.config import load_settings
 from gpufleet.db import migrate

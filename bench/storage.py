@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psycopg
 from psycopg import sql
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.config import load_settings
 from gpufleet.db import migrate

@@ -76,8 +76,6 @@ import numpy as np
 import psutil
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gpufleet.collector import cyclegc
 from gpufleet.collector.batch_store import GPU_SPECS, HOST_SPECS, REGISTER_SQL, register_params
 from gpufleet.collector.copy_binary import HEADER, TRAILER, concat_parts, encode_rows
@@ -286,14 +284,14 @@ def findings(sweeper: Sweeper, conn: psycopg.Connection, now: float) -> list[tup
 
 _FRESH = """
 import json, sys, time
-sys.path[:0] = [sys.argv[3], sys.argv[4]]
+sys.path.insert(0, sys.argv[3])  # the checkout this script runs from, before any other on the path
 import psycopg
-from sweep import findings, on_leader
+from bench.sweep import findings, on_leader
 from gpufleet.collector import cyclegc
 from gpufleet.collector.sweep import Sweeper
 from gpufleet.config import load_settings
 settings = load_settings()
-cyclegc.settle(int(sys.argv[5]))  # as the collector settles before it serves
+cyclegc.settle(int(sys.argv[4]))  # as the collector settles before it serves
 with psycopg.connect(sys.argv[1], autocommit=True) as conn:
     taker = Sweeper(settings)
     t0 = time.perf_counter()
@@ -307,7 +305,6 @@ with psycopg.connect(sys.argv[1], autocommit=True) as conn:
 def fresh_takeover(url: str, now: float, gc_young_threshold: int) -> dict[str, Any]:
     """The takeover in a process of its own, as a replica that becomes the owner runs it: its code is
     loaded, but it never held the window, so every buffer it restores is fresh memory."""
-    here = Path(__file__).resolve()
     out = subprocess.run(
         [
             sys.executable,
@@ -315,8 +312,7 @@ def fresh_takeover(url: str, now: float, gc_young_threshold: int) -> dict[str, A
             _FRESH,
             url,
             repr(now),
-            str(here.parent),
-            str(here.parents[1]),
+            str(Path(__file__).resolve().parents[1]),
             str(gc_young_threshold),
         ],
         capture_output=True,

@@ -97,14 +97,11 @@ import numpy as np
 import psycopg
 import zstandard
 
+from gpufleet import __version__
+from gpufleet.config import AgentSettings
+from gpufleet.serverthread import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from gpufleet import __version__  # noqa: E402
-from gpufleet.config import AgentSettings  # noqa: E402
-from gpufleet.serverthread import free_port  # noqa: E402
-
 GPUS_PER_NODE = 8
 #: Seconds of samples in each node's batch: the agent's default ``ship_interval_s``
 #: (a longer interval would spread each request's fixed cost over more samples
@@ -1050,8 +1047,7 @@ GC_READ_LEAD_S = 8.0
 
 
 def gpufleet_step(gpus: int, server: str, warm_s: float, window_s: float, collectors: int = 1) -> Step:
-    import ingest as ingest_bench  # bench/ingest.py
-
+    from bench import ingest as ingest_bench
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
     from gpufleet.db.scratch import scratch_database

@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpufleet.collector import window_snapshot
 from gpufleet.collector.window_cache import GPU_COLUMNS, WindowCache, _Buf
