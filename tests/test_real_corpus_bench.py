@@ -5,28 +5,13 @@ findings are given, so each rule of the table is checked on its own."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from bench import real_corpus as rc
 from gpufleet.collector.scoring import score
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "real_corpus.py"
-
-
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("real_corpus", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("real_corpus", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-rc = _module()
 
 
 def excerpt(events: list[dict[str, Any]], must_not: list[str]) -> Any:

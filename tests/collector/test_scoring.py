@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -128,8 +127,7 @@ def LABELS_T(hms: str) -> float:
     "scenario", ["straggler_thermal", "starvation_cpu", "checkpoint_stalls", "uniform_power_cap", "demo"]
 )
 def test_quality_gate_on_labelled_scenarios(scenario: str, tmp_path: Path, pg_server: str) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import detector_quality
+    from bench import detector_quality
 
     s, _, _ = detector_quality.run_scenario(scenario, 1500.0, None, tmp_path)
     assert s.negative_violations == []

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import itertools
 import json
 import random
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,8 @@ import numpy as np
 import psycopg
 import pytest
 
+# bench/real_corpus.py: how the corpus is read and imported, one place for the bench and the tests.
+from bench import real_corpus as corpus
 from gpufleet.collector.bundle import read_bundle
 from gpufleet.collector.detectors.frame import Frame
 from gpufleet.collector.replay import ReplayResult, replay
@@ -48,20 +48,6 @@ from gpufleet.collector.window_cache import WindowCache, load_runs
 from gpufleet.config import Settings
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "realtraces"
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _corpus_module() -> Any:
-    """bench/real_corpus.py: how the corpus is read and imported, one place for the bench and the tests."""
-    spec = importlib.util.spec_from_file_location("real_corpus", BENCH / "real_corpus.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("real_corpus", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-corpus = _corpus_module()
 NANOGPT = REAL / "nanogpt_pr643_8xh100"
 GEMM = "gpu_metrics_0329-0331_gemm_periodic_dips.csv"
 CEILING = "gpu_metrics_0324-0325_power_ceiling.csv"
