@@ -4,6 +4,8 @@ Everything is parsed and checked before anything is written, so a malformed
 bundle fails with its file, line and column named and leaves nothing behind.
 Samples go through :func:`gpufleet.wire.validate`, the collector's own
 ingest validation, so a bundle is held to exactly what an agent would be.
+File names and required columns come from :mod:`gpufleet.collector.bundle_files`,
+which every writer of bundles writes them with.
 """
 
 from __future__ import annotations
@@ -17,12 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.catalog import GPU_ALIASES, GPU_BY_NAME, HOST_BY_NAME, INT_RANGES
+from gpufleet.collector.bundle_files import (
+    ALLOCATIONS_CSV,
+    CARBON_CSV,
+    GPU_CSV,
+    HOST_CSV,
+    NODES_JSON,
+    PROGRESS_CSV,
+    REQUIRED,
+    RUNS_CSV,
+    SITE_NUMERIC,
+    SITES_CSV,
+)
 from gpufleet.store.runs import RUN_ID_RE
 from gpufleet.timeparse import TimeParseError, parse_time
 from gpufleet.wire import Batch, WireError, validate
 
 BATCH_ROWS = 20_000
-SITE_NUMERIC = ("pue", "price_per_kwh", "gpu_hour_price", "carbon_g_per_kwh")
 
 
 class BundleError(ValueError):
@@ -101,8 +114,7 @@ def _number(path: Path, lineno: int, col: str, value: str, integer: bool) -> flo
 
 def _samples(path: Path, gpu: bool, bundle: Bundle) -> None:
     header, rows = _rows(path)
-    key = ("time", "node", "gpu") if gpu else ("time", "node")
-    _require(path, header, key)
+    _require(path, header, REQUIRED[GPU_CSV if gpu else HOST_CSV])
     catalog = GPU_BY_NAME if gpu else HOST_BY_NAME
     # contracts.md names the volatile DBE counter ``ecc_dbe``; the catalog calls it ecc_dbe_vol.
     rename = {old: new for old, new in GPU_ALIASES.items() if gpu and old in header}
@@ -161,16 +173,16 @@ def read_bundle(directory: Path) -> Bundle:
     d = Path(directory)
     if not d.is_dir():
         raise BundleError(f"{d}: not a directory")
-    if not (d / "gpu.csv").is_file():
-        raise BundleError(f"{d}: gpu.csv is missing (it is the one required file)")
+    if not (d / GPU_CSV).is_file():
+        raise BundleError(f"{d}: {GPU_CSV} is missing (it is the one required file)")
     b = Bundle()
-    _samples(d / "gpu.csv", True, b)
-    if (d / "host.csv").is_file():
-        _samples(d / "host.csv", False, b)
-    if (d / "sites.csv").is_file():
-        p = d / "sites.csv"
+    _samples(d / GPU_CSV, True, b)
+    if (d / HOST_CSV).is_file():
+        _samples(d / HOST_CSV, False, b)
+    if (d / SITES_CSV).is_file():
+        p = d / SITES_CSV
         header, rows = _rows(p)
-        _require(p, header, ("site",))
+        _require(p, header, REQUIRED[SITES_CSV])
         for lineno, row in rows:
             site: dict[str, Any] = {"site": row["site"]}
             for c in SITE_NUMERIC:
@@ -181,10 +193,10 @@ def read_bundle(directory: Path) -> Bundle:
             site["carbon_region"] = row.get("carbon_region") or None
             b.sites.append(site)
     known_sites = {s["site"] for s in b.sites}
-    if (d / "runs.csv").is_file():
-        p = d / "runs.csv"
+    if (d / RUNS_CSV).is_file():
+        p = d / RUNS_CSV
         header, rows = _rows(p)
-        _require(p, header, ("run_id", "start"))
+        _require(p, header, REQUIRED[RUNS_CSV])
         for lineno, row in rows:
             if not row["run_id"]:
                 raise BundleError(f"{p.name}: line {lineno}, column 'run_id': empty")
@@ -212,10 +224,10 @@ def read_bundle(directory: Path) -> Bundle:
                 }
             )
     run_ids = {r["run_id"] for r in b.runs}
-    if (d / "allocations.csv").is_file():
-        p = d / "allocations.csv"
+    if (d / ALLOCATIONS_CSV).is_file():
+        p = d / ALLOCATIONS_CSV
         header, rows = _rows(p)
-        _require(p, header, ("run_id", "node", "gpu"))
+        _require(p, header, REQUIRED[ALLOCATIONS_CSV])
         for lineno, row in rows:
             if row["run_id"] not in run_ids:
                 raise BundleError(
@@ -225,10 +237,10 @@ def read_bundle(directory: Path) -> Bundle:
             if g is None or not (0 <= g <= 32767):
                 raise BundleError(f"{p.name}: line {lineno}, column 'gpu': expected a GPU index")
             b.allocations.append((row["run_id"], row["node"], int(g)))
-    if (d / "carbon.csv").is_file():
-        p = d / "carbon.csv"
+    if (d / CARBON_CSV).is_file():
+        p = d / CARBON_CSV
         header, rows = _rows(p)
-        _require(p, header, ("region", "time", "g_co2e_per_kwh"))
+        _require(p, header, REQUIRED[CARBON_CSV])
         for lineno, row in rows:
             t = parse_time(str(_time(p, lineno, "time", row["time"])))
             g = _number(p, lineno, "g_co2e_per_kwh", row["g_co2e_per_kwh"], False)
@@ -237,10 +249,10 @@ def read_bundle(directory: Path) -> Bundle:
                     f"{p.name}: line {lineno}, column 'g_co2e_per_kwh': expected a non-negative number"
                 )
             b.carbon.setdefault(row["region"], []).append((t, float(g)))
-    if (d / "progress.csv").is_file():
-        p = d / "progress.csv"
+    if (d / PROGRESS_CSV).is_file():
+        p = d / PROGRESS_CSV
         header, rows = _rows(p)
-        _require(p, header, ("run_id", "time"))
+        _require(p, header, REQUIRED[PROGRESS_CSV])
         for lineno, row in rows:
             if row["run_id"] not in run_ids:
                 raise BundleError(
@@ -250,14 +262,14 @@ def read_bundle(directory: Path) -> Bundle:
             tokens = _number(p, lineno, "tokens", row.get("tokens", ""), False)
             samples = _number(p, lineno, "samples", row.get("samples", ""), False)
             b.progress.append((row["run_id"], t, tokens, samples))
-    if (d / "nodes.json").is_file():
+    if (d / NODES_JSON).is_file():
         try:
-            facts = json.loads((d / "nodes.json").read_text(encoding="utf-8"))
+            facts = json.loads((d / NODES_JSON).read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
-            raise BundleError(f"nodes.json: not valid JSON: {e}") from None
+            raise BundleError(f"{NODES_JSON}: not valid JSON: {e}") from None
         if not isinstance(facts, dict) or not all(isinstance(v, dict) for v in facts.values()):
-            raise BundleError("nodes.json: must be an object mapping node names to fact objects")
+            raise BundleError(f"{NODES_JSON}: must be an object mapping node names to fact objects")
         b.facts = facts
     if b.gpu_rows == 0:
-        raise BundleError(f"{d / 'gpu.csv'}: no samples")
+        raise BundleError(f"{d / GPU_CSV}: no samples")
     return b
