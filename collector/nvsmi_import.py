@@ -53,23 +53,31 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
 import math
-import os
 import re
-import shutil
 import statistics
-import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gpufleet.catalog import GPU_BY_NAME, GPU_CSV_NAMES, GPU_FIELDS, INT_RANGES
+from gpufleet.catalog import GPU_BY_NAME, GPU_CSV_NAMES, GPU_FIELDS, GPU_KEY, INT_RANGES
 from gpufleet.collector.bundle import BundleError, read_bundle
+from gpufleet.collector.bundle_files import (
+    ALLOCATIONS_CSV,
+    GPU_CSV,
+    NODES_JSON,
+    RUNS_CSV,
+    BundleWriter,
+    line,
+    number,
+    occupied,
+    rfc3339_us,
+    text,
+)
 from gpufleet.collector.nvsmi_table import CELLS, is_table, read_table
 from gpufleet.facts import FactsError, check_facts
 from gpufleet.gpu_models import board_power_w
@@ -225,12 +233,16 @@ class ImportSummary:
         models = sorted({m for ms in self.gpu_models.values() for m in ms})
         model_txt = (
             "; ".join(
-                f"{m} (board power {_num(board_power_w(m)) + ' W' if board_power_w(m) else 'unknown'})"
+                f"{m} (board power {number(board_power_w(m)) + ' W' if board_power_w(m) else 'unknown'})"
                 for m in models
             )
             or "unknown"
         )
-        run = f"run {self.run_id} from {_iso(self.run_start)}" if self.run_id and self.run_start else "no run"
+        run = (
+            f"run {self.run_id} from {rfc3339_us(self.run_start)}"
+            if self.run_id and self.run_start
+            else "no run"
+        )
         n_ign = len(self.ignored_columns)
         ignored = (
             f"{n_ign} columns ignored: " + ", ".join(self.ignored_columns[:IGNORED_SHOWN])
@@ -241,7 +253,7 @@ class ImportSummary:
             ignored += f" and {n_ign - IGNORED_SHOWN} more"
         return (
             f"{self.out}: {self.rows} rows, {len(self.gpus)} GPUs on {len(self.nodes)} node(s), "
-            f"{_iso(self.start)} to {_iso(self.end)} ({span:.1f} s), median interval {interval}, "
+            f"{rfc3339_us(self.start)} to {rfc3339_us(self.end)} ({span:.1f} s), median interval {interval}, "
             f"GPU model {model_txt}, {run}; {ignored}"
         )
 
@@ -366,7 +378,7 @@ def import_nvidia_smi(
     elif run_start is not None:
         raise BundleError("a run start needs a run id")
     out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+    if not overwrite and occupied(out):
         raise BundleError(f"{out}: exists and is not an empty directory")
 
     samples: list[_Sample] = []
@@ -401,7 +413,7 @@ def import_nvidia_smi(
             )
             raise BundleError(
                 f"{s.line}, column '{s.time_header}': GPU {s.gpu} of node {s.node} already has a "
-                f"sample at {_iso(_dt(s.t_us))} ({first}){hint}"
+                f"sample at {rfc3339_us(_dt(s.t_us))} ({first}){hint}"
             )
         seen[key] = s.line
 
@@ -419,13 +431,15 @@ def import_nvidia_smi(
         else:
             rs = datetime.fromtimestamp(float(run_start), UTC)
     targets = [f.name for f in GPU_FIELDS if f.name in mapped]
-    files_out = {"gpu.csv": _gpu_csv(samples, targets)}
-    if run_id is not None and rs is not None:
-        files_out["runs.csv"] = f"run_id,name,site,start,end\n{run_id},,,{_iso(rs)},\n"
-        files_out["allocations.csv"] = "run_id,node,gpu\n" + "".join(f"{run_id},{n},{g}\n" for n, g in gpus)
-    if facts:
-        files_out["nodes.json"] = json.dumps(facts, indent=1, sort_keys=True) + "\n"
-    _write_bundle(out, files_out, overwrite)
+    # Read back before it is renamed into place: a bundle the reader refuses is never left behind.
+    with BundleWriter(out, check=read_bundle) as bundle:
+        with bundle.open_csv(GPU_CSV, [*GPU_KEY, *(GPU_CSV_NAMES.get(t, t) for t in targets)]) as f:
+            f.writelines(_gpu_rows(samples, targets))
+        if run_id is not None and rs is not None:
+            bundle.write_csv(RUNS_CSV, [[text(run_id), "", "", rfc3339_us(rs), ""]])
+            bundle.write_csv(ALLOCATIONS_CSV, ([text(run_id), text(n), str(g)] for n, g in gpus))
+        if facts:
+            bundle.write_json(NODES_JSON, facts, sort_keys=True)
 
     per_gpu: dict[tuple[str, int], list[int]] = defaultdict(list)
     for s in samples:
@@ -704,8 +718,8 @@ def _checked(where: str, target: str, v: float | int) -> float | int:
         lo = ilo if lo is None else max(lo, ilo)
         hi = ihi if hi is None else min(hi, ihi)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f"{_num(lo) if lo is not None else ''}..{_num(hi) if hi is not None else ''}"
-        raise BundleError(f"{where}: {_num(v)} is outside {rng} for {target}")
+        rng = f"{number(lo) if lo is not None else ''}..{number(hi) if hi is not None else ''}"
+        raise BundleError(f"{where}: {number(v)} is outside {rng} for {target}")
     return v
 
 
@@ -762,53 +776,14 @@ def _facts(
 # -- writing ---------------------------------------------------------------------
 
 
-def _gpu_csv(samples: list[_Sample], targets: list[str]) -> str:
-    lines = [",".join(["time", "node", "gpu", *(GPU_CSV_NAMES.get(t, t) for t in targets)])]
+def _gpu_rows(samples: list[_Sample], targets: list[str]) -> Iterator[str]:
+    """The samples as gpu.csv rows: values as they were logged, the time to the microsecond it has."""
     for s in samples:
-        cells = [_iso(_dt(s.t_us)), s.node, str(s.gpu)]
+        cells = [rfc3339_us(_dt(s.t_us)), text(s.node), str(s.gpu)]
         for t in targets:
             v = s.values.get(t)
-            cells.append("" if v is None else (_csv_text(v) if isinstance(v, str) else _num(v)))
-        lines.append(",".join(cells))
-    return "\n".join(lines) + "\n"
-
-
-def _csv_text(v: str) -> str:
-    if any(ch in v for ch in ',"\n\r'):
-        return '"' + v.replace('"', '""') + '"'
-    return v
-
-
-def _write_bundle(out: Path, files: dict[str, str], overwrite: bool) -> None:
-    """Write into a fresh directory beside ``out``, check it reads back, rename it into place."""
-    made = []
-    parent = out.parent
-    while not parent.exists():
-        made.append(parent)
-        parent = parent.parent
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    old: Path | None = None
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        read_bundle(tmp)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.replace(out, old / "b")
-        elif out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            os.replace(old / "b", out)
-        for d in made:
-            shutil.rmtree(d, ignore_errors=True)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            cells.append(text(v) if isinstance(v, str) else number(v))
+        yield line(cells)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -816,18 +791,3 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def _dt(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
-
-
-def _iso(dt: datetime | None) -> str:
-    if dt is None:
-        return ""
-    spec = "milliseconds" if dt.microsecond % 1000 == 0 else "microseconds"
-    return dt.astimezone(UTC).isoformat(timespec=spec).replace("+00:00", "Z")
-
-
-def _num(v: float | int | None) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, int):
-        return str(v)
-    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)

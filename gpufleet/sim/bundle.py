@@ -4,16 +4,13 @@ The bundle is what ``gpufleet replay`` and the detector scoring read:
 ``gpu.csv``, ``host.csv``, ``runs.csv``, ``allocations.csv``, ``sites.csv``,
 ``carbon.csv`` with exactly the contract's columns in its order, plus
 ``labels.json`` (ground truth) and ``progress.csv`` (tokens per run, an
-extension).  Files are written to a temporary directory and moved into place
-at the end, so a failure leaves nothing partial behind.
+extension).  File names, columns, cell forms and the write-then-rename are
+:mod:`gpufleet.collector.bundle_files`, shared with the bundle's reader and
+its other writers; the precision of each metric column is the simulator's own.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,24 +19,44 @@ from typing import Literal
 import numpy as np
 
 from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS, canonical_gpu_name
+from gpufleet.collector.bundle_files import (
+    ALLOCATIONS_CSV,
+    ALLOCATIONS_CSV_COLUMNS,
+    CARBON_CSV,
+    CARBON_CSV_COLUMNS,
+    GPU_CSV,
+    HOST_CSV,
+    LABELS_JSON,
+    NODES_JSON,
+    PROGRESS_CSV,
+    PROGRESS_CSV_COLUMNS,
+    RUNS_CSV,
+    RUNS_CSV_COLUMNS,
+    SITES_CSV,
+    SITES_CSV_COLUMNS,
+    BundleWriter,
+    cell,
+    epoch_s,
+    occupied,
+    rfc3339_ms,
+    text,
+)
 from gpufleet.sim.carbon import scenario_series
 from gpufleet.sim.fleet import Fleet
-from gpufleet.sim.labels import Labels, rfc3339
+from gpufleet.sim.labels import Labels
 from gpufleet.sim.scenario import Scenario
 
-RUNS_CSV_COLUMNS = ("run_id", "name", "site", "start", "end")
-ALLOCATIONS_CSV_COLUMNS = ("run_id", "node", "gpu")
-SITES_CSV_COLUMNS = (
-    "site",
-    "pue",
-    "price_per_kwh",
-    "gpu_hour_price",
-    "currency",
-    "carbon_region",
-    "carbon_g_per_kwh",
-)
-CARBON_CSV_COLUMNS = ("region", "time", "g_co2e_per_kwh")
-PROGRESS_CSV_COLUMNS = ("run_id", "time", "tokens", "samples")
+__all__ = [
+    "ALLOCATIONS_CSV_COLUMNS",
+    "CARBON_CSV_COLUMNS",
+    "GPU_CSV_COLUMNS",
+    "HOST_CSV_COLUMNS",
+    "PROGRESS_CSV_COLUMNS",
+    "RUNS_CSV_COLUMNS",
+    "SITES_CSV_COLUMNS",
+    "BundleInfo",
+    "write_bundle",
+]
 
 #: printf formats of the metric columns (after time, node, gpu, uuid).
 _GPU_FORMATS = {
@@ -143,18 +160,10 @@ def write_bundle(
             fleet_or_scenario, seed=seed, start_time=start_time, sample_interval_s=sample_interval_s
         )
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if occupied(out) and not overwrite:
         raise FileExistsError(f"{out}: not empty (pass overwrite=True to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=out.parent))
-    try:
-        info = _write(fleet, tmp, duration_s, time_format)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with BundleWriter(out) as bundle:
+        info = _write(fleet, bundle, duration_s, time_format)
     info.path = out
     return info
 
@@ -165,34 +174,27 @@ def _cells(formats: list[str], row: list[float]) -> str:
 
 
 def _fmt_time(t: float, time_format: str) -> str:
-    if time_format == "epoch":
-        return f"{t:.3f}".rstrip("0").rstrip(".")
-    s = rfc3339(t)
-    assert s is not None
-    return s
+    return epoch_s(t) if time_format == "epoch" else rfc3339_ms(t)
 
 
-def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) -> BundleInfo:
+def _write(fleet: Fleet, bundle: BundleWriter, duration_s: float | None, time_format: str) -> BundleInfo:
     plan = fleet.plan
     start = fleet.t
     metric_cols = [canonical_gpu_name(c) for c in GPU_CSV_COLUMNS[4:]]
     gpu_fmt = ",".join(_GPU_FORMATS[c] for c in metric_cols)
     formats = [_GPU_FORMATS[c] for c in metric_cols]
     host_fmt = ",".join(_HOST_FORMATS[c] for c in HOST_CSV_COLUMNS[2:])
-    gpu_keys = [f"{g.node},{g.gpu},{g.uuid}," for g in plan.gpus]
-    node_keys = [f"{n}," for n in fleet.nodes]
+    gpu_keys = [f"{text(g.node)},{g.gpu},{text(g.uuid)}," for g in plan.gpus]
+    node_keys = [f"{text(n)}," for n in fleet.nodes]
     host_cols = HOST_CSV_COLUMNS[2:]
     n_gpu = n_host = 0
     runs = plan.runs
     next_progress = start
     with (
-        (out / "gpu.csv").open("w", newline="") as gf,
-        (out / "host.csv").open("w", newline="") as hf,
-        (out / "progress.csv").open("w", newline="") as pf,
+        bundle.open_csv(GPU_CSV) as gf,
+        bundle.open_csv(HOST_CSV) as hf,
+        bundle.open_csv(PROGRESS_CSV) as pf,
     ):
-        gf.write(",".join(GPU_CSV_COLUMNS) + "\n")
-        hf.write(",".join(HOST_CSV_COLUMNS) + "\n")
-        pf.write(",".join(PROGRESS_CSV_COLUMNS) + "\n")
         for t in fleet.ticks(duration_s):
             ts = _fmt_time(t, time_format)
             eng = fleet.engine
@@ -223,65 +225,64 @@ def _write(fleet: Fleet, out: Path, duration_s: float | None, time_format: str) 
                 for r in runs:
                     if r.start <= t and (r.end is None or t <= r.end + fleet.interval_s):
                         tok = progress[r.run_id]["tokens"]
-                        pf.write(f"{r.run_id},{ts},{tok:.0f},{tok / SEQ_LEN_TOKENS:.0f}\n")
+                        pf.write(f"{text(r.run_id)},{ts},{tok:.0f},{tok / SEQ_LEN_TOKENS:.0f}\n")
                 next_progress += PROGRESS_EVERY_S
     end = fleet.t
-    _static_files(fleet, out, start, end, time_format)
+    _static_files(fleet, bundle, start, end, time_format)
     # Optional extension of the bundle: each node's facts as its agent reports
     # them (GPU models, CPU governor, CPU quota), for node-scoped detectors.
-    (out / "nodes.json").write_text(
-        json.dumps({n: fleet.facts(n) for n in fleet.nodes}, indent=1, default=str) + "\n"
-    )
+    bundle.write_json(NODES_JSON, {n: fleet.facts(n) for n in fleet.nodes})
     labels = fleet.labels().clip(start, end)
-    labels.write(out / "labels.json")
-    return BundleInfo(out, start, end, n_gpu, n_host, labels)
+    labels.write(bundle.path(LABELS_JSON))
+    return BundleInfo(bundle.out, start, end, n_gpu, n_host, labels)
 
 
-def _static_files(fleet: Fleet, out: Path, start: float, end: float, time_format: str) -> None:
+def _static_files(fleet: Fleet, bundle: BundleWriter, start: float, end: float, time_format: str) -> None:
+    """The run, allocation, site and carbon files; their numbers as the scenario gives them (``380.0``)."""
     plan = fleet.plan
     sc = plan.scenario
-    with (out / "runs.csv").open("w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(RUNS_CSV_COLUMNS)
-        for r in plan.runs:
-            if r.start > end:
-                continue
-            open_ = r.end is None or r.end > end
-            w.writerow(
-                [
-                    r.run_id,
-                    r.name,
-                    r.site,
-                    _fmt_time(r.start, time_format),
-                    "" if open_ else _fmt_time(r.end or end, time_format),
-                ]
-            )
-    with (out / "allocations.csv").open("w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(ALLOCATIONS_CSV_COLUMNS)
-        for r in plan.runs:
-            if r.start > end:
-                continue
-            for gi in r.gpu_idx.tolist():
-                w.writerow([r.run_id, plan.gpus[gi].node, plan.gpus[gi].gpu])
-    with (out / "sites.csv").open("w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(SITES_CSV_COLUMNS)
-        for s in sc.sites:
-            w.writerow(
-                [
-                    s.site,
-                    s.pue,
-                    s.price_per_kwh,
-                    s.gpu_hour_price,
-                    s.currency,
-                    s.carbon_region or "",
-                    s.carbon_g_per_kwh,
-                ]
-            )
-    with (out / "carbon.csv").open("w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(CARBON_CSV_COLUMNS)
-        for region, series in scenario_series(sc, plan.seed, start, end).items():
-            for t, v in series:
-                w.writerow([region, _fmt_time(t, time_format), v])
+    runs = [r for r in plan.runs if r.start <= end]
+    bundle.write_csv(
+        RUNS_CSV,
+        (
+            [
+                cell(r.run_id),
+                cell(r.name),
+                cell(r.site),
+                _fmt_time(r.start, time_format),
+                "" if r.end is None or r.end > end else _fmt_time(r.end or end, time_format),
+            ]
+            for r in runs
+        ),
+    )
+    bundle.write_csv(
+        ALLOCATIONS_CSV,
+        (
+            [cell(r.run_id), cell(plan.gpus[gi].node), cell(plan.gpus[gi].gpu)]
+            for r in runs
+            for gi in r.gpu_idx.tolist()
+        ),
+    )
+    bundle.write_csv(
+        SITES_CSV,
+        (
+            [
+                cell(s.site),
+                cell(s.pue),
+                cell(s.price_per_kwh),
+                cell(s.gpu_hour_price),
+                cell(s.currency),
+                cell(s.carbon_region),
+                cell(s.carbon_g_per_kwh),
+            ]
+            for s in sc.sites
+        ),
+    )
+    bundle.write_csv(
+        CARBON_CSV,
+        (
+            [cell(region), _fmt_time(t, time_format), cell(v)]
+            for region, series in scenario_series(sc, plan.seed, start, end).items()
+            for t, v in series
+        ),
+    )
