@@ -49,9 +49,11 @@ MIG changes; the GPU is only read.
 
 Dependencies: the script runs from a repository checkout without the
 package installed; it puts the repository root on ``sys.path`` and imports
-only ``gpufleet.agent.sources.{base,nvml,nvml_api,host,facts}`` and
-``gpufleet.catalog``, which use the standard library alone (``pynvml`` is
-imported by ``PynvmlApi`` on first use).  Beyond those: ``torch`` (real run)
+only ``gpufleet.agent.sources.{base,nvml,nvml_api,host,facts}``,
+``gpufleet.catalog``, ``gpufleet.timeparse`` and
+``gpufleet.collector.bundle_files`` (the bundle's files as the collector's
+reader and the other writers know them), which use the standard library
+alone (``pynvml`` is imported by ``PynvmlApi`` on first use).  Beyond those: ``torch`` (real run)
 and ``numpy`` (loader decode, dry run).  No pydantic, msgpack, orjson or
 zstandard is imported: ``recording.json`` lists the top-level modules loaded
 so a test can check that.
@@ -70,9 +72,7 @@ that turns such errors of single readings into "not supported" (NULL), and
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
 import os
 import platform
 import queue
@@ -108,7 +108,19 @@ from gpufleet.agent.sources.nvml_api import (  # noqa: E402
     PynvmlApi,
 )
 from gpufleet.catalog import GPU_CSV_COLUMNS, HOST_CSV_COLUMNS, canonical_gpu_name  # noqa: E402
-from gpufleet.timeparse import rfc3339_rounded  # noqa: E402
+from gpufleet.collector.bundle_files import (  # noqa: E402
+    ALLOCATIONS_CSV,
+    GPU_CSV,
+    HOST_CSV,
+    LABELS_JSON,
+    NODES_JSON,
+    RUNS_CSV,
+    BundleWriter,
+    line,
+    number,
+    rfc3339_ms,
+    text,
+)
 
 FORMAT_VERSION = 1
 
@@ -137,7 +149,7 @@ UNAVAILABLE_THERE = (
 
 def rfc3339(t: float) -> str:
     """UTC RFC 3339 with milliseconds, ``Z`` suffix."""
-    return rfc3339_rounded(t, always_ms=True)
+    return rfc3339_ms(t, always_ms=True)
 
 
 def say(msg: str) -> None:
@@ -1021,50 +1033,45 @@ class Recorder:
         out: dict[str, Any] = {}
         for s in res.samplers:
             label = interval_label(s.interval_s)
-            d = self.work / res.name / label
-            d.mkdir(parents=True, exist_ok=True)
-            out[label] = self._write_bundle(d, res, s)
+            out[label] = self._write_bundle(self.work / res.name / label, res, s)
         return out
 
     def _write_bundle(self, d: Path, res: ScenarioResult, s: Sampler) -> dict[str, Any]:
-        node = self.node
+        """The sampler's bundle with its labels and NVML readings, renamed into ``d`` once all is written."""
+        with BundleWriter(d) as bundle:
+            return self._write_files(bundle, res, s)
+
+    def _write_files(self, bundle: BundleWriter, res: ScenarioResult, s: Sampler) -> dict[str, Any]:
+        node = text(self.node)
         ticks = s.ticks
         extra = (
             ["mig_instance"] if any(r.get("mig_instance") is not None for t in ticks for r in t.gpus) else []
         )
         gpu_cols = list(GPU_CSV_COLUMNS) + extra
         gpu_rows = host_rows = 0
-        with (d / "gpu.csv").open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(gpu_cols)
+        with bundle.open_csv(GPU_CSV, gpu_cols) as f:
             for t in ticks:
                 ts = rfc3339(t.time)
                 for r in t.gpus:
-                    w.writerow([ts, node] + [cell(r.get(canonical_gpu_name(c))) for c in gpu_cols[2:]])
+                    f.write(line([ts, node, *(cell(r.get(canonical_gpu_name(c))) for c in gpu_cols[2:])]))
                     gpu_rows += 1
         if self.host_ok:
-            with (d / "host.csv").open("w", newline="", encoding="utf-8") as f:
-                w = csv.writer(f, lineterminator="\n")
-                w.writerow(HOST_CSV_COLUMNS)
+            with bundle.open_csv(HOST_CSV) as f:
                 for t in ticks:
                     if t.host is not None:
-                        w.writerow(
-                            [rfc3339(t.time), node] + [cell(t.host.get(c)) for c in HOST_CSV_COLUMNS[2:]]
+                        host = t.host
+                        f.write(
+                            line([rfc3339(t.time), node, *(cell(host.get(c)) for c in HOST_CSV_COLUMNS[2:])])
                         )
                         host_rows += 1
-        with (d / "runs.csv").open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(["run_id", "name", "site", "start", "end"])
-            w.writerow([res.run_id, f"{res.name} (recorded)", "", rfc3339(res.t0), rfc3339(res.t_end)])
-        with (d / "allocations.csv").open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(["run_id", "node", "gpu"])
-            w.writerow([res.run_id, node, self.gpu_index])
-        (d / "nodes.json").write_text(
-            json.dumps({node: res.facts}, indent=1, default=str) + "\n", encoding="utf-8"
+        run_id = text(res.run_id)
+        bundle.write_csv(
+            RUNS_CSV, [[run_id, text(f"{res.name} (recorded)"), "", rfc3339(res.t0), rfc3339(res.t_end)]]
         )
+        bundle.write_csv(ALLOCATIONS_CSV, [[run_id, node, str(self.gpu_index)]])
+        bundle.write_json(NODES_JSON, {self.node: res.facts})
         errors = 0
-        with (d / "nvml_readings.jsonl").open("w", encoding="utf-8") as f:
+        with bundle.path("nvml_readings.jsonl").open("w", encoding="utf-8") as f:
             for t in ticks:
                 if t.error is not None:
                     errors += 1
@@ -1087,7 +1094,7 @@ class Recorder:
                         + "\n"
                     )
         span = (ticks[0].time, ticks[-1].time) if ticks else (res.t0, res.t_end)
-        self._write_labels(d / "labels.json", res, s.interval_s, span)
+        bundle.write_json(LABELS_JSON, self._labels(res, s.interval_s, span))
         collect = [t.collect_s for t in ticks]
         spacing = [b.time - a.time for a, b in pairwise(ticks)]
         return {
@@ -1106,9 +1113,9 @@ class Recorder:
             "end": span[1],
         }
 
-    def _write_labels(
-        self, path: Path, res: ScenarioResult, interval_s: float, span: tuple[float, float]
-    ) -> None:
+    def _labels(self, res: ScenarioResult, interval_s: float, span: tuple[float, float]) -> dict[str, Any]:
+        """labels.json: the simulator's label layout over what the training process logged."""
+
         def times(x: dict[str, Any]) -> dict[str, Any]:
             y = dict(x)
             for k in ("start", "end"):
@@ -1128,7 +1135,7 @@ class Recorder:
             for e in res.log.events
         ]
         events.sort(key=lambda e: (e["start"], e["type"]))
-        doc = {
+        return {
             "scenario": res.name,
             "seed": 0,
             "start": rfc3339(span[0]),
@@ -1170,7 +1177,6 @@ class Recorder:
                 "lead_in_end": rfc3339(res.lead_in_end) if res.lead_in_end else None,
             },
         }
-        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
     def archive(self) -> Path:
         out = Path(self.args.out)
@@ -1214,20 +1220,10 @@ def cpu_count() -> int:
 
 
 def cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return str(int(v))
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return ""
-        v = round(v, 4)
-        if v.is_integer() and abs(v) < 1e15:
-            return str(int(v))
-        return repr(v)
-    return str(v)
+    """A reading as a bundle cell: numbers to 4 decimal places (finer than any source reads), none empty."""
+    if v is None or isinstance(v, int | float):
+        return number(v, 4)
+    return text(str(v))
 
 
 def fs_type(path: Path) -> str | None:
