@@ -1,0 +1,2 @@
+DROP FUNCTION IF EXISTS gpufleet_ledger(timestamptz, timestamptz, timestamptz, text[], double precision, text);
+DROP FUNCTION IF EXISTS gpufleet_ledger_pieces(timestamptz, timestamptz, timestamptz, text[]);

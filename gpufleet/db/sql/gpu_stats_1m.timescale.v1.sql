@@ -1,0 +1,23 @@
+CREATE MATERIALIZED VIEW gpu_stats_1m WITH (timescaledb.continuous, timescaledb.materialized_only = false) AS SELECT time_bucket(INTERVAL '1 minute', time) AS bucket, node, gpu,
+  count(*) AS samples,
+  avg(util_pct) AS util_pct,
+  avg(sm_active) AS sm_active,
+  avg(tensor_active) AS tensor_active,
+  avg(dram_active) AS dram_active,
+  avg(power_w) AS power_w,
+  max(power_w) AS power_w_max,
+  min(power_limit_w) AS power_limit_w,
+  avg(sm_clock_mhz) AS sm_clock_mhz,
+  max(sm_clock_max_mhz) AS sm_clock_max_mhz,
+  max(temp_c) AS temp_c_max,
+  max(mem_temp_c) AS mem_temp_c_max,
+  max(mem_used_mib) AS mem_used_mib,
+  bit_or(throttle_reasons) AS throttle_reasons,
+  min(pcie_gen) AS pcie_gen_min,
+  min(pcie_width) AS pcie_width_min,
+  avg(pcie_tx_bytes_s) AS pcie_tx_bytes_s,
+  avg(pcie_rx_bytes_s) AS pcie_rx_bytes_s,
+  max(xid) AS xid_max,
+  avg(power_w) * 60.0 AS energy_j_approx
+FROM gpu_samples WHERE mig_instance IS NULL AND (TRUE)
+GROUP BY 1, node, gpu WITH NO DATA

@@ -1,0 +1,16 @@
+CREATE TABLE host_stats_1m (
+  bucket timestamptz NOT NULL, node text NOT NULL,
+  samples integer,
+  cpu_user_pct double precision,
+  cpu_system_pct double precision,
+  cpu_iowait_pct double precision,
+  cpu_idle_pct double precision,
+  disk_read_bytes_s double precision,
+  disk_write_bytes_s double precision,
+  disk_util_pct double precision,
+  disk_util_pct_max real,
+  disk_await_ms double precision,
+  net_rx_bytes_s double precision,
+  net_tx_bytes_s double precision,
+  host_power_w double precision,
+  PRIMARY KEY (node, bucket))
