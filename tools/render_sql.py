@@ -52,9 +52,7 @@ def _aggregate(name: str, select: str) -> str:
     """Migration 0001's continuous aggregate of the per-minute statistics (TimescaleDB)."""
     return (
         f"CREATE MATERIALIZED VIEW {name} "
-        "WITH (timescaledb.continuous, timescaledb.materialized_only = false) AS "
-        + select
-        + " WITH NO DATA"
+        "WITH (timescaledb.continuous, timescaledb.materialized_only = false) AS " + select + " WITH NO DATA"
     )
 
 
@@ -148,7 +146,10 @@ def differences(folder: Path = FOLDER) -> list[str]:
             if text != want[name]:
                 diff = list(
                     difflib.unified_diff(
-                        text.splitlines(), want[name].splitlines(), f"{name} (checked in)", f"{name} (rendered)"
+                        text.splitlines(),
+                        want[name].splitlines(),
+                        f"{name} (checked in)",
+                        f"{name} (rendered)",
                     )
                 )
                 changed = sum(1 for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")))
