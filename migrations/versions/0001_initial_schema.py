@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from gpufleet.db import stats_sql
+from gpufleet.db import sql_files
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -402,18 +402,8 @@ def _timescale_layout() -> None:
     )
     # Continuous aggregates cannot be created inside a transaction block.
     with op.get_context().autocommit_block():
-        op.execute(
-            "CREATE MATERIALIZED VIEW gpu_stats_1m "
-            "WITH (timescaledb.continuous, timescaledb.materialized_only = false) AS "
-            + stats_sql.gpu_stats_select("time_bucket(INTERVAL '1 minute', time)")
-            + " WITH NO DATA"
-        )
-        op.execute(
-            "CREATE MATERIALIZED VIEW host_stats_1m "
-            "WITH (timescaledb.continuous, timescaledb.materialized_only = false) AS "
-            + stats_sql.host_stats_select("time_bucket(INTERVAL '1 minute', time)")
-            + " WITH NO DATA"
-        )
+        op.execute(sql_files.text("gpu_stats_1m.timescale.v1"))
+        op.execute(sql_files.text("host_stats_1m.timescale.v1"))
     for view in ("gpu_stats_1m", "host_stats_1m"):
         op.execute(
             f"SELECT add_continuous_aggregate_policy('{view}', start_offset => INTERVAL '3 hours', "
@@ -430,9 +420,9 @@ def _plain_layout() -> None:
     op.execute(
         "CREATE INDEX host_samples_time_brin ON host_samples USING brin (time) WITH (pages_per_range = 32)"
     )
-    op.execute(stats_sql.gpu_stats_table_ddl())
+    op.execute(sql_files.text("gpu_stats_1m.v1"))
     op.execute("CREATE INDEX gpu_stats_1m_bucket_idx ON gpu_stats_1m (bucket)")
-    op.execute(stats_sql.host_stats_table_ddl())
+    op.execute(sql_files.text("host_stats_1m.v1"))
     op.execute("CREATE INDEX host_stats_1m_bucket_idx ON host_stats_1m (bucket)")
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from alembic import op
 
-from gpufleet.db import accounting_sql
+from gpufleet.db import sql_files
 
 revision: str = "0004"
 down_revision: str | None = "0008"
@@ -194,6 +194,17 @@ END
 $fn$;
 """
 
+#: The accounting's type and functions (gpufleet/db/sql, rendered from ``gpufleet.db.accounting_sql``), in order.
+_ACCOUNTING = (
+    "gpufleet_claim.v1",
+    "gpufleet_minor_units.v1",
+    "gpufleet_claim_energy.v1",
+    "gpufleet_site_periods.v1",
+    "gpufleet_energy_rates.v1",
+    "gpufleet_gpu_hour_prices.v1",
+    "gpufleet_accounting.v1",
+)
+
 
 def _statements(sql: str) -> list[str]:
     """Split on CREATE statements (function bodies contain ';')."""
@@ -223,8 +234,8 @@ def upgrade() -> None:
     op.execute("DROP FUNCTION gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz)")
     for stmt in _statements(CONFLICT_FUNCTIONS):
         op.execute(stmt)
-    for stmt in accounting_sql.INSTALL_V1:
-        op.execute(stmt)
+    for name in _ACCOUNTING:
+        op.execute(sql_files.text(name))
 
 
 def _revision_0003() -> object:
@@ -237,7 +248,7 @@ def _revision_0003() -> object:
 
 
 def downgrade() -> None:
-    for stmt in accounting_sql.DROP_V1:
+    for stmt in sql_files.statements("0004_finance_accounting.downgrade"):
         op.execute(stmt)
     op.execute(
         "DROP FUNCTION gpufleet_allocation_conflict(text, text, integer, timestamptz, timestamptz, text, "

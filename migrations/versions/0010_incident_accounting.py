@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from gpufleet.db import accounting_sql
+from gpufleet.db import sql_files
 
 revision: str = "0010"
 down_revision: str | None = "0004"
@@ -26,10 +26,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    for stmt in accounting_sql.INSTALL_INCIDENTS_V1:
-        op.execute(stmt)
+    op.execute(sql_files.text("gpufleet_incident_accounting.v1"))
 
 
 def downgrade() -> None:
-    for stmt in accounting_sql.DROP_INCIDENTS_V1:
+    for stmt in sql_files.statements("0010_incident_accounting.downgrade"):
         op.execute(stmt)

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from gpufleet.db import accounting_sql
+from gpufleet.db import sql_files
 from gpufleet.store import fact_history
 
 revision: str = "0013"
@@ -45,7 +45,7 @@ _STATUSES = "'pending', 'allocated', 'moved', 'explicit', 'conflict', 'yielded',
 
 
 def _install_claim_energy() -> None:
-    op.execute(accounting_sql.CLAIM_ENERGY_V1.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    op.execute(sql_files.replacing("gpufleet_claim_energy.v1"))
 
 
 def upgrade() -> None:

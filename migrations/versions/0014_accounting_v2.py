@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from gpufleet.db import accounting_sql
+from gpufleet.db import sql_files
 
 revision: str = "0014"
 down_revision: str | None = "0013"
@@ -81,13 +81,29 @@ def upgrade() -> None:
         sa.CheckConstraint("method IN ('average', 'marginal')", name="carbon_regions_method"),
         sa.PrimaryKeyConstraint("region"),
     )
-    for stmt in accounting_sql.INSTALL_V2:
+    for stmt in sql_files.statements("0014_accounting_v2.upgrade"):
         op.execute(stmt)
+    for name in (
+        "gpufleet_site_periods.v2",
+        "gpufleet_energy_rates.v2",
+        "gpufleet_gpu_hour_prices.v2",
+        "gpufleet_accounting.v2",
+        "gpufleet_incident_accounting.v2",
+    ):
+        op.execute(sql_files.text(name))
 
 
 def downgrade() -> None:
-    for stmt in accounting_sql.DROP_V2:
+    for stmt in sql_files.statements("0014_accounting_v2.downgrade"):
         op.execute(stmt)
+    for name in (
+        "gpufleet_site_periods.v1",
+        "gpufleet_energy_rates.v1",
+        "gpufleet_gpu_hour_prices.v1",
+        "gpufleet_accounting.v1",
+        "gpufleet_incident_accounting.v1",
+    ):
+        op.execute(sql_files.text(name))
     op.drop_table("carbon_regions")
     op.execute("ALTER TABLE carbon_intensity DROP CONSTRAINT carbon_intensity_bound")
     op.execute("ALTER TABLE site_settings DROP CONSTRAINT site_settings_bounds")

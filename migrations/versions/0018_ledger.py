@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from gpufleet.db import ledger_sql
+from gpufleet.db import sql_files
 
 revision: str = "0018"
 down_revision: str | None = "0017"
@@ -24,10 +24,10 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    for stmt in ledger_sql.INSTALL_LEDGER_V1:
-        op.execute(stmt)
+    op.execute(sql_files.text("gpufleet_ledger_pieces.v1"))
+    op.execute(sql_files.text("gpufleet_ledger.v1"))
 
 
 def downgrade() -> None:
-    for stmt in ledger_sql.DROP_LEDGER_V1:
+    for stmt in sql_files.statements("0018_ledger.downgrade"):
         op.execute(stmt)

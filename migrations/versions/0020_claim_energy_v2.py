@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from gpufleet.db import claim_energy_sql
+from gpufleet.db import sql_files
 
 revision: str = "0020"
 down_revision: str | None = "0019"
@@ -23,8 +23,8 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.execute(claim_energy_sql.CLAIM_ENERGY_V2)
+    op.execute(sql_files.text("gpufleet_claim_energy.v2"))
 
 
 def downgrade() -> None:
-    op.execute(claim_energy_sql.CLAIM_ENERGY_V1_REPLACE)
+    op.execute(sql_files.replacing("gpufleet_claim_energy.v1"))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from gpufleet.db import accounting_sql
+from gpufleet.db import sql_files
 
 revision: str = "0021"
 down_revision: str | None = "0020"
@@ -24,15 +24,11 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _replace(stmt: str) -> str:
-    return stmt.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-
-
 def upgrade() -> None:
-    for stmt in (accounting_sql.ACCOUNTING_V3, accounting_sql.INCIDENT_ACCOUNTING_V3):
-        op.execute(_replace(stmt))
+    op.execute(sql_files.text("gpufleet_accounting.v3"))
+    op.execute(sql_files.text("gpufleet_incident_accounting.v3"))
 
 
 def downgrade() -> None:
-    for stmt in (accounting_sql.ACCOUNTING_V2, accounting_sql.INCIDENT_ACCOUNTING_V2):
-        op.execute(_replace(stmt))
+    op.execute(sql_files.replacing("gpufleet_accounting.v2"))
+    op.execute(sql_files.replacing("gpufleet_incident_accounting.v2"))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-from gpufleet.db import accounting_joins_sql
+from gpufleet.db import sql_files
 
 revision: str = "0022"
 down_revision: str | None = "0021"
@@ -24,10 +24,12 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    for stmt in accounting_joins_sql.INSTALL:
-        op.execute(stmt)
+    op.execute(sql_files.text("gpufleet_claim_energy.v3"))
+    op.execute(sql_files.text("gpufleet_accounting.v4"))
+    op.execute(sql_files.text("gpufleet_incident_accounting.v4"))
 
 
 def downgrade() -> None:
-    for stmt in accounting_joins_sql.UNDO:
-        op.execute(stmt)
+    op.execute(sql_files.text("gpufleet_claim_energy.v2"))
+    op.execute(sql_files.text("gpufleet_accounting.v3"))
+    op.execute(sql_files.text("gpufleet_incident_accounting.v3"))

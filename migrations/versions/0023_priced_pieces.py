@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from gpufleet.db import priced_store_sql
+from gpufleet.db import priced_store_sql, sql_files
 
 revision: str = "0023"
 down_revision: str | None = "0022"
@@ -26,6 +26,20 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 _TZ = postgresql.TIMESTAMP(timezone=True)
+
+#: The functions of the pricing marks' triggers (gpufleet/db/sql, rendered from
+#: ``gpufleet.db.priced_store_sql``), in the order of their triggers in ``0023_priced_pieces.upgrade.sql``.
+_MARK_FUNCTIONS = (
+    "gpufleet_pricing_mark_runs_0.v1",
+    "gpufleet_pricing_mark_runs_1.v1",
+    "gpufleet_pricing_mark_run_allocations_2.v1",
+    "gpufleet_pricing_mark_nodes_3.v1",
+    "gpufleet_pricing_mark_nodes_4.v1",
+    "gpufleet_pricing_mark_node_facts_history_5.v1",
+    "gpufleet_pricing_mark_site_settings_6.v1",
+    "gpufleet_pricing_mark_sites_7.v1",
+    "gpufleet_pricing_mark_carbon.v1",
+)
 
 
 def upgrade() -> None:
@@ -72,12 +86,17 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("digest", "line_no", name="priced_pieces_pkey"),
     )
-    for stmt in priced_store_sql.INSTALL_V1:
-        op.execute(stmt)
+    op.execute(sql_files.text("gpufleet_pricing_bump.v1"))
+    # each trigger after its function, in the order of the step's file
+    for function, trigger in zip(
+        _MARK_FUNCTIONS, sql_files.statements("0023_priced_pieces.upgrade"), strict=True
+    ):
+        op.execute(sql_files.text(function))
+        op.execute(trigger)
 
 
 def downgrade() -> None:
-    for stmt in priced_store_sql.DROP_V1:
+    for stmt in sql_files.statements("0023_priced_pieces.downgrade"):
         op.execute(stmt)
     op.drop_table("priced_pieces")
     op.drop_table("pricing_marks")
