@@ -28,7 +28,7 @@ import psycopg
 
 from gpufleet.collector.shards import shard_sql
 from gpufleet.db import energy_sql as E
-from gpufleet.db import priced_store_sql, stats_sql
+from gpufleet.db import sql_files, stats_sql
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def rebuild(
     conn.execute(HOST_DELETE_1H_SQL)
     conn.execute(HOST_REBUILD_1H_SQL)
     # priced pieces that read these samples no longer hold (gpufleet.accounting.priced_store)
-    conn.execute(priced_store_sql.BUMP_REBUILT_SQL)
+    conn.execute(sql_files.text("rollup_pricing_marks.v1"))
     if plain_stats:
         for kind in ("gpu", "host"):
             delete, insert = _stats_sql(kind)

@@ -34,16 +34,19 @@ import psycopg
 from psycopg import errors
 from psycopg.pq import TransactionStatus
 
-from gpufleet.db import accounting_joins_sql as J
 from gpufleet.db import priced_store_sql as S
+from gpufleet.db import sql_files
 
 if TYPE_CHECKING:
     from gpufleet.accounting.incidents import Piece
 
 log = logging.getLogger(__name__)
 
-#: The texts whose answers are kept: a change of either makes every digest new.
-_SEED = hashlib.sha256((J.INCIDENT_ACCOUNTING_V4 + J.CLAIM_ENERGY_V3).encode()).digest()
+#: The texts whose answers are kept, as the database runs them (migration 0022): a change of either
+#: makes every digest new.
+_SEED = hashlib.sha256(
+    (sql_files.text("gpufleet_incident_accounting.v4") + sql_files.text("gpufleet_claim_energy.v3")).encode()
+).digest()
 
 #: Row of ``gpufleet_incident_accounting`` (the columns of :data:`~gpufleet.db.priced_store_sql.LINE_COLUMNS`).
 Row = tuple[Any, ...]
