@@ -150,6 +150,7 @@ def differences(folder: Path = FOLDER) -> list[str]:
                         want[name].splitlines(),
                         f"{name} (checked in)",
                         f"{name} (rendered)",
+                        lineterm="",
                     )
                 )
                 changed = sum(1 for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")))
