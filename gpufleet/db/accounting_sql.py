@@ -8,7 +8,10 @@ dated settings, carbon series).  Python never re-computes a
 figure: ``gpufleet.accounting`` calls :data:`ACCOUNTING` and formats what it
 returns, and the dashboards select from the same function, so the two
 cannot disagree.  Versioned names keep migrations frozen: a change adds a
-``_V2`` text and a migration that replaces the functions with it.
+``_V2`` text and a migration that replaces the functions with it.  The
+migrations execute these texts as rendered into ``gpufleet/db/sql`` by
+``tools/render_sql.py`` (one file per function and version), so a new text
+needs its file rendered and the migration reading it.
 
 The functions, bottom up:
 
