@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from gpufleet.accounting import run_accounting
+from gpufleet.accounting import incidents, run_accounting
 from tests.accounting.builders import approx, drain
 
 Account = Callable[..., dict[str, Any]]
@@ -42,3 +42,17 @@ def account(conn: psycopg.Connection) -> Account:
 
 # The API on loopback with a token per role, shared with tests/api.
 from tests.api.conftest import api  # noqa: E402, F401
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many keys each call of the SQL pricing computed (none: every key was kept)."""
+    seen: list[int] = []
+    real = incidents._priced_rows
+
+    def counted(conn: psycopg.Connection, keyed: Any, *a: Any) -> Any:
+        seen.append(len(keyed))
+        return real(conn, keyed, *a)
+
+    monkeypatch.setattr(incidents, "_priced_rows", counted)
+    return seen

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from gpufleet.accounting import account_runs, incidents
+from gpufleet.accounting import account_runs
 from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.accounting.incidents import incident_costs
 from gpufleet.collector.leader import Leader
@@ -34,20 +34,6 @@ def _fleet_kept_for_ever(conn: psycopg.Connection) -> Iterator[None]:
     yield
     conn.execute("TRUNCATE priced_pieces, pricing_marks")
     conn.execute("DELETE FROM gpufleet_meta WHERE key = 'storage'")
-
-
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many keys each pricing call computed (none: every key was kept)."""
-    seen: list[int] = []
-    real = incidents._priced_rows
-
-    def counted(conn: psycopg.Connection, keyed: Any, *a: Any) -> Any:
-        seen.append(len(keyed))
-        return real(conn, keyed, *a)
-
-    monkeypatch.setattr(incidents, "_priced_rows", counted)
-    return seen
 
 
 def _readers(conn: psycopg.Connection) -> tuple[Any, Any]:

@@ -98,20 +98,6 @@ def _keyed(conn: psycopg.Connection, now: datetime = NOW) -> dict[str, list[Piec
     return keyed
 
 
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many keys each call of the SQL pricing computed."""
-    seen: list[int] = []
-    real = incidents._priced_rows
-
-    def counted(conn: psycopg.Connection, keyed: Any, *a: Any) -> Any:
-        seen.append(len(keyed))
-        return real(conn, keyed, *a)
-
-    monkeypatch.setattr(incidents, "_priced_rows", counted)
-    return seen
-
-
 def test_kept_lines_are_the_live_ones(conn: psycopg.Connection, calls: list[int]) -> None:
     _fleet(conn)
     keyed = _keyed(conn)
