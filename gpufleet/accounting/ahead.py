@@ -8,9 +8,10 @@ asks what those readers ask (an incident's ``lost`` block, a run's accounting wi
 the settings they use, so the lines it stores are the ones they look up.
 
 Each pass looks at what settled in the last :data:`RECENT_S` seconds and remembers what it priced, so
-an incident or a run is priced once (again only if its end moves).  A pass prices at most
-:data:`MAX_INCIDENTS` incidents and :data:`MAX_RUNS` runs, oldest first, so the leader's rollups and
-sweeps never wait long behind it; the rest go in the next pass.  What could not be kept (samples of the span
+an incident or a run is priced once (again only if its end moves).  A pass prices oldest first, in
+chunks of :data:`CHUNK` incidents and then one run at a time, and after its first starts no chunk once it has
+spent ``budget_s``, so the leader's rollups and sweeps never wait long behind it (a 512-GPU week-long run
+with its ledger takes seconds to price); the rest go in the next pass.  What could not be kept (samples of the span
 still queued for the rollup worker: the leader drains the queue just before, so only a late sample does
 that) is priced by its first reader, as before.
 """
@@ -18,6 +19,7 @@ that) is priced by its first reader, as before.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,9 +36,10 @@ log = logging.getLogger(__name__)
 
 #: How far back a pass looks for incidents that closed and runs that ended.
 RECENT_S = 3600.0
-#: The most incidents and runs one pass prices.
-MAX_INCIDENTS = 200
-MAX_RUNS = 16
+#: Incidents priced in one call; a pass checks its budget between calls.
+CHUNK = 50
+#: Seconds a pass may start new pricing for (a chunk under way finishes).
+BUDGET_S = 2.0
 
 _CLOSED_SQL = """
 SELECT id, kind, run_id, node, gpu, start, "end", evidence FROM incidents
@@ -53,40 +56,53 @@ class PriceAhead:
     max_gap_s: float
     source: Source = "auto"
     recent_s: float = RECENT_S
+    budget_s: float = BUDGET_S
     #: ("i", incident id, end) and ("r", run id, end) priced, until they leave the window.
     done: dict[tuple[str, Any, datetime], datetime] = field(default_factory=dict)
+    #: Ended runs whose incidents changed after they were priced, still to price again.
+    owed: set[str] = field(default_factory=set)
 
     def run(self, conn: psycopg.Connection, now: datetime) -> tuple[int, int]:
-        """One pass: the incidents and runs priced now (each stored for the readers that follow)."""
+        """One pass: how many incidents and runs it priced (each stored for the readers that follow)."""
         since = now - timedelta(seconds=self.recent_s)
         self.done = {k: end for k, end in self.done.items() if end > since}
+        deadline = time.monotonic() + self.budget_s
         with conn.cursor(row_factory=dict_row) as cur:
             closed = [
                 r
                 for r in cur.execute(_CLOSED_SQL, (since, now)).fetchall()
                 if ("i", r["id"], r["end"]) not in self.done
-            ][:MAX_INCIDENTS]
+            ]
         ended = [
             (rid, end)
             for rid, end in conn.execute(_ENDED_SQL, (since, now)).fetchall()
             if ("r", rid, end) not in self.done
-        ][:MAX_RUNS]
-        # an incident that changed after its run ended changes the run's ledger too
-        touched = sorted({r["run_id"] for r in closed} - {rid for rid, _ in ended})
-        if touched:
-            ended += conn.execute(_OF_RUNS_SQL, (touched, now)).fetchall()
-        if closed:
-            incident_costs(conn, closed, now=now, max_gap_s=self.max_gap_s, source=self.source)
-            self.done.update({("i", r["id"], r["end"]): r["end"] for r in closed})
-        if ended:
-            account_runs(
-                conn,
-                load_runs(conn, [rid for rid, _ in ended]),
-                now=now,
-                max_gap_s=self.max_gap_s,
-                source=self.source,
-            )
-            self.done.update({("r", rid, end): end for rid, end in ended})
-        if closed or ended:
-            log.debug("priced ahead: %d incidents, %d runs", len(closed), len(ended))
-        return len(closed), len(ended)
+        ]
+        priced_incidents = priced_runs = 0
+
+        def spent() -> bool:
+            return (priced_incidents or priced_runs) > 0 and time.monotonic() >= deadline
+
+        for i in range(0, len(closed), CHUNK):
+            if spent():
+                break
+            chunk = closed[i : i + CHUNK]
+            incident_costs(conn, chunk, now=now, max_gap_s=self.max_gap_s, source=self.source)
+            self.done.update({("i", r["id"], r["end"]): r["end"] for r in chunk})
+            self.owed.update(r["run_id"] for r in chunk)
+            priced_incidents += len(chunk)
+        # an incident that changed after its run ended changes the run's ledger too (a running run's
+        # ledger is priced when it ends)
+        listed = {rid for rid, _ in ended}
+        again = conn.execute(_OF_RUNS_SQL, (sorted(self.owed - listed), now)).fetchall() if self.owed else []
+        self.owed = {rid for rid, _ in again} | (self.owed & listed)
+        for rid, end in ended + again:
+            if spent():
+                break
+            account_runs(conn, load_runs(conn, [rid]), now=now, max_gap_s=self.max_gap_s, source=self.source)
+            self.done[("r", rid, end)] = end
+            self.owed.discard(rid)
+            priced_runs += 1
+        if priced_incidents or priced_runs:
+            log.debug("priced ahead: %d incidents, %d runs", priced_incidents, priced_runs)
+        return priced_incidents, priced_runs

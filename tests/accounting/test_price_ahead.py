@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from gpufleet.accounting import account_runs
+from gpufleet.accounting import account_runs, ahead
 from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.accounting.incidents import incident_costs
 from gpufleet.collector.leader import Leader
@@ -68,6 +68,20 @@ def test_settled_incidents_and_runs_are_priced_once_before_their_readers(
     conn.execute("TRUNCATE priced_pieces, pricing_marks")
     conn.execute("UPDATE incidents SET \"end\" = %s WHERE kind = 'idle_allocation'", (at(3900.75),))
     assert _readers(conn) == first
+
+
+def test_a_pass_stops_at_its_budget_and_the_next_goes_on(
+    conn: psycopg.Connection, calls: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its budget a pass starts no more pricing (the leader's rollups and sweeps wait behind it), yet
+    each prices something, so what settled is priced within a few passes."""
+    monkeypatch.setattr(ahead, "CHUNK", 1)
+    slow = PriceAhead(max_gap_s=60.0, recent_s=7200, budget_s=0.0)
+    passes = [slow.run(conn, at(7300 + i)) for i in range(5)]
+    assert passes == [(1, 0), (1, 0), (1, 0), (0, 1), (0, 0)]
+    calls.clear()
+    _readers(conn)
+    assert calls == []
 
 
 @pytest.mark.timeout(120)
