@@ -122,8 +122,13 @@ def main() -> None:
             conn.execute("TRUNCATE priced_pieces")
             first_ms, _ = median_ms(costs_of, 1)
             conn.execute("TRUNCATE priced_pieces")
-            ahead = PriceAhead(args.max_gap_s, recent_s=span_s + 86_400)
-            ahead_ms, _ = median_ms(lambda: ahead.run(conn, now), 1)
+            # the fleet is dated (T0), the clock is not: look back to its start
+            ahead = PriceAhead(
+                args.max_gap_s, recent_s=(now - T0).total_seconds() + 86_400, budget_s=float("inf")
+            )
+            ahead_ms, (ahead_incidents, _) = median_ms(lambda: ahead.run(conn, now), 1)
+            if ahead_incidents != n:
+                raise SystemExit(f"the leader's pass priced {ahead_incidents} of the {n} incidents")
             first_ahead_ms, _ = median_ms(costs_of, 1)
             run_ms, run_lines = median_ms(
                 lambda: lines(conn, None, None, now, run_ids=["bench"], max_gap_s=args.max_gap_s), args.repeat
