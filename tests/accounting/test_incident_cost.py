@@ -17,12 +17,15 @@ lose 0.5 over [600, 1200) = 300 GPU-s each; 1800 GPU-s in all, not 2100.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.accounting import run_accounting
 from gpufleet.accounting.incidents import Piece, incident_costs, union
@@ -260,6 +263,47 @@ def test_union_takes_the_largest_share_never_the_sum() -> None:
         Piece("r", "n", 0, t[0], t[1], 1.0),
         Piece("r", "n", 0, t[2], t[3], 1.0),
     ]
+
+
+def _covered(pieces: list[Piece]) -> dict[tuple[str, int, datetime], float]:
+    """Each (node, GPU, second) some piece covers, with the largest weight covering it: the union by
+    definition, second by second."""
+    got: dict[tuple[str, int, datetime], float] = {}
+    for p in pieces:
+        t = p.lo
+        while t < p.hi:
+            key = (p.node, p.gpu, t)
+            got[key] = max(got.get(key, p.weight), p.weight)
+            t += timedelta(seconds=1)
+    return got
+
+
+_T = datetime.fromisoformat("2026-12-01T10:00:00+00:00")
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2"]),
+            st.integers(0, 1),
+            st.integers(0, 40),
+            st.integers(0, 12),
+            st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]),
+        ),
+        max_size=12,
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_union_is_the_largest_weight_at_every_instant(raw: list[tuple[str, int, int, int, float]]) -> None:
+    pieces = [
+        Piece("r", n, g, _T + timedelta(seconds=a), _T + timedelta(seconds=a + d), w) for n, g, a, d, w in raw
+    ]
+    got = union(pieces)
+    assert _covered(got) == _covered(pieces)
+    # pieces of one GPU never overlap, and neighbours of equal weight are one piece
+    for a, b in pairwise(sorted(got, key=lambda p: (p.node, p.gpu, p.lo))):
+        if (a.node, a.gpu) == (b.node, b.gpu):
+            assert a.hi <= b.lo and not (a.hi == b.lo and a.weight == b.weight)
 
 
 def test_api_incidents_and_run_accounting_carry_the_cost(api: Api) -> None:
