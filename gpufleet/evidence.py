@@ -458,67 +458,115 @@ def _fit(value: object, tp: Any, strict: bool) -> object:
     """``value`` as type ``tp``, or ``_MISSING`` when it does not fit.  Lenient (``strict`` false): a
     ``TypedDict`` keeps the declared keys that fit (it does not fit without its required ones) and a
     list or mapping the items that fit."""
-    if tp is Any or tp is object:
-        return value
-    if tp is None or tp is type(None):
-        return value if value is None else _MISSING
-    origin = typing.get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        for arm in typing.get_args(tp):
-            got = _fit(value, arm, strict)
-            if got is not _MISSING:
-                return got
-        return _MISSING
-    if origin is Literal:
-        return value if any(value == a and type(value) is type(a) for a in typing.get_args(tp)) else _MISSING
-    if origin is list:
-        if not isinstance(value, list):
-            return _MISSING
-        (item,) = typing.get_args(tp)
-        items = [_fit(v, item, strict) for v in value]
-        if strict and any(v is _MISSING for v in items):
-            return _MISSING
-        return [v for v in items if v is not _MISSING]
-    if origin is dict:
-        if not isinstance(value, dict):
-            return _MISSING
-        key_t, val_t = typing.get_args(tp)
-        entries = {
-            k: _fit(v, val_t, strict) for k, v in value.items() if _fit(k, key_t, strict) is not _MISSING
-        }
-        if strict and (len(entries) != len(value) or any(v is _MISSING for v in entries.values())):
-            return _MISSING
-        return {k: v for k, v in entries.items() if v is not _MISSING}
-    if is_typeddict(tp):
-        return _fit_typeddict(value, tp, strict)
-    if tp is float:
-        return value if isinstance(value, int | float) and not isinstance(value, bool) else _MISSING
-    if tp is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
-    if isinstance(tp, type):
-        return value if isinstance(value, tp) else _MISSING
-    raise TypeError(f"evidence: no check for the annotation {tp!r}")
+    return _checker(tp, strict)(value)
 
 
 def _fit_typeddict(value: object, tp: Any, strict: bool) -> object:
-    if not isinstance(value, dict):
-        return _MISSING
-    hints = _hints(tp)
-    if strict and (set(value) - set(hints) or tp.__required_keys__ - set(value)):
-        return _MISSING
-    out = {}
-    for key, ann in hints.items():
-        if key not in value:
-            continue
-        got = _fit(value[key], ann, strict)
-        if got is _MISSING:
-            if strict or key in tp.__required_keys__:
+    return _checker(tp, strict)(value)
+
+
+Check = typing.Callable[[object], object]
+_CHECKERS: dict[tuple[Any, bool], Check] = {}
+
+
+def _checker(tp: Any, strict: bool) -> Check:
+    """The check of ``tp`` (see :func:`_fit`), built once per annotation: readers check the evidence of
+    every incident they price, and reading the annotation again for each value cost more than the
+    pricing's own Python."""
+    key = (tp, strict)
+    got = _CHECKERS.get(key)
+    if got is None:
+        got = _CHECKERS[key] = _build(tp, strict)
+    return got
+
+
+def _build(tp: Any, strict: bool) -> Check:
+    if tp is Any or tp is object:
+        return lambda value: value
+    if tp is None or tp is type(None):
+        return lambda value: value if value is None else _MISSING
+    origin = typing.get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        arms = [_checker(arm, strict) for arm in typing.get_args(tp)]
+
+        def union(value: object) -> object:
+            for arm in arms:
+                got = arm(value)
+                if got is not _MISSING:
+                    return got
+            return _MISSING
+
+        return union
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        return lambda value: (
+            value if any(value == a and type(value) is type(a) for a in allowed) else _MISSING
+        )
+    if origin is list:
+        (item_t,) = typing.get_args(tp)
+        item = _checker(item_t, strict)
+
+        def listed(value: object) -> object:
+            if not isinstance(value, list):
                 return _MISSING
-            continue
-        out[key] = got
-    if tp.__required_keys__ - set(out):
-        return _MISSING
-    return out
+            items = [item(v) for v in value]
+            if strict and any(v is _MISSING for v in items):
+                return _MISSING
+            return [v for v in items if v is not _MISSING]
+
+        return listed
+    if origin is dict:
+        key_t, val_t = typing.get_args(tp)
+        key_c, val_c = _checker(key_t, strict), _checker(val_t, strict)
+
+        def mapping(value: object) -> object:
+            if not isinstance(value, dict):
+                return _MISSING
+            entries = {k: val_c(v) for k, v in value.items() if key_c(k) is not _MISSING}
+            if strict and (len(entries) != len(value) or any(v is _MISSING for v in entries.values())):
+                return _MISSING
+            return {k: v for k, v in entries.items() if v is not _MISSING}
+
+        return mapping
+    if is_typeddict(tp):
+        return _typeddict(tp, strict)
+    if tp is float:
+        return lambda value: (
+            value if isinstance(value, int | float) and not isinstance(value, bool) else _MISSING
+        )
+    if tp is int:
+        return lambda value: value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
+    if isinstance(tp, type):
+        return lambda value: value if isinstance(value, tp) else _MISSING
+    raise TypeError(f"evidence: no check for the annotation {tp!r}")
+
+
+def _typeddict(tp: Any, strict: bool) -> Check:
+    hints = _hints(tp)
+    required: frozenset[str] = tp.__required_keys__
+    declared = set(hints)
+    fields = [(k, _checker(ann, strict)) for k, ann in hints.items()]
+
+    def check(value: object) -> object:
+        if not isinstance(value, dict):
+            return _MISSING
+        if strict and (set(value) - declared or required - set(value)):
+            return _MISSING
+        out = {}
+        for key, fit in fields:
+            if key not in value:
+                continue
+            got = fit(value[key])
+            if got is _MISSING:
+                if strict or key in required:
+                    return _MISSING
+                continue
+            out[key] = got
+        if required - set(out):
+            return _MISSING
+        return out
+
+    return check
 
 
 _HINTS: dict[Any, dict[str, Any]] = {}
