@@ -76,22 +76,31 @@ class Slate:
         return [r[0] for r in conn.execute(probe)]
 
     def empty(self, conn: psycopg.Connection) -> list[str]:
-        """Empty every table of the slate that holds rows; restart its sequences. Returns the tables emptied."""
-        full = self.holding_rows(conn)
-        truncate = [t for t in full if t in self.brin or not self.superuser]
-        delete = [t for t in full if t not in truncate]
-        if full:
-            with conn.transaction():
-                if truncate:
-                    conn.execute(
-                        sql.SQL("TRUNCATE {} CASCADE").format(
-                            sql.SQL(", ").join(sql.Identifier(t) for t in truncate)
-                        )
+        """Empty every table of the slate that holds rows; restart its sequences. Returns the tables emptied.
+
+        The tables are locked against writes first (reads go on), as ``TRUNCATE`` locked them: a server a
+        module's tests share keeps writing between tests (a late batch, the leader's rollups and pricing),
+        and a sequence restarted under a row written after the check hands out its id again."""
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '60s'")  # a session a test left open: fail, not hang
+            conn.execute(
+                sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+                    sql.SQL(", ").join(sql.Identifier(t) for t in self.tables)
+                )
+            )
+            full = self.holding_rows(conn)
+            truncate = [t for t in full if t in self.brin or not self.superuser]
+            delete = [t for t in full if t not in truncate]
+            if truncate:
+                conn.execute(
+                    sql.SQL("TRUNCATE {} CASCADE").format(
+                        sql.SQL(", ").join(sql.Identifier(t) for t in truncate)
                     )
-                if delete:
-                    conn.execute("SET LOCAL session_replication_role = replica")
-                    for t in delete:
-                        conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(t)))
-        for name, start in self.sequences:
-            conn.execute("SELECT setval(%s::regclass, %s, false)", (name, start))
+                )
+            if delete:
+                conn.execute("SET LOCAL session_replication_role = replica")
+                for t in delete:
+                    conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(t)))
+            for name, start in self.sequences:
+                conn.execute("SELECT setval(%s::regclass, %s, false)", (name, start))
         return full
