@@ -308,17 +308,19 @@ def test_stored_views_are_the_written_keys_none_required() -> None:
 
 
 def test_stored_views_are_read_from_gpufleet_evidence_by_kind() -> None:
-    """Every stored view is importable from gpufleet.evidence, and each ``read_evidence`` overload returns its
-    kind's view."""
+    """Every stored view is importable from gpufleet.evidence, and every kind has a ``read_evidence`` overload
+    returning its view."""
     for name, value in vars(evidence_stored).items():
         if name == "STORED_TYPES" or name.startswith("Stored"):
             assert getattr(evidence, name, None) is value, name
     overloads = typing.get_overloads(read_evidence)
-    assert overloads
+    kinds = []
     for fn in overloads:
         hints = typing.get_type_hints(fn)
         (kind,) = typing.get_args(hints["kind"])
         assert hints["return"] is STORED_TYPES[kind], kind
+        kinds.append(kind)
+    assert sorted(kinds) == sorted(STORED_TYPES), "a kind read without its typed view"
 
 
 def test_reading_tolerates_old_partial_and_malformed_evidence() -> None:
