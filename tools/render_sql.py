@@ -26,6 +26,7 @@ from gpufleet.db import claim_energy_sql as C
 from gpufleet.db import ledger_sql as L
 from gpufleet.db import priced_store_sql as P
 from gpufleet.db import stats_sql as S
+from gpufleet.store import fact_history as F
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "gpufleet" / "db" / "sql"
@@ -87,6 +88,10 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         # 0010: incident accounting
         "gpufleet_incident_accounting.v1": A.INCIDENT_ACCOUNTING_V1,
         "0010_incident_accounting.downgrade": A.DROP_INCIDENTS_V1,
+        # 0013: dated node facts
+        "gpufleet_priced_facts.v1": F.PRICED_FACTS_FN,
+        "gpufleet_node_facts_at.v1": F.FACTS_AT_FN,
+        "node_facts_history.seed.v1": F.SEED_SQL,
         # 0014: accounting V2
         "0014_accounting_v2.upgrade": _drops(A.INSTALL_V2),
         "0014_accounting_v2.downgrade": _drops(A.DROP_V2),

@@ -31,7 +31,6 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 from gpufleet.db import sql_files
-from gpufleet.store import fact_history
 
 revision: str = "0013"
 down_revision: str | None = "0012"
@@ -57,9 +56,9 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["node"], ["nodes.node"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("node", "valid_from"),
     )
-    op.execute(fact_history.PRICED_FACTS_FN)
-    op.execute(fact_history.FACTS_AT_FN)
-    op.execute(fact_history.SEED_SQL)
+    op.execute(sql_files.text("gpufleet_priced_facts.v1"))
+    op.execute(sql_files.text("gpufleet_node_facts_at.v1"))
+    op.execute(sql_files.text("node_facts_history.seed.v1"))
     _install_claim_energy()
     op.drop_constraint("run_sightings_status", "run_sightings", type_="check")
     op.create_check_constraint("run_sightings_status", "run_sightings", f"status IN ({_STATUSES}, 'refused')")
