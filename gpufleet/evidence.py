@@ -461,10 +461,6 @@ def _fit(value: object, tp: Any, strict: bool) -> object:
     return _checker(tp, strict)(value)
 
 
-def _fit_typeddict(value: object, tp: Any, strict: bool) -> object:
-    return _checker(tp, strict)(value)
-
-
 Check = typing.Callable[[object], object]
 _CHECKERS: dict[tuple[Any, bool], Check] = {}
 
@@ -615,5 +611,5 @@ def read_lost_time(raw: object) -> LostTime:
 
 def read_as(view: Any, raw: object) -> Any:
     """``raw`` (a stored JSON object, or anything) read as the all-optional ``TypedDict`` ``view``."""
-    got = _fit_typeddict(raw, view, strict=False)
+    got = _fit(raw, view, strict=False)
     return {} if got is _MISSING else got
