@@ -449,3 +449,37 @@ def test_ledger_truth_counts_idle_gpus_named_and_every_gpu_of_a_hang_within_the_
     }
     got = ledger_truth.truth(labels, runs)
     assert got == {"r": {"idle": 2 * 0.5 / 4.0, "hung": 4 * 0.25 / 4.0}}
+
+
+def test_fleet_lines_times_the_installed_text_beside_an_earlier_one() -> None:
+    """bench/fleet_lines.py on a tiny fleet: both texts give the same lines (it exits otherwise) and each
+    period has both timings; an unknown baseline text is refused by name."""
+    res = subprocess.run(
+        [sys.executable, "bench/fleet_lines.py", "--gpus", "8", "--days", "0.5", "--repeat", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["name"] == "fleet_lines" and last["baseline_text"] == "gpufleet_accounting.v4"
+    assert set(last["periods"]) == {"2d", "7d", "30d"}
+    assert all(p["installed"] > 0 and p["baseline"] > 0 for p in last["periods"].values())
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "bench/fleet_lines.py",
+            "--gpus",
+            "8",
+            "--days",
+            "0.1",
+            "--baseline",
+            "gpufleet_ledger.v1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert bad.returncode != 0 and "gpufleet_ledger.v1: not a text of gpufleet_accounting" in bad.stderr

@@ -20,6 +20,7 @@ import re
 import sys
 from pathlib import Path
 
+from gpufleet.db import accounting_fleet_sql as V5
 from gpufleet.db import accounting_joins_sql as J
 from gpufleet.db import accounting_sql as A
 from gpufleet.db import claim_energy_sql as C
@@ -118,6 +119,8 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         "0023_priced_pieces.upgrade": tuple(s for s in P.INSTALL_V1 if s.startswith("CREATE TRIGGER ")),
         "0023_priced_pieces.downgrade": P.DROP_V1,
         "rollup_pricing_marks.v1": P.BUMP_REBUILT_SQL,
+        # 0024: accounting V5 (fleet GPU-seconds priced by the rate index)
+        "gpufleet_accounting.v5": V5.ACCOUNTING_V5,
     }
 
 

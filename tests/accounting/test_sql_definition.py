@@ -1,7 +1,7 @@
 """The accounting functions in the database are exactly the text of gpufleet.db.accounting_sql.
 
-Migrations 0004, 0010, 0013, 0014, 0020, 0021 and 0022 install them from that module (and
-``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``); a change to the module without a
+Migrations 0004, 0010, 0013, 0014, 0020, 0021, 0022 and 0024 install them from that module (and
+``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``, ``gpufleet.db.accounting_fleet_sql``); a change to the module without a
 migration that replaces them would leave databases on the old definition while the code reads the new
 one, so the installed bodies are compared with the module's current ones (``CURRENT``, with the claim
 energy's and the accounting's later texts).
@@ -13,7 +13,7 @@ import re
 
 import psycopg
 
-from gpufleet.db import accounting_joins_sql, accounting_sql, claim_energy_sql
+from gpufleet.db import accounting_fleet_sql, accounting_joins_sql, accounting_sql, claim_energy_sql
 from gpufleet.store.fact_history import dated_pricing
 
 FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", re.S)
@@ -21,10 +21,15 @@ FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn
 
 def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
     want = {}
-    for stmt in (*accounting_sql.CURRENT, claim_energy_sql.CLAIM_ENERGY_V2, *accounting_joins_sql.INSTALL):
+    for stmt in (
+        *accounting_sql.CURRENT,
+        claim_energy_sql.CLAIM_ENERGY_V2,
+        *accounting_joins_sql.INSTALL,
+        accounting_fleet_sql.ACCOUNTING_V5,
+    ):
         m = FUNCTION.search(stmt)
         if m:
-            want[m.group(1)] = m.group(2)  # the later text of a function wins (V4, claim energy's third)
+            want[m.group(1)] = m.group(2)  # the later text of a function wins (V5, claim energy's third)
     assert set(want) == {
         "gpufleet_minor_units",
         "gpufleet_claim_energy",

@@ -1,0 +1,124 @@
+"""The fleet-wide accounting call, installed text against an earlier one, on one synthesised fleet.
+
+    python bench/fleet_lines.py [--gpus 64] [--days 2] [--repeat 5] [--baseline gpufleet_accounting.v4]
+                                [--database URL]
+
+Every fleet-wide read (``/v1/accounting``, the finance and FOCUS reports, the waste view, the finance
+board) is one call of ``gpufleet_accounting`` with its fleet lines.  This times that call over 2, 7 and
+30 days as the database has it installed and, as the baseline in the same run, the earlier text named
+by ``--baseline`` (a file of ``gpufleet/db/sql``) installed beside it for this session only
+(``pg_temp``), the two called alternately so neither gets the warmer cache.  The fleet is
+:mod:`bench.read_side`'s (``--gpus`` GPUs, ``--days`` days of runs, the last two hours raw at 30 s),
+or an existing database made by ``bench/read_side.py --keep`` (``--database``).  Both texts must give
+the same lines (checked on the first call of each period).  The last line is JSON: the installed
+text's p50 over 30 days, with the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from bench.common import say
+from bench.read_side import Plan, synthesise
+from gpufleet.config import load_settings
+from gpufleet.db import migrate, sql_files
+from gpufleet.db.scratch import scratch_database
+from testsupport.pg import server_url
+
+CALL = "SELECT * FROM {fn}(%s, %s, %s, NULL, true, 60, 'auto', 'line', NULL) ORDER BY 1, 2, 3, 24"
+
+
+def _time(conn: psycopg.Connection, fn: str, lo: datetime, hi: datetime) -> tuple[float, list[tuple]]:
+    t = time.perf_counter()
+    rows = conn.execute(CALL.format(fn=fn), (lo, hi, hi)).fetchall()
+    return (time.perf_counter() - t) * 1000, rows
+
+
+def _same(a: list[tuple], b: list[tuple]) -> bool:
+    """The same lines, floats to 1e-12 (a sum in another order differs in its last bits)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        for u, v in zip(x, y, strict=True):
+            if isinstance(u, float) and isinstance(v, float):
+                if abs(u - v) > 1e-12 * max(abs(u), abs(v)) + 1e-9:
+                    return False
+            elif u != v:
+                return False
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--days", type=float, default=2.0)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--baseline", default="gpufleet_accounting.v4", help="a file of gpufleet/db/sql")
+    ap.add_argument("--database", help="an existing database made by bench/read_side.py --keep")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    try:
+        text = sql_files.text(args.baseline)
+    except OSError as e:
+        raise SystemExit(f"{args.baseline}: no such text in gpufleet/db/sql ({e})") from None
+    head = "FUNCTION gpufleet_accounting("
+    if head not in text:
+        raise SystemExit(f"{args.baseline}: not a text of gpufleet_accounting")
+    settings = load_settings()
+    with contextlib.ExitStack() as stack:
+        if args.database:
+            url = args.database
+            migrate.upgrade(url, load_settings(database_url=url))
+        else:
+            url = stack.enter_context(scratch_database(server_url(), "gpufleet_fleet_lines"))
+            migrate.upgrade(url, load_settings(database_url=url))
+            plan = Plan(args.gpus, args.days, max(args.days - 2 / 24, 0.0), 2.0, 30.0)
+            synthesise(url, plan, settings, say)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(text.replace(head, "FUNCTION pg_temp.accounting_baseline(", 1))
+            now = datetime.now(UTC)
+            results = {}
+            for days in (2, 7, 30):
+                lo = now - timedelta(days=days)
+                got: dict[str, list[float]] = {"installed": [], "baseline": []}
+                _, a = _time(conn, "gpufleet_accounting", lo, now)
+                _, b = _time(conn, "pg_temp.accounting_baseline", lo, now)
+                if not _same(a, b):
+                    raise SystemExit(f"{days} d: the installed text and {args.baseline} give different lines")
+                for _ in range(args.repeat):
+                    got["installed"].append(_time(conn, "gpufleet_accounting", lo, now)[0])
+                    got["baseline"].append(_time(conn, "pg_temp.accounting_baseline", lo, now)[0])
+                p50 = {k: statistics.median(v) for k, v in got.items()}
+                results[f"{days}d"] = {k: round(v, 1) for k, v in p50.items()}
+                say(
+                    f"{days:>2} d, {len(a)} lines: installed p50 {p50['installed']:7.1f} ms, "
+                    f"{args.baseline} p50 {p50['baseline']:7.1f} ms ({p50['baseline'] / p50['installed']:.2f}x)"
+                )
+    print(
+        json.dumps(
+            {
+                "name": "fleet_lines",
+                "value": results["30d"]["installed"],
+                "unit": "ms (p50, 30-day fleet accounting)",
+                "baseline": results["30d"]["baseline"],
+                "baseline_text": args.baseline,
+                "periods": results,
+                "gpus": args.gpus,
+                "days": args.days,
+                "repeat": args.repeat,
+                "seconds": round(time.perf_counter() - started, 1),
+                "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
