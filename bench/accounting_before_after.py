@@ -7,10 +7,11 @@ is measured against the code before it: ``--baseline-tree`` is a checkout of the
 earlier commit (``git worktree add /tmp/acct-base <commit>``).  One scratch
 database is filled as ``bench/accounting.py`` fills it (its ``load``: a site
 with dated PUE, prices and an hourly carbon series, the GPUs split into
-``--runs`` runs, the energy rollups built), migrated to this tree's head.  The
-earlier tree's accounting functions are installed beside this tree's, in a
-schema of their own (``baseline``), so each side's Python reads its own SQL
-definition from the same tables.
+``--runs`` runs, the energy rollups built), migrated to this tree's head, then
+copied (``CREATE DATABASE ... TEMPLATE``) and the copy migrated down to the
+earlier tree's head with this tree's own downgrades, which put back exactly the
+texts each earlier migration installed: each side's Python reads its own SQL
+definitions over the same rows.
 
 Each side then runs in a process of its own (its ``gpufleet`` first on the
 path): ``account_runs`` over every run from rollups (``source="auto"``, the
@@ -105,16 +106,21 @@ def _side(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _baseline_sql(tree: Path) -> list[str]:
-    """The earlier tree's accounting functions (as its migrations installed them), read by its own code."""
+def _baseline_head(tree: Path) -> str:
+    """The revision the earlier tree's migrations end at, as its own code reads them."""
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); from gpufleet.db import accounting_sql as a; "
-        "print(json.dumps(list(a.INSTALL_V1) + list(getattr(a, 'INSTALL_INCIDENTS_V1', ()))))"
+        "import sys; sys.path.insert(0, sys.argv[1]); from alembic.script import ScriptDirectory; "
+        "from gpufleet.db import migrate; "
+        "print(ScriptDirectory.from_config(migrate.alembic_config('', False)).get_current_head())"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=True, cwd=tree
+        [sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=False, cwd=tree
     )
-    return json.loads(out.stdout)
+    if out.returncode != 0 or not out.stdout.strip():
+        sys.exit(
+            f"bench/accounting_before_after.py: {tree}: its migrations' head unreadable:\n{out.stderr[-2000:]}"
+        )
+    return out.stdout.strip().splitlines()[-1]
 
 
 def main() -> None:
@@ -146,15 +152,28 @@ def main() -> None:
         )
     # Imported here, not at the top: a --worker process must import the gpufleet of its own tree first.
     import psycopg
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+    from psycopg import sql
 
     from bench import accounting as bench_accounting
     from gpufleet.config import load_settings
     from gpufleet.db import migrate
+    from gpufleet.db.connect import with_database
     from gpufleet.db.scratch import scratch_database
     from testsupport.pg import server_url
 
     server = args.server or server_url()
-    base_sql = _baseline_sql(args.baseline_tree)
+    base_head = _baseline_head(args.baseline_tree)
+    revisions = ScriptDirectory.from_config(migrate.alembic_config("", False))
+    try:
+        known = revisions.get_revision(base_head) is not None
+    except CommandError:
+        known = False
+    if not known:
+        sys.exit(
+            f"bench/accounting_before_after.py: {args.baseline_tree} ends at revision {base_head}, not one of this tree's"
+        )
     print(
         f"{args.gpus} GPUs in {args.runs} runs x {args.days:g} days at {args.interval_s:g} s; baseline "
         f"{args.baseline_tree}",
@@ -173,18 +192,29 @@ def main() -> None:
             ),
             lambda m: print(m, flush=True),
         )
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE SCHEMA baseline")
-            conn.execute("SET search_path = baseline, public")
-            for stmt in base_sql:
-                conn.execute(stmt)
-        ids = bench_accounting.run_ids(args.runs)
-        sides: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
-        for _ in range(args.rounds):
-            sides["baseline"].append(
-                _side(args.baseline_tree.resolve(), url, "baseline,public", ids, args.repeat, args.max_gap_s)
+        base_name = url.rsplit("/", 1)[1].split("?")[0] + "_base"
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(base_name), sql.Identifier(url.rsplit("/", 1)[1].split("?")[0])
+                )
             )
-            sides["current"].append(_side(ROOT, url, "public", ids, args.repeat, args.max_gap_s))
+        base_url = with_database(url, base_name)
+        try:
+            migrate.downgrade(base_url, base_head)
+            print(f"baseline database at revision {migrate.current(base_url)}", flush=True)
+            ids = bench_accounting.run_ids(args.runs)
+            sides: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
+            for _ in range(args.rounds):
+                sides["baseline"].append(
+                    _side(args.baseline_tree.resolve(), base_url, "public", ids, args.repeat, args.max_gap_s)
+                )
+                sides["current"].append(_side(ROOT, url, "public", ids, args.repeat, args.max_gap_s))
+        finally:
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(base_name))
+                )
     base_ms = min(s["ms"] for s in sides["baseline"])
     cur_ms = min(s["ms"] for s in sides["current"])
     base_sql = min(s["sql_ms"] for s in sides["baseline"])

@@ -483,3 +483,57 @@ def test_fleet_lines_times_the_installed_text_beside_an_earlier_one() -> None:
         timeout=600,
     )
     assert bad.returncode != 0 and "gpufleet_ledger.v1: not a text of gpufleet_accounting" in bad.stderr
+
+
+def test_accounting_before_after_puts_the_earlier_trees_functions_back(tmp_path: Path) -> None:
+    """bench/accounting_before_after.py against an earlier tree: a copy of this one whose last migration
+    is not there yet.  The copy of the data is migrated down to that tree's head (this tree's downgrades
+    put back its texts), each side reads its own definitions over the same rows, and they agree."""
+    import shutil
+
+    tree = tmp_path / "earlier"
+    for top in ("gpufleet", "agent", "api", "collector", "dashboards", "migrations"):
+        shutil.copytree(ROOT / top, tree / top, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    versions = sorted((tree / "migrations" / "versions").glob("0*.py"))
+    last = versions[-1]
+    before = versions[-2].name.split("_", 1)[0]
+    last.unlink()
+    res = subprocess.run(
+        [
+            sys.executable,
+            "bench/accounting_before_after.py",
+            "--baseline-tree",
+            str(tree),
+            "--gpus",
+            "8",
+            "--runs",
+            "2",
+            "--days",
+            "0.1",
+            "--repeat",
+            "1",
+            "--rounds",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"baseline database at revision {before}" in res.stdout
+    last_line = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last_line["name"] == "accounting_before_after" and last_line["runs"] == 2
+    assert last_line["max_rel_err_energies"] < 1e-9
+    # a tree whose migrations are not this tree's is refused by name
+    (tree / "migrations" / "versions" / "0099_elsewhere.py").write_text(
+        f'revision = "0099"\ndown_revision = "{before}"\n'
+    )
+    bad = subprocess.run(
+        [sys.executable, "bench/accounting_before_after.py", "--baseline-tree", str(tree)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert bad.returncode != 0 and "ends at revision 0099, not one of this tree's" in bad.stderr
