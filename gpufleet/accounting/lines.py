@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 
@@ -90,6 +90,43 @@ class Line:
         return {self.currency: (self.energy_cost, self.compute_cost or ZERO)}
 
 
+def rows(
+    conn: psycopg.Connection,
+    since: datetime | None,
+    until: datetime | None,
+    now: datetime,
+    *,
+    run_ids: Sequence[str] | None = None,
+    fleet: bool = False,
+    max_gap_s: float = 60.0,
+    source: Source = "auto",
+    detail: Detail = "line",
+    step: timedelta | None = None,
+    gone_after_s: float = GONE_AFTER_S,
+) -> list[tuple[Any, ...]]:
+    """The rows of ``gpufleet_accounting`` as the database returns them (:func:`lines` reads them as
+    lines; the priced store keeps them as they are)."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
+    if detail == "step" and step is None:
+        raise ValueError("detail 'step' needs a step")
+    return conn.execute(
+        "SELECT * FROM gpufleet_accounting(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            since,
+            until,
+            now,
+            None if run_ids is None else list(run_ids),
+            fleet,
+            max_gap_s,
+            source,
+            detail,
+            step,
+            gone_after_s,
+        ),
+    ).fetchall()
+
+
 def lines(
     conn: psycopg.Connection,
     since: datetime | None,
@@ -107,26 +144,20 @@ def lines(
     """Rows of ``gpufleet_accounting``: runs overlapping [since, until) (or the runs ``run_ids``, each
     clipped to the period when one is given), and with ``fleet`` the unallocated and total lines
     (a fleet GPU counted from when it joined until it was silent for ``gone_after_s``)."""
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
-    if detail == "step" and step is None:
-        raise ValueError("detail 'step' needs a step")
-    rows = conn.execute(
-        "SELECT * FROM gpufleet_accounting(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            since,
-            until,
-            now,
-            None if run_ids is None else list(run_ids),
-            fleet,
-            max_gap_s,
-            source,
-            detail,
-            step,
-            gone_after_s,
-        ),
-    ).fetchall()
-    return [Line(*r) for r in rows]
+    got = rows(
+        conn,
+        since,
+        until,
+        now,
+        run_ids=run_ids,
+        fleet=fleet,
+        max_gap_s=max_gap_s,
+        source=source,
+        detail=detail,
+        step=step,
+        gone_after_s=gone_after_s,
+    )
+    return [Line(*r) for r in got]
 
 
 def per_run(rows: Iterable[Line]) -> dict[str, list[Line]]:

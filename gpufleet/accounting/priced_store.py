@@ -14,6 +14,9 @@ series reloaded, a run's end moved or an allocation changed make the lines that 
 Only pieces that end by ``now`` are kept (an open piece grows), never a stale answer (one read from raw
 samples while the rollup worker has a range queued), and the reader answers live whatever is not kept.
 
+A closed run's own lines (``gpufleet_accounting``'s, :mod:`gpufleet.accounting.run_lines`) are kept the
+same way, under :func:`run_digest` (the run and its window), resting on the same marks.
+
 Keys are digests of what is priced: the run, every piece's GPU, span and lost share, the gap rule, the
 source and the accounting functions' text; an incident whose end or evidence changes has other pieces,
 so another digest.  A read-only snapshot (``gpufleet.accounting.snapshot``) cannot store: its lines
@@ -48,6 +51,12 @@ _SEED = hashlib.sha256(
     (sql_files.text("gpufleet_incident_accounting.v4") + sql_files.text("gpufleet_claim_energy.v3")).encode()
 ).digest()
 
+#: The text a run's own lines come from (``gpufleet_accounting``, migration 0024) and the energy under it.
+_RUN_LINE_SEED = hashlib.sha256(
+    b"run line\n"
+    + (sql_files.text("gpufleet_accounting.v5") + sql_files.text("gpufleet_claim_energy.v3")).encode()
+).digest()
+
 #: Row of ``gpufleet_incident_accounting`` (the columns of :data:`~gpufleet.db.priced_store_sql.LINE_COLUMNS`).
 Row = tuple[Any, ...]
 
@@ -78,6 +87,15 @@ def digest(pieces: Sequence[Piece], max_gap_s: float, source: str) -> bytes:
         h.update(
             f"{p.run_id}\t{p.node}\t{p.gpu}\t{p.lo.isoformat()}\t{p.hi.isoformat()}\t{p.weight!r}\n".encode()
         )
+    return h.digest()
+
+
+def run_digest(run_id: str, lo: datetime, hi: datetime, max_gap_s: float, source: str) -> bytes:
+    """The key of run ``run_id``'s own lines over its window [lo, hi) (:mod:`gpufleet.accounting.run_lines`).
+
+    Never equal to a key of pieces: the seed is another text's."""
+    h = hashlib.sha256(_RUN_LINE_SEED)
+    h.update(f"{max_gap_s!r}|{source}\n{run_id}\t{lo.isoformat()}\t{hi.isoformat()}\n".encode())
     return h.digest()
 
 

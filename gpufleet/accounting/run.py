@@ -2,8 +2,9 @@
 
 The API, the CLI report, the web view and ``gpufleet replay`` all call
 :func:`run_accounting` (or :func:`account_runs` for many runs); the figures
-come from the database's ``gpufleet_accounting`` (:mod:`gpufleet.accounting.lines`),
-this module adds the run's facts, the values in force and its efficiency.
+come from the database's ``gpufleet_accounting`` (:mod:`gpufleet.accounting.lines`; a closed
+window's lines kept between readers, :mod:`gpufleet.accounting.run_lines`), this module adds the
+run's facts, the values in force and its efficiency.
 
 The window is the run's [start, end); a run still running (no end, or an end
 in the future) is accounted up to ``now``.  ``since``/``until`` clip the
@@ -33,9 +34,10 @@ from psycopg.rows import dict_row
 from gpufleet.accounting.efficiency import Window, efficiency, node_facts, progress_many
 from gpufleet.accounting.ledger import Ledger, ledger_body, losses
 from gpufleet.accounting.line_errors import NULLED, messages, problems
-from gpufleet.accounting.lines import Line, Source, combine, lines, per_run
+from gpufleet.accounting.lines import Line, Source, combine, lines
 from gpufleet.accounting.money import number, quantized, rounded
 from gpufleet.accounting.result import AccountingBody
+from gpufleet.accounting.run_lines import run_lines
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.db.accounting_sql import GPU_MODEL_EXPR
@@ -325,7 +327,7 @@ def account_runs(
         return []
     ids = [r.run_id for r in runs]
     with snapshot(conn):
-        parts = per_run(lines(conn, since, until, now, run_ids=ids, max_gap_s=gap, source=source))
+        parts = run_lines(conn, runs, since, until, now, max_gap_s=gap, source=source)
         segs: dict[str, list[Line]] | None = None
         if segments:
             segs = {}

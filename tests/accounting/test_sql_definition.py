@@ -13,7 +13,13 @@ import re
 
 import psycopg
 
-from gpufleet.db import accounting_fleet_sql, accounting_joins_sql, accounting_sql, claim_energy_sql
+from gpufleet.db import (
+    accounting_fleet_sql,
+    accounting_joins_sql,
+    accounting_sql,
+    claim_energy_sql,
+    sql_files,
+)
 from gpufleet.store.fact_history import dated_pricing
 
 FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)\(.*?\$fn\$(.*)\$fn\$", re.S)
@@ -65,3 +71,22 @@ def test_installed_incident_accounting_is_the_modules(conn: psycopg.Connection) 
     )
     tail = run_q[run_q.index("-- claims summed together") :]
     assert tail in m.group(2)
+
+
+def test_kept_lines_are_keyed_by_the_texts_installed_last() -> None:
+    """Kept lines are keyed by the text that computed them: a migration installing a later text of the
+    accounting or of claim energy must key by it too, or lines of the earlier text would be read back."""
+    import inspect
+    from pathlib import Path
+
+    from gpufleet.accounting import priced_store
+
+    folder = Path(sql_files.__file__).parent / "sql"
+
+    def last(name: str) -> str:
+        versions = [int(p.name.split(".v")[1].split(".")[0]) for p in folder.glob(f"{name}.v*.sql")]
+        return f"{name}.v{max(versions)}"
+
+    source = inspect.getsource(priced_store)
+    for name in ("gpufleet_accounting", "gpufleet_incident_accounting", "gpufleet_claim_energy"):
+        assert f'sql_files.text("{last(name)}")' in source, f"priced_store keys by an earlier {name}"

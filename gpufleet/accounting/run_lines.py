@@ -1,0 +1,97 @@
+"""A run's own accounting lines, kept between readers once its window has closed.
+
+After the incident costs and the ledger (:mod:`gpufleet.accounting.incidents`), what an ended run's
+accounting spends its time on is its own lines: ``gpufleet_accounting`` reads the energy of every GPU
+and host of the run again, for every reader (the run's page, the Runs page, the finance report, the
+fleet's ledger, ``/metrics``), about 22 ms per GPU-week.  Once the window's end is fixed (the run ended,
+or the period asked ends, by ``now``) the answer depends only on inputs the priced store's marks watch:
+the run and its allocations, its nodes, its site's settings, the days of samples and of carbon
+intensity it covers (:mod:`gpufleet.accounting.priced_store`).  So the first reader keeps the lines and
+the next reads them back while every mark is current, exactly as incident pieces are kept.
+
+A key is the run, its window [lo, hi) as :meth:`~gpufleet.store.run_model.Run.window` gives it, the
+gap rule, the source and the accounting's text.  Lines are kept only when the database priced that same
+window (a run changed since the caller loaded it gives other lines, answered live and not kept), none
+is stale, and retention does not reach the window; a running run's window grows, so it is never kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from gpufleet.accounting import priced_store
+from gpufleet.accounting.incidents import Piece
+from gpufleet.accounting.lines import Line, Source, per_run, rows
+from gpufleet.store.run_model import Run
+
+
+def _closed(run: Run, since: datetime | None, until: datetime | None, now: datetime) -> bool:
+    """Whether the run's window in the period can no longer grow: its end, or the period's, is past."""
+    ends = [t for t in (run.end, until) if t is not None]
+    lo, hi = run.window(now, since, until)
+    return bool(ends) and min(ends) <= now and lo < hi
+
+
+def run_lines(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    since: datetime | None,
+    until: datetime | None,
+    now: datetime,
+    *,
+    max_gap_s: float,
+    source: Source,
+    kept: bool = True,
+) -> dict[str, list[Line]]:
+    """Each run's own lines (one per currency its window was priced in), clipped to [since, until).
+
+    ``kept``: read the lines an earlier reader kept while their inputs are unchanged, and keep the lines
+    of closed windows priced here; the figures are the same either way.  Call it in the snapshot the
+    rest of the answer reads (:func:`gpufleet.accounting.snapshot.snapshot`)."""
+    ids = [r.run_id for r in runs]
+    if not ids:
+        return {}
+    if not kept:
+        live = rows(conn, since, until, now, run_ids=ids, max_gap_s=max_gap_s, source=source)
+        return per_run(Line(*r) for r in live)
+    windows = {r.run_id: r.window(now, since, until) for r in runs if _closed(r, since, until, now)}
+    digests = {
+        rid: priced_store.run_digest(rid, lo, hi, max_gap_s, source) for rid, (lo, hi) in windows.items()
+    }
+    have = priced_store.lookup(conn, set(digests.values()))
+    out: dict[str, list[Line]] = {}
+    for rid, d in digests.items():
+        if d in have:
+            out[rid] = [Line(*r) for r in have[d]]
+    todo = [rid for rid in dict.fromkeys(ids) if rid not in out]
+    if not todo:
+        return out
+    keyed = {
+        rid: [Piece(rid, node, gpu, *windows[rid], 1.0) for node, gpu in r.allocations]
+        for r in runs
+        if (rid := r.run_id) in windows and rid in todo and r.allocations
+    }
+    fills = priced_store.plan(conn, keyed, {rid: digests[rid] for rid in keyed})
+    got: dict[str, list[tuple[Any, ...]]] = {}
+    for r in rows(conn, since, until, now, run_ids=todo, max_gap_s=max_gap_s, source=source):
+        if r[0] == "run" and r[1] is not None:
+            got.setdefault(r[1], []).append(r)
+    keep = []
+    for rid in todo:
+        mine = got.get(rid, [])
+        out[rid] = [Line(*r) for r in mine]
+        fill = fills.get(rid)
+        if (
+            fill is not None
+            and mine
+            and all((r[3], r[4]) == windows[rid] for r in mine)  # the window the key says
+            and not any(r[-1] for r in mine)  # never a stale answer
+        ):
+            keep.append(replace(fill, rows=tuple(mine)))
+    priced_store.keep(conn, keep)
+    return out
