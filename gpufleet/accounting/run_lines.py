@@ -3,16 +3,17 @@
 After the incident costs and the ledger (:mod:`gpufleet.accounting.incidents`), what an ended run's
 accounting spends its time on is its own lines: ``gpufleet_accounting`` reads the energy of every GPU
 and host of the run again, for every reader (the run's page, the Runs page, the finance report, the
-fleet's ledger, ``/metrics``), about 22 ms per GPU-week.  Once the window's end is fixed (the run ended,
-or the period asked ends, by ``now``) the answer depends only on inputs the priced store's marks watch:
+fleet's ledger, ``/metrics``), about 22 ms per GPU-week.  Once the run has ended, the answer over its
+whole window depends only on inputs the priced store's marks watch:
 the run and its allocations, its nodes, its site's settings, the days of samples and of carbon
 intensity it covers (:mod:`gpufleet.accounting.priced_store`).  So the first reader keeps the lines and
 the next reads them back while every mark is current, exactly as incident pieces are kept.
 
 A key is the run, its window [lo, hi) as :meth:`~gpufleet.store.run_model.Run.window` gives it, the
-gap rule, the source and the accounting's text.  Lines are kept only when the database priced that same
-window (a run changed since the caller loaded it gives other lines, answered live and not kept), none
-is stale, and retention does not reach the window; a running run's window grows, so it is never kept.
+gap rule, the source and the accounting's text.  Lines are kept only for the whole window of an ended
+run (a report's period that cuts it asks another question, answered live), when the database priced
+that same window (a run changed since the caller loaded it gives other lines, answered live and not
+kept), none is stale, and retention does not reach it; a running run's window grows: never kept.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from gpufleet.store.run_model import Run
 
 
 def _closed(run: Run, since: datetime | None, until: datetime | None, now: datetime) -> bool:
-    """Whether the run's window in the period can no longer grow: its end, or the period's, is past."""
-    ends = [t for t in (run.end, until) if t is not None]
-    lo, hi = run.window(now, since, until)
-    return bool(ends) and min(ends) <= now and lo < hi
+    """Whether the answer is the run's whole window, ended by ``now``: what every reader of the run asks
+    again.  A window a period's edge cuts is another key per period, priced and not kept (as incident
+    pieces a period cuts are not), so ad-hoc periods leave nothing behind."""
+    if run.end is None or run.end > now or run.start >= run.end:
+        return False
+    return run.window(now, since, until) == (run.start, run.end)
 
 
 def run_lines(

@@ -7,7 +7,6 @@ the live computation again; each change moves the figures, so a missing invalida
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -74,21 +73,25 @@ def test_kept_lines_are_the_live_ones(conn: psycopg.Connection, computed: list[l
     assert kept == [("r",)]
 
 
-def test_periods_that_end_by_now_are_kept_and_others_not(
+def test_a_period_holding_the_whole_run_reads_its_kept_lines_and_one_cutting_it_is_live(
     conn: psycopg.Connection, computed: list[list[str]]
 ) -> None:
+    """A report over a period that holds the ended run asks what the run's page asks: the same key.  A
+    period that cuts it asks another question each time, priced live and never stored."""
     _fleet(conn)
     run(conn, "r2", 3600, None, {"n1": [6]}, site_name="s1")
-    past = {"since": at(1000), "until": at(5000)}  # both runs clipped, the period over
-    assert _lines(conn, **past) == _lines(conn, kept=False, **past)
+    whole = {"since": at(0), "until": at(8000)}
+    assert _lines(conn, **whole) == _lines(conn, kept=False, **whole)
     computed.clear()
-    assert _lines(conn, **past) == _lines(conn, kept=False, **past)
-    assert computed == [["r", "r2"]]  # only the live comparison computed
-    future = {"since": at(1000), "until": NOW + timedelta(days=1)}  # the running run's part grows
+    assert _lines(conn) == _lines(conn, kept=False)
+    assert computed == [["r2"], ["r", "r2"]], "the whole run's lines were priced again"
+    stored = conn.execute("SELECT count(*) FROM priced_pieces").fetchone()
+    cut = {"since": at(1000), "until": at(5000)}  # over by now, and cutting both runs
     computed.clear()
-    _lines(conn, **future)
-    _lines(conn, **future)
-    assert computed == [["r", "r2"], ["r2"]]
+    assert _lines(conn, **cut) == _lines(conn, kept=False, **cut)
+    assert _lines(conn, **cut) == _lines(conn, kept=False, **cut)
+    assert computed == [["r", "r2"]] * 4
+    assert conn.execute("SELECT count(*) FROM priced_pieces").fetchone() == stored
 
 
 def test_stale_answers_and_a_run_changed_since_it_was_loaded_are_not_kept(conn: psycopg.Connection) -> None:
