@@ -15,11 +15,11 @@ site's currency has one line per currency (:func:`per_run` gathers them,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec
 
 import psycopg
 
@@ -90,6 +90,9 @@ class Line:
         return {self.currency: (self.energy_cost, self.compute_cost or ZERO)}
 
 
+P = ParamSpec("P")
+
+
 def rows(
     conn: psycopg.Connection,
     since: datetime | None,
@@ -104,8 +107,10 @@ def rows(
     step: timedelta | None = None,
     gone_after_s: float = GONE_AFTER_S,
 ) -> list[tuple[Any, ...]]:
-    """The rows of ``gpufleet_accounting`` as the database returns them (:func:`lines` reads them as
-    lines; the priced store keeps them as they are)."""
+    """Rows of ``gpufleet_accounting``, as the database returns them: runs overlapping [since, until) (or
+    the runs ``run_ids``, each clipped to the period when one is given), and with ``fleet`` the
+    unallocated and total lines (a fleet GPU counted from when it joined until it was silent for
+    ``gone_after_s``).  :func:`lines` reads them as lines; the priced store keeps them as they are."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
     if detail == "step" and step is None:
@@ -127,37 +132,16 @@ def rows(
     ).fetchall()
 
 
-def lines(
-    conn: psycopg.Connection,
-    since: datetime | None,
-    until: datetime | None,
-    now: datetime,
-    *,
-    run_ids: Sequence[str] | None = None,
-    fleet: bool = False,
-    max_gap_s: float = 60.0,
-    source: Source = "auto",
-    detail: Detail = "line",
-    step: timedelta | None = None,
-    gone_after_s: float = GONE_AFTER_S,
-) -> list[Line]:
-    """Rows of ``gpufleet_accounting``: runs overlapping [since, until) (or the runs ``run_ids``, each
-    clipped to the period when one is given), and with ``fleet`` the unallocated and total lines
-    (a fleet GPU counted from when it joined until it was silent for ``gone_after_s``)."""
-    got = rows(
-        conn,
-        since,
-        until,
-        now,
-        run_ids=run_ids,
-        fleet=fleet,
-        max_gap_s=max_gap_s,
-        source=source,
-        detail=detail,
-        step=step,
-        gone_after_s=gone_after_s,
-    )
-    return [Line(*r) for r in got]
+def _as_lines(read: Callable[P, list[tuple[Any, ...]]]) -> Callable[P, list[Line]]:
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> list[Line]:
+        return [Line(*r) for r in read(*args, **kwargs)]
+
+    wrapped.__doc__ = read.__doc__
+    return wrapped
+
+
+#: :func:`rows`, each read as a :class:`Line` (same arguments).
+lines = _as_lines(rows)
 
 
 def per_run(rows: Iterable[Line]) -> dict[str, list[Line]]:
