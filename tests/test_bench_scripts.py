@@ -537,3 +537,30 @@ def test_accounting_before_after_puts_the_earlier_trees_functions_back(tmp_path:
         timeout=600,
     )
     assert bad.returncode != 0 and "ends at revision 0099, not one of this tree's" in bad.stderr
+
+
+def test_price_ahead_select_times_the_pass_with_and_without_the_end_indexes() -> None:
+    """bench/price_ahead_select.py on a small table: both selects timed with migration 0025's indexes and
+    without them (dropped in a transaction rolled back, so the scratch database keeps them)."""
+    res = subprocess.run(
+        [
+            sys.executable,
+            "bench/price_ahead_select.py",
+            "--incidents",
+            "2000",
+            "--runs",
+            "200",
+            "--days",
+            "2",
+            "--repeat",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["name"] == "price_ahead_select" and last["incidents"] == 2000
+    assert last["value"] > 0 and last["baseline"] > 0 and last["runs_ms"] > 0

@@ -156,6 +156,8 @@ runs = Table(
     CheckConstraint("source IN ('registered', 'inferred')", name="runs_source"),
 )
 Index("runs_start_idx", runs.c.start)
+# The leader's pricing pass selects the runs that ended since its last (migration 0025).
+Index("runs_end_idx", runs.c.end)
 
 run_allocations = Table(
     "run_allocations",
@@ -241,6 +243,8 @@ incidents = Table(
 Index("incidents_open_scope_uq", incidents.c.scope_key, unique=True, postgresql_where=text("state = 'open'"))
 Index("incidents_run_idx", incidents.c.run_id)
 Index("incidents_state_kind_idx", incidents.c.state, incidents.c.kind)
+# ... and the incidents that closed since its last (migration 0025).
+Index("incidents_end_idx", incidents.c.end)
 
 #: A power cap for every GPU of a run (migration 0016): the agents on the run's nodes apply it through
 #: NVML while the run holds the GPUs and the plan is active, and restore each GPU's limit after
