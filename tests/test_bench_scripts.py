@@ -451,37 +451,27 @@ def test_ledger_truth_counts_idle_gpus_named_and_every_gpu_of_a_hang_within_the_
     assert got == {"r": {"idle": 2 * 0.5 / 4.0, "hung": 4 * 0.25 / 4.0}}
 
 
+def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``python <argv>`` (a bench script and its options) from the checkout, its output captured."""
+    return subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+def _last_json(res: subprocess.CompletedProcess[str]) -> Any:
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def test_fleet_lines_times_the_installed_text_beside_an_earlier_one() -> None:
     """bench/fleet_lines.py on a tiny fleet: both texts give the same lines (it exits otherwise) and each
     period has both timings; an unknown baseline text is refused by name."""
-    res = subprocess.run(
-        [sys.executable, "bench/fleet_lines.py", "--gpus", "8", "--days", "0.5", "--repeat", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    last = json.loads(res.stdout.strip().splitlines()[-1])
+    res = _bench("bench/fleet_lines.py", "--gpus", "8", "--days", "0.5", "--repeat", "1")
+    last = _last_json(res)
     assert last["name"] == "fleet_lines" and last["baseline_text"] == "gpufleet_accounting.v4"
     assert set(last["periods"]) == {"2d", "7d", "30d"}
     assert all(p["installed"] > 0 and p["baseline"] > 0 for p in last["periods"].values())
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "bench/fleet_lines.py",
-            "--gpus",
-            "8",
-            "--days",
-            "0.1",
-            "--baseline",
-            "gpufleet_ledger.v1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    bad = _bench("bench/fleet_lines.py", "--gpus", "8", "--days", "0.1", "--baseline", "gpufleet_ledger.v1")
     assert bad.returncode != 0 and "gpufleet_ledger.v1: not a text of gpufleet_accounting" in bad.stderr
 
 
@@ -498,27 +488,20 @@ def test_accounting_before_after_puts_the_earlier_trees_functions_back(tmp_path:
     last = versions[-1]
     before = versions[-2].name.split("_", 1)[0]
     last.unlink()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "bench/accounting_before_after.py",
-            "--baseline-tree",
-            str(tree),
-            "--gpus",
-            "8",
-            "--runs",
-            "2",
-            "--days",
-            "0.1",
-            "--repeat",
-            "1",
-            "--rounds",
-            "1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    res = _bench(
+        "bench/accounting_before_after.py",
+        "--baseline-tree",
+        str(tree),
+        "--gpus",
+        "8",
+        "--runs",
+        "2",
+        "--days",
+        "0.1",
+        "--repeat",
+        "1",
+        "--rounds",
+        "1",
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"baseline database at revision {before}" in res.stdout
@@ -529,38 +512,16 @@ def test_accounting_before_after_puts_the_earlier_trees_functions_back(tmp_path:
     (tree / "migrations" / "versions" / "0099_elsewhere.py").write_text(
         f'revision = "0099"\ndown_revision = "{before}"\n'
     )
-    bad = subprocess.run(
-        [sys.executable, "bench/accounting_before_after.py", "--baseline-tree", str(tree)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    bad = _bench("bench/accounting_before_after.py", "--baseline-tree", str(tree))
     assert bad.returncode != 0 and "ends at revision 0099, not one of this tree's" in bad.stderr
 
 
 def test_price_ahead_select_times_the_pass_with_and_without_the_end_indexes() -> None:
     """bench/price_ahead_select.py on a small table: both selects timed with migration 0025's indexes and
     without them (dropped in a transaction rolled back, so the scratch database keeps them)."""
-    res = subprocess.run(
-        [
-            sys.executable,
-            "bench/price_ahead_select.py",
-            "--incidents",
-            "2000",
-            "--runs",
-            "200",
-            "--days",
-            "2",
-            "--repeat",
-            "2",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    res = _bench(
+        "bench/price_ahead_select.py", "--incidents", "2000", "--runs", "200", "--days", "2", "--repeat", "2"
     )
-    assert res.returncode == 0, res.stderr[-3000:]
-    last = json.loads(res.stdout.strip().splitlines()[-1])
+    last = _last_json(res)
     assert last["name"] == "price_ahead_select" and last["incidents"] == 2000
     assert last["value"] > 0 and last["baseline"] > 0 and last["runs_ms"] > 0
