@@ -12,8 +12,9 @@ the next reads them back while every mark is current, exactly as incident pieces
 A key is the run, its window [lo, hi) as :meth:`~gpufleet.store.run_model.Run.window` gives it, the
 gap rule, the source and the accounting's text.  Lines are kept only for the whole window of an ended
 run (a report's period that cuts it asks another question, answered live), when the database priced
-that same window (a run changed since the caller loaded it gives other lines, answered live and not
-kept), none is stale, and retention does not reach it; a running run's window grows: never kept.
+that same window over the caller's allocations (a run changed since the caller loaded it gives other
+lines, answered live and not kept), none is stale, and retention does not reach it; a running run's
+window grows: never kept.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from gpufleet.accounting import priced_store
 from gpufleet.accounting.incidents import Piece
 from gpufleet.accounting.lines import Line, Source, per_run, rows
 from gpufleet.store.run_model import Run
+
+#: Each run's allocations as the snapshot has them, in :class:`~gpufleet.store.run_model.Run`'s order.
+_ALLOCATIONS_SQL = """
+SELECT run_id, array_agg(node ORDER BY node, gpu), array_agg(gpu ORDER BY node, gpu)
+FROM run_allocations WHERE run_id = ANY(%s) GROUP BY run_id"""
 
 
 def _closed(run: Run, since: datetime | None, until: datetime | None, now: datetime) -> bool:
@@ -80,6 +86,13 @@ def run_lines(
         if (rid := r.run_id) in windows and rid in todo and r.allocations
     }
     fills = priced_store.plan(conn, keyed, {rid: digests[rid] for rid in keyed})
+    # the marks follow the caller's allocations: lines priced over others (changed since it loaded the
+    # run) would rest on nodes no mark watches, so they are answered and not kept
+    held = {
+        rid: tuple(zip(nodes, gpus, strict=True))
+        for rid, nodes, gpus in conn.execute(_ALLOCATIONS_SQL, (list(fills),)).fetchall()
+    }
+    allocations = {r.run_id: r.allocations for r in runs}
     got: dict[str, list[tuple[Any, ...]]] = {}
     for r in rows(conn, since, until, now, run_ids=todo, max_gap_s=max_gap_s, source=source):
         if r[0] == "run" and r[1] is not None:
@@ -92,6 +105,7 @@ def run_lines(
         if (
             fill is not None
             and mine
+            and held.get(rid) == allocations[rid]
             and all((r[3], r[4]) == windows[rid] for r in mine)  # the window the key says
             and not any(r[-1] for r in mine)  # never a stale answer
         ):

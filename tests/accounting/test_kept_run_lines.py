@@ -15,7 +15,7 @@ import pytest
 from gpufleet.accounting import account_runs, run_lines
 from gpufleet.accounting.lines import Line
 from gpufleet.store.run_model import load_runs
-from tests.accounting.builders import at, carbon, drain, gpu_samples, run
+from tests.accounting.builders import at, carbon, constant_power, drain, gpu_samples, node, run
 from tests.accounting.test_priced_store import CHANGES, NOW, PREPARE, _empty_store, _fleet
 
 __all__ = ["_empty_store"]  # the priced store's fixture: an empty store, retention reaching no run here
@@ -107,6 +107,20 @@ def test_stale_answers_and_a_run_changed_since_it_was_loaded_are_not_kept(conn: 
     assert got == live and got["r"][0].end == at(3000)
     assert conn.execute("SELECT count(*) FROM priced_pieces").fetchone() == (0,), (
         "lines of another window than the key's were kept"
+    )
+    # an allocation added since the caller loaded the run: its lines are priced over a node the caller's
+    # run does not name, so no mark would watch it
+    conn.execute('UPDATE runs SET "end" = %s WHERE run_id = %s', (at(7190.25), "r"))
+    runs = load_runs(conn, ["r"])
+    node(conn, "n9", 8, "s1")
+    gpu_samples(conn, constant_power("n9", [0], 500.0, -60, 7260))
+    drain(conn)
+    conn.execute("INSERT INTO run_allocations (run_id, node, gpu) VALUES ('r', 'n9', 0)")
+    got = run_lines.run_lines(conn, runs, None, None, NOW, max_gap_s=60.0, source="auto")
+    assert got == run_lines.run_lines(conn, runs, None, None, NOW, max_gap_s=60.0, source="auto", kept=False)
+    assert got["r"][0].gpu_count == 5
+    assert conn.execute("SELECT count(*) FROM priced_pieces").fetchone() == (0,), (
+        "lines over allocations the caller did not load were kept"
     )
 
 
