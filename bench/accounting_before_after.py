@@ -192,11 +192,12 @@ def main() -> None:
             ),
             lambda m: print(m, flush=True),
         )
-        base_name = url.rsplit("/", 1)[1].split("?")[0] + "_base"
+        name = url.rsplit("/", 1)[1].split("?")[0]
+        base_name = name + "_base"
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(base_name), sql.Identifier(url.rsplit("/", 1)[1].split("?")[0])
+                    sql.Identifier(base_name), sql.Identifier(name)
                 )
             )
         base_url = with_database(url, base_name)

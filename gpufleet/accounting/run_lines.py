@@ -29,12 +29,7 @@ import psycopg
 from gpufleet.accounting import priced_store
 from gpufleet.accounting.incidents import Piece
 from gpufleet.accounting.lines import Line, Source, per_run, rows
-from gpufleet.store.run_model import Run
-
-#: Each run's allocations as the snapshot has them, in :class:`~gpufleet.store.run_model.Run`'s order.
-_ALLOCATIONS_SQL = """
-SELECT run_id, array_agg(node ORDER BY node, gpu), array_agg(gpu ORDER BY node, gpu)
-FROM run_allocations WHERE run_id = ANY(%s) GROUP BY run_id"""
+from gpufleet.store.run_model import Run, load_runs
 
 
 def _closed(run: Run, since: datetime | None, until: datetime | None, now: datetime) -> bool:
@@ -86,13 +81,11 @@ def run_lines(
         if (rid := r.run_id) in windows and rid in todo and r.allocations
     }
     fills = priced_store.plan(conn, keyed, {rid: digests[rid] for rid in keyed})
-    # the marks follow the caller's allocations: lines priced over others (changed since it loaded the
-    # run) would rest on nodes no mark watches, so they are answered and not kept
-    held = {
-        rid: tuple(zip(nodes, gpus, strict=True))
-        for rid, nodes, gpus in conn.execute(_ALLOCATIONS_SQL, (list(fills),)).fetchall()
-    }
-    allocations = {r.run_id: r.allocations for r in runs}
+    # the key and the marks follow the caller's run: lines priced over another window or other
+    # allocations (the run changed since the caller loaded it) would rest on marks of neither, so they
+    # are answered and not kept
+    caller = {r.run_id: r for r in runs}
+    same = {r.run_id for r in load_runs(conn, list(fills)) if r == caller[r.run_id]} if fills else set()
     got: dict[str, list[tuple[Any, ...]]] = {}
     for r in rows(conn, since, until, now, run_ids=todo, max_gap_s=max_gap_s, source=source):
         if r[0] == "run" and r[1] is not None:
@@ -103,11 +96,7 @@ def run_lines(
         out[rid] = [Line(*r) for r in mine]
         fill = fills.get(rid)
         if (
-            fill is not None
-            and mine
-            and held.get(rid) == allocations[rid]
-            and all((r[3], r[4]) == windows[rid] for r in mine)  # the window the key says
-            and not any(r[-1] for r in mine)  # never a stale answer
+            fill is not None and rid in same and mine and not any(r[-1] for r in mine)  # never a stale answer
         ):
             keep.append(replace(fill, rows=tuple(mine)))
     priced_store.keep(conn, keep)
