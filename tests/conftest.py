@@ -49,6 +49,7 @@ DATA_TABLES = (
     "node_quarantine",
     "quarantine_log",
     "priced_pieces",
+    "kept_claims",
     "pricing_marks",
 )
 

@@ -58,10 +58,11 @@ def _aggregate(name: str, select: str) -> str:
     )
 
 
-def _pricing_marks() -> dict[str, str]:
-    """Migration 0023's functions by name: the pricing bump and each trigger's function."""
+def _functions(stmts: tuple[str, ...]) -> dict[str, str]:
+    """The functions among a migration's ``stmts`` by file name (first version): the pricing bump and
+    each mark trigger's function."""
     out = {}
-    for stmt in P.INSTALL_V1:
+    for stmt in stmts:
         m = _FUNCTION.match(stmt.lstrip("\n"))
         if m:
             out[f"{m.group(1)}.v1"] = stmt
@@ -115,12 +116,16 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         "gpufleet_accounting.v4": J.ACCOUNTING_V4,
         "gpufleet_incident_accounting.v4": J.INCIDENT_ACCOUNTING_V4,
         # 0023: the pricing marks; the rollup worker's part of them
-        **_pricing_marks(),
+        **_functions(P.INSTALL_V1),
         "0023_priced_pieces.upgrade": tuple(s for s in P.INSTALL_V1 if s.startswith("CREATE TRIGGER ")),
         "0023_priced_pieces.downgrade": P.DROP_V1,
         "rollup_pricing_marks.v1": P.BUMP_REBUILT_SQL,
         # 0024: accounting V5 (fleet GPU-seconds priced by the rate index)
         "gpufleet_accounting.v5": V5.ACCOUNTING_V5,
+        # 0026: the incidents' mark, for kept claims
+        **_functions(P.INSTALL_V2),
+        "0026_kept_claims.upgrade": tuple(s for s in P.INSTALL_V2 if s.startswith("CREATE TRIGGER ")),
+        "0026_kept_claims.downgrade": P.DROP_V2,
     }
 
 

@@ -238,7 +238,7 @@ def price(
         if rows is None:
             todo[k] = ps
         else:
-            out[k] = [Line(r[0], k, *r[2:]) for r in rows if r[1] is not None]
+            out[k] = kept_lines(k, rows)
     closed = {
         k: ps for k, ps in todo.items() if max(p.hi for p in ps) < now and (settled is None or k in settled)
     }
@@ -252,6 +252,11 @@ def price(
             keep.append(replace(fills[k], rows=tuple(rows) or (_NO_LINE,)))
     priced_store.keep(conn, keep)
     return {k: combine(v) for k, v in out.items() if v}
+
+
+def kept_lines(key: str, rows: Sequence[priced_store.Row]) -> list[Line]:
+    """The lines of ``key`` from the rows the priced store kept for its pieces (none: no line)."""
+    return [Line(r[0], key, *r[2:]) for r in rows if r[1] is not None]
 
 
 #: What is kept for a key whose pieces price to no line (all outside the run's window): one row with no

@@ -33,8 +33,17 @@ from typing import Any
 
 import psycopg
 
-from gpufleet.accounting.incidents import Piece, figures, lost_pieces, price, settled, window_claims
-from gpufleet.accounting.lines import ZERO, Line, Source
+from gpufleet.accounting import kept_claims, priced_store
+from gpufleet.accounting.incidents import (
+    Piece,
+    figures,
+    kept_lines,
+    lost_pieces,
+    price,
+    settled,
+    window_claims,
+)
+from gpufleet.accounting.lines import ZERO, Line, Source, combine
 from gpufleet.accounting.money import number
 from gpufleet.store.run_model import Run
 from gpufleet.waste import PRECEDENCE, STATES, state_of
@@ -199,30 +208,47 @@ def losses(
     with_ledger: bool = True,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Ledger]]:
     """Each run's ``lost_to_incidents`` line and (``with_ledger``) its ledger over its accounted window,
-    from one read of the runs' incidents and one pricing call."""
-    claims = window_claims(conn, runs, windows, now=now)
-    priced: dict[str, Line] = {}
+    from one read of the runs' incidents and one pricing call; an ended run's claims kept by an earlier
+    reader (:mod:`gpufleet.accounting.kept_claims`) are read back with their priced lines instead."""
+    keys = {
+        r.run_id: kept_claims.key(r.run_id, *windows[r.run_id], max_gap_s, source)
+        for r in runs
+        if kept_claims.closed(r, windows[r.run_id], now)
+    }
+    priced, incidents = _kept(conn, keys)
+    live = [r for r in runs if r.run_id not in incidents]
+    marks = kept_claims.marks(conn, [r.run_id for r in live if r.run_id in keys]) if with_ledger else {}
+    claims = window_claims(conn, live, windows, now=now)
     keyed: dict[str, list[Piece]] = {}
     stable: set[str] = set()
+    fills: list[kept_claims.Fill] = []
     pieces = 0
-    for run in runs:
+    for run in live:
         mine = claims.get(run.run_id, [])
-        keyed["L" + run.run_id] = lost_pieces(mine)
-        pieces += len(keyed["L" + run.run_id])
+        incidents[run.run_id] = len(mine)
+        names = ["L" + run.run_id]
+        keyed[names[0]] = lost_pieces(mine)
+        pieces += len(keyed[names[0]])
         if with_ledger:
             stated = [(s, p) for kind, ps in mine if (s := state_of(kind)) is not None for p in ps]
             for state, p in explain(stated):
-                keyed.setdefault(_key(state, run.run_id), []).append(p)
+                names.append(_key(state, run.run_id))
+                keyed.setdefault(names[-1], []).append(p)
                 pieces += 1
         if settled((p for _, ps in mine for p in ps), run, *windows[run.run_id]):
             stable.add("L" + run.run_id)
             stable.update(_key(state, run.run_id) for state in PRECEDENCE)
+            if run.run_id in marks:
+                digests = {k: priced_store.digest(keyed[k], max_gap_s, source) for k in names if keyed[k]}
+                kept = kept_claims.Kept(len(mine), digests)
+                fills.append(kept_claims.Fill(run, keys[run.run_id], marks[run.run_id], kept))
         if len(keyed) >= PRICE_BATCH_KEYS or pieces >= PRICE_BATCH_PIECES:
             priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable))
             keyed, pieces = {}, 0
     priced.update(price(conn, keyed, now, max_gap_s=max_gap_s, source=source, settled=stable))
+    kept_claims.keep(conn, fills)
     lost = {
-        run.run_id: {"incidents": len(claims.get(run.run_id, [])), **figures(priced.get("L" + run.run_id))}
+        run.run_id: {"incidents": incidents[run.run_id], **figures(priced.get("L" + run.run_id))}
         for run in runs
     }
     ledgers = (
@@ -236,6 +262,23 @@ def losses(
         else {}
     )
     return lost, ledgers
+
+
+def _kept(conn: psycopg.Connection, keys: Mapping[str, bytes]) -> tuple[dict[str, Line], dict[str, int]]:
+    """The priced keys of the runs whose claims and every priced line of them are kept, and the runs'
+    incident counts (a run missing any is claimed and priced live)."""
+    kept = kept_claims.lookup(conn, keys)
+    have = priced_store.lookup(conn, {d for k in kept.values() for d in k.pieces.values()})
+    priced: dict[str, Line] = {}
+    incidents: dict[str, int] = {}
+    for rid, k in kept.items():
+        if not all(d in have for d in k.pieces.values()):
+            continue
+        incidents[rid] = k.incidents
+        for name, d in k.pieces.items():
+            if got := kept_lines(name, have[d]):
+                priced[name] = combine(got)
+    return priced, incidents
 
 
 @dataclass

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import weakref
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -75,8 +75,10 @@ class Fill:
     rows: tuple[Row, ...]
 
 
-#: Lines computed in a read-only snapshot, stored when it ends (:func:`flush`).
-_pending: weakref.WeakKeyDictionary[psycopg.Connection, list[Fill]] = weakref.WeakKeyDictionary()
+#: What a read-only snapshot computed and will store when it ends (:func:`flush`).
+_pending: weakref.WeakKeyDictionary[psycopg.Connection, list[Callable[[psycopg.Connection], None]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def digest(pieces: Sequence[Piece], max_gap_s: float, source: str) -> bytes:
@@ -176,24 +178,28 @@ def plan(
     return out
 
 
-def keep(conn: psycopg.Connection, fills: Iterable[Fill]) -> None:
-    """Store ``fills`` now, or when the caller's read-only snapshot ends."""
-    todo = list(fills)
-    if not todo:
-        return
+def defer(conn: psycopg.Connection, write: Callable[[psycopg.Connection], None]) -> None:
+    """Run ``write`` (storing what a reader computed) now, or when the caller's read-only snapshot ends;
+    never on a session that cannot write (a hot standby)."""
     row = conn.execute("SHOW transaction_read_only").fetchone()
     if row is not None and row[0] == "on":
         if conn.info.transaction_status == TransactionStatus.INTRANS:  # a read-only snapshot: after it
-            _pending.setdefault(conn, []).extend(todo)
-        return  # else a session that cannot write (a hot standby): nothing is kept
-    _write(conn, todo)
+            _pending.setdefault(conn, []).append(write)
+        return
+    write(conn)
+
+
+def keep(conn: psycopg.Connection, fills: Iterable[Fill]) -> None:
+    """Store ``fills`` now, or when the caller's read-only snapshot ends."""
+    todo = list(fills)
+    if todo:
+        defer(conn, lambda c: _write(c, todo))
 
 
 def flush(conn: psycopg.Connection) -> None:
     """Store what a read-only snapshot on ``conn`` computed (called when it has ended)."""
-    todo = _pending.pop(conn, [])
-    if todo:
-        _write(conn, todo)
+    for write in _pending.pop(conn, []):
+        write(conn)
 
 
 def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
@@ -202,11 +208,21 @@ def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
         for f in fills
         for i, r in enumerate(f.rows)
     ]
+
+    def store() -> None:
+        conn.execute(S.DELETE_SQL, {"digests": [f.digest for f in fills]})
+        with conn.cursor() as cur:
+            cur.executemany(S.INSERT_SQL, values)
+
+    store_quietly(conn, store)
+
+
+def store_quietly(conn: psycopg.Connection, store: Callable[[], None]) -> None:
+    """Run ``store`` in a transaction of its own: refused because the session cannot write or another
+    reader stores the same key, it keeps nothing, and the answer already given stands."""
     try:
         with conn.transaction():
-            conn.execute(S.DELETE_SQL, {"digests": [f.digest for f in fills]})
-            with conn.cursor() as cur:
-                cur.executemany(S.INSERT_SQL, values)
+            store()
     except (
         errors.ReadOnlySqlTransaction,
         errors.InsufficientPrivilege,
@@ -215,4 +231,4 @@ def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
     ) as e:
         # a hot standby, a role that only reads, or another reader storing the same lines: the answer
         # given stands, only not kept
-        log.debug("priced pieces not kept: %s", e)
+        log.debug("priced answer not kept: %s", e)

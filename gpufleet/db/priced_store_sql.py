@@ -7,6 +7,7 @@ ledger).  ``priced_pieces`` keeps each priced key's lines under a digest of what
 were in the snapshot it was computed in:
 
 ``r:<run>``              the run's window and site, its allocations (triggers on ``runs``, ``run_allocations``)
+``i:<run>``              the run's incidents (``incidents``, migration 0026): what its claims are made of
 ``f:<node>``             the node's site, GPU count and dated facts (``nodes``, ``node_facts_history``)
 ``s:<site>``             the site's dated settings and currency (``site_settings``, ``sites``)
 ``e:<node>:<day>``       the node's samples and energy rollups that UTC day (the rollup worker, which
@@ -152,6 +153,32 @@ DROP_V1: tuple[str, ...] = (
     "DROP FUNCTION IF EXISTS gpufleet_pricing_bump(text[])",
 )
 
+#: Migration 0026: a run's incidents, what its claims are made of (``i:<run>``, moved by any change an
+#: incident's claim reads: its kind, run, GPUs, span or evidence; not by the sweep's ``last_seen``).
+_INCIDENT_TRIGGERS: tuple[tuple[str, str, str, str], ...] = (
+    ("incidents", "INSERT OR DELETE", "", "ARRAY['i:' || r.run_id]"),
+    (
+        "incidents",
+        "UPDATE",
+        "OLD.kind IS DISTINCT FROM NEW.kind OR OLD.run_id IS DISTINCT FROM NEW.run_id "
+        "OR OLD.node IS DISTINCT FROM NEW.node OR OLD.gpu IS DISTINCT FROM NEW.gpu "
+        'OR OLD.start IS DISTINCT FROM NEW.start OR OLD."end" IS DISTINCT FROM NEW."end" '
+        "OR OLD.evidence IS DISTINCT FROM NEW.evidence",
+        "ARRAY['i:' || r.run_id]",
+    ),
+)
+_INCIDENT_ROWS = [_row_trigger(len(_ROW_TRIGGERS) + i, *t) for i, t in enumerate(_INCIDENT_TRIGGERS)]
+#: What migration 0026 runs after creating ``kept_claims``: each function, then its trigger.
+INSTALL_V2: tuple[str, ...] = tuple(s for pair in _INCIDENT_ROWS for s in pair)
+DROP_V2: tuple[str, ...] = tuple(
+    s
+    for i, (table, *_rest) in enumerate(_INCIDENT_TRIGGERS, start=len(_ROW_TRIGGERS))
+    for s in (
+        f"DROP TRIGGER IF EXISTS gpufleet_pricing_mark_{table}_{i} ON {table}",
+        f"DROP FUNCTION IF EXISTS gpufleet_pricing_mark_{table}_{i}()",
+    )
+)
+
 #: The rollup worker's part, in its transaction: the days each rebuilt range reaches, from the sample
 #: before its first changed bucket to the sample after its last (``_rollup_gpu`` / ``_rollup_host``).
 BUMP_REBUILT_SQL = f"""
@@ -263,4 +290,32 @@ INSERT_SQL = (
     f"SELECT {', '.join(['%s'] * len(INSERT_COLUMNS))} WHERE %s >= {HORIZON} "
     f"ON CONFLICT (digest, line_no) DO UPDATE SET "
     f"{', '.join(f'{c} = EXCLUDED.{c}' for c in INSERT_COLUMNS[2:])}, stored_at = now()"
+)
+
+#: A run's claims kept (``gpufleet.accounting.kept_claims``), of the keys %(keys)s, while the marks they
+#: recorded are current: the incident count and each priced key's name and digest of pieces.
+CLAIMS_LOOKUP_SQL = """
+SELECT k.digest, k.incidents, k.keys, k.pieces FROM kept_claims k
+WHERE k.digest = ANY(%(keys)s)
+  AND NOT EXISTS (SELECT 1 FROM unnest(k.scopes, k.versions) u(scope, version)
+                  LEFT JOIN pricing_marks m ON m.scope = u.scope WHERE coalesce(m.version, 0) <> u.version)"""
+
+CLAIMS_COLUMNS: tuple[str, ...] = (
+    "digest",
+    "run_id",
+    "lo",
+    "hi",
+    "scopes",
+    "versions",
+    "incidents",
+    "keys",
+    "pieces",
+)
+
+#: Stores one run's claims (``CLAIMS_COLUMNS``; ``lo`` again last) unless retention reaches its window.
+CLAIMS_INSERT_SQL = (
+    f"INSERT INTO kept_claims ({', '.join(CLAIMS_COLUMNS)}) "
+    f"SELECT {', '.join(['%s'] * len(CLAIMS_COLUMNS))} WHERE %s >= {HORIZON} "
+    f"ON CONFLICT (digest) DO UPDATE SET "
+    f"{', '.join(f'{c} = EXCLUDED.{c}' for c in CLAIMS_COLUMNS[1:])}, stored_at = now()"
 )

@@ -406,6 +406,24 @@ priced_pieces = Table(
     PrimaryKeyConstraint("digest", "line_no", name="priced_pieces_pkey"),
 )
 
+#: What an ended run's incidents claim over its window, kept (gpufleet.accounting.kept_claims, migration
+#: 0026): the incident count and each priced key's digest of pieces, valid while its marks are current.
+kept_claims = Table(
+    "kept_claims",
+    metadata,
+    Column("digest", LargeBinary, nullable=False),
+    Column("run_id", Text, nullable=False),
+    _tz("lo"),
+    _tz("hi"),
+    Column("scopes", ARRAY(Text), nullable=False),
+    Column("versions", ARRAY(BigInteger), nullable=False),
+    Column("incidents", Integer, nullable=False),
+    Column("keys", ARRAY(Text), nullable=False),
+    Column("pieces", ARRAY(LargeBinary), nullable=False),
+    _tz("stored_at", server_default=text("now()")),
+    PrimaryKeyConstraint("digest", name="kept_claims_pkey"),
+)
+
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per
 #: node: another node's batch with the same id is not a duplicate of this one's.
 ingest_batches = Table(

@@ -32,6 +32,11 @@ def _fill(conn: psycopg.Connection) -> None:
         "('n1', 0, now() - interval '1200 days', now() - interval '1199 days', 5), "
         "('n1', 0, now() - interval '2 days', now() - interval '1 day', 5)"
     )
+    conn.execute(
+        "INSERT INTO kept_claims (digest, run_id, lo, hi, scopes, versions, incidents, keys, pieces) VALUES "
+        "('\\x01', 'r-old', now() - interval '1200 days', now() - interval '1199 days', '{}', '{}', 0, '{}', '{}'), "
+        "('\\x02', 'r-new', now() - interval '2 days', now() - interval '1 day', '{}', '{}', 0, '{}', '{}')"
+    )
 
 
 @pytest.mark.parametrize("layout", ["own", "timescaledb"])
@@ -56,6 +61,8 @@ def test_ordinary_tables_are_pruned_on_both_layouts(
     kept = conn.execute("SELECT run_id, status FROM run_sightings ORDER BY gpu").fetchall()
     assert kept == [("r-stuck", "pending"), ("r-moved", "moved"), ("r-new", "allocated")]
     assert conn.execute("SELECT count(*) FROM gpu_energy_spans").fetchone() == (1,)
+    assert deleted["kept_claims"] == 1
+    assert conn.execute("SELECT run_id FROM kept_claims").fetchall() == [("r-new",)]
     # Nothing left to prune: a second pass deletes nothing.
     again = policies.enforce_retention(conn, settings, plain)
     assert not any(again.values())

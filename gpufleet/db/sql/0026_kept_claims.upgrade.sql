@@ -1,0 +1,2 @@
+CREATE TRIGGER gpufleet_pricing_mark_incidents_8 AFTER INSERT OR DELETE ON incidents FOR EACH ROW EXECUTE FUNCTION gpufleet_pricing_mark_incidents_8();
+CREATE TRIGGER gpufleet_pricing_mark_incidents_9 AFTER UPDATE ON incidents FOR EACH ROW WHEN (OLD.kind IS DISTINCT FROM NEW.kind OR OLD.run_id IS DISTINCT FROM NEW.run_id OR OLD.node IS DISTINCT FROM NEW.node OR OLD.gpu IS DISTINCT FROM NEW.gpu OR OLD.start IS DISTINCT FROM NEW.start OR OLD."end" IS DISTINCT FROM NEW."end" OR OLD.evidence IS DISTINCT FROM NEW.evidence) EXECUTE FUNCTION gpufleet_pricing_mark_incidents_9();
