@@ -72,14 +72,21 @@ FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
 CROSS JOIN LATERAL (SELECT gpufleet_node_facts_at(a.node, r.start) AS facts) nd WHERE a.run_id = ANY(%s)
 GROUP BY 1, 2, 3 ORDER BY 1, 3 NULLS LAST, 2"""
 
+#: The settings in force at each (site, lo, hi), period by period (``x.i``: the ask's position).
 _RATES_SQL = """
-SELECT t0, t1, pue, price_per_kwh, gpu_hour_price, carbon_region, carbon_g_per_kwh, currency
-FROM gpufleet_site_periods(%s, %s, %s)"""
+SELECT x.i, p.t0, p.t1, p.pue, p.price_per_kwh, p.gpu_hour_price, p.carbon_region, p.carbon_g_per_kwh, p.currency
+FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) WITH ORDINALITY x(site, lo, hi, i)
+CROSS JOIN LATERAL gpufleet_site_periods(x.site, x.lo, x.hi) WITH ORDINALITY p
+ORDER BY x.i, p.ordinality"""
 
 _REGIONS_SQL = "SELECT region, method, name FROM carbon_regions"
 
+#: The GPU-hour prices of each (site, model, lo, hi) with a price of its model.
 _MODEL_PRICES_SQL = """
-SELECT t0, t1, gpu_model_key, price FROM gpufleet_gpu_hour_prices(%s, %s, %s, %s) WHERE gpu_model_key <> ''"""
+SELECT x.i, p.t0, p.t1, p.gpu_model_key, p.price
+FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[]) WITH ORDINALITY x(site, model, lo, hi, i)
+CROSS JOIN LATERAL gpufleet_gpu_hour_prices(x.site, x.model, x.lo, x.hi) WITH ORDINALITY p
+WHERE p.gpu_model_key <> '' ORDER BY x.i, p.ordinality"""
 
 
 def used_source(source: Source, stale: bool) -> str:
@@ -88,35 +95,45 @@ def used_source(source: Source, stale: bool) -> str:
     return "mixed" if stale and source == "auto" else "rollup"
 
 
+Rates = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+
+
 def _rates(
-    conn: psycopg.Connection, site: str | None, lo: datetime, hi: datetime, models: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The site's settings in force during [lo, hi), period by period, and its GPU-model prices."""
-    if site is None:
-        return [], []
-    end = hi if hi > lo else lo + timedelta(microseconds=1)
-    periods = [
-        {
-            "from": iso(t0),
-            "to": iso(t1),
-            "pue": pue,
-            "price_per_kwh": price,
-            "gpu_hour_price": ghp,
-            "carbon_region": region,
-            "carbon_g_per_kwh": constant,
-            "currency": currency,
-        }
-        for t0, t1, pue, price, ghp, region, constant, currency in conn.execute(
-            _RATES_SQL, (site, lo, end)
-        ).fetchall()
+    conn: psycopg.Connection, asks: Sequence[tuple[str | None, datetime, datetime, list[dict[str, Any]]]]
+) -> list[Rates]:
+    """For each (site, lo, hi, GPU models) the site's settings in force during [lo, hi), period by
+    period, and its GPU-model prices: two queries for every run of an answer."""
+    sited = [
+        (i, site, lo, hi if hi > lo else lo + timedelta(microseconds=1), models)
+        for i, (site, lo, hi, models) in enumerate(asks)
+        if site is not None
     ]
-    by_model: list[dict[str, Any]] = []
-    for m in models:
-        for t0, t1, key, price in conn.execute(_MODEL_PRICES_SQL, (site, m["model"], lo, end)).fetchall():
+    out: list[Rates] = [([], []) for _ in asks]
+    if not sited:
+        return out
+    cols = [list(c) for c in zip(*((site, lo, end) for _, site, lo, end, _ in sited), strict=True)]
+    for i, t0, t1, pue, price, ghp, region, constant, currency in conn.execute(_RATES_SQL, cols).fetchall():
+        out[sited[i - 1][0]][0].append(
+            {
+                "from": iso(t0),
+                "to": iso(t1),
+                "pue": pue,
+                "price_per_kwh": price,
+                "gpu_hour_price": ghp,
+                "carbon_region": region,
+                "carbon_g_per_kwh": constant,
+                "currency": currency,
+            }
+        )
+    per_model = [(k, site, m["model"], lo, end) for k, site, lo, end, models in sited for m in models]
+    if per_model:
+        cols = [list(c) for c in zip(*(a[1:] for a in per_model), strict=True)]
+        for i, t0, t1, key, price in conn.execute(_MODEL_PRICES_SQL, cols).fetchall():
+            by_model = out[per_model[i - 1][0]][1]
             entry = {"gpu_model": key, "from": iso(t0), "to": iso(t1), "gpu_hour_price": price}
             if entry not in by_model:
                 by_model.append(entry)
-    return periods, by_model
+    return out
 
 
 def carbon_regions(conn: psycopg.Connection) -> dict[str, tuple[str, str | None]]:
@@ -159,6 +176,7 @@ def _body(
     since: datetime | None,
     until: datetime | None,
     models: list[dict[str, Any]],
+    rated: Rates,
     segments: list[Line] | None,
     lost: dict[str, Any],
     ledger: Ledger | None,
@@ -174,7 +192,7 @@ def _body(
     )
     compute = None if "compute_cost" in nulled else line.compute_cost
     carbon_known = line.carbon_source not in (None, "none") and "co2e_kg" not in nulled
-    rates, model_prices = _rates(conn, run.site, lo, hi, [m for m in models if m["model"]])
+    rates, model_prices = rated
     hours = line.gpu_hours or Decimal(0)
     effective_price = (
         number(quantized(compute / hours, 6))
@@ -385,8 +403,15 @@ def bodies(
         source=source,
         with_ledger=ledger,
     )
+    rated = _rates(
+        conn,
+        [
+            (r.site, *r.window(now, since, until), [m for m in models.get(r.run_id, []) if m["model"]])
+            for r in runs
+        ],
+    )
     out = []
-    for r in runs:
+    for r, rates in zip(runs, rated, strict=True):
         segs = None if segments is None else sorted(segments.get(r.run_id, []), key=_start)
         out.append(
             _body(
@@ -399,6 +424,7 @@ def bodies(
                 since,
                 until,
                 models.get(r.run_id, []),
+                rates,
                 segs,
                 lost[r.run_id],
                 ledgers.get(r.run_id),
