@@ -9,6 +9,7 @@ the CSV and the Grafana board cannot disagree.  The downloads here use the brows
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gpufleet.accounting.line_errors import problems
 from gpufleet.accounting.lines import lines
-from gpufleet.accounting.report import finance_csv, finance_report
+from gpufleet.accounting.report import FinanceReport, finance_csv, finance_report
 from gpufleet.api.deps import ApiState
 from gpufleet.api.web.html import Markup, esc, h, join, num, page, table
 from gpufleet.api.web.pages import _read
@@ -125,9 +126,11 @@ HEADERS = (
 )
 
 
-def _daily(
-    conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, now: datetime
-) -> tuple[list[str], dict[str, list[float]], dict[str, list[float]]]:
+#: Day labels, and facility kWh and cost per day per team.
+Daily = tuple[list[str], dict[str, list[float]], dict[str, list[float]]]
+
+
+def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, now: datetime) -> Daily:
     """Facility kWh and total cost per day per team (and for GPU time no run held), from day-step accounting."""
     days = [(lo + timedelta(days=i)) for i in range((hi - lo).days)]
     index = {d: i for i, d in enumerate(days)}
@@ -158,10 +161,10 @@ def _daily(
     return [d.strftime("%m-%d") for d in days], dict(sorted(kwh.items())), dict(sorted(cost.items()))
 
 
-def _finance(conn: psycopg.Connection, st: ApiState, lo_d: date, hi_d: date, group_by: str) -> Markup:
-    now = datetime.now(UTC)
-    lo, hi = _utc(lo_d), _utc(hi_d)
-    rep = finance_report(
+def _report_of(
+    conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, group_by: str, now: datetime
+) -> FinanceReport:
+    return finance_report(
         conn,
         lo,
         hi,
@@ -169,7 +172,10 @@ def _finance(conn: psycopg.Connection, st: ApiState, lo_d: date, hi_d: date, gro
         now=now,
         max_gap_s=st.settings.accounting.max_gap_s,
     )
-    labels, kwh, cost = _daily(conn, st, lo, hi, now)
+
+
+def _finance(rep: FinanceReport, daily: Daily, lo_d: date, hi_d: date, group_by: str) -> Markup:
+    labels, kwh, cost = daily
     query = urlencode({"from": lo_d.isoformat(), "to": hi_d.isoformat(), "group_by": group_by})
     groups = [r for r in rep.rows if r["row_type"] == group_by]
     others = [r for r in rep.rows if r["row_type"] != group_by]
@@ -265,10 +271,19 @@ async def finance_page(request: Request, group_by: str = "team") -> Response:
             ),
             422,
         )
-    body = await _read(request, _finance, lo, hi, group_by if group_by in GROUPS else "team")
-    if isinstance(body, Response):
-        return body
-    return _render(who, body)
+    group = group_by if group_by in GROUPS else "team"
+    now = datetime.now(UTC)
+    # the report and the day chart are two independent fleet-wide accountings: each on a connection of
+    # its own, at once, so the page waits for the longer, not for both
+    rep, daily = await asyncio.gather(
+        _read(request, _report_of, _utc(lo), _utc(hi), group, now),
+        _read(request, _daily, _utc(lo), _utc(hi), now),
+    )
+    if isinstance(rep, Response):
+        return rep
+    if isinstance(daily, Response):
+        return daily
+    return _render(who, _finance(rep, daily, lo, hi, group))
 
 
 async def _report(request: Request) -> tuple[Principal, Any] | Response:
