@@ -373,10 +373,10 @@ def main() -> None:
             size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]
             runs = load_runs(conn, run_ids(args.runs))
             # first with nothing kept (each reader after the first reads the priced pieces it kept:
-            # gpufleet.accounting.priced_store), then warm
-            conn.execute("TRUNCATE priced_pieces")
+            # gpufleet.accounting.priced_store, and the claims: kept_claims), then warm
+            conn.execute("TRUNCATE priced_pieces, kept_claims")
             cold_bare_ms, _ = timed(conn, runs, "auto", 1, args.max_gap_s, ledger=False)
-            conn.execute("TRUNCATE priced_pieces")
+            conn.execute("TRUNCATE priced_pieces, kept_claims")
             cold_ms, _ = timed(conn, runs, "auto", 1, args.max_gap_s)
             # interleaved, so a drift of the machine's load weighs on both alike
             bare_ms, bare = timed(conn, runs, "auto", args.repeat, args.max_gap_s, ledger=False)
