@@ -69,6 +69,10 @@ def closed(run: Run, window: tuple[datetime, datetime], now: datetime) -> bool:
     return run.end is not None and run.start < run.end <= now and window == (run.start, run.end)
 
 
+#: Bytes of a digest of pieces (SHA-256): a run's are stored end to end, in the order of its keys.
+_DIGEST = 32
+
+
 @dataclass(frozen=True)
 class Kept:
     """A run's kept claims: its incidents with GPU-time in the window, and each priced key's digest."""
@@ -84,7 +88,8 @@ def lookup(conn: psycopg.Connection, keys: Mapping[str, bytes]) -> dict[str, Kep
     run_of = {k: rid for rid, k in keys.items()}
     out: dict[str, Kept] = {}
     for digest, n, names, pieces in conn.execute(S.CLAIMS_LOOKUP_SQL, {"keys": list(keys.values())}):
-        out[run_of[bytes(digest)]] = Kept(int(n), dict(zip(names, map(bytes, pieces), strict=True)))
+        cut = [bytes(pieces[i : i + _DIGEST]) for i in range(0, len(pieces), _DIGEST)]
+        out[run_of[bytes(digest)]] = Kept(int(n), dict(zip(names, cut, strict=True)))
     return out
 
 
@@ -134,7 +139,7 @@ def keep(conn: psycopg.Connection, fills: Sequence[Fill]) -> None:
             list(f.marks.versions),
             f.kept.incidents,
             list(f.kept.pieces),
-            list(f.kept.pieces.values()),
+            b"".join(f.kept.pieces.values()),
             f.run.start,
         )
         for f in fills

@@ -419,7 +419,7 @@ kept_claims = Table(
     Column("versions", ARRAY(BigInteger), nullable=False),
     Column("incidents", Integer, nullable=False),
     Column("keys", ARRAY(Text), nullable=False),
-    Column("pieces", ARRAY(LargeBinary), nullable=False),
+    Column("pieces", LargeBinary, nullable=False),
     _tz("stored_at", server_default=text("now()")),
     PrimaryKeyConstraint("digest", name="kept_claims_pkey"),
 )

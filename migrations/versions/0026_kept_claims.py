@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.Column("versions", postgresql.ARRAY(sa.BigInteger()), nullable=False),
         sa.Column("incidents", sa.Integer(), nullable=False),
         sa.Column("keys", postgresql.ARRAY(sa.Text()), nullable=False),
-        sa.Column("pieces", postgresql.ARRAY(sa.LargeBinary()), nullable=False),
+        sa.Column("pieces", sa.LargeBinary(), nullable=False),
         sa.Column("stored_at", _TZ, server_default=sa.text("now()"), nullable=False),
         sa.PrimaryKeyConstraint("digest", name="kept_claims_pkey"),
     )
