@@ -234,12 +234,20 @@ HORIZON = (
 #: Kept lines of the digests %(digests)s still valid: every recorded mark current, and no queued
 #: range of their nodes that the accounting would now answer from raw samples inside their span
 #: (``gpufleet_claim_energy``'s cut: the minute of the sample before the queued range).
+#: Lines of many keys rest on the same marks (a run's keys on its run, nodes and days): each distinct
+#: (scope, version) is compared with its mark once, not once per line that recorded it.
 LOOKUP_SQL = f"""
+WITH c AS MATERIALIZED (
+  SELECT * FROM priced_pieces WHERE digest = ANY(%(digests)s) AND lo >= {HORIZON}
+), moved AS MATERIALIZED (
+  SELECT u.scope, u.version
+  FROM (SELECT DISTINCT x.scope, x.version FROM c CROSS JOIN LATERAL unnest(c.scopes, c.versions) x(scope, version)) u
+  LEFT JOIN pricing_marks m ON m.scope = u.scope WHERE coalesce(m.version, 0) <> u.version
+)
 SELECT c.digest, c.line_no, {", ".join("c." + col for col in LINE_COLUMNS)}
-FROM priced_pieces c
-WHERE c.digest = ANY(%(digests)s) AND c.lo >= {HORIZON}
-  AND NOT EXISTS (SELECT 1 FROM unnest(c.scopes, c.versions) u(scope, version)
-                  LEFT JOIN pricing_marks m ON m.scope = u.scope WHERE coalesce(m.version, 0) <> u.version)
+FROM c
+WHERE NOT EXISTS (SELECT 1 FROM unnest(c.scopes, c.versions) u(scope, version)
+                  JOIN moved ON moved.scope = u.scope AND moved.version = u.version)
   AND NOT EXISTS (
     SELECT 1 FROM (SELECT q.node, min(q.t_min) AS t FROM rollup_queue q WHERE q.node = ANY(c.nodes) GROUP BY q.node) q
     WHERE {
@@ -293,7 +301,8 @@ INSERT_SQL = (
 )
 
 #: A run's claims kept (``gpufleet.accounting.kept_claims``), of the keys %(keys)s, while the marks they
-#: recorded are current: the incident count and each priced key's name and digest of pieces.
+#: recorded are current: the incident count, the priced keys' names and their digests of pieces (end
+#: to end, in the names' order).
 CLAIMS_LOOKUP_SQL = """
 SELECT k.digest, k.incidents, k.keys, k.pieces FROM kept_claims k
 WHERE k.digest = ANY(%(keys)s)
