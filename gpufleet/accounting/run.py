@@ -98,22 +98,49 @@ def used_source(source: Source, stale: bool) -> str:
 Rates = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 
+def _clip(periods: Sequence[tuple[Any, ...]], lo: datetime, hi: datetime) -> list[tuple[Any, ...]]:
+    """The periods of [lo, hi) from those of a span holding it: settings' periods are cut only where a
+    setting changes (``gpufleet_site_periods``, ``gpufleet_gpu_hour_prices``), so a window's periods
+    are the span's cut to the window."""
+    return [(max(t0, lo), min(t1, hi), *rest) for t0, t1, *rest in periods if t1 > lo and t0 < hi]
+
+
+def _spans(
+    conn: psycopg.Connection, sql: str, asks: Sequence[tuple[tuple[str, ...], datetime, datetime]]
+) -> dict[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The rows of ``sql`` per key over the span of all its asks (key, lo, hi): one call per key."""
+    span: dict[tuple[str, ...], tuple[datetime, datetime]] = {}
+    for k, lo, hi in asks:
+        a, b = span.get(k, (lo, hi))
+        span[k] = (min(a, lo), max(b, hi))
+    keys = list(span)
+    cols = [[k[i] for k in keys] for i in range(len(keys[0]))] if keys else []
+    out: dict[tuple[str, ...], list[tuple[Any, ...]]] = {k: [] for k in keys}
+    if keys:
+        for i, *row in conn.execute(sql, [*cols, [span[k][0] for k in keys], [span[k][1] for k in keys]]):
+            out[keys[i - 1]].append(tuple(row))
+    return out
+
+
 def _rates(
     conn: psycopg.Connection, asks: Sequence[tuple[str | None, datetime, datetime, list[dict[str, Any]]]]
 ) -> list[Rates]:
     """For each (site, lo, hi, GPU models) the site's settings in force during [lo, hi), period by
-    period, and its GPU-model prices: two queries for every run of an answer."""
+    period, and its GPU-model prices: read once per site and model over the span of every window."""
     sited = [
         (i, site, lo, hi if hi > lo else lo + timedelta(microseconds=1), models)
         for i, (site, lo, hi, models) in enumerate(asks)
         if site is not None
     ]
     out: list[Rates] = [([], []) for _ in asks]
-    if not sited:
-        return out
-    cols = [list(c) for c in zip(*((site, lo, end) for _, site, lo, end, _ in sited), strict=True)]
-    for i, t0, t1, pue, price, ghp, region, constant, currency in conn.execute(_RATES_SQL, cols).fetchall():
-        out[sited[i - 1][0]][0].append(
+    periods = _spans(conn, _RATES_SQL, [((site,), lo, end) for _, site, lo, end, _ in sited])
+    prices = _spans(
+        conn,
+        _MODEL_PRICES_SQL,
+        [((site, m["model"]), lo, end) for _, site, lo, end, models in sited for m in models],
+    )
+    for i, site, lo, end, models in sited:
+        out[i][0].extend(
             {
                 "from": iso(t0),
                 "to": iso(t1),
@@ -124,15 +151,14 @@ def _rates(
                 "carbon_g_per_kwh": constant,
                 "currency": currency,
             }
+            for t0, t1, pue, price, ghp, region, constant, currency in _clip(periods[(site,)], lo, end)
         )
-    per_model = [(k, site, m["model"], lo, end) for k, site, lo, end, models in sited for m in models]
-    if per_model:
-        cols = [list(c) for c in zip(*(a[1:] for a in per_model), strict=True)]
-        for i, t0, t1, key, price in conn.execute(_MODEL_PRICES_SQL, cols).fetchall():
-            by_model = out[per_model[i - 1][0]][1]
-            entry = {"gpu_model": key, "from": iso(t0), "to": iso(t1), "gpu_hour_price": price}
-            if entry not in by_model:
-                by_model.append(entry)
+        by_model = out[i][1]
+        for m in models:
+            for t0, t1, key, price in _clip(prices[(site, m["model"])], lo, end):
+                entry = {"gpu_model": key, "from": iso(t0), "to": iso(t1), "gpu_hour_price": price}
+                if entry not in by_model:
+                    by_model.append(entry)
     return out
 
 
