@@ -234,14 +234,16 @@ HORIZON = (
 #: Kept lines of the digests %(digests)s still valid: every recorded mark current, and no queued
 #: range of their nodes that the accounting would now answer from raw samples inside their span
 #: (``gpufleet_claim_energy``'s cut: the minute of the sample before the queued range).
-#: Lines of many keys rest on the same marks (a run's keys on its run, nodes and days): each distinct
-#: (scope, version) is compared with its mark once, not once per line that recorded it.
+#: Lines of many keys rest on the same marks (a run's keys on its run, nodes and days, often all of them
+#: on the same list): each distinct (scope, version) is compared with its mark once, not once per line
+#: that recorded it.
 LOOKUP_SQL = f"""
 WITH c AS MATERIALIZED (
   SELECT * FROM priced_pieces WHERE digest = ANY(%(digests)s) AND lo >= {HORIZON}
 ), moved AS MATERIALIZED (
   SELECT u.scope, u.version
-  FROM (SELECT DISTINCT x.scope, x.version FROM c CROSS JOIN LATERAL unnest(c.scopes, c.versions) x(scope, version)) u
+  FROM (SELECT DISTINCT x.scope, x.version FROM (SELECT DISTINCT scopes, versions FROM c) a
+        CROSS JOIN LATERAL unnest(a.scopes, a.versions) x(scope, version)) u
   LEFT JOIN pricing_marks m ON m.scope = u.scope WHERE coalesce(m.version, 0) <> u.version
 )
 SELECT c.digest, c.line_no, {", ".join("c." + col for col in LINE_COLUMNS)}
