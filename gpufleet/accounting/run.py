@@ -133,6 +133,14 @@ def _rates(
         if site is not None
     ]
     out: list[Rates] = [([], []) for _ in asks]
+    shown: dict[datetime, str] = {}  # runs share their periods' edges: each written once
+
+    def fmt(t: datetime) -> str:
+        got = shown.get(t)
+        if got is None:
+            got = shown[t] = iso(t)
+        return got
+
     periods = _spans(conn, _RATES_SQL, [((site,), lo, end) for _, site, lo, end, _ in sited])
     prices = _spans(
         conn,
@@ -142,8 +150,8 @@ def _rates(
     for i, site, lo, end, models in sited:
         out[i][0].extend(
             {
-                "from": iso(t0),
-                "to": iso(t1),
+                "from": fmt(t0),
+                "to": fmt(t1),
                 "pue": pue,
                 "price_per_kwh": price,
                 "gpu_hour_price": ghp,
@@ -156,7 +164,7 @@ def _rates(
         by_model = out[i][1]
         for m in models:
             for t0, t1, key, price in _clip(prices[(site, m["model"])], lo, end):
-                entry = {"gpu_model": key, "from": iso(t0), "to": iso(t1), "gpu_hour_price": price}
+                entry = {"gpu_model": key, "from": fmt(t0), "to": fmt(t1), "gpu_hour_price": price}
                 if entry not in by_model:
                     by_model.append(entry)
     return out
