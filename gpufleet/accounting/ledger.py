@@ -239,7 +239,11 @@ def losses(
             stable.add("L" + run.run_id)
             stable.update(_key(state, run.run_id) for state in PRECEDENCE)
             if run.run_id in marks:
-                digests = {k: priced_store.digest(keyed[k], max_gap_s, source) for k in names if keyed[k]}
+                digests = {
+                    k: priced_store.digest(keyed[k], max_gap_s, source)
+                    for k in dict.fromkeys(names)
+                    if keyed[k]
+                }
                 kept = kept_claims.Kept(len(mine), digests)
                 fills.append(kept_claims.Fill(run, keys[run.run_id], marks[run.run_id], kept))
         if len(keyed) >= PRICE_BATCH_KEYS or pieces >= PRICE_BATCH_PIECES:
