@@ -475,19 +475,41 @@ def test_fleet_lines_times_the_installed_text_beside_an_earlier_one() -> None:
     assert bad.returncode != 0 and "gpufleet_ledger.v1: not a text of gpufleet_accounting" in bad.stderr
 
 
-def test_accounting_before_after_puts_the_earlier_trees_functions_back(tmp_path: Path) -> None:
-    """bench/accounting_before_after.py against an earlier tree: a copy of this one whose last migration
-    is not there yet.  The copy of the data is migrated down to that tree's head (this tree's downgrades
-    put back its texts), each side reads its own definitions over the same rows, and they agree."""
-    import shutil
+#: The folders an earlier tree's ``gpufleet`` is made of (``gpufleet/`` links the others).
+_TREE_TOPS = ("gpufleet", "agent", "api", "collector", "dashboards", "migrations")
 
+
+def _tree_before_last_migration(dest: Path) -> str:
+    """This tree as it was before its last migration was committed (HEAD while it is not yet), from the
+    repository's history, written to ``dest``; returns that tree's head revision.
+
+    A copy of this tree without its last migration is no earlier tree: its code may read what only that
+    migration makes (a table, a column)."""
+    import tarfile
+
+    versions = sorted((ROOT / "migrations" / "versions").glob("0*.py"))
+    last = versions[-1].relative_to(ROOT)
+
+    def git(*args: str) -> bytes:
+        got = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False)
+        assert got.returncode == 0, f"git {' '.join(args)}: {got.stderr.decode()[-500:]}"
+        return got.stdout
+
+    added = git("log", "--diff-filter=A", "--format=%H", "-1", "--", str(last)).decode().strip()
+    commit = f"{added}^" if added else "HEAD"
+    dest.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(git("archive", "--format=tar", commit, *_TREE_TOPS))) as tar:
+        tar.extractall(dest, filter="tar")
+    assert not (dest / last).exists(), f"{commit} already holds {last}"
+    return versions[-2].name.split("_", 1)[0]
+
+
+def test_accounting_before_after_puts_the_earlier_trees_functions_back(tmp_path: Path) -> None:
+    """bench/accounting_before_after.py against an earlier tree: this one before its last migration.
+    The copy of the data is migrated down to that tree's head (this tree's downgrades put back its
+    texts), each side reads its own definitions over the same rows, and they agree."""
     tree = tmp_path / "earlier"
-    for top in ("gpufleet", "agent", "api", "collector", "dashboards", "migrations"):
-        shutil.copytree(ROOT / top, tree / top, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    versions = sorted((tree / "migrations" / "versions").glob("0*.py"))
-    last = versions[-1]
-    before = versions[-2].name.split("_", 1)[0]
-    last.unlink()
+    before = _tree_before_last_migration(tree)
     res = _bench(
         "bench/accounting_before_after.py",
         "--baseline-tree",
