@@ -495,6 +495,10 @@ def _tree_before_last_migration(dest: Path) -> str:
         assert got.returncode == 0, f"git {' '.join(args)}: {got.stderr.decode()[-500:]}"
         return got.stdout
 
+    shallow = git("rev-parse", "--is-shallow-repository").decode().strip()
+    assert shallow == "false", (
+        "the earlier tree comes from history: a shallow clone holds none (git fetch --unshallow)"
+    )
     added = git("log", "--diff-filter=A", "--format=%H", "-1", "--", str(last)).decode().strip()
     commit = f"{added}^" if added else "HEAD"
     dest.mkdir()
