@@ -301,16 +301,7 @@ async def _report(request: Request) -> tuple[Principal, Any] | Response:
             JSONResponse({"detail": f"group_by must be one of {', '.join(GROUPS)}"}, status_code=422)
         )
 
-    def work(conn: psycopg.Connection, st: ApiState) -> Any:
-        return finance_report(
-            conn,
-            _utc(lo),
-            _utc(hi),
-            group_by=group_by,  # type: ignore[arg-type]
-            max_gap_s=st.settings.accounting.max_gap_s,
-        )
-
-    rep = await _read(request, work)
+    rep = await _read(request, _report_of, _utc(lo), _utc(hi), group_by, datetime.now(UTC))
     if isinstance(rep, Response):
         return rep
     return who, rep

@@ -64,11 +64,6 @@ def key(run_id: str, lo: datetime, hi: datetime, max_gap_s: float, source: str) 
     return h.digest()
 
 
-def closed(run: Run, window: tuple[datetime, datetime], now: datetime) -> bool:
-    """Whether ``window`` is the whole window of ``run``, ended by ``now``: what every reader asks again."""
-    return run.end is not None and run.start < run.end <= now and window == (run.start, run.end)
-
-
 #: Bytes of a digest of pieces (SHA-256): a run's are stored end to end, in the order of its keys.
 _DIGEST = 32
 
@@ -107,9 +102,7 @@ def marks(conn: psycopg.Connection, run_ids: Collection[str]) -> dict[str, Marks
     if not run_ids:
         return {}
     scopes = {rid: (f"i:{rid}", f"r:{rid}") for rid in run_ids}
-    got: dict[str, int] = dict(
-        conn.execute(S.MARKS_SQL, {"scopes": [s for v in scopes.values() for s in v]}).fetchall()
-    )
+    got = priced_store.current_marks(conn, [s for v in scopes.values() for s in v])
     return {rid: Marks(sc, tuple(int(got.get(s, 0)) for s in sc)) for rid, sc in scopes.items()}
 
 

@@ -213,7 +213,7 @@ def losses(
     keys = {
         r.run_id: kept_claims.key(r.run_id, *windows[r.run_id], max_gap_s, source)
         for r in runs
-        if kept_claims.closed(r, windows[r.run_id], now)
+        if priced_store.whole_window(r, windows[r.run_id], now)
     }
     priced, incidents = _kept(conn, keys)
     live = [r for r in runs if r.run_id not in incidents]

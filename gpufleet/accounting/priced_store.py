@@ -42,6 +42,7 @@ from gpufleet.db import sql_files
 
 if TYPE_CHECKING:
     from gpufleet.accounting.incidents import Piece
+    from gpufleet.store.run_model import Run
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,13 @@ def digest(pieces: Sequence[Piece], max_gap_s: float, source: str) -> bytes:
             f"{p.run_id}\t{p.node}\t{p.gpu}\t{p.lo.isoformat()}\t{p.hi.isoformat()}\t{p.weight!r}\n".encode()
         )
     return h.digest()
+
+
+def whole_window(run: Run, window: tuple[datetime, datetime], now: datetime) -> bool:
+    """Whether ``window`` is ``run``'s whole window, ended by ``now``: what every reader of the run asks
+    again, so the one window whose answers (its lines, its claims) are kept.  A window a period's edge
+    cuts is another question per period, answered and not kept, so ad-hoc periods leave nothing behind."""
+    return run.end is not None and run.start < run.end <= now and window == (run.start, run.end)
 
 
 def run_digest(run_id: str, lo: datetime, hi: datetime, max_gap_s: float, source: str) -> bytes:
@@ -161,7 +169,7 @@ def plan(
                 got.append(f"c:{region}:tail")
         scopes[k] = sorted(set(got))
     every = sorted({s for v in scopes.values() for s in v})
-    marks: dict[str, int] = dict(conn.execute(S.MARKS_SQL, {"scopes": every}).fetchall()) if every else {}
+    marks = current_marks(conn, every)
     out: dict[str, Fill] = {}
     for k in keys:
         pairs = sorted({(p.node, p.gpu) for p in keyed[k]})
@@ -187,6 +195,11 @@ def defer(conn: psycopg.Connection, write: Callable[[psycopg.Connection], None])
             _pending.setdefault(conn, []).append(write)
         return
     write(conn)
+
+
+def current_marks(conn: psycopg.Connection, scopes: Collection[str]) -> dict[str, int]:
+    """The current mark of each of ``scopes`` that has one (an input never changed has none: 0)."""
+    return dict(conn.execute(S.MARKS_SQL, {"scopes": list(scopes)}).fetchall()) if scopes else {}
 
 
 def keep(conn: psycopg.Connection, fills: Iterable[Fill]) -> None:

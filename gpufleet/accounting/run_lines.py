@@ -32,15 +32,6 @@ from gpufleet.accounting.lines import Line, Source, per_run, rows
 from gpufleet.store.run_model import Run, load_runs
 
 
-def _closed(run: Run, since: datetime | None, until: datetime | None, now: datetime) -> bool:
-    """Whether the answer is the run's whole window, ended by ``now``: what every reader of the run asks
-    again.  A window a period's edge cuts is another key per period, priced and not kept (as incident
-    pieces a period cuts are not), so ad-hoc periods leave nothing behind."""
-    if run.end is None or run.end > now or run.start >= run.end:
-        return False
-    return run.window(now, since, until) == (run.start, run.end)
-
-
 def run_lines(
     conn: psycopg.Connection,
     runs: Sequence[Run],
@@ -63,7 +54,9 @@ def run_lines(
     if not kept:
         live = rows(conn, since, until, now, run_ids=ids, max_gap_s=max_gap_s, source=source)
         return per_run(Line(*r) for r in live)
-    windows = {r.run_id: r.window(now, since, until) for r in runs if _closed(r, since, until, now)}
+    caller = {r.run_id: r for r in runs}
+    windows = {r.run_id: r.window(now, since, until) for r in runs}
+    windows = {rid: w for rid, w in windows.items() if priced_store.whole_window(caller[rid], w, now)}
     digests = {
         rid: priced_store.run_digest(rid, lo, hi, max_gap_s, source) for rid, (lo, hi) in windows.items()
     }
@@ -84,7 +77,6 @@ def run_lines(
     # the key and the marks follow the caller's run: lines priced over another window or other
     # allocations (the run changed since the caller loaded it) would rest on marks of neither, so they
     # are answered and not kept
-    caller = {r.run_id: r for r in runs}
     same = {r.run_id for r in load_runs(conn, list(fills)) if r == caller[r.run_id]} if fills else set()
     got: dict[str, list[tuple[Any, ...]]] = {}
     for r in rows(conn, since, until, now, run_ids=todo, max_gap_s=max_gap_s, source=source):
