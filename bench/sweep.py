@@ -30,7 +30,11 @@ Then, in the same run:
   ``sweep_trim_each_s``, the median of as many more with freed memory
   handed back to the OS after every sweep (the former policy, measured in
   the same run); ``sweep_gc_unpaused_s``, as many more with Python's cyclic
-  garbage collector left on during each sweep (the former behaviour), with
+  garbage collector left on during each sweep (the former behaviour),
+  ``sweep_no_incident_marks_s``, as many more with the incidents'
+  pricing-mark triggers disabled (what they add to a sweep, with
+  ``store_s`` / ``store_no_incident_marks_s``, the median seconds of the
+  sweep's storing of incidents with and without them), with
   ``gc_s`` and ``gc_unpaused_s``, the seconds per sweep spent collecting
   inside the sweep, and ``gc_all_s`` / ``gc_unpaused_all_s``, the same with
   the collections between sweeps; ``refresh_read_s``, the refresh's read
@@ -62,11 +66,12 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import subprocess
 import sys
 import time
 import unittest.mock
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,6 +80,7 @@ from typing import Any
 import numpy as np
 import psutil
 import psycopg
+from psycopg import sql
 
 from gpufleet.collector import cyclegc
 from gpufleet.collector.batch_store import GPU_SPECS, HOST_SPECS, REGISTER_SQL, register_params
@@ -226,6 +232,27 @@ class GcClock:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self._cb)
+
+
+@contextlib.contextmanager
+def incident_marks_disabled(conn: psycopg.Connection) -> Iterator[None]:
+    """The incidents' pricing-mark triggers off for the block (the cost they add, measured beside)."""
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'incidents'::regclass "
+            "AND tgname LIKE 'gpufleet_pricing_mark_incidents%' ORDER BY tgname"
+        )
+    ]
+    if not names:
+        raise SystemExit("bench/sweep.py: the incidents' pricing-mark triggers are missing (migration 0026)")
+    for n in names:
+        conn.execute(sql.SQL("ALTER TABLE incidents DISABLE TRIGGER {}").format(sql.Identifier(n)))
+    try:
+        yield
+    finally:
+        for n in names:
+            conn.execute(sql.SQL("ALTER TABLE incidents ENABLE TRIGGER {}").format(sql.Identifier(n)))
 
 
 def read_plans(
@@ -567,10 +594,14 @@ def main() -> None:
             # A third block runs them with Python's cyclic collector left on during the sweep
             # (the baseline of the pause, gpufleet.collector.cyclegc).
             end = now
-            runs: dict[str, list[float]] = {"steady": [], "trim_each": [], "gc_unpaused": []}
+            # A fourth runs them with the incidents' pricing-mark triggers disabled (migration 0026:
+            # each incident row a sweep inserts, deletes or changes moves its run's mark), their cost
+            # on the sweep beside the steady block.
+            runs: dict[str, list[float]] = {"steady": [], "trim_each": [], "gc_unpaused": [], "no_marks": []}
             rss_mb: dict[str, float] = {}
             gc_s: dict[str, float] = {}
             per_stage: list[dict[str, float]] = []
+            store_s: dict[str, list[float]] = {p: [] for p in runs}
             for policy in runs:
                 clock = GcClock()
                 with clock, contextlib.ExitStack() as stack:
@@ -578,6 +609,8 @@ def main() -> None:
                         stack.enter_context(
                             unittest.mock.patch.object(cyclegc, "paused", contextlib.nullcontext)
                         )
+                    if policy == "no_marks":
+                        stack.enter_context(incident_marks_disabled(conn))
                     for _ in range(args.steady):
                         write(
                             conn,
@@ -593,6 +626,7 @@ def main() -> None:
                         on_leader(sweeper, conn, end)
                         clock.on = False
                         runs[policy].append(time.perf_counter() - t0)
+                        store_s[policy].append(sweeper.stages.get("store", math.nan))
                         if policy == "trim_each":
                             release_free_memory()
                         elif policy == "steady":
@@ -631,6 +665,14 @@ def main() -> None:
                 f"max {max(runs['gc_unpaused']):.2f} s; seconds collecting per sweep {gc_s['gc_unpaused']:.3f}, "
                 f"against {gc_s['steady']:.3f} with the pause; in all, sweeps and ingest between them, "
                 f"{gc_s['gc_unpaused_all']:.3f} against {gc_s['steady_all']:.3f}",
+                flush=True,
+            )
+            no_marks_s = float(np.median(runs["no_marks"]))
+            store_med = {p: float(np.median(v)) for p, v in store_s.items()}
+            print(
+                f"  with the incidents' pricing-mark triggers disabled (baseline): median {no_marks_s:.2f} s; "
+                f"storing incidents {store_med['no_marks'] * 1e3:.1f} ms a sweep against "
+                f"{store_med['steady'] * 1e3:.1f} ms with them",
                 flush=True,
             )
             print(
@@ -699,6 +741,9 @@ def main() -> None:
                 "sweep_max_s": round(max(runs["steady"]), 3),
                 "sweep_trim_each_s": round(trim_s, 3),
                 "sweep_gc_unpaused_s": round(gc_off_s, 3),
+                "sweep_no_incident_marks_s": round(no_marks_s, 3),
+                "store_s": round(store_med["steady"], 4),
+                "store_no_incident_marks_s": round(store_med["no_marks"], 4),
                 "gc_s": round(gc_s["steady"], 3),
                 "gc_unpaused_s": round(gc_s["gc_unpaused"], 3),
                 "gc_all_s": round(gc_s["steady_all"], 3),
