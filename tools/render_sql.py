@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gpufleet.db import accounting_fleet_sql as V5
 from gpufleet.db import accounting_joins_sql as J
+from gpufleet.db import accounting_sets_sql as V6
 from gpufleet.db import accounting_sql as A
 from gpufleet.db import claim_energy_sql as C
 from gpufleet.db import ledger_sql as L
@@ -126,6 +127,8 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         **_functions(P.INSTALL_V2),
         "0026_kept_claims.upgrade": tuple(s for s in P.INSTALL_V2 if s.startswith("CREATE TRIGGER ")),
         "0026_kept_claims.downgrade": P.DROP_V2,
+        # 0027: accounting V6 (the fleet path's holds joined, not scanned per GPU)
+        "gpufleet_accounting.v6": V6.ACCOUNTING_V6,
     }
 
 

@@ -1,7 +1,7 @@
 """The accounting functions in the database are exactly the text of gpufleet.db.accounting_sql.
 
-Migrations 0004, 0010, 0013, 0014, 0020, 0021, 0022 and 0024 install them from that module (and
-``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``, ``gpufleet.db.accounting_fleet_sql``); a change to the module without a
+Migrations 0004, 0010, 0013, 0014, 0020, 0021, 0022, 0024 and 0027 install them from that module (and
+``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``, ``gpufleet.db.accounting_fleet_sql``, ``gpufleet.db.accounting_sets_sql``); a change to the module without a
 migration that replaces them would leave databases on the old definition while the code reads the new
 one, so the installed bodies are compared with the module's current ones (``CURRENT``, with the claim
 energy's and the accounting's later texts).
@@ -16,6 +16,7 @@ import psycopg
 from gpufleet.db import (
     accounting_fleet_sql,
     accounting_joins_sql,
+    accounting_sets_sql,
     accounting_sql,
     claim_energy_sql,
     sql_files,
@@ -32,10 +33,11 @@ def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
         claim_energy_sql.CLAIM_ENERGY_V2,
         *accounting_joins_sql.INSTALL,
         accounting_fleet_sql.ACCOUNTING_V5,
+        accounting_sets_sql.ACCOUNTING_V6,
     ):
         m = FUNCTION.search(stmt)
         if m:
-            want[m.group(1)] = m.group(2)  # the later text of a function wins (V5, claim energy's third)
+            want[m.group(1)] = m.group(2)  # the later text of a function wins (V6, claim energy's third)
     assert set(want) == {
         "gpufleet_minor_units",
         "gpufleet_claim_energy",
