@@ -1,17 +1,17 @@
 """The fleet-wide accounting call, installed text against an earlier one, on one synthesised fleet.
 
     python bench/fleet_lines.py [--gpus 64] [--days 2] [--repeat 5] [--baseline gpufleet_accounting.v4]
-                                [--database URL]
+                                [--periods 2,7,30] [--database URL]
 
 Every fleet-wide read (``/v1/accounting``, the finance and FOCUS reports, the waste view, the finance
 board) is one call of ``gpufleet_accounting`` with its fleet lines.  This times that call over 2, 7 and
-30 days as the database has it installed and, as the baseline in the same run, the earlier text named
+30 days (``--periods``) as the database has it installed and, as the baseline in the same run, the earlier text named
 by ``--baseline`` (a file of ``gpufleet/db/sql``) installed beside it for this session only
 (``pg_temp``), the two called alternately so neither gets the warmer cache.  The fleet is
 :mod:`bench.read_side`'s (``--gpus`` GPUs, ``--days`` days of runs, the last two hours raw at 30 s),
 or an existing database made by ``bench/read_side.py --keep`` (``--database``).  Both texts must give
 the same lines (checked on the first call of each period).  The last line is JSON: the installed
-text's p50 over 30 days, with the baseline's.
+text's p50 over the longest period, with the baseline's.
 """
 
 from __future__ import annotations
@@ -62,7 +62,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--baseline", default="gpufleet_accounting.v4", help="a file of gpufleet/db/sql")
     ap.add_argument("--database", help="an existing database made by bench/read_side.py --keep")
+    ap.add_argument("--periods", default="2,7,30", help="days before now each call covers, comma-separated")
     args = ap.parse_args()
+    try:
+        periods = sorted({float(d) for d in args.periods.split(",")})
+    except ValueError:
+        ap.error(f"--periods must be numbers of days separated by commas, not {args.periods!r}")
+    if not periods or periods[0] <= 0:
+        ap.error(f"--periods must be positive numbers of days, not {args.periods!r}")
     started = time.perf_counter()
     try:
         text = sql_files.text(args.baseline)
@@ -85,29 +92,31 @@ def main() -> None:
             conn.execute(text.replace(head, "FUNCTION pg_temp.accounting_baseline(", 1))
             now = datetime.now(UTC)
             results = {}
-            for days in (2, 7, 30):
+            for days in periods:
                 lo = now - timedelta(days=days)
                 got: dict[str, list[float]] = {"installed": [], "baseline": []}
                 _, a = _time(conn, "gpufleet_accounting", lo, now)
                 _, b = _time(conn, "pg_temp.accounting_baseline", lo, now)
                 if not _same(a, b):
-                    raise SystemExit(f"{days} d: the installed text and {args.baseline} give different lines")
+                    raise SystemExit(
+                        f"{days:g} d: the installed text and {args.baseline} give different lines"
+                    )
                 for _ in range(args.repeat):
                     got["installed"].append(_time(conn, "gpufleet_accounting", lo, now)[0])
                     got["baseline"].append(_time(conn, "pg_temp.accounting_baseline", lo, now)[0])
                 p50 = {k: statistics.median(v) for k, v in got.items()}
-                results[f"{days}d"] = {k: round(v, 1) for k, v in p50.items()}
+                results[f"{days:g}d"] = {k: round(v, 1) for k, v in p50.items()}
                 say(
-                    f"{days:>2} d, {len(a)} lines: installed p50 {p50['installed']:7.1f} ms, "
+                    f"{days:>4g} d, {len(a)} lines: installed p50 {p50['installed']:7.1f} ms, "
                     f"{args.baseline} p50 {p50['baseline']:7.1f} ms ({p50['baseline'] / p50['installed']:.2f}x)"
                 )
     print(
         json.dumps(
             {
                 "name": "fleet_lines",
-                "value": results["30d"]["installed"],
-                "unit": "ms (p50, 30-day fleet accounting)",
-                "baseline": results["30d"]["baseline"],
+                "value": results[f"{periods[-1]:g}d"]["installed"],
+                "unit": f"ms (p50, {periods[-1]:g}-day fleet accounting)",
+                "baseline": results[f"{periods[-1]:g}d"]["baseline"],
                 "baseline_text": args.baseline,
                 "periods": results,
                 "gpus": args.gpus,

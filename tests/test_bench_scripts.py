@@ -473,6 +473,16 @@ def test_fleet_lines_times_the_installed_text_beside_an_earlier_one() -> None:
     assert all(p["installed"] > 0 and p["baseline"] > 0 for p in last["periods"].values())
     bad = _bench("bench/fleet_lines.py", "--gpus", "8", "--days", "0.1", "--baseline", "gpufleet_ledger.v1")
     assert bad.returncode != 0 and "gpufleet_ledger.v1: not a text of gpufleet_accounting" in bad.stderr
+    # the periods asked for, the longest's figure as the value; V6 beside V5
+    res = _bench(
+        "bench/fleet_lines.py", "--gpus", "8", "--days", "0.5", "--repeat", "1",
+        "--periods", "1,0.25", "--baseline", "gpufleet_accounting.v5",
+    )  # fmt: skip
+    last = _last_json(res)
+    assert set(last["periods"]) == {"0.25d", "1d"} and last["baseline_text"] == "gpufleet_accounting.v5"
+    assert last["value"] == last["periods"]["1d"]["installed"] and last["unit"].startswith("ms (p50, 1-day")
+    bad = _bench("bench/fleet_lines.py", "--gpus", "8", "--days", "0.1", "--periods", "0")
+    assert bad.returncode != 0 and "--periods must be positive numbers of days" in bad.stderr
 
 
 #: The folders an earlier tree's ``gpufleet`` is made of (``gpufleet/`` links the others).
