@@ -1451,6 +1451,7 @@ def main() -> None:
             url = args.database
             migrate.upgrade(url, load_settings(database_url=url))
             fleet = top_up(url, settings, say)
+            plan = fleet.plan  # the database's, not the arguments'
         else:
             with psycopg.connect(server, autocommit=True) as conn:
                 where = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
@@ -1485,8 +1486,9 @@ def main() -> None:
         say(
             f"synthesised: {plan.gpus} GPUs on {len(plan.nodes)} nodes; {c['runs']} runs over {plan.days:g} days "
             f"({sum(1 for r in fleet.runs if r.end is None)} running), {c['incidents']} incidents; "
-            f"one-minute history {plan.minute_days:g} days ({c.get('history_gpu_minutes', 0):,} GPU-minutes, rolled up "
-            f"and their raw rows removed); raw samples {plan.raw_hours:g} h at {plan.raw_interval_s:g} s "
+            f"one-minute history {plan.minute_days:g} days ("
+            + (f"{c['history_gpu_minutes']:,} GPU-minutes, " if "history_gpu_minutes" in c else "")
+            + f"rolled up and their raw rows removed); raw samples {plan.raw_hours:g} h at {plan.raw_interval_s:g} s "
             f"({c['gpu_samples']:,} GPU rows, {c['host_samples']:,} host rows kept); gpu_stats_1m {c['gpu_stats_1m']:,}, "
             f"gpu_energy_1m {c['gpu_energy_1m']:,}, gpu_energy_1h {c['gpu_energy_1h']:,} rows; database "
             f"{c['database_bytes'] / 1e9:.1f} GB"
