@@ -43,12 +43,14 @@ _SWAPS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _indexed(text: str) -> str:
-    for old, new in _SWAPS:
+def swapped(text: str, swaps: tuple[tuple[str, str], ...]) -> str:
+    """``text`` with each ``(old, new)`` of ``swaps`` replaced, each ``old`` found exactly once (a later
+    text is an earlier one with named changes: an earlier text that moved fails loudly, not silently)."""
+    for old, new in swaps:
         if text.count(old) != 1:
             raise AssertionError(f"the accounting query changed: {old[:60]!r}")
         text = text.replace(old, new)
     return text
 
 
-ACCOUNTING_V5 = _indexed(ACCOUNTING_V4)
+ACCOUNTING_V5 = swapped(ACCOUNTING_V4, _SWAPS)

@@ -17,7 +17,7 @@ compare V6 with V5 line by line).  Migration 0027 installs this text.
 
 from __future__ import annotations
 
-from gpufleet.db.accounting_fleet_sql import ACCOUNTING_V5
+from gpufleet.db.accounting_fleet_sql import ACCOUNTING_V5, swapped
 
 _SWAPS: tuple[tuple[str, str], ...] = (
     (
@@ -77,12 +77,4 @@ _SWAPS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _joined(text: str) -> str:
-    for old, new in _SWAPS:
-        if text.count(old) != 1:
-            raise AssertionError(f"the accounting query changed: {old[:60]!r}")
-        text = text.replace(old, new)
-    return text
-
-
-ACCOUNTING_V6 = _joined(ACCOUNTING_V5)
+ACCOUNTING_V6 = swapped(ACCOUNTING_V5, _SWAPS)

@@ -51,13 +51,25 @@ def _fleet(conn: psycopg.Connection) -> None:
     run(conn, "r3", 2000, None, {"a1": [3]}, site_name="us")
 
 
-def _rows(conn: psycopg.Connection, fn: str, lo: float, hi: float, detail: str) -> list[tuple]:
+def fleet_rows(conn: psycopg.Connection, fn: str, lo: float, hi: float, detail: str) -> list[tuple]:
     step = timedelta(minutes=20) if detail == "step" else None
     return conn.execute(
         f"SELECT {COLUMNS} FROM {fn}(%s, %s, %s, NULL, true, 60, 'rollup', %s, %s) "
         "ORDER BY line, run_id NULLS FIRST, site NULLS FIRST, part_start, currency NULLS FIRST",
         (at(lo), at(hi), at(3600), detail, step),
     ).fetchall()
+
+
+def assert_same_lines(new: list[tuple], old: list[tuple], where: object) -> None:
+    """Two texts' lines equal column by column; double-precision columns to 1e-12 (GPU-seconds, and the
+    coverage from them, may be summed in another order)."""
+    assert len(new) == len(old), where
+    for a, b in zip(new, old, strict=True):
+        for name, x, y in zip(COLUMNS.split(", "), a, b, strict=True):
+            if isinstance(x, float) and isinstance(y, float):
+                assert math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-9), (where, name, a, b)
+            else:
+                assert x == y, (where, name, a, b)
 
 
 @pytest.mark.parametrize("detail", ["line", "step", "segment"])
@@ -69,17 +81,9 @@ def test_v5_lines_are_v4s(conn: psycopg.Connection, detail: str) -> None:
     )
     conn.execute(v4)
     for lo, hi in ((0, 3600), (1800, 3600), (1799.5, 2000), (-3600, 900), (2500, 3400)):
-        new = _rows(conn, "gpufleet_accounting", lo, hi, detail)
-        old = _rows(conn, "pg_temp.accounting_v4", lo, hi, detail)
-        assert len(new) == len(old), (lo, hi)
+        new = fleet_rows(conn, "gpufleet_accounting", lo, hi, detail)
+        assert_same_lines(new, fleet_rows(conn, "pg_temp.accounting_v4", lo, hi, detail), (lo, hi))
         assert any(r[0] == "total" for r in new) and {r[23] for r in new} >= {"EUR"}
-        for a, b in zip(new, old, strict=True):
-            for name, x, y in zip(COLUMNS.split(", "), a, b, strict=True):
-                if isinstance(x, float) and isinstance(y, float):
-                    # GPU-seconds (and the coverage from them) are summed in another order
-                    assert math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-9), (lo, hi, name, a, b)
-                else:
-                    assert x == y, (lo, hi, name, a, b)
     # the period across the change prices the US site's fleet time in both currencies
-    across = _rows(conn, "gpufleet_accounting", 0, 3600, detail)
+    across = fleet_rows(conn, "gpufleet_accounting", 0, 3600, detail)
     assert {r[23] for r in across if r[2] == "us" and r[0] == "unallocated"} == {"USD", "EUR"}
