@@ -80,9 +80,17 @@ def main() -> None:
         raise SystemExit(f"{args.baseline}: not a text of gpufleet_accounting")
     settings = load_settings()
     with contextlib.ExitStack() as stack:
+        gpus, days_of_runs = args.gpus, args.days
         if args.database:
             url = args.database
             migrate.upgrade(url, load_settings(database_url=url))
+            with psycopg.connect(url) as conn:  # the fleet the database holds, not the arguments' defaults
+                row = conn.execute("SELECT plan FROM bench_read_side").fetchone()
+            if row is None:
+                raise SystemExit(
+                    f"{url}: not a database bench/read_side.py synthesised (no bench_read_side row)"
+                )
+            gpus, days_of_runs = int(row[0]["gpus"]), float(row[0]["days"])
         else:
             url = stack.enter_context(scratch_database(server_url(), "gpufleet_fleet_lines"))
             migrate.upgrade(url, load_settings(database_url=url))
@@ -119,8 +127,8 @@ def main() -> None:
                 "baseline": results[f"{periods[-1]:g}d"]["baseline"],
                 "baseline_text": args.baseline,
                 "periods": results,
-                "gpus": args.gpus,
-                "days": args.days,
+                "gpus": gpus,
+                "days": days_of_runs,
                 "repeat": args.repeat,
                 "seconds": round(time.perf_counter() - started, 1),
                 "when": datetime.now(UTC).isoformat(timespec="seconds"),
