@@ -32,9 +32,7 @@ from tests.attacks.conftest import batch, whole_seconds_ago
 
 PENDING_PER_IP = 8
 LIMITS: dict[str, float] = {
-    # well past SLOW_AFTER_S and the tests' sleep after it: on a loaded machine the partial connections are
-    # still held (an address's share) when the next one opens, not already cut for their headers
-    "header_timeout_s": 4.0,
+    "header_timeout_s": 2.0,
     "body_timeout_s": 1.0,
     "max_body_bytes_in_flight": 5 * 2**19,
     "max_pending_connections_per_ip": PENDING_PER_IP,
