@@ -50,6 +50,7 @@ DATA_TABLES = (
     "quarantine_log",
     "priced_pieces",
     "kept_claims",
+    "kept_power_points",
     "pricing_marks",
 )
 

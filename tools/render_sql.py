@@ -129,6 +129,10 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         "0026_kept_claims.downgrade": P.DROP_V2,
         # 0027: accounting V6 (the fleet path's holds joined, not scanned per GPU)
         "gpufleet_accounting.v6": V6.ACCOUNTING_V6,
+        # 0028: the progress reports' mark, for the power-cap advisor's kept points
+        **_functions(P.INSTALL_V3),
+        "0028_kept_power_points.upgrade": tuple(s for s in P.INSTALL_V3 if s.startswith("CREATE TRIGGER ")),
+        "0028_kept_power_points.downgrade": P.DROP_V3,
     }
 
 

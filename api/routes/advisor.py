@@ -10,9 +10,9 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from gpufleet.advisor.plans import MAX_LIMIT_W, PlanError, get_plan, plans_for_node, set_plan, withdraw_plan
-from gpufleet.advisor.power_cap import AdvisorSettings, power_cap_advice
+from gpufleet.advisor.power_cap import AdviceUnfinished, AdvisorSettings, power_cap_advice
 from gpufleet.advisor.run_cap import UnknownRun, propose_run_cap
-from gpufleet.api.deps import Admin, ConnDep, PrincipalDep, Reader, permit
+from gpufleet.api.deps import Admin, ConnDep, PrincipalDep, Reader, StateDep, permit
 from gpufleet.api.schemas import QueryTime
 
 router = APIRouter(tags=["advisor"])
@@ -45,6 +45,7 @@ class PowerCapAdvice(BaseModel):
 @router.get("/v1/advisor/power-cap", response_model=PowerCapAdvice, response_model_exclude_none=True)
 def power_cap(
     conn: ConnDep,
+    s: StateDep,
     _: Reader,
     gpu_model: str = Query(
         ...,
@@ -64,7 +65,9 @@ def power_cap(
     """The power limit that maximises tokens per joule for each model trained on ``gpu_model`` GPUs, within
     ``max_throughput_loss`` of the fastest limit observed, with the points used; ``enough_data: false`` and
     the reasons where the fleet's data cannot tell."""
-    cfg = AdvisorSettings()
+    # a request reads the runs no earlier one kept for as long as one statement may run, then answers 503
+    # (what it read is kept: the next request goes on from there), never for longer than its client waits
+    cfg = AdvisorSettings(budget_s=s.settings.api.statement_timeout_s)
     if since is not None and until is not None and until <= since:
         raise HTTPException(
             422, [{"loc": ["query", "to"], "msg": "must be after 'from'", "type": "value_error"}]
@@ -72,7 +75,10 @@ def power_cap(
     if since is not None:
         end = until or datetime.now(UTC)
         cfg = replace(cfg, lookback=max(end - since, timedelta(seconds=1)))
-    return power_cap_advice(conn, gpu_model, max_throughput_loss, model, now=until, settings=cfg)
+    try:
+        return power_cap_advice(conn, gpu_model, max_throughput_loss, model, now=until, settings=cfg)
+    except AdviceUnfinished as e:
+        raise HTTPException(503, f"{e}; retry", headers={"Retry-After": "1"}) from None
 
 
 # --------------------------------------------------------------------------- one run's cap

@@ -1,11 +1,12 @@
-"""Incident costs and ended runs' ledgers priced as they settle, before anyone asks.
+"""Incident costs, ended runs' ledgers and power-cap points priced as they settle, before anyone asks.
 
 The priced store (:mod:`gpufleet.accounting.priced_store`) keeps what a reader priced, so every read
 after the first is cheap; the first still prices the pieces from the samples, and that first reader is
 a person: the SRE opening the incident that just paged, finance opening the run that just ended.  The
 collector's leader does that first read instead, once an incident has closed or a run has ended: it
-asks what those readers ask (an incident's ``lost`` block, a run's accounting with its ledger), with
-the settings they use, so the lines it stores are the ones they look up.
+asks what those readers ask (an incident's ``lost`` block, a run's accounting with its ledger, the
+run's points for the power-cap advisor), with the settings they use, so the lines it stores are the
+ones they look up.
 
 Each pass looks at what settled in the last :data:`RECENT_S` seconds and remembers what it priced, so
 an incident or a run is priced once (again only if its end moves).  A pass prices oldest first, in
@@ -30,6 +31,7 @@ from psycopg.rows import dict_row
 from gpufleet.accounting.incidents import incident_costs
 from gpufleet.accounting.lines import Source
 from gpufleet.accounting.run import account_runs
+from gpufleet.advisor.power_cap import keep_points
 from gpufleet.store.run_model import load_runs
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,7 @@ class PriceAhead:
             if spent():
                 break
             account_runs(conn, load_runs(conn, [rid]), now=now, max_gap_s=self.max_gap_s, source=self.source)
+            keep_points(conn, [rid])
             self.done[("r", rid, end)] = end
             self.owed.discard(rid)
             priced_runs += 1

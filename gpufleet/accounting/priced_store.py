@@ -119,7 +119,8 @@ def lookup(conn: psycopg.Connection, digests: Collection[bytes]) -> dict[bytes, 
     return out
 
 
-def _days(lo: datetime, hi: datetime) -> list[str]:
+def days_between(lo: datetime, hi: datetime) -> list[str]:
+    """The UTC days from ``lo``'s to ``hi``'s, as the marks ``e:<node>:<day>`` name them."""
     d0, d1 = lo.astimezone(UTC).date(), hi.astimezone(UTC).date()
     return [(d0 + timedelta(days=i)).isoformat() for i in range((d1 - d0).days + 1)] if d1 >= d0 else []
 
@@ -148,7 +149,7 @@ def plan(
     scopes: dict[str, list[str]] = {}
     for i, k in enumerate(keys):
         lo, hi = spans[k]
-        days = _days(lo, hi)
+        days = days_between(lo, hi)
         pairs = sorted({(p.node, p.gpu) for p in keyed[k]})
         nodes = sorted({n for n, _ in pairs})
         got = [f"r:{runs[k]}"]

@@ -34,6 +34,7 @@ advisor cannot see: the points are in the answer so that an operator can.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -43,20 +44,25 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from gpufleet.advisor import kept_points
 from gpufleet.gpu_models import gpu_model_names
 from gpufleet.timeparse import iso_at
 
-RUNS_SQL = """
+_RUNS = """
 SELECT r.run_id, r.name, r.labels->>'model', extract(epoch FROM r.start)::float8,
        extract(epoch FROM r."end")::float8,
        array_agg(a.node ORDER BY a.node, a.gpu), array_agg(a.gpu ORDER BY a.node, a.gpu),
        bool_or(a.sharing <> 'exclusive')
 FROM runs r JOIN run_allocations a ON a.run_id = r.run_id
 WHERE EXISTS (SELECT 1 FROM run_progress p WHERE p.run_id = r.run_id AND p.tokens IS NOT NULL)
-  AND coalesce(r."end", 'infinity') > %s AND r.start < %s
+  AND {where}
 GROUP BY r.run_id
 ORDER BY r.start, r.run_id
 """
+#: Runs with progress overlapping [%s, %s), with their GPUs.
+RUNS_SQL = _RUNS.format(where="""coalesce(r."end", 'infinity') > %s AND r.start < %s""")
+#: Runs with progress among %s, with their GPUs.
+RUNS_OF_SQL = _RUNS.format(where="r.run_id = ANY(%s)")
 
 #: Per minute of one run: the limit range over its GPUs, GPUs reporting, exact energy and coverage.
 MINUTES_SQL = """
@@ -95,6 +101,20 @@ class AdvisorSettings:
     min_coverage: float = 0.95
     #: How far back runs are looked at.
     lookback: timedelta = timedelta(days=30)
+    #: Seconds a request may spend reading runs not kept yet before it stops (what it read is kept,
+    #: so the next request goes on from there); None: no limit.
+    budget_s: float | None = None
+
+
+class AdviceUnfinished(Exception):
+    """The runs not kept yet took longer than the budget: ``done`` of ``todo`` were read and kept."""
+
+    def __init__(self, done: int, todo: int, seconds: float) -> None:
+        super().__init__(
+            f"the advice needs {todo} runs read that no earlier request kept; {done} were read and kept in "
+            f"{seconds:.0f} s, the rest are read by the next request"
+        )
+        self.done, self.todo, self.seconds = done, todo, seconds
 
 
 @dataclass
@@ -319,6 +339,60 @@ def _model_of(name: str | None, label: str | None, run_id: str) -> str:
     return label or name or run_id
 
 
+#: Runs read (and their points kept) per transaction of storing.
+_BATCH = 64
+
+
+def _points(
+    conn: psycopg.Connection,
+    chosen: list[tuple[str, str, float, float | None, list[str], bool]],
+    cfg: AdvisorSettings,
+    t_now: float,
+) -> dict[str, tuple[list[Point], dict[str, int]]]:
+    """Each chosen run's points and minutes left out: an ended run's as kept while its marks hold, else
+    read (and an ended run's kept), one batch at least and no new batch past ``cfg.budget_s``."""
+    out: dict[str, tuple[list[Point], dict[str, int]]] = {}
+    ended: dict[str, kept_points.Run] = {}
+    for run_id, _m, start, end, nodes, shared in chosen:
+        if shared:
+            out[run_id] = ([], {SHARED: 1})
+        elif end is not None:
+            ended[run_id] = kept_points.Run(run_id, start, end, tuple(nodes))
+    keys = {rid: kept_points.key(rid, r.start, r.end, len(r.nodes), cfg) for rid, r in ended.items()}
+    model_of = {c[0]: c[1] for c in chosen}
+    for rid, k in kept_points.lookup(conn, keys).items():
+        out[rid] = ([Point(model=model_of[rid], **p) for p in k.points], k.excluded)  # type: ignore[arg-type]
+    todo = [c for c in chosen if c[0] not in out]
+    started = time.perf_counter()
+    for i in range(0, len(todo), _BATCH):
+        if i and cfg.budget_s is not None and time.perf_counter() - started > cfg.budget_s:
+            raise AdviceUnfinished(i, len(todo), time.perf_counter() - started)
+        batch = todo[i : i + _BATCH]
+        marks = kept_points.marks(conn, [ended[c[0]] for c in batch if c[0] in ended])
+        fills = []
+        for run_id, m, start, end, nodes, _shared in batch:
+            pts, excl = run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now)
+            out[run_id] = (pts, excl)
+            if run_id in ended:
+                fills.append(kept_points.Fill(ended[run_id], keys[run_id], marks[run_id], pts, excl))
+        kept_points.keep(conn, fills)
+    return out
+
+
+def keep_points(conn: psycopg.Connection, run_ids: list[str], settings: AdvisorSettings | None = None) -> int:
+    """Read and keep the points of those of ``run_ids`` that ended and report progress, unless kept
+    already: what the collector's leader does as runs end, so the advisor's first reader finds them.
+    Returns how many runs were looked at."""
+    cfg = settings or AdvisorSettings()
+    chosen = [
+        (run_id, _model_of(name, label, run_id), start, end, list(nodes), bool(shared))
+        for run_id, name, label, start, end, nodes, _gpus, shared in conn.execute(RUNS_OF_SQL, (run_ids,))
+        if end is not None
+    ]
+    _points(conn, chosen, cfg, time.time())
+    return len(chosen)
+
+
 def power_cap_advice(
     conn: psycopg.Connection,
     gpu_model: str,
@@ -337,7 +411,7 @@ def power_cap_advice(
     names = {n: gpu_model_names(f) for n, f in facts.items()}
     want = gpu_model.strip().lower()
     seen_models: set[str] = set()
-    per_model: dict[str, tuple[list[Point], dict[str, int], list[str]]] = {}
+    chosen: list[tuple[str, str, float, float | None, list[str], bool]] = []
     for run_id, name, label, start, end, nodes, gpus, shared in conn.execute(
         RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))
     ).fetchall():
@@ -351,9 +425,11 @@ def power_cap_advice(
         m = _model_of(name, label, run_id)
         if model is not None and m != model:
             continue
-        pts, excl = (
-            ([], {SHARED: 1}) if shared else run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now)
-        )
+        chosen.append((run_id, m, start, end, list(nodes), bool(shared)))
+    got = _points(conn, chosen, cfg, t_now)
+    per_model: dict[str, tuple[list[Point], dict[str, int], list[str]]] = {}
+    for run_id, m, *_rest in chosen:
+        pts, excl = got[run_id]
         bucket = per_model.setdefault(m, ([], defaultdict(int), []))
         bucket[0].extend(pts)
         for k, v in excl.items():

@@ -124,8 +124,8 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
     * ``run_sightings``: settled ones whose last sample is older than the raw
       retention (their samples are gone; a pending or moved one waits for the
       leader, whatever its age);
-    * ``priced_pieces``, ``kept_claims``: kept prices and claims of spans retention reaches, never read
-      again (:data:`gpufleet.db.priced_store_sql.HORIZON`)."""
+    * ``priced_pieces``, ``kept_claims``, ``kept_power_points``: kept prices, claims and power-cap
+      points of spans retention reaches, never read again (:data:`gpufleet.db.priced_store_sql.HORIZON`)."""
     st = settings.storage
     deleted = {
         "ingest_batches": _delete_in_chunks(
@@ -152,6 +152,12 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
         "kept_claims": _delete_in_chunks(
             conn,
             "kept_claims",
+            "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
+            (min(st.retention_days, st.rollup_retention_days),),
+        ),
+        "kept_power_points": _delete_in_chunks(
+            conn,
+            "kept_power_points",
             "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
             (min(st.retention_days, st.rollup_retention_days),),
         ),

@@ -8,6 +8,8 @@ were in the snapshot it was computed in:
 
 ``r:<run>``              the run's window and site, its allocations (triggers on ``runs``, ``run_allocations``)
 ``i:<run>``              the run's incidents (``incidents``, migration 0026): what its claims are made of
+``p:<run>``              the run's progress reports (``run_progress``, migration 0028): what the power-cap
+                         advisor's points of it are made of
 ``f:<node>``             the node's site, GPU count and dated facts (``nodes``, ``node_facts_history``)
 ``s:<site>``             the site's dated settings and currency (``site_settings``, ``sites``)
 ``e:<node>:<day>``       the node's samples and energy rollups that UTC day (the rollup worker, which
@@ -179,6 +181,24 @@ DROP_V2: tuple[str, ...] = tuple(
     )
 )
 
+#: Migration 0028: a run's progress reports, what the power-cap advisor's points of it are made of
+#: (``p:<run>``, :mod:`gpufleet.advisor.kept_points`).
+_PROGRESS_TRIGGERS: tuple[tuple[str, str, str, str], ...] = (
+    ("run_progress", "INSERT OR UPDATE OR DELETE", "", "ARRAY['p:' || r.run_id]"),
+)
+_PROGRESS_FIRST = len(_ROW_TRIGGERS) + len(_INCIDENT_TRIGGERS)
+_PROGRESS_ROWS = [_row_trigger(_PROGRESS_FIRST + i, *t) for i, t in enumerate(_PROGRESS_TRIGGERS)]
+#: What migration 0028 runs after creating ``kept_power_points``: each function, then its trigger.
+INSTALL_V3: tuple[str, ...] = tuple(s for pair in _PROGRESS_ROWS for s in pair)
+DROP_V3: tuple[str, ...] = tuple(
+    s
+    for i, (table, *_rest) in enumerate(_PROGRESS_TRIGGERS, start=_PROGRESS_FIRST)
+    for s in (
+        f"DROP TRIGGER IF EXISTS gpufleet_pricing_mark_{table}_{i} ON {table}",
+        f"DROP FUNCTION IF EXISTS gpufleet_pricing_mark_{table}_{i}()",
+    )
+)
+
 #: The rollup worker's part, in its transaction: the days each rebuilt range reaches, from the sample
 #: before its first changed bucket to the sample after its last (``_rollup_gpu`` / ``_rollup_host``).
 BUMP_REBUILT_SQL = f"""
@@ -329,4 +349,22 @@ CLAIMS_INSERT_SQL = (
     f"SELECT {', '.join(['%s'] * len(CLAIMS_COLUMNS))} WHERE %s >= {HORIZON} "
     f"ON CONFLICT (digest) DO UPDATE SET "
     f"{', '.join(f'{c} = EXCLUDED.{c}' for c in CLAIMS_COLUMNS[1:])}, stored_at = now()"
+)
+
+#: An ended run's power-cap points kept (:mod:`gpufleet.advisor.kept_points`), of the keys %(keys)s,
+#: while the marks they recorded are current.
+POINTS_LOOKUP_SQL = f"""
+SELECT k.digest, k.points, k.excluded FROM kept_power_points k
+WHERE k.digest = ANY(%(keys)s) AND k.lo >= {HORIZON}
+  AND NOT EXISTS (SELECT 1 FROM unnest(k.scopes, k.versions) u(scope, version)
+                  LEFT JOIN pricing_marks m ON m.scope = u.scope WHERE coalesce(m.version, 0) <> u.version)"""
+
+POINTS_COLUMNS: tuple[str, ...] = ("digest", "run_id", "lo", "hi", "scopes", "versions", "points", "excluded")
+
+#: Stores one run's points (``POINTS_COLUMNS``; ``lo`` again last) unless retention reaches its window.
+POINTS_INSERT_SQL = (
+    f"INSERT INTO kept_power_points ({', '.join(POINTS_COLUMNS)}) "
+    f"SELECT {', '.join(['%s'] * len(POINTS_COLUMNS))} WHERE %s >= {HORIZON} "
+    f"ON CONFLICT (digest) DO UPDATE SET "
+    f"{', '.join(f'{c} = EXCLUDED.{c}' for c in POINTS_COLUMNS[1:])}, stored_at = now()"
 )

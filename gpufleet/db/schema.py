@@ -424,6 +424,23 @@ kept_claims = Table(
     PrimaryKeyConstraint("digest", name="kept_claims_pkey"),
 )
 
+#: An ended run's power-cap points (gpufleet.advisor.kept_points, migration 0028): its stretches at one
+#: power limit and the minutes left out, valid while its marks (run, progress, samples' days) are current.
+kept_power_points = Table(
+    "kept_power_points",
+    metadata,
+    Column("digest", LargeBinary, nullable=False),
+    Column("run_id", Text, nullable=False),
+    _tz("lo"),
+    _tz("hi"),
+    Column("scopes", ARRAY(Text), nullable=False),
+    Column("versions", ARRAY(BigInteger), nullable=False),
+    Column("points", JSONB, nullable=False),
+    Column("excluded", JSONB, nullable=False),
+    _tz("stored_at", server_default=text("now()")),
+    PrimaryKeyConstraint("digest", name="kept_power_points_pkey"),
+)
+
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per
 #: node: another node's batch with the same id is not a duplicate of this one's.
 ingest_batches = Table(

@@ -396,3 +396,148 @@ def test_a_cap_set_through_the_api_reaches_the_nodes_agents_and_comes_off(
     with psycopg.connect(sweep_db.url) as conn:
         assert [p["revision"] for p in plans_for_node(conn, "live-01", now)] == [4]
         assert plans_for_node(conn, "live-01", now + timedelta(days=2)) == []
+
+
+# --------------------------------------------------------------------------- kept points
+
+LLAMA = ("cap-700", "cap-500", "cap-450", "cap-400", "cap-350", "cap-switch")
+
+
+def _ended(conn: psycopg.Connection, fleet: FilledFleet) -> None:
+    """End the sweep's runs at the fleet's end (in the caller's transaction, rolled back after)."""
+    conn.execute('UPDATE runs SET "end" = %s WHERE "end" IS NULL', (fleet.end,))
+
+
+def _unend(conn: psycopg.Connection) -> None:
+    """Put the sweep's runs back as the fixture made them: running."""
+    conn.execute('UPDATE runs SET "end" = NULL WHERE run_id = ANY(%s)', ([*LLAMA, "other-model"],))
+
+
+def _llama(conn: psycopg.Connection, fleet: FilledFleet, cfg: AdvisorSettings = CFG) -> dict[str, Any]:
+    (m,) = power_cap_advice(conn, H100, 0.05, model="llama-13b-pretrain", now=fleet.end, settings=cfg)[
+        "models"
+    ]
+    return m
+
+
+def _kept(conn: psycopg.Connection) -> dict[str, list[dict[str, Any]]]:
+    return {rid: pts for rid, pts in conn.execute("SELECT run_id, points FROM kept_power_points")}
+
+
+def test_an_ended_runs_points_are_kept_and_read_back_until_an_input_moves(sweep_db: FilledFleet) -> None:
+    with psycopg.connect(sweep_db.url) as conn:
+        try:
+            live = _llama(conn, sweep_db)  # running: nothing kept
+            assert _kept(conn) == {}
+            _ended(conn, sweep_db)
+            first = _llama(conn, sweep_db)
+            assert first == live  # ended at the same time: the same answer
+            kept = _kept(conn)
+            assert sorted(kept) == sorted(LLAMA)
+            assert [p["power_limit_w"] for p in kept["cap-switch"]] == [700.0, 450.0]
+            # read back, not computed again: a kept value changed behind the marks' back shows
+            conn.execute(
+                "UPDATE kept_power_points SET points = jsonb_set(points, '{0,tokens}', '1.0') "
+                "WHERE run_id = 'cap-500'"
+            )
+            assert (
+                next(p for p in _llama(conn, sweep_db)["points"] if p["run_id"] == "cap-500")["tokens"] == 1.0
+            )
+            # each input's mark makes the run's points computed again (and kept again, right)
+            moves = {
+                "progress": "UPDATE run_progress SET tokens = tokens WHERE run_id = 'cap-500'",
+                "allocations": "UPDATE run_allocations SET gpu = gpu WHERE run_id = 'cap-500'",
+                "samples' day": "SELECT gpufleet_pricing_bump(ARRAY(SELECT 'e:' || node || ':' || "
+                "to_char(start AT TIME ZONE 'UTC', 'YYYY-MM-DD') FROM runs r JOIN run_allocations a "
+                "USING (run_id) WHERE run_id = 'cap-500'))",
+            }
+            for what, change in moves.items():
+                conn.execute(
+                    "UPDATE kept_power_points SET points = jsonb_set(points, '{0,tokens}', '1.0') "
+                    "WHERE run_id = 'cap-500'"
+                )
+                conn.commit()  # a new transaction id: the mark moves to a version the line did not record
+                _ended(conn, sweep_db)
+                conn.execute(change)
+                assert _llama(conn, sweep_db) == first, what
+                assert _kept(conn)["cap-500"] == kept["cap-500"], what
+            # a run's model is read from the run on every request, not kept with its points
+            conn.execute("UPDATE runs SET labels = '{\"model\": \"renamed\"}' WHERE run_id = 'cap-700'")
+            assert "cap-700" not in {p["run_id"] for p in _llama(conn, sweep_db)["points"]}
+        finally:
+            conn.rollback()
+            _unend(conn)
+            conn.execute("DELETE FROM kept_power_points")
+            conn.commit()
+
+
+def test_a_request_past_its_budget_keeps_what_it_read_and_the_next_goes_on(
+    sweep_db: FilledFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpufleet.advisor.power_cap as pc
+
+    monkeypatch.setattr(pc, "_BATCH", 2)
+    budgeted = AdvisorSettings(warmup_s=300.0, min_segment_s=300.0, min_level_s=900.0, budget_s=0.0)
+    with psycopg.connect(sweep_db.url, autocommit=True) as conn:
+        try:
+            _ended(conn, sweep_db)
+            whole = _llama(conn, sweep_db)  # the unbudgeted answer, kept
+            conn.execute("DELETE FROM kept_power_points")
+            tries = []
+            for _ in range(len(LLAMA)):
+                try:
+                    got = _llama(conn, sweep_db, budgeted)
+                    break
+                except pc.AdviceUnfinished as e:
+                    tries.append((e.done, e.todo))
+            else:
+                raise AssertionError(f"never finished: {tries}")
+            # one batch a request, each request's batch kept: 6, then 4, then 2 runs left to read
+            assert tries == [(2, 6), (2, 4)]
+            assert got == whole
+        finally:
+            _unend(conn)
+            conn.execute("DELETE FROM kept_power_points")
+
+
+def test_the_endpoint_answers_503_with_what_an_unfinished_advice_read(
+    sweep_db: FilledFleet, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpufleet.api.routes.advisor as route
+    from gpufleet.advisor.power_cap import AdviceUnfinished
+
+    seen: list[float | None] = []
+
+    def unfinished(*_a: Any, settings: AdvisorSettings, **_kw: Any) -> dict[str, Any]:
+        seen.append(settings.budget_s)
+        raise AdviceUnfinished(64, 300, 30.2)
+
+    monkeypatch.setattr(route, "power_cap_advice", unfinished)
+    with psycopg.connect(sweep_db.url, autocommit=True) as conn:
+        sre = create_token(conn, "advisor-budget", "sre")
+    with serve(create_app(sweep_db.url, settings)) as srv:
+        r = httpx.get(
+            f"{srv.url}/v1/advisor/power-cap",
+            params={"gpu_model": H100},
+            headers={"Authorization": f"Bearer {sre}"},
+            timeout=30,
+        )
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "300 runs" in r.json()["detail"] and "64 were read and kept" in r.json()["detail"]
+    assert seen == [settings.api.statement_timeout_s]
+
+
+def test_the_leader_keeps_an_ended_runs_points_as_it_prices_the_run(sweep_db: FilledFleet) -> None:
+    from gpufleet.accounting.ahead import PriceAhead
+
+    with psycopg.connect(sweep_db.url, autocommit=True) as conn:
+        try:
+            _ended(conn, sweep_db)
+            whole = _llama(conn, sweep_db)
+            conn.execute("DELETE FROM kept_power_points")
+            PriceAhead(max_gap_s=60.0, budget_s=600.0).run(conn, sweep_db.end + timedelta(seconds=1))
+            assert sorted(_kept(conn)) == sorted([*LLAMA, "other-model"])
+            assert _llama(conn, sweep_db) == whole
+        finally:
+            _unend(conn)
+            conn.execute("DELETE FROM kept_power_points")

@@ -37,6 +37,11 @@ def _fill(conn: psycopg.Connection) -> None:
         "('\\x01', 'r-old', now() - interval '1200 days', now() - interval '1199 days', '{}', '{}', 0, '{}', '{}'), "
         "('\\x02', 'r-new', now() - interval '2 days', now() - interval '1 day', '{}', '{}', 0, '{}', '{}')"
     )
+    conn.execute(
+        "INSERT INTO kept_power_points (digest, run_id, lo, hi, scopes, versions, points, excluded) VALUES "
+        "('\\x01', 'r-old', now() - interval '1200 days', now() - interval '1199 days', '{}', '{}', '[]', '{}'), "
+        "('\\x02', 'r-new', now() - interval '2 days', now() - interval '1 day', '{}', '{}', '[]', '{}')"
+    )
 
 
 @pytest.mark.parametrize("layout", ["own", "timescaledb"])
@@ -63,6 +68,8 @@ def test_ordinary_tables_are_pruned_on_both_layouts(
     assert conn.execute("SELECT count(*) FROM gpu_energy_spans").fetchone() == (1,)
     assert deleted["kept_claims"] == 1
     assert conn.execute("SELECT run_id FROM kept_claims").fetchall() == [("r-new",)]
+    assert deleted["kept_power_points"] == 1
+    assert conn.execute("SELECT run_id FROM kept_power_points").fetchall() == [("r-new",)]
     # Nothing left to prune: a second pass deletes nothing.
     again = policies.enforce_retention(conn, settings, plain)
     assert not any(again.values())
