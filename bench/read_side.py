@@ -35,7 +35,11 @@ rows, its table's rows in its range and scope...), timed in the same run.
 Reads over the targets (a route's p95 over 500 ms, a panel's over 1 s) are
 listed at the end.  The last line is JSON.
 
-``--keep`` leaves the synthesised database in place and prints its URL;
+What the collector's leader keeps as runs end and the synthesis has no leader
+to keep, it keeps before timing: every ended run's power-cap points (incident
+costs and ledgers are not priced ahead: their first readers price them).
+
+``--match REGEX`` times only the reads whose name matches.  ``--keep`` leaves the synthesised database in place and prints its URL;
 ``--database URL`` times an existing one (made by ``--keep``), first topping
 its samples up to now through the same storing step, so a change (an index,
 a query) can be timed again without synthesising again.
@@ -48,6 +52,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -556,6 +561,19 @@ def top_up(url: str, settings: Settings, say: Callable[[str], None]) -> Fleet:
         fleet.incidents = int(conn.execute("SELECT count(*) FROM incidents").fetchone()[0])  # type: ignore[index]
         fleet.counts = table_counts(conn)
     return fleet
+
+
+def settle(url: str) -> int:
+    """What the collector's leader keeps as runs end and the synthesis has no leader to do: every ended
+    run's power-cap points (:func:`gpufleet.advisor.power_cap.keep_points`)."""
+    from gpufleet.advisor.power_cap import keep_points
+
+    looked = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        ended = [r for (r,) in conn.execute('SELECT run_id FROM runs WHERE "end" IS NOT NULL ORDER BY "end"')]
+        for i in range(0, len(ended), 256):
+            looked += keep_points(conn, ended[i : i + 256])
+    return looked
 
 
 def table_counts(conn: psycopg.Connection) -> dict[str, int]:
@@ -1400,6 +1418,11 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the synthesised database and print its URL")
     ap.add_argument("--database", help="time this database (made with --keep) instead of synthesising one")
     ap.add_argument("--only", choices=("api", "web", "panel"), action="append", help="time only these kinds")
+    ap.add_argument(
+        "--match",
+        help="time only the reads whose name matches this regular expression (a panel's: its board uid and "
+        "range, e.g. 'gpufleet-fleet 6h')",
+    )
     ap.add_argument("--server", default=None, help="maintenance-database URL (default: the test server)")
     ap.add_argument(
         "--standby",
@@ -1482,6 +1505,13 @@ def main() -> None:
             fleet = synthesise(url, plan, settings, say)
             if args.keep:
                 say(f"kept: {url}")
+        t0 = time.perf_counter()
+        looked = settle(url)
+        fleet.seconds["leader_points"] = time.perf_counter() - t0
+        say(
+            f"the leader's power-cap points of {looked} ended runs with progress, as it keeps them when runs "
+            f"end ({fleet.seconds['leader_points']:.0f} s; none computed again where kept)"
+        )
         c = fleet.counts
         say(
             f"synthesised: {plan.gpus} GPUs on {len(plan.nodes)} nodes; {c['runs']} runs over {plan.days:g} days "
@@ -1498,7 +1528,8 @@ def main() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             row = conn.execute("SELECT id FROM incidents WHERE state = 'open' ORDER BY id LIMIT 1").fetchone()
         open_id = int(row[0]) if row else 1
-        http = [r for r in routes(fleet) if r.kind in kinds]
+        wanted = re.compile(args.match) if args.match else None
+        http = [r for r in routes(fleet) if r.kind in kinds and (wanted is None or wanted.search(r.name))]
         for r in http:
             r.path = r.path.replace("{open_incident}", str(open_id))
             if "%(id)s" in r.baseline:
@@ -1516,7 +1547,7 @@ def main() -> None:
                 f"{args.repeat} warm):"
             )
             with psycopg.connect(url, autocommit=True) as conn:
-                items = panel_reads(conn, fleet)
+                items = [i for i in panel_reads(conn, fleet) if wanted is None or wanted.search(i[0].name)]
             panels = time_panels(items, url, fleet, args.repeat, args.budget_s, say)
     every = http + panels
     over = [r for r in every if r.over()]

@@ -408,6 +408,8 @@ def test_read_side_times_every_route_page_and_panel_on_a_tiny_fleet() -> None:
     assert not failed, failed
     assert all(r["cold_ms"] is not None and r["baseline_ms"] is not None for r in reads)
     assert "synthesised:" in res.stdout
+    # the leader's part: ended runs' power-cap points kept before the reads are timed
+    assert "leader_points" in last["synthesis_s"] and "power-cap points of" in res.stdout
 
 
 def test_ledger_truth_counts_idle_gpus_named_and_every_gpu_of_a_hang_within_the_window() -> None:

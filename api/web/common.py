@@ -41,6 +41,21 @@ async def read(request: Request, fn: Callable[..., T], *args: Any) -> T | Respon
 
     try:
         return await run_in_threadpool(work)
+    except psycopg.errors.QueryCanceled:
+        # the statement limit, not a database that does not answer: say which, and what to ask instead
+        limit = st.settings.api.statement_timeout_s
+        return html(
+            page(
+                "Took too long",
+                h(
+                    "<p>Reading this page took longer than the {}-second statement limit "
+                    "(<code>api.statement_timeout_s</code>) and was cancelled. Ask for a shorter period, "
+                    "or retry in a moment.</p>",
+                    f"{limit:g}",
+                ),
+            ),
+            503,
+        )
     except (psycopg.OperationalError, PoolTimeout):
         return html(
             page("Database unavailable", h("<p>The database does not answer; retry in a moment.</p>")), 503

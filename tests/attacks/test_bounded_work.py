@@ -79,6 +79,17 @@ def test_a_slow_statement_is_cancelled_and_answered_naming_the_limit(
         assert get(url, tokens["sre"], "/v1/runs").status_code == 200
 
 
+def test_a_web_page_past_the_statement_limit_says_so_not_that_the_database_is_down(
+    db: str, settings: Settings, tokens: dict[str, str]
+) -> None:
+    with api_with(db, settings, statement_timeout_s=0.5) as url, runs_locked(db):
+        r = httpx.get(url + "/runs", cookies={"gpufleet_token": tokens["sre"]}, timeout=60)
+        assert r.status_code == 503, r.text
+        assert "Took too long" in r.text and "api.statement_timeout_s" in r.text
+        assert "does not answer" not in r.text
+        assert waiting_api_queries(db) == 0
+
+
 def test_one_roles_readers_never_hold_the_whole_pool(
     db: str, settings: Settings, tokens: dict[str, str]
 ) -> None:
