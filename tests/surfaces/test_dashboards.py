@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from gpufleet.dashboards.loader import load_all
 from gpufleet.dashboards.macros import TimeRange, expand
 from gpufleet.dashboards.model import DS_REF
 from gpufleet.dashboards.validate import validate, validate_all
+from gpufleet.store.gpu_states import BUSY_UTIL_PCT
 from tests.surfaces.fleetdb import FilledFleet
 
 UIDS = {"gpufleet-fleet", "gpufleet-run", "gpufleet-starvation", "gpufleet-energy", "gpufleet-node"}
@@ -226,6 +228,42 @@ def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
     assert gpus["Starved"] == starved[0] > 0  # type: ignore[index]
     assert gpus["Busy"] + gpus["Idle"] + gpus["Starved"] == 64
     assert dict(_one(results, "Open incidents by kind").rows) == open_by_kind
+
+
+def test_gpu_states_over_time_count_every_gpu_once_a_bucket_by_the_one_definition(fleet: FilledFleet) -> None:
+    """Each bucket: every GPU that reported in it, counted once, starved while a starvation incident
+    of a run holding it covers the bucket's first sample, else busy or idle by its average GPU-Util
+    (:mod:`gpufleet.store.gpu_states`); computed here from the samples and incidents themselves."""
+    r = _one(_results(fleet, "gpufleet-fleet", "raw"), "GPU states")
+    step = r.interval_ms / 1000
+    with psycopg.connect(fleet.url) as conn:
+        samples = conn.execute(
+            "SELECT node, gpu, extract(epoch FROM time)::float8, util_pct FROM gpu_samples "
+            "WHERE time BETWEEN %s AND %s AND mig_instance IS NULL",
+            (fleet.start, fleet.end),
+        ).fetchall()
+        starved = conn.execute(
+            "SELECT a.node, a.gpu, extract(epoch FROM i.start)::float8, "
+            "coalesce(extract(epoch FROM i.\"end\")::float8, 'infinity') "
+            "FROM incidents i JOIN run_allocations a USING (run_id) WHERE i.kind = 'starvation'"
+        ).fetchall()
+    cells: dict[tuple[float, str, int], list[Any]] = {}
+    for node, gpu, t, util in samples:
+        c = cells.setdefault((math.floor(t / step) * step, node, gpu), [t, 0.0, 0])
+        c[0] = min(c[0], t)
+        if util is not None:
+            c[1], c[2] = c[1] + util, c[2] + 1
+    want: dict[float, dict[str, int]] = {}
+    for (bucket, node, gpu), (first, total, n) in cells.items():
+        if any(sn == node and sg == gpu and a <= first < b for sn, sg, a, b in starved):
+            state = "starved"
+        else:
+            state = "busy" if n and total / n >= BUSY_UTIL_PCT else "idle"
+        counts = want.setdefault(bucket, {"busy": 0, "starved": 0, "idle": 0})
+        counts[state] += 1
+    got = {float(row["time"]): {k: row[k] for k in ("busy", "starved", "idle")} for row in _rows(r)}
+    assert got == want
+    assert any(c["starved"] for c in got.values()) and any(c["busy"] for c in got.values())
 
 
 def test_fleet_board_and_web_view_count_gpus_alike(fleet: FilledFleet) -> None:
