@@ -138,14 +138,4 @@ def keep(conn: psycopg.Connection, fills: Sequence[Fill]) -> None:
         for f in fills
         if same.get(f.run.run_id) == f.run
     ]
-    if not values:
-        return
-
-    def write(c: psycopg.Connection) -> None:
-        def store() -> None:
-            with c.cursor() as cur:
-                cur.executemany(S.CLAIMS_INSERT_SQL, values)
-
-        priced_store.store_quietly(c, store)
-
-    priced_store.defer(conn, write)
+    priced_store.keep_rows(conn, S.CLAIMS_INSERT_SQL, values)

@@ -231,6 +231,22 @@ def _write(conn: psycopg.Connection, fills: list[Fill]) -> None:
     store_quietly(conn, store)
 
 
+def keep_rows(conn: psycopg.Connection, statement: str, values: Sequence[Sequence[Any]]) -> None:
+    """Run ``statement`` for each of ``values`` in a transaction of its own (:func:`store_quietly`), now
+    or when the caller's read-only snapshot ends (:func:`defer`): how what a reader computed is kept."""
+    if not values:
+        return
+
+    def write(c: psycopg.Connection) -> None:
+        def store() -> None:
+            with c.cursor() as cur:
+                cur.executemany(statement, values)
+
+        store_quietly(c, store)
+
+    defer(conn, write)
+
+
 def store_quietly(conn: psycopg.Connection, store: Callable[[], None]) -> None:
     """Run ``store`` in a transaction of its own: refused because the session cannot write or another
     reader stores the same key, it keeps nothing, and the answer already given stands."""

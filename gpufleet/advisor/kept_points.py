@@ -144,14 +144,4 @@ def keep(conn: psycopg.Connection, fills: Sequence[Fill]) -> None:
         )
         for f in fills
     ]
-    if not values:
-        return
-
-    def write(c: psycopg.Connection) -> None:
-        def store() -> None:
-            with c.cursor() as cur:
-                cur.executemany(S.POINTS_INSERT_SQL, values)
-
-        priced_store.store_quietly(c, store)
-
-    priced_store.defer(conn, write)
+    priced_store.keep_rows(conn, S.POINTS_INSERT_SQL, values)
