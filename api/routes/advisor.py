@@ -42,7 +42,17 @@ class PowerCapAdvice(BaseModel):
     reasons: list[str] | None = None
 
 
-@router.get("/v1/advisor/power-cap", response_model=PowerCapAdvice, response_model_exclude_none=True)
+@router.get(
+    "/v1/advisor/power-cap",
+    response_model=PowerCapAdvice,
+    response_model_exclude_none=True,
+    responses={
+        503: {
+            "description": "the runs not kept yet took longer than api.statement_timeout_s to read; what was "
+            "read is kept, so a retry (Retry-After) goes on from there"
+        }
+    },
+)
 def power_cap(
     conn: ConnDep,
     s: StateDep,

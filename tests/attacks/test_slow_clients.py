@@ -32,7 +32,9 @@ from tests.attacks.conftest import batch, whole_seconds_ago
 
 PENDING_PER_IP = 8
 LIMITS: dict[str, float] = {
-    "header_timeout_s": 2.0,
+    # well past SLOW_AFTER_S: a connection counts against its address's share from 1 s after the server
+    # accepted it until its header timeout cuts it, and on a loaded machine a one-second window was missed
+    "header_timeout_s": 5.0,
     "body_timeout_s": 1.0,
     "max_body_bytes_in_flight": 5 * 2**19,
     "max_pending_connections_per_ip": PENDING_PER_IP,
@@ -128,7 +130,7 @@ def test_the_collector_lets_slow_and_excess_clients_go(db: str, settings: Settin
         assert _ship(srv.url, token, t0 + 2).status_code == 200
         assert guard.in_flight_bytes == 0 and guard.pending == {}
         cut = dict(guard.cut)
-    assert cut["pending_per_ip"] >= 1 and cut["bodies_in_flight"] == 1
+    assert cut["pending_per_ip"] >= 1 and cut["bodies_in_flight"] == 1, cut
     assert cut["header_timeout"] >= 8 and cut["body_timeout"] == 2, cut
     with psycopg.connect(db) as c:
         assert c.execute("SELECT count(*) FROM gpu_samples").fetchone() == (8,)
@@ -183,5 +185,5 @@ def test_the_api_lets_slow_and_excess_clients_go(api_server: tuple[ServerThread,
         guard.cut["header_timeout"] >= 8
         and guard.cut["body_timeout"] == 1
         and guard.cut["pending_per_ip"] >= 1
-    )
+    ), dict(guard.cut)
     assert guard.in_flight_bytes == 0
