@@ -88,22 +88,11 @@ def lookup(conn: psycopg.Connection, keys: Mapping[str, bytes]) -> dict[str, Kep
     return out
 
 
-@dataclass(frozen=True)
-class Marks:
-    """The marks a run's claims rest on, read before they are claimed."""
-
-    scopes: tuple[str, ...]
-    versions: tuple[int, ...]
-
-
-def marks(conn: psycopg.Connection, run_ids: Collection[str]) -> dict[str, Marks]:
-    """The current marks of the runs' incidents and of the runs (read in, or before, the snapshot the
-    claims are made in: a change in between leaves a newer mark than the one recorded)."""
+def marks(conn: psycopg.Connection, run_ids: Collection[str]) -> dict[str, priced_store.Marks]:
+    """The current marks of the runs' incidents and of the runs, read before they are claimed."""
     if not run_ids:
         return {}
-    scopes = {rid: (f"i:{rid}", f"r:{rid}") for rid in run_ids}
-    got = priced_store.current_marks(conn, [s for v in scopes.values() for s in v])
-    return {rid: Marks(sc, tuple(int(got.get(s, 0)) for s in sc)) for rid, sc in scopes.items()}
+    return priced_store.marks_of(conn, {rid: (f"i:{rid}", f"r:{rid}") for rid in run_ids})
 
 
 @dataclass(frozen=True)
@@ -112,7 +101,7 @@ class Fill:
 
     run: Run
     key: bytes
-    marks: Marks
+    marks: priced_store.Marks
     kept: Kept
 
 

@@ -203,6 +203,22 @@ def current_marks(conn: psycopg.Connection, scopes: Collection[str]) -> dict[str
     return dict(conn.execute(S.MARKS_SQL, {"scopes": list(scopes)}).fetchall()) if scopes else {}
 
 
+@dataclass(frozen=True)
+class Marks:
+    """The marks one kept answer rests on, as they were read before it was computed."""
+
+    scopes: tuple[str, ...]
+    versions: tuple[int, ...]
+
+
+def marks_of(conn: psycopg.Connection, scopes: Mapping[str, Sequence[str]]) -> dict[str, Marks]:
+    """The current marks of each key's ``scopes`` (key -> its scopes), read in one query (in, or before,
+    the snapshot the answers are computed in: a change in between leaves a newer mark than the one
+    recorded)."""
+    got = current_marks(conn, sorted({s for v in scopes.values() for s in v}))
+    return {k: Marks(tuple(sc), tuple(int(got.get(s, 0)) for s in sc)) for k, sc in scopes.items()}
+
+
 def keep(conn: psycopg.Connection, fills: Iterable[Fill]) -> None:
     """Store ``fills`` now, or when the caller's read-only snapshot ends."""
     todo = list(fills)

@@ -100,24 +100,16 @@ def _scopes(run: Run) -> tuple[str, ...]:
     return tuple(sorted(got))
 
 
-@dataclass(frozen=True)
-class Marks:
-    scopes: tuple[str, ...]
-    versions: tuple[int, ...]
-
-
-def marks(conn: psycopg.Connection, runs: Collection[Run]) -> dict[str, Marks]:
+def marks(conn: psycopg.Connection, runs: Collection[Run]) -> dict[str, priced_store.Marks]:
     """The current marks each run's points rest on, read before the run is read."""
-    scopes = {r.run_id: _scopes(r) for r in runs}
-    got = priced_store.current_marks(conn, sorted({s for v in scopes.values() for s in v}))
-    return {rid: Marks(sc, tuple(int(got.get(s, 0)) for s in sc)) for rid, sc in scopes.items()}
+    return priced_store.marks_of(conn, {r.run_id: _scopes(r) for r in runs})
 
 
 @dataclass(frozen=True)
 class Fill:
     run: Run
     key: bytes
-    marks: Marks
+    marks: priced_store.Marks
     points: Sequence[Point]
     excluded: Mapping[str, int]
 

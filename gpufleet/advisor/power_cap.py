@@ -342,10 +342,13 @@ def _model_of(name: str | None, label: str | None, run_id: str) -> str:
 #: Runs read (and their points kept) per transaction of storing.
 _BATCH = 64
 
+#: A run the advisor looks at: id, model, start, end (None: running), its GPUs' nodes, declared shared.
+_Chosen = tuple[str, str, float, float | None, list[str], bool]
+
 
 def _points(
     conn: psycopg.Connection,
-    chosen: list[tuple[str, str, float, float | None, list[str], bool]],
+    chosen: list[_Chosen],
     cfg: AdvisorSettings,
     t_now: float,
 ) -> dict[str, tuple[list[Point], dict[str, int]]]:
@@ -411,7 +414,7 @@ def power_cap_advice(
     names = {n: gpu_model_names(f) for n, f in facts.items()}
     want = gpu_model.strip().lower()
     seen_models: set[str] = set()
-    chosen: list[tuple[str, str, float, float | None, list[str], bool]] = []
+    chosen: list[_Chosen] = []
     for run_id, name, label, start, end, nodes, gpus, shared in conn.execute(
         RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))
     ).fetchall():
