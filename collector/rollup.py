@@ -1,5 +1,5 @@
-"""The rollup worker: keeps per-minute and per-hour energy (and, on plain
-PostgreSQL, per-minute stats) current as samples arrive.
+"""The rollup worker: keeps per-minute and per-hour energy and node activity
+(and, on plain PostgreSQL, per-minute stats) current as samples arrive.
 
 Ingest records each batch's (node, time range) in ``rollup_queue`` inside
 the batch's own transaction.  This worker claims queued ranges, recomputes the
@@ -27,8 +27,8 @@ from datetime import datetime
 import psycopg
 
 from gpufleet.collector.shards import shard_sql
+from gpufleet.db import activity_sql, sql_files, stats_sql
 from gpufleet.db import energy_sql as E
-from gpufleet.db import sql_files, stats_sql
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,8 @@ class RollupResult:
     #: Counter intervals longer than the gap rule written as one row each.
     gpu_spans: int = 0
     host_buckets: int = 0
+    #: node_activity_1m and _1h rows written.
+    node_minutes: int = 0
 
 
 def merge_ranges(rows: list[tuple[str, datetime, datetime]]) -> dict[str, tuple[datetime, datetime]]:
@@ -265,6 +267,9 @@ def rebuild(
             delete, insert = _stats_sql(kind)
             conn.execute(delete, params)
             conn.execute(insert, params)
+    for delete, insert in (activity_sql.rebuild_minutes_sql(), activity_sql.rebuild_hours_sql()):
+        conn.execute(delete, params)
+        res.node_minutes += conn.execute(insert, params).rowcount
     return res
 
 

@@ -29,6 +29,8 @@ DATA_TABLES = (
     "gpu_energy_spans",
     "host_energy_1m",
     "host_energy_1h",
+    "node_activity_1m",
+    "node_activity_1h",
     "ingest_batches",
     "rollup_queue",
     "incidents",

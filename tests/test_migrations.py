@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import psycopg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
 from gpufleet.catalog import gpu_columns, host_columns
+from gpufleet.collector import rollup
 from gpufleet.config import Settings
-from gpufleet.db import migrate
+from gpufleet.db import activity_sql, migrate, stats_sql
+from gpufleet.db import energy_sql as E
 from gpufleet.db.connect import sqlalchemy_url
 from gpufleet.db.policies import BATCH_GUC
 from gpufleet.db.schema import BACKEND_INDEXES, STATS_RELATIONS, metadata
@@ -96,7 +99,7 @@ def test_timescale_layout(settings: Settings) -> None:
             hyper = {
                 r[0] for r in conn.execute("SELECT hypertable_name FROM timescaledb_information.hypertables")
             }
-            assert {"gpu_samples", "host_samples"} <= hyper
+            assert {"gpu_samples", "host_samples", "node_activity_1m", "node_activity_1h"} <= hyper
             jobs = conn.execute(
                 "SELECT proc_name, hypertable_name FROM timescaledb_information.jobs WHERE hypertable_name IS NOT NULL"
             ).fetchall()
@@ -135,6 +138,44 @@ def test_timescale_layout(settings: Settings) -> None:
                 assert batches == 1, "5,000 rows of one GPU in one chunk are one compressed batch"
         migrate.downgrade(url)
         assert migrate.current(url) is None
+
+
+def test_node_activity_is_filled_from_the_minutes_already_rolled_up(
+    pg_server: str, settings: Settings
+) -> None:
+    """Migration 0029 fills ``node_activity_1m``/``_1h`` from ``gpu_stats_1m``: with every value present
+    (the one case where a minute's sample count is each column's), the rows equal the rollup worker's."""
+    plain = settings.model_copy(update={"storage": settings.storage.model_copy(update={"timescale": "off"})})
+    with scratch_database(pg_server) as url:
+        migrate.upgrade(url, plain, "0028")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO gpu_samples (time, node, gpu, util_pct, sm_active, tensor_active, power_w) "
+                "SELECT timestamptz '2026-12-01 10:40:00+00' + make_interval(secs => i * 7), 'n' || (i % 3), "
+                "(i / 3) % 4, (i * 37) % 101 / 4.0, ((i * 13) % 10) / 10.0, ((i * 7) % 10) / 10.0, 100 + (i * 11) % 500 "
+                "FROM generate_series(0, 2999) i"
+            )
+            conn.execute(f"INSERT INTO gpu_stats_1m {stats_sql.gpu_stats_select(E.minute('time'))}")
+        migrate.upgrade(url, plain)
+        with psycopg.connect(url, autocommit=True) as conn:
+            filled = {t: _activity(conn, t) for t in ("node_activity_1m", "node_activity_1h")}
+            assert len(filled["node_activity_1h"]) == 3 * 7 and len(filled["node_activity_1m"]) == 3 * 350
+            conn.execute("TRUNCATE node_activity_1m, node_activity_1h")
+            conn.execute(
+                "INSERT INTO rollup_queue (node, t_min, t_max) SELECT node, min(time), max(time) "
+                "FROM gpu_samples GROUP BY node"
+            )
+            rollup.drain(conn, 60.0, plain_stats=True)
+            for table, rows in filled.items():
+                rebuilt = _activity(conn, table)
+                assert sorted(rebuilt) == sorted(rows)
+                for key, values in rows.items():
+                    assert rebuilt[key] == pytest.approx(values, rel=1e-9), (table, key)
+
+
+def _activity(conn: psycopg.Connection, table: str) -> dict[tuple[object, str], tuple[float, ...]]:
+    rows = conn.execute(f"SELECT bucket, node, {activity_sql.NAMES} FROM {table}").fetchall()
+    return {(r[0], r[1]): tuple(float(x) for x in r[2:]) for r in rows}
 
 
 #: The revisions written before the chain followed the file numbers (kept as they shipped).

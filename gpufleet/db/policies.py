@@ -13,7 +13,14 @@ from psycopg import sql
 from gpufleet.config import Settings
 
 RAW_TABLES = ("gpu_samples", "host_samples")
-ROLLUP_TABLES = ("gpu_energy_1m", "host_energy_1m", "gpu_energy_1h", "host_energy_1h")
+ROLLUP_TABLES = (
+    "gpu_energy_1m",
+    "host_energy_1m",
+    "gpu_energy_1h",
+    "host_energy_1h",
+    "node_activity_1m",
+    "node_activity_1h",
+)
 CAGGS = ("gpu_stats_1m", "host_stats_1m")
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.types import TypeEngine
 
 from gpufleet.catalog import GPU_FIELDS, HOST_FIELDS, Field
+from gpufleet.db import activity_sql
 
 metadata = MetaData()
 
@@ -514,6 +515,26 @@ gpu_energy_1h = Table(
     PrimaryKeyConstraint("node", "gpu", "bucket"),
 )
 Index("gpu_energy_1h_bucket_idx", gpu_energy_1h.c.bucket)
+
+
+def _node_activity(name: str) -> Table:
+    """Per node and minute (or hour): GPU-minutes, busy GPU-minutes, summed samples and power
+    (gpufleet.db.activity_sql, migration 0029); the fleet board's series read these, not one row per GPU."""
+    cols = [Column(c, Integer if t == "integer" else Double, nullable=False) for c, t in activity_sql.COLUMNS]
+    table = Table(
+        name,
+        metadata,
+        _tz("bucket"),
+        Column("node", Text, nullable=False),
+        *cols,
+        PrimaryKeyConstraint("node", "bucket"),
+    )
+    Index(f"{name}_bucket_idx", table.c.bucket)
+    return table
+
+
+node_activity_1m = _node_activity("node_activity_1m")
+node_activity_1h = _node_activity("node_activity_1h")
 
 #: Counter intervals longer than the gap rule (accounting.max_gap_s), one row each instead of one
 #: per minute they cover (collector.rollup); rollup-based accounting adds their share (migration 0009).
