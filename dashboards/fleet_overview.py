@@ -19,17 +19,18 @@ from gpufleet.dashboards.model import (
     timeseries,
 )
 from gpufleet.dashboards.sql import (
+    HOURS_FROM_MS,
     RANGE_FROM,
     RANGE_TO,
     accounting,
     all_or,
     incident_in_site,
+    minutes_or_hours,
     node_in_site,
     open_at,
-    raw_or_rollup,
-    weighted,
 )
-from gpufleet.store.gpu_states import BUSY_UTIL_PCT, gpu_state, gpu_states_at
+from gpufleet.db.energy_sql import ORIGIN
+from gpufleet.store.gpu_states import BUSY_UTIL_PCT, gpu_states_at
 
 UID = "gpufleet-fleet"
 
@@ -50,65 +51,65 @@ SELECT count(*) FILTER (WHERE g.state = 'busy') AS "Busy",
 FROM ({gpu_states_at(RANGE_TO, "interval '2 minutes'", node_in_site("s.node"))}) g
 """
 
-_STATE_BUCKETS = raw_or_rollup(
-    f"""SELECT $__timeGroup(s.time, $__interval) AS bucket, min(s.time) AS first_t, s.node, s.gpu,
-       avg(s.util_pct) AS util
-FROM gpu_samples s
-WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {node_in_site("s.node")}
-GROUP BY 1, 3, 4""",
-    f"""SELECT $__timeGroup(r.bucket, $__interval) AS bucket, min(r.bucket) AS first_t, r.node, r.gpu,
-       {weighted("util_pct")} AS util
-FROM gpu_stats_1m r
-WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1, 3, 4""",
+#: Per node and interval: minutes with samples, GPU-minutes and busy GPU-minutes (node_activity).
+_NODE_STATES = minutes_or_hours(
+    f"""SELECT $__timeGroup(a.bucket, $__interval) AS bucket, a.node, sum(a.minutes)::float8 AS minutes,
+       sum(a.gpu_minutes) AS gpu_minutes, sum(a.busy_minutes) AS busy_minutes
+FROM node_activity_1m a
+WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
+GROUP BY 1, 2"""
 )
 
-#: The GPU-buckets a starvation incident of a run holding the GPU covers (at the bucket's first sample),
-#: found by one join of the few starved allocations with the buckets; a per-bucket EXISTS over them ran
-#: past 200 s on 10,000 GPUs at 6 h (``bench/read_side.py``), this join in about 30 s, nearly all of it
-#: grouping the raw samples.
+#: GPUs per state in each interval, averaged over its minutes: each GPU-minute is busy or idle by the
+#: minute's mean GPU-Util, and starved instead while a starvation incident of a run holding the GPU is
+#: open at the minute's start.  Busy and idle GPU-minutes come from node_activity (one row a node, not a
+#: GPU: the per-GPU form took 41 s at 6 h on 10,000 GPUs, ``bench/read_side.py``); only the few starved
+#: GPU-minutes are read per GPU, from gpu_stats_1m, to move them out of busy or idle, grouped by the
+#: hour where the node rows are hours.
 GPU_STATES_OVER_TIME = f"""
-WITH g AS (
-{_STATE_BUCKETS}
+WITH act AS (
+{_NODE_STATES}
 ), starved AS (
-  SELECT a.node, a.gpu, i.start, coalesce(i."end", 'infinity') AS stop
+  SELECT DISTINCT
+    CASE WHEN $__interval_ms >= {HOURS_FROM_MS} THEN date_bin(interval '1 hour', s.bucket, {ORIGIN}) ELSE s.bucket END
+      AS at,
+    s.bucket, s.node, s.gpu, coalesce(s.util_pct, 0) >= {BUSY_UTIL_PCT} AS busy
   FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id
+  JOIN gpu_stats_1m s ON s.node = a.node AND s.gpu = a.gpu
+   AND s.bucket >= i.start AND s.bucket < coalesce(i."end", 'infinity')
   WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
-), hits AS (
-  SELECT DISTINCT g.bucket, g.node, g.gpu
-  FROM g JOIN starved x ON x.node = g.node AND x.gpu = g.gpu
-  WHERE g.first_t >= x.start AND g.first_t < x.stop
-), classified AS (
-  SELECT g.bucket, {gpu_state("g.util", "h.node IS NOT NULL")} AS state
-  FROM g LEFT JOIN hits h ON h.bucket = g.bucket AND h.node = g.node AND h.gpu = g.gpu
+    AND s.bucket >= {RANGE_FROM} - interval '1 hour' AND s.bucket <= {RANGE_TO} AND {node_in_site("s.node")}
+), starved_per_node AS (
+  SELECT $__timeGroup(at, $__interval) AS bucket, node, count(*) AS starved,
+         count(*) FILTER (WHERE busy) AS starved_busy
+  FROM starved
+  WHERE $__timeFilter(at)
+  GROUP BY 1, 2
 )
-SELECT bucket AS "time",
-       count(*) FILTER (WHERE state = 'busy') AS "busy",
-       count(*) FILTER (WHERE state = 'starved') AS "starved",
-       count(*) FILTER (WHERE state = 'idle') AS "idle"
-FROM classified
+SELECT a.bucket AS "time",
+       sum(greatest(a.busy_minutes - coalesce(x.starved_busy, 0), 0) / a.minutes) AS "busy",
+       sum(coalesce(x.starved, 0) / a.minutes) AS "starved",
+       sum(greatest(a.gpu_minutes - a.busy_minutes - coalesce(x.starved - x.starved_busy, 0), 0) / a.minutes)
+         AS "idle"
+FROM act a LEFT JOIN starved_per_node x ON x.bucket = a.bucket AND x.node = a.node
 GROUP BY 1
 ORDER BY 1
 """
 
-_POWER = raw_or_rollup(
-    f"""SELECT $__timeGroup(s.time, $__interval) AS bucket, coalesce(n.site, 'no site') AS site, s.node, s.gpu,
-       avg(s.power_w) AS watts
-FROM gpu_samples s LEFT JOIN nodes n ON n.node = s.node
-WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {node_in_site("s.node")}
-GROUP BY 1, 2, 3, 4""",
-    f"""SELECT $__timeGroup(r.bucket, $__interval) AS bucket, coalesce(n.site, 'no site') AS site, r.node, r.gpu,
-       {weighted("power_w")} AS watts
-FROM gpu_stats_1m r LEFT JOIN nodes n ON n.node = r.node
-WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1, 2, 3, 4""",
+_NODE_POWER = minutes_or_hours(
+    f"""SELECT $__timeGroup(a.bucket, $__interval) AS bucket, coalesce(n.site, 'no site') AS site, a.node,
+       sum(a.power_w) / sum(a.minutes) AS watts
+FROM node_activity_1m a LEFT JOIN nodes n ON n.node = a.node
+WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
+GROUP BY 1, 2, 3"""
 )
 
+#: Each site's GPU power: per node, its GPUs' summed power averaged over the minutes it reported.
 POWER_BY_SITE = f"""
 SELECT bucket AS "time", site AS metric, sum(watts) AS value
 FROM (
-{_POWER}
-) AS per_gpu
+{_NODE_POWER}
+) AS per_node
 GROUP BY 1, 2
 ORDER BY 1, 2
 """
@@ -169,31 +170,25 @@ ORDER BY n.node
 """
 
 UTIL_BY_NODE = (
-    raw_or_rollup(
-        f"""SELECT $__timeGroupAlias(s.time, $__interval), s.node AS metric, avg(s.util_pct) AS value
-FROM gpu_samples s
-WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {node_in_site("s.node")}
-GROUP BY 1, 2""",
-        f"""SELECT $__timeGroupAlias(r.bucket, $__interval), r.node AS metric, {weighted("util_pct")} AS value
-FROM gpu_stats_1m r
-WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1, 2""",
+    minutes_or_hours(
+        f"""SELECT $__timeGroupAlias(a.bucket, $__interval), a.node AS metric,
+       sum(a.util_sum) / nullif(sum(a.util_samples), 0) AS value
+FROM node_activity_1m a
+WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
+GROUP BY 1, 2"""
     )
     + "\nORDER BY 1, 2"
 )
 
 ACTIVITY = (
-    raw_or_rollup(
-        f"""SELECT $__timeGroupAlias(s.time, $__interval), avg(s.util_pct) AS "GPU-Util",
-       avg(s.sm_active) * 100 AS "SM active", avg(s.tensor_active) * 100 AS "Tensor active"
-FROM gpu_samples s
-WHERE $__timeFilter(s.time) AND s.mig_instance IS NULL AND {node_in_site("s.node")}
-GROUP BY 1""",
-        f"""SELECT $__timeGroupAlias(r.bucket, $__interval), {weighted("util_pct")} AS "GPU-Util",
-       {weighted("sm_active")} * 100 AS "SM active", {weighted("tensor_active")} * 100 AS "Tensor active"
-FROM gpu_stats_1m r
-WHERE $__timeFilter(r.bucket) AND {node_in_site("r.node")}
-GROUP BY 1""",
+    minutes_or_hours(
+        f"""SELECT $__timeGroupAlias(a.bucket, $__interval),
+       sum(a.util_sum) / nullif(sum(a.util_samples), 0) AS "GPU-Util",
+       sum(a.sm_sum) / nullif(sum(a.sm_samples), 0) * 100 AS "SM active",
+       sum(a.tensor_sum) / nullif(sum(a.tensor_samples), 0) * 100 AS "Tensor active"
+FROM node_activity_1m a
+WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
+GROUP BY 1"""
     )
     + "\nORDER BY 1"
 )
@@ -298,26 +293,33 @@ def build() -> dict[str, Any]:
         timeseries(
             "GPU states",
             GPU_STATES_OVER_TIME,
-            "GPUs per state in each interval (average GPU-Util of the interval).",
+            "GPUs per state, averaged over the minutes of each interval: a GPU-minute is busy at or above "
+            f"{BUSY_UTIL_PCT:g} % mean GPU-Util, starved while a run holding the GPU has a starvation "
+            "incident open at the minute's start, else idle. Minutes at most; hours from 10-minute intervals.",
             "none",
             stack=True,
             w=12,
+            min_interval="1m",
         ),
         timeseries(
             "GPU power by site",
             POWER_BY_SITE,
-            "Sum over GPUs of each GPU's average board power in the interval.",
+            "Board power of the site's GPUs: each node's summed GPU power averaged over the minutes it "
+            "reported in the interval. Minutes at most; hours from 10-minute intervals.",
             "watt",
             stack=True,
             w=12,
+            min_interval="1m",
         ),
         timeseries(
             "Fleet activity",
             ACTIVITY,
-            "Average GPU-Util and DCGM SM / tensor activity over every reporting GPU.",
+            "Average GPU-Util and DCGM SM / tensor activity over every sample of every reporting GPU. "
+            "Minutes at most; hours from 10-minute intervals.",
             "percent",
             w=12,
             fill=0,
+            min_interval="1m",
         ),
         timeseries(
             "Open incidents",
@@ -330,7 +332,14 @@ def build() -> dict[str, Any]:
             fill=60,
         ),
         heatmap(
-            "GPU-Util by node", UTIL_BY_NODE, "Average GPU-Util of each node's GPUs.", "percent", w=24, h=8
+            "GPU-Util by node",
+            UTIL_BY_NODE,
+            "Average GPU-Util of each node's GPUs over their samples. Minutes at most; hours from 10-minute "
+            "intervals.",
+            "percent",
+            w=24,
+            h=8,
+            min_interval="1m",
         ),
     )
     b.row("Nodes")

@@ -199,10 +199,13 @@ def heatmap(
     w: int = 12,
     h: int = 9,
     max_points: int | None = 300,
+    min_interval: str | None = None,
     scheme: str = "Oranges",
 ) -> Panel:
     """One row per series (a GPU), coloured by value: Grafana's "time series buckets" layout."""
     extra: dict[str, Any] = {"maxDataPoints": max_points} if max_points else {}
+    if min_interval:
+        extra["interval"] = min_interval
     return Panel(
         "heatmap",
         title,

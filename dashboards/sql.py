@@ -61,6 +61,25 @@ def raw_or_rollup(raw: str, rollup: str) -> str:
     )
 
 
+#: From this query interval on, panels of node activity read hours, not minutes (a week's range at
+#: Grafana's usual 1,000 points is a 10-minute interval: hourly points, read from 168 rows a node).
+HOURS_FROM_MS = 600_000
+
+
+def minutes_or_hours(select: str) -> str:
+    """``select``, written against ``node_activity_1m``, and its twin over ``node_activity_1h``, of which
+    PostgreSQL runs exactly one (a constant, one-time filter on the interval).
+
+    Their columns are sums over GPU-minutes (:mod:`gpufleet.db.activity_sql`), so one query text serves
+    both: an hour's row is the sum of its minutes'."""
+    hours = select.replace("node_activity_1m", "node_activity_1h")
+    return (
+        f"SELECT * FROM (\n{select.strip()}\n) AS minute_rows WHERE $__interval_ms < {HOURS_FROM_MS}\n"
+        f"UNION ALL\n"
+        f"SELECT * FROM (\n{hours.strip()}\n) AS hour_rows WHERE $__interval_ms >= {HOURS_FROM_MS}"
+    )
+
+
 def per_gpu_series(raw_expr: str, rollup_expr: str, where: str, alias: str = "value") -> str:
     """Long-format ``time, metric (node/gpu), value`` of one GPU metric, raw or from ``gpu_stats_1m``.
 

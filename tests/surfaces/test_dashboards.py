@@ -14,7 +14,7 @@ import pytest
 from gpufleet.dashboards import build
 from gpufleet.dashboards.dryrun import QueryResult, panels, run_dashboard, shape_problems
 from gpufleet.dashboards.loader import load_all
-from gpufleet.dashboards.macros import TimeRange, expand
+from gpufleet.dashboards.macros import TimeRange
 from gpufleet.dashboards.model import DS_REF
 from gpufleet.dashboards.validate import validate, validate_all
 from gpufleet.store.gpu_states import BUSY_UTIL_PCT
@@ -138,35 +138,47 @@ def test_every_query_on_timescaledb(timescale_fleet: FilledFleet, time_bucket: b
                 assert [r.where for r in results if not r.rows] == []
 
 
-def test_raw_and_rollup_branches_agree(fleet: FilledFleet) -> None:
-    """Per-minute averages read from samples and from gpu_stats_1m are the same numbers."""
-
-    def fleet_activity(mode: str) -> dict[Any, float]:
-        r = _one(_results(fleet, "gpufleet-fleet", mode), "Fleet activity")
-        return {row[0]: row[1] for row in r.rows}
-
+@pytest.mark.parametrize("interval_ms", [60_000, 600_000])
+def test_fleet_activity_is_the_samples_average(fleet: FilledFleet, interval_ms: int) -> None:
+    """The board's fleet activity, read from node_activity (minutes, or hours from 10-minute intervals),
+    is each interval's average over the raw samples themselves."""
     d = load_all()["gpufleet-fleet"]
-    sql = next(t["rawSql"] for p in panels(d) if p.get("title") == "Fleet activity" for t in p["targets"])
-    rng = TimeRange(fleet.start, fleet.end)
-    variables = {}
+    rng = TimeRange(fleet.start - timedelta(hours=1), fleet.end)
+    step = 3600 if interval_ms >= 600_000 else 60
     with psycopg.connect(fleet.url, autocommit=True) as conn:
-        from gpufleet.dashboards.dryrun import resolve_variables
+        r = _one(run_dashboard(conn, d, rng, interval_ms=interval_ms), "Fleet activity")
+        raw = conn.execute(
+            "SELECT floor(extract(epoch FROM time) / %(step)s) * %(step)s, avg(util_pct), avg(sm_active) * 100, "
+            "avg(tensor_active) * 100 FROM gpu_samples WHERE time BETWEEN %(lo)s AND %(hi)s "
+            "AND mig_instance IS NULL GROUP BY 1",
+            {"step": step, "lo": rng.start, "hi": rng.end},
+        ).fetchall()
+    want = {float(t): tuple(v) for t, *v in raw if t >= rng.start.timestamp()}
+    got = {float(row["time"]): (row["GPU-Util"], row["SM active"], row["Tensor active"]) for row in _rows(r)}
+    assert sorted(got) == sorted(want) and len(got) >= (1 if step == 3600 else 14)
+    for t, values in want.items():
+        assert got[t] == pytest.approx(values, rel=1e-6), t
 
-        variables = resolve_variables(conn, d, rng)
-        # A one-minute bucket read from raw samples (interval just under the switch) ...
-        raw_sql = expand(
-            sql.replace("$__interval_ms <", "0 <").replace("$__interval_ms >=", "0 >="),
-            rng,
-            variables,
-            interval_ms=60_000,
-            timescaledb=fleet.backend == "timescaledb",
-        )
-        raw = {row[0]: row[1] for row in conn.execute(raw_sql.encode()).fetchall()}
-    rolled = fleet_activity("rollup")
-    common = sorted(set(raw) & set(rolled))
-    assert len(common) >= 14
-    for t in common:
-        assert rolled[t] == pytest.approx(raw[t], rel=1e-6, abs=1e-6)
+
+def test_power_by_site_sums_each_gpus_minute_power(fleet: FilledFleet) -> None:
+    """At one-minute intervals, a site's power is the sum over its GPUs of each one's mean power in the
+    minute, recounted from the raw samples."""
+    d = load_all()["gpufleet-fleet"]
+    rng = TimeRange(fleet.start, fleet.end)
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        r = _one(run_dashboard(conn, d, rng, interval_ms=60_000), "GPU power by site")
+        raw = conn.execute(
+            "SELECT m, site, sum(p) FROM (SELECT floor(extract(epoch FROM s.time) / 60) * 60 AS m, "
+            "coalesce(n.site, 'no site') AS site, s.node, s.gpu, avg(s.power_w) AS p FROM gpu_samples s "
+            "LEFT JOIN nodes n USING (node) WHERE s.time BETWEEN %s AND %s AND s.mig_instance IS NULL "
+            "GROUP BY 1, 2, 3, 4) g GROUP BY 1, 2",
+            (rng.start, rng.end),
+        ).fetchall()
+    want = {(float(t), site): w for t, site, w in raw}
+    got = {(float(row["time"]), row["metric"]): row["value"] for row in _rows(r)}
+    assert sorted(got) == sorted(want) and len({site for _, site in got}) >= 2
+    for key, watts in want.items():
+        assert got[key] == pytest.approx(watts, rel=1e-6), key
 
 
 def test_run_detail_shows_each_gpu_of_each_run(fleet: FilledFleet) -> None:
@@ -230,39 +242,59 @@ def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
     assert dict(_one(results, "Open incidents by kind").rows) == open_by_kind
 
 
-def test_gpu_states_over_time_count_every_gpu_once_a_bucket_by_the_one_definition(fleet: FilledFleet) -> None:
-    """Each bucket: every GPU that reported in it, counted once, starved while a starvation incident
-    of a run holding it covers the bucket's first sample, else busy or idle by its average GPU-Util
-    (:mod:`gpufleet.store.gpu_states`); computed here from the samples and incidents themselves."""
-    r = _one(_results(fleet, "gpufleet-fleet", "raw"), "GPU states")
-    step = r.interval_ms / 1000
-    with psycopg.connect(fleet.url) as conn:
+@pytest.mark.parametrize("interval_ms", [60_000, 300_000, 600_000])
+def test_gpu_states_over_time_count_every_gpu_minute_by_the_one_definition(
+    fleet: FilledFleet, interval_ms: int
+) -> None:
+    """Each interval: per node, its GPU-minutes by state divided by the minutes it reported, summed over
+    nodes; a GPU-minute is starved while a starvation incident of a run holding the GPU is open at the
+    minute's start, else busy or idle by its mean GPU-Util (:mod:`gpufleet.store.gpu_states`).  Counted
+    here from the samples and incidents themselves, at one-minute and five-minute intervals (from
+    node_activity_1m) and ten-minute ones (from node_activity_1h: hourly points)."""
+    d = load_all()["gpufleet-fleet"]
+    rng = TimeRange(fleet.start - timedelta(hours=1), fleet.end)
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        results = run_dashboard(
+            conn, d, rng, interval_ms=interval_ms, timescaledb=fleet.backend == "timescaledb"
+        )
         samples = conn.execute(
             "SELECT node, gpu, extract(epoch FROM time)::float8, util_pct FROM gpu_samples "
             "WHERE time BETWEEN %s AND %s AND mig_instance IS NULL",
-            (fleet.start, fleet.end),
+            (rng.start, rng.end),
         ).fetchall()
         starved = conn.execute(
             "SELECT a.node, a.gpu, extract(epoch FROM i.start)::float8, "
             "coalesce(extract(epoch FROM i.\"end\")::float8, 'infinity') "
             "FROM incidents i JOIN run_allocations a USING (run_id) WHERE i.kind = 'starvation'"
         ).fetchall()
-    cells: dict[tuple[float, str, int], list[Any]] = {}
+    r = _one(results, "GPU states")
+    step = 3600.0 if interval_ms >= 600_000 else interval_ms / 1000
+    cells: dict[tuple[float, str, int], list[float]] = {}
     for node, gpu, t, util in samples:
-        c = cells.setdefault((math.floor(t / step) * step, node, gpu), [t, 0.0, 0])
-        c[0] = min(c[0], t)
+        c = cells.setdefault((math.floor(t / 60) * 60, node, gpu), [0.0, 0])
         if util is not None:
-            c[1], c[2] = c[1] + util, c[2] + 1
-    want: dict[float, dict[str, int]] = {}
-    for (bucket, node, gpu), (first, total, n) in cells.items():
-        if any(sn == node and sg == gpu and a <= first < b for sn, sg, a, b in starved):
+            c[0], c[1] = c[0] + util, c[1] + 1
+    per_node: dict[tuple[float, str], dict[str, float]] = {}
+    node_minutes: dict[tuple[float, str], set[float]] = {}
+    for (minute, node, gpu), (total, n) in cells.items():
+        if any(sn == node and sg == gpu and a <= minute < b for sn, sg, a, b in starved):
             state = "starved"
         else:
             state = "busy" if n and total / n >= BUSY_UTIL_PCT else "idle"
-        counts = want.setdefault(bucket, {"busy": 0, "starved": 0, "idle": 0})
-        counts[state] += 1
+        key = (math.floor(minute / step) * step, node)
+        per_node.setdefault(key, {"busy": 0.0, "starved": 0.0, "idle": 0.0})[state] += 1
+        node_minutes.setdefault(key, set()).add(minute)
+    want: dict[float, dict[str, float]] = {}
+    for (bucket, node), counts in per_node.items():
+        w = want.setdefault(bucket, {"busy": 0.0, "starved": 0.0, "idle": 0.0})
+        for state, k in counts.items():
+            w[state] += k / len(node_minutes[(bucket, node)])
+    if step == 3600.0:  # an hour's row is kept whole or not at all: only those starting in the range
+        want = {b: c for b, c in want.items() if b >= rng.start.timestamp()}
     got = {float(row["time"]): {k: row[k] for k in ("busy", "starved", "idle")} for row in _rows(r)}
-    assert got == want
+    assert sorted(got) == sorted(want)
+    for bucket, counts in want.items():
+        assert got[bucket] == pytest.approx(counts, rel=1e-9), bucket
     assert any(c["starved"] for c in got.values()) and any(c["busy"] for c in got.values())
 
 
