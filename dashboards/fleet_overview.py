@@ -51,65 +51,71 @@ SELECT count(*) FILTER (WHERE g.state = 'busy') AS "Busy",
 FROM ({gpu_states_at(RANGE_TO, "interval '2 minutes'", node_in_site("s.node"))}) g
 """
 
-#: Per node and interval: minutes with samples, GPU-minutes and busy GPU-minutes (node_activity).
-_NODE_STATES = minutes_or_hours(
-    f"""SELECT $__timeGroup(a.bucket, $__interval) AS bucket, a.node, sum(a.minutes)::float8 AS minutes,
-       sum(a.gpu_minutes) AS gpu_minutes, sum(a.busy_minutes) AS busy_minutes
+#: Per stored bucket (a minute, or an hour): the fleet's GPU-minutes, busy ones, and the minutes it
+#: reported (the most any node did in an hour row).
+_FLEET_STATES = minutes_or_hours(
+    f"""SELECT a.bucket, max(a.minutes)::float8 AS minutes, sum(a.gpu_minutes) AS gpu_minutes,
+       sum(a.busy_minutes) AS busy_minutes
 FROM node_activity_1m a
 WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
-GROUP BY 1, 2"""
+GROUP BY 1"""
 )
 
 #: GPUs per state in each interval, averaged over its minutes: each GPU-minute is busy or idle by the
 #: minute's mean GPU-Util, and starved instead while a starvation incident of a run holding the GPU is
 #: open at the minute's start.  Busy and idle GPU-minutes come from node_activity (one row a node, not a
-#: GPU: the per-GPU form took 41 s at 6 h on 10,000 GPUs, ``bench/read_side.py``); only the few starved
+#: GPU: the per-GPU form took 41 s at 6 h on 10,000 GPUs, ``bench/read_side.py``); only the starved
 #: GPU-minutes are read per GPU, from gpu_stats_1m, to move them out of busy or idle, grouped by the
-#: hour where the node rows are hours.
+#: hour where the rows are hours.  Each starved allocation's minutes are read through the
+#: (node, gpu, bucket) key: ``OFFSET 0`` keeps the planner from scanning every GPU-minute of the range.
 GPU_STATES_OVER_TIME = f"""
 WITH act AS (
-{_NODE_STATES}
+{_FLEET_STATES}
 ), starved AS (
   SELECT DISTINCT
     CASE WHEN $__interval_ms >= {HOURS_FROM_MS} THEN date_bin(interval '1 hour', s.bucket, {ORIGIN}) ELSE s.bucket END
       AS at,
-    s.bucket, s.node, s.gpu, coalesce(s.util_pct, 0) >= {BUSY_UTIL_PCT} AS busy
+    s.bucket, a.node, a.gpu, s.busy
   FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id
-  JOIN gpu_stats_1m s ON s.node = a.node AND s.gpu = a.gpu
-   AND s.bucket >= i.start AND s.bucket < coalesce(i."end", 'infinity')
+  CROSS JOIN LATERAL (
+    SELECT r.bucket, coalesce(r.util_pct, 0) >= {BUSY_UTIL_PCT} AS busy
+    FROM gpu_stats_1m r
+    WHERE r.node = a.node AND r.gpu = a.gpu AND r.bucket >= greatest(i.start, {RANGE_FROM} - interval '1 hour')
+      AND r.bucket < coalesce(i."end", 'infinity') AND r.bucket <= {RANGE_TO}
+    OFFSET 0
+  ) s
   WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
-    AND s.bucket >= {RANGE_FROM} - interval '1 hour' AND s.bucket <= {RANGE_TO} AND {node_in_site("s.node")}
-), starved_per_node AS (
-  SELECT $__timeGroup(at, $__interval) AS bucket, node, count(*) AS starved,
-         count(*) FILTER (WHERE busy) AS starved_busy
+    AND {node_in_site("a.node")}
+), starved_at AS (
+  SELECT at, count(*) AS starved, count(*) FILTER (WHERE busy) AS starved_busy
   FROM starved
-  WHERE $__timeFilter(at)
-  GROUP BY 1, 2
+  GROUP BY 1
 )
-SELECT a.bucket AS "time",
-       sum(greatest(a.busy_minutes - coalesce(x.starved_busy, 0), 0) / a.minutes) AS "busy",
-       sum(coalesce(x.starved, 0) / a.minutes) AS "starved",
-       sum(greatest(a.gpu_minutes - a.busy_minutes - coalesce(x.starved - x.starved_busy, 0), 0) / a.minutes)
-         AS "idle"
-FROM act a LEFT JOIN starved_per_node x ON x.bucket = a.bucket AND x.node = a.node
+SELECT $__timeGroup(a.bucket, $__interval) AS "time",
+       sum(greatest(a.busy_minutes - coalesce(x.starved_busy, 0), 0)) / sum(a.minutes) AS "busy",
+       sum(coalesce(x.starved, 0)) / sum(a.minutes) AS "starved",
+       sum(greatest(a.gpu_minutes - a.busy_minutes - coalesce(x.starved - x.starved_busy, 0), 0))
+         / sum(a.minutes) AS "idle"
+FROM act a LEFT JOIN starved_at x ON x.at = a.bucket
 GROUP BY 1
 ORDER BY 1
 """
 
-_NODE_POWER = minutes_or_hours(
-    f"""SELECT $__timeGroup(a.bucket, $__interval) AS bucket, coalesce(n.site, 'no site') AS site, a.node,
-       sum(a.power_w) / sum(a.minutes) AS watts
+_SITE_POWER = minutes_or_hours(
+    f"""SELECT a.bucket, coalesce(n.site, 'no site') AS site, sum(a.power_w) AS watts,
+       max(a.minutes)::float8 AS minutes
 FROM node_activity_1m a LEFT JOIN nodes n ON n.node = a.node
 WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
-GROUP BY 1, 2, 3"""
+GROUP BY 1, 2"""
 )
 
-#: Each site's GPU power: per node, its GPUs' summed power averaged over the minutes it reported.
+#: Each site's GPU power averaged over the interval's minutes: the site's summed GPU-minute power over
+#: the minutes it reported.
 POWER_BY_SITE = f"""
-SELECT bucket AS "time", site AS metric, sum(watts) AS value
+SELECT $__timeGroup(bucket, $__interval) AS "time", site AS metric, sum(watts) / sum(minutes) AS value
 FROM (
-{_NODE_POWER}
-) AS per_node
+{_SITE_POWER}
+) AS per_site
 GROUP BY 1, 2
 ORDER BY 1, 2
 """
@@ -304,8 +310,8 @@ def build() -> dict[str, Any]:
         timeseries(
             "GPU power by site",
             POWER_BY_SITE,
-            "Board power of the site's GPUs: each node's summed GPU power averaged over the minutes it "
-            "reported in the interval. Minutes at most; hours from 10-minute intervals.",
+            "Board power of the site's GPUs, averaged over the minutes of the interval the site reported. "
+            "Minutes at most; hours from 10-minute intervals.",
             "watt",
             stack=True,
             w=12,

@@ -246,8 +246,7 @@ def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
 def test_gpu_states_over_time_count_every_gpu_minute_by_the_one_definition(
     fleet: FilledFleet, interval_ms: int
 ) -> None:
-    """Each interval: per node, its GPU-minutes by state divided by the minutes it reported, summed over
-    nodes; a GPU-minute is starved while a starvation incident of a run holding the GPU is open at the
+    """Each interval: the fleet's GPU-minutes by state divided by the minutes it reported; a GPU-minute is starved while a starvation incident of a run holding the GPU is open at the
     minute's start, else busy or idle by its mean GPU-Util (:mod:`gpufleet.store.gpu_states`).  Counted
     here from the samples and incidents themselves, at one-minute and five-minute intervals (from
     node_activity_1m) and ten-minute ones (from node_activity_1h: hourly points)."""
@@ -274,21 +273,26 @@ def test_gpu_states_over_time_count_every_gpu_minute_by_the_one_definition(
         c = cells.setdefault((math.floor(t / 60) * 60, node, gpu), [0.0, 0])
         if util is not None:
             c[0], c[1] = c[0] + util, c[1] + 1
-    per_node: dict[tuple[float, str], dict[str, float]] = {}
+    counts: dict[float, dict[str, float]] = {}
     node_minutes: dict[tuple[float, str], set[float]] = {}
     for (minute, node, gpu), (total, n) in cells.items():
         if any(sn == node and sg == gpu and a <= minute < b for sn, sg, a, b in starved):
             state = "starved"
         else:
             state = "busy" if n and total / n >= BUSY_UTIL_PCT else "idle"
-        key = (math.floor(minute / step) * step, node)
-        per_node.setdefault(key, {"busy": 0.0, "starved": 0.0, "idle": 0.0})[state] += 1
-        node_minutes.setdefault(key, set()).add(minute)
+        bucket = math.floor(minute / step) * step
+        counts.setdefault(bucket, {"busy": 0.0, "starved": 0.0, "idle": 0.0})[state] += 1
+        # the minutes each stored row (a minute, or an hour) says its node reported
+        node_minutes.setdefault(
+            (math.floor(minute / 3600) * 3600 if step == 3600 else minute, node), set()
+        ).add(minute)
+    reported: dict[float, float] = {}  # per stored row time: the most minutes any node reported
+    for (row_t, _node), ms in node_minutes.items():
+        reported[row_t] = max(reported.get(row_t, 0), len(ms))
     want: dict[float, dict[str, float]] = {}
-    for (bucket, node), counts in per_node.items():
-        w = want.setdefault(bucket, {"busy": 0.0, "starved": 0.0, "idle": 0.0})
-        for state, k in counts.items():
-            w[state] += k / len(node_minutes[(bucket, node)])
+    for bucket, c in counts.items():
+        minutes = sum(m for t, m in reported.items() if math.floor(t / step) * step == bucket)
+        want[bucket] = {state: k / minutes for state, k in c.items()}
     if step == 3600.0:  # an hour's row is kept whole or not at all: only those starting in the range
         want = {b: c for b, c in want.items() if b >= rng.start.timestamp()}
     got = {float(row["time"]): {k: row[k] for k in ("busy", "starved", "idle")} for row in _rows(r)}
