@@ -146,12 +146,34 @@ GROUP BY 1
 ORDER BY 2 DESC, 1
 """
 
+_STEP_S = "(greatest($__interval_ms, 1000) / 1000.0)"
+
+#: Incidents open at each step (start <= t < end), by kind, as one sweep: each incident of the range
+#: adds one at the first step at or after its start and takes it away at the first step at or after its
+#: end, and a running sum per kind counts them.  A join of every step with every incident open at it
+#: compared 1,000 steps with each incident of the table: 1.1 to 1.9 s on 70,000 incidents.
 OPEN_OVER_TIME = f"""
-SELECT t AS "time", i.kind AS metric, count(*) AS value
-FROM generate_series({RANGE_FROM}, {RANGE_TO}, make_interval(secs => greatest($__interval_ms, 1000) / 1000.0)) AS t
-JOIN incidents i ON i.start <= t AND coalesce(i."end", 'infinity') > t
-WHERE {incident_in_site()}
-GROUP BY 1, 2
+WITH steps AS (
+  SELECT t, (row_number() OVER (ORDER BY t)) - 1 AS k
+  FROM generate_series({RANGE_FROM}, {RANGE_TO}, make_interval(secs => {_STEP_S})) AS t
+), shown AS (
+  SELECT i.kind, i.start, i."end"
+  FROM incidents i
+  WHERE i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') > {RANGE_FROM} AND {incident_in_site()}
+), moves AS (
+  SELECT kind, greatest(ceil(extract(epoch FROM start - {RANGE_FROM}) / {_STEP_S}), 0) AS k, 1 AS d FROM shown
+  UNION ALL
+  SELECT kind, ceil(extract(epoch FROM "end" - {RANGE_FROM}) / {_STEP_S}), -1 FROM shown WHERE "end" IS NOT NULL
+), per_step AS (
+  SELECT kind, k, sum(d) AS d FROM moves GROUP BY 1, 2
+), running AS (
+  SELECT s.t, kd.kind, sum(coalesce(p.d, 0)) OVER (PARTITION BY kd.kind ORDER BY s.k) AS open
+  FROM steps s CROSS JOIN (SELECT DISTINCT kind FROM per_step) kd
+  LEFT JOIN per_step p ON p.kind = kd.kind AND p.k = s.k
+)
+SELECT t AS "time", kind AS metric, open AS value
+FROM running
+WHERE open > 0
 ORDER BY 1, 2
 """
 

@@ -181,6 +181,35 @@ def test_power_by_site_sums_each_gpus_minute_power(fleet: FilledFleet) -> None:
         assert got[key] == pytest.approx(watts, rel=1e-6), key
 
 
+@pytest.mark.parametrize("interval_ms", [None, 60_000, 7_000])
+def test_open_incidents_over_time_count_what_is_open_at_each_step(
+    fleet: FilledFleet, interval_ms: int
+) -> None:
+    """At each step t of the range, the incidents of each kind with start <= t < end (open ones
+    without end), counted here from the incidents themselves; the range starts inside incidents."""
+    d = load_all()["gpufleet-fleet"]
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        first_end = conn.execute('SELECT min("end") FROM incidents').fetchone()[0]  # type: ignore[index]
+        assert first_end is not None, "the fleet has resolved incidents"
+        rng = TimeRange(first_end - timedelta(minutes=3), fleet.end + timedelta(minutes=5))
+        results = run_dashboard(conn, d, rng, interval_ms=interval_ms)
+        incidents = conn.execute('SELECT kind, start, "end" FROM incidents').fetchall()
+    r = next(x for x in results if x.title == "Open incidents" and x.kind == "timeseries")
+    step = timedelta(milliseconds=max(r.interval_ms, 1000))
+    want: dict[tuple[Any, str], int] = {}
+    t = rng.start
+    while t <= rng.end:
+        for kind, start, end in incidents:
+            if start <= t and (end is None or end > t):
+                want[(t, kind)] = want.get((t, kind), 0) + 1
+        t += step
+    got = {(row["time"], row["metric"]): row["value"] for row in _rows(r)}
+    assert got == want
+    assert len({k for _, k in want}) >= 2 and any(
+        end is not None and end > rng.start for _, _, end in incidents
+    )
+
+
 def test_run_detail_shows_each_gpu_of_each_run(fleet: FilledFleet) -> None:
     with psycopg.connect(fleet.url) as conn:
         held: dict[str, int] = dict(
