@@ -25,6 +25,7 @@ from gpufleet.dashboards.sql import (
     accounting,
     all_or,
     incident_in_site,
+    interval_bin,
     minutes_or_hours,
     node_in_site,
     open_at,
@@ -199,7 +200,7 @@ ORDER BY n.node
 
 UTIL_BY_NODE = (
     minutes_or_hours(
-        f"""SELECT $__timeGroupAlias(a.bucket, $__interval), a.node AS metric,
+        f"""SELECT {interval_bin("a.bucket")} AS "time", a.node AS metric,
        sum(a.util_sum) / nullif(sum(a.util_samples), 0) AS value
 FROM node_activity_1m a
 WHERE $__timeFilter(a.bucket) AND {node_in_site("a.node")}
@@ -210,7 +211,7 @@ GROUP BY 1, 2"""
 
 ACTIVITY = (
     minutes_or_hours(
-        f"""SELECT $__timeGroupAlias(a.bucket, $__interval),
+        f"""SELECT {interval_bin("a.bucket")} AS "time",
        sum(a.util_sum) / nullif(sum(a.util_samples), 0) AS "GPU-Util",
        sum(a.sm_sum) / nullif(sum(a.sm_samples), 0) * 100 AS "SM active",
        sum(a.tensor_sum) / nullif(sum(a.tensor_samples), 0) * 100 AS "Tensor active"

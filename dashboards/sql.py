@@ -66,6 +66,14 @@ def raw_or_rollup(raw: str, rollup: str) -> str:
 HOURS_FROM_MS = 600_000
 
 
+def interval_bin(col: str) -> str:
+    """``col`` binned by the query interval, as Grafana's ``$__timeGroup`` bins it (from the Unix epoch),
+    but as a ``date_bin`` timestamp: the macro's ``floor(extract(epoch ...))`` is numeric arithmetic, which
+    doubled the time of grouping a day of every node's minutes (4.1 -> 2.3 s for "GPU-Util by node" at
+    24 h on 1,250 nodes, psql)."""
+    return f"date_bin(make_interval(secs => $__interval_ms / 1000.0), {col}, timestamptz 'epoch')"
+
+
 def minutes_or_hours(select: str) -> str:
     """``select``, written against ``node_activity_1m``, and its twin over ``node_activity_1h``, of which
     PostgreSQL runs exactly one (a constant, one-time filter on the interval).
