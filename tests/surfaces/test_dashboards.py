@@ -154,7 +154,9 @@ def test_fleet_activity_is_the_samples_average(fleet: FilledFleet, interval_ms: 
             {"step": step, "lo": rng.start, "hi": rng.end},
         ).fetchall()
     want = {float(t): tuple(v) for t, *v in raw if t >= rng.start.timestamp()}
-    got = {row["time"].timestamp(): (row["GPU-Util"], row["SM active"], row["Tensor active"]) for row in _rows(r)}
+    got = {
+        row["time"].timestamp(): (row["GPU-Util"], row["SM active"], row["Tensor active"]) for row in _rows(r)
+    }
     assert sorted(got) == sorted(want) and len(got) >= (1 if step == 3600 else 14)
     for t, values in want.items():
         assert got[t] == pytest.approx(values, rel=1e-6), t
