@@ -71,30 +71,30 @@ FROM ({_gpu_minutes(where)}) g
 GROUP BY g.bucket, g.node"""
 
 
-def _minutes_of_ranges() -> tuple[str, str]:
-    return E.minute("r.lo"), E.minute("r.hi") + " + INTERVAL '1 minute'"
+def _ranged(target: str, unit: str, source_time: str) -> tuple[str, str]:
+    """The delete of ``target``'s buckets (of one ``unit``) that ``RANGES`` touch, and the condition on the
+    source rows (``alias.node``, ``source_time``) that rebuild them.
 
-
-def _hours_of_ranges() -> tuple[str, str]:
-    return E.hour("r.lo"), E.hour("r.hi") + " + INTERVAL '1 hour'"
+    The nodes and the whole span of the ranges are named beside the EXISTS so the source rows are found
+    by index, not by a scan (as the plain stats do, ``tests/db/test_rollup_stats_by_index.py``)."""
+    to_bin = E.minute if unit == "minute" else E.hour
+    step = f"INTERVAL '1 {unit}'"
+    lo, hi = to_bin("r.lo"), f"{to_bin('r.hi')} + {step}"
+    alias = source_time.split(".")[0]
+    delete = f"DELETE FROM {target} t USING {RANGES} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
+    where = (
+        f"{alias}.node = ANY(%(nodes)s::text[]) "
+        f"AND {source_time} >= {to_bin('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
+        f"AND {source_time} < {to_bin('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} + {step} "
+        f"AND EXISTS (SELECT 1 FROM {RANGES} WHERE {alias}.node = r.node "
+        f"AND {source_time} >= {lo} AND {source_time} < {hi})"
+    )
+    return delete, where
 
 
 def rebuild_minutes_sql() -> tuple[str, str]:
-    """(delete, insert) of the minutes of ``RANGES``, from raw samples.
-
-    The nodes and the whole span of the ranges are named beside the EXISTS so
-    the samples are found by index, not by a scan (as the plain stats do,
-    ``tests/db/test_rollup_stats_by_index.py``)."""
-    lo, hi = _minutes_of_ranges()
-    delete = f"DELETE FROM node_activity_1m t USING {RANGES} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
-    where = (
-        "gpu_samples.node = ANY(%(nodes)s::text[]) "
-        f"AND gpu_samples.time >= {E.minute('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
-        f"AND gpu_samples.time < {E.minute('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} "
-        "+ INTERVAL '1 minute' "
-        f"AND EXISTS (SELECT 1 FROM {RANGES} WHERE gpu_samples.node = r.node "
-        f"AND gpu_samples.time >= {lo} AND gpu_samples.time < {hi})"
-    )
+    """(delete, insert) of the minutes of ``RANGES``, from raw samples."""
+    delete, where = _ranged("node_activity_1m", "minute", "gpu_samples.time")
     return delete, f"INSERT INTO node_activity_1m (bucket, node, {NAMES})\n{minute_select(where)}"
 
 
@@ -109,20 +109,5 @@ def hour_select(minutes_where: str) -> str:
 
 def rebuild_hours_sql() -> tuple[str, str]:
     """(delete, insert) of the hours of ``RANGES``, from the minutes just rebuilt."""
-    lo, hi = _hours_of_ranges()
-    delete = f"DELETE FROM node_activity_1h t USING {RANGES} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
-    where = (
-        "m.node = ANY(%(nodes)s::text[]) "
-        f"AND m.bucket >= {E.hour('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
-        f"AND m.bucket < {E.hour('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} + INTERVAL '1 hour' "
-        f"AND EXISTS (SELECT 1 FROM {RANGES} WHERE m.node = r.node AND m.bucket >= {lo} AND m.bucket < {hi})"
-    )
+    delete, where = _ranged("node_activity_1h", "hour", "m.bucket")
     return delete, f"INSERT INTO node_activity_1h (bucket, node, {NAMES})\n{hour_select(where)}"
-
-
-def table_ddl(name: str) -> str:
-    cols = ",\n  ".join(f"{c} {t} NOT NULL" for c, t in COLUMNS)
-    return (
-        f"CREATE TABLE {name} (\n  bucket timestamptz NOT NULL, node text NOT NULL,\n  {cols},\n"
-        "  PRIMARY KEY (node, bucket))"
-    )
