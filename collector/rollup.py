@@ -29,6 +29,7 @@ import psycopg
 from gpufleet.collector.shards import shard_sql
 from gpufleet.db import activity_sql, sql_files, stats_sql
 from gpufleet.db import energy_sql as E
+from gpufleet.db.rollup_ranges import rebuild_scope
 
 log = logging.getLogger(__name__)
 
@@ -176,26 +177,8 @@ CREATE TEMP TABLE IF NOT EXISTS _rollup_iv (node text, gpu smallint, t0 timestam
 
 def _stats_sql(kind: str) -> tuple[str, str]:
     """Plain-PostgreSQL refresh of gpu_stats_1m / host_stats_1m for the ranges."""
-    rng = "unnest(%(nodes)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS r(node, lo, hi)"
-    lo, hi = E.minute("r.lo"), E.minute("r.hi") + " + INTERVAL '1 minute'"
     table = f"{kind}_stats_1m"
-    samples = f"{kind}_samples"
-    delete = (
-        f"DELETE FROM {table} t USING {rng} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
-    )
-    # The EXISTS alone names the samples, but no index can answer it: the nodes and the span of all
-    # the ranges, which it implies, let the (node, gpu, time) index or the time index find them
-    # instead of a scan of the whole table (tests/db/test_rollup_stats_by_index.py).
-    span = (
-        f"{samples}.node = ANY(%(nodes)s::text[]) "
-        f"AND {samples}.time >= {E.minute('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
-        f"AND {samples}.time < {E.minute('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} "
-        "+ INTERVAL '1 minute'"
-    )
-    where = (
-        f"{span} AND EXISTS (SELECT 1 FROM {rng} WHERE {samples}.node = r.node AND {samples}.time >= {lo} "
-        f"AND {samples}.time < {hi})"
-    )
+    delete, where = rebuild_scope(table, "minute", f"{kind}_samples.time")
     select = (stats_sql.gpu_stats_select if kind == "gpu" else stats_sql.host_stats_select)(
         E.minute("time"), where
     )

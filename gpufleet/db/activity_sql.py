@@ -31,6 +31,7 @@ reads it).
 from __future__ import annotations
 
 from gpufleet.db import energy_sql as E
+from gpufleet.db.rollup_ranges import rebuild_scope
 from gpufleet.store.gpu_states import BUSY_UTIL_PCT
 
 #: (column, SQL type); the key is (node, bucket).
@@ -48,9 +49,6 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 NAMES = ", ".join(c for c, _ in COLUMNS)
-
-#: The ranges a rebuild covers: node, lo, hi (bound as arrays).
-RANGES = "unnest(%(nodes)s::text[], %(lo)s::timestamptz[], %(hi)s::timestamptz[]) AS r(node, lo, hi)"
 
 
 def _gpu_minutes(where: str) -> str:
@@ -71,30 +69,9 @@ FROM ({_gpu_minutes(where)}) g
 GROUP BY g.bucket, g.node"""
 
 
-def _ranged(target: str, unit: str, source_time: str) -> tuple[str, str]:
-    """The delete of ``target``'s buckets (of one ``unit``) that ``RANGES`` touch, and the condition on the
-    source rows (``alias.node``, ``source_time``) that rebuild them.
-
-    The nodes and the whole span of the ranges are named beside the EXISTS so the source rows are found
-    by index, not by a scan (as the plain stats do, ``tests/db/test_rollup_stats_by_index.py``)."""
-    to_bin = E.minute if unit == "minute" else E.hour
-    step = f"INTERVAL '1 {unit}'"
-    lo, hi = to_bin("r.lo"), f"{to_bin('r.hi')} + {step}"
-    alias = source_time.split(".")[0]
-    delete = f"DELETE FROM {target} t USING {RANGES} WHERE t.node = r.node AND t.bucket >= {lo} AND t.bucket < {hi}"
-    where = (
-        f"{alias}.node = ANY(%(nodes)s::text[]) "
-        f"AND {source_time} >= {to_bin('(SELECT min(x) FROM unnest(%(lo)s::timestamptz[]) x)')} "
-        f"AND {source_time} < {to_bin('(SELECT max(x) FROM unnest(%(hi)s::timestamptz[]) x)')} + {step} "
-        f"AND EXISTS (SELECT 1 FROM {RANGES} WHERE {alias}.node = r.node "
-        f"AND {source_time} >= {lo} AND {source_time} < {hi})"
-    )
-    return delete, where
-
-
 def rebuild_minutes_sql() -> tuple[str, str]:
-    """(delete, insert) of the minutes of ``RANGES``, from raw samples."""
-    delete, where = _ranged("node_activity_1m", "minute", "gpu_samples.time")
+    """(delete, insert) of the minutes of the claimed ranges, from raw samples."""
+    delete, where = rebuild_scope("node_activity_1m", "minute", "gpu_samples.time")
     return delete, f"INSERT INTO node_activity_1m (bucket, node, {NAMES})\n{minute_select(where)}"
 
 
@@ -108,6 +85,6 @@ def hour_select(minutes_where: str) -> str:
 
 
 def rebuild_hours_sql() -> tuple[str, str]:
-    """(delete, insert) of the hours of ``RANGES``, from the minutes just rebuilt."""
-    delete, where = _ranged("node_activity_1h", "hour", "m.bucket")
+    """(delete, insert) of the hours of the claimed ranges, from the minutes just rebuilt."""
+    delete, where = rebuild_scope("node_activity_1h", "hour", "m.bucket")
     return delete, f"INSERT INTO node_activity_1h (bucket, node, {NAMES})\n{hour_select(where)}"

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from gpufleet.collector import rollup
+from gpufleet.db import activity_sql
 from gpufleet.db.policies import backend_of
 
 T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
@@ -70,3 +71,38 @@ def test_the_stats_refresh_reads_only_its_ranges_samples(conn: psycopg.Connectio
         ("n7", m) for m in range(5, 10)
     ]
     assert {s for *_, s in got} == {2}
+
+
+def test_the_node_activity_rebuild_reads_only_its_ranges_samples(conn: psycopg.Connection) -> None:
+    """node_activity_1m is rebuilt from raw samples on both backends, every rollup pass: it must find
+    the ranges' samples by index too."""
+    with conn.cursor().copy("COPY gpu_samples (time, node, gpu) FROM STDIN") as cp:
+        for n in range(20):
+            for s in range(0, 3600, 30):
+                cp.write_row((T0 + timedelta(seconds=s), f"n{n}", 0))
+    conn.execute("ANALYZE gpu_samples")
+    _, insert = activity_sql.rebuild_minutes_sql()
+    params = {
+        "nodes": ["n3", "n7"],
+        "lo": [T0, T0 + timedelta(minutes=5)],
+        "hi": [T0 + timedelta(minutes=2), T0 + timedelta(minutes=9)],
+    }
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        plan = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + insert.encode(), params).fetchone()[0]  # type: ignore[index]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    read = sum(
+        (
+            s.get("Actual Rows", 0)
+            + s.get("Rows Removed by Filter", 0)
+            + s.get("Rows Removed by Index Recheck", 0)
+        )
+        * s.get("Actual Loops", 1)
+        for s in scans(plan[0]["Plan"], "gpu_samples")
+    )
+    assert read <= 2 * 20, f"the rebuild read {read} rows of gpu_samples for 2 nodes' 10 minutes (40 rows)"
+    conn.execute(insert, params)
+    got = conn.execute("SELECT node, bucket, gpu_minutes FROM node_activity_1m ORDER BY 1, 2").fetchall()
+    assert [(n, int((b - T0).total_seconds() // 60)) for n, b, _ in got] == [("n3", m) for m in range(3)] + [
+        ("n7", m) for m in range(5, 10)
+    ]
