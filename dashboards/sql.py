@@ -69,8 +69,8 @@ HOURS_FROM_MS = 600_000
 def interval_bin(col: str) -> str:
     """``col`` binned by the query interval, as Grafana's ``$__timeGroup`` bins it (from the Unix epoch),
     but as a ``date_bin`` timestamp: the macro's ``floor(extract(epoch ...))`` is numeric arithmetic, which
-    doubled the time of grouping a day of every node's minutes (4.1 -> 2.3 s for "GPU-Util by node" at
-    24 h on 1,250 nodes, psql)."""
+    slowed grouping a day of every node's minutes ("GPU-Util by node" at 24 h on 1,250 nodes: p95
+    3.53 -> 2.73 s, ``bench/read_side.py --only panel --match 'gpufleet-fleet (6h|24h)'``)."""
     return f"date_bin(make_interval(secs => $__interval_ms / 1000.0), {col}, timestamptz 'epoch')"
 
 
