@@ -62,6 +62,7 @@ def _timescale() -> bool:
 
 
 def upgrade() -> None:
+    timescale = _timescale()
     for name, chunk in _TABLES.items():
         op.create_table(
             name,
@@ -74,7 +75,7 @@ def upgrade() -> None:
             sa.PrimaryKeyConstraint("node", "bucket", name=f"{name}_pkey"),
         )
         op.create_index(f"{name}_bucket_idx", name, ["bucket"], unique=False)
-        if _timescale():
+        if timescale:
             op.execute(
                 f"SELECT create_hypertable('{name}', 'bucket', chunk_time_interval => INTERVAL '{chunk}', "
                 "create_default_indexes => false)"
