@@ -563,9 +563,11 @@ def top_up(url: str, settings: Settings, say: Callable[[str], None]) -> Fleet:
     return fleet
 
 
-def settle(url: str) -> int:
-    """What the collector's leader keeps as runs end and the synthesis has no leader to do: every ended
-    run's power-cap points (:func:`gpufleet.advisor.power_cap.keep_points`)."""
+def settle(url: str, settings: Settings) -> tuple[int, int]:
+    """What the collector's leader keeps as runs end and hours close, which the synthesis has no leader to
+    do: every ended run's power-cap points (:func:`gpufleet.advisor.power_cap.keep_points`) and the
+    fleet's closed hours (:func:`gpufleet.accounting.fleet_hours.keep`); (runs looked at, hours kept)."""
+    from gpufleet.accounting import fleet_hours
     from gpufleet.advisor.power_cap import keep_points
 
     looked = 0
@@ -573,7 +575,8 @@ def settle(url: str) -> int:
         ended = [r for (r,) in conn.execute('SELECT run_id FROM runs WHERE "end" IS NOT NULL ORDER BY "end"')]
         for i in range(0, len(ended), 256):
             looked += keep_points(conn, ended[i : i + 256])
-    return looked
+        hours = fleet_hours.keep(conn, fleet_hours.keeping_of(settings), datetime.now(UTC), budget_s=math.inf)
+    return looked, hours
 
 
 def table_counts(conn: psycopg.Connection) -> dict[str, int]:
@@ -1506,11 +1509,12 @@ def main() -> None:
             if args.keep:
                 say(f"kept: {url}")
         t0 = time.perf_counter()
-        looked = settle(url)
+        looked, hours = settle(url, settings)
         fleet.seconds["leader_points"] = time.perf_counter() - t0
         say(
-            f"the leader's power-cap points of {looked} ended runs with progress, as it keeps them when runs "
-            f"end ({fleet.seconds['leader_points']:.0f} s; none computed again where kept)"
+            f"what the leader keeps: the power-cap points of {looked} ended runs with progress and "
+            f"{hours} closed hours of the fleet's accounting ({fleet.seconds['leader_points']:.0f} s; none "
+            "computed again where kept)"
         )
         c = fleet.counts
         say(

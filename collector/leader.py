@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
+from gpufleet.accounting import fleet_hours
 from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.collector import rollup
 from gpufleet.collector.metrics import CollectorMetrics
@@ -76,7 +77,7 @@ class Leader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.inferrer = Inferrer(settings.runs.inferred_end_grace_s) if settings.runs.infer else None
-        self.ahead = PriceAhead(settings.accounting.max_gap_s)
+        self.ahead = PriceAhead(settings.accounting.max_gap_s, fleet=fleet_hours.keeping_of(settings))
         self.shard_sweep = shard_sweep
         self.shards = shards if shards is not None else settings.detect.shards
         self.balance_interval_s = (

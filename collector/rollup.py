@@ -243,8 +243,9 @@ def rebuild(
     res.host_buckets = conn.execute(HOST_REBUILD_1M_SQL, params).rowcount
     conn.execute(HOST_DELETE_1H_SQL)
     conn.execute(HOST_REBUILD_1H_SQL)
-    # priced pieces that read these samples no longer hold (gpufleet.accounting.priced_store)
-    conn.execute(sql_files.text("rollup_pricing_marks.v1"))
+    # priced pieces and kept fleet hours that read these samples no longer hold
+    # (gpufleet.accounting.priced_store, gpufleet.accounting.fleet_hours)
+    conn.execute(sql_files.text("rollup_pricing_marks.v2"))
     if plain_stats:
         for kind in ("gpu", "host"):
             delete, insert = _stats_sql(kind)

@@ -217,6 +217,10 @@ class AccountingSettings(BaseModel):
     #: A GPU silent this long has left the fleet (retired, moved, its node taken down): its time after
     #: that counts nowhere, instead of as GPU time without telemetry, seconds.
     gone_after_s: float = Field(86400.0, gt=0)
+    #: Days of closed hours whose fleet-wide accounting the collector's leader keeps, so fleet-wide
+    #: reads price only what is not kept (gpufleet.accounting.fleet_hours); 0 keeps none.  Capped a day
+    #: short of the storage retention, past which kept hours are dropped.
+    keep_fleet_days: float = Field(35.0, ge=0)
 
 
 class TeamSettings(BaseModel):

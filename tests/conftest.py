@@ -53,6 +53,8 @@ DATA_TABLES = (
     "priced_pieces",
     "kept_claims",
     "kept_power_points",
+    "fleet_hour_lines",
+    "fleet_hours_kept",
     "pricing_marks",
 )
 

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from gpufleet.db import accounting_fleet_sql as V5
 from gpufleet.db import accounting_joins_sql as J
+from gpufleet.db import accounting_members_sql as V7
 from gpufleet.db import accounting_sets_sql as V6
 from gpufleet.db import accounting_sql as A
 from gpufleet.db import claim_energy_sql as C
+from gpufleet.db import fleet_hours_sql as H
 from gpufleet.db import ledger_sql as L
 from gpufleet.db import priced_store_sql as P
 from gpufleet.db import stats_sql as S
@@ -116,11 +118,10 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         "gpufleet_claim_energy.v3": J.CLAIM_ENERGY_V3,
         "gpufleet_accounting.v4": J.ACCOUNTING_V4,
         "gpufleet_incident_accounting.v4": J.INCIDENT_ACCOUNTING_V4,
-        # 0023: the pricing marks; the rollup worker's part of them
+        # 0023: the pricing marks
         **_functions(P.INSTALL_V1),
         "0023_priced_pieces.upgrade": tuple(s for s in P.INSTALL_V1 if s.startswith("CREATE TRIGGER ")),
         "0023_priced_pieces.downgrade": P.DROP_V1,
-        "rollup_pricing_marks.v1": P.BUMP_REBUILT_SQL,
         # 0024: accounting V5 (fleet GPU-seconds priced by the rate index)
         "gpufleet_accounting.v5": V5.ACCOUNTING_V5,
         # 0026: the incidents' mark, for kept claims
@@ -133,6 +134,15 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         **_functions(P.INSTALL_V3),
         "0028_kept_power_points.upgrade": tuple(s for s in P.INSTALL_V3 if s.startswith("CREATE TRIGGER ")),
         "0028_kept_power_points.downgrade": P.DROP_V3,
+        # 0030: the fleet's kept hours, their marks, and accounting V7 that reads them
+        "gpufleet_fleet_hour_scopes.v1": H.HOUR_SCOPES_V1,
+        **dict(H.TRIGGER_FUNCTIONS),
+        "0030_fleet_hours.upgrade": H.TRIGGERS_V1,
+        "0030_fleet_hours.downgrade": H.DROP_V1,
+        "rollup_pricing_marks.v2": H.BUMP_REBUILT_V2,
+        "gpufleet_fleet_parts.v1": H.FLEET_PARTS_V1,
+        "gpufleet_accounting_kept.v1": H.KEPT_V1,
+        "gpufleet_accounting.v7": V7.ACCOUNTING_V7,
     }
 
 

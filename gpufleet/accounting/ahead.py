@@ -6,7 +6,7 @@ a person: the SRE opening the incident that just paged, finance opening the run 
 collector's leader does that first read instead, once an incident has closed or a run has ended: it
 asks what those readers ask (an incident's ``lost`` block, a run's accounting with its ledger, the
 run's points for the power-cap advisor), with the settings they use, so the lines it stores are the
-ones they look up.
+ones they look up.  Then it keeps the fleet's closed hours (:mod:`gpufleet.accounting.fleet_hours`).
 
 Each pass looks at what settled in the last :data:`RECENT_S` seconds and remembers what it priced, so
 an incident or a run is priced once (again only if its end moves).  A pass prices oldest first, in
@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from gpufleet.accounting import fleet_hours
 from gpufleet.accounting.incidents import incident_costs
 from gpufleet.accounting.lines import Source
 from gpufleet.accounting.run import account_runs
@@ -63,6 +64,9 @@ class PriceAhead:
     done: dict[tuple[str, Any, datetime], datetime] = field(default_factory=dict)
     #: Ended runs whose incidents changed after they were priced, still to price again.
     owed: set[str] = field(default_factory=set)
+    #: The fleet's closed hours to keep (gpufleet.accounting.fleet_hours), after what settled; at least
+    #: one call of them a pass, so they are never starved by a stream of incidents.
+    fleet: fleet_hours.Keeping | None = None
 
     def run(self, conn: psycopg.Connection, now: datetime) -> tuple[int, int]:
         """One pass: how many incidents and runs it priced (each stored for the readers that follow)."""
@@ -108,4 +112,6 @@ class PriceAhead:
             priced_runs += 1
         if priced_incidents or priced_runs:
             log.debug("priced ahead: %d incidents, %d runs", priced_incidents, priced_runs)
+        if self.fleet is not None:
+            fleet_hours.keep(conn, self.fleet, now, max(0.0, deadline - time.monotonic()))
         return priced_incidents, priced_runs

@@ -52,10 +52,10 @@ _SEED = hashlib.sha256(
     (sql_files.text("gpufleet_incident_accounting.v4") + sql_files.text("gpufleet_claim_energy.v3")).encode()
 ).digest()
 
-#: The text a run's own lines come from (``gpufleet_accounting``, migration 0027) and the energy under it.
+#: The text a run's own lines come from (``gpufleet_accounting``, migration 0030) and the energy under it.
 _RUN_LINE_SEED = hashlib.sha256(
     b"run line\n"
-    + (sql_files.text("gpufleet_accounting.v6") + sql_files.text("gpufleet_claim_energy.v3")).encode()
+    + (sql_files.text("gpufleet_accounting.v7") + sql_files.text("gpufleet_claim_energy.v3")).encode()
 ).digest()
 
 #: Row of ``gpufleet_incident_accounting`` (the columns of :data:`~gpufleet.db.priced_store_sql.LINE_COLUMNS`).

@@ -132,7 +132,9 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
       retention (their samples are gone; a pending or moved one waits for the
       leader, whatever its age);
     * ``priced_pieces``, ``kept_claims``, ``kept_power_points``: kept prices, claims and power-cap
-      points of spans retention reaches, never read again (:data:`gpufleet.db.priced_store_sql.HORIZON`)."""
+      points of spans retention reaches, never read again (:data:`gpufleet.db.priced_store_sql.HORIZON`);
+    * ``fleet_hours_kept`` (and its lines): the fleet's kept hours retention reaches, which the live
+      query would now price from what is left."""
     st = settings.storage
     deleted = {
         "ingest_batches": _delete_in_chunks(
@@ -166,6 +168,12 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
             conn,
             "kept_power_points",
             "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
+            (min(st.retention_days, st.rollup_retention_days),),
+        ),
+        "fleet_hours_kept": _delete_in_chunks(
+            conn,
+            "fleet_hours_kept",
+            "hour < now() - make_interval(days => %s) + INTERVAL '1 day'",
             (min(st.retention_days, st.rollup_retention_days),),
         ),
     }

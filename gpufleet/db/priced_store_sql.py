@@ -200,7 +200,8 @@ DROP_V3: tuple[str, ...] = tuple(
 )
 
 #: The rollup worker's part, in its transaction: the days each rebuilt range reaches, from the sample
-#: before its first changed bucket to the sample after its last (``_rollup_gpu`` / ``_rollup_host``).
+#: before its first changed bucket to the sample after its last (``_rollup_gpu`` / ``_rollup_host``); it
+#: runs with the fleet's hours added (:data:`gpufleet.db.fleet_hours_sql.BUMP_REBUILT_V2`).
 BUMP_REBUILT_SQL = f"""
 SELECT gpufleet_pricing_bump(ARRAY(
   SELECT DISTINCT {_day_scope("'e:' || x.node", "x.a", "x.z", "d")}

@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Identity,
     Index,
     Integer,
@@ -440,6 +441,66 @@ kept_power_points = Table(
     Column("excluded", JSONB, nullable=False),
     _tz("stored_at", server_default=text("now()")),
     PrimaryKeyConstraint("digest", name="kept_power_points_pkey"),
+)
+
+_FLEET_HOUR_KEY = ("max_gap_s", "source", "gone_after_s", "hour")
+
+
+def _fleet_hour_key() -> list[Column]:
+    return [
+        Column("max_gap_s", Double, nullable=False),
+        Column("source", Text, nullable=False),
+        Column("gone_after_s", Double, nullable=False),
+        _tz("hour"),
+    ]
+
+
+#: The fleet's closed hours kept (gpufleet.accounting.fleet_hours, migration 0030): one row an hour and
+#: accounting settings, with the marks (``h``, ``h:<hour>``) its lines rest on.
+fleet_hours_kept = Table(
+    "fleet_hours_kept",
+    metadata,
+    *_fleet_hour_key(),
+    Column("whole_mark", BigInteger, nullable=False),
+    Column("hour_mark", BigInteger, nullable=False),
+    _tz("stored_at", server_default=text("now()")),
+    PrimaryKeyConstraint(*_FLEET_HOUR_KEY, name="fleet_hours_kept_pkey"),
+)
+
+#: A kept hour's lines, unrounded (``gpufleet_fleet_parts``'s rows).
+fleet_hour_lines = Table(
+    "fleet_hour_lines",
+    metadata,
+    *_fleet_hour_key(),
+    Column("line_no", Integer, nullable=False),
+    Column("line", Text, nullable=False),
+    Column("run_id", Text, nullable=True),
+    Column("sk", Text, nullable=False),
+    Column("cur", Text, nullable=True),
+    Column("gpu_s", Double, nullable=True),
+    Column("covered_s", Double, nullable=True),
+    Column("gpu_kwh", Double, nullable=True),
+    Column("host_kwh", Double, nullable=True),
+    Column("facility_kwh", Double, nullable=True),
+    Column("co2e_kg", Numeric, nullable=True),
+    Column("co2e_unknown_kwh", Double, nullable=True),
+    Column("energy_cost", Numeric, nullable=True),
+    Column("compute_cost", Numeric, nullable=True),
+    Column("stale", Boolean, nullable=False),
+    Column("has_energy", Boolean, nullable=False),
+    Column("price_lo", Double, nullable=True),
+    Column("price_hi", Double, nullable=True),
+    Column("g_lo", Double, nullable=True),
+    Column("g_hi", Double, nullable=True),
+    Column("csrc_lo", Text, nullable=True),
+    Column("csrc_hi", Text, nullable=True),
+    PrimaryKeyConstraint(*_FLEET_HOUR_KEY, "line_no", name="fleet_hour_lines_pkey"),
+    ForeignKeyConstraint(
+        list(_FLEET_HOUR_KEY),
+        [f"fleet_hours_kept.{c}" for c in _FLEET_HOUR_KEY],
+        ondelete="CASCADE",
+        name="fleet_hour_lines_hour_fkey",
+    ),
 )
 
 #: Every acknowledged (node, batch id), for idempotent retries.  Keyed per

@@ -298,7 +298,8 @@ def test_a_change_over_years_marks_its_whole_scope(conn: psycopg.Connection, cal
     ages = (
         "INSERT INTO carbon_intensity (region, time, g_co2e_per_kwh) VALUES ('R', '0398-11-19T00:00:00Z', 90)"
     )
-    assert _moved(conn, lambda: conn.execute(ages)) == ["c:R", "c:R:head"]
+    # (and every kept fleet hour: a point before the region's first is carried back to all of them)
+    assert _moved(conn, lambda: conn.execute(ages)) == ["c:R", "c:R:head", "h"]
     calls.clear()
     assert incidents.price(conn, keyed, NOW) == before
     assert calls, "a kept line read after its region's mark moved"
@@ -309,10 +310,13 @@ def test_a_change_over_years_marks_its_whole_scope(conn: psycopg.Connection, cal
         gpu_samples(conn, [(-3 * 365 * 86_400, "n1", 0, 300.0, None)])
         drain(conn)
 
-    assert _moved(conn, silence) == ["e:n1"]
+    assert _moved(conn, silence) == ["e:n1", "h"]  # and every kept fleet hour, years of them
     calls.clear()
     assert incidents.price(conn, keyed, NOW) == before
     assert calls, "a kept line read after its node's mark moved"
     # a change of days marks its days (here the new last point's, and what it carries forward), not
     # the whole region
-    assert _moved(conn, lambda: carbon(conn, "R", [(3 * 86_400, 100.0)])) == ["c:R:2026-12-04", "c:R:tail"]
+    moved = _moved(conn, lambda: carbon(conn, "R", [(3 * 86_400, 100.0)]))
+    assert [m for m in moved if not m.startswith("h:")] == ["c:R:2026-12-04", "c:R:tail"]
+    # (and the fleet's hours from the new last point on, which it now prices)
+    assert min(m for m in moved if m.startswith("h:")) == "h:2026-12-04T10"

@@ -1,7 +1,8 @@
 """The accounting functions in the database are exactly the text of gpufleet.db.accounting_sql.
 
 Migrations 0004, 0010, 0013, 0014, 0020, 0021, 0022, 0024 and 0027 install them from that module (and
-``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``, ``gpufleet.db.accounting_fleet_sql``, ``gpufleet.db.accounting_sets_sql``); a change to the module without a
+``gpufleet.db.claim_energy_sql``, ``gpufleet.db.accounting_joins_sql``, ``gpufleet.db.accounting_fleet_sql``, ``gpufleet.db.accounting_sets_sql``,
+``gpufleet.db.accounting_members_sql``, ``gpufleet.db.fleet_hours_sql``); a change to the module without a
 migration that replaces them would leave databases on the old definition while the code reads the new
 one, so the installed bodies are compared with the module's current ones (``CURRENT``, with the claim
 energy's and the accounting's later texts).
@@ -16,9 +17,11 @@ import psycopg
 from gpufleet.db import (
     accounting_fleet_sql,
     accounting_joins_sql,
+    accounting_members_sql,
     accounting_sets_sql,
     accounting_sql,
     claim_energy_sql,
+    fleet_hours_sql,
     sql_files,
 )
 from gpufleet.store.fact_history import dated_pricing
@@ -34,10 +37,14 @@ def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
         *accounting_joins_sql.INSTALL,
         accounting_fleet_sql.ACCOUNTING_V5,
         accounting_sets_sql.ACCOUNTING_V6,
+        accounting_members_sql.ACCOUNTING_V7,
+        fleet_hours_sql.HOUR_SCOPES_V1,
+        fleet_hours_sql.FLEET_PARTS_V1,
+        fleet_hours_sql.KEPT_V1,
     ):
         m = FUNCTION.search(stmt)
         if m:
-            want[m.group(1)] = m.group(2)  # the later text of a function wins (V6, claim energy's third)
+            want[m.group(1)] = m.group(2)  # the later text of a function wins (V7, claim energy's third)
     assert set(want) == {
         "gpufleet_minor_units",
         "gpufleet_claim_energy",
@@ -46,6 +53,9 @@ def test_installed_bodies_are_the_modules(conn: psycopg.Connection) -> None:
         "gpufleet_gpu_hour_prices",
         "gpufleet_accounting",
         "gpufleet_incident_accounting",
+        "gpufleet_fleet_hour_scopes",
+        "gpufleet_fleet_parts",
+        "gpufleet_accounting_kept",
     }
     got = dict(
         conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname = ANY(%s)", (list(want),)).fetchall()

@@ -1,0 +1,10 @@
+CREATE TRIGGER gpufleet_fleet_hours_mark_runs_new AFTER INSERT OR DELETE ON runs FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_runs_new();
+CREATE TRIGGER gpufleet_fleet_hours_mark_runs_moved AFTER UPDATE ON runs FOR EACH ROW WHEN (OLD.start IS DISTINCT FROM NEW.start OR OLD."end" IS DISTINCT FROM NEW."end" OR OLD.site IS DISTINCT FROM NEW.site OR OLD.run_id IS DISTINCT FROM NEW.run_id) EXECUTE FUNCTION gpufleet_fleet_hours_mark_runs_moved();
+CREATE TRIGGER gpufleet_fleet_hours_mark_run_allocations AFTER INSERT OR UPDATE OR DELETE ON run_allocations FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_run_allocations();
+CREATE TRIGGER gpufleet_fleet_hours_mark_nodes_new AFTER INSERT ON nodes FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_nodes_new();
+CREATE TRIGGER gpufleet_fleet_hours_mark_nodes_changed AFTER UPDATE ON nodes FOR EACH ROW WHEN (OLD.site IS DISTINCT FROM NEW.site OR OLD.gpu_count IS DISTINCT FROM NEW.gpu_count OR OLD.facts IS DISTINCT FROM NEW.facts OR OLD.node IS DISTINCT FROM NEW.node) EXECUTE FUNCTION gpufleet_fleet_hours_mark_nodes_changed();
+CREATE TRIGGER gpufleet_fleet_hours_mark_nodes_gone AFTER DELETE ON nodes FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_nodes_gone();
+CREATE TRIGGER gpufleet_fleet_hours_mark_node_facts_history AFTER INSERT OR UPDATE OR DELETE ON node_facts_history FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_node_facts_history();
+CREATE TRIGGER gpufleet_fleet_hours_mark_site_settings AFTER INSERT OR UPDATE OR DELETE ON site_settings FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_site_settings();
+CREATE TRIGGER gpufleet_fleet_hours_mark_sites AFTER UPDATE OR DELETE ON sites FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_sites();
+CREATE TRIGGER gpufleet_fleet_hours_mark_carbon AFTER INSERT OR UPDATE OR DELETE ON carbon_intensity FOR EACH ROW EXECUTE FUNCTION gpufleet_fleet_hours_mark_carbon();

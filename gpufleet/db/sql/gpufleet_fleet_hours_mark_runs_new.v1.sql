@@ -1,0 +1,9 @@
+
+CREATE FUNCTION gpufleet_fleet_hours_mark_runs_new() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE r record;
+BEGIN
+  IF TG_OP <> 'INSERT' THEN r := OLD; PERFORM gpufleet_pricing_bump(gpufleet_fleet_hour_scopes(r.start, greatest(r.start, coalesce(r."end", now())))); END IF;
+  IF TG_OP <> 'DELETE' THEN r := NEW; PERFORM gpufleet_pricing_bump(gpufleet_fleet_hour_scopes(r.start, greatest(r.start, coalesce(r."end", now())))); END IF;
+  RETURN NULL;
+END
+$fn$
