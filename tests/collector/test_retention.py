@@ -42,6 +42,17 @@ def _fill(conn: psycopg.Connection) -> None:
         "('\\x01', 'r-old', now() - interval '1200 days', now() - interval '1199 days', '{}', '{}', '[]', '{}'), "
         "('\\x02', 'r-new', now() - interval '2 days', now() - interval '1 day', '{}', '{}', '[]', '{}')"
     )
+    # kept fleet hours: one retention reaches (its lines go with it), one it does not
+    for days in (1200, 2):
+        hour = f"date_trunc('hour', now()) - interval '{days} days'"
+        conn.execute(
+            "INSERT INTO fleet_hours_kept (max_gap_s, source, gone_after_s, hour, whole_mark, hour_mark) "
+            f"VALUES (60, 'auto', 86400, {hour}, 0, 0)"
+        )
+        conn.execute(
+            "INSERT INTO fleet_hour_lines (max_gap_s, source, gone_after_s, hour, line_no, line, sk, stale, has_energy) "
+            f"VALUES (60, 'auto', 86400, {hour}, 0, 'total', 'eu', false, true)"
+        )
 
 
 @pytest.mark.parametrize("layout", ["own", "timescaledb"])
@@ -70,6 +81,10 @@ def test_ordinary_tables_are_pruned_on_both_layouts(
     assert conn.execute("SELECT run_id FROM kept_claims").fetchall() == [("r-new",)]
     assert deleted["kept_power_points"] == 1
     assert conn.execute("SELECT run_id FROM kept_power_points").fetchall() == [("r-new",)]
+    assert deleted["fleet_hours_kept"] == 1
+    assert conn.execute(
+        "SELECT count(*), min(now() - hour) > interval '1 day' FROM fleet_hour_lines"
+    ).fetchone() == (1, True)
     # Nothing left to prune: a second pass deletes nothing.
     again = policies.enforce_retention(conn, settings, plain)
     assert not any(again.values())
