@@ -1,4 +1,4 @@
-"""Accounting V7: fleet-wide lines read the fleet's kept hours; the membership probes each GPU once.
+"""Accounting V7: fleet-wide lines read the fleet's kept hours; the membership probes most GPUs once.
 
 A fleet-wide call of line detail (every fleet-wide read: the boards, ``/v1/accounting``, the reports)
 is answered by ``gpufleet_accounting_kept`` (:mod:`gpufleet.db.fleet_hours_sql`): the hours the
@@ -11,11 +11,12 @@ counter interval, and the first and last run that held it.  V6 wrote those as sc
 lateral selects the planner flattens into the query, so each was planned once per place its result is
 named: the run probes five times, the sample probes three.  On 10,000 GPUs that was 2.7 of the
 2.8 s of one closed hour's fleet accounting, and the same on every fleet-wide read whatever its
-period (``bench/read_side.py``'s fleet).  V7 evaluates each probe once per GPU (``OFFSET 0`` keeps a
-lateral select from being flattened), reads each table's first and last in one probe, and takes
-every GPU's first and last run from one grouped pass over the allocations (``held_by``), which the
-planner hashes, instead of an index probe of every allocation of every GPU.  That pass reads every
-allocation ever made, so it grows with the history of runs, as the probes did.
+period (``bench/read_side.py``'s fleet).  V7 first asks what decides most GPUs: a GPU whose node
+registered by the period's start and that was heard from within ``gone_after_s`` of its end is in the
+fleet over all of it (its join is no later than the registration, its leave no earlier than the
+last sample plus ``gone_after_s``), known from the node's row and one probe of its last sample.  Only
+the others (new nodes, silent GPUs) are probed in full, each probe once (``OFFSET 0`` keeps a lateral
+select from being flattened), each table's first and last in one probe.
 
 The membership is the same, so the lines are; from the kept hours, the same to the rounding of
 their sums.  Migration 0030 installs this text.
@@ -45,36 +46,54 @@ _OLD_PROBES = (
     "  ) k\n"
 )
 
+_G = "make_interval(secs => p_gone_after_s)"
 _NEW_PROBES = (
-    "  LEFT JOIN held_by hb ON hb.node = g.node AND hb.gpu = g.gpu\n"
+    "  -- in the fleet over the whole period, known from two values: registered by its start and heard from\n"
+    "  -- within gone_after_s of its end (most GPUs); the others are probed in full\n"
     "  CROSS JOIN LATERAL (\n"
-    "    SELECT (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time LIMIT 1) AS s0,"
-    " (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time DESC LIMIT 1) AS s1,\n"
-    "           eh.h0, eh.h1, es.t0, es.t1\n"
-    "    FROM (SELECT min(e.bucket) AS h0, max(e.bucket) + INTERVAL '1 hour' AS h1\n"
-    "          FROM gpu_energy_1h e WHERE e.node = g.node AND e.gpu = g.gpu) eh,\n"
-    "         (SELECT min(e.t0) AS t0, max(e.t1) AS t1 FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu) es\n"
+    "    SELECT coalesce(nd.first_seen <= win.f AND greatest(nd.first_seen,\n"
+    "             (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time DESC LIMIT 1))\n"
+    f"             + {_G} >= win.t, false) AS whole\n"
     "    OFFSET 0\n"
-    "  ) o\n"
-    "  CROSS JOIN LATERAL (\n"
+    "  ) q\n"
+    "  LEFT JOIN LATERAL (\n"
     "    SELECT least(nd.first_seen, CASE WHEN o.s0 IS NULL OR o.h0 + INTERVAL '1 hour' <= o.s0 THEN o.h0 ELSE o.s0 END,\n"
-    "                 o.t0, hb.r0) AS joined,\n"
-    "           greatest(nd.first_seen, coalesce(o.s1, o.h1), o.t1, hb.r1) AS last\n"
-    "    OFFSET 0\n"
-    "  ) k\n"
+    "                 o.t0, o.r0) AS joined,\n"
+    "           greatest(nd.first_seen, coalesce(o.s1, o.h1), o.t1, o.r1) AS last\n"
+    "    FROM (\n"
+    "      SELECT (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time LIMIT 1) AS s0,"
+    " (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time DESC LIMIT 1) AS s1,\n"
+    "             eh.h0, eh.h1, es.t0, es.t1, rh.r0, rh.r1\n"
+    "      FROM (SELECT min(e.bucket) AS h0, max(e.bucket) + INTERVAL '1 hour' AS h1\n"
+    "            FROM gpu_energy_1h e WHERE e.node = g.node AND e.gpu = g.gpu) eh,\n"
+    "           (SELECT min(e.t0) AS t0, max(e.t1) AS t1 FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu) es,\n"
+    '           (SELECT min(r.start) AS r0, max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) AS r1\n'
+    "            FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = g.node AND a.gpu = g.gpu) rh\n"
+    "      OFFSET 0\n"
+    "    ) o\n"
+    "    WHERE NOT q.whole\n"
+    "  ) k ON true\n"
 )
 
 _SWAPS: tuple[tuple[str, str], ...] = (
     (_OLD_PROBES, _NEW_PROBES),
     (
-        "fleet_gpu AS MATERIALIZED (\n",
-        "-- every GPU's first and last run (its start, and its end up to now), for the membership below\n"
-        "held_by AS MATERIALIZED (\n"
-        "  SELECT a.node, a.gpu::integer AS gpu, min(r.start) AS r0,\n"
-        '         max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) AS r1\n'
-        "  FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE p_fleet GROUP BY 1, 2\n"
-        "),\n"
-        "fleet_gpu AS MATERIALIZED (\n",
+        "  CROSS JOIN LATERAL (\n"
+        f"    SELECT k.joined, CASE WHEN k.last + {_G} < p_now THEN k.last + {_G}\n"
+        "                          ELSE 'infinity'::timestamptz END AS gone\n"
+        "  ) m\n"
+        "  WHERE m.joined IS NOT NULL AND greatest(win.f, m.joined) < least(win.t, m.gone)\n",
+        "  CROSS JOIN LATERAL (\n"
+        "    SELECT CASE WHEN q.whole THEN win.f ELSE greatest(win.f, k.joined) END AS a,\n"
+        f"           CASE WHEN q.whole THEN win.t ELSE least(win.t, CASE WHEN k.last + {_G} < p_now THEN k.last + {_G}\n"
+        "                                                            ELSE 'infinity'::timestamptz END) END AS b,\n"
+        "           q.whole OR k.joined IS NOT NULL AS joined\n"
+        "  ) m\n"
+        "  WHERE m.joined AND m.a < m.b\n",
+    ),
+    (
+        "  SELECT g.node, g.gpu, greatest(win.f, m.joined) AS a, least(win.t, m.gone) AS b FROM (SELECT DISTINCT",
+        "  SELECT g.node, g.gpu, m.a, m.b FROM (SELECT DISTINCT",
     ),
     (
         "BEGIN\nIF p_fleet THEN\nRETURN QUERY\n",

@@ -31,10 +31,12 @@ transaction:
   moved, the hours between the old and the new; its end moved, the hours from the earlier of the two
   to now (the GPUs it held stay in the fleet ``gone_after_s`` past it; ending a month-long run now
   moves the hour it ends in, not the month); its site or id changed, from its start to now;
-* ``run_allocations``: the hours from the run's start (or the GPU's last sample or run before it)
-  to now: a run on a GPU that had not joined yet, or had left, puts it in the fleet from then on;
-* ``nodes``: a new node, the hours from its registration; a node's site, GPU count or facts
-  changed, or a node removed, every hour (``h``: rare, and not dated);
+* ``run_allocations``: the hours from the run's start (or, if earlier, the GPU's last sign of life
+  before it: its node's registration, its last sample, energy hour or run) to now: a run on a GPU
+  that had not joined yet, or had left, puts it in the fleet from then on;
+* ``nodes``: a new node, the hours from its registration; a node's site or GPU count changed, or a
+  node removed, every hour (``h``: rare, and not dated); its facts changed, while it has no dated
+  ones, the hours from its first run or registration;
 * ``node_facts_history``: the hours from the change (from the node's first run or registration for
   its first facts, which hold back to then);
 * ``site_settings``: the hours from the setting's start (every hour for one from the beginning);
@@ -141,6 +143,7 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "",
         _each_row(
             "(SELECT gpufleet_fleet_hour_scopes(least(w.start, coalesce(greatest(\n"
+            "      (SELECT n.first_seen FROM nodes n WHERE n.node = r.node),\n"
             "      (SELECT s.time FROM gpu_samples s WHERE s.node = r.node AND s.gpu = r.gpu AND s.time < w.start\n"
             "       ORDER BY s.time DESC LIMIT 1),\n"
             "      (SELECT max(e.bucket) FROM gpu_energy_1h e WHERE e.node = r.node AND e.gpu = r.gpu AND e.bucket < w.start),\n"
@@ -161,8 +164,20 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "nodes",
         "UPDATE",
         "OLD.site IS DISTINCT FROM NEW.site OR OLD.gpu_count IS DISTINCT FROM NEW.gpu_count "
-        "OR OLD.facts IS DISTINCT FROM NEW.facts OR OLD.node IS DISTINCT FROM NEW.node",
+        "OR OLD.node IS DISTINCT FROM NEW.node",
         "  PERFORM gpufleet_pricing_bump(ARRAY['h']);",
+    ),
+    (
+        "nodes_facts",
+        "nodes",
+        "UPDATE",
+        "OLD.facts IS DISTINCT FROM NEW.facts",
+        "  -- the node's facts price its runs only while it has no dated ones (gpufleet_node_facts_at)\n"
+        "  IF NOT EXISTS (SELECT 1 FROM node_facts_history h WHERE h.node = NEW.node) THEN\n"
+        "    PERFORM gpufleet_pricing_bump(gpufleet_fleet_hour_scopes(least(NEW.first_seen,\n"
+        "      (SELECT min(w.start) FROM run_allocations a JOIN runs w ON w.run_id = a.run_id WHERE a.node = NEW.node)),\n"
+        "      now()));\n"
+        "  END IF;",
     ),
     ("nodes_gone", "nodes", "DELETE", "", "  PERFORM gpufleet_pricing_bump(ARRAY['h']);"),
     (

@@ -38,6 +38,7 @@ _MARK_FUNCTIONS = (
     "gpufleet_fleet_hours_mark_run_allocations.v1",
     "gpufleet_fleet_hours_mark_nodes_new.v1",
     "gpufleet_fleet_hours_mark_nodes_changed.v1",
+    "gpufleet_fleet_hours_mark_nodes_facts.v1",
     "gpufleet_fleet_hours_mark_nodes_gone.v1",
     "gpufleet_fleet_hours_mark_node_facts_history.v1",
     "gpufleet_fleet_hours_mark_site_settings.v1",

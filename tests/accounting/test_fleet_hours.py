@@ -44,6 +44,12 @@ def _fleet(conn: psycopg.Connection) -> None:
         "INSERT INTO site_settings (site, setting, valid_from, txt) VALUES ('us', 'currency', %s, 'EUR')",
         (at(1800),),
     )
+    # an H100 costs more an hour at the EU site: the nodes' facts price their runs
+    conn.execute(
+        "INSERT INTO site_settings (site, setting, gpu_model, valid_from, num) "
+        "VALUES ('eu', 'gpu_hour_price', 'H100', %s, 4.0)",
+        (at(-3600 * 24),),
+    )
     carbon(conn, "DE", [(s, 200.0 + (s % 700) / 7) for s in range(-4200, 9000, 1450)])
     prices(conn, "eu", [(900, 0.25), (4100.5, 0.18)])
     for n, count, s in (("a1", 4, "eu"), ("a2", 2, "us"), ("a3", 2, "us")):
@@ -99,9 +105,13 @@ def _missing(conn: psycopg.Connection) -> list[datetime]:
 HOURS = [at(START) + timedelta(hours=i) for i in range(3)]
 
 
-@pytest.fixture
-def fleet(conn: psycopg.Connection) -> psycopg.Connection:
+@pytest.fixture(params=["registered now", "registered before"])
+def fleet(conn: psycopg.Connection, request: pytest.FixtureRequest) -> psycopg.Connection:
+    """The fleet, its nodes registered now (after its samples: every GPU's membership probed in full) or
+    a day before its samples (most GPUs decided by the registration and their last sample)."""
     _fleet(conn)
+    if request.param == "registered before":
+        conn.execute("UPDATE nodes SET first_seen = %s", (at(START - 86400),))
     drain(conn)
     v6 = sql_files.text("gpufleet_accounting.v6").replace(
         "CREATE OR REPLACE FUNCTION gpufleet_accounting(", "CREATE FUNCTION pg_temp.accounting_v6(", 1
@@ -172,15 +182,16 @@ def _new_node(conn: psycopg.Connection) -> None:
     gpu_samples(conn, [(START + k * 20.0, "a4", 0, 120.0, None) for k in range(200)])
 
 
-def _facts(conn: psycopg.Connection) -> None:
-    conn.execute(
-        "INSERT INTO site_settings (site, setting, gpu_model, valid_from, num) VALUES ('eu', 'gpu_hour_price', 'H100', %s, 4.0)",
-        (at(-3600 * 24),),
-    )
+def _dated_facts(conn: psycopg.Connection) -> None:
     conn.execute(
         "INSERT INTO node_facts_history (node, valid_from, facts) VALUES ('a1', %s, %s)",
         (at(2500), '{"gpu_model": "NVIDIA H100 80GB HBM3"}'),
     )
+
+
+def _facts(conn: psycopg.Connection) -> None:
+    assert conn.execute("SELECT count(*) FROM node_facts_history WHERE node = 'a1'").fetchone() == (0,)
+    conn.execute("UPDATE nodes SET facts = '{\"gpu_model\": \"NVIDIA H100 80GB HBM3\"}' WHERE node = 'a1'")
 
 
 CHANGES: dict[str, Callable[[psycopg.Connection], None]] = {
@@ -201,7 +212,8 @@ CHANGES: dict[str, Callable[[psycopg.Connection], None]] = {
     "carbon point": lambda c: carbon(c, "DE", [(1111, 950.0)]),
     "node moved to another site": lambda c: c.execute("UPDATE nodes SET site = 'us' WHERE node = 'a1'"),
     "node registered with old samples": _new_node,
-    "facts that price a model": _facts,
+    "dated facts that price a model": _dated_facts,
+    "facts reported by a node without dated ones": _facts,
 }
 
 

@@ -8,6 +8,8 @@ DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_nodes_new ON nodes;
 DROP FUNCTION IF EXISTS gpufleet_fleet_hours_mark_nodes_new();
 DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_nodes_changed ON nodes;
 DROP FUNCTION IF EXISTS gpufleet_fleet_hours_mark_nodes_changed();
+DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_nodes_facts ON nodes;
+DROP FUNCTION IF EXISTS gpufleet_fleet_hours_mark_nodes_facts();
 DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_nodes_gone ON nodes;
 DROP FUNCTION IF EXISTS gpufleet_fleet_hours_mark_nodes_gone();
 DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_node_facts_history ON node_facts_history;

@@ -41,14 +41,8 @@ span AS MATERIALIZED (
   SELECT least((SELECT min(lo) FROM run_w), CASE WHEN p_fleet THEN (SELECT f FROM win) END) AS lo,
          greatest((SELECT max(hi) FROM run_w), CASE WHEN p_fleet THEN (SELECT t FROM win) END) AS hi
 ),
--- every GPU's first and last run (its start, and its end up to now), for the membership below
-held_by AS MATERIALIZED (
-  SELECT a.node, a.gpu::integer AS gpu, min(r.start) AS r0,
-         max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) AS r1
-  FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE p_fleet GROUP BY 1, 2
-),
 fleet_gpu AS MATERIALIZED (
-  SELECT g.node, g.gpu, greatest(win.f, m.joined) AS a, least(win.t, m.gone) AS b FROM (SELECT DISTINCT x.node, x.gpu FROM (
+  SELECT g.node, g.gpu, m.a, m.b FROM (SELECT DISTINCT x.node, x.gpu FROM (
     SELECT n.node, g.g AS gpu FROM nodes n CROSS JOIN LATERAL generate_series(0, coalesce(n.gpu_count, 0) - 1) g(g)
     UNION ALL SELECT alloc.node, alloc.gpu FROM alloc
     UNION ALL SELECT e.node, e.gpu FROM gpu_energy_1h e, win
@@ -59,26 +53,37 @@ fleet_gpu AS MATERIALIZED (
       WHERE p_source = 'raw' AND s.time >= win.f AND s.time < win.t AND s.mig_instance IS NULL
   ) x WHERE p_fleet AND (SELECT f < t FROM win)) g CROSS JOIN win
   LEFT JOIN nodes nd ON nd.node = g.node
-  LEFT JOIN held_by hb ON hb.node = g.node AND hb.gpu = g.gpu
+  -- in the fleet over the whole period, known from two values: registered by its start and heard from
+  -- within gone_after_s of its end (most GPUs); the others are probed in full
   CROSS JOIN LATERAL (
-    SELECT (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time LIMIT 1) AS s0, (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time DESC LIMIT 1) AS s1,
-           eh.h0, eh.h1, es.t0, es.t1
-    FROM (SELECT min(e.bucket) AS h0, max(e.bucket) + INTERVAL '1 hour' AS h1
-          FROM gpu_energy_1h e WHERE e.node = g.node AND e.gpu = g.gpu) eh,
-         (SELECT min(e.t0) AS t0, max(e.t1) AS t1 FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu) es
+    SELECT coalesce(nd.first_seen <= win.f AND greatest(nd.first_seen,
+             (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time DESC LIMIT 1))
+             + make_interval(secs => p_gone_after_s) >= win.t, false) AS whole
     OFFSET 0
-  ) o
-  CROSS JOIN LATERAL (
+  ) q
+  LEFT JOIN LATERAL (
     SELECT least(nd.first_seen, CASE WHEN o.s0 IS NULL OR o.h0 + INTERVAL '1 hour' <= o.s0 THEN o.h0 ELSE o.s0 END,
-                 o.t0, hb.r0) AS joined,
-           greatest(nd.first_seen, coalesce(o.s1, o.h1), o.t1, hb.r1) AS last
-    OFFSET 0
-  ) k
+                 o.t0, o.r0) AS joined,
+           greatest(nd.first_seen, coalesce(o.s1, o.h1), o.t1, o.r1) AS last
+    FROM (
+      SELECT (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time LIMIT 1) AS s0, (SELECT s.time FROM gpu_samples s WHERE s.node = g.node AND s.gpu = g.gpu ORDER BY s.time DESC LIMIT 1) AS s1,
+             eh.h0, eh.h1, es.t0, es.t1, rh.r0, rh.r1
+      FROM (SELECT min(e.bucket) AS h0, max(e.bucket) + INTERVAL '1 hour' AS h1
+            FROM gpu_energy_1h e WHERE e.node = g.node AND e.gpu = g.gpu) eh,
+           (SELECT min(e.t0) AS t0, max(e.t1) AS t1 FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu) es,
+           (SELECT min(r.start) AS r0, max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) AS r1
+            FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = g.node AND a.gpu = g.gpu) rh
+      OFFSET 0
+    ) o
+    WHERE NOT q.whole
+  ) k ON true
   CROSS JOIN LATERAL (
-    SELECT k.joined, CASE WHEN k.last + make_interval(secs => p_gone_after_s) < p_now THEN k.last + make_interval(secs => p_gone_after_s)
-                          ELSE 'infinity'::timestamptz END AS gone
+    SELECT CASE WHEN q.whole THEN win.f ELSE greatest(win.f, k.joined) END AS a,
+           CASE WHEN q.whole THEN win.t ELSE least(win.t, CASE WHEN k.last + make_interval(secs => p_gone_after_s) < p_now THEN k.last + make_interval(secs => p_gone_after_s)
+                                                            ELSE 'infinity'::timestamptz END) END AS b,
+           q.whole OR k.joined IS NOT NULL AS joined
   ) m
-  WHERE m.joined IS NOT NULL AND greatest(win.f, m.joined) < least(win.t, m.gone)
+  WHERE m.joined AND m.a < m.b
 ),
 node_info AS MATERIALIZED (
   SELECT x.node, coalesce(nd.site, '') AS sk,
