@@ -69,9 +69,9 @@ _NEW_PROBES = (
     "           (SELECT min(e.t0) AS t0, max(e.t1) AS t1 FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu) es,\n"
     '           (SELECT min(r.start) AS r0, max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) AS r1\n'
     "            FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = g.node AND a.gpu = g.gpu) rh\n"
+    "      WHERE NOT q.whole  -- inside the subquery: a gate before its probes, not a filter after them\n"
     "      OFFSET 0\n"
     "    ) o\n"
-    "    WHERE NOT q.whole\n"
     "  ) k ON true\n"
 )
 

@@ -73,9 +73,9 @@ fleet_gpu AS MATERIALIZED (
            (SELECT min(e.t0) AS t0, max(e.t1) AS t1 FROM gpu_energy_spans e WHERE e.node = g.node AND e.gpu = g.gpu) es,
            (SELECT min(r.start) AS r0, max(greatest(r.start, least(coalesce(r."end", p_now), p_now))) AS r1
             FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.node = g.node AND a.gpu = g.gpu) rh
+      WHERE NOT q.whole  -- inside the subquery: a gate before its probes, not a filter after them
       OFFSET 0
     ) o
-    WHERE NOT q.whole
   ) k ON true
   CROSS JOIN LATERAL (
     SELECT CASE WHEN q.whole THEN win.f ELSE greatest(win.f, k.joined) END AS a,
