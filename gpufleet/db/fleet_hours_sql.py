@@ -85,26 +85,7 @@ $fn$
 
 
 def _trigger(name: str, table: str, events: str, when: str, body: str) -> tuple[str, str]:
-    """A row trigger whose body bumps marks; ``r`` is OLD, then NEW (each that exists)."""
-    fn = f"gpufleet_fleet_hours_mark_{name}"
-    func = f"""
-CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-DECLARE r record;
-BEGIN
-{body}
-  RETURN NULL;
-END
-$fn$
-"""
-    cond = f" WHEN ({when})" if when else ""
-    return func, f"CREATE TRIGGER {fn} AFTER {events} ON {table} FOR EACH ROW{cond} EXECUTE FUNCTION {fn}()"
-
-
-def _each_row(scopes: str) -> str:
-    return (
-        f"  IF TG_OP <> 'INSERT' THEN r := OLD; PERFORM gpufleet_pricing_bump({scopes}); END IF;\n"
-        f"  IF TG_OP <> 'DELETE' THEN r := NEW; PERFORM gpufleet_pricing_bump({scopes}); END IF;"
-    )
+    return P.row_trigger(f"gpufleet_fleet_hours_mark_{name}", table, events, when, body)
 
 
 _RUN_END = 'greatest(r.start, coalesce(r."end", now()))'
@@ -116,7 +97,7 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "runs",
         "INSERT OR DELETE",
         "",
-        _each_row(f"gpufleet_fleet_hour_scopes(r.start, {_RUN_END})"),
+        P.each_row(f"gpufleet_fleet_hour_scopes(r.start, {_RUN_END})"),
     ),
     (
         "runs_moved",
@@ -141,7 +122,7 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "run_allocations",
         "INSERT OR UPDATE OR DELETE",
         "",
-        _each_row(
+        P.each_row(
             "(SELECT gpufleet_fleet_hour_scopes(least(w.start, coalesce(greatest(\n"
             "      (SELECT n.first_seen FROM nodes n WHERE n.node = r.node),\n"
             "      (SELECT s.time FROM gpu_samples s WHERE s.node = r.node AND s.gpu = r.gpu AND s.time < w.start\n"
@@ -185,7 +166,7 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "node_facts_history",
         "INSERT OR UPDATE OR DELETE",
         "",
-        _each_row(
+        P.each_row(
             "gpufleet_fleet_hour_scopes(CASE WHEN EXISTS (SELECT 1 FROM node_facts_history h\n"
             "      WHERE h.node = r.node AND h.valid_from < r.valid_from) THEN r.valid_from\n"
             "    ELSE least(r.valid_from, (SELECT n.first_seen FROM nodes n WHERE n.node = r.node),\n"
@@ -198,7 +179,7 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "site_settings",
         "INSERT OR UPDATE OR DELETE",
         "",
-        _each_row("gpufleet_fleet_hour_scopes(r.valid_from, now())"),
+        P.each_row("gpufleet_fleet_hour_scopes(r.valid_from, now())"),
     ),
     ("sites", "sites", "UPDATE OR DELETE", "", "  PERFORM gpufleet_pricing_bump(ARRAY['h']);"),
     (
@@ -206,7 +187,7 @@ _TRIGGERS: tuple[tuple[str, str, str, str, str], ...] = (
         "carbon_intensity",
         "INSERT OR UPDATE OR DELETE",
         "",
-        _each_row(
+        P.each_row(
             "CASE WHEN NOT EXISTS (SELECT 1 FROM carbon_intensity c WHERE c.region = r.region AND c.time < r.time)\n"
             "    THEN ARRAY['h']\n"
             "    ELSE gpufleet_fleet_hour_scopes(r.time, coalesce((SELECT min(c.time) FROM carbon_intensity c\n"

@@ -96,21 +96,32 @@ _ROW_TRIGGERS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def _row_trigger(i: int, table: str, events: str, when: str, scopes: str) -> tuple[str, str]:
-    fn = f"gpufleet_pricing_mark_{table}_{i}"
-    body = f"""
+def row_trigger(fn: str, table: str, events: str, when: str, body: str) -> tuple[str, str]:
+    """A row trigger ``fn`` on ``table`` (its function, then the trigger) that bumps marks: ``body`` is
+    the function's statements, ``r`` a record variable for them."""
+    func = f"""
 CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE r record;
 BEGIN
-  IF TG_OP <> 'INSERT' THEN r := OLD; PERFORM gpufleet_pricing_bump({scopes}); END IF;
-  IF TG_OP <> 'DELETE' THEN r := NEW; PERFORM gpufleet_pricing_bump({scopes}); END IF;
+{body}
   RETURN NULL;
 END
 $fn$
 """
     cond = f" WHEN ({when})" if when else ""
-    trig = f"CREATE TRIGGER {fn} AFTER {events} ON {table} FOR EACH ROW{cond} EXECUTE FUNCTION {fn}()"
-    return body, trig
+    return func, f"CREATE TRIGGER {fn} AFTER {events} ON {table} FOR EACH ROW{cond} EXECUTE FUNCTION {fn}()"
+
+
+def each_row(scopes: str) -> str:
+    """A trigger body bumping ``scopes`` (an expression of ``r``) for OLD, then NEW, each that exists."""
+    return (
+        f"  IF TG_OP <> 'INSERT' THEN r := OLD; PERFORM gpufleet_pricing_bump({scopes}); END IF;\n"
+        f"  IF TG_OP <> 'DELETE' THEN r := NEW; PERFORM gpufleet_pricing_bump({scopes}); END IF;"
+    )
+
+
+def _row_trigger(i: int, table: str, events: str, when: str, scopes: str) -> tuple[str, str]:
+    return row_trigger(f"gpufleet_pricing_mark_{table}_{i}", table, events, when, each_row(scopes))
 
 
 #: A carbon point at ``t`` sets the intensity from ``t`` to the region's next point (or for ever), and
