@@ -109,12 +109,14 @@ def missing(conn: psycopg.Connection, keeping: Keeping, now: datetime) -> list[d
 
 
 def keep(conn: psycopg.Connection, keeping: Keeping, now: datetime, budget_s: float) -> int:
-    """Price and keep missing hours, newest first, until ``budget_s`` is spent (a call under way
-    finishes); how many hours were kept.  ``conn`` is in autocommit: each call is its own transaction."""
+    """Price and keep missing hours, newest first, until ``budget_s`` is spent (one call at least; a call
+    under way finishes); how many hours were kept.  ``conn`` is in autocommit: each call is its own
+    transaction."""
     todo = missing(conn, keeping, now)
     deadline = time.monotonic() + budget_s
-    kept = 0
-    while todo and (kept == 0 or time.monotonic() < deadline):
+    kept = calls = 0
+    while todo and (calls == 0 or time.monotonic() < deadline):
+        calls += 1
         run = [todo.pop(0)]
         while todo and len(run) < HOURS_PER_CALL and todo[0] == run[-1] - HOUR:
             run.append(todo.pop(0))

@@ -274,3 +274,17 @@ def test_keeping_is_capped_short_of_retention() -> None:
     off = Settings.model_validate({"accounting": {"keep_fleet_days": 0}})
     assert fleet_hours.keeping_of(off).days == 0
     assert fleet_hours.missing(None, fleet_hours.keeping_of(off), datetime.now(UTC)) == []  # type: ignore[arg-type]
+
+
+def test_a_pass_with_no_budget_left_makes_one_call(fleet: psycopg.Connection) -> None:
+    """The leader's pass may have spent its budget on what settled: it still keeps one call's hours
+    (the newest), so the fleet's hours are never starved, and no more (its rollups wait on it)."""
+    before = _missing(fleet)
+    assert len(before) > fleet_hours.HOURS_PER_CALL
+    assert fleet_hours.keep(fleet, KEEPING, at(NOW), budget_s=0.0) == fleet_hours.HOURS_PER_CALL
+    assert _missing(fleet) == before[fleet_hours.HOURS_PER_CALL :]
+    # a call whose hours are all stale keeps none, and the pass still ends after it
+    gpu_samples(fleet, [(3700.5, "a1", 2, 400.0, None)])
+    fleet.execute("DELETE FROM fleet_hours_kept")
+    assert fleet_hours.keep(fleet, KEEPING, at(NOW), budget_s=0.0) < fleet_hours.HOURS_PER_CALL
+    assert len(_missing(fleet)) > len(before) - fleet_hours.HOURS_PER_CALL
