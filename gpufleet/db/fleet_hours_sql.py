@@ -6,10 +6,11 @@ priced every GPU's time of the period again for every reader: a day of 10,000 GP
 month ran past any statement limit.  An hour that has closed gives the same lines to every later
 reader while its inputs are unchanged, so they are kept:
 
-* ``gpufleet_fleet_parts(from, to, ...)`` is the fleet query of ``gpufleet_accounting`` (V7) with
-  detail ``step`` of one hour, returning each hour's lines unrounded, with what the line-level labels
-  need (the least and greatest price, intensity and carbon source its energy was priced at), so
-  hours add up to a period exactly as the period's own query would add its segments.
+* ``gpufleet_fleet_parts(from, to, ..., detail)`` is the fleet query of ``gpufleet_accounting`` (V7)
+  with detail ``step`` of one hour (each hour's lines, to keep) or ``line`` (the lines of a gap),
+  unrounded, with what the line-level labels need (the least and greatest price, intensity and
+  carbon source its energy was priced at), so hours add up to a period as the period's own query
+  adds its segments, to the precision of the double-precision sums.
 * The collector's leader keeps the parts of closed hours (``fleet_hours_kept``, one row an hour with
   the marks it rests on; ``fleet_hour_lines``, its lines), newest first
   (:mod:`gpufleet.accounting.fleet_hours`).
@@ -25,8 +26,8 @@ transaction:
 
 * samples and rollups: the rollup worker, for the hours from each node's rebuilt range's previous
   sample to now (a GPU heard again after a silence moves the hours of the silence, whose membership
-  it changes; a GPU's last sample moves when it leaves the fleet, ``gone_after_s`` later, which no
-  mark can name without the reader's setting, so to now);
+  it changes; a GPU's last sample decides when it leaves the fleet, ``gone_after_s`` later, an hour
+  no mark can name without the reader's setting, so to now);
 * ``runs``: inserted or deleted, the hours of its window (to now for a running run); its start
   moved, the hours between the old and the new; its end moved, the hours from the earlier of the two
   to now (the GPUs it held stay in the fleet ``gone_after_s`` past it; ending a month-long run now
@@ -64,15 +65,15 @@ from gpufleet.db.accounting_members_sql import ACCOUNTING_V7
 HOUR_MARKS = 1000
 
 
-#: The hour mark of hour ``t`` (an expression).
 def hour_scope(t: str) -> str:
+    """The mark of the hour holding ``t`` (an SQL expression): ``h:YYYY-MM-DDTHH``, UTC."""
     return f"'h:' || to_char({t} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24')"
 
 
 #: The marks of a change over [lo, hi]: each hour's from lo's to hi's, or ``h`` for a long one.
 HOUR_SCOPES_V1 = f"""
 CREATE FUNCTION gpufleet_fleet_hour_scopes(p_lo timestamptz, p_hi timestamptz) RETURNS text[]
-LANGUAGE sql IMMUTABLE AS $fn$
+LANGUAGE sql STABLE AS $fn$
   SELECT CASE
     WHEN p_lo IS NULL OR p_hi IS NULL OR p_lo = '-infinity' OR p_hi = 'infinity' THEN ARRAY['h']
     WHEN p_hi < p_lo THEN gpufleet_fleet_hour_scopes(p_hi, p_lo)

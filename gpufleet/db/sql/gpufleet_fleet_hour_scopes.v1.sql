@@ -1,6 +1,6 @@
 
 CREATE FUNCTION gpufleet_fleet_hour_scopes(p_lo timestamptz, p_hi timestamptz) RETURNS text[]
-LANGUAGE sql IMMUTABLE AS $fn$
+LANGUAGE sql STABLE AS $fn$
   SELECT CASE
     WHEN p_lo IS NULL OR p_hi IS NULL OR p_lo = '-infinity' OR p_hi = 'infinity' THEN ARRAY['h']
     WHEN p_hi < p_lo THEN gpufleet_fleet_hour_scopes(p_hi, p_lo)
