@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+from psycopg import errors
 
 from gpufleet.accounting.lines import Source
 from gpufleet.config import Settings
@@ -127,7 +128,16 @@ def keep(conn: psycopg.Connection, keeping: Keeping, now: datetime, budget_s: fl
 
 
 def _keep_run(conn: psycopg.Connection, keeping: Keeping, hours: list[datetime], now: datetime) -> int:
-    """Price the consecutive ``hours`` in one call and keep those none of whose lines is stale."""
+    """Price the consecutive ``hours`` in one call and keep those none of whose lines is stale; none if
+    another keeper (a leader handing over) stored one of them meanwhile: it stored the same lines."""
+    try:
+        return _store_run(conn, keeping, hours, now)
+    except (errors.UniqueViolation, errors.SerializationFailure, errors.DeadlockDetected) as e:
+        log.debug("fleet hours not kept, another keeper stored them: %s", e)
+        return 0
+
+
+def _store_run(conn: psycopg.Connection, keeping: Keeping, hours: list[datetime], now: datetime) -> int:
     with conn.transaction():
         marks = {h: (w, m) for h, w, m in conn.execute(_MARKS_SQL, {"hours": hours}).fetchall()}
         rows = conn.execute(

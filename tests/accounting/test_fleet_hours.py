@@ -16,6 +16,8 @@ the old kept lines in the answer.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -288,3 +290,28 @@ def test_a_pass_with_no_budget_left_makes_one_call(fleet: psycopg.Connection) ->
     fleet.execute("DELETE FROM fleet_hours_kept")
     assert fleet_hours.keep(fleet, KEEPING, at(NOW), budget_s=0.0) < fleet_hours.HOURS_PER_CALL
     assert len(_missing(fleet)) > len(before) - fleet_hours.HOURS_PER_CALL
+
+
+def test_a_keeper_meeting_another_keeps_nothing_and_goes_on(fleet: psycopg.Connection, db: str) -> None:
+    """Two leaders for a moment (one handing over): the second to store an hour finds the first's row
+    and keeps nothing of that call, without an error; the hour holds the first one's lines."""
+    hour = _missing(fleet)[0]
+    with psycopg.connect(db) as other:
+        other.execute(
+            "INSERT INTO fleet_hours_kept (max_gap_s, source, gone_after_s, hour, whole_mark, hour_mark) "
+            "VALUES (60, 'auto', 86400, %s, 0, 0)",
+            (hour,),
+        )
+        got: list[int] = []
+        keeper = threading.Thread(target=lambda: got.append(_keep_one(db)))
+        keeper.start()
+        time.sleep(1.0)  # the keeper waits on the other's uncommitted row
+        other.commit()
+        keeper.join(timeout=60)
+    assert got == [0]
+    assert fleet.execute("SELECT count(*) FROM fleet_hours_kept WHERE hour = %s", (hour,)).fetchone() == (1,)
+
+
+def _keep_one(db: str) -> int:
+    with psycopg.connect(db, autocommit=True) as conn:
+        return fleet_hours.keep(conn, KEEPING, at(NOW), budget_s=0.0)
