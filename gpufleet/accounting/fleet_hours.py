@@ -26,6 +26,7 @@ from psycopg import errors
 
 from gpufleet.accounting.lines import Source
 from gpufleet.config import Settings
+from gpufleet.db import fleet_hours_sql as H
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +39,22 @@ HOURS_PER_CALL = 6
 HOUR = timedelta(hours=1)
 
 #: Whole hours in [lo, hi) that are not kept with these settings or whose marks moved, newest first.
-_MISSING_SQL = """
+_MISSING_SQL = f"""
 SELECT h FROM generate_series(%(hi)s - INTERVAL '1 hour', %(lo)s, INTERVAL '-1 hour') h
 WHERE NOT EXISTS (
   SELECT 1 FROM fleet_hours_kept k
   WHERE k.max_gap_s = %(gap)s AND k.source = %(source)s AND k.gone_after_s = %(gone)s AND k.hour = h
-    AND k.whole_mark = coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = 'h'), 0)
-    AND k.hour_mark = coalesce((SELECT m.version FROM pricing_marks m
-                                WHERE m.scope = 'h:' || to_char(h AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24')), 0))
+    AND {H.holds("k", "h")})
 ORDER BY h DESC"""
 
 #: The marks of hours, read before their lines are priced: a change after this leaves a newer mark.
-_MARKS_SQL = """
-SELECT h, coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = 'h'), 0),
-       coalesce((SELECT m.version FROM pricing_marks m
-                 WHERE m.scope = 'h:' || to_char(h AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24')), 0)
-FROM unnest(%(hours)s::timestamptz[]) h"""
+_MARKS_SQL = f"""
+SELECT h, {H.WHOLE_MARK}, {H.hour_mark("h")} FROM unnest(%(hours)s::timestamptz[]) h"""
 
 _PARTS_SQL = "SELECT * FROM gpufleet_fleet_parts(%s, %s, %s, %s, %s, %s, 'step')"
+#: Where a part's hour and stale flag stand in its row.
+_HOUR = [c for c, _ in H.PART_COLUMNS].index("hour")
+_STALE = [c for c, _ in H.PART_COLUMNS].index("stale")
 
 _FORGET_SQL = """
 DELETE FROM fleet_hours_kept
@@ -65,11 +64,12 @@ _HEADER_SQL = """
 INSERT INTO fleet_hours_kept (max_gap_s, source, gone_after_s, hour, whole_mark, hour_mark)
 VALUES (%s, %s, %s, %s, %s, %s)"""
 
-_LINE_SQL = """
-INSERT INTO fleet_hour_lines (max_gap_s, source, gone_after_s, hour, line_no, line, run_id, sk, cur, gpu_s,
-  covered_s, gpu_kwh, host_kwh, facility_kwh, co2e_kg, co2e_unknown_kwh, energy_cost, compute_cost, stale,
-  has_energy, price_lo, price_hi, g_lo, g_hi, csrc_lo, csrc_hi)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"""
+#: A kept line: the key, its number, and a part's columns but its hour (which is in the key).
+_LINE_COLUMNS = ("line_no", *(c for c, _ in H.PART_COLUMNS if c != "hour"))
+_LINE_SQL = (
+    f"INSERT INTO fleet_hour_lines (max_gap_s, source, gone_after_s, hour, {', '.join(_LINE_COLUMNS)}) "
+    f"VALUES ({', '.join(['%s'] * (4 + len(_LINE_COLUMNS)))})"
+)
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,8 @@ def _store_run(conn: psycopg.Connection, keeping: Keeping, hours: list[datetime]
         ).fetchall()
         by_hour: dict[datetime, list[tuple]] = {h: [] for h in hours}
         for r in rows:
-            by_hour[r[3]].append(r)
-        good = [h for h in hours if not any(r[14] for r in by_hour[h])]
+            by_hour[r[_HOUR]].append(r)
+        good = [h for h in hours if not any(r[_STALE] for r in by_hour[h])]
         key = (keeping.max_gap_s, keeping.source, keeping.gone_after_s)
         conn.execute(
             _FORGET_SQL,
@@ -157,7 +157,11 @@ def _store_run(conn: psycopg.Connection, keeping: Keeping, hours: list[datetime]
             cur.executemany(_HEADER_SQL, [(*key, h, *marks[h]) for h in good])
             cur.executemany(
                 _LINE_SQL,
-                [(*key, h, i, r[0], r[1], r[2], *r[4:]) for h in good for i, r in enumerate(by_hour[h])],
+                [
+                    (*key, h, i, *(v for j, v in enumerate(r) if j != _HOUR))
+                    for h in good
+                    for i, r in enumerate(by_hour[h])
+                ],
             )
     return len(good)
 

@@ -213,20 +213,8 @@ DROP_V1: tuple[str, ...] = tuple(
 )
 
 #: What the rollup worker bumps after rebuilding: the priced store's node days, and the fleet's hours
-#: from each node's rebuilt range's previous sample to its next.
-BUMP_REBUILT_V2 = swapped(
-    P.BUMP_REBUILT_SQL,
-    (
-        (
-            " d))\nWHERE EXISTS",
-            " d)\n"
-            "  || ARRAY(SELECT DISTINCT s FROM (SELECT node, min(a) AS a, max(z) AS z FROM _rollup_gpu GROUP BY node\n"
-            "                                   UNION ALL SELECT node, min(a), max(z) FROM _rollup_host GROUP BY node) x\n"
-            "           CROSS JOIN LATERAL unnest(gpufleet_fleet_hour_scopes(x.a, greatest(x.z, now()))) s))\n"
-            "WHERE EXISTS",
-        ),
-    ),
-)
+#: from each node's rebuilt range's previous sample to now.
+BUMP_REBUILT_V2 = P.bump_rebuilt("gpufleet_fleet_hour_scopes(x.a, greatest(x.z, now()))")
 
 
 # ------------------------------------------------------------------------------------ the hourly parts
@@ -316,8 +304,18 @@ $fn$
 
 # ------------------------------------------------------------------------------------ the kept reader
 
-_VALID = f"""k.whole_mark = coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = 'h'), 0)
-    AND k.hour_mark = coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = {hour_scope("k.hour")}), 0)"""
+#: The marks an hour rests on as they are now: every hour's, and hour ``t``'s (SQL expressions).
+WHOLE_MARK = "coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = 'h'), 0)"
+
+
+def hour_mark(t: str) -> str:
+    return f"coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = {hour_scope(t)}), 0)"
+
+
+def holds(k: str, hour: str) -> str:
+    """Kept hour ``k`` (a row of ``fleet_hours_kept``) holds: both its marks are still the current ones."""
+    return f"{k}.whole_mark = {WHOLE_MARK}\n    AND {k}.hour_mark = {hour_mark(hour)}"
+
 
 _SUMS = """
   sum(p.gpu_s) AS gpu_s, sum(p.covered_s) AS cs, sum(p.gpu_kwh) AS gpu_kwh, sum(p.host_kwh) AS host_kwh,
@@ -357,7 +355,7 @@ pieces AS (
     SELECT 1 FROM fleet_hours_kept k
     WHERE k.max_gap_s = p_max_gap_s AND k.source = p_source AND k.gone_after_s = p_gone_after_s AND k.hour = h
       AND (b.queued IS NULL OR h + INTERVAL '1 hour' <= b.queued)
-      AND {_VALID})
+      AND {holds("k", "k.hour")})
   FROM bounds b CROSS JOIN LATERAL generate_series(b.hf, b.ht - INTERVAL '1 hour', INTERVAL '1 hour') h
   WHERE b.hf < b.ht
   UNION ALL

@@ -210,16 +210,24 @@ DROP_V3: tuple[str, ...] = tuple(
     )
 )
 
+
 #: The rollup worker's part, in its transaction: the days each rebuilt range reaches, from the sample
 #: before its first changed bucket to the sample after its last (``_rollup_gpu`` / ``_rollup_host``); it
 #: runs with the fleet's hours added (:data:`gpufleet.db.fleet_hours_sql.BUMP_REBUILT_V2`).
-BUMP_REBUILT_SQL = f"""
+def bump_rebuilt(more: str = "") -> str:
+    """The statement: the node days, and ``more`` scopes (an expression over the same node ranges
+    ``x``: node, a, z) appended, from one grouping of the rebuilt ranges."""
+    extra = f"\n  || ARRAY(SELECT DISTINCT s FROM x CROSS JOIN LATERAL unnest({more}) s)" if more else ""
+    return f"""
+WITH x AS MATERIALIZED (
+  SELECT node, min(a) AS a, max(z) AS z FROM _rollup_gpu GROUP BY node
+  UNION ALL SELECT node, min(a), max(z) FROM _rollup_host GROUP BY node
+)
 SELECT gpufleet_pricing_bump(ARRAY(
   SELECT DISTINCT {_day_scope("'e:' || x.node", "x.a", "x.z", "d")}
-  FROM (SELECT node, min(a) AS a, max(z) AS z FROM _rollup_gpu GROUP BY node
-        UNION ALL SELECT node, min(a), max(z) FROM _rollup_host GROUP BY node) x
-  CROSS JOIN LATERAL {_day_series("x.a", "x.z")} d))
-WHERE EXISTS (SELECT 1 FROM _rollup_gpu) OR EXISTS (SELECT 1 FROM _rollup_host)"""
+  FROM x CROSS JOIN LATERAL {_day_series("x.a", "x.z")} d){extra})
+WHERE EXISTS (SELECT 1 FROM x)"""
+
 
 #: The columns of a kept line: ``gpufleet_accounting``'s result table, in its order.
 LINE_COLUMNS: tuple[str, ...] = (

@@ -33,6 +33,24 @@ def scans(node: dict[str, Any], table: str) -> Iterator[dict[str, Any]]:
         yield from scans(child, table)
 
 
+def rows_read(conn: psycopg.Connection, statement: str, params: dict[str, Any], table: str) -> int:
+    """The rows of ``table`` that ``statement``'s plan reads (kept or filtered out), sequential scans priced
+    out so that a statement an index can answer is answered by one; nothing it writes is kept."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        plan = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.encode(), params).fetchone()[0]  # type: ignore[index]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return sum(
+        (
+            s.get("Actual Rows", 0)
+            + s.get("Rows Removed by Filter", 0)
+            + s.get("Rows Removed by Index Recheck", 0)
+        )
+        * s.get("Actual Loops", 1)
+        for s in scans(plan[0]["Plan"], table)
+    )
+
+
 @pytest.mark.parametrize("kind", ["gpu", "host"])
 def test_the_stats_refresh_reads_only_its_ranges_samples(conn: psycopg.Connection, kind: str) -> None:
     if backend_of(conn) == "timescaledb":
@@ -50,19 +68,7 @@ def test_the_stats_refresh_reads_only_its_ranges_samples(conn: psycopg.Connectio
         "lo": [T0, T0 + timedelta(minutes=5)],
         "hi": [T0 + timedelta(minutes=2), T0 + timedelta(minutes=9)],
     }
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL enable_seqscan = off")
-        plan = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + insert.encode(), params).fetchone()[0]  # type: ignore[index]
-    plan = plan if isinstance(plan, list) else json.loads(plan)
-    read = sum(
-        (
-            s.get("Actual Rows", 0)
-            + s.get("Rows Removed by Filter", 0)
-            + s.get("Rows Removed by Index Recheck", 0)
-        )
-        * s.get("Actual Loops", 1)
-        for s in scans(plan[0]["Plan"], table)
-    )
+    read = rows_read(conn, insert, params, table)
     assert read <= 2 * 20, f"the refresh read {read} rows of {table} for 2 nodes' 10 minutes (40 rows)"
     # and what it writes is the ranges' minutes, nothing else
     conn.execute(insert, params)
@@ -87,19 +93,7 @@ def test_the_node_activity_rebuild_reads_only_its_ranges_samples(conn: psycopg.C
         "lo": [T0, T0 + timedelta(minutes=5)],
         "hi": [T0 + timedelta(minutes=2), T0 + timedelta(minutes=9)],
     }
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL enable_seqscan = off")
-        plan = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + insert.encode(), params).fetchone()[0]  # type: ignore[index]
-    plan = plan if isinstance(plan, list) else json.loads(plan)
-    read = sum(
-        (
-            s.get("Actual Rows", 0)
-            + s.get("Rows Removed by Filter", 0)
-            + s.get("Rows Removed by Index Recheck", 0)
-        )
-        * s.get("Actual Loops", 1)
-        for s in scans(plan[0]["Plan"], "gpu_samples")
-    )
+    read = rows_read(conn, insert, params, "gpu_samples")
     assert read <= 2 * 20, f"the rebuild read {read} rows of gpu_samples for 2 nodes' 10 minutes (40 rows)"
     conn.execute(insert, params)
     got = conn.execute("SELECT node, bucket, gpu_minutes FROM node_activity_1m ORDER BY 1, 2").fetchall()
