@@ -143,6 +143,11 @@ def statements() -> dict[str, str | tuple[str, ...]]:
         "gpufleet_fleet_parts.v1": H.FLEET_PARTS_V1,
         "gpufleet_accounting_kept.v1": H.KEPT_V1,
         "gpufleet_accounting.v7": V7.ACCOUNTING_V7,
+        # 0031: a mark moved once per transaction, allocations marked once per statement
+        "gpufleet_pricing_bump.v2": P.BUMP_V2,
+        "gpufleet_fleet_hours_mark_allocations.v1": H.ALLOCATIONS_V2,
+        "0031_statement_marks.upgrade": H.ALLOCATION_TRIGGERS_V2,
+        "0031_statement_marks.downgrade": H.DROP_ALLOCATIONS_V2,
     }
 
 

@@ -43,6 +43,15 @@ LANGUAGE sql VOLATILE AS $fn$
 $fn$
 """
 
+#: Migration 0031: a mark already moved by this transaction is left as it is.  A bulk change whose row
+#: triggers mark the same scopes again and again (a COPY of a backfilled run's allocations) wrote a
+#: new version of the same row each time, and each write walked the chain the transaction had left,
+#: so a statement's cost grew with the square of its rows.
+BUMP_V2 = BUMP_V1.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1).replace(
+    "DO UPDATE SET version = EXCLUDED.version\n",
+    "DO UPDATE SET version = EXCLUDED.version\n  WHERE pricing_marks.version IS DISTINCT FROM EXCLUDED.version\n",
+)
+
 
 #: The most days one change marks one by one; a change reaching further marks its whole scope.
 DAY_MARKS = 400

@@ -179,6 +179,19 @@ def _late_run(conn: psycopg.Connection) -> None:
     run(conn, "late", 600, 1900, {"a1": [3], "a3": [0]}, site_name="us")
 
 
+def _two_runs_one_statement(conn: psycopg.Connection) -> None:
+    """Two runs registered late, their allocations in one statement: the one on a GPU silent since
+    before its start reaches back to the GPU's last sample."""
+    for rid, lo, hi in (("s1", 4000, 5000), ("s2", NOW + 3600, None)):
+        conn.execute(
+            "INSERT INTO runs (run_id, site, start, \"end\") VALUES (%s, 'us', %s, %s)",
+            (rid, at(lo), None if hi is None else at(hi)),
+        )
+    conn.execute(
+        "INSERT INTO run_allocations (run_id, node, gpu) VALUES ('s1', 'a3', 0), ('s2', 'a2', 0), ('s1', 'a3', 1)"
+    )
+
+
 def _new_node(conn: psycopg.Connection) -> None:
     node(conn, "a4", 1, "eu")
     gpu_samples(conn, [(START + k * 20.0, "a4", 0, 120.0, None) for k in range(200)])
@@ -209,6 +222,10 @@ CHANGES: dict[str, Callable[[psycopg.Connection], None]] = {
         "INSERT INTO run_allocations (run_id, node, gpu) VALUES ('r3', 'a3', 1)"
     ),
     "allocation removed": lambda c: c.execute("DELETE FROM run_allocations WHERE run_id = 'r1' AND gpu = 1"),
+    "allocation's share changed": lambda c: c.execute(
+        "UPDATE run_allocations SET share = 0.25 WHERE run_id = 'h1'"
+    ),
+    "allocations of two runs in one statement": _two_runs_one_statement,
     "run removed": lambda c: c.execute("DELETE FROM runs WHERE run_id = 'r2'"),
     "price edited back in time": lambda c: prices(c, "eu", [(-1200, 0.31)]),
     "carbon point": lambda c: carbon(c, "DE", [(1111, 950.0)]),
@@ -237,6 +254,53 @@ def test_ending_a_long_run_now_moves_only_the_hour_it_ends_in(fleet: psycopg.Con
     fleet.execute("UPDATE runs SET \"end\" = %s WHERE run_id = 'h2'", (at(NOW - 60),))
     assert _missing(fleet) == []
     _same_as_live(fleet)
+
+
+def _marked(conn: psycopg.Connection, statements: list[str]) -> set[str]:
+    """The marks ``statements`` move, run in one transaction that is then rolled back."""
+    marks = "SELECT scope, version FROM pricing_marks"
+    with conn.transaction(force_rollback=True):
+        before = set(conn.execute(marks).fetchall())
+        for stmt in statements:
+            conn.execute(stmt)
+        return {scope for scope, _ in set(conn.execute(marks).fetchall()) - before}
+
+
+#: (the rows one statement each, the same rows in one statement)
+_ALLOCATION_STATEMENTS = {
+    "insert": (
+        [
+            f"INSERT INTO run_allocations (run_id, node, gpu) VALUES {v}"
+            for v in ("('r3', 'a3', 1)", "('r2', 'a3', 0)")
+        ],
+        "INSERT INTO run_allocations (run_id, node, gpu) VALUES ('r3', 'a3', 1), ('r2', 'a3', 0)",
+    ),
+    "delete": (
+        [
+            f"DELETE FROM run_allocations WHERE run_id = '{r}' AND node = '{n}'"
+            for r, n in (("r3", "a1"), ("r2", "a2"))
+        ],
+        "DELETE FROM run_allocations WHERE (run_id, node) IN (('r3', 'a1'), ('r2', 'a2'))",
+    ),
+    "update": (
+        [f"UPDATE run_allocations SET share = 0.25 WHERE run_id = '{r}'" for r in ("h2", "h1")],
+        "UPDATE run_allocations SET share = 0.25 WHERE run_id IN ('h1', 'h2')",
+    ),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_ALLOCATION_STATEMENTS))
+def test_a_statement_of_allocations_marks_what_its_rows_mark_one_by_one(
+    fleet: psycopg.Connection, op: str
+) -> None:
+    """Allocations are marked per statement (every row's hours run to now, so the statement's are those
+    of its earliest row): the same hours as its rows marked one by one."""
+    each, together = _ALLOCATION_STATEMENTS[op]
+    alone = [_marked(fleet, [stmt]) for stmt in each]
+    marked = _marked(fleet, [together])
+    assert marked == _marked(fleet, each) == alone[0] | alone[1]
+    assert min(alone, key=len) < marked, "the rows mark the same hours: the statement's earliest is untested"
+    assert _marked(fleet, ["DELETE FROM run_allocations WHERE false"]) == set()
 
 
 def test_a_change_reaching_past_the_hour_marks_moves_every_hour(conn: psycopg.Connection) -> None:

@@ -320,3 +320,20 @@ def test_a_change_over_years_marks_its_whole_scope(conn: psycopg.Connection, cal
     assert [m for m in moved if not m.startswith("h:")] == ["c:R:2026-12-04", "c:R:tail"]
     # (and the fleet's hours from the new last point on, which it now prices)
     assert min(m for m in moved if m.startswith("h:")) == "h:2026-12-04T10"
+
+
+def test_a_mark_moves_once_per_transaction(conn: psycopg.Connection) -> None:
+    """Marking a scope again in the transaction that moved it leaves its row alone: a bulk change whose
+    rows each mark the same scopes wrote a version of the row per mark, each write walking the versions
+    before it (a COPY's cost grew with the square of its rows)."""
+    marks = "SELECT scope, ctid::text, version FROM pricing_marks WHERE scope IN ('x', 'y') ORDER BY scope"
+    with conn.transaction():
+        conn.execute("SELECT gpufleet_pricing_bump(ARRAY['x', 'y'])")
+        first = conn.execute(marks).fetchall()
+        conn.execute("SELECT gpufleet_pricing_bump(ARRAY['y', 'x', 'z'])")
+        assert conn.execute(marks).fetchall() == first
+        assert conn.execute("SELECT count(*) FROM pricing_marks WHERE scope = 'z'").fetchone() == (1,)
+    with conn.transaction():
+        conn.execute("SELECT gpufleet_pricing_bump(ARRAY['x'])")
+        (x, y) = conn.execute(marks).fetchall()
+    assert x[2] > first[0][2] and y == first[1]

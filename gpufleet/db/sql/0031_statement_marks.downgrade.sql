@@ -1,0 +1,4 @@
+DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_allocations_insert ON run_allocations;
+DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_allocations_delete ON run_allocations;
+DROP TRIGGER IF EXISTS gpufleet_fleet_hours_mark_allocations_update ON run_allocations;
+DROP FUNCTION IF EXISTS gpufleet_fleet_hours_mark_allocations();
