@@ -67,6 +67,7 @@ import httpx
 import numpy as np
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from bench.common import say
 from gpufleet.collector import rollup
@@ -74,6 +75,8 @@ from gpufleet.collector.batch_store import write_batches
 from gpufleet.config import Settings, load_settings
 from gpufleet.db import migrate
 from gpufleet.db.connect import with_database
+from gpufleet.db.reader import ensure_reader
+from gpufleet.sim.demo import READER_ROLE
 from gpufleet.wire import Batch, Column
 from testsupport.pg import server_url
 
@@ -1426,6 +1429,12 @@ def main() -> None:
         help="time only the reads whose name matches this regular expression (a panel's: its board uid and "
         "range, e.g. 'gpufleet-fleet 6h')",
     )
+    ap.add_argument(
+        "--panel-role",
+        default=READER_ROLE,
+        help="run the panels as this role, set up as `gpufleet db reader` sets up Grafana's (read-only, JIT off; "
+        "default: %(default)s); '' runs them on the script's own connection, with the server's JIT setting",
+    )
     ap.add_argument("--server", default=None, help="maintenance-database URL (default: the test server)")
     ap.add_argument(
         "--standby",
@@ -1552,7 +1561,15 @@ def main() -> None:
             )
             with psycopg.connect(url, autocommit=True) as conn:
                 items = [i for i in panel_reads(conn, fleet) if wanted is None or wanted.search(i[0].name)]
-            panels = time_panels(items, url, fleet, args.repeat, args.budget_s, say)
+            panel_url = url
+            if args.panel_role:
+                ensure_reader(url, args.panel_role)
+                panel_url = make_conninfo(url, user=args.panel_role)
+            with psycopg.connect(panel_url, autocommit=True) as conn:
+                jit = conn.execute("SHOW jit").fetchone()
+            who = args.panel_role or "the script's own connection"
+            say(f"  as {who}: jit = {jit[0] if jit else '?'}")
+            panels = time_panels(items, panel_url, fleet, args.repeat, args.budget_s, say)
     every = http + panels
     over = [r for r in every if r.over()]
     say(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -41,3 +42,34 @@ def db_downgrade(
     s = settings_from(config, db)
     migrate.downgrade(database(s), revision)
     typer.echo(f"schema at {migrate.current(database(s)) or 'base'}")
+
+
+@app.command("reader")
+def db_reader(
+    role: Annotated[str, typer.Argument(help="name of the role Grafana's data source logs in as")],
+    password_file: Annotated[
+        Path | None,
+        typer.Option(help="file holding the role's password (else its password is left as it is)"),
+    ] = None,
+    config: ConfigOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Create or update the read-only role for Grafana: it reads every table and writes nothing, and its
+    sessions run without JIT compilation (what the panels are measured with)."""
+    from gpufleet.db.reader import SETTINGS, ensure_reader
+
+    password = None
+    if password_file is not None:
+        try:
+            password = password_file.read_text().rstrip("\r\n")
+        except OSError as e:
+            fail(f"--password-file: {e.strerror}")
+        if not password:
+            fail(f"--password-file: {password_file} is empty")
+    s = settings_from(config, db)
+    try:
+        ensure_reader(database(s), role, password)
+    except psycopg.Error as e:
+        fail(f"role {role!r} not set up: {str(e).strip()}")
+    settings = ", ".join(f"{k} = {v}" for k, v in SETTINGS)
+    typer.echo(f"role {role} reads every table ({settings}){'; password set' if password else ''}")

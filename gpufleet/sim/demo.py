@@ -27,6 +27,7 @@ from psycopg import sql
 
 from gpufleet.config import AgentSettings, Settings
 from gpufleet.db.connect import with_database
+from gpufleet.db.reader import ensure_reader
 from gpufleet.demofile import DEMO_URL_FILE
 from gpufleet.timeparse import iso_at
 
@@ -68,22 +69,7 @@ def cut(line: str, width: int | None = None) -> str:
 
 def reader_role(url: str) -> None:
     """A login role that can read every table of the demo's database and write nothing (Grafana's)."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        dbname = conn.info.dbname
-        conn.execute(
-            sql.SQL(
-                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {}) THEN "
-                "CREATE ROLE {} LOGIN; END IF; END $$"
-            ).format(sql.Literal(READER_ROLE), sql.Identifier(READER_ROLE))
-        )
-        role = sql.Identifier(READER_ROLE)
-        conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(role))
-        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname), role))
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
-        conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(role))
-        conn.execute(
-            sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO {}").format(role)
-        )
+    ensure_reader(url, READER_ROLE)
 
 
 def fresh_database(server_url: str, name: str) -> str:

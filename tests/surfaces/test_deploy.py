@@ -22,6 +22,7 @@ from gpufleet.collector.app import create_app as create_collector
 from gpufleet.config import ConfigError, Settings, load_settings
 from gpufleet.dashboards.model import DS_TYPE
 from gpufleet.dashboards.provision import DEFAULT_DS_NAME, DEFAULT_DS_UID, DEFAULT_FOLDER_UID, DataSource
+from gpufleet.db.reader import SETTINGS as READER_SETTINGS
 from tests.system_tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,6 +219,11 @@ def test_compose_mounts_exist_and_match_grafana_provisioning(compose: dict[str, 
     initdb = base / "initdb" / "10-grafana-role.sh"
     assert initdb.stat().st_mode & stat.S_IXUSR
     assert grafana["environment"]["GRAFANA_PG_USER"] in initdb.read_text()
+    for setting, value in READER_SETTINGS:  # the role as `gpufleet db reader` sets one up
+        assert (
+            f"ALTER ROLE {grafana['environment']['GRAFANA_PG_USER']} SET {setting} = {value};"
+            in initdb.read_text()
+        )
     assert "grafana_db_password" in compose["services"]["db"]["secrets"]
 
 
