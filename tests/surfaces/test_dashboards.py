@@ -273,32 +273,18 @@ def test_fleet_numbers_match_the_fleet(fleet: FilledFleet) -> None:
     assert dict(_one(results, "Open incidents by kind").rows) == open_by_kind
 
 
-@pytest.mark.parametrize("interval_ms", [60_000, 300_000, 600_000])
-def test_gpu_states_over_time_count_every_gpu_minute_by_the_one_definition(
-    fleet: FilledFleet, interval_ms: int
-) -> None:
-    """Each interval: the fleet's GPU-minutes by state divided by the minutes it reported; a GPU-minute is starved while a starvation incident of a run holding the GPU is open at the
-    minute's start, else busy or idle by its mean GPU-Util (:mod:`gpufleet.store.gpu_states`).  Counted
-    here from the samples and incidents themselves, at one-minute and five-minute intervals (from
-    node_activity_1m) and ten-minute ones (from node_activity_1h: hourly points)."""
-    d = load_all()["gpufleet-fleet"]
-    rng = TimeRange(fleet.start - timedelta(hours=1), fleet.end)
-    with psycopg.connect(fleet.url, autocommit=True) as conn:
-        results = run_dashboard(
-            conn, d, rng, interval_ms=interval_ms, timescaledb=fleet.backend == "timescaledb"
-        )
-        samples = conn.execute(
-            "SELECT node, gpu, extract(epoch FROM time)::float8, util_pct FROM gpu_samples "
-            "WHERE time BETWEEN %s AND %s AND mig_instance IS NULL",
-            (rng.start, rng.end),
-        ).fetchall()
-        starved = conn.execute(
-            "SELECT a.node, a.gpu, extract(epoch FROM i.start)::float8, "
-            "coalesce(extract(epoch FROM i.\"end\")::float8, 'infinity') "
-            "FROM incidents i JOIN run_allocations a USING (run_id) WHERE i.kind = 'starvation'"
-        ).fetchall()
-    r = _one(results, "GPU states")
-    step = 3600.0 if interval_ms >= 600_000 else interval_ms / 1000
+def _states_want(conn: psycopg.Connection, rng: TimeRange, step: float) -> dict[float, dict[str, float]]:
+    """The GPU states panel's rows counted from the samples and incidents themselves."""
+    samples = conn.execute(
+        "SELECT node, gpu, extract(epoch FROM time)::float8, util_pct FROM gpu_samples "
+        "WHERE time BETWEEN %s AND %s AND mig_instance IS NULL",
+        (rng.start, rng.end),
+    ).fetchall()
+    starved = conn.execute(
+        "SELECT a.node, a.gpu, extract(epoch FROM i.start)::float8, "
+        "coalesce(extract(epoch FROM i.\"end\")::float8, 'infinity') "
+        "FROM incidents i JOIN run_allocations a USING (run_id) WHERE i.kind = 'starvation'"
+    ).fetchall()
     cells: dict[tuple[float, str, int], list[float]] = {}
     for node, gpu, t, util in samples:
         c = cells.setdefault((math.floor(t / 60) * 60, node, gpu), [0.0, 0])
@@ -326,11 +312,63 @@ def test_gpu_states_over_time_count_every_gpu_minute_by_the_one_definition(
         want[bucket] = {state: k / minutes for state, k in c.items()}
     if step == 3600.0:  # an hour's row is kept whole or not at all: only those starting in the range
         want = {b: c for b, c in want.items() if b >= rng.start.timestamp()}
+    return want
+
+
+def _assert_states(r: QueryResult, want: dict[float, dict[str, float]]) -> None:
     got = {float(row["time"]): {k: row[k] for k in ("busy", "starved", "idle")} for row in _rows(r)}
     assert sorted(got) == sorted(want)
     for bucket, counts in want.items():
         assert got[bucket] == pytest.approx(counts, rel=1e-9), bucket
     assert any(c["starved"] for c in got.values()) and any(c["busy"] for c in got.values())
+
+
+@pytest.mark.parametrize("interval_ms", [60_000, 300_000, 600_000])
+def test_gpu_states_over_time_count_every_gpu_minute_by_the_one_definition(
+    fleet: FilledFleet, interval_ms: int
+) -> None:
+    """Each interval: the fleet's GPU-minutes by state divided by the minutes it reported; a GPU-minute is starved while a starvation incident of a run holding the GPU is open at the
+    minute's start, else busy or idle by its mean GPU-Util (:mod:`gpufleet.store.gpu_states`).  Counted
+    here from the samples and incidents themselves, at one-minute and five-minute intervals (from
+    node_activity_1m) and ten-minute ones (from node_activity_1h: hourly points)."""
+    d = load_all()["gpufleet-fleet"]
+    rng = TimeRange(fleet.start - timedelta(hours=1), fleet.end)
+    with psycopg.connect(fleet.url, autocommit=True) as conn:
+        results = run_dashboard(
+            conn, d, rng, interval_ms=interval_ms, timescaledb=fleet.backend == "timescaledb"
+        )
+        want = _states_want(conn, rng, 3600.0 if interval_ms >= 600_000 else interval_ms / 1000)
+    _assert_states(_one(results, "GPU states"), want)
+
+
+def test_gpu_states_count_a_minute_starved_twice_once(fleet: FilledFleet) -> None:
+    """A GPU whose run has overlapping starvation incidents (one inside another, one overlapping its
+    end, one after a gap): each of its starved minutes counts once.  Added in a transaction that is
+    rolled back, so the shared fleet is left as it was."""
+    d = load_all()["gpufleet-fleet"]
+    rng = TimeRange(fleet.start - timedelta(hours=1), fleet.end)
+    with psycopg.connect(fleet.url) as conn:
+        run_id, start = conn.execute(
+            "SELECT r.run_id, r.start FROM runs r WHERE EXISTS (SELECT 1 FROM run_allocations a "
+            "WHERE a.run_id = r.run_id) ORDER BY r.run_id LIMIT 1"
+        ).fetchone()
+        t0 = max(start, rng.start + timedelta(hours=1))
+        for lo, hi in ((60, 600), (120, 300), (500, 720), (780, None)):
+            conn.execute(
+                'INSERT INTO incidents (kind, scope_key, run_id, severity, state, start, "end", last_seen) '
+                "VALUES ('starvation', 'test:' || %s, %s, 'warning', %s, %s, %s, %s)",
+                (
+                    lo,
+                    run_id,
+                    "open" if hi is None else "resolved",
+                    t0 + timedelta(seconds=lo),
+                    None if hi is None else t0 + timedelta(seconds=hi),
+                    t0,
+                ),
+            )
+        results = run_dashboard(conn, d, rng, interval_ms=60_000, timescaledb=fleet.backend == "timescaledb")
+        _assert_states(_one(results, "GPU states"), _states_want(conn, rng, 60.0))
+        conn.rollback()
 
 
 def test_fleet_board_and_web_view_count_gpus_alike(fleet: FilledFleet) -> None:
