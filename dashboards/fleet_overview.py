@@ -67,38 +67,29 @@ GROUP BY 1"""
 #: open at the minute's start.  Busy and idle GPU-minutes come from node_activity (one row a node, not a
 #: GPU: the per-GPU form took 41 s at 6 h on 10,000 GPUs, ``bench/read_side.py``); only the starved
 #: GPU-minutes are read per GPU, from gpu_stats_1m, to move them out of busy or idle, grouped by the
-#: hour where the rows are hours.  A GPU's starved spans (of its incidents, and of its runs where two
-#: share it) are merged first, so each starved minute is read once and none needs deduplicating (a
-#: DISTINCT over every starved GPU-minute spilled to disk: 0.6 s of 1.7 s at 24 h).  Each span's
-#: minutes are read through the (node, gpu, bucket) key: ``OFFSET 0`` keeps the planner from scanning
-#: every GPU-minute of the range.
+#: hour where the rows are hours.  Each starved allocation's minutes are read through the
+#: (node, gpu, bucket) key: ``OFFSET 0`` keeps the planner from scanning every GPU-minute of the range.
 GPU_STATES_OVER_TIME = f"""
 WITH act AS (
 {_FLEET_STATES}
-), spans AS (
-  SELECT a.node, a.gpu, greatest(i.start, {RANGE_FROM} - interval '1 hour') AS lo,
-         coalesce(i."end", 'infinity') AS hi
+), starved AS (
+  SELECT DISTINCT
+    CASE WHEN $__interval_ms >= {HOURS_FROM_MS} THEN date_bin(interval '1 hour', s.bucket, {ORIGIN}) ELSE s.bucket END
+      AS at,
+    s.bucket, a.node, a.gpu, s.busy
   FROM incidents i JOIN run_allocations a ON a.run_id = i.run_id
-  WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
-    AND {node_in_site("a.node")}
-), islands AS (
-  SELECT t.node, t.gpu, min(t.lo) AS lo, max(t.hi) AS hi
-  FROM (SELECT s.*, count(*) FILTER (WHERE s.lo > s.reach) OVER (PARTITION BY s.node, s.gpu ORDER BY s.lo, s.hi)
-                 AS island
-        FROM (SELECT p.*, max(p.hi) OVER (PARTITION BY p.node, p.gpu ORDER BY p.lo, p.hi
-                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-              FROM spans p) s) t
-  GROUP BY t.node, t.gpu, t.island
-), starved_at AS (
-  SELECT CASE WHEN $__interval_ms >= {HOURS_FROM_MS} THEN date_bin(interval '1 hour', m.bucket, {ORIGIN})
-              ELSE m.bucket END AS at,
-         count(*) AS starved, count(*) FILTER (WHERE m.busy) AS starved_busy
-  FROM islands g CROSS JOIN LATERAL (
+  CROSS JOIN LATERAL (
     SELECT r.bucket, coalesce(r.util_pct, 0) >= {BUSY_UTIL_PCT} AS busy
     FROM gpu_stats_1m r
-    WHERE r.node = g.node AND r.gpu = g.gpu AND r.bucket >= g.lo AND r.bucket < g.hi AND r.bucket <= {RANGE_TO}
+    WHERE r.node = a.node AND r.gpu = a.gpu AND r.bucket >= greatest(i.start, {RANGE_FROM} - interval '1 hour')
+      AND r.bucket < coalesce(i."end", 'infinity') AND r.bucket <= {RANGE_TO}
     OFFSET 0
-  ) m
+  ) s
+  WHERE i.kind = 'starvation' AND i.start <= {RANGE_TO} AND coalesce(i."end", 'infinity') >= {RANGE_FROM}
+    AND {node_in_site("a.node")}
+), starved_at AS (
+  SELECT at, count(*) AS starved, count(*) FILTER (WHERE busy) AS starved_busy
+  FROM starved
   GROUP BY 1
 )
 SELECT $__timeGroup(a.bucket, $__interval) AS "time",
