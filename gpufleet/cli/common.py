@@ -41,6 +41,18 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def password_from(path: Path, option: str) -> str:
+    """The password a file holds (its first line's end trimmed); a missing, unreadable or empty file
+    fails naming ``option``."""
+    try:
+        password = path.read_text().rstrip("\r\n")
+    except OSError as e:
+        fail(f"{option}: {path}: {e.strerror}")
+    if not password:
+        fail(f"{option}: {path} is empty")
+    return password
+
+
 def settings_from(config: Path | None, db: str | None = None, **overrides: Any) -> Settings:
     try:
         if db:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.cli.common import ConfigOpt, DbOpt, connect, fail, settings_from
+from gpufleet.cli.common import ConfigOpt, DbOpt, connect, fail, password_from, settings_from
 
 app = typer.Typer(
     help="Grafana dashboards: push them to a Grafana, check them against the database.", no_args_is_help=True
@@ -74,12 +74,11 @@ def dashboards_push(
         )
     if sslmode is None:
         sslmode = "disable" if urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") else "require"
-    password = None
-    if datasource_password_file is not None:
-        try:
-            password = datasource_password_file.read_text().rstrip("\r\n")
-        except OSError as e:
-            fail(f"--datasource-password-file: {e.strerror}")
+    password = (
+        None
+        if datasource_password_file is None
+        else password_from(datasource_password_file, "--datasource-password-file")
+    )
     try:
         ds = DataSource.from_url(url, password, sslmode=sslmode, timescaledb=timescaledb)
         result = push(connect(grafana_url, token), ds, load_all().values(), folder_uid=folder)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.cli.common import ConfigOpt, DbOpt, database, fail, psycopg, settings_from
+from gpufleet.cli.common import ConfigOpt, DbOpt, database, fail, password_from, psycopg, settings_from
 
 app = typer.Typer(help="Database schema.", no_args_is_help=True)
 
@@ -58,14 +58,7 @@ def db_reader(
     sessions run without JIT compilation (what the panels are measured with)."""
     from gpufleet.db.reader import SETTINGS, ensure_reader
 
-    password = None
-    if password_file is not None:
-        try:
-            password = password_file.read_text().rstrip("\r\n")
-        except OSError as e:
-            fail(f"--password-file: {e.strerror}")
-        if not password:
-            fail(f"--password-file: {password_file} is empty")
+    password = None if password_file is None else password_from(password_file, "--password-file")
     s = settings_from(config, db)
     try:
         ensure_reader(database(s), role, password)
