@@ -3,8 +3,8 @@
 Registering a run after it started marks the fleet's hours from its start to now once per GPU: a
 backfilled 64-GPU run started a month ago marked 720 hours 64 times, each time writing a new version
 of the same ``pricing_marks`` rows, and each write walked the versions the transaction had already
-left.  A COPY of 1,024 such allocations took 213 s, and synthesising a month of 10,000 GPUs did not
-finish.  ``gpufleet_pricing_bump`` (V2) now leaves a mark this transaction already moved, and the
+left.  A COPY of 512 such allocations took 56.5 s (``bench/register_runs.py``), and synthesising a
+month of 10,000 GPUs did not finish.  ``gpufleet_pricing_bump`` (V2) now leaves a mark this transaction already moved, and the
 allocations' hours are marked by statement triggers (``gpufleet.db.fleet_hours_sql.ALLOCATIONS_V2``):
 the same hours, from the statement's earliest row's first hour to now, marked once.
 
