@@ -40,7 +40,7 @@ from gpufleet.accounting.result import AccountingBody
 from gpufleet.accounting.run_lines import run_lines
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
-from gpufleet.db.accounting_sql import GPU_MODEL_EXPR
+from gpufleet.db.accounting_sql import GPU_NAMES_EXPR, gpu_model_of_names
 from gpufleet.facts import NodeFacts
 from gpufleet.store.run_model import Run, load_runs
 from gpufleet.store.runs import NotFound
@@ -66,10 +66,18 @@ CONTRACT_FIELDS: tuple[str, ...] = (
     "coverage",
 )
 
+#: The GPU models of each run's allocations (its nodes' facts at its start), each node's facts read once.
 _MODELS_SQL = f"""
-SELECT a.run_id, a.sharing, {GPU_MODEL_EXPR} AS model, count(*) AS gpus, sum(a.share) AS shares
-FROM run_allocations a JOIN runs r ON r.run_id = a.run_id
-CROSS JOIN LATERAL (SELECT gpufleet_node_facts_at(a.node, r.start) AS facts) nd WHERE a.run_id = ANY(%s)
+WITH a AS MATERIALIZED (
+  SELECT a.run_id, a.node, a.gpu, a.sharing, a.share, r.start AS at
+  FROM run_allocations a JOIN runs r ON r.run_id = a.run_id WHERE a.run_id = ANY(%s)
+), nd AS MATERIALIZED (
+  SELECT d.node, d.at, nd.facts, {GPU_NAMES_EXPR} AS names
+  FROM (SELECT DISTINCT node, at FROM a) d CROSS JOIN LATERAL (SELECT gpufleet_node_facts_at(d.node, d.at) AS facts) nd
+)
+SELECT a.run_id, a.sharing, {gpu_model_of_names("nd.names", "a.gpu")} AS model,
+       count(*) AS gpus, sum(a.share) AS shares
+FROM a JOIN nd ON nd.node = a.node AND nd.at = a.at
 GROUP BY 1, 2, 3 ORDER BY 1, 3 NULLS LAST, 2"""
 
 #: The settings in force at each (site, lo, hi), period by period (``x.i``: the ask's position).

@@ -533,16 +533,40 @@ $fn$
 GPU_HOUR_PRICES_V1 = _gpu_hour_prices(False)
 GPU_HOUR_PRICES_V2 = _gpu_hour_prices(True)
 
+#: A node's model from its facts ``nd.facts``, where no ``gpus[]`` entry names the GPU.
+_FACTS_MODEL = (
+    "CASE WHEN jsonb_typeof(nd.facts -> 'gpu_model') = 'string' THEN nullif(nd.facts ->> 'gpu_model', '') END"
+)
+
 #: The GPU model of allocation ``a`` from its node's facts ``nd.facts`` (as gpufleet.facts reads them):
 #: the last ``gpus[]`` entry whose ``gpu`` (else ``index``) is the GPU, else ``gpu_model``.
-GPU_MODEL_EXPR = """coalesce(
+GPU_MODEL_EXPR = f"""coalesce(
   (SELECT x.e ->> 'name' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(nd.facts -> 'gpus') = 'array'
                                                          THEN nd.facts -> 'gpus' ELSE '[]'::jsonb END)
                               WITH ORDINALITY AS x(e, i)
    WHERE jsonb_typeof(x.e) = 'object' AND coalesce(x.e ->> 'gpu', x.e ->> 'index') = a.gpu::text
      AND jsonb_typeof(x.e -> 'name') = 'string' AND x.e ->> 'name' <> ''
    ORDER BY x.i DESC LIMIT 1),
-  CASE WHEN jsonb_typeof(nd.facts -> 'gpu_model') = 'string' THEN nullif(nd.facts ->> 'gpu_model', '') END)"""
+  {_FACTS_MODEL})"""
+
+#: The same rule as :data:`GPU_MODEL_EXPR` in two steps, for reads of many allocations: each node's facts
+#: ``nd.facts`` to a JSON object of GPU (as text, as the expression compares it) to the name its last
+#: ``gpus[]`` entry gives, once per node and time; then :func:`gpu_model_of_names` per allocation, a key
+#: lookup.  Expanding the facts once per allocation took 2.6 s of 164,680 allocations.
+GPU_NAMES_EXPR = """(SELECT jsonb_object_agg(n.gpu, n.name) FROM (
+  SELECT DISTINCT ON (1) coalesce(x.e ->> 'gpu', x.e ->> 'index') AS gpu, x.e ->> 'name' AS name
+  FROM jsonb_array_elements(CASE WHEN jsonb_typeof(nd.facts -> 'gpus') = 'array'
+                                 THEN nd.facts -> 'gpus' ELSE '[]'::jsonb END) WITH ORDINALITY AS x(e, i)
+  WHERE jsonb_typeof(x.e) = 'object' AND coalesce(x.e ->> 'gpu', x.e ->> 'index') IS NOT NULL
+    AND jsonb_typeof(x.e -> 'name') = 'string' AND x.e ->> 'name' <> ''
+  ORDER BY 1, x.i DESC) n)"""
+
+
+def gpu_model_of_names(names: str, gpu: str) -> str:
+    """The model of GPU ``gpu`` (an integer expression) from ``names`` (:data:`GPU_NAMES_EXPR`'s value) and
+    the node's facts ``nd.facts``: :data:`GPU_MODEL_EXPR`'s answer."""
+    return f"coalesce({names} ->> ({gpu})::text, {_FACTS_MODEL})"
+
 
 _PART = "CASE p_detail WHEN 'segment' THEN {t} WHEN 'step' THEN date_bin(p_step, {t}, " + ORIGIN + ") END"
 
