@@ -49,9 +49,8 @@ from gpufleet.accounting.ledger import LedgerSum, from_body
 from gpufleet.accounting.line_errors import messages, problems
 from gpufleet.accounting.lines import ZERO, Line, Source, lines, per_run
 from gpufleet.accounting.money import number
-from gpufleet.accounting.result import AccountingBody, group_value
-from gpufleet.accounting.run import bodies as run_bodies
-from gpufleet.accounting.run import load_runs, used_source
+from gpufleet.accounting.result import AccountingBody, LedgerSummary, group_value
+from gpufleet.accounting.run import ledger_summaries, load_runs, used_source
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.timeparse import iso
@@ -161,7 +160,7 @@ class Block:
         }
 
 
-def run_block(parts: Sequence[Line], body: AccountingBody | None = None) -> Block:
+def run_block(parts: Sequence[Line], body: AccountingBody | LedgerSummary | None = None) -> Block:
     """A run's lines (one per currency) as a block, with its ledger when ``body`` has one."""
     b = Block(runs=1)
     currencies = {ln.currency for ln in parts}
@@ -187,7 +186,8 @@ class FleetBlocks:
     unallocated: Block
     no_telemetry: Block
     total: Block
-    bodies: list[AccountingBody]
+    #: each run's ledger, currency, team and site
+    bodies: list[LedgerSummary]
     sources: set[str]
     #: what could not be computed, line by line
     errors: list[str] = field(default_factory=list)
@@ -211,7 +211,7 @@ def fleet_blocks(
         )
         parts = per_run(rows)
         runs = load_runs(conn, sorted(parts))
-        bodies = run_bodies(
+        bodies = ledger_summaries(
             conn, runs, parts, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until
         )
         errors = [e for body in bodies for e in body["errors"]]

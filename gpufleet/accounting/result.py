@@ -88,6 +88,19 @@ class AccountingBody(TypedDict):
     segments: NotRequired[list[Segment]]
 
 
-def group_value(body: AccountingBody, group_by: str) -> str | None:
+class LedgerSummary(TypedDict):
+    """What the fleet's views need of a run: who it is, its currency, its ledger and its errors, each as
+    in the run's :class:`AccountingBody` (:func:`gpufleet.accounting.run.ledger_summaries`)."""
+
+    run_id: str
+    name: str | None
+    site: str | None
+    team: str | None
+    currency: str | None
+    ledger: dict[str, dict[str, float | None]]
+    errors: list[str]
+
+
+def group_value(body: AccountingBody | LedgerSummary, group_by: str) -> str | None:
     """The value of a report's grouping (``site``, ``team`` or ``run``) for one run's body."""
     return {"site": body["site"], "team": body["team"], "run": body["run_id"]}[group_by]

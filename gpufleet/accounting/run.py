@@ -36,7 +36,7 @@ from gpufleet.accounting.ledger import Ledger, ledger_body, losses
 from gpufleet.accounting.line_errors import NULLED, messages, problems
 from gpufleet.accounting.lines import Line, Source, combine, lines
 from gpufleet.accounting.money import number, quantized, rounded
-from gpufleet.accounting.result import AccountingBody
+from gpufleet.accounting.result import AccountingBody, LedgerSummary
 from gpufleet.accounting.run_lines import run_lines
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
@@ -229,11 +229,9 @@ def _body(
 ) -> AccountingBody:
     lo, hi = run.window(now, since, until)
     gpu_hours = number(line.gpu_hours) or 0.0
-    nulled = {f for k in found for f in NULLED[k]} | (
-        {"energy_cost", "compute_cost", "total_cost"} if line.mixed else set()
-    )
+    nulled = _nulled(line, found)
     compute = None if "compute_cost" in nulled else line.compute_cost
-    carbon_known = line.carbon_source not in (None, "none") and "co2e_kg" not in nulled
+    carbon_known = _carbon_known(line, nulled)
     rates, model_prices = rated
     hours = line.gpu_hours or Decimal(0)
     effective_price = (
@@ -322,19 +320,10 @@ def _body(
             facts=facts,
         ),
         "lost_to_incidents": _lost(lost, line, nulled),
-        "errors": messages(conn, run.site, dict(found), f"run {run.run_id!r}"),
+        "errors": _errors(conn, run, line, found),
     }
-    if line.mixed:
-        body["errors"].append(
-            f"run {run.run_id!r}: its window crosses a change of site {run.site!r}'s currency "
-            f"({', '.join(line.currencies)}): energy_cost, compute_cost and total_cost are per "
-            "currency in costs_by_currency"
-        )
     if ledger is not None:
-        body["ledger"] = ledger_body(ledger, carbon_known)
-        if nulled & {"energy_cost", "compute_cost"}:
-            for cell in body["ledger"].values():
-                cell["total_cost"] = None
+        body["ledger"] = _ledger_json(ledger, carbon_known, nulled)
     if segments is not None:
         body["segments"] = [
             {
@@ -352,6 +341,38 @@ def _body(
             for s in segments
         ]
     return body
+
+
+def _nulled(line: Line, found: Mapping[str, str]) -> set[str]:
+    """The body's fields that ``found`` (the line's problems) and a mix of currencies leave null."""
+    return {f for k in found for f in NULLED[k]} | (
+        {"energy_cost", "compute_cost", "total_cost"} if line.mixed else set()
+    )
+
+
+def _carbon_known(line: Line, nulled: set[str]) -> bool:
+    return line.carbon_source not in (None, "none") and "co2e_kg" not in nulled
+
+
+def _errors(conn: psycopg.Connection, run: Run, line: Line, found: Mapping[str, str]) -> list[str]:
+    """The body's ``errors``: one sentence per problem of the run's lines, and a mix of currencies."""
+    out = messages(conn, run.site, dict(found), f"run {run.run_id!r}")
+    if line.mixed:
+        out.append(
+            f"run {run.run_id!r}: its window crosses a change of site {run.site!r}'s currency "
+            f"({', '.join(line.currencies)}): energy_cost, compute_cost and total_cost are per "
+            "currency in costs_by_currency"
+        )
+    return out
+
+
+def _ledger_json(ledger: Ledger, carbon_known: bool, nulled: set[str]) -> dict[str, dict[str, float | None]]:
+    """The body's ``ledger``: without money where the run's own money is unknown."""
+    out = ledger_body(ledger, carbon_known)
+    if nulled & {"energy_cost", "compute_cost"}:
+        for cell in out.values():
+            cell["total_cost"] = None
+    return out
 
 
 def _lost(lost: dict[str, Any], line: Line, nulled: set[str]) -> dict[str, Any]:
@@ -475,6 +496,49 @@ def bodies(
                 done[r.run_id],
                 facts,
             )
+        )
+    return out
+
+
+def ledger_summaries(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    parts: Mapping[str, Sequence[Line]],
+    *,
+    now: datetime,
+    max_gap_s: float,
+    source: Source,
+    since: datetime | None,
+    until: datetime | None,
+) -> list[LedgerSummary]:
+    """What the fleet's views read of each run's body (its ledger, currency, team, site, errors), the same
+    values as :func:`bodies` gives, without the rest of the body: over a month of a large fleet the
+    facts, rates, progress and efficiency of every run cost more than the ledgers they are summed with."""
+    by_run: dict[str | None, Line] = {r.run_id: combine(parts[r.run_id]) for r in runs}
+    _, ledgers = losses(
+        conn,
+        runs,
+        {r.run_id: r.window(now, since, until) for r in runs},
+        by_run,
+        now=now,
+        max_gap_s=max_gap_s,
+        source=source,
+    )
+    out: list[LedgerSummary] = []
+    for r in runs:
+        line = by_run[r.run_id]
+        found = problems(list(parts[r.run_id]))
+        nulled = _nulled(line, found)
+        out.append(
+            {
+                "run_id": r.run_id,
+                "name": r.name,
+                "site": r.site,
+                "team": r.team,
+                "currency": line.currency,
+                "ledger": _ledger_json(ledgers[r.run_id], _carbon_known(line, nulled), nulled),
+                "errors": _errors(conn, r, line, found),
+            }
         )
     return out
 

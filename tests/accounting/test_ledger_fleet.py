@@ -12,13 +12,18 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import pytest
 
 from gpufleet.accounting import fleet_accounting, run_accounting
+from gpufleet.accounting.lines import lines, per_run
 from gpufleet.accounting.report import LEDGER_COLUMNS, finance_csv, finance_report
+from gpufleet.accounting.run import bodies, ledger_summaries
+from gpufleet.store.run_model import load_runs
 from gpufleet.waste import PRECEDENCE, STATES
 from tests.accounting.builders import approx, at
 from tests.accounting.test_finance_report import fill
 from tests.accounting.test_incident_cost import incident
+from tests.accounting.test_stored_out_of_bounds import stored_before_the_bounds
 
 
 def wasteful(conn: psycopg.Connection) -> None:
@@ -140,3 +145,26 @@ def test_the_api_serves_the_fleets_waste(api: Any) -> None:
     assert view["unallocated"]["ledger"] is None and view["unallocated"]["waste"] is None
     team = next(r for r in rows if r["row_type"] == "team" and r["key"] == "lm")
     assert team["waste_gpu_hours"] == lm["waste"]["gpu_hours"] and team["idle_gpu_hours"] > 0
+
+
+@pytest.mark.parametrize("scene", ["wasteful", "price_out_of_bounds"])
+@pytest.mark.parametrize("period_s", [(0, 86400), (300, 3300)])
+def test_fleet_views_read_what_the_runs_bodies_say(
+    conn: psycopg.Connection, scene: str, period_s: tuple[int, int]
+) -> None:
+    """The fleet's views sum each run's ledger summary instead of its whole body: the summary's fields are
+    the body's, for whole and clipped windows, and where a stored price leaves a run's money unknown."""
+    (wasteful if scene == "wasteful" else stored_before_the_bounds)(conn)
+    now, since, until = at(5400), at(period_s[0]), at(period_s[1])
+    runs = load_runs(conn, [r for (r,) in conn.execute("SELECT run_id FROM runs ORDER BY run_id")])
+    parts = per_run(lines(conn, since, until, now, fleet=True, max_gap_s=60.0, source="raw"))
+    runs = [r for r in runs if r.run_id in parts]
+    kw: dict[str, Any] = dict(now=now, max_gap_s=60.0, source="raw", since=since, until=until)
+    summaries = ledger_summaries(conn, runs, parts, **kw)
+    full = bodies(conn, runs, parts, **kw)
+    assert [s["run_id"] for s in summaries] == [b["run_id"] for b in full] and len(full) >= 2
+    for s, b in zip(summaries, full, strict=True):
+        assert s == {k: b[k] for k in s}  # type: ignore[literal-required]
+    if scene == "price_out_of_bounds":
+        typo = next(s for s in summaries if s["run_id"] == "r-typo")
+        assert typo["errors"] and all(c["total_cost"] is None for c in typo["ledger"].values())
