@@ -2,7 +2,7 @@
 kWh and cost per day per team, and the report's CSV and JSON downloadable from the browser session.
 
 The figures are the finance report's (:func:`gpufleet.accounting.report.finance_report`, the API's
-``/v1/reports/finance.*``) and, per day, the same accounting with day steps, so the page, the API,
+``/v1/reports/finance.*``) and, per day, the same accounting a day at a time, so the page, the API,
 the CSV and the Grafana board cannot disagree.  The downloads here use the browser's session cookie
 (the API's own ``/v1/reports`` take a bearer token), checked by the same gate as every page.
 """
@@ -20,8 +20,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gpufleet.accounting.line_errors import problems
-from gpufleet.accounting.lines import lines
+from gpufleet.accounting.lines import by_day
 from gpufleet.accounting.report import FinanceReport, finance_csv, finance_report
+from gpufleet.accounting.snapshot import snapshot
 from gpufleet.api.deps import ApiState
 from gpufleet.api.web.html import Markup, esc, h, join, num, page, table
 from gpufleet.api.web.pages import _read
@@ -134,17 +135,9 @@ def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, n
     """Facility kWh and total cost per day per team (and for GPU time no run held), from day-step accounting."""
     days = [(lo + timedelta(days=i)) for i in range((hi - lo).days)]
     index = {d: i for i, d in enumerate(days)}
-    rows = lines(
-        conn,
-        lo,
-        hi,
-        now,
-        fleet=True,
-        max_gap_s=st.settings.accounting.max_gap_s,
-        detail="step",
-        step=timedelta(days=1),
-    )
-    teams = views.teams(conn, [r.run_id for r in rows if r.run_id])
+    with snapshot(conn):
+        rows = by_day(conn, lo, hi, now, fleet=True, max_gap_s=st.settings.accounting.max_gap_s)
+        teams = views.teams(conn, [r.run_id for r in rows if r.run_id])
     kwh: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
     cost: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(days))
     for ln in rows:

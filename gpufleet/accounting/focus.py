@@ -48,7 +48,7 @@ from typing import Any, Literal
 import psycopg
 
 from gpufleet.accounting.line_errors import problems
-from gpufleet.accounting.lines import ZERO, Detail, Line, Source, lines
+from gpufleet.accounting.lines import ZERO, Line, Source, by_day, lines
 from gpufleet.accounting.snapshot import snapshot
 from gpufleet.config import AccountingSettings
 from gpufleet.csvsafe import safe_text
@@ -289,20 +289,9 @@ def focus_export(
     now = now or datetime.now(UTC)
     gap = AccountingSettings().max_gap_s if max_gap_s is None else max_gap_s
     gone = AccountingSettings().gone_after_s if gone_after_s is None else gone_after_s
-    detail: Detail = "step" if granularity == "day" else "line"
+    read = by_day if granularity == "day" else lines
     with snapshot(conn):
-        got = lines(
-            conn,
-            since,
-            until,
-            now,
-            fleet=True,
-            max_gap_s=gap,
-            source=source,
-            detail=detail,
-            step=timedelta(days=1) if granularity == "day" else None,
-            gone_after_s=gone,
-        )
+        got = read(conn, since, until, now, fleet=True, max_gap_s=gap, source=source, gone_after_s=gone)
         ids = sorted({ln.run_id for ln in got if ln.line == "run" and ln.run_id is not None})
         runs = {r.run_id: r for r in load_runs(conn, ids)}
         models: dict[str, str] = dict(conn.execute(_MODELS_SQL, (ids,)).fetchall()) if ids else {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, ParamSpec
 
@@ -142,6 +142,45 @@ def _as_lines(read: Callable[P, list[tuple[Any, ...]]]) -> Callable[P, list[Line
 
 #: :func:`rows`, each read as a :class:`Line` (same arguments).
 lines = _as_lines(rows)
+
+
+def by_day(
+    conn: psycopg.Connection,
+    since: datetime,
+    until: datetime,
+    now: datetime,
+    *,
+    fleet: bool = False,
+    max_gap_s: float = 60.0,
+    source: Source = "auto",
+    gone_after_s: float = GONE_AFTER_S,
+) -> list[Line]:
+    """The lines of detail ``step`` with a step of one UTC day, read as one line-detail call per day.
+
+    The lines are the same (their decimal figures equal; the float seconds may differ in their last bit,
+    summed in another order), but a fleet-wide line over whole hours is summed from the fleet's kept hours
+    (:mod:`gpufleet.accounting.fleet_hours`), where detail ``step`` prices every GPU's time live: a week
+    of 10,000 GPUs by day took 56 s in one step call and 2.5 s a day at a time.  The days are separate
+    statements: call it inside one snapshot (:func:`gpufleet.accounting.snapshot.snapshot`)."""
+    kw: dict[str, Any] = {
+        "fleet": fleet,
+        "max_gap_s": max_gap_s,
+        "source": source,
+        "gone_after_s": gone_after_s,
+    }
+    if since >= now:  # nothing to price: the step's own empty lines
+        return lines(conn, since, until, now, detail="step", step=timedelta(days=1), **kw)
+    out: list[Line] = []
+    lo = since
+    while lo < until and lo < now:  # a day after now has no time to account (a step has no part there)
+        day = lo.astimezone(UTC)
+        midnight = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        hi = min(until, midnight + timedelta(days=1))
+        for ln in lines(conn, lo, hi, now, **kw):
+            # a step's fleet lines start at their day's midnight, even where the period starts later
+            out.append(ln if ln.line == "run" else replace(ln, start=midnight))
+        lo = hi
+    return out
 
 
 def per_run(rows: Iterable[Line]) -> dict[str, list[Line]]:
