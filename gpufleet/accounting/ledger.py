@@ -69,11 +69,24 @@ class Cell:
     co2e_kg: Decimal = ZERO
     total_cost: Decimal = ZERO
 
+    # field by field, not over FIELDS: a month's fleet report adds some 200,000 cells
     def __add__(self, other: Cell) -> Cell:
-        return Cell(*(getattr(self, f) + getattr(other, f) for f in FIELDS))
+        return Cell(
+            self.gpu_hours + other.gpu_hours,
+            self.gpu_kwh + other.gpu_kwh,
+            self.facility_kwh + other.facility_kwh,
+            self.co2e_kg + other.co2e_kg,
+            self.total_cost + other.total_cost,
+        )
 
     def __sub__(self, other: Cell) -> Cell:
-        return Cell(*(getattr(self, f) - getattr(other, f) for f in FIELDS))
+        return Cell(
+            self.gpu_hours - other.gpu_hours,
+            self.gpu_kwh - other.gpu_kwh,
+            self.facility_kwh - other.facility_kwh,
+            self.co2e_kg - other.co2e_kg,
+            self.total_cost - other.total_cost,
+        )
 
 
 assert tuple(f.name for f in fields(Cell)) == FIELDS
@@ -189,7 +202,17 @@ def from_body(body: Mapping[str, Mapping[str, Any]]) -> Ledger:
     def dec(v: Any) -> Decimal:
         return ZERO if v is None else Decimal(repr(float(v)))
 
-    return {state: Cell(*(dec((body.get(state) or {}).get(f)) for f in FIELDS)) for state in STATES}
+    out: Ledger = {}
+    for state in STATES:
+        c = body.get(state) or {}
+        out[state] = Cell(
+            dec(c.get("gpu_hours")),
+            dec(c.get("gpu_kwh")),
+            dec(c.get("facility_kwh")),
+            dec(c.get("co2e_kg")),
+            dec(c.get("total_cost")),
+        )
+    return out
 
 
 def _key(state: str, run_id: str) -> str:
