@@ -132,7 +132,8 @@ Daily = tuple[list[str], dict[str, list[float]], dict[str, list[float]]]
 
 
 def _daily(conn: psycopg.Connection, st: ApiState, lo: datetime, hi: datetime, now: datetime) -> Daily:
-    """Facility kWh and total cost per day per team (and for GPU time no run held), from day-step accounting."""
+    """Facility kWh and total cost per day per team (and for GPU time no run held), from the accounting a
+    day at a time (:func:`~gpufleet.accounting.lines.by_day`)."""
     days = [(lo + timedelta(days=i)) for i in range((hi - lo).days)]
     index = {d: i for i, d in enumerate(days)}
     with snapshot(conn):

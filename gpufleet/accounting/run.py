@@ -456,16 +456,7 @@ def bodies(
         conn, [Window(r, *r.window(now, since, until), _after_end(r, now, until)) for r in runs]
     )
     facts = node_facts(conn, (n for r in runs for n, _ in r.allocations))
-    lost, ledgers = losses(
-        conn,
-        runs,
-        {r.run_id: r.window(now, since, until) for r in runs},
-        by_run,
-        now=now,
-        max_gap_s=max_gap_s,
-        source=source,
-        with_ledger=ledger,
-    )
+    lost, ledgers = _losses(conn, runs, by_run, now, since, until, max_gap_s, source, ledger)
     rated = _rates(
         conn,
         [
@@ -515,15 +506,7 @@ def ledger_summaries(
     values as :func:`bodies` gives, without the rest of the body: over a month of a large fleet the
     facts, rates, progress and efficiency of every run cost more than the ledgers they are summed with."""
     by_run: dict[str | None, Line] = {r.run_id: combine(parts[r.run_id]) for r in runs}
-    _, ledgers = losses(
-        conn,
-        runs,
-        {r.run_id: r.window(now, since, until) for r in runs},
-        by_run,
-        now=now,
-        max_gap_s=max_gap_s,
-        source=source,
-    )
+    _, ledgers = _losses(conn, runs, by_run, now, since, until, max_gap_s, source, True)
     out: list[LedgerSummary] = []
     for r in runs:
         line = by_run[r.run_id]
@@ -541,6 +524,24 @@ def ledger_summaries(
             }
         )
     return out
+
+
+def _losses(
+    conn: psycopg.Connection,
+    runs: Sequence[Run],
+    by_run: Mapping[str | None, Line],
+    now: datetime,
+    since: datetime | None,
+    until: datetime | None,
+    max_gap_s: float,
+    source: Source,
+    with_ledger: bool,
+) -> tuple[dict[str, dict[str, Any]], dict[str, Ledger]]:
+    """Each run's ``lost_to_incidents`` and ledger over its window clipped to [since, until)."""
+    windows = {r.run_id: r.window(now, since, until) for r in runs}
+    return losses(
+        conn, runs, windows, by_run, now=now, max_gap_s=max_gap_s, source=source, with_ledger=with_ledger
+    )
 
 
 def _after_end(run: Run, now: datetime, until: datetime | None) -> bool:

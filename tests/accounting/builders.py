@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -166,6 +167,19 @@ def constant_power(
         for k in range(n + 1):
             s = t0_s + k * step_s
             out.append((s, node_name, g, power_w, power_w * (s - t0_s) * 1000.0 + 1e9 if counter else None))
+    return out
+
+
+def wavy_power(
+    node_name: str, count: int, t0_s: float, t1_s: float, step_s: float, period_s: float = 250.0
+) -> list[GpuRow]:
+    """Samples of GPUs 0..count-1 every ``step_s`` over [t0_s, t1_s], each GPU 0.7 s after the one before,
+    at a power that swings around a level of its own (no two GPUs, samples or minutes alike)."""
+    out: list[GpuRow] = []
+    for g in range(count):
+        for k in range(int((t1_s - t0_s) / step_s) + 1):
+            t = t0_s + k * step_s + 0.7 * g
+            out.append((t, node_name, g, 90.0 + 15 * g + 40 * math.sin(t / period_s), None))
     return out
 
 

@@ -15,7 +15,18 @@ import psycopg
 import pytest
 
 from gpufleet.db import sql_files
-from tests.accounting.builders import at, carbon, drain, gpu_samples, host_samples, node, prices, run, site
+from tests.accounting.builders import (
+    at,
+    carbon,
+    drain,
+    gpu_samples,
+    host_samples,
+    node,
+    prices,
+    run,
+    site,
+    wavy_power,
+)
 
 COLUMNS = (
     "line, run_id, site, part_start, part_end, gpu_count, gpu_equivalents, gpu_s, covered_s, gpu_hours, "
@@ -39,12 +50,7 @@ def _fleet(conn: psycopg.Connection) -> None:
         node(conn, n, count, s)
         if n == "a3":
             continue  # registered, never reported: its GPUs have no telemetry
-        rows = []
-        for g in range(count):
-            for k in range(0, 361):
-                t = k * 10.0 + 0.7 * g
-                rows.append((t, n, g, 90.0 + 15 * g + 40 * math.sin(t / 250.0), None))
-        gpu_samples(conn, rows)
+        gpu_samples(conn, wavy_power(n, count, 0.0, 3600.0, 10.0))
         host_samples(conn, [(k * 15.0, n, 250.0 + k % 5) for k in range(0, 241)])
     run(conn, "r1", 130.5, 2500, {"a1": [0, 1], "a2": [0]}, site_name="eu", team="lm")
     run(conn, "r2", 1700, 3100.25, {"a2": [1]}, site_name="us", team="vision")

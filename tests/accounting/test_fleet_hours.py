@@ -15,7 +15,6 @@ the old kept lines in the answer.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,18 @@ import pytest
 from gpufleet.accounting import fleet_hours
 from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.db import sql_files
-from tests.accounting.builders import at, carbon, drain, gpu_samples, host_samples, node, prices, run, site
+from tests.accounting.builders import (
+    at,
+    carbon,
+    drain,
+    gpu_samples,
+    host_samples,
+    node,
+    prices,
+    run,
+    site,
+    wavy_power,
+)
 from tests.accounting.test_fleet_currency_join import COLUMNS, assert_same_lines
 
 #: The fleet's samples span [START, END) seconds from T0 (10:00 UTC): the hours 09:00 to 12:00.
@@ -58,12 +68,7 @@ def _fleet(conn: psycopg.Connection) -> None:
         node(conn, n, count, s)
         if n == "a3":
             continue  # registered, never reported
-        rows = []
-        for g in range(count):
-            for k in range(int((END - START) / 20) + 1):
-                t = START + k * 20.0 + 0.7 * g
-                rows.append((t, n, g, 90.0 + 15 * g + 40 * math.sin(t / 250.0), None))
-        gpu_samples(conn, rows)
+        gpu_samples(conn, wavy_power(n, count, START, END, 20.0))
         host_samples(conn, [(START + k * 30.0, n, 250.0 + k % 5) for k in range(int((END - START) / 30) + 1)])
     run(conn, "r1", 130.5, 4500, {"a1": [0, 1], "a2": [0]}, site_name="eu", team="lm")
     run(conn, "r2", -2000, 3100.25, {"a2": [1]}, site_name="us", team="vision")

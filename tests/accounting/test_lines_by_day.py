@@ -18,7 +18,18 @@ import pytest
 
 from gpufleet.accounting import fleet_hours
 from gpufleet.accounting.lines import Line, by_day, lines
-from tests.accounting.builders import at, carbon, drain, gpu_samples, host_samples, node, prices, run, site
+from tests.accounting.builders import (
+    at,
+    carbon,
+    drain,
+    gpu_samples,
+    host_samples,
+    node,
+    prices,
+    run,
+    site,
+    wavy_power,
+)
 
 H = 3600.0
 #: T0 is 10:00 UTC: the samples run from 20:00 of T0's day to 04:00 two days later (two midnights).
@@ -47,12 +58,7 @@ def _fleet(conn: psycopg.Connection) -> None:
     prices(conn, "eu", [(MIDNIGHT - 2 * H, 0.25), (MIDNIGHT + 5 * H + 0.5, 0.18)])
     for n, count, s in (("a1", 2, "eu"), ("a2", 2, "us")):
         node(conn, n, count, s)
-        rows = []
-        for g in range(count):
-            for k in range(int((END - START) / 60) + 1):
-                t = START + k * 60.0 + 0.7 * g
-                rows.append((t, n, g, 90.0 + 15 * g + 40 * math.sin(t / 2500.0), None))
-        gpu_samples(conn, rows)
+        gpu_samples(conn, wavy_power(n, count, START, END, 60.0, period_s=2500.0))
         host_samples(
             conn, [(START + k * 120.0, n, 250.0 + k % 5) for k in range(int((END - START) / 120) + 1)]
         )
