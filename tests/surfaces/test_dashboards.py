@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -14,8 +14,9 @@ import pytest
 from gpufleet.dashboards import build
 from gpufleet.dashboards.dryrun import QueryResult, panels, run_dashboard, shape_problems
 from gpufleet.dashboards.loader import load_all
-from gpufleet.dashboards.macros import TimeRange
+from gpufleet.dashboards.macros import TimeRange, query_interval_ms
 from gpufleet.dashboards.model import DS_REF
+from gpufleet.dashboards.sql import HOURS_FROM_MS
 from gpufleet.dashboards.validate import validate, validate_all
 from gpufleet.store.gpu_states import BUSY_UTIL_PCT
 from tests.surfaces.fleetdb import FilledFleet
@@ -59,6 +60,23 @@ def _rows(r: QueryResult) -> list[dict[str, Any]]:
 
 def test_json_files_are_built_from_the_definitions() -> None:
     assert build.stale() == [], "run: python -m gpufleet.dashboards.build"
+
+
+@pytest.mark.parametrize(
+    "hours,column_ms", [(6, 120_000), (24, 300_000), (24 * 7, 3_600_000), (24 * 30, 10_800_000)]
+)
+def test_node_heatmap_columns(hours: int, column_ms: int) -> None:
+    """A row per node makes the heatmap's cells rows times columns: its points are fewer than other
+    panels' (2-minute columns at 6 h), but a day stays on minutes (5-minute columns, below the hours'
+    10-minute threshold), as it was at 300 points."""
+    board = load_all()["gpufleet-fleet"]
+    p = next(p for p in panels(board) if p.get("title") == "GPU-Util by node")
+    end = datetime(2026, 12, 7, tzinfo=UTC)
+    got = query_interval_ms(
+        TimeRange(end - timedelta(hours=hours), end), p["maxDataPoints"], p.get("interval")
+    )
+    assert got == column_ms
+    assert (got < HOURS_FROM_MS) == (hours <= 24)
 
 
 def test_dashboards_are_valid() -> None:
