@@ -107,15 +107,13 @@ def ranking(
     runs: list[Waste] = []
     teams: dict[str | None, Waste] = {}
     fleet = Waste("fleet", LedgerSum())
-    for body in f.bodies:
-        if "ledger" not in body:
-            continue
+    for run in f.summaries:
         led = LedgerSum()
-        led.add(from_body(body["ledger"]), body["currency"])
+        led.add(from_body(run["ledger"]), run["currency"])
         runs.append(
-            Waste(body["run_id"], led, body["team"], body["site"], {body["name"]} if body["name"] else set())
+            Waste(run["run_id"], led, run["team"], run["site"], {run["name"]} if run["name"] else set())
         )
-        teams.setdefault(body["team"], Waste(body["team"], LedgerSum(), body["team"])).ledger.merge(led)
+        teams.setdefault(run["team"], Waste(run["team"], LedgerSum(), run["team"])).ledger.merge(led)
         fleet.ledger.merge(led)
     return Ranking(since, until, _ranked(runs), _ranked(list(teams.values())), fleet)
 

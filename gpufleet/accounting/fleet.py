@@ -187,7 +187,7 @@ class FleetBlocks:
     no_telemetry: Block
     total: Block
     #: each run's ledger, currency, team and site
-    bodies: list[LedgerSummary]
+    summaries: list[LedgerSummary]
     sources: set[str]
     #: what could not be computed, line by line
     errors: list[str] = field(default_factory=list)
@@ -211,15 +211,15 @@ def fleet_blocks(
         )
         parts = per_run(rows)
         runs = load_runs(conn, sorted(parts))
-        bodies = ledger_summaries(
+        summaries = ledger_summaries(
             conn, runs, parts, now=now, max_gap_s=max_gap_s, source=source, since=since, until=until
         )
-        errors = [e for body in bodies for e in body["errors"]]
+        errors = [e for summary in summaries for e in summary["errors"]]
         groups: dict[str | None, Block] = defaultdict(Block)
         allocated, idle, dark, total = Block(), Block(), Block(), Block()
-        for body in bodies:
-            blk = run_block(parts[body["run_id"]], body)
-            groups[group_value(body, group_by)].merge(blk)
+        for summary in summaries:
+            blk = run_block(parts[summary["run_id"]], summary)
+            groups[group_value(summary, group_by)].merge(blk)
             allocated.merge(blk)
         total.runs = allocated.runs
         for ln in rows:
@@ -243,7 +243,7 @@ def fleet_blocks(
             total.add_cost(cur, e, c)
         total.broken |= part.broken
     sources = {used_source(source, ln.stale) for ln in rows} or {used_source(source, False)}
-    return FleetBlocks(groups, allocated, idle, dark, total, bodies, sources, errors)
+    return FleetBlocks(groups, allocated, idle, dark, total, summaries, sources, errors)
 
 
 def fleet_accounting(
