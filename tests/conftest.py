@@ -53,6 +53,7 @@ DATA_TABLES = (
     "priced_pieces",
     "kept_claims",
     "kept_power_points",
+    "kept_power_minutes",
     "fleet_hour_lines",
     "fleet_hours_kept",
     "pricing_marks",

@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from gpufleet.advisor import kept_points
+from gpufleet.advisor import kept_minutes, kept_points
+from gpufleet.advisor.kept_minutes import Minute
 from gpufleet.gpu_models import gpu_model_names
 from gpufleet.timeparse import iso_at
 
@@ -63,17 +64,6 @@ ORDER BY r.start, r.run_id
 RUNS_SQL = _RUNS.format(where="""coalesce(r."end", 'infinity') > %s AND r.start < %s""")
 #: Runs with progress among %s, with their GPUs.
 RUNS_OF_SQL = _RUNS.format(where="r.run_id = ANY(%s)")
-
-#: Per minute of one run: the limit range over its GPUs, GPUs reporting, exact energy and coverage.
-MINUTES_SQL = """
-SELECT extract(epoch FROM st.bucket)::float8, min(st.power_limit_w)::float8, max(st.power_limit_w)::float8,
-       count(*), coalesce(sum(e.energy_j), 0)::float8, coalesce(sum(e.covered_s), 0)::float8
-FROM run_allocations a
-JOIN gpu_stats_1m st ON st.node = a.node AND st.gpu = a.gpu
-LEFT JOIN gpu_energy_1m e ON e.node = st.node AND e.gpu = st.gpu AND e.bucket = st.bucket
-WHERE a.run_id = %s AND st.bucket >= %s AND st.bucket < %s
-GROUP BY st.bucket ORDER BY st.bucket
-"""
 
 #: Why a run on a declared-shared GPU (time-slicing, MPS, a MIG instance) is left out: the power limit
 #: and the energy counter are the whole GPU's, shared with runs whose tokens are not this run's.
@@ -175,23 +165,40 @@ def run_points(
     cfg: AdvisorSettings,
     now: float,
 ) -> tuple[list[Point], dict[str, int]]:
-    """The stretches of one run at one limit, and the minutes left out by reason."""
-    progress = conn.execute(PROGRESS_SQL, (run_id,)).fetchall()
-    excluded: dict[str, int] = defaultdict(int)
+    """The stretches of one run at one limit, and the minutes left out by reason (its minutes read live)."""
+    progress = _progress(conn, run_id)
     if len(progress) < 2:
-        return [], {"fewer than two progress reports": 1}
+        return [], dict(_TOO_FEW)
+    (rows,) = kept_minutes.read_ranges(conn, [(run_id, start, end if end is not None else now)])
+    return points_of(run_id, model, start, end, gpus, cfg, now, progress, rows)
+
+
+#: What a run with fewer than two progress reports leaves out.
+_TOO_FEW = {"fewer than two progress reports": 1}
+
+
+def _progress(conn: psycopg.Connection, run_id: str) -> list[tuple[float, Any]]:
+    return conn.execute(PROGRESS_SQL, (run_id,)).fetchall()
+
+
+def points_of(
+    run_id: str,
+    model: str,
+    start: float,
+    end: float | None,
+    gpus: int,
+    cfg: AdvisorSettings,
+    now: float,
+    progress: list[tuple[float, Any]],
+    rows: list[Minute],
+) -> tuple[list[Point], dict[str, int]]:
+    """The stretches of one run at one limit, and the minutes left out by reason, from its progress
+    reports (two at least) and its minutes from its start to its end (or ``now``)."""
+    excluded: dict[str, int] = defaultdict(int)
     pt = np.array([p[0] for p in progress])
     pk = np.array([float(p[1]) for p in progress])
     hi = min(end if end is not None else now, float(pt[-1]))
     lo = max(start + cfg.warmup_s, float(pt[0]))
-    rows = conn.execute(
-        MINUTES_SQL,
-        (
-            run_id,
-            datetime.fromtimestamp(start, UTC),
-            datetime.fromtimestamp(end if end is not None else now, UTC),
-        ),
-    ).fetchall()
     minutes: list[tuple[float, float, float]] = []  # (bucket, level, joules) of clean minutes
     levels = {}
     for b, cmin, cmax, n, _joules, _covered in rows:
@@ -201,7 +208,7 @@ def run_points(
         if b < lo or b + 60.0 > hi:
             excluded["outside the progress reports or in warm-up"] += 1
             continue
-        if cmin is None or n != gpus:
+        if cmin is None or cmax is None or n != gpus:  # (min and max are null together)
             excluded["not every GPU of the run reported"] += 1
             continue
         if cmax - cmin > 0.5:
@@ -372,9 +379,24 @@ def _points(
             raise AdviceUnfinished(i, len(todo), time.perf_counter() - started)
         batch = todo[i : i + _BATCH]
         marks = kept_points.marks(conn, [ended[c[0]] for c in batch if c[0] in ended])
+        progress = {c[0]: _progress(conn, c[0]) for c in batch}
+        # a running run's closed hours as kept, the rest read: all of the batch's in one query
+        running = kept_minutes.minutes(
+            conn,
+            [kept_minutes.Running(c[0], c[2]) for c in batch if c[3] is None and len(progress[c[0]]) >= 2],
+            t_now,
+        )
         fills = []
         for run_id, m, start, end, nodes, _shared in batch:
-            pts, excl = run_points(conn, run_id, m, start, end, len(nodes), cfg, t_now)
+            pts: list[Point]
+            if len(progress[run_id]) < 2:
+                pts, excl = [], dict(_TOO_FEW)
+            else:
+                if end is None:
+                    rows = running[run_id]
+                else:
+                    (rows,) = kept_minutes.read_ranges(conn, [(run_id, start, end)])
+                pts, excl = points_of(run_id, m, start, end, len(nodes), cfg, t_now, progress[run_id], rows)
             out[run_id] = (pts, excl)
             if run_id in ended:
                 fills.append(kept_points.Fill(ended[run_id], keys[run_id], marks[run_id], pts, excl))
@@ -412,16 +434,22 @@ def power_cap_advice(
     since = datetime.fromtimestamp(t_now, UTC) - cfg.lookback
     facts = {n: f for n, f in conn.execute("SELECT node, facts FROM nodes").fetchall()}
     names = {n: gpu_model_names(f) for n, f in facts.items()}
+    # a node whose GPUs all have one name (most): a run's kinds from its nodes, not GPU by GPU
+    uniform = {n: v[-1] for n, v in names.items() if -1 in v and set(v.values()) == {v[-1]}}
     want = gpu_model.strip().lower()
     seen_models: set[str] = set()
     chosen: list[_Chosen] = []
     for run_id, name, label, start, end, nodes, gpus, shared in conn.execute(
         RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))
     ).fetchall():
-        kinds = {
-            (names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "")
-            for n, g in zip(nodes, gpus, strict=True)
-        }
+        held = set(nodes)
+        if held <= uniform.keys():
+            kinds = {uniform[n] for n in held}
+        else:
+            kinds = {
+                (names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "")
+                for n, g in zip(nodes, gpus, strict=True)
+            }
         seen_models.update(k for k in kinds if k)
         if {k.lower() for k in kinds} != {want}:
             continue

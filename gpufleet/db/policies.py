@@ -134,7 +134,9 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
     * ``priced_pieces``, ``kept_claims``, ``kept_power_points``: kept prices, claims and power-cap
       points of spans retention reaches, never read again (:data:`gpufleet.db.priced_store_sql.HORIZON`);
     * ``fleet_hours_kept`` (and its lines): the fleet's kept hours retention reaches, which the live
-      query would now price from what is left."""
+      query would now price from what is left;
+    * ``kept_power_minutes``: a running run's kept hours, once retention reaches the run or it is no
+      longer running (an ended run's points are kept whole, ``kept_power_points``)."""
     st = settings.storage
     deleted = {
         "ingest_batches": _delete_in_chunks(
@@ -168,6 +170,13 @@ def enforce_table_retention(conn: psycopg.Connection, settings: Settings) -> dic
             conn,
             "kept_power_points",
             "lo < now() - make_interval(days => %s) + INTERVAL '1 day'",
+            (min(st.retention_days, st.rollup_retention_days),),
+        ),
+        "kept_power_minutes": _delete_in_chunks(
+            conn,
+            "kept_power_minutes",
+            "lo < now() - make_interval(days => %s) + INTERVAL '1 day' OR NOT EXISTS (SELECT 1 FROM runs r "
+            'WHERE r.run_id = kept_power_minutes.run_id AND r."end" IS NULL)',
             (min(st.retention_days, st.rollup_retention_days),),
         ),
         "fleet_hours_kept": _delete_in_chunks(

@@ -443,6 +443,23 @@ kept_power_points = Table(
     PrimaryKeyConstraint("digest", name="kept_power_points_pkey"),
 )
 
+#: A running run's power-cap minutes of one closed hour (gpufleet.advisor.kept_minutes, migration 0032):
+#: valid while the run's mark, the fleet's whole mark and that hour's mark are the ones recorded.
+kept_power_minutes = Table(
+    "kept_power_minutes",
+    metadata,
+    Column("digest", LargeBinary, nullable=False),
+    _tz("hour"),
+    Column("run_id", Text, nullable=False),
+    _tz("lo"),
+    Column("run_mark", BigInteger, nullable=False),
+    Column("whole_mark", BigInteger, nullable=False),
+    Column("hour_mark", BigInteger, nullable=False),
+    Column("minutes", LargeBinary, nullable=False),
+    _tz("stored_at", server_default=text("now()")),
+    PrimaryKeyConstraint("digest", "hour", name="kept_power_minutes_pkey"),
+)
+
 _FLEET_HOUR_KEY = ("max_gap_s", "source", "gone_after_s", "hour")
 
 

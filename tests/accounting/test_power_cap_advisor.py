@@ -541,3 +541,53 @@ def test_the_leader_keeps_an_ended_runs_points_as_it_prices_the_run(sweep_db: Fi
         finally:
             _unend(conn)
             conn.execute("DELETE FROM kept_power_points")
+
+
+def test_a_running_runs_closed_hours_are_kept_and_give_the_same_advice(
+    sweep_db: FilledFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's runs are running: an hour after its end, the hour they ran in has closed and is
+    kept (``kept_power_minutes``); the advice read through it is the one read live, in one range."""
+    from gpufleet.advisor import kept_minutes
+
+    later = sweep_db.end + timedelta(hours=1)
+    with psycopg.connect(sweep_db.url, autocommit=True) as conn:
+        try:
+            conn.execute("DELETE FROM kept_power_minutes")
+            with monkeypatch.context() as mp:
+                mp.setattr(
+                    kept_minutes,
+                    "minutes",
+                    lambda c, runs, now: {
+                        r.run_id: kept_minutes.read_ranges(c, [(r.run_id, r.start, now)])[0] for r in runs
+                    },
+                )
+                live = power_cap_advice(conn, H100, 0.05, now=later, settings=CFG)
+            assert conn.execute("SELECT count(*) FROM kept_power_minutes").fetchone() == (0,)
+            power_cap_advice(conn, H100, 0.05, now=sweep_db.end, settings=CFG)  # not settled: none kept
+            assert conn.execute("SELECT count(*) FROM kept_power_minutes").fetchone() == (0,)
+            first = power_cap_advice(conn, H100, 0.05, now=later, settings=CFG)
+            kept = {r for (r,) in conn.execute("SELECT DISTINCT run_id FROM kept_power_minutes")}
+            assert kept == {*LLAMA, "other-model"}
+            assert first == live
+            assert power_cap_advice(conn, H100, 0.05, now=later, settings=CFG) == first
+            # read back, not read again: a kept hour changed behind its marks' back shows in the joules
+            (blob,) = conn.execute(
+                "SELECT minutes FROM kept_power_minutes WHERE run_id = 'cap-500'"
+            ).fetchone() or (None,)
+            rows = kept_minutes.decode(bytes(blob))
+            rows = [(*m[:4], m[4] * 2, m[5]) for m in rows]
+            conn.execute(
+                "UPDATE kept_power_minutes SET minutes = %s WHERE run_id = 'cap-500'",
+                (kept_minutes.encode(rows),),
+            )
+            (m,) = power_cap_advice(conn, H100, 0.05, model="llama-13b-pretrain", now=later, settings=CFG)[
+                "models"
+            ]
+            (m0,) = [x for x in first["models"] if x["model"] == "llama-13b-pretrain"]
+            doubled = [p for p in m["points"] if p["run_id"] == "cap-500"]
+            assert doubled and [p["joules"] for p in doubled] == [
+                pytest.approx(2 * p["joules"]) for p in m0["points"] if p["run_id"] == "cap-500"
+            ]
+        finally:
+            conn.execute("DELETE FROM kept_power_minutes")

@@ -42,6 +42,19 @@ def _fill(conn: psycopg.Connection) -> None:
         "('\\x01', 'r-old', now() - interval '1200 days', now() - interval '1199 days', '{}', '{}', '[]', '{}'), "
         "('\\x02', 'r-new', now() - interval '2 days', now() - interval '1 day', '{}', '{}', '[]', '{}')"
     )
+    # a running run's kept hours: kept while it runs and retention does not reach it
+    conn.execute(
+        'INSERT INTO runs (run_id, start, "end") VALUES '
+        "('r-running', now() - interval '2 days', NULL), ('r-ended', now() - interval '2 days', now()), "
+        "('r-ancient', now() - interval '1200 days', NULL)"
+    )
+    conn.execute(
+        "INSERT INTO kept_power_minutes (digest, hour, run_id, lo, run_mark, whole_mark, hour_mark, minutes) "
+        "SELECT decode(md5(r), 'hex'), date_trunc('hour', now()) - make_interval(hours => h), r, s, 0, 0, 0, '' "
+        "FROM (VALUES ('r-running', now() - interval '2 days'), ('r-ended', now() - interval '2 days'), "
+        "('r-gone', now() - interval '2 days'), ('r-ancient', now() - interval '1200 days')) v(r, s), "
+        "generate_series(1, 2) h"
+    )
     # kept fleet hours: one retention reaches (its lines go with it), one it does not
     for days in (1200, 2):
         hour = f"date_trunc('hour', now()) - interval '{days} days'"
@@ -82,6 +95,8 @@ def test_ordinary_tables_are_pruned_on_both_layouts(
     assert deleted["kept_power_points"] == 1
     assert conn.execute("SELECT run_id FROM kept_power_points").fetchall() == [("r-new",)]
     assert deleted["fleet_hours_kept"] == 1
+    assert deleted["kept_power_minutes"] == 6  # the ended run's, the removed run's, the ancient run's
+    assert conn.execute("SELECT DISTINCT run_id FROM kept_power_minutes").fetchall() == [("r-running",)]
     assert conn.execute(
         "SELECT count(*), min(now() - hour) > interval '1 day' FROM fleet_hour_lines"
     ).fetchone() == (1, True)
