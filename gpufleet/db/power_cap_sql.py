@@ -10,14 +10,19 @@ from gpufleet.db.priced_store_sql import HORIZON
 RANGES_MINUTES_SQL = """
 SELECT w.i, m.*
 FROM unnest(%(runs)s::text[], %(los)s::timestamptz[], %(his)s::timestamptz[]) WITH ORDINALITY w(run_id, lo, hi, i)
-CROSS JOIN LATERAL (  -- a range at a time: each GPU's buckets by its index, never a scan of the rollup
-  SELECT extract(epoch FROM st.bucket)::float8, min(st.power_limit_w)::float8, max(st.power_limit_w)::float8,
-         count(*), coalesce(sum(e.energy_j), 0)::float8, coalesce(sum(e.covered_s), 0)::float8
+CROSS JOIN LATERAL (  -- a range at a time, a GPU at a time: both rollups' buckets by their indexes
+  SELECT extract(epoch FROM x.bucket)::float8, min(x.power_limit_w)::float8, max(x.power_limit_w)::float8,
+         count(*), coalesce(sum(x.energy_j), 0)::float8, coalesce(sum(x.covered_s), 0)::float8
   FROM run_allocations a
-  JOIN gpu_stats_1m st ON st.node = a.node AND st.gpu = a.gpu AND st.bucket >= w.lo AND st.bucket < w.hi
-  LEFT JOIN gpu_energy_1m e ON e.node = st.node AND e.gpu = st.gpu AND e.bucket = st.bucket
+  CROSS JOIN LATERAL (
+    SELECT st.bucket, st.power_limit_w, e.energy_j, e.covered_s
+    FROM (SELECT bucket, power_limit_w FROM gpu_stats_1m
+          WHERE node = a.node AND gpu = a.gpu AND bucket >= w.lo AND bucket < w.hi) st
+    LEFT JOIN (SELECT bucket, energy_j, covered_s FROM gpu_energy_1m
+               WHERE node = a.node AND gpu = a.gpu AND bucket >= w.lo AND bucket < w.hi) e ON e.bucket = st.bucket
+  ) x
   WHERE a.run_id = w.run_id
-  GROUP BY st.bucket
+  GROUP BY x.bucket
 ) m
 ORDER BY w.i, 2
 """
