@@ -41,12 +41,10 @@ from gpufleet.db import power_cap_sql as Q
 
 HOUR = 3600.0
 
-#: One minute of a run: bucket (epoch s), least and greatest limit (W, None where no GPU reported
-#: one), GPUs reporting, energy (J), GPU-seconds the energy covers.
-Minute = tuple[float, float | None, float | None, int, float, float]
-
-#: A minute as kept: six float64 values, little-endian, a NaN for a missing limit.
-_WIDTH = 6
+#: A run's minutes: rows of these, float64, in bucket order (a NaN limit: no GPU reported one).
+COLUMNS = ("bucket", "least limit W", "greatest limit W", "GPUs reporting", "energy J", "covered GPU-s")
+_WIDTH = len(COLUMNS)
+#: As kept: the rows' float64 values, little-endian.
 _DTYPE = np.dtype("<f8")
 
 
@@ -65,35 +63,33 @@ def key(run: Running) -> bytes:
     return h.digest()
 
 
-def encode(rows: Sequence[Minute]) -> bytes:
-    a = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=_DTYPE).reshape(-1, _WIDTH)
-    return a.tobytes()
+def empty() -> np.ndarray:
+    return np.empty((0, _WIDTH))
 
 
-def decode(blob: bytes) -> list[Minute]:
-    rows = np.frombuffer(blob, dtype=_DTYPE).reshape(-1, _WIDTH).tolist()
-    # NaN is the one float unequal to itself: a minute where no GPU reported a limit
-    return [
-        (b, lo, hi, int(n), j, c) if lo == lo else (b, None, None, int(n), j, c)
-        for b, lo, hi, n, j, c in rows
-    ]
+def encode(rows: np.ndarray) -> bytes:
+    return np.ascontiguousarray(rows, dtype=_DTYPE).tobytes()
 
 
-def read_ranges(conn: psycopg.Connection, ranges: Sequence[tuple[str, float, float]]) -> list[list[Minute]]:
+def decode(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype=_DTYPE).reshape(-1, _WIDTH)
+
+
+def read_ranges(conn: psycopg.Connection, ranges: Sequence[tuple[str, float, float]]) -> list[np.ndarray]:
     """The minutes of each (run, from, to) of ``ranges``, in one query, each range's in bucket order."""
-    out: list[list[Minute]] = [[] for _ in ranges]
-    if not ranges:
-        return out
-    for i, *row in conn.execute(
-        Q.RANGES_MINUTES_SQL,
-        {
-            "runs": [r[0] for r in ranges],
-            "los": [datetime.fromtimestamp(r[1], UTC) for r in ranges],
-            "his": [datetime.fromtimestamp(r[2], UTC) for r in ranges],
-        },
-    ):
-        out[i - 1].append(tuple(row))
-    return out
+    got: list[list[tuple[object, ...]]] = [[] for _ in ranges]
+    if ranges:
+        for i, *row in conn.execute(
+            Q.RANGES_MINUTES_SQL,
+            {
+                "runs": [r[0] for r in ranges],
+                "los": [datetime.fromtimestamp(r[1], UTC) for r in ranges],
+                "his": [datetime.fromtimestamp(r[2], UTC) for r in ranges],
+            },
+        ):
+            got[i - 1].append(tuple(row))
+    # None (no limit) becomes NaN
+    return [np.array(rows, dtype=np.float64).reshape(-1, _WIDTH) for rows in got]
 
 
 def hour_scope(hour: float) -> str:
@@ -101,7 +97,7 @@ def hour_scope(hour: float) -> str:
     return "h:" + datetime.fromtimestamp(hour, UTC).strftime("%Y-%m-%dT%H")
 
 
-def minutes(conn: psycopg.Connection, runs: Sequence[Running], now: float) -> dict[str, list[Minute]]:
+def minutes(conn: psycopg.Connection, runs: Sequence[Running], now: float) -> dict[str, np.ndarray]:
     """Each of ``runs``' minutes from its start to ``now``: closed hours as kept while they hold, the
     rest read (and the closed, settled hours among them kept)."""
     if not runs:
@@ -123,19 +119,14 @@ def minutes(conn: psycopg.Connection, runs: Sequence[Running], now: float) -> di
             ranges.append((r.run_id, max(r.start, lo), hi))
         ranges.append((r.run_id, max(r.start, cut), now))
     read = read_ranges(conn, ranges)
-    got: dict[str, list[Minute]] = {r.run_id: [] for r in runs}
-    for rid, hours in kept.items():
-        for rows in hours.values():
-            got[rid].extend(rows)
+    got: dict[str, list[np.ndarray]] = {r.run_id: list(kept.get(r.run_id, {}).values()) for r in runs}
     fills: list[tuple[object, ...]] = []
     start_of = {r.run_id: r.start for r in runs}
     for (rid, lo, hi), rows in zip(ranges, read, strict=True):
-        got[rid].extend(rows)
+        got[rid].append(rows)
         if hi > cut:  # the minutes since the last closed hour: read, never kept
             continue
-        by_hour: dict[float, list[Minute]] = defaultdict(list)
-        for m in rows:
-            by_hour[_floor_hour(m[0])].append(m)
+        hour_of = np.floor(rows[:, 0] / HOUR) * HOUR
         h = _floor_hour(lo)
         while h < hi:
             fills.append(
@@ -147,23 +138,25 @@ def minutes(conn: psycopg.Connection, runs: Sequence[Running], now: float) -> di
                     int(marks.get(f"r:{rid}", 0)),
                     int(marks.get("h", 0)),
                     int(marks.get(hour_scope(h), 0)),
-                    encode(by_hour.get(h, [])),
+                    encode(rows[hour_of == h]),
                     datetime.fromtimestamp(start_of[rid], UTC),
                 )
             )
             h += HOUR
     priced_store.keep_rows(conn, Q.KEEP_MINUTES_SQL, fills)
-    for rows in got.values():
-        rows.sort(key=lambda m: m[0])
-    return got
+    out = {}
+    for rid, parts in got.items():
+        rows = np.concatenate(parts) if parts else empty()
+        out[rid] = rows[np.argsort(rows[:, 0], kind="stable")]
+    return out
 
 
 def _lookup(
     conn: psycopg.Connection, keys: dict[str, bytes], cut: float
-) -> dict[str, dict[float, list[Minute]]]:
+) -> dict[str, dict[float, np.ndarray]]:
     """The kept hours before ``cut`` of each run of ``keys`` whose three marks are still the recorded ones."""
     run_of = {k: rid for rid, k in keys.items()}
-    out: dict[str, dict[float, list[Minute]]] = defaultdict(dict)
+    out: dict[str, dict[float, np.ndarray]] = defaultdict(dict)
     for digest, hour, blob in conn.execute(
         Q.LOOKUP_MINUTES_SQL, {"keys": list(keys.values()), "cut": datetime.fromtimestamp(cut, UTC)}
     ):

@@ -45,7 +45,6 @@ import numpy as np
 import psycopg
 
 from gpufleet.advisor import kept_minutes, kept_points
-from gpufleet.advisor.kept_minutes import Minute
 from gpufleet.gpu_models import gpu_model_names
 from gpufleet.timeparse import iso_at
 
@@ -151,10 +150,6 @@ class ModelAdvice:
     excluded_minutes: dict[str, int] = field(default_factory=dict)
 
 
-def _level_of(limit: float, step: float) -> float:
-    return round(limit / step) * step
-
-
 def run_points(
     conn: psycopg.Connection,
     run_id: str,
@@ -181,6 +176,15 @@ def _progress(conn: psycopg.Connection, run_id: str) -> list[tuple[float, Any]]:
     return conn.execute(PROGRESS_SQL, (run_id,)).fetchall()
 
 
+#: Why a minute is left out, in the order the reasons are tried.
+OUTSIDE = "outside the progress reports or in warm-up"
+NOT_ALL = "not every GPU of the run reported"
+DIFFERENT = "GPUs of the run at different limits"
+CHANGED = "the limit changed in this minute or the next"
+UNCOVERED = "energy of the minute not fully covered"
+SHORT = "stretch at one limit shorter than min_segment_s"
+
+
 def points_of(
     run_id: str,
     model: str,
@@ -190,60 +194,79 @@ def points_of(
     cfg: AdvisorSettings,
     now: float,
     progress: list[tuple[float, Any]],
-    rows: list[Minute],
+    rows: np.ndarray,
 ) -> tuple[list[Point], dict[str, int]]:
     """The stretches of one run at one limit, and the minutes left out by reason, from its progress
-    reports (two at least) and its minutes from its start to its end (or ``now``)."""
-    excluded: dict[str, int] = defaultdict(int)
+    reports (two at least) and its minutes from its start to its end (or ``now``, rows of
+    :data:`~gpufleet.advisor.kept_minutes.COLUMNS` in bucket order), a column at a time: a fleet's
+    running runs are a few hundred thousand minutes a request."""
     pt = np.array([p[0] for p in progress])
     pk = np.array([float(p[1]) for p in progress])
     hi = min(end if end is not None else now, float(pt[-1]))
     lo = max(start + cfg.warmup_s, float(pt[0]))
-    minutes: list[tuple[float, float, float]] = []  # (bucket, level, joules) of clean minutes
-    levels = {}
-    for b, cmin, cmax, n, _joules, _covered in rows:
-        if cmin is not None and cmax is not None and n == gpus and cmax - cmin <= 0.5:
-            levels[b] = _level_of(cmin, cfg.level_step_w)
-    for b, cmin, cmax, n, joules, covered in rows:
-        if b < lo or b + 60.0 > hi:
-            excluded["outside the progress reports or in warm-up"] += 1
-            continue
-        if cmin is None or cmax is None or n != gpus:  # (min and max are null together)
-            excluded["not every GPU of the run reported"] += 1
-            continue
-        if cmax - cmin > 0.5:
-            excluded["GPUs of the run at different limits"] += 1
-            continue
-        lvl = levels[b]
-        if levels.get(b - 60.0) != lvl or levels.get(b + 60.0) != lvl:
-            excluded["the limit changed in this minute or the next"] += 1
-            continue
-        if covered < cfg.min_coverage * 60.0 * gpus:
-            excluded["energy of the minute not fully covered"] += 1
-            continue
-        minutes.append((b, lvl, joules))
+    b, cmin, cmax, n, joules, covered = rows.reshape(-1, 6).T
+    with np.errstate(invalid="ignore"):  # a missing limit is NaN: unequal, never within 0.5 W
+        one_limit = (n == gpus) & (cmax - cmin <= 0.5)
+        level = np.where(one_limit, np.round(cmin / cfg.level_step_w) * cfg.level_step_w, np.nan)
+    before, after = _neighbour(b, level, -60.0), _neighbour(b, level, 60.0)
+    outside = (b < lo) | (b + 60.0 > hi)
+    not_all = ~outside & (np.isnan(cmin) | (n != gpus))
+    different = ~outside & ~not_all & ~one_limit
+    changed = ~outside & one_limit & ((before != level) | (after != level))
+    uncovered = ~outside & one_limit & ~changed & (covered < cfg.min_coverage * 60.0 * gpus)
+    good = ~outside & one_limit & ~changed & ~uncovered
+    excluded = {
+        why: int(k)
+        for why, k in (
+            (OUTSIDE, outside.sum()),
+            (NOT_ALL, not_all.sum()),
+            (DIFFERENT, different.sum()),
+            (CHANGED, changed.sum()),
+            (UNCOVERED, uncovered.sum()),
+        )
+        if k
+    }
+    gb, gl, gj = b[good], level[good], joules[good]
+    # stretches: runs of good minutes one after another at one level
+    cuts = np.flatnonzero((gl[1:] != gl[:-1]) | (gb[1:] != gb[:-1] + 60.0)) + 1
     points: list[Point] = []
-    k = 0
-    while k < len(minutes):
-        j = k
-        while (
-            j + 1 < len(minutes)
-            and minutes[j + 1][1] == minutes[k][1]
-            and minutes[j + 1][0] == minutes[j][0] + 60
-        ):
-            j += 1
-        t0, t1 = minutes[k][0], minutes[j][0] + 60.0
+    short = 0
+    for k, j in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(gb)].tolist(), strict=True):
+        if k == j:
+            continue
+        t0, t1 = float(gb[k]), float(gb[j - 1]) + 60.0
         seconds = t1 - t0
         if seconds >= cfg.min_segment_s:
             tokens = float(np.interp(t1, pt, pk) - np.interp(t0, pt, pk))
-            joules = sum(m[2] for m in minutes[k : j + 1])
             points.append(
-                Point(run_id, model, minutes[k][1], iso_at(t0), iso_at(t1), seconds, gpus, tokens, joules)
+                Point(
+                    run_id,
+                    model,
+                    float(gl[k]),
+                    iso_at(t0),
+                    iso_at(t1),
+                    seconds,
+                    gpus,
+                    tokens,
+                    sum(gj[k:j].tolist()),
+                )
             )
         else:
-            excluded["stretch at one limit shorter than min_segment_s"] += j - k + 1
-        k = j + 1
-    return points, dict(excluded)
+            short += j - k
+    if short:
+        excluded[SHORT] = short
+    return points, excluded
+
+
+def _neighbour(b: np.ndarray, level: np.ndarray, offset: float) -> np.ndarray:
+    """The level of the minute ``offset`` seconds from each (NaN where there is none)."""
+    at = np.searchsorted(b, b + offset)
+    inside = at < len(b)
+    found = np.zeros(len(b), dtype=bool)
+    found[inside] = b[at[inside]] == b[inside] + offset
+    out = np.full(len(b), np.nan)
+    out[found] = level[at[found]]
+    return out
 
 
 def _levels(points: Iterable[Point], cfg: AdvisorSettings) -> list[Level]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import psycopg
 import pytest
 
 from gpufleet.accounting.fleet_hours import SETTLE_S
 from gpufleet.advisor import kept_minutes
-from gpufleet.advisor.kept_minutes import Minute, Running
+from gpufleet.advisor.kept_minutes import Running
 from tests.accounting.builders import T0, at, drain, node, run
 
 H = 3600.0
@@ -57,9 +58,20 @@ def _fleet(conn: psycopg.Connection) -> None:
     drain(conn)
 
 
+#: A minute as the tests compare it: (bucket, least limit or None, greatest limit or None, GPUs, J, GPU-s).
+Minute = tuple[float, float | None, float | None, int, float, float]
+
+
+def _rows(a: np.ndarray) -> list[Minute]:
+    return [
+        (b, None if math.isnan(lo) else lo, None if math.isnan(hi) else hi, int(n), j, c)
+        for b, lo, hi, n, j, c in a.tolist()
+    ]
+
+
 def _live(conn: psycopg.Connection, now: float = NOW) -> dict[str, list[Minute]]:
     read = kept_minutes.read_ranges(conn, [(r.run_id, r.start, T0.timestamp() + now) for r in RUNS])
-    return {r.run_id: rows for r, rows in zip(RUNS, read, strict=True)}
+    return {r.run_id: _rows(rows) for r, rows in zip(RUNS, read, strict=True)}
 
 
 def _kept(conn: psycopg.Connection) -> list[tuple[str, float]]:
@@ -75,8 +87,8 @@ def _tamper(conn: psycopg.Connection, run_id: str, hour_s: float) -> None:
         "SELECT minutes FROM kept_power_minutes WHERE run_id = %s AND hour = %s", (run_id, at(hour_s))
     ).fetchone() or (None,)
     assert blob is not None
-    rows = kept_minutes.decode(bytes(blob))
-    rows[0] = (*rows[0][:4], 1.0, rows[0][5])
+    rows = kept_minutes.decode(bytes(blob)).copy()
+    rows[0, 4] = 1.0
     conn.execute(
         "UPDATE kept_power_minutes SET minutes = %s WHERE run_id = %s AND hour = %s",
         (kept_minutes.encode(rows), run_id, at(hour_s)),
@@ -84,7 +96,7 @@ def _tamper(conn: psycopg.Connection, run_id: str, hour_s: float) -> None:
 
 
 def _read(conn: psycopg.Connection, now: float = NOW) -> dict[str, list[Minute]]:
-    return kept_minutes.minutes(conn, RUNS, T0.timestamp() + now)
+    return {rid: _rows(rows) for rid, rows in kept_minutes.minutes(conn, RUNS, T0.timestamp() + now).items()}
 
 
 def test_the_fixture_has_what_the_hours_must_keep(conn: psycopg.Connection) -> None:
@@ -157,10 +169,13 @@ def test_an_hour_is_kept_once_it_has_settled(conn: psycopg.Connection) -> None:
 
 
 def test_a_minute_is_kept_exactly(conn: psycopg.Connection) -> None:
-    rows: list[Minute] = [
-        (1.0, 700.0, 700.0, 8, 1234.5678901234567, 479.99999999999994),
-        (61.0, None, None, 3, 0.0, 0.0),
-        (121.0, 0.1 + 0.2, 1e300, 2**40, 5e-324, 60.0),
-    ]
-    assert kept_minutes.decode(kept_minutes.encode(rows)) == rows
-    assert kept_minutes.decode(kept_minutes.encode([])) == []
+    rows = np.array(
+        [
+            (1.0, 700.0, 700.0, 8, 1234.5678901234567, 479.99999999999994),
+            (61.0, np.nan, np.nan, 3, 0.0, 0.0),
+            (121.0, 0.1 + 0.2, 1e300, 2**40, 5e-324, 60.0),
+        ]
+    )
+    back = kept_minutes.decode(kept_minutes.encode(rows))
+    assert back.shape == rows.shape and np.array_equal(back, rows, equal_nan=True)
+    assert kept_minutes.decode(kept_minutes.encode(kept_minutes.empty())).shape == (0, 6)

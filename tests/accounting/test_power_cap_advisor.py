@@ -575,8 +575,8 @@ def test_a_running_runs_closed_hours_are_kept_and_give_the_same_advice(
             (blob,) = conn.execute(
                 "SELECT minutes FROM kept_power_minutes WHERE run_id = 'cap-500'"
             ).fetchone() or (None,)
-            rows = kept_minutes.decode(bytes(blob))
-            rows = [(*m[:4], m[4] * 2, m[5]) for m in rows]
+            rows = kept_minutes.decode(bytes(blob)).copy()
+            rows[:, 4] *= 2
             conn.execute(
                 "UPDATE kept_power_minutes SET minutes = %s WHERE run_id = 'cap-500'",
                 (kept_minutes.encode(rows),),
