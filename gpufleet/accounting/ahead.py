@@ -6,7 +6,8 @@ a person: the SRE opening the incident that just paged, finance opening the run 
 collector's leader does that first read instead, once an incident has closed or a run has ended: it
 asks what those readers ask (an incident's ``lost`` block, a run's accounting with its ledger, the
 run's points for the power-cap advisor), with the settings they use, so the lines it stores are the
-ones they look up.  Then it keeps the fleet's closed hours (:mod:`gpufleet.accounting.fleet_hours`).
+ones they look up.  Then it keeps the running runs' closed hours of power-cap minutes
+(:mod:`gpufleet.advisor.kept_minutes`) and the fleet's closed hours (:mod:`gpufleet.accounting.fleet_hours`).
 
 Each pass looks at what settled in the last :data:`RECENT_S` seconds and remembers what it priced, so
 an incident or a run is priced once (again only if its end moves).  A pass prices oldest first, in
@@ -32,7 +33,7 @@ from gpufleet.accounting import fleet_hours
 from gpufleet.accounting.incidents import incident_costs
 from gpufleet.accounting.lines import Source
 from gpufleet.accounting.run import account_runs
-from gpufleet.advisor.power_cap import keep_points
+from gpufleet.advisor.power_cap import keep_points, keep_running_hours
 from gpufleet.store.run_model import load_runs
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class PriceAhead:
     #: The fleet's closed hours to keep (gpufleet.accounting.fleet_hours), after what settled; at least
     #: one call of them a pass, so they are never starved by a stream of incidents.
     fleet: fleet_hours.Keeping | None = None
+    #: Keep the running runs' closed hours of power-cap minutes (gpufleet.advisor.kept_minutes), one
+    #: statement a pass at least, so the advisor's first reader finds them.
+    running_hours: bool = True
 
     def run(self, conn: psycopg.Connection, now: datetime) -> tuple[int, int]:
         """One pass: how many incidents and runs it priced (each stored for the readers that follow)."""
@@ -112,6 +116,10 @@ class PriceAhead:
             priced_runs += 1
         if priced_incidents or priced_runs:
             log.debug("priced ahead: %d incidents, %d runs", priced_incidents, priced_runs)
+        if self.running_hours:
+            kept = keep_running_hours(conn, now, deadline)
+            if kept:
+                log.debug("kept %d hours of running runs' power-cap minutes", kept)
         if self.fleet is not None:
             fleet_hours.keep(conn, self.fleet, now, max(0.0, deadline - time.monotonic()))
         return priced_incidents, priced_runs

@@ -27,8 +27,9 @@ run).  An hour is kept once it has been closed for :data:`~gpufleet.accounting.f
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -105,24 +106,77 @@ def minutes(conn: psycopg.Connection, runs: Sequence[Running], now: float) -> di
     cut = _floor_hour(now - SETTLE_S)
     keys = {r.run_id: key(r) for r in runs}
     kept = _lookup(conn, keys, cut)
-    # the hours to read again (not kept, or their marks moved), and their marks, read before they are
-    todo: dict[str, list[float]] = {}
+    todo = {r.run_id: [h for h in _hours(r.start, cut) if h not in kept.get(r.run_id, {})] for r in runs}
+    got = _read_and_keep(conn, runs, keys, todo, cut, now)
+    out = {}
     for r in runs:
-        have = kept.get(r.run_id, {})
-        todo[r.run_id] = [h for h in _hours(r.start, cut) if h not in have]
+        parts = [*kept.get(r.run_id, {}).values(), *got[r.run_id]]
+        rows = np.concatenate(parts) if parts else empty()
+        out[r.run_id] = rows[np.argsort(rows[:, 0], kind="stable")]
+    return out
+
+
+#: GPU-hours of minutes the leader reads in one statement when it keeps running runs' hours (about
+#: 0.5 s on 2 cores); it checks its budget between statements.
+KEEP_GPU_HOURS = 1500.0
+
+
+def keep_closed(
+    conn: psycopg.Connection, runs: Sequence[Running], gpus: Mapping[str, int], now: float, deadline: float
+) -> int:
+    """Read and keep the closed, settled hours of ``runs`` (``gpus``: each one's GPU count) that are not
+    kept or no longer hold, newest first, a statement of about :data:`KEEP_GPU_HOURS` at a time until
+    ``deadline`` (``time.monotonic()``; one statement at least): what the collector's leader does, so the
+    advisor's first reader finds them.  Returns how many hours were kept."""
+    cut = _floor_hour(now - SETTLE_S)
+    keys = {r.run_id: key(r) for r in runs}
+    run_of = _run_of(keys)
+    have: dict[str, set[float]] = defaultdict(set)
+    for digest, hour in conn.execute(
+        Q.KEPT_HOURS_SQL, {"keys": list(keys.values()), "cut": datetime.fromtimestamp(cut, UTC)}
+    ):
+        have[run_of[bytes(digest)]].add(hour.timestamp())
+    todo = sorted(
+        ((h, r) for r in runs for h in _hours(r.start, cut) if h not in have[r.run_id]),
+        key=lambda x: (-x[0], x[1].run_id),
+    )
+    done = 0
+    while todo and (done == 0 or time.monotonic() < deadline):
+        batch: dict[str, list[float]] = defaultdict(list)
+        size = 0.0
+        while todo and (not batch or size + gpus.get(todo[0][1].run_id, 1) <= KEEP_GPU_HOURS):
+            h, r = todo.pop(0)
+            batch[r.run_id].append(h)
+            size += gpus.get(r.run_id, 1)
+        chosen = [r for r in runs if r.run_id in batch]
+        _read_and_keep(conn, chosen, keys, {rid: sorted(hs) for rid, hs in batch.items()}, cut, None)
+        done += sum(len(hs) for hs in batch.values())
+    return done
+
+
+def _read_and_keep(
+    conn: psycopg.Connection,
+    runs: Sequence[Running],
+    keys: Mapping[str, bytes],
+    todo: Mapping[str, Sequence[float]],
+    cut: float,
+    now: float | None,
+) -> dict[str, list[np.ndarray]]:
+    """Read the closed hours ``todo`` of each run (and, with ``now``, its minutes from ``cut`` to
+    ``now``) in one statement, and keep the hours, each resting on the marks read before it was read."""
     scopes = {"h"} | {f"r:{rid}" for rid, hs in todo.items() if hs}
     scopes |= {hour_scope(h) for hs in todo.values() for h in hs}
     marks = priced_store.current_marks(conn, sorted(scopes)) if any(todo.values()) else {}
     ranges: list[tuple[str, float, float]] = []
     for r in runs:
-        for lo, hi in _spans(todo[r.run_id]):
+        for lo, hi in _spans(todo.get(r.run_id, ())):
             ranges.append((r.run_id, max(r.start, lo), hi))
-        ranges.append((r.run_id, max(r.start, cut), now))
-    read = read_ranges(conn, ranges)
-    got: dict[str, list[np.ndarray]] = {r.run_id: list(kept.get(r.run_id, {}).values()) for r in runs}
+        if now is not None:
+            ranges.append((r.run_id, max(r.start, cut), now))
+    got: dict[str, list[np.ndarray]] = {r.run_id: [] for r in runs}
     fills: list[tuple[object, ...]] = []
-    start_of = {r.run_id: r.start for r in runs}
-    for (rid, lo, hi), rows in zip(ranges, read, strict=True):
+    start_of = {r.run_id: datetime.fromtimestamp(r.start, UTC) for r in runs}
+    for (rid, lo, hi), rows in zip(ranges, read_ranges(conn, ranges), strict=True):
         got[rid].append(rows)
         if hi > cut:  # the minutes since the last closed hour: read, never kept
             continue
@@ -134,28 +188,28 @@ def minutes(conn: psycopg.Connection, runs: Sequence[Running], now: float) -> di
                     keys[rid],
                     datetime.fromtimestamp(h, UTC),
                     rid,
-                    datetime.fromtimestamp(start_of[rid], UTC),
+                    start_of[rid],
                     int(marks.get(f"r:{rid}", 0)),
                     int(marks.get("h", 0)),
                     int(marks.get(hour_scope(h), 0)),
                     encode(rows[hour_of == h]),
-                    datetime.fromtimestamp(start_of[rid], UTC),
+                    start_of[rid],
                 )
             )
             h += HOUR
     priced_store.keep_rows(conn, Q.KEEP_MINUTES_SQL, fills)
-    out = {}
-    for rid, parts in got.items():
-        rows = np.concatenate(parts) if parts else empty()
-        out[rid] = rows[np.argsort(rows[:, 0], kind="stable")]
-    return out
+    return got
+
+
+def _run_of(keys: Mapping[str, bytes]) -> dict[bytes, str]:
+    return {k: rid for rid, k in keys.items()}
 
 
 def _lookup(
     conn: psycopg.Connection, keys: dict[str, bytes], cut: float
 ) -> dict[str, dict[float, np.ndarray]]:
     """The kept hours before ``cut`` of each run of ``keys`` whose three marks are still the recorded ones."""
-    run_of = {k: rid for rid, k in keys.items()}
+    run_of = _run_of(keys)
     out: dict[str, dict[float, np.ndarray]] = defaultdict(dict)
     for digest, hour, blob in conn.execute(
         Q.LOOKUP_MINUTES_SQL, {"keys": list(keys.values()), "cut": datetime.fromtimestamp(cut, UTC)}

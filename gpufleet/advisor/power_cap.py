@@ -441,6 +441,27 @@ def keep_points(conn: psycopg.Connection, run_ids: list[str], settings: AdvisorS
     return len(chosen)
 
 
+#: Running runs the advisor reads minutes of (two progress reports at least, no shared GPU): each
+#: one's start and GPU count.
+_RUNNING_SQL = """
+SELECT r.run_id, extract(epoch FROM r.start)::float8, count(*)
+FROM runs r JOIN run_allocations a ON a.run_id = r.run_id
+WHERE r."end" IS NULL AND r.start < %s
+  AND EXISTS (SELECT 1 FROM run_progress p WHERE p.run_id = r.run_id AND p.tokens IS NOT NULL OFFSET 1)
+GROUP BY r.run_id HAVING NOT coalesce(bool_or(a.sharing <> 'exclusive'), false)
+ORDER BY r.run_id
+"""
+
+
+def keep_running_hours(conn: psycopg.Connection, now: datetime, deadline: float) -> int:
+    """Keep the closed hours of every running run the advisor reads, not kept yet or no longer holding,
+    until ``deadline`` (``time.monotonic()``; one statement at least): what the collector's leader does
+    each pass, so the advisor's first reader finds them.  Returns how many run-hours were kept."""
+    rows = conn.execute(_RUNNING_SQL, (now,)).fetchall()
+    runs = [kept_minutes.Running(rid, start) for rid, start, _n in rows]
+    return kept_minutes.keep_closed(conn, runs, {rid: n for rid, _s, n in rows}, now.timestamp(), deadline)
+
+
 def power_cap_advice(
     conn: psycopg.Connection,
     gpu_model: str,

@@ -34,6 +34,9 @@ WHERE k.digest = ANY(%(keys)s) AND k.hour + INTERVAL '1 hour' <= %(cut)s AND k.l
   AND k.run_mark = coalesce((SELECT m.version FROM pricing_marks m WHERE m.scope = 'r:' || k.run_id), 0)
   AND {H.holds("k", "k.hour")}"""
 
+#: The hours ending by %(cut)s kept under the keys %(keys)s that still hold (without their minutes).
+KEPT_HOURS_SQL = LOOKUP_MINUTES_SQL.replace("k.digest, k.hour, k.minutes", "k.digest, k.hour", 1)
+
 #: Stores one kept hour (digest, hour, run_id, lo, run_mark, whole_mark, hour_mark, minutes; ``lo``
 #: again last) unless retention reaches the run.
 KEEP_MINUTES_SQL = (

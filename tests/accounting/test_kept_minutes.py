@@ -11,6 +11,7 @@ allocation change and a change that moves every hour.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import psycopg
@@ -179,3 +180,27 @@ def test_a_minute_is_kept_exactly(conn: psycopg.Connection) -> None:
     back = kept_minutes.decode(kept_minutes.encode(rows))
     assert back.shape == rows.shape and np.array_equal(back, rows, equal_nan=True)
     assert kept_minutes.decode(kept_minutes.encode(kept_minutes.empty())).shape == (0, 6)
+
+
+def test_the_leader_keeps_closed_hours_newest_first_within_its_budget(
+    conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fleet(conn)
+    monkeypatch.setattr(kept_minutes, "KEEP_GPU_HOURS", 6.0)  # a statement: an hour of both runs
+    gpus = {"r-a": 4, "r-b": 2}
+    now = T0.timestamp() + NOW
+    past = time.monotonic() - 1  # the budget is spent: one statement
+    assert kept_minutes.keep_closed(conn, RUNS, gpus, now, past) == 2
+    assert _kept(conn) == [("r-a", 3 * H), ("r-b", 3 * H)]  # the newest hour first
+    assert kept_minutes.keep_closed(conn, RUNS, gpus, now, past) == 2
+    assert _kept(conn) == [("r-a", 2 * H), ("r-a", 3 * H), ("r-b", 2 * H), ("r-b", 3 * H)]
+    assert kept_minutes.keep_closed(conn, RUNS, gpus, now, time.monotonic() + 60) == 3
+    assert kept_minutes.keep_closed(conn, RUNS, gpus, now, time.monotonic() + 60) == 0
+    # what the leader kept is what a request reads back
+    _tamper(conn, "r-b", 1 * H)
+    got, live = _read(conn), _live(conn)
+    assert got["r-a"] == live["r-a"] and got["r-b"] != live["r-b"]
+    # an hour whose mark moved is kept again by the next pass
+    conn.execute("SELECT gpufleet_pricing_bump(ARRAY[%s])", (kept_minutes.hour_scope(at(1 * H).timestamp()),))
+    assert kept_minutes.keep_closed(conn, RUNS, gpus, now, time.monotonic() + 60) == 2
+    assert _read(conn) == live

@@ -22,6 +22,7 @@ import numpy as np
 import psycopg
 import pytest
 
+from gpufleet.accounting.ahead import PriceAhead
 from gpufleet.advisor.power_cap import SHARED, AdvisorSettings, power_cap_advice
 from gpufleet.api.app import create_app
 from gpufleet.auth import create_token
@@ -528,7 +529,6 @@ def test_the_endpoint_answers_503_with_what_an_unfinished_advice_read(
 
 
 def test_the_leader_keeps_an_ended_runs_points_as_it_prices_the_run(sweep_db: FilledFleet) -> None:
-    from gpufleet.accounting.ahead import PriceAhead
 
     with psycopg.connect(sweep_db.url, autocommit=True) as conn:
         try:
@@ -570,6 +570,11 @@ def test_a_running_runs_closed_hours_are_kept_and_give_the_same_advice(
             kept = {r for (r,) in conn.execute("SELECT DISTINCT run_id FROM kept_power_minutes")}
             assert kept == {*LLAMA, "other-model"}
             assert first == live
+            # the leader keeps them too, as a pass goes: the advice read through what it kept is the same
+            conn.execute("DELETE FROM kept_power_minutes")
+            PriceAhead(max_gap_s=60.0, budget_s=600.0).run(conn, later)
+            assert {r for (r,) in conn.execute("SELECT DISTINCT run_id FROM kept_power_minutes")} == kept
+            assert power_cap_advice(conn, H100, 0.05, now=later, settings=CFG) == first
             assert power_cap_advice(conn, H100, 0.05, now=later, settings=CFG) == first
             # read back, not read again: a kept hour changed behind its marks' back shows in the joules
             (blob,) = conn.execute(
