@@ -566,20 +566,23 @@ def top_up(url: str, settings: Settings, say: Callable[[str], None]) -> Fleet:
     return fleet
 
 
-def settle(url: str, settings: Settings) -> tuple[int, int]:
+def settle(url: str, settings: Settings) -> tuple[int, int, int]:
     """What the collector's leader keeps as runs end and hours close, which the synthesis has no leader to
-    do: every ended run's power-cap points (:func:`gpufleet.advisor.power_cap.keep_points`) and the
-    fleet's closed hours (:func:`gpufleet.accounting.fleet_hours.keep`); (runs looked at, hours kept)."""
+    do: every ended run's power-cap points (:func:`gpufleet.advisor.power_cap.keep_points`), the running
+    runs' closed hours of power-cap minutes (:func:`gpufleet.advisor.power_cap.keep_running_hours`) and
+    the fleet's closed hours (:func:`gpufleet.accounting.fleet_hours.keep`); (ended runs looked at,
+    running runs' hours kept, fleet hours kept)."""
     from gpufleet.accounting import fleet_hours
-    from gpufleet.advisor.power_cap import keep_points
+    from gpufleet.advisor.power_cap import keep_points, keep_running_hours
 
     looked = 0
     with psycopg.connect(url, autocommit=True) as conn:
         ended = [r for (r,) in conn.execute('SELECT run_id FROM runs WHERE "end" IS NOT NULL ORDER BY "end"')]
         for i in range(0, len(ended), 256):
             looked += keep_points(conn, ended[i : i + 256])
+        running = keep_running_hours(conn, datetime.now(UTC), math.inf)
         hours = fleet_hours.keep(conn, fleet_hours.keeping_of(settings), datetime.now(UTC), budget_s=math.inf)
-    return looked, hours
+    return looked, running, hours
 
 
 def table_counts(conn: psycopg.Connection) -> dict[str, int]:
@@ -1065,7 +1068,7 @@ def timed_sql(conn: psycopg.Connection, query: str, params: dict[str, Any] | Non
 
 
 #: What the cold reads keep for the warm ones (priced pieces, claims, power-cap points, the marks).
-READERS_KEEP = ("priced_pieces", "kept_claims", "kept_power_points", "pricing_marks")
+READERS_KEEP = ("priced_pieces", "kept_claims", "kept_power_points", "kept_power_minutes", "pricing_marks")
 
 
 def _analyze_what_readers_kept(conn: psycopg.Connection, say: Callable[[str], None]) -> None:
@@ -1533,12 +1536,12 @@ def main() -> None:
             if args.keep:
                 say(f"kept: {url}")
         t0 = time.perf_counter()
-        looked, hours = settle(url, settings)
+        looked, running, hours = settle(url, settings)
         fleet.seconds["leader_points"] = time.perf_counter() - t0
         say(
-            f"what the leader keeps: the power-cap points of {looked} ended runs with progress and "
-            f"{hours} closed hours of the fleet's accounting ({fleet.seconds['leader_points']:.0f} s; none "
-            "computed again where kept)"
+            f"what the leader keeps: the power-cap points of {looked} ended runs with progress, {running} "
+            f"closed hours of running runs' power-cap minutes and {hours} closed hours of the fleet's "
+            f"accounting ({fleet.seconds['leader_points']:.0f} s; none computed again where kept)"
         )
         c = fleet.counts
         say(
