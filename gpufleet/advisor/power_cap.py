@@ -61,6 +61,11 @@ ORDER BY r.start, r.run_id
 """
 #: Runs with progress overlapping [%s, %s), with their GPUs.
 RUNS_SQL = _RUNS.format(where="""coalesce(r."end", 'infinity') > %s AND r.start < %s""")
+#: The same, of model %s only (as :func:`_model_of` names it).
+RUNS_OF_MODEL_SQL = _RUNS.format(
+    where="""coalesce(r."end", 'infinity') > %s AND r.start < %s
+  AND coalesce(nullif(r.labels->>'model', ''), nullif(r.name, ''), r.run_id) = %s"""
+)
 #: Runs with progress among %s, with their GPUs.
 RUNS_OF_SQL = _RUNS.format(where="r.run_id = ANY(%s)")
 
@@ -69,8 +74,8 @@ RUNS_OF_SQL = _RUNS.format(where="r.run_id = ANY(%s)")
 SHARED = "run on a shared GPU (its limit and energy are the whole GPU's)"
 
 PROGRESS_SQL = """
-SELECT extract(epoch FROM time)::float8, tokens FROM run_progress
-WHERE run_id = %s AND tokens IS NOT NULL ORDER BY time
+SELECT run_id, extract(epoch FROM time)::float8, tokens FROM run_progress
+WHERE run_id = ANY(%s) AND tokens IS NOT NULL ORDER BY run_id, time
 """
 
 
@@ -173,7 +178,15 @@ _TOO_FEW = {"fewer than two progress reports": 1}
 
 
 def _progress(conn: psycopg.Connection, run_id: str) -> list[tuple[float, Any]]:
-    return conn.execute(PROGRESS_SQL, (run_id,)).fetchall()
+    return _progress_of(conn, [run_id])[run_id]
+
+
+def _progress_of(conn: psycopg.Connection, run_ids: list[str]) -> dict[str, list[tuple[float, Any]]]:
+    """Each run's progress reports with tokens, in time order, in one query."""
+    out: dict[str, list[tuple[float, Any]]] = {rid: [] for rid in run_ids}
+    for rid, t, tokens in conn.execute(PROGRESS_SQL, (run_ids,)):
+        out[rid].append((t, tokens))
+    return out
 
 
 #: Why a minute is left out, in the order the reasons are tried.
@@ -402,7 +415,7 @@ def _points(
             raise AdviceUnfinished(i, len(todo), time.perf_counter() - started)
         batch = todo[i : i + _BATCH]
         marks = kept_points.marks(conn, [ended[c[0]] for c in batch if c[0] in ended])
-        progress = {c[0]: _progress(conn, c[0]) for c in batch}
+        progress = _progress_of(conn, [c[0] for c in batch])
         # a running run's closed hours as kept, the rest read: all of the batch's in one query
         running = kept_minutes.minutes(
             conn,
@@ -462,6 +475,35 @@ def keep_running_hours(conn: psycopg.Connection, now: datetime, deadline: float)
     return kept_minutes.keep_closed(conn, runs, {rid: n for rid, _s, n in rows}, now.timestamp(), deadline)
 
 
+def _choose(
+    rows: list[tuple[Any, ...]], names: dict[str, dict[int, str]], gpu_model: str, model: str | None
+) -> tuple[list[_Chosen], set[str]]:
+    """Of ``rows`` (:data:`RUNS_SQL`'s), the runs on ``gpu_model`` GPUs only (of ``model``), and the GPU
+    models all of them ran on."""
+    # a node whose GPUs all have one name (most): a run's kinds from its nodes, not GPU by GPU
+    uniform = {n: v[-1] for n, v in names.items() if -1 in v and set(v.values()) == {v[-1]}}
+    want = gpu_model.strip().lower()
+    seen_models: set[str] = set()
+    chosen: list[_Chosen] = []
+    for run_id, name, label, start, end, nodes, gpus, shared in rows:
+        held = set(nodes)
+        if held <= uniform.keys():
+            kinds = {uniform[n] for n in held}
+        else:
+            kinds = {
+                (names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "")
+                for n, g in zip(nodes, gpus, strict=True)
+            }
+        seen_models.update(k for k in kinds if k)
+        if {k.lower() for k in kinds} != {want}:
+            continue
+        m = _model_of(name, label, run_id)
+        if model is not None and m != model:
+            continue
+        chosen.append((run_id, m, start, end, list(nodes), bool(shared)))
+    return chosen, seen_models
+
+
 def power_cap_advice(
     conn: psycopg.Connection,
     gpu_model: str,
@@ -478,29 +520,19 @@ def power_cap_advice(
     since = datetime.fromtimestamp(t_now, UTC) - cfg.lookback
     facts = {n: f for n, f in conn.execute("SELECT node, facts FROM nodes").fetchall()}
     names = {n: gpu_model_names(f) for n, f in facts.items()}
-    # a node whose GPUs all have one name (most): a run's kinds from its nodes, not GPU by GPU
-    uniform = {n: v[-1] for n, v in names.items() if -1 in v and set(v.values()) == {v[-1]}}
-    want = gpu_model.strip().lower()
-    seen_models: set[str] = set()
-    chosen: list[_Chosen] = []
-    for run_id, name, label, start, end, nodes, gpus, shared in conn.execute(
-        RUNS_SQL, (since, datetime.fromtimestamp(t_now, UTC))
-    ).fetchall():
-        held = set(nodes)
-        if held <= uniform.keys():
-            kinds = {uniform[n] for n in held}
-        else:
-            kinds = {
-                (names.get(n, {}).get(int(g)) or names.get(n, {}).get(-1) or "")
-                for n, g in zip(nodes, gpus, strict=True)
-            }
-        seen_models.update(k for k in kinds if k)
-        if {k.lower() for k in kinds} != {want}:
-            continue
-        m = _model_of(name, label, run_id)
-        if model is not None and m != model:
-            continue
-        chosen.append((run_id, m, start, end, list(nodes), bool(shared)))
+    window = (since, datetime.fromtimestamp(t_now, UTC))
+    # only the model's runs are read where one is asked for; the GPU models the others ran on are
+    # named only where the answer is empty
+    chosen, seen_models = _choose(
+        conn.execute(RUNS_SQL, window).fetchall()
+        if model is None
+        else conn.execute(RUNS_OF_MODEL_SQL, (*window, model)).fetchall(),
+        names,
+        gpu_model,
+        model,
+    )
+    if not chosen and model is not None:
+        seen_models = _choose(conn.execute(RUNS_SQL, window).fetchall(), names, gpu_model, model)[1]
     got = _points(conn, chosen, cfg, t_now)
     per_model: dict[str, tuple[list[Point], dict[str, int], list[str]]] = {}
     for run_id, m, *_rest in chosen:

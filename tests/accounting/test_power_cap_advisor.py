@@ -184,6 +184,15 @@ def test_too_little_data_says_so_and_why(sweep_db: FilledFleet) -> None:
         and "no run on 'NVIDIA A100-SXM4-80GB' GPUs reported progress" in none["reasons"][0]
     )
     assert H100 in none["reasons"][0]  # it names the GPU models that do have data
+    # asked for one model, only its runs are read; an empty answer still names every GPU model with data
+    with psycopg.connect(sweep_db.url) as conn:
+        nobody = power_cap_advice(conn, H100, 0.05, model="no-such-model", now=sweep_db.end, settings=CFG)
+        elsewhere = power_cap_advice(
+            conn, "NVIDIA A100-SXM4-80GB", 0.05, model="llama-13b-pretrain", now=sweep_db.end, settings=CFG
+        )
+    assert nobody["models"] == [] and "for model 'no-such-model'" in nobody["reasons"][0]
+    assert nobody["reasons"][0].endswith(f"GPU models with runs that did: {H100}")
+    assert elsewhere["reasons"][0].endswith(f"GPU models with runs that did: {H100}")
 
 
 def test_a_run_on_a_shared_gpu_is_left_out(sweep_db: FilledFleet) -> None:
