@@ -568,18 +568,20 @@ def top_up(url: str, settings: Settings, say: Callable[[str], None]) -> Fleet:
 
 def settle(url: str, settings: Settings) -> tuple[int, int, int]:
     """What the collector's leader keeps as runs end and hours close, which the synthesis has no leader to
-    do: every ended run's power-cap points (:func:`gpufleet.advisor.power_cap.keep_points`), the running
+    do: every ended run's power-cap points as both advisors read them
+    (:func:`gpufleet.advisor.run_cap.keep_points_for_readers`), the running
     runs' closed hours of power-cap minutes (:func:`gpufleet.advisor.power_cap.keep_running_hours`) and
     the fleet's closed hours (:func:`gpufleet.accounting.fleet_hours.keep`); (ended runs looked at,
     running runs' hours kept, fleet hours kept)."""
     from gpufleet.accounting import fleet_hours
-    from gpufleet.advisor.power_cap import keep_points, keep_running_hours
+    from gpufleet.advisor.power_cap import keep_running_hours
+    from gpufleet.advisor.run_cap import keep_points_for_readers
 
     looked = 0
     with psycopg.connect(url, autocommit=True) as conn:
         ended = [r for (r,) in conn.execute('SELECT run_id FROM runs WHERE "end" IS NOT NULL ORDER BY "end"')]
         for i in range(0, len(ended), 256):
-            looked += keep_points(conn, ended[i : i + 256])
+            looked += keep_points_for_readers(conn, ended[i : i + 256])
         running = keep_running_hours(conn, datetime.now(UTC), math.inf)
         hours = fleet_hours.keep(conn, fleet_hours.keeping_of(settings), datetime.now(UTC), budget_s=math.inf)
     return looked, running, hours

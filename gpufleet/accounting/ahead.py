@@ -33,7 +33,8 @@ from gpufleet.accounting import fleet_hours
 from gpufleet.accounting.incidents import incident_costs
 from gpufleet.accounting.lines import Source
 from gpufleet.accounting.run import account_runs
-from gpufleet.advisor.power_cap import keep_points, keep_running_hours
+from gpufleet.advisor.power_cap import keep_running_hours
+from gpufleet.advisor.run_cap import keep_points_for_readers
 from gpufleet.store.run_model import load_runs
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class PriceAhead:
             if spent():
                 break
             account_runs(conn, load_runs(conn, [rid]), now=now, max_gap_s=self.max_gap_s, source=self.source)
-            keep_points(conn, [rid])
+            keep_points_for_readers(conn, [rid])
             self.done[("r", rid, end)] = end
             self.owed.discard(rid)
             priced_runs += 1

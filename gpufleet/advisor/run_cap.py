@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from gpufleet.advisor.power_cap import AdvisorSettings, power_cap_advice
+from gpufleet.advisor.power_cap import AdvisorSettings, keep_points, power_cap_advice
 from gpufleet.gpu_models import gpu_model_names
 from gpufleet.store.sites import get_site
 from gpufleet.timeparse import iso
@@ -75,6 +75,15 @@ class RunCapSettings:
     recent: timedelta = timedelta(hours=1)
     #: Limits this close to the run's are the run's (W).
     same_limit_w: float = 5.0
+
+
+def keep_points_for_readers(conn: psycopg.Connection, run_ids: list[str]) -> int:
+    """Keep the points of those of ``run_ids`` that ended, as both readers read them: the fleet-wide
+    advice (its default settings) and one run's proposal (:class:`RunCapSettings`, whose shorter
+    stretches make other points); what the collector's leader does as runs end.  Returns how many runs
+    were looked at."""
+    keep_points(conn, run_ids, RunCapSettings().advisor)
+    return keep_points(conn, run_ids)
 
 
 def _r(x: float | None, digits: int = 6) -> float | None:

@@ -538,15 +538,24 @@ def test_the_endpoint_answers_503_with_what_an_unfinished_advice_read(
 
 
 def test_the_leader_keeps_an_ended_runs_points_as_it_prices_the_run(sweep_db: FilledFleet) -> None:
+    from gpufleet.advisor.run_cap import propose_run_cap
+
+    def stored() -> list[tuple[str, int]]:
+        return conn.execute("SELECT run_id, count(*) FROM kept_power_points GROUP BY 1 ORDER BY 1").fetchall()
 
     with psycopg.connect(sweep_db.url, autocommit=True) as conn:
         try:
             _ended(conn, sweep_db)
             whole = _llama(conn, sweep_db)
+            proposal = propose_run_cap(conn, "cap-500", now=sweep_db.end + timedelta(seconds=1))
             conn.execute("DELETE FROM kept_power_points")
             PriceAhead(max_gap_s=60.0, budget_s=600.0).run(conn, sweep_db.end + timedelta(seconds=1))
             assert sorted(_kept(conn)) == sorted([*LLAMA, "other-model"])
-            assert _llama(conn, sweep_db) == whole
+            # as both readers read them: the fleet's advice and one run's proposal (shorter stretches)
+            assert stored() == [(r, 2) for r in sorted([*LLAMA, "other-model"])]
+            assert propose_run_cap(conn, "cap-500", now=sweep_db.end + timedelta(seconds=1)) == proposal
+            assert stored() == [(r, 2) for r in sorted([*LLAMA, "other-model"])]  # nothing read again
+            assert _llama(conn, sweep_db) == whole  # (this test's own settings: a third key of each run)
         finally:
             _unend(conn)
             conn.execute("DELETE FROM kept_power_points")
