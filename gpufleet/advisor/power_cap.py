@@ -155,30 +155,8 @@ class ModelAdvice:
     excluded_minutes: dict[str, int] = field(default_factory=dict)
 
 
-def run_points(
-    conn: psycopg.Connection,
-    run_id: str,
-    model: str,
-    start: float,
-    end: float | None,
-    gpus: int,
-    cfg: AdvisorSettings,
-    now: float,
-) -> tuple[list[Point], dict[str, int]]:
-    """The stretches of one run at one limit, and the minutes left out by reason (its minutes read live)."""
-    progress = _progress(conn, run_id)
-    if len(progress) < 2:
-        return [], dict(_TOO_FEW)
-    (rows,) = kept_minutes.read_ranges(conn, [(run_id, start, end if end is not None else now)])
-    return points_of(run_id, model, start, end, gpus, cfg, now, progress, rows)
-
-
 #: What a run with fewer than two progress reports leaves out.
 _TOO_FEW = {"fewer than two progress reports": 1}
-
-
-def _progress(conn: psycopg.Connection, run_id: str) -> list[tuple[float, Any]]:
-    return _progress_of(conn, [run_id])[run_id]
 
 
 def _progress_of(conn: psycopg.Connection, run_ids: list[str]) -> dict[str, list[tuple[float, Any]]]:
@@ -416,23 +394,24 @@ def _points(
         batch = todo[i : i + _BATCH]
         marks = kept_points.marks(conn, [ended[c[0]] for c in batch if c[0] in ended])
         progress = _progress_of(conn, [c[0] for c in batch])
-        # a running run's closed hours as kept, the rest read: all of the batch's in one query
-        running = kept_minutes.minutes(
-            conn,
-            [kept_minutes.Running(c[0], c[2]) for c in batch if c[3] is None and len(progress[c[0]]) >= 2],
-            t_now,
+        read = [c for c in batch if len(progress[c[0]]) >= 2]
+        # a running run's closed hours as kept, the rest read; the ended runs' whole windows: each in one query
+        rows_of = kept_minutes.minutes(
+            conn, [kept_minutes.Running(c[0], c[2]) for c in read if c[3] is None], t_now
+        )
+        ended_read = [(c[0], c[2], c[3]) for c in read if c[3] is not None]
+        rows_of.update(
+            zip((r[0] for r in ended_read), kept_minutes.read_ranges(conn, ended_read), strict=True)
         )
         fills = []
         for run_id, m, start, end, nodes, _shared in batch:
             pts: list[Point]
-            if len(progress[run_id]) < 2:
+            if run_id not in rows_of:
                 pts, excl = [], dict(_TOO_FEW)
             else:
-                if end is None:
-                    rows = running[run_id]
-                else:
-                    (rows,) = kept_minutes.read_ranges(conn, [(run_id, start, end)])
-                pts, excl = points_of(run_id, m, start, end, len(nodes), cfg, t_now, progress[run_id], rows)
+                pts, excl = points_of(
+                    run_id, m, start, end, len(nodes), cfg, t_now, progress[run_id], rows_of[run_id]
+                )
             out[run_id] = (pts, excl)
             if run_id in ended:
                 fills.append(kept_points.Fill(ended[run_id], keys[run_id], marks[run_id], pts, excl))
